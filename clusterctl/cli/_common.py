@@ -1,0 +1,50 @@
+"""Helpers shared by the CLI command modules: output, errors, inventory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from clusterctl.config import UserConfig, load_user_config, resolve_inventory_path
+from clusterctl.errors import ClusterctlError, ConfigError
+from clusterctl.exitcodes import USAGE_ERROR
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+InventoryOpt = typer.Option(
+    None, "--inventory", "-i", envvar="CLUSTERCTL_INVENTORY",
+    help="Inventory file [default: user config, then ./inventory.yaml].")
+JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+
+
+def fail(message: str, code: int = USAGE_ERROR) -> NoReturn:
+    """Print ``message`` on stderr and exit with ``code`` (3 = could not run)."""
+    err_console.print(f"[red]error:[/red] {message}", markup=True)
+    raise typer.Exit(code)
+
+
+def user_config() -> UserConfig:
+    try:
+        return load_user_config()
+    except ConfigError as e:
+        fail(str(e))
+
+
+def load_inventory(path: str | None, force: bool = False):  # -> Inventory
+    """Load and validate the inventory or exit 3 with every problem listed."""
+    from clusterctl.inventory.loader import load_inventory as _load
+
+    cfg = user_config()
+    try:
+        return _load(resolve_inventory_path(path, cfg), force=force)
+    except ClusterctlError as e:
+        fail(str(e))
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")

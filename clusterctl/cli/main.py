@@ -1,0 +1,88 @@
+"""The ``clusterctl`` command: one typer app, one module per command group.
+
+This is the only package that imports typer and rich.  ``main()`` turns usage
+errors into exit code 3 (UNKNOWN) rather than click's 2, which monitoring
+systems would read as CRITICAL (see ``clusterctl.exitcodes``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from typer import Abort, Exit
+
+try:  # typer >= 0.29 vendors its own copy of click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef]
+
+from clusterctl import __version__
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import INTERRUPTED, USAGE_ERROR
+
+app = typer.Typer(
+    name="clusterctl",
+    help="Bring up and diagnose bare-metal vLLM inference clusters over SSH.\n\n"
+    "One inventory file describes hosts, GPUs, NICs, models and instances; "
+    "every command reads it.\n\n"
+    "Example: clusterctl -i inventories/lab.yaml ping all",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"clusterctl {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the version and exit.")) -> None:
+    """Bring up and diagnose bare-metal vLLM inference clusters over SSH."""
+
+
+def _register() -> None:
+    from clusterctl.cli import fleet, inventory, lab, facts, planned
+
+    app.add_typer(inventory.app, name="inventory")
+    fleet.register(app)
+    facts.register(app)
+    app.add_typer(lab.app, name="lab")
+    planned.register(app)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app and map errors to exit codes."""
+    try:
+        rv = app(args=argv, prog_name="clusterctl", standalone_mode=False)
+    except Exit as e:
+        return e.exit_code
+    except NoArgsIsHelpError as e:  # a bare group: its help is the answer
+        print(e.format_message() if hasattr(e, "format_message") else e)
+        return 0
+    except ClickException as e:  # usage errors, bad parameters
+        e.show()
+        return USAGE_ERROR
+    except Abort:
+        print("Aborted.", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return INTERRUPTED
+    except ClusterctlError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

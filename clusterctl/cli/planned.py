@@ -1,0 +1,39 @@
+"""Command groups whose issues have not landed yet.
+
+They are listed in ``--help`` so the shape of the tool is visible, and exit 3
+(UNKNOWN: could not run) with a pointer to the issue when called.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from clusterctl.exitcodes import USAGE_ERROR
+
+PLANNED: dict[str, tuple[str, int]] = {
+    "stage": ("Stage model files onto nodes: parallel fetch, relay, page cache [planned].", 7),
+    "deploy": ("Render vLLM units, plan the difference and roll them out [planned].", 8),
+    "status": ("Show every instance: unit state, health, load score [planned].", 8),
+    "doctor": ("Diagnose GPUs, OOM causes, RoCE and TP groups; exit 0/1/2/3 [planned].", 9),
+    "collect": ("Save a bundle of raw outputs for offline diagnosis [planned].", 9),
+    "drift": ("Compare greedy outputs with a named baseline [planned].", 11),
+    "bench": ("Load-test an endpoint with vLLM's latency definitions [planned].", 11),
+    "report": ("Unattended health report with history and trends [planned].", 12),
+    "gateway": ("Render and sync the nginx gateway [planned].", 13),
+}
+
+
+def _planned(name: str, issue: int):
+    def command(ctx: typer.Context) -> None:
+        typer.echo(f"clusterctl {name}: not available yet (planned in issue #{issue}).", err=True)
+        raise typer.Exit(USAGE_ERROR)
+
+    command.__doc__ = PLANNED[name][0]
+    return command
+
+
+def register(app: typer.Typer) -> None:
+    for name, (help_text, issue) in PLANNED.items():
+        app.command(name, help=help_text,
+                    context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+            _planned(name, issue))

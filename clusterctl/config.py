@@ -1,0 +1,87 @@
+"""The user's configuration file: defaults for command-line options.
+
+Read from ``$XDG_CONFIG_HOME/clusterctl/config.yaml`` (default
+``~/.config/clusterctl/config.yaml``).  Keys (all optional)::
+
+    inventory: /etc/clusterctl/inventory.yaml   # used when -i is not given
+    fanout: 64                                  # parallel SSH connections
+    connect_timeout: 10                         # seconds
+    command_timeout: 60                         # seconds
+    state_dir: ~/.local/state/clusterctl        # @failed, history, locks
+
+Precedence for the inventory path: ``-i/--inventory`` > ``$CLUSTERCTL_INVENTORY``
+> this file > ``./inventory.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from clusterctl.errors import ConfigError, Problem
+
+
+def config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "clusterctl" / "config.yaml"
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "clusterctl"
+
+
+@dataclass
+class UserConfig:
+    inventory: str | None = None
+    fanout: int = 64
+    connect_timeout: float = 10.0
+    command_timeout: float = 60.0
+    state_dir: Path = default_state_dir()
+
+
+_FIELDS = {"inventory": str, "fanout": int, "connect_timeout": (int, float),
+           "command_timeout": (int, float), "state_dir": str}
+
+
+def load_user_config(path: Path | None = None) -> UserConfig:
+    """Load the user config; a missing file gives the defaults.
+
+    Raises :class:`ConfigError` naming ``file:line`` for a bad file.
+    """
+    path = path or config_path()
+    cfg = UserConfig()
+    if not path.exists():
+        return cfg
+    try:
+        node = yaml.compose(path.read_text())
+    except yaml.YAMLError as e:
+        line = e.problem_mark.line + 1 if getattr(e, "problem_mark", None) else 0
+        raise ConfigError([Problem(str(path), line, f"not valid YAML: {getattr(e, 'problem', e)}")])
+    if node is None:
+        return cfg
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError([Problem(str(path), node.start_mark.line + 1, "expected a mapping of settings")])
+    problems: list[Problem] = []
+    for knode, vnode in node.value:
+        key, line = knode.value, knode.start_mark.line + 1
+        if key not in _FIELDS:
+            problems.append(Problem(str(path), line, f"unknown setting {key!r} (known: {', '.join(_FIELDS)})"))
+            continue
+        value = yaml.safe_load(yaml.serialize(vnode))
+        if not isinstance(value, _FIELDS[key]) or isinstance(value, bool):
+            problems.append(Problem(str(path), line, f"{key}: wrong type {type(value).__name__}"))
+            continue
+        if key == "state_dir":
+            value = Path(os.path.expanduser(value))
+        setattr(cfg, key, value)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def resolve_inventory_path(cli_value: str | None, cfg: UserConfig) -> str:
+    return cli_value or os.environ.get("CLUSTERCTL_INVENTORY") or cfg.inventory or "inventory.yaml"

@@ -1,0 +1,219 @@
+"""The resolved inventory: what every other part of clusterctl reads.
+
+The loader (``clusterctl.inventory.loader``) turns YAML into these objects
+after expanding host ranges and merging settings with the precedence
+``defaults`` (all) < group < host.  Objects are plain dataclasses so analyzers
+and renderers can be tested without YAML.
+
+Units: memory in GiB (``memory_gib``), link speeds in Gbit/s, ports are TCP
+ports.  A GPU is always named by a :class:`GpuRef` (host, index), so a
+tensor-parallel group is a tuple of host:GPU pairs even while instances are
+limited to one host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+HostKeyPolicy = Literal["accept-new", "strict", "off"]
+NicRole = Literal["management", "data", "storage"]
+Interconnect = Literal["nvlink", "pcie"]
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a value was defined: ``file:line`` (1-based line)."""
+
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass
+class SSHSettings:
+    """How to reach a host.  ``None`` means "not set here" while merging.
+
+    ``become`` means: log in as ``user`` and run privileged steps with sudo.
+    ``become_password`` is never stored in the inventory: it is asked once at
+    run time (or read from ``CLUSTERCTL_BECOME_PASSWORD``) and never logged.
+    """
+
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+    known_hosts: str | None = None
+    host_key_policy: HostKeyPolicy | None = None
+    become: bool | None = None
+    become_method: str | None = None
+    connect_timeout: float | None = None
+
+    def merged(self, over: "SSHSettings") -> "SSHSettings":
+        """Return a copy where every field set in ``over`` wins."""
+        out = SSHSettings(**self.__dict__)
+        for k, v in over.__dict__.items():
+            if v is not None:
+                setattr(out, k, v)
+        return out
+
+
+@dataclass
+class GpuSpec:
+    """The GPUs a host is expected to have."""
+
+    count: int = 0
+    model: str = ""
+    memory_gib: float = 0.0
+    interconnect: Interconnect = "pcie"
+
+
+@dataclass
+class NicSpec:
+    """One NIC port a host is expected to have."""
+
+    netdev: str
+    role: NicRole = "data"
+    rdma_device: str | None = None
+    port: int = 1
+    speed_gbps: float | None = None
+    address: str | None = None
+
+
+@dataclass
+class FabricProfile:
+    """The RoCE QoS settings every data NIC should have."""
+
+    trust: Literal["dscp", "pcp"] = "dscp"
+    pfc_priority: int = 3
+    roce_dscp: int = 26
+    cnp_dscp: int = 48
+    mtu: int = 4200
+    kind: Literal["roce", "ib", "ethernet"] = "roce"
+
+
+@dataclass
+class ModelArch:
+    """Architecture numbers vLLM's memory arithmetic needs."""
+
+    layers: int = 0
+    hidden_size: int = 0
+    attention_heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    vocab: int = 0
+    params: float = 0.0
+    dtype: str = "bfloat16"
+    quantization: str | None = None
+
+
+@dataclass
+class Model:
+    name: str
+    path: str
+    source: str | None = None
+    version: str | None = None
+    served_name: str | None = None
+    arch: ModelArch = field(default_factory=ModelArch)
+    location: Location | None = None
+
+
+@dataclass
+class Engine:
+    """A vLLM installation on the nodes: a binary path and its version."""
+
+    name: str
+    path: str
+    version: str
+    location: Location | None = None
+
+
+@dataclass(frozen=True, order=True)
+class GpuRef:
+    """One GPU: ``host:index``."""
+
+    host: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.index}"
+
+
+@dataclass
+class Instance:
+    """One vLLM server process.  ``placement`` is its TP group."""
+
+    name: str
+    model: str
+    engine: str
+    placement: tuple[GpuRef, ...]
+    port: int
+    args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
+    template: str | None = None
+    location: Location | None = None
+
+    @property
+    def tp_size(self) -> int:
+        return len(self.placement)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(sorted({g.host for g in self.placement}))
+
+
+@dataclass
+class InstanceTemplate:
+    """``replicas`` instances of ``tp`` GPUs each, placed over ``hosts``."""
+
+    name: str
+    model: str
+    engine: str
+    replicas: int
+    tp: int
+    hosts: str
+    port_base: int = 8000
+    args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
+    location: Location | None = None
+
+
+@dataclass
+class Host:
+    """One server, with every setting already merged (all < group < host)."""
+
+    name: str
+    address: str
+    groups: tuple[str, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    vars: dict[str, Any] = field(default_factory=dict)
+    ssh: SSHSettings = field(default_factory=SSHSettings)
+    gpus: GpuSpec = field(default_factory=GpuSpec)
+    nics: list[NicSpec] = field(default_factory=list)
+    location: Location | None = None
+
+    def nics_with_role(self, role: NicRole) -> list[NicSpec]:
+        return [n for n in self.nics if n.role == role]
+
+
+@dataclass
+class Inventory:
+    """The whole resolved inventory.
+
+    ``hosts`` keeps the file's order; ``groups`` maps a group name to its
+    member host names (``all`` is implicit and not stored).
+    """
+
+    path: str
+    hosts: dict[str, Host] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    models: dict[str, Model] = field(default_factory=dict)
+    engines: dict[str, Engine] = field(default_factory=dict)
+    instances: dict[str, Instance] = field(default_factory=dict)
+    templates: dict[str, InstanceTemplate] = field(default_factory=dict)
+    fabric: FabricProfile = field(default_factory=FabricProfile)
+    warnings: list[str] = field(default_factory=list)
