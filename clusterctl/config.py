@@ -16,7 +16,7 @@ Precedence for the inventory path: ``-i/--inventory`` > ``$CLUSTERCTL_INVENTORY`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -40,7 +40,7 @@ class UserConfig:
     fanout: int = 64
     connect_timeout: float = 10.0
     command_timeout: float = 60.0
-    state_dir: Path = default_state_dir()
+    state_dir: Path = field(default_factory=default_state_dir)
 
 
 _FIELDS = {"inventory": str, "fanout": int, "connect_timeout": (int, float),
