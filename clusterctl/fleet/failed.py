@@ -1,0 +1,56 @@
+"""Remember the hosts that failed in the last run, for the ``@failed`` pattern.
+
+The list is a JSON file ``last-failed.json`` in the state directory
+(``UserConfig.state_dir``), written to a temporary file and renamed, so a
+reader never sees half a file.  Each entry records which inventory it came
+from, so ``@failed`` never names hosts of a different inventory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable
+
+FILENAME = "last-failed.json"
+
+
+def save_failed(state_dir: Path, hosts: Iterable[str], *, inventory: str | None = None,
+                command: str | None = None) -> Path:
+    """Replace the stored failed hosts with ``hosts`` (an empty list clears it)."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data = {"time": time.time(), "inventory": os.path.abspath(inventory) if inventory else None,
+            "command": command, "hosts": list(hosts)}
+    path = state_dir / FILENAME
+    fd, tmp = tempfile.mkstemp(prefix=".last-failed.", dir=state_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_failed(state_dir: Path, *, inventory: str | None = None) -> list[str]:
+    """The hosts that failed last time ([] when nothing is stored or the file is unreadable).
+
+    When ``inventory`` is given and the record was made with another
+    inventory, the answer is [] (those names mean nothing here).
+    """
+    path = Path(state_dir) / FILENAME
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or not isinstance(data.get("hosts"), list):
+        return []
+    if inventory and data.get("inventory") and data["inventory"] != os.path.abspath(inventory):
+        return []
+    return [str(h) for h in data["hosts"]]
