@@ -1,0 +1,1258 @@
+"""The clusterctl node-side collector: print one JSON document of node facts.
+
+This file runs ON THE NODE, not in clusterctl: the control side sends it over
+the SSH channel as ``python3 -I -B - [options]`` (see
+``clusterctl.probe.payload``), so it must run on Python 3.8 or newer with the
+standard library only.  ``pynvml`` is the node's own when it is installed and
+new enough, else the copy the payload carries (the bootstrap hands it over as
+the global ``CARRIED_PYNVML``, a function returning the module).
+
+Output: exactly one JSON document on stdout, ``{"schema": 1, ...}``, described
+field by field in ``docs/facts.md``.  Exit status 0 whenever that document was
+written; anything that could not be read (a missing tool, library, file or
+permission, a hung NVML call) is recorded in ``errors`` or in the section's
+own ``reason``/``field_errors``, never raised.
+
+The collector is read-only: it runs no command that changes state, writes no
+file (the payload runs with ``-B``, so not even byte code) and reads the same
+sources on the lab's hosts as on real nodes.
+
+Filesystem readers take a ``root`` argument (default ``/``) so tests can point
+them at fixture trees; the command line does not expose it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import queue
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+SCHEMA = 1
+
+#: Default seconds one NVML call may take before it counts as hung.
+NVML_CALL_TIMEOUT_S = 5.0
+#: Default seconds all NVML calls together may take.
+NVML_BUDGET_S = 60.0
+#: Default seconds one command (systemctl, journalctl) or statvfs may take.
+COMMAND_TIMEOUT_S = 10.0
+#: Default number of kernel-log lines returned.
+KERNEL_LOG_MAX_LINES = 2000
+
+Errors = List[Dict[str, str]]
+
+
+def note(errors: Errors, source: str, reason: str) -> None:
+    """Record that ``source`` could not be read fully, and why."""
+    errors.append({"source": source, "reason": reason})
+
+
+def path_in(root: str, path: str) -> str:
+    """``path`` (absolute, as on the node) under ``root``."""
+    return os.path.join(root, path.lstrip("/"))
+
+
+def read_text(path: str) -> str:
+    """The stripped contents of a small text file; raises OSError."""
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        return f.read().strip()
+
+
+def read_opt(path: str) -> Optional[str]:
+    """Like :func:`read_text`, ``None`` when the file is missing or unreadable."""
+    try:
+        return read_text(path)
+    except (OSError, ValueError):
+        return None
+
+
+def read_int(path: str) -> Optional[int]:
+    """An integer file (decimal or 0x hex); ``None`` when unreadable or not a number."""
+    text = read_opt(path)
+    if text is None:
+        return None
+    try:
+        return int(text, 0)
+    except ValueError:
+        return None
+
+
+def os_error_reason(e: OSError) -> str:
+    return "%s: %s" % (e.filename or "", e.strerror or e) if e.filename else str(e)
+
+
+# --------------------------------------------------------------------------
+# Timeouts: every call that can hang (NVML, statvfs on a dead NFS mount) runs
+# on a worker thread and is waited for at most `timeout` seconds.
+
+
+class CallTimeout(Exception):
+    """A call did not return within its timeout; its worker thread is abandoned."""
+
+
+class TimedCaller:
+    """Runs calls on a daemon worker thread, waiting at most ``timeout`` s each.
+
+    One worker serves calls one after another (cheap: no thread per call).  When
+    a call times out its worker is left behind, stuck, and the next call gets a
+    fresh worker.
+    """
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self._jobs: Optional[queue.Queue] = None
+
+    def _start_worker(self) -> queue.Queue:
+        jobs: queue.Queue = queue.Queue()
+
+        def work() -> None:
+            while True:
+                fn, args, box, done = jobs.get()
+                try:
+                    box.append((True, fn(*args)))
+                except BaseException as e:  # handed to the caller
+                    box.append((False, e))
+                done.set()
+
+        threading.Thread(target=work, name="timed-call", daemon=True).start()
+        return jobs
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; raises :class:`CallTimeout` after ``timeout`` seconds."""
+        if self._jobs is None:
+            self._jobs = self._start_worker()
+        box: List[Tuple[bool, Any]] = []
+        done = threading.Event()
+        self._jobs.put((fn, args, box, done))
+        if not done.wait(self.timeout):
+            self._jobs = None
+            raise CallTimeout()
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+
+# --------------------------------------------------------------------------
+# Host: OS, kernel, CPU, memory, disks.
+
+
+def parse_os_release(text: str) -> Dict[str, str]:
+    """KEY=value lines of os-release(5), values unquoted as a shell would."""
+    out: Dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        try:
+            words = shlex.split(value)
+        except ValueError:
+            words = [value]
+        out[key.strip()] = " ".join(words)
+    return out
+
+
+def read_os_release(root: str = "/") -> Optional[Dict[str, str]]:
+    for p in ("/etc/os-release", "/usr/lib/os-release"):
+        text = read_opt(path_in(root, p))
+        if text is not None:
+            return parse_os_release(text)
+    return None
+
+
+MEMINFO_KEYS = {
+    "MemTotal": "total", "MemFree": "free", "MemAvailable": "available",
+    "Buffers": "buffers", "Cached": "cached", "SwapTotal": "swap_total",
+    "SwapFree": "swap_free", "HugePages_Total": "hugepages_total",
+    "HugePages_Free": "hugepages_free", "Hugepagesize": "hugepage_size",
+}
+
+
+def parse_meminfo(text: str) -> Dict[str, int]:
+    """/proc/meminfo as bytes (``kB`` values times 1024; page counts as is)."""
+    out: Dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        name = MEMINFO_KEYS.get(key.strip())
+        if name is None:
+            continue
+        parts = rest.split()
+        try:
+            value = int(parts[0])
+        except (IndexError, ValueError):
+            continue
+        if len(parts) > 1 and parts[1].lower() == "kb":
+            value *= 1024
+        out[name] = value
+    return out
+
+
+def parse_cpuinfo(text: str) -> Dict[str, Any]:
+    """Model name, logical CPU count and socket count from /proc/cpuinfo."""
+    model = None
+    count = 0
+    sockets = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "processor":
+            count += 1
+        elif key in ("model name", "Model", "cpu model") and model is None:
+            model = value.strip()
+        elif key == "physical id":
+            sockets.add(value.strip())
+    return {"model": model, "count": count or None, "sockets": len(sockets) or None}
+
+
+#: Filesystem types that hold no data of their own.
+PSEUDO_FS = frozenset("""
+    autofs binfmt_misc bpf cgroup cgroup2 configfs debugfs devpts devtmpfs efivarfs
+    fuse.gvfsd-fuse fusectl hugetlbfs mqueue nsfs proc pstore ramfs rpc_pipefs
+    securityfs selinuxfs sysfs tracefs tmpfs overlay squashfs nfsd
+""".split())
+
+
+def unescape_mount(field: str) -> str:
+    """Undo the octal escapes of /proc/mounts (``\\040`` is a space)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mounts(text: str) -> List[Dict[str, str]]:
+    """Data-holding mounts from /proc/self/mounts (pseudo filesystems left out,
+    except ``/dev/shm``, which NCCL uses), one entry per mount point."""
+    out: List[Dict[str, str]] = []
+    seen = set()
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        device, mount, fstype = unescape_mount(parts[0]), unescape_mount(parts[1]), parts[2]
+        if (fstype in PSEUDO_FS and mount != "/dev/shm") or mount in seen:
+            continue
+        seen.add(mount)
+        out.append({"device": device, "mount": mount, "fstype": fstype})
+    return out
+
+
+def disk_usage(mounts: List[Dict[str, str]], timeout: float, errors: Errors) -> List[Dict[str, Any]]:
+    """statvfs of each mount, each call bounded by ``timeout`` seconds (a dead NFS
+    server hangs statvfs).  Sizes in bytes."""
+    caller = TimedCaller(timeout)
+    out = []
+    for m in mounts:
+        entry: Dict[str, Any] = dict(m, total_bytes=None, free_bytes=None, avail_bytes=None,
+                                     inodes_total=None, inodes_free=None)
+        try:
+            st = caller.call(os.statvfs, m["mount"])
+        except CallTimeout:
+            note(errors, "disks", "statvfs %s timed out after %g s" % (m["mount"], timeout))
+        except OSError as e:
+            note(errors, "disks", "statvfs %s: %s" % (m["mount"], e.strerror or e))
+        else:
+            entry.update(total_bytes=st.f_blocks * st.f_frsize, free_bytes=st.f_bfree * st.f_frsize,
+                         avail_bytes=st.f_bavail * st.f_frsize, inodes_total=st.f_files,
+                         inodes_free=st.f_ffree)
+        out.append(entry)
+    return out
+
+
+def collect_host(args: argparse.Namespace, errors: Errors, root: str = "/") -> Dict[str, Any]:
+    """OS, kernel, boot id, uptime, CPU, memory, disks and Python of the node."""
+    uname = os.uname()
+    host: Dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "os_release": read_os_release(root),
+        "kernel": {"release": uname.release, "version": uname.version, "machine": uname.machine},
+        "boot_id": read_opt(path_in(root, "/proc/sys/kernel/random/boot_id")),
+        "uptime_s": None,
+        "cpu": None,
+        "memory": None,
+        "disks": None,
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+    }
+    if host["os_release"] is None:
+        note(errors, "host.os_release", "neither /etc/os-release nor /usr/lib/os-release is readable")
+    uptime = read_opt(path_in(root, "/proc/uptime"))
+    if uptime:
+        host["uptime_s"] = float(uptime.split()[0])
+    cpuinfo = read_opt(path_in(root, "/proc/cpuinfo"))
+    host["cpu"] = parse_cpuinfo(cpuinfo or "")
+    if host["cpu"]["count"] is None:
+        host["cpu"]["count"] = os.cpu_count()
+    meminfo = read_opt(path_in(root, "/proc/meminfo"))
+    if meminfo is None:
+        note(errors, "host.memory", "/proc/meminfo is not readable")
+    else:
+        host["memory"] = parse_meminfo(meminfo)
+    mounts = read_opt(path_in(root, "/proc/self/mounts"))
+    if mounts is None:
+        note(errors, "host.disks", "/proc/self/mounts is not readable")
+    else:
+        host["disks"] = disk_usage(parse_mounts(mounts), args.cmd_timeout, errors)
+    return host
+
+
+# --------------------------------------------------------------------------
+# GPUs through NVML.
+
+#: Clock event (throttle) reason bits, NVML ``nvmlClocksEventReason*``.
+CLOCK_EVENT_REASONS = [
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"), (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"), (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+]
+
+#: ``nvmlDeviceGetTopologyCommonAncestor`` levels, nearest first.
+TOPOLOGY_LEVELS = {0: "INTERNAL", 10: "SINGLE", 20: "MULTIPLE", 30: "HOSTBRIDGE",
+                   40: "NODE", 50: "SYSTEM"}
+
+#: ``nvmlDeviceGetNvLinkErrorCounter`` counters.
+NVLINK_COUNTERS = [(0, "replay"), (1, "recovery"), (2, "crc_flit"), (3, "crc_data")]
+
+# NVML return codes (nvml.h), compared by value so an old pynvml works too.
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+
+
+class GpuLost(Exception):
+    """NVML answered GPU_IS_LOST: the GPU fell off the bus or stopped answering."""
+
+
+class NvmlHung(Exception):
+    """An NVML call timed out; further calls on that GPU are skipped."""
+
+
+class FieldUnavailable(Exception):
+    """One field could not be read (not supported, no permission, an NVML error)."""
+
+
+def new_enough(nv: Any) -> bool:
+    """Whether a pynvml module has every function the collector relies on."""
+    return all(hasattr(nv, n) for n in ("nvmlDeviceGetCurrentClocksEventReasons",
+                                        "nvmlDeviceGetRemappedRows", "nvmlDeviceGetNumaNodeId"))
+
+
+def load_pynvml() -> Tuple[Any, Dict[str, Any]]:
+    """The pynvml module to use and where it came from.
+
+    The node's own pynvml wins when it is new enough; else the carried copy; else
+    an old node copy.  Returns ``(None, info)`` when there is none.
+    """
+    node = None
+    try:
+        import pynvml as node  # type: ignore[no-redef]
+    except Exception as e:  # a broken install is as good as none
+        info: Dict[str, Any] = {"origin": None, "version": None, "reason": "no pynvml on the node (%s)" % e}
+    else:
+        if new_enough(node):
+            return node, {"origin": "node", "version": _dist_version("nvidia-ml-py")}
+        info = {"origin": None, "version": None, "reason": "the node's pynvml is too old"}
+    carried = globals().get("CARRIED_PYNVML")
+    if carried is not None:
+        sys.modules.pop("pynvml", None)
+        return carried(), {"origin": "carried", "version": globals().get("CARRIED_PYNVML_VERSION")}
+    if node is not None:
+        return node, {"origin": "node", "version": _dist_version("nvidia-ml-py")}
+    return None, info
+
+
+def _dist_version(name: str) -> Optional[str]:
+    try:
+        from importlib import metadata
+        return metadata.version(name)
+    except Exception:
+        return None
+
+
+def text(value: Any) -> str:
+    """NVML strings come as bytes from old pynvml versions."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def nvml_error_code(e: BaseException) -> Optional[int]:
+    value = getattr(e, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def nvml_reason(e: BaseException) -> str:
+    """A short reason for an NVML failure that does not stop the collection."""
+    code = nvml_error_code(e)
+    if code == NVML_ERROR_NOT_SUPPORTED:
+        return "not supported"
+    if code == NVML_ERROR_FUNCTION_NOT_FOUND:
+        return "not supported by this driver (function not found)"
+    if code == NVML_ERROR_NO_PERMISSION:
+        return "no permission"
+    if isinstance(e, AttributeError):
+        return "not available in this pynvml"
+    return "NVML error: %s" % e
+
+
+class Nvml:
+    """pynvml calls under a timeout per call and a budget for all of them.
+
+    ``call`` raises :class:`GpuLost`, :class:`NvmlHung` (this call or an earlier
+    one on the same GPU timed out, or the budget is spent) or
+    :class:`FieldUnavailable` (with the reason as message).
+    """
+
+    def __init__(self, nv: Any, timeout: float, budget: float):
+        self.nv = nv
+        self.caller = TimedCaller(timeout)
+        self.timeout = timeout
+        self.deadline = time.monotonic() + budget
+        self.hung = False
+        self.timed_out: List[str] = []
+
+    def call(self, name: str, *args: Any) -> Any:
+        if time.monotonic() > self.deadline:
+            raise NvmlHung("NVML budget spent; %s skipped" % name)
+        fn = getattr(self.nv, name, None)
+        if fn is None:
+            raise FieldUnavailable("not available in this pynvml (%s)" % name)
+        try:
+            return self.caller.call(fn, *args)
+        except CallTimeout:
+            self.hung = True
+            self.timed_out.append(name)
+            raise NvmlHung("NVML call %s timed out after %g s" % (name, self.timeout))
+        except Exception as e:
+            if nvml_error_code(e) == NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost("%s: GPU is lost" % name)
+            raise FieldUnavailable(nvml_reason(e))
+
+
+def _memory(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    m = nvml.call("nvmlDeviceGetMemoryInfo", h)
+    return {"memory_total": int(m.total), "memory_used": int(m.used), "memory_free": int(m.free)}
+
+
+def process_owner(pid: int, root: str = "/") -> Dict[str, Any]:
+    """Name (``comm``) and systemd unit (from the cgroup path) of a process, if visible."""
+    comm = read_opt(path_in(root, "/proc/%d/comm" % pid))
+    unit = None
+    cgroup = read_opt(path_in(root, "/proc/%d/cgroup" % pid)) or ""
+    for line in cgroup.splitlines():
+        for part in reversed(line.rsplit(":", 1)[-1].split("/")):
+            if part.endswith((".service", ".scope")):
+                unit = part
+                break
+        if unit:
+            break
+    return {"name": comm, "unit": unit}
+
+
+def _processes(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    procs = []
+    for p in nvml.call("nvmlDeviceGetComputeRunningProcesses", h):
+        pid = int(p.pid)
+        used = getattr(p, "usedGpuMemory", None)
+        entry: Dict[str, Any] = {"pid": pid, "used_memory": int(used) if used is not None else None}
+        entry.update(process_owner(pid))
+        procs.append(entry)
+    return {"processes": procs}
+
+
+def _ecc(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    # nvmlDeviceGetTotalEccErrors(h, errorType 0=corrected 1=uncorrected, counterType 0=volatile 1=aggregate)
+    out: Dict[str, Any] = {}
+    for counter, ctype in (("volatile", 0), ("aggregate", 1)):
+        out[counter] = {kind: get("ecc.%s.%s" % (counter, kind), "nvmlDeviceGetTotalEccErrors", h, etype, ctype)
+                        for kind, etype in (("corrected", 0), ("uncorrected", 1))}
+    mode = get("ecc.mode", "nvmlDeviceGetEccMode", h)
+    out["enabled"] = bool(mode[0]) if mode is not None else None
+    out["pending_enabled"] = bool(mode[1]) if mode is not None else None
+    return {"ecc": out}
+
+
+def _remapped_rows(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    corr, unc, pending, failure = nvml.call("nvmlDeviceGetRemappedRows", h)[:4]
+    return {"remapped_rows": {"correctable": int(corr), "uncorrectable": int(unc),
+                              "pending": bool(pending), "failure": bool(failure)}}
+
+
+def _retired_pages(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    # cause 0 = multiple single-bit ECC errors, 1 = double-bit ECC error
+    sbe = nvml.call("nvmlDeviceGetRetiredPages", h, 0)
+    dbe = nvml.call("nvmlDeviceGetRetiredPages", h, 1)
+    pending = get("retired_pages.pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
+    return {"retired_pages": {"single_bit_ecc": len(sbe), "double_bit_ecc": len(dbe),
+                              "pending": bool(pending) if pending is not None else None}}
+
+
+def decode_clock_reasons(mask: int) -> List[str]:
+    """Names of the set bits of a clocks-event-reasons mask (unknown bits as hex)."""
+    names = [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
+    known = 0
+    for bit, _ in CLOCK_EVENT_REASONS:
+        known |= bit
+    if mask & ~known:
+        names.append("0x%x" % (mask & ~known))
+    return names
+
+
+def _clocks(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    try:
+        mask = nvml.call("nvmlDeviceGetCurrentClocksEventReasons", h)
+    except FieldUnavailable:  # drivers before 535 know the old name only
+        mask = nvml.call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+    mask = int(mask)
+    return {"clocks_event_reasons": {"mask": "0x%x" % mask, "active": decode_clock_reasons(mask)}}
+
+
+def _pcie(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    return {"pcie": {
+        "width": get("pcie.width", "nvmlDeviceGetCurrPcieLinkWidth", h),
+        "max_width": get("pcie.max_width", "nvmlDeviceGetMaxPcieLinkWidth", h),
+        "gen": get("pcie.gen", "nvmlDeviceGetCurrPcieLinkGeneration", h),
+        "max_gen": get("pcie.max_gen", "nvmlDeviceGetMaxPcieLinkGeneration", h),
+        "replay_counter": get("pcie.replay_counter", "nvmlDeviceGetPcieReplayCounter", h),
+    }}
+
+
+def _nvlink(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    """Every NVLink the GPU has: the list ends at the first link NVML refuses
+    (NOT_SUPPORTED / INVALID_ARGUMENT), so a PCIe GPU has ``[]``."""
+    links = []
+    for link in range(getattr(nvml.nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            state = nvml.call("nvmlDeviceGetNvLinkState", h, link)
+        except FieldUnavailable:
+            break
+        errs = {name: get("nvlink.%d.%s" % (link, name), "nvmlDeviceGetNvLinkErrorCounter", h, link, c)
+                for c, name in NVLINK_COUNTERS}
+        links.append({"link": link, "state": "active" if state else "inactive", "errors": errs})
+    return {"nvlink": links}
+
+
+def _scalar(key: str, fn: str, convert: Callable[[Any], Any] = lambda v: v, *extra: Any):
+    def getter(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+        return {key: convert(nvml.call(fn, h, *extra))}
+    return getter
+
+
+def _pci(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    bus_id = text(nvml.call("nvmlDeviceGetPciInfo", h).busId)
+    return {"pci_bus_id": bus_id, "pci_address": normalize_pci(bus_id)}
+
+
+def normalize_pci(bus_id: str) -> str:
+    """NVML's ``00000000:3B:00.0`` as sysfs writes it: ``0000:3b:00.0``."""
+    bus_id = bus_id.strip().lower()
+    domain, _, rest = bus_id.partition(":")
+    if rest and len(domain) > 4:
+        domain = domain[-4:]
+    return "%s:%s" % (domain, rest) if rest else bus_id
+
+
+def _utilization(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    u = nvml.call("nvmlDeviceGetUtilizationRates", h)
+    return {"utilization": {"gpu": int(u.gpu), "memory": int(u.memory)}}
+
+
+#: (field-error key, keys it fills, getter) in collection order.
+DEVICE_FIELDS: List[Tuple[str, Tuple[str, ...], Callable[..., Dict[str, Any]]]] = [
+    ("name", ("name",), _scalar("name", "nvmlDeviceGetName", text)),
+    ("uuid", ("uuid",), _scalar("uuid", "nvmlDeviceGetUUID", text)),
+    ("pci_bus_id", ("pci_bus_id", "pci_address"), _pci),
+    ("memory", ("memory_total", "memory_used", "memory_free"), _memory),
+    ("processes", ("processes",), _processes),
+    ("ecc", ("ecc",), _ecc),
+    ("remapped_rows", ("remapped_rows",), _remapped_rows),
+    ("retired_pages", ("retired_pages",), _retired_pages),
+    ("clocks_event_reasons", ("clocks_event_reasons",), _clocks),
+    ("pcie", ("pcie",), _pcie),
+    ("nvlink", ("nvlink",), _nvlink),
+    ("temperature_c", ("temperature_c",), _scalar("temperature_c", "nvmlDeviceGetTemperature", int, 0)),
+    ("power_w", ("power_w",), _scalar("power_w", "nvmlDeviceGetPowerUsage", lambda mw: mw / 1000.0)),
+    ("power_limit_w", ("power_limit_w",),
+     _scalar("power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", lambda mw: mw / 1000.0)),
+    ("utilization", ("utilization",), _utilization),
+    ("persistence_mode", ("persistence_mode",), _scalar("persistence_mode", "nvmlDeviceGetPersistenceMode", bool)),
+    ("vbios_version", ("vbios_version",), _scalar("vbios_version", "nvmlDeviceGetVbiosVersion", text)),
+    ("numa_node", ("numa_node",), _scalar("numa_node", "nvmlDeviceGetNumaNodeId", int)),
+]
+
+#: Every key a device entry has, in order (the schema's stable key set).
+DEVICE_KEYS = ["index"] + [k for _, keys, _ in DEVICE_FIELDS for k in keys] + [
+    "nearest_nics", "lost", "hung", "field_errors"]
+
+
+def collect_device(nvml: Nvml, index: int, root: str = "/") -> Tuple[Dict[str, Any], Any]:
+    """One GPU's entry and its NVML handle (``None`` when it could not be had).
+
+    A field that cannot be read is ``null`` with its reason in ``field_errors``.
+    A lost GPU (``lost``) or a hung NVML call (``hung``) stops this GPU's
+    collection; its remaining fields stay ``null``.
+    """
+    dev: Dict[str, Any] = {k: None for k in DEVICE_KEYS}
+    dev.update(index=index, lost=False, hung=False, field_errors={})
+    errs = dev["field_errors"]
+
+    def get(key: str, fn: str, *args: Any) -> Any:
+        try:
+            return nvml.call(fn, *args)
+        except FieldUnavailable as e:
+            errs[key] = str(e)
+            return None
+
+    try:
+        handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+    except FieldUnavailable as e:
+        errs["handle"] = str(e)
+        return dev, None
+    except (GpuLost, NvmlHung) as e:
+        return _stopped(dev, e), None
+    for key, _keys, getter in DEVICE_FIELDS:
+        try:
+            dev.update(getter(nvml, handle, get))
+        except FieldUnavailable as e:
+            errs[key] = str(e)
+        except (GpuLost, NvmlHung) as e:
+            return _stopped(dev, e), None
+    if dev["numa_node"] is None and dev["pci_address"]:
+        node = read_int(path_in(root, "/sys/bus/pci/devices/%s/numa_node" % dev["pci_address"]))
+        if node is not None and node >= 0:
+            dev["numa_node"] = node
+            errs.pop("numa_node", None)
+    return dev, handle
+
+
+def _stopped(dev: Dict[str, Any], e: Exception) -> Dict[str, Any]:
+    if isinstance(e, GpuLost):
+        dev["lost"] = True
+    else:
+        dev["hung"] = True
+    dev["field_errors"]["device"] = str(e)
+    return dev
+
+
+def collect_topology(nvml: Nvml, handles: Dict[int, Any]) -> List[Dict[str, Any]]:
+    """The common PCIe ancestor of every GPU pair (NVML topology level names)."""
+    out = []
+    idx = sorted(handles)
+    for n, a in enumerate(idx):
+        for b in idx[n + 1:]:
+            entry: Dict[str, Any] = {"gpus": [a, b], "level": None, "reason": None}
+            try:
+                level = nvml.call("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
+                entry["level"] = TOPOLOGY_LEVELS.get(int(level), str(level))
+            except FieldUnavailable as e:
+                entry["reason"] = str(e)
+            except (GpuLost, NvmlHung) as e:
+                entry["reason"] = str(e)
+            out.append(entry)
+    return out
+
+
+def collect_gpus(args: argparse.Namespace, errors: Errors, root: str = "/") -> Dict[str, Any]:
+    """Every GPU through NVML; ``available: false`` with a reason when NVML
+    cannot be used (no pynvml, no libnvidia-ml, no driver, nvmlInit hung)."""
+    gpus: Dict[str, Any] = {"available": False, "reason": None, "driver_version": None,
+                            "nvml_version": None, "cuda_driver_version": None, "pynvml": None,
+                            "count": None, "devices": [], "topology": [], "timed_out_calls": []}
+    nv, info = load_pynvml()
+    gpus["pynvml"] = info
+    if nv is None:
+        gpus["reason"] = info["reason"]
+        return gpus
+    nvml = Nvml(nv, args.nvml_timeout, args.nvml_budget)
+    try:
+        nvml.call("nvmlInit")
+    except (FieldUnavailable, NvmlHung, GpuLost) as e:
+        gpus["reason"] = init_reason(e)
+        gpus["timed_out_calls"] = nvml.timed_out
+        return gpus
+    gpus["available"] = True
+    try:
+        for key, fn, conv in (("driver_version", "nvmlSystemGetDriverVersion", text),
+                              ("nvml_version", "nvmlSystemGetNVMLVersion", text),
+                              ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion", int)):
+            try:
+                gpus[key] = conv(nvml.call(fn))
+            except FieldUnavailable as e:
+                note(errors, "gpus." + key, str(e))
+        gpus["count"] = int(nvml.call("nvmlDeviceGetCount"))
+    except FieldUnavailable as e:
+        gpus["reason"] = "nvmlDeviceGetCount: %s" % e
+        return gpus
+    except (NvmlHung, GpuLost) as e:
+        gpus["reason"] = str(e)
+        gpus["timed_out_calls"] = nvml.timed_out
+        return gpus
+    handles: Dict[int, Any] = {}
+    for i in range(gpus["count"]):
+        dev, handle = collect_device(nvml, i, root)
+        gpus["devices"].append(dev)
+        if handle is not None:
+            handles[i] = handle
+    gpus["topology"] = collect_topology(nvml, handles)
+    gpus["timed_out_calls"] = nvml.timed_out
+    if not nvml.hung:  # a shutdown would wait for the hung call's lock
+        try:
+            nvml.call("nvmlShutdown")
+        except Exception:
+            pass
+    return gpus
+
+
+def init_reason(e: BaseException) -> str:
+    """Why nvmlInit failed, in words an operator acts on."""
+    msg = str(e)
+    if msg.startswith("NVML error: "):
+        msg = msg[len("NVML error: "):]
+    if "timed out" in msg:
+        return msg
+    low = msg.lower()
+    if "library not found" in low or "shared library" in low:
+        return "NVML library (libnvidia-ml.so.1) not found: %s" % msg
+    if "driver not loaded" in low:
+        return "NVIDIA driver not loaded: %s" % msg
+    return "nvmlInit failed: %s" % msg
+
+
+# --------------------------------------------------------------------------
+# NICs and RDMA ports, from /sys/class/net and /sys/class/infiniband.
+
+
+def parse_rate_gbps(rate: Optional[str]) -> Optional[float]:
+    """``400 Gb/sec (4X NDR)`` -> 400.0."""
+    m = re.match(r"\s*([0-9.]+)\s*Gb", rate or "")
+    return float(m.group(1)) if m else None
+
+
+def state_name(raw: Optional[str]) -> Optional[str]:
+    """``4: ACTIVE`` -> ``ACTIVE``; ``5: LinkUp`` -> ``LinkUp``."""
+    if raw is None:
+        return None
+    return raw.split(":", 1)[1].strip() if ":" in raw else raw.strip()
+
+
+def read_counter_dir(path: str) -> Optional[Dict[str, int]]:
+    """Every readable integer file of a counters directory; ``None`` if absent.
+    Unreadable counters (EINVAL, EOPNOTSUPP) are left out: missing is not zero."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return None
+    out = {}
+    for name in names:
+        value = read_int(os.path.join(path, name))
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def read_gids(port_dir: str) -> List[Dict[str, Any]]:
+    """Populated GID table entries (all-zero GIDs and unreadable ones skipped)."""
+    out = []
+    gid_dir = os.path.join(port_dir, "gids")
+    try:
+        indexes = sorted(int(n) for n in os.listdir(gid_dir) if n.isdigit())
+    except OSError:
+        return out
+    for i in indexes:
+        gid = read_opt(os.path.join(gid_dir, str(i)))
+        if not gid or set(gid.replace(":", "")) <= {"0"}:
+            continue
+        out.append({"index": i, "gid": gid,
+                    "type": read_opt(os.path.join(port_dir, "gid_attrs", "types", str(i))),
+                    "netdev": read_opt(os.path.join(port_dir, "gid_attrs", "ndevs", str(i)))})
+    return out
+
+
+def collect_rdma(root: str = "/") -> List[Dict[str, Any]]:
+    """One entry per port of every device in /sys/class/infiniband."""
+    base = path_in(root, "/sys/class/infiniband")
+    out = []
+    try:
+        devices = sorted(os.listdir(base))
+    except OSError:
+        return out
+    for dev in devices:
+        ports_dir = os.path.join(base, dev, "ports")
+        try:
+            ports = sorted((int(p) for p in os.listdir(ports_dir) if p.isdigit()))
+        except OSError:
+            continue
+        for port in ports:
+            pd = os.path.join(ports_dir, str(port))
+            rate = read_opt(os.path.join(pd, "rate"))
+            gids = read_gids(pd)
+            netdevs = sorted({g["netdev"] for g in gids if g["netdev"]})
+            out.append({
+                "device": dev, "port": port,
+                "netdev": netdevs[0] if netdevs else None,
+                "state": state_name(read_opt(os.path.join(pd, "state"))),
+                "phys_state": state_name(read_opt(os.path.join(pd, "phys_state"))),
+                "link_layer": read_opt(os.path.join(pd, "link_layer")),
+                "rate": rate, "rate_gbps": parse_rate_gbps(rate),
+                "fw_ver": read_opt(os.path.join(base, dev, "fw_ver")),
+                "counters": read_counter_dir(os.path.join(pd, "counters")),
+                "hw_counters": read_counter_dir(os.path.join(pd, "hw_counters")),
+                "gids": gids,
+            })
+    return out
+
+
+def device_rdma_names(net_dir: str) -> List[str]:
+    """RDMA devices the NIC's PCI function exposes (``device/infiniband/*``)."""
+    try:
+        return sorted(os.listdir(os.path.join(net_dir, "device", "infiniband")))
+    except OSError:
+        return []
+
+
+def read_nic(net_dir: str, name: str) -> Dict[str, Any]:
+    """One netdev from /sys/class/net/<name>: link, addresses and byte counters."""
+    speed = read_int(os.path.join(net_dir, "speed"))  # EINVAL while the link is down
+    numa = read_int(os.path.join(net_dir, "device", "numa_node"))
+    device_link = os.path.join(net_dir, "device")
+    pci = os.path.basename(os.path.realpath(device_link)) if os.path.exists(device_link) else None
+    stats = os.path.join(net_dir, "statistics")
+    nic: Dict[str, Any] = {
+        "netdev": name,
+        "operstate": read_opt(os.path.join(net_dir, "operstate")),
+        "speed_mbps": speed if speed is not None and speed >= 0 else None,
+        "mtu": read_int(os.path.join(net_dir, "mtu")),
+        "address": read_opt(os.path.join(net_dir, "address")),
+        "numa_node": numa if numa is not None and numa >= 0 else None,
+        "pci_address": pci if pci and re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:", pci) else None,
+        "driver": None,
+        "rx_bytes": read_int(os.path.join(stats, "rx_bytes")),
+        "tx_bytes": read_int(os.path.join(stats, "tx_bytes")),
+        "rx_errors": read_int(os.path.join(stats, "rx_errors")),
+        "tx_errors": read_int(os.path.join(stats, "tx_errors")),
+        "rx_dropped": read_int(os.path.join(stats, "rx_dropped")),
+        "tx_dropped": read_int(os.path.join(stats, "tx_dropped")),
+        "rdma": None,
+    }
+    driver = os.path.join(net_dir, "device", "driver")
+    if os.path.islink(driver):
+        nic["driver"] = os.path.basename(os.readlink(driver))
+    return nic
+
+
+def collect_nics(errors: Errors, root: str = "/") -> List[Dict[str, Any]]:
+    """Every netdev but ``lo``, each with its RDMA port (matched by the port's
+    GID netdevs, else by the PCI function's RDMA device), then RDMA ports that
+    match no netdev, with ``netdev: null``."""
+    base = path_in(root, "/sys/class/net")
+    try:
+        names = sorted(os.listdir(base))
+    except OSError as e:
+        note(errors, "nics", "cannot list /sys/class/net: %s" % (e.strerror or e))
+        names = []
+    ports = collect_rdma(root)
+    used = set()
+    nics = []
+    for name in names:
+        if name == "lo":
+            continue
+        nic = read_nic(os.path.join(base, name), name)
+        match = [p for p in ports if p["netdev"] == name]
+        if not match:
+            devs = device_rdma_names(os.path.join(base, name))
+            match = [p for p in ports if p["device"] in devs and p["netdev"] is None]
+        if match:
+            nic["rdma"] = match[0]
+            used.add((match[0]["device"], match[0]["port"]))
+        nics.append(nic)
+    for p in ports:
+        if (p["device"], p["port"]) not in used:
+            orphan = {k: None for k in read_nic_keys()}
+            orphan["rdma"] = p
+            nics.append(orphan)
+    return nics
+
+
+def read_nic_keys() -> List[str]:
+    return ["netdev", "operstate", "speed_mbps", "mtu", "address", "numa_node", "pci_address",
+            "driver", "rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped",
+            "tx_dropped", "rdma"]
+
+
+def pci_path(root: str, sysfs_link: str) -> Optional[List[str]]:
+    """The PCI path of a device (its realpath's components under /sys/devices)."""
+    p = path_in(root, sysfs_link)
+    if not os.path.exists(p):
+        return None
+    parts = os.path.realpath(p).split(os.sep)
+    return [x for x in parts if re.match(r"^(pci)?[0-9a-f]{4}:[0-9a-f]{2}", x)] or None
+
+
+def nearest_nics(gpus: Dict[str, Any], nics: List[Dict[str, Any]], root: str = "/") -> None:
+    """Fill each GPU's ``nearest_nics``: the NICs sharing its deepest PCI ancestor,
+    with ``depth`` = how many PCI path components they share (1 = only the root
+    complex)."""
+    nic_paths = []
+    for nic in nics:
+        if nic.get("pci_address") and nic.get("netdev"):
+            path = pci_path(root, "/sys/class/net/%s/device" % nic["netdev"])
+            if path:
+                nic_paths.append((nic["netdev"], path))
+    for dev in gpus.get("devices", []):
+        if not dev.get("pci_address") or not nic_paths:
+            continue
+        gpath = pci_path(root, "/sys/bus/pci/devices/%s" % dev["pci_address"])
+        if not gpath:
+            continue
+        best, names = 0, []
+        for name, npath in nic_paths:
+            depth = 0
+            for a, b in zip(gpath, npath):
+                if a != b:
+                    break
+                depth += 1
+            if depth > best:
+                best, names = depth, [name]
+            elif depth == best and depth:
+                names.append(name)
+        if best:
+            dev["nearest_nics"] = {"netdevs": names, "depth": best}
+
+
+# --------------------------------------------------------------------------
+# systemd units clusterctl manages.
+
+
+def run_command(argv: List[str], timeout: float) -> Tuple[Optional[int], str, str]:
+    """Run a read-only command; ``(rc, stdout, stderr)``, rc ``None`` when it
+    timed out.  Raises FileNotFoundError when the program is missing."""
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           stdin=subprocess.DEVNULL, timeout=timeout,
+                           env=dict(os.environ, SYSTEMD_PAGER="", SYSTEMD_COLORS="0", LC_ALL="C"))
+    except subprocess.TimeoutExpired as e:
+        return None, _dec(e.stdout), _dec(e.stderr)
+    return p.returncode, _dec(p.stdout), _dec(p.stderr)
+
+
+def _dec(b: Optional[bytes]) -> str:
+    return b.decode("utf-8", "replace") if b else ""
+
+
+def first_line(s: str) -> str:
+    lines = [x for x in s.strip().splitlines() if x.strip()]
+    return lines[0].strip() if lines else ""
+
+
+def parse_unit_names(text: str) -> List[str]:
+    """Unit names (first column) of ``systemctl list-units/list-unit-files --plain --no-legend``."""
+    names = []
+    for line in text.splitlines():
+        words = [w for w in line.split() if w not in ("●", "*")]
+        if words and "." in words[0]:
+            names.append(words[0])
+    return names
+
+
+UNIT_PROPERTIES = ["Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "Result",
+                   "NRestarts", "MainPID", "ExecMainStatus", "StateChangeTimestamp",
+                   "StateChangeTimestampMonotonic"]
+
+
+def parse_show(text: str) -> List[Dict[str, str]]:
+    """``systemctl show`` output: KEY=value blocks separated by blank lines."""
+    blocks: List[Dict[str, str]] = []
+    cur: Dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if cur:
+                blocks.append(cur)
+                cur = {}
+            continue
+        key, _, value = line.partition("=")
+        cur[key] = value
+    if cur:
+        blocks.append(cur)
+    return blocks
+
+
+def unit_entry(props: Dict[str, str], boot_epoch: Optional[float]) -> Dict[str, Any]:
+    """One unit: state, substate, restarts and when it last changed state."""
+    def num(key: str) -> Optional[int]:
+        try:
+            return int(props.get(key, ""))
+        except ValueError:
+            return None
+
+    since = None
+    mono = num("StateChangeTimestampMonotonic")
+    if boot_epoch is not None and mono:
+        since = iso(boot_epoch + mono / 1e6)
+    return {"unit": props.get("Id"), "load_state": props.get("LoadState"),
+            "active_state": props.get("ActiveState"), "sub_state": props.get("SubState"),
+            "unit_file_state": props.get("UnitFileState") or None, "result": props.get("Result"),
+            "restarts": num("NRestarts"), "main_pid": num("MainPID") or None,
+            "exec_main_status": num("ExecMainStatus"), "since": since,
+            "since_text": props.get("StateChangeTimestamp") or None}
+
+
+def collect_units(args: argparse.Namespace, errors: Errors, uptime_s: Optional[float]) -> Optional[List[Dict[str, Any]]]:
+    """systemd units matching ``--unit-pattern`` (loaded or only installed);
+    ``None`` when systemctl cannot answer."""
+    t = args.cmd_timeout
+    names: List[str] = []
+    try:
+        for cmd in (["systemctl", "list-units", args.unit_pattern, "--all", "--plain", "--no-legend", "--no-pager"],
+                    ["systemctl", "list-unit-files", args.unit_pattern, "--plain", "--no-legend", "--no-pager"]):
+            rc, out, err = run_command(cmd, t)
+            if rc is None:
+                note(errors, "units", "%s timed out after %g s" % (" ".join(cmd[:2]), t))
+                return None
+            if rc != 0:
+                note(errors, "units", "%s failed (rc %d): %s" % (" ".join(cmd[:2]), rc, first_line(err)))
+                return None
+            names += [n for n in parse_unit_names(out) if n not in names]
+    except FileNotFoundError:
+        note(errors, "units", "systemctl not found")
+        return None
+    if not names:
+        return []
+    rc, out, err = run_command(["systemctl", "show", "--no-pager",
+                                "--property=" + ",".join(UNIT_PROPERTIES), "--"] + names, t)
+    if rc != 0:
+        note(errors, "units", "systemctl show failed (rc %s): %s" % (rc, first_line(err) or "timed out"))
+        return None
+    boot_epoch = time.time() - uptime_s if uptime_s is not None else None
+    units = [unit_entry(p, boot_epoch) for p in parse_show(out)]
+    return [u for u in units if u["load_state"] != "not-found" or u["unit_file_state"]]
+
+
+# --------------------------------------------------------------------------
+# Kernel log since a cursor: the journal where it has kernel messages, else
+# /var/log/kern.log.  File cursors are ``file:<path>:<inode>:<offset>``.
+
+KERN_LOG = "/var/log/kern.log"
+
+
+def journal_line(entry: Dict[str, Any]) -> Dict[str, Any]:
+    msg = entry.get("MESSAGE")
+    if isinstance(msg, list):  # non-UTF-8 messages come as a byte array
+        msg = bytes(x for x in msg if isinstance(x, int) and 0 <= x < 256).decode("utf-8", "replace")
+    ts = entry.get("__REALTIME_TIMESTAMP")
+    prio = entry.get("PRIORITY")
+    return {"time": int(ts) / 1e6 if ts and str(ts).isdigit() else None,
+            "boot_id": entry.get("_BOOT_ID"),
+            "priority": int(prio) if prio is not None and str(prio).isdigit() else None,
+            "text": msg if isinstance(msg, str) else ""}
+
+
+def read_journal(cursor: Optional[str], max_lines: int, timeout: float, errors: Errors) -> Optional[Dict[str, Any]]:
+    """Kernel messages from the journal after ``cursor`` (this boot's last
+    ``max_lines`` without one).  ``None`` when the journal has none to offer."""
+    cmd = ["journalctl", "-k", "-o", "json", "--no-pager"]
+    cmd += ["--after-cursor", cursor] if cursor else ["-b", "-n", str(max_lines)]
+    try:
+        rc, out, err = run_command(cmd, timeout)
+    except FileNotFoundError:
+        return None
+    if rc is None:
+        note(errors, "kernel_log", "journalctl timed out after %g s" % timeout)
+        return None
+    if rc != 0:
+        note(errors, "kernel_log", "journalctl failed (rc %d): %s" % (rc, first_line(err)))
+        return None
+    entries = []
+    for line in out.splitlines():
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue
+    if not entries and not cursor:
+        if err.strip():
+            note(errors, "kernel_log", "journalctl: %s" % first_line(err))
+        return None
+    truncated = len(entries) > max_lines
+    entries = entries[:max_lines]
+    return {"source": "journal", "cursor": entries[-1].get("__CURSOR") if entries else cursor,
+            "truncated": truncated, "rotated": False, "lines": [journal_line(e) for e in entries]}
+
+
+ISO_PREFIX = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:?\d{2}|Z))\s")
+
+
+def file_line(line: str) -> Dict[str, Any]:
+    ts = None
+    m = ISO_PREFIX.match(line)
+    if m:
+        try:
+            ts = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            ts = None
+    return {"time": ts, "boot_id": None, "priority": None, "text": line}
+
+
+def parse_file_cursor(cursor: str) -> Optional[Tuple[str, int, int]]:
+    try:
+        _, rest = cursor.split(":", 1)
+        path, ino, off = rest.rsplit(":", 2)
+        return path, int(ino), int(off)
+    except ValueError:
+        return None
+
+
+def read_lines_from(f: Any, offset: int, max_lines: int) -> Tuple[List[str], int, bool]:
+    """Whole lines from ``offset``: at most ``max_lines``; a last line without
+    its newline (still being written) is left for the next read."""
+    f.seek(offset)
+    lines: List[str] = []
+    pos = offset
+    while True:
+        raw = f.readline()
+        if not raw or not raw.endswith(b"\n"):
+            return lines, pos, False
+        if len(lines) == max_lines:
+            return lines, pos, True
+        lines.append(raw.rstrip(b"\r\n").decode("utf-8", "replace"))
+        pos += len(raw)
+
+
+def tail_lines(f: Any, size: int, max_lines: int) -> Tuple[List[str], int]:
+    """The last ``max_lines`` whole lines of a file of ``size`` bytes."""
+    start = max(0, size - max_lines * 512)
+    f.seek(start)
+    data = f.read(size - start)
+    if start:
+        data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+    end = data.rfind(b"\n") + 1
+    lines = [x.decode("utf-8", "replace") for x in data[:end].split(b"\n")[:-1]]
+    return list(deque(lines, maxlen=max_lines)), size - (len(data) - end)
+
+
+def read_kern_log(cursor: Optional[str], max_lines: int, errors: Errors, root: str = "/") -> Optional[Dict[str, Any]]:
+    """Lines of /var/log/kern.log after a file cursor (its last ``max_lines``
+    without one).  A cursor into a rotated file continues in ``kern.log.1``
+    first.  ``None`` when the file cannot be read."""
+    path = KERN_LOG
+    parsed = parse_file_cursor(cursor) if cursor else None
+    real = path_in(root, path)
+    try:
+        f = open(real, "rb")
+    except OSError as e:
+        if not isinstance(e, FileNotFoundError):
+            note(errors, "kernel_log", "%s: %s" % (path, e.strerror or e))
+        return None
+    lines: List[str] = []
+    rotated = truncated = False
+    with f:
+        st = os.fstat(f.fileno())
+        if parsed is None:
+            lines, offset = tail_lines(f, st.st_size, max_lines)
+        elif parsed[1] == st.st_ino and parsed[2] <= st.st_size:
+            lines, offset, truncated = read_lines_from(f, parsed[2], max_lines)
+        else:
+            rotated = True
+            lines = rotated_rest(real + ".1", parsed, max_lines)
+            more, offset, truncated = read_lines_from(f, 0, max_lines - len(lines))
+            lines += more
+    return {"source": path, "cursor": "file:%s:%d:%d" % (path, st.st_ino, offset),
+            "truncated": truncated, "rotated": rotated, "lines": [file_line(x) for x in lines]}
+
+
+def rotated_rest(old_path: str, parsed: Tuple[str, int, int], max_lines: int) -> List[str]:
+    """What was appended to the file the cursor points into, now renamed to ``.1``."""
+    try:
+        with open(old_path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_ino != parsed[1] or parsed[2] > st.st_size:
+                return []
+            return read_lines_from(f, parsed[2], max_lines)[0]
+    except OSError:
+        return []
+
+
+def collect_kernel_log(args: argparse.Namespace, errors: Errors, root: str = "/") -> Dict[str, Any]:
+    """Kernel-log lines since ``--kernel-log-cursor``, with the cursor to pass next time."""
+    cursor = args.kernel_log_cursor or None
+    empty = {"source": None, "cursor": cursor, "truncated": False, "rotated": False, "lines": []}
+    if cursor and cursor.startswith("file:"):
+        got = read_kern_log(cursor, args.kernel_log_max, errors, root)
+    else:
+        got = read_journal(cursor, args.kernel_log_max, args.cmd_timeout, errors)
+        if got is None and not cursor:
+            got = read_kern_log(None, args.kernel_log_max, errors, root)
+    if got is None:
+        note(errors, "kernel_log", "no kernel log: the journal has no kernel messages and %s is "
+             "not readable" % KERN_LOG)
+        return empty
+    return got
+
+
+# --------------------------------------------------------------------------
+
+
+def iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat()
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="clusterctl-collector", description=__doc__.splitlines()[0])
+    p.add_argument("--kernel-log-cursor", default=None,
+                   help="return kernel-log lines after this cursor (from a previous run)")
+    p.add_argument("--kernel-log-max", type=int, default=KERNEL_LOG_MAX_LINES,
+                   help="most kernel-log lines returned")
+    p.add_argument("--nvml-timeout", type=float, default=NVML_CALL_TIMEOUT_S,
+                   help="seconds one NVML call may take")
+    p.add_argument("--nvml-budget", type=float, default=NVML_BUDGET_S,
+                   help="seconds all NVML calls together may take")
+    p.add_argument("--cmd-timeout", type=float, default=COMMAND_TIMEOUT_S,
+                   help="seconds one command or statvfs may take")
+    p.add_argument("--unit-pattern", default="clusterctl-*", help="systemd units to report")
+    return p.parse_args(argv)
+
+
+def guarded(errors: Errors, source: str, default: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; a bug in one section is recorded, and the others still run."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        note(errors, source, "internal error: %s: %s" % (type(e).__name__, e))
+        return default
+
+
+def collect(args: argparse.Namespace) -> Dict[str, Any]:
+    """The whole facts document."""
+    t0 = time.time()
+    errors: Errors = []
+    host = guarded(errors, "host", {}, collect_host, args, errors)
+    gpus = guarded(errors, "gpus", {"available": False, "reason": "internal error", "devices": [],
+                                    "topology": []}, collect_gpus, args, errors)
+    nics = guarded(errors, "nics", [], collect_nics, errors)
+    guarded(errors, "gpus.nearest_nics", None, nearest_nics, gpus, nics)
+    units = guarded(errors, "units", None, collect_units, args, errors, host.get("uptime_s"))
+    klog = guarded(errors, "kernel_log", None, collect_kernel_log, args, errors)
+    return {"schema": SCHEMA, "collected_at": iso(t0), "duration_s": round(time.time() - t0, 3),
+            "host": host, "gpus": gpus, "nics": nics, "units": units, "kernel_log": klog,
+            "errors": errors}
+
+
+def main(argv: List[str]) -> None:
+    doc = collect(parse_args(argv))
+    sys.stdout.write(json.dumps(doc, sort_keys=False) + "\n")
+    sys.stdout.flush()
+    # A hung NVML call may still hold its thread; do not wait for it on exit.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,126 @@
+"""The bytes sent to a node's ``python3``: a bootstrap, pynvml and the collector.
+
+The node runs ``python3 -I -B -`` (see :func:`probe_command`) with the payload
+on stdin.  The payload is a small bootstrap written in syntax every Python 3
+parses, so an interpreter older than 3.8 exits with :data:`RC_PYTHON_TOO_OLD`
+and a message instead of a syntax error.  It then:
+
+* defines ``CARRIED_PYNVML()``, which builds the module ``pynvml`` from the
+  source of the nvidia-ml-py installed here (zlib + base64, executed into a
+  ``types.ModuleType``: nothing is written on the node).  The collector calls it
+  only when the node has no pynvml new enough of its own;
+* compiles and runs ``collector.py`` (also zlib + base64) as ``__main__``.
+
+The payload is built once per process and cached (:func:`payload`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shlex
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+from clusterctl.errors import ProbeError
+
+#: Exit status of the payload when the node's python3 is older than 3.8.
+RC_PYTHON_TOO_OLD = 97
+
+COLLECTOR_PATH = Path(__file__).with_name("collector.py")
+
+_BOOTSTRAP = '''\
+import sys
+if sys.version_info < (3, 8):
+    sys.stderr.write("clusterctl probe: python %%s is too old, 3.8 or newer is needed\\n"
+                     %% sys.version.split()[0])
+    sys.exit(%(rc)d)
+import base64, types, zlib
+_PYNVML = %(pynvml)r
+_COLLECTOR = %(collector)r
+def _carried_pynvml():
+    mod = types.ModuleType("pynvml")
+    mod.__file__ = "<pynvml %(pynvml_version)s carried by clusterctl>"
+    sys.modules["pynvml"] = mod
+    exec(compile(zlib.decompress(base64.b64decode(_PYNVML)), mod.__file__, "exec"), mod.__dict__)
+    return mod
+_globals = {"__name__": "__main__", "__builtins__": __builtins__,
+            "CARRIED_PYNVML": _carried_pynvml, "CARRIED_PYNVML_VERSION": %(pynvml_version)r}
+exec(compile(zlib.decompress(base64.b64decode(_COLLECTOR)), "<clusterctl-collector>", "exec"), _globals)
+'''
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What to send: ``data`` (the script for stdin) and its SHA-256 ``digest``."""
+
+    data: bytes
+    digest: str
+    pynvml_version: str | None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def _pack(source: bytes) -> str:
+    return base64.b64encode(zlib.compress(source, 9)).decode("ascii")
+
+
+def _pynvml_source() -> tuple[bytes, str | None]:
+    """The source of the installed pynvml module (nvidia-ml-py) and its version."""
+    try:
+        import pynvml
+    except ImportError as e:
+        raise ProbeError(f"cannot build the probe payload: pynvml (nvidia-ml-py) is not installed: {e}")
+    path = getattr(pynvml, "__file__", None)
+    if not path or not path.endswith(".py"):
+        raise ProbeError(f"cannot build the probe payload: pynvml has no source file ({path})")
+    try:
+        version: str | None = metadata.version("nvidia-ml-py")
+    except metadata.PackageNotFoundError:
+        version = None
+    return Path(path).read_bytes(), version
+
+
+def build_payload(collector: bytes | None = None, pynvml_source: bytes | None = None,
+                  pynvml_version: str | None = None) -> Payload:
+    """Build a payload; by default from ``collector.py`` and the installed pynvml."""
+    if collector is None:
+        collector = COLLECTOR_PATH.read_bytes()
+    if pynvml_source is None:
+        pynvml_source, pynvml_version = _pynvml_source()
+    script = _BOOTSTRAP % {"rc": RC_PYTHON_TOO_OLD, "pynvml": _pack(pynvml_source),
+                           "collector": _pack(collector), "pynvml_version": pynvml_version or "unknown"}
+    data = script.encode("ascii")
+    return Payload(data, hashlib.sha256(data).hexdigest(), pynvml_version)
+
+
+@lru_cache(maxsize=1)
+def payload() -> Payload:
+    """The default payload, built on first use and kept for the process."""
+    return build_payload()
+
+
+def probe_command(*, kernel_log_cursor: str | None = None, nvml_timeout: float | None = None,
+                  nvml_budget: float | None = None, cmd_timeout: float | None = None,
+                  kernel_log_max: int | None = None, python: str = "python3") -> str:
+    """The shell command that runs the payload read from stdin, every argument quoted.
+
+    ``-I`` ignores the node's PYTHON* variables and user site; ``-B`` writes no
+    byte code, so the probe leaves nothing behind.
+    """
+    argv = [python, "-I", "-B", "-"]
+    if kernel_log_cursor:
+        argv += ["--kernel-log-cursor", kernel_log_cursor]
+    if kernel_log_max is not None:
+        argv += ["--kernel-log-max", str(int(kernel_log_max))]
+    if nvml_timeout is not None:
+        argv += ["--nvml-timeout", repr(float(nvml_timeout))]
+    if nvml_budget is not None:
+        argv += ["--nvml-budget", repr(float(nvml_budget))]
+    if cmd_timeout is not None:
+        argv += ["--cmd-timeout", repr(float(cmd_timeout))]
+    return " ".join(shlex.quote(a) for a in argv)
