@@ -1,0 +1,167 @@
+"""YAML with line numbers: every value remembers where it was written.
+
+``yaml.safe_load`` forgets positions, so the inventory loader composes the
+document (``yaml.compose``) and turns the node graph into :class:`Y` values:
+plain Python scalars, lists of ``Y`` and dicts of ``str -> Y``, each with its
+1-based line.  Anchors, aliases and merge keys (``<<: *base``) are resolved
+here; duplicate keys, non-string keys, recursive aliases and tags that safe
+YAML does not know become problems instead of exceptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from clusterctl.errors import Problem
+
+#: Most nodes one document may expand to (alias bombs stop here).
+MAX_NODES = 200_000
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+@dataclass
+class Y:
+    """A YAML value and its line.
+
+    ``value`` is a scalar, a ``list[Y]`` (``kind == "seq"``) or a
+    ``dict[str, Y]`` (``kind == "map"``); ``key_lines`` gives each mapping
+    key's own line, which is where messages about that key point.
+    """
+
+    value: Any
+    line: int
+    kind: str = "scalar"
+    key_lines: dict[str, int] = field(default_factory=dict)
+
+    def plain(self) -> Any:
+        """The value with every ``Y`` stripped (for free-form data such as vars)."""
+        if self.kind == "map":
+            return {k: v.plain() for k, v in self.value.items()}
+        if self.kind == "seq":
+            return [v.plain() for v in self.value]
+        return self.value
+
+
+class _Converter:
+    def __init__(self, filename: str, problems: list[Problem]):
+        self.filename = filename
+        self.problems = problems
+        self.count = 0
+        self.constructor = yaml.SafeLoader("")
+        self.active: set[int] = set()
+
+    def problem(self, line: int, message: str) -> None:
+        self.problems.append(Problem(self.filename, line, message))
+
+    def convert(self, node: yaml.Node) -> Y:
+        line = node.start_mark.line + 1
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise _TooBig(line)
+        if id(node) in self.active:
+            self.problem(line, "recursive alias: a value contains itself")
+            return Y(None, line)
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                value = self.constructor.construct_object(node, deep=True)
+            except (yaml.YAMLError, ValueError, OverflowError) as e:
+                problem = getattr(e, "problem", None) or str(e)
+                self.problem(line, f"cannot read value {node.value!r}: {problem}")
+                value = None
+            return Y(value, line)
+        self.active.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return Y([self.convert(n) for n in node.value], line, "seq")
+            assert isinstance(node, yaml.MappingNode)
+            return self._mapping(node, line)
+        finally:
+            self.active.discard(id(node))
+
+    def _mapping(self, node: yaml.MappingNode, line: int) -> Y:
+        out: dict[str, Y] = {}
+        key_lines: dict[str, int] = {}
+        merged: dict[str, Y] = {}
+        merged_lines: dict[str, int] = {}
+        for knode, vnode in node.value:
+            kline = knode.start_mark.line + 1
+            if knode.tag == _MERGE_TAG:
+                self._merge(vnode, merged, merged_lines)
+                continue
+            if not isinstance(knode, yaml.ScalarNode):
+                self.problem(kline, "a key must be a plain string, not a list or mapping")
+                continue
+            key = self.convert(knode).value
+            if isinstance(key, bool) or key is None:
+                self.problem(kline, f"key {knode.value!r} reads as {key!r}; quote it to use it as a name")
+                continue
+            key = str(key)
+            if key in out:
+                self.problem(kline, f"duplicate key {key!r} (first at line {key_lines[key]})")
+                continue
+            key_lines[key] = kline
+            out[key] = self.convert(vnode)
+        for k, v in merged.items():
+            if k not in out:
+                out[k] = v
+                key_lines[k] = merged_lines[k]
+        return Y(out, line, "map", key_lines)
+
+    def _merge(self, vnode: yaml.Node, into: dict[str, Y], lines: dict[str, int]) -> None:
+        sources = vnode.value if isinstance(vnode, yaml.SequenceNode) else [vnode]
+        for src in sources:
+            conv = self.convert(src)
+            if conv.kind != "map":
+                self.problem(conv.line, "'<<' merges only mappings")
+                continue
+            for k, v in conv.value.items():
+                if k not in into:  # earlier merge sources win, as in YAML
+                    into[k] = v
+                    lines[k] = conv.key_lines[k]
+
+
+class _TooBig(Exception):
+    def __init__(self, line: int):
+        self.line = line
+
+
+def parse(text: str, filename: str, problems: list[Problem]) -> Y | None:
+    """Parse one YAML document; append problems, return ``None`` if unusable.
+
+    A syntax error is reported at its line with YAML's own explanation.  An
+    empty document returns ``None`` with a problem.
+    """
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 0
+        what = e.problem or e.context or "syntax error"
+        problems.append(Problem(filename, line, f"YAML syntax error: {what}"))
+        return None
+    except yaml.reader.ReaderError as e:  # control characters, bad encoding
+        line = text[:e.position].count("\n") + 1 if isinstance(e.position, int) else 0
+        problems.append(Problem(filename, line, f"YAML error: {e.reason}"))
+        return None
+    except yaml.YAMLError as e:
+        problems.append(Problem(filename, 0, f"YAML error: {e}"))
+        return None
+    except RecursionError:
+        problems.append(Problem(filename, 0, "YAML nesting is too deep"))
+        return None
+    if node is None:
+        problems.append(Problem(filename, 0, "the file is empty"))
+        return None
+    conv = _Converter(filename, problems)
+    try:
+        return conv.convert(node)
+    except _TooBig as e:
+        problems.append(Problem(filename, e.line, f"document expands to more than {MAX_NODES} values (alias bomb?)"))
+        return None
+    except RecursionError:
+        problems.append(Problem(filename, 0, "YAML nesting is too deep"))
+        return None
