@@ -1,0 +1,166 @@
+"""One lab host's container: its directory, overlay root and systemd-nspawn.
+
+Layout of ``hosts/NAME/`` on the control side::
+
+    upper/   the host's persistent changes (overlay upper dir)
+    work/    overlayfs work dir
+    root/    the mounted root (lowerdir = template layers)
+    hw/      simulated hardware state (bound at /var/lib/lab-hw), when present
+    nspawn.pid, console.log
+
+The container runs under :mod:`clusterctl.lab.hostrun` (own cgroup, reboot
+loop); its PID is recorded by the caller, nspawn's in ``nspawn.pid``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from clusterctl.lab import procs
+from clusterctl.lab._run import ok, run
+from clusterctl.lab.config import HostSpec, LabConfig
+from clusterctl.lab.sshkeys import install_authorized_key, make_host_key
+from clusterctl.lab.template import OPS_USER, Template, user_ids
+
+#: sshd settings of every host but the one that keeps Debian's defaults.
+LAB_SSHD_CONF = ("# clusterctl lab: quieter, faster sshd for many parallel connections\n"
+                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+                 "UseDNS no\nMaxStartups 100:30:200\nMaxSessions 64\n")
+HW_MOUNT = "/var/lib/lab-hw"
+#: Seconds a container gets to power off after SIGTERM before it is killed.
+STOP_GRACE_S = 10.0
+
+
+def host_dir(cfg: LabConfig, name: str) -> Path:
+    return cfg.hosts_dir / name
+
+
+def cgroup_rel(cfg: LabConfig, name: str) -> str:
+    return f"{cfg.cgroup_name}/{name}"
+
+
+def prepare(cfg: LabConfig, h: HostSpec, tpl: Template, pubkey: str, *,
+            debian_sshd: bool, etc_hosts: str) -> str:
+    """Create the host's directory and upper-dir files; return its host public key.
+
+    ``debian_sshd`` keeps Debian's default sshd settings on this host (the
+    non-root ``ops`` path); other hosts get :data:`LAB_SSHD_CONF`.
+    """
+    d = host_dir(cfg, h.name)
+    upper = d / "upper"
+    for sub in ("upper", "work", "root"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o755)
+    _mkdir_like(tpl, upper, "root")
+    install_authorized_key(upper / "root", pubkey)
+    uid, gid = user_ids(tpl.prep, OPS_USER)
+    _mkdir_like(tpl, upper, f"home/{OPS_USER}")
+    install_authorized_key(upper / "home" / OPS_USER, pubkey, uid, gid)
+    conf = upper / "etc/ssh/sshd_config.d/lab.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    if debian_sshd:
+        conf.unlink(missing_ok=True)
+    else:
+        conf.write_text(LAB_SSHD_CONF)
+    (upper / "etc/hosts").write_text(etc_hosts)
+    return make_host_key(upper, f"root@{h.name}")
+
+
+def _mkdir_like(tpl: Template, upper: Path, rel: str) -> None:
+    """Create ``upper/rel`` with the owner and mode the template gives it.
+
+    An overlay directory takes its attributes from the upper layer, so a
+    plain ``mkdir`` would hand ``/home/ops`` to root.
+    """
+    for layer in (tpl.prep, tpl.base):
+        src = layer / rel
+        if src.is_dir():
+            st = src.stat()
+            dst = upper / rel
+            dst.mkdir(parents=True, exist_ok=True)
+            os.chown(dst, st.st_uid, st.st_gid)
+            os.chmod(dst, stat.S_IMODE(st.st_mode))
+            return
+    (upper / rel).mkdir(parents=True, exist_ok=True)
+
+
+def mount_root(cfg: LabConfig, h: HostSpec, tpl: Template) -> None:
+    d = host_dir(cfg, h.name)
+    if _is_mountpoint(d / "root"):
+        return
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={tpl.lowerdir},upperdir={d / 'upper'},workdir={d / 'work'}", str(d / "root")])
+
+
+def _is_mountpoint(p: Path) -> bool:
+    return os.path.ismount(p)
+
+
+def launch(cfg: LabConfig, h: HostSpec) -> int:
+    """Start the host's container in the background; return the supervisor's PID."""
+    d = host_dir(cfg, h.name)
+    argv = ["systemd-nspawn", "-D", str(d / "root"), "-M", h.name,
+            "--register=no", "--keep-unit", "--link-journal=no",
+            f"--network-namespace-path=/run/netns/{h.netns}",
+            "-b", "--console=passive"]
+    hw = d / "hw"
+    if hw.is_dir():
+        argv.append(f"--bind={hw}:{HW_MOUNT}")
+        if (hw / "sys-class").is_dir():
+            argv.append(f"--bind-ro={hw / 'sys-class'}:/sys/class")
+    log = open(d / "console.log", "ab")
+    try:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "clusterctl.lab.hostrun", cgroup_rel(cfg, h.name),
+             str(d / "nspawn.pid"), "--", *argv],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True)
+    finally:
+        log.close()
+    return p.pid
+
+
+def stop(cfg: LabConfig, h: HostSpec, supervisor_pid: int | None,
+         grace_s: float = STOP_GRACE_S) -> None:
+    """Power the container off (SIGTERM), kill what remains after ``grace_s``.
+
+    Only recorded PIDs and the processes inside the host's own cgroup are
+    signalled; a frozen host is thawed first so it can shut down.
+    """
+    d = host_dir(cfg, h.name)
+    rel = cgroup_rel(cfg, h.name)
+    procs.thaw_cgroup(rel)
+    pids = [p for p in (supervisor_pid, procs.read_pidfile(d / "nspawn.pid")) if p]
+    live = [p for p in pids if procs.alive(p)]
+    for p in live:
+        procs.signal_pid(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(procs.alive(p) for p in live):
+        time.sleep(0.05)
+    for p in live:
+        if procs.alive(p):
+            procs.signal_pid(p, signal.SIGKILL)
+    procs.kill_cgroup(rel)
+
+
+def unmount_root(cfg: LabConfig, name: str) -> None:
+    root = host_dir(cfg, name) / "root"
+    for _ in range(50):
+        if not _is_mountpoint(root):
+            return
+        if ok(["umount", str(root)]):
+            return
+        time.sleep(0.1)
+    run(["umount", "-l", str(root)])
+
+
+def remove_cgroups(cfg: LabConfig, name: str | None = None) -> None:
+    """Remove the host's (or, with ``name=None``, the lab's) cgroup dirs, depth first."""
+    rel = cgroup_rel(cfg, name) if name else cfg.cgroup_name
+    procs.remove_cgroup_tree(rel)

@@ -1,0 +1,96 @@
+"""The inventory ``lab up`` writes (format: docs/inventory.md, schema 1).
+
+Hosts ``lab[01-NN]`` on consecutive addresses, two hosts per fake rack
+(``rack`` / ``leaf`` labels and a ``rackN`` group each), strict host key
+checking against the prefilled ``known_hosts``, and one host (the last)
+reached as the non-root user ``ops`` with sudo (group ``nonroot``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clusterctl.lab.config import HostSpec, LabConfig
+from clusterctl.lab.template import OPS_USER
+
+#: Memory (GiB) of the GPU models the lab knows; others default to 80.
+GPU_MEMORY_GIB = {"H100-SXM5-80GB": 80, "H200-SXM5-141GB": 141, "A100-SXM4-80GB": 80,
+                  "A100-SXM4-40GB": 40, "L40S-48GB": 48, "B200-SXM6-180GB": 180}
+DEFAULT_GPU_MODEL = "H100-SXM5-80GB"
+HOSTS_PER_RACK = 2
+
+
+def fold(names: Sequence[str]) -> str:
+    """``lab01..lab04`` → ``lab[01-04]`` (names share a prefix and are consecutive)."""
+    if len(names) == 1:
+        return names[0]
+    prefix = names[0].rstrip("0123456789")
+    first, last = names[0][len(prefix):], names[-1][len(prefix):]
+    return f"{prefix}[{first}-{last}]"
+
+
+def _address_range(hosts: Sequence[HostSpec]) -> str | None:
+    """``10.77.0.[101-104]`` when the hosts' addresses differ only in the last octet."""
+    heads = {h.address.rsplit(".", 1)[0] for h in hosts}
+    if len(heads) != 1 or len(hosts) == 1:
+        return None
+    lasts = [int(h.address.rsplit(".", 1)[1]) for h in hosts]
+    if lasts != list(range(lasts[0], lasts[0] + len(lasts))):
+        return None
+    width = len(str(lasts[0]))
+    if any(len(str(x)) != width for x in lasts):
+        return None
+    return f"{heads.pop()}.[{lasts[0]}-{lasts[-1]}]"
+
+
+def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: str,
+          data_nics: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The inventory as plain data (YAML-ready)."""
+    names = [h.name for h in hosts]
+    defaults: dict[str, Any] = {
+        "ssh": {"user": "root", "port": 22, "identity_file": str(cfg.key_file),
+                "known_hosts": str(cfg.known_hosts), "host_key_policy": "strict",
+                "connect_timeout": 5},
+        "labels": {"site": "lab"},
+        "gpus": {"count": gpus, "model": gpu_model,
+                 "memory_gib": GPU_MEMORY_GIB.get(gpu_model, 80),
+                 "interconnect": "nvlink" if "SXM" in gpu_model else "pcie"},
+        "nics": [{"netdev": "eth0", "role": "management", "speed_gbps": 10},
+                 *[dict(n) for n in data_nics]],
+    }
+    groups: dict[str, Any] = {}
+    for r in range(0, len(hosts), HOSTS_PER_RACK):
+        n = r // HOSTS_PER_RACK + 1
+        groups[f"rack{n}"] = {"hosts": fold(names[r:r + HOSTS_PER_RACK]),
+                              "labels": {"rack": f"r{n}", "leaf": f"leaf{(n + 1) // 2}"}}
+    groups["nonroot"] = {"hosts": names[-1], "ssh": {"user": OPS_USER, "become": True}}
+    host_entries: dict[str, Any] = {}
+    rng = _address_range(hosts)
+    if rng is not None:
+        host_entries[fold(names)] = {"address": rng}
+    else:
+        for h in hosts:
+            host_entries[h.name] = {"address": h.address}
+    return {
+        "version": 1,
+        "defaults": defaults,
+        "fabric": {"kind": "roce", "trust": "dscp", "pfc_priority": 3, "roce_dscp": 26,
+                   "cnp_dscp": 48, "mtu": 4200},
+        "groups": groups,
+        "hosts": host_entries,
+    }
+
+
+def write(path: Path, data: dict[str, Any]) -> None:
+    """Write the inventory atomically, with a header saying where it came from."""
+    text = ("# Written by `clusterctl lab up`; rewritten on every `lab up`.\n"
+            + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)

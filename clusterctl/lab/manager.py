@@ -1,0 +1,327 @@
+"""Bring a lab up, tear it down, report its status.
+
+``up`` is idempotent: a lab already running with the same size is left as
+it is; anything else recorded or left over (after a crash: stale netns,
+mounts, processes, cgroups) is cleaned up first.  ``down`` leaves nothing:
+processes (by recorded PID, then by the host's cgroup), overlay mounts,
+namespaces, veths, the bridge, cgroup dirs, nspawn's /run leftovers, the
+lab's files, and the raised inotify limit.
+
+Progress is reported through ``on_event(str)``; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from clusterctl.errors import LabError
+from clusterctl.lab import container, inventory_file, limits, net, procs, ready, sshkeys
+from clusterctl.lab import state as st
+from clusterctl.lab import template
+from clusterctl.lab.config import HostSpec, LabConfig, plan_hosts
+
+Event = Callable[[str], None]
+#: Seconds ``up`` waits for all hosts to be ready: a base plus a share per host.
+READY_BASE_S = 60.0
+READY_PER_HOST_S = 0.5
+REQUIRED_TOOLS = ("systemd-nspawn", "ip", "mount", "umount", "ssh", "ssh-keygen")
+NSPAWN_RUN = Path("/run/systemd/nspawn")
+
+
+def require_root() -> None:
+    """Raise :class:`LabError` unless running as root with the needed tools."""
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, mounts, systemd-nspawn); "
+                       "run it with sudo")
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    if missing:
+        raise LabError(f"missing tools: {', '.join(missing)} (Debian packages: "
+                       "systemd-container, iproute2, openssh-client)")
+
+
+def hardware() -> ModuleType | None:
+    """The simulated-hardware package, when it is present."""
+    try:
+        from clusterctl.lab import hardware as hw
+    except ImportError:
+        return None
+    return hw
+
+
+@dataclass
+class UpResult:
+    state: st.LabState
+    inventory: Path
+    already_up: bool
+    template_s: float = 0.0
+    ready_s: float = 0.0
+
+
+def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
+       gpu_model: str = inventory_file.DEFAULT_GPU_MODEL,
+       on_event: Event = lambda s: None) -> UpResult:
+    """Bring up ``hosts`` nspawn hosts and write the inventory (root only)."""
+    require_root()
+    cfg.validate()
+    if gpus_per_host < 0 or gpus_per_host > 16:
+        raise LabError(f"--gpus-per-host must be between 0 and 16, not {gpus_per_host}")
+    specs = plan_hosts(cfg, hosts)
+    old = st.load(cfg.state_file)
+    if old is not None and _same_and_alive(old, specs, gpus_per_host, gpu_model):
+        on_event(f"lab already up with {hosts} hosts")
+        return UpResult(old, cfg.inventory_file, already_up=True)
+    if old is not None or _leftovers(cfg):
+        on_event("cleaning up an earlier lab first")
+        down(cfg, on_event=lambda s: on_event(f"  {s}"))
+
+    t0 = time.monotonic()
+    tpl = template.ensure(cfg.cache_dir, on_event)
+    t_template = time.monotonic() - t0
+    cfg.lab_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(cfg.lab_dir, 0o755)
+    state = st.LabState(gpus_per_host=gpus_per_host, gpu_model=gpu_model,
+                        template=tpl.lowerdir, started_at=time.time())
+    state.inotify_saved = limits.hold(str(cfg.lab_dir))
+    st.save(cfg.state_file, state)
+
+    t1 = time.monotonic()
+    pubkey = sshkeys.ensure_client_key(cfg.key_file)
+    net.ensure_bridge(cfg)
+    etc_hosts = _etc_hosts(specs)
+    hw = hardware()
+    host_keys: list[tuple[list[str], str]] = []
+    on_event(f"starting {hosts} hosts")
+    for h in specs:
+        net.create_host_net(cfg, h)
+        key = container.prepare(cfg, h, tpl, pubkey, debian_sshd=(h is specs[-1]),
+                                etc_hosts=etc_hosts)
+        host_keys.append(([h.name, h.address], key))
+        if hw is not None:
+            _hw_call(hw, "provision_host", container.host_dir(cfg, h.name), h.name, h.index,
+                     gpus_per_host, gpu_model)
+            _hw_call(hw, "setup_netns", h.netns, h.name, h.index)
+    sshkeys.write_known_hosts(cfg.known_hosts, host_keys)
+    for h in specs:
+        container.mount_root(cfg, h, tpl)
+        state.hosts.append(st.HostState(h, container.launch(cfg, h)))
+        st.save(cfg.state_file, state)
+    state.ticker_pid = _start_ticker(cfg)
+    st.save(cfg.state_file, state)
+
+    results = ready.wait_all(cfg, specs, READY_BASE_S + READY_PER_HOST_S * hosts,
+                             on_ready=lambda r: on_event(
+                                 f"{r.name}: {r.state} after {r.seconds:.1f} s {r.detail}".rstrip()))
+    bad = [r for r in results if r.state != "running"]
+    if bad:
+        raise LabError("hosts not ready: " + "; ".join(f"{r.name} {r.state} {r.detail}".strip()
+                                                     for r in bad)
+                       + f" (console logs in {cfg.hosts_dir}/NAME/console.log; "
+                       "`clusterctl lab down` cleans up)")
+    state.ready_s = time.monotonic() - t1
+    data_nics = _hw_call(hw, "inventory_nics", gpus_per_host) if hw is not None else None
+    inventory_file.write(cfg.inventory_file, inventory_file.build(
+        cfg, specs, gpus=gpus_per_host, gpu_model=gpu_model, data_nics=data_nics or ()))
+    st.save(cfg.state_file, state)
+    on_event(f"lab up: {hosts} hosts ready in {state.ready_s:.1f} s; inventory {cfg.inventory_file}")
+    return UpResult(state, cfg.inventory_file, already_up=False, template_s=t_template,
+                    ready_s=state.ready_s)
+
+
+def up_light(cfg: LabConfig, hosts: int, on_event: Event = lambda s: None) -> dict[str, Any]:
+    """Light mode: sshd-only hosts for scale tests (``clusterctl.lab.light``)."""
+    require_root()
+    try:
+        from clusterctl.lab import light
+    except ImportError as e:
+        raise LabError("light mode is not available in this build (clusterctl.lab.light)") from e
+    old = st.load(cfg.state_file)
+    if old is not None and old.mode != "light":
+        raise LabError(f"an nspawn lab is up in {cfg.lab_dir}; `clusterctl lab down` first")
+    cfg.lab_dir.mkdir(parents=True, exist_ok=True)
+    st.save(cfg.state_file, st.LabState(mode="light", started_at=time.time()))
+    on_event(f"starting {hosts} light hosts")
+    info = light.up(cfg.lab_dir, hosts)
+    return info if isinstance(info, dict) else {"hosts": hosts, "lab_dir": str(cfg.lab_dir)}
+
+
+def _hw_call(hw: ModuleType, name: str, *args: Any) -> Any:
+    fn = getattr(hw, name, None)
+    return fn(*args) if fn is not None else None
+
+
+def _etc_hosts(specs: list[HostSpec]) -> str:
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    lines += [f"{h.address}\t{h.name}" for h in specs]
+    return "\n".join(lines) + "\n"
+
+
+def _start_ticker(cfg: LabConfig) -> int | None:
+    """Start the hardware ticker (advances simulated counters) if it exists."""
+    if hardware() is None or not (Path(__file__).parent / "hardware" / "ticker.py").is_file():
+        return None
+    log = open(cfg.lab_dir / "ticker.log", "ab")
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "clusterctl.lab.hardware.ticker",
+                              str(cfg.lab_dir)], stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        log.close()
+    return p.pid
+
+
+def _same_and_alive(old: st.LabState, specs: list[HostSpec], gpus: int, model: str) -> bool:
+    return (old.mode == "nspawn" and [h.spec for h in old.hosts] == specs
+            and old.gpus_per_host == gpus and old.gpu_model == model
+            and old.ready_s is not None
+            and all(h.pid is not None and procs.alive(h.pid) for h in old.hosts))
+
+
+def _leftovers(cfg: LabConfig) -> bool:
+    return (cfg.hosts_dir.is_dir() and any(cfg.hosts_dir.iterdir())) or net.link_exists(cfg.bridge) \
+        or bool(procs.cgroup_dirs(cfg.cgroup_name))
+
+
+def _known_hosts(cfg: LabConfig, old: st.LabState | None) -> list[HostSpec]:
+    """Hosts to clean up: the recorded ones plus any host dir left on disk."""
+    specs = {h.spec.name: h.spec for h in (old.hosts if old else [])}
+    if cfg.hosts_dir.is_dir():
+        for d in sorted(cfg.hosts_dir.iterdir()):
+            if d.name not in specs and d.name.startswith(cfg.prefix):
+                specs[d.name] = HostSpec(d.name, 0, "", "")
+    return list(specs.values())
+
+
+def down(cfg: LabConfig, on_event: Event = lambda s: None) -> None:
+    """Stop every host of the lab and remove everything ``up`` created (root only)."""
+    require_root()
+    old = st.load(cfg.state_file)
+    if old is not None and old.mode == "light":
+        from clusterctl.lab import light  # owned by the fleet part
+
+        light.down(cfg.lab_dir)
+        cfg.state_file.unlink(missing_ok=True)
+        on_event("light lab down")
+        return
+    specs = _known_hosts(cfg, old)
+    pids = {h.spec.name: h.pid for h in (old.hosts if old else [])}
+    if old is not None and old.ticker_pid and procs.alive(old.ticker_pid):
+        procs.signal_pid(old.ticker_pid, signal.SIGTERM)
+    t0 = time.monotonic()
+    _stop_all(cfg, specs, pids)
+    if specs:
+        on_event(f"stopped {len(specs)} hosts in {time.monotonic() - t0:.1f} s")
+    for h in specs:
+        container.unmount_root(cfg, h.name)
+        net.delete_host_net(h)
+        container.remove_cgroups(cfg, h.name)
+        _remove_nspawn_run(h.name)
+    container.remove_cgroups(cfg)
+    net.delete_bridge(cfg)
+    if old is not None and old.ticker_pid:
+        _wait_gone([old.ticker_pid], 3.0, kill=True)
+    for name in ("hosts", "ssh"):
+        if (cfg.lab_dir / name).exists():
+            shutil.rmtree(cfg.lab_dir / name)
+    for name in ("inventory.yaml", "ticker.log", "state.json"):
+        (cfg.lab_dir / name).unlink(missing_ok=True)
+    if limits.release(str(cfg.lab_dir)):
+        on_event("inotify limit restored")
+    try:
+        cfg.lab_dir.rmdir()
+    except OSError:
+        pass  # not empty: someone else's files; leave them
+    on_event("lab down")
+
+
+def _stop_all(cfg: LabConfig, specs: list[HostSpec], pids: dict[str, int | None]) -> None:
+    """SIGTERM every host at once, then SIGKILL what is left after the grace time."""
+    recorded: list[int] = []
+    for h in specs:
+        rel = container.cgroup_rel(cfg, h.name)
+        procs.thaw_cgroup(rel)
+        for p in (pids.get(h.name), procs.read_pidfile(container.host_dir(cfg, h.name) / "nspawn.pid")):
+            if p and procs.alive(p):
+                recorded.append(p)
+                procs.signal_pid(p, signal.SIGTERM)
+    _wait_gone(recorded, container.STOP_GRACE_S, kill=True)
+    for h in specs:
+        procs.kill_cgroup(container.cgroup_rel(cfg, h.name))
+
+
+def _wait_gone(pids: list[int], timeout_s: float, kill: bool) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(procs.alive(p) for p in pids):
+        time.sleep(0.05)
+    if kill:
+        for p in pids:
+            if procs.alive(p):
+                procs.signal_pid(p, signal.SIGKILL)
+        _wait_gone(pids, 2.0, kill=False)
+
+
+def _remove_nspawn_run(name: str) -> None:
+    """nspawn cannot remove its propagate dir on a disk /run (lab.md P11)."""
+    for p in (NSPAWN_RUN / "propagate" / name, NSPAWN_RUN / "incoming" / name):
+        if p.exists():
+            shutil.rmtree(p, ignore_errors=True)
+    for p in (NSPAWN_RUN / "propagate", NSPAWN_RUN / "incoming", NSPAWN_RUN / "locks",
+              NSPAWN_RUN):
+        try:
+            p.rmdir()
+        except OSError:
+            pass
+
+
+@dataclass
+class HostStatus:
+    name: str
+    address: str
+    pid: int | None
+    running: bool
+    frozen: bool
+    faults: list[str]
+
+
+def status(cfg: LabConfig) -> dict[str, Any]:
+    """What runs now, from the recorded state and the live processes (no SSH)."""
+    old = st.load(cfg.state_file)
+    if old is None:
+        return {"up": False, "lab_dir": str(cfg.lab_dir), "hosts": []}
+    if old.mode == "light":
+        from clusterctl.lab import light
+
+        return {"up": True, "mode": "light", **light.status(cfg.lab_dir)}
+    from clusterctl.lab import netfaults
+
+    hosts = []
+    for h in old.hosts:
+        rel = container.cgroup_rel(cfg, h.spec.name)
+        hosts.append({
+            "name": h.spec.name, "address": h.spec.address, "pid": h.pid,
+            "running": bool(h.pid and procs.alive(h.pid)), "frozen": procs.is_frozen(rel),
+            "faults": netfaults.active(cfg, h.spec.name)})
+    return {"up": True, "mode": "nspawn", "lab_dir": str(cfg.lab_dir),
+            "inventory": str(cfg.inventory_file), "gpus_per_host": old.gpus_per_host,
+            "gpu_model": old.gpu_model, "ready_s": old.ready_s, "hosts": hosts}
+
+
+def find_host(cfg: LabConfig, name: str) -> HostSpec:
+    """The running lab's host ``name`` (or address), or :class:`LabError`."""
+    old = st.load(cfg.state_file)
+    if old is None or old.mode != "nspawn":
+        raise LabError(f"no lab is up in {cfg.lab_dir}; run `clusterctl lab up` first")
+    for h in old.hosts:
+        if name in (h.spec.name, h.spec.address):
+            return h.spec
+    names = ", ".join(h.spec.name for h in old.hosts)
+    raise LabError(f"no lab host {name!r} (hosts: {names})")
