@@ -287,8 +287,9 @@ class Fleet:
     def _one(self, host: Host, command: str, stdin: bytes | None, sudo: bool, timeout: float,
              end: float | None, require_python: bool, state: _RunState) -> HostResult:
         started, t0 = time.time(), time.monotonic()
-        if state.cancelled.is_set():
-            return HostResult(host.name, HostStatus.TIMEOUT, started=started, error="run ended")
+        if state.cancelled.is_set() or (end is not None and t0 >= end):
+            return HostResult(host.name, HostStatus.TIMEOUT, started=started,
+                              error="run deadline reached before this host started")
         password = self._become_password
         try:
             conn, _ = self._acquire(host, state)
@@ -300,8 +301,11 @@ class Fleet:
         except HostFailure as f:
             if f.status in (HostStatus.TIMEOUT, HostStatus.ERROR):
                 self._drop(host.name)  # a timed-out or broken connection is not reused
+            message = f.message
+            if end is not None and f.status is HostStatus.TIMEOUT and time.monotonic() >= end - 0.01:
+                message = f"run deadline reached ({message})"
             return HostResult(host.name, f.status, started=started,
-                              duration_s=time.monotonic() - t0, error=_redact(f.message, password))
+                              duration_s=time.monotonic() - t0, error=_redact(message, password))
         except Exception as e:  # a bug or an unexpected library error: still one row
             self._drop(host.name)
             return HostResult(host.name, HostStatus.ERROR, started=started,

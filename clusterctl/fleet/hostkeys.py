@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import base64
 import fcntl
-import fnmatch
 import hashlib
 import hmac
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +76,11 @@ def _pattern_matches(pattern: str, name: str) -> bool:
         except (ValueError, base64.binascii.Error):  # type: ignore[attr-defined]
             return False
         return hmac.compare_digest(base64.b64encode(mac).decode(), want)
-    return fnmatch.fnmatchcase(name.lower(), pattern.lower())
+    if "*" not in pattern and "?" not in pattern:
+        return name.lower() == pattern.lower()
+    # OpenSSH patterns know only * and ?; brackets are literal ([host]:port).
+    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
+    return re.fullmatch(rx, name.lower()) is not None
 
 
 def _entry_matches(entry: Entry, name: str) -> bool:
