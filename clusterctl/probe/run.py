@@ -1,0 +1,123 @@
+"""Run the collector on every host of a Fleet: one round trip per host.
+
+:func:`collect_facts` sends the payload (``clusterctl.probe.payload``) on the
+command's stdin and returns one :class:`FactsResult` per host, always: a host
+that could not be reached, has no python3 (or one older than 3.8), timed out
+or printed something that is not a facts document gets status ``unknown`` and
+a reason, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from clusterctl.errors import ProbeError
+from clusterctl.probe.facts import Facts, parse_facts
+from clusterctl.probe.payload import RC_PYTHON_TOO_OLD, payload, probe_command
+
+#: Seconds a whole probe may take on one host (the collector itself bounds each
+#: NVML call, command and statvfs, see collector.py).
+DEFAULT_TIMEOUT_S = 90.0
+
+OK = "ok"
+UNKNOWN = "unknown"
+
+
+class _FleetLike(Protocol):
+    def run(self, command: str, *, stdin: bytes | None = ..., sudo: bool = ...,
+            timeout: float | None = ..., on_result: Any = ..., require_python: bool = ...) -> Any: ...
+
+
+@dataclass
+class FactsResult:
+    """The probe's outcome on one host.
+
+    ``status``: ``ok`` (``facts`` is set) or ``unknown`` (``reason`` says why the
+    facts could not be had).  ``fleet_status`` is the fleet's row status
+    (``ok``, ``unreachable``, ``no_python``...), ``duration_s`` the round trip.
+    """
+
+    host: str
+    status: str
+    facts: Facts | None = None
+    reason: str | None = None
+    fleet_status: str = "ok"
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the facts document itself, or ``{"status", "reason"}``."""
+        if self.facts is not None:
+            return self.facts.raw
+        return {"status": self.status, "reason": self.reason, "fleet_status": self.fleet_status}
+
+
+def _status(row: Any) -> str:
+    return str(getattr(row.status, "value", row.status))
+
+
+def interpret(row: Any) -> FactsResult:
+    """Turn one fleet row (a ``HostResult``) into a :class:`FactsResult`."""
+    status = _status(row)
+    base = {"host": row.host, "fleet_status": status, "duration_s": row.duration_s}
+    if status == "no_python":
+        return FactsResult(status=UNKNOWN, reason="python3 is not installed on the node "
+                           "(the probe needs Python 3.8 or newer)", **base)
+    if status not in ("ok", "failed"):
+        return FactsResult(status=UNKNOWN, reason=row.error or status, **base)
+    if row.rc == RC_PYTHON_TOO_OLD:
+        return FactsResult(status=UNKNOWN, reason=_last_line(row.stderr) or "python3 is older than 3.8",
+                           **base)
+    if row.rc != 0:
+        return FactsResult(status=UNKNOWN, reason=f"the probe exited with rc {row.rc}: "
+                           f"{_last_line(row.stderr) or 'no message'}", **base)
+    try:
+        facts = parse_facts(row.stdout, origin=f"{row.host}: probe output")
+    except ProbeError as e:
+        return FactsResult(status=UNKNOWN, reason=str(e), **base)
+    return FactsResult(status=OK, facts=facts, **base)
+
+
+def _last_line(text: str) -> str:
+    lines = [x.strip() for x in (text or "").splitlines() if x.strip()]
+    return lines[-1] if lines else ""
+
+
+def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] | None = None,
+                  timeout: float = DEFAULT_TIMEOUT_S, nvml_timeout: float | None = None,
+                  sudo: bool = False, on_result: Callable[[FactsResult], None] | None = None
+                  ) -> dict[str, FactsResult]:
+    """Probe every host of ``fleet``; one :class:`FactsResult` per host, in fleet order.
+
+    ``kernel_log_cursor``: one cursor for every host or a mapping host ->
+    cursor (from a previous run's ``facts.kernel_log.cursor``).  ``timeout``:
+    seconds for one host's probe.  ``nvml_timeout``: seconds one NVML call may
+    take on the node.  ``sudo``: run the collector as root where the login user
+    is not (needed to read a root-only kernel log).
+    """
+    data = payload().data
+    cursors = kernel_log_cursor if isinstance(kernel_log_cursor, dict) else None
+    nvml_budget = max(1.0, timeout * 0.6)
+    command: str | dict[str, str]
+    if cursors is None:
+        command = probe_command(kernel_log_cursor=kernel_log_cursor, nvml_timeout=nvml_timeout,  # type: ignore[arg-type]
+                                nvml_budget=nvml_budget)
+    else:
+        command = {h.name: probe_command(kernel_log_cursor=cursors.get(h.name), nvml_timeout=nvml_timeout,
+                                         nvml_budget=nvml_budget)
+                   for h in getattr(fleet, "hosts")}
+
+    seen: dict[str, FactsResult] = {}
+
+    def each(row: Any) -> None:
+        seen[row.host] = interpret(row)
+        if on_result:
+            on_result(seen[row.host])
+
+    results = fleet.run(command, stdin=data, sudo=sudo, timeout=timeout,  # type: ignore[arg-type]
+                        on_result=each, require_python=True)
+    return {row.host: seen.get(row.host) or interpret(row) for row in results}
