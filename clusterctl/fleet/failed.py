@@ -38,19 +38,21 @@ def save_failed(state_dir: Path, hosts: Iterable[str], *, inventory: str | None 
     return path
 
 
-def load_failed(state_dir: Path, *, inventory: str | None = None) -> list[str]:
-    """The hosts that failed last time ([] when nothing is stored or the file is unreadable).
+def load_failed(state_dir: Path, *, inventory: str | None = None) -> list[str] | None:
+    """The hosts that failed last time; ``None`` when no run was recorded.
 
-    When ``inventory`` is given and the record was made with another
-    inventory, the answer is [] (those names mean nothing here).
+    ``None`` also when the file is unreadable, or when ``inventory`` is given
+    and the record was made with another inventory (those names mean nothing
+    here).  ``select_hosts(..., failed=None)`` then reports that ``@failed``
+    has nothing to refer to.
     """
     path = Path(state_dir) / FILENAME
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return []
+        return None
     if not isinstance(data, dict) or not isinstance(data.get("hosts"), list):
-        return []
+        return None
     if inventory and data.get("inventory") and data["inventory"] != os.path.abspath(inventory):
-        return []
+        return None
     return [str(h) for h in data["hosts"]]

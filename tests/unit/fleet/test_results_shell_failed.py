@@ -70,11 +70,11 @@ def test_failed_store_roundtrip_atomic_and_scoped(tmp_path):
     p = save_failed(tmp_path / "state", ["gpu01", "gpu03"], inventory=inv, command="true")
     assert p.name == FILENAME
     assert load_failed(tmp_path / "state", inventory=inv) == ["gpu01", "gpu03"]
-    assert load_failed(tmp_path / "state", inventory=str(tmp_path / "other.yaml")) == []
+    assert load_failed(tmp_path / "state", inventory=str(tmp_path / "other.yaml")) is None
     assert load_failed(tmp_path / "state") == ["gpu01", "gpu03"]
     save_failed(tmp_path / "state", [], inventory=inv)
     assert load_failed(tmp_path / "state", inventory=inv) == []
     assert [f.name for f in (tmp_path / "state").iterdir()] == [FILENAME]  # no temp files left
     (tmp_path / "state" / FILENAME).write_text("{not json")
-    assert load_failed(tmp_path / "state") == []
-    assert load_failed(tmp_path / "nowhere") == []
+    assert load_failed(tmp_path / "state") is None
+    assert load_failed(tmp_path / "nowhere") is None
