@@ -53,7 +53,9 @@ class Ctx:
     def keys(self, y: Y, allowed: Iterable[str], what: str) -> dict[str, Y]:
         """Report unknown keys (suggesting a close match); return the known ones."""
         allowed = list(allowed)
-        out = {}
+        out: dict[str, Y] = {}
+        if y.kind != "map":
+            return out
         for key, value in y.value.items():
             if key in allowed:
                 out[key] = value

@@ -373,14 +373,14 @@ class _Loader:
                 unknown = [n for n in expanded if n not in entries]
                 if unknown:
                     from clusterctl.inventory.nodeset import fold
-                    ctx.error(pline, f"groups.{name}.hosts: {fold(unknown)} not defined under hosts:")
+                    ctx.error(pline, f"groups.{name}.hosts: {fold(unknown)} not defined in 'hosts'")
                 names.extend(n for n in expanded if n in entries and n not in names)
             members[name] = names
         group_names = [g[0] for g in groups]
         for host, extra in getattr(self, "_extra_groups", {}).items():
             for gname, gline in extra:
                 if gname not in members:
-                    ctx.error(gline, f"hosts: group {gname!r} of host {host} is not defined under groups:"
+                    ctx.error(gline, f"hosts: group {gname!r} of host {host} is not defined in 'groups'"
                               + _suggest(gname, group_names))
                 elif host not in members[gname]:
                     members[gname].append(host)
@@ -426,8 +426,9 @@ class _Loader:
                     ctx.error(ey.line if ey.kind == "map" else line, f"engines.{name}: missing '{key}'")
                 else:
                     vals[key] = ctx.string(known[key], f"engines.{name}.{key}")
-            if all(vals.get(k) for k in ("path", "version")):
-                out[name] = Engine(name, vals["path"], vals["version"], Location(ctx.filename, line))
+            # Registered even when invalid, so references to it do not cascade.
+            out[name] = Engine(name, vals.get("path") or "", vals.get("version") or "",
+                               Location(ctx.filename, line))
         return out
 
     def _models(self, y: Y | None) -> dict[str, Model]:
@@ -503,7 +504,7 @@ class _Loader:
                 ctx.error(line, f"{w}: missing 'port'")
                 continue
             port = ctx.integer(known["port"], f"{w}.port", 1, 65535)
-            if placement is None or port is None or common is None:
+            if placement is None or port is None:
                 continue
             if "tp" in known:
                 tp = ctx.integer(known["tp"], f"{w}.tp", 1)
@@ -514,24 +515,20 @@ class _Loader:
         return out
 
     def _run_settings(self, known: dict[str, Y], w: str, line: int,
-                      inv: Inventory) -> dict[str, Any] | None:
+                      inv: Inventory) -> dict[str, Any]:
         """model, engine, args, env and role, shared by instances and templates."""
         ctx = self.ctx
         out: dict[str, Any] = {}
-        ok = True
         for key, table in (("model", inv.models), ("engine", inv.engines)):
+            out[key] = ""
             if key not in known:
                 ctx.error(line, f"{w}: missing '{key}'")
-                ok = False
                 continue
             ref = ctx.string(known[key], f"{w}.{key}")
-            if ref is None:
-                ok = False
-            elif ref not in table:
-                ctx.error(known[key].line, f"{w}: {key} {ref!r} is not defined under {key}s:"
+            if ref is not None and ref not in table:
+                ctx.error(known[key].line, f"{w}: {key} {ref!r} is not defined in '{key}s'"
                           + _suggest(ref, list(table)))
-                ok = False
-            out[key] = ref
+            out[key] = ref or ""
         out["args"] = {}
         if "args" in known:
             am = ctx.mapping(known["args"], f"{w}.args")
@@ -559,7 +556,7 @@ class _Loader:
             role = ctx.string(known["role"], f"{w}.role", ("mixed", "prefill", "decode"))
             if role is not None:
                 out["role"] = role
-        return out if ok else None
+        return out
 
     def _placement(self, y: Y, w: str, inv: Inventory) -> tuple[GpuRef, ...] | None:
         ctx = self.ctx
@@ -582,7 +579,7 @@ class _Loader:
                     ok = False
                     continue
                 if host not in inv.hosts:
-                    ctx.error(line, f"{w}.placement: host {host!r} is not defined under hosts:"
+                    ctx.error(line, f"{w}.placement: host {host!r} is not defined in 'hosts'"
                               + _suggest(host, list(inv.hosts)))
                     ok = False
                     continue
@@ -631,7 +628,7 @@ class _Loader:
             except SelectionError as e:
                 ctx.error(known["hosts"].line, f"{w}.hosts: {e}")
                 continue
-            if common is None or None in vals.values() or "replicas" not in vals or "tp" not in vals:
+            if None in vals.values() or "replicas" not in vals or "tp" not in vals:
                 continue
             out[name] = InstanceTemplate(name=name, hosts=pattern, location=Location(ctx.filename, line),
                                          **vals, **common)
