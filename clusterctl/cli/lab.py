@@ -8,7 +8,6 @@ and maps errors to exit code 3.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from typing import Any, Optional
 
@@ -26,7 +25,7 @@ app = typer.Typer(
 
 
 def _progress(line: str) -> None:
-    err_console.print(f"lab: {line}", markup=False)
+    err_console.print(f"lab: {line}", markup=False, soft_wrap=True)
 
 
 def _cfg():  # -> LabConfig
@@ -139,13 +138,14 @@ def _print_status(st: dict[str, Any]) -> None:
     if st.get("mode") != "nspawn":
         console.print(f"light lab: {len(st.get('hosts', []))} hosts", markup=False)
         return
-    t = Table(title=f"lab: {st['inventory']}")
+    t = Table()
     for col in ("host", "address", "state", "faults"):
         t.add_column(col)
     for h in st["hosts"]:
         state = "frozen" if h["frozen"] else ("running" if h["running"] else "stopped")
         t.add_row(h["name"], h["address"], state, ", ".join(h["faults"]) or "-")
     console.print(t)
+    console.print(f"inventory: {st['inventory']}", markup=False, soft_wrap=True)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -167,7 +167,8 @@ def ssh(ctx: typer.Context,
     except LabError as e:
         fail(str(e))
     args = [a for a in ctx.args if a != "--"] if ctx.args[:1] == ["--"] else list(ctx.args)
-    command = shlex.join(args) if args else None
+    # As with ssh(1), the words are joined with spaces for the remote shell.
+    command = " ".join(args) if args else None
     argv = ready.ssh_argv(cfg, h, command, user=user, tty=command is None and sys.stdin.isatty())
     sys.stdout.flush()
     os.execvp(argv[0], argv)

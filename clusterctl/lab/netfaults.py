@@ -100,9 +100,9 @@ def loss(cfg: LabConfig, h: HostSpec, percent: float) -> None:
     bp = round(percent * 100)
     rules = (f"table inet {NFT_TABLE} {{\n"
              f" chain in {{ type filter hook input priority -10; policy accept;\n"
-             f"  iifname \"eth0\" numgen random mod 10000 < {bp} counter drop }}\n"
+             f"  iifname \"eth0\" numgen random mod 10000 < {bp} counter drop\n }}\n"
              f" chain out {{ type filter hook output priority -10; policy accept;\n"
-             f"  oifname \"eth0\" numgen random mod 10000 < {bp} counter drop }}\n"
+             f"  oifname \"eth0\" numgen random mod 10000 < {bp} counter drop\n }}\n"
              f"}}\n")
     _nft_delete(h)
     run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules)

@@ -1,0 +1,38 @@
+"""The session-scoped ``lab`` fixture: a real lab brought up once per run.
+
+CLUSTERCTL_LAB_HOSTS (default 4) sets its size; CLUSTERCTL_LAB_KEEP=1 leaves
+it running after the run.  Tests skip, with the reason, only when the lab
+cannot exist here at all: not root, or systemd-nspawn missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+
+from clusterctl.lab.config import LabConfig
+from clusterctl.lab.session import LabSession
+
+
+def lab_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "the lab needs root (network namespaces, mounts, systemd-nspawn)"
+    if shutil.which("systemd-nspawn") is None:
+        return "systemd-nspawn is not installed (apt package systemd-container)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab() -> LabSession:
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    cfg = LabConfig.from_env()
+    session = LabSession.start(cfg, hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "4")),
+                               on_event=lambda s: print(f"lab: {s}", file=sys.stderr))
+    yield session
+    if os.environ.get("CLUSTERCTL_LAB_KEEP") != "1":
+        session.stop()
