@@ -73,6 +73,8 @@ def up(hosts: int = typer.Option(4, "--hosts", "-n", min=1, help="Number of host
             fail(str(e))
         if json_out:
             print_json(info)
+        else:
+            console.print(f"inventory: {info['inventory']}", markup=False, soft_wrap=True)
         return
     from clusterctl.lab import manager
 
@@ -130,13 +132,17 @@ def status(json_out: bool = JsonOpt) -> None:
         _print_status(st)
     if not st.get("up"):
         raise typer.Exit(3)
-    if any(not h.get("running", True) for h in st.get("hosts", [])):
+    if any(not h.get("running", True) for h in st.get("hosts", [])) or any(
+            not (h.get("alive") and h.get("listening")) for h in st.get("light_hosts", [])):
         raise typer.Exit(2)
 
 
 def _print_status(st: dict[str, Any]) -> None:
-    if st.get("mode") != "nspawn":
-        console.print(f"light lab: {len(st.get('hosts', []))} hosts", markup=False)
+    light = st.get("light_hosts", [])
+    if light:
+        up = sum(1 for h in light if h.get("alive") and h.get("listening"))
+        console.print(f"light hosts: {up}/{len(light)} up (sshd listening)", markup=False)
+    if not st.get("hosts"):
         return
     t = Table()
     for col in ("host", "address", "state", "faults"):

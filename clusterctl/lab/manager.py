@@ -12,6 +12,7 @@ Progress is reported through ``on_event(str)``; nothing here prints.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -137,21 +138,24 @@ def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
                     ready_s=state.ready_s)
 
 
+def light_dir(cfg: LabConfig) -> Path:
+    """Where light mode (``clusterctl.lab.light``) keeps its hosts."""
+    return cfg.lab_dir / "light"
+
+
 def up_light(cfg: LabConfig, hosts: int, on_event: Event = lambda s: None) -> dict[str, Any]:
-    """Light mode: sshd-only hosts for scale tests (``clusterctl.lab.light``)."""
+    """Light mode: sshd-only hosts on 127.1.x.y for scale tests (no systemd).
+
+    Runs beside an nspawn lab if one is up; ``lab down`` stops both.
+    """
     require_root()
-    try:
-        from clusterctl.lab import light
-    except ImportError as e:
-        raise LabError("light mode is not available in this build (clusterctl.lab.light)") from e
-    old = st.load(cfg.state_file)
-    if old is not None and old.mode != "light":
-        raise LabError(f"an nspawn lab is up in {cfg.lab_dir}; `clusterctl lab down` first")
-    cfg.lab_dir.mkdir(parents=True, exist_ok=True)
-    st.save(cfg.state_file, st.LabState(mode="light", started_at=time.time()))
+    from clusterctl.lab import light
+
     on_event(f"starting {hosts} light hosts")
-    info = light.up(cfg.lab_dir, hosts)
-    return info if isinstance(info, dict) else {"hosts": hosts, "lab_dir": str(cfg.lab_dir)}
+    t0 = time.monotonic()
+    inv = light.up(light_dir(cfg), hosts)
+    on_event(f"light lab up: {hosts} hosts in {time.monotonic() - t0:.1f} s; inventory {inv}")
+    return {"inventory": str(inv), "hosts": hosts, "up_s": time.monotonic() - t0}
 
 
 def _hw_call(hw: ModuleType, name: str, *args: Any) -> Any:
@@ -180,7 +184,7 @@ def _start_ticker(cfg: LabConfig) -> int | None:
 
 
 def _same_and_alive(old: st.LabState, specs: list[HostSpec], gpus: int, model: str) -> bool:
-    return (old.mode == "nspawn" and [h.spec for h in old.hosts] == specs
+    return ([h.spec for h in old.hosts] == specs
             and old.gpus_per_host == gpus and old.gpu_model == model
             and old.ready_s is not None
             and all(h.pid is not None and procs.alive(h.pid) for h in old.hosts))
@@ -205,13 +209,10 @@ def down(cfg: LabConfig, on_event: Event = lambda s: None) -> None:
     """Stop every host of the lab and remove everything ``up`` created (root only)."""
     require_root()
     old = st.load(cfg.state_file)
-    if old is not None and old.mode == "light":
-        from clusterctl.lab import light  # owned by the fleet part
+    if light_dir(cfg).is_dir():
+        from clusterctl.lab import light
 
-        light.down(cfg.lab_dir)
-        cfg.state_file.unlink(missing_ok=True)
-        on_event("light lab down")
-        return
+        on_event(f"stopped {light.down(light_dir(cfg))} light hosts")
     specs = _known_hosts(cfg, old)
     pids = {h.spec.name: h.pid for h in (old.hosts if old else [])}
     if old is not None and old.ticker_pid and procs.alive(old.ticker_pid):
@@ -295,12 +296,14 @@ class HostStatus:
 def status(cfg: LabConfig) -> dict[str, Any]:
     """What runs now, from the recorded state and the live processes (no SSH)."""
     old = st.load(cfg.state_file)
-    if old is None:
-        return {"up": False, "lab_dir": str(cfg.lab_dir), "hosts": []}
-    if old.mode == "light":
+    light_hosts = []
+    if light_dir(cfg).is_dir():
         from clusterctl.lab import light
 
-        return {"up": True, "mode": "light", **light.status(cfg.lab_dir)}
+        light_hosts = [dataclasses.asdict(h) for h in light.status(light_dir(cfg))]
+    if old is None:
+        return {"up": bool(light_hosts), "lab_dir": str(cfg.lab_dir), "hosts": [],
+                "light_hosts": light_hosts}
     from clusterctl.lab import netfaults
 
     hosts = []
@@ -310,15 +313,16 @@ def status(cfg: LabConfig) -> dict[str, Any]:
             "name": h.spec.name, "address": h.spec.address, "pid": h.pid,
             "running": bool(h.pid and procs.alive(h.pid)), "frozen": procs.is_frozen(rel),
             "faults": netfaults.active(cfg, h.spec.name)})
-    return {"up": True, "mode": "nspawn", "lab_dir": str(cfg.lab_dir),
+    return {"up": True, "lab_dir": str(cfg.lab_dir),
             "inventory": str(cfg.inventory_file), "gpus_per_host": old.gpus_per_host,
-            "gpu_model": old.gpu_model, "ready_s": old.ready_s, "hosts": hosts}
+            "gpu_model": old.gpu_model, "ready_s": old.ready_s, "hosts": hosts,
+            "light_hosts": light_hosts}
 
 
 def find_host(cfg: LabConfig, name: str) -> HostSpec:
     """The running lab's host ``name`` (or address), or :class:`LabError`."""
     old = st.load(cfg.state_file)
-    if old is None or old.mode != "nspawn":
+    if old is None:
         raise LabError(f"no lab is up in {cfg.lab_dir}; run `clusterctl lab up` first")
     for h in old.hosts:
         if name in (h.spec.name, h.spec.address):

@@ -8,6 +8,8 @@ fixture; the e2e tier can use the same object.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +17,15 @@ from pathlib import Path
 
 from clusterctl.lab import manager, ready
 from clusterctl.lab.config import HostSpec, LabConfig
+
+
+def unavailable_reason() -> str | None:
+    """Why no lab can run here (``None`` when one can): not root, no nspawn."""
+    if os.geteuid() != 0:
+        return "the lab needs root (network namespaces, mounts, systemd-nspawn)"
+    if shutil.which("systemd-nspawn") is None:
+        return "systemd-nspawn is not installed (apt package systemd-container)"
+    return None
 
 
 @dataclass

@@ -30,7 +30,6 @@ class LabState:
     hosts: list[HostState] = field(default_factory=list)
     gpus_per_host: int = 0
     gpu_model: str = ""
-    mode: str = "nspawn"  # or "light"
     ticker_pid: int | None = None
     inotify_saved: int | None = None
     template: str = ""

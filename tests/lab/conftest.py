@@ -8,26 +8,17 @@ cannot exist here at all: not root, or systemd-nspawn missing.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 import pytest
 
 from clusterctl.lab.config import LabConfig
-from clusterctl.lab.session import LabSession
-
-
-def lab_unavailable_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "the lab needs root (network namespaces, mounts, systemd-nspawn)"
-    if shutil.which("systemd-nspawn") is None:
-        return "systemd-nspawn is not installed (apt package systemd-container)"
-    return None
+from clusterctl.lab.session import LabSession, unavailable_reason
 
 
 @pytest.fixture(scope="session")
 def lab() -> LabSession:
-    reason = lab_unavailable_reason()
+    reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
     cfg = LabConfig.from_env()
