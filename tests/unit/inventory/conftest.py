@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "inventory"
-EXAMPLES = Path(__file__).resolve().parents[3] / "inventories"
 
 
 @pytest.fixture(autouse=True)
