@@ -76,10 +76,17 @@ def interpret(row: Any) -> FactsResult:
         return FactsResult(status=UNKNOWN, reason=f"the probe exited with rc {row.rc}: "
                            f"{_last_line(row.stderr) or 'no message'}", **base)
     try:
-        facts = parse_facts(row.stdout, origin=f"{row.host}: probe output")
+        facts = parse_facts(_document_text(row.stdout), origin=f"{row.host}: probe output")
     except ProbeError as e:
         return FactsResult(status=UNKNOWN, reason=str(e), **base)
     return FactsResult(status=OK, facts=facts, **base)
+
+
+def _document_text(stdout: str) -> str:
+    """The collector prints its document as the last line; a login script that
+    echoes a banner on stdout (a ~/.bashrc) must not hide it."""
+    lines = [x for x in (stdout or "").splitlines() if x.strip()]
+    return lines[-1] if lines and lines[-1].lstrip().startswith("{") else stdout
 
 
 def _last_line(text: str) -> str:
