@@ -1,0 +1,112 @@
+"""The per-host NIC state (``<hw>/nic.json``): initial counters, rates and QoS.
+
+Initial counter values come from a real-looking ConnectX-7 port (the shared
+``ethtool -S eth2`` / ``hw_counters`` samples), scaled a little per host and
+port so hosts differ; baseline rates model steady RDMA traffic with no
+pauses, drops or CNP storms.  See :mod:`.tools.nicmodel` for the format.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from clusterctl.lab.hardware.profiles import DATA_NICS, check_flavour
+from clusterctl.lab.hardware.tools import nicmodel
+
+STATE_FILE = nicmodel.STATE_FILE
+
+#: Values of a busy port at provisioning time (host 0, first port).
+BASE_VALUES: dict[str, int] = {
+    "rx_packets": 48213377, "rx_bytes": 21990512884, "tx_packets": 51170262,
+    "tx_bytes": 19822114376, "tx_tso_packets": 1209981, "tx_tso_bytes": 9841127344,
+    "rx_gro_packets": 3318210, "rx_gro_bytes": 12914551022, "rx_gro_skbs": 402117,
+    "rx_csum_none": 4133, "rx_csum_complete": 48209244, "tx_csum_none": 311,
+    "tx_csum_partial": 49211807, "tx_xmit_more": 2010443, "tx_cqes": 49159819,
+    "ch_events": 61822190, "ch_poll": 63110874, "ch_arm": 61790233, "rx_out_of_buffer": 1937,
+    "rx_vport_unicast_packets": 48210114, "rx_vport_unicast_bytes": 22183390112,
+    "tx_vport_unicast_packets": 51168871, "tx_vport_unicast_bytes": 20027004190,
+    "rx_vport_multicast_packets": 2911, "rx_vport_multicast_bytes": 261990,
+    "tx_vport_multicast_packets": 1288, "tx_vport_multicast_bytes": 112344,
+    "rx_vport_broadcast_packets": 352, "rx_vport_broadcast_bytes": 21120,
+    "tx_vport_broadcast_packets": 103, "tx_vport_broadcast_bytes": 6180,
+    "rx_vport_rdma_unicast_packets": 99189728952, "rx_vport_rdma_unicast_bytes": 411826432892915,
+    "tx_vport_rdma_unicast_packets": 98906534784, "tx_vport_rdma_unicast_bytes": 410650073238646,
+    "tx_packets_phy": 98957706437, "rx_packets_phy": 99237945592,
+    "tx_bytes_phy": 410670316150864, "rx_bytes_phy": 411848900792065,
+    "tx_multicast_phy": 1288, "tx_broadcast_phy": 103, "rx_multicast_phy": 2911,
+    "rx_broadcast_phy": 352,
+    # Pause frames: rx/tx_pause_ctrl_phy are the sums of these.
+    "rx_prio3_pause": 1284512, "tx_prio3_pause": 22301,
+    "rx_prio3_pause_duration": 38240113, "tx_prio3_pause_duration": 512004,
+    "rx_prio3_pause_transition": 642201,
+    "rx_prio3_bytes": 411826432892915, "rx_prio3_packets": 99189728952,
+    "tx_prio3_bytes": 410650073238646, "tx_prio3_packets": 98906534784,
+    "rx_prio0_bytes": 22183651222, "rx_prio0_packets": 48213377,
+    "tx_prio0_bytes": 20027122714, "tx_prio0_packets": 51170262,
+    "rx_prio3_marked": 2503311,
+    # hw_counters
+    "rx_write_requests": 2984301127, "resp_cqe_error": 6, "resp_cqe_flush_error": 6,
+    "rp_cnp_handled": 2287650, "np_ecn_marked_roce_packets": 2503311, "np_cnp_sent": 2418907,
+}
+
+#: Per-second rates of a port under steady NCCL traffic (about 2.5 GB/s each way).
+BASE_RATES: dict[str, float] = {
+    "rx_vport_rdma_unicast_bytes": 2.5e9, "tx_vport_rdma_unicast_bytes": 2.5e9,
+    "rx_vport_rdma_unicast_packets": 600_000, "tx_vport_rdma_unicast_packets": 600_000,
+    "rx_prio3_bytes": 2.5e9, "tx_prio3_bytes": 2.5e9,
+    "rx_prio3_packets": 600_000, "tx_prio3_packets": 600_000,
+    "rx_bytes_phy": 2.5e9, "tx_bytes_phy": 2.5e9,
+    "rx_packets_phy": 600_010, "tx_packets_phy": 600_010,
+    "rx_packets": 10, "tx_packets": 10, "rx_bytes": 4_000, "tx_bytes": 4_000,
+    "rx_vport_unicast_packets": 10, "tx_vport_unicast_packets": 10,
+    "rx_vport_unicast_bytes": 4_000, "tx_vport_unicast_bytes": 4_000,
+    "rx_prio0_packets": 10, "tx_prio0_packets": 10, "rx_prio0_bytes": 4_000,
+    "tx_prio0_bytes": 4_000, "ch_events": 12, "ch_poll": 12, "ch_arm": 12,
+    "rx_csum_complete": 10, "tx_csum_partial": 10, "tx_cqes": 10,
+    "rx_write_requests": 300_000,
+}
+
+#: Capabilities per flavour: the "inbox" host models an older ConnectX-6 Dx
+#: firmware without per-lane error counters and without shared-buffer (sbcam)
+#: congestion counters, so those names are absent there.
+CAPS = {
+    "mlnx": list(nicmodel.ALL_CAPS),
+    "inbox": [c for c in nicmodel.ALL_CAPS if c not in ("per_lane_error_counters", "sbcam_reg")],
+}
+
+
+def mac_address(host_index: int, nic_index: int) -> str:
+    """Deterministic locally-administered MAC of a data port."""
+    return f"02:77:{(host_index >> 8) & 0xFF:02x}:{host_index & 0xFF:02x}:{0x10 + nic_index:02x}:01"
+
+
+def new_state(host: str, host_index: int, flavour: str, now: float | None = None) -> dict[str, Any]:
+    """The ``nic.json`` document for a freshly provisioned host."""
+    check_flavour(flavour)
+    t0 = time.time() if now is None else now
+    nics = {}
+    for k, spec in enumerate(DATA_NICS):
+        scale = 1.0 + 0.013 * host_index + 0.07 * k
+        counters = {name: [int(v * scale), BASE_RATES.get(name, 0.0), t0]
+                    for name, v in BASE_VALUES.items()}
+        for name, rate in BASE_RATES.items():
+            counters.setdefault(name, [0, rate, t0])
+        guid = f"0c42:a103:{host_index & 0xFFFF:04x}:{k:04x}"
+        nics[spec.netdev] = {
+            "rdma_device": spec.rdma_device, "port": spec.port, "mtu": spec.mtu,
+            "speed_mbps": spec.speed_mbps, "mac": mac_address(host_index, k), "pci": spec.pci,
+            "numa_node": spec.numa_node, "fw": "28.39.1002" if flavour == "mlnx" else "22.36.1010",
+            "node_guid": guid, "link_up": True, "caps": CAPS[flavour],
+            "qos": nicmodel.default_qos(), "counters": counters,
+        }
+    return {"flavour": flavour, "hostname": host, "t0": t0, "nics": nics}
+
+
+def load(hw: Path) -> dict[str, Any]:
+    return nicmodel.load(str(hw / STATE_FILE))
+
+
+def save(hw: Path, state: dict[str, Any]) -> None:
+    nicmodel.save(state, str(hw / STATE_FILE))

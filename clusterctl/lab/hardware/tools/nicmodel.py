@@ -1,0 +1,265 @@
+"""The simulated ConnectX (mlx5) port: counter names, values over time, QoS.
+
+Stdlib only: this module is installed into lab hosts next to the fake
+``ethtool``, ``mlnx_qos``, ``dcb``, ``rdma`` and ``ibdev2netdev`` scripts, and
+the control side (ticker, faults) imports the same file.
+
+State lives in ``<hw>/nic.json`` (``<hw>`` is ``$LAB_HW_DIR``, default
+``/var/lib/lab-hw``)::
+
+    {"flavour": "mlnx"|"inbox", "hostname": ..., "nics": {"eth2": {
+        "rdma_device": "mlx5_0", "port": 1, "mtu": 4200, "speed_mbps": 400000,
+        "mac": "...", "pci": "0000:1a:00.0", "numa_node": 0, "fw": "...",
+        "link_up": true, "caps": [...], "qos": {...},
+        "counters": {"<name>": [base, rate_per_s, since_epoch_s], ...}}}}
+
+A counter's value at time t is ``base + rate * (t - since)``; changing a rate
+first folds the value so far into ``base``, so counters never go backwards.
+Names missing from ``counters`` read as 0 when the NIC has them; whether the
+NIC has a name at all is decided by its capabilities and QoS (PFC-enabled
+priorities, global pause), as in the mlx5 driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+DEFAULT_HW_DIR = "/var/lib/lab-hw"
+STATE_FILE = "nic.json"
+
+#: Capabilities a modelled NIC may have (names as in the mlx5 driver's gating).
+ALL_CAPS = ("per_lane_error_counters", "rx_buffer_fullness_counters", "pcie_counters",
+            "sbcam_reg", "stall_detect", "ppcnt_statistical_group", "roce_accl",
+            "cc_query_allowed", "out_of_seq_cnt", "retransmission_q_counters",
+            "enhanced_error_q_counters", "rx_icrc_encapsulated_counter")
+
+
+def hw_dir() -> str:
+    """The per-host state directory (``$LAB_HW_DIR`` overrides it for tests)."""
+    return os.environ.get("LAB_HW_DIR") or DEFAULT_HW_DIR
+
+
+def load(path: str | None = None) -> dict:
+    """Read ``nic.json``; raises OSError/ValueError on a missing or broken file."""
+    with open(path or os.path.join(hw_dir(), STATE_FILE), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def save(state: dict, path: str | None = None) -> None:
+    """Write ``nic.json`` atomically (temp file in the same directory + rename)."""
+    path = path or os.path.join(hw_dir(), STATE_FILE)
+    atomic_write(path, json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+def atomic_write(path: str, text: str, tmp_dir: str | None = None) -> None:
+    """Replace ``path`` with ``text`` so readers see the old or the new file, never half."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=tmp_dir or os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ------------------------------------------------------------------ values
+
+def value(nic: dict, name: str, now: float | None = None) -> int:
+    """The counter ``name`` at ``now`` (epoch seconds), from base and rate; unknown = 0."""
+    derived = _DERIVED.get(name)
+    if derived is not None:
+        return derived(nic, now)
+    entry = nic.get("counters", {}).get(name)
+    if not entry:
+        return 0
+    base, rate, since = entry
+    t = time.time() if now is None else now
+    return int(base + rate * max(0.0, t - since))
+
+
+def set_rate(nic: dict, name: str, rate: float, now: float | None = None) -> None:
+    """Make ``name`` advance at ``rate`` per second from ``now`` on, keeping its value."""
+    t = time.time() if now is None else now
+    current = value(nic, name, t)
+    nic.setdefault("counters", {})[name] = [current, float(rate), t]
+
+
+def add(nic: dict, name: str, amount: int, now: float | None = None) -> None:
+    """Step ``name`` up by ``amount`` now (a one-off event such as a link flap)."""
+    t = time.time() if now is None else now
+    entry = nic.setdefault("counters", {}).get(name)
+    rate = entry[1] if entry else 0.0
+    nic["counters"][name] = [value(nic, name, t) + int(amount), rate, t]
+
+
+def _sum(names):
+    return lambda nic, now: sum(value(nic, n, now) for n in names)
+
+
+def _quarter(name):
+    return lambda nic, now: value(nic, name, now) // 4
+
+
+_PRIO_RX_PAUSE = [f"rx_prio{p}_pause" for p in range(8)] + ["rx_global_pause"]
+_PRIO_TX_PAUSE = [f"tx_prio{p}_pause" for p in range(8)] + ["tx_global_pause"]
+
+#: Counters that are views of others, as the driver/firmware computes them:
+#: PMA port data is RDMA octets / 4; MAC control frames = pause frames.
+_DERIVED = {
+    "rx_pause_ctrl_phy": _sum(_PRIO_RX_PAUSE),
+    "tx_pause_ctrl_phy": _sum(_PRIO_TX_PAUSE),
+    "rx_mac_control_phy": _sum(_PRIO_RX_PAUSE),
+    "tx_mac_control_phy": _sum(_PRIO_TX_PAUSE),
+    "port_xmit_data": _quarter("tx_vport_rdma_unicast_bytes"),
+    "port_rcv_data": _quarter("rx_vport_rdma_unicast_bytes"),
+    "port_xmit_packets": _sum(["tx_vport_rdma_unicast_packets"]),
+    "port_rcv_packets": _sum(["rx_vport_rdma_unicast_packets"]),
+    "unicast_xmit_packets": _sum(["tx_vport_rdma_unicast_packets"]),
+    "unicast_rcv_packets": _sum(["rx_vport_rdma_unicast_packets"]),
+}
+
+
+# ------------------------------------------------------------------- names
+
+_SW = ("rx_packets rx_bytes tx_packets tx_bytes tx_tso_packets tx_tso_bytes rx_gro_packets "
+       "rx_gro_bytes rx_gro_skbs rx_ecn_mark rx_csum_unnecessary rx_csum_none rx_csum_complete "
+       "tx_csum_none tx_csum_partial tx_queue_stopped tx_queue_dropped tx_xmit_more tx_recover "
+       "tx_cqes tx_queue_wake tx_cqe_err rx_wqe_err rx_oversize_pkts_sw_drop rx_buff_alloc_err "
+       "rx_congst_umr rx_arfs_err rx_recover ch_events ch_poll ch_arm ch_aff_change ch_force_irq "
+       "ch_eq_rearm").split()
+_QCNT = ["rx_out_of_buffer", "rx_if_down_packets"]
+_VNIC = ["rx_steer_missed_packets", "dev_internal_queue_oob"]
+_VPORT = [f"{d}_vport_{k}_{u}" for k in ("unicast", "multicast", "broadcast")
+          for d, u in (("rx", "packets"), ("rx", "bytes"), ("tx", "packets"), ("tx", "bytes"))]
+_VPORT += [f"{d}_vport_rdma_{k}_{u}" for k in ("unicast", "multicast")
+           for d, u in (("rx", "packets"), ("rx", "bytes"), ("tx", "packets"), ("tx", "bytes"))]
+_802_3 = ("tx_packets_phy rx_packets_phy rx_crc_errors_phy tx_bytes_phy rx_bytes_phy "
+          "tx_multicast_phy tx_broadcast_phy rx_multicast_phy rx_broadcast_phy "
+          "rx_in_range_len_errors_phy rx_out_of_range_len_phy rx_oversize_pkts_phy "
+          "rx_symbol_err_phy tx_mac_control_phy rx_mac_control_phy rx_unsupported_op_phy "
+          "rx_pause_ctrl_phy tx_pause_ctrl_phy").split()
+_2863 = ["rx_discards_phy", "tx_discards_phy", "tx_errors_phy"]
+_2819 = ["rx_undersize_pkts_phy", "rx_fragments_phy", "rx_jabbers_phy", "rx_64_bytes_phy",
+         "rx_65_to_127_bytes_phy", "rx_128_to_255_bytes_phy", "rx_256_to_511_bytes_phy",
+         "rx_512_to_1023_bytes_phy", "rx_1024_to_1518_bytes_phy", "rx_1519_to_2047_bytes_phy",
+         "rx_2048_to_4095_bytes_phy", "rx_4096_to_8191_bytes_phy", "rx_8192_to_10239_bytes_phy"]
+_PCIE = ["rx_pci_signal_integrity", "tx_pci_signal_integrity", "outbound_pci_buffer_overflow",
+         "outbound_pci_stalled_rd", "outbound_pci_stalled_wr", "outbound_pci_stalled_rd_events",
+         "outbound_pci_stalled_wr_events"]
+_PME = ["module_unplug", "module_bus_stuck", "module_high_temp", "module_bad_shorted"]
+_PFC_FMT = ("rx_{p}_pause", "rx_{p}_pause_duration", "tx_{p}_pause", "tx_{p}_pause_duration",
+            "rx_{p}_pause_transition")
+
+
+def ethtool_names(nic: dict) -> list[str]:
+    """The ``ethtool -S`` names of this port, in the driver's group order.
+
+    Groups: sw, qcnt, vnic_env, vport, 802_3, 2863, 2819, phy, eth_ext, pcie,
+    per_prio (traffic, then PFC for enabled priorities, global pause, storm),
+    pme, per_port_buff_congest.  Per-channel counters are not modelled.
+    """
+    caps = set(nic.get("caps", ALL_CAPS))
+    qos = nic.get("qos", {})
+    names = _SW + _QCNT + _VNIC + _VPORT + _802_3 + _2863 + _2819
+    names.append("link_down_events_phy")
+    if "ppcnt_statistical_group" in caps:
+        names += ["rx_pcs_symbol_err_phy", "rx_corrected_bits_phy"]
+    if "per_lane_error_counters" in caps:
+        names += [f"rx_err_lane_{i}_phy" for i in range(4)]
+    if "rx_buffer_fullness_counters" in caps:
+        names.append("rx_buffer_passed_thres_phy")
+    if "pcie_counters" in caps:
+        names += _PCIE
+    for p in range(8):
+        names += [f"rx_prio{p}_bytes", f"rx_prio{p}_packets", f"rx_prio{p}_discards",
+                  f"tx_prio{p}_bytes", f"tx_prio{p}_packets"]
+    pfc = qos.get("pfc", [0] * 8)
+    for p in range(8):
+        if pfc[p]:
+            names += [f.format(p=f"prio{p}") for f in _PFC_FMT]
+    if qos.get("global_pause"):
+        names += [f.format(p="global") for f in _PFC_FMT]
+    if "stall_detect" in caps and any(pfc):
+        names += ["tx_pause_storm_warning_events", "tx_pause_storm_error_events"]
+    names += _PME
+    if "sbcam_reg" in caps:
+        for p in range(8):
+            names += [f"rx_prio{p}_buf_discard", f"rx_prio{p}_cong_discard", f"rx_prio{p}_marked"]
+    return names
+
+
+_HW_BASIC = ["rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect",
+             "out_of_buffer"]
+_HW_RETRANS = ["duplicate_request", "rnr_nak_retry_err", "packet_seq_err", "implied_nak_seq_err",
+               "local_ack_timeout_err"]
+_HW_EXT = ["resp_local_length_error", "resp_cqe_error", "req_cqe_error",
+           "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors",
+           "resp_cqe_flush_error", "req_cqe_flush_error", "req_transport_retries_exceeded",
+           "req_rnr_retries_exceeded"]
+_HW_ACCL = ["roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart",
+            "roce_slow_restart_cnps", "roce_slow_restart_trans"]
+_HW_CC = ["rp_cnp_ignored", "rp_cnp_handled", "np_ecn_marked_roce_packets", "np_cnp_sent"]
+
+
+def hw_counter_names(nic: dict) -> list[str]:
+    """``rdma statistic`` / ``hw_counters`` names in descriptor order (without ``lifespan``)."""
+    caps = set(nic.get("caps", ALL_CAPS))
+    names = list(_HW_BASIC)
+    if "out_of_seq_cnt" in caps:
+        names.append("out_of_sequence")
+    if "retransmission_q_counters" in caps:
+        names += _HW_RETRANS
+    if "enhanced_error_q_counters" in caps:
+        names += _HW_EXT
+    if "roce_accl" in caps:
+        names += _HW_ACCL
+    if "cc_query_allowed" in caps:
+        names += _HW_CC
+    if "rx_icrc_encapsulated_counter" in caps:
+        names.append("rx_icrc_encapsulated")
+    return names
+
+
+PMA_COUNTERS = ["VL15_dropped", "excessive_buffer_overrun_errors", "link_downed",
+                "link_error_recovery", "local_link_integrity_errors", "multicast_rcv_packets",
+                "multicast_xmit_packets", "port_rcv_constraint_errors", "port_rcv_data",
+                "port_rcv_errors", "port_rcv_packets", "port_rcv_remote_physical_errors",
+                "port_rcv_switch_relay_errors", "port_xmit_constraint_errors", "port_xmit_data",
+                "port_xmit_discards", "port_xmit_packets", "port_xmit_wait", "symbol_error",
+                "unicast_rcv_packets", "unicast_xmit_packets"]
+
+NETDEV_STATS = {"rx_bytes": "rx_bytes", "tx_bytes": "tx_bytes", "rx_packets": "rx_packets",
+                "tx_packets": "tx_packets", "rx_errors": "rx_crc_errors_phy",
+                "tx_errors": "tx_errors_phy", "rx_dropped": "rx_out_of_buffer",
+                "tx_dropped": "tx_queue_dropped", "rx_crc_errors": "rx_crc_errors_phy",
+                "multicast": "rx_multicast_phy"}
+
+
+# --------------------------------------------------------------------- QoS
+
+def default_qos() -> dict:
+    """The reference lossless-RoCE profile: trust dscp, PFC on 3, DSCP d -> d >> 3."""
+    return {"dcbx": "os", "trust": "dscp", "pfc": [0, 0, 0, 1, 0, 0, 0, 0],
+            "buffer": [0, 0, 0, 1, 0, 0, 0, 0], "dscp2prio": [d >> 3 for d in range(64)],
+            "dscp_order": "ascending", "global_pause": False, "cable_len": 7,
+            "buffer_size": [130944, 130944, 0, 0, 0, 0, 0, 0], "max_buffer_size": 262016,
+            "prio2tc": [1, 0, 2, 3, 4, 5, 6, 7], "ecn_np": [0, 0, 0, 1, 0, 0, 0, 0],
+            "ecn_rp": [0, 0, 0, 1, 0, 0, 0, 0], "cnp_dscp": 48, "cnp_802p_prio": 6,
+            "tclass": 106, "pfc_delay": 7}
+
+
+def nic_by_name(state: dict, ifname: str) -> dict | None:
+    return state.get("nics", {}).get(ifname)
+
+
+def nic_by_rdma(state: dict, dev: str) -> tuple[str, dict] | None:
+    for ifname, nic in state.get("nics", {}).items():
+        if nic.get("rdma_device") == dev:
+            return ifname, nic
+    return None
