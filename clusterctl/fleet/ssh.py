@@ -13,6 +13,7 @@ banner and key exchange, and authentication by ``T`` seconds each.
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import socket
@@ -32,6 +33,10 @@ from clusterctl.inventory.model import Host, SSHSettings
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 _READ = 65536
+
+# paramiko logs handshake failures at ERROR; they are result rows here, and
+# without a handler Python would print them on stderr.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -327,6 +332,13 @@ class ParamikoTransport:
                 raise HostFailure(HostStatus.ERROR, f"{what}SSH handshake failed: {msg}")
             except (EOFError, OSError) as e:
                 raise HostFailure(HostStatus.ERROR, f"{what}connection closed during handshake: {e or type(e).__name__}")
+            if not t.is_active() or not t.is_authenticated() and t.host_key is None:
+                # start_client returns quietly when its timeout passes first
+                if not getattr(t, "remote_version", ""):
+                    raise HostFailure(HostStatus.TIMEOUT,
+                                      f"{what}no SSH banner within {timeout:g}s (the port accepts TCP "
+                                      "but does not speak SSH)")
+                raise HostFailure(HostStatus.TIMEOUT, f"{what}SSH key exchange not done within {timeout:g}s")
             key = t.get_remote_server_key()
             try:
                 kh.check(address, port, key.get_name(), key.get_base64())
