@@ -180,36 +180,24 @@ def ssh(ctx: typer.Context,
     os.execvp(argv[0], argv)
 
 
-def _parse_extra(args: list[str]) -> dict[str, Any]:
-    """``--gpu 3 --code 79 --flag`` → ``{"gpu": 3, "code": 79, "flag": True}``."""
-    out: dict[str, Any] = {}
+def _option_pairs(args: list[str]) -> list[str]:
+    """``--gpu 3 --code=79 nic=eth2 --on`` → ``["gpu=3", "code=79", "nic=eth2", "on=true"]``."""
+    out: list[str] = []
     i = 0
     while i < len(args):
         a = args[i]
-        if not a.startswith("--") or len(a) < 3:
-            fail(f"unexpected argument {a!r}: fault options look like --name value")
-        key, _, val = a[2:].partition("=")
-        key = key.replace("-", "_")
-        if not val:
-            if i + 1 < len(args) and not args[i + 1].startswith("--"):
-                val = args[i + 1]
-                i += 1
-            else:
-                out[key] = True
-                i += 1
+        if a.startswith("--") and "=" not in a:
+            if i + 1 < len(args) and not args[i + 1].startswith("--") and "=" not in args[i + 1]:
+                out.append(f"{a[2:]}={args[i + 1]}")
+                i += 2
                 continue
-        out[key] = _number(val)
+            out.append(f"{a[2:]}=true")
+        elif "=" in a:
+            out.append(a.lstrip("-"))
+        else:
+            fail(f"unexpected argument {a!r}: fault options are --name value or name=value")
         i += 1
     return out
-
-
-def _number(v: str) -> Any:
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return v
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -223,8 +211,9 @@ def inject(ctx: typer.Context,
     """Inject a fault into one lab host (undo with `lab heal`).
 
     Network faults: bandwidth --rate R, loss --percent P, cut, freeze, thaw.
-    Any other name goes to the simulated hardware (GPU, NIC, kernel log
-    faults) with its own --options.
+    Any other name goes to the simulated hardware (xid, gpu-lost, ecc,
+    pause-storm, qos-pfc, ...; docs/lab-hardware.md) with its own options,
+    as --name value or name=value.
 
     Example: sudo clusterctl lab inject lab02 bandwidth --rate 100mbit
     """
@@ -235,7 +224,7 @@ def inject(ctx: typer.Context,
     try:
         h = manager.find_host(cfg, host)
         msg = faults.inject(cfg, h, fault, rate=rate, percent=percent,
-                            options=_parse_extra(list(ctx.args)))
+                            options=_option_pairs(list(ctx.args)))
     except LabError as e:
         fail(str(e))
     console.print(msg, markup=False)

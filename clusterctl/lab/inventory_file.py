@@ -48,20 +48,48 @@ def _address_range(hosts: Sequence[HostSpec]) -> str | None:
     return f"{heads.pop()}.[{lasts[0]}-{lasts[-1]}]"
 
 
+MANAGEMENT_NIC = {"netdev": "eth0", "role": "management", "speed_gbps": 10}
+
+
+def _gpus(desc: dict[str, Any]) -> dict[str, Any]:
+    g = desc["gpus"]
+    return {"count": g["count"], "model": g["model"], "memory_gib": g["memory_gib"],
+            "interconnect": g["interconnect"]}
+
+
+def _nics(desc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [MANAGEMENT_NIC, *({"netdev": n["netdev"], "role": "data",
+                               "rdma_device": n["rdma_device"], "port": n["port"],
+                               "speed_gbps": n["speed_gbps"]} for n in desc["nics"])]
+
+
 def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: str,
-          data_nics: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """The inventory as plain data (YAML-ready)."""
+          hardware: dict[str, dict[str, Any]] | None = None,
+          inbox: Sequence[str] = ()) -> dict[str, Any]:
+    """The inventory as plain data (YAML-ready).
+
+    ``hardware`` maps host names to the simulated hardware's description
+    (``hardware.describe_host``): GPUs and data NICs come from it, the first
+    host's as defaults and any host that differs with its own entry.
+    Without it, GPUs come from ``gpus``/``gpu_model`` and only eth0 is listed.
+    ``inbox`` names the hosts with the inbox NIC driver (group ``inbox``).
+    """
     names = [h.name for h in hosts]
+    if hardware:
+        first = hardware[names[0]]
+        dflt_gpus, dflt_nics = _gpus(first), _nics(first)
+    else:
+        dflt_gpus = {"count": gpus, "model": gpu_model,
+                     "memory_gib": GPU_MEMORY_GIB.get(gpu_model, 80),
+                     "interconnect": "nvlink" if "SXM" in gpu_model else "pcie"}
+        dflt_nics = [MANAGEMENT_NIC]
     defaults: dict[str, Any] = {
         "ssh": {"user": "root", "port": 22, "identity_file": str(cfg.key_file),
                 "known_hosts": str(cfg.known_hosts), "host_key_policy": "strict",
                 "connect_timeout": 5},
         "labels": {"site": "lab"},
-        "gpus": {"count": gpus, "model": gpu_model,
-                 "memory_gib": GPU_MEMORY_GIB.get(gpu_model, 80),
-                 "interconnect": "nvlink" if "SXM" in gpu_model else "pcie"},
-        "nics": [{"netdev": "eth0", "role": "management", "speed_gbps": 10},
-                 *[dict(n) for n in data_nics]],
+        "gpus": dflt_gpus,
+        "nics": dflt_nics,
     }
     groups: dict[str, Any] = {}
     for r in range(0, len(hosts), HOSTS_PER_RACK):
@@ -69,13 +97,21 @@ def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: st
         groups[f"rack{n}"] = {"hosts": fold(names[r:r + HOSTS_PER_RACK]),
                               "labels": {"rack": f"r{n}", "leaf": f"leaf{(n + 1) // 2}"}}
     groups["nonroot"] = {"hosts": names[-1], "ssh": {"user": OPS_USER, "become": True}}
+    if inbox:
+        groups["inbox"] = {"hosts": list(inbox), "labels": {"nic_driver": "inbox"}}
+    own: dict[str, dict[str, Any]] = {}
+    for name, desc in (hardware or {}).items():
+        if _gpus(desc) != dflt_gpus:
+            own.setdefault(name, {})["gpus"] = _gpus(desc)
+        if _nics(desc) != dflt_nics:
+            own.setdefault(name, {})["nics"] = _nics(desc)
     host_entries: dict[str, Any] = {}
     rng = _address_range(hosts)
-    if rng is not None:
+    if rng is not None and not own:
         host_entries[fold(names)] = {"address": rng}
-    else:
+    else:  # a host may be defined once only: one entry each
         for h in hosts:
-            host_entries[h.name] = {"address": h.address}
+            host_entries[h.name] = {"address": h.address, **own.get(h.name, {})}
     return {
         "version": 1,
         "defaults": defaults,

@@ -108,9 +108,10 @@ def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
                                 etc_hosts=etc_hosts)
         host_keys.append(([h.name, h.address], key))
         if hw is not None:
-            _hw_call(hw, "provision_host", container.host_dir(cfg, h.name), h.name, h.index,
-                     gpus_per_host, gpu_model)
-            _hw_call(hw, "setup_netns", h.netns, h.name, h.index)
+            # The hardware part counts hosts from 0.
+            hw.provision_host(container.host_dir(cfg, h.name), h.name, h.index - 1,
+                              gpus_per_host, gpu_model, nic_flavour(h.index))
+            hw.setup_netns(h.netns, h.name, h.index - 1)
     sshkeys.write_known_hosts(cfg.known_hosts, host_keys)
     for h in specs:
         container.mount_root(cfg, h, tpl)
@@ -129,9 +130,11 @@ def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
                        + f" (console logs in {cfg.hosts_dir}/NAME/console.log; "
                        "`clusterctl lab down` cleans up)")
     state.ready_s = time.monotonic() - t1
-    data_nics = _hw_call(hw, "inventory_nics", gpus_per_host) if hw is not None else None
+    hardware_desc = ({h.name: hw.describe_host(container.host_dir(cfg, h.name)) for h in specs}
+                     if hw is not None else None)
     inventory_file.write(cfg.inventory_file, inventory_file.build(
-        cfg, specs, gpus=gpus_per_host, gpu_model=gpu_model, data_nics=data_nics or ()))
+        cfg, specs, gpus=gpus_per_host, gpu_model=gpu_model, hardware=hardware_desc,
+        inbox=[h.name for h in specs if nic_flavour(h.index) == "inbox"] if hw else ()))
     st.save(cfg.state_file, state)
     on_event(f"lab up: {hosts} hosts ready in {state.ready_s:.1f} s; inventory {cfg.inventory_file}")
     return UpResult(state, cfg.inventory_file, already_up=False, template_s=t_template,
@@ -158,9 +161,10 @@ def up_light(cfg: LabConfig, hosts: int, on_event: Event = lambda s: None) -> di
     return {"inventory": str(inv), "hosts": hosts, "up_s": time.monotonic() - t0}
 
 
-def _hw_call(hw: ModuleType, name: str, *args: Any) -> Any:
-    fn = getattr(hw, name, None)
-    return fn(*args) if fn is not None else None
+def nic_flavour(index: int) -> str:
+    """Every fourth host (lab03, lab07, ...) has the inbox NIC driver, the rest
+    NVIDIA's stack (mlnx_qos, ECN sysfs), so both code paths are exercised."""
+    return "inbox" if index % 4 == 3 else "mlnx"
 
 
 def _etc_hosts(specs: list[HostSpec]) -> str:

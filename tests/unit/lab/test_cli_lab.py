@@ -49,29 +49,42 @@ def test_every_command_has_an_example(cmd, capsys):
     assert "Example: " in capsys.readouterr().out
 
 
-def test_fault_options_are_parsed():
-    assert cli_lab._parse_extra(["--gpu", "3", "--code=79", "--rate-x", "1.5", "--on"]) == {
-        "gpu": 3, "code": 79, "rate_x": 1.5, "on": True}
+def test_fault_options_become_key_value_pairs():
+    assert cli_lab._option_pairs(["--gpu", "3", "--code=79", "nic=eth2", "--on"]) == [
+        "gpu=3", "code=79", "nic=eth2", "on=true"]
 
 
-def test_hardware_faults_are_dispatched_with_their_options(monkeypatch, tmp_path):
+def test_stray_fault_argument_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setattr(manager.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(manager.shutil, "which", lambda t: "/bin/" + t)
+    monkeypatch.setattr(manager, "find_host", lambda cfg, name: plan_hosts(cfg, 1)[0])
+    assert main(["lab", "inject", "lab01", "xid", "oops"]) == 3
+    assert "unexpected argument 'oops'" in capsys.readouterr().err
+
+
+def test_hardware_faults_are_dispatched_with_typed_options(monkeypatch, tmp_path):
     seen = {}
 
-    def xid(host_dir, gpu: int, code: int = 79):
-        seen.update(host_dir=host_dir, gpu=gpu, code=code)
-        return "xid injected"
-
     class FakeHw:
-        FAULTS = {"xid": xid}
+        FAULTS = {"xid": None}
+
+        @staticmethod
+        def parse_options(fault, pairs):
+            return {k: int(v) for k, v in (p.split("=") for p in pairs)}
+
+        @staticmethod
+        def inject(host_dir, fault, **opts):
+            seen.update(host_dir=host_dir, fault=fault, **opts)
+            return "xid injected"
 
     monkeypatch.setattr(faults, "_hardware_faults", lambda: FakeHw)
     cfg = LabConfig(lab_dir=tmp_path)
     h = plan_hosts(cfg, 1)[0]
-    assert faults.inject(cfg, h, "xid", options={"gpu": 3}) == "xid injected"
-    assert seen == {"host_dir": tmp_path / "hosts/lab01", "gpu": 3, "code": 79}
-    with pytest.raises(LabError, match=r"unknown option\(s\) --colour; this fault takes: --gpu, --code"):
-        faults.inject(cfg, h, "xid", options={"colour": 1})
+    assert faults.inject(cfg, h, "xid", options=["gpu=3"]) == "xid injected"
+    assert seen == {"host_dir": tmp_path / "hosts/lab01", "fault": "xid", "gpu": 3}
     with pytest.raises(LabError, match="unknown fault 'meteor'; known: bandwidth, loss, cut, freeze, thaw, xid"):
         faults.inject(cfg, h, "meteor")
     with pytest.raises(LabError, match="takes no option"):
-        faults.inject(cfg, h, "cut", options={"gpu": 1})
+        faults.inject(cfg, h, "cut", options=["gpu=1"])
+    with pytest.raises(LabError, match="network-fault options"):
+        faults.inject(cfg, h, "xid", rate="1mbit")

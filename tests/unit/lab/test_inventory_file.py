@@ -43,14 +43,29 @@ def test_one_host_and_hosts_spanning_octets(tmp_path):
     assert big.hosts["lab200"].address == "10.77.1.44"
 
 
-def test_data_nics_from_the_hardware_part_are_listed(tmp_path):
-    nics = [{"netdev": "eth2", "role": "data", "rdma_device": "mlx5_0", "port": 1,
-             "speed_gbps": 400}]
-    _, inv = _write_and_load(tmp_path, 2, data_nics=nics, gpu_model="L40S-48GB")
+def _desc(model="L40S", memory=45.0, link="pcie", nics=("eth2", "eth3")):
+    return {"gpus": {"count": 4, "model": model, "name": "NVIDIA " + model, "memory_gib": memory,
+                     "interconnect": link, "uuids": []},
+            "nics": [{"netdev": n, "rdma_device": f"mlx5_{i}", "port": 1, "speed_gbps": 400.0,
+                      "mtu": 4200, "mac": "x"} for i, n in enumerate(nics)]}
+
+
+def test_gpus_and_data_nics_come_from_the_hardware_description(tmp_path):
+    cfg = LabConfig(lab_dir=tmp_path)
+    hosts = plan_hosts(cfg, 3)
+    hw = {"lab01": _desc(), "lab02": _desc(), "lab03": _desc(nics=("eth2",))}
+    data = inventory_file.build(cfg, hosts, gpus=8, gpu_model="ignored", hardware=hw,
+                                inbox=["lab03"])
+    inventory_file.write(cfg.inventory_file, data)
+    inv = load_inventory(str(cfg.inventory_file))
     h = inv.hosts["lab01"]
-    assert [n.netdev for n in h.nics] == ["eth0", "eth2"]
-    assert h.nics[1].rdma_device == "mlx5_0"
-    assert (h.gpus.memory_gib, h.gpus.interconnect) == (48, "pcie")
+    assert [n.netdev for n in h.nics] == ["eth0", "eth2", "eth3"]
+    assert (h.nics[1].role, h.nics[1].rdma_device, h.nics[1].speed_gbps) == ("data", "mlx5_0", 400)
+    assert (h.gpus.count, h.gpus.model, h.gpus.memory_gib, h.gpus.interconnect) == (4, "L40S", 45, "pcie")
+    assert [n.netdev for n in inv.hosts["lab03"].nics] == ["eth0", "eth2"]  # its own entry
+    assert inv.hosts["lab03"].address == "10.77.0.103"
+    assert inv.groups["inbox"] == ["lab03"]
+    assert inv.hosts["lab03"].labels["nic_driver"] == "inbox"
 
 
 def test_fold():
