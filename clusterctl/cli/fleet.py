@@ -1,4 +1,241 @@
-"""Placeholder: filled in by its owner."""
+"""``clusterctl exec`` and ``clusterctl ping``: run a command on many hosts.
+
+Output is gathered: each distinct result is printed once with its hosts as a
+node set (``gpu[01-04,07]``).  Exit codes: ``exec`` exits with the worst
+host's remote rc (124 for a timeout, 127 for no python3), 255 when any host
+could not be reached, authenticated or verified, 3 for usage errors;
+``ping`` exits 0 when every host answered, 2 when some did not, 3 for usage
+errors.  The hosts that failed are remembered for ``@failed``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import statistics
+import sys
+from typing import Callable, List, Optional
+
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from clusterctl.cli._common import (
+    InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, user_config,
+)
+from clusterctl.config import resolve_inventory_path
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+from clusterctl.fleet.failed import load_failed, save_failed
+from clusterctl.fleet.fleet import Fleet
+from clusterctl.fleet.hostkeys import HOST_KEY_POLICIES
+from clusterctl.fleet.results import HostResult, HostStatus, RunResults, fold
+from clusterctl.fleet.ssh import ParamikoTransport
+from clusterctl.inventory.model import Host
+
+BECOME_PASSWORD_ENV = "CLUSTERCTL_BECOME_PASSWORD"
+
+FanoutOpt = typer.Option(None, "--fanout", "-f", min=1,
+                         help="Hosts worked on at once [default: user config, 64].")
+HostKeyOpt = typer.Option(None, "--host-key-policy",
+                          help="Override the inventory: accept-new, strict or off (off warns).")
+DeadlineOpt = typer.Option(None, "--deadline", min=0.1,
+                           help="Seconds the whole run may take; unfinished hosts become timeout rows.")
+ConnectTimeoutOpt = typer.Option(None, "--connect-timeout", min=0.1,
+                                 help="Seconds for TCP connect, SSH handshake and auth "
+                                 "[default: inventory, then user config, 10].")
+
+
+def _select(inventory: Optional[str], pattern: str) -> tuple[str, list[Host]]:
+    from clusterctl.inventory.select import select_hosts
+
+    cfg = user_config()
+    path = resolve_inventory_path(inventory, cfg)
+    inv = load_inventory(inventory)
+    try:
+        hosts = select_hosts(inv, pattern, failed=load_failed(cfg.state_dir, inventory=path))
+    except ClusterctlError as e:
+        fail(str(e))
+    if not hosts:
+        fail(f"pattern {pattern!r} selects no host")
+    return path, hosts
+
+
+def _policy(value: Optional[str]) -> Optional[str]:
+    if value is not None and value not in HOST_KEY_POLICIES:
+        fail(f"--host-key-policy must be one of {', '.join(HOST_KEY_POLICIES)} (got {value!r})")
+    return value
+
+
+class _Progress:
+    """A rich progress bar on a terminal; one plain stderr line per host otherwise."""
+
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.total = total
+        self.done = 0
+        self._bar: Progress | None = None
+        self._plain = enabled and not err_console.is_terminal
+        if enabled and err_console.is_terminal:
+            self._bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=err_console, transient=True)
+            self._task = self._bar.add_task(label, total=total)
+
+    def __enter__(self) -> Callable[[HostResult], None]:
+        if self._bar:
+            self._bar.start()
+        return self.update
+
+    def update(self, r: HostResult) -> None:
+        self.done += 1
+        if self._bar:
+            self._bar.advance(self._task)
+        elif self._plain:
+            what = r.status.value if r.rc is None or r.status is not HostStatus.FAILED else f"rc={r.rc}"
+            print(f"[{self.done}/{self.total}] {r.host} {what} {r.duration_s:.2f}s",
+                  file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar:
+            self._bar.stop()
+
+
+def _run(hosts: list[Host], command: str, *, fanout: Optional[int], connect_timeout: Optional[float],
+         timeout: Optional[float], deadline: Optional[float], sudo: bool, policy: Optional[str],
+         become_password: Optional[str], progress: bool, label: str) -> tuple[RunResults, list[str]]:
+    cfg = user_config()
+    transport = ParamikoTransport(host_key_policy=policy)
+    fleet = Fleet(hosts, fanout=fanout or cfg.fanout,
+                  connect_timeout=connect_timeout or cfg.connect_timeout,
+                  command_timeout=timeout or cfg.command_timeout, deadline=deadline,
+                  become_password=become_password, transport=transport)
+    if connect_timeout:  # the command line beats the inventory
+        hosts = [h for h in hosts]
+        for h in hosts:
+            h.ssh.connect_timeout = connect_timeout
+    with fleet, _Progress(len(hosts), label, progress) as on_result:
+        res = fleet.run(command, sudo=sudo, on_result=on_result)
+    return res, fleet.warnings
+
+
+def _remember(path: str, res: RunResults, command: str) -> None:
+    try:
+        save_failed(user_config().state_dir, res.failed_hosts(), inventory=path, command=command)
+    except OSError as e:
+        err_console.print(f"warning: could not record failed hosts for @failed: {e}", markup=False)
+
+
+def _become_password(ask: bool, hosts: list[Host], sudo: bool) -> Optional[str]:
+    if not sudo or all((h.ssh.user or "root") == "root" for h in hosts):
+        return None
+    if ask:
+        return getpass.getpass("become (sudo) password: ")
+    return os.environ.get(BECOME_PASSWORD_ENV)
+
+
+def _print_gathered(res: RunResults) -> None:
+    for g in res.gather():
+        if g.status is HostStatus.OK or g.status is HostStatus.FAILED:
+            head = f"{g.nodeset} ({len(g.hosts)})" + (f" rc={g.rc}" if g.rc else "")
+            console.print("-" * min(60, max(15, len(head))), markup=False)
+            console.print(head, markup=False, style="bold" if g.rc == 0 else "bold red")
+            console.print("-" * min(60, max(15, len(head))), markup=False)
+            if g.stdout:
+                console.print(g.stdout.rstrip("\n"), markup=False, highlight=False)
+            if g.stderr:
+                err_console.print(f"[{g.nodeset}] stderr:", markup=False)
+                err_console.print(g.stderr.rstrip("\n"), markup=False, highlight=False)
+    problems = [g for g in res.gather() if g.status not in (HostStatus.OK, HostStatus.FAILED)]
+    for g in problems:
+        err_console.print(f"{g.status.value}: {g.nodeset} ({len(g.hosts)}): {g.error}", markup=False)
+    counts = res.by_status()
+    summary = ", ".join(f"{len(h)} {s.value}" for s, h in counts.items())
+    err_console.print(f"{len(res)} hosts: {summary} in {res.duration_s:.1f}s", markup=False)
+
+
+def exec_cmd(
+    pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all."),
+    command: List[str] = typer.Argument(..., help="The command (words are joined by spaces, as ssh does)."),
+    inventory: Optional[str] = InventoryOpt,
+    fanout: Optional[int] = FanoutOpt,
+    timeout: Optional[float] = typer.Option(None, "--timeout", "-t", min=0.1,
+                                            help="Seconds per command [default: user config, 60]."),
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    deadline: Optional[float] = DeadlineOpt,
+    sudo: bool = typer.Option(False, "--sudo", help="Run as root via sudo on hosts that log in as another user."),
+    ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K",
+                                         help=f"Prompt once for the sudo password (else ${BECOME_PASSWORD_ENV}; "
+                                         "without either, sudo must not need one)."),
+    host_key_policy: Optional[str] = HostKeyOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Run COMMAND on every selected host; print each distinct output once.
+
+    Exit code: the worst host's rc (124 timeout, 127 no python3), 255 when a
+    host was unreachable, refused our key or showed a changed host key.
+
+    Example: clusterctl exec 'gpu[01-16]' --timeout 20 -- nvidia-smi -L
+    """
+    policy = _policy(host_key_policy)
+    text = " ".join(command)
+    if not text.strip():
+        fail("no command given (put it after --)")
+    path, hosts = _select(inventory, pattern)
+    password = _become_password(ask_become_pass, hosts, sudo)
+    res, warnings = _run(hosts, text, fanout=fanout, connect_timeout=connect_timeout, timeout=timeout,
+                         deadline=deadline, sudo=sudo, policy=policy, become_password=password,
+                         progress=True, label="exec")
+    for w in warnings:
+        err_console.print(f"warning: {w}", markup=False)
+    _remember(path, res, text)
+    if as_json:
+        print_json({"command": text, **res.to_dict()})
+    else:
+        _print_gathered(res)
+    raise typer.Exit(res.worst_rc())
+
+
+def ping(
+    pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all."),
+    inventory: Optional[str] = InventoryOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    deadline: Optional[float] = DeadlineOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Connect to every selected host and run `true`; a table per status.
+
+    Exit 0 when every host answered, 2 when some did not, 3 on usage errors.
+
+    Example: clusterctl ping all --fanout 128
+    """
+    policy = _policy(host_key_policy)
+    path, hosts = _select(inventory, pattern)
+    res, warnings = _run(hosts, "true", fanout=fanout, connect_timeout=connect_timeout, timeout=None,
+                         deadline=deadline, sudo=False, policy=policy, become_password=None,
+                         progress=True, label="ping")
+    for w in warnings:
+        err_console.print(f"warning: {w}", markup=False)
+    _remember(path, res, "ping")
+    code = ExitCode.OK if res.all_ok() else ExitCode.CRIT
+    if as_json:
+        print_json({"ok": res.all_ok(), **res.to_dict()})
+        raise typer.Exit(code)
+    table = Table(title=None, show_lines=False)
+    for col in ("status", "hosts", "count", "min s", "median s", "max s", "detail"):
+        table.add_column(col, justify="right" if col.endswith(" s") or col == "count" else "left")
+    for g in res.gather():
+        times = [res[h].duration_s for h in g.hosts]
+        detail = g.error or (f"rc={g.rc}" if g.rc else "")
+        table.add_row(g.status.value, fold(g.hosts), str(len(g.hosts)), f"{min(times):.2f}",
+                      f"{statistics.median(times):.2f}", f"{max(times):.2f}", detail)
+    console.print(table)
+    ok = len(res.by_status().get(HostStatus.OK, []))
+    console.print(f"{ok}/{len(res)} hosts answered in {res.duration_s:.1f}s", markup=False)
+    raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
-    pass
+    """Add ``exec`` and ``ping`` to the top-level app."""
+    app.command("exec")(exec_cmd)
+    app.command("ping")(ping)
