@@ -1,4 +1,170 @@
-"""Placeholder: filled in by its owner."""
+"""``clusterctl facts HOSTS``: what every node has, in one round trip per node.
+
+The summary table groups hosts whose summary rows are identical, naming them
+as a node set (``gpu[01-04,07]``); ``--json`` prints ``{host: facts}`` with
+the full document of ``docs/facts.md`` (or ``{status, reason}`` for a host
+that gave none).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Iterable
+
 import typer
+from rich.markup import escape
+from rich.table import Table
+
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, load_inventory, print_json, user_config
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+from clusterctl.fleet import Fleet
+from clusterctl.fleet.failed import load_failed, save_failed
+from clusterctl.inventory.nodeset import fold
+from clusterctl.inventory.select import select_hosts
+from clusterctl.probe.facts import Facts
+from clusterctl.probe.run import DEFAULT_TIMEOUT_S, FactsResult, collect_facts
+
+GIB = 1024 ** 3
+
+HELP = """Collect node facts: OS, CPU, memory, disks, GPUs (NVML), NICs and RDMA ports,
+clusterctl's systemd units, recent kernel-log lines.
+
+Runs a read-only probe with each node's python3 (3.8+). The table shows one row
+per group of hosts with identical summaries. Exit status: 0 when every host
+answered, 2 when some host gave no facts (its row says why), 3 on usage or
+inventory errors.
+
+Example: clusterctl facts 'gpu[01-04]' -i inventories/lab.yaml --json
+"""
+
+COLUMNS = ("hosts", "status", "GPUs", "GPU memory used", "lost/hung GPUs", "RDMA ports", "units", "problems")
+
+
+def _gpu_summary(f: Facts) -> tuple[str, str, str]:
+    g = f.gpus
+    if not g.available:
+        return "none", "-", "-"
+    if not g.devices:
+        return "0", "-", "-"
+    names = Counter((d.name or "?").removeprefix("NVIDIA ") for d in g.devices)
+    gpus = ", ".join(f"{n}x {name}" for name, n in sorted(names.items()))
+    used = sum(d.memory_used or 0 for d in g.devices)
+    total = sum(d.memory_total or 0 for d in g.devices)
+    memory = f"{used / GIB:.0f}/{total / GIB:.0f} GiB" if total else "?"
+    bad = [f"{d.index} lost" for d in g.devices if d.lost] + [f"{d.index} hung" for d in g.devices if d.hung]
+    return gpus, memory, ", ".join(bad) or "-"
+
+
+def _rdma_summary(f: Facts) -> str:
+    ports: Counter[str] = Counter()
+    for n in f.nics:
+        if n.rdma is not None:
+            rate = f" {n.rdma.rate_gbps:g}G" if n.rdma.rate_gbps and n.rdma.state == "ACTIVE" else ""
+            ports[f"{n.rdma.state or '?'}{rate}"] += 1
+    return ", ".join(f"{c}x {s}" for s, c in sorted(ports.items())) or "-"
+
+
+def _units_summary(f: Facts) -> str:
+    if f.units is None:
+        return "?"
+    states = Counter(u.active_state or "?" for u in f.units)
+    restarts = sum(u.restarts or 0 for u in f.units)
+    text = ", ".join(f"{c} {s}" for s, c in sorted(states.items())) or "none"
+    return text + (f" ({restarts} restarts)" if restarts else "")
+
+
+def summary_row(r: FactsResult) -> tuple[str, ...]:
+    """The table cells of one host (without the host name)."""
+    if r.facts is None:
+        return ("UNKNOWN", "", "", "", "", "", "")
+    f = r.facts
+    gpus, memory, bad = _gpu_summary(f)
+    problems = len(notes(r))
+    return ("ok", gpus, memory, bad, _rdma_summary(f), _units_summary(f), str(problems) if problems else "-")
+
+
+def notes(r: FactsResult) -> list[str]:
+    """Why a host gave no facts, or what its probe could not read."""
+    if r.facts is None:
+        return [r.reason or "no facts"]
+    f = r.facts
+    out = [f"gpus: {f.gpus.reason}"] if not f.gpus.available and f.gpus.reason else []
+    out += [f"gpu {d.index}: {k}: {v}" for d in f.gpus.devices for k, v in sorted(d.field_errors.items())
+            if v != "not supported"]
+    out += [f"{e.get('source')}: {e.get('reason')}" for e in f.errors]
+    return out
+
+
+def group_rows(results: Iterable[FactsResult]) -> list[tuple[str, tuple[str, ...]]]:
+    """Identical summary rows merged: ``[(nodeset, cells)]`` in first-seen order."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for r in results:
+        groups.setdefault(summary_row(r), []).append(r.host)
+    return [(fold(hosts), row) for row, hosts in groups.items()]
+
+
+def group_notes(results: Iterable[FactsResult]) -> list[tuple[str, str]]:
+    """``[(nodeset, note)]``: each distinct note once, with the hosts it concerns."""
+    hosts: dict[str, list[str]] = {}
+    for r in results:
+        for n in notes(r):
+            hosts.setdefault(n, []).append(r.host)
+    return [(fold(h), n) for n, h in hosts.items()]
+
+
+def _table(results: dict[str, FactsResult]) -> Table:
+    table = Table(*COLUMNS, box=None, header_style="bold", pad_edge=False)
+    for nodes, cells in group_rows(results.values()):
+        shown = [escape(c) for c in (nodes, *cells)]
+        if cells[0] == "UNKNOWN":
+            shown[1] = f"[red]{shown[1]}[/red]"
+        table.add_row(*shown)
+    return table
+
+
+def _print(results: dict[str, FactsResult]) -> None:
+    console.print(_table(results))
+    grouped = group_notes(results.values())
+    if grouped:
+        console.print()
+    for nodes, note in grouped:
+        console.print(f"{escape(nodes)}: {escape(note)}")
+
+
+def facts(pattern: str = typer.Argument(..., help="Hosts: names, ranges, @group, label=value, all, @failed."),
+          inventory: str | None = InventoryOpt, as_json: bool = JsonOpt,
+          timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=1,
+                                        help="Seconds one host's probe may take."),
+          fanout: int | None = typer.Option(None, "--fanout", min=1,
+                                            help="Hosts probed at once [default: user config, 64]."),
+          sudo: bool = typer.Option(False, "--sudo",
+                                    help="Run the probe as root through sudo (to read a root-only kernel log)."),
+          ) -> None:
+    inv = load_inventory(inventory)
+    cfg = user_config()
+    try:
+        hosts = select_hosts(inv, pattern, failed=load_failed(cfg.state_dir, inventory=inv.path))
+    except ClusterctlError as e:
+        fail(str(e))
+    if not hosts:
+        fail(f"{pattern!r} selects no host of {inv.path}")
+    password = os.environ.get("CLUSTERCTL_BECOME_PASSWORD") if sudo else None
+    with Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=cfg.connect_timeout,
+               command_timeout=timeout, become_password=password) as fleet:
+        results = collect_facts(fleet, timeout=timeout, sudo=sudo)
+    failed = [h for h, r in results.items() if not r.ok]
+    try:
+        save_failed(cfg.state_dir, failed, inventory=inv.path, command="facts")
+    except OSError:
+        pass  # @failed is a convenience; the run's answer matters more
+    if as_json:
+        print_json({h: r.to_dict() for h, r in results.items()})
+    else:
+        _print(results)
+    raise typer.Exit(ExitCode.CRIT if failed else ExitCode.OK)
+
+
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("facts", help=HELP)(facts)

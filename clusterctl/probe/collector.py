@@ -763,7 +763,7 @@ def read_counter_dir(path: str) -> Optional[Dict[str, int]]:
 
 def read_gids(port_dir: str) -> List[Dict[str, Any]]:
     """Populated GID table entries (all-zero GIDs and unreadable ones skipped)."""
-    out = []
+    out: List[Dict[str, Any]] = []
     gid_dir = os.path.join(port_dir, "gids")
     try:
         indexes = sorted(int(n) for n in os.listdir(gid_dir) if n.isdigit())
@@ -782,7 +782,7 @@ def read_gids(port_dir: str) -> List[Dict[str, Any]]:
 def collect_rdma(root: str = "/") -> List[Dict[str, Any]]:
     """One entry per port of every device in /sys/class/infiniband."""
     base = path_in(root, "/sys/class/infiniband")
-    out = []
+    out: List[Dict[str, Any]] = []
     try:
         devices = sorted(os.listdir(base))
     except OSError:
@@ -878,7 +878,7 @@ def collect_nics(errors: Errors, root: str = "/") -> List[Dict[str, Any]]:
         nics.append(nic)
     for p in ports:
         if (p["device"], p["port"]) not in used:
-            orphan = {k: None for k in read_nic_keys()}
+            orphan: Dict[str, Any] = {k: None for k in read_nic_keys()}
             orphan["rdma"] = p
             nics.append(orphan)
     return nics
@@ -1184,7 +1184,7 @@ def rotated_rest(old_path: str, parsed: Tuple[str, int, int], max_lines: int) ->
 def collect_kernel_log(args: argparse.Namespace, errors: Errors, root: str = "/") -> Dict[str, Any]:
     """Kernel-log lines since ``--kernel-log-cursor``, with the cursor to pass next time."""
     cursor = args.kernel_log_cursor or None
-    empty = {"source": None, "cursor": cursor, "truncated": False, "rotated": False, "lines": []}
+    empty: Dict[str, Any] = {"source": None, "cursor": cursor, "truncated": False, "rotated": False, "lines": []}
     if cursor and cursor.startswith("file:"):
         got = read_kern_log(cursor, args.kernel_log_max, errors, root)
     else:
