@@ -16,6 +16,7 @@ but leaves logs alone (history stays, as on a real node).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -440,7 +441,33 @@ def heal(host_dir: Path) -> str:
     return "hardware healed"
 
 
-FAULTS: dict[str, Callable[..., str]] = {
+def _typed(fn: Callable[..., str]) -> Callable[..., str]:
+    """Wrap a fault so options arriving as CLI strings/numbers get its defaults' types."""
+    defaults = {p.name: p.default for p in list(inspect.signature(fn).parameters.values())[1:]}
+
+    @functools.wraps(fn)
+    def call(host_dir: Path, **options: Any) -> str:
+        typed = {k: _coerce(fn.__name__, k, v, defaults[k]) if k in defaults else v
+                 for k, v in options.items()}
+        return fn(Path(host_dir), **typed)
+    return call
+
+
+def _coerce(fault: str, key: str, value: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        return value if isinstance(value, bool) else _convert(fault, key, str(value), default)
+    if isinstance(default, int) and not isinstance(value, bool):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value if isinstance(value, int) else _convert(fault, key, str(value), default)
+    if isinstance(default, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(default, float):
+        return _convert(fault, key, str(value), default)
+    return str(value)
+
+
+_RAW_FAULTS: dict[str, Callable[..., str]] = {
     "xid": xid, "oom": oom, "gpu-lost": gpu_lost, "driver": driver, "ecc": ecc, "remap": remap,
     "retired-pages": retired_pages, "gpu-mem": gpu_mem, "clocks": clocks, "pcie": pcie,
     "nvlink": nvlink, "temp": temp,
@@ -448,6 +475,7 @@ FAULTS: dict[str, Callable[..., str]] = {
     "link-down": link_down, "qos-pfc": qos_pfc, "qos-trust": qos_trust, "qos-dscp": qos_dscp,
     "qos-global-pause": qos_global_pause, "counter": counter,
 }
+FAULTS: dict[str, Callable[..., str]] = {k: _typed(f) for k, f in _RAW_FAULTS.items()}
 
 
 def fault_options(fault: str) -> dict[str, Any]:

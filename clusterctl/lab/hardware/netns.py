@@ -36,9 +36,11 @@ def setup_netns(netns: str, name: str, index: int) -> None:
     """
     for k, spec in enumerate(DATA_NICS):
         exists = _ip(netns, "link", "show", "dev", spec.netdev).returncode == 0
-        steps = [] if exists else [("link", "add", spec.netdev, "type", "dummy")]
-        steps += [("link", "set", "dev", spec.netdev, "address", mac_address(index, k)),
-                  ("link", "set", "dev", spec.netdev, "mtu", str(spec.mtu)),
+        # This kernel lacks CONFIG_DUMMY; an ifb link is a standalone stand-in
+        # whose MAC can only be given at creation, so an existing one is recreated.
+        steps = [("link", "del", "dev", spec.netdev)] if exists else []
+        steps += [("link", "add", spec.netdev, "address", mac_address(index, k),
+                   "mtu", str(spec.mtu), "type", "ifb"),
                   ("link", "set", "dev", spec.netdev, "up")]
         for step in steps:
             cp = _ip(netns, *step)
