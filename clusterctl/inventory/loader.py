@@ -178,7 +178,7 @@ class _Loader:
                 flag = ctx.boolean(v, w)
                 if flag is not None:
                     self.use_ssh_config = flag
-        if "use_ssh_config" in y.value and not allow_use_ssh_config:
+        if y.kind == "map" and "use_ssh_config" in y.value and not allow_use_ssh_config:
             ctx.error(y.key_lines["use_ssh_config"], f"{what}: use_ssh_config is only allowed in defaults.ssh")
         return s
 
