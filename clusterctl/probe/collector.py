@@ -397,7 +397,8 @@ def nvml_reason(e: BaseException) -> str:
     code = nvml_error_code(e)
     if code == NVML_ERROR_NOT_SUPPORTED:
         return "not supported"
-    if code == NVML_ERROR_FUNCTION_NOT_FOUND:
+    if code == NVML_ERROR_FUNCTION_NOT_FOUND or type(e).__name__ == "NVMLLibraryMismatchError":
+        # pynvml >= 12 calls the newest versioned symbol, which older drivers lack
         return "not supported by this driver (function not found)"
     if code == NVML_ERROR_NO_PERMISSION:
         return "no permission"
@@ -462,7 +463,13 @@ def process_owner(pid: int, root: str = "/") -> Dict[str, Any]:
 
 def _processes(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
     procs = []
-    for p in nvml.call("nvmlDeviceGetComputeRunningProcesses", h):
+    try:
+        found = nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
+    except FieldUnavailable as e:  # pynvml asks for _v3, which drivers before R510 lack
+        if "function not found" not in str(e):
+            raise
+        found = nvml.call("nvmlDeviceGetComputeRunningProcesses_v2", h)
+    for p in found:
         pid = int(p.pid)
         used = getattr(p, "usedGpuMemory", None)
         entry: Dict[str, Any] = {"pid": pid, "used_memory": int(used) if used is not None else None}
