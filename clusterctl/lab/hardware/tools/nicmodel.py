@@ -106,6 +106,10 @@ def _quarter(name):
     return lambda nic, now: value(nic, name, now) // 4
 
 
+#: Bytes of one CNP frame on the wire (as the per-priority byte counters count it).
+CNP_FRAME_BYTES = 78
+
+
 _PRIO_RX_PAUSE = [f"rx_prio{p}_pause" for p in range(8)] + ["rx_global_pause"]
 _PRIO_TX_PAUSE = [f"tx_prio{p}_pause" for p in range(8)] + ["tx_global_pause"]
 
@@ -122,6 +126,11 @@ _DERIVED = {
     "port_rcv_packets": _sum(["rx_vport_rdma_unicast_packets"]),
     "unicast_xmit_packets": _sum(["tx_vport_rdma_unicast_packets"]),
     "unicast_rcv_packets": _sum(["rx_vport_rdma_unicast_packets"]),
+    # CNPs travel on priority 6 (cnp_802p_prio): received ones are handled or ignored.
+    "rx_prio6_packets": _sum(["rp_cnp_handled", "rp_cnp_ignored"]),
+    "tx_prio6_packets": _sum(["np_cnp_sent"]),
+    "rx_prio6_bytes": lambda nic, now: CNP_FRAME_BYTES * value(nic, "rx_prio6_packets", now),
+    "tx_prio6_bytes": lambda nic, now: CNP_FRAME_BYTES * value(nic, "tx_prio6_packets", now),
 }
 
 
@@ -153,6 +162,10 @@ _PCIE = ["rx_pci_signal_integrity", "tx_pci_signal_integrity", "outbound_pci_buf
          "outbound_pci_stalled_rd", "outbound_pci_stalled_wr", "outbound_pci_stalled_rd_events",
          "outbound_pci_stalled_wr_events"]
 _PME = ["module_unplug", "module_bus_stuck", "module_high_temp", "module_bad_shorted"]
+#: One channel's counters (a real port prints one set per channel; one is modelled).
+_CHANNEL0 = ["ch0_events", "ch0_poll", "ch0_arm", "ch0_aff_change", "ch0_force_irq", "ch0_eq_rearm",
+             "rx0_packets", "rx0_bytes", "rx0_csum_complete", "rx0_csum_none", "tx0_packets",
+             "tx0_bytes", "tx0_csum_partial", "tx0_stopped", "tx0_dropped"]
 _PFC_FMT = ("rx_{p}_pause", "rx_{p}_pause_duration", "tx_{p}_pause", "tx_{p}_pause_duration",
             "rx_{p}_pause_transition")
 
@@ -162,7 +175,7 @@ def ethtool_names(nic: dict) -> list[str]:
 
     Groups: sw, qcnt, vnic_env, vport, 802_3, 2863, 2819, phy, eth_ext, pcie,
     per_prio (traffic, then PFC for enabled priorities, global pause, storm),
-    pme, per_port_buff_congest.  Per-channel counters are not modelled.
+    pme, channels (one channel), per_port_buff_congest.
     """
     caps = set(nic.get("caps", ALL_CAPS))
     qos = nic.get("qos", {})
@@ -188,6 +201,7 @@ def ethtool_names(nic: dict) -> list[str]:
     if "stall_detect" in caps and any(pfc):
         names += ["tx_pause_storm_warning_events", "tx_pause_storm_error_events"]
     names += _PME
+    names += _CHANNEL0
     if "sbcam_reg" in caps:
         for p in range(8):
             names += [f"rx_prio{p}_buf_discard", f"rx_prio{p}_cong_discard", f"rx_prio{p}_marked"]
