@@ -137,9 +137,9 @@ def hosts(
                                "labels": h.labels} for h in selected]})
     else:
         for h in selected:
-            console.print(f"{h.name}\t{h.address}", markup=False)
+            typer.echo(f"{h.name}\t{h.address}")
         if selected:
-            console.print(f"{nodeset} ({len(selected)} hosts)", markup=False)
+            typer.echo(f"{nodeset} ({len(selected)} hosts)")
     if not selected:
         fail(f"{pattern!r} selects no host")
 

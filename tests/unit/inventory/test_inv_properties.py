@@ -46,7 +46,7 @@ def _load(text: str) -> None:
     assert isinstance(result, Inventory)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(alphabet=st.sampled_from(list("version: 1\n{}[]-,&*!|>'\"#%@`gpu01hosts\t ")), max_size=120))
 def test_yamlish_text_never_tracebacks(text: str) -> None:
     _load(text)
@@ -58,7 +58,7 @@ def test_arbitrary_text_never_tracebacks(text: str) -> None:
     _load(text)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(KEYS), structures, max_size=6))
 def test_arbitrary_structures_never_traceback(doc: dict[str, Any]) -> None:
     try:
@@ -95,7 +95,7 @@ def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
 PATHS = _paths(EXAMPLE)[1:]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(PATHS), structures), min_size=1, max_size=3))
 def test_mutated_example_never_tracebacks(mutations: list[tuple[tuple, Any]]) -> None:
     doc = copy.deepcopy(EXAMPLE)
