@@ -1026,9 +1026,10 @@ def collect_units(args: argparse.Namespace, errors: Errors, uptime_s: Optional[f
             if rc is None:
                 note(errors, "units", "%s timed out after %g s" % (" ".join(cmd[:2]), t))
                 return None
-            if rc != 0:
+            if rc != 0 and (out.strip() or err.strip()):
                 note(errors, "units", "%s failed (rc %d): %s" % (" ".join(cmd[:2]), rc, first_line(err)))
                 return None
+            # list-unit-files exits 1, silently, when no file matches
             names += [n for n in parse_unit_names(out) if n not in names]
     except FileNotFoundError:
         note(errors, "units", "systemctl not found")
@@ -1199,8 +1200,9 @@ def collect_kernel_log(args: argparse.Namespace, errors: Errors, root: str = "/"
         if got is None and not cursor:
             got = read_kern_log(None, args.kernel_log_max, errors, root)
     if got is None:
-        note(errors, "kernel_log", "no kernel log: the journal has no kernel messages and %s is "
-             "not readable" % KERN_LOG)
+        state = "not readable" if os.path.lexists(path_in(root, KERN_LOG)) else "does not exist"
+        note(errors, "kernel_log", "no kernel log: the journal has no kernel messages and %s %s"
+             % (KERN_LOG, state))
         return empty
     return got
 

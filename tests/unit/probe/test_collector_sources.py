@@ -212,6 +212,15 @@ def test_no_systemd_is_recorded(tmp_path, monkeypatch):
                        "been booted with systemd as init system (PID 1)."}]
 
 
+def test_no_matching_units_is_an_empty_list(tmp_path, monkeypatch):
+    # list-units prints nothing and exits 0; list-unit-files exits 1 without a word
+    fake_program(tmp_path / "bin", "systemctl", 'case "$1" in list-unit-files) exit 1;; *) exit 0;; esac\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    errors: list = []
+    assert collector.collect_units(collector_args(), errors, None) == []
+    assert errors == []
+
+
 def test_missing_systemctl_is_recorded(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     errors: list = []
