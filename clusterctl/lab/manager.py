@@ -179,12 +179,19 @@ def _start_ticker(cfg: LabConfig) -> int | None:
         return None
     log = open(cfg.lab_dir / "ticker.log", "ab")
     try:
-        p = subprocess.Popen([sys.executable, "-m", "clusterctl.lab.hardware.ticker",
+        # In the lab's cgroup, so `down` finds it even when the state was lost.
+        p = subprocess.Popen([sys.executable, "-m", "clusterctl.lab.hostrun",
+                              ticker_cgroup(cfg), str(cfg.lab_dir / "ticker.pid"), "--",
+                              sys.executable, "-m", "clusterctl.lab.hardware.ticker",
                               str(cfg.lab_dir)], stdin=subprocess.DEVNULL, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         log.close()
     return p.pid
+
+
+def ticker_cgroup(cfg: LabConfig) -> str:
+    return f"{cfg.cgroup_name}/ticker"
 
 
 def _same_and_alive(old: st.LabState, specs: list[HostSpec], gpus: int, model: str) -> bool:
@@ -234,10 +241,11 @@ def down(cfg: LabConfig, on_event: Event = lambda s: None) -> None:
     net.delete_bridge(cfg)
     if old is not None and old.ticker_pid:
         _wait_gone([old.ticker_pid], 3.0, kill=True)
+    procs.kill_cgroup(ticker_cgroup(cfg))
     for name in ("hosts", "ssh"):
         if (cfg.lab_dir / name).exists():
             shutil.rmtree(cfg.lab_dir / name)
-    for name in ("inventory.yaml", "ticker.log", "state.json"):
+    for name in ("inventory.yaml", "ticker.log", "ticker.pid", "state.json"):
         (cfg.lab_dir / name).unlink(missing_ok=True)
     if limits.release(str(cfg.lab_dir)):
         on_event("inotify limit restored")

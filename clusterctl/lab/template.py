@@ -17,6 +17,7 @@ layer that looks finished.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -124,16 +125,35 @@ def cached(cache_dir: Path) -> Template | None:
 
 
 def ensure(cache_dir: Path, on_event: Event = lambda s: None) -> Template:
-    """Return the current template, building the missing layers first (root only)."""
+    """Return the current template, building the missing layers first (root only).
+
+    Builds are serialised by a lock in ``cache_dir``, so two labs starting at
+    once build a layer once.  Layers of older recipes that no mount uses are
+    removed after a new layer is built.
+    """
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(cache_dir, 0o755)
-    base = cache_dir / f"base-{base_version()}"
-    if not base.is_dir():
-        _build_base(base, on_event)
-    prep = cache_dir / f"prep-{prep_version()}"
-    if not prep.is_dir():
-        _build_prep(base, prep, on_event)
+    with open(cache_dir / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        base = cache_dir / f"base-{base_version()}"
+        prep = cache_dir / f"prep-{prep_version()}"
+        built = False
+        if not base.is_dir():
+            _build_base(base, on_event)
+            built = True
+        if not prep.is_dir():
+            _build_prep(base, prep, on_event)
+            built = True
+        if built:
+            _remove_unused(cache_dir, keep=(base, prep))
     return Template(base, prep)
+
+
+def _remove_unused(cache_dir: Path, keep: tuple[Path, ...]) -> None:
+    mounts = Path("/proc/self/mountinfo").read_text()
+    for p in [*cache_dir.glob("base-*"), *cache_dir.glob("prep-*")]:
+        if p not in keep and f"{p}:" not in mounts and f"{p}," not in mounts and f"{p} " not in mounts:
+            _remove_tree(p)
 
 
 def in_use(cache_dir: Path) -> bool:

@@ -98,3 +98,5 @@ def test_up_cleans_up_a_running_lab_whose_state_was_lost(small_cfg):
                                                "systemctl is-system-running"),
                         capture_output=True, text=True, timeout=30)
     assert cp.stdout.strip() == "running"
+    manager.down(small_cfg)
+    assert _leftovers(small_cfg, ["tlab01"]) == []
