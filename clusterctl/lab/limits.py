@@ -9,9 +9,11 @@ value and which labs hold the raised one; the last ``release`` restores it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 INOTIFY = Path("/proc/sys/fs/inotify/max_user_instances")
@@ -20,11 +22,16 @@ REGISTRY = Path("/var/lib/clusterctl-lab-limits.json")
 LAB_INOTIFY_INSTANCES = 8192
 
 
-def _locked(registry: Path):  # -> file object holding an exclusive lock
+@contextlib.contextmanager
+def _locked(registry: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the registry's directory (no lock file left)."""
     registry.parent.mkdir(parents=True, exist_ok=True)
-    f = open(registry.with_name(registry.name + ".lock"), "a+")
-    fcntl.flock(f, fcntl.LOCK_EX)
-    return f
+    fd = os.open(registry.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _load(registry: Path) -> dict:
@@ -59,7 +66,7 @@ def release(lab: str, registry: Path = REGISTRY, knob: Path = INOTIFY) -> bool:
 
     Returns True when the original value was written back.
     """
-    with _locked(registry) as lock:
+    with _locked(registry):
         data = _load(registry)
         if not data:
             return False
@@ -70,5 +77,4 @@ def release(lab: str, registry: Path = REGISTRY, knob: Path = INOTIFY) -> bool:
             return False
         knob.write_text(f"{data['original']}\n")
         registry.unlink(missing_ok=True)
-        Path(lock.name).unlink(missing_ok=True)
         return True
