@@ -130,6 +130,9 @@ class KnownHosts:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._entries: list[Entry] = []
+        self._indexed: list[Entry] | None = None
+        self._exact: dict[str, list[Entry]] = {}
+        self._other: list[Entry] = []
         self._reload_if_changed()
 
     def _reload_if_changed(self) -> None:
@@ -143,10 +146,26 @@ class KnownHosts:
             self._entries = parse(self.path.read_text(errors="replace"))
             self._stamp = stamp
 
+    def _index(self) -> tuple[dict[str, list[Entry]], list[Entry]]:
+        """Entries by literal host name, plus those that need pattern matching."""
+        if self._indexed is not self._entries:
+            exact: dict[str, list[Entry]] = {}
+            other: list[Entry] = []
+            for e in self._entries:
+                if any(p.startswith(("|", "!")) or "*" in p or "?" in p for p in e.patterns):
+                    other.append(e)
+                else:
+                    for p in e.patterns:
+                        exact.setdefault(p.lower(), []).append(e)
+            self._exact, self._other, self._indexed = exact, other, self._entries
+        return self._exact, self._other
+
     def lookup(self, address: str, port: int) -> list[Entry]:
         name = host_id(address, port)
         with self._lock:
-            return [e for e in self._entries if _entry_matches(e, name)]
+            exact, other = self._index()
+            found = exact.get(name.lower(), []) + [e for e in other if _entry_matches(e, name)]
+            return sorted(found, key=lambda e: e.line)
 
     def known_types(self, address: str, port: int) -> list[str]:
         """Key types recorded for the host (to prefer them during key exchange)."""
@@ -209,7 +228,7 @@ class KnownHosts:
                         f.flush()
                         os.fsync(f.fileno())
                         line = text.count("\n") + (1 if text and not text.endswith("\n") else 0) + 1
-                        self._entries.append(Entry(line, (name,), keytype, key_b64))
+                        self._entries = self._entries + [Entry(line, (name,), keytype, key_b64)]
                         verdict = "recorded"
                     st = os.fstat(f.fileno())
                     self._stamp = (st.st_mtime_ns, st.st_size)
