@@ -1,9 +1,11 @@
 """The data NICs' network links inside a lab host's network namespace.
 
-Each simulated ConnectX port is a ``dummy`` link with the real name, MAC and
+Each simulated ConnectX port is a standalone link with the real name, MAC and
 MTU, so ``ip link``, ``/sys/devices/virtual/net`` and anything that lists
-interfaces agree with the fake sysfs tree and tools.  Dummy links carry no
-traffic: the counters come from the simulation, not from packets.
+interfaces agree with the fake sysfs tree and tools.  The link type is
+``ifb`` because this machine's kernel has no ``dummy`` driver (``Error:
+Unknown device type.``); either carries no traffic: the counters come from
+the simulation, not from packets.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def setup_netns(netns: str, name: str, index: int) -> None:
         exists = _ip(netns, "link", "show", "dev", spec.netdev).returncode == 0
         # This kernel lacks CONFIG_DUMMY; an ifb link is a standalone stand-in
         # whose MAC can only be given at creation, so an existing one is recreated.
-        steps = [("link", "del", "dev", spec.netdev)] if exists else []
+        steps: list[tuple[str, ...]] = [("link", "del", "dev", spec.netdev)] if exists else []
         steps += [("link", "add", spec.netdev, "address", mac_address(index, k),
                    "mtu", str(spec.mtu), "type", "ifb"),
                   ("link", "set", "dev", spec.netdev, "up")]
