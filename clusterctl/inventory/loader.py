@@ -14,6 +14,7 @@ are defined < the host's own entry.  ``ssh``, ``gpus``, ``labels`` and
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,7 +28,7 @@ from clusterctl.inventory.model import (
     Engine, FabricProfile, GpuRef, GpuSpec, Host, Instance, InstanceTemplate, Inventory,
     Location, Model, ModelArch, NicSpec, SSHSettings,
 )
-from clusterctl.inventory.nodeset import NodeSetError, expand
+from clusterctl.inventory.nodeset import NodeSetError, expand, fold
 from clusterctl.inventory.yamlnodes import Y, parse
 
 SCHEMA_VERSION = 1
@@ -53,6 +54,9 @@ class Layer:
     labels: dict[str, str] = field(default_factory=dict)
     gpus: dict[str, Any] = field(default_factory=dict)
     nics: list[NicSpec] | None = None
+
+
+_GroupEntry = tuple[str, Layer, list[tuple[str, int]], int]
 
 
 def load_inventory(path: str | os.PathLike[str], force: bool = False) -> Inventory:
@@ -84,6 +88,8 @@ class _Loader:
         self.ctx = Ctx(filename)
         self.base_dir = Path(filename).resolve().parent if not filename.startswith("<") else Path.cwd()
         self.use_ssh_config = True
+        # host name -> extra groups named in its own entry (``groups: [...]``), with lines
+        self._extra_groups: dict[str, list[tuple[str, int]]] = {}
 
     # ------------------------------------------------------------------ top
 
@@ -117,8 +123,8 @@ class _Loader:
         defaults = self._layer(top.get("defaults"), "defaults", allow_use_ssh_config=True)
         if "fabric" in top:
             inv.fabric = self._fabric(top["fabric"])
-        host_entries = self._host_entries(top.get("hosts"), inv)
-        groups = self._groups(top.get("groups"), inv)
+        host_entries = self._host_entries(top.get("hosts"))
+        groups = self._groups(top.get("groups"))
         self._resolve_hosts(inv, defaults, groups, host_entries)
         inv.engines = self._engines(top.get("engines"))
         inv.models = self._models(top.get("models"))
@@ -278,14 +284,13 @@ class _Loader:
                     setattr(f, key, val)
         return f
 
-    def _host_entries(self, y: Y | None, inv: Inventory) -> dict[str, tuple[Layer, int, str | None]]:
+    def _host_entries(self, y: Y | None) -> dict[str, tuple[Layer, int, str | None]]:
         """Expand ``hosts:`` keys; return name -> (layer, line, explicit address)."""
         ctx = self.ctx
         out: dict[str, tuple[Layer, int, str | None]] = {}
         if y is None:
             return out
         m = ctx.mapping(y, "hosts")
-        self._extra_groups: dict[str, list[tuple[str, int]]] = {}
         for key, entry in (m or {}).items():
             line = y.key_lines[key]
             try:
@@ -332,10 +337,10 @@ class _Loader:
             return none
         return list(addrs)
 
-    def _groups(self, y: Y | None, inv: Inventory) -> list[tuple[str, Layer, list[str], int]]:
-        """Read ``groups:``; return (name, layer, member patterns, line) in file order."""
+    def _groups(self, y: Y | None) -> list[_GroupEntry]:
+        """Read ``groups:``; return (name, layer, member patterns with lines, line) in file order."""
         ctx = self.ctx
-        out: list[tuple[str, Layer, list[str], int]] = []
+        out: list[_GroupEntry] = []
         if y is None:
             return out
         m = ctx.mapping(y, "groups")
@@ -354,16 +359,17 @@ class _Loader:
                 members = ctx.string_list(gm["hosts"], f"groups.{name}.hosts") or []
             if "description" in gm:
                 ctx.string(gm["description"], f"groups.{name}.description")
-            out.append((name, layer, members, line))  # type: ignore[arg-type]
+            out.append((name, layer, members, line))
         return out
 
     def _resolve_hosts(self, inv: Inventory, defaults: Layer,
-                       groups: list[tuple[str, Layer, list[tuple[str, int]], int]],  # type: ignore[type-arg]
+                       groups: list[_GroupEntry],
                        entries: dict[str, tuple[Layer, int, str | None]]) -> None:
         ctx = self.ctx
         members: dict[str, list[str]] = {}
         for name, _layer, patterns, _line in groups:
             names: list[str] = []
+            seen: set[str] = set()
             for pattern, pline in patterns:
                 try:
                     expanded = expand(pattern)
@@ -372,22 +378,25 @@ class _Loader:
                     continue
                 unknown = [n for n in expanded if n not in entries]
                 if unknown:
-                    from clusterctl.inventory.nodeset import fold
                     ctx.error(pline, f"groups.{name}.hosts: {fold(unknown)} not defined in 'hosts'")
-                names.extend(n for n in expanded if n in entries and n not in names)
+                for n in expanded:
+                    if n in entries and n not in seen:
+                        seen.add(n)
+                        names.append(n)
             members[name] = names
         group_names = [g[0] for g in groups]
-        for host, extra in getattr(self, "_extra_groups", {}).items():
+        for member, extra in self._extra_groups.items():
             for gname, gline in extra:
                 if gname not in members:
-                    ctx.error(gline, f"hosts: group {gname!r} of host {host} is not defined in 'groups'"
+                    ctx.error(gline, f"hosts: group {gname!r} of host {member} is not defined in 'groups'"
                               + _suggest(gname, group_names))
-                elif host not in members[gname]:
-                    members[gname].append(host)
+                elif member not in members[gname]:
+                    members[gname].append(member)
         layers = {g[0]: g[1] for g in groups}
+        member_sets = {g: set(members.get(g, [])) for g in group_names}
         explicit: set[str] = set()
         for hname, (hlayer, line, addr) in entries.items():
-            in_groups = [g for g in group_names if hname in members.get(g, [])]
+            in_groups = [g for g in group_names if hname in member_sets[g]]
             stack = [defaults] + [layers[g] for g in in_groups] + [hlayer]
             host = Host(name=hname, address=addr or hname, groups=tuple(in_groups),
                         location=Location(ctx.filename, line))
@@ -403,7 +412,8 @@ class _Loader:
             if addr:
                 explicit.add(hname)
             inv.hosts[hname] = host
-        inv.groups = {g: sorted(members.get(g, []), key=list(entries).index) for g in group_names}
+        order = {name: i for i, name in enumerate(entries)}
+        inv.groups = {g: sorted(members.get(g, []), key=order.__getitem__) for g in group_names}
         if self.use_ssh_config:
             sshconfig.apply_ssh_config(list(inv.hosts.values()), explicit, sshconfig.config_file(),
                                        inv.warnings)
@@ -641,7 +651,6 @@ def sshconfig_safe(name: str) -> bool:
 
 
 def _suggest(word: str, choices: list[str]) -> str:
-    import difflib
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
