@@ -8,21 +8,23 @@ that gave none).
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from typing import Iterable
+from typing import Iterable, Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, load_inventory, print_json, user_config
-from clusterctl.errors import ClusterctlError
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, print_json, user_config
+from clusterctl.cli.fleet import (
+    ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, _become_password, _policy, _Progress, _select,
+)
 from clusterctl.exitcodes import ExitCode
-from clusterctl.fleet import Fleet
-from clusterctl.fleet.failed import load_failed, save_failed
+from clusterctl.fleet.failed import save_failed
+from clusterctl.fleet.fleet import Fleet
+from clusterctl.fleet.results import HostResult, HostStatus
+from clusterctl.fleet.ssh import ParamikoTransport
 from clusterctl.inventory.nodeset import fold
-from clusterctl.inventory.select import select_hosts
 from clusterctl.probe.facts import Facts
 from clusterctl.probe.run import DEFAULT_TIMEOUT_S, FactsResult, collect_facts
 
@@ -133,37 +135,51 @@ def _print(results: dict[str, FactsResult]) -> None:
         console.print(f"{escape(nodes)}: {escape(note)}")
 
 
-def facts(pattern: str = typer.Argument(..., help="Hosts: names, ranges, @group, label=value, all, @failed."),
-          inventory: str | None = InventoryOpt, as_json: bool = JsonOpt,
-          timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=1,
+def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all."),
+          inventory: Optional[str] = InventoryOpt,
+          as_json: bool = JsonOpt,
+          timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", "-t", min=1,
                                         help="Seconds one host's probe may take."),
-          fanout: int | None = typer.Option(None, "--fanout", min=1,
-                                            help="Hosts probed at once [default: user config, 64]."),
+          fanout: Optional[int] = FanoutOpt,
+          connect_timeout: Optional[float] = ConnectTimeoutOpt,
+          deadline: Optional[float] = DeadlineOpt,
           sudo: bool = typer.Option(False, "--sudo",
-                                    help="Run the probe as root through sudo (to read a root-only kernel log)."),
+                                    help="Run the probe as root via sudo (to read a root-only kernel log)."),
+          ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K",
+                                               help="Prompt once for the sudo password."),
+          host_key_policy: Optional[str] = HostKeyOpt,
           ) -> None:
-    inv = load_inventory(inventory)
+    policy = _policy(host_key_policy)
+    path, hosts = _select(inventory, pattern)
+    password = _become_password(ask_become_pass, hosts, sudo)
+    if connect_timeout:  # the command line beats the inventory
+        for h in hosts:
+            h.ssh.connect_timeout = connect_timeout
     cfg = user_config()
-    try:
-        hosts = select_hosts(inv, pattern, failed=load_failed(cfg.state_dir, inventory=inv.path))
-    except ClusterctlError as e:
-        fail(str(e))
-    if not hosts:
-        fail(f"{pattern!r} selects no host of {inv.path}")
-    password = os.environ.get("CLUSTERCTL_BECOME_PASSWORD") if sudo else None
-    with Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=cfg.connect_timeout,
-               command_timeout=timeout, become_password=password) as fleet:
-        results = collect_facts(fleet, timeout=timeout, sudo=sudo)
+    fleet = Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
+                  command_timeout=timeout, deadline=deadline, become_password=password,
+                  transport=ParamikoTransport(host_key_policy=policy))
+    with fleet, _Progress(len(hosts), "facts", True) as progress:
+        results = collect_facts(fleet, timeout=timeout, sudo=sudo,
+                                on_result=lambda r: progress(_as_row(r)))
+    for w in fleet.warnings:
+        err_console.print(f"warning: {w}", markup=False)
     failed = [h for h, r in results.items() if not r.ok]
     try:
-        save_failed(cfg.state_dir, failed, inventory=inv.path, command="facts")
-    except OSError:
-        pass  # @failed is a convenience; the run's answer matters more
+        save_failed(cfg.state_dir, failed, inventory=path, command="facts")
+    except OSError as e:
+        err_console.print(f"warning: could not record failed hosts for @failed: {e}", markup=False)
     if as_json:
         print_json({h: r.to_dict() for h, r in results.items()})
     else:
         _print(results)
     raise typer.Exit(ExitCode.CRIT if failed else ExitCode.OK)
+
+
+def _as_row(r: FactsResult) -> HostResult:
+    """A progress line's view of a probe result."""
+    status = HostStatus.OK if r.ok else HostStatus(r.fleet_status if r.fleet_status != "ok" else "error")
+    return HostResult(r.host, status, duration_s=r.duration_s, error=r.reason)
 
 
 def register(app: typer.Typer) -> None:

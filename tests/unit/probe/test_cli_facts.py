@@ -4,7 +4,6 @@ payload runs with this machine's python3), and one host that cannot be reached."
 
 from __future__ import annotations
 
-import functools
 import json
 import subprocess
 
@@ -13,7 +12,7 @@ import pytest
 from clusterctl.cli import facts as facts_cli
 from clusterctl.cli.main import main
 from clusterctl.exitcodes import ExitCode
-from clusterctl.fleet import Fleet, HostStatus
+from clusterctl.fleet import HostStatus
 from clusterctl.fleet.transport import FakeReply, FakeTransport, HostFailure
 from clusterctl.probe.facts import parse_facts
 from clusterctl.probe.run import FactsResult
@@ -43,7 +42,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     transport = FakeTransport(local_shell)
-    monkeypatch.setattr(facts_cli, "Fleet", functools.partial(Fleet, transport=transport))
+    monkeypatch.setattr(facts_cli, "ParamikoTransport", lambda **kw: transport)
     monkeypatch.setattr(facts_cli.console, "width", 200)
     return inv, transport
 
