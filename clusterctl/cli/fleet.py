@@ -10,6 +10,7 @@ errors.  The hosts that failed are remembered for ``@failed``.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import statistics
@@ -103,15 +104,14 @@ def _run(hosts: list[Host], command: str, *, fanout: Optional[int], connect_time
          timeout: Optional[float], deadline: Optional[float], sudo: bool, policy: Optional[str],
          become_password: Optional[str], progress: bool, label: str) -> tuple[RunResults, list[str]]:
     cfg = user_config()
+    if connect_timeout:  # the command line beats the inventory
+        hosts = [dataclasses.replace(h, ssh=dataclasses.replace(h.ssh, connect_timeout=connect_timeout))
+                 for h in hosts]
     transport = ParamikoTransport(host_key_policy=policy)
     fleet = Fleet(hosts, fanout=fanout or cfg.fanout,
                   connect_timeout=connect_timeout or cfg.connect_timeout,
                   command_timeout=timeout or cfg.command_timeout, deadline=deadline,
                   become_password=become_password, transport=transport)
-    if connect_timeout:  # the command line beats the inventory
-        hosts = [h for h in hosts]
-        for h in hosts:
-            h.ssh.connect_timeout = connect_timeout
     with fleet, _Progress(len(hosts), label, progress) as on_result:
         res = fleet.run(command, sudo=sudo, on_result=on_result)
     return res, fleet.warnings

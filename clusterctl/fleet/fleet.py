@@ -105,6 +105,7 @@ class Fleet:
         self.transport = transport
         self._conns: "OrderedDict[str, Connection]" = OrderedDict()
         self._in_use: set[str] = set()
+        self._connecting = 0
         self._lock = threading.Lock()
         self._executor: cf.ThreadPoolExecutor | None = None
         self._runs: list[_RunState] = []
@@ -162,12 +163,17 @@ class Fleet:
             if conn is not None:
                 del self._conns[host.name]
             evict = self._evict_for_room_locked()
+            self._connecting += 1  # holds a slot while the handshake runs
         if conn is not None:
             conn.close()
         for c in evict:
             c.close()
         timeout = host.ssh.connect_timeout or self.connect_timeout
-        conn = self.transport.connect(host, timeout=timeout)
+        try:
+            conn = self.transport.connect(host, timeout=timeout)
+        finally:
+            with self._lock:
+                self._connecting -= 1
         with self._lock:
             if self._closed or state.cancelled.is_set():
                 keep = False
@@ -181,7 +187,7 @@ class Fleet:
 
     def _evict_for_room_locked(self) -> list[Connection]:
         out: list[Connection] = []
-        while len(self._conns) >= self.fanout:
+        while len(self._conns) + self._connecting >= self.fanout:
             victim = next((n for n in self._conns if n not in self._in_use), None)
             if victim is None:
                 break

@@ -212,3 +212,17 @@ def test_sudo_nopasswd_and_root_login():
     with Fleet(hosts(1, user="root"), become_password="pw", transport=t2) as f:
         f.run("id -u", sudo=True)
     assert t2.commands[-1][1:] == ("id -u", None)
+
+
+def test_open_connections_bounded_while_handshakes_overlap_across_runs():
+    import random
+
+    rnd = random.Random(7)
+    t = FakeTransport(lambda h, c, s: FakeReply(0, delay_s=rnd.random() / 200),
+                      on_connect=lambda h: rnd.random() / 100)
+    with Fleet(hosts(40), fanout=5, transport=t) as f:
+        for _ in range(3):
+            assert f.run("x").all_ok()
+            assert t.open <= 5
+    assert t.max_open <= 5
+    assert t.open == 0
