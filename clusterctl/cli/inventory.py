@@ -25,7 +25,7 @@ from clusterctl.inventory.nodeset import fold
 
 app = typer.Typer(
     help="Check, show and select from the inventory; import an Ansible inventory.\n\n"
-    "Example: clusterctl -i inventories/example-16xh100-roce.yaml inventory validate",
+    "\b\nExample: clusterctl inventory validate -i inventories/example-16xh100-roce.yaml",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -42,6 +42,7 @@ def validate(
     Prints "OK: N hosts, M groups, K instances" and exits 0, or lists every
     problem and exits 3.
 
+    \b
     Example: clusterctl inventory validate -i inventories/example-pcie-small.yaml
     """
     from clusterctl.inventory.loader import load_inventory as _load
@@ -79,6 +80,7 @@ def show(inventory: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> No
     Hosts whose groups, labels, GPUs and NICs are all the same share one row,
     their names and addresses folded (gpu[01-08]).
 
+    \b
     Example: clusterctl inventory show -i inventories/example-16xh100-roce.yaml --json
     """
     inv = load_inventory(inventory)
@@ -121,7 +123,8 @@ def hosts(
     Exits 3 when the pattern is malformed, names unknown hosts or groups, or
     selects nothing.
 
-    Example: clusterctl inventory hosts '@rack1&!gpu03,rack=r2' --json
+    \b
+    Example: clusterctl inventory hosts -i inventories/example-16xh100-roce.yaml '@rack1&!gpu03,rack=r2'
     """
     from clusterctl.inventory.select import select_hosts
 
@@ -157,6 +160,7 @@ def import_ansible(
     and ansible_become to address and ssh settings; other variables are kept
     under vars.  Passwords are dropped with a warning, never written.
 
+    \b
     Example: clusterctl inventory import-ansible hosts.ini -o inventory.yaml
     """
     from clusterctl.inventory.ansible import import_ansible as _import, to_yaml

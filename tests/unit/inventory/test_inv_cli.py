@@ -159,3 +159,13 @@ def test_import_ansible_bad_file_exits_3(capsys, tmp_path: Path) -> None:
 def test_every_command_help_has_an_example(capsys, command: str) -> None:
     rc, out, _ = run(capsys, "inventory", command, "--help")
     assert rc == 0 and "Example: clusterctl inventory " + command in out.replace("\n", " ")
+
+
+@pytest.mark.parametrize("command", [[], ["validate"], ["show"], ["hosts"]])
+def test_help_examples_run(capsys, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    monkeypatch.chdir(ROOT)
+    _, out, _ = run(capsys, "inventory", *command, "--help")
+    example = " ".join(out.split()).split("Example: ", 1)[1].split(" Options:")[0].split(" Arguments:")[0]
+    import shlex
+    rc, _, err = run(capsys, *shlex.split(example)[1:])
+    assert rc == 0, (example, err)
