@@ -7,7 +7,7 @@ These run after every section is read, on the resolved objects, and add
 from __future__ import annotations
 
 from clusterctl.inventory.fields import Ctx
-from clusterctl.inventory.model import GpuRef, Inventory
+from clusterctl.inventory.model import Instance, Inventory
 
 #: Without NVLink, keep tensor parallelism at 2 or below (the field report's rule).
 PCIE_MAX_TP = 2
@@ -20,25 +20,20 @@ def _line(obj: object) -> int:
 
 def check_instances(ctx: Ctx, inv: Inventory) -> None:
     """GPU and port collisions, head divisibility, and TP on PCIe-only hosts."""
-    gpu_owner: dict[GpuRef, str] = {}
-    port_owner: dict[tuple[str, int], str] = {}
+    owner: dict[object, Instance] = {}  # GpuRef or (host, port) -> first instance using it
+
+    def claim(key: object, inst: Instance, what: str) -> None:
+        other = owner.setdefault(key, inst)
+        if other is not inst:
+            ctx.error(_line(inst), f"instances.{inst.name}: {what} is also used by instance "
+                                   f"{other.name} (line {_line(other)})")
+
     for inst in inv.instances.values():
         line = _line(inst)
         for ref in inst.placement:
-            if ref in gpu_owner:
-                other = inv.instances[gpu_owner[ref]]
-                ctx.error(line, f"instances.{inst.name}: GPU {ref} is also used by instance "
-                                f"{other.name} (line {_line(other)})")
-            else:
-                gpu_owner[ref] = inst.name
+            claim(ref, inst, f"GPU {ref}")
         for host in inst.hosts:
-            key = (host, inst.port)
-            if key in port_owner:
-                other = inv.instances[port_owner[key]]
-                ctx.error(line, f"instances.{inst.name}: port {inst.port} on {host} is also used by "
-                                f"instance {other.name} (line {_line(other)})")
-            else:
-                port_owner[key] = inst.name
+            claim((host, inst.port), inst, f"port {inst.port} on {host}")
         _check_heads(ctx, inv, inst.model, inst.tp_size, line, f"instances.{inst.name}")
         if inst.tp_size > PCIE_MAX_TP:
             pcie = [h for h in inst.hosts if inv.hosts[h].gpus.interconnect == "pcie"]
