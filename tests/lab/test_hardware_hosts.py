@@ -1,0 +1,113 @@
+"""Simulated GPUs and NICs as seen over SSH on real lab hosts (nspawn + sshd).
+
+Faults go through the lab's own ``inject``/``heal`` dispatch, as ``clusterctl
+lab inject`` does; every test heals the host it touched.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl.lab import faults as lab_faults
+
+PYNVML = Path(__import__("pynvml").__file__).read_text()
+
+
+@pytest.fixture
+def healed(lab):
+    touched: list[str] = []
+    yield touched
+    for name in touched:
+        lab_faults.heal(lab.cfg, lab.host(name))
+
+
+def _pause(lab, name: str, nic: str = "eth2") -> tuple[int, float]:
+    cp = lab.run(name, f"date +%s.%N; ethtool -S {nic}", check=True)
+    lines = cp.stdout.splitlines()
+    m = re.search(r"^     rx_prio3_pause: (\d+)$", cp.stdout, re.M)
+    assert m, cp.stdout
+    return int(m[1]), float(lines[0])
+
+
+def test_real_pynvml_on_each_host_sees_its_simulated_gpus(lab):
+    uuids = set()
+    for name in lab.names:
+        lab.run(name, "mkdir -p /tmp/pynvml && cat > /tmp/pynvml/pynvml.py", input=PYNVML, check=True)
+        cp = lab.run(name, "cd /tmp/pynvml && python3 -c 'import json, pynvml as N; N.nvmlInit(); "
+                           "hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount())]; "
+                           "print(json.dumps([[N.nvmlDeviceGetName(h), N.nvmlDeviceGetUUID(h), "
+                           "N.nvmlDeviceGetPciInfo(h).busId] for h in hs]))'", check=True)
+        gpus = json.loads(cp.stdout)
+        assert len(gpus) == 8 and all(g[0] == "NVIDIA H100 80GB HBM3" for g in gpus)
+        assert gpus[0][2] == "00000000:18:00.0"
+        uuids |= {g[1] for g in gpus}
+    assert len(uuids) == 8 * len(lab.names)
+
+
+def test_lost_gpu_fails_on_that_host_only(lab, healed):
+    victim, other = lab.names[0], lab.names[1]
+    healed.append(victim)
+    lab_faults.inject(lab.cfg, lab.host(victim), "gpu-lost", options=["gpu=3"])
+    code = ("cd /tmp/pynvml && python3 -c 'import pynvml as N; N.nvmlInit(); "
+            "print(N.nvmlDeviceGetCount())\n"
+            "try:\n N.nvmlDeviceGetHandleByIndex(3); print(\"ok\")\n"
+            "except N.NVMLError_GpuIsLost as e: print(e)'")
+    for name in (victim, other):
+        lab.run(name, "mkdir -p /tmp/pynvml && cat > /tmp/pynvml/pynvml.py", input=PYNVML, check=True)
+    assert lab.run(victim, code).stdout.split("\n")[:2] == ["8", "GPU is lost"]
+    assert lab.run(other, code).stdout.split("\n")[:2] == ["8", "ok"]
+    log = lab.run(victim, "grep -h 'NVRM: Xid' /var/log/kern.log").stdout
+    assert "NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." in log
+    assert "Xid" not in lab.run(other, "cat /var/log/kern.log 2>/dev/null").stdout
+
+
+def test_pause_storm_makes_the_pause_counter_move_in_ethtool(lab, healed):
+    name = lab.names[1]
+    healed.append(name)
+    v0, t0 = _pause(lab, name)
+    time.sleep(1.0)
+    v1, t1 = _pause(lab, name)
+    assert v1 == v0, "no pauses on a healthy port"
+    msg = lab_faults.inject(lab.cfg, lab.host(name), "pause-storm",
+                            options=["rate=20000", "paused=0.9"])
+    assert "pause storm on priority 3" in msg
+    v2, t2 = _pause(lab, name)
+    time.sleep(1.0)
+    v3, t3 = _pause(lab, name)
+    assert 20000 * (t3 - t2) * 0.9 <= v3 - v2 <= 20000 * (t3 - t2) * 1.1 + 100
+    # dcb shows the same counter as PFC indications.
+    ind = lab.run(name, "dcb -s pfc show dev eth2").stdout
+    assert re.search(r"^indications 0:0 1:0 2:0 3:\d+ ", ind, re.M)
+
+
+def test_sysfs_counters_tick_inside_the_host(lab, healed):
+    name = lab.names[2]
+    healed.append(name)
+    lab_faults.inject(lab.cfg, lab.host(name), "cnp", options=["nic=eth3", "rate=5000"])
+    f = "/sys/class/infiniband/mlx5_1/ports/1/hw_counters/np_cnp_sent"
+    a = int(lab.run(name, f"cat {f}", check=True).stdout)
+    time.sleep(2.5)
+    b = int(lab.run(name, f"cat {f}", check=True).stdout)
+    assert b - a >= 5000   # the ticker rewrites the file about once a second
+    out = lab.run(name, "grep -H . /sys/class/infiniband/mlx5_0/ports/1/{state,rate,link_layer}; "
+                        "cat /sys/class/net/eth2/mtu; ip -o link show dev eth2").stdout
+    assert "/sys/class/infiniband/mlx5_0/ports/1/state:4: ACTIVE" in out
+    assert "rate:400 Gb/sec (4X NDR)" in out and "link_layer:Ethernet" in out
+    assert "\n4200\n" in out and "mtu 4200" in out
+    assert lab.run(name, "echo 1 > /sys/class/net/eth2/mtu").returncode != 0  # read-only, as sysfs
+
+
+def test_qos_misconfig_shows_in_mlnx_qos(lab, healed):
+    name = lab.names[0]
+    healed.append(name)
+    before = lab.run(name, "mlnx_qos -i eth2", check=True).stdout
+    assert "\tenabled     0   0   0   1   0   0   0   0   \n" in before
+    lab_faults.inject(lab.cfg, lab.host(name), "qos-pfc", options=["priority=4"])
+    after = lab.run(name, "mlnx_qos -i eth2", check=True).stdout
+    assert "\tenabled     0   0   0   0   1   0   0   0   \n" in after
+    assert "rx_prio4_pause:" in lab.run(name, "ethtool -S eth2").stdout
