@@ -220,7 +220,7 @@ def parse_cpuinfo(text: str) -> Dict[str, Any]:
 PSEUDO_FS = frozenset("""
     autofs binfmt_misc bpf cgroup cgroup2 configfs debugfs devpts devtmpfs efivarfs
     fuse.gvfsd-fuse fusectl hugetlbfs mqueue nsfs proc pstore ramfs rpc_pipefs
-    securityfs selinuxfs sysfs tracefs tmpfs overlay squashfs nfsd
+    securityfs selinuxfs sysfs tracefs tmpfs squashfs nfsd
 """.split())
 
 
@@ -323,7 +323,6 @@ TOPOLOGY_LEVELS = {0: "INTERNAL", 10: "SINGLE", 20: "MULTIPLE", 30: "HOSTBRIDGE"
 NVLINK_COUNTERS = [(0, "replay"), (1, "recovery"), (2, "crc_flit"), (3, "crc_data")]
 
 # NVML return codes (nvml.h), compared by value so an old pynvml works too.
-NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -341,7 +340,12 @@ class NvmlHung(Exception):
 
 
 class FieldUnavailable(Exception):
-    """One field could not be read (not supported, no permission, an NVML error)."""
+    """One field could not be read (not supported, no permission, an NVML error);
+    the message is the reason, ``code`` the NVML return code when there is one."""
+
+    def __init__(self, reason: str, code: Optional[int] = None):
+        super().__init__(reason)
+        self.code = code
 
 
 def new_enough(nv: Any) -> bool:
@@ -438,7 +442,7 @@ class Nvml:
         except Exception as e:
             if nvml_error_code(e) == NVML_ERROR_GPU_IS_LOST:
                 raise GpuLost("%s: GPU is lost" % name)
-            raise FieldUnavailable(nvml_reason(e))
+            raise FieldUnavailable(nvml_reason(e), nvml_error_code(e))
 
 
 def _memory(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
@@ -536,8 +540,9 @@ def _pcie(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
 
 
 def _nvlink(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
-    """Every NVLink the GPU has: the list ends at the first link NVML refuses
-    (NOT_SUPPORTED / INVALID_ARGUMENT), so a PCIe GPU has ``[]``."""
+    """Every NVLink the GPU has: the list ends at the first link whose state NVML
+    refuses (NOT_SUPPORTED, INVALID_ARGUMENT past the last link), so a PCIe GPU
+    has ``[]``."""
     links = []
     for link in range(getattr(nvml.nv, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
@@ -726,13 +731,13 @@ def init_reason(e: BaseException) -> str:
     msg = str(e)
     if msg.startswith("NVML error: "):
         msg = msg[len("NVML error: "):]
-    if "timed out" in msg:
-        return msg
-    low = msg.lower()
-    if "library not found" in low or "shared library" in low:
+    code = getattr(e, "code", None)
+    if code == NVML_ERROR_LIBRARY_NOT_FOUND:
         return "NVML library (libnvidia-ml.so.1) not found: %s" % msg
-    if "driver not loaded" in low:
+    if code == NVML_ERROR_DRIVER_NOT_LOADED:
         return "NVIDIA driver not loaded: %s" % msg
+    if isinstance(e, (NvmlHung, GpuLost)):
+        return msg
     return "nvmlInit failed: %s" % msg
 
 
