@@ -414,9 +414,9 @@ def nvml_reason(e: BaseException) -> str:
 class Nvml:
     """pynvml calls under a timeout per call and a budget for all of them.
 
-    ``call`` raises :class:`GpuLost`, :class:`NvmlHung` (this call or an earlier
-    one on the same GPU timed out, or the budget is spent) or
-    :class:`FieldUnavailable` (with the reason as message).
+    ``call`` raises :class:`GpuLost`, :class:`NvmlHung` (the call timed out, or
+    the budget is spent) or :class:`FieldUnavailable` (with the reason as
+    message).  The caller stops asking about a GPU after GpuLost or NvmlHung.
     """
 
     def __init__(self, nv: Any, timeout: float, budget: float):

@@ -72,6 +72,17 @@ def test_timed_caller_abandons_a_hung_call_and_keeps_working():
         raise AssertionError("the call's exception must reach the caller")
 
 
+def test_gpu_process_owner_from_proc(tmp_path):
+    d = tmp_path / "proc" / "4242"
+    d.mkdir(parents=True)
+    (d / "comm").write_text("python3\n")
+    (d / "cgroup").write_text("12:memory:/system.slice/clusterctl-vllm-qwen-a.service\n"
+                              "1:name=systemd:/system.slice/clusterctl-vllm-qwen-a.service\n")
+    assert collector.process_owner(4242, root=str(tmp_path)) == {
+        "name": "python3", "unit": "clusterctl-vllm-qwen-a.service"}
+    assert collector.process_owner(4243, root=str(tmp_path)) == {"name": None, "unit": None}
+
+
 # -- NICs and RDMA -------------------------------------------------------------
 
 
