@@ -162,3 +162,11 @@ class FakeTransport:
 
     def close(self) -> None:
         pass
+
+
+def __getattr__(name: str) -> object:
+    # ParamikoTransport lives in fleet/ssh.py (it imports paramiko); offer it here too.
+    if name in ("ParamikoTransport", "ParamikoConnection"):
+        from clusterctl.fleet import ssh
+        return getattr(ssh, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
