@@ -355,27 +355,29 @@ def new_enough(nv: Any) -> bool:
 
 
 def load_pynvml() -> Tuple[Any, Dict[str, Any]]:
-    """The pynvml module to use and where it came from.
+    """The pynvml module to use and ``{origin, version, reason}`` about it.
 
     The node's own pynvml wins when it is new enough; else the carried copy; else
-    an old node copy.  Returns ``(None, info)`` when there is none.
+    an old node copy.  Returns ``(None, info)`` with the reason when there is none.
     """
     node = None
+    reason = None
     try:
         import pynvml as node  # type: ignore[no-redef]
     except Exception as e:  # a broken install is as good as none
-        info: Dict[str, Any] = {"origin": None, "version": None, "reason": "no pynvml on the node (%s)" % e}
+        reason = "no pynvml on the node (%s)" % e
     else:
         if new_enough(node):
-            return node, {"origin": "node", "version": _dist_version("nvidia-ml-py")}
-        info = {"origin": None, "version": None, "reason": "the node's pynvml is too old"}
+            return node, {"origin": "node", "version": _dist_version("nvidia-ml-py"), "reason": None}
+        reason = "the node's pynvml is too old"
     carried = globals().get("CARRIED_PYNVML")
     if carried is not None:
         sys.modules.pop("pynvml", None)
-        return carried(), {"origin": "carried", "version": globals().get("CARRIED_PYNVML_VERSION")}
+        return carried(), {"origin": "carried", "version": globals().get("CARRIED_PYNVML_VERSION"),
+                           "reason": None}
     if node is not None:
-        return node, {"origin": "node", "version": _dist_version("nvidia-ml-py")}
-    return None, info
+        return node, {"origin": "node", "version": _dist_version("nvidia-ml-py"), "reason": reason}
+    return None, {"origin": None, "version": None, "reason": reason}
 
 
 def _dist_version(name: str) -> Optional[str]:
@@ -667,9 +669,7 @@ def collect_topology(nvml: Nvml, handles: Dict[int, Any]) -> List[Dict[str, Any]
             try:
                 level = nvml.call("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
                 entry["level"] = TOPOLOGY_LEVELS.get(int(level), str(level))
-            except FieldUnavailable as e:
-                entry["reason"] = str(e)
-            except (GpuLost, NvmlHung) as e:
+            except (FieldUnavailable, GpuLost, NvmlHung) as e:
                 entry["reason"] = str(e)
             out.append(entry)
     return out

@@ -80,7 +80,7 @@ def test_carried_pynvml_used_when_the_node_has_none(tmp_path):
     r = run_payload(probe_command(python=py), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)["gpus"]["pynvml"]
-    assert info == {"origin": "carried", "version": payload().pynvml_version}
+    assert info == {"origin": "carried", "version": payload().pynvml_version, "reason": None}
 
 
 def test_runs_on_python38(tmp_path):
