@@ -574,6 +574,7 @@ class _Loader:
         if items is None:
             return None
         refs: list[GpuRef] = []
+        seen: set[GpuRef] = set()
         ok = True
         for text, line in items:
             try:
@@ -600,10 +601,11 @@ class _Loader:
                     ctx.error(line, f"{w}.placement: {ref} does not exist ({host} has {have})")
                     ok = False
                     continue
-                if ref in refs:
+                if ref in seen:
                     ctx.error(line, f"{w}.placement: {ref} is listed twice")
                     ok = False
                     continue
+                seen.add(ref)
                 refs.append(ref)
         if ok and not refs:
             ctx.error(y.line, f"{w}.placement: no GPUs listed")

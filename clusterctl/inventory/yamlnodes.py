@@ -21,6 +21,8 @@ from clusterctl.errors import Problem
 MAX_NODES = 200_000
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+#: libyaml's parser when PyYAML was built with it (about 10x faster, same marks).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass
@@ -136,7 +138,13 @@ def parse(text: str, filename: str, problems: list[Problem]) -> Y | None:
     empty document returns ``None`` with a problem.
     """
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        try:
+            node = yaml.compose(text, Loader=_LOADER)
+        except yaml.MarkedYAMLError:
+            if _LOADER is yaml.SafeLoader:
+                raise
+            # libyaml's messages are terser; the pure-Python parser explains more.
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 0
