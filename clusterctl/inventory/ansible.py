@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from clusterctl.errors import ConfigError, Problem
+from clusterctl.inventory.fields import NAME
 from clusterctl.inventory.nodeset import fold, natural_key, split_top
 
 SSH_VARS = {
@@ -84,8 +85,11 @@ class _Inv:
         self.hosts: dict[str, dict[str, Any]] = {}
         self.problems: list[Problem] = []
 
-    def group(self, name: str) -> _Group:
+    def group(self, name: str, line: int = 0) -> _Group:
         if name not in self.groups:
+            if not NAME.match(name) or name == "failed":
+                self.error(line, f"group name {name!r} cannot be used in clusterctl "
+                                 "(letters, digits, '_', '.', '-'; not 'failed')")
             self.groups[name] = _Group(name)
         return self.groups[name]
 
@@ -177,7 +181,7 @@ def _read_ini(text: str, inv: _Inv) -> None:
                 group, kind = "", "skip"
                 continue
             group, kind = m.group(1), m.group(2) or "hosts"
-            inv.group(group)
+            inv.group(group, lineno)
             continue
         if kind == "skip":
             continue
@@ -189,7 +193,7 @@ def _read_ini(text: str, inv: _Inv) -> None:
             inv.group(group).vars[key] = _parse_value(value)
         elif kind == "children":
             child = line.split()[0]
-            inv.group(child)
+            inv.group(child, lineno)
             if child not in inv.group(group).children:
                 inv.group(group).children.append(child)
         else:
@@ -224,6 +228,9 @@ def _add_pattern(pattern: str, hvars: dict[str, Any], group: str, inv: _Inv, lin
     if port is not None:
         hvars = dict(hvars, ansible_port=hvars.get("ansible_port", port))
     for n in names:
+        if not NAME.match(n):
+            inv.error(line, f"host name {n!r} cannot be used (letters, digits, '_', '.', '-' only)")
+            return
         inv.add_host(group, n, dict(hvars))
 
 

@@ -131,3 +131,39 @@ def test_recursive_alias_is_a_problem() -> None:
         assert "rec.yaml:2: recursive alias" in str(e)
     else:
         raise AssertionError("a recursive alias must be refused")
+
+
+_SEL_INV = load_inventory_text(
+    "version: 1\ngroups: {g: {hosts: 'gpu[01-02]', labels: {rack: r1}}}\nhosts: {'gpu[01-04]': {}}\n", "s.yaml")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("gpu01234[]-,&!@=*?g rackall/:failed")), max_size=30))
+def test_selection_patterns_never_traceback(pattern: str) -> None:
+    from clusterctl.errors import SelectionError
+    from clusterctl.inventory.select import select_hosts
+    try:
+        hosts = select_hosts(_SEL_INV, pattern, failed=["gpu03"])
+    except SelectionError:
+        return
+    assert all(h.name in _SEL_INV.hosts for h in hosts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("[]:=ab01 \n#;-_.'\"{},\t") + [
+    "[g]\n", "[g:vars]\n", "[g:children]\n", "ansible_port=", "ansible_host=", "h[1:3]",
+    "all:\n  hosts:\n", "  children:\n", "    h1:\n", "ansible_password=x"]), max_size=40).map("".join))
+def test_ansible_import_never_tracebacks(tmp_path_factory, text: str) -> None:
+    from clusterctl.errors import ConfigError
+    from clusterctl.inventory.ansible import import_ansible, to_yaml
+    f = tmp_path_factory.mktemp("ans") / "hosts"
+    f.write_text(text)
+    try:
+        result = import_ansible(f)
+    except ConfigError as e:
+        assert e.problems
+        return
+    try:
+        load_inventory_text(to_yaml(result.data), "conv.yaml")
+    except InventoryError as e:
+        assert e.problems
