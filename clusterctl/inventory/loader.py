@@ -298,7 +298,7 @@ class _Loader:
             except NodeSetError as e:
                 ctx.error(line, f"hosts: {e}")
                 continue
-            bad = [n for n in names if not NAME.match(n) or not sshconfig_safe(n)]
+            bad = [n for n in names if not NAME.match(n)]
             if bad:
                 ctx.error(line, f"hosts: {bad[0]!r} is not a valid host name")
                 continue
@@ -645,11 +645,6 @@ class _Loader:
             out[name] = InstanceTemplate(name=name, hosts=pattern, location=Location(ctx.filename, line),
                                          **vals, **common)
         return out
-
-
-def sshconfig_safe(name: str) -> bool:
-    """Host names must not start with '-' (they reach ssh command lines)."""
-    return not name.startswith("-")
 
 
 def _suggest(word: str, choices: list[str]) -> str:
