@@ -28,9 +28,17 @@ OWN_CLASSES = ("net", "infiniband", "infiniband_verbs")
 #: Real interfaces of the container, linked to its own sysfs.
 REAL_NETDEVS = ("lo", "eth0")
 
-def _write(path: Path, text: str, tmp: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nicmodel.atomic_write(str(path), text, tmp_dir=str(tmp))
+def _write(path: Path, text: str, tmp: Path | None) -> None:
+    """Write one file: atomically via ``tmp``, or directly (``None``) into a tree not yet in use."""
+    if tmp is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return
+    try:
+        nicmodel.atomic_write(str(path), text, tmp_dir=str(tmp))
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nicmodel.atomic_write(str(path), text, tmp_dir=str(tmp))
 
 
 def _mirror_real_classes(root: Path, real: Path) -> None:
@@ -73,20 +81,24 @@ def build(hw: Path, state: dict, real_sys_class: Path = REAL_SYS_CLASS) -> Path:
     net.mkdir()
     for dev in REAL_NETDEVS:
         os.symlink(f"../../devices/virtual/net/{dev}", net / dev)
-    write_config(hw, state)
-    refresh_counters(hw, state)
+    (hw / TMP).mkdir(exist_ok=True)
+    write_config(hw, state, atomic=False)
+    refresh_counters(hw, state, atomic=False)
     return root
 
 
-def write_config(hw: Path, state: dict) -> None:
-    """(Re)write every non-counter file (link state, QoS, ECN, GIDs) atomically.
+def write_config(hw: Path, state: dict, atomic: bool = True) -> None:
+    """(Re)write every non-counter file (link state, QoS, ECN, GIDs).
 
-    Faults call this after changing ``nic.json`` so sysfs agrees with the tools.
+    Faults call this after changing ``nic.json`` so sysfs agrees with the
+    tools; each file is replaced atomically unless ``atomic`` is False (a
+    tree being built, which nobody reads yet).
     """
     root = hw / TREE
     net = root / "net"
-    tmp = hw / TMP
-    tmp.mkdir(exist_ok=True)
+    tmp: Path | None = hw / TMP if atomic else None
+    if tmp is not None:
+        tmp.mkdir(exist_ok=True)
     flavour = state.get("flavour", "mlnx")
     for k, (ifname, nic) in enumerate(sorted(state.get("nics", {}).items())):
         _build_netdev(net / ifname, ifname, nic, flavour, tmp)
@@ -96,7 +108,7 @@ def write_config(hw: Path, state: dict) -> None:
     _write(root / "infiniband_verbs" / "abi_version", "6\n", tmp)
 
 
-def _build_netdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path) -> None:
+def _build_netdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path | None) -> None:
     up = nic.get("link_up", True)
     for name, text in {
         "address": nic["mac"], "broadcast": "ff:ff:ff:ff:ff:ff", "mtu": str(nic["mtu"]),
@@ -122,7 +134,7 @@ def _build_netdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path) -> N
         _write(d / "ecn" / "roce_np" / "min_time_between_cnps", "4\n", tmp)
 
 
-def _build_ibdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path) -> None:
+def _build_ibdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path | None) -> None:
     up = nic.get("link_up", True)
     _write(d / "node_type", "1: CA\n", tmp)
     _write(d / "fw_ver", nic.get("fw", "28.39.1002") + "\n", tmp)
@@ -174,25 +186,31 @@ def counter_files(root: Path, ifname: str, nic: dict) -> dict[Path, str]:
 
 
 def refresh_counters(hw: Path, state: dict, now: float | None = None,
-                     cache: dict[Path, int] | None = None) -> int:
+                     cache: dict[Path, int] | None = None, atomic: bool = True) -> int:
     """Rewrite the counter files whose value changed; returns how many were written.
 
-    ``cache`` (path -> last written value) lets the ticker skip unchanged files.
-    Link state files follow ``link_up`` too, so a flap shows in sysfs.
+    ``cache`` (path -> last written value) lets the ticker skip unchanged
+    files; ``atomic`` False writes in place (a tree being built).
     """
     root = hw / TREE
     tmp = hw / TMP
     tmp.mkdir(exist_ok=True)
     t = time.time() if now is None else now
     written = 0
+    dirs: dict[Path, bool] = {}
     for ifname, nic in state.get("nics", {}).items():
         for path, name in counter_files(root, ifname, nic).items():
             v = nicmodel.value(nic, name, t)
             if cache is not None and cache.get(path) == v:
                 continue
-            if not path.parent.is_dir():
+            if path.parent not in dirs:
+                dirs[path.parent] = path.parent.is_dir()
+            if not dirs[path.parent]:
                 continue
-            nicmodel.atomic_write(str(path), f"{v}\n", tmp_dir=str(tmp))
+            if atomic:
+                nicmodel.atomic_write(str(path), f"{v}\n", tmp_dir=str(tmp))
+            else:
+                path.write_text(f"{v}\n", encoding="utf-8")
             if cache is not None:
                 cache[path] = v
             written += 1

@@ -8,6 +8,7 @@ and ``rx_prioN_pause`` counters, as the mlx5 driver reports them through dcbnl.
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import nicmodel  # noqa: E402
@@ -27,8 +28,9 @@ def err(msg, rc=1):
 def pfc_show(ifname, nic, stats, as_json):
     qos = nic.get("qos", {})
     pfc = qos.get("pfc", [0] * 8)
-    req = [nicmodel.value(nic, f"tx_prio{p}_pause") for p in range(8)]
-    ind = [nicmodel.value(nic, f"rx_prio{p}_pause") for p in range(8)]
+    now = time.time()
+    req = [nicmodel.value(nic, f"tx_prio{p}_pause", now) for p in range(8)]
+    ind = [nicmodel.value(nic, f"rx_prio{p}_pause", now) for p in range(8)]
     if as_json:
         doc = {"pfc_cap": 8, "macsec_bypass": False, "delay": qos.get("pfc_delay", 7),
                "prio_pfc": {str(p): bool(pfc[p]) for p in range(8)}}

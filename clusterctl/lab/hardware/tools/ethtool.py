@@ -8,6 +8,7 @@ non-zero exit, so callers see what an unsupported request looks like.
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import nicmodel  # noqa: E402
@@ -91,7 +92,7 @@ def main(argv):
             return 94
         sys.stderr.write("Cannot get device settings: Operation not supported\n")
         return 75
-    now = None
+    now = time.time()  # one instant for every counter of this output
     if op in ("-S", "--statistics"):
         sys.stdout.write(stats(ifname, nic, now))
     elif op in ("-i", "--driver"):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import threading
 import time
 
 DEFAULT_HW_DIR = "/var/lib/lab-hw"
@@ -55,16 +55,22 @@ def save(state: dict, path: str | None = None) -> None:
 
 
 def atomic_write(path: str, text: str, tmp_dir: str | None = None) -> None:
-    """Replace ``path`` with ``text`` so readers see the old or the new file, never half."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=tmp_dir or os.path.dirname(path))
+    """Replace ``path`` with ``text`` so readers see the old or the new file, never half.
+
+    The temporary file is named after this process and thread, in ``tmp_dir``
+    (same file system as ``path``; default: its directory).
+    """
+    tmp = os.path.join(tmp_dir or os.path.dirname(path) or ".",
+                       f".tmp-{os.getpid()}-{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.unlink(tmp)
         raise
 
 
@@ -72,14 +78,14 @@ def atomic_write(path: str, text: str, tmp_dir: str | None = None) -> None:
 
 def value(nic: dict, name: str, now: float | None = None) -> int:
     """The counter ``name`` at ``now`` (epoch seconds), from base and rate; unknown = 0."""
+    t = time.time() if now is None else now
     derived = _DERIVED.get(name)
     if derived is not None:
-        return derived(nic, now)
+        return derived(nic, t)
     entry = nic.get("counters", {}).get(name)
     if not entry:
         return 0
     base, rate, since = entry
-    t = time.time() if now is None else now
     return int(base + rate * max(0.0, t - since))
 
 

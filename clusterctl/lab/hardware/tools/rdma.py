@@ -8,6 +8,7 @@ Object and command names accept unique prefixes as the real tool does
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import nicmodel  # noqa: E402
@@ -39,15 +40,16 @@ def stat_show(state, selector, as_json):
     if selector and not rows:
         return err("Wrong device name")
     docs, text = [], []
+    now = time.time()  # one instant for the whole output
     for _, nic in rows:
         names = nicmodel.hw_counter_names(nic)
         if as_json:
             doc = {"ifname": nic["rdma_device"], "port": nic.get("port", 1)}
-            doc.update({n: nicmodel.value(nic, n) for n in names})
+            doc.update({n: nicmodel.value(nic, n, now) for n in names})
             docs.append(doc)
         else:
             text.append(f"link {nic['rdma_device']}/{nic.get('port', 1)} "
-                        + "".join(f"\n    {n} {nicmodel.value(nic, n)} " for n in names) + "\n")
+                        + "".join(f"\n    {n} {nicmodel.value(nic, n, now)} " for n in names) + "\n")
     sys.stdout.write(json.dumps(docs, separators=(",", ":")) + "\n" if as_json else "".join(text))
     return 0
 
