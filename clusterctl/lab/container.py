@@ -10,12 +10,12 @@ Layout of ``hosts/NAME/`` on the control side::
 
 The container runs under :mod:`clusterctl.lab.hostrun` (own cgroup, reboot
 loop); its PID is recorded by the caller, nspawn's in ``nspawn.pid``.
+Stopping is done for all hosts at once by :mod:`clusterctl.lab.manager`.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -124,29 +124,6 @@ def launch(cfg: LabConfig, h: HostSpec) -> int:
     finally:
         log.close()
     return p.pid
-
-
-def stop(cfg: LabConfig, h: HostSpec, supervisor_pid: int | None,
-         grace_s: float = STOP_GRACE_S) -> None:
-    """Power the container off (SIGTERM), kill what remains after ``grace_s``.
-
-    Only recorded PIDs and the processes inside the host's own cgroup are
-    signalled; a frozen host is thawed first so it can shut down.
-    """
-    d = host_dir(cfg, h.name)
-    rel = cgroup_rel(cfg, h.name)
-    procs.thaw_cgroup(rel)
-    pids = [p for p in (supervisor_pid, procs.read_pidfile(d / "nspawn.pid")) if p]
-    live = [p for p in pids if procs.alive(p)]
-    for p in live:
-        procs.signal_pid(p, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(procs.alive(p) for p in live):
-        time.sleep(0.05)
-    for p in live:
-        if procs.alive(p):
-            procs.signal_pid(p, signal.SIGKILL)
-    procs.kill_cgroup(rel)
 
 
 def unmount_root(cfg: LabConfig, name: str) -> None:

@@ -77,6 +77,10 @@ def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
     if gpus_per_host < 0 or gpus_per_host > 16:
         raise LabError(f"--gpus-per-host must be between 0 and 16, not {gpus_per_host}")
     specs = plan_hosts(cfg, hosts)
+    if hardware() is not None:
+        from clusterctl.lab.hardware.profiles import gpu_profile
+
+        gpu_profile(gpu_model)  # an unknown model fails here, naming the known ones
     old = st.load(cfg.state_file)
     if old is not None and _same_and_alive(old, specs, gpus_per_host, gpu_model):
         on_event(f"lab already up with {hosts} hosts")
@@ -90,35 +94,20 @@ def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
     t_template = time.monotonic() - t0
     cfg.lab_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(cfg.lab_dir, 0o755)
-    state = st.LabState(gpus_per_host=gpus_per_host, gpu_model=gpu_model,
-                        template=tpl.lowerdir, started_at=time.time())
+    # Every host is recorded before anything is created, so `down` finds it all.
+    state = st.LabState(hosts=[st.HostState(h) for h in specs], gpus_per_host=gpus_per_host,
+                        gpu_model=gpu_model, template=tpl.lowerdir, started_at=time.time())
     state.inotify_saved = limits.hold(str(cfg.lab_dir))
     st.save(cfg.state_file, state)
 
     t1 = time.monotonic()
-    pubkey = sshkeys.ensure_client_key(cfg.key_file)
-    net.ensure_bridge(cfg)
-    etc_hosts = _etc_hosts(specs)
     hw = hardware()
-    host_keys: list[tuple[list[str], str]] = []
-    on_event(f"starting {hosts} hosts")
-    for h in specs:
-        net.create_host_net(cfg, h)
-        key = container.prepare(cfg, h, tpl, pubkey, debian_sshd=(h is specs[-1]),
-                                etc_hosts=etc_hosts)
-        host_keys.append(([h.name, h.address], key))
-        if hw is not None:
-            # The hardware part counts hosts from 0.
-            hw.provision_host(container.host_dir(cfg, h.name), h.name, h.index - 1,
-                              gpus_per_host, gpu_model, nic_flavour(h.index))
-            hw.setup_netns(h.netns, h.name, h.index - 1)
-    sshkeys.write_known_hosts(cfg.known_hosts, host_keys)
-    for h in specs:
-        container.mount_root(cfg, h, tpl)
-        state.hosts.append(st.HostState(h, container.launch(cfg, h)))
-        st.save(cfg.state_file, state)
-    state.ticker_pid = _start_ticker(cfg)
-    st.save(cfg.state_file, state)
+    try:
+        _start_hosts(cfg, specs, tpl, state, hw, on_event)
+    except BaseException:
+        on_event("start failed: removing what was created")
+        down(cfg, on_event=lambda s: on_event(f"  {s}"))
+        raise
 
     results = ready.wait_all(cfg, specs, READY_BASE_S + READY_PER_HOST_S * hosts,
                              on_ready=lambda r: on_event(
@@ -159,6 +148,33 @@ def up_light(cfg: LabConfig, hosts: int, on_event: Event = lambda s: None) -> di
     inv = light.up(light_dir(cfg), hosts)
     on_event(f"light lab up: {hosts} hosts in {time.monotonic() - t0:.1f} s; inventory {inv}")
     return {"inventory": str(inv), "hosts": hosts, "up_s": time.monotonic() - t0}
+
+
+def _start_hosts(cfg: LabConfig, specs: list[HostSpec], tpl: template.Template,
+                 state: st.LabState, hw: ModuleType | None, on_event: Event) -> None:
+    """Create every host's network, files and hardware, then launch them all."""
+    pubkey = sshkeys.ensure_client_key(cfg.key_file)
+    net.ensure_bridge(cfg)
+    etc_hosts = _etc_hosts(specs)
+    host_keys: list[tuple[list[str], str]] = []
+    on_event(f"starting {len(specs)} hosts")
+    for h in specs:
+        net.create_host_net(cfg, h)
+        key = container.prepare(cfg, h, tpl, pubkey, debian_sshd=(h is specs[-1]),
+                                etc_hosts=etc_hosts)
+        host_keys.append(([h.name, h.address], key))
+        if hw is not None:
+            # The hardware part counts hosts from 0.
+            hw.provision_host(container.host_dir(cfg, h.name), h.name, h.index - 1,
+                              state.gpus_per_host, state.gpu_model, nic_flavour(h.index))
+            hw.setup_netns(h.netns, h.name, h.index - 1)
+    sshkeys.write_known_hosts(cfg.known_hosts, host_keys)
+    for h, hs in zip(specs, state.hosts):
+        container.mount_root(cfg, h, tpl)
+        hs.pid = container.launch(cfg, h)
+        st.save(cfg.state_file, state)
+    state.ticker_pid = _start_ticker(cfg)
+    st.save(cfg.state_file, state)
 
 
 def nic_flavour(index: int) -> str:

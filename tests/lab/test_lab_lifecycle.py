@@ -100,3 +100,20 @@ def test_up_cleans_up_a_running_lab_whose_state_was_lost(small_cfg):
     assert cp.stdout.strip() == "running"
     manager.down(small_cfg)
     assert _leftovers(small_cfg, ["tlab01"]) == []
+
+
+def test_a_failed_start_removes_what_it_created(small_cfg, monkeypatch):
+    from clusterctl.errors import LabError
+
+    def broken_prepare(cfg, h, *a, **kw):
+        if h.index == 2:
+            raise LabError("simulated failure while preparing tlab02")
+        return real_prepare(cfg, h, *a, **kw)
+
+    real_prepare = container.prepare
+    monkeypatch.setattr(container, "prepare", broken_prepare)
+    inotify_before = int(INOTIFY.read_text())
+    with pytest.raises(LabError, match="simulated failure"):
+        manager.up(small_cfg, hosts=2)
+    assert _leftovers(small_cfg, ["tlab01", "tlab02"]) == []
+    assert int(INOTIFY.read_text()) == inotify_before
