@@ -48,7 +48,8 @@ def inject(cfg: LabConfig, h: HostSpec, fault: str, *, rate: str | None = None,
     if rate is not None or percent is not None:
         raise LabError(f"--rate/--percent are network-fault options, not {fault}'s")
     opts = hwf.parse_options(fault, options)
-    return str(hwf.inject(container.host_dir(cfg, h.name), fault, **opts))
+    msg = str(hwf.inject(container.host_dir(cfg, h.name), fault, **opts))
+    return msg if msg.startswith(f"{h.name}:") else f"{h.name}: {msg}"
 
 
 def heal(cfg: LabConfig, h: HostSpec | None) -> list[str]:

@@ -80,7 +80,7 @@ def test_hardware_faults_are_dispatched_with_typed_options(monkeypatch, tmp_path
     monkeypatch.setattr(faults, "_hardware_faults", lambda: FakeHw)
     cfg = LabConfig(lab_dir=tmp_path)
     h = plan_hosts(cfg, 1)[0]
-    assert faults.inject(cfg, h, "xid", options=["gpu=3"]) == "xid injected"
+    assert faults.inject(cfg, h, "xid", options=["gpu=3"]) == "lab01: xid injected"
     assert seen == {"host_dir": tmp_path / "hosts/lab01", "fault": "xid", "gpu": 3}
     with pytest.raises(LabError, match="unknown fault 'meteor'; known: bandwidth, loss, cut, freeze, thaw, xid"):
         faults.inject(cfg, h, "meteor")
