@@ -145,6 +145,12 @@ class Ctx:
         return True
 
 
+def suggest(word: str, choices: list[str]) -> str:
+    """``; did you mean 'x'?`` for the closest choice, or nothing."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def describe(y: Y) -> str:
     """A short description of a value for messages: ``integer 3``, ``a list``."""
     if y.kind == "map":
