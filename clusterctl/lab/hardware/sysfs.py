@@ -25,6 +25,8 @@ TMP = ".tmp"
 REAL_SYS_CLASS = Path("/sys/class")
 #: Classes built here rather than mirrored.
 OWN_CLASSES = ("net", "infiniband", "infiniband_verbs")
+#: Hidden directory holding the simulated PCI functions (see _build_pci_function).
+DEVICES = ".devices"
 #: Real interfaces of the container, linked to its own sysfs.
 REAL_NETDEVS = ("lo", "eth0")
 
@@ -117,10 +119,8 @@ def _build_netdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path | Non
         "addr_len": "6", "tx_queue_len": "1000", "ifalias": "",
     }.items():
         _write(d / name, text + "\n", tmp)
-    _write(d / "device" / "numa_node", f"{nic.get('numa_node', 0)}\n", tmp)
-    _write(d / "device" / "vendor", "0x15b3\n", tmp)
-    _write(d / "device" / "device", "0x1021\n" if flavour == "mlnx" else "0x101d\n", tmp)
-    (d / "device" / "infiniband" / nic["rdma_device"]).mkdir(parents=True, exist_ok=True)
+    _build_pci_function(d.parent.parent, nic, flavour, tmp)
+    _link(d / "device", f"../../{DEVICES}/{nic['pci']}")
     (d / "statistics").mkdir(exist_ok=True)
     if flavour == "mlnx":
         qos = nic.get("qos", {})
@@ -134,8 +134,32 @@ def _build_netdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path | Non
         _write(d / "ecn" / "roce_np" / "min_time_between_cnps", "4\n", tmp)
 
 
+def _link(link: Path, target: str) -> None:
+    if not link.is_symlink():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, link)
+
+
+def _build_pci_function(root: Path, nic: dict, flavour: str, tmp: Path | None) -> None:
+    """``.devices/<pci>``: what ``device`` of the netdev and the RDMA device point at.
+
+    Real ``device`` links lead to ``/sys/devices/pci…/<pci>``, outside
+    ``/sys/class``; here they stay inside the bound tree, so readers that take
+    ``basename(realpath(device))`` as the PCI address, or ``driver``'s link
+    name as the driver, get the real answers.
+    """
+    d = root / DEVICES / nic["pci"]
+    _write(d / "numa_node", f"{nic.get('numa_node', 0)}\n", tmp)
+    _write(d / "vendor", "0x15b3\n", tmp)
+    _write(d / "device", "0x1021\n" if flavour == "mlnx" else "0x101d\n", tmp)
+    (d / "infiniband" / nic["rdma_device"]).mkdir(parents=True, exist_ok=True)
+    (root / DEVICES / "drivers" / "mlx5_core").mkdir(parents=True, exist_ok=True)
+    _link(d / "driver", "../drivers/mlx5_core")
+
+
 def _build_ibdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path | None) -> None:
     up = nic.get("link_up", True)
+    _link(d / "device", f"../../{DEVICES}/{nic['pci']}")
     _write(d / "node_type", "1: CA\n", tmp)
     _write(d / "fw_ver", nic.get("fw", "28.39.1002") + "\n", tmp)
     _write(d / "hca_type", ("MT4129" if flavour == "mlnx" else "MT4125") + "\n", tmp)

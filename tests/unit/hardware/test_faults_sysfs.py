@@ -128,6 +128,11 @@ def test_sysfs_tree_has_what_readers_of_real_nodes_read(make_host):
     assert (eth2 / "address").read_text() == "02:77:00:00:10:01\n"
     assert (eth2 / "qos/trust").read_text() == "dscp\n"
     assert (eth2 / "device/infiniband/mlx5_0").is_dir()
+    # Readers take the PCI address from realpath(device) and the driver from its link.
+    assert os.path.basename(os.path.realpath(eth2 / "device")) == "0000:1a:00.0"
+    assert os.path.basename(os.readlink(eth2 / "device/driver")) == "mlx5_core"
+    assert os.path.realpath(root / "infiniband/mlx5_0/device") == os.path.realpath(eth2 / "device")
+    assert os.path.realpath(root / "net/eth2/device").startswith(str(root.resolve()))
     port = root / "infiniband/mlx5_0/ports/1"
     assert (port / "state").read_text() == "4: ACTIVE\n"
     assert (port / "phys_state").read_text() == "5: LinkUp\n"
