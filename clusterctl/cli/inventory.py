@@ -181,7 +181,10 @@ def import_ansible(
     if output is None:
         typer.echo(text, nl=False)
         return
-    _write_atomic(output, text)
+    try:
+        _write_atomic(output, text)
+    except OSError as e:
+        fail(f"cannot write {output}: {e.strerror}")
     err_console.print(f"wrote {output}: {len(result.data.get('hosts', {}))} host entries, "
                       f"{len(result.data.get('groups', {}))} groups", markup=False)
 

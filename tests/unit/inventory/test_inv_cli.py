@@ -143,6 +143,12 @@ def test_import_ansible_to_file_then_validate(capsys, tmp_path: Path) -> None:
     assert rc == 0 and out.startswith("OK: 4 hosts, 2 groups")
 
 
+def test_import_ansible_unwritable_output_exits_3(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "no" / "such" / "dir.yaml"
+    rc, _, err = run(capsys, "inventory", "import-ansible", str(ANSIBLE / "basic.ini"), "-o", str(target))
+    assert rc == 3 and f"cannot write {target}" in err and "Traceback" not in err
+
+
 def test_import_ansible_to_stdout(capsys) -> None:
     rc, out, _ = run(capsys, "inventory", "import-ansible", str(ANSIBLE / "basic.ini"))
     assert rc == 0 and out.startswith("# Converted from") and "version: 1" in out

@@ -204,6 +204,14 @@ def test_ssh_config_fills_only_what_the_inventory_leaves_unset(tmp_path: Path, m
     assert "'serveraliveinterval' (hosts gpu[01-02]) is ignored" in joined
 
 
+def test_ssh_config_match_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "config"
+    cfg.write_text("Match host gpu01\n  User matched\nHost *\n  User fallback\n")
+    monkeypatch.setenv("CLUSTERCTL_SSH_CONFIG", str(cfg))
+    inv = load("version: 1\nhosts: {gpu01: {}, gpu02: {}}\n")
+    assert (inv.hosts["gpu01"].ssh.user, inv.hosts["gpu02"].ssh.user) == ("matched", "fallback")
+
+
 def test_ssh_config_can_be_disabled_in_the_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "config"
     cfg.write_text("Host *\n  User admin\n")
