@@ -63,6 +63,8 @@ def load_inventory_text(text: str, filename: str = "<string>", force: bool = Fal
 
 
 class _Loader:
+    """One load of one file: readers share the problem list of ``ctx``."""
+
     def __init__(self, filename: str):
         self.ctx = Ctx(filename)
         self.base_dir = Path(filename).resolve().parent if not filename.startswith("<") else Path.cwd()
@@ -214,15 +216,16 @@ class _Loader:
                         names.append(n)
             members[name] = names
         group_names = [g[0] for g in groups]
+        member_sets = {g: set(members.get(g, [])) for g in group_names}
         for member, extra in self._extra_groups.items():
             for gname, gline in extra:
                 if gname not in members:
                     ctx.error(gline, f"hosts: group {gname!r} of host {member} is not defined in 'groups'"
                               + suggest(gname, group_names))
-                elif member not in members[gname]:
+                elif member not in member_sets[gname]:
+                    member_sets[gname].add(member)
                     members[gname].append(member)
         layers = {g[0]: g[1] for g in groups}
-        member_sets = {g: set(members.get(g, [])) for g in group_names}
         explicit: set[str] = set()
         for hname, (hlayer, line, addr) in entries.items():
             in_groups = [g for g in group_names if hname in member_sets[g]]
@@ -253,6 +256,7 @@ class _Loader:
             s.become = bool(s.become)
             if s.become and not s.become_method:
                 s.become_method = "sudo"
+
 
 def _forceable(p: Problem) -> Problem:
     if p.severity != "warning":
