@@ -7,6 +7,7 @@ a bad pattern or a pattern that selects no host.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
@@ -263,8 +264,19 @@ def _fold_or_list(values: list[str]) -> str:
         return ",".join(values)
 
 
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
+
+
+def _redacted(env: dict[str, str]) -> dict[str, str]:
+    """Env with the values of secret-looking names (``VLLM_API_KEY``) replaced by ``***``."""
+    return {k: "***" if _SECRET_NAME.search(k) else v for k, v in env.items()}
+
+
 def inventory_json(inv: Inventory) -> dict[str, Any]:
-    """The resolved inventory as JSON-ready data (field names as in model.py)."""
+    """The resolved inventory as JSON-ready data (field names as in model.py).
+
+    Environment values whose names look secret are shown as ``***``.
+    """
     def conv(obj: Any) -> Any:
         return dataclasses.asdict(obj)
 
@@ -275,8 +287,8 @@ def inventory_json(inv: Inventory) -> dict[str, Any]:
         "fabric": conv(inv.fabric),
         "engines": [conv(e) for e in inv.engines.values()],
         "models": [conv(m) for m in inv.models.values()],
-        "instances": [dict(conv(i), placement=[str(g) for g in i.placement], tp=i.tp_size)
-                      for i in inv.instances.values()],
-        "templates": [conv(t) for t in inv.templates.values()],
+        "instances": [dict(conv(i), placement=[str(g) for g in i.placement], tp=i.tp_size,
+                           env=_redacted(i.env)) for i in inv.instances.values()],
+        "templates": [dict(conv(t), env=_redacted(t.env)) for t in inv.templates.values()],
         "warnings": inv.warnings,
     }

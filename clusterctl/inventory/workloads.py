@@ -160,9 +160,9 @@ class WorkloadReader:
             em = ctx.mapping(known["env"], f"{w}.env")
             for k, v in (em or {}).items():
                 if v.kind != "scalar" or not isinstance(v.value, str):
-                    ctx.error(v.line, f"{w}.env.{k}: environment values must be strings; quote it "
-                              f"({k}: \"{v.plain()}\")" if v.kind == "scalar" else
-                              f"{w}.env.{k}: environment values must be strings")
+                    # the value is not echoed: env often carries secrets
+                    hint = "; quote the value" if v.kind == "scalar" and v.value is not None else ""
+                    ctx.error(v.line, f"{w}.env.{k}: environment values must be strings{hint}")
                     continue
                 out["env"][k] = v.value
         if "role" in known:

@@ -96,6 +96,23 @@ def test_show_json(capsys) -> None:
     assert data["hosts"][0]["gpus"]["interconnect"] == "nvlink"
 
 
+def test_show_json_redacts_secret_env(capsys, tmp_path: Path) -> None:
+    f = tmp_path / "inv.yaml"
+    f.write_text("version: 1\n"
+                 "defaults: {gpus: {count: 1}}\n"
+                 "hosts: {h1: {}}\n"
+                 "engines: {v: {path: /v, version: '1'}}\n"
+                 "models: {m: {path: /m}}\n"
+                 "instances:\n"
+                 "  a: {model: m, engine: v, placement: [h1:0], port: 8000,\n"
+                 "      env: {VLLM_API_KEY: s3cret-value, HF_TOKEN: tok-value, VLLM_LOGGING_LEVEL: INFO}}\n")
+    rc, out, _ = run(capsys, "inventory", "show", "--json", "-i", str(f))
+    assert rc == 0
+    env = json.loads(out)["instances"][0]["env"]
+    assert env == {"VLLM_API_KEY": "***", "HF_TOKEN": "***", "VLLM_LOGGING_LEVEL": "INFO"}
+    assert "s3cret-value" not in out and "tok-value" not in out
+
+
 def test_hosts_prints_names_and_folded_set(capsys) -> None:
     rc, out, _ = run(capsys, "inventory", "hosts", "-i", EXAMPLE, "@rack1&!@canary")
     assert rc == 0

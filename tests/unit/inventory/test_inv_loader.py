@@ -273,7 +273,7 @@ INSTANCE_ERRORS = {
     "gpu twice in one": ("    model: m8\n    engine: v11\n    placement: [gpu01:1, gpu01:1]  # <-\n    port: 8000\n", "gpu01:1 is listed twice"),
     "tp mismatch": ("    model: m8\n    engine: v11\n    placement: gpu01:[0-3]\n    tp: 2  # <-\n    port: 8000\n", "tp is 2 but placement lists 4 GPU(s)"),
     "heads not divisible": ("    model: m8\n    engine: v11\n    placement: gpu01:[0-2]\n    port: 8000\n", "32 attention heads, not divisible by TP 3"),
-    "env not string": ("    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    env:\n      NCCL_DEBUG: 1  # <-\n", "environment values must be strings"),
+    "env not string": ("    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    env:\n      NCCL_DEBUG: 1  # <-\n", "env.NCCL_DEBUG: environment values must be strings; quote the value"),
     "args sets port": ("    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    args:\n      --port: 9000  # <-\n", "'--port' is set by clusterctl"),
     "bad port": ("    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 99999  # <-\n", "out of range 1-65535"),
     "missing placement": ("    model: m8\n    engine: v11\n    port: 8000\n", "missing 'placement'"),
