@@ -162,6 +162,21 @@ def gpu_lost(host_dir: Path, gpu: int = 0, lost: bool = True, log: bool = True) 
     return f"GPU {gpu} {'lost (GPU_IS_LOST)' if lost else 'back on the bus'}"
 
 
+def gpu_hang(host_dir: Path, gpu: int = 0, seconds: float = 30.0) -> str:
+    """Every NVML call on ``gpu`` blocks ``seconds``, then fails with NVML_ERROR_TIMEOUT
+    (as a GPU whose firmware stopped answering, Xid 119); 0 ends the hang.  Other
+    GPUs keep answering."""
+    if seconds < 0:
+        raise LabError(f"seconds={seconds}: must be >= 0")
+    with _gpu_state(host_dir) as state:
+        g = _gpu(state, gpu)
+        if seconds:
+            g["hang_s"] = float(seconds)
+        else:
+            g.pop("hang_s", None)
+    return f"GPU {gpu}: NVML calls " + (f"hang {seconds:g} s" if seconds else "answer again")
+
+
 def driver(host_dir: Path, loaded: bool = False) -> str:
     """Unload (or reload) the NVIDIA driver: ``nvmlInit`` fails with DRIVER_NOT_LOADED."""
     with _gpu_state(host_dir) as state:
@@ -468,7 +483,7 @@ def _coerce(fault: str, key: str, value: Any, default: Any) -> Any:
 
 
 _RAW_FAULTS: dict[str, Callable[..., str]] = {
-    "xid": xid, "oom": oom, "gpu-lost": gpu_lost, "driver": driver, "ecc": ecc, "remap": remap,
+    "xid": xid, "oom": oom, "gpu-lost": gpu_lost, "gpu-hang": gpu_hang, "driver": driver, "ecc": ecc, "remap": remap,
     "retired-pages": retired_pages, "gpu-mem": gpu_mem, "clocks": clocks, "pcie": pcie,
     "nvlink": nvlink, "temp": temp,
     "pause-storm": pause_storm, "cnp": cnp, "discards": discards, "link-flap": link_flap,

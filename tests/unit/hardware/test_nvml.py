@@ -282,3 +282,27 @@ def test_compiler_failure_is_a_clear_error(tmp_path):
     with pytest.raises(LabError, match="unknown fake NVML variant"):
         nvml.build(tmp_path, "future")
     assert not list(Path(tmp_path).rglob("*.so*"))
+
+
+def test_a_hung_gpu_blocks_its_calls_then_times_out_while_others_answer(make_host, pynvml_run):
+    host = make_host(gpus=2)
+    faults.gpu_hang(host, gpu=1, seconds=1.5)
+    out = pynvml_run(host, """
+import time
+N.nvmlInit()
+h0, h1 = N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(1)
+t = time.monotonic()
+try:
+    N.nvmlDeviceGetName(h1)
+    err = None
+except N.NVMLError as e:
+    err = [e.value, str(e)]
+hung = time.monotonic() - t
+t = time.monotonic()
+name0 = N.nvmlDeviceGetName(h0)
+result = {"err": err, "hung": hung, "other": time.monotonic() - t, "name0": name0}
+""")
+    assert out["err"] == [10, "Timeout"] and out["hung"] >= 1.4
+    assert out["other"] < 0.5 and out["name0"] == "NVIDIA H100 80GB HBM3"
+    faults.gpu_hang(host, gpu=1, seconds=0)
+    assert "hang_s" not in gpus.load(hw_dir(host))["gpus"][1]

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -26,7 +27,7 @@ enum {
     NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NO_PERMISSION = 4, NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7, NVML_ERROR_DRIVER_NOT_LOADED = 9,
-    NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_TIMEOUT = 10, NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999
 };
 
@@ -210,6 +211,11 @@ static long long jint(const jnode *o, const char *key, long long dflt) {
     return (v && (v->type == J_NUM || v->type == J_BOOL)) ? v->inum : dflt;
 }
 
+static double jnum(const jnode *o, const char *key, double dflt) {
+    jnode *v = jget(o, key);
+    return (v && v->type == J_NUM) ? v->num : dflt;
+}
+
 static const char *jstr(const jnode *o, const char *key, const char *dflt) {
     jnode *v = jget(o, key);
     return (v && v->type == J_STR) ? v->str : dflt;
@@ -295,12 +301,22 @@ static nvmlReturn_t dev(nvmlDevice_t h, jnode **gpu) {
     return NVML_SUCCESS;
 }
 
+/* A hung GPU ("hang_s" > 0): the call blocks that long, outside the lock so
+ * other GPUs still answer, then gives up with NVML_ERROR_TIMEOUT. */
+static nvmlReturn_t hang(double seconds) {
+    pthread_mutex_unlock(&g_lock);
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    return NVML_ERROR_TIMEOUT;
+}
+
 #define DEV_PROLOGUE(h, g)                         \
     jnode *g = NULL;                               \
     nvmlReturn_t r_ = enter();                     \
     if (r_) return leave(r_);                      \
     r_ = dev((h), &g);                             \
-    if (r_) return leave(r_);
+    if (r_) return leave(r_);                      \
+    if (jnum(g, "hang_s", 0) > 0) return hang(jnum(g, "hang_s", 0));
 
 static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src) {
     if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
