@@ -14,10 +14,12 @@ or vanished host is skipped, never fatal.  SIGTERM/SIGINT stop it cleanly
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from clusterctl.lab.hardware import nics, sysfs
 
@@ -28,14 +30,22 @@ def host_hw_dirs(lab_dir: Path) -> list[Path]:
     return sorted(p.parent for p in found)
 
 
-def tick(lab_dir: Path, caches: dict[Path, dict[Path, int]], now: float | None = None) -> int:
-    """One pass over every host; returns the number of files rewritten."""
+def tick(lab_dir: Path, caches: dict[Path, dict[str, Any]], now: float | None = None) -> int:
+    """One pass over every host; returns the number of files rewritten.
+
+    ``caches`` keeps, per host, the parsed ``nic.json`` (re-read only when the
+    file changed: faults replace it) and the last value written to each file.
+    """
     written = 0
     t = time.time() if now is None else now
     for hw in host_hw_dirs(lab_dir):
+        entry = caches.setdefault(hw, {"sig": None, "state": None, "files": {}})
         try:
-            state = nics.load(hw)
-            written += sysfs.refresh_counters(hw, state, t, caches.setdefault(hw, {}))
+            st = os.stat(hw / nics.STATE_FILE)
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if sig != entry["sig"]:
+                entry["state"], entry["sig"] = nics.load(hw), sig
+            written += sysfs.refresh_counters(hw, entry["state"], t, entry["files"])
         except (OSError, ValueError, KeyError):
             caches.pop(hw, None)  # half-provisioned or being removed: try again next time
     return written
@@ -59,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    caches: dict[Path, dict[Path, int]] = {}
+    caches: dict[Path, dict[str, Any]] = {}
     while True:
         started = time.monotonic()
         tick(args.lab_dir, caches)

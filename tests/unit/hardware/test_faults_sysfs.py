@@ -162,6 +162,12 @@ def test_ticker_advances_sysfs_counters_atomically_and_stops_on_sigterm(make_hos
     assert v2 - v1 == 2000
     assert 0 < written < 60          # only moving counters, not all ~250 files of 2 hosts
     assert not [p for p in (hw_dir(host) / "sys-class").rglob(".tmp-*")]
+    # A fault injected between passes applies at the next one (the state is re-read).
+    faults.cnp(host, nic="eth2", rate=0)
+    ticker.tick(lab, caches, now=t + 3)
+    frozen = int(cnp_file.read_text())
+    ticker.tick(lab, caches, now=t + 5)
+    assert int(cnp_file.read_text()) == frozen
 
     proc = subprocess.Popen([sys.executable, "-m", "clusterctl.lab.hardware.ticker", str(lab),
                              "--interval", "0.2"], stderr=subprocess.PIPE, text=True)
