@@ -43,7 +43,7 @@ class UserConfig:
     state_dir: Path = field(default_factory=default_state_dir)
 
 
-_FIELDS = {"inventory": str, "fanout": int, "connect_timeout": (int, float),
+_FIELDS: dict[str, type | tuple[type, ...]] = {"inventory": str, "fanout": int, "connect_timeout": (int, float),
            "command_timeout": (int, float), "state_dir": str}
 
 
@@ -59,7 +59,8 @@ def load_user_config(path: Path | None = None) -> UserConfig:
     try:
         node = yaml.compose(path.read_text())
     except yaml.YAMLError as e:
-        line = e.problem_mark.line + 1 if getattr(e, "problem_mark", None) else 0
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 0
         raise ConfigError([Problem(str(path), line, f"not valid YAML: {getattr(e, 'problem', e)}")])
     if node is None:
         return cfg

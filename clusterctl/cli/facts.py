@@ -38,7 +38,7 @@ per group of hosts with identical summaries. Exit status: 0 when every host
 answered, 2 when some host gave no facts (its row says why), 3 on usage or
 inventory errors.
 
-Example: clusterctl facts 'gpu[01-04]' -i inventories/lab.yaml --json
+Example: clusterctl facts 'lab[01-04]' -i /var/lib/clusterctl-lab/inventory.yaml --json
 """
 
 COLUMNS = ("hosts", "status", "GPUs", "GPU memory used", "lost/hung GPUs", "RDMA ports", "units", "problems")

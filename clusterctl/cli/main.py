@@ -27,7 +27,7 @@ app = typer.Typer(
     help="Bring up and diagnose bare-metal vLLM inference clusters over SSH.\n\n"
     "One inventory file describes hosts, GPUs, NICs, models and instances; "
     "every command reads it.\n\n"
-    "Example: clusterctl -i inventories/lab.yaml ping all",
+    "Examples:\n\n  clusterctl inventory validate -i inventories/example-16xh100-roce.yaml\n\n  clusterctl ping all -i /var/lib/clusterctl-lab/inventory.yaml",
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
