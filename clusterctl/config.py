@@ -77,7 +77,7 @@ def load_user_config(path: Path | None = None) -> UserConfig:
             problems.append(Problem(str(path), line, f"{key}: wrong type {type(value).__name__}"))
             continue
         if key == "state_dir":
-            value = Path(os.path.expanduser(value))
+            value = Path(os.path.expanduser(str(value)))
         setattr(cfg, key, value)
     if problems:
         raise ConfigError(problems)

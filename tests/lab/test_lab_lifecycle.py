@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,9 @@ def test_up_recovers_after_the_hosts_died(small_cfg):
         for pid in procs.cgroup_pids(container.cgroup_rel(small_cfg, h.spec.name)):
             procs.signal_pid(pid, signal.SIGKILL)
         procs.signal_pid(h.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10  # SIGKILL is delivered asynchronously
+    while any(procs.alive(h.pid) for h in first.state.hosts) and time.monotonic() < deadline:
+        time.sleep(0.05)
     events: list[str] = []
     second = manager.up(small_cfg, hosts=2, on_event=events.append)
     assert not second.already_up

@@ -44,10 +44,12 @@ def test_bandwidth_limit_is_enforced_both_ways(healed):
     nbytes = 5_000_000  # 1 s at 40 Mbit/s
     for direction in ("to-host", "from-host"):
         rate = _mbit_per_s(lab, name, direction, nbytes)
-        assert 25 < rate < 48, (direction, rate)
+        # Never above the limit (+ the bucket); the floor is loose because
+        # the CPUs may be shared with other work while this runs.
+        assert 10 < rate < 48, (direction, rate)
     assert "bandwidth 40mbit" in manager.status(lab.cfg)["hosts"][0]["faults"]
     netfaults.heal(lab.cfg, h)
-    assert _mbit_per_s(lab, name, "to-host", nbytes) > 100
+    assert _mbit_per_s(lab, name, "to-host", 4 * nbytes) > 100
 
 
 def _ping_loss(address: str, count: int) -> float:
