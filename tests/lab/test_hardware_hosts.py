@@ -107,6 +107,8 @@ def test_sysfs_counters_tick_inside_the_host(lab, healed):
     assert "/sys/class/infiniband/mlx5_0/ports/1/state:4: ACTIVE" in out
     assert "rate:400 Gb/sec (4X NDR)" in out and "link_layer:Ethernet" in out
     assert "\n4200\n" in out and "mtu 4200" in out
+    mac = lab.run(name, "cat /sys/class/net/eth2/address", check=True).stdout.strip()
+    assert f"link/ether {mac} " in out   # the netns link and the fake sysfs agree
     assert lab.run(name, "echo 1 > /sys/class/net/eth2/mtu").returncode != 0  # read-only, as sysfs
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.errors import LabError
-from clusterctl.lab.hardware import faults, gpus, install_into_rootfs, nics, sysfs, ticker
+from clusterctl.lab.hardware import describe_host, faults, gpus, install_into_rootfs, nics, sysfs, ticker
 from clusterctl.lab.hardware.host import GUEST_HW_DIR, GUEST_LIBNVML, hw_dir
 from clusterctl.lab.hardware.tools import nicmodel
 
@@ -228,3 +228,18 @@ def test_provisioning_links_the_library_of_the_gpu_profile(make_host):
     assert a["nics"]["eth2"]["mac"] != b["nics"]["eth2"]["mac"]
     assert gpus.load(hw_dir(h100))["gpus"][0]["uuid"] != gpus.load(hw_dir(old))["gpus"][0]["uuid"]
     assert sysfs.counter_files(hw_dir(h100) / "sys-class", "eth2", a["nics"]["eth2"])
+
+
+def test_describe_host_gives_the_inventory_what_the_fakes_will_report(make_host):
+    host = make_host("lab03", 2, gpus=4, model="L40S")
+    d = describe_host(host)
+    assert d["gpus"] == {"count": 4, "model": "L40S-48GB", "name": "NVIDIA L40S", "memory_gib": 45.0,
+                         "interconnect": "pcie",
+                         "uuids": [g["uuid"] for g in gpus.load(hw_dir(host))["gpus"]]}
+    assert d["nics"] == [
+        {"netdev": "eth2", "rdma_device": "mlx5_0", "port": 1, "speed_gbps": 400.0, "mtu": 4200,
+         "mac": "02:77:00:02:10:01"},
+        {"netdev": "eth3", "rdma_device": "mlx5_1", "port": 1, "speed_gbps": 400.0, "mtu": 4200,
+         "mac": "02:77:00:02:11:01"}]
+    with pytest.raises(LabError, match="no simulated hardware here"):
+        describe_host(host.parent / "unprovisioned")
