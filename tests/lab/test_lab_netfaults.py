@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import socket
 import subprocess
 import time
@@ -19,21 +20,38 @@ def healed(lab):
         netfaults.heal(lab.cfg, h)
 
 
-def _seconds(lab, name: str, command: str, input_bytes: int = 0) -> float:
-    argv = lab.ssh_argv(name, command)
-    t0 = time.monotonic()
-    cp = subprocess.run(argv, input=b"\0" * input_bytes, capture_output=True, timeout=60)
-    assert cp.returncode == 0, cp.stderr
-    return time.monotonic() - t0
+#: Runs on the host: reads stdin to EOF, prints bytes and seconds from the
+#: first byte to the last (so SSH setup time is not counted).
+_SINK = ("import sys, time\n"
+         "b = sys.stdin.buffer; n = len(b.read(65536)); t = time.monotonic()\n"
+         "while True:\n"
+         "    d = b.read(65536)\n"
+         "    if not d: break\n"
+         "    n += len(d)\n"
+         "print(n, time.monotonic() - t)\n")
 
 
 def _mbit_per_s(lab, name: str, direction: str, nbytes: int) -> float:
-    base = _seconds(lab, name, "true")  # ssh setup, subtracted
+    """Throughput between first and last byte, measured at the receiving end."""
     if direction == "to-host":
-        t = _seconds(lab, name, "cat > /dev/null", input_bytes=nbytes)
-    else:
-        t = _seconds(lab, name, f"head -c {nbytes} /dev/zero")
-    return nbytes * 8 / max(t - base, 1e-3) / 1e6
+        cp = subprocess.run(lab.ssh_argv(name, f"python3 -c {shlex.quote(_SINK)}"),
+                            input=b"\0" * nbytes, capture_output=True, timeout=120)
+        assert cp.returncode == 0, cp.stderr
+        got, seconds = cp.stdout.split()
+        first = 65536
+        assert int(got) == nbytes
+        return (nbytes - first) * 8 / float(seconds) / 1e6
+    p = subprocess.Popen(lab.ssh_argv(name, f"head -c {nbytes} /dev/zero"),
+                         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert p.stdout is not None
+    first = len(p.stdout.read1(65536))
+    t0 = time.monotonic()
+    n = first
+    while chunk := p.stdout.read1(65536):
+        n += len(chunk)
+    seconds = time.monotonic() - t0
+    assert p.wait(timeout=60) == 0 and n == nbytes
+    return (nbytes - first) * 8 / seconds / 1e6
 
 
 def test_bandwidth_limit_is_enforced_both_ways(healed):
