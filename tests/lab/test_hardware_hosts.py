@@ -81,7 +81,7 @@ def test_pause_storm_makes_the_pause_counter_move_in_ethtool(lab, healed):
     v1, _, _ = _pause(lab, name)
     assert v1 == v0, "no pauses on a healthy port"
     msg = lab_faults.inject(lab.cfg, lab.host(name), "pause-storm",
-                            options=["rate=20000", "paused=0.9"])
+                            options=["per_s=20000", "paused=0.9"])
     assert "pause storm on priority 3" in msg
     v2, t2a, t2b = _pause(lab, name)
     time.sleep(1.0)
@@ -96,7 +96,7 @@ def test_pause_storm_makes_the_pause_counter_move_in_ethtool(lab, healed):
 def test_sysfs_counters_tick_inside_the_host(lab, healed):
     name = lab.names[2]
     healed.append(name)
-    lab_faults.inject(lab.cfg, lab.host(name), "cnp", options=["nic=eth3", "rate=5000"])
+    lab_faults.inject(lab.cfg, lab.host(name), "cnp", options=["nic=eth3", "per_s=5000"])
     f = "/sys/class/infiniband/mlx5_1/ports/1/hw_counters/np_cnp_sent"
     a = int(lab.run(name, f"cat {f}", check=True).stdout)
     time.sleep(2.5)
@@ -137,7 +137,7 @@ def test_facts_report_gpus_nics_an_xid_a_lost_gpu_and_moving_cnp_counters(lab, h
     healed.extend([a, b, c])
     lab_faults.inject(lab.cfg, lab.host(a), "xid", options=["code=48", "gpu=1"])
     lab_faults.inject(lab.cfg, lab.host(b), "gpu-lost", options=["gpu=2"])
-    lab_faults.inject(lab.cfg, lab.host(c), "cnp", options=["rate=10000"])
+    lab_faults.inject(lab.cfg, lab.host(c), "cnp", options=["per_s=10000"])
     first = _facts(lab)
     time.sleep(2.0)
     second = _facts(lab)

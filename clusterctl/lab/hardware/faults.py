@@ -303,13 +303,13 @@ def temp(host_dir: Path, gpu: int = 0, celsius: int = 90, power_w: float = 0.0) 
 
 # --------------------------------------------------------------- NIC faults
 
-def pause_storm(host_dir: Path, nic: str = "eth2", priority: int = 3, rate: float = 20000.0,
+def pause_storm(host_dir: Path, nic: str = "eth2", priority: int = 3, per_s: float = 20000.0,
                 paused: float = 0.9, direction: str = "rx") -> str:
-    """PFC pause frames on ``priority`` at ``rate``/s, pausing ``paused`` of each second.
+    """PFC pause frames on ``priority``, ``per_s`` a second, pausing ``paused`` of each second.
 
     ``direction`` "rx": the switch pauses this host (``rx_prioN_pause`` and
     ``_duration`` in µs grow); "tx": this host pauses the switch and the
-    NIC's stall watchdog counts ``tx_pause_storm_warning_events``.  ``rate=0`` stops it.
+    NIC's stall watchdog counts ``tx_pause_storm_warning_events``.  ``per_s=0`` stops it.
     """
     if direction not in ("rx", "tx"):
         raise LabError(f"direction={direction}: must be rx or tx")
@@ -318,39 +318,39 @@ def pause_storm(host_dir: Path, nic: str = "eth2", priority: int = 3, rate: floa
     p = _prio(priority)
     with _nic_state(host_dir) as state:
         n = _nic(state, nic)
-        nicmodel.set_rate(n, f"{direction}_prio{p}_pause", rate)
-        nicmodel.set_rate(n, f"{direction}_prio{p}_pause_duration", paused * 1e6 if rate else 0.0)
+        nicmodel.set_rate(n, f"{direction}_prio{p}_pause", per_s)
+        nicmodel.set_rate(n, f"{direction}_prio{p}_pause_duration", paused * 1e6 if per_s else 0.0)
         if direction == "rx":
-            nicmodel.set_rate(n, f"rx_prio{p}_pause_transition", rate / 2)
+            nicmodel.set_rate(n, f"rx_prio{p}_pause_transition", per_s / 2)
         else:
-            nicmodel.set_rate(n, "tx_pause_storm_warning_events", 0.2 if rate and paused > 0.8 else 0.0)
+            nicmodel.set_rate(n, "tx_pause_storm_warning_events", 0.2 if per_s and paused > 0.8 else 0.0)
         shown = bool(n["qos"]["pfc"][p])
     note = "" if shown else f" (PFC is off on priority {p}: ethtool will not show these counters)"
-    return f"{nic}: {direction} pause storm on priority {p} at {rate:g}/s{note}"
+    return f"{nic}: {direction} pause storm on priority {p} at {per_s:g}/s{note}"
 
 
-def cnp(host_dir: Path, nic: str = "eth2", rate: float = 50000.0, handled: float = -1.0) -> str:
-    """Congestion notification: ECN-marked RoCE packets received and CNPs sent at ``rate``/s,
-    CNPs handled by this host's senders at ``handled``/s (default 0.95 x rate)."""
-    handled = rate * 0.95 if handled < 0 else handled
+def cnp(host_dir: Path, nic: str = "eth2", per_s: float = 50000.0, handled: float = -1.0) -> str:
+    """Congestion notification: ECN-marked RoCE packets received and CNPs sent, ``per_s`` a
+    second; CNPs handled by this host's senders, ``handled`` a second (default 0.95 x per_s)."""
+    handled = per_s * 0.95 if handled < 0 else handled
     with _nic_state(host_dir) as state:
         n = _nic(state, nic)
-        nicmodel.set_rate(n, "np_ecn_marked_roce_packets", rate * 1.03)
-        nicmodel.set_rate(n, "np_cnp_sent", rate)
+        nicmodel.set_rate(n, "np_ecn_marked_roce_packets", per_s * 1.03)
+        nicmodel.set_rate(n, "np_cnp_sent", per_s)
         nicmodel.set_rate(n, "rp_cnp_handled", handled)
-    return f"{nic}: CNP sent {rate:g}/s, handled {handled:g}/s"
+    return f"{nic}: CNP sent {per_s:g}/s, handled {handled:g}/s"
 
 
-def discards(host_dir: Path, nic: str = "eth2", rate: float = 100.0, priority: int = 3) -> str:
+def discards(host_dir: Path, nic: str = "eth2", per_s: float = 100.0, priority: int = 3) -> str:
     """Receive drops on the lossless class and the transport retransmits they cause."""
     p = _prio(priority)
     with _nic_state(host_dir) as state:
         n = _nic(state, nic)
         for name in ("rx_discards_phy", f"rx_prio{p}_discards", f"rx_prio{p}_buf_discard"):
-            nicmodel.set_rate(n, name, rate)
+            nicmodel.set_rate(n, name, per_s)
         for name in ("out_of_sequence", "packet_seq_err", "duplicate_request"):
-            nicmodel.set_rate(n, name, rate / 10)
-    return f"{nic}: {rate:g} discards/s on priority {p}"
+            nicmodel.set_rate(n, name, per_s / 10)
+    return f"{nic}: {per_s:g} discards/s on priority {p}"
 
 
 def link_flap(host_dir: Path, nic: str = "eth2", count: int = 1, period_s: float = 0.0,
@@ -417,18 +417,18 @@ def qos_global_pause(host_dir: Path, nic: str = "eth2", on: bool = True) -> str:
     return f"{nic}: global pause {'on' if on else 'off'}"
 
 
-def counter(host_dir: Path, nic: str = "eth2", name: str = "", rate: float = -1.0, add: int = 0) -> str:
-    """Any counter: set its per-second ``rate`` (when >= 0) and/or ``add`` to it now."""
+def counter(host_dir: Path, nic: str = "eth2", name: str = "", per_s: float = -1.0, add: int = 0) -> str:
+    """Any counter: make it advance ``per_s`` a second (when >= 0) and/or ``add`` to it now."""
     if not name:
         raise LabError("name=: which counter (an ethtool -S or hw_counters name)")
     with _nic_state(host_dir) as state:
         n = _nic(state, nic)
         if add:
             nicmodel.add(n, name, add)
-        if rate >= 0:
-            nicmodel.set_rate(n, name, rate)
+        if per_s >= 0:
+            nicmodel.set_rate(n, name, per_s)
         value = nicmodel.value(n, name)
-    return f"{nic}: {name} = {value}" + (f", {rate:g}/s" if rate >= 0 else "")
+    return f"{nic}: {name} = {value}" + (f", {per_s:g}/s" if per_s >= 0 else "")
 
 
 # --------------------------------------------------------------------- heal

@@ -71,8 +71,8 @@ def test_oom_lines_match_the_node_problem_detector_rule(make_host):
 def test_options_from_the_cli_are_typed_and_bad_ones_name_the_problem(make_host):
     assert faults.parse_options("xid", ["code=48", "gpu=3", "message=boom"]) == \
         {"code": 48, "gpu": 3, "message": "boom"}
-    assert faults.parse_options("pause-storm", ["rate=1e4", "direction=tx"]) == \
-        {"rate": 10000.0, "direction": "tx"}
+    assert faults.parse_options("pause-storm", ["per_s=1e4", "direction=tx"]) == \
+        {"per_s": 10000.0, "direction": "tx"}
     assert faults.parse_options("gpu-lost", ["lost=false"]) == {"lost": False}
     with pytest.raises(LabError, match=r"xid: code='x' is not a valid int"):
         faults.parse_options("xid", ["code=x"])
@@ -104,7 +104,7 @@ def test_heal_restores_healthy_hardware_without_rewinding_counters(make_host):
     faults.gpu_lost(host, gpu=1, log=False)
     faults.qos_pfc(host, priority=4)
     faults.link_down(host, nic="eth3")
-    faults.pause_storm(host, rate=1e6)
+    faults.pause_storm(host, per_s=1e6)
     before = nicmodel.value(nics.load(hw_dir(host))["nics"]["eth2"], "rx_prio4_pause")
     faults.heal(host)
     g = gpus.load(hw_dir(host))["gpus"]
@@ -151,7 +151,7 @@ def test_ticker_advances_sysfs_counters_atomically_and_stops_on_sigterm(make_hos
     host = make_host("lab01")
     make_host("lab02", 1)
     freeze(host)
-    faults.cnp(host, nic="eth2", rate=1000)
+    faults.cnp(host, nic="eth2", per_s=1000)
     cnp_file = hw_dir(host) / "sys-class/infiniband/mlx5_0/ports/1/hw_counters/np_cnp_sent"
     caches: dict = {}
     t = time.time()
@@ -163,7 +163,7 @@ def test_ticker_advances_sysfs_counters_atomically_and_stops_on_sigterm(make_hos
     assert 0 < written < 60          # only moving counters, not all ~250 files of 2 hosts
     assert not [p for p in (hw_dir(host) / "sys-class").rglob(".tmp-*")]
     # A fault injected between passes applies at the next one (the state is re-read).
-    faults.cnp(host, nic="eth2", rate=0)
+    faults.cnp(host, nic="eth2", per_s=0)
     ticker.tick(lab, caches, now=t + 3)
     frozen = int(cnp_file.read_text())
     ticker.tick(lab, caches, now=t + 5)

@@ -141,7 +141,7 @@ def test_ibdev2netdev_has_the_sample_layout(make_host, tool):
 
 def test_counters_advance_with_wall_clock_time_at_the_configured_rate(make_host, tool):
     host = make_host()
-    faults.pause_storm(host, nic="eth2", priority=3, rate=5000, paused=0.5)
+    faults.pause_storm(host, nic="eth2", priority=3, per_s=5000, paused=0.5)
     t1 = time.time()
     a = _stats(tool(host, "ethtool", "-S", "eth2").stdout)
     time.sleep(1.0)
@@ -178,8 +178,8 @@ def test_rate_changes_never_move_a_counter_backwards(make_host):
 def test_cnp_discards_and_flaps_move_their_counters(make_host, tool):
     host = make_host()
     flaps0 = _stats(tool(host, "ethtool", "-S", "eth3").stdout)["link_down_events_phy"]
-    faults.cnp(host, nic="eth3", rate=1000)
-    faults.discards(host, nic="eth3", rate=100)
+    faults.cnp(host, nic="eth3", per_s=1000)
+    faults.discards(host, nic="eth3", per_s=100)
     faults.link_flap(host, nic="eth3", count=2)
     state = nics.load(hw_dir(host))["nics"]["eth3"]
     rates = {k: v[1] for k, v in state["counters"].items()}
