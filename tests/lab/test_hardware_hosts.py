@@ -162,3 +162,24 @@ def test_facts_report_gpus_nics_an_xid_a_lost_gpu_and_moving_cnp_counters(lab, h
         return int(port["hw_counters"]["np_cnp_sent"])
     assert cnp(second[c]) - cnp(first[c]) >= 10000
     assert cnp(second[a]) == cnp(first[a])
+
+
+def test_cli_inject_and_heal_reach_the_simulated_hardware(lab, healed):
+    name = lab.names[1]
+    healed.append(name)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "lab", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    cp = cli("inject", name, "pause-storm", "--per-s", "1000", "--nic", "eth3")
+    assert cp.returncode == 0, cp.stderr
+    assert "eth3: rx pause storm on priority 3 at 1000/s" in cp.stdout
+    bad = cli("inject", name, "pause-storm", "--colour", "red")
+    assert bad.returncode == 3 and "bad option" in bad.stderr and "per_s" in bad.stderr
+    a = int(re.search(r"rx_prio3_pause: (\d+)", lab.run(name, "ethtool -S eth3").stdout)[1])
+    assert cli("heal", name).returncode == 0
+    b = int(re.search(r"rx_prio3_pause: (\d+)", lab.run(name, "ethtool -S eth3").stdout)[1])
+    time.sleep(1.0)
+    c = int(re.search(r"rx_prio3_pause: (\d+)", lab.run(name, "ethtool -S eth3").stdout)[1])
+    assert a <= b == c   # healed: the counter keeps its value and stops moving
