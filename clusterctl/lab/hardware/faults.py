@@ -113,11 +113,12 @@ def _hostname(host_dir: Path) -> str:
 # --------------------------------------------------------------- GPU faults
 
 def xid(host_dir: Path, code: int = 79, gpu: int = 0, message: str = "", pid: int = 0,
-        name: str = "python3") -> str:
+        name: str = "python3", gi: int = -1) -> str:
     """Log ``NVRM: Xid (PCI:dddd:bb:dd): CODE, pid=..., name=..., MESSAGE`` for ``gpu``.
 
     Application XIDs (13, 31, 43, 45, 94) carry ``pid``/``name``; the others
-    ``pid='<unknown>', name=<unknown>`` as the driver prints them.
+    ``pid='<unknown>', name=<unknown>`` as the driver prints them.  ``gi`` >= 0
+    names a MIG GPU instance (``PCI:0000:01:00 GPU-I:05``).
     """
     with _gpu_state(host_dir) as state:
         g = _gpu(state, gpu)
@@ -126,7 +127,8 @@ def xid(host_dir: Path, code: int = 79, gpu: int = 0, message: str = "", pid: in
         who = f"pid={pid or 4242}, name={name}"
     else:
         who = "pid='<unknown>', name=<unknown>"
-    lines = [f"NVRM: Xid (PCI:{_pci_short(g)}): {code}, {who}, {text}"]
+    where = _pci_short(g) + (f" GPU-I:{gi:02d}" if gi >= 0 else "")
+    lines = [f"NVRM: Xid (PCI:{where}): {code}, {who}, {text}"]
     if code == 79:
         lines.insert(0, f"NVRM: GPU at PCI:{_pci_short(g)}: {g['uuid']}")
         lines.append(f"NVRM: GPU {_pci_short(g)}.0: GPU has fallen off the bus.")

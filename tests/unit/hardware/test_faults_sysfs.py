@@ -40,6 +40,7 @@ def test_xid_lines_are_syslog_lines_a_parser_of_real_logs_accepts(make_host):
     faults.xid(host, code=48, gpu=1)
     faults.xid(host, code=13, gpu=0, pid=31245)
     faults.gpu_lost(host, gpu=2)
+    faults.xid(host, code=94, gpu=3, gi=5, pid=7194)
     lines = _log(host)
     msgs = [SYSLOG_RE.match(ln)["msg"] for ln in lines]
     x48, x13 = XID_RE.search(msgs[0]), XID_RE.search(msgs[1])
@@ -47,10 +48,12 @@ def test_xid_lines_are_syslog_lines_a_parser_of_real_logs_accepts(make_host):
     assert x48["msg"].startswith("An uncorrectable double bit error (DBE)")
     assert (x13["pci"], x13["xid"], x13["pid"], x13["name"]) == ("0000:18:00", "13", "31245", "python3")
     uuid = gpus.load(hw_dir(host))["gpus"][2]["uuid"]
-    assert msgs[2:] == [f"NVRM: GPU at PCI:0000:3a:00: {uuid}",
-                        "NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, "
-                        "GPU has fallen off the bus.",
-                        "NVRM: GPU 0000:3a:00.0: GPU has fallen off the bus."]
+    assert msgs[2:5] == [f"NVRM: GPU at PCI:0000:3a:00: {uuid}",
+                         "NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, "
+                         "GPU has fallen off the bus.",
+                         "NVRM: GPU 0000:3a:00.0: GPU has fallen off the bus."]
+    mig = XID_RE.search(msgs[5])
+    assert (mig["pci"], mig["gi"], mig["xid"], mig["pid"]) == ("0000:5d:00", "05", "94", "7194")
 
 
 def test_xid_goes_to_the_merged_root_while_the_host_runs(make_host):
