@@ -82,7 +82,7 @@ def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
 
         gpu_profile(gpu_model)  # an unknown model fails here, naming the known ones
     old = st.load(cfg.state_file)
-    if old is not None and _same_and_alive(old, specs, gpus_per_host, gpu_model):
+    if old is not None and _same_and_alive(cfg, old, specs, gpus_per_host, gpu_model):
         on_event(f"lab already up with {hosts} hosts")
         return UpResult(old, cfg.inventory_file, already_up=True)
     if old is not None or _leftovers(cfg):
@@ -210,11 +210,16 @@ def ticker_cgroup(cfg: LabConfig) -> str:
     return f"{cfg.cgroup_name}/ticker"
 
 
-def _same_and_alive(old: st.LabState, specs: list[HostSpec], gpus: int, model: str) -> bool:
+def _same_and_alive(cfg: LabConfig, old: st.LabState, specs: list[HostSpec], gpus: int,
+                    model: str) -> bool:
     return ([h.spec for h in old.hosts] == specs
             and old.gpus_per_host == gpus and old.gpu_model == model
             and old.ready_s is not None
-            and all(h.pid is not None and procs.alive(h.pid) for h in old.hosts))
+            and all(h.pid is not None and _host_alive(cfg, h) for h in old.hosts))
+
+
+def _host_alive(cfg: LabConfig, h: st.HostState) -> bool:
+    return h.pid is not None and procs.is_ours(h.pid, f"{container.host_dir(cfg, h.spec.name)}/")
 
 
 def _leftovers(cfg: LabConfig) -> bool:
@@ -242,8 +247,11 @@ def down(cfg: LabConfig, on_event: Event = lambda s: None) -> None:
         on_event(f"stopped {light.down(light_dir(cfg))} light hosts")
     specs = _known_hosts(cfg, old)
     pids = {h.spec.name: h.pid for h in (old.hosts if old else [])}
-    if old is not None and old.ticker_pid and procs.alive(old.ticker_pid):
-        procs.signal_pid(old.ticker_pid, signal.SIGTERM)
+    ticker = old.ticker_pid if old is not None else None
+    if ticker and procs.is_ours(ticker, str(cfg.lab_dir / "ticker.pid")):
+        procs.signal_pid(ticker, signal.SIGTERM)
+    else:
+        ticker = None
     t0 = time.monotonic()
     _stop_all(cfg, specs, pids)
     if specs:
@@ -255,8 +263,8 @@ def down(cfg: LabConfig, on_event: Event = lambda s: None) -> None:
         _remove_nspawn_run(h.name)
     container.remove_cgroups(cfg)
     net.delete_bridge(cfg)
-    if old is not None and old.ticker_pid:
-        _wait_gone([old.ticker_pid], 3.0, kill=True)
+    if ticker:
+        _wait_gone([ticker], 3.0, kill=True)
     procs.kill_cgroup(ticker_cgroup(cfg))
     for name in ("hosts", "ssh"):
         if (cfg.lab_dir / name).exists():
@@ -278,8 +286,9 @@ def _stop_all(cfg: LabConfig, specs: list[HostSpec], pids: dict[str, int | None]
     for h in specs:
         rel = container.cgroup_rel(cfg, h.name)
         procs.thaw_cgroup(rel)
-        for p in (pids.get(h.name), procs.read_pidfile(container.host_dir(cfg, h.name) / "nspawn.pid")):
-            if p and procs.alive(p):
+        hd = container.host_dir(cfg, h.name)
+        for p in (pids.get(h.name), procs.read_pidfile(hd / "nspawn.pid")):
+            if p and procs.is_ours(p, f"{hd}/"):
                 recorded.append(p)
                 procs.signal_pid(p, signal.SIGTERM)
     _wait_gone(recorded, container.STOP_GRACE_S, kill=True)
@@ -339,7 +348,7 @@ def status(cfg: LabConfig) -> dict[str, Any]:
         rel = container.cgroup_rel(cfg, h.spec.name)
         hosts.append({
             "name": h.spec.name, "address": h.spec.address, "pid": h.pid,
-            "running": bool(h.pid and procs.alive(h.pid)), "frozen": procs.is_frozen(rel),
+            "running": _host_alive(cfg, h), "frozen": procs.is_frozen(rel),
             "faults": netfaults.active(cfg, h.spec.name)})
     return {"up": True, "lab_dir": str(cfg.lab_dir),
             "inventory": str(cfg.inventory_file), "gpus_per_host": old.gpus_per_host,

@@ -31,6 +31,19 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def is_ours(pid: int, marker: str) -> bool:
+    """True if ``pid`` is alive and its command line contains ``marker``.
+
+    A recorded PID may have been reused after a crash or a reboot of this
+    machine; the marker (the host's directory) proves it is still ours.
+    """
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return marker.encode() in cmdline and alive(pid)
+
+
 def signal_pid(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)

@@ -36,3 +36,18 @@ def test_pids_of_a_cgroup_include_descendants(tmp_path, monkeypatch):
     (d / "sub/cgroup.procs").write_text("12\n")
     assert procs.cgroup_pids("g") == {10, 11, 12}
     assert procs.read_pidfile(tmp_path / "none") is None
+
+
+def test_a_reused_pid_is_not_ours(tmp_path):
+    marker = str(tmp_path / "hosts/lab01") + "/"
+    p = subprocess.Popen(["sleep", "5", marker + "nspawn.pid"])
+    q = subprocess.Popen(["sleep", "5"])
+    try:
+        assert procs.is_ours(p.pid, marker)
+        assert not procs.is_ours(q.pid, marker)
+        assert not procs.is_ours(p.pid, str(tmp_path / "hosts/lab010") + "/")
+    finally:
+        for x in (p, q):
+            x.kill()
+            x.wait()
+    assert not procs.is_ours(p.pid, marker)
