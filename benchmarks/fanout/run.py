@@ -79,6 +79,7 @@ class Bench:
         self.venv = Path(args.tools_venv) if args.tools_venv else None
         self.runs: list[dict[str, object]] = []
         self.notes: list[str] = []
+        self.delay_done = False
 
     # -- environment -------------------------------------------------------
 
@@ -161,8 +162,9 @@ class Bench:
         for r in range(a.rounds):
             for name, cmd in tools.items():
                 self.one(name, n, r, cmd, ans_cfg if name.startswith("ansible") else None)
-        if a.delay_ms > 0:
+        if a.delay_ms > 0 and not self.delay_done:  # once, on the first size
             self.delayed(n, key)
+            self.delay_done = True
 
     def one(self, name: str, n: int, rnd: int, cmd: list[str], ans_cfg: Path | None, tag: str = "") -> None:
         env = self.tool_env()
