@@ -18,6 +18,8 @@ import sys
 from typing import Callable, List, Optional
 
 import typer
+from rich import box
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -139,14 +141,18 @@ def _print_gathered(res: RunResults) -> None:
             console.print("-" * min(60, max(15, len(head))), markup=False)
             console.print(head, markup=False, style="bold" if g.rc == 0 else "bold red")
             console.print("-" * min(60, max(15, len(head))), markup=False)
-            if g.stdout:
-                console.print(g.stdout.rstrip("\n"), markup=False, highlight=False)
+            console.file.flush()
+            if g.stdout:  # the command's bytes as they were: no wrapping, no markup
+                sys.stdout.write(g.stdout if g.stdout.endswith("\n") else g.stdout + "\n")
+                sys.stdout.flush()
             if g.stderr:
-                err_console.print(f"[{g.nodeset}] stderr:", markup=False)
-                err_console.print(g.stderr.rstrip("\n"), markup=False, highlight=False)
+                sys.stderr.write(f"[{g.nodeset}] stderr:\n")
+                sys.stderr.write(g.stderr if g.stderr.endswith("\n") else g.stderr + "\n")
+                sys.stderr.flush()
     problems = [g for g in res.gather() if g.status not in (HostStatus.OK, HostStatus.FAILED)]
     for g in problems:
-        err_console.print(f"{g.status.value}: {g.nodeset} ({len(g.hosts)}): {g.error}", markup=False)
+        err_console.print(f"{g.status.value}: {g.nodeset} ({len(g.hosts)}): {g.error}", markup=False,
+                          highlight=False, soft_wrap=True)
     counts = res.by_status()
     summary = ", ".join(f"{len(h)} {s.value}" for s, h in counts.items())
     err_console.print(f"{len(res)} hosts: {summary} in {res.duration_s:.1f}s", markup=False)
@@ -221,15 +227,25 @@ def ping(
     if as_json:
         print_json({"ok": res.all_ok(), **res.to_dict()})
         raise typer.Exit(code)
-    table = Table(title=None, show_lines=False)
-    for col in ("status", "hosts", "count", "min s", "median s", "max s", "detail"):
-        table.add_column(col, justify="right" if col.endswith(" s") or col == "count" else "left")
+    table = Table(title=None, show_lines=False, box=box.SIMPLE_HEAD)
+    table.add_column("status", no_wrap=True)
+    table.add_column("hosts", overflow="fold", min_width=10)  # a node set is never cut short
+    for col in ("count", "min s", "median s", "max s"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("detail", overflow="ellipsis", no_wrap=True, max_width=40)
+    long: list[tuple[str, str]] = []
     for g in res.gather():
         times = [res[h].duration_s for h in g.hosts]
         detail = g.error or (f"rc={g.rc}" if g.rc else "")
+        if len(detail) > 40:
+            long.append((fold(g.hosts), detail))
         table.add_row(g.status.value, fold(g.hosts), str(len(g.hosts)), f"{min(times):.2f}",
                       f"{statistics.median(times):.2f}", f"{max(times):.2f}", detail)
-    console.print(table)
+    # Not a terminal: no width to fit, so keep rows on one line for grep and logs.
+    out = console if console.is_terminal else Console(width=200, highlight=False)
+    out.print(table)
+    for nodes, detail in long:  # the full message, once per group
+        out.print(f"{nodes}: {detail}", markup=False, highlight=False, soft_wrap=True)
     ok = len(res.by_status().get(HostStatus.OK, []))
     console.print(f"{ok}/{len(res)} hosts answered in {res.duration_s:.1f}s", markup=False)
     raise typer.Exit(code)

@@ -88,3 +88,11 @@ def test_usage_errors_exit_3_without_traceback(env, capsys, argv, message, tmp_p
     assert rc == 3
     assert "Traceback" not in err
     assert (message if message != "inv.yaml" else "missing.yaml") in err
+
+
+def test_exec_prints_command_output_verbatim(env, capsys):
+    inv, t, _ = env
+    line = "x" * 300 + " [bold]not markup[/bold]"
+    t.handler = lambda h, c, s: FakeReply(0, line + "\n")
+    assert main(["exec", "-i", str(inv), "all", "--", "true"]) == 0
+    assert line + "\n" in capsys.readouterr().out
