@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import paramiko
 from paramiko.common import cMSG_CHANNEL_REQUEST
@@ -164,7 +164,7 @@ class _BastionPool:
             if len(self._conns) < self._size:
                 j = self._jump
                 user = j.user or self._settings.user or "root"
-                sock = _tcp_connect(j.host, j.port, timeout, what="jump host ")
+                sock = _connect_or_fail(j.host, j.port, timeout, what="jump host ")
                 t = self._owner._handshake(sock, j.host, j.port, user, self._settings, timeout,
                                            what=f"jump host {j.host}: ")
                 self._conns.append(t)
@@ -189,9 +189,33 @@ class _BastionPool:
             self._conns.clear()
 
 
-def _tcp_connect(address: str, port: int, timeout: float, what: str = "") -> socket.socket:
+def _tcp_connect(address: str, port: int, timeout: float, what: str = "",
+                 register: Callable[[socket.socket], None] | None = None) -> socket.socket:
+    """Connect within ``timeout``; ``register`` sees the socket first (so it can be aborted)."""
+    sock: socket.socket | None = None
     try:
-        sock = socket.create_connection((address, port), timeout=timeout)
+        family, kind, proto, _, addr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(timeout)
+        if register is not None:
+            register(sock)
+        sock.connect(addr)
+    except BaseException:
+        if sock is not None:
+            sock.close()
+        raise
+    return _tuned(sock)
+
+
+def _tuned(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _connect_or_fail(address: str, port: int, timeout: float, what: str = "",
+                     register: Callable[[socket.socket], None] | None = None) -> socket.socket:
+    try:
+        return _tcp_connect(address, port, timeout, what, register)
     except ConnectionRefusedError:
         raise HostFailure(HostStatus.UNREACHABLE, f"{what}connection refused")
     except socket.timeout:
@@ -200,8 +224,6 @@ def _tcp_connect(address: str, port: int, timeout: float, what: str = "") -> soc
         raise HostFailure(HostStatus.UNREACHABLE, f"{what}cannot resolve {address}: {e.strerror}")
     except OSError as e:
         raise HostFailure(HostStatus.UNREACHABLE, f"{what}{e.strerror or e}")
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
 
 
 class ParamikoTransport:
@@ -226,6 +248,8 @@ class ParamikoTransport:
         self._agent_keys: list[paramiko.AgentKey] | None = None
         self._agent: paramiko.Agent | None = None
         self._bastions: dict[tuple[Any, ...], _BastionPool] = {}
+        self._inflight: set[Any] = set()
+        self._closing = False
 
     # -- shared state, created once -------------------------------------
 
@@ -294,11 +318,30 @@ class ParamikoTransport:
         s = host.ssh
         port = s.port or 22
         sock: Any
-        if s.proxy_jump:
-            sock = self._bastion(s).open_channel(host.address, port, timeout)
-        else:
-            sock = _tcp_connect(host.address, port, timeout)
-        t = self._handshake(sock, host.address, port, s.user or "root", s, timeout)
+        if self._closing:
+            raise HostFailure(HostStatus.ERROR, "transport closed")
+        holder: list[Any] = []
+
+        def register(obj: Any) -> None:
+            holder.append(obj)
+            with self._lock:
+                self._inflight.add(obj)
+
+        try:
+            if s.proxy_jump:
+                sock = self._bastion(s).open_channel(host.address, port, timeout)
+                register(sock)
+            else:
+                sock = _connect_or_fail(host.address, port, timeout, register=register)
+            t = self._handshake(sock, host.address, port, s.user or "root", s, timeout)
+        except HostFailure:
+            if self._closing:
+                raise HostFailure(HostStatus.ERROR, "interrupted while connecting")
+            raise
+        finally:
+            with self._lock:
+                for obj in holder:
+                    self._inflight.discard(obj)
         return ParamikoConnection(t)
 
     def _handshake(self, sock: Any, address: str, port: int, user: str, s: SSHSettings,
@@ -373,6 +416,17 @@ class ParamikoTransport:
         raise HostFailure(HostStatus.AUTH_FAILED, f"{what}server refused every key for user {user!r} ({detail})")
 
     def close(self) -> None:
+        """Abort connects and handshakes in progress, close jump host connections."""
+        self._closing = True
+        with self._lock:
+            inflight = list(self._inflight)
+            self._inflight.clear()
+        for sock in inflight:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in connect()
+            except OSError:
+                pass
+            sock.close()
         with self._lock:
             pools = list(self._bastions.values())
             self._bastions.clear()

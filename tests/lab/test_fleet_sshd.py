@@ -273,3 +273,21 @@ def test_sudo_without_password_fails_fast_when_one_is_needed(harness, sudo_user)
     with Fleet([harness.host("ok1", user=SUDO_USER)], command_timeout=10) as f:
         r = f.run("id -u", sudo=True)["ok1"]
     assert r.status is HostStatus.FAILED and "password is required" in r.stderr
+
+
+def test_ctrl_c_aborts_connects_in_progress(harness):
+    """Ctrl-C while a connect hangs: the run stops and no worker lingers for the timeout."""
+    hosts = [harness.host("ok1"), harness.host("blackhole", "127.77.9.3", connect_timeout=30)]
+    f = Fleet(hosts, fanout=2)
+
+    def interrupt(r):
+        raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        f.run("true", on_result=interrupt)  # ok1 answers first, then "Ctrl-C"
+    workers = [t for t in threading.enumerate() if t.name.startswith("fleet")]
+    for t in workers:
+        t.join(timeout=5)
+    assert not any(t.is_alive() for t in workers)
+    assert time.monotonic() - t0 < 5
