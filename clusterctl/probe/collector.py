@@ -856,6 +856,8 @@ def read_nic(net_dir: str, name: str) -> Dict[str, Any]:
         "rx_dropped": read_int(os.path.join(stats, "rx_dropped")),
         "tx_dropped": read_int(os.path.join(stats, "tx_dropped")),
         "rdma": None,
+        "ethtool_stats": None,
+        "ethtool_stats_reason": None,
     }
     driver = os.path.join(net_dir, "device", "driver")
     if os.path.islink(driver):
@@ -899,7 +901,131 @@ def collect_nics(errors: Errors, root: str = "/") -> List[Dict[str, Any]]:
 def read_nic_keys() -> List[str]:
     return ["netdev", "operstate", "speed_mbps", "mtu", "address", "numa_node", "pci_address",
             "driver", "rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped",
-            "tx_dropped", "rdma"]
+            "tx_dropped", "rdma", "ethtool_stats", "ethtool_stats_reason"]
+
+
+# --------------------------------------------------------------------------
+# Driver statistics: `ethtool -S IF`.  PFC pause counters, physical-port
+# discards and errors of a ConnectX port exist only there (mlx5 prints
+# `rx_prio3_pause`, `rx_discards_phy`, ... in no sysfs file).
+
+#: Per-queue counters, left out: ``ch3_events``, ``rx12_packets``, ``tx0_xdp_xmit``
+#: (mlx5), ``rx_queue_0_bytes`` (ice, virtio), ``[0]: rx_ucast_packets`` (bnxt).
+#: The port-wide sums carry the same information, and a NIC with 64 channels
+#: prints thousands of them (about 100 KB of JSON per NIC).
+PER_QUEUE_COUNTER = re.compile(r"^(?:(?:ch|rx|tx)\d+_|(?:rx|tx)_queue_\d+_|\[\d+\])")
+#: Most ``ethtool -S`` processes running at once.
+ETHTOOL_WORKERS = 8
+
+
+def parse_ethtool_stats(text: str) -> Dict[str, int]:
+    """The counters of ``ethtool -S IF`` output, by name.
+
+    The format is ``NIC statistics:`` and then one ``     name: value`` line
+    per counter (ethtool's ``do_gstats``: the name, ``": "``, an unsigned
+    decimal).  Lines are matched by name, never by position: the driver's set
+    of counters differs by NIC, firmware and configuration (mlx5 prints
+    ``rx_prioN_pause`` only for PFC-enabled priorities).  Per-queue counters
+    (:data:`PER_QUEUE_COUNTER`) and lines whose value is not an unsigned integer
+    are left out (never read as 0); a name printed twice keeps its first value.
+    """
+    out: Dict[str, int] = {}
+    for line in text.splitlines():
+        name, sep, value = line.strip().rpartition(": ")
+        value = value.strip()
+        if not sep or not name or not (value.isascii() and value.isdigit()) or PER_QUEUE_COUNTER.match(name):
+            continue
+        out.setdefault(name, int(value))
+    return out
+
+
+def ethtool_stats(netdev: str, timeout: float) -> Tuple[Optional[Dict[str, int]], Optional[str]]:
+    """Run ``ethtool -S netdev`` (at most ``timeout`` seconds); ``(counters, None)``
+    or ``(None, reason)``: ethtool missing, a non-zero exit with ethtool's own
+    message (``Operation not supported``, ``no stats available``, a permission
+    error) or a timeout.  The counters are ``{}`` when the driver has only
+    per-queue ones (virtio_net)."""
+    try:
+        rc, out, err = run_command(["ethtool", "-S", netdev], timeout)
+    except FileNotFoundError:
+        return None, "ethtool not found"
+    except OSError as e:
+        return None, "cannot run ethtool: %s" % (e.strerror or e)
+    if rc is None:
+        return None, "ethtool -S timed out after %g s" % timeout
+    if rc != 0:
+        said = "; ".join(x.strip() for x in (err or out).splitlines() if x.strip())[:300]
+        return None, "ethtool -S failed (rc %d)%s" % (rc, ": " + said if said else "")
+    return parse_ethtool_stats(out), None
+
+
+def wants_ethtool(nic: Dict[str, Any], root: str = "/") -> Optional[str]:
+    """``None`` when the NIC's driver statistics are to be read, else why not.
+
+    Asked: netdevs with a device behind them (``/sys/class/net/IF/device``: a
+    PCI function, a virtio device...) and netdevs with an RDMA port.  Not
+    asked: virtual interfaces (bridge, bond, VLAN, veth, ifb: no ``device``),
+    whose pause and physical-port counters are on the port below them, so
+    that a node with many of them does not pay one process each.
+    """
+    if not nic.get("netdev"):
+        return "no netdev to ask ethtool about"
+    if nic.get("rdma") is None and not os.path.exists(
+            path_in(root, "/sys/class/net/%s/device" % nic["netdev"])):
+        return "not read: virtual interface (no device behind it, no RDMA port)"
+    return None
+
+
+def collect_ethtool_stats(nics: List[Dict[str, Any]], timeout: float, errors: Errors,
+                          root: str = "/") -> None:
+    """Fill ``ethtool_stats`` (or ``ethtool_stats_reason``) of every NIC; each
+    reason of a NIC that was asked and did not answer is also noted in
+    ``errors`` once, with the NICs it concerns (``ethtool not found (eth2, eth3)``).
+
+    One ``ethtool -S`` per NIC that :func:`wants_ethtool`, up to
+    :data:`ETHTOOL_WORKERS` at once, each given ``timeout`` seconds; all of
+    them together get ``2 * timeout``.  A call still running then (ethtool
+    stuck in the kernel, e.g. on a firmware command of a wedged NIC, does not
+    die when killed) is abandoned on its daemon thread and recorded.
+    """
+    todo: "queue.Queue[Dict[str, Any]]" = queue.Queue()
+    for nic in nics:
+        reason = wants_ethtool(nic, root)
+        if reason:
+            nic["ethtool_stats_reason"] = reason
+        else:
+            todo.put(nic)
+    pending = todo.qsize()
+    if not pending:
+        return
+    finished = threading.Semaphore(0)
+    results: Dict[int, Tuple[Optional[Dict[str, int]], Optional[str]]] = {}
+
+    def work() -> None:
+        while True:
+            try:
+                nic = todo.get_nowait()
+            except queue.Empty:
+                return
+            results[id(nic)] = ethtool_stats(nic["netdev"], timeout)
+            finished.release()
+
+    for _ in range(min(ETHTOOL_WORKERS, pending)):
+        threading.Thread(target=work, name="ethtool", daemon=True).start()
+    deadline = time.monotonic() + 2 * timeout
+    for _ in range(pending):
+        if not finished.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            break
+    failed: Dict[str, List[str]] = {}
+    for nic in nics:
+        if nic.get("ethtool_stats_reason") is None:
+            stats, reason = results.get(id(nic), (None, "ethtool -S did not finish within %g s, the "
+                                                         "time all ethtool calls together may take" % (2 * timeout)))
+            nic["ethtool_stats"], nic["ethtool_stats_reason"] = stats, reason
+            if reason:
+                failed.setdefault(reason, []).append(nic["netdev"])
+    for reason, names in failed.items():
+        note(errors, "nics.ethtool_stats", "%s (%s)" % (reason, ", ".join(names)))
 
 
 def pci_path(root: str, sysfs_link: str) -> Optional[List[str]]:
@@ -1253,6 +1379,7 @@ def collect(args: argparse.Namespace) -> Dict[str, Any]:
                                     "topology": []}, collect_gpus, args, errors)
     nics = guarded(errors, "nics", [], collect_nics, errors)
     guarded(errors, "gpus.nearest_nics", None, nearest_nics, gpus, nics)
+    guarded(errors, "nics.ethtool_stats", None, collect_ethtool_stats, nics, args.cmd_timeout, errors)
     units = guarded(errors, "units", None, collect_units, args, errors, host.get("uptime_s"))
     klog = guarded(errors, "kernel_log", None, collect_kernel_log, args, errors)
     return {"schema": SCHEMA, "collected_at": iso(t0), "duration_s": round(time.time() - t0, 3),

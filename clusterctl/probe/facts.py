@@ -91,7 +91,10 @@ class RdmaPort:
 @dataclass
 class Nic:
     """A netdev (``netdev`` None for an RDMA port with no netdev); ``speed_mbps``
-    None while the link is down or for virtual devices."""
+    None while the link is down or for virtual devices.  ``ethtool_stats``: the
+    driver's counters from ``ethtool -S`` by name (since the driver loaded), or
+    None with ``ethtool_stats_reason`` saying why (virtual interface, ethtool
+    missing or failing, or a collector older than this field)."""
 
     netdev: str | None
     operstate: str | None
@@ -100,6 +103,8 @@ class Nic:
     rx_bytes: int | None
     tx_bytes: int | None
     rdma: RdmaPort | None
+    ethtool_stats: dict[str, int] | None = None
+    ethtool_stats_reason: str | None = None
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -169,7 +174,10 @@ def _nic(d: dict[str, Any]) -> Nic:
         hw_counters=r.get("hw_counters"), raw=r)
     return Nic(netdev=d.get("netdev"), operstate=d.get("operstate"), speed_mbps=d.get("speed_mbps"),
                mtu=d.get("mtu"), rx_bytes=d.get("rx_bytes"), tx_bytes=d.get("tx_bytes"),
-               rdma=rdma, raw=d)
+               rdma=rdma, ethtool_stats=d.get("ethtool_stats"),
+               ethtool_stats_reason=d.get("ethtool_stats_reason",
+                                          None if "ethtool_stats" in d else "not in this facts document (an older collector)"),
+               raw=d)
 
 
 def _unit(d: dict[str, Any]) -> Unit:

@@ -24,7 +24,7 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "facts.md"
 
 #: Maps whose keys are data, not schema (counter names, os-release keys...).
 FREE_FORM = {"host.os_release", "nics[].rdma.counters", "nics[].rdma.hw_counters",
-             "gpus.devices[].field_errors"}
+             "nics[].ethtool_stats", "gpus.devices[].field_errors"}
 
 
 def key_paths(value: Any, prefix: str = "") -> set[str]:
