@@ -152,13 +152,14 @@ def up_light(cfg: LabConfig, hosts: int, on_event: Event = lambda s: None) -> di
 
 def _start_hosts(cfg: LabConfig, specs: list[HostSpec], tpl: template.Template,
                  state: st.LabState, hw: ModuleType | None, on_event: Event) -> None:
-    """Create every host's network, files and hardware, then launch them all."""
+    """Create each host's network, files and hardware and launch it at once,
+    so earlier hosts boot while later ones are prepared."""
     pubkey = sshkeys.ensure_client_key(cfg.key_file)
     net.ensure_bridge(cfg)
     etc_hosts = _etc_hosts(specs)
     host_keys: list[tuple[list[str], str]] = []
     on_event(f"starting {len(specs)} hosts")
-    for h in specs:
+    for h, hs in zip(specs, state.hosts):
         net.create_host_net(cfg, h)
         key = container.prepare(cfg, h, tpl, pubkey, debian_sshd=(h is specs[-1]),
                                 etc_hosts=etc_hosts)
@@ -168,11 +169,10 @@ def _start_hosts(cfg: LabConfig, specs: list[HostSpec], tpl: template.Template,
             hw.provision_host(container.host_dir(cfg, h.name), h.name, h.index - 1,
                               state.gpus_per_host, state.gpu_model, nic_flavour(h.index))
             hw.setup_netns(h.netns, h.name, h.index - 1)
-    sshkeys.write_known_hosts(cfg.known_hosts, host_keys)
-    for h, hs in zip(specs, state.hosts):
         container.mount_root(cfg, h, tpl)
         hs.pid = container.launch(cfg, h)
         st.save(cfg.state_file, state)
+    sshkeys.write_known_hosts(cfg.known_hosts, host_keys)
     state.ticker_pid = _start_ticker(cfg)
     st.save(cfg.state_file, state)
 
