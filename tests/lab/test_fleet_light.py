@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(can_run() is not None, reason=can_run() or "")
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def light_lab(tmp_path_factory):
     lab_dir = Path("/var/lib/clusterctl-lab") / f"light-test-{tmp_path_factory.getbasetemp().name}"
     inv = light.up(lab_dir, 12, base="127.76")
     yield lab_dir, inv
@@ -29,8 +29,8 @@ def cli(*args: str, env_home: Path) -> subprocess.CompletedProcess[str]:
                                                       "XDG_STATE_HOME": str(env_home / "state")})
 
 
-def test_light_hosts_are_separate_namespaces_with_own_root(lab, tmp_path):
-    lab_dir, inv = lab
+def test_light_hosts_are_separate_namespaces_with_own_root(light_lab, tmp_path):
+    lab_dir, inv = light_lab
     assert all(h.alive and h.listening for h in light.status(lab_dir))
     r = cli("exec", "-i", str(inv), "all", "--json", "--",
             "echo $(cat /proc/sys/kernel/hostname) $HOME $(ls -A /root | wc -l) $(cat /proc/1/comm)",
@@ -43,8 +43,8 @@ def test_light_hosts_are_separate_namespaces_with_own_root(lab, tmp_path):
         assert out == f"{name} /root 0 sh\n"  # own hostname, own empty /root, own PID 1
 
 
-def test_inventory_is_strict_and_known_hosts_prefilled(lab, tmp_path):
-    lab_dir, inv = lab
+def test_inventory_is_strict_and_known_hosts_prefilled(light_lab, tmp_path):
+    lab_dir, inv = light_lab
     text = inv.read_text()
     assert "host_key_policy: strict" in text
     kh = (lab_dir / "known_hosts").read_text().splitlines()
@@ -54,8 +54,8 @@ def test_inventory_is_strict_and_known_hosts_prefilled(lab, tmp_path):
     assert "4/4 hosts answered" in r.stdout
 
 
-def test_cli_exit_codes_and_failed_memory(lab, tmp_path):
-    _, inv = lab
+def test_cli_exit_codes_and_failed_memory(light_lab, tmp_path):
+    _, inv = light_lab
     r = cli("exec", "-i", str(inv), "all", "--", 'case $(cat /proc/sys/kernel/hostname) in lh0003) exit 7;; esac',
             env_home=tmp_path)
     assert r.returncode == 7
