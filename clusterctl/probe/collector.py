@@ -31,6 +31,7 @@ import platform
 import queue
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -939,6 +940,17 @@ def parse_ethtool_stats(text: str) -> Dict[str, int]:
     return out
 
 
+#: Where administration tools live, searched after PATH: an SSH session of a
+#: user other than root gets a PATH without them (Debian: /usr/bin:/bin only).
+SBIN_DIRS = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def find_program(name: str) -> str:
+    """``name``'s path on PATH, else in :data:`SBIN_DIRS`; ``name`` itself when
+    neither has it (running it then raises FileNotFoundError)."""
+    return shutil.which(name) or shutil.which(name, path=SBIN_DIRS) or name
+
+
 def ethtool_stats(netdev: str, timeout: float) -> Tuple[Optional[Dict[str, int]], Optional[str]]:
     """Run ``ethtool -S netdev`` (at most ``timeout`` seconds); ``(counters, None)``
     or ``(None, reason)``: ethtool missing, a non-zero exit with ethtool's own
@@ -946,7 +958,7 @@ def ethtool_stats(netdev: str, timeout: float) -> Tuple[Optional[Dict[str, int]]
     error) or a timeout.  The counters are ``{}`` when the driver has only
     per-queue ones (virtio_net)."""
     try:
-        rc, out, err = run_command(["ethtool", "-S", netdev], timeout)
+        rc, out, err = run_command([find_program("ethtool"), "-S", netdev], timeout)
     except FileNotFoundError:
         return None, "ethtool not found"
     except OSError as e:

@@ -5,6 +5,7 @@ what a failure looks like in the document)."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import threading
 from pathlib import Path
@@ -131,11 +132,23 @@ def test_physical_nics_are_asked_once_each(tmp_path, monkeypatch):
 
 def test_missing_ethtool_is_one_recorded_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(collector, "SBIN_DIRS", str(tmp_path))
     errors: list = []
     by = collect(errors)
     for name in ("ens108np0", "ens109np0"):
         assert by[name]["ethtool_stats"] is None and by[name]["ethtool_stats_reason"] == "ethtool not found"
     assert errors == [{"source": "nics.ethtool_stats", "reason": "ethtool not found (ens108np0, ens109np0)"}]
+
+
+def test_ethtool_in_sbin_is_found_without_sbin_on_path(tmp_path, monkeypatch):
+    """A user other than root gets a PATH without /usr/sbin over SSH (Debian)."""
+    fake_program(tmp_path / "sbin", "ethtool", f"exec {shutil.which('cat')} {SAMPLE}\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setattr(collector, "SBIN_DIRS", f"/nonexistent:{tmp_path / 'sbin'}")
+    errors: list = []
+    by = collect(errors)
+    assert by["ens108np0"]["ethtool_stats"]["tx_prio3_pause"] == 22301
+    assert errors == [] and by["ens108np0"]["ethtool_stats_reason"] is None
 
 
 def test_hung_ethtools_time_out_together(tmp_path, monkeypatch):
@@ -162,6 +175,7 @@ def test_an_ethtool_that_never_returns_is_abandoned(monkeypatch):
 
     monkeypatch.setattr(collector, "ethtool_stats", ethtool)
     monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(collector, "SBIN_DIRS", "/nonexistent")
     errors: list = []
     try:
         by = collect(errors, timeout=0.3)
