@@ -1,7 +1,8 @@
 """The session-scoped ``lab`` fixture: a real lab brought up once per run.
 
 CLUSTERCTL_LAB_HOSTS (default 4) sets its size; CLUSTERCTL_LAB_KEEP=1 leaves
-it running after the run.  Tests skip, with the reason, only when the lab
+it running after the run, and a lab that was already up (same size) is used
+as it is and left running.  Tests skip, with the reason, only when the lab
 cannot exist here at all: not root, or systemd-nspawn missing.
 """
 
@@ -25,5 +26,6 @@ def lab() -> LabSession:
     session = LabSession.start(cfg, hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "4")),
                                on_event=lambda s: print(f"lab: {s}", file=sys.stderr))
     yield session
-    if os.environ.get("CLUSTERCTL_LAB_KEEP") != "1":
+    # A lab that was already up before the run (someone's working lab) stays up.
+    if os.environ.get("CLUSTERCTL_LAB_KEEP") != "1" and not session.up_result.already_up:
         session.stop()

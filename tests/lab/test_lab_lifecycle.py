@@ -1,4 +1,4 @@
-"""A second, small lab beside the session's: up is idempotent and recovers
+"""A second, small lab beside the session's (its own names and /16): up is idempotent and recovers
 after a crash, and down leaves nothing behind."""
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ def small_cfg(tmp_path):
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
-    cfg = LabConfig(lab_dir=tmp_path / "lab", bridge="tlabbr0", net="10.78", prefix="tlab")
+    # Names and network unique to this process: test runs may overlap on one machine.
+    pid = os.getpid()
+    letters = "".join(chr(97 + (pid // 26 ** k) % 26) for k in range(4))
+    cfg = LabConfig(lab_dir=tmp_path / "lab", bridge=f"tbr{pid}", net=f"10.{100 + pid % 100}",
+                    prefix=f"t{letters}")
     yield cfg
     manager.down(cfg)
 
@@ -82,7 +86,7 @@ def test_up_twice_is_a_no_op_and_down_leaves_nothing(small_cfg):
     assert again.already_up
     assert [h.pid for h in again.state.hosts] == pids
     names = [h.spec.name for h in first.state.hosts]
-    assert names == ["tlab01", "tlab02"]
+    assert names == [f"{small_cfg.prefix}01", f"{small_cfg.prefix}02"]
     assert _processes_mentioning(small_cfg.lab_dir)  # the check below can see processes
     manager.down(small_cfg)
     assert _leftovers(small_cfg, names) == []
@@ -118,7 +122,7 @@ def test_up_cleans_up_a_running_lab_whose_state_was_lost(small_cfg):
                         capture_output=True, text=True, timeout=30)
     assert cp.stdout.strip() == "running"
     manager.down(small_cfg)
-    assert _leftovers(small_cfg, ["tlab01"]) == []
+    assert _leftovers(small_cfg, [f"{small_cfg.prefix}01"]) == []
 
 
 def test_a_failed_start_removes_what_it_created(small_cfg, monkeypatch):
@@ -126,12 +130,12 @@ def test_a_failed_start_removes_what_it_created(small_cfg, monkeypatch):
 
     def broken_prepare(cfg, h, *a, **kw):
         if h.index == 2:
-            raise LabError("simulated failure while preparing tlab02")
+            raise LabError(f"simulated failure while preparing {h.name}")
         return real_prepare(cfg, h, *a, **kw)
 
     real_prepare = container.prepare
     monkeypatch.setattr(container, "prepare", broken_prepare)
     with pytest.raises(LabError, match="simulated failure"):
         manager.up(small_cfg, hosts=2)
-    assert _leftovers(small_cfg, ["tlab01", "tlab02"]) == []
+    assert _leftovers(small_cfg, [f"{small_cfg.prefix}01", f"{small_cfg.prefix}02"]) == []
     _assert_inotify_released(small_cfg, None)
