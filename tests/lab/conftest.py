@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 
+from clusterctl.lab import faults
 from clusterctl.lab.config import LabConfig
 from clusterctl.lab.session import LabSession, unavailable_reason
 
 
 @pytest.fixture(scope="session")
-def lab() -> LabSession:
+def lab() -> Iterator[LabSession]:
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
     cfg = LabConfig.from_env()
     session = LabSession.start(cfg, hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "4")),
                                on_event=lambda s: print(f"lab: {s}", file=sys.stderr))
+    reused = session.up_result is not None and session.up_result.already_up
+    if reused:
+        faults.heal(cfg, None)  # tests start from a healthy lab
     yield session
     # A lab that was already up before the run (someone's working lab) stays up.
-    if os.environ.get("CLUSTERCTL_LAB_KEEP") != "1" and not session.up_result.already_up:
+    if os.environ.get("CLUSTERCTL_LAB_KEEP") != "1" and not reused:
         session.stop()
