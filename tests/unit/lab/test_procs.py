@@ -40,7 +40,7 @@ def test_pids_of_a_cgroup_include_descendants(tmp_path, monkeypatch):
 
 def test_a_reused_pid_is_not_ours(tmp_path):
     marker = str(tmp_path / "hosts/lab01") + "/"
-    p = subprocess.Popen(["sleep", "5", marker + "nspawn.pid"])
+    p = subprocess.Popen(["sh", "-c", "sleep 5", marker + "nspawn.pid"])  # marker as $0
     q = subprocess.Popen(["sleep", "5"])
     try:
         assert procs.is_ours(p.pid, marker)
