@@ -16,8 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, print_json, user_config
-from clusterctl.cli.fleet import (
-    ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, _become_password, _policy, _Progress, _select,
+from clusterctl.cli._hosts import (
+    ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, become_password, check_host_key_policy,
+    select,
 )
 from clusterctl.exitcodes import ExitCode
 from clusterctl.fleet.failed import save_failed
@@ -149,9 +150,9 @@ def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @gr
                                                help="Prompt once for the sudo password."),
           host_key_policy: Optional[str] = HostKeyOpt,
           ) -> None:
-    policy = _policy(host_key_policy)
-    path, hosts = _select(inventory, pattern)
-    password = _become_password(ask_become_pass, hosts, sudo)
+    policy = check_host_key_policy(host_key_policy)
+    path, hosts = select(inventory, pattern)
+    password = become_password(ask_become_pass, hosts, sudo)
     if connect_timeout:  # the command line beats the inventory
         for h in hosts:
             h.ssh.connect_timeout = connect_timeout
@@ -159,7 +160,7 @@ def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @gr
     fleet = Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
                   command_timeout=timeout, deadline=deadline, become_password=password,
                   transport=ParamikoTransport(host_key_policy=policy))
-    with fleet, _Progress(len(hosts), "facts", True) as progress:
+    with fleet, HostProgress(len(hosts), "facts", True) as progress:
         results = collect_facts(fleet, timeout=timeout, sudo=sudo,
                                 on_result=lambda r: progress(_as_row(r)))
     for w in fleet.warnings:

@@ -11,95 +11,26 @@ errors.  The hosts that failed are remembered for ``@failed``.
 from __future__ import annotations
 
 import dataclasses
-import getpass
-import os
 import statistics
 import sys
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clusterctl.cli._common import (
-    InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, user_config,
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json, user_config
+from clusterctl.cli._hosts import (
+    BECOME_PASSWORD_ENV, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, become_password,
+    check_host_key_policy, select,
 )
-from clusterctl.config import resolve_inventory_path
-from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.fleet.failed import load_failed, save_failed
+from clusterctl.fleet.failed import save_failed
 from clusterctl.fleet.fleet import Fleet
-from clusterctl.fleet.hostkeys import HOST_KEY_POLICIES
-from clusterctl.fleet.results import HostResult, HostStatus, RunResults, fold
+from clusterctl.fleet.results import HostStatus, RunResults, fold
 from clusterctl.fleet.ssh import ParamikoTransport
 from clusterctl.inventory.model import Host
-
-BECOME_PASSWORD_ENV = "CLUSTERCTL_BECOME_PASSWORD"
-
-FanoutOpt = typer.Option(None, "--fanout", "-f", min=1,
-                         help="Hosts worked on at once [default: user config, 64].")
-HostKeyOpt = typer.Option(None, "--host-key-policy",
-                          help="Override the inventory: accept-new, strict or off (off warns).")
-DeadlineOpt = typer.Option(None, "--deadline", min=0.1,
-                           help="Seconds the whole run may take; unfinished hosts become timeout rows.")
-ConnectTimeoutOpt = typer.Option(None, "--connect-timeout", min=0.1,
-                                 help="Seconds for TCP connect, SSH handshake and auth "
-                                 "[default: inventory, then user config, 10].")
-
-
-def _select(inventory: Optional[str], pattern: str) -> tuple[str, list[Host]]:
-    from clusterctl.inventory.select import select_hosts
-
-    cfg = user_config()
-    path = resolve_inventory_path(inventory, cfg)
-    inv = load_inventory(inventory)
-    try:
-        hosts = select_hosts(inv, pattern, failed=load_failed(cfg.state_dir, inventory=path))
-    except ClusterctlError as e:
-        fail(str(e))
-    if not hosts:
-        fail(f"pattern {pattern!r} selects no host")
-    return path, hosts
-
-
-def _policy(value: Optional[str]) -> Optional[str]:
-    if value is not None and value not in HOST_KEY_POLICIES:
-        fail(f"--host-key-policy must be one of {', '.join(HOST_KEY_POLICIES)} (got {value!r})")
-    return value
-
-
-class _Progress:
-    """A rich progress bar on a terminal; one plain stderr line per host otherwise."""
-
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.total = total
-        self.done = 0
-        self._bar: Progress | None = None
-        self._plain = enabled and not err_console.is_terminal
-        if enabled and err_console.is_terminal:
-            self._bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=err_console, transient=True)
-            self._task = self._bar.add_task(label, total=total)
-
-    def __enter__(self) -> Callable[[HostResult], None]:
-        if self._bar:
-            self._bar.start()
-        return self.update
-
-    def update(self, r: HostResult) -> None:
-        self.done += 1
-        if self._bar:
-            self._bar.advance(self._task)
-        elif self._plain:
-            what = r.status.value if r.rc is None or r.status is not HostStatus.FAILED else f"rc={r.rc}"
-            print(f"[{self.done}/{self.total}] {r.host} {what} {r.duration_s:.2f}s",
-                  file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar:
-            self._bar.stop()
 
 
 def _run(hosts: list[Host], command: str, *, fanout: Optional[int], connect_timeout: Optional[float],
@@ -114,7 +45,7 @@ def _run(hosts: list[Host], command: str, *, fanout: Optional[int], connect_time
                   connect_timeout=connect_timeout or cfg.connect_timeout,
                   command_timeout=timeout or cfg.command_timeout, deadline=deadline,
                   become_password=become_password, transport=transport)
-    with fleet, _Progress(len(hosts), label, progress) as on_result:
+    with fleet, HostProgress(len(hosts), label, progress) as on_result:
         res = fleet.run(command, sudo=sudo, on_result=on_result)
     return res, fleet.warnings
 
@@ -124,14 +55,6 @@ def _remember(path: str, res: RunResults, command: str) -> None:
         save_failed(user_config().state_dir, res.failed_hosts(), inventory=path, command=command)
     except OSError as e:
         err_console.print(f"warning: could not record failed hosts for @failed: {e}", markup=False)
-
-
-def _become_password(ask: bool, hosts: list[Host], sudo: bool) -> Optional[str]:
-    if not sudo or all((h.ssh.user or "root") == "root" for h in hosts):
-        return None
-    if ask:
-        return getpass.getpass("become (sudo) password: ")
-    return os.environ.get(BECOME_PASSWORD_ENV)
 
 
 def _print_gathered(res: RunResults) -> None:
@@ -181,12 +104,12 @@ def exec_cmd(
 
     Example: clusterctl exec 'gpu[01-16]' --timeout 20 -- nvidia-smi -L
     """
-    policy = _policy(host_key_policy)
+    policy = check_host_key_policy(host_key_policy)
     text = " ".join(command)
     if not text.strip():
         fail("no command given (put it after --)")
-    path, hosts = _select(inventory, pattern)
-    password = _become_password(ask_become_pass, hosts, sudo)
+    path, hosts = select(inventory, pattern)
+    password = become_password(ask_become_pass, hosts, sudo)
     res, warnings = _run(hosts, text, fanout=fanout, connect_timeout=connect_timeout, timeout=timeout,
                          deadline=deadline, sudo=sudo, policy=policy, become_password=password,
                          progress=True, label="exec")
@@ -215,8 +138,8 @@ def ping(
 
     Example: clusterctl ping all --fanout 128
     """
-    policy = _policy(host_key_policy)
-    path, hosts = _select(inventory, pattern)
+    policy = check_host_key_policy(host_key_policy)
+    path, hosts = select(inventory, pattern)
     res, warnings = _run(hosts, "true", fanout=fanout, connect_timeout=connect_timeout, timeout=None,
                          deadline=deadline, sudo=False, policy=policy, become_password=None,
                          progress=True, label="ping")

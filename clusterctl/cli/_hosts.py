@@ -1,0 +1,110 @@
+"""What every command that works on hosts shares: selection, options, progress, sudo.
+
+* :func:`select` resolves a host pattern (``@failed`` included) against the
+  inventory, exiting 3 when the pattern is bad or selects nothing;
+* :func:`check_host_key_policy` checks ``--host-key-policy``;
+* :func:`become_password` asks for (``-K``) or reads the sudo password;
+* :class:`HostProgress` renders per-host progress on stderr;
+* the typer option objects ``FanoutOpt``, ``HostKeyOpt``, ``DeadlineOpt`` and
+  ``ConnectTimeoutOpt``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+from typing import Callable, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from clusterctl.cli._common import err_console, fail, load_inventory, user_config
+from clusterctl.config import resolve_inventory_path
+from clusterctl.errors import ClusterctlError
+from clusterctl.fleet.failed import load_failed
+from clusterctl.fleet.hostkeys import HOST_KEY_POLICIES
+from clusterctl.fleet.results import HostResult, HostStatus
+from clusterctl.inventory.model import Host
+
+#: Environment variable read for the sudo password when ``-K`` is not given.
+BECOME_PASSWORD_ENV = "CLUSTERCTL_BECOME_PASSWORD"
+
+FanoutOpt = typer.Option(None, "--fanout", "-f", min=1,
+                         help="Hosts worked on at once [default: user config, 64].")
+HostKeyOpt = typer.Option(None, "--host-key-policy",
+                          help="Override the inventory: accept-new, strict or off (off warns).")
+DeadlineOpt = typer.Option(None, "--deadline", min=0.1,
+                           help="Seconds the whole run may take; unfinished hosts become timeout rows.")
+ConnectTimeoutOpt = typer.Option(None, "--connect-timeout", min=0.1,
+                                 help="Seconds for TCP connect, SSH handshake and auth "
+                                 "[default: inventory, then user config, 10].")
+
+
+def select(inventory: Optional[str], pattern: str) -> tuple[str, list[Host]]:
+    """``(inventory path, hosts)`` selected by ``pattern``; exits 3 on a bad or empty selection."""
+    from clusterctl.inventory.select import select_hosts
+
+    cfg = user_config()
+    path = resolve_inventory_path(inventory, cfg)
+    inv = load_inventory(inventory)
+    try:
+        hosts = select_hosts(inv, pattern, failed=load_failed(cfg.state_dir, inventory=path))
+    except ClusterctlError as e:
+        fail(str(e))
+    if not hosts:
+        fail(f"pattern {pattern!r} selects no host")
+    return path, hosts
+
+
+def check_host_key_policy(value: Optional[str]) -> Optional[str]:
+    """``--host-key-policy`` checked (None: each host's own policy); exits 3 when unknown."""
+    if value is not None and value not in HOST_KEY_POLICIES:
+        fail(f"--host-key-policy must be one of {', '.join(HOST_KEY_POLICIES)} (got {value!r})")
+    return value
+
+
+def become_password(ask: bool, hosts: list[Host], sudo: bool) -> Optional[str]:
+    """The sudo password: None unless ``sudo`` and some host logs in as non-root;
+    then prompted once when ``ask`` (``-K``), else ``$CLUSTERCTL_BECOME_PASSWORD`` (may be None)."""
+    if not sudo or all((h.ssh.user or "root") == "root" for h in hosts):
+        return None
+    if ask:
+        return getpass.getpass("become (sudo) password: ")
+    return os.environ.get(BECOME_PASSWORD_ENV)
+
+
+class HostProgress:
+    """A rich progress bar on a terminal; one plain stderr line per host otherwise.
+
+    ``with HostProgress(n, "exec", True) as on_result:`` gives the callback to
+    hand to ``Fleet.run(on_result=...)``; ``enabled=False`` prints nothing.
+    """
+
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.total = total
+        self.done = 0
+        self._bar: Progress | None = None
+        self._plain = enabled and not err_console.is_terminal
+        if enabled and err_console.is_terminal:
+            self._bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=err_console, transient=True)
+            self._task = self._bar.add_task(label, total=total)
+
+    def __enter__(self) -> Callable[[HostResult], None]:
+        if self._bar:
+            self._bar.start()
+        return self.update
+
+    def update(self, r: HostResult) -> None:
+        self.done += 1
+        if self._bar:
+            self._bar.advance(self._task)
+        elif self._plain:
+            what = r.status.value if r.rc is None or r.status is not HostStatus.FAILED else f"rc={r.rc}"
+            print(f"[{self.done}/{self.total}] {r.host} {what} {r.duration_s:.2f}s",
+                  file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar:
+            self._bar.stop()
