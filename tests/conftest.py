@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from support.lab_fixture import lab  # noqa: F401  (session fixture for tiers 2 and 3)
+
 TIERS = ("unit", "lab", "e2e")
 _ROOT = Path(__file__).parent
 _tier_seconds: dict[str, float] = defaultdict(float)

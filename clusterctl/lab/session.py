@@ -2,8 +2,8 @@
 
 ``LabSession.start()`` brings the lab up (or finds it up) and gives the
 inventory path, the hosts and :meth:`LabSession.run` to run a command on a
-host over real SSH.  ``tests/lab/conftest.py`` wraps it in a session-scoped
-fixture; the e2e tier can use the same object.
+host over real SSH.  ``tests/support/lab_fixture.py`` wraps it in a session-scoped
+fixture that tiers 2 and 3 share.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The session-scoped ``lab`` fixture: a real lab brought up once per run.
 
+Shared by tiers 2 (tests/lab) and 3 (tests/e2e) through tests/conftest.py,
+so one pytest run brings the lab up once.
+
 CLUSTERCTL_LAB_HOSTS (default 4) sets its size; CLUSTERCTL_LAB_KEEP=1 leaves
 it running after the run, and a lab that was already up (same size) is used
 as it is and left running.  Tests skip, with the reason, only when the lab
