@@ -24,7 +24,9 @@ JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instea
 
 def fail(message: str, code: int = USAGE_ERROR) -> NoReturn:
     """Print ``message`` on stderr and exit with ``code`` (3 = could not run)."""
-    err_console.print(f"[red]error:[/red] {message}", markup=True)
+    # Plain text: messages carry paths and node sets such as gpu[01-04] that
+    # rich would read as markup or wrap mid-path.
+    sys.stderr.write(f"error: {message}\n")
     raise typer.Exit(code)
 
 
