@@ -14,10 +14,9 @@ from __future__ import annotations
 import getpass
 import os
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from clusterctl.cli._common import err_console, fail, load_inventory, user_config
 from clusterctl.config import resolve_inventory_path
@@ -84,9 +83,11 @@ class HostProgress:
     def __init__(self, total: int, label: str, enabled: bool):
         self.total = total
         self.done = 0
-        self._bar: Progress | None = None
+        self._bar: Any = None  # a rich Progress, imported only for a terminal
         self._plain = enabled and not err_console.is_terminal
         if enabled and err_console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             self._bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=err_console, transient=True)
             self._task = self._bar.add_task(label, total=total)

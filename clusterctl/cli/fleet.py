@@ -16,9 +16,6 @@ import sys
 from typing import List, Optional
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json, user_config
 from clusterctl.cli._hosts import (
@@ -150,6 +147,10 @@ def ping(
     if as_json:
         print_json({"ok": res.all_ok(), **res.to_dict()})
         raise typer.Exit(code)
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=None, show_lines=False, box=box.SIMPLE_HEAD)
     table.add_column("status", no_wrap=True)
     table.add_column("hosts", overflow="fold", min_width=10)  # a node set is never cut short

@@ -7,6 +7,7 @@ systems would read as CRITICAL (see ``clusterctl.exitcodes``).
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
@@ -22,17 +23,13 @@ from clusterctl import __version__
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import INTERRUPTED, USAGE_ERROR
 
-app = typer.Typer(
-    name="clusterctl",
-    help="Bring up and diagnose bare-metal vLLM inference clusters over SSH.\n\n"
-    "One inventory file describes hosts, GPUs, NICs, models and instances; "
-    "every command reads it.\n\n"
-    "Examples:\n\n  clusterctl inventory validate -i inventories/example-16xh100-roce.yaml\n\n  clusterctl ping all -i /var/lib/clusterctl-lab/inventory.yaml",
-    no_args_is_help=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+#: Command modules in ``--help`` order: each adds its commands with ``register(app)``
+#: or is a group ``app`` added under its name.
+_MODULES = ("inventory", "fleet", "facts", "lab", "planned")
+_GROUPS = {"inventory", "lab"}
+#: The module that owns each top-level command; a command not named here (the
+#: planned ones) is found by registering everything.
+_OWNER = {"inventory": "inventory", "exec": "fleet", "ping": "fleet", "facts": "facts", "lab": "lab"}
 
 
 def _version(value: bool) -> None:
@@ -41,29 +38,57 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                       help="Print the version and exit.")) -> None:
     """Bring up and diagnose bare-metal vLLM inference clusters over SSH."""
 
 
-def _register() -> None:
-    from clusterctl.cli import fleet, inventory, lab, facts, planned
+def build_app(command: str | None = None) -> typer.Typer:
+    """The typer app with every command, or only the module that owns ``command``.
 
-    app.add_typer(inventory.app, name="inventory")
-    fleet.register(app)
-    facts.register(app)
-    app.add_typer(lab.app, name="lab")
-    planned.register(app)
+    Importing a command module pulls in what it needs (paramiko, the probe,
+    the lab), so ``clusterctl exec`` imports neither the lab nor the probe;
+    ``--help`` and unknown names get every command.
+    """
+    app = typer.Typer(
+        name="clusterctl",
+        help="Bring up and diagnose bare-metal vLLM inference clusters over SSH.\n\n"
+        "One inventory file describes hosts, GPUs, NICs, models and instances; "
+        "every command reads it.\n\n"
+        "Examples:\n\n  clusterctl inventory validate -i inventories/example-16xh100-roce.yaml\n\n"
+        "  clusterctl ping all -i /var/lib/clusterctl-lab/inventory.yaml",
+        no_args_is_help=True,
+        context_settings={"help_option_names": ["-h", "--help"]},
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+    app.callback()(_root)
+    owner = _OWNER.get(command or "")
+    for name in _MODULES if owner is None else (owner,):
+        module = importlib.import_module(f"clusterctl.cli.{name}")
+        if name in _GROUPS:
+            app.add_typer(module.app, name=name)
+        else:
+            module.register(app)
+    return app
 
 
-_register()
+def _command_name(argv: list[str]) -> str | None:
+    """The top-level command in ``argv``: the first word that is not an option."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def __getattr__(name: str) -> typer.Typer:
+    if name == "app":  # the whole app, for tools that introspect it
+        return build_app()
+    raise AttributeError(name)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and map errors to exit codes."""
     try:
-        rv = app(args=argv, prog_name="clusterctl", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        rv = build_app(_command_name(args))(args=args, prog_name="clusterctl", standalone_mode=False)
     except Exit as e:
         return e.exit_code
     except NoArgsIsHelpError as e:  # a bare group: its help is the answer

@@ -22,7 +22,6 @@ import shlex
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 
 from clusterctl.errors import ProbeError
@@ -78,6 +77,8 @@ def _pynvml_source() -> tuple[bytes, str | None]:
     path = getattr(pynvml, "__file__", None)
     if not path or not path.endswith(".py"):
         raise ProbeError(f"cannot build the probe payload: pynvml has no source file ({path})")
+    from importlib import metadata  # ~10 ms to import; needed only here
+
     try:
         version: str | None = metadata.version("nvidia-ml-py")
     except metadata.PackageNotFoundError:
