@@ -1,0 +1,3 @@
+"""Imports every analyzer module so that each registers its checks."""
+
+# Analyzer modules are added here as they land (gpu, xid, oom, serving, tp, roce, qos).

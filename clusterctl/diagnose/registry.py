@@ -1,0 +1,77 @@
+"""Declaring and running analyzers.
+
+An analyzer is a pure function ``(ctx: AnalysisContext) -> list[Finding]``
+registered under a check name with :func:`analyzer`.  ``run_analyzers``
+runs the selected ones; an analyzer that raises becomes one UNKNOWN finding
+(a bug in one check never hides the others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.inventory.model import Inventory
+
+Analyzer = Callable[["AnalysisContext"], list[Finding]]
+
+
+@dataclass
+class AnalysisContext:
+    """What analyzers read.
+
+    ``facts``: host -> facts document (dict, schema of docs/facts.md), one per
+    host that answered; ``missing``: host -> why no facts came back;
+    ``samples``: host -> a later facts document (or partial document) for
+    rate-based checks, taken ``interval_s`` after ``facts``; ``raw``: host ->
+    {name: text} raw outputs (vLLM logs, metrics) from a run or a bundle;
+    ``thresholds``: the loaded ``checks/*.yaml`` data.
+    """
+
+    inventory: Inventory | None
+    facts: Mapping[str, dict[str, Any]]
+    missing: Mapping[str, str] = field(default_factory=dict)
+    samples: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    interval_s: float = 0.0
+    raw: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    thresholds: Mapping[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, Analyzer] = {}
+
+
+def analyzer(name: str) -> Callable[[Analyzer], Analyzer]:
+    """Register the decorated function as the analyzer for check ``name``."""
+
+    def register(fn: Analyzer) -> Analyzer:
+        if name in _REGISTRY:
+            raise ValueError(f"analyzer {name!r} registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return register
+
+
+def registered() -> dict[str, Analyzer]:
+    """Every registered analyzer, importing the analyzer modules first."""
+    import clusterctl.diagnose.analyzers  # noqa: F401  (registers on import)
+
+    return dict(_REGISTRY)
+
+
+def run_analyzers(ctx: AnalysisContext, only: Iterable[str] | None = None) -> list[Finding]:
+    """Run the analyzers whose name or prefix (``gpu`` selects ``gpu.*``) is in ``only``."""
+    wanted = list(only) if only is not None else None
+    out: list[Finding] = []
+    for name, fn in sorted(registered().items()):
+        if wanted is not None and not any(name == w or name.startswith(w + ".") for w in wanted):
+            continue
+        try:
+            out.extend(fn(ctx))
+        except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
+            out.append(Finding(name, Severity.UNKNOWN, None, "check",
+                               f"the {name} check failed: {type(e).__name__}: {e}",
+                               "report this as a clusterctl bug, with the bundle"))
+    return out
