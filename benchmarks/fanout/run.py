@@ -48,6 +48,8 @@ from clusterctl.lab import light  # noqa: E402
 from delayproxy import DelayProxy  # noqa: E402
 
 LAB_DIR = Path("/var/lib/clusterctl-lab/bench-light")
+#: Where benchmarks/facts/run.py's section of the markdown starts; kept on rewrite.
+FACTS_MARK = "<!-- facts benchmark: written by benchmarks/facts/run.py -->"
 
 
 def sh(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> tuple[float, float, subprocess.CompletedProcess[str]]:
@@ -289,6 +291,9 @@ def write_markdown(path: Path, data: dict[str, object]) -> None:
               "Settings: " + json.dumps(data["settings"]), "", "Notes:", ""]
     lines += [f"- {n}" for n in data["notes"]]  # type: ignore[union-attr]
     lines += ["", "Raw rows: `benchmarks/results/` (one JSON file per run of the script).", ""]
+    old = path.read_text() if path.exists() else ""
+    if FACTS_MARK in old:  # the facts benchmark's section (benchmarks/facts/run.py) stays
+        lines += [FACTS_MARK + old.split(FACTS_MARK, 1)[1]]
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text("\n".join(lines))
     os.replace(tmp, path)
