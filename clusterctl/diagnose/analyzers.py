@@ -1,3 +1,4 @@
 """Imports every analyzer module so that each registers its checks."""
 
 # Analyzer modules are added here as they land (gpu, xid, oom, serving, tp, roce, qos).
+from clusterctl.diagnose import gpu, oom, reach, serving, tp, xid  # noqa: F401,E402

@@ -1,0 +1,364 @@
+"""GPU checks on the NVML view of facts (``gpus`` of docs/facts.md).
+
+Checks (each registered on its own, ``--checks gpu`` selects them all):
+``gpu.nvml`` driver/NVML alive, ``gpu.inventory`` count/model/memory against
+the inventory and driver/VBIOS drift, ``gpu.lost`` lost or hung GPUs,
+``gpu.ecc``, ``gpu.remap`` (row remapping), ``gpu.retired`` (retired pages),
+``gpu.clocks`` (slowdown reasons), ``gpu.pcie``, ``gpu.nvlink``,
+``gpu.thermal`` (temperature, power), ``gpu.persistence``.
+
+A host with facts and nothing wrong gets one OK finding per check; a host
+without facts but with raw texts (a partial bundle) gets UNKNOWN; hosts that
+could not be reached are reported once by ``host.reachable``.  Counters
+compared across two collections use ``ctx.samples`` when present.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from clusterctl.diagnose import sources
+from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.diagnose.registry import AnalysisContext, analyzer
+from clusterctl.diagnose.thresholds import number, section
+
+GpuCheck = Callable[[AnalysisContext, str, dict[str, Any]], Iterable[Finding]]
+DRAIN = "drain the instances on this GPU"
+
+
+def limits(ctx: AnalysisContext, gpu_name: str | None = None) -> dict[str, Any]:
+    """GPU thresholds, with the per-model overrides whose key is in ``gpu_name``."""
+    table = dict(section(ctx.thresholds, "gpu", "gpu"))
+    for key, override in section(ctx.thresholds, "gpu", "models").items():
+        if gpu_name and key.lower() in gpu_name.lower() and isinstance(override, dict):
+            table.update(override)
+    return table
+
+
+def _hosts_with_facts(ctx: AnalysisContext, check: str) -> Iterable[tuple[str, dict[str, Any] | None, Finding | None]]:
+    """``(host, gpus section, None)`` for hosts with facts; ``(host, None, UNKNOWN)`` for raw-only hosts."""
+    for host in sources.all_hosts(ctx):
+        if host in ctx.missing:
+            continue
+        g = sources.gpus_section(ctx, host)
+        if g is None:
+            yield host, None, Finding(check, Severity.UNKNOWN, host, "host", "no facts for this host (GPU state unknown)",
+                                      "collect the bundle with `clusterctl collect`, or run doctor live")
+        else:
+            yield host, g, None
+
+
+def _expects_gpus(ctx: AnalysisContext, host: str) -> bool:
+    inv = ctx.inventory
+    return bool(inv and host in inv.hosts and inv.hosts[host].gpus.count)
+
+
+def per_gpu(check: str, fn: GpuCheck, ok: str) -> Callable[[AnalysisContext], list[Finding]]:
+    """An analyzer that runs ``fn`` on every readable GPU; OK per host when it found nothing."""
+
+    def run(ctx: AnalysisContext) -> list[Finding]:
+        out: list[Finding] = []
+        for host, g, unknown in _hosts_with_facts(ctx, check):
+            if unknown:
+                out.append(unknown)
+                continue
+            assert g is not None
+            if not g.get("available"):
+                if _expects_gpus(ctx, host):
+                    out.append(Finding(check, Severity.UNKNOWN, host, "host", "NVML unavailable (see gpu.nvml)"))
+                continue
+            found: list[Finding] = []
+            for d in g.get("devices") or []:
+                if d.get("lost") or d.get("hung"):
+                    continue
+                found.extend(fn(ctx, host, d))
+            out.extend(found or [Finding(check, Severity.OK, host, "host", ok)])
+        return out
+
+    run.__name__ = check.replace(".", "_")
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def _sample_device(ctx: AnalysisContext, host: str, index: int) -> dict[str, Any] | None:
+    later = ctx.samples.get(host)
+    for d in ((later or {}).get("gpus") or {}).get("devices") or []:
+        if d.get("index") == index:
+            return d
+    return None
+
+
+def _gpu(d: dict[str, Any]) -> str:
+    return f"gpu:{d.get('index')}"
+
+
+# --------------------------------------------------------------------- checks
+
+@analyzer("gpu.nvml")
+def check_nvml(ctx: AnalysisContext) -> list[Finding]:
+    """NVML and the driver answer; NVML calls that timed out."""
+    out: list[Finding] = []
+    for host, g, unknown in _hosts_with_facts(ctx, "gpu.nvml"):
+        if unknown:
+            out.append(unknown)
+            continue
+        assert g is not None
+        reason = str(g.get("reason") or "")
+        if not g.get("available"):
+            if "pynvml" in reason.lower() and "not loaded" not in reason:
+                out.append(Finding("gpu.nvml", Severity.UNKNOWN, host, "host", f"NVML not checked: {reason}",
+                                   "install nvidia-ml-py on the node or use a clusterctl that carries it"))
+            elif _expects_gpus(ctx, host) or "not loaded" in reason or "timed out" in reason:
+                out.append(Finding("gpu.nvml", Severity.CRIT, host, "host", f"NVML unavailable: {reason}",
+                                   "drain the node; load or reinstall the NVIDIA driver and reboot "
+                                   "(check the kernel log for NVRM probe failures)", (reason,)))
+            continue
+        timed_out = list(g.get("timed_out_calls") or [])
+        if timed_out:
+            out.append(Finding("gpu.nvml", Severity.CRIT, host, "host",
+                               f"NVML calls hung: {', '.join(sorted(set(timed_out)))}",
+                               "a hung driver or GSP (often XID 119): drain the node, reset the GPUs or reboot",
+                               tuple(timed_out)))
+        else:
+            out.append(Finding("gpu.nvml", Severity.OK, host, "host",
+                               f"NVML answers (driver {g.get('driver_version')})"))
+    return out
+
+
+@analyzer("gpu.inventory")
+def check_inventory(ctx: AnalysisContext) -> list[Finding]:
+    """GPU count, model and memory against the inventory; driver and VBIOS the same everywhere."""
+    out: list[Finding] = []
+    inv = ctx.inventory
+    drivers: dict[str, list[str]] = {}
+    for host, g, unknown in _hosts_with_facts(ctx, "gpu.inventory"):
+        if unknown:
+            out.append(unknown)
+            continue
+        assert g is not None
+        spec = inv.hosts[host].gpus if inv and host in inv.hosts else None
+        if not g.get("available"):
+            continue
+        devices = g.get("devices") or []
+        if g.get("driver_version"):
+            drivers.setdefault(str(g["driver_version"]), []).append(host)
+        problems: list[Finding] = []
+        if spec is not None and spec.count and len(devices) < spec.count:
+            problems.append(Finding("gpu.inventory", Severity.CRIT, host, "host",
+                                    f"{len(devices)} GPUs visible, the inventory says {spec.count}",
+                                    "drain the node; a GPU is missing from the bus: check the kernel log, "
+                                    "reseat or power-cycle, replace the GPU",
+                                    tuple(f"gpu {d.get('index')}: {d.get('pci_address')}" for d in devices)))
+        elif spec is not None and spec.count and len(devices) > spec.count:
+            problems.append(Finding("gpu.inventory", Severity.WARN, host, "host",
+                                    f"{len(devices)} GPUs visible, the inventory says {spec.count}",
+                                    "update the inventory's gpus.count"))
+        if spec is not None and spec.model:
+            token = spec.model.split("-")[0].lower()
+            bad = [d for d in devices if d.get("name") and token not in str(d["name"]).lower()]
+            if bad:
+                problems.append(Finding("gpu.inventory", Severity.WARN, host, "host",
+                                        f"GPU model {bad[0]['name']} is not the inventory's {spec.model}",
+                                        "correct the inventory (placement and memory plans use it)",
+                                        tuple(f"gpu {d['index']}: {d['name']}" for d in bad)))
+        if spec is not None and spec.memory_gib:
+            small = [d for d in devices if d.get("memory_total") and d["memory_total"] / 2**30 < spec.memory_gib * 0.9]
+            if small:
+                problems.append(Finding("gpu.inventory", Severity.WARN, host, "host",
+                                        f"GPU memory {small[0]['memory_total'] / 2**30:.0f} GiB is below the "
+                                        f"inventory's {spec.memory_gib:g} GiB", "correct the inventory"))
+        vbios = {d.get("vbios_version") for d in devices if d.get("vbios_version")}
+        if len(vbios) > 1:
+            problems.append(Finding("gpu.inventory", Severity.WARN, host, "host",
+                                    f"mixed VBIOS versions on one host: {', '.join(sorted(map(str, vbios)))}",
+                                    "flash every GPU of the node to the same VBIOS"))
+        out.extend(problems or [Finding("gpu.inventory", Severity.OK, host, "host",
+                                        f"{len(devices)} GPUs as the inventory says" if spec else
+                                        f"{len(devices)} GPUs (host not in the inventory)")])
+    if len(drivers) > 1:
+        common = max(drivers, key=lambda v: len(drivers[v]))
+        for version, hosts in drivers.items():
+            if version != common:
+                for h in hosts:
+                    out.append(Finding("gpu.inventory", Severity.WARN, h, "host",
+                                       f"driver {version} differs from the other hosts' {common}",
+                                       "install the same NVIDIA driver everywhere"))
+    return out
+
+
+@analyzer("gpu.lost")
+def check_lost(ctx: AnalysisContext) -> list[Finding]:
+    """GPUs NVML reports as lost (GPU_IS_LOST) or whose calls hung."""
+    out: list[Finding] = []
+    for host, g, unknown in _hosts_with_facts(ctx, "gpu.lost"):
+        if unknown:
+            out.append(unknown)
+            continue
+        assert g is not None
+        if not g.get("available"):
+            continue
+        bad = []
+        for d in g.get("devices") or []:
+            why = (d.get("field_errors") or {}).get("device") or ""
+            if d.get("lost"):
+                bad.append(Finding("gpu.lost", Severity.CRIT, host, _gpu(d),
+                                   "GPU has fallen off the bus (NVML: GPU is lost)",
+                                   "drain the node and power-cycle it; replace the GPU if it happens again",
+                                   (why,) if why else ()))
+            elif d.get("hung"):
+                bad.append(Finding("gpu.lost", Severity.CRIT, host, _gpu(d), "NVML calls on this GPU hang",
+                                   "drain the GPU's instances, reset the GPU (nvidia-smi -r) or reboot",
+                                   (why,) if why else ()))
+        out.extend(bad or [Finding("gpu.lost", Severity.OK, host, "host", "no lost or hung GPU")])
+    return out
+
+
+def _ecc(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """Volatile uncorrected ECC -> CRIT; many corrected -> WARN."""
+    ecc = d.get("ecc") or {}
+    vol = ecc.get("volatile") or {}
+    unc = vol.get("uncorrected")
+    if unc:
+        yield Finding("gpu.ecc", Severity.CRIT, host, _gpu(d), f"{unc} uncorrected ECC errors since the driver loaded",
+                      f"{DRAIN}, reset the GPU and rerun; results computed since the error are suspect; "
+                      "replace if it recurs", (f"ecc.volatile.uncorrected={unc}",))
+    corr = vol.get("corrected")
+    limit = number(limits(ctx, d.get("name")), "ecc_corrected_volatile_warn", 50_000_000)
+    if corr and corr > limit:
+        yield Finding("gpu.ecc", Severity.WARN, host, _gpu(d), f"{corr} corrected ECC errors since the driver loaded",
+                      "watch the trend; plan an RMA if it keeps climbing", (f"ecc.volatile.corrected={corr}",))
+
+
+def _remap(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """Row remapping: failure -> CRIT (replace), pending -> WARN (reset)."""
+    rr = d.get("remapped_rows")
+    if not rr:
+        return
+    ev = (f"remapped_rows correctable={rr.get('correctable')} uncorrectable={rr.get('uncorrectable')} "
+          f"pending={rr.get('pending')} failure={rr.get('failure')}",)
+    if rr.get("failure"):
+        yield Finding("gpu.remap", Severity.CRIT, host, _gpu(d), "row remapping failed (no spare rows left)",
+                      "drain the GPU and replace it (an RMA criterion; confirm with dcgmi diag -r 3)", ev)
+    elif rr.get("pending"):
+        yield Finding("gpu.remap", Severity.WARN, host, _gpu(d), "a row remap is pending",
+                      "reset the GPU to apply it at the next maintenance window (drain its instances first)", ev)
+
+
+def _retired(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """Retired pages (before Ampere): table full -> CRIT, many or pending -> WARN."""
+    rp = d.get("retired_pages")
+    if not rp:
+        return
+    lim = limits(ctx, d.get("name"))
+    sbe, dbe = int(rp.get("single_bit_ecc") or 0), int(rp.get("double_bit_ecc") or 0)
+    ev = (f"retired_pages sbe={sbe} dbe={dbe} pending={rp.get('pending')}",)
+    if rp.get("pending") and sbe + dbe >= number(lim, "retired_pages_table_full", 62):
+        yield Finding("gpu.retired", Severity.CRIT, host, _gpu(d), "the page retirement table is full",
+                      "drain the GPU and replace it", ev)
+    elif max(sbe, dbe) > number(lim, "retired_pages_warn", 10):
+        yield Finding("gpu.retired", Severity.WARN, host, _gpu(d), f"{sbe + dbe} retired pages",
+                      "plan an RMA if the count keeps growing", ev)
+    elif rp.get("pending"):
+        yield Finding("gpu.retired", Severity.WARN, host, _gpu(d), "a page retirement is pending",
+                      "reboot the node (or reset the GPU) to retire the page", ev)
+
+
+def _clocks(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """Hardware slowdown, thermal or power-brake clock reasons -> WARN."""
+    cr = d.get("clocks_event_reasons") or {}
+    active = set(cr.get("active") or [])
+    wanted = set(limits(ctx, d.get("name")).get("clocks_warn_reasons") or
+                 ["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"])
+    hit = sorted(active & wanted)
+    if hit:
+        yield Finding("gpu.clocks", Severity.WARN, host, _gpu(d), f"clocks slowed down: {', '.join(hit)}",
+                      "check cooling (fans, inlet air) and power supply; the GPU runs slower than it can",
+                      (f"clocks_event_reasons.mask={cr.get('mask')}",))
+
+
+def _pcie(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """PCIe link narrower than its maximum (or slower gen while busy); replays rising."""
+    p = d.get("pcie") or {}
+    w, mw, gen, mg = p.get("width"), p.get("max_width"), p.get("gen"), p.get("max_gen")
+    busy = ((d.get("utilization") or {}).get("gpu") or 0) > 0
+    if w and mw and w < mw:
+        yield Finding("gpu.pcie", Severity.WARN, host, _gpu(d), f"PCIe link x{w}, below its maximum x{mw}",
+                      "reseat the GPU or riser at the next window; replace if it stays degraded",
+                      (f"pcie width={w} max_width={mw} gen={gen} max_gen={mg}",))
+    elif busy and gen and mg and gen < mg:
+        yield Finding("gpu.pcie", Severity.WARN, host, _gpu(d), f"PCIe gen {gen} while busy, below its maximum {mg}",
+                      "check BIOS PCIe settings and the riser", (f"pcie gen={gen} max_gen={mg}",))
+    replay = p.get("replay_counter")
+    later = _sample_device(ctx, host, int(d.get("index") or 0))
+    if later is not None and replay is not None:
+        after = (later.get("pcie") or {}).get("replay_counter")
+        if after is not None and after > replay:
+            yield Finding("gpu.pcie", Severity.WARN, host, _gpu(d),
+                          f"PCIe replays rising: +{after - replay} in {ctx.interval_s:g} s",
+                          "a marginal PCIe link: reseat the GPU; replace if it continues",
+                          (f"replay_counter {replay} -> {after}",))
+    elif replay:
+        yield Finding("gpu.pcie", Severity.WARN, host, _gpu(d), f"{replay} PCIe replays since the driver loaded",
+                      "run doctor again to see whether they are rising", (f"replay_counter={replay}",))
+
+
+def _nvlink(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """NVLink links down -> CRIT; error counters (rising, or non-zero) -> WARN."""
+    links = d.get("nvlink") or []
+    down = [lk for lk in links if lk.get("state") != "active"]
+    if down:
+        yield Finding("gpu.nvlink", Severity.CRIT, host, _gpu(d),
+                      f"{len(down)} of {len(links)} NVLink links down",
+                      f"{DRAIN}; check `nvidia-smi nvlink -s`, reset the GPU, replace if links stay down",
+                      tuple(f"link {lk.get('link')}: {lk.get('state')}" for lk in down))
+    later = {lk.get("link"): lk for lk in ((_sample_device(ctx, host, int(d.get("index") or 0)) or {}).get("nvlink") or [])}
+    errs = []
+    for lk in links:
+        e = lk.get("errors") or {}
+        base = {k: v for k, v in e.items() if isinstance(v, int)}
+        if later:
+            after = (later.get(lk.get("link")) or {}).get("errors") or {}
+            rise = {k: after[k] - v for k, v in base.items() if isinstance(after.get(k), int) and after[k] > v}
+        else:
+            rise = {k: v for k, v in base.items() if v}
+        if rise:
+            errs.append(f"link {lk.get('link')}: " + ", ".join(f"{k} +{v}" for k, v in sorted(rise.items())))
+    if errs:
+        yield Finding("gpu.nvlink", Severity.WARN, host, _gpu(d), "NVLink error counters " +
+                      ("rising" if later else "non-zero"),
+                      "watch the trend; reset the GPU if they keep rising, replace if they persist", tuple(errs))
+
+
+def _thermal(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """Temperature above the model's thresholds; power draw above the enforced limit."""
+    lim = limits(ctx, d.get("name"))
+    t = d.get("temperature_c")
+    if t is not None:
+        crit, warn = number(lim, "temperature_crit_c", 92), number(lim, "temperature_warn_c", 85)
+        if t >= crit or t >= warn:
+            yield Finding("gpu.thermal", Severity.CRIT if t >= crit else Severity.WARN, host, _gpu(d),
+                          f"temperature {t} C (limit {warn:g}/{crit:g} C)",
+                          "check fans, airflow and inlet temperature", (f"temperature_c={t}",))
+    pw, pl = d.get("power_w"), d.get("power_limit_w")
+    if pw is not None and pl and pw > pl * number(lim, "power_warn_fraction", 1.0):
+        yield Finding("gpu.thermal", Severity.WARN, host, _gpu(d), f"power {pw:.0f} W above the limit {pl:.0f} W",
+                      "check the power supply and the power limit setting", (f"power_w={pw} power_limit_w={pl}",))
+
+
+def _persistence(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """Persistence mode off -> WARN (slow starts, lost state between processes)."""
+    if d.get("persistence_mode") is False and limits(ctx, d.get("name")).get("persistence_mode_required", True):
+        yield Finding("gpu.persistence", Severity.WARN, host, _gpu(d), "persistence mode is off",
+                      "enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)")
+
+
+for _name, _fn, _ok in (
+        ("gpu.ecc", _ecc, "no uncorrected ECC errors"),
+        ("gpu.remap", _remap, "no pending or failed row remaps"),
+        ("gpu.retired", _retired, "retired pages within limits"),
+        ("gpu.clocks", _clocks, "no hardware slowdown"),
+        ("gpu.pcie", _pcie, "PCIe links at full width"),
+        ("gpu.nvlink", _nvlink, "NVLink links up, no errors"),
+        ("gpu.thermal", _thermal, "temperature and power within limits"),
+        ("gpu.persistence", _persistence, "persistence mode on")):
+    analyzer(_name)(per_gpu(_name, _fn, _ok))

@@ -1,0 +1,167 @@
+"""Serving health of vLLM instances: ``/metrics`` samples and the engine's log.
+
+``serving.metrics`` reads ``<instance>.metrics`` (and ``<instance>.metrics.2``,
+taken ``ctx.interval_s`` seconds later): KV-cache usage pinned near full,
+a waiting queue that grows, preemptions rising, TTFT p99 (from the
+histogram's buckets, over the interval when there are two samples) above the
+SLO of ``checks/gpu.yaml``.  Both KV metric names are read
+(``vllm:kv_cache_usage_perc``, older ``vllm:gpu_cache_usage_perc``).
+
+``serving.engine`` reads ``<instance>.log``: engine death, NCCL watchdog
+timeouts, and V0 preemption warnings.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from clusterctl.diagnose import sources
+from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.diagnose.registry import AnalysisContext, analyzer
+from clusterctl.diagnose.thresholds import number, section
+from clusterctl.diagnose.vllmlog import parse_log
+
+SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition -> name -> [(labels, value)]; comments and junk are skipped."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m["value"])
+        except ValueError:
+            continue
+        out.setdefault(m["name"], []).append((dict(LABEL.findall(m["labels"] or "")), value))
+    return out
+
+
+def total(metrics: dict[str, list[tuple[dict[str, str], float]]], *names: str) -> float | None:
+    """Sum over label sets of the first name present (engines of one server add up)."""
+    for n in names:
+        if n in metrics:
+            return sum(v for _, v in metrics[n])
+    return None
+
+
+def peak(metrics: dict[str, list[tuple[dict[str, str], float]]], *names: str) -> float | None:
+    for n in names:
+        if n in metrics:
+            return max(v for _, v in metrics[n])
+    return None
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus-style quantile from cumulative ``(le, count)`` buckets (linear in the bucket)."""
+    buckets = sorted(buckets)
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 1.0)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def _buckets(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> dict[float, float]:
+    out: dict[float, float] = {}
+    for labels, v in metrics.get(name + "_bucket", []):
+        le = float(labels.get("le", "inf").replace("+Inf", "inf"))
+        out[le] = out.get(le, 0.0) + v
+    return out
+
+
+@analyzer("serving.metrics")
+def check_metrics(ctx: AnalysisContext) -> list[Finding]:
+    lim = section(ctx.thresholds, "gpu", "serving")
+    out: list[Finding] = []
+    for host, name, text in sources.raw_instances(ctx, ".metrics"):
+        later_text = ctx.raw.get(host, {}).get(name + ".metrics.2")
+        out.extend(_instance(ctx, lim, host, name, parse_metrics(text),
+                             parse_metrics(later_text) if later_text else None))
+    return out
+
+
+def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
+              m0: dict[str, Any], m1: dict[str, Any] | None) -> list[Finding]:
+    subj = f"instance:{name}"
+    now = m1 or m0
+    found: list[Finding] = []
+    if not any(k.startswith("vllm:") for k in now):
+        return [Finding("serving.metrics", Severity.UNKNOWN, host, subj, "the /metrics sample has no vllm: metrics",
+                        "check that the URL is the vLLM server's /metrics")]
+    kv = peak(now, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    kv_warn, kv_crit = number(lim, "kv_cache_usage_warn", 0.9), number(lim, "kv_cache_usage_crit", 0.98)
+    if kv is not None and kv >= kv_warn:
+        pinned = m1 is not None and (peak(m0, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") or 0) >= kv_warn
+        found.append(Finding("serving.metrics", Severity.CRIT if kv >= kv_crit and pinned else Severity.WARN, host, subj,
+                             f"KV cache {kv * 100:.0f} % full" + (" in both samples" if pinned else ""),
+                             "add capacity (more replicas or TP), lower --max-num-seqs, or route load elsewhere",
+                             (f"kv_cache_usage_perc={kv:.3f}",)))
+    w1 = total(now, "vllm:num_requests_waiting")
+    if m1 is not None:
+        w0 = total(m0, "vllm:num_requests_waiting")
+        if w0 is not None and w1 is not None and w1 - w0 >= number(lim, "waiting_warn", 1) and w1 > 0:
+            found.append(Finding("serving.metrics", Severity.WARN, host, subj,
+                                 f"waiting queue growing: {w0:.0f} -> {w1:.0f} in {ctx.interval_s:g} s",
+                                 "the instance is saturated: add replicas or shed load",
+                                 (f"num_requests_waiting {w0:.0f} -> {w1:.0f}",)))
+        p0, p1 = total(m0, "vllm:num_preemptions_total"), total(m1, "vllm:num_preemptions_total")
+        if p0 is not None and p1 is not None and p1 > p0:
+            rate = (p1 - p0) / ctx.interval_s if ctx.interval_s else float(p1 - p0)
+            if rate >= number(lim, "preemptions_per_s_warn", 0.1):
+                found.append(Finding("serving.metrics", Severity.WARN, host, subj,
+                                     f"preemptions rising: +{p1 - p0:.0f} in {ctx.interval_s:g} s "
+                                     "(KV cache too small for the load)",
+                                     "raise --gpu-memory-utilization or TP for more KV cache, lower --max-num-seqs, "
+                                     "or add replicas", (f"num_preemptions_total {p0:.0f} -> {p1:.0f}",)))
+    b1 = _buckets(now, "vllm:time_to_first_token_seconds")
+    if m1 is not None:
+        b0 = _buckets(m0, "vllm:time_to_first_token_seconds")
+        b1 = {le: c - b0.get(le, 0.0) for le, c in b1.items()}
+    p99 = histogram_quantile(list(b1.items()), 0.99)
+    slo = number(lim, "ttft_p99_slo_s", 5.0)
+    if p99 is not None and p99 > slo:
+        found.append(Finding("serving.metrics", Severity.WARN, host, subj,
+                             f"TTFT p99 {p99:.2f} s above the SLO {slo:g} s" + (" over the interval" if m1 else ""),
+                             "long queues or prefill contention: add replicas, lower --max-num-batched-tokens",
+                             (f"ttft_p99={p99:.3f}s",)))
+    return found or [Finding("serving.metrics", Severity.OK, host, subj, "serving metrics within limits")]
+
+
+@analyzer("serving.engine")
+def check_engine(ctx: AnalysisContext) -> list[Finding]:
+    out: list[Finding] = []
+    for host, name, text in sources.raw_instances(ctx, ".log"):
+        ev = parse_log(text)
+        subj = f"instance:{name}"
+        if ev.nccl:
+            out.append(Finding("serving.engine", Severity.CRIT, host, subj,
+                               "NCCL collective timed out or failed in the TP group",
+                               "check the TP group's GPUs (gpu.*) and the data network; restart the instance",
+                               tuple(ev.nccl[:2])))
+        if ev.engine_dead:
+            started = "after it was serving" if ev.ready else "during start-up"
+            out.append(Finding("serving.engine", Severity.CRIT, host, subj, f"the vLLM engine died {started}",
+                               "see oom.cause and the log's first error; restart the instance once the cause is fixed",
+                               tuple(ev.engine_dead[:2])))
+        if ev.preemptions_v0:
+            out.append(Finding("serving.engine", Severity.WARN, host, subj,
+                               f"requests preempted for KV cache space ({ev.preemptions_v0} so far)",
+                               "raise --gpu-memory-utilization or TP, or lower --max-num-seqs"))
+        if not (ev.nccl or ev.engine_dead or ev.preemptions_v0):
+            out.append(Finding("serving.engine", Severity.OK, host, subj,
+                               "engine log shows no failure" + ("" if ev.ready else " (not ready yet)")))
+    return out

@@ -1,0 +1,106 @@
+"""Where analyzers find their data: facts, raw texts and the inventory.
+
+One job: answer "what does this host have" uniformly for a live run (facts
+documents) and an offline bundle that may hold only some raw texts.  Raw
+names (keys of ``AnalysisContext.raw[host]``) used by the analyzers:
+
+- ``kernel.log``: kernel messages (dmesg, ``journalctl -k`` or kern.log text);
+- ``<instance>.log``: the journal text of the instance's unit;
+- ``<instance>.metrics``: a ``/metrics`` body, ``<instance>.metrics.2`` a later one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from clusterctl.inventory.model import Instance, Inventory
+
+KERNEL_LOG = "kernel.log"
+
+
+def unit_name(instance: str) -> str:
+    """The systemd unit clusterctl runs an instance as (``clusterctl-NAME.service``)."""
+    return f"clusterctl-{instance}.service"
+
+
+def all_hosts(ctx: Any) -> list[str]:
+    """Every host the context knows about: facts, raw texts, missing; in that order."""
+    seen: dict[str, None] = {}
+    for src in (ctx.facts, ctx.raw, ctx.missing):
+        for h in src:
+            seen.setdefault(h, None)
+    return list(seen)
+
+
+def kernel_lines(ctx: Any, host: str) -> tuple[list[str] | None, str]:
+    """The host's kernel-log lines and where they came from; ``None`` and the reason when absent."""
+    facts = ctx.facts.get(host)
+    raw = ctx.raw.get(host, {})
+    if KERNEL_LOG in raw:
+        return raw[KERNEL_LOG].splitlines(), "kernel.log"
+    if facts is not None:
+        kl = facts.get("kernel_log") or {}
+        if kl.get("source"):
+            return [str(x.get("text", "")) for x in kl.get("lines") or []], str(kl["source"])
+        reasons = [e.get("reason") for e in facts.get("errors") or [] if e.get("source") == "kernel_log"]
+        return None, "kernel log not readable: " + ("; ".join(map(str, reasons)) or "no source")
+    return None, ctx.missing.get(host) or "no facts and no kernel log for this host"
+
+
+def gpus_section(ctx: Any, host: str) -> dict[str, Any] | None:
+    """``facts["gpus"]`` of the host, or None without facts."""
+    facts = ctx.facts.get(host)
+    return None if facts is None else (facts.get("gpus") or {})
+
+
+def pci_to_index(ctx: Any, host: str) -> dict[str, int]:
+    """Short PCI address (``0000:3b:00``, lower case) -> NVML index, from facts."""
+    g = gpus_section(ctx, host) or {}
+    out: dict[str, int] = {}
+    for d in g.get("devices") or []:
+        addr = d.get("pci_address") or _from_bus_id(d.get("pci_bus_id"))
+        if addr and d.get("index") is not None:
+            out[addr[:12].lower()] = int(d["index"])
+    return out
+
+
+def _from_bus_id(bus_id: str | None) -> str | None:
+    """NVML ``00000000:3B:00.0`` -> ``0000:3b:00.0``."""
+    if not bus_id:
+        return None
+    dom, _, rest = bus_id.partition(":")
+    return f"{int(dom, 16):04x}:{rest}".lower() if rest else None
+
+
+def normalize_pci(text: str) -> str:
+    """Any kernel/NVML PCI form -> ``dddd:bb:dd`` lower case."""
+    parts = text.lower().split(":")
+    if len(parts) == 2:
+        parts = ["0000", *parts]
+    dom, bus, dev = parts[0], parts[1], parts[2].split(".")[0]
+    return f"{int(dom, 16):04x}:{bus}:{dev}"
+
+
+def instances(inv: Inventory | None) -> list[Instance]:
+    return list(inv.instances.values()) if inv is not None else []
+
+
+def instances_on_gpu(inv: Inventory | None, host: str, index: int) -> list[Instance]:
+    return [i for i in instances(inv) if any(g.host == host and g.index == index for g in i.placement)]
+
+
+def instance_hosts(ctx: Any, instance: Instance) -> list[str]:
+    """Hosts where texts of ``instance`` may be: its placement hosts, then any host holding them."""
+    hosts = list(instance.hosts)
+    for h, texts in ctx.raw.items():
+        if h not in hosts and any(k.startswith(instance.name + ".") for k in texts):
+            hosts.append(h)
+    return hosts
+
+
+def raw_instances(ctx: Any, suffix: str) -> Iterable[tuple[str, str, str]]:
+    """``(host, instance, text)`` for every raw text named ``<instance><suffix>``."""
+    for host, texts in ctx.raw.items():
+        for name, text in texts.items():
+            if name.endswith(suffix) and name != KERNEL_LOG:
+                yield host, name[: -len(suffix)], text

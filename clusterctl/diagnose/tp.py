@@ -1,0 +1,61 @@
+"""Check ``tp.group``: GPU findings rolled up to the instance that owns each GPU.
+
+An instance's TP group (its inventory placement, ``host:GPU`` pairs) is
+UNAVAILABLE (CRIT) when any member GPU has a CRIT finding, DEGRADED (WARN)
+when one has a WARN, UNKNOWN when a member host could not be checked, OK
+otherwise.  The GPU checks (``gpu.*``) are run here on the same context, so
+``--checks tp`` works alone; the subject is ``tp-group:NAME``.
+"""
+
+from __future__ import annotations
+
+from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.diagnose.registry import AnalysisContext, analyzer, run_analyzers
+
+
+@analyzer("tp.group")
+def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
+    inv = ctx.inventory
+    if inv is None or not inv.instances:
+        return []
+    gpu_findings = run_analyzers(ctx, only=["gpu"])
+    by_gpu: dict[tuple[str, int], list[Finding]] = {}
+    host_level: dict[str, list[Finding]] = {}
+    for f in gpu_findings:
+        if f.host is None:
+            continue
+        if f.subject.startswith("gpu:") and f.subject[4:].split("/")[0].isdigit():
+            by_gpu.setdefault((f.host, int(f.subject[4:].split("/")[0])), []).append(f)
+        elif f.subject in ("host", "driver"):
+            host_level.setdefault(f.host, []).append(f)
+    out: list[Finding] = []
+    for inst in inv.instances.values():
+        members = [str(g) for g in inst.placement]
+        bad: list[tuple[str, Finding]] = []
+        for g in inst.placement:
+            for f in by_gpu.get((g.host, g.index), []) + host_level.get(g.host, []):
+                if f.severity in (Severity.CRIT, Severity.WARN):
+                    bad.append((str(g) if f.subject.startswith("gpu:") else g.host, f))
+        unknown = sorted({h for h in inst.hosts if h in ctx.missing or
+                          any(f.severity == Severity.UNKNOWN for f in host_level.get(h, []))})
+        crit = [(m, f) for m, f in bad if f.severity == Severity.CRIT]
+        warn = [(m, f) for m, f in bad if f.severity == Severity.WARN]
+        subj = f"tp-group:{inst.name}"
+        ev = tuple(dict.fromkeys(f"{m}: {f.check}: {f.message}" for m, f in crit + warn))
+        if crit:
+            out.append(Finding("tp.group", Severity.CRIT, None, subj,
+                               f"UNAVAILABLE: member {crit[0][0]} is critical ({crit[0][1].check}); "
+                               f"the group of {len(members)} cannot serve",
+                               f"drain instance {inst.name}; {crit[0][1].action}", ev))
+        elif warn:
+            out.append(Finding("tp.group", Severity.WARN, None, subj,
+                               f"DEGRADED: member {warn[0][0]} has a warning ({warn[0][1].check})",
+                               warn[0][1].action, ev))
+        elif unknown:
+            out.append(Finding("tp.group", Severity.UNKNOWN, None, subj,
+                               f"member host(s) {', '.join(unknown)} could not be checked",
+                               "make the hosts reachable and run doctor again"))
+        else:
+            out.append(Finding("tp.group", Severity.OK, None, subj,
+                               f"all {len(members)} member GPUs healthy ({', '.join(members)})"))
+    return out

@@ -1,0 +1,157 @@
+"""Parse vLLM's log (the unit's journal text) into memory and engine events.
+
+Knows the message texts of vLLM 0.6 (V0), 0.8, 0.11 and 0.33 (see the
+research notes): startup free-memory check, CUDA OOM from PyTorch and vLLM's
+wrappers, KV cache too small for max_model_len, the weights and KV sizes it
+logs, CUDA-graph capture, engine death and NCCL watchdog lines.  Lines may
+carry any prefix (journal ``short``/``short-iso`` stamps, ``(EngineCore_DP0
+pid=N)``); matching is by message text.  Sizes are GiB (floats).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_SIZE = r"([\d.]+)\s*([KMGT]i?B)"
+FREE_MEM = re.compile(r"Free memory on device(?: \S+)? \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup "
+                      r"is less than desired GPU memory utilization \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)")
+KV_V1 = re.compile(r"max seq len \((?P<len>\d+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger "
+                   r"than the available KV cache memory \((?P<avail>[\d.]+) GiB\)"
+                   r"(?:\. Based on the available memory, the estimated maximum model length is (?P<est>\d+))?")
+KV_V0 = re.compile(r"The model's max seq len \((?P<len>\d+)\) is larger than the maximum number of tokens that "
+                   r"can be stored in KV cache \((?P<tokens>\d+)\)")
+NO_KV = re.compile(r"No available memory for the cache blocks")
+AUTOFIT = re.compile(r"Cannot auto-fit max_model_len: not enough GPU memory")
+CUDA_OOM = re.compile(r"CUDA out of memory\. Tried to allocate " + _SIZE +
+                      r"\. GPU (?P<gpu>\d+) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE +
+                      r" is free\.")
+OTHER_PROC = re.compile(r"Process (?P<pid>\d+) has " + _SIZE + r" memory in use")
+THIS_PROC = re.compile(r"this process has " + _SIZE + r" memory in use")
+WEIGHTS_FAIL = re.compile(r"Failed to create unquantized linear weights|Failed to load model - not enough GPU memory")
+WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) (?P<gib>[\d.]+) ?(?P<unit>GiB|GB)")
+KV_AVAIL = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) ?GiB|the rest of the memory reserved for KV "
+                      r"Cache is (?P<gib0>[\d.]+) ?GiB")
+UTIL_ARG = re.compile(r"'gpu_memory_utilization': (?P<u>[\d.]+)|gpu_memory_utilization \((?P<u2>[\d.]+)\)")
+MAXLEN_ARG = re.compile(r"'max_model_len': (?P<n>\d+)|Using max model len (?P<n2>\d+)")
+GRAPH = re.compile(r"Capturing CUDA graph|capture_model|cuda_graph|CUDAGraph|cudagraph")
+PROFILE = re.compile(r"profile_run|_dummy_run|determine_available_memory|Memory profiling")
+SAMPLER = re.compile(r"_dummy_sampler_run|sampler")
+READY = re.compile(r"Application startup complete")
+ENGINE_DEAD = re.compile(r"EngineDeadError|Engine core proc \S+ died unexpectedly|Worker proc \S+ died unexpectedly|"
+                         r"EngineCore encountered an issue|RPC call to \S+ timed out|EngineCore failed to start|"
+                         r"Engine core initialization failed")
+NCCL = re.compile(r"Watchdog caught collective operation timeout|NCCL WARN|NCCL error")
+PREEMPT_V0 = re.compile(r"is preempted by PreemptionMode\.\w+ mode because there is not enough KV cache space.*?"
+                        r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(?P<n>\d+)")
+STATS = re.compile(r"Running: (?P<run>\d+) reqs,(?: Swapped: \d+ reqs,)? (?:Waiting|Pending): (?P<wait>\d+) reqs, "
+                   r"GPU KV cache usage: (?P<kv>[\d.]+)%(?:.*?Preemptions: (?P<pre>\d+))?")
+
+
+def gib(value: str, unit: str) -> float:
+    """``("512.00", "MiB")`` -> 0.5; decimal units (``GB``) are converted to GiB too."""
+    power = "KMGT".index(unit[0].upper()) + 1
+    factor = (1024 ** power if "i" in unit else 1000 ** power) / 2**30
+    return float(value) * factor
+
+
+@dataclass
+class LogEvents:
+    """What one vLLM log says about memory and the engine."""
+
+    free_mem: dict[str, float] | None = None          # free, total, util, req (GiB)
+    kv_short: dict[str, float] | None = None          # len, need, avail, est (GiB / tokens)
+    no_kv: bool = False
+    autofit_failed: bool = False
+    cuda_oom: dict[str, Any] | None = None            # tried, total, free, this, others [(pid, GiB)], phase
+    weights_gib: float | None = None
+    kv_avail_gib: float | None = None
+    util: float | None = None
+    max_model_len: int | None = None
+    ready: bool = False
+    engine_dead: list[str] = field(default_factory=list)
+    nccl: list[str] = field(default_factory=list)
+    preemptions_v0: int | None = None
+    stats: list[dict[str, float]] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+
+
+def parse_log(text: str) -> LogEvents:
+    """Scan one log; the first occurrence of each error wins, sizes the last."""
+    ev = LogEvents()
+    phase = "startup"
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if READY.search(line):
+            ev.ready, phase = True, "runtime"
+        if GRAPH.search(line) and phase == "startup" and "Capturing" in line:
+            phase = "cuda_graph"
+        m = WEIGHTS.search(line)
+        if m:
+            ev.weights_gib = float(m["gib"]) * (1e9 / 2**30 if m["unit"] == "GB" else 1.0)
+            if phase == "startup":
+                phase = "profile"
+        m = KV_AVAIL.search(line)
+        if m:
+            ev.kv_avail_gib = float(m["gib"] or m["gib0"])
+        m = UTIL_ARG.search(line)
+        if m and ev.util is None:
+            ev.util = float(m["u"] or m["u2"])
+        m = MAXLEN_ARG.search(line)
+        if m and ev.max_model_len is None:
+            ev.max_model_len = int(m["n"] or m["n2"])
+        m = FREE_MEM.search(line)
+        if m and ev.free_mem is None:
+            ev.free_mem = {k: float(v) for k, v in m.groupdict().items()}
+            ev.evidence.append(line.strip())
+        m = KV_V1.search(line)
+        if m and ev.kv_short is None:
+            ev.kv_short = {k: float(v) for k, v in m.groupdict().items() if v is not None}
+            ev.evidence.append(line.strip())
+        m = KV_V0.search(line)
+        if m and ev.kv_short is None:
+            ev.kv_short = {"len": float(m["len"]), "est": float(m["tokens"])}
+            ev.evidence.append(line.strip())
+        if NO_KV.search(line) and not ev.no_kv:
+            ev.no_kv = True
+            ev.evidence.append(line.strip())
+        if AUTOFIT.search(line) and not ev.autofit_failed:
+            ev.autofit_failed = True
+            ev.evidence.append(line.strip())
+        m = CUDA_OOM.search(line)
+        if m and ev.cuda_oom is None:
+            ev.cuda_oom = _cuda_oom(m, line, lines[max(0, i - 40): i + 5], phase)
+            ev.evidence.append(line.strip())
+        if ENGINE_DEAD.search(line):
+            ev.engine_dead.append(line.strip())
+        if NCCL.search(line):
+            ev.nccl.append(line.strip())
+        m = PREEMPT_V0.search(line)
+        if m:
+            ev.preemptions_v0 = int(m["n"])
+        m = STATS.search(line)
+        if m:
+            ev.stats.append({"running": float(m["run"]), "waiting": float(m["wait"]), "kv": float(m["kv"]) / 100,
+                             **({"preemptions": float(m["pre"])} if m["pre"] else {})})
+    return ev
+
+
+def _cuda_oom(m: re.Match[str], line: str, around: list[str], phase: str) -> dict[str, Any]:
+    g = m.groups()
+    this = THIS_PROC.search(line)
+    context = "\n".join(around)
+    if WEIGHTS_FAIL.search(context) or (phase == "startup"):
+        where = "weights"
+    elif phase == "cuda_graph" or GRAPH.search(context):
+        where = "cuda_graph"
+    elif SAMPLER.search(context) and PROFILE.search(context):
+        where = "sampler"
+    elif phase == "profile" or PROFILE.search(context):
+        where = "activations"
+    else:
+        where = "runtime"
+    return {"tried": gib(g[0], g[1]), "gpu": int(m["gpu"]), "total": gib(g[3], g[4]), "free": gib(g[5], g[6]),
+            "this": gib(*this.groups()) if this else None,
+            "others": [(int(p["pid"]), gib(p.group(2), p.group(3))) for p in OTHER_PROC.finditer(line)],
+            "phase": where}
