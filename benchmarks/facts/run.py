@@ -58,6 +58,7 @@ sh, version_of, FanoutBench = fanout_run.sh, fanout_run.version_of, fanout_run.B
 LAB_DIR = Path("/var/lib/clusterctl-lab/bench-facts")
 BASE = "127.6"
 MARK = fanout_run.FACTS_MARK
+TOOLS = ("floor", "floor-python-pass", "clusterctl-cli", "clusterctl-api", "ansible-setup", "ansible-setup-min")
 
 
 class FactsBench:
@@ -124,6 +125,8 @@ class FactsBench:
                                           "-a", "gather_subset=min", "-f", f]
         elif not a.no_ansible:
             self.notes.append("Ansible: not installed in --tools-venv; not measured")
+        if a.tools:
+            tools = {k: v for k, v in tools.items() if k in a.tools}
         for r in range(a.rounds):
             for name, cmd in tools.items():
                 self.one(name, n, r, cmd, ans_cfg if name.startswith("ansible") else None)
@@ -196,7 +199,8 @@ def section(data: dict[str, Any]) -> str:
         "## Facts benchmark: one probe round trip on N light-mode lab hosts",
         "",
         f"Measured {data['date']} by `benchmarks/facts/run.py`, fan-out {s['fanout']}, "
-        f"{s['rounds']} interleaved rounds, every tool a fresh process. The probe payload is "
+        f"{s['rounds']} interleaved round(s) (runs column: how many), every tool a fresh process. "
+        "The probe payload is "
         f"{s['payload_bytes']} bytes (collector + carried pynvml); light hosts have no GPU, "
         "no systemd and no kernel log, so the collector records those as reasons. "
         "ratio = median / floor median; \"Ansible / tool\" = ansible-setup median / tool median.",
@@ -232,6 +236,9 @@ def main() -> int:
     ap.add_argument("--fanout", type=int, default=64)
     ap.add_argument("--tools-venv", default="/var/tmp/fanout-venv", help="virtualenv holding ansible-core")
     ap.add_argument("--no-ansible", action="store_true")
+    ap.add_argument("--tools", nargs="+", choices=TOOLS, help="measure only these (default: all)")
+    ap.add_argument("--merge", nargs="*", default=[], metavar="RESULTS_JSON",
+                    help="earlier results whose other sizes join this run's table (e.g. 1000 hosts, 1 round)")
     ap.add_argument("--run-timeout", type=float, default=600.0, help="seconds one tool run may take")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks-fanout.md"))
@@ -269,10 +276,17 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"facts-{date}.json"
+    shown = dict(data)
+    for path in args.merge:  # the table shows earlier sizes too; the JSON holds this run only
+        old = json.loads(Path(path).read_text())
+        sizes = {r["n"] for r in data["summary"]}
+        shown["summary"] = [*shown["summary"], *(r for r in old["summary"] if r["n"] not in sizes)]
+        shown["notes"] = [*shown["notes"], *(f"{old['date']} (`{Path(path).name}`): {n}" for n in old["notes"])]
+        shown["settings"] = {**shown["settings"], f"merged from {Path(path).name}": old["settings"]}
     tmp = target.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, target)
-    write_section(Path(args.markdown), section(data))
+    write_section(Path(args.markdown), section(shown))
     print(f"wrote {target} and {args.markdown}")
     return 0
 
