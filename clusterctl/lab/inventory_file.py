@@ -1,7 +1,8 @@
 """The inventory ``lab up`` writes (format: docs/inventory.md, schema 1).
 
-Hosts ``lab[01-NN]`` on consecutive addresses, two hosts per fake rack
-(``rack`` / ``leaf`` labels and a ``rackN`` group each), strict host key
+Hosts ``lab[01-NN]`` on consecutive addresses, two hosts per fake rack, each
+rack under its own leaf (top-of-rack) switch (``rack`` / ``leaf`` labels and a
+``rackN`` group each; 4 hosts are 2 leaves of 2), strict host key
 checking against the prefilled ``known_hosts``, and one host (the last)
 reached as the non-root user ``ops`` with sudo (group ``nonroot``).
 """
@@ -95,7 +96,7 @@ def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: st
     for r in range(0, len(hosts), HOSTS_PER_RACK):
         n = r // HOSTS_PER_RACK + 1
         groups[f"rack{n}"] = {"hosts": fold(names[r:r + HOSTS_PER_RACK]),
-                              "labels": {"rack": f"r{n}", "leaf": f"leaf{(n + 1) // 2}"}}
+                              "labels": {"rack": f"r{n}", "leaf": f"leaf{n}"}}
     groups["nonroot"] = {"hosts": names[-1], "ssh": {"user": OPS_USER, "become": True}}
     if inbox:
         groups["inbox"] = {"hosts": list(inbox), "labels": {"nic_driver": "inbox"}}

@@ -859,6 +859,8 @@ def read_nic(net_dir: str, name: str) -> Dict[str, Any]:
         "rdma": None,
         "ethtool_stats": None,
         "ethtool_stats_reason": None,
+        "qos": None,
+        "samples": None,
     }
     driver = os.path.join(net_dir, "device", "driver")
     if os.path.islink(driver):
@@ -902,7 +904,7 @@ def collect_nics(errors: Errors, root: str = "/") -> List[Dict[str, Any]]:
 def read_nic_keys() -> List[str]:
     return ["netdev", "operstate", "speed_mbps", "mtu", "address", "numa_node", "pci_address",
             "driver", "rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped",
-            "tx_dropped", "rdma", "ethtool_stats", "ethtool_stats_reason"]
+            "tx_dropped", "rdma", "ethtool_stats", "ethtool_stats_reason", "qos", "samples"]
 
 
 # --------------------------------------------------------------------------
@@ -1038,6 +1040,299 @@ def collect_ethtool_stats(nics: List[Dict[str, Any]], timeout: float, errors: Er
                 failed.setdefault(reason, []).append(nic["netdev"])
     for reason, names in failed.items():
         note(errors, "nics.ethtool_stats", "%s (%s)" % (reason, ", ".join(names)))
+
+
+# --------------------------------------------------------------------------
+# RoCE QoS configuration of each RDMA NIC on Ethernet: trust mode, PFC
+# priorities, DSCP -> priority map, ECN enables, RoCE traffic class, global
+# pause.  `mlnx_qos -i IF` where NVIDIA's tools are installed, else iproute2
+# `dcb`; every output is parsed by the names it prints, never by position,
+# and kept verbatim in `raw`.  A tool that is missing or fails is a reason.
+
+
+def roce_nics(nics: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """NICs with a netdev and an RDMA port on Ethernet (RoCE)."""
+    return [n for n in nics if n.get("netdev") and n.get("rdma")
+            and (n["rdma"].get("link_layer") or "Ethernet") == "Ethernet"]
+
+
+def _csv_ints(text: str) -> List[int]:
+    return [int(x) for x in re.findall(r"\d+", text)]
+
+
+def parse_mlnx_qos(text: str) -> Dict[str, Any]:
+    """``mlnx_qos -i IF`` (mlnx-tools ``pretty_print()``) by its line labels.
+
+    Returns ``dcbx`` (``os``/``firmware``), ``trust``, ``dscp2prio`` (DSCP as a
+    string -> priority; only with trust dscp; lists may be ascending,
+    descending or wrapped over several ``prio:N`` lines), ``buffer_size``
+    (bytes per buffer), ``cable_len``, ``pfc_enabled`` (priorities),
+    ``prio2buffer``, ``prio2tc``, ``tc_tsa`` and ``lldpad_warning``.  A line
+    that is not there leaves its key ``None``.
+    """
+    out: Dict[str, Any] = {"dcbx": None, "trust": None, "dscp2prio": None, "buffer_size": None,
+                           "cable_len": None, "pfc_enabled": None, "prio2buffer": None,
+                           "prio2tc": None, "tc_tsa": None, "lldpad_warning": "lldpad" in text}
+    header: List[int] = []
+    tc: Optional[int] = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        low = line.lower()
+        if low.startswith("dcbx mode:"):
+            out["dcbx"] = "firmware" if "firmware" in low else "os" if "os" in low.split(":", 1)[1] else line.split(":", 1)[1].strip()
+        elif low.startswith("priority trust state:"):
+            out["trust"] = line.split(":", 1)[1].strip().lower() or None
+        elif low.startswith("prio:") and "dscp:" in low:
+            m = re.match(r"prio:\s*(\d+)\s+dscp:(.*)$", line)
+            if m:
+                d2p = out["dscp2prio"] = out["dscp2prio"] or {}
+                for d in _csv_ints(m.group(2)):
+                    d2p[str(d)] = int(m.group(1))
+        elif low.startswith("receive buffer size"):
+            sizes = line.split(":", 1)[1].split("max_buffer_size")[0]
+            out["buffer_size"] = _csv_ints(sizes)
+        elif low.startswith("cable len:"):
+            nums = _csv_ints(line.split(":", 1)[1])
+            out["cable_len"] = nums[0] if nums else None
+        elif low.startswith("priority ") and not low.startswith("priority trust"):
+            header = _csv_ints(line)
+        elif (low.startswith("enabled ") or low.startswith("buffer ")) and header:
+            vals = _csv_ints(line)
+            row = dict(zip(header, vals))
+            if low.startswith("enabled"):
+                out["pfc_enabled"] = sorted(p for p, v in row.items() if v)
+            else:
+                out["prio2buffer"] = [row.get(p) for p in range(8)]
+        elif low.startswith("tc:"):
+            m = re.match(r"tc:\s*(\d+)", line)
+            tc = int(m.group(1)) if m else None
+            m = re.search(r"tsa:\s*([a-z]+)", low)
+            if tc is not None and m:
+                out["tc_tsa"] = out["tc_tsa"] or {}
+                out["tc_tsa"][str(tc)] = m.group(1)
+        elif low.startswith("priority:") and tc is not None:
+            p2t = out["prio2tc"] = out["prio2tc"] or [None] * 8
+            for p in _csv_ints(line):
+                if 0 <= p < 8:
+                    p2t[p] = tc
+    return out
+
+
+def parse_dcb_pfc(text: str) -> Optional[List[int]]:
+    """PFC-enabled priorities from ``dcb pfc show dev IF`` (``prio-pfc 0:off ... 3:on``)."""
+    for line in text.splitlines():
+        words = line.split()
+        if words and words[0] == "prio-pfc":
+            return sorted(int(k) for k, _, v in (w.partition(":") for w in words[1:])
+                          if k.isdigit() and v == "on")
+    return None
+
+
+def parse_dcb_app_dscp(text: str) -> Dict[str, int]:
+    """DSCP -> priority from ``dcb -N app show dev IF`` (``dscp-prio 0:0 ... 26:3``)."""
+    out: Dict[str, int] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if words and words[0] == "dscp-prio":
+            for w in words[1:]:
+                k, _, v = w.partition(":")
+                if k.isdigit() and v.isdigit():
+                    out[k] = int(v)
+    return out
+
+
+def parse_dcb_apptrust(text: str) -> Optional[str]:
+    """The first selector of ``dcb apptrust show dev IF`` (``order: dscp pcp``), as trust."""
+    for line in text.splitlines():
+        words = line.split()
+        if words and words[0] == "order:":
+            return words[1] if len(words) > 1 else None
+    return None
+
+
+def parse_ethtool_pause(text: str) -> Optional[Dict[str, Optional[bool]]]:
+    """802.3x global pause from ``ethtool -a IF``: ``{autoneg, rx, tx}`` (booleans)."""
+    out: Dict[str, Optional[bool]] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        key = key.strip().lower()
+        if sep and key in ("autonegotiate", "rx", "tx"):
+            out["autoneg" if key == "autonegotiate" else key] = value.strip().lower() == "on"
+    return out or None
+
+
+def read_ecn(net_dir: str) -> Optional[Dict[str, Any]]:
+    """MLNX_OFED ECN knobs under ``/sys/class/net/IF/ecn``: ``roce_np`` and
+    ``roce_rp`` enables per priority, ``cnp_dscp``, ``cnp_802p_prio``
+    (parameters directly under ``roce_np/`` or under ``roce_np/params/``).
+    ``None`` when the directory does not exist (inbox driver)."""
+    base = os.path.join(net_dir, "ecn")
+    if not os.path.isdir(base):
+        return None
+    out: Dict[str, Any] = {"roce_np": None, "roce_rp": None, "cnp_dscp": None, "cnp_802p_prio": None}
+    for side in ("roce_np", "roce_rp"):
+        enable = os.path.join(base, side, "enable")
+        try:
+            prios = sorted(int(p) for p in os.listdir(enable) if p.isdigit())
+        except OSError:
+            continue
+        out[side] = {str(p): read_int(os.path.join(enable, str(p))) for p in prios}
+    for key in ("cnp_dscp", "cnp_802p_prio"):
+        for d in (os.path.join(base, "roce_np"), os.path.join(base, "roce_np", "params")):
+            v = read_int(os.path.join(d, key))
+            if v is not None:
+                out[key] = v
+                break
+    return out
+
+
+def read_traffic_class(root: str, device: str, port: int) -> Tuple[Optional[int], Optional[str]]:
+    """MLNX_OFED's global RoCE traffic class (``Global tclass=106``) of ``DEV/tc/PORT``:
+    ``(value, None)``, or ``(None, why)``: file absent (inbox driver) or empty (not set)."""
+    path = path_in(root, "/sys/class/infiniband/%s/tc/%d/traffic_class" % (device, port))
+    if not os.path.exists(path):
+        return None, "no %s (not an MLNX_OFED/DOCA driver)" % path.replace(root.rstrip("/"), "", 1)
+    text = read_opt(path)
+    m = re.search(r"Global tclass=(\d+)", text or "")
+    return (int(m.group(1)), None) if m else (None, "not set")
+
+
+def _tool(argv: List[str], timeout: float, raw: Dict[str, str],
+          reasons: Dict[str, str]) -> Optional[str]:
+    """Run a read-only tool; its stdout (kept in ``raw``), or ``None`` with the reason."""
+    label = " ".join(argv)
+    try:
+        rc, out, err = run_command([find_program(argv[0])] + argv[1:], timeout)
+    except FileNotFoundError:
+        reasons[label] = "%s not installed" % argv[0]
+        return None
+    except OSError as e:
+        reasons[label] = "cannot run %s: %s" % (argv[0], e.strerror or e)
+        return None
+    if rc is None:
+        reasons[label] = "timed out after %g s" % timeout
+        return None
+    if rc != 0:
+        said = "; ".join(x.strip() for x in (err or out).splitlines() if x.strip())[:300]
+        reasons[label] = "failed (rc %d)%s" % (rc, ": " + said if said else "")
+        return None
+    raw[label] = out
+    return out
+
+
+def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/") -> Dict[str, Any]:
+    """The QoS configuration of one RoCE NIC (see :func:`collect_qos`)."""
+    dev = nic["netdev"]
+    raw: Dict[str, str] = {}
+    reasons: Dict[str, str] = {}
+    q: Dict[str, Any] = {"tool": None, "trust": None, "trust_source": None, "pfc_enabled": None,
+                         "dscp2prio": None, "prio2buffer": None, "prio2tc": None, "dcbx": None,
+                         "lldpad_warning": None, "cable_len": None, "global_pause": None,
+                         "ecn": None, "traffic_class": None, "traffic_class_reason": None,
+                         "pfc_stall_prevention": None, "raw": raw, "reasons": reasons}
+    net_dir = path_in(root, "/sys/class/net/" + dev)
+    text = _tool(["mlnx_qos", "-i", dev], timeout, raw, reasons)
+    if text is not None:
+        m = parse_mlnx_qos(text)
+        q.update(tool="mlnx_qos", trust=m["trust"], trust_source="mlnx_qos" if m["trust"] else None,
+                 pfc_enabled=m["pfc_enabled"], dscp2prio=m["dscp2prio"], prio2buffer=m["prio2buffer"],
+                 prio2tc=m["prio2tc"], dcbx=m["dcbx"], lldpad_warning=m["lldpad_warning"],
+                 cable_len=m["cable_len"])
+    else:
+        pfc = _tool(["dcb", "pfc", "show", "dev", dev], timeout, raw, reasons)
+        if pfc is not None:
+            q["tool"] = "dcb"
+            q["pfc_enabled"] = parse_dcb_pfc(pfc)
+        app = _tool(["dcb", "-N", "app", "show", "dev", dev], timeout, raw, reasons)
+        if app is not None:
+            q["tool"] = "dcb"
+            q["dscp2prio"] = parse_dcb_app_dscp(app) or None
+        trust = _tool(["dcb", "apptrust", "show", "dev", dev], timeout, raw, reasons)
+        if trust is not None and parse_dcb_apptrust(trust):
+            q["trust"], q["trust_source"] = parse_dcb_apptrust(trust), "dcb apptrust"
+        elif app is not None:
+            # As mlnx_qos decides without sysfs: DSCP entries in the APP table mean trust dscp.
+            q["trust"] = "dscp" if q["dscp2prio"] else "pcp"
+            q["trust_source"] = "dcb app (DSCP entries %s)" % ("present" if q["dscp2prio"] else "absent")
+    sys_trust = read_opt(os.path.join(net_dir, "qos", "trust"))
+    if sys_trust:
+        q["trust"], q["trust_source"] = sys_trust.strip().lower(), "sysfs"
+    pause = _tool(["ethtool", "-a", dev], timeout, raw, reasons)
+    if pause is not None:
+        q["global_pause"] = parse_ethtool_pause(pause)
+    q["ecn"] = read_ecn(net_dir)
+    rdma = nic.get("rdma") or {}
+    if rdma.get("device"):
+        q["traffic_class"], q["traffic_class_reason"] = read_traffic_class(
+            root, rdma["device"], int(rdma.get("port") or 1))
+    q["pfc_stall_prevention"] = read_opt(os.path.join(net_dir, "pfc_stall_prevention"))
+    return q
+
+
+def collect_qos(nics: List[Dict[str, Any]], timeout: float, errors: Errors, root: str = "/") -> None:
+    """Fill ``qos`` of every RoCE NIC (:func:`roce_nics`).  Each tool gets
+    ``timeout`` seconds; all NICs together get ``4 * timeout``, after which the
+    remaining NICs are recorded as skipped."""
+    deadline = time.monotonic() + 4 * timeout
+    for nic in roce_nics(nics):
+        if time.monotonic() > deadline:
+            note(errors, "nics.qos", "%s: skipped, QoS tools took over %g s" % (nic["netdev"], 4 * timeout))
+            continue
+        nic["qos"] = nic_qos(nic, timeout, root)
+
+
+# --------------------------------------------------------------------------
+# Counter samples: the RDMA NICs' counters read twice, `interval` seconds
+# apart, each read stamped with this node's monotonic clock, so that rates do
+# not depend on the SSH round trip.
+
+
+def sample_nic(nic: Dict[str, Any], timeout: float, root: str = "/") -> Dict[str, Any]:
+    """One sample: ``t`` (monotonic s, midpoint of the reads), ``read_s`` (how
+    long the reads took), ``ethtool_stats``, ``hw_counters``, ``counters``,
+    ``reason`` (why ethtool gave nothing, else ``None``)."""
+    rdma = nic.get("rdma") or {}
+    pd = path_in(root, "/sys/class/infiniband/%s/ports/%s" % (rdma.get("device"), rdma.get("port")))
+    t0 = time.monotonic()
+    stats, reason = ethtool_stats(nic["netdev"], timeout)
+    hw = read_counter_dir(os.path.join(pd, "hw_counters"))
+    counters = read_counter_dir(os.path.join(pd, "counters"))
+    t1 = time.monotonic()
+    return {"t": round((t0 + t1) / 2, 6), "read_s": round(t1 - t0, 6), "ethtool_stats": stats,
+            "hw_counters": hw, "counters": counters, "reason": reason}
+
+
+def _sample_all(nics: List[Dict[str, Any]], timeout: float, root: str) -> None:
+    threads = []
+    for nic in nics:
+        def work(n: Dict[str, Any] = nic) -> None:
+            n["samples"].append(sample_nic(n, timeout, root))
+        t = threading.Thread(target=work, name="sample", daemon=True)
+        t.start()
+        threads.append(t)
+    deadline = time.monotonic() + 2 * timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+def collect_samples(nics: List[Dict[str, Any]], interval: float, timeout: float, errors: Errors,
+                    root: str = "/") -> None:
+    """Fill ``samples`` of every RoCE NIC with two samples ``interval`` seconds
+    apart (per NIC, the second starts ``interval`` s after the first started).
+    The NICs are read in parallel, each read bounded like ``ethtool -S``."""
+    todo = [n for n in roce_nics(nics)]
+    for n in todo:
+        n["samples"] = []
+    if not todo:
+        return
+    start = time.monotonic()
+    _sample_all(todo, timeout, root)
+    time.sleep(max(0.0, start + interval - time.monotonic()))
+    _sample_all(todo, timeout, root)
+    short = [n["netdev"] for n in todo if len(n["samples"]) < 2]
+    if short:
+        note(errors, "nics.samples", "a counter sample did not finish within %g s (%s)"
+             % (2 * timeout, ", ".join(short)))
 
 
 def pci_path(root: str, sysfs_link: str) -> Optional[List[str]]:
@@ -1370,6 +1665,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--cmd-timeout", type=float, default=COMMAND_TIMEOUT_S,
                    help="seconds one command or statvfs may take")
     p.add_argument("--unit-pattern", default="clusterctl-*", help="systemd units to report")
+    p.add_argument("--counter-interval", type=float, default=0.0,
+                   help="seconds between two samples of the RDMA NICs' counters (0: no samples)")
     return p.parse_args(argv)
 
 
@@ -1392,6 +1689,10 @@ def collect(args: argparse.Namespace) -> Dict[str, Any]:
     nics = guarded(errors, "nics", [], collect_nics, errors)
     guarded(errors, "gpus.nearest_nics", None, nearest_nics, gpus, nics)
     guarded(errors, "nics.ethtool_stats", None, collect_ethtool_stats, nics, args.cmd_timeout, errors)
+    guarded(errors, "nics.qos", None, collect_qos, nics, args.cmd_timeout, errors)
+    if args.counter_interval > 0:
+        guarded(errors, "nics.samples", None, collect_samples, nics, args.counter_interval,
+                args.cmd_timeout, errors)
     units = guarded(errors, "units", None, collect_units, args, errors, host.get("uptime_s"))
     klog = guarded(errors, "kernel_log", None, collect_kernel_log, args, errors)
     return {"schema": SCHEMA, "collected_at": iso(t0), "duration_s": round(time.time() - t0, 3),

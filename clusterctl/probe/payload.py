@@ -107,7 +107,8 @@ def payload() -> Payload:
 
 def probe_command(*, kernel_log_cursor: str | None = None, nvml_timeout: float | None = None,
                   nvml_budget: float | None = None, cmd_timeout: float | None = None,
-                  kernel_log_max: int | None = None, python: str = "python3") -> str:
+                  kernel_log_max: int | None = None, counter_interval: float | None = None,
+                  python: str = "python3") -> str:
     """The shell command that runs the payload read from stdin, every argument quoted.
 
     ``-I`` ignores the node's PYTHON* variables and user site; ``-B`` writes no
@@ -124,4 +125,6 @@ def probe_command(*, kernel_log_cursor: str | None = None, nvml_timeout: float |
         argv += ["--nvml-budget", repr(float(nvml_budget))]
     if cmd_timeout is not None:
         argv += ["--cmd-timeout", repr(float(cmd_timeout))]
+    if counter_interval:
+        argv += ["--counter-interval", repr(float(counter_interval))]
     return " ".join(shlex.quote(a) for a in argv)

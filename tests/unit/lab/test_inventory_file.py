@@ -23,7 +23,7 @@ def test_four_host_inventory(tmp_path):
     assert list(inv.hosts) == ["lab01", "lab02", "lab03", "lab04"]
     assert [h.address for h in inv.hosts.values()] == [f"10.77.0.{x}" for x in range(101, 105)]
     assert inv.groups["rack1"] == ["lab01", "lab02"] and inv.groups["rack2"] == ["lab03", "lab04"]
-    assert inv.hosts["lab03"].labels == {"site": "lab", "rack": "r2", "leaf": "leaf1"}
+    assert inv.hosts["lab03"].labels == {"site": "lab", "rack": "r2", "leaf": "leaf2"}
     for h in inv.hosts.values():
         assert h.ssh.identity_file == str(cfg.key_file)
         assert h.ssh.known_hosts == str(cfg.known_hosts)

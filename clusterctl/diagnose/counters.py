@@ -1,0 +1,154 @@
+"""Counter rates between two samples of a NIC's counters.
+
+A sample is ``{t, ethtool_stats, hw_counters, counters}`` (``t`` in seconds
+on one clock; see ``nics[].samples`` in docs/facts.md).  A rate is
+``(new - old) / dt`` per second, with these rules:
+
+- a counter missing from either sample has no rate (``None``): missing means
+  "not supported here", never 0;
+- a counter that went down wrapped if it is 32 bits wide (the mlx5 Q counters
+  of ``hw_counters``, ``rx_out_of_buffer``, ``rx_if_down_packets``,
+  ``link_down_events_phy``) and the old value fits in 32 bits: the delta is
+  ``new + 2**32 - old``;
+- otherwise a counter that went down was reset (driver reload, link
+  renegotiation): its rate for this interval is unknown (``None``), never
+  negative.  :attr:`Rates.resets` lists those names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+WRAP_32 = 2 ** 32
+
+#: hw_counters read as 32-bit (mlx5 ``be32_to_cpu`` Q counters, groups 1-5 of
+#: drivers/infiniband/hw/mlx5/counters.c); the congestion ones are 64-bit.
+HW_COUNTERS_32 = frozenset("""
+    rx_write_requests rx_read_requests rx_atomic_requests rx_dct_connect out_of_buffer
+    out_of_sequence duplicate_request rnr_nak_retry_err packet_seq_err implied_nak_seq_err
+    local_ack_timeout_err resp_local_length_error resp_cqe_error req_cqe_error
+    req_remote_invalid_request req_remote_access_errors resp_remote_access_errors
+    resp_cqe_flush_error req_cqe_flush_error req_transport_retries_exceeded
+    req_rnr_retries_exceeded roce_adp_retrans roce_adp_retrans_to roce_slow_restart
+    roce_slow_restart_cnps roce_slow_restart_trans
+""".split())
+#: ethtool -S counters the mlx5 driver keeps in 32 bits.
+ETHTOOL_32 = frozenset({"rx_out_of_buffer", "rx_if_down_packets", "link_down_events_phy"})
+
+
+def delta(name: str, old: int | None, new: int | None, wide32: bool) -> int | None:
+    """``new - old`` allowing for one 32-bit wrap; ``None`` when unknown (missing or reset)."""
+    if old is None or new is None:
+        return None
+    if new >= old:
+        return new - old
+    if wide32 and old < WRAP_32 and new < WRAP_32:
+        return new + WRAP_32 - old
+    return None
+
+
+@dataclass
+class Rates:
+    """Per-second rates of one NIC over one interval of ``dt`` seconds.
+
+    ``ethtool``, ``hw``, ``ib``: counter name -> rate (per second); a name is
+    absent when either sample lacks it or it was reset (then it is in
+    ``resets``).  ``deltas`` holds the raw differences by the same names
+    (prefixed ``hw:``/``ib:`` for the RDMA ones).
+    """
+
+    dt: float
+    ethtool: dict[str, float] = field(default_factory=dict)
+    hw: dict[str, float] = field(default_factory=dict)
+    ib: dict[str, float] = field(default_factory=dict)
+    deltas: dict[str, int] = field(default_factory=dict)
+    resets: list[str] = field(default_factory=list)
+
+    def get(self, name: str) -> float | None:
+        """The rate of ``name`` from ethtool, else hw_counters, else IB counters."""
+        for table in (self.ethtool, self.hw, self.ib):
+            if name in table:
+                return table[name]
+        return None
+
+    def has(self, name: str) -> bool:
+        return self.get(name) is not None
+
+
+def _table(old: Mapping[str, int] | None, new: Mapping[str, int] | None, dt: float, wide: frozenset[str],
+           prefix: str, out: Rates) -> dict[str, float]:
+    rates: dict[str, float] = {}
+    if not old or not new:
+        return rates
+    for name, b in new.items():
+        a = old.get(name)
+        if a is None or not isinstance(a, int) or not isinstance(b, int):
+            continue
+        d = delta(name, a, b, name in wide)
+        if d is None:
+            out.resets.append(prefix + name)
+            continue
+        out.deltas[prefix + name] = d
+        rates[name] = d / dt
+    return rates
+
+
+def rates_between(old: Mapping[str, Any], new: Mapping[str, Any], dt: float | None = None) -> Rates | None:
+    """Rates from sample ``old`` to ``new``; ``dt`` defaults to ``new.t - old.t``.
+    ``None`` when the interval is not positive (no rate can be had)."""
+    if dt is None:
+        t0, t1 = old.get("t"), new.get("t")
+        if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):
+            return None
+        dt = float(t1) - float(t0)
+    if dt <= 0:
+        return None
+    r = Rates(dt=dt)
+    r.ethtool = _table(old.get("ethtool_stats"), new.get("ethtool_stats"), dt, ETHTOOL_32, "", r)
+    r.hw = _table(old.get("hw_counters"), new.get("hw_counters"), dt, HW_COUNTERS_32, "hw:", r)
+    r.ib = _table(old.get("counters"), new.get("counters"), dt, frozenset(), "ib:", r)
+    return r
+
+
+def _sample_of(nic: Mapping[str, Any]) -> dict[str, Any]:
+    rdma = nic.get("rdma") or {}
+    return {"ethtool_stats": nic.get("ethtool_stats"), "hw_counters": rdma.get("hw_counters"),
+            "counters": rdma.get("counters")}
+
+
+def _epoch(doc: Mapping[str, Any]) -> float | None:
+    try:
+        return datetime.fromisoformat(str(doc["collected_at"])).timestamp()
+    except (KeyError, ValueError):
+        return None
+
+
+def nic_rates(nic: Mapping[str, Any], later_doc: Mapping[str, Any] | None = None,
+              doc: Mapping[str, Any] | None = None, interval_s: float = 0.0) -> tuple[Rates | None, str]:
+    """The rates of one NIC entry of a facts document, and where they come from.
+
+    Preferred: the NIC's own ``samples`` (first and last, timed on the node).
+    Else: this document's counters against the same NIC in ``later_doc``
+    (a second facts run), over ``interval_s`` or the difference of the two
+    ``collected_at`` (SSH latency makes these rates approximate).  Returns
+    ``(None, why)`` when neither is available.
+    """
+    samples = nic.get("samples") or []
+    if len(samples) >= 2:
+        r = rates_between(samples[0], samples[-1])
+        return (r, "node-timed samples") if r else (None, "the samples have no positive interval")
+    if later_doc is not None:
+        other = next((n for n in later_doc.get("nics") or [] if n.get("netdev") == nic.get("netdev")
+                      and nic.get("netdev")), None)
+        if other is not None:
+            dt = interval_s
+            if doc is not None and not dt:
+                a, b = _epoch(doc), _epoch(later_doc)
+                dt = (b - a) if a is not None and b is not None else 0.0
+            r = rates_between(_sample_of(nic), _sample_of(other), dt) if dt > 0 else None
+            if r:
+                return r, "two facts runs"
+    return None, "no counter samples (collect with a counter interval)"

@@ -1,0 +1,145 @@
+"""Data-network checks: the inventory's data NICs as the facts show them.
+
+Check ``net.data``, per data NIC of the inventory (role ``data``):
+
+- present in the facts, link up (``operstate``; the RDMA port ``ACTIVE``) —
+  CRIT when missing or down;
+- link speed against the inventory's ``speed_gbps``: slower — WARN; gigabit
+  or less — WARN "for debugging only" (``checks/roce.yaml``
+  ``datanet.debug_only_speed_mbps``);
+- MTU against the fabric profile's ``mtu`` — WARN, naming the odd one out;
+- an RDMA device expected (``rdma_device``) but none behind the netdev — CRIT;
+  on RoCE, no ``RoCE v2`` GID — CRIT (NCCL picks RoCE v2 GIDs); on
+  InfiniBand, the port's rate against the inventory — WARN.
+
+Check ``host.rdma_prereqs``: ``/dev/shm`` smaller than
+``datanet.shm_min_bytes`` (NCCL's shared-memory transport) — WARN.
+
+Without an inventory there is nothing to compare against and these checks
+return no findings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clusterctl.diagnose import fabric
+from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.diagnose.registry import AnalysisContext, analyzer
+
+CHECK = "net.data"
+PREREQS = "host.rdma_prereqs"
+
+
+def _nic(facts: dict[str, Any], netdev: str) -> dict[str, Any] | None:
+    return next((n for n in facts.get("nics") or [] if n.get("netdev") == netdev), None)
+
+
+def _gbps(mbps: float) -> str:
+    return f"{mbps / 1000:g} Gb/s" if mbps >= 1000 else f"{mbps:g} Mb/s"
+
+
+@analyzer(CHECK)
+def check_data_nics(ctx: AnalysisContext) -> list[Finding]:
+    """Data NICs: present, up, speed, MTU, RDMA port and GIDs."""
+    inv = ctx.inventory
+    if inv is None:
+        return []
+    prof = fabric.profile(ctx)
+    debug_mbps = fabric.limit(ctx, "datanet", "debug_only_speed_mbps", 1000)
+    out: list[Finding] = []
+    mtus: dict[str, int] = {}
+    for host in fabric.hosts(ctx):
+        if host not in inv.hosts:
+            continue
+        for spec in inv.hosts[host].nics_with_role("data"):
+            n = _nic(ctx.facts[host], spec.netdev)
+            if n is not None and n.get("mtu"):
+                mtus.setdefault(host, int(n["mtu"]))
+    for host in fabric.hosts(ctx):
+        if host not in inv.hosts:
+            continue
+        specs = inv.hosts[host].nics_with_role("data")
+        bad = False
+        for spec in specs:
+            subj = f"nic:{spec.netdev}"
+            n = _nic(ctx.facts[host], spec.netdev)
+            if n is None:
+                out.append(Finding(CHECK, Severity.CRIT, host, subj,
+                                   f"{spec.netdev}: the inventory's data NIC does not exist on this host",
+                                   "fix the inventory's netdev name or the host's interface naming"))
+                bad = True
+                continue
+            rdma = n.get("rdma") or {}
+            if n.get("operstate") not in (None, "up", "unknown") or rdma.get("state") not in (None, "ACTIVE"):
+                out.append(Finding(CHECK, Severity.CRIT, host, subj,
+                                   f"{spec.netdev}: link down (operstate {n.get('operstate')}, RDMA port "
+                                   f"{rdma.get('state') or 'none'})",
+                                   "check the cable, transceiver and switch port of this NIC",
+                                   (f"phys_state {rdma.get('phys_state')}",)))
+                bad = True
+                continue
+            speed = n.get("speed_mbps")
+            if speed is not None and speed <= debug_mbps:
+                out.append(Finding(CHECK, Severity.WARN, host, subj,
+                                   f"{spec.netdev}: {_gbps(speed)} link: gigabit is for debugging only",
+                                   "use a 100 Gb/s or faster NIC for tensor-parallel traffic across hosts"))
+                bad = True
+            elif speed is not None and spec.speed_gbps and speed < spec.speed_gbps * 1000:
+                out.append(Finding(CHECK, Severity.WARN, host, subj,
+                                   f"{spec.netdev}: link at {_gbps(speed)}, the inventory says "
+                                   f"{spec.speed_gbps:g} Gb/s",
+                                   "check the cable and the switch port's speed; reseat the transceiver"))
+                bad = True
+            if n.get("mtu") and prof.kind == "roce" and int(n["mtu"]) != prof.mtu:
+                rel = fabric.odd_one_out(mtus, host, prof.mtu)
+                out.append(Finding(CHECK, Severity.WARN, host, subj,
+                                   f"{host} {spec.netdev}: MTU {n['mtu']}; {rel}",
+                                   f"set MTU {prof.mtu} on {spec.netdev} and its switch port "
+                                   "(RoCE uses the largest of 256..4096 that fits)"))
+                bad = True
+            if spec.rdma_device and not rdma:
+                out.append(Finding(CHECK, Severity.CRIT, host, subj,
+                                   f"{spec.netdev}: no RDMA device behind it (the inventory says "
+                                   f"{spec.rdma_device})",
+                                   "load mlx5_ib / check the driver stack; NCCL falls back to TCP sockets"))
+                bad = True
+            elif rdma and rdma.get("link_layer") == "Ethernet" and prof.kind == "roce":
+                if not any("RoCE v2" in str(g.get("type")) for g in rdma.get("gids") or []):
+                    out.append(Finding(CHECK, Severity.CRIT, host, subj,
+                                       f"{spec.netdev}: no RoCE v2 GID on {rdma.get('device')} port "
+                                       f"{rdma.get('port')}",
+                                       "give the data NIC an IP address (GIDs follow addresses) and "
+                                       "check that RoCE v2 is enabled"))
+                    bad = True
+            elif rdma and rdma.get("link_layer") == "InfiniBand" and spec.speed_gbps \
+                    and rdma.get("rate_gbps") and rdma["rate_gbps"] < spec.speed_gbps:
+                out.append(Finding(CHECK, Severity.WARN, host, subj,
+                                   f"{spec.netdev}: InfiniBand port at {rdma['rate_gbps']:g} Gb/s, the "
+                                   f"inventory says {spec.speed_gbps:g} Gb/s",
+                                   "check the cable and the switch port", (str(rdma.get("rate")),)))
+                bad = True
+        if specs and not bad:
+            out.append(Finding(CHECK, Severity.OK, host, "host", "data NICs up at the expected speed"))
+    return out
+
+
+@analyzer(PREREQS)
+def check_prereqs(ctx: AnalysisContext) -> list[Finding]:
+    """RDMA prerequisites the facts show: /dev/shm size."""
+    want = int(fabric.limit(ctx, "datanet", "shm_min_bytes", 1 << 30))
+    out: list[Finding] = []
+    for host in fabric.hosts(ctx):
+        disks = (ctx.facts[host].get("host") or {}).get("disks") or []
+        shm = next((d for d in disks if d.get("mount") == "/dev/shm"), None)
+        if shm is None or shm.get("total_bytes") is None:
+            out.append(Finding(PREREQS, Severity.UNKNOWN, host, "host", "/dev/shm size not in the facts",
+                               "check that /dev/shm is mounted (tmpfs)"))
+        elif shm["total_bytes"] < want:
+            out.append(Finding(PREREQS, Severity.WARN, host, "host",
+                               f"/dev/shm is {shm['total_bytes'] / 2**20:.0f} MiB (NCCL wants at least "
+                               f"{want / 2**30:g} GiB)",
+                               "mount /dev/shm larger (tmpfs size=...), or give the vLLM units a larger one"))
+        else:
+            out.append(Finding(PREREQS, Severity.OK, host, "host", "/dev/shm large enough"))
+    return out

@@ -1,0 +1,207 @@
+"""RoCE QoS configuration checks (``nics[].qos`` of the facts), against the
+inventory's fabric profile and across hosts, naming the odd one out:
+``lab07 eth2: PFC on priority 4; the profile and the other 7 hosts use 3``.
+
+Check ``roce.qos``, per RoCE NIC:
+
+- trust mode (``dscp`` expected: with ``pcp`` untagged RoCEv2 lands on
+  priority 0, lossy) — CRIT when it differs from the profile;
+- PFC-enabled priorities: the profile's priority missing — CRIT; other
+  priorities on as well — WARN;
+- the DSCP -> priority map: the RoCE DSCP not on the PFC priority — CRIT; the
+  CNP DSCP on a priority other than the other hosts' — WARN;
+- ECN: notification or reaction point off on the RoCE priority — WARN;
+  CNP DSCP different from the profile's — WARN (MLNX_OFED sysfs only);
+- RoCE traffic class (MLNX_OFED ``tc/1/traffic_class``): set to a DSCP
+  other than the profile's — CRIT; set on some hosts and not others — WARN;
+- 802.3x global pause on — WARN;
+- DCBX under firmware control or lldpad running (settings can be
+  overwritten) — WARN;
+- QoS unreadable (neither mlnx_qos nor dcb answered) — UNKNOWN.
+
+The counters' own view of the configuration (which ``*_prioN_pause`` names
+exist) confirms the PFC priorities where no tool answered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable
+from typing import Any
+
+from clusterctl.diagnose import fabric
+from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.diagnose.registry import AnalysisContext, analyzer
+
+CHECK = "roce.qos"
+
+
+def pfc_from_counters(nic: dict[str, Any]) -> list[int] | None:
+    """PFC-enabled priorities as mlx5 shows them: ``rx_prioN_pause`` exists only for those."""
+    stats = nic.get("ethtool_stats") or {}
+    prios = sorted({int(m.group(1)) for n in stats if (m := re.fullmatch(r"rx_prio(\d)_pause", n))})
+    if not prios and not any(n.startswith("rx_prio") for n in stats):
+        return None  # not an mlx5-style counter set: no readout
+    return prios
+
+
+def settings(nic: dict[str, Any], roce_dscp: int, cnp_dscp: int) -> dict[str, Hashable]:
+    """The comparable QoS values of one NIC (absent ones left out)."""
+    q = nic.get("qos") or {}
+    out: dict[str, Hashable] = {}
+    if q.get("trust"):
+        out["trust"] = q["trust"]
+    pfc = q.get("pfc_enabled")
+    if pfc is None:
+        pfc = pfc_from_counters(nic)
+    if pfc is not None:
+        out["pfc"] = tuple(pfc)
+    d2p = q.get("dscp2prio")
+    if q.get("trust") == "dscp" and isinstance(d2p, dict):
+        out["roce_dscp_prio"] = d2p.get(str(roce_dscp))
+        out["cnp_dscp_prio"] = d2p.get(str(cnp_dscp))
+    ecn = q.get("ecn")
+    if isinstance(ecn, dict):
+        out["ecn_np"] = tuple(sorted(int(p) for p, v in (ecn.get("roce_np") or {}).items() if v))
+        out["ecn_rp"] = tuple(sorted(int(p) for p, v in (ecn.get("roce_rp") or {}).items() if v))
+        if ecn.get("cnp_dscp") is not None:
+            out["ecn_cnp_dscp"] = ecn["cnp_dscp"]
+    if q.get("traffic_class") is not None or q.get("traffic_class_reason") == "not set":
+        out["tclass"] = q.get("traffic_class")
+    gp = q.get("global_pause")
+    if isinstance(gp, dict):
+        out["global_pause"] = bool(gp.get("rx") or gp.get("tx"))
+    if q.get("dcbx"):
+        out["dcbx"] = q["dcbx"]
+    return out
+
+
+def _prios(v: Any) -> str:
+    if not v:
+        return "no priority"
+    v = list(v)
+    return ("priority " if len(v) == 1 else "priorities ") + ",".join(map(str, v))
+
+
+def _qos_unreadable(nic: dict[str, Any]) -> str | None:
+    q = nic.get("qos")
+    if q is None:
+        return "the facts have no QoS section (a collector older than this check?)"
+    if q.get("tool") is None and q.get("trust") is None:
+        reasons = "; ".join(f"{k}: {v}" for k, v in (q.get("reasons") or {}).items())
+        return f"neither mlnx_qos nor dcb answered ({reasons or 'no reason given'})"
+    return None
+
+
+@analyzer(CHECK)
+def check_qos(ctx: AnalysisContext) -> list[Finding]:
+    """QoS configuration against the profile and across hosts."""
+    if not fabric.is_roce_fabric(ctx):
+        return []
+    prof = fabric.profile(ctx)
+    p = prof.pfc_priority
+    per_nic: dict[tuple[str, str], dict[str, Hashable]] = {}
+    unknown: list[Finding] = []
+    order: list[str] = []
+    for host in fabric.hosts(ctx):
+        for nic in fabric.roce_nics(ctx.facts[host]):
+            name = str(nic["netdev"])
+            why = _qos_unreadable(nic)
+            vals = settings(nic, prof.roce_dscp, prof.cnp_dscp)
+            if why and "pfc" not in vals:
+                unknown.append(Finding(CHECK, Severity.UNKNOWN, host, f"nic:{name}",
+                                       f"{name}: cannot read the QoS configuration: {why}",
+                                       "install mlnx-tools (mlnx_qos) or iproute2's dcb on the node"))
+                continue
+            per_nic[(host, name)] = vals
+            order.append(host)
+
+    def host_values(key: str) -> dict[str, Hashable]:
+        """Per host, the value when all its NICs agree (else a tuple of them)."""
+        by_host: dict[str, set[Hashable]] = {}
+        for (h, _), vals in per_nic.items():
+            if key in vals:
+                by_host.setdefault(h, set()).add(vals[key])
+        return {h: next(iter(v)) if len(v) == 1 else tuple(sorted(map(str, v))) for h, v in by_host.items()}
+
+    out: list[Finding] = []
+    bad_hosts: set[str] = set()
+
+    def add(host: str, nic: str, sev: Severity, key: str, msg: str, expected: Hashable | None,
+            action: str, show: Any = str) -> None:
+        rel = fabric.odd_one_out(host_values(key), host, expected, show)
+        out.append(Finding(CHECK, sev, host, f"nic:{nic}", f"{host} {nic}: {msg}; {rel}", action,
+                           (f"{key} = {show(per_nic[(host, nic)].get(key))}",)))
+        bad_hosts.add(host)
+
+    majority: dict[str, Hashable] = {}
+    for key in ("cnp_dscp_prio", "tclass", "dcbx"):
+        vals = list(host_values(key).values())
+        if vals:
+            majority[key] = max(set(vals), key=vals.count)
+
+    for (host, nic), v in per_nic.items():
+        if "trust" in v and v["trust"] != prof.trust:
+            add(host, nic, Severity.CRIT, "trust", f"trust {v['trust']}", prof.trust,
+                f"set trust {prof.trust} (mlnx_qos -i {nic} --trust {prof.trust}); with trust pcp, "
+                "untagged RoCEv2 traffic is classified to priority 0, which has no PFC",
+                show=str)
+        if "pfc" in v:
+            pfc = tuple(v["pfc"])  # type: ignore[arg-type]
+            if p not in pfc:
+                add(host, nic, Severity.CRIT, "pfc", f"PFC on {_prios(pfc)}", (p,),
+                    f"enable PFC on priority {p} only (mlnx_qos -i {nic} --pfc "
+                    + ",".join("1" if i == p else "0" for i in range(8)) + f" or dcb pfc set dev {nic} "
+                    f"prio-pfc {p}:on); RoCE on priority {p} is not lossless on this host",
+                    show=lambda x: ",".join(map(str, x)) if isinstance(x, tuple) and x
+                    and all(isinstance(i, int) for i in x) else str(x))
+            elif len(pfc) > 1:
+                add(host, nic, Severity.WARN, "pfc", f"PFC on {_prios(pfc)}", (p,),
+                    f"enable PFC on priority {p} only: pause on other priorities can spread congestion",
+                    show=lambda x: ",".join(map(str, x)) if isinstance(x, tuple) else str(x))
+        if v.get("trust") == "dscp" and "roce_dscp_prio" in v and v["roce_dscp_prio"] != p:
+            add(host, nic, Severity.CRIT, "roce_dscp_prio",
+                f"DSCP {prof.roce_dscp} (RoCE) maps to priority {v['roce_dscp_prio']}", p,
+                f"map DSCP {prof.roce_dscp} to priority {p} (mlnx_qos -i {nic} --dscp2prio "
+                f"set,{prof.roce_dscp},{p})")
+        if "cnp_dscp_prio" in v and majority.get("cnp_dscp_prio") not in (None, v["cnp_dscp_prio"]):
+            add(host, nic, Severity.WARN, "cnp_dscp_prio",
+                f"DSCP {prof.cnp_dscp} (CNP) maps to priority {v['cnp_dscp_prio']}", None,
+                f"map DSCP {prof.cnp_dscp} as the other hosts do")
+        if "ecn_np" in v and p not in v["ecn_np"]:  # type: ignore[operator]
+            add(host, nic, Severity.WARN, "ecn_np", f"ECN notification point off on priority {p}", None,
+                f"echo 1 > /sys/class/net/{nic}/ecn/roce_np/enable/{p} (no CNPs are sent otherwise)",
+                show=_prios)
+        if "ecn_rp" in v and p not in v["ecn_rp"]:  # type: ignore[operator]
+            add(host, nic, Severity.WARN, "ecn_rp", f"ECN reaction point off on priority {p}", None,
+                f"echo 1 > /sys/class/net/{nic}/ecn/roce_rp/enable/{p} (senders ignore CNPs otherwise)",
+                show=_prios)
+        if "ecn_cnp_dscp" in v and v["ecn_cnp_dscp"] != prof.cnp_dscp:
+            add(host, nic, Severity.WARN, "ecn_cnp_dscp", f"CNPs are sent with DSCP {v['ecn_cnp_dscp']}",
+                prof.cnp_dscp, f"set /sys/class/net/{nic}/ecn/roce_np/cnp_dscp to {prof.cnp_dscp}, "
+                "the class the switches treat as strict priority")
+        if "tclass" in v:
+            tc = v["tclass"]
+            if tc is not None and int(tc) >> 2 != prof.roce_dscp:  # type: ignore[call-overload]
+                add(host, nic, Severity.CRIT, "tclass",
+                    f"RoCE traffic class {tc} (DSCP {int(tc) >> 2}) overrides every QP",  # type: ignore[call-overload]
+                    prof.roce_dscp * 4 + 2,
+                    f"echo {prof.roce_dscp * 4 + 2} > the traffic_class file of this port (DSCP "
+                    f"{prof.roce_dscp}), or -1 to let NCCL_IB_TC decide")
+            elif tc is None and majority.get("tclass") is not None:
+                add(host, nic, Severity.WARN, "tclass", "no global RoCE traffic class set",
+                    None, "set the same traffic class as the other hosts, or NCCL_IB_TC in the vLLM units",
+                    show=lambda x: "none" if x is None else str(x))
+        if v.get("global_pause"):
+            add(host, nic, Severity.WARN, "global_pause", "802.3x global pause is on", False,
+                f"ethtool -A {nic} rx off tx off: global pause stops every priority, not just RoCE",
+                show=lambda x: "on" if x else "off")
+        if v.get("dcbx") == "firmware":
+            add(host, nic, Severity.WARN, "dcbx", "DCBX is firmware controlled", "os",
+                "the switch can push a different PFC configuration: set DCBX to OS control "
+                "or check what the switch advertises")
+
+    for host in dict.fromkeys(order):
+        if host not in bad_hosts:
+            out.append(Finding(CHECK, Severity.OK, host, "host", "QoS matches the fabric profile"))
+    return out + unknown
