@@ -14,8 +14,6 @@ PLANNED: dict[str, tuple[str, int]] = {
     "stage": ("Stage model files onto nodes: parallel fetch, relay, page cache [planned].", 7),
     "deploy": ("Render vLLM units, plan the difference and roll them out [planned].", 8),
     "status": ("Show every instance: unit state, health, load score [planned].", 8),
-    "doctor": ("Diagnose GPUs, OOM causes, RoCE and TP groups; exit 0/1/2/3 [planned].", 9),
-    "collect": ("Save a bundle of raw outputs for offline diagnosis [planned].", 9),
     "drift": ("Compare greedy outputs with a named baseline [planned].", 11),
     "bench": ("Load-test an endpoint with vLLM's latency definitions [planned].", 11),
     "report": ("Unattended health report with history and trends [planned].", 12),

@@ -70,8 +70,15 @@ class _Episode:
 
     def distinct(self) -> int:
         """Events, counting lines of one instant and pid once (an XID 13 prints several)."""
-        return len({(e.stamp, e.pid) for e in self.events}) if all(e.stamp for e in self.events) \
-            else len(self.events)
+        if not all(e.stamp for e in self.events):
+            return len(self.events)
+        return len({(_second(e.stamp), e.pid) for e in self.events})
+
+
+def _second(stamp: str | None) -> str:
+    """A stamp to the second: dmesg ``103859.498995`` -> ``103859``; text stamps as they are."""
+    s = stamp or ""
+    return s.split(".")[0] if s.replace(".", "").isdigit() else s
 
 
 def catalogue(ctx: AnalysisContext) -> dict[str, Any]:

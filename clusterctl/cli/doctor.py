@@ -1,0 +1,204 @@
+"""``clusterctl doctor``: what is wrong with the cluster, and what to do about it.
+
+Collects facts (and each instance's journal and /metrics) over SSH, or reads a
+bundle (``--from``), runs the analyzers of ``clusterctl.diagnose`` and prints
+the findings: a table of identical findings grouped over hosts (node sets),
+worst first, each with its action; or JSON, Markdown, Prometheus text.
+Exit status is the worst finding: 0 OK, 1 WARN, 2 CRIT, 3 UNKNOWN (could
+not check anything worse; also usage and configuration errors).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, user_config
+from clusterctl.cli._hosts import (
+    ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, become_password, check_host_key_policy,
+    select,
+)
+from clusterctl.diagnose.findings import Finding, Severity, exit_code
+from clusterctl.errors import ClusterctlError
+
+HELP = """Diagnose GPUs (XIDs, ECC, remapped rows, lost GPUs, PCIe, NVLink, clocks,
+temperature), the cause of an instance's OOM, serving health from /metrics,
+TP groups (one bad GPU makes its group UNAVAILABLE), and the RoCE fabric.
+
+Never changes node state. Findings identical on many hosts are one row with a
+node set; CRIT first, each with its action. A host that cannot be reached, or
+a check without data, is UNKNOWN. Exit status: 0 OK, 1 WARN, 2 CRIT, 3 UNKNOWN
+(also usage and configuration errors).
+
+Examples:
+
+  clusterctl doctor all -i /var/lib/clusterctl-lab/inventory.yaml
+
+  clusterctl doctor 'gpu[01-04]' --checks xid,remap,tp --format markdown
+
+  clusterctl doctor --from bundle.tar.gz --json
+"""
+
+SEVERITY_STYLE = {Severity.CRIT: "bold red", Severity.WARN: "yellow", Severity.UNKNOWN: "magenta",
+                  Severity.OK: "green"}
+FORMATS = ("table", "json", "markdown", "prom")
+
+
+def checks_option() -> Any:
+    return typer.Option(None, "--checks", "-c",
+                        help="Comma-separated checks or groups: gpu, xid, oom, serving, tp, roce, gpu.remap ...")
+
+
+def parse_checks(value: Optional[str]) -> list[str] | None:
+    from clusterctl.diagnose.doctor import resolve_checks
+
+    try:
+        return resolve_checks(value.split(",")) if value else None
+    except ClusterctlError as e:
+        fail(str(e))
+
+
+def load_checks_data() -> dict[str, Any]:
+    from clusterctl.diagnose.thresholds import load_thresholds
+
+    try:
+        return load_thresholds()
+    except ClusterctlError as e:
+        fail(str(e))
+
+
+def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, timeout: float, sudo: bool,
+                  ask_become_pass: bool, fanout: Optional[int], connect_timeout: Optional[float],
+                  deadline: Optional[float], host_key_policy: Optional[str], progress: bool = True
+                  ) -> tuple[Any, Any, str]:
+    """``(snapshot, inventory, inventory path)`` gathered over SSH from the selected hosts."""
+    from clusterctl.diagnose.bundle import gather
+    from clusterctl.fleet.fleet import Fleet
+    from clusterctl.fleet.results import HostResult, HostStatus
+    from clusterctl.fleet.ssh import ParamikoTransport
+
+    policy = check_host_key_policy(host_key_policy)
+    path, hosts = select(inventory, pattern)
+    inv = load_inventory(path)
+    password = become_password(ask_become_pass, hosts, sudo)
+    if connect_timeout:
+        for h in hosts:
+            h.ssh.connect_timeout = connect_timeout
+    cfg = user_config()
+    fleet = Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
+                  command_timeout=timeout + interval, deadline=deadline, become_password=password,
+                  transport=ParamikoTransport(host_key_policy=policy))
+
+    def as_row(r: Any) -> HostResult:
+        status = HostStatus.OK if r.ok else HostStatus(r.fleet_status if r.fleet_status != "ok" else "error")
+        return HostResult(r.host, status, duration_s=r.duration_s, error=r.reason)
+
+    with fleet, HostProgress(len(hosts), "probe", progress) as bar:
+        snap = gather(fleet, inv, hosts, interval_s=interval, timeout=timeout, sudo=sudo,
+                      on_facts=lambda r: bar(as_row(r)),
+                      on_event=lambda s: err_console.print(s, markup=False) if progress else None)
+    for w in fleet.warnings:
+        err_console.print(f"warning: {w}", markup=False)
+    return snap, inv, path
+
+
+def bundle_snapshot(source: str, inventory: Optional[str]) -> tuple[Any, Any]:
+    """``(snapshot, inventory or None)`` from a bundle; ``-i`` beats the bundle's own inventory."""
+    from clusterctl.diagnose.bundle import read_bundle
+    from clusterctl.inventory.loader import load_inventory as load
+
+    try:
+        snap, inv_path = read_bundle(source)
+        if inventory:
+            return snap, load_inventory(inventory)
+        return snap, load(inv_path) if inv_path else None
+    except ClusterctlError as e:
+        fail(str(e))
+
+
+def _table(findings: list[Finding], show_ok: bool) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from clusterctl.report.findings import group, merge_checks, summary
+
+    groups = merge_checks(group(findings, Severity.OK if show_ok else Severity.UNKNOWN))
+    if groups:
+        table = Table("severity", "hosts", "subject", "check", "finding / action", box=None,
+                      header_style="bold", pad_edge=False, show_lines=False)
+        table.columns[1].overflow = table.columns[2].overflow = "fold"
+        for g in groups:
+            action = f"\n[dim]-> {escape(g.action)}[/]" if g.action else ""
+            table.add_row(f"[{SEVERITY_STYLE[g.severity]}]{g.severity.name}[/]", escape(g.hosts or "-"),
+                          escape(g.subject), escape(g.check), escape(g.message) + action)
+        console.print(table)
+    s = summary(findings)
+    ok_hosts = sorted({f.host for f in findings if f.host and f.severity == Severity.OK})
+    counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n) or "no findings"
+    console.print(f"{s['worst']}: {counts}" + ("" if show_ok or not ok_hosts else
+                                               " (OK rows hidden; --all shows them)"), markup=False)
+
+
+def render(findings: list[Finding], fmt: str, show_ok: bool, meta: dict[str, Any]) -> None:
+    from clusterctl.report import findings as rf
+
+    if fmt == "json":
+        sys.stdout.write(rf.to_json(findings, meta=meta) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(rf.to_markdown(findings, min_severity=Severity.OK if show_ok else Severity.UNKNOWN))
+    elif fmt == "prom":
+        sys.stdout.write(rf.to_prometheus(findings))
+    else:
+        _table(findings, show_ok)
+
+
+def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all."),
+           inventory: Optional[str] = InventoryOpt,
+           checks: Optional[str] = checks_option(),
+           as_json: bool = JsonOpt,
+           fmt: str = typer.Option("table", "--format", help="table, json, markdown or prom (Prometheus text)."),
+           source: Optional[str] = typer.Option(None, "--from",
+                                                help="Analyse a bundle (directory or .tar.gz) instead of hosts."),
+           interval: float = typer.Option(2.0, "--interval", min=0,
+                                          help="Seconds between the two /metrics samples (0: one sample)."),
+           show_all: bool = typer.Option(False, "--all", help="Show OK rows too."),
+           timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
+           fanout: Optional[int] = FanoutOpt,
+           connect_timeout: Optional[float] = ConnectTimeoutOpt,
+           deadline: Optional[float] = DeadlineOpt,
+           sudo: bool = typer.Option(False, "--sudo", help="Probe as root via sudo (root-only kernel log)."),
+           ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K",
+                                                help="Prompt once for the sudo password."),
+           host_key_policy: Optional[str] = HostKeyOpt,
+           ) -> None:
+    from clusterctl.diagnose.bundle import context
+    from clusterctl.diagnose.doctor import diagnose
+
+    fmt = "json" if as_json else fmt
+    if fmt not in FORMATS:
+        fail(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+    selected = parse_checks(checks)
+    thresholds = load_checks_data()
+    started = time.monotonic()
+    if source:
+        snap, inv = bundle_snapshot(source, inventory)
+        meta: dict[str, Any] = {"source": str(Path(source)), "bundle": snap.meta}
+    else:
+        snap, inv, path = live_snapshot(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,
+                                        ask_become_pass=ask_become_pass, fanout=fanout,
+                                        connect_timeout=connect_timeout, deadline=deadline,
+                                        host_key_policy=host_key_policy, progress=fmt == "table")
+        meta = {"inventory": path, "pattern": pattern, **snap.meta}
+    findings = diagnose(context(snap, inv, thresholds), selected)
+    meta["duration_s"] = round(time.monotonic() - started, 3)
+    meta["checks"] = selected or "all"
+    render(findings, fmt, show_all, meta)
+    raise typer.Exit(exit_code(findings))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor", help=HELP)(doctor)

@@ -1,0 +1,295 @@
+"""Snapshots for doctor: gathered live over the fleet, saved as a bundle, read back.
+
+A :class:`Snapshot` is everything the analyzers read: facts per host, hosts
+that gave none (``missing``), raw texts (kernel log, each instance's journal,
+``/metrics`` samples) and the raw command records they came from.
+:func:`gather` takes one over a Fleet, :func:`write_bundle` saves it as a
+directory or ``.tar.gz`` (written under a temporary name, then renamed),
+:func:`read_bundle` loads a bundle, including one assembled by hand from a
+few files (layout in docs/bundles.md).  :func:`context` makes the
+``AnalysisContext``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from clusterctl import __version__
+from clusterctl.diagnose import sources
+from clusterctl.diagnose.registry import AnalysisContext
+from clusterctl.errors import ConfigError, Problem
+from clusterctl.inventory.model import Host, Inventory
+
+FORMAT = 1
+NODE_SCRIPT = Path(__file__).with_name("bundle_node.py")
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass
+class Snapshot:
+    """What one doctor run looked at.
+
+    ``raw``: host -> {name: text} with the names of ``sources`` (``kernel.log``,
+    ``<instance>.log``, ``<instance>.metrics``, ``<instance>.metrics.2``);
+    ``commands``: host -> [{argv or url, rc, stdout, stderr, started_at}]
+    (verbatim records of what ran on the node); ``meta``: timestamps etc.
+    """
+
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+    raw: dict[str, dict[str, str]] = field(default_factory=dict)
+    commands: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    interval_s: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def safe_name(text: str) -> str:
+    """A file name for a host, instance or command (no slashes, no dot files)."""
+    return _SAFE.sub("_", text).strip("._") or "_"
+
+
+# ------------------------------------------------------------------- gather
+
+def node_spec(inventory: Inventory | None, host: str, interval_s: float, lines: int = 5000) -> dict[str, Any]:
+    """The node script's argument for ``host``: its instances' units and ports."""
+    insts = {}
+    for inst in sources.instances(inventory):
+        if inst.placement and inst.placement[0].host == host:
+            bind = inst.args.get("host") if isinstance(inst.args.get("host"), str) else None
+            insts[inst.name] = {"unit": sources.unit_name(inst.name), "port": inst.port,
+                                "host": None if bind in (None, "0.0.0.0", "::") else bind}
+    return {"instances": insts, "interval_s": interval_s, "lines": lines, "timeout_s": 5}
+
+
+def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interval_s: float = 0.0,
+           timeout: float = 60.0, sudo: bool = False, on_event: Callable[[str], None] | None = None,
+           on_facts: Callable[[Any], None] | None = None) -> Snapshot:
+    """Facts of every host (one probe round trip), then each instance's journal and
+    ``/metrics`` samples (one more round trip on the hosts that run instances).
+
+    ``interval_s``: seconds between the two ``/metrics`` samples (0: one sample).
+    A host that fails either step is recorded, never raised: facts failures go to
+    ``missing``, journal/metrics failures to the host's ``commands`` records.
+    """
+    from clusterctl.fleet.shell import python_script
+    from clusterctl.probe.run import collect_facts
+
+    snap = Snapshot(interval_s=interval_s, meta={"started_at": _now(), "clusterctl_version": __version__,
+                                                 "hosts": [h.name for h in hosts]})
+    results = collect_facts(fleet, timeout=timeout, sudo=sudo, on_result=on_facts)
+    for name, r in results.items():
+        if r.ok and r.facts is not None:
+            snap.facts[name] = r.facts.raw
+            kl = r.facts.raw.get("kernel_log") or {}
+            if kl.get("source"):
+                snap.raw.setdefault(name, {})[sources.KERNEL_LOG] = "".join(
+                    str(x.get("text", "")) + "\n" for x in kl.get("lines") or [])
+        else:
+            snap.missing[name] = r.reason or r.status
+    snap.meta["facts_at"] = _now()
+    specs = {h.name: node_spec(inventory, h.name, interval_s) for h in hosts if h.name in snap.facts}
+    specs = {h: s for h, s in specs.items() if s["instances"]}
+    if specs:
+        if on_event:
+            on_event(f"journals and /metrics of {sum(len(s['instances']) for s in specs.values())} instance(s)")
+        sub = [h for h in hosts if h.name in specs]
+        command = {h: python_script([json.dumps(s)]) for h, s in specs.items()}
+        rows = _run_on(fleet, sub, command, NODE_SCRIPT.read_bytes(), timeout + interval_s, sudo)
+        for row in rows:
+            _absorb(snap, row)
+    snap.meta["finished_at"] = _now()
+    return snap
+
+
+def _run_on(fleet: Any, hosts: list[Host], command: dict[str, str], script: bytes, timeout: float,
+            sudo: bool) -> list[Any]:
+    """Run on a subset of the fleet's hosts (a per-host mapping names only those)."""
+    full = {h.name: command.get(h.name, "true") for h in getattr(fleet, "hosts", hosts)}
+    res = fleet.run(full, stdin=script, sudo=sudo, timeout=timeout, require_python=True)
+    return [r for r in res if r.host in command]
+
+
+def _absorb(snap: Snapshot, row: Any) -> None:
+    host = row.host
+    status = str(getattr(row.status, "value", row.status))
+    lines = [x for x in (row.stdout or "").splitlines() if x.strip()]
+    try:
+        doc = json.loads(lines[-1]) if status == "ok" and lines else None
+    except json.JSONDecodeError:
+        doc = None
+    if doc is None:
+        snap.commands.setdefault(host, []).append(
+            {"argv": ["python3", "-", "(collect instances)"], "rc": row.rc, "stdout": row.stdout or "",
+             "stderr": row.stderr or row.error or status})
+        return
+    raw = snap.raw.setdefault(host, {})
+    for name, rec in (doc.get("instances") or {}).items():
+        j = rec.get("journal") or {}
+        snap.commands.setdefault(host, []).append(j)
+        if j.get("rc") == 0:
+            raw[f"{name}.log"] = j.get("stdout", "")
+        for i, m in enumerate(rec.get("metrics") or []):
+            snap.commands.setdefault(host, []).append(m)
+            if "text" in m:
+                raw[f"{name}.metrics" + ("" if i == 0 else f".{i + 1}")] = m["text"]
+    snap.meta.setdefault("instances_at", {})[host] = doc.get("collected_at")
+
+
+def context(snap: Snapshot, inventory: Inventory | None, thresholds: dict[str, Any]) -> AnalysisContext:
+    return AnalysisContext(inventory=inventory, facts=snap.facts, missing=snap.missing, raw=snap.raw,
+                           interval_s=snap.interval_s, thresholds=thresholds)
+
+
+# -------------------------------------------------------------------- write
+
+def _command_file(rec: dict[str, Any], seen: dict[str, int]) -> str:
+    base = " ".join(rec["argv"]) if rec.get("argv") else rec.get("url", "command")
+    name = safe_name(base)[:120]
+    seen[name] = seen.get(name, 0) + 1
+    return name + (f".{seen[name]}" if seen[name] > 1 else "") + ".txt"
+
+
+def _write_tree(snap: Snapshot, root: Path, inventory_text: str | None) -> None:
+    (root / "hosts").mkdir(parents=True)
+    meta = {"format": FORMAT, **snap.meta, "interval_s": snap.interval_s, "missing": snap.missing}
+    (root / "bundle.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if inventory_text is not None:
+        (root / "inventory.yaml").write_text(inventory_text)
+    for host in sorted(set(snap.facts) | set(snap.raw) | set(snap.commands) | set(snap.missing)):
+        d = root / "hosts" / safe_name(host)
+        d.mkdir()
+        if host in snap.facts:
+            (d / "facts.json").write_text(json.dumps(snap.facts[host], indent=1) + "\n")
+        for name, text in (snap.raw.get(host) or {}).items():
+            if name == sources.KERNEL_LOG:
+                (d / "kernel.log").write_text(text)
+            elif name.endswith(".log"):
+                (d / "units").mkdir(exist_ok=True)
+                (d / "units" / safe_name(name)).write_text(text)
+            elif ".metrics" in name:
+                inst, _, n = name.partition(".metrics")
+                (d / "metrics").mkdir(exist_ok=True)
+                (d / "metrics" / f"{safe_name(inst)}.{n.lstrip('.') or '1'}.prom").write_text(text)
+        seen: dict[str, int] = {}
+        index = []
+        for rec in snap.commands.get(host) or []:
+            (d / "commands").mkdir(exist_ok=True)
+            fname = _command_file(rec, seen)
+            (d / "commands" / fname).write_text(rec.get("stdout", rec.get("text", "")) or "")
+            index.append({"file": fname, **{k: v for k, v in rec.items() if k not in ("stdout", "text")}})
+        if index:
+            (d / "commands" / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+
+
+def write_bundle(snap: Snapshot, dest: str | Path, inventory_text: str | None = None) -> Path:
+    """Save ``snap`` at ``dest`` (a directory, or a file ending in ``.tar.gz``/``.tgz``).
+
+    Nothing half-written is left at ``dest``: the bundle is built under a
+    temporary name beside it and renamed.  An existing ``dest`` is refused.
+    """
+    dest = Path(dest)
+    if dest.exists():
+        raise ConfigError([Problem(str(dest), 0, "already exists; give a new name")])
+    parent = dest.parent if str(dest.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    is_tar = dest.name.endswith((".tar.gz", ".tgz"))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
+    try:
+        top = tmp / dest.name.removesuffix(".tar.gz").removesuffix(".tgz")
+        _write_tree(snap, top, inventory_text)
+        if is_tar:
+            part = tmp / "bundle.tar.gz"
+            with tarfile.open(part, "w:gz") as tar:
+                tar.add(top, arcname=top.name)
+            os.replace(part, dest)
+        else:
+            os.replace(top, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+# --------------------------------------------------------------------- read
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError([Problem(str(path), e.lineno, f"not valid JSON: {e.msg}")]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([Problem(str(path), 0, f"cannot read: {e}")]) from None
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8", "replace")
+    except OSError as e:
+        raise ConfigError([Problem(str(path), 0, f"cannot read: {e.strerror}")]) from None
+
+
+def read_bundle(path: str | Path) -> tuple[Snapshot, Path | None]:
+    """Load a bundle directory or ``.tar.gz``; returns the snapshot and its ``inventory.yaml`` (or None).
+
+    Every file is optional except at least one host directory under ``hosts/``.
+    A tarball is unpacked into a temporary directory (the returned inventory
+    path then points there and is valid until the process exits).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError([Problem(str(p), 0, "no such bundle")])
+    if p.is_file():
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix="clusterctl-bundle-"))
+            with tarfile.open(p, "r:*") as tar:
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, OSError) as e:
+            raise ConfigError([Problem(str(p), 0, f"not a readable bundle archive: {e}")]) from None
+        tops = [d for d in tmp.iterdir() if d.is_dir()]
+        p = tops[0] if len(tops) == 1 and not (tmp / "hosts").is_dir() else tmp
+    hosts_dir = p / "hosts"
+    if not hosts_dir.is_dir():
+        raise ConfigError([Problem(str(p), 0, "not a bundle: no hosts/ directory (see docs/bundles.md)")])
+    snap = Snapshot()
+    if (p / "bundle.json").is_file():
+        meta = _load_json(p / "bundle.json")
+        if not isinstance(meta, dict):
+            raise ConfigError([Problem(str(p / "bundle.json"), 1, "expected a JSON object")])
+        if int(meta.get("format", FORMAT)) > FORMAT:
+            raise ConfigError([Problem(str(p / "bundle.json"), 1,
+                                       f"bundle format {meta['format']} is newer than this clusterctl reads ({FORMAT})")])
+        snap.meta = meta
+        snap.interval_s = float(meta.get("interval_s") or 0.0)
+        snap.missing = {str(k): str(v) for k, v in (meta.get("missing") or {}).items()}
+    for d in sorted(x for x in hosts_dir.iterdir() if x.is_dir()):
+        host = d.name
+        if (d / "facts.json").is_file():
+            doc = _load_json(d / "facts.json")
+            if not isinstance(doc, dict) or "gpus" not in doc:
+                raise ConfigError([Problem(str(d / "facts.json"), 1, "not a facts document (no \"gpus\")")])
+            snap.facts[host] = doc
+        raw: dict[str, str] = {}
+        if (d / "kernel.log").is_file():
+            raw[sources.KERNEL_LOG] = _text(d / "kernel.log")
+        for f in sorted((d / "units").glob("*.log")) if (d / "units").is_dir() else []:
+            raw[f.name] = _text(f)
+        for f in sorted((d / "metrics").glob("*.prom")) if (d / "metrics").is_dir() else []:
+            inst, _, n = f.name[: -len(".prom")].rpartition(".")
+            if not inst:
+                inst, n = n, "1"
+            raw[f"{inst}.metrics" + ("" if n in ("", "1") else f".{n}")] = _text(f)
+        if raw:
+            snap.raw[host] = raw
+    return snap, (p / "inventory.yaml") if (p / "inventory.yaml").is_file() else None

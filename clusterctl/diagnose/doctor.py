@@ -1,0 +1,40 @@
+"""Doctor's core: choose the checks, run them, order the findings.
+
+:func:`resolve_checks` turns ``--checks`` words into analyzer names: an exact
+name (``gpu.xid``), a prefix (``gpu`` selects ``gpu.*``) or a last part
+(``xid`` selects ``gpu.xid``, ``foreign`` selects ``gpu.foreign``).
+``host.reachable`` always runs, so a host that could not be checked is never
+silently missing.  An unknown word raises ``UnknownCheckError`` naming the known checks.
+"""
+
+from __future__ import annotations
+
+from clusterctl.diagnose.findings import Finding
+from clusterctl.diagnose.registry import AnalysisContext, registered, run_analyzers
+from clusterctl.errors import ClusterctlError
+
+ALWAYS = "host.reachable"
+
+
+class UnknownCheckError(ClusterctlError):
+    """``--checks`` names no registered check."""
+
+
+def resolve_checks(words: list[str] | None) -> list[str] | None:
+    """Analyzer names for ``words`` (None: every check)."""
+    if not words:
+        return None
+    names = sorted(registered())
+    out: list[str] = []
+    for w in (x.strip() for x in words if x.strip()):
+        hit = [n for n in names if n == w or n.startswith(w + ".") or n.rsplit(".", 1)[-1] == w]
+        if not hit:
+            groups = sorted({n.split(".")[0] for n in names})
+            raise UnknownCheckError(f"--checks: unknown check {w!r}; known: {', '.join(groups + names)}")
+        out += [n for n in hit if n not in out]
+    return out + ([ALWAYS] if ALWAYS not in out else [])
+
+
+def diagnose(ctx: AnalysisContext, checks: list[str] | None = None) -> list[Finding]:
+    """Run ``checks`` (analyzer names; None = all) on ``ctx``."""
+    return run_analyzers(ctx, only=checks)

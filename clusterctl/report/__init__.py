@@ -1,0 +1,1 @@
+"""Renderers of findings: grouping, JSON, Markdown and Prometheus text (no rich here)."""
