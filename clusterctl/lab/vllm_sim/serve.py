@@ -1,0 +1,169 @@
+"""``vllm serve``: bind the port, start the engine, serve until SIGTERM/SIGINT.
+
+Exit status: 0 after SIGTERM/SIGINT (graceful, as uvicorn), 1 when start-up
+fails (vLLM's error text on stdout) or after a simulated engine death
+(SIGUSR1: /health answers 503 until the watchdog stops the server, 5 s
+scaled, unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``).  GPU memory registered
+in the fake NVML state is released on every exit path except SIGKILL (the
+next simulator start drops dead entries, as a driver would).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from . import gpu
+from .engine import ImmediateEngine
+from .logs import Log
+from .metrics import Metrics, cache_config_labels
+from .server import ROUTES, App, Server, make_handler
+from .startup import Starter, StartupFailure, report_failure
+
+STATS_INTERVAL_S = 5.0
+WATCHDOG_S = 5.0
+
+
+def _scale(ns: Any, env: dict[str, str]) -> float:
+    if ns.time_scale is not None:
+        return max(0.0, ns.time_scale)
+    try:
+        return max(0.0, float(env.get("VLLM_SIM_TIME_SCALE", "1")))
+    except ValueError:
+        return 1.0
+
+
+def _shown_args(given: dict[str, Any], version: str) -> dict[str, Any]:
+    if version == "0.33" and "api_key" in given:
+        return {**given, "api_key": "***"}
+    return given  # 0.11 prints --api-key in clear, as the real one does
+
+
+def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> int:
+    """Run the server; returns the process exit status."""
+    scale = _scale(ns, env)
+    sleep: Callable[[float], None] = (lambda s: time.sleep(s * scale)) if scale > 0 else (lambda s: None)
+    log = Log()
+    full = {"0.11": "0.11.0", "0.33": "0.33.0"}[version]
+    log.info("APIServer", "api_server.py:1839" if version == "0.11" else "api_server.py:1936",
+             f"vLLM API server version {full}")
+    log.info("APIServer", "utils.py:233" if version == "0.11" else "startup.py:96",
+             f"non-default args: {_shown_args(given, version)}")
+    host = ns.host or "0.0.0.0"
+    try:
+        httpd = Server(host, ns.port)
+        httpd.server_bind()
+    except OSError as e:
+        log.raw("APIServer", f"OSError: [Errno {e.errno}] {e.strerror}")
+        return 1
+    state = gpu.state_path(env)
+    stop = threading.Event()
+    exit_code = [0]
+
+    def on_term(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    starter = Starter(ns, version, env, log, sleep)
+    try:
+        info = starter.run()
+    except StartupFailure as f:
+        report_failure(log, f, version, ns.tensor_parallel_size)
+        gpu.release(state)
+        httpd.server_close()
+        return 1
+    except BaseException:
+        gpu.release(state)
+        raise
+    try:
+        return _run(ns, env, version, log, httpd, info, stop, scale, exit_code)
+    finally:
+        gpu.release(state)
+        httpd.server_close()
+
+
+def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, info: Any,
+         stop: threading.Event, scale: float, exit_code: list[int]) -> int:
+    engine = ImmediateEngine(info.vocab, info.kv_tokens)
+    labels = cache_config_labels(block_size=info.block_size, cache_dtype=info.kv_dtype, util=info.util,
+                                 prefix=info.prefix_caching, num_gpu_blocks=info.num_blocks, version=version,
+                                 kv_memory_bytes=ns.kv_cache_memory_bytes)
+    metrics = Metrics(version, info.served_names[0], labels, ns.show_hidden_metrics_for_version)
+    keys = ns.api_key or ([env["VLLM_API_KEY"]] if env.get("VLLM_API_KEY") else [])
+    app = App(info, engine, metrics, log, api_keys=keys, load_tracking=ns.enable_server_load_tracking,
+              access_log=not ns.disable_uvicorn_access_log, force_usage=ns.enable_force_include_usage)
+    httpd.RequestHandlerClass = make_handler(app)
+    log.info("APIServer", "loggers.py:147",
+             f"Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: {info.num_blocks}")
+    log.info("APIServer", "api_server.py:1634", "Supported_tasks: ['generate']")
+    host, port = ns.host or "0.0.0.0", httpd.server_address[1]
+    if version == "0.11":
+        log.info("APIServer", "api_server.py:1912", f"Starting vLLM API server 0 on http://{host}:{port}")
+    else:
+        log.info("APIServer", "entry.py:139", f"Starting vLLM server on http://{host}:{port}")
+    log.info("APIServer", "launcher.py:34", "Available routes are:")
+    for route, methods in ROUTES:
+        log.info("APIServer", "launcher.py:42", f"Route: {route}, Methods: {methods}")
+    log.uvicorn(f"Started server process [{os.getpid()}]")
+    log.uvicorn("Waiting for application startup.")
+    httpd.server_activate()  # listen(): connections are accepted from here on
+    log.uvicorn("Application startup complete.")
+    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    t.start()
+
+    def on_death(signum: int, _frame: Any) -> None:
+        engine.dead = True
+
+    signal.signal(signal.SIGUSR1, on_death)
+    interval = STATS_INTERVAL_S * scale if scale > 0 else STATS_INTERVAL_S
+    interval = max(interval, 0.05)
+    last = (0.0, 0.0)
+    last_t = time.monotonic()
+    was_busy = False
+    death_at: float | None = None
+    while not stop.wait(min(interval, 0.1)):
+        now = time.monotonic()
+        if engine.dead and death_at is None:
+            death_at = now
+            proc = "EngineCore_DP0" if version == "0.11" else "EngineCore"
+            log.error("APIServer", "core_client.py:564", f"Engine core proc {proc} died unexpectedly, shutting down client.")
+        if death_at is not None and env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") != "1" \
+                and now - death_at >= WATCHDOG_S * (scale if scale > 0 else 0):
+            log.error("APIServer", "launcher.py:117", "Engine client died. Shutting down server.")
+            exit_code[0] = 1
+            break
+        if now - last_t < interval or ns.disable_log_stats:
+            continue
+        c = metrics.counters
+        cur = (c["vllm:prompt_tokens"], c["vllm:generation_tokens"])
+        dt = max(1e-9, (now - last_t) / (scale if scale > 0 else 1))
+        st = engine.stats()
+        busy = cur != last or st.running > 0
+        if busy or was_busy:
+            pt, gt = (cur[0] - last[0]) / dt, (cur[1] - last[1]) / dt
+            msg = (f"Engine 000: Avg prompt throughput: {pt:.1f} tokens/s, Avg generation throughput: "
+                   f"{gt:.1f} tokens/s, Running: {st.running} reqs, Waiting: {st.waiting} reqs, ")
+            if version == "0.33":
+                msg += "Deferred: 0 reqs, Preemptions: 0, "
+            msg += f"GPU KV cache usage: {st.kv_usage * 100:.1f}%, Prefix cache hit rate: 0.0%"
+            log.info("APIServer", "loggers.py:127", msg)
+        was_busy = busy
+        last, last_t = cur, now
+    log.uvicorn("Shutting down")
+    httpd.shutdown()
+    log.uvicorn("Waiting for application shutdown.")
+    log.uvicorn("Application shutdown complete.")
+    log.uvicorn(f"Finished server process [{os.getpid()}]")
+    return exit_code[0]
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
