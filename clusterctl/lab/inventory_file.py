@@ -120,6 +120,9 @@ def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: st
                    "cnp_dscp": 48, "mtu": 4200},
         "groups": groups,
         "hosts": host_entries,
+        # The vLLM simulator's launchers (clusterctl/lab/vllm_sim/install.py).
+        "engines": {"vllm-0.11": {"path": "/opt/vllm-0.11/bin/vllm", "version": "0.11.0"},
+                    "vllm-0.33": {"path": "/opt/vllm-0.33/bin/vllm", "version": "0.33.0"}},
     }
 
 

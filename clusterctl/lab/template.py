@@ -33,7 +33,7 @@ SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "procps",
             "python3", "sudo", "kmod", "iputils-ping", "less")
 #: Bumped by hand when the prep steps change in a way the hash cannot see.
-PREP_RECIPE = 1
+PREP_RECIPE = 2
 #: Units a container has no use for (timers that would wake up 100 hosts at
 #: once, gettys on a console nobody reads, checks of disks that are not there).
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "dpkg-db-backup.timer",
@@ -115,6 +115,9 @@ def prep_version() -> str:
         for f in sorted(hw.rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts and f.suffix in (".py", ".c", ".sh", ".h", ".json", ""):
                 parts += [str(f.relative_to(hw)).encode(), f.read_bytes()]
+    from clusterctl.lab.vllm_sim import install as vllm_install
+    for f in vllm_install.sources():  # the vLLM simulator installed as `vllm`
+        parts += [f"vllm_sim/{f.name}".encode(), f.read_bytes()]
     return _digest(*parts)
 
 
@@ -220,6 +223,8 @@ def _build_prep(base: Path, final: Path, on_event: Event) -> None:
         mounted = True
         prepare_rootfs(merged)
         _install_hardware(merged, on_event)
+        from clusterctl.lab.vllm_sim import install as vllm_install
+        vllm_install.install_into_rootfs(merged)
         run(["umount", str(merged)])
         mounted = False
         os.chmod(tmp, 0o755)
