@@ -8,8 +8,9 @@ on one clock; see ``nics[].samples`` in docs/facts.md).  A rate is
   "not supported here", never 0;
 - a counter that went down wrapped if it is 32 bits wide (the mlx5 Q counters
   of ``hw_counters``, ``rx_out_of_buffer``, ``rx_if_down_packets``,
-  ``link_down_events_phy``) and the old value fits in 32 bits: the delta is
-  ``new + 2**32 - old``;
+  ``link_down_events_phy``), both values fit in 32 bits and the wrapped delta
+  ``new + 2**32 - old`` is plausible (under half the range: the old value was
+  near the top);
 - otherwise a counter that went down was reset (driver reload, link
   renegotiation): its rate for this interval is unknown (``None``), never
   negative.  :attr:`Rates.resets` lists those names.
@@ -45,7 +46,7 @@ def delta(name: str, old: int | None, new: int | None, wide32: bool) -> int | No
         return None
     if new >= old:
         return new - old
-    if wide32 and old < WRAP_32 and new < WRAP_32:
+    if wide32 and old < WRAP_32 and new < WRAP_32 and new + WRAP_32 - old < WRAP_32 // 2:
         return new + WRAP_32 - old
     return None
 

@@ -154,11 +154,14 @@ def odd_one_out(values: Mapping[str, Hashable], host: str, expected: Hashable | 
     if not others:
         return f"the profile says {show(expected)}" if expected is not None else "no other host to compare"
     common, n = others.most_common(1)[0]
-    word = "host uses" if n == 1 else "hosts use"
+    total = sum(others.values())
+    if n == total:
+        some = "the other host uses" if n == 1 else f"the other {n} hosts use"
+    else:
+        some = f"{n} of the other {total} hosts use"
     if expected is None:
-        return f"{n} of the other {sum(others.values())} {word} {show(common)}"
+        return f"{some} {show(common)}"
     if common == expected:
-        if n == sum(others.values()):
-            return f"the profile and the other {n} {word} {show(expected)}"
-        return f"the profile and {n} of the other {sum(others.values())} hosts use {show(expected)}"
-    return f"{n} of the other {sum(others.values())} {word} {show(common)} (the profile says {show(expected)})"
+        return f"the profile and {some} {show(expected)}"
+    too = " too" if values.get(host) == common else ""
+    return f"{some} {show(common)}{too} (the profile says {show(expected)})"

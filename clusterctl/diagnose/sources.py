@@ -60,7 +60,7 @@ def pci_to_index(ctx: Any, host: str) -> dict[str, int]:
     for d in g.get("devices") or []:
         addr = d.get("pci_address") or _from_bus_id(d.get("pci_bus_id"))
         if addr and d.get("index") is not None:
-            out[addr[:12].lower()] = int(d["index"])
+            out[normalize_pci(addr)] = int(d["index"])
     return out
 
 

@@ -33,8 +33,8 @@ WEIGHTS_FAIL = re.compile(r"Failed to create unquantized linear weights|Failed t
 WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) (?P<gib>[\d.]+) ?(?P<unit>GiB|GB)")
 KV_AVAIL = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) ?GiB|the rest of the memory reserved for KV "
                       r"Cache is (?P<gib0>[\d.]+) ?GiB")
-UTIL_ARG = re.compile(r"'gpu_memory_utilization': (?P<u>[\d.]+)|gpu_memory_utilization \((?P<u2>[\d.]+)\)")
-MAXLEN_ARG = re.compile(r"'max_model_len': (?P<n>\d+)|Using max model len (?P<n2>\d+)")
+UTIL_ARG = re.compile(r"'gpu_memory_utilization': (?P<u>[\d.]+)|gpu_memory_utilization[ =]\(?(?P<u2>[\d.]+)")
+MAXLEN_ARG = re.compile(r"'max_model_len': (?P<n>\d+)|Using max model len (?P<n2>\d+)|max_model_len=(?P<n3>\d+)")
 GRAPH = re.compile(r"Capturing CUDA graph|capture_model|cuda_graph|CUDAGraph|cudagraph")
 PROFILE = re.compile(r"profile_run|_dummy_run|determine_available_memory|Memory profiling")
 SAMPLER = re.compile(r"_dummy_sampler_run|sampler")
@@ -100,7 +100,7 @@ def parse_log(text: str) -> LogEvents:
             ev.util = float(m["u"] or m["u2"])
         m = MAXLEN_ARG.search(line)
         if m and ev.max_model_len is None:
-            ev.max_model_len = int(m["n"] or m["n2"])
+            ev.max_model_len = int(m["n"] or m["n2"] or m["n3"])
         m = FREE_MEM.search(line)
         if m and ev.free_mem is None:
             ev.free_mem = {k: float(v) for k, v in m.groupdict().items()}

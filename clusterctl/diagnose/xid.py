@@ -119,7 +119,8 @@ def check_xid(ctx: AnalysisContext) -> list[Finding]:
             out.append(Finding(CHECK, Severity.UNKNOWN, host, "host", f"XIDs not checked: {origin}",
                                "make the kernel log readable (run with --sudo, or add kernel.log to the bundle)"))
             continue
-        out.extend(_host_findings(ctx, cat, host, lines))
+        found = _host_findings(ctx, cat, host, lines)
+        out.extend(found or [Finding(CHECK, Severity.OK, host, "host", f"no XID in {len(lines)} kernel-log lines")])
     return out
 
 
@@ -145,12 +146,13 @@ def _host_findings(ctx: AnalysisContext, cat: dict[str, Any], host: str, lines: 
             continue
         m = PROBE_FAIL_RE.search(line)
         if m:
-            unsupported = [x.strip() for x in lines if NOT_SUPPORTED_RE.search(x)]
+            unsupported = [y.strip() for j, x in enumerate(lines) if NOT_SUPPORTED_RE.search(x)
+                           for y in lines[j:j + 3]]
             out.append(Finding(CHECK, Severity.CRIT, host, "driver",
                                f"the NVIDIA driver failed to probe {m.group(1)} GPU(s)",
                                "check that the driver release supports this GPU (see the lines above it), "
                                "reinstall a matching driver and reboot; RMA if the GPU still fails",
-                               tuple(unsupported[:3]) + (line.strip(),)))
+                               tuple(unsupported[:6]) + (line.strip(),)))
     for (subject, code), ep in sorted(episodes.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         n = ep.distinct()
         sev, meaning, action = classify(cat, code, n, ep.events[-1].message)
