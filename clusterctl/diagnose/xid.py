@@ -114,6 +114,8 @@ def check_xid(ctx: AnalysisContext) -> list[Finding]:
     cat = catalogue(ctx)
     out: list[Finding] = []
     for host in sources.all_hosts(ctx):
+        if host in ctx.missing and host not in ctx.raw:
+            continue  # host.reachable reports it
         lines, origin = sources.kernel_lines(ctx, host)
         if lines is None:
             out.append(Finding(CHECK, Severity.UNKNOWN, host, "host", f"XIDs not checked: {origin}",
