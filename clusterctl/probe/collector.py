@@ -1317,17 +1317,17 @@ def _sample_all(nics: List[Dict[str, Any]], timeout: float, root: str) -> None:
 
 def collect_samples(nics: List[Dict[str, Any]], interval: float, timeout: float, errors: Errors,
                     root: str = "/") -> None:
-    """Fill ``samples`` of every RoCE NIC with two samples ``interval`` seconds
-    apart (per NIC, the second starts ``interval`` s after the first started).
-    The NICs are read in parallel, each read bounded like ``ethtool -S``."""
+    """Fill ``samples`` of every RoCE NIC with two samples: the second reads
+    start ``interval`` seconds after the first ones ended, so the samples are
+    at least ``interval`` apart however slow a read was.  The NICs are read in
+    parallel, each read bounded like ``ethtool -S``."""
     todo = [n for n in roce_nics(nics)]
     for n in todo:
         n["samples"] = []
     if not todo:
         return
-    start = time.monotonic()
     _sample_all(todo, timeout, root)
-    time.sleep(max(0.0, start + interval - time.monotonic()))
+    time.sleep(interval)
     _sample_all(todo, timeout, root)
     short = [n["netdev"] for n in todo if len(n["samples"]) < 2]
     if short:
