@@ -89,7 +89,8 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
 
     snap = Snapshot(interval_s=interval_s, meta={"started_at": _now(), "clusterctl_version": __version__,
                                                  "hosts": [h.name for h in hosts]})
-    results = collect_facts(fleet, timeout=timeout, sudo=sudo, on_result=on_facts)
+    results = collect_facts(fleet, timeout=timeout, sudo=sudo, on_result=on_facts,
+                            counter_interval=interval_s or None)  # NIC counter samples for rate checks
     for name, r in results.items():
         if r.ok and r.facts is not None:
             snap.facts[name] = r.facts.raw
