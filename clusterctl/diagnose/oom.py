@@ -51,9 +51,9 @@ def arg(inst: Instance | None, name: str, default: Any = None) -> Any:
 
 def _util(ctx: AnalysisContext, inst: Instance | None, ev: LogEvents | None = None) -> float:
     default = number(section(ctx.thresholds, "gpu", "oom"), "default_gpu_memory_utilization", 0.9)
+    if ev is not None and ev.util is not None:
+        return ev.util  # what the failed process really ran with
     v = arg(inst, "gpu-memory-utilization")
-    if v is None and ev is not None and ev.util is not None:
-        return ev.util
     try:
         return float(v) if v is not None else default
     except (TypeError, ValueError):
@@ -213,7 +213,9 @@ def _cuda_oom_finding(ctx: AnalysisContext, host: str, name: str, inst: Instance
         if w:
             need_tp = tp * 2 ** max(0, math.ceil(math.log2(w * 1.15 / budget))) if budget else tp
             fit = (f"; weights need {w:.1f} GiB per GPU at TP {tp} against {budget:.1f} GiB "
-                   f"({util:.2f} x {c['total']:.0f} GiB): TP {need_tp} would fit")
+                   f"({util:.2f} x {c['total']:.0f} GiB)")
+            fit += f": TP {need_tp} would fit" if need_tp > tp else \
+                ": they fit alone, so something else held the memory (see gpu.foreign)"
         return Finding("oom.cause", Severity.CRIT, host, _subject(name),
                        f"the model weights do not fit: {numbers}{fit}",
                        "increase --tensor-parallel-size, quantize (--quantization fp8 halves bf16 weights), "
