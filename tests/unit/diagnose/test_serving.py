@@ -1,0 +1,98 @@
+"""serving.metrics over one or two /metrics samples; serving.engine on vLLM logs."""
+
+from __future__ import annotations
+
+import re
+
+from clusterctl.diagnose.findings import Severity
+from clusterctl.diagnose.serving import check_engine, check_metrics, histogram_quantile, parse_metrics
+
+import gpu_facts as G
+
+BASE = G.fixture("vllm/metrics_v0.11.0.prom")
+
+
+def later(text: str = BASE, *, preemptions: float | None = None, waiting: float | None = None,
+          kv: float | None = None, slow_ttft: int = 0) -> str:
+    """The recorded sample advanced as a later scrape would show it."""
+    def put(name: str, value: float | None, t: str) -> str:
+        if value is None:
+            return t
+        return re.sub(rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$", rf"\g<1> {value}", t, flags=re.M)
+
+    text = put("vllm:num_preemptions_total", preemptions, text)
+    text = put("vllm:num_requests_waiting", waiting, text)
+    text = put("vllm:kv_cache_usage_perc", kv, text)
+    if slow_ttft:  # slow_ttft more requests, all in the buckets above 10 s
+        def bump(m: re.Match[str]) -> str:
+            le = float(m[2].replace("+Inf", "inf"))
+            return f"{m[1]}{float(m[3]) + (slow_ttft if le > 10 else 0)}"
+        text = re.sub(r'^(vllm:time_to_first_token_seconds_bucket\{engine="0",le="([^"]+)",[^}]*\} )(\S+)$',
+                      bump, text, flags=re.M)
+    return text
+
+
+def findings(first: str, second: str | None = None, interval: float = 2.0):
+    raw = {"gpu01": {"qwen-a.metrics": first, **({"qwen-a.metrics.2": second} if second else {})}}
+    return check_metrics(G.ctx(G.healthy(), raw=raw, interval_s=interval))
+
+
+def test_parse_prometheus_text_by_name_and_labels():
+    m = parse_metrics(BASE)
+    assert m["vllm:num_requests_waiting"] == [({"engine": "0", "model_name": "Qwen/Qwen3-32B"}, 3.0)]
+    assert histogram_quantile([(0.1, 50.0), (1.0, 100.0), (float("inf"), 100.0)], 0.5) == 0.1
+    assert histogram_quantile([(1.0, 0.0), (2.0, 10.0)], 0.99) == 1.99
+
+
+def test_recorded_sample_alone_is_ok():
+    (f,) = findings(BASE)
+    assert f.severity == Severity.OK and f.subject == "instance:qwen-a"
+
+
+def test_preemptions_and_queue_rising_between_two_samples():
+    found = findings(BASE, later(preemptions=40.0, waiting=25.0), interval=2.0)
+    msgs = {f.message: f for f in found}
+    assert any(m.startswith("preemptions rising: +28 in 2 s") for m in msgs)
+    assert any(m.startswith("waiting queue growing: 3 -> 25") for m in msgs)
+    assert all(f.severity == Severity.WARN for f in found)
+
+
+def test_kv_cache_pinned_near_full_in_both_samples_is_critical():
+    full = later(kv=0.99)
+    (f,) = findings(full, full)
+    assert f.severity == Severity.CRIT and "99 % full in both samples" in f.message
+    (one,) = findings(full)
+    assert one.severity == Severity.WARN
+
+
+def test_old_kv_metric_name_is_read_too():
+    old = later(kv=0.95).replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    (f,) = findings(old)
+    assert "95 % full" in f.message
+
+
+def test_ttft_p99_over_the_interval_above_the_slo():
+    found = findings(BASE, later(slow_ttft=200))
+    (f,) = [x for x in found if x.message.startswith("TTFT p99")]
+    assert f.severity == Severity.WARN and "over the interval" in f.message
+
+
+def test_body_without_vllm_metrics_is_unknown():
+    (f,) = findings("# HELP up\nup 1\n")
+    assert f.severity == Severity.UNKNOWN
+
+
+def test_engine_death_and_nccl_watchdog_after_serving():
+    c = G.ctx(G.healthy(), raw={"gpu01": {"qwen-a.log": G.fixture("vllm/runtime_engine_dead_nccl_v0.11.0.log")}})
+    found = {f.message: f for f in check_engine(c)}
+    assert "the vLLM engine died after it was serving" in found
+    nccl = found["NCCL collective timed out or failed in the TP group"]
+    assert nccl.severity == Severity.CRIT and "Watchdog caught collective operation timeout" in nccl.evidence[0]
+
+
+def test_v0_preemption_warning_and_healthy_log():
+    c = G.ctx(G.healthy(), raw={"gpu01": {"qwen-a.log": G.fixture("vllm/runtime_preemption_v0.6.6.log"),
+                                          "qwen-b.log": G.fixture("vllm/startup_success_v0.11.0.log")}})
+    found = {f.subject: f for f in check_engine(c)}
+    assert found["instance:qwen-a"].severity == Severity.WARN and "51 so far" in found["instance:qwen-a"].message
+    assert found["instance:qwen-b"].severity == Severity.OK
