@@ -26,7 +26,7 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
             continue
         if f.subject.startswith("gpu:") and f.subject[4:].split("/")[0].isdigit():
             by_gpu.setdefault((f.host, int(f.subject[4:].split("/")[0])), []).append(f)
-        elif f.subject in ("host", "driver"):
+        elif f.subject == "host":  # NVML down, GPUs missing: every group on the host
             host_level.setdefault(f.host, []).append(f)
     out: list[Finding] = []
     for inst in inv.instances.values():

@@ -1,0 +1,189 @@
+"""Bundles: gathered over a (fake) fleet with the real node script, written, read back,
+assembled by hand; ``doctor --from`` and ``collect`` end to end through the CLI."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shlex
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterctl.cli.main import main
+from clusterctl.diagnose.bundle import Snapshot, context, gather, read_bundle, write_bundle
+from clusterctl.diagnose.findings import Severity
+from clusterctl.diagnose.registry import run_analyzers
+from clusterctl.fleet.results import HostResult, HostStatus
+
+import gpu_facts as G
+
+INVENTORY_FILE = "site.yaml"
+
+
+def write_inventory(tmp: Path, text: str = G.INVENTORY) -> Path:
+    p = tmp / INVENTORY_FILE
+    p.write_text(text)
+    return p
+
+
+def snapshot() -> Snapshot:
+    facts = G.healthy()
+    facts["gpu01"]["gpus"]["devices"][1]["remapped_rows"]["pending"] = True
+    return Snapshot(facts=facts, missing={"gpu09": "unreachable: timed out"},
+                    raw={"gpu01": {"kernel.log": G.fixture("gpu/dmesg_xid_mixed.log"),
+                                   "qwen-a.log": G.fixture("vllm/startup_success_v0.11.0.log"),
+                                   "qwen-a.metrics": G.fixture("vllm/metrics_v0.11.0.prom"),
+                                   "qwen-a.metrics.2": G.fixture("vllm/metrics_v0.11.0.prom")}},
+                    commands={"gpu01": [{"argv": ["journalctl", "-u", "clusterctl-qwen-a.service"], "rc": 0,
+                                         "stdout": "verbatim\n", "stderr": "", "started_at": "2026-11-30T10:00:00Z"}]},
+                    interval_s=2.0, meta={"started_at": "2026-11-30T10:00:00Z"})
+
+
+def analysis(snap: Snapshot) -> list[tuple[str, str, str | None, str, str]]:
+    c = context(snap, G.inventory(), G.ctx().thresholds)
+    return sorted((f.check, f.severity.name, f.host, f.subject, f.message) for f in run_analyzers(c))
+
+
+@pytest.mark.parametrize("name", ["bundle", "bundle.tar.gz"])
+def test_round_trip_gives_the_same_findings(tmp_path: Path, name: str):
+    snap = snapshot()
+    dest = write_bundle(snap, tmp_path / name, G.INVENTORY)
+    back, inv_path = read_bundle(dest)
+    assert back.facts == snap.facts and back.raw == snap.raw and back.missing == snap.missing
+    assert back.interval_s == 2.0 and inv_path is not None and inv_path.read_text() == G.INVENTORY
+    assert analysis(back) == analysis(snap)
+    if name == "bundle":
+        cmd = dest / "hosts" / "gpu01" / "commands"
+        assert (cmd / "journalctl_-u_clusterctl-qwen-a.service.txt").read_text() == "verbatim\n"
+        assert json.loads((cmd / "index.json").read_text())[0]["started_at"] == "2026-11-30T10:00:00Z"
+        assert sorted(p.name for p in (dest / "hosts" / "gpu01").iterdir()) == \
+            ["commands", "facts.json", "kernel.log", "metrics", "units"]
+    else:
+        with tarfile.open(dest) as tar:
+            assert "bundle/hosts/gpu01/facts.json" in tar.getnames()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []   # no temp left
+
+
+def test_existing_destination_is_refused(tmp_path: Path):
+    (tmp_path / "b").mkdir()
+    with pytest.raises(Exception, match="already exists"):
+        write_bundle(snapshot(), tmp_path / "b")
+
+
+def hand_bundle(tmp: Path) -> Path:
+    """What a colleague sends: a vLLM journal and a kernel log, nothing else."""
+    d = tmp / "from-colleague" / "hosts" / "gpu01"
+    (d / "units").mkdir(parents=True)
+    (d / "kernel.log").write_text(G.fixture("gpu/journal_short_iso_xid.log"))
+    (d / "units" / "qwen-a.log").write_text(G.fixture("vllm/startup_fail_kv_cache_exhaustion_v0.11.0.log"))
+    return tmp / "from-colleague"
+
+
+def test_hand_assembled_bundle_runs_checks_with_data_and_the_rest_are_unknown(tmp_path, capsys):
+    rc = main(["doctor", "--from", str(hand_bundle(tmp_path)), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 2
+    by_check: dict[str, set[str]] = {}
+    for f in doc["findings"]:
+        by_check.setdefault(f["check"], set()).add(f["severity"])
+    assert "CRIT" in by_check["gpu.xid"] and "CRIT" in by_check["oom.cause"]
+    for check in ("gpu.ecc", "gpu.remap", "gpu.lost", "gpu.nvml", "gpu.pcie"):
+        assert by_check[check] == {"UNKNOWN"}, check
+    kv = next(f for f in doc["findings"] if f["check"] == "oom.cause")
+    assert "--max-model-len to at most 20880" in kv["action"]
+    assert not any(f["severity"] == "OK" and f["check"].startswith("gpu.") and f["check"] != "gpu.xid"
+                   for f in doc["findings"])
+
+
+def test_doctor_from_bundle_with_its_inventory_and_formats(tmp_path, capsys):
+    dest = write_bundle(snapshot(), tmp_path / "b.tar.gz", G.INVENTORY)
+    assert main(["doctor", "--from", str(dest), "--checks", "remap,tp", "--format", "markdown"]) == 1
+    md = capsys.readouterr().out
+    assert "| WARN | gpu.remap | gpu01 | gpu:1 | a row remap is pending |" in md
+    assert "| WARN | tp.group | - | tp-group:qwen-a | DEGRADED" in md
+    assert main(["doctor", "--from", str(dest), "--checks", "remap", "--format", "prom"]) == 1
+    assert 'clusterctl_doctor_check_severity{check="gpu.remap",host="gpu01"} 1' in capsys.readouterr().out
+    assert main(["doctor", "--from", str(dest)]) == 2
+    table = capsys.readouterr().out
+    assert table.index("CRIT") < table.index("WARN") and "XID 79" in table
+
+
+def test_usage_and_bad_input_exit_3_with_the_place(tmp_path, capsys):
+    assert main(["doctor", "--from", str(tmp_path / "nope")]) == 3
+    assert "no such bundle" in capsys.readouterr().err
+    bad = hand_bundle(tmp_path)
+    (bad / "hosts" / "gpu01" / "facts.json").write_text('{"gpus": {},\n  "x": oops}\n')
+    assert main(["doctor", "--from", str(bad)]) == 3
+    err = capsys.readouterr().err
+    assert "facts.json:2: not valid JSON" in err and "Traceback" not in err
+    assert main(["doctor", "--from", str(bad), "--checks", "gpu,bogus"]) == 3
+    assert "unknown check 'bogus'" in capsys.readouterr().err
+    assert main(["doctor", "--from", str(bad), "--format", "yaml"]) == 3
+
+
+# ----------------------------------------------------------------- gather
+
+class MetricsHandler(http.server.BaseHTTPRequestHandler):
+    body = G.fixture("vllm/metrics_v0.11.0.prom").encode()
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class LocalFleet:
+    """Runs the node script here (real python3, real urllib, the local journalctl);
+    answers the probe with recorded facts."""
+
+    def __init__(self, hosts, facts):
+        self.hosts, self.facts, self.warnings = hosts, facts, []
+
+    def run(self, command, *, stdin=None, sudo=False, timeout=None, on_result=None, require_python=False,
+            deadline=None):
+        rows = []
+        for h in self.hosts:
+            if isinstance(command, str):      # the probe
+                row = HostResult(h.name, HostStatus.OK, rc=0, stdout=json.dumps(self.facts[h.name]))
+            else:
+                argv = shlex.split(command[h.name])
+                p = subprocess.run([sys.executable, *argv[1:]], input=stdin, capture_output=True, timeout=60)
+                row = HostResult(h.name, HostStatus.OK, rc=p.returncode, stdout=p.stdout.decode(),
+                                 stderr=p.stderr.decode())
+            if on_result:
+                on_result(row)
+            rows.append(row)
+        return rows
+
+
+def test_gather_takes_facts_journal_and_two_metrics_samples(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        inv = G.inventory(G.INVENTORY.replace("port: 8000\n    args: {max-model-len: 32768",
+                                              f"port: {server.server_address[1]}\n    args: {{host: 127.0.0.1, "
+                                              "max-model-len: 32768"))
+        hosts = [inv.hosts["gpu01"], inv.hosts["gpu02"]]
+        snap = gather(LocalFleet(hosts, G.healthy()), inv, hosts, interval_s=0.2, timeout=10)
+    finally:
+        server.shutdown()
+    assert sorted(snap.facts) == ["gpu01", "gpu02"] and snap.missing == {}
+    assert snap.raw["gpu01"]["qwen-a.metrics"] == snap.raw["gpu01"]["qwen-a.metrics.2"] == MetricsHandler.body.decode()
+    assert "kernel.log" in snap.raw["gpu01"]
+    recs = snap.commands["gpu01"]
+    assert recs[0]["argv"][:3] == ["journalctl", "-u", "clusterctl-qwen-a.service"]
+    assert [r["url"].endswith("/metrics") for r in recs[1:3]] == [True, True]
+    # qwen-b's server is not running: its failed scrape is recorded, not raised
+    assert any("error" in r for r in recs if r.get("url", "").endswith(":8001/metrics"))
+    findings = run_analyzers(context(snap, inv, G.ctx().thresholds), only=["serving.metrics"])
+    assert [(f.subject, f.severity) for f in findings] == [("instance:qwen-a", Severity.OK)]
