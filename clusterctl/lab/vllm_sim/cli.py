@@ -50,11 +50,6 @@ def _human_int(version: str) -> Any:
     return parse
 
 
-def _util(v: str) -> float:
-    x = float(v)
-    return x
-
-
 def build_parser(version: str, suppress: bool = False) -> argparse.ArgumentParser:
     """The ``vllm serve`` parser; ``suppress`` drops defaults (to find what was given)."""
     kw: dict[str, Any] = {"argument_default": argparse.SUPPRESS} if suppress else {}
@@ -104,7 +99,7 @@ def build_parser(version: str, suppress: bool = False) -> argparse.ArgumentParse
     par.add_argument("--data-parallel-size", "-dp", type=int, **d(1))
     c = p.add_argument_group("CacheConfig")
     c.add_argument("--block-size", type=int, choices=[1, 8, 16, 32, 64, 128], **d(None))
-    c.add_argument("--gpu-memory-utilization", type=_util, **d(0.92 if version == "0.33" else 0.9))
+    c.add_argument("--gpu-memory-utilization", type=float, **d(0.92 if version == "0.33" else 0.9))
     c.add_argument("--kv-cache-memory-bytes", type=_human_int(version), **d(None))
     if version == "0.11":
         c.add_argument("--swap-space", type=float, **d(4))

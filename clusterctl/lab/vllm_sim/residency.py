@@ -46,7 +46,7 @@ def resident_bytes(path: str) -> tuple[int, int]:
                 if _libc.mincore(addr, length, vec) != 0:
                     err = ctypes.get_errno()
                     raise OSError(err, f"mincore {path}: {os.strerror(err)}")
-                resident += sum(b & 1 for b in vec.raw) * PAGE
+                resident += (pages - vec.raw.count(0)) * PAGE  # other bits are reserved (0)
             finally:
                 _libc.munmap(addr, length)
             off += length
