@@ -97,20 +97,29 @@ def _table(old: Mapping[str, int] | None, new: Mapping[str, int] | None, dt: flo
     return rates
 
 
-def rates_between(old: Mapping[str, Any], new: Mapping[str, Any], dt: float | None = None) -> Rates | None:
-    """Rates from sample ``old`` to ``new``; ``dt`` defaults to ``new.t - old.t``.
-    ``None`` when the interval is not positive (no rate can be had)."""
-    if dt is None:
-        t0, t1 = old.get("t"), new.get("t")
-        if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):
-            return None
-        dt = float(t1) - float(t0)
-    if dt <= 0:
+def _interval(old: Mapping[str, Any], new: Mapping[str, Any], key: str) -> float | None:
+    t0, t1 = old.get(key), new.get(key)
+    if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):
         return None
+    return float(t1) - float(t0)
+
+
+def rates_between(old: Mapping[str, Any], new: Mapping[str, Any], dt: float | None = None) -> Rates | None:
+    """Rates from sample ``old`` to ``new``.  ``dt`` defaults to ``new.t - old.t``
+    (the ``ethtool -S`` times) and, for the sysfs counters, ``t_sysfs`` when
+    both samples have it.  ``None`` when the interval is not positive."""
+    dt_sys = None
+    if dt is None:
+        dt = _interval(old, new, "t")
+        dt_sys = _interval(old, new, "t_sysfs")
+    if dt is None or dt <= 0:
+        return None
+    if dt_sys is None or dt_sys <= 0:
+        dt_sys = dt
     r = Rates(dt=dt)
     r.ethtool = _table(old.get("ethtool_stats"), new.get("ethtool_stats"), dt, ETHTOOL_32, "", r)
-    r.hw = _table(old.get("hw_counters"), new.get("hw_counters"), dt, HW_COUNTERS_32, "hw:", r)
-    r.ib = _table(old.get("counters"), new.get("counters"), dt, frozenset(), "ib:", r)
+    r.hw = _table(old.get("hw_counters"), new.get("hw_counters"), dt_sys, HW_COUNTERS_32, "hw:", r)
+    r.ib = _table(old.get("counters"), new.get("counters"), dt_sys, frozenset(), "ib:", r)
     return r
 
 

@@ -1288,18 +1288,20 @@ def collect_qos(nics: List[Dict[str, Any]], timeout: float, errors: Errors, root
 
 
 def sample_nic(nic: Dict[str, Any], timeout: float, root: str = "/") -> Dict[str, Any]:
-    """One sample: ``t`` (monotonic s, midpoint of the reads), ``read_s`` (how
-    long the reads took), ``ethtool_stats``, ``hw_counters``, ``counters``,
+    """One sample: ``t`` (monotonic s, midpoint of the ``ethtool -S`` run),
+    ``t_sysfs`` (midpoint of the two sysfs directory reads), ``read_s`` (how
+    long all reads took), ``ethtool_stats``, ``hw_counters``, ``counters``,
     ``reason`` (why ethtool gave nothing, else ``None``)."""
     rdma = nic.get("rdma") or {}
     pd = path_in(root, "/sys/class/infiniband/%s/ports/%s" % (rdma.get("device"), rdma.get("port")))
     t0 = time.monotonic()
     stats, reason = ethtool_stats(nic["netdev"], timeout)
+    t1 = time.monotonic()
     hw = read_counter_dir(os.path.join(pd, "hw_counters"))
     counters = read_counter_dir(os.path.join(pd, "counters"))
-    t1 = time.monotonic()
-    return {"t": round((t0 + t1) / 2, 6), "read_s": round(t1 - t0, 6), "ethtool_stats": stats,
-            "hw_counters": hw, "counters": counters, "reason": reason}
+    t2 = time.monotonic()
+    return {"t": round((t0 + t1) / 2, 6), "t_sysfs": round((t1 + t2) / 2, 6), "read_s": round(t2 - t0, 6),
+            "ethtool_stats": stats, "hw_counters": hw, "counters": counters, "reason": reason}
 
 
 def _sample_all(nics: List[Dict[str, Any]], timeout: float, root: str) -> None:

@@ -68,3 +68,10 @@ def test_no_samples_is_unknown_with_the_reason():
     fs = [f for f in run_analyzers(ctx, ["roce.pfc"]) if f.host == "gpu01"]
     assert [f.severity for f in fs] == [Severity.UNKNOWN]
     assert "no counter samples" in fs[0].message
+
+
+def test_sysfs_counters_use_their_own_read_times():
+    s0 = {"t": 10.0, "t_sysfs": 10.5, "ethtool_stats": {"a": 0}, "hw_counters": {"np_cnp_sent": 0}}
+    s1 = {"t": 12.0, "t_sysfs": 14.5, "ethtool_stats": {"a": 20}, "hw_counters": {"np_cnp_sent": 400}}
+    r = rates_between(s0, s1)
+    assert r is not None and r.ethtool["a"] == 10.0 and r.hw["np_cnp_sent"] == 100.0

@@ -1,0 +1,118 @@
+"""``clusterctl doctor`` RoCE checks on the lab: the probe reads the simulated
+ConnectX ports (ethtool -S, hw_counters, mlnx_qos or dcb) over SSH, twice
+``--interval`` apart on the node, and the analyzers name the host, the leaf
+and the action for each injected fault.
+
+Works with the shared 4-host lab (two leaves of two: lab[01-02], lab[03-04];
+lab03 has the inbox driver flavour, read with dcb; lab04 is reached as a
+non-root user) and with larger labs (leaves read from the inventory).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from clusterctl.cli.main import main
+from clusterctl.inventory.loader import load_inventory
+from clusterctl.lab.hardware import faults
+
+INTERVAL = "3"
+
+
+def doctor(lab, capsys, checks: str) -> tuple[int, dict]:
+    rc = main(["doctor", "all", "-i", str(lab.inventory), "--json", "--checks", checks,
+               "--interval", INTERVAL])
+    out = capsys.readouterr().out
+    return rc, json.loads(out)
+
+
+def problems(report: dict, check: str) -> list[dict]:
+    return [f for f in report["findings"] if f["check"] == check and f["severity"] != "OK"]
+
+
+def leaves(lab) -> dict[str, list[str]]:
+    inv = load_inventory(str(lab.inventory))
+    out: dict[str, list[str]] = {}
+    for name, h in inv.hosts.items():
+        out.setdefault(h.labels["leaf"], []).append(name)
+    return out
+
+
+@pytest.fixture
+def healed(lab, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    touched: list[str] = []
+    yield touched
+    for name in touched:
+        faults.heal(lab.host_dir(name))
+
+
+def test_healthy_lab_reports_nothing_above_ok(lab, capsys, healed):
+    rc, rep = doctor(lab, capsys, "roce,net.data")
+    bad = [f for f in rep["findings"] if f["severity"] != "OK"]
+    assert rc == 0 and not bad, bad
+    checked = {(f["check"], f["host"]) for f in rep["findings"]}
+    for check in ("roce.pfc", "roce.congestion", "roce.discards", "roce.qos", "net.data"):
+        assert {h for c, h in checked if c == check} == set(lab.names), check
+
+
+def test_pause_storm_on_one_host_names_that_host_and_its_cable(lab, capsys, healed):
+    victim = lab.names[1]
+    healed.append(victim)
+    faults.inject(lab.host_dir(victim), "pause-storm", nic="eth2", priority=3, per_s=20000, paused=0.9)
+    rc, rep = doctor(lab, capsys, "roce.pfc")
+    found = problems(rep, "roce.pfc")
+    assert rc == 2 and len(found) == 1, found
+    f = found[0]
+    assert (f["host"], f["subject"], f["severity"]) == (victim, "nic:eth2", "CRIT")
+    # 0.9 s of every second paused, give or take the jitter of when ethtool read its counters
+    assert re.search(r"paused (8[5-9]|9[0-5])% of the time on priority 3 \(", f["message"]), f["message"]
+    assert "cable" in f["action"] and "do not show" in f["action"]
+
+
+def test_cnp_incast_on_one_leafs_hosts_names_the_leaf(lab, capsys, healed):
+    by_leaf = leaves(lab)
+    leaf = next(name for name, hosts in by_leaf.items() if lab.names[-1] in hosts)
+    hot = by_leaf[leaf]
+    assert len(hot) >= 2 and len(by_leaf) >= 2
+    for h in hot:
+        healed.append(h)
+        faults.inject(lab.host_dir(h), "cnp", nic="eth2", per_s=50000)
+    rc, rep = doctor(lab, capsys, "roce.congestion")
+    found = problems(rep, "roce.congestion")
+    assert rc == 1
+    leaf_rows = [f for f in found if f["host"] is None]
+    assert [f["subject"] for f in leaf_rows] == [f"leaf:{leaf}"], found
+    assert f"every host under {leaf}" in leaf_rows[0]["message"]
+    per_host = [f for f in found if f["host"]]
+    assert {f["host"] for f in per_host} == set(hot)
+    assert all(f["subject"] == "nic:eth2" and f"leaf switch {leaf}" in f["action"] for f in per_host)
+
+
+@pytest.mark.parametrize("which", [2, -1], ids=["inbox-dcb", "mlnx-nonroot"])
+def test_pfc_on_the_wrong_priority_is_the_odd_one_out(lab, capsys, healed, which):
+    victim = lab.names[which]
+    healed.append(victim)
+    faults.inject(lab.host_dir(victim), "qos-pfc", nic="eth2", priority=4)
+    rc, rep = doctor(lab, capsys, "roce.qos")
+    found = problems(rep, "roce.qos")
+    assert rc == 2 and len(found) == 1, found
+    f = found[0]
+    assert (f["host"], f["subject"], f["severity"]) == (victim, "nic:eth2", "CRIT")
+    assert f["message"] == (f"{victim} eth2: PFC on priority 4; the profile and the other "
+                            f"{len(lab.names) - 1} hosts use 3")
+
+
+def test_trust_pcp_on_one_host(lab, capsys, healed):
+    victim = lab.names[0]
+    healed.append(victim)
+    faults.inject(lab.host_dir(victim), "qos-trust", nic="eth3", trust="pcp")
+    rc, rep = doctor(lab, capsys, "roce.qos")
+    found = problems(rep, "roce.qos")
+    assert rc == 2 and [(f["host"], f["subject"], f["severity"]) for f in found] == [(victim, "nic:eth3", "CRIT")]
+    assert found[0]["message"] == (f"{victim} eth3: trust pcp; the profile and the other "
+                                   f"{len(lab.names) - 1} hosts use dscp")
+    assert "priority 0" in found[0]["action"]
