@@ -104,10 +104,10 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
     unknown: list[Finding] = []
     order: list[str] = []
     for host in fabric.hosts(ctx):
-        for nic in fabric.roce_nics(ctx.facts[host]):
-            name = str(nic["netdev"])
-            why = _qos_unreadable(nic)
-            vals = settings(nic, prof.roce_dscp, prof.cnp_dscp)
+        for entry in fabric.roce_nics(ctx.facts[host]):
+            name = str(entry["netdev"])
+            why = _qos_unreadable(entry)
+            vals = settings(entry, prof.roce_dscp, prof.cnp_dscp)
             if why and "pfc" not in vals:
                 unknown.append(Finding(CHECK, Severity.UNKNOWN, host, f"nic:{name}",
                                        f"{name}: cannot read the QoS configuration: {why}",
@@ -136,9 +136,9 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
 
     majority: dict[str, Hashable] = {}
     for key in ("cnp_dscp_prio", "tclass", "dcbx"):
-        vals = list(host_values(key).values())
-        if vals:
-            majority[key] = max(set(vals), key=vals.count)
+        seen = list(host_values(key).values())
+        if seen:
+            majority[key] = max(set(seen), key=seen.count)
 
     for (host, nic), v in per_nic.items():
         if "trust" in v and v["trust"] != prof.trust:
@@ -147,7 +147,7 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
                 "untagged RoCEv2 traffic is classified to priority 0, which has no PFC",
                 show=str)
         if "pfc" in v:
-            pfc = tuple(v["pfc"])  # type: ignore[arg-type]
+            pfc: tuple[int, ...] = tuple(v["pfc"])  # type: ignore[arg-type]
             if p not in pfc:
                 add(host, nic, Severity.CRIT, "pfc", f"PFC on {_prios(pfc)}", (p,),
                     f"enable PFC on priority {p} only (mlnx_qos -i {nic} --pfc "
