@@ -18,6 +18,7 @@ import re
 import shutil
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -63,7 +64,7 @@ def safe_name(text: str) -> str:
 
 # ------------------------------------------------------------------- gather
 
-def node_spec(inventory: Inventory | None, host: str, interval_s: float, lines: int = 5000) -> dict[str, Any]:
+def node_spec(inventory: Inventory | None, host: str, journal: bool, lines: int = 5000) -> dict[str, Any]:
     """The node script's argument for ``host``: its instances' units and ports."""
     insts = {}
     for inst in sources.instances(inventory):
@@ -71,24 +72,36 @@ def node_spec(inventory: Inventory | None, host: str, interval_s: float, lines: 
             bind = inst.args.get("host") if isinstance(inst.args.get("host"), str) else None
             insts[inst.name] = {"unit": sources.unit_name(inst.name), "port": inst.port,
                                 "host": None if bind in (None, "0.0.0.0", "::") else bind}
-    return {"instances": insts, "interval_s": interval_s, "lines": lines, "timeout_s": 5}
+    return {"instances": insts, "journal": journal, "lines": lines, "timeout_s": 5}
 
 
 def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interval_s: float = 0.0,
            timeout: float = 60.0, sudo: bool = False, on_event: Callable[[str], None] | None = None,
            on_facts: Callable[[Any], None] | None = None) -> Snapshot:
-    """Facts of every host (one probe round trip), then each instance's journal and
-    ``/metrics`` samples (one more round trip on the hosts that run instances).
+    """One snapshot of ``hosts``, in three round trips at most.
 
-    ``interval_s``: seconds between the two ``/metrics`` samples (0: one sample).
-    A host that fails either step is recorded, never raised: facts failures go to
+    1. on hosts that run instances: each instance's journal and a first
+       ``/metrics`` sample;
+    2. the probe on every host (facts; it samples NIC counters ``interval_s``
+       apart on the node);
+    3. a second ``/metrics`` sample, at least ``interval_s`` after the first
+       (``interval_s`` 0: no second sample).
+
+    So the run takes about ``interval_s`` plus the round trips, not twice the
+    interval.  ``snap.interval_s`` is the measured time between the samples.
+    A host that fails a step is recorded, never raised: facts failures go to
     ``missing``, journal/metrics failures to the host's ``commands`` records.
     """
-    from clusterctl.fleet.shell import python_script
     from clusterctl.probe.run import collect_facts
 
     snap = Snapshot(interval_s=interval_s, meta={"started_at": _now(), "clusterctl_version": __version__,
                                                  "hosts": [h.name for h in hosts]})
+    busy = [h for h in hosts if node_spec(inventory, h.name, False)["instances"]]
+    first_at = time.monotonic()
+    if busy:
+        if on_event:
+            on_event(f"journals and /metrics of the instances on {len(busy)} host(s)")
+        _instances_round(snap, fleet, inventory, busy, journal=True, sample=1, timeout=timeout, sudo=sudo)
     results = collect_facts(fleet, timeout=timeout, sudo=sudo, on_result=on_facts,
                             counter_interval=interval_s or None)  # NIC counter samples for rate checks
     for name, r in results.items():
@@ -101,29 +114,30 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
         else:
             snap.missing[name] = r.reason or r.status
     snap.meta["facts_at"] = _now()
-    specs = {h.name: node_spec(inventory, h.name, interval_s) for h in hosts if h.name in snap.facts}
-    specs = {h: s for h, s in specs.items() if s["instances"]}
-    if specs:
-        if on_event:
-            on_event(f"journals and /metrics of {sum(len(s['instances']) for s in specs.values())} instance(s)")
-        sub = [h for h in hosts if h.name in specs]
-        command = {h: python_script([json.dumps(s)]) for h, s in specs.items()}
-        rows = _run_on(fleet, sub, command, NODE_SCRIPT.read_bytes(), timeout + interval_s, sudo)
-        for row in rows:
-            _absorb(snap, row)
+    busy = [h for h in busy if h.name in snap.facts]
+    if busy and interval_s > 0:
+        wait = interval_s - (time.monotonic() - first_at)
+        if wait > 0:
+            time.sleep(wait)
+        snap.interval_s = round(time.monotonic() - first_at, 3)
+        _instances_round(snap, fleet, inventory, busy, journal=False, sample=2, timeout=timeout, sudo=sudo)
     snap.meta["finished_at"] = _now()
     return snap
 
 
-def _run_on(fleet: Any, hosts: list[Host], command: dict[str, str], script: bytes, timeout: float,
-            sudo: bool) -> list[Any]:
-    """Run on a subset of the fleet's hosts (a per-host mapping names only those)."""
+def _instances_round(snap: Snapshot, fleet: Any, inventory: Inventory | None, hosts: list[Host], *,
+                     journal: bool, sample: int, timeout: float, sudo: bool) -> None:
+    from clusterctl.fleet.shell import python_script
+
+    command = {h.name: python_script([json.dumps(node_spec(inventory, h.name, journal))]) for h in hosts}
     full = {h.name: command.get(h.name, "true") for h in getattr(fleet, "hosts", hosts)}
-    res = fleet.run(full, stdin=script, sudo=sudo, timeout=timeout, require_python=True)
-    return [r for r in res if r.host in command]
+    rows = fleet.run(full, stdin=NODE_SCRIPT.read_bytes(), sudo=sudo, timeout=timeout, require_python=True)
+    for row in rows:
+        if row.host in command:
+            _absorb(snap, row, sample)
 
 
-def _absorb(snap: Snapshot, row: Any) -> None:
+def _absorb(snap: Snapshot, row: Any, sample: int) -> None:
     host = row.host
     status = str(getattr(row.status, "value", row.status))
     lines = [x for x in (row.stdout or "").splitlines() if x.strip()]
@@ -138,15 +152,16 @@ def _absorb(snap: Snapshot, row: Any) -> None:
         return
     raw = snap.raw.setdefault(host, {})
     for name, rec in (doc.get("instances") or {}).items():
-        j = rec.get("journal") or {}
-        snap.commands.setdefault(host, []).append(j)
-        if j.get("rc") == 0:
-            raw[f"{name}.log"] = j.get("stdout", "")
-        for i, m in enumerate(rec.get("metrics") or []):
-            snap.commands.setdefault(host, []).append(m)
-            if "text" in m:
-                raw[f"{name}.metrics" + ("" if i == 0 else f".{i + 1}")] = m["text"]
-    snap.meta.setdefault("instances_at", {})[host] = doc.get("collected_at")
+        j = rec.get("journal")
+        if j is not None:
+            snap.commands.setdefault(host, []).append(j)
+            if j.get("rc") == 0:
+                raw[f"{name}.log"] = j.get("stdout", "")
+        m = rec.get("metrics") or {}
+        snap.commands.setdefault(host, []).append(m)
+        if "text" in m:
+            raw[f"{name}.metrics" + ("" if sample == 1 else f".{sample}")] = m["text"]
+    snap.meta.setdefault("instances_at", {}).setdefault(host, []).append(doc.get("collected_at"))
 
 
 def context(snap: Snapshot, inventory: Inventory | None, thresholds: dict[str, Any]) -> AnalysisContext:

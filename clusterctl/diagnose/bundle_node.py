@@ -1,18 +1,18 @@
 """Node-side part of ``clusterctl collect`` (stdlib only, Python 3.8+, read-only).
 
 Piped to ``python3 -`` with one JSON argument: ``{"instances": {name:
-{"unit", "port", "host"}}, "lines": N, "interval_s": S, "timeout_s": T}``.
-For every instance it saves the unit's journal (``journalctl -u UNIT -o
-short-iso``, verbatim) and two ``/metrics`` samples ``interval_s`` apart
-(fetched with urllib on the node, so nothing but SSH is needed from the
-control side).  Prints one JSON document; never fails on a missing tool.
+{"unit", "port", "host"}}, "journal": bool, "lines": N, "timeout_s": T}``.
+For every instance it takes one ``/metrics`` sample (fetched with urllib on
+the node, so nothing but SSH is needed from the control side) and, with
+``journal``, the unit's journal (``journalctl -u UNIT -o short-iso``,
+verbatim).  The control side runs it twice, ``--interval`` apart, for the two
+samples.  Prints one JSON document; never fails on a missing tool.
 """
 
 import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from datetime import datetime, timezone
 
@@ -52,14 +52,11 @@ def main():
     spec = json.loads(sys.argv[1])
     timeout = float(spec.get("timeout_s", 5))
     out = {"collected_at": now(), "instances": {}}
-    insts = spec.get("instances", {})
-    for name, i in insts.items():
-        out["instances"][name] = {"journal": journal(i["unit"], int(spec.get("lines", 5000)), timeout),
-                                  "metrics": [metrics(i.get("host") or "127.0.0.1", int(i["port"]), timeout)]}
-    if insts and float(spec.get("interval_s", 0)) > 0:
-        time.sleep(float(spec["interval_s"]))
-        for name, i in insts.items():
-            out["instances"][name]["metrics"].append(metrics(i.get("host") or "127.0.0.1", int(i["port"]), timeout))
+    for name, i in spec.get("instances", {}).items():
+        rec = {"metrics": metrics(i.get("host") or "127.0.0.1", int(i["port"]), timeout)}
+        if spec.get("journal"):
+            rec["journal"] = journal(i["unit"], int(spec.get("lines", 5000)), timeout)
+        out["instances"][name] = rec
     sys.stdout.write(json.dumps(out) + "\n")
 
 
