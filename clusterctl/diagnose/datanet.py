@@ -13,7 +13,9 @@ Check ``net.data``, per data NIC of the inventory (role ``data``):
   InfiniBand, the port's rate against the inventory — WARN.
 
 Check ``host.rdma_prereqs``: ``/dev/shm`` smaller than
-``datanet.shm_min_bytes`` (NCCL's shared-memory transport) — WARN.
+``datanet.shm_min_bytes`` (NCCL's shared-memory transport) — WARN; a GPU
+with no data NIC on its NUMA node (GPUDirect RDMA then crosses the
+inter-socket link) — WARN.
 
 Without an inventory there is nothing to compare against and these checks
 return no findings.
@@ -142,4 +144,32 @@ def check_prereqs(ctx: AnalysisContext) -> list[Finding]:
                                "mount /dev/shm larger (tmpfs size=...), or give the vLLM units a larger one"))
         else:
             out.append(Finding(PREREQS, Severity.OK, host, "host", "/dev/shm large enough"))
+        out.extend(_numa(ctx, host))
+    return out
+
+
+def _numa(ctx: AnalysisContext, host: str) -> list[Finding]:
+    """GPUs whose NUMA node has no data NIC (only where the NICs' nodes are known)."""
+    facts = ctx.facts[host]
+    inv = ctx.inventory
+    if inv is not None and host in inv.hosts:
+        names = {n.netdev for n in inv.hosts[host].nics_with_role("data")}
+        nics = [n for n in facts.get("nics") or [] if n.get("netdev") in names]
+    else:
+        nics = fabric.roce_nics(facts)
+    nodes = {int(n["numa_node"]) for n in nics if n.get("numa_node") is not None}
+    gpus = [g for g in (facts.get("gpus") or {}).get("devices") or [] if g.get("numa_node") is not None]
+    if not nodes or not gpus:
+        return []
+    out = []
+    for g in gpus:
+        if int(g["numa_node"]) not in nodes:
+            out.append(Finding(PREREQS, Severity.WARN, host, f"gpu:{g.get('index')}",
+                               f"GPU {g.get('index')} is on NUMA node {g['numa_node']}, the data NICs on "
+                               f"node(s) {','.join(map(str, sorted(nodes)))}: GPUDirect RDMA crosses the "
+                               "inter-socket link",
+                               "put a data NIC on each GPU's NUMA node (or pin NCCL_IB_HCA per GPU)",
+                               tuple(f"{n['netdev']}: NUMA node {n.get('numa_node')}" for n in nics)))
+    if not out:
+        out.append(Finding(PREREQS, Severity.OK, host, "host", "every GPU has a data NIC on its NUMA node"))
     return out

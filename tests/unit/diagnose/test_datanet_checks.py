@@ -59,3 +59,21 @@ def test_small_dev_shm():
 
 def test_no_inventory_nothing_to_compare():
     assert run_analyzers(R.ctx({"x": R.doc("x")}), ["net.data"]) == []
+
+
+def _gpus(doc, nodes):
+    doc["gpus"]["devices"] = [{"index": i, "numa_node": n} for i, n in enumerate(nodes)]
+    return doc
+
+
+def test_gpu_without_a_data_nic_on_its_numa_node():
+    eth2, eth3 = R.nic("eth2"), R.nic("eth3", "mlx5_1")
+    eth2["numa_node"], eth3["numa_node"] = 0, 0
+    fs = run({"gpu01": _gpus(R.doc("gpu01", [eth2, eth3]), [0, 0, 1, 1])}, n=2, checks=("host.rdma_prereqs",))
+    b = bad(fs)
+    assert [(f.host, f.subject, f.severity) for f in b] == [("gpu01", "gpu:2", Severity.WARN),
+                                                            ("gpu01", "gpu:3", Severity.WARN)]
+    assert "GPU 2 is on NUMA node 1, the data NICs on node(s) 0" in b[0].message
+    eth3["numa_node"] = 1
+    fs = run({"gpu01": _gpus(R.doc("gpu01", [eth2, eth3]), [0, 0, 1, 1])}, n=2, checks=("host.rdma_prereqs",))
+    assert not bad(fs)
