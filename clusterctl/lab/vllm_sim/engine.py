@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
 _TOKEN_RE = re.compile(r" ?[A-Za-z]+| ?\d| ?[^\sA-Za-z\d]|\s+")
-WORDS = (" the of and to in is was for on that with as it by at from his an were are which this be"
+_WORDS = (" the of and to in is was for on that with as it by at from his an were are which this be"
          " or has had not but first one their its new after who they have her she two been other when"
          " there all during into school time may years more most only over city some world would where"
          " later up such used many can state about national out known university united then made"
          " cluster model token memory network server request cache layer batch engine node rack"
          " latency fabric switch queue tensor kernel stream prefix block vector value signal"
          " . , ; : ' -").split(" ")
-WORDS = tuple(w if w in ".,;:'-" else " " + w for w in WORDS if w)
+WORDS = tuple(w if w in ".,;:'-" else " " + w for w in _WORDS if w)
 MAX_TOP = 20
 
 

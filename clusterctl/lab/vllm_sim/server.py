@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from .engine import Engine, GenRequest, TokenEvent, token_id, tokenize
 from .logs import Log
 from .metrics import Metrics
-from .startup import Engine as EngineInfo
+from .startup import EngineInfo
 
 AUTH_PREFIXES = {"0.11": ("/v1", "/v2", "/inference"), "0.33": ("/v1", "/v2", "/inference", "/cohere")}
 ROUTES = [("/openapi.json", "HEAD, GET"), ("/docs", "HEAD, GET"), ("/health", "GET"), ("/load", "GET"),

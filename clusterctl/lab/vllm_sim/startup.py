@@ -46,7 +46,7 @@ class StartupFailure(Exception):
 
 
 @dataclass
-class Engine:
+class EngineInfo:
     """What start-up resolved: the numbers the server and /metrics need."""
 
     version: str
@@ -128,7 +128,7 @@ class Starter:
             self.log.warning(self.engine_proc, "sim", f"cannot register GPU memory in {self.state}: {e}")
 
     # -- the sequence
-    def run(self) -> Engine:
+    def run(self) -> EngineInfo:
         ns, log = self.ns, self.log
         mdir, cfg = load_config(ns.model)
         shape = M.ModelShape.from_config(cfg)
@@ -379,7 +379,7 @@ class Starter:
             temp = float(json.loads(gen_cfg.read_text()).get("temperature", 1.0))
         except (OSError, ValueError, TypeError):
             pass
-        return Engine(version=self.version, model=ns.model, served_names=served, max_model_len=mml,
+        return EngineInfo(version=self.version, model=ns.model, served_names=served, max_model_len=mml,
                       vocab=shape.vocab, kv_tokens=plan.kv_tokens, num_blocks=plan.num_blocks,
                       block_size=M.BLOCK_SIZE, kv_dtype=kv_dtype, util=util, prefix_caching=prefix,
                       gpus=self.gpus, usage=dict(self.usage), plan=plan, default_temperature=temp,

@@ -275,9 +275,15 @@ def read_header(path: Path) -> dict[str, Any]:
             raise ValueError(f"{path}: safetensors header is not JSON: {e}") from None
     hdr.pop("__metadata__", None)
     data = size - 8 - hlen
+    if not isinstance(hdr, dict):
+        raise ValueError(f"{path}: safetensors header is not a JSON object")
     for name, t in hdr.items():
-        b, e = t["data_offsets"]
-        if t["dtype"] not in DTYPE_BYTES or e - b != nbytes(t["dtype"], t["shape"]) or e > data:
+        try:
+            begin, end = t["data_offsets"]
+            ok = t["dtype"] in DTYPE_BYTES and end - begin == nbytes(t["dtype"], t["shape"]) and end <= data
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
             raise ValueError(f"{path}: tensor {name}: dtype/shape/offsets inconsistent with the file")
     return hdr
 
