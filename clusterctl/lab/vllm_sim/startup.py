@@ -303,6 +303,8 @@ class Starter:
         if self.version == "0.33" and not ns.enforce_eager:
             log.info(lead, "gpu_worker.py:402",
                      "CUDA graph memory profiling is enabled (default since v0.21.0)")
+            log.info(lead, "gpu_worker.py:431",
+                     f"Estimated CUDA graph memory: {graphs * tp / GiB:.2f} GiB total")
         for rp in ranks:
             rp.activation, rp.non_torch, rp.graphs = act, M.non_torch(tp, rp.rank), graphs
             if ns.kv_cache_memory_bytes is not None:
@@ -489,7 +491,8 @@ def report_failure(log: Log, f: StartupFailure, version: str, tp: int) -> None:
         ("entrypoints/cli/main.py", 54, "main", "args.dispatch_function(args)"),
         ("entrypoints/openai/api_server.py", 1884, "run_server", "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)"),
         ("v1/engine/utils.py", 785, "wait_for_engine_startup", "raise RuntimeError(\"Engine core initialization failed. \"")])
-        + ["RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]))
+        + ["RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+           + ("{}" if version == "0.11" else f"{{'{engine}': 1}}")]))
 
 
 def _site_packages() -> str:

@@ -41,6 +41,7 @@ def test_kv_cache_too_small_0_33_wording(host: Path, models, start_sim) -> None:
     sim = start_sim(host, models["qwen3-8b"], "--gpu-memory-utilization", "0.25", version="0.33")
     assert sim.wait() == 1
     assert "(EngineCore pid=" in sim.log and "EngineCore_DP0" not in sim.log
+    assert sim.log.rstrip().endswith("Failed core proc(s): {'EngineCore': 1}")
     assert re.search(r"ValueError: To serve at least one request with the model's max seq len \(40960\), "
                      r"\(5\.62 GiB KV cache is needed, .* \(which also controls CPU memory on the CPU backend\)"
                      r" .*conserving_memory/ for more details\.", sim.log)
