@@ -97,11 +97,14 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
     snap = Snapshot(interval_s=interval_s, meta={"started_at": _now(), "clusterctl_version": __version__,
                                                  "hosts": [h.name for h in hosts]})
     busy = [h for h in hosts if node_spec(inventory, h.name, False)["instances"]]
+    phases: dict[str, float] = {}
     first_at = time.monotonic()
     if busy:
         if on_event:
             on_event(f"journals and /metrics of the instances on {len(busy)} host(s)")
         _instances_round(snap, fleet, inventory, busy, journal=True, sample=1, timeout=timeout, sudo=sudo)
+        phases["instances_1"] = round(time.monotonic() - first_at, 3)
+    probe_at = time.monotonic()
     results = collect_facts(fleet, timeout=timeout, sudo=sudo, on_result=on_facts,
                             counter_interval=interval_s or None)  # NIC counter samples for rate checks
     for name, r in results.items():
@@ -114,14 +117,19 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
         else:
             snap.missing[name] = r.reason or r.status
     snap.meta["facts_at"] = _now()
+    phases["probe"] = round(time.monotonic() - probe_at, 3)
     busy = [h for h in busy if h.name in snap.facts]
     if busy and interval_s > 0:
         wait = interval_s - (time.monotonic() - first_at)
         if wait > 0:
             time.sleep(wait)
+        phases["wait"] = round(max(0.0, wait), 3)
         snap.interval_s = round(time.monotonic() - first_at, 3)
+        second_at = time.monotonic()
         _instances_round(snap, fleet, inventory, busy, journal=False, sample=2, timeout=timeout, sudo=sudo)
+        phases["instances_2"] = round(time.monotonic() - second_at, 3)
     snap.meta["finished_at"] = _now()
+    snap.meta["phases_s"] = phases
     return snap
 
 

@@ -36,8 +36,11 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
             for f in by_gpu.get((g.host, g.index), []) + host_level.get(g.host, []):
                 if f.severity in (Severity.CRIT, Severity.WARN):
                     bad.append((str(g) if f.subject.startswith("gpu:") else g.host, f))
-        unknown = sorted({h for h in inst.hosts if h in ctx.missing or
-                          any(f.severity == Severity.UNKNOWN for f in host_level.get(h, []))})
+        # Unchecked means no GPU state at all (unreachable, no facts, NVML down);
+        # a single check without data (an unreadable kernel log) does not make it so.
+        unknown = sorted({h for h in inst.hosts if h in ctx.missing or h not in ctx.facts or
+                          any(f.severity == Severity.UNKNOWN and f.check in ("gpu.nvml", "gpu.lost")
+                              for f in host_level.get(h, []))})
         crit = [(m, f) for m, f in bad if f.severity == Severity.CRIT]
         warn = [(m, f) for m, f in bad if f.severity == Severity.WARN]
         subj = f"tp-group:{inst.name}"

@@ -1,0 +1,109 @@
+"""Doctor benchmark: `clusterctl doctor all` over an N-host nspawn lab (default 16).
+
+Brings up its own lab (``CLUSTERCTL_LAB_*`` defaults below, so a working lab
+is left alone), adds instances over the hosts (two TP-2 groups per host), and
+runs ``clusterctl doctor all --json --interval I`` as a fresh process
+``--rounds`` times. The issue's target: a run finishes within its sampling
+interval plus 3 s. Writes ``benchmarks/results/doctor-<date>.json`` (wall
+seconds per round, exit codes, finding counts) and tears the lab down unless
+``--keep``. Needs root.
+
+Example: python3 benchmarks/doctor/run.py --hosts 16 --interval 2 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO))
+
+ENV = {"CLUSTERCTL_LAB_DIR": "/var/lib/clusterctl-lab-doc", "CLUSTERCTL_LAB_BRIDGE": "labdoc0",
+       "CLUSTERCTL_LAB_NET": "10.83", "CLUSTERCTL_LAB_PREFIX": "doc"}
+
+
+def with_instances(inventory: Path, names: list[str], out: Path) -> Path:
+    data = yaml.safe_load(inventory.read_text())
+    engine = next(iter(data.get("engines") or {"vllm": None}))
+    data["models"] = {"qwen3-8b": {"path": "/models/qwen3-8b", "arch": {
+        "layers": 36, "hidden_size": 4096, "attention_heads": 32, "kv_heads": 8, "head_dim": 128,
+        "vocab": 151936, "params": 8190735360, "dtype": "bfloat16"}}}
+    data["instances"] = {}
+    for h in names:
+        for k, gpus in enumerate(("[0-1]", "[2-3]")):
+            data["instances"][f"{h}-{k}"] = {"model": "qwen3-8b", "engine": engine, "placement": f"{h}:{gpus}",
+                                            "port": 8100 + k, "args": {"max-model-len": 32768,
+                                                                       "gpu-memory-utilization": 0.85}}
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=16)
+    ap.add_argument("--interval", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="leave the lab up")
+    args = ap.parse_args()
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
+    from clusterctl.lab.config import LabConfig
+    from clusterctl.lab.session import LabSession
+
+    cfg = LabConfig.from_env()
+    t0 = time.monotonic()
+    session = LabSession.start(cfg, hosts=args.hosts, on_event=lambda s: print(f"lab: {s}", file=sys.stderr))
+    up_s = time.monotonic() - t0
+    rounds = []
+    try:
+        for name in session.names:  # a fresh lab host has no kern.log yet (no kernel line logged)
+            session.run(name, ": >> /var/log/kern.log", check=True)
+        inv = with_instances(Path(session.inventory), session.names,
+                             Path(tempfile.mkdtemp(prefix="doctor-bench-")) / "inventory.yaml")
+        for _ in range(args.rounds):
+            t = time.monotonic()
+            p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "doctor", "all", "-i", str(inv),
+                                "--json", "--interval", str(args.interval), "--sudo"],
+                               capture_output=True, text=True, timeout=300)
+            wall = time.monotonic() - t
+            doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+            rounds.append({"wall_s": round(wall, 3), "exit_code": p.returncode,
+                           "in_process_s": doc.get("meta", {}).get("duration_s"),
+                           "phases_s": doc.get("meta", {}).get("phases_s"),
+                           "counts": doc.get("summary", {}).get("counts"),
+                           "not_ok": sorted({f["check"] for f in doc.get("findings", []) if f["severity"] != "OK"})})
+            print(f"round: {wall:.2f} s, exit {p.returncode}", file=sys.stderr)
+    finally:
+        if not args.keep:
+            session.stop()
+    walls = [r["wall_s"] for r in rounds]
+    result = {
+        "benchmark": "doctor", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()},
+        "hosts": args.hosts, "gpus_per_host": 8, "instances": 2 * args.hosts, "interval_s": args.interval,
+        "lab_up_s": round(up_s, 2), "rounds": rounds, "median_wall_s": statistics.median(walls),
+        "target_s": args.interval + 3, "within_target": statistics.median(walls) <= args.interval + 3,
+        "command": "clusterctl doctor all -i INV --json --interval I --sudo (fresh process each round)",
+    }
+    out = REPO / "benchmarks" / "results" / f"doctor-{dt.datetime.now():%Y-%m-%dT%H%M}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("median_wall_s", "target_s", "within_target")}))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
