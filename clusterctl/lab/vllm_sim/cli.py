@@ -36,16 +36,17 @@ SIM_ONLY = ("emulate_version", "time_scale")
 
 def _human_int(version: str) -> Any:
     def parse(v: str) -> int:
-        s = v.strip().lower()
-        if version == "0.33" and s in ("-1", "auto"):
+        """vLLM's human_readable_int: ``25.6k`` = 25600 (decimal), ``1K`` = 1024 (binary, integers only)."""
+        s = v.strip()
+        if version == "0.33" and s.lower() in ("-1", "auto"):
             return -1
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)", s)
-        if not m:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", s)
+        if not m or ("." in m[1] and (not m[2] or m[2].isupper())):
             raise ValueError(v)
-        mult = {"": 1, "k": 1000, "m": 1000_000, "g": 1000_000_000}[m[2]]
-        if "." in m[1] and not m[2]:
-            raise ValueError(v)
-        return int(float(m[1]) * mult)
+        if not m[2]:
+            return int(m[1])
+        power = "kmgt".index(m[2].lower()) + 1
+        return int(float(m[1]) * (1000 if m[2].islower() else 1024) ** power)
     parse.__name__ = "human_readable_int"
     return parse
 

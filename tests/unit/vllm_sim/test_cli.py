@@ -47,6 +47,10 @@ def test_version_per_emulated_release() -> None:
 
 def test_max_model_len_accepts_human_readable_and_auto_only_in_0_33() -> None:
     assert cli.build_parser("0.11").parse_args(["m", "--max-model-len", "32k"]).max_model_len == 32000
+    assert cli.build_parser("0.11").parse_args(["m", "--max-model-len", "32K"]).max_model_len == 32768
+    assert cli.build_parser("0.11").parse_args(["m", "--max-model-len", "25.6k"]).max_model_len == 25600
+    with pytest.raises(SystemExit):
+        cli.build_parser("0.11").parse_args(["m", "--max-model-len", "1.5K"])
     assert cli.build_parser("0.33").parse_args(["m", "--max-model-len", "auto"]).max_model_len == -1
     with pytest.raises(SystemExit):
         cli.build_parser("0.11").parse_args(["m", "--max-model-len", "auto"])

@@ -156,3 +156,48 @@ def test_time_scale_stretches_the_start(host: Path, models, start_sim) -> None:
     elapsed = time.monotonic() - t0
     assert 0.9 < elapsed < 10  # 6 + 2 + 2 simulated seconds (+ load) at 0.1x
     sim.stop()
+
+
+def _kv_tokens(log: str) -> int:
+    return int(re.search(r"GPU KV cache size: ([\d,]+) tokens", log)[1].replace(",", ""))
+
+
+def test_fp8_kv_cache_doubles_the_tokens(host: Path, models, start_sim) -> None:
+    a = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", "--enforce-eager")
+    assert a.wait_for(READY), a.log
+    a.stop()
+    b = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", "--enforce-eager",
+                  "--kv-cache-dtype", "fp8")
+    assert b.wait_for(READY), b.log
+    b.stop()
+    assert abs(_kv_tokens(b.log) - 2 * _kv_tokens(a.log)) <= 16
+
+
+def test_kv_cache_memory_bytes_bypasses_utilisation(host: Path, models, start_sim) -> None:
+    s = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", "--kv-cache-memory-bytes", "4g")
+    assert s.wait_for(READY), s.log
+    assert "Available KV cache memory: 3.73 GiB" in s.log  # 4e9 bytes
+    assert _kv_tokens(s.log) == 4_000_000_000 // (147_456 * 16) * 16
+    s.stop()
+
+
+def test_awq_llama_70b_fits_one_gpu_where_bf16_does_not(host: Path, start_sim, tmp_path: Path) -> None:
+    from clusterctl.lab.vllm_sim import synth
+    synth.write_model("llama-3-70b", tmp_path / "awq", sparse=True, quantization="awq")
+    s = start_sim(host, tmp_path / "awq", "--max-model-len", "8192", "--enforce-eager")
+    assert s.wait_for(READY), s.log
+    gib = float(re.search(r"Model loading took ([\d.]+) GiB", s.log)[1])
+    assert 36 < gib < 40 and "quantization=awq" in s.log
+    s.stop()
+
+
+def test_stats_line_while_busy(host: Path, models, start_sim) -> None:
+    s = start_sim(host, models["tiny"], "--enforce-eager", scale="0.02")
+    assert s.wait_for(READY), s.log
+    s.post("/v1/completions", {"prompt": "a b", "max_tokens": 8, "ignore_eos": True})
+    assert s.wait_for("Engine 000: Avg prompt throughput:", timeout=10), s.log
+    line = next(ln for ln in s.log.splitlines() if "Avg prompt throughput" in ln)
+    assert re.search(r"\[loggers\.py:127\] Engine 000: Avg prompt throughput: [\d.]+ tokens/s, Avg generation "
+                     r"throughput: [\d.]+ tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: "
+                     r"0\.0%, Prefix cache hit rate: 0\.0%$", line)
+    s.stop()
