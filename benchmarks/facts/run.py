@@ -200,8 +200,10 @@ def section(data: dict[str, Any]) -> str:
         "",
         f"Measured {data['date']} by `benchmarks/facts/run.py`, fan-out {s['fanout']}, "
         f"{s['rounds']} interleaved round(s) (runs column: how many), every tool a fresh process. "
-        "The probe payload is "
-        f"{s['payload_bytes']} bytes (collector + carried pynvml); light hosts have no GPU, "
+        f"The probe payload (collector + carried pynvml) was {s['payload_bytes']} bytes"
+        + "".join(f", {v['payload_bytes']} bytes in the merged {k.split()[-1]}" for k, v in s.items()
+                  if k.startswith("merged from"))
+        + "; light hosts have no GPU, "
         "no systemd and no kernel log, so the collector records those as reasons. "
         "ratio = median / floor median; \"Ansible / tool\" = ansible-setup median / tool median.",
         "",
@@ -218,6 +220,19 @@ def section(data: dict[str, Any]) -> str:
     lines += [f"- {n}" for n in data["notes"]]
     lines += ["", "Raw rows: `benchmarks/results/facts-*.json`.", ""]
     return "\n".join(lines)
+
+
+def merged(data: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """``data`` with the summary rows, notes and settings of earlier results whose
+    sizes it did not measure (earlier sizes first); for the table only."""
+    shown = dict(data)
+    for path in paths:
+        old = json.loads(Path(path).read_text())
+        sizes = {r["n"] for r in data["summary"]}
+        shown["summary"] = [*(r for r in old["summary"] if r["n"] not in sizes), *shown["summary"]]
+        shown["notes"] = [*shown["notes"], *(f"{old['date']} (`{Path(path).name}`): {n}" for n in old["notes"])]
+        shown["settings"] = {**shown["settings"], f"merged from {Path(path).name}": old["settings"]}
+    return shown
 
 
 def write_section(path: Path, text: str) -> None:
@@ -267,7 +282,9 @@ def main() -> int:
     date = dt.datetime.now().strftime("%Y-%m-%dT%H%M")
     data: dict[str, Any] = {"date": date, "versions": versions,
             "settings": {"fanout": args.fanout, "rounds": args.rounds, "sizes": args.sizes,
-                         "payload_bytes": len(payload().data), "probe_command": bench.command,
+                         "payload_bytes": len(payload().data), "payload_sha256": payload().digest,
+                         "source": version_of(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
+                         "probe_command": bench.command,
                          "ansible": "ad-hoc -m setup (gather_subset=all; -min: gather_subset=min), module default "
                                     "gather_timeout=10, forks = fanout, pipelining on, host_key_checking off, "
                                     "ansible_python_interpreter=/usr/bin/python3, default ssh_args "
@@ -276,17 +293,10 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"facts-{date}.json"
-    shown = dict(data)
-    for path in args.merge:  # the table shows earlier sizes too; the JSON holds this run only
-        old = json.loads(Path(path).read_text())
-        sizes = {r["n"] for r in data["summary"]}
-        shown["summary"] = [*shown["summary"], *(r for r in old["summary"] if r["n"] not in sizes)]
-        shown["notes"] = [*shown["notes"], *(f"{old['date']} (`{Path(path).name}`): {n}" for n in old["notes"])]
-        shown["settings"] = {**shown["settings"], f"merged from {Path(path).name}": old["settings"]}
     tmp = target.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, target)
-    write_section(Path(args.markdown), section(shown))
+    write_section(Path(args.markdown), section(merged(data, args.merge)))
     print(f"wrote {target} and {args.markdown}")
     return 0
 

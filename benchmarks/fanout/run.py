@@ -176,6 +176,7 @@ class Bench:
             cp_dir = Path(tempfile.mkdtemp(prefix="cp-", dir=self.work))
             env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(cp_dir)
         time.sleep(1.0)
+        load = os.getloadavg()[0]
         try:
             wall, cpu, p = sh(cmd, env, timeout=self.args.run_timeout)
             ok = self.count_ok(name, n, p)
@@ -186,7 +187,7 @@ class Bench:
             if cp_dir is not None:
                 self.close_masters(cp_dir)
         row = {"tool": name + tag, "n": n, "round": rnd, "wall_s": round(wall, 3),
-               "client_cpu_s": round(cpu, 2), "ok": ok, "rc": rc}
+               "client_cpu_s": round(cpu, 2), "ok": ok, "rc": rc, "load1_before": round(load, 2)}
         self.runs.append(row)
         print(json.dumps(row), flush=True)
 
