@@ -43,7 +43,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     transport = FakeTransport(local_shell)
     monkeypatch.setattr(facts_cli, "ParamikoTransport", lambda **kw: transport)
-    monkeypatch.setattr(facts_cli.console, "width", 200)
+    monkeypatch.setattr(facts_cli.console, "_width", 200)  # patching "width" leaves it pinned for later tests
     return inv, transport
 
 
