@@ -132,3 +132,20 @@ def test_foreign_process_on_an_instance_gpu(lab, inventory, capsys, healed):
     assert fit and fit[0]["severity"] == "CRIT" and "will fail" in fit[0]["message"]
     assert find(rep, "tp.group", None, "tp-group:grp-b")["severity"] == "CRIT"
     assert find(rep, "tp.group", None, "tp-group:grp-c")["severity"] == "OK"   # other host, untouched
+
+
+def test_collect_then_doctor_from_the_bundle_finds_the_same(lab, inventory, capsys, healed, tmp_path):
+    victim = lab.names[-1]
+    healed.append(victim)
+    faults.inject(lab.host_dir(victim), "remap", gpu=6, pending=True)
+    out = tmp_path / "triage.tar.gz"
+    assert main(["collect", "all", "-i", str(inventory), "-o", str(out), "--interval", "0", "--sudo"]) == 0
+    capsys.readouterr()
+    rc, live, _ = doctor(inventory, capsys)
+    assert main(["doctor", "--from", str(out), "--json", "--checks", CHECKS]) == rc
+    offline = json.loads(capsys.readouterr().out)
+
+    def key(rep: dict) -> set[tuple[str, str, str, str]]:
+        return {(f["check"], f["severity"], f["host"] or "", f["subject"]) for f in rep["findings"]}
+    assert key(offline) == key(live)
+    assert find(offline, "gpu.remap", victim, "gpu:6")["severity"] == "WARN"

@@ -191,3 +191,10 @@ def test_gather_takes_facts_journal_and_two_metrics_samples(tmp_path):
     assert any("error" in r for r in recs if r.get("url", "").endswith(":8001/metrics"))
     findings = run_analyzers(context(snap, inv, G.ctx().thresholds), only=["serving.metrics"])
     assert [(f.subject, f.severity) for f in findings] == [("instance:qwen-a", Severity.OK)]
+
+
+def test_collect_refuses_an_existing_output_before_connecting(tmp_path, capsys):
+    inv = write_inventory(tmp_path)
+    (tmp_path / "out").mkdir()
+    assert main(["collect", "all", "-i", str(inv), "-o", str(tmp_path / "out")]) == 3
+    assert "already exists" in capsys.readouterr().err
