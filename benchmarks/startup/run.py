@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,6 +83,7 @@ def main() -> int:
             loads.append(os.getloadavg()[0])
     finally:
         light.down(LAB_DIR)
+        shutil.rmtree(work, ignore_errors=True)
     summary = [{"case": c, "tree": t, "runs": len(v),
                 "wall_median_ms": round(statistics.median(w for w, _ in v) * 1000),
                 "wall_min_ms": round(min(w for w, _ in v) * 1000),
