@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 
+import yaml
+
 import pytest
 
 from clusterctl.cli.main import main
@@ -116,3 +118,24 @@ def test_trust_pcp_on_one_host(lab, capsys, healed):
     assert found[0]["message"] == (f"{victim} eth3: trust pcp; the profile and the other "
                                    f"{len(lab.names) - 1} hosts use dscp")
     assert "priority 0" in found[0]["action"]
+
+
+def test_instance_across_hosts_with_nccl_ib_tc_unset(lab, capsys, healed, tmp_path):
+    """Where the NIC sets no global traffic class (the inbox host), NCCL's default
+    class puts RoCE on priority 0; MLNX_OFED hosts' global class 106 covers it."""
+    inbox = lab.names[2]
+    other = lab.names[0]
+    data = yaml.safe_load(lab.inventory.read_text())
+    data.setdefault("engines", {})["nccl-test"] = {"path": "/opt/vllm/bin/vllm", "version": "0.11.0"}
+    data.setdefault("models", {})["nccl-test"] = {"path": "/models/nccl-test"}
+    data["instances"] = {"tp-across": {"model": "nccl-test", "engine": "nccl-test", "port": 8100,
+                                       "placement": [f"{other}:0", f"{other}:1", f"{inbox}:0", f"{inbox}:1"],
+                                       "env": {"NCCL_SOCKET_IFNAME": "=eth2"}}}
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(data, sort_keys=False))
+    rc = main(["doctor", "all", "-i", str(inv), "--json", "--checks", "nccl"])
+    rep = json.loads(capsys.readouterr().out)
+    found = problems(rep, "nccl.env")
+    assert rc == 2 and [(f["host"], f["subject"], f["severity"]) for f in found] == [
+        (inbox, "instance:tp-across", "CRIT")], found
+    assert "NCCL_IB_TC unset" in found[0]["message"] and "NCCL_IB_TC: '106'" in found[0]["action"]
