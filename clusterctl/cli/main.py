@@ -17,7 +17,7 @@ from typer import Abort, Exit
 try:  # typer >= 0.29 vendors its own copy of click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
 except ImportError:  # pragma: no cover - older typer uses click itself
-    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef]
+    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef,assignment]
 
 from clusterctl import __version__
 from clusterctl.errors import ClusterctlError
