@@ -5,7 +5,9 @@ taken ``ctx.interval_s`` seconds later): KV-cache usage pinned near full,
 a waiting queue that grows, preemptions rising, TTFT p99 (from the
 histogram's buckets, over the interval when there are two samples) above the
 SLO of ``checks/gpu.yaml``.  Both KV metric names are read
-(``vllm:kv_cache_usage_perc``, older ``vllm:gpu_cache_usage_perc``).
+(``vllm:kv_cache_usage_perc``, older ``vllm:gpu_cache_usage_perc``).  Requests
+running in both samples with ``vllm:generation_tokens_total`` not moving is a
+hung engine (``/health`` does not see it).
 
 ``serving.engine`` reads ``<instance>.log``: engine death, NCCL watchdog
 timeouts, and V0 preemption warnings.
@@ -127,6 +129,15 @@ def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
                                      "(KV cache too small for the load)",
                                      "raise --gpu-memory-utilization or TP for more KV cache, lower --max-num-seqs, "
                                      "or add replicas", (f"num_preemptions_total {p0:.0f} -> {p1:.0f}",)))
+    if m1 is not None:
+        r0, r1 = total(m0, "vllm:num_requests_running"), total(m1, "vllm:num_requests_running")
+        g0, g1 = total(m0, "vllm:generation_tokens_total"), total(m1, "vllm:generation_tokens_total")
+        if r0 and r1 and g0 is not None and g1 is not None and g1 <= g0:
+            found.append(Finding("serving.metrics", Severity.CRIT, host, subj,
+                                 f"engine hung: {r1:.0f} requests running but no token generated in "
+                                 f"{ctx.interval_s:g} s", "restart the instance; check serving.engine and the TP "
+                                 "group's GPUs (a hung collective or GPU)",
+                                 (f"generation_tokens_total {g0:.0f} -> {g1:.0f}, running {r0:.0f} -> {r1:.0f}",)))
     b1 = _buckets(now, "vllm:time_to_first_token_seconds")
     if m1 is not None:
         b0 = _buckets(m0, "vllm:time_to_first_token_seconds")

@@ -7,7 +7,8 @@ is mapped to its GPU by PCI address and classified with ``checks/xid.yaml``.
 One finding per (GPU, XID) episode, with the number of events; repeated
 application XIDs on one GPU escalate to CRIT (``escalate_after``).
 Also: ``GPU has fallen off the bus`` lines without an XID (folded into XID 79
-of the same GPU) and ``The NVIDIA probe routine failed``.
+of the same GPU), ``The NVIDIA probe routine failed`` and NVSwitch SXids
+(fatal -> CRIT, non-fatal -> WARN; subject ``nvswitch:N``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ FALLEN_RE = re.compile(r"NVRM: GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a
                        r"GPU has fallen off the bus")
 PROBE_FAIL_RE = re.compile(r"NVRM: The NVIDIA probe routine failed for (\d+) device")
 NOT_SUPPORTED_RE = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F:.]+) \(PCI ID: (?P<id>[0-9a-fA-F:]+)\)")
+SXID_RE = re.compile(r"nvidia-nvswitch(?P<sw>\d+): SXid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+), "
+                     r"(?P<kind>Non-fatal|Fatal)")
 DMESG_TS_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
 RECOVERY_RE = re.compile(r"changed from 0x[0-9a-fA-F]+ \([^)]*\) to 0x[0-9a-fA-F]+ \((?P<action>[^)]*)\)")
 
@@ -136,6 +139,7 @@ def _host_findings(ctx: AnalysisContext, cat: dict[str, Any], host: str, lines: 
     index_of = sources.pci_to_index(ctx, host)
     episodes: dict[tuple[str, int], _Episode] = {}
     fallen: dict[str, str] = {}
+    sxids: dict[tuple[str, str], tuple[bool, int, str]] = {}
     out: list[Finding] = []
     for line in lines:
         ev = parse_xid(line)
@@ -145,6 +149,13 @@ def _host_findings(ctx: AnalysisContext, cat: dict[str, Any], host: str, lines: 
         m = FALLEN_RE.search(line)
         if m:
             fallen.setdefault(_subject(index_of, sources.normalize_pci(m["pci"]), None), line.strip())
+            continue
+        m = SXID_RE.search(line)
+        if m:
+            sx = f"nvswitch:{m['sw']}"
+            fatal = m["kind"] == "Fatal"
+            prev = sxids.get((sx, m["code"]))
+            sxids[(sx, m["code"])] = (fatal or (prev[0] if prev else False), (prev[1] if prev else 0) + 1, line.strip())
             continue
         m = PROBE_FAIL_RE.search(line)
         if m:
@@ -166,6 +177,12 @@ def _host_findings(ctx: AnalysisContext, cat: dict[str, Any], host: str, lines: 
                            action, tuple(dict.fromkeys([first.line, last.line]))))
         if code == 79:
             fallen.pop(subject, None)
+    for (subject, code), (fatal, n, line) in sorted(sxids.items()):
+        out.append(Finding(CHECK, Severity.CRIT if fatal else Severity.WARN, host, subject,
+                           f"NVSwitch SXid {code} ({'fatal' if fatal else 'non-fatal'}): {n} event" + ("s" if n > 1 else ""),
+                           "drain the node's NVLink-connected instances, restart the fabric manager, reset the "
+                           "switch tray or reboot; contact NVIDIA support if it recurs" if fatal else
+                           "watch for repeats; a fatal SXid needs a fabric reset", (line,)))
     for subject, line in fallen.items():
         _, meaning, action = classify(cat, 79, 1)
         out.append(Finding(CHECK, Severity.CRIT, host, subject, "GPU has fallen off the bus (no XID line)",

@@ -13,13 +13,15 @@ BASE = G.fixture("vllm/metrics_v0.11.0.prom")
 
 
 def later(text: str = BASE, *, preemptions: float | None = None, waiting: float | None = None,
-          kv: float | None = None, slow_ttft: int = 0) -> str:
-    """The recorded sample advanced as a later scrape would show it."""
+          kv: float | None = None, slow_ttft: int = 0, tokens: float = 100.0) -> str:
+    """The recorded sample advanced as a later scrape would show it (``tokens`` more generated)."""
     def put(name: str, value: float | None, t: str) -> str:
         if value is None:
             return t
         return re.sub(rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$", rf"\g<1> {value}", t, flags=re.M)
 
+    text = re.sub(r"^(vllm:generation_tokens_total\{[^}]*\}) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + tokens}",
+                  text, flags=re.M)
     text = put("vllm:num_preemptions_total", preemptions, text)
     text = put("vllm:num_requests_waiting", waiting, text)
     text = put("vllm:kv_cache_usage_perc", kv, text)
@@ -59,7 +61,7 @@ def test_preemptions_and_queue_rising_between_two_samples():
 
 def test_kv_cache_pinned_near_full_in_both_samples_is_critical():
     full = later(kv=0.99)
-    (f,) = findings(full, full)
+    (f,) = findings(full, later(full))
     assert f.severity == Severity.CRIT and "99 % full in both samples" in f.message
     (one,) = findings(full)
     assert one.severity == Severity.WARN
@@ -96,3 +98,11 @@ def test_v0_preemption_warning_and_healthy_log():
     found = {f.subject: f for f in check_engine(c)}
     assert found["instance:qwen-a"].severity == Severity.WARN and "51 so far" in found["instance:qwen-a"].message
     assert found["instance:qwen-b"].severity == Severity.OK
+
+
+def test_requests_running_but_no_token_generated_is_a_hung_engine():
+    frozen = later(BASE, tokens=0)   # the same counters seconds later: nothing generated
+    found = [f for f in findings(BASE, frozen, interval=5.0) if f.message.startswith("engine hung")]
+    assert len(found) == 1 and found[0].severity == Severity.CRIT
+    assert "18 requests running but no token generated in 5 s" in found[0].message
+    assert not [f for f in findings(BASE, later(BASE)) if f.message.startswith("engine hung")]

@@ -54,7 +54,7 @@ def test_recorded_mixed_log_classifies_each_code():
     assert f[("gpu:0000:3f:00", "46")].severity == Severity.CRIT          # no-comma form
     assert "GPU Reset Required" in f[("gpu:0008:01:00", "154")].action
     assert f[("gpu:0002:00:00", "119")].message.endswith("2 events, last by pid 1582259 (nvc:[driver])")
-    others = [x for x in check_xid(c) if not x.message.startswith("XID")]
+    others = [x for x in check_xid(c) if not x.message.startswith(("XID", "NVSwitch"))]
     assert [x.subject for x in others] == ["driver"]                      # probe routine failed
     assert "not supported" in " ".join(others[0].evidence)
     # the separate "fallen off the bus" line is folded into XID 79, not a second finding
@@ -100,3 +100,12 @@ def test_unknown_code_is_a_warning_pointing_at_the_catalogue():
     c = G.ctx(raw={"n": {"kernel.log": "NVRM: Xid (PCI:0000:18:00): 999, pid=1, name=x, new thing\n"}}, inv=None)
     (f,) = check_xid(c)
     assert f.severity == Severity.WARN and "catalogue" in f.action
+
+
+def test_nvswitch_sxids():
+    text = (G.fixture("gpu/dmesg_xid_mixed.log") +
+            "[800322.1] nvidia-nvswitch2: SXid (PCI:0000:87:00.0): 24007, Fatal, Link 12 sourcetrack timeout\n")
+    c = G.ctx(raw={"n": {"kernel.log": text}}, inv=None)
+    sx = {x.message.split(" (")[0]: x for x in check_xid(c) if x.subject == "nvswitch:2"}
+    assert sx["NVSwitch SXid 12028"].severity == Severity.WARN
+    assert sx["NVSwitch SXid 24007"].severity == Severity.CRIT and "fabric manager" in sx["NVSwitch SXid 24007"].action
