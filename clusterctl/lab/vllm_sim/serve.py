@@ -1,6 +1,7 @@
 """``vllm serve``: bind the port, start the engine, serve until SIGTERM/SIGINT.
 
-Exit status: 0 after SIGTERM/SIGINT (graceful, as uvicorn), 1 when start-up
+Exit status: 0 after SIGTERM/SIGINT once serving (graceful, as uvicorn);
+killed by SIGTERM when it arrives during start-up; 1 when start-up
 fails (vLLM's error text on stdout) or after a simulated engine death
 (SIGUSR1: /health answers 503 until the watchdog stops the server, 5 s
 scaled, unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``).  GPU memory registered
@@ -15,7 +16,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from . import gpu
 from .engine import ImmediateEngine
@@ -25,6 +26,11 @@ from .server import ROUTES, App, Server, make_handler
 from .startup import Starter, StartupFailure, report_failure
 
 STATS_INTERVAL_S = 5.0
+
+
+class _Terminated(Exception):
+    """SIGTERM/SIGINT arrived during start-up."""
+
 WATCHDOG_S = 5.0
 
 
@@ -46,7 +52,12 @@ def _shown_args(given: dict[str, Any], version: str) -> dict[str, Any]:
 def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> int:
     """Run the server; returns the process exit status."""
     scale = _scale(ns, env)
-    sleep: Callable[[float], None] = (lambda s: time.sleep(s * scale)) if scale > 0 else (lambda s: None)
+    stop = threading.Event()
+
+    def sleep(seconds: float) -> None:
+        if stop.wait(seconds * scale) if scale > 0 else stop.is_set():
+            raise _Terminated()
+
     log = Log()
     full = {"0.11": "0.11.0", "0.33": "0.33.0"}[version]
     log.info("APIServer", "api_server.py:1839" if version == "0.11" else "api_server.py:1936",
@@ -61,7 +72,6 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
         log.raw("APIServer", f"OSError: [Errno {e.errno}] {e.strerror}")
         return 1
     state = gpu.state_path(env)
-    stop = threading.Event()
     exit_code = [0]
 
     def on_term(signum: int, _frame: Any) -> None:
@@ -77,6 +87,13 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
         gpu.release(state)
         httpd.server_close()
         return 1
+    except _Terminated:
+        # Stopped while loading: no handler is installed yet in vLLM, so it dies by the signal.
+        gpu.release(state)
+        httpd.server_close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 143
     except BaseException:
         gpu.release(state)
         raise

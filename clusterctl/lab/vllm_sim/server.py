@@ -200,8 +200,7 @@ class Handler(BaseHTTPRequestHandler):
         return self.headers.get("Authorization", "") in {f"Bearer {k}" for k in keys}
 
     def _body(self) -> dict[str, Any]:
-        n = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(n) if n else b""
+        raw = self._raw
         try:
             body = json.loads(raw or b"null")
         except ValueError as e:
@@ -222,6 +221,9 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         path = self.path.split("?")[0]
         app = self.app
+        # Read the whole body first, so an early answer (401, 404) leaves the connection usable.
+        n = int(self.headers.get("Content-Length") or 0)
+        self._raw = self.rfile.read(n) if n > 0 else b""
         try:
             if not self._authorized():
                 self._json(401, {"error": "Unauthorized"})

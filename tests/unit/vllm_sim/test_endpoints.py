@@ -243,3 +243,24 @@ def test_engine_death_turns_health_503_then_exits(host: Path, models, start_sim)
     assert s.wait(timeout=30) == 1
     assert "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client." in s.log
     assert gpu_processes(host)[0] == []
+
+
+def test_connection_stays_usable_after_an_early_401(sim) -> None:
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=10)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "x" * 5000}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert (r.status, r.read()) == (401, b'{"error":"Unauthorized"}')
+    c.request("GET", "/health")
+    assert c.getresponse().status == 200
+    c.close()
+
+
+def test_sigterm_while_loading_kills_it_and_frees_the_gpu(host: Path, models, start_sim) -> None:
+    s = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", scale="1")  # 15 s of loading
+    assert s.wait_for("Loading safetensors checkpoint shards:   0%"), s.log
+    assert gpu_processes(host)[0][0]["pid"] == s.proc.pid
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.wait(timeout=10) == -signal.SIGTERM
+    assert gpu_processes(host)[0] == []
