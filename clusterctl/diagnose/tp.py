@@ -4,10 +4,14 @@ An instance's TP group (its inventory placement, ``host:GPU`` pairs) is
 UNAVAILABLE (CRIT) when any member GPU has a CRIT finding, DEGRADED (WARN)
 when one has a WARN, UNKNOWN when a member host could not be checked, OK
 otherwise.  The GPU checks (``gpu.*``) are run here on the same context, so
-``--checks tp`` works alone; the subject is ``tp-group:NAME``.
+``--checks tp`` works alone; the subject is ``tp-group:NAME``.  A group whose
+NCCL traffic crosses hosts is also DEGRADED by a CRIT fabric finding
+(``roce.*``, ``net.data``) on a member host.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer, run_analyzers
@@ -28,6 +32,11 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
             by_gpu.setdefault((f.host, int(f.subject[4:].split("/")[0])), []).append(f)
         elif f.subject == "host":  # NVML down, GPUs missing: every group on the host
             host_level.setdefault(f.host, []).append(f)
+    fabric: dict[str, list[Finding]] = {}
+    if any(len(i.hosts) > 1 for i in inv.instances.values()):
+        for f in run_analyzers(ctx, only=["roce", "net.data"]):
+            if f.host and f.severity == Severity.CRIT:
+                fabric.setdefault(f.host, []).append(replace(f, severity=Severity.WARN))
     out: list[Finding] = []
     for inst in inv.instances.values():
         members = [str(g) for g in inst.placement]
@@ -36,6 +45,8 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
             for f in by_gpu.get((g.host, g.index), []) + host_level.get(g.host, []):
                 if f.severity in (Severity.CRIT, Severity.WARN):
                     bad.append((str(g) if f.subject.startswith("gpu:") else g.host, f))
+        if len(inst.hosts) > 1:  # NCCL traffic crosses the fabric
+            bad += [(h, f) for h in inst.hosts for f in fabric.get(h, [])]
         # Unchecked means no GPU state at all (unreachable, no facts, NVML down);
         # a single check without data (an unreadable kernel log) does not make it so.
         unknown = sorted({h for h in inst.hosts if h in ctx.missing or h not in ctx.facts or
