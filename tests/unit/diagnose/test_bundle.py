@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -130,13 +131,19 @@ def test_usage_and_bad_input_exit_3_with_the_place(tmp_path, capsys):
 # ----------------------------------------------------------------- gather
 
 class MetricsHandler(http.server.BaseHTTPRequestHandler):
-    body = G.fixture("vllm/metrics_v0.11.0.prom").encode()
+    """A serving vLLM's /metrics: 100 more generated tokens at every scrape."""
+
+    scrapes = 0
 
     def do_GET(self) -> None:  # noqa: N802
+        MetricsHandler.scrapes += 1
+        body = re.sub(r"^(vllm:generation_tokens_total\{[^}]*\}) (\S+)$",
+                      lambda m: f"{m[1]} {float(m[2]) + 100 * MetricsHandler.scrapes}",
+                      G.fixture("vllm/metrics_v0.11.0.prom"), flags=re.M)
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.end_headers()
-        self.wfile.write(self.body)
+        self.wfile.write(body.encode())
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -182,7 +189,8 @@ def test_gather_takes_facts_journal_and_two_metrics_samples(tmp_path):
     assert fleet.calls == ["instances", "probe", "instances"]   # sample, probe, sample
     assert snap.interval_s >= 0.2
     assert sorted(snap.facts) == ["gpu01", "gpu02"] and snap.missing == {}
-    assert snap.raw["gpu01"]["qwen-a.metrics"] == snap.raw["gpu01"]["qwen-a.metrics.2"] == MetricsHandler.body.decode()
+    first, second = snap.raw["gpu01"]["qwen-a.metrics"], snap.raw["gpu01"]["qwen-a.metrics.2"]
+    assert first != second and "vllm:num_requests_running" in first and "vllm:num_requests_running" in second
     assert "kernel.log" in snap.raw["gpu01"]
     recs = snap.commands["gpu01"]
     assert recs[0]["argv"][:3] == ["journalctl", "-u", "clusterctl-qwen-a.service"]
