@@ -71,6 +71,9 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
     except OSError as e:
         log.raw("APIServer", f"OSError: [Errno {e.errno}] {e.strerror}")
         return 1
+    except OverflowError as e:
+        log.raw("APIServer", f"OverflowError: {e}")
+        return 1
     state = gpu.state_path(env)
     exit_code = [0]
 

@@ -131,8 +131,22 @@ class Starter:
     def run(self) -> EngineInfo:
         ns, log = self.ns, self.log
         mdir, cfg = load_config(ns.model)
-        shape = M.ModelShape.from_config(cfg)
+        try:
+            shape = M.ModelShape.from_config(cfg)
+        except (KeyError, TypeError, ValueError) as e:
+            raise StartupFailure(f"ValueError: {mdir / 'config.json'}: missing or invalid field {e}",
+                                 where="api", frames=[("config/model.py", 540, "__post_init__",
+                                                       "self.hf_config = get_config(")]) from None
         tp = ns.tensor_parallel_size
+        if tp < 1:
+            raise StartupFailure(f"ValueError: tensor_parallel_size must be a positive integer, got {tp}",
+                                 where="api", frames=[("config/parallel.py", 470, "__post_init__", "raise ValueError(")])
+        if not 0 < ns.gpu_memory_utilization <= 1.0:
+            raise StartupFailure(
+                "ValueError: GPU memory utilization must be less than 1.0. Got "
+                f"{ns.gpu_memory_utilization}." if ns.gpu_memory_utilization > 1.0 else
+                f"ValueError: GPU memory utilization must be greater than 0. Got {ns.gpu_memory_utilization}.",
+                where="api", frames=[("config/cache.py", 180, "_verify_args", "raise ValueError(")])
         dtype = resolve_dtype(ns.dtype, cfg)
         qcfg = (cfg.get("quantization_config") or {}).get("quant_method")
         if qcfg and ns.quantization and ns.quantization != qcfg and not ns.quantization.startswith(qcfg):

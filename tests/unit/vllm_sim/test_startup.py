@@ -201,3 +201,22 @@ def test_stats_line_while_busy(host: Path, models, start_sim) -> None:
                      r"throughput: [\d.]+ tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: "
                      r"0\.0%, Prefix cache hit rate: 0\.0%$", line)
     s.stop()
+
+
+@pytest.mark.parametrize("flags,text", [
+    (["-tp", "0"], "ValueError: tensor_parallel_size must be a positive integer, got 0"),
+    (["--gpu-memory-utilization", "1.5"], "ValueError: GPU memory utilization must be less than 1.0. Got 1.5."),
+    (["--port", "70000"], "OverflowError: bind(): port must be 0-65535."),
+])
+def test_bad_settings_are_errors_not_tracebacks_of_the_simulator(host: Path, models, start_sim, flags, text) -> None:
+    sim = start_sim(host, models["tiny"], *flags, port=None if "--port" not in flags else 70000)
+    assert sim.wait() == 1
+    assert text in sim.log and "vllm_sim" not in sim.log
+
+
+def test_broken_config_json_names_the_file(host: Path, start_sim, tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m/config.json").write_text('{"hidden_size": 64}')
+    sim = start_sim(host, tmp_path / "m")
+    assert sim.wait() == 1
+    assert f"ValueError: {tmp_path / 'm/config.json'}: missing or invalid field 'num_attention_heads'" in sim.log
