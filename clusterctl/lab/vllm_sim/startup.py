@@ -285,8 +285,9 @@ class Starter:
         self.sleep(load_s)
         rate = n / load_s if load_s > 0 else float(n)
         mm, ss = divmod(int(load_s), 60)
+        speed = f"{rate:5.2f}it/s" if rate >= 1 else f"{1 / rate:5.2f}s/it"  # as tqdm writes it
         log.raw(lead, f"Loading safetensors checkpoint shards: 100% Completed | {n}/{n} [{mm:02d}:{ss:02d}<00:00, "
-                      f"{rate:5.2f}it/s]")
+                      f"{speed}]")
         log.raw(lead, "")
         self.register({r: M.CUDA_CONTEXT_BYTES + weights for r in range(tp)})
         for r in range(tp):
