@@ -72,6 +72,8 @@ class Problem:
 class Gathered:
     nics: list[NicRates] = field(default_factory=list)
     unknown: dict[str, str] = field(default_factory=dict)
+    #: hosts with rates for some NICs: "netdev: why" for the others
+    unknown_nics: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def hosts(self) -> list[str]:
@@ -106,6 +108,8 @@ def gather(ctx: AnalysisContext) -> Gathered:
                 out.nics.append(NicRates(host, nic, r, fabric.nic_gbps(nic)))
         if reasons and host not in {n.host for n in out.nics}:
             out.unknown[host] = "; ".join(reasons)
+        elif reasons:
+            out.unknown_nics[host] = reasons
     return out
 
 
@@ -157,10 +161,14 @@ def run_check(ctx: AnalysisContext, check: str, per_nic: PerNic, ok_message: str
                 action = fabric.host_action(verdicts[p.symptom], ctx, host, p.action,
                                             (symptoms or {})[p.symptom])
             out.append(Finding(check, p.severity, host, f"nic:{p.nic}", p.message, action, p.evidence))
+    again = ("run doctor again (the probe samples the NIC counters twice); "
+             "check that ethtool and /sys/class/infiniband are readable")
     for host, why in g.unknown.items():
-        out.append(Finding(check, Severity.UNKNOWN, host, "host", f"cannot check: {why}",
-                           "run doctor again (the probe samples the NIC counters twice); "
-                           "check that ethtool and /sys/class/infiniband are readable"))
+        out.append(Finding(check, Severity.UNKNOWN, host, "host", f"cannot check: {why}", again))
+    for host, whys in g.unknown_nics.items():
+        for why in whys:
+            out.append(Finding(check, Severity.UNKNOWN, host, f"nic:{why.split(':', 1)[0]}",
+                               f"cannot check {why}", again))
     return out
 
 

@@ -75,3 +75,12 @@ def test_sysfs_counters_use_their_own_read_times():
     s1 = {"t": 12.0, "t_sysfs": 14.5, "ethtool_stats": {"a": 20}, "hw_counters": {"np_cnp_sent": 400}}
     r = rates_between(s0, s1)
     assert r is not None and r.ethtool["a"] == 10.0 and r.hw["np_cnp_sent"] == 100.0
+
+
+def test_one_nic_without_samples_is_unknown_and_the_other_still_checked():
+    eth3 = R.nic("eth3", "mlx5_1")
+    eth3["samples"] = [eth3["samples"][0]]  # the second read did not finish
+    storm = R.nic("eth2", rates={"rx_prio3_pause_duration": 900_000, "rx_prio3_pause": 20000})
+    ctx = R.cluster(2, {"gpu01": R.doc("gpu01", [storm, eth3])}, per_leaf=2)
+    fs = [(f.severity, f.subject) for f in run_analyzers(ctx, ["roce.pfc"]) if f.host == "gpu01"]
+    assert sorted(fs) == [(Severity.CRIT, "nic:eth2"), (Severity.UNKNOWN, "nic:eth3")]
