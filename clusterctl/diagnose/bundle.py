@@ -163,8 +163,9 @@ def _absorb(snap: Snapshot, row: Any, sample: int) -> None:
         j = rec.get("journal")
         if j is not None:
             snap.commands.setdefault(host, []).append(j)
-            if j.get("rc") == 0:
-                raw[f"{name}.log"] = j.get("stdout", "")
+            text = j.get("stdout", "")
+            if j.get("rc") == 0 and text.strip() not in ("", "-- No entries --"):
+                raw[f"{name}.log"] = text  # an instance never started has no log to analyse
         m = rec.get("metrics") or {}
         snap.commands.setdefault(host, []).append(m)
         if "text" in m:

@@ -4,9 +4,11 @@ The probe reads the simulated GPUs (fake NVML) and each host's kern.log over
 SSH; the faults are injected as ``clusterctl lab inject`` does.  A test
 inventory adds instances over the lab hosts (the lab inventory has none):
 ``grp-a`` on HOST1:[0-1], ``grp-b`` on HOST1:[2-3], ``grp-c`` on HOST2:[0-3].
-Not covered here (they need the vLLM simulator deployed as units, issue #8):
-an instance started with a max_model_len that does not fit, a hung engine,
-sustained preemption under load.
+``grp-d`` (HOST2:[4], TP 1) is started by hand as a transient systemd unit
+running the vLLM simulator, to fail at start as vLLM does.  Not covered here
+(they need the simulator's engine faults and load, issue #6, and deploy,
+issue #8): a hung engine, sustained preemption under load; their analyzers are
+tested on recorded logs and metrics in tests/unit/diagnose.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def inventory(lab, tmp_path_factory) -> Path:
                   "args": {"max-model-len": 32768, "gpu-memory-utilization": 0.85}},
         "grp-c": {"model": "qwen3-8b", "engine": engine, "placement": f"{h2}:[0-3]", "port": 8100,
                   "args": {"max-model-len": 32768, "gpu-memory-utilization": 0.85}},
+        "grp-d": {"model": "qwen3-8b", "engine": engine, "placement": f"{h2}:[4]", "port": 8102,
+                  "args": {"gpu-memory-utilization": 0.25}},
     }
     path = tmp_path_factory.mktemp("doctor") / "inventory.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -149,3 +153,29 @@ def test_collect_then_doctor_from_the_bundle_finds_the_same(lab, inventory, caps
         return {(f["check"], f["severity"], f["host"] or "", f["subject"]) for f in rep["findings"]}
     assert key(offline) == key(live)
     assert find(offline, "gpu.remap", victim, "gpu:6")["severity"] == "WARN"
+
+
+def test_instance_whose_max_model_len_does_not_fit_gets_the_cause_and_the_fix(lab, inventory, capsys, healed):
+    host = lab.names[1]
+    unit = "clusterctl-grp-d.service"
+    lab.run(host, "test -e /models/qwen3-8b/config.json || vllm-sim make-model Qwen3-8B /models/qwen3-8b --sparse",
+            check=True, timeout=120)
+    lab.run(host, f"systemctl reset-failed {unit} 2>/dev/null; systemd-run --unit {unit} "
+                  "--setenv=CUDA_VISIBLE_DEVICES=4 --setenv=VLLM_SIM_TIME_SCALE=0 /opt/vllm-0.11/bin/vllm serve "
+                  "/models/qwen3-8b --port 8102 --served-model-name qwen3-8b --gpu-memory-utilization 0.25",
+            check=True)
+    try:
+        deadline = time.monotonic() + 60
+        while lab.run(host, f"systemctl is-failed --quiet {unit}").returncode != 0:
+            assert time.monotonic() < deadline, lab.run(host, f"journalctl -u {unit} --no-pager | tail -20").stdout
+            time.sleep(0.5)
+        rc, rep, _ = doctor(inventory, capsys)
+    finally:
+        lab.run(host, f"systemctl stop {unit}; systemctl reset-failed {unit}")
+    assert rc == 2
+    cause = [f for f in rep["findings"] if f["check"] == "oom.cause" and f["subject"] == "instance:grp-d"]
+    assert len(cause) == 1 and cause[0]["host"] == host and cause[0]["severity"] == "CRIT", cause
+    assert cause[0]["message"].startswith("KV cache too small for max_model_len 40960")
+    assert "--max-model-len to at most" in cause[0]["action"] and "--gpu-memory-utilization from 0.25" in cause[0]["action"]
+    dead = [f for f in rep["findings"] if f["check"] == "serving.engine" and f["subject"] == "instance:grp-d"]
+    assert dead and dead[0]["message"] == "the vLLM engine died during start-up"
