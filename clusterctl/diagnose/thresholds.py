@@ -44,8 +44,47 @@ def load_thresholds(directory: Path | None = None) -> dict[str, Any]:
             raise ConfigError([Problem(str(path), 0, f"cannot read: {e.strerror}")]) from None
         if data is not None and not isinstance(data, dict):
             raise ConfigError([Problem(str(path), 1, "expected a mapping at the top level")])
+        problems = _check(path, yaml.compose(path.read_text()))
+        if problems:
+            raise ConfigError(problems)
         out[path.stem] = data or {}
     return out
+
+
+SEVERITIES = ("OK", "WARN", "CRIT", "UNKNOWN")
+
+
+def _check(path: Path, root: Any) -> list[Problem]:
+    """Problems with their line: a severity that is not one of SEVERITIES, a
+    threshold that is not a number (``*_c``, ``*_warn``, ``*_crit``, ``*_s``...)."""
+    problems: list[Problem] = []
+
+    def walk(node: Any, key: str = "") -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                walk(v, str(k.value))
+        elif isinstance(node, yaml.SequenceNode):
+            for v in node.value:
+                walk(v, key)
+        elif isinstance(node, yaml.ScalarNode):
+            line = node.start_mark.line + 1
+            if key == "severity" and node.value not in SEVERITIES:
+                problems.append(Problem(str(path), line, f"severity {node.value!r}: use one of {', '.join(SEVERITIES)}"))
+            elif key.endswith(("_c", "_warn", "_crit", "_s", "_mib", "_fraction", "_full", "_after")) and \
+                    not _is_number(node.value):
+                problems.append(Problem(str(path), line, f"{key}: {node.value!r} is not a number"))
+
+    if root is not None:
+        walk(root)
+    return problems
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def section(thresholds: Any, file: str, name: str) -> dict[str, Any]:

@@ -56,3 +56,31 @@ def test_prometheus_text_one_series_per_problem_and_worst_per_check():
     assert 'clusterctl_doctor_check_severity{check="host.reachable",host="gpu09"} 3' in text
     assert text.rstrip().endswith("clusterctl_doctor_exit_code 2")
     assert "gpu.ecc" not in "\n".join(x for x in text.splitlines() if x.startswith("clusterctl_doctor_finding"))
+
+
+def test_checks_data_errors_name_file_and_line(tmp_path):
+    import pytest
+
+    from clusterctl.diagnose.thresholds import load_thresholds
+    from clusterctl.errors import ConfigError
+
+    (tmp_path / "xid.yaml").write_text("codes:\n  79: {name: X, severity: FATAL}\n")
+    (tmp_path / "gpu.yaml").write_text("gpu:\n  temperature_warn_c: hot\n")
+    with pytest.raises(ConfigError) as e:
+        load_thresholds(tmp_path)
+    assert "gpu.yaml:2: temperature_warn_c: 'hot' is not a number" in str(e.value)
+    (tmp_path / "gpu.yaml").unlink()
+    with pytest.raises(ConfigError, match=r"xid.yaml:2: severity 'FATAL'"):
+        load_thresholds(tmp_path)
+    (tmp_path / "xid.yaml").write_text("codes: [\n")
+    with pytest.raises(ConfigError, match=r"xid.yaml:2: not valid YAML"):
+        load_thresholds(tmp_path)
+
+
+def test_shipped_checks_data_loads():
+    from pathlib import Path
+
+    from clusterctl.diagnose.thresholds import load_thresholds
+
+    data = load_thresholds(Path(__file__).resolve().parents[3] / "checks")
+    assert data["xid"]["codes"][79]["severity"] == "CRIT" and data["gpu"]["serving"]["ttft_p99_slo_s"] == 5.0
