@@ -166,6 +166,9 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
            interval: float = typer.Option(2.0, "--interval", min=0,
                                           help="Seconds between the two /metrics and NIC counter samples (0: one sample)."),
            show_all: bool = typer.Option(False, "--all", help="Show OK rows too."),
+           active: bool = typer.Option(False, "--active",
+                                       help="Also test RDMA bandwidth between hosts with ib_write_bw "
+                                            "(perftest); not run yet: UNKNOWN rows say why."),
            timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
            fanout: Optional[int] = FanoutOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt,
@@ -194,6 +197,10 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
                                         host_key_policy=host_key_policy, progress=fmt == "table")
         meta = {"inventory": path, "pattern": pattern, **snap.meta}
     findings = diagnose(context(snap, inv, thresholds), selected)
+    if active:
+        from clusterctl.diagnose.active import active_findings
+
+        findings += active_findings(snap.facts, snap.missing, live=not source)
     meta["duration_s"] = round(time.monotonic() - started, 3)
     meta["checks"] = selected or "all"
     render(findings, fmt, show_all, meta)

@@ -1269,6 +1269,15 @@ def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/") -> Dict[str, A
     return q
 
 
+#: Optional programs whose presence the analyzers need to know (``tools`` in the facts).
+TOOLS = ("ib_write_bw",)
+
+
+def find_tools() -> Dict[str, Optional[str]]:
+    """Path of each program in :data:`TOOLS` (PATH, then the sbin dirs), ``None`` when absent."""
+    return {n: shutil.which(n) or shutil.which(n, path=SBIN_DIRS) for n in TOOLS}
+
+
 def collect_qos(nics: List[Dict[str, Any]], timeout: float, errors: Errors, root: str = "/") -> None:
     """Fill ``qos`` of every RoCE NIC (:func:`roce_nics`).  Each tool gets
     ``timeout`` seconds; all NICs together get ``4 * timeout``, after which the
@@ -1697,9 +1706,10 @@ def collect(args: argparse.Namespace) -> Dict[str, Any]:
                 args.cmd_timeout, errors)
     units = guarded(errors, "units", None, collect_units, args, errors, host.get("uptime_s"))
     klog = guarded(errors, "kernel_log", None, collect_kernel_log, args, errors)
+    tools = guarded(errors, "tools", None, find_tools)
     return {"schema": SCHEMA, "collected_at": iso(t0), "duration_s": round(time.time() - t0, 3),
             "host": host, "gpus": gpus, "nics": nics, "units": units, "kernel_log": klog,
-            "errors": errors}
+            "tools": tools, "errors": errors}
 
 
 def main(argv: List[str]) -> None:

@@ -139,3 +139,12 @@ def test_instance_across_hosts_with_nccl_ib_tc_unset(lab, capsys, healed, tmp_pa
     assert rc == 2 and [(f["host"], f["subject"], f["severity"]) for f in found] == [
         (inbox, "instance:tp-across", "CRIT")], found
     assert "NCCL_IB_TC unset" in found[0]["message"] and "NCCL_IB_TC: '106'" in found[0]["action"]
+
+
+def test_active_without_perftest_is_unknown_per_host(lab, capsys, healed):
+    rc = main(["doctor", "all", "-i", str(lab.inventory), "--json", "--checks", "roce.qos", "--active"])
+    rep = json.loads(capsys.readouterr().out)
+    rows = [f for f in rep["findings"] if f["check"] == "roce.active"]
+    assert rc == 3 and sorted(f["host"] for f in rows) == sorted(lab.names)
+    assert all(f["severity"] == "UNKNOWN" and "ib_write_bw (perftest) is not installed" in f["message"]
+               for f in rows)
