@@ -15,6 +15,10 @@ Check ``roce.qos``, per RoCE NIC:
 - RoCE traffic class (MLNX_OFED ``tc/1/traffic_class``): set to a DSCP
   other than the profile's — CRIT; set on some hosts and not others — WARN;
 - 802.3x global pause on — WARN;
+- drift without a profile value (cable length, priority-to-buffer map, CNP
+  802.1p priority, PFC stall prevention, NIC firmware within one device
+  family): a host in the minority against a strict majority of 3 or more
+  hosts — WARN;
 - DCBX under firmware control or lldpad running (settings can be
   overwritten) — WARN;
 - QoS unreadable (neither mlnx_qos nor dcb answered) — UNKNOWN.
@@ -73,7 +77,31 @@ def settings(nic: dict[str, Any], roce_dscp: int, cnp_dscp: int) -> dict[str, Ha
         out["global_pause"] = bool(gp.get("rx") or gp.get("tx"))
     if q.get("dcbx"):
         out["dcbx"] = q["dcbx"]
+    for key in ("cable_len", "pfc_stall_prevention"):
+        if q.get(key) is not None:
+            out[key] = q[key]
+    if q.get("prio2buffer") is not None:
+        out["prio2buffer"] = tuple(q["prio2buffer"])
+    if isinstance(ecn, dict) and ecn.get("cnp_802p_prio") is not None:
+        out["cnp_802p_prio"] = ecn["cnp_802p_prio"]
+    fw = (nic.get("rdma") or {}).get("fw_ver")
+    if fw:  # the major number is the device family (22: ConnectX-6 Dx, 28: ConnectX-7)
+        out["fw_ver/" + str(fw).split(".")[0]] = fw
     return out
+
+
+#: Settings without a profile value, compared across hosts only (WARN for a minority value).
+DRIFT = {"cable_len": "cable length (PFC headroom)", "prio2buffer": "priority-to-buffer map",
+         "cnp_802p_prio": "CNP 802.1p priority", "pfc_stall_prevention": "PFC stall prevention",
+         "fw_ver": "NIC firmware"}  # fw_ver/<major>: compared within one device family
+
+
+def _drift_what(key: str) -> str | None:
+    return DRIFT.get(key.split("/", 1)[0])
+
+
+def _show(v: Any) -> str:
+    return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 def _prios(v: Any) -> str:
@@ -134,6 +162,15 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
                            (f"{key} = {show(per_nic[(host, nic)].get(key))}",)))
         bad_hosts.add(host)
 
+    drift_majority: dict[str, Hashable] = {}
+    drift_keys = sorted({k for vals in per_nic.values() for k in vals if _drift_what(k)})
+    for key in drift_keys:
+        hv = host_values(key)
+        seen = list(hv.values())
+        if len(hv) >= 3:
+            top = max(set(seen), key=seen.count)
+            if seen.count(top) * 2 > len(seen):  # a strict majority to drift from
+                drift_majority[key] = top
     majority: dict[str, Hashable] = {}
     for key in ("cnp_dscp_prio", "tclass", "dcbx"):
         seen = list(host_values(key).values())
@@ -200,6 +237,12 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
             add(host, nic, Severity.WARN, "dcbx", "DCBX is firmware controlled", "os",
                 "the switch can push a different PFC configuration: set DCBX to OS control "
                 "or check what the switch advertises")
+        for key in drift_keys:
+            common = drift_majority.get(key)
+            what = _drift_what(key)
+            if key in v and common is not None and v[key] != common:
+                add(host, nic, Severity.WARN, key, f"{what} {_show(v[key])}", None,
+                    f"make the {what} the same as on the other hosts", show=_show)
 
     for host in dict.fromkeys(order):
         if host not in bad_hosts:

@@ -139,3 +139,16 @@ def test_the_whole_cluster_off_profile_says_so():
     b = bad(run_analyzers(R.ctx(docs, R.inventory(4, 2)), ["roce.qos"]))
     assert len(b) == 4
     assert b[0].message == "gpu01 eth2: PFC on priority 4; the other 3 hosts use 4 too (the profile says 3)"
+
+
+def test_drift_without_a_profile_value_names_the_minority_host():
+    n = R.nic("eth2")
+    n["rdma"]["fw_ver"] = "28.39.1002"
+    docs = {f"gpu{i:02d}": R.doc(f"gpu{i:02d}", [dict(n, rdma=dict(n["rdma"]))]) for i in range(1, 5)}
+    old = dict(n, rdma=dict(n["rdma"], fw_ver="28.36.1010"))
+    docs["gpu03"] = R.doc("gpu03", [old])
+    cx6 = dict(n, rdma=dict(n["rdma"], fw_ver="22.36.1010"))  # another device family: not compared
+    docs["gpu04"] = R.doc("gpu04", [cx6])
+    b = bad(run_analyzers(R.ctx(docs, R.inventory(4, 2)), ["roce.qos"]))
+    assert [(f.host, f.severity, f.message) for f in b] == [
+        ("gpu03", Severity.WARN, "gpu03 eth2: NIC firmware 28.36.1010; the other 2 hosts use 28.39.1002")]
