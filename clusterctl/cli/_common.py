@@ -13,8 +13,10 @@ from clusterctl.config import UserConfig, load_user_config, resolve_inventory_pa
 from clusterctl.errors import ClusterctlError, ConfigError
 from clusterctl.exitcodes import USAGE_ERROR
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# soft_wrap: messages (file:line problems, paths) stay one line each, so grep works;
+# tables are still laid out to the terminal width.
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 InventoryOpt = typer.Option(
     None, "--inventory", "-i", envvar="CLUSTERCTL_INVENTORY",
