@@ -72,7 +72,11 @@ def load_user_config(path: Path | None = None) -> UserConfig:
         if key not in _FIELDS:
             problems.append(Problem(str(path), line, f"unknown setting {key!r} (known: {', '.join(_FIELDS)})"))
             continue
-        value = yaml.safe_load(yaml.serialize(vnode))
+        try:
+            value = yaml.safe_load(yaml.serialize(vnode))
+        except (yaml.YAMLError, ValueError) as e:  # ValueError: PyYAML on scalars like 0b_
+            problems.append(Problem(str(path), line, f"{key}: cannot read the value: {e}"))
+            continue
         if not isinstance(value, _FIELDS[key]) or isinstance(value, bool):
             problems.append(Problem(str(path), line, f"{key}: wrong type {type(value).__name__}"))
             continue

@@ -304,7 +304,8 @@ def _read_vars_file(path: Path, problems: list[Problem]) -> dict[str, Any]:
         mark = e.problem_mark
         problems.append(Problem(str(path), mark.line + 1 if mark else 0, f"YAML syntax error: {e.problem}"))
         return {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError) as e:
+        # ValueError: PyYAML's int/float constructors raise it for scalars like 0b_
         problems.append(Problem(str(path), 0, f"cannot read it: {e}"))
         return {}
     if data is None:
@@ -356,7 +357,7 @@ def _yaml_inventory(text: str) -> dict[str, Any] | None:
     """The YAML data when ``text`` is a YAML inventory, else None (INI)."""
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):  # ValueError: PyYAML on scalars like 0b_
         return None
     if not isinstance(data, dict) or not data:
         return None

@@ -64,3 +64,10 @@ def test_inventory_path_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_state_dir_follows_xdg_state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     assert UserConfig().state_dir == tmp_path / "clusterctl"
+
+
+def test_a_scalar_pyyaml_cannot_construct_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
+    p = write(tmp_path, "fanout: 0b_\n")
+    with pytest.raises(ConfigError) as e:
+        load_user_config(p)
+    assert f"{p}:1: fanout: cannot read the value" in str(e.value)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterctl.errors import InventoryError
@@ -153,6 +153,7 @@ def test_selection_patterns_never_traceback(pattern: str) -> None:
 @given(st.lists(st.sampled_from(list("[]:=ab01 \n#;-_.'\"{},\t") + [
     "[g]\n", "[g:vars]\n", "[g:children]\n", "ansible_port=", "ansible_host=", "h[1:3]",
     "all:\n  hosts:\n", "  children:\n", "    h1:\n", "ansible_password=x"]), max_size=40).map("".join))
+@example(text="0b_")  # PyYAML's int constructor raises ValueError on it
 def test_ansible_import_never_tracebacks(tmp_path_factory, text: str) -> None:
     from clusterctl.errors import ConfigError
     from clusterctl.inventory.ansible import import_ansible, to_yaml
