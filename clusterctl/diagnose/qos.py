@@ -15,8 +15,7 @@ Check ``roce.qos``, per RoCE NIC:
 - RoCE traffic class (MLNX_OFED ``tc/1/traffic_class``): set to a DSCP
   other than the profile's — CRIT; set on some hosts and not others — WARN;
 - 802.3x global pause on — WARN;
-- drift without a profile value (cable length, priority-to-buffer map, CNP
-  802.1p priority, PFC stall prevention, NIC firmware within one device
+- drift without a profile value (cable length, CNP 802.1p priority, PFC stall prevention, NIC firmware within one device
   family): a host in the minority against a strict majority of 3 or more
   hosts — WARN;
 - DCBX under firmware control or lldpad running (settings can be
@@ -80,8 +79,6 @@ def settings(nic: dict[str, Any], roce_dscp: int, cnp_dscp: int) -> dict[str, Ha
     for key in ("cable_len", "pfc_stall_prevention"):
         if q.get(key) is not None:
             out[key] = q[key]
-    if q.get("prio2buffer") is not None:
-        out["prio2buffer"] = tuple(q["prio2buffer"])
     if isinstance(ecn, dict) and ecn.get("cnp_802p_prio") is not None:
         out["cnp_802p_prio"] = ecn["cnp_802p_prio"]
     fw = (nic.get("rdma") or {}).get("fw_ver")
@@ -91,8 +88,8 @@ def settings(nic: dict[str, Any], roce_dscp: int, cnp_dscp: int) -> dict[str, Ha
 
 
 #: Settings without a profile value, compared across hosts only (WARN for a minority value).
-DRIFT = {"cable_len": "cable length (PFC headroom)", "prio2buffer": "priority-to-buffer map",
-         "cnp_802p_prio": "CNP 802.1p priority", "pfc_stall_prevention": "PFC stall prevention",
+#: (The priority-to-buffer map follows the PFC setting; PFC is compared already.)
+DRIFT = {"cable_len": "cable length (PFC headroom)", "cnp_802p_prio": "CNP 802.1p priority", "pfc_stall_prevention": "PFC stall prevention",
          "fw_ver": "NIC firmware"}  # fw_ver/<major>: compared within one device family
 
 
