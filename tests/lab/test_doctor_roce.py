@@ -79,7 +79,9 @@ def test_cnp_incast_on_one_leafs_hosts_names_the_leaf(lab, capsys, healed):
     by_leaf = leaves(lab)
     leaf = next(name for name, hosts in by_leaf.items() if lab.names[-1] in hosts)
     hot = by_leaf[leaf]
-    assert len(hot) >= 2 and len(by_leaf) >= 2
+    assert len(hot) >= 2 and len(by_leaf) >= 2, (
+        f"leaves {by_leaf}: a lab brought up before each rack had its own leaf; "
+        "`clusterctl lab down` and run again")
     for h in hot:
         healed.append(h)
         faults.inject(lab.host_dir(h), "cnp", nic="eth2", per_s=50000)
