@@ -33,6 +33,19 @@ from clusterctl.inventory.model import Host, Inventory
 FORMAT = 1
 NODE_SCRIPT = Path(__file__).with_name("bundle_node.py")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: API keys as vLLM 0.11 logs them ("non-default args: {... 'api_key': ['k'] ...}",
+#: argparse Namespace(api_key='k')), on a command line, or in the environment.
+_SECRETS = (re.compile(r"(['\"]api_key['\"]\s*:\s*)(\[[^\]]*\]|'[^']*'|\"[^\"]*\")"),
+            re.compile(r"(\bapi_key=)(\[[^\]]*\]|'[^']*'|\"[^\"]*\"|[^,)\s]+)"),
+            re.compile(r"(--api-key[= ]+)(\S+)"),
+            re.compile(r"(\bVLLM_API_KEY=)(\S+)"))
+
+
+def redact(text: str) -> str:
+    """``text`` with API keys replaced by ``***`` (vLLM 0.11 logs its arguments in clear)."""
+    for rx in _SECRETS:
+        text = rx.sub(lambda m: m.group(1) + "'***'", text)
+    return text
 
 
 @dataclass
@@ -162,8 +175,8 @@ def _absorb(snap: Snapshot, row: Any, sample: int) -> None:
     for name, rec in (doc.get("instances") or {}).items():
         j = rec.get("journal")
         if j is not None:
+            j["stdout"] = text = redact(j.get("stdout", ""))
             snap.commands.setdefault(host, []).append(j)
-            text = j.get("stdout", "")
             if j.get("rc") == 0 and text.strip() not in ("", "-- No entries --"):
                 raw[f"{name}.log"] = text  # an instance never started has no log to analyse
         m = rec.get("metrics") or {}

@@ -206,3 +206,15 @@ def test_collect_refuses_an_existing_output_before_connecting(tmp_path, capsys):
     (tmp_path / "out").mkdir()
     assert main(["collect", "all", "-i", str(inv), "-o", str(tmp_path / "out")]) == 3
     assert "already exists" in capsys.readouterr().err
+
+
+def test_api_keys_in_vllm_logs_are_redacted_before_they_are_saved():
+    from clusterctl.diagnose.bundle import redact
+
+    line = ("(APIServer pid=7140) INFO 11-30 10:02:13 [utils.py:233] non-default args: {'model_tag': 'q', "
+            "'api_key': ['sk-secret-1', 'sk-secret-2'], 'port': 8000}")
+    assert "sk-secret" not in redact(line) and "'api_key': '***'" in redact(line)
+    assert "sk-x" not in redact("args: Namespace(model='q', api_key='sk-x', port=8000)")
+    assert "sk-y" not in redact("ExecStart=vllm serve q --api-key sk-y --port 8000")
+    assert "sk-z" not in redact("Environment=VLLM_API_KEY=sk-z")
+    assert redact("Using max model len 40960") == "Using max model len 40960"
