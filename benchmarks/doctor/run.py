@@ -3,7 +3,8 @@
 Brings up its own lab (``CLUSTERCTL_LAB_*`` defaults below, so a working lab
 is left alone), adds instances over the hosts (two TP-2 groups per host), and
 runs ``clusterctl doctor all --json --interval I`` as a fresh process
-``--rounds`` times. The issue's target: a run finishes within its sampling
+``--rounds`` times, then as many times with ``--interval 0`` (one sample,
+no waiting: the cost of the round trips alone). The issue's target: a run finishes within its sampling
 interval plus 3 s. Writes ``benchmarks/results/doctor-<date>.json`` (wall
 seconds per round, exit codes, finding counts) and tears the lab down unless
 ``--keep``. Needs root.
@@ -73,14 +74,14 @@ def main() -> int:
             session.run(name, ": >> /var/log/kern.log", check=True)
         inv = with_instances(Path(session.inventory), session.names,
                              Path(tempfile.mkdtemp(prefix="doctor-bench-")) / "inventory.yaml")
-        for _ in range(args.rounds):
+        for interval in [args.interval] * args.rounds + [0.0] * args.rounds:
             t = time.monotonic()
             p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "doctor", "all", "-i", str(inv),
-                                "--json", "--interval", str(args.interval), "--sudo"],
+                                "--json", "--interval", str(interval), "--sudo"],
                                capture_output=True, text=True, timeout=300)
             wall = time.monotonic() - t
             doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
-            rounds.append({"wall_s": round(wall, 3), "exit_code": p.returncode,
+            rounds.append({"interval_s": interval, "wall_s": round(wall, 3), "exit_code": p.returncode,
                            "in_process_s": doc.get("meta", {}).get("duration_s"),
                            "phases_s": doc.get("meta", {}).get("phases_s"),
                            "counts": doc.get("summary", {}).get("counts"),
@@ -89,12 +90,14 @@ def main() -> int:
     finally:
         if not args.keep:
             session.stop()
-    walls = [r["wall_s"] for r in rounds]
+    walls = [r["wall_s"] for r in rounds if r["interval_s"] == args.interval]
+    base = [r["wall_s"] for r in rounds if r["interval_s"] == 0.0]
     result = {
         "benchmark": "doctor", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()},
         "hosts": args.hosts, "gpus_per_host": 8, "instances": 2 * args.hosts, "interval_s": args.interval,
         "lab_up_s": round(up_s, 2), "rounds": rounds, "median_wall_s": statistics.median(walls),
+        "median_wall_s_interval_0": statistics.median(base) if base else None,
         "target_s": args.interval + 3, "within_target": statistics.median(walls) <= args.interval + 3,
         "command": "clusterctl doctor all -i INV --json --interval I --sudo (fresh process each round)",
     }
