@@ -179,3 +179,26 @@ def test_instance_whose_max_model_len_does_not_fit_gets_the_cause_and_the_fix(la
     assert "--max-model-len to at most" in cause[0]["action"] and "--gpu-memory-utilization from 0.25" in cause[0]["action"]
     dead = [f for f in rep["findings"] if f["check"] == "serving.engine" and f["subject"] == "instance:grp-d"]
     assert dead and dead[0]["message"] == "the vLLM engine died during start-up"
+
+
+def test_frozen_host_is_an_unknown_row_not_a_stalled_run(lab, inventory, capsys, healed):
+    from clusterctl.lab import netfaults
+
+    frozen = lab.host(lab.names[1])          # owns grp-c and grp-d
+    netfaults.freeze(lab.cfg, frozen)
+    try:
+        t0 = time.monotonic()
+        rc = main(["doctor", "all", "-i", str(inventory), "--json", "--checks", CHECKS, "--interval", "1",
+                   "--sudo", "--connect-timeout", "3"])
+        took = time.monotonic() - t0
+        rep = json.loads(capsys.readouterr().out)
+    finally:
+        netfaults.thaw(lab.cfg, frozen)
+    assert took < 15, took
+    assert rc == 3                           # nothing worse than "could not check"
+    row = find(rep, "host.reachable", frozen.name, "host")
+    assert row["severity"] == "UNKNOWN" and row["message"].startswith("no facts:")
+    assert find(rep, "tp.group", None, "tp-group:grp-c")["severity"] == "UNKNOWN"
+    assert find(rep, "tp.group", None, "tp-group:grp-a")["severity"] == "OK"
+    others = {f["host"] for f in rep["findings"] if f["check"] == "gpu.lost" and f["severity"] == "OK"}
+    assert others == set(lab.names) - {frozen.name}
