@@ -19,6 +19,10 @@ Checks (``--checks roce`` selects them all):
 - ``roce.transport``: sequence errors, ACK timeouts, retransmissions, retries
   exceeded, ICRC errors (``hw_counters``).
 - ``roce.link``: link flaps (``link_down_events_phy``) and symbol/CRC errors.
+- ``roce.rxpath``: PCIe back-pressure (``outbound_pci_buffer_overflow``,
+  ``outbound_pci_stalled_*_events``), RDMA receives without a posted buffer
+  (``out_of_buffer``), and a pre-FEC error rate (``rx_corrected_bits_phy``)
+  far above the other hosts'.
 - ``roce.priority``: RDMA bytes sent that do not show up on the RoCE priority.
 
 Rates come from the NIC's ``samples`` in the facts (timed on the node), else
@@ -393,6 +397,50 @@ def _link(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
 def check_link(ctx: AnalysisContext) -> list[Finding]:
     """Link flaps and symbol/CRC errors."""
     return run_check(ctx, "roce.link", _link, "no link flaps or symbol errors")
+
+
+# ---------------------------------------------------------------- roce.rxpath
+
+PCIE_PRESSURE = ("outbound_pci_buffer_overflow", "outbound_pci_stalled_rd_events",
+                 "outbound_pci_stalled_wr_events")
+
+
+def _rxpath(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+    r = nr.rates
+    hot = [(n, r.ethtool[n]) for n in PCIE_PRESSURE if r.ethtool.get(n)]
+    if hot:
+        yield Problem(Severity.WARN, nr.name,
+                      f"{nr.name}: PCIe back-pressure (" + ", ".join(f"{n} {per_s(v)}" for n, v in hot)
+                      + "): the NIC cannot write to host memory as fast as it receives",
+                      "check the NIC's PCIe link (width, speed, errors), its NUMA placement and the "
+                      "host's memory load; this is what makes a host send pause frames",
+                      _ev(r, *PCIE_PRESSURE))
+    oob = r.hw.get("out_of_buffer")
+    if oob:
+        yield Problem(Severity.WARN, nr.name,
+                      f"{nr.name}: {per_s(oob)} RDMA receives found no posted buffer (out_of_buffer)",
+                      "the application (NCCL) posts receive buffers too slowly: check the host's CPU "
+                      "load and the instance's health", _ev(r, "out_of_buffer"))
+    factor = fabric.limit(ctx, "link", "corrected_bits_outlier_factor", 10)
+    floor_ber = fabric.limit(ctx, "link", "corrected_ber_floor", 1e-8)
+    mine = r.ethtool.get("rx_corrected_bits_phy")
+    if mine and nr.gbps:
+        others = [x for o in g.nics if o.host != nr.host
+                  if (x := o.rates.ethtool.get("rx_corrected_bits_phy")) is not None]
+        median = statistics.median(others) if others else None
+        ber = mine / (nr.gbps * 1e9)
+        if median is not None and ber >= floor_ber and mine >= factor * max(median, 1e-9):
+            yield Problem(Severity.WARN, nr.name,
+                          f"{nr.name}: {per_s(mine)} bits corrected by FEC (pre-FEC BER {ber:.1e}), "
+                          f"{factor:g}x or more the median of the other hosts ({per_s(median)})",
+                          "a marginal cable or transceiver: clean or replace it before it starts "
+                          "dropping frames", _ev(r, "rx_corrected_bits_phy"))
+
+
+@analyzer("roce.rxpath")
+def check_rxpath(ctx: AnalysisContext) -> list[Finding]:
+    """PCIe back-pressure, RDMA receives without buffers, pre-FEC error outliers."""
+    return run_check(ctx, "roce.rxpath", _rxpath, "receive path and FEC error rate normal")
 
 
 # -------------------------------------------------------------- roce.priority

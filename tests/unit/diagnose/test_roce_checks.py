@@ -177,3 +177,22 @@ def test_not_a_roce_fabric_no_roce_findings():
     ctx = R.cluster(2, host_with(STORM, host="gpu01"), per_leaf=2)
     ctx.inventory.fabric.kind = "ib"
     assert run_analyzers(ctx, ["roce"]) == []
+
+
+def test_pcie_back_pressure_and_receives_without_buffers():
+    fs = run_analyzers(R.cluster(4, host_with({"outbound_pci_stalled_wr_events": 1, "out_of_buffer": 300}),
+                                 per_leaf=2), ["roce.rxpath"])
+    msgs = sorted(f.message for f in bad(fs))
+    assert [f.host for f in bad(fs)] == ["gpu03", "gpu03"]
+    assert "300/s RDMA receives found no posted buffer" in msgs[0]
+    assert "PCIe back-pressure (outbound_pci_stalled_wr_events 1/s)" in msgs[1]
+
+
+def test_pre_fec_error_outlier_names_the_cable():
+    special = {}
+    for i in range(1, 9):
+        h = f"gpu{i:02d}"
+        special.update(host_with({"rx_corrected_bits_phy": 200_000 if h == "gpu05" else 1000}, host=h))
+    b = bad(run_analyzers(R.cluster(8, special), ["roce.rxpath"]))
+    assert [(f.host, f.subject, f.severity) for f in b] == [("gpu05", "nic:eth2", Severity.WARN)]
+    assert "pre-FEC BER 5.0e-07" in b[0].message and "cable or transceiver" in b[0].action
