@@ -1,0 +1,258 @@
+"""The node-side entry point of staging (stdlib only; run from the bundle).
+
+Reads one JSON job from the first line of stdin and prints one JSON result
+line on stdout; exit status 0 when the job succeeded, 1 when it failed (the
+result carries ``error`` and ``kind``: ``disk_space``, ``fetch``,
+``layout``, ``manifest``).  Jobs (``op``):
+
+* ``stage``: fetch one version (from a range source, from the relay chain, or
+  from frames that follow the job line on stdin), verify every chunk on disk,
+  give the version its final name, switch the model path, prune, and
+  optionally warm the page cache.  Keeps a relay server running for its
+  children until they are done.
+* ``status``: versions, markers, in-use version and page-cache residency of
+  the given models.
+* ``warm`` / ``evict``: the current version's files into / out of the page cache.
+* ``install``: write the verify-model script (``verify_source`` in the job)
+  to ``path`` (temp + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, BinaryIO, Dict, List, Optional
+
+from . import fetch, layout, manifest as mf, pagecache, relay
+
+
+def _source(spec: Optional[Dict[str, Any]]) -> Any:
+    if not spec:
+        return None
+    kind = spec.get("kind")
+    if kind == "http":
+        return fetch.HttpSource(spec["url"], spec.get("headers"), float(spec.get("timeout", 30)))
+    if kind == "file":
+        return fetch.FileSource(spec["root"])
+    if kind == "stream":
+        return None
+    raise mf.ManifestError(f"unknown source kind {kind!r}")
+
+
+def fetch_stream(store: "fetch.ChunkStore", stream: BinaryIO, stats: Dict[str, Any]) -> None:
+    """Read relay frames (header + bytes) from ``stream`` until EOF into ``store``."""
+    while True:
+        head = stream.read(relay.HEADER.size)
+        if not head:
+            break
+        if len(head) != relay.HEADER.size:
+            raise fetch.FetchError("the pushed stream ended inside a frame header")
+        index, length = relay.HEADER.unpack(head)
+        data = stream.read(length)
+        if index >= len(store.chunks) or len(data) != length:
+            raise fetch.FetchError(f"bad frame for chunk {index} in the pushed stream")
+        if store.done[index]:
+            continue
+        if store.put(index, data):
+            stats["bytes"] = stats.get("bytes", 0) + length
+            stats["chunks"] = stats.get("chunks", 0) + 1
+        else:
+            stats["corrupt"] = stats.get("corrupt", 0) + 1
+    if not store.complete():
+        raise fetch.FetchError(f"the pushed stream lacked {len(store.missing())} verified chunks; run stage again")
+
+
+def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
+    t0 = time.monotonic()
+    if job.get("install"):
+        install(job["install"])
+    man = mf.from_dict(job["manifest"], "job manifest")
+    lay = layout.Layout(job["model_path"], man.name)
+    version = man.version
+    digest = man.digest()
+    workers = int(job.get("workers", 8))
+    out: Dict[str, Any] = {"version": version, "manifest_sha256": digest, "bytes_total": man.total_bytes}
+    if os.path.lexists(lay.model_path) and not os.path.islink(lay.model_path):
+        raise layout.LayoutError(f"{lay.model_path} is a real file or directory, not a clusterctl symlink; "
+                                 f"move it away before staging")
+    os.makedirs(lay.versions, exist_ok=True)
+    marker = lay.read_marker(version)
+    rl = job.get("relay") or {}
+    stats: Dict[str, Any] = {"bytes": 0, "chunks": 0, "retries": 0, "corrupt": 0}
+    server = None
+    if marker and marker.get("manifest_sha256") == digest:
+        store = fetch.ChunkStore(lay.version_dir(version), man, complete=True)
+        out["already_present"] = True
+    else:
+        if os.path.isdir(lay.version_dir(version)):
+            raise layout.LayoutError(f"{lay.version_dir(version)} exists but is not a verified copy of this "
+                                     f"manifest; remove it or stage under another version")
+        os.makedirs(lay.partial_dir(version), exist_ok=True)
+        store = fetch.ChunkStore(lay.partial_dir(version), man)
+        out["chunks_reused"] = store.scan(workers)
+        out["space"] = store.check_space()
+    try:
+        if rl.get("port") is not None:
+            server = relay.RelayServer(store, digest, rl.get("bind", ""), int(rl["port"]),
+                                       float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)))
+        if not store.complete():
+            source = _source(job.get("source"))
+            for attempt in range(2):  # a second pass refetches chunks that failed verification on disk
+                if rl.get("upstreams"):
+                    relay.fetch_from_upstreams(store, digest, [tuple(u) for u in rl["upstreams"]], source,
+                                               workers, float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)), stats)
+                elif (job.get("source") or {}).get("kind") == "stream":
+                    fetch_stream(store, stdin, stats)
+                else:
+                    if source is None:
+                        raise fetch.FetchError("no source for this node")
+                    fetch.fetch_parallel(store, source, workers, int(job.get("attempts", fetch.DEFAULT_ATTEMPTS)),
+                                         stats)
+                bad = store.verify_all(workers)
+                out["disk_corrupt"] = out.get("disk_corrupt", 0) + len(bad)
+                if not bad:
+                    break
+            else:
+                raise fetch.FetchError(f"{len(bad)} chunks failed verification on disk twice (first: "
+                                       f"{bad[0].path} at {bad[0].offset}); the disk may be failing")
+            lay.finalize(version, man)
+        out["fetch_seconds"] = round(time.monotonic() - t0, 3)
+        if job.get("switch", True):
+            previous = lay.current()
+            lay.switch(version)
+            out["switched_from"] = previous
+        out["pruned"] = lay.prune(int(job.get("keep", 2)), protect=(version,))
+        if job.get("warm"):
+            files = [os.path.join(lay.version_dir(version), f.path) for f in man.files]
+            out["warm"] = pagecache.warm(files, workers)
+            out["warm"].update(pagecache.residency(files))
+        if server is not None:
+            server.wait_children(int(rl.get("children", 1)), float(rl.get("linger", 20)),
+                                 float(rl.get("limit", 3600)))
+            out["served_bytes"] = server.served_bytes
+    except BaseException as e:
+        store.fail(str(e))
+        raise
+    finally:
+        if server is not None:
+            server.stop()
+        store.close()
+    out.update({k: stats[k] for k in ("bytes", "chunks", "retries", "corrupt")})
+    out["events"] = stats.get("events", [])
+    if "upstream" in stats:
+        out["upstream"] = stats["upstream"]
+    out["seconds"] = round(time.monotonic() - t0, 3)
+    return out
+
+
+def status(job: Dict[str, Any]) -> Dict[str, Any]:
+    models = []
+    for m in job.get("models", []):
+        lay = layout.Layout(m["path"], m["name"])
+        cur = lay.current()
+        entry: Dict[str, Any] = {"name": m["name"], "path": m["path"], "current": cur,
+                                 "path_kind": ("symlink" if os.path.islink(lay.model_path) else
+                                               "directory" if os.path.isdir(lay.model_path) else
+                                               "missing" if not os.path.lexists(lay.model_path) else "other"),
+                                 "versions": [], "partial": []}
+        for v in lay.list_versions():
+            mk = lay.read_marker(v)
+            entry["versions"].append({"version": v, "verified": bool(mk), "in_use": v == cur,
+                                      "bytes": (mk or {}).get("bytes")})
+        try:
+            entry["partial"] = sorted(n[len(layout.PARTIAL_PREFIX):] for n in os.listdir(lay.versions)
+                                      if n.startswith(layout.PARTIAL_PREFIX))
+        except FileNotFoundError:
+            pass
+        if cur:
+            entry["residency"] = pagecache.residency(_files(lay, cur))
+        models.append(entry)
+    checker = job.get("verify_model")
+    return {"models": models, "verify_model_installed": bool(checker) and os.access(checker, os.X_OK)}
+
+
+def _files(lay: "layout.Layout", version: str) -> List[str]:
+    root = lay.version_dir(version)
+    with open(os.path.join(root, mf.MANIFEST_NAME)) as fh:
+        man = mf.loads(fh.read(), os.path.join(root, mf.MANIFEST_NAME))
+    return [os.path.join(root, f.path) for f in man.files]
+
+
+def cache_op(job: Dict[str, Any]) -> Dict[str, Any]:
+    out = []
+    for m in job.get("models", []):
+        lay = layout.Layout(m["path"], m["name"])
+        cur = lay.current()
+        if cur is None:
+            out.append({"name": m["name"], "error": f"{m['path']} is not staged"})
+            continue
+        files = _files(lay, cur)
+        row: Dict[str, Any] = {"name": m["name"], "version": cur}
+        if job["op"] == "warm":
+            row.update(pagecache.warm(files, int(job.get("workers", 8))))
+        else:
+            pagecache.evict(files)
+        row["residency"] = pagecache.residency(files)
+        out.append(row)
+    return {"models": out}
+
+
+def install(job: Dict[str, Any]) -> Dict[str, Any]:
+    path = job["path"]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(job["verify_source"])
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+    return {"installed": path}
+
+
+def _drain(stream: BinaryIO) -> None:
+    while stream.read(1 << 20):
+        pass
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Job from stdin's first line; ``argv[0]``, if given, is JSON merged over it (per-host parts)."""
+    args = sys.argv[1:] if argv is None else argv
+    stdin = sys.stdin.buffer
+    line = stdin.readline()
+    try:
+        job = json.loads(line)
+        if args:
+            job.update(json.loads(args[0]))
+        if (job.get("source") or {}).get("kind") == "stream" and (job.get("relay") or {}).get("upstreams"):
+            # Every host got the pushed frames; only the head of the chain reads them.
+            threading.Thread(target=_drain, args=(stdin,), daemon=True).start()
+        op = job.get("op")
+        if op == "stage":
+            result = stage(job, stdin)
+        elif op == "status":
+            result = status(job)
+        elif op in ("warm", "evict"):
+            result = cache_op(job)
+        elif op == "install":
+            result = install(job)
+        else:
+            raise mf.ManifestError(f"unknown op {op!r}")
+        result["ok"] = True
+        rc = 0
+    except fetch.DiskSpaceError as e:
+        result, rc = {"ok": False, "kind": "disk_space", "error": str(e)}, 1
+    except fetch.FetchError as e:
+        result, rc = {"ok": False, "kind": "fetch", "error": str(e)}, 1
+    except layout.LayoutError as e:
+        result, rc = {"ok": False, "kind": "layout", "error": str(e)}, 1
+    except (mf.ManifestError, KeyError, ValueError) as e:
+        result, rc = {"ok": False, "kind": "manifest", "error": f"{type(e).__name__}: {e}"}, 1
+    except OSError as e:
+        result, rc = {"ok": False, "kind": "os", "error": f"{e.filename or ''}: {e.strerror or e}"}, 1
+    result["host"] = socket.gethostname()
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return rc
