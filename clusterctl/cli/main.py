@@ -25,12 +25,12 @@ from clusterctl.exitcodes import INTERRUPTED, USAGE_ERROR
 
 #: Command modules in ``--help`` order: each adds its commands with ``register(app)``
 #: or is a group ``app`` added under its name.
-_MODULES = ("inventory", "fleet", "facts", "doctor", "collect", "lab", "planned")
+_MODULES = ("inventory", "fleet", "facts", "doctor", "collect", "stage", "lab", "planned")
 _GROUPS = {"inventory", "lab"}
 #: The module that owns each top-level command; a command not named here (the
 #: planned ones) is found by registering everything.
 _OWNER = {"inventory": "inventory", "exec": "fleet", "ping": "fleet", "facts": "facts", "lab": "lab",
-          "doctor": "doctor", "collect": "collect"}
+          "doctor": "doctor", "collect": "collect", "stage": "stage"}
 
 
 def _version(value: bool) -> None:

@@ -11,7 +11,6 @@ import typer
 from clusterctl.exitcodes import USAGE_ERROR
 
 PLANNED: dict[str, tuple[str, int]] = {
-    "stage": ("Stage model files onto nodes: parallel fetch, relay, page cache [planned].", 7),
     "deploy": ("Render vLLM units, plan the difference and roll them out [planned].", 8),
     "status": ("Show every instance: unit state, health, load score [planned].", 8),
     "drift": ("Compare greedy outputs with a named baseline [planned].", 11),

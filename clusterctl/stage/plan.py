@@ -1,0 +1,190 @@
+"""Control side: where a model comes from, its manifest, and who reads from whom.
+
+Source forms (``Model.source`` or ``--source``):
+
+=======================  ==============================================================
+``http(s)://host/dir/``  ranged HTTP reads; the manifest is ``dir/.clusterctl-manifest.json``
+                         (write it once at the source with ``clusterctl stage manifest DIR``)
+``file:///mnt/models/x`` a path every node mounts (NFS, Lustre...); the manifest is read or
+                         computed here when this machine mounts it too
+``/local/dir``           a directory on this machine: the manifest is computed here and the
+                         bytes are pushed over each SSH connection (stdin)
+=======================  ==============================================================
+
+Credentials for HTTP sources come from the environment
+(``CLUSTERCTL_STAGE_AUTH``: a whole ``Authorization`` header value) or the
+URL's user:password; they travel to nodes only inside the job on stdin and
+are redacted from every message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from clusterctl.errors import ClusterctlError
+from clusterctl.stage import fetch, manifest as mf
+
+#: TCP port of the node-side relay servers (data plane).
+DEFAULT_PORT = 7707
+AUTH_ENV = "CLUSTERCTL_STAGE_AUTH"
+
+
+class StageError(ClusterctlError):
+    """Staging cannot start: bad source, manifest or options (message names the place)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str          # "http" | "file" | "push"
+    location: str      # URL, path on the nodes, or directory here
+    headers: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        return fetch.redact_url(self.location) if self.kind == "http" else self.location
+
+    def node_spec(self) -> dict[str, Any]:
+        """The ``source`` part of a node job (may carry credentials: stdin only)."""
+        if self.kind == "http":
+            return {"kind": "http", "url": self.location, "headers": dict(self.headers)}
+        if self.kind == "file":
+            return {"kind": "file", "root": self.location}
+        return {"kind": "stream"}
+
+
+def parse_source(text: str, where: str = "--source") -> Source:
+    """A :class:`Source` from ``text``; StageError naming ``where`` when it is unusable."""
+    if not text:
+        raise StageError(f"{where}: the model has no source; set models.<name>.source or pass --source")
+    u = urllib.parse.urlsplit(text)
+    if u.scheme in ("http", "https"):
+        headers = {}
+        if os.environ.get(AUTH_ENV):
+            headers["Authorization"] = os.environ[AUTH_ENV]
+        return Source("http", text if text.endswith("/") else text + "/", headers)
+    if u.scheme == "file":
+        if not u.path.startswith("/"):
+            raise StageError(f"{where}: {text!r}: a file:// source needs an absolute path")
+        return Source("file", u.path)
+    if u.scheme:
+        raise StageError(f"{where}: unsupported source scheme {u.scheme!r} in {fetch.redact_url(text)} "
+                         f"(http, https, file, or a local directory; S3 is not supported yet)")
+    if not os.path.isdir(text):
+        raise StageError(f"{where}: {text}: no such directory on this machine")
+    return Source("push", os.path.abspath(text))
+
+
+def load_manifest(source: Source, name: str, version: str | None, chunk_size: int = mf.DEFAULT_CHUNK) -> mf.Manifest:
+    """The manifest of ``source``, named ``name`` at ``version`` (default: its content id).
+
+    HTTP: the source's ``.clusterctl-manifest.json``.  Directory or mounted
+    shared path: that file when present and newer than every model file, else
+    computed here (reads the model once).
+    """
+    if source.kind == "http":
+        src = fetch.HttpSource(source.location, source.headers)
+        where = f"{source.label}{mf.MANIFEST_NAME}"
+        try:
+            text = src.get(mf.MANIFEST_NAME).decode()
+        except fetch.FetchError as e:
+            raise StageError(f"cannot read the manifest {where}: {e} (write it at the source with "
+                             f"'clusterctl stage manifest DIR --name {name}')") from None
+        finally:
+            src.close()
+        try:
+            man = mf.loads(text, where)
+        except mf.ManifestError as e:
+            raise StageError(str(e)) from None
+        return man.with_identity(name, version or man.version or None)
+    root = source.location
+    if not os.path.isdir(root):
+        raise StageError(f"{root}: not a directory on this machine; write {mf.MANIFEST_NAME} there from a "
+                         f"machine that mounts it ('clusterctl stage manifest DIR')")
+    saved = os.path.join(root, mf.MANIFEST_NAME)
+    if os.path.isfile(saved):
+        newest = max((os.path.getmtime(os.path.join(root, p)) for p in mf.model_files(root)), default=0.0)
+        if os.path.getmtime(saved) >= newest:
+            with open(saved) as fh:
+                try:
+                    man = mf.loads(fh.read(), saved)
+                except mf.ManifestError as e:
+                    raise StageError(str(e)) from None
+            if man.chunk_size == chunk_size or chunk_size == mf.DEFAULT_CHUNK:
+                return man.with_identity(name, version or man.version or None)
+    try:
+        return mf.compute(root, name, version, chunk_size)
+    except mf.ManifestError as e:
+        raise StageError(str(e)) from None
+
+
+def write_manifest(root: str, man: mf.Manifest) -> str:
+    """Write ``man`` as ``root/.clusterctl-manifest.json`` (temp + rename); returns the path."""
+    path = os.path.join(root, mf.MANIFEST_NAME)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(man.to_dict(), indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class NodePlan:
+    """One host's part: where it reads from (``upstreams``, nearest first; empty: the source)."""
+
+    host: str
+    address: str
+    upstreams: list[tuple[str, int]] = field(default_factory=list)
+    upstream_hosts: list[str] = field(default_factory=list)
+    children: int = 0
+    port: int | None = None
+
+    def relay_spec(self, stall_timeout: float, linger: float) -> dict[str, Any]:
+        return {"bind": self.address if self.port is not None else "", "port": self.port,
+                "upstreams": [list(u) for u in self.upstreams], "children": self.children,
+                "stall_timeout": stall_timeout, "linger": linger}
+
+
+def plan_chains(hosts: Sequence[tuple[str, str]], relay: str, chains: int = 1,
+                port: int = DEFAULT_PORT) -> list[NodePlan]:
+    """Plan for ``hosts`` (name, data address), in the given order.
+
+    ``relay="none"``: every host reads the source.  ``relay="chain"``: the
+    hosts are cut into ``chains`` contiguous chains (so at most ``chains``
+    hosts read the source); each host's upstreams are its predecessors,
+    nearest first, so a dead parent is skipped by re-attaching to the
+    grandparent.
+    """
+    if relay not in ("chain", "none"):
+        raise StageError(f"--relay {relay!r}: expected chain or none (tree is not implemented)")
+    if relay == "none":
+        return [NodePlan(h, a) for h, a in hosts]
+    n = len(hosts)
+    k = max(1, min(chains, n))
+    plans: list[NodePlan] = []
+    size, extra = divmod(n, k)
+    i = 0
+    for c in range(k):
+        members = hosts[i:i + size + (1 if c < extra else 0)]
+        i += len(members)
+        for j, (h, a) in enumerate(members):
+            ups = [(members[p][1], port) for p in range(j - 1, -1, -1)]
+            plans.append(NodePlan(h, a, ups, [members[p][0] for p in range(j - 1, -1, -1)],
+                                  children=1 if j < len(members) - 1 else 0,
+                                  port=port if j < len(members) - 1 else None))
+    return plans
+
+
+def push_frames(source: Source, man: mf.Manifest) -> bytes:
+    """Every chunk of a local directory as relay frames, for a node's stdin (push source)."""
+    from clusterctl.stage.relay import HEADER
+
+    out = bytearray()
+    for c in man.chunks():
+        with open(os.path.join(source.location, c.path), "rb") as fh:
+            data = os.pread(fh.fileno(), c.length, c.offset)
+        out += HEADER.pack(c.index, len(data)) + data
+    return bytes(out)

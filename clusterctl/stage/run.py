@@ -1,0 +1,135 @@
+"""Control side: run a staging plan, ``status``, ``warm`` and ``evict`` over a Fleet.
+
+Every host gets exactly one :class:`NodeRow`, whatever happened (unreachable,
+timed out, disk full...).  Nothing here prints; the CLI renders the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from clusterctl.inventory.model import Host, Model
+from clusterctl.stage import bundle, manifest as mf
+from clusterctl.stage.plan import DEFAULT_PORT, NodePlan, Source, StageError, plan_chains, push_frames
+
+#: Where ``verify-model`` is installed on each node (the deploy unit's ExecStartPre).
+VERIFY_MODEL_PATH = "/usr/local/lib/clusterctl/verify-model"
+#: Largest model pushed from a local directory over SSH stdin (held in memory here).
+MAX_PUSH_BYTES = 2 * 1024 ** 3
+
+
+@dataclass
+class NodeRow:
+    """One host's outcome.  ``status``: ``staged``, ``present`` (already verified),
+    ``ok`` (status/warm/evict), ``failed`` (the node reported an error: ``kind``
+    says which) or a fleet status (``unreachable``, ``timeout``, ...)."""
+
+    host: str
+    status: str
+    error: str | None = None
+    kind: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("staged", "present", "ok")
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"host": self.host, "status": self.status}
+        if self.error:
+            d["error"] = self.error
+            d["kind"] = self.kind
+        d.update({k: v for k, v in self.data.items() if k not in ("ok", "host", "space")})
+        d["duration_s"] = round(self.duration_s, 3)
+        return d
+
+
+@dataclass
+class StageReport:
+    model: str
+    version: str
+    source: str
+    relay: str
+    bytes_total: int
+    rows: list[NodeRow]
+    seconds: float
+    plan: list[NodePlan] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "version": self.version, "source": self.source, "relay": self.relay,
+                "bytes_total": self.bytes_total, "seconds": round(self.seconds, 3), "ok": self.ok,
+                "hosts": [r.to_dict() for r in self.rows]}
+
+
+def _row(res: Any, ok_status: str) -> NodeRow:
+    status = str(getattr(res.status, "value", res.status))
+    data: dict[str, Any] | None = None
+    for line in reversed((res.stdout or "").strip().splitlines()):
+        try:
+            data = json.loads(line)
+            break
+        except ValueError:
+            continue
+    if isinstance(data, dict) and "ok" in data:
+        if data["ok"]:
+            st = "present" if data.get("already_present") and ok_status == "staged" else ok_status
+            return NodeRow(res.host, st, data=data, duration_s=res.duration_s)
+        return NodeRow(res.host, "failed", data.get("error"), data.get("kind"), data, res.duration_s)
+    if status in ("ok", "failed"):
+        tail = (res.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        return NodeRow(res.host, "failed", f"the node program exited {res.rc}: {tail[0]}", "node", {}, res.duration_s)
+    return NodeRow(res.host, status, res.error or status, "fleet", {}, res.duration_s)
+
+
+def _models_spec(models: Sequence[Model]) -> list[dict[str, str]]:
+    return [{"name": m.name, "path": m.path} for m in models]
+
+
+def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source, man: mf.Manifest, *,
+                relay: str = "chain", chains: int = 1, port: int = DEFAULT_PORT, workers: int = 8,
+                keep: int = 2, warm: bool = False, switch: bool = True, timeout: float = 3600,
+                stall_timeout: float = 15.0, address_of: Callable[[Host], str] | None = None,
+                on_result: Callable[[Any], None] | None = None) -> StageReport:
+    """Stage ``man`` (from ``source``) as ``model`` on ``hosts`` through ``fleet``.
+
+    ``relay="chain"``: one source reader per chain, the others relay
+    (``fleet`` must allow every host at once: its fanout is the hosts'
+    count).  ``relay="none"``: every host reads the source, at most the
+    fleet's fanout at a time (the bound on concurrent source readers).
+    ``timeout``: seconds per host.  Returns one row per host.
+    """
+    t0 = time.monotonic()
+    if source.kind == "push" and man.total_bytes > MAX_PUSH_BYTES:
+        raise StageError(f"{source.location}: {man.total_bytes} bytes is too large to push over SSH "
+                         f"(limit {MAX_PUSH_BYTES}); serve it over HTTP or a shared filesystem")
+    addr = address_of or (lambda h: h.address)
+    plans = plan_chains([(h.name, addr(h)) for h in hosts], relay, chains, port)
+    job = {"op": "stage", "manifest": man.to_dict(), "model_path": model.path, "source": source.node_spec(),
+           "workers": workers, "keep": keep, "warm": warm, "switch": switch,
+           "install": {"path": VERIFY_MODEL_PATH, "verify_source": bundle.verify_model_source()}}
+    stdin = json.dumps(job).encode() + b"\n"
+    if source.kind == "push":
+        stdin += push_frames(source, man)
+    linger = stall_timeout + 5
+    commands = {p.host: bundle.command([json.dumps({"relay": p.relay_spec(stall_timeout, linger)})])
+                for p in plans}
+    res = fleet.run(commands, stdin=stdin, sudo=True, timeout=timeout, on_result=on_result)
+    rows = [_row(r, "staged") for r in res]
+    return StageReport(model.name, man.version, source.label, relay, man.total_bytes, rows,
+                       time.monotonic() - t0, plans)
+
+
+def node_op(fleet: Any, op: str, models: Sequence[Model], *, workers: int = 8,
+            timeout: float = 600) -> list[NodeRow]:
+    """``status``, ``warm`` or ``evict`` of ``models`` on every host of ``fleet``."""
+    job = {"op": op, "models": _models_spec(models), "workers": workers, "verify_model": VERIFY_MODEL_PATH}
+    res = fleet.run(bundle.command(), stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
+    return [_row(r, "ok") for r in res]
