@@ -55,7 +55,7 @@ def collect(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @
     snap, _inv, path = live_snapshot(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,
                                      ask_become_pass=ask_become_pass, fanout=fanout,
                                      connect_timeout=connect_timeout, deadline=deadline,
-                                     host_key_policy=host_key_policy)
+                                     host_key_policy=host_key_policy, raw_outputs=True)
     snap.meta.update({"inventory": path, "pattern": pattern})
     try:
         inv_text = Path(path).read_text()

@@ -73,8 +73,8 @@ def load_checks_data() -> dict[str, Any]:
 
 def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, timeout: float, sudo: bool,
                   ask_become_pass: bool, fanout: Optional[int], connect_timeout: Optional[float],
-                  deadline: Optional[float], host_key_policy: Optional[str], progress: bool = True
-                  ) -> tuple[Any, Any, str]:
+                  deadline: Optional[float], host_key_policy: Optional[str], progress: bool = True,
+                  raw_outputs: bool = False) -> tuple[Any, Any, str]:
     """``(snapshot, inventory, inventory path)`` gathered over SSH from the selected hosts."""
     from clusterctl.diagnose.bundle import gather
     from clusterctl.fleet.fleet import Fleet
@@ -99,7 +99,7 @@ def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, ti
 
     with fleet, HostProgress(len(hosts), "probe", progress) as bar:
         snap = gather(fleet, inv, hosts, interval_s=interval, timeout=timeout, sudo=sudo,
-                      on_facts=lambda r: bar(as_row(r)),
+                      on_facts=lambda r: bar(as_row(r)), raw_outputs=raw_outputs,
                       on_event=lambda s: err_console.print(s, markup=False) if progress else None)
     for w in fleet.warnings:
         err_console.print(f"warning: {w}", markup=False)

@@ -90,7 +90,7 @@ def node_spec(inventory: Inventory | None, host: str, journal: bool, lines: int 
 
 def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interval_s: float = 0.0,
            timeout: float = 60.0, sudo: bool = False, on_event: Callable[[str], None] | None = None,
-           on_facts: Callable[[Any], None] | None = None) -> Snapshot:
+           on_facts: Callable[[Any], None] | None = None, raw_outputs: bool = False) -> Snapshot:
     """One snapshot of ``hosts``, in three round trips at most.
 
     1. on hosts that run instances: each instance's journal and a first
@@ -101,7 +101,8 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
        (``interval_s`` 0: no second sample).
 
     So the run takes about ``interval_s`` plus the round trips, not twice the
-    interval.  ``snap.interval_s`` is the measured time between the samples.
+    interval.  ``raw_outputs``: the probe also returns every command it ran,
+    verbatim; they go to ``commands`` (not to the facts document).  ``snap.interval_s`` is the measured time between the samples.
     A host that fails a step is recorded, never raised: facts failures go to
     ``missing``, journal/metrics failures to the host's ``commands`` records.
     """
@@ -119,9 +120,11 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
         phases["instances_1"] = round(time.monotonic() - first_at, 3)
     probe_at = time.monotonic()
     results = collect_facts(fleet, timeout=timeout, sudo=sudo, on_result=on_facts,
-                            counter_interval=interval_s or None)  # NIC counter samples for rate checks
+                            counter_interval=interval_s or None,  # NIC counter samples for rate checks
+                            raw_outputs=raw_outputs)
     for name, r in results.items():
         if r.ok and r.facts is not None:
+            snap.commands.setdefault(name, []).extend(r.facts.raw.pop("raw_outputs", None) or [])
             snap.facts[name] = r.facts.raw
             kl = r.facts.raw.get("kernel_log") or {}
             if kl.get("source"):

@@ -1390,16 +1390,26 @@ def nearest_nics(gpus: Dict[str, Any], nics: List[Dict[str, Any]], root: str = "
 # systemd units clusterctl manages.
 
 
+#: With ``--raw-outputs``: every command's argv, rc, verbatim stdout/stderr and
+#: start time, in the document's ``raw_outputs`` (for ``clusterctl collect``).
+RAW_OUTPUTS = None  # type: Optional[List[Dict[str, Any]]]
+
+
 def run_command(argv: List[str], timeout: float) -> Tuple[Optional[int], str, str]:
     """Run a read-only command; ``(rc, stdout, stderr)``, rc ``None`` when it
     timed out.  Raises FileNotFoundError when the program is missing."""
+    t0 = time.time()
     try:
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            stdin=subprocess.DEVNULL, timeout=timeout,
                            env=dict(os.environ, SYSTEMD_PAGER="", SYSTEMD_COLORS="0", LC_ALL="C"))
+        rc, out, err = p.returncode, _dec(p.stdout), _dec(p.stderr)  # type: Tuple[Optional[int], str, str]
     except subprocess.TimeoutExpired as e:
-        return None, _dec(e.stdout), _dec(e.stderr)
-    return p.returncode, _dec(p.stdout), _dec(p.stderr)
+        rc, out, err = None, _dec(e.stdout), _dec(e.stderr)
+    if RAW_OUTPUTS is not None:
+        RAW_OUTPUTS.append({"argv": list(argv), "rc": rc, "stdout": out, "stderr": err,
+                            "started_at": iso(t0), "duration_s": round(time.time() - t0, 3)})
+    return rc, out, err
 
 
 def _dec(b: Optional[bytes]) -> str:
@@ -1678,6 +1688,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--unit-pattern", default="clusterctl-*", help="systemd units to report")
     p.add_argument("--counter-interval", type=float, default=0.0,
                    help="seconds between two samples of the RDMA NICs' counters (0: no samples)")
+    p.add_argument("--raw-outputs", action="store_true",
+                   help="add raw_outputs: every command's verbatim output (for bundles)")
     return p.parse_args(argv)
 
 
@@ -1713,7 +1725,13 @@ def collect(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def main(argv: List[str]) -> None:
-    doc = collect(parse_args(argv))
+    global RAW_OUTPUTS
+    args = parse_args(argv)
+    if args.raw_outputs:
+        RAW_OUTPUTS = []
+    doc = collect(args)
+    if RAW_OUTPUTS is not None:
+        doc["raw_outputs"] = RAW_OUTPUTS
     sys.stdout.write(json.dumps(doc, sort_keys=False) + "\n")
     sys.stdout.flush()
     # A hung NVML call may still hold its thread; do not wait for it on exit.

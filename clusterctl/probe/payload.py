@@ -108,7 +108,7 @@ def payload() -> Payload:
 def probe_command(*, kernel_log_cursor: str | None = None, nvml_timeout: float | None = None,
                   nvml_budget: float | None = None, cmd_timeout: float | None = None,
                   kernel_log_max: int | None = None, counter_interval: float | None = None,
-                  python: str = "python3") -> str:
+                  raw_outputs: bool = False, python: str = "python3") -> str:
     """The shell command that runs the payload read from stdin, every argument quoted.
 
     ``-I`` ignores the node's PYTHON* variables and user site; ``-B`` writes no
@@ -127,4 +127,6 @@ def probe_command(*, kernel_log_cursor: str | None = None, nvml_timeout: float |
         argv += ["--cmd-timeout", repr(float(cmd_timeout))]
     if counter_interval:
         argv += ["--counter-interval", repr(float(counter_interval))]
+    if raw_outputs:
+        argv += ["--raw-outputs"]
     return " ".join(shlex.quote(a) for a in argv)

@@ -97,7 +97,7 @@ def _last_line(text: str) -> str:
 def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] | None = None,
                   timeout: float = DEFAULT_TIMEOUT_S, nvml_timeout: float | None = None,
                   sudo: bool = False, on_result: Callable[[FactsResult], None] | None = None,
-                  counter_interval: float | None = None) -> dict[str, FactsResult]:
+                  counter_interval: float | None = None, raw_outputs: bool = False) -> dict[str, FactsResult]:
     """Probe every host of ``fleet``; one :class:`FactsResult` per host, in fleet order.
 
     ``kernel_log_cursor``: one cursor for every host or a mapping host ->
@@ -107,6 +107,8 @@ def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] 
     is not (needed to read a root-only kernel log).  ``counter_interval``: seconds
     between two samples of the RDMA NICs' counters, taken on the node
     (``nics[].samples``); rate-based checks (``doctor``'s RoCE checks) need it.
+    ``raw_outputs``: the document also carries ``raw_outputs``, every command the
+    collector ran with its verbatim output (``clusterctl collect`` saves them).
     """
     data = payload().data
     cursors = kernel_log_cursor if isinstance(kernel_log_cursor, dict) else None
@@ -114,10 +116,12 @@ def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] 
     command: str | dict[str, str]
     if cursors is None:
         command = probe_command(kernel_log_cursor=kernel_log_cursor, nvml_timeout=nvml_timeout,  # type: ignore[arg-type]
-                                nvml_budget=nvml_budget, counter_interval=counter_interval)
+                                nvml_budget=nvml_budget, counter_interval=counter_interval,
+                                raw_outputs=raw_outputs)
     else:
         command = {h.name: probe_command(kernel_log_cursor=cursors.get(h.name), nvml_timeout=nvml_timeout,
-                                         nvml_budget=nvml_budget, counter_interval=counter_interval)
+                                         nvml_budget=nvml_budget, counter_interval=counter_interval,
+                                         raw_outputs=raw_outputs)
                    for h in getattr(fleet, "hosts")}
 
     seen: dict[str, FactsResult] = {}

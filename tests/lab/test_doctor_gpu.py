@@ -76,9 +76,14 @@ def find(rep: dict, check: str, host: str | None, subject: str) -> dict:
     return hits[0]
 
 
-def test_healthy_lab_reports_nothing_above_ok_within_seconds(lab, inventory, capsys, healed):
-    for name in lab.names:  # a reused lab keeps earlier runs' injected XIDs in kern.log
+def clean_kernel_logs(lab) -> None:
+    """Injected XIDs stay in kern.log after heal (as on a real node until it rotates)."""
+    for name in lab.names:
         lab.run(name, ": > /var/log/kern.log", check=True)
+
+
+def test_healthy_lab_reports_nothing_above_ok_within_seconds(lab, inventory, capsys, healed):
+    clean_kernel_logs(lab)
     rc, rep, took = doctor(inventory, capsys)
     assert rc == 0 and problems(rep) == [], problems(rep)
     checked = {f["check"] for f in rep["findings"]}
@@ -153,6 +158,14 @@ def test_collect_then_doctor_from_the_bundle_finds_the_same(lab, inventory, caps
         return {(f["check"], f["severity"], f["host"] or "", f["subject"]) for f in rep["findings"]}
     assert key(offline) == key(live)
     assert find(offline, "gpu.remap", victim, "gpu:6")["severity"] == "WARN"
+    import tarfile
+    with tarfile.open(out) as tar:   # the probe's commands, verbatim, one file each
+        names = tar.getnames()
+        listed = [n for n in names if n.endswith(f"hosts/{victim}/commands/systemctl_list-units_clusterctl-_--all"
+                                                 "_--plain_--no-legend_--no-pager.txt")]
+        assert listed or any(f"hosts/{victim}/commands/systemctl_" in n for n in names), names
+        assert any(f"hosts/{victim}/commands/journalctl_-k" in n for n in names) or \
+            any(f"hosts/{victim}/kernel.log" in n for n in names)
 
 
 def test_instance_whose_max_model_len_does_not_fit_gets_the_cause_and_the_fix(lab, inventory, capsys, healed):
@@ -184,6 +197,7 @@ def test_instance_whose_max_model_len_does_not_fit_gets_the_cause_and_the_fix(la
 def test_frozen_host_is_an_unknown_row_not_a_stalled_run(lab, inventory, capsys, healed):
     from clusterctl.lab import netfaults
 
+    clean_kernel_logs(lab)
     frozen = lab.host(lab.names[1])          # owns grp-c and grp-d
     netfaults.freeze(lab.cfg, frozen)
     try:

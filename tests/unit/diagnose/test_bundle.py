@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import re
+import shutil
 import shlex
 import subprocess
 import sys
@@ -218,3 +220,20 @@ def test_api_keys_in_vllm_logs_are_redacted_before_they_are_saved():
     assert "sk-y" not in redact("ExecStart=vllm serve q --api-key sk-y --port 8000")
     assert "sk-z" not in redact("Environment=VLLM_API_KEY=sk-z")
     assert redact("Using max model len 40960") == "Using max model len 40960"
+
+
+def test_collector_raw_outputs_are_opt_in_and_verbatim():
+    collector = Path(__file__).resolve().parents[3] / "clusterctl" / "probe" / "collector.py"
+    args = [sys.executable, str(collector), "--nvml-budget", "2", "--cmd-timeout", "5"]
+    plain = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=60).stdout)
+    assert "raw_outputs" not in plain
+    doc = json.loads(subprocess.run(args + ["--raw-outputs"], capture_output=True, text=True, timeout=60).stdout)
+    raw = doc["raw_outputs"]
+    assert isinstance(raw, list)
+    for rec in raw:
+        assert set(rec) == {"argv", "rc", "stdout", "stderr", "started_at", "duration_s"}
+    journal = [r for r in raw if r["argv"][:2] == ["journalctl", "-k"]]
+    if shutil.which("journalctl"):  # verbatim: the same command prints the same bytes
+        again = subprocess.run(journal[0]["argv"], capture_output=True, text=True, timeout=30,
+                               env={**os.environ, "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0", "LC_ALL": "C"})
+        assert journal[0]["rc"] == again.returncode and journal[0]["stderr"] == again.stderr
