@@ -45,6 +45,7 @@ def start_node(job: dict, argv: list[str] | None = None) -> subprocess.Popen:
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(job).encode() + b"\n")
     proc.stdin.close()
+    proc.stdin = None  # communicate() must not flush it again
     return proc
 
 

@@ -4,7 +4,8 @@ Python's http.server ignores ``Range:``; this one answers ``206`` with the
 requested bytes.  Faults: ``corrupt_once`` (a set of ``(path, offset)``: the
 first answer covering that offset has one byte flipped), ``fail_first`` (that
 many requests answer 503), ``stop_after`` (after that many range answers every
-request is refused with 503, as a source that went away).  ``requests`` logs
+request is refused with 503, as a source that went away), ``delay`` (seconds
+before each answer).  ``requests`` logs
 ``(path, start, end)`` of every range answered.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
@@ -31,6 +33,7 @@ class RangeServer(ThreadingHTTPServer):
         self.fail_first = 0
         self.stop_after: int | None = None
         self.auth: str | None = None
+        self.delay = 0.0  # seconds slept before each range answer (a slow source)
         self.seen_auth: list[str | None] = []
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
 
@@ -74,6 +77,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(503)
             if srv.stop_after is not None and len(srv.requests) >= srv.stop_after:
                 return self._error(503)
+        if self.server.delay:
+            time.sleep(self.server.delay)
         size = os.path.getsize(path)
         m = _RANGE.match(self.headers.get("Range", ""))
         start, end = (int(m.group(1)), min(int(m.group(2)), size - 1)) if m else (0, size - 1)
