@@ -120,6 +120,22 @@ def bundle_snapshot(source: str, inventory: Optional[str]) -> tuple[Any, Any]:
         fail(str(e))
 
 
+def bundle_hosts(snap: Any, inv: Any, pattern: str) -> Any:
+    """The bundle's hosts that ``pattern`` selects (inventory syntax when the bundle has one)."""
+    from clusterctl.diagnose.bundle import only_hosts
+    from clusterctl.inventory.nodeset import expand
+    from clusterctl.inventory.select import select_hosts
+
+    try:
+        names = {h.name for h in select_hosts(inv, pattern)} if inv is not None else set(expand(pattern))
+    except ClusterctlError as e:
+        fail(str(e))
+    kept = only_hosts(snap, names)
+    if not (kept.facts or kept.raw or kept.missing):
+        fail(f"pattern {pattern!r} selects no host of the bundle")
+    return kept
+
+
 def _table(findings: list[Finding], show_ok: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -189,6 +205,8 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
     started = time.monotonic()
     if source:
         snap, inv = bundle_snapshot(source, inventory)
+        if pattern != "all":
+            snap = bundle_hosts(snap, inv, pattern)
         meta: dict[str, Any] = {"source": str(Path(source)), "bundle": snap.meta}
     else:
         snap, inv, path = live_snapshot(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,

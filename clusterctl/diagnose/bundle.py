@@ -12,6 +12,7 @@ few files (layout in docs/bundles.md).  :func:`context` makes the
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -189,6 +190,15 @@ def _absorb(snap: Snapshot, row: Any, sample: int) -> None:
     snap.meta.setdefault("instances_at", {}).setdefault(host, []).append(doc.get("collected_at"))
 
 
+def only_hosts(snap: Snapshot, names: set[str]) -> Snapshot:
+    """The part of ``snap`` about ``names``."""
+    return Snapshot(facts={h: v for h, v in snap.facts.items() if h in names},
+                    missing={h: v for h, v in snap.missing.items() if h in names},
+                    raw={h: v for h, v in snap.raw.items() if h in names},
+                    commands={h: v for h, v in snap.commands.items() if h in names},
+                    interval_s=snap.interval_s, meta=snap.meta)
+
+
 def context(snap: Snapshot, inventory: Inventory | None, thresholds: dict[str, Any]) -> AnalysisContext:
     return AnalysisContext(inventory=inventory, facts=snap.facts, missing=snap.missing, raw=snap.raw,
                            interval_s=snap.interval_s, thresholds=thresholds)
@@ -285,8 +295,8 @@ def read_bundle(path: str | Path) -> tuple[Snapshot, Path | None]:
     """Load a bundle directory or ``.tar.gz``; returns the snapshot and its ``inventory.yaml`` (or None).
 
     Every file is optional except at least one host directory under ``hosts/``.
-    A tarball is unpacked into a temporary directory (the returned inventory
-    path then points there and is valid until the process exits).
+    A tarball is unpacked into a temporary directory, removed when the process
+    exits (the returned inventory path points there until then).
     """
     p = Path(path)
     if not p.exists():
@@ -294,6 +304,7 @@ def read_bundle(path: str | Path) -> tuple[Snapshot, Path | None]:
     if p.is_file():
         try:
             tmp = Path(tempfile.mkdtemp(prefix="clusterctl-bundle-"))
+            atexit.register(shutil.rmtree, tmp, True)
             with tarfile.open(p, "r:*") as tar:
                 tar.extractall(tmp, filter="data")
         except (tarfile.TarError, OSError) as e:

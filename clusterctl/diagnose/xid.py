@@ -177,9 +177,10 @@ def _host_findings(ctx: AnalysisContext, cat: dict[str, Any], host: str, lines: 
                            action, tuple(dict.fromkeys([first.line, last.line]))))
         if code == 79:
             fallen.pop(subject, None)
-    for (subject, code), (fatal, n, line) in sorted(sxids.items()):
-        out.append(Finding(CHECK, Severity.CRIT if fatal else Severity.WARN, host, subject,
-                           f"NVSwitch SXid {code} ({'fatal' if fatal else 'non-fatal'}): {n} event" + ("s" if n > 1 else ""),
+    for (switch, sxid), (fatal, count, line) in sorted(sxids.items()):
+        out.append(Finding(CHECK, Severity.CRIT if fatal else Severity.WARN, host, switch,
+                           f"NVSwitch SXid {sxid} ({'fatal' if fatal else 'non-fatal'}): {count} event"
+                           + ("s" if count > 1 else ""),
                            "drain the node's NVLink-connected instances, restart the fabric manager, reset the "
                            "switch tray or reboot; contact NVIDIA support if it recurs" if fatal else
                            "watch for repeats; a fatal SXid needs a fabric reset", (line,)))

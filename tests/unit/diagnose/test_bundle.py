@@ -237,3 +237,15 @@ def test_collector_raw_outputs_are_opt_in_and_verbatim():
         again = subprocess.run(journal[0]["argv"], capture_output=True, text=True, timeout=30,
                                env={**os.environ, "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0", "LC_ALL": "C"})
         assert journal[0]["rc"] == again.returncode and journal[0]["stderr"] == again.stderr
+
+
+def test_doctor_from_a_bundle_for_some_hosts_only(tmp_path, capsys):
+    dest = write_bundle(snapshot(), tmp_path / "b", G.INVENTORY)
+    assert main(["doctor", "gpu02", "--from", str(dest), "--json", "--checks", "gpu.remap,gpu.xid"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {f["host"] for f in doc["findings"]} == {"gpu02"}
+    assert main(["doctor", "nohost", "--from", str(dest)]) == 3
+    assert "unknown host(s): nohost" in capsys.readouterr().err
+    hand = hand_bundle(tmp_path)                                    # no inventory: node-set names
+    assert main(["doctor", "gpu[02-09]", "--from", str(hand)]) == 3
+    assert "selects no host of the bundle" in capsys.readouterr().err
