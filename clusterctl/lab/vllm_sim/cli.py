@@ -31,7 +31,7 @@ KV_DTYPES = {"0.11": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_in
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
 #: Sim-only flags: accepted, never logged as vLLM arguments.
-SIM_ONLY = ("emulate_version", "time_scale")
+SIM_ONLY = ("emulate_version", "time_scale", "sim_profile", "sim_batch_noise", "sim_broken_quantization")
 
 
 def _human_int(version: str) -> Any:
@@ -118,6 +118,13 @@ def build_parser(version: str, suppress: bool = False) -> argparse.ArgumentParse
                      "(default $VLLM_SIM_VERSION or 0.11).", **d(None))
     sim.add_argument("--time-scale", type=float, help="Multiply every simulated delay (default "
                      "$VLLM_SIM_TIME_SCALE or 1; 0 = none).", **d(None))
+    sim.add_argument("--sim-profile", help="latency profile (docs/latency-profiles.md; default "
+                     "$VLLM_SIM_PROFILE, else from the GPU model).", **d(None))
+    sim.add_argument("--sim-batch-noise", action=argparse.BooleanOptionalAction, help="greedy output may "
+                     "depend slightly on the batch, as in vLLM (default on; $VLLM_SIM_BATCH_NOISE=0 turns "
+                     "it off).", **d(None))
+    sim.add_argument("--sim-broken-quantization", action="store_true", help="perturb the logits as a "
+                     "broken quantization would (large drift).", **d(False))
     return p
 
 

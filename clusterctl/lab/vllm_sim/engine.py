@@ -1,9 +1,10 @@
 """Request handling behind an interface: what the HTTP layer asks of "the engine".
 
-Part 1 has :class:`ImmediateEngine`: each request is generated at once by a
-deterministic toy generator (:class:`HashLM`).  A step-based engine
-(continuous batching, latency profiles) replaces it by implementing
-:class:`Engine`; the HTTP server and the metrics code only use this interface.
+The server runs :class:`batching.StepEngine` (continuous batching, latency
+profiles, the toy language model of ``toylm``, faults).  :class:`ImmediateEngine`
+(each request generated at once by :class:`HashLM`, no timing) remains for
+callers that need no timing model.  The HTTP server only uses :class:`Engine`;
+an engine with ``records_metrics = True`` observes the request metrics itself.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class GenRequest:
     logprobs: int | None = None
     ignore_eos: bool = False
     arrival: float = field(default_factory=time.monotonic)
+    session: str = ""  # who sent it (OpenAI ``user``); "" = a session of its own
 
 
 @dataclass
@@ -71,6 +73,10 @@ class EngineStats:
     running: int
     waiting: int
     kv_usage: float  # 0..1
+
+
+class EngineDead(Exception):
+    """The engine died while (or before) serving a request: the front end answers 500."""
 
 
 class Engine(Protocol):

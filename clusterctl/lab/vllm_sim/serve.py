@@ -19,7 +19,12 @@ import time
 from typing import Any
 
 from . import gpu
-from .engine import ImmediateEngine
+from . import profiles
+from .batching import EXECUTE_TIMEOUT_S, StepEngine
+from .faults import Faults
+from .profiles import ModelCost
+from .scheduler import Scheduler
+from .toylm import ToyLM
 from .logs import Log
 from .metrics import Metrics, cache_config_labels
 from .server import ROUTES, App, Server, make_handler
@@ -52,6 +57,13 @@ def _shown_args(given: dict[str, Any], version: str) -> dict[str, Any]:
 def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> int:
     """Run the server; returns the process exit status."""
     scale = _scale(ns, env)
+    prof_name = ns.sim_profile or env.get("VLLM_SIM_PROFILE") or None
+    if prof_name is not None and prof_name not in profiles.PROFILES:
+        import sys
+        src = "--sim-profile" if ns.sim_profile else "VLLM_SIM_PROFILE"
+        print(f"vllm serve: error: {src}: unknown simulator profile {prof_name!r} "
+              f"(known: {', '.join(sorted(profiles.PROFILES))})", file=sys.stderr)
+        return 2
     stop = threading.Event()
 
     def sleep(seconds: float) -> None:
@@ -101,22 +113,46 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
         gpu.release(state)
         raise
     try:
-        return _run(ns, env, version, log, httpd, info, stop, scale, exit_code)
+        return _run(ns, env, version, log, httpd, info, stop, scale, exit_code, prof_name)
     finally:
         gpu.release(state)
         httpd.server_close()
 
 
+def _make_engine(ns: Any, env: dict[str, str], info: Any, scale: float, metrics: Metrics, log: Log,
+                 prof_name: str | None) -> StepEngine:
+    """The step engine for what start-up resolved (profile: flag, env, else from the GPU model)."""
+    rank0 = info.plan.ranks[0] if info.plan and info.plan.ranks else None
+    name = prof_name or profiles.default_profile(info.gpu_name, rank0.total if rank0 else None)
+    kvb = 1 if str(info.kv_dtype).startswith("fp8") else 2
+    cost = ModelCost.from_shape(info.shape, rank0.weights if rank0 else 0, max(1, info.tp), kvb)
+    noise = ns.sim_batch_noise if ns.sim_batch_noise is not None else env.get("VLLM_SIM_BATCH_NOISE", "1") != "0"
+    broken = ns.sim_broken_quantization or env.get("VLLM_SIM_BROKEN_QUANTIZATION") == "1"
+    lm = ToyLM(info.quantization, broken=broken, noise=noise)
+    sched = Scheduler(profiles.get(name), cost, lm, num_blocks=info.num_blocks, max_num_seqs=info.max_num_seqs,
+                      max_num_batched_tokens=info.max_num_batched_tokens, block_size=info.block_size,
+                      prefix_caching=info.prefix_caching)
+    try:
+        timeout = float(env.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", EXECUTE_TIMEOUT_S))
+    except ValueError:
+        timeout = EXECUTE_TIMEOUT_S
+    proc = "EngineCore_DP0" if info.version == "0.11" else "EngineCore"
+    return StepEngine(sched, vocab=info.vocab, scale=scale, metrics=metrics, faults=Faults(),
+                      execute_timeout_s=timeout,
+                      on_error=lambda msg: log.error(proc, "multiproc_executor.py:194", msg))
+
+
 def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, info: Any,
-         stop: threading.Event, scale: float, exit_code: list[int]) -> int:
-    engine = ImmediateEngine(info.vocab, info.kv_tokens)
+         stop: threading.Event, scale: float, exit_code: list[int], prof_name: str | None = None) -> int:
     labels = cache_config_labels(block_size=info.block_size, cache_dtype=info.kv_dtype, util=info.util,
                                  prefix=info.prefix_caching, num_gpu_blocks=info.num_blocks, version=version,
                                  kv_memory_bytes=ns.kv_cache_memory_bytes)
     metrics = Metrics(version, info.served_names[0], labels, ns.show_hidden_metrics_for_version)
+    engine = _make_engine(ns, env, info, scale, metrics, log, prof_name)
     keys = ns.api_key or ([env["VLLM_API_KEY"]] if env.get("VLLM_API_KEY") else [])
     app = App(info, engine, metrics, log, api_keys=keys, load_tracking=ns.enable_server_load_tracking,
               access_log=not ns.disable_uvicorn_access_log, force_usage=ns.enable_force_include_usage)
+    app.faults = engine.faults
     httpd.RequestHandlerClass = make_handler(app)
     log.info("APIServer", "loggers.py:147",
              f"Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: {info.num_blocks}")
@@ -169,13 +205,16 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
             msg = (f"Engine 000: Avg prompt throughput: {pt:.1f} tokens/s, Avg generation throughput: "
                    f"{gt:.1f} tokens/s, Running: {st.running} reqs, Waiting: {st.waiting} reqs, ")
             if version == "0.33":
-                msg += "Deferred: 0 reqs, Preemptions: 0, "
-            msg += f"GPU KV cache usage: {st.kv_usage * 100:.1f}%, Prefix cache hit rate: 0.0%"
+                msg += f"Deferred: 0 reqs, Preemptions: {int(c['vllm:num_preemptions'])}, "
+            q, h = c["vllm:prefix_cache_queries"], c["vllm:prefix_cache_hits"]
+            msg += (f"GPU KV cache usage: {st.kv_usage * 100:.1f}%, "
+                    f"Prefix cache hit rate: {100 * h / q if q else 0.0:.1f}%")
             log.info("APIServer", "loggers.py:127", msg)
         was_busy = busy
         last, last_t = cur, now
     log.uvicorn("Shutting down")
     httpd.shutdown()
+    engine.close()
     log.uvicorn("Waiting for application shutdown.")
     log.uvicorn("Application shutdown complete.")
     log.uvicorn(f"Finished server process [{os.getpid()}]")

@@ -16,7 +16,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
-from .engine import Engine, GenRequest, TokenEvent, token_id, tokenize
+from .engine import Engine, EngineDead, GenRequest, TokenEvent, token_id, tokenize
+from .faults import FaultError, Faults, is_loopback
 from .logs import Log
 from .metrics import Metrics
 from .startup import EngineInfo
@@ -49,6 +50,7 @@ class App:
         self.force_usage = force_usage
         self.full = {"0.11": "0.11.0", "0.33": "0.33.0"}[info.version]
         self.created = int(time.time())
+        self.faults: Faults | None = None  # the fault control endpoint (/sim/fault), when set
 
     # ---- request building
     def _check_model(self, body: dict[str, Any]) -> str:
@@ -91,10 +93,13 @@ class App:
         seed = body.get("seed")
         return GenRequest(prompt=prompt, prompt_tokens=toks, max_tokens=mt, temperature=temp,
                           seed=None if seed is None else int(seed), stop=list(stop), logprobs=logprobs,
-                          ignore_eos=bool(body.get("ignore_eos", False)))
+                          ignore_eos=bool(body.get("ignore_eos", False)), session=str(body.get("user") or ""))
 
     # ---- metrics around a request
     def _run(self, req: GenRequest) -> Iterator[TokenEvent]:
+        if getattr(self.engine, "records_metrics", False):
+            yield from self.engine.generate(req)
+            return
         m = self.metrics
         t0 = time.monotonic()
         first = last = None
@@ -222,6 +227,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         app = self.app
         # Read the whole body first, so an early answer (401, 404) leaves the connection usable.
+        self._streaming = False
         n = int(self.headers.get("Content-Length") or 0)
         self._raw = self.rfile.read(n) if n > 0 else b""
         try:
@@ -240,6 +246,8 @@ class Handler(BaseHTTPRequestHandler):
                 app.metrics.set_gauge("vllm:num_requests_waiting", st.waiting)
                 app.metrics.set_gauge("vllm:kv_cache_usage_perc", st.kv_usage)
                 self._send(200, app.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/sim/fault" and app.faults is not None:
+                self._fault(method)
             elif path == "/v1/models" and method == "GET":
                 self._json(200, self._models())
             elif path == "/v1/completions" and method == "POST":
@@ -252,8 +260,35 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(404, {"detail": "Not Found"})
         except ApiError as e:
             self._json(e.status, e.body())
+        except EngineDead:
+            if getattr(self, "_streaming", False):
+                self.close_connection = True  # the stream just ends, without [DONE]
+            else:
+                self._json(500, ApiError(500, "The server had an error while processing your request.",
+                                         "InternalServerError").body())
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _fault(self, method: str) -> None:
+        """The simulator's fault control (faults.py); loopback clients only."""
+        faults = self.app.faults
+        assert faults is not None
+        if not is_loopback(self.client_address[0]):
+            self._json(403, {"error": "fault control is only accepted from loopback"})
+            return
+        if method == "POST":
+            try:
+                body = json.loads(self._raw or b"null")
+                msg = faults.apply(body, max(1, self.app.info.tp))
+            except (ValueError, FaultError) as e:
+                self._json(400, {"error": str(e)})
+                return
+            if msg:
+                self.app.log.error("APIServer", "multiproc_executor.py:153", msg)
+        elif method != "GET":
+            self._json(405, {"detail": "Method Not Allowed"})
+            return
+        self._json(200, faults.state())
 
     def _models(self) -> dict[str, Any]:
         app = self.app
@@ -272,6 +307,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- SSE
     def _sse_start(self) -> None:
+        self._streaming = True
         self.send_response_only(200)
         self.send_header("date", self.date_time_string())
         self.send_header("server", "uvicorn")

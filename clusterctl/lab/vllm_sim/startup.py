@@ -65,6 +65,13 @@ class EngineInfo:
     plan: M.Plan | None = None
     default_temperature: float = 1.0
     max_logprobs: int = 20
+    # What the step engine (part 2) needs: scheduler budget, parallelism, hardware, quantization.
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    tp: int = 1
+    gpu_name: str = ""
+    quantization: str | None = None
+    shape: M.ModelShape | None = None
 
 
 def _fmt_torch(n: float) -> str:
@@ -400,7 +407,9 @@ class Starter:
                       vocab=shape.vocab, kv_tokens=plan.kv_tokens, num_blocks=plan.num_blocks,
                       block_size=M.BLOCK_SIZE, kv_dtype=kv_dtype, util=util, prefix_caching=prefix,
                       gpus=self.gpus, usage=dict(self.usage), plan=plan, default_temperature=temp,
-                      max_logprobs=ns.max_logprobs)
+                      max_logprobs=ns.max_logprobs, max_num_seqs=max_seqs,
+                      max_num_batched_tokens=max_tokens, tp=tp, gpu_name=infos[0].name,
+                      quantization=quant, shape=shape)
 
     def _check_weights_fit(self, rp: M.RankPlan, per_tensor: list[int], quant: str | None) -> None:
         free = rp.free  # measured after our CUDA context was registered
