@@ -104,7 +104,8 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
             for attempt in range(2):  # a second pass refetches chunks that failed verification on disk
                 if rl.get("upstreams"):
                     relay.fetch_from_upstreams(store, digest, [tuple(u) for u in rl["upstreams"]], source,
-                                               workers, float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)), stats)
+                                               workers, float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)), stats,
+                                               float(rl.get("start_grace", relay.START_GRACE_S)))
                 elif (job.get("source") or {}).get("kind") == "stream":
                     fetch_stream(store, stdin, stats)
                 else:

@@ -39,6 +39,9 @@ CORRUPT_RETRIES = 3
 #: Seconds a child waits for the next byte before it declares its upstream stalled.
 STALL_TIMEOUT_S = 15.0
 CONNECT_TIMEOUT_S = 5.0
+#: Seconds after start during which a refused connection is retried: the
+#: chain's nodes start at about the same time and a parent may not listen yet.
+START_GRACE_S = 10.0
 
 
 class RelayServer:
@@ -169,7 +172,8 @@ def _first_missing(store: "fetch.ChunkStore") -> Optional[int]:
 
 def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequence[Tuple[str, int]],
                          fallback: Any = None, workers: int = 8, stall_timeout: float = STALL_TIMEOUT_S,
-                         stats: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                         stats: Optional[Dict[str, Any]] = None,
+                         start_grace: float = START_GRACE_S) -> Dict[str, Any]:
     """Fill ``store`` from the chain (see the module docstring); returns ``stats``.
 
     ``stats`` gets ``bytes``, ``chunks``, ``corrupt``, ``events`` (one line
@@ -181,6 +185,8 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
     for k in ("bytes", "chunks", "corrupt", "retries"):
         stats.setdefault(k, 0)
     events: List[str] = stats.setdefault("events", [])
+    started = time.monotonic()
+    attached = False  # once any upstream answered, a refused connection means a dead node
     for host, port in upstreams:
         corrupt_here = 0
         while _first_missing(store) is not None:
@@ -193,6 +199,7 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
                     if answer != b"OK\n":
                         raise ConnectionError(f"refused: {answer.decode(errors='replace').strip() or 'closed'}")
                     stats["upstream"] = where
+                    attached = True
                     while _first_missing(store) is not None:
                         index, length = HEADER.unpack(_recv_exact(conn, HEADER.size))
                         if index >= len(store.chunks):
@@ -215,6 +222,10 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
             except fetch.DiskSpaceError:
                 raise
             except (OSError, ValueError, struct.error) as e:
+                if isinstance(e, ConnectionRefusedError) and time.monotonic() - started < start_grace \
+                        and not attached:
+                    time.sleep(0.2)  # the parent is not listening yet
+                    continue
                 msg = "stalled" if isinstance(e, socket.timeout) else (str(e) or type(e).__name__)
                 events.append(f"{where}: {msg} -> next upstream")
                 break
