@@ -41,6 +41,8 @@ Examples:
   clusterctl doctor 'gpu[01-04]' --checks xid,remap,tp --format markdown
 
   clusterctl doctor --from bundle.tar.gz --json
+
+  clusterctl doctor all --learn baseline.yaml; clusterctl doctor all --baseline baseline.yaml
 """
 
 SEVERITY_STYLE = {Severity.CRIT: "bold red", Severity.WARN: "yellow", Severity.UNKNOWN: "magenta",
@@ -182,6 +184,10 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
            interval: float = typer.Option(2.0, "--interval", min=0,
                                           help="Seconds between the two /metrics and NIC counter samples (0: one sample)."),
            show_all: bool = typer.Option(False, "--all", help="Show OK rows too."),
+           learn: Optional[str] = typer.Option(None, "--learn", help="Record the hosts' GPU configuration as "
+                                               "the known-good baseline in this YAML file, then exit."),
+           baseline: Optional[str] = typer.Option(None, "--baseline",
+                                                  help="Compare with a baseline written by --learn (gpu.baseline)."),
            active: bool = typer.Option(False, "--active",
                                        help="Also test RDMA bandwidth between hosts with ib_write_bw "
                                             "(perftest); not run yet: UNKNOWN rows say why."),
@@ -202,6 +208,15 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
         fail(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
     selected = parse_checks(checks)
     thresholds = load_checks_data()
+    if learn and source:
+        fail("--learn records live hosts; it cannot be combined with --from")
+    if baseline:
+        from clusterctl.diagnose.baseline import load_baseline
+
+        try:
+            thresholds["baseline"] = load_baseline(baseline)
+        except ClusterctlError as e:
+            fail(str(e))
     started = time.monotonic()
     if source:
         snap, inv = bundle_snapshot(source, inventory)
@@ -214,6 +229,8 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
                                         connect_timeout=connect_timeout, deadline=deadline,
                                         host_key_policy=host_key_policy, progress=fmt == "table")
         meta = {"inventory": path, "pattern": pattern, **snap.meta}
+        if learn:
+            _learn(snap, learn)
     findings = diagnose(context(snap, inv, thresholds), selected)
     if active:
         from clusterctl.diagnose.active import active_findings
@@ -223,6 +240,20 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
     meta["checks"] = selected or "all"
     render(findings, fmt, show_all, meta)
     raise typer.Exit(exit_code(findings))
+
+
+def _learn(snap: Any, path: str) -> None:
+    from clusterctl.diagnose.baseline import learn as learn_baseline, write_baseline
+
+    data = learn_baseline(snap.facts)
+    try:
+        write_baseline(path, data)
+    except OSError as e:
+        fail(f"{path}: cannot write the baseline: {e.strerror}")
+    console.print(f"baseline: {len(data['hosts'])} host(s) written to {path}", markup=False)
+    for host, reason in snap.missing.items():
+        err_console.print(f"{host}: not learned: {reason}", markup=False)
+    raise typer.Exit(2 if snap.missing else 0)
 
 
 def register(app: typer.Typer) -> None:

@@ -60,8 +60,8 @@ def healed(lab, monkeypatch, tmp_path):
 
 def doctor(inventory: Path, capsys, *extra: str) -> tuple[int, dict, float]:
     t0 = time.monotonic()
-    rc = main(["doctor", "all", "-i", str(inventory), "--json", "--checks", CHECKS, "--interval", "1", "--sudo",
-               *extra])
+    checks = [] if "--checks" in extra else ["--checks", CHECKS]
+    rc = main(["doctor", "all", "-i", str(inventory), "--json", *checks, "--interval", "1", "--sudo", *extra])
     took = time.monotonic() - t0
     return rc, json.loads(capsys.readouterr().out), took
 
@@ -216,3 +216,17 @@ def test_frozen_host_is_an_unknown_row_not_a_stalled_run(lab, inventory, capsys,
     assert find(rep, "tp.group", None, "tp-group:grp-a")["severity"] == "OK"
     others = {f["host"] for f in rep["findings"] if f["check"] == "gpu.lost" and f["severity"] == "OK"}
     assert others == set(lab.names) - {frozen.name}
+
+
+def test_learn_a_baseline_then_see_what_changed(lab, inventory, capsys, healed, tmp_path):
+    clean_kernel_logs(lab)
+    base = tmp_path / "baseline.yaml"
+    assert main(["doctor", "all", "-i", str(inventory), "--learn", str(base), "--sudo", "--interval", "0"]) == 0
+    assert f"{len(lab.names)} host(s) written" in capsys.readouterr().out
+    victim = lab.names[2]
+    healed.append(victim)
+    faults.inject(lab.host_dir(victim), "pcie", gpu=7, width=4)
+    rc, rep, _ = doctor(inventory, capsys, "--baseline", str(base), "--checks", "baseline")
+    changed = [f for f in rep["findings"] if f["check"] == "gpu.baseline" and f["severity"] != "OK"]
+    assert [(f["host"], f["subject"], f["message"]) for f in changed] == \
+        [(victim, "gpu:7", "PCIe x4, the baseline has x16")]
