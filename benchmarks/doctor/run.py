@@ -72,8 +72,8 @@ def main() -> int:
     try:
         for name in session.names:  # a fresh lab host has no kern.log yet (no kernel line logged)
             session.run(name, ": >> /var/log/kern.log", check=True)
-        inv = with_instances(Path(session.inventory), session.names,
-                             Path(tempfile.mkdtemp(prefix="doctor-bench-")) / "inventory.yaml")
+        scratch = tempfile.TemporaryDirectory(prefix="doctor-bench-")
+        inv = with_instances(Path(session.inventory), session.names, Path(scratch.name) / "inventory.yaml")
         for interval in [args.interval] * args.rounds + [0.0] * args.rounds:
             t = time.monotonic()
             p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "doctor", "all", "-i", str(inv),
@@ -90,6 +90,8 @@ def main() -> int:
     finally:
         if not args.keep:
             session.stop()
+        if "scratch" in locals():
+            scratch.cleanup()
     walls = [r["wall_s"] for r in rounds if r["interval_s"] == args.interval]
     base = [r["wall_s"] for r in rounds if r["interval_s"] == 0.0]
     result = {
