@@ -1,0 +1,157 @@
+"""The continuous-batching scheduler and the threaded step engine, driven directly (no HTTP)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from clusterctl.lab.vllm_sim import latency as L
+from clusterctl.lab.vllm_sim.batching import StepEngine
+from clusterctl.lab.vllm_sim.engine import GenRequest
+from clusterctl.lab.vllm_sim.metrics import Metrics
+from clusterctl.lab.vllm_sim.profiles import PROFILES
+from clusterctl.lab.vllm_sim.scheduler import Scheduler, Seq
+from clusterctl.lab.vllm_sim.toylm import ToyLM
+
+PROF = PROFILES["l40s-48g"]
+COST = L.MODEL_8B_INT8
+
+
+def sched(blocks: int = 1000, seqs: int = 256, budget: int = 2048, prefix: bool = True) -> Scheduler:
+    return Scheduler(PROF, COST, ToyLM(noise=False), num_blocks=blocks, max_num_seqs=seqs,
+                     max_num_batched_tokens=budget, prefix_caching=prefix)
+
+
+def seq(rid: int, n_prompt: int, n_out: int, tag: str = "", session: str = "") -> Seq:
+    toks = [f" {tag}w{i}" for i in range(n_prompt)]
+    return Seq(rid=rid, prompt="".join(toks), prompt_tokens=toks, max_tokens=n_out, temperature=0.0,
+               seed=0, ignore_eos=True, session=session or f"s{rid}")
+
+
+def run_all(s: Scheduler, limit: int = 100_000) -> tuple[float, list]:
+    now, loads = 0.0, []
+    for _ in range(limit):
+        load = s.step(now)
+        if not load.new:
+            break
+        loads.append(load)
+        now += s.duration(load)
+        s.finish_step(now)
+    return now, loads
+
+
+def test_long_prompt_is_prefilled_in_chunks_within_the_token_budget() -> None:
+    s = sched(budget=2048)
+    a = seq(1, 5000, 4)
+    s.add(a)
+    _, loads = run_all(s)
+    assert [ld.tokens for ld in loads[:3]] == [2048, 2048, 904]  # chunked prefill
+    assert all(ld.tokens <= 2048 for ld in loads)
+    assert len(a.out) == 4 and a.finish_reason == "length"
+    # the first token comes with the last prefill chunk, then one token per step
+    assert len(loads) == 3 + 3
+
+
+def test_decodes_share_steps_with_a_new_prefill_and_seats_are_limited() -> None:
+    s = sched(seqs=4)
+    for i in range(10):
+        s.add(seq(i, 100, 50, tag=f"t{i}"))
+    s.step(0.0)
+    assert len(s.running) == 4 and len(s.waiting) == 6
+    s.finish_step(1.0)
+    load = s.step(1.0)
+    assert load.new == (1, 1, 1, 1)  # four decodes, no fifth sequence admitted
+    now, _ = run_all(s)
+    assert s.counters.generation_tokens == 500
+
+
+def test_preemption_when_kv_blocks_run_out_and_outputs_survive_recompute() -> None:
+    alone = {}
+    for i in range(4):
+        s = sched(blocks=1000)
+        a = seq(i, 64, 100, tag=f"p{i}")
+        s.add(a)
+        run_all(s)
+        alone[i] = a.out
+    s = sched(blocks=24)  # 384 tokens of KV for four sequences growing to 164 tokens each
+    seqs = [seq(i, 64, 100, tag=f"p{i}") for i in range(4)]
+    for a in seqs:
+        s.add(a)
+    run_all(s)
+    assert s.counters.preemptions > 0
+    assert sum(a.preemptions for a in seqs) == s.counters.preemptions
+    for i, a in enumerate(seqs):
+        assert a.out == alone[i] and a.finish_reason == "length"
+    assert s.pool.used == 0
+
+
+def test_prefix_caching_reuses_full_blocks_and_cuts_prefill() -> None:
+    for prefix in (True, False):
+        s = sched(prefix=prefix)
+        shared = [f" sys{i}" for i in range(96)]  # 6 full blocks
+        a = Seq(rid=1, prompt="".join(shared) + " a", prompt_tokens=shared + [" a"], max_tokens=2,
+                temperature=0.0, seed=0, ignore_eos=True)
+        b = Seq(rid=2, prompt="".join(shared) + " b", prompt_tokens=shared + [" b"], max_tokens=2,
+                temperature=0.0, seed=0, ignore_eos=True)
+        s.add(a)
+        t_a, _ = run_all(s)
+        b.arrival = t_a
+        s.add(b)
+        t_b, loads = run_all(s)
+        if prefix:
+            assert s.counters.prefix_hits == 96 and s.counters.prefix_queries == 194
+            assert loads[0].new == (1,)  # only the token after the cached prefix is computed
+        else:
+            assert s.counters.prefix_hits == 0
+            assert loads[0].new == (97,)
+
+
+def test_kv_usage_follows_allocated_blocks() -> None:
+    s = sched(blocks=100)
+    s.add(seq(1, 320, 10))
+    s.step(0.0)
+    assert s.kv_usage == pytest.approx(0.20)  # 320 tokens = 20 blocks of 16
+    s.finish_step(0.1)
+    run_all(s)
+    assert s.kv_usage == 0.0  # freed (cached prefix blocks are evictable, not used)
+
+
+def test_threaded_engine_serves_concurrent_requests_and_records_simulated_latencies() -> None:
+    m = Metrics("0.11", "m", {})
+    eng = StepEngine(sched(), vocab=1000, scale=0.002, metrics=m)
+    try:
+        results: dict[int, list[str]] = {}
+
+        def client(i: int) -> None:
+            toks = [f" c{i}w{j}" for j in range(1400)]
+            req = GenRequest(prompt="".join(toks), prompt_tokens=toks, max_tokens=8, temperature=0.0, seed=1,
+                             ignore_eos=True)
+            results[i] = [ev.text for ev in eng.generate(req)]
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert all(len(results[i]) == 8 for i in range(4))
+        h = m.hists["vllm:time_to_first_token_seconds"]
+        assert sum(h.counts) == 4
+        # simulated seconds, not wall time: four 1400-token prompts take >= 4 x 0.19 s of prefill
+        assert h.sum / 4 > 0.3
+        assert m.counters["vllm:generation_tokens"] == 32
+        assert m.counters["vllm:prompt_tokens"] == 4 * 1400
+        assert eng.stats().running == 0
+    finally:
+        eng.close()
+
+
+def test_engine_at_scale_zero_does_not_wait() -> None:
+    eng = StepEngine(sched(), vocab=1000, scale=0.0)
+    try:
+        toks = [f" w{j}" for j in range(3000)]
+        req = GenRequest(prompt="".join(toks), prompt_tokens=toks, max_tokens=50, temperature=0.0, ignore_eos=True)
+        assert len(list(eng.generate(req))) == 50
+        assert eng.now() > 0.5  # the simulated clock still advanced
+    finally:
+        eng.close()
