@@ -50,11 +50,12 @@ def fetch_stream(store: "fetch.ChunkStore", stream: BinaryIO, stats: Dict[str, A
         if not head:
             break
         if len(head) != relay.HEADER.size:
-            raise fetch.FetchError("the pushed stream ended inside a frame header")
+            raise fetch.FetchError("the pushed stream was cut short inside a frame header; run stage again")
         index, length = relay.HEADER.unpack(head)
         data = stream.read(length)
         if index >= len(store.chunks) or len(data) != length:
-            raise fetch.FetchError(f"bad frame for chunk {index} in the pushed stream")
+            raise fetch.FetchError(f"the pushed stream was cut short or garbled at chunk {index}; run stage again "
+                                   f"(verified chunks are kept)")
         if store.done[index]:
             continue
         if store.put(index, data):

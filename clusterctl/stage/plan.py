@@ -43,6 +43,9 @@ class Source:
     location: str      # URL, path on the nodes, or directory here
     headers: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
+    def __repr__(self) -> str:  # the location may carry user:password
+        return f"Source({self.kind!r}, {self.label!r})"
+
     @property
     def label(self) -> str:
         return fetch.redact_url(self.location) if self.kind == "http" else self.location
