@@ -1197,10 +1197,21 @@ def read_traffic_class(root: str, device: str, port: int) -> Tuple[Optional[int]
     return (int(m.group(1)), None) if m else (None, "not set")
 
 
-def _tool(argv: List[str], timeout: float, raw: Dict[str, str],
-          reasons: Dict[str, str]) -> Optional[str]:
-    """Run a read-only tool; its stdout (kept in ``raw``), or ``None`` with the reason."""
+def _tool(argv: List[str], timeout: float, raw: Dict[str, str], reasons: Dict[str, str],
+          deadline: Optional[float] = None) -> Optional[str]:
+    """Run a read-only tool; its stdout (kept in ``raw``), or ``None`` with the reason.
+
+    Not run once another tool timed out on the same NIC (``reasons`` says so:
+    a wedged NIC hangs them all) or past ``deadline`` (monotonic seconds)."""
     label = " ".join(argv)
+    if any(v.startswith("timed out") for v in reasons.values()):
+        reasons[label] = "skipped: an earlier QoS tool timed out on this NIC"
+        return None
+    if deadline is not None:
+        timeout = min(timeout, deadline - time.monotonic())
+        if timeout <= 0:
+            reasons[label] = "skipped: the QoS tools of all NICs ran out of time"
+            return None
     try:
         rc, out, err = run_command([find_program(argv[0])] + argv[1:], timeout)
     except FileNotFoundError:
@@ -1220,7 +1231,8 @@ def _tool(argv: List[str], timeout: float, raw: Dict[str, str],
     return out
 
 
-def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/") -> Dict[str, Any]:
+def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/",
+            deadline: Optional[float] = None) -> Dict[str, Any]:
     """The QoS configuration of one RoCE NIC (see :func:`collect_qos`)."""
     dev = nic["netdev"]
     raw: Dict[str, str] = {}
@@ -1231,7 +1243,7 @@ def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/") -> Dict[str, A
                          "ecn": None, "traffic_class": None, "traffic_class_reason": None,
                          "pfc_stall_prevention": None, "raw": raw, "reasons": reasons}
     net_dir = path_in(root, "/sys/class/net/" + dev)
-    text = _tool(["mlnx_qos", "-i", dev], timeout, raw, reasons)
+    text = _tool(["mlnx_qos", "-i", dev], timeout, raw, reasons, deadline)
     if text is not None:
         m = parse_mlnx_qos(text)
         q.update(tool="mlnx_qos", trust=m["trust"], trust_source="mlnx_qos" if m["trust"] else None,
@@ -1239,15 +1251,15 @@ def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/") -> Dict[str, A
                  prio2tc=m["prio2tc"], dcbx=m["dcbx"], lldpad_warning=m["lldpad_warning"],
                  cable_len=m["cable_len"])
     else:
-        pfc = _tool(["dcb", "pfc", "show", "dev", dev], timeout, raw, reasons)
+        pfc = _tool(["dcb", "pfc", "show", "dev", dev], timeout, raw, reasons, deadline)
         if pfc is not None:
             q["tool"] = "dcb"
             q["pfc_enabled"] = parse_dcb_pfc(pfc)
-        app = _tool(["dcb", "-N", "app", "show", "dev", dev], timeout, raw, reasons)
+        app = _tool(["dcb", "-N", "app", "show", "dev", dev], timeout, raw, reasons, deadline)
         if app is not None:
             q["tool"] = "dcb"
             q["dscp2prio"] = parse_dcb_app_dscp(app) or None
-        trust = _tool(["dcb", "apptrust", "show", "dev", dev], timeout, raw, reasons)
+        trust = _tool(["dcb", "apptrust", "show", "dev", dev], timeout, raw, reasons, deadline)
         if trust is not None and parse_dcb_apptrust(trust):
             q["trust"], q["trust_source"] = parse_dcb_apptrust(trust), "dcb apptrust"
         elif app is not None:
@@ -1257,7 +1269,7 @@ def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/") -> Dict[str, A
     sys_trust = read_opt(os.path.join(net_dir, "qos", "trust"))
     if sys_trust:
         q["trust"], q["trust_source"] = sys_trust.strip().lower(), "sysfs"
-    pause = _tool(["ethtool", "-a", dev], timeout, raw, reasons)
+    pause = _tool(["ethtool", "-a", dev], timeout, raw, reasons, deadline)
     if pause is not None:
         q["global_pause"] = parse_ethtool_pause(pause)
     q["ecn"] = read_ecn(net_dir)
@@ -1279,15 +1291,19 @@ def find_tools() -> Dict[str, Optional[str]]:
 
 
 def collect_qos(nics: List[Dict[str, Any]], timeout: float, errors: Errors, root: str = "/") -> None:
-    """Fill ``qos`` of every RoCE NIC (:func:`roce_nics`).  Each tool gets
-    ``timeout`` seconds; all NICs together get ``4 * timeout``, after which the
-    remaining NICs are recorded as skipped."""
-    deadline = time.monotonic() + 4 * timeout
+    """Fill ``qos`` of every RoCE NIC (:func:`roce_nics`).  Each tool gets at
+    most ``timeout`` seconds and all of them together ``2 * timeout``; after a
+    timeout the NIC's remaining tools are skipped.  Tools that timed out or
+    were skipped are noted in ``errors`` with the NICs they concern."""
+    deadline = time.monotonic() + 2 * timeout
+    hit: Dict[str, List[str]] = {}
     for nic in roce_nics(nics):
-        if time.monotonic() > deadline:
-            note(errors, "nics.qos", "%s: skipped, QoS tools took over %g s" % (nic["netdev"], 4 * timeout))
-            continue
-        nic["qos"] = nic_qos(nic, timeout, root)
+        nic["qos"] = q = nic_qos(nic, timeout, root, deadline)
+        for reason in q["reasons"].values():
+            if reason.startswith(("timed out", "skipped")):
+                hit.setdefault(reason, []).append(nic["netdev"])
+    for reason, names in hit.items():
+        note(errors, "nics.qos", "%s (%s)" % (reason, ", ".join(sorted(set(names)))))
 
 
 # --------------------------------------------------------------------------

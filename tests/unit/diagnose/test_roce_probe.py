@@ -105,3 +105,20 @@ echo "NIC statistics:"; echo "     rx_prio3_pause: $n"
 def test_collector_option_defaults_to_no_samples():
     assert collector.parse_args([]).counter_interval == 0.0
     assert collector.parse_args(["--counter-interval", "3"]).counter_interval == 3.0
+
+
+def test_a_hung_qos_tool_skips_the_rest_of_that_nic_and_is_noted(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool(bindir, "mlnx_qos", "exec sleep 30\n")   # a wedged NIC: netlink never answers
+    tool(bindir, "ethtool", f"cat {R.FIX / 'ethtool_a_eth2_off.txt'}\n")
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    nics = [dict(NIC, qos=None)]
+    errors: list = []
+    collector.collect_qos(nics, 0.5, errors, str(sysroot(tmp_path, mlnx=True)))
+    q = nics[0]["qos"]
+    assert q["reasons"]["mlnx_qos -i eth2"] == "timed out after 0.5 s"
+    assert q["reasons"]["ethtool -a eth2"] == "skipped: an earlier QoS tool timed out on this NIC"
+    assert q["trust"] == "dscp" and q["traffic_class"] == 106   # sysfs is still read
+    assert {e["reason"] for e in errors} == {"timed out after 0.5 s (eth2)",
+                                             "skipped: an earlier QoS tool timed out on this NIC (eth2)"}
