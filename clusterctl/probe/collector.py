@@ -1348,9 +1348,14 @@ def collect_samples(nics: List[Dict[str, Any]], interval: float, timeout: float,
     start ``interval`` seconds after the first ones ended, so the samples are
     at least ``interval`` apart however slow a read was.  The NICs are read in
     parallel, each read bounded like ``ethtool -S``."""
-    todo = [n for n in roce_nics(nics)]
-    for n in todo:
+    todo = []
+    for n in roce_nics(nics):
+        why = n.get("ethtool_stats_reason") or ""
+        if "timed out" in why or "did not finish" in why:  # a wedged NIC: do not wait on it twice more
+            note(errors, "nics.samples", "%s: not sampled, ethtool -S hung before" % n["netdev"])
+            continue
         n["samples"] = []
+        todo.append(n)
     if not todo:
         return
     _sample_all(todo, timeout, root)

@@ -122,3 +122,11 @@ def test_a_hung_qos_tool_skips_the_rest_of_that_nic_and_is_noted(tmp_path, monke
     assert q["trust"] == "dscp" and q["traffic_class"] == 106   # sysfs is still read
     assert {e["reason"] for e in errors} == {"timed out after 0.5 s (eth2)",
                                              "skipped: an earlier QoS tool timed out on this NIC (eth2)"}
+
+
+def test_a_nic_whose_ethtool_hung_is_not_sampled(tmp_path):
+    nics = [dict(NIC, samples=None, ethtool_stats_reason="ethtool -S timed out after 10 s")]
+    errors: list = []
+    collector.collect_samples(nics, 0.1, 5.0, errors, str(sysroot(tmp_path, mlnx=False)))
+    assert nics[0]["samples"] is None
+    assert errors == [{"source": "nics.samples", "reason": "eth2: not sampled, ethtool -S hung before"}]
