@@ -161,4 +161,5 @@ def nic_rates(nic: Mapping[str, Any], later_doc: Mapping[str, Any] | None = None
             r = rates_between(_sample_of(nic), _sample_of(other), dt) if dt > 0 else None
             if r:
                 return r, "two facts runs"
-    return None, "no counter samples (collect with a counter interval)"
+    why = nic.get("ethtool_stats_reason")
+    return None, f"no counter samples ({why or 'collect with a counter interval'})"
