@@ -4,8 +4,9 @@ Implements :class:`engine.Engine` for the HTTP server.  A step's duration
 comes from the latency profile (simulated seconds at 1x); the engine thread
 *waits* ``duration * time_scale`` on a condition (no CPU is burnt), so
 several simulators share a small machine without slowing each other.  The
-engine keeps a simulated clock: it advances by step durations and, while
-idle, follows the wall clock divided by the scale.  Request metrics
+engine keeps a simulated clock: it advances by step durations while busy
+(so the simulator's own CPU time never shows in the figures) and, when a
+request arrives at an idle engine, catches up with wall clock / scale.  Request metrics
 (TTFT, ITL, e2e, queue/prefill/decode times, tokens, preemptions, prefix
 cache) are observed on that clock, so they read as at 1x whatever the scale.
 
@@ -86,7 +87,8 @@ class StepEngine:
             self._next_id += 1
             seq = Seq(rid=self._next_id, prompt=req.prompt, prompt_tokens=list(req.prompt_tokens),
                       max_tokens=max(1, req.max_tokens), temperature=req.temperature, seed=req.seed,
-                      ignore_eos=req.ignore_eos, arrival=self._sync(),
+                      ignore_eos=req.ignore_eos,
+                      arrival=self._sim if self.sched.has_work() else self._sync(),
                       session=req.session or f"req-{self._next_id}")
             q: deque[Emitted | None] = deque()
             self._queues[seq.rid] = q
@@ -164,7 +166,6 @@ class StepEngine:
                 if not self.sched.has_work():
                     self._cv.wait(0.5)
                     continue
-                self._sync()
                 self.sched.leak = self.faults.leak
                 load = self.sched.step(self._sim)
                 if not load.new:
