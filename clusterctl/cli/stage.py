@@ -221,9 +221,9 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
     try:
         src = pl.parse_source(source or model.source or "", "--source" if source else
                               f"{inv.path}: models.{model.name}.source")
+        pl.plan_chains([(h.name, h.address) for h in hosts], relay, chains, port)  # validates --relay
         man = pl.load_manifest(src, model.name, version or model.version)
         fanout = len(hosts) if relay == "chain" else min(max_readers, len(hosts))
-        pl.plan_chains([(h.name, h.address) for h in hosts], relay, chains, port)  # validates --relay
     except ClusterctlError as e:
         fail(str(e))
     if not as_json:

@@ -122,6 +122,8 @@ def load_manifest(source: Source, name: str, version: str | None, chunk_size: in
         return mf.compute(root, name, version, chunk_size)
     except mf.ManifestError as e:
         raise StageError(str(e)) from None
+    except OSError as e:
+        raise StageError(f"{root}: cannot hash {e.filename}: {e.strerror} (is it changing?)") from None
 
 
 def write_manifest(root: str, man: mf.Manifest) -> str:
