@@ -120,7 +120,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         source="NVIDIA H100 datasheet; vLLM's published Llama-3-8B H100 serving figures (research vllm.md §7)",
         mem_bw=0.80 * 3350 * GB,
         flops_eff=0.45 * 989 * T,
-        t_step=0.0012, t_seq=0.00005,
+        t_step=0.0012, t_seq=0.00002,
         link_bw=300 * GB, link_latency=8e-6,
     ),
 )}
