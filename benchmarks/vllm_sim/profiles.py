@@ -5,8 +5,10 @@ real time (``--time-scale 1``): the threaded step engine
 (``clusterctl.lab.vllm_sim.batching.StepEngine``, the one ``vllm serve`` uses)
 with N closed-loop client threads for ``--seconds`` after ``--warmup``;
 TTFT, ITL and output tokens/s are measured by the clients on the wall clock,
-and CPU idle (from /proc/stat) shows the machine was not the bottleneck
-(the engine waits out step times, it does not compute them).
+CPU idle (from /proc/stat, the whole machine, shared with others) and the
+benchmark's own CPU use (getrusage: engine + client threads) show the CPU
+was not the bottleneck (the engine waits out step times, it does not
+compute them).
 
 Part 2 computes each profile's curve (TTFT and output tokens/s against
 concurrent users) on the virtual clock (``latency.measure``) and draws
@@ -23,6 +25,7 @@ import argparse
 import datetime as dt
 import json
 import platform
+import resource
 import sys
 import threading
 import time
@@ -86,19 +89,24 @@ def real_time_point(s: L.Scenario, seconds: float, warmup: float) -> dict[str, A
                         itls.append((last - first) / (n - 1))
 
     idle0, total0 = cpu_times()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    w0 = time.monotonic()
     threads = [threading.Thread(target=client, args=(u,), daemon=True) for u in range(w.users)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(warmup + seconds + 120)
     idle1, total1 = cpu_times()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    own = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / max(1e-9, time.monotonic() - w0)
     eng.close()
     itl = sum(itls) / len(itls) if itls else 0.0
     return {"scenario": s.name, "users": w.users, "prompt_len": w.prompt_len, "output_len": w.output_len,
             "max_num_seqs": w.max_num_seqs, "max_num_batched_tokens": w.max_num_batched_tokens,
             "requests": len(ttfts), "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else None,
             "itl_mean_s": itl, "per_user_tps": 1 / itl if itl else None, "output_tps": tokens[0] / seconds,
-            "cpu_idle_pct": 100.0 * (idle1 - idle0) / max(1, total1 - total0), "target": s.target,
+            "cpu_idle_pct": 100.0 * (idle1 - idle0) / max(1, total1 - total0),
+            "own_cpu_pct_of_one_core": 100.0 * own, "target": s.target,
             "virtual_clock": L.run(s).as_dict()}
 
 

@@ -30,6 +30,8 @@ from .metrics import Metrics
 from .scheduler import Emitted, Scheduler, Seq
 
 EXECUTE_TIMEOUT_S = 300.0
+#: A step that starts within this many wall seconds of the previous one's end continues its timeline.
+CATCH_UP_S = 0.05
 
 
 class StepEngine:
@@ -154,6 +156,7 @@ class StepEngine:
             self._cv.wait(left)
 
     def _loop(self) -> None:
+        deadline = 0.0  # wall time the previous step ended on the timeline
         with self._cv:
             while not self._stop:
                 if self.faults.dead:
@@ -173,7 +176,12 @@ class StepEngine:
                     continue
                 dur = self.sched.duration(load) * self.faults.slowdown
                 if self.scale > 0:
-                    self._wait(dur * self.scale)
+                    # Steps end on a timeline: the CPU time spent between steps (planning, handing
+                    # out tokens) is taken out of the next wait instead of added to it.
+                    now = time.monotonic()
+                    start = deadline if now - deadline < CATCH_UP_S else now
+                    deadline = start + dur * self.scale
+                    self._wait(deadline - now)
                 if self.faults.stalled():  # hung inside this step: its tokens never come
                     self._hang()
                     continue

@@ -137,8 +137,8 @@ def test_threaded_engine_serves_concurrent_requests_and_records_simulated_latenc
         assert all(len(results[i]) == 8 for i in range(4))
         h = m.hists["vllm:time_to_first_token_seconds"]
         assert sum(h.counts) == 4
-        # simulated seconds, not wall time: four 1400-token prompts take >= 4 x 0.19 s of prefill
-        assert h.sum / 4 > 0.3
+        # simulated seconds, not wall time (0.002 x): each 1400-token prompt takes >= 0.19 s of prefill
+        assert h.sum / 4 > 0.18
         assert m.counters["vllm:generation_tokens"] == 32
         assert m.counters["vllm:prompt_tokens"] == 4 * 1400
         assert eng.stats().running == 0
