@@ -13,9 +13,11 @@ few files (layout in docs/bundles.md).  :func:`context` makes the
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import tarfile
 import tempfile
@@ -89,92 +91,95 @@ def node_spec(inventory: Inventory | None, host: str, journal: bool, lines: int 
     return {"instances": insts, "journal": journal, "lines": lines, "timeout_s": 5}
 
 
+def node_stdin(probe_payload: bytes) -> bytes:
+    """What ``python3 -`` reads on the node: the probe's payload as a constant, then the node script."""
+    return b"PROBE_PAYLOAD = " + repr(probe_payload).encode("ascii") + b"\n" + NODE_SCRIPT.read_bytes()
+
+
 def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interval_s: float = 0.0,
            timeout: float = 60.0, sudo: bool = False, on_event: Callable[[str], None] | None = None,
            on_facts: Callable[[Any], None] | None = None, raw_outputs: bool = False) -> Snapshot:
-    """One snapshot of ``hosts``, in three round trips at most.
+    """One snapshot of ``hosts`` in one SSH round trip per host.
 
-    1. on hosts that run instances: each instance's journal and a first
-       ``/metrics`` sample;
-    2. the probe on every host (facts; it samples NIC counters ``interval_s``
-       apart on the node);
-    3. a second ``/metrics`` sample, at least ``interval_s`` after the first
-       (``interval_s`` 0: no second sample).
-
-    So the run takes about ``interval_s`` plus the round trips, not twice the
-    interval.  ``raw_outputs``: the probe also returns every command it ran,
-    verbatim; they go to ``commands`` (not to the facts document).  ``snap.interval_s`` is the measured time between the samples.
-    A host that fails a step is recorded, never raised: facts failures go to
-    ``missing``, journal/metrics failures to the host's ``commands`` records.
+    On each host the node script (``bundle_node.py``) runs, at once: the probe
+    (facts; it samples the NIC counters ``interval_s`` apart on the node) and,
+    for every instance whose first GPU is there, a first ``/metrics`` sample
+    and the unit's journal, then a second sample ``interval_s`` after the
+    first (``interval_s`` 0: no second sample).  So a run takes about
+    ``interval_s`` plus one round trip, the interval overlapping the probe's
+    work.  ``raw_outputs``: the probe also returns every command it ran,
+    verbatim; they go to ``commands`` (not to the facts document).
+    ``snap.interval_s`` is the measured time between the ``/metrics``
+    samples (the longest over the hosts; ``interval_s`` when no host runs an
+    instance).  ``timeout``: seconds for one host's probe.  A host that fails
+    is recorded, never raised: facts failures go to ``missing``,
+    journal/metrics failures to the host's ``commands`` records.
     """
-    from clusterctl.probe.run import collect_facts
+    from clusterctl.probe.payload import payload, probe_command
+    from clusterctl.probe.run import interpret
 
     snap = Snapshot(interval_s=interval_s, meta={"started_at": _now(), "clusterctl_version": __version__,
                                                  "hosts": [h.name for h in hosts]})
-    busy = [h for h in hosts if node_spec(inventory, h.name, False)["instances"]]
-    phases: dict[str, float] = {}
-    first_at = time.monotonic()
-    if busy:
-        if on_event:
-            on_event(f"journals and /metrics of the instances on {len(busy)} host(s)")
-        _instances_round(snap, fleet, inventory, busy, journal=True, sample=1, timeout=timeout, sudo=sudo)
-        phases["instances_1"] = round(time.monotonic() - first_at, 3)
-    probe_at = time.monotonic()
-    results = collect_facts(fleet, timeout=timeout, sudo=sudo, on_result=on_facts,
-                            counter_interval=interval_s or None,  # NIC counter samples for rate checks
-                            raw_outputs=raw_outputs)
-    for name, r in results.items():
+    probe_argv = shlex.split(probe_command(nvml_budget=max(1.0, timeout * 0.6), raw_outputs=raw_outputs,
+                                           counter_interval=interval_s or None))  # NIC counters for rate checks
+    commands = {}
+    for h in getattr(fleet, "hosts", hosts):
+        spec = {**node_spec(inventory, h.name, True), "interval_s": interval_s,
+                "probe": {"argv": probe_argv, "timeout_s": timeout}}
+        commands[h.name] = "python3 -I -B - " + shlex.quote(json.dumps(spec))
+    busy = sum(1 for h in hosts if node_spec(inventory, h.name, False)["instances"])
+    if on_event and busy:
+        on_event(f"probe on {len(hosts)} host(s); journals and /metrics of the instances on {busy}")
+    intervals: list[float] = []
+
+    def each(row: Any) -> None:
+        doc = _node_document(row)
+        probe_row = row
+        if doc is not None:
+            p = doc.get("probe") or {}
+            rc = p.get("rc")
+            probe_row = dataclasses.replace(row, rc=rc, stdout=p.get("stdout", ""), stderr=p.get("stderr", ""),
+                                            status=type(row.status)("ok" if rc == 0 else "failed"))
+            _absorb(snap, row.host, doc)
+            if doc.get("metrics_interval_s") is not None:
+                intervals.append(float(doc["metrics_interval_s"]))
+        r = interpret(probe_row)
         if r.ok and r.facts is not None:
-            snap.commands.setdefault(name, []).extend(r.facts.raw.pop("raw_outputs", None) or [])
-            snap.facts[name] = r.facts.raw
+            snap.commands.setdefault(row.host, []).extend(r.facts.raw.pop("raw_outputs", None) or [])
+            snap.facts[row.host] = r.facts.raw
             kl = r.facts.raw.get("kernel_log") or {}
             if kl.get("source"):
-                snap.raw.setdefault(name, {})[sources.KERNEL_LOG] = "".join(
+                snap.raw.setdefault(row.host, {})[sources.KERNEL_LOG] = "".join(
                     str(x.get("text", "")) + "\n" for x in kl.get("lines") or [])
         else:
-            snap.missing[name] = r.reason or r.status
-    snap.meta["facts_at"] = _now()
-    phases["probe"] = round(time.monotonic() - probe_at, 3)
-    busy = [h for h in busy if h.name in snap.facts]
-    if busy and interval_s > 0:
-        wait = interval_s - (time.monotonic() - first_at)
-        if wait > 0:
-            time.sleep(wait)
-        phases["wait"] = round(max(0.0, wait), 3)
-        snap.interval_s = round(time.monotonic() - first_at, 3)
-        second_at = time.monotonic()
-        _instances_round(snap, fleet, inventory, busy, journal=False, sample=2, timeout=timeout, sudo=sudo)
-        phases["instances_2"] = round(time.monotonic() - second_at, 3)
-    snap.meta["finished_at"] = _now()
-    snap.meta["phases_s"] = phases
+            snap.missing[row.host] = r.reason or r.status
+        if on_facts:
+            on_facts(r)
+
+    t0 = time.monotonic()
+    wanted = {h.name for h in hosts}
+    fleet.run({k: v for k, v in commands.items() if k in wanted}, stdin=node_stdin(payload().data), sudo=sudo,
+              timeout=timeout + interval_s + 10, on_result=each, require_python=True)
+    snap.meta["facts_at"] = snap.meta["finished_at"] = _now()
+    snap.meta["phases_s"] = {"round_trip": round(time.monotonic() - t0, 3)}
+    if intervals:
+        snap.interval_s = max(intervals)
     return snap
 
 
-def _instances_round(snap: Snapshot, fleet: Any, inventory: Inventory | None, hosts: list[Host], *,
-                     journal: bool, sample: int, timeout: float, sudo: bool) -> None:
-    from clusterctl.fleet.shell import python_script
-
-    command = {h.name: python_script([json.dumps(node_spec(inventory, h.name, journal))]) for h in hosts}
-    full = {h.name: command.get(h.name, "true") for h in getattr(fleet, "hosts", hosts)}
-    rows = fleet.run(full, stdin=NODE_SCRIPT.read_bytes(), sudo=sudo, timeout=timeout, require_python=True)
-    for row in rows:
-        if row.host in command:
-            _absorb(snap, row, sample)
-
-
-def _absorb(snap: Snapshot, row: Any, sample: int) -> None:
-    host = row.host
-    status = str(getattr(row.status, "value", row.status))
+def _node_document(row: Any) -> dict[str, Any] | None:
+    """The node script's JSON document from a fleet row (its last stdout line), or None."""
+    if str(getattr(row.status, "value", row.status)) != "ok":
+        return None
     lines = [x for x in (row.stdout or "").splitlines() if x.strip()]
     try:
-        doc = json.loads(lines[-1]) if status == "ok" and lines else None
+        doc = json.loads(lines[-1]) if lines else None
     except json.JSONDecodeError:
-        doc = None
-    if doc is None:
-        snap.commands.setdefault(host, []).append(
-            {"argv": ["python3", "-", "(collect instances)"], "rc": row.rc, "stdout": row.stdout or "",
-             "stderr": row.stderr or row.error or status})
-        return
+        return None
+    return doc if isinstance(doc, dict) and "instances" in doc else None
+
+
+def _absorb(snap: Snapshot, host: str, doc: dict[str, Any]) -> None:
     raw = snap.raw.setdefault(host, {})
     for name, rec in (doc.get("instances") or {}).items():
         j = rec.get("journal")
@@ -183,11 +188,16 @@ def _absorb(snap: Snapshot, row: Any, sample: int) -> None:
             snap.commands.setdefault(host, []).append(j)
             if j.get("rc") == 0 and text.strip() not in ("", "-- No entries --"):
                 raw[f"{name}.log"] = text  # an instance never started has no log to analyse
-        m = rec.get("metrics") or {}
-        snap.commands.setdefault(host, []).append(m)
-        if "text" in m:
-            raw[f"{name}.metrics" + ("" if sample == 1 else f".{sample}")] = m["text"]
-    snap.meta.setdefault("instances_at", {}).setdefault(host, []).append(doc.get("collected_at"))
+        for key, suffix in (("metrics", ""), ("metrics_2", ".2")):
+            m = rec.get(key)
+            if m is None:
+                continue
+            snap.commands.setdefault(host, []).append(m)
+            if "text" in m:
+                raw[f"{name}.metrics{suffix}"] = m["text"]
+    if not raw:
+        del snap.raw[host]
+    snap.meta.setdefault("instances_at", {})[host] = doc.get("collected_at")
 
 
 def only_hosts(snap: Snapshot, names: set[str]) -> Snapshot:

@@ -1,19 +1,34 @@
-"""Node-side part of ``clusterctl collect`` (stdlib only, Python 3.8+, read-only).
+"""Node-side part of ``clusterctl doctor`` and ``collect`` (stdlib only, Python 3.8+, read-only).
 
-Piped to ``python3 -`` with one JSON argument: ``{"instances": {name:
-{"unit", "port", "host"}}, "journal": bool, "lines": N, "timeout_s": T}``.
-For every instance it takes one ``/metrics`` sample (fetched with urllib on
-the node, so nothing but SSH is needed from the control side) and, with
-``journal``, the unit's journal (``journalctl -u UNIT -o short-iso``,
-verbatim).  The control side runs it twice, ``--interval`` apart, for the two
-samples.  Prints one JSON document; never fails on a missing tool.
+Piped to ``python3 -`` with one JSON argument::
+
+    {"instances": {name: {"unit", "port", "host"}}, "journal": bool, "lines": N,
+     "timeout_s": T, "interval_s": I, "probe": {"argv": [...], "timeout_s": P} or absent}
+
+The control side puts the probe's payload (``clusterctl.probe.payload``) in
+front of this script as ``PROBE_PAYLOAD = b"..."``.  One run does, at once:
+
+- the probe: ``python3 -I -B - ARGS`` as a child process, the payload on its
+  stdin (its own process, so a hung NVML call or ``os._exit`` stays there);
+- for every instance, a first ``/metrics`` sample (``GET`` with http.client
+  on the node, so nothing but SSH is needed from the control side) and, with
+  ``journal``, the unit's journal (``journalctl -u UNIT -o short-iso``,
+  verbatim); a second sample ``interval_s`` after the first one started
+  (``interval_s`` 0: none).
+
+So a doctor run costs one SSH round trip per host, and the ``/metrics``
+interval overlaps the probe's own work.  Prints one JSON document
+``{"collected_at", "probe": {"argv", "rc", "stdout", "stderr"}, "instances":
+{name: {"metrics", "metrics_2", "journal"}}, "metrics_interval_s"}``; exits 0
+whatever the probe or the instances did (their outcomes are in the document).
 """
 
 import json
 import os
 import subprocess
 import sys
-import urllib.request
+import threading
+import time
 from datetime import datetime, timezone
 
 
@@ -37,27 +52,84 @@ def journal(unit, lines, timeout):
 
 
 def metrics(host, port, timeout):
+    """One ``GET /metrics``: ``{"url", "at", "text", "status"}`` or ``{"url", "at", "error"}``."""
+    import http.client  # ~15 ms; only on hosts that run an instance
+
     url = "http://%s:%d/metrics" % (host, port)
     rec = {"url": url, "at": now()}
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            rec["text"] = r.read(8 << 20).decode("utf-8", "replace")
-            rec["status"] = r.status
+        conn.request("GET", "/metrics", headers={"Accept": "text/plain"})
+        r = conn.getresponse()
+        body = r.read(8 << 20).decode("utf-8", "replace")
+        if r.status == 200:
+            rec["text"] = body
+        else:
+            rec["error"] = "HTTP %d %s" % (r.status, r.reason)
+        rec["status"] = r.status
     except Exception as e:  # noqa: BLE001 - any failure is recorded, not raised
         rec["error"] = "%s: %s" % (type(e).__name__, e)
+    finally:
+        conn.close()
     return rec
+
+
+def run_probe(spec, payload, out):
+    """The probe as a child process; its rc and verbatim output go to ``out``."""
+    argv = [sys.executable] + list(spec["argv"][1:])
+    out.update(argv=argv, started_at=now())
+    try:
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as e:
+        out.update(rc=None, stdout="", stderr="cannot start %s: %s" % (argv[0], e))
+        return
+    try:
+        so, se = p.communicate(payload, timeout=float(spec.get("timeout_s", 90)))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        so, se = p.communicate()
+        se += b"\nclusterctl: the probe took longer than %s s and was killed" % str(spec.get("timeout_s")).encode()
+    out.update(rc=p.returncode, stdout=so.decode("utf-8", "replace"), stderr=se.decode("utf-8", "replace"))
+
+
+def sample_all(insts, key, timeout, out):
+    """``/metrics`` of every instance at once, into ``out[name][key]``."""
+    threads = []
+    for name, i in insts.items():
+        def work(name=name, i=i):
+            out[name][key] = metrics(i.get("host") or "127.0.0.1", int(i["port"]), timeout)
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(timeout + 1)
 
 
 def main():
     spec = json.loads(sys.argv[1])
     timeout = float(spec.get("timeout_s", 5))
-    out = {"collected_at": now(), "instances": {}}
-    for name, i in spec.get("instances", {}).items():
-        rec = {"metrics": metrics(i.get("host") or "127.0.0.1", int(i["port"]), timeout)}
+    interval = float(spec.get("interval_s") or 0)
+    insts = spec.get("instances") or {}
+    doc = {"collected_at": now(), "instances": {name: {} for name in insts}}
+    probe = None
+    if spec.get("probe"):
+        doc["probe"] = {}
+        probe = threading.Thread(target=run_probe, args=(spec["probe"], globals().get("PROBE_PAYLOAD", b""),
+                                                         doc["probe"]), daemon=True)
+        probe.start()
+    if insts:
+        t1 = time.monotonic()
+        sample_all(insts, "metrics", timeout, doc["instances"])
         if spec.get("journal"):
-            rec["journal"] = journal(i["unit"], int(spec.get("lines", 5000)), timeout)
-        out["instances"][name] = rec
-    sys.stdout.write(json.dumps(out) + "\n")
+            for name, i in insts.items():
+                doc["instances"][name]["journal"] = journal(i["unit"], int(spec.get("lines", 5000)), timeout)
+        if interval > 0:
+            time.sleep(max(0.0, t1 + interval - time.monotonic()))
+            doc["metrics_interval_s"] = round(time.monotonic() - t1, 3)
+            sample_all(insts, "metrics_2", timeout, doc["instances"])
+    if probe is not None:
+        probe.join()
+    sys.stdout.write(json.dumps(doc) + "\n")
 
 
 if __name__ == "__main__":

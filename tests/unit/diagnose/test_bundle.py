@@ -152,31 +152,38 @@ class MetricsHandler(http.server.BaseHTTPRequestHandler):
 
 
 class LocalFleet:
-    """Runs the node script here (real python3, real urllib, the local journalctl);
-    answers the probe with recorded facts."""
+    """Runs the real node script here (real python3, http.client, the local journalctl)
+    with a stand-in probe payload: a script that prints the host's recorded facts
+    (or ``probe_rc`` for hosts listed there)."""
 
-    def __init__(self, hosts, facts):
+    def __init__(self, hosts, facts, probe_rc=None):
         self.hosts, self.facts, self.warnings, self.calls = hosts, facts, [], []
+        self.probe_rc = probe_rc or {}
 
     def run(self, command, *, stdin=None, sudo=False, timeout=None, on_result=None, require_python=False,
             deadline=None):
-        self.calls.append("probe" if isinstance(command, str) else "instances")
+        self.calls.append(sorted(command))
+        head, _, script = stdin.partition(b"\n")
+        assert head.startswith(b"PROBE_PAYLOAD = ") and len(head) > 50_000   # the real payload travels
         rows = []
         for h in self.hosts:
-            if isinstance(command, str):      # the probe
-                row = HostResult(h.name, HostStatus.OK, rc=0, stdout=json.dumps(self.facts[h.name]))
-            else:
-                argv = shlex.split(command[h.name])
-                p = subprocess.run([sys.executable, *argv[1:]], input=stdin, capture_output=True, timeout=60)
-                row = HostResult(h.name, HostStatus.OK, rc=p.returncode, stdout=p.stdout.decode(),
-                                 stderr=p.stderr.decode())
+            if h.name not in command:
+                continue
+            argv = shlex.split(command[h.name])
+            assert argv[:4] == ["python3", "-I", "-B", "-"]
+            fake = (f"import sys; sys.stdout.write({json.dumps(self.facts[h.name])!r} + '\\n'); "
+                    f"sys.stderr.write('args ' + ' '.join(sys.argv[1:])); sys.exit({self.probe_rc.get(h.name, 0)})")
+            stand_in = b"PROBE_PAYLOAD = " + repr(fake.encode()).encode() + b"\n" + script
+            p = subprocess.run([sys.executable, *argv[1:]], input=stand_in, capture_output=True, timeout=60)
+            row = HostResult(h.name, HostStatus.OK if p.returncode == 0 else HostStatus.FAILED,
+                             rc=p.returncode, stdout=p.stdout.decode(), stderr=p.stderr.decode())
             if on_result:
                 on_result(row)
             rows.append(row)
         return rows
 
 
-def test_gather_takes_facts_journal_and_two_metrics_samples(tmp_path):
+def test_gather_takes_facts_journal_and_two_metrics_samples_in_one_round_trip(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -185,22 +192,34 @@ def test_gather_takes_facts_journal_and_two_metrics_samples(tmp_path):
                                               "max-model-len: 32768"))
         hosts = [inv.hosts["gpu01"], inv.hosts["gpu02"]]
         fleet = LocalFleet(hosts, G.healthy())
-        snap = gather(fleet, inv, hosts, interval_s=0.2, timeout=10)
+        snap = gather(fleet, inv, hosts, interval_s=0.4, timeout=10)
     finally:
         server.shutdown()
-    assert fleet.calls == ["instances", "probe", "instances"]   # sample, probe, sample
-    assert snap.interval_s >= 0.2
+    assert fleet.calls == [["gpu01", "gpu02"]]                 # one round trip: probe and both samples
+    assert 0.4 <= snap.interval_s < 2
     assert sorted(snap.facts) == ["gpu01", "gpu02"] and snap.missing == {}
     first, second = snap.raw["gpu01"]["qwen-a.metrics"], snap.raw["gpu01"]["qwen-a.metrics.2"]
     assert first != second and "vllm:num_requests_running" in first and "vllm:num_requests_running" in second
     assert "kernel.log" in snap.raw["gpu01"]
     recs = snap.commands["gpu01"]
-    assert recs[0]["argv"][:3] == ["journalctl", "-u", "clusterctl-qwen-a.service"]
+    assert any(r.get("argv", [])[:3] == ["journalctl", "-u", "clusterctl-qwen-a.service"] for r in recs)
     assert sum(1 for r in recs if r.get("url", "").endswith(f":{server.server_address[1]}/metrics")) == 2
     # qwen-b's server is not running: its failed scrape is recorded, not raised
     assert any("error" in r for r in recs if r.get("url", "").endswith(":8001/metrics"))
     findings = run_analyzers(context(snap, inv, G.ctx().thresholds), only=["serving.metrics"])
     assert [(f.subject, f.severity) for f in findings] == [("instance:qwen-a", Severity.OK)]
+
+
+def test_gather_passes_the_probe_arguments_and_reports_a_failed_probe_as_missing():
+    inv = G.inventory(G.INVENTORY)
+    hosts = [inv.hosts["gpu01"], inv.hosts["gpu02"]]
+    fleet = LocalFleet(hosts, G.healthy(), probe_rc={"gpu02": 97})
+    seen = []
+    snap = gather(fleet, inv, hosts, interval_s=0, timeout=10, raw_outputs=True, on_facts=seen.append)
+    assert sorted(snap.facts) == ["gpu01"]
+    assert "gpu02" in snap.missing and "args --nvml-budget 6.0 --raw-outputs" in snap.missing["gpu02"]
+    assert sorted((r.host, r.ok) for r in seen) == [("gpu01", True), ("gpu02", False)]
+    assert "qwen-a.metrics.2" not in snap.raw.get("gpu01", {})    # interval 0: one sample
 
 
 def test_collect_refuses_an_existing_output_before_connecting(tmp_path, capsys):
