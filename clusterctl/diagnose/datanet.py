@@ -15,7 +15,18 @@ Check ``net.data``, per data NIC of the inventory (role ``data``):
 Check ``host.rdma_prereqs``: ``/dev/shm`` smaller than
 ``datanet.shm_min_bytes`` (NCCL's shared-memory transport) — WARN; a GPU
 with no data NIC on its NUMA node (GPUDirect RDMA then crosses the
-inter-socket link) — WARN.
+inter-socket link) — WARN.  From the facts' ``rdma_prereqs`` and ``units``
+(docs/facts.md), on hosts with GPUs where GPUDirect RDMA is used (an RDMA NIC
+on a RoCE/IB fabric, or an instance spanning hosts placed there):
+
+- nvidia-peermem (nv_peer_mem) not loaded — WARN, ``modprobe nvidia-peermem``
+  (NCCL then stages through host memory); not readable — UNKNOWN;
+- PCIe ACS request/completion redirect on a switch port between a GPU and a
+  RDMA NIC — WARN (peer-to-peer goes up through the root complex); not
+  readable (non-root probe, no lspci) — UNKNOWN;
+- the IOMMU translating DMA (groups of type DMA/DMA-FQ and no ``iommu=pt``) — WARN;
+- a vLLM unit's ``LimitMEMLOCK`` not ``infinity`` — WARN (RDMA memory
+  registration fails or is capped); the probe's own limit is only context.
 
 Without an inventory there is nothing to compare against and these checks
 return no findings.
@@ -28,6 +39,7 @@ from typing import Any
 from clusterctl.diagnose import fabric
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
+from clusterctl.diagnose.sources import instances, unit_name
 
 CHECK = "net.data"
 PREREQS = "host.rdma_prereqs"
@@ -145,6 +157,126 @@ def check_prereqs(ctx: AnalysisContext) -> list[Finding]:
         else:
             out.append(Finding(PREREQS, Severity.OK, host, "host", "/dev/shm large enough"))
         out.extend(_numa(ctx, host))
+        if _uses_gpudirect(ctx, host):
+            out.extend(_peermem(ctx, host))
+            out.extend(_acs(ctx, host))
+            out.extend(_iommu(ctx, host))
+        out.extend(_memlock(ctx, host))
+    return out
+
+
+def _spanning_hosts(ctx: AnalysisContext) -> set[str]:
+    return {h for i in instances(ctx.inventory) if len(i.hosts) > 1 for h in i.hosts}
+
+
+def _uses_gpudirect(ctx: AnalysisContext, host: str) -> bool:
+    """A host with GPUs whose NCCL traffic may go GPUDirect RDMA: an RDMA NIC on a
+    RoCE or InfiniBand fabric, or an instance spanning hosts placed on it."""
+    facts = ctx.facts[host]
+    if not (facts.get("gpus") or {}).get("devices"):
+        return False
+    rdma = any(n.get("rdma") for n in facts.get("nics") or [])
+    return host in _spanning_hosts(ctx) or (rdma and fabric.profile(ctx).kind in ("roce", "ib"))
+
+
+def _prereqs(ctx: AnalysisContext, host: str, key: str) -> Any:
+    """``rdma_prereqs.KEY`` of the host's facts (a dict or list), ``None`` when absent."""
+    pre = ctx.facts[host].get("rdma_prereqs")
+    got = pre.get(key) if isinstance(pre, dict) else None
+    return got if isinstance(got, (dict, list)) else None
+
+
+def _peermem(ctx: AnalysisContext, host: str) -> list[Finding]:
+    pm = _prereqs(ctx, host, "peer_memory")
+    if not isinstance(pm, dict) or pm.get("loaded") is None:
+        why = (pm or {}).get("reason") if isinstance(pm, dict) else "the facts have no rdma_prereqs (an older collector)"
+        return [Finding(PREREQS, Severity.UNKNOWN, host, "peermem",
+                        f"whether nvidia-peermem is loaded is not known: {why}",
+                        "check with lsmod | grep peermem on the host")]
+    if not pm["loaded"]:
+        return [Finding(PREREQS, Severity.WARN, host, "peermem",
+                        f"nvidia-peermem is not loaded ({pm.get('source')}): GPUDirect RDMA is off, NCCL "
+                        "stages GPU buffers through host memory",
+                        "modprobe nvidia-peermem (and list it in /etc/modules-load.d)")]
+    return [Finding(PREREQS, Severity.OK, host, "peermem", f"{pm.get('module')} loaded")]
+
+
+def _acs(ctx: AnalysisContext, host: str) -> list[Finding]:
+    pairs = _prereqs(ctx, host, "acs")
+    if not isinstance(pairs, list):
+        return []
+    redirect: dict[str, list[str]] = {}
+    unknown: list[str] = []
+    for pair in pairs:
+        for b in pair.get("bridges") or []:
+            what = f"GPU {pair.get('gpu')} - {pair.get('netdev')}"
+            if b.get("redirect"):
+                redirect.setdefault(str(b.get("pci_address")), []).append(what)
+            elif b.get("redirect") is None:
+                unknown.append(f"{b.get('pci_address')}: {b.get('reason')}")
+    if redirect:
+        ev = tuple(f"{addr} ({', '.join(sorted(set(w)))}): ACS redirect on" for addr, w in sorted(redirect.items()))
+        return [Finding(PREREQS, Severity.WARN, host, "pcie",
+                        f"PCIe ACS redirects peer-to-peer on {len(redirect)} switch port(s) between GPUs and "
+                        "RDMA NICs: GPUDirect RDMA goes up through the root complex",
+                        "disable ACS request/completion redirect on those switch ports (setpci at boot, or "
+                        "the BIOS's ACS setting); keep it where VMs need isolation", ev)]
+    if unknown:
+        return [Finding(PREREQS, Severity.UNKNOWN, host, "pcie",
+                        "PCIe ACS on the GPU-NIC switch ports is not readable",
+                        "run the probe as root (the ACS capability is past the first 256 bytes of config "
+                        "space) or install pciutils", tuple(sorted(set(unknown))))]
+    if pairs:
+        return [Finding(PREREQS, Severity.OK, host, "pcie",
+                        "no ACS redirect between GPUs and RDMA NICs that share a PCIe switch")]
+    return []
+
+
+def _iommu(ctx: AnalysisContext, host: str) -> list[Finding]:
+    io = _prereqs(ctx, host, "iommu")
+    if not isinstance(io, dict) or not io.get("translated_groups"):
+        return []
+    cmdline = io.get("cmdline") or []
+    if any(w in ("iommu=pt", "iommu.passthrough=1", "iommu=off", "intel_iommu=off", "amd_iommu=off")
+           for w in cmdline):
+        return []
+    return [Finding(PREREQS, Severity.WARN, host, "iommu",
+                    f"the IOMMU translates DMA ({io['translated_groups']} of {io.get('groups')} groups in DMA "
+                    "mode): GPUDirect RDMA between GPU and NIC may fail or slow down",
+                    "boot with iommu=pt (passthrough), or disable the IOMMU where it is not needed",
+                    (f"kernel command line: {' '.join(cmdline) or 'no iommu parameters'}",))]
+
+
+def _vllm_units(ctx: AnalysisContext, host: str) -> list[dict[str, Any]]:
+    """The host's clusterctl units that run vLLM instances (the inventory's, else all)."""
+    units = [u for u in ctx.facts[host].get("units") or [] if isinstance(u, dict) and u.get("unit")]
+    names = {unit_name(i.name) for i in instances(ctx.inventory)}
+    return [u for u in units if not names or u["unit"] in names]
+
+
+def _memlock(ctx: AnalysisContext, host: str) -> list[Finding]:
+    units = [u for u in _vllm_units(ctx, host) if "limit_memlock" in u]
+    out = []
+    for u in units:
+        lim = u.get("limit_memlock")
+        if lim is not None and lim != "infinity":
+            out.append(Finding(PREREQS, Severity.WARN, host, f"unit:{u['unit']}",
+                               f"{u['unit']}: LimitMEMLOCK={lim} bytes ({int(lim) / 2**20:g} MiB): RDMA "
+                               "memory registration is capped",
+                               "set LimitMEMLOCK=infinity in the unit (clusterctl's deploy templates do) "
+                               "and restart it"))
+    if units and not out:
+        out.append(Finding(PREREQS, Severity.OK, host, "memlock", "vLLM units may lock unlimited memory"))
+    placed = any(host in i.hosts for i in instances(ctx.inventory))
+    if not units and placed and ctx.facts[host].get("units") is not None:
+        own = (_prereqs(ctx, host, "probe_memlock") or {})
+        soft = own.get("soft_bytes") if isinstance(own, dict) else None
+        ctxline = "unlimited" if soft is None and isinstance(own, dict) and "soft_bytes" in own else \
+            (f"{soft} bytes" if soft is not None else "not known")
+        out.append(Finding(PREREQS, Severity.UNKNOWN, host, "memlock",
+                           "no vLLM unit on this host to read LimitMEMLOCK from",
+                           "deploy the instance (its unit sets LimitMEMLOCK=infinity), then run doctor again",
+                           (f"the probe's own memlock limit (a login session's, not the unit's): {ctxline}",)))
     return out
 
 

@@ -1408,6 +1408,173 @@ def nearest_nics(gpus: Dict[str, Any], nics: List[Dict[str, Any]], root: str = "
 
 
 # --------------------------------------------------------------------------
+# RDMA prerequisites: GPUDirect peer memory, IOMMU, PCIe ACS, memlock.
+
+PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
+
+#: PCIe extended capability ID of Access Control Services.
+PCI_EXT_CAP_ACS = 0x000D
+
+#: ACS Control register bits, as lspci names them (PCIe base spec 7.7.11.3).
+ACS_CTL_BITS = [(0, "SrcValid"), (1, "TransBlk"), (2, "ReqRedir"), (3, "CmpltRedir"),
+                (4, "UpstreamFwd"), (5, "EgressCtrl"), (6, "DirectTrans")]
+
+IOMMU_CMDLINE = re.compile(r"^(iommu|intel_iommu|amd_iommu|iommu\.passthrough|iommu\.strict)=")
+
+
+def peer_memory(root: str = "/") -> Dict[str, Any]:
+    """Whether nvidia-peermem (or the older nv_peer_mem) is loaded: ``/proc/modules``,
+    else ``/sys/module/NAME`` (built-in or where /proc/modules is hidden)."""
+    text = read_opt(path_in(root, "/proc/modules"))
+    if text is not None:
+        loaded = {line.split()[0] for line in text.splitlines() if line.split()}
+        mod = next((m for m in PEERMEM_MODULES if m in loaded), None)
+        return {"loaded": mod is not None, "module": mod, "source": "/proc/modules", "reason": None}
+    sys_module = path_in(root, "/sys/module")
+    if os.path.isdir(sys_module):
+        mod = next((m for m in PEERMEM_MODULES if os.path.isdir(os.path.join(sys_module, m))), None)
+        return {"loaded": mod is not None, "module": mod, "source": "/sys/module", "reason": None}
+    return {"loaded": None, "module": None, "source": None,
+            "reason": "neither /proc/modules nor /sys/module is readable"}
+
+
+def iommu_state(root: str = "/") -> Dict[str, Any]:
+    """IOMMU settings: the kernel command line's iommu parameters, how many
+    groups ``/sys/kernel/iommu_groups`` has (0: no IOMMU in use) and how many
+    of them have a domain ``type`` of ``identity`` (passthrough) or
+    ``DMA``/``DMA-FQ`` (translated: every DMA goes through the IOMMU's page tables)."""
+    out: Dict[str, Any] = {"cmdline": None, "groups": None, "identity_groups": None,
+                           "translated_groups": None, "reason": None}
+    cmdline = read_opt(path_in(root, "/proc/cmdline"))
+    if cmdline is not None:
+        out["cmdline"] = [w for w in cmdline.split() if IOMMU_CMDLINE.match(w)]
+    groups_dir = path_in(root, "/sys/kernel/iommu_groups")
+    try:
+        groups = os.listdir(groups_dir)
+    except OSError as e:
+        out["reason"] = "%s: %s" % ("/sys/kernel/iommu_groups", os_error_reason(e))
+        return out
+    out["groups"] = len(groups)
+    types = [read_opt(os.path.join(groups_dir, g, "type")) or "" for g in groups]
+    out["identity_groups"] = sum(1 for t in types if t == "identity")
+    out["translated_groups"] = sum(1 for t in types if t.startswith("DMA"))
+    if cmdline is None:
+        out["reason"] = "/proc/cmdline is not readable"
+    return out
+
+
+def acs_from_config(data: bytes) -> Tuple[Optional[int], Optional[str]]:
+    """ACS Control register from a device's config space bytes, by walking the
+    extended capability list from offset 0x100; ``(None, reason)`` without it."""
+    if len(data) < 0x104:
+        return None, "extended config space not readable (%d bytes; needs root)" % len(data)
+    off, seen = 0x100, 0
+    while off and off + 8 <= len(data) and seen < 64:
+        header = int.from_bytes(data[off:off + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            break
+        if header & 0xFFFF == PCI_EXT_CAP_ACS:
+            return int.from_bytes(data[off + 6:off + 8], "little"), None
+        off, seen = (header >> 20) & 0xFFC, seen + 1
+    return None, "no ACS capability"
+
+
+def parse_lspci_acsctl(text: str) -> Optional[int]:
+    """The ACS Control register from ``lspci -vvv`` (``ACSCtl: SrcValid+ ...``)."""
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("ACSCtl:"):
+            flags = dict((w[:-1], w[-1] == "+") for w in s[len("ACSCtl:"):].split() if w[-1:] in "+-")
+            return sum(1 << bit for bit, name in ACS_CTL_BITS if flags.get(name))
+    return None
+
+
+def acs_control(root: str, address: str, timeout: float) -> Dict[str, Any]:
+    """One bridge's ACS control: sysfs ``config`` first, ``lspci -vvv -s`` where
+    the config space beyond 256 bytes is hidden (non-root)."""
+    entry: Dict[str, Any] = {"pci_address": address, "acs_ctl": None, "redirect": None,
+                             "source": None, "reason": None}
+    try:
+        with open(path_in(root, "/sys/bus/pci/devices/%s/config" % address), "rb") as f:
+            value, why = acs_from_config(f.read(4096))
+        source = "config"
+    except OSError as e:
+        value, why, source = None, "config: %s" % os_error_reason(e), "config"
+    if value is None and why and why.startswith(("extended", "config:")) and root == "/":
+        try:
+            rc, out, err = run_command([find_program("lspci"), "-vvv", "-s", address], timeout)
+            if rc == 0:
+                value, source = parse_lspci_acsctl(out), "lspci"
+                why = None if value is not None else "lspci shows no ACSCtl line"
+            else:
+                why = "%s; lspci failed (rc %s)" % (why, rc)
+        except OSError:
+            why = "%s; lspci not installed" % why
+    if value is not None:
+        entry["acs_ctl"] = [name for bit, name in ACS_CTL_BITS if value & (1 << bit)]
+        entry["redirect"] = bool(value & 0b1100)
+    entry["source"], entry["reason"] = source, why
+    return entry
+
+
+def acs_paths(gpus: Dict[str, Any], nics: List[Dict[str, Any]], timeout: float,
+              root: str = "/") -> List[Dict[str, Any]]:
+    """Each GPU and RDMA NIC under a common PCIe switch: the bridges between
+    them below their deepest common ancestor (the switch ports whose ACS
+    redirect would send GPUDirect P2P up through the root complex)."""
+    pairs: List[Dict[str, Any]] = []
+    cache: Dict[str, Dict[str, Any]] = {}
+    nic_paths = []
+    for nic in nics:
+        if nic.get("rdma") and nic.get("netdev"):
+            p = pci_path(root, "/sys/class/net/%s/device" % nic["netdev"])
+            if p:
+                nic_paths.append((nic["netdev"], p))
+    for dev in gpus.get("devices") or []:
+        gpath = pci_path(root, "/sys/bus/pci/devices/%s" % dev.get("pci_address")) \
+            if dev.get("pci_address") else None
+        if not gpath:
+            continue
+        for netdev, npath in nic_paths:
+            common = 0
+            for a, b in zip(gpath, npath):
+                if a != b:
+                    break
+                common += 1
+            # common == 1: only the root complex (pciDDDD:BB) is shared
+            if common < 2:
+                continue
+            between = [x for x in gpath[common:-1] + npath[common:-1]]
+            for addr in between:
+                if addr not in cache:
+                    cache[addr] = acs_control(root, addr, timeout)
+            pairs.append({"gpu": dev.get("index"), "netdev": netdev,
+                          "bridges": [cache[a] for a in between]})
+    return pairs
+
+
+def memlock_limit() -> Dict[str, Any]:
+    """The probe process's own RLIMIT_MEMLOCK in bytes (``None`` = unlimited):
+    context for the units' ``LimitMEMLOCK``, which is what vLLM gets."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    except (ImportError, OSError, ValueError) as e:
+        return {"soft_bytes": None, "hard_bytes": None, "reason": str(e)}
+
+    def val(v: int) -> Optional[int]:
+        return None if v == resource.RLIM_INFINITY else v
+    return {"soft_bytes": val(soft), "hard_bytes": val(hard), "reason": None}
+
+
+def collect_rdma_prereqs(gpus: Dict[str, Any], nics: List[Dict[str, Any]], timeout: float,
+                         errors: Errors, root: str = "/") -> Dict[str, Any]:
+    """``rdma_prereqs``: peer memory module, IOMMU, ACS on GPU-NIC paths, memlock."""
+    return {"peer_memory": peer_memory(root), "iommu": iommu_state(root),
+            "acs": acs_paths(gpus, nics, timeout, root), "probe_memlock": memlock_limit()}
+
+
+# --------------------------------------------------------------------------
 # systemd units clusterctl manages.
 
 
@@ -1454,7 +1621,12 @@ def parse_unit_names(text: str) -> List[str]:
 
 UNIT_PROPERTIES = ["Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "Result",
                    "NRestarts", "MainPID", "ExecMainStatus", "StateChangeTimestamp",
-                   "StateChangeTimestampMonotonic"]
+                   "StateChangeTimestampMonotonic", "LimitMEMLOCK", "Environment", "EnvironmentFiles"]
+
+#: Environment variables whose values the facts may carry (names always):
+#: NCCL's and vLLM's settings, never a name that looks like a secret.
+ENV_VALUE_PREFIXES = ("NCCL_", "VLLM_")
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
 
 def parse_show(text: str) -> List[Dict[str, str]]:
@@ -1491,7 +1663,81 @@ def unit_entry(props: Dict[str, str], boot_epoch: Optional[float]) -> Dict[str, 
             "unit_file_state": props.get("UnitFileState") or None, "result": props.get("Result"),
             "restarts": num("NRestarts"), "main_pid": num("MainPID") or None,
             "exec_main_status": num("ExecMainStatus"), "since": since,
-            "since_text": props.get("StateChangeTimestamp") or None}
+            "since_text": props.get("StateChangeTimestamp") or None,
+            "limit_memlock": parse_limit(props.get("LimitMEMLOCK"))}
+
+
+def parse_limit(value: Optional[str]) -> Any:
+    """A systemd ``Limit*`` property: bytes, ``"infinity"``, or ``None`` when not shown."""
+    if not value:
+        return None
+    if value == "infinity":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def env_entry(assignment: str) -> Tuple[str, Optional[str]]:
+    """``NAME=value`` → ``(NAME, value)``, the value kept only for a non-secret
+    NCCL_/VLLM_ name (:data:`ENV_VALUE_PREFIXES`, :data:`SECRET_NAME_PARTS`)."""
+    name, _, value = assignment.partition("=")
+    keep = name.startswith(ENV_VALUE_PREFIXES) and not any(p in name.upper() for p in SECRET_NAME_PARTS)
+    return name, (value if keep else None)
+
+
+def parse_unit_environment(text: str) -> Dict[str, Dict[str, Any]]:
+    """``systemctl show -p Id,Environment,EnvironmentFiles`` → per unit
+    ``{"environment": {NAME: value-or-None}, "environment_files": [path]}``.
+    Environment is space-separated and shell-quoted where a value has spaces;
+    each EnvironmentFiles line is ``PATH (ignore_errors=yes|no)``."""
+    out: Dict[str, Dict[str, Any]] = {}
+    blocks: List[List[Tuple[str, str]]] = [[]]
+    for line in text.splitlines():
+        if not line.strip():
+            blocks.append([])
+            continue
+        key, _, value = line.partition("=")
+        blocks[-1].append((key, value))
+    for block in blocks:
+        unit = next((v for k, v in block if k == "Id"), None)
+        if not unit:
+            continue
+        env: Dict[str, Optional[str]] = {}
+        files: List[str] = []
+        for key, value in block:
+            if key == "Environment" and value:
+                try:
+                    words = shlex.split(value)
+                except ValueError:
+                    words = value.split()
+                for w in words:
+                    name, val = env_entry(w)
+                    env[name] = val
+            elif key == "EnvironmentFiles" and value:
+                files.append(re.sub(r"\s+\(ignore_errors=\w+\)$", "", value))
+        out[unit] = {"environment": env, "environment_files": files}
+    return out
+
+
+def redact_environment(text: str) -> str:
+    """``systemctl show`` output with every ``Environment=`` value that
+    :func:`env_entry` would not keep replaced by ``<redacted>``."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("Environment=") and len(line) > len("Environment="):
+            try:
+                words = shlex.split(line[len("Environment="):])
+            except ValueError:
+                words = line[len("Environment="):].split()
+            kept = []
+            for w in words:
+                name, val = env_entry(w)
+                kept.append(shlex.quote("%s=%s" % (name, "<redacted>" if val is None else val)))
+            line = "Environment=" + " ".join(kept)
+        lines.append(line)
+    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
 def collect_units(args: argparse.Namespace, errors: Errors, uptime_s: Optional[float]) -> Optional[List[Dict[str, Any]]]:
@@ -1518,12 +1764,21 @@ def collect_units(args: argparse.Namespace, errors: Errors, uptime_s: Optional[f
         return []
     rc, out, err = run_command(["systemctl", "show", "--no-pager",
                                 "--property=" + ",".join(UNIT_PROPERTIES), "--"] + names, t)
+    if RAW_OUTPUTS:
+        # the verbatim output would carry every Environment= value, secrets included
+        RAW_OUTPUTS[-1]["stdout"] = redact_environment(out)
     if rc != 0:
         note(errors, "units", "systemctl show failed (rc %s): %s" % (rc, first_line(err) or "timed out"))
         return None
     boot_epoch = time.time() - uptime_s if uptime_s is not None else None
     units = [unit_entry(p, boot_epoch) for p in parse_show(out)]
-    return [u for u in units if u["load_state"] != "not-found" or u["unit_file_state"]]
+    units = [u for u in units if u["load_state"] != "not-found" or u["unit_file_state"]]
+    envs = parse_unit_environment(out)
+    for u in units:
+        got = envs.get(u["unit"] or "") or {}
+        u["environment"] = got.get("environment", {})
+        u["environment_files"] = got.get("environment_files", [])
+    return units
 
 
 # --------------------------------------------------------------------------
@@ -1737,12 +1992,14 @@ def collect(args: argparse.Namespace) -> Dict[str, Any]:
     if args.counter_interval > 0:
         guarded(errors, "nics.samples", None, collect_samples, nics, args.counter_interval,
                 args.cmd_timeout, errors)
+    prereqs = guarded(errors, "rdma_prereqs", None, collect_rdma_prereqs, gpus, nics,
+                      args.cmd_timeout, errors)
     units = guarded(errors, "units", None, collect_units, args, errors, host.get("uptime_s"))
     klog = guarded(errors, "kernel_log", None, collect_kernel_log, args, errors)
     tools = guarded(errors, "tools", None, find_tools)
     return {"schema": SCHEMA, "collected_at": iso(t0), "duration_s": round(time.time() - t0, 3),
             "host": host, "gpus": gpus, "nics": nics, "units": units, "kernel_log": klog,
-            "tools": tools, "errors": errors}
+            "tools": tools, "rdma_prereqs": prereqs, "errors": errors}
 
 
 def main(argv: List[str]) -> None:

@@ -157,7 +157,21 @@ def doc(host: str, nics: list[dict[str, Any]] | None = None, shm_bytes: int = 64
                                                   "total_bytes": shm_bytes}]},
             "gpus": {"available": False, "devices": []},
             "nics": [eth0(), *(nics if nics is not None else [nic("eth2", "mlx5_0"), nic("eth3", "mlx5_1")])],
-            "units": [], "kernel_log": {"source": None, "lines": []}, "errors": []}
+            "units": [], "kernel_log": {"source": None, "lines": []}, "errors": [],
+            "rdma_prereqs": prereqs()}
+
+
+def prereqs(peermem: bool | None = True, acs: list[dict[str, Any]] | None = None,
+            translated: int = 0, cmdline: list[str] | None = None) -> dict[str, Any]:
+    """A collector ``rdma_prereqs`` section, healthy by default."""
+    return {"peer_memory": {"loaded": peermem, "module": "nvidia_peermem" if peermem else None,
+                            "source": "/proc/modules" if peermem is not None else None,
+                            "reason": None if peermem is not None else "neither /proc/modules nor "
+                            "/sys/module is readable"},
+            "iommu": {"cmdline": cmdline or [], "groups": 40, "identity_groups": 40 - translated,
+                      "translated_groups": translated, "reason": None},
+            "acs": acs or [],
+            "probe_memlock": {"soft_bytes": 8 << 20, "hard_bytes": 8 << 20, "reason": None}}
 
 
 def inventory(n: int = 8, per_leaf: int = 4, fabric: str = "", nics_speed: int = 400) -> Any:
