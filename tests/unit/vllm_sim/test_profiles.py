@@ -83,3 +83,16 @@ def test_ttft_and_throughput_rise_with_concurrency(profile: str, model: str, bud
     assert pts[0].output_tps < pts[1].output_tps < pts[2].output_tps
     assert pts[0].ttft_mean < pts[1].ttft_mean < pts[2].ttft_mean
     assert pts[0].per_user_tps > pts[2].per_user_tps  # each user's stream slows down
+
+
+def test_unknown_profile_is_a_clear_error_at_start(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    for argv, env, src in ((["--sim-profile", "a100"], {}, "--sim-profile"),
+                           ([], {"VLLM_SIM_PROFILE": "tpu"}, "VLLM_SIM_PROFILE")):
+        r = subprocess.run([sys.executable, "-m", "clusterctl.lab.vllm_sim", "serve", str(tmp_path), *argv],
+                           env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2
+        assert f"vllm serve: error: {src}: unknown simulator profile" in r.stderr
+        assert "known: h100-sxm, l40s-48g" in r.stderr and "Traceback" not in r.stderr
