@@ -189,8 +189,8 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
            baseline: Optional[str] = typer.Option(None, "--baseline",
                                                   help="Compare with a baseline written by --learn (gpu.baseline)."),
            active: bool = typer.Option(False, "--active",
-                                       help="Also test RDMA bandwidth between hosts with ib_write_bw "
-                                            "(perftest); not run yet: UNKNOWN rows say why."),
+                                       help="Also test RDMA bandwidth between host pairs with ib_write_bw "
+                                            "(perftest, where installed; UNKNOWN rows say why not)."),
            timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
            fanout: Optional[int] = FanoutOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt,
@@ -233,13 +233,32 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
             _learn(snap, learn)
     findings = diagnose(context(snap, inv, thresholds), selected)
     if active:
-        from clusterctl.diagnose.active import active_findings
-
-        findings += active_findings(snap.facts, snap.missing, live=not source)
+        findings += _active(snap, inv, thresholds, live=not source, fanout=fanout,
+                            connect_timeout=connect_timeout, host_key_policy=host_key_policy)
     meta["duration_s"] = round(time.monotonic() - started, 3)
     meta["checks"] = selected or "all"
     render(findings, fmt, show_all, meta)
     raise typer.Exit(exit_code(findings))
+
+
+def _active(snap: Any, inv: Any, thresholds: dict[str, Any], *, live: bool, fanout: Optional[int],
+            connect_timeout: Optional[float], host_key_policy: Optional[str]) -> list[Any]:
+    """``doctor --active``: ib_write_bw between pairs of the probed hosts (docs/doctor-roce.md)."""
+    from clusterctl.diagnose.active import active_findings, fleet_runner
+    from clusterctl.fleet.fleet import Fleet
+    from clusterctl.fleet.ssh import ParamikoTransport
+
+    hosts = [inv.hosts[h] for h in snap.facts if live and inv is not None and h in inv.hosts]
+    if not hosts:
+        return active_findings(snap.facts, snap.missing, live=live, inventory=inv, thresholds=thresholds)
+    cfg = user_config()
+    width = fanout or cfg.fanout
+    fleet = Fleet(hosts, fanout=width, connect_timeout=connect_timeout or cfg.connect_timeout,
+                  transport=ParamikoTransport(host_key_policy=check_host_key_policy(host_key_policy)))
+    with fleet:
+        return active_findings(snap.facts, snap.missing, live=live, inventory=inv, runner=fleet_runner(fleet),
+                               addresses={h.name: h.address for h in hosts}, thresholds=thresholds,
+                               max_pairs=max(1, width // 2))
 
 
 def _learn(snap: Any, path: str) -> None:
