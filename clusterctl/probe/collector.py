@@ -1348,6 +1348,13 @@ def collect_samples(nics: List[Dict[str, Any]], interval: float, timeout: float,
     start ``interval`` seconds after the first ones ended, so the samples are
     at least ``interval`` apart however slow a read was.  The NICs are read in
     parallel, each read bounded like ``ethtool -S``."""
+    finish_samples(start_samples(nics, timeout, errors, root), interval, timeout, errors, root)
+
+
+def start_samples(nics: List[Dict[str, Any]], timeout: float, errors: Errors,
+                  root: str = "/") -> Tuple[List[Dict[str, Any]], float]:
+    """The first samples (see :func:`collect_samples`); returns the NICs sampled
+    and when their reads ended (monotonic), for :func:`finish_samples`."""
     todo = []
     for n in roce_nics(nics):
         why = n.get("ethtool_stats_reason") or ""
@@ -1356,10 +1363,19 @@ def collect_samples(nics: List[Dict[str, Any]], interval: float, timeout: float,
             continue
         n["samples"] = []
         todo.append(n)
+    if todo:
+        _sample_all(todo, timeout, root)
+    return todo, time.monotonic()
+
+
+def finish_samples(started: Tuple[List[Dict[str, Any]], float], interval: float, timeout: float,
+                   errors: Errors, root: str = "/") -> None:
+    """The second samples, ``interval`` s after the first reads ended (other
+    work may run in between: only the rest of the interval is waited)."""
+    todo, ended = started
     if not todo:
         return
-    _sample_all(todo, timeout, root)
-    time.sleep(interval)
+    time.sleep(max(0.0, ended + interval - time.monotonic()))
     _sample_all(todo, timeout, root)
     short = [n["netdev"] for n in todo if len(n["samples"]) < 2]
     if short:
@@ -1983,20 +1999,24 @@ def collect(args: argparse.Namespace) -> Dict[str, Any]:
     t0 = time.time()
     errors: Errors = []
     host = guarded(errors, "host", {}, collect_host, args, errors)
+    nics = guarded(errors, "nics", [], collect_nics, errors)
+    guarded(errors, "nics.ethtool_stats", None, collect_ethtool_stats, nics, args.cmd_timeout, errors)
+    # The counter interval runs while the GPUs, QoS, units and kernel log are read.
+    sampling = None
+    if args.counter_interval > 0:
+        sampling = guarded(errors, "nics.samples", None, start_samples, nics, args.cmd_timeout, errors)
     gpus = guarded(errors, "gpus", {"available": False, "reason": "internal error", "devices": [],
                                     "topology": []}, collect_gpus, args, errors)
-    nics = guarded(errors, "nics", [], collect_nics, errors)
     guarded(errors, "gpus.nearest_nics", None, nearest_nics, gpus, nics)
-    guarded(errors, "nics.ethtool_stats", None, collect_ethtool_stats, nics, args.cmd_timeout, errors)
     guarded(errors, "nics.qos", None, collect_qos, nics, args.cmd_timeout, errors)
-    if args.counter_interval > 0:
-        guarded(errors, "nics.samples", None, collect_samples, nics, args.counter_interval,
-                args.cmd_timeout, errors)
     prereqs = guarded(errors, "rdma_prereqs", None, collect_rdma_prereqs, gpus, nics,
                       args.cmd_timeout, errors)
     units = guarded(errors, "units", None, collect_units, args, errors, host.get("uptime_s"))
     klog = guarded(errors, "kernel_log", None, collect_kernel_log, args, errors)
     tools = guarded(errors, "tools", None, find_tools)
+    if sampling is not None:
+        guarded(errors, "nics.samples", None, finish_samples, sampling, args.counter_interval,
+                args.cmd_timeout, errors)
     return {"schema": SCHEMA, "collected_at": iso(t0), "duration_s": round(time.time() - t0, 3),
             "host": host, "gpus": gpus, "nics": nics, "units": units, "kernel_log": klog,
             "tools": tools, "rdma_prereqs": prereqs, "errors": errors}
