@@ -14,8 +14,15 @@ the unit) together with the facts of its hosts:
   a management NIC — WARN;
 - ``NCCL_IB_HCA`` set without any data NIC's RDMA device — CRIT.
 
-The running units' real environment is not read (the facts do not carry
-it); an instance on one host uses NVLink/shared memory and is not checked.
+Where a placement host's facts carry the instance's running unit
+(``units[]`` ``clusterctl-NAME.service`` with its ``environment``, read by
+the probe from ``systemctl show -p Environment``), that host is judged on
+what the unit really runs with — ``NCCL_IB_TC``, ``NCCL_SOCKET_IFNAME`` and
+``VLLM_HOST_IP`` (an address of a management NIC, or the host's inventory
+address, instead of the data NIC's — WARN) — per host, naming the unit.
+Hosts without a running unit fall back to the inventory's env.  Variables
+set in an ``EnvironmentFile=`` are not read (only the file's name is known).
+An instance on one host uses NVLink/shared memory and is not checked.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 from clusterctl.diagnose import fabric
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
-from clusterctl.diagnose.sources import instances
+from clusterctl.diagnose.sources import instances, unit_name
 
 CHECK = "nccl.env"
 
@@ -72,6 +79,74 @@ def _tc_problem(ctx: AnalysisContext, host: str, tc: int | None) -> str | None:
     return None
 
 
+def running_env(ctx: AnalysisContext, host: str, instance: str) -> dict[str, Any] | None:
+    """The environment of ``clusterctl-INSTANCE.service`` as the host's facts show
+    it (name → value, ``None`` for a value withheld as secret); ``None`` when the
+    facts have no such unit or no environment for it."""
+    for u in (ctx.facts.get(host) or {}).get("units") or []:
+        if isinstance(u, dict) and u.get("unit") == unit_name(instance) and isinstance(u.get("environment"), dict):
+            return dict(u["environment"])
+    return None
+
+
+def _parse_tc(raw: Any) -> tuple[int | None, bool]:
+    """``(traffic class, valid)``; ``(None, True)`` when unset."""
+    if raw is None:
+        return None, True
+    try:
+        return int(str(raw), 0), True
+    except ValueError:
+        return None, False
+
+
+def _data_addresses(ctx: AnalysisContext, host: str) -> set[str]:
+    """IPv4 addresses of the host's data NICs: the inventory's ``address`` and
+    the IPv4-mapped RoCE GIDs (GIDs follow the netdev's addresses)."""
+    inv = ctx.inventory
+    names: set[str] = set()
+    out: set[str] = set()
+    if inv is not None and host in inv.hosts:
+        for spec in inv.hosts[host].nics_with_role("data"):
+            names.add(spec.netdev)
+            if spec.address:
+                out.add(spec.address.split("/")[0])
+    for n in (ctx.facts.get(host) or {}).get("nics") or []:
+        if names and n.get("netdev") not in names:
+            continue
+        for g in (n.get("rdma") or {}).get("gids") or []:
+            gid = str(g.get("gid", ""))
+            if gid.startswith("::ffff:") and "." in gid:
+                out.add(gid[len("::ffff:"):])
+    return out
+
+
+def _mgmt_addresses(ctx: AnalysisContext, host: str) -> set[str]:
+    inv = ctx.inventory
+    if inv is None or host not in inv.hosts:
+        return set()
+    h = inv.hosts[host]
+    return {h.address} | {n.address.split("/")[0] for n in h.nics_with_role("management") if n.address}
+
+
+def _host_ip(ctx: AnalysisContext, inst_name: str, host: str, value: Any, where: str) -> Finding | None:
+    """VLLM_HOST_IP of a running unit: a management address instead of the data NIC's."""
+    if value is None:
+        return None
+    ip = str(value)
+    data = _data_addresses(ctx, host)
+    if ip in _mgmt_addresses(ctx, host) and ip not in data:
+        why = "the management address"
+    elif data and ip not in data:
+        why = f"not an address of the data NICs ({', '.join(sorted(data))})"
+    else:
+        return None
+    return Finding(CHECK, Severity.WARN, host, f"instance:{inst_name}",
+                   f"{inst_name}: VLLM_HOST_IP={ip} in {where} is {why}: vLLM's and NCCL's bootstrap "
+                   "traffic crosses the management network",
+                   f"set VLLM_HOST_IP to this host's data NIC address"
+                   + (f" ({sorted(data)[0]})" if data else "") + " and restart the unit")
+
+
 @analyzer(CHECK)
 def check_nccl_env(ctx: AnalysisContext) -> list[Finding]:
     """NCCL traffic class, socket interface and HCA list of multi-host instances."""
@@ -82,30 +157,39 @@ def check_nccl_env(ctx: AnalysisContext) -> list[Finding]:
         if len(inst.hosts) < 2:
             continue
         subj = f"instance:{inst.name}"
-        env: dict[str, Any] = dict(inst.env)
+        inv_env: dict[str, Any] = dict(inst.env)
+        running = {h: running_env(ctx, h, inst.name) for h in inst.hosts}
+        from_inventory = [h for h in inst.hosts if running[h] is None]
         problems = 0
-        raw_tc = env.get("NCCL_IB_TC")
-        tc: int | None = None
-        if raw_tc is not None:
-            try:
-                tc = int(str(raw_tc), 0)
-            except ValueError:
-                out.append(Finding(CHECK, Severity.CRIT, None, subj,
-                                   f"{inst.name}: NCCL_IB_TC={raw_tc!r} is not a number",
-                                   f"set NCCL_IB_TC to {prof.roce_dscp * 4 + 2} (DSCP {prof.roce_dscp})"))
-                problems += 1
-                raw_tc = None
-        if prof.kind == "roce" and not (raw_tc is not None and tc is None):
-            for host in inst.hosts:
-                why = _tc_problem(ctx, host, tc)
-                if why:
-                    unset = "NCCL_IB_TC unset" if tc is None else f"NCCL_IB_TC={tc}"
+        inv_tc, inv_tc_ok = _parse_tc(inv_env.get("NCCL_IB_TC"))
+        if from_inventory and not inv_tc_ok:
+            out.append(Finding(CHECK, Severity.CRIT, None, subj,
+                               f"{inst.name}: NCCL_IB_TC={inv_env['NCCL_IB_TC']!r} is not a number",
+                               f"set NCCL_IB_TC to {prof.roce_dscp * 4 + 2} (DSCP {prof.roce_dscp})"))
+            problems += 1
+        for host in inst.hosts:
+            env = running[host]
+            where = f"the running unit {unit_name(inst.name)}" if env is not None else None
+            if env is None:
+                tc, ok = inv_tc, inv_tc_ok
+            else:
+                tc, ok = _parse_tc(env.get("NCCL_IB_TC"))
+                if not ok:
                     out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                                       f"{inst.name}: {unset}; on {host} {why}: its tensor-parallel traffic "
-                                       "is not lossless",
-                                       f"set env NCCL_IB_TC: '{prof.roce_dscp * 4 + 2}' (DSCP {prof.roce_dscp}) "
-                                       f"for {inst.name} in the inventory and redeploy"))
+                                       f"{inst.name}: NCCL_IB_TC={env['NCCL_IB_TC']!r} in {where} is not a number",
+                                       f"set NCCL_IB_TC to {prof.roce_dscp * 4 + 2} (DSCP {prof.roce_dscp})"))
                     problems += 1
+            if prof.kind != "roce" or not ok:
+                continue
+            why = _tc_problem(ctx, host, tc)
+            if why:
+                unset = "NCCL_IB_TC unset" if tc is None else f"NCCL_IB_TC={tc}"
+                out.append(Finding(CHECK, Severity.CRIT, host, subj,
+                                   f"{inst.name}: {unset}" + (f" in {where}" if where else "")
+                                   + f"; on {host} {why}: its tensor-parallel traffic is not lossless",
+                                   f"set env NCCL_IB_TC: '{prof.roce_dscp * 4 + 2}' (DSCP {prof.roce_dscp}) "
+                                   f"for {inst.name} in the inventory and redeploy"))
+                problems += 1
         mgmt: set[str] = set()
         data: set[str] = set()
         hcas: set[str] = set()
@@ -114,23 +198,20 @@ def check_nccl_env(ctx: AnalysisContext) -> list[Finding]:
                 mgmt |= {n.netdev for n in inv.hosts[h].nics_with_role("management")}
                 data |= {n.netdev for n in inv.hosts[h].nics_with_role("data")}
                 hcas |= {n.rdma_device for n in inv.hosts[h].nics_with_role("data") if n.rdma_device}
-        ifname = env.get("NCCL_SOCKET_IFNAME")
-        if ifname is None and data:
-            out.append(Finding(CHECK, Severity.WARN, None, subj,
-                               f"{inst.name}: NCCL_SOCKET_IFNAME unset: NCCL picks an interface itself, "
-                               "possibly the management one",
-                               f"set env NCCL_SOCKET_IFNAME: '={sorted(data)[0]}' (the data NIC)"))
-            problems += 1
-        elif ifname is not None:
-            on_mgmt = sorted(m for m in mgmt if _includes(str(ifname), m) and m not in data)
-            if on_mgmt:
-                out.append(Finding(CHECK, Severity.WARN, None, subj,
-                                   f"{inst.name}: NCCL_SOCKET_IFNAME={ifname} selects the management NIC "
-                                   f"{', '.join(on_mgmt)}",
-                                   f"set NCCL_SOCKET_IFNAME to the data NIC ('={sorted(data)[0]}')"
-                                   if data else "set NCCL_SOCKET_IFNAME to the data NIC"))
+        fix = f"'={sorted(data)[0]}'" if data else "the data NIC"
+        if from_inventory:
+            problems += _ifname(out, inst.name, None, inv_env.get("NCCL_SOCKET_IFNAME"), mgmt, data, None, fix)
+        for host in inst.hosts:
+            env = running[host]
+            if env is None:
+                continue
+            where = f"the running unit {unit_name(inst.name)}"
+            problems += _ifname(out, inst.name, host, env.get("NCCL_SOCKET_IFNAME"), mgmt, data, where, fix)
+            f = _host_ip(ctx, inst.name, host, env.get("VLLM_HOST_IP"), where)
+            if f is not None:
+                out.append(f)
                 problems += 1
-        hca = env.get("NCCL_IB_HCA")
+        hca = inv_env.get("NCCL_IB_HCA")
         if hca is not None and hcas and not any(_includes(str(hca), d) for d in hcas):
             out.append(Finding(CHECK, Severity.CRIT, None, subj,
                                f"{inst.name}: NCCL_IB_HCA={hca} selects none of the data NICs' RDMA devices "
@@ -140,3 +221,25 @@ def check_nccl_env(ctx: AnalysisContext) -> list[Finding]:
         if not problems:
             out.append(Finding(CHECK, Severity.OK, None, subj, f"{inst.name}: NCCL settings fit the fabric"))
     return out
+
+
+def _ifname(out: list[Finding], inst: str, host: str | None, ifname: Any, mgmt: set[str], data: set[str],
+            where: str | None, fix: str) -> int:
+    """NCCL_SOCKET_IFNAME unset or selecting a management NIC: a WARN into ``out``; 1 if so."""
+    at = f" in {where}" if where else ""
+    if ifname is None and data:
+        out.append(Finding(CHECK, Severity.WARN, host, f"instance:{inst}",
+                           f"{inst}: NCCL_SOCKET_IFNAME unset{at}: NCCL picks an interface itself, "
+                           "possibly the management one",
+                           f"set env NCCL_SOCKET_IFNAME: {fix} (the data NIC)"))
+        return 1
+    if ifname is not None:
+        on_mgmt = sorted(m for m in mgmt if _includes(str(ifname), m) and m not in data)
+        if on_mgmt:
+            out.append(Finding(CHECK, Severity.WARN, host, f"instance:{inst}",
+                               f"{inst}: NCCL_SOCKET_IFNAME={ifname}{at} selects the management NIC "
+                               f"{', '.join(on_mgmt)}",
+                               f"set NCCL_SOCKET_IFNAME to the data NIC ({fix})" if data
+                               else "set NCCL_SOCKET_IFNAME to the data NIC"))
+            return 1
+    return 0
