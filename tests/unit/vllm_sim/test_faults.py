@@ -85,6 +85,10 @@ def test_hang_stalls_requests_with_health_200_until_the_execute_timeout(host, mo
     with pytest.raises((socket.timeout, TimeoutError, urllib.error.URLError)):
         complete(sim, "stuck", timeout=0.8)
     assert sim.get("/health")[0] == 200  # the blind spot: /health does not see a hung collective
+    tokens = metric(sim, "vllm:generation_tokens_total")
+    assert metric(sim, "vllm:num_requests_running") + metric(sim, "vllm:num_requests_waiting") == 1
+    time.sleep(0.3)
+    assert metric(sim, "vllm:generation_tokens_total") == tokens  # nothing moves
     assert sim.wait(20) == 1  # the execute timeout killed the engine, the watchdog the server
     assert time.monotonic() - t0 >= 1.5
     assert "RPC call to execute_model timed out." in sim.log
@@ -128,3 +132,24 @@ def test_context_leak_shows_another_sessions_prompt(host, models, start_sim) -> 
     assert complete(sim, f"{secret} again", user="alice")[0] == 200
     assert "zebra" not in complete(sim, "tell me a story", user="bob")[1]["choices"][0]["text"]
     assert sim.stop() == 0
+
+
+def test_engine_death_ends_a_running_stream_without_done(host, models, start_sim) -> None:
+    sim = started(start_sim, host, models["qwen3-8b"], scale="0.05", env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
+    req = urllib.request.Request(sim.url + "/v1/completions", method="POST",
+                                 data=json.dumps({"prompt": "long story", "max_tokens": 2000, "stream": True,
+                                                  "ignore_eos": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    got = b""
+    with urllib.request.urlopen(req, timeout=20) as r:
+        got += r.read1(200)  # the stream is running
+        assert post(sim.url + "/sim/fault", {"fault": "death"})[0] == 200
+        try:
+            while chunk := r.read1(65536):
+                got += chunk
+        except Exception:  # the chunked body ends abruptly (http.client.IncompleteRead)
+            pass
+    assert b"data: " in got and b"[DONE]" not in got
+    assert sim.get("/health")[0] == 503
+    assert complete(sim, "after")[0] == 500  # kept alive (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1), but dead
+    sim.stop()
