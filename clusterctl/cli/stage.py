@@ -95,8 +95,7 @@ def _stage_table(report: Any) -> Table:
     for key, members in merged.items():
         rates = sorted(float(x) for _, x in members if x != "-")
         rate = "-" if not rates else (f"{rates[0]:.1f}" if rates[0] == rates[-1] else f"{rates[0]:.1f}-{rates[-1]:.1f}")
-        cells = [fold([h for h, _ in members]), *key[:3], rate, *key[3:]]
-        shown = [escape(c) for c in cells]
+        shown = [escape(c) for c in (fold([h for h, _ in members]), *key[:3], rate, *key[3:])]
         if key[0] not in ("staged", "present"):
             shown[1] = f"[red]{shown[1]}[/red]"
         table.add_row(*shown)

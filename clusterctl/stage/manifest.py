@@ -125,7 +125,7 @@ def from_dict(data: Any, where: str = "manifest") -> Manifest:
         if not isinstance(f, dict):
             raise bad(f"files[{i}] is not an object")
         try:
-            path = check_relpath(f.get("path"))
+            path = check_relpath(str(f.get("path") or ""))
         except ManifestError as e:
             raise bad(f"files[{i}]: {e}") from None
         if path in seen:
@@ -142,7 +142,7 @@ def from_dict(data: Any, where: str = "manifest") -> Manifest:
         if len(chunks) != want:
             raise bad(f"files[{i}] ({path}): {len(chunks)} chunk digests for {size} bytes "
                       f"(expected {want} at chunk_size {cs})")
-        files.append(FileEntry(path, size, sha, tuple(chunks)))
+        files.append(FileEntry(path, size, str(sha), tuple(chunks)))
     name, version = data.get("name"), data.get("version")
     if not isinstance(name, str) or not isinstance(version, str):
         raise bad("name and version must be strings")

@@ -174,7 +174,7 @@ def status(job: Dict[str, Any]) -> Dict[str, Any]:
             entry["residency"] = pagecache.residency(_files(lay, cur))
         models.append(entry)
     checker = job.get("verify_model")
-    return {"models": models, "verify_model_installed": bool(checker) and os.access(checker, os.X_OK)}
+    return {"models": models, "verify_model_installed": bool(checker) and os.access(str(checker), os.X_OK)}
 
 
 def _files(lay: "layout.Layout", version: str) -> List[str]:

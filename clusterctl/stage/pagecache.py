@@ -89,7 +89,7 @@ def warm(paths: List[str], workers: int = 8, slice_bytes: int = 64 * 1024 * 1024
     several threads at once.  Returns ``bytes`` read and ``seconds``.
     """
     t0 = time.monotonic()
-    jobs = []
+    jobs: List[Tuple[str, int, int]] = []
     for p in paths:
         size = os.path.getsize(p)
         fd = os.open(p, os.O_RDONLY)
@@ -99,7 +99,7 @@ def warm(paths: List[str], workers: int = 8, slice_bytes: int = 64 * 1024 * 1024
             os.close(fd)
         jobs.extend((p, off, min(slice_bytes, size - off)) for off in range(0, size, slice_bytes))
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        total = sum(pool.map(_read_range, jobs))
+        total = sum(list(pool.map(_read_range, jobs)))
     return {"bytes": total, "seconds": time.monotonic() - t0}
 
 
