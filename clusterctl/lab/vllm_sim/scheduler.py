@@ -303,8 +303,6 @@ class Scheduler:
             seq.computed += n
             plen = len(seq.prompt_tokens)
             if before < plen:
-                self.counters.prompt_tokens += min(seq.computed, plen) - max(before, seq.cached_hits) \
-                    if seq.preemptions == 0 else 0
                 for bi in range(before // self.block_size, min(seq.computed, plen) // self.block_size):
                     self.pool.register(seq.blocks[bi], seq.hashes[bi])
             if seq.computed < seq.known:
@@ -327,6 +325,7 @@ class Scheduler:
         self.counters.generation_tokens += 1
         if seq.first_token is None:
             seq.first_token = now
+            self.counters.prompt_tokens += len(seq.prompt_tokens)  # as vLLM: once, cached tokens included
         reason = None
         if eos and not seq.ignore_eos and len(seq.out) > 1:
             reason = "stop"
