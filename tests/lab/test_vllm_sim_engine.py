@@ -24,6 +24,7 @@ import urllib.request
 import pytest
 
 from unit.vllm_sim.promparse import parse
+from unit.vllm_sim.test_engine_http import words
 
 MODEL = "/models/qwen3-8b"
 UNIT = "vllm-sim-engine"
@@ -38,17 +39,6 @@ def _http(url: str, body: dict | None = None, timeout: float = 30) -> tuple[int,
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-
-
-def _prompt(tag: str, n: int) -> str:
-    """n distinct letter-only words: n prompt tokens for the simulator."""
-    out = []
-    for i in range(n):
-        w, k = "", i
-        for _ in range(3):
-            w, k = w + "abcdefghijklmnopqrstuvwxyz"[k % 26], k // 26
-        out.append(tag + w)
-    return " ".join(out)
 
 
 def _ttft(addr: str) -> tuple[float, float]:
@@ -86,7 +76,7 @@ def test_ttft_rises_with_concurrent_streams_and_faults_are_seen_from_outside(lab
 
     def stream(tag: str) -> None:
         status, body = _http(f"http://{addr}:{PORT}/v1/completions",
-                             {"prompt": _prompt(tag, 1400), "max_tokens": 16, "stream": True, "ignore_eos": True,
+                             {"prompt": words(tag, 1400), "max_tokens": 16, "stream": True, "ignore_eos": True,
                               "temperature": 0}, timeout=120)
         assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
 
