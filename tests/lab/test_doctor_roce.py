@@ -150,3 +150,41 @@ def test_active_without_perftest_is_unknown_per_host(lab, capsys, healed):
     assert rc == 3 and sorted(f["host"] for f in rows) == sorted(lab.names)
     assert all(f["severity"] == "UNKNOWN" and "ib_write_bw (perftest) is not installed" in f["message"]
                for f in rows)
+
+
+def test_running_unit_on_the_management_nic_and_its_memlock(lab, capsys, healed, tmp_path):
+    """A transient ``clusterctl-INSTANCE.service`` whose environment puts NCCL on
+    eth0 (management) and VLLM_HOST_IP on the management address, with an 8 MiB
+    LimitMEMLOCK: found on that host from the unit itself (the inventory's env is
+    fine), with a secret in the same environment never reaching the report."""
+    host, other = lab.names[1], lab.names[0]
+    data = yaml.safe_load(lab.inventory.read_text())
+    mgmt_ip = load_inventory(str(lab.inventory)).hosts[host].address
+    data.setdefault("engines", {})["nccl-test"] = {"path": "/opt/vllm/bin/vllm", "version": "0.11.0"}
+    data.setdefault("models", {})["nccl-test"] = {"path": "/models/nccl-test"}
+    data["instances"] = {"tp-run": {"model": "nccl-test", "engine": "nccl-test", "port": 8100,
+                                    "placement": [f"{other}:0", f"{other}:1", f"{host}:0", f"{host}:1"],
+                                    "env": {"NCCL_SOCKET_IFNAME": "=eth2", "NCCL_IB_TC": "106"}}}
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(data, sort_keys=False))
+    unit = "clusterctl-tp-run.service"
+    lab.run(host, f"systemctl reset-failed {unit} 2>/dev/null; systemd-run --unit {unit} --collect "
+                  "-p LimitMEMLOCK=8M -p Environment=NCCL_SOCKET_IFNAME=eth0 -p Environment=NCCL_IB_TC=106 "
+                  f"-p Environment=VLLM_HOST_IP={mgmt_ip} -p Environment=HF_TOKEN=hf_lab_secret_value "
+                  "sleep 600", check=True)
+    try:
+        rc = main(["doctor", "all", "-i", str(inv), "--json", "--checks", "nccl,host.rdma_prereqs",
+                   "--interval", "0"])
+        out = capsys.readouterr().out
+    finally:
+        lab.run(host, f"systemctl stop {unit}")
+    assert "hf_lab_secret_value" not in out
+    rep = json.loads(out)
+    found = problems(rep, "nccl.env")
+    assert rc >= 1 and [(f["host"], f["severity"]) for f in found] == [(host, "WARN"), (host, "WARN")], found
+    assert found[0]["message"] == (f"tp-run: NCCL_SOCKET_IFNAME=eth0 in the running unit {unit} selects the "
+                                   "management NIC eth0")
+    assert found[1]["message"].startswith(f"tp-run: VLLM_HOST_IP={mgmt_ip} in the running unit {unit} is ")
+    mem = [f for f in problems(rep, "host.rdma_prereqs") if f["subject"] == f"unit:{unit}"]
+    assert [(f["host"], f["severity"]) for f in mem] == [(host, "WARN")], mem
+    assert "LimitMEMLOCK=8388608 bytes (8 MiB)" in mem[0]["message"]
