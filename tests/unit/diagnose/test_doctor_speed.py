@@ -1,15 +1,21 @@
-"""Doctor's run overlaps its sampling interval with the probe's work.
+"""What makes a doctor run short, and stays correct.
 
 The collector takes the first NIC-counter samples before reading the GPUs
 and waits only what is left of the interval for the second ones; the
-samples stay at least the interval apart.
+samples stay at least the interval apart.  The probe's payload carries its
+code compiled for nodes whose Python writes the same bytecode, and the source
+for every other node.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import time
 
 from clusterctl.probe import collector
+from clusterctl.probe.payload import build_payload
 
 from test_roce_probe import NIC, sysroot, tool
 
@@ -54,3 +60,23 @@ def test_collector_reads_the_gpus_inside_the_counter_interval(monkeypatch):
     monkeypatch.setattr(collector, "collect_kernel_log", lambda *a: order.append("kernel log"))
     collector.collect(collector.parse_args(["--counter-interval", "2", "--nvml-budget", "1"]))
     assert order == ["first samples", "gpus", "kernel log", "second samples"]
+
+
+def _line(data: bytes, name: str) -> bytes:
+    return re.search(rb"^" + name.encode() + rb" = .*$", data, re.M).group(0)
+
+
+def test_payload_runs_the_compiled_code_on_a_matching_python_and_the_source_elsewhere():
+    compiled = build_payload(collector=b"print('ran the compiled code')\n", pynvml_source=b"", pynvml_version="0")
+    source = build_payload(collector=b"print('compiled the source')\n", pynvml_source=b"", pynvml_version="0")
+    # compiled code of one collector, source of the other: the output says which one ran
+    mixed = compiled.data.replace(_line(compiled.data, "_COLLECTOR"), _line(source.data, "_COLLECTOR"))
+
+    def run(data: bytes) -> str:
+        return subprocess.run([sys.executable, "-I", "-B", "-"], input=data, capture_output=True,
+                              timeout=30, check=True).stdout.decode().strip()
+    assert run(mixed) == "ran the compiled code"
+    other_python = mixed.replace(_line(mixed, "_CODE_TAG"), b"_CODE_TAG = ['cpython', '00000000']")
+    assert run(other_python) == "compiled the source"
+    broken = mixed.replace(_line(mixed, "_COLLECTOR_CODE"), b"_COLLECTOR_CODE = 'bm90IHpsaWI='")
+    assert run(broken) == "compiled the source"          # unreadable code: the source still runs
