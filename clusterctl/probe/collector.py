@@ -1521,7 +1521,9 @@ def acs_control(root: str, address: str, timeout: float) -> Dict[str, Any]:
             rc, out, err = run_command([find_program("lspci"), "-vvv", "-s", address], timeout)
             if rc == 0:
                 value, source = parse_lspci_acsctl(out), "lspci"
-                why = None if value is not None else "lspci shows no ACSCtl line"
+                why = None if value is not None else (
+                    "lspci: capabilities <access denied> (needs root)" if "<access denied>" in out
+                    else "lspci shows no ACSCtl line")
             else:
                 why = "%s; lspci failed (rc %s)" % (why, rc)
         except OSError:

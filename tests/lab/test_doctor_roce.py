@@ -188,3 +188,70 @@ def test_running_unit_on_the_management_nic_and_its_memlock(lab, capsys, healed,
     mem = [f for f in problems(rep, "host.rdma_prereqs") if f["subject"] == f"unit:{unit}"]
     assert [(f["host"], f["severity"]) for f in mem] == [(host, "WARN")], mem
     assert "LimitMEMLOCK=8388608 bytes (8 MiB)" in mem[0]["message"]
+
+
+#: A stand-in for perftest's ib_write_bw (no RDMA exists here): the server
+#: accepts one TCP connection on -p, the client connects to the address given
+#: last, waits -D seconds and both print perftest's result table; the client's
+#: average comes from /etc/clusterctl-test-bw (MB/sec), 44578.12 by default.
+FAKE_IB_WRITE_BW = r'''#!/usr/bin/python3
+import socket, sys, time
+a = sys.argv[1:]
+port, dur = int(a[a.index("-p") + 1]), float(a[a.index("-D") + 1])
+client = not a[-1].startswith("-") and a[-2] not in ("-d", "-i", "-D", "-p", "-x")
+try:
+    bw = open("/etc/clusterctl-test-bw").read().strip()
+except OSError:
+    bw = "44578.12"
+if client:
+    try:
+        s = socket.create_connection((a[-1], port), timeout=2)
+    except OSError:
+        print(" Couldn't connect to %s:%d" % (a[-1], port)); sys.exit(1)
+    s.sendall(b"go"); time.sleep(dur); s.close()
+else:
+    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", port)); srv.listen(1); c, _ = srv.accept(); c.recv(2); c.close()
+print(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]")
+print(" 65536      3423900          0.00               %s\t\t   0.713250" % bw)
+'''
+
+
+def test_active_pairs_over_ssh_with_a_stand_in_ib_write_bw(lab, capsys, healed, tmp_path, monkeypatch):
+    """The pair plumbing end to end: facts find the program, pairs run over SSH at
+    once (server, then the client retrying until it listens), the client's table
+    is parsed and judged; a slow pair is WARN.  The numbers are the stand-in's."""
+    import shutil
+    from pathlib import Path
+
+    checks = tmp_path / "checks"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "checks", checks)
+    data = yaml.safe_load((checks / "roce.yaml").read_text())
+    data["active"] = {"duration_s": 1, "tcp_port": 18515, "slack_s": 10}
+    (checks / "roce.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("CLUSTERCTL_CHECKS_DIR", str(checks))
+    names = lab.names[:4] if len(lab.names) >= 4 else lab.names
+    slow = names[1]
+    for h in lab.names:
+        lab.run(h, "cat > /usr/local/bin/ib_write_bw && chmod 755 /usr/local/bin/ib_write_bw",
+                input=FAKE_IB_WRITE_BW, check=True)
+    lab.run(slow, "echo 30000.00 > /etc/clusterctl-test-bw", check=True)
+    try:
+        rc = main(["doctor", "all", "-i", str(lab.inventory), "--json", "--checks", "roce.qos", "--active",
+                   "--interval", "0"])
+        rep = json.loads(capsys.readouterr().out)
+    finally:
+        for h in lab.names:
+            lab.run(h, "rm -f /usr/local/bin/ib_write_bw /etc/clusterctl-test-bw")
+    rows = [f for f in rep["findings"] if f["check"] == "roce.active"]
+    pairs = {(f["host"], f["subject"]): f for f in rows}
+    order = lab.names
+    want = {(order[i + 1], f"pair:{order[i]}") for i in range(0, len(order) - 1, 2)}
+    if len(order) % 2:
+        want.add((order[-1], f"pair:{order[0]}"))
+    assert set(pairs) == want, rows
+    assert pairs[(slow, f"pair:{order[0]}")]["severity"] == "WARN"
+    assert "251.7 Gb/s average over 1 s, below 320 Gb/s for a 400 Gb/s link" in \
+        pairs[(slow, f"pair:{order[0]}")]["message"]
+    assert all(f["severity"] == "OK" for k, f in pairs.items() if k[0] != slow)
+    assert rc == 1
