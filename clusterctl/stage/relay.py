@@ -187,50 +187,60 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
     events: List[str] = stats.setdefault("events", [])
     started = time.monotonic()
     attached = False  # once any upstream answered, a refused connection means a dead node
-    for host, port in upstreams:
-        corrupt_here = 0
-        while _first_missing(store) is not None:
-            where = f"{host}:{port}"
-            try:
-                with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as conn:
-                    conn.settimeout(stall_timeout)
-                    conn.sendall(f"STAGE {digest} {_first_missing(store)}\n".encode())
-                    answer = _readline(conn)
-                    if answer != b"OK\n":
-                        raise ConnectionError(f"refused: {answer.decode(errors='replace').strip() or 'closed'}")
-                    stats["upstream"] = where
-                    attached = True
-                    while _first_missing(store) is not None:
-                        index, length = HEADER.unpack(_recv_exact(conn, HEADER.size))
-                        if index >= len(store.chunks):
-                            raise ConnectionError(f"bad chunk index {index}")
-                        data = _recv_exact(conn, length)
-                        if store.done[index]:
-                            continue
-                        if not store.put(index, data):
-                            stats["corrupt"] += 1
-                            corrupt_here += 1
-                            if corrupt_here > CORRUPT_RETRIES:
-                                raise ConnectionError(f"{corrupt_here} corrupt chunks")
-                            events.append(f"{where}: chunk {index} failed its sha256, asking again")
-                            break  # reconnect to the same upstream from the first missing chunk
-                        stats["bytes"] += length
-                        stats["chunks"] += 1
-                    else:
-                        conn.sendall(b"DONE\n")
-                        return stats
-            except fetch.DiskSpaceError:
-                raise
-            except (OSError, ValueError, struct.error) as e:
-                if isinstance(e, ConnectionRefusedError) and time.monotonic() - started < start_grace \
-                        and not attached:
-                    time.sleep(0.2)  # the parent is not listening yet
-                    continue
-                msg = "stalled" if isinstance(e, socket.timeout) else (str(e) or type(e).__name__)
-                events.append(f"{where}: {msg} -> next upstream")
-                break
-        if _first_missing(store) is None:
-            return stats
+    alive: List[Tuple[str, int]] = [(str(u[0]), int(u[1])) for u in upstreams]
+    pos = 0
+    refused: Dict[int, int] = {}
+    corrupt_here: Dict[Tuple[str, int], int] = {}
+    while pos < len(alive) and _first_missing(store) is not None:
+        host, port = alive[pos]
+        where = f"{host}:{port}"
+        try:
+            with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as conn:
+                conn.settimeout(stall_timeout)
+                conn.sendall(f"STAGE {digest} {_first_missing(store)}\n".encode())
+                answer = _readline(conn)
+                if answer != b"OK\n":
+                    raise ConnectionError(f"refused: {answer.decode(errors='replace').strip() or 'closed'}")
+                stats["upstream"] = where
+                attached = True
+                while _first_missing(store) is not None:
+                    index, length = HEADER.unpack(_recv_exact(conn, HEADER.size))
+                    if index >= len(store.chunks):
+                        raise ConnectionError(f"bad chunk index {index}")
+                    data = _recv_exact(conn, length)
+                    if store.done[index]:
+                        continue
+                    if not store.put(index, data):
+                        stats["corrupt"] += 1
+                        n = corrupt_here[(host, port)] = corrupt_here.get((host, port), 0) + 1
+                        if n > CORRUPT_RETRIES:
+                            raise ConnectionError(f"{n} corrupt chunks")
+                        events.append(f"{where}: chunk {index} failed its sha256, asking again")
+                        break  # reconnect to the same upstream from the first missing chunk
+                    stats["bytes"] += length
+                    stats["chunks"] += 1
+                else:
+                    conn.sendall(b"DONE\n")
+                    return stats
+        except fetch.DiskSpaceError:
+            raise
+        except (OSError, ValueError, struct.error) as e:
+            if isinstance(e, ConnectionRefusedError) and not attached and time.monotonic() - started < start_grace:
+                # The chain is starting: give the parent a moment to listen, then try
+                # further up (a parent killed before it listened must not hold us).
+                refused[pos] = refused.get(pos, 0) + 1
+                if refused[pos] >= 5:
+                    refused[pos] = 0
+                    events.append(f"{where}: connection refused while the chain starts -> trying further up")
+                    pos = (pos + 1) % len(alive)
+                time.sleep(0.2)
+                continue
+            msg = "stalled" if isinstance(e, socket.timeout) else (str(e) or type(e).__name__)
+            events.append(f"{where}: {msg} -> next upstream")
+            alive.pop(pos)  # dead or broken: the next nearest ancestor takes its place
+            refused.clear()
+            if not attached:
+                pos = 0
     if _first_missing(store) is None:
         return stats
     if fallback is None:
