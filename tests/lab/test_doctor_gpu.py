@@ -5,10 +5,8 @@ SSH; the faults are injected as ``clusterctl lab inject`` does.  A test
 inventory adds instances over the lab hosts (the lab inventory has none):
 ``grp-a`` on HOST1:[0-1], ``grp-b`` on HOST1:[2-3], ``grp-c`` on HOST2:[0-3].
 ``grp-d`` (HOST2:[4], TP 1) is started by hand as a transient systemd unit
-running the vLLM simulator, to fail at start as vLLM does.  Not covered here
-(they need the simulator's engine faults and load, issue #6, and deploy,
-issue #8): a hung engine, sustained preemption under load; their analyzers are
-tested on recorded logs and metrics in tests/unit/diagnose.
+running the vLLM simulator, to fail at start as vLLM does.  A hung engine and
+sustained preemption under load are in test_doctor_serving.py.
 """
 
 from __future__ import annotations
