@@ -94,15 +94,21 @@ def run_probe(spec, payload, out):
 
 def sample_all(insts, key, timeout, out):
     """``/metrics`` of every instance at once, into ``out[name][key]``."""
-    threads = []
+    threads, got = {}, {}
     for name, i in insts.items():
         def work(name=name, i=i):
-            out[name][key] = metrics(i.get("host") or "127.0.0.1", int(i["port"]), timeout)
+            got[name] = metrics(i.get("host") or "127.0.0.1", int(i["port"]), timeout)
         t = threading.Thread(target=work, daemon=True)
         t.start()
-        threads.append(t)
-    for t in threads:
-        t.join(timeout + 1)
+        threads[name] = t
+    end = time.monotonic() + timeout + 1
+    for name, t in threads.items():
+        t.join(max(0.0, end - time.monotonic()))
+        i = insts[name]
+        # a thread still stuck keeps writing to ``got`` only, never to ``out``
+        out[name][key] = got.get(name) if not t.is_alive() else {
+            "url": "http://%s:%d/metrics" % (i.get("host") or "127.0.0.1", int(i["port"])), "at": now(),
+            "error": "no answer within %g s" % (timeout + 1)}
 
 
 def main():

@@ -80,3 +80,29 @@ def test_payload_runs_the_compiled_code_on_a_matching_python_and_the_source_else
     assert run(other_python) == "compiled the source"
     broken = mixed.replace(_line(mixed, "_COLLECTOR_CODE"), b"_COLLECTOR_CODE = 'bm90IHpsaWI='")
     assert run(broken) == "compiled the source"          # unreadable code: the source still runs
+
+
+def test_an_instance_that_accepts_but_never_answers_costs_its_timeout_once_per_sample():
+    import json
+    import socket
+
+    from clusterctl.diagnose.bundle import NODE_SCRIPT
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)                                  # connections complete, nothing is ever read
+    try:
+        spec = {"instances": {"stuck": {"unit": "clusterctl-stuck.service", "port": silent.getsockname()[1],
+                                        "host": None}},
+                "journal": False, "timeout_s": 0.5, "interval_s": 0.3}
+        t = time.monotonic()
+        p = subprocess.run([sys.executable, "-I", "-B", "-", json.dumps(spec)], input=NODE_SCRIPT.read_bytes(),
+                           capture_output=True, timeout=30)
+        took = time.monotonic() - t
+    finally:
+        silent.close()
+    doc = json.loads(p.stdout)
+    rec = doc["instances"]["stuck"]
+    assert p.returncode == 0 and "probe" not in doc
+    assert "timed out" in rec["metrics"]["error"] and "timed out" in rec["metrics_2"]["error"]
+    assert "text" not in rec["metrics"] and took < 3, took
