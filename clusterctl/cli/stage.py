@@ -106,7 +106,7 @@ def _status_rows(rows: list) -> List[tuple]:
     out = []
     for r in rows:
         if not r.ok:
-            out.append((r.host, ("-", r.status, "-", "-", "-", r.error or "")))
+            out.append((r.host, ("-", "-", "-", "-", "-", f"{r.status}: {r.error or ''}")))
             continue
         for m in r.data.get("models", []):
             versions = ", ".join(("*" if v["in_use"] else "") + v["version"] + ("" if v["verified"] else " (unverified)")
@@ -200,6 +200,7 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
         elif verb == "status":
             table = Table("hosts", "model", "in use", "versions (* in use)", "verified", "resident", "note",
                           box=None, header_style="bold", pad_edge=False)
+            table.columns[0].no_wrap = True
             for nodes, cells in _group(_status_rows(rows)):
                 table.add_row(*(escape(c) for c in (nodes, *cells)))
             console.print(table)
