@@ -46,6 +46,8 @@ def inventory(lab, source, tmp_path_factory):
     text = lab.inventory.read_text() + (f"models:\n  tiny:\n    path: /models/tiny\n    source: {srv.url}v1/\n"
                                         f"    version: v1\n")
     path.write_text(text)
+    for h in lab.names:  # start from hosts that never had this model
+        lab.run(h, "rm -rf /models/tiny /models/tiny-relay /models/.versions/tiny", timeout=30, check=True)
     yield path
     for h in lab.names:
         lab.run(h, "rm -rf /models /usr/local/lib/clusterctl; systemctl stop stgtest-model 2>/dev/null; "
