@@ -23,6 +23,8 @@ import pytest
 import yaml
 
 from clusterctl.cli.main import main
+from unit.vllm_sim.promparse import parse
+from unit.vllm_sim.test_engine_http import words
 
 MODEL = "/models/qwen3-8b"
 #: 64 KV blocks of 16 tokens (1024 tokens) for Qwen3-8B's 147456 bytes per token.
@@ -86,9 +88,7 @@ class Sim:
 
     def metric(self, name: str) -> float:
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") or line.startswith(name + " "))
+            return sum(parse(r.read().decode()).get(name, {}).values())
 
     def fault(self, body: dict) -> dict:
         """``POST /sim/fault`` from the lab host itself (the endpoint answers loopback only)."""
@@ -105,18 +105,6 @@ class Sim:
 
     def stop(self) -> None:
         self.lab.run(self.host, f"systemctl stop {self.unit}; systemctl reset-failed {self.unit} 2>/dev/null")
-
-
-def words(tag: str, n: int) -> str:
-    """``n`` distinct letter-only words: one token each for the simulator's tokenizer."""
-    tag = "".join(c if c.isalpha() else "abcdefghij"[int(c)] for c in tag)
-    out = []
-    for i in range(n):
-        w, k = "", i
-        for _ in range(3):
-            w, k = w + "abcdefghijklmnopqrstuvwxyz"[k % 26], k // 26
-        out.append(tag + w)
-    return " ".join(out)
 
 
 class Load:

@@ -14,42 +14,39 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from clusterctl.probe import collector
 from clusterctl.probe.payload import build_payload
 
 from test_roce_probe import NIC, sysroot, tool
 
 
-def test_work_between_the_samples_is_not_added_to_the_interval(tmp_path, monkeypatch):
+@pytest.fixture
+def one_nic(tmp_path, monkeypatch) -> tuple[list, str]:
+    """One RoCE NIC in a fake sysfs, with an ``ethtool`` stand-in."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     tool(bindir, "ethtool", 'echo "NIC statistics:"; echo "     rx_prio3_pause: 1"\n')
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
-    root = str(sysroot(tmp_path, mlnx=False))
-    nics = [dict(NIC, samples=None)]
+    return [dict(NIC, samples=None)], str(sysroot(tmp_path, mlnx=False))
+
+
+@pytest.mark.parametrize("work_s, interval_s, most_wait_s", [
+    (0.4, 0.6, 0.45),    # 0.2 s left to wait, plus one ethtool run
+    (0.3, 0.1, 0.25),    # work longer than the interval: no wait at all
+])
+def test_work_between_the_samples_is_not_added_to_the_interval(one_nic, work_s, interval_s, most_wait_s):
+    nics, root = one_nic
     errors: list = []
     started = collector.start_samples(nics, 5.0, errors, root)
-    time.sleep(0.4)                                   # the GPUs, units, kernel log being read
+    time.sleep(work_s)                                # the GPUs, units, kernel log being read
     t = time.monotonic()
-    collector.finish_samples(started, 0.6, 5.0, errors, root)
+    collector.finish_samples(started, interval_s, 5.0, errors, root)
     waited = time.monotonic() - t
     s0, s1 = nics[0]["samples"]
-    assert errors == [] and s1["t"] - s0["t"] >= 0.6
-    assert waited < 0.45                              # 0.6 - 0.4 left to wait, plus one ethtool run
-
-
-def test_work_longer_than_the_interval_means_no_wait(tmp_path, monkeypatch):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    tool(bindir, "ethtool", 'echo "NIC statistics:"; echo "     rx_prio3_pause: 1"\n')
-    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
-    root = str(sysroot(tmp_path, mlnx=False))
-    nics = [dict(NIC, samples=None)]
-    started = collector.start_samples(nics, 5.0, [], root)
-    time.sleep(0.3)
-    t = time.monotonic()
-    collector.finish_samples(started, 0.1, 5.0, [], root)
-    assert time.monotonic() - t < 0.25 and len(nics[0]["samples"]) == 2
+    assert errors == [] and s1["t"] - s0["t"] >= interval_s
+    assert waited < most_wait_s
 
 
 def test_collector_reads_the_gpus_inside_the_counter_interval(monkeypatch):
