@@ -170,13 +170,14 @@ def _spanning_hosts(ctx: AnalysisContext) -> set[str]:
 
 
 def _uses_gpudirect(ctx: AnalysisContext, host: str) -> bool:
-    """A host with GPUs whose NCCL traffic may go GPUDirect RDMA: an RDMA NIC on a
-    RoCE or InfiniBand fabric, or an instance spanning hosts placed on it."""
+    """A host with GPUs whose NCCL traffic goes GPUDirect RDMA: one that carries a
+    member of an instance spanning hosts.  Instances within one host talk over
+    NVLink or PCIe P2P and never need peer memory, so a fleet of single-host
+    instances is not warned about it."""
     facts = ctx.facts[host]
     if not (facts.get("gpus") or {}).get("devices"):
         return False
-    rdma = any(n.get("rdma") for n in facts.get("nics") or [])
-    return host in _spanning_hosts(ctx) or (rdma and fabric.profile(ctx).kind in ("roce", "ib"))
+    return host in _spanning_hosts(ctx)
 
 
 def _prereqs(ctx: AnalysisContext, host: str, key: str) -> Any:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.registry import run_analyzers
+from clusterctl.inventory.model import GpuRef, Instance
 from clusterctl.probe import collector
 
 import roce_facts as R
@@ -169,8 +170,16 @@ def gpu_doc(host: str, **prereqs) -> dict:
     return d
 
 
-def run(special, n=4):
+def spanning(ctx, hosts) -> None:
+    """Place one TP group across ``hosts`` (GPU 0 of each): NCCL between them uses GPUDirect RDMA."""
+    ctx.inventory.instances["tp-across"] = Instance(
+        "tp-across", "m", "e", tuple(GpuRef(h, 0) for h in hosts), 8000)
+
+
+def run(special, n=4, across=True):
     ctx = R.cluster(n, {h: d for h, d in special.items()}, per_leaf=2)
+    if across:
+        spanning(ctx, sorted(ctx.facts))
     for h, d in ctx.facts.items():
         if h not in special:
             special_free = gpu_doc(h)
@@ -179,13 +188,21 @@ def run(special, n=4):
 
 
 def bad(fs):
-    return [f for f in fs if f.severity != Severity.OK]
+    """Non-OK findings, less the UNKNOWN "no vLLM unit to read LimitMEMLOCK from"
+    that every host of the spanning instance gets: these documents run no unit."""
+    return [f for f in fs if f.severity != Severity.OK
+            and not (f.subject == "memlock" and f.severity == Severity.UNKNOWN)]
 
 
 def test_healthy_hosts_report_ok():
     fs = run({})
     assert fs and not bad(fs)
     assert {f.subject for f in fs if f.host == "gpu01"} >= {"peermem", "host"}
+
+
+def test_hosts_whose_instances_stay_on_one_host_need_no_peer_memory():
+    fs = run({"gpu03": gpu_doc("gpu03", peermem=False)}, across=False)
+    assert not [f for f in fs if f.subject == "peermem"]
 
 
 def test_peermem_missing_warns_with_modprobe():
@@ -232,9 +249,9 @@ def test_memlock_of_a_vllm_unit():
     d = gpu_doc("gpu01")
     d["units"] = [{"unit": "clusterctl-qwen.service", "limit_memlock": 8 << 20},
                   {"unit": "clusterctl-llama.service", "limit_memlock": "infinity"}]
-    b = bad(run({"gpu01": d}))
+    b = bad(run({"gpu01": d}, across=False))
     assert [(f.subject, f.severity) for f in b] == [("unit:clusterctl-qwen.service", Severity.WARN)]
     assert "LimitMEMLOCK=8388608 bytes (8 MiB)" in b[0].message
     d["units"][0]["limit_memlock"] = "infinity"
-    fs = run({"gpu01": d})
+    fs = run({"gpu01": d}, across=False)
     assert not bad(fs) and any(f.subject == "memlock" for f in fs)
