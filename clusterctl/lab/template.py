@@ -33,7 +33,7 @@ SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "procps",
             "python3", "sudo", "kmod", "iputils-ping", "less")
 #: Bumped by hand when the prep steps change in a way the hash cannot see.
-PREP_RECIPE = 2
+PREP_RECIPE = 3
 #: Units a container has no use for (timers that would wake up 100 hosts at
 #: once, gettys on a console nobody reads, checks of disks that are not there).
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "dpkg-db-backup.timer",
@@ -260,8 +260,17 @@ def prepare_rootfs(root: Path) -> None:
     # Clones must not share host keys (lab.md P14): each host gets its own.
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
+    # adm and systemd-journal: as on many sites' operator accounts, ops reads the
+    # kernel log (kern.log is root:adm 0640; the journal admits both groups).
     run(["chroot", str(root), "/usr/sbin/useradd", "--create-home", "--shell", "/bin/bash",
-         "--comment", "lab operator", OPS_USER])
+         "--groups", "adm,systemd-journal", "--comment", "lab operator", OPS_USER])
+    # The kernel log a node with rsyslog has (containers get no kernel messages in
+    # their journal); simulated faults append NVRM/OOM lines to it.
+    kern = root / "var/log/kern.log"
+    kern.parent.mkdir(parents=True, exist_ok=True)
+    kern.touch()
+    run(["chroot", str(root), "/bin/chown", "root:adm", "/var/log/kern.log"])
+    os.chmod(kern, 0o640)
     sudoers = root / "etc/sudoers.d" / OPS_USER
     sudoers.write_text(f"{OPS_USER} ALL=(ALL) NOPASSWD: ALL\n")
     os.chmod(sudoers, 0o440)
