@@ -1,0 +1,264 @@
+"""The report history: an SQLite database of runs, their findings and per-host metrics.
+
+WAL mode, one transaction per run (a run killed mid-write leaves no trace),
+``busy_timeout`` so a reader never fails while a run writes.  The schema
+version is SQLite's ``user_version``; :data:`MIGRATIONS` takes a database
+from version *n-1* to *n* and runs in order on open.
+
+Times are Unix seconds (UTC).  The default path is
+``$XDG_STATE_HOME/clusterctl/report.db``; a system service passes
+``--db /var/lib/clusterctl/report.db``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from clusterctl.diagnose.findings import Finding, Severity, exit_code
+from clusterctl.errors import ClusterctlError
+
+#: Days of history kept by default (the issue asks for at least 35).
+DEFAULT_RETENTION_DAYS = 35.0
+#: Seconds a connection waits for another writer before failing.
+BUSY_TIMEOUT_S = 30.0
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: runs, their findings, per-host metrics
+    """
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        started REAL NOT NULL,
+        finished REAL NOT NULL,
+        pattern TEXT NOT NULL DEFAULT 'all',
+        exit_code INTEGER NOT NULL,
+        hosts INTEGER NOT NULL DEFAULT 0,
+        meta TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX runs_started ON runs(started);
+    CREATE TABLE findings (
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        check_name TEXT NOT NULL,
+        severity TEXT NOT NULL,
+        host TEXT NOT NULL DEFAULT '',
+        subject TEXT NOT NULL,
+        message TEXT NOT NULL,
+        action TEXT NOT NULL DEFAULT '',
+        evidence TEXT NOT NULL DEFAULT '[]'
+    );
+    CREATE INDEX findings_run ON findings(run_id);
+    CREATE TABLE metrics (
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        host TEXT NOT NULL,
+        subject TEXT NOT NULL DEFAULT 'host',
+        name TEXT NOT NULL,
+        value REAL NOT NULL
+    );
+    CREATE INDEX metrics_name ON metrics(name, host, run_id);
+    """,
+    # 2: notification state (what was last sent, per problem)
+    """
+    CREATE TABLE notified (
+        check_name TEXT NOT NULL,
+        host TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        severity TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (check_name, host, subject)
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class HistoryError(ClusterctlError):
+    """The database cannot be opened, is newer than this clusterctl, or is corrupt."""
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    started: float
+    finished: float
+    pattern: str
+    exit_code: int
+    hosts: int
+    meta: dict[str, Any]
+    counts: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "started": self.started, "finished": self.finished, "pattern": self.pattern,
+                "exit_code": self.exit_code, "hosts": self.hosts, "counts": self.counts, "meta": self.meta}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One number about one host (or one subject on it) in one run, e.g. ``gpu_util_pct``."""
+
+    host: str
+    name: str
+    value: float
+    subject: str = "host"
+
+
+class History:
+    """An open history database; use as a context manager or call :meth:`close`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise HistoryError(f"{self.path}: cannot open the report history: {e}") from None
+        except OSError as e:
+            raise HistoryError(f"{self.path}: cannot create the report history: {e.strerror}") from None
+
+    def __enter__(self) -> "History":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.db.close()
+
+    @property
+    def version(self) -> int:
+        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            have = self.version
+            if have > SCHEMA_VERSION:
+                raise HistoryError(f"{self.path}: schema version {have} is newer than this clusterctl "
+                                   f"understands ({SCHEMA_VERSION})")
+            for n in range(have, SCHEMA_VERSION):
+                for stmt in MIGRATIONS[n].split(";"):
+                    if stmt.strip():
+                        self.db.execute(stmt)
+                self.db.execute(f"PRAGMA user_version={n + 1}")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def record(self, findings: list[Finding], *, started: float, finished: float | None = None,
+               pattern: str = "all", metrics: Iterable[Metric] = (), meta: dict[str, Any] | None = None) -> int:
+        """Store one run in a single transaction; returns its id."""
+        hosts = len({f.host for f in findings if f.host} | {m.host for m in metrics})
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            cur = self.db.execute(
+                "INSERT INTO runs(started, finished, pattern, exit_code, hosts, meta) VALUES (?,?,?,?,?,?)",
+                (started, finished if finished is not None else time.time(), pattern, exit_code(findings), hosts,
+                 json.dumps(meta or {}, default=str)))
+            run_id = int(cur.lastrowid or 0)
+            self.db.executemany(
+                "INSERT INTO findings VALUES (?,?,?,?,?,?,?,?)",
+                [(run_id, f.check, f.severity.name, f.host or "", f.subject, f.message, f.action,
+                  json.dumps(list(f.evidence))) for f in findings])
+            self.db.executemany("INSERT INTO metrics VALUES (?,?,?,?,?)",
+                                [(run_id, m.host, m.subject, m.name, float(m.value)) for m in metrics])
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return run_id
+
+    def _run(self, row: tuple[Any, ...]) -> Run:
+        counts = {s.name: 0 for s in Severity}
+        for sev, n in self.db.execute("SELECT severity, count(*) FROM findings WHERE run_id=? GROUP BY severity",
+                                      (row[0],)):
+            counts[sev] = n
+        return Run(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), counts)
+
+    def runs(self, limit: int = 20, *, before: int | None = None) -> list[Run]:
+        """The latest runs, newest first (``before``: only runs with a smaller id)."""
+        q = "SELECT id, started, finished, pattern, exit_code, hosts, meta FROM runs"
+        args: tuple[Any, ...] = ()
+        if before is not None:
+            q += " WHERE id < ?"
+            args = (before,)
+        rows = self.db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [self._run(r) for r in rows]
+
+    def last_run(self, *, before: int | None = None, pattern: str | None = None) -> Run | None:
+        """The newest run (with the same pattern when given), or None."""
+        q = "SELECT id, started, finished, pattern, exit_code, hosts, meta FROM runs WHERE 1=1"
+        args: list[Any] = []
+        if before is not None:
+            q += " AND id < ?"
+            args.append(before)
+        if pattern is not None:
+            q += " AND pattern = ?"
+            args.append(pattern)
+        row = self.db.execute(q + " ORDER BY id DESC LIMIT 1", args).fetchone()
+        return self._run(row) if row else None
+
+    def findings(self, run_id: int) -> list[Finding]:
+        """The findings stored for a run, in the order they were recorded."""
+        return [Finding(c, Severity[s], h or None, subj, msg, act, tuple(json.loads(ev)))
+                for c, s, h, subj, msg, act, ev in self.db.execute(
+                    "SELECT check_name, severity, host, subject, message, action, evidence FROM findings "
+                    "WHERE run_id=? ORDER BY rowid", (run_id,))]
+
+    def series(self, name: str, *, since: float = 0.0) -> dict[tuple[str, str], list[tuple[float, float]]]:
+        """``{(host, subject): [(run start, value), ...]}`` for one metric, oldest first."""
+        out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for host, subject, t, v in self.db.execute(
+                "SELECT m.host, m.subject, r.started, m.value FROM metrics m JOIN runs r ON r.id = m.run_id "
+                "WHERE m.name=? AND r.started>=? ORDER BY r.started", (name, since)):
+            out.setdefault((host, subject), []).append((t, v))
+        return out
+
+    def metric_names(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT DISTINCT name FROM metrics ORDER BY name")]
+
+    def severity_series(self, *, since: float = 0.0) -> list[tuple[float, dict[str, int]]]:
+        """Per run (oldest first): its start and its count of findings per severity."""
+        return [(r.started, r.counts) for r in reversed(self.runs(limit=1_000_000)) if r.started >= since]
+
+    def prune(self, retention_days: float = DEFAULT_RETENTION_DAYS, *, now: float | None = None) -> int:
+        """Delete runs started more than ``retention_days`` ago (with their findings and metrics).
+
+        Returns how many runs were deleted.  ``retention_days`` must be > 0.
+        """
+        if retention_days <= 0:
+            raise HistoryError(f"retention must be more than 0 days (got {retention_days})")
+        cutoff = (time.time() if now is None else now) - retention_days * 86400.0
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            n = self.db.execute("DELETE FROM runs WHERE started < ?", (cutoff,)).rowcount
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return int(n)
+
+    # notification state (see clusterctl.report.notify)
+    def notified(self) -> dict[tuple[str, str, str], tuple[str, float]]:
+        """``{(check, host, subject): (severity, when last notified)}``."""
+        return {(c, h, s): (sev, at) for c, h, s, sev, at in
+                self.db.execute("SELECT check_name, host, subject, severity, at FROM notified")}
+
+    def set_notified(self, entries: dict[tuple[str, str, str], tuple[str, float]]) -> None:
+        """Replace the notification state with ``entries`` (one transaction)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("DELETE FROM notified")
+            self.db.executemany("INSERT INTO notified VALUES (?,?,?,?,?)",
+                                [(c, h, s, sev, at) for (c, h, s), (sev, at) in entries.items()])
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
