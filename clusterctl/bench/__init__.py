@@ -1,0 +1,1 @@
+"""Load generation and latency statistics for OpenAI-compatible endpoints (``clusterctl bench``)."""

@@ -1,0 +1,172 @@
+"""Closed-loop streaming load generator for ``/v1/completions`` (threads + http.client).
+
+Each of ``concurrency`` worker threads sends one request at a time over its own
+connection with ``stream: true`` and ``stream_options.include_usage``, and
+time-stamps every SSE ``data:`` line as it arrives (``time.perf_counter``):
+the send time is taken before connecting, as ``vllm bench serve`` does.  A
+request that fails (refused, HTTP error, timeout, stream without ``[DONE]``)
+is a failed result with the reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from clusterctl.bench.stats import RequestResult
+from clusterctl.errors import ClusterctlError
+
+#: Words the simulator (and real BPE tokenizers) count as one token each.
+_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "sun", "sea", "red", "blue", "tree",
+          "house", "river", "stone", "light", "cloud", "green", "small", "big", "old", "new", "road", "hill")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A parsed base URL (``http://host:port``); requests go to ``/v1/completions`` under it."""
+
+    host: str
+    port: int
+    base_path: str = ""
+    https: bool = False
+
+    @classmethod
+    def parse(cls, url: str) -> "Endpoint":
+        u = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ClusterctlError(f"{url!r}: not an endpoint URL (expected http://HOST:PORT)")
+        try:
+            port = u.port or (443 if u.scheme == "https" else 80)
+        except ValueError as e:
+            raise ClusterctlError(f"{url!r}: bad port ({e})") from None
+        path = u.path.rstrip("/")
+        if path.endswith("/v1"):
+            path = path[:-3]
+        return cls(u.hostname, port, path, u.scheme == "https")
+
+    def connect(self, timeout: float) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        return cls(self.host, self.port, timeout=timeout)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.https else 'http'}://{self.host}:{self.port}{self.base_path}"
+
+
+def synthetic_prompt(input_len: int, rng: random.Random) -> str:
+    """``input_len`` space-separated common words (one token each for the simulator)."""
+    return " ".join(rng.choice(_WORDS) for _ in range(max(1, input_len)))
+
+
+def _headers() -> dict[str, str]:
+    h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    key = os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    return h
+
+
+def stream_completion(ep: Endpoint, body: dict[str, object], timeout: float = 60.0) -> RequestResult:
+    """Send one streaming completion and time it; ``timeout`` (s) bounds connect and each socket read."""
+    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    t0 = time.perf_counter()
+    conn = ep.connect(timeout)
+    res = RequestResult(ok=False)
+    try:
+        conn.request("POST", ep.base_path + "/v1/completions", body=payload, headers=_headers())
+        resp = conn.getresponse()
+        if resp.status != 200:
+            res.error = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace').strip()}"
+            return res
+        last = 0.0
+        chunks = 0
+        done = False
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            now = time.perf_counter() - t0
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            doc = json.loads(data)
+            usage = doc.get("usage")
+            if usage:
+                res.output_tokens = int(usage.get("completion_tokens") or 0)
+                res.input_tokens = int(usage.get("prompt_tokens") or 0)
+            choices = doc.get("choices") or []
+            if choices and choices[0].get("text"):
+                if chunks == 0:
+                    res.ttft = now
+                else:
+                    res.itl.append(now - last)
+                last = now
+                chunks += 1
+        res.e2e = time.perf_counter() - t0
+        if not done:
+            res.error = "stream ended without [DONE]"
+            return res
+        if not res.output_tokens:
+            res.output_tokens = chunks
+        res.ok = chunks > 0 or res.output_tokens == 0
+        if chunks == 0:
+            res.ttft = res.e2e
+        return res
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        res.e2e = time.perf_counter() - t0
+        return res
+    finally:
+        conn.close()
+
+
+@dataclass
+class RunResult:
+    """One concurrency level: per-request results, wall duration (s) and the generator's CPU seconds."""
+
+    concurrency: int
+    results: list[RequestResult]
+    duration: float
+    cpu_s: float
+
+
+def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int, *,
+        model: str | None = None, timeout: float = 60.0, ignore_eos: bool = True) -> RunResult:
+    """Send every prompt with at most ``concurrency`` in flight; returns when all have finished or failed."""
+    if concurrency < 1:
+        raise ClusterctlError(f"concurrency must be at least 1, not {concurrency}")
+    results: list[RequestResult] = []
+    lock = threading.Lock()
+    todo = iter(prompts)
+
+    def worker() -> None:
+        while True:
+            with lock:
+                prompt = next(todo, None)
+            if prompt is None:
+                return
+            body: dict[str, object] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0,
+                                       "ignore_eos": ignore_eos}
+            if model:
+                body["model"] = model
+            r = stream_completion(ep, body, timeout)
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, max(1, len(prompts))))]
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return RunResult(concurrency, results, time.perf_counter() - t0, time.process_time() - cpu0)

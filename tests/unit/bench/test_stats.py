@@ -1,0 +1,52 @@
+"""vLLM's latency definitions and aggregates on hand-made request timings."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from clusterctl.bench.loadgen import Endpoint
+from clusterctl.bench.stats import RequestResult, Slo, aggregate, percentile
+from clusterctl.errors import ClusterctlError
+
+
+def test_tpot_excludes_the_first_token_and_is_undefined_for_one_token() -> None:
+    r = RequestResult(ok=True, ttft=0.1, e2e=0.5, output_tokens=5)
+    assert r.tpot == pytest.approx(0.1)  # (0.5 - 0.1) / 4
+    assert RequestResult(ok=True, ttft=0.1, e2e=0.1, output_tokens=1).tpot is None
+
+
+def test_percentiles_interpolate_like_numpy() -> None:
+    v = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(v, 50) == 2.5 and percentile(v, 90) == pytest.approx(3.7) and percentile(v, 100) == 4.0
+    assert math.isnan(percentile([], 50))
+
+
+def test_aggregate_throughput_goodput_and_failures() -> None:
+    rs = [RequestResult(ok=True, ttft=0.05, e2e=0.35, itl=[0.1, 0.1, 0.1], output_tokens=4, input_tokens=10),
+          RequestResult(ok=True, ttft=0.30, e2e=0.60, itl=[0.1, 0.1, 0.1], output_tokens=4, input_tokens=10),
+          RequestResult(ok=False, error="HTTP 500: boom")]
+    rep = aggregate(rs, duration=2.0, concurrency=2, slo=Slo(ttft_ms=100))
+    assert rep["completed"] == 2 and rep["failed"] == 1 and rep["errors"] == ["HTTP 500: boom"]
+    assert rep["output_throughput"] == 4.0 and rep["total_token_throughput"] == 14.0
+    assert rep["request_throughput"] == 1.0
+    assert rep["goodput"] == 0.5  # only the first meets TTFT <= 100 ms
+    assert rep["ttft_ms"]["mean"] == pytest.approx(175)  # type: ignore[index]
+    assert rep["tpot_ms"]["median"] == pytest.approx(100)  # type: ignore[index]
+    assert rep["itl_ms"]["p99"] == pytest.approx(100)  # type: ignore[index]
+
+
+def test_slo_on_tpot_and_e2e() -> None:
+    r = RequestResult(ok=True, ttft=0.01, e2e=1.01, output_tokens=11)  # tpot 100 ms
+    assert Slo(tpot_ms=100).met(r) and not Slo(tpot_ms=99).met(r)
+    assert not Slo(e2e_ms=1000).met(r) and not Slo().met(RequestResult(ok=False))
+
+
+def test_endpoint_urls() -> None:
+    assert Endpoint.parse("http://127.0.0.1:8000/v1/") == Endpoint("127.0.0.1", 8000, "")
+    assert Endpoint.parse("127.0.0.1:9000").port == 9000
+    with pytest.raises(ClusterctlError, match="not an endpoint URL"):
+        Endpoint.parse("ftp://x")
+    with pytest.raises(ClusterctlError, match="bad port"):
+        Endpoint.parse("http://h:99999")
