@@ -15,7 +15,6 @@ PLANNED: dict[str, tuple[str, int]] = {
     "status": ("Show every instance: unit state, health, load score [planned].", 8),
     "drift": ("Compare greedy outputs with a named baseline [planned].", 11),
     "bench": ("Load-test an endpoint with vLLM's latency definitions [planned].", 11),
-    "report": ("Unattended health report with history and trends [planned].", 12),
     "gateway": ("Render and sync the nginx gateway [planned].", 13),
 }
 

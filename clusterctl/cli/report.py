@@ -1,0 +1,238 @@
+"""``clusterctl report``: unattended health reports with history (issue #12).
+
+``report run`` runs doctor's passive checks (or reads a bundle), stores the
+run in the history database, compares it with the previous run (new,
+ongoing, resolved) and writes JSON/Markdown/HTML and node_exporter textfile
+output.  Exit status as doctor: 0 OK, 1 WARN, 2 CRIT, 3 UNKNOWN (also usage
+errors, a locked or unreadable history).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json, user_config
+from clusterctl.cli._hosts import ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt
+from clusterctl.errors import ClusterctlError
+
+app = typer.Typer(help="Unattended health reports: history, changes, trends, Prometheus textfile.\n\n"
+                  "Example:\n\n  clusterctl report run all --out /var/www/report --textfile "
+                  "/var/lib/node_exporter/textfile/clusterctl.prom",
+                  no_args_is_help=True, rich_markup_mode=None)
+
+DbOpt = typer.Option(None, "--db", help="History database [default: $XDG_STATE_HOME/clusterctl/report.db].")
+
+
+def db_path(db: Optional[str]) -> Path:
+    return Path(db) if db else Path(user_config().state_dir) / "report.db"
+
+
+@app.command("run", help="""Run doctor's passive checks, store the run and report what changed.
+
+Compares with the previous run of the same PATTERN: problems new, ongoing
+and resolved. --out DIR gets report.json, report.md and report.html (self-
+contained); --textfile a node_exporter .prom file (written atomically).
+--notify-cmd runs only when something changed, or a problem lasted --renotify;
+it gets the JSON of the change on stdin. Overlapping runs wait for each
+other's lock (--lock-wait) and then exit 3. Exit status: 0 OK, 1 WARN,
+2 CRIT, 3 UNKNOWN.
+
+Examples:
+
+  clusterctl report run all --out ~/report --textfile /var/lib/node_exporter/textfile/clusterctl.prom
+
+  clusterctl report run --from bundle.tar.gz --notify-cmd '/usr/local/bin/page-oncall --team gpu' --renotify 6h
+""")
+def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all."),
+        inventory: Optional[str] = InventoryOpt,
+        db: Optional[str] = DbOpt,
+        out: Optional[str] = typer.Option(None, "--out", help="Directory for report.json, report.md, report.html."),
+        textfile: Optional[str] = typer.Option(None, "--textfile", help="node_exporter textfile (.prom) to write."),
+        notify_cmd: Optional[str] = typer.Option(None, "--notify-cmd",
+                                                 help="Command that gets the JSON of what changed on stdin."),
+        renotify: str = typer.Option("6h", "--renotify", help="Re-notify a lasting problem this often (0: never)."),
+        retention: float = typer.Option(35.0, "--retention-days", min=0.01, help="Days of history to keep."),
+        lock_wait: float = typer.Option(0.0, "--lock-wait", min=0, help="Seconds to wait for a running report."),
+        source: Optional[str] = typer.Option(None, "--from", help="Analyse a bundle instead of hosts."),
+        fmt: str = typer.Option("markdown", "--format", help="What to print: markdown, json or none."),
+        as_json: bool = JsonOpt,
+        interval: float = typer.Option(2.0, "--interval", min=0, help="Seconds between counter samples."),
+        timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
+        fanout: Optional[int] = FanoutOpt,
+        connect_timeout: Optional[float] = ConnectTimeoutOpt,
+        deadline: Optional[float] = DeadlineOpt,
+        host_key_policy: Optional[str] = HostKeyOpt) -> None:
+    from clusterctl.cli import doctor as d
+    from clusterctl.diagnose.bundle import context
+    from clusterctl.diagnose.doctor import diagnose
+    from clusterctl.report.notify import parse_duration
+    from clusterctl.report.run import Options, report_run, to_json, to_markdown
+
+    fmt = "json" if as_json else fmt
+    if fmt not in ("markdown", "json", "none"):
+        fail(f"--format must be markdown, json or none (got {fmt!r})")
+    try:
+        renotify_s = parse_duration(renotify)
+    except ClusterctlError as e:
+        fail(f"--renotify: {e}")
+    started = time.time()
+    thresholds = d.load_checks_data()
+    if source:
+        snap, inv = d.bundle_snapshot(source, inventory)
+        if pattern != "all":
+            snap = d.bundle_hosts(snap, inv, pattern)
+        meta: dict[str, Any] = {"source": source}
+    else:
+        snap, inv, path = d.live_snapshot(pattern, inventory, interval=interval, timeout=timeout, sudo=False,
+                                          ask_become_pass=False, fanout=fanout, connect_timeout=connect_timeout,
+                                          deadline=deadline, host_key_policy=host_key_policy, progress=False)
+        meta = {"inventory": path}
+    findings = diagnose(context(snap, inv, thresholds), None)
+    opts = Options(db=db_path(db), pattern=pattern, out_dir=Path(out) if out else None,
+                   textfile=Path(textfile) if textfile else None, notify_cmd=notify_cmd, renotify_s=renotify_s,
+                   retention_days=retention, lock_wait_s=lock_wait)
+    try:
+        result = report_run(findings, opts, started=started, meta=meta)
+    except ClusterctlError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{e.filename or ''}: {e.strerror}")
+    for w in result.warnings:
+        err_console.print(f"warning: {w}", markup=False)
+    if fmt == "json":
+        sys.stdout.write(to_json(result, meta) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(to_markdown(result))
+    raise typer.Exit(result.exit_code)
+
+
+@app.command("history", help="""List the latest runs: when, exit code, counts per severity.
+
+Example:
+
+  clusterctl report history --limit 10
+""")
+def history(db: Optional[str] = DbOpt,
+            limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many runs."),
+            as_json: bool = JsonOpt) -> None:
+    from rich.table import Table
+
+    from clusterctl.report.history import History
+
+    path = db_path(db)
+    if not path.exists():
+        fail(f"{path}: no report history yet (run `clusterctl report run` first)")
+    try:
+        with History(path) as h:
+            runs = h.runs(limit)
+    except ClusterctlError as e:
+        fail(str(e))
+    if as_json:
+        print_json([r.to_json() for r in runs])
+        return
+    table = Table("run", "started (UTC)", "pattern", "exit", "hosts", "CRIT", "WARN", "UNKNOWN", box=None,
+                  header_style="bold")
+    for r in runs:
+        table.add_row(str(r.id), time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.started)), r.pattern,
+                      str(r.exit_code), str(r.hosts), str(r.counts["CRIT"]), str(r.counts["WARN"]),
+                      str(r.counts["UNKNOWN"]))
+    console.print(table)
+
+
+@app.command("trends", help="""Problems per run over the last DAYS, and every recorded metric's latest,
+minimum and maximum per host.
+
+Example:
+
+  clusterctl report trends --days 7
+""")
+def trends(db: Optional[str] = DbOpt,
+           days: float = typer.Option(7.0, "--days", min=0.01, help="How far back."),
+           as_json: bool = JsonOpt) -> None:
+    from clusterctl.report.history import History
+
+    path = db_path(db)
+    if not path.exists():
+        fail(f"{path}: no report history yet (run `clusterctl report run` first)")
+    since = time.time() - days * 86400
+    try:
+        with History(path) as h:
+            sev = h.severity_series(since=since)
+            metrics = {n: h.series(n, since=since) for n in h.metric_names()}
+    except ClusterctlError as e:
+        fail(str(e))
+    rows = [{"metric": n, "host": host, "subject": subj, "latest": pts[-1][1], "min": min(v for _, v in pts),
+             "max": max(v for _, v in pts), "samples": len(pts)}
+            for n, s in metrics.items() for (host, subj), pts in sorted(s.items()) if pts]
+    if as_json:
+        print_json({"runs": [{"started": t, "counts": c} for t, c in sev], "metrics": rows})
+        return
+    for name in ("CRIT", "WARN", "UNKNOWN"):
+        values = [c[name] for _, c in sev]
+        console.print(f"{name:8} {_spark(values)}  latest {values[-1] if values else '-'}, "
+                      f"max {max(values) if values else '-'} over {len(values)} run(s)", markup=False)
+    for r in rows:
+        console.print(f"{r['metric']} {r['host']} {r['subject']}: latest {r['latest']:g} "
+                      f"(min {r['min']:g}, max {r['max']:g}, {r['samples']} samples)", markup=False)
+
+
+def _spark(values: list[int]) -> str:
+    bars = " ▁▂▃▄▅▆▇█"
+    top = max(values, default=0) or 1
+    return "".join(bars[round(v / top * 8)] for v in values[-60:])
+
+
+@app.command("install-timer", help="""Install a systemd timer (or, with --cron, a cron entry) that runs
+`clusterctl report run` every --every minutes on this control host.
+
+--dry-run prints the files instead of writing them. After installing a timer:
+systemctl daemon-reload && systemctl enable --now clusterctl-report.timer
+
+Examples:
+
+  clusterctl report install-timer --every 5 --out /var/www/report --dry-run
+
+  clusterctl report install-timer --cron --every 10 --textfile /var/lib/node_exporter/textfile/clusterctl.prom
+""")
+def install_timer(pattern: str = typer.Argument("all", help="Hosts the report covers."),
+                  inventory: Optional[str] = InventoryOpt,
+                  db: str = typer.Option("/var/lib/clusterctl/report.db", "--db", help="History database."),
+                  out: Optional[str] = typer.Option(None, "--out", help="Report directory."),
+                  textfile: Optional[str] = typer.Option(None, "--textfile", help="node_exporter textfile."),
+                  notify_cmd: Optional[str] = typer.Option(None, "--notify-cmd", help="Notification command."),
+                  every: int = typer.Option(5, "--every", help="Minutes between runs."),
+                  cron: bool = typer.Option(False, "--cron", help="Write /etc/cron.d/clusterctl-report instead."),
+                  user: Optional[str] = typer.Option(None, "--user", help="Run as this user."),
+                  unit_dir: str = typer.Option("/etc/systemd/system", "--unit-dir", help="Where units go."),
+                  cron_dir: str = typer.Option("/etc/cron.d", "--cron-dir", help="Where the cron entry goes."),
+                  dry_run: bool = typer.Option(False, "--dry-run", help="Print, do not write.")) -> None:
+    from clusterctl.report.schedule import Schedule, cron_line, service_unit, timer_unit
+    from clusterctl.report.textfile import write_atomic
+
+    argv = [sys.executable, "-m", "clusterctl.cli.main", "report", "run", pattern, "--db", db, "--format", "none",
+            "--lock-wait", "60"]
+    if inventory:
+        argv += ["-i", str(Path(inventory).resolve())]
+    for flag, value in (("--out", out), ("--textfile", textfile), ("--notify-cmd", notify_cmd)):
+        if value:
+            argv += [flag, value]
+    try:
+        s = Schedule(tuple(argv), every_min=every, user=user)
+    except ClusterctlError as e:
+        fail(str(e))
+    files = ({Path(cron_dir) / s.name: cron_line(s)} if cron else
+             {Path(unit_dir) / f"{s.name}.service": service_unit(s), Path(unit_dir) / f"{s.name}.timer": timer_unit(s)})
+    for path, text in files.items():
+        if dry_run:
+            console.print(f"# {path}\n{text}", markup=False)
+            continue
+        try:
+            write_atomic(path, text)
+        except OSError as e:
+            fail(f"{path}: cannot write: {e.strerror}")
+        console.print(f"wrote {path}", markup=False)
