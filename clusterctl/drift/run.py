@@ -1,0 +1,93 @@
+"""Record baselines, check against them and calibrate the noise floor, over HTTP.
+
+Prompts are sent ``parallel`` at a time (each a separate greedy request); an
+unreachable endpoint raises :class:`~clusterctl.drift.client.EndpointError`.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from clusterctl.bench.loadgen import Endpoint, stream_completion, synthetic_prompt
+from clusterctl.drift import compare
+from clusterctl.drift.client import Output, complete, environment
+from clusterctl.drift.prompts import Prompt
+from clusterctl.drift.store import Baseline
+
+
+def outputs(ep: Endpoint, prompts: Sequence[Prompt], k: int, seed: int, parallel: int = 4,
+            timeout: float = 60.0) -> dict[str, Output]:
+    with ThreadPoolExecutor(max(1, parallel)) as pool:
+        got = pool.map(lambda p: complete(ep, p.prompt, max_tokens=p.max_tokens, k=k, seed=seed, timeout=timeout),
+                       prompts)
+        return {p.id: o for p, o in zip(prompts, got)}
+
+
+def record(ep: Endpoint, name: str, prompts: Sequence[Prompt], *, k: int = 8, seed: int = 0,
+           extra_env: dict[str, Any] | None = None) -> Baseline:
+    """A baseline of ``prompts`` from ``ep``; ``extra_env`` (quantization, GPU, TP...) is kept as metadata."""
+    env = {**environment(ep), **(extra_env or {})}
+    outs = outputs(ep, prompts, k, seed)
+    return Baseline(name, env, k, seed, {p.id: p.prompt for p in prompts}, outs)
+
+
+def check(ep: Endpoint, base: Baseline) -> list[compare.PromptDiff]:
+    """Send the baseline's prompts again (same k, seed, lengths) and diff each against the recorded output."""
+    prompts = [Prompt(i, base.prompts[i], max(1, len(o.tokens))) for i, o in base.outputs.items()]
+    now = outputs(ep, prompts, base.k, base.seed)
+    return [compare.diff(p.id, base.outputs[p.id], now[p.id]) for p in prompts]
+
+
+class Background:
+    """Other traffic while measuring: ``streams`` threads sending random streamed prompts until stopped."""
+
+    def __init__(self, ep: Endpoint, streams: int, seed: int = 7):
+        self.ep, self.streams, self._stop = ep, streams, threading.Event()
+        self._rng = random.Random(seed)
+        self._threads: list[threading.Thread] = []
+        self.sent = 0
+
+    def _loop(self, salt: int) -> None:
+        rng = random.Random(salt)
+        while not self._stop.is_set():
+            stream_completion(self.ep, {"prompt": synthetic_prompt(rng.randint(8, 64), rng), "max_tokens": 16,
+                                        "temperature": 0, "ignore_eos": True}, timeout=30)
+            self.sent += 1
+
+    def __enter__(self) -> "Background":
+        for i in range(self.streams):
+            t = threading.Thread(target=self._loop, args=(self._rng.randrange(1 << 30),), daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(35)
+
+
+def calibrate(ep: Endpoint, prompts: Sequence[Prompt], *, runs: int = 3, k: int = 8, seed: int = 0,
+              background: int = 4, progress: Callable[[int, dict[str, float]], None] | None = None
+              ) -> dict[str, Any]:
+    """The noise floor: a reference pass alone, then ``runs`` passes under ``background`` streams of other
+    traffic, each compared with the reference.  Returns the worst of each metric and every run's summary."""
+    ref = outputs(ep, prompts, k, seed, parallel=1)
+    summaries = []
+    with Background(ep, background):
+        for i in range(runs):
+            now = outputs(ep, prompts, k, seed)
+            s = compare.summarize([compare.diff(p.id, ref[p.id], now[p.id]) for p in prompts])
+            summaries.append(s)
+            if progress:
+                progress(i, s)
+    floor = {"exact_match": min(s["exact_match"] for s in summaries),
+             "vllm_rule_pass": min(s["vllm_rule_pass"] for s in summaries),
+             "agreement": min(s["agreement"] for s in summaries),
+             "mean_kl": max(s["mean_kl"] for s in summaries)}
+    return {"env": environment(ep), "runs": summaries, "floor": floor, "background_streams": background,
+            "prompts": len(prompts)}

@@ -1,0 +1,90 @@
+"""Named baselines as JSON files under ``$XDG_STATE_HOME/clusterctl/drift/`` (written temp + rename).
+
+A baseline holds the request parameters (k, seed), the environment it was
+recorded in (model, vLLM version, quantization, GPU, TP: what the endpoint
+tells plus what the user adds) and each prompt's greedy :class:`Output`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusterctl.config import default_state_dir
+from clusterctl.drift.client import Output
+from clusterctl.errors import ClusterctlError
+from clusterctl.report.textfile import write_atomic
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def drift_dir(state_dir: Path | None = None) -> Path:
+    return (state_dir or default_state_dir()) / "drift"
+
+
+def _path(kind: str, name: str, state_dir: Path | None) -> Path:
+    if not _NAME.match(name):
+        raise ClusterctlError(f"{name!r}: a {kind} name is letters, digits, '.', '_', '-' (at most 64)")
+    return drift_dir(state_dir) / kind / f"{name}.json"
+
+
+@dataclass
+class Baseline:
+    name: str
+    env: dict[str, Any]
+    k: int
+    seed: int
+    prompts: dict[str, str]
+    outputs: dict[str, Output]
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "created": self.created, "env": self.env, "k": self.k, "seed": self.seed,
+                "items": [{"id": i, "prompt": self.prompts[i], **self.outputs[i].to_json()} for i in self.outputs]}
+
+
+def save(b: Baseline, state_dir: Path | None = None) -> Path:
+    path = _path("baselines", b.name, state_dir)
+    write_atomic(path, json.dumps(b.to_json(), indent=1) + "\n")
+    return path
+
+
+def load(name: str, state_dir: Path | None = None) -> Baseline:
+    path = _path("baselines", name, state_dir)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        items = d["items"]
+        return Baseline(d["name"], d.get("env", {}), int(d["k"]), int(d["seed"]),
+                        {str(i["id"]): i["prompt"] for i in items},
+                        {str(i["id"]): Output.from_json(i) for i in items}, float(d.get("created", 0)))
+    except FileNotFoundError:
+        raise ClusterctlError(f"no baseline {name!r} (looked for {path}); record one with "
+                              f"'clusterctl drift baseline URL --name {name} --prompts FILE'") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ClusterctlError(f"{path}: not a readable baseline ({type(e).__name__}: {e})") from None
+
+
+def save_calibration(model: str, doc: dict[str, Any], state_dir: Path | None = None) -> Path:
+    path = _path("calibration", _safe(model), state_dir)
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def load_calibration(model: str, state_dir: Path | None = None) -> dict[str, Any] | None:
+    """The noise floor measured for ``model``, or None when never calibrated."""
+    path = _path("calibration", _safe(model), state_dir)
+    try:
+        doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return doc
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ClusterctlError(f"{path}: not a readable calibration ({e})") from None
+
+
+def _safe(model: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", model or "unknown")[:64].lstrip("._-") or "unknown"

@@ -1,0 +1,5 @@
+"""Simulator fixtures shared with the simulator's own tests (subprocesses on 127.0.0.1)."""
+
+from __future__ import annotations
+
+from vllm_sim.conftest import READY, host, models, nvml_lib, start_sim  # noqa: F401  (fixtures)
