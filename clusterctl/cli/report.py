@@ -70,6 +70,7 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
     from clusterctl.cli import doctor as d
     from clusterctl.diagnose.bundle import context
     from clusterctl.diagnose.doctor import diagnose
+    from clusterctl.report.metrics import from_snapshot
     from clusterctl.report.notify import parse_duration
     from clusterctl.report.run import Options, report_run, to_json, to_markdown
 
@@ -97,7 +98,8 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
                    textfile=Path(textfile) if textfile else None, notify_cmd=notify_cmd, renotify_s=renotify_s,
                    retention_days=retention, lock_wait_s=lock_wait)
     try:
-        result = report_run(findings, opts, started=started, meta=meta)
+        result = report_run(findings, opts, started=started, meta=meta,
+                            metrics=from_snapshot(snap.facts, snap.raw))
     except ClusterctlError as e:
         fail(str(e))
     except OSError as e:

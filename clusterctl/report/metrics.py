@@ -1,0 +1,62 @@
+"""Per-host numbers worth a trend, taken from what doctor already gathered.
+
+From the probe's facts (``snapshot.facts[host]``, the raw facts document):
+``gpu_memory_used_bytes`` and ``gpu_utilization_ratio`` (0..1) per GPU.  From
+each instance's /metrics sample (``snapshot.raw[host]["<instance>.metrics"]``):
+``vllm_kv_cache_usage_ratio`` and ``vllm_requests_waiting`` (summed over
+engines).  Anything missing or malformed is skipped: trends are best effort,
+findings report what could not be checked.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterator
+
+from clusterctl.report.history import Metric
+
+_SAMPLE = re.compile(r"^(vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|vllm:num_requests_waiting)"
+                     r"(?:\{[^}]*\})?\s+(\S+)", re.M)
+_NAMES = {"vllm:kv_cache_usage_perc": "vllm_kv_cache_usage_ratio",
+          "vllm:gpu_cache_usage_perc": "vllm_kv_cache_usage_ratio",  # before vLLM 0.10
+          "vllm:num_requests_waiting": "vllm_requests_waiting"}
+
+
+def _gpu_metrics(host: str, doc: dict[str, Any]) -> Iterator[Metric]:
+    gpus = doc.get("gpus") if isinstance(doc, dict) else None
+    for d in (gpus or {}).get("devices") or []:
+        if not isinstance(d, dict) or not isinstance(d.get("index"), int):
+            continue
+        subject = f"gpu:{d['index']}"
+        if isinstance(d.get("memory_used"), (int, float)):
+            yield Metric(host, "gpu_memory_used_bytes", float(d["memory_used"]), subject)
+        util = d.get("utilization")
+        if isinstance(util, dict) and isinstance(util.get("gpu"), (int, float)):
+            yield Metric(host, "gpu_utilization_ratio", float(util["gpu"]) / 100.0, subject)
+
+
+def vllm_metrics(host: str, instance: str, text: str) -> list[Metric]:
+    """KV-cache usage and waiting requests of one instance's /metrics text."""
+    sums: dict[str, float] = {}
+    for name, value in _SAMPLE.findall(text):
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if math.isfinite(v):
+            key = _NAMES[name]
+            sums[key] = max(sums.get(key, 0.0), v) if key.endswith("ratio") else sums.get(key, 0.0) + v
+    return [Metric(host, k, v, f"instance:{instance}") for k, v in sorted(sums.items())]
+
+
+def from_snapshot(facts: dict[str, Any], raw: dict[str, dict[str, str]]) -> list[Metric]:
+    """Every metric above for every host of a doctor snapshot."""
+    out: list[Metric] = []
+    for host, doc in sorted(facts.items()):
+        out += _gpu_metrics(host, doc)
+    for host, files in sorted(raw.items()):
+        for name, text in sorted(files.items()):
+            if name.endswith(".metrics") and isinstance(text, str):
+                out += vllm_metrics(host, name[: -len(".metrics")], text)
+    return out
