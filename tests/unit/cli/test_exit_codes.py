@@ -27,8 +27,8 @@ def test_bare_invocation_prints_help_and_succeeds(capsys: pytest.CaptureFixture[
 
 
 def test_planned_monitoring_command_says_so_and_exits_unknown(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["drift"]) == ExitCode.UNKNOWN
-    assert "issue #11" in capsys.readouterr().err
+    assert main(["gateway"]) == ExitCode.UNKNOWN
+    assert "issue #13" in capsys.readouterr().err
 
 
 def test_help_lists_every_command_group(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,138 @@
+"""``clusterctl bench URL``: streaming load test with vLLM's latency definitions (docs/bench.md)."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli._common import JsonOpt, console, fail, print_json
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
+HELP = """Load-test an OpenAI-compatible endpoint with streaming /v1/completions.
+
+For each concurrency level, REQUESTS synthetic prompts of INPUT_LEN words are
+sent with at most that many in flight (closed loop), each asking for OUTPUT_LEN
+tokens (ignore_eos). Measured as `vllm bench serve` does: TTFT (first content
+chunk), TPOT excluding the first token, ITL (gaps between chunks), E2E; mean,
+median, p90, p99 in ms; request, output and total token throughput; goodput
+under the SLOs given. --server-timings also reads the server's own TTFT
+histogram from /metrics and reports the generator's error against it.
+
+Exit status: 0 every request succeeded, 1 some failed, 2 all failed,
+3 usage errors.
+
+Examples:
+
+  clusterctl bench http://10.77.0.11:8000 --concurrency 1,8,20 --requests 40 --input-len 512 --output-len 128
+
+  clusterctl bench http://127.0.0.1:8000 --concurrency 8 --slo-ttft 500 --slo-tpot 50 --json
+"""
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--concurrency: expected numbers separated by commas, not {text!r}")
+    if not levels or min(levels) < 1:
+        fail(f"--concurrency: every level must be at least 1 ({text!r})")
+    return levels
+
+
+def _ms(x: Any) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
+
+
+def bench(url: str = typer.Argument(..., help="Endpoint base URL, e.g. http://HOST:8000."),
+          concurrency: str = typer.Option("1,8", "--concurrency", "-c", help="Levels, comma-separated."),
+          requests: int = typer.Option(32, "--requests", "-n", min=1, help="Requests per level."),
+          input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt length in words (~tokens)."),
+          output_len: int = typer.Option(64, "--output-len", min=1, help="Tokens asked per request."),
+          model: Optional[str] = typer.Option(None, "--model", help="Served model name [default: the server's]."),
+          slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", min=0, help="Goodput SLO: TTFT ms."),
+          slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", min=0, help="Goodput SLO: TPOT ms."),
+          slo_e2e: Optional[float] = typer.Option(None, "--slo-e2e", min=0, help="Goodput SLO: E2E ms."),
+          server_timings: bool = typer.Option(False, "--server-timings",
+                                              help="Compare TTFT with the server's /metrics histogram."),
+          timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds a request may stall."),
+          seed: int = typer.Option(0, "--seed", help="Seed of the synthetic prompts."),
+          as_json: bool = JsonOpt) -> None:
+    from clusterctl.bench import loadgen, server_metrics
+    from clusterctl.bench.stats import Slo, aggregate
+
+    try:
+        ep = loadgen.Endpoint.parse(url)
+    except ClusterctlError as e:
+        fail(str(e))
+    slo = Slo(slo_ttft, slo_tpot, slo_e2e) if any(v is not None for v in (slo_ttft, slo_tpot, slo_e2e)) else None
+    rng = random.Random(seed)
+    reports: list[dict[str, Any]] = []
+    for level in _levels(concurrency):
+        prompts = [loadgen.synthetic_prompt(input_len, rng) for _ in range(requests)]
+        before = _scrape(server_metrics, ep) if server_timings else None
+        run = loadgen.run(ep, prompts, level, output_len, model=model, timeout=timeout)
+        rep = aggregate(run.results, run.duration, level, slo)
+        rep["generator_cpu_percent"] = 100 * run.cpu_s / max(run.duration, 1e-9)
+        if before is not None:
+            after = _scrape(server_metrics, ep)
+            server = server_metrics.histogram_mean(before, after, "vllm:time_to_first_token_seconds") \
+                if after is not None else None
+            rep["server_ttft_mean_ms"] = None if server is None else 1000 * server
+            rep["ttft_error_ms"] = None if server is None else rep["ttft_ms"]["mean"] - 1000 * server  # type: ignore
+        reports.append(rep)
+    code = _exit_code(reports)
+    if as_json:
+        print_json({"url": ep.url, "input_len": input_len, "output_len": output_len, "requests": requests,
+                    "slo_ms": None if slo is None else vars(slo), "results": reports})
+        raise typer.Exit(code)
+    _table(reports, server_timings, slo is not None)
+    raise typer.Exit(code)
+
+
+def _scrape(server_metrics: Any, ep: Any) -> dict[str, float] | None:
+    try:
+        return server_metrics.scrape(ep)  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
+
+def _exit_code(reports: list[dict[str, Any]]) -> int:
+    failed = sum(r["failed"] for r in reports)
+    if not failed:
+        return ExitCode.OK
+    return ExitCode.CRIT if not sum(r["completed"] for r in reports) else ExitCode.WARN
+
+
+def _table(reports: list[dict[str, Any]], server: bool, goodput: bool) -> None:
+    from rich.table import Table
+
+    t = Table(title="bench (latencies in ms: mean / p99)")
+    for col in ("conc", "ok", "fail", "req/s", "out tok/s", "TTFT", "TPOT", "ITL", "E2E", "gen CPU %"):
+        t.add_column(col, justify="right")
+    if goodput:
+        t.add_column("goodput req/s", justify="right")
+    if server:
+        t.add_column("server TTFT", justify="right")
+        t.add_column("TTFT err", justify="right")
+    for r in reports:
+        row = [str(r["concurrency"]), str(r["completed"]), str(r["failed"]), f"{r['request_throughput']:.2f}",
+               f"{r['output_throughput']:.1f}"]
+        row += [f"{_ms(r[k]['mean'])} / {_ms(r[k]['p99'])}" for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")]
+        row.append(f"{r['generator_cpu_percent']:.0f}")
+        if goodput:
+            row.append(f"{r['goodput']:.2f}")
+        if server:
+            row += [_ms(r.get("server_ttft_mean_ms")), _ms(r.get("ttft_error_ms"))]
+        t.add_row(*row)
+    console.print(t)
+    for r in reports:
+        for e in r["errors"]:
+            console.print(f"concurrency {r['concurrency']}: {e}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench", help=HELP)(bench)

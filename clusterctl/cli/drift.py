@@ -1,0 +1,220 @@
+"""``clusterctl drift``: baselines of greedy outputs, drift checks, noise calibration, leak check (docs/drift.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli._common import JsonOpt, console, fail, print_json
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
+app = typer.Typer(help="Compare greedy outputs with named baselines; check for cross-session context leaks.\n\n"
+                  "Example:\n\n  clusterctl drift check http://127.0.0.1:8000 --baseline reference",
+                  no_args_is_help=True, rich_markup_mode=None)
+
+PromptsOpt = typer.Option(None, "--prompts", "-p", help="Prompt set JSONL [default: checks/drift/basic.jsonl].")
+
+
+def _default_prompts() -> Path:
+    from clusterctl.diagnose.thresholds import checks_dir
+
+    return checks_dir() / "drift" / "basic.jsonl"
+
+
+def _endpoint(url: str) -> Any:
+    from clusterctl.bench.loadgen import Endpoint
+
+    try:
+        return Endpoint.parse(url)
+    except ClusterctlError as e:
+        fail(str(e))
+
+
+def _prompts(path: Optional[str]) -> Any:
+    from clusterctl.drift import prompts
+
+    try:
+        return prompts.load(path or _default_prompts())
+    except ClusterctlError as e:
+        fail(str(e))
+
+
+@app.command("baseline", help="""Record greedy outputs (temperature 0, fixed seed, top-k logprobs) as a named baseline.
+
+Kept as JSON under $XDG_STATE_HOME/clusterctl/drift/baselines/NAME.json with the
+endpoint's model and vLLM version; --meta adds what the endpoint cannot tell
+(quantization, GPU, TP size). Exit status: 0 recorded, 3 errors.
+
+Example:
+
+  clusterctl drift baseline http://127.0.0.1:8000 --name reference --prompts checks/drift/basic.jsonl --meta gpu=H100 --meta tp=1
+""")
+def baseline(url: str = typer.Argument(..., help="Endpoint base URL."),
+             name: str = typer.Option(..., "--name", help="Baseline name (e.g. reference, previous)."),
+             prompts: Optional[str] = PromptsOpt,
+             k: int = typer.Option(8, "--top-k", min=1, max=20, help="Top logprobs kept per token."),
+             seed: int = typer.Option(0, "--seed"),
+             meta: list[str] = typer.Option([], "--meta", help="KEY=VALUE recorded with the baseline."),
+             as_json: bool = JsonOpt) -> None:
+    from clusterctl.drift import run, store
+
+    extra = {}
+    for m in meta:
+        key, eq, value = m.partition("=")
+        if not eq or not key:
+            fail(f"--meta {m!r}: expected KEY=VALUE")
+        extra[key] = value
+    ep, ps = _endpoint(url), _prompts(prompts)
+    try:
+        b = run.record(ep, name, ps, k=k, seed=seed, extra_env=extra)
+        path = store.save(b)
+    except ClusterctlError as e:
+        fail(str(e))
+    if as_json:
+        print_json({"name": name, "path": str(path), "prompts": len(b.outputs), "env": b.env})
+    else:
+        console.print(f"baseline {name!r}: {len(b.outputs)} prompts from {ep.url} "
+                      f"(model {b.env.get('model')}) -> {path}")
+
+
+@app.command("check", help="""Compare the endpoint's greedy outputs with a baseline; pass or fail.
+
+Metrics: exact-match rate, first divergence, vLLM's rule (at the first differing
+token each side's token is in the other's top-k), token agreement, approximate
+KL over the top-k. Limits from checks/drift.yaml (per model), widened to the
+noise floor of `drift calibrate` when one was measured for the model.
+Exit status: 0 pass, 2 fail, 3 errors.
+
+Example:
+
+  clusterctl drift check http://127.0.0.1:8000 --baseline previous --json
+""")
+def check(url: str = typer.Argument(..., help="Endpoint base URL."),
+          baseline_name: str = typer.Option(..., "--baseline", "-b", help="Baseline name."),
+          thresholds: Optional[str] = typer.Option(None, "--thresholds",
+                                                   help="Threshold file [default: checks/drift.yaml]."),
+          use_calibration: bool = typer.Option(True, "--calibration/--no-calibration",
+                                               help="Widen limits to the measured noise floor."),
+          as_json: bool = JsonOpt) -> None:
+    from clusterctl.diagnose.thresholds import checks_dir
+    from clusterctl.drift import compare, run, store
+
+    ep = _endpoint(url)
+    try:
+        base = store.load(baseline_name)
+        model = base.env.get("model")
+        limits = compare.load_thresholds(thresholds or checks_dir() / "drift.yaml", model)
+        cal = store.load_calibration(model) if use_calibration and model else None
+        if cal:
+            limits = limits.calibrated(cal["floor"])
+        diffs = run.check(ep, base)
+    except ClusterctlError as e:
+        fail(str(e))
+    summary = compare.summarize(diffs)
+    reasons = limits.judge(summary)
+    code = ExitCode.CRIT if reasons else ExitCode.OK
+    if as_json:
+        print_json({"url": ep.url, "baseline": baseline_name, "pass": not reasons, "reasons": reasons,
+                    "summary": summary, "thresholds": vars(limits), "calibrated": bool(cal),
+                    "prompts": [vars(d) for d in diffs]})
+        raise typer.Exit(code)
+    _diff_table(diffs)
+    console.print(f"exact match {summary['exact_match']:.0%}, vLLM rule {summary['vllm_rule_pass']:.0%}, "
+                  f"agreement {summary['agreement']:.0%}, mean KL {summary['mean_kl']:.4f} (max "
+                  f"{summary['max_kl']:.4f}){' [calibrated limits]' if cal else ''}")
+    console.print("PASS" if not reasons else "FAIL: " + "; ".join(reasons))
+    raise typer.Exit(code)
+
+
+def _diff_table(diffs: list[Any]) -> None:
+    from rich.table import Table
+
+    t = Table()
+    for col in ("result", "prompts", "first divergence", "vLLM rule", "KL"):
+        t.add_column(col)
+    exact = [d.id for d in diffs if d.exact]
+    if exact:
+        t.add_row("identical", f"{len(exact)}: {', '.join(exact[:6])}{' ...' if len(exact) > 6 else ''}",
+                  "-", "pass", f"{max((d.kl for d in diffs if d.exact), default=0):.4f}")
+    for d in diffs:
+        if not d.exact:
+            where = "-" if d.first_divergence is None else \
+                f"token {d.first_divergence}: {d.baseline_token!r} -> {d.new_token!r}"
+            t.add_row("diverged", d.id, where, "pass" if d.vllm_rule else "FAIL", f"{d.kl:.4f}")
+    console.print(t)
+
+
+@app.command("calibrate", help="""Measure the noise floor: the endpoint against itself under other traffic.
+
+A reference pass alone, then RUNS passes with BACKGROUND streams of other
+requests running (real vLLM's greedy output can change with batch composition);
+the worst exact match, rule pass rate and KL are saved for the model, and
+`drift check` widens its limits to them. Exit status: 0 measured, 3 errors.
+
+Example:
+
+  clusterctl drift calibrate http://127.0.0.1:8000 --runs 3 --background 8
+""")
+def calibrate(url: str = typer.Argument(..., help="Endpoint base URL."),
+              prompts: Optional[str] = PromptsOpt,
+              runs: int = typer.Option(3, "--runs", min=1, help="Passes under load."),
+              background: int = typer.Option(4, "--background", min=0, help="Concurrent streams of other traffic."),
+              save: bool = typer.Option(True, "--save/--no-save", help="Keep the floor for `drift check`."),
+              as_json: bool = JsonOpt) -> None:
+    from clusterctl.drift import run, store
+
+    ep, ps = _endpoint(url), _prompts(prompts)
+    try:
+        cal = run.calibrate(ep, ps, runs=runs, background=background)
+        path = store.save_calibration(cal["env"].get("model") or "unknown", cal) if save else None
+    except ClusterctlError as e:
+        fail(str(e))
+    if as_json:
+        print_json({**cal, "path": None if path is None else str(path)})
+        return
+    f = cal["floor"]
+    console.print(f"noise floor over {runs} runs with {background} background streams: exact match "
+                  f"{f['exact_match']:.0%}, vLLM rule {f['vllm_rule_pass']:.0%}, mean KL {f['mean_kl']:.4f}"
+                  + (f" -> {path}" if path else ""))
+
+
+@app.command("leak", help="""Context-leak check: canaries planted per session, looked for in the others.
+
+SESSIONS concurrent sessions (OpenAI `user` field) each send REQUESTS prompts
+carrying their own random canary word; another session's canary in a response's
+text or top-k tokens is a sighting. Does not rely on output equality.
+Exit status: 0 no sighting, 2 any sighting (CRIT), 3 errors or no answers.
+
+Example:
+
+  clusterctl drift leak http://127.0.0.1:8000 --sessions 8 --requests 10
+""")
+def leak_cmd(url: str = typer.Argument(..., help="Endpoint base URL."),
+             sessions: int = typer.Option(4, "--sessions", min=2, help="Concurrent sessions."),
+             requests: int = typer.Option(6, "--requests", min=1, help="Requests per session."),
+             as_json: bool = JsonOpt) -> None:
+    from clusterctl.drift import leak
+
+    ep = _endpoint(url)
+    rep = leak.run(ep, sessions=sessions, requests=requests)
+    code = ExitCode.CRIT if rep.sightings else (ExitCode.UNKNOWN if rep.requests == 0 else ExitCode.OK)
+    if as_json:
+        print_json({"url": ep.url, "sessions": rep.sessions, "requests": rep.requests, "failed": rep.failed,
+                    "sightings": [vars(s) for s in rep.sightings], "errors": rep.errors,
+                    "status": ExitCode(code).name})
+        raise typer.Exit(code)
+    for e in rep.errors:
+        console.print(f"error: {e}")
+    if rep.sightings:
+        console.print(f"CRIT: {len(rep.sightings)} cross-session sightings in {rep.requests} responses")
+        for s in rep.sightings[:20]:
+            console.print(f"  {s.owner}'s canary {s.canary!r} in {s.seen_by}'s response {s.request} ({s.where})")
+    elif rep.requests:
+        console.print(f"OK: no canary seen across {rep.sessions} sessions, {rep.requests} responses"
+                      + (f" ({rep.failed} failed)" if rep.failed else ""))
+    else:
+        console.print("UNKNOWN: no request succeeded")
+    raise typer.Exit(code)

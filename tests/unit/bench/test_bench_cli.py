@@ -1,0 +1,38 @@
+"""``clusterctl bench`` end to end against a simulator: JSON report, table, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clusterctl.cli.main import main
+from clusterctl.exitcodes import ExitCode
+
+from .conftest import READY
+
+
+def test_bench_json_reports_each_level_with_vllm_metrics(host, models, start_sim,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    sim = start_sim(host, models["qwen3-8b"], scale="0.05")
+    assert sim.wait_for(READY), sim.log
+    rc = main(["bench", sim.url, "--concurrency", "1,4", "--requests", "4", "--input-len", "32",
+               "--output-len", "6", "--slo-ttft", "10000", "--server-timings", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == ExitCode.OK
+    assert [r["concurrency"] for r in doc["results"]] == [1, 4]
+    for r in doc["results"]:
+        assert r["completed"] == 4 and r["total_output_tokens"] == 24 and r["goodput"] > 0
+        assert set(r["ttft_ms"]) == {"mean", "median", "p90", "p99"} and r["tpot_ms"]["mean"] > 0
+        assert r["server_ttft_mean_ms"] is not None and r["generator_cpu_percent"] >= 0
+    assert main(["bench", sim.url, "-c", "2", "-n", "2", "--output-len", "3"]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "TTFT" in out and "TPOT" in out
+    assert sim.stop() == 0
+
+
+def test_bench_usage_errors_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "http://127.0.0.1:8000", "--concurrency", "1,x"]) == ExitCode.UNKNOWN
+    assert "--concurrency: expected numbers" in capsys.readouterr().err
+    assert main(["bench", "ftp://h"]) == ExitCode.UNKNOWN
+    assert "not an endpoint URL" in capsys.readouterr().err
