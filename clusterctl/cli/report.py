@@ -238,3 +238,30 @@ def install_timer(pattern: str = typer.Argument("all", help="Hosts the report co
         except OSError as e:
             fail(f"{path}: cannot write: {e.strerror}")
         console.print(f"wrote {path}", markup=False)
+
+
+@app.command("file-sd", help="""Write a Prometheus file_sd target list of every instance's /metrics endpoint.
+
+One target group per instance (the API server on its first host), labelled
+vllm_instance, model, host and tp_size. Written atomically; without --out it
+is printed.
+
+Example:
+
+  clusterctl report file-sd -i site.yaml --out /etc/prometheus/file_sd/vllm.json
+""")
+def file_sd(inventory: Optional[str] = InventoryOpt,
+            out: Optional[str] = typer.Option(None, "--out", help="File to write (JSON).")) -> None:
+    from clusterctl.cli._common import load_inventory
+    from clusterctl.report.filesd import render
+    from clusterctl.report.textfile import write_atomic
+
+    text = render(load_inventory(inventory))
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        write_atomic(out, text)
+    except OSError as e:
+        fail(f"{out}: cannot write: {e.strerror}")
+    console.print(f"wrote {out}", markup=False)
