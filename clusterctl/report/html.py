@@ -44,12 +44,12 @@ def charts(hist: History, *, now: float, days: float = TREND_DAYS) -> list[Marku
 
 def render_html(result: "Result", hist: History) -> str:
     """The report page for ``result`` with trends from ``hist``."""
-    from clusterctl.report.run import host_summary
+    from clusterctl.report.run import host_summary, tp_groups
 
     ctx: dict[str, Any] = {
         "summary": summary(result.findings), "result": result,
         "stamp": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(result.started)),
-        "hosts": host_summary(result.findings), "change": result.change,
+        "hosts": host_summary(result.findings), "change": result.change, "tp_groups": tp_groups(result.findings),
         "groups": group(result.findings, min_severity=Severity.UNKNOWN),
         "charts": charts(hist, now=result.finished),
         "runs": hist.runs(limit=20),

@@ -71,11 +71,22 @@ def host_summary(findings: list[Finding]) -> list[dict[str, Any]]:
     return [{**r, "worst": r["worst"].name} for r in out]
 
 
+_TP_STATE = {Severity.OK: "OK", Severity.WARN: "DEGRADED", Severity.CRIT: "UNAVAILABLE", Severity.UNKNOWN: "UNKNOWN"}
+
+
+def tp_groups(findings: list[Finding]) -> list[dict[str, str]]:
+    """Each instance's TP-group state from the ``tp.group`` findings: OK, DEGRADED, UNAVAILABLE or UNKNOWN."""
+    return sorted(({"instance": f.subject.split(":", 1)[1], "state": _TP_STATE[f.severity], "message": f.message}
+                   for f in findings if f.check == "tp.group" and f.subject.startswith("tp-group:")),
+                  key=lambda g: g["instance"])
+
+
 def to_json(result: Result, meta: dict[str, Any] | None = None) -> str:
     doc = {"run": {"id": result.run_id, "previous": result.previous_id, "started": result.started,
                    "finished": result.finished, "exit_code": result.exit_code, "pruned": result.pruned,
                    "notified": result.notified},
            "summary": summary(result.findings), "hosts": host_summary(result.findings),
+           "tp_groups": tp_groups(result.findings),
            "changes": result.change.to_json(), "findings": [f.to_json() for f in result.findings],
            "warnings": result.warnings, "meta": meta or {}}
     return json.dumps(doc, indent=2, default=str)
@@ -93,6 +104,10 @@ def to_markdown(result: Result) -> str:
              "## Hosts", "", "| host | worst | problems | top problem |", "|---|---|---|---|"]
     for r in host_summary(result.findings):
         lines.append(f"| {_md(r['host'])} | {r['worst']} | {r['problems']} | {_md(r['top']) or '-'} |")
+    groups = tp_groups(result.findings)
+    if groups:
+        lines += ["", "## TP groups", "", "| instance | state | detail |", "|---|---|---|"]
+        lines += [f"| {_md(g['instance'])} | {g['state']} | {_md(g['message'])} |" for g in groups]
     for title, fs in (("New", result.change.new), ("Resolved", result.change.resolved),
                       ("Ongoing", result.change.ongoing)):
         lines += ["", f"## {title} ({len(fs)})", ""]

@@ -94,3 +94,15 @@ def test_retention_prunes_old_runs_during_a_run(tmp_path):
     r = report_run([ok()], Options(db=db), started=time.time())
     assert r.pruned == 1
     assert r.change.resolved == [crit()]  # compared with the last run before pruning it
+
+
+def test_tp_group_state_per_instance_in_json_markdown_and_html(tmp_path):
+    groups = [Finding("tp.group", Severity.CRIT, None, "tp-group:qwen-a",
+                      "UNAVAILABLE: member gpu01:3 is critical (gpu.xid); the group of 4 cannot serve", "drain"),
+              Finding("tp.group", Severity.OK, None, "tp-group:llama-b", "all 8 member GPUs healthy")]
+    report_run([crit(), *groups], Options(db=tmp_path / "r.db", out_dir=tmp_path), started=0)
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert [(g["instance"], g["state"]) for g in doc["tp_groups"]] == [("llama-b", "OK"), ("qwen-a", "UNAVAILABLE")]
+    assert "| qwen-a | UNAVAILABLE |" in (tmp_path / "report.md").read_text()
+    html = (tmp_path / "report.html").read_text()
+    assert '<td>qwen-a</td><td class="CRIT">UNAVAILABLE</td>' in html
