@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support.lab_fixture import lab  # noqa: F401  (session fixture for tiers 2 and 3)
+from support.lab_fixture import healed_hosts, lab  # noqa: F401  (fixtures for tiers 2 and 3)
 
 TIERS = ("unit", "lab", "e2e")
 _ROOT = Path(__file__).parent

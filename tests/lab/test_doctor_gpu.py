@@ -48,12 +48,8 @@ def inventory(lab, tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def healed(lab, monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    touched: list[str] = []
-    yield touched
-    for name in touched:
-        faults.heal(lab.host_dir(name))
+def healed(healed_hosts: list[str]) -> list[str]:
+    return healed_hosts
 
 
 def doctor(inventory: Path, capsys, *extra: str) -> tuple[int, dict, float]:

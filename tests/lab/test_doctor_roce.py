@@ -44,12 +44,8 @@ def leaves(lab) -> dict[str, list[str]]:
 
 
 @pytest.fixture
-def healed(lab, monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    touched: list[str] = []
-    yield touched
-    for name in touched:
-        faults.heal(lab.host_dir(name))
+def healed(healed_hosts: list[str]) -> list[str]:
+    return healed_hosts
 
 
 def test_healthy_lab_reports_nothing_above_ok(lab, capsys, healed):

@@ -37,3 +37,17 @@ def lab() -> Iterator[LabSession]:
     # A lab that was already up before the run (someone's working lab) stays up.
     if os.environ.get("CLUSTERCTL_LAB_KEEP") != "1" and not reused:
         session.stop()
+
+
+@pytest.fixture
+def healed_hosts(lab: LabSession, monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[list[str]]:
+    """A list the test appends the names of hosts it injects faults into; their
+    simulated hardware is healed afterwards.  The user's state dir (@failed,
+    baselines) is a temporary one, so doctor runs leave nothing behind."""
+    from clusterctl.lab.hardware import faults as hw_faults
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    touched: list[str] = []
+    yield touched
+    for name in touched:
+        hw_faults.heal(lab.host_dir(name))
