@@ -446,6 +446,7 @@ class Server(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024  # uvicorn's backlog 2048; socketserver's 5 drops bursts of connections
 
     def __init__(self, host: str, port: int) -> None:
         super().__init__((host, port), Handler, bind_and_activate=False)
