@@ -9,9 +9,26 @@ from html import escape
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
+#: Points per line at most: 35 days of 5-minute runs are averaged into this many buckets.
+MAX_POINTS = 300
+
+
+def downsample(points: list[tuple[float, float]], n: int = MAX_POINTS) -> list[tuple[float, float]]:
+    """At most ``n`` points: consecutive points averaged (time and value) in equal-count buckets."""
+    if len(points) <= n:
+        return points
+    out = []
+    for b in range(n):
+        chunk = points[b * len(points) // n:(b + 1) * len(points) // n]
+        out.append((sum(t for t, _ in chunk) / len(chunk), sum(v for _, v in chunk) / len(chunk)))
+    return out
+
+
 def line_chart(title: str, series: dict[str, list[tuple[float, float]]], *, unit: str = "",
                width: int = 640, height: int = 220) -> str:
-    """An SVG chart of ``{label: [(unix time, value), ...]}``; an empty chart says "no data"."""
+    """An SVG chart of ``{label: [(unix time, value), ...]}`` (each line at most
+    :data:`MAX_POINTS` points); an empty chart says "no data"."""
+    series = {k: downsample(v) for k, v in series.items()}
     pad_l, pad_r, pad_t, pad_b = 48, 140, 24, 28
     pts = [p for s in series.values() for p in s]
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
