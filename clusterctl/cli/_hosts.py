@@ -5,8 +5,8 @@
 * :func:`check_host_key_policy` checks ``--host-key-policy``;
 * :func:`become_password` asks for (``-K``) or reads the sudo password;
 * :class:`HostProgress` renders per-host progress on stderr;
-* the typer option objects ``FanoutOpt``, ``HostKeyOpt``, ``DeadlineOpt`` and
-  ``ConnectTimeoutOpt``.
+* the typer option objects ``FanoutOpt``, ``HostKeyOpt``, ``DeadlineOpt``,
+  ``ConnectTimeoutOpt``, ``ProbeSudoOpt`` and ``AskBecomePassOpt``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ HostKeyOpt = typer.Option(None, "--host-key-policy",
                           help="Override the inventory: accept-new, strict or off (off warns).")
 DeadlineOpt = typer.Option(None, "--deadline", min=0.1,
                            help="Seconds the whole run may take; unfinished hosts become timeout rows.")
+ProbeSudoOpt = typer.Option(False, "--sudo",
+                            help="Run the probe as root via sudo (to read a root-only kernel log).")
+AskBecomePassOpt = typer.Option(False, "--ask-become-pass", "-K", help="Prompt once for the sudo password.")
 ConnectTimeoutOpt = typer.Option(None, "--connect-timeout", min=0.1,
                                  help="Seconds for TCP connect, SSH handshake and auth "
                                  "[default: inventory, then user config, 10].")

@@ -13,7 +13,8 @@ from typing import Optional
 import typer
 
 from clusterctl.cli._common import InventoryOpt, console, fail
-from clusterctl.cli._hosts import ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt
+from clusterctl.cli._hosts import (AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt,
+                                   ProbeSudoOpt)
 from clusterctl.cli.doctor import live_snapshot
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -43,9 +44,8 @@ def collect(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @
             fanout: Optional[int] = FanoutOpt,
             connect_timeout: Optional[float] = ConnectTimeoutOpt,
             deadline: Optional[float] = DeadlineOpt,
-            sudo: bool = typer.Option(False, "--sudo", help="Probe as root via sudo (root-only kernel log)."),
-            ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K",
-                                                 help="Prompt once for the sudo password."),
+            sudo: bool = ProbeSudoOpt,
+            ask_become_pass: bool = AskBecomePassOpt,
             host_key_policy: Optional[str] = HostKeyOpt,
             ) -> None:
     from clusterctl.diagnose.bundle import write_bundle

@@ -19,7 +19,8 @@ import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, user_config
 from clusterctl.cli._hosts import (
-    ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, become_password, check_host_key_policy,
+    AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, ProbeSudoOpt,
+    become_password, check_host_key_policy,
     select,
 )
 from clusterctl.diagnose.findings import Finding, Severity, exit_code
@@ -195,9 +196,8 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
            fanout: Optional[int] = FanoutOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt,
            deadline: Optional[float] = DeadlineOpt,
-           sudo: bool = typer.Option(False, "--sudo", help="Probe as root via sudo (root-only kernel log)."),
-           ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K",
-                                                help="Prompt once for the sudo password."),
+           sudo: bool = ProbeSudoOpt,
+           ask_become_pass: bool = AskBecomePassOpt,
            host_key_policy: Optional[str] = HostKeyOpt,
            ) -> None:
     from clusterctl.diagnose.bundle import context

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, print_json, user_config
 from clusterctl.cli._hosts import (
-    ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, become_password, check_host_key_policy,
+    AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, ProbeSudoOpt,
+    become_password, check_host_key_policy,
     select,
 )
 from clusterctl.exitcodes import ExitCode
@@ -144,10 +145,8 @@ def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @gr
           fanout: Optional[int] = FanoutOpt,
           connect_timeout: Optional[float] = ConnectTimeoutOpt,
           deadline: Optional[float] = DeadlineOpt,
-          sudo: bool = typer.Option(False, "--sudo",
-                                    help="Run the probe as root via sudo (to read a root-only kernel log)."),
-          ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K",
-                                               help="Prompt once for the sudo password."),
+          sudo: bool = ProbeSudoOpt,
+          ask_become_pass: bool = AskBecomePassOpt,
           host_key_policy: Optional[str] = HostKeyOpt,
           ) -> None:
     policy = check_host_key_policy(host_key_policy)
