@@ -16,7 +16,7 @@ def test_round_trip_of_findings_metrics_and_counts(tmp_path):
     with History(tmp_path / "h.db") as h:
         rid = h.record([crit(), warn(), ok()], started=1000.0, finished=1010.0, pattern="all",
                        metrics=[Metric("gpu01", "gpu_util_pct", 87.5, "gpu:0")])
-        assert h.findings(rid) == [crit(), warn(), ok()]
+        assert h.findings(rid) == [crit(), warn()]  # OK findings are counted, not stored
         run = h.last_run()
         assert run is not None and run.id == rid and run.exit_code == 2 and run.hosts == 3
         assert run.counts == {"OK": 1, "WARN": 1, "CRIT": 1, "UNKNOWN": 0}
@@ -40,7 +40,7 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path):
     db.close()
     with History(path) as h:
         assert h.version == SCHEMA_VERSION
-        assert [r.id for r in h.runs()] == [1]
+        assert [r.id for r in h.runs()] == [1] and h.runs()[0].counts["OK"] == 0
         h.set_notified({("gpu.xid", "gpu01", "gpu:3"): ("CRIT", 7.0)})  # the table version 2 added
         assert h.notified() == {("gpu.xid", "gpu01", "gpu:3"): ("CRIT", 7.0)}
 
