@@ -140,21 +140,43 @@ class RunResult:
     cpu_s: float
 
 
+def arrival_times(n: int, rate: float | None, seed: int = 0) -> list[float]:
+    """Send offsets (s) of ``n`` requests: all at 0 when ``rate`` is None, else a Poisson process of
+    ``rate`` requests/s (exponential gaps), as ``vllm bench serve --request-rate``."""
+    if rate is None:
+        return [0.0] * n
+    if rate <= 0:
+        raise ClusterctlError(f"request rate must be above 0, not {rate}")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
 def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int, *,
-        model: str | None = None, timeout: float = 60.0, ignore_eos: bool = True) -> RunResult:
-    """Send every prompt with at most ``concurrency`` in flight; returns when all have finished or failed."""
+        model: str | None = None, timeout: float = 60.0, ignore_eos: bool = True,
+        request_rate: float | None = None, seed: int = 0) -> RunResult:
+    """Send every prompt with at most ``concurrency`` in flight, each not before its Poisson arrival time
+    when ``request_rate`` (req/s) is given; returns when all have finished or failed."""
     if concurrency < 1:
         raise ClusterctlError(f"concurrency must be at least 1, not {concurrency}")
     results: list[RequestResult] = []
     lock = threading.Lock()
-    todo = iter(prompts)
+    todo = iter(zip(arrival_times(len(prompts), request_rate, seed), prompts))
+    start = [0.0]
 
     def worker() -> None:
         while True:
             with lock:
-                prompt = next(todo, None)
-            if prompt is None:
+                item = next(todo, None)
+            if item is None:
                 return
+            at, prompt = item
+            delay = start[0] + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
             body: dict[str, object] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0,
                                        "ignore_eos": ignore_eos}
             if model:
@@ -165,6 +187,7 @@ def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int,
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, max(1, len(prompts))))]
     cpu0, t0 = time.process_time(), time.perf_counter()
+    start[0] = t0
     for t in threads:
         t.start()
     for t in threads:

@@ -15,7 +15,8 @@ from clusterctl.exitcodes import ExitCode
 HELP = """Load-test an OpenAI-compatible endpoint with streaming /v1/completions.
 
 For each concurrency level, REQUESTS synthetic prompts of INPUT_LEN words are
-sent with at most that many in flight (closed loop), each asking for OUTPUT_LEN
+sent with at most that many in flight (all at once, or as Poisson arrivals at
+--request-rate per second), each asking for OUTPUT_LEN
 tokens (ignore_eos). Measured as `vllm bench serve` does: TTFT (first content
 chunk), TPOT excluding the first token, ITL (gaps between chunks), E2E; mean,
 median, p90, p99 in ms; request, output and total token throughput; goodput
@@ -29,7 +30,7 @@ Examples:
 
   clusterctl bench http://10.77.0.11:8000 --concurrency 1,8,20 --requests 40 --input-len 512 --output-len 128
 
-  clusterctl bench http://127.0.0.1:8000 --concurrency 8 --slo-ttft 500 --slo-tpot 50 --json
+  clusterctl bench http://127.0.0.1:8000 --concurrency 8 --request-rate 4 --slo-ttft 500 --slo-tpot 50 --json
 """
 
 
@@ -56,6 +57,8 @@ def bench(url: str = typer.Argument(..., help="Endpoint base URL, e.g. http://HO
           slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", min=0, help="Goodput SLO: TTFT ms."),
           slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", min=0, help="Goodput SLO: TPOT ms."),
           slo_e2e: Optional[float] = typer.Option(None, "--slo-e2e", min=0, help="Goodput SLO: E2E ms."),
+          request_rate: Optional[float] = typer.Option(None, "--request-rate", min=0.001,
+                                                       help="Poisson arrivals, requests/s [default: all at once]."),
           server_timings: bool = typer.Option(False, "--server-timings",
                                               help="Compare TTFT with the server's /metrics histogram."),
           timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds a request may stall."),
@@ -74,7 +77,8 @@ def bench(url: str = typer.Argument(..., help="Endpoint base URL, e.g. http://HO
     for level in _levels(concurrency):
         prompts = [loadgen.synthetic_prompt(input_len, rng) for _ in range(requests)]
         before = _scrape(server_metrics, ep) if server_timings else None
-        run = loadgen.run(ep, prompts, level, output_len, model=model, timeout=timeout)
+        run = loadgen.run(ep, prompts, level, output_len, model=model, timeout=timeout,
+                          request_rate=request_rate, seed=seed)
         rep = aggregate(run.results, run.duration, level, slo)
         rep["generator_cpu_percent"] = 100 * run.cpu_s / max(run.duration, 1e-9)
         if before is not None:
@@ -87,7 +91,7 @@ def bench(url: str = typer.Argument(..., help="Endpoint base URL, e.g. http://HO
     code = _exit_code(reports)
     if as_json:
         print_json({"url": ep.url, "input_len": input_len, "output_len": output_len, "requests": requests,
-                    "slo_ms": None if slo is None else vars(slo), "results": reports})
+                    "request_rate": request_rate, "slo_ms": None if slo is None else vars(slo), "results": reports})
         raise typer.Exit(code)
     _table(reports, server_timings, slo is not None)
     raise typer.Exit(code)

@@ -25,9 +25,15 @@ def test_bench_json_reports_each_level_with_vllm_metrics(host, models, start_sim
         assert r["completed"] == 4 and r["total_output_tokens"] == 24 and r["goodput"] > 0
         assert set(r["ttft_ms"]) == {"mean", "median", "p90", "p99"} and r["tpot_ms"]["mean"] > 0
         assert r["server_ttft_mean_ms"] is not None and r["generator_cpu_percent"] >= 0
-    assert main(["bench", sim.url, "-c", "2", "-n", "2", "--output-len", "3"]) == ExitCode.OK
+    assert main(["bench", sim.url, "-c", "4", "-n", "4", "--output-len", "3", "--request-rate", "10"]) == 0
     out = capsys.readouterr().out
     assert "TTFT" in out and "TPOT" in out
+    assert main(["bench", sim.url, "-c", "4", "-n", "6", "--output-len", "2", "--request-rate", "20", "--seed", "5",
+                 "--json"]) == 0
+    from clusterctl.bench.loadgen import arrival_times
+
+    paced = json.loads(capsys.readouterr().out)["results"][0]
+    assert paced["duration_s"] >= arrival_times(6, 20.0, seed=5)[-1]  # the last one was not sent early
     assert sim.stop() == 0
 
 

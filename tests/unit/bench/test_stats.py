@@ -50,3 +50,14 @@ def test_endpoint_urls() -> None:
         Endpoint.parse("ftp://x")
     with pytest.raises(ClusterctlError, match="bad port"):
         Endpoint.parse("http://h:99999")
+
+
+def test_poisson_arrivals_have_the_requested_mean_rate_and_are_reproducible() -> None:
+    from clusterctl.bench.loadgen import arrival_times
+
+    t = arrival_times(2000, 50.0, seed=3)
+    assert t[0] == 0.0 and t == sorted(t) and t == arrival_times(2000, 50.0, seed=3)
+    assert 2000 / t[-1] == pytest.approx(50.0, rel=0.1)
+    assert arrival_times(3, None) == [0.0, 0.0, 0.0]
+    with pytest.raises(ClusterctlError, match="above 0"):
+        arrival_times(3, 0.0)
