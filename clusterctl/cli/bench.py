@@ -23,12 +23,19 @@ median, p90, p99 in ms; request, output and total token throughput; goodput
 under the SLOs given. --server-timings also reads the server's own TTFT
 histogram from /metrics and reports the generator's error against it.
 
+With --compare URL_B the same workload runs against both endpoints, level by
+level, and each metric's relative change is shown; worse than --tolerance is a
+regression.
+
 Exit status: 0 every request succeeded, 1 some failed, 2 all failed,
-3 usage errors.
+3 usage errors. With --compare: 0 no regression, 1 a regression, 2 failed
+requests.
 
 Examples:
 
   clusterctl bench http://10.77.0.11:8000 --concurrency 1,8,20 --requests 40 --input-len 512 --output-len 128
+
+  clusterctl bench http://10.77.0.11:8000 --compare http://10.77.0.12:8000 -c 1,8 --tolerance 0.15
 
   clusterctl bench http://127.0.0.1:8000 --concurrency 8 --request-rate 4 --slo-ttft 500 --slo-tpot 50 --json
 """
@@ -59,6 +66,10 @@ def bench(url: str = typer.Argument(..., help="Endpoint base URL, e.g. http://HO
           slo_e2e: Optional[float] = typer.Option(None, "--slo-e2e", min=0, help="Goodput SLO: E2E ms."),
           request_rate: Optional[float] = typer.Option(None, "--request-rate", min=0.001,
                                                        help="Poisson arrivals, requests/s [default: all at once]."),
+          compare_url: Optional[str] = typer.Option(None, "--compare", metavar="URL_B",
+                                                    help="Run the same workload against URL_B and compare."),
+          tolerance: float = typer.Option(0.1, "--tolerance", min=0,
+                                          help="With --compare: relative change counted as a regression."),
           server_timings: bool = typer.Option(False, "--server-timings",
                                               help="Compare TTFT with the server's /metrics histogram."),
           timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds a request may stall."),
@@ -72,9 +83,13 @@ def bench(url: str = typer.Argument(..., help="Endpoint base URL, e.g. http://HO
     except ClusterctlError as e:
         fail(str(e))
     slo = Slo(slo_ttft, slo_tpot, slo_e2e) if any(v is not None for v in (slo_ttft, slo_tpot, slo_e2e)) else None
+    levels = _levels(concurrency)
+    if compare_url is not None:
+        _compare(ep, compare_url, levels, requests, input_len, output_len, model, timeout, request_rate, seed,
+                 slo, tolerance, as_json)
     rng = random.Random(seed)
     reports: list[dict[str, Any]] = []
-    for level in _levels(concurrency):
+    for level in levels:
         prompts = [loadgen.synthetic_prompt(input_len, rng) for _ in range(requests)]
         before = _scrape(server_metrics, ep) if server_timings else None
         run = loadgen.run(ep, prompts, level, output_len, model=model, timeout=timeout,
@@ -94,6 +109,46 @@ def bench(url: str = typer.Argument(..., help="Endpoint base URL, e.g. http://HO
                     "request_rate": request_rate, "slo_ms": None if slo is None else vars(slo), "results": reports})
         raise typer.Exit(code)
     _table(reports, server_timings, slo is not None)
+    raise typer.Exit(code)
+
+
+def _compare(ep: Any, url_b: str, levels: list[int], requests: int, input_len: int, output_len: int,
+             model: Optional[str], timeout: float, request_rate: Optional[float], seed: int, slo: Any,
+             tolerance: float, as_json: bool) -> None:
+    """Same prompts, levels and pacing against both endpoints, A then B per level; exits 1 on a regression."""
+    from clusterctl.bench import loadgen
+    from clusterctl.bench.compare import compare
+    from clusterctl.bench.stats import aggregate
+
+    try:
+        ep_b = loadgen.Endpoint.parse(url_b)
+    except ClusterctlError as e:
+        fail(str(e))
+    rng = random.Random(seed)
+    reports: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+    for level in levels:
+        prompts = [loadgen.synthetic_prompt(input_len, rng) for _ in range(requests)]
+        for side, target in (("a", ep), ("b", ep_b)):
+            run = loadgen.run(target, prompts, level, output_len, model=model, timeout=timeout,
+                              request_rate=request_rate, seed=seed)
+            reports[side].append(aggregate(run.results, run.duration, level, slo))
+    rows = compare(reports["a"], reports["b"], tolerance)
+    failed = sum(r["failed"] for side in reports.values() for r in side)
+    code = ExitCode.CRIT if failed else (ExitCode.WARN if any(r["regression"] for r in rows) else ExitCode.OK)
+    if as_json:
+        print_json({"a": ep.url, "b": ep_b.url, "tolerance": tolerance, "comparison": rows, "results": reports})
+        raise typer.Exit(code)
+    from rich.table import Table
+
+    t = Table(title=f"A {ep.url} vs B {ep_b.url} (tolerance {tolerance:.0%})")
+    for col in ("conc", "metric", "A", "B", "change", ""):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["concurrency"]), r["metric"], _ms(r["a"]), _ms(r["b"]),
+                  "-" if math.isnan(r["change"]) else f"{r['change']:+.0%}", "REGRESSION" if r["regression"] else "")
+    console.print(t)
+    if failed:
+        console.print(f"{failed} requests failed; see --json for the reasons")
     raise typer.Exit(code)
 
 
