@@ -265,3 +265,27 @@ def file_sd(inventory: Optional[str] = InventoryOpt,
     except OSError as e:
         fail(f"{out}: cannot write: {e.strerror}")
     console.print(f"wrote {out}", markup=False)
+
+
+@app.command("serve", help="""Serve a report textfile at http://ADDRESS:PORT/metrics (foreground).
+
+The file is re-read on every scrape; 503 until the first run wrote it.
+
+Example:
+
+  clusterctl report serve --textfile /var/lib/clusterctl/clusterctl.prom --listen 0.0.0.0 --port 9477
+""")
+def serve(textfile: str = typer.Option(..., "--textfile", help="The .prom file `report run --textfile` writes."),
+          listen: str = typer.Option("127.0.0.1", "--listen", help="Address to bind."),
+          port: int = typer.Option(9477, "--port", min=1, max=65535, help="TCP port.")) -> None:
+    from clusterctl.report.serve import make_server
+
+    try:
+        server = make_server(textfile, listen, port)
+    except OSError as e:
+        fail(f"{listen}:{port}: cannot listen: {e.strerror}")
+    console.print(f"serving {textfile} at http://{listen}:{port}/metrics", markup=False)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
