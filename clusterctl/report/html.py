@@ -24,9 +24,15 @@ if TYPE_CHECKING:
 TREND_DAYS = 35.0
 
 
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
 def _env() -> Environment:
-    return Environment(loader=PackageLoader("clusterctl", "templates"), autoescape=select_autoescape(["j2", "html"]),
-                       trim_blocks=True, lstrip_blocks=True)
+    env = Environment(loader=PackageLoader("clusterctl", "templates"), autoescape=select_autoescape(["j2", "html"]),
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters["utc"] = _utc
+    return env
 
 
 def charts(hist: History, *, now: float, days: float = TREND_DAYS) -> list[Markup]:
@@ -48,7 +54,7 @@ def render_html(result: "Result", hist: History) -> str:
 
     ctx: dict[str, Any] = {
         "summary": summary(result.findings), "result": result,
-        "stamp": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(result.started)),
+        "stamp": _utc(result.started) + " UTC",
         "hosts": host_summary(result.findings), "change": result.change, "tp_groups": tp_groups(result.findings),
         "groups": group(result.findings, min_severity=Severity.UNKNOWN),
         "charts": charts(hist, now=result.finished),

@@ -33,6 +33,7 @@ def test_fault_appears_as_new_then_ongoing_then_resolved_with_doctor_exit_codes(
     assert "## Resolved (2)" in md and "| CRIT | gpu01 | gpu.xid | gpu:3 |" in md
     html = (tmp_path / "out" / "report.html").read_text()
     assert "<svg" in html and "Problems per run" in html
+    assert f"<td>{r3.run_id}</td><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(r3.started))}</td>" in html
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")  # no external assets
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temp files left
 
