@@ -39,6 +39,9 @@ def test_lost_gpu_is_new_then_resolved_after_heal(lab, inventory, tmp_path, caps
     db, out = tmp_path / "report.db", tmp_path / "out"
     victim = lab.names[0]
     healed_hosts.append(victim)
+    # XIDs that earlier tests injected stay in kern.log (as on a real node); start clean.
+    for name in lab.names:
+        lab.run(name, ": > /var/log/kern.log", check=True)
     faults.inject(lab.host_dir(victim), "gpu-lost", gpu=1, log=False)
     rc, doc = report(inventory, db, out, capsys)
     assert rc == 2
