@@ -99,15 +99,7 @@ class FactsBench:
         addrs = [light.address_for(i, BASE) for i in range(n)]
         hosts_file = self.work / f"hosts_{n}.txt"
         hosts_file.write_text("\n".join(addrs) + "\n")
-        ans = self.work / "ansible"
-        ans.mkdir(exist_ok=True)
-        ans_inv = ans / f"inv_{n}.ini"
-        ans_inv.write_text("[lab]\n" + "\n".join(addrs) + "\n\n[lab:vars]\nansible_user=root\n"
-                           f"ansible_ssh_private_key_file={key}\nansible_python_interpreter=/usr/bin/python3\n"
-                           "ansible_ssh_extra_args='-o UserKnownHostsFile=/dev/null'\n")
-        ans_cfg = ans / "ansible.cfg"
-        ans_cfg.write_text(f"[defaults]\nhost_key_checking = False\nforks = {a.fanout}\n"
-                           "[ssh_connection]\npipelining = True\n")
+        ans_inv, ans_cfg = fanout_run.write_ansible_files(self.work, n, addrs, key, a.fanout)
         f = str(a.fanout)
         py = sys.executable
         tools: dict[str, list[str]] = {

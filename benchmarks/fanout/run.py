@@ -72,6 +72,21 @@ def version_of(cmd: list[str]) -> str:
     return text[0] if text else f"unavailable (rc {p.returncode})"
 
 
+
+def write_ansible_files(work: Path, n: int, addrs: list[str], key: str, forks: int) -> tuple[Path, Path]:
+    """Ansible's inventory and config for ``addrs``: root with ``key``, forks as our
+    fan-out, pipelining on, host keys not checked (as the other tools here)."""
+    ans_dir = work / "ansible"
+    ans_dir.mkdir(exist_ok=True)
+    ans_inv = ans_dir / f"inv_{n}.ini"
+    ans_inv.write_text("[lab]\n" + "\n".join(addrs) + "\n\n[lab:vars]\nansible_user=root\n"
+                       f"ansible_ssh_private_key_file={key}\nansible_python_interpreter=/usr/bin/python3\n"
+                       "ansible_ssh_extra_args='-o UserKnownHostsFile=/dev/null'\n")
+    ans_cfg = ans_dir / "ansible.cfg"
+    ans_cfg.write_text(f"[defaults]\nhost_key_checking = False\nforks = {forks}\n"
+                       "[ssh_connection]\npipelining = True\n")
+    return ans_inv, ans_cfg
+
 class Bench:
     def __init__(self, args: argparse.Namespace, work: Path):
         self.args = args
@@ -134,15 +149,7 @@ class Bench:
         addrs = [light.address_for(i, "127.1") for i in range(n)]
         hosts_file = self.work / f"hosts_{n}.txt"
         hosts_file.write_text("\n".join(addrs) + "\n")
-        ans_dir = self.work / "ansible"
-        ans_dir.mkdir(exist_ok=True)
-        ans_inv = ans_dir / f"inv_{n}.ini"
-        ans_inv.write_text("[lab]\n" + "\n".join(addrs) + "\n\n[lab:vars]\nansible_user=root\n"
-                           f"ansible_ssh_private_key_file={key}\nansible_python_interpreter=/usr/bin/python3\n"
-                           "ansible_ssh_extra_args='-o UserKnownHostsFile=/dev/null'\n")
-        ans_cfg = ans_dir / "ansible.cfg"
-        ans_cfg.write_text(f"[defaults]\nhost_key_checking = False\nforks = {a.fanout}\n"
-                           "[ssh_connection]\npipelining = True\n")
+        ans_inv, ans_cfg = write_ansible_files(self.work, n, addrs, key, a.fanout)
         f = str(a.fanout)
         ssh_opts = f"-i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
         tools: dict[str, list[str]] = {
