@@ -15,14 +15,12 @@ CLUSTERCTL_LAB_PREFIX=simb CLUSTERCTL_LAB_HOSTS=1 pytest tests/lab/test_vllm_sim
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
+from support.http import http, wait_healthy
 from unit.vllm_sim.promparse import parse
 from unit.vllm_sim.test_engine_http import words
 
@@ -32,13 +30,7 @@ PORT = 8000
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    return http(url, body, timeout)
 
 
 def _ttft(addr: str) -> tuple[float, float]:
@@ -58,15 +50,7 @@ def served(lab):
                   f"/opt/vllm-0.11/bin/vllm serve {MODEL} --port {PORT} --max-model-len 8192 "
                   "--sim-profile l40s-48g", check=True)
     addr = lab.host(name).address
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if _http(f"http://{addr}:{PORT}/health", timeout=2)[0] == 200:
-                break
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, lab.run(name, f"journalctl -u {UNIT} --no-pager").stdout
-        time.sleep(0.5)
+    wait_healthy(lab, name, f"http://{addr}:{PORT}/health", UNIT, timeout=120)
     yield name, addr
     lab.run(name, f"systemctl stop {UNIT}; systemctl reset-failed {UNIT}", timeout=60)
 

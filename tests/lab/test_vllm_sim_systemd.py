@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -21,6 +19,7 @@ from clusterctl.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.probe.run import collect_facts
 
+from support.http import http, wait_healthy
 from unit.vllm_sim.promparse import parse
 
 MODEL = "/models/qwen3-8b"
@@ -29,13 +28,7 @@ UNITS = ("vllm-sim-a", "vllm-sim-b")
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 10) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    return http(url, body, timeout, headers={"Authorization": f"Bearer {KEY}"})
 
 
 def _gpu0_processes(lab, name: str) -> list:
@@ -65,15 +58,7 @@ def host(lab):
 def test_simulator_under_systemd_serves_and_holds_gpu_memory(lab, host):
     addr = lab.host(host).address
     _start(lab, host, UNITS[0], "/opt/vllm-0.11/bin/vllm", 8000)
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if _http(f"http://{addr}:8000/health", timeout=2)[0] == 200:
-                break
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, lab.run(host, f"journalctl -u {UNITS[0]} --no-pager").stdout
-        time.sleep(0.5)
+    wait_healthy(lab, host, f"http://{addr}:8000/health", UNITS[0], timeout=90)
     journal = lab.run(host, f"journalctl -u {UNITS[0]} --no-pager -o cat", check=True).stdout
     assert "Application startup complete." in journal and "GPU KV cache size:" in journal
     ps = lab.run(host, "ps -eo args", check=True).stdout
