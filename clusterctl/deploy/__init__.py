@@ -1,0 +1,7 @@
+"""Deploy: render vLLM instances as systemd units, plan, apply, roll out (issue #8).
+
+The pipeline, as in staging: render what each host should have (pure:
+``units``), read what it has (``remote``), show the difference (``plan``),
+then apply in batches behind health gates with a way back (``rollout``).
+``spec`` holds the names and paths every part agrees on.
+"""
