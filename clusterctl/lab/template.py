@@ -31,7 +31,9 @@ from clusterctl.lab._run import run
 
 SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "procps",
-            "python3", "sudo", "kmod", "iputils-ping", "less")
+            "python3", "sudo", "kmod", "iputils-ping", "less",
+            # The gateway (docs/gateway.md): nginx with njs, started only by tests that use it.
+            "nginx-light", "libnginx-mod-http-js")
 #: Bumped by hand when the prep steps change in a way the hash cannot see.
 PREP_RECIPE = 3
 #: Units a container has no use for (timers that would wake up 100 hosts at
@@ -251,6 +253,9 @@ def prepare_rootfs(root: Path) -> None:
         link = unit_dir / unit
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
+    # nginx (the gateway) is installed on every host but runs only where a test starts it.
+    for link in unit_dir.glob("*.wants/nginx.service"):
+        link.unlink()
     jd = root / "etc/systemd/journald.conf.d"
     jd.mkdir(parents=True, exist_ok=True)
     # A persistent journal would add ~8 MB to every host's upper dir.
