@@ -141,9 +141,29 @@ class GpuRef:
         return f"{self.host}:{self.index}"
 
 
+@dataclass(frozen=True)
+class SecretRef:
+    """Where a secret's value is read, on the control machine, at deploy time.
+
+    Only the reference is stored, never the value: ``kind`` ``env`` reads the
+    control machine's environment variable ``ref``; ``file`` reads the file
+    ``ref`` (relative paths are relative to the inventory file's directory).
+    ``clusterctl.deploy.secrets.resolve_secrets`` reads the values.
+    """
+
+    kind: Literal["env", "file"]
+    ref: str
+    location: Location | None = None
+
+
 @dataclass
 class Instance:
-    """One vLLM server process.  ``placement`` is its TP group."""
+    """One vLLM server process.  ``placement`` is its TP group.
+
+    ``secrets`` maps an environment variable (e.g. ``VLLM_API_KEY``) to where
+    its value is read at deploy time; it reaches the node only in the
+    instance's EnvironmentFile (mode 0600).
+    """
 
     name: str
     model: str
@@ -155,6 +175,7 @@ class Instance:
     role: Literal["mixed", "prefill", "decode"] = "mixed"
     template: str | None = None
     location: Location | None = None
+    secrets: dict[str, SecretRef] = field(default_factory=dict)
 
     @property
     def tp_size(self) -> int:
@@ -180,6 +201,7 @@ class InstanceTemplate:
     env: dict[str, str] = field(default_factory=dict)
     role: Literal["mixed", "prefill", "decode"] = "mixed"
     location: Location | None = None
+    secrets: dict[str, SecretRef] = field(default_factory=dict)
 
 
 @dataclass
