@@ -7,12 +7,13 @@ GPUs and ports, TP rules) live in :mod:`clusterctl.inventory.checks`.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from clusterctl.errors import SelectionError
 from clusterctl.inventory.fields import NAME, Ctx, suggest
 from clusterctl.inventory.model import (
-    Engine, GpuRef, Instance, InstanceTemplate, Inventory, Location, Model, ModelArch,
+    Engine, GpuRef, Instance, InstanceTemplate, Inventory, Location, Model, ModelArch, SecretRef,
 )
 from clusterctl.inventory.nodeset import NodeSetError, expand
 from clusterctl.inventory.yamlnodes import Y
@@ -20,6 +21,7 @@ from clusterctl.inventory.yamlnodes import Y
 ARCH_KEYS = ("layers", "hidden_size", "attention_heads", "kv_heads", "head_dim", "vocab",
              "params", "dtype", "quantization")
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class WorkloadReader:
@@ -104,7 +106,7 @@ class WorkloadReader:
     def instances(self, y: Y | None, inv: Inventory) -> dict[str, Instance]:
         ctx = self.ctx
         out: dict[str, Instance] = {}
-        keys = ("model", "engine", "placement", "port", "tp", "args", "env", "role")
+        keys = ("model", "engine", "placement", "port", "tp", "args", "env", "role", "secrets")
         for name, iy, line in self._named(y, "instances"):
             w = f"instances.{name}"
             known = ctx.keys(iy, keys, w)
@@ -169,6 +171,42 @@ class WorkloadReader:
             role = ctx.string(known["role"], f"{w}.role", ("mixed", "prefill", "decode"))
             if role is not None:
                 out["role"] = role
+        out["secrets"] = self._secrets(known["secrets"], f"{w}.secrets", out["env"]) \
+            if "secrets" in known else {}
+        return out
+
+    def _secrets(self, y: Y, w: str, env: dict[str, str]) -> dict[str, SecretRef]:
+        """``NAME: {env: VAR}`` or ``NAME: {file: PATH}``: references, read at deploy time."""
+        ctx = self.ctx
+        out: dict[str, SecretRef] = {}
+        for name, v in (ctx.mapping(y, w) or {}).items():
+            line = y.key_lines.get(name, y.line)
+            if not ENV_NAME.match(name):
+                ctx.error(line, f"{w}: {name!r} is not an environment variable name")
+                continue
+            if name in env:
+                ctx.error(line, f"{w}.{name}: also set under env; keep it in one place")
+                continue
+            ref = ctx.mapping(v, f"{w}.{name}")
+            if ref is None:
+                continue
+            known = ctx.keys(v, ("env", "file"), f"{w}.{name}")
+            if len(known) != 1:
+                if len(known) > 1 or not ref:  # else: the unknown key was reported
+                    ctx.error(v.line, f"{w}.{name}: give exactly one of env (a variable on the control "
+                                      "machine) or file (a path)")
+                continue
+            kind, ry = next(iter(known.items()))
+            text = ctx.string(ry, f"{w}.{name}.{kind}")
+            if text is None:
+                continue
+            if kind == "env" and not ENV_NAME.match(text):
+                ctx.error(ry.line, f"{w}.{name}.env: {text!r} is not an environment variable name")
+                continue
+            if not text:
+                ctx.error(ry.line, f"{w}.{name}.file: empty path")
+                continue
+            out[name] = SecretRef("env" if kind == "env" else "file", text, Location(ctx.filename, line))
         return out
 
     def _placement(self, y: Y, w: str, inv: Inventory) -> tuple[GpuRef, ...] | None:
@@ -218,7 +256,8 @@ class WorkloadReader:
     def templates(self, y: Y | None, inv: Inventory) -> dict[str, InstanceTemplate]:
         ctx = self.ctx
         out: dict[str, InstanceTemplate] = {}
-        keys = ("model", "engine", "replicas", "tp", "hosts", "port_base", "args", "env", "role")
+        keys = ("model", "engine", "replicas", "tp", "hosts", "port_base", "args", "env", "role",
+                "secrets")
         from clusterctl.inventory.select import select_hosts
         for name, ty, line in self._named(y, "templates"):
             w = f"templates.{name}"
