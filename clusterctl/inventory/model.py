@@ -223,6 +223,55 @@ class Host:
 
 
 @dataclass
+class GrayRelease:
+    """Clients asking for ``served`` go to ``canary`` (an inventory model) for
+    ``percent`` % of sessions (requests without a session: of requests), else
+    to ``stable``."""
+
+    served: str
+    stable: str
+    canary: str
+    percent: float
+    location: Location | None = None
+
+
+@dataclass
+class Mirror:
+    """``percent`` % of live requests for ``served`` are copied to the
+    instances of ``candidate`` (an inventory model); their answers are discarded."""
+
+    served: str
+    candidate: str
+    percent: float
+    location: Location | None = None
+
+
+@dataclass
+class GatewaySpec:
+    """The nginx gateway in front of the instances (docs/gateway.md).
+
+    ``max_conns`` is per instance (upstream server); ``max_connections`` and
+    ``requests_per_second`` (+ ``burst``) are per client address, 0 = no limit;
+    ``sync_interval_s`` is the least time between two reloads by ``gateway sync``.
+    ``api_key`` is where the key the instances require is read (never the value).
+    """
+
+    hosts: tuple[str, ...]
+    port: int = 8080
+    session_header: str = "X-Session-ID"
+    max_conns: int = 0
+    max_connections: int = 0
+    requests_per_second: float = 0.0
+    burst: int = 0
+    sync_interval_s: float = 10.0
+    read_timeout_s: int = 3600
+    api_key: SecretRef | None = None
+    gray: list[GrayRelease] = field(default_factory=list)
+    mirrors: list[Mirror] = field(default_factory=list)
+    location: Location | None = None
+
+
+@dataclass
 class Inventory:
     """The whole resolved inventory.
 
@@ -238,4 +287,5 @@ class Inventory:
     instances: dict[str, Instance] = field(default_factory=dict)
     templates: dict[str, InstanceTemplate] = field(default_factory=dict)
     fabric: FabricProfile = field(default_factory=FabricProfile)
+    gateway: GatewaySpec | None = None
     warnings: list[str] = field(default_factory=list)
