@@ -1,0 +1,363 @@
+"""Node side of deploy: one JSON job on stdin, one JSON result line on stdout.
+
+Runs on the node's own ``python3`` (3.8+, standard library only), shipped by
+:mod:`clusterctl.deploy.remote` as a ``python3 -I -B -c`` program.  The job
+goes on stdin because it may carry environment files with secrets; nothing
+secret is ever printed back: environment files are reported as a digest and
+per-key salted hashes (the salt is a random value of the control run).
+
+Ops (``job["op"]``):
+
+* ``read``: every ``clusterctl-*.service`` unit (text, the node-computed
+  digest of unit + env, the env's keys with salted value hashes, ``systemctl
+  show`` state), the lock, the ``previous/`` copies and, per model path asked
+  for, the staged version it points at.
+* ``lock`` / ``unlock``: the deploy lock (``O_EXCL``; stale after ``ttl_s``
+  or broken on request); ``unlock`` also appends an audit record.
+* ``apply``: save previous copies, write unit and env files (temp + rename,
+  env 0600 root), ``daemon-reload``, enable/disable, stop+remove, start or
+  restart only what is listed.
+* ``rollback``: put back the previous unit, env and model symlink of each
+  instance (swapping, so a second rollback goes forward again), restart.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import sys
+import time
+
+UNIT_DIR = "/etc/systemd/system"
+ENV_DIR = "/etc/clusterctl/instances"
+STATE_DIR = "/var/lib/clusterctl/deploy"
+PREVIOUS_DIR = STATE_DIR + "/previous"
+LOCK_PATH = "/var/lib/clusterctl/deploy.lock"
+AUDIT_PATH = STATE_DIR + "/audit.jsonl"
+PREFIX = "clusterctl-"
+SHOW_PROPS = "Id,LoadState,ActiveState,SubState,NRestarts,MainPID,UnitFileState,ExecMainStartTimestampMonotonic"
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _write_atomic(path, text, mode=0o644):
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, ".%s.tmp-%d" % (os.path.basename(path), os.getpid()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _unit_path(name):
+    return "%s/%s%s.service" % (UNIT_DIR, PREFIX, name)
+
+
+def _env_path(name):
+    return "%s/%s.env" % (ENV_DIR, name)
+
+
+def _unit(name):
+    return "%s%s.service" % (PREFIX, name)
+
+
+def digest_of(unit_text, env_text):
+    h = hashlib.sha256()
+    h.update(unit_text.encode())
+    h.update(b"\0")
+    h.update(env_text.encode())
+    return h.hexdigest()
+
+
+def env_hashes(env_text, salt):
+    out = {}
+    for line in env_text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and not key.lstrip().startswith("#"):
+            out[key.strip()] = hmac.new(salt.encode(), value.encode(), hashlib.sha256).hexdigest()[:16]
+    return out
+
+
+def _systemctl(*args, timeout=120):
+    p = subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr.strip()
+
+
+def _show(units):
+    if not units:
+        return {}
+    _, out, _ = _systemctl("show", "-p", SHOW_PROPS, *units)
+    states, cur = {}, {}
+    for line in out.splitlines() + [""]:
+        if not line.strip():
+            if cur.get("Id"):
+                states[cur["Id"]] = cur
+            cur = {}
+            continue
+        k, _, v = line.partition("=")
+        cur[k] = v
+    return states
+
+
+def _x_section(unit_text):
+    out, inside = {}, False
+    for line in unit_text.splitlines():
+        s = line.strip()
+        if s.startswith("["):
+            inside = s == "[X-Clusterctl]"
+            continue
+        if inside and "=" in s:
+            k, _, v = s.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _model_state(path):
+    """What a model path points at: the version and whether it carries the verified marker."""
+    real = os.path.realpath(path)
+    marker = _read(os.path.join(real, ".clusterctl-verified"))
+    info = {"path": path, "exists": os.path.exists(real), "target": os.readlink(path) if os.path.islink(path) else None,
+            "verified": marker is not None, "version": None}
+    if marker:
+        try:
+            info["version"] = json.loads(marker).get("version")
+        except ValueError:
+            pass
+    return info
+
+
+def read_lock():
+    text = _read(LOCK_PATH)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = {"holder": "unreadable lock file"}
+    try:
+        data["age_s"] = round(time.time() - os.stat(LOCK_PATH).st_mtime, 1)
+    except FileNotFoundError:
+        return None
+    return data
+
+
+def op_read(job):
+    salt = job.get("salt", "")
+    names = sorted(os.path.basename(p)[len(PREFIX):-len(".service")]
+                   for p in glob.glob("%s/%s*.service" % (UNIT_DIR, PREFIX)))
+    names = [n for n in names if n]
+    states = _show([_unit(n) for n in names])
+    instances = {}
+    for n in names:
+        unit_text = _read(_unit_path(n)) or ""
+        env_text = _read(_env_path(n))
+        st = states.get(_unit(n), {})
+        instances[n] = {
+            "unit_text": unit_text, "x": _x_section(unit_text),
+            "env_present": env_text is not None,
+            "digest": digest_of(unit_text, env_text or ""),
+            "env_hashes": env_hashes(env_text or "", salt),
+            "active": st.get("ActiveState", "unknown"), "sub": st.get("SubState", "unknown"),
+            "restarts": int(st.get("NRestarts") or 0), "main_pid": int(st.get("MainPID") or 0),
+            "enabled": st.get("UnitFileState", ""),
+            "started_mono": int(st.get("ExecMainStartTimestampMonotonic") or 0),
+        }
+    previous = sorted(os.listdir(PREVIOUS_DIR)) if os.path.isdir(PREVIOUS_DIR) else []
+    models = {p: _model_state(p) for p in job.get("model_paths", [])}
+    users = {u: _user_exists(u) for u in job.get("users", [])}
+    return {"ok": True, "instances": instances, "lock": read_lock(), "previous": previous,
+            "models": models, "users": users}
+
+
+def _user_exists(user):
+    import pwd
+    try:
+        pwd.getpwnam(user)
+        return True
+    except KeyError:
+        return False
+
+
+def op_lock(job):
+    me = job["lock"]
+    held = read_lock()
+    if held is not None and held.get("run_id") == me["run_id"]:
+        return {"ok": True, "lock": held, "recovered": None}
+    recovered = None
+    text = json.dumps(me, sort_keys=True) + "\n"
+    os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
+    try:
+        fd = os.open(LOCK_PATH, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        held = read_lock()
+        if held is None:  # released between our two looks: try once more
+            return op_lock(job)
+        stale = held.get("age_s", 0) > job.get("ttl_s", 3600)
+        if not (stale or job.get("break")):
+            return {"ok": False, "kind": "locked", "lock": held,
+                    "error": "deploy lock held by %s (pid %s, run %s) since %s" % (
+                        held.get("holder"), held.get("pid"), held.get("run_id"), held.get("time"))}
+        recovered = held
+        _write_atomic(LOCK_PATH, text)
+        return {"ok": True, "lock": me, "recovered": recovered}
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    return {"ok": True, "lock": me, "recovered": None}
+
+
+def _append_audit(record):
+    os.makedirs(STATE_DIR, exist_ok=True)
+    fd = os.open(AUDIT_PATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def op_unlock(job):
+    if job.get("audit"):
+        _append_audit(job["audit"])
+    held = read_lock()
+    if held is not None and held.get("run_id") == job["run_id"]:
+        _remove(LOCK_PATH)
+    return {"ok": True}
+
+
+def _save_previous(name, model_path):
+    """Copy what ``name`` has now into previous/ (an ``.absent`` marker when nothing)."""
+    unit_text = _read(_unit_path(name))
+    base = os.path.join(PREVIOUS_DIR, name)
+    if unit_text is None:
+        _write_atomic(base + ".absent", "")
+        for ext in (".service", ".env", ".model"):
+            _remove(base + ext)
+        return
+    _write_atomic(base + ".service", unit_text)
+    _write_atomic(base + ".env", _read(_env_path(name)) or "", 0o600)
+    if model_path and os.path.islink(model_path):
+        _write_atomic(base + ".model", json.dumps({"path": model_path, "target": os.readlink(model_path)}))
+    else:
+        _remove(base + ".model")
+    _remove(base + ".absent")
+
+
+def _point(path, target):
+    tmp = "%s.clusterctl-tmp-%d" % (path, os.getpid())
+    _remove(tmp)
+    os.symlink(target, tmp)
+    os.rename(tmp, path)
+
+
+def _run_units(verb, units, errors):
+    for u in units:
+        rc, _, err = _systemctl(verb, u)
+        if rc != 0:
+            errors[u] = "systemctl %s %s: %s" % (verb, u, err or "rc %d" % rc)
+
+
+def op_apply(job):
+    errors = {}
+    for item in job.get("write", []):
+        _save_previous(item["instance"], item.get("model_path"))
+    for name in job.get("remove", []):
+        _save_previous(name, None)
+        _run_units("stop", [_unit(name)], errors)
+        _systemctl("disable", _unit(name))
+        _remove(_unit_path(name))
+        _remove(_env_path(name))
+    for item in job.get("write", []):
+        name = item["instance"]
+        _write_atomic(_env_path(name), item["env_text"], 0o600)
+        _write_atomic(_unit_path(name), item["unit_text"])
+    rc, _, err = _systemctl("daemon-reload")
+    if rc != 0:
+        return {"ok": False, "kind": "daemon-reload", "error": err}
+    for name in job.get("remove", []):
+        _systemctl("reset-failed", _unit(name))
+    for item in job.get("write", []):
+        verb = "enable" if item.get("enable", True) else "disable"
+        _run_units(verb, [_unit(item["instance"])], errors)
+    _run_units("restart", [_unit(n) for n in job.get("restart", [])], errors)
+    _run_units("start", [_unit(n) for n in job.get("start", [])], errors)
+    return {"ok": not errors, "errors": errors, "kind": "systemctl" if errors else None,
+            "error": "; ".join(errors.values()) if errors else None}
+
+
+def op_rollback(job):
+    """Swap each instance's current files with previous/ and (re)start what is back."""
+    errors, restored, removed, missing = {}, [], [], []
+    for name in job.get("instances", []):
+        base = os.path.join(PREVIOUS_DIR, name)
+        prev_unit, prev_env = _read(base + ".service"), _read(base + ".env")
+        prev_model = _read(base + ".model")
+        absent = os.path.exists(base + ".absent")
+        if prev_unit is None and not absent:
+            missing.append(name)
+            continue
+        cur_model_path = json.loads(prev_model)["path"] if prev_model else None
+        _save_previous(name, cur_model_path)  # prev_* are in memory: previous/ now holds the current
+        if absent and prev_unit is None:
+            _run_units("stop", [_unit(name)], errors)
+            _systemctl("disable", _unit(name))
+            _remove(_unit_path(name))
+            _remove(_env_path(name))
+            removed.append(name)
+            continue
+        _write_atomic(_env_path(name), prev_env or "", 0o600)
+        _write_atomic(_unit_path(name), prev_unit)
+        if prev_model:
+            m = json.loads(prev_model)
+            if os.path.exists(os.path.join(os.path.dirname(m["path"]), m["target"])):
+                _point(m["path"], m["target"])
+        restored.append(name)
+    _systemctl("daemon-reload")
+    for name in removed:
+        _systemctl("reset-failed", _unit(name))
+    for name in restored:
+        _systemctl("reset-failed", _unit(name))
+        _run_units("enable", [_unit(name)], errors)
+    _run_units("restart", [_unit(n) for n in restored], errors)
+    return {"ok": not errors, "restored": restored, "removed": removed, "missing": missing,
+            "errors": errors, "error": "; ".join(errors.values()) if errors else None}
+
+
+OPS = {"read": op_read, "lock": op_lock, "unlock": op_unlock, "apply": op_apply, "rollback": op_rollback}
+
+
+def main():
+    try:
+        job = json.loads(sys.stdin.readline())
+        result = OPS[job["op"]](job)
+    except Exception as e:  # one JSON line whatever happened
+        result = {"ok": False, "kind": "node", "error": "%s: %s" % (type(e).__name__, e)}
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

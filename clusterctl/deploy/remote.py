@@ -1,0 +1,152 @@
+"""Control side of the node program (:mod:`clusterctl.deploy.node`): run jobs, read hosts.
+
+Every call is one SSH command per host: ``python3 -I -B -c NODE_SOURCE`` with
+the JSON job on stdin (it may hold env files with secrets, so never on a
+command line).  Each host answers one JSON line; a host that could not be
+reached, timed out or crashed is a :class:`NodeReply` with ``ok=False`` and
+the reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import secrets
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from clusterctl.fleet import shell
+from clusterctl.fleet.results import HostResult
+
+#: Seconds one node job may take (``apply`` waits for systemctl start/restart).
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass
+class NodeReply:
+    """One host's answer.  ``data`` is the node's JSON result; ``error`` explains ``ok=False``."""
+
+    host: str
+    ok: bool
+    data: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    kind: str | None = None
+
+
+@dataclass
+class InstanceState:
+    """One ``clusterctl-NAME.service`` as a host has it (no env contents: only hashes)."""
+
+    instance: str
+    unit_text: str
+    digest: str
+    env_hashes: dict[str, str]
+    env_present: bool
+    active: str
+    sub: str
+    restarts: int
+    main_pid: int
+    enabled: str
+    started_mono: int
+    x: dict[str, str]
+
+
+@dataclass
+class HostState:
+    """What one host has: its instances, lock, previous copies and model paths.
+
+    ``error`` is set (and the rest empty) when the host could not be read.
+    """
+
+    host: str
+    instances: dict[str, InstanceState] = field(default_factory=dict)
+    lock: dict[str, Any] | None = None
+    previous: list[str] = field(default_factory=list)
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    users: dict[str, bool] = field(default_factory=dict)
+    error: str | None = None
+    salt: str = ""
+
+
+@lru_cache(maxsize=1)
+def node_source() -> str:
+    return (Path(__file__).parent / "node.py").read_text()
+
+
+def node_command() -> str:
+    """The shell command that runs the node program (the job comes on stdin)."""
+    return shell.require_python3(shell.join(["python3", "-I", "-B", "-c", node_source()]))
+
+
+def _reply(r: HostResult) -> NodeReply:
+    for line in reversed((r.stdout or "").strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return NodeReply(r.host, bool(data.get("ok")), data, data.get("error"), data.get("kind"))
+    if r.status.value in ("ok", "failed"):
+        tail = (r.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        return NodeReply(r.host, False, {}, f"the node program exited {r.rc}: {tail[0]}", "node")
+    return NodeReply(r.host, False, {}, r.error or r.status.value, r.status.value)
+
+
+def run_job(fleet: Any, job: Mapping[str, Any], *, hosts: list[str] | None = None,
+            timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, NodeReply]:
+    """Run the same ``job`` on ``hosts`` (default: every host of ``fleet``), as root."""
+    names = hosts if hosts is not None else [h.name for h in fleet.hosts]
+    if not names:
+        return {}
+    cmd = node_command()
+    res = fleet.run({h: cmd for h in names}, stdin=json.dumps(job).encode() + b"\n", sudo=True,
+                    timeout=timeout)
+    return {r.host: _reply(r) for r in res}
+
+
+def run_jobs(fleet: Any, jobs: Mapping[str, Mapping[str, Any]], *, timeout: float = DEFAULT_TIMEOUT_S,
+             on_reply: Callable[[NodeReply], None] | None = None) -> dict[str, NodeReply]:
+    """Run one job per host (each host sees only its own job: env files hold secrets).
+
+    Hosts run in parallel, at most the fleet's fanout at a time;
+    ``on_reply`` is called (in worker threads) as each host finishes.
+    """
+    def one(host: str) -> NodeReply:
+        reply = run_job(fleet, jobs[host], hosts=[host], timeout=timeout)[host]
+        if on_reply:
+            on_reply(reply)
+        return reply
+
+    if not jobs:
+        return {}
+    with cf.ThreadPoolExecutor(max_workers=max(1, min(len(jobs), getattr(fleet, "fanout", 8)))) as ex:
+        return dict(zip(jobs, ex.map(one, list(jobs))))
+
+
+def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[str] | None = None,
+               timeout: float = 60.0) -> dict[str, HostState]:
+    """Read every host of ``fleet`` in one SSH command each (see module docstring).
+
+    Env files come back only as a digest and per-key hashes salted with a
+    value fresh for this call (``HostState.salt``; :func:`clusterctl.deploy.node.env_hashes`
+    computes the same here).
+    """
+    salt = secrets.token_hex(16)
+    replies = run_job(fleet, {"op": "read", "salt": salt, "model_paths": sorted(set(model_paths or [])),
+                              "users": sorted(set(users or []))}, timeout=timeout)
+    out: dict[str, HostState] = {}
+    for host, rep in replies.items():
+        if not rep.ok:
+            out[host] = HostState(host, error=rep.error or "could not read the host")
+            continue
+        d = rep.data
+        insts = {name: InstanceState(
+            instance=name, unit_text=i["unit_text"], digest=i["digest"], env_hashes=i["env_hashes"],
+            env_present=i["env_present"], active=i["active"], sub=i["sub"], restarts=i["restarts"],
+            main_pid=i["main_pid"], enabled=i["enabled"], started_mono=i["started_mono"], x=i["x"])
+            for name, i in d.get("instances", {}).items()}
+        out[host] = HostState(host, insts, d.get("lock"), d.get("previous", []), d.get("models", {}),
+                              d.get("users", {}), salt=salt)
+    return out
