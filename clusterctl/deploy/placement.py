@@ -1,0 +1,371 @@
+"""Placement: template replicas onto free GPU groups (pure; no I/O).
+
+A template (``replicas`` x ``tp`` over a host pattern) expands into instances
+named ``<template>-<n>`` (n = 1, 2, ...).  The rules, in order:
+
+* **Stable.** A replica recorded in the state keeps its host, GPUs and port
+  while they stay valid (host still in the inventory and the template's
+  pattern, GPUs exist, TP size unchanged, no explicit instance claims them);
+  only replicas without a place are placed.  Adding a host moves nothing.
+* **Scale.** The replica count is the state's override (``clusterctl scale``)
+  or else the inventory's ``replicas``; scaling down drops the
+  highest-numbered replicas, scaling up adds the lowest missing numbers.
+* **Free GPUs.** GPUs of explicit instances and of every replica kept are not
+  free.  New placements avoid cordoned hosts and GPUs; a replica already on a
+  cordoned GPU stays (listed in ``on_cordoned``) unless the caller moves it
+  with :func:`reschedule`.  Placement never changes a cordon.
+* **One host per TP group, close together.** Among a host's free GPUs the
+  group with the nearest worst pair is chosen, by the probe's topology levels
+  (facts ``gpus.topology``: INTERNAL < SINGLE (one PCIe switch) < MULTIPLE <
+  HOSTBRIDGE < NODE (same socket) < SYSTEM < unknown), then the smaller sum of
+  levels, then the narrowest span of indexes (without topology: contiguous
+  indexes), then the lowest indexes.
+* **Spread.** A new replica goes to the host with the fewest replicas of its
+  template, then the closest group, then inventory order.
+* **Ports.** ``port_base`` + the replica's slot on its host: the lowest
+  offset whose port no other instance on that host uses.  A kept replica keeps
+  its port unless it collides or is below ``port_base``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Collection, Iterable, Mapping, Sequence
+
+from clusterctl.deploy.state import DeployState, Placement, cordon_key
+from clusterctl.errors import ClusterctlError
+from clusterctl.inventory.model import GpuRef, Instance, InstanceTemplate, Inventory
+
+#: NVML common-ancestor levels, nearest first (docs/facts.md, ``gpus.topology``).
+LEVEL_RANK = {"INTERNAL": 0, "SINGLE": 1, "MULTIPLE": 2, "HOSTBRIDGE": 3, "NODE": 4, "SYSTEM": 5}
+UNKNOWN_RANK = 6
+#: Above this many candidate groups on one host, only contiguous runs of free indexes are tried.
+MAX_COMBINATIONS = 5000
+
+#: One host's ``gpus.topology`` facts: entries ``{"gpus": [a, b], "level": "NODE"}``.
+HostTopology = Sequence[Mapping[str, Any]]
+
+
+class PlacementError(ClusterctlError):
+    """The request cannot be placed as asked (a name clash, a replica that does not exist)."""
+
+
+@dataclass
+class PlacementResult:
+    """What the inventory plus the state mean, and what changed.
+
+    ``instances``: every instance that should run, explicit ones first, then
+    each template's replicas by number.  ``new``: replicas that got a place
+    this time and had none.  ``moved``: replica → why it got a new place.
+    ``removed``: replicas in the state that are no longer wanted (scale down,
+    template gone).  ``unplaced``: replica → why it has no place (it is not in
+    ``instances``).  ``on_cordoned``: kept replica → the cordon it sits on.
+    ``not_moved``: replica :func:`reschedule` was asked to move but could not
+    (it stays where it was) → why.  ``state``: the state to save once the
+    caller applies (``StateStore.save_placements(result.state.placements)``).
+    """
+
+    instances: dict[str, Instance]
+    state: DeployState
+    new: list[str] = field(default_factory=list)
+    moved: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    unplaced: dict[str, str] = field(default_factory=dict)
+    on_cordoned: dict[str, str] = field(default_factory=dict)
+    not_moved: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the placements differ from the state given (something to save)."""
+        return bool(self.new or self.moved or self.removed)
+
+
+def replica_name(template: str, n: int) -> str:
+    """The name of replica ``n`` (1-based) of ``template``."""
+    return f"{template}-{n}"
+
+
+def replica_number(template: str, name: str) -> int | None:
+    """``n`` for a name ``<template>-<n>``; ``None`` for any other name."""
+    prefix = f"{template}-"
+    rest = name[len(prefix):] if name.startswith(prefix) else ""
+    return int(rest) if rest.isdigit() and not rest.startswith("0") else None
+
+
+def desired_replicas(tpl: InstanceTemplate, state: DeployState) -> int:
+    """The replica count: the ``scale`` override when set, else the inventory's."""
+    return state.replicas.get(tpl.name, tpl.replicas)
+
+
+def _rank(level: Any) -> int:
+    return LEVEL_RANK.get(str(level).upper(), UNKNOWN_RANK) if level is not None else UNKNOWN_RANK
+
+
+def _pair_ranks(topology: HostTopology | None) -> dict[tuple[int, int], int] | None:
+    if not topology:
+        return None
+    ranks: dict[tuple[int, int], int] = {}
+    for entry in topology:
+        pair = entry.get("gpus")
+        if isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(g, int) for g in pair):
+            a, b = sorted(pair)
+            ranks[(a, b)] = _rank(entry.get("level"))
+    return ranks
+
+
+def _group_cost(group: tuple[int, ...], ranks: dict[tuple[int, int], int] | None) -> tuple[int, ...]:
+    """Smaller is better: (worst pair level, sum of levels, span, the indexes)."""
+    span = group[-1] - group[0]
+    if ranks is None:
+        return (0, 0, span, *group)
+    levels = [ranks.get((a, b), UNKNOWN_RANK) for a, b in itertools.combinations(group, 2)]
+    return (max(levels, default=0), sum(levels), span, *group)
+
+
+def best_group(free: Sequence[int], tp: int, topology: HostTopology | None = None) -> tuple[int, ...] | None:
+    """The closest ``tp`` GPUs among ``free`` indexes (rules in the module doc); ``None`` if too few."""
+    free = sorted(free)
+    if tp < 1 or len(free) < tp:
+        return None
+    ranks = _pair_ranks(topology)
+    candidates: Iterable[tuple[int, ...]]
+    if _combinations(len(free), tp) <= MAX_COMBINATIONS:
+        candidates = itertools.combinations(free, tp)
+    else:
+        candidates = (tuple(free[i:i + tp]) for i in range(len(free) - tp + 1))
+    return min(candidates, key=lambda g: _group_cost(g, ranks))
+
+
+def _combinations(n: int, k: int) -> int:
+    from math import comb
+
+    return comb(n, k)
+
+
+class _Board:
+    """The GPUs and ports taken so far, per host."""
+
+    def __init__(self, inv: Inventory, state: DeployState) -> None:
+        self.inv = inv
+        self.state = state
+        self.gpu_owner: dict[GpuRef, str] = {}
+        self.ports: dict[str, set[int]] = {}
+
+    def claim(self, name: str, host: str, gpus: Iterable[int], port: int | None) -> None:
+        for i in gpus:
+            self.gpu_owner[GpuRef(host, i)] = name
+        if port is not None:
+            self.ports.setdefault(host, set()).add(port)
+
+    def free(self, host: str, avoid: Collection[GpuRef] = ()) -> list[int]:
+        """Free, uncordoned GPU indexes of ``host`` (none when the host is cordoned)."""
+        if self.state.host_cordoned(host):
+            return []
+        return [i for i in range(self.inv.hosts[host].gpus.count)
+                if GpuRef(host, i) not in self.gpu_owner and GpuRef(host, i) not in avoid
+                and not self.state.gpu_cordoned(host, i)]
+
+    def port(self, host: str, base: int) -> int | None:
+        """The lowest ``base + slot`` no instance on ``host`` uses; ``None`` past 65535."""
+        used = self.ports.get(host, set())
+        return next((p for p in range(base, 65536) if p not in used), None)
+
+
+def _invalid(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placement,
+             board: _Board) -> str | None:
+    """Why a recorded placement can no longer be kept; ``None`` when it can."""
+    if p.host not in inv.hosts:
+        return f"host {p.host} is no longer in the inventory"
+    if p.host not in hosts:
+        return f"host {p.host} no longer matches hosts {tpl.hosts!r}"
+    if len(p.gpus) != tpl.tp:
+        return f"TP size changed from {len(p.gpus)} to {tpl.tp}"
+    count = inv.hosts[p.host].gpus.count
+    for i in p.gpus:
+        ref = GpuRef(p.host, i)
+        if i >= count:
+            return f"GPU {ref} no longer exists ({p.host} has {count})"
+        if ref in board.gpu_owner:
+            return f"GPU {ref} is now used by {board.gpu_owner[ref]}"
+    return None
+
+
+def _cordon_of(state: DeployState, p: Placement) -> str | None:
+    for key in [cordon_key(p.host)] + [cordon_key(p.host, i) for i in p.gpus]:
+        if key in state.cordons:
+            c = state.cordons[key]
+            return f"{key} cordoned by {c.who} at {c.when}" + (f": {c.reason}" if c.reason else "")
+    return None
+
+
+def _instance(tpl: InstanceTemplate, name: str, p: Placement) -> Instance:
+    return Instance(name=name, model=tpl.model, engine=tpl.engine,
+                    placement=tuple(GpuRef(p.host, i) for i in sorted(p.gpus)), port=p.port,
+                    args=dict(tpl.args), env=dict(tpl.env), role=tpl.role, template=tpl.name,
+                    location=tpl.location)
+
+
+def _no_room(inv: Inventory, tpl: InstanceTemplate, hosts: list[str], board: _Board,
+             avoid: Collection[GpuRef]) -> str:
+    from clusterctl.inventory.nodeset import fold
+
+    cordoned = [h for h in hosts if board.state.host_cordoned(h)]
+    free = {h: len(board.free(h, avoid)) for h in hosts if h not in cordoned}
+    detail = ", ".join(f"{h} {n}" for h, n in free.items()) or "none"
+    text = (f"not enough free uncordoned GPUs: needs {tpl.tp} on one host of {tpl.hosts!r}; "
+            f"free per host: {detail}")
+    return text + (f"; cordoned hosts: {fold(cordoned)}" if cordoned else "")
+
+
+def desired_instances(inv: Inventory, state: DeployState, *,
+                      topology: Mapping[str, HostTopology] | None = None,
+                      move: Collection[str] = ()) -> PlacementResult:
+    """Every instance the inventory and the state ask for, placing what has no place.
+
+    ``topology`` maps a host to its facts ``gpus.topology`` (hosts without an
+    entry use contiguous indexes).  ``move`` names replicas to place anew
+    away from the GPUs they hold (what :func:`reschedule` uses).  ``state`` is
+    not changed; ``result.state`` is the updated copy.  Raises
+    :class:`PlacementError` when an explicit instance has a replica's name.
+    """
+    from clusterctl.inventory.select import select_hosts
+
+    topology = topology or {}
+    out = state.copy()
+    out.placements = {}
+    board = _Board(inv, state)
+    result = PlacementResult(instances=dict(inv.instances), state=out)
+    for inst in inv.instances.values():
+        for ref in inst.placement:
+            board.gpu_owner[ref] = inst.name
+        for host in inst.hosts:
+            board.ports.setdefault(host, set()).add(inst.port)
+
+    wanted: dict[str, tuple[InstanceTemplate, list[str], list[str]]] = {}
+    for tpl in inv.templates.values():
+        names = [replica_name(tpl.name, n) for n in range(1, desired_replicas(tpl, state) + 1)]
+        clash = [n for n in names if n in inv.instances]
+        if clash:
+            inst = inv.instances[clash[0]]
+            where = f" ({inst.location})" if inst.location else ""
+            raise PlacementError(f"instance {clash[0]}{where} has the name of a replica of template "
+                                 f"{tpl.name}; rename the instance")
+        wanted[tpl.name] = (tpl, names, [h.name for h in select_hosts(inv, tpl.hosts)])
+    for tpl_name, recorded in state.placements.items():
+        if tpl_name not in wanted:
+            result.removed.extend(recorded)
+
+    # Keep every valid recorded placement first, so new replicas of one
+    # template never take the GPUs of another template's existing replicas.
+    kept: dict[str, dict[str, Placement]] = {}
+    why_new: dict[str, str] = {}  # replica with a recorded place it must leave -> why
+    avoid: set[GpuRef] = set()
+    for tpl, names, hosts in wanted.values():
+        recorded = state.placements.get(tpl.name, {})
+        kept[tpl.name] = {}
+        for name in sorted(recorded, key=lambda n: replica_number(tpl.name, n) or 0):
+            p = recorded[name]
+            if name not in names:
+                result.removed.append(name)
+                continue
+            if name in move:
+                avoid.update(GpuRef(p.host, i) for i in p.gpus)
+                board.ports.setdefault(p.host, set()).add(p.port)  # free again only once it has moved
+                why_new[name] = "moved on request"
+                continue
+            why = _invalid(inv, tpl, set(hosts), p, board)
+            if why:
+                why_new[name] = why
+                continue
+            board.claim(name, p.host, p.gpus, None)
+            kept[tpl.name][name] = p
+    for tpl, names, hosts in wanted.values():
+        for name, p in kept[tpl.name].items():
+            used = board.ports.setdefault(p.host, set())
+            port = p.port if p.port >= tpl.port_base and p.port not in used else board.port(p.host, tpl.port_base)
+            if port is None:
+                why_new[name] = f"no free port from {tpl.port_base} on {p.host}"
+                del kept[tpl.name][name]
+                continue
+            used.add(port)
+            kept[tpl.name][name] = Placement(p.host, p.gpus, port)
+
+    for tpl, names, hosts in wanted.values():
+        placed = out.placements.setdefault(tpl.name, {})
+        per_host = {h: 0 for h in hosts}
+        for p in kept[tpl.name].values():
+            per_host[p.host] = per_host.get(p.host, 0) + 1
+        for name in names:
+            p_kept = kept[tpl.name].get(name)
+            if p_kept is not None:
+                placed[name] = p_kept
+                cordon = _cordon_of(state, p_kept)
+                if cordon:
+                    result.on_cordoned[name] = cordon
+                continue
+            previous = state.placements.get(tpl.name, {}).get(name) if name in move else None
+            p_new = _place(tpl, hosts, per_host, board, topology, avoid, previous)
+            if p_new is None:
+                result.unplaced[name] = _no_room(inv, tpl, hosts, board, avoid)
+                continue
+            board.claim(name, p_new.host, p_new.gpus, p_new.port)
+            per_host[p_new.host] += 1
+            placed[name] = p_new
+            if name in why_new:
+                result.moved[name] = why_new[name]
+            else:
+                result.new.append(name)
+        if not placed:
+            del out.placements[tpl.name]
+        for name, p in sorted(placed.items(), key=lambda kv: replica_number(tpl.name, kv[0]) or 0):
+            result.instances[name] = _instance(tpl, name, p)
+    return result
+
+
+def _place(tpl: InstanceTemplate, hosts: list[str], per_host: dict[str, int], board: _Board,
+           topology: Mapping[str, HostTopology], avoid: Collection[GpuRef],
+           previous: Placement | None) -> Placement | None:
+    """The best free group for one new replica; ``previous``: where a moving replica was
+    (its port stays claimed, and is reused when it stays on that host)."""
+    best: tuple[tuple[Any, ...], str, tuple[int, ...]] | None = None
+    for order, host in enumerate(hosts):
+        group = best_group(board.free(host, avoid), tpl.tp, topology.get(host))
+        if group is None:
+            continue
+        key = (per_host.get(host, 0), _group_cost(group, _pair_ranks(topology.get(host)))[:3], order)
+        if best is None or key < best[0]:
+            best = (key, host, group)
+    if best is None:
+        return None
+    _, host, group = best
+    if previous is not None and previous.host == host and previous.port >= tpl.port_base:
+        return Placement(host, group, previous.port)
+    port = board.port(host, tpl.port_base)
+    return None if port is None else Placement(host, group, port)
+
+
+def reschedule(inv: Inventory, state: DeployState, instance_names: Collection[str],
+               topology: Mapping[str, HostTopology] | None = None) -> PlacementResult:
+    """Move the named template replicas to free uncordoned GPUs, never back onto the ones they left.
+
+    For failover.  Every other replica stays put.  A replica that finds no
+    room stays where it was and is listed in ``not_moved`` with the reason.
+    Raises :class:`PlacementError` for a name that is not a placed template
+    replica (explicit instances are fixed by the inventory).
+    """
+    recorded = {name: tpl for tpl, reps in state.placements.items() for name in reps}
+    for name in instance_names:
+        if name in inv.instances:
+            raise PlacementError(f"{name} is an explicit instance; its GPUs are fixed in the inventory")
+        if name not in recorded or recorded[name] not in inv.templates:
+            raise PlacementError(f"{name} is not a placed replica of any template")
+    result = desired_instances(inv, state, topology=topology, move=set(instance_names))
+    for name in instance_names:
+        if name in result.unplaced:
+            tpl = inv.templates[recorded[name]]
+            p = state.placements[recorded[name]][name]
+            result.not_moved[name] = result.unplaced.pop(name)
+            result.state.placements.setdefault(tpl.name, {})[name] = p
+            result.instances[name] = _instance(tpl, name, p)
+    return result
