@@ -1,6 +1,6 @@
 """The node-side staging code as one ``python3 -c`` program (control side).
 
-The stdlib-only modules (manifest, layout, fetch, relay, pagecache, node) are
+The stdlib-only modules (manifest, layout, fetch, s3, relay, pagecache, node) are
 compressed into a small bootstrap that rebuilds them as the package
 ``clusterctl_stage_node`` in the node's interpreter and calls
 ``node.main()``.  Nothing is written on the node for it; the job itself
@@ -17,7 +17,7 @@ from typing import Iterable
 
 from clusterctl.fleet import shell
 
-NODE_MODULES = ("manifest", "layout", "fetch", "relay", "pagecache", "node")
+NODE_MODULES = ("manifest", "layout", "fetch", "s3", "relay", "pagecache", "node")
 HERE = Path(__file__).parent
 PACKAGE = "clusterctl_stage_node"
 

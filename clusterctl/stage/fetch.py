@@ -184,7 +184,7 @@ class HttpSource:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise FetchError(f"unsupported source URL {redact_url(base_url)} (http:// or https://)")
         self.scheme, self.host, self.port = u.scheme, u.hostname, u.port
-        self.prefix = u.path.rstrip("/") + "/"
+        self.prefix = urllib.parse.unquote(u.path.rstrip("/")) + "/"  # decoded; quoted per request
         self.headers = dict(headers or {})
         if u.username is not None:  # user:password@host: basic auth, kept out of messages
             import base64
@@ -208,6 +208,10 @@ class HttpSource:
             conn.close()
         self._local.conn = None
 
+    def _sign(self, url: str, headers: Dict[str, str]) -> Dict[str, str]:
+        """The headers to send for ``url`` (an authenticated source adds its signature here)."""
+        return headers
+
     def get(self, path: str, headers: Optional[Dict[str, str]] = None) -> bytes:
         """GET a whole file (the manifest); FetchError on any status but 200."""
         return self._request(path, None, None, headers)
@@ -217,10 +221,11 @@ class HttpSource:
 
     def _request(self, path: str, offset: Optional[int], length: Optional[int],
                  extra: Optional[Dict[str, str]] = None) -> bytes:
-        url = self.prefix + urllib.parse.quote(path)
+        url = urllib.parse.quote(self.prefix + path)
         headers = dict(self.headers, **(extra or {}))
         if offset is not None and length is not None:
             headers["Range"] = f"bytes={offset}-{offset + length - 1}"
+        headers = self._sign(url, headers)
         try:
             conn = self._conn()
             conn.request("GET", url, headers=headers)

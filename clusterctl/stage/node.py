@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Dict, List, Optional
 
-from . import fetch, layout, manifest as mf, pagecache, relay
+from . import fetch, layout, manifest as mf, pagecache, relay, s3
 
 
 def _source(spec: Optional[Dict[str, Any]]) -> Any:
@@ -36,6 +36,10 @@ def _source(spec: Optional[Dict[str, Any]]) -> Any:
     kind = spec.get("kind")
     if kind == "http":
         return fetch.HttpSource(spec["url"], spec.get("headers"), float(spec.get("timeout", 30)))
+    if kind == "s3":
+        return s3.S3Source(spec["endpoint"], spec["bucket"], spec.get("prefix", ""), region=spec["region"],
+                           access_key=spec["access_key"], secret_key=spec["secret_key"],
+                           session_token=spec.get("session_token"), timeout=float(spec.get("timeout", 30)))
     if kind == "file":
         return fetch.FileSource(spec["root"])
     if kind == "stream":

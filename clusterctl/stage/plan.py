@@ -7,14 +7,20 @@ Source forms (``Model.source`` or ``--source``):
                          (write it once at the source with ``clusterctl stage manifest DIR``)
 ``file:///mnt/models/x`` a path every node mounts (NFS, Lustre...); the manifest is read or
                          computed here when this machine mounts it too
+``s3://bucket/prefix/``  S3-compatible object storage, signed (SigV4) ranged GETs; the
+                         manifest is the object ``prefix/.clusterctl-manifest.json``
 ``/local/dir``           a directory on this machine: the manifest is computed here and the
                          bytes are pushed over each SSH connection (stdin)
 =======================  ==============================================================
 
 Credentials for HTTP sources come from the environment
 (``CLUSTERCTL_STAGE_AUTH``: a whole ``Authorization`` header value) or the
-URL's user:password; they travel to nodes only inside the job on stdin and
-are redacted from every message.
+URL's user:password.  S3 takes the AWS CLI's variables: ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` (or
+``AWS_DEFAULT_REGION``, default us-east-1) and the endpoint from
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (default AWS's regional one).
+Credentials travel to nodes only inside the job on stdin and are redacted
+from every message.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from clusterctl.errors import ClusterctlError
-from clusterctl.stage import fetch, manifest as mf
+from clusterctl.stage import fetch, manifest as mf, s3
 
 #: TCP port of the node-side relay servers (data plane).
 DEFAULT_PORT = 7707
@@ -39,9 +45,11 @@ class StageError(ClusterctlError):
 
 @dataclass(frozen=True)
 class Source:
-    kind: str          # "http" | "file" | "push"
+    kind: str          # "http" | "s3" | "file" | "push"
     location: str      # URL, path on the nodes, or directory here
     headers: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    #: S3 only: endpoint, region and credentials (secrets: job on stdin only).
+    s3: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __repr__(self) -> str:  # the location may carry user:password
         return f"Source({self.kind!r}, {self.label!r})"
@@ -56,7 +64,19 @@ class Source:
             return {"kind": "http", "url": self.location, "headers": dict(self.headers)}
         if self.kind == "file":
             return {"kind": "file", "root": self.location}
+        if self.kind == "s3":
+            bucket, _, prefix = self.location[len("s3://"):].partition("/")
+            return {"kind": "s3", "bucket": bucket, "prefix": prefix, **self.s3}
         return {"kind": "stream"}
+
+    def reader(self) -> fetch.HttpSource:
+        """A control-side reader of an http or s3 source (for its manifest)."""
+        if self.kind == "s3":
+            spec = self.node_spec()
+            return s3.S3Source(spec["endpoint"], spec["bucket"], spec["prefix"], region=spec["region"],
+                               access_key=spec["access_key"], secret_key=spec["secret_key"],
+                               session_token=spec.get("session_token"))
+        return fetch.HttpSource(self.location, self.headers)
 
 
 def parse_source(text: str, where: str = "--source") -> Source:
@@ -69,16 +89,39 @@ def parse_source(text: str, where: str = "--source") -> Source:
         if os.environ.get(AUTH_ENV):
             headers["Authorization"] = os.environ[AUTH_ENV]
         return Source("http", text if text.endswith("/") else text + "/", headers)
+    if u.scheme == "s3":
+        return _s3_source(u, where)
     if u.scheme == "file":
         if not u.path.startswith("/"):
             raise StageError(f"{where}: {text!r}: a file:// source needs an absolute path")
         return Source("file", u.path)
     if u.scheme:
         raise StageError(f"{where}: unsupported source scheme {u.scheme!r} in {fetch.redact_url(text)} "
-                         f"(http, https, file, or a local directory; S3 is not supported yet)")
+                         f"(http, https, s3, file, or a local directory)")
     if not os.path.isdir(text):
         raise StageError(f"{where}: {text}: no such directory on this machine")
     return Source("push", os.path.abspath(text))
+
+
+def _s3_source(u: urllib.parse.SplitResult, where: str) -> Source:
+    if not u.hostname or u.username or u.password or u.query:
+        raise StageError(f"{where}: an S3 source is s3://BUCKET/PREFIX/ (credentials come from "
+                         f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, never the URL)")
+    env = os.environ
+    missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not env.get(k)]
+    if missing:
+        raise StageError(f"{where}: s3://{u.hostname}{u.path}: set {' and '.join(missing)} for the object store")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    endpoint = (env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+                or f"https://s3.{region}.amazonaws.com")
+    if urllib.parse.urlsplit(endpoint).scheme not in ("http", "https"):
+        raise StageError(f"{where}: the S3 endpoint {fetch.redact_url(endpoint)} must be http(s)://host[:port]")
+    creds = {"endpoint": endpoint, "region": region, "access_key": env["AWS_ACCESS_KEY_ID"],
+             "secret_key": env["AWS_SECRET_ACCESS_KEY"]}
+    if env.get("AWS_SESSION_TOKEN"):
+        creds["session_token"] = env["AWS_SESSION_TOKEN"]
+    prefix = u.path.strip("/")
+    return Source("s3", f"s3://{u.hostname}/{prefix + '/' if prefix else ''}", s3=creds)
 
 
 def load_manifest(source: Source, name: str, version: str | None, chunk_size: int = mf.DEFAULT_CHUNK) -> mf.Manifest:
@@ -88,8 +131,8 @@ def load_manifest(source: Source, name: str, version: str | None, chunk_size: in
     shared path: that file when present and newer than every model file, else
     computed here (reads the model once).
     """
-    if source.kind == "http":
-        src = fetch.HttpSource(source.location, source.headers)
+    if source.kind in ("http", "s3"):
+        src = source.reader()
         where = f"{source.label}{mf.MANIFEST_NAME}"
         try:
             text = src.get(mf.MANIFEST_NAME).decode()

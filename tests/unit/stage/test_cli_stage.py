@@ -20,11 +20,14 @@ def test_model_without_source_names_the_inventory_entry(capsys):
     assert "example-pcie-small.yaml: models.qwen3-8b.source" in err and "Traceback" not in err
 
 
-def test_unknown_model_and_unsupported_source(tmp_path, capsys):
+def test_unknown_model_and_unsupported_source(tmp_path, capsys, monkeypatch):
     assert main(["stage", "nosuch", "-i", INV]) == ExitCode.UNKNOWN
     assert "model 'nosuch' is not in" in capsys.readouterr().err
+    assert main(["stage", "qwen3-8b", "-i", INV, "--source", "gs://bucket/x"]) == ExitCode.UNKNOWN
+    assert "--source: unsupported source scheme 'gs'" in capsys.readouterr().err
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
     assert main(["stage", "qwen3-8b", "-i", INV, "--source", "s3://bucket/x"]) == ExitCode.UNKNOWN
-    assert "--source: unsupported source scheme 's3'" in capsys.readouterr().err
+    assert "--source: s3://bucket/x: set AWS_ACCESS_KEY_ID" in capsys.readouterr().err
     assert main(["stage", "qwen3-8b", "-i", INV, "--source", str(tmp_path), "--relay", "tree"]) == ExitCode.UNKNOWN
     assert "tree is not implemented" in capsys.readouterr().err
 

@@ -38,8 +38,8 @@ def test_sources(tmp_path, monkeypatch):
     assert "pw" not in s.label and "sig" not in s.label and "pw" not in repr(s)
     assert parse_source("file:///mnt/nfs/q").node_spec() == {"kind": "file", "root": "/mnt/nfs/q"}
     assert parse_source(str(tmp_path)).kind == "push"
-    with pytest.raises(StageError, match=r"inv.yaml: models.q.source: unsupported source scheme 's3'"):
-        parse_source("s3://bucket/q", "inv.yaml: models.q.source")
+    with pytest.raises(StageError, match=r"inv.yaml: models.q.source: unsupported source scheme 'gs'"):
+        parse_source("gs://bucket/q", "inv.yaml: models.q.source")
     with pytest.raises(StageError, match="no such directory on this machine"):
         parse_source(str(tmp_path / "nope"))
 
