@@ -23,6 +23,7 @@ from clusterctl.errors import InventoryError, Problem
 from clusterctl.inventory import sshconfig
 from clusterctl.inventory.checks import check_instances, check_templates
 from clusterctl.inventory.fields import NAME, Ctx, suggest
+from clusterctl.inventory.gateway import GatewayReader
 from clusterctl.inventory.model import GpuSpec, Host, Inventory, Location
 from clusterctl.inventory.nodeset import NodeSetError, expand, fold
 from clusterctl.inventory.settings import Layer, SettingsReader
@@ -31,7 +32,7 @@ from clusterctl.inventory.yamlnodes import Y, parse
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "defaults", "fabric", "groups", "hosts", "engines", "models",
-            "instances", "templates")
+            "instances", "templates", "gateway")
 RESERVED_GROUPS = ("all", "failed")
 
 
@@ -114,6 +115,7 @@ class _Loader:
         inv.templates = self.workloads.templates(top.get("templates"), inv)
         check_instances(ctx, inv)
         check_templates(ctx, inv)
+        inv.gateway = GatewayReader(ctx).gateway(top.get("gateway"), inv)
 
     def _host_entries(self, y: Y | None) -> dict[str, tuple[Layer, int, str | None]]:
         """Expand ``hosts:`` keys; return name -> (layer, line, explicit address)."""

@@ -1,0 +1,202 @@
+"""Reading the ``gateway:`` section (docs/inventory.md, docs/gateway.md).
+
+Models named by gray releases and mirrors are checked against ``models:``,
+the gateway's hosts against ``hosts:``; every problem is a ``file:line``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from clusterctl.inventory.fields import Ctx, suggest
+from clusterctl.inventory.model import (
+    GatewaySpec, GrayRelease, Inventory, Location, Mirror, SecretRef,
+)
+from clusterctl.inventory.nodeset import NodeSetError, expand
+from clusterctl.inventory.yamlnodes import Y
+
+KEYS = ("hosts", "port", "session_header", "max_conns", "limits", "sync_interval_s",
+        "read_timeout_s", "api_key", "gray", "mirrors")
+LIMIT_KEYS = ("connections", "requests_per_second", "burst")
+#: An HTTP header name nginx can turn into ``$http_...`` (RFC 9110 token, no '_' surprises).
+HEADER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def served_name(inv: Inventory, model: str) -> str:
+    """The name clients put in ``"model"`` for inventory model ``model``."""
+    m = inv.models.get(model)
+    return (m.served_name or m.name) if m is not None else model
+
+
+class GatewayReader:
+    """Reads ``gateway:`` after hosts and models are known."""
+
+    def __init__(self, ctx: Ctx):
+        self.ctx = ctx
+
+    def gateway(self, y: Y | None, inv: Inventory) -> GatewaySpec | None:
+        ctx = self.ctx
+        if y is None or ctx.mapping(y, "gateway") is None:
+            return None
+        known = ctx.keys(y, KEYS, "gateway")
+        spec = GatewaySpec(hosts=(), location=Location(ctx.filename, y.line))
+        if "hosts" not in known:
+            ctx.error(y.line, "gateway: missing 'hosts' (the host(s) nginx runs on)")
+        else:
+            spec.hosts = self._hosts(known["hosts"], inv)
+        ints = (("port", 1, 65535), ("max_conns", 0, None), ("read_timeout_s", 1, None))
+        for key, lo, hi in ints:
+            if key in known:
+                v = ctx.integer(known[key], f"gateway.{key}", lo, hi)
+                if v is not None:
+                    setattr(spec, key, v)
+        if "sync_interval_s" in known:
+            v_s = ctx.number(known["sync_interval_s"], "gateway.sync_interval_s", positive=True)
+            if v_s is not None:
+                spec.sync_interval_s = float(v_s)
+        if "session_header" in known:
+            h = ctx.string(known["session_header"], "gateway.session_header")
+            if h is not None and not HEADER.match(h):
+                ctx.error(known["session_header"].line,
+                          f"gateway.session_header: {h!r} is not an HTTP header name (letters, digits, '-')")
+            elif h is not None:
+                spec.session_header = h
+        if "limits" in known:
+            self._limits(known["limits"], spec)
+        if "api_key" in known:
+            spec.api_key = self._secret(known["api_key"], "gateway.api_key")
+        if "gray" in known:
+            spec.gray = [g for g in (self._gray(item, inv) for item in self._list(known["gray"], "gateway.gray"))
+                         if g is not None]
+        if "mirrors" in known:
+            spec.mirrors = [m for m in (self._mirror(item, inv)
+                                        for item in self._list(known["mirrors"], "gateway.mirrors"))
+                            if m is not None]
+        self._check_routes(spec)
+        return spec
+
+    def _hosts(self, y: Y, inv: Inventory) -> tuple[str, ...]:
+        ctx = self.ctx
+        out: list[str] = []
+        for text, line in ctx.string_list(y, "gateway.hosts") or []:
+            try:
+                names = expand(text, sort=False)
+            except NodeSetError as e:
+                ctx.error(line, f"gateway.hosts: {e}")
+                continue
+            for n in names:
+                if n not in inv.hosts:
+                    ctx.error(line, f"gateway.hosts: host {n!r} is not defined in 'hosts'"
+                              + suggest(n, list(inv.hosts)))
+                elif n not in out:
+                    out.append(n)
+        return tuple(out)
+
+    def _limits(self, y: Y, spec: GatewaySpec) -> None:
+        ctx = self.ctx
+        if ctx.mapping(y, "gateway.limits") is None:
+            return
+        known = ctx.keys(y, LIMIT_KEYS, "gateway.limits")
+        if "connections" in known:
+            spec.max_connections = ctx.integer(known["connections"], "gateway.limits.connections", 0) or 0
+        if "requests_per_second" in known:
+            rps = ctx.number(known["requests_per_second"], "gateway.limits.requests_per_second")
+            if rps is not None and rps < 0:
+                ctx.error(known["requests_per_second"].line,
+                          "gateway.limits.requests_per_second: must be 0 (no limit) or more")
+            elif rps is not None:
+                spec.requests_per_second = float(rps)
+        if "burst" in known:
+            spec.burst = ctx.integer(known["burst"], "gateway.limits.burst", 0) or 0
+
+    def _secret(self, y: Y, w: str) -> SecretRef | None:
+        """``{env: VAR}`` or ``{file: PATH}``: where the value is read at deploy time."""
+        ctx = self.ctx
+        m = ctx.mapping(y, w)
+        if m is None:
+            return None
+        known = ctx.keys(y, ("env", "file"), w)
+        if len(known) != 1:
+            ctx.error(y.line, f"{w}: give exactly one of env (a variable on the control machine) or file (a path)")
+            return None
+        kind, ry = next(iter(known.items()))
+        text = ctx.string(ry, f"{w}.{kind}")
+        if not text or (kind == "env" and not _ENV_NAME.match(text)):
+            if text is not None:
+                ctx.error(ry.line, f"{w}.{kind}: {text!r} is not a valid {'variable name' if kind == 'env' else 'path'}")
+            return None
+        return SecretRef("env" if kind == "env" else "file", text, Location(ctx.filename, y.line))
+
+    def _list(self, y: Y, w: str) -> list[Y]:
+        if y.kind == "seq":
+            return list(y.value)
+        if not (y.kind == "scalar" and y.value is None):
+            self.ctx.error(y.line, f"{w}: expected a list of mappings")
+        return []
+
+    def _model_ref(self, known: dict[str, Y], key: str, w: str, line: int, inv: Inventory) -> str | None:
+        ctx = self.ctx
+        if key not in known:
+            ctx.error(line, f"{w}: missing '{key}' (a model defined in 'models')")
+            return None
+        ref = ctx.string(known[key], f"{w}.{key}")
+        if ref is not None and ref not in inv.models:
+            ctx.error(known[key].line, f"{w}.{key}: model {ref!r} is not defined in 'models'"
+                      + suggest(ref, list(inv.models)))
+            return None
+        return ref
+
+    def _percent(self, known: dict[str, Y], w: str, line: int) -> float | None:
+        ctx = self.ctx
+        if "percent" not in known:
+            ctx.error(line, f"{w}: missing 'percent' (0-100)")
+            return None
+        p = ctx.number(known["percent"], f"{w}.percent")
+        if p is not None and not 0 <= p <= 100:
+            ctx.error(known["percent"].line, f"{w}.percent: {p} is not within 0-100")
+            return None
+        return None if p is None else float(p)
+
+    def _gray(self, y: Y, inv: Inventory) -> GrayRelease | None:
+        if self.ctx.mapping(y, "gateway.gray") is None:
+            return None
+        known = self.ctx.keys(y, ("stable", "canary", "percent"), "gateway.gray")
+        stable = self._model_ref(known, "stable", "gateway.gray", y.line, inv)
+        canary = self._model_ref(known, "canary", "gateway.gray", y.line, inv)
+        percent = self._percent(known, "gateway.gray", y.line)
+        if stable is None or canary is None or percent is None:
+            return None
+        if stable == canary:
+            self.ctx.error(y.line, "gateway.gray: stable and canary are the same model")
+            return None
+        return GrayRelease(served_name(inv, stable), stable, canary, percent, Location(self.ctx.filename, y.line))
+
+    def _mirror(self, y: Y, inv: Inventory) -> Mirror | None:
+        w = "gateway.mirrors"
+        if self.ctx.mapping(y, w) is None:
+            return None
+        known = self.ctx.keys(y, ("model", "candidate", "percent"), w)
+        model = self._model_ref(known, "model", w, y.line, inv)
+        candidate = self._model_ref(known, "candidate", w, y.line, inv)
+        percent = self._percent(known, w, y.line)
+        if model is None or candidate is None or percent is None:
+            return None
+        if model == candidate:
+            self.ctx.error(y.line, "gateway.mirrors: model and candidate are the same model")
+            return None
+        return Mirror(served_name(inv, model), candidate, percent, Location(self.ctx.filename, y.line))
+
+    def _check_routes(self, spec: GatewaySpec) -> None:
+        seen: dict[str, int] = {}
+        for g in spec.gray:
+            line = g.location.line if g.location else 0
+            if g.served in seen:
+                self.ctx.error(line, f"gateway.gray: {g.served!r} already has a gray release (line {seen[g.served]})")
+            seen[g.served] = line
+        mirrored: dict[str, int] = {}
+        for m in spec.mirrors:
+            line = m.location.line if m.location else 0
+            if m.served in mirrored:
+                self.ctx.error(line, f"gateway.mirrors: {m.served!r} is already mirrored (line {mirrored[m.served]})")
+            mirrored[m.served] = line
