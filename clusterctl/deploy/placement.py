@@ -29,8 +29,9 @@ named ``<template>-<n>`` (n = 1, 2, ...).  The rules, in order:
 
 from __future__ import annotations
 
+import copy
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from clusterctl.deploy.state import DeployState, Placement, cordon_key
@@ -199,11 +200,16 @@ def _cordon_of(state: DeployState, p: Placement) -> str | None:
     return None
 
 
+#: What a replica takes from its template: every field the two classes share but the name.
+_FROM_TEMPLATE = tuple(sorted({f.name for f in fields(Instance)} & {f.name for f in fields(InstanceTemplate)}
+                              - {"name"}))
+
+
 def _instance(tpl: InstanceTemplate, name: str, p: Placement) -> Instance:
-    return Instance(name=name, model=tpl.model, engine=tpl.engine,
-                    placement=tuple(GpuRef(p.host, i) for i in sorted(p.gpus)), port=p.port,
-                    args=dict(tpl.args), env=dict(tpl.env), role=tpl.role, template=tpl.name,
-                    location=tpl.location)
+    """Replica ``name`` of ``tpl`` at ``p``: model, engine, args, env, secrets, ... copied from the template."""
+    carried = {k: copy.copy(getattr(tpl, k)) for k in _FROM_TEMPLATE}
+    return Instance(name=name, placement=tuple(GpuRef(p.host, i) for i in sorted(p.gpus)), port=p.port,
+                    template=tpl.name, **carried)
 
 
 def _no_room(inv: Inventory, tpl: InstanceTemplate, hosts: list[str], board: _Board,

@@ -207,3 +207,18 @@ def test_reschedule_refuses_names_that_are_not_placed_replicas(name: str, match:
     first = desired_instances(inv, DeployState())
     with pytest.raises(PlacementError, match=match):
         reschedule(inv, first.state, [name])
+
+
+def test_replicas_carry_the_templates_args_env_and_secrets() -> None:
+    from clusterctl.inventory.model import SecretRef
+
+    inv = inventory({"a": 2}, [("p", 2, 1, "a", 8000)])
+    tpl = inv.templates["p"]
+    tpl.args, tpl.env, tpl.role = {"max-model-len": 4096}, {"VLLM_LOGGING_LEVEL": "INFO"}, "decode"
+    tpl.secrets = {"VLLM_API_KEY": SecretRef("env", "API_KEY")}
+    res = desired_instances(inv, DeployState())
+    for inst in res.instances.values():
+        assert (inst.args, inst.env, inst.role) == (tpl.args, tpl.env, "decode")
+        assert inst.secrets == tpl.secrets and inst.model == "m" and inst.engine == "e"
+    res.instances["p-1"].args["x"] = 1
+    assert "x" not in tpl.args and "x" not in res.instances["p-2"].args
