@@ -188,15 +188,14 @@ class GatewayReader:
         return Mirror(served_name(inv, model), candidate, percent, Location(self.ctx.filename, y.line))
 
     def _check_routes(self, spec: GatewaySpec) -> None:
-        seen: dict[str, int] = {}
-        for g in spec.gray:
-            line = g.location.line if g.location else 0
-            if g.served in seen:
-                self.ctx.error(line, f"gateway.gray: {g.served!r} already has a gray release (line {seen[g.served]})")
-            seen[g.served] = line
-        mirrored: dict[str, int] = {}
-        for m in spec.mirrors:
-            line = m.location.line if m.location else 0
-            if m.served in mirrored:
-                self.ctx.error(line, f"gateway.mirrors: {m.served!r} is already mirrored (line {mirrored[m.served]})")
-            mirrored[m.served] = line
+        """One gray release and one mirror per served name at most."""
+        entries: list[tuple[str, str, Location | None]] = [
+            *(("gray", g.served, g.location) for g in spec.gray),
+            *(("mirrors", m.served, m.location) for m in spec.mirrors)]
+        seen: dict[tuple[str, str], int] = {}
+        for section, served, loc in entries:
+            line = loc.line if loc else 0
+            if (section, served) in seen:
+                self.ctx.error(line, f"gateway.{section}: {served!r} has an entry already "
+                                     f"(line {seen[section, served]})")
+            seen[section, served] = line
