@@ -71,7 +71,7 @@ class RenderedInstance:
     instance: str
     host: str
     unit_text: str
-    env_text: str
+    env_text: str = field(repr=False)  # holds secrets
     port: int
     gpus: tuple[int, ...]
     model: str
@@ -80,6 +80,8 @@ class RenderedInstance:
     engine: str
     engine_version: str
     secret_keys: frozenset[str] = field(default_factory=frozenset)
+    #: The unit has an ``[Install]`` section: apply enables it, else disables it.
+    enable_at_boot: bool = True
 
     @property
     def unit_name(self) -> str:
