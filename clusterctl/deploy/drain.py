@@ -1,0 +1,131 @@
+"""Drain an instance before it stops: no stream in flight is cut.
+
+:func:`drain` (1) marks the instance down at the gateway when one is
+configured, so no new request reaches it, then (2) polls the instance's
+``/metrics`` every ``poll`` seconds from the control machine until
+``vllm:num_requests_running + vllm:num_requests_waiting`` is 0, or
+``timeout`` seconds have passed.  After the count reaches 0 it waits
+``SETTLE_S`` more so the last chunks of a finished stream (``data: [DONE]``)
+leave the server before the caller stops it.
+
+Without a gateway nothing stops new requests from arriving: the drain then
+waits for a moment with none in flight, which under steady traffic may be
+the timeout.  An instance that refuses connections has nothing in flight
+(drained at once); an instance whose ``/metrics`` cannot be read otherwise
+(timeouts, errors) is polled until the timeout and reported with the error.
+
+The gateway is reached through :class:`GatewayHook`; :func:`gateway_for`
+finds the gateway package's hook for an inventory, if the package and a
+configured gateway exist.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from clusterctl.deploy.metrics import DEFAULT_HTTP_TIMEOUT, MetricsSample, base_url, fetch_sample
+from clusterctl.inventory.model import Instance, Inventory
+
+#: Seconds waited after the in-flight count reaches 0 (the last bytes of a stream).
+SETTLE_S = 0.5
+#: Default seconds a drain may take before the instance is stopped anyway.
+DEFAULT_DRAIN_TIMEOUT_S = 120.0
+#: Default seconds between two ``/metrics`` polls.
+DEFAULT_POLL_S = 1.0
+
+
+class GatewayHook(Protocol):
+    """What drain needs from the gateway (implemented in ``clusterctl/gateway/``).
+
+    ``mark_down(name)``: stop sending new requests to the instance (it stays
+    down until ``mark_up``); ``mark_up(name)``: send to it again.  Both return
+    once the gateway applies the change, and raise ``ClusterctlError`` when
+    they cannot.
+    """
+
+    def mark_down(self, instance_name: str) -> None: ...
+
+    def mark_up(self, instance_name: str) -> None: ...
+
+
+def gateway_for(inv: Inventory) -> GatewayHook | None:
+    """The gateway's hook for ``inv``: ``clusterctl.gateway.hook.gateway_hook(inv)``, or ``None``
+    when the gateway package is not there or the inventory configures no gateway."""
+    try:
+        mod = importlib.import_module("clusterctl.gateway.hook")
+    except ModuleNotFoundError as e:
+        if e.name in ("clusterctl.gateway", "clusterctl.gateway.hook"):
+            return None
+        raise
+    factory = getattr(mod, "gateway_hook", None)
+    hook: GatewayHook | None = factory(inv) if callable(factory) else None
+    return hook
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """How a drain ended.
+
+    ``drained``: nothing was in flight at the end.  ``timed_out``: the
+    timeout passed first; ``remaining`` requests (running + waiting) were
+    still in flight (``None``: unknown, see ``error``).  ``waited_s``: seconds
+    spent.  ``marked_down``: the gateway took the instance out first.
+    """
+
+    instance: str
+    drained: bool
+    timed_out: bool
+    remaining: int | None
+    waited_s: float
+    marked_down: bool = False
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _refused(reason: str) -> bool:
+    return "ConnectionRefused" in reason or "Connection refused" in reason
+
+
+def drain(inv: Inventory, instance: Instance, *, timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
+          poll: float = DEFAULT_POLL_S, gateway: GatewayHook | None = None,
+          fetch: Callable[[str], "MetricsSample | str"] | None = None,
+          clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> DrainResult:
+    """Mark ``instance`` down at ``gateway`` (if any), then wait for its requests to finish.
+
+    ``timeout``: seconds to wait for running + waiting to reach 0 (0: do not
+    wait, report what is in flight).  ``poll``: seconds between ``/metrics``
+    reads.  Never raises for an unreachable instance; a gateway that cannot
+    mark the instance down raises (the caller must not stop it blindly).
+    """
+    get = fetch or (lambda u: fetch_sample(u, min(DEFAULT_HTTP_TIMEOUT, max(poll, 1.0))))
+    url = base_url(inv, instance)
+    t0 = clock()
+    marked = False
+    if gateway is not None:
+        gateway.mark_down(instance.name)
+        marked = True
+    last_error: str | None = None
+    remaining: int | None = None
+    while True:
+        got = get(url)
+        if isinstance(got, str):
+            if _refused(got):
+                return DrainResult(instance.name, True, False, 0, round(clock() - t0, 3), marked,
+                                   "not listening (nothing in flight)")
+            last_error = got
+        else:
+            last_error = None
+            remaining = int(got.in_flight or 0)
+            if remaining == 0:
+                sleep(SETTLE_S)
+                return DrainResult(instance.name, True, False, 0, round(clock() - t0, 3), marked)
+        left = timeout - (clock() - t0)
+        if left <= 0:
+            return DrainResult(instance.name, False, True, remaining, round(clock() - t0, 3), marked, last_error)
+        sleep(min(poll, left))

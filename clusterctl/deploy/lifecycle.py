@@ -1,0 +1,156 @@
+"""Start, stop and restart instances through systemd, draining first.
+
+* ``stop``: :func:`~clusterctl.deploy.drain.drain` (gateway mark-down, wait for
+  in-flight requests up to ``drain_timeout``), then ``systemctl stop
+  clusterctl-NAME.service``.  The instance stays marked down at the gateway.
+* ``restart``: drain, ``systemctl restart``, wait until ``/health`` answers
+  200 (up to ``health_timeout``: vLLM loads for minutes), then mark it up at
+  the gateway.
+* ``start``: ``systemctl start``, wait for ``/health``, mark up.
+
+Instances are worked on in parallel (at most ``parallel`` at once, each on its
+own host's connection of the ``fleet``).  A drain that times out still stops
+the instance (that is what the timeout bounds) and says so; ``drain=False``
+skips it.  Every instance gets an :class:`ActionResult`, never an exception:
+an unreachable host or a failing ``systemctl`` is a row with ``ok=False``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+from clusterctl.deploy.drain import (DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_POLL_S, DrainResult, GatewayHook,
+                                     drain)
+from clusterctl.deploy.metrics import base_url, http_get
+from clusterctl.deploy.spec import unit_name
+from clusterctl.errors import ClusterctlError
+from clusterctl.fleet import shell
+from clusterctl.inventory.model import Instance, Inventory
+
+Action = Literal["start", "stop", "restart"]
+#: Default seconds to wait for ``/health`` after a start or restart.
+DEFAULT_HEALTH_TIMEOUT_S = 900.0
+#: Seconds ``systemctl`` itself may take (stop waits for the process to exit).
+SYSTEMCTL_TIMEOUT_S = 180.0
+
+
+@dataclass
+class ActionResult:
+    """What happened to one instance.  ``ok``: the action completed (and, for
+    start/restart, ``/health`` answered 200).  ``drain``: the drain's result
+    (``None`` when not drained).  ``healthy_after_s``: seconds from the
+    systemctl call to the first 200 from ``/health``."""
+
+    instance: str
+    host: str | None
+    action: Action
+    ok: bool
+    drain: DrainResult | None = None
+    error: str | None = None
+    healthy_after_s: float | None = None
+    duration_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["drain"] = self.drain.to_json() if self.drain else None
+        return d
+
+
+def wait_healthy(inv: Inventory, inst: Instance, timeout: float, poll: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> float | None:
+    """Poll ``/health`` until 200: the seconds it took, or ``None`` after ``timeout`` seconds."""
+    url = base_url(inv, inst) + "/health"
+    t0 = clock()
+    while True:
+        if http_get(url, timeout=min(3.0, max(poll, 1.0))).ok:
+            return round(clock() - t0, 2)
+        if clock() - t0 >= timeout:
+            return None
+        sleep(poll)
+
+
+def _systemctl(fleet: Any, host: str, verb: str, inst: Instance) -> str | None:
+    """Run ``systemctl VERB unit`` on ``host`` (as root); the error text, or ``None`` when it worked."""
+    cmd = shell.join(["systemctl", verb, unit_name(inst.name)])
+    r = fleet.run({host: cmd}, sudo=True, timeout=SYSTEMCTL_TIMEOUT_S)[host]
+    if r.ok:
+        return None
+    detail = (r.stderr or r.stdout or "").strip().splitlines()
+    return f"systemctl {verb} on {host}: " + (detail[-1] if detail else (r.error or r.status.value))
+
+
+def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_first: bool,
+         drain_timeout: float, poll: float, health_timeout: float, gateway: GatewayHook | None,
+         on_event: Callable[[str], None]) -> ActionResult:
+    t0 = time.monotonic()
+    host = inst.placement[0].host if inst.placement else None
+    res = ActionResult(inst.name, host, action, ok=False)
+    if host is None:
+        res.error = "the instance has no placement"
+        return res
+    try:
+        if action in ("stop", "restart") and drain_first:
+            on_event(f"{inst.name}: draining (up to {drain_timeout:g} s)")
+            res.drain = drain(inv, inst, timeout=drain_timeout, poll=poll, gateway=gateway)
+            if res.drain.timed_out:
+                res.notes.append(f"drain timed out with {res.drain.remaining if res.drain.remaining is not None else '?'}"
+                                 f" request(s) in flight; {action}ing anyway")
+        elif action in ("stop", "restart") and gateway is not None:
+            gateway.mark_down(inst.name)
+        on_event(f"{inst.name}: systemctl {action} on {host}")
+        res.error = _systemctl(fleet, host, action, inst)
+        if res.error is None and action in ("start", "restart"):
+            took = wait_healthy(inv, inst, health_timeout, poll)
+            if took is None:
+                res.error = f"/health did not answer 200 within {health_timeout:g} s"
+            else:
+                res.healthy_after_s = took
+                if gateway is not None:
+                    gateway.mark_up(inst.name)
+        res.ok = res.error is None
+    except ClusterctlError as e:  # the gateway could not mark the instance
+        res.error = f"gateway: {e}"
+    res.duration_s = round(time.monotonic() - t0, 2)
+    return res
+
+
+def run_action(inv: Inventory, fleet: Any, instances: Sequence[Instance], action: Action, *,
+               drain_first: bool = True, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
+               poll: float = DEFAULT_POLL_S, health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S,
+               gateway: GatewayHook | None = None, parallel: int = 16,
+               on_event: Callable[[str], None] | None = None,
+               on_result: Callable[[ActionResult], None] | None = None) -> list[ActionResult]:
+    """Apply ``action`` to every instance (module docstring); one result per instance, in order."""
+    say = on_event or (lambda s: None)
+    if not instances:
+        return []
+
+    def one(inst: Instance) -> ActionResult:
+        r = _one(inv, fleet, inst, action, drain_first=drain_first, drain_timeout=drain_timeout, poll=poll,
+                 health_timeout=health_timeout, gateway=gateway, on_event=say)
+        if on_result:
+            on_result(r)
+        return r
+
+    with cf.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(instances)))) as pool:
+        return list(pool.map(one, instances))
+
+
+def stop_instances(inv: Inventory, fleet: Any, instances: Sequence[Instance], **kw: Any) -> list[ActionResult]:
+    """Drain (unless ``drain_first=False``) and stop each instance; see :func:`run_action`."""
+    return run_action(inv, fleet, instances, "stop", **kw)
+
+
+def start_instances(inv: Inventory, fleet: Any, instances: Sequence[Instance], **kw: Any) -> list[ActionResult]:
+    """Start each instance and wait for ``/health``; see :func:`run_action`."""
+    return run_action(inv, fleet, instances, "start", **kw)
+
+
+def restart_instances(inv: Inventory, fleet: Any, instances: Sequence[Instance], **kw: Any) -> list[ActionResult]:
+    """Drain, restart and wait for ``/health`` on each instance; see :func:`run_action`."""
+    return run_action(inv, fleet, instances, "restart", **kw)

@@ -1,0 +1,301 @@
+"""``clusterctl status``: every instance's unit, health, versions, GPUs and load.
+
+:func:`collect_status` reads each host once over SSH (the deploy node
+program's ``read``: unit states and ``[X-Clusterctl]`` sections), then asks
+each active instance, from the control machine, ``/health``, ``/version`` and
+``/metrics`` twice ``window`` seconds apart (all instances at once; each HTTP
+call times out after ``http_timeout`` seconds).  It takes about ``window`` +
+the SSH read + two HTTP timeouts, whatever the number of instances.
+
+Each :class:`InstanceStatus` has a ``state`` and a ``severity`` (the
+monitoring verdict, ``clusterctl.diagnose.findings.Severity``):
+
+============  ========  ===================================================
+state         severity  meaning
+============  ========  ===================================================
+serving       OK        unit active, ``/health`` 200 (WARN when the load
+                        score is >= ``HIGH_LOAD`` or systemd restarted it)
+starting      WARN      activating, or active but not listening yet for
+                        less than ``LOADING_GRACE_S`` (vLLM loads for minutes
+                        and has no readiness notification)
+unhealthy     CRIT      active but ``/health`` fails (503 = engine dead)
+restarting    CRIT      between automatic restarts (a crash loop)
+failed        CRIT      the unit failed
+stopped       CRIT      the unit is inactive
+absent        CRIT      wanted by the inventory, no unit on its host
+extra         WARN      a ``clusterctl-*`` unit the inventory does not want
+unknown       UNKNOWN   the host could not be read
+============  ========  ===================================================
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from clusterctl.deploy import remote
+from clusterctl.deploy.loadscore import InstanceLoad, load_score
+from clusterctl.deploy.metrics import (DEFAULT_HTTP_TIMEOUT, MAX_PARALLEL, HttpAnswer, MetricsSample,
+                                       WindowedMetrics, base_url, fetch_sample, http_get, scrape_window,
+                                       version_of)
+from clusterctl.deploy.peaks import load_peaks, update_peaks
+from clusterctl.deploy.spec import unit_name
+from clusterctl.diagnose.findings import Severity
+from clusterctl.inventory.model import Instance, Inventory
+
+#: A load score at or above this is reported as high load (WARN).
+HIGH_LOAD = 0.8
+#: Seconds an active unit may refuse connections before it counts as unhealthy.
+LOADING_GRACE_S = 900.0
+
+
+@dataclass
+class InstanceStatus:
+    """One instance as status sees it (``None``: not known / not measured).
+
+    ``up_s``: seconds since the unit's main process started.  ``engine_version``:
+    the unit's ``EngineVersion=``; ``running_version``: what ``/version`` says.
+    ``tokens_per_s``: generation throughput over the window.  ``load``: the load
+    score (:mod:`clusterctl.deploy.loadscore`).
+    """
+
+    name: str
+    host: str | None
+    port: int | None
+    state: str
+    severity: Severity
+    message: str = ""
+    template: str | None = None
+    unit: str = ""
+    active: str | None = None
+    sub: str | None = None
+    restarts: int | None = None
+    up_s: float | None = None
+    healthy: bool | None = None
+    model: str | None = None
+    model_version: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    running_version: str | None = None
+    gpus: tuple[str, ...] = field(default_factory=tuple)
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    tokens_per_s: float | None = None
+    load: float | None = None
+
+    @property
+    def tp(self) -> int:
+        return len(self.gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["severity"] = self.severity.name
+        d["gpus"] = list(self.gpus)
+        d["tp"] = self.tp
+        return d
+
+
+def exit_code(rows: Iterable[InstanceStatus]) -> int:
+    """Monitoring exit code: 0 all serving, 1 some degraded or loaded, 2 some down, 3 could not check.
+
+    Worst by :attr:`Severity.rank` (a WARN outranks a host that could not be read).
+    """
+    worst = Severity.OK
+    for r in rows:
+        if r.severity.rank > worst.rank:
+            worst = r.severity
+    return int(worst)
+
+
+def _max_num_seqs(inst: Instance | None) -> int | None:
+    if inst is None:
+        return None
+    for key in ("max-num-seqs", "max_num_seqs"):
+        v = inst.args.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _gpus(inst: Instance | None, x: Mapping[str, str], host: str | None) -> tuple[str, ...]:
+    if inst is not None:
+        return tuple(str(g) for g in inst.placement)
+    raw = x.get("GPUs", "")
+    return tuple(f"{host}:{g.strip()}" for g in raw.replace(" ", ",").split(",") if g.strip())
+
+
+def _unit_verdict(row: InstanceStatus, health: HttpAnswer | None) -> None:
+    """Set state, severity and message from the unit state and ``/health``."""
+    if row.active == "active":
+        if health is not None and health.ok:
+            row.state, row.severity, row.healthy = "serving", Severity.OK, True
+            if row.restarts:
+                row.severity, row.message = Severity.WARN, f"restarted {row.restarts} time(s) by systemd"
+            return
+        row.healthy = False
+        refused = health is not None and health.status == 0
+        if refused and row.up_s is not None and row.up_s < LOADING_GRACE_S:
+            row.state, row.severity = "starting", Severity.WARN
+            row.message = f"not listening yet after {row.up_s:.0f} s (loading)"
+            return
+        row.state, row.severity = "unhealthy", Severity.CRIT
+        why = "no answer" if health is None else (health.error or f"HTTP {health.status}")
+        row.message = f"/health: {why}"
+    elif row.active == "activating":
+        if row.sub == "auto-restart":
+            row.state, row.severity = "restarting", Severity.CRIT
+            row.message = f"crashed; systemd restarts it (restarts: {row.restarts or 0})"
+        else:
+            row.state, row.severity, row.message = "starting", Severity.WARN, f"activating ({row.sub})"
+    elif row.active == "failed":
+        row.state, row.severity, row.message = "failed", Severity.CRIT, f"unit failed ({row.sub})"
+    elif row.active == "deactivating":
+        row.state, row.severity, row.message = "stopped", Severity.CRIT, "stopping"
+    else:
+        row.state, row.severity, row.message = "stopped", Severity.CRIT, f"unit {row.active or 'unknown'}"
+
+
+def _apply_load(row: InstanceStatus, w: WindowedMetrics | None, queue_cap: int | None,
+                capacity: float | None) -> None:
+    s: MetricsSample | None = w.last if w else None
+    if s is not None:
+        row.kv_usage, row.running, row.waiting = s.kv_usage, s.running, s.waiting
+        row.tokens_per_s = None if w is None or w.tokens_per_s is None else round(w.tokens_per_s, 2)
+    if row.healthy is None:
+        return
+    cap = max(capacity or 0.0, row.tokens_per_s or 0.0) or None
+    row.load = load_score(InstanceLoad(healthy=bool(row.healthy), kv_usage=row.kv_usage, running=row.running,
+                                       waiting=row.waiting, tokens_per_s=row.tokens_per_s, queue_cap=queue_cap,
+                                       capacity_tokens_per_s=cap))
+    if row.healthy and s is None:
+        row.severity = max(row.severity, Severity.WARN, key=lambda v: v.rank)
+        row.message = row.message or f"/metrics: {w.error if w else 'not read'}"
+    elif row.state == "serving" and row.load >= HIGH_LOAD:
+        row.severity = max(row.severity, Severity.WARN, key=lambda v: v.rank)
+        row.message = row.message or f"high load ({row.load:.2f})"
+
+
+def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *, window: float = 10.0,
+                   http_timeout: float = DEFAULT_HTTP_TIMEOUT, state_dir: Path | None = None,
+                   include_extra: bool = True, on_event: Callable[[str], None] | None = None,
+                   ) -> list[InstanceStatus]:
+    """Status of ``instances`` (name → Instance: the inventory's and placed replicas).
+
+    ``fleet`` must hold every host the instances are on (and any other host
+    whose ``clusterctl-*`` units should be listed as ``extra`` when
+    ``include_extra``).  ``window``: seconds between the two ``/metrics``
+    samples (0: one sample, no throughput).  ``state_dir``: where
+    throughput peaks are kept (``None``: none kept; the throughput term then
+    uses this run's rate as the capacity).  Rows come sorted by host, then name.
+    """
+    say = on_event or (lambda s: None)
+    hosts = remote.read_hosts(fleet)
+    now_up = _uptimes(fleet)
+    rows: dict[str, InstanceStatus] = {}
+    for name, inst in instances.items():
+        host = inst.placement[0].host if inst.placement else None
+        hs = hosts.get(host) if host else None
+        row = InstanceStatus(name, host, inst.port, "absent", Severity.CRIT, template=inst.template,
+                             unit=unit_name(name), model=inst.model, engine=inst.engine, gpus=_gpus(inst, {}, host))
+        if hs is None:
+            row.state, row.severity, row.message = "unknown", Severity.UNKNOWN, "host not read"
+        elif hs.error:
+            row.state, row.severity, row.message = "unknown", Severity.UNKNOWN, hs.error
+        elif name not in hs.instances:
+            row.message = f"no {unit_name(name)} on {host}"
+        rows[name] = row
+    for host, hs in hosts.items():
+        for name, st in hs.instances.items():
+            wanted = instances.get(name)
+            if wanted is not None and (not wanted.placement or wanted.placement[0].host != host):
+                wanted = None  # the inventory wants it elsewhere: this copy is extra
+            if wanted is None and not include_extra:
+                continue
+            key = name if wanted is not None else f"{name}@{host}"
+            row = rows.get(key) or InstanceStatus(name, host, _int(st.x.get("Port")), "extra", Severity.WARN,
+                                                  unit=unit_name(name), gpus=_gpus(None, st.x, host))
+            row.active, row.sub, row.restarts = st.active, st.sub, st.restarts
+            up = now_up.get(host)
+            if st.started_mono and up is not None and st.active in ("active", "activating", "deactivating"):
+                row.up_s = max(0.0, round(up - st.started_mono / 1e6, 1))
+            row.model = st.x.get("Model") or row.model
+            row.model_version = st.x.get("ModelVersion") or None
+            row.engine = st.x.get("Engine") or row.engine
+            row.engine_version = st.x.get("EngineVersion") or None
+            rows[key] = row
+    urls = {k: _url(inv, r, instances.get(r.name)) for k, r in rows.items()
+            if r.active in ("active", "deactivating") and r.port}
+    say(f"{len(urls)} active instance(s): /health, /version, /metrics over {window:g} s")
+    health, versions = _health_and_version(urls, http_timeout)
+    windows = scrape_window(urls, window=window, fetch=lambda u: fetch_sample(u, http_timeout)) if urls else {}
+    peaks = load_peaks(state_dir) if state_dir else {}
+    for key, row in rows.items():
+        if row.active is None:
+            continue
+        extra = row.state == "extra"
+        _unit_verdict(row, health.get(key))
+        if extra:
+            row.message = "not in the inventory; " + (row.message or row.state)
+            row.state = "extra"
+            row.severity = max(row.severity, Severity.WARN, key=lambda v: v.rank)
+        row.running_version = versions.get(key)
+        if row.active == "active":
+            _apply_load(row, windows.get(key), _max_num_seqs(instances.get(row.name)), peaks.get(row.name))
+    if state_dir:
+        update_peaks(state_dir, {r.name: r.tokens_per_s for r in rows.values() if r.state == "serving"})
+    return sorted(rows.values(), key=lambda r: (r.host or "", r.name))
+
+
+def _int(v: str | None) -> int | None:
+    return int(v) if v and v.isdigit() else None
+
+
+def _url(inv: Inventory, row: InstanceStatus, inst: Instance | None) -> str:
+    if inst is not None:
+        return base_url(inv, inst)
+    h = inv.hosts.get(row.host or "")
+    return f"http://{h.address if h else row.host}:{row.port}"
+
+
+def _health_and_version(urls: Mapping[str, str], timeout: float) -> tuple[dict[str, HttpAnswer], dict[str, str]]:
+    if not urls:
+        return {}, {}
+    keys = list(urls)
+    with cf.ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, 2 * len(keys))) as pool:
+        hf = {k: pool.submit(http_get, urls[k] + "/health", timeout) for k in keys}
+        vf = {k: pool.submit(http_get, urls[k] + "/version", timeout) for k in keys}
+        health = {k: f.result() for k, f in hf.items()}
+        versions = {k: v for k, f in vf.items() if (v := version_of(f.result())) is not None}
+    return health, versions
+
+
+def _uptimes(fleet: Any) -> dict[str, float]:
+    """Each host's monotonic clock (s since boot, ``/proc/uptime``): turns unit start times into ages."""
+    out: dict[str, float] = {}
+    for r in fleet.run("cat /proc/uptime", timeout=15):
+        try:
+            out[r.host] = float((r.stdout or "").split()[0])
+        except (ValueError, IndexError):
+            pass
+    return out
+
+
+def match_instances(names: Iterable[str], pattern: str | None) -> list[str]:
+    """The names a pattern selects, in the given order.
+
+    ``pattern``: comma-separated shell globs (``qwen-*,llama-1``); ``None``,
+    ``all`` or ``*`` select everything.  A ``!glob`` term removes matches.
+    """
+    from fnmatch import fnmatchcase
+
+    names = list(names)
+    if pattern is None or pattern.strip() in ("", "all", "*"):
+        return names
+    terms = [t.strip() for t in pattern.split(",") if t.strip()]
+    keep = [t for t in terms if not t.startswith("!")]
+    drop = [t[1:] for t in terms if t.startswith("!")]
+    return [n for n in names if (not keep or any(fnmatchcase(n, k) for k in keep))
+            and not any(fnmatchcase(n, d) for d in drop)]
