@@ -1,0 +1,259 @@
+"""``clusterctl status`` and ``clusterctl start | stop | restart``: instances, one by one.
+
+``status`` prints one row per instance (the inventory's instances and the
+template replicas placement gives them), grouped by host or template: unit
+state, restarts, age, health, engine and model versions, GPUs, KV usage,
+running/waiting, throughput over ``--window`` and the load score.  Exit code
+by monitoring convention: 0 all serving, 1 some degraded or under high load,
+2 some down/failed/absent, 3 could not check (also usage errors).
+
+``stop`` and ``restart`` drain first (gateway mark-down when one is
+configured, then wait for in-flight requests, bounded by
+``--drain-timeout``); ``start`` and ``restart`` wait for ``/health``.
+Exit 0 when every instance did what was asked, 2 when some did not, 3 for
+usage errors.  docs/status.md has the columns, the formula and the details.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, \
+    user_config
+from clusterctl.cli._hosts import (AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, become_password,
+                                   check_host_key_policy)
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
+STATUS_HELP = """Show every instance: unit state, restarts, health, engine and model
+version, TP group and GPUs, KV-cache usage, running/waiting requests,
+generation throughput over --window seconds and the load score (0 = idle,
+1 = do not send; formula in docs/status.md).
+
+PATTERN selects instances by name (comma-separated globs, !glob excludes;
+default all). Instances the inventory wants but no host runs are 'absent';
+clusterctl units the inventory does not want are 'extra'. An unreachable host
+is a row, never a stall. Exit status: 0 all serving, 1 some degraded or under
+high load, 2 some down, failed or absent, 3 could not check.
+
+Examples:
+
+  clusterctl status -i /var/lib/clusterctl-lab/inventory.yaml
+
+  clusterctl status 'qwen-*' --window 5 --json
+"""
+
+ACTION_HELP = {
+    "start": """Start instances (systemctl start clusterctl-NAME.service) and wait until
+/health answers; then mark them up at the gateway when one is configured.
+Exit 0 when all are healthy, 2 when some are not, 3 for usage errors.
+
+Example:
+
+  clusterctl start 'qwen-*' -i /var/lib/clusterctl-lab/inventory.yaml
+""",
+    "stop": """Drain, then stop instances: mark each down at the gateway when one is
+configured, wait until its running and waiting requests are 0 (at most
+--drain-timeout seconds, then stop anyway), then systemctl stop. Streams in
+flight finish. Exit 0 when all stopped, 2 when some did not, 3 for usage errors.
+
+Example:
+
+  clusterctl stop qwen-1 --drain-timeout 300
+""",
+    "restart": """Drain, restart and wait for /health on each instance (see stop, start).
+Exit 0 when all are healthy again, 2 when some are not, 3 for usage errors.
+
+Example:
+
+  clusterctl restart 'qwen-*' --drain-timeout 120 --health-timeout 600
+""",
+}
+
+STYLE = {"OK": "green", "WARN": "yellow", "CRIT": "bold red", "UNKNOWN": "magenta"}
+StateDirOpt = typer.Option(None, "--state-dir", help="Deploy state directory (placements) "
+                           "[default: $CLUSTERCTL_STATE_DIR, then the user state dir]/deploy.")
+
+
+def _desired(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any], Any]:
+    """``(instances wanted, deploy state dir)``: the inventory's plus placed template replicas."""
+    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.state import StateStore, resolve_state_dir
+
+    directory = resolve_state_dir(state_dir, user_config())
+    try:
+        return dict(desired_instances(inv, StateStore(directory).load()).instances), directory
+    except ClusterctlError as e:
+        fail(str(e))
+
+
+def _fleet(inv: Any, host_names: list[str], *, fanout: Optional[int], connect_timeout: Optional[float],
+           host_key_policy: Optional[str], ask_become_pass: bool) -> Any:
+    from clusterctl.fleet.fleet import Fleet
+    from clusterctl.fleet.ssh import ParamikoTransport
+
+    policy = check_host_key_policy(host_key_policy)
+    cfg = user_config()
+    hosts = [inv.hosts[h] for h in host_names if h in inv.hosts]
+    if connect_timeout:
+        hosts = [dataclasses.replace(h, ssh=dataclasses.replace(h.ssh, connect_timeout=connect_timeout))
+                 for h in hosts]
+    return Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
+                 command_timeout=cfg.command_timeout, become_password=become_password(ask_become_pass, hosts, True),
+                 transport=ParamikoTransport(host_key_policy=policy))
+
+
+def _age(s: Optional[float]) -> str:
+    if s is None:
+        return "-"
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            return f"{s / n:.0f}{unit}"
+    return f"{s:.0f}s"
+
+
+def _num(v: Optional[float], fmt: str = "{:.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def render_table(rows: list[Any], group_by: str) -> Any:
+    """The rich table of status rows, one section per host or template."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for col in ("host" if group_by == "host" else "template", "instance", "state", "unit", "rst", "up",
+                "engine", "model", "gpus", "kv", "run/wait", "tok/s", "load", "note"):
+        table.add_column(col, overflow="fold")
+    def key(r: Any) -> str:
+        return (r.host if group_by == "host" else r.template) or "-"
+    prev = None
+    for r in sorted(rows, key=lambda r: (key(r), r.name)):
+        group = key(r)
+        if prev is not None and group != prev:
+            table.add_section()
+        sev = r.severity.name
+        table.add_row(
+            escape(group) if group != prev else "", escape(r.name),
+            f"[{STYLE[sev]}]{escape(r.state)}[/]",
+            escape(f"{r.active}/{r.sub}") if r.active else "-", _num(r.restarts), _age(r.up_s),
+            escape(r.running_version or r.engine_version or r.engine or "-"),
+            escape((r.model or "-") + (f"@{r.model_version}" if r.model_version else "")),
+            escape(_gpu_list(r.gpus)), _num(None if r.kv_usage is None else r.kv_usage * 100, "{:.0f}%"),
+            "-" if r.running is None else f"{r.running:.0f}/{r.waiting or 0:.0f}", _num(r.tokens_per_s, "{:.1f}"),
+            _num(r.load, "{:.2f}"), escape(r.message))
+        prev = group
+    return table
+
+
+def _gpu_list(gpus: tuple[str, ...]) -> str:
+    """``st01:0,st01:1`` → ``st01:0,1`` (one host per TP group)."""
+    if not gpus:
+        return "-"
+    hosts = {g.rpartition(":")[0] for g in gpus}
+    if len(hosts) == 1:
+        return f"{hosts.pop()}:" + ",".join(g.rpartition(":")[2] for g in gpus)
+    return ",".join(gpus)
+
+
+def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: globs, comma-separated [all]."),
+           inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
+           window: float = typer.Option(10.0, "--window", min=0.0,
+                                        help="Seconds between the two /metrics samples (throughput); 0: one."),
+           group_by: str = typer.Option("host", "--group-by", help="Group rows by host or template."),
+           state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
+           connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
+           ask_become_pass: bool = AskBecomePassOpt) -> None:
+    from clusterctl.deploy.status import collect_status, exit_code, match_instances
+
+    if group_by not in ("host", "template"):
+        fail(f"--group-by must be host or template (got {group_by!r})")
+    inv = load_inventory(inventory)
+    wanted, directory = _desired(inv, state_dir)
+    names = match_instances(wanted, pattern)
+    selected = {n: wanted[n] for n in names}
+    everything = pattern is None or pattern.strip() in ("", "all", "*")
+    if not selected and not everything:
+        fail(f"pattern {pattern!r} selects no instance of the inventory")
+    hosts = list(inv.hosts) if everything else sorted({g.host for i in selected.values() for g in i.placement})
+    fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
+                   ask_become_pass=ask_become_pass)
+    progress = not json_out and err_console.is_terminal
+    with fleet:
+        rows = collect_status(inv, selected, fleet, window=window, state_dir=directory, include_extra=everything,
+                              on_event=lambda s: err_console.print(s, markup=False) if progress else None)
+    for w in fleet.warnings:
+        err_console.print(f"warning: {w}", markup=False)
+    code = exit_code(rows)
+    if json_out:
+        print_json({"instances": [r.to_json() for r in rows], "window_s": window, "exit_code": code})
+    elif rows:
+        console.print(render_table(rows, group_by))
+    else:
+        console.print("no instances in the inventory and no clusterctl units on its hosts")
+    raise typer.Exit(code)
+
+
+def _action(action: str) -> Any:
+    def command(pattern: str = typer.Argument(..., help="Instance names: globs, comma-separated."),
+                inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
+                drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0.0,
+                                                    help="Seconds to wait for in-flight requests (stop, restart)."),
+                no_drain: bool = typer.Option(False, "--no-drain", help="Stop or restart without draining."),
+                health_timeout: float = typer.Option(900.0, "--health-timeout", min=1.0,
+                                                     help="Seconds to wait for /health (start, restart)."),
+                poll: float = typer.Option(1.0, "--poll", min=0.1, help="Seconds between drain/health polls."),
+                state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
+                connect_timeout: Optional[float] = ConnectTimeoutOpt,
+                host_key_policy: Optional[str] = HostKeyOpt, ask_become_pass: bool = AskBecomePassOpt) -> None:
+        from rich.markup import escape
+
+        from clusterctl.deploy.drain import gateway_for
+        from clusterctl.deploy.lifecycle import run_action
+        from clusterctl.deploy.status import match_instances
+
+        inv = load_inventory(inventory)
+        wanted, _ = _desired(inv, state_dir)
+        names = match_instances(wanted, pattern)
+        if not names:
+            fail(f"pattern {pattern!r} selects no instance of the inventory")
+        insts = [wanted[n] for n in names]
+        try:
+            gateway = gateway_for(inv)
+        except ClusterctlError as e:
+            fail(f"gateway: {e}")
+        hosts = sorted({g.host for i in insts for g in i.placement})
+        fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
+                       ask_become_pass=ask_become_pass)
+        say = (lambda s: err_console.print(s, markup=False)) if not json_out else None
+        with fleet:
+            results = run_action(inv, fleet, insts, action, drain_first=not no_drain,  # type: ignore[arg-type]
+                                 drain_timeout=drain_timeout, poll=poll, health_timeout=health_timeout,
+                                 gateway=gateway, on_event=say)
+        code = ExitCode.OK if all(r.ok for r in results) else ExitCode.CRIT
+        if json_out:
+            print_json({"action": action, "results": [r.to_json() for r in results], "exit_code": int(code)})
+        else:
+            for r in results:
+                d = r.drain
+                drained = ("" if d is None else
+                           f", drained in {d.waited_s:.1f} s" if d.drained else
+                           f", drain timed out after {d.waited_s:.1f} s with {d.remaining} in flight")
+                health = f", healthy after {r.healthy_after_s:.1f} s" if r.healthy_after_s is not None else ""
+                verdict = "[green]ok[/]" if r.ok else "[bold red]FAILED[/]"
+                console.print(f"{verdict} {action} " + escape(f"{r.instance} on {r.host}{drained}{health}"
+                                                               + (f": {r.error}" if r.error else "")))
+        raise typer.Exit(int(code))
+
+    command.__doc__ = ACTION_HELP[action]
+    return command
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``status``, ``start``, ``stop`` and ``restart`` to the top-level app."""
+    app.command("status", help=STATUS_HELP)(status)
+    for action in ("start", "stop", "restart"):
+        app.command(action, help=ACTION_HELP[action])(_action(action))
