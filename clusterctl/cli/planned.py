@@ -12,7 +12,6 @@ from clusterctl.exitcodes import USAGE_ERROR
 
 PLANNED: dict[str, tuple[str, int]] = {
     "deploy": ("Render vLLM units, plan the difference and roll them out [planned].", 8),
-    "status": ("Show every instance: unit state, health, load score [planned].", 8),
     "gateway": ("Render and sync the nginx gateway [planned].", 13),
 }
 
