@@ -3,7 +3,7 @@
 One command with a few verbs (a model may not be called ``status``,
 ``warm``, ``evict`` or ``manifest``)::
 
-    clusterctl stage MODEL [--hosts P] [--relay chain|none] [--warm]
+    clusterctl stage MODEL [--hosts P] [--relay chain|tree|none] [--per-rack] [--warm]
     clusterctl stage status [MODEL] [--hosts P]
     clusterctl stage warm|evict MODEL [--hosts P]
     clusterctl stage manifest DIR --name NAME [--version V]
@@ -35,11 +35,13 @@ HELP = """Stage a model version onto nodes: fetch, verify every chunk, switch at
 Each node gets /models/.versions/NAME/VERSION/ and the model path becomes a
 symlink to it only after every chunk's sha256 matched; older versions beyond
 --keep are pruned (never the one in use). With --relay chain (default) the
-source is read once and nodes pass chunks down a chain over TCP; --relay none
-has every node read the source (--max-readers at a time). Sources: http(s)://
-(range requests; needs .clusterctl-manifest.json there), file:///shared/path,
-or a local directory (pushed over SSH). HTTP credentials:
-$CLUSTERCTL_STAGE_AUTH (an Authorization header value).
+source is read once and nodes pass chunks down a chain over TCP; --relay tree
+has each node feed --tree-fanout children; --per-rack reads the source once
+per rack; --relay none has every node read the source (--max-readers at a
+time). Sources: http(s):// (range requests; needs .clusterctl-manifest.json
+there), s3://bucket/prefix/ (AWS_* variables: keys, region, endpoint),
+file:///shared/path, or a local directory (pushed over SSH). HTTP
+credentials: $CLUSTERCTL_STAGE_AUTH (an Authorization header value).
 
 Verbs: 'stage status [MODEL]', 'stage warm MODEL', 'stage evict MODEL',
 'stage manifest DIR --name NAME'. Exit status: 0 every host done, 2 some host
@@ -48,6 +50,8 @@ failed (its row says why), 3 usage, inventory or source errors.
 Examples:
 
   clusterctl stage qwen3-8b --hosts 'lab[01-04]' --warm
+
+  clusterctl stage qwen3-8b --relay tree --tree-fanout 3 --per-rack
 
   clusterctl stage status --json
 
@@ -141,8 +145,10 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
                                            help="A model of the inventory, or a verb and its argument."),
           hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, lab[01-04], @group, label=value."),
           inventory: Optional[str] = InventoryOpt,
-          relay: str = typer.Option("chain", "--relay", help="chain: source read once, nodes relay; none: every node reads the source."),
-          chains: int = typer.Option(1, "--chains", min=1, help="Parallel chains (= hosts reading the source) with --relay chain."),
+          relay: str = typer.Option("chain", "--relay", help="chain: source read once, nodes relay down a chain; tree: each node feeds --tree-fanout children; none: every node reads the source."),
+          chains: int = typer.Option(1, "--chains", min=1, help="Parallel chains or trees (= hosts reading the source) with --relay chain|tree."),
+          tree_fanout: int = typer.Option(2, "--tree-fanout", min=1, help="Children per node with --relay tree."),
+          per_rack: bool = typer.Option(False, "--per-rack", help="One chain or tree per 'rack' label: the source is read once per rack."),
           max_readers: int = typer.Option(8, "--max-readers", min=1, help="Hosts reading the source at once with --relay none."),
           source: Optional[str] = typer.Option(None, "--source", help="Override the model's source (URL, file:///path or a local directory)."),
           version: Optional[str] = typer.Option(None, "--version", help="Version name [default: the model's, else the content's hash]."),
@@ -221,9 +227,9 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
     try:
         src = pl.parse_source(source or model.source or "", "--source" if source else
                               f"{inv.path}: models.{model.name}.source")
-        pl.plan_chains([(h.name, h.address) for h in hosts], relay, chains, port)  # validates --relay
+        pl.plan_chains([(h.name, h.address) for h in hosts], relay, chains, port, fanout=tree_fanout)  # validates
         man = pl.load_manifest(src, model.name, version or model.version)
-        fanout = len(hosts) if relay == "chain" else min(max_readers, len(hosts))
+        fanout = len(hosts) if relay != "none" else min(max_readers, len(hosts))
     except ClusterctlError as e:
         fail(str(e))
     if not as_json:
@@ -232,7 +238,8 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
     with _fleet(hosts, fanout, timeout, connect_timeout, policy, password) as fleet, \
             HostProgress(len(hosts), "stage", not as_json) as progress:
         try:
-            report = rn.stage_model(fleet, hosts, model, src, man, relay=relay, chains=chains, port=port,
+            report = rn.stage_model(fleet, hosts, model, src, man, relay=relay, chains=chains,
+                                    tree_fanout=tree_fanout, per_rack=per_rack, port=port,
                                     workers=workers, keep=keep, warm=warm, switch=switch, timeout=timeout,
                                     on_result=progress)
         except ClusterctlError as e:

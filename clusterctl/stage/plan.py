@@ -196,34 +196,62 @@ class NodePlan:
                 "stall_timeout": stall_timeout, "linger": linger}
 
 
+RELAYS = ("chain", "tree", "none")
+
+
 def plan_chains(hosts: Sequence[tuple[str, str]], relay: str, chains: int = 1,
-                port: int = DEFAULT_PORT) -> list[NodePlan]:
+                port: int = DEFAULT_PORT, *, fanout: int = 2,
+                groups: Sequence[Sequence[tuple[str, str]]] | None = None) -> list[NodePlan]:
     """Plan for ``hosts`` (name, data address), in the given order.
 
     ``relay="none"``: every host reads the source.  ``relay="chain"``: the
     hosts are cut into ``chains`` contiguous chains (so at most ``chains``
     hosts read the source); each host's upstreams are its predecessors,
     nearest first, so a dead parent is skipped by re-attaching to the
-    grandparent.
+    grandparent.  ``relay="tree"``: the same cut, but each group is a tree in
+    breadth-first order where every node feeds up to ``fanout`` children (depth
+    log_fanout(N) instead of N; upstreams are the ancestors, nearest first).
+    ``groups`` (e.g. one per rack) replaces the cut: each group has its own
+    chain or tree, so the source is read once per group.
     """
-    if relay not in ("chain", "none"):
-        raise StageError(f"--relay {relay!r}: expected chain or none (tree is not implemented)")
+    if relay not in RELAYS:
+        raise StageError(f"--relay {relay!r}: expected one of {', '.join(RELAYS)}")
+    if fanout < 1:
+        raise StageError(f"--tree-fanout {fanout}: must be at least 1")
     if relay == "none":
         return [NodePlan(h, a) for h, a in hosts]
-    n = len(hosts)
-    k = max(1, min(chains, n))
+    if groups is None:
+        n = len(hosts)
+        k = max(1, min(chains, n))
+        size, extra = divmod(n, k)
+        cut: list[Sequence[tuple[str, str]]] = []
+        i = 0
+        for c in range(k):
+            cut.append(hosts[i:i + size + (1 if c < extra else 0)])
+            i += len(cut[-1])
+        groups = cut
+    width = 1 if relay == "chain" else fanout
     plans: list[NodePlan] = []
-    size, extra = divmod(n, k)
-    i = 0
-    for c in range(k):
-        members = hosts[i:i + size + (1 if c < extra else 0)]
-        i += len(members)
+    for members in groups:
         for j, (h, a) in enumerate(members):
-            ups = [(members[p][1], port) for p in range(j - 1, -1, -1)]
-            plans.append(NodePlan(h, a, ups, [members[p][0] for p in range(j - 1, -1, -1)],
-                                  children=1 if j < len(members) - 1 else 0,
-                                  port=port if j < len(members) - 1 else None))
+            ancestors = []
+            p = j
+            while p > 0:
+                p = (p - 1) // width
+                ancestors.append(p)
+            kids = sum(1 for c in range(width * j + 1, width * j + width + 1) if c < len(members))
+            plans.append(NodePlan(h, a, [(members[p][1], port) for p in ancestors],
+                                  [members[p][0] for p in ancestors],
+                                  children=kids, port=port if kids else None))
     return plans
+
+
+def rack_groups(hosts: Sequence[tuple[str, str]], racks: Sequence[str]) -> list[list[tuple[str, str]]]:
+    """``hosts`` split by rack (``racks[i]`` is host i's rack label), in first-seen order."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for h, r in zip(hosts, racks):
+        out.setdefault(r, []).append(h)
+    return list(out.values())
 
 
 def push_frames(source: Source, man: mf.Manifest) -> bytes:

@@ -13,7 +13,9 @@ from typing import Any, Callable, Sequence
 
 from clusterctl.inventory.model import Host, Model
 from clusterctl.stage import bundle, manifest as mf
-from clusterctl.stage.plan import DEFAULT_PORT, NodePlan, Source, StageError, plan_chains, push_frames
+from clusterctl.stage.plan import (
+    DEFAULT_PORT, NodePlan, Source, StageError, plan_chains, push_frames, rack_groups,
+)
 
 #: Where ``verify-model`` is installed on each node (the deploy unit's ExecStartPre).
 VERIFY_MODEL_PATH = "/usr/local/lib/clusterctl/verify-model"
@@ -94,7 +96,8 @@ def _models_spec(models: Sequence[Model]) -> list[dict[str, str]]:
 
 
 def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source, man: mf.Manifest, *,
-                relay: str = "chain", chains: int = 1, port: int = DEFAULT_PORT, workers: int = 8,
+                relay: str = "chain", chains: int = 1, tree_fanout: int = 2, per_rack: bool = False,
+                port: int = DEFAULT_PORT, workers: int = 8,
                 keep: int = 2, warm: bool = False, switch: bool = True, timeout: float = 3600,
                 stall_timeout: float = 15.0, address_of: Callable[[Host], str] | None = None,
                 on_result: Callable[[Any], None] | None = None) -> StageReport:
@@ -102,7 +105,9 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
 
     ``relay="chain"``: one source reader per chain, the others relay
     (``fleet`` must allow every host at once: its fanout is the hosts'
-    count).  ``relay="none"``: every host reads the source, at most the
+    count); ``relay="tree"``: the same with every node feeding up to
+    ``tree_fanout`` children.  ``per_rack``: one chain or tree per ``rack``
+    label (the source is read once per rack) instead of ``chains``.  ``relay="none"``: every host reads the source, at most the
     fleet's fanout at a time (the bound on concurrent source readers).
     ``timeout``: seconds per host.  Returns one row per host.
     """
@@ -111,7 +116,9 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
         raise StageError(f"{source.location}: {man.total_bytes} bytes is too large to push over SSH "
                          f"(limit {MAX_PUSH_BYTES}); serve it over HTTP or a shared filesystem")
     addr = address_of or (lambda h: h.address)
-    plans = plan_chains([(h.name, addr(h)) for h in hosts], relay, chains, port)
+    pairs = [(h.name, addr(h)) for h in hosts]
+    groups = rack_groups(pairs, [h.labels.get("rack", "") for h in hosts]) if per_rack else None
+    plans = plan_chains(pairs, relay, chains, port, fanout=tree_fanout, groups=groups)
     job = {"op": "stage", "manifest": man.to_dict(), "model_path": model.path, "source": source.node_spec(),
            "workers": workers, "keep": keep, "warm": warm, "switch": switch,
            "install": {"path": VERIFY_MODEL_PATH, "verify_source": bundle.verify_model_source()}}

@@ -150,3 +150,18 @@ def test_a_relay_node_dies_mid_transfer_and_the_others_complete(lab, source, inv
     with Fleet(hosts, fanout=len(hosts)) as fleet:
         st = {r.host: r for r in node_op(fleet, "status", [model])}
     assert st[victim].data["models"][0]["current"] is None and st[victim].data["models"][0]["partial"] == ["v1"]
+
+
+def test_tree_relay_reads_the_source_once_with_two_children_per_node(lab, source, inventory):
+    srv, root = source
+    srv.requests.clear()
+    rc, out = _cli("stage", "tiny", "-i", str(inventory), "--json", "--source", f"{srv.url}v1/",
+                   "--version", "v1", "--relay", "tree", "--tree-fanout", "2")
+    assert rc == 0, out
+    assert len(srv.requests) == len(mf.compute(str(root / "v1"), "tiny", "v1", CHUNK).chunks())
+    rows = {r["host"]: r for r in out["hosts"]}
+    names = lab.names
+    assert "upstream" not in rows[names[0]] and all(rows[h]["status"] == "staged" for h in names)
+    # Breadth-first: host i's parent is host (i - 1) // 2.
+    for i, h in enumerate(names[1:], start=1):
+        assert rows[h]["upstream"] == f"{lab.host(names[(i - 1) // 2]).address}:7707"

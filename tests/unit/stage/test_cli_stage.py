@@ -28,8 +28,8 @@ def test_unknown_model_and_unsupported_source(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
     assert main(["stage", "qwen3-8b", "-i", INV, "--source", "s3://bucket/x"]) == ExitCode.UNKNOWN
     assert "--source: s3://bucket/x: set AWS_ACCESS_KEY_ID" in capsys.readouterr().err
-    assert main(["stage", "qwen3-8b", "-i", INV, "--source", str(tmp_path), "--relay", "tree"]) == ExitCode.UNKNOWN
-    assert "tree is not implemented" in capsys.readouterr().err
+    assert main(["stage", "qwen3-8b", "-i", INV, "--source", str(tmp_path), "--relay", "star"]) == ExitCode.UNKNOWN
+    assert "--relay 'star': expected one of chain, tree, none" in capsys.readouterr().err
 
 
 def test_manifest_verb_writes_the_manifest_at_the_source(tmp_path, capsys):

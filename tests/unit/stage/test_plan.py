@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from clusterctl.stage import manifest as mf, verify_model
-from clusterctl.stage.plan import StageError, load_manifest, parse_source, plan_chains, push_frames, write_manifest
+from clusterctl.stage.plan import (
+    StageError, load_manifest, parse_source, plan_chains, push_frames, rack_groups, write_manifest,
+)
 
 from unit.stage.nodehelp import make_model, manifest_for, run_node, stage_job
 from unit.stage.rangeserver import RangeServer
@@ -27,8 +29,27 @@ def test_several_chains_bound_the_source_readers():
     assert heads == ["n1", "n4", "n6"]  # 7 hosts: chains of 3, 2, 2
     assert plans[3].upstream_hosts == [] and plans[4].upstream_hosts == ["n4"]
     assert all(not p.upstreams for p in plan_chains(HOSTS, "none"))
-    with pytest.raises(StageError, match="tree is not implemented"):
-        plan_chains(HOSTS, "tree")
+    with pytest.raises(StageError, match="expected one of chain, tree, none"):
+        plan_chains(HOSTS, "star")
+
+
+def test_a_tree_feeds_fanout_children_per_node_and_knows_every_ancestor():
+    plans = {p.host: p for p in plan_chains(HOSTS, "tree", port=7000, fanout=2)}
+    # n1 -> n2, n3; n2 -> n4, n5; n3 -> n6, n7: depth 2 instead of 6.
+    assert [plans[h].children for h in ("n1", "n2", "n3", "n4")] == [2, 2, 2, 0]
+    assert plans["n5"].upstream_hosts == ["n2", "n1"] and plans["n7"].upstream_hosts == ["n3", "n1"]
+    assert plans["n4"].port is None and plans["n3"].port == 7000
+    assert max(len(p.upstreams) for p in plans.values()) == 2
+    wide = plan_chains(HOSTS, "tree", fanout=6)
+    assert [p.children for p in wide] == [6, 0, 0, 0, 0, 0, 0]
+
+
+def test_one_chain_per_rack_reads_the_source_once_per_rack():
+    racks = ["r1", "r2", "r1", "r2", "r1", "r3", "r3"]
+    plans = plan_chains(HOSTS, "chain", groups=rack_groups(HOSTS, racks))
+    assert [p.host for p in plans if not p.upstreams] == ["n1", "n2", "n6"]
+    by = {p.host: p for p in plans}
+    assert by["n5"].upstream_hosts == ["n3", "n1"] and by["n4"].upstream_hosts == ["n2"]
 
 
 def test_sources(tmp_path, monkeypatch):
