@@ -235,9 +235,11 @@ class History:
     def metric_names(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT DISTINCT name FROM metrics ORDER BY name")]
 
-    def severity_series(self, *, since: float = 0.0) -> list[tuple[float, dict[str, int]]]:
-        """Per run (oldest first): its start and its count of findings per severity."""
-        return [(r.started, r.counts) for r in reversed(self.runs(limit=1_000_000)) if r.started >= since]
+    def severity_series(self, *, since: float = 0.0, pattern: str | None = None) -> list[tuple[float, dict[str, int]]]:
+        """Per run (oldest first; only runs of ``pattern`` when given): its start and its count of
+        findings per severity."""
+        return [(r.started, r.counts) for r in reversed(self.runs(limit=1_000_000))
+                if r.started >= since and (pattern is None or r.pattern == pattern)]
 
     def prune(self, retention_days: float = DEFAULT_RETENTION_DAYS, *, now: float | None = None) -> int:
         """Delete runs started more than ``retention_days`` ago (with their findings and metrics).

@@ -7,6 +7,7 @@ only markup not escaped is the SVG built by :mod:`clusterctl.report.svg`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -15,7 +16,7 @@ from markupsafe import Markup
 from clusterctl.diagnose.findings import Severity
 from clusterctl.report.findings import group, summary
 from clusterctl.report.history import History
-from clusterctl.report.svg import line_chart
+from clusterctl.report.svg import line_chart, plain
 
 if TYPE_CHECKING:
     from clusterctl.report.run import Result
@@ -35,16 +36,70 @@ def _env() -> Environment:
     return env
 
 
-def charts(hist: History, *, now: float, days: float = TREND_DAYS) -> list[Markup]:
-    """Problems per run by severity, then one chart per recorded metric (one line per host/subject)."""
+def _pct(v: float) -> str:
+    return f"{100 * v:.3g}%"
+
+
+def _gib(v: float) -> str:
+    return f"{v / 2**30:.3g} GiB"
+
+
+def _ms(v: float) -> str:
+    return f"{1000 * v:.3g} ms"
+
+
+def _per_s(v: float) -> str:
+    return f"{plain(v)}/s"
+
+
+#: Metric name -> (chart title, y-axis label format), in the order the report shows them.
+#: Metrics not listed get a chart titled with their name after these.
+CHARTS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "gpu_memory_used_bytes": ("GPU memory used", _gib),
+    "gpu_utilization_ratio": ("GPU utilisation", _pct),
+    "vllm_kv_cache_usage_ratio": ("KV-cache usage per instance", _pct),
+    "vllm_requests_waiting": ("Queue length (requests waiting) per instance", plain),
+    "roce_paused_ratio": ("RoCE: fraction of time paused (PFC) per NIC", _pct),
+    "roce_cnp_per_second": ("RoCE: CNP rate per NIC", _per_s),
+    "bench_ttft_p50_seconds": ("TTFT of the last bench, median", _ms),
+    "bench_ttft_p99_seconds": ("TTFT of the last bench, p99", _ms),
+    "drift_exact_match_ratio": ("Drift: exact-match rate against the baseline", _pct),
+    "drift_mean_kl": ("Drift: mean KL against the baseline (nats)", plain),
+    "leak_sightings": ("Context-leak check: cross-session sightings", plain),
+}
+
+#: Lines per chart before they are averaged per host (a legend of more is unreadable).
+MAX_LINES = 12
+
+SEVERITY_COLOURS = {"CRIT": "#d62728", "WARN": "#ff9f0e", "UNKNOWN": "#9467bd"}
+
+
+def _per_host(series: dict[tuple[str, str], list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
+    """``{"host (mean of n)": points}``: the subjects of each host averaged per run time."""
+    acc: dict[str, dict[float, list[float]]] = {}
+    for (host, _), pts in series.items():
+        for t, v in pts:
+            acc.setdefault(host, {}).setdefault(t, []).append(v)
+    n = {h: len({s for hh, s in series if hh == h}) for h in acc}
+    return {f"{h} (mean of {n[h]})": [(t, sum(vs) / len(vs)) for t, vs in sorted(by_t.items())]
+            for h, by_t in acc.items()}
+
+
+def charts(hist: History, *, now: float, days: float = TREND_DAYS, pattern: str | None = None) -> list[Markup]:
+    """Problems per run by severity (runs of ``pattern`` only, when given), then one chart per
+    recorded metric: one line per host/subject, or per host (mean) when more than :data:`MAX_LINES`."""
     since = now - days * 86400.0
-    sev = hist.severity_series(since=since)
+    sev = hist.severity_series(since=since, pattern=pattern)
     out = [Markup(line_chart("Problems per run", {
-        name: [(t, float(c.get(name, 0))) for t, c in sev] for name in ("CRIT", "WARN", "UNKNOWN")}))]
-    for name in hist.metric_names():
+        name: [(t, float(c.get(name, 0))) for t, c in sev] for name in ("CRIT", "WARN", "UNKNOWN")},
+        colours=SEVERITY_COLOURS))]
+    names = hist.metric_names()
+    for name in [n for n in CHARTS if n in names] + [n for n in names if n not in CHARTS]:
+        title, fmt = CHARTS.get(name, (name, plain))
         s = hist.series(name, since=since)
-        out.append(Markup(line_chart(name, {(h if subj == "host" else f"{h} {subj}"): v
-                                            for (h, subj), v in s.items()})))
+        lines = ({(h if subj == "host" else f"{h} {subj}"): v for (h, subj), v in s.items()}
+                 if len(s) <= MAX_LINES else _per_host(s))
+        out.append(Markup(line_chart(title, lines, fmt=fmt)))
     return out
 
 
@@ -57,7 +112,7 @@ def render_html(result: "Result", hist: History) -> str:
         "stamp": _utc(result.started) + " UTC",
         "hosts": host_summary(result.findings), "change": result.change, "tp_groups": tp_groups(result.findings),
         "groups": group(result.findings, min_severity=Severity.UNKNOWN),
-        "charts": charts(hist, now=result.finished),
+        "charts": charts(hist, now=result.finished, pattern=result.pattern),
         "runs": hist.runs(limit=20),
     }
     return _env().get_template("report.html.j2").render(**ctx)

@@ -4,7 +4,11 @@ From the probe's facts (``snapshot.facts[host]``, the raw facts document):
 ``gpu_memory_used_bytes`` and ``gpu_utilization_ratio`` (0..1) per GPU.  From
 each instance's /metrics sample (``snapshot.raw[host]["<instance>.metrics"]``):
 ``vllm_kv_cache_usage_ratio`` and ``vllm_requests_waiting`` (summed over
-engines).  Anything missing or malformed is skipped: trends are best effort,
+engines).  From each RoCE NIC's node-timed counter samples (the doctor probe
+takes two): ``roce_paused_ratio`` (0..1, the largest fraction of the
+interval the port was paused on any priority, ``rx_prioN_pause_duration``
+in µs per second) and ``roce_cnp_per_second`` (CNPs sent or handled,
+whichever is higher, as ``roce.congestion`` judges them) per NIC.  Anything missing or malformed is skipped: trends are best effort,
 findings report what could not be checked.
 """
 
@@ -14,6 +18,8 @@ import math
 import re
 from typing import Any, Iterator
 
+from clusterctl.diagnose.counters import nic_rates
+from clusterctl.diagnose.fabric import roce_nics
 from clusterctl.report.history import Metric
 
 _SAMPLE = re.compile(r"^(vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|vllm:num_requests_waiting)"
@@ -36,6 +42,25 @@ def _gpu_metrics(host: str, doc: dict[str, Any]) -> Iterator[Metric]:
             yield Metric(host, "gpu_utilization_ratio", float(util["gpu"]) / 100.0, subject)
 
 
+_PAUSE_PRIORITIES = [f"prio{p}" for p in range(8)] + ["global"]
+
+
+def _roce_metrics(host: str, doc: dict[str, Any]) -> Iterator[Metric]:
+    if not isinstance(doc, dict):
+        return
+    for nic in roce_nics(doc):
+        r, _ = nic_rates(nic)
+        if r is None:
+            continue
+        subject = f"nic:{nic['netdev']}"
+        paused = [d / 1e6 for d in (r.get(f"rx_{p}_pause_duration") for p in _PAUSE_PRIORITIES) if d is not None]
+        if paused:
+            yield Metric(host, "roce_paused_ratio", min(1.0, max(paused)), subject)
+        cnp = [c for c in (r.get("np_cnp_sent"), r.get("rp_cnp_handled")) if c is not None]
+        if cnp:
+            yield Metric(host, "roce_cnp_per_second", max(cnp), subject)
+
+
 def vllm_metrics(host: str, instance: str, text: str) -> list[Metric]:
     """KV-cache usage and waiting requests of one instance's /metrics text."""
     sums: dict[str, float] = {}
@@ -55,6 +80,7 @@ def from_snapshot(facts: dict[str, Any], raw: dict[str, dict[str, str]]) -> list
     out: list[Metric] = []
     for host, doc in sorted(facts.items()):
         out += _gpu_metrics(host, doc)
+        out += _roce_metrics(host, doc)
     for host, files in sorted(raw.items()):
         for name, text in sorted(files.items()):
             if name.endswith(".metrics") and isinstance(text, str):

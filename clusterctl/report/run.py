@@ -50,6 +50,7 @@ class Result:
     notified: bool = False
     warnings: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    pattern: str = "all"
 
     @property
     def exit_code(self) -> int:
@@ -136,7 +137,8 @@ def report_run(findings: list[Finding], opts: Options, *, started: float, metric
         run_id = hist.record(findings, started=started, finished=finished, pattern=opts.pattern,
                              metrics=list(metrics), meta=meta)
         pruned = hist.prune(opts.retention_days, now=finished)
-        result = Result(run_id, prev.id if prev else None, findings, change, started, finished, pruned)
+        result = Result(run_id, prev.id if prev else None, findings, change, started, finished, pruned,
+                        pattern=opts.pattern)
         if opts.out_dir is not None:
             out = Path(opts.out_dir)
             write_atomic(out / "report.json", to_json(result, meta) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from html import escape
 
 #: Line colours, cycled; distinguishable in greyscale prints too (dashes alternate).
@@ -24,12 +25,29 @@ def downsample(points: list[tuple[float, float]], n: int = MAX_POINTS) -> list[t
     return out
 
 
+def plain(v: float) -> str:
+    """An axis label: 3 significant digits, thousands as k, M, G (``3.02k``, never ``3.02e+03``)."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.3g}{suffix}"
+    return f"{v:.3g}"
+
+
+def _time_label(t: float, span_s: float) -> str:
+    return time.strftime("%H:%M:%S" if span_s < 3600 else "%m-%d %H:%M", time.gmtime(t))
+
+
 def line_chart(title: str, series: dict[str, list[tuple[float, float]]], *, unit: str = "",
-               width: int = 640, height: int = 220) -> str:
+               fmt: Callable[[float], str] = plain, colours: dict[str, str] | None = None,
+               width: int = 580, height: int = 220) -> str:
     """An SVG chart of ``{label: [(unix time, value), ...]}`` (each line at most
-    :data:`MAX_POINTS` points); an empty chart says "no data"."""
+    :data:`MAX_POINTS` points); an empty chart says "no data".
+
+    ``fmt`` writes the y-axis labels (then ``unit`` is appended); ``colours``
+    fixes a line's colour by label (e.g. severities), others cycle :data:`COLOURS`.
+    """
     series = {k: downsample(v) for k, v in series.items()}
-    pad_l, pad_r, pad_t, pad_b = 48, 140, 24, 28
+    pad_l, pad_r, pad_t, pad_b = 56, 140, 24, 28
     pts = [p for s in series.values() for p in s]
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">'
@@ -53,12 +71,12 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], *, unit
 
     out = [head, f'<rect x="{pad_l}" y="{pad_t}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>']
     for v in (v0, (v0 + v1) / 2, v1):
-        out.append(f'<text x="{pad_l - 4}" y="{y(v) + 4:.1f}" font-size="10" text-anchor="end">{v:g}{escape(unit)}</text>')
+        out.append(f'<text x="{pad_l - 4}" y="{y(v) + 4:.1f}" font-size="10" text-anchor="end">{escape(fmt(v) + unit)}</text>')
     for t, anchor in ((t0, "start"), (t1, "end")):
         out.append(f'<text x="{x(t):.1f}" y="{height - 8}" font-size="10" text-anchor="{anchor}">'
-                   f'{time.strftime("%m-%d %H:%M", time.gmtime(t))}</text>')
+                   f'{_time_label(t, t1 - t0)}</text>')
     for i, (label, s) in enumerate(sorted(series.items())):
-        c = COLOURS[i % len(COLOURS)]
+        c = (colours or {}).get(label) or COLOURS[i % len(COLOURS)]
         dash = "" if (i // len(COLOURS)) % 2 == 0 else ' stroke-dasharray="4 2"'
         coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in s)
         out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5"{dash} points="{coords}"/>')

@@ -26,3 +26,26 @@ def test_vllm_kv_cache_and_queue_from_a_recorded_metrics_page():
     assert got["vllm_requests_waiting"].subject == "instance:qwen-a"
     assert from_snapshot({}, {"gpu01": {"qwen-a.metrics": PROM, "kernel.log": "x"}}) == sorted(
         got.values(), key=lambda m: m.name)
+
+
+def _nic(netdev: str, first: dict[str, int], last: dict[str, int], hw_first: dict[str, int] | None = None,
+         hw_last: dict[str, int] | None = None) -> dict:
+    return {"netdev": netdev, "rdma": {"device": "mlx5_0", "link_layer": "Ethernet"},
+            "samples": [{"t": 100.0, "ethtool_stats": first, "hw_counters": hw_first or {}},
+                        {"t": 102.0, "ethtool_stats": last, "hw_counters": hw_last or {}}]}
+
+
+def test_roce_paused_fraction_and_cnp_rate_per_nic_from_node_timed_samples():
+    facts = {"gpu01": {"nics": [
+        # paused 1.2 s of 2 s on priority 3 (0.6), 0.2 s on priority 0; 4000 CNPs sent, 1000 handled
+        _nic("eth2", {"rx_prio3_pause_duration": 0, "rx_prio0_pause_duration": 0},
+             {"rx_prio3_pause_duration": 1_200_000, "rx_prio0_pause_duration": 200_000},
+             {"np_cnp_sent": 10, "rp_cnp_handled": 0}, {"np_cnp_sent": 4010, "rp_cnp_handled": 1000}),
+        # a storm longer than the interval still reads as at most 1
+        _nic("eth3", {"rx_prio3_pause_duration": 0}, {"rx_prio3_pause_duration": 9_000_000}),
+        {"netdev": "eth0"},  # not RDMA: no metrics
+        {"netdev": "eth4", "rdma": {"device": "mlx5_2"}, "samples": [{"t": 1.0}]},  # one sample: no rate
+    ]}}
+    got = {(m.subject, m.name): m.value for m in from_snapshot(facts, {})}
+    assert got == {("nic:eth2", "roce_paused_ratio"): 0.6, ("nic:eth2", "roce_cnp_per_second"): 2000.0,
+                   ("nic:eth3", "roce_paused_ratio"): 1.0}
