@@ -1,0 +1,352 @@
+"""Predict vLLM's GPU memory budget for one instance, per tensor-parallel rank.
+
+This is deploy's own prediction of what vLLM will compute at start-up
+(research ``vllm.md`` §4; ``docs/vllm-simulator.md`` "Memory arithmetic"), so
+an instance that cannot fit is refused before it is started.  All sizes are
+bytes.  Per rank (one GPU)::
+
+    requested    = cuda_total x gpu_memory_utilization        (>= 0.33: ceil)
+    weights      = safetensors tensor bytes sharded by TP (norms replicated,
+                   embed_tokens/lm_head vocab-parallel with the vocab padded to
+                   64, k/v projections max(1, kv/TP) heads, the rest / TP);
+                   online --quantization fp8 halves the linear weights
+    activation   = T x (3*I/TP + (Hq/TP + 2*kv/TP)*d + 4*hidden) x dtype_bytes
+                   + min(max_num_seqs, T) x vocab x 4        (T = max_num_batched_tokens)
+    non_torch    = 0.1765 GiB (+0.9476 GiB NCCL / custom all-reduce when TP > 1,
+                   +0.07 GiB on rank 0)
+    graphs       = 0.85 GiB x layers / 64 (0 with --enforce-eager)
+    available_kv = requested - weights - activation - non_torch          (< 0.21)
+                 = requested - weights - activation - non_torch - graphs (>= 0.21,
+                   CUDA-graph memory profiled into the budget)
+                 = --kv-cache-memory-bytes when given
+    per_token    = 2 x layers x max(1, kv/TP) x head_dim x kv_dtype_bytes
+    blocks       = available_kv // (per_token x 16);  kv_tokens = blocks x 16
+    needed       = cdiv(max_model_len, 16) x 16 x per_token
+
+The activation, non-torch and graph constants are a model fitted to vLLM
+0.11's logged numbers (Qwen3-8B TP1 and Qwen3-32B TP2 on H100); the rest is
+vLLM's formula.  :data:`MARGIN_BYTES` is what the pre-flight verdict keeps in
+hand on top of the prediction to absorb its error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+GiB = 1 << 30
+MiB = 1 << 20
+BLOCK_SIZE = 16
+VOCAB_PADDING = 64
+#: Non-torch memory a worker adds while profiling (cuBLAS workspace, attention buffers).
+NON_TORCH_BASE = int(0.1765 * GiB)
+#: Extra non-torch memory of a TP > 1 worker (NCCL and custom all-reduce buffers).
+NCCL_OVERHEAD = int(0.9476 * GiB)
+#: Rank 0 keeps a little more (the custom all-reduce's IPC handles).
+RANK0_EXTRA = int(0.07 * GiB)
+#: CUDA-graph pool per layer (0.85 GiB for a 64-layer model in the 0.11 sample).
+GRAPH_BYTES_PER_LAYER = int(0.85 * GiB / 64)
+#: The CUDA context each process creates, outside the budget but seen by NVML.
+CUDA_CONTEXT_BYTES = 512 * MiB
+#: Safety margin per GPU the verdict keeps beyond the predicted KV need.
+MARGIN_BYTES = 512 * MiB
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def gib(n: float) -> float:
+    return n / GiB
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the arithmetic needs from a model's ``config.json`` (HF field names)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_position: int
+    dtype: str = "bfloat16"
+    quantization: str | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "ModelShape":
+        """Read ``config.json``; raises ``KeyError``/``ValueError`` naming a missing field."""
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        quant = cfg.get("quantization_config") or {}
+        return cls(layers=int(cfg["num_hidden_layers"]), hidden=hidden, heads=heads,
+                   kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                   head_dim=int(cfg.get("head_dim") or hidden // heads),
+                   intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
+                   max_position=int(cfg.get("max_position_embeddings") or 2048),
+                   dtype=str(cfg.get("torch_dtype") or "bfloat16"),
+                   quantization=quant.get("quant_method") if isinstance(quant, Mapping) else None)
+
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """KV heads one rank holds (replicated, one each, when TP exceeds them)."""
+        return max(1, self.kv_heads // tp)
+
+
+@dataclass(frozen=True)
+class WeightSizes:
+    """A checkpoint's tensor bytes grouped by how tensor parallelism shards them.
+
+    ``split``/``kv`` hold the non-linear part, ``*_linear`` the ``...proj.weight``
+    tensors (the ones online FP8 stores in one byte); ``vocab`` is one
+    ``(rows, bytes)`` pair per vocab-parallel tensor (embed_tokens, lm_head).
+    ``source`` says where the numbers come from: ``safetensors`` headers, or
+    ``inventory`` (params x dtype, when the model is not on the host yet).
+    """
+
+    replicated: int = 0
+    split: int = 0
+    split_linear: int = 0
+    kv: int = 0
+    kv_linear: int = 0
+    vocab: tuple[tuple[int, int], ...] = ()
+    source: str = "safetensors"
+
+    @property
+    def total(self) -> int:
+        return (self.replicated + self.split + self.split_linear + self.kv + self.kv_linear
+                + sum(b for _, b in self.vocab))
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "WeightSizes":
+        return cls(replicated=int(d.get("replicated", 0)), split=int(d.get("split", 0)),
+                   split_linear=int(d.get("split_linear", 0)), kv=int(d.get("kv", 0)),
+                   kv_linear=int(d.get("kv_linear", 0)),
+                   vocab=tuple((int(r), int(b)) for r, b in d.get("vocab", [])),
+                   source=str(d.get("source", "safetensors")))
+
+    def per_rank(self, shape: ModelShape, tp: int, online_fp8: bool = False) -> int:
+        """Bytes of weights one rank loads."""
+        split_lin, kv_lin = self.split_linear, self.kv_linear
+        if online_fp8:
+            split_lin, kv_lin = split_lin // 2, kv_lin // 2
+        if tp == 1:
+            return self.replicated + self.split + split_lin + self.kv + kv_lin + sum(b for _, b in self.vocab)
+        vocab = 0
+        for rows, nbytes in self.vocab:
+            padded = cdiv(rows, VOCAB_PADDING) * VOCAB_PADDING
+            vocab += nbytes // rows * cdiv(padded, tp)
+        kv = (self.kv + kv_lin) * shape.kv_heads_per_rank(tp) // shape.kv_heads
+        return self.replicated + cdiv(self.split + split_lin, tp) + kv + vocab
+
+
+def weights_from_params(params: float, dtype: str, shape: ModelShape) -> WeightSizes:
+    """An estimate when only the parameter count is known (model not on the host).
+
+    Embeddings and lm_head (vocab x hidden each) are vocab-parallel, the rest
+    is split; norms are neglected (under 0.01 % of a model).
+    """
+    b = DTYPE_BYTES.get(dtype, 2)
+    emb = shape.vocab * shape.hidden * b
+    rest = max(0, int(params) * b - 2 * emb)
+    return WeightSizes(split_linear=rest, vocab=((shape.vocab, emb), (shape.vocab, emb)), source="inventory")
+
+
+@dataclass(frozen=True)
+class VersionRules:
+    """What differs between vLLM versions in the budget and the defaults."""
+
+    version: tuple[int, int]
+    default_util: float
+    graphs_in_budget: bool      # CUDA-graph memory profiled into the budget (>= 0.21)
+    requested_ceil: bool        # requested = ceil(total x util) (0.33)
+    combined_kv_line: bool      # one "GPU KV cache size" line for all ranks (>= 0.12)
+
+    def scheduler_defaults(self, gpu_name: str, total_bytes: int) -> tuple[int, int]:
+        """Default ``(max_num_seqs, max_num_batched_tokens)`` of the OpenAI server.
+
+        256/2048; 1024/8192 on GPUs of >= 70 GiB that are not A100; from 0.33
+        1024/16384 on >= 160 GiB.
+        """
+        total_gib = total_bytes / GiB
+        if self.version >= (0, 33) and total_gib >= 160:
+            return 1024, 16384
+        if total_gib >= 70 and "A100" not in gpu_name:
+            return 1024, 8192
+        return 256, 2048
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """``"0.11.0"`` → ``(0, 11)``; raises ``ValueError`` for anything else."""
+    parts = text.strip().lstrip("v").split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise ValueError(f"not a vLLM version: {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def rules_for(version: str) -> VersionRules:
+    """The rules of a vLLM version string (``0.11.0``, ``0.33.0``, ...)."""
+    v = parse_version(version)
+    return VersionRules(version=v, default_util=0.92 if v >= (0, 33) else 0.9,
+                        graphs_in_budget=v >= (0, 21), requested_ceil=v >= (0, 33),
+                        combined_kv_line=v >= (0, 12))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The vLLM flags the budget depends on, resolved against the version's defaults."""
+
+    util: float
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enforce_eager: bool = False
+    kv_cache_dtype: str = "auto"
+    dtype: str = "bfloat16"
+    online_fp8: bool = False
+    kv_cache_memory_bytes: int | None = None
+    block_size: int = BLOCK_SIZE
+    #: ``--max-model-len auto``/-1 (0.33): vLLM fits the length to the memory.
+    auto_max_model_len: bool = False
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES.get(self.dtype, 2)
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        if self.kv_cache_dtype == "auto":
+            return self.dtype_bytes
+        return KV_DTYPE_BYTES.get(self.kv_cache_dtype, self.dtype_bytes)
+
+
+@dataclass(frozen=True)
+class RankBudget:
+    """One rank's predicted numbers (bytes)."""
+
+    rank: int
+    total: int
+    requested: int
+    weights: int
+    activation: int
+    non_torch: int
+    graphs: int
+    available_kv: int
+    num_blocks: int
+
+    @property
+    def nvml_in_use(self) -> int:
+        """What NVML will show for this rank once serving (context + budget, graphs outside it < 0.21)."""
+        return CUDA_CONTEXT_BYTES + self.requested + self.graphs
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "total_gib": round(gib(self.total), 2),
+                "requested_gib": round(gib(self.requested), 2), "weights_gib": round(gib(self.weights), 2),
+                "activation_gib": round(gib(self.activation), 2), "non_torch_gib": round(gib(self.non_torch), 2),
+                "cuda_graphs_gib": round(gib(self.graphs), 2),
+                "available_kv_gib": round(gib(self.available_kv), 2), "num_blocks": self.num_blocks}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The whole instance: every rank, and what the KV cache needs and holds."""
+
+    ranks: tuple[RankBudget, ...]
+    kv_bytes_per_token: int
+    max_model_len: int
+    block_size: int = BLOCK_SIZE
+
+    @property
+    def worst(self) -> RankBudget:
+        return min(self.ranks, key=lambda r: r.available_kv)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of KV cache vLLM will report (the smallest rank's blocks x block size)."""
+        return max(0, min(r.num_blocks for r in self.ranks)) * self.block_size
+
+    @property
+    def needed_kv(self) -> int:
+        """KV bytes one request of ``max_model_len`` tokens needs on a rank."""
+        return cdiv(self.max_model_len, self.block_size) * self.block_size * self.kv_bytes_per_token
+
+    def max_len_for(self, available: int) -> int:
+        """Largest multiple of the block size whose KV fits in ``available`` bytes (vLLM's estimate)."""
+        if available <= 0 or not self.kv_bytes_per_token:
+            return 0
+        return available // (self.kv_bytes_per_token * self.block_size) * self.block_size
+
+    def max_concurrency(self) -> float:
+        return min(r.num_blocks for r in self.ranks) / cdiv(self.max_model_len, self.block_size)
+
+
+def activation_peak(shape: ModelShape, tp: int, max_num_batched_tokens: int, max_num_seqs: int,
+                    dtype_bytes: int) -> int:
+    """Peak torch memory of the profiling forward pass beyond the weights (bytes)."""
+    t = max_num_batched_tokens
+    kvr = shape.kv_heads_per_rank(tp)
+    per_token = 3 * cdiv(shape.intermediate, tp) + (shape.heads // tp + 2 * kvr) * shape.head_dim + 4 * shape.hidden
+    logits = min(max_num_seqs, t) * cdiv(shape.vocab, tp) * tp * 4
+    return t * per_token * dtype_bytes + logits
+
+
+def non_torch(tp: int, rank: int) -> int:
+    if tp == 1:
+        return NON_TORCH_BASE
+    return NON_TORCH_BASE + NCCL_OVERHEAD + (RANK0_EXTRA if rank == 0 else 0)
+
+
+def graph_memory(shape: ModelShape, enforce_eager: bool) -> int:
+    return 0 if enforce_eager else GRAPH_BYTES_PER_LAYER * shape.layers
+
+
+def kv_bytes_per_token(shape: ModelShape, tp: int, kv_dtype_bytes: int) -> int:
+    """K and V bytes of one token over all layers on one rank (Qwen3-8B bf16 TP1: 147456)."""
+    return 2 * shape.layers * shape.kv_heads_per_rank(tp) * shape.head_dim * kv_dtype_bytes
+
+
+def requested_bytes(total: int, util: float, rules: VersionRules) -> int:
+    return math.ceil(total * util) if rules.requested_ceil else int(total * util)
+
+
+def predict(shape: ModelShape, weights: WeightSizes, settings: Settings, totals: list[int],
+            rules: VersionRules) -> Budget:
+    """The budget vLLM will compute for an instance whose ranks see CUDA totals ``totals`` (bytes)."""
+    tp = len(totals)
+    w = weights.per_rank(shape, tp, settings.online_fp8)
+    act = activation_peak(shape, tp, settings.max_num_batched_tokens, settings.max_num_seqs,
+                          settings.dtype_bytes)
+    graphs = graph_memory(shape, settings.enforce_eager)
+    per_token = kv_bytes_per_token(shape, tp, settings.kv_dtype_bytes)
+    page_layers = per_token * settings.block_size
+    ranks = []
+    for r, total in enumerate(totals):
+        req = requested_bytes(total, settings.util, rules)
+        nt = non_torch(tp, r)
+        if settings.kv_cache_memory_bytes is not None:
+            avail = settings.kv_cache_memory_bytes
+        else:
+            avail = req - w - act - nt - (graphs if rules.graphs_in_budget else 0)
+        ranks.append(RankBudget(rank=r, total=total, requested=req, weights=w, activation=act, non_torch=nt,
+                                graphs=graphs, available_kv=avail,
+                                num_blocks=max(0, avail) // page_layers if page_layers else 0))
+    return Budget(ranks=tuple(ranks), kv_bytes_per_token=per_token, max_model_len=settings.max_model_len,
+                  block_size=settings.block_size)
+
+
+def util_to_fit(shape: ModelShape, weights: WeightSizes, settings: Settings, totals: list[int],
+                rules: VersionRules, margin: int = MARGIN_BYTES) -> float | None:
+    """Smallest ``gpu_memory_utilization`` (a multiple of 0.01) whose budget holds one
+    ``max_model_len`` request plus ``margin`` on every rank; ``None`` when even 1.0 does not."""
+    for pct in range(1, 101):
+        util = pct / 100
+        s = Settings(**{**settings.__dict__, "util": util, "kv_cache_memory_bytes": None})
+        b = predict(shape, weights, s, totals, rules)
+        if b.worst.available_kv >= b.needed_kv + margin:
+            return util
+    return None

@@ -1,0 +1,174 @@
+"""Pre-flight's other checks: port owners from recorded `ss -Htlnp`, GPU sharing, TP rules,
+and the KV prediction error read from vLLM's logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from clusterctl.deploy.kvcheck import kv_prediction_error
+from clusterctl.deploy.memory import GiB
+from clusterctl.deploy.ports import check_port, parse_ss
+from clusterctl.deploy.preflight import GpuProc, check_instances
+from clusterctl.diagnose.findings import Severity
+from unit.deploy.preflight_helpers import FIXTURES, host, instance, inventory, make_sparse
+
+SAMPLES = FIXTURES.parent / "vllm"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return {"/models/qwen3-8b": make_sparse("Qwen3-8B", tmp_path_factory.mktemp("m") / "qwen3-8b")}
+
+
+def _checks(report: Any, name: str) -> list[tuple[str, str]]:
+    return [(p.check, p.severity.name) for p in report.row(name).problems]
+
+
+# -- ports ----------------------------------------------------------------------------------------
+
+def test_parse_ss_reads_addresses_ports_and_owners() -> None:
+    ls = parse_ss((FIXTURES / "ss_no_process_column.txt").read_text())
+    assert [(li.address, li.port, li.pids) for li in ls] == [
+        ("0.0.0.0", 2024, ()), ("127.0.0.1", 8002, (990,)), ("10.0.0.5", 8003, (77, 78)),
+        ("fe80::1", 8004, (5,))]
+    assert ls[2].names == ("nginx", "nginx") and ls[0].wildcard and not ls[1].wildcard
+
+
+def test_foreign_process_on_the_port_is_a_conflict() -> None:
+    ls = parse_ss((FIXTURES / "ss_foreign_http_server.txt").read_text())
+    pc = check_port(ls, 8000, "clusterctl-q.service", {1733: "run-r3f2.service", 412: "ssh.service"})
+    assert not pc.free and pc.owners == ["python3 (pid 1733, run-r3f2.service)"]
+    assert check_port(ls, 8001, "clusterctl-q.service", {}).free
+    # IPv6 wildcard [::]:22 and 0.0.0.0:22 both count for port 22.
+    assert len(check_port(ls, 22, "clusterctl-q.service", {412: "ssh.service"}).conflicts) == 2
+
+
+def test_the_instance_own_unit_is_not_a_conflict() -> None:
+    ls = parse_ss((FIXTURES / "ss_own_vllm.txt").read_text())
+    mine = check_port(ls, 8001, "clusterctl-q32.service", {2881: "clusterctl-q32.service"})
+    assert mine.free and len(mine.own) == 1
+    other = check_port(ls, 8001, "clusterctl-q8.service", {2881: "clusterctl-q32.service"})
+    assert not other.free and "clusterctl-q32.service" in other.owners[0]
+
+
+def test_unknown_owner_and_bind_addresses() -> None:
+    ls = parse_ss((FIXTURES / "ss_no_process_column.txt").read_text())
+    unknown = check_port(ls, 2024, "clusterctl-q.service", {})
+    assert not unknown.free and "unidentified" in unknown.owners[0]
+    # 127.0.0.1:8002 clashes with a bind on all addresses and on 127.0.0.1, not on another address.
+    assert not check_port(ls, 8002, "u", {}, None).free
+    assert not check_port(ls, 8002, "u", {}, "127.0.0.1").free
+    assert check_port(ls, 8002, "u", {}, "10.0.0.9").free
+
+
+def test_preflight_refuses_a_taken_port_and_accepts_a_redeploy(models: dict[str, dict[str, Any]]) -> None:
+    ss = (FIXTURES / "ss_foreign_http_server.txt").read_text()
+    hv = host(models, ss, pid_units={1733: "run-u1.service", 412: "ssh.service"})
+    rep = check_instances(inventory(), {"q": instance("q", port=8000), "r": instance("r", gpus=(1,), port=8001)},
+                          {"gpu01": hv})
+    assert _checks(rep, "q") == [("port.taken", "CRIT")] and "python3 (pid 1733" in rep.row("q").problems[0].message
+    assert rep.row("r").ok and not rep.row("r").problems
+    own = host(models, (FIXTURES / "ss_own_vllm.txt").read_text(), pid_units={2881: "clusterctl-q.service"})
+    assert check_instances(inventory(), {"q": instance("q", port=8001)}, {"gpu01": own}).ok
+
+
+def test_unreadable_listeners_warn(models: dict[str, dict[str, Any]]) -> None:
+    hv = host(models)
+    hv.listeners, hv.listeners_error = None, "ss: not found"
+    rep = check_instances(inventory(), {"q": instance("q")}, {"gpu01": hv})
+    assert _checks(rep, "q") == [("port.unknown", "WARN")] and rep.ok
+
+
+# -- GPU sharing and free memory -------------------------------------------------------------------
+
+def test_utilisation_sum_above_one_on_a_shared_gpu(models: dict[str, dict[str, Any]]) -> None:
+    rep = check_instances(inventory(), {
+        "a": instance("a", port=8000, gpu_memory_utilization=0.6, max_model_len=8192),
+        "b": instance("b", port=8001, gpu_memory_utilization=0.5, max_model_len=8192)}, {"gpu01": host(models)})
+    assert ("gpu.util_sum", "CRIT") in _checks(rep, "a") and ("gpu.util_sum", "CRIT") in _checks(rep, "b")
+    assert "1.1 > 1.0" in rep.row("a").problems[-1].message
+
+
+def test_two_halves_fit_but_not_with_cuda_graphs_on_top(models: dict[str, dict[str, Any]]) -> None:
+    # 0.45 + 0.45 fits 79.15 GiB with contexts and 0.11's graphs; 0.49 + 0.49 does not (0.11 puts the
+    # graphs outside the budget), though the utilisations sum below 1.0.
+    fine = check_instances(inventory(), {
+        "a": instance("a", port=8000, gpu_memory_utilization=0.45, max_model_len=8192),
+        "b": instance("b", port=8001, gpu_memory_utilization=0.45, max_model_len=8192)}, {"gpu01": host(models)})
+    assert fine.ok
+    tight = check_instances(inventory(), {
+        "a": instance("a", port=8000, gpu_memory_utilization=0.49, max_model_len=8192),
+        "b": instance("b", port=8001, gpu_memory_utilization=0.49, max_model_len=8192)}, {"gpu01": host(models)})
+    assert ("gpu.shared_fit", "CRIT") in _checks(tight, "a")
+
+
+def test_another_process_on_the_gpu(models: dict[str, dict[str, Any]]) -> None:
+    other = GpuProc(pid=4242, used=int(30 * GiB), unit="train.service", name="python")
+    rep = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=8192)},
+                          {"gpu01": host(models, procs={0: [other]})})
+    [p] = rep.row("q").problems
+    assert (p.check, p.severity) == ("gpu.free", Severity.CRIT)
+    assert "pid 4242 python (train.service) 30.0 GiB" in p.message
+    assert p.fit["gpu_memory_utilization"] == 0.61   # (79.14 - 30 - 0.5 context) / 79.15
+    fits = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.61, max_model_len=8192)},
+                           {"gpu01": host(models, procs={0: [other]})})
+    assert fits.ok
+    small = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.5, max_model_len=8192)},
+                            {"gpu01": host(models, procs={0: [other]})})
+    assert _checks(small, "q") == [("gpu.shared", "WARN")]
+    # The instance's own running process (a redeploy) frees its memory when restarted.
+    mine = GpuProc(pid=77, used=int(72 * GiB), unit="clusterctl-q.service", name="vllm")
+    again = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=8192)},
+                            {"gpu01": host(models, procs={0: [mine]})})
+    assert again.ok and not again.row("q").problems
+
+
+# -- TP rules -------------------------------------------------------------------------------------
+
+def test_tp_rules(models: dict[str, dict[str, Any]]) -> None:
+    rep = check_instances(inventory(pcie=True), {"q": instance("q", gpus=(0, 1, 2, 3), max_model_len=8192)},
+                          {"gpu01": host(models)})
+    assert _checks(rep, "q") == [("tp.interconnect", "WARN")]
+    nv = check_instances(inventory(), {"q": instance("q", gpus=(0, 1, 2, 3), max_model_len=8192)},
+                         {"gpu01": host(models)})
+    assert nv.ok and not nv.row("q").problems
+    odd = check_instances(inventory(), {"q": instance("q", gpus=(0, 1, 2), max_model_len=8192)},
+                          {"gpu01": host(models)})
+    assert ("tp.heads", "CRIT") in _checks(odd, "q")
+    few = check_instances(inventory(), {"q": instance("q", gpus=(0, 1), max_model_len=8192)},
+                          {"gpu01": host(models, gpus=1)})
+    assert ("gpu.missing", "CRIT") in _checks(few, "q") and ("tp.gpus", "CRIT") in _checks(few, "q")
+
+
+def test_unreadable_host_is_a_crit_row_not_an_exception(models: dict[str, dict[str, Any]]) -> None:
+    hv = host(models)
+    hv.reason = "unreachable: connection refused"
+    rep = check_instances(inventory(), {"q": instance("q")}, {"gpu01": hv})
+    assert _checks(rep, "q") == [("host.unreadable", "CRIT")]
+    assert "connection refused" in rep.row("q").problems[0].message
+
+
+# -- after start: KV prediction error ---------------------------------------------------------------
+
+def test_kv_error_from_the_011_sample_uses_the_smallest_rank() -> None:
+    k = kv_prediction_error(311_040, (SAMPLES / "startup_success_v0.11.0.log").read_text())
+    assert k.logged == 311_040 and k.per_rank == (311_040, 311_616) and k.error_pct == 0.0
+    k = kv_prediction_error(300_000, (SAMPLES / "startup_success_v0.11.0.log").read_text())
+    assert k.error_pct == pytest.approx(-3.549, abs=0.001)
+
+
+def test_kv_error_033_combined_line_last_start_only() -> None:
+    old = "(APIServer pid=1) INFO 11-30 09:10:41 [utils.py:233] non-default args: {}\n" \
+          "(EngineCore pid=2) INFO 11-30 09:11:44 [kv_cache_utils.py:1155] GPU KV cache size: 99,999 tokens, " \
+          "Maximum concurrency for 32,768 tokens per request: 3.05x\n"
+    new = old.replace("99,999", "612,352").replace("3.05x", "18.69x")
+    k = kv_prediction_error(612_000, old + new)
+    assert k.logged == 612_352 and k.per_rank == (612_352,)
+    assert k.to_json()["error_pct"] == pytest.approx(-0.057, abs=0.001)
+
+
+def test_no_kv_line_yet() -> None:
+    k = kv_prediction_error(1000, (SAMPLES / "startup_fail_kv_cache_exhaustion_v0.11.0.log").read_text())
+    assert k.logged is None and k.error_pct is None
