@@ -149,6 +149,7 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
           chains: int = typer.Option(1, "--chains", min=1, help="Parallel chains or trees (= hosts reading the source) with --relay chain|tree."),
           tree_fanout: int = typer.Option(2, "--tree-fanout", min=1, help="Children per node with --relay tree."),
           per_rack: bool = typer.Option(False, "--per-rack", help="One chain or tree per 'rack' label: the source is read once per rack."),
+          relay_network: str = typer.Option("auto", "--relay-network", help="Network the nodes relay over: auto (storage NIC, else data NIC, else the host address), storage, data, management."),
           max_readers: int = typer.Option(8, "--max-readers", min=1, help="Hosts reading the source at once with --relay none."),
           source: Optional[str] = typer.Option(None, "--source", help="Override the model's source (URL, file:///path or a local directory)."),
           version: Optional[str] = typer.Option(None, "--version", help="Version name [default: the model's, else the content's hash]."),
@@ -227,7 +228,8 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
     try:
         src = pl.parse_source(source or model.source or "", "--source" if source else
                               f"{inv.path}: models.{model.name}.source")
-        pl.plan_chains([(h.name, h.address) for h in hosts], relay, chains, port, fanout=tree_fanout)  # validates
+        addresses = {h.name: rn.relay_address(h, relay_network) for h in hosts}
+        pl.plan_chains([(h.name, addresses[h.name]) for h in hosts], relay, chains, port, fanout=tree_fanout)  # validates
         man = pl.load_manifest(src, model.name, version or model.version)
         fanout = len(hosts) if relay != "none" else min(max_readers, len(hosts))
     except ClusterctlError as e:
@@ -240,6 +242,7 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
         try:
             report = rn.stage_model(fleet, hosts, model, src, man, relay=relay, chains=chains,
                                     tree_fanout=tree_fanout, per_rack=per_rack, port=port,
+                                    address_of=lambda h: addresses[h.name],
                                     workers=workers, keep=keep, warm=warm, switch=switch, timeout=timeout,
                                     on_result=progress)
         except ClusterctlError as e:

@@ -95,6 +95,30 @@ def _models_spec(models: Sequence[Model]) -> list[dict[str, str]]:
     return [{"name": m.name, "path": m.path} for m in models]
 
 
+RELAY_NETWORKS = ("auto", "storage", "data", "management")
+
+
+def relay_address(host: Host, network: str = "auto") -> str:
+    """The address ``host``'s relay server listens on and its children connect to.
+
+    ``storage`` / ``data``: the first NIC of that role with an ``address`` in
+    the inventory; ``auto``: storage, then data, then the host's (management)
+    ``address``; ``management``: always the host's ``address``.  Raises
+    StageError when the asked role has no NIC with an address.
+    """
+    roles = {"auto": ("storage", "data"), "storage": ("storage",), "data": ("data",), "management": ()}
+    if network not in roles:
+        raise StageError(f"--relay-network {network!r}: expected one of {', '.join(RELAY_NETWORKS)}")
+    for role in roles[network]:
+        for nic in host.nics:
+            if nic.role == role and nic.address:
+                return nic.address
+    if network in ("storage", "data"):
+        raise StageError(f"--relay-network {network}: {host.name} has no {network} NIC with an address "
+                         f"in the inventory (nics: [{{netdev: ..., role: {network}, address: ...}}])")
+    return host.address
+
+
 def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source, man: mf.Manifest, *,
                 relay: str = "chain", chains: int = 1, tree_fanout: int = 2, per_rack: bool = False,
                 port: int = DEFAULT_PORT, workers: int = 8,

@@ -91,3 +91,17 @@ def test_a_local_directory_is_pushed_through_stdin(tmp_path):
                        extra_stdin=push_frames(source, manifest_for(src, version="v2"))[:70_000])
     assert rc == 1 and res["kind"] == "fetch" and "run stage again" in res["error"]
     assert not (tmp_path / "n2" / "q").exists()
+
+
+def test_relay_address_prefers_the_storage_then_the_data_nic():
+    from clusterctl.inventory.model import Host, NicSpec
+    from clusterctl.stage.run import relay_address
+
+    h = Host("g1", "10.0.0.1", nics=[NicSpec("eth0", "management"),
+                                     NicSpec("ens1f0", "data", address="192.168.10.1")])
+    assert relay_address(h) == "192.168.10.1" and relay_address(h, "management") == "10.0.0.1"
+    h.nics.append(NicSpec("ens2", "storage", address="172.16.0.1"))
+    assert relay_address(h) == "172.16.0.1" and relay_address(h, "data") == "192.168.10.1"
+    with pytest.raises(StageError, match="g1 has no storage NIC with an address"):
+        relay_address(Host("g1", "10.0.0.1"), "storage")
+    assert relay_address(Host("g1", "10.0.0.1")) == "10.0.0.1"
