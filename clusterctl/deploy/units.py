@@ -1,0 +1,266 @@
+"""Render one vLLM instance as a systemd unit and its EnvironmentFile (pure, no I/O).
+
+The unit (``clusterctl/templates/vllm-instance.service.j2``; anatomy in
+docs/deploy-units.md) runs ``<engine> serve <model path>
+--served-model-name N --host H --port P --tensor-parallel-size T <args>``
+as the policy's ``User=`` after ``verify-model`` (Staging's contract) has
+accepted the model path.  Every argument is quoted for systemd
+(:mod:`clusterctl.deploy.sdquote`).  Secrets (``VLLM_API_KEY`` ...) go only
+into the EnvironmentFile (mode 0600), never onto the command line: vLLM 0.11
+prints its arguments in its log.
+
+vLLM has no ``sd_notify``: systemd reports the unit active as soon as the
+process runs.  Readiness (``/health``, ``/v1/models``, a one-token
+completion) is polled by clusterctl, which owns the loading-time budget;
+``TimeoutStartSec=`` bounds ``ExecStartPre`` and the exec.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from clusterctl.deploy import spec
+from clusterctl.deploy.sdquote import command_line, env_file_line, environment_line
+from clusterctl.deploy.secrets import looks_secret, secret_refs
+from clusterctl.errors import ClusterctlError
+from clusterctl.inventory.model import FabricProfile, Host, Instance, Inventory
+from clusterctl.stage.run import VERIFY_MODEL_PATH
+
+TEMPLATE = "vllm-instance.service.j2"
+RESTART_VALUES = ("no", "on-success", "on-failure", "on-abnormal", "on-watchdog", "on-abort", "always")
+#: vLLM boolean flags that are plain ``store_true`` switches (no ``--no-`` form):
+#: ``False`` leaves them out.  Every other boolean is argparse's
+#: ``BooleanOptionalAction`` in vLLM >= 0.10, so ``False`` gives ``--no-FLAG``.
+PLAIN_SWITCHES = frozenset({"disable-log-stats", "disable-log-requests", "disable-frontend-multiprocessing",
+                            "headless", "sim-broken-quantization"})
+#: Flags declared with ``action="append"``: a list repeats the flag per item.
+#: Every other list is ``nargs="+"`` (``--served-model-name a b``): one flag, several values.
+APPEND_FLAGS = frozenset({"middleware"})
+#: Flags that would put a secret on the command line (visible in ``ps`` and vLLM's log).
+SECRET_FLAGS = frozenset({"api-key"})
+#: Flags clusterctl sets itself unless ``args`` gives them.
+OVERRIDABLE = ("served-model-name", "host")
+_FLAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+@dataclass(frozen=True)
+class UnitPolicy:
+    """How instance units behave; the same for every instance of a deploy.
+
+    Times are seconds.  ``restart`` is systemd's ``Restart=``; systemd gives
+    up (unit ``failed``) after ``start_limit_burst`` starts within
+    ``start_limit_interval_s``, the crash-loop guard, which must be longer
+    than ``start_limit_burst x restart_sec`` to ever trigger.
+    ``start_timeout_s`` bounds ExecStartPre + exec (loading is polled by
+    clusterctl, see the module doc); ``stop_timeout_s`` is the grace period
+    after SIGTERM before SIGKILL.  ``extra_after`` adds ``After=`` units;
+    ``bind_host`` is vLLM's ``--host``.
+    """
+
+    user: str = "vllm"
+    enable_at_boot: bool = True
+    restart: str = "on-failure"
+    restart_sec: int = 10
+    start_limit_burst: int = 5
+    start_limit_interval_s: int = 900
+    start_timeout_s: int = 900
+    stop_timeout_s: int = 120
+    limit_nofile: int = 1048576
+    extra_after: tuple[str, ...] = ()
+    bind_host: str = "0.0.0.0"
+
+    def __post_init__(self) -> None:
+        if not _USER.match(self.user):
+            raise ClusterctlError(f"unit policy: user {self.user!r} is not a valid user name")
+        if self.restart not in RESTART_VALUES:
+            raise ClusterctlError(f"unit policy: restart {self.restart!r} is not one of {', '.join(RESTART_VALUES)}")
+        if self.start_limit_interval_s <= self.start_limit_burst * self.restart_sec:
+            raise ClusterctlError(
+                f"unit policy: start_limit_interval_s ({self.start_limit_interval_s}) must exceed "
+                f"start_limit_burst x restart_sec ({self.start_limit_burst * self.restart_sec}), "
+                "or the crash-loop guard never trips")
+        for unit in self.extra_after:
+            if not re.fullmatch(r"[A-Za-z0-9:_.@\\-]+\.[a-z]+", unit):
+                raise ClusterctlError(f"unit policy: {unit!r} is not a unit name")
+
+
+#: After= units: the data network, NVIDIA's persistence daemon and fabric manager
+#: (NVSwitch systems); ordering against a unit that is not installed is a no-op.
+BASE_AFTER = ("network-online.target", "nvidia-persistenced.service", "nvidia-fabricmanager.service")
+
+
+def nccl_ib_tc(fabric: FabricProfile) -> int:
+    """NCCL_IB_TC for the fabric's RoCE DSCP: the IP traffic-class byte ``DSCP << 2 | ECT(0)``.
+
+    mlx5 programs only ``tc >> 2`` (the DSCP) into the QP, so the ECN bits do
+    not matter on the wire; 2 (ECT(0)) gives the conventional value (106 for
+    DSCP 26, lshca's expected ``Global tclass``).  ../shared/research/roce.md 3.4, 4.4.
+    """
+    return (fabric.roce_dscp << 2) | 2
+
+
+def instance_env(inv: Inventory, inst: Instance, host: Host) -> dict[str, str]:
+    """The computed, non-secret environment of an instance (before inventory ``env:``).
+
+    ``CUDA_VISIBLE_DEVICES`` lists the placement's GPU indexes with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA numbers GPUs as NVML (and the
+    inventory) does.  With a data NIC: ``NCCL_SOCKET_IFNAME`` (its netdev),
+    ``VLLM_HOST_IP`` (its address, when given), ``NCCL_IB_HCA`` (its RDMA
+    devices as ``=dev:port``, exact names) and, on RoCE, ``NCCL_IB_TC``.
+    """
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+           "CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in inst.placement)}
+    data = host.nics_with_role("data")
+    if data:
+        env["NCCL_SOCKET_IFNAME"] = data[0].netdev
+        if data[0].address:
+            env["VLLM_HOST_IP"] = data[0].address
+        hcas = [f"{n.rdma_device}:{n.port}" for n in data if n.rdma_device]
+        if hcas and inv.fabric.kind in ("roce", "ib"):
+            env["NCCL_IB_HCA"] = "=" + ",".join(hcas)
+            if inv.fabric.kind == "roce":
+                env["NCCL_IB_TC"] = str(nccl_ib_tc(inv.fabric))
+    return env
+
+
+def vllm_args(args: Mapping[str, Any], where: str) -> list[str]:
+    """``inst.args`` as vLLM flags: ``True`` -> ``--f``, ``False`` -> ``--no-f`` (or nothing
+    for :data:`PLAIN_SWITCHES`), ``None`` or ``[]`` -> nothing, a list -> ``--f a b``
+    (repeated ``--f a --f b`` for :data:`APPEND_FLAGS`), anything else -> ``--f str(v)``.
+    Raises :class:`ClusterctlError` for a malformed flag or a secret flag."""
+    out: list[str] = []
+    for flag, value in args.items():
+        if not _FLAG.match(flag):
+            raise ClusterctlError(f"{where}.args: {flag!r} is not a vLLM flag name")
+        if flag in SECRET_FLAGS:
+            raise ClusterctlError(f"{where}.args: {flag!r} would put a secret on the command line (ps, vLLM's "
+                                  "log); use secrets: {VLLM_API_KEY: {env: ...}} instead")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            if value:
+                out.append(f"--{flag}")
+            elif flag not in PLAIN_SWITCHES:
+                out.append(f"--no-{flag}")
+        elif isinstance(value, (list, tuple)):
+            items = [_scalar(v) for v in value]
+            if flag in APPEND_FLAGS:
+                for item in items:
+                    out += [f"--{flag}", item]
+            elif items:
+                out += [f"--{flag}", *items]
+        else:
+            out += [f"--{flag}", _scalar(value)]
+    return out
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str],
+                    policy: UnitPolicy | None = None) -> spec.RenderedInstance:
+    """The unit and EnvironmentFile of ``inst`` (no I/O; the same input gives the same text).
+
+    ``secrets`` is :func:`clusterctl.deploy.secrets.resolve_secrets`'s result
+    and must hold every secret the instance refers to.  Inventory ``env:``
+    values whose names look secret go to the EnvironmentFile with them and
+    are listed in ``secret_keys``; other ``env:`` values (which override the
+    computed ones) are ``Environment=`` lines.  Raises :class:`ClusterctlError`
+    (naming the instance) for an undefined engine or model, a placement over
+    several hosts, a relative engine path, a secret flag in ``args`` or a
+    missing secret.
+    """
+    policy = policy or UnitPolicy()
+    where = f"instances.{inst.name}"
+    engine = inv.engines.get(inst.engine)
+    model = inv.models.get(inst.model)
+    if engine is None or model is None:
+        what = f"engine {inst.engine!r}" if engine is None else f"model {inst.model!r}"
+        raise ClusterctlError(f"{where}: {what} is not defined in the inventory")
+    if len(inst.hosts) != 1:
+        raise ClusterctlError(f"{where}: placement spans {len(inst.hosts)} hosts ({', '.join(inst.hosts)}); "
+                              "an instance runs on one host")
+    host = inv.hosts[inst.hosts[0]]
+    if not engine.path.startswith("/"):
+        raise ClusterctlError(f"engines.{engine.name}.path: {engine.path!r} must be an absolute path")
+    missing = sorted(set(secret_refs(inv, inst)) - set(secrets))
+    if missing:
+        raise ClusterctlError(f"{where}: secret(s) {', '.join(missing)} not resolved "
+                              "(call resolve_secrets first)")
+
+    served = model.served_name or model.name
+    argv = [engine.path, "serve", model.path]
+    if "served-model-name" not in inst.args:
+        argv += ["--served-model-name", served]
+    if "host" not in inst.args:
+        argv += ["--host", policy.bind_host]
+    argv += ["--port", str(inst.port), "--tensor-parallel-size", str(inst.tp_size)]
+    argv += vllm_args(inst.args, where)
+
+    plain = instance_env(inv, inst, host)
+    secret_env = dict(secrets)
+    for key, value in inst.env.items():
+        if key == "CUDA_VISIBLE_DEVICES":
+            raise ClusterctlError(f"{where}.env: CUDA_VISIBLE_DEVICES is set from the placement; remove it")
+        if looks_secret(key) or key in secret_env:
+            secret_env[key] = value
+        else:
+            plain[key] = value
+
+    gpus = tuple(g.index for g in inst.placement)
+    gpus_csv = ",".join(str(g) for g in gpus)
+    x_section = [("Instance", inst.name), ("Host", host.name), ("Model", model.name),
+                 ("ModelPath", model.path), ("ModelVersion", model.version or ""),
+                 ("Engine", engine.name), ("EngineVersion", engine.version),
+                 ("GPUs", gpus_csv), ("Port", str(inst.port)), ("TP", str(inst.tp_size))]
+    description = _one_line(f"vLLM {inst.name}: {served} on {host.name} GPU {gpus_csv} port {inst.port}")
+    unit_text = _template().render(
+        instance=inst.name,
+        description=description.replace("%", "%%"),
+        after=[*BASE_AFTER, *policy.extra_after],
+        policy=policy,
+        env_path=spec.env_path(inst.name),
+        environment=[environment_line(k, v) for k, v in plain.items()],
+        verify_line=command_line([VERIFY_MODEL_PATH, model.path]),
+        exec_start=command_line(argv),
+        syslog_id=f"vllm-{inst.name}",
+        x_section=[(k, _one_line(v)) for k, v in x_section],
+    )
+    header = (f"# clusterctl: environment of instance {inst.name} (mode 0600, root; read by systemd)\n")
+    env_text = header + "".join(env_file_line(k, v) + "\n" for k, v in secret_env.items())
+    return spec.RenderedInstance(
+        instance=inst.name, host=host.name, unit_text=unit_text, env_text=env_text, port=inst.port,
+        gpus=gpus, model=model.name, model_path=model.path, model_version=model.version,
+        engine=engine.name, engine_version=engine.version, secret_keys=frozenset(secret_env),
+        enable_at_boot=policy.enable_at_boot)
+
+
+_ENV: Environment | None = None
+
+
+def _template() -> Any:
+    global _ENV
+    if _ENV is None:
+        _ENV = Environment(loader=PackageLoader("clusterctl", "templates"), autoescape=False,
+                           trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                           undefined=StrictUndefined)
+    return _ENV.get_template(TEMPLATE)
+
+
+def x_clusterctl(unit_text: str) -> dict[str, str]:
+    """The ``[X-Clusterctl]`` section of a unit as written by :func:`render_instance`."""
+    from clusterctl.deploy.sdversion import unit_directives
+    return {k: v for s, k, v in unit_directives(unit_text) if s == "X-Clusterctl"}
