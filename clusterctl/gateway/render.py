@@ -1,0 +1,233 @@
+"""Render the gateway's nginx files: a pure function of the inventory and the instances' states.
+
+:func:`render_gateway` returns every file nginx reads on a gateway host
+(docs/gateway.md has the anatomy):
+
+* ``nginx.conf``: the main context (``worker_shutdown_timeout``, the njs
+  module) including ``gateway.conf``;
+* ``gateway.conf``: per model an upstream hashed on the session header
+  (sticky, no weights) and a least-connections upstream (weights from the
+  load score), the limits, the JSON error pages, gray-release and mirror
+  splits, ``/gateway/health``;
+* ``gateway.js``: the njs router (the model is in the JSON body);
+* ``upstream-auth.conf`` (only with ``gateway.api_key``): the
+  ``Authorization`` header for the instances, mode 0640 root:www-data.  It is
+  the only file that holds a secret; :meth:`RenderedGateway.redacted` hides it.
+
+No I/O: the API key's value is passed in (``None``: rendered as ``***``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from clusterctl.deploy.metrics import base_url
+from clusterctl.errors import ClusterctlError
+from clusterctl.inventory.gateway import served_name
+from clusterctl.inventory.model import GatewaySpec, Instance, Inventory
+
+#: Seconds an old worker may keep serving streams after a reload.
+WORKER_SHUTDOWN_TIMEOUT_S = 600
+#: Seconds to connect to an instance before trying the next one.
+CONNECT_TIMEOUT_S = 5
+#: Largest request body (MiB) the njs router reads into memory.
+BODY_MIB = 16
+#: least_conn weights lie in 1..MAX_WEIGHT.
+MAX_WEIGHT = 100
+REDACTED = "***"
+
+
+class GatewayRenderError(ClusterctlError):
+    """The inventory asks for something the gateway cannot express."""
+
+
+@dataclass(frozen=True)
+class GatewayPaths:
+    """Where the files live on a gateway host (tests render into a temporary directory)."""
+
+    conf_dir: str = "/etc/nginx/clusterctl"
+    nginx_conf: str = "/etc/nginx/nginx.conf"
+    pid_file: str = "/run/nginx.pid"
+    log_dir: str = "/var/log/nginx"
+    modules_include: str = "/etc/nginx/modules-enabled/*.conf"
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """How the gateway treats one instance: ``down`` (with ``reason``) or up with a least_conn ``weight``."""
+
+    down: bool = False
+    weight: int = MAX_WEIGHT
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class GatewayFile:
+    """One file on the gateway host: ``mode`` octal; ``group`` its owner group (owner root)."""
+
+    path: str
+    text: str
+    mode: int = 0o644
+    group: str = "root"
+    secret: bool = False
+
+
+@dataclass(frozen=True)
+class RenderedGateway:
+    """The files of one gateway and ``digest``: sha256 of all of them (secret included), hex."""
+
+    files: tuple[GatewayFile, ...]
+    digest: str
+    servers: dict[str, ServerState] = field(default_factory=dict)
+
+    def redacted(self) -> tuple[GatewayFile, ...]:
+        """The files with the secret one's text replaced: what may be shown or written by ``render``."""
+        return tuple(replace(f, text=_AUTH_LINE.format(key=REDACTED)) if f.secret else f for f in self.files)
+
+
+_AUTH_LINE = 'proxy_set_header Authorization "Bearer {key}";\n'
+_KEY_OK = re.compile(r"^[!#%&'()*+,\-./0-9:<=>?@A-Z\[\]^_`a-z|~]+$")
+
+
+def _env() -> Environment:
+    return Environment(loader=PackageLoader("clusterctl", "templates/gateway"), undefined=StrictUndefined,
+                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+def _slugs(names: list[str]) -> dict[str, str]:
+    """Inventory model name -> an nginx-safe upstream name, unique."""
+    out: dict[str, str] = {}
+    for name in names:
+        base = "m_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+        slug, n = base, 2
+        while slug in out.values():
+            slug, n = f"{base}_{n}", n + 1
+        out[name] = slug
+    return out
+
+
+def _percent(p: float) -> str:
+    return f"{round(p, 2):g}%"
+
+
+def _server_address(inv: Inventory, inst: Instance) -> str:
+    return base_url(inv, inst).removeprefix("http://")
+
+
+def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
+                   states: Mapping[str, ServerState] | None = None, *, api_key: str | None = None,
+                   paths: GatewayPaths = GatewayPaths()) -> RenderedGateway:
+    """The gateway's files for ``inv.gateway`` in front of ``instances`` (name -> Instance).
+
+    ``states`` marks instances down or weights them (missing: up, full weight).
+    ``api_key`` is the key the instances require when ``gateway.api_key`` is set
+    (``None``: written as ``***``, for showing).  Raises
+    :class:`GatewayRenderError` when the inventory has no gateway or the key
+    cannot be written into an nginx header safely (the message never shows it).
+    """
+    gw = inv.gateway
+    if gw is None:
+        raise GatewayRenderError(f"{inv.path}: no 'gateway:' section (docs/inventory.md)")
+    states = states or {}
+    models = [m for m in inv.models if any(i.model == m for i in instances.values())]
+    for g in gw.gray:
+        models += [m for m in (g.stable, g.canary) if m not in models]
+    slugs = _slugs(models)
+    upstreams, server_states = _upstreams(inv, gw, instances, states, slugs)
+    live = {u["model"] for u in upstreams}
+    mirrors = [{"var": f"gw_mirror_{i}", "served": m.served, "candidate_model": m.candidate,
+                "upstream": slugs[m.candidate], "percent_text": _percent(m.percent)}
+               for i, m in enumerate(gw.mirrors) if m.candidate in live and m.percent > 0]
+    mirror_of = {m["served"]: m["var"] for m in mirrors}
+    for u in upstreams:
+        u["mirror"] = mirror_of.get(served_name(inv, u["model"]))
+    gray = [{"var": f"gw_gray_{i}", "served": g.served, "canary_model": g.canary, "stable": g.stable,
+             "percent_text": _percent(g.percent)} for i, g in enumerate(gw.gray)]
+    routes = _routes(inv, gw, slugs, live, gray)
+    instance_names = sorted((s["address"], s["name"]) for u in upstreams for s in u["servers"])
+    ctx = {
+        "inventory": inv.path, "paths": paths, "session_var": gw.session_header.lower().replace("-", "_"),
+        "gray": gray, "mirrors": mirrors, "upstreams": upstreams, "instance_names": instance_names,
+        "limits": {"connections": gw.max_connections,
+                   "rate": _rate(gw.requests_per_second),
+                   "burst": f" burst={gw.burst}" if gw.burst else ""},
+        "port": gw.port, "read_timeout_s": gw.read_timeout_s, "connect_timeout_s": CONNECT_TIMEOUT_S,
+        "body_mib": BODY_MIB, "api_key": gw.api_key is not None,
+        "worker_shutdown_timeout_s": WORKER_SHUTDOWN_TIMEOUT_S,
+        "routes_json": json.dumps(routes, indent=4, sort_keys=True),
+        "session_header_json": json.dumps(gw.session_header),
+    }
+    env = _env()
+    placeholder = "@@CONFIG_DIGEST@@"
+    files = [
+        GatewayFile(paths.nginx_conf, env.get_template("nginx.conf.j2").render(ctx)),
+        GatewayFile(f"{paths.conf_dir}/gateway.conf",
+                    env.get_template("gateway.conf.j2").render({**ctx, "digest": placeholder})),
+        GatewayFile(f"{paths.conf_dir}/gateway.js", env.get_template("gateway.js.j2").render(ctx)),
+    ]
+    if gw.api_key is not None:
+        files.append(GatewayFile(f"{paths.conf_dir}/upstream-auth.conf", _auth_text(api_key),
+                                 mode=0o640, group="www-data", secret=True))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.path}\0{f.mode:o}\0{f.group}\0{f.text}\0".encode())
+    digest = h.hexdigest()
+    files = [replace(f, text=f.text.replace(placeholder, digest[:16])) for f in files]
+    return RenderedGateway(tuple(files), digest, server_states)
+
+
+def _rate(rps: float) -> str:
+    if rps <= 0:
+        return ""
+    return f"{int(rps)}r/s" if rps >= 1 and rps == int(rps) else f"{max(1, round(rps * 60))}r/m"
+
+
+def _auth_text(api_key: str | None) -> str:
+    if api_key is None:
+        return _AUTH_LINE.format(key=REDACTED)
+    if not _KEY_OK.match(api_key):
+        raise GatewayRenderError("gateway.api_key: the key holds a character nginx would interpret "
+                                 "(space, quote, backslash, '$', ';', braces) or is empty; use a plain token")
+    return _AUTH_LINE.format(key=api_key)
+
+
+def _upstreams(inv: Inventory, gw: GatewaySpec, instances: Mapping[str, Instance],
+               states: Mapping[str, ServerState], slugs: dict[str, str],
+               ) -> tuple[list[dict[str, object]], dict[str, ServerState]]:
+    out: list[dict[str, object]] = []
+    used: dict[str, ServerState] = {}
+    max_conns = f" max_conns={gw.max_conns}" if gw.max_conns else ""
+    for model, slug in slugs.items():
+        servers = []
+        for name in sorted(n for n, i in instances.items() if i.model == model):
+            st = states.get(name, ServerState())
+            weight = min(MAX_WEIGHT, max(1, int(st.weight)))
+            used[name] = replace(st, weight=weight)
+            servers.append({"name": name, "address": _server_address(inv, instances[name]),
+                            "max_conns": max_conns, "weight": weight, "down": st.down,
+                            "reason": re.sub(r"[^\w .:/-]", "", st.reason)[:80]})
+        if servers:
+            out.append({"model": model, "name": slug, "servers": servers, "mirror": None})
+    return out, used
+
+
+def _routes(inv: Inventory, gw: GatewaySpec, slugs: dict[str, str], live: set[str],
+            gray: list[dict[str, str]]) -> dict[str, dict[str, str | None]]:
+    """Served name -> {upstream, gray variable, canary upstream}; ``None`` upstream: no instance."""
+    routes: dict[str, dict[str, str | None]] = {}
+    for model in inv.models:
+        served = served_name(inv, model)
+        if served in routes:
+            continue  # the first model with a served name answers it; gray releases split further
+        routes[served] = {"upstream": slugs[model] if model in live else None}
+    for g in gray:
+        routes[g["served"]] = {"upstream": slugs[g["stable"]] if g["stable"] in live else None,
+                               "gray": g["var"],
+                               "canary": slugs[g["canary_model"]] if g["canary_model"] in live else None}
+    return routes

@@ -1,0 +1,95 @@
+"""Rendering the gateway: golden files, nginx -t on the result, secrets, states."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from clusterctl.gateway.render import GatewayPaths, GatewayRenderError, ServerState, render_gateway
+from clusterctl.inventory.model import Inventory
+
+GOLDEN = Path(__file__).parent / "golden"
+STATES = {"q2": ServerState(down=True, reason="draining"), "q1": ServerState(weight=40)}
+
+
+def _by_name(files: tuple) -> dict[str, str]:
+    return {Path(f.path).name: f.text for f in files}
+
+
+def test_golden_files(inv: Inventory) -> None:
+    """The whole rendered config, reviewed once; UPDATE_GOLDEN=1 rewrites it."""
+    rendered = _by_name(render_gateway(inv, inv.instances, STATES, api_key=None).files)
+    assert set(rendered) == {"nginx.conf", "gateway.conf", "gateway.js", "upstream-auth.conf"}
+    for name, text in rendered.items():
+        golden = GOLDEN / name
+        if os.environ.get("UPDATE_GOLDEN"):
+            golden.write_text(text)
+        assert text == golden.read_text(), f"{name} differs from {golden}"
+
+
+def test_sticky_upstream_has_no_weights_and_least_conn_has_them(inv: Inventory) -> None:
+    conf = _by_name(render_gateway(inv, inv.instances, STATES).files)["gateway.conf"]
+    sticky = conf[conf.index("upstream m_qwen_s {"):conf.index("upstream m_qwen_l {")]
+    lc = conf[conf.index("upstream m_qwen_l {"):conf.index("# qwen-v2")]
+    assert "hash $http_x_session_id consistent;" in sticky and "weight=" not in sticky
+    assert "least_conn;" in lc and "weight=40" in lc
+    assert "server 10.0.1.2:8001 max_conns=4 down;  # q2 (draining)" in sticky
+    assert "max_conns=4 weight=100 down;  # q2" in lc
+    assert "proxy_next_upstream error timeout;\n" in conf and "non_idempotent;" not in conf
+
+
+def test_secret_only_in_auth_file_and_redacted(inv: Inventory) -> None:
+    r = render_gateway(inv, inv.instances, api_key="sk-live-123")
+    secret = [f for f in r.files if "sk-live-123" in f.text]
+    assert [(Path(f.path).name, oct(f.mode), f.group) for f in secret] == [("upstream-auth.conf", "0o640", "www-data")]
+    assert not any("sk-live-123" in f.text for f in r.redacted())
+    # a new key is a new config (nginx must reload), though the digest never shows it
+    assert r.digest != render_gateway(inv, inv.instances, api_key="sk-live-456").digest
+
+
+@pytest.mark.parametrize("key", ['a"b', "a b", "a$b", "a;b", ""])
+def test_key_nginx_would_interpret_is_refused_without_echo(inv: Inventory, key: str) -> None:
+    with pytest.raises(GatewayRenderError) as e:
+        render_gateway(inv, inv.instances, api_key=key)
+    assert key not in str(e.value) or not key
+
+
+def test_same_input_same_digest_and_state_changes_digest(inv: Inventory) -> None:
+    a = render_gateway(inv, inv.instances, STATES)
+    assert a.digest == render_gateway(inv, inv.instances, dict(STATES)).digest
+    assert a.digest != render_gateway(inv, inv.instances, {"q2": ServerState(down=False)}).digest
+    health = _by_name(a.files)["gateway.conf"]
+    assert f'"config":"{a.digest[:16]}"' in health
+
+
+def test_routes_gray_canary_without_instances_falls_back_to_stable(inv: Inventory) -> None:
+    only_v1 = {k: v for k, v in inv.instances.items() if k != "q3"}
+    js = _by_name(render_gateway(inv, only_v1).files)["gateway.js"]
+    assert '"canary": null' in js and '"upstream": "m_qwen"' in js
+    conf = _by_name(render_gateway(inv, only_v1).files)["gateway.conf"]
+    assert "mirror /_gw_mirror" not in conf  # the mirror candidate has no instance
+
+
+def test_no_gateway_section_is_an_error(inv: Inventory) -> None:
+    inv.gateway = None
+    with pytest.raises(GatewayRenderError, match="no 'gateway:' section"):
+        render_gateway(inv, inv.instances)
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None or not Path("/usr/share/nginx/modules/ngx_http_js_module.so").exists(),
+                    reason="nginx with njs (libnginx-mod-http-js) not installed; scripts/install-deps installs it")
+def test_nginx_accepts_the_rendered_config(inv: Inventory, tmp_path: Path) -> None:
+    paths = GatewayPaths(conf_dir=str(tmp_path / "clusterctl"), nginx_conf=str(tmp_path / "nginx.conf"),
+                         pid_file=str(tmp_path / "nginx.pid"), log_dir=str(tmp_path),
+                         modules_include="/etc/nginx/modules-enabled/*.conf")
+    (tmp_path / "clusterctl").mkdir()
+    for f in render_gateway(inv, inv.instances, STATES, api_key="sk-test", paths=paths).files:
+        Path(f.path).write_text(f.text)
+    # -p: Debian's modules-enabled files name the module relative to nginx's prefix
+    p = subprocess.run(["nginx", "-t", "-p", "/usr/share/nginx/", "-c", paths.nginx_conf],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
