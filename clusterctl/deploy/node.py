@@ -14,7 +14,7 @@ Ops (``job["op"]``):
   for, the staged version it points at.
 * ``lock`` / ``unlock``: the deploy lock (``O_EXCL``; stale after ``ttl_s``
   or broken on request); ``unlock`` also appends an audit record.
-* ``apply``: save previous copies, write unit and env files (temp + rename,
+* ``apply``: run the set-up scripts (service user, verify-model), save previous copies, write unit and env files (temp + rename,
   env 0600 root), ``daemon-reload``, enable/disable, stop+remove, start or
   restart only what is listed.
 * ``rollback``: put back the previous unit, env and model symlink of each
@@ -248,8 +248,12 @@ def op_unlock(job):
     return {"ok": True}
 
 
-def _save_previous(name, model_path):
-    """Copy what ``name`` has now into previous/ (an ``.absent`` marker when nothing)."""
+def _save_previous(name, model_path, model_before=None):
+    """Copy what ``name`` has now into previous/ (an ``.absent`` marker when nothing).
+
+    ``model_before``: the model symlink's target as read before this deploy
+    staged (staging may already have switched it); else read now.
+    """
     unit_text = _read(_unit_path(name))
     base = os.path.join(PREVIOUS_DIR, name)
     if unit_text is None:
@@ -259,8 +263,9 @@ def _save_previous(name, model_path):
         return
     _write_atomic(base + ".service", unit_text)
     _write_atomic(base + ".env", _read(_env_path(name)) or "", 0o600)
-    if model_path and os.path.islink(model_path):
-        _write_atomic(base + ".model", json.dumps({"path": model_path, "target": os.readlink(model_path)}))
+    if model_path and (model_before or os.path.islink(model_path)):
+        target = model_before or os.readlink(model_path)
+        _write_atomic(base + ".model", json.dumps({"path": model_path, "target": target}))
     else:
         _remove(base + ".model")
     _remove(base + ".absent")
@@ -280,10 +285,23 @@ def _run_units(verb, units, errors):
             errors[u] = "systemctl %s %s: %s" % (verb, u, err or "rc %d" % rc)
 
 
+def _setup(job, errors):
+    """Run the node set-up scripts (service user, verify-model) as root; POSIX sh, idempotent."""
+    for script in job.get("setup_scripts", []):
+        p = subprocess.run(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           universal_newlines=True, timeout=120)
+        if p.returncode != 0:
+            errors["setup"] = "node set-up failed: " + (p.stderr.strip() or "rc %d" % p.returncode)
+            return
+
+
 def op_apply(job):
     errors = {}
+    _setup(job, errors)
+    if errors:
+        return {"ok": False, "kind": "setup", "errors": errors, "error": "; ".join(errors.values())}
     for item in job.get("write", []):
-        _save_previous(item["instance"], item.get("model_path"))
+        _save_previous(item["instance"], item.get("model_path"), item.get("model_before"))
     for name in job.get("remove", []):
         _save_previous(name, None)
         _run_units("stop", [_unit(name)], errors)

@@ -126,8 +126,8 @@ def run_jobs(fleet: Any, jobs: Mapping[str, Mapping[str, Any]], *, timeout: floa
 
 
 def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[str] | None = None,
-               timeout: float = 60.0) -> dict[str, HostState]:
-    """Read every host of ``fleet`` in one SSH command each (see module docstring).
+               hosts: list[str] | None = None, timeout: float = 60.0) -> dict[str, HostState]:
+    """Read ``hosts`` (default: every host of ``fleet``) in one SSH command each.
 
     Env files come back only as a digest and per-key hashes salted with a
     value fresh for this call (``HostState.salt``; :func:`clusterctl.deploy.node.env_hashes`
@@ -135,7 +135,7 @@ def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[
     """
     salt = secrets.token_hex(16)
     replies = run_job(fleet, {"op": "read", "salt": salt, "model_paths": sorted(set(model_paths or [])),
-                              "users": sorted(set(users or []))}, timeout=timeout)
+                              "users": sorted(set(users or []))}, hosts=hosts, timeout=timeout)
     out: dict[str, HostState] = {}
     for host, rep in replies.items():
         if not rep.ok:

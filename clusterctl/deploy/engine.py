@@ -1,0 +1,359 @@
+"""The deploy pipeline: render → read → plan → (pre-flight) → lock → batches of
+stage + drain + apply + gates → rollback of a failed batch → audit → unlock.
+
+Nothing here prints; progress goes to ``on_event(Event)``, which the CLI
+renders.  See docs/deploy.md for the semantics the operator sees.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from clusterctl.deploy import apply as ap
+from clusterctl.deploy import audit, gates, lock, remote, rollout, spec
+from clusterctl.deploy.plan import Plan, make_plan, matches
+from clusterctl.deploy.state import StateStore, utc_now
+from clusterctl.errors import ClusterctlError
+from clusterctl.inventory.model import Host, Instance, Inventory
+
+#: ``make_fleet(hosts)`` returns a fresh Fleet (a context manager) for those hosts.
+FleetFactory = Callable[[Sequence[Host]], Any]
+
+
+@dataclass
+class Event:
+    """One progress line: ``kind`` is ``phase``, ``batch``, ``host``, ``gate`` or ``warn``."""
+
+    kind: str
+    message: str
+    host: str | None = None
+    ok: bool = True
+
+
+@dataclass
+class DeployOptions:
+    """What the operator asked for (the CLI flags).
+
+    ``serial``: parsed ``--serial`` values; ``gate_timeout_s``: seconds an
+    instance may take to pass its gate; ``drain_timeout_s``: seconds to wait
+    for requests in flight before a restart or removal; ``lock_ttl_s``: age
+    after which another run's lock is stale.
+    """
+
+    instances: str | None = None
+    serial: list[str] = field(default_factory=list)
+    max_fail_percentage: float = 0.0
+    force: bool = False
+    gate_timeout_s: float = 600.0
+    drain_timeout_s: float = 120.0
+    break_lock: bool = False
+    lock_ttl_s: float = lock.DEFAULT_TTL_S
+    plan_only: bool = False
+
+
+@dataclass
+class HostOutcome:
+    """``status``: ``applied``, ``failed`` (kept: within max-fail-percentage, rolled back alone),
+    ``rolled_back`` (its batch failed), ``not_reached``, ``unreadable`` or ``unchanged``."""
+
+    host: str
+    status: str
+    batch: int | None = None
+    error: str | None = None
+    gates: list[gates.GateResult] = field(default_factory=list)
+    drained: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "batch": self.batch, "error": self.error,
+                "drained": self.drained, "gates": [g.to_dict() for g in self.gates]}
+
+
+@dataclass
+class DeployReport:
+    """``result``: ``ok`` (all applied), ``nothing`` (nothing to change), ``planned`` (--plan),
+    ``rolled_back`` (a batch failed its gate and was restored; later hosts untouched),
+    ``partial`` (some hosts failed within max-fail-percentage or could not be read)."""
+
+    run_id: str
+    plan: Plan
+    result: str
+    hosts: dict[str, HostOutcome] = field(default_factory=dict)
+    batches: list[list[str]] = field(default_factory=list)
+    recovered_locks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    preflight: Any = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("ok", "nothing", "planned")
+
+    def to_dict(self) -> dict[str, Any]:
+        pre = self.preflight
+        return {"run_id": self.run_id, "result": self.result, "ok": self.ok, "seconds": round(self.seconds, 2),
+                "batches": self.batches, "recovered_locks": self.recovered_locks,
+                "preflight": pre.to_json() if pre is not None else None,
+                "plan": self.plan.to_dict(), "hosts": [h.to_dict() for h in self.hosts.values()]}
+
+
+class PreflightRefused(ClusterctlError):
+    """Pre-flight found instances that cannot work (``report`` says which, with the numbers)."""
+
+    def __init__(self, message: str, report: Any):
+        super().__init__(message)
+        self.report = report
+
+
+def desired(inv: Inventory, state_dir: str) -> tuple[dict[str, Instance], Any]:
+    """Every instance that should run (explicit + placed template replicas) and the placement result."""
+    from clusterctl.deploy.placement import desired_instances
+
+    res = desired_instances(inv, StateStore(state_dir).load())
+    return dict(res.instances), res
+
+
+def render_all(inv: Inventory, instances: Mapping[str, Instance]) -> list[spec.RenderedInstance]:
+    """Render every instance with its secrets (:mod:`clusterctl.deploy.units`)."""
+    from clusterctl.deploy.secrets import resolve_secrets
+
+    from clusterctl.deploy.units import render_instance
+
+    return [render_instance(inv, inst, secrets=resolve_secrets(inv, inst)) for inst in instances.values()]
+
+
+def served_name(inv: Inventory, r: spec.RenderedInstance) -> str:
+    """The name /v1/models lists for an instance: the model's ``served_name``, else its name."""
+    m = inv.models.get(r.model)
+    return (m.served_name if m and m.served_name else r.model)
+
+
+def api_key(r: spec.RenderedInstance) -> str | None:
+    for line in r.env_text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip() == "VLLM_API_KEY":
+            return v.strip().strip('"').strip("'")
+    return None
+
+
+# --- one deploy ---------------------------------------------------------------------
+
+class Deploy:
+    """One ``clusterctl deploy`` run over ``hosts`` of ``inv`` (see module docstring)."""
+
+    def __init__(self, inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, state_dir: str,
+                 opts: DeployOptions, on_event: Callable[[Event], None] = lambda e: None):
+        self.inv, self.hosts, self.make_fleet, self.state_dir = inv, list(hosts), make_fleet, state_dir
+        self.opts, self.on_event = opts, on_event
+        self.me = lock.LockInfo()
+        self.started = utc_now()
+        self.rendered: dict[str, spec.RenderedInstance] = {}
+        self.instances: dict[str, Instance] = {}
+        self.report: DeployReport | None = None
+
+    def event(self, kind: str, message: str, host: str | None = None, ok: bool = True) -> None:
+        self.on_event(Event(kind, message, host, ok))
+
+    def _read(self, fleet: Any, hosts: list[str] | None = None) -> dict[str, remote.HostState]:
+        paths = sorted({r.model_path for r in self.rendered.values()})
+        return remote.read_hosts(fleet, model_paths=paths, hosts=hosts)
+
+    def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:
+        """Render and read; the plan for the selected hosts."""
+        names = {h.name for h in self.hosts}
+        self.instances, self.placement = desired(self.inv, self.state_dir)
+        chosen = {n: i for n, i in self.instances.items()
+                  if matches(n, self.opts.instances) and any(g.host in names for g in i.placement)}
+        self.rendered = {r.instance: r for r in render_all(self.inv, chosen)}
+        self.event("phase", f"rendered {len(self.rendered)} instances; reading {len(self.hosts)} hosts")
+        states = self._read(fleet)
+        plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self.opts.instances)
+        return plan, states
+
+    def preflight(self, fleet: Any, plan: Plan) -> Any:
+        """Run pre-flight on the instances to start or restart; raise when it refuses (unless --force)."""
+        from clusterctl.deploy.preflight import run_preflight
+
+        starting = {i.instance: self.instances[i.instance] for h in plan.hosts for i in h.items
+                    if i.action in ("new", "changed") and i.instance in self.instances}
+        if not starting:
+            return None
+        rep = run_preflight(self.inv, starting, fleet, on_event=lambda m: self.event("phase", m))
+        if not rep.ok and not self.opts.force:
+            raise PreflightRefused("pre-flight refused the deploy (use --force to deploy anyway)", rep)
+        return rep
+
+    def run(self) -> DeployReport:
+        t0 = time.monotonic()
+        with self.make_fleet(self.hosts) as fleet:
+            plan, states = self.prepare(fleet)
+            rep = DeployReport(self.me.run_id, plan, "planned")
+            self.report = rep
+            for hp in plan.hosts:
+                rep.hosts[hp.host] = HostOutcome(hp.host, "unreadable" if hp.error else "unchanged", error=hp.error)
+            if self.opts.plan_only:
+                rep.seconds = time.monotonic() - t0
+                return rep
+            rep.preflight = self.preflight(fleet, plan)
+            targets = plan.changed_hosts()
+            if not targets:
+                rep.result = "nothing" if not any(h.error for h in plan.hosts) else "partial"
+                self._audit_local(rep)
+                rep.seconds = time.monotonic() - t0
+                return rep
+            with lock.held(fleet, targets, self.me, ttl_s=self.opts.lock_ttl_s, break_lock=self.opts.break_lock,
+                           fresh_fleet=lambda: self.make_fleet([self.inv.hosts[h] for h in targets]),
+                           audit=lambda: self._audit_record(rep)) as got:
+                rep.recovered_locks = got.recovered
+                for h, why in got.failed.items():
+                    rep.hosts[h] = HostOutcome(h, "unreadable", error=f"lock: {why}")
+                for h, old in got.recovered.items():
+                    self.event("warn", f"recovered a stale deploy lock of {old.get('holder')} "
+                                       f"(run {old.get('run_id')}, {old.get('age_s')} s old)", h, ok=False)
+                # Read again under the lock: another deploy may have finished since the plan.
+                states = self._read(fleet, got.locked)
+                plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts],
+                                 self.opts.instances)
+                rep.plan = plan
+                try:
+                    self._rollout(fleet, plan, states, [h for h in plan.changed_hosts() if h in got.locked], rep)
+                except KeyboardInterrupt:
+                    rep.result = "interrupted"
+                    raise
+                except Exception:
+                    rep.result = "error"
+                    raise
+            self._save_placements(rep)
+        self._audit_local(rep)
+        rep.seconds = time.monotonic() - t0
+        return rep
+
+    def _rollout(self, fleet: Any, plan: Plan, states: dict[str, remote.HostState], targets: list[str],
+                 rep: DeployReport) -> None:
+        by_host = {hp.host: hp for hp in plan.hosts}
+        rep.batches = rollout.batches(targets, self.opts.serial)
+        rep.result = "ok"
+        for n, batch in enumerate(rep.batches, 1):
+            label = "canary" if n == 1 and len(rep.batches) > 1 else f"batch {n}/{len(rep.batches)}"
+            self.event("batch", f"{label}: {len(batch)} hosts: {', '.join(batch)}")
+            failed = self._batch(fleet, n, batch, by_host, states, rep)
+            if rollout.batch_failed(len(failed), len(batch), self.opts.max_fail_percentage):
+                self.event("batch", f"{label} failed on {len(failed)}/{len(batch)} hosts "
+                                    f"(max fail {self.opts.max_fail_percentage:g} %): rolling back this batch",
+                           ok=False)
+                self._rollback(fleet, batch, by_host, rep, "rolled_back")
+                for later in rep.batches[n:]:
+                    for h in later:
+                        rep.hosts[h] = HostOutcome(h, "not_reached", error="rollout stopped")
+                rep.result = "rolled_back"
+                return
+            if failed:
+                self._rollback(fleet, failed, by_host, rep, "failed")
+                rep.result = "partial"
+            self.event("batch", f"{label} passed", ok=True)
+
+    def _batch(self, fleet: Any, n: int, batch: list[str], by_host: Mapping[str, Any],
+               states: dict[str, remote.HostState], rep: DeployReport) -> list[str]:
+        """Stage, drain, apply and gate one batch; returns the failed hosts."""
+        self._stage(fleet, batch, states)
+        for h in batch:
+            rep.hosts[h] = HostOutcome(h, "applied", n)
+            rep.hosts[h].drained = ap.drain_before(self.inv, by_host[h], states[h], self.instances,
+                                                   self.opts.drain_timeout_s)
+        jobs = {h: ap.apply_job(by_host[h], self.rendered, states[h]) for h in batch}
+        replies = ap.apply_hosts(fleet, jobs, on_reply=lambda r: self.event(
+            "host", "applied" if r.ok else f"apply failed: {r.error}", r.host, r.ok))
+        failed = []
+        for h, r in replies.items():
+            if not r.ok:
+                rep.hosts[h].status, rep.hosts[h].error = "failed", r.error
+                failed.append(h)
+        targets = [self._gate_target(i.instance, states) for h in batch if h not in failed
+                   for i in by_host[h].items if i.action in ("new", "changed", "start")]
+        wanted = {t.instance: t.host for t in targets}
+
+        def units() -> dict[str, gates.UnitState]:
+            now = remote.read_hosts(fleet, hosts=sorted(set(wanted.values())), timeout=30)
+            return {name: (s.active, s.sub, s.restarts) for name, host in wanted.items()
+                    for s in [now.get(host, remote.HostState(host)).instances.get(name)] if s is not None}
+
+        results = gates.wait_gates(targets, timeout_s=self.opts.gate_timeout_s, units=units,
+                                   on_result=lambda g: self.event(
+                                       "gate", f"{g.instance}: {'pass' if g.ok else 'FAIL'} ({g.reason})", g.host, g.ok))
+        for g in results:
+            rep.hosts[g.host].gates.append(g)
+            if not g.ok and g.host not in failed:
+                rep.hosts[g.host].status, rep.hosts[g.host].error = "failed", f"{g.instance}: {g.reason}"
+                failed.append(g.host)
+        return failed
+
+    def _gate_target(self, name: str, states: Mapping[str, remote.HostState]) -> gates.GateTarget:
+        r = self.rendered[name]
+        # systemd resets NRestarts on an explicit start or restart, so any restart counted is a crash.
+        return gates.GateTarget(name, r.host, self.inv.hosts[r.host].address, r.port, served_name(self.inv, r),
+                                api_key(r), 0)
+
+    def _stage(self, fleet: Any, batch: list[str], states: dict[str, remote.HostState]) -> None:
+        """Stage the models the batch's new instances need where the path is not a verified version."""
+        need: dict[str, list[str]] = {}
+        for r in self.rendered.values():
+            if r.host not in batch:
+                continue
+            m = states[r.host].models.get(r.model_path) or {}
+            model = self.inv.models.get(r.model)
+            if model is None or not model.source:
+                continue
+            if not m.get("verified") or (model.version and m.get("version") != model.version):
+                need.setdefault(r.model, [])
+                if r.host not in need[r.model]:
+                    need[r.model].append(r.host)
+        for name, hosts in need.items():
+            from clusterctl.stage import plan as sp
+            from clusterctl.stage import run as sr
+
+            model = self.inv.models[name]
+            self.event("phase", f"staging {name} on {', '.join(hosts)}")
+            src = sp.parse_source(model.source or "", f"{self.inv.path}: models.{name}.source")
+            man = sp.load_manifest(src, name, model.version)
+            with self.make_fleet([self.inv.hosts[h] for h in hosts]) as sf:
+                report = sr.stage_model(sf, [self.inv.hosts[h] for h in hosts], model, src, man, relay="chain")
+            for row in report.rows:
+                self.event("host", f"stage {name}: {row.status}" + (f" ({row.error})" if row.error else ""),
+                           row.host, row.ok)
+        if need:
+            states.update(self._read(fleet, batch))
+
+    def _rollback(self, fleet: Any, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport,
+                  status: str) -> None:
+        replies = ap.rollback_hosts(fleet, {h: ap.touched(by_host[h]) for h in hosts})
+        for h in hosts:
+            r = replies.get(h)
+            rep.hosts[h].status = status
+            if r is not None and not r.ok:
+                rep.hosts[h].error = f"{rep.hosts[h].error}; rollback: {r.error}"
+            self.event("host", "rolled back" if r is None or r.ok else f"rollback failed: {r.error}", h,
+                       r is None or r.ok)
+
+    def _save_placements(self, rep: DeployReport) -> None:
+        res = getattr(self, "placement", None)
+        if res is not None and getattr(res, "changed", False) and rep.result in ("ok", "partial"):
+            StateStore(self.state_dir).save_placements(res.state.placements)
+
+    def _entries(self, rep: DeployReport) -> list[dict[str, Any]]:
+        out = []
+        for hp in rep.plan.hosts:
+            for i in hp.changes:
+                r = self.rendered.get(i.instance)
+                out.append(audit.instance_entry(r, i.action) if r else
+                           {"instance": i.instance, "host": hp.host, "action": i.action, "digest": i.old_digest})
+        return out
+
+    def _audit_record(self, rep: DeployReport) -> dict[str, Any]:
+        failed = [h.host for h in rep.hosts.values() if h.status in ("failed", "rolled_back")]
+        return audit.record("deploy", run_id=self.me.run_id, who=self.me.holder, started=self.started,
+                            instances=self._entries(rep), result=rep.result if rep.result != "planned" else "error",
+                            detail=("failed: " + ", ".join(failed)) if failed else None,
+                            hosts=[h for h in rep.hosts if rep.hosts[h].batch is not None])
+
+    def _audit_local(self, rep: DeployReport) -> None:
+        audit.append(self.state_dir, self._audit_record(rep))
