@@ -118,9 +118,10 @@ def _pair_ranks(topology: HostTopology | None) -> dict[tuple[int, int], int] | N
 def _group_cost(group: tuple[int, ...], ranks: dict[tuple[int, int], int] | None) -> tuple[int, ...]:
     """Smaller is better: (worst pair level, sum of levels, span, the indexes)."""
     span = group[-1] - group[0]
-    if ranks is None:
-        return (0, 0, span, *group)
-    levels = [ranks.get((a, b), UNKNOWN_RANK) for a, b in itertools.combinations(group, 2)]
+    # Without topology every pair counts as unknown: constant within the host, and
+    # a host with known close GPUs wins over one whose layout nobody reported.
+    levels = [UNKNOWN_RANK if ranks is None else ranks.get((a, b), UNKNOWN_RANK)
+              for a, b in itertools.combinations(group, 2)]
     return (max(levels, default=0), sum(levels), span, *group)
 
 

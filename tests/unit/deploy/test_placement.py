@@ -222,3 +222,22 @@ def test_replicas_carry_the_templates_args_env_and_secrets() -> None:
         assert inst.secrets == tpl.secrets and inst.model == "m" and inst.engine == "e"
     res.instances["p-1"].args["x"] = 1
     assert "x" not in tpl.args and "x" not in res.instances["p-2"].args
+
+
+def test_topology_is_read_only_for_the_hosts_that_receive_new_replicas() -> None:
+    from clusterctl.deploy.topology import place
+
+    asked: list[list[str]] = []
+    topo = topology(switches=[[0, 2], [1, 3]], sockets=[[0, 1, 2, 3]])
+
+    def read(hosts: list[str]) -> dict[str, list[dict[str, object]]]:
+        asked.append(hosts)
+        return {h: topo for h in hosts if h != "c"}
+
+    inv = inventory({"a": 4, "b": 4, "c": 4, "z": 4}, [("p", 2, 2, "a,b,c", 8000)])
+    res, missing = place(inv, cordoned("b"), read)
+    assert asked == [["a", "c"]] and missing == ["c"]
+    assert where(res)["p-1"] == ("a", (0, 2), 8000)
+    assert where(res)["p-2"] == ("c", (0, 1), 8000)
+    again, _ = place(inv, res.state, read)
+    assert len(asked) == 1 and where(again) == where(res)
