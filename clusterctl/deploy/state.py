@@ -228,7 +228,10 @@ def _replicas_json(replicas: dict[str, int]) -> str:
 def _write_atomic(path: Path, text: str) -> None:
     from clusterctl.report.textfile import write_atomic
 
-    write_atomic(path, text)
+    try:
+        write_atomic(path, text)
+    except OSError as e:
+        raise _bad(path, f"cannot write: {e.strerror or e}") from None
 
 
 class StateStore:
@@ -250,16 +253,19 @@ class StateStore:
     def _locked(self) -> Iterator[None]:
         from clusterctl.report.lock import LockBusy, RunLock
 
+        lock = RunLock(self.path(LOCK), wait_s=LOCK_WAIT_S)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise _bad(self.directory, f"cannot create the deploy state directory: {e.strerror or e}") from None
-        try:
-            with RunLock(self.path(LOCK), wait_s=LOCK_WAIT_S):
-                yield
+            lock.__enter__()
         except LockBusy:
             raise _bad(self.path(LOCK), f"another clusterctl has held the deploy state lock for over "
                                         f"{LOCK_WAIT_S:.0f} s; try again") from None
+        except OSError as e:
+            raise _bad(self.path(LOCK), f"cannot lock the deploy state directory: {e.strerror or e}") from None
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
 
     @contextmanager
     def update(self) -> Iterator[DeployState]:

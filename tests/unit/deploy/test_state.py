@@ -88,3 +88,23 @@ def test_writes_leave_no_temporary_files(tmp_path: Path) -> None:
         with store.update() as st:
             st.replicas["p"] = n
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_busy_lock_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterctl.deploy import state as state_mod
+    from clusterctl.report.lock import RunLock
+
+    monkeypatch.setattr(state_mod, "LOCK_WAIT_S", 0.1)
+    store = StateStore(tmp_path)
+    with RunLock(tmp_path / ".lock"):
+        with pytest.raises(StateError, match="held the deploy state lock"):
+            with store.update() as st:
+                st.replicas["p"] = 1
+    assert store.load().replicas == {}
+
+
+def test_an_unwritable_directory_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StateError, match="cannot lock the deploy state directory"):
+        StateStore(blocker / "deploy").save_placements({})
