@@ -28,6 +28,7 @@ Guarantees:
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import resource
 import threading
 import time
@@ -204,7 +205,8 @@ class Fleet:
 
     def run(self, command: str | Mapping[str, str], *, stdin: bytes | None = None,
             sudo: bool = False, timeout: float | None = None, on_result: OnResult | None = None,
-            require_python: bool = False, deadline: float | None = None) -> RunResults:
+            require_python: bool = False, deadline: float | None = None,
+            on_stderr: Callable[[str, bytes], None] | None = None) -> RunResults:
         """Run ``command`` on every host (or ``command[host]`` per host).
 
         ``stdin`` is written to each command's standard input.  ``sudo``:
@@ -213,7 +215,9 @@ class Fleet:
         command (default: ``command_timeout``).  ``deadline``: seconds for
         the whole run (default: the fleet's).  ``require_python``: hosts
         without ``python3`` give ``no_python`` rows.  ``on_result`` is called
-        in the caller's thread as each host finishes.  Hosts missing from a
+        in the caller's thread as each host finishes.  ``on_stderr(host,
+        chunk)`` is called from worker threads with standard error as it
+        arrives (raw chunks, not redacted: for progress markers only).  Hosts missing from a
         per-host mapping are skipped (no row).
         """
         if self._closed:
@@ -243,7 +247,7 @@ class Fleet:
             for h in warm + cold:
                 cmd = command[h.name] if isinstance(command, Mapping) else command
                 fut = self._executor.submit(self._one, h, cmd, stdin, sudo, cmd_timeout, end,
-                                            require_python, state)
+                                            require_python, state, on_stderr)
                 futures[fut] = h.name
             pending = set(futures)
             while pending:
@@ -291,7 +295,8 @@ class Fleet:
                 on_result(r)
 
     def _one(self, host: Host, command: str, stdin: bytes | None, sudo: bool, timeout: float,
-             end: float | None, require_python: bool, state: _RunState) -> HostResult:
+             end: float | None, require_python: bool, state: _RunState,
+             on_stderr: Callable[[str, bytes], None] | None = None) -> HostResult:
         started, t0 = time.time(), time.monotonic()
         if state.cancelled.is_set() or (end is not None and t0 >= end):
             return HostResult(host.name, HostStatus.TIMEOUT, started=started,
@@ -303,7 +308,11 @@ class Fleet:
                 state.active[host.name] = conn
             remote, data = self._prepare(host, command, stdin, sudo, require_python)
             budget = timeout if end is None else min(timeout, max(end - time.monotonic(), 0.001))
-            er = conn.exec(remote, stdin=data, timeout=budget)
+            if on_stderr is None:
+                er = conn.exec(remote, stdin=data, timeout=budget)
+            else:
+                er = conn.exec(remote, stdin=data, timeout=budget,
+                               on_stderr=functools.partial(on_stderr, host.name))
         except HostFailure as f:
             if f.status in (HostStatus.TIMEOUT, HostStatus.ERROR):
                 self._drop(host.name)  # a timed-out or broken connection is not reused

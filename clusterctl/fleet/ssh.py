@@ -27,7 +27,7 @@ from paramiko.common import cMSG_CHANNEL_REQUEST
 
 from clusterctl.fleet.hostkeys import HostKeyError, HostKeyMismatch, KnownHosts
 from clusterctl.fleet.results import HostStatus
-from clusterctl.fleet.transport import ExecResult, HostFailure
+from clusterctl.fleet.transport import ExecResult, HostFailure, StderrSink
 from clusterctl.inventory.model import Host, SSHSettings
 
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
@@ -74,7 +74,8 @@ class ParamikoConnection:
     def alive(self) -> bool:
         return not self._closed and self._t.is_active()
 
-    def exec(self, command: str, *, stdin: bytes | None, timeout: float) -> ExecResult:
+    def exec(self, command: str, *, stdin: bytes | None, timeout: float,
+             on_stderr: StderrSink | None = None) -> ExecResult:
         end = time.monotonic() + timeout
         try:
             chan = self._t.open_session(timeout=max(timeout, 0.001))
@@ -83,14 +84,22 @@ class ParamikoConnection:
                 raise HostFailure(HostStatus.TIMEOUT, f"no session opened within {timeout:g}s")
             raise HostFailure(HostStatus.ERROR, f"could not open a session: {e or type(e).__name__}")
         try:
-            return self._run(chan, command, stdin, end, timeout)
+            return self._run(chan, command, stdin, end, timeout, on_stderr)
         finally:
             chan.close()
 
     def _run(self, chan: paramiko.Channel, command: str, stdin: bytes | None,
-             end: float, timeout: float) -> ExecResult:
+             end: float, timeout: float, on_stderr: StderrSink | None = None) -> ExecResult:
         out: list[bytes] = []
         err: list[bytes] = []
+
+        def read_stderr() -> None:
+            while chan.recv_stderr_ready():
+                chunk = chan.recv_stderr(_READ)
+                err.append(chunk)
+                if on_stderr:
+                    on_stderr(chunk)
+
         try:
             chan.settimeout(max(end - time.monotonic(), 0.001))
             chan.exec_command(command)
@@ -102,15 +111,13 @@ class ParamikoConnection:
             while True:
                 while chan.recv_ready():
                     out.append(chan.recv(_READ))
-                while chan.recv_stderr_ready():
-                    err.append(chan.recv_stderr(_READ))
+                read_stderr()
                 remaining = end - time.monotonic()
                 if chan.eof_received or chan.closed:
                     if chan.status_event.wait(max(remaining, 0)) or chan.closed:
                         while chan.recv_ready():
                             out.append(chan.recv(_READ))
-                        while chan.recv_stderr_ready():
-                            err.append(chan.recv_stderr(_READ))
+                        read_stderr()
                         break
                     remaining = 0
                 if remaining <= 0:

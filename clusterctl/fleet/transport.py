@@ -39,12 +39,19 @@ class ExecResult:
     stderr: bytes = b""
 
 
+#: Called with each chunk of a command's standard error as it arrives.
+StderrSink = Callable[[bytes], None]
+
+
 class Connection(Protocol):
     """An open, authenticated connection to one host."""
 
-    def exec(self, command: str, *, stdin: bytes | None, timeout: float) -> ExecResult:
+    def exec(self, command: str, *, stdin: bytes | None, timeout: float,
+             on_stderr: StderrSink | None = None) -> ExecResult:
         """Run ``command`` in the login shell, feed ``stdin``, wait up to ``timeout`` s.
 
+        ``on_stderr`` receives standard error as it arrives (raw chunks, not
+        split on lines), for live progress; the result still holds all of it.
         Raises :class:`HostFailure` (``timeout`` when the command did not
         exit in time, ``error`` for a broken connection).
         """
@@ -95,7 +102,8 @@ class FakeConnection:
         self.host = host
         self.closed = threading.Event()
 
-    def exec(self, command: str, *, stdin: bytes | None, timeout: float) -> ExecResult:
+    def exec(self, command: str, *, stdin: bytes | None, timeout: float,
+             on_stderr: StderrSink | None = None) -> ExecResult:
         if self.closed.is_set():
             raise HostFailure(HostStatus.ERROR, "connection closed")
         self._t.commands.append((self.host.name, command, stdin))
@@ -108,6 +116,8 @@ class FakeConnection:
                 raise HostFailure(HostStatus.ERROR, "connection closed")
             if reply.delay_s > timeout:
                 raise HostFailure(HostStatus.TIMEOUT, f"command timed out after {timeout:g}s")
+        if on_stderr and reply.stderr:
+            on_stderr(_b(reply.stderr))
         return ExecResult(reply.rc, _b(reply.stdout), _b(reply.stderr))
 
     def close(self) -> None:

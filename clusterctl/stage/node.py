@@ -71,6 +71,35 @@ def fetch_stream(store: "fetch.ChunkStore", stream: BinaryIO, stats: Dict[str, A
         raise fetch.FetchError(f"the pushed stream lacked {len(store.missing())} verified chunks; run stage again")
 
 
+#: Standard-error lines starting with this carry live progress: ``{"done": bytes, "total": bytes}``.
+PROGRESS_MARK = "clusterctl-progress "
+
+
+class ProgressReporter:
+    """Writes the verified bytes of ``store`` to stderr every ``interval`` seconds until stopped."""
+
+    def __init__(self, store: "fetch.ChunkStore", interval: float):
+        self.store = store
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
+        self._thread.start()
+
+    def _line(self) -> None:
+        done = sum(c.length for c, ok in zip(self.store.chunks, self.store.done) if ok)
+        sys.stderr.write(PROGRESS_MARK + json.dumps({"done": done, "total": self.store.manifest.total_bytes}) + "\n")
+        sys.stderr.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._line()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._line()
+
+
 def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
     t0 = time.monotonic()
     if job.get("install"):
@@ -100,6 +129,7 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
         store = fetch.ChunkStore(lay.partial_dir(version), man)
         out["chunks_reused"] = store.scan(workers)
         out["space"] = store.check_space()
+    reporter = ProgressReporter(store, float(job["progress"])) if job.get("progress") else None
     try:
         if rl.get("port") is not None:
             server = relay.RelayServer(store, digest, rl.get("bind", ""), int(rl["port"]),
@@ -144,6 +174,8 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
         store.fail(str(e))
         raise
     finally:
+        if reporter is not None:
+            reporter.stop()
         if server is not None:
             server.stop()
         store.close()

@@ -7,6 +7,7 @@ timed out, disk full...).  Nothing here prints; the CLI renders the rows.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -71,6 +72,33 @@ class StageReport:
                 "hosts": [r.to_dict() for r in self.rows]}
 
 
+#: Node-side progress lines on stderr (``clusterctl_stage_node.node.PROGRESS_MARK``).
+PROGRESS_MARK = "clusterctl-progress "
+OnProgress = Callable[[str, int, int], None]
+
+
+class ProgressLines:
+    """Turns each host's raw stderr chunks into ``on_progress(host, done_bytes, total_bytes)`` calls."""
+
+    def __init__(self, on_progress: OnProgress):
+        self.on_progress = on_progress
+        self._partial: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, host: str, chunk: bytes) -> None:
+        with self._lock:
+            data = self._partial.get(host, b"") + chunk
+            *lines, self._partial[host] = data.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace")
+            if line.startswith(PROGRESS_MARK):
+                try:
+                    p = json.loads(line[len(PROGRESS_MARK):])
+                    self.on_progress(host, int(p["done"]), int(p["total"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+
+
 def _row(res: Any, ok_status: str) -> NodeRow:
     status = str(getattr(res.status, "value", res.status))
     data: dict[str, Any] | None = None
@@ -86,7 +114,8 @@ def _row(res: Any, ok_status: str) -> NodeRow:
             return NodeRow(res.host, st, data=data, duration_s=res.duration_s)
         return NodeRow(res.host, "failed", data.get("error"), data.get("kind"), data, res.duration_s)
     if status in ("ok", "failed"):
-        tail = (res.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        lines = [ln for ln in (res.stderr or "").strip().splitlines() if not ln.startswith(PROGRESS_MARK)]
+        tail = lines[-1:] or ["no output"]
         return NodeRow(res.host, "failed", f"the node program exited {res.rc}: {tail[0]}", "node", {}, res.duration_s)
     return NodeRow(res.host, status, res.error or status, "fleet", {}, res.duration_s)
 
@@ -124,7 +153,8 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
                 port: int = DEFAULT_PORT, workers: int = 8,
                 keep: int = 2, warm: bool = False, switch: bool = True, timeout: float = 3600,
                 stall_timeout: float = 15.0, address_of: Callable[[Host], str] | None = None,
-                on_result: Callable[[Any], None] | None = None) -> StageReport:
+                on_result: Callable[[Any], None] | None = None,
+                on_progress: OnProgress | None = None, progress_interval: float = 0.5) -> StageReport:
     """Stage ``man`` (from ``source``) as ``model`` on ``hosts`` through ``fleet``.
 
     ``relay="chain"``: one source reader per chain, the others relay
@@ -133,7 +163,9 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
     ``tree_fanout`` children.  ``per_rack``: one chain or tree per ``rack``
     label (the source is read once per rack) instead of ``chains``.  ``relay="none"``: every host reads the source, at most the
     fleet's fanout at a time (the bound on concurrent source readers).
-    ``timeout``: seconds per host.  Returns one row per host.
+    ``timeout``: seconds per host.  ``on_progress(host, done, total)`` is
+    called (from worker threads) every ``progress_interval`` seconds per host
+    with the bytes verified so far.  Returns one row per host.
     """
     t0 = time.monotonic()
     if source.kind == "push" and man.total_bytes > MAX_PUSH_BYTES:
@@ -146,13 +178,16 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
     job = {"op": "stage", "manifest": man.to_dict(), "model_path": model.path, "source": source.node_spec(),
            "workers": workers, "keep": keep, "warm": warm, "switch": switch,
            "install": {"path": VERIFY_MODEL_PATH, "verify_source": bundle.verify_model_source()}}
+    if on_progress is not None:
+        job["progress"] = progress_interval
     stdin = json.dumps(job).encode() + b"\n"
     if source.kind == "push":
         stdin += push_frames(source, man)
     linger = stall_timeout + 5
     commands = {p.host: bundle.command([json.dumps({"relay": p.relay_spec(stall_timeout, linger)})])
                 for p in plans}
-    res = fleet.run(commands, stdin=stdin, sudo=True, timeout=timeout, on_result=on_result)
+    res = fleet.run(commands, stdin=stdin, sudo=True, timeout=timeout, on_result=on_result,
+                    on_stderr=ProgressLines(on_progress) if on_progress else None)
     rows = [_row(r, "staged") for r in res]
     return StageReport(model.name, man.version, source.label, relay, man.total_bytes, rows,
                        time.monotonic() - t0, plans)

@@ -229,3 +229,21 @@ def test_open_connections_bounded_while_handshakes_overlap_across_runs():
             assert t.open <= 5
     assert t.max_open <= 5
     assert t.open == 0
+
+
+def test_standard_error_streams_to_the_caller_with_its_host():
+    t = FakeTransport(lambda h, c, s: FakeReply(0, "out\n", f"progress {h.name}\n"))
+    seen: list[tuple[str, bytes]] = []
+    lock = threading.Lock()
+
+    def sink(host: str, chunk: bytes) -> None:
+        with lock:
+            seen.append((host, chunk))
+
+    with Fleet(hosts(3), transport=t) as f:
+        res = f.run("work", on_stderr=sink)
+        assert sorted(seen) == [(f"gpu0{i}", f"progress gpu0{i}\n".encode()) for i in (1, 2, 3)]
+        assert [r.stderr for r in res] == [f"progress gpu0{i}\n" for i in (1, 2, 3)]  # still in the rows
+        seen.clear()
+        f.run("work")
+    assert seen == []
