@@ -1,0 +1,220 @@
+"""``clusterctl deploy`` and ``clusterctl rollback``: the rollout of vLLM instances (docs/deploy.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json, user_config
+from clusterctl.cli._hosts import (AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, become_password,
+                                   check_host_key_policy, select)
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
+DEPLOY_HELP = """Render every instance's systemd unit, show what differs on each host, then
+roll it out in batches behind health gates.
+
+Per host: new, changed (unit diff; env with secrets as ***), unchanged, to
+remove. --plan prints that and changes nothing. Otherwise, under a deploy lock
+on the target hosts: stage missing model versions, drain and restart only
+what changed, start what is new, remove what is no longer wanted; each batch
+passes its gate (unit active, /health 200, /v1/models lists the model, a
+one-token completion) or is rolled back and the rollout stops (hosts not
+reached are untouched). Batches are over hosts, with Ansible's semantics:
+--serial 1,25%,100% (count, percentage or ramp; the last value repeats), the
+first batch is the canary; --max-fail-percentage N must be exceeded to fail a
+batch (default 0: any failure).
+
+Exit status: 0 done (or nothing to do; --plan), 1 with --plan
+--detailed-exitcode when changes are pending, 2 a batch failed (rolled back)
+or some host failed, 3 usage, inventory or secret errors, pre-flight refused,
+or the lock is held by another deploy.
+
+Examples:
+
+  clusterctl deploy --plan -i /var/lib/clusterctl-lab/inventory.yaml
+
+  clusterctl deploy --serial 1,25%,100% --max-fail-percentage 10
+
+  clusterctl deploy --instances 'qwen-*' --hosts 'gpu[01-04]' --gate-timeout 900 --json
+"""
+
+ROLLBACK_HELP = """Put back the unit, env and model version that the last deploy replaced
+(/var/lib/clusterctl/deploy/previous/ on each host) and restart them; an
+instance that deploy created is stopped and removed. The current files are
+kept in exchange, so a second rollback goes forward again. Restored instances
+must pass the deploy gates. Exit 0 done or nothing to roll back, 2 a host or
+gate failed, 3 usage errors or lock held.
+
+Examples:
+
+  clusterctl rollback --instances 'qwen-*' -i /var/lib/clusterctl-lab/inventory.yaml
+
+  clusterctl rollback --hosts gpu03 --json
+"""
+
+
+def _fleet_factory(inv: Any, *, fanout: Optional[int], connect_timeout: Optional[float],
+                   host_key_policy: Optional[str], password: Optional[str]) -> Any:
+    from clusterctl.fleet.fleet import Fleet
+    from clusterctl.fleet.ssh import ParamikoTransport
+
+    cfg = user_config()
+
+    def make(hosts: Any) -> Any:
+        hs = list(hosts)
+        if connect_timeout:
+            hs = [dataclasses.replace(h, ssh=dataclasses.replace(h.ssh, connect_timeout=connect_timeout)) for h in hs]
+        return Fleet(hs, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
+                     command_timeout=cfg.command_timeout, become_password=password,
+                     transport=ParamikoTransport(host_key_policy=host_key_policy))
+    return make
+
+
+def _events(enabled: bool) -> Any:
+    def show(e: Any) -> None:
+        if not enabled:
+            return
+        mark = "" if e.ok else "!! "
+        where = f"{e.host}: " if e.host else ""
+        err_console.print(f"{mark}[{e.kind}] {where}{e.message}", markup=False, highlight=False)
+    return show
+
+
+def _plan_table(plan: Any) -> None:
+    from rich.table import Table
+
+    table = Table("host", "instance", "action", "state", "digest", box=None, header_style="bold", pad_edge=False)
+    for h in plan.hosts:
+        if h.error:
+            table.add_row(h.host, "-", "unreadable", h.error, "")
+        for i in h.items:
+            table.add_row(h.host, i.instance, i.action, i.state or "-", (i.digest or i.old_digest or "")[:12])
+    console.print(table)
+
+
+def _print_report(rep: Any) -> None:
+    from rich.table import Table
+
+    table = Table("host", "batch", "status", "gates", "note", box=None, header_style="bold", pad_edge=False)
+    for h in rep.hosts.values():
+        gates = f"{sum(g.ok for g in h.gates)}/{len(h.gates)}" if h.gates else "-"
+        table.add_row(h.host, str(h.batch or "-"), h.status, gates, h.error or "")
+    console.print(table, markup=False)
+    c = rep.plan.counts()
+    console.print(f"deploy {rep.run_id}: {rep.result} in {rep.seconds:.1f} s; {len(rep.batches)} batches; "
+                  f"new {c['new']}, changed {c['changed']}, started {c['start']}, removed {c['remove']}, "
+                  f"unchanged {c['unchanged']}", markup=False)
+
+
+def deploy(inventory: Optional[str] = InventoryOpt,
+           plan_only: bool = typer.Option(False, "--plan", help="Show the difference per host; change nothing."),
+           detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
+                                                  help="With --plan: exit 1 when changes are pending."),
+           instances: Optional[str] = typer.Option(None, "--instances", help="Only instances matching these comma-separated globs."),
+           hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value."),
+           serial: Optional[str] = typer.Option(None, "--serial", help="Batch sizes: a count, a percentage or a ramp (1,25%,100%)."),
+           max_fail_percentage: float = typer.Option(0.0, "--max-fail-percentage", min=0, max=100,
+                                                     help="Failed hosts a batch tolerates, in percent (must be exceeded)."),
+           force: bool = typer.Option(False, "--force", help="Deploy even when pre-flight refuses."),
+           gate_timeout: float = typer.Option(600.0, "--gate-timeout", min=1, help="Seconds an instance may take to pass its gate."),
+           drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0, help="Seconds to wait for requests in flight before a restart."),
+           break_lock: bool = typer.Option(False, "--break-lock", help="Take over another deploy's lock (only when it is dead)."),
+           state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."),
+           as_json: bool = JsonOpt,
+           fanout: Optional[int] = FanoutOpt,
+           connect_timeout: Optional[float] = ConnectTimeoutOpt,
+           ask_become_pass: bool = AskBecomePassOpt,
+           host_key_policy: Optional[str] = HostKeyOpt) -> None:
+    from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
+    from clusterctl.deploy.lock import LockHeld
+    from clusterctl.deploy.plan import render_text
+    from clusterctl.deploy.rollout import parse_serial
+    from clusterctl.deploy.state import resolve_state_dir
+    from clusterctl.inventory.loader import load_inventory as _load
+
+    policy = check_host_key_policy(host_key_policy)
+    path, hosts = select(inventory, hosts_pattern)
+    try:
+        inv = _load(path, force=force)
+        opts = DeployOptions(instances=instances, serial=parse_serial(serial), max_fail_percentage=max_fail_percentage,
+                             force=force, gate_timeout_s=gate_timeout, drain_timeout_s=drain_timeout,
+                             break_lock=break_lock, plan_only=plan_only)
+    except ClusterctlError as e:
+        fail(str(e))
+    sd = str(resolve_state_dir(state_dir, user_config()))
+    make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
+                          password=become_password(ask_become_pass, hosts, True))
+    try:
+        rep = Deploy(inv, hosts, make, sd, opts, on_event=_events(not as_json)).run()
+    except PreflightRefused as e:
+        if as_json:
+            print_json({"result": "refused", "error": str(e), "preflight": e.report.to_json()})
+        else:
+            for f in e.report.findings():
+                err_console.print(f"{f.severity.name} {f.host} {f.subject}: {f.message}"
+                                  + (f" ({f.action})" if f.action else ""), markup=False)
+        fail(str(e))
+    except LockHeld as e:
+        fail(str(e))
+    except ClusterctlError as e:
+        fail(str(e))
+    if as_json:
+        print_json(rep.to_dict())
+    elif plan_only:
+        _plan_table(rep.plan)
+        text = render_text(rep.plan)
+        if text:
+            console.print(text, markup=False, highlight=False, end="")
+        c = rep.plan.counts()
+        console.print(f"plan: {c['new']} new, {c['changed']} changed, {c['start']} to start, {c['remove']} to remove, "
+                      f"{c['unchanged']} unchanged", markup=False)
+    else:
+        _print_report(rep)
+    if plan_only:
+        raise typer.Exit(ExitCode.WARN if detailed_exitcode and rep.plan.pending else ExitCode.OK)
+    raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.CRIT)
+
+
+def rollback(inventory: Optional[str] = InventoryOpt,
+             instances: Optional[str] = typer.Option(None, "--instances", help="Only instances matching these comma-separated globs."),
+             hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value."),
+             gate_timeout: float = typer.Option(600.0, "--gate-timeout", min=1, help="Seconds an instance may take to pass its gate."),
+             break_lock: bool = typer.Option(False, "--break-lock", help="Take over another deploy's lock (only when it is dead)."),
+             state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory (the audit log is written there)."),
+             as_json: bool = JsonOpt,
+             fanout: Optional[int] = FanoutOpt,
+             connect_timeout: Optional[float] = ConnectTimeoutOpt,
+             ask_become_pass: bool = AskBecomePassOpt,
+             host_key_policy: Optional[str] = HostKeyOpt) -> None:
+    from clusterctl.cli._common import load_inventory
+    from clusterctl.deploy.rollback import rollback as do_rollback
+    from clusterctl.deploy.state import resolve_state_dir
+
+    policy = check_host_key_policy(host_key_policy)
+    _, hosts = select(inventory, hosts_pattern)
+    inv = load_inventory(inventory)
+    sd = str(resolve_state_dir(state_dir, user_config()))
+    make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
+                          password=become_password(ask_become_pass, hosts, True))
+    try:
+        rep = do_rollback(inv, hosts, make, sd, instances=instances, gate_timeout_s=gate_timeout,
+                          break_lock=break_lock, on_event=_events(not as_json))
+    except ClusterctlError as e:
+        fail(str(e))
+    if as_json:
+        print_json(rep.to_dict())
+    else:
+        for h, d in rep.hosts.items():
+            console.print(f"{h}: {d['status']} restored {', '.join(d.get('restored', [])) or '-'}"
+                          + (f" removed {', '.join(d['removed'])}" if d.get("removed") else "")
+                          + (f" ({d['error']})" if d.get("error") else ""), markup=False)
+        console.print(f"rollback {rep.run_id}: {rep.result} in {rep.seconds:.1f} s", markup=False)
+    raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.CRIT)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("deploy", help=DEPLOY_HELP)(deploy)
+    app.command("rollback", help=ROLLBACK_HELP)(rollback)

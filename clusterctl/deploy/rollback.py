@@ -1,0 +1,128 @@
+"""``clusterctl rollback``: put back what the last apply replaced, on request.
+
+For every selected host, the instances that have a copy in
+``/var/lib/clusterctl/deploy/previous/`` (and match ``--instances``) get
+their previous unit, env and model link back, and are restarted; an instance
+the last apply created (``previous/NAME.absent``) is stopped and removed.
+The current files are kept in ``previous/`` in exchange, so a second
+rollback goes forward again.  Restored instances must pass the same gates as
+a deploy.  Under the deploy lock, with an audit record.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from clusterctl.deploy import apply as ap
+from clusterctl.deploy import audit, gates, lock, remote
+from clusterctl.deploy.engine import Event, FleetFactory, desired
+from clusterctl.deploy.plan import matches
+from clusterctl.deploy.state import utc_now
+from clusterctl.inventory.model import Host, Inventory
+
+
+@dataclass
+class RollbackReport:
+    """``result``: ``ok``, ``nothing`` (no previous copies), ``failed`` (a host or gate failed)."""
+
+    run_id: str
+    result: str
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gates: list[gates.GateResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("ok", "nothing")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "result": self.result, "ok": self.ok, "seconds": round(self.seconds, 2),
+                "hosts": [{"host": h, **d} for h, d in self.hosts.items()], "gates": [g.to_dict() for g in self.gates]}
+
+
+def candidates(state: remote.HostState, pattern: str | None) -> list[str]:
+    """Instances of a host with a previous copy (``NAME.service`` or ``NAME.absent``) matching ``pattern``."""
+    names = {f.rsplit(".", 1)[0] for f in state.previous if f.endswith((".service", ".absent"))}
+    return sorted(n for n in names if matches(n, pattern))
+
+
+def _api_key(inv: Inventory, state_dir: str, name: str) -> str | None:
+    from clusterctl.deploy.secrets import resolve_secrets
+
+    inst = desired(inv, state_dir)[0].get(name)
+    return resolve_secrets(inv, inst).get("VLLM_API_KEY") if inst is not None else None
+
+
+def _targets(inv: Inventory, state_dir: str, restored: dict[str, list[str]],
+             states: dict[str, remote.HostState]) -> list[gates.GateTarget]:
+    out = []
+    for host, names in restored.items():
+        for name in names:
+            st = states.get(host, remote.HostState(host)).instances.get(name)
+            if st is None:
+                continue
+            model = inv.models.get(st.x.get("Model", ""))
+            served = (model.served_name or model.name) if model else st.x.get("Model", name)
+            port = int(st.x.get("Port") or ap.unit_port(st.unit_text) or 0)
+            out.append(gates.GateTarget(name, host, inv.hosts[host].address, port, served,
+                                        _api_key(inv, state_dir, name)))
+    return out
+
+
+def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, state_dir: str, *,
+             instances: str | None = None, gate_timeout_s: float = 600.0, break_lock: bool = False,
+             lock_ttl_s: float = lock.DEFAULT_TTL_S,
+             on_event: Callable[[Event], None] = lambda e: None) -> RollbackReport:
+    """Roll back ``instances`` (pattern) on ``hosts``; see the module docstring."""
+    t0 = time.monotonic()
+    me, started = lock.LockInfo(), utc_now()
+    rep = RollbackReport(me.run_id, "nothing")
+    with make_fleet(hosts) as fleet:
+        states = remote.read_hosts(fleet)
+        todo = {h: candidates(s, instances) for h, s in states.items() if not s.error}
+        for h, s in states.items():
+            if s.error:
+                rep.hosts[h] = {"status": "unreadable", "error": s.error}
+        todo = {h: n for h, n in todo.items() if n}
+        if not todo:
+            on_event(Event("phase", "nothing to roll back (no previous copies)"))
+            rep.seconds = time.monotonic() - t0
+            return rep
+        entries: list[dict[str, Any]] = []
+
+        def record() -> dict[str, Any]:
+            return audit.record("rollback", run_id=me.run_id, who=me.holder, started=started, instances=entries,
+                                result=rep.result, hosts=list(todo))
+
+        with lock.held(fleet, list(todo), me, ttl_s=lock_ttl_s, break_lock=break_lock, audit=record,
+                       fresh_fleet=lambda: make_fleet([inv.hosts[h] for h in todo])) as got:
+            todo = {h: n for h, n in todo.items() if h in got.locked}
+            on_event(Event("phase", f"rolling back {sum(map(len, todo.values()))} instances on {len(todo)} hosts"))
+            replies = ap.rollback_hosts(fleet, todo)
+            restored: dict[str, list[str]] = {}
+            for h, r in replies.items():
+                restored[h] = list(r.data.get("restored", []))
+                rep.hosts[h] = {"status": "rolled_back" if r.ok else "failed", "error": r.error,
+                                "restored": restored[h], "removed": r.data.get("removed", []),
+                                "missing": r.data.get("missing", [])}
+                entries += [{"instance": n, "host": h, "action": "restored"} for n in restored[h]]
+                entries += [{"instance": n, "host": h, "action": "removed"} for n in r.data.get("removed", [])]
+                on_event(Event("host", "rolled back" if r.ok else f"rollback failed: {r.error}", h, r.ok))
+            after = remote.read_hosts(fleet, hosts=list(restored))
+            targets = _targets(inv, state_dir, restored, after)
+            wanted = {t.instance: t.host for t in targets}
+
+            def units() -> dict[str, gates.UnitState]:
+                now = remote.read_hosts(fleet, hosts=sorted(set(wanted.values())), timeout=30)
+                return {n: (s.active, s.sub, s.restarts) for n, h in wanted.items()
+                        for s in [now.get(h, remote.HostState(h)).instances.get(n)] if s is not None}
+
+            rep.gates = gates.wait_gates(targets, timeout_s=gate_timeout_s, units=units, on_result=lambda g: on_event(
+                Event("gate", f"{g.instance}: {'pass' if g.ok else 'FAIL'} ({g.reason})", g.host, g.ok)))
+            bad = [h for h, d in rep.hosts.items() if d["status"] == "failed"] + [g.host for g in rep.gates if not g.ok]
+            rep.result = "failed" if bad else "ok"
+        audit.append(state_dir, record())
+    rep.seconds = time.monotonic() - t0
+    return rep
