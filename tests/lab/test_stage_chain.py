@@ -165,3 +165,29 @@ def test_tree_relay_reads_the_source_once_with_two_children_per_node(lab, source
     # Breadth-first: host i's parent is host (i - 1) // 2.
     for i, h in enumerate(names[1:], start=1):
         assert rows[h]["upstream"] == f"{lab.host(names[(i - 1) // 2]).address}:7707"
+
+
+def test_progress_streams_over_ssh_while_hosts_stage(lab, source, inventory):
+    srv, _ = source
+    inv = load_inventory(str(inventory))
+    hosts = [inv.hosts[n] for n in lab.names]  # the last host goes through sudo
+    model = Model("tiny-progress", "/models/tiny-progress", source=f"{srv.url}v1/")
+    man = load_manifest(parse_source(model.source), model.name, "v1", CHUNK)
+    seen: dict[str, list[tuple[float, int]]] = {h: [] for h in lab.names}
+    finished: dict[str, float] = {}
+    srv.delay = 0.05
+    try:
+        with Fleet(hosts, fanout=len(hosts), command_timeout=120) as fleet:
+            report = stage_model(fleet, hosts, model, parse_source(model.source), man, relay="none",
+                                 on_progress=lambda h, d, t: seen[h].append((time.monotonic(), d)),
+                                 on_result=lambda r: finished.setdefault(r.host, time.monotonic()),
+                                 progress_interval=0.1)
+    finally:
+        srv.delay = 0
+    assert report.ok, report.rows
+    for h in lab.names:
+        assert seen[h][-1][1] == man.total_bytes
+        # Live: some report arrived before the host's command returned, with part of the bytes.
+        assert any(t < finished[h] and 0 <= d < man.total_bytes for t, d in seen[h]), seen[h]
+    for h in lab.names:
+        lab.run(h, "rm -rf /models/tiny-progress /models/.versions/tiny-progress", timeout=30)
