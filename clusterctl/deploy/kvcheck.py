@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
 #: Lines that start a new vLLM process in a journal: only the last start counts.
 _START = re.compile(r"vLLM API server version|non-default args:")
 
@@ -55,3 +56,9 @@ def kv_prediction_error(predicted_tokens: int, journal_text: str) -> KvCheck:
     """Compare a predicted KV capacity (tokens) with what vLLM logged in ``journal_text``."""
     values = logged_kv_tokens(journal_text)
     return KvCheck(predicted=predicted_tokens, logged=min(values) if values else None, per_rank=values)
+
+
+def logged_max_len_estimate(journal_text: str) -> int | None:
+    """vLLM's "estimated maximum model length" from a KV-cache start-up failure, if any (last one)."""
+    found = _ESTIMATE.findall(journal_text)
+    return int(found[-1]) if found else None

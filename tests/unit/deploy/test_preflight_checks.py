@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy.kvcheck import kv_prediction_error
+from clusterctl.deploy.kvcheck import kv_prediction_error, logged_max_len_estimate
 from clusterctl.deploy.memory import GiB
 from clusterctl.deploy.ports import check_port, parse_ss
 from clusterctl.deploy.preflight import GpuProc, check_instances
@@ -169,6 +169,9 @@ def test_kv_error_033_combined_line_last_start_only() -> None:
     assert k.to_json()["error_pct"] == pytest.approx(-0.057, abs=0.001)
 
 
-def test_no_kv_line_yet() -> None:
-    k = kv_prediction_error(1000, (SAMPLES / "startup_fail_kv_cache_exhaustion_v0.11.0.log").read_text())
+def test_no_kv_line_yet_but_vllm_estimate_of_the_failure() -> None:
+    text = (SAMPLES / "startup_fail_kv_cache_exhaustion_v0.11.0.log").read_text()
+    k = kv_prediction_error(1000, text)
     assert k.logged is None and k.error_pct is None
+    assert logged_max_len_estimate(text) == 20880
+    assert logged_max_len_estimate((SAMPLES / "startup_success_v0.11.0.log").read_text()) is None

@@ -1,0 +1,126 @@
+"""Deploy pre-flight on a real lab host: sizes read over SSH, ports from ss, then the simulator's log.
+
+A sparse Qwen3-8B is made on the host.  Pre-flight (through a real Fleet,
+facts from the real probe) refuses an instance that cannot fit, with vLLM's
+numbers, and one whose port a foreign process (``python3 -m http.server`` in
+a transient unit) listens on.  Then the simulator is started for two fitting
+instances (0.11 and 0.33) as transient units named like deploy's units; the
+predicted KV tokens are compared with the "GPU KV cache size" the simulator
+logged, and a re-run of pre-flight while they run accepts them (their own
+port and GPU memory) but refuses a new instance on a GPU they hold.
+Everything started is stopped and the model removed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from clusterctl.deploy.kvcheck import kv_prediction_error, logged_max_len_estimate
+from clusterctl.deploy.preflight import run_preflight
+from clusterctl.fleet import Fleet
+from clusterctl.inventory.loader import load_inventory
+from clusterctl.inventory.model import GpuRef, Instance, Inventory, Model
+from support.http import wait_healthy
+
+MODEL = "/models/pf-qwen3-8b"
+FOREIGN_UNIT = "pf-foreign-http"
+FOREIGN_PORT = 8192
+
+
+def _instances(host: str, names_gpus_ports: list[tuple[str, str, int, int, dict]]) -> dict[str, Instance]:
+    return {n: Instance(name=n, model="pf-qwen3-8b", engine=e, placement=(GpuRef(host, g),), port=p, args=a)
+            for n, e, g, p, a in names_gpus_ports}
+
+
+def _inventory(lab) -> Inventory:
+    inv = load_inventory(str(lab.inventory))
+    inv.models["pf-qwen3-8b"] = Model("pf-qwen3-8b", MODEL)
+    return inv
+
+
+@pytest.fixture
+def host(lab):
+    name = lab.names[0]
+    lab.run(name, f"vllm-sim make-model qwen3-8b {MODEL} --sparse", check=True, timeout=60)
+    lab.run(name, f"systemd-run --unit={FOREIGN_UNIT} --collect python3 -m http.server {FOREIGN_PORT}",
+            check=True)
+    yield name
+    for unit in (FOREIGN_UNIT, "clusterctl-pf-big", "clusterctl-pf-a", "clusterctl-pf-b"):
+        lab.run(name, f"systemctl stop {unit}; systemctl reset-failed {unit}", timeout=60)
+    lab.run(name, f"rm -rf {MODEL}", timeout=30)
+
+
+def _start(lab, host: str, inst: Instance, engine_path: str) -> None:
+    args = " ".join(f"--{k} {v}" for k, v in inst.args.items())
+    lab.run(host, f"systemd-run --unit=clusterctl-{inst.name} --collect --property=Type=exec "
+                  f"--setenv=VLLM_SIM_TIME_SCALE=0.05 --setenv=CUDA_VISIBLE_DEVICES={inst.placement[0].index} "
+                  f"{engine_path} serve {MODEL} --port {inst.port} {args}", check=True)
+
+
+def _wait_inactive(lab, host: str, unit: str, timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    while lab.run(host, f"systemctl is-active {unit}").stdout.strip() in ("active", "activating"):
+        assert time.monotonic() < deadline, f"{unit} still running"
+        time.sleep(0.5)
+    return lab.run(host, f"journalctl -u {unit} --no-pager -o cat", check=True).stdout
+
+
+def test_preflight_refuses_then_predicts_the_logged_kv_cache(lab, host):
+    inv = _inventory(lab)
+    addr = lab.host(host).address
+    wait_for_port = f"for i in $(seq 50); do ss -Htln | grep -q ':{FOREIGN_PORT} ' && exit 0; sleep 0.2; done; exit 1"
+    lab.run(host, wait_for_port, check=True)
+    insts = _instances(host, [
+        ("pf-big", "vllm-0.11", 0, 8100, {"gpu-memory-utilization": 0.25, "max-model-len": 40960}),
+        ("pf-clash", "vllm-0.11", 3, FOREIGN_PORT, {"max-model-len": 8192}),
+        ("pf-a", "vllm-0.11", 1, 8101, {"gpu-memory-utilization": 0.5, "max-model-len": 8192}),
+        ("pf-b", "vllm-0.33", 2, 8102, {"gpu-memory-utilization": 0.6, "max-model-len": 16384}),
+    ])
+    with Fleet([inv.hosts[host]], connect_timeout=10, command_timeout=60) as fleet:
+        events: list[str] = []
+        rep = run_preflight(inv, insts, fleet, on_event=events.append)
+    assert events and sorted(rep.refused) == ["pf-big", "pf-clash"]
+    big = rep.row("pf-big")
+    [kv] = [p for p in big.problems if p.check == "memory.kv"]
+    # The sample's numbers (vLLM 0.11 on an H100): 2.87 GiB, estimated maximum 20880 (the lab's CUDA
+    # total is estimated from NVML within 4 MiB, which may cost one 16-token block).
+    assert kv.numbers["available_kv_gib"] == 2.87 and 20864 <= kv.numbers["estimated_max_model_len"] <= 20880
+    assert kv.fit["gpu_memory_utilization"] == 0.3
+    [port] = [p for p in rep.row("pf-clash").problems if p.check == "port.taken"]
+    assert f"{FOREIGN_UNIT}.service" in port.message and "python3" in port.message
+    assert rep.row("pf-a").ok and rep.row("pf-b").ok and rep.row("pf-a").weights_source == "safetensors"
+
+    # Forced anyway, the simulator refuses it with vLLM's message; compare the estimates.
+    _start(lab, host, insts["pf-big"], "/opt/vllm-0.11/bin/vllm")
+    journal = _wait_inactive(lab, host, "clusterctl-pf-big")
+    assert "KV cache is needed, which is larger than the available KV cache memory (2.87 GiB)" in journal
+    logged_est = logged_max_len_estimate(journal)
+    assert logged_est is not None and abs(logged_est - kv.numbers["estimated_max_model_len"]) <= 16
+
+    errors = {"pf-big (estimated max_model_len)": {"predicted": kv.numbers["estimated_max_model_len"],
+                                                    "logged": logged_est}}
+    for name, path in (("pf-a", "/opt/vllm-0.11/bin/vllm"), ("pf-b", "/opt/vllm-0.33/bin/vllm")):
+        _start(lab, host, insts[name], path)
+        wait_healthy(lab, host, f"http://{addr}:{insts[name].port}/health", f"clusterctl-{name}", timeout=90)
+        journal = lab.run(host, f"journalctl -u clusterctl-{name} --no-pager -o cat", check=True).stdout
+        predicted = rep.row(name).predicted_kv_tokens
+        assert predicted is not None
+        check = kv_prediction_error(predicted, journal)
+        assert check.logged is not None and check.error_pct is not None
+        errors[name] = check.to_json()
+        assert abs(check.error_pct) < 1.0, check
+    print(f"KV prediction error: {errors}", file=sys.stderr)
+
+    # Running: their own ports and GPU memory are theirs (a redeploy passes); a new instance on
+    # pf-a's GPU is refused for lack of free memory.
+    running = {n: insts[n] for n in ("pf-a", "pf-b")}
+    late = _instances(host, [("pf-late", "vllm-0.11", 1, 8103, {"max-model-len": 8192})])
+    with Fleet([inv.hosts[host]], connect_timeout=10, command_timeout=60) as fleet:
+        rep2 = run_preflight(inv, running, fleet)
+        rep3 = run_preflight(inv, late, fleet)
+    assert rep2.ok and not any(r.problems for r in rep2.rows), rep2.to_json()
+    [free] = [p for p in rep3.row("pf-late").problems if p.check == "gpu.free"]
+    assert "clusterctl-pf-a.service" in free.message
