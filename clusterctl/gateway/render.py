@@ -24,6 +24,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
@@ -199,8 +200,8 @@ def _auth_text(api_key: str | None) -> str:
 
 def _upstreams(inv: Inventory, gw: GatewaySpec, instances: Mapping[str, Instance],
                states: Mapping[str, ServerState], slugs: dict[str, str],
-               ) -> tuple[list[dict[str, object]], dict[str, ServerState]]:
-    out: list[dict[str, object]] = []
+               ) -> tuple[list[dict[str, Any]], dict[str, ServerState]]:
+    out: list[dict[str, Any]] = []
     used: dict[str, ServerState] = {}
     max_conns = f" max_conns={gw.max_conns}" if gw.max_conns else ""
     for model, slug in slugs.items():

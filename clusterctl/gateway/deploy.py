@@ -1,0 +1,127 @@
+"""Install the rendered gateway on its hosts: ``clusterctl gateway deploy``.
+
+One SSH command per gateway host runs :mod:`clusterctl.gateway.node` with the
+files as JSON on stdin (the API key never reaches a command line).  The node
+writes each file atomically, validates with ``nginx -t`` and keeps the old
+files when nginx refuses (its message comes back in
+:attr:`GatewayHostResult.error`), reloads gracefully (streams in flight
+finish), and reports when ``/gateway/health`` serves the new config.  A host
+that has every file already is left alone (``changed=False``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from clusterctl.deploy.secrets import _read as read_secret
+from clusterctl.errors import ConfigError, Problem
+from clusterctl.fleet import shell
+from clusterctl.fleet.results import HostResult
+from clusterctl.gateway.render import RenderedGateway
+from clusterctl.inventory.model import Inventory
+
+#: Seconds one host may take (write, nginx -t, reload, health wait).
+APPLY_TIMEOUT_S = 90.0
+
+
+@dataclass
+class GatewayHostResult:
+    """One gateway host after apply or status.
+
+    ``changed``: files were written; ``reloaded``: nginx reloaded (``action``
+    says ``reloaded`` or ``started``); ``kind`` classifies an error
+    (``nginx-t``, ``reload``, ``health``, ``node``, or the SSH status).
+    ``active``/``config``: nginx's unit state and the digest its
+    ``/gateway/health`` serves (status only).
+    """
+
+    host: str
+    ok: bool
+    changed: bool = False
+    reloaded: bool = False
+    action: str | None = None
+    error: str | None = None
+    kind: str | None = None
+    active: str | None = None
+    config: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@lru_cache(maxsize=1)
+def _node_command() -> str:
+    source = (Path(__file__).parent / "node.py").read_text()
+    return shell.require_python3(shell.join(["python3", "-I", "-B", "-c", source]))
+
+
+def _answer(r: HostResult) -> dict[str, Any]:
+    for line in reversed((r.stdout or "").strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return data
+    if r.status.value in ("ok", "failed"):
+        tail = (r.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        return {"ok": False, "kind": "node", "error": f"the node program exited {r.rc}: {tail[0]}"}
+    return {"ok": False, "kind": r.status.value, "error": r.error or r.status.value}
+
+
+def _run(fleet: Any, hosts: list[str], job: dict[str, Any], timeout: float) -> dict[str, dict[str, Any]]:
+    cmd = _node_command()
+    res = fleet.run({h: cmd for h in hosts}, stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
+    return {r.host: _answer(r) for r in res}
+
+
+def apply_gateway(fleet: Any, rendered: RenderedGateway, *, port: int, hosts: list[str],
+                  timeout: float = APPLY_TIMEOUT_S) -> list[GatewayHostResult]:
+    """Install ``rendered`` on ``hosts`` (all held by ``fleet``); one result per host, in order."""
+    job = {"op": "apply", "digest": rendered.digest, "port": port,
+           "files": [{"path": f.path, "text": f.text, "mode": f.mode, "group": f.group} for f in rendered.files]}
+    answers = _run(fleet, hosts, job, timeout)
+    out = []
+    for h in hosts:
+        a = answers.get(h, {"ok": False, "kind": "node", "error": "no answer"})
+        out.append(GatewayHostResult(h, bool(a.get("ok")), bool(a.get("changed")), bool(a.get("reloaded")),
+                                     a.get("action"), a.get("error"), a.get("kind")))
+    return out
+
+
+def gateway_status(fleet: Any, *, port: int, hosts: list[str], timeout: float = 30.0) -> list[GatewayHostResult]:
+    """nginx's unit state and the config digest each host serves (``config=None``: no answer)."""
+    answers = _run(fleet, hosts, {"op": "status", "port": port}, timeout)
+    out = []
+    for h in hosts:
+        a = answers.get(h, {"ok": False, "kind": "node", "error": "no answer"})
+        health = a.get("health") or {}
+        ok = bool(a.get("ok")) and a.get("active") == "active" and "config" in health
+        error = a.get("error") or (None if ok else f"nginx {a.get('active')}; /gateway/health: "
+                                                   f"{health.get('error', health)}")
+        out.append(GatewayHostResult(h, ok, error=error, kind=a.get("kind"), active=a.get("active"),
+                                     config=health.get("config")))
+    return out
+
+
+def resolve_api_key(inv: Inventory) -> str | None:
+    """The upstream API key named by ``gateway.api_key`` (``None`` when none is configured).
+
+    Raises :class:`ConfigError` at the inventory's ``file:line`` when it cannot
+    be read; the message never holds the value.
+    """
+    gw = inv.gateway
+    if gw is None or gw.api_key is None:
+        return None
+    base = os.path.dirname(os.path.abspath(inv.path)) if inv.path else os.getcwd()
+    value, why = read_secret(gw.api_key, base)
+    if value is None:
+        loc = gw.api_key.location
+        raise ConfigError([Problem(loc.file if loc else inv.path, loc.line if loc else 0,
+                                   f"gateway.api_key: {why}")])
+    return value

@@ -1,0 +1,114 @@
+"""The drain hook deploy calls (``clusterctl.deploy.drain.GatewayHook``).
+
+``mark_down(NAME)`` adds NAME to the persisted marked-down set (the gateway
+state in the deploy state directory, :mod:`clusterctl.gateway.state`) and
+syncs now: it re-renders from the states the last sync decided, with NAME
+down, and applies to every gateway host at once (a drain does not wait for
+the sync interval).  It returns when every gateway host serves the new
+config (nginx reloaded gracefully: streams already on NAME continue), and
+raises :class:`GatewayError` when a host could not apply it.  ``mark_up``
+removes NAME from the set the same way; NAME then gets traffic again from
+the next render (its last known weight, or full weight).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusterctl.errors import ClusterctlError
+from clusterctl.gateway import state as gwstate
+from clusterctl.gateway.render import ServerState
+from clusterctl.gateway.sync import SyncResult, sync_gateway
+from clusterctl.inventory.model import Instance, Inventory
+
+
+class GatewayError(ClusterctlError):
+    """A gateway host could not apply a change."""
+
+
+def _who() -> str:
+    import getpass
+    import socket
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass
+class Hook:
+    """Marks instances down/up at the gateway of ``inv``.
+
+    ``fleet_factory`` returns a context-managed fleet holding the gateway
+    hosts; ``instances`` the instances the gateway fronts (the inventory's and
+    placed replicas).
+    """
+
+    inv: Inventory
+    state_dir: Path
+    instances: Callable[[], dict[str, Instance]]
+    fleet_factory: Callable[[], Any]
+    on_event: Callable[[str], None] | None = None
+    results: list[SyncResult] = field(default_factory=list)
+
+    def _apply(self, name: str, down: bool, reason: str) -> None:
+        def change(st: gwstate.GatewayState) -> None:
+            if down:
+                st.marked_down[name] = {"reason": reason, "by": _who(),
+                                        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            else:
+                st.marked_down.pop(name, None)
+        st = gwstate.update(self.state_dir, change)
+        servers = dict(st.servers)
+        for n in self.instances():
+            if n in st.marked_down:
+                servers[n] = ServerState(True, 1, f"marked down: {st.marked_down[n].get('reason', '')}".rstrip(": "))
+            elif servers.get(n, ServerState()).reason.startswith("marked down"):
+                servers[n] = ServerState()
+        with self.fleet_factory() as fleet:
+            result = sync_gateway(self.inv, fleet, self.instances(), servers, state_dir=self.state_dir,
+                                  force=True, on_event=self.on_event)
+        self.results.append(result)
+        failed = [h for h in result.hosts if not h.ok]
+        if failed:
+            raise GatewayError("gateway: " + "; ".join(f"{h.host}: {h.error}" for h in failed))
+
+    def mark_down(self, instance_name: str, reason: str = "drain") -> None:
+        self._apply(instance_name, True, reason)
+
+    def mark_up(self, instance_name: str) -> None:
+        self._apply(instance_name, False, "")
+
+
+def gateway_hook(inv: Inventory) -> Hook | None:
+    """The hook for ``inv`` (``None`` without a ``gateway:`` section); what ``deploy.drain.gateway_for`` calls.
+
+    Uses the user config's deploy state directory (``$CLUSTERCTL_STATE_DIR``
+    first) and an SSH fleet of the gateway hosts with their inventory settings.
+    """
+    if inv.gateway is None:
+        return None
+    from clusterctl.config import load_user_config
+    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.state import StateStore, resolve_state_dir
+    from clusterctl.fleet.fleet import Fleet
+
+    cfg = load_user_config()
+    directory = resolve_state_dir(None, cfg)
+    gw = inv.gateway
+
+    def instances() -> dict[str, Instance]:
+        return dict(desired_instances(inv, StateStore(directory).load()).instances)
+
+    def fleet() -> Any:
+        hosts = [inv.hosts[h] for h in gw.hosts]
+        return Fleet(hosts, connect_timeout=cfg.connect_timeout, command_timeout=cfg.command_timeout,
+                     become_password=os.environ.get("CLUSTERCTL_BECOME_PASSWORD"))
+
+    return Hook(inv, directory, instances, fleet)

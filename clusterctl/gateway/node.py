@@ -1,0 +1,145 @@
+"""The gateway's node program: run on a gateway host as ``python3 -I -B -c SOURCE``.
+
+Stdlib only (Python 3.8+).  One JSON job on stdin (it may hold the upstream
+API key, so never a command line), one JSON line on stdout.
+
+``{"op": "apply", "files": [{"path", "text", "mode", "group"}], "digest"}``:
+compare every file with what the host has; when nothing differs answer
+``changed: false`` and touch nothing.  Otherwise keep a copy of each old
+file, write the new ones (temporary name in the same directory, chmod, chown
+root:GROUP, rename), run ``nginx -t`` and, when it fails, put every old file
+back (removing files that did not exist) and answer ``ok: false`` with
+nginx's message.  When it passes: ``systemctl reload nginx`` if nginx is
+running (a graceful reload: old workers finish their requests, bounded by
+``worker_shutdown_timeout``), else enable and start it; then wait until
+``/gateway/health`` reports the new digest.
+
+``{"op": "status", "port"}``: nginx's unit state and ``/gateway/health``.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+HEALTH_WAIT_S = 15.0
+
+
+def _out(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def _write(path: str, data: bytes, mode: int, group: str) -> None:
+    d = os.path.dirname(path)
+    os.makedirs(d, mode=0o755, exist_ok=True)
+    tmp = os.path.join(d, ".%s.clusterctl-tmp" % os.path.basename(path))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    gid = grp.getgrnam(group).gr_gid if group != "root" else 0
+    os.chown(tmp, 0, gid)
+    os.chmod(tmp, mode)
+    os.rename(tmp, path)
+
+
+def _run(argv: list[str], timeout: float = 60) -> tuple[int, str]:
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return 127, str(e)
+    return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace").strip()
+
+
+def _health(port: int, timeout: float = 2.0) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/gateway/health" % port, timeout=timeout) as r:
+            body: dict[str, Any] = json.loads(r.read().decode())
+            return body
+    except Exception as e:  # noqa: BLE001 - any failure is "not healthy"
+        return {"error": str(e)}
+
+
+def _active() -> bool:
+    return _run(["systemctl", "is-active", "nginx.service"])[1].splitlines()[-1:] == ["active"]
+
+
+def apply(job: dict[str, Any]) -> dict[str, Any]:
+    files = job["files"]
+    new = [(f["path"], f["text"].encode(), int(f["mode"]), f.get("group", "root")) for f in files]
+    old = {p: _read(p) for p, _, _, _ in new}
+    changed = [p for p, data, _, _ in new if old[p] != data]
+    running = _active()
+    if not changed and running:
+        return {"ok": True, "changed": False, "reloaded": False}
+    for path, data, mode, group in new:
+        if path in changed:
+            _write(path, data, mode, group)
+    rc, text = _run(["nginx", "-t"])
+    if rc != 0:
+        for path, _, mode, group in new:
+            if path not in changed:
+                continue
+            before = old[path]
+            if before is None:
+                os.unlink(path)
+            else:
+                _write(path, before, mode, group)
+        return {"ok": False, "kind": "nginx-t", "changed": False,
+                "error": "nginx -t refused the new configuration (the old one is kept):\n" + text}
+    if running:
+        rc, text = _run(["systemctl", "reload", "nginx.service"])
+        action = "reloaded"
+    else:
+        _run(["systemctl", "enable", "nginx.service"])
+        rc, text = _run(["systemctl", "start", "nginx.service"])
+        action = "started"
+    if rc != 0:
+        return {"ok": False, "kind": "reload", "changed": True, "error": "systemctl %s nginx failed: %s"
+                % ("reload" if running else "start", text)}
+    want = job.get("digest", "")[:16]
+    deadline = time.monotonic() + HEALTH_WAIT_S
+    health: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        health = _health(int(job["port"]))
+        if health.get("config") == want:
+            return {"ok": True, "changed": True, "reloaded": action == "reloaded", "action": action,
+                    "files": changed}
+        time.sleep(0.1)
+    return {"ok": False, "kind": "health", "changed": True,
+            "error": "nginx was %s but /gateway/health does not report config %s: %s" % (action, want, health)}
+
+
+def status(job: dict[str, Any]) -> dict[str, Any]:
+    rc, text = _run(["systemctl", "is-active", "nginx.service"])
+    return {"ok": True, "active": (text.splitlines() or ["unknown"])[-1], "health": _health(int(job["port"]))}
+
+
+def main() -> None:
+    try:
+        job = json.loads(sys.stdin.readline())
+        op = {"apply": apply, "status": status}[job["op"]]
+        _out(op(job))
+    except Exception as e:  # noqa: BLE001 - one JSON line, whatever happened
+        _out({"ok": False, "kind": "node", "error": "%s: %s" % (type(e).__name__, e)})
+
+
+if __name__ == "__main__":
+    main()
