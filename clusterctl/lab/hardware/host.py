@@ -124,9 +124,15 @@ def provision_host(host_dir: Path, name: str, index: int, gpus: int, gpu_model: 
     profile = gpu_profile(gpu_model)
     hw = hw_dir(host_dir)
     hw.mkdir(parents=True, exist_ok=True)
-    os.chmod(hw, 0o755)
+    # Any user may use a GPU, as /dev/nvidia* (mode 0666) allows on real nodes: a
+    # simulator running as a service user (User=vllm) registers its memory in
+    # nvml.json under flock(nvml.json.lock), written temp + rename in this directory.
+    os.chmod(hw, 0o777)
     nic_state = nics.new_state(name, index, flavour)
     gpustate.save(hw, gpustate.new_state(profile, name, index, count))
+    lock = hw / (gpustate.STATE_FILE + ".lock")
+    lock.touch()
+    os.chmod(lock, 0o666)
     nics.save(hw, nic_state)
     sysfs.build(hw, nic_state)
 
