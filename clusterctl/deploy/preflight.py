@@ -331,11 +331,15 @@ def _check_memory(row: InstanceRow, shape: M.ModelShape, s: M.Settings, budget: 
         est, safe_len = min(est, shape.max_position), min(safe_len, shape.max_position)
     nums = {**base, "max_model_len": s.max_model_len, "needed_kv_gib": _g(need),
             "kv_bytes_per_token": budget.kv_bytes_per_token, "estimated_max_model_len": est}
-    fit = {"max_model_len": safe_len or None, "gpu_memory_utilization": util_fit}
+    fit: dict[str, Any] = {"max_model_len": safe_len or None, "gpu_memory_utilization": util_fit}
+    if s.kv_dtype_bytes > 1 and s.kv_cache_memory_bytes is None:
+        fp8 = M.predict(shape, weights, M.Settings(**{**s.__dict__, "kv_cache_dtype": "fp8"}), totals, rules)
+        if fp8.needed_kv + margin <= fp8.worst.available_kv:
+            fit["kv_cache_dtype"] = "fp8"
     if need > w.available_kv:
         row.add(Severity.CRIT, "memory.kv",
                 f"max_model_len {s.max_model_len} needs {_g(need)} GiB of KV cache per GPU, "
-                f"{_g(w.available_kv)} GiB available (util {s.util} x {_g(w.total)} GiB = {_g(w.requested)} "
+                f"{_g(w.available_kv)} GiB available (util {s.util} x {_g(w.total)} GiB = {_g(w.requested)} GiB "
                 f"- weights {_g(w.weights)} - activation {_g(w.activation)} - non-torch {_g(w.non_torch)}"
                 + (f" - CUDA graphs {_g(w.graphs)}" if rules.graphs_in_budget else "")
                 + f"); vLLM's estimated maximum model length is {est}",

@@ -171,3 +171,17 @@ def test_report_json_carries_the_numbers(models: dict[str, dict[str, Any]]) -> N
     [f] = rep.findings()
     assert f.check == "preflight.memory.kv" and f.subject == "instance:q" and "max_model_len" in f.action
 
+
+
+def test_fp8_kv_cache_is_offered_when_it_would_fit(models: dict[str, dict[str, Any]]) -> None:
+    r = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.27, max_model_len=40960)},
+                        {"gpu01": host(models)}).row("q")
+    [p] = r.problems
+    assert p.check == "memory.kv" and p.fit["kv_cache_dtype"] == "fp8"
+    fp8 = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.27, max_model_len=40960,
+                                                      kv_cache_dtype="fp8")}, {"gpu01": host(models)})
+    assert fp8.ok and not fp8.row("q").problems
+    # At 0.25 even fp8 (2.81 GiB + margin) does not fit in 2.87 GiB: not offered.
+    r = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.25, max_model_len=40960)},
+                        {"gpu01": host(models)}).row("q")
+    assert "kv_cache_dtype" not in r.problems[0].fit
