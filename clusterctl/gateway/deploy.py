@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from clusterctl.deploy.remote import _reply as node_reply
 from clusterctl.deploy.secrets import _read as read_secret
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.fleet import shell
@@ -61,17 +62,9 @@ def _node_command() -> str:
 
 
 def _answer(r: HostResult) -> dict[str, Any]:
-    for line in reversed((r.stdout or "").strip().splitlines()):
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            return data
-    if r.status.value in ("ok", "failed"):
-        tail = (r.stderr or "").strip().splitlines()[-1:] or ["no output"]
-        return {"ok": False, "kind": "node", "error": f"the node program exited {r.rc}: {tail[0]}"}
-    return {"ok": False, "kind": r.status.value, "error": r.error or r.status.value}
+    """The node program's JSON answer; an SSH failure or crash as ``ok: false`` with the reason."""
+    reply = node_reply(r)
+    return reply.data if reply.data else {"ok": False, "kind": reply.kind, "error": reply.error}
 
 
 def _run(fleet: Any, hosts: list[str], job: dict[str, Any], timeout: float) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clusterctl.deploy.state import who_am_i
 from clusterctl.errors import ClusterctlError
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.render import ServerState
@@ -29,16 +30,6 @@ from clusterctl.inventory.model import Instance, Inventory
 
 class GatewayError(ClusterctlError):
     """A gateway host could not apply a change."""
-
-
-def _who() -> str:
-    import getpass
-    import socket
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
 
 
 @dataclass
@@ -60,7 +51,7 @@ class Hook:
     def _apply(self, name: str, down: bool, reason: str) -> None:
         def change(st: gwstate.GatewayState) -> None:
             if down:
-                st.marked_down[name] = {"reason": reason, "by": _who(),
+                st.marked_down[name] = {"reason": reason, "by": who_am_i(),
                                         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             else:
                 st.marked_down.pop(name, None)
