@@ -16,7 +16,8 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json, user_config
+from clusterctl.cli._common import (InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json,
+                                    user_config)
 from clusterctl.cli._hosts import ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt
 from clusterctl.errors import ClusterctlError
 
@@ -39,14 +40,18 @@ and resolved. --out DIR gets report.json, report.md and report.html (self-
 contained); --textfile a node_exporter .prom file (written atomically).
 --notify-cmd runs only when something changed, or a problem lasted --renotify;
 it gets the JSON of the change on stdin. Overlapping runs wait for each
-other's lock (--lock-wait) and then exit 3. Exit status: 0 OK, 1 WARN,
-2 CRIT, 3 UNKNOWN.
+other's lock (--lock-wait) and then exit 3. --active drift,leak,bench sends
+requests to the instances instead (drift against a baseline named after the
+instance, the context-leak check, a short TTFT bench); it is stored and compared
+as its own series. Exit status: 0 OK, 1 WARN, 2 CRIT, 3 UNKNOWN.
 
 Examples:
 
   clusterctl report run all --out ~/report --textfile /var/lib/node_exporter/textfile/clusterctl.prom
 
   clusterctl report run --from bundle.tar.gz --notify-cmd '/usr/local/bin/page-oncall --team gpu' --renotify 6h
+
+  clusterctl report run all --active drift,leak --out ~/report/active
 """)
 def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all."),
         inventory: Optional[str] = InventoryOpt,
@@ -59,6 +64,10 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
         retention: float = typer.Option(35.0, "--retention-days", min=0.01, help="Days of history to keep."),
         lock_wait: float = typer.Option(0.0, "--lock-wait", min=0, help="Seconds to wait for a running report."),
         source: Optional[str] = typer.Option(None, "--from", help="Analyse a bundle instead of hosts."),
+        active: Optional[str] = typer.Option(None, "--active", metavar="CHECKS",
+                                             help="Instead of doctor's checks, active ones per instance: "
+                                                  "drift,leak,bench (drift: instances with a baseline named "
+                                                  "after them)."),
         fmt: str = typer.Option("markdown", "--format", help="What to print: markdown, json or none."),
         as_json: bool = JsonOpt,
         interval: float = typer.Option(2.0, "--interval", min=0, help="Seconds between counter samples."),
@@ -67,10 +76,6 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
         connect_timeout: Optional[float] = ConnectTimeoutOpt,
         deadline: Optional[float] = DeadlineOpt,
         host_key_policy: Optional[str] = HostKeyOpt) -> None:
-    from clusterctl.cli import doctor as d
-    from clusterctl.diagnose.bundle import context
-    from clusterctl.diagnose.doctor import diagnose
-    from clusterctl.report.metrics import from_snapshot
     from clusterctl.report.notify import parse_duration
     from clusterctl.report.run import Options, report_run, to_json, to_markdown
 
@@ -82,24 +87,18 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
     except ClusterctlError as e:
         fail(f"--renotify: {e}")
     started = time.time()
-    thresholds = d.load_checks_data()
-    if source:
-        snap, inv = d.bundle_snapshot(source, inventory)
-        if pattern != "all":
-            snap = d.bundle_hosts(snap, inv, pattern)
-        meta: dict[str, Any] = {"source": source}
+    if active:
+        findings, metrics, meta, pattern_key = _active(pattern, inventory, active, timeout)
     else:
-        snap, inv, path = d.live_snapshot(pattern, inventory, interval=interval, timeout=timeout, sudo=False,
-                                          ask_become_pass=False, fanout=fanout, connect_timeout=connect_timeout,
-                                          deadline=deadline, host_key_policy=host_key_policy, progress=False)
-        meta = {"inventory": path}
-    findings = diagnose(context(snap, inv, thresholds), None)
-    opts = Options(db=db_path(db), pattern=pattern, out_dir=Path(out) if out else None,
+        findings, metrics, meta = _passive(pattern, inventory, source, interval=interval, timeout=timeout,
+                                           fanout=fanout, connect_timeout=connect_timeout, deadline=deadline,
+                                           host_key_policy=host_key_policy)
+        pattern_key = pattern
+    opts = Options(db=db_path(db), pattern=pattern_key, out_dir=Path(out) if out else None,
                    textfile=Path(textfile) if textfile else None, notify_cmd=notify_cmd, renotify_s=renotify_s,
                    retention_days=retention, lock_wait_s=lock_wait)
     try:
-        result = report_run(findings, opts, started=started, meta=meta,
-                            metrics=from_snapshot(snap.facts, snap.raw))
+        result = report_run(findings, opts, started=started, meta=meta, metrics=metrics)
     except ClusterctlError as e:
         fail(str(e))
     except OSError as e:
@@ -111,6 +110,52 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
     elif fmt == "markdown":
         sys.stdout.write(to_markdown(result))
     raise typer.Exit(result.exit_code)
+
+
+def _passive(pattern: str, inventory: Optional[str], source: Optional[str], **probe: Any) -> tuple[Any, Any, Any]:
+    """Doctor's passive checks: ``(findings, metrics, meta)`` from the hosts or a bundle."""
+    from clusterctl.cli import doctor as d
+    from clusterctl.diagnose.bundle import context
+    from clusterctl.diagnose.doctor import diagnose
+    from clusterctl.report.metrics import from_snapshot
+
+    thresholds = d.load_checks_data()
+    if source:
+        snap, inv = d.bundle_snapshot(source, inventory)
+        if pattern != "all":
+            snap = d.bundle_hosts(snap, inv, pattern)
+        meta: dict[str, Any] = {"source": source}
+    else:
+        snap, inv, path = d.live_snapshot(pattern, inventory, sudo=False, ask_become_pass=False, progress=False,
+                                          **probe)
+        meta = {"inventory": path}
+    return diagnose(context(snap, inv, thresholds), None), from_snapshot(snap.facts, snap.raw), meta
+
+
+def _active(pattern: str, inventory: Optional[str], kinds_text: str,
+            timeout: float) -> tuple[Any, Any, dict[str, Any], str]:
+    """The active checks on the instances of the selected hosts: ``(findings, metrics, meta, pattern key)``.
+
+    The run is stored under the pattern ``PATTERN --active KINDS``, so it is compared
+    with the previous active run, never with a passive one."""
+    from clusterctl.cli._hosts import select
+    from clusterctl.diagnose.thresholds import checks_dir
+    from clusterctl.report.active import parse_kinds, run_active, targets
+
+    try:
+        kinds = parse_kinds(kinds_text)
+    except ClusterctlError as e:
+        fail(str(e))
+    path, hosts = select(inventory, pattern)
+    tgts = targets(load_inventory(path), {h.name for h in hosts})
+    try:
+        outcome = run_active(tgts, kinds, thresholds=checks_dir() / "drift.yaml", timeout=timeout,
+                             progress=lambda s: err_console.print(f"active: {s}", markup=False))
+    except ClusterctlError as e:
+        fail(str(e))
+    meta = {"inventory": path, "active": list(kinds), "instances": [t.instance for t in tgts],
+            "skipped": outcome.skipped}
+    return outcome.findings, outcome.metrics, meta, f"{pattern} --active {','.join(kinds)}"
 
 
 @app.command("history", help="""List the latest runs: when, exit code, counts per severity.
@@ -192,6 +237,8 @@ def _spark(values: list[int]) -> str:
 @app.command("install-timer", help="""Install a systemd timer (or, with --cron, a cron entry) that runs
 `clusterctl report run` every --every minutes on this control host.
 
+--active drift,leak installs a second timer, clusterctl-report-active, for the
+active checks on their own schedule (--on-calendar, daily by default).
 --dry-run prints the files instead of writing them. After installing a timer:
 systemctl daemon-reload && systemctl enable --now clusterctl-report.timer
 
@@ -200,6 +247,8 @@ Examples:
   clusterctl report install-timer --every 5 --out /var/www/report --dry-run
 
   clusterctl report install-timer --cron --every 10 --textfile /var/lib/node_exporter/textfile/clusterctl.prom
+
+  clusterctl report install-timer --active drift,leak --on-calendar daily --out /var/www/report/active
 """)
 def install_timer(pattern: str = typer.Argument("all", help="Hosts the report covers."),
                   inventory: Optional[str] = InventoryOpt,
@@ -208,11 +257,18 @@ def install_timer(pattern: str = typer.Argument("all", help="Hosts the report co
                   textfile: Optional[str] = typer.Option(None, "--textfile", help="node_exporter textfile."),
                   notify_cmd: Optional[str] = typer.Option(None, "--notify-cmd", help="Notification command."),
                   every: int = typer.Option(5, "--every", help="Minutes between runs."),
+                  active: Optional[str] = typer.Option(None, "--active", metavar="CHECKS",
+                                                       help="Active checks (drift,leak,bench) in their own timer."),
+                  on_calendar: Optional[str] = typer.Option(None, "--on-calendar",
+                                                            help="systemd calendar time instead of --every "
+                                                                 "(daily, hourly, 'Mon..Fri 06:00'); "
+                                                                 "default daily with --active."),
                   cron: bool = typer.Option(False, "--cron", help="Write /etc/cron.d/clusterctl-report instead."),
                   user: Optional[str] = typer.Option(None, "--user", help="Run as this user."),
                   unit_dir: str = typer.Option("/etc/systemd/system", "--unit-dir", help="Where units go."),
                   cron_dir: str = typer.Option("/etc/cron.d", "--cron-dir", help="Where the cron entry goes."),
                   dry_run: bool = typer.Option(False, "--dry-run", help="Print, do not write.")) -> None:
+    from clusterctl.report.active import parse_kinds
     from clusterctl.report.schedule import Schedule, cron_line, service_unit, timer_unit
     from clusterctl.report.textfile import write_atomic
 
@@ -224,11 +280,16 @@ def install_timer(pattern: str = typer.Argument("all", help="Hosts the report co
         if value:
             argv += [flag, value]
     try:
-        s = Schedule(tuple(argv), every_min=every, user=user)
+        if active:
+            argv += ["--active", ",".join(parse_kinds(active))]
+        s = Schedule(tuple(argv), every_min=every, user=user,
+                     name="clusterctl-report-active" if active else "clusterctl-report",
+                     on_calendar=on_calendar or ("daily" if active else None))
+        files = ({Path(cron_dir) / s.name: cron_line(s)} if cron else
+                 {Path(unit_dir) / f"{s.name}.service": service_unit(s),
+                  Path(unit_dir) / f"{s.name}.timer": timer_unit(s)})
     except ClusterctlError as e:
         fail(str(e))
-    files = ({Path(cron_dir) / s.name: cron_line(s)} if cron else
-             {Path(unit_dir) / f"{s.name}.service": service_unit(s), Path(unit_dir) / f"{s.name}.timer": timer_unit(s)})
     for path, text in files.items():
         if dry_run:
             console.print(f"# {path}\n{text}", markup=False)

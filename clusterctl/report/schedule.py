@@ -17,20 +17,31 @@ from clusterctl.errors import ClusterctlError
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+$")
 
 
+#: ``--on-calendar`` shorthands that cron can express too (minute hour day month weekday).
+CRON_CALENDAR = {"hourly": "0 * * * *", "daily": "0 0 * * *", "weekly": "0 0 * * 1"}
+
+_CALENDAR = re.compile(r"^[A-Za-z0-9 :*/,.~+-]{1,100}$")
+
+
 @dataclass(frozen=True)
 class Schedule:
-    """``every``: a systemd time span (``5min``) for the timer, or minutes for cron."""
+    """Every ``every_min`` minutes after the last run, or at ``on_calendar`` (a systemd calendar
+    expression such as ``daily`` or ``Mon..Fri 06:00``; then ``every_min`` is not used)."""
 
     argv: tuple[str, ...]
     every_min: int = 5
     name: str = "clusterctl-report"
     user: str | None = None
+    on_calendar: str | None = None
 
     def __post_init__(self) -> None:
         if not _UNIT_NAME.match(self.name):
             raise ClusterctlError(f"bad unit name {self.name!r}: letters, digits, ':', '_', '.', '-' only")
         if not 1 <= self.every_min <= 1440:
             raise ClusterctlError(f"--every must be 1 to 1440 minutes (got {self.every_min})")
+        if self.on_calendar is not None and not _CALENDAR.match(self.on_calendar):
+            raise ClusterctlError(f"--on-calendar {self.on_calendar!r}: not a systemd calendar expression "
+                                  "(e.g. daily, hourly, 'Mon..Fri 06:00')")
 
     @property
     def command(self) -> str:
@@ -52,16 +63,29 @@ def service_unit(s: Schedule) -> str:
 
 
 def timer_unit(s: Schedule) -> str:
+    if s.on_calendar is not None:
+        # Persistent=: a run missed while the host was down happens at the next boot
+        return (f"[Unit]\nDescription=Run {s.name} at {s.on_calendar}\n\n"
+                f"[Timer]\nOnCalendar={s.on_calendar}\nRandomizedDelaySec=5min\nPersistent=true\n\n"
+                f"[Install]\nWantedBy=timers.target\n")
     return (f"[Unit]\nDescription=Run the clusterctl health report every {s.every_min} min\n\n"
             f"[Timer]\nOnBootSec=2min\nOnUnitActiveSec={s.every_min}min\nAccuracySec=30s\nPersistent=true\n\n"
             f"[Install]\nWantedBy=timers.target\n")
 
 
 def cron_line(s: Schedule) -> str:
-    """A line for /etc/cron.d (with a user field): every ``every_min`` minutes, output to syslog via logger."""
-    minute = "*" if s.every_min == 1 else (f"*/{s.every_min}" if s.every_min < 60 else "0")
-    hour = "*" if s.every_min <= 60 else f"*/{s.every_min // 60}"
+    """A line for /etc/cron.d (with a user field): every ``every_min`` minutes, or at ``on_calendar``
+    (only the :data:`CRON_CALENDAR` names; others raise), output discarded."""
+    if s.on_calendar is not None:
+        if s.on_calendar not in CRON_CALENDAR:
+            raise ClusterctlError(f"--on-calendar {s.on_calendar!r} with --cron: use one of "
+                                  f"{', '.join(CRON_CALENDAR)} (or a systemd timer)")
+        when = CRON_CALENDAR[s.on_calendar]
+    else:
+        minute = "*" if s.every_min == 1 else (f"*/{s.every_min}" if s.every_min < 60 else "0")
+        hour = "*" if s.every_min <= 60 else f"*/{s.every_min // 60}"
+        when = f"{minute} {hour} * * *"
     # cron treats % as a newline: escape it
     cmd = s.command.replace("%", "\\%")
     return (f"# clusterctl health report (installed by clusterctl report install-timer --cron)\n"
-            f"{minute} {hour} * * * {s.user or 'root'} {cmd} >/dev/null 2>&1\n")
+            f"{when} {s.user or 'root'} {cmd} >/dev/null 2>&1\n")

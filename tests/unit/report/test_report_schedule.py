@@ -56,3 +56,29 @@ def test_install_timer_writes_units_and_cron_entry(tmp_path: Path, capsys):
     assert main(["report", "install-timer", "--cron", "--cron-dir", str(tmp_path), "--every", "10"]) == 0
     assert (tmp_path / "clusterctl-report").read_text().splitlines()[1].startswith("*/10 * * * * root ")
     assert main(["report", "install-timer", "--every", "0", "--dry-run"]) == 3
+
+
+def test_active_checks_get_their_own_daily_timer_that_systemd_accepts(tmp_path: Path, capsys):
+    assert main(["report", "install-timer", "--unit-dir", str(tmp_path), "--active", "leak,drift",
+                 "--out", "/srv/r/active"]) == 0
+    service = (tmp_path / "clusterctl-report-active.service").read_text()
+    timer = (tmp_path / "clusterctl-report-active.timer").read_text()
+    assert "--active drift,leak" in service and "OnCalendar=daily" in timer and "OnUnitActiveSec" not in timer
+    assert not (tmp_path / "clusterctl-report.timer").exists()  # the passive timer is left alone
+    if shutil.which("systemd-analyze"):
+        p = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "clusterctl-report-active.timer")],
+                           capture_output=True, text=True, timeout=60)
+        assert not [line for line in p.stderr.splitlines() if "clusterctl-report-active.timer" in line], p.stderr
+    assert main(["report", "install-timer", "--unit-dir", str(tmp_path), "--active", "drift",
+                 "--on-calendar", "Mon..Fri 06:00"]) == 0
+    assert "OnCalendar=Mon..Fri 06:00" in (tmp_path / "clusterctl-report-active.timer").read_text()
+    assert main(["report", "install-timer", "--cron", "--cron-dir", str(tmp_path), "--active", "leak",
+                 "--on-calendar", "daily"]) == 0
+    assert (tmp_path / "clusterctl-report-active").read_text().splitlines()[1].startswith("0 0 * * * root ")
+    capsys.readouterr()
+    assert main(["report", "install-timer", "--cron", "--cron-dir", str(tmp_path), "--active", "leak",
+                 "--on-calendar", "Mon 06:00"]) == 3
+    assert main(["report", "install-timer", "--dry-run", "--active", "latency"]) == 3
+    assert main(["report", "install-timer", "--dry-run", "--on-calendar", "daily; rm -rf /"]) == 3
+    err = capsys.readouterr().err
+    assert "use one of hourly, daily, weekly" in err and "drift, leak, bench" in err and "calendar" in err
