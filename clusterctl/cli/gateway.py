@@ -1,0 +1,267 @@
+"""``clusterctl gateway render | deploy | sync | status``: nginx in front of the instances.
+
+docs/gateway.md has the configuration's anatomy.  Exit codes: 0 OK; 1 sync
+changed nothing because the interval has not passed (``--json`` says when);
+2 a gateway host failed (nginx -t refused, reload failed, unreachable);
+3 usage or configuration errors.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, \
+    user_config
+from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
+app = typer.Typer(help="Render, deploy and sync the nginx gateway in front of the instances (docs/gateway.md).",
+                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
+                  rich_markup_mode=None)
+
+StateDirOpt = typer.Option(None, "--state-dir", help="Deploy state directory (placements, gateway state) "
+                           "[default: $CLUSTERCTL_STATE_DIR, then the user state dir]/deploy.")
+
+
+def _gateway(inv: Any) -> Any:
+    if inv.gateway is None:
+        fail(f"{inv.path}: no 'gateway:' section (docs/inventory.md)")
+    return inv.gateway
+
+
+def _desired(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any], Path]:
+    from clusterctl.cli.instances import _desired as desired
+
+    instances, directory = desired(inv, state_dir)
+    return instances, Path(directory)
+
+
+def _fleet(inv: Any, hosts: list[str], **opts: Any) -> Any:
+    from clusterctl.cli.instances import _fleet as fleet
+
+    return fleet(inv, hosts, **opts)
+
+
+def _host_rows(results: list[Any]) -> None:
+    from rich.markup import escape
+
+    for r in results:
+        if r.ok:
+            what = r.action or ("unchanged" if not r.changed else "written")
+            console.print(f"[green]ok[/] {escape(r.host)}: {escape(what)}"
+                          + (f" (config {escape(r.config)}, nginx {escape(r.active or '?')})" if r.config else ""))
+        else:
+            console.print(f"[bold red]FAILED[/] {escape(r.host)}: {escape(r.error or r.kind or 'failed')}")
+
+
+@app.command("render", help="""Render the gateway's nginx files and print them, or write them under --out.
+
+The upstream API key (gateway.api_key) is never printed or written by render:
+its file shows ***. Instances are all up at full weight unless --from-state
+uses the states the last `gateway sync` decided.
+
+Examples:
+
+  clusterctl gateway render -i inventory.yaml
+
+  clusterctl gateway render --out /tmp/gw --from-state
+""")
+def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
+           out: Optional[Path] = typer.Option(None, "--out", help="Write the files under DIR (their absolute "
+                                              "paths below DIR) instead of printing them."),
+           from_state: bool = typer.Option(False, "--from-state", help="Use the last sync's up/down states and "
+                                           "weights and the marked-down set."),
+           state_dir: Optional[str] = StateDirOpt) -> None:
+    from clusterctl.gateway import state as gwstate
+    from clusterctl.gateway.render import ServerState, render_gateway
+
+    inv = load_inventory(inventory)
+    _gateway(inv)
+    instances, directory = _desired(inv, state_dir)
+    states: dict[str, Any] = {}
+    try:
+        if from_state:
+            st = gwstate.load(directory)
+            states = dict(st.servers)
+            states.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
+        files = render_gateway(inv, instances, states).redacted()
+    except ClusterctlError as e:
+        fail(str(e))
+    if out is not None:
+        for f in files:
+            dest = out / f.path.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.tmp")
+            tmp.write_text(f.text)
+            os.chmod(tmp, f.mode)
+            tmp.rename(dest)
+    if json_out:
+        print_json({"files": [{"path": f.path, "mode": oct(f.mode), "group": f.group, "secret": f.secret,
+                               **({} if out else {"text": f.text})} for f in files]})
+    elif out is not None:
+        for f in files:
+            console.print(f"wrote {out / f.path.lstrip('/')}", markup=False)
+    else:
+        for f in files:
+            console.print(f"# ===== {f.path} (mode {f.mode:o}, root:{f.group})", markup=False)
+            console.print(f.text, markup=False, end="")
+
+
+@app.command("deploy", help="""Install the gateway on HOST (one of gateway.hosts, or 'all').
+
+Writes the files atomically, validates them with `nginx -t` (when nginx refuses,
+the old files are put back and nginx's message is shown), then reloads nginx
+gracefully: streams in flight finish on the old workers. Uses the last sync's
+states (marked-down instances stay down). Exit 0 when every host serves the
+new config, 2 when one failed, 3 for usage errors.
+
+Example:
+
+  clusterctl gateway deploy gw01 -i /var/lib/clusterctl-lab/inventory.yaml
+""")
+def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
+           inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
+           state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
+           connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
+           ask_become_pass: bool = AskBecomePassOpt) -> None:
+    from clusterctl.gateway import state as gwstate
+    from clusterctl.gateway.deploy import apply_gateway, resolve_api_key
+    from clusterctl.gateway.render import ServerState, render_gateway
+
+    inv = load_inventory(inventory)
+    gw = _gateway(inv)
+    hosts = list(gw.hosts) if host == "all" else [host]
+    if host != "all" and host not in gw.hosts:
+        fail(f"{host!r} is not a gateway host (gateway.hosts: {', '.join(gw.hosts) or 'none'})")
+    instances, directory = _desired(inv, state_dir)
+    try:
+        st = gwstate.load(directory)
+        states = dict(st.servers)
+        states.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
+        rendered = render_gateway(inv, instances, states, api_key=resolve_api_key(inv))
+    except ClusterctlError as e:
+        fail(str(e))
+    fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
+                   ask_become_pass=ask_become_pass)
+    with fleet:
+        results = apply_gateway(fleet, rendered, port=gw.port, hosts=hosts)
+    if all(r.ok for r in results) and set(hosts) == set(gw.hosts):
+        import time
+
+        def applied(s: Any) -> None:
+            s.digest, s.last_reload = rendered.digest, time.time()
+        gwstate.update(directory, applied)
+    code = ExitCode.OK if all(r.ok for r in results) else ExitCode.CRIT
+    if json_out:
+        print_json({"digest": rendered.digest, "hosts": [r.to_json() for r in results], "exit_code": int(code)})
+    else:
+        _host_rows(results)
+    raise typer.Exit(int(code))
+
+
+@app.command("sync", help="""Re-render the gateway from the instances' current state and reload on change.
+
+Measures every instance (`clusterctl status`: unit, /health, load score over
+--window seconds); instances that are not serving, marked down (drain), or
+whose TP group doctor finds UNAVAILABLE (--tp-check) are marked down;
+least-connections weights follow the load score (and, for mixed GPU models,
+measured throughput). nginx reloads only when the config changed, and at
+most once per gateway.sync_interval_s (--force ignores the interval).
+Exit 0 applied or unchanged, 1 changed but waiting for the interval,
+2 a gateway host failed, 3 usage errors.
+
+Examples:
+
+  clusterctl gateway sync --dry-run --json
+
+  clusterctl gateway sync --tp-check --window 5
+""")
+def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
+         dry_run: bool = typer.Option(False, "--dry-run", help="Decide and render, apply nothing."),
+         force: bool = typer.Option(False, "--force", help="Reload even within the sync interval."),
+         tp_check: bool = typer.Option(False, "--tp-check", help="Also run doctor's TP-group check (gathers facts)."),
+         window: float = typer.Option(5.0, "--window", min=0.0, help="Seconds between the two /metrics samples."),
+         state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
+         connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
+         ask_become_pass: bool = AskBecomePassOpt) -> None:
+    from clusterctl.gateway import state as gwstate
+    from clusterctl.gateway.observe import observe
+    from clusterctl.gateway.sync import decide, sync_gateway
+
+    inv = load_inventory(inventory)
+    gw = _gateway(inv)
+    instances, directory = _desired(inv, state_dir)
+    hosts = sorted({g.host for i in instances.values() for g in i.placement} | set(gw.hosts))
+    say = (lambda s: err_console.print(s, markup=False)) if not json_out else None
+    fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
+                   ask_become_pass=ask_become_pass)
+    try:
+        with fleet:
+            observed, unavailable = observe(inv, instances, fleet, window=window, state_dir=directory,
+                                            tp_check=tp_check, on_event=say)
+            servers = decide(inv, instances, observed, marked_down=gwstate.load(directory).marked_down,
+                             unavailable=unavailable)
+            result = sync_gateway(inv, fleet, instances, servers, state_dir=directory, force=force,
+                                  dry_run=dry_run, on_event=say)
+    except ClusterctlError as e:
+        fail(str(e))
+    code = (ExitCode.CRIT if not result.ok else ExitCode.WARN if result.skipped == "interval" else ExitCode.OK)
+    if json_out:
+        print_json({**result.to_json(), "exit_code": int(code)})
+        raise typer.Exit(int(code))
+    for name, s in sorted(result.servers.items()):
+        console.print(f"{name}: " + (f"down ({s.reason})" if s.down else f"up, weight {s.weight}"), markup=False)
+    verdict = {"unchanged": "config unchanged; nothing to do",
+               "interval": f"config changed; reload allowed in {result.next_allowed_s:.1f} s (--force to now)",
+               "dry-run": "dry run: " + ("config would change" if result.changed else "config unchanged")}
+    console.print(verdict.get(result.skipped or "", f"config {result.digest[:16]} applied"), markup=False)
+    _host_rows(result.hosts)
+    raise typer.Exit(int(code))
+
+
+@app.command("status", help="""Show each gateway host: nginx's unit state and the config it serves,
+compared with the last config sync or deploy applied, and the marked-down instances.
+Exit 0 all serve the expected config, 1 some serve another, 2 some are down, 3 usage errors.
+
+Example:
+
+  clusterctl gateway status --json
+""")
+def status(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
+           state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
+           connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
+           ask_become_pass: bool = AskBecomePassOpt) -> None:
+    from rich.markup import escape
+
+    from clusterctl.gateway import state as gwstate
+    from clusterctl.gateway.deploy import gateway_status
+
+    inv = load_inventory(inventory)
+    gw = _gateway(inv)
+    _, directory = _desired(inv, state_dir)
+    try:
+        st = gwstate.load(directory)
+    except ClusterctlError as e:
+        fail(str(e))
+    fleet = _fleet(inv, list(gw.hosts), fanout=fanout, connect_timeout=connect_timeout,
+                   host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
+    with fleet:
+        results = gateway_status(fleet, port=gw.port, hosts=list(gw.hosts))
+    expected = st.digest[:16] or None
+    stale = [r.host for r in results if r.ok and expected and r.config != expected]
+    code = ExitCode.CRIT if not all(r.ok for r in results) else ExitCode.WARN if stale else ExitCode.OK
+    if json_out:
+        print_json({"hosts": [r.to_json() for r in results], "expected_config": expected, "stale": stale,
+                    "marked_down": st.marked_down, "exit_code": int(code)})
+        raise typer.Exit(int(code))
+    _host_rows(results)
+    for h in stale:
+        console.print(f"[yellow]stale[/] {escape(h)}: serves another config than {escape(expected or '-')}")
+    for name, m in sorted(st.marked_down.items()):
+        console.print(escape(f"marked down: {name} ({m.get('reason', '')}, by {m.get('by', '?')} at {m.get('at', '?')})"))
+    raise typer.Exit(int(code))
