@@ -25,14 +25,14 @@ from clusterctl.exitcodes import INTERRUPTED, USAGE_ERROR
 
 #: Command modules in ``--help`` order: each adds its commands with ``register(app)``
 #: or is a group ``app`` added under its name.
-_MODULES = ("inventory", "fleet", "facts", "doctor", "collect", "stage", "deploy", "instances", "placement", "bench", "drift",
+_MODULES = ("inventory", "fleet", "facts", "doctor", "collect", "stage", "deploy", "instances", "placement", "gateway", "bench", "drift",
             "lab", "report", "planned")
-_GROUPS = {"inventory", "lab", "report", "drift"}
+_GROUPS = {"inventory", "lab", "report", "drift", "gateway"}
 #: The module that owns each top-level command; a command not named here (the
 #: planned ones) is found by registering everything.
 _OWNER = {"inventory": "inventory", "exec": "fleet", "ping": "fleet", "facts": "facts", "lab": "lab",
           "doctor": "doctor", "collect": "collect", "stage": "stage", "deploy": "deploy", "rollback": "deploy",
-          "report": "report", "bench": "bench", "drift": "drift",
+          "report": "report", "bench": "bench", "drift": "drift", "gateway": "gateway",
           "status": "instances", "start": "instances", "stop": "instances", "restart": "instances",
           "cordon": "placement", "uncordon": "placement", "cordons": "placement", "scale": "placement",
           "placement": "placement"}

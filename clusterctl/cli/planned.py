@@ -11,7 +11,6 @@ import typer
 from clusterctl.exitcodes import USAGE_ERROR
 
 PLANNED: dict[str, tuple[str, int]] = {
-    "gateway": ("Render and sync the nginx gateway [planned].", 13),
 }
 
 

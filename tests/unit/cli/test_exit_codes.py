@@ -26,8 +26,12 @@ def test_bare_invocation_prints_help_and_succeeds(capsys: pytest.CaptureFixture[
     assert "Usage:" in out and "inventory" in out
 
 
-def test_planned_monitoring_command_says_so_and_exits_unknown(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["gateway"]) == ExitCode.UNKNOWN
+def test_planned_monitoring_command_says_so_and_exits_unknown(capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterctl.cli import planned
+
+    monkeypatch.setitem(planned.PLANNED, "failover", ("Move work off failed TP groups [planned].", 13))
+    assert main(["failover"]) == ExitCode.UNKNOWN
     assert "issue #13" in capsys.readouterr().err
 
 
