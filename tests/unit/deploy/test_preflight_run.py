@@ -1,0 +1,127 @@
+"""run_preflight's wiring: the node reader's real output through a fake fleet, given facts,
+unreachable hosts as rows; the node reader's error paths."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+from clusterctl.deploy import preflight_node
+from clusterctl.deploy.memory import MiB
+from clusterctl.deploy.preflight import run_preflight
+from clusterctl.fleet.results import HostResult, HostStatus, RunResults
+from clusterctl.inventory.model import GpuRef, Host, Instance
+from clusterctl.probe.facts import parse_facts
+from unit.deploy.preflight_helpers import FIXTURES, inventory, make_sparse
+
+
+def _facts(processes: list[dict[str, Any]] | None = None) -> Any:
+    dev = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_total": 81559 * MiB,
+           "memory_used": 516 * MiB, "memory_free": 81043 * MiB, "processes": []} for i in range(8)]
+    if processes:
+        dev[0]["processes"] = processes
+        held = sum(p["used_memory"] for p in processes)
+        dev[0]["memory_used"] += held
+        dev[0]["memory_free"] -= held
+    return parse_facts({"schema": 1, "collected_at": "2026-11-30T15:00:00Z", "host": {},
+                        "gpus": {"available": True, "devices": dev}, "nics": []})
+
+
+class FakeFleet:
+    """Answers the node reader by running it here, with a recorded `ss` output instead of the real one."""
+
+    def __init__(self, hosts: list[Host], model_dirs: dict[str, str], ss: str, down: set[str] = frozenset()):
+        self.hosts, self.model_dirs, self.ss, self.down = hosts, model_dirs, ss, down
+        self.commands: list[Any] = []
+
+    def run(self, command: Any, **kw: Any) -> RunResults:
+        out = RunResults()
+        if isinstance(command, str):  # the probe: only the down host matters here
+            for h in self.hosts:
+                out.add(HostResult(h.name, HostStatus.UNREACHABLE if h.name in self.down else HostStatus.FAILED,
+                                   rc=None if h.name in self.down else 1, error="connection refused"))
+            return out
+        self.commands.append((command, kw))
+        for h, cmd in command.items():
+            if h in self.down:
+                out.add(HostResult(h, HostStatus.UNREACHABLE, error="connection refused"))
+                continue
+            req = json.loads(cmd.split(" ", 2)[2].strip("'"))
+            doc = {"models": {p: preflight_node.model_sizes(self.model_dirs.get(p, p)) for p in req["models"]},
+                   "listeners": {"ss": self.ss, "error": None}, "pid_units": {"1733": "run-u9.service"}}
+            out.add(HostResult(h, HostStatus.OK, rc=0, stdout=json.dumps(doc)))
+        return out
+
+
+def test_run_preflight_reads_through_the_fleet(tmp_path: Path) -> None:
+    inv = inventory()
+    inv.hosts["gpu02"] = Host("gpu02", "10.0.0.2", gpus=inv.hosts["gpu01"].gpus)
+    model = tmp_path / "qwen3-8b"
+    make_sparse("Qwen3-8B", model)
+    insts = {
+        "a": Instance("a", "qwen3-8b", "vllm-0.11", (GpuRef("gpu01", 0),), 8000,
+                      args={"gpu-memory-utilization": 0.9, "max-model-len": 8192}),
+        "b": Instance("b", "qwen3-8b", "vllm-0.11", (GpuRef("gpu01", 1),), 8001, args={"max-model-len": 8192}),
+        "c": Instance("c", "qwen3-8b", "vllm-0.11", (GpuRef("gpu02", 0),), 8000, args={}),
+    }
+    ss = (FIXTURES / "ss_foreign_http_server.txt").read_text().replace(":8000 ", ":8001 ")
+    fleet = FakeFleet([inv.hosts["gpu01"], inv.hosts["gpu02"]], {"/models/qwen3-8b": str(model)}, ss,
+                      down={"gpu02"})
+    other = {"pid": 4242, "used_memory": 40 * 1024 * MiB, "name": "python", "unit": "train.service"}
+    events: list[str] = []
+    rep = run_preflight(inv, insts, fleet, facts={"gpu01": _facts([other])}, on_event=events.append)
+    # One reader run for both hosts, as root, the script on stdin.
+    [(cmd, kw)] = fleet.commands
+    assert set(cmd) == {"gpu01", "gpu02"} and kw["sudo"] is True and b"safetensors" in kw["stdin"]
+    assert [p.check for p in rep.row("a").problems] == ["gpu.free"]         # 40 GiB held by train.service
+    assert "train.service" in rep.row("a").problems[0].message
+    assert [p.check for p in rep.row("b").problems] == ["port.taken"]       # python3 pid 1733 on 8001
+    assert "run-u9.service" in rep.row("b").problems[0].message
+    c = rep.row("c").problems
+    assert [p.check for p in c] == ["host.unreadable"] and "connection refused" in c[0].message
+    assert rep.row("a").weights_source == "safetensors" and rep.refused == ["a", "b", "c"]
+    assert events[-1] == "pre-flight: 3 instance(s), 3 refused"
+    assert json.loads(json.dumps(rep.to_json()))["refused"] == ["a", "b", "c"]
+
+
+def _header(path: Path, header: bytes) -> None:
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+
+
+def test_node_reader_errors_name_the_file(tmp_path: Path) -> None:
+    assert "config.json" in preflight_node.model_sizes(str(tmp_path / "nope"))["error"]
+    (tmp_path / "config.json").write_text("{}")
+    assert "no *.safetensors" in preflight_node.model_sizes(str(tmp_path))["error"]
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40))
+    assert "not plausible" in preflight_node.model_sizes(str(tmp_path))["error"]
+    _header(tmp_path / "model.safetensors", b'{"a": {"dtype": "BF16", "shape": [2]}}')
+    assert "model.safetensors" not in preflight_node.model_sizes(str(tmp_path)).get("weights", {})
+    assert "data_offsets" in preflight_node.model_sizes(str(tmp_path))["error"]
+
+
+def test_node_reader_classifies_tensors(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    tensors = {"__metadata__": {"format": "pt"},
+               "model.embed_tokens.weight": {"dtype": "BF16", "shape": [100, 8], "data_offsets": [0, 1600]},
+               "model.layers.0.input_layernorm.weight": {"dtype": "BF16", "shape": [8], "data_offsets": [0, 16]},
+               "model.layers.0.self_attn.k_proj.weight": {"dtype": "BF16", "shape": [4, 8], "data_offsets": [0, 64]},
+               "model.layers.0.self_attn.k_proj.bias": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]},
+               "model.layers.0.mlp.down_proj.weight": {"dtype": "BF16", "shape": [8, 8], "data_offsets": [0, 128]},
+               "model.layers.0.mlp.down_proj.qzeros": {"dtype": "I32", "shape": [1, 1], "data_offsets": [0, 4]}}
+    _header(tmp_path / "model.safetensors", json.dumps(tensors).encode())
+    w = preflight_node.model_sizes(str(tmp_path))["weights"]
+    assert w == {"replicated": 16, "split": 4, "split_linear": 128, "kv": 8, "kv_linear": 64,
+                 "vocab": [[100, 1600]]}
+
+
+def test_node_reader_main_prints_one_json_document(tmp_path: Path) -> None:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert preflight_node.main(["-", json.dumps({"models": [str(tmp_path)], "ports": True})]) == 0
+    doc = json.loads(buf.getvalue())
+    assert "error" in doc["models"][str(tmp_path)]
+    assert "listeners" in doc and isinstance(doc["pid_units"], dict)
