@@ -101,8 +101,9 @@ def check_port(listeners: list[Listener], port: int, own_unit: str, pid_units: M
             res.own.append(li)
             continue
         res.conflicts.append(li)
-        if not li.pids:
-            res.owners.append(f"an unidentified process on {li.address}:{li.port}")
-        for name, pid, unit in zip(li.names, li.pids, units):
-            res.owners.append(f"{name} (pid {pid}" + (f", {unit})" if unit else ")"))
+        owners = [f"{name} (pid {pid}" + (f", {unit})" if unit else ")")
+                  for name, pid, unit in zip(li.names, li.pids, units)]
+        for o in owners or [f"an unidentified process on {li.address}:{li.port}"]:
+            if o not in res.owners:  # one process often listens on IPv4 and IPv6
+                res.owners.append(o)
     return res

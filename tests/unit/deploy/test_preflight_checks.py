@@ -42,7 +42,8 @@ def test_foreign_process_on_the_port_is_a_conflict() -> None:
     assert not pc.free and pc.owners == ["python3 (pid 1733, run-r3f2.service)"]
     assert check_port(ls, 8001, "clusterctl-q.service", {}).free
     # IPv6 wildcard [::]:22 and 0.0.0.0:22 both count for port 22.
-    assert len(check_port(ls, 22, "clusterctl-q.service", {412: "ssh.service"}).conflicts) == 2
+    ssh = check_port(ls, 22, "clusterctl-q.service", {412: "ssh.service"})
+    assert len(ssh.conflicts) == 2 and ssh.owners == ["sshd (pid 412, ssh.service)"]
 
 
 def test_the_instance_own_unit_is_not_a_conflict() -> None:
