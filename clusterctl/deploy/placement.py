@@ -30,6 +30,7 @@ named ``<template>-<n>`` (n = 1, 2, ...).  The rules, in order:
 from __future__ import annotations
 
 import copy
+import heapq
 import itertools
 from dataclasses import dataclass, field, fields
 from typing import Any, Collection, Iterable, Mapping, Sequence
@@ -127,16 +128,21 @@ def _group_cost(group: tuple[int, ...], ranks: dict[tuple[int, int], int] | None
 
 def best_group(free: Sequence[int], tp: int, topology: HostTopology | None = None) -> tuple[int, ...] | None:
     """The closest ``tp`` GPUs among ``free`` indexes (rules in the module doc); ``None`` if too few."""
-    free = sorted(free)
+    found = _best_group(sorted(free), tp, _pair_ranks(topology))
+    return found[1] if found else None
+
+
+def _best_group(free: list[int], tp: int, ranks: dict[tuple[int, int], int] | None
+                ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(cost, group) of the closest ``tp`` of the sorted ``free`` indexes; ``None`` if too few."""
     if tp < 1 or len(free) < tp:
         return None
-    ranks = _pair_ranks(topology)
     candidates: Iterable[tuple[int, ...]]
     if _combinations(len(free), tp) <= MAX_COMBINATIONS:
         candidates = itertools.combinations(free, tp)
     else:
         candidates = (tuple(free[i:i + tp]) for i in range(len(free) - tp + 1))
-    return min(candidates, key=lambda g: _group_cost(g, ranks))
+    return min((_group_cost(g, ranks), g) for g in candidates)
 
 
 def _combinations(n: int, k: int) -> int:
@@ -239,8 +245,7 @@ def desired_instances(inv: Inventory, state: DeployState, *,
     from clusterctl.inventory.select import select_hosts
 
     topology = topology or {}
-    out = state.copy()
-    out.placements = {}
+    out = DeployState(placements={}, cordons=dict(state.cordons), replicas=dict(state.replicas))
     board = _Board(inv, state)
     result = PlacementResult(instances=dict(inv.instances), state=out)
     for inst in inv.instances.values():
@@ -271,6 +276,7 @@ def desired_instances(inv: Inventory, state: DeployState, *,
     for tpl, names, hosts in wanted.values():
         recorded = state.placements.get(tpl.name, {})
         kept[tpl.name] = {}
+        host_set = set(hosts)
         for name in sorted(recorded, key=lambda n: replica_number(tpl.name, n) or 0):
             p = recorded[name]
             if name not in names:
@@ -281,7 +287,7 @@ def desired_instances(inv: Inventory, state: DeployState, *,
                 board.ports.setdefault(p.host, set()).add(p.port)  # free again only once it has moved
                 why_new[name] = "moved on request"
                 continue
-            why = _invalid(inv, tpl, set(hosts), p, board)
+            why = _invalid(inv, tpl, host_set, p, board)
             if why:
                 why_new[name] = why
                 continue
@@ -303,6 +309,8 @@ def desired_instances(inv: Inventory, state: DeployState, *,
         per_host = {h: 0 for h in hosts}
         for p in kept[tpl.name].values():
             per_host[p.host] = per_host.get(p.host, 0) + 1
+        queue: _HostQueue | None = None  # built on the first replica to place
+        no_room = ""
         for name in names:
             p_kept = kept[tpl.name].get(name)
             if p_kept is not None:
@@ -312,12 +320,15 @@ def desired_instances(inv: Inventory, state: DeployState, *,
                     result.on_cordoned[name] = cordon
                 continue
             previous = state.placements.get(tpl.name, {}).get(name) if name in move else None
-            p_new = _place(tpl, hosts, per_host, board, topology, avoid, previous)
+            queue = queue or _HostQueue(tpl, hosts, per_host, board, topology, avoid)
+            p_new = queue.place(previous)
             if p_new is None:
-                result.unplaced[name] = _no_room(inv, tpl, hosts, board, avoid)
+                no_room = no_room or _no_room(inv, tpl, hosts, board, avoid)
+                result.unplaced[name] = no_room
                 continue
             board.claim(name, p_new.host, p_new.gpus, p_new.port)
             per_host[p_new.host] += 1
+            queue.refresh(p_new.host)
             placed[name] = p_new
             if name in why_new:
                 result.moved[name] = why_new[name]
@@ -330,26 +341,55 @@ def desired_instances(inv: Inventory, state: DeployState, *,
     return result
 
 
-def _place(tpl: InstanceTemplate, hosts: list[str], per_host: dict[str, int], board: _Board,
-           topology: Mapping[str, HostTopology], avoid: Collection[GpuRef],
-           previous: Placement | None) -> Placement | None:
-    """The best free group for one new replica; ``previous``: where a moving replica was
-    (its port stays claimed, and is reused when it stays on that host)."""
-    best: tuple[tuple[Any, ...], str, tuple[int, ...]] | None = None
-    for order, host in enumerate(hosts):
-        group = best_group(board.free(host, avoid), tpl.tp, topology.get(host))
-        if group is None:
-            continue
-        key = (per_host.get(host, 0), _group_cost(group, _pair_ranks(topology.get(host)))[:3], order)
-        if best is None or key < best[0]:
-            best = (key, host, group)
-    if best is None:
+class _HostQueue:
+    """The hosts of one template, best first: fewest replicas of it, closest free group, inventory order.
+
+    A heap of (key, version, host); only the host that just received a
+    replica is re-scored, so placing R replicas over H hosts costs about
+    R log H, not R x H.
+    """
+
+    def __init__(self, tpl: InstanceTemplate, hosts: list[str], per_host: dict[str, int], board: _Board,
+                 topology: Mapping[str, HostTopology], avoid: Collection[GpuRef]) -> None:
+        self.tpl, self.per_host, self.board, self.avoid = tpl, per_host, board, avoid
+        self.order = {h: i for i, h in enumerate(hosts)}
+        self.ranks = {h: _pair_ranks(topology.get(h)) for h in hosts}
+        self.version = dict.fromkeys(hosts, 0)
+        self.group: dict[str, tuple[int, ...]] = {}
+        self.heap: list[tuple[tuple[Any, ...], int, str]] = []
+        for h in hosts:
+            self.refresh(h)
+
+    def refresh(self, host: str) -> None:
+        """Re-score ``host`` after its free GPUs or replica count changed."""
+        self.version[host] += 1
+        found = _best_group(self.board.free(host, self.avoid), self.tpl.tp, self.ranks[host])
+        if found is None:
+            self.group.pop(host, None)
+            return
+        cost, group = found
+        self.group[host] = group
+        key = (self.per_host.get(host, 0), cost[:3], self.order[host])
+        heapq.heappush(self.heap, (key, self.version[host], host))
+
+    def place(self, previous: Placement | None) -> Placement | None:
+        """The best free group and its port for one new replica, or ``None`` when none is left.
+
+        ``previous``: where a moving replica was (its port stays claimed, and is
+        reused when it lands on that host again).
+        """
+        while self.heap:
+            _, version, host = heapq.heappop(self.heap)
+            if version != self.version[host] or host not in self.group:
+                continue  # stale entry
+            group = self.group[host]
+            if previous is not None and previous.host == host and previous.port >= self.tpl.port_base:
+                return Placement(host, group, previous.port)
+            port = self.board.port(host, self.tpl.port_base)
+            if port is not None:
+                return Placement(host, group, port)
+            self.group.pop(host)  # no port left on this host
         return None
-    _, host, group = best
-    if previous is not None and previous.host == host and previous.port >= tpl.port_base:
-        return Placement(host, group, previous.port)
-    port = board.port(host, tpl.port_base)
-    return None if port is None else Placement(host, group, port)
 
 
 def reschedule(inv: Inventory, state: DeployState, instance_names: Collection[str],
