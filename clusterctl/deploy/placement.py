@@ -77,10 +77,12 @@ class PlacementResult:
     on_cordoned: dict[str, str] = field(default_factory=dict)
     not_moved: dict[str, str] = field(default_factory=dict)
 
+    before: dict[str, dict[str, Placement]] = field(default_factory=dict, repr=False)
+
     @property
     def changed(self) -> bool:
-        """Whether the placements differ from the state given (something to save)."""
-        return bool(self.new or self.moved or self.removed)
+        """Whether ``state.placements`` differs from the state given (something to save)."""
+        return self.state.placements != self.before
 
 
 def replica_name(template: str, n: int) -> str:
@@ -247,7 +249,7 @@ def desired_instances(inv: Inventory, state: DeployState, *,
     topology = topology or {}
     out = DeployState(placements={}, cordons=dict(state.cordons), replicas=dict(state.replicas))
     board = _Board(inv, state)
-    result = PlacementResult(instances=dict(inv.instances), state=out)
+    result = PlacementResult(instances=dict(inv.instances), state=out, before=state.placements)
     for inst in inv.instances.values():
         for ref in inst.placement:
             board.gpu_owner[ref] = inst.name
@@ -294,7 +296,7 @@ def desired_instances(inv: Inventory, state: DeployState, *,
             board.claim(name, p.host, p.gpus, None)
             kept[tpl.name][name] = p
     for tpl, names, hosts in wanted.values():
-        for name, p in kept[tpl.name].items():
+        for name, p in list(kept[tpl.name].items()):
             used = board.ports.setdefault(p.host, set())
             port = p.port if p.port >= tpl.port_base and p.port not in used else board.port(p.host, tpl.port_base)
             if port is None:

@@ -241,3 +241,16 @@ def test_topology_is_read_only_for_the_hosts_that_receive_new_replicas() -> None
     assert where(res)["p-2"] == ("c", (0, 1), 8000)
     again, _ = place(inv, res.state, read)
     assert len(asked) == 1 and where(again) == where(res)
+
+
+def test_a_port_base_raised_above_a_kept_port_renumbers_without_moving_gpus() -> None:
+    first = desired_instances(inventory({"a": 4}, [("p", 2, 2, "a", 8000)]), DeployState())
+    res = desired_instances(inventory({"a": 4}, [("p", 2, 2, "a", 8100)]), first.state)
+    assert where(res) == {"p-1": ("a", (0, 1), 8100), "p-2": ("a", (2, 3), 8101)}
+    assert not res.new and not res.moved and res.changed
+
+
+def test_an_explicit_instance_taking_a_kept_port_renumbers_the_replica() -> None:
+    first = desired_instances(inventory({"a": 4}, [("p", 1, 2, "a", 8000)]), DeployState())
+    res = desired_instances(inventory({"a": 4}, [("p", 1, 2, "a", 8000)], {"x": ("a", [3], 8000)}), first.state)
+    assert where(res)["p-1"] == ("a", (0, 1), 8001) and res.changed
