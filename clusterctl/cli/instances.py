@@ -125,9 +125,11 @@ def render_table(rows: list[Any], group_by: str) -> Any:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for col in ("host" if group_by == "host" else "template", "instance", "state", "unit", "rst", "up",
-                "engine", "model", "gpus", "kv", "run/wait", "tok/s", "load", "note"):
-        table.add_column(col, overflow="fold")
+    for col in ("host" if group_by == "host" else "template", "instance", "state", "rst", "up", "engine", "model",
+                "gpus", "kv", "run/wait", "tok/s", "load"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("note", overflow="fold", min_width=12)
+
     def key(r: Any) -> str:
         return (r.host if group_by == "host" else r.template) or "-"
     prev = None
@@ -135,16 +137,17 @@ def render_table(rows: list[Any], group_by: str) -> Any:
         group = key(r)
         if prev is not None and group != prev:
             table.add_section()
-        sev = r.severity.name
+        note = r.message
+        if r.active and r.state != "serving":
+            note = f"unit {r.active}/{r.sub}" + (f"; {note}" if note else "")
         table.add_row(
             escape(group) if group != prev else "", escape(r.name),
-            f"[{STYLE[sev]}]{escape(r.state)}[/]",
-            escape(f"{r.active}/{r.sub}") if r.active else "-", _num(r.restarts), _age(r.up_s),
+            f"[{STYLE[r.severity.name]}]{escape(r.state)}[/]", _num(r.restarts), _age(r.up_s),
             escape(r.running_version or r.engine_version or r.engine or "-"),
-            escape((r.model or "-") + (f"@{r.model_version}" if r.model_version else "")),
-            escape(_gpu_list(r.gpus)), _num(None if r.kv_usage is None else r.kv_usage * 100, "{:.0f}%"),
-            "-" if r.running is None else f"{r.running:.0f}/{r.waiting or 0:.0f}", _num(r.tokens_per_s, "{:.1f}"),
-            _num(r.load, "{:.2f}"), escape(r.message))
+            escape(r.model_version or r.model or "-"), escape(_gpu_list(r.gpus)),
+            _num(None if r.kv_usage is None else r.kv_usage * 100, "{:.0f}%"),
+            "-" if r.running is None else f"{r.running:.0f}/{r.waiting or 0:.0f}", _num(r.tokens_per_s, "{:.0f}"),
+            _num(r.load, "{:.2f}"), escape(note))
         prev = group
     return table
 
@@ -191,7 +194,11 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
     if json_out:
         print_json({"instances": [r.to_json() for r in rows], "window_s": window, "exit_code": code})
     elif rows:
-        console.print(render_table(rows, group_by))
+        # Piped output is not cut to 80 columns: one full row per instance for grep.
+        from rich.console import Console
+
+        out = console if console.is_terminal else Console(width=240, highlight=False)
+        out.print(render_table(rows, group_by))
     else:
         console.print("no instances in the inventory and no clusterctl units on its hosts")
     raise typer.Exit(code)

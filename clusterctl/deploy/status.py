@@ -46,7 +46,7 @@ from clusterctl.diagnose.findings import Severity
 from clusterctl.inventory.model import Instance, Inventory
 
 #: A load score at or above this is reported as high load (WARN).
-HIGH_LOAD = 0.8
+HIGH_LOAD = 0.6
 #: Seconds an active unit may refuse connections before it counts as unhealthy.
 LOADING_GRACE_S = 900.0
 

@@ -1,0 +1,135 @@
+"""collect_status: unit state + /health + /metrics window -> rows, verdicts and exit codes.
+
+Instances are real HTTP servers on 127.0.0.1 serving /metrics texts recorded
+from the simulator; hosts are a fake transport answering the deploy read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl.deploy.peaks import load_peaks
+from clusterctl.deploy.status import collect_status, exit_code, match_instances
+from clusterctl.diagnose.findings import Severity
+
+from .status_fakes import FakeVllm, fleet_for, inventory, metrics_text, recorded, unit
+
+
+@pytest.fixture
+def servers():
+    made: list[FakeVllm] = []
+
+    def make(*a, **kw) -> FakeVllm:
+        s = FakeVllm(*a, **kw)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+def _rows(inv, units, *, window=0.2, down=(), state_dir=None):
+    fleet, _ = fleet_for(inv, units, down=down)
+    with fleet:
+        rows = collect_status(inv, inv.instances, fleet, window=window, http_timeout=2, state_dir=state_dir)
+    return {r.name: r for r in rows}, rows
+
+
+def test_busy_instance_from_recorded_simulator_metrics(servers, tmp_path: Path) -> None:
+    busy = servers([recorded("sim-0.11-busy.1.prom"), recorded("sim-0.11-busy.2.prom")])
+    idle = servers([recorded("sim-0.11-idle.prom")], version="0.33.0")
+    inv = inventory({"a": ("h1", 0, busy.port), "b": ("h2", 0, idle.port)}, args={"a": {"max-num-seqs": 8}})
+    by, rows = _rows(inv, {"h1": {"a": unit("a", started_s_ago=300)}, "h2": {"b": unit("b", version="0.33.0")}},
+                     state_dir=tmp_path)
+    a, b = by["a"], by["b"]
+    assert (a.state, a.severity, a.healthy, a.running, a.waiting) == ("serving", Severity.WARN, True, 8.0, 16.0)
+    assert a.kv_usage == pytest.approx(0.0758, abs=1e-3)
+    assert a.tokens_per_s is not None and a.tokens_per_s > 1000  # 4096 tokens between the samples
+    # queue 16/8 -> full (0.4) + KV 0.4 * 0.076 + throughput at its own peak (0.2): high load
+    assert a.load == pytest.approx(0.4 + 0.4 * 0.0758 + 0.2, abs=2e-3) and "high load" in a.message
+    assert (b.state, b.severity, b.load, b.running_version, b.engine_version) == \
+        ("serving", Severity.OK, 0.0, "0.33.0", "0.33.0")
+    assert a.up_s == pytest.approx(300, abs=1) and a.gpus == ("h1:0",) and a.model_version == "v1"
+    assert exit_code(rows) == 1
+    assert load_peaks(tmp_path)["a"] == pytest.approx(a.tokens_per_s, rel=1e-3)
+
+
+def test_the_stored_peak_makes_a_lower_rate_a_lower_score(servers, tmp_path: Path) -> None:
+    (tmp_path / "throughput-peaks.json").write_text(json.dumps({"version": 1, "peaks": {"a": 1e6}}))
+    busy = servers([recorded("sim-0.33-busy.1.prom"), recorded("sim-0.33-busy.2.prom")])
+    inv = inventory({"a": ("h1", 0, busy.port)}, args={"a": {"max-num-seqs": 8}})
+    by, _ = _rows(inv, {"h1": {"a": unit("a")}}, state_dir=tmp_path)
+    a = by["a"]
+    assert a.tokens_per_s is not None and a.kv_usage is not None
+    assert a.load == pytest.approx(0.4 + 0.4 * a.kv_usage + 0.2 * a.tokens_per_s / 1e6, abs=1e-3)
+    assert load_peaks(tmp_path)["a"] == 1e6
+
+
+@pytest.mark.parametrize("active,sub,health,restarts,state,severity", [
+    ("active", "running", 200, 0, "serving", Severity.OK),
+    ("active", "running", 200, 3, "serving", Severity.WARN),
+    ("active", "running", 503, 0, "unhealthy", Severity.CRIT),
+    ("activating", "auto-restart", None, 5, "restarting", Severity.CRIT),
+    ("activating", "start", None, 0, "starting", Severity.WARN),
+    ("failed", "failed", None, 0, "failed", Severity.CRIT),
+    ("inactive", "dead", None, 0, "stopped", Severity.CRIT),
+])
+def test_unit_state_and_health_verdicts(servers, active, sub, health, restarts, state, severity) -> None:
+    srv = servers([metrics_text(0, 0)], health=health or 200)
+    inv = inventory({"a": ("h1", 0, srv.port)})
+    by, rows = _rows(inv, {"h1": {"a": unit("a", active=active, sub=sub, restarts=restarts)}}, window=0)
+    assert (by["a"].state, by["a"].severity) == (state, severity), by["a"]
+    assert exit_code(rows) == int(severity)
+    if state == "unhealthy":
+        assert by["a"].load == 1.0 and "/health: HTTP 503" in by["a"].message
+
+
+def test_active_but_not_listening_is_starting_then_unhealthy(servers) -> None:
+    srv = servers()
+    port = srv.port
+    srv.close()  # nothing listens: connection refused, as while vLLM loads
+    inv = inventory({"a": ("h1", 0, port)})
+    by, _ = _rows(inv, {"h1": {"a": unit("a", started_s_ago=30)}}, window=0)
+    assert (by["a"].state, by["a"].severity) == ("starting", Severity.WARN)
+    by, _ = _rows(inv, {"h1": {"a": unit("a", started_s_ago=3600)}}, window=0)
+    assert (by["a"].state, by["a"].severity) == ("unhealthy", Severity.CRIT)
+
+
+def test_absent_extra_and_unreachable_hosts_are_rows(servers) -> None:
+    srv = servers()
+    inv = inventory({"a": ("h1", 0, srv.port), "b": ("h2", 0, 8000), "c": ("h1", 1, 9)})
+    t0 = time.monotonic()
+    by, rows = _rows(inv, {"h1": {"a": unit("a"), "old": unit("old", port=srv.port)}}, down=("h2",))
+    assert time.monotonic() - t0 < 5
+    assert by["a"].state == "serving"
+    assert (by["b"].state, by["b"].severity) == ("unknown", Severity.UNKNOWN)
+    assert (by["c"].state, by["c"].severity) == ("absent", Severity.CRIT)
+    assert (by["old"].state, by["old"].severity, by["old"].host) == ("extra", Severity.WARN, "h1")
+    assert exit_code(rows) == 2
+    assert [r.name for r in rows] == ["a", "c", "old", "b"]  # by host, then name
+
+
+def test_unreachable_only_is_unknown_exit_3() -> None:
+    inv = inventory({"b": ("h2", 0, 8000)})
+    _, rows = _rows(inv, {}, down=("h1", "h2"))
+    assert exit_code(rows) == 3
+
+
+def test_metrics_unreadable_on_a_healthy_instance_is_warn(servers) -> None:
+    srv = servers(["not prometheus at all\n"])
+    inv = inventory({"a": ("h1", 0, srv.port)})
+    by, _ = _rows(inv, {"h1": {"a": unit("a")}}, window=0)
+    assert (by["a"].state, by["a"].severity, by["a"].load) == ("serving", Severity.WARN, 1.0)
+    assert "no vllm: metrics" in by["a"].message
+
+
+@pytest.mark.parametrize("pattern,expected", [
+    (None, ["q-1", "q-2", "llama"]), ("all", ["q-1", "q-2", "llama"]), ("q-*", ["q-1", "q-2"]),
+    ("q-*,!q-2", ["q-1"]), ("llama,q-2", ["q-2", "llama"]), ("nope", []),
+])
+def test_match_instances(pattern, expected) -> None:
+    assert match_instances(["q-1", "q-2", "llama"], pattern) == expected
