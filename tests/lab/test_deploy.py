@@ -1,0 +1,235 @@
+"""clusterctl deploy on the 4-host lab: 8 instances of a tiny synthetic model behind real systemd.
+
+One module-scoped deployment (6 template replicas + 2 explicit instances,
+all with VLLM_SIM_TIME_SCALE=0) is shared by the tests, which run in file
+order: each leaves the hosts as the inventory of ``BASE`` describes them.
+The last fixture step removes every unit, env file, previous copy, lock and
+the staged model it created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from clusterctl.deploy import lock
+from clusterctl.deploy.engine import Deploy, DeployOptions, DeployReport
+from clusterctl.deploy.rollout import parse_serial
+from clusterctl.fleet import Fleet
+from clusterctl.inventory.loader import load_inventory
+
+KEY = "dp-secret-7f3a9c11e2"
+KEY_ENV = "CLUSTERCTL_TEST_DEPLOY_KEY"
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = {"model": "tiny", "engine": "vllm-0.11", "replicas": 6, "tp": 1, "hosts": "all", "port_base": 8200,
+            "args": {"max-model-len": 2048}, "env": {"VLLM_SIM_TIME_SCALE": "0"},
+            "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}}}
+
+
+def explicit(placement: str, port: int, **args: Any) -> dict[str, Any]:
+    return {"model": "tiny", "engine": "vllm-0.11", "placement": placement, "port": port,
+            "args": {"max-model-len": 2048, **args}, "env": {"VLLM_SIM_TIME_SCALE": "0"},
+            "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}}}
+
+
+class World:
+    """The lab, the test inventory (rewritten per scenario) and helpers."""
+
+    def __init__(self, lab: Any, root: Path, model_dir: Path):
+        self.lab, self.root, self.model_dir = lab, root, model_dir
+        self.inv_path = root / "inventory.yaml"
+        self.state_dir = root / "state"
+        self.base = yaml.safe_load(Path(lab.inventory).read_text())
+
+    def write(self, template: dict[str, Any] | None = None, **instances: dict[str, Any]) -> None:
+        doc = dict(self.base)
+        doc["models"] = {"tiny": {"path": "/models/dp-tiny", "source": str(self.model_dir), "version": "v1",
+                                  "served_name": "tiny",
+                                  "arch": {"layers": 2, "hidden_size": 256, "attention_heads": 4, "kv_heads": 2,
+                                           "head_dim": 64, "vocab": 4096, "params": 3278336,
+                                           "dtype": "bfloat16"}}}
+        doc["templates"] = {"pool": template or TEMPLATE}
+        doc["instances"] = instances or {"e1": explicit("dp01:7", 8300), "e2": explicit("dp03:7", 8300)}
+        self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def deploy(self, **opts: Any) -> DeployReport:
+        inv = load_inventory(str(self.inv_path))
+        serial = parse_serial(opts.pop("serial", None))
+        o = DeployOptions(serial=serial, gate_timeout_s=opts.pop("gate_timeout_s", 60), **opts)
+        return Deploy(inv, list(inv.hosts.values()), self.fleet, str(self.state_dir), o).run()
+
+    @staticmethod
+    def fleet(hosts: Any) -> Fleet:
+        return Fleet(list(hosts), connect_timeout=10, command_timeout=120)
+
+    def cli(self, *args: str, state_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, KEY_ENV: KEY, "PYTHONPATH": str(REPO)}
+        return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args, "-i", str(self.inv_path),
+                               "--state-dir", str(state_dir or self.state_dir)],
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    def units(self) -> dict[str, tuple[str, int, int, int]]:
+        """instance -> (ActiveState, MainPID, ExecMainStartTimestampMonotonic, NRestarts) on every host."""
+        out: dict[str, tuple[str, int, int, int]] = {}
+        for host in self.lab.names:
+            text = self.lab.run(host, "systemctl show -p Id,ActiveState,MainPID,ExecMainStartTimestampMonotonic,"
+                                      "NRestarts 'clusterctl-*.service'", check=True).stdout
+            for block in text.strip().split("\n\n"):
+                d = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+                if d.get("Id", "").startswith("clusterctl-"):
+                    out[d["Id"][len("clusterctl-"):-len(".service")]] = (
+                        d["ActiveState"], int(d["MainPID"]), int(d["ExecMainStartTimestampMonotonic"]),
+                        int(d["NRestarts"]))
+        return out
+
+    def where(self) -> dict[str, str]:
+        """instance -> the host that has its unit."""
+        out = {}
+        for host in self.lab.names:
+            ls = self.lab.run(host, "ls /etc/systemd/system/ | grep '^clusterctl-.*\\.service$'").stdout
+            out.update({u[len("clusterctl-"):-len(".service")]: host for u in ls.split()})
+        return out
+
+    def x(self, host: str, instance: str) -> str:
+        return self.lab.run(host, f"cat /etc/systemd/system/clusterctl-{instance}.service", check=True).stdout
+
+    def cleanup(self) -> None:
+        for host in self.lab.names:
+            self.lab.run(host, "for u in $(systemctl list-unit-files 'clusterctl-*.service' --no-legend | "
+                               "awk '{print $1}'); do systemctl disable --now $u; done; "
+                               "rm -f /etc/systemd/system/clusterctl-*.service; rm -rf /etc/clusterctl/instances "
+                               "/var/lib/clusterctl/deploy /var/lib/clusterctl/deploy.lock "
+                               "/models/dp-tiny /models/.versions/dp-tiny; systemctl daemon-reload; "
+                               "systemctl reset-failed 'clusterctl-*'", timeout=120)
+
+
+@pytest.fixture(scope="module")
+def world(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    root = tmp_path_factory.mktemp("deploy")
+    model_dir = root / "tiny"
+    subprocess.run([sys.executable, "-m", "clusterctl.lab.vllm_sim", "make-model", "tiny", str(model_dir)],
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    os.environ[KEY_ENV] = KEY
+    w = World(lab, root, model_dir)
+    w.cleanup()
+    w.write()
+    rep = w.deploy(serial="1,100%")
+    assert rep.result == "ok", json.dumps(rep.to_dict(), indent=1)[:4000]
+    try:
+        yield w
+    finally:
+        w.cleanup()
+        os.environ.pop(KEY_ENV, None)
+
+
+def test_eight_instances_from_a_template_pass_their_gates(world: World) -> None:
+    units = world.units()
+    assert sorted(units) == ["e1", "e2"] + [f"pool-{n}" for n in range(1, 7)]
+    assert all(state == "active" and restarts == 0 for state, _, _, restarts in units.values())
+    assert set(world.where().values()) == set(world.lab.names)  # replicas spread over every host
+
+
+def test_second_deploy_restarts_nothing(world: World) -> None:
+    before = world.units()
+    rep = world.deploy()
+    assert rep.result == "nothing" and rep.plan.counts()["unchanged"] == 8
+    assert world.units() == before
+
+
+def test_changing_one_instances_flags_restarts_only_that_one(world: World) -> None:
+    before = world.units()
+    world.write(e1=explicit("dp01:7", 8300, **{"max-num-seqs": 64}), e2=explicit("dp03:7", 8300))
+    plan = world.cli("deploy", "--plan", "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["plan"]["counts"] == {
+        "new": 0, "changed": 1, "start": 0, "unchanged": 7, "remove": 0}
+    rep = world.deploy()
+    assert rep.result == "ok" and [i.instance for h in rep.plan.hosts for i in h.changes] == ["e1"]
+    after = world.units()
+    assert after["e1"][2] != before["e1"][2] and after["e1"][0] == "active"
+    assert {k: v for k, v in after.items() if k != "e1"} == {k: v for k, v in before.items() if k != "e1"}
+    world.write()
+    assert world.deploy().result == "ok"
+
+
+def test_engine_upgrade_rolls_out_in_batches_and_rollback_restores(world: World) -> None:
+    world.write(template={**TEMPLATE, "engine": "vllm-0.33"})
+    rep = world.deploy(serial="1,50%")
+    assert rep.result == "ok", rep.to_dict()
+    assert [len(b) for b in rep.batches] == [1, 2, 1]
+    pools = {n: h for n, h in world.where().items() if n.startswith("pool-")}
+    assert all("EngineVersion=0.33.0" in world.x(h, n) for n, h in pools.items())
+    res = world.cli("rollback", "--instances", "pool-*", "--json", "--gate-timeout", "60")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert all("EngineVersion=0.11.0" in world.x(h, n) for n, h in pools.items())
+    assert all(state == "active" for state, *_ in world.units().values())
+    world.write()
+    assert world.deploy().result == "nothing"  # back to what the base inventory says
+
+
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+def test_failing_canary_stops_the_rollout_and_rolls_back(world: World, fault: str) -> None:
+    before = world.units()
+    if fault == "dies":  # longer than the model's 4096 positions: vLLM exits 1 at start
+        tpl = {**TEMPLATE, "args": {"max-model-len": 65536}}
+    else:  # every simulated start-up delay x 1000: loading never ends within the gate timeout
+        tpl = {**TEMPLATE, "env": {"VLLM_SIM_TIME_SCALE": "1000"}}
+    world.write(template=tpl)
+    rep = world.deploy(serial="1", gate_timeout_s=10 if fault == "hangs" else 60, force=True)  # past pre-flight
+    assert rep.result == "rolled_back", rep.to_dict()
+    canary = rep.batches[0][0]
+    assert rep.hosts[canary].status == "rolled_back"
+    assert all(rep.hosts[h].status == "not_reached" for b in rep.batches[1:] for h in b)
+    after = world.units()
+    placed = world.where()
+    for name, (state, pid, started, _) in before.items():
+        assert after[name][0] == "active", (name, after[name])
+        if placed[name] != canary:
+            assert after[name][1:3] == (pid, started), name  # hosts not reached: untouched
+    world.write()
+    assert world.deploy().result == "nothing"
+
+
+def test_concurrent_deploy_from_a_second_state_dir_is_refused(world: World) -> None:
+    other = lock.LockInfo(holder="alice@other-control")
+    inv = load_inventory(str(world.inv_path))
+    with world.fleet(list(inv.hosts.values())) as fleet:
+        got = lock.acquire(fleet, ["dp02"], other)
+        assert got.locked == ["dp02"]
+        try:
+            world.write(e1=explicit("dp01:7", 8300), e2=explicit("dp03:7", 8300, **{"max-num-seqs": 32}),
+                        e3=explicit("dp02:6", 8301))
+            res = world.cli("deploy", state_dir=world.root / "second")
+            assert res.returncode == 3, res.stdout + res.stderr
+            assert "alice@other-control" in res.stderr and other.run_id in res.stderr
+            assert "e3" not in world.units() and world.units()["e2"][0] == "active"
+        finally:
+            lock.release(fleet, ["dp02"], other.run_id)
+    world.write()
+    assert world.lab.run("dp02", "test -e /var/lib/clusterctl/deploy.lock").returncode != 0
+
+
+def test_secrets_stay_out_of_units_ps_journal_and_plan(world: World) -> None:
+    world.write(e1=explicit("dp01:7", 8300, **{"max-num-seqs": 16}), e2=explicit("dp03:7", 8300))
+    plan = world.cli("deploy", "--plan")
+    plan_json = world.cli("deploy", "--plan", "--json")
+    assert plan.returncode == 0 and "e1: changed" in plan.stdout, plan.stdout + plan.stderr
+    assert KEY not in plan.stdout + plan.stderr + plan_json.stdout + plan_json.stderr
+    world.write()
+    for host in world.lab.names:
+        units = world.lab.run(host, "cat /etc/systemd/system/clusterctl-*.service", check=True).stdout
+        ps = world.lab.run(host, "ps -eo args", check=True).stdout
+        journal = world.lab.run(host, "journalctl --no-pager -o cat | tail -n 20000", timeout=60).stdout
+        mode = world.lab.run(host, "stat -c '%a %U' /etc/clusterctl/instances/*.env", check=True).stdout
+        assert KEY not in units and KEY not in ps and KEY not in journal, host
+        assert set(mode.split("\n")) - {""} == {"600 root"}, mode
+    audit = (world.state_dir / "audit.jsonl").read_text()
+    assert KEY not in audit and '"kind": "deploy"' in audit
