@@ -1,0 +1,308 @@
+"""The gateway on the lab: real nginx (+ njs) on the first host in front of simulator instances.
+
+Four simulator instances run as ``clusterctl-NAME.service`` units on the
+second and third hosts: ``g-a1``, ``g-a2``, ``g-a3`` serve model ``tiny``;
+``g-c1`` serves ``tiny-v2`` (the same served name: a candidate version).
+The gateway is installed with ``clusterctl gateway deploy``; which instance
+answered is nginx's ``X-Gateway-Instance`` header, and what reached the
+candidate is its own ``/metrics``.  Streams are slowed with the simulator's
+slow-down fault (start-up stays fast at time scale 0.05).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterctl.cli.main import main
+from clusterctl.fleet.fleet import Fleet
+from clusterctl.gateway.deploy import apply_gateway
+from clusterctl.gateway.render import RenderedGateway, ServerState, render_gateway
+from clusterctl.inventory.loader import load_inventory
+from clusterctl.inventory.model import GrayRelease, Mirror
+
+from support.http import http, wait_healthy
+
+MODEL_DIR = "/models/tiny"
+GW_PORT = 8080
+#: instance -> (host index in the lab, GPU, port, inventory model)
+INSTANCES = {"g-a1": (1, 0, 8101, "tiny"), "g-a2": (2, 0, 8101, "tiny"),
+             "g-a3": (2, 1, 8102, "tiny"), "g-c1": (1, 1, 8102, "tiny-v2")}
+UNIT = """[Unit]
+Description=clusterctl instance {name} (gateway lab test)
+
+[Service]
+Type=exec
+Environment=VLLM_SIM_TIME_SCALE=0.05 CUDA_VISIBLE_DEVICES={gpu}
+ExecStart=/opt/vllm-0.11/bin/vllm serve {model_dir} --port {port} --served-model-name tiny --gpu-memory-utilization 0.3 --max-model-len 2048
+
+[X-Clusterctl]
+Instance={name}
+Model={model}
+Engine=vllm-0.11
+EngineVersion=0.11.0
+GPUs={gpu}
+Port={port}
+"""
+
+
+def _install(lab: Any, host: str, name: str, gpu: int, port: int, model: str) -> None:
+    unit = UNIT.format(name=name, gpu=gpu, port=port, model=model, model_dir=MODEL_DIR)
+    path = f"/etc/systemd/system/clusterctl-{name}.service"
+    lab.run(host, f"test -d {MODEL_DIR} || vllm-sim make-model tiny {MODEL_DIR} >/dev/null; "
+                  f"cat > {path}.tmp && mv {path}.tmp {path} && systemctl daemon-reload && "
+                  f"systemctl restart clusterctl-{name}.service", input=unit, check=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def gw(lab, tmp_path_factory):
+    names = lab.names
+    assert len(names) >= 3, "the gateway test needs 3 lab hosts"
+    hosts = {n: names[i] for n, (i, _, _, _) in INSTANCES.items()}
+    text = Path(lab.inventory).read_text()
+    text += ("models:\n"
+             f"  tiny: {{path: {MODEL_DIR}, served_name: tiny}}\n"
+             f"  tiny-v2: {{path: {MODEL_DIR}, served_name: tiny}}\n"
+             "instances:\n")
+    for n, (_, gpu, port, model) in INSTANCES.items():
+        text += f"  {n}: {{model: {model}, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}}}\n"
+    text += (f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 1\n"
+             "  sync_interval_s: 1\n  read_timeout_s: 600\n")
+    d = tmp_path_factory.mktemp("gateway")
+    inv_path = d / "inventory.yaml"
+    inv_path.write_text(text)
+    for n, (_, gpu, port, model) in INSTANCES.items():
+        _install(lab, hosts[n], n, gpu, port, model)
+    for n, (_, _, port, _) in INSTANCES.items():
+        wait_healthy(lab, hosts[n], f"http://{lab.host(hosts[n]).address}:{port}/health",
+                     f"clusterctl-{n}.service", timeout=90)
+    state = d / "state"
+    rc = main(["gateway", "deploy", names[0], "-i", str(inv_path), "--state-dir", str(state)])
+    assert rc == 0
+    env = {"inv": str(inv_path), "state": str(state), "hosts": hosts, "gw_host": names[0],
+           "url": f"http://{lab.host(names[0]).address}:{GW_PORT}"}
+    yield env
+    for n, host in hosts.items():
+        lab.run(host, f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
+                      "systemctl daemon-reload; systemctl reset-failed", timeout=120)
+    lab.run(names[0], "systemctl disable --now nginx.service", timeout=60)
+
+
+def _ask(gw: dict, session: str | None = None, model: str = "tiny", max_tokens: int = 2) -> tuple[int, str, dict]:
+    """One non-streamed completion through the gateway: (status, instance that answered, body)."""
+    req = urllib.request.Request(gw["url"] + "/v1/completions", headers={
+        "Content-Type": "application/json", **({"X-Session-ID": session} if session else {})},
+        data=json.dumps({"model": model, "prompt": "hello there", "max_tokens": max_tokens}).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers.get("X-Gateway-Instance", ""), json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("X-Gateway-Instance", ""), json.loads(e.read() or b"{}")
+
+
+def _stream(gw: dict, session: str, max_tokens: int, out: dict, started: threading.Event) -> None:
+    """A streamed completion through the gateway; ``out``: instance, chunks, done ([DONE] seen), error."""
+    req = urllib.request.Request(gw["url"] + "/v1/completions", headers={
+        "Content-Type": "application/json", "X-Session-ID": session},
+        data=json.dumps({"model": "tiny", "prompt": "a long story", "max_tokens": max_tokens,
+                         "ignore_eos": True, "stream": True}).encode())
+    out.update(chunks=0, done=False, error=None, instance=None)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            out["instance"] = r.headers.get("X-Gateway-Instance")
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("data: "):
+                    out["chunks"] += 1
+                    if out["chunks"] == 3:
+                        started.set()
+                    out["done"] = out["done"] or line == "data: [DONE]"
+    except Exception as e:  # noqa: BLE001 - a cut stream is what the test looks for
+        out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        started.set()
+
+
+def _slow(lab, gw: dict, name: str, factor: int) -> None:
+    port = INSTANCES[name][2]
+    body = json.dumps({"fault": "slowdown", "factor": factor} if factor > 1 else {"fault": "clear"})
+    post = ("import sys, urllib.request; urllib.request.urlopen(urllib.request.Request("
+            f"'http://127.0.0.1:{port}/sim/fault', data=sys.stdin.read().encode()), timeout=10)")
+    lab.run(gw["hosts"][name], f'python3 -c "{post}"', input=body, check=True)
+
+
+def _apply(gw: dict, inv: Any, states: dict[str, ServerState] | None = None) -> RenderedGateway:
+    """Render and install through the API (what sync does), asserting the host took it."""
+    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.state import DeployState
+
+    instances = dict(desired_instances(inv, DeployState()).instances)
+    rendered = render_gateway(inv, instances, states or {})
+    with Fleet([inv.hosts[gw["gw_host"]]]) as fleet:
+        [res] = apply_gateway(fleet, rendered, port=GW_PORT, hosts=[gw["gw_host"]])
+    assert res.ok, res
+    return rendered
+
+
+def _served_by(gw: dict, sessions: list[str]) -> dict[str, str]:
+    out = {}
+    for s in sessions:
+        status, inst, _ = _ask(gw, s)
+        assert status == 200, (s, inst)
+        out[s] = inst
+    return out
+
+
+def test_health_and_models(gw):
+    status, body = http(gw["url"] + "/gateway/health")
+    assert status == 200 and len(json.loads(body)["config"]) == 16
+    status, body = http(gw["url"] + "/v1/models")
+    assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["tiny"]
+    status, inst, err = _ask(gw, model="nope")
+    assert status == 404 and "`nope` does not exist" in err["error"]["message"]
+
+
+def test_same_session_same_instance_also_across_a_weight_sync(gw):
+    sessions = [f"conv-{i}" for i in range(24)]
+    first = _served_by(gw, sessions)
+    assert _served_by(gw, sessions) == first
+    assert len(set(first.values()) - {"g-c1"}) >= 2, first  # sessions are spread over the instances
+    inv = load_inventory(gw["inv"])
+    _apply(gw, inv, {"g-a1": ServerState(weight=10), "g-a2": ServerState(weight=100),
+                     "g-a3": ServerState(weight=50)})
+    try:
+        assert _served_by(gw, sessions) == first
+    finally:
+        _apply(gw, inv)
+
+
+def test_requests_without_session_spread_over_the_instances(gw):
+    counts = collections.Counter(_ask(gw)[1] for _ in range(30))
+    assert set(counts) == {"g-a1", "g-a2", "g-a3"}, counts
+    assert min(counts.values()) >= 5, counts
+
+
+def test_sticky_instance_at_max_conns_spills_then_returns(lab, gw):
+    session = "spill-me"
+    home = _ask(gw, session)[1]
+    _slow(lab, gw, home, 40)
+    out: dict = {}
+    started = threading.Event()
+    t = threading.Thread(target=_stream, args=(gw, session, 200, out, started))
+    t.start()
+    try:
+        assert started.wait(30) and out["instance"] == home, out
+        status, other, _ = _ask(gw, session)  # home holds max_conns=1 connection: the next one spills
+        assert status == 200 and other not in (home, ""), other
+    finally:
+        _slow(lab, gw, home, 1)
+        t.join(60)
+    assert out["done"], out
+    assert _ask(gw, session)[1] == home
+
+
+def test_stream_survives_a_reload_and_marked_down_instance_gets_no_new_traffic(lab, gw, monkeypatch):
+    from clusterctl.gateway.hook import gateway_hook
+
+    monkeypatch.setenv("CLUSTERCTL_STATE_DIR", gw["state"])
+    inv = load_inventory(gw["inv"])
+    hook = gateway_hook(inv)
+    assert hook is not None
+    session = "long-stream"
+    home = _ask(gw, session)[1]
+    victim = next(n for n in ("g-a1", "g-a2", "g-a3") if n != home)
+    _slow(lab, gw, home, 40)
+    out: dict = {}
+    started = threading.Event()
+    t = threading.Thread(target=_stream, args=(gw, session, 150, out, started))
+    t.start()
+    try:
+        assert started.wait(30)
+        before = json.loads(http(gw["url"] + "/gateway/health")[1])["config"]
+        hook.mark_down(victim, "lab test")          # re-render + graceful reload, now
+        after = json.loads(http(gw["url"] + "/gateway/health")[1])["config"]
+        assert after != before and out["chunks"] > 0 and not out["done"]
+    finally:
+        _slow(lab, gw, home, 1)
+        t.join(60)
+    try:
+        assert out["done"] and out["error"] is None, out
+        assert victim not in {_ask(gw)[1] for _ in range(15)}
+        assert victim not in {_ask(gw, f"s-{i}")[1] for i in range(15)}
+        rc = main(["gateway", "status", "-i", gw["inv"], "--state-dir", gw["state"]])
+        assert rc == 0
+    finally:
+        hook.mark_up(victim)
+    assert victim in {_ask(gw)[1] for _ in range(15)}
+
+
+def test_sync_marks_a_stopped_instance_down_and_back_up(lab, gw, capsys):
+    host = gw["hosts"]["g-a3"]
+    args = ["gateway", "sync", "-i", gw["inv"], "--state-dir", gw["state"], "--window", "0", "--force", "--json"]
+    lab.run(host, "systemctl stop clusterctl-g-a3.service", check=True, timeout=60)
+    try:
+        capsys.readouterr()
+        rc = main(args)
+        res = json.loads(capsys.readouterr().out)
+        assert rc == 0 and res["servers"]["g-a3"] == {"down": True, "weight": 1, "reason": "stopped"}, res
+        assert res["servers"]["g-a1"]["down"] is False
+        assert "g-a3" not in {_ask(gw)[1] for _ in range(12)}
+        rc = main(args)
+        assert rc == 0 and json.loads(capsys.readouterr().out)["skipped"] == "unchanged"
+    finally:
+        lab.run(host, "systemctl start clusterctl-g-a3.service", check=True, timeout=60)
+        wait_healthy(lab, host, f"http://{lab.host(host).address}:8102/health", "clusterctl-g-a3.service", 90)
+    assert main(args) == 0
+    assert "g-a3" in {_ask(gw)[1] for _ in range(12)}
+
+
+def _candidate_requests(lab, gw) -> float:
+    _, body = http(f"http://{lab.host(gw['hosts']['g-c1']).address}:8102/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith("vllm:request_success_total{"))
+
+
+def test_gray_release_splits_and_mirror_answers_once(lab, gw):
+    inv = load_inventory(gw["inv"])
+    assert inv.gateway is not None
+    gray = replace(inv, gateway=replace(inv.gateway, gray=[GrayRelease("tiny", "tiny", "tiny-v2", 25.0)]))
+    _apply(gw, gray)
+    try:
+        n = 200
+        counts = collections.Counter(_ask(gw)[1] for _ in range(n))
+        share = counts["g-c1"] / n
+        assert 0.15 <= share <= 0.35, counts  # 25 % configured; binomial sd at n=200 is 3 %
+        sides = {s: {_ask(gw, s)[1] == "g-c1" for _ in range(3)} for s in (f"gray-{i}" for i in range(10))}
+        assert all(len(v) == 1 for v in sides.values()), sides  # a session stays on one version
+
+        mirror = replace(inv, gateway=replace(inv.gateway, mirrors=[Mirror("tiny", "tiny-v2", 50.0)]))
+        _apply(gw, mirror)
+        before = _candidate_requests(lab, gw)
+        answers = [_ask(gw) for _ in range(60)]
+        time.sleep(1)  # mirror subrequests finish after the client's answer
+        mirrored = _candidate_requests(lab, gw) - before
+        assert all(status == 200 and inst != "g-c1" and body["choices"] for status, inst, body in answers)
+        assert 15 <= mirrored <= 45, mirrored  # 50 % of 60, answers discarded
+    finally:
+        _apply(gw, inv)
+
+
+def test_nginx_t_failure_keeps_the_old_config(gw):
+    inv = load_inventory(gw["inv"])
+    good = json.loads(http(gw["url"] + "/gateway/health")[1])["config"]
+    rendered = render_gateway(inv, dict(inv.instances))
+    broken = RenderedGateway(tuple(replace(f, text=f.text.replace("least_conn;", "least_conn_typo;"))
+                                   for f in rendered.files), "0" * 64)
+    with Fleet([inv.hosts[gw["gw_host"]]]) as fleet:
+        [res] = apply_gateway(fleet, broken, port=GW_PORT, hosts=[gw["gw_host"]])
+    assert not res.ok and res.kind == "nginx-t" and 'unknown directive "least_conn_typo"' in (res.error or "")
+    assert json.loads(http(gw["url"] + "/gateway/health")[1])["config"] == good
+    assert _ask(gw)[0] == 200
