@@ -26,18 +26,22 @@ from clusterctl.inventory.model import GpuRef, Instance, Inventory, Model
 from support.http import wait_healthy
 
 MODEL = "/models/pf-qwen3-8b"
+AWQ_MODEL = "/models/pf-qwen3-8b-awq"
 FOREIGN_UNIT = "pf-foreign-http"
 FOREIGN_PORT = 8192
 
 
-def _instances(host: str, names_gpus_ports: list[tuple[str, str, int, int, dict]]) -> dict[str, Instance]:
-    return {n: Instance(name=n, model="pf-qwen3-8b", engine=e, placement=(GpuRef(host, g),), port=p, args=a)
-            for n, e, g, p, a in names_gpus_ports}
+def _instances(host: str, rows: list[tuple[str, str, int | tuple[int, ...], int, dict]],
+               model: str = "pf-qwen3-8b") -> dict[str, Instance]:
+    return {n: Instance(name=n, model=model, engine=e, port=p, args=a,
+                        placement=tuple(GpuRef(host, i) for i in (g if isinstance(g, tuple) else (g,))))
+            for n, e, g, p, a in rows}
 
 
 def _inventory(lab) -> Inventory:
     inv = load_inventory(str(lab.inventory))
     inv.models["pf-qwen3-8b"] = Model("pf-qwen3-8b", MODEL)
+    inv.models["pf-qwen3-8b-awq"] = Model("pf-qwen3-8b-awq", AWQ_MODEL)
     return inv
 
 
@@ -45,19 +49,22 @@ def _inventory(lab) -> Inventory:
 def host(lab):
     name = lab.names[0]
     lab.run(name, f"vllm-sim make-model qwen3-8b {MODEL} --sparse", check=True, timeout=60)
+    lab.run(name, f"vllm-sim make-model qwen3-8b {AWQ_MODEL} --sparse --quantization awq", check=True, timeout=60)
     lab.run(name, f"systemd-run --unit={FOREIGN_UNIT} --collect python3 -m http.server {FOREIGN_PORT}",
             check=True)
     yield name
-    for unit in (FOREIGN_UNIT, "clusterctl-pf-big", "clusterctl-pf-a", "clusterctl-pf-b"):
+    for unit in (FOREIGN_UNIT, "clusterctl-pf-big", "clusterctl-pf-a", "clusterctl-pf-b", "clusterctl-pf-c"):
         lab.run(name, f"systemctl stop {unit}; systemctl reset-failed {unit}", timeout=60)
-    lab.run(name, f"rm -rf {MODEL}", timeout=30)
+    lab.run(name, f"rm -rf {MODEL} {AWQ_MODEL}", timeout=30)
 
 
-def _start(lab, host: str, inst: Instance, engine_path: str) -> None:
-    args = " ".join(f"--{k} {v}" for k, v in inst.args.items())
+def _start(lab, host: str, inst: Instance, engine_path: str, model: str = MODEL) -> None:
+    args = " ".join(f"--{k}" if v is True else f"--{k} {v}" for k, v in inst.args.items())
+    gpus = ",".join(str(g.index) for g in inst.placement)
     lab.run(host, f"systemd-run --unit=clusterctl-{inst.name} --collect --property=Type=exec "
-                  f"--setenv=VLLM_SIM_TIME_SCALE=0.05 --setenv=CUDA_VISIBLE_DEVICES={inst.placement[0].index} "
-                  f"{engine_path} serve {MODEL} --port {inst.port} {args}", check=True)
+                  f"--setenv=VLLM_SIM_TIME_SCALE=0.05 --setenv=CUDA_VISIBLE_DEVICES={gpus} "
+                  f"{engine_path} serve {model} --port {inst.port} --tensor-parallel-size {inst.tp_size} {args}",
+            check=True)
 
 
 def _wait_inactive(lab, host: str, unit: str, timeout: float = 90) -> str:
@@ -79,6 +86,10 @@ def test_preflight_refuses_then_predicts_the_logged_kv_cache(lab, host):
         ("pf-a", "vllm-0.11", 1, 8101, {"gpu-memory-utilization": 0.5, "max-model-len": 8192}),
         ("pf-b", "vllm-0.33", 2, 8102, {"gpu-memory-utilization": 0.6, "max-model-len": 16384}),
     ])
+    # A 4-bit AWQ checkpoint over TP 2, eager, with an fp8 KV cache: the per-rank 0.11 lines.
+    insts.update(_instances(host, [("pf-c", "vllm-0.11", (4, 5), 8104,
+                                    {"gpu-memory-utilization": 0.4, "kv-cache-dtype": "fp8",
+                                     "enforce-eager": True})], model="pf-qwen3-8b-awq"))
     with Fleet([inv.hosts[host]], connect_timeout=10, command_timeout=60) as fleet:
         events: list[str] = []
         rep = run_preflight(inv, insts, fleet, on_event=events.append)
@@ -92,6 +103,7 @@ def test_preflight_refuses_then_predicts_the_logged_kv_cache(lab, host):
     [port] = [p for p in rep.row("pf-clash").problems if p.check == "port.taken"]
     assert f"{FOREIGN_UNIT}.service" in port.message and "python3" in port.message
     assert rep.row("pf-a").ok and rep.row("pf-b").ok and rep.row("pf-a").weights_source == "safetensors"
+    assert rep.row("pf-c").ok, rep.row("pf-c").to_json()
 
     # Forced anyway, the simulator refuses it with vLLM's message; compare the estimates.
     _start(lab, host, insts["pf-big"], "/opt/vllm-0.11/bin/vllm")
@@ -102,8 +114,9 @@ def test_preflight_refuses_then_predicts_the_logged_kv_cache(lab, host):
 
     errors = {"pf-big (estimated max_model_len)": {"predicted": kv.numbers["estimated_max_model_len"],
                                                     "logged": logged_est}}
-    for name, path in (("pf-a", "/opt/vllm-0.11/bin/vllm"), ("pf-b", "/opt/vllm-0.33/bin/vllm")):
-        _start(lab, host, insts[name], path)
+    for name, path, model in (("pf-a", "/opt/vllm-0.11/bin/vllm", MODEL), ("pf-b", "/opt/vllm-0.33/bin/vllm", MODEL),
+                              ("pf-c", "/opt/vllm-0.11/bin/vllm", AWQ_MODEL)):
+        _start(lab, host, insts[name], path, model)
         wait_healthy(lab, host, f"http://{addr}:{insts[name].port}/health", f"clusterctl-{name}", timeout=90)
         journal = lab.run(host, f"journalctl -u clusterctl-{name} --no-pager -o cat", check=True).stdout
         predicted = rep.row(name).predicted_kv_tokens
@@ -116,7 +129,7 @@ def test_preflight_refuses_then_predicts_the_logged_kv_cache(lab, host):
 
     # Running: their own ports and GPU memory are theirs (a redeploy passes); a new instance on
     # pf-a's GPU is refused for lack of free memory.
-    running = {n: insts[n] for n in ("pf-a", "pf-b")}
+    running = {n: insts[n] for n in ("pf-a", "pf-b", "pf-c")}
     late = _instances(host, [("pf-late", "vllm-0.11", 1, 8103, {"max-model-len": 8192})])
     with Fleet([inv.hosts[host]], connect_timeout=10, command_timeout=60) as fleet:
         rep2 = run_preflight(inv, running, fleet)
