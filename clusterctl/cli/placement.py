@@ -12,7 +12,9 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
 from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
 
 StateDirOpt = typer.Option(None, "--state-dir", metavar="DIR",
                            help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, "
@@ -172,8 +174,22 @@ def scale(template: str = typer.Argument(..., help="A template of the inventory.
           replicas: Optional[int] = typer.Option(None, "--replicas", "-n", min=0, help="The new replica count."),
           reset: bool = typer.Option(False, "--reset", help="Drop the override: back to the inventory's replicas."),
           plan: bool = typer.Option(False, "--plan", help="Show what would be added and removed; change nothing."),
+          record_only: bool = typer.Option(False, "--record-only",
+                                           help="Record the new count; let the next `clusterctl deploy` apply it."),
+          serial: Optional[str] = typer.Option(None, "--serial", help="Batch sizes for the rollout (1,25%,100%)."),
+          max_fail_percentage: float = typer.Option(0.0, "--max-fail-percentage", min=0, max=100,
+                                                    help="Failed hosts a batch tolerates, in percent."),
+          gate_timeout: float = typer.Option(600.0, "--gate-timeout", min=1,
+                                             help="Seconds a new replica may take to pass its gate."),
+          drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0,
+                                              help="Seconds a removed replica's requests may take to finish."),
+          force: bool = typer.Option(False, "--force", help="Deploy even when pre-flight refuses."),
           inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
-          as_json: bool = JsonOpt) -> None:
+          as_json: bool = JsonOpt,
+          fanout: Optional[int] = FanoutOpt,
+          connect_timeout: Optional[float] = ConnectTimeoutOpt,
+          ask_become_pass: bool = AskBecomePassOpt,
+          host_key_policy: Optional[str] = HostKeyOpt) -> None:
     from clusterctl.deploy import scale as ops
 
     if (replicas is None) == (not reset):
@@ -189,26 +205,69 @@ def scale(template: str = typer.Argument(..., help="A template of the inventory.
         _report_scale(sp, as_json, applied=False)
         fail(f"{len(sp.unplaced)} replica(s) of {template} cannot be placed; nothing changed "
              f"(cordons, explicit instances and other templates leave too few GPUs)")
-    if not plan:
-        try:
-            ops.record_scale(store, template, replicas)
-        except ClusterctlError as e:
-            fail(str(e))
-    _report_scale(sp, as_json, applied=not plan)
-    if not plan and (sp.added or sp.removed):
-        if not as_json:
-            console.print(f"recorded; run: clusterctl deploy --instances '{template}-*' to apply "
-                          "(it drains removed replicas first)")
+    if plan:
+        _report_scale(sp, as_json, applied=False)
+        return
+    try:
+        ops.record_scale(store, template, replicas)
+    except ClusterctlError as e:
+        fail(str(e))
+    if record_only or not (sp.added or sp.removed):
+        _report_scale(sp, as_json, applied=True)
+        if record_only and not as_json:
+            console.print(f"recorded; apply with: clusterctl deploy --instances '{template}-*' "
+                          "(removed replicas are drained first)")
+        return
+    if not as_json:
+        _report_scale(sp, False, applied=True)
+    rep = _deploy_template(inv, store, template, serial=serial, max_fail_percentage=max_fail_percentage,
+                           gate_timeout=gate_timeout, drain_timeout=drain_timeout, force=force, fanout=fanout,
+                           connect_timeout=connect_timeout, ask_become_pass=ask_become_pass,
+                           host_key_policy=host_key_policy, as_json=as_json)
+    if as_json:
+        print_json({**_scale_json(sp, True), "deploy": rep.to_dict()})
+    raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.CRIT)
+
+
+def _deploy_template(inv: Any, store: Any, template: str, *, as_json: bool, ask_become_pass: bool,
+                     host_key_policy: Optional[str], **opts: Any) -> Any:
+    """Roll out ``<template>-*`` through the deploy engine (drains what it removes); exits 3 on refusal."""
+    from clusterctl.cli.deploy import _events, _fleet_factory, _print_report
+    from clusterctl.cli._hosts import become_password, check_host_key_policy
+    from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
+    from clusterctl.deploy.rollout import parse_serial
+    from clusterctl.deploy.scale import scale_hosts
+
+    policy = check_host_key_policy(host_key_policy)
+    try:
+        hosts = [inv.hosts[h] for h in scale_hosts(inv, store.load(), template)]
+        dopts = DeployOptions(instances=f"{template}-*", serial=parse_serial(opts["serial"]),
+                              max_fail_percentage=opts["max_fail_percentage"], force=opts["force"],
+                              gate_timeout_s=opts["gate_timeout"], drain_timeout_s=opts["drain_timeout"])
+        make = _fleet_factory(inv, fanout=opts["fanout"], connect_timeout=opts["connect_timeout"],
+                              host_key_policy=policy, password=become_password(ask_become_pass, hosts, True))
+        rep = Deploy(inv, hosts, make, str(store.directory), dopts, on_event=_events(not as_json)).run()
+    except PreflightRefused as e:
+        fail(f"{e}; the new count is recorded: `clusterctl scale {template} --replicas N` to change it")
+    except ClusterctlError as e:
+        fail(f"{e}; the new count is recorded: `clusterctl deploy --instances '{template}-*'` retries")
+    if not as_json:
+        _print_report(rep)
+    return rep
+
+
+def _scale_json(sp: Any, applied: bool) -> dict[str, Any]:
+    where = sp.result.instances
+    return {"template": sp.template, "before": sp.before, "after": sp.after, "recorded": applied,
+            "added": [{"replica": n, "host": where[n].placement[0].host,
+                       "gpus": [g.index for g in where[n].placement], "port": where[n].port} for n in sp.added],
+            "removed": sp.removed, "unplaced": sp.unplaced}
 
 
 def _report_scale(sp: Any, as_json: bool, applied: bool) -> None:
     where = sp.result.instances
     if as_json:
-        print_json({"template": sp.template, "before": sp.before, "after": sp.after, "recorded": applied,
-                    "added": [{"replica": n, "host": where[n].placement[0].host,
-                               "gpus": [g.index for g in where[n].placement], "port": where[n].port}
-                              for n in sp.added],
-                    "removed": sp.removed, "unplaced": sp.unplaced})
+        print_json(_scale_json(sp, applied))
         return
     console.print(f"{sp.template}: {sp.before} -> {sp.after} replicas"
                   + ("" if applied else " (plan: nothing recorded)"))
@@ -253,14 +312,18 @@ Example:
 
   clusterctl cordons --json
 """)(cordons)
-    app.command("scale", help="""Set a template's replica count (kept as an override in the deploy state).
+    app.command("scale", help="""Set a template's replica count (kept as an override in the deploy state), then deploy it.
 
 Scaling up adds the lowest missing replica numbers on free uncordoned GPUs;
-scaling down removes the highest-numbered replicas (drained first when
-applied); nothing else moves. --plan shows the change and records nothing.
-Refused (exit 3, nothing recorded) when a new replica cannot be placed.
---reset drops the override (back to the inventory's replicas).
-Exit status: 0, 3 usage, unknown template, no room, inventory or state errors.
+scaling down removes the highest-numbered replicas; nothing else moves.
+The count is recorded, then `<template>-*` is rolled out through the deploy
+engine over the template's hosts (batches, gates, rollback as `deploy`;
+removed replicas are drained first). --plan shows the change and records
+nothing (no host is contacted); --record-only records it for the next
+`clusterctl deploy`. Refused (exit 3, nothing recorded) when a new replica
+cannot be placed. --reset drops the override (back to the inventory's replicas).
+Exit status: 0 done, 2 the rollout failed (the count stays recorded),
+3 usage, unknown template, no room, pre-flight refused, inventory or state errors.
 
 Examples:
 

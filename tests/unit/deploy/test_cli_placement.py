@@ -87,10 +87,10 @@ def test_scale_plan_records_nothing_and_scale_records_the_override(env: Path,
     doc = json.loads(out)
     assert rc == 0 and (doc["before"], doc["after"], doc["recorded"]) == (8, 10, False)
     assert not (env / "replicas.json").exists()
-    rc, out, _ = run(capsys, "scale", "pool", "--replicas", "3")
-    assert rc == 0 and "pool: 8 -> 3" in out and "clusterctl deploy" in out
+    rc, out, _ = run(capsys, "scale", "pool", "--replicas", "3", "--record-only")
+    assert rc == 0 and "pool: 8 -> 3" in out and "clusterctl deploy --instances 'pool-*'" in out
     assert json.loads((env / "replicas.json").read_text())["replicas"] == {"pool": 3}
-    rc, out, _ = run(capsys, "scale", "pool", "--reset")
+    rc, out, _ = run(capsys, "scale", "pool", "--reset", "--record-only")
     assert rc == 0 and json.loads((env / "replicas.json").read_text())["replicas"] == {}
 
 
@@ -116,3 +116,35 @@ def test_a_corrupt_state_file_is_named_without_a_traceback(env: Path, capsys: py
     (env / "cordons.json").write_text("{not json")
     rc, _, err = run(capsys, "cordons")
     assert rc == 3 and f"{env / 'cordons.json'}:1: not valid JSON" in err and "Traceback" not in err
+
+
+class FakeDeploy:
+    """Stands in for the deploy engine: records what scale asked for."""
+
+    calls: list[dict[str, object]] = []
+
+    def __init__(self, inv: object, hosts: list, make: object, state_dir: str, opts: object,
+                 on_event: object = None) -> None:
+        FakeDeploy.calls.append({"hosts": [h.name for h in hosts], "state_dir": state_dir, "opts": opts})
+
+    def run(self) -> object:
+        from clusterctl.deploy.engine import DeployReport
+        from clusterctl.deploy.plan import Plan
+
+        return DeployReport("run-1", Plan([]), "ok")
+
+
+def test_scale_records_then_rolls_out_the_templates_replicas_through_the_deploy_engine(
+        env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterctl.deploy import engine
+
+    monkeypatch.setattr(engine, "Deploy", FakeDeploy)
+    FakeDeploy.calls.clear()
+    rc, out, _ = run(capsys, "scale", "pool", "--replicas", "10", "--serial", "1", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["after"] == 10 and doc["deploy"]["result"] == "ok"
+    assert json.loads((env / "replicas.json").read_text())["replicas"] == {"pool": 10}
+    (call,) = FakeDeploy.calls
+    assert call["hosts"] == ["gpu01", "gpu02", "gpu03", "gpu04"] and call["state_dir"] == str(env)
+    opts = call["opts"]
+    assert opts.instances == "pool-*" and opts.serial == ["1"]  # type: ignore[attr-defined]
