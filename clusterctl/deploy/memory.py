@@ -244,6 +244,12 @@ class RankBudget:
         """What NVML will show for this rank once serving (context + budget, graphs outside it < 0.21)."""
         return CUDA_CONTEXT_BYTES + self.requested + self.graphs
 
+    @property
+    def footprint(self) -> int:
+        """Everything the rank allocates: context, weights, activation, non-torch, KV cache, graphs."""
+        return (CUDA_CONTEXT_BYTES + self.weights + self.activation + self.non_torch + max(0, self.available_kv)
+                + self.graphs)
+
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "total_gib": round(gib(self.total), 2),
                 "requested_gib": round(gib(self.requested), 2), "weights_gib": round(gib(self.weights), 2),

@@ -371,6 +371,12 @@ def _check_free(row: InstanceRow, inst: Instance, budget: M.Budget, gpus: list[G
                     numbers={"gpu": g.index, "free_gib": _g(free), "requested_gib": _g(rank.requested)},
                     fit={"gpu_memory_utilization": max(0.0, int((free - M.CUDA_CONTEXT_BYTES) / g.total * 100)
                                                        / 100) or None})
+        elif s.kv_cache_memory_bytes is not None and free < rank.footprint:
+            # --kv-cache-memory-bytes skips vLLM's check: the whole footprint must fit what is free.
+            row.add(Severity.CRIT, "gpu.free",
+                    f"GPU {g.index}: {_g(free)} GiB free < {_g(rank.footprint)} GiB the instance will hold with "
+                    f"--kv-cache-memory-bytes ({_g(rank.available_kv)} GiB of KV cache)",
+                    numbers={"gpu": g.index, "free_gib": _g(free), "need_gib": _g(rank.footprint)})
         elif foreign:
             row.add(Severity.WARN, "gpu.shared",
                     f"GPU {g.index} already has {len(foreign)} other process(es) holding "

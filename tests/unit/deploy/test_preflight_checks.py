@@ -176,3 +176,16 @@ def test_no_kv_line_yet_but_vllm_estimate_of_the_failure() -> None:
     assert k.logged is None and k.error_pct is None
     assert logged_max_len_estimate(text) == 20880
     assert logged_max_len_estimate((SAMPLES / "startup_success_v0.11.0.log").read_text()) is None
+
+
+def test_fixed_kv_cache_size_must_fit_the_free_memory(models: dict[str, dict[str, Any]]) -> None:
+    # --kv-cache-memory-bytes skips vLLM's utilisation check, so the whole footprint is compared.
+    other = GpuProc(pid=4242, used=int(50 * GiB), unit="train.service", name="python")
+    big = check_instances(inventory(), {"q": instance("q", kv_cache_memory_bytes=20 * GiB, max_model_len=8192)},
+                          {"gpu01": host(models, procs={0: [other]})})
+    [p] = big.row("q").problems
+    assert p.check == "gpu.free" and "--kv-cache-memory-bytes (20.0 GiB of KV cache)" in p.message
+    small = check_instances(inventory(), {"q": instance("q", kv_cache_memory_bytes=5 * GiB, max_model_len=8192)},
+                            {"gpu01": host(models, procs={0: [other]})})
+    assert [x.check for x in small.row("q").problems] == ["gpu.shared"]
+    assert small.row("q").predicted_kv_tokens == 5 * GiB // (147_456 * 16) * 16
