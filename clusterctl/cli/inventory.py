@@ -7,7 +7,6 @@ a bad pattern or a pattern that selects no host.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
@@ -264,12 +263,10 @@ def _fold_or_list(values: list[str]) -> str:
         return ",".join(values)
 
 
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
-
-
 def _redacted(env: dict[str, str]) -> dict[str, str]:
     """Env with the values of secret-looking names (``VLLM_API_KEY``) replaced by ``***``."""
-    return {k: "***" if _SECRET_NAME.search(k) else v for k, v in env.items()}
+    from clusterctl.deploy.secrets import looks_secret
+    return {k: "***" if looks_secret(k) else v for k, v in env.items()}
 
 
 def inventory_json(inv: Inventory) -> dict[str, Any]:
