@@ -24,6 +24,7 @@ failed        CRIT      the unit failed
 stopped       CRIT      the unit is inactive
 absent        CRIT      wanted by the inventory, no unit on its host
 extra         WARN      a ``clusterctl-*`` unit the inventory does not want
+                        (on that host), whatever its state
 unknown       UNKNOWN   the host could not be read
 ============  ========  ===================================================
 """
@@ -171,11 +172,15 @@ def _apply_load(row: InstanceStatus, w: WindowedMetrics | None, queue_cap: int |
                                        waiting=row.waiting, tokens_per_s=row.tokens_per_s, queue_cap=queue_cap,
                                        capacity_tokens_per_s=cap))
     if row.healthy and s is None:
-        row.severity = max(row.severity, Severity.WARN, key=lambda v: v.rank)
-        row.message = row.message or f"/metrics: {w.error if w else 'not read'}"
+        _at_least_warn(row, f"/metrics: {w.error if w else 'not read'}")
     elif row.state == "serving" and row.load >= HIGH_LOAD:
-        row.severity = max(row.severity, Severity.WARN, key=lambda v: v.rank)
-        row.message = row.message or f"high load ({row.load:.2f})"
+        _at_least_warn(row, f"high load ({row.load:.2f})")
+
+
+def _at_least_warn(row: InstanceStatus, why: str) -> None:
+    if row.severity.rank < Severity.WARN.rank:
+        row.severity = Severity.WARN
+    row.message = row.message or why
 
 
 def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *, window: float = 10.0,
@@ -237,13 +242,13 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
             continue
         extra = row.state == "extra"
         _unit_verdict(row, health.get(key))
-        if extra:
-            row.message = "not in the inventory; " + (row.message or row.state)
-            row.state = "extra"
-            row.severity = max(row.severity, Severity.WARN, key=lambda v: v.rank)
+        if extra:  # not wanted (here): worth a look, never an outage
+            row.message = f"not wanted on {row.host} by the inventory; " + (row.message or row.state)
+            row.state, row.severity = "extra", Severity.WARN
         row.running_version = versions.get(key)
         if row.active == "active":
-            _apply_load(row, windows.get(key), _max_num_seqs(instances.get(row.name)), peaks.get(row.name))
+            wanted_inst = instances.get(row.name) if key == row.name else None
+            _apply_load(row, windows.get(key), _max_num_seqs(wanted_inst), peaks.get(row.name))
     if state_dir:
         update_peaks(state_dir, {r.name: r.tokens_per_s for r in rows.values() if r.state == "serving"})
     return sorted(rows.values(), key=lambda r: (r.host or "", r.name))

@@ -103,14 +103,17 @@ def test_absent_extra_and_unreachable_hosts_are_rows(servers) -> None:
     srv = servers()
     inv = inventory({"a": ("h1", 0, srv.port), "b": ("h2", 0, 8000), "c": ("h1", 1, 9)})
     t0 = time.monotonic()
-    by, rows = _rows(inv, {"h1": {"a": unit("a"), "old": unit("old", port=srv.port)}}, down=("h2",))
+    by, rows = _rows(inv, {"h1": {"a": unit("a"), "old": unit("old", port=srv.port),
+                                  "gone": unit("gone", active="inactive", sub="dead")}}, down=("h2",))
     assert time.monotonic() - t0 < 5
     assert by["a"].state == "serving"
     assert (by["b"].state, by["b"].severity) == ("unknown", Severity.UNKNOWN)
     assert (by["c"].state, by["c"].severity) == ("absent", Severity.CRIT)
     assert (by["old"].state, by["old"].severity, by["old"].host) == ("extra", Severity.WARN, "h1")
+    assert by["old"].load == 0.0  # an extra unit still serving is measured
+    assert (by["gone"].state, by["gone"].severity) == ("extra", Severity.WARN)  # not wanted: never CRIT
     assert exit_code(rows) == 2
-    assert [r.name for r in rows] == ["a", "c", "old", "b"]  # by host, then name
+    assert [r.name for r in rows] == ["a", "c", "gone", "old", "b"]  # by host, then name
 
 
 def test_unreachable_only_is_unknown_exit_3() -> None:
