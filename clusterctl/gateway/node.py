@@ -12,7 +12,7 @@ back (removing files that did not exist) and answer ``ok: false`` with
 nginx's message.  When it passes: ``systemctl reload nginx`` if nginx is
 running (a graceful reload: old workers finish their requests, bounded by
 ``worker_shutdown_timeout``), else enable and start it; then wait until
-``/gateway/health`` reports the new digest.
+``/gateway/health`` reports the new digest on HEALTH_AGREE fresh connections in a row.
 
 ``{"op": "status", "port"}``: nginx's unit state and ``/gateway/health``.
 """
@@ -29,6 +29,7 @@ import urllib.request
 from typing import Any
 
 HEALTH_WAIT_S = 15.0
+HEALTH_AGREE = 8
 
 
 def _out(obj: dict[str, Any]) -> None:
@@ -117,12 +118,16 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
     want = job.get("digest", "")[:16]
     deadline = time.monotonic() + HEALTH_WAIT_S
     health: dict[str, Any] = {}
+    agree = 0
     while time.monotonic() < deadline:
         health = _health(int(job["port"]))
-        if health.get("config") == want:
+        # Just after a reload an old worker may still accept a connection or two:
+        # the new config counts as live once several fresh connections in a row see it.
+        agree = agree + 1 if health.get("config") == want else 0
+        if agree >= HEALTH_AGREE:
             return {"ok": True, "changed": True, "reloaded": action == "reloaded", "action": action,
                     "files": changed}
-        time.sleep(0.1)
+        time.sleep(0.05)
     return {"ok": False, "kind": "health", "changed": True,
             "error": "nginx was %s but /gateway/health does not report config %s: %s" % (action, want, health)}
 

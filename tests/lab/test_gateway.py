@@ -219,10 +219,10 @@ def test_stream_survives_a_reload_and_marked_down_instance_gets_no_new_traffic(l
     session = "long-stream"
     home = _ask(gw, session)[1]
     victim = next(n for n in ("g-a1", "g-a2", "g-a3") if n != home)
-    _slow(lab, gw, home, 40)
+    _slow(lab, gw, home, 100)  # about 20 ms a token: the stream lasts seconds, the mark-down about one
     out: dict = {}
     started = threading.Event()
-    t = threading.Thread(target=_stream, args=(gw, session, 150, out, started))
+    t = threading.Thread(target=_stream, args=(gw, session, 400, out, started))
     t.start()
     try:
         assert started.wait(30)
