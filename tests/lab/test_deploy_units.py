@@ -31,6 +31,8 @@ from clusterctl.lab.vllm_sim import synth
 from support.http import http, wait_healthy
 
 KEY = 'du-key "q" $HOME %i \\ ;#x \'s\''
+#: A string flag the simulator accepts and ignores, carrying systemd's special characters.
+HOSTILE_ARG = ("show-hidden-metrics-for-version", "{% if x %}$HOME ${PATH} \"dq\" 'sq' \\n ; %n")
 PORT = 8190
 
 
@@ -95,6 +97,7 @@ def test_rendered_unit_runs_as_vllm_with_the_key_only_in_its_environment_file(la
     assert p.returncode == 0, p.stdout + p.stderr
     inv = load_inventory(str(inv_path))
     inst = inv.instances["du-ok"]
+    inst.args[HOSTILE_ARG[0]] = HOSTILE_ARG[1]
     r = render_instance(inv, inst, secrets=resolve_secrets(inv, inst))
     lab.run(host, ensure_user_script("vllm"), check=True)
     _install(lab, host, r)
@@ -115,6 +118,9 @@ def test_rendered_unit_runs_as_vllm_with_the_key_only_in_its_environment_file(la
 
     pid = lab.run(host, f"systemctl show -p MainPID --value {r.unit_name}", check=True).stdout.strip()
     assert lab.run(host, f"ps -o user= -p {pid}", check=True).stdout.strip() == "vllm"
+    argv = lab.run(host, f"cat /proc/{pid}/cmdline", check=True).stdout.split("\0")
+    i = argv.index(f"--{HOSTILE_ARG[0]}")
+    assert argv[i + 1] == HOSTILE_ARG[1]  # systemd passed the quoted value through unchanged
     gpus = json.loads((lab.host_dir(host) / "hw" / "nvml.json").read_text())["gpus"]
     assert any(p["pid"] == int(pid) for p in gpus[0]["processes"]), "GPU memory not registered as vllm"
 
