@@ -19,7 +19,7 @@ from clusterctl.lab.vllm_sim import synth
 from clusterctl.report.active import Target, parse_kinds, run_active, targets
 from clusterctl.report.run import Options, report_run
 
-from vllm_sim.conftest import READY
+from unit.vllm_sim.conftest import READY
 
 ROOT = Path(__file__).resolve().parents[3]
 THRESHOLDS = ROOT / "checks" / "drift.yaml"
