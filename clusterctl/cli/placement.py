@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, user_config
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -246,6 +246,7 @@ def _deploy_template(inv: Any, store: Any, template: str, *, as_json: bool, ask_
                               gate_timeout_s=opts["gate_timeout"], drain_timeout_s=opts["drain_timeout"])
         make = _fleet_factory(inv, fanout=opts["fanout"], connect_timeout=opts["connect_timeout"],
                               host_key_policy=policy, password=become_password(ask_become_pass, hosts, True))
+        _place_with_topology(inv, store, make, as_json)
         rep = Deploy(inv, hosts, make, str(store.directory), dopts, on_event=_events(not as_json)).run()
     except PreflightRefused as e:
         fail(f"{e}; the new count is recorded: `clusterctl scale {template} --replicas N` to change it")
@@ -254,6 +255,19 @@ def _deploy_template(inv: Any, store: Any, template: str, *, as_json: bool, ask_
     if not as_json:
         _print_report(rep)
     return rep
+
+
+def _place_with_topology(inv: Any, store: Any, make: Any, quiet: bool) -> None:
+    """Place new replicas with the GPU topology of the hosts they may go to, and record them,
+    so the deploy engine (which keeps recorded placements) starts them there."""
+    from clusterctl.deploy import topology
+
+    res, missing = topology.place(inv, store.load(), topology.fleet_reader(make, inv))
+    if missing and not quiet:
+        err_console.print(f"no GPU topology from {', '.join(missing)}: placed by contiguous GPU indexes",
+                          markup=False)
+    if res.changed:
+        store.save_placements(res.state.placements)
 
 
 def _scale_json(sp: Any, applied: bool) -> dict[str, Any]:

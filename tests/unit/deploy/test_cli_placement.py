@@ -138,7 +138,18 @@ def test_scale_records_then_rolls_out_the_templates_replicas_through_the_deploy_
         env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from clusterctl.deploy import engine
 
+    from clusterctl.deploy import topology as topo_mod
+
+    probed: list[list[str]] = []
+
+    def fake_reader(make: object, inv: object) -> object:
+        def read(hosts: list[str]) -> dict[str, list[dict[str, object]]]:
+            probed.append(hosts)  # GPUs 0 and 3 share a PCIe switch on every host
+            return {h: [{"gpus": [0, 3], "level": "SINGLE"}] for h in hosts}
+        return read
+
     monkeypatch.setattr(engine, "Deploy", FakeDeploy)
+    monkeypatch.setattr(topo_mod, "fleet_reader", fake_reader)
     FakeDeploy.calls.clear()
     rc, out, _ = run(capsys, "scale", "pool", "--replicas", "10", "--serial", "1", "--json")
     doc = json.loads(out)
@@ -148,3 +159,7 @@ def test_scale_records_then_rolls_out_the_templates_replicas_through_the_deploy_
     assert call["hosts"] == ["gpu01", "gpu02", "gpu03", "gpu04"] and call["state_dir"] == str(env)
     opts = call["opts"]
     assert opts.instances == "pool-*" and opts.serial == ["1"]  # type: ignore[attr-defined]
+    # placed with the probed topology and recorded before the engine ran, so it starts them there
+    assert probed == [["gpu01", "gpu02", "gpu03", "gpu04"]]
+    placed = json.loads((env / "placements.json").read_text())["templates"]["pool"]
+    assert len(placed) == 10 and placed["pool-1"] == {"host": "gpu01", "gpus": [0, 3], "port": 8000}
