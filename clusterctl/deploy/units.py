@@ -47,6 +47,7 @@ SECRET_FLAGS = frozenset({"api-key"})
 OVERRIDABLE = ("served-model-name", "host")
 _FLAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,8 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
     plain = instance_env(inv, inst, host)
     secret_env = dict(secrets)
     for key, value in inst.env.items():
+        if not _ENV_NAME.match(key):
+            raise ClusterctlError(f"{where}.env: {key!r} is not an environment variable name")
         if key == "CUDA_VISIBLE_DEVICES":
             raise ClusterctlError(f"{where}.env: CUDA_VISIBLE_DEVICES is set from the placement; remove it")
         if looks_secret(key) or key in secret_env:

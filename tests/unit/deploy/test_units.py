@@ -164,6 +164,10 @@ def test_api_key_flag_and_placement_env_are_refused(inv):
     inst.env["CUDA_VISIBLE_DEVICES"] = "0"
     with pytest.raises(ClusterctlError, match="CUDA_VISIBLE_DEVICES is set from the placement"):
         render_instance(inv, inst, secrets={})
+    del inst.env["CUDA_VISIBLE_DEVICES"]
+    inst.env["A B"] = "x"
+    with pytest.raises(ClusterctlError, match="'A B' is not an environment variable name"):
+        render_instance(inv, inst, secrets={})
 
 
 def test_unresolved_secret_is_refused(inv):
