@@ -1,0 +1,130 @@
+"""Deciding the gateway's server states and when sync reloads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.errors import ConfigError
+from clusterctl.gateway import state as gwstate
+from clusterctl.gateway import sync as gwsync
+from clusterctl.gateway.deploy import GatewayHostResult
+from clusterctl.gateway.hook import Hook
+from clusterctl.gateway.render import ServerState
+from clusterctl.gateway.sync import Observed, decide, sync_gateway, tp_unavailable
+from clusterctl.inventory.model import Inventory
+
+SERVING = {n: Observed("serving", 0.0) for n in ("q1", "q2", "q3", "l1")}
+
+
+def test_decide_marks_down_what_must_not_get_traffic(inv: Inventory) -> None:
+    observed = {**SERVING, "q2": Observed("unhealthy", 1.0, healthy=False), "l1": Observed("serving", 0.35)}
+    states = decide(inv, inv.instances, observed, marked_down={"q3": {"reason": "drain"}}, unavailable={"q1"})
+    assert states["q1"] == ServerState(True, 1, "TP group UNAVAILABLE")
+    assert states["q2"] == ServerState(True, 1, "unhealthy")
+    assert states["q3"] == ServerState(True, 1, "marked down: drain")
+    assert states["l1"] == ServerState(False, 60)  # 100 x (1 - 0.35) in steps of 10
+
+
+def test_decide_weights_by_throughput_only_for_mixed_gpu_models(inv: Inventory) -> None:
+    observed = {**SERVING, "q1": Observed("serving", 0.0, 500.0), "q2": Observed("serving", 0.0, 1000.0)}
+    assert decide(inv, inv.instances, observed)["q1"].weight == 100  # same GPU model: no capacity term
+    inv.hosts["gpu01"].gpus.model = "L40S"
+    states = decide(inv, inv.instances, observed)
+    assert (states["q1"].weight, states["q2"].weight) == (50, 100)
+
+
+def test_missing_status_and_full_load(inv: Inventory) -> None:
+    states = decide(inv, inv.instances, {"q1": Observed("serving", 1.0)})
+    assert states["q1"] == ServerState(False, 1)  # loaded, still serving: least weight, not down
+    assert states["q2"] == ServerState(True, 1, "no status")
+
+
+def test_tp_unavailable_reads_only_crit_tp_group_findings() -> None:
+    f = [Finding("tp.group", Severity.CRIT, "gpu01", "tp-group:q1", "UNAVAILABLE", "", {}),
+         Finding("tp.group", Severity.WARN, "gpu01", "tp-group:l1", "DEGRADED", "", {}),
+         Finding("gpu.xid", Severity.CRIT, "gpu01", "gpu:0", "xid", "", {})]
+    assert tp_unavailable(f) == {"q1"}
+
+
+class _Applied:
+    def __init__(self, ok: bool = True) -> None:
+        self.calls: list[str] = []
+        self.ok = ok
+
+    def __call__(self, fleet: Any, rendered: Any, *, port: int, hosts: list[str]) -> list[GatewayHostResult]:
+        self.calls.append(rendered.digest)
+        return [GatewayHostResult(h, self.ok, True, True, "reloaded", None if self.ok else "nginx -t: boom")
+                for h in hosts]
+
+
+@pytest.fixture
+def applied(monkeypatch: pytest.MonkeyPatch) -> _Applied:
+    monkeypatch.setenv("GW_TEST_KEY", "sk-unit")
+    a = _Applied()
+    monkeypatch.setattr(gwsync, "apply_gateway", a)
+    return a
+
+
+def test_sync_reloads_on_change_only_and_once_per_interval(inv: Inventory, tmp_path: Path, applied: _Applied) -> None:
+    clock = [1000.0]
+    up = decide(inv, inv.instances, SERVING)
+    r = sync_gateway(inv, None, inv.instances, up, state_dir=tmp_path, now=lambda: clock[0])
+    assert r.changed and r.skipped is None and len(applied.calls) == 1
+    clock[0] += 1
+    assert sync_gateway(inv, None, inv.instances, up, state_dir=tmp_path, now=lambda: clock[0]).skipped == "unchanged"
+    down = {**up, "q1": ServerState(True, 1, "stopped")}
+    r = sync_gateway(inv, None, inv.instances, down, state_dir=tmp_path, now=lambda: clock[0])
+    assert r.skipped == "interval" and r.next_allowed_s == pytest.approx(4.0) and len(applied.calls) == 1
+    assert gwstate.load(tmp_path).servers["q1"].down  # decided states are kept for the hook
+    r = sync_gateway(inv, None, inv.instances, down, state_dir=tmp_path, force=True, now=lambda: clock[0])
+    assert r.skipped is None and len(applied.calls) == 2
+    assert sync_gateway(inv, None, inv.instances, up, state_dir=tmp_path, dry_run=True).skipped == "dry-run"
+    assert len(applied.calls) == 2
+
+
+def test_failed_apply_is_retried_next_time(inv: Inventory, tmp_path: Path, applied: _Applied) -> None:
+    applied.ok = False
+    up = decide(inv, inv.instances, SERVING)
+    assert not sync_gateway(inv, None, inv.instances, up, state_dir=tmp_path).ok
+    applied.ok = True
+    r = sync_gateway(inv, None, inv.instances, up, state_dir=tmp_path)
+    assert r.ok and r.skipped is None and len(applied.calls) == 2
+
+
+class _Fleet:
+    def __enter__(self) -> "_Fleet":
+        return self
+
+    def __exit__(self, *a: object) -> None:
+        pass
+
+
+def test_hook_marks_down_and_up_at_once(inv: Inventory, tmp_path: Path, applied: _Applied) -> None:
+    hook = Hook(inv, tmp_path, lambda: dict(inv.instances), _Fleet)
+    hook.mark_down("q1", "drain")
+    st = gwstate.load(tmp_path)
+    assert "q1" in st.marked_down and st.servers["q1"].down and "by" in st.marked_down["q1"]
+    hook.mark_up("q1")
+    st = gwstate.load(tmp_path)
+    assert st.marked_down == {} and not st.servers["q1"].down
+    assert len(applied.calls) == 2 and applied.calls[0] != applied.calls[1]  # both forced past the interval
+
+
+def test_hook_raises_when_a_gateway_host_fails(inv: Inventory, tmp_path: Path, applied: _Applied) -> None:
+    applied.ok = False
+    with pytest.raises(Exception, match="nginx -t: boom"):
+        Hook(inv, tmp_path, lambda: dict(inv.instances), _Fleet).mark_down("q1")
+
+
+def test_corrupt_state_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "gateway.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="gateway.json"):
+        gwstate.load(tmp_path)
+    (tmp_path / "gateway.json").write_text(json.dumps({"servers": {"q1": {"weight": 3}}}))
+    with pytest.raises(ConfigError, match="not in the expected form"):
+        gwstate.load(tmp_path)
