@@ -73,59 +73,82 @@ def _headers() -> dict[str, str]:
     return h
 
 
+class SseTimer:
+    """Turns the SSE ``data:`` payloads of one streamed completion, each with its arrival time (s since the
+    send), into a :class:`RequestResult` with vLLM's TTFT / ITL definitions."""
+
+    def __init__(self) -> None:
+        self.res = RequestResult(ok=False)
+        self.chunks = 0
+        self.last = 0.0
+        self.done = False
+
+    def data(self, payload: bytes, now: float) -> bool:
+        """One ``data:`` payload; True at ``[DONE]``.  Raises ValueError on a payload that is not JSON."""
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        doc = json.loads(payload)
+        if not isinstance(doc, dict):
+            raise ValueError(f"SSE data is not a JSON object: {payload[:80]!r}")
+        usage = doc.get("usage")
+        res = self.res
+        if usage:
+            res.output_tokens = int(usage.get("completion_tokens") or 0)
+            res.input_tokens = int(usage.get("prompt_tokens") or 0)
+        choices = doc.get("choices") or []
+        if choices and choices[0].get("text"):
+            if self.chunks == 0:
+                res.ttft = now
+            else:
+                res.itl.append(now - self.last)
+            self.last = now
+            self.chunks += 1
+        return False
+
+    def finish(self, e2e: float) -> RequestResult:
+        """The result once the stream has ended (``e2e``: last byte minus send time, s)."""
+        res = self.res
+        res.e2e = e2e
+        if not self.done:
+            res.error = "stream ended without [DONE]"
+            return res
+        if not res.output_tokens:
+            res.output_tokens = self.chunks
+        res.ok = self.chunks > 0 or res.output_tokens == 0
+        if self.chunks == 0:
+            res.ttft = res.e2e
+        return res
+
+
+def stream_payload(body: dict[str, object]) -> bytes:
+    """The JSON body of a streamed completion with usage in the last chunk."""
+    return json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
+
+
 def stream_completion(ep: Endpoint, body: dict[str, object], timeout: float = 60.0) -> RequestResult:
     """Send one streaming completion and time it; ``timeout`` (s) bounds connect and each socket read."""
-    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    payload = stream_payload(body)
     t0 = time.perf_counter()
     conn = ep.connect(timeout)
-    res = RequestResult(ok=False)
+    timer = SseTimer()
     try:
         conn.request("POST", ep.base_path + "/v1/completions", body=payload, headers=_headers())
         resp = conn.getresponse()
         if resp.status != 200:
-            res.error = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace').strip()}"
-            return res
-        last = 0.0
-        chunks = 0
-        done = False
+            timer.res.error = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace').strip()}"
+            return timer.res
         while True:
             line = resp.readline()
             if not line:
                 break
-            now = time.perf_counter() - t0
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                done = True
+            if line.startswith(b"data:") and timer.data(line[5:].strip(), time.perf_counter() - t0):
                 break
-            doc = json.loads(data)
-            usage = doc.get("usage")
-            if usage:
-                res.output_tokens = int(usage.get("completion_tokens") or 0)
-                res.input_tokens = int(usage.get("prompt_tokens") or 0)
-            choices = doc.get("choices") or []
-            if choices and choices[0].get("text"):
-                if chunks == 0:
-                    res.ttft = now
-                else:
-                    res.itl.append(now - last)
-                last = now
-                chunks += 1
-        res.e2e = time.perf_counter() - t0
-        if not done:
-            res.error = "stream ended without [DONE]"
-            return res
-        if not res.output_tokens:
-            res.output_tokens = chunks
-        res.ok = chunks > 0 or res.output_tokens == 0
-        if chunks == 0:
-            res.ttft = res.e2e
-        return res
+        return timer.finish(time.perf_counter() - t0)
     except (OSError, http.client.HTTPException, ValueError) as e:
-        res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        res.e2e = time.perf_counter() - t0
-        return res
+        timer.res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        timer.res.e2e = time.perf_counter() - t0
+        return timer.res
     finally:
         conn.close()
 

@@ -75,7 +75,7 @@ def bench(url: str = typer.Argument(..., help="Endpoint base URL, e.g. http://HO
           timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds a request may stall."),
           seed: int = typer.Option(0, "--seed", help="Seed of the synthetic prompts."),
           as_json: bool = JsonOpt) -> None:
-    from clusterctl.bench import loadgen, server_metrics
+    from clusterctl.bench import loadgen, runner, server_metrics
     from clusterctl.bench.stats import Slo, aggregate
 
     try:
@@ -92,8 +92,8 @@ def bench(url: str = typer.Argument(..., help="Endpoint base URL, e.g. http://HO
     for level in levels:
         prompts = [loadgen.synthetic_prompt(input_len, rng) for _ in range(requests)]
         before = _scrape(server_metrics, ep) if server_timings else None
-        run = loadgen.run(ep, prompts, level, output_len, model=model, timeout=timeout,
-                          request_rate=request_rate, seed=seed)
+        run = runner.run(ep, prompts, level, output_len, model=model, timeout=timeout,
+                         request_rate=request_rate, seed=seed)
         rep = aggregate(run.results, run.duration, level, slo)
         rep["generator_cpu_percent"] = 100 * run.cpu_s / max(run.duration, 1e-9)
         if before is not None:
@@ -116,7 +116,7 @@ def _compare(ep: Any, url_b: str, levels: list[int], requests: int, input_len: i
              model: Optional[str], timeout: float, request_rate: Optional[float], seed: int, slo: Any,
              tolerance: float, as_json: bool) -> None:
     """Same prompts, levels and pacing against both endpoints, A then B per level; exits 1 on a regression."""
-    from clusterctl.bench import loadgen
+    from clusterctl.bench import loadgen, runner
     from clusterctl.bench.compare import compare
     from clusterctl.bench.stats import aggregate
 
@@ -129,8 +129,8 @@ def _compare(ep: Any, url_b: str, levels: list[int], requests: int, input_len: i
     for level in levels:
         prompts = [loadgen.synthetic_prompt(input_len, rng) for _ in range(requests)]
         for side, target in (("a", ep), ("b", ep_b)):
-            run = loadgen.run(target, prompts, level, output_len, model=model, timeout=timeout,
-                              request_rate=request_rate, seed=seed)
+            run = runner.run(target, prompts, level, output_len, model=model, timeout=timeout,
+                             request_rate=request_rate, seed=seed)
             reports[side].append(aggregate(run.results, run.duration, level, slo))
     rows = compare(reports["a"], reports["b"], tolerance)
     failed = sum(r["failed"] for side in reports.values() for r in side)

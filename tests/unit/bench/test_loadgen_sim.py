@@ -6,7 +6,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from clusterctl.bench import loadgen, server_metrics
+import pytest
+
+from clusterctl.bench import loadgen, runner, server_metrics
 from clusterctl.bench.stats import aggregate
 
 from .conftest import READY
@@ -23,7 +25,8 @@ def _sim(start_sim: Any, host: Path, models: dict[str, Path], scale: str, *flags
     return sim
 
 
-def test_ttft_rises_with_concurrency_and_agrees_with_server_histogram(host, models, start_sim) -> None:
+@pytest.mark.parametrize("gen", [runner.run, loadgen.run], ids=["asyncio", "threads"])
+def test_ttft_rises_with_concurrency_and_agrees_with_server_histogram(host, models, start_sim, gen: Any) -> None:
     # The simulator's histograms are on its simulated clock (1x); wall time is that x SCALE.
     sim = _sim(start_sim, host, models, str(SCALE), "--sim-profile", "l40s-48g")
     ep = loadgen.Endpoint.parse(sim.url)
@@ -32,7 +35,7 @@ def test_ttft_rises_with_concurrency_and_agrees_with_server_histogram(host, mode
     for conc in (1, 8):
         prompts = [loadgen.synthetic_prompt(256, rng) for _ in range(8)]
         before = server_metrics.scrape(ep)
-        run = loadgen.run(ep, prompts, conc, output_len=8)
+        run = gen(ep, prompts, conc, output_len=8)
         after = server_metrics.scrape(ep)
         rep = aggregate(run.results, run.duration, conc)
         assert rep["completed"] == 8 and rep["failed"] == 0, rep
@@ -49,11 +52,25 @@ def test_ttft_rises_with_concurrency_and_agrees_with_server_histogram(host, mode
     assert sim.stop() == 0
 
 
-def test_unreachable_endpoint_is_a_failed_row_not_an_exception() -> None:
+def test_duration_cycles_the_prompts_and_starts_nothing_after_it(host, models, start_sim) -> None:
+    sim = _sim(start_sim, host, models, "0.05")
+    ep = loadgen.Endpoint.parse(sim.url)
+    run = runner.run(ep, ["one two", "three four five"], 3, output_len=4, duration=0.6,
+                     output_lens=[2, None])
+    assert all(r.ok for r in run.results), [r.error for r in run.results]
+    assert len(run.results) > 6  # more than the 2 prompts: cycled for the duration
+    assert {r.output_tokens for r in run.results} == {2, 4}  # a per-prompt length, else the default
+    longest = max(r.e2e for r in run.results)
+    assert 0.6 <= run.duration < 0.6 + longest + 0.5
+    assert sim.stop() == 0
+
+
+@pytest.mark.parametrize("gen", [runner.run, loadgen.run], ids=["asyncio", "threads"])
+def test_unreachable_endpoint_is_a_failed_row_not_an_exception(gen: Any) -> None:
     from clusterctl.lab.vllm_sim.serve import free_port
 
     ep = loadgen.Endpoint.parse(f"http://127.0.0.1:{free_port()}")
-    run = loadgen.run(ep, ["a b c"] * 3, 2, output_len=4, timeout=2)
+    run = gen(ep, ["a b c"] * 3, 2, output_len=4, timeout=2)
     rep = aggregate(run.results, run.duration, 2)
     assert rep["completed"] == 0 and rep["failed"] == 3
     assert any("ConnectionRefused" in e for e in rep["errors"])  # type: ignore[union-attr]
