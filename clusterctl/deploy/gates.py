@@ -25,6 +25,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+#: The gate's steps, in order.
+STEPS = ("unit", "health", "models", "completion")
 #: (active, sub, restarts) of one instance's unit, as the host reports it.
 UnitState = tuple[str, str, int]
 #: Reads the units of the instances being gated: instance -> state (missing: unknown).
@@ -79,26 +81,29 @@ def _request(t: GateTarget, path: str, body: dict[str, Any] | None, timeout: flo
 
 def check_http(t: GateTarget, timeout: float = 5.0) -> tuple[str, str | None]:
     """One pass of steps 2-4: ``(step, None)`` when all pass, else ``(failed step, why)``."""
+    step = "health"
     try:
         status, _ = _request(t, "/health", None, timeout)
         if status != 200:
-            return "health", f"/health answered {status}"
+            return step, f"/health answered {status}"
+        step = "models"
         status, raw = _request(t, "/v1/models", None, timeout)
         if status != 200:
-            return "models", f"/v1/models answered {status}"
+            return step, f"/v1/models answered {status}"
         names = [m.get("id") for m in json.loads(raw).get("data", [])]
         if t.served_name not in names:
-            return "models", f"/v1/models lists {names}, not {t.served_name!r}"
+            return step, f"/v1/models lists {names}, not {t.served_name!r}"
+        step = "completion"
         status, raw = _request(t, "/v1/completions", {"model": t.served_name, "prompt": "ping",
                                                       "max_tokens": 1, "temperature": 0}, timeout)
         if status != 200:
-            return "completion", f"one-token completion answered {status}: {raw[:200].decode('utf-8', 'replace')}"
+            return step, f"one-token completion answered {status}: {raw[:200].decode('utf-8', 'replace')}"
         if not json.loads(raw).get("choices"):
-            return "completion", "one-token completion returned no choices"
-        return "completion", None
+            return step, "one-token completion returned no choices"
+        return step, None
     except (OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
-        return "health", f"{type(e).__name__}: {reason}"
+        return step, f"{type(e).__name__}: {reason}"
 
 
 def unit_failure(t: GateTarget, state: UnitState | None) -> str | None:
@@ -154,8 +159,8 @@ def wait_gates(targets: Sequence[GateTarget], *, timeout_s: float, units: UnitRe
         for t, (step, why) in zip(ready, checked):
             if why is None:
                 finish(t, True, step, "active, /health 200, model listed, one-token completion ok")
-            else:
-                last[t.instance] = (step, why)
+            elif STEPS.index(step) >= STEPS.index(last[t.instance][0]):
+                last[t.instance] = (step, why)  # report the furthest step reached: it says most
         if time.monotonic() >= end:
             for t in targets:
                 if t.instance not in done:
