@@ -456,7 +456,7 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
     except flagmod.FlagError as e:
         row.add(Severity.CRIT, "flags", str(e))
         return row, usage
-    if not shape.max_position and not inst.args.get("max-model-len"):
+    if s.max_model_len <= 0 and not s.auto_max_model_len:  # no config.json and not in args
         row.add(Severity.WARN, "memory.unknown_len", "max_model_len unknown (model not on the host and not "
                 "in args): KV cache not checked")
         s = M.Settings(**{**s.__dict__, "max_model_len": 1})

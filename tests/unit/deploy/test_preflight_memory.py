@@ -185,3 +185,10 @@ def test_fp8_kv_cache_is_offered_when_it_would_fit(models: dict[str, dict[str, A
     r = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.25, max_model_len=40960)},
                         {"gpu01": host(models)}).row("q")
     assert "kv_cache_dtype" not in r.problems[0].fit
+
+
+def test_unknown_length_without_config_is_said_not_guessed() -> None:
+    r = check_instances(inventory(), {"q": instance("q")}, {"gpu01": host({})}).row("q")
+    assert [(p.check, p.severity) for p in r.problems] == [("model.not_on_host", Severity.WARN),
+                                                           ("memory.unknown_len", Severity.WARN)]
+    assert r.ok and r.budget is not None and r.budget.ranks[0].weights > 15 * M.GiB
