@@ -29,8 +29,8 @@ batch (default 0: any failure).
 
 Exit status: 0 done (or nothing to do; --plan), 1 with --plan
 --detailed-exitcode when changes are pending, 2 a batch failed (rolled back)
-or some host failed, 3 usage, inventory or secret errors, pre-flight refused,
-or the lock is held by another deploy.
+or some host failed or could not be read, 3 usage, inventory or secret
+errors, pre-flight refused, or the lock is held by another deploy.
 
 Examples:
 
@@ -174,6 +174,8 @@ def deploy(inventory: Optional[str] = InventoryOpt,
     else:
         _print_report(rep)
     if plan_only:
+        if any(h.error for h in rep.plan.hosts):
+            raise typer.Exit(ExitCode.CRIT)  # an unread host: the plan is incomplete
         raise typer.Exit(ExitCode.WARN if detailed_exitcode and rep.plan.pending else ExitCode.OK)
     raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.CRIT)
 

@@ -194,39 +194,57 @@ class Deploy:
             if self.opts.plan_only:
                 rep.seconds = time.monotonic() - t0
                 return rep
-            rep.preflight = self.preflight(fleet, plan)
+            try:
+                rep.preflight = self.preflight(fleet, plan)
+            except PreflightRefused as e:
+                rep.result, rep.preflight = "refused", e.report
+                self._audit_local(rep, f"pre-flight refused: {', '.join(e.report.refused)}")
+                raise
             targets = plan.changed_hosts()
             if not targets:
                 rep.result = "nothing" if not any(h.error for h in plan.hosts) else "partial"
                 self._audit_local(rep)
                 rep.seconds = time.monotonic() - t0
                 return rep
-            with lock.held(fleet, targets, self.me, ttl_s=self.opts.lock_ttl_s, break_lock=self.opts.break_lock,
-                           fresh_fleet=lambda: self.make_fleet([self.inv.hosts[h] for h in targets]),
-                           audit=lambda: self._audit_record(rep)) as got:
-                rep.recovered_locks = got.recovered
-                for h, why in got.failed.items():
-                    rep.hosts[h] = HostOutcome(h, "unreadable", error=f"lock: {why}")
-                for h, old in got.recovered.items():
-                    self.event("warn", f"recovered a stale deploy lock of {old.get('holder')} "
-                                       f"(run {old.get('run_id')}, {old.get('age_s')} s old)", h, ok=False)
-                # Read again under the lock: another deploy may have finished since the plan.
-                states = self._read(fleet, got.locked)
-                plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts],
-                                 self.opts.instances)
-                rep.plan = plan
-                try:
-                    self._rollout(fleet, plan, states, [h for h in plan.changed_hosts() if h in got.locked], rep)
-                except KeyboardInterrupt:
-                    rep.result = "interrupted"
-                    raise
-                except Exception:
-                    rep.result = "error"
-                    raise
+            try:
+                got = lock.acquire(fleet, targets, self.me, ttl_s=self.opts.lock_ttl_s,
+                                   break_lock=self.opts.break_lock)
+            except lock.LockHeld as e:
+                rep.result = "refused"
+                self._audit_local(rep, str(e))
+                raise
+            try:
+                self._locked(fleet, got, rep, states)
+            except KeyboardInterrupt:
+                rep.result = "interrupted"
+                raise
+            except Exception:
+                rep.result = "error"
+                raise
+            finally:
+                lock.release_anyway(fleet, got.locked, self.me.run_id, self._audit_record(rep),
+                                    lambda: self.make_fleet([self.inv.hosts[h] for h in got.locked]))
             self._save_placements(rep)
         self._audit_local(rep)
         rep.seconds = time.monotonic() - t0
         return rep
+
+    def _locked(self, fleet: Any, got: lock.Acquired, rep: DeployReport,
+                states: dict[str, remote.HostState]) -> None:
+        """Everything done under the lock: re-read, re-plan, roll out."""
+        rep.recovered_locks = got.recovered
+        for h, why in got.failed.items():
+            rep.hosts[h] = HostOutcome(h, "unreadable", error=f"lock: {why}")
+        for h, old in got.recovered.items():
+            self.event("warn", f"recovered a stale deploy lock of {old.get('holder')} "
+                               f"(run {old.get('run_id')}, {old.get('age_s')} s old)", h, ok=False)
+        # Read again under the lock: another deploy may have finished since the plan.
+        states.update(self._read(fleet, got.locked))
+        plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self.opts.instances)
+        rep.plan = plan
+        self._rollout(fleet, plan, states, [h for h in plan.changed_hosts() if h in got.locked], rep)
+        if rep.result == "ok" and any(h.status == "unreadable" for h in rep.hosts.values()):
+            rep.result = "partial"
 
     def _rollout(self, fleet: Any, plan: Plan, states: dict[str, remote.HostState], targets: list[str],
                  rep: DeployReport) -> None:
@@ -348,12 +366,12 @@ class Deploy:
                            {"instance": i.instance, "host": hp.host, "action": i.action, "digest": i.old_digest})
         return out
 
-    def _audit_record(self, rep: DeployReport) -> dict[str, Any]:
+    def _audit_record(self, rep: DeployReport, detail: str | None = None) -> dict[str, Any]:
         failed = [h.host for h in rep.hosts.values() if h.status in ("failed", "rolled_back")]
         return audit.record("deploy", run_id=self.me.run_id, who=self.me.holder, started=self.started,
                             instances=self._entries(rep), result=rep.result if rep.result != "planned" else "error",
-                            detail=("failed: " + ", ".join(failed)) if failed else None,
+                            detail=detail or (("failed: " + ", ".join(failed)) if failed else None),
                             hosts=[h for h in rep.hosts if rep.hosts[h].batch is not None])
 
-    def _audit_local(self, rep: DeployReport) -> None:
-        audit.append(self.state_dir, self._audit_record(rep))
+    def _audit_local(self, rep: DeployReport, detail: str | None = None) -> None:
+        audit.append(self.state_dir, self._audit_record(rep, detail))

@@ -99,11 +99,16 @@ def held(fleet: Any, hosts: list[str], me: LockInfo, *, ttl_s: float = DEFAULT_T
     try:
         yield got
     finally:
-        record = audit()
-        try:
-            release(fleet, got.locked, me.run_id, record)
-        except Exception:
-            if fresh_fleet is None:
-                raise
-            with fresh_fleet() as f2:
-                release(f2, got.locked, me.run_id, record)
+        release_anyway(fleet, got.locked, me.run_id, audit(), fresh_fleet)
+
+
+def release_anyway(fleet: Any, hosts: list[str], run_id: str, audit: dict[str, Any] | None,
+                   fresh_fleet: Callable[[], Any] | None = None) -> dict[str, str]:
+    """:func:`release`, with ``fresh_fleet()`` when ``fleet`` can no longer run (closed by Ctrl-C)."""
+    try:
+        return release(fleet, hosts, run_id, audit)
+    except Exception:
+        if fresh_fleet is None:
+            raise
+        with fresh_fleet() as f2:
+            return release(f2, hosts, run_id, audit)
