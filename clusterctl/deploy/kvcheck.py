@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
+
+from clusterctl.deploy.spec import unit_name
+from clusterctl.fleet import shell
 
 _KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
 #: Lines that start a new vLLM process in a journal: only the last start counts.
 _START = re.compile(r"vLLM API server version|non-default args:")
+#: What :func:`read_kv_checks` keeps of a journal: the start markers and the KV lines.
+_KEEP = "GPU KV cache size|estimated maximum model length|vLLM API server version|non-default args:"
+_SEP = "=== clusterctl-kvcheck "
 
 
 @dataclass(frozen=True)
@@ -62,3 +68,42 @@ def logged_max_len_estimate(journal_text: str) -> int | None:
     """vLLM's "estimated maximum model length" from a KV-cache start-up failure, if any (last one)."""
     found = _ESTIMATE.findall(journal_text)
     return int(found[-1]) if found else None
+
+
+def read_kv_checks(fleet: Any, predicted: Mapping[str, tuple[str, int]], *, timeout: float = 30.0
+                   ) -> dict[str, KvCheck | str]:
+    """After start: each instance's :class:`KvCheck` from its unit's journal on its host.
+
+    ``predicted``: instance → (host, predicted KV tokens), e.g.
+    ``PreflightReport.predictions()``.  One command per host through ``fleet``
+    (journalctl of ``clusterctl-NAME.service``, filtered to the start and KV
+    lines, as root).  An instance whose host could not be read gets a string
+    saying why instead of a check.
+    """
+    by_host: dict[str, list[str]] = {}
+    for name, (host, _) in predicted.items():
+        by_host.setdefault(host, []).append(name)
+    commands = {}
+    for host, names in by_host.items():
+        parts = [f"echo {shell.quote(_SEP + n)}; journalctl -u {shell.quote(unit_name(n))} -o cat --no-pager "
+                 f"| grep -E {shell.quote(_KEEP)}" for n in sorted(names)]
+        commands[host] = "; ".join(parts) + "; true"
+    out: dict[str, KvCheck | str] = {}
+    if not commands:
+        return out
+    results = fleet.run(commands, sudo=True, timeout=timeout)
+    for r in results:
+        if str(r.status) != "ok":
+            for n in by_host.get(r.host, []):
+                out[n] = f"{r.host}: {r.status}: {r.error or r.stderr.strip()[-200:]}"
+            continue
+        texts: dict[str, list[str]] = {}
+        current: list[str] | None = None
+        for line in r.stdout.splitlines():
+            if line.startswith(_SEP):
+                current = texts.setdefault(line[len(_SEP):], [])
+            elif current is not None:
+                current.append(line)
+        for n in by_host.get(r.host, []):
+            out[n] = kv_prediction_error(predicted[n][1], "\n".join(texts.get(n, [])))
+    return out

@@ -210,6 +210,11 @@ class PreflightReport:
                 return r
         raise KeyError(instance)
 
+    def predictions(self) -> dict[str, tuple[str, int]]:
+        """Instance → (host, predicted "GPU KV cache size" tokens), for ``kvcheck.read_kv_checks``."""
+        return {r.instance: (r.host, r.budget.kv_tokens) for r in self.rows
+                if r.budget is not None and r.host is not None}
+
     def worst(self) -> Severity:
         return max((r.severity for r in self.rows), key=lambda s: s.rank, default=Severity.OK)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.deploy import preflight_node
+from clusterctl.deploy.kvcheck import KvCheck, read_kv_checks
 from clusterctl.deploy.memory import MiB
 from clusterctl.deploy.preflight import run_preflight
 from clusterctl.fleet.results import HostResult, HostStatus, RunResults
@@ -125,3 +126,28 @@ def test_node_reader_main_prints_one_json_document(tmp_path: Path) -> None:
     doc = json.loads(buf.getvalue())
     assert "error" in doc["models"][str(tmp_path)]
     assert "listeners" in doc and isinstance(doc["pid_units"], dict)
+
+
+class JournalFleet:
+    """Answers read_kv_checks' per-host command with recorded journal lines."""
+
+    def __init__(self, answers: dict[str, HostResult]):
+        self.answers, self.commands = answers, {}
+
+    def run(self, command: dict[str, str], **kw: Any) -> RunResults:
+        self.commands = command
+        return RunResults([self.answers[h] for h in command])
+
+
+def test_read_kv_checks_per_instance_from_each_host() -> None:
+    sample = (FIXTURES.parent / "vllm" / "startup_success_v0.11.0.log").read_text().splitlines()
+    kept = [ln for ln in sample if "GPU KV cache size" in ln or "non-default args" in ln]
+    out = "=== clusterctl-kvcheck a\n" + "\n".join(kept) + "\n=== clusterctl-kvcheck b\n"
+    fleet = JournalFleet({"gpu01": HostResult("gpu01", HostStatus.OK, rc=0, stdout=out),
+                          "gpu02": HostResult("gpu02", HostStatus.UNREACHABLE, error="no route to host")})
+    checks = read_kv_checks(fleet, {"a": ("gpu01", 311_000), "b": ("gpu01", 5), "c": ("gpu02", 7)})
+    assert "journalctl -u clusterctl-a.service" in fleet.commands["gpu01"]
+    a, b, c = checks["a"], checks["b"], checks["c"]
+    assert isinstance(a, KvCheck) and a.logged == 311_040 and a.per_rank == (311_040, 311_616)
+    assert isinstance(b, KvCheck) and b.logged is None            # still loading: no KV line yet
+    assert c == "gpu02: unreachable: no route to host"
