@@ -7,6 +7,7 @@ renders.  See docs/deploy.md for the semantics the operator sees.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -274,10 +275,11 @@ class Deploy:
                states: dict[str, remote.HostState], rep: DeployReport) -> list[str]:
         """Stage, drain, apply and gate one batch; returns the failed hosts."""
         self._stage(fleet, batch, states)
-        for h in batch:
-            rep.hosts[h] = HostOutcome(h, "applied", n)
-            rep.hosts[h].drained = ap.drain_before(self.inv, by_host[h], states[h], self.instances,
-                                                   self.opts.drain_timeout_s)
+        with cf.ThreadPoolExecutor(max_workers=max(1, min(16, len(batch)))) as ex:
+            drained = ex.map(lambda h: ap.drain_before(self.inv, by_host[h], states[h], self.instances,
+                                                       self.opts.drain_timeout_s), batch)
+            for h, notes in zip(batch, drained):
+                rep.hosts[h] = HostOutcome(h, "applied", n, drained=notes)
         jobs = {h: ap.apply_job(by_host[h], self.rendered, states[h]) for h in batch}
         replies = ap.apply_hosts(fleet, jobs, on_reply=lambda r: self.event(
             "host", "applied" if r.ok else f"apply failed: {r.error}", r.host, r.ok))
