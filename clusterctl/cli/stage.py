@@ -6,6 +6,7 @@ One command with a few verbs (a model may not be called ``status``,
     clusterctl stage MODEL [--hosts P] [--relay chain|tree|none] [--per-rack] [--warm]
     clusterctl stage status [MODEL] [--hosts P]
     clusterctl stage warm|evict MODEL [--hosts P]
+    clusterctl stage pin MODEL --budget 16G | clusterctl stage unpin MODEL
     clusterctl stage manifest DIR --name NAME [--version V]
 
 Tables group hosts with identical rows; ``--json`` prints every host.
@@ -28,7 +29,7 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.inventory.nodeset import fold
 
-VERBS = ("status", "warm", "evict", "manifest")
+VERBS = ("status", "warm", "evict", "pin", "unpin", "manifest")
 
 HELP = """Stage a model version onto nodes: fetch, verify every chunk, switch atomically.
 
@@ -44,6 +45,8 @@ file:///shared/path, or a local directory (pushed over SSH). HTTP
 credentials: $CLUSTERCTL_STAGE_AUTH (an Authorization header value).
 
 Verbs: 'stage status [MODEL]', 'stage warm MODEL', 'stage evict MODEL',
+'stage pin MODEL --budget 16G' (keep up to that much of the model resident:
+mlock in a transient unit clusterctl-pin-MODEL), 'stage unpin MODEL',
 'stage manifest DIR --name NAME'. Exit status: 0 every host done, 2 some host
 failed (its row says why), 3 usage, inventory or source errors.
 
@@ -54,6 +57,8 @@ Examples:
   clusterctl stage qwen3-8b --relay tree --tree-fanout 3 --per-rack
 
   clusterctl stage status --json
+
+  clusterctl stage pin qwen3-8b --budget 12G
 
   clusterctl stage manifest /srv/models/qwen3-8b --name qwen3-8b
 """
@@ -189,7 +194,7 @@ def _fleet(hosts: list, fanout: int, timeout: float, connect_timeout: Optional[f
                  transport=ParamikoTransport(host_key_policy=policy))
 
 
-def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] | warm MODEL | evict MODEL | manifest DIR",
+def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] | warm|evict|pin|unpin MODEL | manifest DIR",
                                            help="A model of the inventory, or a verb and its argument."),
           hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, lab[01-04], @group, label=value."),
           inventory: Optional[str] = InventoryOpt,
@@ -209,6 +214,7 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
           timeout: float = typer.Option(3600, "--timeout", "-t", min=1, help="Seconds one host's staging may take."),
           name: Optional[str] = typer.Option(None, "--name", help="'manifest': the model name to record."),
           chunk_size: int = typer.Option(8 * 1024 * 1024, "--chunk-size", min=4096, help="'manifest': bytes per chunk."),
+          budget: Optional[str] = typer.Option(None, "--budget", help="'pin': bytes to keep resident per host (16G, 512M, bytes)."),
           as_json: bool = JsonOpt,
           connect_timeout: Optional[float] = ConnectTimeoutOpt,
           ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Prompt once for the sudo password."),
@@ -246,6 +252,33 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
         fail(f"{inv.path} defines no models")
     _, hosts = select(inventory, hosts_pattern)
     password = become_password(ask_become_pass, hosts, True)
+
+    if verb in ("pin", "unpin"):
+        if verb == "pin" and not budget:
+            fail("stage pin: --budget is required (e.g. --budget 16G)")
+        try:
+            nbytes = rn.parse_size(budget) if verb == "pin" and budget else None
+        except ClusterctlError as e:
+            fail(str(e))
+        with _fleet(hosts, min(64, len(hosts)), timeout, connect_timeout, policy, password) as fleet:
+            rows = rn.pin_models(fleet, models, nbytes, timeout=timeout)
+        if as_json:
+            print_json({"hosts": [r.to_dict() for r in rows]})
+        else:
+            pins = []
+            for r in rows:
+                for m in (r.data.get("models") or [{}]):
+                    pin = m.get("pin") or {}
+                    held = f"{pin['mode']} {pin['bytes'] / 2**30:.2f} GiB" if pin else "-"
+                    pins.append((r.host, (r.status, m.get("name", "-"), m.get("version", "-"), held,
+                                          _pct(m.get("residency")), r.error or m.get("error", ""))))
+            table = Table("hosts", "status", "model", "version", "pinned", "resident", "note",
+                          box=None, header_style="bold", pad_edge=False)
+            for nodes, cells in _group(pins):
+                table.add_row(*(escape(c) for c in (nodes, *cells)))
+            console.print(table)
+        bad = [r for r in rows if not r.ok or any("error" in m for m in r.data.get("models", []))]
+        raise typer.Exit(ExitCode.CRIT if bad else ExitCode.OK)
 
     if verb in ("status", "warm", "evict"):
         with _fleet(hosts, min(64, len(hosts)), timeout, connect_timeout, policy, password) as fleet:

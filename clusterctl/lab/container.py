@@ -108,7 +108,10 @@ def launch(cfg: LabConfig, h: HostSpec) -> int:
     argv = ["systemd-nspawn", "-D", str(d / "root"), "-M", h.name,
             "--register=no", "--keep-unit", "--link-journal=no",
             f"--network-namespace-path=/run/netns/{h.netns}",
-            "-b", "--console=passive"]
+            "-b", "--console=passive",
+            # Root on a real GPU server may lock memory (RDMA registration, `stage pin`);
+            # without this nspawn's seccomp filter refuses mlock() with EPERM.
+            "--capability=CAP_IPC_LOCK"]
     hw = d / "hw"
     if hw.is_dir():
         argv.append(f"--bind={hw}:{HW_MOUNT}")

@@ -44,6 +44,10 @@ def verify_model_source() -> str:
     return (HERE / "verify_model.py").read_text()
 
 
+def pin_model_source() -> str:
+    return (HERE / "pin_model.py").read_text()
+
+
 def command(args: Iterable[str] = ()) -> str:
     """The shell command running the node program with ``args`` (quoted)."""
     return shell.require_python3(shell.join(["python3", "-I", "-B", "-c", bootstrap(), *args]))

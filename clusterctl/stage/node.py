@@ -15,6 +15,9 @@ result carries ``error`` and ``kind``: ``disk_space``, ``fetch``,
 * ``warm`` / ``evict``: the current version's files into / out of the page cache.
 * ``install``: write the verify-model script (``verify_source`` in the job)
   to ``path`` (temp + rename).
+* ``pin`` / ``unpin``: (re)start or stop the transient unit
+  ``clusterctl-pin-<name>.service`` running ``pin-model`` (keeps up to
+  ``budget`` bytes of the current version resident; see pin_model.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -208,6 +212,9 @@ def status(job: Dict[str, Any]) -> Dict[str, Any]:
             pass
         if cur:
             entry["residency"] = pagecache.residency(_files(lay, cur))
+        pinned = _pin_state(m["name"])
+        if pinned:
+            entry["pin"] = {k: pinned.get(k) for k in ("mode", "bytes", "budget", "version_dir")}
         models.append(entry)
     checker = job.get("verify_model")
     return {"models": models, "verify_model_installed": bool(checker) and os.access(str(checker), os.X_OK)}
@@ -250,6 +257,66 @@ def install(job: Dict[str, Any]) -> Dict[str, Any]:
     return {"installed": path}
 
 
+PIN_STATE_DIR = "/run/clusterctl"
+
+
+def pin_unit(name: str) -> str:
+    return f"clusterctl-pin-{name}.service"
+
+
+def _pin_state(name: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(os.path.join(PIN_STATE_DIR, f"pin-{name}.json")) as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    active = subprocess.run(["systemctl", "is-active", "--quiet", pin_unit(name)]).returncode == 0
+    return state if active else None
+
+
+def pin_op(job: Dict[str, Any]) -> Dict[str, Any]:
+    """``pin``: (re)start the model's pin unit with ``budget`` bytes; ``unpin``: stop it.
+
+    Returns per model the pin state (``mode`` mlock/refresh, ``bytes``) once the
+    unit has written it (up to ``wait`` seconds), and the residency.
+    """
+    out = []
+    if job["op"] == "pin":
+        install({"path": job["pin_path"], "verify_source": job["pin_source"]})
+    for m in job.get("models", []):
+        name, unit = m["name"], pin_unit(m["name"])
+        state_file = os.path.join(PIN_STATE_DIR, f"pin-{name}.json")
+        subprocess.run(["systemctl", "stop", unit], capture_output=True)
+        subprocess.run(["systemctl", "reset-failed", unit], capture_output=True)
+        if os.path.exists(state_file):
+            os.unlink(state_file)
+        row: Dict[str, Any] = {"name": name, "unit": unit}
+        lay = layout.Layout(m["path"], name)
+        cur = lay.current()
+        if job["op"] == "pin":
+            if cur is None:
+                out.append(dict(row, error=f"{m['path']} is not staged"))
+                continue
+            run = subprocess.run(["systemd-run", f"--unit={unit}", "--property=LimitMEMLOCK=infinity",
+                                  f"--description=clusterctl: keep {name} resident",
+                                  "python3", job["pin_path"], m["path"], "--budget", str(int(job["budget"])),
+                                  "--state", state_file], capture_output=True, text=True)
+            if run.returncode != 0:
+                out.append(dict(row, error=f"systemd-run: {run.stderr.strip() or run.returncode}"))
+                continue
+            deadline = time.monotonic() + float(job.get("wait", 60))
+            while time.monotonic() < deadline and _pin_state(name) is None:
+                time.sleep(0.2)
+            row["pin"] = _pin_state(name)
+            if row["pin"] is None:
+                row["error"] = f"{unit} did not report within {job.get('wait', 60)} s (journalctl -u {unit})"
+        if cur is not None:
+            row["version"] = cur
+            row["residency"] = pagecache.residency(_files(lay, cur))
+        out.append(row)
+    return {"models": out}
+
+
 def _drain(stream: BinaryIO) -> None:
     while stream.read(1 << 20):
         pass
@@ -276,6 +343,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             result = cache_op(job)
         elif op == "install":
             result = install(job)
+        elif op in ("pin", "unpin"):
+            result = pin_op(job)
         else:
             raise mf.ManifestError(f"unknown op {op!r}")
         result["ok"] = True

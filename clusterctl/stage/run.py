@@ -20,6 +20,22 @@ from clusterctl.stage.plan import (
 
 #: Where ``verify-model`` is installed on each node (the deploy unit's ExecStartPre).
 VERIFY_MODEL_PATH = "/usr/local/lib/clusterctl/verify-model"
+#: Where ``pin-model`` is installed on each node (``stage pin``).
+PIN_MODEL_PATH = "/usr/local/lib/clusterctl/pin-model"
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, where: str = "--budget") -> int:
+    """``16G`` / ``512M`` / ``1.5T`` / ``17179869184`` → bytes (binary units; ``GiB`` and ``GB`` read as G)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _SIZE_UNITS and t[-1:] else ""
+    try:
+        value = float(t[:-1] if unit else t)
+    except ValueError:
+        raise StageError(f"{where}: {text!r} is not a size (e.g. 16G, 512M, or bytes)") from None
+    if value <= 0:
+        raise StageError(f"{where}: {text!r} must be more than zero")
+    return int(value * _SIZE_UNITS[unit])
 #: Largest model pushed from a local directory over SSH stdin (held in memory here).
 MAX_PUSH_BYTES = 2 * 1024 ** 3
 
@@ -191,6 +207,17 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
     rows = [_row(r, "staged") for r in res]
     return StageReport(model.name, man.version, source.label, relay, man.total_bytes, rows,
                        time.monotonic() - t0, plans)
+
+
+def pin_models(fleet: Any, models: Sequence[Model], budget: int | None, *, wait: float = 60,
+               timeout: float = 600) -> list[NodeRow]:
+    """Keep up to ``budget`` bytes of each model resident on every host (``None``: unpin)."""
+    job: dict[str, Any] = {"op": "unpin" if budget is None else "pin", "models": _models_spec(models),
+                           "wait": wait}
+    if budget is not None:
+        job.update(budget=budget, pin_path=PIN_MODEL_PATH, pin_source=bundle.pin_model_source())
+    res = fleet.run(bundle.command(), stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
+    return [_row(r, "ok") for r in res]
 
 
 def node_op(fleet: Any, op: str, models: Sequence[Model], *, workers: int = 8,

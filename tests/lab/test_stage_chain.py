@@ -192,3 +192,22 @@ def test_progress_streams_over_ssh_while_hosts_stage(lab, source, inventory):
         assert any(t < finished[h] and 0 <= d < man.total_bytes for t, d in seen[h]), seen[h]
     for h in lab.names:
         lab.run(h, "rm -rf /models/tiny-progress /models/.versions/tiny-progress", timeout=30)
+
+
+def test_pin_keeps_the_budget_resident_through_an_evict_until_unpinned(lab, source, inventory):
+    h = lab.names[-1]  # the non-root host: pinning goes through sudo
+    rc, out = _cli("stage", "pin", "tiny", "-i", str(inventory), "--hosts", h, "--budget", "2M", "--json")
+    assert rc == 0, out
+    m = out["hosts"][0]["models"][0]
+    assert m["pin"]["mode"] == "mlock" and m["pin"]["bytes"] == 2 << 20
+    rc, ev = _cli("stage", "evict", "tiny", "-i", str(inventory), "--hosts", h, "--json")
+    assert rc == 0
+    # DONTNEED cannot drop locked pages: at least the budget stays resident.
+    assert ev["hosts"][0]["models"][0]["residency"]["resident"] >= 2 << 20
+    rc, st = _cli("stage", "status", "tiny", "-i", str(inventory), "--hosts", h, "--json")
+    assert st["hosts"][0]["models"][0]["pin"]["mode"] == "mlock"
+    rc, un = _cli("stage", "unpin", "tiny", "-i", str(inventory), "--hosts", h, "--json")
+    assert rc == 0 and "pin" not in un["hosts"][0]["models"][0]
+    assert lab.run(h, "systemctl is-active clusterctl-pin-tiny.service", timeout=30).stdout.strip() != "active"
+    rc, ev = _cli("stage", "evict", "tiny", "-i", str(inventory), "--hosts", h, "--json")
+    assert ev["hosts"][0]["models"][0]["residency"]["resident"] < 2 << 20
