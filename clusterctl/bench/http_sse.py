@@ -233,7 +233,7 @@ class Client:
         self.ssl = (ssl_context or ssl.create_default_context()) if ep.https else None
         self.proto: _SseProtocol | None = None
         head = [f"POST {ep.base_path}/v1/completions HTTP/1.1", f"Host: {ep.host}:{ep.port}"]
-        head += [f"{k}: {v}" for k, v in _headers().items()]
+        head += [f"{k}: {v}" for k, v in _headers(ep).items()]
         self.head = "\r\n".join(head).encode("latin-1")
 
     async def _usable(self) -> bool:

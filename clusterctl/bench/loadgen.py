@@ -18,7 +18,8 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 from clusterctl.bench.stats import RequestResult
 from clusterctl.errors import ClusterctlError
@@ -36,6 +37,11 @@ class Endpoint:
     port: int
     base_path: str = ""
     https: bool = False
+    #: Bearer token for ``/v1`` routes (from the inventory's secrets or the environment); never printed.
+    api_key: str | None = field(default=None, repr=False, compare=False)
+
+    def with_key(self, api_key: str | None) -> "Endpoint":
+        return dataclasses.replace(self, api_key=api_key)
 
     @classmethod
     def parse(cls, url: str) -> "Endpoint":
@@ -65,9 +71,10 @@ def synthetic_prompt(input_len: int, rng: random.Random) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(max(1, input_len)))
 
 
-def _headers() -> dict[str, str]:
+def _headers(ep: Endpoint) -> dict[str, str]:
+    """Request headers; the API key is the endpoint's, else ``$VLLM_API_KEY`` / ``$OPENAI_API_KEY``."""
     h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    key = os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    key = ep.api_key or os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY")
     if key:
         h["Authorization"] = f"Bearer {key}"
     return h
@@ -133,7 +140,7 @@ def stream_completion(ep: Endpoint, body: dict[str, object], timeout: float = 60
     conn = ep.connect(timeout)
     timer = SseTimer()
     try:
-        conn.request("POST", ep.base_path + "/v1/completions", body=payload, headers=_headers())
+        conn.request("POST", ep.base_path + "/v1/completions", body=payload, headers=_headers(ep))
         resp = conn.getresponse()
         if resp.status != 200:
             timer.res.error = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace').strip()}"

@@ -41,7 +41,7 @@ def _call(ep: Endpoint, method: str, path: str, body: dict[str, Any] | None, tim
     conn = ep.connect(timeout)
     try:
         conn.request(method, ep.base_path + path, body=None if body is None else json.dumps(body).encode(),
-                     headers=_headers())
+                     headers=_headers(ep))
         resp = conn.getresponse()
         raw = resp.read()
         if resp.status != 200:

@@ -1,0 +1,24 @@
+"""TARGET arguments of ``bench`` and ``drift``: a URL or an inventory instance name (clusterctl/bench/target.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli._common import fail, load_inventory
+from clusterctl.errors import ClusterctlError
+
+TargetArg = typer.Argument(..., metavar="TARGET",
+                           help="Endpoint URL (http://HOST:PORT) or the name of an inventory instance.")
+
+
+def endpoint(target: str, inventory: Optional[str]) -> Any:
+    """The :class:`~clusterctl.bench.loadgen.Endpoint` of ``target`` (with its API key); exits 3 on a bad URL,
+    an unknown instance or an unreadable secret.  The inventory is read only for an instance name."""
+    from clusterctl.bench.target import resolve
+
+    try:
+        return resolve(target, lambda: load_inventory(inventory))
+    except ClusterctlError as e:
+        fail(str(e))
