@@ -148,11 +148,15 @@ def _active(pattern: str, inventory: Optional[str], kinds_text: str,
         fail(str(e))
     path, hosts = select(inventory, pattern)
     tgts = targets(load_inventory(path), {h.name for h in hosts})
+    if not tgts:
+        fail(f"{path}: no instance with a placement on the hosts {pattern!r} selects: nothing for --active to check")
     try:
         outcome = run_active(tgts, kinds, thresholds=checks_dir() / "drift.yaml", timeout=timeout,
                              progress=lambda s: err_console.print(f"active: {s}", markup=False))
     except ClusterctlError as e:
         fail(str(e))
+    for why in outcome.skipped:
+        err_console.print(f"active: skipped {why}", markup=False)
     meta = {"inventory": path, "active": list(kinds), "instances": [t.instance for t in tgts],
             "skipped": outcome.skipped}
     return outcome.findings, outcome.metrics, meta, f"{pattern} --active {','.join(kinds)}"

@@ -66,3 +66,11 @@ instances:
         ("drift.leak", "instance:inst-a", "UNKNOWN")]
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT pattern FROM runs").fetchall() == [("all --active leak",)]
+
+
+def test_active_without_any_instance_is_a_usage_error_naming_the_inventory(tmp_path: Path, capsys):
+    inv = tmp_path / "site.yaml"
+    inv.write_text(INVENTORY)
+    assert main(["report", "run", "all", "-i", str(inv), "--db", str(tmp_path / "r.db"), "--active", "drift"]) == 3
+    assert f"{inv}: no instance with a placement" in capsys.readouterr().err
+    assert not (tmp_path / "r.db").exists()
