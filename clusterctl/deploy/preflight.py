@@ -19,224 +19,27 @@ Per instance (``check_instances``, pure; ``run_preflight`` reads the hosts):
 
 Problems are CRIT (deploy refuses unless forced) or WARN.  A host that
 cannot be read is a CRIT row ("could not check"), never an exception.
+Host reading lives in ``preflight_hosts``, the report types in ``preflight_report``.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from clusterctl.deploy import flags as flagmod
 from clusterctl.deploy import memory as M
-from clusterctl.deploy.ports import Listener, check_port, parse_ss
+from clusterctl.deploy.ports import check_port
+from clusterctl.deploy.preflight_hosts import (NODE_TIMEOUT_S, GpuProc, GpuView, HostView, gpus_from_facts,
+                                               host_view, read_hosts)
+from clusterctl.deploy.preflight_report import InstanceRow, PreflightReport, Problem
 from clusterctl.deploy.spec import unit_name
-from clusterctl.diagnose.findings import Finding, Severity
-from clusterctl.fleet import shell
+from clusterctl.diagnose.findings import Severity
 from clusterctl.inventory.model import Instance, Inventory, Model
 from clusterctl.probe.facts import Facts
 
-NODE_SCRIPT = Path(__file__).with_name("preflight_node.py")
-#: Seconds the node reader may take on one host (headers of every shard, ``ss``).
-NODE_TIMEOUT_S = 60.0
+__all__ = ["GpuProc", "GpuView", "HostView", "InstanceRow", "PreflightReport", "Problem", "check_instances",
+           "derive_shape", "gpus_from_facts", "host_view", "read_hosts", "run_preflight"]
 
-
-# -- what pre-flight knows about a host ---------------------------------------------------------
-
-@dataclass(frozen=True)
-class GpuProc:
-    pid: int
-    used: int | None
-    unit: str | None
-    name: str | None
-
-
-@dataclass(frozen=True)
-class GpuView:
-    """One GPU as pre-flight sees it: CUDA's ``total`` and ``free`` (bytes) and who holds memory."""
-
-    index: int
-    name: str
-    total: int
-    free: int
-    processes: tuple[GpuProc, ...] = ()
-    broken: str | None = None
-
-
-@dataclass
-class HostView:
-    """A host's GPUs (from facts), model sizes and listeners (from the node reader).
-
-    ``reason`` set: the host could not be read at all.  ``models`` maps a model
-    directory to the reader's document (``config``, ``weights`` or ``error``);
-    ``listeners`` is ``None`` when ``ss`` could not be run (``listeners_error``).
-    """
-
-    name: str
-    reason: str | None = None
-    gpus: dict[int, GpuView] = field(default_factory=dict)
-    gpu_reason: str | None = None
-    topology: list[dict[str, Any]] = field(default_factory=list)
-    models: dict[str, dict[str, Any]] = field(default_factory=dict)
-    listeners: list[Listener] | None = None
-    listeners_error: str | None = None
-    pid_units: dict[int, str | None] = field(default_factory=dict)
-
-
-def gpus_from_facts(facts: Facts) -> dict[int, GpuView]:
-    """GPU views from a facts document.
-
-    NVML's ``memory_total`` includes the driver-reserved memory that CUDA does
-    not report as total; it is estimated as ``memory_used`` minus the memory of
-    the listed processes (NVML's v1 ``used`` counts the reserved part).
-    """
-    out: dict[int, GpuView] = {}
-    for g in facts.gpus.devices:
-        procs = tuple(GpuProc(p.pid, p.used_memory, p.unit, p.name) for p in g.processes or [])
-        broken = "lost" if g.lost else "hung" if g.hung else None
-        if g.memory_total is None or g.memory_free is None:
-            broken = broken or "memory not readable: " + ", ".join(
-                f"{k}: {v}" for k, v in g.field_errors.items() if k.startswith("memory")) or "unknown"
-            out[g.index] = GpuView(g.index, g.name or "", 0, 0, procs, broken)
-            continue
-        held = sum(p.used or 0 for p in procs)
-        used = g.memory_used if g.memory_used is not None else g.memory_total - g.memory_free
-        reserved = max(0, used - held)
-        out[g.index] = GpuView(g.index, g.name or "", g.memory_total - reserved, g.memory_free, procs, broken)
-    return out
-
-
-def host_view(name: str, facts: Facts | None, node_doc: Mapping[str, Any] | None,
-              reason: str | None = None) -> HostView:
-    """Combine a host's facts and the node reader's document (either may be missing)."""
-    hv = HostView(name=name, reason=reason)
-    if facts is not None:
-        if facts.gpus.available:
-            hv.gpus = gpus_from_facts(facts)
-            hv.topology = list(facts.gpus.topology)
-        else:
-            hv.gpu_reason = f"NVML unavailable: {facts.gpus.reason or 'no reason given'}"
-    else:
-        hv.gpu_reason = "no GPU facts"
-    if node_doc is not None:
-        hv.models = dict(node_doc.get("models") or {})
-        li = node_doc.get("listeners")
-        if li is not None:
-            hv.listeners_error = li.get("error")
-            if li.get("ss") or not li.get("error"):
-                hv.listeners = parse_ss(li.get("ss") or "")
-        hv.pid_units = {int(p): u for p, u in (node_doc.get("pid_units") or {}).items()}
-    return hv
-
-
-# -- the report ---------------------------------------------------------------------------------
-
-@dataclass
-class Problem:
-    """One reason to refuse (CRIT) or to look (WARN); ``numbers`` are the figures behind it
-    (GiB rounded to 0.01, tokens), ``fit`` what would fit instead."""
-
-    severity: Severity
-    check: str
-    message: str
-    numbers: dict[str, Any] = field(default_factory=dict)
-    fit: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"severity": self.severity.name, "check": self.check, "message": self.message,
-                "numbers": self.numbers, "fit": self.fit}
-
-
-@dataclass
-class InstanceRow:
-    """Pre-flight's verdict on one instance.  ``budget`` is ``None`` when memory could not be
-    predicted; ``predicted_kv_tokens`` is what vLLM should log as "GPU KV cache size"."""
-
-    instance: str
-    host: str | None
-    gpus: tuple[int, ...]
-    engine_version: str | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-    budget: M.Budget | None = None
-    weights_source: str | None = None
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not any(p.severity == Severity.CRIT for p in self.problems)
-
-    @property
-    def severity(self) -> Severity:
-        return max((p.severity for p in self.problems), key=lambda s: s.rank, default=Severity.OK)
-
-    @property
-    def predicted_kv_tokens(self) -> int | None:
-        return None if self.budget is None else self.budget.kv_tokens
-
-    def add(self, severity: Severity, check: str, message: str, **kw: Any) -> None:
-        self.problems.append(Problem(severity, check, message, **kw))
-
-    def to_json(self) -> dict[str, Any]:
-        b = self.budget
-        mem = None if b is None else {
-            "ranks": [r.to_json() for r in b.ranks], "kv_bytes_per_token": b.kv_bytes_per_token,
-            "max_model_len": b.max_model_len, "needed_kv_gib": round(M.gib(b.needed_kv), 2),
-            "predicted_kv_tokens": b.kv_tokens, "max_concurrency": round(b.max_concurrency(), 2),
-            "estimated_max_model_len": b.max_len_for(b.worst.available_kv), "weights_source": self.weights_source}
-        return {"instance": self.instance, "host": self.host, "gpus": list(self.gpus), "ok": self.ok,
-                "severity": self.severity.name, "engine_version": self.engine_version,
-                "settings": self.settings, "memory": mem, "problems": [p.to_json() for p in self.problems]}
-
-
-@dataclass
-class PreflightReport:
-    """Every instance's row; ``ok`` when no row has a CRIT problem."""
-
-    rows: list[InstanceRow] = field(default_factory=list)
-    margin_bytes: int = M.MARGIN_BYTES
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.rows)
-
-    @property
-    def refused(self) -> list[str]:
-        return [r.instance for r in self.rows if not r.ok]
-
-    def row(self, instance: str) -> InstanceRow:
-        for r in self.rows:
-            if r.instance == instance:
-                return r
-        raise KeyError(instance)
-
-    def predictions(self) -> dict[str, tuple[str, int]]:
-        """Instance → (host, predicted "GPU KV cache size" tokens), for ``kvcheck.read_kv_checks``."""
-        return {r.instance: (r.host, r.budget.kv_tokens) for r in self.rows
-                if r.budget is not None and r.host is not None}
-
-    def worst(self) -> Severity:
-        return max((r.severity for r in self.rows), key=lambda s: s.rank, default=Severity.OK)
-
-    def findings(self) -> list[Finding]:
-        """The problems as findings (``check`` prefixed ``preflight.``), for the shared renderers."""
-        out = []
-        for r in self.rows:
-            for p in r.problems:
-                fit = ", ".join(f"{k} {v}" for k, v in p.fit.items() if v is not None)
-                out.append(Finding(check=f"preflight.{p.check}", severity=p.severity, host=r.host,
-                                   subject=f"instance:{r.instance}", message=p.message,
-                                   action=f"would fit: {fit}" if fit else "",
-                                   evidence=tuple(f"{k}={v}" for k, v in p.numbers.items())))
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "severity": self.worst().name, "refused": self.refused,
-                "margin_gib": round(M.gib(self.margin_bytes), 2),
-                "instances": [r.to_json() for r in self.rows]}
-
-
-# -- the pure core ------------------------------------------------------------------------------
 
 def _g(n: float) -> float:
     return round(M.gib(n), 2)
@@ -526,76 +329,6 @@ def check_instances(inv: Inventory, instances: Mapping[str, Instance], hosts: Ma
                 report.row(n).add(Severity.CRIT, "port.duplicate",
                                   f"port {port} on {host} is given to {', '.join(names)}")
     return report
-
-
-# -- reading the hosts --------------------------------------------------------------------------
-
-def _node_requests(instances: Mapping[str, Instance], inv: Inventory) -> dict[str, list[str]]:
-    """Host → model directories its instances need sized."""
-    out: dict[str, list[str]] = {}
-    for inst in instances.values():
-        model = inv.models.get(inst.model)
-        for h in inst.hosts:
-            paths = out.setdefault(h, [])
-            if model is not None and model.path not in paths:
-                paths.append(model.path)
-    return out
-
-
-def read_hosts(fleet: Any, inv: Inventory, instances: Mapping[str, Instance],
-               facts: Mapping[str, Facts] | None = None, *, timeout: float = NODE_TIMEOUT_S,
-               on_event: Callable[[str], None] | None = None) -> dict[str, HostView]:
-    """Read what pre-flight needs from each instance's host through ``fleet``.
-
-    ``facts`` given for a host are used as they are; the others are probed
-    (``clusterctl.probe.run.collect_facts``).  The node reader
-    (``preflight_node.py``, stdlib python3, as root through the fleet's sudo)
-    reads each model's config.json and safetensors headers, ``ss -Htlnp`` and
-    the systemd unit of every listening pid.  Hosts not in the fleet or not
-    reachable become views with a ``reason``.
-    """
-    emit = on_event or (lambda _m: None)
-    wanted = _node_requests(instances, inv)
-    in_fleet = {h.name for h in fleet.hosts}
-    facts = dict(facts or {})
-    reasons: dict[str, str] = {}        # why the node reader gave nothing
-    fact_reasons: dict[str, str] = {}   # why there are no facts
-    missing = [h for h in wanted if h in in_fleet and h not in facts]
-    if missing:
-        from clusterctl.probe.run import collect_facts
-        emit(f"pre-flight: reading GPU facts on {len(missing)} host(s)")
-        for name, fr in collect_facts(fleet, sudo=True).items():
-            if name not in wanted or name in facts:
-                continue
-            if fr.facts is not None:
-                facts[name] = fr.facts
-            else:
-                fact_reasons[name] = f"GPU facts: {fr.reason or fr.status}"
-    emit(f"pre-flight: reading model sizes and listening ports on {len(wanted)} host(s)")
-    commands = {h: shell.python_script([json.dumps({"models": paths, "ports": True})])
-                for h, paths in wanted.items() if h in in_fleet}
-    docs: dict[str, dict[str, Any]] = {}
-    if commands:
-        results = fleet.run(commands, stdin=NODE_SCRIPT.read_bytes(), sudo=True, timeout=timeout,
-                            require_python=True)
-        for r in results:
-            if str(r.status) == "ok":
-                try:
-                    docs[r.host] = json.loads(r.stdout)
-                except ValueError as e:
-                    reasons.setdefault(r.host, f"pre-flight reader: bad output ({e})")
-            else:
-                reasons[r.host] = f"{r.status}: {r.error or r.stderr.strip()[-300:] or 'rc ' + str(r.rc)}"
-    views = {}
-    for h in wanted:
-        if h not in in_fleet:
-            views[h] = host_view(h, None, None, "not in this fleet")
-            continue
-        hv = host_view(h, facts.get(h), docs.get(h), None if h in docs else reasons.get(h, "not read"))
-        if h in fact_reasons:
-            hv.gpu_reason = fact_reasons[h]
-        views[h] = hv
-    return views
 
 
 def run_preflight(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *,
