@@ -131,12 +131,12 @@ def _stream(gw: dict, session: str, max_tokens: int, out: dict, started: threadi
         started.set()
 
 
-def _slow(lab, gw: dict, name: str, factor: int) -> None:
+def _slow(lab, gw: dict, name: str, factor: int, check: bool = True) -> None:
     port = INSTANCES[name][2]
     body = json.dumps({"fault": "slowdown", "factor": factor} if factor > 1 else {"fault": "clear"})
     post = ("import sys, urllib.request; urllib.request.urlopen(urllib.request.Request("
             f"'http://127.0.0.1:{port}/sim/fault', data=sys.stdin.read().encode()), timeout=10)")
-    lab.run(gw["hosts"][name], f'python3 -c "{post}"', input=body, check=True)
+    lab.run(gw["hosts"][name], f'python3 -c "{post}"', input=body, check=check)
 
 
 def _apply(gw: dict, inv: Any, states: dict[str, ServerState] | None = None) -> RenderedGateway:
@@ -306,3 +306,32 @@ def test_nginx_t_failure_keeps_the_old_config(gw):
     assert not res.ok and res.kind == "nginx-t" and 'unknown directive "least_conn_typo"' in (res.error or "")
     assert json.loads(http(gw["url"] + "/gateway/health")[1])["config"] == good
     assert _ask(gw)[0] == 200
+
+
+def test_clusterctl_stop_drains_through_the_gateway_and_start_brings_it_back(lab, gw, monkeypatch, capsys):
+    """deploy's stop marks the instance down here first: its stream finishes, new requests go elsewhere."""
+    monkeypatch.setenv("CLUSTERCTL_STATE_DIR", gw["state"])
+    session = next(s for s in (f"stop-{i}" for i in range(50)) if _ask(gw, s)[1] == "g-a2")
+    _slow(lab, gw, "g-a2", 100)
+    out: dict = {}
+    started = threading.Event()
+    t = threading.Thread(target=_stream, args=(gw, session, 300, out, started))
+    t.start()
+    try:
+        assert started.wait(30) and out["instance"] == "g-a2"
+        capsys.readouterr()
+        rc = main(["stop", "g-a2", "-i", gw["inv"], "--state-dir", gw["state"], "--drain-timeout", "60",
+                   "--poll", "0.2", "--json"])
+        res = json.loads(capsys.readouterr().out)["results"][0]
+    finally:
+        _slow(lab, gw, "g-a2", 1, check=False)  # stopped: a fresh process starts without the fault
+        t.join(60)
+    try:
+        assert rc == 0 and res["drain"]["marked_down"] and res["drain"]["drained"], res
+        assert out["done"] and out["error"] is None, out
+        answers = [_ask(gw, session) for _ in range(5)] + [_ask(gw) for _ in range(10)]
+        assert all(status == 200 and inst != "g-a2" for status, inst, _ in answers), answers
+    finally:
+        rc = main(["start", "g-a2", "-i", gw["inv"], "--state-dir", gw["state"], "--health-timeout", "90"])
+    assert rc == 0
+    assert _ask(gw, session)[1] == "g-a2"
