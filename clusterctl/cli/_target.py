@@ -9,7 +9,7 @@ import typer
 from clusterctl.cli._common import fail, load_inventory
 from clusterctl.errors import ClusterctlError
 
-TargetArg = typer.Argument(..., metavar="TARGET",
+TargetArg = typer.Argument(...,
                            help="Endpoint URL (http://HOST:PORT) or the name of an inventory instance.")
 
 

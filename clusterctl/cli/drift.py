@@ -7,12 +7,14 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import JsonOpt, console, fail, print_json
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, print_json
+from clusterctl.cli._target import TargetArg, endpoint
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
 app = typer.Typer(help="Compare greedy outputs with named baselines; check for cross-session context leaks.\n\n"
-                  "Example:\n\n  clusterctl drift check http://127.0.0.1:8000 --baseline reference",
+                  "TARGET is an endpoint URL or an inventory instance (address, port and API key from the "
+                  "inventory).\n\nExample:\n\n  clusterctl drift check http://127.0.0.1:8000 --baseline reference",
                   no_args_is_help=True, rich_markup_mode=None)
 
 PromptsOpt = typer.Option(None, "--prompts", "-p", help="Prompt set JSONL [default: checks/drift/basic.jsonl].")
@@ -22,15 +24,6 @@ def _default_prompts() -> Path:
     from clusterctl.diagnose.thresholds import checks_dir
 
     return checks_dir() / "drift" / "basic.jsonl"
-
-
-def _endpoint(url: str) -> Any:
-    from clusterctl.bench.loadgen import Endpoint
-
-    try:
-        return Endpoint.parse(url)
-    except ClusterctlError as e:
-        fail(str(e))
 
 
 def _prompts(path: Optional[str]) -> Any:
@@ -52,12 +45,13 @@ Example:
 
   clusterctl drift baseline http://127.0.0.1:8000 --name reference --prompts checks/drift/basic.jsonl --meta gpu=H100 --meta tp=1
 """)
-def baseline(url: str = typer.Argument(..., help="Endpoint base URL."),
+def baseline(target: str = TargetArg,
              name: str = typer.Option(..., "--name", help="Baseline name (e.g. reference, previous)."),
              prompts: Optional[str] = PromptsOpt,
              k: int = typer.Option(8, "--top-k", min=1, max=20, help="Top logprobs kept per token."),
              seed: int = typer.Option(0, "--seed"),
              meta: list[str] = typer.Option([], "--meta", help="KEY=VALUE recorded with the baseline."),
+             inventory: Optional[str] = InventoryOpt,
              as_json: bool = JsonOpt) -> None:
     from clusterctl.drift import run, store
 
@@ -67,7 +61,7 @@ def baseline(url: str = typer.Argument(..., help="Endpoint base URL."),
         if not eq or not key:
             fail(f"--meta {m!r}: expected KEY=VALUE")
         extra[key] = value
-    ep, ps = _endpoint(url), _prompts(prompts)
+    ep, ps = endpoint(target, inventory), _prompts(prompts)
     try:
         b = run.record(ep, name, ps, k=k, seed=seed, extra_env=extra)
         path = store.save(b)
@@ -92,29 +86,22 @@ Example:
 
   clusterctl drift check http://127.0.0.1:8000 --baseline previous --json
 """)
-def check(url: str = typer.Argument(..., help="Endpoint base URL."),
+def check(target: str = TargetArg,
           baseline_name: str = typer.Option(..., "--baseline", "-b", help="Baseline name."),
           thresholds: Optional[str] = typer.Option(None, "--thresholds",
                                                    help="Threshold file [default: checks/drift.yaml]."),
           use_calibration: bool = typer.Option(True, "--calibration/--no-calibration",
                                                help="Widen limits to the measured noise floor."),
+          inventory: Optional[str] = InventoryOpt,
           as_json: bool = JsonOpt) -> None:
-    from clusterctl.diagnose.thresholds import checks_dir
-    from clusterctl.drift import compare, run, store
+    from clusterctl.drift import verdict
 
-    ep = _endpoint(url)
+    ep = endpoint(target, inventory)
     try:
-        base = store.load(baseline_name)
-        model = base.env.get("model")
-        limits = compare.load_thresholds(thresholds or checks_dir() / "drift.yaml", model)
-        cal = store.load_calibration(model) if use_calibration and model else None
-        if cal:
-            limits = limits.calibrated(cal["floor"])
-        diffs = run.check(ep, base)
+        v = verdict.check(ep, baseline_name, thresholds=thresholds, use_calibration=use_calibration)
     except ClusterctlError as e:
         fail(str(e))
-    summary = compare.summarize(diffs)
-    reasons = limits.judge(summary)
+    summary, reasons, limits, cal, diffs = v.summary, v.reasons, v.limits, v.calibrated, v.diffs
     code = ExitCode.CRIT if reasons else ExitCode.OK
     if as_json:
         print_json({"url": ep.url, "baseline": baseline_name, "pass": not reasons, "reasons": reasons,
@@ -158,15 +145,16 @@ Example:
 
   clusterctl drift calibrate http://127.0.0.1:8000 --runs 3 --background 8
 """)
-def calibrate(url: str = typer.Argument(..., help="Endpoint base URL."),
+def calibrate(target: str = TargetArg,
               prompts: Optional[str] = PromptsOpt,
               runs: int = typer.Option(3, "--runs", min=1, help="Passes under load."),
               background: int = typer.Option(4, "--background", min=0, help="Concurrent streams of other traffic."),
               save: bool = typer.Option(True, "--save/--no-save", help="Keep the floor for `drift check`."),
+              inventory: Optional[str] = InventoryOpt,
               as_json: bool = JsonOpt) -> None:
     from clusterctl.drift import run, store
 
-    ep, ps = _endpoint(url), _prompts(prompts)
+    ep, ps = endpoint(target, inventory), _prompts(prompts)
     try:
         cal = run.calibrate(ep, ps, runs=runs, background=background)
         path = store.save_calibration(cal["env"].get("model") or "unknown", cal) if save else None
@@ -192,13 +180,14 @@ Example:
 
   clusterctl drift leak http://127.0.0.1:8000 --sessions 8 --requests 10
 """)
-def leak_cmd(url: str = typer.Argument(..., help="Endpoint base URL."),
+def leak_cmd(target: str = TargetArg,
              sessions: int = typer.Option(4, "--sessions", min=2, help="Concurrent sessions."),
              requests: int = typer.Option(6, "--requests", min=1, help="Requests per session."),
+             inventory: Optional[str] = InventoryOpt,
              as_json: bool = JsonOpt) -> None:
     from clusterctl.drift import leak
 
-    ep = _endpoint(url)
+    ep = endpoint(target, inventory)
     rep = leak.run(ep, sessions=sessions, requests=requests)
     code = ExitCode.CRIT if rep.sightings else (ExitCode.UNKNOWN if rep.requests == 0 else ExitCode.OK)
     if as_json:
