@@ -151,3 +151,15 @@ def test_read_kv_checks_per_instance_from_each_host() -> None:
     assert isinstance(a, KvCheck) and a.logged == 311_040 and a.per_rank == (311_040, 311_616)
     assert isinstance(b, KvCheck) and b.logged is None            # still loading: no KV line yet
     assert c == "gpu02: unreachable: no route to host"
+
+
+def test_node_reader_is_python38_stdlib_only() -> None:
+    import ast
+    import sys as _sys
+
+    src = Path(preflight_node.__file__).read_text()
+    tree = ast.parse(src, feature_version=(3, 8))   # no newer syntax (match, X | Y at runtime, ...)
+    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert mods <= set(_sys.stdlib_module_names), mods - set(_sys.stdlib_module_names)
+    assert "from __future__" not in src   # annotations must also evaluate on 3.8
