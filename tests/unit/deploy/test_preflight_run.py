@@ -162,4 +162,3 @@ def test_node_reader_is_python38_stdlib_only() -> None:
     mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert mods <= set(_sys.stdlib_module_names), mods - set(_sys.stdlib_module_names)
-    assert "from __future__" not in src   # annotations must also evaluate on 3.8
