@@ -44,6 +44,8 @@ Examples:
   clusterctl doctor --from bundle.tar.gz --json
 
   clusterctl doctor all --learn baseline.yaml; clusterctl doctor all --baseline baseline.yaml
+
+  clusterctl doctor all --checks serving,drift,leak   # drift vs each instance's baseline, context-leak canaries
 """
 
 SEVERITY_STYLE = {Severity.CRIT: "bold red", Severity.WARN: "yellow", Severity.UNKNOWN: "magenta",
@@ -53,7 +55,8 @@ FORMATS = ("table", "json", "markdown", "prom")
 
 def checks_option() -> Any:
     return typer.Option(None, "--checks", "-c",
-                        help="Comma-separated checks or groups: gpu, xid, oom, serving, tp, roce, gpu.remap ...")
+                        help="Comma-separated checks or groups: gpu, xid, oom, serving, tp, roce, gpu.remap ...; "
+                             "drift and leak (they send requests to the instances) run only when named.")
 
 
 def parse_checks(value: Optional[str]) -> list[str] | None:
@@ -203,10 +206,15 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
     from clusterctl.diagnose.bundle import context
     from clusterctl.diagnose.doctor import diagnose
 
+    from clusterctl.drift.doctor_checks import split_checks
+
     fmt = "json" if as_json else fmt
     if fmt not in FORMATS:
         fail(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
-    selected = parse_checks(checks)
+    words, requested = split_checks(checks.split(",")) if checks else ([], [])
+    if requested and source:
+        fail(f"--checks {','.join(requested)} send requests to live instances; they cannot run on a bundle (--from)")
+    selected = parse_checks(",".join(words) or ("host.reachable" if requested else None))
     thresholds = load_checks_data()
     if learn and source:
         fail("--learn records live hosts; it cannot be combined with --from")
@@ -235,8 +243,12 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
     if active:
         findings += _active(snap, inv, thresholds, live=not source, fanout=fanout,
                             connect_timeout=connect_timeout, host_key_policy=host_key_policy)
+    if requested:
+        from clusterctl.drift import doctor_checks
+
+        findings += doctor_checks.run(inv, set(snap.facts) | set(snap.missing), requested, timeout=min(timeout, 30))
     meta["duration_s"] = round(time.monotonic() - started, 3)
-    meta["checks"] = selected or "all"
+    meta["checks"] = (selected or ["all"]) + requested if requested else (selected or "all")
     render(findings, fmt, show_all, meta)
     raise typer.Exit(exit_code(findings))
 
