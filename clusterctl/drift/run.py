@@ -35,10 +35,11 @@ def record(ep: Endpoint, name: str, prompts: Sequence[Prompt], *, k: int = 8, se
     return Baseline(name, env, k, seed, {p.id: p.prompt for p in prompts}, outs)
 
 
-def check(ep: Endpoint, base: Baseline) -> list[compare.PromptDiff]:
-    """Send the baseline's prompts again (same k, seed, lengths) and diff each against the recorded output."""
+def check(ep: Endpoint, base: Baseline, timeout: float = 60.0) -> list[compare.PromptDiff]:
+    """Send the baseline's prompts again (same k, seed, lengths) and diff each against the recorded output;
+    ``timeout`` (s) bounds each request."""
     prompts = [Prompt(i, base.prompts[i], max(1, len(o.tokens))) for i, o in base.outputs.items()]
-    now = outputs(ep, prompts, base.k, base.seed)
+    now = outputs(ep, prompts, base.k, base.seed, timeout=timeout)
     return [compare.diff(p.id, base.outputs[p.id], now[p.id]) for p in prompts]
 
 

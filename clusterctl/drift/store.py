@@ -88,3 +88,21 @@ def load_calibration(model: str, state_dir: Path | None = None) -> dict[str, Any
 
 def _safe(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", model or "unknown")[:64].lstrip("._-") or "unknown"
+
+
+def baseline_for(instance: str, url: str, state_dir: Path | None = None) -> str | None:
+    """The baseline of an inventory instance: one named after it, else the newest recorded from ``url``;
+    None when there is neither."""
+    if _NAME.match(instance) and _path("baselines", instance, state_dir).is_file():
+        return instance
+    best: tuple[float, str] | None = None
+    for p in sorted((drift_dir(state_dir) / "baselines").glob("*.json")):
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and (d.get("env") or {}).get("url") == url:
+            created = float(d.get("created") or 0)
+            if best is None or created > best[0]:
+                best = (created, p.stem)
+    return None if best is None else best[1]

@@ -32,9 +32,10 @@ class Verdict:
 
 
 def check(ep: Endpoint, baseline: str, *, thresholds: str | Path | None = None, use_calibration: bool = True,
-          state_dir: Path | None = None) -> Verdict:
+          state_dir: Path | None = None, timeout: float = 60.0) -> Verdict:
     """Replay ``baseline``'s prompts against ``ep`` and judge them against the limits of the baseline's model
-    (``thresholds`` file, default ``checks/drift.yaml``), widened to its calibrated noise floor if any."""
+    (``thresholds`` file, default ``checks/drift.yaml``), widened to its calibrated noise floor if any;
+    ``timeout`` (s) bounds each request."""
     from clusterctl.diagnose.thresholds import checks_dir
 
     base = store.load(baseline, state_dir)
@@ -43,6 +44,6 @@ def check(ep: Endpoint, baseline: str, *, thresholds: str | Path | None = None, 
     cal = store.load_calibration(model, state_dir) if use_calibration and model else None
     if cal:
         limits = limits.calibrated(cal["floor"])
-    diffs = run.check(ep, base)
+    diffs = run.check(ep, base, timeout)
     summary = compare.summarize(diffs)
     return Verdict(baseline, summary, limits.judge(summary), limits, bool(cal), diffs)
