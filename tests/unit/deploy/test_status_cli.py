@@ -100,3 +100,17 @@ def test_stop_no_drain_runs_systemctl_and_exits_0(capsys, env) -> None:
     rc, out, _ = _run(capsys, "stop", "a", "-i", env["inv"], "--state-dir", env["state"], "--no-drain")
     assert rc == 0 and "ok stop a on h1" in out
     assert [c for _, c, _ in env["seen"]["transport"].commands] == ["systemctl stop clusterctl-a.service"]
+
+
+def test_template_replicas_are_rows_grouped_by_template(capsys, env) -> None:
+    text = Path(env["inv"]).read_text() + ("templates:\n"
+                                           "  pool: {model: m, engine: e, replicas: 2, tp: 1, hosts: 'h[1-2]',"
+                                           " port_base: 9000}\n")
+    Path(env["inv"]).write_text(text)
+    rc, out, _ = _run(capsys, "status", "-i", env["inv"], "--state-dir", env["state"], "--window", "0",
+                      "--group-by", "template")
+    lines = out.splitlines()
+    assert rc == 2 and lines[0].split()[:2] == ["template", "instance"]
+    pool = [ln.split() for ln in lines if "pool-" in ln]
+    # The template names its group once; replicas not deployed yet are absent.
+    assert [p[:3] for p in pool] == [["pool", "pool-1", "absent"], ["pool-2", "absent", "-"]], out
