@@ -356,3 +356,17 @@ def util_to_fit(shape: ModelShape, weights: WeightSizes, settings: Settings, tot
         if b.worst.available_kv >= b.needed_kv + margin:
             return util
     return None
+
+
+def tp_to_fit(shape: ModelShape, weights: WeightSizes, settings: Settings, total: int, rules: VersionRules,
+              current_tp: int, max_gpus: int, margin: int = MARGIN_BYTES) -> int | None:
+    """Smallest larger power-of-two TP (dividing the heads, at most ``max_gpus``) at which the
+    same settings hold one ``max_model_len`` request plus ``margin``; ``None`` when none does."""
+    tp = current_tp * 2
+    while tp <= max_gpus:
+        if shape.heads % tp == 0:
+            b = predict(shape, weights, settings, [total] * tp, rules)
+            if b.worst.available_kv >= b.needed_kv + margin:
+                return tp
+        tp *= 2
+    return None

@@ -113,19 +113,28 @@ def _check_tp(row: InstanceRow, inv: Inventory, inst: Instance, shape: M.ModelSh
 
 
 def _check_memory(row: InstanceRow, shape: M.ModelShape, s: M.Settings, budget: M.Budget,
-                  weights: M.WeightSizes, totals: list[int], rules: M.VersionRules, margin: int) -> None:
+                  weights: M.WeightSizes, totals: list[int], rules: M.VersionRules, margin: int,
+                  gpu_count: int) -> None:
     w = budget.worst
     base = {"requested_gib": _g(w.requested), "util": s.util, "total_gib": _g(w.total),
             "weights_gib": _g(w.weights), "activation_gib": _g(w.activation),
             "non_torch_gib": _g(w.non_torch), "cuda_graphs_gib": _g(w.graphs),
             "available_kv_gib": _g(w.available_kv)}
     util_fit = M.util_to_fit(shape, weights, s, totals, rules, margin)
+    tp_fit = None if util_fit is not None else \
+        M.tp_to_fit(shape, weights, s, totals[0], rules, len(totals), gpu_count, margin)
+    if w.weights + M.CUDA_CONTEXT_BYTES > w.total:
+        row.add(Severity.CRIT, "memory.weights",
+                f"the weights alone take {_g(w.weights)} GiB per GPU (TP {len(totals)}), more than the GPU's "
+                f"{_g(w.total)} GiB: vLLM fails with CUDA out of memory while loading them",
+                numbers=base, fit={"tensor_parallel_size": tp_fit})
+        return
     if w.available_kv <= 0:
         row.add(Severity.CRIT, "memory.no_kv",
                 f"no memory left for the KV cache: util {s.util} of {_g(w.total)} GiB = {_g(w.requested)} GiB "
                 f"< weights {_g(w.weights)} + activation {_g(w.activation)} + non-torch {_g(w.non_torch)}"
                 + (f" + CUDA graphs {_g(w.graphs)}" if rules.graphs_in_budget else "") + " GiB per GPU",
-                numbers=base, fit={"gpu_memory_utilization": util_fit})
+                numbers=base, fit={"gpu_memory_utilization": util_fit, "tensor_parallel_size": tp_fit})
         return
     est = budget.max_len_for(w.available_kv)
     if s.auto_max_model_len:
@@ -139,7 +148,8 @@ def _check_memory(row: InstanceRow, shape: M.ModelShape, s: M.Settings, budget: 
         est, safe_len = min(est, shape.max_position), min(safe_len, shape.max_position)
     nums = {**base, "max_model_len": s.max_model_len, "needed_kv_gib": _g(need),
             "kv_bytes_per_token": budget.kv_bytes_per_token, "estimated_max_model_len": est}
-    fit: dict[str, Any] = {"max_model_len": safe_len or None, "gpu_memory_utilization": util_fit}
+    fit: dict[str, Any] = {"max_model_len": safe_len or None, "gpu_memory_utilization": util_fit,
+                           "tensor_parallel_size": tp_fit}
     if s.kv_dtype_bytes > 1 and s.kv_cache_memory_bytes is None:
         fp8 = M.predict(shape, weights, M.Settings(**{**s.__dict__, "kv_cache_dtype": "fp8"}), totals, rules)
         if fp8.needed_kv + margin <= fp8.worst.available_kv:
@@ -281,7 +291,8 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
     totals = [g.total for g in gpus]
     budget = M.predict(shape, weights, s, totals, rules)
     row.budget = budget
-    _check_memory(row, shape, s, budget, weights, totals, rules, margin)
+    _check_memory(row, shape, s, budget, weights, totals, rules, margin,
+                  len(hv.gpus) or (inv_host.gpus.count if inv_host else len(gpus)))
     _check_free(row, inst, budget, gpus, s)
     own = unit_name(inst.name)
     for rank, g in zip(budget.ranks, gpus):

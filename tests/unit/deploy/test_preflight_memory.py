@@ -16,6 +16,7 @@ import pytest
 from clusterctl.deploy import memory as M
 from clusterctl.deploy.preflight import check_instances
 from clusterctl.diagnose.findings import Severity
+from clusterctl.inventory.model import Model
 from unit.deploy.preflight_helpers import H100, H100_TOTAL, host, instance, inventory, make_sparse
 
 
@@ -192,3 +193,17 @@ def test_unknown_length_without_config_is_said_not_guessed() -> None:
     assert [(p.check, p.severity) for p in r.problems] == [("model.not_on_host", Severity.WARN),
                                                            ("memory.unknown_len", Severity.WARN)]
     assert r.ok and r.budget is not None and r.budget.ranks[0].weights > 15 * M.GiB
+
+
+def test_llama_70b_needs_tensor_parallelism(tmp_path_factory: pytest.TempPathFactory) -> None:
+    doc = make_sparse("llama-3-70b", tmp_path_factory.mktemp("m") / "llama")
+    assert round(M.gib(M.WeightSizes.from_json(doc["weights"]).total), 2) == 131.42   # research vllm.md §4.3
+    inv = inventory()
+    inv.models["llama"] = Model("llama", "/models/llama")
+    one = check_instances(inv, {"l": instance("l", model="llama")}, {"gpu01": host({"/models/llama": doc})}).row("l")
+    [p] = one.problems
+    assert p.check == "memory.weights" and "131.42 GiB per GPU" in p.message
+    assert p.fit == {"tensor_parallel_size": 2}
+    two = check_instances(inv, {"l": instance("l", model="llama", gpus=(0, 1))},
+                          {"gpu01": host({"/models/llama": doc})}).row("l")
+    assert two.ok and two.budget is not None and round(M.gib(two.budget.ranks[0].weights), 2) == 65.71
