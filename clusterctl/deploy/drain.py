@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from clusterctl.deploy.metrics import DEFAULT_HTTP_TIMEOUT, MetricsSample, base_url, fetch_sample
+from clusterctl.deploy.metrics import DEFAULT_HTTP_TIMEOUT, MetricsSample, base_url, fetch_sample, is_refused
 from clusterctl.inventory.model import Instance, Inventory
 
 #: Seconds waited after the in-flight count reaches 0 (the last bytes of a stream).
@@ -87,10 +87,6 @@ class DrainResult:
         return dict(self.__dict__)
 
 
-def _refused(reason: str) -> bool:
-    return "ConnectionRefused" in reason or "Connection refused" in reason
-
-
 def drain(inv: Inventory, instance: Instance, *, timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
           poll: float = DEFAULT_POLL_S, gateway: GatewayHook | None = None,
           fetch: Callable[[str], "MetricsSample | str"] | None = None,
@@ -115,7 +111,7 @@ def drain(inv: Inventory, instance: Instance, *, timeout: float = DEFAULT_DRAIN_
     while True:
         got = get(url)
         if isinstance(got, str):
-            if _refused(got):
+            if is_refused(got):
                 return DrainResult(instance.name, True, False, 0, round(clock() - t0, 3), marked,
                                    "not listening (nothing in flight)")
             last_error = got

@@ -98,8 +98,8 @@ def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_fi
             on_event(f"{inst.name}: draining (up to {drain_timeout:g} s)")
             res.drain = drain(inv, inst, timeout=drain_timeout, poll=poll, gateway=gateway)
             if res.drain.timed_out:
-                res.notes.append(f"drain timed out with {res.drain.remaining if res.drain.remaining is not None else '?'}"
-                                 f" request(s) in flight; {action}ing anyway")
+                left = "?" if res.drain.remaining is None else res.drain.remaining
+                res.notes.append(f"drain timed out with {left} request(s) in flight; {action}ing anyway")
         elif action in ("stop", "restart") and gateway is not None:
             gateway.mark_down(inst.name)
         on_event(f"{inst.name}: systemctl {action} on {host}")

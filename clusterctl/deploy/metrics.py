@@ -60,6 +60,16 @@ class HttpAnswer:
     def ok(self) -> bool:
         return self.status == 200
 
+    @property
+    def refused(self) -> bool:
+        """Nothing listens (vLLM listens only once loaded); a timeout is not a refusal."""
+        return self.status == 0 and is_refused(self.error or "")
+
+
+def is_refused(reason: str) -> bool:
+    """Whether an error text from :func:`http_get` / :func:`fetch_sample` is a refused connection."""
+    return reason.startswith("ConnectionRefusedError")
+
 
 def http_get(url: str, timeout: float = DEFAULT_HTTP_TIMEOUT) -> HttpAnswer:
     """GET ``url`` within ``timeout`` seconds (per socket operation); never raises for I/O."""

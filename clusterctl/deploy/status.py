@@ -137,8 +137,7 @@ def _unit_verdict(row: InstanceStatus, health: HttpAnswer | None) -> None:
                 row.severity, row.message = Severity.WARN, f"restarted {row.restarts} time(s) by systemd"
             return
         row.healthy = False
-        refused = health is not None and health.status == 0
-        if refused and row.up_s is not None and row.up_s < LOADING_GRACE_S:
+        if health is not None and health.refused and row.up_s is not None and row.up_s < LOADING_GRACE_S:
             row.state, row.severity = "starting", Severity.WARN
             row.message = f"not listening yet after {row.up_s:.0f} s (loading)"
             return

@@ -136,3 +136,22 @@ def test_metrics_unreadable_on_a_healthy_instance_is_warn(servers) -> None:
 ])
 def test_match_instances(pattern, expected) -> None:
     assert match_instances(["q-1", "q-2", "llama"], pattern) == expected
+
+
+def test_a_hung_instance_is_a_row_within_the_http_timeout() -> None:
+    import socket
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)  # connections complete in the backlog, nothing ever answers
+    try:
+        inv = inventory({"a": ("h1", 0, hung.getsockname()[1])})
+        fleet, _ = fleet_for(inv, {"h1": {"a": unit("a")}})
+        t0 = time.monotonic()
+        with fleet:
+            [row] = collect_status(inv, inv.instances, fleet, window=0.2, http_timeout=0.5)
+        assert time.monotonic() - t0 < 3
+    finally:
+        hung.close()
+    assert (row.state, row.severity, row.load) == ("unhealthy", Severity.CRIT, 1.0)
+    assert "timed out" in row.message
