@@ -14,13 +14,13 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import yaml
 
-from clusterctl.deploy import lock
 from clusterctl.deploy.engine import Deploy, DeployOptions, DeployReport
 from clusterctl.deploy.rollout import parse_serial
 from clusterctl.fleet import Fleet
@@ -199,22 +199,28 @@ def test_failing_canary_stops_the_rollout_and_rolls_back(world: World, fault: st
 
 
 def test_concurrent_deploy_from_a_second_state_dir_is_refused(world: World) -> None:
-    other = lock.LockInfo(holder="alice@other-control")
-    inv = load_inventory(str(world.inv_path))
-    with world.fleet(list(inv.hosts.values())) as fleet:
-        got = lock.acquire(fleet, ["dp02"], other)
-        assert got.locked == ["dp02"]
-        try:
-            world.write(e1=explicit("dp01:7", 8300), e2=explicit("dp03:7", 8300, **{"max-num-seqs": 32}),
-                        e3=explicit("dp02:6", 8301))
-            res = world.cli("deploy", state_dir=world.root / "second")
-            assert res.returncode == 3, res.stdout + res.stderr
-            assert "alice@other-control" in res.stderr and other.run_id in res.stderr
-            assert "e3" not in world.units() and world.units()["e2"][0] == "active"
-        finally:
-            lock.release(fleet, ["dp02"], other.run_id)
+    # The first deploy holds the lock while its canary (loading x1000 slower) waits out its gate.
+    world.write(template={**TEMPLATE, "env": {"VLLM_SIM_TIME_SCALE": "1000"}})
+    first: dict[str, DeployReport] = {}
+    t = threading.Thread(target=lambda: first.update(rep=world.deploy(serial="1", gate_timeout_s=15, force=True)))
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while world.lab.run("dp04", "test -e /var/lib/clusterctl/deploy.lock").returncode != 0:
+            assert time.monotonic() < deadline and t.is_alive(), "the first deploy never took the lock"
+            time.sleep(0.2)
+        holder = json.loads(world.lab.run("dp04", "cat /var/lib/clusterctl/deploy.lock", check=True).stdout)
+        res = world.cli("deploy", "--json", state_dir=world.root / "second")
+        assert res.returncode == 3, res.stdout + res.stderr
+        assert f"held by {holder['holder']} (pid {holder['pid']}, run {holder['run_id']})" in res.stderr
+        audit = (world.root / "second" / "audit.jsonl").read_text()
+        assert '"result": "refused"' in audit
+    finally:
+        t.join(120)
+    assert first["rep"].result == "rolled_back" and first["rep"].run_id == holder["run_id"]
+    assert world.lab.run("dp04", "test -e /var/lib/clusterctl/deploy.lock").returncode != 0  # released
     world.write()
-    assert world.lab.run("dp02", "test -e /var/lib/clusterctl/deploy.lock").returncode != 0
+    assert world.deploy().result == "nothing"
 
 
 def test_secrets_stay_out_of_units_ps_journal_and_plan(world: World) -> None:
