@@ -90,6 +90,19 @@ def _desired(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any], Any]:
         fail(str(e))
 
 
+def _marked_down(inv: Any, directory: Any) -> dict[str, str]:
+    """Instance → reason for those the gateway keeps marked down (none without a gateway)."""
+    if inv.gateway is None:
+        return {}
+    from clusterctl.gateway import state as gwstate
+
+    try:
+        down = gwstate.load(directory).marked_down
+    except ClusterctlError as e:
+        fail(str(e))
+    return {name: str(info.get("reason", "")) for name, info in down.items()}
+
+
 def _fleet(inv: Any, host_names: list[str], *, fanout: Optional[int], connect_timeout: Optional[float],
            host_key_policy: Optional[str], ask_become_pass: bool) -> Any:
     from clusterctl.fleet.fleet import Fleet
@@ -187,6 +200,7 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
     progress = not json_out and err_console.is_terminal
     with fleet:
         rows = collect_status(inv, selected, fleet, window=window, state_dir=directory, include_extra=everything,
+                              marked_down=_marked_down(inv, directory),
                               on_event=lambda s: err_console.print(s, markup=False) if progress else None)
     for w in fleet.warnings:
         err_console.print(f"warning: {w}", markup=False)

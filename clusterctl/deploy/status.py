@@ -59,7 +59,8 @@ class InstanceStatus:
     ``up_s``: seconds since the unit's main process started.  ``engine_version``:
     the unit's ``EngineVersion=``; ``running_version``: what ``/version`` says.
     ``tokens_per_s``: generation throughput over the window.  ``load``: the load
-    score (:mod:`clusterctl.deploy.loadscore`).
+    score (:mod:`clusterctl.deploy.loadscore`).  ``gateway_down``: why the
+    gateway has it marked down (a drain, an operator), ``None`` when it does not.
     """
 
     name: str
@@ -86,6 +87,7 @@ class InstanceStatus:
     waiting: float | None = None
     tokens_per_s: float | None = None
     load: float | None = None
+    gateway_down: str | None = None
 
     @property
     def tp(self) -> int:
@@ -184,8 +186,8 @@ def _at_least_warn(row: InstanceStatus, why: str) -> None:
 
 def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *, window: float = 10.0,
                    http_timeout: float = DEFAULT_HTTP_TIMEOUT, state_dir: Path | None = None,
-                   include_extra: bool = True, on_event: Callable[[str], None] | None = None,
-                   ) -> list[InstanceStatus]:
+                   include_extra: bool = True, marked_down: Mapping[str, str] | None = None,
+                   on_event: Callable[[str], None] | None = None) -> list[InstanceStatus]:
     """Status of ``instances`` (name → Instance: the inventory's and placed replicas).
 
     ``fleet`` must hold every host the instances are on (and any other host
@@ -193,7 +195,9 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
     ``include_extra``).  ``window``: seconds between the two ``/metrics``
     samples (0: one sample, no throughput).  ``state_dir``: where
     throughput peaks are kept (``None``: none kept; the throughput term then
-    uses this run's rate as the capacity).  Rows come sorted by host, then name.
+    uses this run's rate as the capacity).  ``marked_down``: instance → reason
+    for those the gateway keeps out (a serving one is then WARN: it gets no
+    traffic).  Rows come sorted by host, then name.
     """
     say = on_event or (lambda s: None)
     hosts = remote.read_hosts(fleet)
@@ -248,6 +252,11 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
         if row.active == "active":
             wanted_inst = instances.get(row.name) if key == row.name else None
             _apply_load(row, windows.get(key), _max_num_seqs(wanted_inst), peaks.get(row.name))
+    for row in rows.values():
+        if marked_down and row.name in marked_down and row.state != "extra":
+            row.gateway_down = marked_down[row.name] or "marked down"
+            if row.state == "serving":
+                _at_least_warn(row, f"marked down at the gateway ({row.gateway_down}): no traffic")
     if state_dir:
         update_peaks(state_dir, {r.name: r.tokens_per_s for r in rows.values() if r.state == "serving"})
     return sorted(rows.values(), key=lambda r: (r.host or "", r.name))

@@ -155,3 +155,15 @@ def test_a_hung_instance_is_a_row_within_the_http_timeout() -> None:
         hung.close()
     assert (row.state, row.severity, row.load) == ("unhealthy", Severity.CRIT, 1.0)
     assert "timed out" in row.message
+
+
+def test_an_instance_marked_down_at_the_gateway_gets_no_traffic_warn(servers) -> None:
+    srv = servers()
+    inv = inventory({"a": ("h1", 0, srv.port), "b": ("h1", 1, srv.port)})
+    fleet, _ = fleet_for(inv, {"h1": {"a": unit("a"), "b": unit("b", active="inactive", sub="dead")}})
+    with fleet:
+        rows = collect_status(inv, inv.instances, fleet, window=0, marked_down={"a": "drain", "b": "drain"})
+    by = {r.name: r for r in rows}
+    assert (by["a"].state, by["a"].severity, by["a"].gateway_down) == ("serving", Severity.WARN, "drain")
+    assert "marked down at the gateway (drain)" in by["a"].message
+    assert (by["b"].state, by["b"].severity, by["b"].gateway_down) == ("stopped", Severity.CRIT, "drain")
