@@ -151,7 +151,7 @@ def render_table(rows: list[Any], group_by: str) -> Any:
         if prev is not None and group != prev:
             table.add_section()
         note = r.message
-        if r.active and r.state != "serving":
+        if r.active and r.state != "serving" and r.active not in note:
             note = f"unit {r.active}/{r.sub}" + (f"; {note}" if note else "")
         table.add_row(
             escape(group) if group != prev else "", escape(r.name),
