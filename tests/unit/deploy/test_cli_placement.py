@@ -163,3 +163,15 @@ def test_scale_records_then_rolls_out_the_templates_replicas_through_the_deploy_
     assert probed == [["gpu01", "gpu02", "gpu03", "gpu04"]]
     placed = json.loads((env / "placements.json").read_text())["templates"]["pool"]
     assert len(placed) == 10 and placed["pool-1"] == {"host": "gpu01", "gpus": [0, 3], "port": 8000}
+
+
+def test_placement_show_exits_1_and_gives_the_reason_when_a_replica_has_no_room(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for host in ("gpu01", "gpu02", "gpu03"):
+        assert run(capsys, "cordon", host, "--reason", "drained for work")[0] == 0
+    rc, out, _ = run(capsys, "placement", "show", "--json")
+    rows = {r["replica"]: r for r in json.loads(out)}
+    assert rc == 1
+    assert [n for n, r in rows.items() if r["host"] == "gpu04"] == ["pool-1", "pool-2", "pool-3", "pool-4"]
+    assert rows["pool-5"]["status"].startswith("unplaced: not enough free uncordoned GPUs")
+    assert "cordoned hosts: gpu[01-03]" in rows["pool-8"]["status"]

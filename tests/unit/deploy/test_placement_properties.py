@@ -67,3 +67,35 @@ def test_no_shared_gpu_no_split_tp_group_and_scaling_moves_nothing(case: tuple[A
             assert after[name] == spot, f"{name} moved from {spot} to {after[name]}"
         else:
             assert name in second.removed
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(), st.data())
+def test_reschedule_moves_only_the_named_never_back_or_onto_a_cordon_and_keeps_every_cordon(
+        case: tuple[Any, DeployState, dict[str, int]], data: Any) -> None:
+    from clusterctl.deploy.placement import reschedule
+
+    inv, state, _ = case
+    first = desired_instances(inv, DeployState())
+    replicas = sorted(n for n, i in first.instances.items() if i.template)
+    if not replicas:
+        return
+    names = data.draw(st.lists(st.sampled_from(replicas), min_size=1, max_size=3, unique=True))
+    placed = first.state.copy()
+    placed.cordons = dict(state.cordons)
+    res = reschedule(inv, placed, names)
+    _check_invariants(res)
+    assert res.state.cordons == placed.cordons
+    before, after = where(first), where(res)
+    for name in replicas:
+        if name not in names:
+            assert after[name] == before[name], name
+    for name in names:
+        assert (name in res.moved) != (name in res.not_moved), name
+        if name in res.moved:
+            host, gpus, _ = after[name]
+            old_host, old_gpus, _ = before[name]
+            assert not (host == old_host and set(gpus) & set(old_gpus)), name
+            assert not any(placed.gpu_cordoned(host, g) for g in gpus), name
+        else:
+            assert after[name] == before[name]
