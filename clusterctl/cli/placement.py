@@ -170,7 +170,7 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
-def scale(template: str = typer.Argument(..., help="A template of the inventory."),
+def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A template of the inventory."),
           replicas: Optional[int] = typer.Option(None, "--replicas", "-n", min=0, help="The new replica count."),
           reset: bool = typer.Option(False, "--reset", help="Drop the override: back to the inventory's replicas."),
           plan: bool = typer.Option(False, "--plan", help="Show what would be added and removed; change nothing."),
