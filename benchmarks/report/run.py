@@ -2,7 +2,8 @@
 
 Fills a scratch history with ``--days`` of runs every ``--every`` minutes
 (35 days x 5 min = 10080 runs by default), each with ``--hosts`` hosts x
-``--checks`` findings (a few WARN/CRIT among OK) and 4 GPU metrics per host,
+``--checks`` findings (a few WARN/CRIT among OK) and the 24 metrics per host a run
+records on an 8-GPU RoCE node with one instance (:func:`metrics`),
 then times ``--rounds`` further runs of :func:`clusterctl.report.run.report_run`
 writing JSON, Markdown, HTML and a textfile (the work a timer does after
 doctor has gathered its findings). Writes ``benchmarks/results/report-<date>.json``:
@@ -40,9 +41,20 @@ def findings(hosts: int, checks: int, i: int) -> list[Finding]:
     return out
 
 
-def metrics(hosts: int, i: int) -> list[Metric]:
-    return [Metric(f"gpu{h + 1:02d}", "gpu_utilization_ratio", ((h + i) % 100) / 100, f"gpu:{g}")
-            for h in range(hosts) for g in range(4)]
+def metrics(hosts: int, i: int, gpus: int = 8) -> list[Metric]:
+    """What a run records per host of an 8-GPU RoCE node with one instance: memory and
+    utilisation per GPU, paused fraction and CNP rate per data NIC (2), KV cache and queue."""
+    out = []
+    for h in range(hosts):
+        host, x = f"gpu{h + 1:02d}", ((h + i) % 100) / 100
+        out += [Metric(host, "gpu_utilization_ratio", x, f"gpu:{g}") for g in range(gpus)]
+        out += [Metric(host, "gpu_memory_used_bytes", 7e10 * x, f"gpu:{g}") for g in range(gpus)]
+        for nic in ("eth2", "eth3"):
+            out += [Metric(host, "roce_paused_ratio", x / 10, f"nic:{nic}"),
+                    Metric(host, "roce_cnp_per_second", 1000 * x, f"nic:{nic}")]
+        out += [Metric(host, "vllm_kv_cache_usage_ratio", x, f"instance:i{h}"),
+                Metric(host, "vllm_requests_waiting", float(i % 7), f"instance:i{h}")]
+    return out
 
 
 def main() -> None:
@@ -76,6 +88,7 @@ def main() -> None:
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                        "load_1m": os.getloadavg()[0]},
            "params": vars(a), "history_runs": n, "findings_per_run": a.hosts * a.checks,
+           "metrics_per_run": len(metrics(a.hosts, 0)),
            "fill_s": round(fill_s, 1), "db_bytes": size, "round_s": rounds,
            "median_round_s": statistics.median(rounds), "html_bytes": html, "last_exit_code": res.exit_code}
     RESULTS.mkdir(exist_ok=True)

@@ -16,7 +16,7 @@ from markupsafe import Markup
 from clusterctl.diagnose.findings import Severity
 from clusterctl.report.findings import group, summary
 from clusterctl.report.history import History
-from clusterctl.report.svg import line_chart, plain
+from clusterctl.report.svg import MAX_POINTS, line_chart, plain
 
 if TYPE_CHECKING:
     from clusterctl.report.run import Result
@@ -74,31 +74,23 @@ MAX_LINES = 12
 SEVERITY_COLOURS = {"CRIT": "#d62728", "WARN": "#ff9f0e", "UNKNOWN": "#9467bd"}
 
 
-def _per_host(series: dict[tuple[str, str], list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
-    """``{"host (mean of n)": points}``: the subjects of each host averaged per run time."""
-    acc: dict[str, dict[float, list[float]]] = {}
-    for (host, _), pts in series.items():
-        for t, v in pts:
-            acc.setdefault(host, {}).setdefault(t, []).append(v)
-    n = {h: len({s for hh, s in series if hh == h}) for h in acc}
-    return {f"{h} (mean of {n[h]})": [(t, sum(vs) / len(vs)) for t, vs in sorted(by_t.items())]
-            for h, by_t in acc.items()}
-
-
 def charts(hist: History, *, now: float, days: float = TREND_DAYS, pattern: str | None = None) -> list[Markup]:
     """Problems per run by severity (runs of ``pattern`` only, when given), then one chart per
-    recorded metric: one line per host/subject, or per host (mean) when more than :data:`MAX_LINES`."""
+    recorded metric: one line per host/subject, or per host (mean) when more than :data:`MAX_LINES`;
+    averaged by SQLite into at most :data:`~clusterctl.report.svg.MAX_POINTS` time slices."""
     since = now - days * 86400.0
     sev = hist.severity_series(since=since, pattern=pattern)
     out = [Markup(line_chart("Problems per run", {
         name: [(t, float(c.get(name, 0))) for t, c in sev] for name in ("CRIT", "WARN", "UNKNOWN")},
         colours=SEVERITY_COLOURS))]
-    names = hist.metric_names()
+    names = hist.metric_names(since=since)
     for name in [n for n in CHARTS if n in names] + [n for n in names if n not in CHARTS]:
         title, fmt = CHARTS.get(name, (name, plain))
-        s = hist.series(name, since=since)
-        lines = ({(h if subj == "host" else f"{h} {subj}"): v for (h, subj), v in s.items()}
-                 if len(s) <= MAX_LINES else _per_host(s))
+        hosts = hist.series_hosts(name, since=since)
+        per_host = sum(hosts.values()) > MAX_LINES
+        s = hist.series_buckets(name, since=since, until=now, buckets=MAX_POINTS, per_host=per_host)
+        lines = {(f"{h} (mean of {hosts.get(h, 0)})" if per_host else h if subj == "host" else f"{h} {subj}"): v
+                 for (h, subj), v in s.items()}
         out.append(Markup(line_chart(title, lines, fmt=fmt)))
     return out
 

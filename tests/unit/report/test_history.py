@@ -69,7 +69,8 @@ def test_prune_keeps_35_days_by_default_and_drops_findings_with_their_run(tmp_pa
         assert h.prune(now=now) == 1
         assert [r.id for r in h.runs()] == [kept]
         assert h.findings(old) == []
-        assert h.db.execute("SELECT count(*) FROM metrics").fetchone()[0] == 0
+        assert h.db.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
+        assert h.db.execute("SELECT count(*) FROM series").fetchone()[0] == 0
         with pytest.raises(HistoryError, match="more than 0 days"):
             h.prune(0)
 
@@ -82,3 +83,36 @@ def test_a_failure_mid_record_leaves_no_partial_run(tmp_path, monkeypatch):
             h.record([crit()], started=2.0, metrics=[bad, Metric("gpu01", "y", "not a number")])  # type: ignore[arg-type]
         assert [r.started for r in h.runs()] == [1.0]
         assert h.db.execute("SELECT count(*) FROM findings").fetchone()[0] == 1
+
+
+def test_a_version_3_database_keeps_its_metrics_as_series_and_samples(tmp_path):
+    path = tmp_path / "v3.db"
+    db = sqlite3.connect(path)
+    db.executescript(";".join(MIGRATIONS[:3]) + "; PRAGMA user_version=3;")
+    db.execute("INSERT INTO runs(started, finished, exit_code) VALUES (5, 6, 0)")
+    db.execute("INSERT INTO runs(started, finished, exit_code) VALUES (7, 8, 0)")
+    db.executemany("INSERT INTO metrics VALUES (?,?,?,?,?)", [(1, "gpu01", "gpu:0", "util", 0.5),
+                                                              (2, "gpu01", "gpu:0", "util", 0.7),
+                                                              (2, "gpu02", "host", "load", 3.0)])
+    db.commit()
+    db.close()
+    with History(path) as h:
+        assert h.version == SCHEMA_VERSION == 4
+        assert h.series("util") == {("gpu01", "gpu:0"): [(5.0, 0.5), (7.0, 0.7)]}
+        assert h.metric_names() == ["load", "util"] and h.series_hosts("util") == {"gpu01": 1}
+        assert not h.db.execute("SELECT name FROM sqlite_master WHERE name='metrics'").fetchall()
+
+
+def test_series_are_averaged_in_sqlite_into_time_slices_and_per_host(tmp_path):
+    with History(tmp_path / "h.db") as h:
+        for i in range(100):  # 100 runs a minute apart, 2 GPUs each on two hosts
+            h.record([], started=60.0 * i, metrics=[Metric(host, "util", float(i % 2) + g, f"gpu:{g}")
+                                                    for host in ("a", "b") for g in range(2)])
+        s = h.series_buckets("util", since=0.0, until=6000.0, buckets=10)
+        assert set(s) == {(host, f"gpu:{g}") for host in ("a", "b") for g in range(2)}
+        assert all(len(pts) == 10 for pts in s.values())
+        assert s[("a", "gpu:1")][0] == (270.0, 1.5)  # runs 0..9: mean time 4.5 min, mean of 1,2,1,2...
+        per_host = h.series_buckets("util", since=0.0, until=6000.0, buckets=10, per_host=True)
+        assert set(per_host) == {("a", "*"), ("b", "*")} and per_host[("b", "*")][0] == (270.0, 1.0)
+        assert h.series_hosts("util") == {"a": 2, "b": 2}
+        assert h.metric_names(since=6000.0 * 2) == []  # no run that recent
