@@ -220,7 +220,7 @@ def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A templa
         return
     if not as_json:
         _report_scale(sp, False, applied=True)
-    rep = _deploy_template(inv, store, template, serial=serial, max_fail_percentage=max_fail_percentage,
+    rep = _deploy_template(inv, store, template, ops.replica_names(sp), serial=serial, max_fail_percentage=max_fail_percentage,
                            gate_timeout=gate_timeout, drain_timeout=drain_timeout, force=force, fanout=fanout,
                            connect_timeout=connect_timeout, ask_become_pass=ask_become_pass,
                            host_key_policy=host_key_policy, as_json=as_json)
@@ -229,9 +229,10 @@ def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A templa
     raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.CRIT)
 
 
-def _deploy_template(inv: Any, store: Any, template: str, *, as_json: bool, ask_become_pass: bool,
-                     host_key_policy: Optional[str], **opts: Any) -> Any:
-    """Roll out ``<template>-*`` through the deploy engine (drains what it removes); exits 3 on refusal."""
+def _deploy_template(inv: Any, store: Any, template: str, names: list[str], *, as_json: bool,
+                     ask_become_pass: bool, host_key_policy: Optional[str], **opts: Any) -> Any:
+    """Roll out the replicas ``names`` of ``template`` through the deploy engine (it drains what it
+    removes); exits 3 on refusal."""
     from clusterctl.cli.deploy import _events, _fleet_factory, _print_report
     from clusterctl.cli._hosts import become_password, check_host_key_policy
     from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
@@ -241,7 +242,7 @@ def _deploy_template(inv: Any, store: Any, template: str, *, as_json: bool, ask_
     policy = check_host_key_policy(host_key_policy)
     try:
         hosts = [inv.hosts[h] for h in scale_hosts(inv, store.load(), template)]
-        dopts = DeployOptions(instances=f"{template}-*", serial=parse_serial(opts["serial"]),
+        dopts = DeployOptions(instances=",".join(names), serial=parse_serial(opts["serial"]),
                               max_fail_percentage=opts["max_fail_percentage"], force=opts["force"],
                               gate_timeout_s=opts["gate_timeout"], drain_timeout_s=opts["drain_timeout"])
         make = _fleet_factory(inv, fanout=opts["fanout"], connect_timeout=opts["connect_timeout"],

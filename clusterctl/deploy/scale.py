@@ -95,3 +95,10 @@ def scale_hosts(inv: Inventory, state: DeployState, template: str) -> list[str]:
     names = {h.name for h in select_hosts(inv, inv.templates[template].hosts)}
     names.update(p.host for p in state.placements.get(template, {}).values())
     return [h for h in inv.hosts if h in names]
+
+
+def replica_names(sp: ScalePlan) -> list[str]:
+    """Every replica of the template after the scale plus those it removes: exactly what a
+    rollout of the scale touches (a glob ``T-*`` would also match a template named ``T-x``)."""
+    kept = [n for n, i in sp.result.instances.items() if i.template == sp.template]
+    return kept + sp.removed

@@ -158,7 +158,8 @@ def test_scale_records_then_rolls_out_the_templates_replicas_through_the_deploy_
     (call,) = FakeDeploy.calls
     assert call["hosts"] == ["gpu01", "gpu02", "gpu03", "gpu04"] and call["state_dir"] == str(env)
     opts = call["opts"]
-    assert opts.instances == "pool-*" and opts.serial == ["1"]  # type: ignore[attr-defined]
+    assert opts.instances == ",".join(f"pool-{n}" for n in range(1, 11))  # type: ignore[attr-defined]
+    assert opts.serial == ["1"]  # type: ignore[attr-defined]
     # placed with the probed topology and recorded before the engine ran, so it starts them there
     assert probed == [["gpu01", "gpu02", "gpu03", "gpu04"]]
     placed = json.loads((env / "placements.json").read_text())["templates"]["pool"]
