@@ -331,7 +331,7 @@ Example:
 
 Scaling up adds the lowest missing replica numbers on free uncordoned GPUs;
 scaling down removes the highest-numbered replicas; nothing else moves.
-The count is recorded, then `<template>-*` is rolled out through the deploy
+The count is recorded, then the template's replicas are rolled out through the deploy
 engine over the template's hosts (batches, gates, rollback as `deploy`;
 removed replicas are drained first). --plan shows the change and records
 nothing (no host is contacted); --record-only records it for the next
