@@ -196,8 +196,11 @@ def _cordons(path: Path) -> dict[str, Cordon]:
     for key, c in _read(path, "cordons").items():
         if not isinstance(c, dict):
             raise _bad(path, f"cordons.{key}: expected an object with reason, who, when")
-        out[key] = Cordon(**{k: _name(path, c.get(k), f"cordons.{key}.{k}") if k != "reason"
-                             else str(c.get(k) or "") for k in ("reason", "who", "when")})
+        reason = c.get("reason", "")
+        if not isinstance(reason, str):
+            raise _bad(path, f"cordons.{key}.reason: expected a string, got {reason!r}")
+        out[key] = Cordon(reason=reason, who=_name(path, c.get("who"), f"cordons.{key}.who"),
+                          when=_name(path, c.get("when"), f"cordons.{key}.when"))
     return out
 
 
