@@ -47,7 +47,8 @@ def setup_scripts(users: Sequence[str]) -> list[str]:
     return [ensure_user_script(u) for u in users] + [verify_model_install_script()]
 
 
-def apply_job(hp: HostPlan, rendered: Mapping[str, spec.RenderedInstance], st: HostState) -> dict[str, Any]:
+def apply_job(hp: HostPlan, rendered: Mapping[str, spec.RenderedInstance], st: HostState,
+              run_id: str) -> dict[str, Any]:
     """The node job for one host's plan (it holds env files with secrets: stdin only)."""
     write: list[dict[str, Any]] = []
     restart: list[str] = []
@@ -72,7 +73,7 @@ def apply_job(hp: HostPlan, rendered: Mapping[str, spec.RenderedInstance], st: H
                       "model_path": r.model_path, "model_before": model_before,
                       "enable": r.enable_at_boot})
         (restart if item.action == "changed" else start).append(r.instance)
-    return {"op": "apply", "write": write, "restart": restart, "start": start, "remove": remove,
+    return {"op": "apply", "run_id": run_id, "write": write, "restart": restart, "start": start, "remove": remove,
             "setup_scripts": setup_scripts(sorted(users)) if write else []}
 
 
@@ -87,9 +88,15 @@ def apply_hosts(fleet: Any, jobs: Mapping[str, dict[str, Any]],
     return remote.run_jobs(fleet, jobs, on_reply=on_reply)
 
 
-def rollback_hosts(fleet: Any, instances: Mapping[str, list[str]]) -> dict[str, NodeReply]:
-    """Restore the previous unit, env and model link of ``instances[host]`` on each host."""
-    jobs = {h: {"op": "rollback", "instances": names} for h, names in instances.items() if names}
+def rollback_hosts(fleet: Any, instances: Mapping[str, list[str]], *, own_run_id: str,
+                   only_run_id: str | None = None) -> dict[str, NodeReply]:
+    """Restore the previous unit, env and model link of ``instances[host]`` on each host.
+
+    ``only_run_id``: restore only copies that run saved; ``own_run_id``
+    marks the copies this rollback leaves (the current files it replaces).
+    """
+    jobs = {h: {"op": "rollback", "instances": names, "run_id": only_run_id, "own_run_id": own_run_id}
+            for h, names in instances.items() if names}
     return remote.run_jobs(fleet, jobs)
 
 

@@ -274,16 +274,21 @@ class Deploy:
     def _batch(self, fleet: Any, n: int, batch: list[str], by_host: Mapping[str, Any],
                states: dict[str, remote.HostState], rep: DeployReport) -> list[str]:
         """Stage, drain, apply and gate one batch; returns the failed hosts."""
-        self._stage(fleet, batch, states)
+        starting = {i.instance for h in batch for i in by_host[h].items if i.action in ("new", "changed", "start")}
+        unstaged = self._stage(fleet, batch, starting, states)
         with cf.ThreadPoolExecutor(max_workers=max(1, min(16, len(batch)))) as ex:
             drained = ex.map(lambda h: ap.drain_before(self.inv, by_host[h], states[h], self.instances,
                                                        self.opts.drain_timeout_s), batch)
             for h, notes in zip(batch, drained):
                 rep.hosts[h] = HostOutcome(h, "applied", n, drained=notes)
-        jobs = {h: ap.apply_job(by_host[h], self.rendered, states[h]) for h in batch}
+        failed = []
+        for h, why in unstaged.items():
+            rep.hosts[h].status, rep.hosts[h].error = "failed", why
+            failed.append(h)
+        jobs = {h: ap.apply_job(by_host[h], self.rendered, states[h], self.me.run_id) for h in batch
+                if h not in unstaged}
         replies = ap.apply_hosts(fleet, jobs, on_reply=lambda r: self.event(
             "host", "applied" if r.ok else f"apply failed: {r.error}", r.host, r.ok))
-        failed = []
         for h, r in replies.items():
             if not r.ok:
                 rep.hosts[h].status, rep.hosts[h].error = "failed", r.error
@@ -313,24 +318,35 @@ class Deploy:
         return gates.GateTarget(name, r.host, self.inv.hosts[r.host].address, r.port, served_name(self.inv, r),
                                 api_key(r), 0)
 
-    def _stage(self, fleet: Any, batch: list[str], states: dict[str, remote.HostState]) -> None:
-        """Stage the models the batch's new instances need where the path is not a verified version."""
+    def _unstaged(self, r: spec.RenderedInstance, st: remote.HostState) -> bool:
+        """True when ``r``'s model has a source and its path on the host is not the verified version."""
+        model = self.inv.models.get(r.model)
+        if model is None or not model.source:
+            return False
+        m = st.models.get(r.model_path) or {}
+        return not m.get("verified") or bool(model.version and m.get("version") != model.version)
+
+    def _stage(self, fleet: Any, batch: list[str], starting: set[str],
+               states: dict[str, remote.HostState]) -> dict[str, str]:
+        """Stage the models that instances about to start lack on the batch's hosts.
+
+        Returns host -> why its model is still not there afterwards (read
+        back from the host, whatever staging reported): those hosts are not
+        applied.
+        """
         need: dict[str, list[str]] = {}
         for r in self.rendered.values():
-            if r.host not in batch:
-                continue
-            m = states[r.host].models.get(r.model_path) or {}
-            model = self.inv.models.get(r.model)
-            if model is None or not model.source:
-                continue
-            if not m.get("verified") or (model.version and m.get("version") != model.version):
-                need.setdefault(r.model, [])
-                if r.host not in need[r.model]:
-                    need[r.model].append(r.host)
-        for name, hosts in need.items():
-            from clusterctl.stage import plan as sp
-            from clusterctl.stage import run as sr
+            if r.host in batch and r.instance in starting and self._unstaged(r, states[r.host]):
+                hosts = need.setdefault(r.model, [])
+                if r.host not in hosts:
+                    hosts.append(r.host)
+        if not need:
+            return {}
+        from clusterctl.stage import plan as sp
+        from clusterctl.stage import run as sr
 
+        errors: dict[tuple[str, str], str] = {}
+        for name, hosts in need.items():
             model = self.inv.models[name]
             self.event("phase", f"staging {name} on {', '.join(hosts)}")
             src = sp.parse_source(model.source or "", f"{self.inv.path}: models.{name}.source")
@@ -340,12 +356,20 @@ class Deploy:
             for row in report.rows:
                 self.event("host", f"stage {name}: {row.status}" + (f" ({row.error})" if row.error else ""),
                            row.host, row.ok)
-        if need:
-            states.update(self._read(fleet, batch))
+                if not row.ok:
+                    errors[(name, row.host)] = row.error or row.status
+        states.update(self._read(fleet, batch))
+        missing: dict[str, str] = {}
+        for r in self.rendered.values():
+            if r.model in need and r.host in need[r.model] and self._unstaged(r, states[r.host]):
+                why = errors.get((r.model, r.host), "not a verified version after staging")
+                missing[r.host] = f"staging {r.model}: {why}"
+        return missing
 
     def _rollback(self, fleet: Any, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport,
                   status: str) -> None:
-        replies = ap.rollback_hosts(fleet, {h: ap.touched(by_host[h]) for h in hosts})
+        replies = ap.rollback_hosts(fleet, {h: ap.touched(by_host[h]) for h in hosts}, own_run_id=self.me.run_id,
+                                    only_run_id=self.me.run_id)
         for h in hosts:
             r = replies.get(h)
             rep.hosts[h].status = status

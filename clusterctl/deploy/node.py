@@ -248,7 +248,7 @@ def op_unlock(job):
     return {"ok": True}
 
 
-def _save_previous(name, model_path, model_before=None):
+def _save_previous(name, model_path, model_before=None, run_id=""):
     """Copy what ``name`` has now into previous/ (an ``.absent`` marker when nothing).
 
     ``model_before``: the model symlink's target as read before this deploy
@@ -256,6 +256,7 @@ def _save_previous(name, model_path, model_before=None):
     """
     unit_text = _read(_unit_path(name))
     base = os.path.join(PREVIOUS_DIR, name)
+    _write_atomic(base + ".run", run_id)
     if unit_text is None:
         _write_atomic(base + ".absent", "")
         for ext in (".service", ".env", ".model"):
@@ -300,10 +301,11 @@ def op_apply(job):
     _setup(job, errors)
     if errors:
         return {"ok": False, "kind": "setup", "errors": errors, "error": "; ".join(errors.values())}
+    run_id = job.get("run_id", "")
     for item in job.get("write", []):
-        _save_previous(item["instance"], item.get("model_path"), item.get("model_before"))
+        _save_previous(item["instance"], item.get("model_path"), item.get("model_before"), run_id)
     for name in job.get("remove", []):
-        _save_previous(name, None)
+        _save_previous(name, None, None, run_id)
         _run_units("stop", [_unit(name)], errors)
         _systemctl("disable", _unit(name))
         _remove(_unit_path(name))
@@ -327,10 +329,17 @@ def op_apply(job):
 
 
 def op_rollback(job):
-    """Swap each instance's current files with previous/ and (re)start what is back."""
+    """Swap each instance's current files with previous/ and (re)start what is back.
+
+    With ``run_id``, only copies saved by that run are restored (a batch
+    whose apply never reached a host must not restore an older deploy's).
+    """
     errors, restored, removed, missing = {}, [], [], []
     for name in job.get("instances", []):
         base = os.path.join(PREVIOUS_DIR, name)
+        if job.get("run_id") and (_read(base + ".run") or "") != job["run_id"]:
+            missing.append(name)
+            continue
         prev_unit, prev_env = _read(base + ".service"), _read(base + ".env")
         prev_model = _read(base + ".model")
         absent = os.path.exists(base + ".absent")
@@ -338,7 +347,7 @@ def op_rollback(job):
             missing.append(name)
             continue
         cur_model_path = json.loads(prev_model)["path"] if prev_model else None
-        _save_previous(name, cur_model_path)  # prev_* are in memory: previous/ now holds the current
+        _save_previous(name, cur_model_path, None, job.get("own_run_id", ""))  # prev_* are in memory
         if absent and prev_unit is None:
             _run_units("stop", [_unit(name)], errors)
             _systemctl("disable", _unit(name))

@@ -100,7 +100,7 @@ def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, st
                        fresh_fleet=lambda: make_fleet([inv.hosts[h] for h in todo])) as got:
             todo = {h: n for h, n in todo.items() if h in got.locked}
             on_event(Event("phase", f"rolling back {sum(map(len, todo.values()))} instances on {len(todo)} hosts"))
-            replies = ap.rollback_hosts(fleet, todo)
+            replies = ap.rollback_hosts(fleet, todo, own_run_id=me.run_id)
             restored: dict[str, list[str]] = {}
             for h, r in replies.items():
                 restored[h] = list(r.data.get("restored", []))
