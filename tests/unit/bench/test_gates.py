@@ -1,0 +1,51 @@
+"""Release gates the deploy engine calls: drift_gate (outputs vs a baseline), bench_gate (canary vs previous)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clusterctl.bench.gate import bench_gate
+from clusterctl.bench.loadgen import Endpoint
+from clusterctl.drift import prompts, run, store
+from clusterctl.drift.gate import drift_gate
+from clusterctl.lab.vllm_sim import synth
+from clusterctl.lab.vllm_sim.serve import free_port
+
+from .conftest import READY
+
+PROMPTS = Path(__file__).resolve().parents[3] / "checks" / "drift" / "basic.jsonl"
+
+
+def test_drift_gate_passes_a_twin_and_stops_a_quantized_canary(host, models, start_sim, tmp_path: Path) -> None:
+    awq = tmp_path / "qwen3-8b-awq"
+    synth.write_model("qwen3-8b", awq, sparse=True, quantization="awq")
+    prev = start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0")
+    canary = start_sim(host, awq, "--no-sim-batch-noise", scale="0", gpus="1")
+    assert prev.wait_for(READY) and canary.wait_for(READY), prev.log + canary.log
+    state = tmp_path / "state"
+    store.save(run.record(Endpoint.parse(prev.url), "previous", prompts.load(PROMPTS)), state)
+
+    ok = drift_gate(prev.url, "previous", state_dir=state)
+    assert ok.ok and "match baseline 'previous'" in ok.reason and ok.details["summary"]["exact_match"] == 1.0
+    bad = drift_gate(canary.url, "previous", state_dir=state)
+    assert not bad.ok and "drifted from baseline 'previous'" in bad.reason and bad.details["reasons"]
+    missing = drift_gate(prev.url, "nope", state_dir=state)
+    assert not missing.ok and "could not run" in missing.reason and "no baseline 'nope'" in missing.reason
+    gone = drift_gate(f"http://127.0.0.1:{free_port()}", "previous", state_dir=state, timeout=2)
+    assert not gone.ok and "could not run" in gone.reason
+    assert prev.stop() == 0 and canary.stop() == 0
+
+
+def test_bench_gate_passes_an_equal_canary_and_stops_a_slow_one(host, models, start_sim) -> None:
+    prev = start_sim(host, models["qwen3-8b"], scale="0.25")
+    canary = start_sim(host, models["qwen3-8b"], scale="0.25", gpus="1")
+    assert prev.wait_for(READY) and canary.wait_for(READY), prev.log + canary.log
+    kw = {"concurrency": (2,), "requests": 4, "input_len": 32, "output_len": 8, "tolerance": 1.0}
+    same = bench_gate(canary.url, prev.url, **kw)  # type: ignore[arg-type]
+    assert same.ok, same.reason
+    canary.post("/sim/fault", {"fault": "slowdown", "factor": 5})
+    slow = bench_gate(canary.url, prev.url, **kw)  # type: ignore[arg-type]
+    assert not slow.ok and "regression beyond 100%" in slow.reason and "tpot_ms.mean" in slow.reason
+    gone = bench_gate(f"http://127.0.0.1:{free_port()}", prev.url, timeout=2, **kw)  # type: ignore[arg-type]
+    assert not gone.ok and "failed requests: canary 4, reference 0" in gone.reason
+    assert prev.stop() == 0 and canary.stop() == 0
