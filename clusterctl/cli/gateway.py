@@ -9,6 +9,7 @@ changed nothing because the interval has not passed (``--json`` says when);
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -151,8 +152,6 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
     with fleet:
         results = apply_gateway(fleet, rendered, port=gw.port, hosts=hosts)
     if all(r.ok for r in results) and set(hosts) == set(gw.hosts):
-        import time
-
         def applied(s: Any) -> None:
             s.digest, s.last_reload = rendered.digest, time.time()
         gwstate.update(directory, applied)
@@ -180,12 +179,16 @@ Examples:
   clusterctl gateway sync --dry-run --json
 
   clusterctl gateway sync --tp-check --window 5
+
+  clusterctl gateway sync --every 10      # keep following the instances
 """)
 def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
          dry_run: bool = typer.Option(False, "--dry-run", help="Decide and render, apply nothing."),
          force: bool = typer.Option(False, "--force", help="Reload even within the sync interval."),
          tp_check: bool = typer.Option(False, "--tp-check", help="Also run doctor's TP-group check (gathers facts)."),
          window: float = typer.Option(5.0, "--window", min=0.0, help="Seconds between the two /metrics samples."),
+         every: float = typer.Option(0.0, "--every", min=0.0, help="Sync again every SECONDS until interrupted "
+                                     "(0: once). A change held back by the interval is applied by a later round."),
          state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
          connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
          ask_become_pass: bool = AskBecomePassOpt) -> None:
@@ -200,20 +203,30 @@ def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
     say = (lambda s: err_console.print(s, markup=False)) if not json_out else None
     fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
                    ask_become_pass=ask_become_pass)
-    try:
-        with fleet:
-            observed, unavailable = observe(inv, instances, fleet, window=window, state_dir=directory,
-                                            tp_check=tp_check, on_event=say)
-            servers = decide(inv, instances, observed, marked_down=gwstate.load(directory).marked_down,
-                             unavailable=unavailable)
-            result = sync_gateway(inv, fleet, instances, servers, state_dir=directory, force=force,
-                                  dry_run=dry_run, on_event=say)
-    except ClusterctlError as e:
-        fail(str(e))
+    while True:
+        try:
+            with fleet:
+                observed, unavailable = observe(inv, instances, fleet, window=window, state_dir=directory,
+                                                tp_check=tp_check, on_event=say)
+                servers = decide(inv, instances, observed, marked_down=gwstate.load(directory).marked_down,
+                                 unavailable=unavailable)
+                result = sync_gateway(inv, fleet, instances, servers, state_dir=directory, force=force,
+                                      dry_run=dry_run, on_event=say)
+        except ClusterctlError as e:
+            fail(str(e))
+        code = _print_sync(result, json_out)
+        if not every:
+            raise typer.Exit(int(code))
+        time.sleep(every)
+        fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout,
+                       host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
+
+
+def _print_sync(result: Any, json_out: bool) -> ExitCode:
     code = (ExitCode.CRIT if not result.ok else ExitCode.WARN if result.skipped == "interval" else ExitCode.OK)
     if json_out:
         print_json({**result.to_json(), "exit_code": int(code)})
-        raise typer.Exit(int(code))
+        return code
     for name, s in sorted(result.servers.items()):
         console.print(f"{name}: " + (f"down ({s.reason})" if s.down else f"up, weight {s.weight}"), markup=False)
     verdict = {"unchanged": "config unchanged; nothing to do",
@@ -221,7 +234,7 @@ def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
                "dry-run": "dry run: " + ("config would change" if result.changed else "config unchanged")}
     console.print(verdict.get(result.skipped or "", f"config {result.digest[:16]} applied"), markup=False)
     _host_rows(result.hosts)
-    raise typer.Exit(int(code))
+    return code
 
 
 @app.command("status", help="""Show each gateway host: nginx's unit state and the config it serves,
