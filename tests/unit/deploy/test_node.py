@@ -1,0 +1,110 @@
+"""The node program's file work (apply, rollback, read) in a temporary root, systemctl recorded.
+
+systemd is replaced by a recorder of ``systemctl`` calls; the lab test runs
+the same program under real systemd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from clusterctl.deploy import node
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(node, "UNIT_DIR", str(tmp_path / "units"))
+    monkeypatch.setattr(node, "ENV_DIR", str(tmp_path / "env"))
+    monkeypatch.setattr(node, "STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(node, "PREVIOUS_DIR", str(tmp_path / "state" / "previous"))
+    monkeypatch.setattr(node, "LOCK_PATH", str(tmp_path / "deploy.lock"))
+
+    def systemctl(*args: str, timeout: int = 120) -> tuple[int, str, str]:
+        calls.append(args)
+        if args[0] == "show":
+            units = args[3:]
+            return 0, "\n\n".join(f"Id={u}\nActiveState=active\nSubState=running\nNRestarts=0" for u in units), ""
+        return 0, "", ""
+
+    monkeypatch.setattr(node, "_systemctl", systemctl)
+    models = tmp_path / "models"
+    for v in ("v1", "v2"):
+        (models / ".versions" / "m" / v).mkdir(parents=True)
+        (models / ".versions" / "m" / v / ".clusterctl-verified").write_text(json.dumps({"version": v}))
+    os.symlink(".versions/m/v1", models / "m")
+    yield {"tmp": tmp_path, "calls": calls, "model": str(models / "m")}
+
+
+def item(name: str, flags: str, key: str, model: str) -> dict[str, Any]:
+    return {"instance": name, "unit_text": f"[Service]\nExecStart=/opt/vllm serve {flags}\n",
+            "env_text": f"VLLM_API_KEY={key}\n", "model_path": model, "enable": True}
+
+
+def unit(root: dict[str, Any], name: str) -> str:
+    return (root["tmp"] / "units" / f"clusterctl-{name}.service").read_text()
+
+
+def test_apply_writes_files_saves_previous_and_restarts_only_what_it_is_told(root: dict[str, Any]) -> None:
+    res = node.op_apply({"op": "apply", "run_id": "r1", "write": [item("a", "--x 1", "k1", root["model"])],
+                         "start": ["a"], "restart": [], "remove": []})
+    assert res["ok"]
+    env = root["tmp"] / "env" / "a.env"
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600 and env.read_text() == "VLLM_API_KEY=k1\n"
+    assert (root["tmp"] / "state" / "previous" / "a.absent").exists()
+    assert ("daemon-reload",) in root["calls"] and ("start", "clusterctl-a.service") in root["calls"]
+    assert not any(c[0] == "restart" for c in root["calls"])
+    assert not list((root["tmp"] / "units").glob(".*tmp*"))  # no temporary file left
+
+
+def test_read_reports_digest_and_salted_hashes_never_env_values(root: dict[str, Any]) -> None:
+    node.op_apply({"op": "apply", "write": [item("a", "--x 1", "secret-k", root["model"])], "start": ["a"]})
+    out = node.op_read({"op": "read", "salt": "s", "model_paths": [root["model"]]})
+    inst = out["instances"]["a"]
+    assert inst["digest"] == node.digest_of(unit(root, "a"), "VLLM_API_KEY=secret-k\n")
+    assert "secret-k" not in json.dumps(out) and set(inst["env_hashes"]) == {"VLLM_API_KEY"}
+    assert out["models"][root["model"]]["verified"] and out["models"][root["model"]]["version"] == "v1"
+
+
+def test_rollback_restores_unit_env_and_model_link_and_a_second_rollback_goes_forward(root: dict[str, Any]) -> None:
+    node.op_apply({"op": "apply", "run_id": "r1", "write": [item("a", "--x 1", "k1", root["model"])], "start": ["a"]})
+    os.symlink(".versions/m/v2", root["model"] + ".new")
+    os.rename(root["model"] + ".new", root["model"])  # what staging v2 does
+    node.op_apply({"op": "apply", "run_id": "r2", "write": [
+        {**item("a", "--x 2", "k2", root["model"]), "model_before": ".versions/m/v1"}], "restart": ["a"]})
+    assert "--x 2" in unit(root, "a")
+    res = node.op_rollback({"op": "rollback", "instances": ["a"], "run_id": "r2", "own_run_id": "rb"})
+    assert res["ok"] and res["restored"] == ["a"]
+    assert "--x 1" in unit(root, "a") and (root["tmp"] / "env" / "a.env").read_text() == "VLLM_API_KEY=k1\n"
+    assert os.readlink(root["model"]) == ".versions/m/v1"
+    assert ("restart", "clusterctl-a.service") in root["calls"]
+    node.op_rollback({"op": "rollback", "instances": ["a"], "own_run_id": "rb2"})
+    assert "--x 2" in unit(root, "a") and os.readlink(root["model"]) == ".versions/m/v2"
+
+
+def test_rollback_of_a_new_instance_removes_it(root: dict[str, Any]) -> None:
+    node.op_apply({"op": "apply", "run_id": "r1", "write": [item("b", "--y", "k", root["model"])], "start": ["b"]})
+    res = node.op_rollback({"op": "rollback", "instances": ["b"], "run_id": "r1", "own_run_id": "rb"})
+    assert res["removed"] == ["b"] and not (root["tmp"] / "units" / "clusterctl-b.service").exists()
+    assert not (root["tmp"] / "env" / "b.env").exists() and ("stop", "clusterctl-b.service") in root["calls"]
+
+
+def test_rollback_for_a_run_never_restores_an_older_runs_copies(root: dict[str, Any]) -> None:
+    node.op_apply({"op": "apply", "run_id": "r1", "write": [item("a", "--x 1", "k1", root["model"])], "start": ["a"]})
+    res = node.op_rollback({"op": "rollback", "instances": ["a"], "run_id": "r-other", "own_run_id": "rb"})
+    assert res["missing"] == ["a"] and res["restored"] == [] and (root["tmp"] / "units" / "clusterctl-a.service").exists()
+
+
+def test_remove_saves_a_copy_then_stops_disables_and_deletes(root: dict[str, Any]) -> None:
+    node.op_apply({"op": "apply", "run_id": "r1", "write": [item("a", "--x 1", "k1", root["model"])], "start": ["a"]})
+    node.op_apply({"op": "apply", "run_id": "r2", "remove": ["a"]})
+    assert not (root["tmp"] / "units" / "clusterctl-a.service").exists()
+    assert "--x 1" in (root["tmp"] / "state" / "previous" / "a.service").read_text()
+    assert [c for c in root["calls"] if c[-1] == "clusterctl-a.service" and c[0] in ("stop", "disable")] == [
+        ("stop", "clusterctl-a.service"), ("disable", "clusterctl-a.service")]
