@@ -18,8 +18,9 @@ named ``<template>-<n>`` (n = 1, 2, ...).  The rules, in order:
   group with the nearest worst pair is chosen, by the probe's topology levels
   (facts ``gpus.topology``: INTERNAL < SINGLE (one PCIe switch) < MULTIPLE <
   HOSTBRIDGE < NODE (same socket) < SYSTEM < unknown), then the smaller sum of
-  levels, then the narrowest span of indexes (without topology: contiguous
-  indexes), then the lowest indexes.
+  levels, then the best fit (the smallest run of consecutive free indexes
+  that holds it), then the narrowest span of indexes (without topology:
+  contiguous indexes), then the lowest indexes.
 * **Spread.** A new replica goes to the host with the fewest replicas of its
   template, then the closest group, then inventory order.
 * **Ports.** ``port_base`` + the replica's slot on its host: the lowest
@@ -118,14 +119,34 @@ def _pair_ranks(topology: HostTopology | None) -> dict[tuple[int, int], int] | N
     return ranks
 
 
-def _group_cost(group: tuple[int, ...], ranks: dict[tuple[int, int], int] | None) -> tuple[int, ...]:
-    """Smaller is better: (worst pair level, sum of levels, span, the indexes)."""
+def _group_cost(group: tuple[int, ...], ranks: dict[tuple[int, int], int] | None,
+                run_of: Mapping[int, tuple[int, int]] | None = None) -> tuple[int, ...]:
+    """Smaller is better: (worst pair level, sum of levels, fit, span, the indexes).
+
+    ``fit`` is the total length of the runs of consecutive free indexes the
+    group takes GPUs from (``run_of``: index -> (run start, run length)):
+    taking from the smallest hole that holds the group keeps larger runs
+    whole for later, wider groups (best fit).
+    """
     span = group[-1] - group[0]
     # Without topology every pair counts as unknown: constant within the host, and
     # a host with known close GPUs wins over one whose layout nobody reported.
     levels = [UNKNOWN_RANK if ranks is None else ranks.get((a, b), UNKNOWN_RANK)
               for a, b in itertools.combinations(group, 2)]
-    return (max(levels, default=0), sum(levels), span, *group)
+    fit = sum(dict(run_of[g] for g in group).values()) if run_of else 0
+    return (max(levels, default=0), sum(levels), fit, span, *group)
+
+
+def _runs(free: list[int]) -> dict[int, tuple[int, int]]:
+    """Sorted free index -> (start, length) of the run of consecutive indexes it is in."""
+    out: dict[int, tuple[int, int]] = {}
+    start = 0
+    for i in range(1, len(free) + 1):
+        if i == len(free) or free[i] != free[i - 1] + 1:
+            for g in free[start:i]:
+                out[g] = (free[start], i - start)
+            start = i
+    return out
 
 
 def best_group(free: Sequence[int], tp: int, topology: HostTopology | None = None) -> tuple[int, ...] | None:
@@ -144,7 +165,8 @@ def _best_group(free: list[int], tp: int, ranks: dict[tuple[int, int], int] | No
         candidates = itertools.combinations(free, tp)
     else:
         candidates = (tuple(free[i:i + tp]) for i in range(len(free) - tp + 1))
-    return min((_group_cost(g, ranks), g) for g in candidates)
+    run_of = _runs(free)
+    return min((_group_cost(g, ranks, run_of), g) for g in candidates)
 
 
 def _combinations(n: int, k: int) -> int:

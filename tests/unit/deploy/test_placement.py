@@ -106,6 +106,9 @@ def test_topology_prefers_the_same_socket_when_no_switch_pair_is_left() -> None:
     ([1, 2, 3, 5, 6], 3, (1, 2, 3)),
     ([0, 2, 3, 7], 2, (2, 3)),
     ([0, 3], 3, None),
+    ([0, 1, 2, 4], 1, (4,)),  # best fit: the lone GPU, keeping 0-2 whole
+    ([0, 1, 2, 3, 5, 6], 2, (5, 6)),
+    ([0, 1, 2, 3, 5, 6], 3, (0, 1, 2)),
 ])
 def test_without_topology_contiguous_indexes_are_chosen(free: list[int], tp: int,
                                                         want: tuple[int, ...] | None) -> None:
