@@ -2,7 +2,7 @@
 
 Fills a scratch history with ``--days`` of runs every ``--every`` minutes
 (35 days x 5 min = 10080 runs by default), each with ``--hosts`` hosts x
-``--checks`` findings (a few WARN/CRIT among OK) and the 24 metrics per host a run
+``--checks`` findings (a few WARN/CRIT among OK) and the 22 metrics per host a run
 records on an 8-GPU RoCE node with one instance (:func:`metrics`),
 then times ``--rounds`` further runs of :func:`clusterctl.report.run.report_run`
 writing JSON, Markdown, HTML and a textfile (the work a timer does after
