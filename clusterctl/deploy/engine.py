@@ -106,11 +106,21 @@ class PreflightRefused(ClusterctlError):
         self.report = report
 
 
-def desired(inv: Inventory, state_dir: str) -> tuple[dict[str, Instance], Any]:
-    """Every instance that should run (explicit + placed template replicas) and the placement result."""
-    from clusterctl.deploy.placement import desired_instances
+def desired(inv: Inventory, state_dir: str, make_fleet: FleetFactory | None = None,
+            on_event: Callable[[Event], None] = lambda e: None) -> tuple[dict[str, Instance], Any]:
+    """Every instance that should run (explicit + placed template replicas) and the placement result.
 
-    res = desired_instances(inv, StateStore(state_dir).load())
+    With ``make_fleet``, replicas that need a place are placed with the GPU
+    topology of their candidate hosts (probed only then; see topology.py).
+    """
+    from clusterctl.deploy.topology import fleet_reader, place
+
+    res, missing = place(inv, StateStore(state_dir).load(), fleet_reader(make_fleet, inv) if make_fleet else None)
+    if missing:
+        on_event(Event("warn", f"no GPU topology from {', '.join(missing)}: new replicas there placed by "
+                               "contiguous GPU indexes", ok=False))
+    for name, why in getattr(res, "unplaced", {}).items():
+        on_event(Event("warn", f"{name} has no place: {why}", ok=False))
     return dict(res.instances), res
 
 
@@ -162,7 +172,7 @@ class Deploy:
     def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:
         """Render and read; the plan for the selected hosts."""
         names = {h.name for h in self.hosts}
-        self.instances, self.placement = desired(self.inv, self.state_dir)
+        self.instances, self.placement = desired(self.inv, self.state_dir, self.make_fleet, self.on_event)
         chosen = {n: i for n, i in self.instances.items()
                   if matches(n, self.opts.instances) and any(g.host in names for g in i.placement)}
         self.rendered = {r.instance: r for r in render_all(self.inv, chosen)}
