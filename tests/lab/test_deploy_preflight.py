@@ -8,15 +8,21 @@ instances (0.11 and 0.33) as transient units named like deploy's units; the
 predicted KV tokens are compared with the "GPU KV cache size" the simulator
 logged, and a re-run of pre-flight while they run accepts them (their own
 port and GPU memory) but refuses a new instance on a GPU they hold.
-Everything started is stopped and the model removed.
+Everything started is stopped and the model removed.  Last, ``clusterctl deploy``
+itself is refused by pre-flight with the numbers, before anything is written.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from clusterctl.deploy.kvcheck import KvCheck, kv_prediction_error, logged_max_len_estimate, read_kv_checks
 from clusterctl.deploy.preflight import run_preflight
@@ -25,6 +31,7 @@ from clusterctl.inventory.loader import load_inventory
 from clusterctl.inventory.model import GpuRef, Instance, Inventory, Model
 from support.http import wait_healthy
 
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "/models/pf-qwen3-8b"
 AWQ_MODEL = "/models/pf-qwen3-8b-awq"
 FOREIGN_UNIT = "pf-foreign-http"
@@ -140,3 +147,31 @@ def test_preflight_refuses_then_predicts_the_logged_kv_cache(lab, host):
     assert rep2.ok and not any(r.problems for r in rep2.rows), rep2.to_json()
     [free] = [p for p in rep3.row("pf-late").problems if p.check == "gpu.free"]
     assert "clusterctl-pf-a.service" in free.message
+
+
+def test_deploy_refuses_before_start_with_the_numbers(lab, host, tmp_path):
+    """`clusterctl deploy` runs pre-flight first: refused, nothing written on the host."""
+    doc = yaml.safe_load(Path(lab.inventory).read_text())
+    doc["models"] = {"pf-qwen3-8b": {"path": MODEL, "version": "v1"}}
+    doc["instances"] = {
+        "pf-big": {"model": "pf-qwen3-8b", "engine": "vllm-0.11", "placement": f"{host}:0", "port": 8100,
+                   "args": {"gpu-memory-utilization": 0.25, "max-model-len": 40960}},
+        "pf-clash": {"model": "pf-qwen3-8b", "engine": "vllm-0.11", "placement": f"{host}:3",
+                     "port": FOREIGN_PORT, "args": {"max-model-len": 8192}}}
+    inv_path = tmp_path / "inventory.yaml"
+    inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    lab.run(host, f"for i in $(seq 50); do ss -Htln | grep -q ':{FOREIGN_PORT} ' && exit 0; sleep 0.2; done; exit 1",
+            check=True)
+    cp = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "deploy", "-i", str(inv_path), "--hosts", host,
+                         "--state-dir", str(tmp_path / "state"), "--json"],
+                        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert cp.returncode == 3, cp.stdout + cp.stderr
+    out = json.loads(cp.stdout)
+    assert out["result"] == "refused" and sorted(out["preflight"]["refused"]) == ["pf-big", "pf-clash"]
+    rows = {r["instance"]: r for r in out["preflight"]["instances"]}
+    [kv] = [p for p in rows["pf-big"]["problems"] if p["check"] == "memory.kv"]
+    assert kv["numbers"]["available_kv_gib"] == 2.87 and kv["numbers"]["needed_kv_gib"] == 5.62
+    assert kv["fit"]["gpu_memory_utilization"] == 0.3
+    assert [p["check"] for p in rows["pf-clash"]["problems"]] == ["port.taken"]
+    units = lab.run(host, "ls /etc/systemd/system/ | grep -c '^clusterctl-pf-' || true").stdout.strip()
+    assert units == "0"
