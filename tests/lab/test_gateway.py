@@ -335,3 +335,45 @@ def test_clusterctl_stop_drains_through_the_gateway_and_start_brings_it_back(lab
         rc = main(["start", "g-a2", "-i", gw["inv"], "--state-dir", gw["state"], "--health-timeout", "90"])
     assert rc == 0
     assert _ask(gw, session)[1] == "g-a2"
+
+
+def test_every_instance_at_max_conns_is_a_503_json_not_a_queue(lab, gw):
+    homes: dict[str, str] = {}
+    for s in (f"full-{i}" for i in range(60)):
+        homes.setdefault(_ask(gw, s)[1], s)
+        if {"g-a1", "g-a2", "g-a3"} <= set(homes):
+            break
+    streams = [(dict(), threading.Event()) for _ in range(3)]
+    for n in ("g-a1", "g-a2", "g-a3"):
+        _slow(lab, gw, n, 100)
+    threads = [threading.Thread(target=_stream, args=(gw, homes[n], 200, out, ev))
+               for n, (out, ev) in zip(("g-a1", "g-a2", "g-a3"), streams)]
+    try:
+        for t in threads:
+            t.start()
+        assert all(ev.wait(30) for _, ev in streams)
+        t0 = time.monotonic()
+        status, _, body = _ask(gw, "one-more")  # each instance holds its max_conns=1 stream
+        assert status == 503 and "all at their connection limit or down" in body["error"]["message"], body
+        assert time.monotonic() - t0 < 2  # answered at once, not queued behind the streams
+    finally:
+        for n in ("g-a1", "g-a2", "g-a3"):
+            _slow(lab, gw, n, 1)
+        for t in threads:
+            t.join(60)
+    assert all(out["done"] for out, _ in streams)
+
+
+def test_request_rate_limit_answers_429_with_a_json_body(gw):
+    inv = load_inventory(gw["inv"])
+    assert inv.gateway is not None
+    _apply(gw, replace(inv, gateway=replace(inv.gateway, requests_per_second=2.0, burst=1)))
+    try:
+        import concurrent.futures as cf
+        with cf.ThreadPoolExecutor(8) as pool:  # at once: only the rate's refills would let more pass
+            answers = list(pool.map(lambda _: _ask(gw), range(8)))
+        limited = [body for status, _, body in answers if status == 429]
+        assert {a[0] for a in answers} == {200, 429} and len(limited) >= 4, [a[0] for a in answers]
+        assert limited[0]["error"]["type"] == "RateLimitError"
+    finally:
+        _apply(gw, inv)
