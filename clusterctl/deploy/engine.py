@@ -295,16 +295,30 @@ class Deploy:
         for h, why in unstaged.items():
             rep.hosts[h].status, rep.hosts[h].error = "failed", why
             failed.append(h)
-        jobs = {h: ap.apply_job(by_host[h], self.rendered, states[h], self.me.run_id) for h in batch
-                if h not in unstaged}
+        jobs = {h: self.apply_job(by_host[h], states[h]) for h in batch if h not in unstaged}
         replies = ap.apply_hosts(fleet, jobs, on_reply=lambda r: self.event(
             "host", "applied" if r.ok else f"apply failed: {r.error}", r.host, r.ok))
         for h, r in replies.items():
             if not r.ok:
                 rep.hosts[h].status, rep.hosts[h].error = "failed", r.error
                 failed.append(h)
-        targets = [self._gate_target(i.instance, states) for h in batch if h not in failed
-                   for i in by_host[h].items if i.action in ("new", "changed", "start")]
+        names = [i.instance for h in batch if h not in failed
+                 for i in by_host[h].items if i.action in ("new", "changed", "start")]
+        for g in self.gate(fleet, names):
+            rep.hosts[g.host].gates.append(g)
+            if not g.ok and g.host not in failed:
+                rep.hosts[g.host].status, rep.hosts[g.host].error = "failed", f"{g.instance}: {g.reason}"
+                failed.append(g.host)
+        return failed
+
+    def apply_job(self, hp: Any, st: remote.HostState) -> dict[str, Any]:
+        """The node job that applies one host's plan ``hp`` (a hook: playbooks drop files already written)."""
+        return ap.apply_job(hp, self.rendered, st, self.me.run_id)
+
+    def gate(self, fleet: Any, names: Sequence[str]) -> list[gates.GateResult]:
+        """Gate the started instances ``names`` (:mod:`clusterctl.deploy.gates`), then
+        :meth:`extra_gates` on those that passed; one result per instance, then the extra ones."""
+        targets = [self._gate_target(name, {}) for name in names]
         wanted = {t.instance: t.host for t in targets}
 
         def units() -> dict[str, gates.UnitState]:
@@ -312,15 +326,15 @@ class Deploy:
             return {name: (s.active, s.sub, s.restarts) for name, host in wanted.items()
                     for s in [now.get(host, remote.HostState(host)).instances.get(name)] if s is not None}
 
-        results = gates.wait_gates(targets, timeout_s=self.opts.gate_timeout_s, units=units,
-                                   on_result=lambda g: self.event(
-                                       "gate", f"{g.instance}: {'pass' if g.ok else 'FAIL'} ({g.reason})", g.host, g.ok))
-        for g in results:
-            rep.hosts[g.host].gates.append(g)
-            if not g.ok and g.host not in failed:
-                rep.hosts[g.host].status, rep.hosts[g.host].error = "failed", f"{g.instance}: {g.reason}"
-                failed.append(g.host)
-        return failed
+        results = gates.wait_gates(targets, timeout_s=self.opts.gate_timeout_s, units=units, on_result=self.gate_event)
+        return results + self.extra_gates(fleet, [t for t, g in zip(targets, results) if g.ok])
+
+    def extra_gates(self, fleet: Any, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
+        """More checks of instances that passed the standard gate (a hook: a playbook's custom gates)."""
+        return []
+
+    def gate_event(self, g: gates.GateResult) -> None:
+        self.event("gate", f"{g.instance}: {'pass' if g.ok else 'FAIL'} ({g.reason})", g.host, g.ok)
 
     def _gate_target(self, name: str, states: Mapping[str, remote.HostState]) -> gates.GateTarget:
         r = self.rendered[name]
