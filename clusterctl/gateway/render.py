@@ -73,7 +73,7 @@ class GatewayFile:
     """One file on the gateway host: ``mode`` octal; ``group`` its owner group (owner root)."""
 
     path: str
-    text: str
+    text: str = field(repr=False)  # the auth file's text is the key: never in a repr or a log
     mode: int = 0o644
     group: str = "root"
     secret: bool = False

@@ -47,6 +47,7 @@ def test_secret_only_in_auth_file_and_redacted(inv: Inventory) -> None:
     secret = [f for f in r.files if "sk-live-123" in f.text]
     assert [(Path(f.path).name, oct(f.mode), f.group) for f in secret] == [("upstream-auth.conf", "0o640", "www-data")]
     assert not any("sk-live-123" in f.text for f in r.redacted())
+    assert "sk-live-123" not in repr(r)
     # a new key is a new config (nginx must reload), though the digest never shows it
     assert r.digest != render_gateway(inv, inv.instances, api_key="sk-live-456").digest
 
