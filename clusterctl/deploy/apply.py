@@ -89,14 +89,16 @@ def apply_hosts(fleet: Any, jobs: Mapping[str, dict[str, Any]],
 
 
 def rollback_hosts(fleet: Any, instances: Mapping[str, list[str]], *, own_run_id: str,
-                   only_run_id: str | None = None) -> dict[str, NodeReply]:
+                   only_run_id: str | None = None, restart: bool = True) -> dict[str, NodeReply]:
     """Restore the previous unit, env and model link of ``instances[host]`` on each host.
 
     ``only_run_id``: restore only copies that run saved; ``own_run_id``
-    marks the copies this rollback leaves (the current files it replaces).
+    marks the copies this rollback leaves (the current files it replaces);
+    ``restart=False`` puts files back without restarting (they were written
+    but never started, so what runs is already the previous version).
     """
-    jobs = {h: {"op": "rollback", "instances": names, "run_id": only_run_id, "own_run_id": own_run_id}
-            for h, names in instances.items() if names}
+    jobs = {h: {"op": "rollback", "instances": names, "run_id": only_run_id, "own_run_id": own_run_id,
+                "restart": restart} for h, names in instances.items() if names}
     return remote.run_jobs(fleet, jobs)
 
 

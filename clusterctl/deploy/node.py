@@ -368,7 +368,8 @@ def op_rollback(job):
     for name in restored:
         _systemctl("reset-failed", _unit(name))
         _run_units("enable", [_unit(name)], errors)
-    _run_units("restart", [_unit(n) for n in restored], errors)
+    if job.get("restart", True):  # False: the files were written but never started (playbook units step)
+        _run_units("restart", [_unit(n) for n in restored], errors)
     return {"ok": not errors, "restored": restored, "removed": removed, "missing": missing,
             "errors": errors, "error": "; ".join(errors.values()) if errors else None}
 
