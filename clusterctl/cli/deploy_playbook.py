@@ -1,0 +1,71 @@
+"""``clusterctl deploy --playbook FILE [--plan]``: run or show a playbook (docs/playbooks.md)."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import typer
+
+from clusterctl.cli._common import console, fail, print_json
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
+
+def _steps_table(rep: Any) -> None:
+    from rich.table import Table
+
+    table = Table("step", "kind", "hosts", "instances", "batches", "checks", box=None, header_style="bold",
+                  pad_edge=False)
+    for sp in rep.steps:
+        s = sp.step
+        checks = [g.describe() for g in s.gates]
+        if s.kind == "exec":
+            checks = [f"{s.command!r} -> rc {s.expect_rc}"]
+        batches = " | ".join(",".join(b) for b in sp.batches) if sp.batches else "-"
+        table.add_row(s.name, s.kind, ",".join(sp.hosts) or "-", str(len(sp.instances)), batches,
+                      "; ".join(checks) or "-")
+    console.print(table, markup=False)
+
+
+def _outcomes(rep: Any) -> None:
+    for o in rep.outcomes:
+        console.print(f"step {o.name} ({o.kind}): {o.status}" + (f": {o.note}" if o.note else ""), markup=False)
+
+
+def run_playbook(path: str, inv: Any, hosts: Any, make_fleet: Any, state_dir: str, opts: Any, *,
+                 as_json: bool, detailed_exitcode: bool, on_event: Any) -> NoReturn:
+    """Load ``path``, then show its plan (``opts.plan_only``) or run it; always exits.
+
+    Exit status as ``deploy``: 0 ok / nothing / plan shown, 1 plan with
+    ``--detailed-exitcode`` and changes pending, 2 a step or batch failed (or a
+    host could not be read), 3 a bad playbook, pre-flight refused, lock held.
+    """
+    from clusterctl.cli.deploy import _print_report, print_plan, refused
+    from clusterctl.deploy.engine import PreflightRefused
+    from clusterctl.deploy.playbook import load_playbook
+    from clusterctl.deploy.playbook_run import PlaybookRun
+
+    try:
+        book = load_playbook(path)
+        runner = PlaybookRun(book, inv, hosts, make_fleet, state_dir, opts, on_event=on_event)
+        rep = runner.plan() if opts.plan_only else runner.run()
+    except PreflightRefused as e:
+        refused(e, as_json)
+    except ClusterctlError as e:
+        fail(str(e))
+    if as_json:
+        print_json(rep.to_dict())
+    else:
+        console.print(f"playbook {book.name} ({path})", markup=False)
+        _steps_table(rep)
+        if opts.plan_only:
+            print_plan(rep.deploy.plan)
+        else:
+            _outcomes(rep)
+            _print_report(rep.deploy)
+    plan = rep.deploy.plan
+    if opts.plan_only:
+        if any(h.error for h in plan.hosts):
+            raise typer.Exit(ExitCode.CRIT)
+        raise typer.Exit(ExitCode.WARN if detailed_exitcode and plan.pending else ExitCode.OK)
+    raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.CRIT)

@@ -1,0 +1,90 @@
+"""A playbook's custom gates (http, metric, exec), checked per instance after the standard gate.
+
+Each gate is polled every ``poll_s`` seconds until it passes or its own
+``timeout_s`` runs out; an instance's gates are checked in order and the
+first that does not pass fails the instance.  HTTP requests are bounded by
+``request_timeout_s`` and carry the instance's API key as a bearer token
+(never logged).  An ``exec`` gate runs on the instance's host with
+``INSTANCE``, ``PORT`` and ``ADDRESS`` set in its environment (values
+quoted, :func:`clusterctl.fleet.shell.with_env`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from typing import Callable, Sequence
+
+from clusterctl.deploy import gates
+from clusterctl.deploy.gates import GateResult, GateTarget
+from clusterctl.deploy.playbook import CustomGate
+from clusterctl.diagnose.serving import parse_metrics, total
+from clusterctl.fleet import shell
+
+#: ``run_exec(host, command, timeout_s)`` -> ``(rc, why)``: rc ``None`` when it did not run (why says so).
+ExecRunner = Callable[[str, str, float], tuple[int | None, str]]
+
+
+def check_once(g: CustomGate, t: GateTarget, run_exec: ExecRunner, request_timeout_s: float = 5.0) -> str | None:
+    """One check of ``g`` on ``t``: ``None`` when it passes, else why not."""
+    try:
+        if g.type == "http":
+            status, body = gates._request(t, g.path, None, request_timeout_s)
+            if status != g.expect_status:
+                return f"GET {g.path} answered {status}, expected {g.expect_status}"
+            if g.contains is not None and g.contains not in body.decode("utf-8", "replace"):
+                return f"GET {g.path}: the answer does not contain {g.contains!r}"
+            return None
+        if g.type == "metric":
+            status, body = gates._request(t, "/metrics", None, request_timeout_s)
+            if status != 200:
+                return f"/metrics answered {status}"
+            value = total(parse_metrics(body.decode("utf-8", "replace")), g.metric)
+            if value is None:
+                return f"/metrics has no {g.metric}"
+            if g.max is not None and value > g.max:
+                return f"{g.metric} is {value:g}, above the maximum {g.max:g}"
+            if g.min is not None and value < g.min:
+                return f"{g.metric} is {value:g}, below the minimum {g.min:g}"
+            return None
+    except (OSError, ValueError) as e:
+        return f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
+    command = shell.with_env(g.command, {"INSTANCE": t.instance, "PORT": str(t.port), "ADDRESS": t.address})
+    rc, why = run_exec(t.host, command, max(1.0, g.timeout_s))
+    if rc is None:
+        return why
+    return None if rc == g.expect_rc else f"exit status {rc}, expected {g.expect_rc}" + (f": {why}" if why else "")
+
+
+def wait_one(t: GateTarget, custom: Sequence[CustomGate], run_exec: ExecRunner, *, poll_s: float = 1.0,
+             request_timeout_s: float = 5.0) -> GateResult:
+    """Poll ``t``'s gates in order; the result names the first gate that did not pass in time."""
+    t0 = time.monotonic()
+    for g in custom:
+        end = time.monotonic() + g.timeout_s
+        while True:
+            why = check_once(g, t, run_exec, min(request_timeout_s, g.timeout_s))
+            if why is None:
+                break
+            if time.monotonic() + poll_s > end:
+                return GateResult(t.instance, t.host, False, f"custom: {g.describe()}",
+                                  f"not passed after {g.timeout_s:g} s: {why}", time.monotonic() - t0)
+            time.sleep(poll_s)
+    return GateResult(t.instance, t.host, True, "custom",
+                      f"{len(custom)} custom gate(s) passed", time.monotonic() - t0)
+
+
+def wait_custom(targets: Sequence[GateTarget], custom: Sequence[CustomGate], run_exec: ExecRunner, *,
+                poll_s: float = 1.0, on_result: Callable[[GateResult], None] | None = None) -> list[GateResult]:
+    """Every target's custom gates, targets in parallel; one result per target, in order."""
+    if not targets:
+        return []
+    with cf.ThreadPoolExecutor(max_workers=min(32, len(targets))) as ex:
+        futures = [ex.submit(wait_one, t, custom, run_exec, poll_s=poll_s) for t in targets]
+        results = []
+        for f in futures:
+            r = f.result()
+            if on_result:
+                on_result(r)
+            results.append(r)
+    return results
