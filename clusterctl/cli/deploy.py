@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 
@@ -39,6 +39,8 @@ Examples:
   clusterctl deploy --serial 1,25%,100% --max-fail-percentage 10
 
   clusterctl deploy --instances 'qwen-*' --hosts 'gpu[01-04]' --gate-timeout 900 --json
+
+  clusterctl deploy --playbook playbooks/rolling-engine-upgrade.yaml --plan
 """
 
 ROLLBACK_HELP = """Put back the unit, env and model version that the last deploy replaced
@@ -95,6 +97,30 @@ def _plan_table(plan: Any) -> None:
     console.print(table)
 
 
+def print_plan(plan: Any) -> None:
+    """The plan table, the unit diffs and env changes (secrets as ***), and the counts."""
+    from clusterctl.deploy.plan import render_text
+
+    _plan_table(plan)
+    text = render_text(plan)
+    if text:
+        console.print(text, markup=False, highlight=False, end="")
+    c = plan.counts()
+    console.print(f"plan: {c['new']} new, {c['changed']} changed, {c['start']} to start, {c['remove']} to remove, "
+                  f"{c['unchanged']} unchanged", markup=False)
+
+
+def refused(e: Any, as_json: bool) -> NoReturn:
+    """Pre-flight refused: its findings (or JSON), then exit 3."""
+    if as_json:
+        print_json({"result": "refused", "error": str(e), "preflight": e.report.to_json()})
+    else:
+        for f in e.report.findings():
+            err_console.print(f"{f.severity.name} {f.host} {f.subject}: {f.message}"
+                              + (f" ({f.action})" if f.action else ""), markup=False)
+    fail(str(e))
+
+
 def _print_report(rep: Any) -> None:
     from rich.table import Table
 
@@ -123,6 +149,8 @@ def deploy(inventory: Optional[str] = InventoryOpt,
            drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0, help="Seconds to wait for requests in flight before a restart."),
            break_lock: bool = typer.Option(False, "--break-lock", help="Take over another deploy's lock (only when it is dead)."),
            state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."),
+           playbook: Optional[str] = typer.Option(None, "--playbook", metavar="FILE",
+                                                  help="Run the steps of a playbook (playbooks/*.yaml) instead of one rollout."),
            as_json: bool = JsonOpt,
            fanout: Optional[int] = FanoutOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt,
@@ -130,7 +158,6 @@ def deploy(inventory: Optional[str] = InventoryOpt,
            host_key_policy: Optional[str] = HostKeyOpt) -> None:
     from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
     from clusterctl.deploy.lock import LockHeld
-    from clusterctl.deploy.plan import render_text
     from clusterctl.deploy.rollout import parse_serial
     from clusterctl.deploy.state import resolve_state_dir
     from clusterctl.inventory.loader import load_inventory as _load
@@ -147,16 +174,17 @@ def deploy(inventory: Optional[str] = InventoryOpt,
     sd = str(resolve_state_dir(state_dir, user_config()))
     make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
                           password=become_password(ask_become_pass, hosts, True))
+    if playbook is not None:
+        from clusterctl.cli.deploy_playbook import run_playbook
+
+        if serial is not None:
+            fail("--serial does not go with --playbook: each canary, rollout and exec step has its own serial")
+        run_playbook(playbook, inv, hosts, make, sd, opts, as_json=as_json, detailed_exitcode=detailed_exitcode,
+                     on_event=_events(not as_json))
     try:
         rep = Deploy(inv, hosts, make, sd, opts, on_event=_events(not as_json)).run()
     except PreflightRefused as e:
-        if as_json:
-            print_json({"result": "refused", "error": str(e), "preflight": e.report.to_json()})
-        else:
-            for f in e.report.findings():
-                err_console.print(f"{f.severity.name} {f.host} {f.subject}: {f.message}"
-                                  + (f" ({f.action})" if f.action else ""), markup=False)
-        fail(str(e))
+        refused(e, as_json)
     except LockHeld as e:
         fail(str(e))
     except ClusterctlError as e:
@@ -164,13 +192,7 @@ def deploy(inventory: Optional[str] = InventoryOpt,
     if as_json:
         print_json(rep.to_dict())
     elif plan_only:
-        _plan_table(rep.plan)
-        text = render_text(rep.plan)
-        if text:
-            console.print(text, markup=False, highlight=False, end="")
-        c = rep.plan.counts()
-        console.print(f"plan: {c['new']} new, {c['changed']} changed, {c['start']} to start, {c['remove']} to remove, "
-                      f"{c['unchanged']} unchanged", markup=False)
+        print_plan(rep.plan)
     else:
         _print_report(rep)
     if plan_only:
