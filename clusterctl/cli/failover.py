@@ -1,0 +1,106 @@
+"""``clusterctl failover``: instances whose TP group is UNAVAILABLE out of the gateway, moved, back in."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, \
+    user_config
+from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, become_password, \
+    check_host_key_policy
+from clusterctl.errors import ClusterctlError
+
+FAILOVER_HELP = """Find instances whose TP group doctor marks UNAVAILABLE (a member GPU is
+critical: lost, XID, ...), take them out of the gateway, and move template
+replicas onto spare, uncordoned GPUs.
+
+For each such instance, in name order and at most --max-share of all
+instances in one run (the rest are listed as over the cap and left alone):
+cordon the failed GPU (reason "failover: ..."; an existing cordon is kept,
+nothing is ever uncordoned; `clusterctl uncordon` removes it), mark the
+instance down at the gateway, drain and stop it, place it anew (placement's
+reschedule), roll it out through the deploy engine (gates, rollback) and
+sync the gateway so it receives traffic again. Explicit instances (fixed
+placement) and replicas with no room left are marked down and reported, not
+moved. --plan shows all of this and changes nothing.
+
+Exit status: 0 nothing to do or all moved, 1 some over the cap or not
+movable, 2 a move (or the gateway) failed, 3 usage errors.
+
+Examples:
+
+  clusterctl failover --plan -i /var/lib/clusterctl-lab/inventory.yaml
+
+  clusterctl failover --max-share 0.1 --json
+"""
+
+
+def _print(rep: Any) -> None:
+    p = rep.plan
+    if p.nothing:
+        console.print(f"no UNAVAILABLE TP group among {p.total} instances; nothing to do", markup=False)
+    for name, msg in sorted(p.findings.items()):
+        console.print(f"{name}: {msg}", markup=False)
+    verb = "would move" if rep.planned else "moved"
+    for m in p.moves:
+        why = rep.moved.get(m.instance)
+        state = "" if rep.planned else (" ok" if why is None else f" FAILED: {why}")
+        console.print(f"  {verb} {m.instance}: {m.old.host} GPUs {','.join(map(str, m.old.gpus))} -> "
+                      f"{m.new.host} GPUs {','.join(map(str, m.new.gpus))} port {m.new.port}{state}", markup=False)
+    for name in p.fixed:
+        console.print(f"  {name}: explicit instance (fixed placement): marked down, not moved", markup=False)
+    for name, why in sorted(p.no_room.items()):
+        console.print(f"  {name}: marked down, not moved: {why}", markup=False)
+    for name in p.over_cap:
+        console.print(f"  {name}: over the cap ({p.cap} of {p.total} instances per run, --max-share), not moved",
+                      markup=False)
+    for key, c in sorted(p.cordons.items()):
+        console.print(f"  {'would cordon' if rep.planned else 'cordoned'} {key}: {c.reason}", markup=False)
+    for h, why in sorted(rep.detection.unchecked.items()):
+        console.print(f"  {h}: not checked: {why}", markup=False)
+    for e in rep.errors:
+        console.print(f"  error: {e}", markup=False)
+
+
+def failover(inventory: Optional[str] = InventoryOpt,
+             plan_only: bool = typer.Option(False, "--plan", help="Show what would happen; change nothing."),
+             max_share: float = typer.Option(0.25, "--max-share", min=0.0, max=1.0,
+                                             help="Most instances one run takes out, as a share of all."),
+             drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0,
+                                                 help="Seconds to wait for requests in flight before stopping."),
+             gate_timeout: float = typer.Option(600.0, "--gate-timeout", min=1,
+                                                help="Seconds a moved instance may take to pass its gate."),
+             state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory "
+                                                     "[default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."),
+             as_json: bool = JsonOpt, fanout: Optional[int] = FanoutOpt,
+             connect_timeout: Optional[float] = ConnectTimeoutOpt, ask_become_pass: bool = AskBecomePassOpt,
+             host_key_policy: Optional[str] = HostKeyOpt) -> None:
+    from pathlib import Path
+
+    from clusterctl.cli.deploy import _fleet_factory
+    from clusterctl.deploy.state import resolve_state_dir
+    from clusterctl.gateway.failover import FailoverOptions, run_failover
+
+    policy = check_host_key_policy(host_key_policy)
+    inv = load_inventory(inventory)
+    directory = Path(resolve_state_dir(state_dir, user_config()))
+    make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
+                          password=become_password(ask_become_pass, list(inv.hosts.values()), True))
+    opts = FailoverOptions(max_share=max_share, plan_only=plan_only, drain_timeout_s=drain_timeout,
+                           gate_timeout_s=gate_timeout)
+    say = None if as_json else (lambda s: err_console.print(s, markup=False, highlight=False))
+    try:
+        rep = run_failover(inv, directory, make, opts, on_event=say)
+    except ClusterctlError as e:
+        fail(str(e))
+    if as_json:
+        print_json(rep.to_json())
+    else:
+        _print(rep)
+    raise typer.Exit(int(rep.exit_code))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("failover", help=FAILOVER_HELP)(failover)
