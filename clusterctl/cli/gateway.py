@@ -90,7 +90,7 @@ def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
             st = gwstate.load(directory)
             states = dict(st.servers)
             states.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
-        files = render_gateway(inv, instances, states).redacted()
+        files = tuple(f for f in render_gateway(inv, instances, states).redacted() if not f.remove)
     except ClusterctlError as e:
         fail(str(e))
     if out is not None:

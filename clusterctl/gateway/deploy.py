@@ -77,7 +77,8 @@ def apply_gateway(fleet: Any, rendered: RenderedGateway, *, port: int, hosts: li
                   timeout: float = APPLY_TIMEOUT_S) -> list[GatewayHostResult]:
     """Install ``rendered`` on ``hosts`` (all held by ``fleet``); one result per host, in order."""
     job = {"op": "apply", "digest": rendered.digest, "port": port,
-           "files": [{"path": f.path, "text": f.text, "mode": f.mode, "group": f.group} for f in rendered.files]}
+           "files": [{"path": f.path, "text": None if f.remove else f.text, "mode": f.mode, "group": f.group}
+                     for f in rendered.files]}
     answers = _run(fleet, hosts, job, timeout)
     out = []
     for h in hosts:

@@ -3,8 +3,8 @@
 Stdlib only (Python 3.8+).  One JSON job on stdin (it may hold the upstream
 API key, so never a command line), one JSON line on stdout.
 
-``{"op": "apply", "files": [{"path", "text", "mode", "group"}], "digest"}``:
-compare every file with what the host has; when nothing differs answer
+``{"op": "apply", "files": [{"path", "text", "mode", "group"}], "digest"}``
+(``text`` null: the file must not exist): compare every file with what the host has; when nothing differs answer
 ``changed: false`` and touch nothing.  Otherwise keep a copy of each old
 file, write the new ones (temporary name in the same directory, chmod, chown
 root:GROUP, rename), run ``nginx -t`` and, when it fails, put every old file
@@ -84,7 +84,9 @@ def _active() -> bool:
 
 def apply(job: dict[str, Any]) -> dict[str, Any]:
     files = job["files"]
-    new = [(f["path"], f["text"].encode(), int(f["mode"]), f.get("group", "root")) for f in files]
+    # text None: a file this gateway no longer has (the auth file once api_key is gone)
+    new = [(f["path"], None if f["text"] is None else f["text"].encode(), int(f["mode"]), f.get("group", "root"))
+           for f in files]
     old = {p: _read(p) for p, _, _, _ in new}
     changed = [p for p, data, _, _ in new if old[p] != data]
     running = _active()
@@ -92,7 +94,10 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "changed": False, "reloaded": False}
     for path, data, mode, group in new:
         if path in changed:
-            _write(path, data, mode, group)
+            if data is None:
+                os.unlink(path)
+            else:
+                _write(path, data, mode, group)
     rc, text = _run(["nginx", "-t"])
     if rc != 0:
         for path, _, mode, group in new:
@@ -100,7 +105,8 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
                 continue
             before = old[path]
             if before is None:
-                os.unlink(path)
+                if os.path.exists(path):
+                    os.unlink(path)
             else:
                 _write(path, before, mode, group)
         return {"ok": False, "kind": "nginx-t", "changed": False,

@@ -70,13 +70,18 @@ class ServerState:
 
 @dataclass(frozen=True)
 class GatewayFile:
-    """One file on the gateway host: ``mode`` octal; ``group`` its owner group (owner root)."""
+    """One file on the gateway host: ``mode`` octal; ``group`` its owner group (owner root).
+
+    ``remove``: the host must not have it (``text`` is empty), e.g. the auth
+    file once ``gateway.api_key`` is removed from the inventory.
+    """
 
     path: str
     text: str = field(repr=False)  # the auth file's text is the key: never in a repr or a log
     mode: int = 0o644
     group: str = "root"
     secret: bool = False
+    remove: bool = False  # the file must not exist (written by an earlier config)
 
 
 @dataclass(frozen=True)
@@ -172,12 +177,14 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
                     env.get_template("gateway.conf.j2").render({**ctx, "digest": placeholder})),
         GatewayFile(f"{paths.conf_dir}/gateway.js", env.get_template("gateway.js.j2").render(ctx)),
     ]
+    auth = f"{paths.conf_dir}/upstream-auth.conf"
     if gw.api_key is not None:
-        files.append(GatewayFile(f"{paths.conf_dir}/upstream-auth.conf", _auth_text(api_key),
-                                 mode=0o640, group="www-data", secret=True))
+        files.append(GatewayFile(auth, _auth_text(api_key), mode=0o640, group="www-data", secret=True))
+    else:
+        files.append(GatewayFile(auth, "", mode=0o640, group="www-data", remove=True))
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.path}\0{f.mode:o}\0{f.group}\0{f.text}\0".encode())
+        h.update(f"{f.path}\0{f.mode:o}\0{f.group}\0{f.remove}\0{f.text}\0".encode())
     digest = h.hexdigest()
     files = [replace(f, text=f.text.replace(placeholder, digest[:16])) for f in files]
     return RenderedGateway(tuple(files), digest, server_states)

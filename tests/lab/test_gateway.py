@@ -27,7 +27,7 @@ from clusterctl.fleet.fleet import Fleet
 from clusterctl.gateway.deploy import apply_gateway
 from clusterctl.gateway.render import RenderedGateway, ServerState, render_gateway
 from clusterctl.inventory.loader import load_inventory
-from clusterctl.inventory.model import GrayRelease, Mirror
+from clusterctl.inventory.model import GpuRef, GrayRelease, Instance, Mirror, Model, SecretRef
 
 from support.http import http, wait_healthy
 
@@ -41,8 +41,8 @@ Description=clusterctl instance {name} (gateway lab test)
 
 [Service]
 Type=exec
-Environment=VLLM_SIM_TIME_SCALE=0.05 CUDA_VISIBLE_DEVICES={gpu}
-ExecStart=/opt/vllm-0.11/bin/vllm serve {model_dir} --port {port} --served-model-name tiny --gpu-memory-utilization 0.3 --max-model-len 2048
+Environment=VLLM_SIM_TIME_SCALE=0.05 CUDA_VISIBLE_DEVICES={gpu} {env}
+ExecStart=/opt/vllm-0.11/bin/vllm serve {model_dir} --port {port} --served-model-name {served} --gpu-memory-utilization 0.3 --max-model-len 2048
 
 [X-Clusterctl]
 Instance={name}
@@ -54,8 +54,9 @@ Port={port}
 """
 
 
-def _install(lab: Any, host: str, name: str, gpu: int, port: int, model: str) -> None:
-    unit = UNIT.format(name=name, gpu=gpu, port=port, model=model, model_dir=MODEL_DIR)
+def _install(lab: Any, host: str, name: str, gpu: int, port: int, model: str, served: str = "tiny",
+             env: str = "") -> None:
+    unit = UNIT.format(name=name, gpu=gpu, port=port, model=model, model_dir=MODEL_DIR, served=served, env=env)
     path = f"/etc/systemd/system/clusterctl-{name}.service"
     lab.run(host, f"test -d {MODEL_DIR} || vllm-sim make-model tiny {MODEL_DIR} >/dev/null; "
                   f"cat > {path}.tmp && mv {path}.tmp {path} && systemctl daemon-reload && "
@@ -377,3 +378,39 @@ def test_request_rate_limit_answers_429_with_a_json_body(gw):
         assert limited[0]["error"]["type"] == "RateLimitError"
     finally:
         _apply(gw, inv)
+
+
+def test_upstream_api_key_only_in_the_auth_file(lab, gw, monkeypatch):
+    """Instances that require a key get it from nginx; the key is in no command line, log or other file."""
+    key = "sk-gw-lab-7f3a9c"
+    host, gw_host = gw["hosts"]["g-a2"], gw["gw_host"]
+    _install(lab, host, "g-k1", 2, 8103, "tiny-k", served="tiny-k", env=f"VLLM_API_KEY={key}")
+    try:
+        wait_healthy(lab, host, f"http://{lab.host(host).address}:8103/health", "clusterctl-g-k1.service", 90)
+        status, _ = http(f"http://{lab.host(host).address}:8103/v1/completions",
+                         {"model": "tiny-k", "prompt": "hi", "max_tokens": 1})
+        assert status == 401  # the instance wants the key
+        inv = load_inventory(gw["inv"])
+        assert inv.gateway is not None
+        monkeypatch.setenv("GW_LAB_KEY", key)
+        keyed = replace(inv, models={**inv.models, "tiny-k": Model("tiny-k", MODEL_DIR, served_name="tiny-k")},
+                        instances={**inv.instances, "g-k1": Instance("g-k1", "tiny-k", "vllm-0.11",
+                                                                     (GpuRef(host, 2),), 8103)},
+                        gateway=replace(inv.gateway, api_key=SecretRef("env", "GW_LAB_KEY")))
+        from clusterctl.gateway.deploy import resolve_api_key
+        rendered = render_gateway(keyed, dict(keyed.instances), api_key=resolve_api_key(keyed))
+        with Fleet([inv.hosts[gw_host]]) as fleet:
+            [res] = apply_gateway(fleet, rendered, port=GW_PORT, hosts=[gw_host])
+        assert res.ok, res
+        status, inst, body = _ask(gw, model="tiny-k")
+        assert status == 200 and inst == "g-k1" and body["choices"], body
+        auth = "/etc/nginx/clusterctl/upstream-auth.conf"
+        assert lab.run(gw_host, f"stat -c '%a %U:%G' {auth}").stdout.strip() == "640 root:www-data"
+        leaks = lab.run(gw_host, f"ps -eo args; journalctl --no-pager -q; cat /var/log/nginx/*.log "
+                                 "/etc/nginx/nginx.conf /etc/nginx/clusterctl/gateway.*").stdout
+        assert key not in leaks
+    finally:
+        _apply(gw, load_inventory(gw["inv"]))
+        lab.run(host, "systemctl stop clusterctl-g-k1.service; rm -f /etc/systemd/system/clusterctl-g-k1.service; "
+                      "systemctl daemon-reload; systemctl reset-failed", timeout=120)
+    assert lab.run(gw_host, "test -e /etc/nginx/clusterctl/upstream-auth.conf").returncode == 1  # removed with the key

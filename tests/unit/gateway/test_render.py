@@ -75,6 +75,15 @@ def test_routes_gray_canary_without_instances_falls_back_to_stable(inv: Inventor
     assert "mirror /_gw_mirror" not in conf  # the mirror candidate has no instance
 
 
+def test_without_api_key_the_auth_file_is_removed_and_not_included(inv: Inventory) -> None:
+    assert inv.gateway is not None
+    inv.gateway.api_key = None
+    r = render_gateway(inv, inv.instances)
+    auth = [f for f in r.files if f.path.endswith("upstream-auth.conf")]
+    assert [f.remove for f in auth] == [True]
+    assert "upstream-auth.conf" not in _by_name(r.files)["gateway.conf"]
+
+
 def test_no_gateway_section_is_an_error(inv: Inventory) -> None:
     inv.gateway = None
     with pytest.raises(GatewayRenderError, match="no 'gateway:' section"):
