@@ -414,3 +414,24 @@ def test_upstream_api_key_only_in_the_auth_file(lab, gw, monkeypatch):
         lab.run(host, "systemctl stop clusterctl-g-k1.service; rm -f /etc/systemd/system/clusterctl-g-k1.service; "
                       "systemctl daemon-reload; systemctl reset-failed", timeout=120)
     assert lab.run(gw_host, "test -e /etc/nginx/clusterctl/upstream-auth.conf").returncode == 1  # removed with the key
+
+
+def test_sync_tp_check_takes_an_unavailable_tp_group_out(lab, gw, capsys, monkeypatch, tmp_path):
+    from clusterctl.lab.hardware import faults
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))  # doctor's state of this test only
+    host = gw["hosts"]["g-a3"]
+    args = ["gateway", "sync", "-i", gw["inv"], "--state-dir", gw["state"], "--window", "0", "--force", "--json"]
+    faults.inject(lab.host_dir(host), "xid", code=79, gpu=INSTANCES["g-a3"][1])
+    try:
+        capsys.readouterr()
+        rc = main(args + ["--tp-check"])
+        res = json.loads(capsys.readouterr().out)
+        assert rc == 0 and res["servers"]["g-a3"] == {"down": True, "weight": 1, "reason": "TP group UNAVAILABLE"}
+        assert not res["servers"]["g-a2"]["down"]  # same host, other GPU: its group is fine
+        assert "g-a3" not in {_ask(gw)[1] for _ in range(12)}
+    finally:
+        faults.heal(lab.host_dir(host))
+        lab.run(host, ": > /var/log/kern.log", check=True)  # XID lines would stay CRIT for later tests
+    assert main(args + ["--tp-check"]) == 0
+    assert "g-a3" in {_ask(gw)[1] for _ in range(12)}
