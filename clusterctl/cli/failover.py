@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import typer
@@ -80,12 +81,14 @@ def failover(inventory: Optional[str] = InventoryOpt,
     from pathlib import Path
 
     from clusterctl.cli.deploy import _fleet_factory
-    from clusterctl.deploy.state import resolve_state_dir
+    from clusterctl.deploy.state import STATE_DIR_ENV, resolve_state_dir
     from clusterctl.gateway.failover import FailoverOptions, run_failover
 
     policy = check_host_key_policy(host_key_policy)
     inv = load_inventory(inventory)
     directory = Path(resolve_state_dir(state_dir, user_config()))
+    # The deploy engine's drain finds the gateway state through this variable (docs/gateway.md, Limits).
+    os.environ[STATE_DIR_ENV] = str(directory)
     make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
                           password=become_password(ask_become_pass, list(inv.hosts.values()), True))
     opts = FailoverOptions(max_share=max_share, plan_only=plan_only, drain_timeout_s=drain_timeout,

@@ -19,7 +19,8 @@ One run (docs/gateway.md, "Failover"):
    through the deploy engine (lock, staging, the unit removed from the old
    host, started on the new one, health gates, rollback of a failed batch).
 7. **Sync** the gateway: moved replicas that passed their gates are marked
-   up; the others stay down; weights from fresh load scores.
+   up; the others stay down; weights from fresh load scores.  Instances over
+   the cap keep the state the last sync gave them (failover leaves them alone).
 
 Nothing here prints: progress goes to ``on_event(str)``.
 """
@@ -244,6 +245,8 @@ def _sync(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: Failo
             observed, _ = observe(inv, instances, fleet, window=opts.window_s, state_dir=state_dir, on_event=say)
             servers = decide(inv, instances, observed, marked_down=st.marked_down,
                              unavailable=set(plan.fixed) | set(plan.no_room))
+            # Over the cap means left alone: as the last sync decided (down if it ran with --tp-check).
+            servers.update({n: st.servers[n] for n in plan.over_cap if n in st.servers})
             result = sync_gateway(inv, fleet, instances, servers, state_dir=state_dir, force=True, on_event=say)
     except ClusterctlError as e:
         report.errors.append(f"gateway sync: {e}")
