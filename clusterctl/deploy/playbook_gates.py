@@ -5,15 +5,16 @@ Each gate is polled every ``poll_s`` seconds until it passes or its own
 first that does not pass fails the instance.  HTTP requests are bounded by
 ``request_timeout_s`` and carry the instance's API key as a bearer token
 (never logged).  An ``exec`` gate runs on the instance's host with
-``INSTANCE``, ``PORT`` and ``ADDRESS`` set in its environment (values
-quoted, :func:`clusterctl.fleet.shell.with_env`).
+``INSTANCE``, ``PORT`` and ``ADDRESS`` exported first (values quoted,
+:func:`with_vars`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from clusterctl.deploy import gates
 from clusterctl.deploy.gates import GateResult, GateTarget
@@ -23,6 +24,18 @@ from clusterctl.fleet import shell
 
 #: ``run_exec(host, command, timeout_s)`` -> ``(rc, why)``: rc ``None`` when it did not run (why says so).
 ExecRunner = Callable[[str, str, float], tuple[int | None, str]]
+
+
+def with_vars(command: str, env: Mapping[str, str]) -> str:
+    """``command`` run with ``env`` exported first (values quoted), so ``$NAME`` in it sees them.
+
+    (``env NAME=value command`` would not do: the shell expands ``$NAME``
+    before ``env`` runs.)"""
+    for name in env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"not a valid environment variable name: {name!r}")
+    sets = " ".join(f"{k}={shell.quote(v)}" for k, v in env.items())
+    return f"{sets}; export {' '.join(env)}; {command}" if env else command
 
 
 def check_once(g: CustomGate, t: GateTarget, run_exec: ExecRunner, request_timeout_s: float = 5.0) -> str | None:
@@ -49,7 +62,7 @@ def check_once(g: CustomGate, t: GateTarget, run_exec: ExecRunner, request_timeo
             return None
     except (OSError, ValueError) as e:
         return f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
-    command = shell.with_env(g.command, {"INSTANCE": t.instance, "PORT": str(t.port), "ADDRESS": t.address})
+    command = with_vars(g.command, {"INSTANCE": t.instance, "PORT": str(t.port), "ADDRESS": t.address})
     rc, why = run_exec(t.host, command, max(1.0, g.timeout_s))
     if rc is None:
         return why

@@ -41,9 +41,8 @@ from clusterctl.deploy.engine import (Deploy, DeployOptions, DeployReport, Event
                                       PreflightRefused)
 from clusterctl.deploy.plan import CHANGING, HostPlan, Plan, make_plan, matches
 from clusterctl.deploy.playbook import CustomGate, Playbook, PlaybookError, Step
-from clusterctl.deploy.playbook_gates import wait_custom
+from clusterctl.deploy.playbook_gates import wait_custom, with_vars
 from clusterctl.errors import ClusterctlError, Problem
-from clusterctl.fleet import shell
 from clusterctl.inventory.model import Host, Inventory
 from clusterctl.inventory.select import select_hosts
 
@@ -470,7 +469,7 @@ class PlaybookRun:
         s = sp.step
         outcome = StepOutcome(s.name, s.kind, "ok")
         for n, batch in enumerate(sp.batches, 1):
-            cmds = {h: shell.with_env(s.command, {"CLUSTERCTL_HOST": h}) for h in batch}
+            cmds = {h: with_vars(s.command, {"CLUSTERCTL_HOST": h}) for h in batch}
             results = fleet.run(cmds, sudo=True, timeout=s.timeout_s)
             failed: dict[str, str] = {}
             for h in batch:
