@@ -277,18 +277,27 @@ class History:
         return dict(self.db.execute("SELECT host, count(*) FROM series WHERE name=? AND last_run>=? GROUP BY host",
                                     (name, self._first_run(since))).fetchall())
 
-    def series_buckets(self, name: str, *, since: float, until: float, buckets: int,
+    def series_buckets(self, name: str, *, since: float, buckets: int,
                        per_host: bool = False) -> dict[tuple[str, str], list[tuple[float, float]]]:
-        """:meth:`series` averaged in SQLite into at most ``buckets`` equal time slices of
-        ``[since, until]`` (mean time and mean value per slice).  ``per_host``: one line per host,
-        the mean over its subjects (subject ``*``)."""
-        width = max(until - since, 1e-9) / max(1, buckets)
+        """:meth:`series` since ``since``, averaged in SQLite into at most ``buckets`` equal time
+        slices of the span the runs since then cover (mean time and mean value per slice; each
+        run its own point when there are no more runs than ``buckets``).  ``per_host``: one line
+        per host, the mean over its subjects (subject ``*``)."""
+        t0, t1, runs = self.db.execute("SELECT min(started), max(started), count(*) FROM runs WHERE started >= ?",
+                                       (since,)).fetchone()
+        if not runs:
+            return {}
+        args: tuple[float, ...] = ()
+        if runs <= buckets:
+            slice_of = "r.id"
+        else:
+            slice_of, args = "CAST((r.started - ?) / ? AS INTEGER)", (t0, (t1 - t0) / buckets * (1 + 1e-9) or 1.0)
         subject = "'*'" if per_host else "s.subject"
         rows = self.db.execute(
-            f"SELECT s.host, {subject}, CAST((r.started - ?) / ? AS INTEGER) AS b, avg(r.started), avg(x.value) "
+            f"SELECT s.host, {subject}, {slice_of} AS b, avg(r.started), avg(x.value) "
             "FROM series s JOIN samples x ON x.series_id = s.id JOIN runs r ON r.id = x.run_id "
             "WHERE s.name=? AND s.last_run>=? AND r.started>=? "
-            f"GROUP BY s.host, {subject}, b ORDER BY b", (since, width, name, self._first_run(since), since))
+            f"GROUP BY s.host, {subject}, b ORDER BY b", (*args, name, self._first_run(since), since))
         out: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for host, subj, _, t, v in rows:
             out.setdefault((host, subj), []).append((t, v))

@@ -88,7 +88,7 @@ def charts(hist: History, *, now: float, days: float = TREND_DAYS, pattern: str 
         title, fmt = CHARTS.get(name, (name, plain))
         hosts = hist.series_hosts(name, since=since)
         per_host = sum(hosts.values()) > MAX_LINES
-        s = hist.series_buckets(name, since=since, until=now, buckets=MAX_POINTS, per_host=per_host)
+        s = hist.series_buckets(name, since=since, buckets=MAX_POINTS, per_host=per_host)
         lines = {(f"{h} (mean of {hosts.get(h, 0)})" if per_host else h if subj == "host" else f"{h} {subj}"): v
                  for (h, subj), v in s.items()}
         out.append(Markup(line_chart(title, lines, fmt=fmt)))

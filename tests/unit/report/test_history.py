@@ -108,11 +108,15 @@ def test_series_are_averaged_in_sqlite_into_time_slices_and_per_host(tmp_path):
         for i in range(100):  # 100 runs a minute apart, 2 GPUs each on two hosts
             h.record([], started=60.0 * i, metrics=[Metric(host, "util", float(i % 2) + g, f"gpu:{g}")
                                                     for host in ("a", "b") for g in range(2)])
-        s = h.series_buckets("util", since=0.0, until=6000.0, buckets=10)
+        s = h.series_buckets("util", since=0.0, buckets=10)
         assert set(s) == {(host, f"gpu:{g}") for host in ("a", "b") for g in range(2)}
         assert all(len(pts) == 10 for pts in s.values())
         assert s[("a", "gpu:1")][0] == (270.0, 1.5)  # runs 0..9: mean time 4.5 min, mean of 1,2,1,2...
-        per_host = h.series_buckets("util", since=0.0, until=6000.0, buckets=10, per_host=True)
+        per_host = h.series_buckets("util", since=0.0, buckets=10, per_host=True)
         assert set(per_host) == {("a", "*"), ("b", "*")} and per_host[("b", "*")][0] == (270.0, 1.0)
+        # slices span the runs, not the whole window asked for; few runs are not merged at all
+        assert len(h.series_buckets("util", since=-35 * 86400.0, buckets=10)[("a", "gpu:0")]) == 10
+        assert h.series_buckets("util", since=5400.0, buckets=10)[("a", "gpu:0")] == [
+            (60.0 * i, float(i % 2)) for i in range(90, 100)]
         assert h.series_hosts("util") == {"a": 2, "b": 2}
         assert h.metric_names(since=6000.0 * 2) == []  # no run that recent

@@ -51,3 +51,16 @@ def test_more_lines_than_a_legend_holds_are_averaged_per_host(tmp_path):
     assert 2 * 8 > MAX_LINES and "GPU utilisation" in labels
     assert {"a (mean of 8)", "b (mean of 8)"} <= set(labels) and len(svg.split("<polyline")) == 3
     assert "35%" in labels  # the top of the axis: mean of 0.0 .. 0.7
+
+
+def test_a_short_history_keeps_one_point_per_run_in_a_35_day_chart(tmp_path):
+    from clusterctl.report.history import History, Metric
+    from clusterctl.report.html import charts
+
+    with History(tmp_path / "h.db") as h:
+        for t in (1e9, 1e9 + 300, 1e9 + 600):  # three runs 5 minutes apart, charted over 35 days
+            h.record([], started=t, finished=t, metrics=[Metric("a", "vllm_requests_waiting", t - 1e9, "instance:x")])
+        svg = str(charts(h, now=1e9 + 600)[1])
+    poly = ET.fromstring(svg).find("{http://www.w3.org/2000/svg}polyline")
+    assert poly is not None and len(poly.get("points", "").split()) == 3
+    assert {"0", "600"} <= {t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")}
