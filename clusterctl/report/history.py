@@ -24,6 +24,8 @@ from clusterctl.errors import ClusterctlError
 
 #: Days of history kept by default (the issue asks for at least 35).
 DEFAULT_RETENTION_DAYS = 35.0
+#: The subject of a host's mean over its subjects (GPUs, NICs), stored beside them when it has several.
+HOST_MEAN = "*"
 #: Seconds a connection waits for another writer before failing.
 BUSY_TIMEOUT_S = 30.0
 
@@ -97,6 +99,11 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT OR REPLACE INTO samples
         SELECT m.run_id, s.id, m.value FROM metrics m
         JOIN series s ON s.name = m.name AND s.host = m.host AND s.subject = m.subject;
+    INSERT INTO series(name, host, subject, last_run)
+        SELECT name, host, '*', max(run_id) FROM metrics GROUP BY name, host HAVING count(DISTINCT subject) > 1;
+    INSERT OR REPLACE INTO samples
+        SELECT m.run_id, s.id, avg(m.value) FROM metrics m
+        JOIN series s ON s.name = m.name AND s.host = m.host AND s.subject = '*' GROUP BY m.run_id, s.id;
     DROP TABLE metrics;
     """,
 )
@@ -131,6 +138,13 @@ class Metric:
     name: str
     value: float
     subject: str = "host"
+
+
+def _host_means(metrics: list[Metric]) -> list[Metric]:
+    groups: dict[tuple[str, str], list[float]] = {}
+    for m in metrics:
+        groups.setdefault((m.host, m.name), []).append(float(m.value))
+    return [Metric(h, n, sum(vs) / len(vs), HOST_MEAN) for (h, n), vs in groups.items() if len(vs) > 1]
 
 
 class History:
@@ -184,9 +198,13 @@ class History:
                pattern: str = "all", metrics: Iterable[Metric] = (), meta: dict[str, Any] | None = None) -> int:
         """Store one run in a single transaction; returns its id.
 
-        Findings that are not OK are stored; OK findings only counted (``Run.counts``).
+        Findings that are not OK are stored; OK findings only counted (``Run.counts``).  For a
+        host with several subjects of one metric their mean is stored too, as subject
+        :data:`HOST_MEAN` (charts of big clusters read it instead of every GPU's line).
         """
         metrics = list(metrics)
+        if any(m.subject == HOST_MEAN for m in metrics):
+            raise HistoryError(f"a metric subject cannot be {HOST_MEAN!r} (the host mean)")
         hosts = len({f.host for f in findings if f.host} | {m.host for m in metrics})
         problems = [f for f in findings if f.severity != Severity.OK]
         self.db.execute("BEGIN IMMEDIATE")
@@ -201,6 +219,7 @@ class History:
                 "INSERT INTO findings VALUES (?,?,?,?,?,?,?,?)",
                 [(run_id, f.check, f.severity.name, f.host or "", f.subject, f.message, f.action,
                   json.dumps(list(f.evidence))) for f in problems])
+            metrics += _host_means(metrics)
             ids = self._series_ids(metrics, run_id)
             self.db.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?)",
                                 [(run_id, ids[(m.name, m.host, m.subject)], float(m.value)) for m in metrics])
@@ -267,22 +286,23 @@ class History:
         for host, subject, t, v in self.db.execute(
                 "SELECT s.host, s.subject, r.started, x.value FROM series s "
                 "JOIN samples x ON x.series_id = s.id JOIN runs r ON r.id = x.run_id "
-                "WHERE s.name=? AND s.last_run>=? AND r.started>=? ORDER BY r.started",
-                (name, self._first_run(since), since)):
+                "WHERE s.name=? AND s.subject!=? AND s.last_run>=? AND r.started>=? ORDER BY r.started",
+                (name, HOST_MEAN, self._first_run(since), since)):
             out.setdefault((host, subject), []).append((t, v))
         return out
 
     def series_hosts(self, name: str, *, since: float = 0.0) -> dict[str, int]:
         """``{host: how many subjects}`` of metric ``name`` with samples since ``since``."""
-        return dict(self.db.execute("SELECT host, count(*) FROM series WHERE name=? AND last_run>=? GROUP BY host",
-                                    (name, self._first_run(since))).fetchall())
+        return dict(self.db.execute("SELECT host, count(*) FROM series WHERE name=? AND subject!=? AND last_run>=? "
+                                    "GROUP BY host", (name, HOST_MEAN, self._first_run(since))).fetchall())
 
     def series_buckets(self, name: str, *, since: float, buckets: int,
                        per_host: bool = False) -> dict[tuple[str, str], list[tuple[float, float]]]:
         """:meth:`series` since ``since``, averaged in SQLite into at most ``buckets`` equal time
         slices of the span the runs since then cover (mean time and mean value per slice; each
         run its own point when there are no more runs than ``buckets``).  ``per_host``: one line
-        per host, the mean over its subjects (subject ``*``)."""
+        per host (subject :data:`HOST_MEAN`): the host's stored mean where it has several
+        subjects, else its one subject."""
         t0, t1, runs = self.db.execute("SELECT min(started), max(started), count(*) FROM runs WHERE started >= ?",
                                        (since,)).fetchone()
         if not runs:
@@ -292,12 +312,19 @@ class History:
             slice_of = "r.id"
         else:
             slice_of, args = "CAST((r.started - ?) / ? AS INTEGER)", (t0, (t1 - t0) / buckets * (1 + 1e-9) or 1.0)
-        subject = "'*'" if per_host else "s.subject"
+        first = self._first_run(since)
+        if per_host:
+            subject = "'*'"
+            lines = ("(s.subject = '*' OR NOT EXISTS (SELECT 1 FROM series h WHERE h.name = s.name "
+                     "AND h.host = s.host AND h.subject = '*' AND h.last_run >= ?))")
+            line_args: tuple[Any, ...] = (first,)
+        else:
+            subject, lines, line_args = "s.subject", "s.subject != '*'", ()
         rows = self.db.execute(
             f"SELECT s.host, {subject}, {slice_of} AS b, avg(r.started), avg(x.value) "
             "FROM series s JOIN samples x ON x.series_id = s.id JOIN runs r ON r.id = x.run_id "
-            "WHERE s.name=? AND s.last_run>=? AND r.started>=? "
-            f"GROUP BY s.host, {subject}, b ORDER BY b", (*args, name, self._first_run(since), since))
+            f"WHERE s.name=? AND {lines} AND s.last_run>=? AND r.started>=? "
+            f"GROUP BY s.host, {subject}, b ORDER BY b", (*args, name, *line_args, first, since))
         out: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for host, subj, _, t, v in rows:
             out.setdefault((host, subj), []).append((t, v))

@@ -120,3 +120,24 @@ def test_series_are_averaged_in_sqlite_into_time_slices_and_per_host(tmp_path):
             (60.0 * i, float(i % 2)) for i in range(90, 100)]
         assert h.series_hosts("util") == {"a": 2, "b": 2}
         assert h.metric_names(since=6000.0 * 2) == []  # no run that recent
+
+
+def test_a_host_mean_is_stored_beside_several_subjects_and_read_only_by_per_host_charts(tmp_path):
+    path = tmp_path / "v3.db"
+    db = sqlite3.connect(path)
+    db.executescript(";".join(MIGRATIONS[:3]) + "; PRAGMA user_version=3;")
+    db.execute("INSERT INTO runs(started, finished, exit_code) VALUES (5, 6, 0)")
+    db.executemany("INSERT INTO metrics VALUES (?,?,?,?,?)", [(1, "a", "gpu:0", "util", 0.2), (1, "a", "gpu:1", "util", 0.4),
+                                                              (1, "b", "gpu:0", "util", 0.9)])
+    db.commit()
+    db.close()
+    with History(path) as h:  # the v3 rows get their host means in the migration
+        h.record([], started=7.0, metrics=[Metric("a", "util", 0.6, "gpu:0"), Metric("a", "util", 1.0, "gpu:1"),
+                                           Metric("b", "util", 0.1, "gpu:0")])
+        assert set(h.series("util")) == {("a", "gpu:0"), ("a", "gpu:1"), ("b", "gpu:0")}
+        assert h.series_hosts("util") == {"a": 2, "b": 1}
+        per_host = h.series_buckets("util", since=0.0, buckets=10, per_host=True)
+        assert per_host == {("a", "*"): [(5.0, pytest.approx(0.3)), (7.0, pytest.approx(0.8))],
+                            ("b", "*"): [(5.0, 0.9), (7.0, 0.1)]}
+        with pytest.raises(HistoryError, match="host mean"):
+            h.record([], started=8.0, metrics=[Metric("a", "util", 1.0, "*")])
