@@ -12,19 +12,21 @@ from clusterctl.exitcodes import ExitCode
 
 
 def _steps_table(rep: Any) -> None:
+    """One row per step (hosts, instance count, batches), then each step's checks, one a line."""
     from rich.table import Table
 
-    table = Table("step", "kind", "hosts", "instances", "batches", "checks", box=None, header_style="bold",
-                  pad_edge=False)
+    table = Table("step", "kind", "hosts", "instances", "batches", box=None, header_style="bold", pad_edge=False)
+    checks: list[str] = []
     for sp in rep.steps:
         s = sp.step
-        checks = [g.describe() for g in s.gates]
-        if s.kind == "exec":
-            checks = [f"{s.command!r} -> rc {s.expect_rc}"]
         batches = " | ".join(",".join(b) for b in sp.batches) if sp.batches else "-"
-        table.add_row(s.name, s.kind, ",".join(sp.hosts) or "-", str(len(sp.instances)), batches,
-                      "; ".join(checks) or "-")
+        table.add_row(s.name, s.kind, ",".join(sp.hosts) or "-", str(len(sp.instances)), batches)
+        if s.kind == "exec":
+            checks.append(f"  {s.name}: {s.command!r} -> exit status {s.expect_rc}")
+        checks += [f"  {s.name}: {g.describe()} (within {g.timeout_s:g} s)" for g in s.gates]
     console.print(table, markup=False)
+    if checks:
+        console.print("checks:\n" + "\n".join(checks), markup=False, highlight=False)
 
 
 def _outcomes(rep: Any) -> None:

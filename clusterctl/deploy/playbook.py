@@ -144,7 +144,7 @@ def parse_playbook(text: str, path: str) -> Playbook:
     ctx = Ctx(path)
     root = parse(text, path, ctx.problems)
     book = _playbook(ctx, root, path) if root is not None else None
-    errors = [p for p in ctx.problems if p.severity == "error"]
+    errors = sorted((p for p in ctx.problems if p.severity == "error"), key=lambda p: p.line)
     if errors or book is None:
         raise PlaybookError(errors or ctx.problems)
     return book

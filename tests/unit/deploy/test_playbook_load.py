@@ -61,13 +61,13 @@ def test_the_shipped_default_is_the_deploy_pipeline() -> None:
     assert rollout.serial == ["1", "25%", "100%"] and rollout.max_fail_percentage == 0
 
 
-# (playbook text, [(line, message fragment), ...]): every problem of the text, in order.
+# (playbook text, [(line, message fragment), ...]): every problem of the text, by line.
 BAD = [
     ("steps: []\n", [(1, "steps: expected a non-empty list of steps")]),
     ("name: x\n", [(1, "'steps' is required")]),
     ("- a\n- b\n", [(1, "playbook: expected a mapping, got a list")]),
     ("name: x\nstep:\n  - {kind: units}\n",
-     [(2, "unknown key 'step'; did you mean 'steps'?"), (1, "'steps' is required")]),
+     [(1, "'steps' is required"), (2, "unknown key 'step'; did you mean 'steps'?")]),
     ("steps:\n  - {kind: rolout}\n", [(2, "kind 'rolout' is not one of preflight, stage, units, canary, rollout, "
                                          "gates, exec; did you mean 'rollout'?")]),
     ("steps:\n  - {name: x}\n", [(2, "steps[1]: 'kind' is required")]),
@@ -105,7 +105,7 @@ BAD = [
      [(5, "unknown key 'timeot'; did you mean 'timeout'?")]),
     ("steps:\n  - kind: preflight\n    gates: []\n", [(3, "steps[1] (preflight): unknown key 'gates'")]),
     ("steps:\n  - kind: units\n  - kind: units\n    bad: 1\n",
-     [(4, "unknown key 'bad'"), (3, "duplicate step name 'units'")]),
+     [(3, "duplicate step name 'units'"), (4, "unknown key 'bad'")]),
     ("steps:\n  - {kind: units\n", [(3, "YAML syntax error")]),
 ]
 
