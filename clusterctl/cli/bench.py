@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, print_json
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json
 from clusterctl.cli._target import TargetArg, endpoint
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -98,7 +98,7 @@ def bench(target: str = TargetArg,
     ep = endpoint(target, inventory)
     slo = Slo(slo_ttft, slo_tpot, slo_e2e) if any(v is not None for v in (slo_ttft, slo_tpot, slo_e2e)) else None
     levels = _levels(concurrency)
-    work = _Workload(dataset, requests, input_len, output_len, seed, duration)
+    work = _Workload(dataset, requests, input_len, output_len, seed, duration, progress=not as_json)
     if compare_url is not None:
         _compare(ep, endpoint(compare_url, inventory), levels, work, model, timeout, request_rate, slo, tolerance,
                  plot, as_json)
@@ -132,8 +132,9 @@ class _Workload:
     """The prompts of every level: the dataset's (cut or repeated to ``requests``) or synthetic ones."""
 
     def __init__(self, dataset: Optional[Path], requests: Optional[int], input_len: int, output_len: int,
-                 seed: int, duration: Optional[float]) -> None:
+                 seed: int, duration: Optional[float], progress: bool = True) -> None:
         self.input_len, self.output_len, self.seed, self.duration = input_len, output_len, seed, duration
+        self.progress = progress
         self.rng = random.Random(seed)
         self.data: Any = None
         if dataset is not None:
@@ -160,11 +161,45 @@ class _Workload:
         from clusterctl.bench import runner
 
         ps, lens = prompts or self.prompts()
-        try:
-            return runner.run(ep, ps, level, self.output_len, output_lens=lens, model=model, timeout=timeout,
-                              request_rate=rate, seed=self.seed, duration=self.duration)
-        except ClusterctlError as e:
-            fail(str(e))
+        with _Progress(f"{ep.url} concurrency {level}", None if self.duration else len(ps),
+                       self.progress) as on_result:
+            try:
+                return runner.run(ep, ps, level, self.output_len, output_lens=lens, model=model, timeout=timeout,
+                                  request_rate=rate, seed=self.seed, duration=self.duration, on_result=on_result)
+            except ClusterctlError as e:
+                fail(str(e))
+
+
+class _Progress:
+    """Finished requests of one level on stderr: a transient bar on a terminal, else one line at the end;
+    nothing when not ``enabled`` (--json)."""
+
+    def __init__(self, label: str, total: Optional[int], enabled: bool) -> None:
+        self.label, self.total, self.done, self.failed, self.enabled = label, total, 0, 0, enabled
+        self.bar: Any = None
+        if enabled and err_console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=err_console, transient=True)
+            self.task = self.bar.add_task(label, total=total)
+
+    def __enter__(self) -> Any:
+        if self.bar is not None:
+            self.bar.start()
+        return self.update
+
+    def update(self, r: Any) -> None:
+        self.done += 1
+        self.failed += 0 if r.ok else 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        elif self.enabled:
+            err_console.print(f"{self.label}: {self.done} requests, {self.failed} failed", markup=False)
 
 
 def _write_plot(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:

@@ -26,8 +26,9 @@ def test_bench_json_reports_each_level_with_vllm_metrics(host, models, start_sim
         assert set(r["ttft_ms"]) == {"mean", "median", "p90", "p99"} and r["tpot_ms"]["mean"] > 0
         assert r["server_ttft_mean_ms"] is not None and r["generator_cpu_percent"] >= 0
     assert main(["bench", sim.url, "-c", "4", "-n", "4", "--output-len", "3", "--request-rate", "10"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "TTFT" in out and "TPOT" in out
+    assert f"{sim.url} concurrency 4: 4 requests, 0 failed" in err  # progress, on stderr (not with --json)
     assert main(["bench", sim.url, "-c", "4", "-n", "6", "--output-len", "2", "--request-rate", "20", "--seed", "5",
                  "--json"]) == 0
     from clusterctl.bench.loadgen import arrival_times
