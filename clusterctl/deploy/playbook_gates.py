@@ -81,7 +81,8 @@ def wait_one(t: GateTarget, custom: Sequence[CustomGate], run_exec: ExecRunner, 
                 break
             if time.monotonic() + poll_s > end:
                 return GateResult(t.instance, t.host, False, f"custom: {g.describe()}",
-                                  f"not passed after {g.timeout_s:g} s: {why}", time.monotonic() - t0)
+                                  f"custom gate {g.describe()}: not passed after {g.timeout_s:g} s: {why}",
+                                  time.monotonic() - t0)
             time.sleep(poll_s)
     return GateResult(t.instance, t.host, True, "custom",
                       f"{len(custom)} custom gate(s) passed", time.monotonic() - t0)

@@ -93,5 +93,6 @@ def test_the_first_gate_that_does_not_pass_in_time_fails_the_instance(vllm: Fake
     seen = []
     [r] = wait_custom([target(vllm)], gates, no_exec, poll_s=0.05, on_result=seen.append)
     assert not r.ok and r.step == "custom: metric vllm:num_requests_waiting <= 0"
-    assert r.reason.startswith("not passed after 0.2 s: vllm:num_requests_waiting is 3")
+    assert r.reason.startswith("custom gate metric vllm:num_requests_waiting <= 0: not passed after 0.2 s: "
+                               "vllm:num_requests_waiting is 3")
     assert seen == [r] and "/never-asked" not in vllm.requests
