@@ -315,6 +315,9 @@ class PlaybookRun:
                                     f"{len(sp.hosts)} hosts" + (f", {len(sp.batches)} batches" if sp.batches else ""))
             try:
                 outcome = self._step(fleet, sp, rep, states)
+            except PreflightRefused:
+                self._undo_written(fleet, rep)  # a preflight step after a units step
+                raise
             except StepFailed as e:
                 outcome = StepOutcome(sp.step.name, sp.step.kind, "failed", str(e))
                 out.outcomes.append(outcome)

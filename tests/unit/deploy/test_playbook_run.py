@@ -166,3 +166,19 @@ def test_nothing_to_change_runs_no_step(recorded: str, tmp_path: Path, monkeypat
                                "  - {kind: rollout, hosts: h1}\n", tmp_path)
     # h1 has nothing to change, but the run as a whole does: the exec step runs, the rollout has nothing.
     assert outcomes(rep) == {"exec": "ok", "rollout": "skipped"} and nodes.applied == []
+
+
+def test_preflight_refusing_after_units_puts_the_files_back(
+        recorded: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterctl.deploy.engine import Deploy, PreflightRefused
+
+    def refuse(self: Any, fleet: Any, plan: Any) -> Any:
+        raise PreflightRefused("pre-flight refused the deploy", None)
+
+    monkeypatch.setattr(Deploy, "preflight", refuse)
+    nodes = Nodes(monkeypatch)
+    with pytest.raises(PreflightRefused):
+        run(recorded, nodes, "steps:\n  - {kind: units}\n  - {kind: preflight}\n  - {kind: rollout}\n", tmp_path)
+    assert nodes.rolled_back == [("h2", ["a2"], False), ("h3", ["a3"], False)]
+    assert sorted(nodes.released) == ["h2", "h3", "h4", "h5"]
+    assert audit(tmp_path)["result"] == "refused"
