@@ -1,0 +1,277 @@
+"""Round robin against load-aware dispatch through the real nginx gateway, measured with ``clusterctl bench``.
+
+On the lab: nginx + njs on the first host (``clusterctl gateway deploy``), four
+simulator instances serving a sparse Qwen3-8B on the next two hosts, two with
+the ``h100-sxm`` latency profile and two with ``l40s-48g`` (a fleet with mixed
+GPUs, as in the field report), ``--max-num-seqs`` small enough that a busy
+instance queues.  The workload is a JSONL dataset (``clusterctl bench
+--dataset``) of short requests (64-word prompt, 24 tokens out) and long ones
+(1024-word prompt, 320 tokens out), 80/20, shuffled with a fixed seed; closed
+loop, ``--concurrency`` streams, ``--duration`` seconds per arm, no session
+header (the session-less upstream is the one dispatch changes).
+
+Arms, each on the same instances, one after the other (idle in between):
+
+* ``round_robin``: the rendered config with ``least_conn`` removed from the
+  session-less upstream, all weights equal (nginx's default round robin);
+* ``least_conn``: the gateway as rendered, all weights equal;
+* ``load_aware``: the gateway as rendered, with ``clusterctl gateway sync
+  --every S --window W`` running alongside: least_conn weights from each
+  instance's load score, re-measured every S seconds under the load.
+
+Per arm: output and request throughput, TTFT mean/p50/p99, E2E p99, failed
+requests (``clusterctl bench --json``), each instance's share of the output
+tokens (``vllm:generation_tokens_total`` before/after), the weights sync
+applied, and the machine's 1-minute load average before and after.
+
+Run as root with the lab's environment (``CLUSTERCTL_LAB_*``; the lab is
+brought up if needed and left up).  Usage:
+``python benchmarks/gateway/dispatch.py [--concurrency 32] [--duration 40] [--time-scale 1.0] [--arms round_robin,least_conn,load_aware]``.
+Writes ``benchmarks/results/gateway-dispatch-<date>.json`` (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from clusterctl.fleet.fleet import Fleet  # noqa: E402
+from clusterctl.gateway.deploy import apply_gateway  # noqa: E402
+from clusterctl.gateway.render import RenderedGateway, render_gateway  # noqa: E402
+from clusterctl.inventory.loader import load_inventory  # noqa: E402
+from clusterctl.lab.config import LabConfig  # noqa: E402
+from clusterctl.lab.session import LabSession  # noqa: E402
+from support.http import wait_healthy  # noqa: E402
+
+MODEL_DIR = "/models/qwen3-8b"
+GW_PORT = 8080
+#: instance -> (lab host index, GPU, port, latency profile)
+INSTANCES = {"d-h1": (1, 0, 8301, "h100-sxm"), "d-l1": (1, 1, 8302, "l40s-48g"),
+             "d-h2": (2, 0, 8301, "h100-sxm"), "d-l2": (2, 1, 8302, "l40s-48g")}
+UNIT = """[Unit]
+Description=clusterctl instance {name} (dispatch benchmark)
+
+[Service]
+Type=exec
+Environment=VLLM_SIM_TIME_SCALE={scale} VLLM_SIM_PROFILE={profile} CUDA_VISIBLE_DEVICES={gpu}
+ExecStart=/opt/vllm-0.11/bin/vllm serve {model_dir} --port {port} --served-model-name qwen3-8b --gpu-memory-utilization 0.9 --max-model-len 8192 --max-num-seqs {seqs}
+
+[X-Clusterctl]
+Instance={name}
+Model=qwen3-8b
+Engine=vllm-0.11
+EngineVersion=0.11.0
+GPUs={gpu}
+Port={port}
+"""
+WORDS = ("the of and to in is was for on that with as by at from this are be it an or which have not one "
+         "had were all their has more other been its can some there would when will into what time only").split()
+
+
+def dataset(path: Path, lines: int, seed: int = 7) -> dict[str, Any]:
+    """Write the mixed JSONL workload; returns its composition."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(lines):
+        long = i % 5 == 0
+        n_in, n_out = (1024, 320) if long else (64, 24)
+        rows.append({"prompt": " ".join(rng.choice(WORDS) for _ in range(n_in)), "output_len": n_out})
+    rng.shuffle(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"lines": lines, "long_share": 0.2, "short": {"prompt_words": 64, "output_tokens": 24},
+            "long": {"prompt_words": 1024, "output_tokens": 320}}
+
+
+def setup(lab: LabSession, work: Path, scale: float, seqs: int) -> dict[str, Any]:
+    names = lab.names
+    hosts = {n: names[i] for n, (i, _, _, _) in INSTANCES.items()}
+    text = Path(lab.inventory).read_text() + (
+        f"models:\n  qwen3-8b: {{path: {MODEL_DIR}, served_name: qwen3-8b}}\ninstances:\n")
+    for n, (_, gpu, port, _) in INSTANCES.items():
+        text += f"  {n}: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}}}\n"
+    text += f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 256\n  sync_interval_s: 1\n"
+    inv = work / "inventory.yaml"
+    inv.write_text(text)
+    for n, (_, gpu, port, profile) in INSTANCES.items():
+        unit = UNIT.format(name=n, gpu=gpu, port=port, profile=profile, scale=scale, seqs=seqs, model_dir=MODEL_DIR)
+        path = f"/etc/systemd/system/clusterctl-{n}.service"
+        lab.run(hosts[n], f"test -d {MODEL_DIR} || vllm-sim make-model qwen3-8b {MODEL_DIR} --sparse >/dev/null; "
+                          f"cat > {path}.tmp && mv {path}.tmp {path} && systemctl daemon-reload && "
+                          f"systemctl restart clusterctl-{n}.service", input=unit, check=True, timeout=300)
+    urls = {n: f"http://{lab.host(hosts[n]).address}:{INSTANCES[n][2]}" for n in INSTANCES}
+    for n in INSTANCES:
+        wait_healthy(lab, hosts[n], urls[n] + "/health", f"clusterctl-{n}.service", timeout=600)
+    state = work / "state"
+    rc = _cli("gateway", "deploy", names[0], "-i", str(inv), "--state-dir", str(state)).returncode
+    assert rc == 0, "gateway deploy failed"
+    return {"inv": str(inv), "state": str(state), "hosts": hosts, "urls": urls, "gw_host": names[0],
+            "gw": f"http://{lab.host(names[0]).address}:{GW_PORT}"}
+
+
+def teardown(lab: LabSession, env: dict[str, Any]) -> None:
+    for n, host in env["hosts"].items():
+        lab.run(host, f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
+                      "systemctl daemon-reload; systemctl reset-failed", timeout=120)
+    lab.run(env["gw_host"], "systemctl disable --now nginx.service", timeout=60)
+
+
+def _cli(*args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args], capture_output=capture, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=900)
+
+
+def round_robin(rendered: RenderedGateway) -> RenderedGateway:
+    """The same files with the session-less upstreams' ``least_conn`` removed (and a digest of their own)."""
+    digest = hashlib.sha256((rendered.digest + " round robin").encode()).hexdigest()
+    files = tuple(replace(f, text=f.text.replace("    least_conn;\n", "    # round robin (benchmark)\n")
+                          .replace(rendered.digest[:16], digest[:16])) for f in rendered.files)
+    assert any("# round robin (benchmark)" in f.text for f in files), "no least_conn line to remove"
+    return RenderedGateway(files, digest, rendered.servers)
+
+
+def _apply(env: dict[str, Any], rr: bool) -> None:
+    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.state import DeployState
+
+    inv = load_inventory(env["inv"])
+    rendered = render_gateway(inv, dict(desired_instances(inv, DeployState()).instances), {})
+    if rr:
+        rendered = round_robin(rendered)
+    with Fleet([inv.hosts[env["gw_host"]]]) as fleet:
+        [res] = apply_gateway(fleet, rendered, port=GW_PORT, hosts=[env["gw_host"]])
+    assert res.ok, res
+
+
+def _tokens(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(r"^vllm:generation_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _in_flight(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(v) for v in re.findall(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? (\S+)$", text, re.M))
+
+
+def _idle(env: dict[str, Any], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_in_flight(u) for u in env["urls"].values()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("instances still busy")
+        time.sleep(1)
+
+
+def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duration: float,
+            sync_every: float, window: float) -> dict[str, Any]:
+    _idle(env)
+    _apply(env, rr=arm == "round_robin")
+    before = {n: _tokens(u) for n, u in env["urls"].items()}
+    load0 = os.getloadavg()[0]
+    sync = None
+    if arm == "load_aware":
+        sync = subprocess.Popen([sys.executable, "-m", "clusterctl.cli.main", "gateway", "sync", "-i", env["inv"],
+                                 "--state-dir", env["state"], "--every", str(sync_every), "--window", str(window),
+                                 "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        res = _cli("bench", env["gw"], "--dataset", str(data), "--concurrency", str(concurrency), "--duration",
+                   str(duration), "--model", "qwen3-8b", "--timeout", "600", "--json")
+    finally:
+        weights: list[dict[str, Any]] = []
+        if sync is not None:
+            sync.send_signal(signal.SIGINT)
+            try:
+                out, _ = sync.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                sync.kill()
+                out, _ = sync.communicate()
+            for doc in re.split(r"(?m)^(?=\{)", out):
+                try:
+                    d = json.loads(doc)
+                except ValueError:
+                    continue
+                weights.append({n: (None if s["down"] else s["weight"]) for n, s in d["servers"].items()})
+    if not res.stdout.strip():
+        raise RuntimeError(f"bench failed: {res.stderr[-2000:]}")
+    r = json.loads(res.stdout)["results"][0]
+    after = {n: _tokens(u) for n, u in env["urls"].items()}
+    made = {n: after[n] - before[n] for n in before}
+    total = sum(made.values()) or 1.0
+    return {"arm": arm, "completed": r["completed"], "failed": r["failed"], "duration_s": round(r["duration_s"], 1),
+            "output_tokens_per_s": round(r["output_throughput"], 1),
+            "requests_per_s": round(r["request_throughput"], 2),
+            "ttft_ms": {k: round(r["ttft_ms"][k], 1) for k in ("mean", "median", "p99")},
+            "e2e_p99_ms": round(r["e2e_ms"]["p99"], 1), "errors": r["errors"],
+            "token_share": {n: round(v / total, 3) for n, v in sorted(made.items())},
+            "weights_applied": weights, "load_avg_1m": {"before": round(load0, 2),
+                                                        "after": round(os.getloadavg()[0], 2)}}
+
+
+def main_() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=40.0)
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--sync-every", type=float, default=3.0)
+    ap.add_argument("--window", type=float, default=2.0)
+    ap.add_argument("--arms", default="round_robin,least_conn,load_aware")
+    ap.add_argument("--keep", action="store_true", help="Leave the instances and nginx running.")
+    args = ap.parse_args()
+    arms = [a for a in args.arms.split(",") if a]
+    lab = LabSession.start(LabConfig.from_env(), hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "3")))
+    results = []
+    with tempfile.TemporaryDirectory() as d:
+        data = Path(d) / "mixed.jsonl"
+        mix = dataset(data, 400)
+        env = setup(lab, Path(d), args.time_scale, args.max_num_seqs)
+        try:
+            for arm in arms:
+                results.append(run_arm(env, arm, data, args.concurrency, args.duration, args.sync_every, args.window))
+                print(json.dumps(results[-1]), flush=True)
+        finally:
+            if not args.keep:
+                teardown(lab, env)
+    by = {r["arm"]: r for r in results}
+    gain = {}
+    if "round_robin" in by:
+        base = by["round_robin"]["output_tokens_per_s"] or 1.0
+        gain = {a: round(r["output_tokens_per_s"] / base - 1.0, 3) for a, r in by.items() if a != "round_robin"}
+    out = {"benchmark": "gateway-dispatch", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "machine": {"cpus": os.cpu_count()},
+           "setup": {"gateway": "nginx 1.22 + njs 0.7.9 on a lab host",
+                     "instances": {n: {"profile": p, "gpu": g, "port": port} for n, (_, g, port, p) in INSTANCES.items()},
+                     "model": "Qwen3-8B (sparse synthetic)", "time_scale": args.time_scale,
+                     "max_num_seqs": args.max_num_seqs, "concurrency": args.concurrency,
+                     "duration_s": args.duration, "sync_every_s": args.sync_every, "window_s": args.window,
+                     "workload": mix},
+           "arms": results, "output_throughput_gain_vs_round_robin": gain}
+    dest = REPO / "benchmarks" / "results" / f"gateway-dispatch-{datetime.now(timezone.utc):%Y-%m-%dT%H%M}.json"
+    tmp = dest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=2) + "\n")
+    tmp.rename(dest)
+    print(json.dumps(out, indent=2))
+    print(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main_()
