@@ -86,3 +86,11 @@ def update(state_dir: Path, change: Callable[[GatewayState], None]) -> GatewaySt
     with locked(state_dir) as st:
         change(st)
     return st
+
+
+def marked_down(state_dir: Path) -> dict[str, str]:
+    """Instance -> reason for every instance marked down at the gateway (``{}`` without a state file).
+
+    What ``clusterctl status`` shows; a corrupt file raises :class:`ConfigError`.
+    """
+    return {name: m.get("reason", "") or "marked down" for name, m in load(state_dir).marked_down.items()}

@@ -109,6 +109,7 @@ def test_hook_marks_down_and_up_at_once(inv: Inventory, tmp_path: Path, applied:
     hook.mark_down("q1", "drain")
     st = gwstate.load(tmp_path)
     assert "q1" in st.marked_down and st.servers["q1"].down and "by" in st.marked_down["q1"]
+    assert gwstate.marked_down(tmp_path) == {"q1": "drain"}
     hook.mark_up("q1")
     st = gwstate.load(tmp_path)
     assert st.marked_down == {} and not st.servers["q1"].down
