@@ -48,8 +48,12 @@ def setup_scripts(users: Sequence[str]) -> list[str]:
 
 
 def apply_job(hp: HostPlan, rendered: Mapping[str, spec.RenderedInstance], st: HostState,
-              run_id: str) -> dict[str, Any]:
-    """The node job for one host's plan (it holds env files with secrets: stdin only)."""
+              run_id: str, links_before: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """The node job for one host's plan (it holds env files with secrets: stdin only).
+
+    ``links_before``: model path -> the symlink target the host had before
+    this deploy staged anything (what rollback restores); default: ``st``'s.
+    """
     write: list[dict[str, Any]] = []
     restart: list[str] = []
     start: list[str] = []
@@ -68,7 +72,8 @@ def apply_job(hp: HostPlan, rendered: Mapping[str, spec.RenderedInstance], st: H
         user = unit_user(r.unit_text)
         if user:
             users.add(user)
-        model_before = (st.models.get(r.model_path) or {}).get("target")
+        model_before = (links_before.get(r.model_path) if links_before is not None
+                        else (st.models.get(r.model_path) or {}).get("target"))
         write.append({"instance": r.instance, "unit_text": r.unit_text, "env_text": r.env_text,
                       "model_path": r.model_path, "model_before": model_before,
                       "enable": r.enable_at_boot})

@@ -161,6 +161,8 @@ class Deploy:
         self.rendered: dict[str, spec.RenderedInstance] = {}
         self.instances: dict[str, Instance] = {}
         self.report: DeployReport | None = None
+        #: host -> model path -> link target before this run staged anything (what rollback restores).
+        self.links_before: dict[str, dict[str, str | None]] = {}
 
     def event(self, kind: str, message: str, host: str | None = None, ok: bool = True) -> None:
         self.on_event(Event(kind, message, host, ok))
@@ -285,6 +287,8 @@ class Deploy:
                states: dict[str, remote.HostState], rep: DeployReport) -> list[str]:
         """Stage, drain, apply and gate one batch; returns the failed hosts."""
         starting = {i.instance for h in batch for i in by_host[h].items if i.action in ("new", "changed", "start")}
+        # Staging switches model links: rollback must restore the targets from before it.
+        self.links_before.update({h: {p: m.get("target") for p, m in states[h].models.items()} for h in batch})
         unstaged = self._stage(fleet, batch, starting, states)
         with cf.ThreadPoolExecutor(max_workers=max(1, min(16, len(batch)))) as ex:
             drained = ex.map(lambda h: ap.drain_before(self.inv, by_host[h], states[h], self.instances,
@@ -313,7 +317,7 @@ class Deploy:
 
     def apply_job(self, hp: Any, st: remote.HostState) -> dict[str, Any]:
         """The node job that applies one host's plan ``hp`` (a hook: playbooks drop files already written)."""
-        return ap.apply_job(hp, self.rendered, st, self.me.run_id)
+        return ap.apply_job(hp, self.rendered, st, self.me.run_id, self.links_before.get(hp.host))
 
     def gate(self, fleet: Any, names: Sequence[str]) -> list[gates.GateResult]:
         """Gate the started instances ``names`` (:mod:`clusterctl.deploy.gates`), then

@@ -49,9 +49,9 @@ class World:
         self.state_dir = root / "state"
         self.base = yaml.safe_load(Path(lab.inventory).read_text())
 
-    def write(self, template: dict[str, Any] | None = None, **instances: dict[str, Any]) -> None:
+    def write(self, template: dict[str, Any] | None = None, version: str = "v1", **instances: dict[str, Any]) -> None:
         doc = dict(self.base)
-        doc["models"] = {"tiny": {"path": "/models/dp-tiny", "source": str(self.model_dir), "version": "v1",
+        doc["models"] = {"tiny": {"path": "/models/dp-tiny", "source": str(self.model_dir), "version": version,
                                   "served_name": "tiny",
                                   "arch": {"layers": 2, "hidden_size": 256, "attention_heads": 4, "kv_heads": 2,
                                            "head_dim": 64, "vocab": 4096, "params": 3278336,
@@ -107,7 +107,7 @@ class World:
                                "awk '{print $1}'); do systemctl disable --now $u; done; "
                                "rm -f /etc/systemd/system/clusterctl-*.service; rm -rf /etc/clusterctl/instances "
                                "/var/lib/clusterctl/deploy /var/lib/clusterctl/deploy.lock "
-                               "/models/dp-tiny /models/.versions/dp-tiny; systemctl daemon-reload; "
+                               "/models/dp-tiny /models/.versions/tiny; systemctl daemon-reload; "
                                "systemctl reset-failed 'clusterctl-*'", timeout=120)
 
 
@@ -178,11 +178,10 @@ def test_engine_upgrade_rolls_out_in_batches_and_rollback_restores(world: World)
 @pytest.mark.parametrize("fault", ["dies", "hangs"])
 def test_failing_canary_stops_the_rollout_and_rolls_back(world: World, fault: str) -> None:
     before = world.units()
-    if fault == "dies":  # longer than the model's 4096 positions: vLLM exits 1 at start
-        tpl = {**TEMPLATE, "args": {"max-model-len": 65536}}
+    if fault == "dies":  # longer than the model's 4096 positions: vLLM exits 1 at start; and a new model version
+        world.write(template={**TEMPLATE, "args": {"max-model-len": 65536}}, version="v2")
     else:  # every simulated start-up delay x 1000: loading never ends within the gate timeout
-        tpl = {**TEMPLATE, "env": {"VLLM_SIM_TIME_SCALE": "1000"}}
-    world.write(template=tpl)
+        world.write(template={**TEMPLATE, "env": {"VLLM_SIM_TIME_SCALE": "1000"}})
     rep = world.deploy(serial="1", gate_timeout_s=10 if fault == "hangs" else 60, force=True)  # past pre-flight
     assert rep.result == "rolled_back", rep.to_dict()
     canary = rep.batches[0][0]
@@ -194,6 +193,11 @@ def test_failing_canary_stops_the_rollout_and_rolls_back(world: World, fault: st
         assert after[name][0] == "active", (name, after[name])
         if placed[name] != canary:
             assert after[name][1:3] == (pid, started), name  # hosts not reached: untouched
+    links = {h: world.lab.run(h, "readlink /models/dp-tiny; ls /models/.versions/tiny", check=True).stdout.split()
+             for h in world.lab.names}
+    assert all(v[0] == ".versions/tiny/v1" for v in links.values()), links  # the canary's model link restored
+    if fault == "dies":
+        assert "v2" in links[canary] and all("v2" not in v for h, v in links.items() if h != canary), links
     world.write()
     assert world.deploy().result == "nothing"
 
