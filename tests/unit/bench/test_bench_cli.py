@@ -45,17 +45,19 @@ def test_bench_usage_errors_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not an endpoint URL" in capsys.readouterr().err
 
 
-def test_compare_flags_a_slowed_down_target_as_a_regression(host, models, start_sim,
+def test_compare_flags_a_slowed_down_target_as_a_regression(host, models, start_sim, tmp_path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     a = start_sim(host, models["qwen3-8b"], scale="0.05")
     b = start_sim(host, models["qwen3-8b"], scale="0.05", gpus="1")
     assert a.wait_for(READY) and b.wait_for(READY), a.log + b.log
     args = ["bench", a.url, "--compare", b.url, "-c", "2", "-n", "4", "--input-len", "16", "--output-len", "8",
-            "--json", "--tolerance", "0.5"]
+            "--json", "--tolerance", "0.5", "--plot", str(tmp_path / "ab.svg")]
     b.post("/sim/fault", {"fault": "slowdown", "factor": 4})
     assert main(args) == ExitCode.WARN
     doc = json.loads(capsys.readouterr().out)
     tpot = next(r for r in doc["comparison"] if r["metric"] == "tpot_ms.mean")
     assert tpot["regression"] and tpot["change"] > 1.0
+    svg = (tmp_path / "ab.svg").read_text()
+    assert "A TTFT p99" in svg and "B output tok/s" in svg  # both targets in the plot
     assert main(["bench", a.url, "--compare", "ftp://x"]) == ExitCode.UNKNOWN
     assert a.stop() == 0 and b.stop() == 0
