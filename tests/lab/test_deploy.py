@@ -175,6 +175,22 @@ def test_engine_upgrade_rolls_out_in_batches_and_rollback_restores(world: World)
     assert world.deploy().result == "nothing"  # back to what the base inventory says
 
 
+def test_an_instance_no_longer_wanted_is_removed_and_instances_scopes_removal(world: World) -> None:
+    before = world.units()
+    world.write(e1=explicit("dp01:7", 8300))  # e2 is gone from the inventory
+    scoped = world.deploy(instances="pool-*")
+    assert scoped.result == "nothing" and "e2" in world.units()  # outside --instances: kept
+    rep = world.deploy()
+    assert rep.result == "ok" and [(i.instance, i.action) for h in rep.plan.hosts for i in h.changes] == [
+        ("e2", "remove")]
+    assert rep.hosts["dp03"].drained == {"e2": "drained"}
+    after = world.units()
+    assert "e2" not in after and {k: v for k, v in before.items() if k != "e2"} == after
+    assert world.lab.run("dp03", "test -e /etc/clusterctl/instances/e2.env").returncode != 0
+    world.write()
+    assert world.deploy().result == "ok" and world.units()["e2"][0] == "active"
+
+
 @pytest.mark.parametrize("fault", ["dies", "hangs"])
 def test_failing_canary_stops_the_rollout_and_rolls_back(world: World, fault: str) -> None:
     before = world.units()
