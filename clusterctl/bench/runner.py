@@ -45,11 +45,12 @@ def schedule(prompts: Sequence[str], output_lens: Sequence[int], *, request_rate
 
 async def _run(ep: Endpoint, jobs: Iterator[tuple[float, str, int]], concurrency: int, model: str | None,
                timeout: float, ignore_eos: bool, duration: float | None,
-               on_result: Callable[[RequestResult], None] | None) -> tuple[list[RequestResult], float]:
+               on_result: Callable[[RequestResult], None] | None) -> tuple[list[RequestResult], float, float]:
+    """(results, wall s, CPU s), both from the moment the connections are open."""
     results: list[RequestResult] = []
     clients = [Client(ep, timeout) for _ in range(concurrency)]
     await asyncio.gather(*(c.connect() for c in clients))  # a failure shows again on the first request
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
 
     async def worker(client: Client) -> None:
         for at, prompt, max_tokens in jobs:  # one shared iterator: each job goes to one worker
@@ -72,7 +73,7 @@ async def _run(ep: Endpoint, jobs: Iterator[tuple[float, str, int]], concurrency
     finally:
         for c in clients:
             c.close()
-    return results, time.perf_counter() - start
+    return results, time.perf_counter() - start, time.process_time() - cpu0
 
 
 def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int, *,
@@ -90,6 +91,5 @@ def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int,
     lens = [output_len if n is None else n for n in (output_lens or [None] * len(prompts))]
     jobs = schedule(prompts, lens, request_rate=request_rate, seed=seed, duration=duration)
     workers = concurrency if duration is not None else min(concurrency, len(prompts))
-    cpu0 = time.process_time()
-    results, wall = asyncio.run(_run(ep, jobs, workers, model, timeout, ignore_eos, duration, on_result))
-    return RunResult(concurrency, results, wall, time.process_time() - cpu0)
+    results, wall, cpu = asyncio.run(_run(ep, jobs, workers, model, timeout, ignore_eos, duration, on_result))
+    return RunResult(concurrency, results, wall, cpu)

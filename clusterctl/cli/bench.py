@@ -96,6 +96,8 @@ def bench(target: str = TargetArg,
     from clusterctl.bench.stats import Slo, aggregate
 
     ep = endpoint(target, inventory)
+    if plot is not None:
+        _check_writable(plot)
     slo = Slo(slo_ttft, slo_tpot, slo_e2e) if any(v is not None for v in (slo_ttft, slo_tpot, slo_e2e)) else None
     levels = _levels(concurrency)
     work = _Workload(dataset, requests, input_len, output_len, seed, duration, progress=not as_json)
@@ -200,6 +202,18 @@ class _Progress:
             self.bar.stop()
         elif self.enabled:
             err_console.print(f"{self.label}: {self.done} requests, {self.failed} failed", markup=False)
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before the run, not after it, when --plot cannot be written."""
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"--plot {path}: cannot create its directory: {e.strerror or e}")
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        fail(f"--plot {path}: not a writable file path")
 
 
 def _write_plot(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:

@@ -67,6 +67,8 @@ def test_bad_dataset_lines_exit_3_with_file_line(tmp_path: Path, capsys: pytest.
     assert "Traceback" not in err
     assert main(["bench", "http://127.0.0.1:9", "--dataset", str(tmp_path / "none.jsonl")]) == ExitCode.UNKNOWN
     assert "cannot read" in capsys.readouterr().err
+    assert main(["bench", "http://127.0.0.1:9", "--plot", str(tmp_path)]) == ExitCode.UNKNOWN  # before any request
+    assert "--plot" in capsys.readouterr().err
 
 
 def test_an_inventory_instance_is_a_target_with_its_api_key(host, models, start_sim, tmp_path: Path,
