@@ -152,7 +152,9 @@ def test_bench_agrees_with_the_server_timings(lab, instances, env) -> None:
     (c1, s1), (c8, s8) = seen[1], seen[8]
     assert abs(c1["time_to_first_token"] - s1["time_to_first_token"]) < 5, seen
     # 8 requests at once: the simulator's HTTP front end (Python threads, before its histogram starts) queues
-    # them; the client's TTFT is never below the server's and stays within 25 ms of it on 2 shared cores
-    assert 0 <= c8["time_to_first_token"] - s8["time_to_first_token"] < 25, seen
+    # them, so the client sees up to 25 ms more on 2 shared cores; hardly less than the server's (5 ms slack:
+    # the simulator's histogram is its simulated step time, which its wall-clock pacing follows closely, not
+    # exactly; measured down to -1.9 ms)
+    assert -5 < c8["time_to_first_token"] - s8["time_to_first_token"] < 25, seen
     for c, s in ((c1, s1), (c8, s8)):
         assert abs(c["inter_token_latency"] - s["inter_token_latency"]) < 2, seen
