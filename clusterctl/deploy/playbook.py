@@ -38,7 +38,9 @@ KINDS = ("preflight", "stage", "units", "canary", "rollout", "gates", "exec")
 #: Kinds that run batches of hosts (``serial``) or judge hosts (``max_fail_percentage``).
 SERIAL_KINDS = ("canary", "rollout", "exec")
 GATE_KINDS = ("canary", "rollout", "gates")
-GATE_TYPES = ("http", "metric", "exec")
+GATE_TYPES = ("http", "metric", "exec", "drift", "bench")
+#: Gates run once (not polled): they replay prompts or a load, which takes a while.
+ONE_SHOT = ("drift", "bench")
 #: Seconds a custom gate is polled before it fails, unless it says ``timeout``.
 DEFAULT_GATE_TIMEOUT_S = 30.0
 #: Seconds an exec step's command may run, unless it says ``timeout``.
@@ -56,7 +58,8 @@ _EXTRA = {
     "exec": ("serial", "max_fail_percentage", "command", "expect_rc", "timeout"),
 }
 _GATE_KEYS = {"http": ("path", "expect_status", "contains"), "metric": ("name", "max", "min"),
-              "exec": ("command", "expect_rc")}
+              "exec": ("command", "expect_rc"), "drift": ("baseline", "thresholds", "calibration"),
+              "bench": ("reference", "tolerance", "concurrency", "requests")}
 
 
 class PlaybookError(ConfigError):
@@ -72,7 +75,11 @@ class CustomGate:
     in ``/metrics`` is within ``min``..``max``; ``exec``: ``command`` on the
     instance's host exits ``expect_rc`` (with ``INSTANCE``, ``PORT`` and
     ``ADDRESS`` in its environment).  Polled every second for up to
-    ``timeout_s`` seconds.
+    ``timeout_s`` seconds.  ``drift``: :func:`clusterctl.drift.gate.drift_gate`
+    against ``baseline`` (``thresholds`` file, ``calibration``); ``bench``:
+    :func:`clusterctl.bench.gate.bench_gate` against the inventory instance
+    ``reference`` (one still on the previous version) within ``tolerance``;
+    both run once, ``timeout_s`` bounding each request.
     """
 
     type: str
@@ -86,6 +93,13 @@ class CustomGate:
     max: float | None = None
     command: str = ""
     expect_rc: int = 0
+    baseline: str = "previous"
+    thresholds: str | None = None
+    calibration: bool = True
+    reference: str = ""
+    tolerance: float = 0.1
+    concurrency: tuple[int, ...] = (1, 8)
+    requests: int = 16
 
     def describe(self) -> str:
         if self.type == "http":
@@ -95,6 +109,10 @@ class CustomGate:
             bounds = [f">= {self.min:g}"] if self.min is not None else []
             bounds += [f"<= {self.max:g}"] if self.max is not None else []
             return f"metric {self.metric} {' and '.join(bounds)}"
+        if self.type == "drift":
+            return f"drift against baseline {self.baseline!r}"
+        if self.type == "bench":
+            return f"bench against {self.reference} within {self.tolerance:.0%}"
         return f"exec {self.command!r} -> rc {self.expect_rc}"
 
 
@@ -299,8 +317,12 @@ def _gate(ctx: Ctx, y: Y, what: str) -> CustomGate | None:
         _http_args(ctx, body, sub, where, args)
     elif t == "metric":
         _metric_args(ctx, body, sub, where, args)
-    else:
+    elif t == "exec":
         _exec_args(ctx, body, sub, where, args)
+    elif t == "drift":
+        _drift_args(ctx, sub, where, args)
+    else:
+        _bench_args(ctx, body, sub, where, args)
     if any(v is None for v in args.values()):
         return None
     return CustomGate(type=t, line=y.line, **args)
@@ -320,6 +342,37 @@ def _http_args(ctx: Ctx, body: Y, sub: dict[str, Y], where: str, args: dict[str,
         args["expect_status"] = ctx.integer(sub["expect_status"], f"{where}.expect_status", 100, 599)
     if "contains" in sub:
         args["contains"] = ctx.string(sub["contains"], f"{where}.contains")
+
+
+def _drift_args(ctx: Ctx, sub: dict[str, Y], where: str, args: dict[str, Any]) -> None:
+    for key in ("baseline", "thresholds"):
+        if key in sub:
+            args[key] = ctx.string(sub[key], f"{where}.{key}")
+    if "calibration" in sub:
+        args["calibration"] = ctx.boolean(sub["calibration"], f"{where}.calibration")
+
+
+def _bench_args(ctx: Ctx, body: Y, sub: dict[str, Y], where: str, args: dict[str, Any]) -> None:
+    if "reference" not in sub:
+        ctx.error(body.line, f"{where}: 'reference' is required (an instance still on the previous version)")
+        args["reference"] = None
+    else:
+        args["reference"] = ctx.string(sub["reference"], f"{where}.reference")
+    if "tolerance" in sub:
+        tol = ctx.number(sub["tolerance"], f"{where}.tolerance", positive=True)
+        if tol is not None and tol >= 1:
+            ctx.error(sub["tolerance"].line, f"{where}.tolerance: {tol:g} is a fraction (0.1 = 10 %), below 1")
+            tol = None
+        args["tolerance"] = tol
+    if "requests" in sub:
+        args["requests"] = ctx.integer(sub["requests"], f"{where}.requests", 1, 10000)
+    if "concurrency" in sub:
+        y = sub["concurrency"]
+        items = y.value if y.kind == "seq" else [y]
+        levels = [ctx.integer(v, f"{where}.concurrency", 1, 4096) for v in items]
+        args["concurrency"] = tuple(v for v in levels if v is not None) if levels and None not in levels else None
+        if not levels:
+            ctx.error(y.line, f"{where}.concurrency: give at least one level")
 
 
 def _metric_args(ctx: Ctx, body: Y, sub: dict[str, Y], where: str, args: dict[str, Any]) -> None:

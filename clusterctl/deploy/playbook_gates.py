@@ -4,7 +4,8 @@ Each gate is polled every ``poll_s`` seconds until it passes or its own
 ``timeout_s`` runs out; an instance's gates are checked in order and the
 first that does not pass fails the instance.  HTTP requests are bounded by
 ``request_timeout_s`` and carry the instance's API key as a bearer token
-(never logged).  An ``exec`` gate runs on the instance's host with
+(never logged).  ``drift`` and ``bench`` gates run the release gates of
+:mod:`clusterctl.drift.gate` and :mod:`clusterctl.bench.gate` once.  An ``exec`` gate runs on the instance's host with
 ``INSTANCE``, ``PORT`` and ``ADDRESS`` exported first (values quoted,
 :func:`with_vars`).
 """
@@ -18,12 +19,15 @@ from typing import Callable, Mapping, Sequence
 
 from clusterctl.deploy import gates
 from clusterctl.deploy.gates import GateResult, GateTarget
-from clusterctl.deploy.playbook import CustomGate
+from clusterctl.deploy.playbook import ONE_SHOT, CustomGate
 from clusterctl.diagnose.serving import parse_metrics, total
+from clusterctl.errors import ClusterctlError
 from clusterctl.fleet import shell
 
 #: ``run_exec(host, command, timeout_s)`` -> ``(rc, why)``: rc ``None`` when it did not run (why says so).
 ExecRunner = Callable[[str, str, float], tuple[int | None, str]]
+#: ``reference(instance)`` -> ``(url, api_key)`` of a bench gate's reference; raises ClusterctlError.
+RefResolver = Callable[[str], tuple[str, str | None]]
 
 
 def with_vars(command: str, env: Mapping[str, str]) -> str:
@@ -38,8 +42,33 @@ def with_vars(command: str, env: Mapping[str, str]) -> str:
     return f"{sets}; export {' '.join(env)}; {command}" if env else command
 
 
-def check_once(g: CustomGate, t: GateTarget, run_exec: ExecRunner, request_timeout_s: float = 5.0) -> str | None:
+def release_gate(g: CustomGate, t: GateTarget, reference: RefResolver | None) -> str | None:
+    """The drift or bench release gate (:mod:`clusterctl.drift.gate`, :mod:`clusterctl.bench.gate`)
+    on ``t``: ``None`` when it passes, else its one-line reason.  Both fail closed."""
+    if g.type == "drift":
+        from clusterctl.drift.gate import drift_gate
+
+        out = drift_gate(t.url, g.baseline, api_key=t.api_key, thresholds=g.thresholds,
+                         use_calibration=g.calibration, timeout=g.timeout_s)
+        return None if out.ok else out.reason
+    from clusterctl.bench.gate import bench_gate
+
+    if reference is None:
+        return "bench gate: no reference instance can be resolved here"
+    try:
+        ref_url, ref_key = reference(g.reference)
+    except ClusterctlError as e:
+        return f"bench gate: reference {g.reference!r}: {e}"
+    out = bench_gate(t.url, ref_url, api_key=t.api_key, reference_api_key=ref_key, concurrency=g.concurrency,
+                     requests=g.requests, tolerance=g.tolerance, timeout=g.timeout_s)
+    return None if out.ok else out.reason
+
+
+def check_once(g: CustomGate, t: GateTarget, run_exec: ExecRunner, request_timeout_s: float = 5.0,
+               reference: RefResolver | None = None) -> str | None:
     """One check of ``g`` on ``t``: ``None`` when it passes, else why not."""
+    if g.type in ONE_SHOT:
+        return release_gate(g, t, reference)
     try:
         if g.type == "http":
             status, body = gates._request(t, g.path, None, request_timeout_s)
@@ -70,15 +99,19 @@ def check_once(g: CustomGate, t: GateTarget, run_exec: ExecRunner, request_timeo
 
 
 def wait_one(t: GateTarget, custom: Sequence[CustomGate], run_exec: ExecRunner, *, poll_s: float = 1.0,
-             request_timeout_s: float = 5.0) -> GateResult:
-    """Poll ``t``'s gates in order; the result names the first gate that did not pass in time."""
+             request_timeout_s: float = 5.0, reference: RefResolver | None = None) -> GateResult:
+    """Poll ``t``'s gates in order (drift and bench run once); the result names the first gate
+    that did not pass in time."""
     t0 = time.monotonic()
     for g in custom:
         end = time.monotonic() + g.timeout_s
         while True:
-            why = check_once(g, t, run_exec, min(request_timeout_s, g.timeout_s))
+            why = check_once(g, t, run_exec, min(request_timeout_s, g.timeout_s), reference)
             if why is None:
                 break
+            if g.type in ONE_SHOT:
+                return GateResult(t.instance, t.host, False, f"custom: {g.describe()}",
+                                  f"custom gate {g.describe()}: {why}", time.monotonic() - t0)
             if time.monotonic() + poll_s > end:
                 return GateResult(t.instance, t.host, False, f"custom: {g.describe()}",
                                   f"custom gate {g.describe()}: not passed after {g.timeout_s:g} s: {why}",
@@ -89,12 +122,13 @@ def wait_one(t: GateTarget, custom: Sequence[CustomGate], run_exec: ExecRunner, 
 
 
 def wait_custom(targets: Sequence[GateTarget], custom: Sequence[CustomGate], run_exec: ExecRunner, *,
-                poll_s: float = 1.0, on_result: Callable[[GateResult], None] | None = None) -> list[GateResult]:
+                poll_s: float = 1.0, on_result: Callable[[GateResult], None] | None = None,
+                reference: RefResolver | None = None) -> list[GateResult]:
     """Every target's custom gates, targets in parallel; one result per target, in order."""
     if not targets:
         return []
     with cf.ThreadPoolExecutor(max_workers=min(32, len(targets))) as ex:
-        futures = [ex.submit(wait_one, t, custom, run_exec, poll_s=poll_s) for t in targets]
+        futures = [ex.submit(wait_one, t, custom, run_exec, poll_s=poll_s, reference=reference) for t in targets]
         results = []
         for f in futures:
             r = f.result()

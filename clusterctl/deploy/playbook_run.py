@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 from clusterctl.deploy import apply as ap
 from clusterctl.deploy import gates, lock, remote, rollout
 from clusterctl.deploy.engine import (Deploy, DeployOptions, DeployReport, Event, FleetFactory, HostOutcome,
-                                      PreflightRefused)
+                                      PreflightRefused, api_key, render_all)
 from clusterctl.deploy.plan import CHANGING, HostPlan, Plan, make_plan, matches
 from clusterctl.deploy.playbook import CustomGate, Playbook, PlaybookError, Step
 from clusterctl.deploy.playbook_gates import wait_custom, with_vars
@@ -213,7 +213,16 @@ class StepDeploy(Deploy):
     def extra_gates(self, fleet: Any, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
         if not self.custom:
             return []
-        return wait_custom(passed, self.custom, exec_runner(fleet), on_result=self.gate_event)
+        return wait_custom(passed, self.custom, exec_runner(fleet), on_result=self.gate_event,
+                           reference=self.reference)
+
+    def reference(self, name: str) -> tuple[str, str | None]:
+        """A bench gate's reference instance (from the inventory): its URL and API key."""
+        inst = self.instances.get(name)
+        if inst is None:
+            raise ClusterctlError(f"no instance {name!r} in the inventory")
+        [r] = render_all(self.inv, {name: inst})
+        return f"http://{self.inv.hosts[r.host].address}:{r.port}", api_key(r)
 
 
 def exec_runner(fleet: Any) -> Callable[[str, str, float], tuple[int | None, str]]:

@@ -96,3 +96,39 @@ def test_the_first_gate_that_does_not_pass_in_time_fails_the_instance(vllm: Fake
     assert r.reason.startswith("custom gate metric vllm:num_requests_waiting <= 0: not passed after 0.2 s: "
                                "vllm:num_requests_waiting is 3")
     assert seen == [r] and "/never-asked" not in vllm.requests
+
+
+def test_drift_and_bench_gates_call_the_release_gates_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterctl.bench import gate as bench
+    from clusterctl.bench.gate import GateOutcome
+    from clusterctl.drift import gate as drift
+
+    calls: list[tuple[str, tuple, dict]] = []
+    monkeypatch.setattr(drift, "drift_gate", lambda *a, **kw: calls.append(("drift", a, kw)) or GateOutcome(
+        False, "outputs drifted from baseline 'v1': exact match 40% < 90%"))
+    monkeypatch.setattr(bench, "bench_gate", lambda *a, **kw: calls.append(("bench", a, kw)) or GateOutcome(
+        True, "no regression"))
+    t = GateTarget("a1", "h1", "10.0.0.1", 8400, "tiny", api_key="k")
+    refs = {"old-1": ("http://10.0.0.2:8400", "k2")}
+    gates = [CustomGate("bench", 1, reference="old-1", tolerance=0.05, concurrency=(1, 4), requests=8),
+             CustomGate("drift", 2, baseline="v1", calibration=False, timeout_s=60)]
+    r = wait_one(t, gates, no_exec, poll_s=0.01, reference=lambda n: refs[n])
+    assert not r.ok and r.reason == ("custom gate drift against baseline 'v1': outputs drifted from baseline "
+                                     "'v1': exact match 40% < 90%")
+    assert calls == [
+        ("bench", ("http://10.0.0.1:8400", "http://10.0.0.2:8400"),
+         {"api_key": "k", "reference_api_key": "k2", "concurrency": (1, 4), "requests": 8, "tolerance": 0.05,
+          "timeout": 30.0}),
+        ("drift", ("http://10.0.0.1:8400", "v1"),
+         {"api_key": "k", "thresholds": None, "use_calibration": False, "timeout": 60})]  # once each: not polled
+
+
+def test_a_bench_gate_whose_reference_is_unknown_fails_closed() -> None:
+    from clusterctl.errors import ClusterctlError
+
+    def unknown(name: str) -> tuple[str, str | None]:
+        raise ClusterctlError(f"no instance {name!r} in the inventory")
+
+    t = GateTarget("a1", "h1", "10.0.0.1", 8400, "tiny")
+    why = check_once(CustomGate("bench", 1, reference="nope"), t, no_exec, reference=unknown)
+    assert why == "bench gate: reference 'nope': no instance 'nope' in the inventory"

@@ -28,6 +28,9 @@ steps:
       - metric: {name: "vllm:num_requests_waiting", max: 0}
         timeout: 60
       - exec: {command: 'systemctl is-active "clusterctl-$INSTANCE.service"'}
+      - drift: {baseline: v1, calibration: false}
+      - bench: {reference: old-1, tolerance: 0.05, concurrency: [1, 4], requests: 8}
+        timeout: 120
 """
 
 
@@ -41,7 +44,10 @@ def test_a_valid_playbook_reads_as_written() -> None:
         "test -x /opt/vllm-0.33/bin/vllm", 0, "gpu[01-02]", 3)
     assert canary.instances == "qwen-*" and canary.serial == []
     assert rest.serial == ["1", "25%", "100%"] and rest.max_fail_percentage == 10 and rest.gate_timeout_s == 900
-    http, metric, ex = rest.gates
+    http, metric, ex, drift, bench = rest.gates
+    assert (drift.baseline, drift.calibration, drift.thresholds) == ("v1", False, None)
+    assert (bench.reference, bench.tolerance, bench.concurrency, bench.requests, bench.timeout_s) == (
+        "old-1", 0.05, (1, 4), 8, 120)
     assert (http.type, http.path, http.expect_status, http.contains, http.timeout_s) == (
         "http", "/v1/models", 200, "qwen", 30.0)
     assert (metric.metric, metric.max, metric.min, metric.timeout_s) == ("vllm:num_requests_waiting", 0, None, 60)
@@ -89,7 +95,7 @@ BAD = [
     ("steps:\n  - kind: gates\n    gates: {http: {path: /x}}\n", [(3, "expected a list of gates")]),
     ("steps:\n  - kind: gates\n    gates:\n      - {}\n", [(4, "a gate is exactly one of http, metric, exec")]),
     ("steps:\n  - kind: gates\n    gates:\n      - {http: {path: /a}, exec: {command: x}}\n",
-     [(4, "a gate is exactly one of http, metric, exec (got http, exec)")]),
+     [(4, "a gate is exactly one of http, metric, exec, drift, bench (got http, exec)")]),
     ("steps:\n  - kind: gates\n    gates:\n      - http: {path: v1/models}\n", [(4, "path: 'v1/models' must start with /")]),
     ("steps:\n  - kind: gates\n    gates:\n      - http: {expect_status: 200}\n", [(4, "'path' is required")]),
     ("steps:\n  - kind: gates\n    gates:\n      - http:\n          path: /x\n          expect_stats: 200\n",
@@ -107,6 +113,15 @@ BAD = [
     ("steps:\n  - kind: units\n  - kind: units\n    bad: 1\n",
      [(3, "duplicate step name 'units'"), (4, "unknown key 'bad'")]),
     ("steps:\n  - {kind: units\n", [(3, "YAML syntax error")]),
+    ("steps:\n  - kind: gates\n    gates:\n      - bench: {tolerance: 0.1}\n", [(4, "'reference' is required")]),
+    ("steps:\n  - kind: gates\n    gates:\n      - bench: {reference: a, tolerance: 10}\n",
+     [(4, "tolerance: 10 is a fraction (0.1 = 10 %), below 1")]),
+    ("steps:\n  - kind: gates\n    gates:\n      - bench: {reference: a, concurrency: [1, 0]}\n",
+     [(4, "concurrency: 0 is out of range 1-4096")]),
+    ("steps:\n  - kind: gates\n    gates:\n      - drift: {baseline: 3, calibration: maybe}\n",
+     [(4, "baseline: expected a string"), (4, "calibration: expected true or false")]),
+    ("steps:\n  - kind: gates\n    gates:\n      - drift: {basline: previous}\n",
+     [(4, "unknown key 'basline'; did you mean 'baseline'?")]),
 ]
 
 

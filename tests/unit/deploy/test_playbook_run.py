@@ -182,3 +182,19 @@ def test_preflight_refusing_after_units_puts_the_files_back(
     assert nodes.rolled_back == [("h2", ["a2"], False), ("h3", ["a3"], False)]
     assert sorted(nodes.released) == ["h2", "h3", "h4", "h5"]
     assert audit(tmp_path)["result"] == "refused"
+
+
+def test_a_bench_gates_reference_is_an_inventory_instance_with_its_key(
+        recorded: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterctl.errors import ClusterctlError
+    from tests.unit.deploy.playbook_fakes import KEY
+
+    nodes = Nodes(monkeypatch)
+    inv = load_inventory(recorded)
+    pr = PlaybookRun(parse_playbook("steps:\n  - {kind: rollout}\n", "pb.yaml"), inv, [inv.hosts["h1"]],
+                     nodes.fleet, str(tmp_path / "state"), DeployOptions())
+    with nodes.fleet([inv.hosts["h1"]]) as fleet:
+        pr.dep.prepare(fleet)
+    assert pr.dep.reference("a3") == ("http://127.0.0.3:8100", KEY)  # on a host outside the selection too
+    with pytest.raises(ClusterctlError, match="no instance 'zz'"):
+        pr.dep.reference("zz")
