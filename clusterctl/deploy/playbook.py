@@ -250,21 +250,13 @@ def _step(ctx: Ctx, y: Y, i: int) -> Step | None:
 
 def _exec_args(ctx: Ctx, y: Y, keys: dict[str, Y], what: str, args: dict[str, Any]) -> None:
     """``command`` (required, a shell command line) and ``expect_rc`` (0-255) of an exec step or gate."""
-    if "command" not in keys:
-        ctx.error(y.line, f"{what}: 'command' is required (a shell command line)")
-        args["command"] = None
-    else:
-        args["command"] = _command(ctx, keys["command"], f"{what}.command")
+    cmd = _required(ctx, y, keys, "command", what, "a shell command line")
+    if cmd is not None and not cmd.strip():
+        ctx.error(keys["command"].line, f"{what}.command: the command is empty")
+        cmd = None
+    args["command"] = cmd
     if "expect_rc" in keys:
         args["expect_rc"] = ctx.integer(keys["expect_rc"], f"{what}.expect_rc", 0, 255)
-
-
-def _command(ctx: Ctx, y: Y, what: str) -> str | None:
-    cmd = ctx.string(y, what)
-    if cmd is not None and not cmd.strip():
-        ctx.error(y.line, f"{what}: the command is empty")
-        return None
-    return cmd
 
 
 def _serial(ctx: Ctx, y: Y, what: str) -> list[str] | None:
@@ -329,19 +321,23 @@ def _gate(ctx: Ctx, y: Y, what: str) -> CustomGate | None:
 
 
 def _http_args(ctx: Ctx, body: Y, sub: dict[str, Y], where: str, args: dict[str, Any]) -> None:
-    if "path" not in sub:
-        ctx.error(body.line, f"{where}: 'path' is required (e.g. /v1/models)")
-        args["path"] = None
-    else:
-        p = ctx.string(sub["path"], f"{where}.path")
-        if p is not None and not p.startswith("/"):
-            ctx.error(sub["path"].line, f"{where}.path: {p!r} must start with /")
-            p = None
-        args["path"] = p
+    p = _required(ctx, body, sub, "path", where, "e.g. /v1/models")
+    if p is not None and not p.startswith("/"):
+        ctx.error(sub["path"].line, f"{where}.path: {p!r} must start with /")
+        p = None
+    args["path"] = p
     if "expect_status" in sub:
         args["expect_status"] = ctx.integer(sub["expect_status"], f"{where}.expect_status", 100, 599)
     if "contains" in sub:
         args["contains"] = ctx.string(sub["contains"], f"{where}.contains")
+
+
+def _required(ctx: Ctx, body: Y, sub: dict[str, Y], key: str, where: str, hint: str) -> str | None:
+    """The string ``sub[key]``, or ``None`` with a problem when it is missing or not a string."""
+    if key not in sub:
+        ctx.error(body.line, f"{where}: {key!r} is required ({hint})")
+        return None
+    return ctx.string(sub[key], f"{where}.{key}")
 
 
 def _drift_args(ctx: Ctx, sub: dict[str, Y], where: str, args: dict[str, Any]) -> None:
@@ -353,11 +349,7 @@ def _drift_args(ctx: Ctx, sub: dict[str, Y], where: str, args: dict[str, Any]) -
 
 
 def _bench_args(ctx: Ctx, body: Y, sub: dict[str, Y], where: str, args: dict[str, Any]) -> None:
-    if "reference" not in sub:
-        ctx.error(body.line, f"{where}: 'reference' is required (an instance still on the previous version)")
-        args["reference"] = None
-    else:
-        args["reference"] = ctx.string(sub["reference"], f"{where}.reference")
+    args["reference"] = _required(ctx, body, sub, "reference", where, "an instance still on the previous version")
     if "tolerance" in sub:
         tol = ctx.number(sub["tolerance"], f"{where}.tolerance", positive=True)
         if tol is not None and tol >= 1:
@@ -376,11 +368,7 @@ def _bench_args(ctx: Ctx, body: Y, sub: dict[str, Y], where: str, args: dict[str
 
 
 def _metric_args(ctx: Ctx, body: Y, sub: dict[str, Y], where: str, args: dict[str, Any]) -> None:
-    if "name" not in sub:
-        ctx.error(body.line, f"{where}: 'name' is required (e.g. vllm:num_requests_waiting)")
-        args["metric"] = None
-    else:
-        args["metric"] = ctx.string(sub["name"], f"{where}.name")
+    args["metric"] = _required(ctx, body, sub, "name", where, "e.g. vllm:num_requests_waiting")
     if "max" not in sub and "min" not in sub:
         ctx.error(body.line, f"{where}: give 'max', 'min' or both")
         args["max"] = None
