@@ -255,7 +255,9 @@ class PlaybookRun:
         rep = DeployReport(self.dep.me.run_id, plan, "planned", seconds=time.monotonic() - t0)
         for hp in plan.hosts:
             rep.hosts[hp.host] = HostOutcome(hp.host, "unreadable" if hp.error else "unchanged", error=hp.error)
-        return PlaybookReport(self.book.name, rep, resolve(self.book, self.inv, plan, self.selected))
+        steps = resolve(self.book, self.inv, plan, self.selected)
+        rep.batches = [b for sp in steps if sp.step.kind in ("canary", "rollout") for b in sp.batches]
+        return PlaybookReport(self.book.name, rep, steps)
 
     def run(self) -> PlaybookReport:
         """Run every step under the lock; raises the engine's ``PreflightRefused`` / ``LockHeld``."""

@@ -45,6 +45,7 @@ def test_default_playbook_plan_equals_deploy_plan(recorded: str, capsys: pytest.
     assert expected == [["h2"], ["h3"], ["h4", "h5"]]
     assert steps["canary"]["batches"] + steps["rollout"]["batches"] == expected
     assert steps["canary"]["batches"] == expected[:1]
+    assert book["batches"] == expected and deploy["batches"] == []  # deploy --plan does not batch
     # Every other step covers exactly the hosts and instances that change.
     for name in ("pre-flight", "stage", "units"):
         assert steps[name]["hosts"] == changed
