@@ -111,6 +111,42 @@ def down() -> None:
 
 
 @app.command()
+def workload(out: Optional[str] = typer.Option(None, "--out", "-o",
+                                               help="Inventory to write [default: LAB_DIR/workload.yaml]."),
+             replicas: int = typer.Option(8, "--replicas", min=1, help="Replicas of the demo template (TP 1)."),
+             gateway: Optional[str] = typer.Option(None, "--gateway", help="Host nginx runs on [default: the first]."),
+             time_scale: float = typer.Option(0.0, "--time-scale", min=0.0,
+                                              help="Simulator time scale (0: instant; 1: real latencies)."),
+             json_out: bool = JsonOpt) -> None:
+    """Write the lab's inventory plus a demo workload: a model, a template and a gateway.
+
+    The model (tiny-qwen3, about 6.6 MB) is written under LAB_DIR/models/tiny on this
+    machine; `clusterctl deploy` stages it to the hosts. The lab must be up.
+
+    Example: clusterctl lab workload --replicas 8 && clusterctl -i
+    /var/lib/clusterctl-lab/workload.yaml deploy --plan
+    """
+    from pathlib import Path
+
+    from clusterctl.lab import workload as wl
+
+    cfg = _cfg()
+    if not cfg.inventory_file.is_file():
+        fail(f"no lab inventory at {cfg.inventory_file}: run 'clusterctl lab up' first")
+    target = Path(out) if out else cfg.lab_dir / "workload.yaml"
+    try:
+        summary = wl.write(cfg.inventory_file, target, cfg.lab_dir / "models" / wl.MODEL, replicas=replicas,
+                           gateway_host=gateway, time_scale=time_scale)
+    except (OSError, KeyError, ValueError) as e:
+        fail(f"lab workload: {e}")
+    if json_out:
+        print_json(summary)
+    else:
+        console.print(f"{summary['inventory']}: {replicas} replicas of 'pool' (model tiny from "
+                      f"{summary['model_dir']}), gateway on {summary['gateway']}", markup=False)
+
+
+@app.command()
 def status(json_out: bool = JsonOpt) -> None:
     """Show the lab's hosts: running, frozen, active faults.
 
