@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from clusterctl.bench.gate import bench_gate
 from clusterctl.bench.loadgen import Endpoint
@@ -49,3 +50,37 @@ def test_bench_gate_passes_an_equal_canary_and_stops_a_slow_one(host, models, st
     gone = bench_gate(f"http://127.0.0.1:{free_port()}", prev.url, timeout=2, **kw)  # type: ignore[arg-type]
     assert not gone.ok and "failed requests: canary 4, reference 0" in gone.reason
     assert prev.stop() == 0 and canary.stop() == 0
+
+
+def test_release_gates_in_the_deploy_engines_terms(host, models, start_sim, tmp_path: Path) -> None:
+    from clusterctl.deploy.gates import GateTarget
+    from clusterctl.drift.release import release_gates
+
+    awq = tmp_path / "qwen3-8b-awq"
+    synth.write_model("qwen3-8b", awq, sparse=True, quantization="awq")
+    sims = {"prev": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05"),
+            "twin": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05", gpus="1")}
+    assert all(s.wait_for(READY) for s in sims.values()), [s.log for s in sims.values()]
+    state = tmp_path / "state"
+    store.save(run.record(Endpoint.parse(sims["prev"].url), "previous", prompts.load(PROMPTS)[:4]), state)
+
+    def target(name: str) -> GateTarget:
+        return GateTarget(name, f"host-{name}", "127.0.0.1", int(sims[name].url.rsplit(":", 1)[1]), "qwen3-8b")
+
+    seen: list[str] = []
+    kw: dict[str, Any] = {
+        "bench_reference": lambda t: target("prev"), "drift_options": {"state_dir": state},
+        # the wiring is under test here; the gate's sensitivity is tested above
+        "bench_options": {"concurrency": (2,), "requests": 4, "input_len": 32, "output_len": 8, "tolerance": 3.0},
+        "on_result": lambda r: seen.append(f"{r.instance}:{r.step}")}
+    twin = release_gates([target("twin")], **kw)
+    assert [(r.instance, r.step, r.ok) for r in twin] == [("twin", "drift", True), ("twin", "bench", True)], \
+        [r.reason for r in twin]
+    assert sims.pop("twin").stop() == 0
+    sims["awq"] = start_sim(host, awq, "--no-sim-batch-noise", scale="0.05", gpus="1")
+    assert sims["awq"].wait_for(READY), sims["awq"].log
+    bad = release_gates([target("awq")], **kw)
+    assert [(r.instance, r.step, r.ok) for r in bad] == [("awq", "drift", False)]  # not benched after drift failed
+    assert bad[0].host == "host-awq" and "drifted from baseline 'previous'" in bad[0].reason
+    assert seen == ["twin:drift", "twin:bench", "awq:drift"]
+    assert all(s.stop() == 0 for s in sims.values())
