@@ -50,10 +50,11 @@ def _print(rep: Any) -> None:
         state = "" if rep.planned else (" ok" if why is None else f" FAILED: {why}")
         console.print(f"  {verb} {m.instance}: {m.old.host} GPUs {','.join(map(str, m.old.gpus))} -> "
                       f"{m.new.host} GPUs {','.join(map(str, m.new.gpus))} port {m.new.port}{state}", markup=False)
+    down = "would be marked down" if rep.planned else "marked down"
     for name in p.fixed:
-        console.print(f"  {name}: explicit instance (fixed placement): marked down, not moved", markup=False)
+        console.print(f"  {name}: explicit instance (fixed placement): {down}, not moved", markup=False)
     for name, why in sorted(p.no_room.items()):
-        console.print(f"  {name}: marked down, not moved: {why}", markup=False)
+        console.print(f"  {name}: {down}, not moved: {why}", markup=False)
     for name in p.over_cap:
         console.print(f"  {name}: over the cap ({p.cap} of {p.total} instances per run, --max-share), not moved",
                       markup=False)
