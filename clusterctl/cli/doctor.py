@@ -87,9 +87,11 @@ def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, ti
     from clusterctl.fleet.results import HostResult, HostStatus
     from clusterctl.fleet.ssh import ParamikoTransport
 
+    from clusterctl.deploy.deployed import with_replicas
+
     policy = check_host_key_policy(host_key_policy)
     path, hosts = select(inventory, pattern)
-    inv = load_inventory(path)
+    inv = with_replicas(load_inventory(path), cfg=user_config())
     password = become_password(ask_become_pass, hosts, sudo)
     if connect_timeout:
         for h in hosts:
@@ -114,14 +116,15 @@ def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, ti
 
 def bundle_snapshot(source: str, inventory: Optional[str]) -> tuple[Any, Any]:
     """``(snapshot, inventory or None)`` from a bundle; ``-i`` beats the bundle's own inventory."""
+    from clusterctl.deploy.deployed import with_replicas
     from clusterctl.diagnose.bundle import read_bundle
     from clusterctl.inventory.loader import load_inventory as load
 
     try:
         snap, inv_path = read_bundle(source)
         if inventory:
-            return snap, load_inventory(inventory)
-        return snap, load(inv_path) if inv_path else None
+            return snap, with_replicas(load_inventory(inventory), cfg=user_config())
+        return snap, with_replicas(load(inv_path), cfg=user_config()) if inv_path else None
     except ClusterctlError as e:
         fail(str(e))
 

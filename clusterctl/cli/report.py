@@ -147,7 +147,9 @@ def _active(pattern: str, inventory: Optional[str], kinds_text: str,
     except ClusterctlError as e:
         fail(str(e))
     path, hosts = select(inventory, pattern)
-    tgts = targets(load_inventory(path), {h.name for h in hosts})
+    from clusterctl.deploy.deployed import with_replicas
+
+    tgts = targets(with_replicas(load_inventory(path), cfg=user_config()), {h.name for h in hosts})
     if not tgts:
         fail(f"{path}: no instance with a placement on the hosts {pattern!r} selects: nothing for --active to check")
     try:
@@ -317,11 +319,12 @@ Example:
 """)
 def file_sd(inventory: Optional[str] = InventoryOpt,
             out: Optional[str] = typer.Option(None, "--out", help="File to write (JSON).")) -> None:
-    from clusterctl.cli._common import load_inventory
+    from clusterctl.cli._common import load_inventory, user_config
+    from clusterctl.deploy.deployed import with_replicas
     from clusterctl.report.filesd import render
     from clusterctl.report.textfile import write_atomic
 
-    text = render(load_inventory(inventory))
+    text = render(with_replicas(load_inventory(inventory), cfg=user_config()))
     if out is None:
         sys.stdout.write(text)
         return
