@@ -26,8 +26,9 @@ applied, and the machine's 1-minute load average before and after.
 
 Run as root with the lab's environment (``CLUSTERCTL_LAB_*``; the lab is
 brought up if needed and left up).  Usage:
-``python benchmarks/gateway/dispatch.py [--concurrency 32] [--duration 40] [--time-scale 1.0] [--arms round_robin,least_conn,load_aware]``.
-Writes ``benchmarks/results/gateway-dispatch-<date>.json`` (temp file + rename).
+``python benchmarks/gateway/dispatch.py [--concurrency 32] [--duration 40] [--time-scale 1.0]
+[--arms round_robin,least_conn,load_aware] [--profiles mixed|h100-sxm|l40s-48g]``.
+Writes ``benchmarks/results/gateway-dispatch-<profiles>-<date>.json`` (temp file + rename).
 """
 
 from __future__ import annotations
@@ -99,7 +100,12 @@ def dataset(path: Path, lines: int, seed: int = 7) -> dict[str, Any]:
             "long": {"prompt_words": 1024, "output_tokens": 320}}
 
 
-def setup(lab: LabSession, work: Path, scale: float, seqs: int) -> dict[str, Any]:
+def profiles(kind: str) -> dict[str, str]:
+    """Instance -> latency profile: ``mixed`` (two H100, two L40S, the default) or one profile for all."""
+    return {n: (p if kind == "mixed" else kind) for n, (_, _, _, p) in INSTANCES.items()}
+
+
+def setup(lab: LabSession, work: Path, scale: float, seqs: int, kind: str) -> dict[str, Any]:
     names = lab.names
     hosts = {n: names[i] for n, (i, _, _, _) in INSTANCES.items()}
     text = Path(lab.inventory).read_text() + (
@@ -109,7 +115,8 @@ def setup(lab: LabSession, work: Path, scale: float, seqs: int) -> dict[str, Any
     text += f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 256\n  sync_interval_s: 1\n"
     inv = work / "inventory.yaml"
     inv.write_text(text)
-    for n, (_, gpu, port, profile) in INSTANCES.items():
+    for n, (_, gpu, port, _) in INSTANCES.items():
+        profile = profiles(kind)[n]
         unit = UNIT.format(name=n, gpu=gpu, port=port, profile=profile, scale=scale, seqs=seqs, model_dir=MODEL_DIR)
         path = f"/etc/systemd/system/clusterctl-{n}.service"
         lab.run(hosts[n], f"test -d {MODEL_DIR} || vllm-sim make-model qwen3-8b {MODEL_DIR} --sparse >/dev/null; "
@@ -235,6 +242,7 @@ def main_() -> None:
     ap.add_argument("--sync-every", type=float, default=3.0)
     ap.add_argument("--window", type=float, default=2.0)
     ap.add_argument("--arms", default="round_robin,least_conn,load_aware")
+    ap.add_argument("--profiles", default="mixed", help="mixed (2 h100-sxm + 2 l40s-48g), or one profile for all.")
     ap.add_argument("--keep", action="store_true", help="Leave the instances and nginx running.")
     args = ap.parse_args()
     arms = [a for a in args.arms.split(",") if a]
@@ -243,7 +251,7 @@ def main_() -> None:
     with tempfile.TemporaryDirectory() as d:
         data = Path(d) / "mixed.jsonl"
         mix = dataset(data, 400)
-        env = setup(lab, Path(d), args.time_scale, args.max_num_seqs)
+        env = setup(lab, Path(d), args.time_scale, args.max_num_seqs, args.profiles)
         try:
             for arm in arms:
                 results.append(run_arm(env, arm, data, args.concurrency, args.duration, args.sync_every, args.window))
@@ -259,13 +267,14 @@ def main_() -> None:
     out = {"benchmark": "gateway-dispatch", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "machine": {"cpus": os.cpu_count()},
            "setup": {"gateway": "nginx 1.22 + njs 0.7.9 on a lab host",
-                     "instances": {n: {"profile": p, "gpu": g, "port": port} for n, (_, g, port, p) in INSTANCES.items()},
+                     "instances": {n: {"profile": profiles(args.profiles)[n], "gpu": g, "port": port}
+                                   for n, (_, g, port, _) in INSTANCES.items()},
                      "model": "Qwen3-8B (sparse synthetic)", "time_scale": args.time_scale,
                      "max_num_seqs": args.max_num_seqs, "concurrency": args.concurrency,
                      "duration_s": args.duration, "sync_every_s": args.sync_every, "window_s": args.window,
                      "workload": mix},
            "arms": results, "output_throughput_gain_vs_round_robin": gain}
-    dest = REPO / "benchmarks" / "results" / f"gateway-dispatch-{datetime.now(timezone.utc):%Y-%m-%dT%H%M}.json"
+    dest = REPO / "benchmarks" / "results" / f"gateway-dispatch-{args.profiles}-{datetime.now(timezone.utc):%Y-%m-%dT%H%M}.json"
     tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n")
     tmp.rename(dest)
