@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import re
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy import remote, spec

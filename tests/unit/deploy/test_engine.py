@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-import pytest
 
 from clusterctl.deploy import audit
 from clusterctl.deploy.engine import Deploy, DeployOptions
