@@ -8,6 +8,7 @@ renders.  See docs/deploy.md for the semantics the operator sees.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -140,11 +141,25 @@ def served_name(inv: Inventory, r: spec.RenderedInstance) -> str:
 
 
 def api_key(r: spec.RenderedInstance) -> str | None:
+    """``VLLM_API_KEY`` from an instance's env text (``KEY="value"`` as sdquote writes it, unescaped)."""
     for line in r.env_text.splitlines():
         k, sep, v = line.partition("=")
         if sep and k.strip() == "VLLM_API_KEY":
-            return v.strip().strip('"').strip("'")
+            v = v.strip()
+            if len(v) >= 2 and v[0] == v[-1] == '"':
+                v = re.sub(r'\\(.)', r'\1', v[1:-1])
+            return v
     return None
+
+
+def instance_served_name(inv: Inventory, inst: Instance | None, r: spec.RenderedInstance) -> str:
+    """The first ``--served-model-name`` the unit passes: the instance's own, else the model's."""
+    own = inst.args.get("served-model-name") if inst is not None else None
+    if isinstance(own, (list, tuple)) and own:
+        return str(own[0])
+    if own:
+        return str(own).split()[0]
+    return served_name(inv, r)
 
 
 # --- one deploy ---------------------------------------------------------------------
@@ -343,8 +358,8 @@ class Deploy:
     def _gate_target(self, name: str, states: Mapping[str, remote.HostState]) -> gates.GateTarget:
         r = self.rendered[name]
         # systemd resets NRestarts on an explicit start or restart, so any restart counted is a crash.
-        return gates.GateTarget(name, r.host, self.inv.hosts[r.host].address, r.port, served_name(self.inv, r),
-                                api_key(r), 0)
+        return gates.GateTarget(name, r.host, self.inv.hosts[r.host].address, r.port,
+                                instance_served_name(self.inv, self.instances.get(name), r), api_key(r), 0)
 
     def _unstaged(self, r: spec.RenderedInstance, st: remote.HostState) -> bool:
         """True when ``r``'s model has a source and its path on the host is not the verified version."""

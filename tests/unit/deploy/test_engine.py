@@ -127,3 +127,19 @@ def test_plan_only_applies_and_locks_nothing(tmp_path: Path) -> None:
                          str(tmp_path), DeployOptions(plan_only=True)).run()
     assert rep.result == "planned" and rep.plan.counts()["new"] == N
     assert {j["op"] for _, j in c.jobs} == {"read"} and audit.read(tmp_path) == []
+
+
+def test_the_gate_uses_the_key_systemd_reads_and_the_served_name_the_unit_passes() -> None:
+    from clusterctl.deploy import spec
+    from clusterctl.deploy.engine import api_key, instance_served_name
+    from clusterctl.deploy.sdquote import env_file_line
+
+    inv = load_inventory_text(INVENTORY, "inv.yaml")
+    for value in ("sk-123", 'a"b\\c$d`e'):
+        r = spec.RenderedInstance("i1", "h01", "", "# env\n" + env_file_line("VLLM_API_KEY", value) + "\n", 8000,
+                                  (0,), "m", "/models/m", None, "e", "0.11.0")
+        assert api_key(r) == value
+        assert instance_served_name(inv, inv.instances["i1"], r) == "m"
+        inv.instances["i1"].args["served-model-name"] = ["alias", "other"]
+        assert instance_served_name(inv, inv.instances["i1"], r) == "alias"
+        del inv.instances["i1"].args["served-model-name"]
