@@ -11,6 +11,7 @@ a deploy.  Under the deploy lock, with an audit record.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -21,6 +22,9 @@ from clusterctl.deploy.engine import Event, FleetFactory, desired
 from clusterctl.deploy.plan import matches
 from clusterctl.deploy.state import utc_now
 from clusterctl.inventory.model import Host, Inventory
+
+#: The first value of ``--served-model-name`` on a unit's command line (what /v1/models lists).
+_SERVED = re.compile(r"""--served-model-name[= ]+["']?([^\s"'\\]+)""")
 
 
 @dataclass
@@ -64,7 +68,8 @@ def _targets(inv: Inventory, state_dir: str, restored: dict[str, list[str]],
             if st is None:
                 continue
             model = inv.models.get(st.x.get("Model", ""))
-            served = (model.served_name or model.name) if model else st.x.get("Model", name)
+            flag = _SERVED.search(st.unit_text)
+            served = flag.group(1) if flag else (model.served_name or model.name) if model else st.x.get("Model", name)
             port = int(st.x.get("Port") or ap.unit_port(st.unit_text) or 0)
             out.append(gates.GateTarget(name, host, inv.hosts[host].address, port, served,
                                         _api_key(inv, state_dir, name)))
