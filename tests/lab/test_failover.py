@@ -4,7 +4,8 @@ A template ``fo`` of four TP-2 replicas of a tiny model (VLLM_SIM_TIME_SCALE=0) 
 third hosts, deployed with ``clusterctl deploy``; the gateway installed with ``clusterctl gateway
 deploy``.  Two replicas lose a GPU (the lab's ``gpu-lost`` fault): doctor marks both TP groups
 UNAVAILABLE.  With ``--max-share 0.25`` (one of four per run) failover moves the first, leaves the
-second alone (over the cap), keeps the operator's cordon and adds its own on the lost GPU.  Only
+second alone (over the cap), keeps the operator's cordon and adds its own on the lost GPU; a second run moves the other one to
+the other host (the operator cordoned its own).  Only
 ``clusterctl-fo-*`` units, the ``fo-tiny`` model and nginx are touched; all are removed at the end,
 the faults healed.
 """
@@ -157,9 +158,17 @@ def test_failover_moves_one_unavailable_replica_within_the_cap_and_keeps_cordons
     seen = scene.answered_by()
     assert set(seen) == {"fo-1", "fo-3", "fo-4"}, seen
 
-    # A second run: fo-1 is healthy now, fo-2 is the only one left and within the cap.
+    # A second run: fo-1 is healthy now, fo-2 is the only one left and within the cap.  The operator
+    # cordons fo-2's whole host, so it must move to the other host: removed there, started here.
+    host2 = before["fo-2"][0]
+    assert scene.cli("cordon", host2, "--reason", "operator: maintenance").returncode == 0
+    operator = scene.cordons()
     res = scene.cli("failover", "--gate-timeout", "60", "--drain-timeout", "10", "--json")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert json.loads(res.stdout)["moved"] == {"fo-2": None}
+    moved_to = scene.placements()["fo-2"][0]
+    assert moved_to != host2
+    gone = scene.lab.run(host2, "test -e /etc/systemd/system/clusterctl-fo-2.service && echo present || echo gone")
+    assert gone.stdout.strip() == "gone"
     assert set(scene.answered_by()) == {"fo-1", "fo-2", "fo-3", "fo-4"}
     assert {k: scene.cordons()[k] for k in operator} == operator
