@@ -38,7 +38,7 @@ Examples:
 """
 
 
-def _print(rep: Any) -> None:
+def _print(rep: Any, console: Any = console) -> None:
     p = rep.plan
     if p.nothing:
         console.print(f"no UNAVAILABLE TP group among {p.total} instances; nothing to do", markup=False)
@@ -79,11 +79,31 @@ def failover(inventory: Optional[str] = InventoryOpt,
              as_json: bool = JsonOpt, fanout: Optional[int] = FanoutOpt,
              connect_timeout: Optional[float] = ConnectTimeoutOpt, ask_become_pass: bool = AskBecomePassOpt,
              host_key_policy: Optional[str] = HostKeyOpt) -> None:
+    opts_ = _options(max_share=max_share, plan_only=plan_only, drain_timeout_s=drain_timeout,
+                     gate_timeout_s=gate_timeout)
+    rep = run(inventory, state_dir, opts_, quiet=as_json, fanout=fanout, connect_timeout=connect_timeout,
+              ask_become_pass=ask_become_pass, host_key_policy=host_key_policy)
+    if as_json:
+        print_json(rep.to_json())
+    else:
+        _print(rep)
+    raise typer.Exit(int(rep.exit_code))
+
+
+def _options(**kw: Any) -> Any:
+    from clusterctl.gateway.failover import FailoverOptions
+
+    return FailoverOptions(**kw)
+
+
+def run(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, quiet: bool, fanout: Optional[int],
+        connect_timeout: Optional[float], ask_become_pass: bool, host_key_policy: Optional[str]) -> Any:
+    """One failover run for the CLI (also ``report run --failover``); exits 3 on configuration errors."""
     from pathlib import Path
 
     from clusterctl.cli.deploy import _fleet_factory
     from clusterctl.deploy.state import STATE_DIR_ENV, resolve_state_dir
-    from clusterctl.gateway.failover import FailoverOptions, run_failover
+    from clusterctl.gateway.failover import run_failover
 
     policy = check_host_key_policy(host_key_policy)
     inv = load_inventory(inventory)
@@ -92,18 +112,20 @@ def failover(inventory: Optional[str] = InventoryOpt,
     os.environ[STATE_DIR_ENV] = str(directory)
     make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
                           password=become_password(ask_become_pass, list(inv.hosts.values()), True))
-    opts = FailoverOptions(max_share=max_share, plan_only=plan_only, drain_timeout_s=drain_timeout,
-                           gate_timeout_s=gate_timeout)
-    say = None if as_json else (lambda s: err_console.print(s, markup=False, highlight=False))
+    say = None if quiet else (lambda s: err_console.print(s, markup=False, highlight=False))
     try:
-        rep = run_failover(inv, directory, make, opts, on_event=say)
+        return run_failover(inv, directory, make, opts, on_event=say)
     except ClusterctlError as e:
         fail(str(e))
-    if as_json:
-        print_json(rep.to_json())
-    else:
-        _print(rep)
-    raise typer.Exit(int(rep.exit_code))
+
+
+def for_report(inventory: Optional[str], *, fanout: Optional[int], connect_timeout: Optional[float],
+               host_key_policy: Optional[str]) -> int:
+    """``report run --failover``: failover with its defaults, summary on stderr; its exit code."""
+    rep = run(inventory, None, _options(), quiet=False, fanout=fanout, connect_timeout=connect_timeout,
+              ask_become_pass=False, host_key_policy=host_key_policy)
+    _print(rep, err_console)
+    return int(rep.exit_code)
 
 
 def register(app: typer.Typer) -> None:
