@@ -52,6 +52,8 @@ Examples:
   clusterctl report run --from bundle.tar.gz --notify-cmd '/usr/local/bin/page-oncall --team gpu' --renotify 6h
 
   clusterctl report run all --active drift,leak --out ~/report/active
+
+  clusterctl report run all --failover      # then move UNAVAILABLE TP groups (docs/gateway.md)
 """)
 def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all."),
         inventory: Optional[str] = InventoryOpt,
@@ -70,6 +72,8 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
                                                   "after them)."),
         fmt: str = typer.Option("markdown", "--format", help="What to print: markdown, json or none."),
         as_json: bool = JsonOpt,
+        failover: bool = typer.Option(False, "--failover", help="Then run `clusterctl failover` (defaults: "
+                                      "--max-share 0.25); its summary on stderr, the worse exit code wins."),
         interval: float = typer.Option(2.0, "--interval", min=0, help="Seconds between counter samples."),
         timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
         fanout: Optional[int] = FanoutOpt,
@@ -82,6 +86,8 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
     fmt = "json" if as_json else fmt
     if fmt not in ("markdown", "json", "none"):
         fail(f"--format must be markdown, json or none (got {fmt!r})")
+    if failover and (source or active):
+        fail("--failover acts on live hosts: not with --from or --active")
     try:
         renotify_s = parse_duration(renotify)
     except ClusterctlError as e:
@@ -109,6 +115,11 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
         sys.stdout.write(to_json(result, meta) + "\n")
     elif fmt == "markdown":
         sys.stdout.write(to_markdown(result))
+    if failover:
+        from clusterctl.cli.failover import for_report
+
+        code = for_report(inventory, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy)
+        raise typer.Exit(max(result.exit_code, code))
     raise typer.Exit(result.exit_code)
 
 
