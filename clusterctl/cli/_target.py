@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import fail, load_inventory
+from clusterctl.cli._common import fail, load_inventory, user_config
 from clusterctl.errors import ClusterctlError
 
 TargetArg = typer.Argument(...,
@@ -17,8 +17,9 @@ def endpoint(target: str, inventory: Optional[str]) -> Any:
     """The :class:`~clusterctl.bench.loadgen.Endpoint` of ``target`` (with its API key); exits 3 on a bad URL,
     an unknown instance or an unreadable secret.  The inventory is read only for an instance name."""
     from clusterctl.bench.target import resolve
+    from clusterctl.deploy.deployed import with_replicas
 
-    try:
-        return resolve(target, lambda: load_inventory(inventory))
+    try:  # template replicas too, where placement recorded them
+        return resolve(target, lambda: with_replicas(load_inventory(inventory), cfg=user_config()))
     except ClusterctlError as e:
         fail(str(e))
