@@ -21,16 +21,10 @@ from clusterctl.gateway.failover import Detection, FailoverOptions, run_failover
 from clusterctl.gateway.sync import Observed, SyncResult
 from clusterctl.inventory.loader import load_inventory_text
 
-INVENTORY = """\
-version: 1
-defaults:
-  ssh: {use_ssh_config: false}
-  gpus: {count: 4, model: H100-SXM5-80GB, memory_gib: 80, interconnect: nvlink}
-hosts:
-  gw01: {address: 10.0.0.1}
-  gpu[01-02]: {address: '10.0.1.[1-2]'}
-engines:
-  vllm: {path: /opt/vllm/bin/vllm, version: 0.11.0}
+from .conftest import INVENTORY as BASE
+
+#: The gateway tests' hosts and engine; one template instead of explicit instances.
+INVENTORY = BASE[:BASE.index("models:")] + """\
 models:
   qwen: {path: /models/qwen3-8b}
 templates:
