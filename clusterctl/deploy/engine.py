@@ -243,11 +243,9 @@ class Deploy:
                 raise
             try:
                 self._locked(fleet, got, rep, states)
-            except KeyboardInterrupt:
-                rep.result = "interrupted"
-                raise
-            except Exception:
-                rep.result = "error"
+            except BaseException as e:  # Ctrl-C included: recorded here and on the hosts, then re-raised
+                rep.result = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
+                self._audit_local(rep, f"{type(e).__name__}: {e}" if not isinstance(e, KeyboardInterrupt) else None)
                 raise
             finally:
                 lock.release_anyway(fleet, got.locked, self.me.run_id, self._audit_record(rep),
