@@ -22,7 +22,9 @@ on the target hosts: stage missing model versions, drain and restart only
 what changed, start what is new, remove what is no longer wanted; each batch
 passes its gate (unit active, /health 200, /v1/models lists the model, a
 one-token completion) or is rolled back and the rollout stops (hosts not
-reached are untouched). Batches are over hosts, with Ansible's semantics:
+reached are untouched). Release gates (--gate drift[:BASELINE], --gate
+bench:REFERENCE) then run on the batch's instances; a failure rolls the batch
+back the same way. Batches are over hosts, with Ansible's semantics:
 --serial 1,25%,100% (count, percentage or ramp; the last value repeats), the
 first batch is the canary; --max-fail-percentage N must be exceeded to fail a
 batch (default 0: any failure).
@@ -39,6 +41,8 @@ Examples:
   clusterctl deploy --serial 1,25%,100% --max-fail-percentage 10
 
   clusterctl deploy --instances 'qwen-*' --hosts 'gpu[01-04]' --gate-timeout 900 --json
+
+  clusterctl deploy --serial 1,100% --record-baseline previous --gate drift --gate bench:qwen-7
 
   clusterctl deploy --playbook playbooks/rolling-engine-upgrade.yaml --plan
 """
@@ -151,12 +155,21 @@ def deploy(inventory: Optional[str] = InventoryOpt,
            state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."),
            playbook: Optional[str] = typer.Option(None, "--playbook", metavar="FILE",
                                                   help="Run the steps of a playbook (playbooks/*.yaml) instead of one rollout."),
+           gate: list[str] = typer.Option([], "--gate", metavar="drift[:BASELINE]|bench:REFERENCE",
+                                          help="Release gate after each batch's health gates (repeatable; "
+                                               "docs/deploy.md 'Release gates')."),
+           bench_tolerance: float = typer.Option(0.1, "--bench-tolerance", min=0,
+                                                 help="Regression the bench gate allows (0.1 = 10 %)."),
+           record_baseline: Optional[str] = typer.Option(None, "--record-baseline", metavar="NAME",
+                                                         help="Before applying, record drift baseline NAME from a "
+                                                              "running instance about to change."),
            as_json: bool = JsonOpt,
            fanout: Optional[int] = FanoutOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt,
            ask_become_pass: bool = AskBecomePassOpt,
            host_key_policy: Optional[str] = HostKeyOpt) -> None:
     from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
+    from clusterctl.deploy.release_gates import ReleaseDeploy, parse_gates
     from clusterctl.deploy.lock import LockHeld
     from clusterctl.deploy.rollout import parse_serial
     from clusterctl.deploy.state import resolve_state_dir
@@ -169,6 +182,7 @@ def deploy(inventory: Optional[str] = InventoryOpt,
         opts = DeployOptions(instances=instances, serial=parse_serial(serial), max_fail_percentage=max_fail_percentage,
                              force=force, gate_timeout_s=gate_timeout, drain_timeout_s=drain_timeout,
                              break_lock=break_lock, plan_only=plan_only)
+        release = parse_gates(gate, bench_tolerance=bench_tolerance, record_baseline=record_baseline)
     except ClusterctlError as e:
         fail(str(e))
     sd = str(resolve_state_dir(state_dir, user_config()))
@@ -179,10 +193,15 @@ def deploy(inventory: Optional[str] = InventoryOpt,
 
         if serial is not None:
             fail("--serial does not go with --playbook: each canary, rollout and exec step has its own serial")
+        if release.any:
+            fail("--gate / --record-baseline do not go with --playbook: give the playbook drift: and bench: gates")
         run_playbook(playbook, inv, hosts, make, sd, opts, as_json=as_json, detailed_exitcode=detailed_exitcode,
                      on_event=_events(not as_json))
     try:
-        rep = Deploy(inv, hosts, make, sd, opts, on_event=_events(not as_json)).run()
+        if release.any and not plan_only:
+            rep = ReleaseDeploy(inv, hosts, make, sd, opts, on_event=_events(not as_json), release=release).run()
+        else:
+            rep = Deploy(inv, hosts, make, sd, opts, on_event=_events(not as_json)).run()
     except PreflightRefused as e:
         refused(e, as_json)
     except LockHeld as e:
