@@ -14,6 +14,7 @@ left on disk; chunks that match are kept and never fetched again.
 
 from __future__ import annotations
 
+import collections
 import errno
 import hashlib
 import http.client
@@ -23,7 +24,7 @@ import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 from . import manifest as mf
 
@@ -61,6 +62,12 @@ class ChunkStore:
         self.manifest = manifest
         self.chunks = manifest.chunks()
         self.done = [complete] * len(self.chunks)
+        #: Chunks re-read from disk and found intact after they were written (see :meth:`reverify_as_done`).
+        self.reverified = [complete] * len(self.chunks)
+        #: ``time.monotonic()`` of the first and the last chunk written by :meth:`put` (None before any).
+        self.first_put: Optional[float] = None
+        self.last_put: Optional[float] = None
+        self._written: Deque[int] = collections.deque()  # written, not yet re-read by reverify_as_done
         self.failed: Optional[str] = None
         self.cond = threading.Condition()
         self.fds: List[int] = []
@@ -127,8 +134,14 @@ class ChunkStore:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise DiskSpaceError(f"disk full while writing {c.path} under {self.root}: {e.strerror}") from None
                 raise
+            now = time.monotonic()
             with self.cond:
                 self.done[index] = True
+                self.reverified[index] = False
+                self._written.append(index)
+                if self.first_put is None:
+                    self.first_put = now
+                self.last_put = now
                 self.cond.notify_all()
         return True
 
@@ -142,18 +155,48 @@ class ChunkStore:
         with self.cond:
             for c, ok in zip(self.chunks, oks):
                 self.done[c.index] = ok
+                self.reverified[c.index] = ok  # just re-read from disk and found intact
             self.cond.notify_all()
         return sum(oks)
 
     def verify_all(self, workers: int = 4) -> List["mf.Chunk"]:
-        """Re-read every chunk from disk; return those whose sha256 does not match (and unmark them)."""
+        """Make sure every chunk on disk matches its sha256; return those that do not (and unmark them).
+
+        Chunks that :meth:`reverify_as_done` already re-read after their last
+        write are not read again; every other chunk is re-read here.
+        """
+        todo = [c for c in self.chunks if not self.reverified[c.index]]
         with ThreadPoolExecutor(max(1, workers)) as pool:
-            oks = list(pool.map(self._chunk_ok, self.chunks))
-        bad = [c for c, ok in zip(self.chunks, oks) if not ok]
+            oks = list(pool.map(self._chunk_ok, todo))
+        bad = [c for c, ok in zip(todo, oks) if not ok]
         with self.cond:
+            for c, ok in zip(todo, oks):
+                self.reverified[c.index] = ok
             for c in bad:
                 self.done[c.index] = False
         return bad
+
+    def reverify_as_done(self, stop: threading.Event) -> None:
+        """Re-read from disk each chunk once it is written and mark it re-verified when intact.
+
+        Runs (in a thread of its own) while the chunks arrive, so the re-read
+        that :meth:`verify_all` needs after the transfer overlaps the network
+        wait instead of following it.  A chunk found corrupt is left
+        unmarked: :meth:`verify_all` reads it again and reports it.  Returns
+        when ``stop`` is set or the store failed.
+        """
+        while not stop.is_set():
+            with self.cond:
+                if not self._written:
+                    if self.failed:
+                        return
+                    self.cond.wait(0.2)
+                    continue
+                index = self._written.popleft()
+            if self._chunk_ok(self.chunks[index]):
+                with self.cond:
+                    if self.done[index]:
+                        self.reverified[index] = True
 
     def check_space(self) -> Dict[str, int]:
         """Raise DiskSpaceError unless the missing bytes (plus a margin) fit on the filesystem."""

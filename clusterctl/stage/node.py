@@ -121,6 +121,7 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
     marker = lay.read_marker(version)
     rl = job.get("relay") or {}
     stats: Dict[str, Any] = {"bytes": 0, "chunks": 0, "retries": 0, "corrupt": 0}
+    timings: Dict[str, Any] = {}
     server = None
     if marker and marker.get("manifest_sha256") == digest:
         store = fetch.ChunkStore(lay.version_dir(version), man, complete=True)
@@ -141,18 +142,18 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
         if not store.complete():
             source = _source(job.get("source"))
             for attempt in range(2):  # a second pass refetches chunks that failed verification on disk
-                if rl.get("upstreams"):
-                    relay.fetch_from_upstreams(store, digest, [tuple(u) for u in rl["upstreams"]], source,
-                                               workers, float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)), stats,
-                                               float(rl.get("start_grace", relay.START_GRACE_S)))
-                elif (job.get("source") or {}).get("kind") == "stream":
-                    fetch_stream(store, stdin, stats)
-                else:
-                    if source is None:
-                        raise fetch.FetchError("no source for this node")
-                    fetch.fetch_parallel(store, source, workers, int(job.get("attempts", fetch.DEFAULT_ATTEMPTS)),
-                                         stats)
+                stop_reverify = threading.Event()
+                reverifier = threading.Thread(target=store.reverify_as_done, args=(stop_reverify,),
+                                              name="reverify", daemon=True)
+                reverifier.start()
+                try:
+                    _fetch_once(job, store, stdin, source, digest, workers, stats)
+                finally:
+                    stop_reverify.set()
+                    reverifier.join()
+                t_verify = time.monotonic()
                 bad = store.verify_all(workers)
+                timings["verify_tail_s"] = round(time.monotonic() - t_verify, 3)
                 out["disk_corrupt"] = out.get("disk_corrupt", 0) + len(bad)
                 if not bad:
                     break
@@ -188,7 +189,38 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
     if "upstream" in stats:
         out["upstream"] = stats["upstream"]
     out["seconds"] = round(time.monotonic() - t0, 3)
+    out["timings"] = _timings(timings, store, server, t0)
     return out
+
+
+def _timings(timings: Dict[str, Any], store: "fetch.ChunkStore", server: Optional["relay.RelayServer"],
+             t0: float) -> Dict[str, Any]:
+    """Where the time went, in seconds from the start of the job: first and last chunk
+    written here, first and last chunk sent to a relay child, seconds the relay
+    server waited for a chunk it had not got yet, and the final verify's tail."""
+    def rel(t: Optional[float]) -> Optional[float]:
+        return None if t is None else round(t - t0, 3)
+    timings.update(first_chunk_s=rel(store.first_put), last_chunk_s=rel(store.last_put))
+    if server is not None:
+        timings.update(first_sent_s=rel(server.first_sent), last_sent_s=rel(server.last_sent),
+                       relay_wait_s=round(server.wait_seconds, 3))
+    return timings
+
+
+def _fetch_once(job: Dict[str, Any], store: "fetch.ChunkStore", stdin: BinaryIO, source: Any, digest: str,
+                workers: int, stats: Dict[str, Any]) -> None:
+    """One pass over the missing chunks: from the relay upstreams, the pushed stream or the source."""
+    rl = job.get("relay") or {}
+    if rl.get("upstreams"):
+        relay.fetch_from_upstreams(store, digest, [tuple(u) for u in rl["upstreams"]], source,
+                                   workers, float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)), stats,
+                                   float(rl.get("start_grace", relay.START_GRACE_S)))
+    elif (job.get("source") or {}).get("kind") == "stream":
+        fetch_stream(store, stdin, stats)
+    else:
+        if source is None:
+            raise fetch.FetchError("no source for this node")
+        fetch.fetch_parallel(store, source, workers, int(job.get("attempts", fetch.DEFAULT_ATTEMPTS)), stats)
 
 
 def status(job: Dict[str, Any]) -> Dict[str, Any]:

@@ -67,6 +67,11 @@ class RelayServer:
         self.children_done = 0
         self.served_bytes = 0
         self.dropped = 0  # connections that ended without DONE
+        #: ``time.monotonic()`` of the first and last chunk sent to any child (None before any).
+        self.first_sent: Optional[float] = None
+        self.last_sent: Optional[float] = None
+        #: Seconds connections spent waiting for chunks this node had not verified yet (summed).
+        self.wait_seconds = 0.0
         self.last_activity = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="relay-accept", daemon=True)
@@ -100,14 +105,19 @@ class RelayServer:
             for i in range(start, len(self.store.chunks)):
                 # A chunk not ready yet: wait as long as the whole transfer may take;
                 # the store failing (our own fetch gave up) ends the wait at once.
+                waited = time.monotonic()
                 while not self.store.wait_for(i, 1.0):
                     if self.store.failed or self._stop.is_set():
                         return
                 data = self.store.read(i)
+                sent = time.monotonic()
                 conn.sendall(HEADER.pack(i, len(data)) + data)
                 with self.lock:
+                    self.wait_seconds += sent - waited
                     self.served_bytes += len(data)
-                    self.last_activity = time.monotonic()
+                    if self.first_sent is None:
+                        self.first_sent = sent
+                    self.last_sent = self.last_activity = time.monotonic()
             said_done = _readline(conn).strip() == b"DONE"
         except (OSError, ValueError):
             pass

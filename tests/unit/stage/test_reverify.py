@@ -1,0 +1,74 @@
+"""Re-verifying chunks on disk while they arrive: the final check re-reads only what was not yet re-read."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from clusterctl.stage import fetch
+
+from unit.stage.nodehelp import CHUNK, make_model, manifest_for
+
+SIZES = {"a.safetensors": 6 * CHUNK + 17, "b.json": 300}
+
+
+def _store(tmp_path):
+    src = make_model(tmp_path / "src", SIZES)
+    man = manifest_for(src)
+    store = fetch.ChunkStore(str(tmp_path / "dst"), man)
+    return src, store
+
+
+def _put_all(src, store) -> None:
+    for c in store.chunks:
+        with open(src / c.path, "rb") as fh:
+            assert store.put(c.index, os.pread(fh.fileno(), c.length, c.offset))
+
+
+def _run_reverifier(store, work) -> None:
+    stop = threading.Event()
+    t = threading.Thread(target=store.reverify_as_done, args=(stop,))
+    t.start()
+    work()
+    deadline = 50
+    while store._written and deadline:  # let it drain what was written
+        threading.Event().wait(0.05)
+        deadline -= 1
+    stop.set()
+    t.join(5)
+    assert not t.is_alive()
+
+
+def test_chunks_reread_while_arriving_are_not_read_again(tmp_path, monkeypatch):
+    src, store = _store(tmp_path)
+    _run_reverifier(store, lambda: _put_all(src, store))
+    assert all(store.reverified)
+    reads = []
+    monkeypatch.setattr(store, "_chunk_ok", lambda c: reads.append(c.index) or True)
+    assert store.verify_all() == [] and reads == []
+
+
+def test_a_chunk_corrupted_on_disk_before_the_reread_is_reported(tmp_path):
+    src, store = _store(tmp_path)
+    victim = store.chunks[2]
+
+    def put_and_corrupt() -> None:
+        with store.cond:  # hold the reverifier off until the chunk is damaged on disk
+            _put_all(src, store)
+            os.pwrite(store.fds[victim.file], b"\xff\xfe", victim.offset + 5)
+    _run_reverifier(store, put_and_corrupt)
+    assert not store.reverified[victim.index]
+    bad = store.verify_all()
+    assert [c.index for c in bad] == [victim.index] and not store.done[victim.index]
+
+
+def test_a_rewritten_chunk_is_read_again_by_the_final_check(tmp_path):
+    src, store = _store(tmp_path)
+    _put_all(src, store)
+    assert store.verify_all() == [] and all(store.reverified)
+    os.pwrite(store.fds[store.chunks[0].file], b"\x00", 1)
+    store.done[0] = False
+    with open(src / store.chunks[0].path, "rb") as fh:
+        assert store.put(0, os.pread(fh.fileno(), store.chunks[0].length, 0))
+    assert not store.reverified[0]
+    assert store.verify_all() == [] and store.reverified[0]
