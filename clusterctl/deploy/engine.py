@@ -434,7 +434,9 @@ class Deploy:
         return out
 
     def _audit_record(self, rep: DeployReport, detail: str | None = None) -> dict[str, Any]:
-        failed = [h.host for h in rep.hosts.values() if h.status in ("failed", "rolled_back")]
+        # The failed hosts with why (a gate's reason; never a secret), so the audit says why it stopped.
+        failed = [f"{h.host} ({h.error})" if h.error else h.host
+                  for h in rep.hosts.values() if h.status in ("failed", "rolled_back")]
         return audit.record("deploy", run_id=self.me.run_id, who=self.me.holder, started=self.started,
                             instances=self._entries(rep), result=rep.result if rep.result != "planned" else "error",
                             detail=detail or (("failed: " + ", ".join(failed)) if failed else None),
