@@ -141,7 +141,7 @@ def test_a_drifting_canary_fails_the_drift_gate_is_rolled_back_and_stops_the_rol
     assert health.ok and drift.step == "drift" and not drift.ok
     assert "drifted from baseline 'previous'" in drift.reason and "i1" in (rep.hosts["h01"].error or "")
     rec = audit.read(tmp_path / "deploy")[-1]
-    assert rec["result"] == "rolled_back" and "h01" in rec["detail"]
+    assert rec["result"] == "rolled_back" and "h01 (i1: outputs drifted from baseline" in rec["detail"]
 
 
 def test_outputs_that_match_the_baseline_pass_and_the_rollout_goes_on(tmp_path: Path, serve) -> None:
