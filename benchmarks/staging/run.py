@@ -9,11 +9,23 @@ host's (``clusterctl.lab.netfaults.bandwidth``).  For each host count N
 (``clusterctl.stage.run.stage_model`` over real SSH) and timed:
 
 * ``none``: all N hosts read the server at once; bound N x S / B;
-* ``chain``: the server is read once, hosts relay; bound about S / B.
+* ``chain``: the server is read once, hosts relay; bound about S / B;
+* ``tree``: the server is read once, every node feeds two children; bound
+  about S / B while each node's uplink carries two copies (so up to 2 x S / B here,
+  where every uplink is limited to B).
 
-Then on one host: the cold sequential read rate of the staged file
-(``posix_fadvise DONTNEED`` first) and ``stage warm`` from cold (parallel
-readers) with the resident fraction after it.
+Each row records the load average before the run and every node's timings
+(the node program's ``timings``: first and last chunk written, first and
+last chunk relayed, relay wait, verify tail) and its wall time seen from
+here (the difference to the node's own ``seconds`` is SSH and start-up).
+
+Then on one host: the cold sequential read rate of the staged shards
+(``fdatasync`` + ``posix_fadvise DONTNEED`` first: DONTNEED skips dirty
+pages, and the shards were just written) and ``stage warm`` from cold
+(parallel readers) with the resident fraction before and after it.
+
+``--model random:128M`` serves random bytes in 64 MiB shards instead of a
+synthetic checkpoint: large enough that S / B is 10 s or more at 100 mbit.
 
 Writes ``benchmarks/results/staging-<date>.json`` (temp + rename).  Needs root
 and a lab (brought up with the largest N if needed; select another lab with
@@ -94,7 +106,10 @@ class SourceNetns:
         tbf = ["root", "tbf", "rate", f"{bps}bit", "burst", str(netfaults.tbf_burst_bytes(bps)),
                "latency", netfaults.TBF_LATENCY]
         sh("ip", "netns", "add", self.ns)
-        sh("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
+        # A fixed MAC: the lab hosts' neighbour caches still hold the address from an earlier
+        # run, and a new random MAC would leave them sending to it until they re-probe (seconds).
+        sh("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.ns,
+           "address", "02:5c:00:00:00:fa")
         sh("ip", "link", "set", self.veth, "master", self.cfg.bridge, "up")
         sh("ip", "-n", self.ns, "addr", "add", f"{self.addr}/16", "dev", "eth0")
         sh("ip", "-n", self.ns, "link", "set", "eth0", "up")
@@ -126,20 +141,41 @@ class SourceNetns:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def cold_read_rate(lab: LabSession, host: str, path: str) -> float:
-    """Bytes/s of one sequential read of ``path`` on ``host`` after evicting it from the cache."""
-    prog = ("import os,sys,time;p=sys.argv[1];fd=os.open(p,os.O_RDONLY);os.posix_fadvise(fd,0,0,4);"
-            "t=time.monotonic();n=0\nwhile True:\n b=os.read(fd,1<<22)\n if not b: break\n n+=len(b)\n"
-            "print(n/(time.monotonic()-t))")
-    r = lab.run(host, f"python3 -c '{prog}' {path}", timeout=300, check=True)
+def cold_read_rate(lab: LabSession, host: str, paths: list[str]) -> float:
+    """Bytes/s of one sequential read of ``paths`` on ``host`` after evicting them from the cache."""
+    prog = ("import os,sys,time\nfds=[os.open(p,os.O_RDONLY) for p in sys.argv[1:]]\n"
+            "for fd in fds: os.fdatasync(fd); os.posix_fadvise(fd,0,0,4)\n"
+            "t=time.monotonic();n=0\nfor fd in fds:\n while True:\n  b=os.read(fd,1<<22)\n  if not b: break\n"
+            "  n+=len(b)\nprint(n/(time.monotonic()-t))")
+    r = lab.run(host, f"python3 -c '{prog}' {' '.join(paths)}", timeout=300, check=True)
     return float(r.stdout.strip())
+
+
+def write_random_model(out: Path, size: str, shard: int = 64 << 20) -> None:
+    """``size`` (e.g. ``128M``, ``1G``) of random bytes in shards of ``shard`` bytes plus a config.json."""
+    total = int(float(size[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[size[-1].upper()])
+    out.mkdir(parents=True)
+    (out / "config.json").write_text('{"architectures": ["Bench"]}\n')
+    n = -(-total // shard)
+    for i in range(n):
+        (out / f"model-{i + 1:05d}-of-{n:05d}.safetensors").write_bytes(os.urandom(min(shard, total - i * shard)))
+
+
+def node_rows(rep: object) -> list[dict]:
+    """Per host: wall time seen from here, the node's own seconds, upstream and timings."""
+    return [{"host": r.host, "wall_s": round(r.duration_s, 3), "node_s": r.data.get("seconds"),
+             "upstream": r.data.get("upstream", "source"), "timings": r.data.get("timings"),
+             "retries": r.data.get("retries"), "events": r.data.get("events")}
+            for r in rep.rows]  # type: ignore[attr-defined]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hosts", default="2,4,8", help="host counts, comma-separated")
     ap.add_argument("--rate", default="200mbit", help="tbf rate of every link (B)")
-    ap.add_argument("--model", default="small-llama", help="synthetic model (real bytes): tiny-qwen3, small-llama")
+    ap.add_argument("--model", default="small-llama",
+                    help="synthetic model (real bytes): tiny-qwen3, small-llama, or random:SIZE (e.g. random:128M)")
+    ap.add_argument("--modes", default="none,chain,tree", help="relay modes, comma-separated")
     ap.add_argument("--chunk-mib", type=int, default=1)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -150,7 +186,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="stage-bench-"))
     os.chmod(work, 0o755)
     src_dir = work / "v1"
-    synth.write_model(args.model, src_dir)
+    if args.model.startswith("random:"):
+        write_random_model(src_dir, args.model.split(":", 1)[1])
+    else:
+        synth.write_model(args.model, src_dir)
     man0 = mf.compute(str(src_dir), "bench", "v1", args.chunk_mib * 1024 * 1024)
     write_manifest(str(src_dir), man0)
     size = man0.total_bytes
@@ -168,9 +207,10 @@ def main() -> int:
                 faults.heal(cfg, None)
                 for h in names:
                     netfaults.bandwidth(cfg, lab.host(h), args.rate)
-                for mode in ("none", "chain"):
+                for mode in args.modes.split(","):
                     for h in names:
                         lab.run(h, "rm -rf /models", timeout=60)
+                    load = os.getloadavg()
                     with Fleet(hosts, fanout=n, command_timeout=1800) as fleet:
                         t0 = time.monotonic()
                         rep = stage_model(fleet, hosts, model, source, man, relay=mode, workers=8)
@@ -178,22 +218,26 @@ def main() -> int:
                     row = {"hosts": n, "mode": mode, "seconds": round(secs, 2), "ok": rep.ok,
                            "bound_s": round(bound * (n if mode == "none" else 1), 2),
                            "ratio_to_S_over_B": round(secs / bound, 2),
+                           "load_avg_before": [round(x, 2) for x in load],
+                           "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+                           "nodes": node_rows(rep),
                            "failures": [r.to_dict() for r in rep.rows if not r.ok]}
                     print(json.dumps(row), file=sys.stderr)
                     results.append(row)
             faults.heal(cfg, None)
             h0 = lab.names[0]
-            target = f"/models/.versions/bench/v1/{man.files[-1].path}"
-            disk = cold_read_rate(lab, h0, target)
+            targets = [f"/models/.versions/bench/v1/{f.path}" for f in man.files]
+            disk = cold_read_rate(lab, h0, targets)
             with Fleet([inv.hosts[h0]]) as fleet:
-                node_op(fleet, "evict", [model])
+                ev = node_op(fleet, "evict", [model])[0]
                 t0 = time.monotonic()
                 w = node_op(fleet, "warm", [model], workers=8)[0]
                 wsecs = time.monotonic() - t0
             res = w.data["models"][0]["residency"]
             warm = {"host": h0, "cold_sequential_read_Bps": round(disk), "warm_seconds": round(wsecs, 3),
                     "warm_Bps": round(res["bytes"] / w.data["models"][0]["seconds"]),
-                    "resident_fraction": res["resident"] / res["bytes"]}
+                    "resident_fraction_before": ev.data["models"][0]["residency"]["resident"] / res["bytes"],
+                    "resident_fraction": res["resident"] / res["bytes"], "load_avg": list(os.getloadavg())}
             print(json.dumps(warm), file=sys.stderr)
     finally:
         faults.heal(cfg, None)
@@ -203,8 +247,9 @@ def main() -> int:
     doc = {"benchmark": "staging", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "model": args.model, "bytes": size, "rate": args.rate, "S_over_B_s": round(bound, 2),
            "chunk_bytes": man.chunk_size, "runs": results, "warm": warm,
+           "tree_fanout": 2, "load_avg_end": [round(x, 2) for x in os.getloadavg()],
            "machine": f"{os.cpu_count()} CPUs, lab hosts are nspawn containers on one kernel"}
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"staging-{dt.date.today():%Y-%m-%d}.json")
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"staging-{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H%M}.json")
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, out)

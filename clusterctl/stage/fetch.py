@@ -114,6 +114,20 @@ class ChunkStore:
                 self.cond.wait(min(left, 1.0))
             return True
 
+    def next_ready(self, lo: int, hi: int, skip: bytearray, timeout: float) -> Optional[int]:
+        """The lowest verified chunk in ``[lo, hi)`` with ``skip[i] == 0``, waiting up to
+        ``timeout`` seconds for one; None on timeout or when the store failed."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for i in range(lo, min(hi, len(self.chunks))):
+                    if self.done[i] and not skip[i]:
+                        return i
+                left = deadline - time.monotonic()
+                if self.failed or left <= 0:
+                    return None
+                self.cond.wait(min(left, 1.0))
+
     # -- data --------------------------------------------------------------
     def read(self, index: int) -> bytes:
         c = self.chunks[index]

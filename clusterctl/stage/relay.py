@@ -42,6 +42,8 @@ CONNECT_TIMEOUT_S = 5.0
 #: Seconds after start during which a refused connection is retried: the
 #: chain's nodes start at about the same time and a parent may not listen yet.
 START_GRACE_S = 10.0
+#: How far past the lowest unsent chunk a relay may send a chunk that is ready.
+SEND_WINDOW = 64
 
 
 class RelayServer:
@@ -102,21 +104,29 @@ class RelayServer:
                 return
             start = int(parts[2])
             conn.sendall(b"OK\n")
-            for i in range(start, len(self.store.chunks)):
+            total = len(self.store.chunks)
+            sent = bytearray(total)
+            lo = start
+            while lo < total:
+                waited = time.monotonic()
                 # A chunk not ready yet: wait as long as the whole transfer may take;
                 # the store failing (our own fetch gave up) ends the wait at once.
-                waited = time.monotonic()
-                while not self.store.wait_for(i, 1.0):
+                i = self.store.next_ready(lo, lo + SEND_WINDOW, sent, 1.0)
+                while i is None:
                     if self.store.failed or self._stop.is_set():
                         return
+                    i = self.store.next_ready(lo, lo + SEND_WINDOW, sent, 1.0)
                 data = self.store.read(i)
-                sent = time.monotonic()
+                now = time.monotonic()
                 conn.sendall(HEADER.pack(i, len(data)) + data)
+                sent[i] = 1
+                while lo < total and sent[lo]:
+                    lo += 1
                 with self.lock:
-                    self.wait_seconds += sent - waited
+                    self.wait_seconds += now - waited
                     self.served_bytes += len(data)
                     if self.first_sent is None:
-                        self.first_sent = sent
+                        self.first_sent = now
                     self.last_sent = self.last_activity = time.monotonic()
             said_done = _readline(conn).strip() == b"DONE"
         except (OSError, ValueError):
@@ -213,7 +223,8 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
                     raise ConnectionError(f"refused: {answer.decode(errors='replace').strip() or 'closed'}")
                 stats["upstream"] = where
                 attached = True
-                while _first_missing(store) is not None:
+                left = len(store.missing())
+                while left:
                     index, length = HEADER.unpack(_recv_exact(conn, HEADER.size))
                     if index >= len(store.chunks):
                         raise ConnectionError(f"bad chunk index {index}")
@@ -227,6 +238,7 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
                             raise ConnectionError(f"{n} corrupt chunks")
                         events.append(f"{where}: chunk {index} failed its sha256, asking again")
                         break  # reconnect to the same upstream from the first missing chunk
+                    left -= 1
                     stats["bytes"] += length
                     stats["chunks"] += 1
                 else:

@@ -1,4 +1,4 @@
-"""Re-verifying chunks on disk while they arrive: the final check re-reads only what was not yet re-read."""
+"""Chunks as they arrive: re-verified on disk at once (the final check re-reads only the rest), relayed when ready."""
 
 from __future__ import annotations
 
@@ -72,3 +72,36 @@ def test_a_rewritten_chunk_is_read_again_by_the_final_check(tmp_path):
         assert store.put(0, os.pread(fh.fileno(), store.chunks[0].length, 0))
     assert not store.reverified[0]
     assert store.verify_all() == [] and store.reverified[0]
+
+
+def test_a_relay_sends_ready_chunks_past_one_that_is_late_then_the_late_one(tmp_path):
+    """The head's parallel reads complete out of order: a child gets what is ready, and every chunk once."""
+    import socket
+
+    from clusterctl.stage import relay
+
+    src, store = _store(tmp_path)
+    late = 0
+    for c in store.chunks[1:]:
+        with open(src / c.path, "rb") as fh:
+            assert store.put(c.index, os.pread(fh.fileno(), c.length, c.offset))
+    server = relay.RelayServer(store, "d" * 64, "127.0.0.1", 0, stall_timeout=5)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn:
+            conn.sendall(b"STAGE " + b"d" * 64 + b" 0\n")
+            assert relay._readline(conn) == b"OK\n"
+            order = []
+            for _ in range(len(store.chunks) - 1):
+                index, length = relay.HEADER.unpack(relay._recv_exact(conn, relay.HEADER.size))
+                relay._recv_exact(conn, length)
+                order.append(index)
+            c = store.chunks[late]
+            with open(src / c.path, "rb") as fh:
+                assert store.put(late, os.pread(fh.fileno(), c.length, c.offset))
+            index, length = relay.HEADER.unpack(relay._recv_exact(conn, relay.HEADER.size))
+            assert relay._recv_exact(conn, length) == store.read(late)
+            order.append(index)
+            conn.sendall(b"DONE\n")
+        assert order == list(range(1, len(store.chunks))) + [late]
+    finally:
+        server.stop()
