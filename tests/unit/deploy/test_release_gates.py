@@ -30,8 +30,7 @@ from unit.deploy.test_engine import FakeCluster as EngineCluster
 from unit.vllm_sim.conftest import host, nvml_lib, start_sim  # noqa: F401  (fixtures)
 
 
-def inventory(p1: int, p2: int, model2: str = "tiny") -> Any:
-    return load_inventory_text(f"""\
+INVENTORY_TEXT = """\
 version: 1
 defaults:
   gpus: {{count: 1, model: H100-SXM5-80GB, memory_gib: 79.6, interconnect: nvlink}}
@@ -46,7 +45,11 @@ models:
 instances:
   i1: {{model: tiny, engine: e, placement: 'h01:0', port: {p1}}}
   i2: {{model: {model2}, engine: e, placement: 'h02:0', port: {p2}}}
-""", "inv.yaml")
+"""
+
+
+def inventory(p1: int, p2: int, model2: str = "tiny") -> Any:
+    return load_inventory_text(INVENTORY_TEXT.format(p1=p1, p2=p2, model2=model2), "inv.yaml")
 
 
 class FakeCluster(EngineCluster):
@@ -212,3 +215,23 @@ def test_a_bench_reference_is_skipped_once_this_run_upgraded_it(tmp_path: Path) 
     d.release = ReleaseGates(bench_reference="nope")
     with pytest.raises(ClusterctlError, match="no such instance"):
         d._reference(canary)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--gate", "speed"], "--gate 'speed': expected drift, drift:BASELINE or bench:REFERENCE"),
+    (["--gate", "bench"], "bench needs a reference"),
+    (["--record-baseline", "no/such"], "name is letters"),
+    (["--gate", "drift", "--playbook", "pb.yaml"], "do not go with --playbook"),
+])
+def test_bad_gate_flags_exit_3_before_any_host_is_touched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str], args: list[str],
+                                                         msg: str) -> None:
+    from clusterctl.cli.main import main
+    from clusterctl.exitcodes import ExitCode
+
+    monkeypatch.setenv("CLUSTERCTL_STATE_DIR", str(tmp_path / "state"))
+    p = tmp_path / "inv.yaml"
+    p.write_text(INVENTORY_TEXT.format(p1=8001, p2=8002, model2="tiny"))
+    assert main(["deploy", "-i", str(p), *args]) == ExitCode.UNKNOWN
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
