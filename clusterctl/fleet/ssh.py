@@ -100,12 +100,24 @@ class ParamikoConnection:
                 if on_stderr:
                     on_stderr(chunk)
 
+        send_error: list[BaseException] = []
+
+        def send() -> None:
+            # In its own thread, so output is read while a large stdin is still going out
+            # (no deadlock on full windows), and a command that exits without reading all of
+            # its input is not an error (like ssh(1), which ignores EPIPE on stdin).
+            try:
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                send_error.append(e)
+
         try:
             chan.settimeout(max(end - time.monotonic(), 0.001))
             chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+            sender = threading.Thread(target=send, name="ssh-stdin", daemon=True)
+            sender.start()
             poller = select.poll()
             poller.register(chan.fileno(), select.POLLIN)
             while True:
@@ -129,8 +141,13 @@ class ParamikoConnection:
             raise HostFailure(HostStatus.TIMEOUT, f"command timed out after {timeout:g}s")
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise HostFailure(HostStatus.ERROR, f"connection lost: {e or type(e).__name__}")
-        rc = chan.exit_status if chan.status_event.is_set() else -1
-        return ExecResult(rc, b"".join(out), b"".join(err))
+        if not chan.status_event.is_set():
+            if send_error:
+                why = send_error[0]
+                raise HostFailure(HostStatus.ERROR,
+                                  f"connection lost while sending input: {why or type(why).__name__}")
+            return ExecResult(-1, b"".join(out), b"".join(err))
+        return ExecResult(chan.exit_status, b"".join(out), b"".join(err))
 
     def _signal(self, chan: paramiko.Channel, name: str) -> None:
         """Ask the server to signal the command (RFC 4254 §6.9), best effort."""

@@ -57,7 +57,8 @@ class World:
                                            "head_dim": 64, "vocab": 4096, "params": 3278336,
                                            "dtype": "bfloat16"}}}
         doc["templates"] = {"pool": template or TEMPLATE}
-        doc["instances"] = instances or {"e1": explicit("dp01:7", 8300), "e2": explicit("dp03:7", 8300)}
+        first, third = self.lab.names[0], self.lab.names[2]
+        doc["instances"] = instances or {"e1": explicit(f"{first}:7", 8300), "e2": explicit(f"{third}:7", 8300)}
         self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
     def deploy(self, **opts: Any) -> DeployReport:
@@ -146,7 +147,7 @@ def test_second_deploy_restarts_nothing(world: World) -> None:
 
 def test_changing_one_instances_flags_restarts_only_that_one(world: World) -> None:
     before = world.units()
-    world.write(e1=explicit("dp01:7", 8300, **{"max-num-seqs": 64}), e2=explicit("dp03:7", 8300))
+    world.write(e1=explicit(f"{world.lab.names[0]}:7", 8300, **{"max-num-seqs": 64}), e2=explicit(f"{world.lab.names[2]}:7", 8300))
     plan = world.cli("deploy", "--plan", "--json")
     assert plan.returncode == 0, plan.stderr
     assert json.loads(plan.stdout)["plan"]["counts"] == {
@@ -177,16 +178,16 @@ def test_engine_upgrade_rolls_out_in_batches_and_rollback_restores(world: World)
 
 def test_an_instance_no_longer_wanted_is_removed_and_instances_scopes_removal(world: World) -> None:
     before = world.units()
-    world.write(e1=explicit("dp01:7", 8300))  # e2 is gone from the inventory
+    world.write(e1=explicit(f"{world.lab.names[0]}:7", 8300))  # e2 is gone from the inventory
     scoped = world.deploy(instances="pool-*")
     assert scoped.result == "nothing" and "e2" in world.units()  # outside --instances: kept
     rep = world.deploy()
     assert rep.result == "ok" and [(i.instance, i.action) for h in rep.plan.hosts for i in h.changes] == [
         ("e2", "remove")]
-    assert rep.hosts["dp03"].drained == {"e2": "drained"}
+    assert rep.hosts[world.lab.names[2]].drained == {"e2": "drained"}
     after = world.units()
     assert "e2" not in after and {k: v for k, v in before.items() if k != "e2"} == after
-    assert world.lab.run("dp03", "test -e /etc/clusterctl/instances/e2.env").returncode != 0
+    assert world.lab.run(world.lab.names[2], "test -e /etc/clusterctl/instances/e2.env").returncode != 0
     world.write()
     assert world.deploy().result == "ok" and world.units()["e2"][0] == "active"
 
@@ -226,10 +227,10 @@ def test_concurrent_deploy_from_a_second_state_dir_is_refused(world: World) -> N
     t.start()
     try:
         deadline = time.monotonic() + 60
-        while world.lab.run("dp04", "test -e /var/lib/clusterctl/deploy.lock").returncode != 0:
+        while world.lab.run(world.lab.names[3], "test -e /var/lib/clusterctl/deploy.lock").returncode != 0:
             assert time.monotonic() < deadline and t.is_alive(), "the first deploy never took the lock"
             time.sleep(0.2)
-        holder = json.loads(world.lab.run("dp04", "cat /var/lib/clusterctl/deploy.lock", check=True).stdout)
+        holder = json.loads(world.lab.run(world.lab.names[3], "cat /var/lib/clusterctl/deploy.lock", check=True).stdout)
         res = world.cli("deploy", "--json", state_dir=world.root / "second")
         assert res.returncode == 3, res.stdout + res.stderr
         assert f"held by {holder['holder']} (pid {holder['pid']}, run {holder['run_id']})" in res.stderr
@@ -238,13 +239,13 @@ def test_concurrent_deploy_from_a_second_state_dir_is_refused(world: World) -> N
     finally:
         t.join(120)
     assert first["rep"].result == "rolled_back" and first["rep"].run_id == holder["run_id"]
-    assert world.lab.run("dp04", "test -e /var/lib/clusterctl/deploy.lock").returncode != 0  # released
+    assert world.lab.run(world.lab.names[3], "test -e /var/lib/clusterctl/deploy.lock").returncode != 0  # released
     world.write()
     assert world.deploy().result == "nothing"
 
 
 def test_secrets_stay_out_of_units_ps_journal_and_plan(world: World) -> None:
-    world.write(e1=explicit("dp01:7", 8300, **{"max-num-seqs": 16}), e2=explicit("dp03:7", 8300))
+    world.write(e1=explicit(f"{world.lab.names[0]}:7", 8300, **{"max-num-seqs": 16}), e2=explicit(f"{world.lab.names[2]}:7", 8300))
     plan = world.cli("deploy", "--plan")
     plan_json = world.cli("deploy", "--plan", "--json")
     assert plan.returncode == 0 and "e1: changed" in plan.stdout, plan.stdout + plan.stderr

@@ -291,3 +291,14 @@ def test_ctrl_c_aborts_connects_in_progress(harness):
         t.join(timeout=5)
     assert not any(t.is_alive() for t in workers)
     assert time.monotonic() - t0 < 5
+
+
+def test_large_stdin_is_read_whole_or_left_unread_without_error(harness):
+    big = os.urandom(8 << 20)
+    hosts = [harness.host("ok1"), harness.host("ok2")]
+    whole = run(hosts, "wc -c; echo progress >&2", stdin=big)
+    assert all(r.ok and r.stdout.strip() == str(len(big)) for r in whole), list(whole)
+    # A command that exits without reading all its input (as a relay child does) is still a
+    # success, like ssh(1): no "Socket is closed" row.
+    early = run(hosts, "head -c 10 >/dev/null; echo done", stdin=big, command_timeout=30)
+    assert all(r.ok and r.stdout == "done\n" for r in early), list(early)

@@ -33,7 +33,7 @@ from clusterctl.inventory.model import GpuRef, GrayRelease, Instance, Mirror, Mo
 
 from support.http import http, wait_healthy
 
-MODEL_DIR = "/models/tiny"
+MODEL_DIR = "/models/gw-tiny"
 GW_PORT = 8080
 #: instance -> (host index in the lab, GPU, port, inventory model)
 INSTANCES = {"g-a1": (1, 0, 8101, "tiny"), "g-a2": (2, 0, 8101, "tiny"),
@@ -80,23 +80,27 @@ def gw(lab, tmp_path_factory):
     text += (f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 4\n"
              "  sync_interval_s: 1\n  read_timeout_s: 600\n")
     d = tmp_path_factory.mktemp("gateway")
-    inv_path = d / "inventory.yaml"
-    inv_path.write_text(text)
-    for n, (_, gpu, port, model) in INSTANCES.items():
-        _install(lab, hosts[n], n, gpu, port, model)
-    for n, (_, _, port, _) in INSTANCES.items():
-        wait_healthy(lab, hosts[n], f"http://{lab.host(hosts[n]).address}:{port}/health",
-                     f"clusterctl-{n}.service", timeout=90)
-    state = d / "state"
-    rc = main(["gateway", "deploy", names[0], "-i", str(inv_path), "--state-dir", str(state)])
-    assert rc == 0
-    env = {"inv": str(inv_path), "state": str(state), "hosts": hosts, "gw_host": names[0],
-           "url": f"http://{lab.host(names[0]).address}:{GW_PORT}"}
-    yield env
-    for n, host in hosts.items():
-        lab.run(host, f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
-                      "systemctl daemon-reload; systemctl reset-failed", timeout=120)
-    lab.run(names[0], "systemctl disable --now nginx.service", timeout=60)
+    try:  # units started before a failure are removed too
+        inv_path = d / "inventory.yaml"
+        inv_path.write_text(text)
+        for n, (_, gpu, port, model) in INSTANCES.items():
+            _install(lab, hosts[n], n, gpu, port, model)
+        for n, (_, _, port, _) in INSTANCES.items():
+            wait_healthy(lab, hosts[n], f"http://{lab.host(hosts[n]).address}:{port}/health",
+                         f"clusterctl-{n}.service", timeout=90)
+        state = d / "state"
+        rc = main(["gateway", "deploy", names[0], "-i", str(inv_path), "--state-dir", str(state)])
+        assert rc == 0
+        env = {"inv": str(inv_path), "state": str(state), "hosts": hosts, "gw_host": names[0],
+               "url": f"http://{lab.host(names[0]).address}:{GW_PORT}"}
+        yield env
+    finally:
+        for n, host in hosts.items():
+            lab.run(host, f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
+                          "systemctl daemon-reload; systemctl reset-failed", timeout=120)
+        lab.run(names[0], "systemctl disable --now nginx.service", timeout=60)
+        for host in set(hosts.values()):
+            lab.run(host, f"rm -rf {MODEL_DIR}", timeout=60)
 
 
 def _ask(gw: dict, session: str | None = None, model: str = "tiny", max_tokens: int = 2) -> tuple[int, str, dict]:
