@@ -162,10 +162,25 @@ class ChunkStore:
     def _chunk_ok(self, c: "mf.Chunk") -> bool:
         return hashlib.sha256(os.pread(self.fds[c.file], c.length, c.offset)).hexdigest() == c.sha256
 
+    def _in_hole(self, c: "mf.Chunk") -> bool:
+        """True when no byte of ``c`` was ever written (a hole of the sparse partial file)."""
+        try:
+            return os.lseek(self.fds[c.file], c.offset, os.SEEK_DATA) >= c.offset + c.length
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data from here to the end of the file
+                return True
+            return False  # SEEK_DATA not supported here: read the chunk
+
     def scan(self, workers: int = 4) -> int:
-        """Mark the chunks already on disk whose sha256 matches (resume); returns how many."""
+        """Mark the chunks already on disk whose sha256 matches (resume); returns how many.
+
+        Chunks in holes of the (sparse) partial files are never written, so
+        they are counted missing without being read: a fresh start does not
+        hash S bytes of zeros."""
+        def intact(c: "mf.Chunk") -> bool:
+            return not self._in_hole(c) and self._chunk_ok(c)
         with ThreadPoolExecutor(max(1, workers)) as pool:
-            oks = list(pool.map(self._chunk_ok, self.chunks))
+            oks = list(pool.map(intact, self.chunks))
         with self.cond:
             for c, ok in zip(self.chunks, oks):
                 self.done[c.index] = ok

@@ -105,3 +105,18 @@ def test_a_relay_sends_ready_chunks_past_one_that_is_late_then_the_late_one(tmp_
         assert order == list(range(1, len(store.chunks))) + [late]
     finally:
         server.stop()
+
+
+def test_a_fresh_start_reads_nothing_and_a_resume_rereads_only_written_chunks(tmp_path, monkeypatch):
+    src, store = _store(tmp_path)
+    reads: list[int] = []
+    real = store._chunk_ok
+    monkeypatch.setattr(store, "_chunk_ok", lambda c: reads.append(c.index) or real(c))
+    assert store.scan() == 0 and reads == []  # sparse files of the model's size: all holes
+    written = [store.chunks[1], store.chunks[4]]
+    for c in written:
+        with open(src / c.path, "rb") as fh:
+            os.pwrite(store.fds[c.file], os.pread(fh.fileno(), c.length, c.offset), c.offset)
+    os.fsync(store.fds[written[0].file])
+    assert store.scan() == 2
+    assert sorted(reads) == [1, 4] and store.done[1] and store.done[4] and not store.done[0]
