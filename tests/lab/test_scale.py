@@ -33,7 +33,8 @@ class Scene:
                                      "arch": {"layers": 2, "hidden_size": 256, "attention_heads": 4, "kv_heads": 2,
                                               "head_dim": 64, "vocab": 4096, "params": 3278336,
                                               "dtype": "bfloat16"}}}
-        doc["templates"] = {"sc": TEMPLATE}
+        # Two hosts whatever the lab's size, so where a new replica goes is known.
+        doc["templates"] = {"sc": {**TEMPLATE, "hosts": ",".join(lab.names[:2])}}
         doc.pop("instances", None)
         self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
