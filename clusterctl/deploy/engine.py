@@ -85,6 +85,9 @@ class DeployReport:
     batches: list[list[str]] = field(default_factory=list)
     recovered_locks: dict[str, dict[str, Any]] = field(default_factory=dict)
     preflight: Any = None
+    #: instance -> the KV capacity vLLM logged against pre-flight's prediction (``KvCheck.to_json``),
+    #: or why it could not be read; for instances started by this run on hosts that kept the change.
+    kv_checks: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -95,7 +98,7 @@ class DeployReport:
         pre = self.preflight
         return {"run_id": self.run_id, "result": self.result, "ok": self.ok, "seconds": round(self.seconds, 2),
                 "batches": self.batches, "recovered_locks": self.recovered_locks,
-                "preflight": pre.to_json() if pre is not None else None,
+                "preflight": pre.to_json() if pre is not None else None, "kv_checks": self.kv_checks,
                 "plan": self.plan.to_dict(), "hosts": [h.to_dict() for h in self.hosts.values()]}
 
 
@@ -251,9 +254,35 @@ class Deploy:
                 lock.release_anyway(fleet, got.locked, self.me.run_id, self._audit_record(rep),
                                     lambda: self.make_fleet([self.inv.hosts[h] for h in got.locked]))
             self._save_placements(rep)
+            self._kv_checks(fleet, rep)
         self._audit_local(rep)
         rep.seconds = time.monotonic() - t0
         return rep
+
+    def _kv_checks(self, fleet: Any, rep: DeployReport) -> None:
+        """Compare pre-flight's predicted KV capacity with what each started instance logged.
+
+        Only instances this run started or restarted on hosts that kept the change; best
+        effort: a host that cannot be read gives a reason, never a failed deploy.
+        """
+        if rep.preflight is None:
+            return
+        from clusterctl.deploy.kvcheck import read_kv_checks
+
+        kept = {h for h, o in rep.hosts.items() if o.status == "applied"}
+        started = {i.instance for hp in rep.plan.hosts if hp.host in kept for i in hp.items
+                   if i.action in ("new", "changed", "start")}
+        predicted = {n: hp for n, hp in rep.preflight.predictions().items() if n in started}
+        if not predicted:
+            return
+        for name, check in sorted(read_kv_checks(fleet, predicted).items()):
+            if isinstance(check, str):
+                rep.kv_checks[name] = {"error": check}
+                continue
+            rep.kv_checks[name] = check.to_json()
+            err = check.error_pct
+            self.event("phase", f"KV cache of {name}: predicted {check.predicted:,} tokens, vLLM logged "
+                                + (f"{check.logged:,} ({err:+.2f} %)" if err is not None else "nothing yet"))
 
     def _locked(self, fleet: Any, got: lock.Acquired, rep: DeployReport,
                 states: dict[str, remote.HostState]) -> None:

@@ -143,3 +143,46 @@ def test_the_gate_uses_the_key_systemd_reads_and_the_served_name_the_unit_passes
         inv.instances["i1"].args["served-model-name"] = ["alias", "other"]
         assert instance_served_name(inv, inv.instances["i1"], r) == "alias"
         del inv.instances["i1"].args["served-model-name"]
+
+
+class JournalCluster(FakeCluster):
+    """Also answers the post-start journal read: every started instance logged 1,010 KV tokens,
+    except on ``silent`` hosts (still loading: no KV line yet)."""
+
+    def __init__(self, silent: Sequence[str] = ()):
+        super().__init__()
+        self.silent = set(silent)
+
+    def handle(self, host: Host, command: str, stdin: bytes | None) -> FakeReply:
+        if "journalctl" not in command:
+            return super().handle(host, command, stdin)
+        names = [p.split("clusterctl-kvcheck ")[1].split("'")[0] for p in command.split("echo ")[1:]]
+        out = "".join(f"=== clusterctl-kvcheck {n}\n" + ("" if host.name in self.silent else
+                      "(EngineCore_DP0 pid=7) INFO [kv_cache_utils.py:1087] GPU KV cache size: 1,010 tokens\n")
+                      for n in names)
+        return FakeReply(0, out)
+
+
+class PredictingDeploy(ScriptedDeploy):
+    def preflight(self, fleet: Any, plan: Any) -> Any:
+        class Report:
+            def predictions(self) -> dict[str, tuple[str, int]]:
+                return {f"i{n}": (f"h0{n}", 1000) for n in range(1, N + 1)}
+
+            def to_json(self) -> dict[str, Any]:
+                return {}
+        return Report()
+
+
+def test_after_start_the_kv_capacity_vllm_logged_is_compared_with_the_prediction(tmp_path: Path) -> None:
+    inv = load_inventory_text(INVENTORY, "inv.yaml")
+    cluster = JournalCluster(silent=["h03"])
+    d = PredictingDeploy(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
+                         str(tmp_path), DeployOptions(serial=parse_serial("4")))
+    d.cluster = cluster  # type: ignore[attr-defined]
+    rep = d.run()
+    assert rep.result == "ok" and set(rep.kv_checks) == {f"i{n}" for n in range(1, N + 1)}
+    assert rep.kv_checks["i1"] == {"predicted_tokens": 1000, "logged_tokens": 1010, "per_rank": [1010],
+                                   "error_pct": -0.99}
+    assert rep.kv_checks["i3"]["logged_tokens"] is None  # nothing logged yet: no error figure
+    assert rep.to_dict()["kv_checks"]["i1"]["error_pct"] == -0.99
