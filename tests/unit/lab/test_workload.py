@@ -13,6 +13,8 @@ from clusterctl.lab import inventory_file, workload
 
 
 def _lab(tmp_path: Path, monkeypatch) -> LabConfig:
+    for var in ("CLUSTERCTL_LAB_BRIDGE", "CLUSTERCTL_LAB_NET", "CLUSTERCTL_LAB_PREFIX", "CLUSTERCTL_LAB_HOSTS"):
+        monkeypatch.delenv(var, raising=False)  # the default lab's names, whatever this shell's lab is
     monkeypatch.setenv("CLUSTERCTL_LAB_DIR", str(tmp_path / "lab"))
     cfg = LabConfig.from_env()
     cfg.lab_dir.mkdir(parents=True)
