@@ -71,7 +71,7 @@ def test_release_gates_in_the_deploy_engines_terms(host, models, start_sim, tmp_
     kw: dict[str, Any] = {
         "bench_reference": lambda t: target("prev"), "drift_options": {"state_dir": state},
         # the wiring is under test here; the gate's sensitivity is tested above
-        "bench_options": {"concurrency": (2,), "requests": 4, "input_len": 32, "output_len": 8, "tolerance": 3.0},
+        "bench_options": {"concurrency": (2,), "requests": 4, "input_len": 32, "output_len": 8, "tolerance": 50.0},
         "on_result": lambda r: seen.append(f"{r.instance}:{r.step}")}
     twin = release_gates([target("twin")], **kw)
     assert [(r.instance, r.step, r.ok) for r in twin] == [("twin", "drift", True), ("twin", "bench", True)], \
