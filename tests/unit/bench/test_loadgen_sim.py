@@ -14,9 +14,8 @@ from clusterctl.bench.stats import aggregate
 from .conftest import READY
 
 #: Client mean TTFT may exceed the server's by loopback HTTP, JSON and thread
-#: scheduling on a shared 2-core machine; the benchmark records the real error.
-# Gross errors only (a wrong start or end of the clock): the accuracy itself is measured by
-# benchmarks/bench/loadgen_accuracy.py; a loaded 2-vCPU runner adds scheduling delay here.
+#: scheduling on a shared 2-core machine. This catches gross errors (a clock started or
+#: stopped at the wrong point); benchmarks/bench/loadgen_accuracy.py records the real error.
 TTFT_TOLERANCE_S = 0.025
 SCALE = 0.25
 
