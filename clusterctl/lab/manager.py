@@ -261,11 +261,17 @@ def down(cfg: LabConfig, on_event: Event = lambda s: None) -> None:
         net.delete_host_net(h)
         container.remove_cgroups(cfg, h.name)
         _remove_nspawn_run(h.name)
-    container.remove_cgroups(cfg)
     net.delete_bridge(cfg)
     if ticker:
         _wait_gone([ticker], 3.0, kill=True)
     procs.kill_cgroup(ticker_cgroup(cfg))
+    # The lab's own cgroup goes last: the ticker's cgroup is inside it, and a process that
+    # was just killed can keep it busy for a moment.
+    deadline = time.monotonic() + 3.0
+    container.remove_cgroups(cfg)
+    while procs.cgroup_dirs(cfg.cgroup_name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        container.remove_cgroups(cfg)
     for name in ("hosts", "ssh"):
         if (cfg.lab_dir / name).exists():
             shutil.rmtree(cfg.lab_dir / name)
