@@ -21,10 +21,12 @@ MODEL = "tiny"
 ARCH = "tiny-qwen3"
 
 
-def model_entry(model_dir: Path, version: str = "v1") -> dict[str, Any]:
-    """The ``models.tiny`` entry: path on the nodes, source here, and its architecture."""
+def model_entry(model_dir: Path, version: str = "v1", *, path: str = f"/models/{MODEL}",
+                served_name: str = MODEL) -> dict[str, Any]:
+    """A ``models:`` entry of the tiny model: its path on the nodes, its source here
+    (``model_dir``), and its architecture (what pre-flight falls back on before staging)."""
     a = synth.arch(ARCH)
-    return {"path": f"/models/{MODEL}", "source": str(model_dir), "version": version, "served_name": MODEL,
+    return {"path": path, "source": str(model_dir), "version": version, "served_name": served_name,
             "arch": {"layers": a.layers, "hidden_size": a.hidden, "attention_heads": a.heads,
                      "kv_heads": a.kv_heads, "head_dim": a.head_dim, "vocab": a.vocab,
                      "params": synth.param_count(a), "dtype": "bfloat16"}}

@@ -25,6 +25,7 @@ from clusterctl.deploy.engine import Deploy, DeployOptions, DeployReport
 from clusterctl.deploy.rollout import parse_serial
 from clusterctl.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory
+from support.deploy_lab import remove_deployed, tiny_entry, tiny_model
 
 KEY = "dp-secret-7f3a9c11e2"
 KEY_ENV = "CLUSTERCTL_TEST_DEPLOY_KEY"
@@ -51,11 +52,7 @@ class World:
 
     def write(self, template: dict[str, Any] | None = None, version: str = "v1", **instances: dict[str, Any]) -> None:
         doc = dict(self.base)
-        doc["models"] = {"tiny": {"path": "/models/dp-tiny", "source": str(self.model_dir), "version": version,
-                                  "served_name": "tiny",
-                                  "arch": {"layers": 2, "hidden_size": 256, "attention_heads": 4, "kv_heads": 2,
-                                           "head_dim": 64, "vocab": 4096, "params": 3278336,
-                                           "dtype": "bfloat16"}}}
+        doc["models"] = {"tiny": tiny_entry(self.model_dir, "/models/dp-tiny", version=version)}
         doc["templates"] = {"pool": template or TEMPLATE}
         first, third = self.lab.names[0], self.lab.names[2]
         doc["instances"] = instances or {"e1": explicit(f"{first}:7", 8300), "e2": explicit(f"{third}:7", 8300)}
@@ -103,21 +100,14 @@ class World:
         return self.lab.run(host, f"cat /etc/systemd/system/clusterctl-{instance}.service", check=True).stdout
 
     def cleanup(self) -> None:
-        for host in self.lab.names:
-            self.lab.run(host, "for u in $(systemctl list-unit-files 'clusterctl-*.service' --no-legend | "
-                               "awk '{print $1}'); do systemctl disable --now $u; done; "
-                               "rm -f /etc/systemd/system/clusterctl-*.service; rm -rf /etc/clusterctl/instances "
-                               "/var/lib/clusterctl/deploy /var/lib/clusterctl/deploy.lock "
-                               "/models/dp-tiny /models/.versions/tiny; systemctl daemon-reload; "
-                               "systemctl reset-failed 'clusterctl-*'", timeout=120)
+        remove_deployed(self.lab, "clusterctl-*.service", "/etc/clusterctl/instances /var/lib/clusterctl/deploy "
+                        "/var/lib/clusterctl/deploy.lock /models/dp-tiny /models/.versions/tiny")
 
 
 @pytest.fixture(scope="module")
 def world(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("deploy")
-    model_dir = root / "tiny"
-    subprocess.run([sys.executable, "-m", "clusterctl.lab.vllm_sim", "make-model", "tiny", str(model_dir)],
-                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    model_dir = tiny_model(root)
     os.environ[KEY_ENV] = KEY
     w = World(lab, root, model_dir)
     w.cleanup()

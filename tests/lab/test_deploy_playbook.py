@@ -22,13 +22,12 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+from support.deploy_lab import remove_deployed, tiny_entry, tiny_model
+
 KEY = "pb-secret-91c2e0d4"
 KEY_ENV = "CLUSTERCTL_TEST_PLAYBOOK_KEY"
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
-MODEL = {"path": "/models/pb-tiny", "version": "v1", "served_name": "tiny",
-         "arch": {"layers": 2, "hidden_size": 256, "attention_heads": 4, "kv_heads": 2, "head_dim": 64,
-                  "vocab": 4096, "params": 3278336, "dtype": "bfloat16"}}
 
 
 class World:
@@ -41,7 +40,7 @@ class World:
 
     def write(self, engine: str = "vllm-0.11", max_len: int = 2048) -> None:
         doc = dict(self.base)
-        doc["models"] = {"tiny": {**MODEL, "source": str(self.model_dir)}}
+        doc["models"] = {"tiny": tiny_entry(self.model_dir, "/models/pb-tiny")}
         doc["instances"] = {
             f"p{n}": {"model": "tiny", "engine": engine, "placement": f"{h}:6", "port": 8400,
                       "args": {"max-model-len": max_len}, "env": {"VLLM_SIM_TIME_SCALE": "0"},
@@ -70,13 +69,8 @@ class World:
         return d["ActiveState"], int(d["MainPID"]), text
 
     def cleanup(self) -> None:
-        for host in self.hosts:
-            self.lab.run(host, "for u in $(systemctl list-unit-files 'clusterctl-*.service' --no-legend | "
-                               "awk '{print $1}'); do systemctl disable --now $u; done; "
-                               "rm -f /etc/systemd/system/clusterctl-*.service; rm -rf /etc/clusterctl/instances "
-                               "/var/lib/clusterctl/deploy /var/lib/clusterctl/deploy.lock "
-                               "/models/pb-tiny /models/.versions/pb-tiny; systemctl daemon-reload; "
-                               "systemctl reset-failed 'clusterctl-*'", timeout=120)
+        remove_deployed(self.lab, "clusterctl-*.service", "/etc/clusterctl/instances /var/lib/clusterctl/deploy "
+                        "/var/lib/clusterctl/deploy.lock /models/pb-tiny /models/.versions/pb-tiny", hosts=self.hosts)
 
 
 def outcomes(data: dict[str, Any]) -> dict[str, str]:
@@ -86,9 +80,7 @@ def outcomes(data: dict[str, Any]) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def world(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("playbook")
-    model_dir = root / "tiny"
-    subprocess.run([sys.executable, "-m", "clusterctl.lab.vllm_sim", "make-model", "tiny", str(model_dir)],
-                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    model_dir = tiny_model(root)
     w = World(lab, root, model_dir)
     w.cleanup()
     try:

@@ -25,6 +25,7 @@ import yaml
 
 from clusterctl.lab.hardware import faults as hw_faults
 
+from support.deploy_lab import remove_deployed, tiny_entry, tiny_model
 from support.http import http
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,11 +40,7 @@ class Scene:
         self.inv_path, self.state_dir = root / "inventory.yaml", root / "state"
         self.gw_host, self.workers = lab.names[0], lab.names[1:3]
         doc = yaml.safe_load(Path(lab.inventory).read_text())
-        doc["models"] = {"fo-tiny": {"path": "/models/fo-tiny", "source": str(model_dir), "version": "v1",
-                                     "served_name": "fo-tiny",
-                                     "arch": {"layers": 2, "hidden_size": 256, "attention_heads": 4, "kv_heads": 2,
-                                              "head_dim": 64, "vocab": 4096, "params": 3278336,
-                                              "dtype": "bfloat16"}}}
+        doc["models"] = {"fo-tiny": tiny_entry(model_dir, "/models/fo-tiny", served_name="fo-tiny")}
         doc["templates"] = {"fo": {**TEMPLATE, "hosts": ",".join(self.workers)}}
         doc.pop("instances", None)
         doc["gateway"] = {"hosts": self.gw_host, "port": GW_PORT, "max_conns": 8, "sync_interval_s": 1,
@@ -78,13 +75,9 @@ class Scene:
         return got
 
     def cleanup(self) -> None:
-        for host in self.workers:
-            self.lab.run(host, "for u in $(systemctl list-unit-files 'clusterctl-fo-*.service' --no-legend | "
-                               "awk '{print $1}'); do systemctl disable --now $u; done; "
-                               "rm -f /etc/systemd/system/clusterctl-fo-*.service /etc/clusterctl/instances/fo-*.env "
-                               "/var/lib/clusterctl/deploy/previous/fo-*; rm -rf /models/fo-tiny "
-                               "/models/.versions/fo-tiny; systemctl daemon-reload; "
-                               "systemctl reset-failed 'clusterctl-fo-*'", timeout=120)
+        remove_deployed(self.lab, "clusterctl-fo-*.service", "/etc/clusterctl/instances/fo-*.env "
+                        "/var/lib/clusterctl/deploy/previous/fo-* /models/fo-tiny /models/.versions/fo-tiny",
+                        hosts=self.workers)
         self.lab.run(self.gw_host, "systemctl disable --now nginx.service", timeout=60)
 
 
@@ -92,9 +85,7 @@ class Scene:
 def scene(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     assert len(lab.names) >= 3, "the failover test needs 3 lab hosts"
     root = tmp_path_factory.mktemp("failover")
-    model_dir = root / "tiny"
-    subprocess.run([sys.executable, "-m", "clusterctl.lab.vllm_sim", "make-model", "tiny", str(model_dir)],
-                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    model_dir = tiny_model(root)
     s = Scene(lab, root, model_dir)
     s.cleanup()
     try:

@@ -27,7 +27,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from lab.test_deploy_playbook import MODEL, World as PlaybookWorld
+from lab.test_deploy_playbook import World as PlaybookWorld
+from support.deploy_lab import tiny_entry, tiny_model
 
 KEY = "rg-secret-5d1e77a0"
 KEY_ENV = "CLUSTERCTL_TEST_RELEASE_KEY"
@@ -45,7 +46,7 @@ class World(PlaybookWorld):
 
     def write(self, **env: str) -> None:  # type: ignore[override]
         doc = dict(self.base)
-        doc["models"] = {"tiny": {**MODEL, "source": str(self.model_dir)}}
+        doc["models"] = {"tiny": tiny_entry(self.model_dir, "/models/pb-tiny")}
         doc["instances"] = {
             f"p{n}": {"model": "tiny", "engine": "vllm-0.11", "placement": f"{h}:5", "port": PORT,
                       "args": {"max-model-len": 4096},
@@ -90,9 +91,7 @@ class World(PlaybookWorld):
 @pytest.fixture(scope="module")
 def world(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("release")
-    model_dir = root / "tiny"
-    subprocess.run([sys.executable, "-m", "clusterctl.lab.vllm_sim", "make-model", "tiny", str(model_dir)],
-                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    model_dir = tiny_model(root)
     w = World(lab, root, model_dir)
     w.cleanup()
     try:

@@ -18,6 +18,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+from support.deploy_lab import remove_deployed, tiny_entry, tiny_model
+
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = {"model": "sc-tiny", "engine": "vllm-0.11", "replicas": 2, "tp": 1, "hosts": "all", "port_base": 8500,
             "args": {"max-model-len": 2048}, "env": {"VLLM_SIM_TIME_SCALE": "0"}}
@@ -28,11 +30,7 @@ class Scene:
         self.lab, self.root = lab, root
         self.inv_path, self.state_dir = root / "inventory.yaml", root / "state"
         doc = yaml.safe_load(Path(lab.inventory).read_text())
-        doc["models"] = {"sc-tiny": {"path": "/models/sc-tiny", "source": str(model_dir), "version": "v1",
-                                     "served_name": "sc-tiny",
-                                     "arch": {"layers": 2, "hidden_size": 256, "attention_heads": 4, "kv_heads": 2,
-                                              "head_dim": 64, "vocab": 4096, "params": 3278336,
-                                              "dtype": "bfloat16"}}}
+        doc["models"] = {"sc-tiny": tiny_entry(model_dir, "/models/sc-tiny", served_name="sc-tiny")}
         # Two hosts whatever the lab's size, so where a new replica goes is known.
         doc["templates"] = {"sc": {**TEMPLATE, "hosts": ",".join(lab.names[:2])}}
         doc.pop("instances", None)
@@ -62,21 +60,14 @@ class Scene:
         return {n: (p["host"], p["gpus"]) for n, p in doc["templates"].get("sc", {}).items()}
 
     def cleanup(self) -> None:
-        for host in self.lab.names:
-            self.lab.run(host, "for u in $(systemctl list-unit-files 'clusterctl-sc-*.service' --no-legend | "
-                               "awk '{print $1}'); do systemctl disable --now $u; done; "
-                               "rm -f /etc/systemd/system/clusterctl-sc-*.service /etc/clusterctl/instances/sc-*.env "
-                               "/var/lib/clusterctl/deploy/previous/sc-*; rm -rf /models/sc-tiny "
-                               "/models/.versions/sc-tiny; systemctl daemon-reload; "
-                               "systemctl reset-failed 'clusterctl-sc-*'", timeout=120)
+        remove_deployed(self.lab, "clusterctl-sc-*.service", "/etc/clusterctl/instances/sc-*.env "
+                        "/var/lib/clusterctl/deploy/previous/sc-* /models/sc-tiny /models/.versions/sc-tiny")
 
 
 @pytest.fixture(scope="module")
 def scene(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     root = tmp_path_factory.mktemp("scale")
-    model_dir = root / "tiny"
-    subprocess.run([sys.executable, "-m", "clusterctl.lab.vllm_sim", "make-model", "tiny", str(model_dir)],
-                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    model_dir = tiny_model(root)
     s = Scene(lab, root, model_dir)
     s.cleanup()
     res = s.cli("deploy", "--instances", "sc-*", "--gate-timeout", "60")
