@@ -22,6 +22,7 @@ from __future__ import annotations
 import grp
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -82,7 +83,31 @@ def _active() -> bool:
     return _run(["systemctl", "is-active", "nginx.service"])[1].splitlines()[-1:] == ["active"]
 
 
+#: Debian/Ubuntu packages of nginx and its njs module (the gateway routes by model with njs).
+PACKAGES = ("nginx-light", "libnginx-mod-http-js")
+
+
+def ensure_nginx() -> str | None:
+    """Install nginx and njs with apt-get when nginx is missing; the reason when it cannot be had."""
+    if shutil.which("nginx"):
+        return None
+    if not shutil.which("apt-get"):
+        return ("nginx is not installed and this host has no apt-get: install nginx with the njs module "
+                "(e.g. nginx and nginx-module-njs), then run gateway deploy again")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    p = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    if p.returncode != 0 or not shutil.which("nginx"):
+        tail = p.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
+        return "installing %s failed: %s" % (" ".join(PACKAGES), " | ".join(tail))
+    # Debian starts nginx on install with its default site; the gateway's config replaces it below.
+    return None
+
+
 def apply(job: dict[str, Any]) -> dict[str, Any]:
+    why = ensure_nginx()
+    if why:
+        return {"ok": False, "error": why}
     files = job["files"]
     # text None: a file this gateway no longer has (the auth file once api_key is gone)
     new = [(f["path"], None if f["text"] is None else f["text"].encode(), int(f["mode"]), f.get("group", "root"))
