@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
@@ -112,3 +114,34 @@ class HostProgress:
     def __exit__(self, *exc: object) -> None:
         if self._bar:
             self._bar.stop()
+
+
+def instances_wanted(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any], Path]:
+    """``(instances wanted, deploy state dir)``: the inventory's plus placed template replicas
+    (``--state-dir``, else ``$CLUSTERCTL_STATE_DIR``, else the user config's); exits 3 on an
+    unreadable state."""
+    from clusterctl.deploy.deployed import wanted_instances
+    from clusterctl.deploy.state import resolve_state_dir
+
+    directory = resolve_state_dir(state_dir, user_config())
+    try:
+        return wanted_instances(inv, directory), directory
+    except ClusterctlError as e:
+        fail(str(e))
+
+
+def inventory_fleet(inv: Any, host_names: list[str], *, fanout: Optional[int], connect_timeout: Optional[float],
+           host_key_policy: Optional[str], ask_become_pass: bool) -> Any:
+    """A Fleet of the inventory hosts named ``host_names`` with the usual SSH options."""
+    from clusterctl.fleet.fleet import Fleet
+    from clusterctl.fleet.ssh import ParamikoTransport
+
+    policy = check_host_key_policy(host_key_policy)
+    cfg = user_config()
+    hosts = [inv.hosts[h] for h in host_names if h in inv.hosts]
+    if connect_timeout:
+        hosts = [dataclasses.replace(h, ssh=dataclasses.replace(h.ssh, connect_timeout=connect_timeout))
+                 for h in hosts]
+    return Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
+                 command_timeout=cfg.command_timeout, become_password=become_password(ask_become_pass, hosts, True),
+                 transport=ParamikoTransport(host_key_policy=policy))

@@ -17,7 +17,7 @@ import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, \
     user_config
-from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
+from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, instances_wanted, inventory_fleet
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
@@ -33,19 +33,6 @@ def _gateway(inv: Any) -> Any:
     if inv.gateway is None:
         fail(f"{inv.path}: no 'gateway:' section (docs/inventory.md)")
     return inv.gateway
-
-
-def _desired(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any], Path]:
-    from clusterctl.cli.instances import _desired as desired
-
-    instances, directory = desired(inv, state_dir)
-    return instances, Path(directory)
-
-
-def _fleet(inv: Any, hosts: list[str], **opts: Any) -> Any:
-    from clusterctl.cli.instances import _fleet as fleet
-
-    return fleet(inv, hosts, **opts)
 
 
 def _host_rows(results: list[Any]) -> None:
@@ -83,7 +70,7 @@ def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
 
     inv = load_inventory(inventory)
     _gateway(inv)
-    instances, directory = _desired(inv, state_dir)
+    instances, directory = instances_wanted(inv, state_dir)
     states: dict[str, Any] = {}
     try:
         if from_state:
@@ -139,7 +126,7 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
     hosts = list(gw.hosts) if host == "all" else [host]
     if host != "all" and host not in gw.hosts:
         fail(f"{host!r} is not a gateway host (gateway.hosts: {', '.join(gw.hosts) or 'none'})")
-    instances, directory = _desired(inv, state_dir)
+    instances, directory = instances_wanted(inv, state_dir)
     try:
         st = gwstate.load(directory)
         states = dict(st.servers)
@@ -147,7 +134,7 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
         rendered = render_gateway(inv, instances, states, api_key=resolve_api_key(inv))
     except ClusterctlError as e:
         fail(str(e))
-    fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
+    fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
                    ask_become_pass=ask_become_pass)
     with fleet:
         results = apply_gateway(fleet, rendered, port=gw.port, hosts=hosts)
@@ -198,10 +185,10 @@ def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
 
     inv = load_inventory(inventory)
     gw = _gateway(inv)
-    instances, directory = _desired(inv, state_dir)
+    instances, directory = instances_wanted(inv, state_dir)
     hosts = sorted({g.host for i in instances.values() for g in i.placement} | set(gw.hosts))
     say = (lambda s: err_console.print(s, markup=False)) if not json_out else None
-    fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
+    fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
                    ask_become_pass=ask_become_pass)
     while True:
         try:
@@ -218,7 +205,7 @@ def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
         if not every:
             raise typer.Exit(int(code))
         time.sleep(every)
-        fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout,
+        fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout,
                        host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
 
 
@@ -256,12 +243,12 @@ def status(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
 
     inv = load_inventory(inventory)
     gw = _gateway(inv)
-    _, directory = _desired(inv, state_dir)
+    _, directory = instances_wanted(inv, state_dir)
     try:
         st = gwstate.load(directory)
     except ClusterctlError as e:
         fail(str(e))
-    fleet = _fleet(inv, list(gw.hosts), fanout=fanout, connect_timeout=connect_timeout,
+    fleet = inventory_fleet(inv, list(gw.hosts), fanout=fanout, connect_timeout=connect_timeout,
                    host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
     with fleet:
         results = gateway_status(fleet, port=gw.port, hosts=list(gw.hosts))

@@ -16,15 +16,13 @@ usage errors.  docs/status.md has the columns, the formula and the details.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, \
     user_config
-from clusterctl.cli._hosts import (AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, become_password,
-                                   check_host_key_policy)
+from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, instances_wanted, inventory_fleet
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
@@ -78,18 +76,6 @@ StateDirOpt = typer.Option(None, "--state-dir", help="Deploy state directory (pl
                            "[default: $CLUSTERCTL_STATE_DIR, then the user state dir]/deploy.")
 
 
-def _desired(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any], Any]:
-    """``(instances wanted, deploy state dir)``: the inventory's plus placed template replicas."""
-    from clusterctl.deploy.placement import desired_instances
-    from clusterctl.deploy.state import StateStore, resolve_state_dir
-
-    directory = resolve_state_dir(state_dir, user_config())
-    try:
-        return dict(desired_instances(inv, StateStore(directory).load()).instances), directory
-    except ClusterctlError as e:
-        fail(str(e))
-
-
 def _marked_down(inv: Any, directory: Any) -> dict[str, str]:
     """Instance → reason for those the gateway keeps marked down (none without a gateway)."""
     if inv.gateway is None:
@@ -101,22 +87,6 @@ def _marked_down(inv: Any, directory: Any) -> dict[str, str]:
     except ClusterctlError as e:
         fail(str(e))
     return {name: str(info.get("reason", "")) for name, info in down.items()}
-
-
-def _fleet(inv: Any, host_names: list[str], *, fanout: Optional[int], connect_timeout: Optional[float],
-           host_key_policy: Optional[str], ask_become_pass: bool) -> Any:
-    from clusterctl.fleet.fleet import Fleet
-    from clusterctl.fleet.ssh import ParamikoTransport
-
-    policy = check_host_key_policy(host_key_policy)
-    cfg = user_config()
-    hosts = [inv.hosts[h] for h in host_names if h in inv.hosts]
-    if connect_timeout:
-        hosts = [dataclasses.replace(h, ssh=dataclasses.replace(h.ssh, connect_timeout=connect_timeout))
-                 for h in hosts]
-    return Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
-                 command_timeout=cfg.command_timeout, become_password=become_password(ask_become_pass, hosts, True),
-                 transport=ParamikoTransport(host_key_policy=policy))
 
 
 def _age(s: Optional[float]) -> str:
@@ -188,14 +158,14 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
     if group_by not in ("host", "template"):
         fail(f"--group-by must be host or template (got {group_by!r})")
     inv = load_inventory(inventory)
-    wanted, directory = _desired(inv, state_dir)
+    wanted, directory = instances_wanted(inv, state_dir)
     names = match_instances(wanted, pattern)
     selected = {n: wanted[n] for n in names}
     everything = pattern is None or pattern.strip() in ("", "all", "*")
     if not selected and not everything:
         fail(f"pattern {pattern!r} selects no instance of the inventory")
     hosts = list(inv.hosts) if everything else sorted({g.host for i in selected.values() for g in i.placement})
-    fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
+    fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
                    ask_become_pass=ask_become_pass)
     progress = not json_out and err_console.is_terminal
     with fleet:
@@ -237,7 +207,7 @@ def _action(action: str) -> Any:
         from clusterctl.deploy.status import match_instances
 
         inv = load_inventory(inventory)
-        wanted, _ = _desired(inv, state_dir)
+        wanted, _ = instances_wanted(inv, state_dir)
         names = match_instances(wanted, pattern)
         if not names:
             fail(f"pattern {pattern!r} selects no instance of the inventory")
@@ -247,7 +217,7 @@ def _action(action: str) -> Any:
         except ClusterctlError as e:
             fail(f"gateway: {e}")
         hosts = sorted({g.host for i in insts for g in i.placement})
-        fleet = _fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
+        fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
                        ask_become_pass=ask_become_pass)
         say = (lambda s: err_console.print(s, markup=False)) if not json_out else None
         with fleet:

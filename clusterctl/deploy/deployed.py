@@ -16,7 +16,14 @@ from pathlib import Path
 from clusterctl.config import UserConfig
 from clusterctl.deploy.placement import desired_instances
 from clusterctl.deploy.state import StateError, StateStore, resolve_state_dir
-from clusterctl.inventory.model import Inventory
+from clusterctl.inventory.model import Instance, Inventory
+
+
+def wanted_instances(inv: Inventory, state_dir: str | Path) -> dict[str, Instance]:
+    """Every instance that should run: the explicit ones and each template replica, placed on
+    the recorded state in ``state_dir`` (replicas not recorded yet get a place, unsaved).
+    Raises ``StateError`` when the state cannot be read."""
+    return dict(desired_instances(inv, StateStore(state_dir).load()).instances)
 
 
 def with_replicas(inv: Inventory, state_dir: str | Path | None = None,

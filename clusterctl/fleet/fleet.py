@@ -308,11 +308,8 @@ class Fleet:
                 state.active[host.name] = conn
             remote, data = self._prepare(host, command, stdin, sudo, require_python)
             budget = timeout if end is None else min(timeout, max(end - time.monotonic(), 0.001))
-            if on_stderr is None:
-                er = conn.exec(remote, stdin=data, timeout=budget)
-            else:
-                er = conn.exec(remote, stdin=data, timeout=budget,
-                               on_stderr=functools.partial(on_stderr, host.name))
+            er = conn.exec(remote, stdin=data, timeout=budget,
+                           on_stderr=functools.partial(on_stderr, host.name) if on_stderr else None)
         except HostFailure as f:
             if f.status in (HostStatus.TIMEOUT, HostStatus.ERROR):
                 self._drop(host.name)  # a timed-out or broken connection is not reused

@@ -130,13 +130,13 @@ def detect(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, hosts:
 
 
 def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Any:
-    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.deployed import wanted_instances
     from clusterctl.gateway.hook import Hook
 
     gw = inv.gateway
     if gw is None:
         return None
-    return Hook(inv, state_dir, lambda: dict(desired_instances(inv, StateStore(state_dir).load()).instances),
+    return Hook(inv, state_dir, lambda: wanted_instances(inv, state_dir),
                 lambda: make_fleet([inv.hosts[h] for h in gw.hosts]))
 
 
@@ -225,7 +225,7 @@ def _move(inv: Inventory, store: StateStore, make_fleet: FleetFactory, opts: Fai
 def _sync(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: FailoverOptions, plan: FailoverPlan,
           report: FailoverReport, say: Callable[[str], None]) -> SyncResult | None:
     """Mark the replicas that moved up and sync the gateway from fresh measurements (forced)."""
-    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.deployed import wanted_instances
     from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.observe import observe
     from clusterctl.gateway.sync import decide, sync_gateway
@@ -239,7 +239,7 @@ def _sync(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: Failo
             st.marked_down.pop(n, None)
     try:
         st = gwstate.update(state_dir, mark_up)
-        instances = dict(desired_instances(inv, StateStore(state_dir).load()).instances)
+        instances = wanted_instances(inv, state_dir)
         hosts = sorted({g.host for i in instances.values() for g in i.placement} | set(gw.hosts))
         with make_fleet([inv.hosts[h] for h in hosts if h in inv.hosts]) as fleet:
             observed, _ = observe(inv, instances, fleet, window=opts.window_s, state_dir=state_dir, on_event=say)

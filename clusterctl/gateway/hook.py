@@ -86,8 +86,8 @@ def gateway_hook(inv: Inventory) -> Hook | None:
     if inv.gateway is None:
         return None
     from clusterctl.config import load_user_config
-    from clusterctl.deploy.placement import desired_instances
-    from clusterctl.deploy.state import StateStore, resolve_state_dir
+    from clusterctl.deploy.deployed import wanted_instances
+    from clusterctl.deploy.state import resolve_state_dir
     from clusterctl.fleet.fleet import Fleet
 
     cfg = load_user_config()
@@ -95,7 +95,7 @@ def gateway_hook(inv: Inventory) -> Hook | None:
     gw = inv.gateway
 
     def instances() -> dict[str, Instance]:
-        return dict(desired_instances(inv, StateStore(directory).load()).instances)
+        return wanted_instances(inv, directory)
 
     def fleet() -> Any:
         hosts = [inv.hosts[h] for h in gw.hosts]

@@ -1,6 +1,6 @@
 """``clusterctl status`` / ``stop`` from the command line: table, JSON, exit codes, bad input.
 
-Hosts are the fake transport (``_fleet`` is replaced), instances real HTTP
+Hosts are the fake transport (``inventory_fleet`` is replaced), instances real HTTP
 servers on 127.0.0.1 serving recorded simulator metrics.
 """
 
@@ -46,7 +46,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         fleet, transport = fleet_for(load_inventory(str(inv_path)), units)
         seen["hosts"], seen["transport"] = host_names, transport
         return fleet
-    monkeypatch.setattr(cli, "_fleet", fake_fleet)
+    monkeypatch.setattr(cli, "inventory_fleet", fake_fleet)
     monkeypatch.setenv("CLUSTERCTL_SSH_CONFIG", "none")
     yield {"inv": str(inv_path), "units": units, "seen": seen, "state": str(tmp_path / "state")}
     busy.close()
