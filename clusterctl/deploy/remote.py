@@ -80,7 +80,8 @@ def node_command() -> str:
     return shell.require_python3(shell.join(["python3", "-I", "-B", "-c", node_source()]))
 
 
-def _reply(r: HostResult) -> NodeReply:
+def node_reply(r: HostResult) -> NodeReply:
+    """The node program's JSON answer in ``r`` (its last JSON line), or why there is none."""
     for line in reversed((r.stdout or "").strip().splitlines()):
         try:
             data = json.loads(line)
@@ -103,7 +104,7 @@ def run_job(fleet: Any, job: Mapping[str, Any], *, hosts: list[str] | None = Non
     cmd = node_command()
     res = fleet.run({h: cmd for h in names}, stdin=json.dumps(job).encode() + b"\n", sudo=True,
                     timeout=timeout)
-    return {r.host: _reply(r) for r in res}
+    return {r.host: node_reply(r) for r in res}
 
 
 def run_jobs(fleet: Any, jobs: Mapping[str, Mapping[str, Any]], *, timeout: float = DEFAULT_TIMEOUT_S,

@@ -53,7 +53,7 @@ def resolve_secrets(inv: Inventory, inst: Instance) -> dict[str, str]:
     base = os.path.dirname(os.path.abspath(inv.path)) if inv.path else os.getcwd()
     for name, ref in secret_refs(inv, inst).items():
         where = f"instances.{inst.name}.secrets.{name}"
-        value, why = _read(ref, base)
+        value, why = read_secret(ref, base)
         if why is None and value is not None and ("\n" in value or "\r" in value or "\0" in value):
             why = "the value must be one line (no newline or NUL)"
         if why is not None or value is None:
@@ -67,8 +67,8 @@ def resolve_secrets(inv: Inventory, inst: Instance) -> dict[str, str]:
     return out
 
 
-def _read(ref: SecretRef, base: str) -> tuple[str | None, str | None]:
-    """(value, None) or (None, why not)."""
+def read_secret(ref: SecretRef, base: str) -> tuple[str | None, str | None]:
+    """One secret's value, read on this machine: ``(value, None)`` or ``(None, why not)``."""
     if ref.kind == "env":
         value = os.environ.get(ref.ref)
         if value is None:

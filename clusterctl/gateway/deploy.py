@@ -18,8 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from clusterctl.deploy.remote import _reply as node_reply
-from clusterctl.deploy.secrets import _read as read_secret
+from clusterctl.deploy.remote import node_reply
+from clusterctl.deploy.secrets import read_secret
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.fleet import shell
 from clusterctl.fleet.results import HostResult
