@@ -21,9 +21,9 @@ PromptsOpt = typer.Option(None, "--prompts", "-p", help="Prompt set JSONL [defau
 
 
 def _default_prompts() -> Path:
-    from clusterctl.diagnose.thresholds import checks_dir
+    from clusterctl.diagnose.thresholds import check_file
 
-    return checks_dir() / "drift" / "basic.jsonl"
+    return check_file("drift/basic.jsonl")
 
 
 def _prompts(path: Optional[str]) -> Any:

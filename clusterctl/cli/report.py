@@ -150,7 +150,7 @@ def _active(pattern: str, inventory: Optional[str], kinds_text: str,
     The run is stored under the pattern ``PATTERN --active KINDS``, so it is compared
     with the previous active run, never with a passive one."""
     from clusterctl.cli._hosts import select
-    from clusterctl.diagnose.thresholds import checks_dir
+    from clusterctl.diagnose.thresholds import check_file
     from clusterctl.report.active import parse_kinds, run_active, targets
 
     try:
@@ -164,7 +164,7 @@ def _active(pattern: str, inventory: Optional[str], kinds_text: str,
     if not tgts:
         fail(f"{path}: no instance with a placement on the hosts {pattern!r} selects: nothing for --active to check")
     try:
-        outcome = run_active(tgts, kinds, thresholds=checks_dir() / "drift.yaml", timeout=timeout,
+        outcome = run_active(tgts, kinds, thresholds=check_file("drift.yaml"), timeout=timeout,
                              progress=lambda s: err_console.print(f"active: {s}", markup=False))
     except ClusterctlError as e:
         fail(str(e))

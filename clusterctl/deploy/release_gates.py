@@ -104,11 +104,11 @@ def _check_url(ref: str) -> None:
 def record_previous(url: str, key: str | None, name: str, state_dir: Path | None = None) -> str:
     """Record baseline ``name`` from ``url`` with the shipped prompt set; a one-line summary.
     Raises ClusterctlError when the endpoint does not answer."""
-    from clusterctl.diagnose.thresholds import checks_dir
+    from clusterctl.diagnose.thresholds import check_file
     from clusterctl.bench.loadgen import Endpoint
     from clusterctl.drift import prompts, run, store
 
-    ps = prompts.load(checks_dir() / "drift" / "basic.jsonl")
+    ps = prompts.load(check_file("drift/basic.jsonl"))
     b = run.record(Endpoint.parse(url).with_key(key), name, ps)
     path = store.save(b, state_dir)
     return f"baseline {name!r}: {len(b.outputs)} prompts from {url} (model {b.env.get('model')}) -> {path}"

@@ -1,11 +1,20 @@
 """Load the check data (``checks/*.yaml``): XID catalogue and thresholds.
 
-The files live in the ``checks/`` directory of the source tree; the
-environment variable ``CLUSTERCTL_CHECKS_DIR`` names another directory (a
-site's own copy).  :func:`load_thresholds` returns ``{"xid": ..., "gpu": ...}``
-(one key per file stem), the mapping analyzers find in
-``AnalysisContext.thresholds``.  A malformed file raises ``ConfigError`` with
-``file:line``.
+Where the files come from (:func:`check_sources`), per file name:
+
+1. a **site directory**: ``$CLUSTERCTL_CHECKS_DIR`` when set, else
+   ``/etc/clusterctl/checks`` when it exists.  A file there replaces the shipped
+   file of the same name (a site may override only ``xid.yaml``); files it does not
+   have come from the shipped copy;
+2. the **shipped** files: ``checks/`` at the top of the source tree when running
+   from it, else the copy a built package carries (``clusterctl/_checks``, put
+   there by ``setup.py``).
+
+:func:`load_thresholds` returns ``{"xid": ..., "gpu": ...}`` (one key per file
+stem), the mapping analyzers find in ``AnalysisContext.thresholds``.  A malformed
+file raises ``ConfigError`` with ``file:line``; so does a missing or empty
+catalogue (:data:`REQUIRED`): a doctor without thresholds or an XID table would
+report OK on data it never judged.
 """
 
 from __future__ import annotations
@@ -19,21 +28,72 @@ import yaml
 from clusterctl.errors import ConfigError, Problem
 
 ENV_DIR = "CLUSTERCTL_CHECKS_DIR"
-_SOURCE_DIR = Path(__file__).resolve().parents[2] / "checks"
+#: The site directory used when ``$CLUSTERCTL_CHECKS_DIR`` is not set (if it exists).
+SITE_DIR = Path("/etc/clusterctl/checks")
+_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+#: The copy inside an installed package (``setup.py`` puts it there).
+PACKAGED_DIR = _PACKAGE_ROOT / "_checks"
+#: ``checks/`` of a source checkout (only when a ``pyproject.toml`` sits beside it).
+SOURCE_DIR = _PACKAGE_ROOT.parent / "checks"
+#: Files that must be present and non-empty, and the key each must have with entries.
+REQUIRED = {"xid": "codes", "gpu": "gpu", "roce": "pfc"}
+
+
+def shipped_dir() -> Path:
+    """The check data shipped with this clusterctl (package copy, else the source tree)."""
+    if PACKAGED_DIR.is_dir():
+        return PACKAGED_DIR
+    if SOURCE_DIR.is_dir() and (SOURCE_DIR.parent / "pyproject.toml").is_file():
+        return SOURCE_DIR
+    raise ConfigError([Problem(str(PACKAGED_DIR), 0, "the shipped check data is missing (neither the package's "
+                               f"_checks/ nor a source tree's checks/): reinstall clusterctl or set ${ENV_DIR}")])
+
+
+def site_dir() -> Path | None:
+    """The site directory that overrides shipped files, ``None`` when there is none."""
+    env = os.environ.get(ENV_DIR)
+    if env:
+        d = Path(env)
+        if not d.is_dir():
+            raise ConfigError([Problem(str(d), 0, f"${ENV_DIR} names a directory that does not exist")])
+        return d
+    return SITE_DIR if SITE_DIR.is_dir() else None
 
 
 def checks_dir() -> Path:
-    """The directory the check data is read from."""
-    return Path(os.environ.get(ENV_DIR) or _SOURCE_DIR)
+    """The shipped check data directory (a site override: :func:`check_file`)."""
+    return shipped_dir()
+
+
+def check_file(name: str) -> Path:
+    """The file ``name`` (relative, e.g. ``drift/basic.jsonl``) from the site directory
+    when it has one, else the shipped one."""
+    site = site_dir()
+    if site is not None and (site / name).is_file():
+        return site / name
+    return shipped_dir() / name
+
+
+def check_sources(directory: Path | None = None) -> list[Path]:
+    """The ``*.yaml`` files in effect, one per stem: ``directory`` alone when given,
+    else the shipped files overlaid by the site directory's."""
+    if directory is not None:
+        return sorted(directory.glob("*.yaml")) if directory.is_dir() else []
+    files = {p.name: p for p in shipped_dir().glob("*.yaml")}
+    site = site_dir()
+    if site is not None:
+        files.update({p.name: p for p in site.glob("*.yaml")})
+    return [files[k] for k in sorted(files)]
 
 
 def load_thresholds(directory: Path | None = None) -> dict[str, Any]:
-    """Every ``*.yaml`` of the checks directory, keyed by file stem ({} if it is absent)."""
-    d = directory or checks_dir()
+    """Every check data file in effect (:func:`check_sources`), keyed by file stem.
+
+    Raises ``ConfigError`` for a malformed file and for a missing or empty
+    catalogue (:data:`REQUIRED`)."""
     out: dict[str, Any] = {}
-    if not d.is_dir():
-        return out
-    for path in sorted(d.glob("*.yaml")):
+    sources = check_sources(directory)
+    for path in sources:
         try:
             data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:
@@ -48,6 +108,19 @@ def load_thresholds(directory: Path | None = None) -> dict[str, Any]:
         if problems:
             raise ConfigError(problems)
         out[path.stem] = data or {}
+    where = {p.stem: p for p in sources}
+    base = directory if directory is not None else (site_dir() or shipped_dir())
+    problems = []
+    for stem, key in REQUIRED.items():
+        path = where.get(stem, base / f"{stem}.yaml")
+        if stem not in out:
+            problems.append(Problem(str(path), 0, f"missing: doctor needs {stem}.yaml (its thresholds would be "
+                                    "silently absent)"))
+        elif not out[stem].get(key):
+            problems.append(Problem(str(path), 1, f"empty: {key!r} has no entries (doctor would judge nothing "
+                                    "against it)"))
+    if problems:
+        raise ConfigError(problems)
     return out
 
 

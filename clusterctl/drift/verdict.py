@@ -36,11 +36,11 @@ def check(ep: Endpoint, baseline: str, *, thresholds: str | Path | None = None, 
     """Replay ``baseline``'s prompts against ``ep`` and judge them against the limits of the baseline's model
     (``thresholds`` file, default ``checks/drift.yaml``), widened to its calibrated noise floor if any;
     ``timeout`` (s) bounds each request."""
-    from clusterctl.diagnose.thresholds import checks_dir
+    from clusterctl.diagnose.thresholds import check_file
 
     base = store.load(baseline, state_dir)
     model = base.env.get("model")
-    limits = compare.load_thresholds(thresholds or checks_dir() / "drift.yaml", model)
+    limits = compare.load_thresholds(thresholds or check_file("drift.yaml"), model)
     cal = store.load_calibration(model, state_dir) if use_calibration and model else None
     if cal:
         limits = limits.calibrated(cal["floor"])
