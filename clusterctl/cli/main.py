@@ -3,12 +3,20 @@
 This is the only package that imports typer and rich.  ``main()`` turns usage
 errors into exit code 3 (UNKNOWN) rather than click's 2, which monitoring
 systems would read as CRITICAL (see ``clusterctl.exitcodes``).
+
+It is also the safety net: an exception no command expected (a bug, or an
+input nothing anticipated) is one line on stderr and exit 3, never a
+traceback with exit 1 that a monitoring check would read as WARN.
+``--debug`` (anywhere before ``--``) or ``CLUSTERCTL_DEBUG=1`` prints the
+traceback as well.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 
 import typer
 
@@ -45,7 +53,9 @@ def _version(value: bool) -> None:
 
 
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the version and exit.")) -> None:
+                                      help="Print the version and exit."),
+          debug: bool = typer.Option(False, "--debug",
+                                     help="On an unexpected error, print its traceback (any position).")) -> None:
     """Bring up and diagnose bare-metal vLLM inference clusters over SSH."""
 
 
@@ -90,10 +100,28 @@ def __getattr__(name: str) -> typer.Typer:
     raise AttributeError(name)
 
 
+def _debug_flag(args: list[str]) -> tuple[list[str], bool]:
+    """``args`` without ``--debug`` (before any ``--``), and whether it was there."""
+    end = args.index("--") if "--" in args else len(args)
+    kept = [a for a in args[:end] if a != "--debug"] + args[end:]
+    return kept, len(kept) != len(args) or os.environ.get("CLUSTERCTL_DEBUG", "") not in ("", "0")
+
+
+def _unexpected(e: BaseException, debug: bool) -> int:
+    """The safety net: one line (and the traceback with ``--debug``), exit 3 (UNKNOWN)."""
+    if debug:
+        traceback.print_exception(e)
+    text = " ".join(str(e).split())
+    text = f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+    hint = "" if debug else "; run again with --debug for the traceback"
+    print(f"error: unexpected internal error ({text}){hint}", file=sys.stderr)
+    return USAGE_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and map errors to exit codes."""
+    args, debug = _debug_flag(sys.argv[1:] if argv is None else list(argv))
     try:
-        args = sys.argv[1:] if argv is None else argv
         rv = build_app(_command_name(args))(args=args, prog_name="clusterctl", standalone_mode=False)
     except Exit as e:
         return e.exit_code
@@ -103,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except ClickException as e:  # usage errors, bad parameters
         e.show()
         return USAGE_ERROR
-    except Abort:
+    except Abort as e:
+        if isinstance(e.__cause__, EOFError):  # click turns any EOFError into Abort: not a Ctrl-C
+            return _unexpected(e.__cause__, debug)
         print("Aborted.", file=sys.stderr)
         return INTERRUPTED
     except KeyboardInterrupt:
@@ -112,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterctlError as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
+    except Exception as e:  # the net: every case still deserves its own clear error (issue 21)
+        return _unexpected(e, debug)
     return rv if isinstance(rv, int) else 0
 
 

@@ -131,7 +131,7 @@ def _x_section(unit_text):
             continue
         if inside and "=" in s:
             k, _, v = s.partition("=")
-            out[k.strip()] = v.strip()
+            out[k.strip()] = v.strip().replace("\\\\", "\\")  # units.x_value doubles backslashes
     return out
 
 

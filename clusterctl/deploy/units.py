@@ -171,6 +171,16 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def x_value(text: str) -> str:
+    """A value for the ``[X-Clusterctl]`` section: one line, backslashes doubled.
+
+    systemd (and :func:`clusterctl.deploy.sdversion.unit_directives`) join a line
+    ending in a single backslash with the next one: a model path ending in ``\\``
+    would swallow the next key.  :func:`x_clusterctl` and the node program undo it.
+    """
+    return _one_line(text).replace("\\", "\\\\")
+
+
 def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str],
                     policy: UnitPolicy | None = None) -> spec.RenderedInstance:
     """The unit and EnvironmentFile of ``inst`` (no I/O; the same input gives the same text).
@@ -240,7 +250,7 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         verify_line=command_line([VERIFY_MODEL_PATH, model.path]),
         exec_start=command_line(argv),
         syslog_id=f"vllm-{inst.name}",
-        x_section=[(k, _one_line(v)) for k, v in x_section],
+        x_section=[(k, x_value(v)) for k, v in x_section],
     )
     header = (f"# clusterctl: environment of instance {inst.name} (mode 0600, root; read by systemd)\n")
     env_text = header + "".join(env_file_line(k, v) + "\n" for k, v in secret_env.items())
@@ -266,4 +276,4 @@ def _template() -> Any:
 def x_clusterctl(unit_text: str) -> dict[str, str]:
     """The ``[X-Clusterctl]`` section of a unit as written by :func:`render_instance`."""
     from clusterctl.deploy.sdversion import unit_directives
-    return {k: v for s, k, v in unit_directives(unit_text) if s == "X-Clusterctl"}
+    return {k: v.replace("\\\\", "\\") for s, k, v in unit_directives(unit_text) if s == "X-Clusterctl"}

@@ -101,9 +101,33 @@ _AUTH_LINE = 'proxy_set_header Authorization "Bearer {key}";\n'
 _KEY_OK = re.compile(r"^[!#%&'()*+,\-./0-9:<=>?@A-Z\[\]^_`a-z|~]+$")
 
 
+#: An nginx word clusterctl writes bare (server addresses, instance names in the ``map``).
+_TOKEN = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
+
+
+def comment_text(value: object) -> str:
+    """``value`` for an nginx ``#`` comment: one line, every non-printable character a ``?``.
+
+    The inventory refuses control characters already; the renderer never trusts that
+    (a newline in a comment would make the rest of the value live config).
+    """
+    return "".join(ch if ch == " " or ch.isprintable() else "?" for ch in str(value))
+
+
+def _token(value: object) -> str:
+    text = str(value)
+    if not _TOKEN.match(text):
+        raise GatewayRenderError(f"{text!r} cannot be written into the nginx config as a name or address "
+                                 "(letters, digits, '_', '.', ':', '-', brackets only)")
+    return text
+
+
 def _env() -> Environment:
-    return Environment(loader=PackageLoader("clusterctl", "templates/gateway"), undefined=StrictUndefined,
-                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env = Environment(loader=PackageLoader("clusterctl", "templates/gateway"), undefined=StrictUndefined,
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["comment"] = comment_text
+    env.filters["token"] = _token
+    return env
 
 
 def _slugs(names: list[str]) -> dict[str, str]:

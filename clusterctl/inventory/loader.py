@@ -78,7 +78,7 @@ class _Loader:
 
     def load(self, text: str, force: bool) -> Inventory:
         ctx = self.ctx
-        root = parse(text, ctx.filename, ctx.problems)
+        root = parse(text, ctx.filename, ctx.problems, text_only=True)
         inv = Inventory(path=ctx.filename)
         if root is not None:
             top = ctx.mapping(root, "inventory")

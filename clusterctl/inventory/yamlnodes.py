@@ -6,10 +6,17 @@ plain Python scalars, lists of ``Y`` and dicts of ``str -> Y``, each with its
 1-based line.  Anchors, aliases and merge keys (``<<: *base``) are resolved
 here; duplicate keys, non-string keys, recursive aliases and tags that safe
 YAML does not know become problems instead of exceptions.
+
+With ``text_only`` (the inventory), a string holding a control character
+(newline, carriage return, NUL, escape, ...; a tab is allowed), a Unicode
+line or paragraph separator or a bidirectional override is a problem at its
+line: inventory strings end up in nginx configs, systemd units, cron lines
+and reports, where a newline starts a new directive.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +28,16 @@ from clusterctl.errors import Problem
 MAX_NODES = 200_000
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+#: Characters no inventory string may hold: C0 controls but tab, DEL, C1 controls, the Unicode
+#: line and paragraph separators, bidirectional embeddings, overrides and isolates.
+CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def control_char(text: str) -> str | None:
+    """``"U+000A"`` for the first character of ``text`` that :data:`CONTROL` refuses, else ``None``."""
+    m = CONTROL.search(text)
+    return f"U+{ord(m.group()):04X}" if m else None
+
 #: libyaml's parser when PyYAML was built with it (about 10x faster, same marks).
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -49,9 +66,10 @@ class Y:
 
 
 class _Converter:
-    def __init__(self, filename: str, problems: list[Problem]):
+    def __init__(self, filename: str, problems: list[Problem], text_only: bool = False):
         self.filename = filename
         self.problems = problems
+        self.text_only = text_only
         self.count = 0
         self.constructor = yaml.SafeLoader("")
         self.active: set[int] = set()
@@ -74,6 +92,9 @@ class _Converter:
                 problem = getattr(e, "problem", None) or str(e)
                 self.problem(line, f"cannot read value {node.value!r}: {problem}")
                 value = None
+            if self.text_only and isinstance(value, str) and (bad := control_char(value)) is not None:
+                self.problem(line, f"control character {bad} in {_preview(value)}: inventory strings "
+                                   "must be one line of printable text")
             return Y(value, line)
         self.active.add(id(node))
         try:
@@ -126,13 +147,21 @@ class _Converter:
                     lines[k] = conv.key_lines[k]
 
 
+def _preview(value: str) -> str:
+    """The start of ``value`` for a message, its control characters escaped."""
+    text = value if len(value) <= 40 else value[:40] + "..."
+    return repr(text)
+
+
 class _TooBig(Exception):
     def __init__(self, line: int):
         self.line = line
 
 
-def parse(text: str, filename: str, problems: list[Problem]) -> Y | None:
+def parse(text: str, filename: str, problems: list[Problem], *, text_only: bool = False) -> Y | None:
     """Parse one YAML document; append problems, return ``None`` if unusable.
+
+    ``text_only``: refuse control characters in strings (see the module doc).
 
     A syntax error is reported at its line with YAML's own explanation.  An
     empty document returns ``None`` with a problem.
@@ -164,7 +193,7 @@ def parse(text: str, filename: str, problems: list[Problem]) -> Y | None:
     if node is None:
         problems.append(Problem(filename, 0, "the file is empty"))
         return None
-    conv = _Converter(filename, problems)
+    conv = _Converter(filename, problems, text_only)
     try:
         return conv.convert(node)
     except _TooBig as e:

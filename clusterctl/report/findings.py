@@ -10,6 +10,7 @@ formats; the rich table lives in the CLI.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -84,8 +85,21 @@ def to_json(findings: list[Finding], *, meta: dict[str, Any] | None = None) -> s
     return json.dumps(doc, indent=2)
 
 
+_MD_SPECIAL = re.compile(r"([\\`*\[\]|])")
+_MD_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` as inert Markdown inside a table cell: one line, no raw HTML, no markup.
+
+    Host, instance and check names come from inventories and nodes: ``<script>``
+    in one must stay text in whatever renders the report (issue 21).  ``&``,
+    ``<`` and ``>`` become entities; Markdown's punctuation is backslash-escaped;
+    control characters and line breaks become spaces.
+    """
+    one_line = "".join(ch if ch.isprintable() else " " for ch in str(text))
+    escaped = _MD_SPECIAL.sub(r"\\\1", one_line)
+    return "".join(_MD_HTML.get(ch, ch) for ch in escaped)
 
 
 def to_markdown(findings: list[Finding], *, min_severity: Severity = Severity.OK) -> str:

@@ -3,7 +3,9 @@
 The service is ``Type=oneshot``; the run itself takes a lock, so a timer that
 fires while a slow run is still going never races it (systemd also never
 starts a oneshot unit that is still active).  Every value that reaches a
-command line is quoted with :func:`shlex.quote`.
+command line is quoted with :func:`shlex.quote`; a value holding a control
+character (a newline would start a new ``ExecStartPost=`` or cron line) is
+refused, and ``--user`` must be a plain user name.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from clusterctl.deploy.sdquote import systemd_quote
 from clusterctl.errors import ClusterctlError
 
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+$")
@@ -21,6 +24,10 @@ _UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+$")
 CRON_CALENDAR = {"hourly": "0 * * * *", "daily": "0 0 * * *", "weekly": "0 0 * * 1"}
 
 _CALENDAR = re.compile(r"^[A-Za-z0-9 :*/,.~+-]{1,100}$")
+#: A user name systemd's ``User=`` and cron's user field take (useradd's default rule, plus '.').
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
+#: Characters no argument of the scheduled command may hold (C0/C1 controls, DEL, Unicode line breaks).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -35,11 +42,18 @@ class Schedule:
     on_calendar: str | None = None
 
     def __post_init__(self) -> None:
-        if not _UNIT_NAME.match(self.name):
+        if not _UNIT_NAME.fullmatch(self.name):
             raise ClusterctlError(f"bad unit name {self.name!r}: letters, digits, ':', '_', '.', '-' only")
         if not 1 <= self.every_min <= 1440:
             raise ClusterctlError(f"--every must be 1 to 1440 minutes (got {self.every_min})")
-        if self.on_calendar is not None and not _CALENDAR.match(self.on_calendar):
+        for arg in self.argv:
+            bad = _CONTROL.search(arg)
+            if bad:
+                raise ClusterctlError(f"{arg!r}: a control character (U+{ord(bad.group()):04X}) cannot be part of "
+                                      "a scheduled command (it would start a new line of the unit or cron entry)")
+        if self.user is not None and not _USER.fullmatch(self.user):
+            raise ClusterctlError(f"--user {self.user!r}: not a user name (lower-case letters, digits, '_', '-', '.')")
+        if self.on_calendar is not None and not _CALENDAR.fullmatch(self.on_calendar):
             raise ClusterctlError(f"--on-calendar {self.on_calendar!r}: not a systemd calendar expression "
                                   "(e.g. daily, hourly, 'Mon..Fri 06:00')")
 
@@ -48,16 +62,16 @@ class Schedule:
         return " ".join(shlex.quote(a) for a in self.argv)
 
 
-def _systemd_escape(cmd: str) -> str:
-    # systemd expands % specifiers and $VARIABLES in ExecStart=
-    return cmd.replace("%", "%%").replace("$", "$$")
+def _exec_line(s: Schedule) -> str:
+    """The command for ``ExecStart=``: each word quoted for systemd (its C escapes, ``%``, ``$``)."""
+    return " ".join(systemd_quote(a) for a in s.argv)
 
 
 def service_unit(s: Schedule) -> str:
     user = f"User={s.user}\n" if s.user else ""
     return (f"[Unit]\nDescription=clusterctl health report\nAfter=network-online.target\n"
             f"Wants=network-online.target\n\n[Service]\nType=oneshot\n{user}"
-            f"ExecStart={_systemd_escape(s.command)}\n"
+            f"ExecStart={_exec_line(s)}\n"
             # the report's exit code is the cluster's health, not a unit failure
             "SuccessExitStatus=1 2 3\nNice=10\nTimeoutStartSec=30min\n")
 

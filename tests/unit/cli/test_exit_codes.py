@@ -47,3 +47,33 @@ def test_console_script_exit_code_reaches_the_shell() -> None:
                           capture_output=True, text=True)
     assert proc.returncode == 3
     assert "Traceback" not in proc.stderr
+
+
+def _boom(kind: type[BaseException]):
+    def command() -> None:
+        raise kind("bad\nthing")
+    return command
+
+
+@pytest.mark.parametrize("kind", [TypeError, MemoryError, RecursionError, KeyError, EOFError])
+def test_an_unexpected_exception_is_one_line_and_unknown(kind: type[BaseException], monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The safety net (issue 21): no traceback, exit 3 (not 1, which monitoring reads as WARN, nor 130)."""
+    from clusterctl.cli import inventory
+
+    monkeypatch.setattr(inventory.app, "registered_commands", list(inventory.app.registered_commands))
+    inventory.app.command("boom")(_boom(kind))
+    assert main(["inventory", "boom"]) == ExitCode.UNKNOWN
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err
+    assert kind.__name__ in err and "--debug" in err
+    assert main(["--debug", "inventory", "boom"]) == ExitCode.UNKNOWN
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_the_net_holds_in_a_real_process() -> None:
+    p = subprocess.run([sys.executable, "-c", "import sys; from clusterctl.cli import main as m;"
+                        "m._OWNER['x']='inventory'; import clusterctl.cli.inventory as i;"
+                        "i.app.command('x-boom')(lambda: 1/0); sys.exit(m.main(['inventory','x-boom']))"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3 and "ZeroDivisionError" in p.stderr and "Traceback" not in p.stderr

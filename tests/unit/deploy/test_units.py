@@ -423,3 +423,18 @@ def test_unit_and_env_paths_come_from_spec(inv):
     r = _render(inv, "tp1")
     assert f"EnvironmentFile={spec.env_path('tp1')}" in r.unit_text
     assert r.unit_name == "clusterctl-tp1.service"
+
+
+def test_model_path_ending_in_backslash_does_not_swallow_the_next_key(inv):
+    """A trailing ``\\`` would continue the ``ModelPath=`` line into ``ModelVersion=`` (issue 21)."""
+    from clusterctl.deploy.node import _x_section
+    from clusterctl.deploy.sdversion import unit_directives
+
+    inv.models["qwen3-8b"].path = "/models/odd\\"
+    r = _render(inv, "tp2")
+    x = x_clusterctl(r.unit_text)
+    assert x["ModelPath"] == "/models/odd\\" and x["ModelVersion"] == "2025-06"
+    assert _x_section(r.unit_text)["ModelPath"] == "/models/odd\\"  # what the node program reports
+    keys = [k for s, k, _ in unit_directives(r.unit_text) if s == "X-Clusterctl"]
+    assert keys == ["Instance", "Host", "Model", "ModelPath", "ModelVersion", "Engine", "EngineVersion",
+                    "GPUs", "Port", "TP"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import multiprocessing
 import sqlite3
 import time
@@ -50,6 +51,22 @@ def test_html_escapes_what_hosts_report(tmp_path):
     report_run([evil], Options(db=tmp_path / "r.db", out_dir=tmp_path), started=0)
     html = (tmp_path / "report.html").read_text()
     assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_markdown_keeps_no_raw_html_or_markup_from_host_and_instance_names(tmp_path):
+    """Issue 21: ``<script>`` in a host or instance name stayed raw HTML in report.md."""
+    from clusterctl.report.findings import to_markdown as doctor_markdown
+
+    evil = [Finding("gpu.xid", Severity.CRIT, "<script>alert(1)</script>", "gpu:0", "XID 79"),
+            Finding("tp.group", Severity.WARN, "gpu02", "instance:<img src=x onerror=alert(1)>",
+                    "a|b\n| injected | row |", "[click](javascript:alert(1))")]
+    report_run(evil, Options(db=tmp_path / "r.db", out_dir=tmp_path), started=0)
+    for md in ((tmp_path / "report.md").read_text(), doctor_markdown(evil)):
+        assert "<script>" not in md and "<img" not in md and "&lt;script&gt;" in md
+        assert "[click](" not in md and "| injected |" not in md
+        for table in md.split("\n\n"):
+            cells = [len(re.findall(r"(?<!\\)\|", line)) for line in table.splitlines() if line.startswith("|")]
+            assert len(set(cells)) <= 1, table  # every row has the header's columns: no row was injected
 
 
 def test_a_second_run_while_the_lock_is_held_fails_naming_the_lock(tmp_path):

