@@ -11,13 +11,15 @@ Checks (``--checks roce`` selects them all):
   CRIT), 802.3x global pause frames.  One host paused points at that host or
   its cable; every host under one leaf points at the leaf switch.
 - ``roce.discards``: drops on the lossless priority (``rx_prioN_discards``,
-  ``rx_prioN_buf_discard``, ``rx_prioN_cong_discard``) and ``rx_discards_phy``.
+  ``rx_prioN_buf_discard``, ``rx_prioN_cong_discard``: CRIT) and port-wide
+  ``rx_discards_phy`` (lossy traffic included: WARN).
 - ``roce.congestion``: CNPs sent (``np_cnp_sent``: this host receives
   ECN-marked traffic, an incast victim) and handled (``rp_cnp_handled``: its
   senders are slowed) as rates against per-speed thresholds, outliers among
   hosts, ECN marks with no CNP sent, CNPs ignored; grouped by leaf.
-- ``roce.transport``: sequence errors, ACK timeouts, retransmissions, retries
-  exceeded, ICRC errors (``hw_counters``).
+- ``roce.transport``: retries exceeded (CRIT: the connection failed), sequence
+  errors, ACK timeouts, retransmissions, ICRC errors (loss: WARN), RNR NAKs
+  (a receiver not ready, not loss: WARN) (``hw_counters``).
 - ``roce.link``: link flaps (``link_down_events_phy``) and symbol/CRC errors.
 - ``roce.rxpath``: PCIe back-pressure (``outbound_pci_buffer_overflow``,
   ``outbound_pci_stalled_*_events``), RDMA receives without a posted buffer
@@ -256,23 +258,48 @@ def check_pfc(ctx: AnalysisContext) -> list[Finding]:
 # ------------------------------------------------------------- roce.discards
 
 def _discards(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+    """Per-priority drops on the RoCE priority are CRIT; ``rx_discards_phy`` alone is WARN.
+
+    ``rx_prioN_discards`` (and the shared-buffer ``rx_prioN_buf_discard`` /
+    ``rx_prioN_cong_discard``) count drops of priority N only; ``rx_discards_phy``
+    counts every packet the port dropped for lack of buffer, lossy priorities
+    (TCP, storage) included (Linux Documentation/networking/device_drivers/
+    ethernet/mellanox/mlx5/counters.rst; kernel commit 827a8cb2dd2b "net/mlx5e:
+    Add discard counters per priority").  On a port whose per-priority counters
+    show nothing on P, port-wide drops are lossy traffic being dropped: worth a
+    look, not a broken lossless class.
+    """
     r = nr.rates
     p = fabric.profile(ctx).pfc_priority
     limit = fabric.limit(ctx, "discards", "per_s_crit", 0)
-    names = [f"rx_prio{p}_discards", f"rx_prio{p}_buf_discard", f"rx_prio{p}_cong_discard", "rx_discards_phy"]
-    hot = [(n, r.get(n)) for n in names if (r.get(n) or 0) > limit]
+    lossless = [f"rx_prio{p}_discards", f"rx_prio{p}_buf_discard", f"rx_prio{p}_cong_discard"]
+    hot = [(n, r.get(n)) for n in lossless if (r.get(n) or 0) > limit]
+    port = r.get("rx_discards_phy") or 0
     if hot:
         yield Problem(Severity.CRIT, nr.name,
                       f"{nr.name}: packets dropped on the lossless priority {p} ("
-                      + ", ".join(f"{n} {per_s(v or 0)}" for n, v in hot) + ")",
+                      + ", ".join(f"{n} {per_s(v or 0)}" for n, v in [*hot, *([("rx_discards_phy", port)]
+                                                                              if port > limit else [])]) + ")",
                       f"lossless is not in effect: check that PFC is on for priority {p} on this host "
                       "and its switch port, the receive buffer and headroom, and pause-storm events",
-                      _ev(r, *names))
+                      _ev(r, *lossless, "rx_discards_phy"))
+    elif port > limit:
+        per_prio = [n for n in lossless if r.has(n)]
+        why = (f"{', '.join(per_prio)} did not rise, so the drops were on other (lossy) priorities"
+               if per_prio else f"this NIC has no per-priority discard counter, so whether priority {p} "
+               "lost packets cannot be told")
+        yield Problem(Severity.WARN, nr.name,
+                      f"{nr.name}: the port dropped {per_s(port)} received packets for lack of buffer "
+                      f"(rx_discards_phy counts the whole port, lossy traffic such as TCP included; {why})",
+                      "the adapter cannot absorb the incoming traffic on some priority: look at which "
+                      "priority's rx_prioN_discards rises (ethtool -S), the receive buffer sizes and the "
+                      "host's CPU/PCIe headroom; RoCE on the lossless priority is not affected by this alone",
+                      _ev(r, "rx_discards_phy", *lossless))
 
 
 @analyzer("roce.discards")
 def check_discards(ctx: AnalysisContext) -> list[Finding]:
-    """Drops on the lossless priority."""
+    """Drops on the lossless priority (CRIT) and port-wide drops (WARN)."""
     return run_check(ctx, "roce.discards", _discards, "no drops on the lossless priority")
 
 
@@ -333,31 +360,57 @@ def check_congestion(ctx: AnalysisContext) -> list[Finding]:
 
 # ------------------------------------------------------------ roce.transport
 
+#: Sequence errors and retransmissions: packets were lost on the path (go-back-N).
 LOSS_SIGNS = ("out_of_sequence", "packet_seq_err", "implied_nak_seq_err", "duplicate_request",
-              "rnr_nak_retry_err", "roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart")
-FATAL = ("local_ack_timeout_err", "req_transport_retries_exceeded", "req_rnr_retries_exceeded",
-         "rx_icrc_encapsulated")
+              "roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart", "rx_icrc_encapsulated")
+#: The requester gave up: the QP goes to the error state and NCCL fails (kernel commit
+#: b339e0a39dc3 "RDMA/mlx5: Add Qcounters req_transport_retries_exceeded/req_rnr_retries_exceeded").
+FATAL = ("req_transport_retries_exceeded", "req_rnr_retries_exceeded")
+#: The requester's ACK timer expired and it retransmitted; the QP's retry limit was not exceeded.
+ACK_TIMEOUT = "local_ack_timeout_err"
+#: RNR NAKs received: the responder had no receive buffer posted (Receiver Not Ready); the
+#: request is retried after the RNR timer.  Not packet loss.
+RNR = "rnr_nak_retry_err"
 
 
 def _transport(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+    """Counter semantics: docs/doctor-roce.md "roce.transport" (mlx5 hw_counters, IB RC rules).
+
+    Only ``*_retries_exceeded`` mean the connection failed (CRIT).  Sequence
+    errors are loss (WARN; CRIT at a sustained rate).  ``local_ack_timeout_err``
+    alone is a warning of loss (a retransmission after a timeout, the QP lives
+    on).  ``rnr_nak_retry_err`` is a receiver that was not ready, not loss.
+    """
     r = nr.rates
     crit = fabric.limit(ctx, "transport", "per_s_crit", 10)
     fatal = [(n, r.hw[n]) for n in FATAL if r.hw.get(n)]
     loss = [(n, r.hw[n]) for n in LOSS_SIGNS if r.hw.get(n)]
+    timeouts = r.hw.get(ACK_TIMEOUT) or 0.0
+    rnr = r.hw.get(RNR) or 0.0
     if fatal:
         yield Problem(Severity.CRIT, nr.name,
                       f"{nr.name}: " + ", ".join(f"{n} {per_s(v)}" for n, v in fatal)
-                      + " (RDMA requests timed out or gave up: NCCL stalls or fails)",
-                      "packets are lost between this host and its peers: check discards and pause on "
-                      "both ends, cables and the switch path; restart the affected instances",
-                      _ev(r, *FATAL))
-    if loss:
-        sev = Severity.CRIT if max(v for _, v in loss) >= crit else Severity.WARN
+                      + " (the requester exhausted its retries and moved the connection to the error "
+                      "state: NCCL fails or hangs)",
+                      "packets are lost between this host and its peers (transport) or a receiver stopped "
+                      "posting buffers (rnr): check discards and pause on both ends, cables and the switch "
+                      "path; restart the affected instances", _ev(r, *FATAL))
+    if loss or timeouts:
+        sev = Severity.CRIT if loss and max(v for _, v in loss) >= crit else Severity.WARN
+        shown = [*loss, *([(ACK_TIMEOUT, timeouts)] if timeouts else [])]
+        note = ("" if loss else "; ACK timeouts alone: requests were retransmitted after the ACK timer expired "
+                "and the connection's retry limit was not reached")
         yield Problem(sev, nr.name,
                       f"{nr.name}: packet loss on the RDMA path (" + ", ".join(
-                          f"{n} {per_s(v)}" for n, v in loss) + "): go-back-N retransmissions slow NCCL",
+                          f"{n} {per_s(v)}" for n, v in shown) + f"): retransmissions slow NCCL{note}",
                       "find where packets drop: discards on the lossless priority, PFC off on some "
-                      "hop, a bad cable (symbol errors)", _ev(r, *LOSS_SIGNS))
+                      "hop, a bad cable (symbol errors)", _ev(r, *LOSS_SIGNS, ACK_TIMEOUT))
+    if rnr:
+        yield Problem(Severity.WARN, nr.name,
+                      f"{nr.name}: rnr_nak_retry_err {per_s(rnr)}: peers answered Receiver Not Ready (no "
+                      "receive buffer posted) and the request was retried; this is not packet loss",
+                      "a receiving process is slow to post receive buffers (CPU starved, too few buffers); "
+                      "if req_rnr_retries_exceeded rises too, connections are failing", _ev(r, RNR))
 
 
 @analyzer("roce.transport")

@@ -251,3 +251,21 @@ def test_active_pairs_over_ssh_with_a_stand_in_ib_write_bw(lab, capsys, healed, 
         pairs[(slow, f"pair:{order[0]}")]["message"]
     assert all(f["severity"] == "OK" for k, f in pairs.items() if k[0] != slow)
     assert rc == 1
+
+
+def test_port_drops_of_lossy_traffic_warn_and_lossless_drops_are_critical(lab, capsys, healed):
+    """rx_discards_phy counts the whole port: drops of priority 0 (TCP) alone are a WARN;
+    the same on the RoCE priority 3 is CRIT (docs/doctor-roce.md, roce.discards)."""
+    victim = lab.names[0]
+    healed.append(victim)
+    faults.inject(lab.host_dir(victim), "discards", nic="eth2", per_s=100, priority=0)
+    rc, rep = doctor(lab, capsys, "roce.discards")
+    found = problems(rep, "roce.discards")
+    assert rc == 1 and [(f["host"], f["subject"], f["severity"]) for f in found] == [
+        (victim, "nic:eth2", "WARN")], found
+    assert "lossy traffic such as TCP included" in found[0]["message"]
+    faults.inject(lab.host_dir(victim), "discards", nic="eth2", per_s=100, priority=3)
+    rc, rep = doctor(lab, capsys, "roce.discards")
+    found = problems(rep, "roce.discards")
+    assert rc == 2 and [(f["host"], f["severity"]) for f in found] == [(victim, "CRIT")], found
+    assert "dropped on the lossless priority 3" in found[0]["message"]

@@ -96,6 +96,18 @@ def test_discards_on_the_lossless_priority_are_critical(inbox):
     assert ("rx_prio3_buf_discard" in b[0].message) is (not inbox)  # shared-buffer counters: mlnx only
 
 
+@pytest.mark.parametrize("inbox", [False, True], ids=["mlnx", "inbox"])
+def test_port_wide_discards_alone_are_a_warning_naming_lossy_traffic(inbox):
+    # rx_discards_phy counts every priority of the port (mlx5 counters.rst): drops of TCP on
+    # priority 0 rise there while rx_prio3_discards stays flat.
+    rates = {"rx_discards_phy": 40, "rx_prio0_discards": 40}
+    fs = run_analyzers(R.cluster(4, host_with(rates, host="gpu02", inbox=inbox), per_leaf=2), ["roce.discards"])
+    b = bad(fs)
+    assert [(f.host, f.severity) for f in b] == [("gpu02", Severity.WARN)]
+    assert "rx_discards_phy counts the whole port, lossy traffic such as TCP included" in b[0].message
+    assert "rx_prio3_discards" in b[0].message and "did not rise" in b[0].message
+
+
 def test_drops_on_a_lossy_priority_are_not_lossless_drops():
     fs = run_analyzers(R.cluster(4, host_with({"rx_prio0_buf_discard": 50, "rx_prio0_discards": 50}),
                                  per_leaf=2), ["roce.discards"])
@@ -133,14 +145,26 @@ def test_ecn_marks_without_cnps_and_ignored_cnps():
     assert "CNPs received and ignored" in msgs[1]
 
 
-@pytest.mark.parametrize("rates,sev", [
-    ({"packet_seq_err": 2, "out_of_sequence": 1}, Severity.WARN),
-    ({"packet_seq_err": 50}, Severity.CRIT),
-    ({"local_ack_timeout_err": 1}, Severity.CRIT),
+@pytest.mark.parametrize("rates,sev,says", [
+    ({"packet_seq_err": 2, "out_of_sequence": 1}, Severity.WARN, "packet loss on the RDMA path"),
+    ({"packet_seq_err": 50}, Severity.CRIT, "packet loss on the RDMA path"),
+    # the ACK timer expired and the request was retransmitted; the QP lives on: a warning of loss
+    ({"local_ack_timeout_err": 50}, Severity.WARN, "retry limit was not reached"),
+    # RNR NAK: the responder had no receive buffer posted; not loss
+    ({"rnr_nak_retry_err": 5}, Severity.WARN, "Receiver Not Ready"),
+    ({"req_transport_retries_exceeded": 1}, Severity.CRIT, "exhausted its retries"),
+    ({"req_rnr_retries_exceeded": 1}, Severity.CRIT, "exhausted its retries"),
 ])
-def test_transport_loss_signals(rates, sev):
+def test_transport_loss_signals(rates, sev, says):
     fs = run_analyzers(R.cluster(4, host_with(rates), per_leaf=2), ["roce.transport"])
     assert [(f.host, f.severity) for f in bad(fs)] == [("gpu03", sev)]
+    assert says in bad(fs)[0].message
+
+
+def test_rnr_naks_are_not_called_packet_loss():
+    fs = run_analyzers(R.cluster(4, host_with({"rnr_nak_retry_err": 5}), per_leaf=2), ["roce.transport"])
+    [f] = bad(fs)
+    assert "not packet loss" in f.message and "packet loss on the RDMA path" not in f.message
 
 
 def test_shared_sample_of_mlx5_1_with_sequence_errors_rising():
