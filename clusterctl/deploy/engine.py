@@ -128,13 +128,22 @@ def desired(inv: Inventory, state_dir: str, make_fleet: FleetFactory | None = No
     return dict(res.instances), res
 
 
-def render_all(inv: Inventory, instances: Mapping[str, Instance]) -> list[spec.RenderedInstance]:
-    """Render every instance with its secrets (:mod:`clusterctl.deploy.units`)."""
+def render_all(inv: Inventory, instances: Mapping[str, Instance],
+               systemd: Mapping[str, int | None] | None = None) -> list[spec.RenderedInstance]:
+    """Render every instance with its secrets (:mod:`clusterctl.deploy.units`).
+
+    ``systemd``: host -> its systemd version (``HostState.systemd_version``); a
+    host's units use the restart directives its systemd has
+    (:func:`clusterctl.deploy.units.policy_for_systemd`); unknown: the baseline.
+    """
     from clusterctl.deploy.secrets import resolve_secrets
 
-    from clusterctl.deploy.units import render_instance
+    from clusterctl.deploy.units import policy_for_systemd, render_instance
 
-    return [render_instance(inv, inst, secrets=resolve_secrets(inv, inst)) for inst in instances.values()]
+    versions = systemd or {}
+    return [render_instance(inv, inst, secrets=resolve_secrets(inv, inst),
+                            policy=policy_for_systemd(versions.get(inst.hosts[0]) if inst.hosts else None))
+            for inst in instances.values()]
 
 
 def served_name(inv: Inventory, r: spec.RenderedInstance) -> str:
@@ -198,6 +207,9 @@ class Deploy:
         self.rendered = {r.instance: r for r in render_all(self.inv, chosen)}
         self.event("phase", f"rendered {len(self.rendered)} instances; reading {len(self.hosts)} hosts")
         states = self._read(fleet)
+        versions = {h: st.systemd_version for h, st in states.items()}
+        if any(v is not None for v in versions.values()):  # per host: the restart directives its systemd has
+            self.rendered = {r.instance: r for r in render_all(self.inv, chosen, versions)}
         plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self.opts.instances)
         return plan, states
 

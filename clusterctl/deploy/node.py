@@ -39,7 +39,10 @@ PREVIOUS_DIR = STATE_DIR + "/previous"
 LOCK_PATH = "/var/lib/clusterctl/deploy.lock"
 AUDIT_PATH = STATE_DIR + "/audit.jsonl"
 PREFIX = "clusterctl-"
-SHOW_PROPS = "Id,LoadState,ActiveState,SubState,NRestarts,MainPID,UnitFileState,ExecMainStartTimestampMonotonic"
+SHOW_PROPS = ("Id,LoadState,ActiveState,SubState,NRestarts,MainPID,UnitFileState,ExecMainStartTimestampMonotonic,"
+              "Result,ExecMainStatus")
+#: Journal lines read for an instance that is not running (why it went down).
+JOURNAL_LINES = 40
 
 
 def _read(path):
@@ -184,12 +187,42 @@ def op_read(job):
             "restarts": int(st.get("NRestarts") or 0), "main_pid": int(st.get("MainPID") or 0),
             "enabled": st.get("UnitFileState", ""),
             "started_mono": int(st.get("ExecMainStartTimestampMonotonic") or 0),
+            "result": st.get("Result", ""), "exit_status": st.get("ExecMainStatus", ""),
         }
+        if instances[n]["active"] in ("inactive", "failed") or instances[n]["sub"] == "auto-restart":
+            instances[n]["journal_tail"] = _journal_tail(_unit(n))
     previous = sorted(os.listdir(PREVIOUS_DIR)) if os.path.isdir(PREVIOUS_DIR) else []
     models = {p: _model_state(p) for p in job.get("model_paths", [])}
     users = {u: _user_exists(u) for u in job.get("users", [])}
     return {"ok": True, "instances": instances, "lock": read_lock(), "previous": previous,
-            "models": models, "users": users}
+            "models": models, "users": users, "systemd_version": _systemd_version()}
+
+
+def _journal_tail(unit):
+    """The unit's last journal lines (``-o cat``), "" when journalctl cannot answer."""
+    try:
+        p = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-o", "cat", "-n", str(JOURNAL_LINES)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return p.stdout[-8000:]
+
+
+def _systemd_version():
+    """systemd's version number (``systemctl --version``: "systemd 252 (252.30-1~deb12u2)"), else None."""
+    try:
+        rc, out, _ = _systemctl("--version", timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    words = out.split()
+    if rc == 0 and len(words) >= 2 and words[0] == "systemd":
+        digits = ""
+        for ch in words[1]:
+            if not ch.isdigit():
+                break
+            digits += ch
+        return int(digits) if digits else None
+    return None
 
 
 def _user_exists(user):

@@ -51,6 +51,10 @@ class InstanceState:
     enabled: str
     started_mono: int
     x: dict[str, str]
+    #: systemd's ``Result=`` and ``ExecMainStatus=`` and, for a unit not running, its journal's last lines.
+    result: str = ""
+    exit_status: str = ""
+    journal_tail: str = ""
 
 
 @dataclass
@@ -68,6 +72,8 @@ class HostState:
     users: dict[str, bool] = field(default_factory=dict)
     error: str | None = None
     salt: str = ""
+    #: ``systemctl --version``'s number (None: not known); picks the unit directives the host has.
+    systemd_version: int | None = None
 
 
 @lru_cache(maxsize=1)
@@ -146,8 +152,11 @@ def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[
         insts = {name: InstanceState(
             instance=name, unit_text=i["unit_text"], digest=i["digest"], env_hashes=i["env_hashes"],
             env_present=i["env_present"], active=i["active"], sub=i["sub"], restarts=i["restarts"],
-            main_pid=i["main_pid"], enabled=i["enabled"], started_mono=i["started_mono"], x=i["x"])
+            main_pid=i["main_pid"], enabled=i["enabled"], started_mono=i["started_mono"], x=i["x"],
+            result=i.get("result", ""), exit_status=i.get("exit_status", ""), journal_tail=i.get("journal_tail", ""))
             for name, i in d.get("instances", {}).items()}
+        version = d.get("systemd_version")
         out[host] = HostState(host, insts, d.get("lock"), d.get("previous", []), d.get("models", {}),
-                              d.get("users", {}), salt=salt)
+                              d.get("users", {}), salt=salt,
+                              systemd_version=version if isinstance(version, int) else None)
     return out

@@ -35,6 +35,9 @@ DIRECTIVE_MIN_SYSTEMD: dict[tuple[str, str], int] = {
     ("Service", "ExecStart"): BASELINE,
     ("Service", "Restart"): BASELINE,
     ("Service", "RestartSec"): BASELINE,
+    # emitted only for hosts whose systemd has them (units.policy_for_systemd)
+    ("Service", "RestartSteps"): 254,
+    ("Service", "RestartMaxDelaySec"): 254,
     ("Service", "TimeoutStartSec"): BASELINE,
     ("Service", "TimeoutStopSec"): BASELINE,
     ("Service", "KillSignal"): BASELINE,
@@ -49,7 +52,10 @@ DIRECTIVE_MIN_SYSTEMD: dict[tuple[str, str], int] = {
 #: Value-specific entries: these directives are looked up as ``directive=value``.
 _BY_VALUE = {("Service", "Type"), ("Service", "KillMode")}
 
-MIN_SYSTEMD = max(DIRECTIVE_MIN_SYSTEMD.values())
+#: Directives emitted only where the host's systemd has them (not part of the supported minimum).
+PER_HOST = {("Service", "RestartSteps"), ("Service", "RestartMaxDelaySec")}
+
+MIN_SYSTEMD = max(v for k, v in DIRECTIVE_MIN_SYSTEMD.items() if k not in PER_HOST)
 
 
 def unit_directives(unit_text: str) -> list[tuple[str, str, str]]:

@@ -52,24 +52,34 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass(frozen=True)
 class UnitPolicy:
-    """How instance units behave; the same for every instance of a deploy.
+    """How instance units behave; the same for every instance of a deploy on one host.
 
-    Times are seconds.  ``restart`` is systemd's ``Restart=``; systemd gives
-    up (unit ``failed``) after ``start_limit_burst`` starts within
-    ``start_limit_interval_s``, the crash-loop guard, which must be longer
-    than ``start_limit_burst x restart_sec`` to ever trigger.
-    ``start_timeout_s`` bounds ExecStartPre + exec (loading is polled by
-    clusterctl, see the module doc); ``stop_timeout_s`` is the grace period
-    after SIGTERM before SIGKILL.  ``extra_after`` adds ``After=`` units;
-    ``bind_host`` is vLLM's ``--host``.
+    Times are seconds.  ``restart`` is systemd's ``Restart=``: ``always``,
+    because vLLM exits with status 0 when its engine dies (``on-failure``
+    would leave it down); ``systemctl stop`` still stops it.
+    ``restart_sec`` is the first delay before a restart.  ``restart_steps``
+    > 0 (systemd >= 254, see :func:`policy_for_systemd`) makes the delay
+    grow in that many steps up to ``restart_max_delay_s``.  systemd gives up
+    (unit ``failed``) after ``start_limit_burst`` starts within the start
+    limit interval; a broken model loads for minutes before it dies, so the
+    interval is sized from ``load_time_s``: ``burst x (load_time_s + the
+    longest delay)`` unless ``start_limit_interval_s`` is given (then it must
+    exceed ``burst x restart_sec`` to ever trigger).  ``start_timeout_s``
+    bounds ExecStartPre + exec (loading is polled by clusterctl, see the
+    module doc); ``stop_timeout_s`` is the grace period after SIGTERM before
+    SIGKILL.  ``extra_after`` adds ``After=`` units; ``bind_host`` is vLLM's
+    ``--host``.
     """
 
     user: str = "vllm"
     enable_at_boot: bool = True
-    restart: str = "on-failure"
+    restart: str = "always"
     restart_sec: int = 10
+    restart_steps: int = 0
+    restart_max_delay_s: int = 300
     start_limit_burst: int = 5
-    start_limit_interval_s: int = 900
+    start_limit_interval_s: int = 0
+    load_time_s: int = 600
     start_timeout_s: int = 900
     stop_timeout_s: int = 120
     limit_nofile: int = 1048576
@@ -81,19 +91,52 @@ class UnitPolicy:
             raise ClusterctlError(f"unit policy: user {self.user!r} is not a valid user name")
         if self.restart not in RESTART_VALUES:
             raise ClusterctlError(f"unit policy: restart {self.restart!r} is not one of {', '.join(RESTART_VALUES)}")
-        if self.start_limit_interval_s <= self.start_limit_burst * self.restart_sec:
+        if self.start_limit_interval_s and self.start_limit_interval_s <= self.start_limit_burst * self.restart_sec:
             raise ClusterctlError(
                 f"unit policy: start_limit_interval_s ({self.start_limit_interval_s}) must exceed "
                 f"start_limit_burst x restart_sec ({self.start_limit_burst * self.restart_sec}), "
                 "or the crash-loop guard never trips")
+        if self.restart_steps and self.restart_max_delay_s <= self.restart_sec:
+            raise ClusterctlError(f"unit policy: restart_max_delay_s ({self.restart_max_delay_s}) must exceed "
+                                  f"restart_sec ({self.restart_sec}) for the delay to grow")
         for unit in self.extra_after:
             if not re.fullmatch(r"[A-Za-z0-9:_.@\\-]+\.[a-z]+", unit):
                 raise ClusterctlError(f"unit policy: {unit!r} is not a unit name")
+
+    @property
+    def start_limit_interval(self) -> int:
+        """``StartLimitIntervalSec=``: given, else sized so that ``start_limit_burst`` slow starts fit."""
+        if self.start_limit_interval_s:
+            return self.start_limit_interval_s
+        longest = self.restart_max_delay_s if self.restart_steps else self.restart_sec
+        return self.start_limit_burst * (self.load_time_s + longest)
+
+
+#: The first systemd with ``RestartSteps=`` and ``RestartMaxDelaySec=`` (v254, July 2023).
+RESTART_STEPS_SYSTEMD = 254
+
+
+def policy_for_systemd(version: int | None, base: UnitPolicy | None = None) -> UnitPolicy:
+    """``base`` with a growing restart delay where the host's systemd has it (>= 254), else as is.
+
+    An unknown version keeps ``base`` (the directives every supported systemd
+    accepts, :mod:`clusterctl.deploy.sdversion`).
+    """
+    from dataclasses import replace
+
+    base = base or UnitPolicy()
+    if version is not None and version >= RESTART_STEPS_SYSTEMD and not base.restart_steps:
+        return replace(base, restart_steps=5)
+    return base
 
 
 #: After= units: the data network, NVIDIA's persistence daemon and fabric manager
 #: (NVSwitch systems); ordering against a unit that is not installed is a no-op.
 BASE_AFTER = ("network-online.target", "nvidia-persistenced.service", "nvidia-fabricmanager.service")
+#: Wants= units: started with the instance.  On an NVSwitch system a GPU that is not registered
+#: with the fabric manager cannot run multi-GPU work, so the instance pulls it in rather than only
+#: ordering after it; where the unit is not installed, Wants= is a no-op (systemd.unit(5)).
+BASE_WANTS = ("network-online.target", "nvidia-fabricmanager.service")
 
 
 def nccl_ib_tc(fabric: FabricProfile) -> int:
@@ -244,6 +287,7 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         instance=inst.name,
         description=description.replace("%", "%%"),
         after=[*BASE_AFTER, *policy.extra_after],
+        wants=BASE_WANTS,
         policy=policy,
         env_path=spec.env_path(inst.name),
         environment=[environment_line(k, v) for k, v in plain.items()],

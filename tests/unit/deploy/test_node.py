@@ -108,3 +108,16 @@ def test_remove_saves_a_copy_then_stops_disables_and_deletes(root: dict[str, Any
     assert "--x 1" in (root["tmp"] / "state" / "previous" / "a.service").read_text()
     assert [c for c in root["calls"] if c[-1] == "clusterctl-a.service" and c[0] in ("stop", "disable")] == [
         ("stop", "clusterctl-a.service"), ("disable", "clusterctl-a.service")]
+
+
+@pytest.mark.parametrize("out,want", [
+    ("systemd 252 (252.30-1~deb12u2)\n+PAM +AUDIT +SELINUX\n", 252),   # Debian 12
+    ("systemd 255 (255.4-1ubuntu8.4)\n+PAM +AUDIT\n", 255),            # Ubuntu 24.04
+    ("systemd 239 (239-78.el8)\n+PAM +AUDIT\n", 239),                  # RHEL 8
+    ("", None),
+])
+def test_read_reports_the_hosts_systemd_version(root: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                out: str, want: int | None) -> None:
+    monkeypatch.setattr(node, "_systemctl", lambda *a, timeout=120: (0, out, "") if a[0] == "--version"
+                        else (0, "", ""))
+    assert node.op_read({"op": "read", "salt": "s"})["systemd_version"] == want

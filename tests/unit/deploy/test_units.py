@@ -17,9 +17,9 @@ import pytest
 from clusterctl.deploy import spec
 from clusterctl.deploy.nodesetup import ensure_user_script, verify_model_install_script
 from clusterctl.deploy.sdquote import env_file_line, systemd_quote
-from clusterctl.deploy.sdversion import MIN_SYSTEMD, check_unit_against_systemd
+from clusterctl.deploy.sdversion import MIN_SYSTEMD, check_unit_against_systemd, unit_directives
 from clusterctl.deploy.secrets import resolve_secrets
-from clusterctl.deploy.units import UnitPolicy, nccl_ib_tc, render_instance, x_clusterctl
+from clusterctl.deploy.units import UnitPolicy, nccl_ib_tc, policy_for_systemd, render_instance, x_clusterctl
 from clusterctl.errors import ClusterctlError, ConfigError
 from clusterctl.inventory.loader import load_inventory, load_inventory_text
 from clusterctl.inventory.model import FabricProfile
@@ -361,6 +361,39 @@ def test_directive_outside_the_table_is_reported():
     problems = check_unit_against_systemd(unit, 255)
     assert len(problems) == 2
     assert "[Service] Type=exec" in problems[0] and "ProtectSystem" in problems[1]
+
+
+def test_vllm_that_exits_0_is_restarted_and_the_fabric_manager_is_wanted(inv):
+    # vLLM's API server exits with status 0 when its engine dies: only Restart=always brings it back
+    d = {(s, k): v for s, k, v in unit_directives(_render(inv, "tp1").unit_text)}
+    assert d[("Service", "Restart")] == "always"
+    assert "nvidia-fabricmanager.service" in d[("Unit", "Wants")].split()
+    assert "nvidia-fabricmanager.service" in d[("Unit", "After")].split()
+
+
+def test_start_limit_is_sized_for_slow_loading_models():
+    # 5 starts of a model that loads for 10 minutes then dies take ~51 minutes: the guard must span that
+    p = UnitPolicy()
+    assert p.start_limit_interval == 5 * (600 + 10) and p.start_limit_interval > 5 * 600
+    stepped = policy_for_systemd(255)
+    assert stepped.restart_steps == 5 and stepped.start_limit_interval == 5 * (600 + 300)
+    assert UnitPolicy(load_time_s=180).start_limit_interval == 5 * 190
+    assert UnitPolicy(start_limit_interval_s=4000).start_limit_interval == 4000
+
+
+@pytest.mark.parametrize("version,steps", [(None, False), (230, False), (252, False), (253, False),
+                                           (254, True), (255, True)])
+def test_restart_steps_only_where_the_hosts_systemd_has_them(inv, version, steps):
+    text = _render(inv, "tp1", policy_for_systemd(version)).unit_text
+    d = {(s, k): v for s, k, v in unit_directives(text)}
+    assert (("Service", "RestartSteps") in d) is steps
+    assert (("Service", "RestartMaxDelaySec") in d) is steps
+    if steps:
+        assert d[("Service", "RestartSteps")] == "5" and d[("Service", "RestartMaxDelaySec")] == "300"
+    # whatever was chosen runs on that host's systemd (the per-directive table)
+    assert check_unit_against_systemd(text, version or MIN_SYSTEMD) == []
+    if steps:
+        assert any("RestartSteps needs systemd >= 254" in p for p in check_unit_against_systemd(text, 253))
 
 
 def test_policy_refuses_a_crash_loop_guard_that_cannot_trip():
