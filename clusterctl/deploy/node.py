@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -41,8 +42,11 @@ AUDIT_PATH = STATE_DIR + "/audit.jsonl"
 PREFIX = "clusterctl-"
 SHOW_PROPS = ("Id,LoadState,ActiveState,SubState,NRestarts,MainPID,UnitFileState,ExecMainStartTimestampMonotonic,"
               "Result,ExecMainStatus")
-#: Journal lines read for an instance that is not running (why it went down).
-JOURNAL_LINES = 40
+#: Journal lines read for an instance that is not running (why it went down); of those only the
+#: ones clusterctl.diagnose.unitlog can use and the last few travel back.
+JOURNAL_LINES = 300
+JOURNAL_KEEP = re.compile(r"Error|Exception|exited|Failed|failed|Stopped|Stopping|Deactivated|"
+                          r"repeated too quickly|Started|Starting|Scheduled restart")
 
 
 def _read(path):
@@ -205,7 +209,9 @@ def _journal_tail(unit):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return p.stdout[-8000:]
+    lines = p.stdout.splitlines()
+    kept = [ln for i, ln in enumerate(lines) if JOURNAL_KEEP.search(ln) or i >= len(lines) - 5]
+    return "\n".join(kept)[-16000:]
 
 
 def _systemd_version():

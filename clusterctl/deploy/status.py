@@ -20,8 +20,8 @@ starting      WARN      activating, or active but not listening yet for
                         and has no readiness notification)
 unhealthy     CRIT      active but ``/health`` fails (503 = engine dead)
 restarting    CRIT      between automatic restarts (a crash loop)
-failed        CRIT      the unit failed
-stopped       CRIT      the unit is inactive
+failed        CRIT      the unit failed (the message says why, from its journal)
+stopped       CRIT      the unit is inactive (why, from its journal)
 absent        CRIT      wanted by the inventory, no unit on its host
 extra         WARN      a ``clusterctl-*`` unit the inventory does not want
                         (on that host), whatever its state
@@ -44,6 +44,7 @@ from clusterctl.deploy.metrics import (DEFAULT_HTTP_TIMEOUT, MAX_PARALLEL, HttpA
 from clusterctl.deploy.peaks import load_peaks, update_peaks
 from clusterctl.deploy.spec import unit_name
 from clusterctl.diagnose.findings import Severity
+from clusterctl.diagnose.unitlog import down_reason
 from clusterctl.inventory.model import Instance, Inventory
 
 #: A load score at or above this is reported as high load (WARN).
@@ -203,6 +204,7 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
     hosts = remote.read_hosts(fleet)
     now_up = _uptimes(fleet)
     rows: dict[str, InstanceStatus] = {}
+    unit_states: dict[str, remote.InstanceState] = {}
     for name, inst in instances.items():
         host = inst.placement[0].host if inst.placement else None
         hs = hosts.get(host) if host else None
@@ -226,6 +228,7 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
             row = rows.get(key) or InstanceStatus(name, host, _int(st.x.get("Port")), "extra", Severity.WARN,
                                                   unit=unit_name(name), gpus=_gpus(None, st.x, host))
             row.active, row.sub, row.restarts = st.active, st.sub, st.restarts
+            unit_states[key] = st
             up = now_up.get(host)
             if st.started_mono and up is not None and st.active in ("active", "activating", "deactivating"):
                 row.up_s = max(0.0, round(up - st.started_mono / 1e6, 1))
@@ -245,6 +248,9 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
             continue
         extra = row.state == "extra"
         _unit_verdict(row, health.get(key))
+        ust = unit_states.get(key)
+        if ust is not None and row.state in ("failed", "stopped", "restarting") and row.active != "deactivating":
+            row.message = f"{row.message}: {down_reason(ust.journal_tail, ust.result, ust.exit_status)}"
         if extra:  # not wanted (here): worth a look, never an outage
             row.message = f"not wanted on {row.host} by the inventory; " + (row.message or row.state)
             row.state, row.severity = "extra", Severity.WARN

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.gateway.sync import Observed, tp_unavailable
+
+#: status states whose message (why the unit is down) the gateway records as the reason.
+DOWN_WITH_REASON = ("failed", "stopped", "restarting", "absent")
 from clusterctl.inventory.model import Instance, Inventory
 
 
@@ -27,7 +30,10 @@ def observe(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *, wi
     rows = collect_status(inv, instances, fleet, window=window, state_dir=state_dir, include_extra=False,
                           on_event=on_event)
     peaks = load_peaks(state_dir)
-    observed = {r.name: Observed(r.state, r.load, peaks.get(r.name), r.healthy) for r in rows}
+    # a down unit's reason (from its journal) goes into the gateway's state; a loading instance's
+    # message changes every second and would reload the gateway for nothing
+    observed = {r.name: Observed(r.state, r.load, peaks.get(r.name), r.healthy,
+                                 r.message if r.state in DOWN_WITH_REASON else "") for r in rows}
     unavailable: set[str] = set()
     if tp_check:
         from clusterctl.diagnose import bundle

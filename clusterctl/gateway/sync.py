@@ -45,6 +45,8 @@ class Observed:
     load: float | None = None
     peak_tokens_per_s: float | None = None
     healthy: bool | None = None
+    #: status's message for an instance that is not serving (a unit down: the reason from its journal)
+    reason: str = ""
 
 
 @dataclass
@@ -118,7 +120,7 @@ def decide(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[
         elif obs is None:
             out[name] = ServerState(True, 1, "no status")
         elif obs.state != "serving" and obs.healthy is not True:
-            out[name] = ServerState(True, 1, obs.state)
+            out[name] = ServerState(True, 1, f"{obs.state}: {obs.reason}" if obs.reason else obs.state)
         else:
             load = min(1.0, max(0.0, obs.load or 0.0))
             weight = MAX_WEIGHT * (1.0 - load) * capacity.get(name, 1.0)

@@ -88,6 +88,26 @@ def test_unit_state_and_health_verdicts(servers, active, sub, health, restarts, 
         assert by["a"].load == 1.0 and "/health: HTTP 503" in by["a"].message
 
 
+def test_a_failed_or_stopped_instance_says_why_from_its_journal(servers) -> None:
+    srv = servers([metrics_text(0, 0)])
+    inv = inventory({"a": ("h1", 0, srv.port), "b": ("h1", 1, srv.port + 1)})
+    journal = ("systemd[1]: Started clusterctl-a.service - vLLM a.\n"
+               "vllm-a[7]: (EngineCore_DP0 pid=9) ERROR [core.py:708] torch.OutOfMemoryError: CUDA out of memory.\n"
+               "systemd[1]: clusterctl-a.service: Main process exited, code=exited, status=1/FAILURE\n"
+               "systemd[1]: clusterctl-a.service: Start request repeated too quickly.\n")
+    failed = {**unit("a", active="failed", sub="failed"), "result": "exit-code", "journal_tail": journal}
+    # vLLM exits 0 when its engine dies: under Restart=on-failure the unit ends up inactive
+    exited0 = {**unit("b", active="inactive", sub="dead"), "result": "success",
+               "journal_tail": "systemd[1]: clusterctl-b.service: Deactivated successfully.\n"}
+    by, rows = _rows(inv, {"h1": {"a": failed, "b": exited0}}, window=0)
+    assert (by["a"].state, by["a"].severity) == ("failed", Severity.CRIT)
+    assert by["a"].message == ("unit failed (failed): systemd gave up restarting it: start request repeated too "
+                               "quickly (a crash loop); torch.OutOfMemoryError: CUDA out of memory.")
+    assert (by["b"].state, by["b"].severity) == ("stopped", Severity.CRIT)
+    assert "exited with status 0 (vLLM does so when its engine dies)" in by["b"].message
+    assert exit_code(rows) == 2
+
+
 def test_active_but_not_listening_is_starting_then_unhealthy(servers) -> None:
     srv = servers()
     port = srv.port

@@ -30,6 +30,14 @@ def test_decide_marks_down_what_must_not_get_traffic(inv: Inventory) -> None:
     assert states["l1"] == ServerState(False, 60)  # 100 x (1 - 0.35) in steps of 10
 
 
+def test_a_unit_that_is_down_is_down_at_the_gateway_with_its_reason(inv: Inventory) -> None:
+    observed = {**SERVING, "q1": Observed("failed", reason="unit failed (failed): the process exited with status 1"),
+                "q2": Observed("stopped")}
+    states = decide(inv, inv.instances, observed)
+    assert states["q1"] == ServerState(True, 1, "failed: unit failed (failed): the process exited with status 1")
+    assert states["q2"] == ServerState(True, 1, "stopped")
+
+
 def test_decide_weights_by_throughput_only_for_mixed_gpu_models(inv: Inventory) -> None:
     observed = {**SERVING, "q1": Observed("serving", 0.0, 500.0), "q2": Observed("serving", 0.0, 1000.0)}
     assert decide(inv, inv.instances, observed)["q1"].weight == 100  # same GPU model: no capacity term

@@ -1,0 +1,83 @@
+"""Check ``serving.unit``: each wanted instance's systemd unit, from the facts' ``units``.
+
+For every instance of the inventory, on its host (the first of its
+placement), the unit ``clusterctl-NAME.service`` as the probe read it
+(``systemctl show``):
+
+- ``failed`` or ``inactive``: CRIT, the instance is down, with the reason
+  from its journal and systemd's ``Result=`` (:mod:`clusterctl.diagnose.unitlog`);
+- ``activating (auto-restart)``: CRIT, between automatic restarts (a crash loop);
+- no unit: CRIT, wanted by the inventory but not deployed there;
+- active, restarted by systemd ``serving.restarts_warn`` (3) times or more
+  (``NRestarts``): WARN, it keeps crashing and coming back;
+- active otherwise: OK.
+
+A host whose facts have no ``units`` (systemctl did not answer) is UNKNOWN
+for its instances; a host without facts is left to ``host.reachable``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clusterctl.diagnose import sources
+from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.diagnose.registry import AnalysisContext, analyzer
+from clusterctl.diagnose.thresholds import number, section
+from clusterctl.diagnose.unitlog import down_reason
+
+CHECK = "serving.unit"
+
+
+@analyzer(CHECK)
+def check_units(ctx: AnalysisContext) -> list[Finding]:
+    restarts_warn = number(section(ctx.thresholds, "gpu", "serving"), "restarts_warn", 3)
+    out: list[Finding] = []
+    for inst in sources.instances(ctx.inventory):
+        if not inst.placement:
+            continue
+        host = inst.placement[0].host
+        facts = ctx.facts.get(host)
+        if facts is None:
+            continue
+        subj = f"instance:{inst.name}"
+        units = facts.get("units")
+        if units is None:
+            out.append(Finding(CHECK, Severity.UNKNOWN, host, subj, "cannot check: the host's units were not read "
+                               "(systemctl did not answer)", "run doctor again; check systemctl on the host"))
+            continue
+        unit = next((u for u in units if isinstance(u, dict) and u.get("unit") == sources.unit_name(inst.name)), None)
+        out.append(_verdict(ctx, host, inst.name, subj, unit, restarts_warn))
+    return out
+
+
+def _verdict(ctx: AnalysisContext, host: str, name: str, subj: str, unit: dict[str, Any] | None,
+             restarts_warn: float) -> Finding:
+    uname = sources.unit_name(name)
+    if unit is None or unit.get("load_state") == "not-found":
+        return Finding(CHECK, Severity.CRIT, host, subj, f"down: wanted by the inventory, no {uname} on {host}",
+                       f"deploy it (clusterctl deploy -i INVENTORY --instances {name})")
+    active, sub = unit.get("active_state"), unit.get("sub_state")
+    restarts = unit.get("restarts") or 0
+    journal = ctx.raw.get(host, {}).get(f"{name}.log", "")
+    why = down_reason(journal, str(unit.get("result") or ""), str(unit.get("exec_main_status") or ""))
+    ev = tuple(x for x in (f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} "
+                           f"NRestarts={restarts}", f"since {unit['since']}" if unit.get("since") else None) if x)
+    see = f"journalctl -u {uname} on {host}"
+    if active in ("failed", "inactive"):
+        return Finding(CHECK, Severity.CRIT, host, subj, f"down: unit {active}: {why}",
+                       f"fix the cause ({see}), then systemctl reset-failed and start {uname} "
+                       f"(or clusterctl deploy)", ev)
+    if active == "activating" and sub == "auto-restart":
+        return Finding(CHECK, Severity.CRIT, host, subj,
+                       f"crash loop: between automatic restarts ({restarts} so far): {why}",
+                       f"fix the cause ({see}); systemd gives up after its start limit", ev)
+    if active in ("activating", "deactivating", "reloading"):
+        return Finding(CHECK, Severity.WARN, host, subj, f"unit {active} ({sub})", f"check again shortly; {see}", ev)
+    if restarts >= restarts_warn:
+        return Finding(CHECK, Severity.WARN, host, subj,
+                       f"keeps restarting: systemd restarted it {restarts} times (NRestarts); "
+                       f"last cause: {why}",
+                       f"find why it dies ({see}, serving.engine, oom.cause); each restart reloads the model", ev)
+    return Finding(CHECK, Severity.OK, host, subj, f"unit active ({sub})" +
+                   (f", restarted {restarts} time(s)" if restarts else ""), evidence=ev)
