@@ -1,9 +1,9 @@
 """TARGET of ``bench`` and ``drift``: an endpoint URL or an inventory instance name.
 
 An instance resolves to ``http://ADDRESS:PORT`` of its first placement host
-(where vLLM's API server runs) and the API key the instance requires: its
-``VLLM_API_KEY`` secret from the inventory (read with
-:func:`clusterctl.deploy.secrets.resolve_secrets`), else
+(where vLLM's API server runs) and the API key the instance requires, as
+deploy resolves it (:func:`clusterctl.deploy.secrets.instance_api_key`: an
+inline ``env: VLLM_API_KEY``, else its ``VLLM_API_KEY`` secret), else
 ``$CLUSTERCTL_API_KEY``.  A URL takes ``$VLLM_API_KEY`` / ``$OPENAI_API_KEY``
 / ``$CLUSTERCTL_API_KEY``.  The key travels in the endpoint, never in a
 command line, and the endpoint's repr leaves it out.
@@ -35,10 +35,10 @@ def _env_key() -> str | None:
 def instance_endpoint(inv: Inventory, inst: Instance) -> Endpoint:
     """``http://address:port`` of ``inst``'s first host with its API key (see the module doc); raises
     ConfigError when a secret the inventory names cannot be read."""
-    from clusterctl.deploy.secrets import resolve_secrets
+    from clusterctl.deploy.secrets import instance_api_key
 
     host = inv.hosts[inst.placement[0].host]
-    key = resolve_secrets(inv, inst).get("VLLM_API_KEY") or os.environ.get("CLUSTERCTL_API_KEY") or None
+    key = instance_api_key(inv, inst) or os.environ.get("CLUSTERCTL_API_KEY") or None
     return Endpoint(host.address, inst.port).with_key(key)
 
 

@@ -21,8 +21,10 @@ from clusterctl.exitcodes import ExitCode
 
 HELP = """Save a bundle for offline diagnosis: per host the facts JSON, kernel log,
 each vLLM instance's journal, two /metrics samples, the raw output of every
-command that ran, timestamps; plus the inventory. Written under a temporary
-name and renamed, so a half-written bundle is never left behind.
+command that ran, timestamps; plus the inventory, its secret-looking values
+(HF_TOKEN, *PASSWORD*, ... as `inventory show --json` hides them) replaced by
+'***'. Written under a temporary name and renamed, so a half-written bundle
+is never left behind; readable by its owner only (0600 files, 0700 folders).
 
 Exit status: 0 when every host answered, 2 when some host gave no facts (the
 bundle records why), 3 on usage or inventory errors.
@@ -57,9 +59,11 @@ def collect(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @
                                      connect_timeout=connect_timeout, deadline=deadline,
                                      host_key_policy=host_key_policy, raw_outputs=True)
     snap.meta.update({"inventory": path, "pattern": pattern})
-    try:
-        inv_text = Path(path).read_text()
-    except OSError:
+    from clusterctl.deploy.secrets import redact_inventory_text
+
+    try:  # bundles are handed to other people: secret-looking values as ``show --json`` hides them
+        inv_text: str | None = redact_inventory_text(Path(path).read_text())
+    except (OSError, UnicodeDecodeError):
         inv_text = None
     try:
         dest = write_bundle(snap, output, inv_text)

@@ -95,3 +95,62 @@ def read_secret(ref: SecretRef, base: str) -> tuple[str | None, str | None]:
     if not text:
         return None, f"{path} is empty"
     return text, None
+
+
+def instance_api_key(inv: Inventory, inst: Instance) -> str | None:
+    """The API key ``inst``'s vLLM requires, resolved as deploy resolves it (``None``: none configured).
+
+    Deploy writes the instance's secrets (:func:`resolve_secrets`) into its
+    EnvironmentFile and lets an inline ``env: {VLLM_API_KEY: ...}`` override
+    them, so the same order here.  Raises :class:`ConfigError` (``file:line``,
+    never the value) when a secret the inventory names cannot be read.
+    """
+    inline = inst.env.get("VLLM_API_KEY")
+    if inline:
+        return inline
+    return resolve_secrets(inv, inst).get("VLLM_API_KEY") or None
+
+
+_PREFIX = re.compile(r"^(?:[&!]\S*\s+)*")
+
+
+def redact_inventory_text(text: str) -> str:
+    """The inventory file ``text`` with every secret-looking value replaced by ``'***'``.
+
+    A value is secret-looking when its key passes :func:`looks_secret` (``HF_TOKEN``,
+    ``DB_PASSWORD`` under ``env:``, ``vars:`` or anywhere) and it is a scalar:
+    references (``secrets: {X: {env: VAR}}``) are mappings and stay.  An anchored
+    value is replaced where it is defined, so an alias cannot bring it back.  Lines
+    stay where they were (``file:line`` in messages about the copy still point
+    right).  Text that is not YAML is returned as a one-line note instead of the
+    original: a copy that cannot be checked is not handed on.
+    """
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return "# clusterctl: the inventory could not be parsed, so it is left out (it may hold secrets)\n"
+    spans: dict[int, int] = {}
+    stack = [root] if root is not None else []
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if (isinstance(k, yaml.ScalarNode) and isinstance(v, yaml.ScalarNode) and looks_secret(str(k.value))
+                        and v.value != ""):
+                    spans[v.start_mark.index] = v.end_mark.index
+                stack += [k, v]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+    for start in sorted(spans, reverse=True):
+        end = spans[start]
+        original = text[start:end]
+        keep = _PREFIX.match(original)
+        prefix = keep.group() if keep else ""
+        text = text[:start] + prefix + "'***'" + "\n" * original.count("\n") + text[end:]
+    return text

@@ -255,11 +255,22 @@ def _write_tree(snap: Snapshot, root: Path, inventory_text: str | None) -> None:
             (d / "commands" / "index.json").write_text(json.dumps(index, indent=1) + "\n")
 
 
+def _owner_only(top: Path) -> None:
+    """Folders 0700 and files 0600 under ``top``: logs and command output may hold secrets."""
+    top.chmod(0o700)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o700)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o600)
+
+
 def write_bundle(snap: Snapshot, dest: str | Path, inventory_text: str | None = None) -> Path:
     """Save ``snap`` at ``dest`` (a directory, or a file ending in ``.tar.gz``/``.tgz``).
 
     Nothing half-written is left at ``dest``: the bundle is built under a
     temporary name beside it and renamed.  An existing ``dest`` is refused.
+    Readable by its owner only: files 0600, folders 0700, the archive 0600.
     """
     dest = Path(dest)
     if dest.exists():
@@ -271,8 +282,10 @@ def write_bundle(snap: Snapshot, dest: str | Path, inventory_text: str | None = 
     try:
         top = tmp / dest.name.removesuffix(".tar.gz").removesuffix(".tgz")
         _write_tree(snap, top, inventory_text)
+        _owner_only(top)
         if is_tar:
             part = tmp / "bundle.tar.gz"
+            part.touch(mode=0o600)
             with tarfile.open(part, "w:gz") as tar:
                 tar.add(top, arcname=top.name)
             os.replace(part, dest)

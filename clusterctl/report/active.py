@@ -17,10 +17,16 @@ new/ongoing/resolved comparison, notifications and charts treat them alike:
 
 An endpoint that does not answer is an UNKNOWN finding for that instance and check,
 never a stalled run: every request has ``timeout`` seconds.
+
+Each request carries the instance's API key, resolved as deploy resolves it
+(:func:`clusterctl.deploy.secrets.instance_api_key`: an inline ``env:
+VLLM_API_KEY``, else its ``VLLM_API_KEY`` secret), else ``$CLUSTERCTL_API_KEY``;
+a protected instance is checked, not "401 UNKNOWN".
 """
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +53,8 @@ class Target:
     host: str
     model: str
     url: str
+    #: the Bearer token the instance requires (never printed)
+    api_key: str | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -67,12 +75,20 @@ def parse_kinds(text: str) -> tuple[str, ...]:
 
 
 def targets(inv: Inventory, hosts: set[str] | None = None) -> list[Target]:
-    """Every instance with a placement (the ones whose first host is in ``hosts``, when given)."""
+    """Every instance with a placement (the ones whose first host is in ``hosts``, when given), with
+    its API key (see the module doc).  Raises :class:`~clusterctl.errors.ConfigError` when a secret
+    the inventory names cannot be read (``file:line``, never the value)."""
+    from clusterctl.deploy.secrets import instance_api_key
+
     out = []
     for g in sd_targets(inv):
         labels = g["labels"]
         if hosts is None or labels["host"] in hosts:
-            out.append(Target(labels["vllm_instance"], labels["host"], labels["model"], f"http://{g['targets'][0]}"))
+            inst = inv.instances.get(labels["vllm_instance"])
+            key = (instance_api_key(inv, inst) if inst is not None else None) or \
+                os.environ.get("CLUSTERCTL_API_KEY") or None
+            out.append(Target(labels["vllm_instance"], labels["host"], labels["model"], f"http://{g['targets'][0]}",
+                              api_key=key))
     return out
 
 
@@ -151,7 +167,7 @@ def run_active(tgts: list[Target], kinds: tuple[str, ...], *, thresholds: Path, 
     """
     out = Outcome()
     for t in tgts:
-        ep = loadgen.Endpoint.parse(t.url)
+        ep = loadgen.Endpoint.parse(t.url).with_key(t.api_key)
         for kind in kinds:
             if progress:
                 progress(f"{kind} {t.instance} ({t.url})")

@@ -97,3 +97,41 @@ def test_kinds_and_targets_from_the_inventory() -> None:
     assert all_targets and all(t.url.startswith("http://") and ":" in t.url[7:] for t in all_targets)
     head = all_targets[0].host
     assert {t.host for t in targets(inv, {head})} == {head}
+
+
+def test_a_protected_instance_is_checked_with_its_api_key(host, models, start_sim, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: ``--active`` sent no key, so every protected instance was "401 UNKNOWN"."""
+    sim = start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", "--api-key", "sk-active-test")
+    assert sim.wait_for(READY), sim.log
+    inv_file = tmp_path / "site.yaml"
+    inv_file.write_text(f"""\
+version: 1
+defaults:
+  ssh: {{use_ssh_config: false}}
+  gpus: {{count: 2, model: H100-SXM5-80GB, memory_gib: 80}}
+hosts:
+  gpu01: {{address: 127.0.0.1}}
+engines:
+  vllm: {{path: /opt/vllm/bin/vllm, version: 0.11.0}}
+models:
+  qwen3-8b: {{path: /models/qwen3-8b}}
+instances:
+  secret-ref: {{model: qwen3-8b, engine: vllm, placement: [gpu01:0], port: {sim.port},
+               secrets: {{VLLM_API_KEY: {{env: T_ACTIVE_KEY}}}}}}
+""")
+    monkeypatch.setenv("CLUSTERCTL_SSH_CONFIG", "none")
+    monkeypatch.delenv("CLUSTERCTL_API_KEY", raising=False)
+    monkeypatch.setenv("T_ACTIVE_KEY", "sk-active-test")
+    tgts = targets(load_inventory(inv_file))
+    assert "sk-active-test" not in repr(tgts)
+    out = run_active(tgts, ("bench",), thresholds=THRESHOLDS, state_dir=tmp_path, timeout=20)
+    assert [(f.check, f.severity) for f in out.findings] == [("bench.ttft", Severity.OK)], out.findings
+    monkeypatch.setenv("T_ACTIVE_KEY", "wrong")
+    out = run_active(targets(load_inventory(inv_file)), ("bench",), thresholds=THRESHOLDS, state_dir=tmp_path,
+                     timeout=20)
+    assert [f.severity for f in out.findings] == [Severity.UNKNOWN] and "401" in out.findings[0].message
+    monkeypatch.delenv("T_ACTIVE_KEY")
+    with pytest.raises(ClusterctlError, match="T_ACTIVE_KEY is not set"):
+        targets(load_inventory(inv_file))
+    assert sim.stop() == 0
