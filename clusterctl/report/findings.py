@@ -121,21 +121,26 @@ def _label(value: str) -> str:
 def to_prometheus(findings: list[Finding]) -> str:
     """Prometheus text exposition (for node_exporter's textfile collector).
 
-    ``clusterctl_doctor_finding{check,host,subject,severity}`` is 1 per finding
-    that is not OK; ``clusterctl_doctor_check_severity{check,host}`` is the worst
+    ``clusterctl_doctor_finding{check,host,subject,severity}`` counts the findings
+    that are not OK with those labels (two XIDs on one GPU are one series with
+    value 2: a label set appears once, as the format requires);
+    ``clusterctl_doctor_check_severity{check,host}`` is the worst
     severity code (0 OK, 1 WARN, 2 CRIT, 3 UNKNOWN) per check and host;
     ``clusterctl_doctor_exit_code`` the run's exit code.
     """
-    out = ["# HELP clusterctl_doctor_finding A finding that is not OK (1 while present).",
+    out = ["# HELP clusterctl_doctor_finding Findings that are not OK with these labels (0 series while none).",
            "# TYPE clusterctl_doctor_finding gauge"]
     worst_of: dict[tuple[str, str], Severity] = {}
+    present: dict[tuple[str, str, str, str], int] = {}
     for f in findings:
         key = (f.check, f.host or "")
         if key not in worst_of or f.severity.rank > worst_of[key].rank:
             worst_of[key] = f.severity
         if f.severity != Severity.OK:
-            out.append(f'clusterctl_doctor_finding{{check="{_label(f.check)}",host="{_label(f.host or "")}",'
-                       f'subject="{_label(f.subject)}",severity="{f.severity.name}"}} 1')
+            labels = (_label(f.check), _label(f.host or ""), _label(f.subject), f.severity.name)
+            present[labels] = present.get(labels, 0) + 1
+    out += [f'clusterctl_doctor_finding{{check="{c}",host="{h}",subject="{s}",severity="{sev}"}} {n}'
+            for (c, h, s, sev), n in present.items()]
     out += ["# HELP clusterctl_doctor_check_severity Worst severity per check and host (0 OK 1 WARN 2 CRIT 3 UNKNOWN).",
             "# TYPE clusterctl_doctor_check_severity gauge"]
     out += [f'clusterctl_doctor_check_severity{{check="{_label(c)}",host="{_label(h)}"}} {int(s)}'

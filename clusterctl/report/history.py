@@ -5,6 +5,11 @@ WAL mode, one transaction per run (a run killed mid-write leaves no trace),
 version is SQLite's ``user_version``; :data:`MIGRATIONS` takes a database
 from version *n-1* to *n* and runs in order on open.
 
+A damaged database (corrupt pages found after it opened, a dropped table, rows
+of the wrong type) is a :class:`HistoryError` naming the file from every
+method, never a traceback, and nothing is deleted or rewritten to "repair" it:
+the user decides (move it aside, or ``sqlite3 FILE .recover``).
+
 Times are Unix seconds (UTC).  The default path is
 ``$XDG_STATE_HOME/clusterctl/report.db``; a system service passes
 ``--db /var/lib/clusterctl/report.db``.
@@ -12,12 +17,14 @@ Times are Unix seconds (UTC).  The default path is
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar
 
 from clusterctl.diagnose.findings import Finding, Severity, exit_code
 from clusterctl.errors import ClusterctlError
@@ -114,6 +121,26 @@ class HistoryError(ClusterctlError):
     """The database cannot be opened, is newer than this clusterctl, or is corrupt."""
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: What a damaged database or a junk row raises on the way out of sqlite3 and the row conversions.
+_DAMAGE = (sqlite3.Error, ValueError, TypeError, KeyError, IndexError, OverflowError)
+
+
+def _guarded(method: _F) -> _F:
+    """``method`` with a damaged database turned into one :class:`HistoryError` naming the file."""
+    @functools.wraps(method)
+    def wrapper(self: "History", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except HistoryError:
+            raise
+        except _DAMAGE as e:
+            raise HistoryError(f"{self.path}: the report history is damaged ({type(e).__name__}: {e}); "
+                               "nothing was deleted: move the file aside (the next run starts a new one) "
+                               f"or try `sqlite3 {self.path} .recover`") from None
+    return wrapper  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class Run:
     id: int
@@ -173,6 +200,13 @@ class History:
     def close(self) -> None:
         self.db.close()
 
+    def _rollback(self) -> None:
+        """Roll back the open transaction; a database too damaged to do even that keeps the first error."""
+        try:
+            self.db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
     @property
     def version(self) -> int:
         return int(self.db.execute("PRAGMA user_version").fetchone()[0])
@@ -191,7 +225,7 @@ class History:
                 self.db.execute(f"PRAGMA user_version={n + 1}")
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            self._rollback()
             raise
 
     def record(self, findings: list[Finding], *, started: float, finished: float | None = None,
@@ -225,7 +259,7 @@ class History:
                                 [(run_id, ids[(m.name, m.host, m.subject)], float(m.value)) for m in metrics])
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            self._rollback()
             raise
         return run_id
 
@@ -243,8 +277,11 @@ class History:
         counts["OK"] = row[7]
         for sev, n in self.db.execute("SELECT severity, count(*) FROM findings WHERE run_id=? GROUP BY severity",
                                       (row[0],)):
-            counts[sev] += n
-        return Run(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), counts)
+            counts[Severity[sev].name] += n
+        meta = json.loads(row[6])
+        if not isinstance(meta, dict):
+            raise ValueError(f"run {row[0]}: meta is not a JSON object")
+        return Run(int(row[0]), _real(row[1]), _real(row[2]), _text(row[3]), int(row[4]), int(row[5]), meta, counts)
 
     def runs(self, limit: int = 20, *, before: int | None = None) -> list[Run]:
         """The latest runs, newest first (``before``: only runs with a smaller id)."""
@@ -271,7 +308,8 @@ class History:
 
     def findings(self, run_id: int) -> list[Finding]:
         """The problems (findings not OK) stored for a run, in the order they were recorded."""
-        return [Finding(c, Severity[s], h or None, subj, msg, act, tuple(json.loads(ev)))
+        return [Finding(_text(c), Severity[s], _text(h) or None, _text(subj), _text(msg), _text(act),
+                        tuple(_evidence(ev)))
                 for c, s, h, subj, msg, act, ev in self.db.execute(
                     "SELECT check_name, severity, host, subject, message, action, evidence FROM findings "
                     "WHERE run_id=? ORDER BY rowid", (run_id,))]
@@ -288,13 +326,14 @@ class History:
                 "JOIN samples x ON x.series_id = s.id JOIN runs r ON r.id = x.run_id "
                 "WHERE s.name=? AND s.subject!=? AND s.last_run>=? AND r.started>=? ORDER BY r.started",
                 (name, HOST_MEAN, self._first_run(since), since)):
-            out.setdefault((host, subject), []).append((t, v))
+            out.setdefault((_text(host), _text(subject)), []).append((_real(t), _real(v)))
         return out
 
     def series_hosts(self, name: str, *, since: float = 0.0) -> dict[str, int]:
         """``{host: how many subjects}`` of metric ``name`` with samples since ``since``."""
-        return dict(self.db.execute("SELECT host, count(*) FROM series WHERE name=? AND subject!=? AND last_run>=? "
-                                    "GROUP BY host", (name, HOST_MEAN, self._first_run(since))).fetchall())
+        return {_text(h): int(n) for h, n in self.db.execute(
+            "SELECT host, count(*) FROM series WHERE name=? AND subject!=? AND last_run>=? GROUP BY host",
+            (name, HOST_MEAN, self._first_run(since)))}
 
     def series_buckets(self, name: str, *, since: float, buckets: int,
                        per_host: bool = False) -> dict[tuple[str, str], list[tuple[float, float]]]:
@@ -327,13 +366,13 @@ class History:
             f"GROUP BY s.host, {subject}, b ORDER BY b", (*args, name, *line_args, first, since))
         out: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for host, subj, _, t, v in rows:
-            out.setdefault((host, subj), []).append((t, v))
+            out.setdefault((_text(host), _text(subj)), []).append((_real(t), _real(v)))
         return out
 
     def metric_names(self, *, since: float = 0.0) -> list[str]:
         """Metrics with samples in runs started since ``since``."""
-        return [r[0] for r in self.db.execute("SELECT DISTINCT name FROM series WHERE last_run>=? ORDER BY name",
-                                              (self._first_run(since),))]
+        return [_text(r[0]) for r in self.db.execute("SELECT DISTINCT name FROM series WHERE last_run>=? ORDER BY name",
+                                                     (self._first_run(since),))]
 
     def severity_series(self, *, since: float = 0.0, pattern: str | None = None) -> list[tuple[float, dict[str, int]]]:
         """Per run (oldest first; only runs of ``pattern`` when given): its start and its count of
@@ -343,9 +382,9 @@ class History:
                 "SELECT r.id, r.started, r.ok_findings, f.severity, count(f.run_id) FROM runs r "
                 "LEFT JOIN findings f ON f.run_id = r.id WHERE r.started >= ? AND (? IS NULL OR r.pattern = ?) "
                 "GROUP BY r.id, f.severity ORDER BY r.id", (since, pattern, pattern)):
-            counts = out.setdefault(rid, (started, {**{s.name: 0 for s in Severity}, "OK": ok}))[1]
+            counts = out.setdefault(rid, (_real(started), {**{s.name: 0 for s in Severity}, "OK": int(ok)}))[1]
             if sev is not None:
-                counts[sev] += n
+                counts[Severity[sev].name] += n
         return list(out.values())
 
     def prune(self, retention_days: float = DEFAULT_RETENTION_DAYS, *, now: float | None = None) -> int:
@@ -362,14 +401,14 @@ class History:
             self.db.execute("DELETE FROM series WHERE last_run < (SELECT coalesce(min(id), 1 << 62) FROM runs)")
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            self._rollback()
             raise
         return int(n)
 
     # notification state (see clusterctl.report.notify)
     def notified(self) -> dict[tuple[str, str, str], tuple[str, float]]:
         """``{(check, host, subject): (severity, when last notified)}``."""
-        return {(c, h, s): (sev, at) for c, h, s, sev, at in
+        return {(_text(c), _text(h), _text(s)): (Severity[sev].name, _real(at)) for c, h, s, sev, at in
                 self.db.execute("SELECT check_name, host, subject, severity, at FROM notified")}
 
     def set_notified(self, entries: dict[tuple[str, str, str], tuple[str, float]]) -> None:
@@ -381,5 +420,30 @@ class History:
                                 [(c, h, s, sev, at) for (c, h, s), (sev, at) in entries.items()])
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            self._rollback()
             raise
+
+
+def _real(v: Any) -> float:
+    """A stored number (a junk row's text or NULL raises, and :func:`_guarded` reports it)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"expected a number, found {type(v).__name__} {str(v)[:40]!r}")
+    return float(v)
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"expected text, found {type(v).__name__} {str(v)[:40]!r}")
+    return v
+
+
+def _evidence(text: Any) -> list[str]:
+    ev = json.loads(_text(text))
+    if not isinstance(ev, list):
+        raise ValueError("evidence is not a JSON list")
+    return [str(x) for x in ev]
+
+
+for _name in ("record", "runs", "last_run", "findings", "series", "series_hosts", "series_buckets", "metric_names",
+              "severity_series", "prune", "notified", "set_notified", "_first_run"):
+    setattr(History, _name, _guarded(getattr(History, _name)))

@@ -48,3 +48,14 @@ def test_a_failed_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         write_atomic(target, "a 2\n")
     assert target.read_text() == "a 1\n" and sorted(os.listdir(tmp_path)) == ["clusterctl.prom"]
+
+
+def test_two_findings_with_one_label_set_are_one_series_counting_them():
+    """Issue 21: two XIDs on one GPU wrote the same series twice; the strict parser refused the file."""
+    from clusterctl.diagnose.findings import Finding, Severity
+
+    xids = [Finding("gpu.xid", Severity.CRIT, "gpu01", "gpu:3", f"XID {x}") for x in (79, 48)]
+    m = parse(render([*xids, warn()], diff([], xids), finished=1.0, duration_s=1.0))
+    series = m["clusterctl_doctor_finding"]
+    assert series[(("check", "gpu.xid"), ("host", "gpu01"), ("severity", "CRIT"), ("subject", "gpu:3"))] == 2
+    assert sum(series.values()) == 3
