@@ -226,6 +226,7 @@ def rollback(inventory: Optional[str] = InventoryOpt,
              hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value."),
              gate_timeout: float = typer.Option(600.0, "--gate-timeout", min=1, help="Seconds an instance may take to pass its gate."),
              break_lock: bool = typer.Option(False, "--break-lock", help="Take over another deploy's lock (only when it is dead)."),
+             drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0, help="Seconds to wait for requests in flight before restarting an instance."),
              state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory (the audit log is written there)."),
              as_json: bool = JsonOpt,
              fanout: Optional[int] = FanoutOpt,
@@ -244,7 +245,7 @@ def rollback(inventory: Optional[str] = InventoryOpt,
                           password=become_password(ask_become_pass, hosts, True))
     try:
         rep = do_rollback(inv, hosts, make, sd, instances=instances, gate_timeout_s=gate_timeout,
-                          break_lock=break_lock, on_event=_events(not as_json))
+                          break_lock=break_lock, drain_timeout_s=drain_timeout, on_event=_events(not as_json))
     except ClusterctlError as e:
         fail(str(e))
     if as_json:

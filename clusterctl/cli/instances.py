@@ -207,13 +207,13 @@ def _action(action: str) -> Any:
         from clusterctl.deploy.status import match_instances
 
         inv = load_inventory(inventory)
-        wanted, _ = instances_wanted(inv, state_dir)
+        wanted, directory = instances_wanted(inv, state_dir)
         names = match_instances(wanted, pattern)
         if not names:
             fail(f"pattern {pattern!r} selects no instance of the inventory")
         insts = [wanted[n] for n in names]
         try:
-            gateway = gateway_for(inv)
+            gateway = gateway_for(inv, directory)
         except ClusterctlError as e:
             fail(f"gateway: {e}")
         hosts = sorted({g.host for i in insts for g in i.placement})

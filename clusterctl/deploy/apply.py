@@ -118,8 +118,11 @@ def instance_for_drain(inv: Inventory, host: str, name: str, unit_text: str) -> 
 
 
 def drain_before(inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping[str, Instance],
-                 timeout: float) -> dict[str, str]:
-    """Drain the running instances this host's apply restarts or removes; instance -> note."""
+                 timeout: float, gateway: Any = None) -> dict[str, str]:
+    """Drain the running instances this host's apply restarts or removes; instance -> note.
+
+    ``gateway``: the hook (``drain.gateway_for``) that marks them down first; ``None``: none.
+    """
     from clusterctl.deploy import drain as dr
 
     todo: list[Instance] = []
@@ -132,7 +135,6 @@ def drain_before(inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping
             todo.append(inst)
     if not todo:
         return {}
-    gateway = dr.gateway_for(inv)
     with cf.ThreadPoolExecutor(max_workers=min(16, len(todo))) as ex:
         results = list(ex.map(lambda i: dr.drain(inv, i, timeout=timeout, gateway=gateway), todo))
     return {r.instance: ("drained" if r.drained else f"drain timed out, {r.remaining} in flight") for r in results}

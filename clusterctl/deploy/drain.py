@@ -17,6 +17,12 @@ the timeout.  An instance that refuses connections has nothing in flight
 The gateway is reached through :class:`GatewayHook`; :func:`gateway_for`
 finds the gateway package's hook for an inventory, if the package and a
 configured gateway exist.
+
+A drain marks the instance down with the reason ``drain``; every path that
+drains and then starts the instance again (deploy, rollback, restart, scale,
+failover) calls :func:`put_back` once the instance passed its gates, which
+marks up exactly the instances still marked down by a drain (an instance
+marked down for another reason, e.g. failover's, keeps that mark).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
+from clusterctl.errors import ClusterctlError
 from clusterctl.deploy.metrics import DEFAULT_HTTP_TIMEOUT, MetricsSample, base_url, fetch_sample, is_refused
 from clusterctl.inventory.model import Instance, Inventory
 
@@ -35,6 +42,8 @@ SETTLE_S = 0.5
 DEFAULT_DRAIN_TIMEOUT_S = 120.0
 #: Default seconds between two ``/metrics`` polls.
 DEFAULT_POLL_S = 1.0
+#: The reason a drain records at the gateway (what :func:`put_back` lifts).
+DRAIN_REASON = "drain"
 
 
 class GatewayHook(Protocol):
@@ -51,9 +60,10 @@ class GatewayHook(Protocol):
     def mark_up(self, instance_name: str) -> None: ...
 
 
-def gateway_for(inv: Inventory) -> GatewayHook | None:
-    """The gateway's hook for ``inv``: ``clusterctl.gateway.hook.gateway_hook(inv)``, or ``None``
-    when the gateway package is not there or the inventory configures no gateway."""
+def gateway_for(inv: Inventory, state_dir: Any = None) -> GatewayHook | None:
+    """The gateway's hook for ``inv``: ``clusterctl.gateway.hook.gateway_hook(inv, state_dir)``, or
+    ``None`` when the gateway package is not there or the inventory configures no gateway.
+    ``state_dir``: the deploy state directory the command uses (``None``: the default one)."""
     try:
         mod = importlib.import_module("clusterctl.gateway.hook")
     except ModuleNotFoundError as e:
@@ -61,8 +71,36 @@ def gateway_for(inv: Inventory) -> GatewayHook | None:
             return None
         raise
     factory = getattr(mod, "gateway_hook", None)
-    hook: GatewayHook | None = factory(inv) if callable(factory) else None
+    hook: GatewayHook | None = factory(inv, state_dir) if callable(factory) else None
     return hook
+
+
+def put_back(gateway: GatewayHook | None, names: Iterable[str]) -> dict[str, str]:
+    """Mark up at ``gateway`` each of ``names`` that a drain left marked down; name -> what happened.
+
+    Called once the instances passed their gates.  An instance marked down for
+    another reason (failover, an operator) is left as it is; when the hook
+    cannot say why an instance is down (no ``marked()``), every name is marked
+    up.  Never raises: a gateway that cannot apply the change is a note
+    ("still down at the gateway: ...").
+    """
+    if gateway is None:
+        return {}
+    marked = getattr(gateway, "marked", None)
+    current: dict[str, str] | None = marked() if callable(marked) else None
+    todo = [n for n in dict.fromkeys(names) if current is None or current.get(n) == DRAIN_REASON]
+    if not todo:
+        return {}
+    try:
+        many = getattr(gateway, "mark_up_many", None)
+        if callable(many):
+            many(todo)
+        else:
+            for n in todo:
+                gateway.mark_up(n)
+    except ClusterctlError as e:
+        return {n: f"still down at the gateway: {e}" for n in todo}
+    return {n: "up at the gateway" for n in todo}
 
 
 @dataclass(frozen=True)
@@ -104,7 +142,7 @@ def drain(inv: Inventory, instance: Instance, *, timeout: float = DEFAULT_DRAIN_
     t0 = clock()
     marked = False
     if gateway is not None:
-        gateway.mark_down(instance.name)
+        gateway.mark_down(instance.name)  # reason DRAIN_REASON (the hook's default)
         marked = True
     last_error: str | None = None
     remaining: int | None = None

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy import apply as ap
 from clusterctl.deploy import audit, gates, lock, remote, rollout, spec
+from clusterctl.deploy.journal import first_error
 from clusterctl.deploy.plan import Plan, make_plan, matches
 from clusterctl.deploy.state import StateStore, utc_now
 from clusterctl.errors import ClusterctlError
@@ -88,6 +89,8 @@ class DeployReport:
     #: instance -> the KV capacity vLLM logged against pre-flight's prediction (``KvCheck.to_json``),
     #: or why it could not be read; for instances started by this run on hosts that kept the change.
     kv_checks: dict[str, Any] = field(default_factory=dict)
+    #: instance -> what happened at the gateway once it passed its gates ("up at the gateway", or why not).
+    gateway: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -99,6 +102,7 @@ class DeployReport:
         return {"run_id": self.run_id, "result": self.result, "ok": self.ok, "seconds": round(self.seconds, 2),
                 "batches": self.batches, "recovered_locks": self.recovered_locks,
                 "preflight": pre.to_json() if pre is not None else None, "kv_checks": self.kv_checks,
+                "gateway": self.gateway,
                 "plan": self.plan.to_dict(), "hosts": [h.to_dict() for h in self.hosts.values()]}
 
 
@@ -346,7 +350,7 @@ class Deploy:
         unstaged = self._stage(fleet, batch, starting, states)
         with cf.ThreadPoolExecutor(max_workers=max(1, min(16, len(batch)))) as ex:
             drained = ex.map(lambda h: ap.drain_before(self.inv, by_host[h], states[h], self.instances,
-                                                       self.opts.drain_timeout_s), batch)
+                                                       self.opts.drain_timeout_s, self.gateway), batch)
             for h, notes in zip(batch, drained):
                 rep.hosts[h] = HostOutcome(h, "applied", n, drained=notes)
         failed = []
@@ -362,12 +366,48 @@ class Deploy:
                 failed.append(h)
         names = [i.instance for h in batch if h not in failed
                  for i in by_host[h].items if i.action in ("new", "changed", "start")]
-        for g in self.gate(fleet, names):
+        results = self.gate(fleet, names)
+        for g in results:
             rep.hosts[g.host].gates.append(g)
             if not g.ok and g.host not in failed:
                 rep.hosts[g.host].status, rep.hosts[g.host].error = "failed", f"{g.instance}: {g.reason}"
                 failed.append(g.host)
+        # Back at the gateway: what passed every gate on a host that keeps the change, and what
+        # the change removed (its drain mark would otherwise stay behind for a later same name).
+        bad = {g.instance for g in results if not g.ok}
+        back = [g.instance for g in results if g.ok and g.instance not in bad and g.host not in failed]
+        back += [i.instance for h in batch if h not in failed for i in by_host[h].items if i.action == "remove"]
+        self.put_back(back, rep)
         return failed
+
+    @property
+    def gateway(self) -> Any:
+        """The gateway hook drains mark instances down through (``None`` without a gateway)."""
+        if not hasattr(self, "_gateway"):
+            from clusterctl.deploy.drain import gateway_for
+
+            self._gateway = gateway_for(self.inv, self.state_dir)
+        return self._gateway
+
+    def put_back(self, names: Sequence[str], rep: DeployReport) -> None:
+        """Mark ``names`` up at the gateway where a drain left them down; noted in ``rep.gateway``."""
+        from clusterctl.deploy.drain import put_back
+
+        for name, note in put_back(self.gateway, names).items():
+            rep.gateway[name] = note
+            self.event("host", f"{name}: {note}", self.rendered[name].host if name in self.rendered else None,
+                       note.startswith("up"))
+
+    def restore_gates(self, fleet: Any, replies: Mapping[str, Any], rep: DeployReport) -> None:
+        """After a rollback restarted the previous units: gate them and put those that pass back."""
+        from clusterctl.deploy.rollback import gate_restored
+
+        restored = {h: list(r.data.get("restored", [])) for h, r in replies.items() if r.ok}
+        removed = [n for r in replies.values() if r.ok for n in r.data.get("removed", [])]
+        if not any(restored.values()) and not removed:
+            return
+        results = gate_restored(self.inv, self.state_dir, fleet, restored, self.opts.gate_timeout_s, self.on_event)
+        self.put_back([g.instance for g in results if g.ok] + removed, rep)
 
     def apply_job(self, hp: Any, st: remote.HostState) -> dict[str, Any]:
         """The node job that applies one host's plan ``hp`` (a hook: playbooks drop files already written)."""
@@ -384,7 +424,8 @@ class Deploy:
             return {name: (s.active, s.sub, s.restarts) for name, host in wanted.items()
                     for s in [now.get(host, remote.HostState(host)).instances.get(name)] if s is not None}
 
-        results = gates.wait_gates(targets, timeout_s=self.opts.gate_timeout_s, units=units, on_result=self.gate_event)
+        results = gates.wait_gates(targets, timeout_s=self.opts.gate_timeout_s, units=units, on_result=self.gate_event,
+                                   explain=lambda t: first_error(fleet, t.host, t.instance))
         return results + self.extra_gates(fleet, [t for t, g in zip(targets, results) if g.ok])
 
     def extra_gates(self, fleet: Any, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
@@ -452,6 +493,7 @@ class Deploy:
                   status: str) -> None:
         replies = ap.rollback_hosts(fleet, {h: ap.touched(by_host[h]) for h in hosts}, own_run_id=self.me.run_id,
                                     only_run_id=self.me.run_id)
+        self.restore_gates(fleet, replies, rep)
         for h in hosts:
             r = replies.get(h)
             rep.hosts[h].status = status

@@ -122,11 +122,14 @@ def unit_failure(t: GateTarget, state: UnitState | None) -> str | None:
 
 def wait_gates(targets: Sequence[GateTarget], *, timeout_s: float, units: UnitReader | None = None,
                poll_s: float = 1.0, request_timeout_s: float = 5.0,
-               on_result: Callable[[GateResult], None] | None = None) -> list[GateResult]:
+               on_result: Callable[[GateResult], None] | None = None,
+               explain: Callable[[GateTarget], str] | None = None) -> list[GateResult]:
     """Poll every target until it passes, its unit dies, or ``timeout_s`` passes.
 
     Returns one result per target, in order.  ``units()`` (one SSH read of
     the hosts) is called on every poll round while some target is pending.
+    ``explain(target)``: why a unit died (the journal's first error,
+    :func:`clusterctl.deploy.journal.first_error`), appended to the reason.
     """
     t0 = time.monotonic()
     end = t0 + timeout_s
@@ -148,7 +151,7 @@ def wait_gates(targets: Sequence[GateTarget], *, timeout_s: float, units: UnitRe
             st = states.get(t.instance)
             dead = unit_failure(t, st)
             if dead:
-                finish(t, False, "unit", dead)
+                finish(t, False, "unit", f"{dead}; {explain(t)}" if explain else dead)
             elif st is not None and st[0] != "active":
                 last[t.instance] = ("unit", f"unit is {st[0]}/{st[1]}")
             else:

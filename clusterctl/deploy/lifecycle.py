@@ -8,6 +8,12 @@
   the gateway.
 * ``start``: ``systemctl start``, wait for ``/health``, mark up.
 
+Before a start or restart, a unit in systemd's failed state (its start limit
+hit, say) is cleared with ``systemctl reset-failed``.  While waiting for
+``/health`` the unit's state is read every ``UNIT_CHECK_S`` seconds: once it
+failed, exited or is restarting after a crash the wait stops, and the error
+names the journal's first error of that run (:mod:`clusterctl.deploy.journal`).
+
 Instances are worked on in parallel (at most ``parallel`` at once, each on its
 own host's connection of the ``fleet``).  A drain that times out still stops
 the instance (that is what the timeout bounds) and says so; ``drain=False``
@@ -24,6 +30,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from clusterctl.deploy.drain import (DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_POLL_S, DrainResult, GatewayHook,
                                      drain)
+from clusterctl.deploy.journal import first_error
 from clusterctl.deploy.metrics import base_url, http_get
 from clusterctl.deploy.spec import unit_name
 from clusterctl.errors import ClusterctlError
@@ -35,6 +42,8 @@ Action = Literal["start", "stop", "restart"]
 DEFAULT_HEALTH_TIMEOUT_S = 900.0
 #: Seconds ``systemctl`` itself may take (stop waits for the process to exit).
 SYSTEMCTL_TIMEOUT_S = 180.0
+#: Seconds between two reads of the unit's state while waiting for ``/health``.
+UNIT_CHECK_S = 3.0
 
 
 @dataclass
@@ -62,21 +71,45 @@ class ActionResult:
 
 def wait_healthy(inv: Inventory, inst: Instance, timeout: float, poll: float = 1.0,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> float | None:
-    """Poll ``/health`` until 200: the seconds it took, or ``None`` after ``timeout`` seconds."""
+                 sleep: Callable[[float], None] = time.sleep,
+                 dead: Callable[[], str | None] | None = None) -> float | str | None:
+    """Poll ``/health`` until 200: the seconds it took, ``None`` after ``timeout`` seconds, or
+    the reason ``dead()`` gives (checked every ``UNIT_CHECK_S`` seconds) once the unit died."""
     url = base_url(inv, inst) + "/health"
     t0 = clock()
+    checked = t0
     while True:
         if http_get(url, timeout=min(3.0, max(poll, 1.0))).ok:
             return round(clock() - t0, 2)
+        if dead is not None and clock() - checked >= UNIT_CHECK_S:
+            checked = clock()
+            why = dead()
+            if why:
+                return why
         if clock() - t0 >= timeout:
             return None
         sleep(poll)
 
 
+def unit_dead(fleet: Any, host: str, inst: Instance) -> str | None:
+    """Why the instance's unit is no longer starting (failed, exited, restarting after a crash),
+    or ``None`` while it is activating/active or cannot be read."""
+    cmd = shell.join(["systemctl", "show", "-p", "ActiveState,SubState,Result", unit_name(inst.name)])
+    r = fleet.run({host: cmd}, sudo=True, timeout=30)[host]
+    if not r.ok:
+        return None
+    props = dict(ln.split("=", 1) for ln in (r.stdout or "").splitlines() if "=" in ln)
+    active, sub = props.get("ActiveState", ""), props.get("SubState", "")
+    if active in ("failed", "inactive") or sub == "auto-restart":
+        return f"unit {active}/{sub} (result {props.get('Result', '?')})"
+    return None
+
+
 def _systemctl(fleet: Any, host: str, verb: str, inst: Instance) -> str | None:
     """Run ``systemctl VERB unit`` on ``host`` (as root); the error text, or ``None`` when it worked."""
     cmd = shell.join(["systemctl", verb, unit_name(inst.name)])
+    if verb == "reset-failed":  # exits 1 when the unit is not failed: only that it ran matters
+        cmd = f"systemctl is-failed --quiet {shell.quote(unit_name(inst.name))} && {cmd}"
     r = fleet.run({host: cmd}, sudo=True, timeout=SYSTEMCTL_TIMEOUT_S)[host]
     if r.ok:
         return None
@@ -102,16 +135,25 @@ def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_fi
                 res.notes.append(f"drain timed out with {left} request(s) in flight; {action}ing anyway")
         elif action in ("stop", "restart") and gateway is not None:
             gateway.mark_down(inst.name)
+        if action in ("start", "restart"):
+            # A unit systemd gave up on (start limit, failed) starts again only once its failed state is cleared.
+            cleared = _systemctl(fleet, host, "reset-failed", inst)
+            if cleared is None:
+                res.notes.append("cleared the unit's failed state")
         on_event(f"{inst.name}: systemctl {action} on {host}")
         res.error = _systemctl(fleet, host, action, inst)
         if res.error is None and action in ("start", "restart"):
-            took = wait_healthy(inv, inst, health_timeout, poll)
+            took = wait_healthy(inv, inst, health_timeout, poll, dead=lambda: unit_dead(fleet, host, inst))
             if took is None:
                 res.error = f"/health did not answer 200 within {health_timeout:g} s"
+            elif isinstance(took, str):
+                res.error = f"{took}; {first_error(fleet, host, inst.name)}"
             else:
                 res.healthy_after_s = took
                 if gateway is not None:
                     gateway.mark_up(inst.name)
+        elif res.error is not None and action in ("start", "restart"):
+            res.error = f"{res.error}; {first_error(fleet, host, inst.name)}"
         res.ok = res.error is None
     except ClusterctlError as e:  # the gateway could not mark the instance
         res.error = f"gateway: {e}"

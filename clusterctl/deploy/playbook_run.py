@@ -507,6 +507,8 @@ class PlaybookRun:
         ``restart=False`` for files that were written but never started."""
         replies = ap.rollback_hosts(fleet, {h: instances.get(h, []) for h in hosts}, own_run_id=self.dep.me.run_id,
                                     only_run_id=self.dep.me.run_id, restart=restart)
+        if restart:
+            self.dep.restore_gates(fleet, replies, rep)
         for h in hosts:
             r = replies.get(h)
             o = rep.hosts.get(h) or HostOutcome(h, status)

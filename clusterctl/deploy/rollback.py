@@ -4,6 +4,8 @@ For every selected host, the instances that have a copy in
 ``/var/lib/clusterctl/deploy/previous/`` (and match ``--instances``) get
 their previous unit, env and model link back, and are restarted; an instance
 the last apply created (``previous/NAME.absent``) is stopped and removed.
+Running instances are drained first (gateway mark-down); restored instances
+that pass their gate are marked up again (:func:`~clusterctl.deploy.drain.put_back`).
 The current files are kept in ``previous/`` in exchange, so a second
 rollback goes forward again.  Restored instances must pass the same gates as
 a deploy.  Under the deploy lock, with an audit record.
@@ -18,6 +20,9 @@ from typing import Any, Callable, Sequence
 
 from clusterctl.deploy import apply as ap
 from clusterctl.deploy import audit, gates, lock, remote
+from clusterctl.deploy import drain as dr
+from clusterctl.deploy.drain import DrainResult
+from clusterctl.deploy.journal import first_error
 from clusterctl.deploy.engine import Event, FleetFactory, desired
 from clusterctl.deploy.plan import matches
 from clusterctl.deploy.state import utc_now
@@ -36,6 +41,10 @@ class RollbackReport:
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     gates: list[gates.GateResult] = field(default_factory=list)
     seconds: float = 0.0
+    #: instance -> how its drain ended (instances running before the rollback restarted them).
+    drained: dict[str, str] = field(default_factory=dict)
+    #: instance -> what :func:`~clusterctl.deploy.drain.put_back` did at the gateway once it passed its gate.
+    gateway: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -43,7 +52,8 @@ class RollbackReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "result": self.result, "ok": self.ok, "seconds": round(self.seconds, 2),
-                "hosts": [{"host": h, **d} for h, d in self.hosts.items()], "gates": [g.to_dict() for g in self.gates]}
+                "hosts": [{"host": h, **d} for h, d in self.hosts.items()], "gates": [g.to_dict() for g in self.gates],
+                "drained": self.drained, "gateway": self.gateway}
 
 
 def candidates(state: remote.HostState, pattern: str | None) -> list[str]:
@@ -76,8 +86,39 @@ def _targets(inv: Inventory, state_dir: str, restored: dict[str, list[str]],
     return out
 
 
+def drain_restored(inv: Inventory, state: remote.HostState, names: Sequence[str], gateway: Any,
+                   timeout: float) -> list[DrainResult]:
+    """Drain (gateway mark-down first) the running instances of ``names`` on the host of ``state``."""
+    todo = []
+    for n in names:
+        have = state.instances.get(n)
+        if have is not None and have.active == "active":
+            inst = ap.instance_for_drain(inv, state.host, n, have.unit_text)
+            if inst is not None:
+                todo.append(inst)
+    return [dr.drain(inv, i, timeout=timeout, gateway=gateway) for i in todo]
+
+
+def gate_restored(inv: Inventory, state_dir: str, fleet: Any, restored: dict[str, list[str]], timeout_s: float,
+                  on_event: Callable[[Event], None]) -> list[gates.GateResult]:
+    """The deploy gate of the instances a rollback restarted (host -> names), with the units now on the hosts."""
+    after = remote.read_hosts(fleet, hosts=[h for h, n in restored.items() if n])
+    targets = _targets(inv, state_dir, restored, after)
+    wanted = {t.instance: t.host for t in targets}
+
+    def units() -> dict[str, gates.UnitState]:
+        now = remote.read_hosts(fleet, hosts=sorted(set(wanted.values())), timeout=30)
+        return {n: (s.active, s.sub, s.restarts) for n, h in wanted.items()
+                for s in [now.get(h, remote.HostState(h)).instances.get(n)] if s is not None}
+
+    return gates.wait_gates(targets, timeout_s=timeout_s, units=units, on_result=lambda g: on_event(
+        Event("gate", f"{g.instance}: {'pass' if g.ok else 'FAIL'} ({g.reason})", g.host, g.ok)),
+        explain=lambda t: first_error(fleet, t.host, t.instance))
+
+
 def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, state_dir: str, *,
              instances: str | None = None, gate_timeout_s: float = 600.0, break_lock: bool = False,
+             drain_timeout_s: float = 120.0,
              lock_ttl_s: float = lock.DEFAULT_TTL_S,
              on_event: Callable[[Event], None] = lambda e: None) -> RollbackReport:
     """Roll back ``instances`` (pattern) on ``hosts``; see the module docstring."""
@@ -105,8 +146,13 @@ def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, st
                        fresh_fleet=lambda: make_fleet([inv.hosts[h] for h in todo])) as got:
             todo = {h: n for h, n in todo.items() if h in got.locked}
             on_event(Event("phase", f"rolling back {sum(map(len, todo.values()))} instances on {len(todo)} hosts"))
+            gateway = dr.gateway_for(inv, state_dir)
+            drained = [r for h in todo for r in drain_restored(inv, states[h], todo[h], gateway, drain_timeout_s)]
+            rep.drained = {r.instance: ("drained" if r.drained else f"drain timed out, {r.remaining} in flight")
+                           for r in drained}
             replies = ap.rollback_hosts(fleet, todo, own_run_id=me.run_id)
             restored: dict[str, list[str]] = {}
+            removed: list[str] = []
             for h, r in replies.items():
                 restored[h] = list(r.data.get("restored", []))
                 rep.hosts[h] = {"status": "rolled_back" if r.ok else "failed", "error": r.error,
@@ -114,18 +160,12 @@ def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, st
                                 "missing": r.data.get("missing", [])}
                 entries += [{"instance": n, "host": h, "action": "restored"} for n in restored[h]]
                 entries += [{"instance": n, "host": h, "action": "removed"} for n in r.data.get("removed", [])]
+                removed += list(r.data.get("removed", []))
                 on_event(Event("host", "rolled back" if r.ok else f"rollback failed: {r.error}", h, r.ok))
-            after = remote.read_hosts(fleet, hosts=list(restored))
-            targets = _targets(inv, state_dir, restored, after)
-            wanted = {t.instance: t.host for t in targets}
-
-            def units() -> dict[str, gates.UnitState]:
-                now = remote.read_hosts(fleet, hosts=sorted(set(wanted.values())), timeout=30)
-                return {n: (s.active, s.sub, s.restarts) for n, h in wanted.items()
-                        for s in [now.get(h, remote.HostState(h)).instances.get(n)] if s is not None}
-
-            rep.gates = gates.wait_gates(targets, timeout_s=gate_timeout_s, units=units, on_result=lambda g: on_event(
-                Event("gate", f"{g.instance}: {'pass' if g.ok else 'FAIL'} ({g.reason})", g.host, g.ok)))
+            rep.gates = gate_restored(inv, state_dir, fleet, restored, gate_timeout_s, on_event)
+            rep.gateway = dr.put_back(gateway, [g.instance for g in rep.gates if g.ok] + removed)
+            for n, note in rep.gateway.items():
+                on_event(Event("host", f"{n}: {note}", None, note.startswith("up")))
             bad = [h for h, d in rep.hosts.items() if d["status"] == "failed"] + [g.host for g in rep.gates if not g.ok]
             rep.result = "failed" if bad else "ok"
         audit.append(state_dir, record())

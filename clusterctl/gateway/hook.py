@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clusterctl.deploy.drain import DRAIN_REASON
 from clusterctl.deploy.state import who_am_i
 from clusterctl.errors import ClusterctlError
 from clusterctl.gateway import state as gwstate
@@ -48,13 +49,14 @@ class Hook:
     on_event: Callable[[str], None] | None = None
     results: list[SyncResult] = field(default_factory=list)
 
-    def _apply(self, name: str, down: bool, reason: str) -> None:
+    def _apply(self, names: list[str], down: bool, reason: str) -> None:
         def change(st: gwstate.GatewayState) -> None:
-            if down:
-                st.marked_down[name] = {"reason": reason, "by": who_am_i(),
-                                        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            else:
-                st.marked_down.pop(name, None)
+            for name in names:
+                if down:
+                    st.marked_down[name] = {"reason": reason, "by": who_am_i(),
+                                            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                else:
+                    st.marked_down.pop(name, None)
         st = gwstate.update(self.state_dir, change)
         servers = dict(st.servers)
         for n in self.instances():
@@ -70,18 +72,27 @@ class Hook:
         if failed:
             raise GatewayError("gateway: " + "; ".join(f"{h.host}: {h.error}" for h in failed))
 
-    def mark_down(self, instance_name: str, reason: str = "drain") -> None:
-        self._apply(instance_name, True, reason)
+    def mark_down(self, instance_name: str, reason: str = DRAIN_REASON) -> None:
+        self._apply([instance_name], True, reason)
 
     def mark_up(self, instance_name: str) -> None:
-        self._apply(instance_name, False, "")
+        self._apply([instance_name], False, "")
+
+    def mark_up_many(self, names: list[str]) -> None:
+        """Mark every one of ``names`` up with one gateway sync."""
+        self._apply(list(names), False, "")
+
+    def marked(self) -> dict[str, str]:
+        """Instance -> reason, for every instance marked down now."""
+        return {n: str(m.get("reason", "")) for n, m in gwstate.load(self.state_dir).marked_down.items()}
 
 
-def gateway_hook(inv: Inventory) -> Hook | None:
+def gateway_hook(inv: Inventory, state_dir: str | Path | None = None) -> Hook | None:
     """The hook for ``inv`` (``None`` without a ``gateway:`` section); what ``deploy.drain.gateway_for`` calls.
 
-    Uses the user config's deploy state directory (``$CLUSTERCTL_STATE_DIR``
-    first) and an SSH fleet of the gateway hosts with their inventory settings.
+    Uses ``state_dir`` (the command's deploy state directory), else the user
+    config's (``$CLUSTERCTL_STATE_DIR`` first), and an SSH fleet of the gateway
+    hosts with their inventory settings.
     """
     if inv.gateway is None:
         return None
@@ -91,7 +102,7 @@ def gateway_hook(inv: Inventory) -> Hook | None:
     from clusterctl.fleet.fleet import Fleet
 
     cfg = load_user_config()
-    directory = resolve_state_dir(None, cfg)
+    directory = resolve_state_dir(state_dir, cfg)
     gw = inv.gateway
 
     def instances() -> dict[str, Instance]:

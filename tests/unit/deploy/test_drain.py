@@ -105,7 +105,9 @@ def test_restart_waits_for_health_and_marks_up(server) -> None:
                            health_timeout=5, gateway=Gateway(log))
     assert res.ok and res.healthy_after_s is not None
     assert log == ["down a", "up a"]
-    assert [c for _, c, _ in transport.commands] == ["systemctl restart clusterctl-a.service"]
+    assert [c for _, c, _ in transport.commands] == [
+        "systemctl is-failed --quiet clusterctl-a.service && systemctl reset-failed clusterctl-a.service",
+        "systemctl restart clusterctl-a.service"]
 
 
 def test_start_that_never_gets_healthy_fails_the_row(server) -> None:
