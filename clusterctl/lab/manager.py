@@ -272,10 +272,11 @@ def down(cfg: LabConfig, on_event: Event = lambda s: None) -> None:
     while procs.cgroup_dirs(cfg.cgroup_name) and time.monotonic() < deadline:
         time.sleep(0.1)
         container.remove_cgroups(cfg)
-    for name in ("hosts", "ssh"):
+    # "models" and "workload.yaml": what `clusterctl lab workload` wrote there by default.
+    for name in ("hosts", "ssh", "models"):
         if (cfg.lab_dir / name).exists():
             shutil.rmtree(cfg.lab_dir / name)
-    for name in ("inventory.yaml", "ticker.log", "ticker.pid", "state.json"):
+    for name in ("inventory.yaml", "workload.yaml", "ticker.log", "ticker.pid", "state.json"):
         (cfg.lab_dir / name).unlink(missing_ok=True)
     if limits.release(str(cfg.lab_dir)):
         on_event("inotify limit restored")

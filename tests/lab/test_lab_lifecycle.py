@@ -88,6 +88,11 @@ def test_up_twice_is_a_no_op_and_down_leaves_nothing(small_cfg):
     names = [h.spec.name for h in first.state.hosts]
     assert names == [f"{small_cfg.prefix}01", f"{small_cfg.prefix}02"]
     assert _processes_mentioning(small_cfg.lab_dir)  # the check below can see processes
+    # The operator's day: a demo workload written where `clusterctl lab workload` puts it.
+    from clusterctl.lab import workload
+    workload.write(small_cfg.inventory_file, small_cfg.lab_dir / "workload.yaml",
+                   small_cfg.lab_dir / "models" / workload.MODEL, replicas=2, gateway_host=None, time_scale=0)
+    assert (small_cfg.lab_dir / "models" / workload.MODEL / "config.json").is_file()
     manager.down(small_cfg)
     assert _leftovers(small_cfg, names) == []
     _assert_inotify_released(small_cfg, first.state.inotify_saved)
