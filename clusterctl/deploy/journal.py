@@ -9,7 +9,8 @@ the unit's last lines (systemd's own messages: a missing executable, the
 start limit).  :func:`pick_error` chooses the line to show: the first
 exception line (``ValueError: ...``, ``torch.OutOfMemoryError: ...``), else
 the first ``ERROR``/``CRITICAL`` log line, else the first line that says
-``failed``.  Never raises: an unreadable host is a sentence.
+``failed``, else the run's last line (``verify-model: refusing to start:
+...`` from the unit's ExecStartPre), and only then systemd's own lines.  Never raises: an unreadable host is a sentence.
 """
 
 from __future__ import annotations
@@ -49,8 +50,14 @@ def pick_error(text: str) -> str | None:
                 if m and not ln.startswith("Traceback"):
                     if rx is _EXCEPTION:  # from the exception on: vLLM's "ERROR date [file:line]" prefix says nothing
                         ln = ln[m.start():].strip()
-                    return ln[:MAX_CHARS] + ("..." if len(ln) > MAX_CHARS else "")
+                    return _trim(ln)
+        if part is run and lines:
+            return _trim(lines[-1])  # what the run printed last before it ended says more than systemd
     return None
+
+
+def _trim(line: str) -> str:
+    return line[:MAX_CHARS] + ("..." if len(line) > MAX_CHARS else "")
 
 
 def first_error(fleet: Any, host: str, instance: str, timeout: float = 30.0) -> str:

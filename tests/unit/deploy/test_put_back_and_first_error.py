@@ -74,7 +74,11 @@ def test_pick_error_falls_back_to_systemds_own_lines_when_the_run_printed_nothin
     text = ("--clusterctl-unit-tail--\nclusterctl-q.service: Start request repeated too quickly.\n"
             "clusterctl-q.service: Failed with result 'start-limit-hit'.\n")
     assert pick_error(text) == "clusterctl-q.service: Start request repeated too quickly."
-    assert pick_error("INFO all good\n--clusterctl-unit-tail--\nStarted clusterctl-q.service.\n") is None
+    assert pick_error("--clusterctl-unit-tail--\nStarted clusterctl-q.service.\n") is None
+    # The ExecStartPre's refusal (stage/verify_model.py's wording) is the run's last word: it wins over systemd's.
+    assert pick_error("verify-model: refusing to start: /models/q is not a symlink\n--clusterctl-unit-tail--\n"
+                      "clusterctl-q.service: Control process exited, code=exited, status=1/FAILURE\n") == \
+        "verify-model: refusing to start: /models/q is not a symlink"
 
 
 def test_journal_command_quotes_the_unit_and_reads_the_current_invocation() -> None:
