@@ -19,9 +19,11 @@ bytes.  Per rank (one GPU)::
                  = requested - weights - activation - non_torch - graphs (>= 0.21,
                    CUDA-graph memory profiled into the budget)
                  = --kv-cache-memory-bytes when given
-    per_token    = 2 x layers x max(1, kv/TP) x head_dim x kv_dtype_bytes
+    per_token    = 2 x layers x max(1, kv/TP) x head_dim x kv_dtype_bytes   (full attention;
+                   MLA, sliding-window and linear layers: ModelShape, docs/deploy-preflight.md)
     blocks       = available_kv // (per_token x 16);  kv_tokens = blocks x 16
-    needed       = cdiv(max_model_len, 16) x 16 x per_token
+                   (sliding + full layers: vLLM's groups, Budget.kv_tokens)
+    needed       = cdiv(max_model_len, 16) x 16 x per_token   (Budget.kv_need)
 
 The activation, non-torch and graph constants are a model fitted to vLLM
 0.11's logged numbers (Qwen3-8B TP1 and Qwen3-32B TP2 on H100); the rest is
@@ -32,7 +34,7 @@ hand on top of the prediction to absorb its error.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 GiB = 1 << 30
@@ -64,9 +66,31 @@ def gib(n: float) -> float:
     return n / GiB
 
 
+#: ``layer_types`` entries (HF configs) and how vLLM caches them.
+FULL_TYPES = frozenset({"full_attention", "attention", "global_attention"})
+SLIDING_TYPES = frozenset({"sliding_attention", "sliding_window_attention", "local_attention"})
+LINEAR_TYPES = frozenset({"linear_attention", "mamba", "mamba2", "gated_deltanet", "ssm"})
+
+
 @dataclass(frozen=True)
 class ModelShape:
-    """What the arithmetic needs from a model's ``config.json`` (HF field names)."""
+    """What the arithmetic needs from a model's ``config.json`` (HF field names).
+
+    The KV cache by layer kind (docs/deploy-preflight.md "KV cache by
+    architecture", after vLLM's ``vllm/v1/kv_cache_interface.py``):
+
+    - full attention: ``2 x kv_heads/TP x head_dim`` elements per token and layer;
+    - multi-head latent attention (``mla_dim`` = ``kv_lora_rank + qk_rope_head_dim``):
+      one compressed vector per token and layer, the same on every TP rank;
+    - sliding-window layers (``sliding_layers``, ``sliding_window``): as full
+      attention, but a request holds at most ``window - 1 + max_num_batched_tokens``
+      tokens (+1 block);
+    - linear-attention / mamba layers (``linear_layers``): no KV, a fixed state of
+      ``linear_state_elems`` elements per layer and request (split by TP).
+
+    ``full_layers`` None means every layer not sliding or linear.  ``notes``
+    are what was not understood (the pre-flight reports them as WARN).
+    """
 
     layers: int
     hidden: int
@@ -78,24 +102,140 @@ class ModelShape:
     max_position: int
     dtype: str = "bfloat16"
     quantization: str | None = None
+    full_layers: int | None = None
+    sliding_layers: int = 0
+    sliding_window: int = 0
+    linear_layers: int = 0
+    linear_state_elems: int = 0
+    linear_ssm_elems: int = 0
+    ssm_dtype_bytes: int = 0
+    mla_dim: int = 0
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "ModelShape":
-        """Read ``config.json``; raises ``KeyError``/``ValueError`` naming a missing field."""
+        """Read ``config.json``; raises ``KeyError``/``ValueError`` naming a missing field.
+
+        Multimodal configs nest the language model under ``text_config``
+        (Gemma 3, Llama 4, Mistral 3): read from there, the dtype and the
+        quantization from the top when the text part does not say.
+        """
+        text = cfg.get("text_config")
+        if isinstance(text, Mapping) and "num_hidden_layers" not in cfg:
+            cfg = {**text, **{k: cfg[k] for k in ("torch_dtype", "dtype", "quantization_config")
+                              if k in cfg and k not in text}}
+        layers = int(cfg["num_hidden_layers"])
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         quant = cfg.get("quantization_config") or {}
-        return cls(layers=int(cfg["num_hidden_layers"]), hidden=hidden, heads=heads,
-                   kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                   head_dim=int(cfg.get("head_dim") or hidden // heads),
-                   intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
+        notes: list[str] = []
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        mla_dim = 0
+        if cfg.get("kv_lora_rank"):
+            mla_dim = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
+            head_dim = int(cfg.get("qk_nope_head_dim") or 0) + int(cfg.get("qk_rope_head_dim") or 0) or head_dim
+            kv_heads = heads  # the prefill expands the latent into per-head K and V
+        full, sliding, linear, window = _layer_kinds(cfg, layers, notes)
+        conv, ssm = _linear_state_elems(cfg, notes) if linear else (0, 0)
+        return cls(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                   intermediate=_mlp_width(cfg), vocab=int(cfg["vocab_size"]),
                    max_position=int(cfg.get("max_position_embeddings") or 2048),
-                   dtype=str(cfg.get("torch_dtype") or "bfloat16"),
-                   quantization=quant.get("quant_method") if isinstance(quant, Mapping) else None)
+                   dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+                   quantization=quant.get("quant_method") if isinstance(quant, Mapping) else None,
+                   full_layers=full, sliding_layers=sliding, sliding_window=window, linear_layers=linear,
+                   linear_state_elems=conv, linear_ssm_elems=ssm,
+                   ssm_dtype_bytes=DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype") or ""), 0),
+                   mla_dim=mla_dim, notes=tuple(notes))
 
     def kv_heads_per_rank(self, tp: int) -> int:
         """KV heads one rank holds (replicated, one each, when TP exceeds them)."""
         return max(1, self.kv_heads // tp)
+
+    @property
+    def attention_full(self) -> int:
+        """Layers with a full-length KV cache."""
+        if self.full_layers is not None:
+            return self.full_layers
+        return max(0, self.layers - self.sliding_layers - self.linear_layers)
+
+    def layer_kv_bytes_per_token(self, tp: int, kv_dtype_bytes: int) -> int:
+        """KV bytes of one token in one attention layer on one rank (MLA: not split by TP)."""
+        if self.mla_dim:
+            return self.mla_dim * kv_dtype_bytes
+        return 2 * self.kv_heads_per_rank(tp) * self.head_dim * kv_dtype_bytes
+
+    def state_bytes_per_request(self, tp: int, dtype_bytes: int) -> int:
+        """Linear-attention / mamba state of one request on one rank (all such layers): the
+        convolution state in the model's dtype, the recurrent state in ``mamba_ssm_dtype``."""
+        per_layer = (cdiv(self.linear_state_elems, tp) * dtype_bytes
+                     + cdiv(self.linear_ssm_elems, tp) * (self.ssm_dtype_bytes or dtype_bytes))
+        return self.linear_layers * per_layer
+
+
+def _layer_kinds(cfg: Mapping[str, Any], layers: int, notes: list[str]) -> tuple[int | None, int, int, int]:
+    """``(full, sliding, linear, window)`` layer counts from ``layer_types``, Gemma 3's
+    ``sliding_window_pattern`` or Qwen3-Next's ``full_attention_interval``."""
+    window = int(cfg.get("sliding_window") or 0) if cfg.get("use_sliding_window") is not False else 0
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list) and kinds:
+        full = sum(1 for k in kinds if k in FULL_TYPES)
+        sliding = sum(1 for k in kinds if k in SLIDING_TYPES)
+        linear = sum(1 for k in kinds if k in LINEAR_TYPES)
+        other = sorted({str(k) for k in kinds} - FULL_TYPES - SLIDING_TYPES - LINEAR_TYPES)
+        if other:
+            notes.append(f"layer_types {', '.join(other)} not understood: counted as full attention")
+            full += len(kinds) - full - sliding - linear
+        if sliding and not window:
+            notes.append("sliding-window layers without sliding_window: counted as full attention")
+            full, sliding = full + sliding, 0
+        return full, sliding, linear, window
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 1 and window:
+        full = layers // pattern
+        return full, layers - full, 0, window
+    interval = cfg.get("full_attention_interval")
+    if isinstance(interval, int) and interval >= 1 and "linear_num_value_heads" in cfg:
+        full = layers // interval
+        return full, 0, layers - full, 0
+    if window:
+        notes.append(f"sliding_window {window} without layer_types: every layer counted as full attention "
+                     "(an over-estimate if the model slides on some)")
+    return None, 0, 0, 0
+
+
+def _linear_state_elems(cfg: Mapping[str, Any], notes: list[str]) -> tuple[int, int]:
+    """Elements of one gated-DeltaNet layer's state, vLLM's
+    ``MambaStateShapeCalculator.gated_delta_net_state_shape`` (Qwen3-Next): the convolution
+    state ``(2 x key_dim + value_dim) x (kernel - 1)`` and the recurrent state
+    ``value_heads x key_head_dim x value_head_dim``; both split by TP."""
+    try:
+        kh, kd = int(cfg["linear_num_key_heads"]), int(cfg["linear_key_head_dim"])
+        vh, vd = int(cfg["linear_num_value_heads"]), int(cfg["linear_value_head_dim"])
+        kernel = int(cfg.get("linear_conv_kernel_dim") or 4)
+    except (KeyError, TypeError, ValueError):
+        notes.append("linear-attention / mamba layers whose state size the config does not give in "
+                     "linear_* fields: their state is not counted")
+        return 0, 0
+    return (2 * kh * kd + vh * vd) * (kernel - 1), vh * kd * vd
+
+
+def _mlp_width(cfg: Mapping[str, Any]) -> int:
+    """The widest MLP one token goes through: dense ``intermediate_size``, or for a mixture of
+    experts the ``experts per token`` (plus shared experts) times the expert width."""
+    dense = int(cfg.get("intermediate_size") or 0)
+    experts = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if experts <= 1:
+        if not dense:
+            raise KeyError("intermediate_size")
+        return dense
+    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 1)
+    width = int(cfg.get("moe_intermediate_size") or dense)
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0) or \
+        int(cfg.get("n_shared_experts") or 0) * width
+    routed = top_k * width + shared
+    dense_layers = int(cfg.get("first_k_dense_replace") or 0)
+    return max(routed, dense if dense_layers else 0)
 
 
 @dataclass(frozen=True)
@@ -260,12 +400,25 @@ class RankBudget:
 
 @dataclass(frozen=True)
 class Budget:
-    """The whole instance: every rank, and what the KV cache needs and holds."""
+    """The whole instance: every rank, and what the KV cache needs and holds.
+
+    ``layer_bytes_per_token``: one attention layer's KV bytes per token on a
+    rank; ``full_layers``/``sliding_layers`` (window ``window``): how many of
+    each; ``fixed_bytes``: linear-attention state per request;
+    ``max_num_batched_tokens``: what a sliding layer holds beyond its window
+    during a chunked prefill.
+    """
 
     ranks: tuple[RankBudget, ...]
     kv_bytes_per_token: int
     max_model_len: int
     block_size: int = BLOCK_SIZE
+    layer_bytes_per_token: int = 0
+    full_layers: int = 0
+    sliding_layers: int = 0
+    window: int = 0
+    fixed_bytes: int = 0
+    max_num_batched_tokens: int = 0
 
     @property
     def worst(self) -> RankBudget:
@@ -273,22 +426,52 @@ class Budget:
 
     @property
     def kv_tokens(self) -> int:
-        """Tokens of KV cache vLLM will report (the smallest rank's blocks x block size)."""
-        return max(0, min(r.num_blocks for r in self.ranks)) * self.block_size
+        """Tokens of KV cache vLLM will log ("GPU KV cache size"): with sliding and full layers
+        grouped, the blocks divided among the groups (vLLM 0.11 ``_report_kv_cache_config``)."""
+        return max(0, min(r.num_blocks for r in self.ranks)) // max(1, self.groups()[1]) * self.block_size
+
+    def groups(self) -> tuple[int, int]:
+        """``(layers per group, number of groups)`` of vLLM's hybrid KV cache manager
+        (``_get_kv_cache_groups_uniform_page_size``); one group of every layer otherwise."""
+        counts = [c for c in (self.full_layers, self.sliding_layers) if c]
+        if len(counts) < 2:
+            return max(1, sum(counts)), 1
+        size = min(counts)
+        if max(counts) < size * 1.5:
+            size = max(counts)
+        return size, sum(cdiv(c, size) for c in counts)
+
+    def kv_need(self, max_len: int) -> int:
+        """KV bytes one request of ``max_len`` tokens needs on a rank (vLLM's ``max_memory_usage_bytes``)."""
+        bs, page = self.block_size, self.block_size * self.layer_bytes_per_token
+        need = self.full_layers * cdiv(max_len, bs) * page
+        if self.sliding_layers:
+            held = min(self.window - 1 + self.max_num_batched_tokens, max_len)
+            need += self.sliding_layers * (cdiv(held, bs) + 1) * page
+        return need + self.fixed_bytes
 
     @property
     def needed_kv(self) -> int:
         """KV bytes one request of ``max_model_len`` tokens needs on a rank."""
-        return cdiv(self.max_model_len, self.block_size) * self.block_size * self.kv_bytes_per_token
+        return self.kv_need(self.max_model_len)
 
     def max_len_for(self, available: int) -> int:
-        """Largest multiple of the block size whose KV fits in ``available`` bytes (vLLM's estimate)."""
-        if available <= 0 or not self.kv_bytes_per_token:
+        """Largest length whose KV fits in ``available`` bytes (vLLM's estimate, a binary search)."""
+        if available <= 0 or not self.layer_bytes_per_token or self.kv_need(self.block_size) > available:
             return 0
-        return available // (self.kv_bytes_per_token * self.block_size) * self.block_size
+        lo, hi = self.block_size, 1 << 26
+        if self.kv_need(hi) <= available:
+            return hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.kv_need(mid) <= available else (lo, mid)
+        return lo
 
     def max_concurrency(self) -> float:
-        return min(r.num_blocks for r in self.ranks) / cdiv(self.max_model_len, self.block_size)
+        size, _ = self.groups()
+        page = self.block_size * self.layer_bytes_per_token * size
+        per_request = cdiv(self.needed_kv, page) if page else 0
+        return min(r.num_blocks for r in self.ranks) / per_request if per_request else 0.0
 
 
 def activation_peak(shape: ModelShape, tp: int, max_num_batched_tokens: int, max_num_seqs: int,
@@ -312,8 +495,9 @@ def graph_memory(shape: ModelShape, enforce_eager: bool) -> int:
 
 
 def kv_bytes_per_token(shape: ModelShape, tp: int, kv_dtype_bytes: int) -> int:
-    """K and V bytes of one token over all layers on one rank (Qwen3-8B bf16 TP1: 147456)."""
-    return 2 * shape.layers * shape.kv_heads_per_rank(tp) * shape.head_dim * kv_dtype_bytes
+    """KV bytes of one token over all attention layers on one rank (Qwen3-8B bf16 TP1: 147456;
+    sliding-window layers included, as while a request is shorter than the window)."""
+    return (shape.attention_full + shape.sliding_layers) * shape.layer_kv_bytes_per_token(tp, kv_dtype_bytes)
 
 
 def requested_bytes(total: int, util: float, rules: VersionRules) -> int:
@@ -329,7 +513,15 @@ def predict(shape: ModelShape, weights: WeightSizes, settings: Settings, totals:
                           settings.dtype_bytes)
     graphs = graph_memory(shape, settings.enforce_eager)
     per_token = kv_bytes_per_token(shape, tp, settings.kv_dtype_bytes)
-    page_layers = per_token * settings.block_size
+    layer_bpt = shape.layer_kv_bytes_per_token(tp, settings.kv_dtype_bytes)
+    shell = Budget(ranks=(), kv_bytes_per_token=per_token, max_model_len=settings.max_model_len,
+                   block_size=settings.block_size, layer_bytes_per_token=layer_bpt,
+                   full_layers=shape.attention_full, sliding_layers=shape.sliding_layers,
+                   window=shape.sliding_window,
+                   fixed_bytes=shape.state_bytes_per_request(tp, settings.dtype_bytes),
+                   max_num_batched_tokens=settings.max_num_batched_tokens)
+    # vLLM: num_blocks = available // page_size // layers per group (get_num_blocks)
+    page_layers = layer_bpt * settings.block_size * shell.groups()[0]
     ranks = []
     for r, total in enumerate(totals):
         req = requested_bytes(total, settings.util, rules)
@@ -341,8 +533,7 @@ def predict(shape: ModelShape, weights: WeightSizes, settings: Settings, totals:
         ranks.append(RankBudget(rank=r, total=total, requested=req, weights=w, activation=act, non_torch=nt,
                                 graphs=graphs, available_kv=avail,
                                 num_blocks=max(0, avail) // page_layers if page_layers else 0))
-    return Budget(ranks=tuple(ranks), kv_bytes_per_token=per_token, max_model_len=settings.max_model_len,
-                  block_size=settings.block_size)
+    return replace(shell, ranks=tuple(ranks))
 
 
 def util_to_fit(shape: ModelShape, weights: WeightSizes, settings: Settings, totals: list[int],

@@ -69,17 +69,24 @@ def derive_shape(model: Model) -> M.ModelShape | None:
 
 def _model_numbers(row: InstanceRow, model: Model, doc: Mapping[str, Any] | None
                    ) -> tuple[M.ModelShape, M.WeightSizes] | None:
-    """Shape and weight sizes from the host's reader, else the inventory (with a WARN)."""
+    """Shape and weight sizes from the host's reader, else the inventory (with a WARN).
+
+    An architecture the arithmetic does not understand (a config.json without
+    the fields it reads, layer kinds it does not know) is a WARN with the
+    reason, never a CRIT: the deploy may well fit, pre-flight cannot tell.
+    """
     why = "not read" if doc is None else str(doc.get("error") or "")
     if doc is not None and not doc.get("error"):
         try:
             shape = M.ModelShape.from_config(doc["config"])
+            for note in shape.notes:
+                row.add(Severity.WARN, "model.arch", f"model {model.name}: {note}")
             return shape, M.WeightSizes.from_json(doc["weights"])
         except (KeyError, TypeError, ValueError) as e:
             why = f"{model.path}/config.json: missing or invalid field {e}"
     derived = derive_shape(model)
     if derived is None:
-        row.add(Severity.CRIT, "model.unreadable",
+        row.add(Severity.WARN, "model.unknown_arch",
                 f"model {model.name} cannot be sized on {row.host} ({why}) and the inventory has no "
                 f"complete arch for it: memory not checked")
         return None
