@@ -206,7 +206,8 @@ class Fleet:
     def run(self, command: str | Mapping[str, str], *, stdin: bytes | None = None,
             sudo: bool = False, timeout: float | None = None, on_result: OnResult | None = None,
             require_python: bool = False, deadline: float | None = None,
-            on_stderr: Callable[[str, bytes], None] | None = None) -> RunResults:
+            on_stderr: Callable[[str, bytes], None] | None = None,
+            on_stdout: Callable[[str, bytes], None] | None = None) -> RunResults:
         """Run ``command`` on every host (or ``command[host]`` per host).
 
         ``stdin`` is written to each command's standard input.  ``sudo``:
@@ -217,7 +218,10 @@ class Fleet:
         without ``python3`` give ``no_python`` rows.  ``on_result`` is called
         in the caller's thread as each host finishes.  ``on_stderr(host,
         chunk)`` is called from worker threads with standard error as it
-        arrives (raw chunks, not redacted: for progress markers only).  Hosts missing from a
+        arrives (raw chunks, not redacted: for progress markers only).  ``on_stdout(host,
+        chunk)`` likewise streams standard output (worker threads, raw chunks); the rows'
+        ``stdout`` are then empty, so a command that runs for hours (``journalctl -f``)
+        holds no output in memory.  Hosts missing from a
         per-host mapping are skipped (no row).
         """
         if self._closed:
@@ -247,7 +251,7 @@ class Fleet:
             for h in warm + cold:
                 cmd = command[h.name] if isinstance(command, Mapping) else command
                 fut = self._executor.submit(self._one, h, cmd, stdin, sudo, cmd_timeout, end,
-                                            require_python, state, on_stderr)
+                                            require_python, state, on_stderr, on_stdout)
                 futures[fut] = h.name
             pending = set(futures)
             while pending:
@@ -296,7 +300,8 @@ class Fleet:
 
     def _one(self, host: Host, command: str, stdin: bytes | None, sudo: bool, timeout: float,
              end: float | None, require_python: bool, state: _RunState,
-             on_stderr: Callable[[str, bytes], None] | None = None) -> HostResult:
+             on_stderr: Callable[[str, bytes], None] | None = None,
+             on_stdout: Callable[[str, bytes], None] | None = None) -> HostResult:
         started, t0 = time.time(), time.monotonic()
         if state.cancelled.is_set() or (end is not None and t0 >= end):
             return HostResult(host.name, HostStatus.TIMEOUT, started=started,
@@ -309,7 +314,8 @@ class Fleet:
             remote, data = self._prepare(host, command, stdin, sudo, require_python)
             budget = timeout if end is None else min(timeout, max(end - time.monotonic(), 0.001))
             er = conn.exec(remote, stdin=data, timeout=budget,
-                           on_stderr=functools.partial(on_stderr, host.name) if on_stderr else None)
+                           on_stderr=functools.partial(on_stderr, host.name) if on_stderr else None,
+                           on_stdout=functools.partial(on_stdout, host.name) if on_stdout else None)
         except HostFailure as f:
             if f.status in (HostStatus.TIMEOUT, HostStatus.ERROR):
                 self._drop(host.name)  # a timed-out or broken connection is not reused

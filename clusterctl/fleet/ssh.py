@@ -27,7 +27,7 @@ from paramiko.common import cMSG_CHANNEL_REQUEST
 
 from clusterctl.fleet.hostkeys import HostKeyError, HostKeyMismatch, KnownHosts
 from clusterctl.fleet.results import HostStatus
-from clusterctl.fleet.transport import ExecResult, HostFailure, StderrSink
+from clusterctl.fleet.transport import ExecResult, HostFailure, StderrSink, StdoutSink
 from clusterctl.inventory.model import Host, SSHSettings
 
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
@@ -75,7 +75,7 @@ class ParamikoConnection:
         return not self._closed and self._t.is_active()
 
     def exec(self, command: str, *, stdin: bytes | None, timeout: float,
-             on_stderr: StderrSink | None = None) -> ExecResult:
+             on_stderr: StderrSink | None = None, on_stdout: StdoutSink | None = None) -> ExecResult:
         end = time.monotonic() + timeout
         try:
             chan = self._t.open_session(timeout=max(timeout, 0.001))
@@ -84,14 +84,23 @@ class ParamikoConnection:
                 raise HostFailure(HostStatus.TIMEOUT, f"no session opened within {timeout:g}s")
             raise HostFailure(HostStatus.ERROR, f"could not open a session: {e or type(e).__name__}")
         try:
-            return self._run(chan, command, stdin, end, timeout, on_stderr)
+            return self._run(chan, command, stdin, end, timeout, on_stderr, on_stdout)
         finally:
             chan.close()
 
     def _run(self, chan: paramiko.Channel, command: str, stdin: bytes | None,
-             end: float, timeout: float, on_stderr: StderrSink | None = None) -> ExecResult:
+             end: float, timeout: float, on_stderr: StderrSink | None = None,
+             on_stdout: StdoutSink | None = None) -> ExecResult:
         out: list[bytes] = []
         err: list[bytes] = []
+
+        def read_stdout() -> None:
+            while chan.recv_ready():
+                chunk = chan.recv(_READ)
+                if on_stdout:
+                    on_stdout(chunk)
+                else:
+                    out.append(chunk)
 
         def read_stderr() -> None:
             while chan.recv_stderr_ready():
@@ -121,14 +130,12 @@ class ParamikoConnection:
             poller = select.poll()
             poller.register(chan.fileno(), select.POLLIN)
             while True:
-                while chan.recv_ready():
-                    out.append(chan.recv(_READ))
+                read_stdout()
                 read_stderr()
                 remaining = end - time.monotonic()
                 if chan.eof_received or chan.closed:
                     if chan.status_event.wait(max(remaining, 0)) or chan.closed:
-                        while chan.recv_ready():
-                            out.append(chan.recv(_READ))
+                        read_stdout()
                         read_stderr()
                         break
                     remaining = 0

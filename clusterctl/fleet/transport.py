@@ -41,17 +41,22 @@ class ExecResult:
 
 #: Called with each chunk of a command's standard error as it arrives.
 StderrSink = Callable[[bytes], None]
+#: Called with each chunk of a command's standard output as it arrives (streaming).
+StdoutSink = Callable[[bytes], None]
 
 
 class Connection(Protocol):
     """An open, authenticated connection to one host."""
 
     def exec(self, command: str, *, stdin: bytes | None, timeout: float,
-             on_stderr: StderrSink | None = None) -> ExecResult:
+             on_stderr: StderrSink | None = None, on_stdout: StdoutSink | None = None) -> ExecResult:
         """Run ``command`` in the login shell, feed ``stdin``, wait up to ``timeout`` s.
 
         ``on_stderr`` receives standard error as it arrives (raw chunks, not
         split on lines), for live progress; the result still holds all of it.
+        ``on_stdout`` receives standard output as it arrives and the result's
+        ``stdout`` is then empty (streaming: memory stays bounded however long
+        the command runs, e.g. ``journalctl -f``).
         Raises :class:`HostFailure` (``timeout`` when the command did not
         exit in time, ``error`` for a broken connection).
         """
@@ -103,7 +108,7 @@ class FakeConnection:
         self.closed = threading.Event()
 
     def exec(self, command: str, *, stdin: bytes | None, timeout: float,
-             on_stderr: StderrSink | None = None) -> ExecResult:
+             on_stderr: StderrSink | None = None, on_stdout: StdoutSink | None = None) -> ExecResult:
         if self.closed.is_set():
             raise HostFailure(HostStatus.ERROR, "connection closed")
         self._t.commands.append((self.host.name, command, stdin))
@@ -118,6 +123,10 @@ class FakeConnection:
                 raise HostFailure(HostStatus.TIMEOUT, f"command timed out after {timeout:g}s")
         if on_stderr and reply.stderr:
             on_stderr(_b(reply.stderr))
+        if on_stdout:
+            if reply.stdout:
+                on_stdout(_b(reply.stdout))
+            return ExecResult(reply.rc, b"", _b(reply.stderr))
         return ExecResult(reply.rc, _b(reply.stdout), _b(reply.stderr))
 
     def close(self) -> None:
