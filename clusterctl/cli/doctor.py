@@ -10,6 +10,7 @@ not check anything worse; also usage and configuration errors).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,10 @@ Examples:
   clusterctl doctor 'gpu[01-04]' --checks xid,remap,tp --format markdown
 
   clusterctl doctor --from bundle.tar.gz --json
+
+  clusterctl doctor --from nvidia-bug-report.log.gz --host gpu07   # one file, any raw output
+
+  clusterctl doctor --from ./gpu07-outputs/ --explain-input   # what was recognised, what ignored, why
 
   clusterctl doctor all --learn baseline.yaml; clusterctl doctor all --baseline baseline.yaml
 
@@ -114,14 +119,14 @@ def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, ti
     return snap, inv, path
 
 
-def bundle_snapshot(source: str, inventory: Optional[str]) -> tuple[Any, Any]:
+def bundle_snapshot(source: str, inventory: Optional[str], host: Optional[str] = None) -> tuple[Any, Any]:
     """``(snapshot, inventory or None)`` from a bundle; ``-i`` beats the bundle's own inventory."""
     from clusterctl.deploy.deployed import with_replicas
     from clusterctl.diagnose.bundle import read_bundle
     from clusterctl.inventory.loader import load_inventory as load
 
     try:
-        snap, inv_path = read_bundle(source)
+        snap, inv_path = read_bundle(source, host=host)
         if inventory:
             return snap, with_replicas(load_inventory(inventory), cfg=user_config())
         return snap, with_replicas(load(inv_path), cfg=user_config()) if inv_path else None
@@ -191,6 +196,12 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
            interval: float = typer.Option(2.0, "--interval", min=0,
                                           help="Seconds between the two /metrics and NIC counter samples (0: one sample)."),
            show_all: bool = typer.Option(False, "--all", help="Show OK rows too."),
+           explain_input: bool = typer.Option(False, "--explain-input",
+                                              help="With --from: list every input file, what it was recognised "
+                                                   "as or why it was ignored, then exit."),
+           host_name: Optional[str] = typer.Option(None, "--host",
+                                                   help="With --from on loose files: the host they come from "
+                                                        "(default: the directory's name, 'local' for one file)."),
            learn: Optional[str] = typer.Option(None, "--learn", help="Record the hosts' GPU configuration as "
                                                "the known-good baseline in this YAML file, then exit."),
            baseline: Optional[str] = typer.Option(None, "--baseline",
@@ -228,9 +239,13 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
             thresholds["baseline"] = load_baseline(baseline)
         except ClusterctlError as e:
             fail(str(e))
+    if explain_input and not source:
+        fail("--explain-input describes the input of --from; give --from PATH")
     started = time.monotonic()
     if source:
-        snap, inv = bundle_snapshot(source, inventory)
+        snap, inv = bundle_snapshot(source, inventory, host_name)
+        if explain_input:
+            _explain(snap, fmt)
         if pattern != "all":
             snap = bundle_hosts(snap, inv, pattern)
         meta: dict[str, Any] = {"source": str(Path(source)), "bundle": snap.meta}
@@ -254,6 +269,32 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
     meta["checks"] = (selected or ["all"]) + requested if requested else (selected or "all")
     render(findings, fmt, show_all, meta)
     raise typer.Exit(exit_code(findings))
+
+
+def _explain(snap: Any, fmt: str) -> None:
+    """``--explain-input``: per host, each file and what became of it; skipped and cut files."""
+    info = snap.meta.get("input") or {}
+    if fmt == "json":
+        sys.stdout.write(json.dumps({"hosts": snap.inputs, "missing": snap.missing, **info}, indent=2) + "\n")
+        raise typer.Exit(0)
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table("host", "file", "read as", "note", box=None, header_style="bold", pad_edge=False)
+    for host in sorted(set(snap.inputs) | set(snap.missing)):
+        for rec in snap.inputs.get(host) or []:
+            kind = rec.get("kind")
+            table.add_row(escape(host), escape(str(rec.get("path"))),
+                          escape(kind) if kind else "[magenta]ignored[/]", escape(str(rec.get("note") or "")))
+        if host in snap.missing:
+            table.add_row(escape(host), "-", "[magenta]no data[/]", escape(snap.missing[host]))
+    for s in info.get("skipped") or []:
+        table.add_row("-", escape(str(s["path"])), "[magenta]skipped[/]", escape(str(s["reason"])))
+    for path, size in (info.get("truncated") or {}).items():
+        table.add_row("-", escape(str(path)), "[yellow]cut[/]",
+                      f"{size} bytes; only the last part was read (limits in docs/bundles.md)")
+    console.print(table)
+    raise typer.Exit(0)
 
 
 def _active(snap: Any, inv: Any, thresholds: dict[str, Any], *, live: bool, fanout: Optional[int],

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import math
 import os
 import re
 import shlex
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from clusterctl import __version__
-from clusterctl.diagnose import sources
+from clusterctl.diagnose import evidence, inputs, sources
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.inventory.model import Host, Inventory
@@ -67,6 +68,8 @@ class Snapshot:
     commands: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     interval_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
+    #: host -> one record per input file: path, kind (None: ignored), note (``doctor --explain-input``).
+    inputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def _now() -> str:
@@ -206,7 +209,8 @@ def only_hosts(snap: Snapshot, names: set[str]) -> Snapshot:
                     missing={h: v for h, v in snap.missing.items() if h in names},
                     raw={h: v for h, v in snap.raw.items() if h in names},
                     commands={h: v for h, v in snap.commands.items() if h in names},
-                    interval_s=snap.interval_s, meta=snap.meta)
+                    interval_s=snap.interval_s, meta=snap.meta,
+                    inputs={h: v for h, v in snap.inputs.items() if h in names})
 
 
 def context(snap: Snapshot, inventory: Inventory | None, thresholds: dict[str, Any]) -> AnalysisContext:
@@ -298,73 +302,184 @@ def write_bundle(snap: Snapshot, dest: str | Path, inventory_text: str | None = 
 
 # --------------------------------------------------------------------- read
 
-def _load_json(path: Path) -> Any:
+def _bad(path: Path | str, message: str, line: int = 1) -> ConfigError:
+    return ConfigError([Problem(str(path), line, message)])
+
+
+def _meta(path: Path, doc: Any) -> dict[str, Any]:
+    """``bundle.json`` checked key by key: a wrong type is a clear error, never a traceback."""
+    if not isinstance(doc, dict):
+        raise _bad(path, "expected a JSON object")
+    fmt = doc.get("format", FORMAT)
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
+        raise _bad(path, f"\"format\" must be a whole number (1), not {json.dumps(fmt)[:40]}")
+    if fmt > FORMAT:
+        raise _bad(path, f"bundle format {fmt} is newer than this clusterctl reads ({FORMAT})")
+    iv = doc.get("interval_s", 0.0)
+    if iv is None:
+        iv = 0.0
+    if isinstance(iv, bool) or not isinstance(iv, (int, float)) or not math.isfinite(iv) or iv < 0:
+        raise _bad(path, f"\"interval_s\" must be a number of seconds >= 0, not {json.dumps(iv)[:40]}")
+    missing = doc.get("missing") or {}
+    if not isinstance(missing, dict) or not all(isinstance(v, str) for v in missing.values()):
+        raise _bad(path, "\"missing\" must be an object of host -> reason (strings)")
+    hosts = doc.get("hosts") or []
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        raise _bad(path, "\"hosts\" must be a list of host names (strings)")
+    return {**doc, "format": fmt, "interval_s": float(iv), "missing": missing, "hosts": hosts}
+
+
+#: Sections of a facts document and the JSON type each must have when present.
+_FACTS_TYPES: dict[str, tuple[type, ...]] = {"gpus": (dict,), "nics": (list,), "units": (list,),
+                                             "kernel_log": (dict,), "host": (dict,), "errors": (list,),
+                                             "rdma_prereqs": (dict,), "tools": (dict,)}
+
+
+def _facts(path: str, data: bytes) -> dict[str, Any]:
+    doc = inputs.load_json(path, data)
+    if not isinstance(doc, dict) or "gpus" not in doc:
+        raise _bad(path, "not a facts document (no \"gpus\")")
+    for key, types in _FACTS_TYPES.items():
+        if doc.get(key) is not None and not isinstance(doc[key], types):
+            raise _bad(path, f"\"{key}\" must be a JSON {'object' if types == (dict,) else 'list'}")
+    if not isinstance(doc["gpus"].get("devices") or [], list):
+        raise _bad(path, "\"gpus.devices\" must be a list")
+    return doc
+
+
+def _json_index(path: str, data: bytes | None) -> dict[str, dict[str, Any]]:
+    """``commands/index.json`` as file name -> record (a malformed index is ignored, not fatal)."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError([Problem(str(path), e.lineno, f"not valid JSON: {e.msg}")]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError([Problem(str(path), 0, f"cannot read: {e}")]) from None
+        doc = inputs.load_json(path, data) if data else []
+    except ConfigError:
+        return {}
+    return {str(r["file"]): r for r in doc if isinstance(r, dict) and isinstance(r.get("file"), str)} \
+        if isinstance(doc, list) else {}
 
 
-def _text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8", "replace")
-    except OSError as e:
-        raise ConfigError([Problem(str(path), 0, f"cannot read: {e.strerror}")]) from None
-
-
-def read_bundle(path: str | Path) -> tuple[Snapshot, Path | None]:
-    """Load a bundle directory or ``.tar.gz``; returns the snapshot and its ``inventory.yaml`` (or None).
-
-    Every file is optional except at least one host directory under ``hosts/``.
-    A tarball is unpacked into a temporary directory, removed when the process
-    exits (the returned inventory path points there until then).
-    """
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError([Problem(str(p), 0, "no such bundle")])
-    if p.is_file():
-        try:
-            tmp = Path(tempfile.mkdtemp(prefix="clusterctl-bundle-"))
-            atexit.register(shutil.rmtree, tmp, True)
-            with tarfile.open(p, "r:*") as tar:
-                tar.extractall(tmp, filter="data")
-        except (tarfile.TarError, OSError) as e:
-            raise ConfigError([Problem(str(p), 0, f"not a readable bundle archive: {e}")]) from None
-        tops = [d for d in tmp.iterdir() if d.is_dir()]
-        p = tops[0] if len(tops) == 1 and not (tmp / "hosts").is_dir() else tmp
-    hosts_dir = p / "hosts"
-    if not hosts_dir.is_dir():
-        raise ConfigError([Problem(str(p), 0, "not a bundle: no hosts/ directory (see docs/bundles.md)")])
-    snap = Snapshot()
-    if (p / "bundle.json").is_file():
-        meta = _load_json(p / "bundle.json")
-        if not isinstance(meta, dict):
-            raise ConfigError([Problem(str(p / "bundle.json"), 1, "expected a JSON object")])
-        if int(meta.get("format", FORMAT)) > FORMAT:
-            raise ConfigError([Problem(str(p / "bundle.json"), 1,
-                                       f"bundle format {meta['format']} is newer than this clusterctl reads ({FORMAT})")])
-        snap.meta = meta
-        snap.interval_s = float(meta.get("interval_s") or 0.0)
-        snap.missing = {str(k): str(v) for k, v in (meta.get("missing") or {}).items()}
-    for d in sorted(x for x in hosts_dir.iterdir() if x.is_dir()):
-        host = d.name
-        if (d / "facts.json").is_file():
-            doc = _load_json(d / "facts.json")
-            if not isinstance(doc, dict) or "gpus" not in doc:
-                raise ConfigError([Problem(str(d / "facts.json"), 1, "not a facts document (no \"gpus\")")])
-            snap.facts[host] = doc
-        raw: dict[str, str] = {}
-        if (d / "kernel.log").is_file():
-            raw[sources.KERNEL_LOG] = _text(d / "kernel.log")
-        for f in sorted((d / "units").glob("*.log")) if (d / "units").is_dir() else []:
-            raw[f.name] = _text(f)
-        for f in sorted((d / "metrics").glob("*.prom")) if (d / "metrics").is_dir() else []:
-            inst, _, n = f.name[: -len(".prom")].rpartition(".")
+def _read_host(snap: Snapshot, host: str, d: Path, budget: inputs.Budget) -> None:
+    """One host directory: facts.json, the fixed layout, then every other file by its content."""
+    files: dict[str, bytes] = {}
+    for rel, path in inputs.walk(d, budget, max_depth=4):
+        data = inputs.read_regular(path, budget)
+        if data is not None:
+            files[rel] = data
+    raw: dict[str, str] = {}
+    if "facts.json" in files:
+        snap.facts[host] = _facts(str(d / "facts.json"), files.pop("facts.json"))
+    if "kernel.log" in files:
+        raw[sources.KERNEL_LOG] = inputs.bounded_text(files.pop("kernel.log"))
+    for rel in sorted(files):
+        top, _, name = rel.partition("/")
+        if top == "units" and name.endswith(".log") and "/" not in name:
+            raw[name] = inputs.bounded_text(files.pop(rel))
+        elif top == "metrics" and name.endswith(".prom") and "/" not in name:
+            inst, _, n = name[: -len(".prom")].rpartition(".")
             if not inst:
                 inst, n = n, "1"
-            raw[f"{inst}.metrics" + ("" if n in ("", "1") else f".{n}")] = _text(f)
-        if raw:
-            snap.raw[host] = raw
-    return snap, (p / "inventory.yaml") if (p / "inventory.yaml").is_file() else None
+            raw[f"{inst}.metrics" + ("" if n in ("", "1") else f".{n}")] = inputs.bounded_text(files.pop(rel))
+    index = _json_index(str(d / "commands" / "index.json"), files.pop("commands/index.json", None))
+    seen: list[dict[str, Any]] = [{"path": x, "kind": "bundle layout", "note": ""} for x in
+                                  (["facts.json"] if host in snap.facts else []) + sorted(
+                                      k for k in ("kernel.log",) if sources.KERNEL_LOG in raw)]
+    if host in snap.facts:
+        seen += [{"path": rel, "kind": None, "note": "a record of what the probe ran; its facts are in facts.json"}
+                 for rel in sorted(files)]
+    elif files:
+        ev = evidence.host_evidence(sorted(files.items()), index)
+        seen += [s.to_json() for s in ev.seen]
+        if ev.facts is not None:
+            snap.facts[host] = ev.facts
+        for k, v in ev.raw.items():
+            raw.setdefault(k, v)
+    if raw:
+        snap.raw[host] = raw
+    snap.inputs[host] = seen
+    if host not in snap.facts and host not in snap.raw and host not in snap.missing:
+        snap.missing[host] = (f"no usable data in {d}: " + ("; ".join(f"{s['path']}: {s['note']}" for s in seen)[:300]
+                                                             if seen else "the directory is empty"))
+
+
+def read_bundle(path: str | Path, host: str | None = None) -> tuple[Snapshot, Path | None]:
+    """Load what ``doctor --from`` was given; returns the snapshot and an ``inventory.yaml`` (or None).
+
+    ``path``: a bundle (a directory with ``hosts/``, or a ``.tar.gz`` of one),
+    a directory of one host's raw outputs, or one file (plain or gzip, an
+    ``nvidia-bug-report.log.gz`` too); ``host`` names the host of loose input
+    (default: the directory's name, ``local`` for a file).  Every read is
+    bounded (:mod:`clusterctl.diagnose.inputs`); a damaged or truncated archive,
+    a wrong type in ``bundle.json`` or a bundle without any host is a
+    :class:`ConfigError`.  An archive is unpacked (bounded) into a temporary
+    directory, removed when the process exits.
+    """
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise ConfigError([Problem(str(p), 0, "no such bundle, directory or file")])
+    budget = inputs.Budget()
+    if not p.is_dir() and inputs.is_archive(p):
+        tmp = Path(tempfile.mkdtemp(prefix="clusterctl-bundle-"))
+        atexit.register(shutil.rmtree, tmp, True)
+        inputs.read_archive(p, tmp, budget)
+        tops = [d for d in tmp.iterdir() if d.is_dir()]
+        root = tops[0] if len(tops) == 1 and not (tmp / "hosts").is_dir() and not any(
+            x.is_file() for x in tmp.iterdir()) else tmp
+        skipped, truncated = budget.skipped, budget.truncated
+        budget = inputs.Budget(skipped=list(skipped), truncated=dict(truncated))
+        snap, inv = _read_root(root, budget, host or re.sub(r"\.(tar\.gz|tgz|tar)$", "", p.name))
+    elif p.is_dir():
+        snap, inv = _read_root(p, budget, host or p.resolve().name)
+    else:
+        snap, inv = Snapshot(), None
+        data = inputs.read_regular(p, budget)
+        if data is not None and data[:2] == b"\x1f\x8b":
+            tmp_budget = inputs.Budget()
+            data = inputs.gunzip(p, tmp_budget)
+            budget.truncated.update(tmp_budget.truncated)
+        name = host or "local"
+        if data is not None:
+            ev = evidence.host_evidence([(p.name, data)])
+            snap.inputs[name] = [s.to_json() for s in ev.seen]
+            if ev.facts is not None:
+                snap.facts[name] = ev.facts
+            if ev.raw:
+                snap.raw[name] = ev.raw
+            if name not in snap.facts and name not in snap.raw:
+                snap.missing[name] = f"no usable data in {p}: " + "; ".join(s.note for s in ev.seen)[:300]
+    snap.meta.setdefault("input", {})
+    snap.meta["input"] = {"skipped": [{"path": s.path, "reason": s.reason} for s in budget.skipped],
+                          "truncated": {k: v for k, v in budget.truncated.items()}}
+    if not (snap.facts or snap.raw or snap.missing):
+        raise ConfigError([Problem(str(p), 0, "no host data: nothing doctor can read was found "
+                                   "(see docs/bundles.md for what it accepts)")])
+    return snap, inv
+
+
+def _read_root(p: Path, budget: inputs.Budget, loose_host: str) -> tuple[Snapshot, Path | None]:
+    hosts_dir = p / "hosts"
+    snap = Snapshot()
+    if not hosts_dir.is_dir() or hosts_dir.is_symlink():
+        _read_host(snap, loose_host, p, budget)
+        return snap, None
+    if (p / "bundle.json").exists():
+        data = inputs.read_regular(p / "bundle.json", budget)
+        if data is None:
+            raise _bad(p / "bundle.json", "not a regular file", 0)
+        meta = _meta(p / "bundle.json", inputs.load_json(str(p / "bundle.json"), data))
+        snap.meta = meta
+        snap.interval_s = meta["interval_s"]
+        snap.missing = {str(k): v for k, v in meta["missing"].items()}
+    try:
+        entries = sorted(os.scandir(hosts_dir), key=lambda e: e.name)
+    except OSError as e:
+        raise _bad(hosts_dir, f"cannot read: {e.strerror}", 0) from None
+    for ent in entries:
+        if ent.is_dir(follow_symlinks=False):
+            if ent.name not in snap.missing:
+                _read_host(snap, ent.name, Path(ent.path), budget)
+        else:
+            budget.skipped.append(inputs.Skipped(ent.path, "not read: only host directories belong in hosts/"))
+    for h in snap.meta.get("hosts") or []:
+        if h not in snap.facts and h not in snap.raw and h not in snap.missing:
+            snap.missing[h] = "listed in bundle.json, but the bundle has no data for it (no hosts/%s)" % safe_name(h)
+    inv = p / "inventory.yaml"
+    return snap, inv if inv.is_file() and not inv.is_symlink() else None

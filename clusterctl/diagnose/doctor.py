@@ -36,5 +36,14 @@ def resolve_checks(words: list[str] | None) -> list[str] | None:
 
 
 def diagnose(ctx: AnalysisContext, checks: list[str] | None = None) -> list[Finding]:
-    """Run ``checks`` (analyzer names; None = all) on ``ctx``."""
-    return run_analyzers(ctx, only=checks)
+    """Run ``checks`` (analyzer names; None = all) on ``ctx``.
+
+    Hosts known only from raw outputs (``doctor --from`` on loose files) get an
+    UNKNOWN row for every selected check their outputs cannot feed, and no OK
+    row from such a check (:func:`clusterctl.diagnose.evidence.not_checked`)."""
+    from clusterctl.diagnose.evidence import not_checked
+
+    findings = run_analyzers(ctx, only=checks)
+    names = [n for n in sorted(registered()) if checks is None or any(n == c or n.startswith(c + ".") for c in checks)]
+    optional = {"gpu.dcgm"} | ({"gpu.baseline"} if not (ctx.thresholds or {}).get("baseline") else set())
+    return not_checked(findings, dict(ctx.facts), names, skip=lambda c: c in optional)

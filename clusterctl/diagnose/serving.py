@@ -26,7 +26,34 @@ from clusterctl.diagnose.thresholds import number, section
 from clusterctl.diagnose.vllmlog import parse_log
 
 SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
-LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_LABEL_NAME = re.compile(r'[\s,]*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"')
+_QUOTE_OR_ESCAPE = re.compile(r'["\\]')
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``a="x",b="y\\"z"`` -> ``{a: x, b: y\\"z}`` (escapes kept as written), in one linear scan.
+
+    No regular expression with a repeated alternation: that one backtracked and
+    used about 160 bytes of memory per character of a long label value.  A
+    malformed rest (no closing quote) is ignored."""
+    out: dict[str, str] = {}
+    i, n = 0, len(text)
+    while i < n:
+        m = _LABEL_NAME.match(text, i)
+        if not m:
+            break
+        start = i = m.end()
+        while True:
+            q = _QUOTE_OR_ESCAPE.search(text, i)
+            if q is None:
+                return out
+            k = q.start()
+            if text[k] == '"':
+                out.setdefault(m.group(1), text[start:k])
+                i = k + 1
+                break
+            i = k + 2
+    return out
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -42,7 +69,7 @@ def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
             value = float(m["value"])
         except ValueError:
             continue
-        out.setdefault(m["name"], []).append((dict(LABEL.findall(m["labels"] or "")), value))
+        out.setdefault(m["name"], []).append((parse_labels(m["labels"] or ""), value))
     return out
 
 

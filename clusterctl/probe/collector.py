@@ -1186,15 +1186,115 @@ def read_ecn(net_dir: str) -> Optional[Dict[str, Any]]:
     return out
 
 
+def parse_traffic_class(text: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
+    """The content of ``DEV/tc/PORT/traffic_class`` (``Global tclass=106``): ``(value, None)``
+    or ``(None, "not set")``."""
+    m = re.search(r"Global tclass=(\d+)", text or "")
+    return (int(m.group(1)), None) if m else (None, "not set")
+
+
 def read_traffic_class(root: str, device: str, port: int) -> Tuple[Optional[int], Optional[str]]:
     """MLNX_OFED's global RoCE traffic class (``Global tclass=106``) of ``DEV/tc/PORT``:
     ``(value, None)``, or ``(None, why)``: file absent (inbox driver) or empty (not set)."""
     path = path_in(root, "/sys/class/infiniband/%s/tc/%d/traffic_class" % (device, port))
     if not os.path.exists(path):
         return None, "no %s (not an MLNX_OFED/DOCA driver)" % path.replace(root.rstrip("/"), "", 1)
-    text = read_opt(path)
-    m = re.search(r"Global tclass=(\d+)", text or "")
-    return (int(m.group(1)), None) if m else (None, "not set")
+    return parse_traffic_class(read_opt(path))
+
+
+def parse_ecn_dump(text: str) -> Optional[Dict[str, Any]]:
+    """The ECN knobs as ``grep . /sys/class/net/IF/ecn/*/*/*`` (or ``grep -r . ecn/``) prints them,
+    one ``PATH:VALUE`` a line, in :func:`read_ecn`'s shape; ``None`` when no line is about ECN."""
+    out = {"roce_np": None, "roce_rp": None, "cnp_dscp": None, "cnp_802p_prio": None}  # type: Dict[str, Any]
+    seen = False
+    for line in text.splitlines():
+        path, sep, value = line.strip().rpartition(":")
+        value = value.strip()
+        if not sep or "ecn/" not in path or not (value.isascii() and value.lstrip("-").isdigit()):
+            continue
+        parts = path.split("ecn/", 1)[1].split("/")
+        seen = True
+        if len(parts) >= 3 and parts[0] in ("roce_np", "roce_rp") and parts[1] == "enable" and parts[2].isdigit():
+            side = out[parts[0]] = out[parts[0]] or {}
+            side[parts[2]] = int(value)
+        elif parts[-1] in ("cnp_dscp", "cnp_802p_prio") and parts[0] == "roce_np" and out[parts[-1]] is None:
+            out[parts[-1]] = int(value)
+    return out if seen else None
+
+
+def parse_dcb_ets(text: str) -> Optional[List[Optional[int]]]:
+    """Priority -> traffic class from ``dcb ets show dev IF`` (``prio-tc 0:0 1:0 ... 3:3``)."""
+    for line in text.splitlines():
+        words = line.split()
+        if words and words[0] == "prio-tc":
+            p2t = [None] * 8  # type: List[Optional[int]]
+            for w in words[1:]:
+                k, _, v = w.partition(":")
+                if k.isdigit() and v.isdigit() and int(k) < 8:
+                    p2t[int(k)] = int(v)
+            return p2t
+    return None
+
+
+def parse_ibdev2netdev(text: str) -> List[Dict[str, Any]]:
+    """``ibdev2netdev`` lines (``mlx5_0 port 1 ==> eth2 (Up)``): device, port, netdev, state."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\S+) port (\d+) ==> (\S+) \((\w+)\)", line)
+        if m:
+            out.append({"device": m.group(1), "port": int(m.group(2)), "netdev": m.group(3),
+                        "state": m.group(4)})
+    return out
+
+
+def parse_show_gids(text: str) -> List[Dict[str, Any]]:
+    """MLNX_OFED ``show_gids`` rows (``DEV PORT INDEX GID IPv4 VER DEV``) as GID entries of
+    :func:`read_gids`' shape, plus ``device`` and ``port``."""
+    out = []
+    for line in text.splitlines():
+        w = line.split()
+        if len(w) >= 6 and w[1].isdigit() and w[2].isdigit() and ":" in w[3]:
+            ver = w[-2] if len(w) >= 7 else w[4]
+            out.append({"device": w[0], "port": int(w[1]), "index": int(w[2]), "gid": w[3],
+                        "type": "RoCE v2" if ver.lower() == "v2" else "IB/RoCE v1" if ver.lower() == "v1" else ver,
+                        "netdev": w[-1]})
+    return out
+
+
+def parse_rdma_statistic(text: str) -> Dict[Tuple[str, int], Dict[str, int]]:
+    """``rdma statistic show`` (text) or ``rdma -j statistic show`` (JSON): (device, port) -> the
+    port's hw counters by name (the same names as ``ports/P/hw_counters``)."""
+    out = {}  # type: Dict[Tuple[str, int], Dict[str, int]]
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            doc = json.loads(stripped)
+        except ValueError:
+            return out
+        for entry in doc if isinstance(doc, list) else []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("ifname"), str):
+                continue
+            try:
+                port = int(entry.get("port") or 1)
+            except (TypeError, ValueError):
+                continue
+            counters = {k: int(v) for k, v in entry.items()
+                        if isinstance(v, int) and not isinstance(v, bool) and k not in ("ifindex", "port")}
+            out[(entry["ifname"], port)] = counters
+        return out
+    current = None  # type: Optional[Dict[str, int]]
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "link" and "/" in words[1]:
+            dev, _, port_text = words[1].partition("/")
+            current = out.setdefault((dev, int(port_text) if port_text.isdigit() else 1), {})
+            words = words[2:]
+        if current is None:
+            continue
+        for name, value in zip(words[::2], words[1::2]):
+            if value.isascii() and value.isdigit():
+                current[name] = int(value)
+    return out
 
 
 def _tool(argv: List[str], timeout: float, raw: Dict[str, str], reasons: Dict[str, str],
@@ -1231,47 +1331,68 @@ def _tool(argv: List[str], timeout: float, raw: Dict[str, str], reasons: Dict[st
     return out
 
 
-def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/",
-            deadline: Optional[float] = None) -> Dict[str, Any]:
-    """The QoS configuration of one RoCE NIC (see :func:`collect_qos`)."""
-    dev = nic["netdev"]
-    raw: Dict[str, str] = {}
-    reasons: Dict[str, str] = {}
-    q: Dict[str, Any] = {"tool": None, "trust": None, "trust_source": None, "pfc_enabled": None,
-                         "dscp2prio": None, "prio2buffer": None, "prio2tc": None, "dcbx": None,
-                         "lldpad_warning": None, "cable_len": None, "global_pause": None,
-                         "ecn": None, "traffic_class": None, "traffic_class_reason": None,
-                         "pfc_stall_prevention": None, "raw": raw, "reasons": reasons}
-    net_dir = path_in(root, "/sys/class/net/" + dev)
-    text = _tool(["mlnx_qos", "-i", dev], timeout, raw, reasons, deadline)
-    if text is not None:
-        m = parse_mlnx_qos(text)
+def empty_qos() -> Dict[str, Any]:
+    """A ``qos`` entry with every key and nothing known."""
+    return {"tool": None, "trust": None, "trust_source": None, "pfc_enabled": None,
+            "dscp2prio": None, "prio2buffer": None, "prio2tc": None, "dcbx": None,
+            "lldpad_warning": None, "cable_len": None, "global_pause": None,
+            "ecn": None, "traffic_class": None, "traffic_class_reason": None,
+            "pfc_stall_prevention": None, "raw": {}, "reasons": {}}
+
+
+def qos_from_outputs(q: Dict[str, Any], mlnx_qos: Optional[str] = None, dcb_pfc: Optional[str] = None,
+                     dcb_app: Optional[str] = None, dcb_apptrust: Optional[str] = None,
+                     ethtool_a: Optional[str] = None, dcb_ets: Optional[str] = None) -> Dict[str, Any]:
+    """Fill ``q`` (see :func:`empty_qos`) from the tools' outputs that are there (``None``: not run
+    or failed).  The one place the QoS tools' texts become facts: the live probe and
+    ``doctor --from`` on raw outputs both go through it."""
+    if mlnx_qos is not None:
+        m = parse_mlnx_qos(mlnx_qos)
         q.update(tool="mlnx_qos", trust=m["trust"], trust_source="mlnx_qos" if m["trust"] else None,
                  pfc_enabled=m["pfc_enabled"], dscp2prio=m["dscp2prio"], prio2buffer=m["prio2buffer"],
                  prio2tc=m["prio2tc"], dcbx=m["dcbx"], lldpad_warning=m["lldpad_warning"],
                  cable_len=m["cable_len"])
     else:
-        pfc = _tool(["dcb", "pfc", "show", "dev", dev], timeout, raw, reasons, deadline)
-        if pfc is not None:
+        if dcb_pfc is not None:
             q["tool"] = "dcb"
-            q["pfc_enabled"] = parse_dcb_pfc(pfc)
-        app = _tool(["dcb", "-N", "app", "show", "dev", dev], timeout, raw, reasons, deadline)
-        if app is not None:
+            q["pfc_enabled"] = parse_dcb_pfc(dcb_pfc)
+        if dcb_app is not None:
             q["tool"] = "dcb"
-            q["dscp2prio"] = parse_dcb_app_dscp(app) or None
-        trust = _tool(["dcb", "apptrust", "show", "dev", dev], timeout, raw, reasons, deadline)
-        if trust is not None and parse_dcb_apptrust(trust):
-            q["trust"], q["trust_source"] = parse_dcb_apptrust(trust), "dcb apptrust"
-        elif app is not None:
+            q["dscp2prio"] = parse_dcb_app_dscp(dcb_app) or None
+        if dcb_ets is not None and parse_dcb_ets(dcb_ets) is not None:
+            q["tool"] = "dcb"
+            q["prio2tc"] = parse_dcb_ets(dcb_ets)
+        if dcb_apptrust is not None and parse_dcb_apptrust(dcb_apptrust):
+            q["trust"], q["trust_source"] = parse_dcb_apptrust(dcb_apptrust), "dcb apptrust"
+        elif dcb_app is not None:
             # As mlnx_qos decides without sysfs: DSCP entries in the APP table mean trust dscp.
             q["trust"] = "dscp" if q["dscp2prio"] else "pcp"
             q["trust_source"] = "dcb app (DSCP entries %s)" % ("present" if q["dscp2prio"] else "absent")
+    if ethtool_a is not None:
+        q["global_pause"] = parse_ethtool_pause(ethtool_a)
+    return q
+
+
+def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/",
+            deadline: Optional[float] = None) -> Dict[str, Any]:
+    """The QoS configuration of one RoCE NIC (see :func:`collect_qos`)."""
+    dev = nic["netdev"]
+    q = empty_qos()
+    raw, reasons = q["raw"], q["reasons"]
+    net_dir = path_in(root, "/sys/class/net/" + dev)
+    text = _tool(["mlnx_qos", "-i", dev], timeout, raw, reasons, deadline)
+    pfc = app = trust = None
+    if text is None:
+        pfc = _tool(["dcb", "pfc", "show", "dev", dev], timeout, raw, reasons, deadline)
+        app = _tool(["dcb", "-N", "app", "show", "dev", dev], timeout, raw, reasons, deadline)
+        trust = _tool(["dcb", "apptrust", "show", "dev", dev], timeout, raw, reasons, deadline)
+    qos_from_outputs(q, mlnx_qos=text, dcb_pfc=pfc, dcb_app=app, dcb_apptrust=trust)
     sys_trust = read_opt(os.path.join(net_dir, "qos", "trust"))
     if sys_trust:
         q["trust"], q["trust_source"] = sys_trust.strip().lower(), "sysfs"
     pause = _tool(["ethtool", "-a", dev], timeout, raw, reasons, deadline)
     if pause is not None:
-        q["global_pause"] = parse_ethtool_pause(pause)
+        qos_from_outputs(q, ethtool_a=pause)
     q["ecn"] = read_ecn(net_dir)
     rdma = nic.get("rdma") or {}
     if rdma.get("device"):
