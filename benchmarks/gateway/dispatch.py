@@ -112,7 +112,7 @@ def setup(lab: LabSession, work: Path, scale: float, seqs: int, kind: str) -> di
         f"models:\n  qwen3-8b: {{path: {MODEL_DIR}, served_name: qwen3-8b}}\ninstances:\n")
     for n, (_, gpu, port, _) in INSTANCES.items():
         text += f"  {n}: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}}}\n"
-    text += f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 256\n  sync_interval_s: 1\n"
+    text += f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 256\n  sync_interval_s: 1\n  auth: none\n"
     inv = work / "inventory.yaml"
     inv.write_text(text)
     for n, (_, gpu, port, _) in INSTANCES.items():

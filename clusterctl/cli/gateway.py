@@ -77,7 +77,9 @@ def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
             st = gwstate.load(directory)
             states = dict(st.servers)
             states.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
-        files = tuple(f for f in render_gateway(inv, instances, states).redacted() if not f.remove)
+        from clusterctl.gateway import keys as gwkeys
+        files = tuple(f for f in render_gateway(inv, instances, states, clients=gwkeys.load(directory)).redacted()
+                      if not f.remove)
     except ClusterctlError as e:
         fail(str(e))
     if out is not None:
@@ -118,7 +120,7 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
            connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
            ask_become_pass: bool = AskBecomePassOpt) -> None:
     from clusterctl.gateway import state as gwstate
-    from clusterctl.gateway.deploy import apply_gateway, resolve_api_key
+    from clusterctl.gateway.deploy import apply_gateway, secret_inputs
     from clusterctl.gateway.render import ServerState, render_gateway
 
     inv = load_inventory(inventory)
@@ -131,16 +133,16 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
         st = gwstate.load(directory)
         states = dict(st.servers)
         states.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
-        rendered = render_gateway(inv, instances, states, api_key=resolve_api_key(inv))
+        rendered = render_gateway(inv, instances, states, **secret_inputs(inv, directory))
     except ClusterctlError as e:
         fail(str(e))
     fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
                    ask_become_pass=ask_become_pass)
     with fleet:
-        results = apply_gateway(fleet, rendered, port=gw.port, hosts=hosts)
+        results = apply_gateway(fleet, rendered, port=gw.admin_port, hosts=hosts)
     if all(r.ok for r in results) and set(hosts) == set(gw.hosts):
         def applied(s: Any) -> None:
-            s.digest, s.last_reload = rendered.digest, time.time()
+            s.digest, s.config, s.last_reload = rendered.digest, rendered.config, time.time()
         gwstate.update(directory, applied)
     code = ExitCode.OK if all(r.ok for r in results) else ExitCode.CRIT
     if json_out:
@@ -251,8 +253,8 @@ def status(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
     fleet = inventory_fleet(inv, list(gw.hosts), fanout=fanout, connect_timeout=connect_timeout,
                    host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
     with fleet:
-        results = gateway_status(fleet, port=gw.port, hosts=list(gw.hosts))
-    expected = st.digest[:16] or None
+        results = gateway_status(fleet, port=gw.admin_port, hosts=list(gw.hosts))
+    expected = st.config or None
     stale = [r.host for r in results if r.ok and expected and r.config != expected]
     code = ExitCode.CRIT if not all(r.ok for r in results) else ExitCode.WARN if stale else ExitCode.OK
     if json_out:
@@ -265,3 +267,177 @@ def status(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
     for name, m in sorted(st.marked_down.items()):
         console.print(escape(f"marked down: {name} ({m.get('reason', '')}, by {m.get('by', '?')} at {m.get('at', '?')})"))
     raise typer.Exit(int(code))
+
+
+key_app = typer.Typer(help="Client API keys of the gateway: add (shown once), revoke, list (docs/gateway.md).",
+                      no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
+                      rich_markup_mode=None)
+app.add_typer(key_app, name="key")
+
+
+def _push_keys(inv: Any, directory: Path, json_out: bool, no_apply: bool, **fleet_opts: Any) -> ExitCode:
+    """Re-render with the current key set and apply to every gateway host (a graceful reload:
+    streams in flight finish on the old workers)."""
+    from clusterctl.gateway import state as gwstate
+    from clusterctl.gateway.render import ServerState
+    from clusterctl.gateway.sync import sync_gateway
+
+    if no_apply:
+        return ExitCode.OK
+    gw = inv.gateway
+    instances, _ = instances_wanted(inv, str(directory))
+    st = gwstate.load(directory)
+    servers = dict(st.servers)
+    servers.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
+    say = (lambda m: err_console.print(m, markup=False)) if not json_out else None
+    fleet = inventory_fleet(inv, list(gw.hosts), **fleet_opts)
+    with fleet:
+        result = sync_gateway(inv, fleet, instances, servers, state_dir=directory, force=True, on_event=say)
+    if not json_out:
+        _host_rows(result.hosts)
+    return ExitCode.OK if result.ok else ExitCode.CRIT
+
+
+def _key_audit(directory: Path, action: str, name: str, fingerprint: str) -> None:
+    from clusterctl.deploy import audit
+    from clusterctl.deploy.state import utc_now, who_am_i
+
+    audit.append(directory, {"kind": "gateway-key", "action": action, "client": name, "fingerprint": fingerprint,
+                             "who": who_am_i(), "at": utc_now()})
+
+
+NoApplyOpt = typer.Option(False, "--no-apply", help="Change the key store only; the gateway hosts get it "
+                          "with the next `gateway deploy` or `gateway sync` that reloads.")
+
+
+@key_app.command("add", help="""Create a key for client NAME and install it on every gateway host.
+
+The key is printed once, on stdout, and never stored: only its SHA-256 is kept
+(the deploy state directory's gateway-keys.json, mode 0600; on the gateway hosts
+/etc/nginx/clusterctl/clients.conf, 0600 root). With --key-file the key goes to
+that new file (mode 0600) instead; --json needs --key-file (the key is never in
+JSON). Limits default to the inventory's gateway.client_limits (0 = none).
+
+Examples:
+
+  clusterctl gateway key add team-search
+
+  clusterctl gateway key add batch-jobs --rps 20 --burst 40 --streams 64 --key-file /root/batch.key --json
+""")
+def key_add(name: str = typer.Argument(..., help="Client name (letters, digits, '_', '.', '-')."),
+            inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
+            rps: Optional[float] = typer.Option(None, "--rps", help="Requests per second for this key."),
+            burst: Optional[int] = typer.Option(None, "--burst", help="Requests above the rate let through."),
+            streams: Optional[int] = typer.Option(None, "--streams", help="Concurrent requests for this key."),
+            key_file: Optional[Path] = typer.Option(None, "--key-file", help="Write the key to this new file "
+                                                    "(mode 0600) instead of printing it."),
+            no_apply: bool = NoApplyOpt, state_dir: Optional[str] = StateDirOpt,
+            fanout: Optional[int] = FanoutOpt, connect_timeout: Optional[float] = ConnectTimeoutOpt,
+            host_key_policy: Optional[str] = HostKeyOpt, ask_become_pass: bool = AskBecomePassOpt) -> None:
+    from clusterctl.deploy.state import utc_now, who_am_i
+    from clusterctl.gateway import keys as gwkeys
+
+    inv = load_inventory(inventory)
+    _gateway(inv)
+    if json_out and key_file is None:
+        fail("--json needs --key-file: the key is never written into JSON output")
+    _, directory = instances_wanted(inv, state_dir)
+    fd = None
+    if key_file is not None:
+        try:
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as e:
+            fail(f"--key-file {key_file}: {e.strerror or e} (it must be a new file)")
+    try:
+        key, rec = gwkeys.add(directory, name, who=who_am_i(), now=utc_now(), requests_per_second=rps,
+                              burst=burst, streams=streams)
+    except ClusterctlError as e:
+        if fd is not None:
+            os.close(fd)
+            os.unlink(key_file)  # type: ignore[arg-type]
+        fail(str(e))
+    if fd is not None:
+        os.write(fd, key.encode() + b"\n")
+        os.close(fd)
+    else:
+        print(key, flush=True)
+    _key_audit(directory, "add", name, rec.sha256[:12])
+    if not json_out:
+        err_console.print(f"client {name}: key {'written to ' + str(key_file) if key_file else 'shown above, once'}"
+                          f" (fingerprint {rec.sha256[:12]})", markup=False)
+    code = _push_keys(inv, directory, json_out, no_apply, fanout=fanout, connect_timeout=connect_timeout,
+                      host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
+    if json_out:
+        print_json({"client": rec.to_json(), "key_file": str(key_file), "applied": not no_apply,
+                    "exit_code": int(code)})
+    raise typer.Exit(int(code))
+
+
+@key_app.command("revoke", help="""Revoke client NAME's key on every gateway host.
+
+nginx reloads gracefully: requests and streams already in flight with the key
+finish; every new request with it is a 401.
+
+Example:
+
+  clusterctl gateway key revoke team-search
+""")
+def key_revoke(name: str = typer.Argument(..., help="Client name."),
+               inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
+               no_apply: bool = NoApplyOpt, state_dir: Optional[str] = StateDirOpt,
+               fanout: Optional[int] = FanoutOpt, connect_timeout: Optional[float] = ConnectTimeoutOpt,
+               host_key_policy: Optional[str] = HostKeyOpt, ask_become_pass: bool = AskBecomePassOpt) -> None:
+    from clusterctl.deploy.state import utc_now, who_am_i
+    from clusterctl.gateway import keys as gwkeys
+
+    inv = load_inventory(inventory)
+    _gateway(inv)
+    _, directory = instances_wanted(inv, state_dir)
+    try:
+        rec = gwkeys.revoke(directory, name, who=who_am_i(), now=utc_now())
+    except ClusterctlError as e:
+        fail(str(e))
+    _key_audit(directory, "revoke", name, rec.sha256[:12])
+    if not json_out:
+        err_console.print(f"client {name}: key revoked (fingerprint {rec.sha256[:12]})", markup=False)
+    code = _push_keys(inv, directory, json_out, no_apply, fanout=fanout, connect_timeout=connect_timeout,
+                      host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
+    if json_out:
+        print_json({"revoked": name, "fingerprint": rec.sha256[:12], "applied": not no_apply,
+                    "exit_code": int(code)})
+    raise typer.Exit(int(code))
+
+
+@key_app.command("list", help="""List the clients with a key: name, fingerprint (first 12 hex of the
+key's SHA-256), created, by whom, limits. Never shows a key.
+
+Example:
+
+  clusterctl gateway key list --json
+""")
+def key_list(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
+             state_dir: Optional[str] = StateDirOpt) -> None:
+    from clusterctl.gateway import keys as gwkeys
+
+    inv = load_inventory(inventory)
+    gw = _gateway(inv)
+    _, directory = instances_wanted(inv, state_dir)
+    try:
+        clients = gwkeys.load(directory)
+    except ClusterctlError as e:
+        fail(str(e))
+    if json_out:
+        print_json({"auth": gw.auth, "clients": [c.to_json() for c in clients],
+                    "defaults": {"requests_per_second": gw.key_requests_per_second, "burst": gw.key_burst,
+                                 "streams": gw.key_streams}})
+        raise typer.Exit(0)
+    if gw.auth != "keys":
+        err_console.print("gateway.auth is 'none': keys are not checked", markup=False)
+    for c in clients:
+        lim = ", ".join(f"{k} {v}" for k, v in (("rps", c.requests_per_second), ("burst", c.burst),
+                                                 ("streams", c.streams)) if v is not None) or "default limits"
+        console.print(f"{c.name}  {c.sha256[:12]}  created {c.created} by {c.by}  ({lim})", markup=False)
+    if not clients:
+        console.print("no client keys" + (": every request is refused (401); "
+                                          "`clusterctl gateway key add NAME`" if gw.auth == "keys" else ""),
+                      markup=False)

@@ -23,7 +23,8 @@ from clusterctl.deploy.secrets import read_secret
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.fleet import shell
 from clusterctl.fleet.results import HostResult
-from clusterctl.gateway.render import RenderedGateway
+from clusterctl.gateway import keys as gwkeys
+from clusterctl.gateway.render import RenderedGateway, TlsFiles
 from clusterctl.inventory.model import Inventory
 
 #: Seconds one host may take (write, nginx -t, reload, health wait).
@@ -76,9 +77,9 @@ def _run(fleet: Any, hosts: list[str], job: dict[str, Any], timeout: float) -> d
 def apply_gateway(fleet: Any, rendered: RenderedGateway, *, port: int, hosts: list[str],
                   timeout: float = APPLY_TIMEOUT_S) -> list[GatewayHostResult]:
     """Install ``rendered`` on ``hosts`` (all held by ``fleet``); one result per host, in order."""
-    job = {"op": "apply", "digest": rendered.digest, "port": port,
-           "files": [{"path": f.path, "text": None if f.remove else f.text, "mode": f.mode, "group": f.group}
-                     for f in rendered.files]}
+    job = {"op": "apply", "digest": rendered.config, "port": port,
+           "files": [{"path": f.path, "text": None if f.remove else f.text, "mode": f.mode, "group": f.group,
+                      "live": f.live} for f in rendered.files]}
     answers = _run(fleet, hosts, job, timeout)
     out = []
     for h in hosts:
@@ -101,6 +102,29 @@ def gateway_status(fleet: Any, *, port: int, hosts: list[str], timeout: float = 
         out.append(GatewayHostResult(h, ok, error=error, kind=a.get("kind"), active=a.get("active"),
                                      config=health.get("config")))
     return out
+
+
+def secret_inputs(inv: Inventory, state_dir: Path) -> dict[str, Any]:
+    """What :func:`render_gateway` needs beyond the inventory to write real files: the upstream
+    key, the client keys (hashes) and the TLS certificate and key (keyword arguments)."""
+    return {"api_key": resolve_api_key(inv), "clients": gwkeys.load(state_dir), "tls": resolve_tls(inv)}
+
+
+def resolve_tls(inv: Inventory) -> TlsFiles | None:
+    """The certificate and key named by ``gateway.tls`` (``None`` without TLS); errors at ``file:line``."""
+    gw = inv.gateway
+    if gw is None or gw.tls_certificate is None or gw.tls_key is None:
+        return None
+    base = os.path.dirname(os.path.abspath(inv.path)) if inv.path else os.getcwd()
+    out = []
+    for what, ref in (("certificate", gw.tls_certificate), ("key", gw.tls_key)):
+        value, why = read_secret(ref, base)
+        if value is None or "-----BEGIN" not in value:
+            loc = ref.location
+            raise ConfigError([Problem(loc.file if loc else inv.path, loc.line if loc else 0,
+                                       f"gateway.tls.{what}: {why or 'not a PEM file (no -----BEGIN line)'}")])
+        out.append(value + "\n")
+    return TlsFiles(out[0], out[1])
 
 
 def resolve_api_key(inv: Inventory) -> str | None:

@@ -112,6 +112,7 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
     # text None: a file this gateway no longer has (the auth file once api_key is gone)
     new = [(f["path"], None if f["text"] is None else f["text"].encode(), int(f["mode"]), f.get("group", "root"))
            for f in files]
+    live = {f["path"] for f in files if f.get("live")}
     old = {p: _read(p) for p, _, _, _ in new}
     changed = [p for p, data, _, _ in new if old[p] != data]
     running = _active()
@@ -123,6 +124,9 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
                 os.unlink(path)
             else:
                 _write(path, data, mode, group)
+    if running and all(p in live for p in changed):
+        # njs reads these per request (the client keys): live once renamed into place, no reload
+        return {"ok": True, "changed": True, "reloaded": False, "action": "updated", "files": changed}
     rc, text = _run(["nginx", "-t"])
     if rc != 0:
         for path, _, mode, group in new:

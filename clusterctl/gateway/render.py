@@ -30,6 +30,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from clusterctl.deploy.metrics import base_url
 from clusterctl.errors import ClusterctlError
+from clusterctl.gateway.keys import ClientKey
 from clusterctl.inventory.gateway import served_name
 from clusterctl.inventory.model import GatewaySpec, Instance, Inventory
 
@@ -39,6 +40,11 @@ WORKER_SHUTDOWN_TIMEOUT_S = 600
 CONNECT_TIMEOUT_S = 5
 #: Largest request body (MiB) the njs router reads into memory.
 BODY_MIB = 16
+#: Seconds nginx keeps an idle connection to an instance: below vLLM's own 5 s
+#: (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` default in vllm/envs.py, passed to uvicorn's
+#: ``timeout_keep_alive``), so nginx closes first and never sends a POST on a
+#: connection the engine is closing (a 502 nginx must not retry).
+UPSTREAM_KEEPALIVE_S = 4
 #: least_conn weights lie in 1..MAX_WEIGHT.
 MAX_WEIGHT = 100
 REDACTED = "***"
@@ -82,19 +88,26 @@ class GatewayFile:
     group: str = "root"
     secret: bool = False
     remove: bool = False  # the file must not exist (written by an earlier config)
+    live: bool = False  # read by njs per request: a change needs no reload
 
 
 @dataclass(frozen=True)
 class RenderedGateway:
-    """The files of one gateway and ``digest``: sha256 of all of them (secret included), hex."""
+    """The files of one gateway and ``digest``: sha256 of all of them (secret included), hex.
+
+    ``config``: the digest of the files nginx reads at (re)load only, what
+    ``/gateway/health`` serves (16 hex); a change of a ``live`` file alone
+    (the client keys) changes ``digest`` but not ``config``: no reload.
+    """
 
     files: tuple[GatewayFile, ...]
     digest: str
     servers: dict[str, ServerState] = field(default_factory=dict)
+    config: str = ""
 
     def redacted(self) -> tuple[GatewayFile, ...]:
         """The files with the secret one's text replaced: what may be shown or written by ``render``."""
-        return tuple(replace(f, text=_AUTH_LINE.format(key=REDACTED)) if f.secret else f for f in self.files)
+        return tuple(replace(f, text=_redact(f)) if f.secret else f for f in self.files)
 
 
 _AUTH_LINE = 'proxy_set_header Authorization "Bearer {key}";\n'
@@ -120,6 +133,48 @@ def _token(value: object) -> str:
         raise GatewayRenderError(f"{text!r} cannot be written into the nginx config as a name or address "
                                  "(letters, digits, '_', '.', ':', '-', brackets only)")
     return text
+
+
+def _redact(f: GatewayFile) -> str:
+    if f.path.endswith("upstream-auth.conf"):
+        return _AUTH_LINE.format(key=REDACTED)
+    if f.path.endswith("clients.json"):
+        n = len(json.loads(f.text or "{}"))
+        return json.dumps({"not shown": f"{n} client key(s): SHA-256 -> name, limit classes "
+                                        "(`clusterctl gateway key list`)"}) + "\n"
+    return REDACTED + "\n"
+
+
+def _clients_file(paths: GatewayPaths) -> str:
+    return f"{paths.conf_dir}/clients.json"
+
+
+def _listen(addr: str, port: int) -> str:
+    if not addr:
+        return str(port)
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
+def _clients(gw: GatewaySpec, clients: list[ClientKey]) -> tuple[list[dict[str, str]], list[dict[str, Any]], str]:
+    """(rate zones, stream zones, clients.json): a zone per distinct limit (a new one needs a
+    reload, a new key with known limits does not), each key's hash -> name and limit classes."""
+    # The inventory's defaults are classes 0 whether or not a key uses them: adding or
+    # revoking a key with default limits never changes the config (no reload).
+    rates: dict[tuple[float, int], int] = {(gw.key_requests_per_second, gw.key_burst): 0} \
+        if gw.key_requests_per_second > 0 else {}
+    streams: dict[int, int] = {gw.key_streams: 0} if gw.key_streams > 0 else {}
+    table: dict[str, dict[str, Any]] = {}
+    for c in sorted(clients, key=lambda c: c.name):
+        rps = gw.key_requests_per_second if c.requests_per_second is None else c.requests_per_second
+        burst = gw.key_burst if c.burst is None else c.burst
+        n = gw.key_streams if c.streams is None else c.streams
+        rclass = rates.setdefault((rps, burst), len(rates)) if rps > 0 else "-"
+        sclass = streams.setdefault(n, len(streams)) if n > 0 else "-"
+        table[c.sha256] = {"name": c.name, "rate": rclass, "streams": sclass}
+    rate_zones = [{"zone": f"gw_key_rate_{i}", "rate": _rate(rps), "burst": f" burst={burst}" if burst else ""}
+                  for (rps, burst), i in rates.items()]
+    stream_zones = [{"zone": f"gw_key_streams_{i}", "streams": n} for n, i in streams.items()]
+    return rate_zones, stream_zones, json.dumps(table, indent=1, sort_keys=True) + "\n"
 
 
 def _env() -> Environment:
@@ -150,14 +205,25 @@ def _server_address(inv: Inventory, inst: Instance) -> str:
     return base_url(inv, inst).removeprefix("http://")
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """The certificate (PEM) and its private key, read on the control machine."""
+
+    certificate: str = field(repr=False)
+    key: str = field(repr=False)
+
+
 def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
                    states: Mapping[str, ServerState] | None = None, *, api_key: str | None = None,
+                   clients: tuple[ClientKey, ...] | list[ClientKey] = (), tls: TlsFiles | None = None,
                    paths: GatewayPaths = GatewayPaths()) -> RenderedGateway:
     """The gateway's files for ``inv.gateway`` in front of ``instances`` (name -> Instance).
 
     ``states`` marks instances down or weights them (missing: up, full weight).
     ``api_key`` is the key the instances require when ``gateway.api_key`` is set
-    (``None``: written as ``***``, for showing).  Raises
+    (``None``: written as ``***``, for showing); ``clients`` the client keys
+    (hashes: ``clients.conf``, 0600 root); ``tls`` the certificate and key when
+    ``gateway.tls`` is set (``None``: written as ``***``).  Raises
     :class:`GatewayRenderError` when the inventory has no gateway or the key
     cannot be written into an nginx header safely (the message never shows it).
     """
@@ -181,6 +247,8 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
              "percent_text": _percent(g.percent)} for i, g in enumerate(gw.gray)]
     routes = _routes(inv, gw, slugs, live, gray)
     instance_names = sorted((s["address"], s["name"]) for u in upstreams for s in u["servers"])
+    auth = gw.auth == "keys"
+    rate_zones, stream_zones, clients_text = _clients(gw, list(clients)) if auth else ([], [], "")
     ctx = {
         "inventory": inv.path, "paths": paths, "session_var": gw.session_header.lower().replace("-", "_"),
         "gray": gray, "mirrors": mirrors, "upstreams": upstreams, "instance_names": instance_names,
@@ -188,9 +256,13 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
                    "rate": _rate(gw.requests_per_second),
                    "burst": f" burst={gw.burst}" if gw.burst else ""},
         "port": gw.port, "read_timeout_s": gw.read_timeout_s, "connect_timeout_s": CONNECT_TIMEOUT_S,
+        "listen": [_listen(a, p) for a, p in gw.listen_addresses()], "admin_port": gw.admin_port,
+        "tls": gw.tls_certificate is not None, "auth": auth, "key_rate_zones": rate_zones,
+        "key_stream_zones": stream_zones, "upstream_keepalive_s": UPSTREAM_KEEPALIVE_S,
         "body_mib": BODY_MIB, "api_key": gw.api_key is not None,
         "worker_shutdown_timeout_s": WORKER_SHUTDOWN_TIMEOUT_S,
         "routes_json": json.dumps(routes, indent=4, sort_keys=True),
+        "clients_file_json": json.dumps(_clients_file(paths)),
         "session_header_json": json.dumps(gw.session_header),
     }
     env = _env()
@@ -201,17 +273,28 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
                     env.get_template("gateway.conf.j2").render({**ctx, "digest": placeholder})),
         GatewayFile(f"{paths.conf_dir}/gateway.js", env.get_template("gateway.js.j2").render(ctx)),
     ]
-    auth = f"{paths.conf_dir}/upstream-auth.conf"
+    auth_path = f"{paths.conf_dir}/upstream-auth.conf"
     if gw.api_key is not None:
-        files.append(GatewayFile(auth, _auth_text(api_key), mode=0o640, group="www-data", secret=True))
+        files.append(GatewayFile(auth_path, _auth_text(api_key), mode=0o640, group="www-data", secret=True))
     else:
-        files.append(GatewayFile(auth, "", mode=0o640, group="www-data", remove=True))
-    h = hashlib.sha256()
+        files.append(GatewayFile(auth_path, "", mode=0o640, group="www-data", remove=True))
+    files.append(GatewayFile(_clients_file(paths), clients_text, mode=0o640, group="www-data", secret=True,
+                             remove=not auth, live=True))
+    crt, key = f"{paths.conf_dir}/tls.crt", f"{paths.conf_dir}/tls.key"
+    if gw.tls_certificate is not None:
+        files.append(GatewayFile(crt, tls.certificate if tls else REDACTED + "\n"))
+        files.append(GatewayFile(key, tls.key if tls else REDACTED + "\n", mode=0o600, secret=True))
+    else:
+        files += [GatewayFile(crt, "", remove=True), GatewayFile(key, "", mode=0o600, remove=True)]
+    h, whole = hashlib.sha256(), hashlib.sha256()
     for f in files:
-        h.update(f"{f.path}\0{f.mode:o}\0{f.group}\0{f.remove}\0{f.text}\0".encode())
-    digest = h.hexdigest()
-    files = [replace(f, text=f.text.replace(placeholder, digest[:16])) for f in files]
-    return RenderedGateway(tuple(files), digest, server_states)
+        entry = f"{f.path}\0{f.mode:o}\0{f.group}\0{f.remove}\0{f.text}\0".encode()
+        whole.update(entry)
+        if not f.live:
+            h.update(entry)
+    config = h.hexdigest()[:16]
+    files = [replace(f, text=f.text.replace(placeholder, config)) for f in files]
+    return RenderedGateway(tuple(files), whole.hexdigest(), server_states, config)
 
 
 def _rate(rps: float) -> str:

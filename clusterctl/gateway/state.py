@@ -1,7 +1,7 @@
 """The gateway's control-side state: ``gateway.json`` in the deploy state directory.
 
 ``{"version": 1, "marked_down": {NAME: {"reason", "by", "at"}}, "servers":
-{NAME: {"down", "weight", "reason"}}, "last_reload": EPOCH_S, "digest": HEX}``
+{NAME: {"down", "weight", "reason"}}, "last_reload": EPOCH_S, "digest": HEX, "config": HEX16}``
 
 * ``marked_down``: instances an operator or a drain took out
   (:mod:`clusterctl.gateway.hook`); they stay down until marked up, whatever
@@ -38,6 +38,7 @@ class GatewayState:
     servers: dict[str, ServerState] = field(default_factory=dict)
     last_reload: float = 0.0
     digest: str = ""
+    config: str = ""  # what /gateway/health serves (the digest of the files nginx loads)
 
 
 def load(state_dir: Path) -> GatewayState:
@@ -54,7 +55,7 @@ def load(state_dir: Path) -> GatewayState:
         servers = {n: ServerState(bool(s["down"]), int(s["weight"]), str(s.get("reason", "")))
                    for n, s in data.get("servers", {}).items()}
         return GatewayState(dict(data.get("marked_down", {})), servers, float(data.get("last_reload", 0.0)),
-                            str(data.get("digest", "")))
+                            str(data.get("digest", "")), str(data.get("config", "")))
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise ConfigError([Problem(str(path), 0, f"the gateway state is not in the expected form: {e}")]) \
             from None
@@ -64,7 +65,7 @@ def _dump(st: GatewayState) -> str:
     body: dict[str, Any] = {
         "version": 1, "marked_down": st.marked_down,
         "servers": {n: {"down": s.down, "weight": s.weight, "reason": s.reason} for n, s in sorted(st.servers.items())},
-        "last_reload": st.last_reload, "digest": st.digest}
+        "last_reload": st.last_reload, "digest": st.digest, "config": st.config}
     return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.gateway import state as gwstate
-from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, resolve_api_key
+from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, secret_inputs
 from clusterctl.gateway.render import MAX_WEIGHT, ServerState, render_gateway
 from clusterctl.inventory.model import Instance, Inventory
 
@@ -143,7 +143,7 @@ def sync_gateway(inv: Inventory, fleet: Any, instances: Mapping[str, Instance],
     gw = inv.gateway
     assert gw is not None
     say = on_event or (lambda s: None)
-    rendered = render_gateway(inv, instances, servers, api_key=resolve_api_key(inv))
+    rendered = render_gateway(inv, instances, servers, **secret_inputs(inv, state_dir))
     if dry_run:
         st = gwstate.load(state_dir)
         return SyncResult(rendered.digest, rendered.servers, rendered.digest != st.digest, "dry-run")
@@ -159,7 +159,9 @@ def sync_gateway(inv: Inventory, fleet: Any, instances: Mapping[str, Instance],
             say(f"gateway: config changed; next reload allowed in {wait:.1f} s")
             return result
         say(f"gateway: applying config {rendered.digest[:16]} to {', '.join(gw.hosts)}")
-        result.hosts = apply_gateway(fleet, rendered, port=gw.port, hosts=list(gw.hosts))
+        result.hosts = apply_gateway(fleet, rendered, port=gw.admin_port, hosts=list(gw.hosts))
         if result.ok:
-            st.digest, st.last_reload = rendered.digest, now()
+            st.digest, st.config = rendered.digest, rendered.config
+            if not all(h.action == "updated" for h in result.hosts):  # "updated": the key file alone
+                st.last_reload = now()
         return result

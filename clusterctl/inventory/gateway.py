@@ -6,6 +6,7 @@ the gateway's hosts against ``hosts:``; every problem is a ``file:line``.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from clusterctl.inventory.fields import Ctx, suggest
@@ -16,8 +17,11 @@ from clusterctl.inventory.nodeset import NodeSetError, expand
 from clusterctl.inventory.yamlnodes import Y
 
 KEYS = ("hosts", "port", "session_header", "max_conns", "limits", "sync_interval_s",
-        "read_timeout_s", "api_key", "gray", "mirrors")
+        "read_timeout_s", "api_key", "gray", "mirrors", "auth", "listen", "tls", "admin_port",
+        "client_limits")
 LIMIT_KEYS = ("connections", "requests_per_second", "burst")
+CLIENT_LIMIT_KEYS = ("requests_per_second", "burst", "streams")
+AUTH = ("keys", "none")
 #: An HTTP header name nginx can turn into ``$http_...`` (RFC 9110 token, no '_' surprises).
 HEADER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -73,8 +77,67 @@ class GatewayReader:
             spec.mirrors = [m for m in (self._mirror(item, inv)
                                         for item in self._list(known["mirrors"], "gateway.mirrors"))
                             if m is not None]
+        if "auth" in known:
+            spec.auth = ctx.string(known["auth"], "gateway.auth", AUTH) or spec.auth
+        if "admin_port" in known:
+            v = ctx.integer(known["admin_port"], "gateway.admin_port", 1, 65535)
+            if v is not None:
+                spec.admin_port = v
+        if "listen" in known:
+            spec.listen = self._listen(known["listen"], spec.port)
+        if "tls" in known:
+            self._tls(known["tls"], spec)
+        if "client_limits" in known:
+            self._client_limits(known["client_limits"], spec)
+        if any(port == spec.admin_port for _, port in spec.listen_addresses()):
+            ctx.error(known.get("admin_port", y).line,
+                      f"gateway.admin_port: {spec.admin_port} is also a listen port (the admin server is loopback-only)")
         self._check_routes(spec)
         return spec
+
+    def _listen(self, y: Y, port: int) -> tuple[tuple[str, int], ...]:
+        """``ADDRESS``, ``ADDRESS:PORT``, ``[V6]:PORT`` or ``PORT``; the port defaults to ``gateway.port``."""
+        ctx = self.ctx
+        out: list[tuple[str, int]] = []
+        for text, line in ctx.string_list(y, "gateway.listen") or []:
+            addr, p = text, port
+            m = re.match(r"^\[([0-9A-Fa-f:.]+)\](?::(\d+))?$", text) or re.match(r"^([0-9.]+)(?::(\d+))?$", text)
+            if text.isdigit():
+                addr, p = "", int(text)
+            elif m:
+                addr, p = m.group(1), int(m.group(2)) if m.group(2) else port
+            try:
+                if addr:
+                    ipaddress.ip_address(addr)
+            except ValueError:
+                m = None
+            if not (text.isdigit() or m) or not 1 <= p <= 65535:
+                ctx.error(line, f"gateway.listen: {text!r} is not ADDRESS, ADDRESS:PORT, [IPV6]:PORT or PORT "
+                                "(an IP literal: nginx binds addresses, not names)")
+                continue
+            if (addr, p) not in out:
+                out.append((addr, p))
+        return tuple(out)
+
+    def _tls(self, y: Y, spec: GatewaySpec) -> None:
+        ctx = self.ctx
+        if ctx.mapping(y, "gateway.tls") is None:
+            return
+        known = ctx.keys(y, ("certificate", "key"), "gateway.tls")
+        if set(known) != {"certificate", "key"}:
+            ctx.error(y.line, "gateway.tls: give both certificate and key ({file: PATH} or {env: VAR} each)")
+            return
+        spec.tls_certificate = self._secret(known["certificate"], "gateway.tls.certificate")
+        spec.tls_key = self._secret(known["key"], "gateway.tls.key")
+
+    def _client_limits(self, y: Y, spec: GatewaySpec) -> None:
+        if self.ctx.mapping(y, "gateway.client_limits") is None:
+            return
+        known = self.ctx.keys(y, CLIENT_LIMIT_KEYS, "gateway.client_limits")
+        spec.key_requests_per_second, spec.key_burst = self._rate(known, "gateway.client_limits",
+                                                                  spec.key_requests_per_second, spec.key_burst)
+        if "streams" in known:
+            spec.key_streams = self.ctx.integer(known["streams"], "gateway.client_limits.streams", 0) or 0
 
     def _hosts(self, y: Y, inv: Inventory) -> tuple[str, ...]:
         ctx = self.ctx
@@ -94,21 +157,26 @@ class GatewayReader:
         return tuple(out)
 
     def _limits(self, y: Y, spec: GatewaySpec) -> None:
-        ctx = self.ctx
-        if ctx.mapping(y, "gateway.limits") is None:
+        if self.ctx.mapping(y, "gateway.limits") is None:
             return
-        known = ctx.keys(y, LIMIT_KEYS, "gateway.limits")
+        known = self.ctx.keys(y, LIMIT_KEYS, "gateway.limits")
         if "connections" in known:
-            spec.max_connections = ctx.integer(known["connections"], "gateway.limits.connections", 0) or 0
+            spec.max_connections = self.ctx.integer(known["connections"], "gateway.limits.connections", 0) or 0
+        spec.requests_per_second, spec.burst = self._rate(known, "gateway.limits", spec.requests_per_second,
+                                                          spec.burst)
+
+    def _rate(self, known: dict[str, Y], w: str, rps: float, burst: int) -> tuple[float, int]:
+        """``requests_per_second`` (0 or more) and ``burst`` of a limits mapping, else the given values."""
+        ctx = self.ctx
         if "requests_per_second" in known:
-            rps = ctx.number(known["requests_per_second"], "gateway.limits.requests_per_second")
-            if rps is not None and rps < 0:
-                ctx.error(known["requests_per_second"].line,
-                          "gateway.limits.requests_per_second: must be 0 (no limit) or more")
-            elif rps is not None:
-                spec.requests_per_second = float(rps)
+            v = ctx.number(known["requests_per_second"], f"{w}.requests_per_second")
+            if v is not None and v < 0:
+                ctx.error(known["requests_per_second"].line, f"{w}.requests_per_second: must be 0 (no limit) or more")
+            elif v is not None:
+                rps = float(v)
         if "burst" in known:
-            spec.burst = ctx.integer(known["burst"], "gateway.limits.burst", 0) or 0
+            burst = ctx.integer(known["burst"], f"{w}.burst", 0) or 0
+        return rps, burst
 
     def _secret(self, y: Y, w: str) -> SecretRef | None:
         """``{env: VAR}`` or ``{file: PATH}``: where the value is read at deploy time."""

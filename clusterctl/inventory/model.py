@@ -269,6 +269,22 @@ class GatewaySpec:
     gray: list[GrayRelease] = field(default_factory=list)
     mirrors: list[Mirror] = field(default_factory=list)
     location: Location | None = None
+    #: ``keys``: every request needs a client key (``gateway key add``); ``none``: an open gateway.
+    auth: str = "keys"
+    #: ``(address, port)`` pairs nginx listens on; address ``""`` = every address.
+    listen: tuple[tuple[str, int], ...] = ()
+    #: PEM certificate (a path on the control machine) and its key; both or neither.
+    tls_certificate: SecretRef | None = None
+    tls_key: SecretRef | None = None
+    #: The loopback-only admin server (health, scores) on every gateway host.
+    admin_port: int = 18080
+    #: Per client key: requests per second (+ burst) and concurrent streams; 0 = no limit.
+    key_requests_per_second: float = 0.0
+    key_burst: int = 0
+    key_streams: int = 0
+
+    def listen_addresses(self) -> tuple[tuple[str, int], ...]:
+        return self.listen or (("", self.port),)
 
 
 @dataclass

@@ -44,7 +44,7 @@ class Scene:
         doc["templates"] = {"fo": {**TEMPLATE, "hosts": ",".join(self.workers)}}
         doc.pop("instances", None)
         doc["gateway"] = {"hosts": self.gw_host, "port": GW_PORT, "max_conns": 8, "sync_interval_s": 1,
-                          "read_timeout_s": 600}
+                          "read_timeout_s": 600, "auth": "none"}
         self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
 

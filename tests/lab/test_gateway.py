@@ -78,7 +78,7 @@ def gw(lab, tmp_path_factory):
     for n, (_, gpu, port, model) in INSTANCES.items():
         text += f"  {n}: {{model: {model}, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}}}\n"
     text += (f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 4\n"
-             "  sync_interval_s: 1\n  read_timeout_s: 600\n")
+             "  sync_interval_s: 1\n  read_timeout_s: 600\n  auth: none\n")
     d = tmp_path_factory.mktemp("gateway")
     try:  # units started before a failure are removed too
         inv_path = d / "inventory.yaml"
@@ -456,3 +456,32 @@ def test_sync_tp_check_takes_an_unavailable_tp_group_out(lab, gw, capsys, monkey
         lab.run(host, ": > /var/log/kern.log", check=True)  # XID lines would stay CRIT for later tests
     assert main(args + ["--tp-check"]) == 0
     assert "g-a3" in {_ask(gw)[1] for _ in range(12)}
+
+
+def test_client_keys_on_a_gateway_host(lab, gw, tmp_path, capsys):
+    """auth: keys on the real host: `gateway key add` installs a key that works at once, `revoke` refuses it
+    at once without a reload (streams in flight finish), the key is on no file of the host."""
+    inv_path = tmp_path / "inventory-keys.yaml"
+    inv_path.write_text(Path(gw["inv"]).read_text().replace("  auth: none\n", "  client_limits: {streams: 2}\n"))
+    args = ["-i", str(inv_path), "--state-dir", gw["state"]]
+    try:
+        assert main(["gateway", "deploy", gw["gw_host"], *args]) == 0
+        assert _ask(gw)[0] == 401
+        key_file = tmp_path / "k"
+        assert main(["gateway", "key", "add", "lab-client", *args, "--key-file", str(key_file)]) == 0
+        key = key_file.read_text().strip()
+        headers = {"Authorization": f"Bearer {key}"}
+        status, _ = http(gw["url"] + "/v1/models", headers=headers)
+        assert status == 200
+        grep = lab.run(gw["gw_host"], f"grep -rl -- {key} /etc/nginx /var/log/nginx /run 2>/dev/null; true").stdout
+        assert grep.strip() == ""
+        mode = lab.run(gw["gw_host"], "stat -c '%a %U:%G' /etc/nginx/clusterctl/clients.json").stdout.split()
+        assert mode == ["640", "root:www-data"]
+        before = json.loads(http(gw["url"] + "/gateway/health")[1])["config"]
+        capsys.readouterr()
+        assert main(["gateway", "key", "revoke", "lab-client", *args]) == 0
+        assert "updated" in capsys.readouterr().out  # written in place: no reload
+        assert json.loads(http(gw["url"] + "/gateway/health")[1])["config"] == before
+        assert http(gw["url"] + "/v1/models", headers=headers)[0] == 401
+    finally:
+        assert main(["gateway", "deploy", gw["gw_host"], "-i", gw["inv"], "--state-dir", gw["state"]]) == 0

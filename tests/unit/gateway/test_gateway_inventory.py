@@ -52,6 +52,29 @@ def test_no_section_means_no_gateway() -> None:
      "inv.yaml:23: gateway.mirrors: 'llama' has an entry already (line 22)"),
     ("gateway:\n  hosts: gw01\n  mirrors:\n    - {model: llama, percent: 5}\n",
      "inv.yaml:22: gateway.mirrors: missing 'candidate'"),
+    ("gateway:\n  hosts: gw01\n  auth: maybe\n", "inv.yaml:21: gateway.auth: 'maybe' is not one of keys, none"),
+    ("gateway:\n  hosts: gw01\n  listen: [gw.example.com]\n", "inv.yaml:21: gateway.listen: 'gw.example.com' is not"),
+    ("gateway:\n  hosts: gw01\n  listen: ['10.0.0.1:99999']\n", "inv.yaml:21: gateway.listen: '10.0.0.1:99999'"),
+    ("gateway:\n  hosts: gw01\n  listen: ['127.0.0.1:18080']\n",
+     "gateway.admin_port: 18080 is also a listen port"),
+    ("gateway:\n  hosts: gw01\n  tls: {certificate: {file: a.pem}}\n", "inv.yaml:21: gateway.tls: give both"),
+    ("gateway:\n  hosts: gw01\n  client_limits: {streams: -1}\n",
+     "inv.yaml:21: gateway.client_limits.streams: -1 is out of range"),
 ])
 def test_errors_name_file_and_line(body: str, message: str) -> None:
     assert message in _errors(body)
+
+
+def test_security_defaults_and_values(inv: Inventory) -> None:
+    gw = inv.gateway
+    assert gw is not None
+    assert gw.auth == "keys" and gw.listen_addresses() == (("", 8080),) and gw.admin_port == 18080
+    text = INVENTORY.replace("  port: 8080\n", "  port: 8080\n  listen: ['10.0.0.1', '127.0.0.1:9000', '[::1]:9001']\n"
+                             "  tls: {certificate: {file: gw.crt}, key: {env: GW_TLS_KEY}}\n"
+                             "  client_limits: {requests_per_second: 5, burst: 10, streams: 4}\n  auth: none\n")
+    gw2 = load_inventory_text(text, "inv.yaml").gateway
+    assert gw2 is not None and gw2.auth == "none"
+    assert gw2.listen_addresses() == (("10.0.0.1", 8080), ("127.0.0.1", 9000), ("::1", 9001))
+    assert gw2.tls_certificate is not None and gw2.tls_certificate.ref == "gw.crt"
+    assert gw2.tls_key is not None and (gw2.tls_key.kind, gw2.tls_key.ref) == ("env", "GW_TLS_KEY")
+    assert (gw2.key_requests_per_second, gw2.key_burst, gw2.key_streams) == (5.0, 10, 4)

@@ -17,13 +17,13 @@ STATES = {"q2": ServerState(down=True, reason="draining"), "q1": ServerState(wei
 
 
 def _by_name(files: tuple) -> dict[str, str]:
-    return {Path(f.path).name: f.text for f in files}
+    return {Path(f.path).name: f.text for f in files if not f.remove}
 
 
 def test_golden_files(inv: Inventory) -> None:
     """The whole rendered config, reviewed once; UPDATE_GOLDEN=1 rewrites it."""
     rendered = _by_name(render_gateway(inv, inv.instances, STATES, api_key=None).files)
-    assert set(rendered) == {"nginx.conf", "gateway.conf", "gateway.js", "upstream-auth.conf"}
+    assert set(rendered) == {"nginx.conf", "gateway.conf", "gateway.js", "upstream-auth.conf", "clients.json"}
     for name, text in rendered.items():
         golden = GOLDEN / name
         if os.environ.get("UPDATE_GOLDEN"):
@@ -64,7 +64,7 @@ def test_same_input_same_digest_and_state_changes_digest(inv: Inventory) -> None
     assert a.digest == render_gateway(inv, inv.instances, dict(STATES)).digest
     assert a.digest != render_gateway(inv, inv.instances, {"q2": ServerState(down=False)}).digest
     health = _by_name(a.files)["gateway.conf"]
-    assert f'"config":"{a.digest[:16]}"' in health
+    assert f'"config":"{a.config}"' in health
 
 
 def test_routes_gray_canary_without_instances_falls_back_to_stable(inv: Inventory) -> None:
@@ -103,3 +103,25 @@ def test_nginx_accepts_the_rendered_config(inv: Inventory, tmp_path: Path) -> No
     p = subprocess.run(["nginx", "-t", "-p", "/usr/share/nginx/", "-c", paths.nginx_conf],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
+
+
+def test_listen_addresses_admin_server_and_upstream_keepalive(inv: Inventory) -> None:
+    from dataclasses import replace as dc_replace
+
+    assert inv.gateway is not None
+    inv.gateway = dc_replace(inv.gateway, listen=(("10.0.0.1", 8080), ("::1", 9001)))
+    conf = _by_name(render_gateway(inv, inv.instances).files)["gateway.conf"]
+    assert "    listen 10.0.0.1:8080;\n    listen [::1]:9001;\n" in conf and "listen 8080;" not in conf
+    assert "listen 127.0.0.1:18080;" in conf  # the loopback admin server: health for deploy and keepalived
+    # below vLLM's 5 s keep-alive: nginx closes idle connections first
+    assert conf.count("keepalive_timeout 4s;") == conf.count("keepalive 32;") > 0
+
+
+def test_mirror_location_repeats_every_inherited_header(inv: Inventory) -> None:
+    conf = _by_name(render_gateway(inv, inv.instances).files)["gateway.conf"]
+    mirror = conf[conf.index("location = /_gw_mirror/"):]
+    mirror = mirror[:mirror.index("}\n    }") if "}\n    }" in mirror else mirror.index("\n    }")]
+    for line in ('proxy_set_header Connection "";', "proxy_set_header Host $host;",
+                 "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;", "upstream-auth.conf;",
+                 "proxy_set_header X-Gateway-Mirror 1;"):
+        assert line in mirror, line

@@ -14,6 +14,30 @@ var ROUTES = {
 };
 var SESSION_HEADER = "X-Session-ID";
 
+var crypto = require("crypto");
+var fs = require("fs");
+var CLIENTS_FILE = "/etc/nginx/clusterctl/clients.json";
+
+// js_set $gw_client_rec: "NAME|RATE|STREAMS" for a known Bearer key, else "".
+// Only the key's SHA-256 is looked up, in a file read per request (a revoked
+// key fails at once, no reload); the key itself is never stored or logged.
+function client_rec(r) {
+    var h = r.headersIn.Authorization;
+    var m = h ? /^Bearer +([A-Za-z0-9._~+\/=-]+) *$/i.exec(h) : null;
+    if (!m) {
+        return "";
+    }
+    var clients;
+    try {
+        clients = JSON.parse(fs.readFileSync(CLIENTS_FILE));
+    } catch (e) {
+        r.error("gateway: cannot read " + CLIENTS_FILE + ": " + e);
+        return "";
+    }
+    var c = clients[crypto.createHash("sha256").update(m[1]).digest("hex")];
+    return c ? c.name + "|" + c.rate + "|" + c.streams : "";
+}
+
 function error(r, status, type, message) {
     r.headersOut["Content-Type"] = "application/json";
     r.return(status, JSON.stringify({error: {message: message, type: type, code: status}}) + "\n");
@@ -64,4 +88,4 @@ function route(r) {
     r.internalRedirect("@" + target + (r.headersIn[SESSION_HEADER] ? "_s" : "_l"));
 }
 
-export default {route};
+export default {route, client_rec};

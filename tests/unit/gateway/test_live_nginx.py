@@ -1,0 +1,258 @@
+"""The rendered gateway on real nginx + njs (loopback): client keys, limits, mirror headers, revocation.
+
+nginx 1.22 and njs 0.7.9 as Debian 12 ships them (``nginx-light``,
+``libnginx-mod-http-js``, installed by ``scripts/install-deps``) run the
+rendered files under a temporary directory; the instances are small fake
+HTTP servers that record what reached them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterctl.gateway import keys as gwkeys
+from clusterctl.gateway.render import render_gateway
+from clusterctl.inventory.loader import load_inventory_text
+from clusterctl.inventory.model import Inventory
+
+from support.live_nginx import FakeInstance, LiveNginx, free_port, nginx_usable, post
+
+pytestmark = pytest.mark.skipif(nginx_usable() is not None, reason=str(nginx_usable()))
+
+UPSTREAM_KEY = "sk-instances-7f3a"
+
+
+def _inventory(ports: dict[str, int], gw_port: int, admin_port: int, extra: str = "") -> Inventory:
+    inst = "".join(f"  {n}: {{model: {'cand' if n.startswith('c') else 'tiny'}, engine: vllm, "
+                   f"placement: [h1:{i}], port: {p}}}\n" for i, (n, p) in enumerate(sorted(ports.items())))
+    text = f"""\
+version: 1
+defaults:
+  ssh: {{use_ssh_config: false}}
+  gpus: {{count: 8, model: H100-SXM5-80GB, memory_gib: 80, interconnect: nvlink}}
+hosts:
+  h1: {{address: 127.0.0.1}}
+engines:
+  vllm: {{path: /opt/vllm/bin/vllm, version: 0.11.0}}
+models:
+  tiny: {{path: /models/tiny, served_name: tiny}}
+  cand: {{path: /models/tiny2, served_name: tiny-2}}
+instances:
+{inst}gateway:
+  hosts: h1
+  listen: ["127.0.0.1:{gw_port}"]
+  admin_port: {admin_port}
+  api_key: {{env: GW_LIVE_UPSTREAM_KEY}}
+  client_limits: {{requests_per_second: 100, burst: 100}}
+{extra}"""
+    return load_inventory_text(text, "inv.yaml")
+
+
+class Gateway:
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, extra: str = "", chunks: int = 1,
+                 delay_s: float = 0.0):
+        monkeypatch.setenv("GW_LIVE_UPSTREAM_KEY", UPSTREAM_KEY)
+        self.fakes = {"a1": FakeInstance("a1", chunks, delay_s), "a2": FakeInstance("a2", chunks, delay_s),
+                      "c1": FakeInstance("c1", chunks, delay_s)}
+        self.port, self.admin = free_port(), free_port()
+        self.inv = _inventory({n: f.port for n, f in self.fakes.items()}, self.port, self.admin, extra)
+        self.state = root / "state"
+        self.nginx = LiveNginx()
+
+    def render(self) -> Any:
+        return render_gateway(self.inv, self.inv.instances, api_key=UPSTREAM_KEY,
+                              clients=gwkeys.load(self.state), paths=self.nginx.paths())
+
+    def nginx_config(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/gateway/health", timeout=5) as r:
+            return str(json.loads(r.read())["config"])
+
+    def add(self, name: str, **limits: Any) -> str:
+        key, _ = gwkeys.add(self.state, name, who="test", now="2026-12-01T00:00:00Z", **limits)
+        return key
+
+    def close(self) -> None:
+        self.nginx.stop()
+        for f in self.fakes.values():
+            f.close()
+
+
+@pytest.fixture
+def gw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gateway]:
+    g = Gateway(tmp_path, monkeypatch)
+    yield g
+    g.close()
+
+
+def _error(body: bytes) -> dict[str, Any]:
+    err: dict[str, Any] = json.loads(body)["error"]
+    return err
+
+
+def test_client_key_required_and_never_passed_on(gw: Gateway) -> None:
+    alice = gw.add("alice")
+    gw.nginx.start(gw.render(), gw.admin)
+    status, headers, body = post(gw.port, {"model": "tiny", "prompt": "x"})
+    assert status == 401 and _error(body)["type"] == "AuthenticationError" and _error(body)["code"] == 401
+    assert headers.get("WWW-Authenticate", "").startswith("Bearer")
+    assert post(gw.port, {"model": "tiny"}, key="gk-not-a-key")[0] == 401
+    assert post(gw.port, {"model": "tiny"}, key=alice[:-1])[0] == 401
+    req = urllib.request.Request(f"http://127.0.0.1:{gw.port}/v1/models", headers={"Authorization": "Bearer nope"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 401
+    assert sum(len(f.requests) for f in gw.fakes.values()) == 0  # nothing unauthenticated got through
+
+    status, headers, body = post(gw.port, {"model": "tiny", "prompt": "x"}, key=alice)
+    assert status == 200 and b"[DONE]" in body
+    seen = [r for f in gw.fakes.values() for r in f.requests]
+    assert len(seen) == 1
+    # the instance gets the instances' key, never the client's, and the usual proxy headers
+    assert seen[0]["headers"]["Authorization"] == f"Bearer {UPSTREAM_KEY}"
+    assert seen[0]["headers"]["X-Forwarded-For"] == "127.0.0.1"
+    assert "Connection" not in seen[0]["headers"]  # Connection "": keep-alive to the instance (nginx sends "close")
+    # nothing on disk or in the logs holds the key; the access log names the client
+    log_file, deadline = gw.nginx.root / "log" / "gateway-access.log", time.monotonic() + 5
+    while " alice [" not in log_file.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)  # nginx logs after the answer
+    assert " alice [" in log_file.read_text()
+    for p in [*gw.nginx.root.rglob("*"), *gw.state.rglob("*")]:
+        if p.is_file():
+            assert alice not in p.read_text(errors="replace"), p
+    assert oct((gw.nginx.root / "conf" / "clients.json").stat().st_mode & 0o777) == "0o640"
+    assert oct((gw.state / gwkeys.FILE).stat().st_mode & 0o777) == "0o600"
+
+
+def test_per_key_rate_and_stream_limits_answer_429(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = Gateway(tmp_path, monkeypatch, chunks=3, delay_s=0.3)
+    try:
+        slow = g.add("slow", requests_per_second=0.1, burst=0)  # 6 per minute, none in a burst
+        one = g.add("one-stream", streams=1)
+        other = g.add("other")
+        g.nginx.start(g.render(), g.admin)
+        codes = [post(g.port, {"model": "tiny"}, key=slow)[0] for _ in range(3)]
+        assert codes[0] == 200 and 429 in codes[1:]
+        status, headers, body = post(g.port, {"model": "tiny"}, key=slow)
+        assert status == 429 and _error(body)["type"] == "RateLimitError" and headers.get("Retry-After") == "1"
+        # one stream open for "one-stream": its second is refused, another client is not limited by it
+        results: list[int] = []
+        t = threading.Thread(target=lambda: results.append(post(g.port, {"model": "tiny"}, key=one)[0]))
+        t.start()
+        time.sleep(0.3)
+        status, _, body = post(g.port, {"model": "tiny"}, key=one)
+        assert status == 429 and "concurrent" in _error(body)["message"]
+        assert post(g.port, {"model": "tiny"}, key=other)[0] == 200
+        t.join(10)
+        assert results == [200]
+        assert post(g.port, {"model": "tiny"}, key=one)[0] == 200
+    finally:
+        g.close()
+
+
+def test_a_key_added_or_revoked_works_at_once_without_reload(gw: Gateway) -> None:
+    first = gw.add("first")
+    rendered = gw.render()
+    gw.nginx.start(rendered, gw.admin)
+    second = gw.add("second")
+    gw.nginx.update(gw.render())
+    assert gw.render().config == rendered.config == gw.nginx_config()
+    assert post(gw.port, {"model": "tiny"}, key=second)[0] == 200
+    gwkeys.revoke(gw.state, "first", who="test", now="2026-12-01T00:00:02Z")
+    gw.nginx.update(gw.render())
+    assert post(gw.port, {"model": "tiny"}, key=first)[0] == 401
+    assert post(gw.port, {"model": "tiny"}, key=second)[0] == 200
+
+
+def test_revocation_keeps_streams_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = Gateway(tmp_path, monkeypatch, chunks=6, delay_s=0.5)
+    try:
+        bob = g.add("bob")
+        g.nginx.start(g.render(), g.admin)
+        results: list[tuple[int, bytes]] = []
+
+        def stream() -> None:
+            s, _, b = post(g.port, {"model": "tiny", "stream": True}, key=bob)
+            results.append((s, b))
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(0.7)
+        gwkeys.revoke(g.state, "bob", who="test", now="2026-12-01T00:00:01Z")
+        before = g.render()
+        g.nginx.update(before)  # the key file only: no reload
+        assert before.config == g.nginx_config()  # nginx serves the same config: it was not reloaded
+        assert post(g.port, {"model": "tiny"}, key=bob)[0] == 401
+        assert [post(g.port, {"model": "tiny"}, key=bob)[0] for _ in range(5)] == [401] * 5
+        assert t.is_alive()  # the stream is still running
+        t.join(15)
+        assert len(results) == 1 and results[0][0] == 200 and results[0][1].count(b"data: ") == 7
+        assert results[0][1].rstrip().endswith(b"data: [DONE]")
+    finally:
+        g.close()
+
+
+def test_mirror_keeps_the_inherited_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = Gateway(tmp_path, monkeypatch, extra="  mirrors:\n    - {model: tiny, candidate: cand, percent: 100}\n")
+    try:
+        key = g.add("carol")
+        g.nginx.start(g.render(), g.admin)
+        for _ in range(4):
+            status, headers, _ = post(g.port, {"model": "tiny"}, key=key)
+            assert status == 200 and headers["X-Gateway-Instance"] in ("a1", "a2")
+        deadline = time.monotonic() + 5
+        while len(g.fakes["c1"].requests) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        mirrored = g.fakes["c1"].requests
+        assert len(mirrored) == 4
+        for r in mirrored:
+            h = r["headers"]
+            assert h["X-Gateway-Mirror"] == "1"
+            assert h["Authorization"] == f"Bearer {UPSTREAM_KEY}"  # was dropped: every mirror a 401
+            assert h["X-Forwarded-For"] == "127.0.0.1" and h["Host"] == f"127.0.0.1"
+            assert "Connection" not in h
+            assert json.loads(r["body"])["model"] == "tiny"
+    finally:
+        g.close()
+
+
+def test_tls_when_a_certificate_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+    import subprocess
+
+    crt, key = tmp_path / "gw.crt", tmp_path / "gw.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True, timeout=60)
+    g = Gateway(tmp_path, monkeypatch, extra=f"  tls: {{certificate: {{file: {crt}}}, key: {{file: {key}}}}}\n")
+    try:
+        from clusterctl.gateway.deploy import resolve_tls
+
+        client = g.add("dana")
+        tls = resolve_tls(g.inv)
+        assert tls is not None
+        rendered = render_gateway(g.inv, g.inv.instances, api_key=UPSTREAM_KEY, clients=gwkeys.load(g.state),
+                                  tls=tls, paths=g.nginx.paths())
+        secret = [Path(f.path).name for f in rendered.files if f.secret and not f.remove]
+        assert sorted(secret) == ["clients.json", "tls.key", "upstream-auth.conf"]
+        assert "PRIVATE KEY" not in "".join(f.text for f in rendered.redacted())
+        g.nginx.start(rendered, g.admin)
+        ctx = ssl.create_default_context(cafile=str(crt))
+        ctx.check_hostname = False
+        req = urllib.request.Request(f"https://127.0.0.1:{g.port}/v1/completions", data=b'{"model": "tiny"}',
+                                     headers={"Authorization": f"Bearer {client}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            assert r.status == 200 and b"[DONE]" in r.read()
+        # plain HTTP on the TLS port: nginx's 400, nothing reaches an instance
+        before = sum(len(f.requests) for f in g.fakes.values())
+        assert post(g.port, {"model": "tiny"}, key=client, timeout=5)[0] == 400
+        assert sum(len(f.requests) for f in g.fakes.values()) == before
+    finally:
+        g.close()
