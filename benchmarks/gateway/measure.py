@@ -73,7 +73,7 @@ def setup(lab: LabSession, work: Path) -> dict[str, Any]:
     for n, (_, gpu, port, model) in INSTANCES.items():
         if model == "tiny":
             text += f"  {n}: {{model: {model}, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}}}\n"
-    text += f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 64\n  sync_interval_s: 1\n"
+    text += f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 64\n  sync_interval_s: 1\n  auth: none\n"
     inv = work / "inventory.yaml"
     inv.write_text(text)
     for n, (_, gpu, port, model) in INSTANCES.items():

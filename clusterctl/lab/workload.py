@@ -42,7 +42,8 @@ def add_workload(inventory: dict[str, Any], model_dir: Path, *, replicas: int, g
                                  "hosts": "all", "port_base": port_base,
                                  "args": {"max-model-len": 4096, "max-num-seqs": 64},
                                  "env": {"VLLM_SIM_TIME_SCALE": f"{time_scale:g}"}}}
-    doc["gateway"] = {"hosts": gateway_host, "port": gateway_port, "max_conns": 16}
+    # A lab on a private bridge: an open gateway (a real one wants `auth: keys`, docs/gateway.md).
+    doc["gateway"] = {"hosts": gateway_host, "port": gateway_port, "max_conns": 16, "auth": "none"}
     return doc
 
 

@@ -49,7 +49,8 @@ class Scene:
         self.doc = yaml.safe_load(Path(lab.inventory).read_text())
         self.doc["models"] = {"op-tiny": tiny_entry(model_dir, "/models/op-tiny", served_name="op-tiny")}
         self.doc.pop("instances", None)
-        self.doc["gateway"] = {"hosts": self.gw_host, "port": GW_PORT, "max_conns": 8, "sync_interval_s": 1}
+        self.doc["gateway"] = {"hosts": self.gw_host, "port": GW_PORT, "max_conns": 8, "sync_interval_s": 1,
+                               "auth": "none"}
         self.write_template()
         self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
 
