@@ -44,7 +44,8 @@ import yaml
 
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.inventory.fields import NAME
-from clusterctl.inventory.nodeset import fold, natural_key, split_top
+from clusterctl.inventory.files import ReadRefused, read_config_text
+from clusterctl.inventory.nodeset import MAX_NAMES, fold, natural_key, split_top
 
 SSH_VARS = {
     "ansible_port": "port", "ansible_ssh_port": "port",
@@ -84,6 +85,7 @@ class _Inv:
         self.groups: dict[str, _Group] = {"all": _Group("all")}
         self.hosts: dict[str, dict[str, Any]] = {}
         self.problems: list[Problem] = []
+        self.too_many = False
 
     def group(self, name: str, line: int = 0) -> _Group:
         if name not in self.groups:
@@ -94,6 +96,11 @@ class _Inv:
         return self.groups[name]
 
     def add_host(self, group: str, name: str, hvars: dict[str, Any]) -> None:
+        if name not in self.hosts and len(self.hosts) >= MAX_NAMES:
+            if not self.too_many:
+                self.too_many = True
+                self.error(0, f"more than {MAX_NAMES} hosts (the YAML inventory's limit); the rest is not read")
+            return
         self.hosts.setdefault(name, {}).update(hvars)
         g = self.group(group)
         if name not in g.hosts:
@@ -110,8 +117,32 @@ def expand_ansible_range(pattern: str) -> list[str]:
 
     A numeric range whose start has a leading zero is zero-padded to the
     start's width.  Several ranges in one name expand as a product.
-    Raises ``ValueError`` for a malformed range.
+    Raises ``ValueError`` for a malformed range, or one that gives more than
+    :data:`~clusterctl.inventory.nodeset.MAX_NAMES` names (the YAML
+    inventory's limit), counted before anything is expanded.
     """
+    total = 1
+    for r in _RANGE.finditer(pattern):
+        total *= _range_size(r.group(1) or "0", r.group(2), r.group(3))
+        if total > MAX_NAMES:
+            raise ValueError(f"{pattern!r}: more than {MAX_NAMES} names")
+    return _expand(pattern)
+
+
+def _range_size(beg: str, end: str, step_s: str | None) -> int:
+    """How many names ``[beg:end:step]`` gives (1 for what :func:`_expand` will refuse anyway)."""
+    try:
+        step = max(1, int(step_s)) if step_s else 1
+        if beg.isdigit() and end.isdigit():
+            return max(1, (int(end) - int(beg)) // step + 1)
+    except ValueError:
+        return 1
+    if len(beg) == 1 and len(end) == 1 and beg in string.ascii_letters and end in string.ascii_letters:
+        return max(1, (string.ascii_letters.index(end) - string.ascii_letters.index(beg)) // step + 1)
+    return 1
+
+
+def _expand(pattern: str) -> list[str]:
     m = _RANGE.search(pattern)
     if not m:
         if "[" in pattern or "]" in pattern:
@@ -141,7 +172,7 @@ def expand_ansible_range(pattern: str) -> list[str]:
     head, tail = pattern[:m.start()], pattern[m.end():]
     out = []
     for item in items:
-        out.extend(expand_ansible_range(head + item + tail))
+        out.extend(_expand(head + item + tail))
     return out
 
 
@@ -299,7 +330,10 @@ def _vars_files(directory: Path, name: str) -> list[Path]:
 
 def _read_vars_file(path: Path, problems: list[Problem]) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_config_text(path))
+    except ReadRefused as e:
+        problems.append(Problem(str(path), 0, f"cannot read it: {e}"))
+        return {}
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         problems.append(Problem(str(path), mark.line + 1 if mark else 0, f"YAML syntax error: {e.problem}"))
@@ -327,8 +361,8 @@ def import_ansible(path: str | Path) -> AnsibleImport:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_config_text(path)
+    except ReadRefused as e:
         raise ConfigError([Problem(str(path), 0, f"cannot read it: {e}")]) from None
     inv = _Inv(str(path))
     data = _yaml_inventory(text)

@@ -23,6 +23,7 @@ from clusterctl.errors import InventoryError, Problem
 from clusterctl.inventory import sshconfig
 from clusterctl.inventory.checks import check_instances, check_templates
 from clusterctl.inventory.fields import NAME, Ctx, suggest
+from clusterctl.inventory.files import ReadRefused, read_config_text
 from clusterctl.inventory.gateway import GatewayReader
 from clusterctl.inventory.model import GpuSpec, Host, Inventory, Location
 from clusterctl.inventory.nodeset import NodeSetError, expand, fold
@@ -47,10 +48,9 @@ def load_inventory(path: str | os.PathLike[str], force: bool = False) -> Invento
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise InventoryError([Problem(str(p), 0, f"cannot read the inventory: {reason}")]) from None
+        text = read_config_text(p)
+    except ReadRefused as e:
+        raise InventoryError([Problem(str(p), 0, f"cannot read the inventory: {e}")]) from None
     return load_inventory_text(text, str(p), force=force)
 
 

@@ -186,8 +186,8 @@ class History:
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self._migrate()
-        except sqlite3.DatabaseError as e:
-            raise HistoryError(f"{self.path}: cannot open the report history: {e}") from None
+        except _DAMAGE as e:  # sqlite3.Error; a damaged header's message can even be bytes that are not UTF-8
+            raise HistoryError(f"{self.path}: cannot open the report history: {e}; nothing was changed") from None
         except OSError as e:
             raise HistoryError(f"{self.path}: cannot create the report history: {e.strerror}") from None
 

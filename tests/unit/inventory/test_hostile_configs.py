@@ -1,0 +1,73 @@
+"""ssh_config and Ansible inputs that used to hang, exhaust memory, traceback or run commands (issue 21).
+
+Each case runs the real CLI in a capped child (tests/support/fuzz.py): a
+regression is a counted hang or MemoryError here, not a stuck test run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from support import fuzz
+
+CAPS = {"mem_mib": 1024, "case_s": 15.0}
+
+
+def _run(tmp_path: Path, cases: list[fuzz.Case]) -> list[dict]:
+    t = fuzz.run_cases("hostile", cases, tmp_path, **CAPS)
+    assert (t.tracebacks, t.hangs, t.memory) == (0, 0, 0), t.failures
+    return t.results
+
+
+def _validate(tmp_path: Path, config: str, env: dict[str, str] | None = None) -> fuzz.Case:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("version: 1\nhosts: {gpu01: {}}\n")
+    cfg = tmp_path / f"config-{abs(hash(config))}"
+    cfg.write_text(config)
+    return fuzz.Case(["inventory", "validate", "-i", str(inv)], {"CLUSTERCTL_SSH_CONFIG": str(cfg), **(env or {})})
+
+
+def test_includes_of_a_fifo_dev_zero_a_binary_and_itself_are_warnings(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    os.symlink("/dev/zero", tmp_path / "zero")
+    (tmp_path / "binary").write_bytes(b"\x7fELF\0\0" * 1000)
+    (tmp_path / "self").write_text(f"Include {tmp_path}/self\n")
+    results = _run(tmp_path, [_validate(tmp_path, f"Include {tmp_path}/{name}\nHost *\n  User ops\n")
+                              for name in ("fifo", "zero", "binary", "self")])
+    fifo, zero, binary, self_ = (r["err"] for r in results)
+    assert all(r["rc"] == 0 for r in results)  # warnings, not errors: the inventory is fine
+    assert "not a regular file" in fifo and "not a regular file" in zero
+    assert "a binary file" in binary and "includes itself" in self_
+
+
+def test_include_star_in_three_files_is_bounded(tmp_path: Path) -> None:
+    ssh = tmp_path / "home" / ".ssh"
+    ssh.mkdir(parents=True)
+    for k in range(3):
+        (ssh / f"c{k}").write_text("Include *\nHost *\n  User star\n")
+    [r] = _run(tmp_path, [_validate(tmp_path, "Include *\n")])
+    assert r["rc"] == 0 and r["s"] < 10
+
+
+def test_match_exec_is_skipped_with_a_warning_unless_allowed(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    config = f'Match exec "touch {marker}"\n  User fromexec\n'
+    refused, allowed = _run(tmp_path, [_validate(tmp_path, config),
+                                       _validate(tmp_path, config, {"CLUSTERCTL_SSH_MATCH_EXEC": "1"})])
+    assert "would run a command; its block is skipped" in refused["err"]
+    assert marker.exists()  # only the second case, which asked for it, ran the command
+    marker.unlink()
+    _run(tmp_path, [_validate(tmp_path, config)])
+    assert not marker.exists()
+
+
+def test_ansible_ranges_are_counted_before_they_are_expanded(tmp_path: Path) -> None:
+    cases = []
+    for i, text in enumerate(["[web]\nweb[01:99999999]\n", "[web]\nh[a:z][a:z][a:z][a:z][a:z]\n",
+                              "all:\n  hosts:\n    web[01:99999999]:\n"]):
+        p = tmp_path / f"a{i}.{'yml' if text.startswith('all') else 'ini'}"
+        p.write_text(text)
+        cases.append(fuzz.Case(["inventory", "import-ansible", str(p)]))
+    for r in _run(tmp_path, cases):
+        assert r["rc"] == 3 and "more than 100000 names" in r["err"] and r["s"] < 10, r

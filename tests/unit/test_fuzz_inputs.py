@@ -1,0 +1,57 @@
+"""Hostile inputs of every kind through the real CLI, each batch under memory, CPU and time caps (issue 21).
+
+A few cases per kind keep the unit tier cheap; ``benchmarks/fuzz/campaign.py``
+runs thousands with the same generators (figures in docs/hardening.md).  A
+regression fails here as a counted traceback, hang or MemoryError, never by
+taking the machine down: the child has ``RLIMIT_AS`` and a per-case alarm.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from support import fuzz
+
+CAPS = {"mem_mib": 1024, "case_s": 15.0}
+
+
+def _check(tally: fuzz.Tally) -> None:
+    assert tally.inputs > 0
+    assert (tally.tracebacks, tally.hangs, tally.memory) == (0, 0, 0), tally.failures[:3]
+    assert tally.peak_rss_mib < CAPS["mem_mib"]
+
+
+@pytest.mark.parametrize("kind", sorted(fuzz.GENERATORS))
+def test_config_inputs_never_traceback_hang_or_exhaust_memory(kind: str, tmp_path: Path) -> None:
+    cases = fuzz.GENERATORS[kind](random.Random(21), tmp_path, 12)
+    _check(fuzz.run_cases(kind, cases, tmp_path, **CAPS))
+
+
+def test_damaged_history_databases_are_clear_errors(tmp_path: Path) -> None:
+    bundle = fuzz.small_bundle(tmp_path / "b")
+    _check(fuzz.run_cases("history", fuzz.gen_history(random.Random(21), tmp_path, 12, bundle), tmp_path, **CAPS))
+
+
+def test_match_exec_never_runs_during_validate(tmp_path: Path) -> None:
+    cases = [c for c in fuzz.gen_ssh_configs(random.Random(5), tmp_path, 40)
+             if "Match exec" in Path(c.env["CLUSTERCTL_SSH_CONFIG"]).read_text()]
+    assert cases
+    _check(fuzz.run_cases("ssh_config", cases, tmp_path, **CAPS))
+    assert not list(tmp_path.glob("match-exec-ran-*"))
+
+
+def test_the_harness_counts_a_hang_and_a_memory_bomb(tmp_path: Path) -> None:
+    """The caps work: a FIFO read without the fix would hang; here a case that hangs and one that allocates."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    hang = fuzz.Case(["inventory", "import-ansible", str(tmp_path / "fifo")])
+    t = fuzz.run_cases("self", [hang], tmp_path, mem_mib=1024, case_s=3.0)
+    assert t.hangs == 0 and t.ok == 1  # the FIFO is refused (not a regular file), not read
+    (tmp_path / "bomb.ini").write_text("web[0:9][0:9][0:9][0:9][0:9][0:9][0:9][0:9]\n")
+    t = fuzz.run_cases("self", [fuzz.Case(["inventory", "import-ansible", str(tmp_path / "bomb.ini")])], tmp_path,
+                       mem_mib=1024, case_s=5.0)
+    assert (t.ok, t.memory, t.hangs) == (1, 0, 0), t.failures
