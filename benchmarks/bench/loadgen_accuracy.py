@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from clusterctl.bench import http_sse, loadgen, runner, server_metrics  # noqa: E402
 from clusterctl.bench.stats import aggregate, summarize  # noqa: E402
+from clusterctl.errors import ClusterctlError  # noqa: E402
 from clusterctl.lab.vllm_sim.serve import free_port  # noqa: E402
 
 
@@ -90,7 +91,7 @@ def server(kind: str, scale: float, pin: bool) -> Iterator[loadgen.Endpoint]:
                 try:
                     server_metrics.scrape(ep, timeout=2)
                     break
-                except OSError:
+                except (OSError, ClusterctlError):
                     if time.monotonic() > deadline or proc.poll() is not None:
                         raise SystemExit(f"{kind} server did not come up") from None
                     time.sleep(0.5)
@@ -115,7 +116,7 @@ def main() -> int:
         os.sched_setaffinity(0, {0})
     http_sse.SseTimer = ReadLag  # type: ignore[misc]
     loadgen.SseTimer = ReadLag  # type: ignore[misc]
-    wall = a.scale if a.server == "sim" else 1.0  # the simulator's histogram is on its simulated clock
+    wall = 1.0  # server_metrics scales the simulator's histograms (on its simulated clock) to wall time
     gen = runner.run if a.generator == "asyncio" else loadgen.run
     rows = []
     with server(a.server, a.scale, a.pin) as ep:

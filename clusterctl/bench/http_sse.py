@@ -16,7 +16,7 @@ import asyncio
 import ssl
 import time
 
-from clusterctl.bench.loadgen import Endpoint, SseTimer, _headers, stream_payload
+from clusterctl.bench.loadgen import MAX_LINE, Endpoint, SseTimer, _headers, stream_payload
 from clusterctl.bench.stats import RequestResult
 
 
@@ -46,10 +46,14 @@ class _Chunked:
                 self.buf = self.buf[skip:]
                 self.finished = self.last and not self.crlf_left
             else:
-                end = self.buf.find(b"\r\n")
+                end = self.buf.find(b"\r\n", 0, 1024)
                 if end < 0:
+                    if len(self.buf) >= 1024:
+                        raise ValueError("chunk-size line over 1 KiB")
                     break
                 size = int(self.buf[:end].split(b";", 1)[0].strip() or b"0", 16)  # ValueError on garbage
+                if size < 0:
+                    raise ValueError("negative chunk size")
                 self.buf = self.buf[end + 2:]
                 self.last = size == 0
                 self.data_left, self.crlf_left = size, 2
@@ -73,7 +77,9 @@ class _SseProtocol(asyncio.Protocol):
         self.idle_since = self.loop.time()
         self.done: asyncio.Future[RequestResult] | None = None
 
-    def begin(self, t0: float, timeout: float) -> "asyncio.Future[RequestResult]":
+    def begin(self, t0: float, timeout: float, left: float) -> "asyncio.Future[RequestResult]":
+        """Arm for a request sent at ``t0`` (perf_counter) that must be answered in full within ``left`` s
+        (``timeout`` is the whole budget, for the message)."""
         self.t0, self.timeout = t0, timeout
         self.timer = SseTimer()
         self.head = b""
@@ -83,8 +89,7 @@ class _SseProtocol(asyncio.Protocol):
         self.length: int | None = None  # Content-Length when not chunked
         self.error_body = b""
         self.lines = b""
-        self.last_io = self.loop.time()
-        self.watch = self.loop.call_later(timeout, self._stall)
+        self.watch = self.loop.call_later(max(0.0, left), self._expire)
         self.done = self.loop.create_future()
         self.draining = False
         self.ready: asyncio.Future[None] = self.loop.create_future()
@@ -102,7 +107,6 @@ class _SseProtocol(asyncio.Protocol):
             if self.done.done():
                 self._drain(data)
                 return
-            self.last_io = self.loop.time()
             self._feed(data, now)
         except ValueError as e:  # JSON or framing garbage
             self._finish(f"{type(e).__name__}: {e}")
@@ -144,13 +148,18 @@ class _SseProtocol(asyncio.Protocol):
                              reusable=self._body_complete())
             return
         self.lines += data
+        chunks = self.timer.chunks
         while not self.timer.done:
-            nl = self.lines.find(b"\n")
+            nl = self.lines.find(b"\n", 0, MAX_LINE + 1)
             if nl < 0:
+                if len(self.lines) > MAX_LINE:
+                    raise ValueError(f"SSE line over {MAX_LINE} bytes")
                 break
             line, self.lines = self.lines[:nl], self.lines[nl + 1:]
             if line.startswith(b"data:"):
                 self.timer.data(line[5:].strip(), now)
+        if self.timer.chunks > chunks:
+            self.timer.res.reads += 1  # one more read (wake-up) that delivered content chunks
         if self.timer.done or self._body_complete():
             self._finish(None, reusable=True)
 
@@ -166,6 +175,8 @@ class _SseProtocol(asyncio.Protocol):
             self.body = _Chunked()
         elif "content-length" in headers:
             self.length = int(headers["content-length"])
+            if self.length < 0:
+                raise ValueError(f"negative Content-Length {self.length}")
         else:
             self.keep_alive = False  # the body ends with the connection
 
@@ -184,7 +195,7 @@ class _SseProtocol(asyncio.Protocol):
             res.error = error
             res.e2e = time.perf_counter() - self.t0
         else:
-            res = self.timer.finish(time.perf_counter() - self.t0)
+            res = self.timer.finish()
         done.set_result(res)
         if not (reusable and self.keep_alive):
             self._close()
@@ -198,12 +209,8 @@ class _SseProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _stall(self) -> None:
-        idle = self.loop.time() - self.last_io
-        if idle >= self.timeout:
-            self._finish(f"TimeoutError: no data for {self.timeout:g} s")
-        else:
-            self.watch = self.loop.call_later(self.timeout - idle, self._stall)
+    def _expire(self) -> None:
+        self._finish(f"TimeoutError: no complete answer within {self.timeout:g} s")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -251,12 +258,13 @@ class Client:
             return None
         return await self._open()
 
-    async def _open(self) -> str | None:
+    async def _open(self, seconds: float | None = None) -> str | None:
         self.close()
         loop = asyncio.get_running_loop()
+        limit = self.timeout if seconds is None else seconds
         try:
             _, proto = await asyncio.wait_for(loop.create_connection(
-                _SseProtocol, self.ep.host, self.ep.port, ssl=self.ssl), self.timeout)
+                _SseProtocol, self.ep.host, self.ep.port, ssl=self.ssl), max(0.0, limit))
         except (OSError, asyncio.TimeoutError) as e:
             name = "TimeoutError" if isinstance(e, asyncio.TimeoutError) else type(e).__name__
             return f"{name}: {e}" if str(e) else name
@@ -264,29 +272,32 @@ class Client:
         return None
 
     async def stream(self, body: dict[str, object]) -> RequestResult:
-        """Send one streaming completion and time it (s from the send, before connecting when a connection
-        is needed); ``timeout`` (s) bounds the connect and every silence.  Failures are a failed result."""
+        """Send one streamed completion and time it (s from the send, before connecting when a connection
+        is needed); ``timeout`` (s) bounds the whole request, connect included, however the server trickles
+        its bytes.  Failures are a failed result."""
         payload = stream_payload(body)
         request = self.head + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload
         reuse = await self._usable()
         t0 = time.perf_counter()
+        end = t0 + self.timeout
         if not reuse:
-            error = await self._open()
+            error = await self._open(end - t0)
             if error is not None:
                 return RequestResult(ok=False, e2e=time.perf_counter() - t0, error=error)
-        res = await self._send(request, t0)
-        if reuse and not res.ok and self.proto is not None and not self.proto.status:
+        res = await self._send(request, t0, end)
+        if reuse and not res.ok and self.proto is not None and not self.proto.status \
+                and time.perf_counter() < end:
             # The server closed the idle connection as the request went out (keep-alive race): nothing was
             # answered, so send it once more on a new connection; the time lost counts.
-            error = await self._open()
+            error = await self._open(end - time.perf_counter())
             res = RequestResult(ok=False, e2e=time.perf_counter() - t0, error=error) if error else \
-                await self._send(request, t0)
+                await self._send(request, t0, end)
         return res
 
-    async def _send(self, request: bytes, t0: float) -> RequestResult:
+    async def _send(self, request: bytes, t0: float, end: float) -> RequestResult:
         proto = self.proto
         assert proto is not None and proto.transport is not None
-        done = proto.begin(t0, self.timeout)
+        done = proto.begin(t0, self.timeout, end - time.perf_counter())
         proto.transport.write(request)
         return await done
 

@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import random
+import socket
 import threading
 import time
 import urllib.parse
@@ -80,9 +81,28 @@ def _headers(ep: Endpoint) -> dict[str, str]:
     return h
 
 
+#: Longest SSE line (bytes) a response may send: a completion chunk is a few hundred bytes, top-20 logprobs a few KiB.
+MAX_LINE = 1 << 20
+#: Largest token count a server may report in ``usage`` (vLLM's context lengths are far below).
+MAX_TOKENS = 1 << 31
+
+
+def count_field(doc: dict[str, object], key: str) -> int:
+    """``doc[key]`` as a token count: a whole number from 0 to :data:`MAX_TOKENS`, 0 when absent or null;
+    raises ValueError naming the field otherwise (``1e308``, ``"12"``, ``true``, ``-1``)."""
+    v = doc.get(key)
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOKENS:
+        raise ValueError(f"usage.{key} is not a token count: {str(v)[:40]!r}")
+    return v
+
+
 class SseTimer:
     """Turns the SSE ``data:`` payloads of one streamed completion, each with its arrival time (s since the
-    send), into a :class:`RequestResult` with vLLM's TTFT / ITL definitions."""
+    send), into a :class:`RequestResult` with ``vllm bench serve``'s definitions: every chunk with a
+    non-empty ``choices`` list is a content chunk (its text may be empty: special and byte-fallback tokens);
+    TTFT is the first one's time, ITL the gaps between them, E2E the last one's time."""
 
     def __init__(self) -> None:
         self.res = RequestResult(ok=False)
@@ -91,7 +111,8 @@ class SseTimer:
         self.done = False
 
     def data(self, payload: bytes, now: float) -> bool:
-        """One ``data:`` payload; True at ``[DONE]``.  Raises ValueError on a payload that is not JSON."""
+        """One ``data:`` payload; True at ``[DONE]``.  Raises ValueError on a payload that is not a completion
+        chunk (not JSON, ``choices`` not a list of objects, ``text`` not a string, a bad ``usage`` count)."""
         if payload == b"[DONE]":
             self.done = True
             return True
@@ -100,31 +121,42 @@ class SseTimer:
             raise ValueError(f"SSE data is not a JSON object: {payload[:80]!r}")
         usage = doc.get("usage")
         res = self.res
-        if usage:
-            res.output_tokens = int(usage.get("completion_tokens") or 0)
-            res.input_tokens = int(usage.get("prompt_tokens") or 0)
-        choices = doc.get("choices") or []
-        if choices and choices[0].get("text"):
+        choices = doc.get("choices")
+        if choices is not None and not isinstance(choices, list):
+            raise ValueError(f"'choices' is not a list: {str(choices)[:40]!r}")
+        if choices:
+            first = choices[0]
+            text = first.get("text") if isinstance(first, dict) else None
+            if not isinstance(first, dict) or not (text is None or isinstance(text, str)):
+                raise ValueError(f"a choice's 'text' is not a string: {str(first)[:60]!r}")
             if self.chunks == 0:
                 res.ttft = now
             else:
                 res.itl.append(now - self.last)
             self.last = now
             self.chunks += 1
+        elif usage is not None:
+            if not isinstance(usage, dict):
+                raise ValueError(f"'usage' is not an object: {str(usage)[:40]!r}")
+            res.output_tokens = count_field(usage, "completion_tokens")
+            res.input_tokens = count_field(usage, "prompt_tokens")
         return False
 
-    def finish(self, e2e: float) -> RequestResult:
-        """The result once the stream has ended (``e2e``: last byte minus send time, s)."""
+    def finish(self) -> RequestResult:
+        """The result once the stream has ended: failed without ``[DONE]`` or without any content chunk
+        (as vLLM's client); E2E is the last content chunk's time; output tokens from ``usage``, else the
+        number of content chunks."""
         res = self.res
-        res.e2e = e2e
+        res.e2e = self.last
         if not self.done:
             res.error = "stream ended without [DONE]"
             return res
+        if not self.chunks:
+            res.error = "no chunk with 'choices' before [DONE]"
+            return res
         if not res.output_tokens:
             res.output_tokens = self.chunks
-        res.ok = self.chunks > 0 or res.output_tokens == 0
-        if self.chunks == 0:
-            res.ttft = res.e2e
+        res.ok = True
         return res
 
 
@@ -133,41 +165,97 @@ def stream_payload(body: dict[str, object]) -> bytes:
     return json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
 
 
+class Deadline:
+    """A whole-request deadline for a blocking ``http.client`` connection: at ``seconds`` after entering,
+    the socket is shut down from a timer thread, so a read blocked on a trickling server returns at once
+    (each socket operation also times out on its own).  ``expired`` says whether it fired."""
+
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
+        self.conn, self.seconds = conn, seconds
+        self.fired = threading.Event()
+        self.left = threading.Event()
+        self.timer = self._arm(seconds)
+
+    def _arm(self, seconds: float) -> threading.Timer:
+        t = threading.Timer(max(0.0, seconds), self._fire)
+        t.daemon = True
+        return t
+
+    def _fire(self) -> None:
+        self.fired.set()
+        sock = self.conn.sock
+        if sock is None:  # still connecting (its own timeout bounds that): shut it down once it exists
+            if not self.left.is_set():
+                self.timer = self._arm(0.05)
+                self.timer.start()
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    @property
+    def expired(self) -> bool:
+        return self.fired.is_set()
+
+    def __enter__(self) -> "Deadline":
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.left.set()
+        self.timer.cancel()
+
+    def error(self, e: BaseException) -> str:
+        """The reason to report for ``e`` raised inside the deadline."""
+        if self.expired:
+            return f"TimeoutError: no complete answer within {self.seconds:g} s"
+        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
 def stream_completion(ep: Endpoint, body: dict[str, object], timeout: float = 60.0) -> RequestResult:
-    """Send one streaming completion and time it; ``timeout`` (s) bounds connect and each socket read."""
+    """Send one streaming completion and time it; ``timeout`` (s) bounds the whole request (connect, headers,
+    body), and no SSE line may be longer than :data:`MAX_LINE`."""
     payload = stream_payload(body)
     t0 = time.perf_counter()
     conn = ep.connect(timeout)
     timer = SseTimer()
-    try:
-        conn.request("POST", ep.base_path + "/v1/completions", body=payload, headers=_headers(ep))
-        resp = conn.getresponse()
-        if resp.status != 200:
-            timer.res.error = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace').strip()}"
+    with Deadline(conn, timeout) as dl:
+        try:
+            conn.request("POST", ep.base_path + "/v1/completions", body=payload, headers=_headers(ep))
+            resp = conn.getresponse()
+            if resp.status != 200:
+                timer.res.error = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace').strip()}"
+                return timer.res
+            while True:
+                line = resp.readline(MAX_LINE + 1)
+                if not line or dl.expired:
+                    break
+                if len(line) > MAX_LINE:
+                    raise ValueError(f"SSE line over {MAX_LINE} bytes")
+                if line.startswith(b"data:") and timer.data(line[5:].strip(), time.perf_counter() - t0):
+                    break
+            if dl.expired:
+                raise TimeoutError
+            return timer.finish()
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            timer.res.error = dl.error(e)
+            timer.res.e2e = time.perf_counter() - t0
             return timer.res
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            if line.startswith(b"data:") and timer.data(line[5:].strip(), time.perf_counter() - t0):
-                break
-        return timer.finish(time.perf_counter() - t0)
-    except (OSError, http.client.HTTPException, ValueError) as e:
-        timer.res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        timer.res.e2e = time.perf_counter() - t0
-        return timer.res
-    finally:
-        conn.close()
+        finally:
+            conn.close()
 
 
 @dataclass
 class RunResult:
-    """One concurrency level: per-request results, wall duration (s) and the generator's CPU seconds."""
+    """One concurrency level: per-request results, wall duration (s), the generator's CPU seconds and, for the
+    asyncio generator, how late each of its event loop's periodic timers fired (s)."""
 
     concurrency: int
     results: list[RequestResult]
     duration: float
     cpu_s: float
+    loop_lag: list[float] = field(default_factory=list)
 
 
 def arrival_times(n: int, rate: float | None, seed: int = 0) -> list[float]:

@@ -43,13 +43,32 @@ def schedule(prompts: Sequence[str], output_lens: Sequence[int], *, request_rate
             at += rng.expovariate(request_rate)
 
 
+#: Period (s) of the timer that measures the event loop's scheduling delay.
+TICK = 0.005
+
+
+async def _ticker(lags: list[float]) -> None:
+    """Sleep TICK at a time and record how late each wake-up came (s): the time an SSE chunk may wait in the
+    socket before this loop reads and stamps it (the process waiting for a CPU, or the loop busy)."""
+    loop = asyncio.get_running_loop()
+    due = loop.time() + TICK
+    while True:
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        now = loop.time()
+        lags.append(max(0.0, now - due))
+        due = max(due + TICK, now + TICK / 2)
+
+
 async def _run(ep: Endpoint, jobs: Iterator[tuple[float, str, int]], concurrency: int, model: str | None,
                timeout: float, ignore_eos: bool, duration: float | None,
-               on_result: Callable[[RequestResult], None] | None) -> tuple[list[RequestResult], float, float]:
-    """(results, wall s, CPU s), both from the moment the connections are open."""
+               on_result: Callable[[RequestResult], None] | None
+               ) -> tuple[list[RequestResult], float, float, list[float]]:
+    """(results, wall s, CPU s, loop lags s), the first two from the moment the connections are open."""
     results: list[RequestResult] = []
     clients = [Client(ep, timeout) for _ in range(concurrency)]
     await asyncio.gather(*(c.connect() for c in clients))  # a failure shows again on the first request
+    lags: list[float] = []
+    ticker = asyncio.ensure_future(_ticker(lags))
     start, cpu0 = time.perf_counter(), time.process_time()
 
     async def worker(client: Client) -> None:
@@ -71,9 +90,10 @@ async def _run(ep: Endpoint, jobs: Iterator[tuple[float, str, int]], concurrency
     try:
         await asyncio.gather(*(worker(c) for c in clients))
     finally:
+        ticker.cancel()
         for c in clients:
             c.close()
-    return results, time.perf_counter() - start, time.process_time() - cpu0
+    return results, time.perf_counter() - start, time.process_time() - cpu0, lags
 
 
 def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int, *,
@@ -91,5 +111,6 @@ def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int,
     lens = [output_len if n is None else n for n in (output_lens or [None] * len(prompts))]
     jobs = schedule(prompts, lens, request_rate=request_rate, seed=seed, duration=duration)
     workers = concurrency if duration is not None else min(concurrency, len(prompts))
-    results, wall, cpu = asyncio.run(_run(ep, jobs, workers, model, timeout, ignore_eos, duration, on_result))
-    return RunResult(concurrency, results, wall, cpu)
+    results, wall, cpu, lags = asyncio.run(_run(ep, jobs, workers, model, timeout, ignore_eos, duration,
+                                                on_result))
+    return RunResult(concurrency, results, wall, cpu, lags)

@@ -3,11 +3,13 @@
 Definitions (vLLM, ``vllm/benchmarks/serve.py``), all times in seconds here and
 milliseconds in reports:
 
-- TTFT: first non-empty content chunk minus send time.
-- ITL: every gap between successive content chunks (a flat list over requests).
+- TTFT: the first chunk with a non-empty ``choices`` list (its text may be
+  empty: special or byte-fallback tokens) minus the send time.
+- ITL: every gap between successive such chunks (a flat list over requests).
 - TPOT: ``(e2e - ttft) / (output_tokens - 1)``, only for requests with more
   than one output token (the first token is excluded).
-- E2E: last byte minus send time.
+- E2E: the last chunk with ``choices`` minus the send time (the usage chunk
+  and ``[DONE]`` after it do not count).
 
 Goodput counts requests that meet every SLO given (DistServe's definition; a
 request with one output token has TPOT 0 for this purpose, as in vLLM).
@@ -31,6 +33,13 @@ class RequestResult:
     output_tokens: int = 0
     input_tokens: int = 0
     error: str = ""
+    #: Socket reads (event-loop wake-ups) that delivered content chunks; 0 when not counted (threads).
+    reads: int = 0
+
+    @property
+    def chunks(self) -> int:
+        """Content chunks received (ITL gaps + 1 once the first came)."""
+        return len(self.itl) + (1 if self.ok or self.ttft else 0)
 
     @property
     def tpot(self) -> float | None:

@@ -19,24 +19,31 @@ HELP = """Load-test an OpenAI-compatible endpoint with streaming /v1/completions
 TARGET is a URL or an inventory instance (its host address and port, and the
 API key its VLLM_API_KEY secret names, else $CLUSTERCTL_API_KEY).
 
-For each concurrency level, REQUESTS synthetic prompts of INPUT_LEN words (or
-the prompts of --dataset FILE, JSONL {"prompt": ..., "output_len": ...}) are
+For each concurrency level, REQUESTS synthetic prompts of INPUT_LEN tokens,
+counted by the model's tokenizer (--tokenizer PATH, else the endpoint's
+/tokenize; words, with a warning, when neither is there), or the prompts of
+--dataset FILE (JSONL {"prompt": ..., "output_len": ...}), are
 sent with at most that many in flight (all at once, or as Poisson arrivals at
 --request-rate per second), each asking for OUTPUT_LEN tokens (ignore_eos);
-with --duration S each level runs S seconds instead, cycling the prompts. Measured as `vllm bench serve` does: TTFT (first content
-chunk), TPOT excluding the first token, ITL (gaps between chunks), E2E; mean,
-median, p90, p99 in ms; request, output and total token throughput; goodput
-under the SLOs given. --plot FILE writes an SVG of TTFT and output
-throughput against concurrency. --server-timings also reads the server's own TTFT
-histogram from /metrics and reports the generator's error against it.
+with --duration S each level runs S seconds instead, cycling the prompts.
+Measured as `vllm bench serve` does: TTFT (first chunk with choices), TPOT
+excluding the first token, ITL (gaps between chunks), E2E (last chunk with
+choices); mean, median, p90, p99 in ms; request, output and total token
+throughput; goodput under the SLOs given. --plot FILE writes an SVG of TTFT
+and output throughput against concurrency.
+
+Each level is checked for a starved generator: against the server's own
+TTFT/TPOT from /metrics when it answers (--no-server-timings to skip), and
+from the client alone (event-loop lag, chunks read together, generator CPU).
+A flagged level is UNTRUSTED with the measured error (docs/bench.md).
 
 With --compare URL_B the same workload runs against both endpoints, level by
 level, and each metric's relative change is shown; worse than --tolerance is a
 regression.
 
 Exit status: 0 every request succeeded, 1 some failed, 2 all failed,
-3 usage errors. With --compare: 0 no regression, 1 a regression, 2 failed
-requests.
+3 a level's numbers cannot be trusted, or usage errors. With --compare: 0 no
+regression, 1 a regression, 2 failed requests, 3 untrusted or usage errors.
 
 Examples:
 
@@ -72,7 +79,12 @@ def bench(target: str = TargetArg,
                                                    help="Seconds per level (prompts cycled) instead of --requests."),
           dataset: Optional[Path] = typer.Option(None, "--dataset", metavar="FILE",
                                                  help='JSONL prompts: {"prompt": str, "output_len"?: int} a line.'),
-          input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt length in words (~tokens)."),
+          input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt length in tokens."),
+          tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", metavar="PATH",
+                                                   help="Model dir or tokenizer.json [default: the endpoint's "
+                                                        "/tokenize]."),
+          no_tokenizer: bool = typer.Option(False, "--no-tokenizer",
+                                            help="Prompts of INPUT_LEN words, not tokens."),
           output_len: int = typer.Option(64, "--output-len", min=1, help="Tokens asked per request."),
           model: Optional[str] = typer.Option(None, "--model", help="Served model name [default: the server's]."),
           slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", min=0, help="Goodput SLO: TTFT ms."),
@@ -84,54 +96,67 @@ def bench(target: str = TargetArg,
                                                     help="Run the same workload against TARGET_B and compare."),
           tolerance: float = typer.Option(0.1, "--tolerance", min=0,
                                           help="With --compare: relative change counted as a regression."),
-          server_timings: bool = typer.Option(False, "--server-timings",
-                                              help="Compare TTFT with the server's /metrics histogram."),
+          server_timings: Optional[bool] = typer.Option(None, "--server-timings/--no-server-timings",
+                                                        help="Check the client's TTFT/TPOT against the server's "
+                                                             "/metrics [default: when it answers]."),
           plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE",
                                               help="Write an SVG of TTFT and throughput against concurrency."),
           timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds a request may stall."),
           seed: int = typer.Option(0, "--seed", help="Seed of the synthetic prompts and arrivals."),
           inventory: Optional[str] = InventoryOpt,
           as_json: bool = JsonOpt) -> None:
-    from clusterctl.bench import server_metrics
-    from clusterctl.bench.stats import Slo, aggregate
+    from clusterctl.bench.stats import Slo
 
     ep = endpoint(target, inventory)
     if plot is not None:
         _check_writable(plot)
+    if tokenizer is not None and no_tokenizer:
+        fail("--tokenizer and --no-tokenizer exclude each other")
     slo = Slo(slo_ttft, slo_tpot, slo_e2e) if any(v is not None for v in (slo_ttft, slo_tpot, slo_e2e)) else None
     levels = _levels(concurrency)
     work = _Workload(dataset, requests, input_len, output_len, seed, duration, progress=not as_json)
+    work.tokenizer(ep, model, tokenizer, no_tokenizer)
+    if not as_json:
+        for w in work.warnings:
+            err_console.print(f"warning: {w}", markup=False)
     if compare_url is not None:
         _compare(ep, endpoint(compare_url, inventory), levels, work, model, timeout, request_rate, slo, tolerance,
-                 plot, as_json)
-    reports: list[dict[str, Any]] = []
-    for level in levels:
-        before = _scrape(server_metrics, ep) if server_timings else None
-        run = work.run(ep, level, model, timeout, request_rate)
-        rep = aggregate(run.results, run.duration, level, slo)
-        rep["generator_cpu_percent"] = 100 * run.cpu_s / max(run.duration, 1e-9)
-        if before is not None:
-            after = _scrape(server_metrics, ep)
-            server = server_metrics.histogram_mean(before, after, "vllm:time_to_first_token_seconds") \
-                if after is not None else None
-            rep["server_ttft_mean_ms"] = None if server is None else 1000 * server
-            rep["ttft_error_ms"] = None if server is None else rep["ttft_ms"]["mean"] - 1000 * server  # type: ignore
-        reports.append(rep)
+                 plot, as_json, server_timings)
+    reports = [work.level(ep, level, model, timeout, request_rate, slo, server_timings) for level in levels]
     code = _exit_code(reports)
     if plot is not None:
         _write_plot(plot, {ep.url: reports})
     if as_json:
-        print_json({"url": ep.url, "input_len": None if dataset else input_len, "output_len": output_len,
-                    "requests": None if duration else work.requests, "duration_s": duration,
-                    "dataset": None if dataset is None else str(dataset), "request_rate": request_rate,
-                    "slo_ms": None if slo is None else vars(slo), "results": reports})
+        print_json(_finite({"url": ep.url, **work.describe(), "output_len": output_len,
+                            "requests": None if duration else work.requests, "duration_s": duration,
+                            "dataset": None if dataset is None else str(dataset), "request_rate": request_rate,
+                            "slo_ms": None if slo is None else vars(slo), "trusted": not _untrusted(reports),
+                            "results": reports}))
         raise typer.Exit(code)
-    _table(reports, server_timings, slo is not None)
+    _table(reports, slo is not None)
     raise typer.Exit(code)
 
 
+def _finite(x: Any) -> Any:
+    """``x`` with every NaN or infinite float as None, so the JSON is strict (no NaN/Infinity)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _untrusted(reports: list[dict[str, Any]]) -> list[str]:
+    from clusterctl.bench.trust import untrusted
+
+    return untrusted(reports)
+
+
 class _Workload:
-    """The prompts of every level: the dataset's (cut or repeated to ``requests``) or synthetic ones."""
+    """The prompts of every level: the dataset's (cut or repeated to ``requests``) or synthetic ones of
+    ``input_len`` tokens (words without a tokenizer)."""
 
     def __init__(self, dataset: Optional[Path], requests: Optional[int], input_len: int, output_len: int,
                  seed: int, duration: Optional[float], progress: bool = True) -> None:
@@ -139,6 +164,8 @@ class _Workload:
         self.progress = progress
         self.rng = random.Random(seed)
         self.data: Any = None
+        self.tok: Any = None
+        self.warnings: list[str] = []
         if dataset is not None:
             from clusterctl.bench import dataset as ds
 
@@ -148,21 +175,58 @@ class _Workload:
                 fail(str(e))
         self.requests = requests or (len(self.data.prompts) if self.data else 32)
 
-    def prompts(self) -> tuple[list[str], list[Optional[int]]]:
-        """This level's prompts and per-prompt output lengths (a new synthetic draw per level)."""
-        if self.data is None:
-            from clusterctl.bench.loadgen import synthetic_prompt
+    def tokenizer(self, ep: Any, model: Optional[str], path: Optional[Path], off: bool) -> None:
+        """Pick the token counter: ``path``, else the endpoint's /tokenize, else none (words, with a warning)."""
+        from clusterctl.bench import tokens
 
-            return [synthetic_prompt(self.input_len, self.rng) for _ in range(self.requests)], [None] * self.requests
-        n = len(self.data.prompts)
-        idx = [i % n for i in range(self.requests)] if self.duration is None else list(range(n))
-        return [self.data.prompts[i] for i in idx], [self.data.output_lens[i] for i in idx]
+        if off:
+            self.warnings.append("--no-tokenizer: prompts are counted in words, not tokens")
+            return
+        try:
+            self.tok = tokens.local(path) if path is not None else tokens.endpoint(ep, model)
+        except ClusterctlError as e:
+            fail(str(e))
+        if self.tok is None:
+            self.warnings.append(f"{ep.url}/tokenize does not answer and no --tokenizer was given: prompts are "
+                                 f"{self.input_len} words, not tokens (a real BPE vocabulary often makes 1.5-2 "
+                                 "tokens of a word); the server's own count is in total_input_tokens")
+
+    def describe(self) -> dict[str, Any]:
+        unit = "tokens" if self.tok is not None else "words"
+        return {"input_len": None if self.data else self.input_len, "input_len_unit": None if self.data else unit,
+                "tokenizer": None if self.tok is None else self.tok.source, "warnings": self.warnings}
+
+    def prompts(self) -> tuple[list[str], list[Optional[int]], dict[str, Any]]:
+        """This level's prompts, per-prompt output lengths (a new synthetic draw per level) and their lengths:
+        mean words and mean tokens by the tokenizer (None without one)."""
+        from clusterctl.bench import tokens
+
+        if self.data is None:
+            try:
+                built = [tokens.build(self.input_len, self.rng, self.tok) for _ in range(self.requests)]
+            except ClusterctlError as e:
+                fail(str(e))
+            ps = [b.text for b in built]
+            counts = [b.tokens for b in built if b.tokens is not None]
+            lens: list[Optional[int]] = [None] * self.requests
+        else:
+            n = len(self.data.prompts)
+            idx = [i % n for i in range(self.requests)] if self.duration is None else list(range(n))
+            ps, lens = [self.data.prompts[i] for i in idx], [self.data.output_lens[i] for i in idx]
+            try:
+                counts = [self.tok.count(p) for p in ps] if self.tok is not None else []
+            except ClusterctlError as e:
+                fail(str(e))
+        words = sum(len(p.split()) for p in ps) / max(1, len(ps))
+        size = {"prompt_words_mean": round(words, 1),
+                "prompt_tokens_mean": round(sum(counts) / len(counts), 1) if counts else None}
+        return ps, lens, size
 
     def run(self, ep: Any, level: int, model: Optional[str], timeout: float, rate: Optional[float],
-            prompts: Optional[tuple[list[str], list[Optional[int]]]] = None) -> Any:
+            prompts: Optional[tuple[list[str], list[Optional[int]], dict[str, Any]]] = None) -> Any:
         from clusterctl.bench import runner
 
-        ps, lens = prompts or self.prompts()
+        ps, lens, _ = prompts or self.prompts()
         with _Progress(f"{ep.url} concurrency {level}", None if self.duration else len(ps),
                        self.progress) as on_result:
             try:
@@ -170,6 +234,34 @@ class _Workload:
                                   request_rate=rate, seed=self.seed, duration=self.duration, on_result=on_result)
             except ClusterctlError as e:
                 fail(str(e))
+
+    def level(self, ep: Any, level: int, model: Optional[str], timeout: float, rate: Optional[float], slo: Any,
+              server_timings: Optional[bool],
+              prompts: Optional[tuple[list[str], list[Optional[int]], dict[str, Any]]] = None) -> dict[str, Any]:
+        """One level's report: the run, the server's timings around it (unless turned off) and its trust."""
+        from clusterctl.bench import server_metrics, trust
+        from clusterctl.bench.stats import aggregate
+
+        prompts = prompts or self.prompts()
+        before = _scrape(server_metrics, ep, timeout) if server_timings is not False else None
+        if server_timings and before is None:
+            fail(f"--server-timings: {ep.url}/metrics does not answer")
+        run = self.run(ep, level, model, timeout, rate, prompts)
+        rep = aggregate(run.results, run.duration, level, slo)
+        rep.update(prompts[2])
+        rep["generator_cpu_percent"] = 100 * run.cpu_s / max(run.duration, 1e-9)
+        ttft = tpot = None
+        if before is not None:
+            after = _scrape(server_metrics, ep, timeout)
+            if after is not None:
+                ttft = server_metrics.histogram_mean(before, after, "vllm:time_to_first_token_seconds")
+                tpot = server_metrics.histogram_mean(before, after, "vllm:request_time_per_output_token_seconds")
+        rep["server_ttft_mean_ms"] = None if ttft is None else 1000 * ttft
+        rep["server_tpot_mean_ms"] = None if tpot is None else 1000 * tpot
+        judged = trust.judge(run, rep, ttft, tpot)
+        rep["ttft_error_ms"] = judged.get("ttft_error_ms")
+        rep["trust"] = judged
+        return rep
 
 
 class _Progress:
@@ -227,24 +319,32 @@ def _write_plot(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
 
 
 def _compare(ep: Any, ep_b: Any, levels: list[int], work: _Workload, model: Optional[str], timeout: float,
-             request_rate: Optional[float], slo: Any, tolerance: float, plot: Optional[Path], as_json: bool) -> None:
-    """Same prompts, levels and pacing against both endpoints, A then B per level; exits 1 on a regression."""
+             request_rate: Optional[float], slo: Any, tolerance: float, plot: Optional[Path], as_json: bool,
+             server_timings: Optional[bool]) -> None:
+    """Same prompts, levels and pacing against both endpoints, A then B per level; exits 1 on a regression,
+    3 (and judges nothing) when a level of either side cannot be trusted."""
     from clusterctl.bench.compare import compare
-    from clusterctl.bench.stats import aggregate
 
     reports: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
     for level in levels:
         prompts = work.prompts()
         for side, target in (("a", ep), ("b", ep_b)):
-            run = work.run(target, level, model, timeout, request_rate, prompts)
-            reports[side].append(aggregate(run.results, run.duration, level, slo))
+            reports[side].append(work.level(target, level, model, timeout, request_rate, slo, server_timings,
+                                            prompts))
     rows = compare(reports["a"], reports["b"], tolerance)
+    untrusted = {side: _untrusted(reps) for side, reps in reports.items()}
+    bad_levels = {r["concurrency"] for reps in reports.values() for r in reps if not r["trust"]["trusted"]}
+    for r in rows:
+        if r["concurrency"] in bad_levels:
+            r["regression"] = None  # not judged on untrusted numbers
     failed = sum(r["failed"] for side in reports.values() for r in side)
     if plot is not None:
         _write_plot(plot, {"A": reports["a"], "B": reports["b"]})
-    code = ExitCode.CRIT if failed else (ExitCode.WARN if any(r["regression"] for r in rows) else ExitCode.OK)
+    code = ExitCode.CRIT if failed else ExitCode.UNKNOWN if bad_levels else \
+        (ExitCode.WARN if any(r["regression"] for r in rows) else ExitCode.OK)
     if as_json:
-        print_json({"a": ep.url, "b": ep_b.url, "tolerance": tolerance, "comparison": rows, "results": reports})
+        print_json(_finite({"a": ep.url, "b": ep_b.url, "tolerance": tolerance, **work.describe(),
+                            "trusted": not bad_levels, "comparison": rows, "results": reports}))
         raise typer.Exit(code)
     from rich.table import Table
 
@@ -252,29 +352,53 @@ def _compare(ep: Any, ep_b: Any, levels: list[int], work: _Workload, model: Opti
     for col in ("conc", "metric", "A", "B", "change", ""):
         t.add_column(col, justify="right")
     for r in rows:
+        verdict = "UNTRUSTED" if r["regression"] is None else "REGRESSION" if r["regression"] else ""
         t.add_row(str(r["concurrency"]), r["metric"], _ms(r["a"]), _ms(r["b"]),
-                  "-" if math.isnan(r["change"]) else f"{r['change']:+.0%}", "REGRESSION" if r["regression"] else "")
+                  "-" if math.isnan(r["change"]) else f"{r['change']:+.0%}", verdict)
     console.print(t)
+    for side, lines in untrusted.items():
+        for line in lines:
+            console.print(f"UNTRUSTED {side.upper()} {line}", markup=False)
     if failed:
         console.print(f"{failed} requests failed; see --json for the reasons")
     raise typer.Exit(code)
 
 
-def _scrape(server_metrics: Any, ep: Any) -> dict[str, float] | None:
+def _scrape(server_metrics: Any, ep: Any, timeout: float) -> dict[str, float] | None:
     try:
-        return server_metrics.scrape(ep)  # type: ignore[no-any-return]
-    except (OSError, ValueError):
+        return server_metrics.scrape(ep, min(timeout, 10.0))  # type: ignore[no-any-return]
+    except ClusterctlError:
         return None
 
 
 def _exit_code(reports: list[dict[str, Any]]) -> int:
+    """2 when every request failed, 3 when a level cannot be trusted, 1 when some failed, else 0."""
     failed = sum(r["failed"] for r in reports)
-    if not failed:
-        return ExitCode.OK
-    return ExitCode.CRIT if not sum(r["completed"] for r in reports) else ExitCode.WARN
+    if failed and not sum(r["completed"] for r in reports):
+        return ExitCode.CRIT
+    if _untrusted(reports):
+        return ExitCode.UNKNOWN
+    return ExitCode.WARN if failed else ExitCode.OK
 
 
-def _table(reports: list[dict[str, Any]], server: bool, goodput: bool) -> None:
+def _checked(r: dict[str, Any]) -> str:
+    """One line of what the trust check measured for level report ``r``."""
+    t = r["trust"]
+    parts = []
+    if r.get("server_ttft_mean_ms") is not None:
+        parts.append(f"server TTFT {r['server_ttft_mean_ms']:.1f} ms (client {t['ttft_error_ms']:+.1f} ms)")
+    if t.get("tpot_error_pct") is not None:
+        parts.append(f"TPOT vs server {t['tpot_error_pct']:+.0f} %")
+    if t.get("loop_lag_ms"):
+        parts.append(f"loop lag {t['loop_lag_ms']['mean']:.1f} ms mean, {t['loop_lag_ms']['p99']:.1f} p99")
+    if t.get("coalesced_share") is not None:
+        parts.append(f"chunks read together {100 * t['coalesced_share']:.0f} %")
+    if r.get("prompt_tokens_mean") is not None:
+        parts.append(f"prompt {r['prompt_tokens_mean']:g} tokens ({r['prompt_words_mean']:g} words)")
+    return "; ".join(parts + t.get("notes", [])) or "-"
+
+
+def _table(reports: list[dict[str, Any]], goodput: bool) -> None:
     from rich.table import Table
 
     t = Table(title="bench (latencies in ms: mean / p99)")
@@ -282,9 +406,7 @@ def _table(reports: list[dict[str, Any]], server: bool, goodput: bool) -> None:
         t.add_column(col, justify="right")
     if goodput:
         t.add_column("goodput req/s", justify="right")
-    if server:
-        t.add_column("server TTFT", justify="right")
-        t.add_column("TTFT err", justify="right")
+    t.add_column("numbers", justify="right")
     for r in reports:
         row = [str(r["concurrency"]), str(r["completed"]), str(r["failed"]), f"{r['request_throughput']:.2f}",
                f"{r['output_throughput']:.1f}"]
@@ -292,13 +414,18 @@ def _table(reports: list[dict[str, Any]], server: bool, goodput: bool) -> None:
         row.append(f"{r['generator_cpu_percent']:.0f}")
         if goodput:
             row.append(f"{r['goodput']:.2f}")
-        if server:
-            row += [_ms(r.get("server_ttft_mean_ms")), _ms(r.get("ttft_error_ms"))]
+        row.append("ok" if r["trust"]["trusted"] else "UNTRUSTED")
         t.add_row(*row)
     console.print(t)
     for r in reports:
+        console.print(f"concurrency {r['concurrency']}: {_checked(r)}", markup=False)
+    for line in _untrusted(reports):
+        console.print(f"UNTRUSTED {line}", markup=False)
+    if _untrusted(reports):
+        console.print("Give the generator a core of its own or run it on another machine (docs/bench.md).")
+    for r in reports:
         for e in r["errors"]:
-            console.print(f"concurrency {r['concurrency']}: {e}")
+            console.print(f"concurrency {r['concurrency']}: {e}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

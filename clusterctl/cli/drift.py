@@ -18,6 +18,7 @@ app = typer.Typer(help="Compare greedy outputs with named baselines; check for c
                   no_args_is_help=True, rich_markup_mode=None)
 
 PromptsOpt = typer.Option(None, "--prompts", "-p", help="Prompt set JSONL [default: checks/drift/basic.jsonl].")
+TimeoutOpt = typer.Option(60.0, "--timeout", min=1, help="Seconds one request may take in all (connect to last byte).")
 
 
 def _default_prompts() -> Path:
@@ -51,6 +52,7 @@ def baseline(target: str = TargetArg,
              k: int = typer.Option(8, "--top-k", min=1, max=20, help="Top logprobs kept per token."),
              seed: int = typer.Option(0, "--seed"),
              meta: list[str] = typer.Option([], "--meta", help="KEY=VALUE recorded with the baseline."),
+             timeout: float = TimeoutOpt,
              inventory: Optional[str] = InventoryOpt,
              as_json: bool = JsonOpt) -> None:
     from clusterctl.drift import run, store
@@ -63,7 +65,7 @@ def baseline(target: str = TargetArg,
         extra[key] = value
     ep, ps = endpoint(target, inventory), _prompts(prompts)
     try:
-        b = run.record(ep, name, ps, k=k, seed=seed, extra_env=extra)
+        b = run.record(ep, name, ps, k=k, seed=seed, extra_env=extra, timeout=timeout)
         path = store.save(b)
     except ClusterctlError as e:
         fail(str(e))
@@ -92,13 +94,15 @@ def check(target: str = TargetArg,
                                                    help="Threshold file [default: checks/drift.yaml]."),
           use_calibration: bool = typer.Option(True, "--calibration/--no-calibration",
                                                help="Widen limits to the measured noise floor."),
+          timeout: float = TimeoutOpt,
           inventory: Optional[str] = InventoryOpt,
           as_json: bool = JsonOpt) -> None:
     from clusterctl.drift import verdict
 
     ep = endpoint(target, inventory)
     try:
-        v = verdict.check(ep, baseline_name, thresholds=thresholds, use_calibration=use_calibration)
+        v = verdict.check(ep, baseline_name, thresholds=thresholds, use_calibration=use_calibration,
+                          timeout=timeout)
     except ClusterctlError as e:
         fail(str(e))
     summary, reasons, limits, cal, diffs = v.summary, v.reasons, v.limits, v.calibrated, v.diffs
@@ -128,8 +132,13 @@ def _diff_table(diffs: list[Any]) -> None:
                   "-", "pass", f"{max((d.kl for d in diffs if d.exact), default=0):.4f}")
     for d in diffs:
         if not d.exact:
-            where = "-" if d.first_divergence is None else \
-                f"token {d.first_divergence}: {d.baseline_token!r} -> {d.new_token!r}"
+            if d.first_divergence is None:
+                where = "-"
+            elif d.length_only:
+                where = f"length only: one output ends at token {d.first_divergence}"
+            else:
+                where = f"token {d.first_divergence}: {d.baseline_token!r} -> {d.new_token!r}" + \
+                    (f" ({d.baseline_id} -> {d.new_id})" if d.baseline_id else "")
             t.add_row("diverged", d.id, where, "pass" if d.vllm_rule else "FAIL", f"{d.kl:.4f}")
     console.print(t)
 
@@ -150,13 +159,14 @@ def calibrate(target: str = TargetArg,
               runs: int = typer.Option(3, "--runs", min=1, help="Passes under load."),
               background: int = typer.Option(4, "--background", min=0, help="Concurrent streams of other traffic."),
               save: bool = typer.Option(True, "--save/--no-save", help="Keep the floor for `drift check`."),
+              timeout: float = TimeoutOpt,
               inventory: Optional[str] = InventoryOpt,
               as_json: bool = JsonOpt) -> None:
     from clusterctl.drift import run, store
 
     ep, ps = endpoint(target, inventory), _prompts(prompts)
     try:
-        cal = run.calibrate(ep, ps, runs=runs, background=background)
+        cal = run.calibrate(ep, ps, runs=runs, background=background, timeout=timeout)
         path = store.save_calibration(cal["env"].get("model") or "unknown", cal) if save else None
     except ClusterctlError as e:
         fail(str(e))
@@ -183,12 +193,13 @@ Example:
 def leak_cmd(target: str = TargetArg,
              sessions: int = typer.Option(4, "--sessions", min=2, help="Concurrent sessions."),
              requests: int = typer.Option(6, "--requests", min=1, help="Requests per session."),
+             timeout: float = TimeoutOpt,
              inventory: Optional[str] = InventoryOpt,
              as_json: bool = JsonOpt) -> None:
     from clusterctl.drift import leak
 
     ep = endpoint(target, inventory)
-    rep = leak.run(ep, sessions=sessions, requests=requests)
+    rep = leak.run(ep, sessions=sessions, requests=requests, timeout=timeout)
     code = ExitCode.CRIT if rep.sightings else (ExitCode.UNKNOWN if rep.requests == 0 else ExitCode.OK)
     if as_json:
         print_json({"url": ep.url, "sessions": rep.sessions, "requests": rep.requests, "failed": rep.failed,

@@ -2,11 +2,15 @@
 
 Per prompt:
 
+- tokens are compared as vLLM's token ids (``token_id:N``, when both outputs
+  were recorded with ``return_tokens_as_token_ids``), else as strings;
 - exact: same tokens and same text;
 - first divergence: index of the first differing token (None when exact; the
   shorter length when one is a prefix of the other);
-- vLLM's rule (``check_logprobs_close``): at the first divergence each side's
-  token is in the other side's top-k; later tokens are not judged;
+- vLLM's rule (``check_logprobs_close``): at the first differing token each
+  side's token is in the other side's top-k; later tokens are not judged; a
+  length-only difference (one output a prefix of the other) passes, as in
+  vLLM, whose check walks the common length only (``length_only`` says so);
 - agreement: common-prefix tokens / baseline tokens (0..1);
 - KL: mean over positions up to and including the first divergence (where both
   saw the same context) of KL(baseline || new) over the union of the two top-k
@@ -38,6 +42,10 @@ class PromptDiff:
     kl: float
     baseline_token: str | None = None
     new_token: str | None = None
+    length_only: bool = False
+    #: The differing tokens' ids (``token_id:N``) when the outputs were compared by id.
+    baseline_id: str | None = None
+    new_id: str | None = None
 
 
 def _kl(p_top: Mapping[str, float], q_top: Mapping[str, float]) -> float:
@@ -52,6 +60,8 @@ def _kl(p_top: Mapping[str, float], q_top: Mapping[str, float]) -> float:
 
 
 def diff(pid: str, base: Output, new: Output) -> PromptDiff:
+    if base.by_id != new.by_id:
+        raise ValueError(f"prompt {pid}: one output has token ids, the other token strings")
     n = min(len(base.tokens), len(new.tokens))
     first = next((i for i in range(n) if base.tokens[i] != new.tokens[i]), None)
     if first is None and len(base.tokens) != len(new.tokens):
@@ -59,17 +69,19 @@ def diff(pid: str, base: Output, new: Output) -> PromptDiff:
     exact = first is None and base.text == new.text
     rule = True
     bt = nt = None
+    ids: tuple[str | None, str | None] = (None, None)
     if first is not None and first < n:
-        bt, nt = base.tokens[first], new.tokens[first]
+        bid, nid = base.tokens[first], new.tokens[first]
         btop = base.top[first] if first < len(base.top) else {}
         ntop = new.top[first] if first < len(new.top) else {}
-        rule = bt in ntop and nt in btop
-    elif first is not None:
-        rule = False  # one output stops early: vLLM's equality check fails
+        rule = bid in ntop and nid in btop
+        bt, nt = base.token_text(first), new.token_text(first)
+        ids = (bid, nid) if base.by_id else (None, None)
     last = n - 1 if first is None else min(first, n - 1)
     kls = [_kl(base.top[i], new.top[i]) for i in range(last + 1) if i < len(base.top) and i < len(new.top)]
     agreement = (n if first is None else first) / max(1, len(base.tokens))
-    return PromptDiff(pid, exact, first, rule, min(1.0, agreement), sum(kls) / len(kls) if kls else 0.0, bt, nt)
+    return PromptDiff(pid, exact, first, rule, min(1.0, agreement), sum(kls) / len(kls) if kls else 0.0, bt, nt,
+                      first is not None and first == n, *ids)
 
 
 def summarize(diffs: list[PromptDiff]) -> dict[str, float]:

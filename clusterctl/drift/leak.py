@@ -60,7 +60,8 @@ def run(ep: Endpoint, *, sessions: int = 4, requests: int = 6, k: int = 5, max_t
         for n in range(requests):
             prompt = f"{canary} {canary} {srng.choice(_FILLER)} {canary} code {n}"
             try:
-                out = complete(ep, prompt, max_tokens=max_tokens, k=k, seed=0, user=user, timeout=timeout)
+                out = complete(ep, prompt, max_tokens=max_tokens, k=k, seed=0, user=user, timeout=timeout,
+                               token_ids=False)  # canaries are looked for in token text
             except EndpointError as e:
                 with lock:
                     report.failed += 1

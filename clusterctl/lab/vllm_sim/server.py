@@ -143,14 +143,18 @@ class App:
                 m.observe("vllm:request_time_per_output_token_seconds", (end - first) / (n - 1))
 
 
-def _completion_logprobs(evs: list[TokenEvent], offset: int) -> dict[str, Any]:
+def _completion_logprobs(evs: list[TokenEvent], offset: int, vocab: int = 0) -> dict[str, Any]:
+    """vLLM's completion logprobs; with ``vocab`` (``return_tokens_as_token_ids``) tokens are ``token_id:N``."""
+    def name(t: str) -> str:
+        return f"token_id:{token_id(t, vocab)}" if vocab else t
+
     text_offset, out_lp, toks, tops = [], [], [], []
     for ev in evs:
         text_offset.append(offset)
         offset += len(ev.text)
         out_lp.append(max(ev.logprob, -9999.0))
-        toks.append(ev.text)
-        tops.append({t: max(lp, -9999.0) for t, lp in ev.top})
+        toks.append(name(ev.text))
+        tops.append({name(t): max(lp, -9999.0) for t, lp in ev.top})
     return {"text_offset": text_offset, "token_logprobs": out_lp, "tokens": toks, "top_logprobs": tops}
 
 
@@ -184,12 +188,15 @@ class Handler(BaseHTTPRequestHandler):
         if handler not in ("/metrics", "/health", "/load", "/ping", "/version"):
             self.app.metrics.http_request(handler, self.command, status)
 
-    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+    def _send(self, status: int, body: bytes, ctype: str = "application/json",
+              extra: dict[str, str] | None = None) -> None:
         self.send_response_only(status)
         self.send_header("date", self.date_time_string())
         self.send_header("server", "uvicorn")
         self.send_header("content-length", str(len(body)))
         self.send_header("content-type", ctype)
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -248,7 +255,11 @@ class Handler(BaseHTTPRequestHandler):
                 app.metrics.set_gauge("vllm:num_requests_running", st.running)
                 app.metrics.set_gauge("vllm:num_requests_waiting", st.waiting)
                 app.metrics.set_gauge("vllm:kv_cache_usage_perc", st.kv_usage)
-                self._send(200, app.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+                # The step engine observes request metrics on its simulated clock (as at 1x): say by how much
+                # that clock is scaled, so a client comparing them with wall times can (bench's trust check).
+                scale = getattr(app.engine, "scale", None) if getattr(app.engine, "records_metrics", False) else None
+                self._send(200, app.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8",
+                           None if scale is None else {"x-sim-time-scale": f"{scale:g}"})
             elif path == "/sim/fault" and app.faults is not None:
                 self._fault(method)
             elif path == "/v1/models" and method == "GET":
@@ -257,6 +268,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._completions(self._body())
             elif path == "/v1/chat/completions" and method == "POST":
                 self._chat(self._body())
+            elif path == "/tokenize" and method == "POST":
+                self._tokenize(self._body())
             elif path in {r for r, _m in ROUTES}:
                 self._json(405, {"detail": "Method Not Allowed"})
             else:
@@ -333,6 +346,18 @@ class Handler(BaseHTTPRequestHandler):
         so = body.get("stream_options") or {}
         return bool(so.get("include_usage")) or self.app.force_usage
 
+    # ---- /tokenize (vLLM's answer: count, max_model_len, token ids; token_strs only when asked)
+    def _tokenize(self, body: dict[str, Any]) -> None:
+        self.app._check_model(body)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise ApiError(400, "prompt: Input should be a valid string")
+        toks = tokenize(prompt)
+        vocab = self.app.info.vocab
+        self._json(200, {"count": len(toks), "max_model_len": self.app.info.max_model_len,
+                         "tokens": [token_id(t, vocab) for t in toks],
+                         "token_strs": toks if body.get("return_token_strs") else None})
+
     # ---- /v1/completions
     def _completions(self, body: dict[str, Any]) -> None:
         app = self.app
@@ -351,12 +376,13 @@ class Handler(BaseHTTPRequestHandler):
         rid = f"cmpl-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}"
         created = int(time.time())
         v011 = app.info.version == "0.11"
+        as_ids = app.info.vocab if body.get("return_tokens_as_token_ids") else 0
         if body.get("stream"):
             self._sse_start()
             offset, n = 0, 0
             for ev in app._run(req):
                 choice: dict[str, Any] = {"index": 0, "text": ev.text,
-                                          "logprobs": _completion_logprobs([ev], offset) if req.logprobs is not None else None,
+                                          "logprobs": _completion_logprobs([ev], offset, as_ids) if req.logprobs is not None else None,
                                           "finish_reason": ev.finish_reason, "stop_reason": ev.stop_reason}
                 if v011:
                     choice["prompt_token_ids"] = ([token_id(t, app.info.vocab) for t in req.prompt_tokens]
@@ -381,7 +407,7 @@ class Handler(BaseHTTPRequestHandler):
         p = len(req.prompt_tokens)
         self._json(200, {"id": rid, "object": "text_completion", "created": created, "model": model,
                          "choices": [{"index": 0, "text": text,
-                                      "logprobs": _completion_logprobs(evs, 0) if req.logprobs is not None else None,
+                                      "logprobs": _completion_logprobs(evs, 0, as_ids) if req.logprobs is not None else None,
                                       "finish_reason": last.finish_reason if last else "length",
                                       "stop_reason": last.stop_reason if last else None,
                                       "prompt_logprobs": None}],

@@ -12,19 +12,24 @@ from clusterctl.exitcodes import ExitCode
 from .conftest import READY
 
 
-def test_bench_json_reports_each_level_with_vllm_metrics(host, models, start_sim,
+def test_bench_json_reports_each_level_with_vllm_metrics(host, models, start_sim, trust_not_judged,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    sim = start_sim(host, models["qwen3-8b"], scale="0.05")
-    assert sim.wait_for(READY), sim.log
+    # Scale 0.25: tokens 1.8 ms apart, which the client can tell apart (at 0.05 they come in bursts: TPOT 0).
+    sim = start_sim(host, models["qwen3-8b"], scale="0.25")
+    assert sim.wait_for(READY, 60), sim.log
     rc = main(["bench", sim.url, "--concurrency", "1,4", "--requests", "4", "--input-len", "32",
                "--output-len", "6", "--slo-ttft", "10000", "--server-timings", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == ExitCode.OK
     assert [r["concurrency"] for r in doc["results"]] == [1, 4]
+    # Lengths in tokens, counted by the endpoint's /tokenize; the server's own count agrees.
+    assert (doc["input_len"], doc["input_len_unit"]) == (32, "tokens") and "/tokenize" in doc["tokenizer"]
     for r in doc["results"]:
         assert r["completed"] == 4 and r["total_output_tokens"] == 24 and r["goodput"] > 0
+        assert r["prompt_tokens_mean"] == 32 and r["total_input_tokens"] == 4 * 32
         assert set(r["ttft_ms"]) == {"mean", "median", "p90", "p99"} and r["tpot_ms"]["mean"] > 0
         assert r["server_ttft_mean_ms"] is not None and r["generator_cpu_percent"] >= 0
+        assert set(r["trust"]) >= {"trusted", "reasons", "ttft_error_ms", "loop_lag_ms", "coalesced_share"}
     assert main(["bench", sim.url, "-c", "4", "-n", "4", "--output-len", "3", "--request-rate", "10"]) == 0
     out, err = capsys.readouterr()
     assert "TTFT" in out and "TPOT" in out
@@ -45,7 +50,7 @@ def test_bench_usage_errors_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not an endpoint URL" in capsys.readouterr().err
 
 
-def test_compare_flags_a_slowed_down_target_as_a_regression(host, models, start_sim, tmp_path,
+def test_compare_flags_a_slowed_down_target_as_a_regression(host, models, start_sim, trust_not_judged, tmp_path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     a = start_sim(host, models["qwen3-8b"], scale="0.05")
     b = start_sim(host, models["qwen3-8b"], scale="0.05", gpus="1")

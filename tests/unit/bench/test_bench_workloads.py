@@ -34,7 +34,7 @@ instances:
 """
 
 
-def test_dataset_lengths_duration_and_plot(host, models, start_sim, tmp_path: Path,
+def test_dataset_lengths_duration_and_plot(host, models, start_sim, trust_not_judged, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     sim = start_sim(host, models["qwen3-8b"], scale="0.05")
     assert sim.wait_for(READY), sim.log
@@ -49,6 +49,8 @@ def test_dataset_lengths_duration_and_plot(host, models, start_sim, tmp_path: Pa
     # each level sends the dataset once: 3 + 5 + 2 (the default) tokens
     assert [r["total_output_tokens"] for r in doc["results"]] == [10, 10]
     assert [r["completed"] for r in doc["results"]] == [3, 3]
+    # both lengths of the dataset's prompts: words, and tokens by the endpoint's /tokenize
+    assert [(r["prompt_words_mean"], r["prompt_tokens_mean"]) for r in doc["results"]] == [(3.7, 3.7)] * 2
     svg = plot.read_text()
     assert svg.startswith("<svg") and "TTFT mean" in svg and "output tok/s" in svg and svg.count("<polyline") == 3
     assert main(["bench", sim.url, "-c", "2", "--dataset", str(data), "--duration", "0.5", "--json"]) == 0
@@ -71,7 +73,7 @@ def test_bad_dataset_lines_exit_3_with_file_line(tmp_path: Path, capsys: pytest.
     assert "--plot" in capsys.readouterr().err
 
 
-def test_an_inventory_instance_is_a_target_with_its_api_key(host, models, start_sim, tmp_path: Path,
+def test_an_inventory_instance_is_a_target_with_its_api_key(host, models, start_sim, trust_not_judged, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     sim = start_sim(host, models["qwen3-8b"], "--api-key", "s3cret-bench", scale="0.05")

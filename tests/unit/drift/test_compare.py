@@ -38,9 +38,30 @@ def test_kl_grows_with_a_shifted_distribution_and_missing_tokens_take_the_floor(
     assert 0 < near.kl < 0.001 < far.kl
 
 
-def test_a_shorter_output_diverges_at_its_end_and_fails_the_rule() -> None:
+def test_a_length_only_difference_is_not_exact_but_passes_vllms_rule() -> None:
+    # vLLM's check_logprobs_close walks zip(ids_0, ids_1): a prefix never reaches a mismatch, so it passes.
     d = compare.diff("p", out("a a a"), out("a a"))
-    assert d.first_divergence == 2 and not d.vllm_rule and not d.exact
+    assert d.first_divergence == 2 and d.length_only and d.vllm_rule and not d.exact
+    assert compare.diff("p", out("a a"), out("a a a")).vllm_rule
+
+
+def ids(text: str, toks: list[int], top: list[dict[int, float]]) -> Output:
+    offsets = [0, 1, 2][:len(toks)]
+    return Output(text, [f"token_id:{t}" for t in toks], [{f"token_id:{k}": v for k, v in p.items()} for p in top],
+                  by_id=True, offsets=offsets)
+
+
+def test_tokens_are_compared_by_id_not_by_their_text() -> None:
+    # Two ids that decode to the same text (a byte-fallback pair, a duplicate vocabulary entry): the same
+    # string, but a different token; by id it is a divergence, judged by vLLM's rule on ids.
+    top = [{1: -0.1, 2: -0.2, 9: -3.0}] * 3
+    d = compare.diff("p", ids("abc", [1, 1, 1], top), ids("abc", [1, 2, 1], top))
+    assert not d.exact and d.first_divergence == 1 and d.vllm_rule
+    assert (d.baseline_id, d.new_id) == ("token_id:1", "token_id:2") and d.baseline_token == d.new_token == "b"
+    narrow = [{1: -0.1, 9: -3.0}] * 3  # the baseline's top-k lacks id 2
+    assert not compare.diff("p", ids("abc", [1, 1, 1], narrow), ids("abc", [1, 2, 1], top)).vllm_rule
+    with pytest.raises(ValueError, match="token ids"):
+        compare.diff("p", ids("abc", [1, 1, 1], top), out("a b c"))
 
 
 def test_thresholds_judge_and_calibrate() -> None:
