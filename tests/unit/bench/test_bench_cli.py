@@ -27,9 +27,11 @@ def test_bench_json_reports_each_level_with_vllm_metrics(host, models, start_sim
     for r in doc["results"]:
         assert r["completed"] == 4 and r["total_output_tokens"] == 24 and r["goodput"] > 0
         assert r["prompt_tokens_mean"] == 32 and r["total_input_tokens"] == 4 * 32
-        assert set(r["ttft_ms"]) == {"mean", "median", "p90", "p99"} and r["tpot_ms"]["mean"] > 0
-        assert r["server_ttft_mean_ms"] is not None and r["generator_cpu_percent"] >= 0
         assert set(r["trust"]) >= {"trusted", "reasons", "ttft_error_ms", "loop_lag_ms", "coalesced_share"}
+        # TPOT is 0 only when the chunks came in one read (a loaded machine), which the trust check measures
+        assert set(r["ttft_ms"]) == {"mean", "median", "p90", "p99"}
+        assert r["tpot_ms"]["mean"] > 0 or r["trust"]["coalesced_share"] > 0.5, r
+        assert r["server_ttft_mean_ms"] is not None and r["generator_cpu_percent"] >= 0
     assert main(["bench", sim.url, "-c", "4", "-n", "4", "--output-len", "3", "--request-rate", "10"]) == 0
     out, err = capsys.readouterr()
     assert "TTFT" in out and "TPOT" in out
