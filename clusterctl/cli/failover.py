@@ -19,7 +19,9 @@ replicas onto spare, uncordoned GPUs.
 
 For each such instance, in name order and at most --max-share of all
 instances in one run (the rest are listed as over the cap and left alone):
-cordon the failed GPU (reason "failover: ..."; an existing cordon is kept,
+cordon the failed GPU, or its whole host when the finding's action is
+node-level ("drain the node and power-cycle it": XID 79, a lost GPU), and
+every --avoid-host (reason "failover: ..."; an existing cordon is kept,
 nothing is ever uncordoned; `clusterctl uncordon` removes it), mark the
 instance down at the gateway, drain and stop it, place it anew (placement's
 reschedule), roll it out through the deploy engine (gates, rollback) and
@@ -35,6 +37,8 @@ Examples:
   clusterctl failover --plan -i /var/lib/clusterctl-lab/inventory.yaml
 
   clusterctl failover --max-share 0.1 --json
+
+  clusterctl failover --avoid-host gpu07
 """
 
 
@@ -76,11 +80,14 @@ def failover(inventory: Optional[str] = InventoryOpt,
                                                 help="Seconds a moved instance may take to pass its gate."),
              state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory "
                                                      "[default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."),
+             avoid_host: list[str] = typer.Option([], "--avoid-host", metavar="HOST",
+                                                  help="Do not place moved replicas on HOST (cordoned with the "
+                                                       "reason 'failover: --avoid-host (operator)'); repeatable."),
              as_json: bool = JsonOpt, fanout: Optional[int] = FanoutOpt,
              connect_timeout: Optional[float] = ConnectTimeoutOpt, ask_become_pass: bool = AskBecomePassOpt,
              host_key_policy: Optional[str] = HostKeyOpt) -> None:
     opts_ = _options(max_share=max_share, plan_only=plan_only, drain_timeout_s=drain_timeout,
-                     gate_timeout_s=gate_timeout)
+                     gate_timeout_s=gate_timeout, avoid_hosts=tuple(avoid_host))
     rep = run(inventory, state_dir, opts_, quiet=as_json, fanout=fanout, connect_timeout=connect_timeout,
               ask_become_pass=ask_become_pass, host_key_policy=host_key_policy)
     if as_json:
@@ -107,6 +114,11 @@ def run(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, quiet:
 
     policy = check_host_key_policy(host_key_policy)
     inv = load_inventory(inventory)
+    from clusterctl.inventory.fields import suggest
+
+    for h in getattr(opts, "avoid_hosts", ()):
+        if h not in inv.hosts:
+            fail(f"--avoid-host {h}: not a host of {inv.path}" + suggest(h, list(inv.hosts)))
     directory = Path(resolve_state_dir(state_dir, user_config()))
     # The deploy engine's drain finds the gateway state through this variable (docs/gateway.md, Limits).
     os.environ[STATE_DIR_ENV] = str(directory)

@@ -56,6 +56,8 @@ class FailoverOptions:
     drain_timeout_s: float = 120.0
     gate_timeout_s: float = 600.0
     window_s: float = 1.0
+    #: hosts the operator told failover not to place on (``--avoid-host``): cordoned by the run.
+    avoid_hosts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -155,7 +157,8 @@ def run_failover(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts
     with make_fleet([inv.hosts[h] for h in hosts]) as fleet:
         det = detect(inv, instances, fleet, hosts, on_event=say)
     plan = plan_failover(instances, det.unavailable, state, inv, max_share=opts.max_share,
-                         gpu_findings=det.gpu_findings, topology=det.topology)
+                         gpu_findings=det.gpu_findings, topology=det.topology,
+                         avoid_hosts=opts.avoid_hosts)
     report = FailoverReport(plan, det, planned=opts.plan_only)
     if opts.plan_only or not plan.taken_out:
         return report

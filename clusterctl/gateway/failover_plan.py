@@ -14,7 +14,13 @@ Input: the instances that should run, doctor's ``tp.group`` CRIT findings
   replica for which no room is left is marked down and stays where it was.
 * **Cordons.** Each failed GPU of a group taken out is cordoned with the
   reason ``failover: <check>: <message>`` (a host-wide finding such as NVML
-  down cordons the host), so later placements also avoid it.  A target that
+  down cordons the host), so later placements also avoid it.  When the
+  finding's action is node-level (:func:`node_level`: "drain the node ...",
+  a power cycle: XID 79, a lost GPU), the whole host is cordoned instead,
+  the reason ending with ``(node-level: <action>)``: the group must not be
+  re-placed on other GPUs of a node that is about to be drained.  Hosts the
+  operator names (``avoid_hosts``, ``failover --avoid-host``) are cordoned
+  with the reason ``failover: --avoid-host (operator)``.  A target that
   is already cordoned (by an operator or an earlier run) is left as it is:
   failover adds cordons, it never replaces or removes one.
 """
@@ -22,6 +28,7 @@ Input: the instances that should run, doctor's ``tp.group`` CRIT findings
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +40,8 @@ from clusterctl.inventory.model import Instance
 
 #: Prefix of the reason of every cordon failover records.
 CORDON_PREFIX = "failover: "
+#: Reason (after the prefix) of a host the operator told failover to avoid.
+AVOID_REASON = "--avoid-host (operator)"
 
 
 @dataclass
@@ -95,11 +104,22 @@ def cap_for(total: int, max_share: float) -> int:
     return int(math.floor(max_share * total + 1e-9))
 
 
+#: A finding's action that takes the whole node out (the catalogue's RESTART_BM, CHECK_MECHANICALS,
+#: WORKFLOW_NVLINK buckets; gpu.lost; NVML down): "drain the node ...", a power cycle.
+NODE_LEVEL = re.compile(r"\bdrain the node\b|\bpower[- ]cycle", re.IGNORECASE)
+
+
+def node_level(f: Finding) -> bool:
+    """Whether ``f``'s action is for the whole node (module doc)."""
+    return bool(NODE_LEVEL.search(f.action or ""))
+
+
 def failed_targets(inst: Instance, gpu_findings: Iterable[Finding]) -> dict[str, str]:
     """Cordon targets for ``inst``'s failed members → ``check: message`` of the CRIT finding.
 
-    A CRIT finding on one of its GPUs (subject ``gpu:N``) names that GPU; a
-    host-wide CRIT finding (subject ``host``) names the host.
+    A CRIT finding on one of its GPUs (subject ``gpu:N``) names that GPU, or
+    its host when the finding's action is node-level; a host-wide CRIT
+    finding (subject ``host``) names the host.
     """
     members = {(g.host, g.index) for g in inst.placement}
     hosts = {g.host for g in inst.placement}
@@ -108,7 +128,9 @@ def failed_targets(inst: Instance, gpu_findings: Iterable[Finding]) -> dict[str,
         if f.severity != Severity.CRIT or f.host not in hosts:
             continue
         head = f.subject[4:].split("/")[0] if f.subject.startswith("gpu:") else ""
-        if head.isdigit() and (f.host, int(head)) in members:
+        if head.isdigit() and (f.host, int(head)) in members and node_level(f):
+            out.setdefault(cordon_key(f.host), f"{f.check}: {f.message} on GPU {head} (node-level: {f.action})")
+        elif head.isdigit() and (f.host, int(head)) in members:
             out.setdefault(cordon_key(f.host, int(head)), f"{f.check}: {f.message}")
         elif f.subject == "host":
             out.setdefault(cordon_key(f.host), f"{f.check}: {f.message}")
@@ -123,7 +145,7 @@ def _already_cordoned(state: DeployState, key: str) -> bool:
 def plan_failover(instances: Mapping[str, Instance], unavailable: Mapping[str, str], state: DeployState,
                   inv: Any, *, max_share: float, gpu_findings: Iterable[Finding] = (),
                   topology: Mapping[str, HostTopology] | None = None, who: str | None = None,
-                  when: str | None = None) -> FailoverPlan:
+                  when: str | None = None, avoid_hosts: Iterable[str] = ()) -> FailoverPlan:
     """The failover decision (rules in the module doc).
 
     ``unavailable``: instance → doctor's ``tp.group`` message, for groups
@@ -141,6 +163,13 @@ def plan_failover(instances: Mapping[str, Instance], unavailable: Mapping[str, s
         for key, why in failed_targets(instances[name], gpu_findings).items():
             if not _already_cordoned(state, key) and key not in plan.cordons:
                 plan.cordons[key] = Cordon(reason=CORDON_PREFIX + why, who=who, when=when)
+    if chosen:
+        for host in avoid_hosts:
+            if not _already_cordoned(state, host) and host not in plan.cordons:
+                plan.cordons[host] = Cordon(reason=CORDON_PREFIX + AVOID_REASON, who=who, when=when)
+    # A host cordon covers its GPUs: a GPU cordon of the same host in this plan says nothing more.
+    for key in [k for k in plan.cordons if ":" in k and k.partition(":")[0] in plan.cordons]:
+        del plan.cordons[key]
     replicas = [n for n in chosen if instances[n].template and n not in inv.instances]
     plan.fixed = [n for n in chosen if n not in replicas]
     movable = [n for n in replicas if n in state.placements.get(instances[n].template or "", {})]

@@ -4,8 +4,8 @@ A template ``fo`` of four TP-2 replicas of a tiny model (VLLM_SIM_TIME_SCALE=0) 
 third hosts, deployed with ``clusterctl deploy``; the gateway installed with ``clusterctl gateway
 deploy``.  Two replicas lose a GPU (the lab's ``gpu-lost`` fault): doctor marks both TP groups
 UNAVAILABLE.  With ``--max-share 0.25`` (one of four per run) failover moves the first, leaves the
-second alone (over the cap), keeps the operator's cordon and adds its own on the lost GPU; a second run moves the other one to
-the other host (the operator cordoned its own).  Only
+second alone (over the cap), keeps the operator's cordon and adds its own on the lost GPU's whole host
+(a lost GPU's action is node-level); a second run moves the other one off its host.  Only
 ``clusterctl-fo-*`` units, the ``fo-tiny`` model and nginx are touched; all are removed at the end,
 the faults healed.
 """
@@ -136,9 +136,12 @@ def test_failover_moves_one_unavailable_replica_within_the_cap_and_keeps_cordons
     assert {n: after[n] for n in ("fo-2", "fo-3", "fo-4")} == {n: before[n] for n in ("fo-2", "fo-3", "fo-4")}
     cordons = scene.cordons()
     assert {k: cordons[k] for k in operator} == operator  # the operator's cordons untouched
-    lost = f"{old_host}:{old_gpus[1]}"
-    assert cordons[lost]["reason"].startswith("failover: gpu.lost")
-    assert set(cordons) == set(operator) | {lost}
+    # A lost GPU's action is node-level ("drain the node and power-cycle it"): the whole host is cordoned
+    # and the group left it, not re-placed on two other GPUs of the node to be drained.
+    assert new_host != old_host
+    assert cordons[old_host]["reason"].startswith("failover: gpu.lost")
+    assert "(node-level: drain the node" in cordons[old_host]["reason"]
+    assert set(cordons) == set(operator) | {old_host}
 
     # The moved replica runs at its new place, passes the gates and receives traffic again; fo-2 stays out.
     status, _ = http(f"http://{scene.lab.host(new_host).address}:{new_port}/health")
@@ -149,16 +152,19 @@ def test_failover_moves_one_unavailable_replica_within_the_cap_and_keeps_cordons
     seen = scene.answered_by()
     assert set(seen) == {"fo-1", "fo-3", "fo-4"}, seen
 
-    # A second run: fo-1 is healthy now, fo-2 is the only one left and within the cap.  The operator
-    # cordons fo-2's whole host, so it must move to the other host: removed there, started here.
+    # A second run: fo-1 is healthy now, fo-2 is the only one left and within the cap.  Where fo-1's old
+    # host is another one, the operator power-cycled it (faults healed) and uncordons it.  fo-2's lost GPU
+    # is node-level too: it must move off its host: removed there, started on the other.
     host2 = before["fo-2"][0]
-    assert scene.cli("cordon", host2, "--reason", "operator: maintenance").returncode == 0
+    if old_host != host2:
+        hw_faults.heal(scene.lab.host_dir(old_host))
+        assert scene.cli("uncordon", old_host).returncode == 0
     operator = scene.cordons()
     res = scene.cli("failover", "--gate-timeout", "60", "--drain-timeout", "10", "--json")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert json.loads(res.stdout)["moved"] == {"fo-2": None}
     moved_to = scene.placements()["fo-2"][0]
-    assert moved_to != host2
+    assert moved_to != host2 and host2 in scene.cordons()
     gone = scene.lab.run(host2, "test -e /etc/systemd/system/clusterctl-fo-2.service && echo present || echo gone")
     assert gone.stdout.strip() == "gone"
     assert set(scene.answered_by()) == {"fo-1", "fo-2", "fo-3", "fo-4"}

@@ -67,6 +67,9 @@ def test_nothing_unavailable_exits_0_and_writes_nothing(inv_file: str, tmp_path:
 def test_usage_errors_exit_3(inv_file: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["failover", "--max-share", "1.5", "-i", inv_file]) == 3
     assert main(["failover", "-i", "/nonexistent/inventory.yaml"]) == 3
+    capsys.readouterr()
+    assert main(["failover", "--avoid-host", "nosuchhost", "--plan", "-i", inv_file]) == 3
+    assert "--avoid-host nosuchhost: not a host of" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("plan, moved, code", [

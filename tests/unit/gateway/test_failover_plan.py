@@ -98,3 +98,41 @@ def test_nothing_unavailable_is_nothing_to_do() -> None:
     inv, instances, state = _placed({"h1": 8, "h2": 8})
     plan = plan_failover(instances, {"gone": "UNAVAILABLE"}, state, inv, max_share=1.0)
     assert plan.nothing and not plan.taken_out and plan.to_json()["moves"] == []
+
+
+def test_a_node_level_action_cordons_the_whole_host_and_the_group_leaves_it() -> None:
+    # gpu.lost's own action (diagnose/gpu.py) and XID 79's bucket (checks/xid.yaml) both say "drain the node".
+    inv, instances, state = _placed({"h1": 8, "h2": 8})
+    where = state.placements["pool"]["pool-1"]
+    lost = Finding("gpu.lost", Severity.CRIT, where.host, f"gpu:{where.gpus[1]}",
+                   "GPU has fallen off the bus (NVML: GPU is lost)",
+                   action="drain the node and power-cycle it; replace the GPU if it happens again")
+    plan = plan_failover(instances, {"pool-1": "UNAVAILABLE"}, state, inv, max_share=0.25, gpu_findings=[lost])
+    assert list(plan.cordons) == [where.host]
+    reason = plan.cordons[where.host].reason
+    assert reason.startswith(f"failover: gpu.lost: GPU has fallen off the bus (NVML: GPU is lost) on GPU {where.gpus[1]}")
+    assert "(node-level: drain the node and power-cycle it" in reason
+    [move] = plan.moves
+    assert move.new.host != where.host  # not two other GPUs of the node doctor says to drain
+
+
+def test_a_gpu_level_action_cordons_only_that_gpu() -> None:
+    inv, instances, state = _placed({"h1": 8, "h2": 8})
+    where = state.placements["pool"]["pool-1"]
+    xid = Finding("gpu.xid", Severity.CRIT, where.host, f"gpu:{where.gpus[0]}", "XID 48 (DBE)",
+                  action="drain the GPU, reset it, then check remapped rows / SRAM threshold; replace if the DBE recurs")
+    plan = plan_failover(instances, {"pool-1": "UNAVAILABLE"}, state, inv, max_share=0.25, gpu_findings=[xid])
+    assert list(plan.cordons) == [f"{where.host}:{where.gpus[0]}"]
+
+
+def test_avoid_host_is_cordoned_with_the_operators_reason_and_not_placed_on() -> None:
+    inv, instances, state = _placed({"h1": 8, "h2": 8, "h3": 8})
+    where = state.placements["pool"]["pool-1"]
+    other = next(h for h in ("h1", "h2", "h3") if h != where.host)
+    plan = plan_failover(instances, {"pool-1": "UNAVAILABLE"}, state, inv, max_share=0.25,
+                         gpu_findings=[_lost(where.host, where.gpus[0])], avoid_hosts=[other])
+    assert plan.cordons[other].reason == "failover: --avoid-host (operator)"
+    [move] = plan.moves
+    assert move.new.host != other
+    # Nothing to take out: --avoid-host cordons nothing either.
+    assert not plan_failover(instances, {}, state, inv, max_share=0.25, avoid_hosts=[other]).cordons
