@@ -156,7 +156,8 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
 
 Measures every instance (`clusterctl status`: unit, /health, load score over
 --window seconds); instances that are not serving, marked down (drain), or
-whose TP group doctor finds UNAVAILABLE (--tp-check) are marked down;
+whose TP group doctor finds UNAVAILABLE (checked on every sync; --no-tp-check
+skips it) are marked down;
 least-connections weights follow the load score (and, for mixed GPU models,
 measured throughput). nginx reloads only when the config changed, and at
 most once per gateway.sync_interval_s (--force ignores the interval).
@@ -174,7 +175,9 @@ Examples:
 def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
          dry_run: bool = typer.Option(False, "--dry-run", help="Decide and render, apply nothing."),
          force: bool = typer.Option(False, "--force", help="Reload even within the sync interval."),
-         tp_check: bool = typer.Option(False, "--tp-check", help="Also run doctor's TP-group check (gathers facts)."),
+         tp_check: bool = typer.Option(True, "--tp-check/--no-tp-check",
+                                       help="Doctor's TP-group check on every group of more than one GPU "
+                                            "(gathers facts; on by default)."),
          window: float = typer.Option(5.0, "--window", min=0.0, help="Seconds between the two /metrics samples."),
          every: float = typer.Option(0.0, "--every", min=0.0, help="Sync again every SECONDS until interrupted "
                                      "(0: once). A change held back by the interval is applied by a later round."),

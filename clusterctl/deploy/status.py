@@ -89,6 +89,9 @@ class InstanceStatus:
     tokens_per_s: float | None = None
     load: float | None = None
     gateway_down: str | None = None
+    #: doctor's ``tp.group`` verdict for a group of more than one GPU (``OK``, ``DEGRADED: ...``,
+    #: ``UNAVAILABLE: ...``); ``None``: TP 1 or not checked.
+    tp_group: str | None = None
 
     @property
     def tp(self) -> int:
@@ -188,7 +191,7 @@ def _at_least_warn(row: InstanceStatus, why: str) -> None:
 def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *, window: float = 10.0,
                    http_timeout: float = DEFAULT_HTTP_TIMEOUT, state_dir: Path | None = None,
                    include_extra: bool = True, marked_down: Mapping[str, str] | None = None,
-                   on_event: Callable[[str], None] | None = None) -> list[InstanceStatus]:
+                   on_event: Callable[[str], None] | None = None, tp_check: bool = True) -> list[InstanceStatus]:
     """Status of ``instances`` (name → Instance: the inventory's and placed replicas).
 
     ``fleet`` must hold every host the instances are on (and any other host
@@ -198,7 +201,11 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
     throughput peaks are kept (``None``: none kept; the throughput term then
     uses this run's rate as the capacity).  ``marked_down``: instance → reason
     for those the gateway keeps out (a serving one is then WARN: it gets no
-    traffic).  Rows come sorted by host, then name.
+    traffic).  ``tp_check``: where an instance spans more than one GPU, doctor's
+    ``tp.group`` check (:func:`tp_health`, one more round trip per such host)
+    fills ``tp_group``; an UNAVAILABLE group that still answers is CRIT (it
+    cannot serve), a DEGRADED one at least WARN.  Rows come sorted by host,
+    then name.
     """
     say = on_event or (lambda s: None)
     hosts = remote.read_hosts(fleet)
@@ -258,6 +265,21 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
         if row.active == "active":
             wanted_inst = instances.get(row.name) if key == row.name else None
             _apply_load(row, windows.get(key), _max_num_seqs(wanted_inst), peaks.get(row.name))
+    groups = {n: i for n, i in instances.items() if len(i.placement) > 1}
+    if tp_check and groups:
+        say(f"{len(groups)} TP group(s): doctor's tp.group check")
+        for name, verdict in tp_health(inv, groups, fleet, on_event).items():
+            row = rows.get(name)
+            if row is None:
+                continue
+            row.tp_group = verdict
+            if verdict == "OK":
+                continue
+            row.message = f"TP group {verdict}" + (f"; {row.message}" if row.message else "")
+            bad = Severity.CRIT if verdict.startswith("UNAVAILABLE") else \
+                Severity.WARN if verdict.startswith("DEGRADED") else Severity.OK
+            if row.severity.rank < bad.rank:
+                row.severity = bad
     for row in rows.values():
         if marked_down and row.name in marked_down and row.state != "extra":
             row.gateway_down = marked_down[row.name] or "marked down"
@@ -266,6 +288,35 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
     if state_dir:
         update_peaks(state_dir, {r.name: r.tokens_per_s for r in rows.values() if r.state == "serving"})
     return sorted(rows.values(), key=lambda r: (r.host or "", r.name))
+
+
+def tp_health(inv: Inventory, instances: Mapping[str, Instance], fleet: Any,
+              on_event: Callable[[str], None] | None = None) -> dict[str, str]:
+    """Instance -> ``OK``, ``DEGRADED: ...`` or ``UNAVAILABLE: ...``: doctor's ``tp.group`` check
+    over a fresh snapshot of the instances' hosts (``fleet`` must hold them)."""
+    from dataclasses import replace
+
+    from clusterctl.diagnose import bundle
+    from clusterctl.diagnose.thresholds import load_thresholds
+    from clusterctl.diagnose.tp import check_tp_groups
+
+    hosts = [inv.hosts[h] for h in sorted({g.host for i in instances.values() for g in i.placement}) if h in inv.hosts]
+    snap = bundle.gather(fleet, inv, hosts, on_event=on_event)
+    findings = check_tp_groups(bundle.context(snap, replace(inv, instances=dict(instances)), load_thresholds()))
+    out: dict[str, str] = {}
+    for f in findings:
+        name = f.subject.removeprefix("tp-group:")
+        if f.check != "tp.group" or name not in instances:
+            continue
+        if f.severity == Severity.OK:
+            out[name] = "OK"
+        elif f.severity == Severity.CRIT:
+            out[name] = f"UNAVAILABLE: {f.message}"
+        elif f.severity == Severity.WARN:
+            out[name] = f"DEGRADED: {f.message}"
+        else:
+            out[name] = f"not checked: {f.message}"
+    return out
 
 
 def _int(v: str | None) -> int | None:

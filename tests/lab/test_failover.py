@@ -3,7 +3,7 @@
 A template ``fo`` of four TP-2 replicas of a tiny model (VLLM_SIM_TIME_SCALE=0) over the second and
 third hosts, deployed with ``clusterctl deploy``; the gateway installed with ``clusterctl gateway
 deploy``.  Two replicas lose a GPU (the lab's ``gpu-lost`` fault): doctor marks both TP groups
-UNAVAILABLE.  With ``--max-share 0.25`` (one of four per run) failover moves the first, leaves the
+UNAVAILABLE (``status`` and a plain ``gateway sync`` see it too).  With ``--max-share 0.25`` (one of four per run) failover moves the first, leaves the
 second alone (over the cap), keeps the operator's cordon and adds its own on the lost GPU's whole host
 (a lost GPU's action is node-level); a second run moves the other one off its host.  Only
 ``clusterctl-fo-*`` units, the ``fo-tiny`` model and nginx are touched; all are removed at the end,
@@ -113,8 +113,15 @@ def test_failover_moves_one_unavailable_replica_within_the_cap_and_keeps_cordons
     for name in ("fo-1", "fo-2"):
         host, gpus, _ = before[name]
         hw_faults.inject(scene.lab.host_dir(host), "gpu-lost", gpu=gpus[1], log=False)
-    # The gateway's own TP check takes both out; the healthy two keep serving.
-    res = scene.cli("gateway", "sync", "--tp-check", "--window", "0", "--force", "--json")
+    # TP health is part of every status row and every plain gateway sync: both are UNAVAILABLE in
+    # status although they still answer /health, and the sync takes them out; the healthy two keep serving.
+    res = scene.cli("status", "--window", "0", "--json")
+    assert res.returncode == 2, res.stdout + res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)["instances"]}
+    assert all(rows[n]["tp_group"].startswith("UNAVAILABLE") and rows[n]["severity"] == "CRIT"
+               for n in ("fo-1", "fo-2")), rows
+    assert rows["fo-3"]["tp_group"] == "OK" and rows["fo-3"]["severity"] == "OK"
+    res = scene.cli("gateway", "sync", "--window", "0", "--force", "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     assert set(scene.answered_by()) == {"fo-3", "fo-4"}
 
