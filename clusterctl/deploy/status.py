@@ -269,17 +269,17 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
     if tp_check and groups:
         say(f"{len(groups)} TP group(s): doctor's tp.group check")
         for name, verdict in tp_health(inv, groups, fleet, on_event).items():
-            row = rows.get(name)
-            if row is None:
+            tp_row = rows.get(name)
+            if tp_row is None:
                 continue
-            row.tp_group = verdict
+            tp_row.tp_group = verdict
             if verdict == "OK":
                 continue
-            row.message = f"TP group {verdict}" + (f"; {row.message}" if row.message else "")
+            tp_row.message = f"TP group {verdict}" + (f"; {tp_row.message}" if tp_row.message else "")
             bad = Severity.CRIT if verdict.startswith("UNAVAILABLE") else \
                 Severity.WARN if verdict.startswith("DEGRADED") else Severity.OK
-            if row.severity.rank < bad.rank:
-                row.severity = bad
+            if tp_row.severity.rank < bad.rank:
+                tp_row.severity = bad
     for row in rows.values():
         if marked_down and row.name in marked_down and row.state != "extra":
             row.gateway_down = marked_down[row.name] or "marked down"
