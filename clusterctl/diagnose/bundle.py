@@ -482,4 +482,9 @@ def _read_root(p: Path, budget: inputs.Budget, loose_host: str) -> tuple[Snapsho
         if h not in snap.facts and h not in snap.raw and h not in snap.missing:
             snap.missing[h] = "listed in bundle.json, but the bundle has no data for it (no hosts/%s)" % safe_name(h)
     inv = p / "inventory.yaml"
-    return snap, inv if inv.is_file() and not inv.is_symlink() else None
+    if not inv.is_file() or inv.is_symlink():
+        return snap, None
+    if inv.stat().st_size > inputs.MAX_FILE_BYTES:
+        budget.skipped.append(inputs.Skipped(str(inv), f"not read: larger than {inputs.mib(inputs.MAX_FILE_BYTES)}"))
+        return snap, None
+    return snap, inv

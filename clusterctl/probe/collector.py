@@ -1165,24 +1165,33 @@ def read_ecn(net_dir: str) -> Optional[Dict[str, Any]]:
     """MLNX_OFED ECN knobs under ``/sys/class/net/IF/ecn``: ``roce_np`` and
     ``roce_rp`` enables per priority, ``cnp_dscp``, ``cnp_802p_prio``
     (parameters directly under ``roce_np/`` or under ``roce_np/params/``).
-    ``None`` when the directory does not exist (inbox driver)."""
+    ``None`` when the directory does not exist (inbox driver).  The files are
+    read as ``grep . ecn/...`` would print them and parsed by
+    :func:`parse_ecn_dump`, the function ``doctor --from`` uses on such a dump."""
     base = os.path.join(net_dir, "ecn")
     if not os.path.isdir(base):
         return None
-    out: Dict[str, Any] = {"roce_np": None, "roce_rp": None, "cnp_dscp": None, "cnp_802p_prio": None}
+    lines = []
+    listed = []
     for side in ("roce_np", "roce_rp"):
         enable = os.path.join(base, side, "enable")
         try:
             prios = sorted(int(p) for p in os.listdir(enable) if p.isdigit())
         except OSError:
             continue
-        out[side] = {str(p): read_int(os.path.join(enable, str(p))) for p in prios}
+        listed.append(side)
+        for p in prios:
+            lines.append("ecn/%s/enable/%d:%s" % (side, p, (read_opt(os.path.join(enable, str(p))) or "").strip()))
     for key in ("cnp_dscp", "cnp_802p_prio"):
-        for d in (os.path.join(base, "roce_np"), os.path.join(base, "roce_np", "params")):
-            v = read_int(os.path.join(d, key))
+        for rel in ("roce_np/", "roce_np/params/"):
+            v = read_opt(os.path.join(base, rel + key))
             if v is not None:
-                out[key] = v
-                break
+                lines.append("ecn/%s%s:%s" % (rel, key, v.strip()))
+    out = parse_ecn_dump("\n".join(lines)) or {"roce_np": None, "roce_rp": None, "cnp_dscp": None,
+                                                "cnp_802p_prio": None}
+    for side in listed:
+        if out[side] is None:
+            out[side] = {}
     return out
 
 

@@ -241,3 +241,28 @@ def test_a_host_with_nothing_usable_is_unknown_and_says_what_was_missing(tmp_pat
     findings = diagnose(context(snap, None, {}))
     assert any(f.host == "gpu01" and f.check == "host.reachable" and f.severity == Severity.UNKNOWN for f in findings)
     assert exit_code(findings) == 2
+
+
+def test_command_index_times_make_two_samples_rates(tmp_path):
+    """A hand-made bundle in collect's layout: commands/ plus index.json with each command's start time."""
+    c = tmp_path / "b" / "hosts" / "gpu10" / "commands"
+    c.mkdir(parents=True)
+    base = (FIX / "roce" / "ethtool_S_eth2_synthetic.txt").read_text()
+    (c / "a.txt").write_text(base)
+    (c / "b.txt").write_text(_storm(base, 5_000_000))
+    (c / "index.json").write_text(json.dumps([
+        {"file": "a.txt", "argv": ["ethtool", "-S", "ens1f0np0"], "started_at": "2026-12-01T10:00:00Z"},
+        {"file": "b.txt", "argv": ["ethtool", "-S", "ens1f0np0"], "started_at": "2026-12-01T10:00:05Z"}]))
+    snap, _ = read_bundle(tmp_path / "b")
+    nic = snap.facts["gpu10"]["nics"][0]
+    assert nic["netdev"] == "ens1f0np0" and [s["t"] for s in nic["samples"]] == [1796119200.0, 1796119205.0]
+    findings = diagnose(context(snap, None, {}), ["roce.pfc"])
+    assert any(f.check == "roce.pfc" and f.severity == Severity.CRIT for f in findings)
+
+
+def test_real_mlnx_qos_of_a_lossless_port_is_not_a_qos_problem(tmp_path):
+    d = tmp_path / "gpu11"
+    d.mkdir()
+    (d / "mlnx_qos_-i_eth4.txt").write_text((FIX / "roce" / "mlnx_qos_eth4_trust_dscp_pfc3.txt").read_text())
+    findings = [f for f in run(d, ["roce.qos"]) if f.check == "roce.qos"]
+    assert findings and not [f for f in findings if f.severity == Severity.CRIT], findings
