@@ -68,7 +68,8 @@ _BUG_SEP = re.compile(r"^_{20,}\s*$", re.M)
 
 
 def _lines(text: str, n: int = 200) -> list[str]:
-    return [x for x in text.splitlines()[:n * 2] if x.strip()][:n]
+    """The first ``n`` non-blank lines (only the head of the text is split)."""
+    return [x for x in text[:256 * 1024].splitlines()[:n * 2] if x.strip()][:n]
 
 
 def recognise(text: str) -> tuple[str | None, str]:
@@ -160,15 +161,20 @@ def split_bug_report(text: str) -> list[tuple[str, str]]:
 def decode(data: bytes) -> tuple[str | None, str]:
     """Text of a file's bytes (gunzipped when gzip, bounded); ``(None, why)`` for binary data."""
     if data[:2] == b"\x1f\x8b":
+        out = bytearray()
+        rest = data
         try:
-            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            data = d.decompress(data, MAX_FILE_BYTES)
-            if d.unconsumed_tail:
-                return None, f"gzip content larger than {MAX_FILE_BYTES // 2**20} MiB; not read"
-            if not d.eof:
-                return None, "damaged gzip file (truncated)"
+            while rest[:2] == b"\x1f\x8b":  # nvidia-bug-report.sh appends one gzip member per section
+                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                out += d.decompress(rest, MAX_FILE_BYTES + 1 - len(out))
+                if len(out) > MAX_FILE_BYTES or d.unconsumed_tail:
+                    return None, f"gzip content larger than {MAX_FILE_BYTES // 2**20} MiB; not read"
+                if not d.eof:
+                    return None, "damaged gzip file (truncated)"
+                rest = d.unused_data
         except zlib.error as e:
             return None, f"damaged gzip file: {e}"
+        data = bytes(out)
     if b"\0" in data[:4096]:
         return None, "binary data"
     return bounded_text(data), ""
@@ -229,7 +235,7 @@ class _Item:
 def _sample_time(item: _Item) -> float | None:
     if item.at is not None:
         return item.at
-    for line in item.text.splitlines()[:3]:
+    for line in item.text[:4096].splitlines()[:3]:
         if line.strip() == "NIC statistics:":
             break
         t = parse_time(line.strip().lstrip("#").strip().removeprefix("time:").strip())

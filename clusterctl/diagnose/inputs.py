@@ -110,7 +110,8 @@ def tail(f: IO[bytes], keep: int) -> tuple[bytes, int]:
 def bounded_text(data: bytes) -> str:
     """UTF-8 text (invalid bytes replaced) with every line cut at :data:`MAX_LINE_CHARS`."""
     text = data.decode("utf-8", "replace")
-    if len(text) <= MAX_LINE_CHARS or all(len(x) <= MAX_LINE_CHARS for x in text.split("\n")):
+    w = MAX_LINE_CHARS // 2  # a line of MAX_LINE_CHARS or more covers a whole aligned window of w
+    if not any(text.find("\n", j, j + w) == -1 for j in range(0, len(text) - w + 1, w)):
         return text
     return "\n".join(x[:MAX_LINE_CHARS] for x in text.split("\n"))
 

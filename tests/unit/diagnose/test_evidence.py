@@ -266,3 +266,19 @@ def test_real_mlnx_qos_of_a_lossless_port_is_not_a_qos_problem(tmp_path):
     (d / "mlnx_qos_-i_eth4.txt").write_text((FIX / "roce" / "mlnx_qos_eth4_trust_dscp_pfc3.txt").read_text())
     findings = [f for f in run(d, ["roce.qos"]) if f.check == "roce.qos"]
     assert findings and not [f for f in findings if f.severity == Severity.CRIT], findings
+
+
+def test_bug_report_of_many_gzip_members_in_a_directory_is_read_whole(tmp_path):
+    """nvidia-bug-report.sh pipes each section through gzip and appends it: one file, many members."""
+    sep = "____________________________________________\n\n"
+    parts = [sep + "Start of NVIDIA bug report log file.\n\nnvidia-bug-report.sh Version: 31831145\n\n",
+             sep + "*** /var/log/kern.log\n*** ls: -rw-r----- 1 syslog adm 1 Dec  1 10:00 /var/log/kern.log\n"
+             + (NV / "dmesg_xid_mixed_synthetic.log").read_text(),
+             sep + "/usr/bin/nvidia-smi --query\n\n" + (NV / "nvidia-smi-q_V100_x8.txt").read_text()]
+    d = tmp_path / "gpu12"
+    d.mkdir()
+    (d / "nvidia-bug-report.log.gz").write_bytes(b"".join(gzip.compress(p.encode()) for p in parts))
+    snap, _ = read_bundle(d)
+    kinds = {s["kind"] for s in snap.inputs["gpu12"]}
+    assert {"nvidia-bug-report", "kernel log", "nvidia-smi -q"} <= kinds
+    assert len(snap.facts["gpu12"]["gpus"]["devices"]) == 8
