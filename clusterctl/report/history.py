@@ -329,6 +329,12 @@ class History:
             out.setdefault((_text(host), _text(subject)), []).append((_real(t), _real(v)))
         return out
 
+    def run_values(self, run_id: int, name: str) -> dict[tuple[str, str], float]:
+        """``{(host, subject): value}`` of metric ``name`` recorded by run ``run_id``."""
+        return {(_text(h), _text(subj)): _real(v) for h, subj, v in self.db.execute(
+            "SELECT s.host, s.subject, x.value FROM samples x JOIN series s ON s.id = x.series_id "
+            "WHERE x.run_id=? AND s.name=? AND s.subject!=?", (run_id, name, HOST_MEAN))}
+
     def series_hosts(self, name: str, *, since: float = 0.0) -> dict[str, int]:
         """``{host: how many subjects}`` of metric ``name`` with samples since ``since``."""
         return {_text(h): int(n) for h, n in self.db.execute(
@@ -444,6 +450,6 @@ def _evidence(text: Any) -> list[str]:
     return [str(x) for x in ev]
 
 
-for _name in ("record", "runs", "last_run", "findings", "series", "series_hosts", "series_buckets", "metric_names",
+for _name in ("record", "runs", "last_run", "findings", "series", "run_values", "series_hosts", "series_buckets", "metric_names",
               "severity_series", "prune", "notified", "set_notified", "_first_run"):
     setattr(History, _name, _guarded(getattr(History, _name)))

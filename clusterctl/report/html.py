@@ -87,12 +87,68 @@ def charts(hist: History, *, now: float, days: float = TREND_DAYS, pattern: str 
     for name in [n for n in CHARTS if n in names] + [n for n in names if n not in CHARTS]:
         title, fmt = CHARTS.get(name, (name, plain))
         hosts = hist.series_hosts(name, since=since)
+        if len(hosts) > MAX_LINES:  # a line per host is unreadable: the spread across every series
+            s = hist.series_buckets(name, since=since, buckets=MAX_POINTS)
+            out.append(Markup(line_chart(f"{title} (median, p90, max of {sum(hosts.values())} series on "
+                                         f"{len(hosts)} hosts)", spread(s), fmt=fmt, colours=SPREAD_COLOURS)))
+            continue
         per_host = sum(hosts.values()) > MAX_LINES
         s = hist.series_buckets(name, since=since, buckets=MAX_POINTS, per_host=per_host)
         lines = {(f"{h} (mean of {hosts.get(h, 0)})" if per_host else h if subj == "host" else f"{h} {subj}"): v
                  for (h, subj), v in s.items()}
         out.append(Markup(line_chart(title, lines, fmt=fmt)))
     return out
+
+
+SPREAD_COLOURS = {"median": "#1f77b4", "p90": "#ff7f0e", "max": "#d62728"}
+
+
+def spread(series: dict[tuple[str, str], list[tuple[float, float]]],
+           buckets: int = MAX_POINTS) -> dict[str, list[tuple[float, float]]]:
+    """Median, p90 and max across all ``series`` per time slice (for charts of many hosts)."""
+    pts = [p for v in series.values() for p in v]
+    if not pts:
+        return {}
+    t0, t1 = min(t for t, _ in pts), max(t for t, _ in pts)
+    width = (t1 - t0) / buckets or 1.0
+    slices: dict[int, list[float]] = {}
+    times: dict[int, list[float]] = {}
+    for t, v in pts:
+        b = min(buckets - 1, int((t - t0) / width))
+        slices.setdefault(b, []).append(v)
+        times.setdefault(b, []).append(t)
+    out: dict[str, list[tuple[float, float]]] = {"median": [], "p90": [], "max": []}
+    for b in sorted(slices):
+        vs = sorted(slices[b])
+        t = sum(times[b]) / len(times[b])
+        out["median"].append((t, vs[len(vs) // 2]))
+        out["p90"].append((t, vs[min(len(vs) - 1, int(0.9 * len(vs)))]))
+        out["max"].append((t, vs[-1]))
+    return out
+
+
+#: Load shown on the overview's heatmaps: metric per cell kind, and its label.
+LOADS = {"gpu": ("gpu_utilization_ratio", "GPU utilisation", 1.0),
+         "nic": ("roce_paused_ratio", "fraction of time paused (PFC)", 0.2)}  # darkest at 20%: paused_fraction_warn of checks/roce.yaml
+#: Tables longer than this start collapsed (their <details> closed).
+OPEN_ROWS = 20
+
+
+def overview(result: "Result", hist: History) -> dict[str, Any]:
+    """Heatmaps (hosts x GPUs, hosts x NICs; by worst finding and by load) and top offenders."""
+    from clusterctl.report import overview as ov
+    from clusterctl.report.run import host_summary
+
+    loads = {k: hist.run_values(result.run_id, metric) for k, (metric, _, _) in LOADS.items()}
+    g = ov.grids(result.findings, loads)
+    maps = []
+    for k, label in (("gpu", "GPU"), ("nic", "data NIC")):
+        if g[k].cells:
+            maps.append(Markup(ov.heatmap(f"Hosts x {label}s: worst finding ({g[k].cells} {label}s)", g[k],
+                                          by="severity")))
+            maps.append(Markup(ov.heatmap(f"Hosts x {label}s: {LOADS[k][1]}", g[k], by="load", scale=LOADS[k][2])))
+    return {"heatmaps": maps, "top_hosts": ov.top_hosts(host_summary(result.findings)),
+            "top_problems": ov.top_problems(result.findings), "gpus": g["gpu"].cells, "nics": g["nic"].cells}
 
 
 def render_html(result: "Result", hist: History) -> str:
@@ -106,5 +162,6 @@ def render_html(result: "Result", hist: History) -> str:
         "groups": group(result.findings, min_severity=Severity.UNKNOWN),
         "charts": charts(hist, now=result.finished, pattern=result.pattern),
         "runs": hist.runs(limit=20),
+        "overview": overview(result, hist), "open_rows": OPEN_ROWS,
     }
     return _env().get_template("report.html.j2").render(**ctx)

@@ -59,14 +59,20 @@ def test_chromium_renders_the_report_tables_and_svg_charts_from_disk(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = _Dom()
     dom.feed(proc.stdout)
-    # hosts, resolved (the CRITs of run 2), ongoing (the WARN), all problems grouped, recent runs
-    assert dom.tags.get("table", 0) == 5, dom.tags
-    assert dom.h2[:6] == ["Hosts", "New (0)", "Resolved (2)", "Ongoing (1)", "All problems, grouped", "Trends"]
-    # problems per run + one chart per metric, each with a line per series
-    assert dom.tags.get("svg") == 4 and dom.tags.get("polyline", 0) >= 6
+    # top hosts, top problems, hosts, resolved (the CRITs of run 2), ongoing (the WARN), all problems, recent runs
+    assert dom.tags.get("table", 0) == 7, dom.tags
+    assert dom.h2[:7] == ["Overview", "Hosts", "New (0)", "Resolved (2)", "Ongoing (1)", "All problems, grouped",
+                          "Trends"]
+    # overview: hosts x GPUs and hosts x NICs, by worst finding and by load; then problems per run + one
+    # chart per metric, each with a line per series
+    assert dom.tags.get("svg") == 8 and dom.tags.get("polyline", 0) >= 6
     titles = re.findall(r'aria-label="([^"]+)"', proc.stdout)
-    assert titles == ["Problems per run", "GPU utilisation", "KV-cache usage per instance",
+    assert titles == ["Hosts x GPUs: worst finding (1 GPUs)", "Hosts x GPUs: GPU utilisation",
+                      "Hosts x data NICs: worst finding (1 data NICs)", "Hosts x data NICs: fraction of time paused (PFC)",
+                      "Problems per run", "GPU utilisation", "KV-cache usage per instance",
                       "RoCE: fraction of time paused (PFC) per NIC"]
+    assert "<title>gpu02: nic:eth2 WARN (roce.pfc: paused 3% of the time)</title>" in proc.stdout
+    assert "<title>gpu01: gpu:0 40%</title>" in proc.stdout  # the last run's utilisation of GPU 0, 0.2 x 2
     # self-contained: no element refers to anything (the SVG namespace is an identifier, not a request)
     assert dom.urls == [] and dom.tags.get("script", 0) == 0 and dom.tags.get("link", 0) == 0
     assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", page.read_text())
