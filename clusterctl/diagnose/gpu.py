@@ -214,8 +214,22 @@ def check_lost(ctx: AnalysisContext) -> list[Finding]:
 
 
 def _ecc(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
-    """Volatile uncorrected ECC -> CRIT; many corrected -> WARN."""
+    """Volatile uncorrected ECC -> CRIT; many corrected -> WARN; ECC supported but off -> WARN.
+
+    With ECC off NVML's error counters read 0 whatever happens, so "no
+    uncorrected errors" would be a claim on data never collected (NVML
+    nvmlDeviceGetEccMode; data-centre GPUs ship with ECC on).  A GPU without
+    ECC support (``enabled`` None) is not reported.
+    """
     ecc = d.get("ecc") or {}
+    if ecc.get("enabled") is False and limits(ctx, d.get("name")).get("ecc_required", True):
+        later = " (enabled after the next reboot: pending mode on)" if ecc.get("pending_enabled") else ""
+        yield Finding("gpu.ecc", Severity.WARN, host, _gpu(d),
+                      f"ECC is disabled{later}: memory errors are neither corrected nor counted (the ECC counters "
+                      "read 0 whatever happens)",
+                      "enable ECC (nvidia-smi -i N -e 1) and reset the GPU or reboot; drain its instances first",
+                      (f"ecc.enabled=False pending_enabled={ecc.get('pending_enabled')}",))
+        return
     vol = ecc.get("volatile") or {}
     unc = vol.get("uncorrected")
     if unc:
@@ -240,8 +254,10 @@ def _remap(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Findi
         yield Finding("gpu.remap", Severity.CRIT, host, _gpu(d), "row remapping failed (no spare rows left)",
                       "drain the GPU and replace it (an RMA criterion; confirm with dcgmi diag -r 3)", ev)
     elif rr.get("pending"):
-        yield Finding("gpu.remap", Severity.WARN, host, _gpu(d), "a row remap is pending",
-                      "reset the GPU to apply it at the next maintenance window (drain its instances first)", ev)
+        yield Finding("gpu.remap", Severity.WARN, host, _gpu(d),
+                      "a row remap is pending: the GPU keeps working, the remap applies at the next GPU reset",
+                      "reset the GPU at the next maintenance window to apply it (drain its instances first; "
+                      "nvidia-smi -r -i N)", ev)
 
 
 def _retired(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:

@@ -157,7 +157,7 @@ def doc(host: str, nics: list[dict[str, Any]] | None = None, shm_bytes: int = 64
                                                   "total_bytes": shm_bytes}]},
             "gpus": {"available": False, "devices": []},
             "nics": [eth0(), *(nics if nics is not None else [nic("eth2", "mlx5_0"), nic("eth3", "mlx5_1")])],
-            "units": [], "kernel_log": {"source": None, "lines": []}, "errors": [],
+            "units": [], "kernel_log": {"source": "journalctl -k", "lines": []}, "errors": [],
             "rdma_prereqs": prereqs()}
 
 

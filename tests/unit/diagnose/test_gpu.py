@@ -38,7 +38,7 @@ def with_device(index: int, **changes: Any) -> dict[str, dict[str, Any]]:
     (1, {"ecc": {"volatile": {"corrected": 0, "uncorrected": 2}, "aggregate": {"corrected": 0, "uncorrected": 2}}},
      "gpu.ecc", Severity.CRIT, "reset the GPU"),
     (2, {"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}},
-     "gpu.remap", Severity.WARN, "reset the GPU to apply"),
+     "gpu.remap", Severity.WARN, "reset the GPU at the next maintenance window"),
     (2, {"remapped_rows": {"correctable": 0, "uncorrectable": 9, "pending": False, "failure": True}},
      "gpu.remap", Severity.CRIT, "replace"),
     (3, {"retired_pages": {"single_bit_ecc": 40, "double_bit_ecc": 30, "pending": True}},
@@ -54,6 +54,9 @@ def with_device(index: int, **changes: Any) -> dict[str, dict[str, Any]]:
     (7, {"temperature_c": 95}, "gpu.thermal", Severity.CRIT, "airflow"),
     (7, {"temperature_c": 87}, "gpu.thermal", Severity.WARN, "airflow"),
     (0, {"persistence_mode": False}, "gpu.persistence", Severity.WARN, "nvidia-persistenced"),
+    # ECC off: the counters read 0 whatever happens, so no "no uncorrected errors" OK either
+    (1, {"ecc": {"volatile": {"corrected": 0, "uncorrected": 0}, "aggregate": {"corrected": 0, "uncorrected": 0},
+                 "enabled": False, "pending_enabled": False}}, "gpu.ecc", Severity.WARN, "enable ECC"),
     (0, {"lost": True, "field_errors": {"device": "GPU is lost"}}, "gpu.lost", Severity.CRIT, "power-cycle"),
     (0, {"hung": True}, "gpu.lost", Severity.CRIT, "reset the GPU"),
 ])
@@ -61,6 +64,23 @@ def test_each_fault_is_found_on_its_gpu_with_the_action(index, changes, check, s
     found = bad(run(with_device(index, **changes)))
     assert [(f.check, f.severity, f.host, f.subject) for f in found] == [(check, severity, "gpu01", f"gpu:{index}")]
     assert words in found[0].action
+
+
+def test_ecc_off_is_reported_not_passed_as_no_errors_and_no_ecc_support_is_not():
+    [f] = bad(run(with_device(1, ecc={"volatile": {"corrected": 0, "uncorrected": 0}, "enabled": False,
+                                        "pending_enabled": True})))
+    assert "ECC is disabled (enabled after the next reboot" in f.message and "read 0" in f.message
+    # a GPU without ECC (NVML: not supported) is neither a problem nor "no errors" on data never seen
+    assert not bad(run(with_device(1, ecc={"volatile": {}, "enabled": None, "pending_enabled": None})))
+
+
+def test_xid_63_says_reset_at_the_next_maintenance_window():
+    facts = G.healthy()
+    facts["gpu01"]["kernel_log"]["lines"] = [{"text": "NVRM: Xid (PCI:0000:2a:00): 63, pid='<unknown>', name=<unknown>, "
+                                                      "Row Remapper: New row (0x0000000000000123) marked for remapping, "
+                                                      "reset gpu to activate."}]
+    [f] = [f for f in bad(run(facts)) if f.check == "gpu.xid"]
+    assert f.severity == Severity.WARN and "next maintenance window" in f.action and "reset" in f.action
 
 
 def test_idle_gpu_at_a_lower_pcie_gen_is_fine_but_not_while_busy():
