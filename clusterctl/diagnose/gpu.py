@@ -3,7 +3,8 @@
 Checks (each registered on its own, ``--checks gpu`` selects them all):
 ``gpu.nvml`` driver/NVML alive, ``gpu.inventory`` count/model/memory against
 the inventory and driver/VBIOS drift, ``gpu.lost`` lost or hung GPUs,
-``gpu.ecc``, ``gpu.remap`` (row remapping), ``gpu.retired`` (retired pages),
+``gpu.ecc``, ``gpu.remap`` (row remapping), ``gpu.recovery`` (NVML's recovery
+action), ``gpu.retired`` (retired pages),
 ``gpu.clocks`` (slowdown reasons), ``gpu.pcie``, ``gpu.nvlink``,
 ``gpu.thermal`` (temperature, power), ``gpu.persistence``.
 
@@ -260,6 +261,32 @@ def _remap(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Findi
                       "nvidia-smi -r -i N)", ev)
 
 
+#: NVML's GPU recovery action -> (severity, what it means, what to do); NVIDIA's "Error Recovery
+#: and Response Flags" (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html).
+RECOVERY = {
+    "reset": (Severity.CRIT, "the GPU hit a fault that needs a GPU reset to recover",
+              "drain its instances, stop every process on it, reset it (nvidia-smi -r -i N), then start them again"),
+    "reboot": (Severity.CRIT, "the GPU hit a fault that may have left the OS in an inconsistent state",
+               "drain the node's instances and reboot the node"),
+    "drain_p2p": (Severity.CRIT, "the GPU needs its peer-to-peer (NVLink/P2P) traffic drained",
+                  "drain the multi-GPU instances on it (TP groups); it can serve again once P2P traffic stopped"),
+    "drain_and_reset": (Severity.CRIT, "the GPU needs its peer-to-peer traffic drained and then a GPU reset",
+                        "drain the multi-GPU instances on it, stop its processes and reset it (nvidia-smi -r -i N)"),
+}
+
+
+def _recovery(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """NVML's GPU recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``): anything but none -> CRIT
+    with the action NVIDIA prescribes; the tp.group rollup then marks the GPU's group UNAVAILABLE."""
+    action = d.get("recovery_action")
+    if action in (None, "none"):
+        return
+    sev, what, do = RECOVERY.get(str(action), (Severity.CRIT, f"NVML asks for recovery action {action}",
+                                               "drain the GPU and look the action up in NVIDIA's NVML documentation"))
+    yield Finding("gpu.recovery", sev, host, _gpu(d), f"NVML recovery action {action}: {what}", do,
+                  (f"recovery_action={action}",))
+
+
 def _retired(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
     """Retired pages (before Ampere): table full -> CRIT, many or pending -> WARN."""
     rp = d.get("retired_pages")
@@ -371,6 +398,7 @@ def _persistence(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable
 for _name, _fn, _ok in (
         ("gpu.ecc", _ecc, "no uncorrected ECC errors"),
         ("gpu.remap", _remap, "no pending or failed row remaps"),
+        ("gpu.recovery", _recovery, "NVML asks for no recovery action"),
         ("gpu.retired", _retired, "retired pages within limits"),
         ("gpu.clocks", _clocks, "no hardware slowdown"),
         ("gpu.pcie", _pcie, "PCIe links at full width"),

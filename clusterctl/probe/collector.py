@@ -503,6 +503,22 @@ def _remapped_rows(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any
                               "pending": bool(pending), "failure": bool(failure)}}
 
 
+#: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and its values (nvml.h nvmlDeviceGpuRecoveryAction_t).
+FI_GPU_RECOVERY_ACTION = 230
+RECOVERY_ACTIONS = {0: "none", 1: "reset", 2: "reboot", 3: "drain_p2p", 4: "drain_and_reset"}
+
+
+def _recovery_action(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    """What the driver says must happen to the GPU after an uncorrectable error (R550+);
+    read from NVML, not the kernel log, whose XID 154 lines rotate away."""
+    fv = nvml.call("nvmlDeviceGetFieldValues", h, [FI_GPU_RECOVERY_ACTION])[0]
+    if int(fv.nvmlReturn) != 0:
+        raise FieldUnavailable("recovery action not supported (NVML return %d)" % int(fv.nvmlReturn),
+                               int(fv.nvmlReturn))
+    value = int(fv.value.uiVal)
+    return {"recovery_action": RECOVERY_ACTIONS.get(value, "unknown_%d" % value)}
+
+
 def _retired_pages(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
     # cause 0 = multiple single-bit ECC errors, 1 = double-bit ECC error
     sbe = nvml.call("nvmlDeviceGetRetiredPages", h, 0)
@@ -593,6 +609,7 @@ DEVICE_FIELDS: List[Tuple[str, Tuple[str, ...], Callable[..., Dict[str, Any]]]] 
     ("ecc", ("ecc",), _ecc),
     ("remapped_rows", ("remapped_rows",), _remapped_rows),
     ("retired_pages", ("retired_pages",), _retired_pages),
+    ("recovery_action", ("recovery_action",), _recovery_action),
     ("clocks_event_reasons", ("clocks_event_reasons",), _clocks),
     ("pcie", ("pcie",), _pcie),
     ("nvlink", ("nvlink",), _nvlink),

@@ -164,6 +164,23 @@ def gpu_lost(host_dir: Path, gpu: int = 0, lost: bool = True, log: bool = True) 
     return f"GPU {gpu} {'lost (GPU_IS_LOST)' if lost else 'back on the bus'}"
 
 
+RECOVERY_ACTIONS = {"none": 0, "reset": 1, "reboot": 2, "drain-p2p": 3, "drain-and-reset": 4}
+
+
+def recovery(host_dir: Path, gpu: int = 0, action: str = "reset", log_xid: int = 154) -> str:
+    """Set what NVML's ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` answers for ``gpu`` (none, reset,
+    reboot, drain-p2p, drain-and-reset); with ``log_xid`` > 0 the driver's Xid line for it is logged
+    too (154, "GPU recovery action changed"), as a real node does, once."""
+    if action not in RECOVERY_ACTIONS:
+        raise LabError(f"action={action!r}: one of {', '.join(RECOVERY_ACTIONS)}")
+    with _gpu_state(host_dir) as state:
+        _gpu(state, gpu)["recovery_action"] = RECOVERY_ACTIONS[action]
+    if log_xid and action != "none":
+        xid(host_dir, code=log_xid, gpu=gpu,
+            message=f"GPU recovery action changed from 0x0 (None) to 0x{RECOVERY_ACTIONS[action]:x}")
+    return f"GPU {gpu}: recovery action {action}"
+
+
 def gpu_hang(host_dir: Path, gpu: int = 0, seconds: float = 30.0) -> str:
     """Every NVML call on ``gpu`` blocks ``seconds``, then fails with NVML_ERROR_TIMEOUT
     (as a GPU whose firmware stopped answering, Xid 119); 0 ends the hang.  Other
@@ -485,7 +502,7 @@ def _coerce(fault: str, key: str, value: Any, default: Any) -> Any:
 
 
 _RAW_FAULTS: dict[str, Callable[..., str]] = {
-    "xid": xid, "oom": oom, "gpu-lost": gpu_lost, "gpu-hang": gpu_hang, "driver": driver, "ecc": ecc, "remap": remap,
+    "xid": xid, "oom": oom, "gpu-lost": gpu_lost, "gpu-hang": gpu_hang, "recovery": recovery, "driver": driver, "ecc": ecc, "remap": remap,
     "retired-pages": retired_pages, "gpu-mem": gpu_mem, "clocks": clocks, "pcie": pcie,
     "nvlink": nvlink, "temp": temp,
     "pause-storm": pause_storm, "cnp": cnp, "discards": discards, "link-flap": link_flap,

@@ -86,6 +86,7 @@ def new_gpu(profile: GpuProfile, host: str, host_index: int, index: int, count: 
         "clock_video_mhz": 765, "max_clock_graphics_mhz": profile.max_sm_mhz,
         "max_clock_sm_mhz": profile.max_sm_mhz, "max_clock_mem_mhz": profile.max_mem_mhz,
         "max_clock_video_mhz": 1755,
+        "recovery_action": 0,  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: none
         "lost": False,
     }
 

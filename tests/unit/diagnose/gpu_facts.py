@@ -41,7 +41,7 @@ def device(index: int, **changes: Any) -> dict[str, Any]:
                     "errors": {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}} for i in range(18)],
         "temperature_c": 34, "power_w": 71.0, "power_limit_w": 700.0,
         "utilization": {"gpu": 0, "memory": 0}, "persistence_mode": True, "vbios_version": "96.00.89.00.01",
-        "numa_node": 0 if index < 4 else 1, "nearest_nics": None, "lost": False, "hung": False,
+        "numa_node": 0 if index < 4 else 1, "nearest_nics": None, "recovery_action": "none", "lost": False, "hung": False,
         "field_errors": {"retired_pages": "not supported"},
     }
     d.update(changes)

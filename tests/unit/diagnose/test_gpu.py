@@ -74,6 +74,15 @@ def test_ecc_off_is_reported_not_passed_as_no_errors_and_no_ecc_support_is_not()
     assert not bad(run(with_device(1, ecc={"volatile": {}, "enabled": None, "pending_enabled": None})))
 
 
+@pytest.mark.parametrize("action, words", [("reset", "nvidia-smi -r"), ("reboot", "reboot the node"),
+                                           ("drain_p2p", "drain the multi-GPU instances"),
+                                           ("drain_and_reset", "and reset it")])
+def test_nvml_recovery_action_is_critical_with_nvidias_action(action, words):
+    [f] = bad(run(with_device(2, recovery_action=action)))
+    assert (f.check, f.severity, f.subject) == ("gpu.recovery", Severity.CRIT, "gpu:2")
+    assert words in f.action and f"recovery action {action}" in f.message
+
+
 def test_xid_63_says_reset_at_the_next_maintenance_window():
     facts = G.healthy()
     facts["gpu01"]["kernel_log"]["lines"] = [{"text": "NVRM: Xid (PCI:0000:2a:00): 63, pid='<unknown>', name=<unknown>, "

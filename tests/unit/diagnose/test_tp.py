@@ -44,3 +44,11 @@ def test_lost_gpu_and_unreachable_host():
 
 def test_no_instances_no_groups():
     assert check_tp_groups(G.ctx(G.healthy(), inv=None)) == []
+
+
+def test_a_recovery_action_on_a_member_makes_its_group_unavailable():
+    facts = G.healthy()
+    facts["gpu02"]["gpus"]["devices"][1]["recovery_action"] = "drain_p2p"
+    g = groups(G.ctx(facts))
+    assert g["tp-group:llama"].severity == Severity.CRIT and "gpu.recovery" in g["tp-group:llama"].message
+    assert g["tp-group:qwen-a"].severity == Severity.OK

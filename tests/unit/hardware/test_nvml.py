@@ -306,3 +306,24 @@ result = {"err": err, "hung": hung, "other": time.monotonic() - t, "name0": name
     assert out["other"] < 0.5 and out["name0"] == "NVIDIA H100 80GB HBM3"
     faults.gpu_hang(host, gpu=1, seconds=0)
     assert "hang_s" not in gpus.load(hw_dir(host))["gpus"][1]
+
+
+READ_RECOVERY = """
+N.nvmlInit()
+result = []
+for i in range(2):
+    h = N.nvmlDeviceGetHandleByIndex(i)
+    fv = N.nvmlDeviceGetFieldValues(h, [N.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, N.NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS])
+    result.append([fv[0].nvmlReturn, fv[0].valueType, fv[0].value.uiVal, fv[1].nvmlReturn])
+N.nvmlShutdown()
+"""
+
+
+def test_the_recovery_action_field_reads_what_the_fault_set(make_host, pynvml_run):
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230): 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset
+    host = make_host(gpus=2)
+    assert pynvml_run(host, READ_RECOVERY) == [[0, 1, 0, 3], [0, 1, 0, 3]]  # field 230 OK; others NOT_SUPPORTED
+    faults.inject(host, "recovery", gpu=1, action="drain-and-reset", log_xid=0)
+    assert pynvml_run(host, READ_RECOVERY)[1][:3] == [0, 1, 4]
+    with pytest.raises(LabError, match="one of none, reset"):
+        faults.inject(host, "recovery", gpu=1, action="explode")

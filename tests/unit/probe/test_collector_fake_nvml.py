@@ -90,3 +90,11 @@ def test_old_driver_falls_back(host, libs):
     assert d0["clocks_event_reasons"]["active"] == ["sw_power_cap"]
     assert d0["numa_node"] is None
     assert d0["field_errors"]["numa_node"] == "not supported by this driver (function not found)"
+
+
+def test_the_probe_reads_nvmls_recovery_action_not_the_kernel_log(host, libs):
+    # the XID 154 line is written too, but the facts carry what NVML answers now
+    faults.inject(host, "recovery", gpu=2, action="drain-and-reset")
+    faults.inject(host, "recovery", gpu=3, action="reboot", log_xid=0)
+    g = probe(host, libs["current"])["gpus"]
+    assert [d["recovery_action"] for d in g["devices"]] == ["none", "none", "drain_and_reset", "reboot"]

@@ -804,6 +804,39 @@ EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t h, unsig
 
 /* nvlink_state: [1, 1, 0, ...] one per link; nvlink_errors: [[replay, recovery, crc_flit,
  * crc_data, ecc_data], ...]; both null on PCIe cards. */
+/* nvmlDeviceGetFieldValues: nvmlFieldValue_t is {fieldId, scopeId, timestamp, latencyUsec,
+ * valueType, nvmlReturn, value (8-byte union)}, 40 bytes (nvml.h).  Only
+ * NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230, an unsigned int: 0 none, 1 GPU reset,
+ * 2 node reboot, 3 drain P2P, 4 drain and reset) is known here; every other
+ * field answers NOT_SUPPORTED in its own nvmlReturn, as the driver does. */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    union { double d; unsigned int ui; unsigned long ul; unsigned long long ull; long long sll; int si; } value;
+} fake_field_value_t;
+#define FI_GPU_RECOVERY_ACTION 230
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t h, int count, fake_field_value_t *values) {
+    if (count < 0 || (count && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    DEV_PROLOGUE(h, g);
+    for (int i = 0; i < count; i++) {
+        fake_field_value_t *fv = &values[i];
+        fv->timestamp = 0;
+        fv->latencyUsec = 0;
+        jnode *v = fv->fieldId == FI_GPU_RECOVERY_ACTION ? feature(g, "recovery_action") : NULL;
+        if (v && v->type == J_NUM) {
+            fv->valueType = 1;  /* NVML_VALUE_TYPE_UNSIGNED_INT */
+            fv->nvmlReturn = NVML_SUCCESS;
+            fv->value.ull = 0;
+            fv->value.ui = (unsigned int)v->inum;
+        } else {
+            fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return leave(NVML_SUCCESS);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t h, unsigned int link, unsigned int *active) {
     if (!active) return NVML_ERROR_INVALID_ARGUMENT;
     DEV_PROLOGUE(h, g);
