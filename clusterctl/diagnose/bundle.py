@@ -329,21 +329,58 @@ def _meta(path: Path, doc: Any) -> dict[str, Any]:
     return {**doc, "format": fmt, "interval_s": float(iv), "missing": missing, "hosts": hosts}
 
 
-#: Sections of a facts document and the JSON type each must have when present.
-_FACTS_TYPES: dict[str, tuple[type, ...]] = {"gpus": (dict,), "nics": (list,), "units": (list,),
-                                             "kernel_log": (dict,), "host": (dict,), "errors": (list,),
-                                             "rdma_prereqs": (dict,), "tools": (dict,)}
+#: The shape of a facts document (docs/facts.md): ``{}`` an object, ``[x]`` a list of x, a type a
+#: scalar.  Only the containers and the few scalars the analyzers compute with are checked; ``null``
+#: is allowed everywhere ("could not be read").
+_FACTS_SHAPE: dict[str, Any] = {
+    "gpus": {"devices": [{"index": int, "ecc": {"volatile": {}, "aggregate": {}}, "remapped_rows": {},
+                          "retired_pages": {}, "clocks_event_reasons": {"active": [str]}, "pcie": {},
+                          "utilization": {}, "field_errors": {}, "nvlink": [{"errors": {}}], "processes": [{}],
+                          "nearest_nics": {}}],
+             "topology": [{}], "timed_out_calls": [str]},
+    "nics": [{"netdev": str, "rdma": {"counters": {}, "hw_counters": {}, "gids": [{}]},
+              "qos": {"raw": {}, "reasons": {}, "ecn": {}, "pfc_enabled": [int], "dscp2prio": {}},
+              "ethtool_stats": {}, "samples": [{"ethtool_stats": {}, "hw_counters": {}, "counters": {}}]}],
+    "units": [{"environment": {}}], "kernel_log": {"lines": [{}]},
+    "host": {"disks": [{}], "memory": {}, "cpu": {}, "kernel": {}, "os_release": {}},
+    "rdma_prereqs": {}, "tools": {}, "errors": [{}], "dcgm_diag": {"results": [{}]},
+}
+
+
+def _shape_error(value: Any, shape: Any, where: str) -> str | None:
+    """Where ``value`` does not have ``shape`` (see :data:`_FACTS_SHAPE`), or None."""
+    if value is None:
+        return None
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{where} must be a JSON object"
+        for key, sub in shape.items():
+            bad = _shape_error(value.get(key), sub, f"{where}.{key}" if where else key)
+            if bad:
+                return bad
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where} must be a JSON list"
+        for i, item in enumerate(value[:100_000]):
+            bad = _shape_error(item, shape[0], f"{where}[{i}]")
+            if bad:
+                return bad
+        return None
+    if shape is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"{where} must be a whole number"
+    if shape is str and not isinstance(value, str):
+        return f"{where} must be a string"
+    return None
 
 
 def _facts(path: str, data: bytes) -> dict[str, Any]:
     doc = inputs.load_json(path, data)
     if not isinstance(doc, dict) or "gpus" not in doc:
         raise _bad(path, "not a facts document (no \"gpus\")")
-    for key, types in _FACTS_TYPES.items():
-        if doc.get(key) is not None and not isinstance(doc[key], types):
-            raise _bad(path, f"\"{key}\" must be a JSON {'object' if types == (dict,) else 'list'}")
-    if not isinstance(doc["gpus"].get("devices") or [], list):
-        raise _bad(path, "\"gpus.devices\" must be a list")
+    bad = _shape_error(doc, _FACTS_SHAPE, "")
+    if bad:
+        raise _bad(path, f"not a facts document: {bad}")
     return doc
 
 
@@ -365,6 +402,7 @@ def _read_host(snap: Snapshot, host: str, d: Path, budget: inputs.Budget) -> Non
         if data is not None:
             files[rel] = data
     raw: dict[str, str] = {}
+    layout: list[str] = []
     if "facts.json" in files:
         snap.facts[host] = _facts(str(d / "facts.json"), files.pop("facts.json"))
     if "kernel.log" in files:
@@ -373,15 +411,17 @@ def _read_host(snap: Snapshot, host: str, d: Path, budget: inputs.Budget) -> Non
         top, _, name = rel.partition("/")
         if top == "units" and name.endswith(".log") and "/" not in name:
             raw[name] = inputs.bounded_text(files.pop(rel))
+            layout.append(rel)
         elif top == "metrics" and name.endswith(".prom") and "/" not in name:
             inst, _, n = name[: -len(".prom")].rpartition(".")
             if not inst:
                 inst, n = n, "1"
             raw[f"{inst}.metrics" + ("" if n in ("", "1") else f".{n}")] = inputs.bounded_text(files.pop(rel))
+            layout.append(rel)
     index = _json_index(str(d / "commands" / "index.json"), files.pop("commands/index.json", None))
     seen: list[dict[str, Any]] = [{"path": x, "kind": "bundle layout", "note": ""} for x in
                                   (["facts.json"] if host in snap.facts else []) + sorted(
-                                      k for k in ("kernel.log",) if sources.KERNEL_LOG in raw)]
+                                      k for k in ("kernel.log",) if sources.KERNEL_LOG in raw) + layout]
     if host in snap.facts:
         seen += [{"path": rel, "kind": None, "note": "a record of what the probe ran; its facts are in facts.json"}
                  for rel in sorted(files)]

@@ -239,7 +239,7 @@ def gunzip(path: Path, budget: Budget) -> bytes | None:
 
 def _why(e: BaseException) -> str:
     if isinstance(e, EOFError):
-        return "it ends before its end (truncated)"
+        return "the file is truncated (it ends in the middle of its data)"
     return str(e) or type(e).__name__
 
 

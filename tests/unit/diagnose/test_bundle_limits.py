@@ -185,6 +185,8 @@ def test_deeply_nested_or_mistyped_facts_are_clear_errors(tmp_path):
     assert_clear_error(doctor("--from", str(root)), "facts.json", "nested")
     root = bundle(tmp_path / "2", {"h1": {"facts.json": '{"schema": 1, "gpus": {}, "nics": "eth0"}'}})
     assert_clear_error(doctor("--from", str(root)), "facts.json", "nics")
+    root = bundle(tmp_path / "3", {"h1": {"facts.json": '{"gpus": {"devices": [{"index": 0, "remapped_rows": 7}]}}'}})
+    assert_clear_error(doctor("--from", str(root)), "facts.json", "gpus.devices[0].remapped_rows")
 
 
 def test_archive_members_with_links_or_dotdot_are_skipped(tmp_path):
