@@ -192,9 +192,21 @@ def check_engine(ctx: AnalysisContext) -> list[Finding]:
                                tuple(ev.nccl[:2])))
         if ev.engine_dead:
             started = "after it was serving" if ev.ready else "during start-up"
-            out.append(Finding("serving.engine", Severity.CRIT, host, subj, f"the vLLM engine died {started}",
-                               "see oom.cause and the log's first error; restart the instance once the cause is fixed",
-                               tuple(ev.engine_dead[:2])))
+            inst = ctx.inventory.instances.get(name) if ctx.inventory is not None else None
+            if ev.dead_worker is not None and inst is not None and len(inst.placement) > 1:
+                from clusterctl.diagnose.tp import dead_member, dead_worker_message
+
+                gpu = dead_member(inst, ev.dead_worker)
+                out.append(Finding("serving.engine", Severity.CRIT, host, subj,
+                                   f"{dead_worker_message(inst, ev.dead_worker, gpu)} {started}: the TP group of "
+                                   f"{len(inst.placement)} is UNAVAILABLE",
+                                   f"check {gpu or 'the group'}'s GPU findings (gpu.*) and the kernel log (XIDs), "
+                                   "then restart the instance", (ev.dead_worker["line"], *ev.engine_dead[:1])))
+            else:
+                why = "oom.cause and " if ev.cuda_oom or ev.kv_short or ev.no_kv or ev.free_mem else ""
+                out.append(Finding("serving.engine", Severity.CRIT, host, subj, f"the vLLM engine died {started}",
+                                   f"see {why}the log's first error; restart the instance once the cause is fixed",
+                                   tuple(ev.engine_dead[:2])))
         if ev.preemptions_v0:
             out.append(Finding("serving.engine", Severity.WARN, host, subj,
                                f"requests preempted for KV cache space ({ev.preemptions_v0} so far)",

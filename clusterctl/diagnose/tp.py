@@ -7,14 +7,48 @@ otherwise.  The GPU checks (``gpu.*``) are run here on the same context, so
 ``--checks tp`` works alone; the subject is ``tp-group:NAME``.  A group whose
 NCCL traffic crosses hosts is also DEGRADED by a CRIT fabric finding
 (``roce.*``, ``net.data``) on a member host.
+
+A worker of the group that died (vLLM's "Worker proc Worker_TP1 died
+unexpectedly", :data:`clusterctl.diagnose.vllmlog.WORKER_DEAD`, in the
+instance's log) makes the group UNAVAILABLE too, naming the rank and its GPU
+(:func:`dead_member`): the engine cannot serve with a rank missing, whatever
+the GPU checks say.  A CRIT GPU finding, the likely cause, is named first.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from typing import Any
+
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer, run_analyzers
+from clusterctl.diagnose.vllmlog import parse_log
+from clusterctl.inventory.model import GpuRef, Instance
+
+
+def dead_member(inst: Instance, dead: dict[str, Any]) -> GpuRef | None:
+    """The GPU of the dead worker ``dead`` (``LogEvents.dead_worker``): TP rank r of pipeline stage p is
+    placement entry ``p x tp + r`` (vLLM's rank order over CUDA_VISIBLE_DEVICES); ``None`` when out of range."""
+    rank, pp = int(dead["rank"]), dead.get("pp")
+    if pp is not None:
+        tp = inst.args.get("tensor-parallel-size") or inst.args.get("tensor_parallel_size") or len(inst.placement)
+        rank += int(pp) * int(tp)
+    return inst.placement[rank] if 0 <= rank < len(inst.placement) else None
+
+
+def dead_worker(ctx: AnalysisContext, inst: Instance) -> tuple[dict[str, Any], GpuRef | None] | None:
+    """The first dead worker in ``inst``'s log (on the host of its first GPU) and its GPU, or ``None``."""
+    if not inst.placement:
+        return None
+    text = ctx.raw.get(inst.placement[0].host, {}).get(f"{inst.name}.log")
+    dead = parse_log(text).dead_worker if text else None
+    return (dead, dead_member(inst, dead)) if dead else None
+
+
+def dead_worker_message(inst: Instance, dead: dict[str, Any], gpu: GpuRef | None) -> str:
+    where = f"GPU {gpu}" if gpu is not None else "GPU unknown (rank beyond the placement)"
+    return f"TP worker rank {dead['rank']} ({dead['process']}, {where}) died"
 
 
 @analyzer("tp.group")
@@ -56,7 +90,15 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
         warn = [(m, f) for m, f in bad if f.severity == Severity.WARN]
         subj = f"tp-group:{inst.name}"
         ev = tuple(dict.fromkeys(f"{m}: {f.check}: {f.message}" for m, f in crit + warn))
-        if crit:
+        died = dead_worker(ctx, inst) if len(members) > 1 else None
+        if died and not crit:
+            dead, gpu = died
+            out.append(Finding("tp.group", Severity.CRIT, None, subj,
+                               f"UNAVAILABLE: {dead_worker_message(inst, dead, gpu)}; the group of {len(members)} "
+                               "cannot serve",
+                               f"drain instance {inst.name}; check {gpu or 'the group'}'s GPU findings and kernel log "
+                               "(XIDs), then restart the instance", (dead["line"],)))
+        elif crit:
             out.append(Finding("tp.group", Severity.CRIT, None, subj,
                                f"UNAVAILABLE: member {crit[0][0]} is critical ({crit[0][1].check}); "
                                f"the group of {len(members)} cannot serve",

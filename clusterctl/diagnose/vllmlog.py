@@ -42,6 +42,12 @@ READY = re.compile(r"Application startup complete")
 ENGINE_DEAD = re.compile(r"EngineDeadError|Engine core proc \S+ died unexpectedly|Worker proc \S+ died unexpectedly|"
                          r"EngineCore encountered an issue|RPC call to \S+ timed out|EngineCore failed to start|"
                          r"Engine core initialization failed")
+#: One worker of a multi-GPU engine died: the TP rank from its process name.  vLLM's multiproc executor logs
+#: "Worker proc %s died unexpectedly, shutting down executor." with the process name: ``VllmWorker-1``
+#: (0.8-0.10), ``Worker_TP1`` / ``Worker_TP1_EP1`` / ``Worker_PP0_TP1`` (0.11+); the Ray executor
+#: "RayWorkerProc rank=[3] died unexpectedly".
+WORKER_DEAD = re.compile(r"Worker proc (?:VllmWorker-(?P<v>\d+)|(?P<name>Worker(?:_PP(?P<pp>\d+))?_TP(?P<tp>\d+)"
+                         r"(?:_EP\d+)?)) died unexpectedly|RayWorkerProc rank=\[?(?P<ray>\d+)\]? died unexpectedly")
 NCCL = re.compile(r"Watchdog caught collective operation timeout|NCCL WARN|NCCL error")
 PREEMPT_V0 = re.compile(r"is preempted by PreemptionMode\.\w+ mode because there is not enough KV cache space.*?"
                         r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(?P<n>\d+)")
@@ -71,6 +77,8 @@ class LogEvents:
     max_model_len: int | None = None
     ready: bool = False
     engine_dead: list[str] = field(default_factory=list)
+    #: the first dead worker: ``{"rank", "pp" (or None), "process", "line"}`` (WORKER_DEAD).
+    dead_worker: dict[str, Any] | None = None
     nccl: list[str] = field(default_factory=list)
     preemptions_v0: int | None = None
     stats: list[dict[str, float]] = field(default_factory=list)
@@ -125,6 +133,12 @@ def parse_log(text: str) -> LogEvents:
             ev.evidence.append(line.strip())
         if ENGINE_DEAD.search(line):
             ev.engine_dead.append(line.strip())
+        m = WORKER_DEAD.search(line)
+        if m and ev.dead_worker is None:
+            rank = m["v"] or m["tp"] or m["ray"]
+            ev.dead_worker = {"rank": int(rank), "pp": int(m["pp"]) if m["pp"] else None,
+                              "process": m["name"] or (f"VllmWorker-{m['v']}" if m["v"] else f"RayWorkerProc {rank}"),
+                              "line": line.strip()}
         if NCCL.search(line):
             ev.nccl.append(line.strip())
         m = PREEMPT_V0.search(line)

@@ -52,3 +52,32 @@ def test_a_recovery_action_on_a_member_makes_its_group_unavailable():
     g = groups(G.ctx(facts))
     assert g["tp-group:llama"].severity == Severity.CRIT and "gpu.recovery" in g["tp-group:llama"].message
     assert g["tp-group:qwen-a"].severity == Severity.OK
+
+
+def test_a_dead_tp_worker_names_the_rank_the_gpu_and_the_group_unavailable():
+    from clusterctl.diagnose.serving import check_engine
+
+    log = G.fixture("vllm/runtime_worker_tp1_died_v0.11.0.log")
+    c = G.ctx(G.healthy(), raw={"gpu01": {"qwen-a.log": log}})       # qwen-a: gpu01:[0-1], GPUs all healthy
+    g = groups(c)
+    assert g["tp-group:qwen-a"].severity == Severity.CRIT
+    assert g["tp-group:qwen-a"].message == ("UNAVAILABLE: TP worker rank 1 (Worker_TP1, GPU gpu01:1) died; "
+                                            "the group of 2 cannot serve")
+    assert "Worker proc Worker_TP1 died unexpectedly" in g["tp-group:qwen-a"].evidence[0]
+    assert g["tp-group:qwen-b"].severity == Severity.OK
+    [f] = [f for f in check_engine(c) if f.subject == "instance:qwen-a"]
+    assert f.severity == Severity.CRIT
+    assert f.message == ("TP worker rank 1 (Worker_TP1, GPU gpu01:1) died after it was serving: "
+                         "the TP group of 2 is UNAVAILABLE")
+    assert "oom.cause" not in f.action and "gpu01:1" in f.action
+
+
+def test_older_worker_names_and_a_gpu_finding_that_explains_the_death():
+    # vLLM 0.8-0.10 name the worker VllmWorker-N (the shared NCCL sample); a CRIT GPU finding is named first.
+    log = G.fixture("vllm/runtime_engine_dead_nccl_v0.11.0.log")
+    g = groups(G.ctx(G.healthy(), raw={"gpu01": {"qwen-a.log": log}}))
+    assert g["tp-group:qwen-a"].message.startswith("UNAVAILABLE: TP worker rank 1 (VllmWorker-1, GPU gpu01:1) died")
+    facts = G.healthy()
+    facts["gpu01"]["gpus"]["devices"][1]["lost"] = True
+    g = groups(G.ctx(facts, raw={"gpu01": {"qwen-a.log": log}}))
+    assert g["tp-group:qwen-a"].message.startswith("UNAVAILABLE: member gpu01:1 is critical (gpu.lost)")
