@@ -365,7 +365,12 @@ def parse_nvlink(text: str) -> dict[int, list[dict[str, Any]]]:
 # ------------------------------------------------------------------- DCGM
 
 def parse_dcgmi_diag(doc: Any) -> dict[str, Any]:
-    """``dcgmi diag -r N -j`` JSON as ``{version, results: [{category, test, gpu, status, messages}]}``."""
+    """``dcgmi diag -r N -j`` JSON as ``{version, results: [{category, test, gpu, status, messages}]}``.
+
+    DCGM 3 names the top object ``DCGM GPU Diagnostic`` and a result's GPU
+    ``gpu_id``/``gpu_ids``; DCGM 4 says ``DCGM Diagnostic`` and ``entity_id``
+    (with ``entity_group`` GPU); both nest ``test_categories`` -> ``tests`` ->
+    ``results`` with ``status`` (Pass, Fail, Warn, Skip) and ``warnings``."""
     body = None
     if isinstance(doc, dict):
         body = next((v for k, v in doc.items() if isinstance(v, dict) and "test_categories" in v), None)
@@ -389,7 +394,7 @@ def parse_dcgmi_diag(doc: Any) -> dict[str, Any]:
                         msgs.append(str(w.get("warning") or w.get("error") or w.get("message") or w)
                                     if isinstance(w, dict) else str(w))
                 results.append({"category": str(cat.get("category") or ""), "test": str(test.get("name") or ""),
-                                "gpu": str(r.get("gpu_id", r.get("gpu_ids", ""))), "status": str(r.get("status") or ""),
+                                "gpu": str(next((r[k] for k in ("gpu_id", "gpu_ids", "entity_id") if k in r), "")), "status": str(r.get("status") or ""),
                                 "messages": msgs[:5]})
     return {"version": body.get("version") or (doc.get("version") if isinstance(doc, dict) else None),
             "results": results}

@@ -282,3 +282,16 @@ def test_bug_report_of_many_gzip_members_in_a_directory_is_read_whole(tmp_path):
     kinds = {s["kind"] for s in snap.inputs["gpu12"]}
     assert {"nvidia-bug-report", "kernel log", "nvidia-smi -q"} <= kinds
     assert len(snap.facts["gpu12"]["gpus"]["devices"]) == 8
+
+
+def test_dcgm4_layout_and_a_failed_test_is_crit(tmp_path):
+    doc = {"DCGM Diagnostic": {"test_categories": [{"category": "Integration", "tests": [
+        {"name": "pcie", "results": [{"entity_group": "GPU", "entity_id": 2, "status": "Fail",
+                                      "warnings": [{"error_id": 26, "message": "PCIe replay rate exceeded"}]},
+                                     {"entity_group": "GPU", "entity_id": 3, "status": "Pass"}]}]}]}}
+    d = tmp_path / "gpu13"
+    d.mkdir()
+    (d / "dcgm.json").write_text(json.dumps(doc))
+    findings = [f for f in run(d, ["gpu.dcgm"]) if f.check == "gpu.dcgm"]
+    assert [(f.subject, f.severity) for f in findings] == [("gpu:2", Severity.CRIT)]
+    assert "PCIe replay rate exceeded" in findings[0].message
