@@ -274,9 +274,11 @@ def _memlock(ctx: AnalysisContext, host: str) -> list[Finding]:
         soft = own.get("soft_bytes") if isinstance(own, dict) else None
         ctxline = "unlimited" if soft is None and isinstance(own, dict) and "soft_bytes" in own else \
             (f"{soft} bytes" if soft is not None else "not known")
-        out.append(Finding(PREREQS, Severity.UNKNOWN, host, "memlock",
-                           "no vLLM unit on this host to read LimitMEMLOCK from",
-                           "deploy the instance (its unit sets LimitMEMLOCK=infinity), then run doctor again",
+        # Nothing deployed here yet: nothing to check (not "could not check"); serving.* reports the
+        # missing instance.  The probe's own limit is a login session's, never the unit's.
+        out.append(Finding(PREREQS, Severity.OK, host, "memlock",
+                           "no vLLM unit deployed on this host yet: LimitMEMLOCK not applicable",
+                           "deploy the instance (its unit sets LimitMEMLOCK=infinity); doctor reads it then",
                            (f"the probe's own memlock limit (a login session's, not the unit's): {ctxline}",)))
     return out
 

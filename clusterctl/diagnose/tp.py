@@ -13,6 +13,11 @@ unexpectedly", :data:`clusterctl.diagnose.vllmlog.WORKER_DEAD`, in the
 instance's log) makes the group UNAVAILABLE too, naming the rank and its GPU
 (:func:`dead_member`): the engine cannot serve with a rank missing, whatever
 the GPU checks say.  A CRIT GPU finding, the likely cause, is named first.
+
+A member host that was not selected (``doctor HOST`` on a subset: neither
+read nor failed) is not a failure: the group is judged on its selected
+members and says which hosts were not selected; a group none of whose hosts
+was selected gets no finding.
 """
 
 from __future__ import annotations
@@ -83,9 +88,13 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
             bad += [(h, f) for h in inst.hosts for f in fabric.get(h, [])]
         # Unchecked means no GPU state at all (unreachable, no facts, NVML down);
         # a single check without data (an unreadable kernel log) does not make it so.
-        unknown = sorted({h for h in inst.hosts if h in ctx.missing or h not in ctx.facts or
+        # A member host neither read nor failed was not selected (``doctor HOST`` on a subset): not a failure.
+        not_selected = sorted({h for h in inst.hosts if h not in ctx.facts and h not in ctx.missing})
+        if len(not_selected) == len(set(inst.hosts)):
+            continue  # none of the group's hosts selected: not this run's business
+        unknown = sorted({h for h in inst.hosts if h not in not_selected and (h in ctx.missing or h not in ctx.facts or
                           any(f.severity == Severity.UNKNOWN and f.check in ("gpu.nvml", "gpu.lost")
-                              for f in host_level.get(h, []))})
+                              for f in host_level.get(h, [])))})
         crit = [(m, f) for m, f in bad if f.severity == Severity.CRIT]
         warn = [(m, f) for m, f in bad if f.severity == Severity.WARN]
         subj = f"tp-group:{inst.name}"
@@ -111,6 +120,12 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
             out.append(Finding("tp.group", Severity.UNKNOWN, None, subj,
                                f"member host(s) {', '.join(unknown)} could not be checked",
                                "make the hosts reachable and run doctor again"))
+        elif not_selected:
+            seen = [m for m in members if m.rpartition(":")[0] not in not_selected]
+            out.append(Finding("tp.group", Severity.OK, None, subj,
+                               f"selected members healthy ({', '.join(seen)}); members on "
+                               f"{', '.join(not_selected)} not selected (doctor ran on a subset of the hosts)",
+                               f"run doctor on {','.join(sorted(set(inst.hosts)))} to check the whole group"))
         else:
             out.append(Finding("tp.group", Severity.OK, None, subj,
                                f"all {len(members)} member GPUs healthy ({', '.join(members)})"))

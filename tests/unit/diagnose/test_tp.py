@@ -81,3 +81,23 @@ def test_older_worker_names_and_a_gpu_finding_that_explains_the_death():
     facts["gpu01"]["gpus"]["devices"][1]["lost"] = True
     g = groups(G.ctx(facts, raw={"gpu01": {"qwen-a.log": log}}))
     assert g["tp-group:qwen-a"].message.startswith("UNAVAILABLE: member gpu01:1 is critical (gpu.lost)")
+
+
+def test_a_subset_is_not_a_failure_unselected_members_are_named_not_selected():
+    text = G.INVENTORY + """  wide:
+    model: llama-70b
+    engine: vllm
+    placement: gpu01:[4-5],gpu02:[4-5]
+    port: 8100
+"""
+    facts = G.healthy()
+    del facts["gpu02"]                                              # `doctor gpu01`: gpu02 not selected
+    g = groups(G.ctx(facts, inv=G.inventory(text)))
+    assert "tp-group:llama" not in g                                # none of its hosts selected: nothing to say
+    assert g["tp-group:wide"].severity == Severity.OK
+    assert g["tp-group:wide"].message == ("selected members healthy (gpu01:4, gpu01:5); members on gpu02 not "
+                                          "selected (doctor ran on a subset of the hosts)")
+    assert "reachable" not in g["tp-group:wide"].action
+    # gpu02 selected but unreachable: that is still "could not be checked".
+    g = groups(G.ctx(facts, inv=G.inventory(text), missing={"gpu02": "unreachable: connection refused"}))
+    assert g["tp-group:wide"].severity == Severity.UNKNOWN and g["tp-group:llama"].severity == Severity.UNKNOWN
