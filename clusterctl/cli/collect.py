@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, console, fail
 from clusterctl.cli._hosts import (AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt,
                                    ProbeSudoOpt)
@@ -37,7 +38,7 @@ Examples:
 """
 
 
-def collect(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, all."),
+def collect(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts),
             output: str = typer.Option(..., "--output", "-o", help="Bundle directory, or a FILE.tar.gz."),
             inventory: Optional[str] = InventoryOpt,
             interval: float = typer.Option(2.0, "--interval", min=0,

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import typer
 
+from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, user_config
 from clusterctl.cli._hosts import (
     AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, ProbeSudoOpt,
@@ -186,7 +187,7 @@ def render(findings: list[Finding], fmt: str, show_ok: bool, meta: dict[str, Any
         _table(findings, show_ok)
 
 
-def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all."),
+def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts),
            inventory: Optional[str] = InventoryOpt,
            checks: Optional[str] = checks_option(),
            as_json: bool = JsonOpt,

@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, print_json, user_config
 from clusterctl.cli._hosts import (
     AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, ProbeSudoOpt,
@@ -137,7 +138,7 @@ def _print(results: dict[str, FactsResult]) -> None:
         console.print(f"{escape(nodes)}: {escape(note)}")
 
 
-def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all."),
+def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts),
           inventory: Optional[str] = InventoryOpt,
           as_json: bool = JsonOpt,
           timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", "-t", min=1,

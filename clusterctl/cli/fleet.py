@@ -17,6 +17,7 @@ from typing import List, Optional
 
 import typer
 
+from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json, user_config
 from clusterctl.cli._hosts import (
     BECOME_PASSWORD_ENV, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, become_password,
@@ -79,7 +80,7 @@ def _print_gathered(res: RunResults) -> None:
 
 
 def exec_cmd(
-    pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all."),
+    pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts),
     command: List[str] = typer.Argument(..., help="The command (words are joined by spaces, as ssh does)."),
     inventory: Optional[str] = InventoryOpt,
     fanout: Optional[int] = FanoutOpt,
@@ -121,7 +122,7 @@ def exec_cmd(
 
 
 def ping(
-    pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all."),
+    pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts),
     inventory: Optional[str] = InventoryOpt,
     fanout: Optional[int] = FanoutOpt,
     connect_timeout: Optional[float] = ConnectTimeoutOpt,

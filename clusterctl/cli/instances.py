@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import typer
 
+from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, \
     user_config
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, instances_wanted, inventory_fleet
@@ -145,7 +146,7 @@ def _gpu_list(gpus: tuple[str, ...]) -> str:
     return ",".join(gpus)
 
 
-def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: globs, comma-separated [all]."),
+def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: globs, comma-separated [all].", autocompletion=_complete.instances),
            inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
            window: float = typer.Option(10.0, "--window", min=0.0,
                                         help="Seconds between the two /metrics samples (throughput); 0: one."),
@@ -189,7 +190,7 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
 
 
 def _action(action: str) -> Any:
-    def command(pattern: str = typer.Argument(..., help="Instance names: globs, comma-separated."),
+    def command(pattern: str = typer.Argument(..., help="Instance names: globs, comma-separated.", autocompletion=_complete.instances),
                 inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
                 drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0.0,
                                                     help="Seconds to wait for in-flight requests (stop, restart)."),

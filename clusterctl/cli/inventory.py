@@ -14,6 +14,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
+from clusterctl.cli import _complete
 from clusterctl.cli._common import (
     InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, user_config,
 )
@@ -114,7 +115,7 @@ def show(inventory: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> No
 @app.command()
 def hosts(
     pattern: str = typer.Argument(..., help="Host pattern: names, ranges, @group, label=value, "
-                                            "!exclusion, & intersection, @failed."),
+                                            "!exclusion, & intersection, @failed.", autocompletion=_complete.hosts),
     inventory: Optional[str] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:

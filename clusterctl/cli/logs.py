@@ -16,6 +16,7 @@ from typing import Any, List, Optional
 
 import typer
 
+from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, HostKeyOpt, instances_wanted, inventory_fleet
 from clusterctl.errors import ClusterctlError
@@ -119,7 +120,7 @@ def _queries(inv: Any, inv_path: Optional[str], targets: List[str], state_dir: O
             for h in inv.hosts if h in units or h in kern}
 
 
-def logs(targets: List[str] = typer.Argument(..., help="Instance names/globs, or host patterns (kernel log)."),
+def logs(targets: List[str] = typer.Argument(..., help="Instance names/globs, or host patterns (kernel log).", autocompletion=_complete.targets),
          follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines as they are written."),
          since: Optional[str] = typer.Option(None, "--since", help="Only lines newer than this: 90s, 10m, 2h, 1d "
                                              "ago, or a date '2026-12-01 14:30'."),

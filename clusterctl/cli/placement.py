@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import typer
 
+from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, user_config
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
 from clusterctl.errors import ClusterctlError
@@ -42,7 +43,7 @@ def _gpus(indexes: Any) -> str:
     return ",".join(str(i) for i in indexes)
 
 
-def cordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A host, or one GPU of it."),
+def cordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A host, or one GPU of it.", autocompletion=_complete.hosts),
            reason: str = typer.Option(..., "--reason", "-r", help="Why (shown in `cordons` and plans)."),
            inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
            as_json: bool = JsonOpt) -> None:
@@ -65,7 +66,7 @@ def cordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A ho
         console.print(f"replicas still placed there (they stay until moved): {', '.join(staying)}")
 
 
-def uncordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A cordoned host or GPU."),
+def uncordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A cordoned host or GPU.", autocompletion=_complete.hosts),
              inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
              as_json: bool = JsonOpt) -> None:
     from clusterctl.deploy import cordon as ops
@@ -170,7 +171,7 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
-def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A template of the inventory."),
+def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A template of the inventory.", autocompletion=_complete.templates),
           replicas: Optional[int] = typer.Option(None, "--replicas", "-n", min=0, help="The new replica count."),
           reset: bool = typer.Option(False, "--reset", help="Drop the override: back to the inventory's replicas."),
           plan: bool = typer.Option(False, "--plan", help="Show what would be added and removed; change nothing."),

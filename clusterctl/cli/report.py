@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import typer
 
+from clusterctl.cli import _complete
 from clusterctl.cli._common import (InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json,
                                     user_config)
 from clusterctl.cli._hosts import ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt
@@ -55,7 +56,7 @@ Examples:
 
   clusterctl report run all --failover      # then move UNAVAILABLE TP groups (docs/gateway.md)
 """)
-def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all."),
+def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts),
         inventory: Optional[str] = InventoryOpt,
         db: Optional[str] = DbOpt,
         out: Optional[str] = typer.Option(None, "--out", help="Directory for report.json, report.md, report.html."),
@@ -267,7 +268,7 @@ Examples:
 
   clusterctl report install-timer --active drift,leak --on-calendar daily --out /var/www/report/active
 """)
-def install_timer(pattern: str = typer.Argument("all", help="Hosts the report covers."),
+def install_timer(pattern: str = typer.Argument("all", help="Hosts the report covers.", autocompletion=_complete.hosts),
                   inventory: Optional[str] = InventoryOpt,
                   db: str = typer.Option("/var/lib/clusterctl/report.db", "--db", help="History database."),
                   out: Optional[str] = typer.Option(None, "--out", help="Report directory."),

@@ -1,0 +1,78 @@
+"""Shell completion of names from the inventory: hosts, @groups, instances, templates.
+
+``clusterctl --install-completion`` (bash, zsh, fish) installs typer's hook; the
+functions here are the ``autocompletion=`` of the arguments that take those names.
+The inventory is the one the command line names with ``-i`` (when typed before the
+word being completed), else ``$CLUSTERCTL_INVENTORY``, the user config, or
+``./inventory.yaml``, as for the command itself.  A missing or broken inventory
+completes nothing (never an error in the middle of a command line).  In a
+comma-separated pattern only the last term is completed (``gpu01,gp<TAB>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import typer
+
+
+def _inventory(ctx: typer.Context) -> Any:
+    from clusterctl.config import load_user_config, resolve_inventory_path
+    from clusterctl.inventory.loader import load_inventory
+
+    try:
+        path = resolve_inventory_path(ctx.params.get("inventory"), load_user_config())
+        return load_inventory(path)
+    except Exception:  # completion must never fail the shell: a broken inventory completes nothing
+        return None
+
+
+def _terms(incomplete: str) -> tuple[str, str, str]:
+    """``(head, sign, last)``: ``gpu01,!gp`` -> ``("gpu01,", "!", "gp")``."""
+    head, _, last = incomplete.rpartition(",")
+    head = head + "," if head or incomplete.startswith(",") else ""
+    sign = "!" if last.startswith("!") else ""
+    return head, sign, last[len(sign):]
+
+
+def _complete(names: Callable[[Any, typer.Context], list[str]]) -> Callable[[typer.Context, str], list[str]]:
+    def complete(ctx: typer.Context, incomplete: str) -> list[str]:
+        inv = _inventory(ctx)
+        if inv is None:
+            return []
+        head, sign, last = _terms(incomplete)
+        return [head + sign + n for n in names(inv, ctx) if n.startswith(last)]
+    return complete
+
+
+def _host_names(inv: Any, ctx: typer.Context) -> list[str]:
+    return ["all"] + [f"@{g}" for g in inv.groups] + list(inv.hosts)
+
+
+def _instance_names(inv: Any, ctx: typer.Context) -> list[str]:
+    names = list(inv.instances)
+    try:  # placed template replicas, from the deploy state
+        from clusterctl.config import load_user_config
+        from clusterctl.deploy.deployed import wanted_instances
+        from clusterctl.deploy.state import resolve_state_dir
+
+        names = list(wanted_instances(inv, resolve_state_dir(ctx.params.get("state_dir"), load_user_config())))
+    except Exception:
+        pass
+    templates = [f"{t}-*" for t in getattr(inv, "templates", {}) or {}]
+    return sorted(set(names)) + templates
+
+
+def _template_names(inv: Any, ctx: typer.Context) -> list[str]:
+    return list(getattr(inv, "templates", {}) or {})
+
+
+def _targets(inv: Any, ctx: typer.Context) -> list[str]:
+    return _instance_names(inv, ctx) + _host_names(inv, ctx)
+
+
+#: ``autocompletion=`` for host patterns, instance patterns, template names, logs targets.
+hosts = _complete(_host_names)
+instances = _complete(_instance_names)
+templates = _complete(_template_names)
+targets = _complete(_targets)
