@@ -85,7 +85,9 @@ def to_json(findings: list[Finding], *, meta: dict[str, Any] | None = None) -> s
     return json.dumps(doc, indent=2)
 
 
-_MD_SPECIAL = re.compile(r"([\\`*\[\]|])")
+#: Markdown punctuation escaped in a cell.  Brackets only where they would open a
+#: link (``](``), so node sets such as ``gpu[01-03]`` stay readable in the raw text.
+_MD_SPECIAL = re.compile(r"([\\`*|]|\](?=\())")
 _MD_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 
