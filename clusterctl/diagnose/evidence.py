@@ -79,6 +79,8 @@ def recognise(text: str) -> tuple[str | None, str]:
         return None, "empty"
     first = head[0].strip()
     body = "\n".join(head)
+    if first.startswith("{") and _journal_json(first):
+        return "kernel log", "journalctl -k -o json"
     if first.startswith(("{", "[")):
         kind, note = _recognise_json(text)
         if kind is not None or first.startswith("{"):
@@ -128,6 +130,27 @@ def recognise(text: str) -> tuple[str | None, str]:
     if any(_VLLM.search(x) for x in head):
         return "vllm log", ""
     return None, "not an output doctor recognises (see docs/bundles.md for the list)"
+
+
+def _journal_json(line: str) -> dict[str, Any] | None:
+    """One ``journalctl -o json`` line with a kernel message, or None."""
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) and "MESSAGE" in doc and (
+        doc.get("_TRANSPORT") == "kernel" or doc.get("SYSLOG_IDENTIFIER") == "kernel") else None
+
+
+def journal_text(text: str) -> str:
+    """``journalctl -k -o json`` as one message per line, as the live probe turns it
+    (:func:`clusterctl.probe.collector.journal_line`)."""
+    out = []
+    for line in text.splitlines():
+        doc = _journal_json(line) if line.startswith("{") else None
+        if doc is not None:
+            out.append(str(col.journal_line(doc)["text"]))
+    return "\n".join(out) + "\n"
 
 
 def _recognise_json(text: str) -> tuple[str | None, str]:
@@ -340,7 +363,8 @@ def _build(ev: HostEvidence, items: list[_Item]) -> None:
                 covers.add("roce.qos")
     kernel = [i for i in items if i.kind == "kernel log"]
     if kernel:
-        ev.raw[sources.KERNEL_LOG] = "\n".join(i.text.rstrip("\n") for i in kernel) + "\n"
+        ev.raw[sources.KERNEL_LOG] = "\n".join(
+            (journal_text(i.text) if i.text.lstrip().startswith("{") else i.text).rstrip("\n") for i in kernel) + "\n"
         covers |= {"gpu.xid", "oom.cause"}
     for i in items:
         stem = re.sub(r"\.(log|txt|prom|out)$", "", i.path.rsplit("/", 1)[-1].split(" [")[0])

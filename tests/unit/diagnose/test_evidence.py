@@ -295,3 +295,18 @@ def test_dcgm4_layout_and_a_failed_test_is_crit(tmp_path):
     findings = [f for f in run(d, ["gpu.dcgm"]) if f.check == "gpu.dcgm"]
     assert [(f.subject, f.severity) for f in findings] == [("gpu:2", Severity.CRIT)]
     assert "PCIe replay rate exceeded" in findings[0].message
+
+
+def test_journal_json_kernel_log_reads_like_the_live_probe(tmp_path):
+    lines = [{"__REALTIME_TIMESTAMP": "1764583200000000", "_TRANSPORT": "kernel", "PRIORITY": "4",
+              "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus."},
+             {"__REALTIME_TIMESTAMP": "1764583201000000", "_TRANSPORT": "kernel", "PRIORITY": "6",
+              "MESSAGE": "mlx5_core 0000:19:00.0 eth2: Link up"}]
+    d = tmp_path / "gpu14"
+    d.mkdir()
+    (d / "journal-k.json").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    snap, _ = read_bundle(d)
+    assert snap.raw["gpu14"]["kernel.log"].splitlines()[0] == lines[0]["MESSAGE"]
+    r = doctor("--from", str(d), "--checks", "xid", "--json")
+    assert r.returncode == 2 and any(f["check"] == "gpu.xid" and "79" in f["message"]
+                                     for f in json.loads(r.stdout)["findings"]), r.stdout[-1500:]
