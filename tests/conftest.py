@@ -1,4 +1,4 @@
-"""Test tiers: tests/unit (tier 1), tests/lab (tier 2), tests/e2e (tier 3).
+"""Test tiers: tests/unit (tier 1), tests/lab (tier 2), tests/e2e (tier 3), tests/real (tier 4).
 
 Each test is marked after the directory it lives in, so `pytest -m unit` runs
 tier 1 alone.  Lab and e2e tests need root and share one lab, brought up once
@@ -14,7 +14,7 @@ import pytest
 
 from support.lab_fixture import healed_hosts, lab  # noqa: F401  (fixtures for tiers 2 and 3)
 
-TIERS = ("unit", "lab", "e2e")
+TIERS = ("unit", "lab", "e2e", "real")
 _ROOT = Path(__file__).parent
 _tier_seconds: dict[str, float] = defaultdict(float)
 _tier_counts: dict[str, int] = defaultdict(int)

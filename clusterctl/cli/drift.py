@@ -70,10 +70,14 @@ def baseline(target: str = TargetArg,
     except ClusterctlError as e:
         fail(str(e))
     if as_json:
-        print_json({"name": name, "path": str(path), "prompts": len(b.outputs), "env": b.env})
+        print_json({"name": name, "path": str(path), "prompts": len(b.outputs), "env": b.env,
+                    "skipped": b.skipped})
     else:
         console.print(f"baseline {name!r}: {len(b.outputs)} prompts from {ep.url} "
                       f"(model {b.env.get('model')}) -> {path}")
+        for pid, why in b.skipped.items():
+            console.print(f"  note: prompt {pid!r} skipped: it does not fit the endpoint's context "
+                          f"(max_model_len {b.env.get('max_model_len')}): {why}", markup=False)
 
 
 @app.command("check", help="""Compare the endpoint's greedy outputs with a baseline; pass or fail.

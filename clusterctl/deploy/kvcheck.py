@@ -1,6 +1,7 @@
 """After start: the KV capacity vLLM logged against the pre-flight prediction.
 
-vLLM logs ``GPU KV cache size: 311,040 tokens`` once it has sized the cache:
+vLLM logs ``GPU KV cache size: 311,040 tokens`` once it has sized the cache (``CPU KV
+cache size`` on the CPU backend):
 0.11 once per TP rank, 0.12+ (0.33) one line for the engine, followed on the
 same line by ``, Maximum concurrency ...``.  The capacity the engine can use
 is the smallest rank's, so that is the logged value compared.
@@ -15,12 +16,12 @@ from typing import Any, Mapping
 from clusterctl.deploy.spec import unit_name
 from clusterctl.fleet import shell
 
-_KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_KV_LINE = re.compile(r"[A-Z]{3} KV cache size: ([\d,]+) tokens")
 _ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
 #: Lines that start a new vLLM process in a journal: only the last start counts.
 _START = re.compile(r"vLLM API server version|non-default args:")
 #: What :func:`read_kv_checks` keeps of a journal: the start markers and the KV lines.
-_KEEP = "GPU KV cache size|estimated maximum model length|vLLM API server version|non-default args:"
+_KEEP = "KV cache size:|estimated maximum model length|vLLM API server version|non-default args:"
 _SEP = "=== clusterctl-kvcheck "
 
 

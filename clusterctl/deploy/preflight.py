@@ -224,6 +224,54 @@ def _check_port(row: InstanceRow, inst: Instance, hv: HostView) -> None:
                 numbers={"port": inst.port, "listeners": [li.line for li in pc.conflicts]})
 
 
+#: Resident memory of a CPU engine besides weights and KV cache (Python, torch, tokenizer, API server and
+#: engine core processes): about 2 GiB measured on vLLM 0.32's CPU build with the tiny model (docs/real-vllm.md).
+CPU_ENGINE_OVERHEAD = 2 * M.GiB
+#: The CPU backend's KV block size (vLLM 0.32 logs block_size="128" in cache_config_info).
+CPU_BLOCK_SIZE = 128
+
+
+def _check_cpu_engine(row: InstanceRow, inst: Instance, hv: HostView, shape: M.ModelShape,
+                      weights: M.WeightSizes) -> None:
+    """A CPU engine: host RAM, not GPU memory.  The KV cache is the explicit --kv-cache-memory-bytes;
+    it must hold max_model_len, and weights + KV + the engine's own memory must fit in the host's
+    available RAM."""
+    args = {str(k).lstrip("-").replace("_", "-"): v for k, v in inst.args.items()}
+    try:
+        kv = flagmod.human_int(args["kv-cache-memory-bytes"], "kv-cache-memory-bytes") \
+            if args.get("kv-cache-memory-bytes") is not None else None
+        mml = flagmod.human_int(args["max-model-len"], "max-model-len") \
+            if args.get("max-model-len") is not None else shape.max_position
+    except flagmod.FlagError as e:
+        row.add(Severity.CRIT, "flags", str(e))
+        return
+    if kv is None:
+        row.add(Severity.CRIT, "flags.kv_cache_memory_bytes",
+                "a CPU engine needs kv-cache-memory-bytes: without it vLLM reserves 0.92 of the host's RAM "
+                "and refuses to start")
+        return
+    per_token = M.kv_bytes_per_token(shape, 1, M.DTYPE_BYTES.get(shape.dtype, 2))
+    tokens = kv // (per_token * CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
+    row.settings = {"device": "cpu", "kv_cache_memory_bytes": kv, "max_model_len": mml,
+                    "predicted_kv_tokens": tokens}
+    if mml > tokens:
+        need = -(-mml // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE * per_token
+        row.add(Severity.CRIT, "memory.kv",
+                f"kv-cache-memory-bytes {kv} holds {tokens} tokens, less than max_model_len {mml}: "
+                f"set kv-cache-memory-bytes to at least {need} or max-model-len to at most {tokens}",
+                numbers={"kv_tokens": tokens, "max_model_len": mml}, fit={"kv_cache_memory_bytes": need})
+    want = weights.total + kv + CPU_ENGINE_OVERHEAD
+    if hv.mem_available is None:
+        row.add(Severity.WARN, "memory.host", f"host RAM available on {row.host} unknown (no facts): "
+                f"the instance needs about {M.gib(want):.2f} GiB")
+    elif want > hv.mem_available:
+        row.add(Severity.CRIT, "memory.host",
+                f"host RAM: the CPU engine needs about {M.gib(want):.2f} GiB (weights {M.gib(weights.total):.2f} + "
+                f"KV {M.gib(kv):.2f} + engine {M.gib(CPU_ENGINE_OVERHEAD):.0f}) but {row.host} has "
+                f"{M.gib(hv.mem_available):.2f} GiB available",
+                numbers={"needed": want, "available": hv.mem_available})
+
+
 def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView],
                     margin: int) -> tuple[InstanceRow, list[tuple[int, float, int, int]]]:
     """One instance's row, and per GPU (index, util, predicted NVML use, free) for the sharing check."""
@@ -252,6 +300,11 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
         return row, usage
     nums = _model_numbers(row, model, hv.models.get(model.path))
     shape = nums[0] if nums else None
+    if engine.device == "cpu":
+        _check_port(row, inst, hv)
+        if nums is not None:
+            _check_cpu_engine(row, inst, hv, *nums)
+        return row, usage
     _check_tp(row, inv, inst, shape, hv)
     _check_port(row, inst, hv)
     if nums is None:

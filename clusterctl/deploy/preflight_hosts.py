@@ -61,6 +61,7 @@ class HostView:
     listeners: list[Listener] | None = None
     listeners_error: str | None = None
     pid_units: dict[int, str | None] = field(default_factory=dict)
+    mem_available: int | None = None      # host RAM available (bytes, /proc/meminfo), for CPU engines
 
 
 def gpus_from_facts(facts: Facts) -> dict[int, GpuView]:
@@ -91,6 +92,8 @@ def host_view(name: str, facts: Facts | None, node_doc: Mapping[str, Any] | None
     """Combine a host's facts and the node reader's document (either may be missing)."""
     hv = HostView(name=name, reason=reason)
     if facts is not None:
+        avail = (facts.host.get("memory") or {}).get("available")
+        hv.mem_available = int(avail) if isinstance(avail, (int, float)) else None
         if facts.gpus.available:
             hv.gpus = gpus_from_facts(facts)
             hv.topology = list(facts.gpus.topology)

@@ -173,6 +173,19 @@ def instance_env(inv: Inventory, inst: Instance, host: Host) -> dict[str, str]:
     return env
 
 
+def cpu_engine_args(args: Mapping[str, Any], where: str, engine: str) -> list[str]:
+    """What a CPU engine (vLLM's CPU build) needs beyond ``args``.
+
+    Without an explicit KV size vLLM reserves ``--gpu-memory-utilization`` (0.92) of the
+    host's RAM and refuses to start on a host that runs anything else, so
+    ``kv-cache-memory-bytes`` is required (an error naming the instance); ``--enforce-eager``
+    is added unless ``args`` decides (torch.compile doubles the start time on CPU)."""
+    if args.get("kv-cache-memory-bytes") is None:
+        raise ClusterctlError(f"{where}.args: engine {engine} runs on CPU: set kv-cache-memory-bytes "
+                              "(e.g. 1G); without it vLLM reserves 0.92 of the host's RAM and refuses to start")
+    return [] if "enforce-eager" in args else ["--enforce-eager"]
+
+
 def vllm_args(args: Mapping[str, Any], where: str) -> list[str]:
     """``inst.args`` as vLLM flags: ``True`` -> ``--f``, ``False`` -> ``--no-f`` (or nothing
     for :data:`PLAIN_SWITCHES`), ``None`` or ``[]`` -> nothing, a list -> ``--f a b``
@@ -263,6 +276,8 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         argv += ["--host", policy.bind_host]
     argv += ["--port", str(inst.port), "--tensor-parallel-size", str(inst.tp_size)]
     argv += vllm_args(inst.args, where)
+    if engine.device == "cpu":
+        argv += cpu_engine_args(inst.args, where, engine.name)
 
     plain = instance_env(inv, inst, host)
     secret_env = dict(secrets)

@@ -162,16 +162,33 @@ def _log_causes(ctx: AnalysisContext, host: str, name: str, ev: LogEvents) -> li
                            f"not enough free GPU memory at start: {f['free']:.2f} GiB free of {f['total']:.2f}, "
                            f"the instance wants {f['util']:.2f} x = {f['req']:.2f} GiB", action,
                            evidence + tuple(_describe(p) for p in foreign)))
+    if ev.host_mem:
+        out.append(_host_mem_finding(host, subj, ev, evidence))
     if ev.kv_short:
         k = ev.kv_short
-        total = gpu_total_gib(ctx, inst.placement[0].host, inst.placement[0].index) if inst else None
+        total = gpu_total_gib(ctx, inst.placement[0].host, inst.placement[0].index) if inst and inst.placement \
+            else None
         if total is None and ev.free_mem:
             total = ev.free_mem["total"]
         util = _util(ctx, inst, ev)
         fixes = []
         if k.get("est"):
             fixes.append(f"set --max-model-len to at most {int(k['est'])}")
-        if k.get("need") is not None and k.get("avail") is not None and total:
+        knob = _explicit_kv_knob(inst, ev)
+        if knob:
+            # An explicit KV size is what sized the cache: the utilisation fraction is not the knob.
+            explicit = ev.kv_bytes_arg or _int_arg(inst, "kv-cache-memory-bytes")
+            if explicit and k.get("est"):   # KV bytes scale with tokens; vLLM rounds GiB to 2 places
+                need_bytes = math.ceil(explicit * k["len"] / k["est"] / 2**20) * 2**20
+            else:
+                need_bytes = math.ceil(k.get("need", 0) * GIB / 2**20) * 2**20
+            fixes.append(f"or raise {knob} from {explicit} to at least {need_bytes} bytes "
+                         "(an explicit KV size: --gpu-memory-utilization does not set it)"
+                         if knob.startswith("--") and explicit and need_bytes > explicit else
+                         f"or raise {knob} (GiB; it overrides --kv-cache-memory-bytes on the CPU backend)"
+                         if not knob.startswith("--") else
+                         f"or raise {knob} (an explicit KV size: --gpu-memory-utilization does not set it)")
+        elif k.get("need") is not None and k.get("avail") is not None and total:
             needed = util + (k["need"] - k["avail"]) / total
             fixes.append(f"or raise --gpu-memory-utilization from {util:.2f} to at least {math.ceil(needed * 100) / 100:.2f}"
                          if needed <= 0.98 else "or use a larger GPU / more tensor parallelism (the KV cache "
@@ -190,6 +207,40 @@ def _log_causes(ctx: AnalysisContext, host: str, name: str, ev: LogEvents) -> li
     if ev.cuda_oom:
         out.append(_cuda_oom_finding(ctx, host, name, inst, ev))
     return out
+
+
+def _int_arg(inst: Instance | None, name: str) -> int | None:
+    try:
+        v = arg(inst, name)
+        return int(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _explicit_kv_knob(inst: Instance | None, ev: LogEvents) -> str | None:
+    """What set the KV size explicitly: ``VLLM_CPU_KVCACHE_SPACE`` (CPU backend, wins), else
+    ``--kv-cache-memory-bytes`` (as logged, else the inventory's argument); None: the utilisation did."""
+    if ev.device == "cpu" and inst is not None and str(inst.env.get("VLLM_CPU_KVCACHE_SPACE", "")).strip():
+        return "VLLM_CPU_KVCACHE_SPACE"
+    if ev.kv_bytes_arg is not None or arg(inst, "kv-cache-memory-bytes") is not None or ev.kv_explicit:
+        return "--kv-cache-memory-bytes"
+    return None
+
+
+def _host_mem_finding(host: str, subj: str, ev: LogEvents, evidence: tuple[str, ...]) -> Finding:
+    """The CPU backend could not get its host memory (vLLM 0.32 cpu_worker.py wordings)."""
+    h = ev.host_mem or {}
+    where = f"{h.get('free', 0):.2f} GiB available of {h.get('total', 0):.2f} on NUMA node {int(h.get('node', 0))}"
+    if "kv" in h:
+        return Finding("oom.cause", Severity.CRIT, host, subj,
+                       f"not enough free host memory for the CPU KV cache: {where}, the instance asks "
+                       f"{h['kv']:.2f} GiB", "lower --kv-cache-memory-bytes (or VLLM_CPU_KVCACHE_SPACE), or "
+                       "free host memory (other instances, page cache pins)", evidence)
+    return Finding("oom.cause", Severity.CRIT, host, subj,
+                   f"not enough free host memory at start (CPU backend): {where}, the instance wants "
+                   f"{h.get('util', 0):.2f} x = {h.get('req', 0):.2f} GiB of host RAM",
+                   "pass --kv-cache-memory-bytes (without it the CPU engine reserves --gpu-memory-utilization "
+                   "x host RAM), or lower --gpu-memory-utilization", evidence)
 
 
 def _cuda_oom_finding(ctx: AnalysisContext, host: str, name: str, inst: Instance | None, ev: LogEvents) -> Finding:

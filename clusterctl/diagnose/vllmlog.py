@@ -15,8 +15,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _SIZE = r"([\d.]+)\s*([KMGT]i?B)"
+#: Two wordings in vLLM 0.32's source (v1/worker/utils.py): the usual one, and the one when weights are
+#: held by another process ("the engine's budget after excluding external process's weights").
 FREE_MEM = re.compile(r"Free memory on device(?: \S+)? \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup "
-                      r"is less than desired GPU memory utilization \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)")
+                      r"is less than (?:desired GPU memory utilization|the engine's budget after excluding "
+                      r"external process's weights) \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)")
+#: The CPU backend (host RAM of a NUMA node; vLLM 0.32 v1/worker/cpu_worker.py): at start with a
+#: utilisation fraction of host RAM, or at KV allocation with an explicit (or auto) KV size.
+CPU_FREE_MEM = re.compile(r"Available memory on node (?P<node>\d+) \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on "
+                          r"(?:startup is less than desired CPU memory utilization \((?P<util>[\d.]+), "
+                          r"(?P<req>[\d.]+) GiB\)|kv cache allocation is less than requested memory for kv "
+                          r"\((?P<kv>[\d.]+)(?:/[\d.]+)? GiB\))")
+#: CPU backend: the KV size it took ("Explicitly set (X/TOTAL) GiB for KV cache on node N." or "Auto set ...").
+CPU_KV_SET = re.compile(r"(?P<how>Explicitly|Auto) set \((?P<gib>[\d.]+)/(?P<total>[\d.]+)\) GiB for KV cache on node")
+#: "GPU KV cache size: N tokens" (the device word is CPU on the CPU backend, XPU/TPU/... elsewhere).
+KV_SIZE = re.compile(r"(?P<dev>[A-Z]{3}) KV cache size: (?P<n>[\d,]+) tokens")
+KV_BYTES_ARG = re.compile(r"'kv_cache_memory_bytes': (?P<n>\d+)")
 KV_V1 = re.compile(r"max seq len \((?P<len>\d+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger "
                    r"than the available KV cache memory \((?P<avail>[\d.]+) GiB\)"
                    r"(?:\. Based on the available memory, the estimated maximum model length is (?P<est>\d+))?")
@@ -40,6 +54,7 @@ PROFILE = re.compile(r"profile_run|_dummy_run|determine_available_memory|Memory 
 SAMPLER = re.compile(r"_dummy_sampler_run|sampler")
 READY = re.compile(r"Application startup complete")
 ENGINE_DEAD = re.compile(r"EngineDeadError|Engine core proc \S+ died unexpectedly|Worker proc \S+ died unexpectedly|"
+                         r"MPClient: engine core exited unexpectedly|Engine core process \S+ died unexpectedly|"
                          r"EngineCore encountered an issue|RPC call to \S+ timed out|EngineCore failed to start|"
                          r"Engine core initialization failed")
 #: One worker of a multi-GPU engine died: the TP rank from its process name.  vLLM's multiproc executor logs
@@ -51,8 +66,13 @@ WORKER_DEAD = re.compile(r"Worker proc (?:VllmWorker-(?P<v>\d+)|(?P<name>Worker(
 NCCL = re.compile(r"Watchdog caught collective operation timeout|NCCL WARN|NCCL error")
 PREEMPT_V0 = re.compile(r"is preempted by PreemptionMode\.\w+ mode because there is not enough KV cache space.*?"
                         r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(?P<n>\d+)")
-STATS = re.compile(r"Running: (?P<run>\d+) reqs,(?: Swapped: \d+ reqs,)? (?:Waiting|Pending): (?P<wait>\d+) reqs, "
-                   r"GPU KV cache usage: (?P<kv>[\d.]+)%(?:.*?Preemptions: (?P<pre>\d+))?")
+#: The periodic stats line: 0.11 "Running: R reqs, Waiting: W reqs, GPU KV cache usage: K%"; 0.32/0.33 put
+#: optional fields between ("Deferred: D reqs", "KV fetch: ...", "Preemptions: P" -- printed only when
+#: non-zero in 0.32) and name the device ("CPU KV cache usage"); V0 "Swapped:"/"Pending:".
+STATS = re.compile(r"Running: (?P<run>\d+) reqs,(?: Swapped: \d+ reqs,)? (?:Waiting|Pending): (?P<wait>\d+) reqs,"
+                   r"(?P<mid>[^%]*?) (?:[A-Z]{3} )?KV cache usage: (?P<kv>[\d.]+)%")
+STATS_PREEMPT = re.compile(r"Preemptions: (?P<pre>\d+)")
+STATS_DEFERRED = re.compile(r"Deferred: (?P<n>\d+) reqs")
 
 
 def gib(value: str, unit: str) -> float:
@@ -67,12 +87,16 @@ class LogEvents:
     """What one vLLM log says about memory and the engine."""
 
     free_mem: dict[str, float] | None = None          # free, total, util, req (GiB)
+    host_mem: dict[str, float] | None = None          # CPU backend: node, free, total, and util+req or kv (GiB)
     kv_short: dict[str, float] | None = None          # len, need, avail, est (GiB / tokens)
     no_kv: bool = False
     autofit_failed: bool = False
     cuda_oom: dict[str, Any] | None = None            # tried, total, free, this, others [(pid, GiB)], phase
     weights_gib: float | None = None
     kv_avail_gib: float | None = None
+    kv_bytes_arg: int | None = None                   # --kv-cache-memory-bytes as logged in non-default args
+    kv_explicit: bool | None = None                   # CPU backend: the KV size was set explicitly (not auto)
+    device: str | None = None                         # "gpu", "cpu", ... from the KV cache size line
     util: float | None = None
     max_model_len: int | None = None
     ready: bool = False
@@ -103,6 +127,15 @@ def parse_log(text: str) -> LogEvents:
         m = KV_AVAIL.search(line)
         if m:
             ev.kv_avail_gib = float(m["gib"] or m["gib0"])
+        m = CPU_KV_SET.search(line)
+        if m:
+            ev.kv_avail_gib, ev.kv_explicit, ev.device = float(m["gib"]), m["how"] == "Explicitly", "cpu"
+        m = KV_SIZE.search(line)
+        if m:
+            ev.device = m["dev"].lower()
+        m = KV_BYTES_ARG.search(line)
+        if m and ev.kv_bytes_arg is None:
+            ev.kv_bytes_arg = int(m["n"])
         m = UTIL_ARG.search(line)
         if m and ev.util is None:
             ev.util = float(m["u"] or m["u2"])
@@ -112,6 +145,11 @@ def parse_log(text: str) -> LogEvents:
         m = FREE_MEM.search(line)
         if m and ev.free_mem is None:
             ev.free_mem = {k: float(v) for k, v in m.groupdict().items()}
+            ev.evidence.append(line.strip())
+        m = CPU_FREE_MEM.search(line)
+        if m and ev.host_mem is None:
+            ev.host_mem = {k: float(v) for k, v in m.groupdict().items() if v is not None}
+            ev.device = "cpu"
             ev.evidence.append(line.strip())
         m = KV_V1.search(line)
         if m and ev.kv_short is None:
@@ -146,8 +184,11 @@ def parse_log(text: str) -> LogEvents:
             ev.preemptions_v0 = int(m["n"])
         m = STATS.search(line)
         if m:
+            pre = STATS_PREEMPT.search(m["mid"] or "") or STATS_PREEMPT.search(line[m.end():])
+            deferred = STATS_DEFERRED.search(m["mid"] or "")
             ev.stats.append({"running": float(m["run"]), "waiting": float(m["wait"]), "kv": float(m["kv"]) / 100,
-                             **({"preemptions": float(m["pre"])} if m["pre"] else {})})
+                             **({"preemptions": float(pre["pre"])} if pre else {}),
+                             **({"deferred": float(deferred["n"])} if deferred else {})})
     return ev
 
 

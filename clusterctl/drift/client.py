@@ -28,7 +28,22 @@ _ID = re.compile(r"^token_id:(\d+)$")
 
 
 class EndpointError(ClusterctlError):
-    """The endpoint could not be reached, answered with an error, or its answer was not what vLLM sends."""
+    """The endpoint could not be reached, answered with an error, or its answer was not what vLLM sends
+    (``status``: the HTTP status when it answered one, ``detail``: its error message)."""
+
+    def __init__(self, message: str, status: int | None = None, detail: str = "") -> None:
+        super().__init__(message)
+        self.status, self.detail = status, detail
+
+
+#: vLLM's 400 for a prompt (plus max_tokens) longer than the context: "This model's maximum context
+#: length is N tokens ..." (0.11, the simulator) or "... your prompt contains at least N input tokens" (0.32).
+_TOO_LONG = re.compile(r"maximum context length|input tokens|max_model_len", re.I)
+
+
+def too_long(e: EndpointError) -> bool:
+    """The endpoint refused the request because it cannot fit its context (HTTP 400)."""
+    return e.status == 400 and bool(_TOO_LONG.search(e.detail))
 
 
 @dataclass
@@ -103,8 +118,12 @@ def _call(ep: Endpoint, method: str, path: str, body: dict[str, Any] | None, tim
             if len(raw) > MAX_BODY:
                 raise EndpointError(f"{ep.url}{path}: answer over {MAX_BODY >> 20} MiB")
             if resp.status != 200:
-                raise EndpointError(f"{ep.url}{path}: HTTP {resp.status}: "
-                                    f"{raw[:300].decode(errors='replace').strip()}")
+                detail = raw[:300].decode(errors="replace").strip()
+                try:
+                    detail = str(json.loads(raw)["error"]["message"])[:300]
+                except (ValueError, KeyError, TypeError, RecursionError):
+                    pass
+                raise EndpointError(f"{ep.url}{path}: HTTP {resp.status}: {detail}", resp.status, detail)
             return json.loads(raw or b"null")
         except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
             raise EndpointError(f"{ep.url}{path}: {dl.error(e)}") from None

@@ -14,26 +14,52 @@ from typing import Any
 
 from clusterctl.bench.loadgen import Endpoint, stream_completion, synthetic_prompt
 from clusterctl.drift import compare
-from clusterctl.drift.client import EndpointError, Output, complete, environment
+from clusterctl.drift.client import EndpointError, Output, complete, environment, too_long
 from clusterctl.drift.prompts import Prompt
 from clusterctl.drift.store import Baseline
 
 
 def outputs(ep: Endpoint, prompts: Sequence[Prompt], k: int, seed: int, parallel: int = 4,
-            timeout: float = 60.0, token_ids: bool = True) -> dict[str, Output]:
-    """Each prompt's greedy output, ``parallel`` at a time; ``timeout`` (s) bounds each request."""
+            timeout: float = 60.0, token_ids: bool = True, skipped: dict[str, str] | None = None
+            ) -> dict[str, Output]:
+    """Each prompt's greedy output, ``parallel`` at a time; ``timeout`` (s) bounds each request.
+    With ``skipped`` (a dict to fill), a prompt the endpoint refuses as longer than its context
+    (HTTP 400) is left out and the endpoint's reason recorded there; else that raises."""
+    def one(p: Prompt) -> Output | str:
+        try:
+            return complete(ep, p.prompt, max_tokens=p.max_tokens, k=k, seed=seed, timeout=timeout,
+                            token_ids=token_ids)
+        except EndpointError as e:
+            if skipped is None or not too_long(e):
+                raise
+            return e.detail
+
     with ThreadPoolExecutor(max(1, parallel)) as pool:
-        got = pool.map(lambda p: complete(ep, p.prompt, max_tokens=p.max_tokens, k=k, seed=seed, timeout=timeout,
-                                          token_ids=token_ids), prompts)
-        return {p.id: o for p, o in zip(prompts, got)}
+        got = list(pool.map(one, prompts))
+    out: dict[str, Output] = {}
+    for p, o in zip(prompts, got):
+        if isinstance(o, Output):
+            out[p.id] = o
+        elif skipped is not None:
+            skipped[p.id] = o
+    return out
 
 
 def record(ep: Endpoint, name: str, prompts: Sequence[Prompt], *, k: int = 8, seed: int = 0,
            extra_env: dict[str, Any] | None = None, timeout: float = 60.0) -> Baseline:
-    """A baseline of ``prompts`` from ``ep``; ``extra_env`` (quantization, GPU, TP...) is kept as metadata."""
+    """A baseline of ``prompts`` from ``ep``; ``extra_env`` (quantization, GPU, TP...) is kept as metadata.
+
+    Prompts the endpoint cannot fit in its context (``max_model_len`` from ``/v1/models``) are
+    skipped, each with the endpoint's reason in ``Baseline.skipped``, rather than aborting the run;
+    when none fits, it raises."""
     env = {**environment(ep, min(timeout, 10.0)), **(extra_env or {})}
-    outs = outputs(ep, prompts, k, seed, timeout=timeout)
-    return Baseline(name, env, k, seed, {p.id: p.prompt for p in prompts}, outs)
+    skipped: dict[str, str] = {}
+    outs = outputs(ep, prompts, k, seed, timeout=timeout, skipped=skipped)
+    if prompts and not outs:
+        raise EndpointError(f"{ep.url}: no prompt fits the endpoint's context (max_model_len "
+                            f"{env.get('max_model_len')}): {next(iter(skipped.values()), '')}")
+    return Baseline(name, env, k, seed, {p.id: p.prompt for p in prompts if p.id in outs}, outs,
+                    skipped=skipped)
 
 
 def check(ep: Endpoint, base: Baseline, timeout: float = 60.0) -> list[compare.PromptDiff]:

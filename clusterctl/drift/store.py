@@ -41,10 +41,19 @@ class Baseline:
     prompts: dict[str, str]
     outputs: dict[str, Output]
     created: float = field(default_factory=time.time)
+    #: Prompts left out at recording (id -> the endpoint's reason, e.g. longer than max_model_len).
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "created": self.created, "env": self.env, "k": self.k, "seed": self.seed,
-                "items": [{"id": i, "prompt": self.prompts[i], **self.outputs[i].to_json()} for i in self.outputs]}
+                "items": [{"id": i, "prompt": self.prompts[i], **self.outputs[i].to_json()} for i in self.outputs],
+                "skipped": self.skipped}
+
+
+def _skipped(v: Any) -> dict[str, str]:
+    if v is not None and not isinstance(v, dict):
+        raise ValueError("'skipped' is not an object")
+    return {str(k): str(r) for k, r in (v or {}).items()}
 
 
 def save(b: Baseline, state_dir: Path | None = None) -> Path:
@@ -66,7 +75,8 @@ def load(name: str, state_dir: Path | None = None) -> Baseline:
             raise ValueError("'env' is not an object")
         return Baseline(str(d["name"]), env, int(d["k"]), int(d["seed"]),
                         {str(i["id"]): i["prompt"] for i in items},
-                        {str(i["id"]): Output.from_json(i) for i in items}, float(d.get("created", 0)))
+                        {str(i["id"]): Output.from_json(i) for i in items}, float(d.get("created", 0)),
+                        _skipped(d.get("skipped")))
     except FileNotFoundError:
         raise ClusterctlError(f"no baseline {name!r} (looked for {path}); record one with "
                               f"'clusterctl drift baseline URL --name {name} --prompts FILE'") from None

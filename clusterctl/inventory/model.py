@@ -122,12 +122,14 @@ class Model:
 
 @dataclass
 class Engine:
-    """A vLLM installation on the nodes: a binary path and its version."""
+    """A vLLM installation on the nodes: a binary path, its version and the device it computes on
+    (``gpu``, or ``cpu`` for vLLM's CPU build: host RAM holds weights and KV cache)."""
 
     name: str
     path: str
     version: str
     location: Location | None = None
+    device: str = "gpu"
 
 
 @dataclass(frozen=True, order=True)

@@ -34,16 +34,18 @@ class WorkloadReader:
         ctx = self.ctx
         out: dict[str, Engine] = {}
         for name, ey, line in self._named(y, "engines"):
-            known = ctx.keys(ey, ("path", "version"), f"engines.{name}")
+            known = ctx.keys(ey, ("path", "version", "device"), f"engines.{name}")
             vals = {}
             for key in ("path", "version"):
                 if key not in known:
                     ctx.error(ey.line if ey.kind == "map" else line, f"engines.{name}: missing '{key}'")
                 else:
                     vals[key] = ctx.string(known[key], f"engines.{name}.{key}")
+            device = ctx.string(known["device"], f"engines.{name}.device", ("gpu", "cpu")) \
+                if "device" in known else None
             # Registered even when invalid, so references to it do not cascade.
             out[name] = Engine(name, vals.get("path") or "", vals.get("version") or "",
-                               Location(ctx.filename, line))
+                               Location(ctx.filename, line), device or "gpu")
         return out
 
     def models(self, y: Y | None) -> dict[str, Model]:

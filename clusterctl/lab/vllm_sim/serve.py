@@ -2,9 +2,9 @@
 
 Exit status: 0 after SIGTERM/SIGINT once serving (graceful, as uvicorn);
 killed by SIGTERM when it arrives during start-up; 1 when start-up
-fails (vLLM's error text on stdout) or after a simulated engine death
+fails (vLLM's error text on stdout); 0 too after a simulated engine death
 (SIGUSR1: /health answers 503 until the watchdog stops the server, 5 s
-scaled, unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``).  GPU memory registered
+scaled, unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``), as real vLLM does.  GPU memory registered
 in the fake NVML state is released on every exit path except SIGKILL (the
 next simulator start drops dead entries, as a driver would).
 """
@@ -186,12 +186,18 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
         now = time.monotonic()
         if engine.dead and death_at is None:
             death_at = now
-            proc = "EngineCore_DP0" if version == "0.11" else "EngineCore"
-            log.error("APIServer", "core_client.py:564", f"Engine core proc {proc} died unexpectedly, shutting down client.")
+            if version == "0.11":
+                log.error("APIServer", "core_client.py:564",
+                          "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+            else:  # the 0.32 wording (v1/engine/core_client.py), measured on the real engine
+                log.warning("APIServer", "core_client.py:818",
+                            "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
         if death_at is not None and env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") != "1" \
                 and now - death_at >= WATCHDOG_S * (scale if scale > 0 else 0):
+            # The watchdog sets uvicorn's should_exit: a graceful stop, status 0 (real vLLM 0.32 measured;
+            # vLLM issue 48966) -- only Restart=always brings such a unit back.
             log.error("APIServer", "launcher.py:117", "Engine client died. Shutting down server.")
-            exit_code[0] = 1
+            exit_code[0] = 0
             break
         if now - last_t < interval or ns.disable_log_stats:
             continue
@@ -204,8 +210,9 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
             pt, gt = (cur[0] - last[0]) / dt, (cur[1] - last[1]) / dt
             msg = (f"Engine 000: Avg prompt throughput: {pt:.1f} tokens/s, Avg generation throughput: "
                    f"{gt:.1f} tokens/s, Running: {st.running} reqs, Waiting: {st.waiting} reqs, ")
-            if version == "0.33":
-                msg += f"Deferred: 0 reqs, Preemptions: {int(c['vllm:num_preemptions'])}, "
+            if version == "0.33" and c["vllm:num_preemptions"] > 0:
+                # As vLLM 0.32's loggers.py: "Preemptions" (and "Deferred", never simulated) only when non-zero.
+                msg += f"Preemptions: {int(c['vllm:num_preemptions'])}, "
             q, h = c["vllm:prefix_cache_queries"], c["vllm:prefix_cache_hits"]
             msg += (f"GPU KV cache usage: {st.kv_usage * 100:.1f}%, "
                     f"Prefix cache hit rate: {100 * h / q if q else 0.0:.1f}%")

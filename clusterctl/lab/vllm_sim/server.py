@@ -56,7 +56,9 @@ class App:
     def _check_model(self, body: dict[str, Any]) -> str:
         model = body.get("model")
         if model is not None and model not in self.info.served_names:
-            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+            # 0.33 as the real 0.32 answers (entrypoints/serve/engine/serving.py): the names are listed.
+            extra = "" if self.info.version == "0.11" else f" Valid aliases: {', '.join(self.info.served_names)}."
+            raise ApiError(404, f"The model `{model}` does not exist.{extra}", "NotFoundError", "model")
         return self.info.served_names[0]
 
     def _context_check(self, n_prompt: int, max_tokens: int | None) -> int:
@@ -66,13 +68,20 @@ class App:
             if v == "0.11":
                 msg = (f"This model's maximum context length is {mml} tokens. However, your request has "
                        f"{n_prompt} input tokens. Please reduce the length of the input messages.")
-            else:
+            else:  # the real 0.32 text (measured)
+                # It tokenizes with truncation at max_model_len + 1, hence "at least".
                 msg = (f"This model's maximum context length is {mml} tokens. However, your prompt contains "
-                       f"{n_prompt} input tokens, which exceeds this limit even without any output tokens. "
-                       "Please reduce the length of the input prompt.")
+                       f"at least {mml + 1} input tokens, which exceeds this limit even without any output "
+                       "tokens. Please reduce the length of the input prompt. "
+                       f"(parameter=input_tokens, value={mml + 1})")
+                raise ApiError(400, msg, param="input_tokens")
             raise ApiError(400, msg)
         if max_tokens is None:
             return mml - n_prompt
+        if v != "0.11" and max_tokens > mml:
+            raise ApiError(400, f"max_tokens={max_tokens} cannot be greater than max_model_len={mml}. Please "
+                                f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+                           param="max_tokens")
         if max_tokens + n_prompt > mml:
             raise ApiError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
                                 f"model's maximum context length is {mml} tokens and your request has "
@@ -387,7 +396,9 @@ class Handler(BaseHTTPRequestHandler):
                 if v011:
                     choice["prompt_token_ids"] = ([token_id(t, app.info.vocab) for t in req.prompt_tokens]
                                                   if n == 0 else None)
-                    choice["token_ids"] = None
+                else:  # 0.32 (measured): both present, null unless return_token_ids is asked for
+                    choice["prompt_token_ids"] = None
+                choice["token_ids"] = None
                 chunk: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created,
                                          "model": model, "choices": [choice]}
                 if v011:
@@ -438,8 +449,11 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             self._sse_start()
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-            self._sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]})
+            first: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                          "logprobs": None, "finish_reason": None}]}
+            if app.info.version != "0.11":  # 0.32 (measured): prompt fields on the first chunk
+                first.update(prompt_token_ids=None, prompt_text=None)
+            self._sse(first)
             n = 0
             for ev in app._run(req):
                 choice: dict[str, Any] = {"index": 0, "delta": {"content": ev.text},
@@ -447,6 +461,8 @@ class Handler(BaseHTTPRequestHandler):
                                           "finish_reason": ev.finish_reason}
                 if ev.finish_reason:
                     choice["stop_reason"] = ev.stop_reason
+                if app.info.version != "0.11":
+                    choice["token_ids"] = None
                 self._sse({**base, "choices": [choice]})
                 n += 1
             if self._include_usage(body):

@@ -75,3 +75,19 @@ def test_leak_check_catches_the_leak_fault_and_is_quiet_when_healthy(host, model
     leaky = leak.run(ep, sessions=4, requests=4, seed=2)
     assert leaky.sightings and all(s.owner != s.seen_by for s in leaky.sightings)
     assert sim.stop() == 0
+
+
+def test_baseline_skips_prompts_longer_than_the_context_with_a_note(host, models, start_sim, tmp_path: Path) -> None:
+    """--max-model-len 512: the two long prompts cannot fit; vLLM answers 400 and the baseline goes on."""
+    ps = prompts.load(PROMPTS)
+    sim = _up(start_sim, host, models["tiny"], "--max-model-len", "512")
+    ep = Endpoint.parse(sim.url)
+    base = run.record(ep, "short-ctx", ps, k=4)
+    assert sorted(base.skipped) == ["long-sensors", "long-story"]
+    assert all("maximum context length is 512" in why for why in base.skipped.values())
+    assert set(base.outputs) == {p.id for p in ps} - set(base.skipped) and base.env["max_model_len"] == 512
+    store.save(base, tmp_path)
+    again = store.load("short-ctx", tmp_path)
+    assert again.skipped == base.skipped
+    assert compare.summarize(run.check(ep, again))["exact_match"] == 1.0  # only the recorded prompts are sent
+    assert sim.stop() == 0
