@@ -209,3 +209,13 @@ def test_engine_death_health_503_then_exit_0(launch, kind: str) -> None:
     assert ep.wait(60) == 0, ep.log[-3000:]
     assert vllmlog.parse_log(ep.log).engine_dead, ep.log[-3000:]
     assert saw_503, "/health never answered 503 before the server exited"
+
+
+# ---- the tiny real model ------------------------------------------------------------------------------
+
+def test_tiny_model_is_byte_identical_on_a_second_run(tiny_model, tmp_path) -> None:
+    from clusterctl.lab import realmodel
+    again = realmodel.make(out=tmp_path / "again")
+    assert realmodel.file_hashes(again) == realmodel.file_hashes(tiny_model)
+    assert sorted(realmodel.file_hashes(again)) == ["chat_template.jinja", "config.json", "generation_config.json",
+                                                    "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
