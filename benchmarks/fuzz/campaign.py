@@ -9,7 +9,8 @@ The same generators and capped child processes as tests/unit/test_fuzz_inputs.py
 regression is counted, never a machine taken down.  Per kind: inputs tried,
 tracebacks, hangs, memory failures (MemoryError under the cap), the children's
 peak RSS, and the first failures for a bug report.  Figures go to
-docs/hardening.md.
+docs/hardening.md.  ``CLUSTERCTL_FUZZ_CODE=/path/to/other/checkout`` runs the
+same cases against another version of clusterctl (the "before" figures).
 """
 
 from __future__ import annotations

@@ -149,7 +149,8 @@ def run_cases(kind: str, cases: list[Case], work: Path, *, mem_mib: int = 1024, 
     result.unlink(missing_ok=True)
     spec.write_text(json.dumps({"cases": [asdict(c) for c in cases], "mem_mib": mem_mib, "case_s": case_s,
                                 "result": str(result)}))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    code = os.environ.get("CLUSTERCTL_FUZZ_CODE", str(ROOT))  # another checkout's clusterctl (before/after figures)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([code, os.environ.get("PYTHONPATH", "")]),
                CLUSTERCTL_SSH_CONFIG=os.environ.get("CLUSTERCTL_SSH_CONFIG", "none"), NO_COLOR="1",
                HOME=str(work / "home"))
     (work / "home").mkdir(exist_ok=True)

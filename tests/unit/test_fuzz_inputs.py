@@ -55,3 +55,17 @@ def test_the_harness_counts_a_hang_and_a_memory_bomb(tmp_path: Path) -> None:
     t = fuzz.run_cases("self", [fuzz.Case(["inventory", "import-ansible", str(tmp_path / "bomb.ini")])], tmp_path,
                        mem_mib=1024, case_s=5.0)
     assert (t.ok, t.memory, t.hangs) == (1, 0, 0), t.failures
+
+
+def test_junk_sse_streams_never_traceback_or_hang_bench(tmp_path: Path) -> None:
+    """Bodies of broken JSON, huge lines, numbers where text belongs, 1e308 token counts (bench's SSE reader)."""
+    srv, port = fuzz.sse_server(fuzz.sse_bodies(random.Random(21), 12))
+    try:
+        _check(fuzz.run_cases("sse", fuzz.gen_sse(random.Random(21), tmp_path, 12, port), tmp_path, **CAPS))
+    finally:
+        srv.shutdown()
+
+
+def test_junk_bundles_never_traceback_hang_or_exhaust_memory(tmp_path: Path) -> None:
+    """``doctor --from`` on directory and tar.gz bundles with junk in every file (reading limits: docs/bundles.md)."""
+    _check(fuzz.run_cases("bundle", fuzz.gen_bundles(random.Random(21), tmp_path, 6), tmp_path, **CAPS))
