@@ -347,24 +347,45 @@ def file_sd(inventory: Optional[str] = InventoryOpt,
     console.print(f"wrote {out}", markup=False)
 
 
-@app.command("serve", help="""Serve a report textfile at http://ADDRESS:PORT/metrics (foreground).
+@app.command("serve", help="""Serve the report over HTTP (foreground): the latest report and its
+history as a small web page, and the textfile at /metrics for a Prometheus.
 
-The file is re-read on every scrape; 503 until the first run wrote it.
+  /            the latest report.html of --out (/report.json, /report.md too)
+  /history     the runs of --db, newest first, with the problems-per-run chart
+  /runs/ID     the problems one run stored
+  /metrics     the --textfile
 
-Example:
+Files are re-read on every request; 503 until the first run wrote them. Binds
+127.0.0.1 unless --listen says otherwise.
+
+Examples:
+
+  clusterctl report serve --out /srv/report --db /var/lib/clusterctl/report.db --port 8470
 
   clusterctl report serve --textfile /var/lib/clusterctl/clusterctl.prom --listen 0.0.0.0 --port 9477
 """)
-def serve(textfile: str = typer.Option(..., "--textfile", help="The .prom file `report run --textfile` writes."),
+def serve(textfile: Optional[str] = typer.Option(None, "--textfile", help="The .prom file `report run --textfile` "
+                                                 "writes (served at /metrics)."),
+          out: Optional[str] = typer.Option(None, "--out", help="The directory `report run --out` writes "
+                                            "(served at /)."),
+          db: Optional[str] = typer.Option(None, "--db", help="History database (served at /history) [default with "
+                                           "--out: $XDG_STATE_HOME/clusterctl/report.db]."),
           listen: str = typer.Option("127.0.0.1", "--listen", help="Address to bind."),
           port: int = typer.Option(9477, "--port", min=1, max=65535, help="TCP port.")) -> None:
     from clusterctl.report.serve import make_server
 
+    if not (textfile or out or db):
+        fail("nothing to serve: give --out (the report), --db (its history) and/or --textfile (/metrics)")
+    if out and not db:
+        db = str(db_path(None))
     try:
-        server = make_server(textfile, listen, port)
+        server = make_server(textfile, listen, port, out_dir=out, db=db)
     except OSError as e:
         fail(f"{listen}:{port}: cannot listen: {e.strerror}")
-    console.print(f"serving {textfile} at http://{listen}:{port}/metrics", markup=False)
+    base = f"http://{listen}:{server.server_address[1]}"
+    for what, path in ((out, "/"), (db, "/history"), (textfile, "/metrics")):
+        if what:
+            console.print(f"serving {what} at {base}{path}", markup=False)
     try:
         server.serve_forever()
     finally:

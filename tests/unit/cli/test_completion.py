@@ -69,7 +69,7 @@ def complete_in_bash_hook(tmp_path, words: str, inventory: str | None = None) ->
     if inventory:
         env["CLUSTERCTL_INVENTORY"] = inventory
     p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main"], env=env, capture_output=True, text=True,
-                       timeout=60, cwd=tmp_path)
+                       timeout=240, cwd=tmp_path)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     return p.stdout.split()
 
