@@ -225,9 +225,22 @@ class Deploy:
                     if i.action in ("new", "changed") and i.instance in self.instances}
         if not starting:
             return None
-        rep = run_preflight(self.inv, starting, fleet, on_event=lambda m: self.event("phase", m))
+        # The state after the plan's removals: on each host, the units it removes or restarts are
+        # drained and stopped before anything starts there (one node job per host, removals first).
+        stopping = {h.host: {spec.unit_name(i.instance) for i in h.items if i.action in ("remove", "changed")}
+                    for h in plan.hosts}
+        gone = sorted(u for units in stopping.values() for u in units)
+        if gone:
+            self.event("phase", f"pre-flight over the state after the plan stops {len(gone)} unit(s): {', '.join(gone)}")
+        rep = run_preflight(self.inv, starting, fleet, on_event=lambda m: self.event("phase", m), stopping=stopping)
         if not rep.ok and not self.opts.force:
             raise PreflightRefused("pre-flight refused the deploy (use --force to deploy anyway)", rep)
+        if not rep.ok:
+            for row in rep.rows:
+                if not row.ok:
+                    checks = sorted({p.check for p in row.problems if p.severity.name == "CRIT"})
+                    self.event("warn", f"--force: deploying {row.instance} although pre-flight refused it "
+                                       f"({', '.join(checks)})", row.host, ok=False)
         return rep
 
     def run(self) -> DeployReport:

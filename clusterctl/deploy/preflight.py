@@ -24,7 +24,7 @@ Host reading lives in ``preflight_hosts``, the report types in ``preflight_repor
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from clusterctl.deploy import flags as flagmod
 from clusterctl.deploy import memory as M
@@ -176,15 +176,17 @@ def _check_memory(row: InstanceRow, shape: M.ModelShape, s: M.Settings, budget: 
                 numbers=nums, fit=fit)
 
 
-def _own_held(gpu: GpuView, own: str) -> int:
-    return sum(p.used or 0 for p in gpu.processes if p.unit == own)
+def _own_held(gpu: GpuView, own: str | Collection[str]) -> int:
+    """Memory held by ``own`` (a unit, or units: the instance's own and those the plan stops first)."""
+    mine = {own} if isinstance(own, str) else set(own)
+    return sum(p.used or 0 for p in gpu.processes if p.unit in mine)
 
 
 def _check_free(row: InstanceRow, inst: Instance, budget: M.Budget, gpus: list[GpuView],
-                s: M.Settings) -> None:
-    own = unit_name(inst.name)
+                s: M.Settings, stopping: Collection[str] = ()) -> None:
+    own = {unit_name(inst.name), *stopping}
     for rank, g in zip(budget.ranks, gpus):
-        foreign = [p for p in g.processes if p.unit != own]
+        foreign = [p for p in g.processes if p.unit not in own]
         free = g.free + _own_held(g, own)
         if s.kv_cache_memory_bytes is None and free - M.CUDA_CONTEXT_BYTES < rank.requested:
             who = ", ".join(f"pid {p.pid} {p.name or '?'}" + (f" ({p.unit})" if p.unit else "")
@@ -209,13 +211,17 @@ def _check_free(row: InstanceRow, inst: Instance, budget: M.Budget, gpus: list[G
                     numbers={"gpu": g.index, "pids": [p.pid for p in foreign]})
 
 
-def _check_port(row: InstanceRow, inst: Instance, hv: HostView) -> None:
+def _check_port(row: InstanceRow, inst: Instance, hv: HostView, stopping: Collection[str] = ()) -> None:
     if hv.listeners is None:
         row.add(Severity.WARN, "port.unknown",
                 f"port {inst.port}: listeners not readable on {row.host} ({hv.listeners_error or 'not read'})")
         return
     bind = inst.args.get("host")
-    pc = check_port(hv.listeners, inst.port, unit_name(inst.name), hv.pid_units,
+    # Listeners of units the plan stops before this one starts are gone by then.
+    gone = set(stopping)
+    listeners = [li for li in hv.listeners
+                 if not (gone and li.pids and all(hv.pid_units.get(p) in gone for p in li.pids))]
+    pc = check_port(listeners, inst.port, unit_name(inst.name), hv.pid_units,
                     None if bind is None else str(bind))
     if not pc.free:
         row.add(Severity.CRIT, "port.taken",
@@ -273,9 +279,11 @@ def _check_cpu_engine(row: InstanceRow, inst: Instance, hv: HostView, shape: M.M
 
 
 def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView],
-                    margin: int) -> tuple[InstanceRow, list[tuple[int, float, int, int]]]:
+                    margin: int, stopping: Mapping[str, Collection[str]] | None = None,
+                    ) -> tuple[InstanceRow, list[tuple[int, float, int, int]]]:
     """One instance's row, and per GPU (index, util, predicted NVML use, free) for the sharing check."""
     host = inst.hosts[0] if inst.hosts else None
+    gone = (stopping or {}).get(host or "", ())
     row = InstanceRow(instance=inst.name, host=host, gpus=tuple(g.index for g in inst.placement))
     usage: list[tuple[int, float, int, int]] = []
     if len(inst.hosts) != 1:
@@ -306,7 +314,7 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
             _check_cpu_engine(row, inst, hv, *nums)
         return row, usage
     _check_tp(row, inv, inst, shape, hv)
-    _check_port(row, inst, hv)
+    _check_port(row, inst, hv, gone)
     if nums is None:
         return row, usage
     shape, weights = nums
@@ -353,8 +361,8 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
     row.budget = budget
     _check_memory(row, shape, s, budget, weights, totals, rules, margin,
                   len(hv.gpus) or (inv_host.gpus.count if inv_host else len(gpus)))
-    _check_free(row, inst, budget, gpus, s)
-    own = unit_name(inst.name)
+    _check_free(row, inst, budget, gpus, s, gone)
+    own = {unit_name(inst.name), *gone}
     for rank, g in zip(budget.ranks, gpus):
         # From 0.21 the CUDA graphs are inside the requested budget; before, they come on top.
         in_use = M.CUDA_CONTEXT_BYTES + rank.requested + (0 if rules.graphs_in_budget else rank.graphs)
@@ -363,14 +371,19 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
 
 
 def check_instances(inv: Inventory, instances: Mapping[str, Instance], hosts: Mapping[str, HostView],
-                    *, margin: int = M.MARGIN_BYTES) -> PreflightReport:
-    """Pre-flight verdicts for ``instances`` given what is known of their ``hosts`` (no I/O)."""
+                    *, margin: int = M.MARGIN_BYTES,
+                    stopping: Mapping[str, Collection[str]] | None = None) -> PreflightReport:
+    """Pre-flight verdicts for ``instances`` given what is known of their ``hosts`` (no I/O).
+
+    ``stopping``: host -> units the plan stops there before any instance starts (removed, and
+    restarted ones): the GPU memory and ports they hold count as free (the state after removals).
+    """
     report = PreflightReport(margin_bytes=margin)
     shared: dict[tuple[str, int], list[tuple[InstanceRow, float, int, int]]] = {}
     ports: dict[tuple[str, int], list[str]] = {}
     for name in sorted(instances):
         inst = instances[name]
-        row, usage = _check_instance(inv, inst, hosts, margin)
+        row, usage = _check_instance(inv, inst, hosts, margin, stopping)
         report.rows.append(row)
         for idx, util, in_use, free in usage:
             shared.setdefault((row.host or "", idx), []).append((row, util, in_use, free))
@@ -404,7 +417,8 @@ def check_instances(inv: Inventory, instances: Mapping[str, Instance], hosts: Ma
 
 def run_preflight(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *,
                   facts: Mapping[str, Facts] | None = None, on_event: Callable[[str], None] | None = None,
-                  margin: int = M.MARGIN_BYTES, timeout: float = NODE_TIMEOUT_S) -> PreflightReport:
+                  margin: int = M.MARGIN_BYTES, timeout: float = NODE_TIMEOUT_S,
+                  stopping: Mapping[str, Collection[str]] | None = None) -> PreflightReport:
     """Read the instances' hosts through ``fleet`` (a :class:`~clusterctl.fleet.fleet.Fleet` over
     at least those hosts) and check every instance; see the module docstring.
 
@@ -414,7 +428,7 @@ def run_preflight(inv: Inventory, instances: Mapping[str, Instance], fleet: Any,
     an unreadable host is a CRIT row.
     """
     views = read_hosts(fleet, inv, instances, facts, timeout=timeout, on_event=on_event)
-    report = check_instances(inv, instances, views, margin=margin)
+    report = check_instances(inv, instances, views, margin=margin, stopping=stopping)
     if on_event:
         on_event(f"pre-flight: {len(report.rows)} instance(s), {len(report.refused)} refused")
     return report

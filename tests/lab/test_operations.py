@@ -10,6 +10,7 @@ drain, and every replica answering requests sent to the gateway:
 3. ``rollback`` of that change;
 4. ``restart`` of one replica;
 5. ``scale`` up (a new replica) and back down (the removed one's drain mark is gone too);
+   TP 1 -> 2 -> 1 without ``--force`` (pre-flight over the state after the plan's removals);
 6. a change whose engine cannot start: the deploy gate names the journal's first error, the
    batch is rolled back, and the restored replica is back at the gateway;
 7. ``start`` of a unit systemd gave up on (failed): its failed state is cleared; while its model
@@ -54,8 +55,8 @@ class Scene:
         self.write_template()
         self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
 
-    def write_template(self, **args: Any) -> None:
-        tpl = {**TEMPLATE, "hosts": ",".join(self.workers)}
+    def write_template(self, tp: int = 1, **args: Any) -> None:
+        tpl = {**TEMPLATE, "hosts": ",".join(self.workers), "tp": tp}
         tpl["args"] = {**TEMPLATE["args"], **args}
         self.doc["templates"] = {"op": tpl}
         self.inv_path.write_text(yaml.safe_dump(self.doc, sort_keys=False))
@@ -142,6 +143,15 @@ def test_every_drain_path_puts_the_instance_back_at_the_gateway(scene: Scene) ->
     scene.assert_all_back(both | {"op-3"})
     scene.ok("scale", "op", "--replicas", "2", "--gate-timeout", "60", "--drain-timeout", "10")
     scene.assert_all_back(both)
+
+    # TP 1 -> 2 and back re-places the replicas onto GPUs and ports the old units still hold: pre-flight
+    # reasons over the state after the plan stops them (no --force needed), and all come back.
+    for tp in (2, 1):
+        scene.write_template(tp=tp)
+        res = scene.ok("deploy", "--gate-timeout", "60", "--drain-timeout", "10", "--json")
+        assert json.loads(res.stdout)["result"] == "ok"
+        assert all(len(gpus) == tp for _, gpus, _ in scene.placements().values())
+        scene.assert_all_back(both)
 
 
 def test_a_change_that_cannot_start_names_the_first_error_and_the_rollback_puts_it_back(scene: Scene) -> None:

@@ -189,3 +189,19 @@ def test_fixed_kv_cache_size_must_fit_the_free_memory(models: dict[str, dict[str
                             {"gpu01": host(models, procs={0: [other]})})
     assert [x.check for x in small.row("q").problems] == ["gpu.shared"]
     assert small.row("q").predicted_kv_tokens == 5 * GiB // (147_456 * 16) * 16
+
+
+def test_preflight_reasons_over_the_state_after_the_plans_removals(models: dict[str, dict[str, Any]]) -> None:
+    # TP 1 -> 2 renames the replicas: the new "q2-1" takes the port and GPUs of the removed "q-1",
+    # which still runs (pid 2881 on :8001 and 72 GiB on GPU 0) until its host's node job stops it.
+    old = GpuProc(pid=2881, used=int(72 * GiB), unit="clusterctl-q-1.service", name="vllm")
+    hv = host(models, (FIXTURES / "ss_own_vllm.txt").read_text(), procs={0: [old]},
+              pid_units={2881: "clusterctl-q-1.service"})
+    new = {"q2-1": instance("q2-1", gpus=(0, 1), port=8001, gpu_memory_utilization=0.9, max_model_len=8192)}
+    before = check_instances(inventory(), new, {"gpu01": hv})
+    assert {c for c, _ in _checks(before, "q2-1")} >= {"port.taken", "gpu.free"}
+    after = check_instances(inventory(), new, {"gpu01": hv}, stopping={"gpu01": {"clusterctl-q-1.service"}})
+    assert after.ok and not after.row("q2-1").problems
+    # Only that host's stopping units count: another host's removal frees nothing here.
+    other = check_instances(inventory(), new, {"gpu01": hv}, stopping={"gpu02": {"clusterctl-q-1.service"}})
+    assert not other.ok
