@@ -145,17 +145,22 @@ def main() -> int:
                          "read_lag_ms": summarize(ReadLag.lags) if ReadLag.lags else None,
                          "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]})
             print(json.dumps(rows[-1]))
-    out = ROOT / "benchmarks" / "results" / f"bench-loadgen-{a.server}-{a.generator}-{time.strftime('%Y-%m-%dT%H%M')}.json"
     doc = {"server": a.server, "generator": a.generator, "pinned": a.pin, "scale": a.scale if a.server == "sim" else None,
            "input_len": a.input_len, "output_len": a.output_len, "cpu_count": os.cpu_count(),
            "note": "generator CPU is this process's CPU time over the level's wall time (100 = one core); the "
                    "server runs in another process on the same machine, whose cores other users share "
                    "(see loadavg_1m_*)", "levels": rows}
-    tmp_out = out.with_suffix(".tmp")
-    tmp_out.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp_out.replace(out)
-    print(out)
+    print(write_result(f"bench-loadgen-{a.server}-{a.generator}", doc))
     return 0
+
+
+def write_result(prefix: str, doc: dict[str, object]) -> Path:
+    """Write ``doc`` to ``benchmarks/results/PREFIX-<time>.json`` (temp file + rename); its path."""
+    out = ROOT / "benchmarks" / "results" / f"{prefix}-{time.strftime('%Y-%m-%dT%H%M')}.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+    return out
 
 
 if __name__ == "__main__":

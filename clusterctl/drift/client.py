@@ -23,7 +23,7 @@ from clusterctl.bench.loadgen import Deadline, Endpoint, _headers
 from clusterctl.errors import ClusterctlError
 
 #: Largest answer read (bytes): 2,000 tokens with top-20 logprobs are about 2 MB.
-MAX_BODY = 32 << 20
+MAX_BODY = 16 << 20
 _ID = re.compile(r"^token_id:(\d+)$")
 
 

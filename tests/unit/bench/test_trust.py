@@ -120,3 +120,44 @@ def test_a_starved_generator_exits_3_with_the_measured_error(host, models, start
     t = level["trust"]
     assert not t["trusted"] and t["reasons"] and t["loop_lag_ms"]["mean"] > trust.LAG_MS, t
     assert sim.stop() == 0
+
+
+def _bpe(path, vocab: int) -> None:  # type: ignore[no-untyped-def]
+    """A real byte-level BPE tokenizer.json (the format of Hugging Face models), trained on the synthetic words
+    with a small vocabulary so that most words are two or more tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from clusterctl.bench.loadgen import _WORDS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    rng = random.Random(0)
+    text = [" ".join(rng.choice(_WORDS) for _ in range(50)) for _ in range(200)]
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(path))
+
+
+def test_a_local_tokenizer_sets_the_length_and_both_counts_are_recorded(host, models, start_sim, tmp_path,
+                                                                        trust_not_judged, capsys) -> None:
+    from clusterctl.cli.main import main
+
+    _bpe(tmp_path / "tokenizer.json", 270)  # the 256 bytes and a few merges: words of 2-5 tokens
+    sim = start_sim(host, models["qwen3-8b"], scale="0.05")
+    assert sim.wait_for(READY), sim.log
+    assert main(["bench", sim.url, "-c", "2", "-n", "4", "--input-len", "24", "--output-len", "2",
+                 "--tokenizer", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (r,) = doc["results"]
+    assert doc["input_len_unit"] == "tokens" and doc["tokenizer"].startswith("local ")
+    assert 22 <= r["prompt_tokens_mean"] <= 24 and r["prompt_words_mean"] < 12, r  # tokens, not words
+    # the server counts with its own tokenizer (the simulator's: one a word): recorded next to ours
+    assert r["total_input_tokens"] == pytest.approx(4 * r["prompt_words_mean"], abs=4)
+    # without any tokenizer: words, with a warning in the report
+    assert main(["bench", sim.url, "-c", "1", "-n", "1", "--input-len", "5", "--output-len", "2", "--no-tokenizer",
+                 "--json"]) == 0
+    words = json.loads(capsys.readouterr().out)
+    assert words["input_len_unit"] == "words" and "counted in words" in words["warnings"][0]
+    assert main(["bench", sim.url, "--tokenizer", str(tmp_path / "nothing-here")]) == 3
+    assert "no tokenizer.json" in capsys.readouterr().err
+    assert sim.stop() == 0

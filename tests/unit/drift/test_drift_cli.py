@@ -25,6 +25,10 @@ def test_baseline_check_calibrate_and_leak(host, models, start_sim, tmp_path: Pa
     assert "baseline 'ref': 12 prompts" in capsys.readouterr().out
     saved = json.loads((tmp_path / "clusterctl" / "drift" / "baselines" / "ref.json").read_text())
     assert saved["env"]["tp"] == "1" and saved["k"] == 8
+    # token ids (return_tokens_as_token_ids), with each token's place in the text to show it
+    item = saved["items"][0]
+    assert item["by_id"] and all(t.startswith("token_id:") for t in item["tokens"])
+    assert len(item["offsets"]) == len(item["tokens"]) and all(k.startswith("token_id:") for k in item["top"][0])
     assert main(["drift", "check", sim.url, "--baseline", "ref"]) == ExitCode.OK
     out = capsys.readouterr().out
     assert "identical" in out and "PASS" in out
