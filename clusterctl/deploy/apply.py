@@ -41,9 +41,9 @@ def unit_port(unit_text: str) -> int | None:
 
 def setup_scripts(users: Sequence[str]) -> list[str]:
     """The node set-up the units need: each service user, and ``verify-model`` (their ExecStartPre)."""
-    from clusterctl.deploy.nodesetup import ensure_user_script, verify_model_install_script
+    from clusterctl.deploy.nodesetup import check_gpus_install_script, ensure_user_script, verify_model_install_script
 
-    return [ensure_user_script(u) for u in users] + [verify_model_install_script()]
+    return [ensure_user_script(u) for u in users] + [verify_model_install_script(), check_gpus_install_script()]
 
 
 def apply_job(hp: HostPlan, rendered: Mapping[str, spec.RenderedInstance], st: HostState,

@@ -133,21 +133,47 @@ def desired(inv: Inventory, state_dir: str, make_fleet: FleetFactory | None = No
 
 
 def render_all(inv: Inventory, instances: Mapping[str, Instance],
-               systemd: Mapping[str, int | None] | None = None) -> list[spec.RenderedInstance]:
+               systemd: Mapping[str, int | None] | None = None,
+               gpu_uuids: Mapping[str, list[str]] | None = None) -> list[spec.RenderedInstance]:
     """Render every instance with its secrets (:mod:`clusterctl.deploy.units`).
 
     ``systemd``: host -> its systemd version (``HostState.systemd_version``); a
     host's units use the restart directives its systemd has
     (:func:`clusterctl.deploy.units.policy_for_systemd`); unknown: the baseline.
+    ``gpu_uuids``: instance -> its placement's GPU UUIDs (:func:`pinned_uuids`);
+    those units pin their GPUs by UUID.
     """
     from clusterctl.deploy.secrets import resolve_secrets
 
     from clusterctl.deploy.units import policy_for_systemd, render_instance
 
-    versions = systemd or {}
+    versions, uuids = systemd or {}, gpu_uuids or {}
     return [render_instance(inv, inst, secrets=resolve_secrets(inv, inst),
-                            policy=policy_for_systemd(versions.get(inst.hosts[0]) if inst.hosts else None))
+                            policy=policy_for_systemd(versions.get(inst.hosts[0]) if inst.hosts else None),
+                            gpu_uuids=uuids.get(inst.name))
             for inst in instances.values()]
+
+
+def pinned_uuids(inst: Instance, st: remote.HostState | None) -> list[str] | None:
+    """The GPU UUIDs an instance's unit pins, in placement order; None: pin by index.
+
+    Recorded at placement: when the host's unit already runs this placement
+    (``[X-Clusterctl] GPUs`` = the same indexes) with ``GPUUUIDs``, those stay,
+    so an index that now names another GPU (one was lost, the host rebooted)
+    does not move the instance; its ``check-gpus`` refuses to start instead.
+    Otherwise the UUIDs the host's NVML gives those indexes now.
+    """
+    if st is None:
+        return None
+    idx = [g.index for g in inst.placement]
+    have = st.instances.get(inst.name)
+    if have is not None and have.x.get("GPUs") == ",".join(map(str, idx)) and have.x.get("GPUUUIDs"):
+        recorded = have.x["GPUUUIDs"].split(",")
+        if len(recorded) == len(idx):
+            return recorded
+    if st.gpu_uuids and all(i in st.gpu_uuids for i in idx):
+        return [st.gpu_uuids[i] for i in idx]
+    return None
 
 
 def served_name(inv: Inventory, r: spec.RenderedInstance) -> str:
@@ -198,9 +224,9 @@ class Deploy:
     def event(self, kind: str, message: str, host: str | None = None, ok: bool = True) -> None:
         self.on_event(Event(kind, message, host, ok))
 
-    def _read(self, fleet: Any, hosts: list[str] | None = None) -> dict[str, remote.HostState]:
+    def _read(self, fleet: Any, hosts: list[str] | None = None, gpu_uuids: bool = False) -> dict[str, remote.HostState]:
         paths = sorted({r.model_path for r in self.rendered.values()})
-        return remote.read_hosts(fleet, model_paths=paths, hosts=hosts)
+        return remote.read_hosts(fleet, model_paths=paths, hosts=hosts, gpu_uuids=gpu_uuids)
 
     def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:
         """Render and read; the plan for the selected hosts."""
@@ -210,10 +236,12 @@ class Deploy:
                   if matches(n, self.opts.instances) and any(g.host in names for g in i.placement)}
         self.rendered = {r.instance: r for r in render_all(self.inv, chosen)}
         self.event("phase", f"rendered {len(self.rendered)} instances; reading {len(self.hosts)} hosts")
-        states = self._read(fleet)
+        states = self._read(fleet, gpu_uuids=True)
         versions = {h: st.systemd_version for h, st in states.items()}
-        if any(v is not None for v in versions.values()):  # per host: the restart directives its systemd has
-            self.rendered = {r.instance: r for r in render_all(self.inv, chosen, versions)}
+        uuids = {n: u for n, i in chosen.items() if (u := pinned_uuids(i, states.get(i.hosts[0]) if i.hosts else None))}
+        if uuids or any(v is not None for v in versions.values()):
+            # per host: the restart directives its systemd has; per instance: its GPUs by UUID
+            self.rendered = {r.instance: r for r in render_all(self.inv, chosen, versions, uuids)}
         plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self.opts.instances)
         return plan, states
 

@@ -199,7 +199,28 @@ def op_read(job):
     models = {p: _model_state(p) for p in job.get("model_paths", [])}
     users = {u: _user_exists(u) for u in job.get("users", [])}
     return {"ok": True, "instances": instances, "lock": read_lock(), "previous": previous,
-            "models": models, "users": users, "systemd_version": _systemd_version()}
+            "models": models, "users": users, "systemd_version": _systemd_version(),
+            "gpu_uuids": _gpu_uuids(job.get("gpu_lister"))}
+
+
+def _gpu_uuids(lister):
+    """``{index: uuid}`` from ``check-gpus --list`` (its source comes with the job), None when
+    not asked or NVML cannot answer."""
+    if not lister:
+        return None
+    try:
+        p = subprocess.run([sys.executable, "-I", "-c", lister, "--list"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    out = {}
+    for line in p.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            out[parts[0]] = parts[1]
+    return out
 
 
 def _journal_tail(unit):

@@ -3,7 +3,8 @@
 * :func:`ensure_user_script`: the dedicated service user (``User=`` of every
   instance unit).
 * :func:`verify_model_install_script`: ``verify-model``, the unit's
-  ``ExecStartPre``.  ``clusterctl stage`` installs it too (every staging run);
+  ``ExecStartPre``; :func:`check_gpus_install_script`: ``check-gpus``, the
+  GPU-identity ``ExecStartPre`` of units pinned by UUID.  ``clusterctl stage`` installs it too (every staging run);
   this covers nodes whose models were staged before, or by hand.
 
 Both are idempotent, POSIX ``sh``, and print nothing on success.
@@ -49,9 +50,28 @@ def ensure_user_script(user: str = "vllm") -> str:
     )
 
 
+#: Where deploy installs ``check-gpus`` (the units' GPU-identity ExecStartPre).
+CHECK_GPUS_PATH = "/usr/local/lib/clusterctl/check-gpus"
+
+
+def check_gpus_source() -> str:
+    from pathlib import Path
+    return (Path(__file__).with_name("check_gpus.py")).read_text()
+
+
+def check_gpus_install_script(path: str = CHECK_GPUS_PATH) -> str:
+    """Write ``check-gpus`` (:mod:`clusterctl.deploy.check_gpus`) to ``path`` (0755), only if it differs."""
+    return install_file_script(path, check_gpus_source())
+
+
 def verify_model_install_script(path: str = VERIFY_MODEL_PATH) -> str:
     """Write ``verify-model`` to ``path`` (mode 0755) by temp file + rename, only if it differs."""
-    payload = base64.b64encode(verify_model_source().encode()).decode()
+    return install_file_script(path, verify_model_source())
+
+
+def install_file_script(path: str, source: str) -> str:
+    """Write ``source`` to ``path`` (mode 0755) by temp file + rename, only if it differs."""
+    payload = base64.b64encode(source.encode()).decode()
     p = quote(path)
     tmp = quote(f"{path}.tmp-clusterctl")
     return (

@@ -74,6 +74,8 @@ class HostState:
     salt: str = ""
     #: ``systemctl --version``'s number (None: not known); picks the unit directives the host has.
     systemd_version: int | None = None
+    #: NVML index -> GPU UUID (read only when asked, ``read_hosts(gpu_uuids=True)``; None: not known).
+    gpu_uuids: dict[int, str] | None = None
 
 
 @lru_cache(maxsize=1)
@@ -133,16 +135,22 @@ def run_jobs(fleet: Any, jobs: Mapping[str, Mapping[str, Any]], *, timeout: floa
 
 
 def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[str] | None = None,
-               hosts: list[str] | None = None, timeout: float = 60.0) -> dict[str, HostState]:
+               hosts: list[str] | None = None, timeout: float = 60.0,
+               gpu_uuids: bool = False) -> dict[str, HostState]:
     """Read ``hosts`` (default: every host of ``fleet``) in one SSH command each.
 
     Env files come back only as a digest and per-key hashes salted with a
     value fresh for this call (``HostState.salt``; :func:`clusterctl.deploy.node.env_hashes`
-    computes the same here).
+    computes the same here).  ``gpu_uuids``: also each GPU's UUID by NVML index
+    (``check-gpus --list`` run on the node).
     """
     salt = secrets.token_hex(16)
-    replies = run_job(fleet, {"op": "read", "salt": salt, "model_paths": sorted(set(model_paths or [])),
-                              "users": sorted(set(users or []))}, hosts=hosts, timeout=timeout)
+    job: dict[str, Any] = {"op": "read", "salt": salt, "model_paths": sorted(set(model_paths or [])),
+                           "users": sorted(set(users or []))}
+    if gpu_uuids:
+        from clusterctl.deploy.nodesetup import check_gpus_source
+        job["gpu_lister"] = check_gpus_source()
+    replies = run_job(fleet, job, hosts=hosts, timeout=timeout)
     out: dict[str, HostState] = {}
     for host, rep in replies.items():
         if not rep.ok:
@@ -156,7 +164,10 @@ def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[
             result=i.get("result", ""), exit_status=i.get("exit_status", ""), journal_tail=i.get("journal_tail", ""))
             for name, i in d.get("instances", {}).items()}
         version = d.get("systemd_version")
+        uuids = d.get("gpu_uuids")
         out[host] = HostState(host, insts, d.get("lock"), d.get("previous", []), d.get("models", {}),
                               d.get("users", {}), salt=salt,
-                              systemd_version=version if isinstance(version, int) else None)
+                              systemd_version=version if isinstance(version, int) else None,
+                              gpu_uuids={int(k): str(v) for k, v in uuids.items()}
+                              if isinstance(uuids, dict) else None)
     return out

@@ -18,7 +18,7 @@ completion) is polled by clusterctl, which owns the loading-time budget;
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from clusterctl.deploy.sdquote import command_line, env_file_line, environment_l
 from clusterctl.deploy.secrets import looks_secret, secret_refs
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import FabricProfile, Host, Instance, Inventory
+from clusterctl.deploy.nodesetup import CHECK_GPUS_PATH
 from clusterctl.stage.run import VERIFY_MODEL_PATH
 
 TEMPLATE = "vllm-instance.service.j2"
@@ -48,6 +49,8 @@ OVERRIDABLE = ("served-model-name", "host")
 _FLAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: An NVML GPU UUID (``GPU-`` and hex groups; MIG instances are not placed by clusterctl).
+_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{8,64}$")
 
 
 @dataclass(frozen=True)
@@ -149,17 +152,20 @@ def nccl_ib_tc(fabric: FabricProfile) -> int:
     return (fabric.roce_dscp << 2) | 2
 
 
-def instance_env(inv: Inventory, inst: Instance, host: Host) -> dict[str, str]:
+def instance_env(inv: Inventory, inst: Instance, host: Host,
+                 gpu_uuids: Sequence[str] | None = None) -> dict[str, str]:
     """The computed, non-secret environment of an instance (before inventory ``env:``).
 
-    ``CUDA_VISIBLE_DEVICES`` lists the placement's GPU indexes with
+    ``CUDA_VISIBLE_DEVICES`` lists the placement's GPU UUIDs (``GPU-...``, as
+    recorded at placement) when known, else its GPU indexes, with
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA numbers GPUs as NVML (and the
     inventory) does.  With a data NIC: ``NCCL_SOCKET_IFNAME`` (its netdev),
     ``VLLM_HOST_IP`` (its address, when given), ``NCCL_IB_HCA`` (its RDMA
     devices as ``=dev:port``, exact names) and, on RoCE, ``NCCL_IB_TC``.
     """
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-           "CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in inst.placement)}
+           "CUDA_VISIBLE_DEVICES": ",".join(gpu_uuids) if gpu_uuids
+           else ",".join(str(g.index) for g in inst.placement)}
     data = host.nics_with_role("data")
     if data:
         env["NCCL_SOCKET_IFNAME"] = data[0].netdev
@@ -238,14 +244,19 @@ def x_value(text: str) -> str:
 
 
 def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str],
-                    policy: UnitPolicy | None = None) -> spec.RenderedInstance:
+                    policy: UnitPolicy | None = None,
+                    gpu_uuids: Sequence[str] | None = None) -> spec.RenderedInstance:
     """The unit and EnvironmentFile of ``inst`` (no I/O; the same input gives the same text).
 
     ``secrets`` is :func:`clusterctl.deploy.secrets.resolve_secrets`'s result
     and must hold every secret the instance refers to.  Inventory ``env:``
     values whose names look secret go to the EnvironmentFile with them and
     are listed in ``secret_keys``; other ``env:`` values (which override the
-    computed ones) are ``Environment=`` lines.  Raises :class:`ClusterctlError`
+    computed ones) are ``Environment=`` lines.  ``gpu_uuids`` (the placement's
+    GPUs in order, ``GPU-...``) pins the GPUs by UUID: ``CUDA_VISIBLE_DEVICES``
+    names them, ``[X-Clusterctl] GPUUUIDs`` records them and a second
+    ``ExecStartPre`` (``check-gpus``) refuses to start when one is not present.
+    Raises :class:`ClusterctlError`
     (naming the instance) for an undefined engine or model, a placement over
     several hosts, a relative engine path, a secret flag in ``args`` or a
     missing secret.
@@ -279,7 +290,11 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
     if engine.device == "cpu":
         argv += cpu_engine_args(inst.args, where, engine.name)
 
-    plain = instance_env(inv, inst, host)
+    if gpu_uuids is not None and (len(gpu_uuids) != len(inst.placement)
+                                  or not all(_UUID.match(u) for u in gpu_uuids)):
+        raise ClusterctlError(f"{where}: GPU UUIDs {list(gpu_uuids)} do not match its "
+                              f"{len(inst.placement)} placed GPU(s)")
+    plain = instance_env(inv, inst, host, gpu_uuids)
     secret_env = dict(secrets)
     for key, value in inst.env.items():
         if not _ENV_NAME.match(key):
@@ -297,6 +312,8 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
                  ("ModelPath", model.path), ("ModelVersion", model.version or ""),
                  ("Engine", engine.name), ("EngineVersion", engine.version),
                  ("GPUs", gpus_csv), ("Port", str(inst.port)), ("TP", str(inst.tp_size))]
+    if gpu_uuids:
+        x_section.append(("GPUUUIDs", ",".join(gpu_uuids)))
     description = _one_line(f"vLLM {inst.name}: {served} on {host.name} GPU {gpus_csv} port {inst.port}")
     unit_text = _template().render(
         instance=inst.name,
@@ -306,7 +323,8 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         policy=policy,
         env_path=spec.env_path(inst.name),
         environment=[environment_line(k, v) for k, v in plain.items()],
-        verify_line=command_line([VERIFY_MODEL_PATH, model.path]),
+        pre_lines=[command_line([VERIFY_MODEL_PATH, model.path])]
+        + ([command_line([CHECK_GPUS_PATH, *gpu_uuids])] if gpu_uuids else []),
         exec_start=command_line(argv),
         syslog_id=f"vllm-{inst.name}",
         x_section=[(k, x_value(v)) for k, v in x_section],

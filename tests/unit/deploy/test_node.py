@@ -121,3 +121,11 @@ def test_read_reports_the_hosts_systemd_version(root: dict[str, Any], monkeypatc
     monkeypatch.setattr(node, "_systemctl", lambda *a, timeout=120: (0, out, "") if a[0] == "--version"
                         else (0, "", ""))
     assert node.op_read({"op": "read", "salt": "s"})["systemd_version"] == want
+
+
+def test_read_lists_gpu_uuids_only_when_asked(root: dict[str, Any]) -> None:
+    lister = "import sys\nassert sys.argv[1:] == ['--list']\nprint('0 GPU-aaaa-1111')\nprint('1 GPU-bbbb-2222')\n"
+    assert node.op_read({"op": "read", "salt": "s", "gpu_lister": lister})["gpu_uuids"] == {
+        "0": "GPU-aaaa-1111", "1": "GPU-bbbb-2222"}
+    assert node.op_read({"op": "read", "salt": "s"})["gpu_uuids"] is None
+    assert node.op_read({"op": "read", "salt": "s", "gpu_lister": "raise SystemExit(1)"})["gpu_uuids"] is None

@@ -471,3 +471,45 @@ def test_model_path_ending_in_backslash_does_not_swallow_the_next_key(inv):
     keys = [k for s, k, _ in unit_directives(r.unit_text) if s == "X-Clusterctl"]
     assert keys == ["Instance", "Host", "Model", "ModelPath", "ModelVersion", "Engine", "EngineVersion",
                     "GPUs", "Port", "TP"]
+
+
+# --------------------------------------------------------------- GPU identity
+
+UUIDS = ["GPU-3b1f6a52-8c7d-4e2a-9f10-5a6b7c8d9e01", "GPU-9e0d8c7b-6a5f-4e3d-2c1b-0a9f8e7d6c5b"]
+
+
+def test_gpus_pinned_by_uuid_with_a_check_before_start(inv):
+    r = _render(inv, "tp2")
+    inst = inv.instances["tp2"]
+    pinned = render_instance(inv, inst, secrets=resolve_secrets(inv, inst), gpu_uuids=UUIDS)
+    d = {(s, k): v for s, k, v in unit_directives(pinned.unit_text)}
+    env = [v for s, k, v in unit_directives(pinned.unit_text) if k == "Environment"]
+    assert f"CUDA_VISIBLE_DEVICES={','.join(UUIDS)}" in env
+    pre = [v for s, k, v in unit_directives(pinned.unit_text) if k == "ExecStartPre"]
+    assert pre[0].startswith("/usr/local/lib/clusterctl/verify-model ")
+    assert pre[1] == "/usr/local/lib/clusterctl/check-gpus " + " ".join(UUIDS)
+    assert x_clusterctl(pinned.unit_text)["GPUUUIDs"] == ",".join(UUIDS)
+    assert x_clusterctl(pinned.unit_text)["GPUs"] == x_clusterctl(r.unit_text)["GPUs"] == "1,2"
+    assert check_unit_against_systemd(pinned.unit_text, MIN_SYSTEMD) == []
+    # without UUIDs (no NVML answer on the host): indexes, as before
+    assert "CUDA_VISIBLE_DEVICES=1,2" in [v for s, k, v in unit_directives(r.unit_text) if k == "Environment"]
+    with pytest.raises(ClusterctlError, match="do not match its 2 placed GPU"):
+        render_instance(inv, inst, secrets=resolve_secrets(inv, inst), gpu_uuids=UUIDS[:1])
+    with pytest.raises(ClusterctlError):
+        render_instance(inv, inst, secrets=resolve_secrets(inv, inst), gpu_uuids=["1", "2"])
+
+
+def test_uuids_recorded_at_placement_stay_when_the_indexes_shift(inv):
+    from clusterctl.deploy.engine import pinned_uuids
+    from clusterctl.deploy.remote import HostState, InstanceState
+
+    inst = inv.instances["tp2"]  # gpu02:1,2
+    now = {0: "GPU-00000000-0000-4000-8000-000000000000", 1: UUIDS[1], 2: "GPU-22222222-2222-4222-8222-222222222222"}
+    assert pinned_uuids(inst, HostState("gpu02", gpu_uuids=now)) == [UUIDS[1], now[2]]  # placed now
+    unit = InstanceState("tp2", "", "d", {}, True, "active", "running", 0, 1, "enabled", 0,
+                         {"GPUs": "1,2", "GPUUUIDs": ",".join(UUIDS)})
+    # a GPU was lost and the host rebooted: index 1 is now another GPU; the unit keeps its UUIDs
+    assert pinned_uuids(inst, HostState("gpu02", {"tp2": unit}, gpu_uuids=now)) == UUIDS
+    moved = InstanceState(**{**unit.__dict__, "x": {"GPUs": "0,1", "GPUUUIDs": ",".join(UUIDS)}})
+    assert pinned_uuids(inst, HostState("gpu02", {"tp2": moved}, gpu_uuids=now)) == [UUIDS[1], now[2]]
+    assert pinned_uuids(inst, HostState("gpu02")) is None and pinned_uuids(inst, None) is None

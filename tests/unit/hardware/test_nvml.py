@@ -327,3 +327,29 @@ def test_the_recovery_action_field_reads_what_the_fault_set(make_host, pynvml_ru
     assert pynvml_run(host, READ_RECOVERY)[1][:3] == [0, 1, 4]
     with pytest.raises(LabError, match="one of none, reset"):
         faults.inject(host, "recovery", gpu=1, action="explode")
+
+
+def test_check_gpus_refuses_a_placed_gpu_that_is_not_present(make_host, nvml_libs):
+    import os
+    import sys
+    from clusterctl.deploy import check_gpus
+
+    host = make_host(gpus=4)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(nvml_libs["current"]),
+               FAKE_NVML_STATE=str(hw_dir(host) / "nvml.json"))
+
+    def run(*args):
+        return subprocess.run([sys.executable, check_gpus.__file__, *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    listed = run("--list")
+    assert listed.returncode == 0
+    uuids = [line.split()[1] for line in listed.stdout.splitlines()]
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["0", "1", "2", "3"]
+    state = json.loads((hw_dir(host) / "nvml.json").read_text())
+    assert uuids == [g["uuid"] for g in state["gpus"]]
+    assert run(uuids[1], uuids[2]).returncode == 0
+    faults.inject(host, "gpu-lost", gpu=2, log=False)  # fallen off the bus: its UUID is gone
+    r = run(uuids[1], uuids[2])
+    assert r.returncode == 1 and f"placed GPU(s) {uuids[2]} not present" in r.stderr
+    assert f"1={uuids[1]}" in r.stderr and "refusing to start" in r.stderr
