@@ -4,7 +4,7 @@ Checks (each registered on its own, ``--checks gpu`` selects them all):
 ``gpu.nvml`` driver/NVML alive, ``gpu.inventory`` count/model/memory against
 the inventory and driver/VBIOS drift, ``gpu.lost`` lost or hung GPUs,
 ``gpu.ecc``, ``gpu.remap`` (row remapping), ``gpu.recovery`` (NVML's recovery
-action), ``gpu.retired`` (retired pages),
+action), ``gpu.fabric`` (NVSwitch fabric registration), ``gpu.retired`` (retired pages),
 ``gpu.clocks`` (slowdown reasons), ``gpu.pcie``, ``gpu.nvlink``,
 ``gpu.thermal`` (temperature, power), ``gpu.persistence``.
 
@@ -287,6 +287,32 @@ def _recovery(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Fi
                   (f"recovery_action={action}",))
 
 
+def _fabric(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """NVSwitch systems: a GPU not registered with the NVLink fabric cannot run multi-GPU work.
+
+    ``fabric`` (nvmlDeviceGetGpuFabricInfo) is absent on GPUs without a fabric.
+    State ``completed`` with status 0 is registered; anything else is CRIT, naming
+    the fabric manager's state when the facts have it.
+    """
+    fab = d.get("fabric")
+    if not fab:
+        return
+    state, status = fab.get("state"), fab.get("status")
+    if state == "completed" and not status:
+        return
+    fm = (sources.gpus_section(ctx, host) or {}).get("fabric_manager") or {}
+    fm_text = (f"; nvidia-fabricmanager is {fm.get('active_state')} ({fm.get('sub_state')})"
+               if fm.get("active_state") else "")
+    what = (f"registration with the NVLink fabric failed (NVML status {status})" if state == "completed"
+            else f"not registered with the NVLink fabric (state {state})")
+    yield Finding("gpu.fabric", Severity.CRIT, host, _gpu(d),
+                  f"{what}: multi-GPU (TP) work cannot run on it{fm_text}",
+                  "start or restart the fabric manager (systemctl restart nvidia-fabricmanager; its log: "
+                  "/var/log/fabricmanager.log) and wait for state completed; the instance units Wants= it",
+                  (f"fabric state={state} status={status} clique={fab.get('clique_id')}",
+                   *([f"nvidia-fabricmanager {fm.get('load_state')}/{fm.get('active_state')}"] if fm else [])))
+
+
 def _retired(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
     """Retired pages (before Ampere): table full -> CRIT, many or pending -> WARN."""
     rp = d.get("retired_pages")
@@ -399,6 +425,7 @@ for _name, _fn, _ok in (
         ("gpu.ecc", _ecc, "no uncorrected ECC errors"),
         ("gpu.remap", _remap, "no pending or failed row remaps"),
         ("gpu.recovery", _recovery, "NVML asks for no recovery action"),
+        ("gpu.fabric", _fabric, "registered with the NVLink fabric, or no fabric"),
         ("gpu.retired", _retired, "retired pages within limits"),
         ("gpu.clocks", _clocks, "no hardware slowdown"),
         ("gpu.pcie", _pcie, "PCIe links at full width"),

@@ -10,14 +10,17 @@ status=1/FAILURE``, ``Deactivated successfully``, ``Start request repeated
 too quickly``, ``Stopped ...``, ``Scheduled restart job``) and vLLM's root
 cause: the first ``XxxError: ...`` line of the last run, skipping vLLM's
 ``RuntimeError: Engine core initialization failed. See root cause above``,
-which only points back at it.
+which only points back at it; or the refusal of clusterctl's own start-up
+checks (``verify-model: refusing to start: ...``, ``check-gpus: ...``).
 """
 
 from __future__ import annotations
 
 import re
 
-_EXITED = re.compile(r"Main process exited, code=(?P<code>\w+), status=(?P<status>[\w/+-]+)")
+_EXITED = re.compile(r"(?P<which>Main|Control) process exited, code=(?P<code>\w+), status=(?P<status>[\w/+-]+)")
+#: clusterctl's own ExecStartPre refusals (verify-model, check-gpus): "<tool>: refusing to start: why".
+_REFUSED = re.compile(r"(?P<tool>verify-model|check-gpus): refusing to start: (?P<why>.+)")
 _EXCEPTION = re.compile(r"(?P<kind>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
 _RUN_START = re.compile(r"(^|: )(Started|Starting) |: Scheduled restart job")
 
@@ -28,6 +31,8 @@ def _systemd_part(lines: list[str], result: str, exit_status: str) -> str | None
             return "systemd gave up restarting it: start request repeated too quickly (a crash loop)"
         m = _EXITED.search(line)
         if m:
+            if m["which"] == "Control":
+                return f"a start-up check (ExecStartPre) failed with status {m['status']}"
             if m["code"] == "exited":
                 st = m["status"]
                 if st.split("/")[0] == "0":
@@ -49,6 +54,9 @@ def root_cause(lines: list[str]) -> str | None:
     for begin, end in reversed(list(zip(starts, starts[1:] + [len(lines)]))):
         found = []
         for line in lines[begin:end]:
+            refused = _REFUSED.search(line)
+            if refused:
+                return f"{refused['tool']}: {refused['why'].strip()}"[:240]
             m = _EXCEPTION.search(line)
             if m:
                 found.append(f"{m['kind']}: {m['msg'].strip()}")

@@ -519,6 +519,41 @@ def _recovery_action(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, A
     return {"recovery_action": RECOVERY_ACTIONS.get(value, "unknown_%d" % value)}
 
 
+#: nvmlGpuFabricState_t (nvml.h).
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+
+
+def _fabric(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
+    """The GPU's registration with the NVLink fabric (NVSwitch systems): ``nvmlDeviceGetGpuFabricInfo``.
+    Not supported (a GPU without NVSwitch, a driver before R530) raises FieldUnavailable."""
+    struct = getattr(nvml.nv, "c_nvmlGpuFabricInfo_t", None)
+    if struct is None:
+        raise FieldUnavailable("not available in this pynvml (nvmlDeviceGetGpuFabricInfo)")
+    import ctypes
+    info = struct()
+    nvml.call("nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info))
+    state = int(info.state) & 0xFF  # nvmlGpuFabricState_t is an unsigned char in nvml.h
+    if state == 0:
+        raise FieldUnavailable("not supported (no NVLink fabric)")
+    return {"fabric": {"state": FABRIC_STATES.get(state, "unknown_%d" % state), "status": int(info.status),
+                       "clique_id": int(info.cliqueId)}}
+
+
+def fabric_manager_state(timeout: float) -> Optional[Dict[str, Any]]:
+    """``nvidia-fabricmanager.service`` as systemd sees it (``load_state``, ``active_state``,
+    ``sub_state``); None when systemctl cannot answer."""
+    try:
+        rc, out, _ = run_command(["systemctl", "show", "--no-pager", "-p", "LoadState,ActiveState,SubState",
+                                  "nvidia-fabricmanager.service"], timeout)
+    except FileNotFoundError:
+        return None
+    if rc != 0:
+        return None
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return {"load_state": props.get("LoadState"), "active_state": props.get("ActiveState"),
+            "sub_state": props.get("SubState")}
+
+
 def _retired_pages(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
     # cause 0 = multiple single-bit ECC errors, 1 = double-bit ECC error
     sbe = nvml.call("nvmlDeviceGetRetiredPages", h, 0)
@@ -610,6 +645,7 @@ DEVICE_FIELDS: List[Tuple[str, Tuple[str, ...], Callable[..., Dict[str, Any]]]] 
     ("remapped_rows", ("remapped_rows",), _remapped_rows),
     ("retired_pages", ("retired_pages",), _retired_pages),
     ("recovery_action", ("recovery_action",), _recovery_action),
+    ("fabric", ("fabric",), _fabric),
     ("clocks_event_reasons", ("clocks_event_reasons",), _clocks),
     ("pcie", ("pcie",), _pcie),
     ("nvlink", ("nvlink",), _nvlink),
@@ -698,7 +734,8 @@ def collect_gpus(args: argparse.Namespace, errors: Errors, root: str = "/") -> D
     cannot be used (no pynvml, no libnvidia-ml, no driver, nvmlInit hung)."""
     gpus: Dict[str, Any] = {"available": False, "reason": None, "driver_version": None,
                             "nvml_version": None, "cuda_driver_version": None, "pynvml": None,
-                            "count": None, "devices": [], "topology": [], "timed_out_calls": []}
+                            "count": None, "devices": [], "topology": [], "timed_out_calls": [],
+                            "fabric_manager": None}
     nv, info = load_pynvml()
     gpus["pynvml"] = info
     if nv is None:
@@ -735,6 +772,8 @@ def collect_gpus(args: argparse.Namespace, errors: Errors, root: str = "/") -> D
         if handle is not None:
             handles[i] = handle
     gpus["topology"] = collect_topology(nvml, handles)
+    if any(d.get("fabric") for d in gpus["devices"]):  # an NVSwitch system: is its fabric manager running?
+        gpus["fabric_manager"] = fabric_manager_state(args.cmd_timeout)
     gpus["timed_out_calls"] = nvml.timed_out
     if not nvml.hung:  # a shutdown would wait for the hung call's lock
         try:

@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from clusterctl.deploy import spec
-from clusterctl.deploy.nodesetup import ensure_user_script, verify_model_install_script
+from clusterctl.deploy.nodesetup import check_gpus_install_script, ensure_user_script, verify_model_install_script
 from clusterctl.deploy.secrets import resolve_secrets
 from clusterctl.deploy.sdversion import check_unit_against_systemd
 from clusterctl.deploy.units import render_instance
@@ -84,7 +84,8 @@ def setup(lab, tmp_path_factory):
     lab.run(host, "systemctl daemon-reload; rm -rf /models/du-tiny /models/du-raw /models/.versions/du-tiny; "
                   "rmdir /models/.versions 2>/dev/null", timeout=60)
     if not had_verify:
-        lab.run(host, "rm -f /usr/local/lib/clusterctl/verify-model; rmdir /usr/local/lib/clusterctl")
+        lab.run(host, "rm -f /usr/local/lib/clusterctl/verify-model /usr/local/lib/clusterctl/check-gpus; "
+                      "rmdir /usr/local/lib/clusterctl")
     if not had_user:
         lab.run(host, "userdel -r vllm")
 
@@ -151,3 +152,72 @@ def test_unverified_model_does_not_start(lab, setup, monkeypatch):
     assert state["SubState"] in ("auto-restart", "failed"), state
     journal = lab.run(host, f"journalctl -u {r.unit_name} --no-pager").stdout
     assert "verify-model: refusing to start: /models/du-raw is not a clusterctl-staged symlink" in journal
+
+
+def _show(lab, host: str, unit: str) -> dict[str, str]:
+    out = lab.run(host, f"systemctl show -p ActiveState,SubState,NRestarts,Result {unit}", check=True).stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def _wait(lab, host: str, unit: str, pred, timeout: float = 60.0) -> dict[str, str]:
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        st = _show(lab, host, unit)
+        if pred(st) or time.monotonic() > deadline:
+            return st
+        time.sleep(1)
+
+
+def test_uuid_pinned_unit_restarts_after_exit_0_stops_on_request_and_refuses_a_lost_gpu(lab, setup, monkeypatch,
+                                                                                        capsys):
+    """Restart=always brings back a vLLM that exited 0; systemctl stop stays stopped; a unit pinned by
+    UUID refuses to start (check-gpus) once its GPU is gone, and doctor says so with the reason."""
+    from clusterctl.cli.main import main
+    from clusterctl.lab.hardware import faults
+
+    host, inv_path = setup
+    monkeypatch.setenv("DU_TEST_API_KEY", KEY)
+    p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "stage", "du-tiny", "-i", str(inv_path),
+                        "--hosts", host, "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lab.run(host, ensure_user_script("vllm"), check=True)
+    lab.run(host, verify_model_install_script(), check=True)
+    lab.run(host, check_gpus_install_script(), check=True)
+    listed = lab.run(host, "/usr/local/lib/clusterctl/check-gpus --list", check=True).stdout.split("\n")
+    uuid0 = listed[0].split()[1]
+    assert listed[0].split()[0] == "0" and uuid0.startswith("GPU-")
+    inv = load_inventory(str(inv_path))
+    inst = inv.instances["du-ok"]
+    r = render_instance(inv, inst, secrets=resolve_secrets(inv, inst), gpu_uuids=[uuid0])
+    assert f"CUDA_VISIBLE_DEVICES={uuid0}" in r.unit_text
+    _install(lab, host, r)
+    unit = r.unit_name
+    base = f"http://{lab.host(host).address}:{PORT}"
+    try:
+        lab.run(host, f"systemctl start {unit}", check=True, timeout=60)
+        wait_healthy(lab, host, f"{base}/health", unit, timeout=60)
+        # the simulator exits 0 on SIGTERM once serving (as vLLM's server does when its engine dies)
+        lab.run(host, f"kill -TERM $(systemctl show -p MainPID --value {unit})", check=True)
+        st = _wait(lab, host, unit, lambda s: s["NRestarts"] != "0" and s["SubState"] == "running")
+        assert st["NRestarts"] == "1" and st["ActiveState"] == "active", st
+        wait_healthy(lab, host, f"{base}/health", unit, timeout=60)
+        lab.run(host, f"systemctl stop {unit}", check=True, timeout=60)
+        import time
+        time.sleep(12)  # past RestartSec: an explicit stop is not restarted
+        assert _show(lab, host, unit)["ActiveState"] == "inactive"
+
+        faults.inject(lab.host_dir(host), "gpu-lost", gpu=0, log=False)
+        assert lab.run(host, f"systemctl start {unit}", timeout=60).returncode != 0
+        journal = lab.run(host, f"journalctl -u {unit} --no-pager -n 50").stdout
+        assert f"check-gpus: refusing to start: placed GPU(s) {uuid0} not present" in journal, journal
+        rc = main(["doctor", host, "-i", str(inv_path), "--json", "--checks", "serving.unit"])
+        rep = json.loads(capsys.readouterr().out)
+        [f] = [f for f in rep["findings"] if f["subject"] == "instance:du-ok"]
+        assert rc == 2 and f["severity"] == "CRIT", f
+        # failed, or between the automatic restarts that keep hitting the same refusal
+        assert f["message"].startswith(("down: unit ", "crash loop: ")), f["message"]
+        assert f"check-gpus: placed GPU(s) {uuid0} not present" in f["message"], f["message"]
+    finally:
+        faults.inject(lab.host_dir(host), "gpu-lost", gpu=0, lost=False, log=False)
+        lab.run(host, f"systemctl stop {unit}; systemctl reset-failed {unit}", timeout=60)

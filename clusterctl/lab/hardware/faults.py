@@ -181,6 +181,20 @@ def recovery(host_dir: Path, gpu: int = 0, action: str = "reset", log_xid: int =
     return f"GPU {gpu}: recovery action {action}"
 
 
+FABRIC_STATES = {"none": None, "not-started": 1, "in-progress": 2, "completed": 3}
+
+
+def fabric(host_dir: Path, gpu: int = 0, state: str = "completed", status: int = 0) -> str:
+    """What ``nvmlDeviceGetGpuFabricInfo`` answers for ``gpu`` (an NVSwitch system): ``state``
+    not-started, in-progress or completed (with NVML ``status``), or none (no fabric: NOT_SUPPORTED)."""
+    if state not in FABRIC_STATES:
+        raise LabError(f"state={state!r}: one of {', '.join(FABRIC_STATES)}")
+    with _gpu_state(host_dir) as st:
+        code = FABRIC_STATES[state]
+        _gpu(st, gpu)["fabric"] = None if code is None else {"state": code, "status": int(status), "clique_id": 1}
+    return f"GPU {gpu}: fabric {state}" + (f" (status {status})" if status else "")
+
+
 def gpu_hang(host_dir: Path, gpu: int = 0, seconds: float = 30.0) -> str:
     """Every NVML call on ``gpu`` blocks ``seconds``, then fails with NVML_ERROR_TIMEOUT
     (as a GPU whose firmware stopped answering, Xid 119); 0 ends the hang.  Other
@@ -502,7 +516,8 @@ def _coerce(fault: str, key: str, value: Any, default: Any) -> Any:
 
 
 _RAW_FAULTS: dict[str, Callable[..., str]] = {
-    "xid": xid, "oom": oom, "gpu-lost": gpu_lost, "gpu-hang": gpu_hang, "recovery": recovery, "driver": driver, "ecc": ecc, "remap": remap,
+    "xid": xid, "oom": oom, "gpu-lost": gpu_lost, "gpu-hang": gpu_hang, "recovery": recovery,
+    "fabric": fabric, "driver": driver, "ecc": ecc, "remap": remap,
     "retired-pages": retired_pages, "gpu-mem": gpu_mem, "clocks": clocks, "pcie": pcie,
     "nvlink": nvlink, "temp": temp,
     "pause-storm": pause_storm, "cnp": cnp, "discards": discards, "link-flap": link_flap,

@@ -83,6 +83,18 @@ def test_nvml_recovery_action_is_critical_with_nvidias_action(action, words):
     assert words in f.action and f"recovery action {action}" in f.message
 
 
+def test_a_gpu_not_registered_with_the_nvlink_fabric_is_critical_naming_the_fabric_manager():
+    facts = with_device(3, fabric={"state": "not_started", "status": 0, "clique_id": 0})
+    facts["gpu01"]["gpus"]["fabric_manager"] = {"load_state": "loaded", "active_state": "failed", "sub_state": "failed"}
+    [f] = bad(run(facts))
+    assert (f.check, f.severity, f.subject) == ("gpu.fabric", Severity.CRIT, "gpu:3")
+    assert "not registered with the NVLink fabric (state not_started)" in f.message
+    assert "nvidia-fabricmanager is failed" in f.message and "restart nvidia-fabricmanager" in f.action
+    [f] = bad(run(with_device(3, fabric={"state": "completed", "status": 5, "clique_id": 1})))
+    assert "registration with the NVLink fabric failed (NVML status 5)" in f.message
+    assert not bad(run(with_device(3, fabric={"state": "completed", "status": 0, "clique_id": 1})))
+
+
 def test_xid_63_says_reset_at_the_next_maintenance_window():
     facts = G.healthy()
     facts["gpu01"]["kernel_log"]["lines"] = [{"text": "NVRM: Xid (PCI:0000:2a:00): 63, pid='<unknown>', name=<unknown>, "

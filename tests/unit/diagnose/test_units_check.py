@@ -49,6 +49,16 @@ def test_what_systemd_did_last(tail, says):
     assert says in down_reason("x\n" + tail + "\n")
 
 
+def test_a_start_up_check_refusal_is_the_reason():
+    journal = ("systemd[1]: Starting clusterctl-a.service - vLLM a...\n"
+               "check-gpus[812]: check-gpus: refusing to start: placed GPU(s) GPU-9e0d not present on this host "
+               "(present: 0=GPU-3b1f)\n"
+               "systemd[1]: clusterctl-a.service: Control process exited, code=exited, status=1/FAILURE\n")
+    assert down_reason(journal, "exit-code") == (
+        "a start-up check (ExecStartPre) failed with status 1/FAILURE; check-gpus: placed GPU(s) GPU-9e0d not "
+        "present on this host (present: 0=GPU-3b1f)")
+
+
 def test_no_journal_falls_back_to_the_result_and_says_so_when_nothing_is_known():
     assert down_reason("", "oom-kill") == "systemd result: oom-kill"
     assert down_reason("", "success") == "no reason in the journal"

@@ -98,3 +98,15 @@ def test_the_probe_reads_nvmls_recovery_action_not_the_kernel_log(host, libs):
     faults.inject(host, "recovery", gpu=3, action="reboot", log_xid=0)
     g = probe(host, libs["current"])["gpus"]
     assert [d["recovery_action"] for d in g["devices"]] == ["none", "none", "drain_and_reset", "reboot"]
+
+
+def test_the_probe_reads_the_gpus_nvlink_fabric_state(host, libs):
+    g = probe(host, libs["current"])["gpus"]
+    assert all(d["fabric"] is None and d["field_errors"]["fabric"] == "not supported" for d in g["devices"])
+    assert g["fabric_manager"] is None  # no fabric: not asked
+    for i in range(4):
+        faults.inject(host, "fabric", gpu=i, state="completed")
+    faults.inject(host, "fabric", gpu=1, state="not-started")
+    g = probe(host, libs["current"])["gpus"]
+    assert [d["fabric"]["state"] for d in g["devices"]] == ["completed", "not_started", "completed", "completed"]
+    assert g["devices"][0]["fabric"]["status"] == 0

@@ -804,6 +804,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t h, unsig
 
 /* nvlink_state: [1, 1, 0, ...] one per link; nvlink_errors: [[replay, recovery, crc_flit,
  * crc_data, ecc_data], ...]; both null on PCIe cards. */
+/* nvmlDeviceGetGpuFabricInfo (v1): {clusterUuid[16], status, cliqueId, state}; the GPU's
+ * "fabric" object ({state 0-3, status, clique_id}) or NOT_SUPPORTED (no NVSwitch). state is an
+ * unsigned char in nvml.h; the struct is padded to 28 bytes, so a 32-bit store is safe. */
+typedef struct { unsigned char clusterUuid[16]; nvmlReturn_t status; unsigned int cliqueId; unsigned int state; }
+    fake_fabric_info_t;
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t h, fake_fabric_info_t *info) {
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    DEV_PROLOGUE(h, g);
+    jnode *f = feature(g, "fabric");
+    if (!f || f->type != J_OBJ) return leave(NVML_ERROR_NOT_SUPPORTED);
+    memset(info->clusterUuid, 0xab, sizeof info->clusterUuid);
+    info->status = (nvmlReturn_t)jint(f, "status", 0);
+    info->cliqueId = (unsigned int)jint(f, "clique_id", 0);
+    info->state = (unsigned int)jint(f, "state", 3);
+    return leave(NVML_SUCCESS);
+}
+
 /* nvmlDeviceGetFieldValues: nvmlFieldValue_t is {fieldId, scopeId, timestamp, latencyUsec,
  * valueType, nvmlReturn, value (8-byte union)}, 40 bytes (nvml.h).  Only
  * NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230, an unsigned int: 0 none, 1 GPU reset,
