@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, print_json
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, load_inventory, print_json, user_config
 from clusterctl.cli._target import TargetArg, endpoint
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -188,37 +188,87 @@ def calibrate(target: str = TargetArg,
 SESSIONS concurrent sessions (OpenAI `user` field) each send REQUESTS prompts
 carrying their own random canary word; another session's canary in a response's
 text or top-k tokens is a sighting. Does not rely on output equality.
-Exit status: 0 no sighting, 2 any sighting (CRIT), 3 errors or no answers.
 
-Example:
+TARGET is a URL (an instance or the gateway), an inventory instance, or
+comma-separated instance globs ('pool-*': every matching instance, template
+replicas included, checked one after the other). Requests name the model
+(--model, else the one /v1/models lists; a gateway serving several needs
+--model). Exit status: 0 no sighting, 2 any sighting (CRIT), 3 errors or no
+answers (the worst over the targets).
+
+Examples:
 
   clusterctl drift leak http://127.0.0.1:8000 --sessions 8 --requests 10
+
+  clusterctl drift leak http://gw01:8080 --model qwen3-8b
+
+  clusterctl drift leak 'pool-*' -i site.yaml --json
 """)
 def leak_cmd(target: str = TargetArg,
              sessions: int = typer.Option(4, "--sessions", min=2, help="Concurrent sessions."),
              requests: int = typer.Option(6, "--requests", min=1, help="Requests per session."),
+             model: Optional[str] = typer.Option(None, "--model", help="Model the requests name [default: the one "
+                                                 "the endpoint lists]."),
              timeout: float = TimeoutOpt,
              inventory: Optional[str] = InventoryOpt,
              as_json: bool = JsonOpt) -> None:
     from clusterctl.drift import leak
+    from clusterctl.drift.client import EndpointError
 
-    ep = endpoint(target, inventory)
-    rep = leak.run(ep, sessions=sessions, requests=requests, timeout=timeout)
-    code = ExitCode.CRIT if rep.sightings else (ExitCode.UNKNOWN if rep.requests == 0 else ExitCode.OK)
+    results: list[tuple[str, Any, Optional[str], Any]] = []
+    for name, ep in _leak_targets(target, inventory):
+        try:
+            chosen = leak.pick_model(ep, model, timeout=min(timeout, 10.0))
+        except EndpointError as e:
+            results.append((name, ep, None, leak.LeakReport(0, 0, 0, errors=[str(e)])))
+            continue
+        results.append((name, ep, chosen, leak.run(ep, sessions=sessions, requests=requests, timeout=timeout,
+                                                   model=chosen)))
+
+    def code_of(rep: Any) -> ExitCode:
+        return ExitCode.CRIT if rep.sightings else (ExitCode.UNKNOWN if rep.requests == 0 else ExitCode.OK)
+    codes = [code_of(r) for *_, r in results]
+    code = ExitCode.CRIT if ExitCode.CRIT in codes else ExitCode.UNKNOWN if ExitCode.UNKNOWN in codes \
+        else ExitCode.OK
     if as_json:
-        print_json({"url": ep.url, "sessions": rep.sessions, "requests": rep.requests, "failed": rep.failed,
-                    "sightings": [vars(s) for s in rep.sightings], "errors": rep.errors,
-                    "status": ExitCode(code).name})
+        rows = [{"target": name, "url": ep.url, "model": picked, "sessions": rep.sessions, "requests": rep.requests,
+                 "failed": rep.failed, "sightings": [vars(s) for s in rep.sightings], "errors": rep.errors,
+                 "status": code_of(rep).name} for name, ep, picked, rep in results]
+        print_json({**rows[0], "status": code.name} if len(rows) == 1 else {"targets": rows, "status": code.name})
         raise typer.Exit(code)
-    for e in rep.errors:
-        console.print(f"error: {e}")
-    if rep.sightings:
-        console.print(f"CRIT: {len(rep.sightings)} cross-session sightings in {rep.requests} responses")
-        for s in rep.sightings[:20]:
-            console.print(f"  {s.owner}'s canary {s.canary!r} in {s.seen_by}'s response {s.request} ({s.where})")
-    elif rep.requests:
-        console.print(f"OK: no canary seen across {rep.sessions} sessions, {rep.requests} responses"
-                      + (f" ({rep.failed} failed)" if rep.failed else ""))
-    else:
-        console.print("UNKNOWN: no request succeeded")
+    for name, ep, picked, rep in results:
+        head = f"{name} ({ep.url}, model {picked or '?'})" if name != ep.url else f"{ep.url} (model {picked or '?'})"
+        for err in rep.errors:
+            console.print(f"{head}: error: {err}", markup=False)
+        if rep.sightings:
+            console.print(f"{head}: CRIT: {len(rep.sightings)} cross-session sightings in {rep.requests} responses",
+                          markup=False)
+            for s in rep.sightings[:20]:
+                console.print(f"  {s.owner}'s canary {s.canary!r} in {s.seen_by}'s response {s.request} ({s.where})",
+                              markup=False)
+        elif rep.requests:
+            console.print(f"{head}: OK: no canary seen across {rep.sessions} sessions, {rep.requests} responses"
+                          + (f" ({rep.failed} failed)" if rep.failed else ""), markup=False)
+        else:
+            console.print(f"{head}: UNKNOWN: no request succeeded", markup=False)
     raise typer.Exit(code)
+
+
+def _leak_targets(target: str, inventory: Optional[str]) -> list[tuple[str, Any]]:
+    """``(name, endpoint)`` per target: a URL or one instance as :func:`endpoint` resolves it; instance
+    globs (``*?[``, or a comma-separated list) over the inventory's instances and placed replicas."""
+    from clusterctl.bench.target import instance_endpoint, is_url
+    from clusterctl.deploy.deployed import with_replicas
+    from clusterctl.deploy.status import match_instances
+
+    if is_url(target) or not any(c in target for c in "*?[,"):
+        ep = endpoint(target, inventory)
+        return [(target if not is_url(target) else ep.url, ep)]
+    inv = with_replicas(load_inventory(inventory), cfg=user_config())
+    names = match_instances(sorted(inv.instances), target)
+    if not names:
+        fail(f"{target!r} matches no instance of {inv.path} (instances: {', '.join(sorted(inv.instances)) or 'none'})")
+    try:
+        return [(n, instance_endpoint(inv, inv.instances[n])) for n in names]
+    except ClusterctlError as e:
+        fail(str(e))

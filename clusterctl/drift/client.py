@@ -132,11 +132,14 @@ def _call(ep: Endpoint, method: str, path: str, body: dict[str, Any] | None, tim
 
 
 def complete(ep: Endpoint, prompt: str, *, max_tokens: int, k: int, seed: int = 0, user: str | None = None,
-             timeout: float = 60.0, token_ids: bool = True) -> Output:
+             timeout: float = 60.0, token_ids: bool = True, model: str | None = None) -> Output:
     """One greedy completion with ``logprobs=k`` (``ignore_eos`` so lengths are comparable); with
-    ``token_ids`` the tokens are ids when the server honours ``return_tokens_as_token_ids``."""
+    ``token_ids`` the tokens are ids when the server honours ``return_tokens_as_token_ids``.
+    ``model``: the request's ``model`` (a gateway routes by it; vLLM alone defaults to its own)."""
     body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": seed,
                             "logprobs": k, "ignore_eos": True}
+    if model:
+        body["model"] = model
     if token_ids:
         body["return_tokens_as_token_ids"] = True
     if user:
@@ -157,6 +160,13 @@ def complete(ep: Endpoint, prompt: str, *, max_tokens: int, k: int, seed: int = 
                        lp.get("text_offset") or [], by_id)
     except ValueError as e:
         raise EndpointError(f"{ep.url}/v1/completions: not a completion ({e})") from None
+
+
+def served_models(ep: Endpoint, timeout: float = 10.0) -> list[str]:
+    """The model ids ``/v1/models`` lists (a gateway lists every model it routes)."""
+    doc = _call(ep, "GET", "/v1/models", None, timeout)
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return [str(m["id"]) for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
 def environment(ep: Endpoint, timeout: float = 10.0) -> dict[str, Any]:

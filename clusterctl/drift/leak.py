@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 
 from clusterctl.bench.loadgen import Endpoint
-from clusterctl.drift.client import EndpointError, complete
+from clusterctl.drift.client import EndpointError, complete, served_models
 
 _FILLER = ("please summarise the following note", "write one sentence about", "list three facts about",
            "translate to french", "what comes next after")
@@ -47,9 +47,25 @@ def _canary(rng: random.Random) -> str:
     return "".join(rng.choice(string.ascii_lowercase) for _ in range(10))
 
 
+def pick_model(ep: Endpoint, model: str | None, timeout: float = 10.0) -> str:
+    """The model to ask for: ``model`` when given (it must be listed), else the one ``/v1/models`` lists;
+    raises :class:`EndpointError` when several are listed (a gateway routing many: ``--model``) or none."""
+    listed = served_models(ep, timeout)
+    if model:
+        if listed and model not in listed:
+            raise EndpointError(f"{ep.url}: model {model!r} is not served (/v1/models lists {', '.join(listed)})")
+        return model
+    if len(listed) == 1:
+        return listed[0]
+    if not listed:
+        raise EndpointError(f"{ep.url}/v1/models lists no model: give --model")
+    raise EndpointError(f"{ep.url} serves {len(listed)} models ({', '.join(listed)}): give --model")
+
+
 def run(ep: Endpoint, *, sessions: int = 4, requests: int = 6, k: int = 5, max_tokens: int = 12,
-        seed: int | None = None, timeout: float = 60.0) -> LeakReport:
-    """``sessions`` concurrent sessions of ``requests`` each; returns every cross-session sighting."""
+        seed: int | None = None, timeout: float = 60.0, model: str | None = None) -> LeakReport:
+    """``sessions`` concurrent sessions of ``requests`` each; returns every cross-session sighting.
+    ``model``: the request's ``model`` (what a gateway routes by)."""
     rng = random.Random(seed)
     canaries = {f"leakcheck-{i}-{rng.randrange(1 << 32):08x}": _canary(rng) for i in range(max(2, sessions))}
     report = LeakReport(len(canaries), 0, 0)
@@ -61,7 +77,7 @@ def run(ep: Endpoint, *, sessions: int = 4, requests: int = 6, k: int = 5, max_t
             prompt = f"{canary} {canary} {srng.choice(_FILLER)} {canary} code {n}"
             try:
                 out = complete(ep, prompt, max_tokens=max_tokens, k=k, seed=0, user=user, timeout=timeout,
-                               token_ids=False)  # canaries are looked for in token text
+                               token_ids=False, model=model)  # canaries are looked for in token text
             except EndpointError as e:
                 with lock:
                     report.failed += 1
