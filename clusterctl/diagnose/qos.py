@@ -24,6 +24,15 @@ Check ``roce.qos``, per RoCE NIC:
 
 The counters' own view of the configuration (which ``*_prioN_pause`` names
 exist) confirms the PFC priorities where no tool answered.
+
+**Leaf rollup.** When every checked host under one leaf switch (inventory
+label ``leaf``, 2 hosts or more) has the same wrong setting (same check, same
+value), that is said once for the leaf (subject ``leaf:NAME``, no host),
+pointing at the switch: a setting shared by a whole leaf comes from the
+switch (DCBX) or from one configuration applied to the leaf, as in the field
+report's incident; the per-NIC findings it replaces are its evidence.  The
+same setting on every host of several leaves is the cluster's own
+configuration: those stay per host.
 """
 
 from __future__ import annotations
@@ -151,12 +160,15 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
 
     out: list[Finding] = []
     bad_hosts: set[str] = set()
+    #: per finding in ``out``: (key, severity, the message without host and NIC, expected, action) for the rollup
+    described: list[tuple[str, Severity, str, str, str]] = []
 
     def add(host: str, nic: str, sev: Severity, key: str, msg: str, expected: Hashable | None,
             action: str, show: Any = str) -> None:
         rel = fabric.odd_one_out(host_values(key), host, expected, show)
         out.append(Finding(CHECK, sev, host, f"nic:{nic}", f"{host} {nic}: {msg}; {rel}", action,
                            (f"{key} = {show(per_nic[(host, nic)].get(key))}",)))
+        described.append((key, sev, msg, "" if expected is None else show(expected), action))
         bad_hosts.add(host)
 
     drift_majority: dict[str, Hashable] = {}
@@ -241,7 +253,47 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
                 add(host, nic, Severity.WARN, key, f"{what} {_show(v[key])}", None,
                     f"make the {what} the same as on the other hosts", show=_show)
 
+    out = _leaf_rollup(ctx, out, described, sorted(set(order)))
     for host in dict.fromkeys(order):
         if host not in bad_hosts:
             out.append(Finding(CHECK, Severity.OK, host, "host", "QoS matches the fabric profile"))
     return out + unknown
+
+
+def _leaf_rollup(ctx: AnalysisContext, found: list[Finding], what: list[tuple[str, Severity, str, str, str]],
+                 checked: list[str]) -> list[Finding]:
+    """One finding per leaf for a wrong setting every checked host under it shares (module doc)."""
+    members: dict[str, list[str]] = {}
+    for h in checked:
+        leaf = fabric.leaf_of(ctx, h)
+        if leaf is not None:
+            members.setdefault(leaf, []).append(h)
+    groups: dict[tuple[str, str, Severity, str], list[int]] = {}
+    for i, (f, (key, sev, msg, _, _)) in enumerate(zip(found, what)):
+        leaf = fabric.leaf_of(ctx, f.host or "")
+        if leaf is not None:
+            groups.setdefault((leaf, key, sev, msg), []).append(i)
+    drop: set[int] = set()
+    rolled: list[Finding] = []
+    for (leaf, key, sev, msg), idx in groups.items():
+        hosts = sorted({found[i].host or "" for i in idx})
+        if len(members.get(leaf, [])) < 2 or hosts != sorted(members[leaf]):
+            continue
+        everywhere = {found[i].host for (_, k, sv, m), ix in groups.items() if (k, sv, m) == (key, sev, msg)
+                      for i in ix}
+        if len(members) > 1 and everywhere >= set(checked):
+            continue  # every host of every leaf: the cluster's configuration, not one switch's
+        others = [h for h in checked if h not in everywhere]
+        expected, action = what[idx[0]][3], what[idx[0]][4]
+        rel = (f"the profile says {expected}" if expected else "") + \
+            (f"{'; ' if expected else ''}{fabric.folded(others)} under other leaves do not"
+             if others else "")
+        rolled.append(Finding(CHECK, sev, None, f"leaf:{leaf}",
+                              f"every host under leaf {leaf} ({fabric.folded(hosts)}): {msg}"
+                              + (f"; {rel}" if rel else ""),
+                              f"look at the leaf switch {leaf}: one setting on all its hosts comes from the switch "
+                              f"(DCBX) or one configuration for the leaf; fix it there, then on each host: {action}",
+                              tuple(f"{found[i].host} {found[i].subject.removeprefix('nic:')}: {found[i].evidence[0]}"
+                                    for i in idx)))
+        drop.update(idx)
+    return rolled + [f for i, f in enumerate(found) if i not in drop]

@@ -152,3 +152,22 @@ def test_drift_without_a_profile_value_names_the_minority_host():
     b = bad(run_analyzers(R.ctx(docs, R.inventory(4, 2)), ["roce.qos"]))
     assert [(f.host, f.severity, f.message) for f in b] == [
         ("gpu03", Severity.WARN, "gpu03 eth2: NIC firmware 28.36.1010; the other 2 hosts use 28.39.1002")]
+
+
+def test_a_whole_leaf_with_the_same_wrong_setting_is_one_finding_pointing_at_the_switch():
+    q = R.qos(mlnx_qos="mlnx_qos_eth2_bad_pfc_prio4.txt", dcb_pfc="dcb_pfc_show_eth2_prio4.txt")
+    docs = {f"gpu{i:02d}": R.doc(f"gpu{i:02d}", [R.nic("eth2")]) for i in range(1, 9)}
+    for i in range(5, 9):                                           # leaf2: gpu05-gpu08, all on priority 4
+        docs[f"gpu{i:02d}"] = R.doc(f"gpu{i:02d}", [R.nic("eth2", qos_section=q, pfc_prio=4)])
+    found = run_analyzers(R.ctx(docs, R.inventory(8, 4)), ["roce.qos"])
+    [leaf] = bad(found)
+    assert (leaf.severity, leaf.host, leaf.subject) == (Severity.CRIT, None, "leaf:leaf2")
+    assert leaf.message == ("every host under leaf leaf2 (gpu[05-08]): PFC on priority 4; the profile says 3; "
+                            "gpu[01-04] under other leaves do not")
+    assert leaf.action.startswith("look at the leaf switch leaf2") and "mlnx_qos -i eth2 --pfc" in leaf.action
+    assert len(leaf.evidence) == 4 and leaf.evidence[0].startswith("gpu05 eth2: pfc = 4")
+    assert {f.host for f in found if f.severity == Severity.OK} == {f"gpu{i:02d}" for i in range(1, 5)}
+    # Three of the leaf's four: no rollup, each host named.
+    docs["gpu08"] = R.doc("gpu08", [R.nic("eth2")])
+    b = bad(run_analyzers(R.ctx(docs, R.inventory(8, 4)), ["roce.qos"]))
+    assert sorted(f.host for f in b) == ["gpu05", "gpu06", "gpu07"]
