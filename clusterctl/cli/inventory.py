@@ -290,3 +290,8 @@ def inventory_json(inv: Inventory) -> dict[str, Any]:
         "templates": [dict(conv(t), env=_redacted(t.env)) for t in inv.templates.values()],
         "warnings": inv.warnings,
     }
+
+
+from clusterctl.cli import discover as _discover  # noqa: E402 (inventory discover / diff live there)
+
+_discover.register(app)

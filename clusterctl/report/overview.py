@@ -16,14 +16,13 @@ UNKNOWN; a cell with no finding is OK only when the host's checks of that kind r
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from html import escape
 from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
-from clusterctl.inventory.nodeset import fold
+from clusterctl.inventory.nodeset import fold, natural_key
 
 #: Hosts per column of a heatmap (more hosts: more columns side by side).
 ROWS_PER_COLUMN = 32
@@ -32,11 +31,6 @@ TOP_N = 10
 
 SEVERITY_FILL = {"OK": "#a8dba8", "WARN": "#ffbf47", "CRIT": "#d62728", "UNKNOWN": "#9467bd", "none": "#e4e4e4"}
 _CELL, _GAP, _ROW, _LABEL_W, _COL_GAP, _HEAD = 11, 1, 12, 78, 18, 34
-
-
-def natural_key(name: str) -> list[Any]:
-    """``gpu2`` before ``gpu10``."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
 def _kind(subject: str) -> str | None:
