@@ -46,6 +46,7 @@ from clusterctl.errors import ConfigError, Problem
 from clusterctl.inventory.fields import NAME
 from clusterctl.inventory.files import ReadRefused, read_config_text
 from clusterctl.inventory.nodeset import MAX_NAMES, fold, natural_key, split_top
+from clusterctl.inventory.yamlnodes import MAX_NODES
 
 SSH_VARS = {
     "ansible_port": "port", "ansible_ssh_port": "port",
@@ -331,6 +332,9 @@ def _vars_files(directory: Path, name: str) -> list[Path]:
 def _read_vars_file(path: Path, problems: list[Problem]) -> dict[str, Any]:
     try:
         data = yaml.safe_load(read_config_text(path))
+        if _expands_past(data):
+            problems.append(Problem(str(path), 0, f"expands to more than {MAX_NODES} values (alias bomb?)"))
+            return {}
     except ReadRefused as e:
         problems.append(Problem(str(path), 0, f"cannot read it: {e}"))
         return {}
@@ -366,6 +370,8 @@ def import_ansible(path: str | Path) -> AnsibleImport:
         raise ConfigError([Problem(str(path), 0, f"cannot read it: {e}")]) from None
     inv = _Inv(str(path))
     data = _yaml_inventory(text)
+    if data is not None and _expands_past(data):
+        raise ConfigError([Problem(str(path), 0, f"expands to more than {MAX_NODES} values (alias bomb?)")])
     if data is not None:
         _read_yaml(data, inv)
     else:
@@ -385,6 +391,22 @@ def import_ansible(path: str | Path) -> AnsibleImport:
     if inv.problems:
         raise ConfigError(inv.problems)
     return _convert(inv)
+
+
+def _expands_past(data: Any, limit: int = MAX_NODES) -> bool:
+    """True when walking ``data`` as a tree (aliases expanded, as the import does) visits more than ``limit`` values."""
+    stack, seen = [data], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _yaml_inventory(text: str) -> dict[str, Any] | None:

@@ -323,6 +323,10 @@ def gen_ansible(rng: random.Random, work: Path, n: int) -> list[Case]:
 
             text = yaml.safe_dump(groups)
             text = _mutate_text(rng, text, rng.randrange(0, 3))
+            if rng.random() < 0.1:  # a billion laughs under all.vars
+                bomb = "".join(f"    x{k}: &a{k} [" + ", ".join([f"*a{k - 1}" if k else "lol"] * 9) + "]\n"
+                               for k in range(10))
+                text = "all:\n  vars:\n" + bomb + "  hosts:\n    web01:\n      b: *a9\n"
             p = work / f"ansible-{i}.yml"
         p.write_text(text, errors="replace")
         cases.append(Case(["inventory", "import-ansible", str(p), "-o", str(work / f"ansible-out-{i}.yaml")]))

@@ -71,3 +71,21 @@ def test_ansible_ranges_are_counted_before_they_are_expanded(tmp_path: Path) -> 
         cases.append(fuzz.Case(["inventory", "import-ansible", str(p)]))
     for r in _run(tmp_path, cases):
         assert r["rc"] == 3 and "more than 100000 names" in r["err"] and r["s"] < 10, r
+
+
+def _alias_bomb(indent: str) -> str:
+    lines = [f"{indent}x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"]
+    lines += [f"{indent}x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10)]
+    return "".join(lines)
+
+
+def test_an_ansible_yaml_alias_bomb_is_refused(tmp_path: Path) -> None:
+    """A billion laughs in YAML Ansible (9^10 values once expanded) hung the import; group_vars too."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  vars:\n" + _alias_bomb("    ") + "  hosts:\n    web01:\n      bomb: *a9\n")
+    (tmp_path / "group_vars").mkdir()
+    plain = tmp_path / "plain.yml"
+    plain.write_text("all:\n  hosts:\n    web01:\n")
+    (tmp_path / "group_vars" / "all.yml").write_text(_alias_bomb("") + "bomb: *a9\n")
+    for r in _run(tmp_path, [fuzz.Case(["inventory", "import-ansible", str(p)]) for p in (inv, plain)]):
+        assert r["rc"] == 3 and "alias bomb" in r["err"], r
