@@ -38,11 +38,18 @@ clusterctl units the inventory does not want are 'extra'. An unreachable host
 is a row, never a stall. Exit status: 0 all serving, 1 some degraded or under
 high load, 2 some down, failed or absent, 3 could not check.
 
+With --watch (-w) it refreshes in place every --interval seconds, like top:
+worst health first, then --sort (load, kv, queue, tps, restarts, name); past
+--top instances (default: what fits the terminal) a table per template sums
+them up first. Piped, each refresh is printed; with --json, one line each.
+
 Examples:
 
   clusterctl status -i /var/lib/clusterctl-lab/inventory.yaml
 
   clusterctl status 'qwen-*' --window 5 --json
+
+  clusterctl status --watch --sort kv --interval 2
 """
 
 ACTION_HELP = {
@@ -153,7 +160,16 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
            group_by: str = typer.Option("host", "--group-by", help="Group rows by host or template."),
            state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
-           ask_become_pass: bool = AskBecomePassOpt) -> None:
+           ask_become_pass: bool = AskBecomePassOpt,
+           watch: bool = typer.Option(False, "--watch", "-w", help="Refresh in place until Ctrl-C: worst first, "
+                                      "grouped by template past --top instances."),
+           interval: float = typer.Option(5.0, "--interval", min=0.0, help="With --watch: seconds between refreshes."),
+           sort: str = typer.Option("load", "--sort", help="With --watch: load, kv, queue, tps, restarts or name "
+                                    "(after health)."),
+           top: Optional[int] = typer.Option(None, "--top", min=1, help="With --watch: instances shown [default: "
+                                             "what fits]."),
+           count: Optional[int] = typer.Option(None, "--count", min=1, help="With --watch: stop after N refreshes.")
+           ) -> None:
     from clusterctl.deploy.status import collect_status, exit_code, match_instances
 
     if group_by not in ("host", "template"):
@@ -169,6 +185,17 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
     fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
                    ask_become_pass=ask_become_pass)
     progress = not json_out and err_console.is_terminal
+    if watch:
+        from clusterctl.cli.watch import SORTS, run_watch
+
+        if sort not in SORTS:
+            fail(f"--sort must be one of {', '.join(SORTS)} (got {sort!r})")
+        with fleet:
+            code = run_watch(lambda: collect_status(inv, selected, fleet, window=min(window, max(interval - 0.5, 0.0)),
+                                                    state_dir=directory, include_extra=everything,
+                                                    marked_down=_marked_down(inv, directory)),
+                             interval=interval, sort=sort, top=top, count=count, json_out=json_out, console=console)
+        raise typer.Exit(code)
     with fleet:
         rows = collect_status(inv, selected, fleet, window=window, state_dir=directory, include_extra=everything,
                               marked_down=_marked_down(inv, directory),
