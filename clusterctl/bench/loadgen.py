@@ -135,7 +135,7 @@ class SseTimer:
                 res.itl.append(now - self.last)
             self.last = now
             self.chunks += 1
-        elif usage is not None:
+        if usage is not None:  # the usage chunk (no choices); some servers put it on the last content chunk
             if not isinstance(usage, dict):
                 raise ValueError(f"'usage' is not an object: {str(usage)[:40]!r}")
             res.output_tokens = count_field(usage, "completion_tokens")

@@ -115,7 +115,7 @@ def bench(target: str = TargetArg,
     slo = Slo(slo_ttft, slo_tpot, slo_e2e) if any(v is not None for v in (slo_ttft, slo_tpot, slo_e2e)) else None
     levels = _levels(concurrency)
     work = _Workload(dataset, requests, input_len, output_len, seed, duration, progress=not as_json)
-    work.tokenizer(ep, model, tokenizer, no_tokenizer)
+    work.tokenizer(ep, model, tokenizer, no_tokenizer, timeout)
     if not as_json:
         for w in work.warnings:
             err_console.print(f"warning: {w}", markup=False)
@@ -175,7 +175,7 @@ class _Workload:
                 fail(str(e))
         self.requests = requests or (len(self.data.prompts) if self.data else 32)
 
-    def tokenizer(self, ep: Any, model: Optional[str], path: Optional[Path], off: bool) -> None:
+    def tokenizer(self, ep: Any, model: Optional[str], path: Optional[Path], off: bool, timeout: float) -> None:
         """Pick the token counter: ``path``, else the endpoint's /tokenize, else none (words, with a warning)."""
         from clusterctl.bench import tokens
 
@@ -183,7 +183,7 @@ class _Workload:
             self.warnings.append("--no-tokenizer: prompts are counted in words, not tokens")
             return
         try:
-            self.tok = tokens.local(path) if path is not None else tokens.endpoint(ep, model)
+            self.tok = tokens.local(path) if path is not None else tokens.endpoint(ep, model, min(timeout, 10.0))
         except ClusterctlError as e:
             fail(str(e))
         if self.tok is None:

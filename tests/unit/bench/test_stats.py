@@ -61,3 +61,29 @@ def test_poisson_arrivals_have_the_requested_mean_rate_and_are_reproducible() ->
     assert arrival_times(3, None) == [0.0, 0.0, 0.0]
     with pytest.raises(ClusterctlError, match="above 0"):
         arrival_times(3, 0.0)
+
+
+def test_sse_timer_follows_vllm_bench_serve() -> None:
+    """TTFT at the first chunk with choices even if its text is empty (a byte-fallback piece); E2E at the last
+    chunk with choices, not at the usage chunk or [DONE]; usage read wherever it comes."""
+    from clusterctl.bench.loadgen import SseTimer
+
+    t = SseTimer()
+    t.data(b'{"choices": [{"index": 0, "text": ""}], "usage": null}', 0.010)  # byte-fallback: empty text
+    t.data(rb'{"choices": [{"index": 0, "text": "\u4e2d"}]}', 0.015)
+    t.data(b'{"choices": [{"index": 0, "text": "!"}], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}',
+           0.020)
+    t.data(b'{"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}', 0.030)
+    assert t.data(b"[DONE]", 0.031)
+    r = t.finish()
+    assert r.ok and r.ttft == 0.010 and r.e2e == 0.020 and r.itl == pytest.approx([0.005, 0.005])
+    assert (r.output_tokens, r.input_tokens) == (3, 5) and r.tpot == pytest.approx(0.005)
+    none = SseTimer()
+    none.data(b'{"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}}', 0.01)
+    none.data(b"[DONE]", 0.02)
+    assert not none.finish().ok  # no chunk with choices: failed, as vLLM's client fails it
+    for bad in (b'{"choices": [{"text": 5}]}', b'{"choices": {}}', b"[1]",
+                b'{"choices": [], "usage": {"completion_tokens": 1e308}}',
+                b'{"choices": [], "usage": {"completion_tokens": true}}', b'{"choices": [], "usage": []}'):
+        with pytest.raises(ValueError):
+            SseTimer().data(bad, 0.0)
