@@ -32,6 +32,8 @@ from clusterctl.probe import collector as col
 
 ROCE_CHECKS = ("roce.pfc", "roce.discards", "roce.congestion", "roce.link", "roce.rxpath", "roce.priority",
                "roce.transport")
+#: The RoCE checks whose counters are all RDMA hw counters (``rdma statistic`` alone answers them).
+HW_COUNTER_CHECKS = ("roce.congestion", "roce.transport")
 
 
 @dataclass
@@ -116,8 +118,12 @@ def recognise(text: str) -> tuple[str | None, str]:
         return "show_gids", ""
     if first.startswith("link ") and "/" in first.split()[1]:
         return "rdma statistic", ""
+    if len(head) > 1 and parse_time(first.lstrip("#").strip()) is not None:  # a `date` line, then the output
+        kind, note = recognise(text.split("\n", 1)[1] if "\n" in text else "")
+        if kind in ("rdma statistic", "ethtool -S"):
+            return kind, note
     if re.match(r"^\s*GPU\d+\s+GPU\d+", first) or (first.split()[:1] == ["GPU0"] and "X" in body):
-        return "nvidia-smi topo -m", "recognised; no check reads the GPU topology matrix yet"
+        return "nvidia-smi topo -m", ""
     if re.match(r"^GPU \d+: .*\(UUID: ", first) and re.search(r"^\s*Link \d+:", body, re.M):
         return "nvidia-smi nvlink", ""
     if _CSV_HEAD.match(first) and "," in first and any(k in first for k in ("index", "pci.bus_id", "uuid", "name")):
@@ -315,6 +321,13 @@ def _build(ev: HostEvidence, items: list[_Item]) -> None:
             ev.seen.append(Seen(it.path, None, "a facts document belongs in hosts/NAME/facts.json; "
                                 "not merged with raw outputs"))
     gpu_items = [i for i in items if i.kind in ("nvidia-smi -q", "nvidia-smi --query-gpu")]
+    topo_items = [i for i in items if i.kind == "nvidia-smi topo -m"]
+    topo = nvsmi.parse_topo_matrix(topo_items[-1].text) if topo_items else None
+    for i in topo_items[:-1]:
+        _note(ev, i.path, f"not used: another topo -m; {topo_items[-1].path} is used")
+    if topo is not None and not gpu_items:
+        _note(ev, topo_items[-1].path, "not used: no nvidia-smi -q or --query-gpu for the same GPUs")
+        topo = None
     if gpu_items:
         best = max(gpu_items, key=lambda i: (i.kind == "nvidia-smi -q", len(i.text)))
         gpus = (nvsmi.parse_nvidia_smi_q if best.kind == "nvidia-smi -q" else nvsmi.parse_query_gpu_csv)(best.text)
@@ -341,6 +354,8 @@ def _build(ev: HostEvidence, items: list[_Item]) -> None:
                 d.setdefault("field_errors", {})["nvlink"] = "nvlink states unknown (give nvidia-smi nvlink -s too)"
         doc["gpus"] = gpus
         covers |= nvsmi.covered_checks(gpus)
+        if topo is not None:
+            _topo_gpus(ev, gpus, topo, topo_items[-1].path)
     elif any(i.kind == "nvidia-smi nvlink" for i in items):
         for i in items:
             if i.kind == "nvidia-smi nvlink":
@@ -354,11 +369,15 @@ def _build(ev: HostEvidence, items: list[_Item]) -> None:
         except (ValueError, Exception) as e:  # noqa: BLE001 - a bad file is noted, not fatal
             ev.seen.append(Seen(dcgm[-1].path, None, f"not read: {e}"))
     nics = _nics(ev, items)
+    if topo is not None and topo["nics"]:
+        nics = _topo_nics(ev, nics or [], topo, doc["gpus"], topo_items[-1].path)
     if nics is not None:
         doc["nics"] = nics
         if any(n.get("rdma") for n in nics):
             if any(n.get("ethtool_stats") is not None for n in nics):
                 covers |= set(ROCE_CHECKS)
+            elif any(n.get("rdma") and n["rdma"].get("hw_counters") for n in nics):
+                covers |= set(HW_COUNTER_CHECKS)  # the checks that read only the RDMA hw counters
             if any(n.get("qos") and n["qos"].get("tool") for n in nics):
                 covers.add("roce.qos")
     kernel = [i for i in items if i.kind == "kernel log"]
@@ -383,6 +402,51 @@ def _build(ev: HostEvidence, items: list[_Item]) -> None:
     ev.facts = doc
 
 
+def _topo_gpus(ev: HostEvidence, gpus: dict[str, Any], topo: dict[str, Any], path: str) -> None:
+    """``nvidia-smi topo -m`` into the ``gpus`` section the probe fills from NVML: each GPU's NUMA
+    node (``NUMA Affinity``) and ``topology`` (one entry per GPU pair, the NVML level of its
+    PCIe path), each entry with ``nvlinks``: the bonded NVLinks between the two (0 for a PCIe path;
+    an NVLink pair has no PCIe level in the matrix, so ``level`` None with the reason)."""
+    by_index = {d.get("index"): d for d in gpus.get("devices") or []}
+    for idx, g in topo["gpus"].items():
+        d = by_index.get(idx)
+        if d is not None and d.get("numa_node") is None and g["numa_node"] is not None:
+            d["numa_node"] = g["numa_node"]
+            (d.get("field_errors") or {}).pop("numa_node", None)
+    gpus["topology"] = [{"gpus": p["gpus"], "level": p["level"],
+                         "reason": None if p["level"] else f"NVLink ({p['link']}): topo -m shows no PCIe level",
+                         "nvlinks": p["nvlinks"] or 0} for p in topo["pairs"]]
+    missing = sorted(set(topo["gpus"]) - set(by_index))
+    if missing:
+        _note(ev, path, f"GPU(s) {', '.join(map(str, missing))} of the matrix not in the GPU listing")
+
+
+def _topo_nics(ev: HostEvidence, nics: list[dict[str, Any]], topo: dict[str, Any], gpus: dict[str, Any],
+               path: str) -> list[dict[str, Any]]:
+    """Each RDMA NIC of ``topo -m`` gets the NUMA node of the GPUs it reaches without crossing
+    sockets (PIX, PXB, PHB, NODE: within one NUMA node; SYS crosses).  A NIC every GPU reaches
+    only through SYS is on a node with no GPU: its node number is not in the matrix (left None).
+    A NIC no other output names (no ``ibdev2netdev``) is an entry under its RDMA device name."""
+    numa = {d.get("index"): d.get("numa_node") for d in gpus.get("devices") or []}
+    by_dev = {(n.get("rdma") or {}).get("device"): n for n in nics if n.get("rdma")}
+    notes = []
+    for dev in topo["nics"].values():
+        near = {numa.get(x["gpu"]) for x in topo["gpu_nic"] if x["nic"] == dev and x["level"] != "SYSTEM"}
+        near.discard(None)
+        nic = by_dev.get(dev)
+        if nic is None:
+            nic = _nic(ev, dev, [], {"device": dev, "port": 1, "netdev": dev, "state": None}, [], {}, {})
+            nic["rdma"]["link_layer"] = None
+            nics.append(nic)
+            notes.append(dev)
+        if nic.get("numa_node") is None and len(near) == 1:
+            nic["numa_node"] = near.pop()
+    if notes:
+        _note(ev, path, f"RDMA device(s) {', '.join(notes)} with no netdev named (give ibdev2netdev): "
+              "checked under the device name")
+    return nics
+
+
 def _nics(ev: HostEvidence, items: list[_Item]) -> list[dict[str, Any]] | None:
     """NIC entries (docs/facts.md ``nics[]``) from the NIC tools' outputs; None without any."""
     kinds = ("ethtool -S", "ethtool -a", "mlnx_qos", "dcb pfc", "dcb app", "dcb apptrust", "dcb ets",
@@ -399,9 +463,12 @@ def _nics(ev: HostEvidence, items: list[_Item]) -> list[dict[str, Any]] | None:
         gids.extend(col.parse_show_gids(i.text))
     for g in gids:
         ports.setdefault(g["netdev"], {"device": g["device"], "port": g["port"], "netdev": g["netdev"], "state": None})
-    hw: dict[tuple[str, int], dict[str, int]] = {}
-    for i in (x for x in nic_items if x.kind == "rdma statistic"):
-        hw.update(col.parse_rdma_statistic(i.text))
+    hw, series = _rdma_statistic(ev, [x for x in nic_items if x.kind == "rdma statistic"])
+    mapped = {(p.get("device"), int(p.get("port") or 1)) for p in ports.values()}
+    for dev, port in sorted(k for k in hw if k not in mapped):
+        # an RDMA port no ibdev2netdev/show_gids names a netdev for: a NIC entry under the RDMA name
+        label = dev if port == 1 else f"{dev}/{port}"
+        ports.setdefault(label, {"device": dev, "port": port, "netdev": label, "state": None})
     per: dict[str, list[_Item]] = {}
     unnamed: list[_Item] = []
     for i in nic_items:
@@ -425,8 +492,37 @@ def _nics(ev: HostEvidence, items: list[_Item]) -> list[dict[str, Any]] | None:
     nics = []
     for name in sorted(set(per) | set(ports)):
         its = per.get(name, [])
-        nics.append(_nic(ev, name, its, ports.get(name), gids, hw))
+        nics.append(_nic(ev, name, its, ports.get(name), gids, hw, series))
     return nics
+
+
+def _rdma_statistic(ev: HostEvidence, items: list[_Item]) -> tuple[
+        dict[tuple[str, int], dict[str, int]], dict[tuple[str, int], list[tuple[float, dict[str, int]]]]]:
+    """The ports' hw counters of the ``rdma statistic`` outputs (the last output wins) and, when
+    there are two or more and each has a time, each port's timed samples (oldest first)."""
+    hw: dict[tuple[str, int], dict[str, int]] = {}
+    series: dict[tuple[str, int], list[tuple[float, dict[str, int]]]] = {}
+    timed = [(_sample_time(i), i) for i in items]
+    if len(items) >= 2 and all(t is not None for t, _ in timed):
+        for t, i in sorted(timed, key=lambda x: float(x[0] or 0)):
+            for key, counters in col.parse_rdma_statistic(_after_time(i.text)).items():
+                series.setdefault(key, []).append((float(t or 0), counters))
+                hw[key] = counters
+        for _, i in timed:
+            _note(ev, i.path, f"one of {len(items)} timed rdma statistic samples")
+        return hw, {k: v for k, v in series.items() if len(v) >= 2}
+    for i in items:
+        hw.update(col.parse_rdma_statistic(_after_time(i.text)))
+        if len(items) >= 2:
+            _note(ev, i.path, f"{len(items)} rdma statistic outputs without a time each: no rates "
+                  "(give commands/index.json started_at, or a `date` line before each output)")
+    return hw, {}
+
+
+def _after_time(text: str) -> str:
+    """The output without a leading time line (``date`` before the command)."""
+    first, sep, rest = text.lstrip().partition("\n")
+    return rest if sep and parse_time(first.lstrip("#").strip()) is not None else text
 
 
 def _note(ev: HostEvidence, path: str, note: str) -> None:
@@ -436,7 +532,8 @@ def _note(ev: HostEvidence, path: str, note: str) -> None:
 
 
 def _nic(ev: HostEvidence, name: str, its: list[_Item], port: dict[str, Any] | None,
-         gids: list[dict[str, Any]], hw: dict[tuple[str, int], dict[str, int]]) -> dict[str, Any]:
+         gids: list[dict[str, Any]], hw: dict[tuple[str, int], dict[str, int]],
+         series: dict[tuple[str, int], list[tuple[float, dict[str, int]]]]) -> dict[str, Any]:
     nic: dict[str, Any] = {k: None for k in col.read_nic_keys()}
     nic["netdev"] = name
     by = {k: [i for i in its if i.kind == k] for k in {i.kind for i in its}}
@@ -471,6 +568,9 @@ def _nic(ev: HostEvidence, name: str, its: list[_Item], port: dict[str, Any] | N
                        "fw_ver": None, "counters": None, "hw_counters": hw.get((dev, p)) if dev else None,
                        "gids": [{k: g[k] for k in ("index", "gid", "type", "netdev")} for g in gids
                                 if g["device"] == dev and g["port"] == p]}
+        timed = series.get((dev, p)) if dev else None
+        if timed:
+            nic["samples"] = _with_hw_samples(nic.get("samples"), timed)
         q = col.empty_qos()
         col.qos_from_outputs(q, mlnx_qos=text.get("mlnx_qos"), dcb_pfc=text.get("dcb pfc"),
                              dcb_app=text.get("dcb app"), dcb_apptrust=text.get("dcb apptrust"),
@@ -484,6 +584,23 @@ def _nic(ev: HostEvidence, name: str, its: list[_Item], port: dict[str, Any] | N
             q["reasons"]["evidence"] = "no mlnx_qos or dcb output in the evidence"
         nic["qos"] = q
     return nic
+
+
+def _with_hw_samples(eth: list[dict[str, Any]] | None,
+                     hw: list[tuple[float, dict[str, int]]]) -> list[dict[str, Any]]:
+    """The NIC's samples with the timed ``rdma statistic`` counters as ``hw_counters`` (their time
+    ``t_sysfs``, as the probe times its sysfs reads): paired one to one with the ``ethtool -S``
+    samples when there are as many, else the first with the first and the last with the last."""
+    def sample(e: dict[str, Any] | None, h: tuple[float, dict[str, int]]) -> dict[str, Any]:
+        out: dict[str, Any] = dict(e) if e else {"t": h[0], "read_s": 0.0, "ethtool_stats": None,
+                                                 "counters": None, "reason": None}
+        out["t_sysfs"], out["hw_counters"] = h[0], h[1]
+        return out
+    if eth and len(eth) == len(hw):
+        return [sample(e, h) for e, h in zip(eth, hw)]
+    if eth and len(eth) >= 2:
+        return [sample(eth[0], hw[0]), sample(eth[-1], hw[-1])]
+    return [sample(None, h) for h in hw]
 
 
 # ------------------------------------------------------------- not checked

@@ -373,6 +373,7 @@ def _pcie(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Findin
 
 def _nvlink(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
     """NVLink links down -> CRIT; error counters (rising, or non-zero) -> WARN."""
+    yield from _nvlink_topology(ctx, host, d)
     links = d.get("nvlink") or []
     down = [lk for lk in links if lk.get("state") != "active"]
     if down:
@@ -396,6 +397,67 @@ def _nvlink(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Find
         yield Finding("gpu.nvlink", Severity.WARN, host, _gpu(d), "NVLink error counters " +
                       ("rising" if later else "non-zero"),
                       "watch the trend; reset the GPU if they keep rising, replace if they persist", tuple(errs))
+
+
+def _nvlink_pairs(ctx: AnalysisContext, host: str) -> dict[tuple[int, int], tuple[int, int | None]]:
+    """GPU pairs of ``host`` with fewer bonded NVLinks than expected: pair -> (links, expected).
+
+    Read from ``gpus.topology`` entries that carry ``nvlinks`` (``nvidia-smi topo -m``).  Expected:
+    the most any other host with the same GPU model and count has between the same two GPUs; on a
+    host whose inventory says ``interconnect: nvlink``, a GPU with no NVLink to any other GPU is
+    short of at least one (expected None)."""
+    def pairs(h: str) -> tuple[dict[tuple[int, int], int], tuple[str, ...]]:
+        g = sources.gpus_section(ctx, h) or {}
+        got = {(int(t["gpus"][0]), int(t["gpus"][1])): int(t["nvlinks"]) for t in g.get("topology") or []
+               if isinstance(t, dict) and isinstance(t.get("nvlinks"), int) and len(t.get("gpus") or []) == 2}
+        return got, tuple(str(d.get("name")) for d in g.get("devices") or [])
+    mine, model = pairs(host)
+    if not mine:
+        return {}
+    want: dict[tuple[int, int], int] = {}
+    for other in sources.all_hosts(ctx):
+        theirs, their_model = pairs(other) if other != host and other not in ctx.missing else ({}, ())
+        if theirs and their_model == model:
+            for k, n in theirs.items():
+                want[k] = max(want.get(k, 0), n)
+    short: dict[tuple[int, int], tuple[int, int | None]] = {k: (n, want[k]) for k, n in mine.items()
+                                                            if want.get(k, 0) > n}
+    inv = ctx.inventory
+    if inv is not None and host in inv.hosts and inv.hosts[host].gpus.interconnect == "nvlink":
+        gpus = {i for k in mine for i in k}
+        for i in gpus:
+            if not any(n for k, n in mine.items() if i in k):
+                short.update({k: (n, want.get(k)) for k, n in mine.items() if i in k and k not in short})
+    return short
+
+
+def _nvlink_topology(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:
+    """GPU pairs with fewer NVLinks than the same pair on the other hosts of this GPU model (or
+    none where the inventory says NVLink): links down, the same fault as an inactive link.
+    A pair short of links is named once, under the GPU with more such pairs (a GPU that lost
+    its links is short to every peer)."""
+    short = _nvlink_pairs(ctx, host)
+    if not short:
+        return
+    count: dict[int, int] = {}
+    for a, b in short:
+        count[a], count[b] = count.get(a, 0) + 1, count.get(b, 0) + 1
+    me = int(d.get("index") or 0)
+    mine = sorted((b if a == me else a, n, w) for (a, b), (n, w) in short.items() if me in (a, b)
+                  and (count[me], -me) > (count[b if a == me else a], -(b if a == me else a)))
+    if not mine:
+        return
+    peers = ",".join(str(p) for p, _, _ in mine)
+    wants = {w for _, _, w in mine if w}
+    why = (f"other hosts with this GPU model have NV{max(wants)}" if wants
+           else "the inventory says interconnect: nvlink")
+    yield Finding("gpu.nvlink", Severity.CRIT, host, _gpu(d),
+                  f"{'no NVLink' if not any(n for _, n, _ in mine) else 'fewer NVLinks'} to GPU(s) {peers} "
+                  f"({why}): NVLinks down, traffic between them goes over PCIe",
+                  f"{DRAIN}; check `nvidia-smi nvlink -s` and the fabric manager, reset the GPU, replace if "
+                  "links stay down",
+                  tuple(f"GPU {me}-{p}: {'NV%d' % n if n else 'no NVLink'}" + (f", expected NV{w}" if w else "")
+                        for p, n, w in mine))
 
 
 def _thermal(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Finding]:

@@ -12,6 +12,11 @@ as ``N/A`` is "not supported here" (``None`` with a ``field_errors`` entry),
 never 0; a field the output does not hold at all is ``None`` and its check
 is not covered (see :data:`DEVICE_CHECKS`).
 
+``GPU Recovery Action`` / ``GPU Reset Status`` and the ``Fabric`` block become the probe's
+``recovery_action`` and ``fabric`` (``gpu.recovery``, ``gpu.fabric``).  ``nvidia-smi topo -m``
+(:func:`parse_topo_matrix`) gives each GPU's NUMA node and, per GPU pair, the NVML level of the
+PCIe path and the bonded NVLinks (``gpus.topology`` entries with ``nvlinks``).
+
 ``dcgmi diag -j`` JSON becomes a ``dcgm_diag`` section (one entry per test
 result), checked by ``gpu.dcgm``.
 """
@@ -30,7 +35,7 @@ NA = "N/A in the nvidia-smi output (not supported here)"
 DEVICE_CHECKS = {"ecc": "gpu.ecc", "remapped_rows": "gpu.remap", "retired_pages": "gpu.retired",
                  "clocks_event_reasons": "gpu.clocks", "pcie": "gpu.pcie", "nvlink": "gpu.nvlink",
                  "temperature_c": "gpu.thermal", "power_w": "gpu.thermal", "persistence_mode": "gpu.persistence",
-                 "processes": "gpu.foreign"}
+                 "processes": "gpu.foreign", "recovery_action": "gpu.recovery", "fabric": "gpu.fabric"}
 #: Checks any readable device covers.
 ALWAYS = ("gpu.nvml", "gpu.inventory", "gpu.lost", "tp.group", "oom.fit")
 _REASON_LABELS = {"idle": "gpu_idle", "gpu idle": "gpu_idle", "applications clocks setting": "applications_clocks_setting",
@@ -39,6 +44,14 @@ _REASON_LABELS = {"idle": "gpu_idle", "gpu idle": "gpu_idle", "applications cloc
                   "hw power brake slowdown": "hw_power_brake_slowdown",
                   "display clock setting": "display_clock_setting"}
 _BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS}
+#: ``GPU Recovery Action`` values (nvidia-smi prints NVML's nvmlDeviceGpuRecoveryAction_t in words:
+#: ``None``, ``Reset``, ``Reboot``, ``Drain P2P``, ``Drain and Reset``) -> the probe's names
+#: (collector.RECOVERY_ACTIONS); spaces, case and ``GPU_``/``NODE_`` prefixes do not matter.
+_RECOVERY = {"none": "none", "reset": "reset", "gpu_reset": "reset", "reboot": "reboot", "node_reboot": "reboot",
+             "drain_p2p": "drain_p2p", "drain_and_reset": "drain_and_reset", "drain_p2p_and_reset": "drain_and_reset"}
+#: ``Fabric`` ``State`` in words (nvmlGpuFabricState_t) -> the probe's names (collector.FABRIC_STATES).
+_FABRIC_STATES = {"not supported": "not_supported", "not started": "not_started", "in progress": "in_progress",
+                  "completed": "completed"}
 _LOST = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
                    r"(?:\.[0-9A-Fa-f])?)\s*:\s*(.+)")
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
@@ -124,7 +137,8 @@ def _device(index: int, bus_id: str, g: dict[str, Any]) -> dict[str, Any]:
     d: dict[str, Any] = {"index": index, "name": _get(g, "Product Name"), "uuid": _get(g, "GPU UUID"),
                          "pci_bus_id": bus_id, "pci_address": normalize_pci(bus_id),
                          "memory_total": None, "memory_used": None, "memory_free": None, "processes": None,
-                         "ecc": None, "remapped_rows": None, "retired_pages": None, "clocks_event_reasons": None,
+                         "ecc": None, "remapped_rows": None, "retired_pages": None, "recovery_action": None,
+                         "fabric": None, "clocks_event_reasons": None,
                          "pcie": None, "nvlink": None, "temperature_c": None, "power_w": None,
                          "power_limit_w": None, "utilization": None, "persistence_mode": None,
                          "vbios_version": _get(g, "VBIOS Version"), "numa_node": None, "nearest_nics": None,
@@ -157,6 +171,7 @@ def _device(index: int, bus_id: str, g: dict[str, Any]) -> dict[str, Any]:
                               "double_bit_ecc": _int(_get(rp, "Double Bit ECC")), "pending": _yes(pending)}
     elif rp is not None:
         errors["retired_pages"] = NA
+    _recovery_and_fabric(g, d, errors)
     reasons = _get(g, "Clocks Event Reasons")
     if reasons is None:
         reasons = _get(g, "Clocks Throttle Reasons")
@@ -194,6 +209,42 @@ def _device(index: int, bus_id: str, g: dict[str, Any]) -> dict[str, Any]:
         if d[key] is None and key not in errors:
             errors[key] = "not in this nvidia-smi output"
     return d
+
+
+def _recovery_and_fabric(g: dict[str, Any], d: dict[str, Any], errors: dict[str, str]) -> None:
+    """``GPU Recovery Action`` (R550+; before it ``GPU Reset Status``) and the ``Fabric`` block
+    (R530+) as the probe's ``recovery_action`` and ``fabric`` (NVML's fields of the same meaning).
+
+    ``GPU Reset Status`` (``Reset Required``, ``Drain and Reset Recommended``: Yes/No) is read
+    only where there is no ``GPU Recovery Action`` line; drivers that have both print the old one
+    as "Requested functionality has been deprecated".  A ``Fabric`` whose State is ``N/A`` or
+    ``Not Supported`` is a GPU without an NVLink fabric: ``fabric`` None, as the probe leaves it."""
+    action = _get(g, "GPU Recovery Action")
+    status = _get(g, "GPU Reset Status")
+    if isinstance(action, str) and not _na(action):
+        key = re.sub(r"[^a-z0-9]+", "_", action.strip().lower()).strip("_")
+        d["recovery_action"] = _RECOVERY.get(key, key)
+    elif isinstance(status, dict) and _yes(_get(status, "Reset Required")) is not None:
+        required, drain = _yes(_get(status, "Reset Required")), _yes(_get(status, "Drain and Reset Recommended"))
+        d["recovery_action"] = "drain_and_reset" if required and drain else "reset" if required else "none"
+    elif _na(action) or (isinstance(status, dict) and all(_na(v) for v in status.values())):
+        errors["recovery_action"] = NA
+    elif status is not None:
+        errors["recovery_action"] = f"GPU Reset Status unreadable ({_get(status, 'Reset Required')})"
+    fab = _get(g, "Fabric")
+    if isinstance(fab, dict):
+        state = str(_get(fab, "State") or "").strip()
+        if not state or _na(state) or state.lower() == "not supported":
+            errors["fabric"] = NA
+        else:
+            st = str(_get(fab, "Status") or "").strip()
+            d["fabric"] = {"state": _FABRIC_STATES.get(state.lower(), state.lower().replace(" ", "_")),
+                           # NVML's status is an nvmlReturn_t: "Success" is 0, anything else the words
+                           "status": 0 if st.lower() == "success" else None if not st or _na(st) else st,
+                           "clique_id": _int(_get(fab, "CliqueId")),
+                           "cluster_uuid": _get(fab, "ClusterUUID")}
+    elif fab is not None:
+        errors["fabric"] = NA
 
 
 def _flat(d: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -409,4 +460,73 @@ def covered_checks(gpus: dict[str, Any]) -> set[str]:
     for key, check in DEVICE_CHECKS.items():
         if any(d.get(key) is not None or (d.get("field_errors") or {}).get(key) == NA for d in devices):
             out.add(check)
+    return out
+
+
+# --------------------------------------------------------------- topo -m
+
+#: ``nvidia-smi topo -m`` PCIe link codes -> NVML's common-ancestor level names (the probe's
+#: ``gpus.topology`` levels; nvidia-smi prints the level NVML reports).  ``SOC`` is the name
+#: older drivers printed for ``SYS``.
+TOPO_LEVELS = {"PIX": "SINGLE", "PXB": "MULTIPLE", "PHB": "HOSTBRIDGE", "NODE": "NODE", "SYS": "SYSTEM",
+               "SOC": "SYSTEM"}
+_TOPO_CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
+_TOPO_AFFINITY = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+
+
+def parse_topo_matrix(text: str) -> dict[str, Any]:
+    """``nvidia-smi topo -m`` as ``{gpus, nics, pairs, gpu_nic}``.
+
+    ``gpus``: GPU index -> ``{cpu_affinity, numa_node}`` (``NUMA Affinity``; ``N/A`` is None);
+    ``nics``: column name -> device (``NIC0`` -> ``mlx5_0`` from the ``NIC Legend``; older drivers
+    name the column ``mlx5_0`` itself); ``pairs``: one per GPU pair ``{gpus: [a, b], link, level,
+    nvlinks}`` (``NV18`` is 18 bonded NVLinks, its PCIe level not shown); ``gpu_nic``:
+    ``{gpu, nic, link, level}`` per GPU and NIC.  Columns are found by the header's names, so a
+    matrix with or without NICs, ``NUMA Affinity`` or ``GPU NUMA ID`` reads the same."""
+    lines = [x.rstrip() for x in text.splitlines()]
+    head_at = next((n for n, x in enumerate(lines) if re.match(r"^\s*GPU0(\s|$)", x) and "GPU0" in x.split()[:1]), None)
+    out: dict[str, Any] = {"gpus": {}, "nics": {}, "pairs": [], "gpu_nic": []}
+    if head_at is None:
+        return out
+    header = lines[head_at]
+    cols: list[str] = []
+    for tok in header.split():
+        if tok in ("CPU", "NUMA", "GPU") and cols and not re.match(r"^GPU\d+$", tok):
+            break
+        cols.append(tok)
+    extra = [name for name in _TOPO_AFFINITY if name in header]
+    cells: dict[str, dict[str, str]] = {}
+    for line in lines[head_at + 1:]:
+        words = line.split()
+        if not words or words[0].rstrip(":") == "Legend" or words[0] in ("NIC", "Legend:"):
+            break
+        row, vals = words[0], words[1:]
+        if row not in cols or len(vals) < len(cols) or not all(_TOPO_CELL.match(v) for v in vals[:len(cols)]):
+            continue
+        cells[row] = dict(zip(cols, vals[:len(cols)]))
+        m = re.match(r"^GPU(\d+)$", row)
+        if m:
+            aff = dict(zip(extra, vals[len(cols):]))
+            numa = aff.get("NUMA Affinity")
+            out["gpus"][int(m.group(1))] = {"cpu_affinity": None if _na(aff.get("CPU Affinity")) else
+                                            aff.get("CPU Affinity"),
+                                            "numa_node": int(numa) if numa and numa.isdigit() else None}
+    legend = dict(re.findall(r"^\s*(NIC\d+):\s*(\S+)\s*$", text, re.M))
+    nic_cols = [c for c in cols if not re.match(r"^GPU\d+$", c)]
+    out["nics"] = {c: legend.get(c, c) for c in nic_cols}
+
+    def link(code: str) -> dict[str, Any]:
+        nv = re.match(r"^NV(\d+)$", code)
+        return {"link": code, "level": TOPO_LEVELS.get(code), "nvlinks": int(nv.group(1)) if nv else None}
+
+    gpus = sorted(int(c[3:]) for c in cols if re.match(r"^GPU\d+$", c))
+    for n, a in enumerate(gpus):
+        for b in gpus[n + 1:]:
+            code = cells.get(f"GPU{a}", {}).get(f"GPU{b}") or cells.get(f"GPU{b}", {}).get(f"GPU{a}")
+            if code:
+                out["pairs"].append({"gpus": [a, b], **link(code)})
+        for c in nic_cols:
+            code = cells.get(f"GPU{a}", {}).get(c)
+            if code:
+                out["gpu_nic"].append({"gpu": a, "nic": out["nics"][c], **link(code)})
     return out
