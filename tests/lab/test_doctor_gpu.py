@@ -120,7 +120,34 @@ def test_remapped_rows_pending_is_a_warning_with_reset(lab, inventory, capsys, h
     faults.inject(lab.host_dir(victim), "remap", gpu=5, pending=True)
     rc, rep, _ = doctor(inventory, capsys)
     remap = find(rep, "gpu.remap", victim, "gpu:5")
-    assert remap["severity"] == "WARN" and "reset the GPU to apply" in remap["action"]
+    assert remap["severity"] == "WARN" and "reset the GPU at the next maintenance window" in remap["action"]
+
+
+def test_nvml_recovery_action_takes_the_tp_group_out(lab, inventory, capsys, healed):
+    """The probe reads NVML_FI_DEV_GET_GPU_RECOVERY_ACTION from the (fake) driver, not the kernel log."""
+    victim = lab.names[0]
+    healed.append(victim)
+    faults.inject(lab.host_dir(victim), "recovery", gpu=3, action="drain-and-reset", log_xid=0)
+    rc, rep, _ = doctor(inventory, capsys)
+    assert rc == 2
+    rec = find(rep, "gpu.recovery", victim, "gpu:3")
+    assert rec["severity"] == "CRIT" and "drain_and_reset" in rec["message"] and "nvidia-smi -r" in rec["action"]
+    assert find(rep, "tp.group", None, "tp-group:grp-b")["severity"] == "CRIT"
+    assert find(rep, "tp.group", None, "tp-group:grp-a")["severity"] == "OK"
+
+
+def test_a_gpu_not_registered_with_the_nvlink_fabric_is_critical(lab, inventory, capsys, healed):
+    victim = lab.names[1]
+    healed.append(victim)
+    for gpu in range(4):
+        faults.inject(lab.host_dir(victim), "fabric", gpu=gpu, state="completed")
+    faults.inject(lab.host_dir(victim), "fabric", gpu=2, state="not-started")
+    rc, rep, _ = doctor(inventory, capsys)
+    assert rc == 2
+    fab = find(rep, "gpu.fabric", victim, "gpu:2")
+    assert fab["severity"] == "CRIT" and "not registered with the NVLink fabric (state not_started)" in fab["message"]
+    assert find(rep, "gpu.fabric", victim, "gpu:1")["severity"] == "OK"
+    assert find(rep, "tp.group", None, "tp-group:grp-c")["severity"] == "CRIT"
 
 
 def test_foreign_process_on_an_instance_gpu(lab, inventory, capsys, healed):
