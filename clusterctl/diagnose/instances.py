@@ -7,7 +7,8 @@ placement), the unit ``clusterctl-NAME.service`` as the probe read it
 - ``failed`` or ``inactive``: CRIT, the instance is down, with the reason
   from its journal and systemd's ``Result=`` (:mod:`clusterctl.diagnose.unitlog`);
 - ``activating (auto-restart)``: CRIT, between automatic restarts (a crash loop);
-- no unit: CRIT, wanted by the inventory but not deployed there;
+- no unit: no finding (not deployed yet, or started some other way;
+  ``clusterctl status`` reports a wanted instance without a unit as absent);
 - active, restarted by systemd ``serving.restarts_warn`` (3) times or more
   (``NRestarts``): WARN, it keeps crashing and coming back;
 - active otherwise: OK.
@@ -47,16 +48,15 @@ def check_units(ctx: AnalysisContext) -> list[Finding]:
                                "(systemctl did not answer)", "run doctor again; check systemctl on the host"))
             continue
         unit = next((u for u in units if isinstance(u, dict) and u.get("unit") == sources.unit_name(inst.name)), None)
+        if unit is None or unit.get("load_state") == "not-found":
+            continue
         out.append(_verdict(ctx, host, inst.name, subj, unit, restarts_warn))
     return out
 
 
-def _verdict(ctx: AnalysisContext, host: str, name: str, subj: str, unit: dict[str, Any] | None,
+def _verdict(ctx: AnalysisContext, host: str, name: str, subj: str, unit: dict[str, Any],
              restarts_warn: float) -> Finding:
     uname = sources.unit_name(name)
-    if unit is None or unit.get("load_state") == "not-found":
-        return Finding(CHECK, Severity.CRIT, host, subj, f"down: wanted by the inventory, no {uname} on {host}",
-                       f"deploy it (clusterctl deploy -i INVENTORY --instances {name})")
     active, sub = unit.get("active_state"), unit.get("sub_state")
     restarts = unit.get("restarts") or 0
     journal = ctx.raw.get(host, {}).get(f"{name}.log", "")
