@@ -26,6 +26,12 @@ from clusterctl.errors import Problem
 
 #: Most nodes one document may expand to (alias bombs stop here).
 MAX_NODES = 200_000
+#: Deepest flow nesting (``[[[...`` / ``{{{...``) read: PyYAML's pure-Python scanner is
+#: quadratic in it (3,000 ``[`` took 10 s), and no inventory needs more than a few levels.
+MAX_FLOW_DEPTH = 100
+#: Larger texts that libyaml refuses are not parsed again by the slower pure-Python parser
+#: (only for its more detailed message).
+MAX_REPARSE_BYTES = 1 << 20
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 #: Characters no inventory string may hold: C0 controls but tab, DEL, C1 controls, the Unicode
@@ -158,6 +164,41 @@ class _TooBig(Exception):
         self.line = line
 
 
+def _too_deep(text: str) -> int:
+    """The line where flow nesting passes :data:`MAX_FLOW_DEPTH`, else 0.
+
+    Brackets inside quotes and comments do not count (an approximation of YAML's
+    rules that never undercounts real nesting by much, and real inventories stay
+    far below the limit).
+    """
+    if text.count("[") + text.count("{") <= MAX_FLOW_DEPTH:
+        return 0
+    depth, line, quote, comment, prev = 0, 1, "", False, " "
+    for ch in text:
+        if ch == "\n":
+            line += 1
+            comment = False
+            if not depth:
+                quote = ""
+        elif comment:
+            pass
+        elif quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"" and prev in " \t[{,:":
+            quote = ch
+        elif ch == "#" and prev in " \t":
+            comment = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_FLOW_DEPTH:
+                return line
+        elif ch in "]}" and depth:
+            depth -= 1
+        prev = ch
+    return 0
+
+
 def parse(text: str, filename: str, problems: list[Problem], *, text_only: bool = False) -> Y | None:
     """Parse one YAML document; append problems, return ``None`` if unusable.
 
@@ -166,11 +207,16 @@ def parse(text: str, filename: str, problems: list[Problem], *, text_only: bool 
     A syntax error is reported at its line with YAML's own explanation.  An
     empty document returns ``None`` with a problem.
     """
+    deep = _too_deep(text)
+    if deep:
+        problems.append(Problem(filename, deep, f"YAML nesting is too deep (more than {MAX_FLOW_DEPTH} "
+                                                "levels of [ ] or { })"))
+        return None
     try:
         try:
             node = yaml.compose(text, Loader=_LOADER)
         except yaml.MarkedYAMLError:
-            if _LOADER is yaml.SafeLoader:
+            if _LOADER is yaml.SafeLoader or len(text) > MAX_REPARSE_BYTES:
                 raise
             # libyaml's messages are terser; the pure-Python parser explains more.
             node = yaml.compose(text, Loader=yaml.SafeLoader)

@@ -133,7 +133,7 @@ def _child(spec_path: str) -> None:
             elif "unexpected internal error" in text or "Traceback" in text or rc not in (0, 1, 2, 3):
                 status = "traceback"
         results.append({"status": status, "rc": rc, "s": round(time.monotonic() - t0, 3),
-                        "err": text[-600:], "argv": case["argv"][:6],
+                        "err": text[-600:], "out": out.getvalue()[-600:], "argv": case["argv"][:6],
                         "note": case.get("note", "")})
     os.environ.clear()
     os.environ.update(base_env)

@@ -89,3 +89,15 @@ def test_an_ansible_yaml_alias_bomb_is_refused(tmp_path: Path) -> None:
     (tmp_path / "group_vars" / "all.yml").write_text(_alias_bomb("") + "bomb: *a9\n")
     for r in _run(tmp_path, [fuzz.Case(["inventory", "import-ansible", str(p)]) for p in (inv, plain)]):
         assert r["rc"] == 3 and "alias bomb" in r["err"], r
+
+
+def test_deep_flow_nesting_is_refused_before_the_slow_parser_sees_it(tmp_path: Path) -> None:
+    """Found by the fuzz campaign: PyYAML's pure-Python parser (used again for its message after libyaml
+    refuses a file) spends seconds of CPU on a few thousand ``[``; 100 levels is the limit now."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("version: 1\nhosts:\n  h: " + "[" * 20000 + "\n")
+    ok = tmp_path / "ok.yaml"
+    ok.write_text('version: 1\nhosts:\n  h: {labels: {a: "[[[[' + "[" * 200 + '"}}\n')  # quoted: not nesting
+    deep, quoted = _run(tmp_path, [fuzz.Case(["inventory", "validate", "-i", str(p)]) for p in (inv, ok)])
+    assert deep["rc"] == 3 and "inv.yaml:3: YAML nesting is too deep" in deep["out"] + deep["err"], deep
+    assert quoted["rc"] == 0, quoted
