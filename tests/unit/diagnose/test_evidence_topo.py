@@ -243,3 +243,23 @@ def test_rdma_statistic_outputs_without_times_give_no_rates(tmp_path):
     assert any("without a time" in s["note"] for s in snap.inputs["gpu01"])
     findings = diagnose(context(snap, None, {}), ["roce.congestion"])
     assert findings and all(f.severity == Severity.UNKNOWN for f in findings if f.check == "roce.congestion")
+
+
+def test_json_rdma_statistic_after_a_date_line_is_a_sample(tmp_path):
+    one = '[{"ifindex":2,"ifname":"mlx5_0","port":1,"np_cnp_sent":%d,"packet_seq_err":0}]\n'
+    b = bundle(tmp_path, {"gpu01": {"s1.json": "1796119200\n" + one % 0, "s2.json": "1796119205\n" + one % 500000}})
+    snap, _ = read_bundle(b)
+    assert {s["kind"] for s in snap.inputs["gpu01"]} == {"rdma statistic"}
+    nic = snap.facts["gpu01"]["nics"][0]
+    assert nic["netdev"] == "mlx5_0" and [s["hw_counters"]["np_cnp_sent"] for s in nic["samples"]] == [0, 500000]
+
+
+def test_an_inventory_data_nic_the_raw_outputs_do_not_show_is_not_checked_not_missing(tmp_path):
+    """Before: `the inventory's data NIC does not exist on this host` (CRIT) for a host whose
+    bundle had only nvidia-smi -q."""
+    inv = load_inventory_text("version: 1\nhosts:\n  gpu01:\n    address: 10.0.0.1\n    gpus: {count: 8}\n"
+                              "    nics:\n      - {netdev: eth2, role: data, speed_gbps: 200}\n", "site.yaml")
+    b = bundle(tmp_path, {"gpu01": {"q.txt": H100_Q}})
+    assert rows(run(b, ["net.data"], inv), "net.data") == [("gpu01", "host", "UNKNOWN")]
+    b = bundle(tmp_path / "x", {"gpu01": {"q.txt": H100_Q, "ibdev2netdev.txt": "mlx5_0 port 1 ==> eth2 (Down)\n"}})
+    assert rows(run(b, ["net.data"], inv), "net.data") == [("gpu01", "nic:eth2", "CRIT")]  # shown, and down
