@@ -18,7 +18,9 @@ Input: the instances that should run, doctor's ``tp.group`` CRIT findings
   finding's action is node-level (:func:`node_level`: "drain the node ...",
   a power cycle: XID 79, a lost GPU), the whole host is cordoned instead,
   the reason ending with ``(node-level: <action>)``: the group must not be
-  re-placed on other GPUs of a node that is about to be drained.  Hosts the
+  re-placed on other GPUs of a node that is about to be drained; any host
+  with a node-level CRIT finding is cordoned so (when the run takes
+  something out), also one whose instance is over the cap.  Hosts the
   operator names (``avoid_hosts``, ``failover --avoid-host``) are cordoned
   with the reason ``failover: --avoid-host (operator)``.  A target that
   is already cordoned (by an operator or an earlier run) is left as it is:
@@ -164,6 +166,13 @@ def plan_failover(instances: Mapping[str, Instance], unavailable: Mapping[str, s
             if not _already_cordoned(state, key) and key not in plan.cordons:
                 plan.cordons[key] = Cordon(reason=CORDON_PREFIX + why, who=who, when=when)
     if chosen:
+        # A node-level finding anywhere (an instance over the cap, a GPU no instance uses) rules its whole
+        # host out as a target: a group moved there would land on a node doctor says to drain.
+        for f in gpu_findings:
+            if f.severity == Severity.CRIT and f.host and node_level(f) and \
+                    not _already_cordoned(state, f.host) and f.host not in plan.cordons:
+                plan.cordons[f.host] = Cordon(reason=CORDON_PREFIX + f"{f.check}: {f.message} on {f.subject} "
+                                              f"(node-level: {f.action})", who=who, when=when)
         for host in avoid_hosts:
             if not _already_cordoned(state, host) and host not in plan.cordons:
                 plan.cordons[host] = Cordon(reason=CORDON_PREFIX + AVOID_REASON, who=who, when=when)

@@ -1,7 +1,7 @@
-"""clusterctl failover on the lab: real nginx on the first host, simulator replicas on the other two.
+"""clusterctl failover on the lab: real nginx on the first host, simulator replicas on all three.
 
-A template ``fo`` of four TP-2 replicas of a tiny model (VLLM_SIM_TIME_SCALE=0) over the second and
-third hosts, deployed with ``clusterctl deploy``; the gateway installed with ``clusterctl gateway
+A template ``fo`` of four TP-2 replicas of a tiny model (VLLM_SIM_TIME_SCALE=0) over the three
+hosts, deployed with ``clusterctl deploy``; the gateway installed with ``clusterctl gateway
 deploy``.  Two replicas lose a GPU (the lab's ``gpu-lost`` fault): doctor marks both TP groups
 UNAVAILABLE (``status`` and a plain ``gateway sync`` see it too).  With ``--max-share 0.25`` (one of four per run) failover moves the first, leaves the
 second alone (over the cap), keeps the operator's cordon and adds its own on the lost GPU's whole host
@@ -38,7 +38,9 @@ class Scene:
     def __init__(self, lab: Any, root: Path, model_dir: Path) -> None:
         self.lab, self.root = lab, root
         self.inv_path, self.state_dir = root / "inventory.yaml", root / "state"
-        self.gw_host, self.workers = lab.names[0], lab.names[1:3]
+        # Replicas on all three hosts (nginx shares the first): a lost GPU's node-level action rules its whole
+        # host out, and with two lost GPUs on two hosts the move needs a third.
+        self.gw_host, self.workers = lab.names[0], lab.names[:3]
         doc = yaml.safe_load(Path(lab.inventory).read_text())
         doc["models"] = {"fo-tiny": tiny_entry(model_dir, "/models/fo-tiny", served_name="fo-tiny")}
         doc["templates"] = {"fo": {**TEMPLATE, "hosts": ",".join(self.workers)}}
@@ -148,7 +150,9 @@ def test_failover_moves_one_unavailable_replica_within_the_cap_and_keeps_cordons
     assert new_host != old_host
     assert cordons[old_host]["reason"].startswith("failover: gpu.lost")
     assert "(node-level: drain the node" in cordons[old_host]["reason"]
-    assert set(cordons) == set(operator) | {old_host}
+    # fo-2 is over the cap and stays where it is, but its host is ruled out as a target too.
+    assert set(cordons) == set(operator) | {old_host, before["fo-2"][0]}
+    assert new_host != before["fo-2"][0]
 
     # The moved replica runs at its new place, passes the gates and receives traffic again; fo-2 stays out.
     status, _ = http(f"http://{scene.lab.host(new_host).address}:{new_port}/health")

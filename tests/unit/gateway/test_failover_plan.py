@@ -136,3 +136,17 @@ def test_avoid_host_is_cordoned_with_the_operators_reason_and_not_placed_on() ->
     assert move.new.host != other
     # Nothing to take out: --avoid-host cordons nothing either.
     assert not plan_failover(instances, {}, state, inv, max_share=0.25, avoid_hosts=[other]).cordons
+
+
+def test_a_node_level_finding_of_an_instance_over_the_cap_still_rules_its_host_out() -> None:
+    inv, instances, state = _placed({"h1": 4, "h2": 4, "h3": 8}, templates=(("pool", 4, 2, "h[1-3]", 8000),))
+    a, b = state.placements["pool"]["pool-1"], state.placements["pool"]["pool-2"]
+    node = "drain the node and power-cycle it; replace the GPU if it happens again"
+    lost = [Finding("gpu.lost", Severity.CRIT, p.host, f"gpu:{p.gpus[1]}", "GPU has fallen off the bus", action=node)
+            for p in (a, b)]
+    plan = plan_failover(instances, {"pool-1": "UNAVAILABLE", "pool-2": "UNAVAILABLE"}, state, inv,
+                         max_share=0.25, gpu_findings=lost)
+    assert a.host != b.host  # h1 and h2 hold two replicas each; h3 is free
+    assert plan.over_cap == ["pool-2"] and set(plan.cordons) == {a.host, b.host}
+    [move] = plan.moves
+    assert move.new.host not in (a.host, b.host)
