@@ -4,7 +4,7 @@
   inventory, exiting 3 when the pattern is bad or selects nothing;
 * :func:`check_host_key_policy` checks ``--host-key-policy``;
 * :func:`become_password` asks for (``-K``) or reads the sudo password;
-* :class:`HostProgress` renders per-host progress on stderr;
+* :class:`HostProgress` (from :mod:`clusterctl.cli._progress`) renders per-host progress;
 * the typer option objects ``FanoutOpt``, ``HostKeyOpt``, ``DeadlineOpt``,
   ``ConnectTimeoutOpt``, ``ProbeSudoOpt`` and ``AskBecomePassOpt``.
 """
@@ -14,18 +14,17 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import os
-import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import err_console, fail, load_inventory, user_config
+from clusterctl.cli._common import fail, load_inventory, user_config
+from clusterctl.cli._progress import HostProgress  # noqa: F401  (re-exported: the commands import it from here)
 from clusterctl.config import resolve_inventory_path
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.failed import load_failed
 from clusterctl.fleet.hostkeys import HOST_KEY_POLICIES
-from clusterctl.fleet.results import HostResult, HostStatus
 from clusterctl.inventory.model import Host
 
 #: Environment variable read for the sudo password when ``-K`` is not given.
@@ -76,44 +75,6 @@ def become_password(ask: bool, hosts: list[Host], sudo: bool) -> Optional[str]:
     if ask:
         return getpass.getpass("become (sudo) password: ")
     return os.environ.get(BECOME_PASSWORD_ENV)
-
-
-class HostProgress:
-    """A rich progress bar on a terminal; one plain stderr line per host otherwise.
-
-    ``with HostProgress(n, "exec", True) as on_result:`` gives the callback to
-    hand to ``Fleet.run(on_result=...)``; ``enabled=False`` prints nothing.
-    """
-
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.total = total
-        self.done = 0
-        self._bar: Any = None  # a rich Progress, imported only for a terminal
-        self._plain = enabled and not err_console.is_terminal
-        if enabled and err_console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=err_console, transient=True)
-            self._task = self._bar.add_task(label, total=total)
-
-    def __enter__(self) -> Callable[[HostResult], None]:
-        if self._bar:
-            self._bar.start()
-        return self.update
-
-    def update(self, r: HostResult) -> None:
-        self.done += 1
-        if self._bar:
-            self._bar.advance(self._task)
-        elif self._plain:
-            what = r.status.value if r.rc is None or r.status is not HostStatus.FAILED else f"rc={r.rc}"
-            print(f"[{self.done}/{self.total}] {r.host} {what} {r.duration_s:.2f}s",
-                  file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar:
-            self._bar.stop()
 
 
 def instances_wanted(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any], Path]:

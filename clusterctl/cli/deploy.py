@@ -80,13 +80,10 @@ def _fleet_factory(inv: Any, *, fanout: Optional[int], connect_timeout: Optional
 
 
 def _events(enabled: bool) -> Any:
-    def show(e: Any) -> None:
-        if not enabled:
-            return
-        mark = "" if e.ok else "!! "
-        where = f"{e.host}: " if e.host else ""
-        err_console.print(f"{mark}[{e.kind}] {where}{e.message}", markup=False, highlight=False)
-    return show
+    """The deploy renderer (a context manager, and the ``on_event`` callback)."""
+    from clusterctl.cli._progress import EventProgress
+
+    return EventProgress("deploy", enabled)
 
 
 def _plan_table(plan: Any) -> None:
@@ -196,13 +193,15 @@ def deploy(inventory: Optional[str] = InventoryOpt,
             fail("--serial does not go with --playbook: each canary, rollout and exec step has its own serial")
         if release.any:
             fail("--gate / --record-baseline do not go with --playbook: give the playbook drift: and bench: gates")
-        run_playbook(playbook, inv, hosts, make, sd, opts, as_json=as_json, detailed_exitcode=detailed_exitcode,
-                     on_event=_events(not as_json))
+        with _events(not as_json) as events:
+            run_playbook(playbook, inv, hosts, make, sd, opts, as_json=as_json, detailed_exitcode=detailed_exitcode,
+                         on_event=events)
     try:
-        if release.any and not plan_only:
-            rep = ReleaseDeploy(inv, hosts, make, sd, opts, on_event=_events(not as_json), release=release).run()
-        else:
-            rep = Deploy(inv, hosts, make, sd, opts, on_event=_events(not as_json)).run()
+        with _events(not as_json) as events:
+            if release.any and not plan_only:
+                rep = ReleaseDeploy(inv, hosts, make, sd, opts, on_event=events, release=release).run()
+            else:
+                rep = Deploy(inv, hosts, make, sd, opts, on_event=events).run()
     except PreflightRefused as e:
         refused(e, as_json)
     except LockHeld as e:
@@ -245,8 +244,9 @@ def rollback(inventory: Optional[str] = InventoryOpt,
     make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
                           password=become_password(ask_become_pass, hosts, True))
     try:
-        rep = do_rollback(inv, hosts, make, sd, instances=instances, gate_timeout_s=gate_timeout,
-                          break_lock=break_lock, drain_timeout_s=drain_timeout, on_event=_events(not as_json))
+        with _events(not as_json) as events:
+            rep = do_rollback(inv, hosts, make, sd, instances=instances, gate_timeout_s=gate_timeout,
+                              break_lock=break_lock, drain_timeout_s=drain_timeout, on_event=events)
     except ClusterctlError as e:
         fail(str(e))
     if as_json:

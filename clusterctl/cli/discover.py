@@ -144,7 +144,7 @@ def discover(hosts: List[str] = typer.Argument(None, help="Host names or address
     else:
         facts, missing, engines = _gather(list(inv.hosts.values()), fanout=fanout, connect_timeout=connect_timeout,
                                           host_key_policy=host_key_policy,
-                                          progress=not json_out and err_console.is_terminal)
+                                          progress=not json_out)
     result = _discover(facts, base, engines=engines, rack_rule=rule, missing=missing)
     text = "# Written by `clusterctl inventory discover`: review it before use.\n" + \
         "".join(f"# - {n}\n" for n in result.notes) + yaml.safe_dump(result.data, sort_keys=False, width=110)
@@ -205,7 +205,7 @@ def diff(pattern: str = typer.Argument("all", help="Hosts to compare.", autocomp
     else:
         facts, missing, engines = _gather(hosts, fanout=fanout, connect_timeout=connect_timeout,
                                           host_key_policy=host_key_policy,
-                                          progress=not json_out and err_console.is_terminal)
+                                          progress=not json_out)
     diffs = _diff(inv, facts, missing=missing, engines=engines)
     code = 1 if any(d.severity == "WARN" for d in diffs) else 3 if diffs else 0
     if json_out:

@@ -114,7 +114,7 @@ def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, ti
     with fleet, HostProgress(len(hosts), "probe", progress) as bar:
         snap = gather(fleet, inv, hosts, interval_s=interval, timeout=timeout, sudo=sudo,
                       on_facts=lambda r: bar(as_row(r)), raw_outputs=raw_outputs,
-                      on_event=lambda s: err_console.print(s, markup=False) if progress else None)
+                      on_event=bar.note)
     for w in fleet.warnings:
         err_console.print(f"warning: {w}", markup=False)
     return snap, inv, path

@@ -160,7 +160,7 @@ def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @gr
     fleet = Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
                   command_timeout=timeout, deadline=deadline, become_password=password,
                   transport=ParamikoTransport(host_key_policy=policy))
-    with fleet, HostProgress(len(hosts), "facts", True) as progress:
+    with fleet, HostProgress(len(hosts), "facts", not as_json) as progress:
         results = collect_facts(fleet, timeout=timeout, sudo=sudo,
                                 on_result=lambda r: progress(_as_row(r)))
     for w in fleet.warnings:

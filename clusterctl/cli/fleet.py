@@ -110,7 +110,7 @@ def exec_cmd(
     password = become_password(ask_become_pass, hosts, sudo)
     res, warnings = _run(hosts, text, fanout=fanout, connect_timeout=connect_timeout, timeout=timeout,
                          deadline=deadline, sudo=sudo, policy=policy, become_password=password,
-                         progress=True, label="exec")
+                         progress=not as_json, label="exec")
     for w in warnings:
         err_console.print(f"warning: {w}", markup=False)
     _remember(path, res, text)
@@ -140,7 +140,7 @@ def ping(
     path, hosts = select(inventory, pattern)
     res, warnings = _run(hosts, "true", fanout=fanout, connect_timeout=connect_timeout, timeout=None,
                          deadline=deadline, sudo=False, policy=policy, become_password=None,
-                         progress=True, label="ping")
+                         progress=not as_json, label="ping")
     for w in warnings:
         err_console.print(f"warning: {w}", markup=False)
     _remember(path, res, "ping")

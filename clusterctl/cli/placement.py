@@ -249,7 +249,8 @@ def _deploy_template(inv: Any, store: Any, template: str, names: list[str], *, a
         make = _fleet_factory(inv, fanout=opts["fanout"], connect_timeout=opts["connect_timeout"],
                               host_key_policy=policy, password=become_password(ask_become_pass, hosts, True))
         _place_with_topology(inv, store, make, as_json)
-        rep = Deploy(inv, hosts, make, str(store.directory), dopts, on_event=_events(not as_json)).run()
+        with _events(not as_json) as events:
+            rep = Deploy(inv, hosts, make, str(store.directory), dopts, on_event=events).run()
     except PreflightRefused as e:
         fail(f"{e}; the new count is recorded: `clusterctl scale {template} --replicas N` to change it")
     except ClusterctlError as e:

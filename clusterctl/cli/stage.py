@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._progress import ByteProgress
 from clusterctl.cli._hosts import (
     ConnectTimeoutOpt, HostKeyOpt, become_password, check_host_key_policy, select,
 )
@@ -130,54 +131,6 @@ def _status_rows(rows: list) -> List[tuple]:
             out.append((r.host, (m["name"], m.get("current") or "-", versions,
                                  "yes" if m.get("current") else "no", _pct(m.get("residency")), note)))
     return out
-
-
-class StageProgress:
-    """Bytes and bytes/s per host (up to ``PER_HOST_BARS`` hosts) and overall, on a terminal.
-
-    Off a terminal it prints nothing live (the final table has the rates).
-    ``on_progress`` goes to ``stage_model(on_progress=...)``, ``on_result`` to its ``on_result``.
-    """
-
-    PER_HOST_BARS = 16
-
-    def __init__(self, hosts: List[str], total_bytes: int, enabled: bool):
-        self._bar: Any = None
-        self._tasks: dict = {}
-        self._done: dict = {}
-        self.live = enabled and err_console.is_terminal
-        if not self.live:
-            return
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TransferSpeedColumn)
-
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                             TransferSpeedColumn(), TimeElapsedColumn(), console=err_console, transient=True)
-        self._total = self._bar.add_task(f"all {len(hosts)} hosts", total=total_bytes * len(hosts))
-        if len(hosts) <= self.PER_HOST_BARS:
-            for h in hosts:
-                self._tasks[h] = self._bar.add_task(f"  {h}", total=total_bytes)
-
-    def __enter__(self) -> "StageProgress":
-        if self._bar:
-            self._bar.start()
-        return self
-
-    def on_progress(self, host: str, done: int, total: int) -> None:
-        if not self._bar:
-            return
-        self._done[host] = done
-        if host in self._tasks:
-            self._bar.update(self._tasks[host], completed=done, total=total)
-        self._bar.update(self._total, completed=sum(self._done.values()))
-
-    def on_result(self, r: Any) -> None:
-        if self._bar and r.host in self._tasks:
-            self._bar.update(self._tasks[r.host], description=f"  {r.host} {r.status.value}")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar:
-            self._bar.stop()
 
 
 def _fleet(hosts: list, fanout: int, timeout: float, connect_timeout: Optional[float],
@@ -319,7 +272,7 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
         err_console.print(f"staging {model.name} {man.version} ({man.total_bytes / 1e6:.1f} MB, {len(man.files)} files) "
                           f"from {src.label} to {len(hosts)} hosts, relay {relay}", markup=False)
     with _fleet(hosts, fanout, timeout, connect_timeout, policy, password) as fleet, \
-            StageProgress([h.name for h in hosts], man.total_bytes, not as_json) as progress:
+            ByteProgress("stage", [h.name for h in hosts], man.total_bytes, not as_json) as progress:
         try:
             report = rn.stage_model(fleet, hosts, model, src, man, relay=relay, chains=chains,
                                     tree_fanout=tree_fanout, per_rack=per_rack, port=port,

@@ -27,12 +27,18 @@ FleetFactory = Callable[[Sequence[Host]], Any]
 
 @dataclass
 class Event:
-    """One progress line: ``kind`` is ``phase``, ``batch``, ``host``, ``gate`` or ``warn``."""
+    """One progress line: ``kind`` is ``phase``, ``batch``, ``host``, ``gate`` or ``warn``.
+
+    Batch events carry ``step`` (1-based) of ``steps``: the start of a batch,
+    then its end (``done``)."""
 
     kind: str
     message: str
     host: str | None = None
     ok: bool = True
+    step: int | None = None
+    steps: int | None = None
+    done: bool = False
 
 
 @dataclass
@@ -221,8 +227,9 @@ class Deploy:
         #: host -> model path -> link target before this run staged anything (what rollback restores).
         self.links_before: dict[str, dict[str, str | None]] = {}
 
-    def event(self, kind: str, message: str, host: str | None = None, ok: bool = True) -> None:
-        self.on_event(Event(kind, message, host, ok))
+    def event(self, kind: str, message: str, host: str | None = None, ok: bool = True,
+              step: int | None = None, steps: int | None = None, done: bool = False) -> None:
+        self.on_event(Event(kind, message, host, ok, step, steps, done))
 
     def _read(self, fleet: Any, hosts: list[str] | None = None, gpu_uuids: bool = False) -> dict[str, remote.HostState]:
         paths = sorted({r.model_path for r in self.rendered.values()})
@@ -365,7 +372,7 @@ class Deploy:
         rep.result = "ok"
         for n, batch in enumerate(rep.batches, 1):
             label = "canary" if n == 1 and len(rep.batches) > 1 else f"batch {n}/{len(rep.batches)}"
-            self.event("batch", f"{label}: {len(batch)} hosts: {', '.join(batch)}")
+            self.event("batch", f"{label}: {len(batch)} hosts: {', '.join(batch)}", step=n, steps=len(rep.batches))
             failed = self._batch(fleet, n, batch, by_host, states, rep)
             if rollout.batch_failed(len(failed), len(batch), self.opts.max_fail_percentage):
                 self.event("batch", f"{label} failed on {len(failed)}/{len(batch)} hosts "
@@ -380,7 +387,7 @@ class Deploy:
             if failed:
                 self._rollback(fleet, failed, by_host, rep, "failed")
                 rep.result = "partial"
-            self.event("batch", f"{label} passed", ok=True)
+            self.event("batch", f"{label} passed", ok=True, step=n, steps=len(rep.batches), done=True)
 
     def _batch(self, fleet: Any, n: int, batch: list[str], by_host: Mapping[str, Any],
                states: dict[str, remote.HostState], rep: DeployReport) -> list[str]:

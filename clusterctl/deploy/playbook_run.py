@@ -425,7 +425,7 @@ class PlaybookRun:
         outcome = StepOutcome(s.name, s.kind, "ok")
         for n, batch in enumerate(batches, 1):
             label = f"{s.name} batch {n}/{len(batches)}"
-            self.dep.event("batch", f"{label}: {len(batch)} hosts: {', '.join(batch)}")
+            self.dep.event("batch", f"{label}: {len(batch)} hosts: {', '.join(batch)}", step=n, steps=len(batches))
             failed = self.dep._batch(fleet, len(rep.batches) - len(batches) + n, batch, sc, states, rep)
             for h in batch:
                 outcome.hosts[h] = (rep.hosts[h].error or "failed") if h in failed else "ok"
@@ -445,7 +445,7 @@ class PlaybookRun:
                 if h not in failed:
                     self.started.setdefault(h, set()).update(i.instance for i in sc[h].items if i.action in STARTING)
                 self.written.pop(h, None)
-            self.dep.event("batch", f"{label} passed")
+            self.dep.event("batch", f"{label} passed", step=n, steps=len(batches), done=True)
         return outcome
 
     def _gate(self, fleet: Any, names: list[str], rep: DeployReport) -> list[str]:
