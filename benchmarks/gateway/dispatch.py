@@ -1,33 +1,36 @@
-"""Round robin against load-aware dispatch through the real nginx gateway, measured with ``clusterctl bench``.
+"""Round robin, least_conn and least_score dispatch through the real nginx gateway.
 
-On the lab: nginx + njs on the first host (``clusterctl gateway deploy``), four
-simulator instances serving a sparse Qwen3-8B on the next two hosts, two with
-the ``h100-sxm`` latency profile and two with ``l40s-48g`` (a fleet with mixed
-GPUs, as in the field report), ``--max-num-seqs`` small enough that a busy
-instance queues.  The workload is a JSONL dataset (``clusterctl bench
---dataset``) of short requests (64-word prompt, 24 tokens out) and long ones
-(1024-word prompt, 320 tokens out), 80/20, shuffled with a fixed seed; closed
-loop, ``--concurrency`` streams, ``--duration`` seconds per arm, no session
-header (the session-less upstream is the one dispatch changes).
+On the lab: nginx + njs on the first host (``clusterctl gateway deploy``), 16
+simulator instances serving a sparse Qwen3-8B on the next two hosts (8 GPUs
+each; even GPUs with the ``h100-sxm`` latency profile, odd ones ``l40s-48g``:
+a fleet with mixed GPUs, as in the field report), ``--max-num-seqs`` small
+enough that a busy instance queues.  The workload: short requests (64-word
+prompt, 24 tokens out) and long ones (1024-word prompt, 320 tokens out),
+80/20, a quarter of them turns of 24 conversations (``X-Session-ID``),
+shuffled with a fixed seed; a closed loop of ``--concurrency`` streaming
+clients (this script's own, so sessions and TTFT percentiles are measured),
+``--duration`` seconds per arm.
 
 Arms, each on the same instances, one after the other (idle in between):
 
 * ``round_robin``: the rendered config with ``least_conn`` removed from the
   session-less upstream, all weights equal (nginx's default round robin);
-* ``least_conn``: the gateway as rendered, all weights equal;
-* ``load_aware``: the gateway as rendered, with ``clusterctl gateway sync
-  --every S --window W`` running alongside: least_conn weights from each
-  instance's load score, re-measured every S seconds under the load.
+* ``least_conn``: the gateway rendered with ``dispatch: least_conn``, all weights equal;
+* ``least_score``: the gateway as rendered with ``dispatch: least_score``, with
+  ``clusterctl gateway sync --every S --window W`` running alongside: njs picks
+  per request from the scores it posts (no reload).  The other arms run the
+  same sync loop with ``--dry-run`` (same CPU, nothing applied).
 
-Per arm: output and request throughput, TTFT mean/p50/p99, E2E p99, failed
-requests (``clusterctl bench --json``), each instance's share of the output
-tokens (``vllm:generation_tokens_total`` before/after), the weights sync
-applied, and the machine's 1-minute load average before and after.
+Per arm: output and request throughput, TTFT mean/p50/p90/p99 (and p50/p90 of
+the session turns), E2E p99, failed requests, sessions that changed instance,
+each instance's share of the output tokens (``vllm:generation_tokens_total``
+before/after), the last scores sync posted, and the machine's 1-minute load
+average before and after.
 
 Run as root with the lab's environment (``CLUSTERCTL_LAB_*``; the lab is
 brought up if needed and left up).  Usage:
 ``python benchmarks/gateway/dispatch.py [--concurrency 32] [--duration 40] [--time-scale 1.0]
-[--arms round_robin,least_conn,load_aware] [--profiles mixed|h100-sxm|l40s-48g]``.
+[--arms round_robin,least_conn,least_score] [--profiles mixed|h100-sxm|l40s-48g]``.
 Writes ``benchmarks/results/gateway-dispatch-<profiles>-<date>.json`` (temp file + rename).
 """
 
@@ -63,9 +66,11 @@ from support.http import wait_healthy  # noqa: E402
 
 MODEL_DIR = "/models/qwen3-8b"
 GW_PORT = 8080
-#: instance -> (lab host index, GPU, port, latency profile)
-INSTANCES = {"d-h1": (1, 0, 8301, "h100-sxm"), "d-l1": (1, 1, 8302, "l40s-48g"),
-             "d-h2": (2, 0, 8301, "h100-sxm"), "d-l2": (2, 1, 8302, "l40s-48g")}
+#: instance -> (lab host index, GPU, port, latency profile): 16 instances on two hosts' 8 GPUs,
+#: the first host's H100 SXM, the second's L40S (the field report's mixed fleet; the inventory
+#: says so, so gateway sync weighs them by measured throughput)
+INSTANCES = {f"d{h}-{g}": (h, g, 8301 + g, "h100-sxm" if h == 1 else "l40s-48g")
+             for h in (1, 2) for g in range(8)}
 UNIT = """[Unit]
 Description=clusterctl instance {name} (dispatch benchmark)
 
@@ -93,10 +98,14 @@ def dataset(path: Path, lines: int, seed: int = 7) -> dict[str, Any]:
     for i in range(lines):
         long = i % 5 == 0
         n_in, n_out = (1024, 320) if long else (64, 24)
-        rows.append({"prompt": " ".join(rng.choice(WORDS) for _ in range(n_in)), "output_len": n_out})
+        row = {"prompt": " ".join(rng.choice(WORDS) for _ in range(n_in)), "output_len": n_out}
+        if i % 4 == 1:  # a quarter of the requests are turns of 24 conversations
+            row["session"] = f"conv-{rng.randrange(24)}"
+        rows.append(row)
     rng.shuffle(rows)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"lines": lines, "long_share": 0.2, "short": {"prompt_words": 64, "output_tokens": 24},
+    return {"lines": lines, "long_share": 0.2, "session_share": 0.25, "sessions": 24,
+            "short": {"prompt_words": 64, "output_tokens": 24},
             "long": {"prompt_words": 1024, "output_tokens": 320}}
 
 
@@ -105,16 +114,24 @@ def profiles(kind: str) -> dict[str, str]:
     return {n: (p if kind == "mixed" else kind) for n, (_, _, _, p) in INSTANCES.items()}
 
 
-def setup(lab: LabSession, work: Path, scale: float, seqs: int, kind: str) -> dict[str, Any]:
+def setup(lab: LabSession, work: Path, scale: float, seqs: int, kind: str) -> dict[str, Any]:  # noqa: C901
     names = lab.names
     hosts = {n: names[i] for n, (i, _, _, _) in INSTANCES.items()}
-    text = Path(lab.inventory).read_text() + (
+    import yaml
+
+    doc = yaml.safe_load(Path(lab.inventory).read_text())
+    if kind == "mixed":  # the second instance host has L40S GPUs (a group's gpus override the defaults)
+        doc.setdefault("groups", {})["bench_l40s"] = {
+            "hosts": names[2], "gpus": {"count": 8, "model": "L40S-48GB", "memory_gib": 44.5, "interconnect": "pcie"}}
+    text = yaml.safe_dump(doc, sort_keys=False) + (
         f"models:\n  qwen3-8b: {{path: {MODEL_DIR}, served_name: qwen3-8b}}\ninstances:\n")
     for n, (_, gpu, port, _) in INSTANCES.items():
-        text += f"  {n}: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}}}\n"
+        text += (f"  {n}: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}, "
+                 f"args: {{max-num-seqs: {seqs}}}}}\n")  # the seats gateway sync scores against
     text += f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 256\n  sync_interval_s: 1\n  auth: none\n"
-    inv = work / "inventory.yaml"
+    inv = work / "inventory.yaml"  # least_score (the default)
     inv.write_text(text)
+    (work / "inventory-least-conn.yaml").write_text(text + "  dispatch: least_conn\n")
     for n, (_, gpu, port, _) in INSTANCES.items():
         profile = profiles(kind)[n]
         unit = UNIT.format(name=n, gpu=gpu, port=port, profile=profile, scale=scale, seqs=seqs, model_dir=MODEL_DIR)
@@ -128,7 +145,8 @@ def setup(lab: LabSession, work: Path, scale: float, seqs: int, kind: str) -> di
     state = work / "state"
     rc = _cli("gateway", "deploy", names[0], "-i", str(inv), "--state-dir", str(state)).returncode
     assert rc == 0, "gateway deploy failed"
-    return {"inv": str(inv), "state": str(state), "hosts": hosts, "urls": urls, "gw_host": names[0],
+    return {"inv": str(inv), "inv_lc": str(work / "inventory-least-conn.yaml"), "state": str(state), "hosts": hosts,
+            "urls": urls, "gw_host": names[0],
             "gw": f"http://{lab.host(names[0]).address}:{GW_PORT}"}
 
 
@@ -148,22 +166,31 @@ def round_robin(rendered: RenderedGateway) -> RenderedGateway:
     """The same files with the session-less upstreams' ``least_conn`` removed (and a digest of their own)."""
     digest = hashlib.sha256((rendered.digest + " round robin").encode()).hexdigest()
     files = tuple(replace(f, text=f.text.replace("    least_conn;\n", "    # round robin (benchmark)\n")
-                          .replace(rendered.digest[:16], digest[:16])) for f in rendered.files)
+                          .replace(rendered.config, digest[:16])) for f in rendered.files)
     assert any("# round robin (benchmark)" in f.text for f in files), "no least_conn line to remove"
-    return RenderedGateway(files, digest, rendered.servers)
+    return RenderedGateway(files, digest, rendered.servers, digest[:16], rendered.runtime)
 
 
-def _apply(env: dict[str, Any], rr: bool) -> None:
+def _apply(env: dict[str, Any], arm: str) -> None:
     from clusterctl.deploy.placement import desired_instances
     from clusterctl.deploy.state import DeployState
 
-    inv = load_inventory(env["inv"])
+    rr = arm == "round_robin"
+    path = env["inv"] if arm == "least_score" else env["inv_lc"]
+    if not rr:  # through the CLI: the state then knows the config, and sync applies nothing new
+        res = _cli("gateway", "deploy", env["gw_host"], "-i", path, "--state-dir", env["state"])
+        assert res.returncode == 0, res.stdout + res.stderr
+    inv = load_inventory(path)
     rendered = render_gateway(inv, dict(desired_instances(inv, DeployState()).instances), {})
     if rr:
         rendered = round_robin(rendered)
-    with Fleet([inv.hosts[env["gw_host"]]]) as fleet:
-        [res] = apply_gateway(fleet, rendered, port=GW_PORT, hosts=[env["gw_host"]])
-    assert res.ok, res
+        with Fleet([inv.hosts[env["gw_host"]]]) as fleet:
+            [done] = apply_gateway(fleet, rendered, port=GW_PORT, hosts=[env["gw_host"]])
+        assert done.ok, done
+    if arm == "least_score":  # no scores left from an earlier run: every instance starts equal
+        with Fleet([inv.hosts[env["gw_host"]]]) as fleet:
+            fleet.run({env["gw_host"]: "rm -f /var/lib/clusterctl-gateway/scores.json /var/lib/clusterctl-gateway/picks/*"},
+                      sudo=True, timeout=30)
 
 
 def _tokens(url: str) -> float:
@@ -187,21 +214,113 @@ def _idle(env: dict[str, Any], timeout: float = 300) -> None:
         time.sleep(1)
 
 
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q / 100 * (len(v) - 1))))]
+
+
+def closed_loop(gw: str, data: Path, concurrency: int, duration: float) -> dict[str, Any]:
+    """``concurrency`` clients, each sending the next dataset row as soon as its last answer ended,
+    streamed; rows with a ``session`` carry X-Session-ID (a conversation's next turn).  Counts output
+    tokens from the final usage, TTFT at the first content chunk; requests still running at
+    ``duration`` finish and count (throughput over the whole wall time)."""
+    import http.client
+    import itertools
+    import threading
+    from urllib.parse import urlsplit
+
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    feed = itertools.cycle(rows)
+    lock = threading.Lock()
+    host = urlsplit(gw)
+    out: dict[str, Any] = {"ttft": [], "ttft_s": [], "e2e": [], "tokens": 0, "ok": 0, "failed": 0, "errors": {},
+                           "homes": {}, "moves": 0}
+    t0 = time.monotonic()
+
+    def client() -> None:
+        while time.monotonic() - t0 < duration:
+            with lock:
+                row = next(feed)
+            headers = {"Content-Type": "application/json"}
+            if row.get("session"):
+                headers["X-Session-ID"] = row["session"]
+            body = json.dumps({"model": "qwen3-8b", "prompt": row["prompt"], "max_tokens": row["output_len"],
+                               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+            start = time.monotonic()
+            first, tokens, err = None, 0, None
+            try:
+                conn = http.client.HTTPConnection(host.hostname, host.port, timeout=600)
+                conn.request("POST", "/v1/completions", body=body, headers=headers)
+                resp = conn.getresponse()
+                inst = resp.getheader("X-Gateway-Instance", "")
+                if resp.status != 200:
+                    err = f"HTTP {resp.status}"
+                    resp.read()
+                else:
+                    for raw in resp:
+                        line = raw.decode().strip()
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        d = json.loads(line[6:])
+                        if first is None and d.get("choices") and d["choices"][0].get("text"):
+                            first = time.monotonic()
+                        if d.get("usage"):
+                            tokens = int(d["usage"].get("completion_tokens") or 0)
+                conn.close()
+            except Exception as e:  # noqa: BLE001 - counted
+                err = type(e).__name__
+            end = time.monotonic()
+            with lock:
+                if err:
+                    out["failed"] += 1
+                    out["errors"][err] = out["errors"].get(err, 0) + 1
+                    continue
+                out["ok"] += 1
+                out["tokens"] += tokens
+                out["e2e"].append(end - start)
+                if first is not None:
+                    (out["ttft_s"] if row.get("session") else out["ttft"]).append(first - start)
+                if row.get("session"):
+                    home = out["homes"].setdefault(row["session"], inst)
+                    if home != inst:
+                        out["moves"] += 1
+                        out["homes"][row["session"]] = inst
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    allt = out["ttft"] + out["ttft_s"]
+    ms = lambda v, q: round(1000 * _pct(v, q), 1)  # noqa: E731
+    return {"completed": out["ok"], "failed": out["failed"], "duration_s": wall, "errors": out["errors"],
+            "output_throughput": out["tokens"] / wall, "request_throughput": out["ok"] / wall,
+            "ttft_ms": {"mean": round(1000 * sum(allt) / max(1, len(allt)), 1), "p50": ms(allt, 50),
+                        "p90": ms(allt, 90), "p99": ms(allt, 99)},
+            "ttft_ms_sessions": {"p50": ms(out["ttft_s"], 50), "p90": ms(out["ttft_s"], 90)},
+            "e2e_p99_ms": ms(out["e2e"], 99), "session_moves": out["moves"]}
+
+
 def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duration: float,
             sync_every: float, window: float) -> dict[str, Any]:
     _idle(env)
-    _apply(env, rr=arm == "round_robin")
+    _apply(env, arm)
     before = {n: _tokens(u) for n, u in env["urls"].items()}
     load0 = os.getloadavg()[0]
     sync = None
-    if arm == "load_aware":
-        sync = subprocess.Popen([sys.executable, "-m", "clusterctl.cli.main", "gateway", "sync", "-i", env["inv"],
-                                 "--state-dir", env["state"], "--every", str(sync_every), "--window", str(window),
-                                 "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    # The same sync loop runs in every arm (a dry run outside least_score: it measures, applies
+    # nothing), so each arm pays the same CPU for it on this small machine.
+    inv = env["inv"] if arm == "least_score" else env["inv_lc"]
+    sync = subprocess.Popen([sys.executable, "-m", "clusterctl.cli.main", "gateway", "sync", "-i", inv,
+                             "--state-dir", env["state"], "--every", str(sync_every), "--window", str(window),
+                             "--json", *([] if arm == "least_score" else ["--dry-run"])],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        res = _cli("bench", env["gw"], "--dataset", str(data), "--concurrency", str(concurrency), "--duration",
-                   str(duration), "--model", "qwen3-8b", "--timeout", "600", "--json")
+        res = closed_loop(env["gw"], data, concurrency, duration)
     finally:
         weights: list[dict[str, Any]] = []
         if sync is not None:
@@ -216,20 +335,20 @@ def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duratio
                     d = json.loads(doc)
                 except ValueError:
                     continue
-                weights.append({n: (None if s["down"] else s["weight"]) for n, s in d["servers"].items()})
-    if not res.stdout.strip():
-        raise RuntimeError(f"bench failed: {res.stderr[-2000:]}")
-    r = json.loads(res.stdout)["results"][0]
+                sc = (d.get("scores") or {}).get("instances", {})
+                weights.append({n: (None if s["down"] else sc.get(n, {}).get("load", s["weight"]))
+                                for n, s in d["servers"].items()})
+    r = res
     after = {n: _tokens(u) for n, u in env["urls"].items()}
     made = {n: after[n] - before[n] for n in before}
     total = sum(made.values()) or 1.0
     return {"arm": arm, "completed": r["completed"], "failed": r["failed"], "duration_s": round(r["duration_s"], 1),
             "output_tokens_per_s": round(r["output_throughput"], 1),
             "requests_per_s": round(r["request_throughput"], 2),
-            "ttft_ms": {k: round(r["ttft_ms"][k], 1) for k in ("mean", "median", "p99")},
-            "e2e_p99_ms": round(r["e2e_ms"]["p99"], 1), "errors": r["errors"],
+            "ttft_ms": r["ttft_ms"], "ttft_ms_sessions": r["ttft_ms_sessions"],
+            "e2e_p99_ms": r["e2e_p99_ms"], "errors": r["errors"], "session_moves": r["session_moves"],
             "token_share": {n: round(v / total, 3) for n, v in sorted(made.items())},
-            "weights_applied": weights, "load_avg_1m": {"before": round(load0, 2),
+            "scores_or_weights_seen": weights[-3:], "sync_rounds": len(weights), "load_avg_1m": {"before": round(load0, 2),
                                                         "after": round(os.getloadavg()[0], 2)}}
 
 
@@ -239,9 +358,9 @@ def main_() -> None:
     ap.add_argument("--duration", type=float, default=40.0)
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--max-num-seqs", type=int, default=8)
-    ap.add_argument("--sync-every", type=float, default=3.0)
-    ap.add_argument("--window", type=float, default=2.0)
-    ap.add_argument("--arms", default="round_robin,least_conn,load_aware")
+    ap.add_argument("--sync-every", type=float, default=0.5)
+    ap.add_argument("--window", type=float, default=1.0)
+    ap.add_argument("--arms", default="round_robin,least_conn,least_score")
     ap.add_argument("--profiles", default="mixed", help="mixed (2 h100-sxm + 2 l40s-48g), or one profile for all.")
     ap.add_argument("--keep", action="store_true", help="Leave the instances and nginx running.")
     args = ap.parse_args()

@@ -154,13 +154,15 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
 
 @app.command("sync", help="""Re-render the gateway from the instances' current state and reload on change.
 
-Measures every instance (`clusterctl status`: unit, /health, load score over
+Measures every instance (`clusterctl status`: unit, /health, load over
 --window seconds); instances that are not serving, marked down (drain), or
 whose TP group doctor finds UNAVAILABLE (checked on every sync; --no-tp-check
-skips it) are marked down;
+skips it) are down. With gateway.dispatch least_conn (the default)
 least-connections weights follow the load score (and, for mixed GPU models,
-measured throughput). nginx reloads only when the config changed, and at
-most once per gateway.sync_interval_s (--force ignores the interval).
+measured throughput); with least_score the load and those downs go to the
+gateway hosts as scores every round (the loopback admin endpoint, no reload).
+nginx reloads only when the rendered config changed, at most once per
+gateway.sync_interval_s (--force ignores the interval).
 Exit 0 applied or unchanged, 1 changed but waiting for the interval,
 2 a gateway host failed, 3 usage errors.
 
@@ -200,10 +202,11 @@ def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
             with fleet:
                 observed, unavailable = observe(inv, instances, fleet, window=window, state_dir=directory,
                                                 tp_check=tp_check, on_event=say)
+                measured_at = time.time()  # about the engines' last /metrics sample (hosts' clocks in sync)
                 servers = decide(inv, instances, observed, marked_down=gwstate.load(directory).marked_down,
                                  unavailable=unavailable)
                 result = sync_gateway(inv, fleet, instances, servers, state_dir=directory, force=force,
-                                      dry_run=dry_run, on_event=say)
+                                      dry_run=dry_run, on_event=say, observed=observed, measured_at=measured_at)
         except ClusterctlError as e:
             fail(str(e))
         code = _print_sync(result, json_out)
@@ -219,8 +222,10 @@ def _print_sync(result: Any, json_out: bool) -> ExitCode:
     if json_out:
         print_json({**result.to_json(), "exit_code": int(code)})
         return code
+    scores = (result.scores or {}).get("instances", {})
     for name, s in sorted(result.servers.items()):
-        console.print(f"{name}: " + (f"down ({s.reason})" if s.down else f"up, weight {s.weight}"), markup=False)
+        up = f"up, score {scores[name]['load']:.2f}" if name in scores else f"up, weight {s.weight}"
+        console.print(f"{name}: " + (f"down ({s.reason})" if s.down else up), markup=False)
     verdict = {"unchanged": "config unchanged; nothing to do",
                "interval": f"config changed; reload allowed in {result.next_allowed_s:.1f} s (--force to now)",
                "dry-run": "dry run: " + ("config would change" if result.changed else "config unchanged")}

@@ -117,7 +117,8 @@ def exit_code(rows: Iterable[InstanceStatus]) -> int:
     return int(worst)
 
 
-def _max_num_seqs(inst: Instance | None) -> int | None:
+def max_num_seqs(inst: Instance | None) -> int | None:
+    """The instance's ``--max-num-seqs`` from its args (``None``: not set); the gateway's seats too."""
     if inst is None:
         return None
     for key in ("max-num-seqs", "max_num_seqs"):
@@ -264,7 +265,7 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
         row.running_version = versions.get(key)
         if row.active == "active":
             wanted_inst = instances.get(row.name) if key == row.name else None
-            _apply_load(row, windows.get(key), _max_num_seqs(wanted_inst), peaks.get(row.name))
+            _apply_load(row, windows.get(key), max_num_seqs(wanted_inst), peaks.get(row.name))
     groups = {n: i for n, i in instances.items() if len(i.placement) > 1}
     if tp_check and groups:
         say(f"{len(groups)} TP group(s): doctor's tp.group check")

@@ -77,7 +77,7 @@ def _run(fleet: Any, hosts: list[str], job: dict[str, Any], timeout: float) -> d
 def apply_gateway(fleet: Any, rendered: RenderedGateway, *, port: int, hosts: list[str],
                   timeout: float = APPLY_TIMEOUT_S) -> list[GatewayHostResult]:
     """Install ``rendered`` on ``hosts`` (all held by ``fleet``); one result per host, in order."""
-    job = {"op": "apply", "digest": rendered.config, "port": port,
+    job = {"op": "apply", "digest": rendered.config, "port": port, "runtime": rendered.runtime,
            "files": [{"path": f.path, "text": None if f.remove else f.text, "mode": f.mode, "group": f.group,
                       "live": f.live} for f in rendered.files]}
     answers = _run(fleet, hosts, job, timeout)
@@ -86,6 +86,19 @@ def apply_gateway(fleet: Any, rendered: RenderedGateway, *, port: int, hosts: li
         a = answers.get(h, {"ok": False, "kind": "node", "error": "no answer"})
         out.append(GatewayHostResult(h, bool(a.get("ok")), bool(a.get("changed")), bool(a.get("reloaded")),
                                      a.get("action"), a.get("error"), a.get("kind")))
+    return out
+
+
+def push_scores(fleet: Any, rendered: RenderedGateway, scores: dict[str, Any], *, port: int, hosts: list[str],
+                timeout: float = 30.0) -> list[GatewayHostResult]:
+    """Send the instance scores to every gateway host's admin endpoint (no reload)."""
+    answers = _run(fleet, hosts, {"op": "scores", "port": port, "token": rendered.runtime["token"],
+                                  "scores": scores}, timeout)
+    out = []
+    for h in hosts:
+        a = answers.get(h, {"ok": False, "kind": "node", "error": "no answer"})
+        out.append(GatewayHostResult(h, bool(a.get("ok")), action="scores" if a.get("ok") else None,
+                                     error=a.get("error"), kind=a.get("kind")))
     return out
 
 

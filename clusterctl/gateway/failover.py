@@ -250,7 +250,8 @@ def _sync(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: Failo
                              unavailable=set(plan.fixed) | set(plan.no_room))
             # Over the cap means left alone: as the last sync decided (down if it ran with --tp-check).
             servers.update({n: st.servers[n] for n in plan.over_cap if n in st.servers})
-            result = sync_gateway(inv, fleet, instances, servers, state_dir=state_dir, force=True, on_event=say)
+            result = sync_gateway(inv, fleet, instances, servers, state_dir=state_dir, force=True, on_event=say,
+                                  observed=observed)  # least_score: the downs and load go as scores
     except ClusterctlError as e:
         report.errors.append(f"gateway sync: {e}")
         return None

@@ -15,6 +15,10 @@ running (a graceful reload: old workers finish their requests, bounded by
 ``/gateway/health`` reports the new digest on HEALTH_AGREE fresh connections in a row.
 
 ``{"op": "status", "port"}``: nginx's unit state and ``/gateway/health``.
+
+``{"op": "scores", "port", "token", "scores"}``: POST the instance scores to the
+loopback admin endpoint (``/gateway/scores``) with the admin token, which only
+root and the nginx workers can read; the njs router reads them per request.
 """
 
 from __future__ import annotations
@@ -104,10 +108,40 @@ def ensure_nginx() -> str | None:
     return None
 
 
+def ensure_runtime(job: dict[str, Any]) -> None:
+    """The workers' directory (scores, pick counters; owned by www-data) and the admin token
+    (0640 root:www-data, made once) for least_score dispatch."""
+    rt = job.get("runtime") or {}
+    if not rt:
+        return
+    www = grp.getgrnam("www-data").gr_gid
+    uid = __import__("pwd").getpwnam("www-data").pw_uid
+    for d in (rt["state_dir"], rt["state_dir"] + "/picks"):
+        os.makedirs(d, mode=0o750, exist_ok=True)
+        os.chown(d, uid, www)
+        os.chmod(d, 0o750)
+    if _read(rt["token"]) is None:
+        _write(rt["token"], (__import__("secrets").token_hex(32) + "\n").encode(), 0o640, "www-data")
+
+
+def scores(job: dict[str, Any]) -> dict[str, Any]:
+    """POST the instance scores to the local admin endpoint (njs writes them for the workers)."""
+    token = (_read(job["token"]) or b"").decode().strip()
+    req = urllib.request.Request("http://127.0.0.1:%d/gateway/scores" % int(job["port"]),
+                                 data=json.dumps(job["scores"]).encode(),
+                                 headers={"Content-Type": "application/json", "X-Gateway-Admin": token})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return {"ok": True, "answer": json.loads(r.read().decode())}
+    except Exception as e:  # noqa: BLE001 - the host's row says why
+        return {"ok": False, "kind": "scores", "error": "posting the scores failed: %s" % e}
+
+
 def apply(job: dict[str, Any]) -> dict[str, Any]:
     why = ensure_nginx()
     if why:
         return {"ok": False, "error": why}
+    ensure_runtime(job)
     files = job["files"]
     # text None: a file this gateway no longer has (the auth file once api_key is gone)
     new = [(f["path"], None if f["text"] is None else f["text"].encode(), int(f["mode"]), f.get("group", "root"))
@@ -175,7 +209,7 @@ def status(job: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     try:
         job = json.loads(sys.stdin.readline())
-        op = {"apply": apply, "status": status}[job["op"]]
+        op = {"apply": apply, "status": status, "scores": scores}[job["op"]]
         _out(op(job))
     except Exception as e:  # noqa: BLE001 - one JSON line, whatever happened
         _out({"ok": False, "kind": "node", "error": "%s: %s" % (type(e).__name__, e)})

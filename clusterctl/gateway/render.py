@@ -63,6 +63,8 @@ class GatewayPaths:
     pid_file: str = "/run/nginx.pid"
     log_dir: str = "/var/log/nginx"
     modules_include: str = "/etc/nginx/modules-enabled/*.conf"
+    #: Written by the nginx workers (www-data): the scores file and per-instance pick counters.
+    state_dir: str = "/var/lib/clusterctl-gateway"
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class RenderedGateway:
     digest: str
     servers: dict[str, ServerState] = field(default_factory=dict)
     config: str = ""
+    runtime: dict[str, str] = field(default_factory=dict)  # the workers' state dir and the admin token's path
 
     def redacted(self) -> tuple[GatewayFile, ...]:
         """The files with the secret one's text replaced: what may be shown or written by ``render``."""
@@ -263,6 +266,13 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
         "worker_shutdown_timeout_s": WORKER_SHUTDOWN_TIMEOUT_S,
         "routes_json": json.dumps(routes, indent=4, sort_keys=True),
         "clients_file_json": json.dumps(_clients_file(paths)),
+        "dispatch_json": json.dumps(gw.dispatch), "scores_file_json": json.dumps(f"{paths.state_dir}/scores.json"),
+        "picks_dir_json": json.dumps(f"{paths.state_dir}/picks"),
+        "max_age_ms": 1000 * max(WORKER_SHUTDOWN_TIMEOUT_S, gw.read_timeout_s),
+        "admin_token_json": json.dumps(f"{paths.conf_dir}/admin.token"),
+        "members_json": json.dumps({u["name"]: [{"name": srv["name"], "loc": srv["loc"], "down": srv["down"]}
+                                                for srv in u["servers"]]
+                                    for u in upstreams}, indent=4, sort_keys=True),
         "session_header_json": json.dumps(gw.session_header),
     }
     env = _env()
@@ -294,7 +304,8 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
             h.update(entry)
     config = h.hexdigest()[:16]
     files = [replace(f, text=f.text.replace(placeholder, config)) for f in files]
-    return RenderedGateway(tuple(files), whole.hexdigest(), server_states, config)
+    return RenderedGateway(tuple(files), whole.hexdigest(), server_states, config,
+                           {"state_dir": paths.state_dir, "token": f"{paths.conf_dir}/admin.token"})
 
 
 def _rate(rps: float) -> str:
@@ -328,6 +339,9 @@ def _upstreams(inv: Inventory, gw: GatewaySpec, instances: Mapping[str, Instance
                             "max_conns": max_conns, "weight": weight, "down": st.down,
                             "reason": re.sub(r"[^\w .:/-]", "", st.reason)[:80]})
         if servers:
+            for i, srv in enumerate(servers):  # least_score: one upstream per instance, the others as backups
+                srv["loc"] = f"{slug}_i{i}"
+                srv["backups"] = [{"address": o["address"], "down": o["down"]} for o in servers if o is not srv]
             out.append({"model": model, "name": slug, "servers": servers, "mirror": None})
     return out, used
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.gateway import state as gwstate
-from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, secret_inputs
+from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, push_scores, secret_inputs
 from clusterctl.gateway.render import MAX_WEIGHT, ServerState, render_gateway
 from clusterctl.inventory.model import Instance, Inventory
 
@@ -47,6 +47,10 @@ class Observed:
     healthy: bool | None = None
     #: status's message for an instance that is not serving (a unit down: the reason from its journal)
     reason: str = ""
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    seats: int | None = None  # --max-num-seqs when known
 
 
 @dataclass
@@ -64,6 +68,7 @@ class SyncResult:
     skipped: str | None = None
     next_allowed_s: float = 0.0
     hosts: list[GatewayHostResult] = field(default_factory=list)
+    scores: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -74,7 +79,7 @@ class SyncResult:
                 "next_allowed_s": round(self.next_allowed_s, 1),
                 "servers": {n: {"down": s.down, "weight": s.weight, "reason": s.reason}
                             for n, s in sorted(self.servers.items())},
-                "hosts": [h.to_json() for h in self.hosts]}
+                "hosts": [h.to_json() for h in self.hosts], "scores": self.scores}
 
 
 def tp_unavailable(findings: Iterable[Finding]) -> set[str]:
@@ -104,6 +109,42 @@ def _capacity(inv: Inventory, instances: Mapping[str, Instance],
     return out
 
 
+#: Seats of an instance whose --max-num-seqs is unknown (vLLM's default on GPUs).
+DEFAULT_SEATS = 256
+
+
+def dispatch_scores(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[str, Observed],
+                    servers: Mapping[str, ServerState], now: float) -> dict[str, Any]:
+    """What ``gateway sync`` posts for least_score dispatch (docs/gateway.md):
+    ``{"at", "instances": {NAME: {"load", "step", "down", "reason"}}}``; ``at`` (``now``) is when the
+    engines were measured: the gateway counts the requests it sent after it on top.
+
+    The gateway counts the requests it has in flight per instance itself (exact,
+    live); the score njs compares is ``max(load, in flight x step) + (1 - cap) x
+    step / 2``.  ``step`` = 1 / seats (--max-num-seqs): 1.0 is a full batch, so a
+    free seat wins (the request starts at once, at whatever speed).  ``cap`` is
+    the instance's measured throughput relative to its model's best (1 unless GPU
+    models are mixed): at equal occupancy the faster GPU wins.  ``load`` = KV
+    cache use: what request counts do not show (long prompts fill the cache).
+    ``down``: not serving or TP group UNAVAILABLE (a drain's mark-down is
+    in the rendered config instead, so marking up needs no new scores).
+    """
+    capacity = _capacity(inv, instances, observed)
+    out: dict[str, Any] = {}
+    for name in sorted(instances):
+        obs = observed.get(name)
+        st = servers.get(name, ServerState())
+        cap = capacity.get(name, 1.0) or 1.0
+        seats = obs.seats if obs is not None and obs.seats else DEFAULT_SEATS
+        step = round(1.0 / seats, 6)
+        if st.down and not st.reason.startswith("marked down"):
+            out[name] = {"down": True, "reason": st.reason, "load": 1.0, "step": step, "cap": round(cap, 3)}
+            continue
+        kv = (obs.kv_usage or 0.0) if obs is not None else 0.0
+        out[name] = {"down": False, "load": round(kv, 4), "step": step, "cap": round(cap, 3)}
+    return {"at": round(now, 3), "instances": out}
+
+
 def decide(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[str, Observed], *,
            marked_down: Mapping[str, Mapping[str, str]] = {}, unavailable: Iterable[str] = ()) -> dict[str, ServerState]:
     """One :class:`ServerState` per instance of ``instances`` (rules in the module doc)."""
@@ -129,10 +170,21 @@ def decide(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[
     return out
 
 
+def render_states(inv: Inventory, servers: Mapping[str, ServerState]) -> dict[str, ServerState]:
+    """What goes into the rendered config.  least_score: only a drain's mark-down (health and
+    load travel as scores, without a reload); least_conn: everything (weights, every down)."""
+    gw = inv.gateway
+    if gw is None or gw.dispatch != "least_score":
+        return dict(servers)
+    return {n: (s if s.down and s.reason.startswith("marked down") else ServerState(reason=""))
+            for n, s in servers.items()}
+
+
 def sync_gateway(inv: Inventory, fleet: Any, instances: Mapping[str, Instance],
                  servers: Mapping[str, ServerState], *, state_dir: Path, force: bool = False,
                  dry_run: bool = False, now: Callable[[], float] = time.time,
-                 on_event: Callable[[str], None] | None = None) -> SyncResult:
+                 on_event: Callable[[str], None] | None = None,
+                 observed: Mapping[str, Observed] | None = None, measured_at: float | None = None) -> SyncResult:
     """Render with ``servers`` and apply to every gateway host when the config changed.
 
     ``fleet`` must hold the gateway hosts.  Applies at most once per
@@ -143,15 +195,20 @@ def sync_gateway(inv: Inventory, fleet: Any, instances: Mapping[str, Instance],
     gw = inv.gateway
     assert gw is not None
     say = on_event or (lambda s: None)
-    rendered = render_gateway(inv, instances, servers, **secret_inputs(inv, state_dir))
+    rendered = render_gateway(inv, instances, render_states(inv, servers), **secret_inputs(inv, state_dir))
     if dry_run:
         st = gwstate.load(state_dir)
-        return SyncResult(rendered.digest, rendered.servers, rendered.digest != st.digest, "dry-run")
+        return SyncResult(rendered.digest, dict(servers), rendered.digest != st.digest, "dry-run")
+    scores = dispatch_scores(inv, instances, observed, servers, measured_at if measured_at is not None else now()) \
+        if observed is not None and gw.dispatch == "least_score" else None
     with gwstate.locked(state_dir) as st:
-        st.servers = dict(rendered.servers)
-        result = SyncResult(rendered.digest, rendered.servers, rendered.digest != st.digest)
+        st.servers = dict(servers)
+        result = SyncResult(rendered.digest, dict(servers), rendered.digest != st.digest)
+        result.scores = scores
         if not result.changed:
             result.skipped = "unchanged"
+            if scores is not None:  # the load moves every round: scores without a reload
+                result.hosts = push_scores(fleet, rendered, scores, port=gw.admin_port, hosts=list(gw.hosts))
             return result
         wait = st.last_reload + gw.sync_interval_s - now()
         if wait > 0 and not force:
@@ -160,6 +217,9 @@ def sync_gateway(inv: Inventory, fleet: Any, instances: Mapping[str, Instance],
             return result
         say(f"gateway: applying config {rendered.digest[:16]} to {', '.join(gw.hosts)}")
         result.hosts = apply_gateway(fleet, rendered, port=gw.admin_port, hosts=list(gw.hosts))
+        if result.ok and scores is not None:
+            pushed = push_scores(fleet, rendered, scores, port=gw.admin_port, hosts=list(gw.hosts))
+            result.hosts = [h if p.ok else p for h, p in zip(result.hosts, pushed)]  # a failed push is the host's row
         if result.ok:
             st.digest, st.config = rendered.digest, rendered.config
             if not all(h.action == "updated" for h in result.hosts):  # "updated": the key file alone

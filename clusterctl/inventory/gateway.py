@@ -18,10 +18,11 @@ from clusterctl.inventory.yamlnodes import Y
 
 KEYS = ("hosts", "port", "session_header", "max_conns", "limits", "sync_interval_s",
         "read_timeout_s", "api_key", "gray", "mirrors", "auth", "listen", "tls", "admin_port",
-        "client_limits")
+        "client_limits", "dispatch")
 LIMIT_KEYS = ("connections", "requests_per_second", "burst")
 CLIENT_LIMIT_KEYS = ("requests_per_second", "burst", "streams")
 AUTH = ("keys", "none")
+DISPATCH = ("least_score", "least_conn")
 #: An HTTP header name nginx can turn into ``$http_...`` (RFC 9110 token, no '_' surprises).
 HEADER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -79,6 +80,8 @@ class GatewayReader:
                             if m is not None]
         if "auth" in known:
             spec.auth = ctx.string(known["auth"], "gateway.auth", AUTH) or spec.auth
+        if "dispatch" in known:
+            spec.dispatch = ctx.string(known["dispatch"], "gateway.dispatch", DISPATCH) or spec.dispatch
         if "admin_port" in known:
             v = ctx.integer(known["admin_port"], "gateway.admin_port", 1, 65535)
             if v is not None:

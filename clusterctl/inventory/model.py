@@ -284,6 +284,10 @@ class GatewaySpec:
     key_requests_per_second: float = 0.0
     key_burst: int = 0
     key_streams: int = 0
+    #: ``least_conn`` (default): nginx's least_conn with weights (a reload per weight change);
+    #: ``least_score``: njs picks the instance per request from scores pushed by ``gateway sync``
+    #: (no reload; measured slower on the 2-CPU lab, docs/gateway.md).
+    dispatch: str = "least_conn"
 
     def listen_addresses(self) -> tuple[tuple[str, int], ...]:
         return self.listen or (("", self.port),)

@@ -56,6 +56,7 @@ class FakeInstance:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # as uvicorn (and the simulator): no delayed-ACK stalls
 
             def log_message(self, *a: Any) -> None:
                 pass
@@ -103,7 +104,7 @@ class LiveNginx:
     def paths(self) -> GatewayPaths:
         return GatewayPaths(conf_dir=str(self.root / "conf"), nginx_conf=str(self.root / "nginx.conf"),
                             pid_file=str(self.root / "nginx.pid"), log_dir=str(self.root / "log"),
-                            modules_include="/etc/nginx/modules-enabled/*.conf")
+                            modules_include="/etc/nginx/modules-enabled/*.conf", state_dir=str(self.root / "state"))
 
     def write(self, rendered: RenderedGateway) -> None:
         for f in rendered.files:
@@ -122,7 +123,10 @@ class LiveNginx:
                               capture_output=True, text=True, timeout=30)
 
     def start(self, rendered: RenderedGateway, admin_port: int) -> None:
+        from clusterctl.gateway.node import ensure_runtime
+
         self.write(rendered)
+        ensure_runtime({"runtime": rendered.runtime})  # what gateway deploy's node program does
         t = self._nginx("-t")
         assert t.returncode == 0, t.stderr
         self.proc = subprocess.Popen(["nginx", "-p", "/usr/share/nginx/", "-c", str(self.root / "nginx.conf"),
@@ -164,6 +168,14 @@ class LiveNginx:
                 self.proc.wait(timeout=5)
             self.proc = None
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def post_scores(admin_port: int, token_file: str, scores: dict[str, Any]) -> tuple[int, bytes]:
+    """What ``gateway sync`` does on the host: POST the scores with the admin token."""
+    from clusterctl.gateway.node import scores as node_scores
+
+    a = node_scores({"port": admin_port, "token": token_file, "scores": scores})
+    return (200, json.dumps(a).encode()) if a.get("ok") else (0, str(a.get("error")).encode())
 
 
 def post(port: int, body: dict[str, Any], key: str | None = None, headers: dict[str, str] | None = None,

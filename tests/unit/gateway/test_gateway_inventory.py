@@ -58,6 +58,7 @@ def test_no_section_means_no_gateway() -> None:
     ("gateway:\n  hosts: gw01\n  listen: ['127.0.0.1:18080']\n",
      "gateway.admin_port: 18080 is also a listen port"),
     ("gateway:\n  hosts: gw01\n  tls: {certificate: {file: a.pem}}\n", "inv.yaml:21: gateway.tls: give both"),
+    ("gateway:\n  hosts: gw01\n  dispatch: random\n", "inv.yaml:21: gateway.dispatch: 'random' is not one of"),
     ("gateway:\n  hosts: gw01\n  client_limits: {streams: -1}\n",
      "inv.yaml:21: gateway.client_limits.streams: -1 is out of range"),
 ])

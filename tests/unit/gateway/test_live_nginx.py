@@ -53,6 +53,7 @@ instances:
   admin_port: {admin_port}
   api_key: {{env: GW_LIVE_UPSTREAM_KEY}}
   client_limits: {{requests_per_second: 100, burst: 100}}
+  dispatch: least_score
 {extra}"""
     return load_inventory_text(text, "inv.yaml")
 
@@ -254,5 +255,100 @@ def test_tls_when_a_certificate_is_given(tmp_path: Path, monkeypatch: pytest.Mon
         before = sum(len(f.requests) for f in g.fakes.values())
         assert post(g.port, {"model": "tiny"}, key=client, timeout=5)[0] == 400
         assert sum(len(f.requests) for f in g.fakes.values()) == before
+    finally:
+        g.close()
+
+
+def _instances(g: Gateway, n: int, body: dict[str, Any] | None = None, **headers: str) -> list[str]:
+    key = g.add(f"c{len(gwkeys.load(g.state))}")
+    g.nginx.update(g.render())
+    out = []
+    for _ in range(n):
+        status, h, _ = post(g.port, body or {"model": "tiny"}, key=key, headers=headers)
+        assert status == 200
+        out.append(h["X-Gateway-Instance"])
+    return out
+
+
+def _scores(g: Gateway, **inst: dict[str, Any]) -> None:
+    from support.live_nginx import post_scores
+
+    status, body = post_scores(g.admin, str(g.nginx.root / "conf" / "admin.token"),
+                               {"at": time.time(), "instances": inst})
+    assert status == 200, body
+
+
+def test_least_score_picks_per_request_from_pushed_scores_without_reload(gw: Gateway) -> None:
+    rendered = gw.render()
+    gw.nginx.start(rendered, gw.admin)
+    # a1's KV cache 90 % full, a2's empty: sequential requests (none in flight) all go to a2
+    _scores(gw, a1={"load": 0.9, "step": 0.2}, a2={"load": 0.0, "step": 0.2}, c1={"load": 0.0, "step": 0.2})
+    assert _instances(gw, 4) == ["a2"] * 4
+    assert gw.nginx_config() == rendered.config  # scores changed nothing nginx loads: no reload
+    # fresh scores reset the counts; a2 now down (a hung engine, say): none of 10 go there
+    _scores(gw, a1={"load": 0.5, "step": 0.01}, a2={"load": 0.0, "step": 0.01, "down": True, "reason": "hung"},
+            c1={"load": 0.0, "step": 0.01})
+    assert set(_instances(gw, 10)) == {"a1"}
+    _scores(gw, a1={"load": 0.0, "step": 0.01}, a2={"load": 0.0, "step": 0.01}, c1={"load": 0.0, "step": 0.01})
+    assert set(_instances(gw, 20)) == {"a1", "a2"}  # equal scores: both get requests
+    # equal occupancy: the faster GPU (measured capacity) wins
+    _scores(gw, a1={"load": 0.0, "step": 0.25, "cap": 0.4}, a2={"load": 0.0, "step": 0.25, "cap": 1.0},
+            c1={"load": 0.0, "step": 0.25})
+    assert _instances(gw, 5) == ["a2"] * 5
+
+
+def test_least_score_sessions_stay_unless_their_instance_is_overloaded(gw: Gateway) -> None:
+    gw.nginx.start(gw.render(), gw.admin)
+    _scores(gw, a1={"load": 0.2, "step": 0.01}, a2={"load": 0.3, "step": 0.01}, c1={"load": 0.0, "step": 0.01})
+    homes = {s: _instances(gw, 3, **{"X-Session-ID": s}) for s in (f"sess-{i}" for i in range(8))}
+    assert all(len(set(v)) == 1 for v in homes.values())  # a session keeps its instance
+    assert {v[0] for v in homes.values()} == {"a1", "a2"}  # and sessions spread over both
+    on_a2 = next(s for s, v in homes.items() if v[0] == "a2")
+    _scores(gw, a1={"load": 0.2, "step": 0.01}, a2={"load": 1.2, "step": 0.01}, c1={"load": 0.0, "step": 0.01})
+    assert _instances(gw, 2, **{"X-Session-ID": on_a2}) == ["a1", "a1"]  # overloaded: spills to the lowest
+    _scores(gw, a1={"load": 0.2, "step": 0.01}, a2={"load": 0.3, "step": 0.01}, c1={"load": 0.0, "step": 0.01})
+    assert _instances(gw, 1, **{"X-Session-ID": on_a2}) == ["a2"]  # and comes back
+
+
+def test_scores_endpoint_needs_the_admin_token(gw: Gateway) -> None:
+    gw.nginx.start(gw.render(), gw.admin)
+    req = urllib.request.Request(f"http://127.0.0.1:{gw.admin}/gateway/scores", data=b'{"at": 1, "instances": {}}',
+                                 headers={"X-Gateway-Admin": "guess"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=5)
+    assert e.value.code == 403
+    assert post(gw.port, {"at": 1}, path="/gateway/scores")[0] == 404  # not on the public port
+
+
+def test_least_score_counts_requests_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each request counts for its instance while it runs and stops when it ends; new scores drop
+    the ended pairs and keep the running ones."""
+    g = Gateway(tmp_path, monkeypatch, chunks=4, delay_s=0.4)
+    try:
+        key = g.add("e")
+        g.nginx.start(g.render(), g.admin)
+        _scores(g, a1={"load": 0.0, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
+        seen: list[str] = []
+        threads = [threading.Thread(target=lambda: seen.append(post(g.port, {"model": "tiny"}, key=key)[1]
+                                                               ["X-Gateway-Instance"])) for _ in range(4)]
+        for t in threads:
+            t.start()
+            time.sleep(0.15)
+        picks = g.nginx.root / "state" / "picks"
+        # scores arrive while all four run: nothing has ended, every record stays
+        _scores(g, a1={"load": 0.0, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
+        assert len((picks / "a1").read_bytes()) + len((picks / "a2").read_bytes()) == 40
+        for t in threads:
+            t.join(10)
+        assert sorted(seen) == ["a1", "a1", "a2", "a2"]  # each request in flight counts: 2 and 2
+        deadline = time.monotonic() + 5
+        while len((picks / "a1.done").read_bytes()) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)  # nginx logs (and so records the end) just after the answer
+        assert len((picks / "a1").read_bytes()) == 20 and len((picks / "a1.done").read_bytes()) == 20
+        _scores(g, a1={"load": 0.0, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
+        assert (picks / "a1").read_bytes() == b"" and (picks / "a1.done").read_bytes() == b""  # ended pairs go
+        # the KV term: a1's cache nearly full outweighs one request in flight elsewhere
+        _scores(g, a1={"load": 0.9, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
+        assert _instances(g, 1) == ["a2"]
     finally:
         g.close()

@@ -114,7 +114,7 @@ def test_listen_addresses_admin_server_and_upstream_keepalive(inv: Inventory) ->
     assert "    listen 10.0.0.1:8080;\n    listen [::1]:9001;\n" in conf and "listen 8080;" not in conf
     assert "listen 127.0.0.1:18080;" in conf  # the loopback admin server: health for deploy and keepalived
     # below vLLM's 5 s keep-alive: nginx closes idle connections first
-    assert conf.count("keepalive_timeout 4s;") == conf.count("keepalive 32;") > 0
+    assert conf.count("keepalive_timeout 4s;") == conf.count("keepalive 32;") + conf.count("keepalive 8;") > 0
 
 
 def test_mirror_location_repeats_every_inherited_header(inv: Inventory) -> None:
@@ -125,3 +125,19 @@ def test_mirror_location_repeats_every_inherited_header(inv: Inventory) -> None:
                  "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;", "upstream-auth.conf;",
                  "proxy_set_header X-Gateway-Mirror 1;"):
         assert line in mirror, line
+
+
+def test_least_score_one_upstream_per_instance_with_the_others_as_backups(inv: Inventory) -> None:
+    assert inv.gateway is not None
+    inv.gateway.dispatch = "least_score"
+    r = render_gateway(inv, inv.instances, STATES)
+    conf, js = _by_name(r.files)["gateway.conf"], _by_name(r.files)["gateway.js"]
+    q1 = conf[conf.index("upstream m_qwen_i0 {"):]
+    q1 = q1[:q1.index("}")]
+    assert "server 10.0.1.1:8001 max_conns=4;" in q1  # q1 itself
+    assert "server 10.0.1.2:8001 max_conns=4 backup down;" in q1  # q2, marked down (draining)
+    assert "location @m_qwen_i0 {" in conf and "proxy_pass http://m_qwen_i0;" in conf
+    assert 'var DISPATCH = "least_score";' in js
+    assert '"loc": "m_qwen_i1"' in js and '"down": true' in js  # the drain's mark-down reaches njs too
+    assert "location = /gateway/scores {" in conf
+    assert r.runtime == {"state_dir": "/var/lib/clusterctl-gateway", "token": "/etc/nginx/clusterctl/admin.token"}

@@ -79,6 +79,8 @@ def applied(monkeypatch: pytest.MonkeyPatch) -> _Applied:
 
 
 def test_sync_reloads_on_change_only_and_once_per_interval(inv: Inventory, tmp_path: Path, applied: _Applied) -> None:
+    assert inv.gateway is not None
+    inv.gateway.dispatch = "least_conn"  # weights and health in the config: a reload per change
     clock = [1000.0]
     up = decide(inv, inv.instances, SERVING)
     r = sync_gateway(inv, None, inv.instances, up, state_dir=tmp_path, now=lambda: clock[0])
@@ -137,3 +139,42 @@ def test_corrupt_state_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "gateway.json").write_text(json.dumps({"servers": {"q1": {"weight": 3}}}))
     with pytest.raises(ConfigError, match="not in the expected form"):
         gwstate.load(tmp_path)
+
+
+def test_least_score_health_and_load_go_as_scores_without_reload(inv: Inventory, tmp_path: Path, applied: _Applied,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    pushed: list[dict[str, Any]] = []
+
+    def push(fleet: Any, rendered: Any, scores: dict[str, Any], *, port: int, hosts: list[str]) -> list[Any]:
+        pushed.append(scores)
+        return [GatewayHostResult(h, True, action="scores") for h in hosts]
+    monkeypatch.setattr(gwsync, "push_scores", push)
+    assert inv.gateway is not None
+    inv.gateway.dispatch = "least_score"
+    busy = {n: Observed("serving", 0.5, None, True, running=6, waiting=2, kv_usage=0.3, seats=8) for n in inv.instances}
+    up = decide(inv, inv.instances, busy)
+    r = sync_gateway(inv, None, inv.instances, up, state_dir=tmp_path, observed=busy)
+    assert r.ok and len(applied.calls) == 1 and len(pushed) == 1
+    assert pushed[0]["instances"]["q1"] == {"down": False, "load": 0.3, "step": 0.125, "cap": 1.0}  # 1 / 8 seats
+    # q1 stops serving, q2's TP group fails: scores only, the config (and so nginx) unchanged
+    worse = {**busy, "q1": Observed("stopped", None, None, False)}
+    servers = decide(inv, inv.instances, worse, unavailable={"q2"})
+    r = sync_gateway(inv, None, inv.instances, servers, state_dir=tmp_path, observed=worse)
+    assert r.skipped == "unchanged" and len(applied.calls) == 1 and len(pushed) == 2
+    assert pushed[1]["instances"]["q1"]["down"] and pushed[1]["instances"]["q2"]["down"]
+    # a drain's mark-down is in the config (a reload), and not a down score
+    drained = decide(inv, inv.instances, busy, marked_down={"q1": {"reason": "drain"}})
+    r = sync_gateway(inv, None, inv.instances, drained, state_dir=tmp_path, observed=busy, force=True)
+    assert r.skipped is None and len(applied.calls) == 2 and not pushed[2]["instances"]["q1"]["down"]
+
+
+def test_dispatch_scores_weigh_capacity_and_kv(inv: Inventory) -> None:
+    from clusterctl.gateway.sync import dispatch_scores
+
+    obs = {"q1": Observed("serving", 0.1, 100.0, True, running=2, waiting=0, kv_usage=0.9, seats=4),
+           "q2": Observed("serving", 0.1, 50.0, True, running=2, waiting=0, kv_usage=0.1, seats=4)}
+    sc = dispatch_scores(inv, {n: inv.instances[n] for n in obs}, obs, {}, 5.0)["instances"]
+    assert (sc["q1"]["load"], sc["q1"]["step"], sc["q2"]["cap"]) == (0.9, 0.25, 1.0)  # same GPU model: cap 1
+    inv.hosts["gpu02"].gpus.model = "L40S"  # mixed GPU models: q2 runs at half q1's measured peak
+    sc = dispatch_scores(inv, {n: inv.instances[n] for n in obs}, obs, {}, 5.0)["instances"]
+    assert (sc["q2"]["cap"], sc["q2"]["step"], sc["q1"]["cap"]) == (0.5, 0.25, 1.0)
