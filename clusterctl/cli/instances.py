@@ -39,9 +39,11 @@ is a row, never a stall. Exit status: 0 all serving, 1 some degraded or under
 high load, 2 some down, failed or absent, 3 could not check.
 
 With --watch (-w) it refreshes in place every --interval seconds, like top:
-worst health first, then --sort (load, kv, queue, tps, restarts, name); past
---top instances (default: what fits the terminal) a table per template sums
-them up first. Piped, each refresh is printed; with --json, one line each.
+worst health first, then --sort (load, kv, queue, tps, ttft, restarts, name);
+past --top instances (default: what fits the terminal) a table per template
+sums them up first. TTFT p90 is over the requests whose first token came in
+the last window (n/a: none). Piped, each refresh is printed; with --json, one
+line each.
 
 Examples:
 
@@ -164,7 +166,7 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
            watch: bool = typer.Option(False, "--watch", "-w", help="Refresh in place until Ctrl-C: worst first, "
                                       "grouped by template past --top instances."),
            interval: float = typer.Option(5.0, "--interval", min=0.0, help="With --watch: seconds between refreshes."),
-           sort: str = typer.Option("load", "--sort", help="With --watch: load, kv, queue, tps, restarts or name "
+           sort: str = typer.Option("load", "--sort", help="With --watch: load, kv, queue, tps, ttft, restarts or name "
                                     "(after health)."),
            top: Optional[int] = typer.Option(None, "--top", min=1, help="With --watch: instances shown [default: "
                                              "what fits]."),

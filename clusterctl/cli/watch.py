@@ -23,6 +23,7 @@ SORTS: dict[str, Callable[[Any], Any]] = {
     "kv": lambda r: r.kv_usage if r.kv_usage is not None else -1.0,
     "queue": lambda r: r.waiting if r.waiting is not None else -1.0,
     "tps": lambda r: r.tokens_per_s if r.tokens_per_s is not None else -1.0,
+    "ttft": lambda r: r.ttft_p90_s if r.ttft_p90_s is not None else -1.0,
     "restarts": lambda r: r.restarts if r.restarts is not None else -1,
     "name": lambda r: r.name,
 }
@@ -43,7 +44,8 @@ def groups(rows: list[Any]) -> list[dict[str, Any]]:
     for r in rows:
         g = out.setdefault(r.template or f"host:{r.host or '-'}", {
             "group": r.template or f"host:{r.host or '-'}", "instances": 0, "serving": 0, "degraded": 0, "down": 0,
-            "unknown": 0, "kv": [], "waiting": 0.0, "tps": 0.0, "load": None, "worst": Severity.OK})
+            "unknown": 0, "kv": [], "waiting": 0.0, "tps": 0.0, "ttft_p90_max": None, "load": None,
+            "worst": Severity.OK})
         g["instances"] += 1
         g[{"OK": "serving", "WARN": "degraded", "CRIT": "down", "UNKNOWN": "unknown"}[r.severity.name]] += 1
         if r.kv_usage is not None:
@@ -52,6 +54,8 @@ def groups(rows: list[Any]) -> list[dict[str, Any]]:
         g["tps"] += r.tokens_per_s or 0.0
         if r.load is not None:
             g["load"] = max(g["load"] or 0.0, r.load)
+        if r.ttft_p90_s is not None:
+            g["ttft_p90_max"] = max(g["ttft_p90_max"] or 0.0, r.ttft_p90_s)
         if r.severity.rank > g["worst"].rank:
             g["worst"] = r.severity
     res = list(out.values())
@@ -80,7 +84,7 @@ def frame(rows: list[Any], *, sort: str, top: int, interval: float, stamp: float
     if len(rows) > top:
         gt = Table(title=f"by template ({len(groups(rows))} groups, worst first)", box=None, title_justify="left")
         for c in ("group", "inst", "serving", "degraded", "down", "unknown", "kv mean", "kv max", "waiting",
-                  "tok/s", "load max"):
+                  "tok/s", "ttft p90 max", "load max"):
             gt.add_column(c, no_wrap=True, justify="left" if c == "group" else "right")
         for g in groups(rows)[:max(5, top // 2)]:
             gt.add_row(escape(g["group"]), str(g["instances"]), str(g["serving"]),
@@ -88,17 +92,18 @@ def frame(rows: list[Any], *, sort: str, top: int, interval: float, stamp: float
                        f"[bold red]{g['down']}[/]" if g["down"] else "0",
                        f"[magenta]{g['unknown']}[/]" if g["unknown"] else "0",
                        _pct(g["kv_mean"]), _pct(g["kv_max"]), f"{g['waiting']:.0f}", f"{g['tps']:.0f}",
+                       _secs(g["ttft_p90_max"]),
                        "-" if g["load"] is None else f"{g['load']:.2f}")
         parts.append(gt)
     t = Table(title=f"instances: {'the ' + str(top) + ' worst of ' + str(len(rows)) if len(rows) > top else 'all'}",
               box=None, title_justify="left")
-    for c in ("instance", "host", "state", "rst", "kv", "run/wait", "tok/s", "load", "note"):
+    for c in ("instance", "host", "state", "rst", "kv", "run/wait", "tok/s", "ttft p90", "load", "note"):
         t.add_column(c, no_wrap=c != "note", overflow="ellipsis")
     for r in order(rows, sort)[:top]:
         t.add_row(escape(r.name), escape(r.host or "-"), f"[{STYLE[r.severity.name]}]{escape(r.state)}[/]",
                   "-" if r.restarts is None else str(r.restarts), _pct(r.kv_usage),
                   "-" if r.running is None else f"{r.running:.0f}/{r.waiting or 0:.0f}",
-                  "-" if r.tokens_per_s is None else f"{r.tokens_per_s:.0f}",
+                  "-" if r.tokens_per_s is None else f"{r.tokens_per_s:.0f}", _secs(r.ttft_p90_s),
                   "-" if r.load is None else f"{r.load:.2f}", escape(r.message or ""))
     parts.append(t)
     return Group(*parts)
@@ -106,6 +111,13 @@ def frame(rows: list[Any], *, sort: str, top: int, interval: float, stamp: float
 
 def _pct(v: Optional[float]) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _secs(v: Optional[float]) -> str:
+    """A TTFT: ``85ms``, ``1.24s``; ``n/a`` when no request got its first token in the window."""
+    if v is None:
+        return "n/a"
+    return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
 def run_watch(collect: Callable[[], list[Any]], *, interval: float, sort: str, top: Optional[int],

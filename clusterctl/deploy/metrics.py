@@ -22,7 +22,10 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from clusterctl.diagnose.serving import parse_metrics, peak, total
+from clusterctl.diagnose.serving import histogram_quantile, parse_metrics, peak, total
+
+#: vLLM's time-to-first-token histogram (seconds; ``_bucket``/``_sum``/``_count``).
+TTFT = "vllm:time_to_first_token_seconds"
 from clusterctl.inventory.model import Instance, Inventory
 
 #: Seconds for one HTTP request (connect + answer) to an instance.
@@ -111,6 +114,11 @@ class MetricsSample:
     waiting: float | None
     generation_tokens: float | None
     num_gpu_blocks: int | None = None
+    #: ``vllm:time_to_first_token_seconds``: cumulative ``(le, count)`` buckets summed over
+    #: engines, and its ``_sum``/``_count`` (``None``/empty when absent).
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
 
     @property
     def in_flight(self) -> float | None:
@@ -129,10 +137,19 @@ def parse_sample(text: str, at: float) -> MetricsSample:
             blocks = (blocks or 0) + int(labels.get("num_gpu_blocks", ""))
         except ValueError:
             pass
+    buckets: dict[float, float] = {}
+    for labels, v in m.get(TTFT + "_bucket", []):
+        try:
+            le = float(labels.get("le", ""))  # "+Inf" parses as inf
+        except ValueError:
+            continue
+        buckets[le] = buckets.get(le, 0.0) + v
     return MetricsSample(at=at, kv_usage=peak(m, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
                          running=total(m, "vllm:num_requests_running"),
                          waiting=total(m, "vllm:num_requests_waiting"),
-                         generation_tokens=total(m, "vllm:generation_tokens_total"), num_gpu_blocks=blocks)
+                         generation_tokens=total(m, "vllm:generation_tokens_total"), num_gpu_blocks=blocks,
+                         ttft_buckets=tuple(sorted(buckets.items())), ttft_sum=total(m, TTFT + "_sum"),
+                         ttft_count=total(m, TTFT + "_count"))
 
 
 def fetch_sample(url: str, timeout: float = DEFAULT_HTTP_TIMEOUT,
@@ -171,6 +188,39 @@ class WindowedMetrics:
         if dt <= 0 or delta < 0:
             return None
         return delta / dt
+
+    def _ttft_delta(self) -> tuple[float, float, list[tuple[float, float]]] | None:
+        """``(requests, seconds summed, buckets)`` of the first tokens between the two samples;
+        ``None`` without two samples, with no request in between or after a counter reset."""
+        a, b = self.first, self.last
+        if a is None or b is None or a is b or None in (a.ttft_count, b.ttft_count, a.ttft_sum, b.ttft_sum):
+            return None
+        n = b.ttft_count - a.ttft_count  # type: ignore[operator]
+        s = b.ttft_sum - a.ttft_sum  # type: ignore[operator]
+        before = dict(a.ttft_buckets)
+        buckets = [(le, c - before.get(le, 0.0)) for le, c in b.ttft_buckets]
+        if n <= 0 or s < 0 or any(c < 0 for _, c in buckets):
+            return None
+        return n, s, buckets
+
+    @property
+    def ttft_requests(self) -> float | None:
+        """Requests that got their first token between the two samples (``None``: not known)."""
+        d = self._ttft_delta()
+        return d[0] if d else None
+
+    @property
+    def ttft_mean_s(self) -> float | None:
+        """Mean time to first token (s) of the requests between the two samples."""
+        d = self._ttft_delta()
+        return d[1] / d[0] if d else None
+
+    @property
+    def ttft_p90_s(self) -> float | None:
+        """90th percentile of the time to first token (s) between the two samples, Prometheus-style
+        (linear inside the histogram bucket that holds it)."""
+        d = self._ttft_delta()
+        return histogram_quantile(d[2], 0.9) if d and d[2] else None
 
 
 Fetch = Callable[[str], "MetricsSample | str"]

@@ -59,7 +59,10 @@ class InstanceStatus:
 
     ``up_s``: seconds since the unit's main process started.  ``engine_version``:
     the unit's ``EngineVersion=``; ``running_version``: what ``/version`` says.
-    ``tokens_per_s``: generation throughput over the window.  ``load``: the load
+    ``tokens_per_s``: generation throughput over the window.  ``ttft_p90_s`` /
+    ``ttft_mean_s``: time to first token of the requests whose first token came
+    within the window (``vllm:time_to_first_token_seconds`` differenced between the
+    two samples; ``None`` with one sample or no request).  ``load``: the load
     score (:mod:`clusterctl.deploy.loadscore`).  ``gateway_down``: why the
     gateway has it marked down (a drain, an operator), ``None`` when it does not.
     """
@@ -87,6 +90,9 @@ class InstanceStatus:
     running: float | None = None
     waiting: float | None = None
     tokens_per_s: float | None = None
+    ttft_p90_s: float | None = None
+    ttft_mean_s: float | None = None
+    ttft_requests: float | None = None
     load: float | None = None
     gateway_down: str | None = None
     #: doctor's ``tp.group`` verdict for a group of more than one GPU (``OK``, ``DEGRADED: ...``,
@@ -171,6 +177,11 @@ def _apply_load(row: InstanceStatus, w: WindowedMetrics | None, queue_cap: int |
     if s is not None:
         row.kv_usage, row.running, row.waiting = s.kv_usage, s.running, s.waiting
         row.tokens_per_s = None if w is None or w.tokens_per_s is None else round(w.tokens_per_s, 2)
+        if w is not None:
+            p90, mean = w.ttft_p90_s, w.ttft_mean_s
+            row.ttft_p90_s = None if p90 is None else round(p90, 4)
+            row.ttft_mean_s = None if mean is None else round(mean, 4)
+            row.ttft_requests = w.ttft_requests
     if row.healthy is None:
         return
     cap = max(capacity or 0.0, row.tokens_per_s or 0.0) or None
