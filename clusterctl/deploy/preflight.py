@@ -257,15 +257,19 @@ def _check_cpu_engine(row: InstanceRow, inst: Instance, hv: HostView, shape: M.M
                 "and refuses to start")
         return
     per_token = M.kv_bytes_per_token(shape, 1, M.DTYPE_BYTES.get(shape.dtype, 2))
-    tokens = kv // (per_token * CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
+    block = per_token * CPU_BLOCK_SIZE
+    tokens = kv // block * CPU_BLOCK_SIZE          # what vLLM logs as "CPU KV cache size"
+    # One block is vLLM's null block: a request can use the others (1 MiB of the tiny model: 8 blocks,
+    # "the estimated maximum model length is 896", measured).
+    usable = max(0, kv // block - 1) * CPU_BLOCK_SIZE
     row.settings = {"device": "cpu", "kv_cache_memory_bytes": kv, "max_model_len": mml,
                     "predicted_kv_tokens": tokens}
-    if mml > tokens:
-        need = -(-mml // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE * per_token
+    if mml > usable:
+        need = (-(-mml // CPU_BLOCK_SIZE) + 1) * block
         row.add(Severity.CRIT, "memory.kv",
-                f"kv-cache-memory-bytes {kv} holds {tokens} tokens, less than max_model_len {mml}: "
-                f"set kv-cache-memory-bytes to at least {need} or max-model-len to at most {tokens}",
-                numbers={"kv_tokens": tokens, "max_model_len": mml}, fit={"kv_cache_memory_bytes": need})
+                f"kv-cache-memory-bytes {kv} holds {usable} tokens for a request, less than max_model_len {mml}: "
+                f"set kv-cache-memory-bytes to at least {need} or max-model-len to at most {usable}",
+                numbers={"kv_tokens": usable, "max_model_len": mml}, fit={"kv_cache_memory_bytes": need})
     want = weights.total + kv + CPU_ENGINE_OVERHEAD
     if hv.mem_available is None:
         row.add(Severity.WARN, "memory.host", f"host RAM available on {row.host} unknown (no facts): "

@@ -295,6 +295,10 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         raise ClusterctlError(f"{where}: GPU UUIDs {list(gpu_uuids)} do not match its "
                               f"{len(inst.placement)} placed GPU(s)")
     plain = instance_env(inv, inst, host, gpu_uuids)
+    if engine.device == "cpu":
+        # vLLM 0.32's sampler torch.compiles its logprobs ranking even with --enforce-eager; on a node
+        # without a C++ compiler the first logprobs request kills the engine (measured in the lab).
+        plain["TORCH_COMPILE_DISABLE"] = "1"
     secret_env = dict(secrets)
     for key, value in inst.env.items():
         if not _ENV_NAME.match(key):

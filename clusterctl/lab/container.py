@@ -102,6 +102,20 @@ def _is_mountpoint(p: Path) -> bool:
     return os.path.ismount(p)
 
 
+def real_engine_binds() -> list[str]:
+    """Read-only binds that make the installed real vLLM engine (and its tiny model) run in a host:
+    the cache at the same path (its venv runs on the host's own /usr/bin/python3.11) and libnuma,
+    which vLLM's CPU kernels link and the minimal template lacks.  Nothing when not installed."""
+    from clusterctl.lab import realvllm
+    if realvllm.installed() is None:
+        return []
+    out = [f"--bind-ro={realvllm.CACHE_ROOT}"]
+    numa = Path("/usr/lib/x86_64-linux-gnu/libnuma.so.1")
+    if numa.exists():
+        out.append(f"--bind-ro={numa.resolve()}:{numa}")
+    return out
+
+
 def launch(cfg: LabConfig, h: HostSpec) -> int:
     """Start the host's container in the background; return the supervisor's PID."""
     d = host_dir(cfg, h.name)
@@ -112,6 +126,7 @@ def launch(cfg: LabConfig, h: HostSpec) -> int:
             # Root on a real GPU server may lock memory (RDMA registration, `stage pin`);
             # without this nspawn's seccomp filter refuses mlock() with EPERM.
             "--capability=CAP_IPC_LOCK"]
+    argv += real_engine_binds()
     hw = d / "hw"
     if hw.is_dir():
         argv.append(f"--bind={hw}:{HW_MOUNT}")

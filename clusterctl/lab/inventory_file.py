@@ -120,10 +120,20 @@ def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: st
                    "cnp_dscp": 48, "mtu": 4200},
         "groups": groups,
         "hosts": host_entries,
-        # The vLLM simulator's launchers (clusterctl/lab/vllm_sim/install.py).
+        # The vLLM simulator's launchers (clusterctl/lab/vllm_sim/install.py), and the real CPU
+        # engine when scripts/install-real-vllm installed it (bound read-only into the hosts).
         "engines": {"vllm-0.11": {"path": "/opt/vllm-0.11/bin/vllm", "version": "0.11.0"},
-                    "vllm-0.33": {"path": "/opt/vllm-0.33/bin/vllm", "version": "0.33.0"}},
+                    "vllm-0.33": {"path": "/opt/vllm-0.33/bin/vllm", "version": "0.33.0"},
+                    **_real_engine()},
     }
+
+
+def _real_engine() -> dict[str, Any]:
+    from clusterctl.lab import realvllm
+    eng = realvllm.installed()
+    if eng is None:
+        return {}
+    return {realvllm.ENGINE: {"path": str(eng.vllm), "version": realvllm.VERSION, "device": "cpu"}}
 
 
 def write(path: Path, data: dict[str, Any]) -> None:

@@ -70,12 +70,15 @@ def test_unauthorized_body(served: EngineProc) -> None:
 
 def test_completion(served: EngineProc) -> None:
     status, body = served.post("/v1/completions", {"model": "tiny", "prompt": "The GNU General Public License",
-                                                   "max_tokens": 5, "temperature": 0, "ignore_eos": True}, AUTH)
+                                                   "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+                                                   "logprobs": 3}, AUTH)
     assert status == 200, body
     doc = json.loads(body)
     assert doc["object"] == "text_completion" and doc["id"].startswith("cmpl-") and doc["model"] == "tiny"
     ch = doc["choices"][0]
     assert isinstance(ch["text"], str) and ch["finish_reason"] == "length" and ch["index"] == 0
+    lp = ch["logprobs"]  # drift reads these (tokens and top-k per position)
+    assert len(lp["tokens"]) == 5 and len(lp["top_logprobs"]) == 5 and all(len(t) >= 3 for t in lp["top_logprobs"])
     u = doc["usage"]
     assert u["completion_tokens"] == 5 and u["prompt_tokens"] > 0
     assert u["total_tokens"] == u["prompt_tokens"] + 5

@@ -135,7 +135,7 @@ def real_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a real CPU engine runs with here: one core, one thread, no telemetry."""
     env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND=REAL_CORE,
                VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
+               TOKENIZERS_PARALLELISM="false", TORCH_COMPILE_DISABLE="1")
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
     env.pop("VLLM_API_KEY", None)
     env.update(extra or {})

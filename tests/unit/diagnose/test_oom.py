@@ -146,3 +146,18 @@ def test_process_on_an_unassigned_gpu_is_not_foreign():
     facts = G.healthy()
     facts["gpu01"]["gpus"]["devices"][7]["processes"] = [{"pid": 1, "used_memory": GIB, "name": "x", "unit": None}]
     assert all(f.severity == Severity.OK for f in check_foreign(G.ctx(facts)))
+
+
+def test_kv_cache_too_small_real_032_cpu_with_an_explicit_kv_size_names_that_knob():
+    """Real vLLM 0.32 (CPU) with --kv-cache-memory-bytes 1048576 --max-model-len 4096: its own message says
+    "Try increasing `gpu_memory_utilization`", which does not size an explicit KV cache."""
+    from pathlib import Path
+    log = (Path(__file__).resolve().parents[2] / "fixtures" / "vllm" /
+           "startup_fail_kv_too_small_v0.32.0_cpu.log").read_text()
+    c = G.ctx(G.healthy(), inv="default", raw={"gpu01": {"qwen-a.log": log}})
+    (f,) = [f for f in check_oom_cause(c) if f.subject == "instance:qwen-a"]
+    assert f.severity == Severity.CRIT and f.message.startswith("KV cache too small for max_model_len 4096")
+    assert "--max-model-len to at most 896" in f.action
+    # 1 MiB held 896 tokens: 4096 tokens need 1 MiB x 4096 / 896, rounded up to whole MiB
+    assert "raise --kv-cache-memory-bytes from 1048576 to at least 5242880 bytes" in f.action
+    assert "gpu-memory-utilization from" not in f.action
