@@ -119,9 +119,11 @@ def test_real_instance_through_clusterctl(lab: Any, tmp_path: Path) -> None:
         # bench
         bench = _cli(inv_path, state, "bench", url, "--concurrency", "1,4", "--requests", "8", "--input-len", "32",
                      "--output-len", "8", "--json", "--tokenizer", str(model))
-        assert bench.returncode in (0, 1), bench.stdout + bench.stderr
-        levels = json.loads(bench.stdout)
-        assert "1" in json.dumps(levels)
+        # Every request completes; whether the timing is trusted depends on this shared machine's load
+        # (bench exits 3 with its reason then), so only the counts are asserted.
+        res = json.loads(bench.stdout)["results"]
+        assert [(r["concurrency"], r["completed"], r["failed"]) for r in res] == [(1, 8, 0), (4, 8, 0)], \
+            bench.stdout[-3000:] + bench.stderr
 
         # collect, then doctor on the bundle
         bundle = tmp_path / "bundle.tar.gz"
