@@ -8,7 +8,8 @@ file or pipe: one line per finished host / event, flushed, for logs and CI),
 * :class:`HostProgress` counts hosts of a fan-out (``ping``, ``exec``,
   ``facts``, ``doctor``, ``collect``, ``discover``);
 * :class:`ByteProgress` counts bytes per host (``stage``);
-* :class:`EventProgress` shows deploy-style events with a batch bar.
+* :class:`EventProgress` shows deploy-style events with a batch bar;
+* :class:`Lines` only prints event lines (``status``).
 
 Each is a context manager; :meth:`_Progress.note` prints an event line in any
 mode but ``off`` without tearing a live bar.
@@ -73,6 +74,11 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+class Lines(_Progress):
+    """Event lines only (``note``): on stderr in ``rich`` and ``plain`` mode, nothing when off
+    (``status`` without ``--watch``)."""
 
 
 class HostProgress(_Progress):

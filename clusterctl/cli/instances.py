@@ -186,7 +186,9 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
     hosts = list(inv.hosts) if everything else sorted({g.host for i in selected.values() for g in i.placement})
     fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
                    ask_become_pass=ask_become_pass)
-    progress = not json_out and err_console.is_terminal
+    from clusterctl.cli._progress import Lines
+
+    notes = Lines(not json_out)  # a line on stderr per step, nothing with --json
     if watch:
         from clusterctl.cli.watch import SORTS, run_watch
 
@@ -201,7 +203,7 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
     with fleet:
         rows = collect_status(inv, selected, fleet, window=window, state_dir=directory, include_extra=everything,
                               marked_down=_marked_down(inv, directory),
-                              on_event=lambda s: err_console.print(s, markup=False) if progress else None)
+                              on_event=notes.note)
     for w in fleet.warnings:
         err_console.print(f"warning: {w}", markup=False)
     code = exit_code(rows)

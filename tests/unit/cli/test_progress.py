@@ -137,3 +137,20 @@ def test_ping_and_exec_report_each_host_and_nothing_with_json(env, capsys):
     main(["exec", "all", "-i", str(env), "--json", "--", "true"])
     out, err = capsys.readouterr()
     assert json.loads(out)["command"] == "true" and "/3] " not in err
+
+
+def test_on_a_terminal_bytes_and_deploy_batches_draw_bars(monkeypatch, capsys):
+    screen = io.StringIO()
+    monkeypatch.setattr(_progress, "err_console", Console(file=screen, force_terminal=True, width=120))
+    with ByteProgress("stage", ["gpu01", "gpu02"], 2 ** 20, True) as b:
+        b.on_progress("gpu01", 2 ** 19, 2 ** 20)
+        b.on_result(SimpleNamespace(host="gpu01", status=HostStatus.OK, duration_s=1.0))
+        assert b._bar.tasks[0].completed == 2 ** 19 and b._bar.tasks[0].total == 2 ** 21
+    with EventProgress("deploy", True) as ev:
+        ev(Event("batch", "batch 1/2: 1 hosts: gpu01", step=1, steps=2))
+        ev(Event("batch", "batch 1/2 passed", step=1, steps=2, done=True))
+        assert (ev._bar.tasks[0].completed, ev._bar.tasks[0].total) == (1, 2)
+        ev(Event("batch", "batch 2/2: 1 hosts: gpu02", step=2, steps=2))
+        assert ev._bar.tasks[0].completed == 1 and "batch 2/2" in ev._bar.tasks[0].description
+    assert capsys.readouterr().err == ""
+    assert "[batch] batch 1/2 passed" in screen.getvalue()

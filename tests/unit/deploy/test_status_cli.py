@@ -67,12 +67,14 @@ def test_table_groups_by_host_and_exits_1_for_high_load(capsys, env) -> None:
     row_a = next(ln for ln in lines if " a " in f" {ln} ")
     assert row_a.split()[:3] == ["h1", "a", "serving"] and "8/16" in row_a and "high load" in row_a
     assert any(ln.split()[:3] == ["h2", "b", "serving"] for ln in lines)
+    assert "2 active instance(s): /health, /version, /metrics over 0.2 s" in err.splitlines()  # progress, piped
 
 
 def test_json_and_a_stopped_instance_exit_2(capsys, env) -> None:
     env["units"]["h2"]["b"] = unit("b", active="inactive", sub="dead")
-    rc, out, _ = _run(capsys, "status", "-i", env["inv"], "--state-dir", env["state"], "--window", "0", "--json")
+    rc, out, err = _run(capsys, "status", "-i", env["inv"], "--state-dir", env["state"], "--window", "0", "--json")
     doc = json.loads(out)
+    assert "active instance(s)" not in err  # no progress with --json
     rows = {r["name"]: r for r in doc["instances"]}
     assert rc == 2 and doc["exit_code"] == 2
     assert (rows["b"]["state"], rows["b"]["severity"], rows["b"]["load"]) == ("stopped", "CRIT", None)
