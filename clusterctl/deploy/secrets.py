@@ -25,6 +25,11 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 MAX_SECRET_BYTES = 64 * 1024
 
 
+#: Inventory settings whose names match :data:`SECRET_NAME` but whose values are not
+#: secrets; a redacted copy must stay a valid inventory (``doctor --from`` loads it).
+NOT_SECRET_SETTINGS = frozenset({"host_key_policy"})
+
+
 def looks_secret(name: str) -> bool:
     """True when an environment variable's name suggests its value is a secret."""
     return bool(SECRET_NAME.search(name))
@@ -142,7 +147,7 @@ def redact_inventory_text(text: str) -> str:
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 if (isinstance(k, yaml.ScalarNode) and isinstance(v, yaml.ScalarNode) and looks_secret(str(k.value))
-                        and v.value != ""):
+                        and str(k.value) not in NOT_SECRET_SETTINGS and v.value != ""):
                     spans[v.start_mark.index] = v.end_mark.index
                 stack += [k, v]
         elif isinstance(node, yaml.SequenceNode):

@@ -81,3 +81,12 @@ def test_collect_writes_a_redacted_owner_only_bundle(tmp_path: Path, monkeypatch
         assert all(stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600) for p in paths)
         text = (out / "inventory.yaml").read_text()
     assert not any(s in text for s in SECRETS) and "'***'" in text
+
+
+def test_redacted_copy_stays_a_valid_inventory_with_its_host_key_policy():
+    """``host_key_policy`` names a key but holds no secret: the bundle's copy must still load."""
+    text = INVENTORY.replace("ssh: {use_ssh_config: false}", "ssh: {use_ssh_config: false, host_key_policy: accept-new}")
+    red = redact_inventory_text(text)
+    assert "host_key_policy: accept-new" in red and "hf_live_SECRET1" not in red
+    inv = load_inventory_text(red, "bundle/inventory.yaml")
+    assert inv.hosts["gpu01"].ssh.host_key_policy is not None
