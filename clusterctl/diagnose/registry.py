@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.diagnose.sources import name_gpus
 from clusterctl.inventory.model import Inventory
 
 Analyzer = Callable[["AnalysisContext"], list[Finding]]
@@ -69,7 +70,7 @@ def run_analyzers(ctx: AnalysisContext, only: Iterable[str] | None = None) -> li
         if wanted is not None and not any(name == w or name.startswith(w + ".") for w in wanted):
             continue
         try:
-            out.extend(fn(ctx))
+            out.extend(name_gpus(ctx, fn(ctx)))
         except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
             out.append(Finding(name, Severity.UNKNOWN, None, "check",
                                f"the {name} check failed: {type(e).__name__}: {e}",

@@ -198,7 +198,7 @@ def check_engine(ctx: AnalysisContext) -> list[Finding]:
 
                 gpu = dead_member(inst, ev.dead_worker)
                 out.append(Finding("serving.engine", Severity.CRIT, host, subj,
-                                   f"{dead_worker_message(inst, ev.dead_worker, gpu)} {started}: the TP group of "
+                                   f"{dead_worker_message(inst, ev.dead_worker, gpu, ctx)} {started}: the TP group of "
                                    f"{len(inst.placement)} is UNAVAILABLE",
                                    f"check {gpu or 'the group'}'s GPU findings (gpu.*) and the kernel log (XIDs), "
                                    "then restart the instance", (ev.dead_worker["line"], *ev.engine_dead[:1])))

@@ -11,6 +11,7 @@ names (keys of ``AnalysisContext.raw[host]``) used by the analyzers:
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
 
 from clusterctl.inventory.model import Instance, Inventory
@@ -55,12 +56,43 @@ def gpus_section(ctx: Any, host: str) -> dict[str, Any] | None:
 
 def pci_to_index(ctx: Any, host: str) -> dict[str, int]:
     """Short PCI address (``0000:3b:00``, lower case) -> NVML index, from facts."""
+    return {normalize_pci(addr): index for index, addr in bus_ids(ctx, host).items()}
+
+
+def bus_ids(ctx: Any, host: str) -> dict[int, str]:
+    """NVML index -> full PCI bus id (``0000:1b:00.0``), from facts."""
     g = gpus_section(ctx, host) or {}
-    out: dict[str, int] = {}
+    out: dict[int, str] = {}
     for d in g.get("devices") or []:
         addr = d.get("pci_address") or _from_bus_id(d.get("pci_bus_id"))
         if addr and d.get("index") is not None:
-            out[normalize_pci(addr)] = int(d["index"])
+            addr = str(addr).lower()
+            out[int(d["index"])] = addr if "." in addr.split(":")[-1] else addr + ".0"
+    return out
+
+
+def gpu_label(ctx: Any, host: str | None, index: int) -> str:
+    """``gpu:3 (0000:1b:00.0)``: the index and, where the facts know it, the PCI bus id."""
+    bus = bus_ids(ctx, host).get(index) if host else None
+    return f"gpu:{index} ({bus})" if bus else f"gpu:{index}"
+
+
+_GPU_SUBJECT = re.compile(r"^gpu:(\d+)(?:/|$)")
+
+
+def name_gpus(ctx: Any, findings: list[Any]) -> list[Any]:
+    """Every finding about one GPU (subject ``gpu:N``, kept as it is for grouping and
+    history) names it by index and PCI bus id at the start of its message."""
+    from dataclasses import replace
+
+    out = []
+    for f in findings:
+        m = _GPU_SUBJECT.match(f.subject or "")
+        if m and f.host:
+            label = gpu_label(ctx, f.host, int(m.group(1)))
+            if "(" in label and not f.message.startswith(label):
+                f = replace(f, message=f"{label}: {f.message}")
+        out.append(f)
     return out
 
 

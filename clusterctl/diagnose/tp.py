@@ -28,6 +28,7 @@ from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer, run_analyzers
+from clusterctl.diagnose.sources import bus_ids
 from clusterctl.diagnose.vllmlog import parse_log
 from clusterctl.inventory.model import GpuRef, Instance
 
@@ -51,8 +52,10 @@ def dead_worker(ctx: AnalysisContext, inst: Instance) -> tuple[dict[str, Any], G
     return (dead, dead_member(inst, dead)) if dead else None
 
 
-def dead_worker_message(inst: Instance, dead: dict[str, Any], gpu: GpuRef | None) -> str:
-    where = f"GPU {gpu}" if gpu is not None else "GPU unknown (rank beyond the placement)"
+def dead_worker_message(inst: Instance, dead: dict[str, Any], gpu: GpuRef | None, ctx: Any = None) -> str:
+    bus = bus_ids(ctx, gpu.host).get(gpu.index) if gpu is not None and ctx is not None else None
+    where = (f"GPU {gpu}" + (f" ({bus})" if bus else "") if gpu is not None
+             else "GPU unknown (rank beyond the placement)")
     return f"TP worker rank {dead['rank']} ({dead['process']}, {where}) died"
 
 
@@ -83,7 +86,8 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
         for g in inst.placement:
             for f in by_gpu.get((g.host, g.index), []) + host_level.get(g.host, []):
                 if f.severity in (Severity.CRIT, Severity.WARN):
-                    bad.append((str(g) if f.subject.startswith("gpu:") else g.host, f))
+                    bus = bus_ids(ctx, g.host).get(g.index)
+                    bad.append((str(g) + (f" ({bus})" if bus else "") if f.subject.startswith("gpu:") else g.host, f))
         if len(inst.hosts) > 1:  # NCCL traffic crosses the fabric
             bad += [(h, f) for h in inst.hosts for f in fabric.get(h, [])]
         # Unchecked means no GPU state at all (unreachable, no facts, NVML down);
@@ -103,7 +107,7 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
         if died and not crit:
             dead, gpu = died
             out.append(Finding("tp.group", Severity.CRIT, None, subj,
-                               f"UNAVAILABLE: {dead_worker_message(inst, dead, gpu)}; the group of {len(members)} "
+                               f"UNAVAILABLE: {dead_worker_message(inst, dead, gpu, ctx)}; the group of {len(members)} "
                                "cannot serve",
                                f"drain instance {inst.name}; check {gpu or 'the group'}'s GPU findings and kernel log "
                                "(XIDs), then restart the instance", (dead["line"],)))

@@ -108,7 +108,7 @@ def test_doctor_from_bundle_with_its_inventory_and_formats(tmp_path, capsys):
     dest = write_bundle(snapshot(), tmp_path / "b.tar.gz", G.INVENTORY)
     assert main(["doctor", "--from", str(dest), "--checks", "remap,tp", "--format", "markdown"]) == 1
     md = capsys.readouterr().out
-    assert "| WARN | gpu.remap | gpu01 | gpu:1 | a row remap is pending: the GPU keeps working, the remap applies at the next GPU reset |" in md
+    assert "| WARN | gpu.remap | gpu01 | gpu:1 | gpu:1 (0000:2a:00.0): a row remap is pending: the GPU keeps working, the remap applies at the next GPU reset |" in md
     assert "| WARN | tp.group | - | tp-group:qwen-a | DEGRADED" in md
     assert main(["doctor", "--from", str(dest), "--checks", "remap", "--format", "prom"]) == 1
     assert 'clusterctl_doctor_check_severity{check="gpu.remap",host="gpu01"} 1' in capsys.readouterr().out

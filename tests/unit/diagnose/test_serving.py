@@ -88,7 +88,7 @@ def test_engine_death_and_nccl_watchdog_after_serving():
     c = G.ctx(G.healthy(), raw={"gpu01": {"qwen-a.log": G.fixture("vllm/runtime_engine_dead_nccl_v0.11.0.log")}})
     found = {f.message: f for f in check_engine(c)}
     # qwen-a is TP 2 on gpu01:[0-1]: the dead worker's rank and GPU are named, not a bare "engine died".
-    assert ("TP worker rank 1 (VllmWorker-1, GPU gpu01:1) died after it was serving: the TP group of 2 is "
+    assert ("TP worker rank 1 (VllmWorker-1, GPU gpu01:1 (0000:2a:00.0)) died after it was serving: the TP group of 2 is "
             "UNAVAILABLE") in found
     nccl = found["NCCL collective timed out or failed in the TP group"]
     assert nccl.severity == Severity.CRIT and "Watchdog caught collective operation timeout" in nccl.evidence[0]
