@@ -177,11 +177,16 @@ class ByteProgress(_Progress):
 class EventProgress(_Progress):
     """Deploy-style events (``kind``, ``message``, ``host``, ``ok``, and ``step``/``steps``
     on batch events): every event is a line; on a terminal a bar under them
-    counts batches and names the current one."""
+    counts batches and names the current one.  ``bytes`` events (staging: ``step``
+    bytes of ``steps`` on ``host``) are not lines: a byte bar on a terminal, an
+    overall line at most every ``PLAIN_BYTES_EVERY_S`` seconds otherwise."""
 
     def __init__(self, label: str, enabled: bool):
         super().__init__(enabled)
         self.label = label
+        self._bytes: dict[str, tuple[int, int]] = {}
+        self._bytes_task: Any = None
+        self._last_line = 0.0
         if self.mode == "rich":
             from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -191,6 +196,9 @@ class EventProgress(_Progress):
 
     def __call__(self, e: Any) -> None:
         if self.mode == "off":
+            return
+        if e.kind == "bytes":
+            self._on_bytes(e)
             return
         mark = "" if e.ok else "!! "
         where = f"{e.host}: " if e.host else ""
@@ -205,3 +213,21 @@ class EventProgress(_Progress):
                              description=f"{self.label} {what}")
         elif e.kind == "phase":
             self._bar.update(self._task, description=f"{self.label}: {e.message[:60]}")
+
+    def _on_bytes(self, e: Any) -> None:
+        with self._lock:
+            self._bytes[f"{e.message}\0{e.host}"] = (int(e.step or 0), int(e.steps or 0))
+            done = sum(d for d, _ in self._bytes.values())
+            total = sum(t for _, t in self._bytes.values())
+            now = time.monotonic()
+            line_due = now - self._last_line >= PLAIN_BYTES_EVERY_S
+            if line_due:
+                self._last_line = now
+        if self._bar is not None:
+            if self._bytes_task is None:
+                self._bytes_task = self._bar.add_task(f"{e.message}", total=total)
+            self._bar.update(self._bytes_task, completed=done, total=total,
+                             description=f"{e.message} {_size(done)} of {_size(total)}")
+        elif line_due:
+            pct = f" ({100 * done / total:.0f} %)" if total else ""
+            self.note(f"[bytes] {e.message}: {_size(done)} of {_size(total)}{pct}")

@@ -30,7 +30,8 @@ class Event:
     """One progress line: ``kind`` is ``phase``, ``batch``, ``host``, ``gate`` or ``warn``.
 
     Batch events carry ``step`` (1-based) of ``steps``: the start of a batch,
-    then its end (``done``)."""
+    then its end (``done``).  ``bytes`` events (staging, from worker threads, every
+    0.5 s per host) carry the bytes verified on ``host`` so far in ``step`` of ``steps``."""
 
     kind: str
     message: str
@@ -522,8 +523,12 @@ class Deploy:
             self.event("phase", f"staging {name} on {', '.join(hosts)}")
             src = sp.parse_source(model.source or "", f"{self.inv.path}: models.{name}.source")
             man = sp.load_manifest(src, name, model.version)
+            def on_bytes(host: str, done: int, total: int, what: str = f"staging {name}") -> None:
+                self.event("bytes", what, host, step=done, steps=total)
+
             with self.make_fleet([self.inv.hosts[h] for h in hosts]) as sf:
-                report = sr.stage_model(sf, [self.inv.hosts[h] for h in hosts], model, src, man, relay="chain")
+                report = sr.stage_model(sf, [self.inv.hosts[h] for h in hosts], model, src, man, relay="chain",
+                                        on_progress=on_bytes)
             for row in report.rows:
                 self.event("host", f"stage {name}: {row.status}" + (f" ({row.error})" if row.error else ""),
                            row.host, row.ok)

@@ -206,7 +206,8 @@ def _move(inv: Inventory, store: StateStore, make_fleet: FleetFactory, opts: Fai
                           drain_timeout_s=opts.drain_timeout_s)
     try:
         rep = Deploy(inv, hosts, make_fleet, str(store.directory), dopts,
-                     on_event=lambda e: say(f"[{e.kind}] " + (f"{e.host}: " if e.host else "") + e.message)).run()
+                     on_event=lambda e: None if e.kind == "bytes" else  # staging byte counts: not lines
+                     say(f"[{e.kind}] " + (f"{e.host}: " if e.host else "") + e.message)).run()
     except ClusterctlError as e:
         report.errors.append(f"deploy: {e}")
         report.moved = {n: f"deploy: {e}" for n in names}

@@ -86,6 +86,19 @@ def test_event_progress_plain_lines_keep_the_deploy_format(capsys):
     assert capsys.readouterr().err.splitlines() == ["[batch] canary: 1 hosts: gpu01", "!! [host] gpu01: gate failed"]
 
 
+def test_deploy_staging_bytes_are_summed_and_throttled_not_a_line_each(monkeypatch, capsys):
+    with EventProgress("deploy", True) as ev:
+        ev(Event("bytes", "staging qwen", "gpu01", step=2 ** 30, steps=2 ** 31))
+        ev(Event("bytes", "staging qwen", "gpu02", step=2 ** 30, steps=2 ** 31))  # within 5 s: no line
+        monkeypatch.setattr(_progress, "PLAIN_BYTES_EVERY_S", 0.0)
+        ev(Event("bytes", "staging qwen", "gpu01", step=2 ** 31, steps=2 ** 31))
+    assert capsys.readouterr().err.splitlines() == ["[bytes] staging qwen: 1.0 GiB of 2.0 GiB (50 %)",
+                                                    "[bytes] staging qwen: 3.0 GiB of 4.0 GiB (75 %)"]
+    with EventProgress("deploy", False) as ev:
+        ev(Event("bytes", "staging qwen", "gpu01", step=1, steps=2))
+    assert capsys.readouterr().err == ""
+
+
 def local_shell(host, command, stdin):
     if host.name == "gpu03":
         return HostFailure(HostStatus.UNREACHABLE, "connect to 127.0.0.3:22: connection refused")
@@ -152,5 +165,7 @@ def test_on_a_terminal_bytes_and_deploy_batches_draw_bars(monkeypatch, capsys):
         assert (ev._bar.tasks[0].completed, ev._bar.tasks[0].total) == (1, 2)
         ev(Event("batch", "batch 2/2: 1 hosts: gpu02", step=2, steps=2))
         assert ev._bar.tasks[0].completed == 1 and "batch 2/2" in ev._bar.tasks[0].description
+        ev(Event("bytes", "staging qwen", "gpu02", step=2 ** 20, steps=2 ** 21))
+        assert (ev._bar.tasks[1].completed, ev._bar.tasks[1].total) == (2 ** 20, 2 ** 21)
     assert capsys.readouterr().err == ""
     assert "[batch] batch 1/2 passed" in screen.getvalue()
