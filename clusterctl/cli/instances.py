@@ -251,7 +251,9 @@ def _action(action: str) -> Any:
         hosts = sorted({g.host for i in insts for g in i.placement})
         fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
                        ask_become_pass=ask_become_pass)
-        say = (lambda s: err_console.print(s, markup=False)) if not json_out else None
+        from clusterctl.cli._progress import Lines
+
+        say = Lines(not json_out).note
         with fleet:
             results = run_action(inv, fleet, insts, action, drain_first=not no_drain,  # type: ignore[arg-type]
                                  drain_timeout=drain_timeout, poll=poll, health_timeout=health_timeout,
