@@ -32,6 +32,10 @@ HELP = """Diagnose GPUs (XIDs, ECC, remapped rows, lost GPUs, PCIe, NVLink, cloc
 temperature), the cause of an instance's OOM, serving health from /metrics,
 TP groups (one bad GPU makes its group UNAVAILABLE), and the RoCE fabric.
 
+Log lines count from each unit's last start and the current boot (older
+problems are OK "history" rows; --since counts more). Acknowledged findings
+(doctor ack) are OK rows until they expire.
+
 Never changes node state. Findings identical on many hosts are one row with a
 node set; CRIT first, each with its action. A host that cannot be reached, or
 a check without data, is UNKNOWN. Exit status: 0 OK, 1 WARN, 2 CRIT, 3 UNKNOWN
@@ -52,6 +56,10 @@ Examples:
   clusterctl doctor all --learn baseline.yaml; clusterctl doctor all --baseline baseline.yaml
 
   clusterctl doctor all --checks serving,drift,leak   # drift vs each instance's baseline, context-leak canaries
+
+  clusterctl doctor all --since 6h   # also count log lines of earlier runs/boots from the last 6 h
+
+  clusterctl doctor ack gpu.xid gpu:3 --host gpu07 --until 3d --reason "RMA 4411"   # --list, --remove
 """
 
 SEVERITY_STYLE = {Severity.CRIT: "bold red", Severity.WARN: "yellow", Severity.UNKNOWN: "magenta",
@@ -151,6 +159,36 @@ def bundle_hosts(snap: Any, inv: Any, pattern: str) -> Any:
     return kept
 
 
+def parse_since(text: Optional[str]) -> Optional[float]:
+    """``--since`` as epoch seconds (None when not given); a bad value exits 3 naming the forms."""
+    from clusterctl.diagnose.current import parse_when
+
+    if not text:
+        return None
+    try:
+        return parse_when(text, time.time())
+    except ValueError as e:
+        fail(str(e))
+
+
+def load_acks() -> list[dict[str, Any]]:
+    """The acknowledgements in the state directory (``doctor ack``)."""
+    from clusterctl.diagnose import acks
+
+    try:
+        return acks.load(user_config().state_dir)
+    except ClusterctlError as e:
+        fail(str(e))
+
+
+def settled_counts(findings: list[Finding]) -> dict[str, int]:
+    """How many rows are acknowledged and how many are history (both OK rows, not counted)."""
+    from clusterctl.diagnose.current import HISTORY
+
+    return {"acknowledged": sum(f.message.startswith("acknowledged until ") for f in findings),
+            "history": sum(f.message.startswith(HISTORY) for f in findings)}
+
+
 def _table(findings: list[Finding], show_ok: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -170,8 +208,10 @@ def _table(findings: list[Finding], show_ok: bool) -> None:
     s = summary(findings)
     ok_hosts = sorted({f.host for f in findings if f.host and f.severity == Severity.OK})
     counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n) or "no findings"
-    console.print(f"{s['worst']}: {counts}" + ("" if show_ok or not ok_hosts else
-                                               " (OK rows hidden; --all shows them)"), markup=False)
+    settled = settled_counts(findings)
+    extra = "".join(f"; {n} {k}" for k, n in settled.items() if n)
+    console.print(f"{s['worst']}: {counts}{extra}" + ("" if show_ok or not ok_hosts else
+                                                      " (OK rows hidden; --all shows them)"), markup=False)
 
 
 def render(findings: list[Finding], fmt: str, show_ok: bool, meta: dict[str, Any]) -> None:
@@ -210,6 +250,10 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
            active: bool = typer.Option(False, "--active",
                                        help="Also test RDMA bandwidth between host pairs with ib_write_bw "
                                             "(perftest, where installed; UNKNOWN rows say why not)."),
+           since: Optional[str] = typer.Option(None, "--since",
+                                               help="Count log lines from this time (2h, 3d, 2026-11-30T10:00Z) even "
+                                                    "before the unit's last start or the last boot (default: only "
+                                                    "the current run and boot count; older problems are history rows)."),
            timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
            fanout: Optional[int] = FanoutOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt,
@@ -242,6 +286,8 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
             fail(str(e))
     if explain_input and not source:
         fail("--explain-input describes the input of --from; give --from PATH")
+    since_t = parse_since(since)
+    acks = load_acks()
     started = time.monotonic()
     if source:
         snap, inv = bundle_snapshot(source, inventory, host_name)
@@ -258,7 +304,7 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
         meta = {"inventory": path, "pattern": pattern, **snap.meta}
         if learn:
             _learn(snap, learn)
-    findings = diagnose(context(snap, inv, thresholds), selected)
+    findings = diagnose(context(snap, inv, thresholds), selected, since=since_t, acks=acks)
     if active:
         findings += _active(snap, inv, thresholds, live=not source, fanout=fanout,
                             connect_timeout=connect_timeout, host_key_policy=host_key_policy)
@@ -268,6 +314,7 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
         findings += doctor_checks.run(inv, set(snap.facts) | set(snap.missing), requested, timeout=min(timeout, 30))
     meta["duration_s"] = round(time.monotonic() - started, 3)
     meta["checks"] = (selected or ["all"]) + requested if requested else (selected or "all")
+    meta.update(settled_counts(findings), since=since)
     render(findings, fmt, show_all, meta)
     raise typer.Exit(exit_code(findings))
 
@@ -332,5 +379,69 @@ def _learn(snap: Any, path: str) -> None:
     raise typer.Exit(2 if snap.missing else 0)
 
 
+ACK_HELP = """Acknowledge a known problem: doctor and report show its finding as an
+OK row "acknowledged until TIME (reason)" and leave it out of the exit code
+until TIME; after that it counts again. Kept in the state directory (acks.json).
+CHECK and SUBJECT are as doctor prints them (--json: check, subject).
+
+Examples:
+
+  clusterctl doctor ack gpu.xid gpu:3 --host gpu07 --until 3d --reason "RMA ticket 4411"
+
+  clusterctl doctor ack --list
+
+  clusterctl doctor ack gpu.xid gpu:3 --remove
+"""
+
+
+def ack(check: Optional[str] = typer.Argument(None, help="The finding's check, e.g. gpu.xid."),
+        subject: Optional[str] = typer.Argument(None, help="The finding's subject, e.g. gpu:3 or instance:qwen-a."),
+        until: Optional[str] = typer.Option(None, "--until", help="Until when: a duration (12h, 3d) or a time "
+                                            "(2026-12-05T09:00Z)."),
+        reason: str = typer.Option("", "--reason", help="Why (shown on the row)."),
+        host: Optional[str] = typer.Option(None, "--host", help="Only on this host (default: every host)."),
+        list_: bool = typer.Option(False, "--list", help="List the acknowledgements and exit."),
+        remove: bool = typer.Option(False, "--remove", help="Remove the acknowledgement of CHECK SUBJECT."),
+        as_json: bool = JsonOpt) -> None:
+    from clusterctl.diagnose import acks
+    from clusterctl.diagnose.current import parse_when
+
+    state = user_config().state_dir
+    now = time.time()
+    try:
+        if list_:
+            rows = acks.load(state)
+            if as_json:
+                sys.stdout.write(json.dumps({"state_dir": str(state), "acks": [
+                    {**a, "expired": acks.until_epoch(a) <= now} for a in rows]}, indent=2) + "\n")
+                raise typer.Exit(0)
+            for a in rows:
+                gone = " (expired)" if acks.until_epoch(a) <= now else ""
+                console.print(f"{a['check']} {a['subject']} on {a.get('host') or 'every host'} until "
+                              f"{a['until']}{gone}" + (f": {a['reason']}" if a.get("reason") else ""), markup=False)
+            console.print(f"{len(rows)} acknowledgement(s) in {acks.ack_path(state)}", markup=False)
+            raise typer.Exit(0)
+        if not check or not subject:
+            fail("give CHECK and SUBJECT (as doctor --json prints them), or --list")
+        if remove:
+            n = acks.remove(state, check, subject, host)
+            if not n:
+                fail(f"no acknowledgement of {check} {subject}" + (f" on {host}" if host else ""))
+            console.print(f"removed {n} acknowledgement(s) of {check} {subject}", markup=False)
+            raise typer.Exit(0)
+        if not until:
+            fail("--until is required (a duration such as 3d, or a time): acknowledgements expire")
+        try:
+            t = parse_when(until, now, option="--until", ahead=True)
+        except ValueError as e:
+            fail(str(e))
+        entry = acks.add(state, check, subject, t, host=host, reason=reason, now=now)
+    except ClusterctlError as e:
+        fail(str(e))
+    console.print(f"acknowledged {check} {subject} on {host or 'every host'} until {entry['until']} "
+                  f"(in {acks.ack_path(state)})", markup=False)
+
+
 def register(app: typer.Typer) -> None:
     app.command("doctor", help=HELP)(doctor)
+    app.command("doctor-ack", help=ACK_HELP, hidden=True)(ack)

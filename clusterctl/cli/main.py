@@ -39,7 +39,7 @@ _GROUPS = {"inventory", "lab", "report", "drift", "gateway"}
 #: The module that owns each top-level command; a command not named here (the
 #: planned ones) is found by registering everything.
 _OWNER = {"inventory": "inventory", "exec": "fleet", "ping": "fleet", "facts": "facts", "lab": "lab",
-          "doctor": "doctor", "collect": "collect", "stage": "stage", "deploy": "deploy", "rollback": "deploy",
+          "doctor": "doctor", "doctor-ack": "doctor", "collect": "collect", "stage": "stage", "deploy": "deploy", "rollback": "deploy",
           "report": "report", "bench": "bench", "drift": "drift", "gateway": "gateway",
           "status": "instances", "start": "instances", "stop": "instances", "restart": "instances",
           "cordon": "placement", "uncordon": "placement", "cordons": "placement", "scale": "placement",
@@ -94,6 +94,14 @@ def _command_name(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def _subcommand_alias(args: list[str]) -> list[str]:
+    """``doctor ack ...`` runs the ``doctor-ack`` command (``doctor`` itself takes a host pattern)."""
+    i = next((n for n, a in enumerate(args) if not a.startswith("-")), None)
+    if i is not None and args[i:i + 2] == ["doctor", "ack"]:
+        return args[:i] + ["doctor-ack"] + args[i + 2:]
+    return args
+
+
 def __getattr__(name: str) -> typer.Typer:
     if name == "app":  # the whole app, for tools that introspect it
         return build_app()
@@ -121,6 +129,7 @@ def _unexpected(e: BaseException, debug: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and map errors to exit codes."""
     args, debug = _debug_flag(sys.argv[1:] if argv is None else list(argv))
+    args = _subcommand_alias(args)
     try:
         rv = build_app(_command_name(args))(args=args, prog_name="clusterctl", standalone_mode=False)
     except Exit as e:

@@ -141,7 +141,8 @@ def _passive(pattern: str, inventory: Optional[str], source: Optional[str], **pr
         snap, inv, path = d.live_snapshot(pattern, inventory, sudo=False, ask_become_pass=False, progress=False,
                                           **probe)
         meta = {"inventory": path}
-    return diagnose(context(snap, inv, thresholds), None), from_snapshot(snap.facts, snap.raw), meta
+    return (diagnose(context(snap, inv, thresholds), None, acks=d.load_acks()), from_snapshot(snap.facts, snap.raw),
+            meta)
 
 
 def _active(pattern: str, inventory: Optional[str], kinds_text: str,

@@ -9,6 +9,9 @@ silently missing.  An unknown word raises ``UnknownCheckError`` naming the known
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from clusterctl.diagnose.findings import Finding
 from clusterctl.diagnose.registry import AnalysisContext, registered, run_analyzers
 from clusterctl.errors import ClusterctlError
@@ -35,15 +38,29 @@ def resolve_checks(words: list[str] | None) -> list[str] | None:
     return out + ([ALWAYS] if ALWAYS not in out else [])
 
 
-def diagnose(ctx: AnalysisContext, checks: list[str] | None = None) -> list[Finding]:
+def diagnose(ctx: AnalysisContext, checks: list[str] | None = None, *, since: float | None = None,
+             acks: list[dict[str, Any]] | None = None, now: float | None = None) -> list[Finding]:
     """Run ``checks`` (analyzer names; None = all) on ``ctx``.
+
+    Log lines count from the unit's current run and the current boot (or from
+    ``since``, epoch seconds); problems only older lines show are OK rows
+    ``history: ...``; ``acks`` (:mod:`clusterctl.diagnose.acks`) unexpired at
+    ``now`` make their findings OK rows ``acknowledged until ...``.
 
     Hosts known only from raw outputs (``doctor --from`` on loose files) get an
     UNKNOWN row for every selected check their outputs cannot feed, and no OK
     row from such a check (:func:`clusterctl.diagnose.evidence.not_checked`)."""
     from clusterctl.diagnose.evidence import not_checked
 
+    from clusterctl.diagnose import acks as ack
+    from clusterctl.diagnose.current import history, split_context
+
+    ctx, older = split_context(ctx, since)
     findings = run_analyzers(ctx, only=checks)
+    if older is not None:
+        findings += history(findings, run_analyzers(older, only=checks))
+    if acks:
+        findings = ack.apply(findings, acks, time.time() if now is None else now)
     names = [n for n in sorted(registered()) if checks is None or any(n == c or n.startswith(c + ".") for c in checks)]
     optional = {"gpu.dcgm"} | ({"gpu.baseline"} if not (ctx.thresholds or {}).get("baseline") else set())
     return not_checked(findings, dict(ctx.facts), names, skip=lambda c: c in optional)
