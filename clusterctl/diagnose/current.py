@@ -64,8 +64,12 @@ def _split(lines: list[str], is_start: Callable[[str], bool], since: float | Non
 
 
 def split_unit_log(text: str, unit: str, since: float | None = None) -> tuple[str, str]:
-    """``(history, current)`` of a unit's journal text: current from its last start."""
-    starting = re.compile(r"systemd\[\d+\]: Starting " + re.escape(unit) + r"\b")
+    """``(history, current)`` of a unit's journal text: current from its last start.
+
+    ``journalctl -u UNIT`` shows only systemd's messages about UNIT, and systemd
+    before 250 names the unit by its description (``Starting vLLM qwen-a...``), so
+    any ``systemd[PID]: Starting`` line of the text (or one naming ``unit``) is a start."""
+    starting = re.compile(r"systemd\[\d+\]: Starting (?:" + re.escape(unit) + r"\b|.*\.\.\.$)")
 
     def is_start(line: str) -> bool:
         return bool(starting.search(line) or _BOOT.match(line))

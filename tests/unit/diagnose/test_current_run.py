@@ -143,3 +143,11 @@ def test_doctor_ack_command_and_doctor_from_a_bundle_show_it(tmp_path, monkeypat
     assert main(["doctor", "ack", "gpu.xid", "gpu:1", "--remove"]) == 0
     assert main(["doctor", "--from", str(dest), "--checks", "xid"]) == 2
     assert main(["doctor", "--from", str(dest), "--since", "yesterday"]) == 3
+
+
+def test_a_start_line_of_systemd_before_250_names_the_description():
+    old = [starting(T0), f"{T0} gpu01 vllm[1]: ERROR engine died"]
+    new = ["2026-11-30T11:00:00+0000 gpu01 systemd[1]: Starting vLLM qwen-a: qwen3-8b on gpu01 GPU 0,1 port 8000...",
+           "2026-11-30T11:00:01+0000 gpu01 vllm[2]: INFO started"]
+    hist, cur = split_unit_log("\n".join(old + new) + "\n", "clusterctl-qwen-a.service")
+    assert hist == "\n".join(old) + "\n" and cur == "\n".join(new) + "\n"
