@@ -22,7 +22,8 @@ bytes.  Per rank (one GPU)::
     per_token    = 2 x layers x max(1, kv/TP) x head_dim x kv_dtype_bytes   (full attention;
                    MLA, sliding-window and linear layers: ModelShape, docs/deploy-preflight.md)
     blocks       = available_kv // (per_token x 16);  kv_tokens = blocks x 16
-                   (sliding + full layers: vLLM's groups, Budget.kv_tokens)
+                   (sliding + full layers: vLLM's groups, Budget.kv_tokens; linear /
+                   mamba layers: the block raised to hold a layer's state, hybrid_block_size)
     needed       = cdiv(max_model_len, 16) x 16 x per_token   (Budget.kv_need)
 
 The activation, non-torch and graph constants are a model fitted to vLLM
@@ -171,6 +172,25 @@ class ModelShape:
         per_layer = (cdiv(self.linear_state_elems, tp) * dtype_bytes
                      + cdiv(self.linear_ssm_elems, tp) * (self.ssm_dtype_bytes or dtype_bytes))
         return self.linear_layers * per_layer
+
+
+    def linear_layer_state_bytes(self, tp: int, dtype_bytes: int) -> int:
+        """One linear-attention / mamba layer's state per request on one rank (0 when none or unknown)."""
+        return self.state_bytes_per_request(tp, dtype_bytes) // self.linear_layers if self.linear_layers else 0
+
+
+def hybrid_block_size(shape: ModelShape, tp: int, settings: "Settings") -> int:
+    """The attention block size vLLM uses (tokens).  With linear-attention / mamba layers every
+    layer's page must be the same size, so vLLM raises the attention block until one layer's page
+    of it holds one layer's state, in multiples of the kernel alignment (16; 64 with MLA):
+    ``align x ceil(state / (align x bytes per token and layer))``, never below ``--block-size``
+    (vLLM's ``HybridAttentionMambaModelConfig.verify_and_update_config``)."""
+    state = shape.linear_layer_state_bytes(tp, settings.dtype_bytes)
+    per_token = shape.layer_kv_bytes_per_token(tp, settings.kv_dtype_bytes)
+    if not state or not per_token:
+        return settings.block_size
+    align = 64 if shape.mla_dim else 16
+    return max(settings.block_size, align * cdiv(state, align * per_token))
 
 
 def _layer_kinds(cfg: Mapping[str, Any], layers: int, notes: list[str]) -> tuple[int | None, int, int, int]:
@@ -406,7 +426,8 @@ class Budget:
     rank; ``full_layers``/``sliding_layers`` (window ``window``): how many of
     each; ``fixed_bytes``: linear-attention state per request;
     ``max_num_batched_tokens``: what a sliding layer holds beyond its window
-    during a chunked prefill.
+    during a chunked prefill; ``linear_layers``: linear-attention / mamba layers
+    whose state is known (each a group member holding one page per request).
     """
 
     ranks: tuple[RankBudget, ...]
@@ -419,6 +440,7 @@ class Budget:
     window: int = 0
     fixed_bytes: int = 0
     max_num_batched_tokens: int = 0
+    linear_layers: int = 0
 
     @property
     def worst(self) -> RankBudget:
@@ -432,8 +454,9 @@ class Budget:
 
     def groups(self) -> tuple[int, int]:
         """``(layers per group, number of groups)`` of vLLM's hybrid KV cache manager
-        (``_get_kv_cache_groups_uniform_page_size``); one group of every layer otherwise."""
-        counts = [c for c in (self.full_layers, self.sliding_layers) if c]
+        (``_get_kv_cache_groups_uniform_page_size``: full, sliding and linear layers each cut
+        into groups of the same size); one group of every layer otherwise."""
+        counts = [c for c in (self.full_layers, self.sliding_layers, self.linear_layers) if c]
         if len(counts) < 2:
             return max(1, sum(counts)), 1
         size = min(counts)
@@ -448,6 +471,9 @@ class Budget:
         if self.sliding_layers:
             held = min(self.window - 1 + self.max_num_batched_tokens, max_len)
             need += self.sliding_layers * (cdiv(held, bs) + 1) * page
+        if self.linear_layers:
+            # each linear layer's state page is padded to the attention page (hybrid_block_size)
+            return need + max(self.fixed_bytes, self.linear_layers * page)
         return need + self.fixed_bytes
 
     @property
@@ -514,14 +540,16 @@ def predict(shape: ModelShape, weights: WeightSizes, settings: Settings, totals:
     graphs = graph_memory(shape, settings.enforce_eager)
     per_token = kv_bytes_per_token(shape, tp, settings.kv_dtype_bytes)
     layer_bpt = shape.layer_kv_bytes_per_token(tp, settings.kv_dtype_bytes)
+    block = hybrid_block_size(shape, tp, settings)
+    linear = shape.linear_layers if shape.linear_layer_state_bytes(tp, settings.dtype_bytes) else 0
     shell = Budget(ranks=(), kv_bytes_per_token=per_token, max_model_len=settings.max_model_len,
-                   block_size=settings.block_size, layer_bytes_per_token=layer_bpt,
+                   block_size=block, layer_bytes_per_token=layer_bpt, linear_layers=linear,
                    full_layers=shape.attention_full, sliding_layers=shape.sliding_layers,
                    window=shape.sliding_window,
                    fixed_bytes=shape.state_bytes_per_request(tp, settings.dtype_bytes),
                    max_num_batched_tokens=settings.max_num_batched_tokens)
     # vLLM: num_blocks = available // page_size // layers per group (get_num_blocks)
-    page_layers = layer_bpt * settings.block_size * shell.groups()[0]
+    page_layers = layer_bpt * block * shell.groups()[0]
     ranks = []
     for r, total in enumerate(totals):
         req = requested_bytes(total, settings.util, rules)

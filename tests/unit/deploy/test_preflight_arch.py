@@ -66,7 +66,52 @@ def test_hybrid_linear_attention_counts_kv_only_on_full_layers_and_a_fixed_state
     assert b.kv_bytes_per_token == 12 * 2 * 1 * 256 * 2
     # gated_delta_net_state_shape at TP 4: conv (8192 / 4) x 3, recurrent (32 / 4) x 128 x 128, bf16
     assert b.fixed_bytes == 36 * (2048 * 3 + 8 * 128 * 128) * 2
-    assert b.needed_kv == 12 * 32768 * 1024 + b.fixed_bytes
+    # vLLM raises the attention block to hold one layer's state: 16 x ceil(274432 / (16 x 1024)) = 272
+    # tokens, and pads each linear layer's state page to that page (272 x 1024 bytes)
+    assert b.block_size == 272
+    assert b.needed_kv == 12 * M.cdiv(32768, 272) * 272 * 1024 + 36 * 272 * 1024
+
+
+def qwen3_next_tp2_fp8(avail: int) -> M.Budget:
+    # vllm#26646 (vLLM ~0.11): Qwen3-Next-80B-A3B-Instruct int4 AutoRound, TP 2, --kv-cache-dtype fp8,
+    # --max-model-len 215040; logged "GPU KV cache size: 90,048 tokens" and
+    # "Maximum concurrency for 215,040 tokens per request: 1.66x"
+    shape = M.ModelShape.from_config(config("qwen3-next-80b-a3b-instruct"))
+    s = M.Settings(util=0.9, max_model_len=215040, max_num_seqs=256, max_num_batched_tokens=8192,
+                   kv_cache_dtype="fp8", kv_cache_memory_bytes=avail)
+    return M.predict(shape, M.WeightSizes(), s, [H100_TOTAL] * 2, M.rules_for("0.11.0"))
+
+
+# Per rank: full-attention layer 2 x 1 x 256 x 1 = 512 B/token; linear layer state
+# conv 8192/2 x 3 x 2 + recurrent 16 x 128 x 128 x 2 = 24576 + 524288 = 548864 B.
+# Block 16 x ceil(548864 / (16 x 512)) = 1072; page 548864 B per layer; 12 layers per group.
+# The logged 90,048 tokens = num_blocks // 4 groups x 1072 → num_blocks 336..339, and 1.66x =
+# num_blocks / ceil((12 x 201 + 36) pages / 12) = num_blocks / 204 → 338 or 339: available
+# (derived from the log, not measured) in [338, 340) x 12 x 548864 bytes, about 2.07-2.09 GiB.
+GROUP_BYTES = 12 * 548864
+
+
+def test_hybrid_linear_block_size_and_groups_match_what_vllm_logged():
+    lo, hi = 338 * GROUP_BYTES, 340 * GROUP_BYTES
+    for avail in (lo, (lo + hi) // 2, hi - 1):
+        b = qwen3_next_tp2_fp8(avail)
+        assert b.block_size == 1072
+        assert b.groups() == (12, 4)  # 1 full-attention group + 3 linear groups
+        assert b.kv_tokens == 90048 == 84 * 1072
+        assert f"{b.max_concurrency():.2f}" == "1.66"
+    # just outside the window the figures move by a whole block per group (tokens stay a multiple of 1072)
+    assert qwen3_next_tp2_fp8(336 * GROUP_BYTES - 1).kv_tokens == 83 * 1072
+    assert qwen3_next_tp2_fp8(340 * GROUP_BYTES).kv_tokens == 85 * 1072
+    # the figures we used to predict (block 16, linear layers outside the groups) were 4x off
+    assert qwen3_next_tp2_fp8(lo).kv_tokens != 362336
+
+
+def test_non_hybrid_models_keep_the_16_token_block_and_their_groups():
+    for name, groups in (("gpt-oss-120b", (18, 2)), ("deepseek-v2-lite-chat", (27, 1)),
+                         ("gemma-3-27b-it", (10, 7))):
+        b = budget(M.ModelShape.from_config(config(name)), 2, 32768)
+        assert b.block_size == 16 and b.linear_layers == 0 and b.groups() == groups
+        assert b.kv_tokens == b.ranks[0].num_blocks // groups[1] * 16
 
 
 def test_text_config_of_a_multimodal_model_is_read():
