@@ -100,9 +100,11 @@ def test_a_starved_generator_exits_3_with_the_measured_error(host, models, start
     sim = start_sim(host, models["qwen3-8b"], scale="0.25")
     assert sim.wait_for(READY, 60), sim.log
     code = "import sys; from clusterctl.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    # Starved from the start (no /tokenize probe to slow down): on an idle machine the whole level takes
+    # well under the second that a head start would give it, so waiting first would starve nothing.
     p = subprocess.Popen([sys.executable, "-c", code, "bench", sim.url, "-c", "2", "-n", "6", "--input-len", "16",
-                          "--output-len", "12", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # imports and the /tokenize probe run unstarved
+                          "--output-len", "12", "--no-tokenizer", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stop = threading.Event()
     starver = threading.Thread(target=_starve, args=(p.pid, stop), daemon=True)
     starver.start()
