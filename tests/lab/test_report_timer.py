@@ -53,7 +53,7 @@ def _closure(root: str = "clusterctl") -> list[md.Distribution]:
 def _copy_payload(lib: Path) -> None:
     src = Path(clusterctl.__file__).resolve().parent
     shutil.copytree(src, lib / "clusterctl", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(src.parent / "checks", lib / "checks")  # thresholds.checks_dir(): next to the package
+    shutil.copytree(src.parent / "checks", lib / "clusterctl" / "_checks")  # where a built package carries them
     for dist in _closure():
         for f in dist.files or []:
             if ".." in f.parts or "__pycache__" in f.parts:
