@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from collections.abc import Callable
+from typing import Any, Optional, TypeVar
 
 import typer
 
@@ -29,10 +30,25 @@ StateDirOpt = typer.Option(None, "--state-dir", help="Deploy state directory (pl
                            "[default: $CLUSTERCTL_STATE_DIR, then the user state dir]/deploy.")
 
 
+_T = TypeVar("_T")
+
+
 def _gateway(inv: Any) -> Any:
     if inv.gateway is None:
         fail(f"{inv.path}: no 'gateway:' section (docs/inventory.md)")
     return inv.gateway
+
+
+def _gateway_store(inventory: Optional[str], state_dir: Optional[str],
+                   load: Callable[[Path], _T]) -> tuple[Any, Any, Path, _T]:
+    """``(inventory, its gateway, the state directory, load(directory))``; a damaged store exits 3."""
+    inv = load_inventory(inventory)
+    gw = _gateway(inv)
+    _, directory = instances_wanted(inv, state_dir)
+    try:
+        return inv, gw, directory, load(directory)
+    except ClusterctlError as e:
+        fail(str(e))
 
 
 def _host_rows(results: list[Any]) -> None:
@@ -251,13 +267,7 @@ def status(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
     from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.deploy import gateway_status
 
-    inv = load_inventory(inventory)
-    gw = _gateway(inv)
-    _, directory = instances_wanted(inv, state_dir)
-    try:
-        st = gwstate.load(directory)
-    except ClusterctlError as e:
-        fail(str(e))
+    inv, gw, directory, st = _gateway_store(inventory, state_dir, gwstate.load)
     fleet = inventory_fleet(inv, list(gw.hosts), fanout=fanout, connect_timeout=connect_timeout,
                    host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
     with fleet:
@@ -427,13 +437,7 @@ def key_list(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
              state_dir: Optional[str] = StateDirOpt) -> None:
     from clusterctl.gateway import keys as gwkeys
 
-    inv = load_inventory(inventory)
-    gw = _gateway(inv)
-    _, directory = instances_wanted(inv, state_dir)
-    try:
-        clients = gwkeys.load(directory)
-    except ClusterctlError as e:
-        fail(str(e))
+    inv, gw, directory, clients = _gateway_store(inventory, state_dir, gwkeys.load)
     if json_out:
         print_json({"auth": gw.auth, "clients": [c.to_json() for c in clients],
                     "defaults": {"requests_per_second": gw.key_requests_per_second, "burst": gw.key_burst,
