@@ -310,7 +310,7 @@ def _check_writable(path: Path) -> None:
 
 def _write_plot(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
     from clusterctl.bench.plot import bench_svg
-    from clusterctl.report.textfile import write_atomic
+    from clusterctl.files import write_atomic
 
     try:
         write_atomic(path, bench_svg(runs))

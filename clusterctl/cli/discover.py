@@ -157,7 +157,7 @@ def discover(hosts: List[str] = typer.Argument(None, help="Host names or address
     elif output is None:
         typer.echo(text, nl=False)
     if output is not None:
-        from clusterctl.report.textfile import write_atomic
+        from clusterctl.files import write_atomic
 
         try:
             write_atomic(output, text)

@@ -21,6 +21,7 @@ from clusterctl.cli._common import (
 from clusterctl.config import resolve_inventory_path
 from clusterctl.errors import ClusterctlError, InventoryError
 from clusterctl.exitcodes import USAGE_ERROR
+from clusterctl.files import write_atomic
 from clusterctl.inventory.model import Host, Inventory
 from clusterctl.inventory.nodeset import fold
 
@@ -183,26 +184,11 @@ def import_ansible(
         typer.echo(text, nl=False)
         return
     try:
-        _write_atomic(output, text)
+        write_atomic(output.resolve(), text, mode=0o600, make_dirs=False)
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror}")
     err_console.print(f"wrote {output}: {len(result.data.get('hosts', {}))} host entries, "
                       f"{len(result.data.get('groups', {}))} groups", markup=False)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    import os
-    import tempfile
-
-    path = path.resolve()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _previous_failed(inv: Inventory) -> list[str] | None:

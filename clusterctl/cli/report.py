@@ -289,7 +289,7 @@ def install_timer(pattern: str = typer.Argument("all", help="Hosts the report co
                   dry_run: bool = typer.Option(False, "--dry-run", help="Print, do not write.")) -> None:
     from clusterctl.report.active import parse_kinds
     from clusterctl.report.schedule import Schedule, cron_line, service_unit, timer_unit
-    from clusterctl.report.textfile import write_atomic
+    from clusterctl.files import write_atomic
 
     argv = [sys.executable, "-m", "clusterctl.cli.main", "report", "run", pattern, "--db", db, "--format", "none",
             "--lock-wait", "60"]
@@ -335,7 +335,7 @@ def file_sd(inventory: Optional[str] = InventoryOpt,
     from clusterctl.cli._common import load_inventory, user_config
     from clusterctl.deploy.deployed import with_replicas
     from clusterctl.report.filesd import render
-    from clusterctl.report.textfile import write_atomic
+    from clusterctl.files import write_atomic
 
     text = render(with_replicas(load_inventory(inventory), cfg=user_config()))
     if out is None:

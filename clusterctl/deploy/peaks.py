@@ -11,10 +11,10 @@ as empty, because peaks only refine a score and can be learnt again.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping
+
+from clusterctl.files import write_atomic
 
 FILENAME = "throughput-peaks.json"
 
@@ -47,14 +47,8 @@ def update_peaks(state_dir: Path, observed: Mapping[str, float | None],
         try:
             d = Path(state_dir)
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".peaks.", dir=d)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({"version": 1, "peaks": peaks}, f, indent=1, sort_keys=True)
-                os.replace(tmp, d / FILENAME)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_atomic(d / FILENAME, json.dumps({"version": 1, "peaks": peaks}, indent=1, sort_keys=True),
+                         mode=0o600)
         except OSError:
             pass
     return peaks

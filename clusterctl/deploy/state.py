@@ -229,7 +229,7 @@ def _replicas_json(replicas: dict[str, int]) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    from clusterctl.report.textfile import write_atomic
+    from clusterctl.files import write_atomic
 
     try:
         write_atomic(path, text)
@@ -254,7 +254,7 @@ class StateStore:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        from clusterctl.report.lock import LockBusy, RunLock
+        from clusterctl.files import LockBusy, RunLock
 
         lock = RunLock(self.path(LOCK), wait_s=LOCK_WAIT_S)
         try:

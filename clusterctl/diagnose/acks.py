@@ -45,7 +45,7 @@ def load(state_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def save(state_dir: str | Path, acks: list[dict[str, Any]]) -> Path:
-    from clusterctl.report.textfile import write_atomic
+    from clusterctl.files import write_atomic
 
     p = ack_path(state_dir)
     write_atomic(p, json.dumps({"acks": acks}, indent=2) + "\n", mode=0o600)

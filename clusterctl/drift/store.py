@@ -17,7 +17,7 @@ from typing import Any
 from clusterctl.config import default_state_dir
 from clusterctl.drift.client import Output
 from clusterctl.errors import ClusterctlError
-from clusterctl.report.textfile import write_atomic
+from clusterctl.files import write_atomic
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterable
+
+from clusterctl.files import write_atomic
 
 FILENAME = "last-failed.json"
 
@@ -26,15 +27,7 @@ def save_failed(state_dir: Path, hosts: Iterable[str], *, inventory: str | None 
     data = {"time": time.time(), "inventory": os.path.abspath(inventory) if inventory else None,
             "command": command, "hosts": list(hosts)}
     path = state_dir / FILENAME
-    fd, tmp = tempfile.mkstemp(prefix=".last-failed.", dir=state_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(data, indent=1) + "\n", mode=0o600)
     return path
 
 

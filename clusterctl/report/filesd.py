@@ -4,7 +4,7 @@ One target group per instance: ``{"targets": ["<address>:<port>"],
 "labels": {"vllm_instance", "model", "host", "tp_size"}}``.  The endpoint is
 the API server's, on the first host of the instance's placement (rank 0).
 An IPv6 address is bracketed.  Write it with
-:func:`clusterctl.report.textfile.write_atomic` (Prometheus re-reads the file
+:func:`clusterctl.files.write_atomic` (Prometheus re-reads the file
 on change and must never see half of it).
 """
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from clusterctl.diagnose.findings import Finding, Severity, exit_code, worst
+from clusterctl.files import RunLock, write_atomic
 from clusterctl.report import notify as notify_mod
 from clusterctl.report.diff import Diff, diff
 from clusterctl.report.findings import _md, summary
 from clusterctl.report.history import DEFAULT_RETENTION_DAYS, History, Metric
-from clusterctl.report.lock import RunLock
-from clusterctl.report.textfile import render as render_textfile, write_atomic
+from clusterctl.report.textfile import render as render_textfile
 
 
 @dataclass
@@ -125,7 +125,7 @@ def report_run(findings: list[Finding], opts: Options, *, started: float, metric
                meta: dict[str, Any] | None = None, now: float | None = None) -> Result:
     """Store, compare, write and notify under the run lock (see the module docstring).
 
-    Raises :class:`clusterctl.report.lock.LockBusy` when another run holds
+    Raises :class:`clusterctl.files.LockBusy` when another run holds
     the lock longer than ``opts.lock_wait_s``.
     """
     db = Path(opts.db)

@@ -3,14 +3,10 @@
 node_exporter reads ``*.prom`` files in its ``--collector.textfile.directory``;
 a file it reads half-written is an error there, so the text goes to a
 temporary file in the same directory (not ending in ``.prom``) that is
-renamed over the target.
+renamed over the target (:func:`clusterctl.files.write_atomic`).
 """
 
 from __future__ import annotations
-
-import os
-import tempfile
-from pathlib import Path
 
 from clusterctl.diagnose.findings import Finding
 from clusterctl.report.diff import Diff
@@ -31,23 +27,3 @@ def render(findings: list[Finding], change: Diff, *, finished: float, duration_s
             "# TYPE clusterctl_report_duration_seconds gauge",
             f"clusterctl_report_duration_seconds {duration_s:.3f}"]
     return "\n".join(out) + "\n"
-
-
-def write_atomic(path: str | Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` via a temporary file and rename (readers see old or new, never half)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

@@ -92,7 +92,7 @@ def test_writes_leave_no_temporary_files(tmp_path: Path) -> None:
 
 def test_a_busy_lock_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from clusterctl.deploy import state as state_mod
-    from clusterctl.report.lock import RunLock
+    from clusterctl.files import RunLock
 
     monkeypatch.setattr(state_mod, "LOCK_WAIT_S", 0.1)
     store = StateStore(tmp_path)

@@ -13,7 +13,7 @@ import pytest
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.report.history import History
-from clusterctl.report.lock import LockBusy, RunLock
+from clusterctl.files import LockBusy, RunLock
 from clusterctl.report.run import Options, report_run
 
 from report_findings import crit, ok, warn

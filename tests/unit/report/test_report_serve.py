@@ -8,9 +8,10 @@ import urllib.request
 
 import pytest
 
+from clusterctl.files import write_atomic
 from clusterctl.report.diff import diff
 from clusterctl.report.serve import make_server
-from clusterctl.report.textfile import render, write_atomic
+from clusterctl.report.textfile import render
 from unit.vllm_sim.promparse import parse
 
 from report_findings import crit

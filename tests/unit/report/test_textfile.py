@@ -6,8 +6,9 @@ import os
 
 import pytest
 
+from clusterctl.files import write_atomic
 from clusterctl.report.diff import diff
-from clusterctl.report.textfile import render, write_atomic
+from clusterctl.report.textfile import render
 from unit.vllm_sim.promparse import parse
 
 from report_findings import crit, ok, warn

@@ -1,18 +1,43 @@
-"""An exclusive ``flock`` so two scheduled report runs never overlap.
+"""File helpers every part shares: atomic writes and an exclusive run lock.
 
-The lock is advisory and dies with the process (the kernel releases it), so a
-crashed run never leaves a stale lock behind.
+Nothing a user or vLLM reads is ever half-written: :func:`write_atomic` writes a
+temporary file in the target's directory and renames it over the target.
+:class:`RunLock` is an advisory ``flock`` that dies with its process (the kernel
+releases it), so a crashed run never leaves a stale lock behind.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
 from clusterctl.errors import ClusterctlError
+
+
+def write_atomic(path: str | Path, text: str, mode: int = 0o644, *, make_dirs: bool = True) -> None:
+    """Write ``text`` to ``path`` via a temporary file and rename (readers see old or new, never half);
+    ``make_dirs``: create missing parent directories (else a missing one is an OSError)."""
+    target = Path(path)
+    if make_dirs:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 class LockBusy(ClusterctlError):
