@@ -39,7 +39,11 @@ def append(state_dir: str | Path, rec: dict[str, Any]) -> Path:
     and in practice for whole small writes on a local filesystem)."""
     d = Path(state_dir)
     d.mkdir(parents=True, exist_ok=True)
-    path = d / AUDIT_FILE
+    return append_line(d / AUDIT_FILE, rec)
+
+
+def append_line(path: Path, rec: dict[str, Any]) -> Path:
+    """Append ``rec`` as one JSON line to ``path`` (``O_APPEND``, mode 0640 when created)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     try:
         os.write(fd, (json.dumps(rec, sort_keys=True) + "\n").encode())

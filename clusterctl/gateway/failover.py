@@ -132,14 +132,9 @@ def detect(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, hosts:
 
 
 def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Any:
-    from clusterctl.deploy.deployed import wanted_instances
-    from clusterctl.gateway.hook import Hook
+    from clusterctl.gateway.hook import fleet_hook
 
-    gw = inv.gateway
-    if gw is None:
-        return None
-    return Hook(inv, state_dir, lambda: wanted_instances(inv, state_dir),
-                lambda: make_fleet([inv.hosts[h] for h in gw.hosts]))
+    return fleet_hook(inv, state_dir, make_fleet)
 
 
 def run_failover(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: FailoverOptions,

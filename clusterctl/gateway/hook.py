@@ -75,6 +75,10 @@ class Hook:
     def mark_down(self, instance_name: str, reason: str = DRAIN_REASON) -> None:
         self._apply([instance_name], True, reason)
 
+    def mark_down_many(self, names: list[str], reason: str = DRAIN_REASON) -> None:
+        """Mark every one of ``names`` down with one gateway sync (autoscale: replicas not yet gated)."""
+        self._apply(list(names), True, reason)
+
     def mark_up(self, instance_name: str) -> None:
         self._apply([instance_name], False, "")
 
@@ -114,3 +118,15 @@ def gateway_hook(inv: Inventory, state_dir: str | Path | None = None) -> Hook | 
                      become_password=os.environ.get("CLUSTERCTL_BECOME_PASSWORD"))
 
     return Hook(inv, directory, instances, fleet)
+
+
+def fleet_hook(inv: Inventory, state_dir: Path, make_fleet: Callable[[Any], Any]) -> Hook | None:
+    """The hook over ``make_fleet`` (a command's own fleet factory) and the instances as deployed
+    in ``state_dir``; ``None`` without a ``gateway:`` section."""
+    from clusterctl.deploy.deployed import wanted_instances
+
+    gw = inv.gateway
+    if gw is None:
+        return None
+    return Hook(inv, state_dir, lambda: wanted_instances(inv, state_dir),
+                lambda: make_fleet([inv.hosts[h] for h in gw.hosts]))

@@ -188,6 +188,44 @@ class Instance:
         return tuple(sorted({g.host for g in self.placement}))
 
 
+@dataclass(frozen=True)
+class AutoscalePolicy:
+    """A template's autoscaling policy (docs/autoscale.md; read by ``inventory/autoscale.py``).
+
+    ``signal``: ``load`` (the load score), ``queue`` (waiting requests per replica),
+    ``kv`` (KV-cache usage) or ``ttft_p90`` (seconds); ``high``/``low``: the band;
+    ``*_after_s``: how long the signal must stay outside the band before acting;
+    ``cooldown_*_s``: the least time after any action before the next one of that
+    direction; ``hosts``/``gpus``: where new replicas may go (within the template's
+    hosts; ``None``/empty: anywhere the template may); ``worth``: GPU model -> what
+    one replica on it is worth (1.0 when not listed).
+    """
+
+    min_replicas: int
+    max_replicas: int
+    signal: str = "load"
+    high: float = 0.7
+    low: float = 0.3
+    window_s: float = 10.0
+    scale_out_after_s: float = 30.0
+    scale_in_after_s: float = 600.0
+    cooldown_out_s: float = 60.0
+    cooldown_in_s: float = 300.0
+    max_step: int = 1
+    backoff_s: float = 300.0
+    interval_s: float = 15.0
+    hosts: str | None = None
+    gpus: tuple[GpuRef, ...] = ()
+    prefer_gpu: str | None = None
+    worth: tuple[tuple[str, float], ...] = ()
+    gate_timeout_s: float = 600.0
+    drain_timeout_s: float = 900.0
+    location: Location | None = None
+
+    def worth_of(self, gpu_model: str) -> float:
+        return dict(self.worth).get(gpu_model, 1.0)
+
+
 @dataclass
 class InstanceTemplate:
     """``replicas`` instances of ``tp`` GPUs each, placed over ``hosts``."""
@@ -204,6 +242,7 @@ class InstanceTemplate:
     role: Literal["mixed", "prefill", "decode"] = "mixed"
     location: Location | None = None
     secrets: dict[str, SecretRef] = field(default_factory=dict)
+    autoscale: AutoscalePolicy | None = None
 
 
 @dataclass

@@ -259,7 +259,7 @@ class WorkloadReader:
         ctx = self.ctx
         out: dict[str, InstanceTemplate] = {}
         keys = ("model", "engine", "replicas", "tp", "hosts", "port_base", "args", "env", "role",
-                "secrets")
+                "secrets", "autoscale")
         from clusterctl.inventory.select import select_hosts
         for name, ty, line in self._named(y, "templates"):
             w = f"templates.{name}"
@@ -286,6 +286,11 @@ class WorkloadReader:
                 continue
             if None in vals.values() or "replicas" not in vals or "tp" not in vals:
                 continue
+            policy = None
+            if "autoscale" in known:
+                from clusterctl.inventory.autoscale import read_policy
+
+                policy = read_policy(ctx, known["autoscale"], f"{w}.autoscale", inv, pattern, vals["replicas"])
             out[name] = InstanceTemplate(name=name, hosts=pattern, location=Location(ctx.filename, line),
-                                         **vals, **common)
+                                         autoscale=policy, **vals, **common)
         return out

@@ -1,0 +1,262 @@
+"""``clusterctl autoscale [plan|run|daemon|install|history]``: elastic scaling of templates (docs/autoscale.md)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from clusterctl.cli import _complete
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json
+from clusterctl.cli._hosts import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
+from clusterctl.cli.placement import StateDirOpt, _store
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
+ACTIONS = ("plan", "run", "daemon", "install", "history")
+UNIT = "clusterctl-autoscale.service"
+
+
+def _outcome_code(outs: list[Any], plan: bool) -> ExitCode:
+    codes = [ExitCode.OK]
+    for o in outs:
+        if o.outcome in ("failed", "error"):
+            codes.append(ExitCode.CRIT)
+        elif o.outcome == "waited" or (plan and o.decision.action != "none") or o.decision.rule in (
+                "missing-data", "no-data", "backoff"):
+            codes.append(ExitCode.WARN)
+    return max(codes)
+
+
+def _print_outcome(o: Any) -> None:
+    d, p = o.decision, o.policy
+    assert p is not None
+    val = "unknown" if d.value is None else f"{d.value:.3g}"
+    act = {"out": f"scale out {d.current} -> {d.target}", "in": f"scale in {d.current} -> {d.target}",
+           "none": f"stay at {d.current}"}[d.action]
+    console.print(f"{o.template}: {p.signal} {val} (band {p.low:g}..{p.high:g}, replicas {p.min_replicas}.."
+                  f"{p.max_replicas}): {act} [{d.rule}]" + ("" if o.outcome in ("planned", "none") else
+                                                            f" -> {o.outcome}"), markup=False)
+    for r in o.signals.replicas:
+        v = "-" if r.value is None else f"{r.value:.3g}"
+        extra = f"  ({r.error})" if r.error else ""
+        console.print(f"  {r.name:<24} {r.state:<10} {v:>8}  worth {r.worth:g}{extra}", markup=False)
+    for why in d.reasons:
+        console.print(f"  why: {why}", markup=False)
+    if o.detail:
+        console.print(f"  {o.outcome}: {o.detail}", markup=False)
+
+
+def _make_fleet(inv: Any, fanout: Optional[int], connect_timeout: Optional[float], host_key_policy: Optional[str]) -> Any:
+    from clusterctl.cli._hosts import check_host_key_policy
+    from clusterctl.cli.deploy import _fleet_factory
+
+    return _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout,
+                          host_key_policy=check_host_key_policy(host_key_policy), password=None)
+
+
+def _say(quiet: bool) -> Any:
+    return (lambda s: None) if quiet else (lambda s: err_console.print(s, markup=False))
+
+
+def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|install|history]",
+                                           help="plan (default): what it would do now and why; run: one decision "
+                                                "per template, acted on; daemon: decide every interval_s; install: "
+                                                "a systemd service on this (the control) host; history: past decisions."),
+              templates: Optional[list[str]] = typer.Option(None, "--template", "-t", autocompletion=_complete.templates,
+                                                           help="Only this template (repeatable; default: every "
+                                                                "template with an autoscale: policy)."),
+              plan_flag: bool = typer.Option(False, "--plan", help="Same as the action 'plan'."),
+              daemon_flag: bool = typer.Option(False, "--daemon", help="Same as the action 'daemon'."),
+              interval: Optional[float] = typer.Option(None, "--interval", min=0.5,
+                                                       help="daemon: seconds between rounds (default: the smallest "
+                                                            "interval_s of the policies)."),
+              rounds: int = typer.Option(0, "--rounds", min=0, help="daemon: stop after N rounds (0: until stopped)."),
+              last: int = typer.Option(20, "--last", min=1, help="history: the newest N decisions."),
+              unit_dir: str = typer.Option("/etc/systemd/system", "--unit-dir", help="install: where the unit goes."),
+              no_start: bool = typer.Option(False, "--no-start", help="install: write the unit, do not enable/start it."),
+              dry_run: bool = typer.Option(False, "--dry-run", help="install: print the unit, write nothing."),
+              inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
+              as_json: bool = JsonOpt, fanout: Optional[int] = FanoutOpt,
+              connect_timeout: Optional[float] = ConnectTimeoutOpt,
+              host_key_policy: Optional[str] = HostKeyOpt) -> None:
+    from clusterctl.autoscale.run import autoscaled
+
+    if action not in ACTIONS:
+        fail(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
+    if plan_flag and daemon_flag:
+        fail("give --plan or --daemon, not both")
+    if plan_flag:
+        action = "plan"
+    elif daemon_flag:
+        action = "daemon"
+    inv = load_inventory(inventory)
+    store = _store(state_dir)
+    try:
+        policies = autoscaled(inv, templates or [])
+    except ClusterctlError as e:
+        fail(str(e))
+    if action == "history":
+        _history(store.directory, templates or [], last, as_json)
+        return
+    if not policies:
+        fail(f"no template of {inv.path} has an autoscale: policy (docs/autoscale.md)")
+    if action == "install":
+        _install(inventory, store.directory, templates or [], unit_dir, no_start, dry_run)
+        return
+    make = _make_fleet(inv, fanout, connect_timeout, host_key_policy)
+    if action == "daemon":
+        _daemon(inv, store.directory, make, policies, interval, rounds, as_json)
+        return
+    from clusterctl.autoscale.run import run_round
+
+    try:
+        outs = run_round(inv, store.directory, make, policies, plan_only=action == "plan",
+                         on_event=_say(as_json))
+    except ClusterctlError as e:
+        fail(str(e))
+    if as_json:
+        print_json({"action": action, "templates": [o.to_json() for o in outs],
+                    "exit_code": int(_outcome_code(outs, action == "plan"))})
+    else:
+        for o in outs:
+            _print_outcome(o)
+    raise typer.Exit(_outcome_code(outs, action == "plan"))
+
+
+def _daemon(inv: Any, state_dir: Path, make: Any, policies: dict[str, Any], interval: Optional[float],
+            rounds: int, as_json: bool) -> None:
+    """Decide every interval until SIGTERM/SIGINT (the round in progress finishes first)."""
+    import json
+
+    from clusterctl.autoscale.run import run_round
+
+    every = interval or min(p.interval_s for p in policies.values())
+    stop = {"now": False}
+
+    def _stop(signum: int, frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    n = 0
+    console.print(f"autoscaler: {', '.join(policies)} every {every:g} s (state {state_dir})", markup=False)
+    while not stop["now"]:
+        t0 = time.monotonic()
+        try:
+            outs = run_round(inv, state_dir, make, policies, lock_wait_s=every, on_event=_say(as_json))
+        except ClusterctlError as e:  # one bad round (an unreadable state, a busy lock) never ends the daemon
+            err_console.print(f"autoscaler: round failed: {e}", markup=False)
+            outs = []
+        for o in outs:
+            if as_json:
+                sys.stdout.write(json.dumps(o.to_json(), sort_keys=True) + "\n")
+                sys.stdout.flush()
+            elif o.decision.action != "none" or o.outcome not in ("none",):
+                _print_outcome(o)
+            else:
+                d = o.decision
+                console.print(f"{o.template}: {policies[o.template].signal} "
+                              f"{'unknown' if d.value is None else f'{d.value:.3g}'}, {d.current} replicas "
+                              f"[{d.rule}]", markup=False)
+        n += 1
+        if rounds and n >= rounds:
+            break
+        while not stop["now"] and time.monotonic() - t0 < every:
+            time.sleep(min(0.2, every))
+    console.print("autoscaler: stopped", markup=False)
+
+
+def unit_text(argv: list[str]) -> str:
+    from clusterctl.deploy.sdquote import systemd_quote
+
+    return ("[Unit]\nDescription=clusterctl autoscaler (docs/autoscale.md)\nAfter=network-online.target\n"
+            "Wants=network-online.target\n\n[Service]\nType=simple\n"
+            f"ExecStart={' '.join(systemd_quote(a) for a in argv)}\n"
+            # SIGTERM: the decision in progress finishes (a scale-out's gates can take gate_timeout_s)
+            "KillSignal=SIGTERM\nTimeoutStopSec=15min\nRestart=on-failure\nRestartSec=30\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+
+
+def _install(inventory: Optional[str], state_dir: Path, templates: list[str], unit_dir: str, no_start: bool,
+             dry_run: bool) -> None:
+    from clusterctl.cli._common import user_config
+    from clusterctl.report.textfile import write_atomic
+
+    inv_path = inventory or str(user_config().inventory or "")
+    if not inv_path:
+        fail("install: give -i INVENTORY (the service reads it on every round)")
+    argv = [sys.executable, "-m", "clusterctl.cli.main", "autoscale", "daemon", "-i", str(Path(inv_path).resolve()),
+            "--state-dir", str(Path(state_dir).resolve())]
+    for t in templates:
+        argv += ["--template", t]
+    text = unit_text(argv)
+    path = Path(unit_dir) / UNIT
+    if dry_run:
+        console.print(f"# {path}\n{text}", markup=False)
+        return
+    try:
+        write_atomic(path, text)
+    except OSError as e:
+        fail(f"{path}: cannot write: {e.strerror}")
+    console.print(f"wrote {path}", markup=False)
+    if no_start:
+        return
+    for cmd in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", UNIT]):
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            fail(f"{' '.join(cmd)}: {e}", ExitCode.CRIT)
+        if res.returncode != 0:
+            fail(f"{' '.join(cmd)}: {res.stderr.strip() or res.stdout.strip()}", ExitCode.CRIT)
+    console.print(f"started {UNIT} (journalctl -u {UNIT} -f)", markup=False)
+
+
+def _history(state_dir: Path, templates: list[str], last: int, as_json: bool) -> None:
+    from clusterctl.autoscale.record import read_history
+
+    recs = [r for r in read_history(state_dir) if not templates or r.get("template") in templates][-last:]
+    if as_json:
+        print_json({"decisions": recs})
+        return
+    if not recs:
+        console.print("no autoscaler decisions recorded", markup=False)
+        return
+    for r in recs:
+        val = r.get("value")
+        console.print(f"{r.get('time')}  {r.get('template')}  {r.get('signal')} "
+                      f"{'-' if val is None else f'{val:.3g}'}  {r.get('current')} -> {r.get('target')}  "
+                      f"{r.get('action')} [{r.get('rule')}] {r.get('outcome')}"
+                      + (f": {r.get('detail')}" if r.get("detail") else ""), markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("autoscale", help="""Add and remove template replicas from live load (the template's autoscale: policy).
+
+plan (the default, also --plan) measures every autoscaled template (status's
+collection over the policy's window_s) and prints what it would do now and
+why, with the numbers; it changes nothing. run makes one decision per
+template and acts through placement, the deploy engine (deploy lock,
+staging, gates, rollback) and the gateway: new replicas are added at the
+gateway only after their gates pass; removed replicas are drained first.
+An operator's deploy or scale holding the deploy lock wins: the autoscaler
+records 'waited' and tries again next round. daemon (also --daemon) runs a
+round every interval; install writes and starts a systemd service for it on
+this host. history lists the audited decisions (also in `report`).
+
+Exit status: 0 nothing to do or done; 1 plan: it would act, or it waited, or
+data was missing; 2 an action failed (rolled back); 3 usage, inventory or
+state errors.
+
+Examples:
+
+  clusterctl autoscale --plan -i site.yaml
+
+  clusterctl autoscale run -i site.yaml --json
+
+  clusterctl autoscale install -i /etc/clusterctl/site.yaml
+""")(autoscale)
