@@ -70,11 +70,11 @@ def load_states(state_dir: str | Path) -> dict[str, ScalerState]:
 
 
 def save_states(state_dir: str | Path, states: dict[str, ScalerState]) -> None:
-    path = _dir(state_dir) / STATE_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"templates": {k: v.to_json() for k, v in sorted(states.items())}},
-                              indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    from clusterctl.files import write_atomic
+
+    write_atomic(_dir(state_dir) / STATE_FILE,
+                 json.dumps({"templates": {k: v.to_json() for k, v in sorted(states.items())}}, indent=1,
+                            sort_keys=True) + "\n", 0o640)
 
 
 def append_history(state_dir: str | Path, rec: dict[str, Any]) -> Path:

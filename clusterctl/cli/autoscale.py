@@ -185,7 +185,7 @@ def unit_text(argv: list[str]) -> str:
 def _install(inventory: Optional[str], state_dir: Path, templates: list[str], unit_dir: str, no_start: bool,
              dry_run: bool) -> None:
     from clusterctl.cli._common import user_config
-    from clusterctl.report.textfile import write_atomic
+    from clusterctl.files import write_atomic
 
     inv_path = inventory or str(user_config().inventory or "")
     if not inv_path:

@@ -118,3 +118,19 @@ def test_the_cli_exits_3_with_the_place(tmp_path) -> None:
     res = CliRunner().invoke(app, ["autoscale", "plan", "-i", str(inv), "--state-dir", str(tmp_path / "st")])
     assert res.exit_code == 3
     assert f"{inv}:24" in res.output and "low (0.9) must be below high (0.7)" in res.output
+
+
+def test_install_writes_a_unit_that_runs_the_daemon(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from clusterctl.cli.main import app
+
+    inv = tmp_path / "my inv.yaml"
+    inv.write_text(BASE + "    autoscale: {min: 1, max: 4}\n")
+    res = CliRunner().invoke(app, ["autoscale", "install", "-i", str(inv), "--state-dir", str(tmp_path / "st"),
+                                   "--unit-dir", str(tmp_path / "units"), "--no-start"])
+    assert res.exit_code == 0, res.output
+    unit = (tmp_path / "units" / "clusterctl-autoscale.service").read_text()
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    assert "autoscale daemon" in line and '"' + str(inv) + '"' in line  # the path with a space stays one word
+    assert "Restart=on-failure" in unit and "WantedBy=multi-user.target" in unit
