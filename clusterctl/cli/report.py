@@ -103,7 +103,7 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
         pattern_key = pattern
     opts = Options(db=db_path(db), pattern=pattern_key, out_dir=Path(out) if out else None,
                    textfile=Path(textfile) if textfile else None, notify_cmd=notify_cmd, renotify_s=renotify_s,
-                   retention_days=retention, lock_wait_s=lock_wait)
+                   retention_days=retention, lock_wait_s=lock_wait, state_dir=_state_dir())
     try:
         result = report_run(findings, opts, started=started, meta=meta, metrics=metrics)
     except ClusterctlError as e:
@@ -391,3 +391,14 @@ def serve(textfile: Optional[str] = typer.Option(None, "--textfile", help="The .
         server.serve_forever()
     finally:
         server.server_close()
+
+
+def _state_dir() -> Optional[Path]:
+    """The deploy state directory (its autoscaler decisions are charted), ``None`` when unreadable."""
+    from clusterctl.cli._common import user_config
+    from clusterctl.deploy.state import resolve_state_dir
+
+    try:
+        return resolve_state_dir(None, user_config())
+    except ClusterctlError:
+        return None

@@ -7,7 +7,7 @@ only markup not escaped is the SVG built by :mod:`clusterctl.report.svg`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -151,8 +151,9 @@ def overview(result: "Result", hist: History) -> dict[str, Any]:
             "top_problems": ov.top_problems(result.findings), "gpus": g["gpu"].cells, "nics": g["nic"].cells}
 
 
-def render_html(result: "Result", hist: History) -> str:
-    """The report page for ``result`` with trends from ``hist``."""
+def render_html(result: "Result", hist: History, extra_charts: Sequence[str] = ()) -> str:
+    """The report page for ``result`` with trends from ``hist`` (and ``extra_charts``: SVGs made
+    here, e.g. the autoscaler's replicas against load)."""
     from clusterctl.report.run import host_summary, tp_groups
 
     ctx: dict[str, Any] = {
@@ -160,7 +161,7 @@ def render_html(result: "Result", hist: History) -> str:
         "stamp": _utc(result.started) + " UTC",
         "hosts": host_summary(result.findings), "change": result.change, "tp_groups": tp_groups(result.findings),
         "groups": group(result.findings, min_severity=Severity.UNKNOWN),
-        "charts": charts(hist, now=result.finished, pattern=result.pattern),
+        "charts": charts(hist, now=result.finished, pattern=result.pattern) + [Markup(c) for c in extra_charts],
         "runs": hist.runs(limit=20),
         "overview": overview(result, hist), "open_rows": OPEN_ROWS,
     }

@@ -36,6 +36,8 @@ class Options:
     retention_days: float = DEFAULT_RETENTION_DAYS
     lock_wait_s: float = 0.0
     html: bool = True
+    #: the deploy state directory: its autoscaler decisions are charted (replicas against load)
+    state_dir: Path | None = None
 
 
 @dataclass
@@ -147,7 +149,7 @@ def report_run(findings: list[Finding], opts: Options, *, started: float, metric
             if opts.html:
                 from clusterctl.report.html import render_html
 
-                write_atomic(out / "report.html", render_html(result, hist))
+                write_atomic(out / "report.html", render_html(result, hist, extra_charts=_autoscale_charts(opts, finished)))
                 result.files.append(str(out / "report.html"))
         if opts.textfile is not None:
             write_atomic(opts.textfile, render_textfile(findings, change, finished=finished,
@@ -166,3 +168,15 @@ def report_run(findings: list[Finding], opts: Options, *, started: float, metric
             if not d.send or result.notified:
                 hist.set_notified(d.state)
     return result
+
+
+def _autoscale_charts(opts: Options, now: float) -> list[str]:
+    """Replicas against load for every autoscaled template of the last trend window (none without
+    decisions)."""
+    if opts.state_dir is None:
+        return []
+    from clusterctl.autoscale.chart import charts
+    from clusterctl.autoscale.record import read_history
+    from clusterctl.report.html import TREND_DAYS
+
+    return charts(read_history(opts.state_dir, since=now - TREND_DAYS * 86400.0))
