@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from clusterctl import vllmclient  # noqa: E402
 from clusterctl.bench import http_sse, loadgen, runner, server_metrics  # noqa: E402
 from clusterctl.bench.stats import aggregate, summarize  # noqa: E402
 from clusterctl.errors import ClusterctlError  # noqa: E402
@@ -60,7 +61,7 @@ def _sim_cmd(tmp: Path, port: int, scale: float) -> tuple[list[str], dict[str, s
              "--port", str(port), "--max-num-seqs", "512"], env)
 
 
-class ReadLag(loadgen.SseTimer):
+class ReadLag(vllmclient.SseTimer):
     """SseTimer that also records, for the stub's chunks (which carry their write time ``"t"``), how long
     after the write the generator parsed them: its read lag, free of connect and server time (s)."""
 
@@ -73,7 +74,7 @@ class ReadLag(loadgen.SseTimer):
 
 
 @contextlib.contextmanager
-def server(kind: str, scale: float, pin: bool) -> Iterator[loadgen.Endpoint]:
+def server(kind: str, scale: float, pin: bool) -> Iterator[vllmclient.Endpoint]:
     """Start the server, wait until /metrics answers (5 min at most), stop it afterwards."""
     with tempfile.TemporaryDirectory() as td:
         port = free_port()
@@ -85,7 +86,7 @@ def server(kind: str, scale: float, pin: bool) -> Iterator[loadgen.Endpoint]:
             cmd = ["taskset", "-c", "1", *cmd]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            ep = loadgen.Endpoint.parse(f"http://127.0.0.1:{port}")
+            ep = vllmclient.Endpoint.parse(f"http://127.0.0.1:{port}")
             deadline = time.monotonic() + 300
             while True:
                 try:
@@ -115,14 +116,14 @@ def main() -> int:
     if a.pin:
         os.sched_setaffinity(0, {0})
     http_sse.SseTimer = ReadLag  # type: ignore[misc]
-    loadgen.SseTimer = ReadLag  # type: ignore[misc]
+    vllmclient.SseTimer = ReadLag  # type: ignore[misc]
     wall = 1.0  # server_metrics scales the simulator's histograms (on its simulated clock) to wall time
     gen = runner.run if a.generator == "asyncio" else loadgen.run
     rows = []
     with server(a.server, a.scale, a.pin) as ep:
         rng = random.Random(0)
         for level in (int(x) for x in a.levels.split(",")):
-            prompts = [loadgen.synthetic_prompt(a.input_len, rng) for _ in range(level * a.requests_per_stream)]
+            prompts = [vllmclient.synthetic_prompt(a.input_len, rng) for _ in range(level * a.requests_per_stream)]
             load_before = os.getloadavg()[0]
             before = server_metrics.scrape(ep)
             ReadLag.lags = []

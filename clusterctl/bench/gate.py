@@ -35,9 +35,10 @@ from typing import Any
 
 from clusterctl.bench import runner, server_metrics, trust
 from clusterctl.bench.compare import compare
-from clusterctl.bench.loadgen import Endpoint, RunResult, synthetic_prompt
-from clusterctl.bench.stats import RequestResult, aggregate
+from clusterctl.bench.loadgen import RunResult
+from clusterctl.bench.stats import aggregate
 from clusterctl.errors import ClusterctlError
+from clusterctl.vllmclient import Endpoint, RequestResult, synthetic_prompt
 
 #: Per-request metrics whose mean change gets a confidence interval (name in the comparison, value of a result).
 CI_METRICS = {"ttft_ms.mean": lambda r: r.ttft, "tpot_ms.mean": lambda r: r.tpot, "e2e_ms.mean": lambda r: r.e2e}

@@ -16,8 +16,14 @@ import asyncio
 import ssl
 import time
 
-from clusterctl.bench.loadgen import MAX_LINE, Endpoint, SseTimer, _headers, stream_payload
-from clusterctl.bench.stats import RequestResult
+from clusterctl.vllmclient import (
+    MAX_LINE,
+    Endpoint,
+    RequestResult,
+    SseTimer,
+    headers,
+    stream_payload,
+)
 
 
 class _Chunked:
@@ -240,7 +246,7 @@ class Client:
         self.ssl = (ssl_context or ssl.create_default_context()) if ep.https else None
         self.proto: _SseProtocol | None = None
         head = [f"POST {ep.base_path}/v1/completions HTTP/1.1", f"Host: {ep.host}:{ep.port}"]
-        head += [f"{k}: {v}" for k, v in _headers(ep).items()]
+        head += [f"{k}: {v}" for k, v in headers(ep).items()]
         self.head = "\r\n".join(head).encode("latin-1")
 
     async def _usable(self) -> bool:

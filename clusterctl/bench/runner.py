@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from clusterctl.bench.http_sse import Client
-from clusterctl.bench.loadgen import Endpoint, RunResult
-from clusterctl.bench.stats import RequestResult
+from clusterctl.bench.loadgen import RunResult
 from clusterctl.errors import ClusterctlError
+from clusterctl.vllmclient import Endpoint, RequestResult
 
 
 def schedule(prompts: Sequence[str], output_lens: Sequence[int], *, request_rate: float | None, seed: int,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import http.client
 import math
 
-from clusterctl.bench.loadgen import Deadline, Endpoint, _headers
 from clusterctl.errors import ClusterctlError
+from clusterctl.vllmclient import Deadline, Endpoint, headers
 
 #: Largest /metrics page read (a vLLM server's is about 100 KB).
 MAX_BYTES = 16 << 20
@@ -30,7 +30,7 @@ def scrape(ep: Endpoint, timeout: float = 10.0) -> dict[str, float]:
     conn = ep.connect(timeout)
     with Deadline(conn, timeout) as dl:
         try:
-            conn.request("GET", ep.base_path + "/metrics", headers=_headers(ep))
+            conn.request("GET", ep.base_path + "/metrics", headers=headers(ep))
             resp = conn.getresponse()
             raw = resp.read(MAX_BYTES + 1)
             scale_header = resp.getheader(CLOCK_SCALE)

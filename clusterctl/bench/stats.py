@@ -19,34 +19,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-@dataclass
-class RequestResult:
-    """One request's outcome; times in seconds relative to its send time."""
-
-    ok: bool
-    ttft: float = 0.0
-    e2e: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    output_tokens: int = 0
-    input_tokens: int = 0
-    error: str = ""
-    #: Socket reads (event-loop wake-ups) that delivered content chunks; 0 when not counted (threads).
-    reads: int = 0
-
-    @property
-    def chunks(self) -> int:
-        """Content chunks received (ITL gaps + 1 once the first came)."""
-        return len(self.itl) + (1 if self.ok or self.ttft else 0)
-
-    @property
-    def tpot(self) -> float | None:
-        """Time per output token excluding the first, or None for <= 1 token."""
-        if self.output_tokens <= 1:
-            return None
-        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+from clusterctl.vllmclient import RequestResult
 
 
 def percentile(values: Sequence[float], p: float) -> float:

@@ -15,9 +15,9 @@ import os
 import re
 from collections.abc import Callable
 
-from clusterctl.bench.loadgen import Endpoint
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.vllmclient import Endpoint
 
 #: A TARGET that is a URL (scheme, or HOST:PORT) rather than an instance name.
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://|^[^/:]+:\d+(/.*)?$", re.IGNORECASE)

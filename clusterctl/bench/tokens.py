@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterctl.bench.loadgen import _WORDS, Deadline, Endpoint, _headers
 from clusterctl.errors import ClusterctlError
+from clusterctl.vllmclient import WORDS, Deadline, Endpoint, headers
 
 Counter = Callable[[str], int]
 
@@ -44,7 +44,9 @@ def local(path: str | Path) -> Tokenizer:
     p = Path(path)
     f = p / "tokenizer.json" if p.is_dir() else p
     try:
-        from tokenizers import Tokenizer as HfTokenizer  # optional: pip install tokenizers
+        from tokenizers import (
+            Tokenizer as HfTokenizer,  # optional: pip install tokenizers
+        )
     except ImportError:
         raise ClusterctlError(f"--tokenizer {path}: reading a local tokenizer needs the 'tokenizers' package "
                               "(pip install tokenizers); without --tokenizer the endpoint's /tokenize is used") \
@@ -68,7 +70,7 @@ def endpoint(ep: Endpoint, model: str | None, timeout: float = 10.0) -> Tokenize
         with Deadline(conn, timeout) as dl:
             try:
                 conn.request("POST", ep.base_path + "/tokenize", body=json.dumps(body).encode(),
-                             headers=_headers(ep))
+                             headers=headers(ep))
                 resp = conn.getresponse()
                 raw = resp.read(1 << 20)
                 if resp.status != 200:
@@ -103,9 +105,9 @@ def build(target: int, rng: random.Random, tok: Tokenizer | None) -> Prompt:
     """A prompt of ``target`` tokens by ``tok`` (of ``target`` words without one)."""
     target = max(1, target)
     if tok is None:
-        words = [rng.choice(_WORDS) for _ in range(target)]
+        words = [rng.choice(WORDS) for _ in range(target)]
         return Prompt(" ".join(words), None, target)
-    pool = [rng.choice(_WORDS) for _ in range(4 * target + 8)]
+    pool = [rng.choice(WORDS) for _ in range(4 * target + 8)]
 
     def n_of(w: int) -> int:
         return tok.count(" ".join(pool[:w]))

@@ -14,7 +14,7 @@ TargetArg = typer.Argument(...,
 
 
 def endpoint(target: str, inventory: Optional[str]) -> Any:
-    """The :class:`~clusterctl.bench.loadgen.Endpoint` of ``target`` (with its API key); exits 3 on a bad URL,
+    """The :class:`~clusterctl.vllmclient.Endpoint` of ``target`` (with its API key); exits 3 on a bad URL,
     an unknown instance or an unreadable secret.  The inventory is read only for an instance name."""
     from clusterctl.bench.target import resolve
     from clusterctl.deploy.deployed import with_replicas

@@ -92,8 +92,8 @@ def parse_gates(values: Sequence[str], *, bench_tolerance: float = 0.1, record_b
 
 def _check_url(ref: str) -> None:
     """A URL reference must be plain ``http://HOST:PORT`` (the gate sends requests to HOST:PORT)."""
-    from clusterctl.bench.loadgen import Endpoint
     from clusterctl.bench.target import is_url
+    from clusterctl.vllmclient import Endpoint
 
     if is_url(ref):
         ep = Endpoint.parse(ref)
@@ -105,8 +105,8 @@ def record_previous(url: str, key: str | None, name: str, state_dir: Path | None
     """Record baseline ``name`` from ``url`` with the shipped prompt set; a one-line summary.
     Raises ClusterctlError when the endpoint does not answer."""
     from clusterctl.diagnose.thresholds import check_file
-    from clusterctl.bench.loadgen import Endpoint
     from clusterctl.drift import prompts, run, store
+    from clusterctl.vllmclient import Endpoint
 
     ps = prompts.load(check_file("drift/basic.jsonl"))
     b = run.record(Endpoint.parse(url).with_key(key), name, ps)
@@ -169,7 +169,7 @@ class ReleaseDeploy(Deploy):
         from clusterctl.bench.target import is_url
 
         if is_url(ref):
-            from clusterctl.bench.loadgen import Endpoint
+            from clusterctl.vllmclient import Endpoint
 
             ep = Endpoint.parse(ref)
             key = os.environ.get("CLUSTERCTL_API_KEY") or canary.api_key

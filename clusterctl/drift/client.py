@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterctl.bench.loadgen import Deadline, Endpoint, _headers
 from clusterctl.errors import ClusterctlError
+from clusterctl.vllmclient import Deadline, Endpoint, headers
 
 #: Largest answer read (bytes): 2,000 tokens with top-20 logprobs are about 2 MB.
 MAX_BODY = 16 << 20
@@ -110,7 +110,7 @@ def _call(ep: Endpoint, method: str, path: str, body: dict[str, Any] | None, tim
     with Deadline(conn, timeout) as dl:
         try:
             conn.request(method, ep.base_path + path, body=None if body is None else json.dumps(body).encode(),
-                         headers=_headers(ep))
+                         headers=headers(ep))
             resp = conn.getresponse()
             raw = resp.read(MAX_BODY + 1)
             if dl.expired:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from clusterctl.bench.gate import GateOutcome
-from clusterctl.bench.loadgen import Endpoint
 from clusterctl.drift import verdict
 from clusterctl.errors import ClusterctlError
+from clusterctl.vllmclient import Endpoint
 
 
 def drift_gate(url: str, baseline: str = "previous", *, api_key: str | None = None,

@@ -16,8 +16,8 @@ import string
 import threading
 from dataclasses import dataclass, field
 
-from clusterctl.bench.loadgen import Endpoint
 from clusterctl.drift.client import EndpointError, complete, served_models
+from clusterctl.vllmclient import Endpoint
 
 _FILLER = ("please summarise the following note", "write one sentence about", "list three facts about",
            "translate to french", "what comes next after")

@@ -12,11 +12,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from clusterctl.bench.loadgen import Endpoint, stream_completion, synthetic_prompt
 from clusterctl.drift import compare
-from clusterctl.drift.client import EndpointError, Output, complete, environment, too_long
+from clusterctl.drift.client import (
+    EndpointError,
+    Output,
+    complete,
+    environment,
+    too_long,
+)
 from clusterctl.drift.prompts import Prompt
 from clusterctl.drift.store import Baseline
+from clusterctl.vllmclient import Endpoint, stream_completion, synthetic_prompt
 
 
 def outputs(ep: Endpoint, prompts: Sequence[Prompt], k: int, seed: int, parallel: int = 4,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterctl.bench.loadgen import Endpoint
 from clusterctl.drift import compare, run, store
+from clusterctl.vllmclient import Endpoint
 
 
 @dataclass

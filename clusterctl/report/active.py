@@ -35,12 +35,14 @@ from pathlib import Path
 from clusterctl.bench import loadgen
 from clusterctl.bench.stats import percentile
 from clusterctl.diagnose.findings import Finding, Severity
-from clusterctl.drift import compare, leak, run as drift_run, store
+from clusterctl.drift import compare, leak, store
+from clusterctl.drift import run as drift_run
 from clusterctl.drift.client import EndpointError
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import Inventory
 from clusterctl.report.filesd import targets as sd_targets
 from clusterctl.report.history import Metric
+from clusterctl.vllmclient import Endpoint, synthetic_prompt
 
 KINDS = ("drift", "leak", "bench")
 
@@ -96,7 +98,7 @@ def _subject(t: Target) -> str:
     return f"instance:{t.instance}"
 
 
-def _drift(t: Target, ep: loadgen.Endpoint, out: Outcome, thresholds: Path, state_dir: Path | None) -> None:
+def _drift(t: Target, ep: Endpoint, out: Outcome, thresholds: Path, state_dir: Path | None) -> None:
     path = store.drift_dir(state_dir) / "baselines" / f"{t.instance}.json"
     if not path.exists():
         out.skipped.append(f"{t.instance}: no drift baseline {path}")
@@ -121,7 +123,7 @@ def _drift(t: Target, ep: loadgen.Endpoint, out: Outcome, thresholds: Path, stat
                     Metric(t.host, "drift_mean_kl", s["mean_kl"], _subject(t))]
 
 
-def _leak(t: Target, ep: loadgen.Endpoint, out: Outcome, timeout: float) -> None:
+def _leak(t: Target, ep: Endpoint, out: Outcome, timeout: float) -> None:
     rep = leak.run(ep, sessions=4, requests=3, timeout=timeout)
     if rep.requests == 0:
         raise EndpointError("; ".join(rep.errors) or "no request succeeded")
@@ -138,9 +140,9 @@ def _leak(t: Target, ep: loadgen.Endpoint, out: Outcome, timeout: float) -> None
     out.metrics.append(Metric(t.host, "leak_sightings", float(len(rep.sightings)), _subject(t)))
 
 
-def _bench(t: Target, ep: loadgen.Endpoint, out: Outcome, timeout: float) -> None:
+def _bench(t: Target, ep: Endpoint, out: Outcome, timeout: float) -> None:
     rng = random.Random(0)
-    prompts = [loadgen.synthetic_prompt(128, rng) for _ in range(8)]
+    prompts = [synthetic_prompt(128, rng) for _ in range(8)]
     res = loadgen.run(ep, prompts, 1, 16, timeout=timeout).results
     ttfts = [r.ttft for r in res if r.ok]
     if not ttfts:
@@ -167,7 +169,7 @@ def run_active(tgts: list[Target], kinds: tuple[str, ...], *, thresholds: Path, 
     """
     out = Outcome()
     for t in tgts:
-        ep = loadgen.Endpoint.parse(t.url).with_key(t.api_key)
+        ep = Endpoint.parse(t.url).with_key(t.api_key)
         for kind in kinds:
             if progress:
                 progress(f"{kind} {t.instance} ({t.url})")

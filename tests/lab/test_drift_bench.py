@@ -19,17 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.http import wait_healthy
 
 from clusterctl.bench import runner, server_metrics
-from clusterctl.bench.loadgen import synthetic_prompt
 from clusterctl.bench.stats import aggregate
 from clusterctl.bench.target import resolve
 from clusterctl.diagnose.findings import Severity
 from clusterctl.drift import doctor_checks, prompts, run, store, verdict
 from clusterctl.drift.run import Background
 from clusterctl.inventory.loader import load_inventory
-
-from support.http import wait_healthy
+from clusterctl.vllmclient import synthetic_prompt
 
 KEY = "lab-drift-key-7d2e"
 PROMPTS = Path(__file__).resolve().parents[2] / "checks" / "drift" / "basic.jsonl"

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from clusterctl.bench.gate import bench_gate
-from clusterctl.bench.loadgen import Endpoint
 from clusterctl.drift import prompts, run, store
 from clusterctl.drift.gate import drift_gate
 from clusterctl.lab.vllm_sim import synth
 from clusterctl.lab.vllm_sim.serve import free_port
+from clusterctl.vllmclient import Endpoint
 
 from .conftest import READY
 

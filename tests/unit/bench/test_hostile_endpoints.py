@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support.hostile_http import HostileServer
 
 AS_LIMIT = 1 << 30  # bytes of address space for the CLI under attack
@@ -61,7 +60,7 @@ def test_bench_ends_with_a_reason_whatever_the_server_sends(mode: str) -> None:
 
 def test_threaded_generator_has_the_same_deadline_and_line_cap() -> None:
     """The thread generator (drift's background traffic) against the trickle and the endless line."""
-    from clusterctl.bench.loadgen import Endpoint, stream_completion
+    from clusterctl.vllmclient import Endpoint, stream_completion
 
     for mode, reason in (("token_trickle", "within 1 s"), ("headers_trickle", "within 1 s"),
                          ("endless_line", "SSE line over")):

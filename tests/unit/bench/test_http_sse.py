@@ -8,8 +8,7 @@ import random
 from collections.abc import Awaitable, Callable
 
 from clusterctl.bench.http_sse import Client, _Chunked
-from clusterctl.bench.loadgen import Endpoint
-from clusterctl.bench.stats import RequestResult
+from clusterctl.vllmclient import Endpoint, RequestResult
 
 
 def _sse(obj: object) -> bytes:

@@ -10,6 +10,7 @@ import pytest
 
 from clusterctl.bench import loadgen, runner, server_metrics, trust
 from clusterctl.bench.stats import aggregate
+from clusterctl.vllmclient import Endpoint, synthetic_prompt
 
 from .conftest import READY
 
@@ -31,11 +32,11 @@ def test_ttft_rises_with_concurrency_and_agrees_with_server_histogram(host, mode
     # The simulator's histograms are on its simulated clock (1x); server_metrics scales them to wall time
     # with the factor the simulator sends (x-sim-time-scale).
     sim = _sim(start_sim, host, models, str(SCALE), "--sim-profile", "l40s-48g")
-    ep = loadgen.Endpoint.parse(sim.url)
+    ep = Endpoint.parse(sim.url)
     rng = random.Random(1)
     means = {}
     for conc in (1, 8):
-        prompts = [loadgen.synthetic_prompt(256, rng) for _ in range(8)]
+        prompts = [synthetic_prompt(256, rng) for _ in range(8)]
         before = server_metrics.scrape(ep)
         run = gen(ep, prompts, conc, output_len=8)
         after = server_metrics.scrape(ep)
@@ -58,7 +59,7 @@ def test_ttft_rises_with_concurrency_and_agrees_with_server_histogram(host, mode
 
 def test_duration_cycles_the_prompts_and_starts_nothing_after_it(host, models, start_sim) -> None:
     sim = _sim(start_sim, host, models, "0.05")
-    ep = loadgen.Endpoint.parse(sim.url)
+    ep = Endpoint.parse(sim.url)
     run = runner.run(ep, ["one two", "three four five"], 3, output_len=4, duration=0.6,
                      output_lens=[2, None])
     assert all(r.ok for r in run.results), [r.error for r in run.results]
@@ -73,7 +74,7 @@ def test_duration_cycles_the_prompts_and_starts_nothing_after_it(host, models, s
 def test_unreachable_endpoint_is_a_failed_row_not_an_exception(gen: Any) -> None:
     from clusterctl.lab.vllm_sim.serve import free_port
 
-    ep = loadgen.Endpoint.parse(f"http://127.0.0.1:{free_port()}")
+    ep = Endpoint.parse(f"http://127.0.0.1:{free_port()}")
     run = gen(ep, ["a b c"] * 3, 2, output_len=4, timeout=2)
     rep = aggregate(run.results, run.duration, 2)
     assert rep["completed"] == 0 and rep["failed"] == 3

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from clusterctl.bench.loadgen import Endpoint
 from clusterctl.bench.stats import RequestResult, Slo, aggregate, percentile
 from clusterctl.errors import ClusterctlError
+from clusterctl.vllmclient import Endpoint
 
 
 def test_tpot_excludes_the_first_token_and_is_undefined_for_one_token() -> None:
@@ -66,7 +66,7 @@ def test_poisson_arrivals_have_the_requested_mean_rate_and_are_reproducible() ->
 def test_sse_timer_follows_vllm_bench_serve() -> None:
     """TTFT at the first chunk with choices even if its text is empty (a byte-fallback piece); E2E at the last
     chunk with choices, not at the usage chunk or [DONE]; usage read wherever it comes."""
-    from clusterctl.bench.loadgen import SseTimer
+    from clusterctl.vllmclient import SseTimer
 
     t = SseTimer()
     t.data(b'{"choices": [{"index": 0, "text": ""}], "usage": null}', 0.010)  # byte-fallback: empty text

@@ -129,7 +129,7 @@ def _bpe(path, vocab: int) -> None:  # type: ignore[no-untyped-def]
     with a small vocabulary so that most words are two or more tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from clusterctl.bench.loadgen import _WORDS
+    from clusterctl.vllmclient import WORDS as _WORDS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -50,7 +50,7 @@ def test_drift_and_leak_findings_per_instance(host, models, start_sim, tmp_path:
                                          gone=free_port()))
     inv = load_inventory(str(inv_path))
     ps = prompts.load(PROMPTS)[:4]
-    from clusterctl.bench.loadgen import Endpoint
+    from clusterctl.vllmclient import Endpoint
 
     # a baseline named after the instance; the leaky one's found by its URL
     store.save(run.record(Endpoint.parse(healthy.url), "healthy", ps))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from clusterctl.bench.loadgen import Endpoint
 from clusterctl.drift import compare, leak, prompts, run, store
 from clusterctl.lab.vllm_sim import synth
+from clusterctl.vllmclient import Endpoint
 
 from .conftest import READY
 

@@ -8,18 +8,18 @@ import time
 from pathlib import Path
 
 import pytest
+from unit.vllm_sim.conftest import READY
 
-from clusterctl.bench.loadgen import Endpoint
 from clusterctl.diagnose.findings import Severity
-from clusterctl.drift import prompts, run as drift_run, store
+from clusterctl.drift import prompts, store
+from clusterctl.drift import run as drift_run
 from clusterctl.drift.client import Output
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.lab.vllm_sim import synth
 from clusterctl.report.active import Target, parse_kinds, run_active, targets
 from clusterctl.report.run import Options, report_run
-
-from unit.vllm_sim.conftest import READY
+from clusterctl.vllmclient import Endpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 THRESHOLDS = ROOT / "checks" / "drift.yaml"
