@@ -125,7 +125,9 @@ def launch(cfg: LabConfig, h: HostSpec) -> int:
             "-b", "--console=passive",
             # Root on a real GPU server may lock memory (RDMA registration, `stage pin`);
             # without this nspawn's seccomp filter refuses mlock() with EPERM.
-            "--capability=CAP_IPC_LOCK"]
+            # CAP_NET_ADMIN: keepalived on a gateway host adds and removes the floating address
+            # (docs/gateway.md); it acts on the host's own network namespace only.
+            "--capability=CAP_IPC_LOCK,CAP_NET_ADMIN"]
     argv += real_engine_binds()
     hw = d / "hw"
     if hw.is_dir():

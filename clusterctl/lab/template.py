@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,9 @@ SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "procps",
             "python3", "sudo", "kmod", "iputils-ping", "less",
             # The gateway (docs/gateway.md): nginx with njs, started only by tests that use it.
-            "nginx-light", "libnginx-mod-http-js")
+            "nginx-light", "libnginx-mod-http-js",
+            # Gateway HA (docs/gateway.md): VRRP for the floating address, started by `gateway deploy`.
+            "keepalived")
 #: Bumped by hand when the prep steps change in a way the hash cannot see.
 PREP_RECIPE = 3
 #: Units a container has no use for (timers that would wake up 100 hosts at
@@ -134,7 +137,7 @@ def ensure(cache_dir: Path, on_event: Event = lambda s: None) -> Template:
 
     Builds are serialised by a lock in ``cache_dir``, so two labs starting at
     once build a layer once.  Layers of older recipes that no mount uses are
-    removed after a new layer is built.
+    removed after a new layer is built once unused for :data:`UNUSED_KEEP_S`.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(cache_dir, 0o755)
@@ -149,15 +152,25 @@ def ensure(cache_dir: Path, on_event: Event = lambda s: None) -> Template:
         if not prep.is_dir():
             _build_prep(base, prep, on_event)
             built = True
+        for layer in (base, prep):  # "last used": what _remove_unused keeps
+            os.utime(layer)
         if built:
             _remove_unused(cache_dir, keep=(base, prep))
     return Template(base, prep)
 
 
-def _remove_unused(cache_dir: Path, keep: tuple[Path, ...]) -> None:
+#: A layer no mount uses is removed once it was last used this long ago: labs of other
+#: checkouts (another branch's recipe) on the same machine keep theirs meanwhile, instead
+#: of each build removing the other's layers and the next `lab up` rebuilding them.
+UNUSED_KEEP_S = 24 * 3600.0
+
+
+def _remove_unused(cache_dir: Path, keep: tuple[Path, ...], now: float | None = None) -> None:
     mounts = Path("/proc/self/mountinfo").read_text()
+    now = time.time() if now is None else now
     for p in [*cache_dir.glob("base-*"), *cache_dir.glob("prep-*")]:
-        if p not in keep and f"{p}:" not in mounts and f"{p}," not in mounts and f"{p} " not in mounts:
+        if p not in keep and f"{p}:" not in mounts and f"{p}," not in mounts and f"{p} " not in mounts \
+                and now - p.stat().st_mtime > UNUSED_KEEP_S:
             _remove_tree(p)
 
 
@@ -253,9 +266,12 @@ def prepare_rootfs(root: Path) -> None:
         link = unit_dir / unit
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
-    # nginx (the gateway) is installed on every host but runs only where a test starts it.
-    for link in unit_dir.glob("*.wants/nginx.service"):
-        link.unlink()
+    # nginx and keepalived (the gateway) are installed on every host but run only where
+    # `gateway deploy` (or a test) starts them.
+    # (The links are absolute: they dangle seen from here, so no glob, which follows them.)
+    for wants in unit_dir.glob("*.wants"):
+        for unit in ("nginx.service", "keepalived.service"):
+            (wants / unit).unlink(missing_ok=True)
     jd = root / "etc/systemd/journald.conf.d"
     jd.mkdir(parents=True, exist_ok=True)
     # A persistent journal would add ~8 MB to every host's upper dir.

@@ -90,3 +90,31 @@ def test_user_ids_read_from_passwd(tmp_path):
     assert template.user_ids(tmp_path, "ops") == (1000, 1001)
     with pytest.raises(LabError, match="missing"):
         template.user_ids(tmp_path, "nobody")
+
+
+def test_gateway_units_are_not_started_even_with_dangling_absolute_links(tmp_path, monkeypatch):
+    """Debian enables nginx and keepalived by absolute links that dangle seen from the build
+    machine (a glob skipped them: keepalived stayed enabled); the template enables neither."""
+    root = tmp_path / "root"
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    for d in ("etc/ssh", "etc/sudoers.d"):
+        (root / d).mkdir(parents=True)
+    wants.mkdir(parents=True)
+    for unit in ("nginx.service", "keepalived.service", "ssh.service"):
+        (wants / unit).symlink_to(f"/nonexistent-on-this-machine/{unit}")
+    monkeypatch.setattr(template, "run", lambda argv, **kw: None)
+    template.prepare_rootfs(root)
+    assert sorted(p.name for p in wants.iterdir()) == ["ssh.service"]
+
+
+def test_unused_layers_of_other_recipes_are_kept_a_while(tmp_path, monkeypatch):
+    """Another checkout's layers (not mounted now) survive a build here until unused for a day."""
+    import os
+    keep = (tmp_path / "base-new", tmp_path / "prep-new")
+    for name in ("base-new", "prep-new", "base-other", "prep-old"):
+        (tmp_path / name).mkdir()
+    now = 1_000_000_000.0
+    os.utime(tmp_path / "base-other", (now - 3600, now - 3600))
+    os.utime(tmp_path / "prep-old", (now - 2 * template.UNUSED_KEEP_S, now - 2 * template.UNUSED_KEEP_S))
+    template._remove_unused(tmp_path, keep=keep, now=now)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base-new", "base-other", "prep-new"]
