@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import getpass
 import os
 from pathlib import Path
@@ -94,15 +93,9 @@ def instances_wanted(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any]
 def inventory_fleet(inv: Any, host_names: list[str], *, fanout: Optional[int], connect_timeout: Optional[float],
            host_key_policy: Optional[str], ask_become_pass: bool) -> Any:
     """A Fleet of the inventory hosts named ``host_names`` with the usual SSH options."""
-    from clusterctl.fleet.fleet import Fleet
-    from clusterctl.fleet.ssh import ParamikoTransport
+    from clusterctl.fleet.factory import make_fleet
 
     policy = check_host_key_policy(host_key_policy)
-    cfg = user_config()
     hosts = [inv.hosts[h] for h in host_names if h in inv.hosts]
-    if connect_timeout:
-        hosts = [dataclasses.replace(h, ssh=dataclasses.replace(h.ssh, connect_timeout=connect_timeout))
-                 for h in hosts]
-    return Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
-                 command_timeout=cfg.command_timeout, become_password=become_password(ask_become_pass, hosts, True),
-                 transport=ParamikoTransport(host_key_policy=policy))
+    return make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout,
+                      become_password=become_password(ask_become_pass, hosts, True), host_key_policy=policy)

@@ -12,7 +12,8 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json
+from clusterctl.cli._common import (InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json,
+                                    user_config)
 from clusterctl.cli._hosts import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
 from clusterctl.cli.placement import StateDirOpt, _store
 from clusterctl.errors import ClusterctlError
@@ -54,10 +55,10 @@ def _print_outcome(o: Any) -> None:
 
 def _make_fleet(inv: Any, fanout: Optional[int], connect_timeout: Optional[float], host_key_policy: Optional[str]) -> Any:
     from clusterctl.cli._hosts import check_host_key_policy
-    from clusterctl.cli.deploy import _fleet_factory
+    from clusterctl.fleet.factory import fleet_factory
 
-    return _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout,
-                          host_key_policy=check_host_key_policy(host_key_policy), password=None)
+    return fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout,
+                         host_key_policy=check_host_key_policy(host_key_policy))
 
 
 def _say(quiet: bool) -> Any:

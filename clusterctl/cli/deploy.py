@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, NoReturn, Optional
+from typing import Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json, user_config
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, print_json, user_config
 from clusterctl.cli._hosts import (AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, become_password,
                                    check_host_key_policy, select)
+from clusterctl.cli._deploy_views import deploy_events, print_deploy_report, print_plan, refused
 from clusterctl.errors import ClusterctlError
+from clusterctl.fleet.factory import fleet_factory
 from clusterctl.exitcodes import ExitCode
 
 DEPLOY_HELP = """Render every instance's systemd unit, show what differs on each host, then
@@ -62,80 +63,6 @@ Examples:
 """
 
 
-def _fleet_factory(inv: Any, *, fanout: Optional[int], connect_timeout: Optional[float],
-                   host_key_policy: Optional[str], password: Optional[str]) -> Any:
-    from clusterctl.fleet.fleet import Fleet
-    from clusterctl.fleet.ssh import ParamikoTransport
-
-    cfg = user_config()
-
-    def make(hosts: Any) -> Any:
-        hs = list(hosts)
-        if connect_timeout:
-            hs = [dataclasses.replace(h, ssh=dataclasses.replace(h.ssh, connect_timeout=connect_timeout)) for h in hs]
-        return Fleet(hs, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
-                     command_timeout=cfg.command_timeout, become_password=password,
-                     transport=ParamikoTransport(host_key_policy=host_key_policy))
-    return make
-
-
-def _events(enabled: bool) -> Any:
-    """The deploy renderer (a context manager, and the ``on_event`` callback)."""
-    from clusterctl.cli._progress import EventProgress
-
-    return EventProgress("deploy", enabled)
-
-
-def _plan_table(plan: Any) -> None:
-    from rich.table import Table
-
-    table = Table("host", "instance", "action", "state", "digest", box=None, header_style="bold", pad_edge=False)
-    for h in plan.hosts:
-        if h.error:
-            table.add_row(h.host, "-", "unreadable", h.error, "")
-        for i in h.items:
-            table.add_row(h.host, i.instance, i.action, i.state or "-", (i.digest or i.old_digest or "")[:12])
-    console.print(table)
-
-
-def print_plan(plan: Any) -> None:
-    """The plan table, the unit diffs and env changes (secrets as ***), and the counts."""
-    from clusterctl.deploy.plan import render_text
-
-    _plan_table(plan)
-    text = render_text(plan)
-    if text:
-        console.print(text, markup=False, highlight=False, end="")
-    c = plan.counts()
-    console.print(f"plan: {c['new']} new, {c['changed']} changed, {c['start']} to start, {c['remove']} to remove, "
-                  f"{c['unchanged']} unchanged", markup=False)
-
-
-def refused(e: Any, as_json: bool) -> NoReturn:
-    """Pre-flight refused: its findings (or JSON), then exit 3."""
-    if as_json:
-        print_json({"result": "refused", "error": str(e), "preflight": e.report.to_json()})
-    else:
-        for f in e.report.findings():
-            err_console.print(f"{f.severity.name} {f.host} {f.subject}: {f.message}"
-                              + (f" ({f.action})" if f.action else ""), markup=False)
-    fail(str(e))
-
-
-def _print_report(rep: Any) -> None:
-    from rich.table import Table
-
-    table = Table("host", "batch", "status", "gates", "note", box=None, header_style="bold", pad_edge=False)
-    for h in rep.hosts.values():
-        gates = f"{sum(g.ok for g in h.gates)}/{len(h.gates)}" if h.gates else "-"
-        table.add_row(h.host, str(h.batch or "-"), h.status, gates, h.error or "")
-    console.print(table, markup=False)
-    c = rep.plan.counts()
-    console.print(f"deploy {rep.run_id}: {rep.result} in {rep.seconds:.1f} s; {len(rep.batches)} batches; "
-                  f"new {c['new']}, changed {c['changed']}, started {c['start']}, removed {c['remove']}, "
-                  f"unchanged {c['unchanged']}", markup=False)
-
-
 def deploy(inventory: Optional[str] = InventoryOpt,
            plan_only: bool = typer.Option(False, "--plan", help="Show the difference per host; change nothing."),
            detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
@@ -184,8 +111,8 @@ def deploy(inventory: Optional[str] = InventoryOpt,
     except ClusterctlError as e:
         fail(str(e))
     sd = str(resolve_state_dir(state_dir, user_config()))
-    make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
-                          password=become_password(ask_become_pass, hosts, True))
+    make = fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
+                          become_password=become_password(ask_become_pass, hosts, True))
     if playbook is not None:
         from clusterctl.cli.deploy_playbook import run_playbook
 
@@ -193,11 +120,11 @@ def deploy(inventory: Optional[str] = InventoryOpt,
             fail("--serial does not go with --playbook: each canary, rollout and exec step has its own serial")
         if release.any:
             fail("--gate / --record-baseline do not go with --playbook: give the playbook drift: and bench: gates")
-        with _events(not as_json) as events:
+        with deploy_events(not as_json) as events:
             run_playbook(playbook, inv, hosts, make, sd, opts, as_json=as_json, detailed_exitcode=detailed_exitcode,
                          on_event=events)
     try:
-        with _events(not as_json) as events:
+        with deploy_events(not as_json) as events:
             if release.any and not plan_only:
                 rep = ReleaseDeploy(inv, hosts, make, sd, opts, on_event=events, release=release).run()
             else:
@@ -213,7 +140,7 @@ def deploy(inventory: Optional[str] = InventoryOpt,
     elif plan_only:
         print_plan(rep.plan)
     else:
-        _print_report(rep)
+        print_deploy_report(rep)
     if plan_only:
         if any(h.error for h in rep.plan.hosts):
             raise typer.Exit(ExitCode.CRIT)  # an unread host: the plan is incomplete
@@ -241,10 +168,10 @@ def rollback(inventory: Optional[str] = InventoryOpt,
     _, hosts = select(inventory, hosts_pattern)
     inv = load_inventory(inventory)
     sd = str(resolve_state_dir(state_dir, user_config()))
-    make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
-                          password=become_password(ask_become_pass, hosts, True))
+    make = fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
+                          become_password=become_password(ask_become_pass, hosts, True))
     try:
-        with _events(not as_json) as events:
+        with deploy_events(not as_json) as events:
             rep = do_rollback(inv, hosts, make, sd, instances=instances, gate_timeout_s=gate_timeout,
                               break_lock=break_lock, drain_timeout_s=drain_timeout, on_event=events)
     except ClusterctlError as e:

@@ -42,7 +42,7 @@ def run_playbook(path: str, inv: Any, hosts: Any, make_fleet: Any, state_dir: st
     ``--detailed-exitcode`` and changes pending, 2 a step or batch failed (or a
     host could not be read), 3 a bad playbook, pre-flight refused, lock held.
     """
-    from clusterctl.cli.deploy import _print_report, print_plan, refused
+    from clusterctl.cli._deploy_views import print_deploy_report, print_plan, refused
     from clusterctl.deploy.engine import PreflightRefused
     from clusterctl.deploy.playbook import load_playbook
     from clusterctl.deploy.playbook_run import PlaybookRun
@@ -64,7 +64,7 @@ def run_playbook(path: str, inv: Any, hosts: Any, make_fleet: Any, state_dir: st
             print_plan(rep.deploy.plan)
         else:
             _outcomes(rep)
-            _print_report(rep.deploy)
+            print_deploy_report(rep.deploy)
     plan = rep.deploy.plan
     if opts.plan_only:
         if any(h.error for h in plan.hosts):

@@ -23,25 +23,19 @@ FactsOpt = typer.Option(None, "--facts", help="Read the facts from this file (wh
 def _gather(hosts: list[Any], *, fanout: Optional[int], connect_timeout: Optional[float],
             host_key_policy: Optional[str], progress: bool) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """``(facts, missing, engines)`` of ``hosts`` over SSH: the probe, then the engine search."""
-    import dataclasses
 
     from clusterctl.cli._common import user_config
     from clusterctl.cli._hosts import check_host_key_policy
-    from clusterctl.cli.facts import _as_row  # the same progress rows as `facts`
-    from clusterctl.fleet.fleet import Fleet
-    from clusterctl.fleet.ssh import ParamikoTransport
+    from clusterctl.cli.facts import as_row  # the same progress rows as `facts`
+    from clusterctl.fleet.factory import make_fleet
     from clusterctl.inventory.discover import ENGINE_PROBE, parse_engines
     from clusterctl.probe.run import collect_facts
 
-    cfg = user_config()
-    if connect_timeout:
-        hosts = [dataclasses.replace(h, ssh=dataclasses.replace(h.ssh, connect_timeout=connect_timeout)) for h in hosts]
-    fleet = Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
-                  command_timeout=cfg.command_timeout,
-                  transport=ParamikoTransport(host_key_policy=check_host_key_policy(host_key_policy)))
+    fleet = make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout,
+                       host_key_policy=check_host_key_policy(host_key_policy))
     with fleet:
         with HostProgress(len(hosts), "facts", progress) as on_result:
-            results = collect_facts(fleet, on_result=lambda r: on_result(_as_row(r)))
+            results = collect_facts(fleet, on_result=lambda r: on_result(as_row(r)))
         found = fleet.run(ENGINE_PROBE, sudo=False)
     facts = {h: r.facts.raw for h, r in results.items() if r.ok and r.facts is not None}
     missing = {h: str(r.reason) for h, r in results.items() if not (r.ok and r.facts is not None)}

@@ -97,9 +97,8 @@ def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, ti
                   raw_outputs: bool = False) -> tuple[Any, Any, str]:
     """``(snapshot, inventory, inventory path)`` gathered over SSH from the selected hosts."""
     from clusterctl.diagnose.bundle import gather
-    from clusterctl.fleet.fleet import Fleet
+    from clusterctl.fleet.factory import make_fleet
     from clusterctl.fleet.results import HostResult, HostStatus
-    from clusterctl.fleet.ssh import ParamikoTransport
 
     from clusterctl.deploy.deployed import with_replicas
 
@@ -107,13 +106,9 @@ def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, ti
     path, hosts = select(inventory, pattern)
     inv = with_replicas(load_inventory(path), cfg=user_config())
     password = become_password(ask_become_pass, hosts, sudo)
-    if connect_timeout:
-        for h in hosts:
-            h.ssh.connect_timeout = connect_timeout
-    cfg = user_config()
-    fleet = Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
-                  command_timeout=timeout + interval, deadline=deadline, become_password=password,
-                  transport=ParamikoTransport(host_key_policy=policy))
+    fleet = make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout,
+                       command_timeout=timeout + interval, deadline=deadline, become_password=password,
+                       host_key_policy=policy)
 
     def as_row(r: Any) -> HostResult:
         status = HostStatus.OK if r.ok else HostStatus(r.fleet_status if r.fleet_status != "ok" else "error")
@@ -349,16 +344,15 @@ def _active(snap: Any, inv: Any, thresholds: dict[str, Any], *, live: bool, fano
             connect_timeout: Optional[float], host_key_policy: Optional[str]) -> list[Any]:
     """``doctor --active``: ib_write_bw between pairs of the probed hosts (docs/doctor-roce.md)."""
     from clusterctl.diagnose.active import active_findings, fleet_runner
-    from clusterctl.fleet.fleet import Fleet
-    from clusterctl.fleet.ssh import ParamikoTransport
+    from clusterctl.fleet.factory import make_fleet
 
     hosts = [inv.hosts[h] for h in snap.facts if live and inv is not None and h in inv.hosts]
     if not hosts:
         return active_findings(snap.facts, snap.missing, live=live, inventory=inv, thresholds=thresholds)
     cfg = user_config()
     width = fanout or cfg.fanout
-    fleet = Fleet(hosts, fanout=width, connect_timeout=connect_timeout or cfg.connect_timeout,
-                  transport=ParamikoTransport(host_key_policy=check_host_key_policy(host_key_policy)))
+    fleet = make_fleet(hosts, cfg, fanout=width, connect_timeout=connect_timeout, command_timeout=60,
+                       host_key_policy=check_host_key_policy(host_key_policy))
     with fleet:
         return active_findings(snap.facts, snap.missing, live=live, inventory=inv, runner=fleet_runner(fleet),
                                addresses={h.name: h.address for h in hosts}, thresholds=thresholds,

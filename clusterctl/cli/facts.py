@@ -24,7 +24,7 @@ from clusterctl.cli._hosts import (
 )
 from clusterctl.exitcodes import ExitCode
 from clusterctl.fleet.failed import save_failed
-from clusterctl.fleet.fleet import Fleet
+from clusterctl.fleet.factory import make_fleet
 from clusterctl.fleet.results import HostResult, HostStatus
 from clusterctl.fleet.ssh import ParamikoTransport
 from clusterctl.inventory.nodeset import fold
@@ -153,16 +153,13 @@ def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @gr
     policy = check_host_key_policy(host_key_policy)
     path, hosts = select(inventory, pattern)
     password = become_password(ask_become_pass, hosts, sudo)
-    if connect_timeout:  # the command line beats the inventory
-        for h in hosts:
-            h.ssh.connect_timeout = connect_timeout
     cfg = user_config()
-    fleet = Fleet(hosts, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
-                  command_timeout=timeout, deadline=deadline, become_password=password,
-                  transport=ParamikoTransport(host_key_policy=policy))
+    fleet = make_fleet(hosts, cfg, fanout=fanout, connect_timeout=connect_timeout, command_timeout=timeout,
+                       deadline=deadline, become_password=password,
+                       transport=ParamikoTransport(host_key_policy=policy))
     with fleet, HostProgress(len(hosts), "facts", not as_json) as progress:
         results = collect_facts(fleet, timeout=timeout, sudo=sudo,
-                                on_result=lambda r: progress(_as_row(r)))
+                                on_result=lambda r: progress(as_row(r)))
     for w in fleet.warnings:
         err_console.print(f"warning: {w}", markup=False)
     failed = [h for h, r in results.items() if not r.ok]
@@ -177,7 +174,7 @@ def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @gr
     raise typer.Exit(ExitCode.CRIT if failed else ExitCode.OK)
 
 
-def _as_row(r: FactsResult) -> HostResult:
+def as_row(r: FactsResult) -> HostResult:
     """A progress line's view of a probe result."""
     status = HostStatus.OK if r.ok else HostStatus(r.fleet_status if r.fleet_status != "ok" else "error")
     return HostResult(r.host, status, duration_s=r.duration_s, error=r.reason)

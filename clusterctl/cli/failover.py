@@ -108,8 +108,8 @@ def run(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, quiet:
     """One failover run for the CLI (also ``report run --failover``); exits 3 on configuration errors."""
     from pathlib import Path
 
-    from clusterctl.cli.deploy import _fleet_factory
     from clusterctl.deploy.state import STATE_DIR_ENV, resolve_state_dir
+    from clusterctl.fleet.factory import fleet_factory
     from clusterctl.gateway.failover import run_failover
 
     policy = check_host_key_policy(host_key_policy)
@@ -122,8 +122,8 @@ def run(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, quiet:
     directory = Path(resolve_state_dir(state_dir, user_config()))
     # The deploy engine's drain finds the gateway state through this variable (docs/gateway.md, Limits).
     os.environ[STATE_DIR_ENV] = str(directory)
-    make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
-                          password=become_password(ask_become_pass, list(inv.hosts.values()), True))
+    make = fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
+                         become_password=become_password(ask_become_pass, list(inv.hosts.values()), True))
     say = None if quiet else (lambda s: err_console.print(s, markup=False, highlight=False))
     try:
         return run_failover(inv, directory, make, opts, on_event=say)

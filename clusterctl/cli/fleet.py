@@ -10,7 +10,6 @@ errors.  The hosts that failed are remembered for ``@failed``.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import sys
 from typing import List, Optional
@@ -25,7 +24,7 @@ from clusterctl.cli._hosts import (
 )
 from clusterctl.exitcodes import ExitCode
 from clusterctl.fleet.failed import save_failed
-from clusterctl.fleet.fleet import Fleet
+from clusterctl.fleet.factory import make_fleet
 from clusterctl.fleet.results import HostStatus, RunResults, fold
 from clusterctl.fleet.ssh import ParamikoTransport
 from clusterctl.inventory.model import Host
@@ -34,15 +33,9 @@ from clusterctl.inventory.model import Host
 def _run(hosts: list[Host], command: str, *, fanout: Optional[int], connect_timeout: Optional[float],
          timeout: Optional[float], deadline: Optional[float], sudo: bool, policy: Optional[str],
          become_password: Optional[str], progress: bool, label: str) -> tuple[RunResults, list[str]]:
-    cfg = user_config()
-    if connect_timeout:  # the command line beats the inventory
-        hosts = [dataclasses.replace(h, ssh=dataclasses.replace(h.ssh, connect_timeout=connect_timeout))
-                 for h in hosts]
-    transport = ParamikoTransport(host_key_policy=policy)
-    fleet = Fleet(hosts, fanout=fanout or cfg.fanout,
-                  connect_timeout=connect_timeout or cfg.connect_timeout,
-                  command_timeout=timeout or cfg.command_timeout, deadline=deadline,
-                  become_password=become_password, transport=transport)
+    fleet = make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout,
+                       command_timeout=timeout or None, deadline=deadline, become_password=become_password,
+                       transport=ParamikoTransport(host_key_policy=policy))
     with fleet, HostProgress(len(hosts), label, progress) as on_result:
         res = fleet.run(command, sudo=sudo, on_result=on_result)
     return res, fleet.warnings

@@ -234,11 +234,12 @@ def _deploy_template(inv: Any, store: Any, template: str, names: list[str], *, a
                      ask_become_pass: bool, host_key_policy: Optional[str], **opts: Any) -> Any:
     """Roll out the replicas ``names`` of ``template`` through the deploy engine (it drains what it
     removes); exits 3 on refusal."""
-    from clusterctl.cli.deploy import _events, _fleet_factory, _print_report
+    from clusterctl.cli._deploy_views import deploy_events, print_deploy_report
     from clusterctl.cli._hosts import become_password, check_host_key_policy
     from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
     from clusterctl.deploy.rollout import parse_serial
     from clusterctl.deploy.scale import scale_hosts
+    from clusterctl.fleet.factory import fleet_factory
 
     policy = check_host_key_policy(host_key_policy)
     try:
@@ -246,17 +247,17 @@ def _deploy_template(inv: Any, store: Any, template: str, names: list[str], *, a
         dopts = DeployOptions(instances=",".join(names), serial=parse_serial(opts["serial"]),
                               max_fail_percentage=opts["max_fail_percentage"], force=opts["force"],
                               gate_timeout_s=opts["gate_timeout"], drain_timeout_s=opts["drain_timeout"])
-        make = _fleet_factory(inv, fanout=opts["fanout"], connect_timeout=opts["connect_timeout"],
-                              host_key_policy=policy, password=become_password(ask_become_pass, hosts, True))
+        make = fleet_factory(user_config(), fanout=opts["fanout"], connect_timeout=opts["connect_timeout"],
+                             host_key_policy=policy, become_password=become_password(ask_become_pass, hosts, True))
         _place_with_topology(inv, store, make, as_json)
-        with _events(not as_json) as events:
+        with deploy_events(not as_json) as events:
             rep = Deploy(inv, hosts, make, str(store.directory), dopts, on_event=events).run()
     except PreflightRefused as e:
         fail(f"{e}; the new count is recorded: `clusterctl scale {template} --replicas N` to change it")
     except ClusterctlError as e:
         fail(f"{e}; the new count is recorded: `clusterctl deploy --instances '{template}-*'` retries")
     if not as_json:
-        _print_report(rep)
+        print_deploy_report(rep)
     return rep
 
 

@@ -135,16 +135,10 @@ def _status_rows(rows: list) -> List[tuple]:
 
 def _fleet(hosts: list, fanout: int, timeout: float, connect_timeout: Optional[float],
            policy: Optional[str], password: Optional[str]) -> Any:
-    from clusterctl.fleet.fleet import Fleet
-    from clusterctl.fleet.ssh import ParamikoTransport
+    from clusterctl.fleet.factory import make_fleet
 
-    cfg = user_config()
-    if connect_timeout:
-        for h in hosts:
-            h.ssh.connect_timeout = connect_timeout
-    return Fleet(hosts, fanout=fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
-                 command_timeout=timeout, become_password=password,
-                 transport=ParamikoTransport(host_key_policy=policy))
+    return make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout, command_timeout=timeout,
+                      become_password=password, host_key_policy=policy)
 
 
 def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] | warm|evict|pin|unpin MODEL | manifest DIR",

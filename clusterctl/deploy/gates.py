@@ -66,7 +66,8 @@ class GateResult:
                 "reason": self.reason, "seconds": round(self.seconds, 2)}
 
 
-def _request(t: GateTarget, path: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
+def request(t: GateTarget, path: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
+    """One HTTP request to the instance (POST with a JSON ``body``, else GET): ``(status, body bytes)``."""
     headers = {"Content-Type": "application/json"}
     if t.api_key:
         headers["Authorization"] = f"Bearer {t.api_key}"
@@ -83,18 +84,18 @@ def check_http(t: GateTarget, timeout: float = 5.0) -> tuple[str, str | None]:
     """One pass of steps 2-4: ``(step, None)`` when all pass, else ``(failed step, why)``."""
     step = "health"
     try:
-        status, _ = _request(t, "/health", None, timeout)
+        status, _ = request(t, "/health", None, timeout)
         if status != 200:
             return step, f"/health answered {status}"
         step = "models"
-        status, raw = _request(t, "/v1/models", None, timeout)
+        status, raw = request(t, "/v1/models", None, timeout)
         if status != 200:
             return step, f"/v1/models answered {status}"
         names = [m.get("id") for m in json.loads(raw).get("data", [])]
         if t.served_name not in names:
             return step, f"/v1/models lists {names}, not {t.served_name!r}"
         step = "completion"
-        status, raw = _request(t, "/v1/completions", {"model": t.served_name, "prompt": "ping",
+        status, raw = request(t, "/v1/completions", {"model": t.served_name, "prompt": "ping",
                                                       "max_tokens": 1, "temperature": 0}, timeout)
         if status != 200:
             return step, f"one-token completion answered {status}: {raw[:200].decode('utf-8', 'replace')}"

@@ -71,14 +71,14 @@ def check_once(g: CustomGate, t: GateTarget, run_exec: ExecRunner, request_timeo
         return release_gate(g, t, reference)
     try:
         if g.type == "http":
-            status, body = gates._request(t, g.path, None, request_timeout_s)
+            status, body = gates.request(t, g.path, None, request_timeout_s)
             if status != g.expect_status:
                 return f"GET {g.path} answered {status}, expected {g.expect_status}"
             if g.contains is not None and g.contains not in body.decode("utf-8", "replace"):
                 return f"GET {g.path}: the answer does not contain {g.contains!r}"
             return None
         if g.type == "metric":
-            status, body = gates._request(t, "/metrics", None, request_timeout_s)
+            status, body = gates.request(t, "/metrics", None, request_timeout_s)
             if status != 200:
                 return f"/metrics answered {status}"
             value = total(parse_metrics(body.decode("utf-8", "replace")), g.metric)

@@ -62,7 +62,7 @@ def parse_gates(values: Sequence[str], *, bench_tolerance: float = 0.1, record_b
                 state_dir: Path | None = None) -> ReleaseGates:
     """``--gate`` values (``drift``, ``drift:NAME``, ``bench:REFERENCE``), each kind at most once.
     Raises ClusterctlError naming the bad value."""
-    from clusterctl.drift.store import _path
+    from clusterctl.drift.store import store_path
 
     drift: str | None = None
     bench: str | None = None
@@ -73,7 +73,7 @@ def parse_gates(values: Sequence[str], *, bench_tolerance: float = 0.1, record_b
             if drift is not None:
                 raise ClusterctlError(f"--gate {v!r}: a drift gate is already given ({drift!r})")
             drift = arg or "previous"
-            _path("baselines", drift, state_dir)  # validates the name
+            store_path("baselines", drift, state_dir)  # validates the name
         elif kind == "bench":
             if bench is not None:
                 raise ClusterctlError(f"--gate {v!r}: a bench gate is already given ({bench!r})")
@@ -84,7 +84,7 @@ def parse_gates(values: Sequence[str], *, bench_tolerance: float = 0.1, record_b
         else:
             raise ClusterctlError(f"--gate {v!r}: expected drift, drift:BASELINE or bench:REFERENCE")
     if record_baseline is not None:
-        _path("baselines", record_baseline, state_dir)
+        store_path("baselines", record_baseline, state_dir)
     if not 0 <= bench_tolerance <= 10:
         raise ClusterctlError(f"--bench-tolerance {bench_tolerance:g}: expected a fraction such as 0.1 (10 %)")
     return ReleaseGates(drift, bench, bench_tolerance, record_baseline, state_dir)

@@ -26,7 +26,8 @@ def drift_dir(state_dir: Path | None = None) -> Path:
     return (state_dir or default_state_dir()) / "drift"
 
 
-def _path(kind: str, name: str, state_dir: Path | None) -> Path:
+def store_path(kind: str, name: str, state_dir: Path | None) -> Path:
+    """``<state>/drift/<kind>/<name>.json``; raises ClusterctlError when ``name`` is not a safe file name."""
     if not _NAME.match(name):
         raise ClusterctlError(f"{name!r}: a {kind} name is letters, digits, '.', '_', '-' (at most 64)")
     return drift_dir(state_dir) / kind / f"{name}.json"
@@ -57,13 +58,13 @@ def _skipped(v: Any) -> dict[str, str]:
 
 
 def save(b: Baseline, state_dir: Path | None = None) -> Path:
-    path = _path("baselines", b.name, state_dir)
+    path = store_path("baselines", b.name, state_dir)
     write_atomic(path, json.dumps(b.to_json(), indent=1) + "\n")
     return path
 
 
 def load(name: str, state_dir: Path | None = None) -> Baseline:
-    path = _path("baselines", name, state_dir)
+    path = store_path("baselines", name, state_dir)
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
         items = d["items"]
@@ -85,14 +86,14 @@ def load(name: str, state_dir: Path | None = None) -> Baseline:
 
 
 def save_calibration(model: str, doc: dict[str, Any], state_dir: Path | None = None) -> Path:
-    path = _path("calibration", _safe(model), state_dir)
+    path = store_path("calibration", _safe(model), state_dir)
     write_atomic(path, json.dumps(doc, indent=1) + "\n")
     return path
 
 
 def load_calibration(model: str, state_dir: Path | None = None) -> dict[str, Any] | None:
     """The noise floor measured for ``model``, or None when never calibrated."""
-    path = _path("calibration", _safe(model), state_dir)
+    path = store_path("calibration", _safe(model), state_dir)
     try:
         doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         return doc
@@ -109,7 +110,7 @@ def _safe(model: str) -> str:
 def baseline_for(instance: str, url: str, state_dir: Path | None = None) -> str | None:
     """The baseline of an inventory instance: one named after it, else the newest recorded from ``url``;
     None when there is neither."""
-    if _NAME.match(instance) and _path("baselines", instance, state_dir).is_file():
+    if _NAME.match(instance) and store_path("baselines", instance, state_dir).is_file():
         return instance
     best: tuple[float, str] | None = None
     for p in sorted((drift_dir(state_dir) / "baselines").glob("*.json")):

@@ -91,7 +91,7 @@ _MD_SPECIAL = re.compile(r"([\\`*|]|\](?=\())")
 _MD_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 
-def _md(text: str) -> str:
+def md_cell(text: str) -> str:
     """``text`` as inert Markdown inside a table cell: one line, no raw HTML, no markup.
 
     Host, instance and check names come from inventories and nodes: ``<script>``
@@ -111,7 +111,7 @@ def to_markdown(findings: list[Finding], *, min_severity: Severity = Severity.OK
              ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n) or "no findings", "",
              "| severity | check | hosts | subject | finding | action |", "|---|---|---|---|---|---|"]
     for g in group(findings, min_severity):
-        lines.append("| " + " | ".join(_md(x) for x in (g.severity.name, g.check, g.hosts or "-", g.subject,
+        lines.append("| " + " | ".join(md_cell(x) for x in (g.severity.name, g.check, g.hosts or "-", g.subject,
                                                             g.message, g.action or "-")) + " |")
     return "\n".join(lines) + "\n"
 

@@ -18,7 +18,7 @@ from clusterctl.diagnose.findings import Finding, Severity, exit_code, worst
 from clusterctl.files import RunLock, write_atomic
 from clusterctl.report import notify as notify_mod
 from clusterctl.report.diff import Diff, diff
-from clusterctl.report.findings import _md, summary
+from clusterctl.report.findings import md_cell, summary
 from clusterctl.report.history import DEFAULT_RETENTION_DAYS, History, Metric
 from clusterctl.report.textfile import render as render_textfile
 
@@ -106,11 +106,11 @@ def to_markdown(result: Result) -> str:
              + (f", compared with run {result.previous_id}" if result.previous_id else " (first run)") + ".", "",
              "## Hosts", "", "| host | worst | problems | top problem |", "|---|---|---|---|"]
     for r in host_summary(result.findings):
-        lines.append(f"| {_md(r['host'])} | {r['worst']} | {r['problems']} | {_md(r['top']) or '-'} |")
+        lines.append(f"| {md_cell(r['host'])} | {r['worst']} | {r['problems']} | {md_cell(r['top']) or '-'} |")
     groups = tp_groups(result.findings)
     if groups:
         lines += ["", "## TP groups", "", "| instance | state | detail |", "|---|---|---|"]
-        lines += [f"| {_md(g['instance'])} | {g['state']} | {_md(g['message'])} |" for g in groups]
+        lines += [f"| {md_cell(g['instance'])} | {g['state']} | {md_cell(g['message'])} |" for g in groups]
     for title, fs in (("New", result.change.new), ("Resolved", result.change.resolved),
                       ("Ongoing", result.change.ongoing)):
         lines += ["", f"## {title} ({len(fs)})", ""]
@@ -118,7 +118,7 @@ def to_markdown(result: Result) -> str:
             lines.append("none")
             continue
         lines += ["| severity | host | check | subject | finding |", "|---|---|---|---|---|"]
-        lines += [f"| {f.severity.name} | {_md(f.host or '-')} | {_md(f.check)} | {_md(f.subject)} | {_md(f.message)} |"
+        lines += [f"| {f.severity.name} | {md_cell(f.host or '-')} | {md_cell(f.check)} | {md_cell(f.subject)} | {md_cell(f.message)} |"
                   for f in fs]
     return "\n".join(lines) + "\n"
 

@@ -35,7 +35,7 @@ def _detect_with(unavailable: dict[str, str], findings: list[Finding]) -> Any:
 
 @pytest.fixture
 def no_ssh(monkeypatch: pytest.MonkeyPatch) -> None:
-    import clusterctl.fleet.fleet as fleet_mod
+    import clusterctl.fleet.factory as fleet_mod
 
     monkeypatch.setattr(fleet_mod, "Fleet", lambda *a, **k: contextlib.nullcontext())
 
