@@ -157,6 +157,7 @@ class StepEngine:
 
     def _loop(self) -> None:
         deadline = 0.0  # wall time the previous step ended on the timeline
+        idle = True
         with self._cv:
             while not self._stop:
                 if self.faults.dead:
@@ -167,8 +168,15 @@ class StepEngine:
                     self._hang()
                     continue
                 if not self.sched.has_work():
+                    idle = True
                     self._cv.wait(0.5)
                     continue
+                pickup = self.sched.profile.t_pickup * self.scale
+                if idle and pickup > 0:
+                    # The front end hands the first request over; a burst arriving meanwhile shares the step.
+                    self._wait(pickup)
+                    self._sync()
+                idle = False
                 self.sched.leak = self.faults.leak
                 load = self.sched.step(self._sim)
                 if not load.new:

@@ -96,6 +96,55 @@ def measure(profile: Profile, cost: ModelCost, w: Workload) -> Point:
                  preemptions=sched.counters.preemptions)
 
 
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """What ``clusterctl bench`` reports for one level, computed on the virtual clock (times in s)."""
+
+    concurrency: int
+    requests: int
+    ttft_mean: float
+    tpot_mean: float  # (E2E - TTFT) / (output tokens - 1), averaged over requests
+    output_tps: float  # all output tokens / time until the last request finished
+    preemptions: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def bench_point(profile: Profile, cost: ModelCost, *, concurrency: int, requests: int, prompt_len: int,
+                output_len: int, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int,
+                block_size: int = 16, prefix_caching: bool = True) -> BenchPoint:
+    """``clusterctl bench -c C -n N`` on the virtual clock: ``requests`` distinct prompts, at most
+    ``concurrency`` in flight from t=0, each next one sent when one finishes (the bench's workers)."""
+    sched = Scheduler(profile, cost, ToyLM(noise=False), num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                      max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                      prefix_caching=prefix_caching)
+    sent = [0]
+    done: list[Seq] = []
+
+    def new(now: float) -> Seq:
+        sent[0] += 1
+        toks = [f" r{sent[0]}w{i}" for i in range(prompt_len)]
+        return Seq(rid=sent[0], prompt="".join(toks), prompt_tokens=toks, max_tokens=output_len,
+                   temperature=0.0, seed=sent[0], ignore_eos=True, arrival=now)
+
+    def arrivals(now: float, finished: list[Seq]) -> list[Seq]:
+        if now == 0.0 and not finished and sent[0] == 0:
+            return [new(0.0) for _ in range(min(concurrency, requests))]
+        done.extend(finished)
+        return [new(now) for _ in finished if sent[0] < requests]
+
+    end = simulate(sched, arrivals, 1e6)
+    if len(done) != requests:
+        raise ValueError(f"{len(done)} of {requests} requests finished")
+    ttft = [(s.first_token or 0.0) - s.arrival for s in done]
+    tpot = [((s.finished or 0.0) - (s.first_token or 0.0)) / (len(s.out) - 1) for s in done if len(s.out) > 1]
+    return BenchPoint(concurrency=concurrency, requests=requests, ttft_mean=sum(ttft) / len(ttft),
+                      tpot_mean=sum(tpot) / len(tpot) if tpot else 0.0,
+                      output_tps=sum(len(s.out) for s in done) / end if end > 0 else 0.0,
+                      preemptions=sched.counters.preemptions)
+
 # ---- reference scenarios (docs/latency-profiles.md): the models and workloads behind each profile's figures
 
 def _shape(layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, arch: str) -> M.ModelShape:
@@ -131,7 +180,14 @@ class Scenario:
     target: dict[str, float]  # Point field -> value (``ttft_mean_min`` style keys: a lower bound)
 
 
-MODELS = {"8b-int8": MODEL_8B_INT8, "27b-awq-tp4": MODEL_27B_AWQ_TP4, "8b-bf16": MODEL_8B_BF16}
+#: The tiny real model the real CPU engine serves (clusterctl/lab/realmodel.py: 2 layers, hidden 256, bf16;
+#: 6,556,160 bytes of tensors in model.safetensors).
+TINY_LLAMA = M.ModelShape(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=4096,
+                          max_position=4096, torch_dtype="bfloat16", architecture="LlamaForCausalLM")
+MODEL_TINY_LLAMA = ModelCost.from_shape(TINY_LLAMA, 6_556_160, 1, 2)
+
+MODELS = {"8b-int8": MODEL_8B_INT8, "27b-awq-tp4": MODEL_27B_AWQ_TP4, "8b-bf16": MODEL_8B_BF16,
+          "tiny-llama": MODEL_TINY_LLAMA}
 
 #: The field report's three operating points (8B INT8, 48 GB card; prompt 1400, output 64 tokens,
 #: closed loop) and the 27B burst.  "initial" is the report's starting budget; "raised" vLLM 0.11's default.

@@ -43,6 +43,9 @@ class Profile:
     t_seq: float  # s per scheduled sequence per step (per-request CPU work)
     link_bw: float = 0.0  # bytes/s of the TP interconnect (0: TP 1 only)
     link_latency: float = 0.0  # s per all-reduce
+    #: s an idle engine takes to start its first step after a request arrives (the front end handing the
+    #: request over): requests of a burst that arrive meanwhile share that step.  0: it starts at once.
+    t_pickup: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,19 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         flops_eff=0.45 * 989 * T,
         t_step=0.0012, t_seq=0.00002,
         link_bw=300 * GB, link_latency=8e-6,
+    ),
+    Profile(
+        name="cpu-1core",
+        description="one x86 core running vLLM 0.32's CPU backend (bf16, --enforce-eager, one OpenMP thread, "
+                    "the API server on the same core), as the lab's real engine serves the tiny real model",
+        source="fitted to the real engine measured by benchmarks/real_vllm/calibrate.py "
+               "(benchmarks/results/real-vllm-calibration-2026-12-01T1941.json, docs/real-vllm.md)",
+        mem_bw=10 * GB,  # not fitted: 6.6 MB of weights per step cost 0.7 ms, below the fitted overheads
+        flops_eff=3.7e9,  # prompt tokens: about 1.2 ms each for the tiny model (4.5 MFLOP per token)
+        t_step=0.036, t_seq=0.0022,  # Python per step (scheduler, sampler, detokenizer, API server) and per sequence
+        # The API server shares the busy core: a burst reaches the engine core together (measured: at 16
+        # streams the median TTFT is one 2048-token prefill step, the clients stay in lockstep).
+        t_pickup=0.02,
     ),
 )}
 

@@ -358,9 +358,13 @@ def simulate(sched: Scheduler, arrivals: Callable[[float, list[Seq]], list[Seq]]
     now = 0.0
     for s in arrivals(now, []):
         sched.add(s)
+    idle = True  # the first step after an idle engine starts t_pickup late (the front end's hand-over)
     for _ in range(max_steps):
         if now >= until:
             break
+        if idle and sched.has_work():
+            now += sched.profile.t_pickup
+            idle = False
         load = sched.step(now)
         if not load.new:
             nxt = arrivals(now, [])
@@ -371,6 +375,7 @@ def simulate(sched: Scheduler, arrivals: Callable[[float, list[Seq]], list[Seq]]
             continue
         now += sched.duration(load)
         done = [e.seq for e in sched.finish_step(now) if e.finish_reason]
+        idle = not sched.has_work()
         for s in arrivals(now, done):
             s.arrival = now
             sched.add(s)

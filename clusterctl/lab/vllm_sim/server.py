@@ -16,6 +16,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
+from . import bpe
 from .engine import Engine, EngineDead, GenRequest, TokenEvent, token_id, tokenize
 from .faults import FaultError, Faults, is_loopback
 from .logs import Log
@@ -51,6 +52,9 @@ class App:
         self.full = {"0.11": "0.11.0", "0.33": "0.33.0"}[info.version]
         self.created = int(time.time())
         self.faults: Faults | None = None  # the fault control endpoint (/sim/fault), when set
+        #: Prompts in the model's own tokens when its directory has a byte-level BPE tokenizer (bpe.py),
+        #: else the simulator's word-ish tokens.
+        self.tokenize = bpe.load(info.model) or tokenize
 
     # ---- request building
     def _check_model(self, body: dict[str, Any]) -> str:
@@ -89,7 +93,7 @@ class App:
         return max_tokens
 
     def _common(self, body: dict[str, Any], prompt: str, max_tokens: int | None, logprobs: int | None) -> GenRequest:
-        toks = tokenize(prompt)
+        toks = self.tokenize(prompt)
         mt = self._context_check(len(toks), max_tokens)
         if logprobs is not None and (logprobs < 0 or logprobs > self.info.max_logprobs):
             raise ApiError(400, f"Requested sample logprobs of {logprobs}, which is greater than max allowed: "
@@ -361,7 +365,7 @@ class Handler(BaseHTTPRequestHandler):
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise ApiError(400, "prompt: Input should be a valid string")
-        toks = tokenize(prompt)
+        toks = self.app.tokenize(prompt)
         vocab = self.app.info.vocab
         self._json(200, {"count": len(toks), "max_model_len": self.app.info.max_model_len,
                          "tokens": [token_id(t, vocab) for t in toks],

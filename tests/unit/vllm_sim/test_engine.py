@@ -155,3 +155,45 @@ def test_engine_at_scale_zero_does_not_wait() -> None:
         assert eng.now() > 0.5  # the simulated clock still advanced
     finally:
         eng.close()
+
+
+def test_an_idle_engine_hands_a_burst_over_together_with_a_pickup_time() -> None:
+    """With ``t_pickup`` (the cpu-1core profile), a request that arrives shortly after the first one at an
+    idle engine shares its first step: both first tokens come from one step."""
+    import time
+    from dataclasses import replace
+
+    prof = replace(PROFILES["cpu-1core"], t_pickup=0.3)
+    s = Scheduler(prof, L.MODEL_TINY_LLAMA, ToyLM(noise=False), num_blocks=512, max_num_seqs=128,
+                  max_num_batched_tokens=2048, block_size=128)
+    eng = StepEngine(s, vocab=4096, scale=1.0)
+    first: dict[int, float] = {}
+    try:
+        def client(i: int) -> None:
+            toks = [f" c{i}w{j}" for j in range(16)]
+            req = GenRequest(prompt="".join(toks), prompt_tokens=toks, max_tokens=2, temperature=0.0,
+                             ignore_eos=True)
+            for _ev in eng.generate(req):
+                first.setdefault(i, time.monotonic())
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+        threads[0].start()
+        time.sleep(0.03)
+        threads[1].start()
+        for t in threads:
+            t.join(30)
+        assert len(first) == 2
+        assert s.counters.steps == 2  # one prefill step for both, one decode step for both
+    finally:
+        eng.close()
+
+
+def test_bench_point_runs_the_bench_closed_loop() -> None:
+    """``bench_point``: N requests, at most C in flight from t=0; every request counted once."""
+    b = L.bench_point(PROFILES["cpu-1core"], L.MODEL_TINY_LLAMA, concurrency=4, requests=10, prompt_len=128,
+                      output_len=8, num_blocks=512, max_num_seqs=128, max_num_batched_tokens=2048, block_size=128)
+    assert b.requests == 10 and b.preemptions == 0
+    one = L.bench_point(PROFILES["cpu-1core"], L.MODEL_TINY_LLAMA, concurrency=1, requests=3, prompt_len=128,
+                        output_len=8, num_blocks=512, max_num_seqs=128, max_num_batched_tokens=2048, block_size=128)
+    # four prompts share a prefill step: TTFT grows with concurrency, so does throughput
+    assert b.ttft_mean > one.ttft_mean and b.output_tps > one.output_tps

@@ -43,7 +43,7 @@ def test_default_profile_from_the_gpu_model_and_unknown_names() -> None:
     assert P.default_profile("NVIDIA L40S") == "l40s-48g"
     assert P.default_profile("NVIDIA H100 80GB HBM3") == "h100-sxm"
     assert P.default_profile("Some Card", total_bytes=48 << 30) == "l40s-48g"
-    with pytest.raises(ValueError, match="known: h100-sxm, l40s-48g"):
+    with pytest.raises(ValueError, match="known: cpu-1core, h100-sxm, l40s-48g"):
         P.get("a100")
 
 
@@ -95,4 +95,4 @@ def test_unknown_profile_is_a_clear_error_at_start(tmp_path) -> None:
                            env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2
         assert f"vllm serve: error: {src}: unknown simulator profile" in r.stderr
-        assert "known: h100-sxm, l40s-48g" in r.stderr and "Traceback" not in r.stderr
+        assert "known: cpu-1core, h100-sxm, l40s-48g" in r.stderr and "Traceback" not in r.stderr
