@@ -194,8 +194,8 @@ def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
          dry_run: bool = typer.Option(False, "--dry-run", help="Decide and render, apply nothing."),
          force: bool = typer.Option(False, "--force", help="Reload even within the sync interval."),
          tp_check: bool = typer.Option(True, "--tp-check/--no-tp-check",
-                                       help="Doctor's TP-group check on every group of more than one GPU "
-                                            "(gathers facts; on by default)."),
+                                       help="Doctor's TP-group check of every instance's GPUs (TP 1 included; "
+                                            "gathers facts; on by default)."),
          window: float = typer.Option(5.0, "--window", min=0.0, help="Seconds between the two /metrics samples."),
          every: float = typer.Option(0.0, "--every", min=0.0, help="Sync again every SECONDS until interrupted "
                                      "(0: once). A change held back by the interval is applied by a later round."),

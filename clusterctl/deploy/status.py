@@ -213,8 +213,8 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
     throughput peaks are kept (``None``: none kept; the throughput term then
     uses this run's rate as the capacity).  ``marked_down``: instance → reason
     for those the gateway keeps out (a serving one is then WARN: it gets no
-    traffic).  ``tp_check``: where an instance spans more than one GPU, doctor's
-    ``tp.group`` check (:func:`tp_health`, one more round trip per such host)
+    traffic).  ``tp_check``: for every instance with a GPU placement (TP 1
+    too), doctor's ``tp.group`` check (:func:`tp_health`, one more round trip per such host)
     fills ``tp_group``; an UNAVAILABLE group that still answers is CRIT (it
     cannot serve), a DEGRADED one at least WARN.  Rows come sorted by host,
     then name.
@@ -277,9 +277,11 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
         if row.active == "active":
             wanted_inst = instances.get(row.name) if key == row.name else None
             _apply_load(row, windows.get(key), max_num_seqs(wanted_inst), peaks.get(row.name))
-    groups = {n: i for n, i in instances.items() if len(i.placement) > 1}
+    # Every placed instance is a group, TP 1 included: a lost GPU (XID 79) takes a one-GPU
+    # instance out as surely as a member of a larger group, while its /health may still answer.
+    groups = {n: i for n, i in instances.items() if i.placement}
     if tp_check and groups:
-        say(f"{len(groups)} TP group(s): doctor's tp.group check")
+        say(f"{len(groups)} instance(s): doctor's tp.group check of their GPUs")
         for name, verdict in tp_health(inv, groups, fleet, on_event).items():
             tp_row = rows.get(name)
             if tp_row is None:

@@ -3,7 +3,7 @@
 :func:`observe` takes about ``window`` seconds plus one SSH round trip per
 instance host (``clusterctl.deploy.status.collect_status``); with
 ``tp_check`` (the default: TP health is part of every sync) one more round
-trip per host of a TP group (more than one GPU) gathers facts for doctor's
+trip per instance host (every placed instance, TP 1 included) gathers facts for doctor's
 ``tp.group`` check (``clusterctl.diagnose.tp``, through
 ``deploy.status.tp_health``).
 """

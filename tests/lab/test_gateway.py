@@ -439,8 +439,6 @@ def test_upstream_api_key_only_in_the_auth_file(lab, gw, monkeypatch):
     assert lab.run(gw_host, "test -e /etc/nginx/clusterctl/upstream-auth.conf").returncode == 1  # removed with the key
 
 
-@pytest.mark.xfail(strict=False, reason="regression found at the session's end, open in issue 28: after the day's "
-                   "tp.group changes, sync's TP check no longer marks the group of a GPU with XID 79 down")
 def test_sync_tp_check_takes_an_unavailable_tp_group_out(lab, gw, capsys, monkeypatch, tmp_path):
     from clusterctl.lab.hardware import faults
 

@@ -35,7 +35,9 @@ def servers():
 def _rows(inv, units, *, window=0.2, down=(), state_dir=None):
     fleet, _ = fleet_for(inv, units, down=down)
     with fleet:
-        rows = collect_status(inv, inv.instances, fleet, window=window, http_timeout=2, state_dir=state_dir)
+        # TP health (doctor's probe per host) has its own tests (test_status_tp_health.py)
+        rows = collect_status(inv, inv.instances, fleet, window=window, http_timeout=2, state_dir=state_dir,
+                              tp_check=False)
     return {r.name: r for r in rows}, rows
 
 
@@ -169,7 +171,7 @@ def test_a_hung_instance_is_a_row_within_the_http_timeout() -> None:
         fleet, _ = fleet_for(inv, {"h1": {"a": unit("a")}})
         t0 = time.monotonic()
         with fleet:
-            [row] = collect_status(inv, inv.instances, fleet, window=0.2, http_timeout=0.5)
+            [row] = collect_status(inv, inv.instances, fleet, window=0.2, http_timeout=0.5, tp_check=False)
         assert time.monotonic() - t0 < 3
     finally:
         hung.close()
@@ -182,7 +184,8 @@ def test_an_instance_marked_down_at_the_gateway_gets_no_traffic_warn(servers) ->
     inv = inventory({"a": ("h1", 0, srv.port), "b": ("h1", 1, srv.port)})
     fleet, _ = fleet_for(inv, {"h1": {"a": unit("a"), "b": unit("b", active="inactive", sub="dead")}})
     with fleet:
-        rows = collect_status(inv, inv.instances, fleet, window=0, marked_down={"a": "drain", "b": "drain"})
+        rows = collect_status(inv, inv.instances, fleet, window=0, marked_down={"a": "drain", "b": "drain"},
+                              tp_check=False)
     by = {r.name: r for r in rows}
     assert (by["a"].state, by["a"].severity, by["a"].gateway_down) == ("serving", Severity.WARN, "drain")
     assert "marked down at the gateway (drain)" in by["a"].message

@@ -35,7 +35,7 @@ def test_an_unavailable_group_that_answers_is_crit_in_status_and_down_at_the_nex
         fleet, _ = fleet_for(inv, {"h1": {"g": unit("g", port=a.port)}, "h2": {"s": unit("s", port=b.port)}})
         with fleet:
             rows = {r.name: r for r in collect_status(inv, dict(inv.instances), fleet, window=0)}
-        assert asked == [["g"]]  # only groups of more than one GPU are checked
+        assert asked == [["g", "s"]]  # every placed instance: TP 1 is a group of one
         g = rows["g"]
         assert g.severity == Severity.CRIT and g.tp_group is not None and g.tp_group.startswith("UNAVAILABLE")
         assert g.message.startswith("TP group UNAVAILABLE: member h1:1 is critical")
@@ -48,6 +48,26 @@ def test_an_unavailable_group_that_answers_is_crit_in_status_and_down_at_the_nex
         assert unavailable == {"g"}
         servers = decide(inv, dict(inv.instances), observed, unavailable=unavailable)
         assert servers["g"].down and not servers["s"].down
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_one_gpu_instance_on_a_lost_gpu_is_taken_out_by_a_plain_sync(monkeypatch, tmp_path: Path) -> None:
+    """The regression of the day the TP check became part of every sync: it was narrowed to groups of more
+    than one GPU, so a TP 1 instance whose GPU fell off the bus (XID 79) kept its traffic while /health answered."""
+    a, b = FakeVllm(), FakeVllm()
+    monkeypatch.setattr(status, "tp_health", lambda inv, instances, fleet, on_event=None: {
+        n: ("UNAVAILABLE: member h2:0 is critical (gpu.xid); the group of 1 cannot serve" if n == "s" else "OK")
+        for n in instances})
+    try:
+        inv = inventory({"g": ("h1", 0, a.port), "s": ("h2", 0, b.port)})
+        fleet, _ = fleet_for(inv, {"h1": {"g": unit("g", port=a.port)}, "h2": {"s": unit("s", port=b.port)}})
+        with fleet:
+            observed, unavailable = observe(inv, dict(inv.instances), fleet, window=0, state_dir=tmp_path)
+        assert unavailable == {"s"}
+        servers = decide(inv, dict(inv.instances), observed, unavailable=unavailable)
+        assert servers["s"].down and servers["s"].reason == "TP group UNAVAILABLE" and not servers["g"].down
     finally:
         a.close()
         b.close()
