@@ -25,13 +25,16 @@ passes its gate (unit active, /health 200, /v1/models lists the model, a
 one-token completion) or is rolled back and the rollout stops (hosts not
 reached are untouched). Release gates (--gate drift[:BASELINE], --gate
 bench:REFERENCE) then run on the batch's instances; a failure rolls the batch
-back the same way. Batches are over hosts, with Ansible's semantics:
+back the same way, except an inconclusive one (bench: untrusted or too noisy
+numbers, no regression shown): the batch keeps the change and the rollout
+pauses there (result paused, exit 1). Batches are over hosts, with Ansible's semantics:
 --serial 1,25%,100% (count, percentage or ramp; the last value repeats), the
 first batch is the canary; --max-fail-percentage N must be exceeded to fail a
 batch (default 0: any failure).
 
-Exit status: 0 done (or nothing to do; --plan), 1 with --plan
---detailed-exitcode when changes are pending, 2 a batch failed (rolled back)
+Exit status: 0 done (or nothing to do; --plan), 1 the rollout paused on an
+inconclusive release gate (or, with --plan --detailed-exitcode, changes are
+pending), 2 a batch failed (rolled back)
 or some host failed or could not be read, 3 usage, inventory or secret
 errors, pre-flight refused, or the lock is held by another deploy.
 
@@ -145,7 +148,7 @@ def deploy(inventory: Optional[str] = InventoryOpt,
         if any(h.error for h in rep.plan.hosts):
             raise typer.Exit(ExitCode.CRIT)  # an unread host: the plan is incomplete
         raise typer.Exit(ExitCode.WARN if detailed_exitcode and rep.plan.pending else ExitCode.OK)
-    raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.CRIT)
+    raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.WARN if rep.result == "paused" else ExitCode.CRIT)
 
 
 def rollback(inventory: Optional[str] = InventoryOpt,

@@ -66,6 +66,7 @@ class DeployOptions:
 @dataclass
 class HostOutcome:
     """``status``: ``applied``, ``failed`` (kept: within max-fail-percentage, rolled back alone),
+    ``held`` (applied and kept, but a release gate was inconclusive: the rollout paused there),
     ``rolled_back`` (its batch failed), ``not_reached``, ``unreadable`` or ``unchanged``."""
 
     host: str
@@ -84,7 +85,9 @@ class HostOutcome:
 class DeployReport:
     """``result``: ``ok`` (all applied), ``nothing`` (nothing to change), ``planned`` (--plan),
     ``rolled_back`` (a batch failed its gate and was restored; later hosts untouched),
-    ``partial`` (some hosts failed within max-fail-percentage or could not be read)."""
+    ``partial`` (some hosts failed within max-fail-percentage or could not be read),
+    ``paused`` (a release gate of a batch could not decide: the batch keeps the change, later hosts
+    untouched; measure again and run the deploy again to go on, or roll back)."""
 
     run_id: str
     plan: Plan
@@ -334,7 +337,7 @@ class Deploy:
             return
         from clusterctl.deploy.kvcheck import read_kv_checks
 
-        kept = {h for h, o in rep.hosts.items() if o.status == "applied"}
+        kept = {h for h, o in rep.hosts.items() if o.status in ("applied", "held")}
         started = {i.instance for hp in rep.plan.hosts if hp.host in kept for i in hp.items
                    if i.action in ("new", "changed", "start")}
         predicted = {n: hp for n, hp in rep.preflight.predictions().items() if n in started}
@@ -375,6 +378,7 @@ class Deploy:
             label = "canary" if n == 1 and len(rep.batches) > 1 else f"batch {n}/{len(rep.batches)}"
             self.event("batch", f"{label}: {len(batch)} hosts: {', '.join(batch)}", step=n, steps=len(rep.batches))
             failed = self._batch(fleet, n, batch, by_host, states, rep)
+            held = [h for h in batch if rep.hosts[h].status == "held"]
             if rollout.batch_failed(len(failed), len(batch), self.opts.max_fail_percentage):
                 self.event("batch", f"{label} failed on {len(failed)}/{len(batch)} hosts "
                                     f"(max fail {self.opts.max_fail_percentage:g} %): rolling back this batch",
@@ -388,6 +392,18 @@ class Deploy:
             if failed:
                 self._rollback(fleet, failed, by_host, rep, "failed")
                 rep.result = "partial"
+            if held:
+                # An inconclusive release gate is no regression (nothing to roll back) and no pass
+                # (the rollout does not go on): the batch keeps the change, the rollout pauses here.
+                self.event("batch", f"{label}: a release gate could not decide on {', '.join(held)}: the change "
+                                    "is kept there and the rollout pauses; measure again and run the same deploy "
+                                    "to go on, or roll back", ok=False)
+                for later in rep.batches[n:]:
+                    for h in later:
+                        rep.hosts[h] = HostOutcome(h, "not_reached", error="rollout paused: a release gate was "
+                                                                            "inconclusive")
+                rep.result = "paused"
+                return
             self.event("batch", f"{label} passed", ok=True, step=n, steps=len(rep.batches), done=True)
 
     def _batch(self, fleet: Any, n: int, batch: list[str], by_host: Mapping[str, Any],
@@ -418,13 +434,17 @@ class Deploy:
         results = self.gate(fleet, names)
         for g in results:
             rep.hosts[g.host].gates.append(g)
-            if not g.ok and g.host not in failed:
+            if not g.ok and not g.inconclusive and g.host not in failed:
                 rep.hosts[g.host].status, rep.hosts[g.host].error = "failed", f"{g.instance}: {g.reason}"
                 failed.append(g.host)
-        # Back at the gateway: what passed every gate on a host that keeps the change, and what
+        for g in results:  # kept, not failed: the rollout pauses after this batch (see _rollout)
+            if g.inconclusive and g.host not in failed and rep.hosts[g.host].status != "held":
+                rep.hosts[g.host].status, rep.hosts[g.host].error = "held", f"{g.instance}: {g.reason}"
+        # Back at the gateway: what passed every gate (or whose only doubt is an inconclusive
+        # measurement: it keeps the change and serves) on a host that keeps the change, and what
         # the change removed (its drain mark would otherwise stay behind for a later same name).
-        bad = {g.instance for g in results if not g.ok}
-        back = [g.instance for g in results if g.ok and g.instance not in bad and g.host not in failed]
+        bad = {g.instance for g in results if not g.ok and not g.inconclusive}
+        back = list(dict.fromkeys(g.instance for g in results if g.instance not in bad and g.host not in failed))
         back += [i.instance for h in batch if h not in failed for i in by_host[h].items if i.action == "remove"]
         self.put_back(back, rep)
         return failed
@@ -557,7 +577,7 @@ class Deploy:
 
     def _save_placements(self, rep: DeployReport) -> None:
         res = getattr(self, "placement", None)
-        if res is not None and getattr(res, "changed", False) and rep.result in ("ok", "partial"):
+        if res is not None and getattr(res, "changed", False) and rep.result in ("ok", "partial", "paused"):
             StateStore(self.state_dir).save_placements(res.state.placements)
 
     def _entries(self, rep: DeployReport) -> list[dict[str, Any]]:
@@ -572,7 +592,7 @@ class Deploy:
     def _audit_record(self, rep: DeployReport, detail: str | None = None) -> dict[str, Any]:
         # The failed hosts with why (a gate's reason; never a secret), so the audit says why it stopped.
         failed = [f"{h.host} ({h.error})" if h.error else h.host
-                  for h in rep.hosts.values() if h.status in ("failed", "rolled_back")]
+                  for h in rep.hosts.values() if h.status in ("failed", "rolled_back", "held")]
         return audit.record("deploy", run_id=self.me.run_id, who=self.me.holder, started=self.started,
                             instances=self._entries(rep), result=rep.result if rep.result != "planned" else "error",
                             detail=detail or (("failed: " + ", ".join(failed)) if failed else None),

@@ -52,7 +52,9 @@ class GateTarget:
 
 @dataclass
 class GateResult:
-    """``ok``, or the step that failed last (``unit``, ``health``, ``models``, ``completion``) and why."""
+    """``ok``, or the step that failed last (``unit``, ``health``, ``models``, ``completion``) and why.
+    ``inconclusive``: not ok because the gate could not decide (a release gate whose measurement was
+    untrusted or too noisy): no pass, and no regression either."""
 
     instance: str
     host: str
@@ -60,10 +62,11 @@ class GateResult:
     step: str
     reason: str
     seconds: float
+    inconclusive: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"instance": self.instance, "host": self.host, "ok": self.ok, "step": self.step,
-                "reason": self.reason, "seconds": round(self.seconds, 2)}
+                "reason": self.reason, "seconds": round(self.seconds, 2), "inconclusive": self.inconclusive}
 
 
 def request(t: GateTarget, path: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:

