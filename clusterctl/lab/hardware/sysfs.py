@@ -123,15 +123,9 @@ def _build_netdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path | Non
     _link(d / "device", f"../../{DEVICES}/{nic['pci']}")
     (d / "statistics").mkdir(exist_ok=True)
     if flavour == "mlnx":
-        qos = nic.get("qos", {})
-        _write(d / "qos" / "trust", qos.get("trust", "dscp") + "\n", tmp)
-        _write(d / "pfc_stall_prevention", "default\n", tmp)
-        for side, key in (("roce_np", "ecn_np"), ("roce_rp", "ecn_rp")):
-            for p in range(8):
-                _write(d / "ecn" / side / "enable" / str(p), f"{qos.get(key, [0] * 8)[p]}\n", tmp)
-        _write(d / "ecn" / "roce_np" / "cnp_dscp", f"{qos.get('cnp_dscp', 48)}\n", tmp)
-        _write(d / "ecn" / "roce_np" / "cnp_802p_prio", f"{qos.get('cnp_802p_prio', 6)}\n", tmp)
-        _write(d / "ecn" / "roce_np" / "min_time_between_cnps", "4\n", tmp)
+        for rel, text in nicmodel.qos_files(ifname, nic).items():
+            if rel.startswith("net/"):
+                _write(d.parent.parent / rel, text, tmp)
 
 
 def _link(link: Path, target: str) -> None:
@@ -188,9 +182,9 @@ def _build_ibdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path | None
         _write(port / "gid_attrs" / "types" / str(i), typ + "\n", tmp)
         _write(port / "gid_attrs" / "ndevs" / str(i), ifname + "\n", tmp)
     if flavour == "mlnx":
-        tclass = nic.get("qos", {}).get("tclass")
-        _write(d / "tc" / str(nic.get("port", 1)) / "traffic_class",
-               f"Global tclass={tclass}\n" if tclass is not None else "", tmp)
+        for rel, text in nicmodel.qos_files(ifname, nic).items():
+            if rel.startswith("infiniband/"):
+                _write(d.parent.parent / rel, text, tmp)
     (port / "hw_counters").mkdir(parents=True, exist_ok=True)
     (port / "counters").mkdir(parents=True, exist_ok=True)
     _write(port / "hw_counters" / "lifespan", "10\n", tmp)

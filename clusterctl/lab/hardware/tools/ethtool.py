@@ -37,6 +37,42 @@ def pause(ifname, nic):
     return f"Pause parameters for {ifname}:\nAutonegotiate:\toff\nRX:\t\t{on}\nTX:\t\t{on}\n"
 
 
+def set_pause(args):
+    """``ethtool -A IF [autoneg on|off] [rx on|off] [tx on|off]``: the port's global pause.
+
+    The lab models one global pause flag for both directions: ``rx`` and
+    ``tx`` must agree (PFC ports run with both off).
+    """
+    if len(args) < 3 or len(args) % 2 != 1:
+        sys.stderr.write(USAGE_ERR)
+        return 1
+    ifname, pairs = args[0], args[1:]
+    wanted = {}
+    for key, value in zip(pairs[::2], pairs[1::2]):
+        if key not in ("autoneg", "rx", "tx") or value not in ("on", "off"):
+            sys.stderr.write(USAGE_ERR)
+            return 1
+        wanted[key] = value == "on"
+    if wanted.get("rx", wanted.get("tx")) != wanted.get("tx", wanted.get("rx")):
+        sys.stderr.write("netlink error: Operation not supported\n")
+        return 75
+
+    def change(state, nic):
+        if "rx" in wanted or "tx" in wanted:
+            nic.setdefault("qos", {})["global_pause"] = wanted.get("rx", wanted.get("tx"))
+
+    try:
+        nicmodel.update(ifname, change)
+    except KeyError:
+        sys.stderr.write("netlink error: no device matches name (offset 24)\n"
+                         "netlink error: No such device\n")
+        return 1
+    except (OSError, ValueError):
+        sys.stderr.write("netlink error: Operation not supported\n")
+        return 75
+    return 0
+
+
 def link(ifname, nic):
     up = nic.get("link_up", True)
     speed = f"{nic.get('speed_mbps', 400000)}Mb/s" if up else "Unknown!"
@@ -72,6 +108,8 @@ def main(argv):
     op = None
     if args[0].startswith("-"):
         op = args.pop(0)
+    if op in ("-A", "--pause"):
+        return set_pause(args)
     if len(args) != 1:
         sys.stderr.write(USAGE_ERR)
         return 1

@@ -2,10 +2,17 @@
 """Fake ``mlnx_qos`` (NVIDIA mlnx-tools) for lab hosts of the "mlnx" flavour.
 
 ``mlnx_qos -i IF`` prints the port's QoS state from ``nic.json`` in the
-layout of mlnx-tools' ``pretty_print()``; changing settings is not modelled
-and fails with a message instead of pretending to succeed.
+layout of mlnx-tools' ``pretty_print()``.  ``--trust``, ``--pfc``,
+``--dscp2prio`` and ``--cable_len`` change it (``nic.json`` and the QoS sysfs
+files together, :func:`nicmodel.update`), with mlnx-tools' checks, order and
+messages (python/mlnx_qos: optparse errors exit 2 on stderr; its own checks
+print on stdout and exit 1; the state is printed after a change, as there).
+Where MLNX_OFED's sysfs ``qos/trust`` exists (every "mlnx" lab host) a
+``--dscp2prio set`` writes the map and ``del``/``flush`` do nothing, as there.
+Other options (ETS, rate limits, buffers, DCBX) are refused, not faked.
 """
 
+import optparse
 import os
 import sys
 
@@ -44,24 +51,112 @@ def render(qos):
     return "\n".join(out) + "\n"
 
 
+class _Parser(optparse.OptionParser):
+    def error(self, msg):  # optparse's own: usage + "prog: error: msg" on stderr, exit 2
+        sys.stderr.write(USAGE + f"\nmlnx_qos: error: {msg}\n")
+        sys.exit(2)
+
+
+def _parser():
+    p = _Parser(usage="%prog -i <interface> [options]", prog="mlnx_qos", add_help_option=False)
+    p.add_option("-h", "--help", action="store_true", dest="help")
+    p.add_option("-i", "--interface", dest="intf")
+    p.add_option("-f", "--pfc", dest="pfc")
+    p.add_option("--trust", dest="trust")
+    p.add_option("--dscp2prio", dest="dscp2prio", action="append")
+    p.add_option("--cable_len", dest="cable_len")
+    for short, long in (("-p", "--prio_tc"), ("-s", "--tsa"), ("-t", "--tcbw"), ("-r", "--ratelimit"),
+                        ("-d", "--dcbx")):
+        p.add_option(short, long, dest="unsupported_" + long.strip("-"))
+    for long in ("--defltprio", "--prio2buffer", "--buffer_size"):
+        p.add_option(long, dest="unsupported_" + long.strip("-"))
+    p.add_option("-a", action="store_true", dest="printall")
+    return p
+
+
+def _fail(msg, usage=False):
+    sys.stdout.write(msg + "\n" + (USAGE if usage else ""))
+    return 1
+
+
+def _int(text, lo, hi, what):
+    try:
+        v = int(text)
+        if v < lo or v > hi:
+            raise ValueError(f"{v} is not in the range {lo}..{hi}")
+        return v
+    except ValueError as e:
+        raise _BadValue(f"Bad value for {what}: {e}")
+
+
+class _BadValue(Exception):
+    pass
+
+
+def _settings(o):
+    """The changes asked for, checked in mlnx_qos' order; raises _BadValue with its message."""
+    todo = []
+    delay = _int(o.cable_len, 0, 0xFFFF, "cable_len") if o.cable_len else 0
+    if o.pfc:
+        bits = []
+        for t in o.pfc.split(","):
+            if len(bits) >= 8:
+                raise _BadValue("Too many items for PFC", )
+            bits.append(_int(t, 0, 1, "PFC"))
+        if len(bits) != 8:
+            raise _BadValue("pfc list must have 8 items")
+        todo.append(("pfc", bits))
+    if delay:
+        todo.append(("cable_len", delay))
+    if o.dscp2prio and o.trust:
+        raise _BadValue("trust and dscp2prio commands cannot be used at the same time.")
+    for opt in o.dscp2prio or []:
+        if opt == "flush":
+            todo.append(("dscp2prio", ("flush", None, None)))
+            continue
+        try:
+            action, dscp, prio = opt.split(",")
+            dscp, prio = int(dscp), int(prio)
+            if action not in ("set", "del") or dscp > 63 or prio > 7 or dscp < 0 or prio < 0:
+                raise ValueError
+        except ValueError:
+            raise _BadValue("Invalid dscp2prio command. Refer to the help.")
+        todo.append(("dscp2prio", (action, dscp, prio)))
+    if o.trust:
+        if o.trust not in ("dscp", "pcp"):
+            raise _BadValue("Invalid trust state command. Refer to the help.")
+        todo.append(("trust", o.trust))
+    return todo
+
+
+def _apply(todo):
+    def change(state, nic):
+        qos = nic.setdefault("qos", {})
+        for what, value in todo:
+            if what == "pfc":
+                qos["pfc"] = list(value)
+                qos["buffer"] = list(value)  # the lab's ports keep each PFC priority in its own buffer
+            elif what == "cable_len":
+                qos["cable_len"] = value
+            elif what == "trust":
+                qos["trust"] = value
+            elif what == "dscp2prio" and value[0] == "set":
+                d2p = qos.setdefault("dscp2prio", [d >> 3 for d in range(64)])
+                d2p[value[1]] = value[2]
+    return change
+
+
 def main(argv):
-    args = list(argv)
-    ifname = None
-    rest = []
-    while args:
-        a = args.pop(0)
-        if a in ("-i", "--interface") and args:
-            ifname = args.pop(0)
-        elif a.startswith("--interface="):
-            ifname = a.split("=", 1)[1]
-        elif a in ("-h", "--help"):
-            sys.stdout.write(USAGE)
-            return 0
-        else:
-            rest.append(a)
-    if ifname is None:
-        sys.stderr.write(USAGE + "mlnx_qos: error: Interface name is required\n")
-        return 2
+    parser = _parser()
+    o, args = parser.parse_args(list(argv))
+    if o.help:
+        sys.stdout.write(USAGE)
+        return 0
+    if args:
+        return _fail("Bad arguments", usage=True)
+    if o.intf is None:
+        return _fail("Interface name is required", usage=True)
+    ifname = o.intf
     try:
         state = nicmodel.load()
     except (OSError, ValueError) as e:
@@ -71,10 +166,17 @@ def main(argv):
     if nic is None:
         sys.stderr.write(f"Netlink error: No such device (interface {ifname})\n")
         return 1
-    if rest:
-        sys.stderr.write("mlnx_qos: changing settings is not supported on this simulated NIC "
-                         f"(arguments: {' '.join(rest)})\n")
+    asked = [k for k, v in vars(o).items() if k.startswith("unsupported_") and v is not None]
+    if asked:
+        sys.stderr.write("mlnx_qos: this simulated NIC does not model "
+                         + ", ".join(k.removeprefix("unsupported_") for k in asked) + "\n")
         return 1
+    try:
+        todo = _settings(o)
+    except _BadValue as e:
+        return _fail(str(e), usage=str(e).startswith("Bad value"))
+    if todo:
+        nic = nicmodel.update(ifname, _apply(todo))
     sys.stdout.write(render(nic.get("qos", {})))
     return 0
 

@@ -283,3 +283,55 @@ def nic_by_rdma(state: dict, dev: str) -> tuple[str, dict] | None:
         if nic.get("rdma_device") == dev:
             return ifname, nic
     return None
+
+
+# ------------------------------------------------- QoS files and settings
+
+def qos_files(ifname: str, nic: dict) -> dict[str, str]:
+    """The MLNX_OFED QoS/ECN sysfs files of one port, relative to the ``sys-class`` tree.
+
+    ``net/IF/qos/trust``, ``net/IF/ecn/roce_{np,rp}/enable/P``,
+    ``net/IF/ecn/roce_np/cnp_dscp``/``cnp_802p_prio``/``min_time_between_cnps``,
+    ``net/IF/pfc_stall_prevention`` and ``infiniband/DEV/tc/PORT/traffic_class``
+    (``Global tclass=N``, empty when unset).  Only "mlnx" hosts have them.
+    """
+    qos = nic.get("qos", {})
+    d = f"net/{ifname}"
+    out = {f"{d}/qos/trust": qos.get("trust", "dscp") + "\n", f"{d}/pfc_stall_prevention": "default\n"}
+    for side, key in (("roce_np", "ecn_np"), ("roce_rp", "ecn_rp")):
+        for p in range(8):
+            out[f"{d}/ecn/{side}/enable/{p}"] = f"{qos.get(key, [0] * 8)[p]}\n"
+    out[f"{d}/ecn/roce_np/cnp_dscp"] = f"{qos.get('cnp_dscp', 48)}\n"
+    out[f"{d}/ecn/roce_np/cnp_802p_prio"] = f"{qos.get('cnp_802p_prio', 6)}\n"
+    out[f"{d}/ecn/roce_np/min_time_between_cnps"] = "4\n"
+    tclass = qos.get("tclass")
+    out[f"infiniband/{nic['rdma_device']}/tc/{nic.get('port', 1)}/traffic_class"] = (
+        f"Global tclass={tclass}\n" if tclass is not None else "")
+    return out
+
+
+def update(ifname: str, change) -> dict:
+    """Change one port's state under ``hw_dir()`` and refresh its QoS sysfs files.
+
+    ``change(state, nic)`` edits the loaded state in place and may raise
+    ``ValueError`` (nothing is written then).  The fake tools call this for the
+    settings they can change, so ``nic.json`` (what the tools print) and the
+    sysfs files (what readers of ``/sys/class`` see) never disagree.
+    Raises ``KeyError`` for an unknown ``ifname``.
+    """
+    hw = hw_dir()
+    state = load()
+    nic = nic_by_name(state, ifname)
+    if nic is None:
+        raise KeyError(ifname)
+    change(state, nic)
+    save(state)
+    if state.get("flavour", "mlnx") == "mlnx":
+        tmp = os.path.join(hw, ".tmp")
+        os.makedirs(tmp, exist_ok=True)
+        root = os.path.join(hw, "sys-class")
+        for rel, text in qos_files(ifname, nic).items():
+            path = os.path.join(root, rel)
+            if os.path.isdir(os.path.dirname(path)):
+                atomic_write(path, text, tmp_dir=tmp)
+    return nic
