@@ -102,6 +102,17 @@ DRIFT = {"cable_len": "cable length (PFC headroom)", "cnp_802p_prio": "CNP 802.1
          "fw_ver": "NIC firmware"}  # fw_ver/<major>: compared within one device family
 
 
+#: Settings ``clusterctl net apply`` puts right (the inventory's fabric profile).
+NET_APPLY_KEYS = frozenset({"trust", "pfc", "roce_dscp_prio", "ecn_np", "ecn_rp", "ecn_cnp_dscp", "tclass",
+                           "global_pause"})
+
+
+def fix_command(hosts: list[str]) -> str:
+    """The action's tail naming the command that applies the profile on ``hosts``."""
+    return f"; `clusterctl net apply --hosts '{fabric.folded(sorted(hosts))}'` sets the inventory's profile " \
+        "(--plan first shows the changes)"
+
+
 def _drift_what(key: str) -> str | None:
     return DRIFT.get(key.split("/", 1)[0])
 
@@ -166,7 +177,8 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
     def add(host: str, nic: str, sev: Severity, key: str, msg: str, expected: Hashable | None,
             action: str, show: Any = str) -> None:
         rel = fabric.odd_one_out(host_values(key), host, expected, show)
-        out.append(Finding(CHECK, sev, host, f"nic:{nic}", f"{host} {nic}: {msg}; {rel}", action,
+        out.append(Finding(CHECK, sev, host, f"nic:{nic}", f"{host} {nic}: {msg}; {rel}",
+                           action + fix_command([host]) if key in NET_APPLY_KEYS else action,
                            (f"{key} = {show(per_nic[(host, nic)].get(key))}",)))
         described.append((key, sev, msg, "" if expected is None else show(expected), action))
         bad_hosts.add(host)
@@ -285,6 +297,8 @@ def _leaf_rollup(ctx: AnalysisContext, found: list[Finding], what: list[tuple[st
             continue  # every host of every leaf: the cluster's configuration, not one switch's
         others = [h for h in checked if h not in everywhere]
         expected, action = what[idx[0]][3], what[idx[0]][4]
+        if key in NET_APPLY_KEYS:
+            action += fix_command(hosts)
         rel = (f"the profile says {expected}" if expected else "") + \
             (f"{'; ' if expected else ''}{fabric.folded(others)} under other leaves do not"
              if others else "")

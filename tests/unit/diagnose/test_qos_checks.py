@@ -165,9 +165,26 @@ def test_a_whole_leaf_with_the_same_wrong_setting_is_one_finding_pointing_at_the
     assert leaf.message == ("every host under leaf leaf2 (gpu[05-08]): PFC on priority 4; the profile says 3; "
                             "gpu[01-04] under other leaves do not")
     assert leaf.action.startswith("look at the leaf switch leaf2") and "mlnx_qos -i eth2 --pfc" in leaf.action
+    assert leaf.action.endswith("`clusterctl net apply --hosts 'gpu[05-08]'` sets the inventory's profile "
+                                "(--plan first shows the changes)")
     assert len(leaf.evidence) == 4 and leaf.evidence[0].startswith("gpu05 eth2: pfc = 4")
     assert {f.host for f in found if f.severity == Severity.OK} == {f"gpu{i:02d}" for i in range(1, 5)}
     # Three of the leaf's four: no rollup, each host named.
     docs["gpu08"] = R.doc("gpu08", [R.nic("eth2")])
     b = bad(run_analyzers(R.ctx(docs, R.inventory(8, 4)), ["roce.qos"]))
     assert sorted(f.host for f in b) == ["gpu05", "gpu06", "gpu07"]
+    assert all(f"`clusterctl net apply --hosts '{f.host}'`" in f.action for f in b)
+
+
+def test_drift_without_a_profile_value_names_no_fixing_command():
+    """net apply sets the profile; firmware or cable length drift is not its to fix."""
+    q = R.qos()
+    q["cable_len"] = 12
+    docs = {f"gpu{i:02d}": R.doc(f"gpu{i:02d}") for i in range(1, 9)}
+    for d in docs.values():
+        for n in d["nics"][1:]:
+            n["qos"]["cable_len"] = 7
+    docs["gpu03"] = R.doc("gpu03", [R.nic("eth2", qos_section=q), R.nic("eth3", "mlx5_1")])
+    docs["gpu03"]["nics"][2]["qos"]["cable_len"] = 7
+    [f] = bad(run_analyzers(R.ctx(docs, R.inventory(8, 4)), ["roce.qos"]))
+    assert "cable length" in f.message and "net apply" not in f.action

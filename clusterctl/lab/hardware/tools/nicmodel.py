@@ -311,12 +311,12 @@ def qos_files(ifname: str, nic: dict) -> dict[str, str]:
 
 
 def update(ifname: str, change) -> dict:
-    """Change one port's state under ``hw_dir()`` and refresh its QoS sysfs files.
+    """Change one port's state under ``hw_dir()`` and refresh its sysfs trust file.
 
     ``change(state, nic)`` edits the loaded state in place and may raise
     ``ValueError`` (nothing is written then).  The fake tools call this for the
-    settings they can change, so ``nic.json`` (what the tools print) and the
-    sysfs files (what readers of ``/sys/class`` see) never disagree.
+    settings they can change, so ``nic.json`` (what the tools print) and
+    ``qos/trust`` (what readers of ``/sys/class`` see) never disagree.
     Raises ``KeyError`` for an unknown ``ifname``.
     """
     hw = hw_dir()
@@ -331,6 +331,8 @@ def update(ifname: str, change) -> dict:
         os.makedirs(tmp, exist_ok=True)
         root = os.path.join(hw, "sys-class")
         for rel, text in qos_files(ifname, nic).items():
+            if not rel.endswith("/qos/trust"):
+                continue  # ECN and the traffic class are sysfs-only: no tool changes them
             path = os.path.join(root, rel)
             if os.path.isdir(os.path.dirname(path)):
                 atomic_write(path, text, tmp_dir=tmp)
