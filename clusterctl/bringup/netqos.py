@@ -38,6 +38,7 @@ from clusterctl.deploy.rollout import batch_failed, batches
 from clusterctl.diagnose import fabric, qos
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext
+from clusterctl.fleet.factory import FleetFactory
 from clusterctl.inventory.model import FabricProfile, Host, Inventory
 
 UNIT = "roce-qos.service"
@@ -46,8 +47,6 @@ SCRIPT_PATH = "/etc/clusterctl/roce-qos.sh"
 #: Netdev / RDMA device names the script will quote into commands (anything else is refused).
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,31}$")
 
-#: ``make_fleet(hosts)`` returns a Fleet (a context manager) for those hosts.
-FleetFactory = Callable[[Sequence[Host]], Any]
 OnEvent = Callable[[str, str, "str | None"], None]
 
 

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, print_json
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, print_json, user_config
 from clusterctl.cli._hosts import (AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, become_password,
                                    check_host_key_policy, select)
 from clusterctl.errors import ClusterctlError
@@ -105,8 +105,8 @@ def apply(inventory: Optional[str] = InventoryOpt,
           ask_become_pass: bool = AskBecomePassOpt,
           host_key_policy: Optional[str] = HostKeyOpt) -> None:
     from clusterctl.bringup.netqos import NetApply
-    from clusterctl.cli.deploy import _fleet_factory
     from clusterctl.deploy.rollout import parse_serial
+    from clusterctl.fleet.factory import fleet_factory
     from clusterctl.inventory.loader import load_inventory as _load
 
     if detailed_exitcode and not plan_only:
@@ -120,8 +120,8 @@ def apply(inventory: Optional[str] = InventoryOpt,
         fail(str(e))
     if inv.fabric.kind != "roce":
         fail(f"{path}: fabric.kind is {inv.fabric.kind}: net apply sets RoCE QoS only")
-    make = _fleet_factory(inv, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
-                          password=become_password(ask_become_pass, hosts, True))
+    make = fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
+                         become_password=become_password(ask_become_pass, hosts, True))
     runner = NetApply(inv, hosts, make, serial=steps, max_fail_percentage=max_fail_percentage,
                       on_event=_events(not as_json))
     try:
