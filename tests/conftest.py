@@ -7,6 +7,9 @@ per pytest run; the terminal summary prints each tier's count and duration.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,6 +29,21 @@ def _tier_of(path: str) -> str | None:
     except ValueError:
         return None
     return tier if tier in TIERS else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Programs run "on a node" by a local shell cache themselves here, not in root's home
+    # (clusterctl.fleet.cached); nodes reached over SSH never see this variable.
+    if "CLUSTERCTL_NODE_CACHE_DIR" not in os.environ:
+        os.environ["CLUSTERCTL_NODE_CACHE_DIR"] = tempfile.mkdtemp(prefix="clusterctl-node-cache-") + "/programs"
+        config._clusterctl_node_cache = os.path.dirname(os.environ["CLUSTERCTL_NODE_CACHE_DIR"])  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = getattr(config, "_clusterctl_node_cache", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop("CLUSTERCTL_NODE_CACHE_DIR", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,8 +2,8 @@
 
 Usage: floor.py HOSTS_FILE KEY FANOUT PAYLOAD_FILE COMMAND
 (one address per line; prints {"ok": n, "n": N}).  A host is ok when the
-command exits 0 and, unless COMMAND is ``python3 -c pass``, its last stdout
-line is a JSON object.  No host key checking and one key loaded once: the
+command exits 0 and, unless COMMAND ends in ``-c pass``, its last stdout
+line is a JSON object.  PAYLOAD_FILE ``/dev/null``: nothing on stdin.  No host key checking and one key loaded once: the
 cheapest possible client, at the same concurrency as the tool it is compared with.
 """
 
@@ -51,7 +51,7 @@ def main() -> None:
     key = paramiko.Ed25519Key.from_private_key_file(sys.argv[2])
     payload = open(sys.argv[4], "rb").read()
     command = sys.argv[5]
-    want_json = command != "python3 -c pass"
+    want_json = not command.endswith("-c pass")
     with ThreadPoolExecutor(int(sys.argv[3])) as ex:
         ok = sum(ex.map(lambda a: one(a, key, command, payload, want_json), hosts))
     print(json.dumps({"ok": ok, "n": len(hosts)}))

@@ -118,6 +118,7 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
     is recorded, never raised: facts failures go to ``missing``,
     journal/metrics failures to the host's ``commands`` records.
     """
+    from clusterctl.fleet.cached import run_cached
     from clusterctl.probe.payload import payload, probe_command
     from clusterctl.probe.run import interpret
 
@@ -129,7 +130,7 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
     for h in getattr(fleet, "hosts", hosts):
         spec = {**node_spec(inventory, h.name, True), "interval_s": interval_s,
                 "probe": {"argv": probe_argv, "timeout_s": timeout}}
-        commands[h.name] = "python3 -I -B - " + shlex.quote(json.dumps(spec))
+        commands[h.name] = [json.dumps(spec)]
     busy = sum(1 for h in hosts if node_spec(inventory, h.name, False)["instances"])
     if on_event and busy:
         on_event(f"probe on {len(hosts)} host(s); journals and /metrics of the instances on {busy}")
@@ -161,8 +162,9 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
 
     t0 = time.monotonic()
     wanted = {h.name for h in hosts}
-    fleet.run({k: v for k, v in commands.items() if k in wanted}, stdin=node_stdin(payload().data), sudo=sudo,
-              timeout=timeout + interval_s + 10, on_result=each, require_python=True)
+    # the node script with the probe inside, shipped only to hosts without a verified copy
+    run_cached(fleet, node_stdin(payload().data), {k: v for k, v in commands.items() if k in wanted}, sudo=sudo,
+               timeout=timeout + interval_s + 10, on_result=each, require_python=True)
     snap.meta["facts_at"] = snap.meta["finished_at"] = _now()
     snap.meta["phases_s"] = {"round_trip": round(time.monotonic() - t0, 3)}
     if intervals:

@@ -1,6 +1,6 @@
 """Node-side part of ``clusterctl doctor`` and ``collect`` (stdlib only, Python 3.8+, read-only).
 
-Piped to ``python3 -`` with one JSON argument::
+Run as ``python3 -I -B - SPEC`` (from the node cache, ``clusterctl.fleet.cached``) with one JSON argument::
 
     {"instances": {name: {"unit", "port", "host"}}, "journal": bool, "lines": N,
      "timeout_s": T, "interval_s": I, "probe": {"argv": [...], "timeout_s": P} or absent}

@@ -31,6 +31,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from clusterctl.errors import ProbeError
 
@@ -145,16 +146,12 @@ def payload() -> Payload:
     return build_payload()
 
 
-def probe_command(*, kernel_log_cursor: str | None = None, nvml_timeout: float | None = None,
-                  nvml_budget: float | None = None, cmd_timeout: float | None = None,
-                  kernel_log_max: int | None = None, counter_interval: float | None = None,
-                  raw_outputs: bool = False, python: str = "python3") -> str:
-    """The shell command that runs the payload read from stdin, every argument quoted.
-
-    ``-I`` ignores the node's PYTHON* variables and user site; ``-B`` writes no
-    byte code, so the probe leaves nothing behind.
-    """
-    argv = [python, "-I", "-B", "-"]
+def probe_args(*, kernel_log_cursor: str | None = None, nvml_timeout: float | None = None,
+               nvml_budget: float | None = None, cmd_timeout: float | None = None,
+               kernel_log_max: int | None = None, counter_interval: float | None = None,
+               raw_outputs: bool = False) -> list[str]:
+    """The collector's arguments (what follows ``python3 -I -B -``)."""
+    argv: list[str] = []
     if kernel_log_cursor:
         argv += ["--kernel-log-cursor", kernel_log_cursor]
     if kernel_log_max is not None:
@@ -169,4 +166,14 @@ def probe_command(*, kernel_log_cursor: str | None = None, nvml_timeout: float |
         argv += ["--counter-interval", repr(float(counter_interval))]
     if raw_outputs:
         argv += ["--raw-outputs"]
-    return " ".join(shlex.quote(a) for a in argv)
+    return argv
+
+
+def probe_command(*, python: str = "python3", **kwargs: Any) -> str:
+    """The shell command that runs the payload read from stdin, every argument quoted
+    (``kwargs``: :func:`probe_args`).
+
+    ``-I`` ignores the node's PYTHON* variables and user site; ``-B`` writes no
+    byte code, so the probe leaves nothing behind.
+    """
+    return " ".join(shlex.quote(a) for a in [python, "-I", "-B", "-", *probe_args(**kwargs)])

@@ -1,7 +1,8 @@
-"""Run the collector on every host of a Fleet: one round trip per host.
+"""Run the collector on every host of a Fleet: one round trip per host once it is cached there.
 
-:func:`collect_facts` sends the payload (``clusterctl.probe.payload``) on the
-command's stdin and returns one :class:`FactsResult` per host, always: a host
+:func:`collect_facts` runs the payload (``clusterctl.probe.payload``), shipped
+on stdin only to hosts that have no verified copy in their cache
+(``clusterctl.fleet.cached``), and returns one :class:`FactsResult` per host, always: a host
 that could not be reached, has no python3 (or one older than 3.8), timed out
 or printed something that is not a facts document gets status ``unknown`` and
 a reason, never an exception.
@@ -14,7 +15,8 @@ from typing import Any, Callable, Protocol
 
 from clusterctl.errors import ProbeError
 from clusterctl.probe.facts import Facts, parse_facts
-from clusterctl.probe.payload import RC_PYTHON_TOO_OLD, payload, probe_command
+from clusterctl.fleet.cached import run_cached
+from clusterctl.probe.payload import RC_PYTHON_TOO_OLD, payload, probe_args
 
 #: Seconds a whole probe may take on one host (the collector itself bounds each
 #: NVML call, command and statvfs, see collector.py).
@@ -97,7 +99,8 @@ def _last_line(text: str) -> str:
 def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] | None = None,
                   timeout: float = DEFAULT_TIMEOUT_S, nvml_timeout: float | None = None,
                   sudo: bool = False, on_result: Callable[[FactsResult], None] | None = None,
-                  counter_interval: float | None = None, raw_outputs: bool = False) -> dict[str, FactsResult]:
+                  counter_interval: float | None = None, raw_outputs: bool = False,
+                  cache: bool | None = None) -> dict[str, FactsResult]:
     """Probe every host of ``fleet``; one :class:`FactsResult` per host, in fleet order.
 
     ``kernel_log_cursor``: one cursor for every host or a mapping host ->
@@ -109,20 +112,20 @@ def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] 
     (``nics[].samples``); rate-based checks (``doctor``'s RoCE checks) need it.
     ``raw_outputs``: the document also carries ``raw_outputs``, every command the
     collector ran with its verbatim output (``clusterctl collect`` saves them).
+    ``cache``: ship the payload only to hosts without a verified copy
+    (``clusterctl.fleet.cached``); ``None`` follows ``CLUSTERCTL_NODE_CACHE``.
     """
     data = payload().data
     cursors = kernel_log_cursor if isinstance(kernel_log_cursor, dict) else None
     nvml_budget = max(1.0, timeout * 0.6)
-    command: str | dict[str, str]
+    common = {"nvml_timeout": nvml_timeout, "nvml_budget": nvml_budget, "counter_interval": counter_interval,
+              "raw_outputs": raw_outputs}
+    args: list[str] | dict[str, list[str]]
     if cursors is None:
-        command = probe_command(kernel_log_cursor=kernel_log_cursor, nvml_timeout=nvml_timeout,  # type: ignore[arg-type]
-                                nvml_budget=nvml_budget, counter_interval=counter_interval,
-                                raw_outputs=raw_outputs)
+        args = probe_args(kernel_log_cursor=kernel_log_cursor, **common)  # type: ignore[arg-type]
     else:
-        command = {h.name: probe_command(kernel_log_cursor=cursors.get(h.name), nvml_timeout=nvml_timeout,
-                                         nvml_budget=nvml_budget, counter_interval=counter_interval,
-                                         raw_outputs=raw_outputs)
-                   for h in getattr(fleet, "hosts")}
+        args = {h.name: probe_args(kernel_log_cursor=cursors.get(h.name), **common)  # type: ignore[arg-type]
+                for h in getattr(fleet, "hosts")}
 
     seen: dict[str, FactsResult] = {}
 
@@ -131,6 +134,6 @@ def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] 
         if on_result:
             on_result(seen[row.host])
 
-    results = fleet.run(command, stdin=data, sudo=sudo, timeout=timeout,  # type: ignore[arg-type]
-                        on_result=each, require_python=True)
+    results = run_cached(fleet, data, args, cache=cache, sudo=sudo, timeout=timeout, on_result=each,
+                         require_python=True)
     return {row.host: seen.get(row.host) or interpret(row) for row in results}

@@ -151,6 +151,13 @@ class MetricsHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.fixture(autouse=True)
+def payload_on_stdin(monkeypatch):
+    """LocalFleet swaps the probe inside the shipped program, so the program travels on
+    stdin every time (the node cache, clusterctl.fleet.cached, has its own tests)."""
+    monkeypatch.setenv("CLUSTERCTL_NODE_CACHE", "off")
+
+
 class LocalFleet:
     """Runs the real node script here (real python3, http.client, the local journalctl)
     with a stand-in probe payload: a script that prints the host's recorded facts

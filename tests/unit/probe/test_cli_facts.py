@@ -15,6 +15,7 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.fleet import HostStatus
 from clusterctl.fleet.transport import FakeReply, FakeTransport, HostFailure
 from clusterctl.probe.facts import parse_facts
+from clusterctl.probe.payload import payload
 from clusterctl.probe.run import FactsResult
 
 INVENTORY = """version: 1
@@ -41,6 +42,7 @@ def env(tmp_path, monkeypatch):
     inv.write_text(INVENTORY)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("CLUSTERCTL_NODE_CACHE_DIR", str(tmp_path / "node" / "programs"))
     transport = FakeTransport(local_shell)
     monkeypatch.setattr(facts_cli, "ParamikoTransport", lambda **kw: transport)
     monkeypatch.setattr(facts_cli.console, "_width", 200)  # patching "width" leaves it pinned for later tests
@@ -56,8 +58,14 @@ def test_json_has_a_document_or_a_reason_per_host(env, capsys):
     assert parse_facts(out["gpu01"]).schema == 1 and out["gpu02"]["schema"] == 1
     assert out["gpu03"] == {"status": "unknown", "fleet_status": "unreachable",
                             "reason": "connect to 127.0.0.3:22: connection refused"}
-    # one command per host: one round trip
-    assert [c[0] for c in transport.commands].count("gpu01") == 1
+    # the first run ships the payload: a round trip that finds no cached copy, then one with it on stdin
+    gpu01 = [c for c in transport.commands if c[0] == "gpu01"]
+    assert [len(c[2] or b"") for c in gpu01] == [0, len(payload().data)]
+    # the next run finds the verified copy: one round trip, nothing on stdin
+    transport.commands.clear()
+    assert main(["facts", "gpu[01-02]", "-i", str(inv), "--json"]) == ExitCode.OK
+    assert json.loads(capsys.readouterr().out)["gpu01"]["schema"] == 1
+    assert [(c[0], c[2] or b"") for c in transport.commands] == [("gpu01", b""), ("gpu02", b"")]
 
 
 def test_table_groups_identical_hosts_and_failed_is_remembered(env, capsys):

@@ -76,10 +76,15 @@ def test_one_result_per_host_whatever_happened():
     assert "newer than this clusterctl understands" in res["gpu06"].reason
     assert res["gpu07"].reason == "command timed out after 90 s"
     assert res["gpu08"].reason == "the probe exited with rc 1: MemoryError"
-    call = fleet.calls[0]
-    assert call["stdin"] == payload().data and call["require_python"] is True
+    call, = fleet.calls  # no host said "not cached": one round trip, nothing on stdin
+    assert call["stdin"] is None and call["require_python"] is True
     assert call["timeout"] == 30
-    assert call["command"].startswith("python3 -I -B - --kernel-log-cursor 's=1;i=2'")
+    assert call["command"]["gpu01"].endswith(f"{payload().digest} run --kernel-log-cursor 's=1;i=2' --nvml-budget 18.0")
+    # without the node cache the payload goes on stdin, as before
+    fleet.calls.clear()
+    collect_facts(fleet, kernel_log_cursor="s=1;i=2", timeout=30, cache=False)
+    assert fleet.calls[0]["stdin"] == payload().data
+    assert fleet.calls[0]["command"]["gpu01"].startswith("python3 -I -B - --kernel-log-cursor 's=1;i=2'")
 
 
 def test_banner_before_the_document_is_ignored():

@@ -1,0 +1,148 @@
+"""Run a Python program on many hosts, shipping it only where it is not cached yet.
+
+The probe (collector + carried pynvml, ~97 KB) and doctor's node script used to
+travel on every run's stdin: 97 MB per run at 1,000 hosts.  :func:`run_cached`
+sends instead a short loader on the command line (``python3 -I -B -c LOADER
+DIGEST run ARGS``).  On the node the loader reads
+``~/.cache/clusterctl/programs/<sha256>.py`` (the home of the user the program
+runs as; ``$CLUSTERCTL_NODE_CACHE_DIR`` on the node instead, for tests), checks that its sha256 is the one asked for, and runs those very
+bytes (they are hashed in memory, then compiled: no window between check and
+use).  A missing or damaged copy makes the loader exit :data:`RC_NOT_CACHED`
+before anything runs; only those hosts get a second round trip with the program
+on stdin (``... DIGEST store ARGS``), which verifies it, stores it and runs it.
+
+Storing: the directory is created 0700 and used only when it is owned by the
+user and writable by nobody else; the file is written 0600 to a temporary
+name, fsync'ed, then renamed into place, so a reader sees a whole program or
+none.  A file that cannot be stored (read-only home, full disk) is not fatal:
+the program runs from memory and the next run ships it again.  The newest
+:data:`KEEP` programs are kept (two clusterctl versions in use at once do not
+evict each other), older ones are removed.
+
+``CLUSTERCTL_NODE_CACHE=off`` ships the program every time, as before
+(``python3 -I -B -`` with the program on stdin).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+#: Loader exit status: the program is not cached (or its copy is damaged).
+RC_NOT_CACHED = 98
+#: Loader exit status: the program on stdin does not have the sha256 asked for.
+RC_DAMAGED = 99
+#: How many programs one user's cache keeps.
+KEEP = 4
+
+# Python 3 syntax that every Python 3 parses; an interpreter older than 3.8
+# exits 97 (the probe's too-old status) with a message.  Kept short: it is on
+# every command line.
+_LOADER = r'''import sys,os,hashlib
+if sys.version_info<(3,8):
+    sys.stderr.write("clusterctl probe: python %s is too old, 3.8 or newer is needed\n"%sys.version.split()[0]);sys.exit(97)
+import pwd,stat,tempfile
+d,m=sys.argv[1],sys.argv[2];del sys.argv[1:3];sys.argv[0]="-"
+u=os.geteuid();c=os.environ.get("CLUSTERCTL_NODE_CACHE_DIR") or os.path.join(pwd.getpwuid(u).pw_dir,".cache","clusterctl","programs");f=os.path.join(c,d+".py")
+def mine(p):
+    try:s=os.lstat(p)
+    except OSError:return False
+    return stat.S_ISDIR(s.st_mode) and s.st_uid==u and not s.st_mode&0o022
+if m=="run":
+    try:
+        with open(os.open(f,os.O_RDONLY|os.O_NOFOLLOW),"rb") as h:b=h.read()
+    except OSError:b=b""
+    if hashlib.sha256(b).hexdigest()!=d:sys.exit(98)
+    try:os.utime(f)
+    except OSError:pass
+else:
+    b=sys.stdin.buffer.read()
+    if hashlib.sha256(b).hexdigest()!=d:
+        sys.stderr.write("clusterctl: the program arrived damaged (sha256 mismatch)\n");sys.exit(99)
+    try:
+        os.makedirs(c,0o700,exist_ok=True)
+        if mine(c):
+            t=tempfile.NamedTemporaryFile(dir=c,prefix=".tmp-",delete=False)
+            try:
+                t.write(b);t.flush();os.fsync(t.fileno());t.close();os.chmod(t.name,0o600);os.replace(t.name,f)
+            except BaseException:
+                t.close();os.unlink(t.name);raise
+            o=sorted((os.stat(os.path.join(c,n)).st_mtime,n) for n in os.listdir(c) if n.endswith(".py") and len(n)==67)
+            for _,n in o[:-KEEP]:
+                os.unlink(os.path.join(c,n))
+    except OSError:pass
+del d,m,u,c,f,mine
+exec(compile(b,"<clusterctl program>","exec"),{"__name__":"__main__","__builtins__":__builtins__})
+'''.replace("KEEP", str(KEEP))
+
+
+def enabled() -> bool:
+    """False when ``CLUSTERCTL_NODE_CACHE`` is ``off`` (or 0/no/false)."""
+    return os.environ.get("CLUSTERCTL_NODE_CACHE", "on").strip().lower() not in ("off", "0", "no", "false")
+
+
+def digest(program: bytes) -> str:
+    return hashlib.sha256(program).hexdigest()
+
+
+def loader_command(program_digest: str, mode: str, args: Sequence[str] = (), *, python: str = "python3") -> str:
+    """The command that runs the cached program ``program_digest`` (``mode`` ``run``)
+    or stores and runs the one on stdin (``store``), every argument quoted."""
+    if mode not in ("run", "store"):
+        raise ValueError(f"mode must be run or store, not {mode!r}")
+    argv = [python, "-I", "-B", "-c", _LOADER, program_digest, mode, *args]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def stdin_command(args: Sequence[str] = (), *, python: str = "python3") -> str:
+    """The uncached form: the program on stdin (``python3 -I -B - ARGS``)."""
+    return " ".join(shlex.quote(a) for a in [python, "-I", "-B", "-", *args])
+
+
+def run_cached(fleet: Any, program: bytes, args: Sequence[str] | Mapping[str, Sequence[str]] = (), *,
+               cache: bool | None = None, on_result: Callable[[Any], None] | None = None,
+               **run_kwargs: Any) -> Any:
+    """Run ``program`` with ``args`` (one list for all hosts or one per host name)
+    on every host of ``fleet``, as ``python3 -I -B - ARGS`` would with the program
+    on stdin, but shipping it only to hosts that have no verified copy.
+
+    Returns the fleet's results in fleet order, one row per host; ``on_result``
+    sees each host's final row once (a host that needed the program is reported
+    after its second round trip).  ``cache``: ``None`` follows
+    :func:`enabled`.  Other keyword arguments go to ``fleet.run`` (``sudo``,
+    ``timeout``, ``require_python``...).
+    """
+    from clusterctl.fleet.results import RunResults
+
+    names = [h.name for h in getattr(fleet, "hosts")]
+    wanted = [n for n in names if not isinstance(args, Mapping) or n in args]
+
+    def argv(name: str) -> Sequence[str]:
+        if isinstance(args, Mapping):
+            return args[name]
+        return args
+
+    if not (enabled() if cache is None else cache):
+        command = {n: stdin_command(argv(n)) for n in wanted}
+        return fleet.run(command, stdin=program, on_result=on_result, **run_kwargs)
+    t0 = time.monotonic()
+    d = digest(program)
+    first: dict[str, Any] = {}
+
+    def each(row: Any) -> None:
+        first[row.host] = row
+        if on_result and row.rc != RC_NOT_CACHED:
+            on_result(row)
+
+    fleet.run({n: loader_command(d, "run", argv(n)) for n in wanted}, on_result=each, **run_kwargs)
+    missing = [n for n in wanted if n in first and first[n].rc == RC_NOT_CACHED]
+    if missing:
+        second = fleet.run({n: loader_command(d, "store", argv(n)) for n in missing}, stdin=program,
+                           on_result=on_result, **run_kwargs)
+        for row in second:
+            first[row.host] = row
+    rows = [first[n] for n in wanted if n in first]
+    return RunResults(rows, duration_s=time.monotonic() - t0)

@@ -1,0 +1,105 @@
+"""The node cache of shipped programs (clusterctl.fleet.cached) through the real Fleet,
+with a transport that runs each command in a local shell: the real loader runs with this
+machine's python3 and caches in a temporary directory."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+import pytest
+
+from clusterctl.fleet import Fleet
+from clusterctl.fleet.cached import KEEP, RC_DAMAGED, digest, loader_command, run_cached
+from clusterctl.fleet.transport import FakeReply, FakeTransport
+from clusterctl.inventory.model import Host
+
+PROGRAM = b"import sys\nprint('args', ' '.join(sys.argv[1:]), sys.argv[0])\n"
+
+
+def local_shell(host, command, stdin):
+    p = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True, timeout=60)
+    return FakeReply(p.returncode, p.stdout, p.stderr)
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    cache = tmp_path / "home" / ".cache" / "programs"
+    monkeypatch.setenv("CLUSTERCTL_NODE_CACHE_DIR", str(cache))
+    monkeypatch.delenv("CLUSTERCTL_NODE_CACHE", raising=False)
+    transport = FakeTransport(local_shell)
+    fleet = Fleet([Host(name=n, address="127.0.0.1") for n in ("a", "b")], transport=transport)
+    yield fleet, transport, cache
+    fleet.close()
+
+
+def shipped(transport) -> list[tuple[str, int]]:
+    """(host, bytes on stdin) per command, in order."""
+    out = [(h, len(s or b"")) for h, _, s in transport.commands]
+    transport.commands.clear()
+    return out
+
+
+def test_shipped_once_then_run_from_the_verified_copy(node):
+    fleet, transport, cache = node
+    seen = []
+    rows = run_cached(fleet, PROGRAM, {"a": ["x", "y z"], "b": []}, on_result=lambda r: seen.append(r.host))
+    assert [(r.host, r.rc, r.stdout) for r in rows] == [("a", 0, "args x y z -\n"), ("b", 0, "args  -\n")]
+    assert sorted(seen) == ["a", "b"]                       # each host reported once, after its real run
+    assert sorted(shipped(transport)) == [("a", 0), ("a", len(PROGRAM)), ("b", 0), ("b", len(PROGRAM))]
+    f = cache / (digest(PROGRAM) + ".py")
+    assert f.read_bytes() == PROGRAM
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600 and stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert [n for n in os.listdir(cache) if n != f.name] == []   # no temporary file left behind
+    rows = run_cached(fleet, PROGRAM, ["again"])
+    assert [r.stdout for r in rows] == ["args again -\n"] * 2
+    assert sorted(shipped(transport)) == [("a", 0), ("b", 0)]   # one round trip, nothing shipped
+
+
+def test_a_changed_copy_is_never_run_and_is_replaced(node):
+    fleet, transport, cache = node
+    run_cached(fleet, PROGRAM)
+    shipped(transport)
+    f = cache / (digest(PROGRAM) + ".py")
+    f.write_bytes(PROGRAM + b"print('tampered')\n")
+    rows = run_cached(fleet, PROGRAM, ["1"])
+    assert all("tampered" not in r.stdout and r.stdout == "args 1 -\n" for r in rows)
+    assert sorted(shipped(transport)) == [("a", 0), ("a", len(PROGRAM)), ("b", 0), ("b", len(PROGRAM))]
+    assert f.read_bytes() == PROGRAM
+
+
+def test_a_new_program_is_shipped_and_old_ones_are_pruned(node):
+    fleet, transport, cache = node
+    versions = [PROGRAM + b"# v%d\n" % i for i in range(KEEP + 2)]
+    for v in versions:
+        run_cached(fleet, v)
+    assert sorted(os.listdir(cache)) == sorted(digest(v) + ".py" for v in versions[-KEEP:])
+
+
+def test_a_directory_others_can_write_is_not_used(node):
+    fleet, transport, cache = node
+    cache.mkdir(parents=True, mode=0o700)
+    os.chmod(cache, 0o777)
+    assert [r.stdout for r in run_cached(fleet, PROGRAM)] == ["args  -\n"] * 2   # still runs, from memory
+    assert os.listdir(cache) == []
+    shipped(transport)
+    run_cached(fleet, PROGRAM)
+    assert sorted(shipped(transport)) == [("a", 0), ("a", len(PROGRAM)), ("b", 0), ("b", len(PROGRAM))]
+
+
+def test_a_program_damaged_on_the_way_is_refused(node, tmp_path):
+    fleet, transport, cache = node
+    p = subprocess.run(["/bin/sh", "-c", loader_command(digest(PROGRAM), "store")], input=PROGRAM + b"#",
+                       capture_output=True, env=dict(os.environ))
+    assert p.returncode == RC_DAMAGED and b"sha256 mismatch" in p.stderr and p.stdout == b""
+    assert not cache.exists() or os.listdir(cache) == []
+
+
+def test_cache_off_ships_every_time(node, monkeypatch):
+    fleet, transport, cache = node
+    monkeypatch.setenv("CLUSTERCTL_NODE_CACHE", "off")
+    for _ in range(2):
+        assert [r.stdout for r in run_cached(fleet, PROGRAM, ["q"])] == ["args q -\n"] * 2
+        assert sorted(shipped(transport)) == [("a", len(PROGRAM)), ("b", len(PROGRAM))]
+    assert not cache.exists()
