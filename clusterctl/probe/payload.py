@@ -25,8 +25,10 @@ import base64
 import hashlib
 import importlib.util
 import marshal
+import os
 import shlex
 import sys
+import tempfile
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -140,10 +142,47 @@ def build_payload(collector: bytes | None = None, pynvml_source: bytes | None = 
     return Payload(data, hashlib.sha256(data).hexdigest(), pynvml_version)
 
 
+def _cache_file(key: str) -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "clusterctl" / f"probe-payload-{key}.py"
+
+
 @lru_cache(maxsize=1)
 def payload() -> Payload:
-    """The default payload, built on first use and kept for the process."""
-    return build_payload()
+    """The default payload, built on first use and kept for the process.
+
+    Building it (compressing and compiling the collector and pynvml) costs about
+    0.3 s of CPU, more than a cached probe of 20 hosts, so it is also kept in
+    ``$XDG_CACHE_HOME/clusterctl/`` (default ``~/.cache``), named by the sha256 of
+    everything it is built from (sources, pynvml version, bytecode tag, this module);
+    a copy that cannot be read or written is rebuilt, never an error.
+    """
+    collector = COLLECTOR_PATH.read_bytes()
+    pynvml_source, pynvml_version = _pynvml_source()
+    h = hashlib.sha256()
+    for part in (collector, pynvml_source, (pynvml_version or "").encode(), repr(CODE_TAG).encode(),
+                 Path(__file__).read_bytes()):
+        h.update(hashlib.sha256(part).digest())
+    path = _cache_file(h.hexdigest()[:32])
+    try:
+        data = path.read_bytes()
+        return Payload(data, hashlib.sha256(data).hexdigest(), pynvml_version)
+    except OSError:
+        pass
+    built = build_payload(collector, pynvml_source, pynvml_version)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(built.data)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
+    return built
 
 
 def probe_args(*, kernel_log_cursor: str | None = None, nvml_timeout: float | None = None,
