@@ -178,8 +178,13 @@ def main() -> int:
     ap.add_argument("--modes", default="none,chain,tree", help="relay modes, comma-separated")
     ap.add_argument("--chunk-mib", type=int, default=1)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--cc", default=None,
+                    help="TCP congestion control for every lab host's and the source's network namespace "
+                         "(net.ipv4.tcp_congestion_control, e.g. cubic); default: the kernel's default")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each (hosts, mode)")
     args = ap.parse_args()
     counts = [int(x) for x in args.hosts.split(",")]
+    default_cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     cfg = LabConfig.from_env()
     lab = LabSession.start(cfg, hosts=max(counts), on_event=lambda s: print(f"lab: {s}", file=sys.stderr))
     inv = load_inventory(str(lab.inventory))
@@ -199,6 +204,9 @@ def main() -> int:
     model = Model("bench", "/models/bench")
     try:
         with SourceNetns(cfg, work, args.rate) as srv:
+            if args.cc:
+                for ns in [srv.ns] + [lab.host(h).netns for h in lab.names]:
+                    sh("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={args.cc}")
             source = parse_source(srv.url + "v1/")
             man = load_manifest(source, "bench", "v1")
             for n in counts:
@@ -207,7 +215,7 @@ def main() -> int:
                 faults.heal(cfg, None)
                 for h in names:
                     netfaults.bandwidth(cfg, lab.host(h), args.rate)
-                for mode in args.modes.split(","):
+                for mode in [m for m in args.modes.split(",") for _ in range(args.repeat)]:
                     for h in names:
                         lab.run(h, "rm -rf /models", timeout=60)
                     load = os.getloadavg()
@@ -241,13 +249,17 @@ def main() -> int:
             print(json.dumps(warm), file=sys.stderr)
     finally:
         faults.heal(cfg, None)
+        if args.cc:
+            for h in lab.names:
+                subprocess.run(["ip", "netns", "exec", lab.host(h).netns, "sysctl", "-qw",
+                                f"net.ipv4.tcp_congestion_control={default_cc}"], capture_output=True)
         for h in lab.names:
             lab.run(h, "rm -rf /models", timeout=60)
         shutil.rmtree(work, ignore_errors=True)
     doc = {"benchmark": "staging", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "model": args.model, "bytes": size, "rate": args.rate, "S_over_B_s": round(bound, 2),
            "chunk_bytes": man.chunk_size, "runs": results, "warm": warm,
-           "tree_fanout": 2, "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+           "tree_fanout": 2, "congestion_control": args.cc or default_cc, "load_avg_end": [round(x, 2) for x in os.getloadavg()],
            "machine": f"{os.cpu_count()} CPUs, lab hosts are nspawn containers on one kernel"}
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"staging-{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H%M}.json")
     tmp = out.with_name(out.name + ".tmp")
