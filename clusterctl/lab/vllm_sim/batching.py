@@ -89,8 +89,8 @@ class StepEngine:
             self._next_id += 1
             seq = Seq(rid=self._next_id, prompt=req.prompt, prompt_tokens=list(req.prompt_tokens),
                       max_tokens=max(1, req.max_tokens), temperature=req.temperature, seed=req.seed,
-                      ignore_eos=req.ignore_eos,
-                      arrival=self._sim if self.sched.has_work() else self._sync(),
+                      ignore_eos=req.ignore_eos, remote_kv=req.remote_kv,
+                      arrival=(self._sim if self.sched.has_work() else self._sync()) - req.kv_wait_s,
                       session=req.session or f"req-{self._next_id}")
             q: deque[Emitted | None] = deque()
             self._queues[seq.rid] = q

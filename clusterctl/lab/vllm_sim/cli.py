@@ -110,6 +110,10 @@ def build_parser(version: str, suppress: bool = False) -> argparse.ArgumentParse
     s = p.add_argument_group("SchedulerConfig")
     s.add_argument("--max-num-batched-tokens", type=_human_int(version), **d(None))
     s.add_argument("--max-num-seqs", type=int, **d(None))
+    kv = p.add_argument_group("VllmConfig")
+    kv.add_argument("--kv-transfer-config", type=str, help="The configurations for distributed KV cache "
+                    "transfer (JSON), e.g. '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'.",
+                    **d(None))
     o = p.add_argument_group("ObservabilityConfig")
     o.add_argument("--disable-log-stats", action="store_true", **d(False))
     o.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, **d(False))
@@ -208,5 +212,11 @@ def main(argv: Sequence[str] | None = None, version: str | None = None) -> int:
     parser = build_parser(ver)
     ns = parser.parse_args(args[1:])  # exits 2 with vLLM's argparse message on bad input
     ns.model = ns.model_tag or ns.model
+    if ns.kv_transfer_config is not None:
+        from .kvtransfer import parse_kv_config
+        try:
+            parse_kv_config(ns.kv_transfer_config)
+        except ValueError as e:
+            parser.error(f"argument --kv-transfer-config: {e}")
     from .serve import serve
     return serve(ns, non_default_args(ver, args[1:]), ver, env)

@@ -54,6 +54,8 @@ class GenRequest:
     ignore_eos: bool = False
     arrival: float = field(default_factory=time.monotonic)
     session: str = ""  # who sent it (OpenAI ``user``); "" = a session of its own
+    remote_kv: bool = False  # the prompt's KV was pulled from a prefill instance (disaggregation)
+    kv_wait_s: float = 0.0  # simulated seconds that pull took before the request reached the engine
 
 
 @dataclass

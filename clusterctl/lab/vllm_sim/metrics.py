@@ -68,6 +68,19 @@ HISTOGRAMS: dict[str, tuple[str, list[float]]] = {
 #: Histograms that only some versions have.
 ONLY_IN = {"vllm:time_per_output_token_seconds": ("0.11",),
            "vllm:request_num_preemptions": ("0.33",)}
+#: The NIXL connector's metrics (vLLM 0.32 distributed/kv_transfer/kv_connector/v1/nixl/stats.py),
+#: shown when the instance runs a Nixl connector.
+NIXL_HISTOGRAMS: dict[str, tuple[str, list[float]]] = {
+    "vllm:nixl_xfer_time_seconds": ("Histogram of transfer duration for NIXL KV Cache transfers.",
+                                    [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]),
+    "vllm:nixl_bytes_transferred": ("Histogram of bytes transferred per NIXL KV Cache transfers.",
+                                    [float(2 ** (10 + i)) for i in range(1, 25, 2)]),
+}
+NIXL_COUNTERS = {
+    "vllm:nixl_num_failed_transfers": "Number of failed NIXL KV Cache transfers, including handshake and "
+                                      "notification failures. NOTE: KV expiry is tracked separately in "
+                                      "vllm:nixl_num_kv_expired_reqs.",
+}
 FINISHED_REASONS = {"0.11": ("stop", "length", "abort"),
                     "0.33": ("stop", "length", "abort", "error", "repetition")}
 
@@ -118,6 +131,14 @@ class Metrics:
         self.hists = {k: _Hist(b) for k, (_h, b) in HISTOGRAMS.items()}
         self.hists["vllm:request_num_preemptions"] = _Hist(_TOK)
         self.http: dict[tuple[str, str, str], float] = {}
+        self.nixl = False
+
+    def enable_nixl(self) -> None:
+        """Expose the NIXL connector's metrics (an instance with a Nixl ``--kv-transfer-config``)."""
+        with self._lock:
+            self.nixl = True
+            self.hists.update({k: _Hist(b) for k, (_h, b) in NIXL_HISTOGRAMS.items()})
+            self.counters.update({k: 0.0 for k in NIXL_COUNTERS})
 
     def set_gauge(self, name: str, value: float) -> None:
         with self._lock:
@@ -160,7 +181,8 @@ class Metrics:
                 head(name, "Number of requests waiting, by reason.", "gauge")
                 for reason, v in (("capacity", self.gauges["vllm:num_requests_waiting"]), ("deferred", 0.0)):
                     out.append(f"{name}{_labels(dict(self.base, reason=reason))} {fmt(v)}")
-            counters = dict(COUNTERS, **(DEPRECATED_COUNTERS if self.hidden else {}))
+            counters = dict(COUNTERS, **(DEPRECATED_COUNTERS if self.hidden else {}),
+                            **(NIXL_COUNTERS if self.nixl else {}))
             for name, help_ in counters.items():
                 head(f"{name}_total", help_, "counter")
                 out.append(f"{name}_total{lb} {fmt(self.counters[name])}")
@@ -175,7 +197,8 @@ class Metrics:
             for r in self.success:
                 out.append(f"{name}_created{_labels(dict(self.base, finished_reason=r))} {cr}")
             hists = dict(HISTOGRAMS, **{"vllm:request_num_preemptions":
-                                        ("Number of preemptions per request.", _TOK)})
+                                        ("Number of preemptions per request.", _TOK)},
+                         **(NIXL_HISTOGRAMS if self.nixl else {}))
             for name, (help_, _b) in hists.items():
                 if self.version not in ONLY_IN.get(name, (self.version,)):
                     continue

@@ -67,6 +67,7 @@ class Seq:
     leak: list[str] = field(default_factory=list)  # words to copy (context-leak fault)
     hashes: list[bytes] = field(default_factory=list)  # prompt block hash chain
     last_token: float | None = None
+    remote_kv: bool = False  # prompt KV pulled from a prefill instance: only the last token is computed
 
     @property
     def known(self) -> int:
@@ -245,6 +246,8 @@ class Scheduler:
             self.counters.prefix_queries += len(seq.prompt_tokens)
             self.counters.prefix_hits += seq.computed
             seq.cached_hits = seq.computed
+        if seq.remote_kv and seq.preemptions == 0:
+            seq.computed = max(seq.computed, len(seq.prompt_tokens) - 1)
         if self.leak and self._last_prompt and self._last_prompt[0] != seq.session and not seq.out:
             seq.leak = [w for w in self._last_prompt[1] if w.strip()][:8]
         if not seq.out:

@@ -142,6 +142,27 @@ def _make_engine(ns: Any, env: dict[str, str], info: Any, scale: float, metrics:
                       on_error=lambda msg: log.error(proc, "multiproc_executor.py:194", msg))
 
 
+def _disaggregate(app: App, ns: Any, env: dict[str, str], info: Any, scale: float, metrics: Metrics,
+                  log: Log) -> None:
+    """Give the app its KV-transfer role (kvtransfer.py); the config was checked at start-up."""
+    from . import memory
+    from .kvtransfer import Link, parse_kv_config
+    app.kv = parse_kv_config(ns.kv_transfer_config)
+    app.link = Link(env, nics=max(1, info.tp))
+    app.scale = scale
+    app.kv_host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
+    try:
+        app.kv_side_port = int(env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+    except ValueError:
+        app.kv_side_port = 5600
+    kvb = 1 if str(info.kv_dtype).startswith("fp8") else 2
+    app.kv_bytes_per_token = float(memory.kv_bytes_per_token(info.shape, 1, kvb)) if info.shape else 0.0
+    if app.kv.connector.startswith("Nixl"):
+        metrics.enable_nixl()
+    log.info("EngineCore", "factory.py:64", f"Creating v1 connector with name: {app.kv.connector} and "
+             f"engine_id: {app.kv.engine_id}")
+
+
 def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, info: Any,
          stop: threading.Event, scale: float, exit_code: list[int], prof_name: str | None = None) -> int:
     labels = cache_config_labels(block_size=info.block_size, cache_dtype=info.kv_dtype, util=info.util,
@@ -153,6 +174,8 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
     app = App(info, engine, metrics, log, api_keys=keys, load_tracking=ns.enable_server_load_tracking,
               access_log=not ns.disable_uvicorn_access_log, force_usage=ns.enable_force_include_usage)
     app.faults = engine.faults
+    if ns.kv_transfer_config:
+        _disaggregate(app, ns, env, info, scale, metrics, log)
     httpd.RequestHandlerClass = make_handler(app)
     log.info("APIServer", "loggers.py:147",
              f"Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: {info.num_blocks}")

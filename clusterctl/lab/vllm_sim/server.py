@@ -19,6 +19,7 @@ from typing import Any, Iterator
 from . import bpe
 from .engine import Engine, EngineDead, GenRequest, TokenEvent, token_id, tokenize
 from .faults import FaultError, Faults, is_loopback
+from .kvtransfer import SIM_RATE_KEY, KvConfig, Link, produced_params
 from .logs import Log
 from .metrics import Metrics
 from .startup import EngineInfo
@@ -55,6 +56,51 @@ class App:
         #: Prompts in the model's own tokens when its directory has a byte-level BPE tokenizer (bpe.py),
         #: else the simulator's word-ish tokens.
         self.tokenize = bpe.load(info.model) or tokenize
+        # Disaggregation (kvtransfer.py): set by serve() when --kv-transfer-config is given.
+        self.kv: KvConfig | None = None
+        self.link: Link | None = None
+        self.kv_host, self.kv_side_port, self.kv_bytes_per_token, self.scale = "localhost", 5600, 0.0, 0.0
+
+    # ---- prefill/decode disaggregation
+    def kv_pull(self, body: dict[str, Any], req: GenRequest) -> None:
+        """A decode instance asked to take over a remote prefill: pull its KV first (waiting the
+        transfer out), or fail as vLLM's default ``kv_load_failure_policy`` does."""
+        kvp = body.get("kv_transfer_params")
+        kv, link = self.kv, self.link
+        if kv is None or link is None or not isinstance(kvp, dict) or not kvp.get("do_remote_prefill") \
+                or not kv.consumes:
+            return
+        nbytes = len(req.prompt_tokens) * self.kv_bytes_per_token
+        local = link.state()
+        remote = kvp.get(SIM_RATE_KEY)
+        rate = min(local.bytes_per_s, float(remote)) if isinstance(remote, (int, float)) else local.bytes_per_s
+        if rate <= 0 or not kvp.get("remote_engine_id"):
+            self.metrics.add("vllm:nixl_num_failed_transfers")
+            self.log.error("EngineCore", "nixl_connector.py:1520",
+                           f"KV transfer from {kvp.get('remote_host')}:{kvp.get('remote_port')} failed: "
+                           f"{local.why or 'remote link down'}")
+            if kv.failure_policy == "fail":
+                raise ApiError(500, "KV cache load failed (kv_load_failure_policy=fail)", "InternalServerError")
+            return  # recompute: the prompt is prefilled here
+        if self.scale > 0:
+            secs = link.reserve(nbytes, rate, time.monotonic() / self.scale)
+            time.sleep(secs * self.scale)
+        else:
+            secs = nbytes / rate
+        self.metrics.observe("vllm:nixl_xfer_time_seconds", secs)
+        self.metrics.observe("vllm:nixl_bytes_transferred", nbytes)
+        req.remote_kv, req.kv_wait_s = True, secs
+
+    def kv_params(self, body: dict[str, Any], req: GenRequest) -> dict[str, Any] | None:
+        """What a prefill instance returns for the decode instance to pull (None otherwise)."""
+        kvp = body.get("kv_transfer_params")
+        kv, link = self.kv, self.link
+        if kv is None or link is None or not isinstance(kvp, dict) or not kvp.get("do_remote_decode") \
+                or not kv.produces:
+            return None
+        blocks = -(-len(req.prompt_tokens) // max(1, self.info.block_size))
+        return produced_params(kv, blocks=blocks, host=self.kv_host, port=self.kv_side_port,
+                               tp=self.info.tp, rate=link.state().bytes_per_s)
 
     # ---- request building
     def _check_model(self, body: dict[str, Any]) -> str:
@@ -386,6 +432,7 @@ class Handler(BaseHTTPRequestHandler):
         lp = body.get("logprobs")
         req = app._common(body, prompt, int(body.get("max_tokens", 16)) if body.get("max_tokens") is not None
                           else 16, None if lp is None else int(lp))
+        app.kv_pull(body, req)
         rid = f"cmpl-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}"
         created = int(time.time())
         v011 = app.info.version == "0.11"
@@ -428,7 +475,7 @@ class Handler(BaseHTTPRequestHandler):
                                       "prompt_logprobs": None}],
                          "usage": {"prompt_tokens": p, "total_tokens": p + len(evs),
                                    "completion_tokens": len(evs), "prompt_tokens_details": None},
-                         "kv_transfer_params": None})
+                         "kv_transfer_params": app.kv_params(body, req)})
 
     # ---- /v1/chat/completions
     def _chat(self, body: dict[str, Any]) -> None:
@@ -448,6 +495,7 @@ class Handler(BaseHTTPRequestHandler):
         mt = body.get("max_completion_tokens", body.get("max_tokens"))
         lp = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
         req = app._common(body, prompt, None if mt is None else int(mt), lp)
+        app.kv_pull(body, req)
         rid = f"chatcmpl-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}"
         created = int(time.time())
         if body.get("stream"):
@@ -487,7 +535,7 @@ class Handler(BaseHTTPRequestHandler):
                                       "stop_reason": last.stop_reason if last else None}],
                          "usage": {"prompt_tokens": p, "total_tokens": p + len(evs),
                                    "completion_tokens": len(evs), "prompt_tokens_details": None},
-                         "prompt_logprobs": None, "kv_transfer_params": None})
+                         "prompt_logprobs": None, "kv_transfer_params": app.kv_params(body, req)})
 
 
 class Server(ThreadingHTTPServer):
