@@ -287,6 +287,8 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         argv += ["--host", policy.bind_host]
     argv += ["--port", str(inst.port), "--tensor-parallel-size", str(inst.tp_size)]
     argv += vllm_args(inst.args, where)
+    from clusterctl.deploy import pd  # pd builds on this module (nccl_ib_tc)
+    argv += pd.kv_args(inv, inst)
     if engine.device == "cpu":
         argv += cpu_engine_args(inst.args, where, engine.name)
 
@@ -295,6 +297,7 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         raise ClusterctlError(f"{where}: GPU UUIDs {list(gpu_uuids)} do not match its "
                               f"{len(inst.placement)} placed GPU(s)")
     plain = instance_env(inv, inst, host, gpu_uuids)
+    plain.update(pd.kv_env(inv, inst, host))
     if engine.device == "cpu":
         # vLLM 0.32's sampler torch.compiles its logprobs ranking even with --enforce-eager; on a node
         # without a C++ compiler the first logprobs request kills the engine (measured in the lab).

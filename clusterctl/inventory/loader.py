@@ -25,6 +25,7 @@ from clusterctl.inventory.checks import check_instances, check_templates
 from clusterctl.inventory.fields import NAME, Ctx, suggest
 from clusterctl.inventory.files import ReadRefused, read_config_text
 from clusterctl.inventory.gateway import GatewayReader
+from clusterctl.inventory.pdpools import PdPoolReader
 from clusterctl.inventory.model import GpuSpec, Host, Inventory, Location
 from clusterctl.inventory.nodeset import NodeSetError, expand, fold
 from clusterctl.inventory.settings import Layer, SettingsReader
@@ -33,7 +34,7 @@ from clusterctl.inventory.yamlnodes import Y, parse
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "defaults", "fabric", "groups", "hosts", "engines", "models",
-            "instances", "templates", "gateway")
+            "instances", "templates", "gateway", "pd_pools")
 RESERVED_GROUPS = ("all", "failed")
 
 
@@ -116,6 +117,7 @@ class _Loader:
         check_instances(ctx, inv)
         check_templates(ctx, inv)
         inv.gateway = GatewayReader(ctx).gateway(top.get("gateway"), inv)
+        inv.pd_pools = PdPoolReader(ctx).pools(top.get("pd_pools"), inv)
 
     def _host_entries(self, y: Y | None) -> dict[str, tuple[Layer, int, str | None]]:
         """Expand ``hosts:`` keys; return name -> (layer, line, explicit address)."""

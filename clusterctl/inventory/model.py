@@ -332,6 +332,38 @@ class GatewaySpec:
         return self.listen or (("", self.port),)
 
 
+#: KV connectors clusterctl renders (vLLM 0.32's registry has these names), and the ``kv_role`` of
+#: each side: NIXL and Mooncake pair two ``kv_both`` instances (vLLM's NixlConnector usage guide);
+#: P2pNcclConnector a ``kv_producer`` with a ``kv_consumer`` (vLLM's disagg_prefill docs).
+CONNECTOR_ROLES = {
+    "NixlConnector": ("kv_both", "kv_both"),
+    "MooncakeConnector": ("kv_both", "kv_both"),
+    "P2pNcclConnector": ("kv_producer", "kv_consumer"),
+}
+
+
+@dataclass
+class PdRouter:
+    host: str
+    port: int = 8300
+    policy: str = "round_robin"
+
+
+@dataclass
+class PdPool:
+    name: str
+    model: str
+    router: PdRouter
+    connector: str = "NixlConnector"
+    location: Location | None = None
+    prefill: list[str] = field(default_factory=list)  # instance or template names
+    decode: list[str] = field(default_factory=list)
+
+    def kv_role(self, role: str) -> str:
+        producer, consumer = CONNECTOR_ROLES[self.connector]
+        return producer if role == "prefill" else consumer
+
+
 @dataclass
 class Inventory:
     """The whole resolved inventory.
@@ -349,4 +381,5 @@ class Inventory:
     templates: dict[str, InstanceTemplate] = field(default_factory=dict)
     fabric: FabricProfile = field(default_factory=FabricProfile)
     gateway: GatewaySpec | None = None
+    pd_pools: dict[str, PdPool] = field(default_factory=dict)  # prefill/decode pools (pdpools.py)
     warnings: list[str] = field(default_factory=list)
