@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from clusterctl.bench.http_sse import stream_completion  # noqa: E402
-from clusterctl.bench.loadgen import Endpoint  # noqa: E402
+from clusterctl.vllmclient import Endpoint  # noqa: E402
 from clusterctl.bench.stats import percentile  # noqa: E402
 from clusterctl.deploy import pd  # noqa: E402
 from clusterctl.diagnose.serving import histogram_quantile, parse_metrics  # noqa: E402
