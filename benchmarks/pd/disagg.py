@@ -45,7 +45,7 @@ from clusterctl.bench.http_sse import stream_completion  # noqa: E402
 from clusterctl.vllmclient import Endpoint  # noqa: E402
 from clusterctl.bench.stats import percentile  # noqa: E402
 from clusterctl.deploy import pd  # noqa: E402
-from clusterctl.diagnose.serving import histogram_quantile, parse_metrics  # noqa: E402
+from clusterctl.diagnose.serving import histogram_quantile, parse_metrics, total  # noqa: E402
 from clusterctl.inventory.loader import load_inventory_text  # noqa: E402
 from clusterctl.lab.hardware import faults, nvml, provision_host  # noqa: E402
 from clusterctl.lab.hardware.host import hw_dir  # noqa: E402
@@ -134,10 +134,12 @@ class Arm:
             for nic in ("eth2", "eth3"):
                 faults.pause_storm(work / arm / "a", nic=nic, priority=3, per_s=20000, paused=0.9)
 
-    def engine_itl(self) -> dict[str, float]:
-        """ITL p50/p99 (ms) over the instances that decode, from their own histograms (simulated clock:
-        what the engines did, whatever the load on this machine did to the client's view)."""
+    def engine_stats(self) -> dict[str, float]:
+        """From the decoding instances' own /metrics (simulated clock: what the engines did, whatever the
+        load on this machine did to the client's view): ITL p50/p99 (ms), and the KV pulls' mean time (ms)
+        and count."""
         buckets: dict[float, float] = {}
+        xfer_s = xfer_n = 0.0
         for inst in self.inv.instances.values():
             if inst.role == "prefill":
                 continue
@@ -146,9 +148,13 @@ class Arm:
             for labels, v in m.get("vllm:inter_token_latency_seconds_bucket", []):
                 le = float(labels["le"].replace("+Inf", "inf"))
                 buckets[le] = buckets.get(le, 0.0) + v
-        q = {f"engine_itl_ms_p{p}": 1000 * (histogram_quantile(list(buckets.items()), p / 100) or 0.0)
-             for p in (50, 99)}
-        return q
+            xfer_s += total(m, "vllm:nixl_xfer_time_seconds_sum") or 0.0
+            xfer_n += total(m, "vllm:nixl_xfer_time_seconds_count") or 0.0
+        out = {f"engine_itl_ms_p{p}": 1000 * (histogram_quantile(list(buckets.items()), p / 100) or 0.0)
+               for p in (50, 99)}
+        out["kv_pulls"] = xfer_n
+        out["kv_pull_ms_mean"] = 1000 * xfer_s / xfer_n if xfer_n else 0.0
+        return out
 
     def close(self) -> None:
         for p in self.procs:
@@ -224,7 +230,7 @@ def main() -> int:
             inst = Arm(arm, work, model_dir, lib, a.time_scale)
             try:
                 rows = asyncio.run(_drive(inst.router_port, reqs, a.max_tokens, a.time_scale))
-                engine = inst.engine_itl()
+                engine = inst.engine_stats()
             finally:
                 inst.close()
             results["arms"][arm] = {**_stats(rows), **engine}
@@ -238,13 +244,13 @@ def main() -> int:
     tmpf.write_text(json.dumps(results, indent=1) + "\n")
     os.replace(tmpf, dest)
     print(f"{'arm':28} {'TTFT p50/p99 ms (all)':>22} {'long TTFT p50/p99':>18} {'short TTFT p50/p99':>19} "
-          f"{'ITL p50/p99 ms':>15} {'engine ITL p50/p99':>18} failed")
+          f"{'ITL p50/p99 ms':>15} {'engine ITL p50/p99':>18} {'KV pull mean ms':>15} failed")
     for arm, s in results["arms"].items():
         al, lg, sh = s["all"], s["long"], s["short"]
         print(f"{arm:28} {al['ttft_ms_p50']:10.0f}/{al['ttft_ms_p99']:<10.0f} {lg['ttft_ms_p50']:8.0f}/"
               f"{lg['ttft_ms_p99']:<9.0f} {sh['ttft_ms_p50']:8.0f}/{sh['ttft_ms_p99']:<9.0f} "
               f"{al['itl_ms_p50']:6.1f}/{al['itl_ms_p99']:<8.1f} {s['engine_itl_ms_p50']:8.1f}/"
-              f"{s['engine_itl_ms_p99']:<9.1f} {s['failed']}")
+              f"{s['engine_itl_ms_p99']:<9.1f} {s['kv_pull_ms_mean']:15.1f} {s['failed']}")
     print(f"load average {results['load_avg_before']:.1f} -> {results['load_avg_after']:.1f}; wrote {dest}")
     return 0
 
