@@ -239,7 +239,7 @@ def main() -> int:
                 results["arms"][arm]["errors"] = errs
     results["load_avg_after"] = os.getloadavg()[0]
     a.out.mkdir(parents=True, exist_ok=True)
-    dest = a.out / f"pd-disagg-{time.strftime('%Y-%m-%d')}.json"
+    dest = a.out / f"pd-disagg-{time.strftime('%Y-%m-%dT%H%M')}.json"
     tmpf = dest.with_suffix(".json.tmp")
     tmpf.write_text(json.dumps(results, indent=1) + "\n")
     os.replace(tmpf, dest)
