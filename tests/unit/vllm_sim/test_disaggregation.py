@@ -16,7 +16,6 @@ import pytest
 from clusterctl.lab.hardware import faults, provision_host
 from clusterctl.lab.hardware.host import hw_dir
 from clusterctl.lab.vllm_sim import memory
-from clusterctl.lab.vllm_sim.engine import tokenize
 from clusterctl.lab.vllm_sim.kvtransfer import LOSSY_SHARE, link_state, parse_kv_config
 
 from .conftest import READY
@@ -24,7 +23,6 @@ from .promparse import parse
 
 NIXL_BOTH = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
 PROMPT = " ".join(f"w{i}" for i in range(2000))
-N_PROMPT = len(tokenize(PROMPT))
 
 
 def _host(tmp: Path, name: str) -> Path:
@@ -100,9 +98,10 @@ def test_prefill_hands_its_kv_to_decode_and_the_pull_costs_bytes_over_link(start
                                               "kv_transfer_params": {"do_remote_decode": True}})
     assert code == 200
     params = json.loads(body)["kv_transfer_params"]
+    n_prompt = json.loads(pre.post("/tokenize", {"prompt": PROMPT})[1])["count"]
     assert params["do_remote_prefill"] is True and params["remote_host"] == "10.0.0.1"
     assert params["remote_port"] == 5600 and params["remote_engine_id"]
-    assert len(params["remote_block_ids"]) == -(-N_PROMPT // 16)
+    assert len(params["remote_block_ids"]) == -(-n_prompt // 16)
     # A plain request carries no params back.
     code, body = pre.post("/v1/completions", {"prompt": "hi", "max_tokens": 1})
     assert json.loads(body)["kv_transfer_params"] is None
@@ -110,7 +109,7 @@ def test_prefill_hands_its_kv_to_decode_and_the_pull_costs_bytes_over_link(start
     code, out = _through(pre, dec)
     assert code == 200 and out["usage"]["completion_tokens"] == 4
     shape = memory.ModelShape.from_config(json.loads((models["qwen3-8b"] / "config.json").read_text()))
-    kv_bytes = N_PROMPT * memory.kv_bytes_per_token(shape, 1, 2)
+    kv_bytes = n_prompt * memory.kv_bytes_per_token(shape, 1, 2)
     healthy = _metric(dec, "vllm:nixl_xfer_time_seconds_sum")
     assert healthy == pytest.approx(kv_bytes / (400e9 / 8), rel=0.01)
     assert _metric(dec, "vllm:nixl_bytes_transferred_sum") == pytest.approx(kv_bytes)
