@@ -168,6 +168,15 @@ class Arm:
                 p.wait(5)
 
 
+def _count_tokens(arm: Arm, prompt: str) -> int:
+    """How many tokens the simulated model makes of ``prompt`` (its /tokenize)."""
+    port = next(iter(arm.inv.instances.values())).port
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/tokenize", data=json.dumps({"prompt": prompt}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return int(json.loads(r.read())["count"])
+
+
 async def _drive(port: int, reqs: list[tuple[float, str, bool]], max_tokens: int, scale: float) -> list[dict[str, Any]]:
     ep = Endpoint.parse(f"http://127.0.0.1:{port}")
     t0 = time.perf_counter()
@@ -229,6 +238,10 @@ def main() -> int:
         for arm in a.arms.split(","):
             inst = Arm(arm, work, model_dir, lib, a.time_scale)
             try:
+                if "prompt_tokens" not in results["workload"]:
+                    results["workload"]["prompt_tokens"] = {
+                        kind: _count_tokens(inst, next(p for _t, p, lg in reqs if lg == (kind == "long")))
+                        for kind in ("short", "long")}
                 rows = asyncio.run(_drive(inst.router_port, reqs, a.max_tokens, a.time_scale))
                 engine = inst.engine_stats()
             finally:
@@ -251,6 +264,7 @@ def main() -> int:
               f"{lg['ttft_ms_p99']:<9.0f} {sh['ttft_ms_p50']:8.0f}/{sh['ttft_ms_p99']:<9.0f} "
               f"{al['itl_ms_p50']:6.1f}/{al['itl_ms_p99']:<8.1f} {s['engine_itl_ms_p50']:8.1f}/"
               f"{s['engine_itl_ms_p99']:<9.1f} {s['kv_pull_ms_mean']:15.1f} {s['failed']}")
+    print(f"prompt tokens: {results['workload'].get('prompt_tokens')}")
     print(f"load average {results['load_avg_before']:.1f} -> {results['load_avg_after']:.1f}; wrote {dest}")
     return 0
 
