@@ -24,6 +24,7 @@ from clusterctl.exitcodes import USAGE_ERROR
 from clusterctl.files import write_atomic
 from clusterctl.inventory.model import Host, Inventory
 from clusterctl.inventory.nodeset import fold
+from clusterctl.inventory.pdpools import ratio as pd_ratio
 
 app = typer.Typer(
     help="Check, show and select from the inventory; import an Ansible inventory.\n\n"
@@ -110,6 +111,15 @@ def show(inventory: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> No
         for tp in inv.templates.values():
             t.add_row(tp.name, tp.model, tp.engine, f"{tp.replicas} x {tp.tp}", tp.hosts,
                       str(tp.port_base), tp.role)
+        console.print(t)
+    if inv.pd_pools:
+        t = Table(title="prefill/decode pools", title_justify="left")
+        for col in ("pool", "model", "connector", "P:D", "prefill", "decode", "router"):
+            t.add_column(col)
+        for p in inv.pd_pools.values():
+            pre, dec = pd_ratio(inv, p)
+            t.add_row(p.name, p.model, p.connector, f"{pre}:{dec}", ", ".join(p.prefill), ", ".join(p.decode),
+                      f"{p.router.host}:{p.router.port} ({p.router.policy})")
         console.print(t)
 
 
@@ -274,6 +284,7 @@ def inventory_json(inv: Inventory) -> dict[str, Any]:
         "instances": [dict(conv(i), placement=[str(g) for g in i.placement], tp=i.tp_size,
                            env=_redacted(i.env)) for i in inv.instances.values()],
         "templates": [dict(conv(t), env=_redacted(t.env)) for t in inv.templates.values()],
+        "pd_pools": [dict(conv(p), ratio=list(pd_ratio(inv, p))) for p in inv.pd_pools.values()],
         "warnings": inv.warnings,
     }
 

@@ -192,3 +192,17 @@ def test_help_examples_run(capsys, monkeypatch: pytest.MonkeyPatch, command: lis
     import shlex
     rc, _, err = run(capsys, *shlex.split(example)[1:])
     assert rc == 0, (example, err)
+
+
+def test_show_lists_prefill_decode_pools_with_their_ratio(capsys, tmp_path: Path) -> None:
+    from tests.unit.deploy.test_pd import BASE, POOL
+
+    f = tmp_path / "pd.yaml"
+    f.write_text(BASE + POOL)
+    rc, out, _ = run(capsys, "inventory", "show", "-i", str(f))
+    assert rc == 0 and "prefill/decode pools" in out
+    row = next(line for line in out.splitlines() if "qwen-pd" in line)
+    assert "NixlConnector" in row and "1:2" in row and "gw01:8300" in row
+    rc, out, _ = run(capsys, "inventory", "show", "--json", "-i", str(f))
+    [pool] = json.loads(out)["pd_pools"]
+    assert pool["ratio"] == [1, 2] and pool["decode"] == ["qd1", "qd2"] and pool["router"]["port"] == 8300
