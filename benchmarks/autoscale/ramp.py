@@ -1,0 +1,120 @@
+"""The autoscaler under a load ramp on the lab: replicas, the signal and TTFT over time.
+
+The scenario of tests/support/autoscale_ramp.py (nginx on the first lab host, a
+template of TP-1 simulator replicas on the second, ``clusterctl autoscale
+daemon --interval 1``, signal ``queue``), with ``max: 3`` and a longer ramp of
+``clusterctl bench --request-rate`` phases through the gateway: rising, a
+plateau, falling. Per phase: rate, requests completed and failed, TTFT p50/p90
+and E2E p90 (the bench's own numbers). From the autoscaler's audit
+(``autoscale/history.jsonl``): every decision (time, signal value, replica count,
+rule, outcome). Writes ``benchmarks/results/autoscale-ramp-<date>.json`` and
+``docs/autoscale-ramp.svg`` (replicas, the queue with its band, request rate and
+TTFT p90 against time; temp file + rename).
+
+Run as root with the lab's environment (``CLUSTERCTL_LAB_*``; brought up with 2
+hosts if needed, left up). Usage: ``python benchmarks/autoscale/ramp.py
+[--phases 1:20,3:30,5:40,3:30,0.5:50] [--time-scale 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from clusterctl.files import write_atomic  # noqa: E402
+from clusterctl.lab.config import LabConfig  # noqa: E402
+from clusterctl.lab.session import LabSession  # noqa: E402
+from clusterctl.report.svg import line_chart  # noqa: E402
+from support.autoscale_ramp import Ramp  # noqa: E402
+
+
+def phases(text: str) -> list[tuple[float, float]]:
+    return [(float(r), float(d)) for r, d in (p.split(":") for p in text.split(","))]
+
+
+def plot(result: dict[str, Any]) -> str:
+    t0 = 0.0  # absolute times: the charts label the x axis as UTC clock times
+    hist = result["decisions"]
+    rep = [(h["ts"] - t0, float(h["target"] if h["outcome"] == "ok" else h["current"])) for h in hist]
+    sig = [(h["ts"] - t0, float(h["value"])) for h in hist if h["value"] is not None]
+    band = result["policy"]
+    rate, ttft = [], []
+    for p in result["phases"]:
+        for t in (p["started"] - t0, p["ended"] - t0):
+            rate.append((t, p["rate"]))
+            if p["ttft_p90_ms"] is not None:
+                ttft.append((t, p["ttft_p90_ms"] / 1000.0))
+    span = [x for x, _ in sig] or [0.0]
+    charts = [
+        line_chart("replicas (autoscaler decisions)", {"replicas": rep}, width=620, height=180),
+        line_chart("queue: waiting requests per replica, and the band", {
+            "queue": sig, "high": [(span[0], band["high"]), (span[-1], band["high"])],
+            "low": [(span[0], band["low"]), (span[-1], band["low"])]},
+            colours={"queue": "#1f77b4", "high": "#d62728", "low": "#2ca02c"}, width=620, height=180),
+        line_chart("load: request rate sent (req/s)", {"rate": rate}, width=620, height=160),
+        line_chart("TTFT p90 per phase (s)", {"ttft p90": ttft}, width=620, height=160),
+    ]
+    body = "".join(f'<g transform="translate(0,{sum((180, 180, 160, 160)[:i])})">{c}</g>' for i, c in enumerate(charts))
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="620" height="680" viewBox="0 0 620 680">'
+            f'<rect width="620" height="680" fill="#fff"/>{body}</svg>\n')
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--phases", default="1:20,3:30,5:40,3:30,0.5:60", help="RATE:SECONDS,... of bench phases")
+    ap.add_argument("--time-scale", type=float, default=2.0)
+    ap.add_argument("--max", type=int, default=3)
+    args = ap.parse_args()
+    lab = LabSession.start(LabConfig.from_env(), hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "2")))
+    root = Path(tempfile.mkdtemp(prefix="autoscale-ramp-"))
+    r = Ramp(lab, root, name="asb", time_scale=args.time_scale, policy={"max": args.max}, port_base=8950)
+    r.cleanup()
+    result: dict[str, Any] = {"phases": [], "policy": r.policy, "time_scale": args.time_scale,
+                              "lab_hosts": len(lab.names), "load_1m_before": os.getloadavg()[0]}
+    try:
+        r.start()
+        r.start_daemon()
+        result["started"] = time.time()
+        for rate, duration in phases(args.phases):
+            b = r.bench(rate, duration)
+            res = b["results"][0]
+            row = {"rate": rate, "duration_s": duration, "started": b["started"], "ended": b["ended"],
+                   "completed": res["completed"], "failed": res["failed"], "bench_rc": b["rc"],
+                   "trusted": b.get("trusted"),
+                   "ttft_p50_ms": (res.get("ttft_ms") or {}).get("median"),
+                   "ttft_p90_ms": (res.get("ttft_ms") or {}).get("p90"),
+                   "e2e_p90_ms": (res.get("e2e_ms") or {}).get("p90")}
+            result["phases"].append(row)
+            print(json.dumps(row), flush=True)
+        r.wait_for("in", result["phases"][-1]["started"], timeout=60)
+        result["daemon_rc"] = r.stop_daemon()
+        result["decisions"] = [{k: h.get(k) for k in ("ts", "value", "current", "target", "action", "rule",
+                                                       "outcome", "detail", "seconds")} for h in r.history()]
+    finally:
+        r.cleanup()
+    result["load_1m_after"] = os.getloadavg()[0]
+    result["requests_sent"] = sum(p["completed"] + p["failed"] for p in result["phases"])
+    result["requests_failed"] = sum(p["failed"] for p in result["phases"])
+    acts = [h for h in result["decisions"] if h["action"] != "none"]
+    result["actions"] = [{"t_s": round(h["ts"] - result["started"], 1), "action": h["action"],
+                          "replicas": f"{h['current']} -> {h['target']}", "rule": h["rule"], "outcome": h["outcome"],
+                          "seconds": h["seconds"]} for h in acts]
+    stamp = f"{datetime.now(timezone.utc):%Y-%m-%dT%H%M}"
+    dest = REPO / "benchmarks" / "results" / f"autoscale-ramp-{stamp}.json"
+    write_atomic(dest, json.dumps(result, indent=1) + "\n")
+    write_atomic(REPO / "docs" / "autoscale-ramp.svg", plot(result))
+    print(f"wrote {dest} and docs/autoscale-ramp.svg")
+
+
+if __name__ == "__main__":
+    main()
