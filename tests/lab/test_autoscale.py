@@ -1,10 +1,10 @@
 """The autoscaler on the lab: a load ramp through the real gateway scales a template out, then in,
 and no request of the ramp is lost.
 
-A template of TP-1 simulator replicas (time scale 2, --max-num-seqs 2: one replica queues at a few
-requests per second) behind nginx, ``clusterctl autoscale daemon --interval 1`` running with the
+A template of TP-1 simulator replicas (time scale 20, --max-num-seqs 2: one replica serves about 1.5
+requests per second, 48 tokens each) behind nginx, ``clusterctl autoscale daemon --interval 1`` running with the
 ``queue`` signal (high 1.5, low 0.3 waiting requests per replica; out after 2 s, in after 8 s).
-``clusterctl bench --request-rate`` through the gateway: 4 req/s (over one replica's capacity) until
+``clusterctl bench --request-rate`` through the gateway: 3 req/s (twice one replica's capacity) until
 the scale-out is done, then 0.4 req/s while the second replica is drained and removed. Every request
 of both phases completes (the bench's own counts). Only this test's units, model and nginx are
 touched (tests/support/autoscale_ramp.py).
@@ -37,15 +37,15 @@ def test_a_load_ramp_scales_out_then_in_without_losing_a_request(ramp: Ramp) -> 
     assert ramp.units() == [f"{name}-1"]
     ramp.start_daemon()
     t_high = time.time()
-    high = ramp.bench(rate=4.0, duration=35)
-    out = ramp.wait_for("out", t_high, timeout=60)
+    high = ramp.bench(rate=3.0, duration=35)
+    out = ramp.wait_for("out", t_high, timeout=180)
     assert out is not None, ramp.history()[-5:]
     # it acted on the measured queue, above the band, after the hold
     assert out["rule"] == "above-high" and out["value"] > 1.5 and out["added"] == [f"{name}-2"], out
     assert ramp.units() == [f"{name}-1", f"{name}-2"]
     t_low = time.time()
     low = ramp.bench(rate=0.4, duration=40)
-    inn = ramp.wait_for("in", t_low, timeout=60)
+    inn = ramp.wait_for("in", t_low, timeout=180)
     assert inn is not None, ramp.history()[-5:]
     assert inn["rule"] == "below-low" and inn["removed"] == [f"{name}-2"] and inn["value"] < 0.3, inn
     assert ramp.stop_daemon() == 0
@@ -55,7 +55,7 @@ def test_a_load_ramp_scales_out_then_in_without_losing_a_request(ramp: Ramp) -> 
     for phase in (high, low):
         res = phase["results"][0]
         assert res["failed"] == 0 and res["completed"] > 0, res
-    assert high["results"][0]["completed"] >= 60  # ~4 req/s for 35 s
+    assert high["results"][0]["completed"] >= 50  # ~3 req/s for 35 s
     # the new replica got traffic only once it served: no decision ever saw it before its gates
     hist = ramp.history()
     assert all(h["outcome"] in ("none", "ok") for h in hist), [h for h in hist if h["outcome"] not in ("none", "ok")]

@@ -36,7 +36,7 @@ GW_PORT = 8080
 
 
 class Ramp:
-    def __init__(self, lab: Any, root: Path, *, name: str = "asr", time_scale: float = 2.0, max_num_seqs: int = 2,
+    def __init__(self, lab: Any, root: Path, *, name: str = "asr", time_scale: float = 20.0, max_num_seqs: int = 2,
                  policy: dict[str, Any] | None = None, port_base: int = 8900) -> None:
         self.lab, self.root, self.name = lab, root, name
         self.inv_path, self.state_dir = root / "inventory.yaml", root / "state"
