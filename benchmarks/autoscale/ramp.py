@@ -72,7 +72,7 @@ def plot(result: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--phases", default="0.5:20,1.5:30,3:40,4.5:40,1.5:30,0.3:60", help="RATE:SECONDS,... of bench phases")
-    ap.add_argument("--time-scale", type=float, default=20.0)
+    ap.add_argument("--time-scale", type=float, default=5.0)
     ap.add_argument("--max", type=int, default=3)
     args = ap.parse_args()
     lab = LabSession.start(LabConfig.from_env(), hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "2")))

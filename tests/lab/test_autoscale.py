@@ -1,8 +1,8 @@
 """The autoscaler on the lab: a load ramp through the real gateway scales a template out, then in,
 and no request of the ramp is lost.
 
-A template of TP-1 simulator replicas (time scale 20, --max-num-seqs 2: one replica serves about 1.5
-requests per second, 48 tokens each) behind nginx, ``clusterctl autoscale daemon --interval 1`` running with the
+A template of TP-1 simulator replicas (time scale 5, --enforce-eager, --max-num-seqs 2: one replica
+serves about 1.5 requests per second of 200 tokens each) behind nginx, ``clusterctl autoscale daemon --interval 1`` running with the
 ``queue`` signal (high 1.5, low 0.3 waiting requests per replica; out after 2 s, in after 8 s).
 ``clusterctl bench --request-rate`` through the gateway: 3 req/s (twice one replica's capacity) until
 the scale-out is done, then 0.4 req/s while the second replica is drained and removed. Every request

@@ -36,7 +36,7 @@ GW_PORT = 8080
 
 
 class Ramp:
-    def __init__(self, lab: Any, root: Path, *, name: str = "asr", time_scale: float = 20.0, max_num_seqs: int = 2,
+    def __init__(self, lab: Any, root: Path, *, name: str = "asr", time_scale: float = 5.0, max_num_seqs: int = 2,
                  policy: dict[str, Any] | None = None, port_base: int = 8900) -> None:
         self.lab, self.root, self.name = lab, root, name
         self.inv_path, self.state_dir = root / "inventory.yaml", root / "state"
@@ -51,13 +51,15 @@ class Ramp:
                        **(policy or {})}
         doc["templates"] = {name: {"model": f"{name}-tiny", "engine": "vllm-0.11", "replicas": 1, "tp": 1,
                                    "hosts": self.worker, "port_base": port_base,
-                                   "args": {"max-model-len": 2048, "max-num-seqs": max_num_seqs},
+                                   "args": {"max-model-len": 2048, "max-num-seqs": max_num_seqs,
+                                            "enforce-eager": True},  # start-up 2 s x scale
                                    "env": {"VLLM_SIM_TIME_SCALE": str(time_scale)},
                                    "autoscale": self.policy}}
         self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_STATE_DIR": str(self.state_dir)}
         self.daemon: subprocess.Popen[str] | None = None
+        self.output_len = 200  # ~1.3 s a request at time scale 5: one replica (2 seats) serves ~1.5 req/s
 
     def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args], capture_output=True, text=True,
@@ -97,7 +99,7 @@ class Ramp:
         machine: the counts still hold) with ``started``/``ended`` (epoch) added."""
         t0 = time.time()
         res = self.cli("bench", self.url, "--concurrency", str(concurrency), "--request-rate", str(rate),
-                       "--duration", str(duration), "--input-len", "32", "--output-len", "48", "--no-tokenizer",
+                       "--duration", str(duration), "--input-len", "32", "--output-len", str(self.output_len), "--no-tokenizer",
                        "--no-server-timings", "--model", f"{self.name}-tiny", "--timeout", "300", "--json",
                        timeout=duration + 400)
         assert res.returncode in (0, 1, 2, 3), res.stdout[-2000:] + res.stderr[-2000:]
