@@ -400,10 +400,13 @@ class NetApply:
         self.profile = inventory.fabric if isinstance(getattr(inventory, "fabric", None), FabricProfile) \
             else FabricProfile()
 
-    def _read(self, fleet: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, Any]]:
+    def _probe(self, fleet: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
         from clusterctl.probe.run import collect_facts
 
-        facts, missing = _facts_of(collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
+        return _facts_of(collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
+
+    def _read(self, fleet: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, Any]]:
+        facts, missing = self._probe(fleet)
         installed: dict[str, Any] = {}
         for row in fleet.run(read_installed_command(), sudo=self.sudo, timeout=30):
             if row.ok:
@@ -458,7 +461,7 @@ class NetApply:
                                                 or f"exit {row.rc}", batch=n)
             ok_hosts = [h for h in hosts if h.name not in out]
             if ok_hosts:
-                facts, missing, _ = self._read(fleet)
+                facts, missing = self._probe(fleet)  # the re-check needs the facts only
                 bad = recheck(self.inventory, {h.name: facts[h.name] for h in ok_hosts if h.name in facts})
                 for h in ok_hosts:
                     if h.name not in facts:
