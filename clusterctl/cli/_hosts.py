@@ -19,15 +19,13 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli._common import fail, load_inventory, user_config
-from clusterctl.cli._progress import HostProgress  # noqa: F401  (re-exported: the commands import it from here)
+from clusterctl.cli._progress import HostProgress as HostProgress  # re-exported: the commands import it from here
 from clusterctl.config import resolve_inventory_path
 from clusterctl.errors import ClusterctlError
+from clusterctl.fleet.factory import BECOME_PASSWORD_ENV as BECOME_PASSWORD_ENV  # re-exported for the commands
 from clusterctl.fleet.failed import load_failed
 from clusterctl.fleet.hostkeys import HOST_KEY_POLICIES
 from clusterctl.inventory.model import Host
-
-#: Environment variable read for the sudo password when ``-K`` is not given.
-BECOME_PASSWORD_ENV = "CLUSTERCTL_BECOME_PASSWORD"
 
 FanoutOpt = typer.Option(None, "--fanout", "-f", min=1,
                          help="Hosts worked on at once [default: user config, 64].")

@@ -15,7 +15,7 @@ from clusterctl.cli import _complete
 from clusterctl.cli._common import (InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json,
                                     user_config)
 from clusterctl.cli._hosts import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
-from clusterctl.cli.placement import StateDirOpt, _store
+from clusterctl.cli.placement import StateDirOpt, state_store
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
@@ -97,7 +97,7 @@ def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|ins
     elif daemon_flag:
         action = "daemon"
     inv = load_inventory(inventory)
-    store = _store(state_dir)
+    store = state_store(state_dir)
     try:
         policies = autoscaled(inv, templates or [])
     except ClusterctlError as e:

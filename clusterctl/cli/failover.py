@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import typer
@@ -108,7 +107,7 @@ def run(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, quiet:
     """One failover run for the CLI (also ``report run --failover``); exits 3 on configuration errors."""
     from pathlib import Path
 
-    from clusterctl.deploy.state import STATE_DIR_ENV, resolve_state_dir
+    from clusterctl.deploy.state import resolve_state_dir
     from clusterctl.fleet.factory import fleet_factory
     from clusterctl.gateway.failover import run_failover
 
@@ -120,8 +119,6 @@ def run(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, quiet:
         if h not in inv.hosts:
             fail(f"--avoid-host {h}: not a host of {inv.path}" + suggest(h, list(inv.hosts)))
     directory = Path(resolve_state_dir(state_dir, user_config()))
-    # The deploy engine's drain finds the gateway state through this variable (docs/gateway.md, Limits).
-    os.environ[STATE_DIR_ENV] = str(directory)
     make = fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
                          become_password=become_password(ask_become_pass, list(inv.hosts.values()), True))
     say = None if quiet else (lambda s: err_console.print(s, markup=False, highlight=False))

@@ -21,8 +21,7 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, \
-    user_config
+from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, instances_wanted, inventory_fleet
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode

@@ -26,7 +26,8 @@ placement_app = typer.Typer(help="Show where template replicas are placed.\n\n"
                             no_args_is_help=True, rich_markup_mode=None)
 
 
-def _store(state_dir: Optional[str]) -> Any:
+def state_store(state_dir: Optional[str]) -> Any:
+    """The deploy state store of ``--state-dir`` (else the default deploy state directory)."""
     from clusterctl.deploy.state import StateStore, resolve_state_dir
 
     return StateStore(resolve_state_dir(state_dir, user_config()))
@@ -54,7 +55,7 @@ def cordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A ho
         fail("--reason: say why (it is shown to whoever finds the cordon)")
     try:
         tgt = ops.parse_target(inv, target)
-        entry, fresh, staying = ops.cordon(_store(state_dir), tgt, reason.strip())
+        entry, fresh, staying = ops.cordon(state_store(state_dir), tgt, reason.strip())
     except ClusterctlError as e:
         fail(str(e))
     if as_json:
@@ -74,7 +75,7 @@ def uncordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A 
     inv = load_inventory(inventory)
     try:
         tgt = ops.parse_target(inv, target)
-        removed, left = ops.uncordon(_store(state_dir), tgt)
+        removed, left = ops.uncordon(state_store(state_dir), tgt)
     except ClusterctlError as e:
         fail(str(e))
     if as_json:
@@ -86,7 +87,7 @@ def uncordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A 
 
 
 def cordons(state_dir: Optional[str] = StateDirOpt, as_json: bool = JsonOpt) -> None:
-    st = _load(_store(state_dir))
+    st = _load(state_store(state_dir))
     rows = [{"target": k, "reason": c.reason, "who": c.who, "when": c.when} for k, c in sorted(st.cordons.items())]
     if as_json:
         print_json(rows)
@@ -144,7 +145,7 @@ def show(inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = Sta
     from clusterctl.deploy.placement import desired_instances
 
     inv = load_inventory(inventory)
-    st = _load(_store(state_dir))
+    st = _load(state_store(state_dir))
     try:
         res = desired_instances(inv, st)
     except ClusterctlError as e:
@@ -196,7 +197,7 @@ def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A templa
     if (replicas is None) == (not reset):
         fail("give either --replicas N or --reset")
     inv = load_inventory(inventory)
-    store = _store(state_dir)
+    store = state_store(state_dir)
     st = _load(store)
     try:
         sp = ops.plan_scale(inv, st, template, replicas)

@@ -14,7 +14,6 @@ Tables group hosts with identical rows; ``--json`` prints every host.
 
 from __future__ import annotations
 
-import os
 from typing import Any, List, Optional
 
 import typer

@@ -17,7 +17,6 @@ into an UNKNOWN row, so a host is never declared healthy on data nobody saw.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import zlib

@@ -143,7 +143,7 @@ def _host_ip(ctx: AnalysisContext, inst_name: str, host: str, value: Any, where:
     return Finding(CHECK, Severity.WARN, host, f"instance:{inst_name}",
                    f"{inst_name}: VLLM_HOST_IP={ip} in {where} is {why}: vLLM's and NCCL's bootstrap "
                    "traffic crosses the management network",
-                   f"set VLLM_HOST_IP to this host's data NIC address"
+                   "set VLLM_HOST_IP to this host's data NIC address"
                    + (f" ({sorted(data)[0]})" if data else "") + " and restart the unit")
 
 

@@ -19,6 +19,10 @@ from clusterctl.fleet.fleet import Fleet
 from clusterctl.fleet.transport import Transport
 from clusterctl.inventory.model import Host
 
+#: Where a command finds the sudo password when it is not prompted for (``-K``); read by the CLI
+#: (and the gateway's drain hook), never written, never put on a command line.
+BECOME_PASSWORD_ENV = "CLUSTERCTL_BECOME_PASSWORD"
+
 #: A command's fleet factory: the hosts to reach -> a fleet over them (the deploy engine takes one).
 FleetFactory = Callable[[Iterable[Host]], Fleet]
 

@@ -23,6 +23,7 @@ from typing import Any
 from clusterctl.deploy.drain import DRAIN_REASON
 from clusterctl.deploy.state import who_am_i
 from clusterctl.errors import ClusterctlError
+from clusterctl.fleet.factory import BECOME_PASSWORD_ENV, make_fleet
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.render import ServerState
 from clusterctl.gateway.sync import SyncResult, sync_gateway
@@ -91,7 +92,8 @@ class Hook:
         return {n: str(m.get("reason", "")) for n, m in gwstate.load(self.state_dir).marked_down.items()}
 
 
-def gateway_hook(inv: Inventory, state_dir: str | Path | None = None) -> Hook | None:
+def gateway_hook(inv: Inventory, state_dir: str | Path | None = None, *,
+                 become_password: str | None = None) -> Hook | None:
     """The hook for ``inv`` (``None`` without a ``gateway:`` section); what ``deploy.drain.gateway_for`` calls.
 
     Uses ``state_dir`` (the command's deploy state directory), else the user
@@ -103,10 +105,12 @@ def gateway_hook(inv: Inventory, state_dir: str | Path | None = None) -> Hook | 
     from clusterctl.config import load_user_config
     from clusterctl.deploy.deployed import wanted_instances
     from clusterctl.deploy.state import resolve_state_dir
-    from clusterctl.fleet.fleet import Fleet
 
     cfg = load_user_config()
     directory = resolve_state_dir(state_dir, cfg)
+    # The sudo password of the gateway hosts: the caller's, else $CLUSTERCTL_BECOME_PASSWORD (the deploy
+    # engine's drain reaches this hook through drain.gateway_for, which has no password to give).
+    password = become_password if become_password is not None else os.environ.get(BECOME_PASSWORD_ENV)
     gw = inv.gateway
 
     def instances() -> dict[str, Instance]:
@@ -114,8 +118,7 @@ def gateway_hook(inv: Inventory, state_dir: str | Path | None = None) -> Hook | 
 
     def fleet() -> Any:
         hosts = [inv.hosts[h] for h in gw.hosts]
-        return Fleet(hosts, connect_timeout=cfg.connect_timeout, command_timeout=cfg.command_timeout,
-                     become_password=os.environ.get("CLUSTERCTL_BECOME_PASSWORD"))
+        return make_fleet(hosts, cfg, become_password=password)
 
     return Hook(inv, directory, instances, fleet)
 

@@ -21,7 +21,6 @@ standard library only, no clusterctl import.
 import ctypes
 import ctypes.util
 import json
-import mmap
 import os
 import signal
 import sys

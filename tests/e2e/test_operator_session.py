@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import time
 
-import pytest
 
 from clusterctl.inventory.loader import load_inventory
 from support.lab_fixture import LabSession

@@ -429,7 +429,7 @@ def test_upstream_api_key_only_in_the_auth_file(lab, gw, monkeypatch):
         assert status == 200 and inst == "g-k1" and body["choices"], body
         auth = "/etc/nginx/clusterctl/upstream-auth.conf"
         assert lab.run(gw_host, f"stat -c '%a %U:%G' {auth}").stdout.strip() == "640 root:www-data"
-        leaks = lab.run(gw_host, f"ps -eo args; journalctl --no-pager -q; cat /var/log/nginx/*.log "
+        leaks = lab.run(gw_host, "ps -eo args; journalctl --no-pager -q; cat /var/log/nginx/*.log "
                                  "/etc/nginx/nginx.conf /etc/nginx/clusterctl/gateway.*").stdout
         assert key not in leaks
     finally:

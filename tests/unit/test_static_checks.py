@@ -37,3 +37,89 @@ def test_core_modules_never_import_the_cli_layer() -> None:
             offenders += [f"{path}:{node.lineno}: imports {n}" for n in names
                           if any(n == m or n.startswith(m + ".") for m in CLI_ONLY)]
     assert not offenders, "\n".join(offenders)
+
+
+def _modules() -> list[tuple[Path, str, ast.Module]]:
+    """Every module of the package: (path, dotted name, tree)."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        out.append((path, name.removesuffix(".__init__"), ast.parse(path.read_text(), filename=str(path))))
+    return out
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def test_no_private_name_is_used_across_modules() -> None:
+    """A name starting with ``_`` stays inside its module, and a private module (``cli/_common.py``)
+    inside its package: what other modules need is public (no hidden doors between features)."""
+    offenders = []
+    for path, me, tree in _modules():
+        package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        imported: dict[str, str] = {}  # local name -> the clusterctl module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.startswith("clusterctl"):
+                mod_pkg = node.module.rpartition(".")[0]
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    imported[a.asname or a.name] = full
+                    if _private(a.name) and full.rpartition(".")[0] != package:
+                        offenders.append(f"{path}:{node.lineno}: imports the private {full}")
+                if any(_private(p) for p in node.module.split(".")) and not (package + ".").startswith(
+                        mod_pkg + "."):
+                    offenders.append(f"{path}:{node.lineno}: imports the private module {node.module}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("clusterctl") and a.asname:
+                        imported[a.asname] = a.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in imported and _private(node.attr):
+                offenders.append(f"{path}:{node.lineno}: uses the private {imported[node.value.id]}.{node.attr}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_package_never_writes_the_environment() -> None:
+    """Settings travel as arguments: no module sets, updates or deletes ``os.environ`` for another to
+    read (the lab, which prepares the environment of the simulated hosts' programs, aside)."""
+    offenders = []
+    for path, _, tree in _modules():
+        if path.relative_to(PACKAGE).parts[0] == "lab":
+            continue
+        for node in ast.walk(tree):
+            env = None
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                env = next((t for t in targets if isinstance(t, ast.Subscript)
+                            and ast.unparse(t.value) == "os.environ"), None)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and ast.unparse(node.func) in ("os.environ.update", "os.environ.setdefault",
+                                                   "os.environ.pop", "os.environ.clear", "os.putenv"):
+                env = node
+            if env is not None:
+                offenders.append(f"{path}:{node.lineno}: writes os.environ")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_fleets_are_built_by_the_one_factory() -> None:
+    """``Fleet(...)`` is constructed only in ``fleet/`` (``fleet/factory.py``'s make_fleet): one place
+    decides fanout, timeouts, the sudo password and host-key policy from the options and the config."""
+    offenders = []
+    for path, _, tree in _modules():
+        if path.relative_to(PACKAGE).parts[0] == "fleet":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "Fleet":
+                offenders.append(f"{path}:{node.lineno}: builds a Fleet (use clusterctl.fleet.factory)")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_tree_passes_ruff() -> None:
+    """ruff's rules of pyproject.toml ([tool.ruff]) hold for the package, tests, benchmarks and scripts."""
+    root = PACKAGE.parent
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "clusterctl", "tests",
+                           "benchmarks", "scripts"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -10,10 +10,7 @@ prints it with the traceback shape vLLM prints.
 from __future__ import annotations
 
 import json
-import math
-import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable

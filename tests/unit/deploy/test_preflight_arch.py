@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from clusterctl.deploy import memory as M
 from clusterctl.deploy.preflight import check_instances

@@ -428,7 +428,7 @@ def test_ensure_user_script_creates_once_with_no_login_shell(tmp_path):
     assert "useradd --system --user-group --create-home --home-dir /var/lib/vllm" in calls
     useradd = next(line for line in calls.splitlines() if line.startswith("useradd"))
     assert "--shell /usr/sbin/nologin" in useradd and useradd.endswith(" vllm")
-    assert f"install -d -m 0750 -o vllm" in calls  # the missing home is created
+    assert "install -d -m 0750 -o vllm" in calls  # the missing home is created
     (tmp_path / "calls").unlink()
     (tmp_path / "home").mkdir()
     env = {**env, "PATH": env["PATH"].replace(str(tmp_path / "bin"), str(tmp_path / "bin2"))}
@@ -482,7 +482,6 @@ def test_gpus_pinned_by_uuid_with_a_check_before_start(inv):
     r = _render(inv, "tp2")
     inst = inv.instances["tp2"]
     pinned = render_instance(inv, inst, secrets=resolve_secrets(inv, inst), gpu_uuids=UUIDS)
-    d = {(s, k): v for s, k, v in unit_directives(pinned.unit_text)}
     env = [v for s, k, v in unit_directives(pinned.unit_text) if k == "Environment"]
     assert f"CUDA_VISIBLE_DEVICES={','.join(UUIDS)}" in env
     pre = [v for s, k, v in unit_directives(pinned.unit_text) if k == "ExecStartPre"]

@@ -12,7 +12,7 @@ import pytest
 
 from clusterctl.stage import layout as ly, verify_model
 
-from unit.stage.nodehelp import CHUNK, make_model, manifest_for, result_of, run_node, stage_job, start_node
+from unit.stage.nodehelp import CHUNK, make_model, manifest_for, run_node, stage_job, start_node
 from unit.stage.rangeserver import RangeServer
 
 SIZES = {"config.json": 700, "model-00001-of-00002.safetensors": 20 * CHUNK + 123,
