@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusterctl.diagnose import sources
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.serving import parse_metrics, total
