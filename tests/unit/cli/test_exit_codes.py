@@ -30,8 +30,8 @@ def test_planned_monitoring_command_says_so_and_exits_unknown(capsys: pytest.Cap
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from clusterctl.cli import planned
 
-    monkeypatch.setitem(planned.PLANNED, "autoscale", ("Scale templates by load [planned].", 13))
-    assert main(["autoscale"]) == ExitCode.UNKNOWN
+    monkeypatch.setitem(planned.PLANNED, "rebalance", ("Move replicas between hosts [planned].", 13))
+    assert main(["rebalance"]) == ExitCode.UNKNOWN
     assert "issue #13" in capsys.readouterr().err
 
 
