@@ -28,9 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from clusterctl.bench.target import is_url
 from clusterctl.deploy import gates
 from clusterctl.deploy.engine import Deploy, api_key, instance_served_name, render_all
+from clusterctl.diagnose.thresholds import check_file
+from clusterctl.drift import prompts as drift_prompts
+from clusterctl.drift import release as drift_release
+from clusterctl.drift import run as drift_run
+from clusterctl.drift import store as drift_store
+from clusterctl.drift.store import store_path
 from clusterctl.errors import ClusterctlError
+from clusterctl.vllmclient import Endpoint
 
 #: ``record(url, api_key, name)`` records baseline ``name`` from ``url``; returns a one-line summary.
 Recorder = Callable[[str, Optional[str], str], str]
@@ -62,8 +70,6 @@ def parse_gates(values: Sequence[str], *, bench_tolerance: float = 0.1, record_b
                 state_dir: Path | None = None) -> ReleaseGates:
     """``--gate`` values (``drift``, ``drift:NAME``, ``bench:REFERENCE``), each kind at most once.
     Raises ClusterctlError naming the bad value."""
-    from clusterctl.drift.store import store_path
-
     drift: str | None = None
     bench: str | None = None
     for v in values:
@@ -92,9 +98,6 @@ def parse_gates(values: Sequence[str], *, bench_tolerance: float = 0.1, record_b
 
 def _check_url(ref: str) -> None:
     """A URL reference must be plain ``http://HOST:PORT`` (the gate sends requests to HOST:PORT)."""
-    from clusterctl.bench.target import is_url
-    from clusterctl.vllmclient import Endpoint
-
     if is_url(ref):
         ep = Endpoint.parse(ref)
         if ep.https or ep.base_path.strip("/"):
@@ -104,13 +107,9 @@ def _check_url(ref: str) -> None:
 def record_previous(url: str, key: str | None, name: str, state_dir: Path | None = None) -> str:
     """Record baseline ``name`` from ``url`` with the shipped prompt set; a one-line summary.
     Raises ClusterctlError when the endpoint does not answer."""
-    from clusterctl.diagnose.thresholds import check_file
-    from clusterctl.drift import prompts, run, store
-    from clusterctl.vllmclient import Endpoint
-
-    ps = prompts.load(check_file("drift/basic.jsonl"))
-    b = run.record(Endpoint.parse(url).with_key(key), name, ps)
-    path = store.save(b, state_dir)
+    ps = drift_prompts.load(check_file("drift/basic.jsonl"))
+    b = drift_run.record(Endpoint.parse(url).with_key(key), name, ps)
+    path = drift_store.save(b, state_dir)
     return f"baseline {name!r}: {len(b.outputs)} prompts from {url} (model {b.env.get('model')}) -> {path}"
 
 
@@ -166,11 +165,7 @@ class ReleaseDeploy(Deploy):
         ref = self.release.bench_reference
         if ref is None:
             return None
-        from clusterctl.bench.target import is_url
-
         if is_url(ref):
-            from clusterctl.vllmclient import Endpoint
-
             ep = Endpoint.parse(ref)
             key = os.environ.get("CLUSTERCTL_API_KEY") or canary.api_key
             return gates.GateTarget(ref, "-", ep.host, ep.port, canary.served_name, key)
@@ -179,8 +174,6 @@ class ReleaseDeploy(Deploy):
         return self._target(ref)
 
     def extra_gates(self, fleet: Any, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
-        from clusterctl.drift.release import release_gates
-
         out = super().extra_gates(fleet, passed)
         failed = {g.instance for g in out if not g.ok}
         todo = [t for t in passed if t.instance not in failed]
@@ -195,7 +188,7 @@ class ReleaseDeploy(Deploy):
             reference = self._reference(todo[0]) if ref else None
         except ClusterctlError as e:
             return out + [gates.GateResult(t.instance, t.host, False, "bench", str(e), 0.0) for t in todo]
-        return out + release_gates(
+        return out + drift_release.release_gates(
             todo, drift_baseline=self.release.drift_baseline,
             bench_reference=(lambda t: reference) if reference is not None else None,
             drift_options={"state_dir": self.release.state_dir},
