@@ -15,8 +15,8 @@ the timeout.  An instance that refuses connections has nothing in flight
 (timeouts, errors) is polled until the timeout and reported with the error.
 
 The gateway is reached through :class:`GatewayHook`; :func:`gateway_for`
-finds the gateway package's hook for an inventory, if the package and a
-configured gateway exist.
+finds the gateway package's hook for an inventory, if it configures a
+gateway.
 
 A drain marks the instance down with the reason ``drain``; every path that
 drains and then starts the instance again (deploy, rollback, restart, scale,
@@ -27,7 +27,6 @@ marked down for another reason, e.g. failover's, keeps that mark).
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
@@ -62,17 +61,12 @@ class GatewayHook(Protocol):
 
 def gateway_for(inv: Inventory, state_dir: Any = None) -> GatewayHook | None:
     """The gateway's hook for ``inv``: ``clusterctl.gateway.hook.gateway_hook(inv, state_dir)``, or
-    ``None`` when the gateway package is not there or the inventory configures no gateway.
+    ``None`` when the inventory configures no gateway.
     ``state_dir``: the deploy state directory the command uses (``None``: the default one)."""
-    try:
-        mod = importlib.import_module("clusterctl.gateway.hook")
-    except ModuleNotFoundError as e:
-        if e.name in ("clusterctl.gateway", "clusterctl.gateway.hook"):
-            return None
-        raise
-    factory = getattr(mod, "gateway_hook", None)
-    hook: GatewayHook | None = factory(inv, state_dir) if callable(factory) else None
-    return hook
+    # gateway.hook imports this module (DRAIN_REASON) and deploy.state: imported here, not at the top.
+    from clusterctl.gateway.hook import gateway_hook
+
+    return gateway_hook(inv, state_dir)
 
 
 def put_back(gateway: GatewayHook | None, names: Iterable[str]) -> dict[str, str]:
