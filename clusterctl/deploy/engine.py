@@ -173,9 +173,9 @@ def pinned_uuids(inst: Instance, st: remote.HostState | None) -> list[str] | Non
     does not move the instance; its ``check-gpus`` refuses to start instead.
     Otherwise the UUIDs the host's NVML gives those indexes now.
     """
-    if st is None:
+    idx = [g.index for g in inst.placement if not g.is_cpu]
+    if st is None or not idx:
         return None
-    idx = [g.index for g in inst.placement]
     have = st.instances.get(inst.name)
     if have is not None and have.x.get("GPUs") == ",".join(map(str, idx)) and have.x.get("GPUUUIDs"):
         recorded = have.x["GPUUUIDs"].split(",")

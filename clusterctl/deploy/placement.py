@@ -23,6 +23,12 @@ named ``<template>-<n>`` (n = 1, 2, ...).  The rules, in order:
   contiguous indexes), then the lowest indexes.
 * **Spread.** A new replica goes to the host with the fewest replicas of its
   template, then the closest group, then inventory order.
+* **CPU engines.** A template whose engine has ``device: cpu`` (tp 1) takes
+  no GPU: each replica takes its host's CPU slot (``host:cpu``,
+  :data:`~clusterctl.inventory.model.CPU_SLOT`), so hosts without GPUs
+  qualify and any number of its replicas may share a host (pre-flight checks
+  the host's RAM).  It spreads like the others (fewest replicas, then
+  inventory order) and avoids cordoned hosts.
 * **Ports.** ``port_base`` + the replica's slot on its host: the lowest
   offset whose port no other instance on that host uses.  A kept replica keeps
   its port unless it collides or is below ``port_base``.
@@ -38,7 +44,7 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from clusterctl.deploy.state import DeployState, Placement, cordon_key
 from clusterctl.errors import ClusterctlError
-from clusterctl.inventory.model import GpuRef, Instance, InstanceTemplate, Inventory
+from clusterctl.inventory.model import CPU_SLOT, GpuRef, Instance, InstanceTemplate, Inventory
 
 #: NVML common-ancestor levels, nearest first (docs/facts.md, ``gpus.topology``).
 LEVEL_RANK = {"INTERNAL": 0, "SINGLE": 1, "MULTIPLE": 2, "HOSTBRIDGE": 3, "NODE": 4, "SYSTEM": 5}
@@ -186,7 +192,8 @@ class _Board:
 
     def claim(self, name: str, host: str, gpus: Iterable[int], port: int | None) -> None:
         for i in gpus:
-            self.gpu_owner[GpuRef(host, i)] = name
+            if i != CPU_SLOT:  # a CPU slot is no GPU: replicas share it
+                self.gpu_owner[GpuRef(host, i)] = name
         if port is not None:
             self.ports.setdefault(host, set()).add(port)
 
@@ -204,6 +211,12 @@ class _Board:
         return next((p for p in range(base, 65536) if p not in used), None)
 
 
+def on_cpu(inv: Inventory, tpl: InstanceTemplate) -> bool:
+    """Whether ``tpl``'s engine runs on CPUs (``device: cpu``): its replicas take CPU slots, no GPUs."""
+    engine = inv.engines.get(tpl.engine)
+    return engine is not None and engine.device == "cpu"
+
+
 def _invalid(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placement,
              board: _Board) -> str | None:
     """Why a recorded placement can no longer be kept; ``None`` when it can."""
@@ -211,6 +224,11 @@ def _invalid(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placemen
         return f"host {p.host} is no longer in the inventory"
     if p.host not in hosts:
         return f"host {p.host} no longer matches hosts {tpl.hosts!r}"
+    cpu = on_cpu(inv, tpl)
+    if cpu != (p.gpus == (CPU_SLOT,)):
+        return "engine now runs on CPU" if cpu else "engine now runs on GPUs"
+    if cpu:
+        return None
     if len(p.gpus) != tpl.tp:
         return f"TP size changed from {len(p.gpus)} to {tpl.tp}"
     count = inv.hosts[p.host].gpus.count
@@ -248,6 +266,9 @@ def _no_room(inv: Inventory, tpl: InstanceTemplate, hosts: list[str], board: _Bo
     from clusterctl.inventory.nodeset import fold
 
     cordoned = [h for h in hosts if board.state.host_cordoned(h)]
+    if on_cpu(inv, tpl):
+        return (f"no uncordoned host with a free port from {tpl.port_base} in {tpl.hosts!r} (engine "
+                f"{tpl.engine} runs on CPU)" + (f"; cordoned hosts: {fold(cordoned)}" if cordoned else ""))
     free = {h: len(board.free(h, avoid)) for h in hosts if h not in cordoned}
     detail = ", ".join(f"{h} {n}" for h, n in free.items()) or "none"
     text = (f"not enough free uncordoned GPUs: needs {tpl.tp} on one host of {tpl.hosts!r}; "
@@ -344,7 +365,7 @@ def desired_instances(inv: Inventory, state: DeployState, *,
                     result.on_cordoned[name] = cordon
                 continue
             previous = state.placements.get(tpl.name, {}).get(name) if name in move else None
-            queue = queue or _HostQueue(tpl, hosts, per_host, board, topology, avoid)
+            queue = queue or _HostQueue(tpl, hosts, per_host, board, topology, avoid, on_cpu(inv, tpl))
             p_new = queue.place(previous)
             if p_new is None:
                 no_room = no_room or _no_room(inv, tpl, hosts, board, avoid)
@@ -374,8 +395,8 @@ class _HostQueue:
     """
 
     def __init__(self, tpl: InstanceTemplate, hosts: list[str], per_host: dict[str, int], board: _Board,
-                 topology: Mapping[str, HostTopology], avoid: Collection[GpuRef]) -> None:
-        self.tpl, self.per_host, self.board, self.avoid = tpl, per_host, board, avoid
+                 topology: Mapping[str, HostTopology], avoid: Collection[GpuRef], cpu: bool = False) -> None:
+        self.tpl, self.per_host, self.board, self.avoid, self.cpu = tpl, per_host, board, avoid, cpu
         self.order = {h: i for i, h in enumerate(hosts)}
         self.ranks = {h: _pair_ranks(topology.get(h)) for h in hosts}
         self.version = dict.fromkeys(hosts, 0)
@@ -387,7 +408,11 @@ class _HostQueue:
     def refresh(self, host: str) -> None:
         """Re-score ``host`` after its free GPUs or replica count changed."""
         self.version[host] += 1
-        found = _best_group(self.board.free(host, self.avoid), self.tpl.tp, self.ranks[host])
+        if self.cpu:  # the host's CPU slot: free unless the host is cordoned (or a moving replica leaves it)
+            free = not self.board.state.host_cordoned(host) and GpuRef(host, CPU_SLOT) not in self.avoid
+            found: tuple[tuple[int, ...], tuple[int, ...]] | None = ((0, 0, 0), (CPU_SLOT,)) if free else None
+        else:
+            found = _best_group(self.board.free(host, self.avoid), self.tpl.tp, self.ranks[host])
         if found is None:
             self.group.pop(host, None)
             return

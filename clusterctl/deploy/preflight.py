@@ -288,7 +288,7 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
     """One instance's row, and per GPU (index, util, predicted NVML use, free) for the sharing check."""
     host = inst.hosts[0] if inst.hosts else None
     gone = (stopping or {}).get(host or "", ())
-    row = InstanceRow(instance=inst.name, host=host, gpus=tuple(g.index for g in inst.placement))
+    row = InstanceRow(instance=inst.name, host=host, gpus=tuple(g.index for g in inst.placement if not g.is_cpu))
     usage: list[tuple[int, float, int, int]] = []
     if len(inst.hosts) != 1:
         row.add(Severity.CRIT, "tp.hosts", f"TP group spans {len(inst.hosts)} hosts ({', '.join(inst.hosts)}): "

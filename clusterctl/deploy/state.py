@@ -39,6 +39,7 @@ from typing import Any, Iterator
 
 from clusterctl.config import UserConfig
 from clusterctl.errors import ConfigError, Problem
+from clusterctl.inventory.model import CPU_SLOT
 
 STATE_DIR_ENV = "CLUSTERCTL_STATE_DIR"
 PLACEMENTS = "placements.json"
@@ -183,9 +184,11 @@ def _placements(path: Path) -> dict[str, dict[str, Placement]]:
             gpus = p.get("gpus")
             if not isinstance(gpus, list) or not gpus:
                 raise _bad(path, f"{w}.gpus: expected a non-empty list of GPU indexes")
-            idx = tuple(_int(path, g, f"{w}.gpus", 0, 1023) for g in gpus)
+            idx = tuple(_int(path, g, f"{w}.gpus", CPU_SLOT, 1023) for g in gpus)
             if len(set(idx)) != len(idx):
                 raise _bad(path, f"{w}.gpus: a GPU is listed twice")
+            if CPU_SLOT in idx and len(idx) != 1:
+                raise _bad(path, f"{w}.gpus: the CPU slot ({CPU_SLOT}) stands alone")
             out[tpl][name] = Placement(host=_name(path, p.get("host"), f"{w}.host"), gpus=idx,
                                        port=_int(path, p.get("port"), f"{w}.port", 1, 65535))
     return out

@@ -163,9 +163,11 @@ def instance_env(inv: Inventory, inst: Instance, host: Host,
     ``VLLM_HOST_IP`` (its address, when given), ``NCCL_IB_HCA`` (its RDMA
     devices as ``=dev:port``, exact names) and, on RoCE, ``NCCL_IB_TC``.
     """
+    gpus = [g for g in inst.placement if not g.is_cpu]
+    # An instance on a host's CPU slot (engine device: cpu) has no GPUs to list.
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
            "CUDA_VISIBLE_DEVICES": ",".join(gpu_uuids) if gpu_uuids
-           else ",".join(str(g.index) for g in inst.placement)}
+           else ",".join(str(g.index) for g in gpus)} if gpus else {}
     data = host.nics_with_role("data")
     if data:
         env["NCCL_SOCKET_IFNAME"] = data[0].netdev
@@ -313,7 +315,7 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         else:
             plain[key] = value
 
-    gpus = tuple(g.index for g in inst.placement)
+    gpus = tuple(g.index for g in inst.placement if not g.is_cpu)
     gpus_csv = ",".join(str(g) for g in gpus)
     x_section = [("Instance", inst.name), ("Host", host.name), ("Model", model.name),
                  ("ModelPath", model.path), ("ModelVersion", model.version or ""),
@@ -321,7 +323,8 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
                  ("GPUs", gpus_csv), ("Port", str(inst.port)), ("TP", str(inst.tp_size))]
     if gpu_uuids:
         x_section.append(("GPUUUIDs", ",".join(gpu_uuids)))
-    description = _one_line(f"vLLM {inst.name}: {served} on {host.name} GPU {gpus_csv} port {inst.port}")
+    where_on = f"GPU {gpus_csv}" if gpus else "CPU"
+    description = _one_line(f"vLLM {inst.name}: {served} on {host.name} {where_on} port {inst.port}")
     unit_text = _template().render(
         instance=inst.name,
         description=description.replace("%", "%%"),

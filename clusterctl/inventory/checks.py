@@ -53,7 +53,8 @@ def check_templates(ctx: Ctx, inv: Inventory) -> None:
     used: dict[str, int] = {}
     for inst in inv.instances.values():
         for ref in inst.placement:
-            used[ref.host] = used.get(ref.host, 0) + 1
+            if not ref.is_cpu:
+                used[ref.host] = used.get(ref.host, 0) + 1
     for tpl in inv.templates.values():
         line = _line(tpl)
         w = f"templates.{tpl.name}"
@@ -65,6 +66,9 @@ def check_templates(ctx: Ctx, inv: Inventory) -> None:
                 from clusterctl.inventory.nodeset import fold
                 ctx.warning(line, f"{w}: TP {tpl.tp} on PCIe-only host(s) {fold(pcie)}; "
                                   f"without NVLink keep TP <= {PCIE_MAX_TP}")
+        engine = inv.engines.get(tpl.engine)
+        if engine is not None and engine.device == "cpu":
+            continue  # its replicas take the hosts' CPU slots: no GPUs to count
         slots = sum(max(h.gpus.count - used.get(h.name, 0), 0) // tpl.tp for h in hosts)
         if slots < tpl.replicas:
             ctx.error(line, f"{w}: {tpl.replicas} replicas of TP {tpl.tp} do not fit: "

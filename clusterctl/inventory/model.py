@@ -132,15 +132,24 @@ class Engine:
     device: str = "gpu"
 
 
+#: The index of a placement slot that is no GPU: an instance of an engine with ``device: cpu`` runs on the
+#: host's CPUs and takes this slot (written ``host:cpu``), so it needs no GPU on the host.
+CPU_SLOT = -1
+
+
 @dataclass(frozen=True, order=True)
 class GpuRef:
-    """One GPU: ``host:index``."""
+    """One GPU: ``host:index``; or, with index :data:`CPU_SLOT`, a CPU instance's host (``host:cpu``)."""
 
     host: str
     index: int
 
+    @property
+    def is_cpu(self) -> bool:
+        return self.index == CPU_SLOT
+
     def __str__(self) -> str:
-        return f"{self.host}:{self.index}"
+        return f"{self.host}:cpu" if self.is_cpu else f"{self.host}:{self.index}"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 from clusterctl.errors import SelectionError
 from clusterctl.inventory.fields import NAME, Ctx, suggest
 from clusterctl.inventory.model import (
-    Engine, GpuRef, Instance, InstanceTemplate, Inventory, Location, Model, ModelArch, SecretRef,
+    CPU_SLOT, Engine, GpuRef, Instance, InstanceTemplate, Inventory, Location, Model, ModelArch, SecretRef,
 )
 from clusterctl.inventory.nodeset import NodeSetError, expand
 from clusterctl.inventory.yamlnodes import Y
@@ -116,7 +116,8 @@ class WorkloadReader:
             if "placement" not in known:
                 ctx.error(line, f"{w}: missing 'placement' (the TP group, e.g. [gpu01:0, gpu01:1])")
                 continue
-            placement = self._placement(known["placement"], w, inv)
+            eng = inv.engines.get(str(common.get("engine") or ""))
+            placement = self._placement(known["placement"], w, inv, cpu=eng is not None and eng.device == "cpu")
             if "port" not in known:
                 ctx.error(line, f"{w}: missing 'port'")
                 continue
@@ -211,11 +212,21 @@ class WorkloadReader:
             out[name] = SecretRef("env" if kind == "env" else "file", text, Location(ctx.filename, line))
         return out
 
-    def _placement(self, y: Y, w: str, inv: Inventory) -> tuple[GpuRef, ...] | None:
+    def _placement(self, y: Y, w: str, inv: Inventory, cpu: bool = False) -> tuple[GpuRef, ...] | None:
+        """The TP group's GPUs; for an engine with ``device: cpu`` also a host name (or ``host:cpu``):
+        the instance then takes the host's CPU slot and no GPU."""
         ctx = self.ctx
         items = ctx.string_list(y, f"{w}.placement")
         if items is None:
             return None
+        text, line = items[0] if items else ("", y.line)
+        host = text[:-len(":cpu")] if text.endswith(":cpu") else text if ":" not in text else None
+        if cpu and len(items) == 1 and host is not None:
+            if host not in inv.hosts:
+                ctx.error(line, f"{w}.placement: host {host!r} is not defined in 'hosts'"
+                          + suggest(host, list(inv.hosts)))
+                return None
+            return (GpuRef(host, CPU_SLOT),)
         refs: list[GpuRef] = []
         seen: set[GpuRef] = set()
         ok = True
@@ -229,7 +240,8 @@ class WorkloadReader:
             for pair in pairs:
                 host, sep, idx = pair.rpartition(":")
                 if not sep or not idx.isdigit():
-                    ctx.error(line, f"{w}.placement: {pair!r} is not host:GPU (e.g. gpu01:0)")
+                    ctx.error(line, f"{w}.placement: {pair!r} is not host:GPU (e.g. gpu01:0)"
+                              + (" (an engine with device: cpu takes one host: e.g. cpu01)" if cpu else ""))
                     ok = False
                     continue
                 if host not in inv.hosts:
@@ -285,6 +297,11 @@ class WorkloadReader:
                 ctx.error(known["hosts"].line, f"{w}.hosts: {e}")
                 continue
             if None in vals.values() or "replicas" not in vals or "tp" not in vals:
+                continue
+            eng = inv.engines.get(str(common.get("engine") or ""))
+            if eng is not None and eng.device == "cpu" and vals["tp"] != 1:
+                ctx.error(known["tp"].line, f"{w}.tp: engine {eng.name} runs on CPU: tp must be 1 "
+                                            "(a replica takes a host's CPU slot, no GPUs)")
                 continue
             policy = None
             if "autoscale" in known:
