@@ -31,7 +31,8 @@ def check_instances(ctx: Ctx, inv: Inventory) -> None:
     for inst in inv.instances.values():
         line = _line(inst)
         for ref in inst.placement:
-            claim(ref, inst, f"GPU {ref}")
+            if not ref.is_cpu:  # instances share a host's CPU slot (each on its own port)
+                claim(ref, inst, f"GPU {ref}")
         for host in inst.hosts:
             claim((host, inst.port), inst, f"port {inst.port} on {host}")
         _check_heads(ctx, inv, inst.model, inst.tp_size, line, f"instances.{inst.name}")

@@ -69,6 +69,20 @@ def test_an_explicit_cpu_instance_names_a_host_without_gpus(tmp_path: Path, plac
     assert solo.hosts == ("cpu02",) and solo.tp_size == 1
 
 
+def test_two_cpu_instances_share_a_host_on_their_own_ports(tmp_path: Path) -> None:
+    text = INV.replace("PLACEMENT", "cpu02") + """  solo2:
+    model: tiny
+    engine: vllm-cpu
+    placement: cpu02
+    port: PORT
+    args: {kv-cache-memory-bytes: 64M, max-model-len: 2048}
+"""
+    inv = load(tmp_path, text.replace("PORT", "8101"))
+    assert inv.instances["solo2"].hosts == inv.instances["solo"].hosts == ("cpu02",)
+    with pytest.raises(ConfigError, match=r"port 8100 on cpu02 is also used by instance solo"):
+        load(tmp_path, text.replace("PORT", "8100"))
+
+
 def test_a_gpu_engine_still_needs_host_and_gpu(tmp_path: Path) -> None:
     text = INV.replace("PLACEMENT", "gpu01").replace("engine: vllm-cpu\n    placement", "engine: vllm\n    placement")
     with pytest.raises(ConfigError, match=r"inventory.yaml:\d+: instances.solo.placement: 'gpu01' is not host:GPU"):
