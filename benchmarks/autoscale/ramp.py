@@ -45,7 +45,14 @@ def phases(text: str) -> list[tuple[float, float]]:
 def plot(result: dict[str, Any]) -> str:
     t0 = 0.0  # absolute times: the charts label the x axis as UTC clock times
     hist = result["decisions"]
-    rep = [(h["ts"] - t0, float(h["target"] if h["outcome"] == "ok" else h["current"])) for h in hist]
+    rep: list[tuple[float, float]] = []
+    for i, h in enumerate(hist):  # the count measured at the decision; a change counts once it is done
+        rep.append((h["ts"] - t0, float(h["current"])))
+        if h["outcome"] == "ok" and h["action"] != "none":
+            # ``seconds`` also counts the measurement before ``ts``: never past the next decision
+            at = min(h["ts"] + (h["seconds"] or 0.0), hist[i + 1]["ts"] if i + 1 < len(hist) else 1e18) - t0
+            rep += [(at - 1e-3, float(h["current"])), (at, float(h["target"]))]  # a step, not a slope
+    rep.sort(key=lambda p: p[0])
     sig = [(h["ts"] - t0, float(h["value"])) for h in hist if h["value"] is not None]
     band = result["policy"]
     rate, ttft = [], []
@@ -70,6 +77,9 @@ def plot(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--replot"]:  # redraw the SVG from a results file
+        write_atomic(REPO / "docs" / "autoscale-ramp.svg", plot(json.loads(Path(sys.argv[2]).read_text())))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--phases", default="0.5:20,1.5:30,3:40,4.5:40,1.5:30,0.3:60", help="RATE:SECONDS,... of bench phases")
     ap.add_argument("--time-scale", type=float, default=5.0)

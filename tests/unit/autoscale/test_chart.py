@@ -24,8 +24,9 @@ def decisions(now: float) -> list[dict]:
 
 def test_series_follow_what_was_done_not_what_was_tried() -> None:
     s = chart.series(decisions(1000.0))["pool"]
+    # each decision's measured count, and a done action's new count (at ts + seconds: 0 here);
     # the failed scale-out at the end stays at 1 replica
-    assert [v for _, v in s["replicas"]] == [1, 1, 2, 2, 2, 1, 1]
+    assert [v for _, v in s["replicas"]] == [1, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1]
     assert [v for _, v in s["signal"]][:3] == [0.2, 0.9, 0.95] and {v for _, v in s["high"]} == {0.7}
 
 
