@@ -7,7 +7,7 @@ Read from ``$XDG_CONFIG_HOME/clusterctl/config.yaml`` (default
     fanout: 64                                  # parallel SSH connections
     connect_timeout: 10                         # seconds
     command_timeout: 60                         # seconds
-    state_dir: ~/.local/state/clusterctl        # @failed, history, locks
+    state_dir: ~/.local/state/clusterctl        # @failed, history, locks: per cluster under clusters/NAME
 
 Precedence for the inventory path: ``-i/--inventory`` > ``$CLUSTERCTL_INVENTORY``
 > this file > ``./inventory.yaml``.
@@ -29,9 +29,35 @@ def config_path() -> Path:
     return Path(base) / "clusterctl" / "config.yaml"
 
 
-def default_state_dir() -> Path:
+def state_root() -> Path:
+    """The user's state directory before keying by cluster (``$XDG_STATE_HOME/clusterctl``)."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "clusterctl"
+
+
+#: (root, the cluster's directory under it) once a command knows its cluster (:func:`bind_state_dir`).
+_BOUND: tuple[Path, Path] | None = None
+
+
+def bind_state_dir(root: Path | None, keyed: Path | None = None) -> None:
+    """From now on (this process), state under ``root`` means ``keyed`` (the cluster's directory,
+    ``clusterctl.clusterstate.bind``); ``None`` unbinds.  A binding to another root is ignored."""
+    global _BOUND
+    _BOUND = (Path(root), Path(keyed)) if root is not None and keyed is not None else None
+
+
+def keyed(root: Path) -> Path:
+    """``root``'s cluster directory when a cluster is bound to it, else ``root``."""
+    return _BOUND[1] if _BOUND is not None and _BOUND[0] == Path(root) else Path(root)
+
+
+def bound_cluster_dir() -> Path | None:
+    return _BOUND[1] if _BOUND is not None else None
+
+
+def default_state_dir() -> Path:
+    """The state directory: the bound cluster's part of :func:`state_root` (docs/architecture.md "State")."""
+    return keyed(state_root())
 
 
 @dataclass
@@ -55,6 +81,7 @@ def load_user_config(path: Path | None = None) -> UserConfig:
     path = path or config_path()
     cfg = UserConfig()
     if not path.exists():
+        cfg.state_dir = keyed(state_root())
         return cfg
     try:
         node = yaml.compose(path.read_text())
@@ -85,6 +112,15 @@ def load_user_config(path: Path | None = None) -> UserConfig:
         setattr(cfg, key, value)
     if problems:
         raise ConfigError(problems)
+    cfg.state_dir = keyed(cfg.state_dir)
+    return cfg
+
+
+def load_user_config_root(path: Path | None = None) -> UserConfig:
+    """:func:`load_user_config` with ``state_dir`` as configured, not keyed by the bound cluster."""
+    cfg = load_user_config(path)
+    if _BOUND is not None and cfg.state_dir == _BOUND[1]:
+        cfg.state_dir = _BOUND[0]
     return cfg
 
 

@@ -9,7 +9,8 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-from clusterctl.config import UserConfig, load_user_config, resolve_inventory_path
+from clusterctl.config import (UserConfig, bind_state_dir, keyed, load_user_config, load_user_config_root,
+                               resolve_inventory_path)
 from clusterctl.errors import ClusterctlError, ConfigError
 from clusterctl.exitcodes import USAGE_ERROR
 
@@ -33,21 +34,98 @@ def fail(message: str, code: int = USAGE_ERROR) -> NoReturn:
 
 
 def user_config() -> UserConfig:
+    """The user config; its ``state_dir`` is the cluster's part of the state directory
+    (``clusterctl.clusterstate``): the cluster of the inventory this command loaded, else of the
+    default inventory (``$CLUSTERCTL_INVENTORY``, the config's, ``./inventory.yaml``) when one exists."""
     try:
+        root = load_user_config_root().state_dir
+        if keyed(root) == root:
+            _bind_default()
         return load_user_config()
     except ConfigError as e:
         fail(str(e))
 
 
-def load_inventory(path: str | None, force: bool = False):  # -> Inventory
-    """Load and validate the inventory or exit 3 with every problem listed."""
+_binding = False
+
+
+def _bind_default() -> None:
+    """Bind the default inventory's cluster when it exists and loads; otherwise leave the state un-keyed."""
+    global _binding
+    if _binding:
+        return
+    from pathlib import Path
+
     from clusterctl.inventory.loader import load_inventory as _load
 
-    cfg = user_config()
+    _binding = True
     try:
-        return _load(resolve_inventory_path(path, cfg), force=force)
+        path = resolve_inventory_path(None, load_user_config_root())
+        if Path(path).is_file():
+            try:
+                inv = _load(path, force=True)
+            except ClusterctlError:
+                return
+            bind_cluster(inv)
+    finally:
+        _binding = False
+
+
+def bind_cluster(inv: Any) -> Any:
+    """Key this command's state by ``inv``'s cluster (``clusterctl.clusterstate.bind``: adopt un-keyed
+    state once, refuse another cluster's state with exit 3); returns the binding (cluster, state_dir)."""
+    from clusterctl.clusterstate import bind
+
+    def say(message: str) -> None:
+        sys.stderr.write(message + "\n")
+
+    try:
+        root = load_user_config_root().state_dir
+        b = bind(inv, root, on_event=say)
+    except ConfigError as e:
+        fail(str(e))
     except ClusterctlError as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"state directory: {e}")
+    bind_state_dir(root, b.state_dir)
+    return b
+
+
+def cluster_meta() -> dict[str, str]:
+    """``{"cluster", "state_dir"}`` of the cluster this command's state is keyed by; ``{}`` when none is."""
+    from clusterctl.config import bound_cluster_dir
+
+    d = bound_cluster_dir()
+    root = load_user_config_root().state_dir
+    if d is None or keyed(root) == root:
+        return {}
+    return {"cluster": d.name, "state_dir": str(d)}
+
+
+def cluster_line() -> str | None:
+    """The header line naming the cluster whose state a command uses (status, doctor, report)."""
+    m = cluster_meta()
+    return f"cluster {m['cluster']} (state {m['state_dir']})" if m else None
+
+
+def load_inventory(path: str | None, force: bool = False):  # -> Inventory
+    """Load and validate the inventory or exit 3 with every problem listed; the command's state is
+    then the inventory's cluster's (:func:`bind_cluster`)."""
+    from clusterctl.inventory.loader import load_inventory as _load
+
+    global _binding
+    _binding = True  # resolving the path must not bind the default inventory first
+    try:
+        cfg = user_config()
+    finally:
+        _binding = False
+    try:
+        inv = _load(resolve_inventory_path(path, cfg), force=force)
+    except ClusterctlError as e:
+        fail(str(e))
+    bind_cluster(inv)
+    return inv
 
 
 def print_json(data: Any) -> None:

@@ -52,11 +52,14 @@ def _host_names(inv: Any, ctx: typer.Context) -> list[str]:
 def _instance_names(inv: Any, ctx: typer.Context) -> list[str]:
     names = list(inv.instances)
     try:  # placed template replicas, from the deploy state
-        from clusterctl.config import load_user_config
+        from clusterctl.clusterstate import cluster_dir, cluster_name
+        from clusterctl.config import load_user_config_root
         from clusterctl.deploy.deployed import wanted_instances
         from clusterctl.deploy.state import resolve_state_dir
 
-        names = list(wanted_instances(inv, resolve_state_dir(ctx.params.get("state_dir"), load_user_config())))
+        cfg = load_user_config_root()  # the cluster's state, read without binding (nothing written)
+        cfg.state_dir = cluster_dir(cfg.state_dir, cluster_name(inv))
+        names = list(wanted_instances(inv, resolve_state_dir(ctx.params.get("state_dir"), cfg)))
     except Exception:
         pass
     templates = [f"{t}-*" for t in getattr(inv, "templates", {}) or {}]

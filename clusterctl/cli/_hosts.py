@@ -49,7 +49,8 @@ def select(inventory: Optional[str], pattern: str) -> tuple[str, list[Host]]:
     path = resolve_inventory_path(inventory, cfg)
     inv = load_inventory(inventory)
     try:
-        hosts = select_hosts(inv, pattern, failed=load_failed(cfg.state_dir, inventory=path))
+        # the state dir after load_inventory: the inventory's cluster's (clusterctl.clusterstate)
+        hosts = select_hosts(inv, pattern, failed=load_failed(user_config().state_dir, inventory=path))
     except ClusterctlError as e:
         fail(str(e))
     if not hosts:

@@ -19,7 +19,8 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, user_config
+from clusterctl.cli._common import (InventoryOpt, JsonOpt, cluster_meta, console, err_console, fail, load_inventory,
+                                   user_config)
 from clusterctl.cli._hosts import (
     AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, ProbeSudoOpt,
     become_password, check_host_key_policy,
@@ -219,6 +220,8 @@ def render(findings: list[Finding], fmt: str, show_ok: bool, meta: dict[str, Any
     elif fmt == "prom":
         sys.stdout.write(rf.to_prometheus(findings))
     else:
+        if meta.get("cluster"):  # on stderr, as the progress: stdout stays the table
+            err_console.print(f"cluster {meta['cluster']} (state {meta['state_dir']})", markup=False)
         _table(findings, show_ok)
 
 
@@ -310,6 +313,7 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
     meta["duration_s"] = round(time.monotonic() - started, 3)
     meta["checks"] = (selected or ["all"]) + requested if requested else (selected or "all")
     meta.update(settled_counts(findings), since=since)
+    meta.update(cluster_meta())
     render(findings, fmt, show_all, meta)
     raise typer.Exit(exit_code(findings))
 
@@ -396,10 +400,12 @@ def ack(check: Optional[str] = typer.Argument(None, help="The finding's check, e
         host: Optional[str] = typer.Option(None, "--host", help="Only on this host (default: every host)."),
         list_: bool = typer.Option(False, "--list", help="List the acknowledgements and exit."),
         remove: bool = typer.Option(False, "--remove", help="Remove the acknowledgement of CHECK SUBJECT."),
-        as_json: bool = JsonOpt) -> None:
+        inventory: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     from clusterctl.diagnose import acks
     from clusterctl.diagnose.current import parse_when
 
+    if inventory:  # the cluster whose acknowledgements these are (else the default inventory's)
+        load_inventory(inventory)
     state = user_config().state_dir
     now = time.time()
     try:

@@ -21,7 +21,8 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json
+from clusterctl.cli._common import (InventoryOpt, JsonOpt, cluster_line, cluster_meta, console, err_console, fail,
+                                   load_inventory, print_json)
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, instances_wanted, inventory_fleet
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -207,12 +208,15 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
         err_console.print(f"warning: {w}", markup=False)
     code = exit_code(rows)
     if json_out:
-        print_json({"instances": [r.to_json() for r in rows], "window_s": window, "exit_code": code})
+        print_json({"instances": [r.to_json() for r in rows], "window_s": window, "exit_code": code,
+                    **cluster_meta()})
     elif rows:
         # Piped output is not cut to 80 columns: one full row per instance for grep.
         from rich.console import Console
 
         out = console if console.is_terminal else Console(width=240, highlight=False)
+        if cluster_line():  # on stderr: stdout stays one row per line for grep
+            err_console.print(cluster_line(), markup=False)
         out.print(render_table(rows, group_by))
     else:
         console.print("no instances in the inventory and no clusterctl units on its hosts")

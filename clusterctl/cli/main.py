@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef,assignment]
 
 from clusterctl import __version__
+from clusterctl.config import bind_state_dir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import INTERRUPTED, USAGE_ERROR
 
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and map errors to exit codes."""
     args, debug = _debug_flag(sys.argv[1:] if argv is None else list(argv))
     args = _subcommand_alias(args)
+    bind_state_dir(None)  # each command binds its own cluster's state (cli/_common.load_inventory)
     try:
         rv = build_app(_command_name(args))(args=args, prog_name="clusterctl", standalone_mode=False)
     except Exit as e:

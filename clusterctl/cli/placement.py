@@ -86,7 +86,10 @@ def uncordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A 
         console.print(f"still cordoned: {', '.join(left)}")
 
 
-def cordons(state_dir: Optional[str] = StateDirOpt, as_json: bool = JsonOpt) -> None:
+def cordons(inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
+            as_json: bool = JsonOpt) -> None:
+    if inventory:  # the cluster whose cordons these are (else the default inventory's)
+        load_inventory(inventory)
     st = _load(state_store(state_dir))
     rows = [{"target": k, "reason": c.reason, "who": c.who, "when": c.when} for k, c in sorted(st.cordons.items())]
     if as_json:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json,
+from clusterctl.cli._common import (InventoryOpt, JsonOpt, cluster_meta, console, err_console, fail, load_inventory, print_json,
                                     user_config)
 from clusterctl.cli._hosts import ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt
 from clusterctl.errors import ClusterctlError
@@ -104,6 +104,7 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
     opts = Options(db=db_path(db), pattern=pattern_key, out_dir=Path(out) if out else None,
                    textfile=Path(textfile) if textfile else None, notify_cmd=notify_cmd, renotify_s=renotify_s,
                    retention_days=retention, lock_wait_s=lock_wait, state_dir=_state_dir())
+    meta = {**meta, **cluster_meta()}
     try:
         result = report_run(findings, opts, started=started, meta=meta, metrics=metrics)
     except ClusterctlError as e:

@@ -33,7 +33,7 @@ from clusterctl.inventory.workloads import WorkloadReader
 from clusterctl.inventory.yamlnodes import Y, parse
 
 SCHEMA_VERSION = 1
-TOP_KEYS = ("version", "defaults", "fabric", "groups", "hosts", "engines", "models",
+TOP_KEYS = ("version", "cluster", "defaults", "fabric", "groups", "hosts", "engines", "models",
             "instances", "templates", "gateway", "pd_pools")
 RESERVED_GROUPS = ("all", "failed")
 
@@ -104,6 +104,8 @@ class _Loader:
         elif ctx.integer(version, "version") not in (None, SCHEMA_VERSION):
             ctx.error(version.line, f"version: this clusterctl reads schema {SCHEMA_VERSION}, "
                                     f"not {version.value}")
+        if "cluster" in top:
+            inv.cluster = self._cluster(top["cluster"])
         defaults = self.settings.layer(top.get("defaults"), "defaults", allow_use_ssh_config=True)
         if "fabric" in top:
             inv.fabric = self.settings.fabric(top["fabric"])
@@ -118,6 +120,19 @@ class _Loader:
         check_templates(ctx, inv)
         inv.gateway = GatewayReader(ctx).gateway(top.get("gateway"), inv)
         inv.pd_pools = PdPoolReader(ctx).pools(top.get("pd_pools"), inv)
+
+    def _cluster(self, y: Y) -> str:
+        """``cluster:``: the name the state is kept under (clusterctl.clusterstate)."""
+        from clusterctl.clusterstate import NAME as CLUSTER_NAME
+
+        name = self.ctx.string(y, "cluster")
+        if name is None:
+            return ""
+        if not CLUSTER_NAME.match(name):
+            self.ctx.error(y.line, f"cluster: {name!r} is not a cluster name (letters, digits, '.', '_', '-'; "
+                                   "at most 63; starts with a letter or digit)")
+            return ""
+        return name
 
     def _host_entries(self, y: Y | None) -> dict[str, tuple[Layer, int, str | None]]:
         """Expand ``hosts:`` keys; return name -> (layer, line, explicit address)."""

@@ -384,6 +384,8 @@ class Inventory:
     path: str
     hosts: dict[str, Host] = field(default_factory=dict)
     groups: dict[str, list[str]] = field(default_factory=dict)
+    #: ``cluster:``, the name its state is kept under; "" when absent (clusterctl.clusterstate.cluster_name)
+    cluster: str = ""
     models: dict[str, Model] = field(default_factory=dict)
     engines: dict[str, Engine] = field(default_factory=dict)
     instances: dict[str, Instance] = field(default_factory=dict)

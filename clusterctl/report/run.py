@@ -53,6 +53,8 @@ class Result:
     warnings: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     pattern: str = "all"
+    #: the cluster whose state (history, acks) this run used (``meta["cluster"]``); "" when not keyed
+    cluster: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -102,7 +104,7 @@ def _stamp(t: float) -> str:
 def to_markdown(result: Result) -> str:
     s = summary(result.findings)
     lines = [f"# clusterctl report: {s['worst']}", "",
-             f"Run {result.run_id} at {_stamp(result.started)}"
+             (f"Cluster {md_cell(result.cluster)}. " if result.cluster else "") + f"Run {result.run_id} at {_stamp(result.started)}"
              + (f", compared with run {result.previous_id}" if result.previous_id else " (first run)") + ".", "",
              "## Hosts", "", "| host | worst | problems | top problem |", "|---|---|---|---|"]
     for r in host_summary(result.findings):
@@ -140,7 +142,7 @@ def report_run(findings: list[Finding], opts: Options, *, started: float, metric
                              metrics=list(metrics), meta=meta)
         pruned = hist.prune(opts.retention_days, now=finished)
         result = Result(run_id, prev.id if prev else None, findings, change, started, finished, pruned,
-                        pattern=opts.pattern)
+                        pattern=opts.pattern, cluster=str((meta or {}).get("cluster") or ""))
         if opts.out_dir is not None:
             out = Path(opts.out_dir)
             write_atomic(out / "report.json", to_json(result, meta) + "\n")

@@ -43,6 +43,10 @@ class World(PlaybookWorld):
     def __init__(self, lab: Any, root: Path, model_dir: Path):
         super().__init__(lab, root, model_dir)
         self.xdg = root / "xdg"
+        from clusterctl.clusterstate import default_cluster_name
+
+        # the inventory has no cluster: name; its state is keyed by the file's default name
+        self.baselines = self.xdg / "clusterctl" / "clusters" / default_cluster_name(str(self.inv_path)) / "drift" / "baselines"
 
     def write(self, **env: str) -> None:  # type: ignore[override]
         doc = dict(self.base)
@@ -112,12 +116,12 @@ def test_deploy_and_record_the_previous_baseline(world: World) -> None:
     p = world.cli("drift", "baseline", "p1", "--name", "previous", "-i", str(world.inv_path), "--json")
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout)["prompts"] == 12
-    assert (world.xdg / "clusterctl" / "drift" / "baselines" / "previous.json").is_file()
+    assert (world.baselines / "previous.json").is_file()
 
 
 def test_a_drifting_canary_is_rolled_back_and_the_rollout_stops(world: World) -> None:
     before = {h: world.unit(h, f"p{n}") for n, h in enumerate(world.hosts, 1)}
-    baseline = world.xdg / "clusterctl" / "drift" / "baselines" / "previous.json"
+    baseline = world.baselines / "previous.json"
     recorded = baseline.stat().st_mtime_ns
     world.write(VLLM_SIM_BROKEN_QUANTIZATION="1")
     rc, data, err = world.deploy("--record-baseline", "previous", "--gate", "drift")

@@ -30,7 +30,10 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     transport = FakeTransport()
     monkeypatch.setattr(cli_fleet, "ParamikoTransport", lambda **kw: transport)
-    return inv, transport, tmp_path / "state" / "clusterctl"
+    from clusterctl.clusterstate import default_cluster_name
+
+    # @failed is kept in the inventory's cluster's state (docs/inventory.md "State per cluster")
+    return inv, transport, tmp_path / "state" / "clusterctl" / "clusters" / default_cluster_name(str(inv))
 
 
 def test_exec_gathers_identical_output_and_exits_worst_rc(env, capsys):
