@@ -56,8 +56,12 @@ def _host_rows(results: list[Any]) -> None:
     for r in results:
         if r.ok:
             what = r.action or ("unchanged" if not r.changed else "written")
+            extra = f"; keepalived {r.vrrp}" if r.vrrp else ""
+            if r.keepalived:
+                extra += f"; keepalived {r.keepalived}" + ("; holds the floating address" if r.holds_vip else "")
             console.print(f"[green]ok[/] {escape(r.host)}: {escape(what)}"
-                          + (f" (config {escape(r.config)}, nginx {escape(r.active or '?')})" if r.config else ""))
+                          + (f" (config {escape(r.config)}, nginx {escape(r.active or '?')})" if r.config else "")
+                          + escape(extra))
         else:
             console.print(f"[bold red]FAILED[/] {escape(r.host)}: {escape(r.error or r.kind or 'failed')}")
 
@@ -93,13 +97,15 @@ def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
             states = dict(st.servers)
             states.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
         from clusterctl.gateway import keys as gwkeys
-        files = tuple(f for f in render_gateway(inv, instances, states, clients=gwkeys.load(directory)).redacted()
-                      if not f.remove)
+        rendered = render_gateway(inv, instances, states, clients=gwkeys.load(directory))
+        # (host, file): host "" for the files every gateway host has, else keepalived's of that host
+        files = [("", f) for f in rendered.redacted() if not f.remove]
+        files += [(h, f) for h, fs in rendered.redacted_vrrp().items() for f in fs]
     except ClusterctlError as e:
         fail(str(e))
     if out is not None:
-        for f in files:
-            dest = out / f.path.lstrip("/")
+        for h, f in files:
+            dest = out / h / f.path.lstrip("/")
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f".{dest.name}.tmp")
             tmp.write_text(f.text)
@@ -107,13 +113,14 @@ def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
             tmp.rename(dest)
     if json_out:
         print_json({"files": [{"path": f.path, "mode": oct(f.mode), "group": f.group, "secret": f.secret,
-                               **({} if out else {"text": f.text})} for f in files]})
+                               **({"host": h} if h else {}), **({} if out else {"text": f.text})}
+                              for h, f in files]})
     elif out is not None:
-        for f in files:
-            console.print(f"wrote {out / f.path.lstrip('/')}", markup=False)
+        for h, f in files:
+            console.print(f"wrote {out / h / f.path.lstrip('/')}", markup=False)
     else:
-        for f in files:
-            console.print(f"# ===== {f.path} (mode {f.mode:o}, root:{f.group})", markup=False)
+        for h, f in files:
+            console.print(f"# ===== {h + ': ' if h else ''}{f.path} (mode {f.mode:o}, root:{f.group})", markup=False)
             console.print(f.text, markup=False, end="")
 
 
@@ -121,7 +128,9 @@ def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
 
 Writes the files atomically, validates them with `nginx -t` (when nginx refuses,
 the old files are put back and nginx's message is shown), then reloads nginx
-gracefully: streams in flight finish on the old workers. Uses the last sync's
+gracefully: streams in flight finish on the old workers. With gateway.vip it
+also writes keepalived's config per host (checked with `keepalived -t`) and
+reloads or starts keepalived (docs/gateway.md). Uses the last sync's
 states (marked-down instances stay down). Exit 0 when every host serves the
 new config, 2 when one failed, 3 for usage errors.
 
@@ -250,7 +259,9 @@ def _print_sync(result: Any, json_out: bool) -> ExitCode:
 
 
 @app.command("status", help="""Show each gateway host: nginx's unit state and the config it serves,
-compared with the last config sync or deploy applied, and the marked-down instances.
+compared with the last config sync or deploy applied, and the marked-down instances;
+with gateway.vip also keepalived's state and which host holds the floating address
+(no holder or two: exit 2).
 Exit 0 all serve the expected config, 1 some serve another, 2 some are down, 3 usage errors.
 
 Example:
@@ -270,15 +281,27 @@ def status(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
     fleet = inventory_fleet(inv, list(gw.hosts), fanout=fanout, connect_timeout=connect_timeout,
                    host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
     with fleet:
-        results = gateway_status(fleet, port=gw.admin_port, hosts=list(gw.hosts))
+        results = gateway_status(fleet, port=gw.admin_port, hosts=list(gw.hosts),
+                                 vip=gw.vip.address if gw.vip else None)
     expected = st.config or None
     stale = [r.host for r in results if r.ok and expected and r.config != expected]
     code = ExitCode.CRIT if not all(r.ok for r in results) else ExitCode.WARN if stale else ExitCode.OK
+    vip_problem = None
+    if gw.vip is not None:
+        holders = [r.host for r in results if r.holds_vip]
+        if len(holders) != 1:  # nobody: clients get no answer; two: both answer ARP (split brain)
+            vip_problem = (f"floating address {gw.vip.address} is held by "
+                           f"{', '.join(holders) if holders else 'no gateway host'}")
+            code = ExitCode.CRIT
     if json_out:
         print_json({"hosts": [r.to_json() for r in results], "expected_config": expected, "stale": stale,
-                    "marked_down": st.marked_down, "exit_code": int(code)})
+                    "marked_down": st.marked_down, "vip": None if gw.vip is None else
+                    {"address": gw.vip.address, "holders": [r.host for r in results if r.holds_vip],
+                     "problem": vip_problem}, "exit_code": int(code)})
         raise typer.Exit(int(code))
     _host_rows(results)
+    if vip_problem:
+        console.print(f"[bold red]CRIT[/] {escape(vip_problem)}")
     for h in stale:
         console.print(f"[yellow]stale[/] {escape(h)}: serves another config than {escape(expected or '-')}")
     for name, m in sorted(st.marked_down.items()):

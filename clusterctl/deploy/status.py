@@ -19,6 +19,9 @@ starting      WARN      activating, or active but not listening yet for
                         less than ``LOADING_GRACE_S`` (vLLM loads for minutes
                         and has no readiness notification)
 unhealthy     CRIT      active but ``/health`` fails (503 = engine dead)
+hung          CRIT      ``/health`` 200 but requests run in both ``/metrics``
+                        samples and no token is generated between them
+                        (doctor's hung-engine rule, ``serving.engine_hung``)
 restarting    CRIT      between automatic restarts (a crash loop)
 failed        CRIT      the unit failed (the message says why, from its journal)
 stopped       CRIT      the unit is inactive (why, from its journal)
@@ -44,6 +47,7 @@ from clusterctl.deploy.metrics import (DEFAULT_HTTP_TIMEOUT, MAX_PARALLEL, HttpA
 from clusterctl.deploy.peaks import load_peaks, update_peaks
 from clusterctl.deploy.spec import unit_name
 from clusterctl.diagnose.findings import Severity
+from clusterctl.diagnose.serving import engine_hung
 from clusterctl.diagnose.unitlog import down_reason
 from clusterctl.inventory.model import Instance, Inventory
 
@@ -182,6 +186,12 @@ def _apply_load(row: InstanceStatus, w: WindowedMetrics | None, queue_cap: int |
             row.ttft_p90_s = None if p90 is None else round(p90, 4)
             row.ttft_mean_s = None if mean is None else round(mean, 4)
             row.ttft_requests = w.ttft_requests
+    if row.state == "serving" and w is not None and w.first is not None and w.last is not None \
+            and w.first is not w.last and engine_hung(w.first.running, w.last.running,
+                                                      w.first.generation_tokens, w.last.generation_tokens):
+        row.state, row.severity = "hung", Severity.CRIT
+        row.message = (f"engine hung: {w.last.running:.0f} request(s) running, no token generated in "
+                       f"{w.last.at - w.first.at:.1f} s (/health still answers)")
     if row.healthy is None:
         return
     cap = max(capacity or 0.0, row.tokens_per_s or 0.0) or None

@@ -159,7 +159,7 @@ def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
     if m1 is not None:
         r0, r1 = total(m0, "vllm:num_requests_running"), total(m1, "vllm:num_requests_running")
         g0, g1 = total(m0, "vllm:generation_tokens_total"), total(m1, "vllm:generation_tokens_total")
-        if r0 and r1 and g0 is not None and g1 is not None and g1 <= g0:
+        if engine_hung(r0, r1, g0, g1):
             found.append(Finding("serving.metrics", Severity.CRIT, host, subj,
                                  f"engine hung: {r1:.0f} requests running but no token generated in "
                                  f"{ctx.interval_s:g} s", "restart the instance; check serving.engine and the TP "
@@ -177,6 +177,15 @@ def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
                              "long queues or prefill contention: add replicas, lower --max-num-batched-tokens",
                              (f"ttft_p99={p99:.3f}s",)))
     return found or [Finding("serving.metrics", Severity.OK, host, subj, "serving metrics within limits")]
+
+
+def engine_hung(running0: float | None, running1: float | None, generated0: float | None,
+                generated1: float | None) -> bool:
+    """Requests running in both of two ``/metrics`` samples and ``vllm:generation_tokens_total``
+    not moving between them: a hung engine, which ``/health`` does not see.  The one rule of
+    doctor's ``serving.metrics`` and of ``clusterctl status`` (which ``gateway sync`` follows)."""
+    return bool(running0) and bool(running1) and generated0 is not None and generated1 is not None \
+        and generated1 <= generated0
 
 
 @analyzer("serving.engine")

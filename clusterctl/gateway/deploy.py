@@ -16,6 +16,7 @@ import os
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from clusterctl.deploy.remote import node_reply
@@ -25,7 +26,7 @@ from clusterctl.fleet import shell
 from clusterctl.fleet.results import HostResult
 from clusterctl.gateway import keys as gwkeys
 from clusterctl.gateway.render import RenderedGateway, TlsFiles
-from clusterctl.inventory.model import Inventory
+from clusterctl.inventory.model import Inventory, SecretRef
 
 #: Seconds one host may take (write, nginx -t, reload, health wait).
 APPLY_TIMEOUT_S = 90.0
@@ -51,15 +52,24 @@ class GatewayHostResult:
     kind: str | None = None
     active: str | None = None
     config: str | None = None
+    #: keepalived (``gateway.vip``): what apply did (``started``, ``reloaded``, ``unchanged``, ``removed``)
+    vrrp: str | None = None
+    #: status with ``gateway.vip``: keepalived's unit state and whether this host holds the address
+    keepalived: str | None = None
+    holds_vip: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 @lru_cache(maxsize=1)
-def _node_command() -> str:
-    source = (Path(__file__).parent / "node.py").read_text()
-    return shell.require_python3(shell.join(["python3", "-I", "-B", "-c", source]))
+def _node_source() -> str:
+    return (Path(__file__).parent / "node.py").read_text()
+
+
+def _node_command(host: str) -> str:
+    """The node program with the host's inventory name as its argument (it picks its keepalived files)."""
+    return shell.require_python3(shell.join(["python3", "-I", "-B", "-c", _node_source(), host]))
 
 
 def _answer(r: HostResult) -> dict[str, Any]:
@@ -69,8 +79,7 @@ def _answer(r: HostResult) -> dict[str, Any]:
 
 
 def _run(fleet: Any, hosts: list[str], job: dict[str, Any], timeout: float) -> dict[str, dict[str, Any]]:
-    cmd = _node_command()
-    res = fleet.run({h: cmd for h in hosts}, stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
+    res = fleet.run({h: _node_command(h) for h in hosts}, stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
     return {r.host: _answer(r) for r in res}
 
 
@@ -79,13 +88,16 @@ def apply_gateway(fleet: Any, rendered: RenderedGateway, *, port: int, hosts: li
     """Install ``rendered`` on ``hosts`` (all held by ``fleet``); one result per host, in order."""
     job = {"op": "apply", "digest": rendered.config, "port": port, "runtime": rendered.runtime,
            "files": [{"path": f.path, "text": None if f.remove else f.text, "mode": f.mode, "group": f.group,
-                      "live": f.live} for f in rendered.files]}
+                      "live": f.live} for f in rendered.files],
+           # keepalived's files per host; {} removes a floating address clusterctl set up earlier
+           "vrrp": {h: [{"path": f.path, "text": f.text, "mode": f.mode} for f in fs]
+                    for h, fs in rendered.vrrp.items()}}
     answers = _run(fleet, hosts, job, timeout)
     out = []
     for h in hosts:
         a = answers.get(h, {"ok": False, "kind": "node", "error": "no answer"})
         out.append(GatewayHostResult(h, bool(a.get("ok")), bool(a.get("changed")), bool(a.get("reloaded")),
-                                     a.get("action"), a.get("error"), a.get("kind")))
+                                     a.get("action"), a.get("error"), a.get("kind"), vrrp=a.get("vrrp")))
     return out
 
 
@@ -102,9 +114,11 @@ def push_scores(fleet: Any, rendered: RenderedGateway, scores: dict[str, Any], *
     return out
 
 
-def gateway_status(fleet: Any, *, port: int, hosts: list[str], timeout: float = 30.0) -> list[GatewayHostResult]:
-    """nginx's unit state and the config digest each host serves (``config=None``: no answer)."""
-    answers = _run(fleet, hosts, {"op": "status", "port": port}, timeout)
+def gateway_status(fleet: Any, *, port: int, hosts: list[str], timeout: float = 30.0,
+                   vip: str | None = None) -> list[GatewayHostResult]:
+    """nginx's unit state and the config digest each host serves (``config=None``: no answer); with
+    ``vip`` keepalived's state and whether the host holds the floating address."""
+    answers = _run(fleet, hosts, {"op": "status", "port": port, "vip": vip}, timeout)
     out = []
     for h in hosts:
         a = answers.get(h, {"ok": False, "kind": "node", "error": "no answer"})
@@ -112,15 +126,32 @@ def gateway_status(fleet: Any, *, port: int, hosts: list[str], timeout: float = 
         ok = bool(a.get("ok")) and a.get("active") == "active" and "config" in health
         error = a.get("error") or (None if ok else f"nginx {a.get('active')}; /gateway/health: "
                                                    f"{health.get('error', health)}")
+        if vip and ok and a.get("keepalived") != "active":
+            ok, error = False, f"keepalived {a.get('keepalived')}: this host cannot take the floating address"
         out.append(GatewayHostResult(h, ok, error=error, kind=a.get("kind"), active=a.get("active"),
-                                     config=health.get("config")))
+                                     config=health.get("config"), keepalived=a.get("keepalived"),
+                                     holds_vip=a.get("holds_vip")))
     return out
 
 
 def secret_inputs(inv: Inventory, state_dir: Path) -> dict[str, Any]:
     """What :func:`render_gateway` needs beyond the inventory to write real files: the upstream
     key, the client keys (hashes) and the TLS certificate and key (keyword arguments)."""
-    return {"api_key": resolve_api_key(inv), "clients": gwkeys.load(state_dir), "tls": resolve_tls(inv)}
+    return {"api_key": resolve_api_key(inv), "clients": gwkeys.load(state_dir), "tls": resolve_tls(inv),
+            "vrrp_password": resolve_vrrp_password(inv)}
+
+
+def _read_ref(inv: Inventory, ref: SecretRef, what: str, check: Callable[[str], str | None] = lambda v: None) -> str:
+    """The value ``ref`` names, read on this machine; a :class:`ConfigError` at the inventory's
+    ``file:line`` (never holding the value) when it cannot be read or ``check`` says why not."""
+    base = os.path.dirname(os.path.abspath(inv.path)) if inv.path else os.getcwd()
+    value, why = read_secret(ref, base)
+    if value is not None:
+        why = check(value)
+    if value is None or why:
+        loc = ref.location
+        raise ConfigError([Problem(loc.file if loc else inv.path, loc.line if loc else 0, f"{what}: {why}")])
+    return value
 
 
 def resolve_tls(inv: Inventory) -> TlsFiles | None:
@@ -128,16 +159,9 @@ def resolve_tls(inv: Inventory) -> TlsFiles | None:
     gw = inv.gateway
     if gw is None or gw.tls_certificate is None or gw.tls_key is None:
         return None
-    base = os.path.dirname(os.path.abspath(inv.path)) if inv.path else os.getcwd()
-    out = []
-    for what, ref in (("certificate", gw.tls_certificate), ("key", gw.tls_key)):
-        value, why = read_secret(ref, base)
-        if value is None or "-----BEGIN" not in value:
-            loc = ref.location
-            raise ConfigError([Problem(loc.file if loc else inv.path, loc.line if loc else 0,
-                                       f"gateway.tls.{what}: {why or 'not a PEM file (no -----BEGIN line)'}")])
-        out.append(value + "\n")
-    return TlsFiles(out[0], out[1])
+    pem = (lambda v: None if "-----BEGIN" in v else "not a PEM file (no -----BEGIN line)")
+    return TlsFiles(_read_ref(inv, gw.tls_certificate, "gateway.tls.certificate", pem) + "\n",
+                    _read_ref(inv, gw.tls_key, "gateway.tls.key", pem) + "\n")
 
 
 def resolve_api_key(inv: Inventory) -> str | None:
@@ -149,10 +173,13 @@ def resolve_api_key(inv: Inventory) -> str | None:
     gw = inv.gateway
     if gw is None or gw.api_key is None:
         return None
-    base = os.path.dirname(os.path.abspath(inv.path)) if inv.path else os.getcwd()
-    value, why = read_secret(gw.api_key, base)
-    if value is None:
-        loc = gw.api_key.location
-        raise ConfigError([Problem(loc.file if loc else inv.path, loc.line if loc else 0,
-                                   f"gateway.api_key: {why}")])
-    return value
+    return _read_ref(inv, gw.api_key, "gateway.api_key")
+
+
+def resolve_vrrp_password(inv: Inventory) -> str | None:
+    """VRRP's password named by ``gateway.vip.password`` (``None`` without one); errors at ``file:line``."""
+    gw = inv.gateway
+    if gw is None or gw.vip is None or gw.vip.password is None:
+        return None
+    return _read_ref(inv, gw.vip.password, "gateway.vip.password",
+                     lambda v: None if v.strip() else "empty").strip()

@@ -14,7 +14,15 @@ running (a graceful reload: old workers finish their requests, bounded by
 ``worker_shutdown_timeout``), else enable and start it; then wait until
 ``/gateway/health`` reports the new digest on HEALTH_AGREE fresh connections in a row.
 
-``{"op": "status", "port"}``: nginx's unit state and ``/gateway/health``.
+``"vrrp": {HOST: [files]}`` in an apply job: keepalived's files per gateway host (``gateway.vip``);
+this host takes its own (its inventory name is the program's one argument), writes the changed
+ones, checks them with ``keepalived -t`` (the old files back when it refuses) and reloads
+keepalived (enable and start the first time).  ``"vrrp": {}``: no floating address: a keepalived
+configuration clusterctl wrote (it carries the mark) is stopped and removed.  Run after nginx's
+part, whose result it joins (``vrrp``: ``unchanged``, ``reloaded``, ``started``, ``removed``).
+
+``{"op": "status", "port", "vip"}``: nginx's unit state and ``/gateway/health``; with ``vip``
+keepalived's unit state and whether this host holds the address now.
 
 ``{"op": "scores", "port", "token", "scores"}``: POST the instance scores to the
 loopback admin endpoint (``/gateway/scores``) with the admin token, which only
@@ -66,9 +74,10 @@ def _write(path: str, data: bytes, mode: int, group: str) -> None:
     os.rename(tmp, path)
 
 
-def _run(argv: list[str], timeout: float = 60) -> tuple[int, str]:
+def _run(argv: list[str], timeout: float = 60, session: bool = False) -> tuple[int, str]:
     try:
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                           start_new_session=session)
     except (OSError, subprocess.TimeoutExpired) as e:
         return 127, str(e)
     return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace").strip()
@@ -201,15 +210,112 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
             "error": "nginx was %s but /gateway/health does not report config %s: %s" % (action, want, health)}
 
 
+def _unit_state(unit: str) -> str:
+    return (_run(["systemctl", "is-active", unit])[1].splitlines() or ["unknown"])[-1]
+
+
+def holds(address: str) -> bool:
+    """Whether ``address`` is one of this host's IPv4 addresses now."""
+    rc, text = _run(["ip", "-o", "-4", "addr", "show"])
+    return rc == 0 and any(w.split("/")[0] == address for line in text.splitlines() for w in line.split())
+
+
+VRRP_MARK = "# clusterctl gateway: floating address"
+KEEPALIVED = "keepalived.service"
+
+
+def _secret_free(text: str, files: list[dict[str, Any]]) -> str:
+    """keepalived's messages with any auth_pass value of ``files`` replaced (they may quote lines)."""
+    for f in files:
+        for line in (f.get("text") or "").splitlines():
+            w = line.split()
+            if len(w) == 2 and w[0] == "auth_pass":
+                text = text.replace(w[1], "***")
+    return text
+
+
+def apply_vrrp(job: dict[str, Any], host: str) -> dict[str, Any]:
+    """keepalived's part of an apply (module doc); ``{}`` when the job says nothing about it."""
+    if "vrrp" not in job:
+        return {}
+    files = (job["vrrp"] or {}).get(host)
+    if files is None:
+        marked = [p for p in ("/etc/keepalived/keepalived.conf", "/etc/keepalived/clusterctl-check-nginx")
+                  if (_read(p) or b"").decode("utf-8", "replace").find(VRRP_MARK) >= 0]
+        if not marked:
+            return {}
+        _run(["systemctl", "disable", "--now", KEEPALIVED])
+        for p in marked:
+            os.unlink(p)
+        return {"vrrp": "removed"}
+    if not shutil.which("keepalived"):
+        if not shutil.which("apt-get"):
+            return {"ok": False, "kind": "keepalived", "error": "keepalived is not installed and this host has "
+                    "no apt-get: install keepalived, then run gateway deploy again"}
+        inst = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "keepalived"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        if inst.returncode != 0 or not shutil.which("keepalived"):
+            tail = inst.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
+            return {"ok": False, "kind": "keepalived", "error": "installing keepalived failed: " + " | ".join(tail)}
+    new = [(f["path"], f["text"].encode(), int(f["mode"])) for f in files]
+    old = {p: _read(p) for p, _, _ in new}
+    changed = [p for p, data, _ in new if old[p] != data]
+    running = _unit_state(KEEPALIVED) == "active"
+    if not changed and running:
+        return {"vrrp": "unchanged"}
+    for path, data, mode in new:
+        if path in changed:
+            _write(path, data, mode, "root")
+    # its own session: keepalived 2.2.7's config test signals its whole process group when it ends
+    rc, text = _run(["keepalived", "-t", "-l", "-f", "/etc/keepalived/keepalived.conf"], session=True)
+    if rc != 0:
+        for path, _, mode in new:
+            if path in changed:
+                if old[path] is None:
+                    os.unlink(path)
+                else:
+                    _write(path, old[path] or b"", mode, "root")
+        return {"ok": False, "kind": "keepalived-t", "vrrp": "refused",
+                "error": "keepalived -t refused the new configuration (the old one is kept):\n"
+                         + _secret_free(text, files)}
+    if running:
+        rc, text = _run(["systemctl", "reload", KEEPALIVED])
+        action = "reloaded"
+    else:
+        _run(["systemctl", "enable", KEEPALIVED])
+        rc, text = _run(["systemctl", "restart", KEEPALIVED])
+        action = "started"
+    if rc != 0:
+        return {"ok": False, "kind": "keepalived", "vrrp": "failed",
+                "error": "systemctl %s keepalived failed: %s" % (action[:-2] if running else "start",
+                                                                 _secret_free(text, files))}
+    return {"vrrp": action}
+
+
 def status(job: dict[str, Any]) -> dict[str, Any]:
-    rc, text = _run(["systemctl", "is-active", "nginx.service"])
-    return {"ok": True, "active": (text.splitlines() or ["unknown"])[-1], "health": _health(int(job["port"]))}
+    out = {"ok": True, "active": _unit_state("nginx.service"), "health": _health(int(job["port"]))}
+    if job.get("vip"):
+        out["keepalived"] = _unit_state(KEEPALIVED)
+        out["holds_vip"] = holds(job["vip"])
+    return out
+
+
+def apply_all(job: dict[str, Any]) -> dict[str, Any]:
+    """nginx's files, then (when nginx's part went well) keepalived's."""
+    out = apply(job)
+    if out.get("ok"):
+        v = apply_vrrp(job, sys.argv[1] if len(sys.argv) > 1 else "")
+        if v.get("ok") is False:
+            return {**out, **v, "changed": out.get("changed")}
+        out.update(v)
+    return out
 
 
 def main() -> None:
     try:
         job = json.loads(sys.stdin.readline())
-        op = {"apply": apply, "status": status, "scores": scores}[job["op"]]
+        op = {"apply": apply_all, "status": status, "scores": scores}[job["op"]]
         _out(op(job))
     except Exception as e:  # noqa: BLE001 - one JSON line, whatever happened
         _out({"ok": False, "kind": "node", "error": "%s: %s" % (type(e).__name__, e)})

@@ -107,10 +107,16 @@ class RenderedGateway:
     servers: dict[str, ServerState] = field(default_factory=dict)
     config: str = ""
     runtime: dict[str, str] = field(default_factory=dict)  # the workers' state dir and the admin token's path
+    #: per gateway host, keepalived's files (``gateway.vip``; ``clusterctl.gateway.vrrp``), in ``digest``
+    vrrp: dict[str, tuple[GatewayFile, ...]] = field(default_factory=dict)
 
     def redacted(self) -> tuple[GatewayFile, ...]:
         """The files with the secret one's text replaced: what may be shown or written by ``render``."""
         return tuple(replace(f, text=_redact(f)) if f.secret else f for f in self.files)
+
+    def redacted_vrrp(self) -> dict[str, tuple[GatewayFile, ...]]:
+        """keepalived's files per host with the VRRP password replaced."""
+        return {h: tuple(replace(f, text=_redact(f)) if f.secret else f for f in fs) for h, fs in self.vrrp.items()}
 
 
 _AUTH_LINE = 'proxy_set_header Authorization "Bearer {key}";\n'
@@ -141,6 +147,8 @@ def _token(value: object) -> str:
 def _redact(f: GatewayFile) -> str:
     if f.path.endswith("upstream-auth.conf"):
         return _AUTH_LINE.format(key=REDACTED)
+    if f.path.endswith("keepalived.conf"):
+        return re.sub(r"(?m)^(\s*auth_pass )\S+$", lambda m: m.group(1) + REDACTED, f.text)
     if f.path.endswith("clients.json"):
         n = len(json.loads(f.text or "{}"))
         return json.dumps({"not shown": f"{n} client key(s): SHA-256 -> name, limit classes "
@@ -219,7 +227,7 @@ class TlsFiles:
 def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
                    states: Mapping[str, ServerState] | None = None, *, api_key: str | None = None,
                    clients: tuple[ClientKey, ...] | list[ClientKey] = (), tls: TlsFiles | None = None,
-                   paths: GatewayPaths = GatewayPaths()) -> RenderedGateway:
+                   paths: GatewayPaths = GatewayPaths(), vrrp_password: str | None = None) -> RenderedGateway:
     """The gateway's files for ``inv.gateway`` in front of ``instances`` (name -> Instance).
 
     ``states`` marks instances down or weights them (missing: up, full weight).
@@ -303,9 +311,14 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
         if not f.live:
             h.update(entry)
     config = h.hexdigest()[:16]
+    from clusterctl.gateway.vrrp import render_vrrp  # it builds on this module's GatewayFile
+    vrrp = render_vrrp(inv, vrrp_password)
+    for host, vfiles in sorted(vrrp.items()):  # keepalived's files: in the digest (sync applies them), not in config
+        for f in vfiles:
+            whole.update(f"{host}\0{f.path}\0{f.mode:o}\0{f.text}\0".encode())
     files = [replace(f, text=f.text.replace(placeholder, config)) for f in files]
     return RenderedGateway(tuple(files), whole.hexdigest(), server_states, config,
-                           {"state_dir": paths.state_dir, "token": f"{paths.conf_dir}/admin.token"})
+                           {"state_dir": paths.state_dir, "token": f"{paths.conf_dir}/admin.token"}, vrrp)
 
 
 def _rate(rps: float) -> str:

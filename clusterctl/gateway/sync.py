@@ -4,9 +4,11 @@
 TP groups doctor finds UNAVAILABLE into one :class:`ServerState` per
 instance:
 
-* down: marked down (drain, operator), TP group UNAVAILABLE, or not serving
-  (``clusterctl status`` state other than ``serving``: starting, unhealthy,
-  failed, stopped, absent, ...);
+* down: marked down (drain, operator), TP group UNAVAILABLE, hung (``/health``
+  answers but requests run and no token comes: doctor's hung-engine rule, in
+  ``clusterctl status``), or not serving (``clusterctl status`` state other than
+  ``serving``: starting, unhealthy, failed, stopped, absent, ...); up again as
+  soon as a sync sees it serving;
 * up otherwise, with the least-connections weight
   ``100 x (1 - load) x capacity`` rounded to a multiple of 10 (at least 1): ``load`` the load score
   (0 when unknown), ``capacity`` 1 unless the model's instances run on
@@ -33,6 +35,8 @@ from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, push_sco
 from clusterctl.gateway.render import MAX_WEIGHT, ServerState, render_gateway
 from clusterctl.inventory.model import Instance, Inventory
 
+#: Why a hung instance is down (fixed words: a reason that changed every round would reload nginx).
+HUNG_REASON = "hung: requests running, no token generated"
 #: Weights are multiples of this, so small load changes cause no reload.
 WEIGHT_STEP = 10
 
@@ -160,6 +164,8 @@ def decide(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[
             out[name] = ServerState(True, 1, "TP group UNAVAILABLE")
         elif obs is None:
             out[name] = ServerState(True, 1, "no status")
+        elif obs.state == "hung":  # /health answers 200: the rule below would keep it up
+            out[name] = ServerState(True, 1, HUNG_REASON)
         elif obs.state != "serving" and obs.healthy is not True:
             out[name] = ServerState(True, 1, f"{obs.state}: {obs.reason}" if obs.reason else obs.state)
         else:

@@ -11,14 +11,17 @@ import re
 
 from clusterctl.inventory.fields import Ctx, suggest
 from clusterctl.inventory.model import (
-    GatewaySpec, GrayRelease, Inventory, Location, Mirror, SecretRef,
+    GatewaySpec, GrayRelease, Inventory, Location, Mirror, SecretRef, VipSpec,
 )
 from clusterctl.inventory.nodeset import NodeSetError, expand
 from clusterctl.inventory.yamlnodes import Y
 
 KEYS = ("hosts", "port", "session_header", "max_conns", "limits", "sync_interval_s",
         "read_timeout_s", "api_key", "gray", "mirrors", "auth", "listen", "tls", "admin_port",
-        "client_limits", "dispatch")
+        "client_limits", "dispatch", "vip")
+VIP_KEYS = ("address", "interface", "router_id", "password", "advert_s")
+#: An interface name keepalived and ``ip`` accept (Linux IFNAMSIZ: 15 characters).
+IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}$")
 LIMIT_KEYS = ("connections", "requests_per_second", "burst")
 CLIENT_LIMIT_KEYS = ("requests_per_second", "burst", "streams")
 AUTH = ("keys", "none")
@@ -92,6 +95,8 @@ class GatewayReader:
             self._tls(known["tls"], spec)
         if "client_limits" in known:
             self._client_limits(known["client_limits"], spec)
+        if "vip" in known:
+            spec.vip = self._vip(known["vip"], spec, inv)
         if any(port == spec.admin_port for _, port in spec.listen_addresses()):
             ctx.error(known.get("admin_port", y).line,
                       f"gateway.admin_port: {spec.admin_port} is also a listen port (the admin server is loopback-only)")
@@ -141,6 +146,58 @@ class GatewayReader:
                                                                   spec.key_requests_per_second, spec.key_burst)
         if "streams" in known:
             spec.key_streams = self.ctx.integer(known["streams"], "gateway.client_limits.streams", 0) or 0
+
+    def _vip(self, y: Y, spec: GatewaySpec, inv: Inventory) -> VipSpec | None:
+        """``vip: {address: A[/PREFIX], interface: IF, router_id: 1-255, password: {file|env}, advert_s}``."""
+        ctx, w = self.ctx, "gateway.vip"
+        if ctx.mapping(y, w) is None:
+            return None
+        known = ctx.keys(y, VIP_KEYS, w)
+        for key in ("address", "interface"):
+            if key not in known:
+                ctx.error(y.line, f"{w}: missing '{key}'")
+        if len(spec.hosts) < 2:
+            ctx.error(y.line, f"{w}: a floating address needs two or more gateway hosts (gateway.hosts has "
+                              f"{len(spec.hosts)})")
+        if spec.listen:
+            ctx.error(y.line, f"{w}: with a floating address nginx must listen on every address (the backup "
+                              "host does not hold it); remove gateway.listen")
+        address, prefix = "", 32
+        if "address" in known:
+            text = ctx.string(known["address"], f"{w}.address") or ""
+            try:
+                net = ipaddress.ip_interface(text)
+                if net.version != 4:
+                    raise ValueError("IPv4 only")
+                address, prefix = str(net.ip), net.network.prefixlen
+            except ValueError:
+                ctx.error(known["address"].line, f"{w}.address: {text!r} is not an IPv4 address (A.B.C.D or "
+                                                 "A.B.C.D/PREFIX)")
+        interface = ""
+        if "interface" in known:
+            interface = ctx.string(known["interface"], f"{w}.interface") or ""
+            if interface and not IFNAME.match(interface):
+                ctx.error(known["interface"].line, f"{w}.interface: {interface!r} is not an interface name")
+        vip = VipSpec(address, prefix, interface, location=Location(ctx.filename, y.line))
+        if "router_id" in known:
+            vip.router_id = ctx.integer(known["router_id"], f"{w}.router_id", 1, 255) or vip.router_id
+        if "advert_s" in known:
+            vip.advert_s = ctx.integer(known["advert_s"], f"{w}.advert_s", 1, 255) or vip.advert_s
+        if "password" in known:
+            vip.password = self._secret(known["password"], f"{w}.password")
+        for n in spec.hosts:  # unicast VRRP: the peers are the gateway hosts' addresses
+            h = inv.hosts.get(n)
+            if h is None:
+                continue
+            try:
+                if ipaddress.ip_address(h.address).version != 4:
+                    raise ValueError
+            except ValueError:
+                ctx.error(y.line, f"{w}: gateway host {n!r} has address {h.address!r}; unicast VRRP needs "
+                                  "each gateway host's IPv4 address in 'hosts'")
+            if address and h.address == address:
+                ctx.error(known["address"].line, f"{w}.address: {address} is host {n!r}'s own address")
+        return vip
 
     def _hosts(self, y: Y, inv: Inventory) -> tuple[str, ...]:
         ctx = self.ctx

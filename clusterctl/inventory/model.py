@@ -297,6 +297,25 @@ class Mirror:
 
 
 @dataclass
+class VipSpec:
+    """A floating address the gateway hosts share with keepalived (VRRP, docs/gateway.md).
+
+    ``address`` with ``prefix`` is added on ``interface`` of the host that is
+    MASTER; the peers are the other gateway hosts' inventory addresses (unicast
+    VRRP).  ``password`` is where VRRP's PASS authentication (8 characters at
+    most) is read, never the value.
+    """
+
+    address: str
+    prefix: int
+    interface: str
+    router_id: int = 51
+    password: SecretRef | None = None
+    advert_s: int = 1
+    location: Location | None = None
+
+
+@dataclass
 class GatewaySpec:
     """The nginx gateway in front of the instances (docs/gateway.md).
 
@@ -336,6 +355,8 @@ class GatewaySpec:
     #: ``least_score``: njs picks the instance per request from scores pushed by ``gateway sync``
     #: (no reload; measured slower on the 2-CPU lab, docs/gateway.md).
     dispatch: str = "least_conn"
+    #: The floating address of two or more gateway hosts (keepalived); ``None``: none.
+    vip: VipSpec | None = None
 
     def listen_addresses(self) -> tuple[tuple[str, int], ...]:
         return self.listen or (("", self.port),)

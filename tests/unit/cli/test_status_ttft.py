@@ -30,6 +30,9 @@ def earlier(text: str, change) -> str:
     return LINE.sub(sub, text)
 
 
+IDLE = re.sub(r"(?m)^(vllm:num_requests_running\{[^}]*\}) \S+$", r"\g<1> 0.0", REAL)
+
+
 def window(before: str, after: str = REAL) -> WindowedMetrics:
     return WindowedMetrics(first=parse_sample(before, at=0.0), last=parse_sample(after, at=5.0))
 
@@ -82,7 +85,8 @@ def _row(name: str, w: WindowedMetrics) -> S.InstanceStatus:
 def test_the_watch_frame_and_json_carry_ttft(capsys):
     rows = [_row("fast", window(earlier(REAL, lambda kind, le, v: v - 100 if kind == "count" or (
                 kind == "bucket" and le >= 0.08) else v - 7.0 if kind == "sum" else v))),
-            _row("idle", window(REAL)), _row("first", WindowedMetrics(first=(one := parse_sample(REAL, 0.0)), last=one))]
+            # idle: nothing running (the same page twice with requests running is a hung engine)
+            _row("idle", window(IDLE, IDLE)), _row("first", WindowedMetrics(first=(one := parse_sample(REAL, 0.0)), last=one))]
     assert rows[0].ttft_p90_s == pytest.approx(0.078) and rows[0].to_json()["ttft_mean_s"] == pytest.approx(0.07)
     assert rows[1].ttft_p90_s is None and rows[2].to_json()["ttft_p90_s"] is None
     buf = io.StringIO()
