@@ -344,6 +344,9 @@ def check_fit(ctx: AnalysisContext) -> list[Finding]:
     out: list[Finding] = []
     inv = ctx.inventory
     for inst in sources.instances(inv):
+        engine = inv.engines.get(inst.engine) if inv is not None else None
+        if engine is not None and engine.device == "cpu":
+            continue  # GPU memory: a CPU engine has none (pre-flight checks its host RAM)
         host, index = inst.placement[0].host, inst.placement[0].index
         total = gpu_total_gib(ctx, host, index)
         subj = _subject(inst.name)

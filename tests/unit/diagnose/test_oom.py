@@ -161,3 +161,16 @@ def test_kv_cache_too_small_real_032_cpu_with_an_explicit_kv_size_names_that_kno
     # 1 MiB held 896 tokens: 4096 tokens need 1 MiB x 4096 / 896, rounded up to whole MiB
     assert "raise --kv-cache-memory-bytes from 1048576 to at least 5242880 bytes" in f.action
     assert "gpu-memory-utilization from" not in f.action
+
+
+def test_fit_leaves_cpu_engines_alone():
+    """Two CPU-engine instances on one host's CPU slot share no GPU memory: no oom.fit finding for them."""
+    from clusterctl.inventory.model import CPU_SLOT, Engine, GpuRef
+
+    inv = colocated(0.9)
+    inv.engines["vllm-cpu"] = Engine("vllm-cpu", "/opt/vllm-cpu/bin/vllm", "0.32.0", device="cpu")
+    for name in ("qwen-a", "qwen-b"):
+        inv.instances[name].engine = "vllm-cpu"
+        inv.instances[name].placement = (GpuRef("gpu01", CPU_SLOT),)
+    found = [f for f in check_fit(G.ctx(G.healthy(), inv=inv)) if f.subject in ("instance:qwen-a", "instance:qwen-b")]
+    assert found == []
