@@ -2,12 +2,16 @@
 
 One real instance (engine ``vllm-0.32``, device cpu, the tiny real model staged
 by deploy) goes through: deploy with health gates, status from its real
-metrics, a completion, drift baseline (the long prompts that cannot fit
-``--max-model-len 2048`` are skipped with a note) and drift check, bench,
-collect then doctor --from, and finally its engine core killed with SIGKILL:
-the API server exits 0, systemd brings the unit back (Restart=always) and the
-doctor reports the death from the journal.  Needs root (the lab) and the
-installed engine.
+metrics, a completion, a completion and a short bench through clusterctl's
+gateway (nginx on the last lab host, ``auth: none``), drift baseline (the long
+prompts that cannot fit ``--max-model-len 2048`` are skipped with a note) and
+drift check, collect then doctor --from; a second instance whose KV cache
+cannot hold its ``--max-model-len`` deployed with ``--force`` (past pre-flight):
+the real engine refuses to start, the deploy's gate reports vLLM's own error
+and rolls back, and doctor names the knob; and finally the first instance's
+engine core killed with SIGKILL: the API server exits 0, systemd brings the
+unit back (Restart=always) and the doctor reports the death from the journal.
+Needs root (the lab) and the installed engine.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,11 @@ REPO = Path(__file__).resolve().parents[2]
 PORT = 8500
 UNIT = "clusterctl-real-1.service"
 NAME = "real-1"
+GW_PORT = 8080
+#: The instance whose KV cache (1 MiB: 7 usable blocks of 128 tokens) cannot hold --max-model-len 2048.
+SMALL = "kvsmall-1"
+#: What real vLLM 0.32 (CPU) prints then (tests/fixtures/vllm/startup_fail_kv_too_small_v0.32.0_cpu.log).
+KV_TEXT = "ValueError: To serve at least one request with the model's max seq len (2048)"
 
 
 def _cli(inv: Path, state: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -43,7 +53,8 @@ def _cli(inv: Path, state: Path, *args: str, timeout: float = 600) -> subprocess
                           timeout=timeout, env=env)
 
 
-def _inventory(lab: Any, root: Path, model: Path) -> Path:
+def _inventory(lab: Any, root: Path, model: Path, small: bool = False) -> Path:
+    """The lab inventory with the real template (and with ``small`` the KV-too-small one) and a gateway."""
     doc = yaml.safe_load(Path(lab.inventory).read_text())
     assert doc["engines"][realvllm.ENGINE]["device"] == "cpu", doc["engines"]
     doc["models"] = {"tiny-real": {"path": "/models/tiny-real", "source": str(model), "version": "v1",
@@ -55,7 +66,14 @@ def _inventory(lab: Any, root: Path, model: Path) -> Path:
         # One OpenMP thread bound to one core: the CPU engine busy-polls.
         "env": {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": core, "VLLM_NO_USAGE_STATS": "1",
                 "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}}}
-    path = root / "inventory.yaml"
+    if small:  # an explicit instance on the host's CPU slot (no GPU): doctor knows it after the rollback
+        t = doc["templates"]["real"]
+        doc["instances"] = {SMALL: {"model": t["model"], "engine": t["engine"], "placement": t["hosts"],
+                                    "port": PORT + 10, "env": t["env"],
+                                    "args": {"max-model-len": 2048, "kv-cache-memory-bytes": "1M"}}}
+    # The gateway on the last host (another host than the instance's on a lab of 2 or more), open (auth: none).
+    doc["gateway"] = {"hosts": lab.names[-1], "port": GW_PORT, "auth": "none", "read_timeout_s": 600}
+    path = root / ("inventory-small.yaml" if small else "inventory.yaml")
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -80,7 +98,7 @@ def _wait_healthy(url: str, timeout: float) -> None:
 def test_real_instance_through_clusterctl(lab: Any, tmp_path: Path) -> None:
     model = realmodel.model_dir()
     assert model is not None and realvllm.installed() is not None, "run scripts/install-real-vllm"
-    host = lab.names[0]
+    host, gw_host = lab.names[0], lab.names[-1]
     inv_path = _inventory(lab, tmp_path, model)
     state = tmp_path / "state"
     inv = load_inventory(str(inv_path))
@@ -90,7 +108,7 @@ def test_real_instance_through_clusterctl(lab: Any, tmp_path: Path) -> None:
         # deploy: stage the model, write the unit with the CPU engine's flags, gate on health.
         rep = Deploy(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), connect_timeout=10,
                                                                       command_timeout=600),
-                     str(state / "deploy"), DeployOptions(gate_timeout_s=600)).run()
+                     str(state / "deploy"), DeployOptions(gate_timeout_s=900)).run()
         journal = lab.run(host, f"journalctl -u {UNIT} --no-pager -o cat | tail -60").stdout
         assert rep.ok, (rep.to_json() if hasattr(rep, "to_json") else rep, journal)
         unit_text = lab.run(host, f"systemctl cat {UNIT}", check=True).stdout
@@ -109,6 +127,26 @@ def test_real_instance_through_clusterctl(lab: Any, tmp_path: Path) -> None:
                                                      "ignore_eos": True}, timeout=120)
         assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4
 
+        # through the gateway: nginx rendered from the inventory and the deploy state, routing to the instance
+        gw = _cli(inv_path, state, "gateway", "deploy", gw_host, "-i", str(inv_path), "--state-dir",
+                  str(state / "deploy"))
+        assert gw.returncode == 0, gw.stdout + gw.stderr
+        gw_url = f"http://{inv.hosts[gw_host].address}:{GW_PORT}"
+        req = urllib.request.Request(gw_url + "/v1/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"model": "tiny", "prompt": "The licence", "max_tokens": 4,
+                                                      "ignore_eos": True}).encode())
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert r.status == 200 and r.headers.get("X-Gateway-Instance") == NAME, dict(r.headers)
+            assert json.loads(r.read())["usage"]["completion_tokens"] == 4
+        bench = _cli(inv_path, state, "bench", gw_url, "--concurrency", "1,4", "--requests", "8", "--input-len",
+                     "32", "--output-len", "8", "--model", "tiny", "--json", "--tokenizer", str(model))
+        # Every request completes through the gateway; whether the timing is trusted depends on this shared
+        # machine's load (bench exits 3 with its reason then), so only the counts are asserted.
+        res = json.loads(bench.stdout)["results"]
+        assert [(r["concurrency"], r["completed"], r["failed"]) for r in res] == [(1, 8, 0), (4, 8, 0)], \
+            bench.stdout[-3000:] + bench.stderr
+        assert all(r["output_throughput"] > 0 and r["ttft_ms"]["mean"] > 0 for r in res), res
+
         # drift: the long prompts of the default set do not fit 2048 tokens: skipped with a note
         prompts = str(REPO / "checks" / "drift" / "basic.jsonl")
         b = _cli(inv_path, state, "drift", "baseline", url, "--name", "real", "--prompts", prompts, "--json")
@@ -118,14 +156,6 @@ def test_real_instance_through_clusterctl(lab: Any, tmp_path: Path) -> None:
         c = _cli(inv_path, state, "drift", "check", url, "--baseline", "real", "--json")
         assert c.returncode == 0 and json.loads(c.stdout)["pass"], c.stdout + c.stderr
 
-        # bench
-        bench = _cli(inv_path, state, "bench", url, "--concurrency", "1,4", "--requests", "8", "--input-len", "32",
-                     "--output-len", "8", "--json", "--tokenizer", str(model))
-        # Every request completes; whether the timing is trusted depends on this shared machine's load
-        # (bench exits 3 with its reason then), so only the counts are asserted.
-        res = json.loads(bench.stdout)["results"]
-        assert [(r["concurrency"], r["completed"], r["failed"]) for r in res] == [(1, 8, 0), (4, 8, 0)], \
-            bench.stdout[-3000:] + bench.stderr
 
         # collect, then doctor on the bundle
         bundle = tmp_path / "bundle.tar.gz"
@@ -136,6 +166,27 @@ def test_real_instance_through_clusterctl(lab: Any, tmp_path: Path) -> None:
         found = json.loads(fr.stdout)["findings"]
         assert [f for f in found if f["check"] == "serving.engine" and f["subject"] == f"instance:{NAME}"], \
             fr.stdout[-3000:]  # the bundle holds the instance's real journal and the doctor read it
+
+        # KV cache too small for max-model-len: pre-flight refuses; with --force the real engine refuses to
+        # start, the gate reports vLLM's own error from the journal and the deploy rolls back; doctor names
+        # the knob (the explicit KV size) and the bytes that would hold 2048 tokens.
+        inv_small = _inventory(lab, tmp_path, model, small=True)
+        dep = _cli(inv_small, state, "deploy", "-i", str(inv_small), "--state-dir", str(state / "deploy"),
+                   "--instances", SMALL, "--force", "--gate-timeout", "900", "--json")
+        dj = json.loads(dep.stdout)
+        assert dep.returncode != 0 and dj["result"] == "rolled_back", dep.stdout[-3000:] + dep.stderr
+        refused = [r for r in dj["preflight"]["instances"] if r["instance"] == SMALL]
+        assert refused and any(p["check"] == "memory.kv" for p in refused[0]["problems"]), dj["preflight"]
+        reasons = [g["reason"] for h in dj["hosts"] for g in h["gates"] if g["instance"] == SMALL]
+        assert reasons and KV_TEXT in reasons[0], dj["hosts"]
+        assert lab.run(host, f"systemctl cat clusterctl-{SMALL}.service").returncode != 0  # rolled back
+        dk = _cli(inv_small, state, "doctor", host, "-i", str(inv_small), "--checks", "oom,serving", "--json",
+                  "--all")
+        kv = [f for f in json.loads(dk.stdout)["findings"] if f["check"] == "oom.cause"
+              and f["subject"] == f"instance:{SMALL}" and "KV cache too small for max_model_len 2048" in f["message"]]
+        # vLLM's estimate for 1 MiB (7 usable blocks of 128 tokens) is 896; the explicit size is the knob
+        assert kv and "--max-model-len to at most 896" in kv[0]["action"], dk.stdout[-4000:]
+        assert "raise --kv-cache-memory-bytes from 1048576" in kv[0]["action"], kv[0]
 
         # SIGKILL the engine core: the server exits 0 by itself, Restart=always brings it back.
         before = _unit(lab, host)
@@ -161,6 +212,8 @@ def test_real_instance_through_clusterctl(lab: Any, tmp_path: Path) -> None:
         assert dead, dr.stdout[-3000:]
         _wait_healthy(url, 600)
     finally:
+        lab.run(gw_host, "systemctl disable --now nginx.service", timeout=60)
+        remove_deployed(lab, f"clusterctl-{SMALL}.service", f"/etc/clusterctl/instances/{SMALL}*", [host])
         remove_deployed(lab, "clusterctl-real-*.service", "/etc/clusterctl/instances /var/lib/clusterctl/deploy "
                         "/var/lib/clusterctl/deploy.lock /models/tiny-real /models/.versions/tiny-real")
 
