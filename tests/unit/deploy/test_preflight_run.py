@@ -41,7 +41,8 @@ class FakeFleet:
 
     def run(self, command: Any, **kw: Any) -> RunResults:
         out = RunResults()
-        if isinstance(command, str):  # the probe: only the down host matters here
+        # The probe (one command, or one per host through clusterctl.fleet.cached): only the down host matters here.
+        if isinstance(command, str) or '"models"' not in " ".join(command.values()):
             for h in self.hosts:
                 out.add(HostResult(h.name, HostStatus.UNREACHABLE if h.name in self.down else HostStatus.FAILED,
                                    rc=None if h.name in self.down else 1, error="connection refused"))
