@@ -68,15 +68,30 @@ def test_units_restarts_and_kernel_log_since_cursor(lab):
                 " systemctl daemon-reload")
 
 
-def test_probe_leaves_nothing_behind(lab):
+def test_probe_leaves_nothing_behind_but_its_verified_copy(lab):
+    """The probe writes nothing on a host except its own program, kept under its sha256 in the login
+    user's ~/.cache/clusterctl/programs (0600 in a 0700 directory; clusterctl.fleet.cached), whose
+    mtime each run refreshes (the newest copies are kept); a second probe adds no file."""
     name = lab.names[-1]
     find = ("find / -xdev -newer /tmp/probe-marker ! -path '/proc/*' ! -path '/var/log/journal/*' "
             "! -path '/run/*' ! -path /tmp/probe-marker 2>/dev/null | sort")
-    lab.run(name, "touch /tmp/probe-marker", check=True)
-    before = lab.run(name, find).stdout
-    assert probe(lab, [name])[name].ok
-    after = lab.run(name, find).stdout
-    assert after == before
+
+    def written_by_a_probe() -> list[str]:
+        lab.run(name, "touch /tmp/probe-marker", check=True)
+        before = set(lab.run(name, find).stdout.splitlines())
+        assert probe(lab, [name])[name].ok
+        return sorted(set(lab.run(name, find).stdout.splitlines()) - before)
+
+    first, second = written_by_a_probe(), written_by_a_probe()
+    copies = [p for p in second if "/.cache/clusterctl/programs/" in p]
+    assert len(copies) == 1 and second == copies  # the second run only refreshed its copy
+    home = copies[0].split("/.cache/")[0]
+    programs = f"{home}/.cache/clusterctl/programs"
+    leading = {home, f"{home}/.cache", f"{home}/.cache/clusterctl", programs}
+    assert [p for p in first if p not in leading and p != copies[0]] == []
+    digest = copies[0].rsplit("/", 1)[1].removesuffix(".py")
+    out = lab.run(name, f"stat -c %a {programs} {copies[0]} && sha256sum {copies[0]}", check=True).stdout.split()
+    assert out[:3] == ["700", "600", digest]
 
 
 def test_cli_json(lab, capsys, monkeypatch, tmp_path):
