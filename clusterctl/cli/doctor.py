@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -92,67 +91,91 @@ def load_checks_data() -> dict[str, Any]:
         fail(str(e))
 
 
+class ProbeView:
+    """Renders a doctor workflow's events: the per-host probe bar, notes, warnings on stderr."""
+
+    def __init__(self, progress: bool = True):
+        self.progress, self.bar = progress, None
+
+    def __call__(self, e: Any) -> None:
+        if e.kind == "probe-start":
+            self.bar = HostProgress(e.count, "probe", self.progress).__enter__()
+        elif e.kind == "probe-end" and self.bar is not None:
+            bar, self.bar = self.bar, None
+            bar.__exit__(None, None, None)
+        elif e.kind == "host" and self.bar is not None:
+            self.bar(e.result)
+        elif e.kind == "note" and self.bar is not None:
+            self.bar.note(e.text)
+        elif e.kind == "warning":
+            err_console.print(f"warning: {e.text}", markup=False)
+
+
+def live_request(pattern: str, inventory: Optional[str], *, interval: float, timeout: float, sudo: bool,
+                 ask_become_pass: bool, fanout: Optional[int], connect_timeout: Optional[float],
+                 deadline: Optional[float], host_key_policy: Optional[str], raw_outputs: bool = False,
+                 **fields: Any) -> Any:
+    """The workflow's request for the hosts ``pattern`` selects (exits 3 on bad options or inventory)."""
+    from clusterctl.ops.doctor import DoctorRequest, Probe, with_replicas
+
+    policy = check_host_key_policy(host_key_policy)
+    path, hosts = select(inventory, pattern)
+    inv = with_replicas(load_inventory(path), user_config())
+    password = become_password(ask_become_pass, hosts, sudo)
+    probe = Probe(interval=interval, timeout=timeout, fanout=fanout, connect_timeout=connect_timeout,
+                  deadline=deadline, sudo=sudo, become_password=password, host_key_policy=policy,
+                  raw_outputs=raw_outputs)
+    fields.setdefault("thresholds", {})
+    return DoctorRequest(cfg=user_config(), pattern=pattern, inventory=inv, inventory_path=path, hosts=hosts,
+                         probe=probe, **fields)
+
+
 def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, timeout: float, sudo: bool,
                   ask_become_pass: bool, fanout: Optional[int], connect_timeout: Optional[float],
                   deadline: Optional[float], host_key_policy: Optional[str], progress: bool = True,
                   raw_outputs: bool = False) -> tuple[Any, Any, str]:
     """``(snapshot, inventory, inventory path)`` gathered over SSH from the selected hosts."""
-    from clusterctl.diagnose.bundle import gather
-    from clusterctl.fleet.factory import make_fleet
-    from clusterctl.fleet.results import HostResult, HostStatus
+    from clusterctl.ops.doctor import gather
 
-    from clusterctl.deploy.deployed import with_replicas
+    req = live_request(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,
+                       ask_become_pass=ask_become_pass, fanout=fanout, connect_timeout=connect_timeout,
+                       deadline=deadline, host_key_policy=host_key_policy, raw_outputs=raw_outputs)
+    got = gather(req, ProbeView(progress))
+    return got.snapshot, got.inventory, req.inventory_path
 
-    policy = check_host_key_policy(host_key_policy)
-    path, hosts = select(inventory, pattern)
-    inv = with_replicas(load_inventory(path), cfg=user_config())
-    password = become_password(ask_become_pass, hosts, sudo)
-    fleet = make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout,
-                       command_timeout=timeout + interval, deadline=deadline, become_password=password,
-                       host_key_policy=policy)
 
-    def as_row(r: Any) -> HostResult:
-        status = HostStatus.OK if r.ok else HostStatus(r.fleet_status if r.fleet_status != "ok" else "error")
-        return HostResult(r.host, status, duration_s=r.duration_s, error=r.reason)
+def bundle_request(source: str, inventory: Optional[str], host: Optional[str] = None, pattern: str = "all",
+                   **fields: Any) -> Any:
+    """The workflow's request for a bundle; ``-i`` (loaded after the bundle is read) beats its own inventory."""
+    from clusterctl.ops.doctor import DoctorRequest, with_replicas
 
-    with fleet, HostProgress(len(hosts), "probe", progress) as bar:
-        snap = gather(fleet, inv, hosts, interval_s=interval, timeout=timeout, sudo=sudo,
-                      on_facts=lambda r: bar(as_row(r)), raw_outputs=raw_outputs,
-                      on_event=bar.note)
-    for w in fleet.warnings:
-        err_console.print(f"warning: {w}", markup=False)
-    return snap, inv, path
+    def given() -> Any:  # the cluster's state (user_config) as bound by loading it
+        inv = load_inventory(inventory)
+        return with_replicas(inv, user_config())
+
+    fields.setdefault("thresholds", {})
+    return DoctorRequest(cfg=user_config(), pattern=pattern, bundle=source, bundle_host=host,
+                         load_inventory=given if inventory else None, **fields)
 
 
 def bundle_snapshot(source: str, inventory: Optional[str], host: Optional[str] = None) -> tuple[Any, Any]:
     """``(snapshot, inventory or None)`` from a bundle; ``-i`` beats the bundle's own inventory."""
-    from clusterctl.deploy.deployed import with_replicas
-    from clusterctl.diagnose.bundle import read_bundle
-    from clusterctl.inventory.loader import load_inventory as load
+    from clusterctl.ops.doctor import read_bundle
 
     try:
-        snap, inv_path = read_bundle(source, host=host)
-        if inventory:
-            return snap, with_replicas(load_inventory(inventory), cfg=user_config())
-        return snap, with_replicas(load(inv_path), cfg=user_config()) if inv_path else None
+        return read_bundle(bundle_request(source, inventory, host))
     except ClusterctlError as e:
         fail(str(e))
 
 
 def bundle_hosts(snap: Any, inv: Any, pattern: str) -> Any:
     """The bundle's hosts that ``pattern`` selects (inventory syntax when the bundle has one)."""
-    from clusterctl.diagnose.bundle import only_hosts
-    from clusterctl.inventory.nodeset import expand
-    from clusterctl.inventory.select import select_hosts
+    from clusterctl.ops.doctor import bundle_hosts as only
 
     try:
-        names = {h.name for h in select_hosts(inv, pattern)} if inv is not None else set(expand(pattern))
+        return only(snap, inv, pattern)
     except ClusterctlError as e:
         fail(str(e))
-    kept = only_hosts(snap, names)
-    if not (kept.facts or kept.raw or kept.missing):
-        fail(f"pattern {pattern!r} selects no host of the bundle")
-    return kept
 
 
 def parse_since(text: Optional[str]) -> Optional[float]:
@@ -177,14 +200,6 @@ def load_acks() -> list[dict[str, Any]]:
         fail(str(e))
 
 
-def settled_counts(findings: list[Finding]) -> dict[str, int]:
-    """How many rows are acknowledged and how many are history (both OK rows, not counted)."""
-    from clusterctl.diagnose.current import HISTORY
-
-    return {"acknowledged": sum(f.message.startswith("acknowledged until ") for f in findings),
-            "history": sum(f.message.startswith(HISTORY) for f in findings)}
-
-
 def _table(findings: list[Finding], show_ok: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -204,6 +219,8 @@ def _table(findings: list[Finding], show_ok: bool) -> None:
     s = summary(findings)
     ok_hosts = sorted({f.host for f in findings if f.host and f.severity == Severity.OK})
     counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n) or "no findings"
+    from clusterctl.ops.doctor import settled_counts
+
     settled = settled_counts(findings)
     extra = "".join(f"; {n} {k}" for k, n in settled.items() if n)
     console.print(f"{s['worst']}: {counts}{extra}" + ("" if show_ok or not ok_hosts else
@@ -260,10 +277,8 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
            ask_become_pass: bool = AskBecomePassOpt,
            host_key_policy: Optional[str] = HostKeyOpt,
            ) -> None:
-    from clusterctl.diagnose.bundle import context
-    from clusterctl.diagnose.doctor import diagnose
-
     from clusterctl.drift.doctor_checks import split_checks
+    from clusterctl.ops.doctor import gather, read_bundle, run_doctor
 
     fmt = "json" if as_json else fmt
     if fmt not in FORMATS:
@@ -284,38 +299,26 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
             fail(str(e))
     if explain_input and not source:
         fail("--explain-input describes the input of --from; give --from PATH")
-    since_t = parse_since(since)
-    acks = load_acks()
-    started = time.monotonic()
-    if source:
-        snap, inv = bundle_snapshot(source, inventory, host_name)
-        if explain_input:
-            _explain(snap, fmt)
-        if pattern != "all":
-            snap = bundle_hosts(snap, inv, pattern)
-        meta: dict[str, Any] = {"source": str(Path(source)), "bundle": snap.meta}
-    else:
-        snap, inv, path = live_snapshot(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,
-                                        ask_become_pass=ask_become_pass, fanout=fanout,
-                                        connect_timeout=connect_timeout, deadline=deadline,
-                                        host_key_policy=host_key_policy, progress=fmt == "table")
-        meta = {"inventory": path, "pattern": pattern, **snap.meta}
-        if learn:
-            _learn(snap, learn)
-    findings = diagnose(context(snap, inv, thresholds), selected, since=since_t, acks=acks)
-    if active:
-        findings += _active(snap, inv, thresholds, live=not source, fanout=fanout,
-                            connect_timeout=connect_timeout, host_key_policy=host_key_policy)
-    if requested:
-        from clusterctl.drift import doctor_checks
-
-        findings += doctor_checks.run(inv, set(snap.facts) | set(snap.missing), requested, timeout=min(timeout, 30))
-    meta["duration_s"] = round(time.monotonic() - started, 3)
-    meta["checks"] = (selected or ["all"]) + requested if requested else (selected or "all")
-    meta.update(settled_counts(findings), since=since)
-    meta.update(cluster_meta())
-    render(findings, fmt, show_all, meta)
-    raise typer.Exit(exit_code(findings))
+    what: dict[str, Any] = dict(thresholds=thresholds, checks=selected, live_checks=requested, since=parse_since(since),
+                since_text=since, acks=load_acks(), active=active)
+    view = ProbeView(fmt == "table")
+    try:
+        if source:
+            req = bundle_request(source, inventory, host_name, pattern, **what)
+            if explain_input:
+                _explain(read_bundle(req)[0], fmt)
+        else:
+            req = live_request(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,
+                               ask_become_pass=ask_become_pass, fanout=fanout, connect_timeout=connect_timeout,
+                               deadline=deadline, host_key_policy=host_key_policy, **what)
+            if learn:
+                _learn(gather(req, view).snapshot, learn)
+        run = run_doctor(req, view)
+    except ClusterctlError as e:
+        fail(str(e))
+    meta = {**run.meta, **cluster_meta()}
+    render(run.findings, fmt, show_all, meta)
+    raise typer.Exit(exit_code(run.findings))
 
 
 def _explain(snap: Any, fmt: str) -> None:
@@ -342,25 +345,6 @@ def _explain(snap: Any, fmt: str) -> None:
                       f"{size} bytes; only the last part was read (limits in docs/bundles.md)")
     console.print(table)
     raise typer.Exit(0)
-
-
-def _active(snap: Any, inv: Any, thresholds: dict[str, Any], *, live: bool, fanout: Optional[int],
-            connect_timeout: Optional[float], host_key_policy: Optional[str]) -> list[Any]:
-    """``doctor --active``: ib_write_bw between pairs of the probed hosts (docs/doctor-roce.md)."""
-    from clusterctl.diagnose.active import active_findings, fleet_runner
-    from clusterctl.fleet.factory import make_fleet
-
-    hosts = [inv.hosts[h] for h in snap.facts if live and inv is not None and h in inv.hosts]
-    if not hosts:
-        return active_findings(snap.facts, snap.missing, live=live, inventory=inv, thresholds=thresholds)
-    cfg = user_config()
-    width = fanout or cfg.fanout
-    fleet = make_fleet(hosts, cfg, fanout=width, connect_timeout=connect_timeout, command_timeout=60,
-                       host_key_policy=check_host_key_policy(host_key_policy))
-    with fleet:
-        return active_findings(snap.facts, snap.missing, live=live, inventory=inv, runner=fleet_runner(fleet),
-                               addresses={h.name: h.address for h in hosts}, thresholds=thresholds,
-                               max_pairs=max(1, width // 2))
 
 
 def _learn(snap: Any, path: str) -> None:

@@ -39,6 +39,40 @@ def test_core_modules_never_import_the_cli_layer() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+def _imported(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, module)`` of every absolute import in ``tree``, in functions too."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.lineno, node.module)]
+    return out
+
+
+def test_features_never_import_the_workflow_layer() -> None:
+    """``clusterctl/ops/`` (the workflows) may import the features; nothing below it imports ``ops``:
+    only the CLI and ``ops`` itself do."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        top = path.relative_to(PACKAGE).parts[0]
+        if top in ("cli", "ops"):
+            continue
+        offenders += [f"{path}:{line}: imports {n}" for line, n in _imported(ast.parse(path.read_text()))
+                      if n == "clusterctl.ops" or n.startswith("clusterctl.ops.")]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_workflow_layer_exists_and_never_imports_the_cli() -> None:
+    """The rule above is only worth something while ``ops`` holds the workflows (doctor's, the report run's)."""
+    ops = PACKAGE / "ops"
+    assert (ops / "doctor.py").is_file()
+    offenders = [f"{p}:{line}: imports {n}" for p in sorted(ops.rglob("*.py"))
+                 for line, n in _imported(ast.parse(p.read_text()))
+                 if any(n == m or n.startswith(m + ".") for m in CLI_ONLY)]
+    assert not offenders, "\n".join(offenders)
+
+
 def _modules() -> list[tuple[Path, str, ast.Module]]:
     """Every module of the package: (path, dotted name, tree)."""
     out = []
