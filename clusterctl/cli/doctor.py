@@ -158,26 +158,6 @@ def bundle_request(source: str, inventory: Optional[str], host: Optional[str] = 
                          load_inventory=given if inventory else None, **fields)
 
 
-def bundle_snapshot(source: str, inventory: Optional[str], host: Optional[str] = None) -> tuple[Any, Any]:
-    """``(snapshot, inventory or None)`` from a bundle; ``-i`` beats the bundle's own inventory."""
-    from clusterctl.ops.doctor import read_bundle
-
-    try:
-        return read_bundle(bundle_request(source, inventory, host))
-    except ClusterctlError as e:
-        fail(str(e))
-
-
-def bundle_hosts(snap: Any, inv: Any, pattern: str) -> Any:
-    """The bundle's hosts that ``pattern`` selects (inventory syntax when the bundle has one)."""
-    from clusterctl.ops.doctor import bundle_hosts as only
-
-    try:
-        return only(snap, inv, pattern)
-    except ClusterctlError as e:
-        fail(str(e))
-
-
 def parse_since(text: Optional[str]) -> Optional[float]:
     """``--since`` as epoch seconds (None when not given); a bad value exits 3 naming the forms."""
     from clusterctl.diagnose.current import parse_when

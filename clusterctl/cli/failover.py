@@ -41,7 +41,8 @@ Examples:
 """
 
 
-def _print(rep: Any, console: Any = console) -> None:
+def show(rep: Any, console: Any = console) -> None:
+    """A failover report as lines (on ``console``: stdout, or stderr for ``report run --failover``)."""
     p = rep.plan
     if p.nothing:
         console.print(f"no UNAVAILABLE TP group among {p.total} instances; nothing to do", markup=False)
@@ -92,7 +93,7 @@ def failover(inventory: Optional[str] = InventoryOpt,
     if as_json:
         print_json(rep.to_json())
     else:
-        _print(rep)
+        show(rep)
     raise typer.Exit(int(rep.exit_code))
 
 
@@ -102,39 +103,40 @@ def _options(**kw: Any) -> Any:
     return FailoverOptions(**kw)
 
 
-def run(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, quiet: bool, fanout: Optional[int],
-        connect_timeout: Optional[float], ask_become_pass: bool, host_key_policy: Optional[str]) -> Any:
-    """One failover run for the CLI (also ``report run --failover``); exits 3 on configuration errors."""
+def failover_request(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, fanout: Optional[int],
+                     connect_timeout: Optional[float], ask_become_pass: bool,
+                     host_key_policy: Optional[str]) -> Any:
+    """The workflow's request (``opts`` None: the defaults); exits 3 on configuration errors."""
     from pathlib import Path
 
     from clusterctl.deploy.state import resolve_state_dir
-    from clusterctl.fleet.factory import fleet_factory
-    from clusterctl.gateway.failover import run_failover
+    from clusterctl.inventory.fields import suggest
+    from clusterctl.ops.failover import FailoverRequest
 
     policy = check_host_key_policy(host_key_policy)
     inv = load_inventory(inventory)
-    from clusterctl.inventory.fields import suggest
-
     for h in getattr(opts, "avoid_hosts", ()):
         if h not in inv.hosts:
             fail(f"--avoid-host {h}: not a host of {inv.path}" + suggest(h, list(inv.hosts)))
     directory = Path(resolve_state_dir(state_dir, user_config()))
-    make = fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
-                         become_password=become_password(ask_become_pass, list(inv.hosts.values()), True))
+    password = become_password(ask_become_pass, list(inv.hosts.values()), True)
+    return FailoverRequest(inv, directory, user_config(), **({"options": opts} if opts is not None else {}),
+                           fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
+                           become_password=password)
+
+
+def run(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, quiet: bool, fanout: Optional[int],
+        connect_timeout: Optional[float], ask_become_pass: bool, host_key_policy: Optional[str]) -> Any:
+    """One failover run for the CLI; exits 3 on configuration errors."""
+    from clusterctl.ops.failover import run as run_failover
+
+    req = failover_request(inventory, state_dir, opts, fanout=fanout, connect_timeout=connect_timeout,
+                           ask_become_pass=ask_become_pass, host_key_policy=host_key_policy)
     say = None if quiet else (lambda s: err_console.print(s, markup=False, highlight=False))
     try:
-        return run_failover(inv, directory, make, opts, on_event=say)
+        return run_failover(req, on_event=say)
     except ClusterctlError as e:
         fail(str(e))
-
-
-def for_report(inventory: Optional[str], *, fanout: Optional[int], connect_timeout: Optional[float],
-               host_key_policy: Optional[str]) -> int:
-    """``report run --failover``: failover with its defaults, summary on stderr; its exit code."""
-    rep = run(inventory, None, _options(), quiet=False, fanout=fanout, connect_timeout=connect_timeout,
-              ask_become_pass=False, host_key_policy=host_key_policy)
-    _print(rep, err_console)
-    return int(rep.exit_code)
 
 
 def register(app: typer.Typer) -> None:

@@ -82,7 +82,7 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
         deadline: Optional[float] = DeadlineOpt,
         host_key_policy: Optional[str] = HostKeyOpt) -> None:
     from clusterctl.report.notify import parse_duration
-    from clusterctl.report.run import Options, report_run, to_json, to_markdown
+    from clusterctl.report.run import Options, to_json, to_markdown
 
     fmt = "json" if as_json else fmt
     if fmt not in ("markdown", "json", "none"):
@@ -94,19 +94,20 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
     except ClusterctlError as e:
         fail(f"--renotify: {e}")
     started = time.time()
+    from clusterctl.ops import report as ops_report
+
     if active:
-        findings, metrics, meta, pattern_key = _active(pattern, inventory, active, timeout)
+        checked = _active(pattern, inventory, active, timeout)
     else:
-        findings, metrics, meta = _passive(pattern, inventory, source, interval=interval, timeout=timeout,
-                                           fanout=fanout, connect_timeout=connect_timeout, deadline=deadline,
-                                           host_key_policy=host_key_policy)
-        pattern_key = pattern
-    opts = Options(db=db_path(db), pattern=pattern_key, out_dir=Path(out) if out else None,
+        checked = _passive(pattern, inventory, source, interval=interval, timeout=timeout, fanout=fanout,
+                           connect_timeout=connect_timeout, deadline=deadline, host_key_policy=host_key_policy)
+    opts = Options(db=db_path(db), pattern=checked.pattern, out_dir=Path(out) if out else None,
                    textfile=Path(textfile) if textfile else None, notify_cmd=notify_cmd, renotify_s=renotify_s,
-                   retention_days=retention, lock_wait_s=lock_wait, state_dir=_state_dir())
-    meta = {**meta, **cluster_meta()}
+                   retention_days=retention, lock_wait_s=lock_wait,
+                   state_dir=ops_report.deploy_state_dir(user_config()))
+    meta = {**checked.meta, **cluster_meta()}
     try:
-        result = report_run(findings, opts, started=started, meta=meta, metrics=metrics)
+        result = ops_report.store(checked, opts, started=started, meta=meta)
     except ClusterctlError as e:
         fail(str(e))
     except OSError as e:
@@ -118,64 +119,63 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
     elif fmt == "markdown":
         sys.stdout.write(to_markdown(result))
     if failover:
-        from clusterctl.cli.failover import for_report
-
-        code = for_report(inventory, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy)
-        raise typer.Exit(max(result.exit_code, code))
+        raise typer.Exit(max(result.exit_code, _failover(inventory, fanout, connect_timeout, host_key_policy)))
     raise typer.Exit(result.exit_code)
 
 
-def _passive(pattern: str, inventory: Optional[str], source: Optional[str], **probe: Any) -> tuple[Any, Any, Any]:
-    """Doctor's passive checks: ``(findings, metrics, meta)`` from the hosts or a bundle."""
+def _passive(pattern: str, inventory: Optional[str], source: Optional[str], **probe: Any) -> Any:
+    """Doctor's passive checks on the hosts or a bundle (``ops.report.Checked``)."""
     from clusterctl.cli import doctor as d
-    from clusterctl.diagnose.bundle import context
-    from clusterctl.diagnose.doctor import diagnose
-    from clusterctl.report.metrics import from_snapshot
+    from clusterctl.ops.doctor import gather
+    from clusterctl.ops.report import passive
 
     thresholds = d.load_checks_data()
     if source:
-        snap, inv = d.bundle_snapshot(source, inventory)
-        if pattern != "all":
-            snap = d.bundle_hosts(snap, inv, pattern)
-        meta: dict[str, Any] = {"source": source}
+        req = d.bundle_request(source, inventory, pattern=pattern, thresholds=thresholds)
     else:
-        snap, inv, path = d.live_snapshot(pattern, inventory, sudo=False, ask_become_pass=False, progress=False,
-                                          **probe)
-        meta = {"inventory": path}
-    return (diagnose(context(snap, inv, thresholds), None, acks=d.load_acks()), from_snapshot(snap.facts, snap.raw),
-            meta)
+        req = d.live_request(pattern, inventory, sudo=False, ask_become_pass=False, thresholds=thresholds, **probe)
+    try:
+        got = gather(req, d.ProbeView(progress=False))
+    except ClusterctlError as e:
+        fail(str(e))
+    req.acks = d.load_acks()  # after the snapshot: the state of the cluster a bundle's -i names
+    return passive(req, got)
 
 
-def _active(pattern: str, inventory: Optional[str], kinds_text: str,
-            timeout: float) -> tuple[Any, Any, dict[str, Any], str]:
-    """The active checks on the instances of the selected hosts: ``(findings, metrics, meta, pattern key)``.
-
-    The run is stored under the pattern ``PATTERN --active KINDS``, so it is compared
-    with the previous active run, never with a passive one."""
+def _active(pattern: str, inventory: Optional[str], kinds_text: str, timeout: float) -> Any:
+    """The active checks on the instances of the selected hosts (``ops.report.Checked``)."""
     from clusterctl.cli._hosts import select
-    from clusterctl.diagnose.thresholds import check_file
-    from clusterctl.report.active import parse_kinds, run_active, targets
+    from clusterctl.ops.doctor import with_replicas
+    from clusterctl.ops.report import active
+    from clusterctl.report.active import parse_kinds
 
     try:
         kinds = parse_kinds(kinds_text)
     except ClusterctlError as e:
         fail(str(e))
     path, hosts = select(inventory, pattern)
-    from clusterctl.deploy.deployed import with_replicas
-
-    tgts = targets(with_replicas(load_inventory(path), cfg=user_config()), {h.name for h in hosts})
-    if not tgts:
-        fail(f"{path}: no instance with a placement on the hosts {pattern!r} selects: nothing for --active to check")
+    inv = with_replicas(load_inventory(path), user_config())
     try:
-        outcome = run_active(tgts, kinds, thresholds=check_file("drift.yaml"), timeout=timeout,
-                             progress=lambda s: err_console.print(f"active: {s}", markup=False))
+        return active(inv, path, {h.name for h in hosts}, pattern, kinds, timeout=timeout,
+                      on_event=lambda s: err_console.print(s, markup=False))
     except ClusterctlError as e:
         fail(str(e))
-    for why in outcome.skipped:
-        err_console.print(f"active: skipped {why}", markup=False)
-    meta = {"inventory": path, "active": list(kinds), "instances": [t.instance for t in tgts],
-            "skipped": outcome.skipped}
-    return outcome.findings, outcome.metrics, meta, f"{pattern} --active {','.join(kinds)}"
+
+
+def _failover(inventory: Optional[str], fanout: Optional[int], connect_timeout: Optional[float],
+              host_key_policy: Optional[str]) -> int:
+    """``--failover``: failover with its defaults, its summary on stderr; its exit code."""
+    from clusterctl.cli.failover import failover_request, show
+    from clusterctl.ops.failover import for_report
+
+    req = failover_request(inventory, None, None, fanout=fanout, connect_timeout=connect_timeout,
+                           ask_become_pass=False, host_key_policy=host_key_policy)
+    try:
+        rep = for_report(req, on_event=lambda s: err_console.print(s, markup=False, highlight=False))
+    except ClusterctlError as e:
+        fail(str(e))
+    show(rep, err_console)
+    return int(rep.exit_code)
 
 
 @app.command("history", help="""List the latest runs: when, exit code, counts per severity.
@@ -392,14 +392,3 @@ def serve(textfile: Optional[str] = typer.Option(None, "--textfile", help="The .
         server.serve_forever()
     finally:
         server.server_close()
-
-
-def _state_dir() -> Optional[Path]:
-    """The deploy state directory (its autoscaler decisions are charted), ``None`` when unreadable."""
-    from clusterctl.cli._common import user_config
-    from clusterctl.deploy.state import resolve_state_dir
-
-    try:
-        return resolve_state_dir(None, user_config())
-    except ClusterctlError:
-        return None
