@@ -25,6 +25,22 @@ InventoryOpt = typer.Option(
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
 
 
+def write_files(files: dict[Any, str], *, dry_run: bool) -> None:
+    """Write each ``path: text`` atomically (``clusterctl.files.write_atomic``) and say ``wrote PATH``;
+    with ``dry_run`` print ``# PATH`` and the text instead.  A file that cannot be written exits 3."""
+    from clusterctl.files import write_atomic
+
+    for path, text in files.items():
+        if dry_run:
+            console.print(f"# {path}\n{text}", markup=False)
+            continue
+        try:
+            write_atomic(path, text)
+        except OSError as e:
+            fail(f"{path}: cannot write: {e.strerror}")
+        console.print(f"wrote {path}", markup=False)
+
+
 def fail(message: str, code: int = USAGE_ERROR) -> NoReturn:
     """Print ``message`` on stderr and exit with ``code`` (3 = could not run)."""
     # Plain text: messages carry paths and node sets such as gpu[01-04] that

@@ -13,7 +13,7 @@ import typer
 
 from clusterctl.cli import _complete
 from clusterctl.cli._common import (InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json,
-                                    user_config)
+                                    user_config, write_files)
 from clusterctl.cli._hosts import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
 from clusterctl.cli.placement import StateDirOpt, state_store
 from clusterctl.errors import ClusterctlError
@@ -186,7 +186,6 @@ def unit_text(argv: list[str]) -> str:
 def _install(inventory: Optional[str], state_dir: Path, templates: list[str], unit_dir: str, no_start: bool,
              dry_run: bool) -> None:
     from clusterctl.cli._common import user_config
-    from clusterctl.files import write_atomic
 
     inv_path = inventory or str(user_config().inventory or "")
     if not inv_path:
@@ -197,15 +196,8 @@ def _install(inventory: Optional[str], state_dir: Path, templates: list[str], un
         argv += ["--template", t]
     text = unit_text(argv)
     path = Path(unit_dir) / UNIT
-    if dry_run:
-        console.print(f"# {path}\n{text}", markup=False)
-        return
-    try:
-        write_atomic(path, text)
-    except OSError as e:
-        fail(f"{path}: cannot write: {e.strerror}")
-    console.print(f"wrote {path}", markup=False)
-    if no_start:
+    write_files({path: text}, dry_run=dry_run)
+    if dry_run or no_start:
         return
     for cmd in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", UNIT]):
         try:

@@ -18,7 +18,7 @@ import typer
 
 from clusterctl.cli import _complete
 from clusterctl.cli._common import (InventoryOpt, JsonOpt, cluster_meta, console, err_console, fail, load_inventory, print_json,
-                                    user_config)
+                                    user_config, write_files)
 from clusterctl.cli._hosts import ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt
 from clusterctl.errors import ClusterctlError
 
@@ -290,7 +290,6 @@ def install_timer(pattern: str = typer.Argument("all", help="Hosts the report co
                   dry_run: bool = typer.Option(False, "--dry-run", help="Print, do not write.")) -> None:
     from clusterctl.report.active import parse_kinds
     from clusterctl.report.schedule import Schedule, cron_line, service_unit, timer_unit
-    from clusterctl.files import write_atomic
 
     argv = [sys.executable, "-m", "clusterctl.cli.main", "report", "run", pattern, "--db", db, "--format", "none",
             "--lock-wait", "60"]
@@ -310,15 +309,7 @@ def install_timer(pattern: str = typer.Argument("all", help="Hosts the report co
                   Path(unit_dir) / f"{s.name}.timer": timer_unit(s)})
     except ClusterctlError as e:
         fail(str(e))
-    for path, text in files.items():
-        if dry_run:
-            console.print(f"# {path}\n{text}", markup=False)
-            continue
-        try:
-            write_atomic(path, text)
-        except OSError as e:
-            fail(f"{path}: cannot write: {e.strerror}")
-        console.print(f"wrote {path}", markup=False)
+    write_files(files, dry_run=dry_run)
 
 
 @app.command("file-sd", help="""Write a Prometheus file_sd target list of every instance's /metrics endpoint.
