@@ -110,9 +110,13 @@ def test_the_timer_on_a_lab_control_host_writes_a_report_and_the_history(lab, co
     assert "<svg" in html and "Problems per run" in html
     assert "clusterctl_report_last_run_timestamp_seconds" in (root / STATE.lstrip("/") / "clusterctl.prom").read_text()
     # the unit finished (a WARN/CRIT cluster is a success exit too) and the run is stored
-    while "Result=success" not in state and time.monotonic() - t0 < 150:
+    # report.json is written before the run ends (history, textfile): wait for the unit to go inactive,
+    # not for Result=success, which systemd already shows while the service is still running
+    show = "systemctl show clusterctl-report.service -p ActiveState -p ExecMainStatus -p Result"
+    state = lab.run(name, show).stdout
+    while "ActiveState=inactive" not in state and time.monotonic() - t0 < 150:
         time.sleep(1)
-        state = lab.run(name, "systemctl show clusterctl-report.service -p ExecMainStatus -p Result").stdout
+        state = lab.run(name, show).stdout
     assert "Result=success" in state and f"ExecMainStatus={doc['run']['exit_code']}" in state, state
     db = root / STATE.lstrip("/") / "report.db"
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
