@@ -130,6 +130,8 @@ def drain_before(inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping
         have = st.instances.get(item.instance)
         if item.action not in ("changed", "remove") or have is None or have.active != "active":
             continue
+        if have.x.get("Role") == "router":  # a pool's router holds no requests of its own (deploy/pdrouter.py)
+            continue
         inst = instances.get(item.instance) or instance_for_drain(inv, hp.host, item.instance, have.unit_text)
         if inst is not None:
             todo.append(inst)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy import apply as ap
-from clusterctl.deploy import audit, gates, lock, remote, rollout, spec
+from clusterctl.deploy import audit, gates, lock, pdrouter, remote, rollout, spec
 from clusterctl.deploy.journal import first_error
 from clusterctl.deploy.plan import Plan, make_plan, matches
 from clusterctl.deploy.state import StateStore, utc_now
@@ -236,7 +236,7 @@ class Deploy:
         self.on_event(Event(kind, message, host, ok, step, steps, done))
 
     def _read(self, fleet: Any, hosts: list[str] | None = None, gpu_uuids: bool = False) -> dict[str, remote.HostState]:
-        paths = sorted({r.model_path for r in self.rendered.values()})
+        paths = sorted({r.model_path for r in self.rendered.values() if r.model_path})
         return remote.read_hosts(fleet, model_paths=paths, hosts=hosts, gpu_uuids=gpu_uuids)
 
     def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:
@@ -246,13 +246,18 @@ class Deploy:
         chosen = {n: i for n, i in self.instances.items()
                   if matches(n, self.opts.instances) and any(g.host in names for g in i.placement)}
         self.rendered = {r.instance: r for r in render_all(self.inv, chosen)}
-        self.event("phase", f"rendered {len(self.rendered)} instances; reading {len(self.hosts)} hosts")
+        routers = {r.instance: r for r in pdrouter.render_routers(self.inv, self.instances)
+                   if r.host in names and matches(r.instance, self.opts.instances)}
+        self.rendered.update(routers)
+        self.event("phase", f"rendered {len(self.rendered)} instances" + (f" ({len(routers)} routers)" if routers else "")
+                   + f"; reading {len(self.hosts)} hosts")
         states = self._read(fleet, gpu_uuids=True)
         versions = {h: st.systemd_version for h, st in states.items()}
         uuids = {n: u for n, i in chosen.items() if (u := pinned_uuids(i, states.get(i.hosts[0]) if i.hosts else None))}
         if uuids or any(v is not None for v in versions.values()):
             # per host: the restart directives its systemd has; per instance: its GPUs by UUID
             self.rendered = {r.instance: r for r in render_all(self.inv, chosen, versions, uuids)}
+            self.rendered.update(routers)
         plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self.opts.instances)
         return plan, states
 
@@ -372,7 +377,9 @@ class Deploy:
     def _rollout(self, fleet: Any, plan: Plan, states: dict[str, remote.HostState], targets: list[str],
                  rep: DeployReport) -> None:
         by_host = {hp.host: hp for hp in plan.hosts}
-        rep.batches = rollout.batches(targets, self.opts.serial)
+        # a pool's router comes after its members: its gate sends a completion through them
+        rep.batches = rollout.batches(pdrouter.routers_last(targets, self.inv, self.rendered.values()),
+                                      self.opts.serial)
         rep.result = "ok"
         for n, batch in enumerate(rep.batches, 1):
             label = "canary" if n == 1 and len(rep.batches) > 1 else f"batch {n}/{len(rep.batches)}"
@@ -506,6 +513,12 @@ class Deploy:
 
     def _gate_target(self, name: str, states: Mapping[str, remote.HostState]) -> gates.GateTarget:
         r = self.rendered[name]
+        pool = pdrouter.pool_of(self.inv, name)
+        if pool is not None:  # through the router: prefill, then decode with the members' key
+            key = next((k for m in pdrouter.members(self.inv, pool, self.instances.values())
+                        if m.name in self.rendered and (k := api_key(self.rendered[m.name]))), None)
+            return gates.GateTarget(name, r.host, self.inv.hosts[r.host].address, r.port,
+                                    pdrouter.served_model(self.inv, pool), key, 0)
         # systemd resets NRestarts on an explicit start or restart, so any restart counted is a crash.
         return gates.GateTarget(name, r.host, self.inv.hosts[r.host].address, r.port,
                                 instance_served_name(self.inv, self.instances.get(name), r), api_key(r), 0)

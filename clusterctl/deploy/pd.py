@@ -22,7 +22,7 @@ Facts (sources in docs/disaggregation.md):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from clusterctl.deploy.sdquote import command_line
 from clusterctl.deploy.units import nccl_ib_tc
@@ -95,8 +95,9 @@ def instance_url(inv: Inventory, inst: Instance) -> str:
 
 
 def router_argv(inv: Inventory, pool: PdPool, instances: Iterable[Instance],
-                binary: str = ROUTER_BIN) -> list[str]:
-    """The vllm-router command line for ``pool`` over the placed ``instances`` (sorted by name)."""
+                binary: str = ROUTER_BIN, extra: Sequence[str] = ()) -> list[str]:
+    """The vllm-router command line for ``pool`` over the placed ``instances`` (sorted by name),
+    ``extra`` flags before the workers."""
     mine = sorted((i for i in instances if pool_for(inv, i) is pool), key=lambda i: i.name)
     pre = [i for i in mine if i.role == "prefill"]
     dec = [i for i in mine if i.role == "decode"]
@@ -105,7 +106,7 @@ def router_argv(inv: Inventory, pool: PdPool, instances: Iterable[Instance],
                               f"(has {len(pre)} prefill, {len(dec)} decode)")
     host = inv.hosts[pool.router.host]
     argv = [binary, "--vllm-pd-disaggregation", "--host", host.address, "--port", str(pool.router.port),
-            "--policy", pool.router.policy]
+            "--policy", pool.router.policy, *extra]
     if pool.connector == "NixlConnector":
         argv += ["--kv-connector", "nixl"]
     elif pool.connector == "MooncakeConnector":
@@ -117,9 +118,10 @@ def router_argv(inv: Inventory, pool: PdPool, instances: Iterable[Instance],
     return argv
 
 
-def router_unit(inv: Inventory, pool: PdPool, instances: Iterable[Instance], binary: str = ROUTER_BIN) -> str:
+def router_unit(inv: Inventory, pool: PdPool, instances: Iterable[Instance], binary: str = ROUTER_BIN,
+                extra: Sequence[str] = ()) -> str:
     """The systemd unit of ``pool``'s router (``clusterctl-router-<pool>.service``)."""
-    argv = router_argv(inv, pool, instances, binary)
+    argv = router_argv(inv, pool, instances, binary, extra)
     desc = f"vllm-router {pool.name}: {pool.model} prefill/decode on port {pool.router.port}".replace("%", "%%")
     return (f"# clusterctl: vllm-router of prefill/decode pool {pool.name}\n"
             "[Unit]\n"

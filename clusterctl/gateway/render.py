@@ -29,6 +29,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from clusterctl.deploy.metrics import base_url
+from clusterctl.deploy.pdrouter import gateway_servers
 from clusterctl.errors import ClusterctlError
 from clusterctl.gateway.keys import ClientKey
 from clusterctl.inventory.gateway import served_name
@@ -242,6 +243,7 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
     if gw is None:
         raise GatewayRenderError(f"{inv.path}: no 'gateway:' section (docs/inventory.md)")
     states = states or {}
+    instances = gateway_servers(inv, instances)  # a prefill/decode pool's model goes to its router
     models = [m for m in inv.models if any(i.model == m for i in instances.values())]
     for g in gw.gray:
         models += [m for m in (g.stable, g.canary) if m not in models]

@@ -116,6 +116,14 @@ def real_engine_binds() -> list[str]:
     return out
 
 
+def router_binds() -> list[str]:
+    """A read-only bind of vllm-router's venv (scripts/install-vllm-router) at the same path: it runs on the
+    hosts' own /usr/bin/python3.11, so a prefill/decode pool's router unit runs in a lab host as deployed
+    (docs/disaggregation.md).  Nothing when not installed."""
+    root = Path("/var/cache/clusterctl-vllm-router")  # deploy/pd.py ROUTER_BIN lies in it
+    return [f"--bind-ro={root}"] if (root / "venv" / "bin" / "vllm-router").exists() else []
+
+
 def launch(cfg: LabConfig, h: HostSpec) -> int:
     """Start the host's container in the background; return the supervisor's PID."""
     d = host_dir(cfg, h.name)
@@ -128,7 +136,7 @@ def launch(cfg: LabConfig, h: HostSpec) -> int:
             # CAP_NET_ADMIN: keepalived on a gateway host adds and removes the floating address
             # (docs/gateway.md); it acts on the host's own network namespace only.
             "--capability=CAP_IPC_LOCK,CAP_NET_ADMIN"]
-    argv += real_engine_binds()
+    argv += real_engine_binds() + router_binds()
     hw = d / "hw"
     if hw.is_dir():
         argv.append(f"--bind={hw}:{HW_MOUNT}")
