@@ -1,37 +1,64 @@
-"""A prefill/decode pool on two lab hosts serves through vllm-router; a pause storm slows its KV pulls.
+"""A prefill/decode pool on two lab hosts, deployed by ``clusterctl deploy``, serves through its router and
+the gateway; a pause storm slows its KV pulls.
 
-The prefill and decode instances are the simulator (0.11 launcher) in transient
-units on the first two lab hosts, started with the ``--kv-transfer-config`` and
-environment clusterctl renders for their roles (``deploy/pd.py``); vllm-router
-(scripts/install-vllm-router) runs on the control machine with the rendered
-command line and reaches them over the lab bridge.  A pause storm on the
-prefill host's RoCE priority (both data NICs) makes the decode instance's
-KV pulls ten times slower, and doctor's ``pd.kv_transfer`` says so, naming
-the pair and the path.  Cheap: sparse model, time scale 0.1, two requests.
+The prefill and decode instances are the simulator (0.11 launcher) deployed as
+``clusterctl-pd-p.service`` and ``clusterctl-pd-d.service`` on the first two
+lab hosts with the ``--kv-transfer-config`` and environment of their roles
+(``deploy/pd.py``); the same deploy pushes the pool's router
+(``clusterctl-router-pd-q.service``, vllm-router from scripts/install-vllm-router,
+bound read-only into the hosts) to the prefill host, last, and gates it with a
+completion through it (``deploy/pdrouter.py``).  The gateway (nginx on the
+decode host) sends the pool's model to the router.  A pause storm on the
+prefill host's RoCE priority (both data NICs) makes the decode instance's KV
+pulls ten times slower, and doctor's ``pd.kv_transfer`` says so, naming the
+pair and the path.  Cheap: sparse model, time scale 0.1, three requests.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
-import subprocess
-import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
-from clusterctl.deploy import pd
+from clusterctl.cli.main import main
+from clusterctl.deploy.engine import Deploy, DeployOptions
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.registry import AnalysisContext, run_analyzers
 from clusterctl.diagnose.thresholds import load_thresholds
-from clusterctl.inventory.loader import load_inventory, load_inventory_text
+from clusterctl.fleet import Fleet
+from clusterctl.inventory.loader import load_inventory
 from clusterctl.lab.hardware import faults
-from clusterctl.lab.vllm_sim.serve import free_port
-from support.http import http, wait_healthy
+from support.deploy_lab import remove_deployed
+from support.http import http
 from unit.vllm_sim.promparse import parse
 
 MODEL = "/models/qwen3-8b"
-UNIT = "vllm-sim-pd"
 PORTS = {"prefill": 8401, "decode": 8402}
+ROUTER_PORT = 8403
+GW_PORT = 8080
+
+
+#: A sparse Qwen3-8B (headers and sizes: its KV bytes per token price the pulls) laid out on a host as
+#: `clusterctl stage` leaves a verified version (stage/verify_model.py: the link into .versions/, the
+#: manifest of file sizes, the marker naming its sha256), so the deployed units' verify-model passes;
+#: staging itself would copy 16 GB of holes.
+STAGED_SPARSE = f"""set -e
+v={MODEL.rsplit("/", 1)[0]}/.versions/qwen3-8b/sparse
+test -L {MODEL} && exit 0
+rm -rf {MODEL} "$v"; vllm-sim make-model qwen3-8b "$v" --sparse >/dev/null
+python3 - "$v" <<'PY'
+import hashlib, json, os, sys
+d = sys.argv[1]
+files = [{{"path": os.path.relpath(os.path.join(r, f), d), "size": os.path.getsize(os.path.join(r, f)), "sha256": ""}}
+         for r, _, fs in os.walk(d) for f in fs]
+raw = json.dumps({{"files": files}}).encode()
+open(os.path.join(d, ".clusterctl-manifest.json"), "wb").write(raw)
+json.dump({{"manifest_sha256": hashlib.sha256(raw).hexdigest()}}, open(os.path.join(d, ".clusterctl-verified"), "w"))
+PY
+ln -s "$v" {MODEL}
+"""
 
 
 def _xfer(addr: str, port: int) -> tuple[float, float]:
@@ -42,85 +69,71 @@ def _xfer(addr: str, port: int) -> tuple[float, float]:
             sum(fams["vllm:nixl_xfer_time_seconds_count"].values()))
 
 
-def _plain(obj: object) -> dict:
-    return {k: v for k, v in vars(obj).items() if v is not None and k != "location"}
-
-
 @pytest.fixture
-def pool(lab, healed_hosts):
+def pool(lab, healed_hosts, tmp_path: Path):
     names = lab.names[:2]
-    base = load_inventory(str(lab.inventory))
-    hosts = {role: base.hosts[n] for role, n in zip(("prefill", "decode"), names)}
-    router_port = free_port()
-    text = "".join([
-        "version: 1\n",
-        "hosts:\n",
-        *(f"  {h.name}: {{address: {h.address}, gpus: {json.dumps(_plain(h.gpus))}, nics: "
-          f"{json.dumps([_plain(n) for n in h.nics])}}}\n"
-          for h in hosts.values()),
-        "engines:\n  sim: {path: /opt/vllm-0.11/bin/vllm, version: \"0.11.0\"}\n",
+    roles = dict(zip(("prefill", "decode"), names))
+    text = Path(lab.inventory).read_text() + "".join([
         f"models:\n  qwen3-8b: {{path: {MODEL}, served_name: qwen3-8b}}\n",
         "instances:\n",
-        *(f"  q{role[0]}: {{model: qwen3-8b, engine: sim, placement: \"{h.name}:0\", port: {PORTS[role]}, "
-          f"role: {role}}}\n" for role, h in hosts.items()),
-        f"pd_pools:\n  qwen-pd: {{model: qwen3-8b, router: {{host: {hosts['prefill'].name}, "
-        f"port: {router_port}}}}}\n"])
-    inv = load_inventory_text(text, "pd-lab.yaml")
-    for role, h in hosts.items():
-        inst = inv.instances[f"q{role[0]}"]
-        env = {"VLLM_SIM_TIME_SCALE": "0.1", "CUDA_VISIBLE_DEVICES": "0", **pd.kv_env(inv, inst, h)}
-        setenv = " ".join(shlex.quote(f"--setenv={k}={v}") for k, v in env.items())
-        kv = " ".join(shlex.quote(a) for a in pd.kv_args(inv, inst))
-        lab.run(h.name, f"vllm-sim make-model qwen3-8b {MODEL} --sparse", check=True, timeout=60)
-        lab.run(h.name, f"systemd-run --unit={UNIT} --collect --property=Type=exec {setenv} "
-                        f"/opt/vllm-0.11/bin/vllm serve {MODEL} --served-model-name qwen3-8b --port {inst.port} "
-                        f"--max-model-len 8192 {kv}", check=True)
-    for role, h in hosts.items():
-        wait_healthy(lab, h.name, f"http://{h.address}:{PORTS[role]}/health", UNIT, timeout=120)
-    argv = pd.router_argv(inv, inv.pd_pools["qwen-pd"], inv.instances.values())
-    argv[argv.index("--host") + 1] = "0.0.0.0"  # the router runs on this machine, not on the pool's host
-    router = subprocess.Popen([*argv, "--log-level", "warning"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{router_port}"
+        *(f"  pd-{role[0]}: {{model: qwen3-8b, engine: vllm-0.11, placement: \"{h}:0\", port: {PORTS[role]}, "
+          f"role: {role}, args: {{max-model-len: 8192}}, env: {{VLLM_SIM_TIME_SCALE: '0.1'}}}}\n"
+          for role, h in roles.items()),
+        f"pd_pools:\n  pd-q: {{model: qwen3-8b, router: {{host: {roles['prefill']}, port: {ROUTER_PORT}}}}}\n",
+        f"gateway:\n  hosts: {roles['decode']}\n  port: {GW_PORT}\n  auth: none\n"])
+    inv_path, state = tmp_path / "pd-lab.yaml", tmp_path / "state"
+    inv_path.write_text(text)
+    inv = load_inventory(str(inv_path))
     try:
-        end = time.monotonic() + 60
-        while True:
-            try:
-                if http(url + "/health", None, 5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert router.poll() is None and time.monotonic() < end, "vllm-router did not become healthy"
-            time.sleep(0.5)
-        yield inv, hosts, url
+        for h in names:
+            lab.run(h, STAGED_SPARSE, check=True, timeout=60)
+        rep = Deploy(inv, [inv.hosts[h] for h in names], lambda hs: Fleet(list(hs), connect_timeout=10,
+                                                                           command_timeout=120),
+                     str(state), DeployOptions(gate_timeout_s=120)).run()
+        assert rep.result == "ok", rep.to_dict()
+        assert rep.batches[-1][-1] == roles["prefill"]  # the router's host last
+        gates = {g.instance: g for o in rep.hosts.values() for g in o.gates}
+        assert set(gates) == {"pd-p", "pd-d", "router-pd-q"} and all(g.ok for g in gates.values())
+        assert main(["gateway", "deploy", roles["decode"], "-i", str(inv_path), "--state-dir", str(state)]) == 0
+        yield inv, {r: inv.hosts[h] for r, h in roles.items()}, f"http://{inv.hosts[roles['decode']].address}:{GW_PORT}"
     finally:
-        router.terminate()
-        router.wait(15)
-        for h in hosts.values():
-            lab.run(h.name, f"systemctl stop {UNIT}; systemctl reset-failed {UNIT}", timeout=60)
+        remove_deployed(lab, "clusterctl-*pd-*.service", "/etc/clusterctl/instances/*pd-*.env "
+                        "/var/lib/clusterctl/deploy/previous/*pd-*", names)
+        lab.run(roles["decode"], "systemctl disable --now nginx.service", timeout=60)
 
 
-def test_pd_pool_serves_through_its_router_and_a_pause_storm_slows_its_kv_pulls(lab, pool, healed_hosts):
+def _complete(url: str, prompt: str) -> tuple[int, str, dict]:
+    req = urllib.request.Request(url + "/v1/completions", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"model": "qwen3-8b", "prompt": prompt, "max_tokens": 8}).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return r.status, r.headers.get("X-Gateway-Instance", ""), json.loads(r.read())
+
+
+def test_pd_pool_deployed_serves_through_its_router_behind_the_gateway_and_a_pause_storm_slows_its_kv_pulls(
+        lab, pool, healed_hosts):
     inv, hosts, url = pool
     pre, dec = hosts["prefill"], hosts["decode"]
+    s0, c0 = _xfer(dec.address, PORTS["decode"])  # the router's gate already pulled once
     prompt = " ".join(f"w{i}" for i in range(1500))
-    status, body = http(url + "/v1/completions", {"model": "qwen3-8b", "prompt": prompt, "max_tokens": 8}, 120)
-    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 8
+    status, served_by, body = _complete(url, prompt)
+    assert status == 200 and served_by == "router-pd-q" and body["usage"]["completion_tokens"] == 8
     s1, c1 = _xfer(dec.address, PORTS["decode"])
-    assert c1 == 1 and s1 > 0
+    assert c1 == c0 + 1 and s1 > s0
+    one = s1 - s0
 
     healed_hosts.append(pre.name)
     for nic in ("eth2", "eth3"):
         faults.inject(lab.host_dir(pre.name), "pause-storm", nic=nic, priority=3, per_s=20000, paused=0.9)
-    status, body = http(url + "/v1/completions", {"model": "qwen3-8b", "prompt": prompt, "max_tokens": 8}, 120)
+    status, _, _ = _complete(url, prompt)
     assert status == 200
     s2, c2 = _xfer(dec.address, PORTS["decode"])
-    assert c2 == 2 and s2 - s1 == pytest.approx(10 * s1, rel=0.05)
+    assert c2 == c1 + 1 and s2 - s1 == pytest.approx(10 * one, rel=0.05)
 
-    # doctor on one sample: the mean over both pulls (1x and 10x) is 5.5x what one 400 Gbit/s port takes
+    # doctor on one sample: the mean over the pulls (the gate's short one, 1x and 10x) is about 5.5x what
+    # one 400 Gbit/s port takes
     metrics = http(f"http://{dec.address}:{PORTS['decode']}/metrics", None, 30)[1].decode()
-    ctx = AnalysisContext(inventory=inv, facts={}, raw={dec.name: {"qd.metrics": metrics}},
+    ctx = AnalysisContext(inventory=inv, facts={}, raw={dec.name: {"pd-d.metrics": metrics}},
                           thresholds=load_thresholds())
     [f] = run_analyzers(ctx, ["pd.kv_transfer"])
     assert f.severity is Severity.WARN, f
-    assert "decode qd <- prefill qp (pool qwen-pd)" in f.message and pre.name in f.message and dec.name in f.message
+    assert "decode pd-d <- prefill pd-p (pool pd-q)" in f.message and pre.name in f.message and dec.name in f.message
