@@ -114,6 +114,8 @@ class MetricsSample:
     waiting: float | None
     generation_tokens: float | None
     num_gpu_blocks: int | None = None
+    #: ``vllm:prompt_tokens_total`` (prefill progress; ``None`` when absent)
+    prompt_tokens: float | None = None
     #: ``vllm:time_to_first_token_seconds``: cumulative ``(le, count)`` buckets summed over
     #: engines, and its ``_sum``/``_count`` (``None``/empty when absent).
     ttft_buckets: tuple[tuple[float, float], ...] = ()
@@ -148,6 +150,7 @@ def parse_sample(text: str, at: float) -> MetricsSample:
                          running=total(m, "vllm:num_requests_running"),
                          waiting=total(m, "vllm:num_requests_waiting"),
                          generation_tokens=total(m, "vllm:generation_tokens_total"), num_gpu_blocks=blocks,
+                         prompt_tokens=total(m, "vllm:prompt_tokens_total"),
                          ttft_buckets=tuple(sorted(buckets.items())), ttft_sum=total(m, TTFT + "_sum"),
                          ttft_count=total(m, TTFT + "_count"))
 

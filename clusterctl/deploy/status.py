@@ -47,7 +47,7 @@ from clusterctl.deploy.metrics import (DEFAULT_HTTP_TIMEOUT, MAX_PARALLEL, HttpA
 from clusterctl.deploy.peaks import load_peaks, update_peaks
 from clusterctl.deploy.spec import unit_name
 from clusterctl.diagnose.findings import Severity
-from clusterctl.diagnose.serving import engine_hung
+from clusterctl.diagnose.serving import engine_hung, hung_words
 from clusterctl.diagnose.unitlog import down_reason
 from clusterctl.inventory.model import Instance, Inventory
 
@@ -186,12 +186,17 @@ def _apply_load(row: InstanceStatus, w: WindowedMetrics | None, queue_cap: int |
             row.ttft_p90_s = None if p90 is None else round(p90, 4)
             row.ttft_mean_s = None if mean is None else round(mean, 4)
             row.ttft_requests = w.ttft_requests
+    hung = None
     if row.state == "serving" and w is not None and w.first is not None and w.last is not None \
-            and w.first is not w.last and engine_hung(w.first.running, w.last.running,
-                                                      w.first.generation_tokens, w.last.generation_tokens):
+            and w.first is not w.last:
+        a, b = w.first, w.last
+        hung = engine_hung(a.running, b.running, a.generation_tokens, b.generation_tokens, a.waiting, b.waiting,
+                           a.prompt_tokens, b.prompt_tokens)
+    if hung and w is not None and w.first is not None and w.last is not None:
         row.state, row.severity = "hung", Severity.CRIT
-        row.message = (f"engine hung: {w.last.running:.0f} request(s) running, no token generated in "
-                       f"{w.last.at - w.first.at:.1f} s (/health still answers)")
+        what = (f"{w.last.running:.0f} request(s) running, no token generated" if hung == "running"
+                else hung_words(hung, w.last.running, w.last.waiting))
+        row.message = f"engine hung: {what} in {w.last.at - w.first.at:.1f} s (/health still answers)"
     if row.healthy is None:
         return
     cap = max(capacity or 0.0, row.tokens_per_s or 0.0) or None

@@ -159,12 +159,16 @@ def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
     if m1 is not None:
         r0, r1 = total(m0, "vllm:num_requests_running"), total(m1, "vllm:num_requests_running")
         g0, g1 = total(m0, "vllm:generation_tokens_total"), total(m1, "vllm:generation_tokens_total")
-        if engine_hung(r0, r1, g0, g1):
+        q0, q1 = total(m0, "vllm:num_requests_waiting"), total(m1, "vllm:num_requests_waiting")
+        hung = engine_hung(r0, r1, g0, g1, q0, q1, total(m0, "vllm:prompt_tokens_total"),
+                           total(m1, "vllm:prompt_tokens_total"))
+        if hung:
             found.append(Finding("serving.metrics", Severity.CRIT, host, subj,
-                                 f"engine hung: {r1:.0f} requests running but no token generated in "
-                                 f"{ctx.interval_s:g} s", "restart the instance; check serving.engine and the TP "
+                                 f"engine hung: {hung_words(hung, r1, q1)} in {ctx.interval_s:g} s",
+                                 "restart the instance; check serving.engine and the TP "
                                  "group's GPUs (a hung collective or GPU)",
-                                 (f"generation_tokens_total {g0:.0f} -> {g1:.0f}, running {r0:.0f} -> {r1:.0f}",)))
+                                 (f"generation_tokens_total {g0:.0f} -> {g1:.0f}, running {r0:.0f} -> {r1:.0f}, "
+                                  f"waiting {q0 or 0:.0f} -> {q1 or 0:.0f}",)))
     b1 = _buckets(now, "vllm:time_to_first_token_seconds")
     if m1 is not None:
         b0 = _buckets(m0, "vllm:time_to_first_token_seconds")
@@ -180,12 +184,38 @@ def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
 
 
 def engine_hung(running0: float | None, running1: float | None, generated0: float | None,
-                generated1: float | None) -> bool:
-    """Requests running in both of two ``/metrics`` samples and ``vllm:generation_tokens_total``
-    not moving between them: a hung engine, which ``/health`` does not see.  The one rule of
-    doctor's ``serving.metrics`` and of ``clusterctl status`` (which ``gateway sync`` follows)."""
-    return bool(running0) and bool(running1) and generated0 is not None and generated1 is not None \
-        and generated1 <= generated0
+                generated1: float | None, waiting0: float | None = None, waiting1: float | None = None,
+                prompt0: float | None = None, prompt1: float | None = None) -> str | None:
+    """How an engine is hung between two ``/metrics`` samples, which ``/health`` does not see
+    (``None``: not hung).  The one rule of doctor's ``serving.metrics`` and of ``clusterctl
+    status`` (which ``gateway sync`` follows):
+
+    * ``"running"``: requests running in both samples and ``vllm:generation_tokens_total`` not
+      moving between them;
+    * ``"waiting"``: no request running in either sample, requests waiting in both, and neither
+      ``vllm:generation_tokens_total`` nor ``vllm:prompt_tokens_total`` moving.  vLLM's scheduler
+      admits a waiting request at its next step whenever a seat and KV blocks are free, and with
+      nothing running every seat and block is free: a queue that stays put with nothing running
+      is an engine whose steps do not complete (``num_requests_waiting`` is ``len(waiting)`` in
+      vLLM V1's ``Scheduler.make_stats``; it also counts requests waiting for a remote prefill's KV
+      cache, so a decode instance of a stalled prefill/decode transfer is caught too).
+      Requests that finish between the samples move the token counters: not hung.
+    """
+    if generated0 is None or generated1 is None or generated1 > generated0:
+        return None
+    if running0 and running1:
+        return "running"
+    if running0 == 0 and running1 == 0 and waiting0 and waiting1 \
+            and (prompt0 is None or prompt1 is None or prompt1 <= prompt0):
+        return "waiting"
+    return None
+
+
+def hung_words(how: str, running: float | None, waiting: float | None) -> str:
+    """What :func:`engine_hung`'s answer means, with the last sample's counts."""
+    if how == "waiting":
+        return f"{waiting or 0:.0f} request(s) waiting, none running or admitted, no token generated"
+    return f"{running or 0:.0f} requests running but no token generated"
 
 
 @analyzer("serving.engine")

@@ -37,6 +37,7 @@ from clusterctl.inventory.model import Instance, Inventory
 
 #: Why a hung instance is down (fixed words: a reason that changed every round would reload nginx).
 HUNG_REASON = "hung: requests running, no token generated"
+HUNG_WAITING_REASON = "hung: requests waiting, none running, no token generated"
 #: Weights are multiples of this, so small load changes cause no reload.
 WEIGHT_STEP = 10
 
@@ -165,7 +166,7 @@ def decide(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[
         elif obs is None:
             out[name] = ServerState(True, 1, "no status")
         elif obs.state == "hung":  # /health answers 200: the rule below would keep it up
-            out[name] = ServerState(True, 1, HUNG_REASON)
+            out[name] = ServerState(True, 1, HUNG_WAITING_REASON if obs.running == 0 and obs.waiting else HUNG_REASON)
         elif obs.state != "serving" and obs.healthy is not True:
             out[name] = ServerState(True, 1, f"{obs.state}: {obs.reason}" if obs.reason else obs.state)
         else:

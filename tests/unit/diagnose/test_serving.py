@@ -108,3 +108,33 @@ def test_requests_running_but_no_token_generated_is_a_hung_engine():
     assert len(found) == 1 and found[0].severity == Severity.CRIT
     assert "18 requests running but no token generated in 5 s" in found[0].message
     assert not [f for f in findings(BASE, later(BASE)) if f.message.startswith("engine hung")]
+
+
+def _queue_only(text: str, waiting: float, prompt_more: float = 0.0) -> str:
+    """The recorded page with nothing running and ``waiting`` queued (prompt tokens moved by ``prompt_more``)."""
+    text = re.sub(r"(?m)^(vllm:num_requests_running\{[^}]*\}) \S+$", r"\g<1> 0.0", text)
+    text = re.sub(r"(?m)^(vllm:num_requests_waiting\{[^}]*\}) \S+$", rf"\g<1> {waiting}", text)
+    return re.sub(r"(?m)^(vllm:prompt_tokens_total\{[^}]*\}) (\S+)$",
+                  lambda m: f"{m[1]} {float(m[2]) + prompt_more}", text)
+
+
+def test_requests_only_waiting_and_nothing_admitted_is_a_hung_engine():
+    # vLLM admits a waiting request at its next step when a seat is free; with none running all are
+    # free: a queue that stays with nothing running and no token is an engine whose steps stopped
+    first = _queue_only(BASE, 4.0)
+    hung = [f for f in findings(first, _queue_only(first, 5.0), interval=5.0) if f.message.startswith("engine hung")]
+    assert len(hung) == 1 and hung[0].severity == Severity.CRIT
+    assert "5 request(s) waiting, none running or admitted, no token generated in 5 s" in hung[0].message
+    assert "waiting 4 -> 5" in hung[0].evidence[0]
+
+
+def test_a_queue_that_moves_or_an_idle_engine_is_not_hung():
+    first = _queue_only(BASE, 4.0)
+    def hung(second: str) -> list[str]:
+        return [f.message for f in findings(first, second, interval=5.0) if f.message.startswith("engine hung")]
+    assert not hung(later(first, tokens=10.0))              # requests came and went between the samples
+    assert not hung(_queue_only(first, 4.0, prompt_more=512.0))  # a prefill completed
+    assert not hung(_queue_only(first, 0.0))                # the queue drained
+    assert not hung(re.sub(r"(?m)^(vllm:num_requests_running\{[^}]*\}) \S+$", r"\g<1> 2.0", first))  # admitted, busy
+    idle = _queue_only(BASE, 0.0)
+    assert not [f for f in findings(idle, idle, interval=5.0) if f.message.startswith("engine hung")]

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from clusterctl.deploy.metrics import parse_sample
+from clusterctl.diagnose.serving import engine_hung
 from clusterctl.lab.vllm_sim.faults import FaultError, Faults, is_loopback
 
 from .conftest import READY
@@ -87,8 +89,15 @@ def test_hang_stalls_requests_with_health_200_until_the_execute_timeout(host, mo
     assert sim.get("/health")[0] == 200  # the blind spot: /health does not see a hung collective
     tokens = metric(sim, "vllm:generation_tokens_total")
     assert metric(sim, "vllm:num_requests_running") + metric(sim, "vllm:num_requests_waiting") == 1
+    first = parse_sample(sim.get("/metrics")[1].decode(), at=0.0)
     time.sleep(0.3)
     assert metric(sim, "vllm:generation_tokens_total") == tokens  # nothing moves
+    # the request sent after the hang is only waiting (none running): doctor's and status's rule
+    # still calls the engine hung (serving.engine_hung, "waiting")
+    last = parse_sample(sim.get("/metrics")[1].decode(), at=0.3)
+    assert (first.running, first.waiting, last.running, last.waiting) == (0.0, 1.0, 0.0, 1.0)
+    assert engine_hung(first.running, last.running, first.generation_tokens, last.generation_tokens, first.waiting,
+                       last.waiting, first.prompt_tokens, last.prompt_tokens) == "waiting"
     assert sim.wait(20) == 0  # the execute timeout killed the engine, the watchdog stopped the server
     assert time.monotonic() - t0 >= 1.5
     assert "RPC call to execute_model timed out." in sim.log
