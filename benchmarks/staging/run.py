@@ -57,7 +57,7 @@ from clusterctl.lab import faults, netfaults
 from clusterctl.lab.config import LabConfig
 from clusterctl.lab.session import LabSession
 from clusterctl.lab.vllm_sim import synth
-from clusterctl.stage import manifest as mf
+from clusterctl.node.stage import manifest as mf
 from clusterctl.stage.plan import load_manifest, parse_source, write_manifest
 from clusterctl.stage.run import node_op, stage_model
 

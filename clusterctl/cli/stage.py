@@ -166,7 +166,7 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
           ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Prompt once for the sudo password."),
           host_key_policy: Optional[str] = HostKeyOpt,
           ) -> None:
-    from clusterctl.stage import manifest as mf
+    from clusterctl.node.stage import manifest as mf
     from clusterctl.stage import plan as pl
     from clusterctl.stage import run as rn
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import re
 
+from clusterctl import node
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.shell import quote
 from clusterctl.stage.bundle import verify_model_source
@@ -55,12 +56,11 @@ CHECK_GPUS_PATH = "/usr/local/lib/clusterctl/check-gpus"
 
 
 def check_gpus_source() -> str:
-    from pathlib import Path
-    return (Path(__file__).with_name("check_gpus.py")).read_text()
+    return node.source("check_gpus")
 
 
 def check_gpus_install_script(path: str = CHECK_GPUS_PATH) -> str:
-    """Write ``check-gpus`` (:mod:`clusterctl.deploy.check_gpus`) to ``path`` (0755), only if it differs."""
+    """Write ``check-gpus`` (:mod:`clusterctl.node.check_gpus`) to ``path`` (0755), only if it differs."""
     return install_file_script(path, check_gpus_source())
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Sequence
 
 from clusterctl.deploy import spec
-from clusterctl.deploy.node import env_hashes
+from clusterctl.node.deploy import env_hashes
 from clusterctl.deploy.remote import HostState, InstanceState
 
 Action = Literal["new", "changed", "start", "unchanged", "remove"]

@@ -3,22 +3,22 @@
 GPU totals, free memory and the processes holding memory come from the probe's
 facts; model sizes (config.json and safetensors headers), listening sockets
 (``ss -Htlnp``) and the systemd unit of each listening pid from the node
-reader (``preflight_node.py``), run once per host.
+reader (``clusterctl/node/preflight.py``), run once per host.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from clusterctl import node
 from clusterctl.deploy.ports import Listener, parse_ss
 from clusterctl.fleet import shell
 from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.probe.facts import Facts
 
-NODE_SCRIPT = Path(__file__).with_name("preflight_node.py")
+NODE_SCRIPT = node.path("preflight")
 #: Seconds the node reader may take on one host (headers of every shard, ``ss``).
 NODE_TIMEOUT_S = 60.0
 
@@ -131,7 +131,7 @@ def read_hosts(fleet: Any, inv: Inventory, instances: Mapping[str, Instance],
 
     ``facts`` given for a host are used as they are; the others are probed
     (``clusterctl.probe.run.collect_facts``).  The node reader
-    (``preflight_node.py``, stdlib python3, as root through the fleet's sudo)
+    (``clusterctl/node/preflight.py``, stdlib python3, as root through the fleet's sudo)
     reads each model's config.json and safetensors headers, ``ss -Htlnp`` and
     the systemd unit of every listening pid.  Hosts not in the fleet or not
     reachable become views with a ``reason``.

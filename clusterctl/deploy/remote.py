@@ -1,4 +1,4 @@
-"""Control side of the node program (:mod:`clusterctl.deploy.node`): run jobs, read hosts.
+"""Control side of the node program (:mod:`clusterctl.node.deploy`): run jobs, read hosts.
 
 Every call is one SSH command per host: ``python3 -I -B -c NODE_SOURCE`` with
 the JSON job on stdin (it may hold env files with secrets, so never on a
@@ -14,9 +14,9 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from clusterctl import node
 from clusterctl.fleet import shell
 from clusterctl.fleet.results import HostResult
 
@@ -80,7 +80,7 @@ class HostState:
 
 @lru_cache(maxsize=1)
 def node_source() -> str:
-    return (Path(__file__).parent / "node.py").read_text()
+    return node.source("deploy")
 
 
 def node_command() -> str:
@@ -140,7 +140,7 @@ def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[
     """Read ``hosts`` (default: every host of ``fleet``) in one SSH command each.
 
     Env files come back only as a digest and per-key hashes salted with a
-    value fresh for this call (``HostState.salt``; :func:`clusterctl.deploy.node.env_hashes`
+    value fresh for this call (``HostState.salt``; :func:`clusterctl.node.deploy.env_hashes`
     computes the same here).  ``gpu_uuids``: also each GPU's UUID by NVML index
     (``check-gpus --list`` run on the node).
     """

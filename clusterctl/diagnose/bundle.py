@@ -28,14 +28,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from clusterctl import __version__
+from clusterctl import __version__, node
 from clusterctl.diagnose import evidence, inputs, sources
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.inventory.model import Host, Inventory
 
 FORMAT = 1
-NODE_SCRIPT = Path(__file__).with_name("bundle_node.py")
+NODE_SCRIPT = node.path("bundle")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 #: API keys as vLLM 0.11 logs them ("non-default args: {... 'api_key': ['k'] ...}",
 #: argparse Namespace(api_key='k')), on a command line, or in the environment.
@@ -104,7 +104,7 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
            on_facts: Callable[[Any], None] | None = None, raw_outputs: bool = False) -> Snapshot:
     """One snapshot of ``hosts`` in one SSH round trip per host.
 
-    On each host the node script (``bundle_node.py``) runs, at once: the probe
+    On each host the node script (``clusterctl/node/bundle.py``) runs, at once: the probe
     (facts; it samples the NIC counters ``interval_s`` apart on the node) and,
     for every instance whose first GPU is there, a first ``/metrics`` sample
     and the unit's journal, then a second sample ``interval_s`` after the

@@ -5,7 +5,7 @@ A support engineer is handed ``ethtool -S eth2``, ``mlnx_qos -i eth2``,
 each file :func:`recognise` says what it is from its content (the name is
 only a hint: which NIC, which instance); :func:`host_evidence` turns one
 host's files into what the analyzers read: a partial facts document built
-with the probe's own parsers (``clusterctl/probe/collector.py`` for the NIC
+with the probe's own parsers (``clusterctl/node/collector.py`` for the NIC
 tools, :mod:`clusterctl.diagnose.nvsmi` for NVIDIA's), raw texts (kernel
 log, vLLM logs, ``/metrics``) and one :class:`Seen` per file saying what was
 recognised or why it was ignored (``doctor --explain-input``).
@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 from clusterctl.diagnose import nvsmi, sources
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.inputs import MAX_FILE_BYTES, bounded_text, load_json
-from clusterctl.probe import collector as col
+from clusterctl.node import collector as col
 
 ROCE_CHECKS = ("roce.pfc", "roce.discards", "roce.congestion", "roce.link", "roce.rxpath", "roce.priority",
                "roce.transport")
@@ -149,7 +149,7 @@ def _journal_json(line: str) -> dict[str, Any] | None:
 
 def journal_text(text: str) -> str:
     """``journalctl -k -o json`` as one message per line, as the live probe turns it
-    (:func:`clusterctl.probe.collector.journal_line`)."""
+    (:func:`clusterctl.node.collector.journal_line`)."""
     out = []
     for line in text.splitlines():
         doc = _journal_json(line) if line.startswith("{") else None

@@ -28,7 +28,7 @@ import io
 import re
 from typing import Any
 
-from clusterctl.probe.collector import CLOCK_EVENT_REASONS, decode_clock_reasons, normalize_pci
+from clusterctl.node.collector import CLOCK_EVENT_REASONS, decode_clock_reasons, normalize_pci
 
 NA = "N/A in the nvidia-smi output (not supported here)"
 #: device key -> the check that needs it (a check is covered when one device has the key).

@@ -127,7 +127,7 @@ def command(query: HostQuery, *, lines: int | None, since: str | None, follow: b
 
 def parse_entry(raw: str, host: str, query: HostQuery) -> LogLine | None:
     """One ``journalctl -o json`` line as a LogLine; None when it is not an entry."""
-    from clusterctl.probe.collector import journal_line
+    from clusterctl.node.collector import journal_line
 
     try:
         entry = json.loads(raw)

@@ -1,6 +1,6 @@
 """Install the rendered gateway on its hosts: ``clusterctl gateway deploy``.
 
-One SSH command per gateway host runs :mod:`clusterctl.gateway.node` with the
+One SSH command per gateway host runs :mod:`clusterctl.node.gateway` with the
 files as JSON on stdin (the API key never reaches a command line).  The node
 writes each file atomically, validates with ``nginx -t`` and keeps the old
 files when nginx refuses (its message comes back in
@@ -19,6 +19,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+from clusterctl import node
 from clusterctl.deploy.remote import node_reply
 from clusterctl.deploy.secrets import read_secret
 from clusterctl.errors import ConfigError, Problem
@@ -64,7 +65,7 @@ class GatewayHostResult:
 
 @lru_cache(maxsize=1)
 def _node_source() -> str:
-    return (Path(__file__).parent / "node.py").read_text()
+    return node.source("gateway")
 
 
 def _node_command(host: str) -> str:

@@ -9,7 +9,7 @@ and a message instead of a syntax error.  It then:
   source of the nvidia-ml-py installed here (zlib + base64, executed into a
   ``types.ModuleType``: nothing is written on the node).  The collector calls it
   only when the node has no pynvml new enough of its own;
-* compiles and runs ``collector.py`` (also zlib + base64) as ``__main__``.
+* compiles and runs ``clusterctl/node/collector.py`` (also zlib + base64) as ``__main__``.
 
 Both also travel compiled (marshalled code objects, as in a .pyc): a node whose
 Python writes the same bytecode as this one (implementation and magic number,
@@ -35,12 +35,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from clusterctl import node
 from clusterctl.errors import ProbeError
 
 #: Exit status of the payload when the node's python3 is older than 3.8.
 RC_PYTHON_TOO_OLD = 97
 
-COLLECTOR_PATH = Path(__file__).with_name("collector.py")
+COLLECTOR_PATH = node.path("collector")
 
 _BOOTSTRAP = '''\
 import sys

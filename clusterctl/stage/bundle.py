@@ -1,9 +1,10 @@
 """The node-side staging code as one ``python3 -c`` program (control side).
 
-The stdlib-only modules (manifest, layout, fetch, s3, relay, pagecache, node) are
+The stdlib-only modules of ``clusterctl/node/stage/`` (manifest, layout, fetch, s3,
+relay, pagecache, main) are
 compressed into a small bootstrap that rebuilds them as the package
 ``clusterctl_stage_node`` in the node's interpreter and calls
-``node.main()``.  Nothing is written on the node for it; the job itself
+``main.main()``.  Nothing is written on the node for it; the job itself
 (which may carry source credentials) goes on stdin, never on the command line.
 """
 
@@ -12,13 +13,12 @@ from __future__ import annotations
 import base64
 import zlib
 from functools import lru_cache
-from pathlib import Path
 from typing import Iterable
 
+from clusterctl import node
 from clusterctl.fleet import shell
 
-NODE_MODULES = ("manifest", "layout", "fetch", "s3", "relay", "pagecache", "node")
-HERE = Path(__file__).parent
+NODE_MODULES = ("manifest", "layout", "fetch", "s3", "relay", "pagecache", "main")
 PACKAGE = "clusterctl_stage_node"
 
 _BOOT = '''import sys, types, zlib, base64
@@ -28,24 +28,24 @@ for n, src in %(mods)r:
     m = types.ModuleType(P + "." + n); m.__package__ = P; m.__file__ = "<clusterctl stage " + n + ">"
     sys.modules[m.__name__] = m; setattr(pkg, n, m)
     exec(compile(zlib.decompress(base64.b64decode(src)), m.__file__, "exec"), m.__dict__)
-sys.exit(sys.modules[P + ".node"].main())
+sys.exit(sys.modules[P + ".main"].main())
 '''
 
 
 @lru_cache(maxsize=1)
 def bootstrap() -> str:
     """The ``python3 -c`` program (about 15 KB)."""
-    mods = tuple((n, base64.b64encode(zlib.compress((HERE / f"{n}.py").read_bytes(), 9)).decode())
+    mods = tuple((n, base64.b64encode(zlib.compress(node.path("stage/" + n).read_bytes(), 9)).decode())
                  for n in NODE_MODULES)
     return _BOOT % {"pkg": PACKAGE, "mods": mods}
 
 
 def verify_model_source() -> str:
-    return (HERE / "verify_model.py").read_text()
+    return node.source("stage/verify_model")
 
 
 def pin_model_source() -> str:
-    return (HERE / "pin_model.py").read_text()
+    return node.source("stage/pin_model")
 
 
 def command(args: Iterable[str] = ()) -> str:

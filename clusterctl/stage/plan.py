@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from clusterctl.errors import ClusterctlError
-from clusterctl.stage import fetch, manifest as mf, s3
+from clusterctl.node.stage import fetch, manifest as mf, s3
 
 #: TCP port of the node-side relay servers (data plane).
 DEFAULT_PORT = 7707
@@ -256,7 +256,7 @@ def rack_groups(hosts: Sequence[tuple[str, str]], racks: Sequence[str]) -> list[
 
 def push_frames(source: Source, man: mf.Manifest) -> bytes:
     """Every chunk of a local directory as relay frames, for a node's stdin (push source)."""
-    from clusterctl.stage.relay import HEADER
+    from clusterctl.node.stage.relay import HEADER
 
     out = bytearray()
     for c in man.chunks():

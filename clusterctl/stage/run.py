@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from clusterctl.inventory.model import Host, Model
-from clusterctl.stage import bundle, manifest as mf
+from clusterctl.stage import bundle
+from clusterctl.node.stage import manifest as mf
 from clusterctl.stage.plan import (
     DEFAULT_PORT, NodePlan, Source, StageError, plan_chains, push_frames, rack_groups,
 )
@@ -88,7 +89,7 @@ class StageReport:
                 "hosts": [r.to_dict() for r in self.rows]}
 
 
-#: Node-side progress lines on stderr (``clusterctl_stage_node.node.PROGRESS_MARK``).
+#: Node-side progress lines on stderr (``clusterctl_stage_node.main.PROGRESS_MARK``).
 PROGRESS_MARK = "clusterctl-progress "
 OnProgress = Callable[[str, int, int], None]
 

@@ -20,7 +20,7 @@ from clusterctl.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.inventory.model import Model
 from clusterctl.lab.vllm_sim import synth
-from clusterctl.stage import manifest as mf
+from clusterctl.node.stage import manifest as mf
 from clusterctl.stage.plan import load_manifest, parse_source, write_manifest
 from clusterctl.stage.run import VERIFY_MODEL_PATH, node_op, stage_model
 

@@ -123,7 +123,7 @@ class LiveNginx:
                               capture_output=True, text=True, timeout=30)
 
     def start(self, rendered: RenderedGateway, admin_port: int) -> None:
-        from clusterctl.gateway.node import ensure_runtime
+        from clusterctl.node.gateway import ensure_runtime
 
         self.write(rendered)
         ensure_runtime({"runtime": rendered.runtime})  # what gateway deploy's node program does
@@ -172,7 +172,7 @@ class LiveNginx:
 
 def post_scores(admin_port: int, token_file: str, scores: dict[str, Any]) -> tuple[int, bytes]:
     """What ``gateway sync`` does on the host: POST the scores with the admin token."""
-    from clusterctl.gateway.node import scores as node_scores
+    from clusterctl.node.gateway import scores as node_scores
 
     a = node_scores({"port": admin_port, "token": token_file, "scores": scores})
     return (200, json.dumps(a).encode()) if a.get("ok") else (0, str(a.get("error")).encode())

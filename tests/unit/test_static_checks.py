@@ -7,6 +7,7 @@ the interface); the core must never import the CLI layer or terminal libraries.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,41 @@ def test_the_tree_passes_ruff() -> None:
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "clusterctl", "tests",
                            "benchmarks", "scripts"], cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+#: Imports a node program may make beyond the standard library, each with its reason.
+NODE_IMPORT_EXCEPTIONS = {
+    # the probe carries its own pynvml (probe/payload.py) and prefers the node's when it is new enough
+    ("clusterctl/node/collector.py", "pynvml"),
+}
+
+
+def test_node_programs_import_only_the_stdlib_and_the_node_package() -> None:
+    """``clusterctl/node/`` runs on the nodes' own python3: standard library, relative imports
+    within the package and ``clusterctl.node`` only (tests/unit/node runs them on Python 3.8)."""
+    node_dir = PACKAGE / "node"
+    assert (node_dir / "collector.py").is_file()
+    offenders = []
+    for path in sorted(node_dir.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE.parent))
+        for line, n in _imported(ast.parse(path.read_text())):
+            top = n.split(".")[0]
+            if top in sys.stdlib_module_names or n == "clusterctl.node" or n.startswith("clusterctl.node.") \
+                    or (rel, n) in NODE_IMPORT_EXCEPTIONS:
+                continue
+            offenders.append(f"{path}:{line}: imports {n}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_node_programs_live_in_the_node_package() -> None:
+    """Code shipped to the nodes is read through ``clusterctl.node.source``/``path`` only: no module
+    elsewhere reads a sibling ``.py`` file to ship it."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] in ("node", "lab"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and re.fullmatch(r"\w+\.py", node.value) and node.value != "__init__.py":
+                offenders.append(f"{path}:{node.lineno}: names the program file {node.value!r}")
+    assert not offenders, "\n".join(offenders)

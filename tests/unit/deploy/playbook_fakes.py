@@ -15,7 +15,7 @@ import pytest
 
 from clusterctl.deploy import remote
 from clusterctl.deploy.engine import desired, render_all
-from clusterctl.deploy.node import env_hashes
+from clusterctl.node.deploy import env_hashes
 from clusterctl.deploy.remote import HostState, InstanceState
 from clusterctl.inventory.loader import load_inventory
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clusterctl.deploy import preflight_node
+from clusterctl.node import preflight as preflight_node
 from clusterctl.deploy.memory import MiB
 from clusterctl.deploy.preflight import GpuProc, GpuView, HostView
 from clusterctl.deploy.ports import parse_ss

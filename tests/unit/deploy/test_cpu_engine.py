@@ -15,7 +15,7 @@ from clusterctl.errors import ClusterctlError, ConfigError
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.inventory.model import Engine
 from clusterctl.lab.vllm_sim import synth
-from clusterctl.deploy import preflight_node
+from clusterctl.node import preflight as preflight_node
 from unit.deploy.preflight_helpers import host, instance, inventory
 
 INV = """\

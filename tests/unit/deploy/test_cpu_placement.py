@@ -143,7 +143,7 @@ def test_preflight_accepts_a_cpu_instance_on_a_host_without_gpus(tmp_path: Path,
 
 @pytest.fixture(scope="module")
 def tiny_sizes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from clusterctl.deploy import preflight_node
+    from clusterctl.node import preflight as preflight_node
     from clusterctl.lab.vllm_sim import synth
     d = tmp_path_factory.mktemp("m") / "tiny"
     synth.write_model("tiny", d)

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from clusterctl.deploy import node
+from clusterctl.node import deploy as node
 
 
 @pytest.fixture

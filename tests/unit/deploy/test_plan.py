@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from clusterctl.deploy import spec
-from clusterctl.deploy.node import env_hashes
+from clusterctl.node.deploy import env_hashes
 from clusterctl.deploy.plan import make_plan, matches, render_text
 from clusterctl.deploy.remote import HostState, InstanceState
 

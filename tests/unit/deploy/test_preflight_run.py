@@ -10,7 +10,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from clusterctl.deploy import preflight_node
+from clusterctl.node import preflight as preflight_node
 from clusterctl.deploy.kvcheck import KvCheck, read_kv_checks
 from clusterctl.deploy.memory import MiB
 from clusterctl.deploy.preflight import run_preflight

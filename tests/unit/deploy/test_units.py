@@ -460,7 +460,7 @@ def test_unit_and_env_paths_come_from_spec(inv):
 
 def test_model_path_ending_in_backslash_does_not_swallow_the_next_key(inv):
     """A trailing ``\\`` would continue the ``ModelPath=`` line into ``ModelVersion=`` (issue 21)."""
-    from clusterctl.deploy.node import _x_section
+    from clusterctl.node.deploy import _x_section
     from clusterctl.deploy.sdversion import unit_directives
 
     inv.models["qwen3-8b"].path = "/models/odd\\"

@@ -17,7 +17,7 @@ from typing import Any
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.diagnose.thresholds import load_thresholds
 from clusterctl.inventory.loader import load_inventory_text
-from clusterctl.probe import collector
+from clusterctl.node import collector
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "diagnose" / "roce"
 CHECKS = Path(__file__).resolve().parents[3] / "checks"

@@ -249,7 +249,7 @@ def test_api_keys_in_vllm_logs_are_redacted_before_they_are_saved():
 
 
 def test_collector_raw_outputs_are_opt_in_and_verbatim():
-    collector = Path(__file__).resolve().parents[3] / "clusterctl" / "probe" / "collector.py"
+    collector = Path(__file__).resolve().parents[3] / "clusterctl" / "node" / "collector.py"
     args = [sys.executable, str(collector), "--nvml-budget", "2", "--cmd-timeout", "5"]
     plain = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=60).stdout)
     assert "raw_outputs" not in plain

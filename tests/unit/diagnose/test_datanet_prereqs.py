@@ -13,7 +13,7 @@ from pathlib import Path
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.registry import run_analyzers
 from clusterctl.inventory.model import GpuRef, Instance
-from clusterctl.probe import collector
+from clusterctl.node import collector
 
 import roce_facts as R
 

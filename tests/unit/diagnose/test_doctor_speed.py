@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from clusterctl.probe import collector
+from clusterctl.node import collector
 from clusterctl.probe.payload import build_payload
 
 from test_roce_probe import NIC, sysroot, tool

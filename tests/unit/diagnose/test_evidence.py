@@ -15,7 +15,7 @@ from clusterctl.diagnose import evidence, nvsmi
 from clusterctl.diagnose.bundle import context, read_bundle
 from clusterctl.diagnose.doctor import diagnose
 from clusterctl.diagnose.findings import Severity, exit_code
-from clusterctl.probe import collector
+from clusterctl.node import collector
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "evidence"
 NV = FIX / "nvidia"

@@ -7,7 +7,7 @@ import pytest
 
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.registry import run_analyzers
-from clusterctl.probe import collector
+from clusterctl.node import collector
 
 import roce_facts as R
 

@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from clusterctl.probe import collector
+from clusterctl.node import collector
 
 import roce_facts as R
 

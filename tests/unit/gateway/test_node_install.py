@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.gateway import node
+from clusterctl.node import gateway as node
 
 
 def _bin(d: Path, name: str, script: str) -> None:

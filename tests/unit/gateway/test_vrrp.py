@@ -172,6 +172,6 @@ def test_the_check_script_follows_the_local_health_endpoint(tmp_path: Path) -> N
 
 
 def test_node_messages_hide_the_password() -> None:
-    from clusterctl.gateway import node
+    from clusterctl.node import gateway as node
     files = [{"path": CONF, "text": "x\n    auth_pass s3cr3t!x\n", "mode": 0o600}]
     assert node._secret_free("line 9: auth_pass s3cr3t!x too long", files) == "line 9: auth_pass *** too long"

@@ -332,7 +332,7 @@ def test_the_recovery_action_field_reads_what_the_fault_set(make_host, pynvml_ru
 def test_check_gpus_refuses_a_placed_gpu_that_is_not_present(make_host, nvml_libs):
     import os
     import sys
-    from clusterctl.deploy import check_gpus
+    from clusterctl.node import check_gpus
 
     host = make_host(gpus=4)
     env = dict(os.environ, LD_LIBRARY_PATH=str(nvml_libs["current"]),

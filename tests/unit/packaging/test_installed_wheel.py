@@ -92,7 +92,7 @@ def test_the_wheel_carries_templates_probe_payload_and_check_data(installed):
         if shipped.is_file():
             assert f"clusterctl/_checks/{shipped.relative_to(ROOT / 'checks')}" in names, shipped
     for needed in ("clusterctl/templates/vllm-instance.service.j2", "clusterctl/templates/report.html.j2",
-                   "clusterctl/probe/collector.py", "clusterctl/probe/payload.py", "clusterctl/deploy/node.py",
+                   "clusterctl/node/collector.py", "clusterctl/probe/payload.py", "clusterctl/node/deploy.py",
                    "clusterctl/lab/hardware/nvml/fake_nvml.c"):
         assert needed in names, needed
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 
-from clusterctl.probe import collector
+from clusterctl.node import collector
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
 

@@ -10,7 +10,7 @@ import stat
 import threading
 from pathlib import Path
 
-from clusterctl.probe import collector
+from clusterctl.node import collector
 from clusterctl.probe.facts import parse_facts
 
 from probe_fakes import FIXTURES, collector_args

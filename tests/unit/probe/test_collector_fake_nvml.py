@@ -14,7 +14,7 @@ import pytest
 
 from clusterctl.lab.hardware import faults, nvml, provision_host
 from clusterctl.lab.hardware.host import hw_dir
-from clusterctl.probe import collector
+from clusterctl.node import collector
 from clusterctl.probe.payload import payload, probe_command
 
 GIB = 1024 ** 3

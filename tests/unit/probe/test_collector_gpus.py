@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from clusterctl.probe import collector
+from clusterctl.node import collector
 
 from probe_fakes import GPU_IS_LOST, LIBRARY_NOT_FOUND, NOT_SUPPORTED, Hang, NVMLError, collector_args, h100
 

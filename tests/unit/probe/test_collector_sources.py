@@ -10,7 +10,7 @@ import stat
 import time
 from pathlib import Path
 
-from clusterctl.probe import collector
+from clusterctl.node import collector
 
 from probe_fakes import FIXTURES, collector_args
 

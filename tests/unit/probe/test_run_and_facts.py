@@ -11,7 +11,7 @@ import pytest
 from clusterctl.errors import ProbeError
 from clusterctl.fleet.results import HostResult, HostStatus, RunResults
 from clusterctl.inventory.model import Host
-from clusterctl.probe import collector
+from clusterctl.node import collector
 from clusterctl.probe.facts import SCHEMA, parse_facts
 from clusterctl.probe.payload import RC_PYTHON_TOO_OLD, payload
 from clusterctl.probe.run import OK, UNKNOWN, collect_facts, interpret

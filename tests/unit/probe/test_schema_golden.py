@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from clusterctl.probe import collector
+from clusterctl.node import collector
 
 from probe_fakes import FIXTURES, collector_args, h100
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clusterctl.stage import bundle, manifest as mf
+from clusterctl.stage import bundle
+from clusterctl.node.stage import manifest as mf
 
 CHUNK = 64 * 1024
 

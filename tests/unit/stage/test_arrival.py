@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from clusterctl.stage import fetch
+from clusterctl.node.stage import fetch
 
 from unit.stage.nodehelp import CHUNK, make_model, manifest_for
 
@@ -78,7 +78,7 @@ def test_a_relay_sends_ready_chunks_past_one_that_is_late_then_the_late_one(tmp_
     """The head's parallel reads complete out of order: a child gets what is ready, and every chunk once."""
     import socket
 
-    from clusterctl.stage import relay
+    from clusterctl.node.stage import relay
 
     src, store = _store(tmp_path)
     late = 0

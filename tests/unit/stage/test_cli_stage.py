@@ -7,7 +7,7 @@ from pathlib import Path
 
 from clusterctl.cli.main import main
 from clusterctl.exitcodes import ExitCode
-from clusterctl.stage import manifest as mf
+from clusterctl.node.stage import manifest as mf
 
 from unit.stage.nodehelp import make_model
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from clusterctl.stage import layout as ly, verify_model
+from clusterctl.node.stage import layout as ly, verify_model
 
 from unit.stage.nodehelp import CHUNK, make_model, manifest_for, run_node, stage_job, start_node
 from unit.stage.rangeserver import RangeServer

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from clusterctl.stage import layout as ly, manifest as mf, verify_model
+from clusterctl.node.stage import layout as ly, manifest as mf, verify_model
 
 from unit.stage.nodehelp import make_model
 

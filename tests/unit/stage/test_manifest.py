@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from clusterctl.stage import manifest as mf
+from clusterctl.node.stage import manifest as mf
 
 from unit.stage.nodehelp import make_model
 

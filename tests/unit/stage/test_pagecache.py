@@ -5,7 +5,7 @@ Needs tmp_path on a disk filesystem (tmpfs pages cannot be evicted).
 
 from __future__ import annotations
 
-from clusterctl.stage import pagecache
+from clusterctl.node.stage import pagecache
 
 from unit.stage.nodehelp import make_model
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from clusterctl.stage import pin_model
+from clusterctl.node.stage import pin_model
 from clusterctl.stage.plan import StageError
 from clusterctl.stage.run import parse_size
 from unit.stage.nodehelp import make_model, manifest_for, run_node, stage_job

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterctl.stage import manifest as mf, verify_model
+from clusterctl.node.stage import manifest as mf, verify_model
 from clusterctl.stage.plan import (
     StageError, load_manifest, parse_source, plan_chains, push_frames, rack_groups, write_manifest,
 )

@@ -7,7 +7,7 @@ import signal
 import socket
 import time
 
-from clusterctl.stage import verify_model
+from clusterctl.node.stage import verify_model
 
 from unit.stage.nodehelp import CHUNK, make_model, manifest_for, result_of, start_node, stage_job
 from unit.stage.rangeserver import RangeServer

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from clusterctl.stage import plan, s3, verify_model
+from clusterctl.stage import plan
+from clusterctl.node.stage import s3, verify_model
 from support import s3server
 from unit.stage.nodehelp import make_model, manifest_for, run_node, stage_job
 

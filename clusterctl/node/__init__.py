@@ -1,0 +1,46 @@
+"""The programs that run ON the nodes, one package, split by job.
+
+Every module here runs on a node's own ``python3`` (3.8 or newer, the oldest
+the nodes are required to have: docs/facts.md), so each one imports only the
+standard library and modules of this package (``clusterctl.node.stage``'s
+modules import each other relatively, as the node rebuilds them as one
+package).  The control side ships them; nothing here imports the rest of
+clusterctl, and ``tests/unit/node/test_node_programs.py`` runs each of them on
+Python 3.8 and checks what they import.
+
+======================  ==============================================  =================================
+program                 job                                             shipped by
+======================  ==============================================  =================================
+``collector.py``        the probe: facts as one JSON document           ``probe/payload.py`` (+ pynvml),
+                                                                        ``fleet/cached.py``
+``deploy.py``           deploy's reader/writer of units, env, files     ``deploy/remote.py``
+``preflight.py``        deploy pre-flight reader (models, ports)        ``deploy/preflight_hosts.py``
+``check_gpus.py``       the units' ``check-gpus`` ExecStartPre          ``deploy/nodesetup.py``
+``bundle.py``           ``collect`` bundle's node side                  ``diagnose/bundle.py``
+``gateway.py``          gateway host: install, config, drain scores     ``gateway/deploy.py``
+``stage/``              model staging: fetch, relay, layout, page       ``stage/bundle.py`` (one
+                        cache (``main.py``), ``verify_model.py`` and    ``python3 -c`` program);
+                        ``pin_model.py`` installed beside the units     ``stage/bundle.py``
+======================  ==============================================  =================================
+
+:func:`source` is the one way the control side reads a program's text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def path(name: str) -> Path:
+    """The file of node program ``name`` (``"collector"``, ``"stage/main"``, ...)."""
+    p = HERE / f"{name}.py"
+    if not p.is_file():
+        raise FileNotFoundError(f"no node program {name!r} in {HERE}")
+    return p
+
+
+def source(name: str) -> str:
+    """The text of node program ``name`` (see :func:`path`)."""
+    return path(name).read_text(encoding="utf-8")
