@@ -8,6 +8,7 @@ write lines; ``logs`` reads them merged by time, follows them live, and leaves n
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -82,8 +83,10 @@ def test_an_interrupted_follow_leaves_no_journalctl_behind(lab, tmp_path, monkey
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     names = lab.names[:2]
     inv = _inventory(lab, tmp_path, names)
+    # PYTHONFAULTHANDLER: if it does not exit, SIGABRT makes it print every thread's stack
     p = subprocess.Popen([sys.executable, "-m", "clusterctl.cli.main", "logs", "logt-*", "-i", str(inv), "-f"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # wait until every host runs its journalctl -f
         if all("clusterctl-logt" in _journalctls(lab, h) for h in names):
@@ -93,7 +96,12 @@ def test_an_interrupted_follow_leaves_no_journalctl_behind(lab, tmp_path, monkey
         p.kill()
         pytest.fail("the follow never started on every host")
     p.send_signal(signal.SIGINT)
-    p.communicate(timeout=20)
+    try:
+        p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)
+        _, err = p.communicate(timeout=10)
+        pytest.fail(f"logs -f still running 20 s after SIGINT; its threads:\n{err[-6000:]}")
     assert p.returncode == 0
     time.sleep(3)  # the heartbeat finds the closed channel within a second or two
     for h in names:
