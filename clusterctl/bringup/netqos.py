@@ -34,7 +34,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from clusterctl.deploy.rollout import batch_failed, batches
+from clusterctl.bringup.batch import ApplyReport, HostOutcome, boot_unit_text, facts_of, run_batches
 from clusterctl.diagnose import fabric, qos
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext
@@ -99,38 +99,6 @@ class HostPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "changes": [c.to_dict() for c in self.changes], "error": self.error,
                 "nics": [n.netdev for n in self.nics]}
-
-
-@dataclass
-class HostOutcome:
-    """``status``: unchanged, changed, failed (apply or re-check), unread (no plan), skipped."""
-
-    host: str
-    status: str
-    changes: list[Change] = field(default_factory=list)
-    error: str | None = None
-    findings: list[Finding] = field(default_factory=list)
-    batch: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "batch": self.batch, "error": self.error,
-                "changes": [c.to_dict() for c in self.changes],
-                "findings": [f.to_json() for f in self.findings]}
-
-
-@dataclass
-class ApplyReport:
-    plans: list[HostPlan]
-    outcomes: list[HostOutcome] = field(default_factory=list)
-    stopped: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.stopped is None and all(o.status in ("unchanged", "changed") for o in self.outcomes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "stopped": self.stopped, "plan": [p.to_dict() for p in self.plans],
-                "hosts": [o.to_dict() for o in self.outcomes]}
 
 
 # ------------------------------------------------------------------ plan
@@ -249,21 +217,8 @@ def host_plan(host: str, facts: Mapping[str, Any] | None, prof: FabricProfile,
 
 # ---------------------------------------------------------------- script
 
-UNIT_TEXT = f"""[Unit]
-Description=RoCE QoS profile of the inventory (written by clusterctl net apply)
-Documentation=man:dcb(8) man:mlnx_qos(8)
-After=systemd-modules-load.service network-pre.target
-Wants=network-pre.target
-Before=network.target
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/bin/sh {SCRIPT_PATH}
-
-[Install]
-WantedBy=multi-user.target
-"""
+UNIT_TEXT = boot_unit_text("RoCE QoS profile of the inventory (written by clusterctl net apply)", SCRIPT_PATH,
+                           "man:dcb(8) man:mlnx_qos(8)")
 
 _PRELUDE = """set -u
 SYS=${ROCE_QOS_SYSFS:-/sys}
@@ -371,17 +326,6 @@ def recheck(inventory: Inventory | None, facts: Mapping[str, dict[str, Any]],
 
 # ------------------------------------------------------------------- run
 
-def _facts_of(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    facts: dict[str, dict[str, Any]] = {}
-    missing: dict[str, str] = {}
-    for host, r in results.items():
-        if getattr(r, "ok", False) and r.facts is not None:
-            facts[host] = r.facts.raw
-        else:
-            missing[host] = getattr(r, "reason", None) or "no facts"
-    return facts, missing
-
-
 class NetApply:
     """Plan and apply the fabric profile on ``hosts`` (module doc)."""
 
@@ -403,7 +347,7 @@ class NetApply:
     def _probe(self, fleet: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
         from clusterctl.probe.run import collect_facts
 
-        return _facts_of(collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
+        return facts_of(collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
 
     def _read(self, fleet: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, Any]]:
         facts, missing = self._probe(fleet)
@@ -424,31 +368,10 @@ class NetApply:
 
     def run(self, plans: list[HostPlan] | None = None) -> ApplyReport:
         plans = self.plan() if plans is None else plans
-        rep = ApplyReport(plans)
         by_name = {h.name: h for h in self.hosts}
-        todo = [p for p in plans if p.pending and p.error is None]
-        for p in plans:
-            if p.error is not None:
-                rep.outcomes.append(HostOutcome(p.host, "unread", p.changes, p.error))
-                self.on_event("host", f"not changed: {p.error}", p.host)
-            elif not p.pending:
-                rep.outcomes.append(HostOutcome(p.host, "unchanged"))
-        groups = batches(todo, self.serial)
-        for n, batch in enumerate(groups, 1):
-            if rep.stopped:
-                rep.outcomes += [HostOutcome(p.host, "skipped", p.changes, rep.stopped, batch=n) for p in batch]
-                continue
-            self.on_event("batch", f"batch {n}/{len(groups)}: {', '.join(p.host for p in batch)}", None)
-            results = self._apply_batch([by_name[p.host] for p in batch], batch, n)
-            rep.outcomes += results
-            failed = sum(o.status == "failed" for o in results)
-            if batch_failed(failed, len(batch), self.max_fail):
-                rep.stopped = (f"batch {n}: {failed} of {len(batch)} hosts failed "
-                               f"(more than {self.max_fail:g}% allowed); later batches not applied")
-                self.on_event("batch", rep.stopped, None)
-        order = {h.name: i for i, h in enumerate(self.hosts)}
-        rep.outcomes.sort(key=lambda o: order.get(o.host, len(order)))
-        return rep
+        return run_batches(plans, [h.name for h in self.hosts], self.serial, self.max_fail,
+                           lambda batch, n: self._apply_batch([by_name[p.host] for p in batch], batch, n),
+                           self.on_event)
 
     def _apply_batch(self, hosts: list[Host], plans: list[HostPlan], n: int) -> list[HostOutcome]:
         out: dict[str, HostOutcome] = {}

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from clusterctl.diagnose import fabric
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.errors import ConfigError, Problem
@@ -129,5 +130,5 @@ def _compare(host: str, want: dict[str, Any], g: dict[str, Any]) -> list[Finding
                                "drain the GPU's instances; check `nvidia-smi nvlink -s`, reset, replace"))
         if w.get("persistence_mode") and d.get("persistence_mode") is False:
             out.append(Finding(CHECK, Severity.WARN, host, subj, "persistence mode off, on in the baseline",
-                               "enable nvidia-persistenced"))
+                               "enable nvidia-persistenced" + fabric.node_setup_command([host])))
     return out

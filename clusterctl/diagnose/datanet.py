@@ -113,7 +113,8 @@ def check_data_nics(ctx: AnalysisContext) -> list[Finding]:
                 out.append(Finding(CHECK, Severity.WARN, host, subj,
                                    f"{host} {spec.netdev}: MTU {n['mtu']}; {rel}",
                                    f"set MTU {prof.mtu} on {spec.netdev} and its switch port "
-                                   "(RoCE uses the largest of 256..4096 that fits)"))
+                                   "(RoCE uses the largest of 256..4096 that fits)"
+                                   + fabric.node_setup_command([host]) + " on the host"))
                 bad = True
             if spec.rdma_device and not rdma:
                 out.append(Finding(CHECK, Severity.CRIT, host, subj,

@@ -90,6 +90,11 @@ def leaf_of(ctx: AnalysisContext, host: str) -> str | None:
     return str(leaf) if leaf is not None else None
 
 
+def node_setup_command(hosts: Iterable[str]) -> str:
+    """An action's tail naming ``clusterctl node setup`` for ``hosts`` (docs/bring-up.md)."""
+    return f"; `clusterctl node setup --hosts '{folded(sorted(hosts))}'` converges it (--plan first shows the changes)"
+
+
 def folded(names: Iterable[str]) -> str:
     names = list(names)
     try:

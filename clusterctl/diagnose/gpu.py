@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from clusterctl.diagnose import sources
+from clusterctl.diagnose import fabric, sources
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.thresholds import number, section
@@ -308,7 +308,8 @@ def _fabric(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable[Find
     yield Finding("gpu.fabric", Severity.CRIT, host, _gpu(d),
                   f"{what}: multi-GPU (TP) work cannot run on it{fm_text}",
                   "start or restart the fabric manager (systemctl restart nvidia-fabricmanager; its log: "
-                  "/var/log/fabricmanager.log) and wait for state completed; the instance units Wants= it",
+                  "/var/log/fabricmanager.log) and wait for state completed; the instance units Wants= it"
+                  + (fabric.node_setup_command([host]) if fm.get("active_state") != "active" else ""),
                   (f"fabric state={state} status={status} clique={fab.get('clique_id')}",
                    *([f"nvidia-fabricmanager {fm.get('load_state')}/{fm.get('active_state')}"] if fm else [])))
 
@@ -480,7 +481,8 @@ def _persistence(ctx: AnalysisContext, host: str, d: dict[str, Any]) -> Iterable
     """Persistence mode off -> WARN (slow starts, lost state between processes)."""
     if d.get("persistence_mode") is False and limits(ctx, d.get("name")).get("persistence_mode_required", True):
         yield Finding("gpu.persistence", Severity.WARN, host, _gpu(d), "persistence mode is off",
-                      "enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)")
+                      "enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)"
+                      + fabric.node_setup_command([host]))
 
 
 for _name, _fn, _ok in (

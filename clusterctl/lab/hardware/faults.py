@@ -334,6 +334,15 @@ def temp(host_dir: Path, gpu: int = 0, celsius: int = 90, power_w: float = 0.0) 
     return f"GPU {gpu}: {celsius} C" + (f", {power_w} W" if power_w else "")
 
 
+def persistence(host_dir: Path, gpu: int = -1) -> str:
+    """Persistence mode off on GPU ``gpu`` (-1: all), as on a node whose nvidia-persistenced is not running."""
+    with _gpu_state(host_dir) as state:
+        targets = state["gpus"] if gpu == -1 else [_gpu(state, gpu)]
+        for g in targets:
+            g["persistence_mode"] = 0
+    return "persistence mode off on " + ("every GPU" if gpu == -1 else f"GPU {gpu}")
+
+
 # --------------------------------------------------------------- NIC faults
 
 def pause_storm(host_dir: Path, nic: str = "eth2", priority: int = 3, per_s: float = 20000.0,
@@ -519,7 +528,7 @@ _RAW_FAULTS: dict[str, Callable[..., str]] = {
     "xid": xid, "oom": oom, "gpu-lost": gpu_lost, "gpu-hang": gpu_hang, "recovery": recovery,
     "fabric": fabric, "driver": driver, "ecc": ecc, "remap": remap,
     "retired-pages": retired_pages, "gpu-mem": gpu_mem, "clocks": clocks, "pcie": pcie,
-    "nvlink": nvlink, "temp": temp,
+    "nvlink": nvlink, "temp": temp, "persistence": persistence,
     "pause-storm": pause_storm, "cnp": cnp, "discards": discards, "link-flap": link_flap,
     "link-down": link_down, "qos-pfc": qos_pfc, "qos-trust": qos_trust, "qos-dscp": qos_dscp,
     "qos-global-pause": qos_global_pause, "counter": counter,

@@ -32,6 +32,7 @@ def test_mtu_odd_one_out():
     b = bad(run({"gpu05": R.doc("gpu05", [R.nic("eth2", mtu=1500), R.nic("eth3", "mlx5_1", mtu=1500)])}))
     assert len(b) == 2 and all(f.severity == Severity.WARN for f in b)
     assert b[0].message == "gpu05 eth2: MTU 1500; the profile and the other 7 hosts use 4200"
+    assert "`clusterctl node setup --hosts 'gpu05'` converges it" in b[0].action
 
 
 def test_missing_and_down_data_nics_and_no_roce_v2_gid():

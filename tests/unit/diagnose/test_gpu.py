@@ -53,7 +53,7 @@ def with_device(index: int, **changes: Any) -> dict[str, dict[str, Any]]:
      "gpu.nvlink", Severity.CRIT, "nvlink -s"),
     (7, {"temperature_c": 95}, "gpu.thermal", Severity.CRIT, "airflow"),
     (7, {"temperature_c": 87}, "gpu.thermal", Severity.WARN, "airflow"),
-    (0, {"persistence_mode": False}, "gpu.persistence", Severity.WARN, "nvidia-persistenced"),
+    (0, {"persistence_mode": False}, "gpu.persistence", Severity.WARN, "`clusterctl node setup --hosts 'gpu01'`"),
     # ECC off: the counters read 0 whatever happens, so no "no uncorrected errors" OK either
     (1, {"ecc": {"volatile": {"corrected": 0, "uncorrected": 0}, "aggregate": {"corrected": 0, "uncorrected": 0},
                  "enabled": False, "pending_enabled": False}}, "gpu.ecc", Severity.WARN, "enable ECC"),

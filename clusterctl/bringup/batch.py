@@ -1,0 +1,109 @@
+"""What the bring-up commands (``net apply``, ``node setup``) share: the per-host
+outcome, the run's report, facts out of the probe's results, and the batch loop
+(``--serial`` batches, ``--max-fail-percentage``; a batch over the limit stops the
+run and later batches are ``skipped``, never touched)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from clusterctl.deploy.rollout import batch_failed, batches
+from clusterctl.diagnose.findings import Finding
+
+OnEvent = Callable[[str, str, "str | None"], None]
+
+
+class Plan(Protocol):
+    host: str
+    error: str | None
+
+    @property
+    def changes(self) -> Sequence[Any]: ...
+
+    @property
+    def pending(self) -> bool: ...
+
+
+@dataclass
+class HostOutcome:
+    """``status``: unchanged, changed (reverted), failed (apply or re-check), unread (no plan), skipped."""
+
+    host: str
+    status: str
+    changes: list[Any] = field(default_factory=list)
+    error: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+    batch: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "batch": self.batch, "error": self.error,
+                "changes": [c.to_dict() for c in self.changes],
+                "findings": [f.to_json() for f in self.findings]}
+
+
+@dataclass
+class ApplyReport:
+    plans: Sequence[Any]
+    outcomes: list[HostOutcome] = field(default_factory=list)
+    stopped: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.stopped is None and all(o.status in ("unchanged", "changed", "reverted") for o in self.outcomes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "stopped": self.stopped, "plan": [p.to_dict() for p in self.plans],
+                "hosts": [o.to_dict() for o in self.outcomes]}
+
+
+def facts_of(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The probe's results as (raw facts per host, why not per host without them)."""
+    facts: dict[str, dict[str, Any]] = {}
+    missing: dict[str, str] = {}
+    for host, r in results.items():
+        if getattr(r, "ok", False) and r.facts is not None:
+            facts[host] = r.facts.raw
+        else:
+            missing[host] = getattr(r, "reason", None) or "no facts"
+    return facts, missing
+
+
+def run_batches(plans: Sequence[Any], order: Sequence[str], serial: Sequence[str], max_fail: float,
+                apply_batch: Callable[[list[Any], int], list[HostOutcome]], on_event: OnEvent) -> ApplyReport:
+    """Apply the pending, readable ``plans`` batch by batch with ``apply_batch(plans, n)``."""
+    rep = ApplyReport(list(plans))
+    todo = [p for p in plans if p.pending and p.error is None]
+    for p in plans:
+        if p.error is not None:
+            rep.outcomes.append(HostOutcome(p.host, "unread", list(p.changes), p.error))
+            on_event("host", f"not changed: {p.error}", p.host)
+        elif not p.pending:
+            rep.outcomes.append(HostOutcome(p.host, "unchanged"))
+    groups = batches(todo, list(serial))
+    for n, batch in enumerate(groups, 1):
+        if rep.stopped:
+            rep.outcomes += [HostOutcome(p.host, "skipped", list(p.changes), rep.stopped, batch=n) for p in batch]
+            continue
+        on_event("batch", f"batch {n}/{len(groups)}: {', '.join(p.host for p in batch)}", None)
+        results = apply_batch(batch, n)
+        rep.outcomes += results
+        failed = sum(o.status == "failed" for o in results)
+        if batch_failed(failed, len(batch), max_fail):
+            rep.stopped = (f"batch {n}: {failed} of {len(batch)} hosts failed "
+                           f"(more than {max_fail:g}% allowed); later batches not changed")
+            on_event("batch", rep.stopped, None)
+    index = {h: i for i, h in enumerate(order)}
+    rep.outcomes.sort(key=lambda o: index.get(o.host, len(index)))
+    return rep
+
+
+def boot_unit_text(description: str, script: str, documentation: str = "") -> str:
+    """A oneshot unit that runs ``script`` with ``sh`` at boot, before the network is up (after the
+    drivers' modules load), and stays active: how bring-up settings that live in the kernel persist."""
+    doc = f"Documentation={documentation}\n" if documentation else ""
+    return (f"[Unit]\nDescription={description}\n{doc}"
+            "After=systemd-modules-load.service network-pre.target\nWants=network-pre.target\n"
+            "Before=network.target\n\n"
+            f"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/sh {script}\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
