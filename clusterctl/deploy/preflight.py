@@ -34,7 +34,7 @@ from clusterctl.deploy.preflight_hosts import (NODE_TIMEOUT_S, GpuProc, GpuView,
 from clusterctl.deploy.preflight_report import InstanceRow, PreflightReport, Problem
 from clusterctl.deploy.spec import unit_name
 from clusterctl.diagnose.findings import Severity
-from clusterctl.inventory.model import Instance, Inventory, Model
+from clusterctl.inventory.model import Engine, Instance, Inventory, Model
 from clusterctl.probe.facts import Facts
 
 __all__ = ["GpuProc", "GpuView", "HostView", "InstanceRow", "PreflightReport", "Problem", "check_instances",
@@ -282,6 +282,18 @@ def _check_cpu_engine(row: InstanceRow, inst: Instance, hv: HostView, shape: M.M
                 numbers={"needed": want, "available": hv.mem_available})
 
 
+def _check_engine(row: InstanceRow, engine: Engine, hv: HostView) -> None:
+    """The engine's executable on the host (the node reader's ``engines``; not read: no claim)."""
+    st = None if hv.engines is None else hv.engines.get(engine.path)
+    if st is None or st.get("executable"):
+        return
+    why = f"{engine.path} is not an executable file" if st.get("exists") else f"no {engine.path}"
+    row.add(Severity.CRIT, "engine.missing",
+            f"engine {engine.name} (vLLM {engine.version}) is not installed on {hv.name}: {why}; install that "
+            f"release as a virtualenv whose bin/vllm is {engine.path} (docs/bring-up.md)",
+            numbers={"host": hv.name, "engine": engine.name, "path": engine.path})
+
+
 def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView],
                     margin: int, stopping: Mapping[str, Collection[str]] | None = None,
                     ) -> tuple[InstanceRow, list[tuple[int, float, int, int]]]:
@@ -310,6 +322,7 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
         row.add(Severity.CRIT, "host.unreadable",
                 f"{host}: could not check ({hv.reason if hv else 'not read'})")
         return row, usage
+    _check_engine(row, engine, hv)
     nums = _model_numbers(row, model, hv.models.get(model.path))
     shape = nums[0] if nums else None
     if engine.device == "cpu":

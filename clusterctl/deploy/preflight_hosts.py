@@ -62,6 +62,8 @@ class HostView:
     listeners_error: str | None = None
     pid_units: dict[int, str | None] = field(default_factory=dict)
     mem_available: int | None = None      # host RAM available (bytes, /proc/meminfo), for CPU engines
+    #: engine path -> {exists, executable} from the node reader; ``None``: not read
+    engines: dict[str, dict[str, Any]] | None = None
 
 
 def gpus_from_facts(facts: Facts) -> dict[int, GpuView]:
@@ -109,18 +111,20 @@ def host_view(name: str, facts: Facts | None, node_doc: Mapping[str, Any] | None
             if li.get("ss") or not li.get("error"):
                 hv.listeners = parse_ss(li.get("ss") or "")
         hv.pid_units = {int(p): u for p, u in (node_doc.get("pid_units") or {}).items()}
+        eng = node_doc.get("engines")
+        hv.engines = dict(eng) if isinstance(eng, dict) else None
     return hv
 
 
-def _node_requests(instances: Mapping[str, Instance], inv: Inventory) -> dict[str, list[str]]:
-    """Host → model directories its instances need sized."""
+def _node_requests(instances: Mapping[str, Instance], inv: Inventory, what: str = "models") -> dict[str, list[str]]:
+    """Host → what its instances need read: the model directories (``models``) or engine executables."""
     out: dict[str, list[str]] = {}
     for inst in instances.values():
-        model = inv.models.get(inst.model)
+        item = inv.models.get(inst.model) if what == "models" else inv.engines.get(inst.engine)
         for h in inst.hosts:
             paths = out.setdefault(h, [])
-            if model is not None and model.path not in paths:
-                paths.append(model.path)
+            if item is not None and item.path not in paths:
+                paths.append(item.path)
     return out
 
 
@@ -154,7 +158,8 @@ def read_hosts(fleet: Any, inv: Inventory, instances: Mapping[str, Instance],
             else:
                 fact_reasons[name] = f"GPU facts: {fr.reason or fr.status}"
     emit(f"pre-flight: reading model sizes and listening ports on {len(wanted)} host(s)")
-    commands = {h: shell.python_script([json.dumps({"models": paths, "ports": True})])
+    engines = _node_requests(instances, inv, "engines")
+    commands = {h: shell.python_script([json.dumps({"models": paths, "ports": True, "engines": engines.get(h, [])})])
                 for h, paths in wanted.items() if h in in_fleet}
     docs: dict[str, dict[str, Any]] = {}
     if commands:

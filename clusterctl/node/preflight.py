@@ -121,9 +121,16 @@ def listeners() -> Dict[str, Any]:
     return {"ss": p.stdout, "error": None}
 
 
+def engine_state(path: str) -> Dict[str, Any]:
+    """Whether an engine's executable (the inventory's ``engines.NAME.path``) is there and runnable."""
+    return {"exists": os.path.lexists(path), "executable": os.path.isfile(path) and os.access(path, os.X_OK)}
+
+
 def main(argv: List[str]) -> int:
     req = json.loads(argv[1]) if len(argv) > 1 else {}
     doc = {"models": {d: model_sizes(d) for d in req.get("models", [])}}  # type: Dict[str, Any]
+    if "engines" in req:
+        doc["engines"] = {p: engine_state(p) for p in req["engines"]}
     if req.get("ports"):
         doc["listeners"] = listeners()
         pids = set()

@@ -28,7 +28,7 @@ from clusterctl.deploy.kvcheck import KvCheck, kv_prediction_error, logged_max_l
 from clusterctl.deploy.preflight import run_preflight
 from clusterctl.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory
-from clusterctl.inventory.model import GpuRef, Instance, Inventory, Model
+from clusterctl.inventory.model import Engine, GpuRef, Instance, Inventory, Model
 from support.http import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +49,7 @@ def _inventory(lab) -> Inventory:
     inv = load_inventory(str(lab.inventory))
     inv.models["pf-qwen3-8b"] = Model("pf-qwen3-8b", MODEL)
     inv.models["pf-qwen3-8b-awq"] = Model("pf-qwen3-8b-awq", AWQ_MODEL)
+    inv.engines["pf-absent"] = Engine("pf-absent", "/opt/vllm-pf-absent/bin/vllm", "0.11.0")
     return inv
 
 
@@ -92,6 +93,7 @@ def test_preflight_refuses_then_predicts_the_logged_kv_cache(lab, host):
         ("pf-clash", "vllm-0.11", 3, FOREIGN_PORT, {"max-model-len": 8192}),
         ("pf-a", "vllm-0.11", 1, 8101, {"gpu-memory-utilization": 0.5, "max-model-len": 8192}),
         ("pf-b", "vllm-0.33", 2, 8102, {"gpu-memory-utilization": 0.6, "max-model-len": 16384}),
+        ("pf-noengine", "pf-absent", 6, 8106, {"max-model-len": 8192}),
     ])
     # A 4-bit AWQ checkpoint over TP 2, eager, with an fp8 KV cache: the per-rank 0.11 lines.
     insts.update(_instances(host, [("pf-c", "vllm-0.11", (4, 5), 8104,
@@ -100,7 +102,11 @@ def test_preflight_refuses_then_predicts_the_logged_kv_cache(lab, host):
     with Fleet([inv.hosts[host]], connect_timeout=10, command_timeout=60) as fleet:
         events: list[str] = []
         rep = run_preflight(inv, insts, fleet, on_event=events.append)
-    assert events and sorted(rep.refused) == ["pf-big", "pf-clash"]
+    assert events and sorted(rep.refused) == ["pf-big", "pf-clash", "pf-noengine"]
+    # An engine the host does not have: refused naming the host, the engine and its path.
+    [missing] = [p for p in rep.row("pf-noengine").problems if p.check == "engine.missing"]
+    assert f"engine pf-absent (vLLM 0.11.0) is not installed on {host}: no /opt/vllm-pf-absent/bin/vllm" \
+        in missing.message
     big = rep.row("pf-big")
     [kv] = [p for p in big.problems if p.check == "memory.kv"]
     # The sample's numbers (vLLM 0.11 on an H100): 2.87 GiB, estimated maximum 20880 (the lab's CUDA

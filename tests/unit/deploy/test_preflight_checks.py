@@ -205,3 +205,30 @@ def test_preflight_reasons_over_the_state_after_the_plans_removals(models: dict[
     # Only that host's stopping units count: another host's removal frees nothing here.
     other = check_instances(inventory(), new, {"gpu01": hv}, stopping={"gpu02": {"clusterctl-q-1.service"}})
     assert not other.ok
+
+
+# -- the engine on the host (issue 23) --------------------------------------------------------------
+
+def test_a_host_without_the_engine_is_a_crit_naming_host_engine_and_path(models: dict[str, dict[str, Any]]) -> None:
+    hv = host(models)
+    hv.engines = {"/opt/vllm-0.11/bin/vllm": {"exists": False, "executable": False},
+                  "/opt/vllm-0.33/bin/vllm": {"exists": True, "executable": False}}
+    rep = check_instances(inventory(), {"a": instance("a", max_model_len=8192),
+                                        "b": instance("b", gpus=(1,), port=8001, engine="vllm-0.33",
+                                                      max_model_len=8192)}, {"gpu01": hv})
+    a, b = rep.row("a"), rep.row("b")
+    assert ("engine.missing", "CRIT") in _checks(rep, "a") and not a.ok
+    msg = next(p.message for p in a.problems if p.check == "engine.missing")
+    assert "engine vllm-0.11 (vLLM 0.11.0) is not installed on gpu01: no /opt/vllm-0.11/bin/vllm" in msg
+    assert "/opt/vllm-0.33/bin/vllm is not an executable file" in next(
+        p.message for p in b.problems if p.check == "engine.missing")
+
+
+def test_an_installed_engine_or_an_unread_one_makes_no_claim(models: dict[str, dict[str, Any]]) -> None:
+    hv = host(models)
+    hv.engines = {"/opt/vllm-0.11/bin/vllm": {"exists": True, "executable": True}}
+    assert "engine.missing" not in [c for c, _ in _checks(check_instances(
+        inventory(), {"a": instance("a", max_model_len=8192)}, {"gpu01": hv}), "a")]
+    hv.engines = None  # an older node reader, or not asked: nothing said either way
+    assert "engine.missing" not in [c for c, _ in _checks(check_instances(
+        inventory(), {"a": instance("a", max_model_len=8192)}, {"gpu01": hv}), "a")]

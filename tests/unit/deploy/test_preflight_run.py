@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import sys
 import struct
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ class FakeFleet:
 
     def __init__(self, hosts: list[Host], model_dirs: dict[str, str], ss: str, down: set[str] = frozenset()):
         self.hosts, self.model_dirs, self.ss, self.down = hosts, model_dirs, ss, down
+        self.engine_paths: dict[str, str] = {}
         self.commands: list[Any] = []
 
     def run(self, command: Any, **kw: Any) -> RunResults:
@@ -54,7 +56,9 @@ class FakeFleet:
                 continue
             req = json.loads(cmd.split(" ", 2)[2].strip("'"))
             doc = {"models": {p: preflight_node.model_sizes(self.model_dirs.get(p, p)) for p in req["models"]},
-                   "listeners": {"ss": self.ss, "error": None}, "pid_units": {"1733": "run-u9.service"}}
+                   "listeners": {"ss": self.ss, "error": None}, "pid_units": {"1733": "run-u9.service"},
+                   "engines": {p: preflight_node.engine_state(self.engine_paths.get(p, p))
+                               for p in req.get("engines", [])}}
             out.add(HostResult(h, HostStatus.OK, rc=0, stdout=json.dumps(doc)))
         return out
 
@@ -73,6 +77,7 @@ def test_run_preflight_reads_through_the_fleet(tmp_path: Path) -> None:
     ss = (FIXTURES / "ss_foreign_http_server.txt").read_text().replace(":8000 ", ":8001 ")
     fleet = FakeFleet([inv.hosts["gpu01"], inv.hosts["gpu02"]], {"/models/qwen3-8b": str(model)}, ss,
                       down={"gpu02"})
+    fleet.engine_paths = {"/opt/vllm-0.11/bin/vllm": sys.executable}  # installed there
     other = {"pid": 4242, "used_memory": 40 * 1024 * MiB, "name": "python", "unit": "train.service"}
     events: list[str] = []
     rep = run_preflight(inv, insts, fleet, facts={"gpu01": _facts([other])}, on_event=events.append)
@@ -88,6 +93,43 @@ def test_run_preflight_reads_through_the_fleet(tmp_path: Path) -> None:
     assert rep.row("a").weights_source == "safetensors" and rep.refused == ["a", "b", "c"]
     assert events[-1] == "pre-flight: 3 instance(s), 3 refused"
     assert json.loads(json.dumps(rep.to_json()))["refused"] == ["a", "b", "c"]
+
+
+def test_preflight_names_the_host_that_lacks_the_engine(tmp_path: Path) -> None:
+    inv = inventory()
+    inv.hosts["gpu02"] = Host("gpu02", "10.0.0.2", gpus=inv.hosts["gpu01"].gpus)
+    model = tmp_path / "qwen3-8b"
+    make_sparse("Qwen3-8B", model)
+    insts = {h: Instance(h, "qwen3-8b", "vllm-0.11", (GpuRef(h, 0),), 8000, args={"max-model-len": 8192})
+             for h in ("gpu01", "gpu02")}
+    fleet = FakeFleet([inv.hosts["gpu01"], inv.hosts["gpu02"]], {"/models/qwen3-8b": str(model)}, "")
+    # one reader for both hosts: the engine resolves to an executable here, to a missing path there
+    engine = tmp_path / "vllm"
+    engine.write_text("#!/bin/sh\n")
+    engine.chmod(0o755)
+    fleet.engine_paths = {"/opt/vllm-0.11/bin/vllm": str(engine)}
+    rep = run_preflight(inv, insts, fleet, facts={"gpu01": _facts([]), "gpu02": _facts([])})
+    [(cmd, _)] = fleet.commands
+    assert all("/opt/vllm-0.11/bin/vllm" in c for c in cmd.values())
+    assert rep.refused == [] and all("engine.missing" not in [p.check for p in r.problems] for r in rep.rows)
+    engine.unlink()
+    fleet.commands.clear()
+    rep = run_preflight(inv, insts, fleet, facts={"gpu01": _facts([]), "gpu02": _facts([])})
+    assert rep.refused == ["gpu01", "gpu02"]
+    for h in ("gpu01", "gpu02"):
+        [p] = [p for p in rep.row(h).problems if p.check == "engine.missing"]
+        assert f"is not installed on {h}: no /opt/vllm-0.11/bin/vllm" in p.message and p.numbers["host"] == h
+
+
+def test_node_reader_engine_state(tmp_path: Path) -> None:
+    exe, plain = tmp_path / "vllm", tmp_path / "plain"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    plain.write_text("")
+    assert preflight_node.engine_state(str(exe)) == {"exists": True, "executable": True}
+    assert preflight_node.engine_state(str(plain)) == {"exists": True, "executable": False}
+    assert preflight_node.engine_state(str(tmp_path)) == {"exists": True, "executable": False}  # a directory
+    assert preflight_node.engine_state(str(tmp_path / "nope")) == {"exists": False, "executable": False}
 
 
 def _header(path: Path, header: bytes) -> None:
