@@ -320,35 +320,82 @@ def test_scores_endpoint_needs_the_admin_token(gw: Gateway) -> None:
     assert post(gw.port, {"at": 1}, path="/gateway/scores")[0] == 404  # not on the public port
 
 
+def _in_flight(picks: Path, name: str) -> tuple[int, int]:
+    """(requests, work units) the gateway counts in flight on NAME, over its generation directories."""
+    n = w = 0
+    for d in picks.iterdir():
+        size = lambda f: (d / f).stat().st_size if (d / f).exists() else 0  # noqa: E731
+        n += size(name + ".n") - size(name + ".n.d")
+        w += size(name + ".w") - size(name + ".w.d")
+    return n, w
+
+
 def test_least_score_counts_requests_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each request counts for its instance while it runs and stops when it ends; new scores drop
-    the ended pairs and keep the running ones."""
+    """Each request counts for its instance (one request, its work in units) while it runs and
+    stops when it ends; a scores post keeps the generation of running requests and deletes a
+    finished one."""
     g = Gateway(tmp_path, monkeypatch, chunks=4, delay_s=0.4)
     try:
         key = g.add("e")
         g.nginx.start(g.render(), g.admin)
         _scores(g, a1={"load": 0.0, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
         seen: list[str] = []
-        threads = [threading.Thread(target=lambda: seen.append(post(g.port, {"model": "tiny"}, key=key)[1]
+        body = {"model": "tiny", "max_tokens": 40, "prompt": "x" * 1024}  # 40 + 1024/4/64 tokens: 3 units of 16
+        threads = [threading.Thread(target=lambda: seen.append(post(g.port, body, key=key)[1]
                                                                ["X-Gateway-Instance"])) for _ in range(4)]
         for t in threads:
             t.start()
             time.sleep(0.15)
         picks = g.nginx.root / "state" / "picks"
-        # scores arrive while all four run: nothing has ended, every record stays
+        # scores arrive while all four run: their generation stays, every count stays
         _scores(g, a1={"load": 0.0, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
-        assert len((picks / "a1").read_bytes()) + len((picks / "a2").read_bytes()) == 40
+        assert _in_flight(picks, "a1") == (2, 6) and _in_flight(picks, "a2") == (2, 6)
         for t in threads:
             t.join(10)
-        assert sorted(seen) == ["a1", "a1", "a2", "a2"]  # each request in flight counts: 2 and 2
+        assert sorted(seen) == ["a1", "a1", "a2", "a2"]  # each request in flight counts: 2 and 2 (2 seats each)
         deadline = time.monotonic() + 5
-        while len((picks / "a1.done").read_bytes()) < 20 and time.monotonic() < deadline:
+        while _in_flight(picks, "a1") != (0, 0) and time.monotonic() < deadline:
             time.sleep(0.05)  # nginx logs (and so records the end) just after the answer
-        assert len((picks / "a1").read_bytes()) == 20 and len((picks / "a1.done").read_bytes()) == 20
+        assert _in_flight(picks, "a1") == (0, 0) and _in_flight(picks, "a2") == (0, 0)
+        before = {d.name for d in picks.iterdir()}
         _scores(g, a1={"load": 0.0, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
-        assert (picks / "a1").read_bytes() == b"" and (picks / "a1.done").read_bytes() == b""  # ended pairs go
-        # the KV term: a1's cache nearly full outweighs one request in flight elsewhere
+        after = {d.name for d in picks.iterdir()}
+        assert len(after) == 1 and not after & before  # the finished generation is deleted, a new one begun
+        assert not list((picks / after.pop()).iterdir())
+        # the KV term: a1's cache 90 % full (no free seat) loses to one request in flight elsewhere
         _scores(g, a1={"load": 0.9, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
         assert _instances(g, 1) == ["a2"]
+    finally:
+        g.close()
+
+
+def test_least_score_sends_to_the_least_outstanding_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With free seats on both, a long request in flight on one sends the next requests to the other
+    (least_conn would alternate)."""
+    g = Gateway(tmp_path, monkeypatch, chunks=6, delay_s=0.5)
+    try:
+        key = g.add("e")
+        g.nginx.start(g.render(), g.admin)
+        _scores(g, a1={"load": 0.0, "step": 0.1}, a2={"load": 0.0, "step": 0.1}, c1={"load": 0.0, "step": 0.1})
+        seen: list[str] = []
+        long = threading.Thread(target=lambda: seen.append(post(g.port, {"model": "tiny", "max_tokens": 2000},
+                                                                key=key)[1]["X-Gateway-Instance"]))
+        long.start()
+        picks = g.nginx.root / "state" / "picks"
+        deadline = time.monotonic() + 5
+        while not any(_in_flight(picks, n)[0] for n in ("a1", "a2")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        busy = "a1" if _in_flight(picks, "a1")[0] else "a2"
+        assert _in_flight(picks, busy) == (1, 125)  # 2000 tokens in units of 16
+        shorts: list[str] = []
+        threads = [threading.Thread(target=lambda: shorts.append(post(g.port, {"model": "tiny", "max_tokens": 16},
+                                                                      key=key)[1]["X-Gateway-Instance"]))
+                   for _ in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.1)
+        for t in (*threads, long):
+            t.join(10)
+        assert seen == [busy] and shorts == [{"a1": "a2", "a2": "a1"}[busy]] * 3, (seen, shorts)
     finally:
         g.close()

@@ -49,8 +49,9 @@ var PICKS_DIR = "/var/lib/clusterctl-gateway/picks";
 var ADMIN_TOKEN_FILE = "/etc/nginx/clusterctl/admin.token";
 // Scores older than this are not trusted for load (down marks still are).
 var STALE_S = 30;
-// A score of 1: every seat of the instance busy (a session may leave it, below).
-var OVERLOAD = 1.0;
+// KV cache use (as last measured) from which an instance has no free seat: admitting more
+// would wait for blocks or preempt (doctor's kv_cache_usage_warn default).
+var KV_FULL = 0.9;
 
 var crypto = require("crypto");
 var fs = require("fs");
@@ -99,26 +100,61 @@ function read_json(path) {
 
 function size(path) {
     try {
-        return fs.readFileSync(path).length;
+        return fs.statSync(path).size;
     } catch (e) {
         return 0;
     }
 }
 
-// Requests this gateway host sent to an instance and that have not ended, counted in two
-// files per instance of fixed-width records (the send time in ms, base 36), appended with
-// O_APPEND (atomic across workers): picks/NAME when a request is sent, picks/NAME.done when
-// it ends.  In flight = records in the first minus the second.  The admin endpoint, when
-// scores arrive, drops the pairs that ended (and records older than MAX_AGE_MS).
-var REC = 10;
+// What this gateway host sent to an instance and has not seen end, kept in files (njs 0.7.9
+// has no shared memory; Debian 12's njs): per generation directory PICKS_DIR/<gen>/, per
+// instance NAME.n (one byte per request sent), NAME.w (its work: one byte per WORK_UNIT
+// tokens), and NAME.n.d / NAME.w.d, the same bytes appended when the request ends (O_APPEND:
+// atomic across workers).  In flight = size of the first minus size of the second, summed over
+// the live generations: only stat() per request, nothing read.  The scores post (admin
+// endpoint) starts a new generation when the current one is balanced (everything in it ended)
+// or older than GEN_MS, and deletes balanced ones and ones older than MAX_AGE_MS; a request
+// ends in the generation it started in, so nothing is lost by the switch.
 var MAX_AGE_MS = 3600000;
+var GEN_MS = 60000;
+// Work of a request in tokens: what it asks to generate (each output token is an engine step
+// holding a seat) plus its prompt at PREFILL_TOKENS prompt tokens per step's worth; the prompt
+// is estimated at 4 bytes a token (no tokenizer in the gateway).
+var WORK_UNIT = 16;
+var PREFILL_TOKENS = 64;
+var DEFAULT_MAX_TOKENS = 256;
 
-function stamp(ms) {
-    return ("000000000" + ms.toString(36)).slice(-(REC - 1)) + "\n";
+function work_units(req) {
+    var out = req && (typeof req.max_tokens === "number" ? req.max_tokens
+        : typeof req.max_completion_tokens === "number" ? req.max_completion_tokens : DEFAULT_MAX_TOKENS);
+    var text = !req ? "" : typeof req.prompt === "string" ? req.prompt
+        : req.messages || req.prompt ? JSON.stringify(req.messages || req.prompt) : "";
+    var tokens = Math.max(1, out) + text.length / 4 / PREFILL_TOKENS;
+    return Math.max(1, Math.min(4096, Math.ceil(tokens / WORK_UNIT)));
 }
 
-function in_flight(name) {
-    return Math.max(0, (size(PICKS_DIR + "/" + name) - size(PICKS_DIR + "/" + name + ".done")) / REC);
+// The live generations; before the first scores post, generation 0 (made on first use).
+function live_gens(scores) {
+    var live = [];
+    var gens = scores.gens || [{id: 0}];
+    for (var i = 0; i < gens.length; i++) {
+        if (/^[0-9]+$/.test(String(gens[i].id))) {
+            live.push(String(gens[i].id));
+        }
+    }
+    return live;
+}
+
+// [requests, work units] this host has in flight on NAME.
+function in_flight(name, gens) {
+    var n = 0;
+    var w = 0;
+    for (var i = 0; i < gens.length; i++) {
+        var base = PICKS_DIR + "/" + gens[i] + "/" + name;
+        n += size(base + ".n") - size(base + ".n.d");
+        w += size(base + ".w") - size(base + ".w.d");
+    }
+    return [Math.max(0, n), Math.max(0, w)];
 }
 
 function fnv(text) {
@@ -130,16 +166,20 @@ function fnv(text) {
     return h;
 }
 
-// The instance for one request: among the model's instances not marked down, the lowest
-// score = max(requests in flight x step (1 / seats), the engine's KV cache use as last
-// measured) + half a step x (1 - capacity): a free seat first, the faster GPU at a tie.  A session keeps its instance (highest rendezvous hash over the candidates:
-// when one goes, only its own sessions move) unless that one is full (score >= 1: every
-// seat busy) and another is at least half a batch freer.
-function pick(r, upstream) {
+// The instance for one request, among the model's instances not marked down:
+// 1. one with a free seat first: fewer requests in flight than seats (1 / step, from
+//    --max-num-seqs) and its KV cache, as last measured, under KV_FULL: the request starts
+//    at once;
+// 2. among those (or among all when none has a free seat), the least outstanding work per
+//    seat, weighed by capacity (measured throughput over the model's best on mixed GPUs):
+//    the queue that empties first.  Ties: an even random choice.
+// A session keeps its instance (highest rendezvous hash over the candidates: when one goes,
+// only its own sessions move) unless that one has no free seat and another has.
+function pick(r, upstream, units, scores) {
     var members = MEMBERS[upstream] || [];
-    var scores = read_json(SCORES_FILE) || {};
     var known = scores.instances || {};
     var fresh = typeof scores.at === "number" && Date.now() / 1000 - scores.at < STALE_S;
+    var gens = live_gens(scores);
     var cands = [];
     for (var i = 0; i < members.length; i++) {
         var m = members[i];
@@ -148,9 +188,11 @@ function pick(r, upstream) {
             continue;
         }
         var load = fresh && typeof s.load === "number" ? s.load : 0;
-        var step = typeof s.step === "number" ? s.step : 0.01;
-        var cap = fresh && typeof s.cap === "number" ? s.cap : 1;
-        cands.push({m: m, score: Math.max(load, in_flight(m.name) * step) + (1 - cap) * step / 2});
+        var step = typeof s.step === "number" && s.step > 0 ? s.step : 0.01;
+        var cap = fresh && typeof s.cap === "number" && s.cap > 0 ? s.cap : 1;
+        var f = in_flight(m.name, gens);
+        var free = f[0] + 1 <= Math.round(1 / step) && load < KV_FULL;
+        cands.push({m: m, free: free, key: (free ? 0 : 1) * 1e9 + (f[1] + units) * step / cap});
     }
     if (cands.length === 0) {
         return null;
@@ -159,10 +201,10 @@ function pick(r, upstream) {
     var ties = 0;
     for (var k = 0; k < cands.length; k++) {
         var c = cands[k];
-        if (low === null || c.score < low.score) {
+        if (low === null || c.key < low.key) {
             low = c;
             ties = 1;
-        } else if (c.score === low.score && Math.random() * ++ties < 1) {
+        } else if (c.key === low.key && Math.random() * ++ties < 1) {
             low = c;  // an even choice among equal scores
         }
     }
@@ -177,44 +219,67 @@ function pick(r, upstream) {
                 home = cands[j];
             }
         }
-        if (home.score < OVERLOAD || home.score - low.score < OVERLOAD / 2) {
+        if (home.free || !low.free) {
             return home.m;
         }
     }
     return low.m;
 }
 
-function send(r, upstream) {
+function append(path, text) {
+    fs.appendFileSync(path, text);
+}
+
+function mkdir(path) {
+    try {
+        fs.mkdirSync(path);
+    } catch (e) {
+        if (e.code !== "EEXIST") {
+            throw e;
+        }
+    }
+}
+
+function send(r, upstream, req) {
     if (DISPATCH !== "least_score") {
         r.internalRedirect("@" + upstream + (r.headersIn[SESSION_HEADER] ? "_s" : "_l"));
         return;
     }
-    var m = pick(r, upstream);
+    var units = work_units(req);
+    var scores = read_json(SCORES_FILE) || {};
+    var m = pick(r, upstream, units, scores);
     if (m === null) {
         error(r, 503, "OverloadedError", "no instance can take the request now (all marked down)");
         return;
     }
+    var gen = typeof scores.gen === "number" ? String(scores.gen) : "0";
     try {
-        var rec = stamp(Date.now());
-        fs.appendFileSync(PICKS_DIR + "/" + m.name, rec);
-        r.variables.gw_pick = m.name + " " + rec.trim();
+        if (gen === "0") {
+            mkdir(PICKS_DIR + "/0");
+        }
+        var base = PICKS_DIR + "/" + gen + "/" + m.name;
+        append(base + ".w", "w".repeat(units));
+        append(base + ".n", "n");
+        r.variables.gw_pick = gen + " " + m.name + " " + units;
     } catch (e) {
-        // no counter (directory missing): the pick still stands
+        // no counter (the generation just went): the pick still stands, uncounted
     }
     r.internalRedirect("@" + m.loc);
 }
 
 // js_set $gw_done, evaluated by the access log when the request ends (streams too, and
-// cut ones): the end of a request sent by least_score is recorded.
+// cut ones): the end of a request sent by least_score is recorded in its generation.
 function done(r) {
     var p = r.variables.gw_pick;
     if (!p) {
         return "";
     }
     var f = p.split(" ");
-    if (f.length === 2 && /^[A-Za-z0-9_.-]+$/.test(f[0])) {
+    if (f.length === 3 && /^[0-9]+$/.test(f[0]) && /^[A-Za-z0-9_.-]+$/.test(f[1]) && /^[0-9]+$/.test(f[2])) {
+        var base = PICKS_DIR + "/" + f[0] + "/" + f[1];
         try {
-            fs.appendFileSync(PICKS_DIR + "/" + f[0] + ".done", f[1] + "\n");
+            append(base + ".n.d", "n");
+            append(base + ".w.d", "w".repeat(Math.min(4096, parseInt(f[2], 10))));
         } catch (e) {
             return "";
         }
@@ -222,45 +287,64 @@ function done(r) {
     return "";
 }
 
-function records(path) {
-    var text = "";
+// True when everything sent in generation directory DIR has ended (each NAME.n matches NAME.n.d).
+function balanced(dir) {
+    var files = [];
     try {
-        text = fs.readFileSync(path).toString();
+        files = fs.readdirSync(dir);
     } catch (e) {
-        return [];
+        return true;
     }
-    var out = [];
-    for (var i = 0; i + REC <= text.length; i += REC) {
-        out.push(text.substring(i, i + REC));
-    }
-    return out;
-}
-
-// Drop the requests that ended (a send record and its end record) and records older than
-// MAX_AGE_MS, so the files stay small; temp + rename (an end appended in between is lost:
-// its request then counts until MAX_AGE_MS).
-function compact(name, now_ms) {
-    var base = PICKS_DIR + "/" + name;
-    var ended = {};
-    var ends = records(base + ".done");
-    for (var i = 0; i < ends.length; i++) {
-        ended[ends[i]] = (ended[ends[i]] || 0) + 1;
-    }
-    var keep = "";
-    var sent = records(base);
-    for (var j = 0; j < sent.length; j++) {
-        var rec = sent[j];
-        if (ended[rec]) {
-            ended[rec] -= 1;
-        } else if (now_ms - parseInt(rec, 36) < MAX_AGE_MS) {
-            keep += rec;
+    for (var i = 0; i < files.length; i++) {
+        var f = files[i];
+        if (/\.[nw]$/.test(f) && size(dir + "/" + f) !== size(dir + "/" + f + ".d")) {
+            return false;
         }
     }
-    var tmp = base + ".tmp." + process.pid;
-    fs.writeFileSync(tmp, keep);
-    fs.renameSync(tmp, base);
-    fs.writeFileSync(tmp, "");
-    fs.renameSync(tmp, base + ".done");
+    return true;
+}
+
+function remove_gen(dir) {
+    try {
+        var files = fs.readdirSync(dir);
+        for (var i = 0; i < files.length; i++) {
+            fs.unlinkSync(dir + "/" + files[i]);
+        }
+        fs.rmdirSync(dir);
+    } catch (e) {
+        // gone already
+    }
+}
+
+// The generations after this scores post: balanced or too old ones deleted, a new current one
+// when the current is balanced (or old): {gen, gens: [{id, at}]}.
+function upkeep(prev, now_ms) {
+    var gens = [];
+    var old = prev.gens || [{id: 0, at: now_ms}];
+    var cur = typeof prev.gen === "number" ? prev.gen : 0;
+    var cur_at = now_ms;
+    for (var i = 0; i < old.length; i++) {
+        var g = old[i];
+        if (typeof g.id !== "number" || typeof g.at !== "number") {
+            continue;
+        }
+        var dir = PICKS_DIR + "/" + g.id;
+        if (now_ms - g.at > MAX_AGE_MS || balanced(dir)) {
+            remove_gen(dir);
+            continue;
+        }
+        gens.push(g);
+        if (g.id === cur) {
+            cur_at = g.at;
+        }
+    }
+    var alive = gens.some(function (g) { return g.id === cur; });
+    if (!alive || now_ms - cur_at > GEN_MS) {
+        cur = cur + 1;
+        mkdir(PICKS_DIR + "/" + cur);
+        gens.push({id: cur, at: now_ms});
+    }
+    return {gen: cur, gens: gens};
 }
 
 // POST /gateway/scores on the loopback admin server, from `gateway sync`:
@@ -287,15 +371,13 @@ function set_scores(r) {
         error(r, 400, "BadRequestError", "expected {at, instances}");
         return;
     }
+    var g = upkeep(read_json(SCORES_FILE) || {}, Date.now());
+    body.gen = g.gen;
+    body.gens = g.gens;
     var tmp = SCORES_FILE + ".tmp." + process.pid;
     fs.writeFileSync(tmp, JSON.stringify(body));
     fs.renameSync(tmp, SCORES_FILE);
     var names = Object.keys(body.instances);
-    for (var i = 0; i < names.length; i++) {
-        if (/^[A-Za-z0-9_.-]+$/.test(names[i])) {
-            compact(names[i], Date.now());
-        }
-    }
     r.headersOut["Content-Type"] = "application/json";
     r.return(200, JSON.stringify({ok: true, instances: names.length}) + "\n");
 }
@@ -314,9 +396,11 @@ function route(r) {
         error(r, 413, "BadRequestError", "request body too large for the gateway");
         return;
     }
+    var req;
     var model;
     try {
-        model = JSON.parse(body).model;
+        req = JSON.parse(body);
+        model = req.model;
     } catch (e) {
         error(r, 400, "BadRequestError", "the request body is not JSON");
         return;
@@ -334,7 +418,7 @@ function route(r) {
         error(r, 503, "OverloadedError", "no instance serves the model `" + model + "`");
         return;
     }
-    send(r, target);
+    send(r, target, req);
 }
 
 export default {route, client_rec, set_scores, done};
