@@ -27,6 +27,11 @@ each instance's share of the output tokens (``vllm:generation_tokens_total``
 before/after), the last scores sync posted, and the machine's 1-minute load
 average before and after.
 
+An arm may be listed more than once (``--arms round_robin,least_conn,least_score,least_score,
+least_conn,round_robin``: on a shared machine the load drifts, so each arm runs early and late);
+``means`` and the gains over round robin are over each arm's runs.  ``--time-scale 4`` keeps 16
+simulators and 64 clients within two vCPUs (TTFT and E2E are then wall-clock, 4x the simulated).
+
 Run as root with the lab's environment (``CLUSTERCTL_LAB_*``; the lab is
 brought up if needed and left up).  Usage:
 ``python benchmarks/gateway/dispatch.py [--concurrency 32] [--duration 40] [--time-scale 1.0]
@@ -189,7 +194,7 @@ def _apply(env: dict[str, Any], arm: str) -> None:
         assert done.ok, done
     if arm == "least_score":  # no scores left from an earlier run: every instance starts equal
         with Fleet([inv.hosts[env["gw_host"]]]) as fleet:
-            fleet.run({env["gw_host"]: "rm -f /var/lib/clusterctl-gateway/scores.json /var/lib/clusterctl-gateway/picks/*"},
+            fleet.run({env["gw_host"]: "rm -rf /var/lib/clusterctl-gateway/scores.json /var/lib/clusterctl-gateway/picks/*"},
                       sudo=True, timeout=30)
 
 
@@ -378,11 +383,22 @@ def main_() -> None:
         finally:
             if not args.keep:
                 teardown(lab, env)
-    by = {r["arm"]: r for r in results}
+    # an arm listed twice (``--arms a,b,c,c,b,a``: the machine's load drifts, so each arm runs early
+    # and late) is summarised by the mean of its runs
+    means: dict[str, dict[str, float]] = {}
+    for a in dict.fromkeys(r["arm"] for r in results):
+        runs = [r for r in results if r["arm"] == a]
+        means[a] = {"runs": len(runs),
+                    "output_tokens_per_s": round(sum(r["output_tokens_per_s"] for r in runs) / len(runs), 1),
+                    "ttft_p50_ms": round(sum(r["ttft_ms"]["p50"] for r in runs) / len(runs), 1),
+                    "ttft_p90_ms": round(sum(r["ttft_ms"]["p90"] for r in runs) / len(runs), 1),
+                    "ttft_p99_ms": round(sum(r["ttft_ms"]["p99"] for r in runs) / len(runs), 1),
+                    "e2e_p99_ms": round(sum(r["e2e_p99_ms"] for r in runs) / len(runs), 1),
+                    "failed": sum(r["failed"] for r in runs)}
     gain = {}
-    if "round_robin" in by:
-        base = by["round_robin"]["output_tokens_per_s"] or 1.0
-        gain = {a: round(r["output_tokens_per_s"] / base - 1.0, 3) for a, r in by.items() if a != "round_robin"}
+    if "round_robin" in means:
+        base = means["round_robin"]["output_tokens_per_s"] or 1.0
+        gain = {a: round(m["output_tokens_per_s"] / base - 1.0, 3) for a, m in means.items() if a != "round_robin"}
     out = {"benchmark": "gateway-dispatch", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "machine": {"cpus": os.cpu_count()},
            "setup": {"gateway": "nginx 1.22 + njs 0.7.9 on a lab host",
@@ -392,7 +408,7 @@ def main_() -> None:
                      "max_num_seqs": args.max_num_seqs, "concurrency": args.concurrency,
                      "duration_s": args.duration, "sync_every_s": args.sync_every, "window_s": args.window,
                      "workload": mix},
-           "arms": results, "output_throughput_gain_vs_round_robin": gain}
+           "arms": results, "means": means, "output_throughput_gain_vs_round_robin": gain}
     dest = REPO / "benchmarks" / "results" / f"gateway-dispatch-{args.profiles}-{datetime.now(timezone.utc):%Y-%m-%dT%H%M}.json"
     tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n")
