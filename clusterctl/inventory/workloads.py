@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from clusterctl.errors import SelectionError
+from clusterctl.inventory.multinode import problems as multinode_problems
 from clusterctl.inventory.fields import NAME, Ctx, suggest
 from clusterctl.inventory.model import (
     CPU_SLOT, Engine, GpuRef, Instance, InstanceTemplate, Inventory, Location, Model, ModelArch, SecretRef,
@@ -130,6 +131,9 @@ class WorkloadReader:
                     ctx.error(known["tp"].line, f"{w}: tp is {tp} but placement lists {len(placement)} GPU(s)")
             out[name] = Instance(name=name, placement=placement, port=port,
                                  location=Location(ctx.filename, line), **common)
+            if len(out[name].hosts) > 1:  # a multi-node replica (inventory/multinode.py)
+                for why in multinode_problems(inv, out[name]):
+                    ctx.error(known["placement"].line, f"{w}.placement: across {len(out[name].hosts)} hosts: {why}")
         return out
 
     def _run_settings(self, known: dict[str, Y], w: str, line: int,

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from . import gpu
-from . import profiles
+from . import multinode, profiles
 from .batching import EXECUTE_TIMEOUT_S, StepEngine
 from .faults import Faults
 from .profiles import ModelCost
@@ -76,6 +76,15 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
              f"vLLM API server version {full}")
     log.info("APIServer", "utils.py:233" if version == "0.11" else "startup.py:96",
              f"non-default args: {_shown_args(given, version)}")
+    bad = multinode.check(ns)
+    if bad:
+        report_failure(log, StartupFailure(bad, where="api", frames=[
+            ("engine/arg_utils.py", 2366, "create_engine_config", "raise ValueError(")]), version, ns.tensor_parallel_size)
+        return 1
+    if multinode.is_worker(ns) and getattr(ns, "headless", False):  # a headless rank: no API server
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+        signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+        return multinode.run_worker(ns, log, full, stop)
     host = ns.host or "0.0.0.0"
     try:
         httpd = Server(host, ns.port)
@@ -95,7 +104,12 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     starter = Starter(ns, version, env, log, sleep)
+    head = multinode.Head(ns, log) if multinode.is_head(ns) else None
     try:
+        if head is not None:  # the engine starts once every rank joined
+            head.wait(stop.is_set)
+            if stop.is_set():
+                raise _Terminated()
         info = starter.run()
     except StartupFailure as f:
         report_failure(log, f, version, ns.tensor_parallel_size)
@@ -113,10 +127,12 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
         gpu.release(state)
         raise
     try:
-        return _run(ns, env, version, log, httpd, info, stop, scale, exit_code, prof_name)
+        return _run(ns, env, version, log, httpd, info, stop, scale, exit_code, prof_name, head)
     finally:
         gpu.release(state)
         httpd.server_close()
+        if head is not None:
+            head.close()
 
 
 def _make_engine(ns: Any, env: dict[str, str], info: Any, scale: float, metrics: Metrics, log: Log,
@@ -164,7 +180,8 @@ def _disaggregate(app: App, ns: Any, env: dict[str, str], info: Any, scale: floa
 
 
 def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, info: Any,
-         stop: threading.Event, scale: float, exit_code: list[int], prof_name: str | None = None) -> int:
+         stop: threading.Event, scale: float, exit_code: list[int], prof_name: str | None = None,
+         head: multinode.Head | None = None) -> int:
     labels = cache_config_labels(block_size=info.block_size, cache_dtype=info.kv_dtype, util=info.util,
                                  prefix=info.prefix_caching, num_gpu_blocks=info.num_blocks, version=version,
                                  kv_memory_bytes=ns.kv_cache_memory_bytes)
@@ -197,6 +214,9 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
 
     def on_death(signum: int, _frame: Any) -> None:
         engine.dead = True
+
+    if head is not None:  # a lost rank fails the engine's collectives: the engine dies
+        head.watch(lambda rank: setattr(engine, "dead", True))
 
     signal.signal(signal.SIGUSR1, on_death)
     interval = STATS_INTERVAL_S * scale if scale > 0 else STATS_INTERVAL_S

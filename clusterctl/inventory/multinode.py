@@ -1,0 +1,63 @@
+"""What makes a placement across hosts a runnable multi-node replica (pure; docs/multinode.md).
+
+The inventory checks it with ``file:line`` errors; deploy/multinode.py renders
+the head and worker units.  vLLM's multiprocessing executor across nodes
+(``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``,
+``--headless``) came with vLLM 0.11.1 (vllm-project/vllm#23691).
+"""
+
+from __future__ import annotations
+
+import re
+
+from clusterctl.inventory.model import Instance, Inventory
+
+#: The torch.distributed master port of a replica: its HTTP port plus this (vLLM's default 29501 would
+#: collide between two replicas whose heads share a host).
+MASTER_PORT_OFFSET = 20000
+#: The first vLLM release with ``--nnodes`` for the multiprocessing executor (vllm-project/vllm#23691).
+MIN_VERSION = (0, 11, 1)
+#: Flags clusterctl sets on every member; ``args`` must not.
+OWN_FLAGS = ("pipeline-parallel-size", "nnodes", "node-rank", "master-addr", "master-port", "headless",
+             "distributed-executor-backend")
+
+
+def hosts_in_order(inst: Instance) -> list[str]:
+    """The replica's hosts by rank: the host of its first GPU is the head (rank 0)."""
+    return list(dict.fromkeys(g.host for g in inst.placement))
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def problems(inv: Inventory, inst: Instance) -> list[str]:
+    """Why ``inst`` cannot run across its hosts (empty: it can)."""
+    out = []
+    hosts = hosts_in_order(inst)
+    per = {h: [g for g in inst.placement if g.host == h] for h in hosts}
+    counts = {h: len(gs) for h, gs in per.items()}
+    if len(set(counts.values())) > 1:
+        out.append("every host of a multi-node replica holds the same number of its GPUs (one pipeline stage "
+                   "per host, tensor parallel within it); placement has "
+                   + ", ".join(f"{h}: {n}" for h, n in counts.items()))
+    models = {h: inv.hosts[h].gpus.model for h in hosts if h in inv.hosts}
+    if len(set(models.values())) > 1:
+        out.append("its hosts have different GPU models (" + ", ".join(f"{h}: {m}" for h, m in models.items()) + ")")
+    eng = inv.engines.get(inst.engine)
+    if eng is not None:
+        if eng.device == "cpu":
+            out.append(f"engine {eng.name} runs on CPUs: a multi-node replica needs GPUs")
+        elif _version(eng.version) < MIN_VERSION:
+            out.append(f"engine {eng.name} is vLLM {eng.version}: --nnodes (multi-node without Ray) needs "
+                       f">= {'.'.join(map(str, MIN_VERSION))}")
+    if inst.role != "mixed":
+        out.append(f"role {inst.role}: prefill/decode members run on one host each")
+    own = [f for f in OWN_FLAGS if f in inst.args]
+    if own:
+        out.append(f"args set {', '.join(own)}: clusterctl sets them for a multi-node replica")
+    if inst.port + MASTER_PORT_OFFSET > 65535:
+        out.append(f"port {inst.port} leaves no master port (port + {MASTER_PORT_OFFSET} > 65535)")
+    return out
+
+

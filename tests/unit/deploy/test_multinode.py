@@ -1,0 +1,143 @@
+"""A replica across hosts: inventory checks (file:line), the head and headless worker units, and a rollout
+that takes the replica's hosts as one batch and gates only its head."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+
+from clusterctl.deploy import multinode
+from clusterctl.deploy.engine import Deploy, DeployOptions, render_all
+from clusterctl.deploy.gates import GateResult
+from clusterctl.deploy.rollout import parse_serial
+from clusterctl.errors import InventoryError
+from clusterctl.fleet import Fleet
+from clusterctl.fleet.transport import FakeReply, FakeTransport
+from clusterctl.inventory.loader import load_inventory_text
+from clusterctl.inventory.model import Host
+
+INV = """\
+version: 1
+defaults:
+  ssh: {user: root}
+  gpus: {count: 2, model: H100-SXM5-80GB, memory_gib: 80, interconnect: nvlink}
+  nics:
+    - {netdev: eth0, role: management}
+    - {netdev: eth2, role: data, rdma_device: mlx5_0, port: 1}
+fabric: {kind: roce, roce_dscp: 26}
+hosts:
+  gpu01: {address: 10.0.0.11, nics: [{netdev: eth2, role: data, rdma_device: mlx5_0, port: 1, address: 10.1.0.11}]}
+  gpu02: {address: 10.0.0.12}
+  gpu03: {address: 10.0.0.13}
+engines:
+  v33: {path: /opt/vllm-0.33/bin/vllm, version: "0.33.0"}
+  v11: {path: /opt/vllm-0.11/bin/vllm, version: "0.11.0"}
+models:
+  m: {path: /models/m}
+instances:
+  big: {model: m, engine: v33, placement: [gpu01:0, gpu01:1, gpu02:0, gpu02:1], port: 8000}
+  one: {model: m, engine: v33, placement: "gpu03:0", port: 8000}
+"""
+
+
+def _inv(text: str = INV) -> Any:
+    return load_inventory_text(text, "site.yaml")
+
+
+def _argv(unit: str) -> list[str]:
+    line = next(ln for ln in unit.replace("\\\n", " ").splitlines() if ln.startswith("ExecStart="))
+    return shlex.split(line[len("ExecStart="):])
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_a_replica_across_two_hosts_is_a_head_and_a_headless_worker_unit() -> None:
+    inv = _inv()
+    r = {x.instance: x for x in render_all(inv, {"big": inv.instances["big"]})}
+    assert set(r) == {"big", "big-node1"}
+    head, worker = r["big"], r["big-node1"]
+    assert (head.host, head.gpus, worker.host, worker.gpus) == ("gpu01", (0, 1), "gpu02", (0, 1))
+    for rank, x in enumerate((head, worker)):
+        a = _argv(x.unit_text)
+        assert _flag(a, "--tensor-parallel-size") == "2" and _flag(a, "--pipeline-parallel-size") == "2"
+        assert _flag(a, "--nnodes") == "2" and _flag(a, "--node-rank") == str(rank)
+        assert _flag(a, "--master-addr") == "10.1.0.11"  # the head's data address
+        assert _flag(a, "--master-port") == str(8000 + multinode.MASTER_PORT_OFFSET)
+        assert ("--headless" in a) == (rank == 1)
+    # each host's own NCCL environment: its data NIC and HCA, the fabric's traffic class
+    assert "NCCL_SOCKET_IFNAME=eth2" in worker.unit_text + worker.env_text
+    assert "NCCL_IB_HCA==mlx5_0:1" in worker.unit_text + worker.env_text
+    assert "NCCL_IB_TC=106" in worker.unit_text + worker.env_text
+
+
+@pytest.mark.parametrize("placement, engine, args, message", [
+    ("[gpu01:0, gpu01:1, gpu02:0]", "v33", "{}", "same number of its GPUs"),
+    ("[gpu01:0, gpu02:0]", "v11", "{}", "vLLM 0.11.0: --nnodes (multi-node without Ray) needs >= 0.11.1"),
+    ("[gpu01:0, gpu02:0]", "v33", "{nnodes: 2}", "args set nnodes: clusterctl sets them"),
+])
+def test_a_replica_that_cannot_span_its_hosts_is_an_error_naming_the_line(placement: str, engine: str, args: str,
+                                                                         message: str) -> None:
+    text = INV.replace("placement: [gpu01:0, gpu01:1, gpu02:0, gpu02:1], port: 8000}",
+                       f"placement: {placement}, port: 8000, args: {args}}}").replace("engine: v33, placement: [",
+                                                                                      f"engine: {engine}, placement: [")
+    with pytest.raises(InventoryError) as e:
+        _inv(text)
+    assert "site.yaml:19: instances.big.placement: across 2 hosts:" in str(e.value) and message in str(e.value)
+
+
+def test_a_gpu_model_mismatch_is_an_error() -> None:
+    text = INV.replace("gpu02: {address: 10.0.0.12}", "gpu02: {address: 10.0.0.12, gpus: {count: 2, model: A100-SXM4-80GB}}")
+    with pytest.raises(InventoryError, match="different GPU models"):
+        _inv(text)
+
+
+def test_batches_keep_a_replicas_hosts_together() -> None:
+    inv = _inv()
+    assert multinode.together([["gpu01"], ["gpu03"], ["gpu02"]], inv.instances.values()) == [["gpu01", "gpu02"],
+                                                                                                ["gpu03"]]
+    assert multinode.workers(inv.instances.values()) == {"big-node1"}
+    assert multinode.replica_of(inv.instances, "big-node1") is inv.instances["big"]
+    assert multinode.replica_of(inv.instances, "one") is None
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.jobs: list[tuple[str, dict[str, Any]]] = []
+        self.transport = FakeTransport(self.handle)
+
+    def handle(self, host: Host, command: str, stdin: bytes | None) -> FakeReply:
+        job = json.loads((stdin or b"{}").decode().splitlines()[0])
+        self.jobs.append((host.name, job))
+        out: dict[str, Any] = ({"ok": True, "instances": {}, "lock": None, "previous": [], "models": {}}
+                               if job["op"] == "read" else {"ok": True, "recovered": None})
+        return FakeReply(0, json.dumps(out) + "\n")
+
+
+class Scripted(Deploy):
+    gated: list[str] = []
+
+    def preflight(self, fleet: Any, plan: Any) -> Any:
+        return None
+
+    def gate(self, fleet: Any, names: Sequence[str]) -> list[GateResult]:
+        self.gated += list(names)
+        return [GateResult(n, self.rendered[n].host, True, "completion", "scripted", 0.0) for n in names]
+
+
+def test_deploy_rolls_the_replica_out_as_one_batch_and_gates_its_head(tmp_path: Path) -> None:
+    inv = _inv()
+    cluster = Cluster()
+    d = Scripted(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
+                 str(tmp_path), DeployOptions(serial=parse_serial("1")))
+    rep = d.run()
+    assert rep.result == "ok", rep.to_dict()
+    assert sorted(map(sorted, rep.batches)) == [["gpu01", "gpu02"], ["gpu03"]]
+    applied = {h: j for h, j in cluster.jobs if j["op"] == "apply"}
+    assert applied["gpu02"]["start"] == ["big-node1"] and applied["gpu01"]["start"] == ["big"]
+    assert sorted(d.gated) == ["big", "one"]
