@@ -41,7 +41,7 @@ GW_PORT = 8080
 
 
 #: A sparse Qwen3-8B (headers and sizes: its KV bytes per token price the pulls) laid out on a host as
-#: `clusterctl stage` leaves a verified version (stage/verify_model.py: the link into .versions/, the
+#: `clusterctl stage` leaves a verified version (node/stage/verify_model.py: the link into .versions/, the
 #: manifest of file sizes, the marker naming its sha256), so the deployed units' verify-model passes;
 #: staging itself would copy 16 GB of holes.
 STAGED_SPARSE = f"""set -e
