@@ -15,7 +15,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from clusterctl.deploy import lock, node
+from clusterctl.deploy import lock
+from clusterctl.node import deploy as node
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.results import HostStatus
 from clusterctl.fleet.transport import FakeReply, FakeTransport, HostFailure
