@@ -35,8 +35,8 @@ from clusterctl.exitcodes import INTERRUPTED, USAGE_ERROR
 #: Command modules in ``--help`` order: each adds its commands with ``register(app)``
 #: or is a group ``app`` added under its name.
 _MODULES = ("inventory", "fleet", "facts", "doctor", "collect", "stage", "deploy", "instances", "placement", "gateway", "failover", "autoscale", "bench", "drift",
-            "net", "node", "lab", "report", "logs", "planned")
-_GROUPS = {"inventory", "lab", "report", "drift", "gateway", "net", "node"}
+            "net", "node", "engine", "lab", "report", "logs", "planned")
+_GROUPS = {"inventory", "lab", "report", "drift", "gateway", "net", "node", "engine"}
 #: The module that owns each top-level command; a command not named here (the
 #: planned ones) is found by registering everything.
 _OWNER = {"inventory": "inventory", "exec": "fleet", "ping": "fleet", "facts": "facts", "lab": "lab",
@@ -45,7 +45,7 @@ _OWNER = {"inventory": "inventory", "exec": "fleet", "ping": "fleet", "facts": "
           "status": "instances", "start": "instances", "stop": "instances", "restart": "instances",
           "cordon": "placement", "uncordon": "placement", "cordons": "placement", "scale": "placement",
           "placement": "placement", "failover": "failover", "autoscale": "autoscale", "logs": "logs", "net": "net",
-          "node": "node"}
+          "node": "node", "engine": "engine"}
 
 
 def _version(value: bool) -> None:
