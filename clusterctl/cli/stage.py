@@ -54,6 +54,8 @@ Examples:
 
   clusterctl stage qwen3-8b --hosts 'lab[01-04]' --warm
 
+  clusterctl stage qwen3-8b --version 2025-07 --no-switch --warm-budget 96G   # pre-stage the next release
+
   clusterctl stage qwen3-8b --relay tree --tree-fanout 3 --per-rack
 
   clusterctl stage status --json
@@ -153,6 +155,7 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
           source: Optional[str] = typer.Option(None, "--source", help="Override the model's source (URL, file:///path or a local directory)."),
           version: Optional[str] = typer.Option(None, "--version", help="Version name [default: the model's, else the content's hash]."),
           warm: bool = typer.Option(False, "--warm", help="Read the staged files into the page cache afterwards (and report residency)."),
+          warm_budget: Optional[str] = typer.Option(None, "--warm-budget", help="With --warm (implied): page-cache budget per host; read at most this much of the version (16G, 512M, bytes), its first files first."),
           switch: bool = typer.Option(True, "--switch/--no-switch", help="Point the model path at the new version once verified."),
           keep: int = typer.Option(2, "--keep", min=1, help="Versions kept per node (the one in use is never removed)."),
           workers: int = typer.Option(8, "--workers", min=1, help="Parallel reads per node (ranged requests, warm-up readers)."),
@@ -259,6 +262,7 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
         pl.plan_chains([(h.name, addresses[h.name]) for h in hosts], relay, chains, port, fanout=tree_fanout)  # validates
         man = pl.load_manifest(src, model.name, version or model.version)
         fanout = len(hosts) if relay != "none" else min(max_readers, len(hosts))
+        warm_bytes = rn.parse_size(warm_budget, "--warm-budget") if warm_budget else None
     except ClusterctlError as e:
         fail(str(e))
     if not as_json:
@@ -270,8 +274,8 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
             report = rn.stage_model(fleet, hosts, model, src, man, relay=relay, chains=chains,
                                     tree_fanout=tree_fanout, per_rack=per_rack, port=port,
                                     address_of=lambda h: addresses[h.name],
-                                    workers=workers, keep=keep, warm=warm, switch=switch, timeout=timeout,
-                                    on_result=progress.on_result,
+                                    workers=workers, keep=keep, warm=warm or warm_bytes is not None, switch=switch,
+                                    timeout=timeout, warm_budget=warm_bytes, on_result=progress.on_result,
                                     on_progress=progress.on_progress if progress.live else None)
         except ClusterctlError as e:
             fail(str(e))

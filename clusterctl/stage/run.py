@@ -169,7 +169,7 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
                 relay: str = "chain", chains: int = 1, tree_fanout: int = 2, per_rack: bool = False,
                 port: int = DEFAULT_PORT, workers: int = 8,
                 keep: int = 2, warm: bool = False, switch: bool = True, timeout: float = 3600,
-                stall_timeout: float = 15.0, address_of: Callable[[Host], str] | None = None,
+                warm_budget: int | None = None, stall_timeout: float = 15.0, address_of: Callable[[Host], str] | None = None,
                 on_result: Callable[[Any], None] | None = None,
                 on_progress: OnProgress | None = None, progress_interval: float = 0.5) -> StageReport:
     """Stage ``man`` (from ``source``) as ``model`` on ``hosts`` through ``fleet``.
@@ -182,7 +182,9 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
     fleet's fanout at a time (the bound on concurrent source readers).
     ``timeout``: seconds per host.  ``on_progress(host, done, total)`` is
     called (from worker threads) every ``progress_interval`` seconds per host
-    with the bytes verified so far.  Returns one row per host.
+    with the bytes verified so far.  ``warm_budget``: with ``warm``, read at
+    most this many bytes of the version per host into the page cache (its
+    first files, in manifest order).  Returns one row per host.
     """
     t0 = time.monotonic()
     if source.kind == "push" and man.total_bytes > MAX_PUSH_BYTES:
@@ -195,6 +197,8 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
     job = {"op": "stage", "manifest": man.to_dict(), "model_path": model.path, "source": source.node_spec(),
            "workers": workers, "keep": keep, "warm": warm, "switch": switch,
            "install": {"path": VERIFY_MODEL_PATH, "verify_source": bundle.verify_model_source()}}
+    if warm and warm_budget is not None:
+        job["warm_budget"] = warm_budget
     if on_progress is not None:
         job["progress"] = progress_interval
     stdin = json.dumps(job).encode() + b"\n"

@@ -169,7 +169,10 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
         out["pruned"] = lay.prune(int(job.get("keep", 2)), protect=(version,))
         if job.get("warm"):
             files = [os.path.join(lay.version_dir(version), f.path) for f in man.files]
-            out["warm"] = pagecache.warm(files, workers)
+            budget = job.get("warm_budget")
+            read = pagecache.warm(files, workers, budget=None if budget is None else int(budget))
+            # "bytes" below is the version's size (residency); what the warm-up read is "read_bytes".
+            out["warm"] = dict(read, read_bytes=read["bytes"])
             out["warm"].update(pagecache.residency(files))
         if server is not None:
             server.wait_children(int(rl.get("children", 1)), float(rl.get("linger", 20)),
@@ -281,7 +284,8 @@ def cache_op(job: Dict[str, Any]) -> Dict[str, Any]:
 def install(job: Dict[str, Any]) -> Dict[str, Any]:
     path = job["path"]
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    # Not the PID alone: hosts in PID namespaces sharing /usr/local (containers) may write at once.
+    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     with open(tmp, "w") as fh:
         fh.write(job["verify_source"])
     os.chmod(tmp, 0o755)

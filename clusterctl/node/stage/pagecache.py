@@ -17,7 +17,7 @@ import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 READ_BLOCK = 4 * 1024 * 1024
 _PROT_READ = 0x1
@@ -82,25 +82,40 @@ def _read_range(args: Tuple[str, int, int]) -> int:
         os.close(fd)
 
 
-def warm(paths: List[str], workers: int = 8, slice_bytes: int = 64 * 1024 * 1024) -> Dict[str, float]:
+def warm(paths: List[str], workers: int = 8, slice_bytes: int = 64 * 1024 * 1024,
+         budget: Optional[int] = None) -> Dict[str, Any]:
     """Read ``paths`` into the page cache with ``workers`` parallel readers.
 
     Files are cut into ``slice_bytes`` slices so one large shard is read by
-    several threads at once.  Returns ``bytes`` read and ``seconds``.
+    several threads at once.  ``budget``: read at most this many bytes, the
+    files' first bytes in the order given (a page-cache budget per host: the
+    rest stays on disk).  Returns ``bytes`` read, ``seconds``, and with a
+    budget ``budget`` and ``left_cold`` (bytes of ``paths`` not read).
     """
     t0 = time.monotonic()
     jobs: List[Tuple[str, int, int]] = []
+    total_size = 0
+    left = budget
     for p in paths:
         size = os.path.getsize(p)
+        total_size += size
+        want = size if left is None else max(0, min(size, left))
+        if left is not None:
+            left -= want
+        if want == 0:
+            continue
         fd = os.open(p, os.O_RDONLY)
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            os.posix_fadvise(fd, 0, want, os.POSIX_FADV_WILLNEED)
         finally:
             os.close(fd)
-        jobs.extend((p, off, min(slice_bytes, size - off)) for off in range(0, size, slice_bytes))
+        jobs.extend((p, off, min(slice_bytes, want - off)) for off in range(0, want, slice_bytes))
     with ThreadPoolExecutor(max(1, workers)) as pool:
         total = sum(list(pool.map(_read_range, jobs)))
-    return {"bytes": total, "seconds": time.monotonic() - t0}
+    out: Dict[str, Any] = {"bytes": total, "seconds": time.monotonic() - t0}
+    if budget is not None:
+        out.update(budget=budget, left_cold=total_size - total)
+    return out
 
 
 def evict(paths: List[str]) -> None:

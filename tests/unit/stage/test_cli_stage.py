@@ -68,3 +68,11 @@ def test_tables_group_identical_hosts_and_name_failures():
     assert _group(_status_rows(status)) == [
         ("a[1-2]", ("q", "v2", "v1, *v2", "yes", "50%", "")),
         ("a3", ("-", "-", "-", "-", "-", "unreachable: TCP connect timed out after 3s"))]
+
+
+def test_a_bad_warm_budget_is_a_usage_error(tmp_path, capsys):
+    src = make_model(tmp_path / "q", {"a.bin": 70_000})
+    assert main(["stage", "qwen3-8b", "-i", INV, "--source", str(src), "--no-switch",
+                 "--warm-budget", "lots"]) == ExitCode.UNKNOWN
+    err = capsys.readouterr().err
+    assert "--warm-budget: 'lots' is not a size" in err and "Traceback" not in err
