@@ -183,6 +183,29 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def say_done(digest: str, total: int, upstream: Tuple[str, int], grace: float = 3.0) -> bool:
+    """Tell the parent that this node already has every chunk (``STAGE digest total``, then
+    ``DONE``), so the parent does not wait for it (its server lingers until each child said
+    DONE or stall + 5 s passed).  A refused connection is retried for ``grace`` seconds: the
+    parent may not listen yet.  Best effort: False when the parent could not be told."""
+    end = time.monotonic() + grace
+    while True:
+        try:
+            with socket.create_connection(upstream, timeout=CONNECT_TIMEOUT_S) as conn:
+                conn.settimeout(CONNECT_TIMEOUT_S)
+                conn.sendall(f"STAGE {digest} {total}\n".encode())
+                if _readline(conn) != b"OK\n":
+                    return False
+                conn.sendall(b"DONE\n")
+                return True
+        except ConnectionRefusedError:
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.1)
+        except (OSError, ValueError):
+            return False
+
+
 def _first_missing(store: "fetch.ChunkStore") -> Optional[int]:
     for i, d in enumerate(store.done):
         if not d:
