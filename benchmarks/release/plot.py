@@ -65,8 +65,8 @@ def release_svg(doc: dict[str, Any], width: int = 760) -> str:
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" role="img" aria-label="{escape(title)}">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="10" y="18" font-size="12" font-weight="bold">{escape(title)}</text>',
-           f'<text x="10" y="34" font-size="10">light lab, 2 shared CPUs; load average (1 min) before each host '
-           f'count in the labels</text>']
+           '<text x="10" y="34" font-size="10">light lab, 2 shared CPUs; load average (1 min) before each host '
+           'count in the labels</text>']
     y_end = top + row_h * len(rows)
     step = 10 if span < 150 else 30
     t = -int(before // step) * step

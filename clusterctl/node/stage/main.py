@@ -142,7 +142,8 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
         if out.get("already_present") and rl.get("upstreams"):
             # Nothing to fetch (pre-staged): say so to the parent, which would otherwise keep
             # its relay server up for stall + 5 s waiting for this node to connect.
-            out["told_parent"] = relay.say_done(digest, len(store.chunks), tuple(rl["upstreams"][0]))
+            out["told_parent"] = relay.say_done(digest, len(store.chunks), tuple(rl["upstreams"][0]),
+                                                float(rl.get("start_grace", relay.START_GRACE_S)))
         if not store.complete():
             source = _source(job.get("source"))
             for attempt in range(2):  # a second pass refetches chunks that failed verification on disk

@@ -183,7 +183,7 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def say_done(digest: str, total: int, upstream: Tuple[str, int], grace: float = 3.0) -> bool:
+def say_done(digest: str, total: int, upstream: Tuple[str, int], grace: float = START_GRACE_S) -> bool:
     """Tell the parent that this node already has every chunk (``STAGE digest total``, then
     ``DONE``), so the parent does not wait for it (its server lingers until each child said
     DONE or stall + 5 s passed).  A refused connection is retried for ``grace`` seconds: the

@@ -95,7 +95,7 @@ def test_without_any_upstream_left_a_node_reads_the_source(tmp_path):
 
 def test_a_chain_whose_nodes_already_have_the_version_ends_without_lingering(tmp_path):
     """Pre-staged nodes (the release then only switches): each child tells its parent it has
-    every chunk, so no relay server waits out its linger (stall + 2 s here, 22 s) for a child
+    every chunk, so no relay server waits out its linger (stall + 2 s here, 42 s) for a child
     that will never ask for anything."""
     src = make_model(tmp_path / "src", SIZES)
     man = manifest_for(src)
@@ -103,10 +103,11 @@ def test_a_chain_whose_nodes_already_have_the_version_ends_without_lingering(tmp
         first = [result_of(p) for p in _chain(tmp_path, man, srv.url, 3, _free_ports(3))]
         assert all(rc == 0 for rc, _ in first), first
         served = len(srv.requests)
-        t0 = time.monotonic()
-        again = [result_of(p) for p in _chain(tmp_path, man, srv.url, 3, _free_ports(3), stall=20.0)]
-        wall = time.monotonic() - t0
+        again = [result_of(p, timeout=120) for p in _chain(tmp_path, man, srv.url, 3, _free_ports(3), stall=40.0)]
     assert all(rc == 0 and r["already_present"] and r["bytes"] == 0 for rc, r in again), again
     assert [r.get("told_parent") for _, r in again] == [None, True, True]
     assert len(srv.requests) == served
-    assert wall < 15, f"the chain took {wall:.1f} s: a relay server waited out its linger"
+    # A node's own seconds (from its job's start; the interpreter's start-up is not counted):
+    # a parent left waiting would show its 42 s linger here.
+    slowest = max(r["seconds"] for _, r in again)
+    assert slowest < 30, f"a node took {slowest:.1f} s: its relay server waited out its linger"
