@@ -67,7 +67,7 @@ from clusterctl.inventory.loader import load_inventory  # noqa: E402
 from clusterctl.inventory.model import Model  # noqa: E402
 from clusterctl.lab import light, netfaults  # noqa: E402
 from clusterctl.lab.vllm_sim.startup import COLD_BPS, HOT_BPS  # noqa: E402
-from clusterctl.stage import manifest as mf  # noqa: E402
+from clusterctl.node.stage import manifest as mf  # noqa: E402
 from clusterctl.stage.plan import load_manifest, parse_source, write_manifest  # noqa: E402
 from clusterctl.stage.run import stage_model  # noqa: E402
 

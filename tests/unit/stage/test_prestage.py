@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from clusterctl.stage import verify_model
+from clusterctl.node.stage import verify_model
 
 from unit.stage.nodehelp import CHUNK, make_model, manifest_for, run_node, stage_job
 from unit.stage.rangeserver import RangeServer
