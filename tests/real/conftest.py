@@ -21,6 +21,12 @@ KINDS = ("sim-0.11", "sim-0.33", "real-0.32")
 KEY = "conformance-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_LEN = 2048
+#: The real served engine's KV cache: 96 blocks of 128 tokens (the CPU backend's block size), 6x 2048
+#: tokens; vLLM prints it as 0.01 GiB.
+SMALL_KV = 12 * 2**20
+#: The simulator with the same KV cache as the real CPU engine (same size, same block size, its profile).
+SIM_SMALL_KV = ("--kv-cache-memory-bytes", str(SMALL_KV), "--block-size", "128", "--sim-profile", "cpu-1core",
+                "--enforce-eager")
 
 
 @pytest.fixture(scope="session")
@@ -60,10 +66,12 @@ def launch(tiny_model: Path, fake_host: tuple[Path, Path]) -> Iterator:
 @pytest.fixture(scope="module", params=KINDS)
 def served(request: pytest.FixtureRequest, tiny_model: Path, fake_host: tuple[Path, Path]) -> Iterator[EngineProc]:
     """One serving engine of each kind for the module: tiny model as ``tiny``, an API key,
-    ``--max-model-len 2048``."""
+    ``--max-model-len 2048``; the real one with a small KV cache (:data:`SMALL_KV`, so that the preemption
+    test can run it out) and a stats line every second."""
     kind = request.param
     ep = start_engine(kind, tiny_model, "--served-model-name", "tiny", "--max-model-len", str(MAX_LEN),
-                      env={"VLLM_API_KEY": KEY}, nvml_lib=fake_host[0], nvml_state=fake_host[1])
+                      env={"VLLM_API_KEY": KEY, "VLLM_LOG_STATS_INTERVAL": "1"}, nvml_lib=fake_host[0],
+                      nvml_state=fake_host[1], kv_bytes=str(SMALL_KV))
     try:
         assert ep.wait_for(READY, 240), ep.log[-4000:]
         yield ep

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -20,11 +21,11 @@ from clusterctl.deploy import kvcheck
 from clusterctl.deploy.metrics import parse_sample
 from clusterctl.diagnose import vllmlog
 from clusterctl.diagnose.serving import parse_metrics
-from support.engines import READY, EngineProc
+from support.engines import READY, EngineProc, burst, burst_prompts, preemptions_total
 
 from clusterctl.drift.client import EndpointError, too_long
 
-from .conftest import AUTH, KEY, KINDS, MAX_LEN
+from .conftest import AUTH, KEY, KINDS, MAX_LEN, SIM_SMALL_KV
 
 
 def sse(raw: bytes) -> list[dict]:
@@ -148,6 +149,45 @@ def test_metrics_names_and_labels(served: EngineProc) -> None:
     s = parse_sample(text, 0.0)
     assert s.kv_usage is not None and s.running == 0 and s.generation_tokens and s.generation_tokens >= 3
     assert s.num_gpu_blocks and s.num_gpu_blocks > 0
+
+
+# ---- the KV cache running out: preemptions, as vLLM 0.32 reports them ----------------------------------
+
+PREEMPT_STREAMS, PREEMPT_PROMPT, PREEMPT_OUT = 16, 720, 80
+
+
+def test_preemptions_when_the_kv_cache_runs_out(served: EngineProc, launch, tiny_model) -> None:
+    """16 streams of 800 tokens on 96 KV blocks of 128 tokens (they need 112): the engine preempts them
+    (recompute) and every stream still completes whole.  The count is in /metrics
+    (``vllm:num_preemptions_total``) and, from 0.32 on, per stats interval in the periodic line
+    (``Waiting: W reqs, Preemptions: P, CPU KV cache usage: K%``, only when non-zero): the lines' counts
+    add up to the total.  The simulator runs an instance of its own with the real engine's KV size, block
+    size and the ``cpu-1core`` profile at time scale 0.1 (the counts side by side: docs/real-vllm.md)."""
+    ep = served
+    if not served.real:
+        ep = launch(served.kind, "--served-model-name", "tiny", "--max-model-len", str(MAX_LEN), *SIM_SMALL_KV,
+                    env={"VLLM_API_KEY": KEY, "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_SIM_TIME_SCALE": "0.1"})
+        assert ep.wait_for(READY, 120), ep.log[-3000:]
+    prompts = burst_prompts(tiny_model, PREEMPT_STREAMS, PREEMPT_PROMPT, salt="kv-")
+    before, mark = preemptions_total(ep), len(ep.lines)
+    results = burst(ep, prompts, PREEMPT_OUT, headers=AUTH)
+    assert all(r["status"] == 200 and r["finish_reason"] == "length" and r["usage"]
+               and r["usage"]["completion_tokens"] == PREEMPT_OUT for r in results), results
+    n = preemptions_total(ep) - before
+    assert n >= 1, "16 streams of 800 tokens on 96 blocks of 128 preempted nothing"
+    if served.version == "0.11":
+        return  # 0.11's stats line has no preemption field (the V0 warning is another engine's)
+
+    def logged() -> float:
+        return sum(s.get("preemptions", 0) for s in vllmlog.parse_log("".join(ep.lines[mark:])).stats)
+
+    deadline = time.monotonic() + 20  # the next stats line (every second here) covers the burst's end
+    while logged() < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert logged() == n, "".join(ep.lines[mark:])[-3000:]
+    line = next(x for x in ep.lines[mark:] if "Preemptions: " in x)
+    assert re.search(r"Waiting: \d+ reqs, Preemptions: [1-9]\d*, (CPU|GPU) KV cache usage: ", line), line
+    assert ("CPU KV cache usage" in line) == served.real
 
 
 def test_sigterm_exits_0(served: EngineProc) -> None:

@@ -171,3 +171,81 @@ def start_engine(kind: str, model: Path, *flags: str, env: dict[str, str] | None
         e["FAKE_NVML_STATE"] = str(nvml_state)
     argv = [sys.executable, "-m", "clusterctl.lab.vllm_sim", "serve", str(model), *common, *flags]
     return _spawn(kind, argv, e, port)
+
+
+# ---- a burst of streams (the preemption check and its benchmark) ---------------------------------------
+
+#: Words the burst's prompts are made of (any text the tiny model's tokenizer splits into many tokens).
+_BURST_WORDS = ("the cluster serves each request from a rack of nodes and every stream keeps its own cache "
+                "while the scheduler admits waiting work when blocks are free").split()
+
+
+def burst_prompts(model: Path, n: int, tokens: int, salt: str = "") -> list[str]:
+    """``n`` distinct prompts of exactly ``tokens`` tokens by ``model``'s own tokenizer (no shared prefix
+    blocks, so prefix caching saves nothing; a new ``salt`` for each burst on one engine)."""
+    from clusterctl.lab.vllm_sim import bpe
+
+    encode = bpe.load(model)
+    assert encode is not None, f"{model}: not a byte-level BPE tokenizer"
+    out = []
+    for i in range(n):
+        words = [f"{salt}stream{i}:"]
+        k = i
+        while len(encode(" ".join(words))) < tokens:
+            words.append(_BURST_WORDS[k % len(_BURST_WORDS)])
+            k += 7
+        while len(encode(" ".join(words))) > tokens:
+            words.pop()
+        text = " ".join(words)
+        while len(encode(text)) < tokens:
+            text += "."
+        out.append(text)
+    return out
+
+
+def burst(ep: EngineProc, prompts: list[str], max_tokens: int, model: str = "tiny",
+          headers: dict[str, str] | None = None, timeout: float = 300) -> list[dict[str, Any]]:
+    """Send every prompt at once as a streaming completion (``ignore_eos``); per request: HTTP status,
+    tokens received, finish reason, usage.  A stream cut short shows as fewer tokens or no finish reason."""
+    results: list[dict[str, Any]] = [{} for _ in prompts]
+    gate = threading.Barrier(len(prompts))
+
+    def one(i: int) -> None:
+        body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        req = urllib.request.Request(ep.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        r: dict[str, Any] = {"status": None, "tokens": 0, "finish_reason": None, "usage": None}
+        gate.wait()
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                r["status"] = resp.status
+                for raw in resp:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data: "):])
+                    for ch in chunk.get("choices") or []:
+                        r["tokens"] += 1 if ch.get("text") is not None else 0
+                        r["finish_reason"] = ch.get("finish_reason") or r["finish_reason"]
+                    r["usage"] = chunk.get("usage") or r["usage"]
+        except urllib.error.HTTPError as e:
+            r["status"] = e.code
+        except OSError as e:
+            r["error"] = str(e)
+        results[i] = r
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 10)
+    return results
+
+
+def preemptions_total(ep: EngineProc, headers: dict[str, str] | None = None) -> float:
+    """vllm:num_preemptions_total (all label sets) from the engine's /metrics."""
+    status, body = ep.get("/metrics", headers)
+    assert status == 200, status
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith("vllm:num_preemptions_total"))

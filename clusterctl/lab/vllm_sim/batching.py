@@ -32,6 +32,9 @@ from .scheduler import Emitted, Scheduler, Seq
 EXECUTE_TIMEOUT_S = 300.0
 #: A step that starts within this many wall seconds of the previous one's end continues its timeline.
 CATCH_UP_S = 0.05
+#: The longest an idle engine's first step waits (wall seconds) for requests the HTTP front end accepted
+#: during the pickup but is still parsing and tokenizing.
+FRONTEND_WAIT_S = 0.5
 
 
 class StepEngine:
@@ -54,6 +57,8 @@ class StepEngine:
         self._next_id = 0
         self._sim = 0.0
         self._wall0 = time.monotonic()
+        #: Requests the front end has accepted but not queued yet: handler thread -> wall time accepted.
+        self._arriving: dict[int, float] = {}
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="EngineCore", daemon=True)
         self._thread.start()
@@ -81,11 +86,25 @@ class StepEngine:
         with self._cv:
             return self._sync()
 
+    def arrive(self) -> None:
+        """The HTTP front end accepted a generation request in this thread (before parsing and tokenizing
+        it): an idle engine's first step waits for it as for the rest of a burst (the pickup)."""
+        with self._cv:
+            self._arriving[threading.get_ident()] = time.monotonic()
+
+    def arrived(self) -> None:
+        """This thread's request is queued, or was refused: nothing to wait for."""
+        with self._cv:
+            if self._arriving.pop(threading.get_ident(), None) is not None:
+                self._cv.notify_all()
+
     def generate(self, req: GenRequest) -> Iterator[TokenEvent]:
         """Queue ``req`` and yield its tokens as steps produce them; ``EngineDead`` if the engine dies."""
         if self.faults.dead:
+            self.arrived()
             raise EngineDead()
         with self._cv:
+            self._arriving.pop(threading.get_ident(), None)
             self._next_id += 1
             seq = Seq(rid=self._next_id, prompt=req.prompt, prompt_tokens=list(req.prompt_tokens),
                       max_tokens=max(1, req.max_tokens), temperature=req.temperature, seed=req.seed,
@@ -169,12 +188,20 @@ class StepEngine:
                     continue
                 if not self.sched.has_work():
                     idle = True
+                    deadline = 0.0  # the next step starts a new timeline (never one that ended before the idle)
                     self._cv.wait(0.5)
                     continue
                 pickup = self.sched.profile.t_pickup * self.scale
                 if idle and pickup > 0:
                     # The front end hands the first request over; a burst arriving meanwhile shares the step.
+                    # So do requests it accepted by then but is still parsing: at 1x on a busy machine the
+                    # simulator's own Python front end must not split a burst the real engine batches.
                     self._wait(pickup)
+                    until = time.monotonic()
+                    give_up = until + FRONTEND_WAIT_S
+                    while not self._stop and any(t <= until for t in self._arriving.values()) \
+                            and time.monotonic() < give_up:
+                        self._cv.wait(give_up - time.monotonic())
                     self._sync()
                 idle = False
                 self.sched.leak = self.faults.leak

@@ -130,11 +130,11 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         name="cpu-1core",
         description="one x86 core running vLLM 0.32's CPU backend (bf16, --enforce-eager, one OpenMP thread, "
                     "the API server on the same core), as the lab's real engine serves the tiny real model",
-        source="fitted to the real engine measured by benchmarks/real_vllm/calibrate.py "
-               "(benchmarks/results/real-vllm-calibration-2026-12-01T1941.json, docs/real-vllm.md)",
+        source="fitted to the real engine measured by benchmarks/real_vllm/calibrate.py at load 2-3 "
+               "(benchmarks/results/real-vllm-calibration-2026-12-01T2255.json, docs/real-vllm.md)",
         mem_bw=10 * GB,  # not fitted: 6.6 MB of weights per step cost 0.7 ms, below the fitted overheads
-        flops_eff=3.7e9,  # prompt tokens: about 1.2 ms each for the tiny model (4.5 MFLOP per token)
-        t_step=0.036, t_seq=0.0022,  # Python per step (scheduler, sampler, detokenizer, API server) and per sequence
+        flops_eff=11.2e9,  # prompt tokens: about 0.4 ms each for the tiny model (4.5 MFLOP per token)
+        t_step=0.0091, t_seq=0.00069,  # Python per step (scheduler, sampler, detokenizer, API server) and per sequence
         # The API server shares the busy core: a burst reaches the engine core together (measured: at 16
         # streams the median TTFT is one 2048-token prefill step, the clients stay in lockstep).
         t_pickup=0.02,

@@ -219,9 +219,15 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
         head.watch(lambda rank: setattr(engine, "dead", True))
 
     signal.signal(signal.SIGUSR1, on_death)
-    interval = STATS_INTERVAL_S * scale if scale > 0 else STATS_INTERVAL_S
+    try:  # vLLM's own knob for the stats line's period (envs.py; 10 s there, 5 s here unless set)
+        base = float(env.get("VLLM_LOG_STATS_INTERVAL") or STATS_INTERVAL_S)
+    except ValueError:
+        base = STATS_INTERVAL_S
+    base = base if base > 0 else STATS_INTERVAL_S
+    interval = base * scale if scale > 0 else base
     interval = max(interval, 0.05)
     last = (0.0, 0.0)
+    last_preempt = 0
     last_t = time.monotonic()
     was_busy = False
     death_at: float | None = None
@@ -253,15 +259,17 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
             pt, gt = (cur[0] - last[0]) / dt, (cur[1] - last[1]) / dt
             msg = (f"Engine 000: Avg prompt throughput: {pt:.1f} tokens/s, Avg generation throughput: "
                    f"{gt:.1f} tokens/s, Running: {st.running} reqs, Waiting: {st.waiting} reqs, ")
-            if version == "0.33" and c["vllm:num_preemptions"] > 0:
-                # As vLLM 0.32's loggers.py: "Preemptions" (and "Deferred", never simulated) only when non-zero.
-                msg += f"Preemptions: {int(c['vllm:num_preemptions'])}, "
+            preempted = int(c["vllm:num_preemptions"]) - last_preempt
+            if version == "0.33" and preempted > 0:
+                # As vLLM 0.32's LoggingStatLogger: the preemptions of this interval (reset every line), and
+                # "Preemptions" (and "Deferred", never simulated) only when non-zero.
+                msg += f"Preemptions: {preempted}, "
             q, h = c["vllm:prefix_cache_queries"], c["vllm:prefix_cache_hits"]
             msg += (f"GPU KV cache usage: {st.kv_usage * 100:.1f}%, "
                     f"Prefix cache hit rate: {100 * h / q if q else 0.0:.1f}%")
             log.info("APIServer", "loggers.py:127", msg)
         was_busy = busy
-        last, last_t = cur, now
+        last, last_t, last_preempt = cur, now, int(c["vllm:num_preemptions"])
     log.uvicorn("Shutting down")
     httpd.shutdown()
     engine.close()

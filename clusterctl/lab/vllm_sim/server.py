@@ -24,6 +24,8 @@ from .logs import Log
 from .metrics import Metrics
 from .startup import EngineInfo
 
+#: The paths whose requests reach the engine (an idle step engine waits for the ones being parsed).
+GENERATE = ("/v1/completions", "/v1/chat/completions")
 AUTH_PREFIXES = {"0.11": ("/v1", "/v2", "/inference"), "0.33": ("/v1", "/v2", "/inference", "/cohere")}
 ROUTES = [("/openapi.json", "HEAD, GET"), ("/docs", "HEAD, GET"), ("/health", "GET"), ("/load", "GET"),
           ("/ping", "POST"), ("/ping", "GET"), ("/tokenize", "POST"), ("/detokenize", "POST"),
@@ -299,6 +301,9 @@ class Handler(BaseHTTPRequestHandler):
         self._streaming = False
         n = int(self.headers.get("Content-Length") or 0)
         self._raw = self.rfile.read(n) if n > 0 else b""
+        arrive = getattr(app.engine, "arrive", None) if method == "POST" and path in GENERATE else None
+        if arrive is not None:
+            arrive()
         try:
             if not self._authorized():
                 self._json(401, {"error": "Unauthorized"})
@@ -343,6 +348,9 @@ class Handler(BaseHTTPRequestHandler):
                                          "InternalServerError").body())
         except (BrokenPipeError, ConnectionResetError):
             pass
+        finally:
+            if arrive is not None:
+                app.engine.arrived()  # type: ignore[attr-defined]
 
     def _fault(self, method: str) -> None:
         """The simulator's fault control (faults.py); loopback clients only."""

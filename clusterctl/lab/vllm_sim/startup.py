@@ -317,7 +317,8 @@ class Starter:
         # Profiling.
         act = M.activation_peak(shape, tp, max_tokens, max_seqs, M.DTYPE_BYTES.get(dtype, 2))
         self.sleep(PROFILE_S)
-        page_layers = M.page_size(shape, tp, kv_bytes) * shape.layers
+        bs = ns.block_size or M.BLOCK_SIZE  # vLLM honours --block-size (its CPU backend defaults to 128)
+        page_layers = M.page_size(shape, tp, kv_bytes, bs) * shape.layers
         graphs = M.graph_memory(shape, bool(ns.enforce_eager))
         if self.version == "0.33" and not ns.enforce_eager:
             log.info(lead, "gpu_worker.py:402",
@@ -342,16 +343,16 @@ class Starter:
                                  "`gpu_memory_utilization` when initializing the engine.", where="engine",
                                  frames=_KV_FRAMES)
         if auto_len:
-            est = M.estimate_max_model_len(worst.available_kv, per_token)
-            if est < M.BLOCK_SIZE:
+            est = M.estimate_max_model_len(worst.available_kv, per_token, bs)
+            if est < bs:
                 raise StartupFailure("ValueError: Cannot auto-fit max_model_len: not enough GPU memory "
                                      "available to serve even a single token. Try increasing "
                                      "`gpu_memory_utilization`.", where="engine", frames=_KV_FRAMES)
             mml = min(mml, est)
             log.info(self.engine_proc, "kv_cache_utils.py:812", f"Auto-fit max_model_len: {mml}")
-        needed = M.cdiv(mml, M.BLOCK_SIZE) * M.BLOCK_SIZE * per_token
+        needed = M.cdiv(mml, bs) * bs * per_token
         if needed > worst.available_kv:
-            est = M.estimate_max_model_len(worst.available_kv, per_token)
+            est = M.estimate_max_model_len(worst.available_kv, per_token, bs)
             if self.version == "0.11":
                 msg = (f"ValueError: To serve at least one request with the models's max seq len ({mml}), "
                        f"({needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
@@ -368,10 +369,10 @@ class Starter:
                        "details.")
             raise StartupFailure(msg, where="engine", frames=_KV_FRAMES)
 
-        plan = M.Plan(ranks=ranks, kv_per_token=per_token)
+        plan = M.Plan(ranks=ranks, kv_per_token=per_token, block_size=bs)
         for rp in ranks:
-            toks = rp.num_blocks * M.BLOCK_SIZE
-            conc = rp.num_blocks / M.cdiv(mml, M.BLOCK_SIZE)
+            toks = rp.num_blocks * bs
+            conc = rp.num_blocks / M.cdiv(mml, bs)
             if self.version == "0.11":
                 log.info(self.engine_proc, "kv_cache_utils.py:1087", f"GPU KV cache size: {toks:,} tokens")
                 log.info(self.engine_proc, "kv_cache_utils.py:1091",
@@ -402,7 +403,7 @@ class Starter:
             pass
         return EngineInfo(version=self.version, model=ns.model, served_names=served, max_model_len=mml,
                       vocab=shape.vocab, kv_tokens=plan.kv_tokens, num_blocks=plan.num_blocks,
-                      block_size=M.BLOCK_SIZE, kv_dtype=kv_dtype, util=util, prefix_caching=prefix,
+                      block_size=bs, kv_dtype=kv_dtype, util=util, prefix_caching=prefix,
                       gpus=self.gpus, usage=dict(self.usage), plan=plan, default_temperature=temp,
                       max_logprobs=ns.max_logprobs, max_num_seqs=max_seqs,
                       max_num_batched_tokens=max_tokens, tp=tp, gpu_name=infos[0].name,

@@ -197,3 +197,60 @@ def test_bench_point_runs_the_bench_closed_loop() -> None:
                         output_len=8, num_blocks=512, max_num_seqs=128, max_num_batched_tokens=2048, block_size=128)
     # four prompts share a prefill step: TTFT grows with concurrency, so does throughput
     assert b.ttft_mean > one.ttft_mean and b.output_tps > one.output_tps
+
+
+def _cpu_engine() -> tuple[Scheduler, StepEngine]:
+    s = Scheduler(PROFILES["cpu-1core"], L.MODEL_TINY_LLAMA, ToyLM(noise=False), num_blocks=512, max_num_seqs=128,
+                  max_num_batched_tokens=2048, block_size=128)
+    return s, StepEngine(s, vocab=4096, scale=1.0)
+
+
+def _req(tag: str, n: int, out: int) -> GenRequest:
+    toks = [f" {tag}w{j}" for j in range(n)]
+    return GenRequest(prompt="".join(toks), prompt_tokens=toks, max_tokens=out, temperature=0.0, ignore_eos=True)
+
+
+def test_a_request_after_an_idle_engine_waits_its_whole_first_step_at_1x() -> None:
+    """At 1x, the first step after idle starts a new timeline: the next request of a closed loop (sent as
+    the previous one finished) waits the pickup and its whole prefill step, as on the virtual clock
+    (the step once continued the timeline that ended before the idle, and TTFT came out ~25 ms short)."""
+    import time
+
+    s, eng = _cpu_engine()
+    prof = PROFILES["cpu-1core"]
+    try:
+        for i in range(3):
+            list(eng.generate(_req(f"warm{i}", 16, 1)))
+            t0 = time.monotonic()
+            gen = eng.generate(_req(f"r{i}", 128, 1))
+            next(gen)
+            ttft = time.monotonic() - t0
+            list(gen)
+            step = prof.t_step + prof.t_seq + 2 * L.MODEL_TINY_LLAMA.active_params * 128 / prof.flops_eff
+            assert ttft >= 0.95 * (prof.t_pickup + step), (i, ttft, prof.t_pickup + step)
+    finally:
+        eng.close()
+
+
+def test_a_burst_the_front_end_is_still_parsing_shares_the_first_step() -> None:
+    """Requests the HTTP front end accepted during the pickup (``arrive``) but queues only later (parsing,
+    tokenizing: slow on a loaded machine) still share the idle engine's first step, as the real engine's
+    burst does: both prompts in one prefill step, then one decode step for both."""
+    import time
+
+    s, eng = _cpu_engine()
+    try:
+        def client(i: int, delay: float) -> None:
+            eng.arrive()
+            time.sleep(delay)  # the front end's own work before the request reaches the engine
+            list(eng.generate(_req(f"b{i}", 64, 2)))
+
+        threads = [threading.Thread(target=client, args=(0, 0.0)), threading.Thread(target=client, args=(1, 0.12))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert s.counters.steps == 2, s.counters
+        assert not eng._arriving
+    finally:
+        eng.close()
