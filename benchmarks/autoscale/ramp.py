@@ -13,7 +13,8 @@ TTFT p90 against time; temp file + rename).
 
 Run as root with the lab's environment (``CLUSTERCTL_LAB_*``; brought up with 2
 hosts if needed, left up). Usage: ``python benchmarks/autoscale/ramp.py
-[--phases 1:20,3:30,5:40,3:30,0.5:50] [--time-scale 2]``.
+[--phases 1:20,3:30,5:40,3:30,0.5:50] [--time-scale 2]``; ``--real`` runs the short version on real vLLM
+(CPU) replicas, one per lab host (``--phases 0.3:30,3:150,0.1:120``).
 """
 
 from __future__ import annotations
@@ -84,12 +85,24 @@ def main() -> None:
     ap.add_argument("--phases", default="0.5:20,1.5:30,3:40,4.5:40,1.5:30,0.3:60", help="RATE:SECONDS,... of bench phases")
     ap.add_argument("--time-scale", type=float, default=5.0)
     ap.add_argument("--max", type=int, default=3)
+    ap.add_argument("--real", action="store_true", help="replicas of the real vLLM CPU engine, one per lab host "
+                    "(max 2 on 2 hosts); writes autoscale-ramp-real-*.json and docs/autoscale-ramp-real.svg")
+    ap.add_argument("--output-len", type=int, default=None, help="output tokens per request")
     args = ap.parse_args()
     lab = LabSession.start(LabConfig.from_env(), hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "2")))
     root = Path(tempfile.mkdtemp(prefix="autoscale-ramp-"))
-    r = Ramp(lab, root, name="asb", time_scale=args.time_scale, policy={"max": args.max}, port_base=8950)
+    policy: dict[str, Any] = {"max": args.max}
+    if args.real:  # a real replica starts in 1-4 minutes on this shared machine: gates and holds to match
+        policy.update(max=min(args.max, len(lab.names)), gate_timeout_s=600, scale_in_after_s=20, cooldown_in_s=20)
+    r = Ramp(lab, root, name="asr" if args.real else "asb", time_scale=args.time_scale, policy=policy,
+             port_base=8950, real=args.real)
+    if args.output_len:
+        r.output_len = args.output_len
+    tag = "autoscale-ramp-real" if args.real else "autoscale-ramp"
     r.cleanup()
-    result: dict[str, Any] = {"phases": [], "policy": r.policy, "time_scale": args.time_scale,
+    result: dict[str, Any] = {"phases": [], "policy": r.policy, "time_scale": None if args.real else args.time_scale,
+                              "engine": "vllm-0.32 (real, CPU)" if args.real else "simulator 0.11",
+                              "output_len": r.output_len,
                               "lab_hosts": len(lab.names), "load_1m_before": os.getloadavg()[0]}
     try:
         r.start()
@@ -106,7 +119,7 @@ def main() -> None:
                    "e2e_p90_ms": (res.get("e2e_ms") or {}).get("p90")}
             result["phases"].append(row)
             print(json.dumps(row), flush=True)
-        r.wait_for("in", result["phases"][-1]["started"], timeout=60)
+        r.wait_for("in", result["phases"][-1]["started"], timeout=300 if args.real else 60)
         result["daemon_rc"] = r.stop_daemon()
         result["decisions"] = [{k: h.get(k) for k in ("ts", "value", "current", "target", "action", "rule",
                                                        "outcome", "detail", "seconds")} for h in r.history()]
@@ -120,10 +133,10 @@ def main() -> None:
                           "replicas": f"{h['current']} -> {h['target']}", "rule": h["rule"], "outcome": h["outcome"],
                           "seconds": h["seconds"]} for h in acts]
     stamp = f"{datetime.now(timezone.utc):%Y-%m-%dT%H%M}"
-    dest = REPO / "benchmarks" / "results" / f"autoscale-ramp-{stamp}.json"
+    dest = REPO / "benchmarks" / "results" / f"{tag}-{stamp}.json"
     write_atomic(dest, json.dumps(result, indent=1) + "\n")
-    write_atomic(REPO / "docs" / "autoscale-ramp.svg", plot(result))
-    print(f"wrote {dest} and docs/autoscale-ramp.svg")
+    write_atomic(REPO / "docs" / f"{tag}.svg", plot(result))
+    print(f"wrote {dest} and docs/{tag}.svg")
 
 
 if __name__ == "__main__":

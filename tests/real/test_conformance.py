@@ -157,11 +157,11 @@ PREEMPT_STREAMS, PREEMPT_PROMPT, PREEMPT_OUT = 16, 720, 80
 
 
 def test_preemptions_when_the_kv_cache_runs_out(served: EngineProc, launch, tiny_model) -> None:
-    """16 streams of 800 tokens on 96 KV blocks of 128 tokens (they need 112): the engine preempts them
+    """16 streams of 800 tokens on 96 KV blocks of 128 tokens (they need 112): the engine preempts some
     (recompute) and every stream still completes whole.  The count is in /metrics
-    (``vllm:num_preemptions_total``) and, from 0.32 on, per stats interval in the periodic line
-    (``Waiting: W reqs, Preemptions: P, CPU KV cache usage: K%``, only when non-zero): the lines' counts
-    add up to the total.  The simulator runs an instance of its own with the real engine's KV size, block
+    (``vllm:num_preemptions_total``) only: real vLLM 0.32 prints no "Preemptions: N" in its stats line
+    (its logger resets the interval's count before testing it) and no per-request warning, and neither
+    does the simulator.  The simulator runs an instance of its own with the real engine's KV size, block
     size and the ``cpu-1core`` profile at time scale 0.1 (the counts side by side: docs/real-vllm.md)."""
     ep = served
     if not served.real:
@@ -175,19 +175,13 @@ def test_preemptions_when_the_kv_cache_runs_out(served: EngineProc, launch, tiny
                and r["usage"]["completion_tokens"] == PREEMPT_OUT for r in results), results
     n = preemptions_total(ep) - before
     assert n >= 1, "16 streams of 800 tokens on 96 blocks of 128 preempted nothing"
-    if served.version == "0.11":
-        return  # 0.11's stats line has no preemption field (the V0 warning is another engine's)
-
-    def logged() -> float:
-        return sum(s.get("preemptions", 0) for s in vllmlog.parse_log("".join(ep.lines[mark:])).stats)
-
-    deadline = time.monotonic() + 20  # the next stats line (every second here) covers the burst's end
-    while logged() < n and time.monotonic() < deadline:
+    deadline = time.monotonic() + 20  # the stats lines (every second here) while the burst ran
+    while time.monotonic() < deadline and not any("Waiting: 0 reqs" in x for x in ep.lines[mark:]):
         time.sleep(0.2)
-    assert logged() == n, "".join(ep.lines[mark:])[-3000:]
-    line = next(x for x in ep.lines[mark:] if "Preemptions: " in x)
-    assert re.search(r"Waiting: \d+ reqs, Preemptions: [1-9]\d*, (CPU|GPU) KV cache usage: ", line), line
-    assert ("CPU KV cache usage" in line) == served.real
+    stats = [x for x in ep.lines[mark:] if "KV cache usage" in x]
+    assert stats, "".join(ep.lines[mark:])[-3000:]
+    assert any(re.search(r"Running: \d+ reqs, Waiting: [1-9]\d* reqs, ", x) for x in stats), stats  # requeued
+    assert not any("Preemptions" in x or "preempted" in x for x in ep.lines[mark:]), stats
 
 
 def test_sigterm_exits_0(served: EngineProc) -> None:

@@ -37,12 +37,24 @@ GW_PORT = 8080
 
 class Ramp:
     def __init__(self, lab: Any, root: Path, *, name: str = "asr", time_scale: float = 5.0, max_num_seqs: int = 2,
-                 policy: dict[str, Any] | None = None, port_base: int = 8900) -> None:
-        self.lab, self.root, self.name = lab, root, name
+                 policy: dict[str, Any] | None = None, port_base: int = 8900, real: bool = False) -> None:
+        """``real``: replicas of the real vLLM CPU engine (the tiny real model, one per host's CPU slot, on
+        every lab host) instead of simulator replicas on the second host."""
+        self.lab, self.root, self.name, self.real = lab, root, name, real
         self.inv_path, self.state_dir = root / "inventory.yaml", root / "state"
         self.gw_host, self.worker = lab.names[0], lab.names[1]
+        self.workers = list(lab.names) if real else [self.worker]
         doc = yaml.safe_load(Path(lab.inventory).read_text())
-        doc["models"] = {f"{name}-tiny": tiny_entry(tiny_model(root), f"/models/{name}-tiny", served_name=f"{name}-tiny")}
+        if real:
+            from clusterctl.lab import realmodel
+
+            model = realmodel.model_dir()
+            assert model is not None, "the tiny real model is not there (scripts/install-real-vllm)"
+            doc["models"] = {f"{name}-tiny": {"path": f"/models/{name}-tiny", "source": str(model), "version": "v1",
+                                              "served_name": f"{name}-tiny", "arch": realmodel.arch_entry()}}
+        else:
+            doc["models"] = {f"{name}-tiny": tiny_entry(tiny_model(root), f"/models/{name}-tiny",
+                                                        served_name=f"{name}-tiny")}
         doc.pop("instances", None)
         doc["gateway"] = {"hosts": self.gw_host, "port": GW_PORT, "sync_interval_s": 1, "auth": "none"}
         self.policy = {"min": 1, "max": 2, "signal": "queue", "high": 1.5, "low": 0.3, "window_s": 1,
@@ -55,6 +67,15 @@ class Ramp:
                                             "enforce-eager": True},  # start-up 2 s x scale
                                    "env": {"VLLM_SIM_TIME_SCALE": str(time_scale)},
                                    "autoscale": self.policy}}
+        if real:
+            from clusterctl.lab import realvllm
+
+            # One OpenMP thread, not bound (two replicas share the machine's cores), the CPU slot of each host.
+            doc["templates"][name].update(
+                engine=realvllm.ENGINE, hosts=",".join(self.workers),
+                args={"max-model-len": 2048, "kv-cache-memory-bytes": "64M", "max-num-seqs": max_num_seqs},
+                env={"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1",
+                     "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
         self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_STATE_DIR": str(self.state_dir)}
@@ -72,7 +93,7 @@ class Ramp:
 
     def start(self) -> None:
         """Deploy the template (min replicas) and the gateway."""
-        self.ok("deploy", "--instances", f"{self.name}-*", "--gate-timeout", "90")
+        self.ok("deploy", "--instances", f"{self.name}-*", "--gate-timeout", str(self.policy["gate_timeout_s"]))
         self.ok("gateway", "deploy", self.gw_host)
 
     def start_daemon(self) -> None:
@@ -94,12 +115,14 @@ class Ramp:
         self.daemon = None
         return rc
 
-    def bench(self, rate: float, duration: float, concurrency: int = 64) -> dict[str, Any]:
+    def bench(self, rate: float, duration: float, concurrency: int = 64, output_len: int | None = None
+              ) -> dict[str, Any]:
         """One phase through the gateway; the bench's JSON (rc 3 = its timing was not trusted on a busy
         machine: the counts still hold) with ``started``/``ended`` (epoch) added."""
         t0 = time.time()
         res = self.cli("bench", self.url, "--concurrency", str(concurrency), "--request-rate", str(rate),
-                       "--duration", str(duration), "--input-len", "32", "--output-len", str(self.output_len), "--no-tokenizer",
+                       "--duration", str(duration), "--input-len", "32", "--output-len", str(output_len or self.output_len),
+                       "--no-tokenizer",
                        "--no-server-timings", "--model", f"{self.name}-tiny", "--timeout", "300", "--json",
                        timeout=duration + 400)
         assert res.returncode in (0, 1, 2, 3), res.stdout[-2000:] + res.stderr[-2000:]
@@ -123,15 +146,17 @@ class Ramp:
             time.sleep(1)
 
     def units(self) -> list[str]:
-        text = self.lab.run(self.worker, f"systemctl list-units --no-legend --state=active "
-                                         f"'clusterctl-{self.name}-*.service'").stdout
-        return sorted(line.split()[0][len("clusterctl-"):-len(".service")]
-                      for line in text.splitlines() if line.strip())
+        out = []
+        for host in self.workers:
+            text = self.lab.run(host, f"systemctl list-units --no-legend --state=active "
+                                      f"'clusterctl-{self.name}-*.service'").stdout
+            out += [line.split()[0][len("clusterctl-"):-len(".service")] for line in text.splitlines() if line.strip()]
+        return sorted(out)
 
     def cleanup(self) -> None:
         self.stop_daemon()
         n = self.name
         remove_deployed(self.lab, f"clusterctl-{n}-*.service", f"/etc/clusterctl/instances/{n}-*.env "
                         f"/var/lib/clusterctl/deploy/previous/{n}-* /models/{n}-tiny /models/.versions/{n}-tiny",
-                        hosts=[self.worker])
+                        hosts=self.workers)
         self.lab.run(self.gw_host, "systemctl disable --now nginx.service", timeout=60)
