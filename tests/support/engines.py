@@ -187,16 +187,20 @@ def burst_prompts(model: Path, n: int, tokens: int, salt: str = "") -> list[str]
 
     encode = bpe.load(model)
     assert encode is not None, f"{model}: not a byte-level BPE tokenizer"
+    cost: dict[str, int] = {}  # tokens of " word" (the pre-tokenizer splits before each space-led word)
     out = []
     for i in range(n):
-        words = [f"{salt}stream{i}:"]
-        k = i
-        while len(encode(" ".join(words))) < tokens:
-            words.append(_BURST_WORDS[k % len(_BURST_WORDS)])
+        words, k = [f"{salt}stream{i}:"], i
+        count = len(encode(words[0]))
+        while count < tokens:
+            w = _BURST_WORDS[k % len(_BURST_WORDS)]
             k += 7
-        while len(encode(" ".join(words))) > tokens:
-            words.pop()
+            count += cost.setdefault(w, len(encode(" " + w)))
+            words.append(w)
         text = " ".join(words)
+        while len(encode(text)) > tokens:
+            words.pop()
+            text = " ".join(words)
         while len(encode(text)) < tokens:
             text += "."
         out.append(text)
