@@ -30,7 +30,8 @@ def earlier(text: str, change) -> str:
     return LINE.sub(sub, text)
 
 
-IDLE = re.sub(r"(?m)^(vllm:num_requests_running\{[^}]*\}) \S+$", r"\g<1> 0.0", REAL)
+# idle: nothing running and nothing waiting (waiting in both samples with no token is a hung engine)
+IDLE = re.sub(r"(?m)^(vllm:num_requests_(?:running|waiting)\{[^}]*\}) \S+$", r"\g<1> 0.0", REAL)
 
 
 def window(before: str, after: str = REAL) -> WindowedMetrics:
