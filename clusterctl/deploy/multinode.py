@@ -27,9 +27,9 @@ from dataclasses import replace
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import Instance, Inventory
-from clusterctl.inventory.multinode import MASTER_PORT_OFFSET, hosts_in_order, problems
+from clusterctl.inventory.multinode import MASTER_PORT_OFFSET, engine_problem, hosts_in_order, problems
 
-__all__ = ["MASTER_PORT_OFFSET", "hosts_in_order", "problems", "is_multinode", "member_name", "master_addr",
+__all__ = ["MASTER_PORT_OFFSET", "engine_problem", "hosts_in_order", "problems", "is_multinode", "member_name", "master_addr",
            "members", "workers", "replica_of", "together"]
 
 def is_multinode(inst: Instance) -> bool:
@@ -51,7 +51,7 @@ def members(inv: Inventory, inst: Instance) -> list[Instance]:
     """One single-host Instance per rank, ready for ``units.render_instance``: the host's GPUs of the
     placement, the multi-node flags (the head first)."""
     where = f"instances.{inst.name}"
-    bad = problems(inv, inst)
+    bad = problems(inv, inst) + [p for p in [engine_problem(inv, inst)] if p]
     if bad:
         raise ClusterctlError(f"{where}: cannot run across {', '.join(inst.hosts)}: {'; '.join(bad)}")
     hosts = hosts_in_order(inst)

@@ -31,8 +31,22 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
 
+def engine_problem(inv: Inventory, inst: Instance) -> str | None:
+    """Why ``inst``'s engine cannot run it across hosts without Ray (None: it can).  Deploy refuses; the
+    inventory accepts it (a group across hosts may run on Ray outside clusterctl, and doctor judges it)."""
+    eng = inv.engines.get(inst.engine)
+    if eng is None:
+        return None
+    if eng.device == "cpu":
+        return f"engine {eng.name} runs on CPUs: a multi-node replica needs GPUs"
+    if _version(eng.version) < MIN_VERSION:
+        return (f"engine {eng.name} is vLLM {eng.version}: --nnodes (multi-node without Ray) needs "
+                f">= {'.'.join(map(str, MIN_VERSION))}")
+    return None
+
+
 def problems(inv: Inventory, inst: Instance) -> list[str]:
-    """Why ``inst`` cannot run across its hosts (empty: it can)."""
+    """Why ``inst`` cannot run across its hosts (empty: it can), the engine's problem aside."""
     out = []
     hosts = hosts_in_order(inst)
     per = {h: [g for g in inst.placement if g.host == h] for h in hosts}
@@ -44,13 +58,6 @@ def problems(inv: Inventory, inst: Instance) -> list[str]:
     models = {h: inv.hosts[h].gpus.model for h in hosts if h in inv.hosts}
     if len(set(models.values())) > 1:
         out.append("its hosts have different GPU models (" + ", ".join(f"{h}: {m}" for h, m in models.items()) + ")")
-    eng = inv.engines.get(inst.engine)
-    if eng is not None:
-        if eng.device == "cpu":
-            out.append(f"engine {eng.name} runs on CPUs: a multi-node replica needs GPUs")
-        elif _version(eng.version) < MIN_VERSION:
-            out.append(f"engine {eng.name} is vLLM {eng.version}: --nnodes (multi-node without Ray) needs "
-                       f">= {'.'.join(map(str, MIN_VERSION))}")
     if inst.role != "mixed":
         out.append(f"role {inst.role}: prefill/decode members run on one host each")
     own = [f for f in OWN_FLAGS if f in inst.args]

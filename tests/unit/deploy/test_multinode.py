@@ -14,7 +14,7 @@ from clusterctl.deploy import multinode
 from clusterctl.deploy.engine import Deploy, DeployOptions, render_all
 from clusterctl.deploy.gates import GateResult
 from clusterctl.deploy.rollout import parse_serial
-from clusterctl.errors import InventoryError
+from clusterctl.errors import ClusterctlError, InventoryError
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.inventory.loader import load_inventory_text
@@ -78,7 +78,6 @@ def test_a_replica_across_two_hosts_is_a_head_and_a_headless_worker_unit() -> No
 
 @pytest.mark.parametrize("placement, engine, args, message", [
     ("[gpu01:0, gpu01:1, gpu02:0]", "v33", "{}", "same number of its GPUs"),
-    ("[gpu01:0, gpu02:0]", "v11", "{}", "vLLM 0.11.0: --nnodes (multi-node without Ray) needs >= 0.11.1"),
     ("[gpu01:0, gpu02:0]", "v33", "{nnodes: 2}", "args set nnodes: clusterctl sets them"),
 ])
 def test_a_replica_that_cannot_span_its_hosts_is_an_error_naming_the_line(placement: str, engine: str, args: str,
@@ -89,6 +88,12 @@ def test_a_replica_that_cannot_span_its_hosts_is_an_error_naming_the_line(placem
     with pytest.raises(InventoryError) as e:
         _inv(text)
     assert "site.yaml:19: instances.big.placement: across 2 hosts:" in str(e.value) and message in str(e.value)
+
+
+def test_deploy_refuses_an_engine_without_nnodes() -> None:
+    inv = _inv(INV.replace("engine: v33, placement: [", "engine: v11, placement: ["))  # the inventory: a group
+    with pytest.raises(ClusterctlError, match="instances.big: cannot run across gpu01, gpu02: engine v11 is vLLM 0.11.0: --nnodes"):
+        render_all(inv, {"big": inv.instances["big"]})
 
 
 def test_a_gpu_model_mismatch_is_an_error() -> None:
