@@ -409,7 +409,12 @@ def main_() -> None:
                      "duration_s": args.duration, "sync_every_s": args.sync_every, "window_s": args.window,
                      "workload": mix},
            "arms": results, "means": means, "output_throughput_gain_vs_round_robin": gain}
-    dest = REPO / "benchmarks" / "results" / f"gateway-dispatch-{args.profiles}-{datetime.now(timezone.utc):%Y-%m-%dT%H%M}.json"
+    write_result(f"gateway-dispatch-{args.profiles}", out)
+
+
+def write_result(prefix: str, out: dict[str, Any]) -> None:
+    """``benchmarks/results/<prefix>-<UTC date>.json`` (temp file + rename), printed too."""
+    dest = REPO / "benchmarks" / "results" / f"{prefix}-{datetime.now(timezone.utc):%Y-%m-%dT%H%M}.json"
     tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n")
     tmp.rename(dest)
