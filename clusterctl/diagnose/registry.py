@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.sources import name_gpus
 from clusterctl.inventory.model import Inventory
+from clusterctl.probe.factgroups import FactGroup
+
+T = TypeVar("T")
 
 Analyzer = Callable[["AnalysisContext"], list[Finding]]
 
@@ -29,6 +32,9 @@ class AnalysisContext:
     rate-based checks, taken ``interval_s`` after ``facts``; ``raw``: host ->
     {name: text} raw outputs (vLLM logs, metrics) from a run or a bundle;
     ``thresholds``: the loaded ``checks/*.yaml`` data.
+
+    :meth:`fact` gives a fact group typed (``ctx.fact(host, GpusFact)``,
+    ``clusterctl/probe/factgroups.py``); analyzers read those where a group exists.
     """
 
     inventory: Inventory | None
@@ -38,6 +44,17 @@ class AnalysisContext:
     interval_s: float = 0.0
     raw: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     thresholds: Mapping[str, Any] = field(default_factory=dict)
+    typed: dict[tuple[str, str, str], Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def fact(self, host: str, group: type[FactGroup[T]], *, sample: bool = False) -> T | None:
+        """``group`` of the host's facts (of its later sample with ``sample=True``), typed and kept;
+        None when the host has no such document."""
+        key = (host, group.section, "sample" if sample else "facts")
+        if key not in self.typed:
+            doc = (self.samples if sample else self.facts).get(host)
+            self.typed[key] = None if doc is None else group.parse(doc)
+        value: T | None = self.typed[key]
+        return value
 
 
 _REGISTRY: dict[str, Analyzer] = {}

@@ -1,0 +1,241 @@
+"""Fact groups: one typed class per part of a facts document that analyzers read.
+
+As pyinfra's facts, each group names what gathers it on the node (``command``:
+the collector's function in ``clusterctl/node/collector.py``, run by the one probe
+round trip) and how its output becomes a typed value (``parse``).  Analyzers ask
+the context for a group (``ctx.fact(host, GpusFact)``) and read attributes, not
+``.get(...) or {}`` chains; the JSON (``Any``) stays here, at the boundary.
+
+Parsing is lenient as the analyzers always were: a section or field that is
+missing or of the wrong type reads as ``None`` (or empty), never an exception, so a
+partial document (an older collector, a facts document built from ``nvidia-smi -q``
+by ``diagnose/nvsmi.py``) gives the same findings as before.  Values are kept as
+the document has them (an int stays an int), so messages read the same.
+
+Groups so far: :class:`GpusFact` (``gpus``, read by every ``gpu.*`` check).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class FactGroup(Generic[T]):
+    """A part of the facts document: ``section`` (its key), ``command`` (what the
+    node runs to gather it) and ``parse`` (the section, typed)."""
+
+    section: ClassVar[str]
+    command: ClassVar[str]
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> T:
+        """The group's typed value from a whole facts document."""
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------- the JSON boundary
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _num(v: Any) -> float | None:
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _bool(v: Any) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    """A section that may be absent: ``v or {}`` as the analyzers read it."""
+    return v if isinstance(v, dict) else {}
+
+
+# ----------------------------------------------------------------- gpus
+
+@dataclass(frozen=True)
+class Ecc:
+    """``ecc``: mode (``enabled`` None: the GPU has no ECC) and the volatile counters."""
+
+    enabled: bool | None = None
+    pending_enabled: bool | None = None
+    volatile_corrected: int | None = None
+    volatile_uncorrected: int | None = None
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    correctable: int | None
+    uncorrectable: int | None
+    pending: bool | None
+    failure: bool | None
+
+
+@dataclass(frozen=True)
+class RetiredPages:
+    single_bit_ecc: int | None
+    double_bit_ecc: int | None
+    pending: bool | None
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """NVLink fabric registration (NVSwitch systems)."""
+
+    state: str | None
+    status: int | None
+    clique_id: int | None
+
+
+@dataclass(frozen=True)
+class FabricManager:
+    """``nvidia-fabricmanager.service`` as systemd saw it."""
+
+    load_state: str | None
+    active_state: str | None
+    sub_state: str | None
+
+
+@dataclass(frozen=True)
+class ClockReasons:
+    mask: str | None = None
+    active: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pcie:
+    width: int | None = None
+    max_width: int | None = None
+    gen: int | None = None
+    max_gen: int | None = None
+    replay_counter: int | None = None
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink: ``errors`` holds the integer counters by name."""
+
+    link: int | None
+    state: str | None
+    errors: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A GPU pair of ``nvidia-smi topo -m`` with its bonded NVLink count."""
+
+    gpus: tuple[int, int]
+    nvlinks: int
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One GPU of the ``gpus.devices`` list."""
+
+    index: int | None
+    name: str | None
+    pci_address: str | None
+    memory_total: int | None
+    vbios_version: str | None
+    lost: bool
+    hung: bool
+    field_errors: dict[str, str]
+    ecc: Ecc
+    remapped_rows: RemappedRows | None
+    retired_pages: RetiredPages | None
+    recovery_action: str | None
+    fabric: Fabric | None
+    clocks_event_reasons: ClockReasons
+    pcie: Pcie
+    utilization_gpu: float | None
+    nvlink: tuple[NvLink, ...]
+    temperature_c: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    persistence_mode: bool | None
+
+
+@dataclass(frozen=True)
+class GpuSection:
+    """The ``gpus`` section: ``available`` False means NVML could not be used (``reason``)."""
+
+    available: bool
+    reason: str | None
+    driver_version: str | None
+    devices: tuple[GpuDevice, ...]
+    timed_out_calls: tuple[str, ...]
+    topology: tuple[Topology, ...]
+    fabric_manager: FabricManager | None
+    raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    def device(self, index: int) -> GpuDevice | None:
+        return next((d for d in self.devices if d.index == index), None)
+
+
+def _device(d: dict[str, Any]) -> GpuDevice:
+    ecc, vol = _dict(d.get("ecc")), _dict(_dict(d.get("ecc")).get("volatile"))
+    rr, rp, fab = d.get("remapped_rows"), d.get("retired_pages"), d.get("fabric")
+    cr, p = _dict(d.get("clocks_event_reasons")), _dict(d.get("pcie"))
+    return GpuDevice(
+        index=_int(d.get("index")), name=_str(d.get("name")), pci_address=_str(d.get("pci_address")),
+        memory_total=_int(d.get("memory_total")), vbios_version=_str(d.get("vbios_version")),
+        lost=bool(d.get("lost")), hung=bool(d.get("hung")),
+        field_errors={str(k): str(v) for k, v in _dict(d.get("field_errors")).items()},
+        ecc=Ecc(_bool(ecc.get("enabled")), _bool(ecc.get("pending_enabled")),
+                _int(vol.get("corrected")), _int(vol.get("uncorrected"))),
+        remapped_rows=RemappedRows(_int(rr.get("correctable")), _int(rr.get("uncorrectable")),
+                                   _bool(rr.get("pending")), _bool(rr.get("failure")))
+        if rr and isinstance(rr, dict) else None,
+        retired_pages=RetiredPages(_int(rp.get("single_bit_ecc")), _int(rp.get("double_bit_ecc")),
+                                   _bool(rp.get("pending"))) if rp and isinstance(rp, dict) else None,
+        recovery_action=_str(d.get("recovery_action")),
+        fabric=Fabric(_str(fab.get("state")), _int(fab.get("status")), _int(fab.get("clique_id")))
+        if fab and isinstance(fab, dict) else None,
+        clocks_event_reasons=ClockReasons(_str(cr.get("mask")),
+                                          tuple(str(a) for a in cr.get("active") or [])),
+        pcie=Pcie(_int(p.get("width")), _int(p.get("max_width")), _int(p.get("gen")), _int(p.get("max_gen")),
+                  _int(p.get("replay_counter"))),
+        utilization_gpu=_num(_dict(d.get("utilization")).get("gpu")),
+        nvlink=tuple(NvLink(_int(lk.get("link")), _str(lk.get("state")),
+                            {str(k): v for k, v in _dict(lk.get("errors")).items() if isinstance(v, int)})
+                     for lk in d.get("nvlink") or [] if isinstance(lk, dict)),
+        temperature_c=_num(d.get("temperature_c")), power_w=_num(d.get("power_w")),
+        power_limit_w=_num(d.get("power_limit_w")), persistence_mode=_bool(d.get("persistence_mode")))
+
+
+def _topology(entries: Any) -> tuple[Topology, ...]:
+    out = []
+    for t in entries or []:
+        if isinstance(t, dict) and isinstance(t.get("nvlinks"), int) and len(t.get("gpus") or []) == 2:
+            out.append(Topology((int(t["gpus"][0]), int(t["gpus"][1])), int(t["nvlinks"])))
+    return tuple(out)
+
+
+class GpusFact(FactGroup[GpuSection]):
+    """The GPUs as NVML reports them (``gpus`` of docs/facts.md)."""
+
+    section = "gpus"
+    command = "collector.collect_gpus (NVML through pynvml, one thread per call with a deadline)"
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> GpuSection:
+        g = _dict(doc.get("gpus"))
+        fm = g.get("fabric_manager")
+        return GpuSection(
+            available=bool(g.get("available")), reason=_str(g.get("reason")),
+            driver_version=None if g.get("driver_version") is None else str(g["driver_version"]),
+            devices=tuple(_device(d) for d in g.get("devices") or [] if isinstance(d, dict)),
+            timed_out_calls=tuple(str(c) for c in g.get("timed_out_calls") or []),
+            topology=_topology(g.get("topology")),
+            fabric_manager=FabricManager(_str(fm.get("load_state")), _str(fm.get("active_state")),
+                                         _str(fm.get("sub_state"))) if fm and isinstance(fm, dict) else None,
+            raw=g)
