@@ -31,13 +31,13 @@ from clusterctl.deploy import memory as M
 from clusterctl.deploy.ports import check_port
 from clusterctl.deploy.preflight_hosts import (NODE_TIMEOUT_S, GpuProc, GpuView, HostView, gpus_from_facts,
                                                host_view, read_hosts)
-from clusterctl.deploy.preflight_report import InstanceRow, PreflightReport, Problem
+from clusterctl.deploy.preflight_report import InstanceRow, PreflightProblem, PreflightReport
 from clusterctl.deploy.spec import unit_name
 from clusterctl.diagnose.findings import Severity
 from clusterctl.inventory.model import Engine, Instance, Inventory, Model
 from clusterctl.probe.facts import Facts
 
-__all__ = ["GpuProc", "GpuView", "HostView", "InstanceRow", "PreflightReport", "Problem", "check_instances",
+__all__ = ["GpuProc", "GpuView", "HostView", "InstanceRow", "PreflightProblem", "PreflightReport", "check_instances",
            "derive_shape", "gpus_from_facts", "host_view", "read_hosts", "run_preflight"]
 
 

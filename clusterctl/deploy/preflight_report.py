@@ -9,7 +9,7 @@ from clusterctl.deploy import memory as M
 from clusterctl.diagnose.findings import Finding, Severity
 
 @dataclass
-class Problem:
+class PreflightProblem:
     """One reason to refuse (CRIT) or to look (WARN); ``numbers`` are the figures behind it
     (GiB rounded to 0.01, tokens), ``fit`` what would fit instead."""
 
@@ -36,7 +36,7 @@ class InstanceRow:
     settings: dict[str, Any] = field(default_factory=dict)
     budget: M.Budget | None = None
     weights_source: str | None = None
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[PreflightProblem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -51,7 +51,7 @@ class InstanceRow:
         return None if self.budget is None else self.budget.kv_tokens
 
     def add(self, severity: Severity, check: str, message: str, **kw: Any) -> None:
-        self.problems.append(Problem(severity, check, message, **kw))
+        self.problems.append(PreflightProblem(severity, check, message, **kw))
 
     def to_json(self) -> dict[str, Any]:
         b = self.budget

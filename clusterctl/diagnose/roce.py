@@ -63,7 +63,7 @@ class NicRates:
 
 
 @dataclass
-class Problem:
+class NicProblem:
     """One thing wrong on one NIC; ``symptom`` (e.g. ``rx-pause``) groups hosts by leaf."""
 
     severity: Severity
@@ -127,7 +127,7 @@ def pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-PerNic = Callable[[AnalysisContext, NicRates, Gathered], Iterable[Problem]]
+PerNic = Callable[[AnalysisContext, NicRates, Gathered], Iterable[NicProblem]]
 
 
 def run_check(ctx: AnalysisContext, check: str, per_nic: PerNic, ok_message: str,
@@ -138,7 +138,7 @@ def run_check(ctx: AnalysisContext, check: str, per_nic: PerNic, ok_message: str
     if not fabric.is_roce_fabric(ctx):
         return []
     g = gather(ctx)
-    problems: dict[str, list[Problem]] = {}
+    problems: dict[str, list[NicProblem]] = {}
     for nr in g.nics:
         problems.setdefault(nr.host, []).extend(per_nic(ctx, nr, g))
     out: list[Finding] = []
@@ -190,7 +190,7 @@ def _ev(r: Rates, *names: str) -> tuple[str, ...]:
 
 # ------------------------------------------------------------------ roce.pfc
 
-def _pfc(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+def _pfc(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     r = nr.rates
     roce = fabric.profile(ctx).pfc_priority
     warn = fabric.limit(ctx, "pfc", "paused_fraction_warn", 0.2)
@@ -208,7 +208,7 @@ def _pfc(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
             sev = Severity.CRIT if frac is not None and frac >= crit else Severity.WARN
             what = (f"paused {pct(min(frac, 1.0))} of the time" if frac is not None
                     else f"receiving {per_s(frames or 0)} pause frames")
-            yield Problem(sev, nr.name,
+            yield NicProblem(sev, nr.name,
                           f"{nr.name}: {what} on {where} ({per_s(frames or 0)} pause frames received"
                           + (", a pause storm" if sev == Severity.CRIT else "") + ")",
                           "the switch is holding back this host's transmit: check this host's cable "
@@ -219,7 +219,7 @@ def _pfc(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
         tfrac = tdur / 1e6 if tdur is not None else None
         if tfrac is not None and tfrac >= twarn:
             sev = Severity.CRIT if tfrac >= tcrit else Severity.WARN
-            yield Problem(sev, nr.name,
+            yield NicProblem(sev, nr.name,
                           f"{nr.name}: sending pause {pct(min(tfrac, 1.0))} of the time on {where} "
                           f"({per_s(tframes or 0)} pause frames sent)",
                           "this NIC cannot drain what it receives: check its PCIe link "
@@ -227,21 +227,21 @@ def _pfc(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
                           _ev(r, f"tx_{p}_pause", f"tx_{p}_pause_duration", "outbound_pci_stalled_rd_events",
                               "rx_buffer_passed_thres_phy"))
         if prio == "global" and (frames or tframes):
-            yield Problem(Severity.WARN, nr.name,
+            yield NicProblem(Severity.WARN, nr.name,
                           f"{nr.name}: 802.3x global pause frames are flowing ({per_s(frames or 0)} received, "
                           f"{per_s(tframes or 0)} sent) on a PFC fabric",
                           "turn global pause off (ethtool -A IF rx off tx off) and rely on PFC",
                           _ev(r, "rx_global_pause", "tx_global_pause"))
     err, warn_ev = r.get("tx_pause_storm_error_events"), r.get("tx_pause_storm_warning_events")
     if err:
-        yield Problem(Severity.CRIT, nr.name,
+        yield NicProblem(Severity.CRIT, nr.name,
                       f"{nr.name}: the NIC's pause-storm watchdog stopped sending pause frames "
                       "(tx_pause_storm_error_events rose): drops were possible",
                       "this host stalled receiving for longer than the storm timeout: check the "
                       "host (PCIe, memory, a stuck process); drain it if it repeats",
                       _ev(r, "tx_pause_storm_error_events"))
     elif warn_ev:
-        yield Problem(Severity.WARN, nr.name,
+        yield NicProblem(Severity.WARN, nr.name,
                       f"{nr.name}: the NIC sent pause frames for long periods "
                       "(tx_pause_storm_warning_events rose)",
                       "this host is slow to drain its receive queue: check its PCIe link and load",
@@ -257,7 +257,7 @@ def check_pfc(ctx: AnalysisContext) -> list[Finding]:
 
 # ------------------------------------------------------------- roce.discards
 
-def _discards(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+def _discards(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     """Per-priority drops on the RoCE priority are CRIT; ``rx_discards_phy`` alone is WARN.
 
     ``rx_prioN_discards`` (and the shared-buffer ``rx_prioN_buf_discard`` /
@@ -276,7 +276,7 @@ def _discards(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Probl
     hot = [(n, r.get(n)) for n in lossless if (r.get(n) or 0) > limit]
     port = r.get("rx_discards_phy") or 0
     if hot:
-        yield Problem(Severity.CRIT, nr.name,
+        yield NicProblem(Severity.CRIT, nr.name,
                       f"{nr.name}: packets dropped on the lossless priority {p} ("
                       + ", ".join(f"{n} {per_s(v or 0)}" for n, v in [*hot, *([("rx_discards_phy", port)]
                                                                               if port > limit else [])]) + ")",
@@ -288,7 +288,7 @@ def _discards(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Probl
         why = (f"{', '.join(per_prio)} did not rise, so the drops were on other (lossy) priorities"
                if per_prio else f"this NIC has no per-priority discard counter, so whether priority {p} "
                "lost packets cannot be told")
-        yield Problem(Severity.WARN, nr.name,
+        yield NicProblem(Severity.WARN, nr.name,
                       f"{nr.name}: the port dropped {per_s(port)} received packets for lack of buffer "
                       f"(rx_discards_phy counts the whole port, lossy traffic such as TCP included; {why})",
                       "the adapter cannot absorb the incoming traffic on some priority: look at which "
@@ -309,7 +309,7 @@ def _cnp_rate(nr: NicRates) -> float:
     return max(nr.rates.get("np_cnp_sent") or 0.0, nr.rates.get("rp_cnp_handled") or 0.0)
 
 
-def _congestion(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+def _congestion(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     r = nr.rates
     if not (r.has("np_cnp_sent") or r.has("rp_cnp_handled")):
         return
@@ -333,19 +333,19 @@ def _congestion(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Pro
             what = f"handling {per_s(handled)} CNPs (its senders are being slowed by DCQCN)"
         comp = (f", {factor:g}x or more the median of the other hosts ({per_s(median)})"
                 if outlier else "")
-        yield Problem(Severity.WARN, nr.name, f"{nr.name}: {what}{comp}",
+        yield NicProblem(Severity.WARN, nr.name, f"{nr.name}: {what}{comp}",
                       "find the traffic converging on this host (many senders to one receiver) "
                       "and spread it, or check its switch port's ECN/buffer settings", ev,
                       symptom="cnp")
     marked = r.get("np_ecn_marked_roce_packets")
     if marked and marked >= floor and r.has("np_cnp_sent") and sent < marked * 0.01:
-        yield Problem(Severity.WARN, nr.name,
+        yield NicProblem(Severity.WARN, nr.name,
                       f"{nr.name}: {per_s(marked)} ECN-marked RoCE packets received but no CNPs sent",
                       "enable the ECN notification point on the RoCE priority "
                       "(/sys/class/net/IF/ecn/roce_np/enable/N or the firmware's ROCE_CC_PRIO_MASK)", ev)
     ignored = r.get("rp_cnp_ignored")
     if ignored and ignored >= floor:
-        yield Problem(Severity.WARN, nr.name,
+        yield NicProblem(Severity.WARN, nr.name,
                       f"{nr.name}: {per_s(ignored)} CNPs received and ignored (rp_cnp_ignored)",
                       "enable the ECN reaction point on the RoCE priority (ecn/roce_rp/enable/N)",
                       _ev(r, "rp_cnp_ignored"))
@@ -373,7 +373,7 @@ ACK_TIMEOUT = "local_ack_timeout_err"
 RNR = "rnr_nak_retry_err"
 
 
-def _transport(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+def _transport(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     """Counter semantics: docs/doctor-roce.md "roce.transport" (mlx5 hw_counters, IB RC rules).
 
     Only ``*_retries_exceeded`` mean the connection failed (CRIT).  Sequence
@@ -388,7 +388,7 @@ def _transport(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Prob
     timeouts = r.hw.get(ACK_TIMEOUT) or 0.0
     rnr = r.hw.get(RNR) or 0.0
     if fatal:
-        yield Problem(Severity.CRIT, nr.name,
+        yield NicProblem(Severity.CRIT, nr.name,
                       f"{nr.name}: " + ", ".join(f"{n} {per_s(v)}" for n, v in fatal)
                       + " (the requester exhausted its retries and moved the connection to the error "
                       "state: NCCL fails or hangs)",
@@ -400,13 +400,13 @@ def _transport(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Prob
         shown = [*loss, *([(ACK_TIMEOUT, timeouts)] if timeouts else [])]
         note = ("" if loss else "; ACK timeouts alone: requests were retransmitted after the ACK timer expired "
                 "and the connection's retry limit was not reached")
-        yield Problem(sev, nr.name,
+        yield NicProblem(sev, nr.name,
                       f"{nr.name}: packet loss on the RDMA path (" + ", ".join(
                           f"{n} {per_s(v)}" for n, v in shown) + f"): retransmissions slow NCCL{note}",
                       "find where packets drop: discards on the lossless priority, PFC off on some "
                       "hop, a bad cable (symbol errors)", _ev(r, *LOSS_SIGNS, ACK_TIMEOUT))
     if rnr:
-        yield Problem(Severity.WARN, nr.name,
+        yield NicProblem(Severity.WARN, nr.name,
                       f"{nr.name}: rnr_nak_retry_err {per_s(rnr)}: peers answered Receiver Not Ready (no "
                       "receive buffer posted) and the request was retried; this is not packet loss",
                       "a receiving process is slow to post receive buffers (CPU starved, too few buffers); "
@@ -424,23 +424,23 @@ def check_transport(ctx: AnalysisContext) -> list[Finding]:
 LINK_ERRORS = ("rx_pcs_symbol_err_phy", "rx_symbol_err_phy", "rx_crc_errors_phy")
 
 
-def _link(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+def _link(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     r = nr.rates
     limit = fabric.limit(ctx, "link", "per_s_crit", 0)
     flaps = r.deltas.get("link_down_events_phy")
     if flaps is None and r.ib.get("link_downed") is not None:
         flaps = r.deltas.get("ib:link_downed")
     if "link_down_events_phy" in r.resets:
-        yield Problem(Severity.WARN, nr.name,
+        yield NicProblem(Severity.WARN, nr.name,
                       f"{nr.name}: link_down_events_phy went down between samples (driver reloaded?)",
                       "check the kernel log for an mlx5 reset on this host", ())
     if flaps:
-        yield Problem(Severity.CRIT, nr.name, f"{nr.name}: the link went down {flaps} time(s) in {r.dt:.1f} s",
+        yield NicProblem(Severity.CRIT, nr.name, f"{nr.name}: the link went down {flaps} time(s) in {r.dt:.1f} s",
                       "replace or reseat the cable/transceiver of this port; check the switch port's log",
                       _ev(r, "link_down_events_phy", "link_downed"))
     errs = [(n, r.ethtool[n]) for n in LINK_ERRORS if (r.ethtool.get(n) or 0) > limit]
     if errs:
-        yield Problem(Severity.CRIT, nr.name,
+        yield NicProblem(Severity.CRIT, nr.name,
                       f"{nr.name}: " + ", ".join(f"{n} {per_s(v)}" for n, v in errs)
                       + " (frames corrupted on the wire)",
                       "clean or replace the cable/transceiver of this port", _ev(r, *LINK_ERRORS))
@@ -458,11 +458,11 @@ PCIE_PRESSURE = ("outbound_pci_buffer_overflow", "outbound_pci_stalled_rd_events
                  "outbound_pci_stalled_wr_events")
 
 
-def _rxpath(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+def _rxpath(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     r = nr.rates
     hot = [(n, r.ethtool[n]) for n in PCIE_PRESSURE if r.ethtool.get(n)]
     if hot:
-        yield Problem(Severity.WARN, nr.name,
+        yield NicProblem(Severity.WARN, nr.name,
                       f"{nr.name}: PCIe back-pressure (" + ", ".join(f"{n} {per_s(v)}" for n, v in hot)
                       + "): the NIC cannot write to host memory as fast as it receives",
                       "check the NIC's PCIe link (width, speed, errors), its NUMA placement and the "
@@ -470,7 +470,7 @@ def _rxpath(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem
                       _ev(r, *PCIE_PRESSURE))
     oob = r.hw.get("out_of_buffer")
     if oob:
-        yield Problem(Severity.WARN, nr.name,
+        yield NicProblem(Severity.WARN, nr.name,
                       f"{nr.name}: {per_s(oob)} RDMA receives found no posted buffer (out_of_buffer)",
                       "the application (NCCL) posts receive buffers too slowly: check the host's CPU "
                       "load and the instance's health", _ev(r, "out_of_buffer"))
@@ -483,7 +483,7 @@ def _rxpath(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem
         median = statistics.median(others) if others else None
         ber = mine / (nr.gbps * 1e9)
         if median is not None and ber >= floor_ber and mine >= factor * max(median, 1e-9):
-            yield Problem(Severity.WARN, nr.name,
+            yield NicProblem(Severity.WARN, nr.name,
                           f"{nr.name}: {per_s(mine)} bits corrected by FEC (pre-FEC BER {ber:.1e}), "
                           f"{factor:g}x or more the median of the other hosts ({per_s(median)})",
                           "a marginal cable or transceiver: clean or replace it before it starts "
@@ -498,7 +498,7 @@ def check_rxpath(ctx: AnalysisContext) -> list[Finding]:
 
 # -------------------------------------------------------------- roce.priority
 
-def _priority(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Problem]:
+def _priority(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     r = nr.rates
     p = fabric.profile(ctx).pfc_priority
     rdma = r.get("tx_vport_rdma_unicast_bytes")
@@ -511,7 +511,7 @@ def _priority(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Probl
     elsewhere = sorted(((q, r.get(f"tx_prio{q}_bytes") or 0.0) for q in range(8) if q != p),
                        key=lambda x: -x[1])
     top = elsewhere[0] if elsewhere and elsewhere[0][1] > 0 else None
-    yield Problem(Severity.CRIT, nr.name,
+    yield NicProblem(Severity.CRIT, nr.name,
                   f"{nr.name}: RDMA sends {per_s(rdma)} bytes but priority {p} carries only "
                   f"{pct(on_p / rdma)} of it" + (f"; priority {top[0]} carries {per_s(top[1])} bytes"
                                                   if top else ""),

@@ -196,3 +196,14 @@ def test_node_programs_live_in_the_node_package() -> None:
                     and re.fullmatch(r"\w+\.py", node.value) and node.value != "__init__.py":
                 offenders.append(f"{path}:{node.lineno}: names the program file {node.value!r}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_one_class_per_name_for_the_shared_vocabulary() -> None:
+    """``Problem`` (a located configuration problem, ``errors.py``) and ``Finding`` are defined once:
+    other kinds of problem carry their own name (``PreflightProblem``, ``NicProblem``)."""
+    where: dict[str, list[str]] = {"Problem": [], "Finding": []}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name in where:
+                where[node.name].append(str(path.relative_to(PACKAGE.parent)))
+    assert where == {"Problem": ["clusterctl/errors.py"], "Finding": ["clusterctl/diagnose/findings.py"]}, where
