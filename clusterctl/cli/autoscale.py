@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -86,7 +85,9 @@ def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|ins
               as_json: bool = JsonOpt, fanout: Optional[int] = FanoutOpt,
               connect_timeout: Optional[float] = ConnectTimeoutOpt,
               host_key_policy: Optional[str] = HostKeyOpt) -> None:
+    # start-up: `clusterctl --help` imports every command module; the autoscaler loads when run
     from clusterctl.autoscale.run import autoscaled
+    from clusterctl.ops import autoscale as ops_autoscale
 
     if action not in ACTIONS:
         fail(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
@@ -110,15 +111,13 @@ def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|ins
     if action == "install":
         _install(inventory, store.directory, templates or [], unit_dir, no_start, dry_run)
         return
-    make = _make_fleet(inv, fanout, connect_timeout, host_key_policy)
+    request = ops_autoscale.AutoscaleRequest(inv, store.directory,
+                                             _make_fleet(inv, fanout, connect_timeout, host_key_policy), policies)
     if action == "daemon":
-        _daemon(inv, store.directory, make, policies, interval, rounds, as_json)
+        _daemon(request, interval, rounds, as_json)
         return
-    from clusterctl.autoscale.run import run_round
-
     try:
-        outs = run_round(inv, store.directory, make, policies, plan_only=action == "plan",
-                         on_event=_say(as_json))
+        outs = ops_autoscale.run_once(request, plan_only=action == "plan", on_event=_say(as_json))
     except ClusterctlError as e:
         fail(str(e))
     if as_json:
@@ -130,29 +129,20 @@ def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|ins
     raise typer.Exit(_outcome_code(outs, action == "plan"))
 
 
-def _daemon(inv: Any, state_dir: Path, make: Any, policies: dict[str, Any], interval: Optional[float],
-            rounds: int, as_json: bool) -> None:
+def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool) -> None:
     """Decide every interval until SIGTERM/SIGINT (the round in progress finishes first)."""
     import json
 
-    from clusterctl.autoscale.run import run_round
+    from clusterctl.ops import autoscale as ops_autoscale
 
-    every = interval or min(p.interval_s for p in policies.values())
+    policies = request.policies
+    every = ops_autoscale.daemon_interval(request, interval)
     stop = {"now": False}
 
     def _stop(signum: int, frame: Any) -> None:
         stop["now"] = True
 
-    signal.signal(signal.SIGTERM, _stop)
-    n = 0
-    console.print(f"autoscaler: {', '.join(policies)} every {every:g} s (state {state_dir})", markup=False)
-    while not stop["now"]:
-        t0 = time.monotonic()
-        try:
-            outs = run_round(inv, state_dir, make, policies, lock_wait_s=every, on_event=_say(as_json))
-        except ClusterctlError as e:  # one bad round (an unreadable state, a busy lock) never ends the daemon
-            err_console.print(f"autoscaler: round failed: {e}", markup=False)
-            outs = []
+    def show(outs: list[Any]) -> None:
         for o in outs:
             if as_json:
                 sys.stdout.write(json.dumps(o.to_json(), sort_keys=True) + "\n")
@@ -164,11 +154,12 @@ def _daemon(inv: Any, state_dir: Path, make: Any, policies: dict[str, Any], inte
                 console.print(f"{o.template}: {policies[o.template].signal} "
                               f"{'unknown' if d.value is None else f'{d.value:.3g}'}, {d.current} replicas "
                               f"[{d.rule}]", markup=False)
-        n += 1
-        if rounds and n >= rounds:
-            break
-        while not stop["now"] and time.monotonic() - t0 < every:
-            time.sleep(min(0.2, every))
+
+    signal.signal(signal.SIGTERM, _stop)
+    console.print(f"autoscaler: {', '.join(policies)} every {every:g} s (state {request.state_dir})", markup=False)
+    ops_autoscale.run_daemon(request, interval=interval, rounds=rounds, should_stop=lambda: stop["now"],
+                             on_round=show, on_error=lambda msg: err_console.print(msg, markup=False),
+                             on_event=_say(as_json))
     console.print("autoscaler: stopped", markup=False)
 
 
