@@ -203,9 +203,13 @@ def test_uuid_pinned_unit_restarts_after_exit_0_stops_on_request_and_refuses_a_l
         assert st["NRestarts"] == "1" and st["ActiveState"] == "active", st
         wait_healthy(lab, host, f"{base}/health", unit, timeout=60)
         lab.run(host, f"systemctl stop {unit}", check=True, timeout=60)
-        import time
-        time.sleep(12)  # past RestartSec: an explicit stop is not restarted
-        assert _show(lab, host, unit)["ActiveState"] == "inactive"
+        # An explicit stop is not restarted.  systemctl stop returns once its job is done, so the state is
+        # already final: a restart would be pending as SubState=auto-restart (activating, RestartSec's timer
+        # running) or a queued start job; dead with no job means nothing will start it (no RestartSec wait).
+        st = dict(line.split("=", 1) for line in lab.run(
+            host, f"systemctl show -p ActiveState,SubState,Job {unit}", check=True).stdout.splitlines() if "=" in line)
+        assert (st["ActiveState"], st["SubState"], st.get("Job", "")) == ("inactive", "dead", ""), st
+        assert unit not in lab.run(host, "systemctl list-jobs --no-legend", check=True).stdout
 
         faults.inject(lab.host_dir(host), "gpu-lost", gpu=0, log=False)
         assert lab.run(host, f"systemctl start {unit}", timeout=60).returncode != 0
