@@ -2,8 +2,11 @@
 and no request of the ramp is lost.
 
 A template of TP-1 simulator replicas (time scale 5, --enforce-eager, --max-num-seqs 2: one replica
-serves about 1.5 requests per second of 200 tokens each) behind nginx, ``clusterctl autoscale daemon --interval 1`` running with the
-``queue`` signal (high 1.5, low 0.3 waiting requests per replica; out after 2 s, in after 8 s).
+serves about 1.5 requests per second of 200 tokens each; start-up at scale 1, about 10 s, not 50 s)
+behind nginx, ``clusterctl autoscale daemon --interval 1`` running with the
+``queue`` signal (high 1.5, low 0.3 waiting requests per replica; out after 2 s, in after 8 s and no
+sooner than 40 s after the scale-out: the high phase lasts 35 s, so whenever the new replica is up, the
+scale-in can only come in the low phase).
 ``clusterctl bench --request-rate`` through the gateway: 3 req/s (twice one replica's capacity) until
 the scale-out is done, then 0.4 req/s while the second replica is drained and removed. Every request
 of both phases completes (the bench's own counts). Only this test's units, model and nginx are
@@ -23,7 +26,7 @@ from support.autoscale_ramp import Ramp
 @pytest.fixture(scope="module")
 def ramp(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ramp]:
     assert len(lab.names) >= 2, "the autoscale ramp needs 2 lab hosts"
-    r = Ramp(lab, tmp_path_factory.mktemp("autoscale"))
+    r = Ramp(lab, tmp_path_factory.mktemp("autoscale"), startup_scale=1.0, policy={"cooldown_in_s": 40})
     r.cleanup()
     try:
         r.start()

@@ -37,9 +37,11 @@ GW_PORT = 8080
 
 class Ramp:
     def __init__(self, lab: Any, root: Path, *, name: str = "asr", time_scale: float = 5.0, max_num_seqs: int = 2,
-                 policy: dict[str, Any] | None = None, port_base: int = 8900, real: bool = False) -> None:
+                 policy: dict[str, Any] | None = None, port_base: int = 8900, real: bool = False,
+                 startup_scale: float | None = None) -> None:
         """``real``: replicas of the real vLLM CPU engine (the tiny real model, one per host's CPU slot, on
-        every lab host) instead of simulator replicas on the second host."""
+        every lab host) instead of simulator replicas on the second host.  ``startup_scale``: the
+        simulator's start-up delays at this scale instead of ``time_scale`` ($VLLM_SIM_STARTUP_SCALE)."""
         self.lab, self.root, self.name, self.real = lab, root, name, real
         self.inv_path, self.state_dir = root / "inventory.yaml", root / "state"
         self.gw_host, self.worker = lab.names[0], lab.names[1]
@@ -64,8 +66,10 @@ class Ramp:
         doc["templates"] = {name: {"model": f"{name}-tiny", "engine": "vllm-0.11", "replicas": 1, "tp": 1,
                                    "hosts": self.worker, "port_base": port_base,
                                    "args": {"max-model-len": 2048, "max-num-seqs": max_num_seqs,
-                                            "enforce-eager": True},  # start-up 2 s x scale
-                                   "env": {"VLLM_SIM_TIME_SCALE": str(time_scale)},
+                                            "enforce-eager": True},  # start-up ~10 s x scale
+                                   "env": {"VLLM_SIM_TIME_SCALE": str(time_scale),
+                                           **({} if startup_scale is None
+                                              else {"VLLM_SIM_STARTUP_SCALE": str(startup_scale)})},
                                    "autoscale": self.policy}}
         if real:
             from clusterctl.lab import realvllm

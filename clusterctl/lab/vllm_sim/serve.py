@@ -48,6 +48,15 @@ def _scale(ns: Any, env: dict[str, str]) -> float:
         return 1.0
 
 
+def _startup_scale(scale: float, env: dict[str, str]) -> float:
+    """``$VLLM_SIM_STARTUP_SCALE``: the scale of the start-up's delays alone (default: the time scale), so a
+    test can serve slowly (queues under a few requests per second) yet start in simulated real time."""
+    try:
+        return max(0.0, float(env["VLLM_SIM_STARTUP_SCALE"]))
+    except (KeyError, ValueError):
+        return scale
+
+
 def _shown_args(given: dict[str, Any], version: str) -> dict[str, Any]:
     if version == "0.33" and "api_key" in given:
         return {**given, "api_key": "***"}
@@ -66,8 +75,10 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
         return 2
     stop = threading.Event()
 
+    startup_scale = _startup_scale(scale, env)
+
     def sleep(seconds: float) -> None:
-        if stop.wait(seconds * scale) if scale > 0 else stop.is_set():
+        if stop.wait(seconds * startup_scale) if startup_scale > 0 else stop.is_set():
             raise _Terminated()
 
     log = Log()

@@ -220,3 +220,13 @@ def test_broken_config_json_names_the_file(host: Path, start_sim, tmp_path: Path
     sim = start_sim(host, tmp_path / "m")
     assert sim.wait() == 1
     assert f"ValueError: {tmp_path / 'm/config.json'}: missing or invalid field 'num_attention_heads'" in sim.log
+
+
+def test_startup_scale_defaults_to_the_time_scale_and_can_be_set_alone() -> None:
+    from clusterctl.lab.vllm_sim.serve import _startup_scale
+
+    assert _startup_scale(5.0, {}) == 5.0
+    assert _startup_scale(5.0, {"VLLM_SIM_STARTUP_SCALE": "1"}) == 1.0
+    assert _startup_scale(5.0, {"VLLM_SIM_STARTUP_SCALE": "0"}) == 0.0
+    assert _startup_scale(5.0, {"VLLM_SIM_STARTUP_SCALE": "-2"}) == 0.0
+    assert _startup_scale(0.05, {"VLLM_SIM_STARTUP_SCALE": "fast"}) == 0.05  # not a number: the time scale
