@@ -1,7 +1,7 @@
 """Drift, the leak check and bench against simulator instances on lab hosts, reached over the lab bridge.
 
 Four transient ``systemd-run`` units (API key in their environment, batch
-noise on, time scale 0.05): full-precision Qwen3-8B on the first host's GPU 0
+noise on, time scale 0.05; start-up at 0.05 for all four): full-precision Qwen3-8B on the first host's GPU 0
 (``fp-a``) and the second host's GPU 0 (``fp-b``), an AWQ checkpoint on the
 first host's GPU 1 (``awq``), and for bench a full-precision one at real
 speed on the second host's GPU 1 (``bench``).  They are named as inventory instances in a
@@ -36,6 +36,9 @@ PROMPTS = Path(__file__).resolve().parents[2] / "checks" / "drift" / "basic.json
 #: its TTFT and ITL are those of an H100, not fractions of a millisecond lost in the machine's noise
 INSTANCES = {"fp-a": (0, 0, 8100, "/models/qwen3-8b", 0.05), "awq": (0, 1, 8101, "/models/qwen3-8b-awq", 0.05),
              "fp-b": (1, 0, 8100, "/models/qwen3-8b", 0.05), "bench": (1, 1, 8101, "/models/qwen3-8b", 1.0)}
+#: every instance's start-up (load, compile, CUDA graphs) at this scale: ``bench`` serves at real speed but
+#: need not start at it (about 40 s of the fixture)
+STARTUP_SCALE = 0.05
 
 
 def _unit(name: str) -> str:
@@ -54,6 +57,7 @@ def instances(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[An
         for name, (h, gpu, port, model, scale) in INSTANCES.items():
             lab.run(hosts[h], f"systemd-run --unit={_unit(name)} --collect --property=Type=exec "
                               f"--setenv=VLLM_API_KEY={KEY} --setenv=VLLM_SIM_TIME_SCALE={scale} "
+                              f"--setenv=VLLM_SIM_STARTUP_SCALE={STARTUP_SCALE} "
                               f"--setenv=CUDA_VISIBLE_DEVICES={gpu} /opt/vllm-0.11/bin/vllm serve {model} "
                               f"--port {port} --max-model-len 8192 --max-num-seqs 256 --served-model-name qwen3-8b",
                     check=True)
