@@ -114,7 +114,7 @@ def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|ins
     request = ops_autoscale.AutoscaleRequest(inv, store.directory,
                                              _make_fleet(inv, fanout, connect_timeout, host_key_policy), policies)
     if action == "daemon":
-        _daemon(request, interval, rounds, as_json)
+        _daemon(request, interval, rounds, as_json, templates or [])
         return
     try:
         outs = ops_autoscale.run_once(request, plan_only=action == "plan", on_event=_say(as_json))
@@ -129,13 +129,22 @@ def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|ins
     raise typer.Exit(_outcome_code(outs, action == "plan"))
 
 
-def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool) -> None:
-    """Decide every interval until SIGTERM/SIGINT (the round in progress finishes first)."""
+def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool, templates: list[str]) -> None:
+    """Decide every interval until SIGTERM/SIGINT (the round in progress finishes first); an edited
+    inventory applies from the next round (a broken edit is reported and the previous one kept)."""
     import json
 
     from clusterctl.ops import autoscale as ops_autoscale
 
-    policies = request.policies
+    reload_inventory = ops_autoscale.inventory_reloader(request, templates)
+    policies = dict(request.policies)
+
+    def reload(current: Any) -> Any:
+        fresh = reload_inventory(current)
+        if fresh is not None:
+            policies.clear()
+            policies.update(fresh.policies)
+        return fresh
     every = ops_autoscale.daemon_interval(request, interval)
     stop = {"now": False}
 
@@ -159,7 +168,7 @@ def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool)
     console.print(f"autoscaler: {', '.join(policies)} every {every:g} s (state {request.state_dir})", markup=False)
     ops_autoscale.run_daemon(request, interval=interval, rounds=rounds, should_stop=lambda: stop["now"],
                              on_round=show, on_error=lambda msg: err_console.print(msg, markup=False),
-                             on_event=_say(as_json))
+                             on_event=_say(as_json), reload=reload)
     console.print("autoscaler: stopped", markup=False)
 
 
