@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 import typer
 
 from clusterctl.cli._common import console
+
+if TYPE_CHECKING:  # the workflow (and the features under it) loads when a command runs, not at start-up
+    from clusterctl.ops.bringup import BringupPlan, BringupRequest
 
 
 def stderr_events(enabled: bool) -> Any:
@@ -65,16 +68,16 @@ MaxFailOpt = typer.Option(0.0, "--max-fail-percentage", min=0, max=100,
                           help="Failed hosts a batch tolerates, in percent (must be exceeded).")
 
 
-def prepare(inventory: Optional[str], hosts_pattern: str, serial: Optional[str], plan_only: bool,
-            detailed_exitcode: bool, host_key_policy: Optional[str], fanout: Optional[int],
-            connect_timeout: Optional[float], ask_become_pass: bool) -> tuple[str, Any, list[Any], list[str], Any]:
-    """Check the options; load the inventory: (path, inventory, hosts, serial steps, fleet factory)."""
+def prepare(inventory: Optional[str], hosts_pattern: str, serial: Optional[str], max_fail_percentage: float,
+            plan_only: bool, detailed_exitcode: bool, host_key_policy: Optional[str], fanout: Optional[int],
+            connect_timeout: Optional[float], ask_become_pass: bool) -> BringupRequest:
+    """Check the options; load the inventory: the workflow's request (``ops/bringup.py``; the user
+    config and the sudo password are read once the workflow has checked ``--serial``)."""
     from clusterctl.cli._common import fail, user_config
     from clusterctl.cli._hosts import become_password, check_host_key_policy, select
-    from clusterctl.deploy.rollout import parse_serial
     from clusterctl.errors import ClusterctlError
-    from clusterctl.fleet.factory import fleet_factory
     from clusterctl.inventory.loader import load_inventory
+    from clusterctl.ops.bringup import BringupRequest
 
     if detailed_exitcode and not plan_only:
         fail("--detailed-exitcode goes with --plan")
@@ -82,25 +85,26 @@ def prepare(inventory: Optional[str], hosts_pattern: str, serial: Optional[str],
     path, hosts = select(inventory, hosts_pattern)
     try:
         inv = load_inventory(path)
-        steps = parse_serial(serial) or ["1"]
     except ClusterctlError as e:
         fail(str(e))
-    make = fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
-                         become_password=become_password(ask_become_pass, hosts, True))
-    return path, inv, list(hosts), list(steps), make
+    return BringupRequest(path, inv, list(hosts), load_config=user_config,
+                          become_password=lambda: become_password(ask_become_pass, hosts, True), serial=serial,
+                          max_fail_percentage=max_fail_percentage, fanout=fanout, connect_timeout=connect_timeout,
+                          host_key_policy=policy)
 
 
-def finish(runner: Any, plan_only: bool, detailed_exitcode: bool, as_json: bool, title: str, *,
+def finish(start: Callable[[], BringupPlan], plan_only: bool, detailed_exitcode: bool, as_json: bool, title: str, *,
            verb: str = "to change", empty: str = "unchanged", done: tuple[str, ...] = ("changed",),
            plan_json: Optional[dict[str, Any]] = None) -> NoReturn:
-    """Plan; with --plan print it and exit (0, 1 pending with --detailed-exitcode, 2 unreadable);
-    otherwise apply and exit 0 (done) or 2."""
+    """Plan (``start()``, a workflow of ``ops/bringup.py``); with --plan print it and exit (0, 1
+    pending with --detailed-exitcode, 2 unreadable); otherwise apply and exit 0 (done) or 2."""
     from clusterctl.cli._common import fail, print_json
     from clusterctl.errors import ClusterctlError
     from clusterctl.exitcodes import ExitCode
 
     try:
-        plans = runner.plan()
+        planned = start()
+        plans = planned.plans
         if plan_only:
             if as_json:
                 print_json({"plan": [p.to_dict() for p in plans], **(plan_json or {}),
@@ -110,7 +114,7 @@ def finish(runner: Any, plan_only: bool, detailed_exitcode: bool, as_json: bool,
             if any(p.error for p in plans):
                 raise typer.Exit(ExitCode.CRIT)
             raise typer.Exit(ExitCode.WARN if detailed_exitcode and any(p.changes for p in plans) else ExitCode.OK)
-        rep = runner.run(plans)
+        rep = planned.apply()
     except ClusterctlError as e:
         fail(str(e))
     if as_json:

@@ -43,12 +43,12 @@ def list_(names: Optional[List[str]] = typer.Argument(None, help="Engine names (
           connect_timeout: Optional[float] = ConnectTimeoutOpt,
           ask_become_pass: bool = AskBecomePassOpt,
           host_key_policy: Optional[str] = HostKeyOpt) -> None:
-    from clusterctl.bringup.engines import list_engines
+    from clusterctl.ops import bringup
 
-    _, inv, hosts, _, make = prepare(inventory, hosts_pattern, None, False, False, host_key_policy, fanout,
-                                     connect_timeout, ask_become_pass)
+    request = prepare(inventory, hosts_pattern, None, 0.0, False, False, host_key_policy, fanout, connect_timeout,
+                      ask_become_pass)
     try:
-        rows = list_engines(inv, hosts, make, names)
+        rows = bringup.engine_list(request, names)
     except ClusterctlError as e:
         fail(str(e))
     if as_json:

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, fail
+from clusterctl.cli._common import InventoryOpt, JsonOpt
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
 from clusterctl.cli._plan_views import (DetailedOpt, HostsOpt, MaxFailOpt, PlanOpt, SerialOpt, finish, prepare,
                                         stderr_events)
@@ -59,12 +59,9 @@ def apply(inventory: Optional[str] = InventoryOpt,
           connect_timeout: Optional[float] = ConnectTimeoutOpt,
           ask_become_pass: bool = AskBecomePassOpt,
           host_key_policy: Optional[str] = HostKeyOpt) -> None:
-    from clusterctl.bringup.netqos import NetApply
+    from clusterctl.ops import bringup
 
-    path, inv, hosts, steps, make = prepare(inventory, hosts_pattern, serial, plan_only, detailed_exitcode,
-                                            host_key_policy, fanout, connect_timeout, ask_become_pass)
-    if inv.fabric.kind != "roce":
-        fail(f"{path}: fabric.kind is {inv.fabric.kind}: net apply sets RoCE QoS only")
-    runner = NetApply(inv, hosts, make, serial=steps, max_fail_percentage=max_fail_percentage,
-                      on_event=stderr_events(not as_json))
-    finish(runner, plan_only, detailed_exitcode, as_json, "net apply")
+    request = prepare(inventory, hosts_pattern, serial, max_fail_percentage, plan_only, detailed_exitcode,
+                      host_key_policy, fanout, connect_timeout, ask_become_pass)
+    on_event = stderr_events(not as_json)
+    finish(lambda: bringup.net_apply(request, on_event), plan_only, detailed_exitcode, as_json, "net apply")

@@ -61,13 +61,12 @@ def setup(inventory: Optional[str] = InventoryOpt,
           connect_timeout: Optional[float] = ConnectTimeoutOpt,
           ask_become_pass: bool = AskBecomePassOpt,
           host_key_policy: Optional[str] = HostKeyOpt) -> None:
-    from clusterctl.bringup.nodesetup import NodeSetup
+    from clusterctl.ops import bringup
 
-    _, inv, hosts, steps, make = prepare(inventory, hosts_pattern, serial, plan_only, detailed_exitcode,
-                                         host_key_policy, fanout, connect_timeout, ask_become_pass)
-    runner = NodeSetup(inv, hosts, make, serial=steps, max_fail_percentage=max_fail_percentage, revert=revert,
-                       on_event=stderr_events(not as_json))
+    request = prepare(inventory, hosts_pattern, serial, max_fail_percentage, plan_only, detailed_exitcode,
+                      host_key_policy, fanout, connect_timeout, ask_become_pass)
+    on_event = stderr_events(not as_json)
     title = "node setup --revert" if revert else "node setup"
-    finish(runner, plan_only, detailed_exitcode, as_json, title, verb="to revert" if revert else "to change",
-           empty="nothing recorded" if revert else "unchanged", done=("changed", "reverted"),
-           plan_json={"revert": revert})
+    finish(lambda: bringup.node_setup(request, revert, on_event), plan_only, detailed_exitcode, as_json, title,
+           verb="to revert" if revert else "to change", empty="nothing recorded" if revert else "unchanged",
+           done=("changed", "reverted"), plan_json={"revert": revert})
