@@ -144,14 +144,17 @@ def desired(inv: Inventory, state_dir: str, make_fleet: FleetFactory | None = No
 
 def render_all(inv: Inventory, instances: Mapping[str, Instance],
                systemd: Mapping[str, int | None] | None = None,
-               gpu_uuids: Mapping[str, list[str]] | None = None) -> list[spec.RenderedInstance]:
+               gpu_uuids: Mapping[str, list[str]] | None = None,
+               gids: multinode.GidTables | None = None) -> list[spec.RenderedInstance]:
     """Render every instance with its secrets (:mod:`clusterctl.deploy.units`).
 
     ``systemd``: host -> its systemd version (``HostState.systemd_version``); a
     host's units use the restart directives its systemd has
     (:func:`clusterctl.deploy.units.policy_for_systemd`); unknown: the baseline.
     ``gpu_uuids``: instance -> its placement's GPU UUIDs (:func:`pinned_uuids`);
-    those units pin their GPUs by UUID.
+    those units pin their GPUs by UUID.  ``gids``: the hosts' RoCE GID tables (``HostState.gids``);
+    a multi-node replica's units get ``NCCL_IB_GID_INDEX`` from them (None: left out, a render only
+    to learn the model paths; :func:`clusterctl.deploy.multinode.members` refuses a host without one).
     """
     from clusterctl.deploy.secrets import resolve_secrets
 
@@ -160,7 +163,7 @@ def render_all(inv: Inventory, instances: Mapping[str, Instance],
     versions, uuids = systemd or {}, gpu_uuids or {}
     # a replica across hosts is one unit per host (deploy/multinode.py): the head, then headless workers
     each = [m for inst in instances.values()
-            for m in (multinode.members(inv, inst) if multinode.is_multinode(inst) else [inst])]
+            for m in (multinode.members(inv, inst, gids) if multinode.is_multinode(inst) else [inst])]
     return [render_instance(inv, inst, secrets=resolve_secrets(inv, inst),
                             policy=policy_for_systemd(versions.get(inst.hosts[0]) if inst.hosts else None),
                             gpu_uuids=uuids.get(inst.name))
@@ -238,9 +241,10 @@ class Deploy:
               step: int | None = None, steps: int | None = None, done: bool = False) -> None:
         self.on_event(Event(kind, message, host, ok, step, steps, done))
 
-    def _read(self, fleet: Any, hosts: list[str] | None = None, gpu_uuids: bool = False) -> dict[str, remote.HostState]:
+    def _read(self, fleet: Any, hosts: list[str] | None = None, gpu_uuids: bool = False,
+              rdma_ports: Sequence[str] = ()) -> dict[str, remote.HostState]:
         paths = sorted({r.model_path for r in self.rendered.values() if r.model_path})
-        return remote.read_hosts(fleet, model_paths=paths, hosts=hosts, gpu_uuids=gpu_uuids)
+        return remote.read_hosts(fleet, model_paths=paths, hosts=hosts, gpu_uuids=gpu_uuids, rdma_ports=rdma_ports)
 
     def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:
         """Render and read; the plan for the selected hosts."""
@@ -254,13 +258,17 @@ class Deploy:
         self.rendered.update(routers)
         self.event("phase", f"rendered {len(self.rendered)} instances" + (f" ({len(routers)} routers)" if routers else "")
                    + f"; reading {len(self.hosts)} hosts")
-        states = self._read(fleet, gpu_uuids=True)
+        spanning = [i for i in chosen.values() if multinode.is_multinode(i)]
+        ports = sorted({p for i in spanning for h in i.hosts for p in multinode.rdma_ports(self.inv, h)})
+        states = self._read(fleet, gpu_uuids=True, rdma_ports=ports)
         versions = {h: st.systemd_version for h, st in states.items()}
         uuids = {n: u for n, i in chosen.items() if not multinode.is_multinode(i)
                  and (u := pinned_uuids(i, states.get(i.hosts[0]) if i.hosts else None))}
-        if uuids or any(v is not None for v in versions.values()):
-            # per host: the restart directives its systemd has; per instance: its GPUs by UUID
-            self.rendered = {r.instance: r for r in render_all(self.inv, chosen, versions, uuids)}
+        if uuids or spanning or any(v is not None for v in versions.values()):
+            # per host: the restart directives its systemd has; per instance: its GPUs by UUID; per
+            # multi-node replica's host: its NCCL_IB_GID_INDEX from the GID table just read
+            gids = {h: st.gids for h, st in states.items() if not st.error}
+            self.rendered = {r.instance: r for r in render_all(self.inv, chosen, versions, uuids, gids)}
             self.rendered.update(routers)
         plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self.opts.instances)
         return plan, states

@@ -14,15 +14,19 @@ So an instance ``big`` placed on ``gpu01:[0-3]`` and ``gpu02:[0-3]`` is two
 units: ``clusterctl-big.service`` on gpu01 (the head, rank 0: the host of its
 first GPU) and ``clusterctl-big-node1.service`` on gpu02 (``--headless``).
 Each unit gets its host's NCCL environment (``units.instance_env``: the data
-NIC for NCCL_SOCKET_IFNAME, VLLM_HOST_IP, NCCL_IB_HCA, NCCL_IB_TC).  Deploy
+NIC for NCCL_SOCKET_IFNAME, VLLM_HOST_IP, NCCL_IB_HCA, NCCL_IB_TC) and, on
+RoCE, ``NCCL_IB_GID_INDEX`` from the host's GID table read at deploy time
+(:func:`gid_index`).  Deploy
 gates only the head (its ``/health`` answers only with every rank up) and
 puts all the replica's hosts in one batch.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 from dataclasses import replace
 
 from clusterctl.errors import ClusterctlError
@@ -30,7 +34,12 @@ from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.inventory.multinode import MASTER_PORT_OFFSET, engine_problem, hosts_in_order, problems
 
 __all__ = ["MASTER_PORT_OFFSET", "engine_problem", "hosts_in_order", "problems", "is_multinode", "member_name", "master_addr",
-           "members", "workers", "replica_of", "together"]
+           "members", "workers", "replica_of", "together", "gid_index", "rdma_ports",
+           "GidTables"]
+
+#: host -> ``DEV:PORT`` -> that RDMA port's populated GID table ``[{index, gid, type}]`` (None: no such
+#: port), as ``remote.HostState.gids`` reads it.
+GidTables = Mapping[str, Mapping[str, "list[dict[str, Any]] | None"]]
 
 def is_multinode(inst: Instance) -> bool:
     return len(inst.hosts) > 1
@@ -47,9 +56,65 @@ def master_addr(inv: Inventory, inst: Instance) -> str:
     return next((n.address for n in head.nics_with_role("data") if n.address), head.address)
 
 
-def members(inv: Inventory, inst: Instance) -> list[Instance]:
+def rdma_ports(inv: Inventory, host: str) -> list[str]:
+    """The ``DEV:PORT`` RDMA ports of ``host``'s data NICs whose GID NCCL needs (RoCE fabrics only)."""
+    if inv.fabric.kind != "roce":
+        return []
+    return [f"{n.rdma_device}:{n.port}" for n in inv.hosts[host].nics_with_role("data") if n.rdma_device]
+
+
+def _ipv4_gid(gid: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address of an IPv4-mapped GID (``0000:...:ffff:0a20:0001`` as sysfs writes it)."""
+    try:
+        return ipaddress.IPv6Address(gid).ipv4_mapped
+    except ValueError:
+        return None
+
+
+def gid_index(inv: Inventory, host: str, tables: Mapping[str, "list[dict[str, Any]] | None"]) -> int | None:
+    """NCCL_IB_GID_INDEX for ``host``: the index of the RoCE v2 GID that carries its data NIC's IPv4
+    address (GIDs follow the netdev's addresses and their indexes move when addresses change:
+    ../shared/research/roce.md 3.5, 4.4), the same on every RDMA data port (NCCL takes one index for
+    all of them).  A NIC without an ``address`` in the inventory takes its port's only IPv4 RoCE v2 GID.
+    None where NCCL needs none (not RoCE, no RDMA data NIC).  Raises :class:`ClusterctlError` naming
+    the host and device when a port has no such GID or the ports disagree: never a guess."""
+    ports = rdma_ports(inv, host)
+    nics = [n for n in inv.hosts[host].nics_with_role("data") if n.rdma_device]
+    found: dict[str, int] = {}
+    for port, nic in zip(ports, nics):
+        table = tables.get(port)
+        if table is None:
+            raise ClusterctlError(f"{host}: RDMA device {port} of data NIC {nic.netdev} not found on the host "
+                                  "(/sys/class/infiniband); cannot set NCCL_IB_GID_INDEX")
+        v2 = [(int(g["index"]), _ipv4_gid(str(g.get("gid", "")))) for g in table if g.get("type") == "RoCE v2"]
+        try:
+            want = ipaddress.IPv4Address(nic.address) if nic.address else None
+        except ValueError:
+            raise ClusterctlError(f"{host}: data NIC {nic.netdev} address {nic.address!r} is not an IPv4 "
+                                  "address; NCCL_IB_GID_INDEX is chosen by the NIC's IPv4 address") from None
+        hits = [i for i, a in v2 if a is not None and (want is None or a == want)]
+        if len(hits) != 1:
+            what = f"with {nic.address}" if want else "with an IPv4 address"
+            why = "several" if hits else "no"
+            raise ClusterctlError(
+                f"{host}: {why} RoCE v2 GID {what} on {port} ({nic.netdev}); cannot set NCCL_IB_GID_INDEX "
+                f"(GIDs follow the netdev's addresses: check `ip addr show {nic.netdev}` and the GID table "
+                f"under /sys/class/infiniband/{port.rpartition(':')[0]}/ports/{port.rpartition(':')[2]}/gids"
+                + ("" if want else ", or give the NIC's address in the inventory") + ")")
+        found[port] = hits[0]
+    if len(set(found.values())) > 1:
+        raise ClusterctlError(f"{host}: the RoCE v2 GIDs of its data NICs have different indexes "
+                              f"({', '.join(f'{p}: {i}' for p, i in found.items())}); NCCL_IB_GID_INDEX is one "
+                              "index for every port")
+    return next(iter(found.values()), None)
+
+
+def members(inv: Inventory, inst: Instance, gids: GidTables | None = None) -> list[Instance]:
     """One single-host Instance per rank, ready for ``units.render_instance``: the host's GPUs of the
-    placement, the multi-node flags (the head first)."""
+    placement, the multi-node flags (the head first).  ``gids`` (the hosts' GID tables): each member's
+    env gets its host's ``NCCL_IB_GID_INDEX`` (:func:`gid_index`; the inventory's ``env`` wins;
+    a host missing from ``gids`` was not read and gets nothing applied); None: not read yet (a render
+    only to learn the model paths)."""
     where = f"instances.{inst.name}"
     bad = problems(inv, inst) + [p for p in [engine_problem(inv, inst)] if p]
     if bad:
@@ -61,8 +126,14 @@ def members(inv: Inventory, inst: Instance) -> list[Instance]:
                 "master-addr": master_addr(inv, inst), "master-port": inst.port + MASTER_PORT_OFFSET}
         if rank:
             args["headless"] = True
+        env = dict(inst.env)
+        # a host not read (not selected, unreadable) gets no unit from this deploy: nothing to choose
+        if gids is not None and h in gids and "NCCL_IB_GID_INDEX" not in env:
+            index = gid_index(inv, h, gids[h])
+            if index is not None:
+                env["NCCL_IB_GID_INDEX"] = str(index)
         out.append(replace(inst, name=member_name(inst.name, rank),
-                           placement=tuple(g for g in inst.placement if g.host == h), args=args))
+                           placement=tuple(g for g in inst.placement if g.host == h), args=args, env=env))
     return out
 
 

@@ -14,7 +14,7 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl import node
 from clusterctl.fleet import shell
@@ -76,6 +76,9 @@ class HostState:
     systemd_version: int | None = None
     #: NVML index -> GPU UUID (read only when asked, ``read_hosts(gpu_uuids=True)``; None: not known).
     gpu_uuids: dict[int, str] | None = None
+    #: ``DEV:PORT`` -> its populated RoCE GID table ``[{index, gid, type}]`` (None: no such port), for the
+    #: ports asked for (``read_hosts(rdma_ports=...)``; multi-node replicas' NCCL_IB_GID_INDEX).
+    gids: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1)
@@ -136,17 +139,20 @@ def run_jobs(fleet: Any, jobs: Mapping[str, Mapping[str, Any]], *, timeout: floa
 
 def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[str] | None = None,
                hosts: list[str] | None = None, timeout: float = 60.0,
-               gpu_uuids: bool = False) -> dict[str, HostState]:
+               gpu_uuids: bool = False, rdma_ports: Sequence[str] = ()) -> dict[str, HostState]:
     """Read ``hosts`` (default: every host of ``fleet``) in one SSH command each.
 
     Env files come back only as a digest and per-key hashes salted with a
     value fresh for this call (``HostState.salt``; :func:`clusterctl.node.deploy.env_hashes`
     computes the same here).  ``gpu_uuids``: also each GPU's UUID by NVML index
-    (``check-gpus --list`` run on the node).
+    (``check-gpus --list`` run on the node).  ``rdma_ports``: also the GID table of each of these
+    ``DEV:PORT`` RDMA ports (``HostState.gids``).
     """
     salt = secrets.token_hex(16)
     job: dict[str, Any] = {"op": "read", "salt": salt, "model_paths": sorted(set(model_paths or [])),
                            "users": sorted(set(users or []))}
+    if rdma_ports:
+        job["rdma_ports"] = sorted(set(rdma_ports))
     if gpu_uuids:
         from clusterctl.deploy.nodesetup import check_gpus_source
         job["gpu_lister"] = check_gpus_source()
@@ -165,9 +171,12 @@ def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[
             for name, i in d.get("instances", {}).items()}
         version = d.get("systemd_version")
         uuids = d.get("gpu_uuids")
+        gids = d.get("gids")
         out[host] = HostState(host, insts, d.get("lock"), d.get("previous", []), d.get("models", {}),
                               d.get("users", {}), salt=salt,
                               systemd_version=version if isinstance(version, int) else None,
                               gpu_uuids={int(k): str(v) for k, v in uuids.items()}
-                              if isinstance(uuids, dict) else None)
+                              if isinstance(uuids, dict) else None,
+                              gids={str(k): v if isinstance(v, list) else None for k, v in gids.items()}
+                              if isinstance(gids, dict) else {})
     return out

@@ -200,7 +200,34 @@ def op_read(job):
     users = {u: _user_exists(u) for u in job.get("users", [])}
     return {"ok": True, "instances": instances, "lock": read_lock(), "previous": previous,
             "models": models, "users": users, "systemd_version": _systemd_version(),
-            "gpu_uuids": _gpu_uuids(job.get("gpu_lister"))}
+            "gpu_uuids": _gpu_uuids(job.get("gpu_lister")),
+            "gids": {p: _gids(p) for p in job.get("rdma_ports", [])}}
+
+
+def _gids(dev_port, root="/"):
+    """The populated GID table of RDMA port ``DEV:PORT`` (``/sys/class/infiniband/DEV/ports/PORT``):
+    ``[{index, gid, type}]`` as the probe's collector reads it; None when the port does not exist."""
+    dev, _, port = dev_port.rpartition(":")
+    base = os.path.join(root, "sys/class/infiniband/%s/ports/%s" % (dev, port))
+    if "/" in dev_port or not dev or not port.isdigit() or not os.path.isdir(base):
+        return None
+    def text(path):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return f.read().strip()
+        except OSError:  # an unpopulated entry fails with EINVAL
+            return ""
+
+    try:
+        names = sorted((n for n in os.listdir(base + "/gids") if n.isdigit()), key=int)
+    except OSError:
+        names = []
+    out = []
+    for name in names:
+        gid = text(base + "/gids/" + name)
+        if gid and set(gid.replace(":", "")) - {"0"}:  # unpopulated entries read as zeros
+            out.append({"index": int(name), "gid": gid, "type": text(base + "/gid_attrs/types/" + name)})
+    return out
 
 
 def _gpu_uuids(lister):

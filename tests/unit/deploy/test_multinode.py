@@ -19,6 +19,11 @@ from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.inventory.loader import load_inventory_text
 from clusterctl.inventory.model import Host
+from clusterctl.node import deploy as node
+
+#: A RoCE node's /sys/class (tests/fixtures/probe/README.md): mlx5_0 port 1 has link-local GIDs at 0/1 and
+#: 10.77.0.11 at 2 (RoCE v1) and 3 (RoCE v2), an all-zero (unpopulated) entry at 4.
+SYSROOT = str(Path(__file__).resolve().parents[2] / "fixtures" / "probe" / "sysroot_roce")
 
 INV = """\
 version: 1
@@ -30,7 +35,7 @@ defaults:
     - {netdev: eth2, role: data, rdma_device: mlx5_0, port: 1}
 fabric: {kind: roce, roce_dscp: 26}
 hosts:
-  gpu01: {address: 10.0.0.11, nics: [{netdev: eth2, role: data, rdma_device: mlx5_0, port: 1, address: 10.1.0.11}]}
+  gpu01: {address: 10.0.0.11, nics: [{netdev: eth2, role: data, rdma_device: mlx5_0, port: 1, address: 10.77.0.11}]}
   gpu02: {address: 10.0.0.12}
   gpu03: {address: 10.0.0.13}
 engines:
@@ -67,7 +72,7 @@ def test_a_replica_across_two_hosts_is_a_head_and_a_headless_worker_unit() -> No
         a = _argv(x.unit_text)
         assert _flag(a, "--tensor-parallel-size") == "2" and _flag(a, "--pipeline-parallel-size") == "2"
         assert _flag(a, "--nnodes") == "2" and _flag(a, "--node-rank") == str(rank)
-        assert _flag(a, "--master-addr") == "10.1.0.11"  # the head's data address
+        assert _flag(a, "--master-addr") == "10.77.0.11"  # the head's data address
         assert _flag(a, "--master-port") == str(8000 + multinode.MASTER_PORT_OFFSET)
         assert ("--headless" in a) == (rank == 1)
     # each host's own NCCL environment: its data NIC and HCA, the fabric's traffic class
@@ -119,7 +124,8 @@ class Cluster:
     def handle(self, host: Host, command: str, stdin: bytes | None) -> FakeReply:
         job = json.loads((stdin or b"{}").decode().splitlines()[0])
         self.jobs.append((host.name, job))
-        out: dict[str, Any] = ({"ok": True, "instances": {}, "lock": None, "previous": [], "models": {}}
+        out: dict[str, Any] = ({"ok": True, "instances": {}, "lock": None, "previous": [], "models": {},
+                                "gids": {p: node._gids(p, SYSROOT) for p in job.get("rdma_ports", [])}}
                                if job["op"] == "read" else {"ok": True, "recovered": None})
         return FakeReply(0, json.dumps(out) + "\n")
 
@@ -146,3 +152,58 @@ def test_deploy_rolls_the_replica_out_as_one_batch_and_gates_its_head(tmp_path: 
     applied = {h: j for h, j in cluster.jobs if j["op"] == "apply"}
     assert applied["gpu02"]["start"] == ["big-node1"] and applied["gpu01"]["start"] == ["big"]
     assert sorted(d.gated) == ["big", "one"]
+    # the GID tables of the replica's data ports were read, and each unit carries its host's RoCE v2 index
+    reads = [j for h, j in cluster.jobs if j["op"] == "read" and h == "gpu02"]
+    assert reads[0]["rdma_ports"] == ["mlx5_0:1"]
+    for name in ("big", "big-node1"):
+        assert "NCCL_IB_GID_INDEX=3" in d.rendered[name].unit_text + d.rendered[name].env_text
+    assert "NCCL_IB_GID_INDEX" not in d.rendered["one"].unit_text + d.rendered["one"].env_text
+
+
+def test_the_node_reads_a_ports_gid_table_as_the_probe_does() -> None:
+    table = node._gids("mlx5_0:1", SYSROOT)
+    assert table is not None
+    assert [(g["index"], g["type"]) for g in table] == [(0, "IB/RoCE v1"), (1, "RoCE v2"), (2, "IB/RoCE v1"),
+                                                        (3, "RoCE v2")]  # the all-zero entry 4 left out
+    assert table[3]["gid"] == "0000:0000:0000:0000:0000:ffff:0a4d:000b"
+    assert node._gids("mlx5_7:1", SYSROOT) is None and node._gids("../x:1", SYSROOT) is None
+
+
+def _tables(port: str = "mlx5_0:1") -> dict[str, dict[str, Any]]:
+    return {h: {"mlx5_0:1": node._gids(port, SYSROOT)} for h in ("gpu01", "gpu02")}
+
+
+def test_each_unit_gets_the_index_of_the_roce_v2_gid_with_its_data_address() -> None:
+    inv = _inv()
+    assert multinode.gid_index(inv, "gpu01", _tables()["gpu01"]) == 3  # 10.77.0.11 given: matched exactly
+    assert multinode.gid_index(inv, "gpu02", _tables()["gpu02"]) == 3  # no address: the port's only IPv4 v2 GID
+    r = {x.instance: x for x in render_all(inv, {"big": inv.instances["big"]}, gids=_tables())}
+    assert all("NCCL_IB_GID_INDEX=3" in x.unit_text + x.env_text for x in r.values())
+    # the inventory's own env wins; an IB fabric needs no GID index
+    own = _inv(INV.replace("port: 8000}\n  one:", "port: 8000, env: {NCCL_IB_GID_INDEX: '5'}}\n  one:"))
+    r = {x.instance: x for x in render_all(own, {"big": own.instances["big"]}, gids=_tables())}
+    assert all("NCCL_IB_GID_INDEX=5" in x.unit_text + x.env_text for x in r.values())
+    ib = _inv(INV.replace("fabric: {kind: roce, roce_dscp: 26}", "fabric: {kind: ib}"))
+    assert multinode.gid_index(ib, "gpu01", {}) is None
+
+
+@pytest.mark.parametrize("tables, message", [
+    ({"mlx5_0:1": None}, "gpu01: RDMA device mlx5_0:1 of data NIC eth2 not found on the host"),
+    # the NIC lost its address: only the link-local GIDs are left
+    ({"mlx5_0:1": [g for g in node._gids("mlx5_0:1", SYSROOT) or [] if g["index"] < 2]}, "gpu01: no RoCE v2 GID with 10.77.0.11 on mlx5_0:1 (eth2)"),
+    ({"mlx5_0:1": [{"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:0a4d:000b", "type": "IB/RoCE v1"}]},
+     "gpu01: no RoCE v2 GID with 10.77.0.11 on mlx5_0:1"),
+    ({"mlx5_0:1": [{"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:0a4d:000c", "type": "RoCE v2"}]},
+     "gpu01: no RoCE v2 GID with 10.77.0.11 on mlx5_0:1"),
+])
+def test_no_gid_for_the_data_address_refuses_the_deploy_naming_host_and_device(tables: Any, message: str) -> None:
+    inv = _inv()
+    with pytest.raises(ClusterctlError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        render_all(inv, {"big": inv.instances["big"]}, gids={"gpu01": tables, "gpu02": _tables()["gpu02"]})
+
+
+def test_a_port_with_several_ipv4_gids_and_no_address_in_the_inventory_is_refused() -> None:
+    two = [{"index": 3, "gid": "::ffff:10.77.0.12", "type": "RoCE v2"},
+           {"index": 5, "gid": "::ffff:10.78.0.12", "type": "RoCE v2"}]
+    with pytest.raises(ClusterctlError, match="gpu02: several RoCE v2 GID with an IPv4 address on mlx5_0:1"):
+        multinode.gid_index(_inv(), "gpu02", {"mlx5_0:1": two})
