@@ -76,6 +76,10 @@ def test_a_replica_across_two_hosts_is_deployed_gated_and_fails_as_one(lab, repl
     assert "DP group leader: node_rank=0, node_rank_within_dp=0, master_addr=" in log and "world_size=2" in log
     wlog = lab.run(worker, "journalctl -u clusterctl-mn-node1.service --no-pager -o cat", check=True).stdout
     assert "headless multiproc executor, with head node address" in wlog
+    for h, unit in ((head, "clusterctl-mn.service"), (worker, "clusterctl-mn-node1.service")):
+        # the lab NICs' GID tables: link-local at 0/1, the data address at 2 (RoCE v1) and 3 (RoCE v2)
+        env = lab.run(h, f"systemctl show -p Environment {unit}", check=True).stdout
+        assert "NCCL_IB_GID_INDEX=3" in env.split(), env
 
     def journal() -> str:
         return lab.run(head, "journalctl -u clusterctl-mn.service --no-pager -n 30 -o cat").stdout

@@ -93,6 +93,13 @@ def mac_address(host_index: int, nic_index: int) -> str:
     return f"02:77:{(host_index >> 8) & 0xFF:02x}:{host_index & 0xFF:02x}:{0x10 + nic_index:02x}:01"
 
 
+def data_ipv4(host_index: int, nic_index: int) -> str:
+    """Deterministic IPv4 address of a data port (10.(200+k).0.0/16 per port k, host n at n+1): only
+    in the fake sysfs, where it makes the port's IPv4 GIDs (a RoCE v2 data NIC has an address)."""
+    n = host_index + 1
+    return f"10.{200 + nic_index}.{(n >> 8) & 0xFF}.{n & 0xFF}"
+
+
 def new_state(host: str, host_index: int, flavour: str, now: float | None = None) -> dict[str, Any]:
     """The ``nic.json`` document for a freshly provisioned host."""
     check_flavour(flavour)
@@ -109,7 +116,7 @@ def new_state(host: str, host_index: int, flavour: str, now: float | None = None
             "rdma_device": spec.rdma_device, "port": spec.port, "mtu": spec.mtu,
             "speed_mbps": spec.speed_mbps, "mac": mac_address(host_index, k), "pci": spec.pci,
             "numa_node": spec.numa_node, "fw": "28.39.1002" if flavour == "mlnx" else "22.36.1010",
-            "node_guid": guid, "link_up": True, "caps": CAPS[flavour],
+            "node_guid": guid, "link_up": True, "caps": CAPS[flavour], "ipv4": data_ipv4(host_index, k),
             "qos": nicmodel.default_qos(), "counters": counters,
         }
     return {"flavour": flavour, "hostname": host, "t0": t0, "nics": nics}

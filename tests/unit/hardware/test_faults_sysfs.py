@@ -142,6 +142,9 @@ def test_sysfs_tree_has_what_readers_of_real_nodes_read(make_host):
     assert (port / "rate").read_text() == "400 Gb/sec (4X NDR)\n"
     assert (port / "link_layer").read_text() == "Ethernet\n"
     assert (port / "gid_attrs/types/1").read_text() == "RoCE v2\n"
+    # the data address 10.200.0.1 (host 0, port 0) as GIDs 2 (RoCE v1) and 3 (RoCE v2): NCCL_IB_GID_INDEX 3
+    assert (port / "gids/3").read_text() == "0000:0000:0000:0000:0000:ffff:0ac8:0001\n"
+    assert (port / "gid_attrs/types/3").read_text() == "RoCE v2\n"
     assert (root / "infiniband/mlx5_0/tc/1/traffic_class").read_text() == "Global tclass=106\n"
     assert (root / "infiniband_verbs/uverbs1/ibdev").read_text() == "mlx5_1\n"
     # Other classes mirror the real ones as links into /sys/devices.
