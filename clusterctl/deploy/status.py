@@ -30,6 +30,13 @@ extra         WARN      a ``clusterctl-*`` unit the inventory does not want
                         (on that host), whatever its state
 unknown       UNKNOWN   the host could not be read
 ============  ========  ===================================================
+
+A multi-node replica (docs/multinode.md) is one row, its head's (``/health`` answers only with
+every rank up), with ``members``: each unit (head, then the headless workers ``NAME-nodeR``) with
+its host and state (``running``, ``starting``, ``restarting``, ``failed``, ``stopped``, ``absent``,
+``unknown``).  A worker that is not running makes the replica at least as bad as that worker
+(stopped/failed/restarting/absent: CRIT, starting: WARN, its host unread: UNKNOWN) and the
+message names the worker's unit and host; the workers are never ``extra`` rows.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from clusterctl.deploy import remote
+from clusterctl.deploy import multinode, remote
 from clusterctl.deploy.loadscore import InstanceLoad, load_score
 from clusterctl.deploy.metrics import (DEFAULT_HTTP_TIMEOUT, MAX_PARALLEL, HttpAnswer, MetricsSample,
                                        WindowedMetrics, base_url, fetch_sample, http_get, scrape_window,
@@ -102,6 +109,9 @@ class InstanceStatus:
     #: doctor's ``tp.group`` verdict for a group of more than one GPU (``OK``, ``DEGRADED: ...``,
     #: ``UNAVAILABLE: ...``); ``None``: TP 1 or not checked.
     tp_group: str | None = None
+    #: A multi-node replica's units: ``{unit, host, rank, state, active, sub}`` per rank, the head first
+    #: (see the module doc); empty for a one-host instance.
+    members: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def tp(self) -> int:
@@ -175,6 +185,45 @@ def _unit_verdict(row: InstanceStatus, health: HttpAnswer | None) -> None:
         row.state, row.severity, row.message = "stopped", Severity.CRIT, f"unit {row.active or 'unknown'}"
 
 
+#: A member unit's state -> the least severity it gives its replica.
+_MEMBER_SEVERITY = {"running": Severity.OK, "starting": Severity.WARN, "unknown": Severity.UNKNOWN}
+
+
+def _member_state(st: remote.InstanceState | None, hs: remote.HostState | None) -> str:
+    if hs is None or hs.error:
+        return "unknown"
+    if st is None:
+        return "absent"
+    if st.active == "active":
+        return "running"
+    if st.active == "activating":
+        return "restarting" if st.sub == "auto-restart" else "starting"
+    return "failed" if st.active == "failed" else "stopped"
+
+
+def _members(row: InstanceStatus, inst: Instance, hosts: Mapping[str, remote.HostState]) -> None:
+    """Fill a multi-node replica's ``members``; a worker that is not running makes the replica CRIT
+    (WARN while it starts, UNKNOWN when its host was not read), the message naming its unit and host."""
+    bad: list[str] = []
+    for rank, host in enumerate(multinode.hosts_in_order(inst)):
+        name = multinode.member_name(inst.name, rank)
+        hs = hosts.get(host)
+        st = hs.instances.get(name) if hs is not None and not hs.error else None
+        state = _member_state(st, hs)
+        row.members.append({"unit": unit_name(name), "host": host, "rank": rank, "state": state,
+                            "active": st.active if st else None, "sub": st.sub if st else None})
+        if rank == 0 or state == "running":
+            continue
+        why = down_reason(st.journal_tail, st.result, st.exit_status) if st is not None and state in (
+            "failed", "stopped", "restarting") else ""
+        bad.append(f"worker {unit_name(name)} on {host} {state}" + (f" ({why})" if why else ""))
+        sev = _MEMBER_SEVERITY.get(state, Severity.CRIT)
+        if row.severity.rank < sev.rank:
+            row.severity = sev
+    if bad:
+        row.message = "; ".join(bad) + (f"; {row.message}" if row.message else "")
+
+
 def _apply_load(row: InstanceStatus, w: WindowedMetrics | None, queue_cap: int | None,
                 capacity: float | None) -> None:
     s: MetricsSample | None = w.last if w else None
@@ -236,6 +285,9 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
     """
     say = on_event or (lambda s: None)
     hosts = remote.read_hosts(fleet)
+    # (worker unit name, host) -> its replica: the workers of multi-node replicas are members, not extra rows
+    workers = {(multinode.member_name(n, r), h): n for n, i in instances.items() if multinode.is_multinode(i)
+               for r, h in enumerate(multinode.hosts_in_order(i)) if r}
     now_up = _uptimes(fleet)
     rows: dict[str, InstanceStatus] = {}
     unit_states: dict[str, remote.InstanceState] = {}
@@ -253,6 +305,8 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
         rows[name] = row
     for host, hs in hosts.items():
         for name, st in hs.instances.items():
+            if (name, host) in workers:
+                continue
             wanted = instances.get(name)
             if wanted is not None and (not wanted.placement or wanted.placement[0].host != host):
                 wanted = None  # the inventory wants it elsewhere: this copy is extra
@@ -292,6 +346,9 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
         if row.active == "active":
             wanted_inst = instances.get(row.name) if key == row.name else None
             _apply_load(row, windows.get(key), max_num_seqs(wanted_inst), peaks.get(row.name))
+    for name, inst in instances.items():
+        if multinode.is_multinode(inst) and name in rows:
+            _members(rows[name], inst, hosts)
     # Every placed instance is a group, TP 1 included: a lost GPU (XID 79) takes a one-GPU
     # instance out as surely as a member of a larger group, while its /health may still answer.
     groups = {n: i for n, i in instances.items() if i.placement}

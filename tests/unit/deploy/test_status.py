@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,3 +191,53 @@ def test_an_instance_marked_down_at_the_gateway_gets_no_traffic_warn(servers) ->
     assert (by["a"].state, by["a"].severity, by["a"].gateway_down) == ("serving", Severity.WARN, "drain")
     assert "marked down at the gateway (drain)" in by["a"].message
     assert (by["b"].state, by["b"].severity, by["b"].gateway_down) == ("stopped", Severity.CRIT, "drain")
+
+
+def _replica(port: int) -> Any:
+    """``big``: TP 1 x PP 2 over h1 (head) and h2 (worker ``big-node1``), beside a one-host ``a`` on h2."""
+    from dataclasses import replace
+
+    from clusterctl.inventory.model import GpuRef
+
+    inv = inventory({"big": ("h1", 0, port), "a": ("h2", 1, port + 1)})
+    inv.instances["big"] = replace(inv.instances["big"], placement=(GpuRef("h1", 0), GpuRef("h2", 0)))
+    return inv
+
+
+def test_a_multi_node_replica_is_one_row_with_its_members(servers) -> None:
+    srv = servers([metrics_text(0, 0)])
+    inv = _replica(srv.port)
+    by, rows = _rows(inv, {"h1": {"big": unit("big", port=srv.port)},
+                           "h2": {"big-node1": unit("big-node1", port=srv.port)}}, window=0)
+    assert sorted(by) == ["a", "big"]  # the worker is a member of big, not an extra row
+    assert (by["big"].state, by["big"].severity) == ("serving", Severity.OK), by["big"]
+    assert [(m["unit"], m["host"], m["state"]) for m in by["big"].members] == [
+        ("clusterctl-big.service", "h1", "running"), ("clusterctl-big-node1.service", "h2", "running")]
+    assert by["a"].members == [] and by["big"].to_json()["members"][1]["rank"] == 1
+
+
+@pytest.mark.parametrize("worker, severity, words", [
+    ({"active": "inactive", "sub": "dead"}, Severity.CRIT, "worker clusterctl-big-node1.service on h2 stopped"),
+    ({"active": "failed", "sub": "failed"}, Severity.CRIT, "worker clusterctl-big-node1.service on h2 failed"),
+    ({"active": "activating", "sub": "auto-restart"}, Severity.CRIT,
+     "worker clusterctl-big-node1.service on h2 restarting"),
+    ({"active": "activating", "sub": "start"}, Severity.WARN, "worker clusterctl-big-node1.service on h2 starting"),
+    (None, Severity.CRIT, "worker clusterctl-big-node1.service on h2 absent"),
+])
+def test_a_worker_not_running_makes_the_replica_bad_and_is_named(servers, worker, severity, words) -> None:
+    srv = servers([metrics_text(0, 0)])  # the head still answers /health (a status taken before it notices)
+    inv = _replica(srv.port)
+    h2 = {} if worker is None else {"big-node1": {**unit("big-node1", port=srv.port), **worker,
+                                                  "journal_tail": "systemd[1]: Stopped clusterctl-big-node1.service.\n"}}
+    by, rows = _rows(inv, {"h1": {"big": unit("big", port=srv.port)}, "h2": h2}, window=0)
+    assert by["big"].severity == severity and by["big"].message.startswith(words), by["big"]
+    assert exit_code([by["big"]]) == int(severity)  # ("a" has no unit: absent, CRIT of its own)
+    assert "big-node1" not in by
+
+
+def test_a_replica_whose_worker_host_is_unreachable_is_unknown(servers) -> None:
+    srv = servers([metrics_text(0, 0)])
+    inv = _replica(srv.port)
+    by, rows = _rows(inv, {"h1": {"big": unit("big", port=srv.port)}}, window=0, down=("h2",))
+    assert by["big"].severity == Severity.UNKNOWN and "worker clusterctl-big-node1.service on h2 unknown" in by["big"].message
+    assert by["big"].members[1]["state"] == "unknown"
