@@ -246,6 +246,13 @@ class Deploy:
         paths = sorted({r.model_path for r in self.rendered.values() if r.model_path})
         return remote.read_hosts(fleet, model_paths=paths, hosts=hosts, gpu_uuids=gpu_uuids, rdma_ports=rdma_ports)
 
+    def _pattern(self) -> str | None:
+        """``--instances``, with the worker units (``NAME-nodeR``) of the multi-node replicas it selects."""
+        sel = self.opts.instances
+        if not sel:
+            return sel
+        return ",".join([sel] + sorted(multinode.workers(i for n, i in self.instances.items() if matches(n, sel))))
+
     def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:
         """Render and read; the plan for the selected hosts."""
         names = {h.name for h in self.hosts}
@@ -270,7 +277,7 @@ class Deploy:
             gids = {h: st.gids for h, st in states.items() if not st.error}
             self.rendered = {r.instance: r for r in render_all(self.inv, chosen, versions, uuids, gids)}
             self.rendered.update(routers)
-        plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self.opts.instances)
+        plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self._pattern())
         return plan, states
 
     def preflight(self, fleet: Any, plan: Plan) -> Any:
@@ -385,7 +392,7 @@ class Deploy:
                                f"(run {old.get('run_id')}, {old.get('age_s')} s old)", h, ok=False)
         # Read again under the lock: another deploy may have finished since the plan.
         states.update(self._read(fleet, got.locked))
-        plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self.opts.instances)
+        plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self._pattern())
         rep.plan = plan
         self._rollout(fleet, plan, states, [h for h in plan.changed_hosts() if h in got.locked], rep)
         if rep.result == "ok" and any(h.status == "unreadable" for h in rep.hosts.values()):

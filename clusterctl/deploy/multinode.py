@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import Instance, Inventory
-from clusterctl.inventory.multinode import MASTER_PORT_OFFSET, engine_problem, hosts_in_order, problems
+from clusterctl.inventory.multinode import MASTER_PORT_OFFSET, engine_problem, hosts_in_order, member_name, problems
 
 __all__ = ["MASTER_PORT_OFFSET", "engine_problem", "hosts_in_order", "problems", "is_multinode", "member_name", "master_addr",
            "members", "workers", "replica_of", "together", "gid_index", "rdma_ports",
@@ -43,11 +43,6 @@ GidTables = Mapping[str, Mapping[str, "list[dict[str, Any]] | None"]]
 
 def is_multinode(inst: Instance) -> bool:
     return len(inst.hosts) > 1
-
-
-def member_name(inst_name: str, rank: int) -> str:
-    """The unit name of rank ``rank``: the instance's own for the head, ``NAME-nodeR`` for a worker."""
-    return inst_name if rank == 0 else f"{inst_name}-node{rank}"
 
 
 def master_addr(inv: Inventory, inst: Instance) -> str:

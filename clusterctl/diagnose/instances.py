@@ -15,6 +15,15 @@ placement), the unit ``clusterctl-NAME.service`` as the probe read it
 
 A host whose facts have no ``units`` (systemctl did not answer) is UNKNOWN
 for its instances; a host without facts is left to ``host.reachable``.
+
+A multi-node replica (docs/multinode.md) is also judged by its worker units
+``clusterctl-NAME-nodeR.service`` on their hosts: a worker that is failed,
+inactive or in a crash loop is CRIT for the replica (subject
+``instance:NAME``, host: the worker's), naming the worker's unit and host, with
+the action ``clusterctl deploy --instances NAME`` (it starts the stopped
+worker, the replica's hosts as one batch, and gates the head; ``clusterctl
+start NAME`` starts only the head's unit).  A worker unit that is absent while
+the head's is there is CRIT too (the replica is incomplete).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.thresholds import number, section
 from clusterctl.diagnose.unitlog import down_reason
+from clusterctl.inventory.model import Instance
+from clusterctl.inventory.multinode import hosts_in_order, member_name
 
 CHECK = "serving.unit"
 
@@ -47,10 +58,47 @@ def check_units(ctx: AnalysisContext) -> list[Finding]:
             out.append(Finding(CHECK, Severity.UNKNOWN, host, subj, "cannot check: the host's units were not read "
                                "(systemctl did not answer)", "run doctor again; check systemctl on the host"))
             continue
-        unit = next((u for u in units if isinstance(u, dict) and u.get("unit") == sources.unit_name(inst.name)), None)
-        if unit is None or unit.get("load_state") == "not-found":
+        unit = _unit(units, inst.name)
+        if unit is None:
             continue
         out.append(_verdict(ctx, host, inst.name, subj, unit, restarts_warn))
+        if len(inst.hosts) > 1:
+            out.extend(_workers(ctx, inst))
+    return out
+
+
+def _unit(units: list[Any], name: str) -> dict[str, Any] | None:
+    unit = next((u for u in units if isinstance(u, dict) and u.get("unit") == sources.unit_name(name)), None)
+    return None if unit is None or unit.get("load_state") == "not-found" else unit
+
+
+def _workers(ctx: AnalysisContext, inst: Instance) -> list[Finding]:
+    """A multi-node replica's worker units that are down (module doc): one CRIT finding each."""
+    out: list[Finding] = []
+    fix = (f"clusterctl deploy --instances {inst.name} (starts the replica's stopped units, its hosts as one "
+           f"batch, and gates its head; clusterctl start {inst.name} starts only the head's unit)")
+    for rank, host in enumerate(hosts_in_order(inst)):
+        facts = ctx.facts.get(host)
+        if rank == 0 or facts is None or facts.get("units") is None:
+            continue  # an unread worker host is host.reachable's (or the units' UNKNOWN) finding
+        uname = sources.unit_name(member_name(inst.name, rank))
+        unit = _unit(facts["units"], member_name(inst.name, rank))
+        subj = f"instance:{inst.name}"
+        if unit is None:
+            out.append(Finding(CHECK, Severity.CRIT, host, subj,
+                               f"replica incomplete: no worker unit {uname} on {host} (rank {rank} of "
+                               f"{len(inst.hosts)}); vLLM's head serves only with every rank", fix))
+            continue
+        active, sub = unit.get("active_state"), unit.get("sub_state")
+        if active in ("failed", "inactive") or (active == "activating" and sub == "auto-restart"):
+            why = down_reason(ctx.raw.get(host, {}).get(f"{member_name(inst.name, rank)}.log", ""),
+                              str(unit.get("result") or ""), str(unit.get("exec_main_status") or ""))
+            out.append(Finding(CHECK, Severity.CRIT, host, subj,
+                               f"replica down: worker unit {uname} on {host} (rank {rank}) is {active} ({sub}): "
+                               f"{why}; vLLM's head engine dies with a lost rank",
+                               f"fix the cause (journalctl -u {uname} on {host}), then {fix}",
+                               (f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} "
+                                f"NRestarts={unit.get('restarts') or 0}",)))
     return out
 
 

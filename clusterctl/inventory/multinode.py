@@ -22,6 +22,11 @@ OWN_FLAGS = ("pipeline-parallel-size", "nnodes", "node-rank", "master-addr", "ma
              "distributed-executor-backend")
 
 
+def member_name(inst_name: str, rank: int) -> str:
+    """The unit name of rank ``rank``: the instance's own for the head, ``NAME-nodeR`` for a worker."""
+    return inst_name if rank == 0 else f"{inst_name}-node{rank}"
+
+
 def hosts_in_order(inst: Instance) -> list[str]:
     """The replica's hosts by rank: the host of its first GPU is the head (rank 0)."""
     return list(dict.fromkeys(g.host for g in inst.placement))

@@ -160,6 +160,17 @@ def test_deploy_rolls_the_replica_out_as_one_batch_and_gates_its_head(tmp_path: 
     assert "NCCL_IB_GID_INDEX" not in d.rendered["one"].unit_text + d.rendered["one"].env_text
 
 
+def test_deploy_of_the_replica_by_name_takes_its_worker_units_too(tmp_path: Path) -> None:
+    inv = _inv()
+    cluster = Cluster()
+    d = Scripted(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
+                 str(tmp_path), DeployOptions(instances="big"))
+    assert d.run().result == "ok"
+    applied = {h: j for h, j in cluster.jobs if j["op"] == "apply"}
+    assert applied["gpu02"]["start"] == ["big-node1"] and applied["gpu01"]["start"] == ["big"]
+    assert "gpu03" not in applied
+
+
 def test_the_node_reads_a_ports_gid_table_as_the_probe_does() -> None:
     table = node._gids("mlx5_0:1", SYSROOT)
     assert table is not None

@@ -98,3 +98,42 @@ def test_units_not_read_is_unknown_and_a_host_without_facts_is_left_alone():
     fs = check_units(G.ctx(facts, missing={"gpu02": "unreachable"}))
     assert {(f.subject, f.severity) for f in fs} == {("instance:qwen-a", Severity.UNKNOWN),
                                                      ("instance:qwen-b", Severity.UNKNOWN)}
+
+
+REPLICA = G.INVENTORY.replace("""  llama:
+    model: llama-70b
+    engine: vllm
+    placement: gpu02:[0-3]""", """  llama:
+    model: llama-70b
+    engine: vllm-33
+    placement: [gpu01:4, gpu01:5, gpu02:0, gpu02:1]
+    port: 8010""").replace("    port: 8010\n    port: 8000\n", "    port: 8010\n").replace(
+    "  vllm: {path: /opt/vllm/bin/vllm, version: 0.11.0}",
+    "  vllm: {path: /opt/vllm/bin/vllm, version: 0.11.0}\n  vllm-33: {path: /opt/vllm-0.33/bin/vllm, version: 0.33.0}")
+
+
+def run_replica(worker):
+    facts = G.healthy()
+    facts["gpu01"]["units"] = [unit("qwen-a", "active", "running"), unit("qwen-b", "active", "running"),
+                               unit("llama", "active", "running")]
+    facts["gpu02"]["units"] = worker
+    return [f for f in check_units(G.ctx(facts, inv=G.inventory(REPLICA))) if f.subject == "instance:llama"]
+
+
+@pytest.mark.parametrize("active, sub, words", [
+    ("inactive", "dead", "replica down: worker unit clusterctl-llama-node1.service on gpu02 (rank 1) is inactive"),
+    ("failed", "failed", "replica down: worker unit clusterctl-llama-node1.service on gpu02 (rank 1) is failed"),
+    ("activating", "auto-restart", "is activating (auto-restart)"),
+])
+def test_a_replica_with_one_bad_worker_names_the_worker_unit_and_host(active, sub, words):
+    head, worker = run_replica([unit("llama-node1", active, sub, result="exit-code")])
+    assert (head.severity, head.host) == (Severity.OK, "gpu01")
+    assert (worker.severity, worker.host) == (Severity.CRIT, "gpu02") and words in worker.message
+    assert "journalctl -u clusterctl-llama-node1.service on gpu02" in worker.action
+    assert "clusterctl deploy --instances llama" in worker.action
+
+
+def test_a_running_worker_adds_nothing_and_a_missing_one_is_crit():
+    assert [f.severity for f in run_replica([unit("llama-node1", "active", "running")])] == [Severity.OK]
+    _, missing = run_replica([])
+    assert missing.severity == Severity.CRIT and "no worker unit clusterctl-llama-node1.service on gpu02" in missing.message
