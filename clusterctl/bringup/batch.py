@@ -107,3 +107,22 @@ def boot_unit_text(description: str, script: str, documentation: str = "") -> st
             "Before=network.target\n\n"
             f"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/sh {script}\n\n"
             "[Install]\nWantedBy=multi-user.target\n")
+
+
+def recheck_outcome(p: Plan, n: int, done: str = "changed") -> HostOutcome:
+    """A changed host's outcome from its plan read again afterwards: nothing may still differ."""
+    if p.error is not None:
+        return HostOutcome(p.host, "failed", error="re-check: " + p.error, batch=n)
+    if p.changes:
+        return HostOutcome(p.host, "failed", batch=n,
+                           error="re-check: still " + "; ".join(c.line() for c in p.changes))
+    return HostOutcome(p.host, done, batch=n)
+
+
+def settle(plans: Sequence[Plan], out: Mapping[str, HostOutcome], on_event: OnEvent) -> list[HostOutcome]:
+    """The batch's outcomes in the plans' order, each with its plan's changes, each reported."""
+    for p in plans:
+        o = out[p.host]
+        o.changes = list(p.changes)
+        on_event("host", o.status + (f": {o.error}" if o.error else ""), p.host)
+    return [out[p.host] for p in plans]

@@ -34,7 +34,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from clusterctl.bringup.batch import ApplyReport, HostOutcome, boot_unit_text, facts_of, run_batches
+from clusterctl.bringup.batch import ApplyReport, HostOutcome, boot_unit_text, facts_of, run_batches, settle
 from clusterctl.diagnose import fabric, qos
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext
@@ -396,8 +396,4 @@ class NetApply:
                                                   findings=bad[h.name], batch=n)
                     else:
                         out[h.name] = HostOutcome(h.name, "changed", batch=n)
-        for p in plans:
-            o = out[p.host]
-            o.changes = p.changes
-            self.on_event("host", o.status + (f": {o.error}" if o.error else ""), p.host)
-        return [out[p.host] for p in plans]
+        return settle(plans, out, self.on_event)

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy.nodesetup import ensure_user_script, user_home
-from clusterctl.bringup.batch import ApplyReport, HostOutcome, boot_unit_text, facts_of, run_batches
+from clusterctl.bringup.batch import (ApplyReport, HostOutcome, boot_unit_text, facts_of, recheck_outcome,
+                                      run_batches, settle)
 from clusterctl.deploy.units import UnitPolicy
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import FleetFactory
@@ -594,15 +595,5 @@ class NodeSetup:
             ok_hosts = [h for h in hosts if h.name not in out]
             if ok_hosts:
                 for p in self._plans(fleet, ok_hosts, reuse_facts=True):  # read again: nothing may still differ
-                    if p.error is not None:
-                        out[p.host] = HostOutcome(p.host, "failed", error="re-check: " + p.error, batch=n)
-                    elif p.changes:
-                        out[p.host] = HostOutcome(p.host, "failed", batch=n, error="re-check: still "
-                                                  + "; ".join(c.line() for c in p.changes))
-                    else:
-                        out[p.host] = HostOutcome(p.host, done, batch=n)
-        for p in plans:
-            o = out[p.host]
-            o.changes = p.changes
-            self.on_event("host", o.status + (f": {o.error}" if o.error else ""), p.host)
-        return [out[p.host] for p in plans]
+                    out[p.host] = recheck_outcome(p, n, done)
+        return settle(plans, out, self.on_event)
