@@ -289,8 +289,9 @@ def _check_engine(row: InstanceRow, engine: Engine, hv: HostView) -> None:
         return
     why = f"{engine.path} is not an executable file" if st.get("exists") else f"no {engine.path}"
     row.add(Severity.CRIT, "engine.missing",
-            f"engine {engine.name} (vLLM {engine.version}) is not installed on {hv.name}: {why}; install that "
-            f"release as a virtualenv whose bin/vllm is {engine.path} (docs/bring-up.md)",
+            f"engine {engine.name} (vLLM {engine.version}) is not installed on {hv.name}: {why}; "
+            f"`clusterctl engine install {engine.name} --hosts '{hv.name}' --wheels DIR` (or --index-url URL) "
+            "installs it (--plan first shows the hosts; docs/bring-up.md)",
             numbers={"host": hv.name, "engine": engine.name, "path": engine.path})
 
 

@@ -220,6 +220,7 @@ def test_a_host_without_the_engine_is_a_crit_naming_host_engine_and_path(models:
     assert ("engine.missing", "CRIT") in _checks(rep, "a") and not a.ok
     msg = next(p.message for p in a.problems if p.check == "engine.missing")
     assert "engine vllm-0.11 (vLLM 0.11.0) is not installed on gpu01: no /opt/vllm-0.11/bin/vllm" in msg
+    assert "`clusterctl engine install vllm-0.11 --hosts 'gpu01' --wheels DIR`" in msg
     assert "/opt/vllm-0.33/bin/vllm is not an executable file" in next(
         p.message for p in b.problems if p.check == "engine.missing")
 
