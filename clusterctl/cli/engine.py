@@ -121,19 +121,20 @@ def _engine_op(name: str, remove: bool, wheels: Optional[str], index_url: Option
                plan_only: bool, detailed_exitcode: bool, hosts_pattern: str, serial: Optional[str],
                max_fail_percentage: float, as_json: bool, fanout: Optional[int], connect_timeout: Optional[float],
                ask_become_pass: bool, host_key_policy: Optional[str]) -> None:
-    from clusterctl.bringup.engine_install import EngineOp
     from clusterctl.cli._plan_views import finish, stderr_events
+    from clusterctl.ops import bringup
 
-    _, inv, hosts, steps, make = prepare(inventory, hosts_pattern, serial, plan_only, detailed_exitcode,
-                                         host_key_policy, fanout, connect_timeout, ask_become_pass)
-    try:
-        runner = EngineOp(inv, name, hosts, make, remove=remove, wheels=wheels, index_url=index_url,
-                          serial=steps, max_fail_percentage=max_fail_percentage,
-                          on_event=stderr_events(not as_json))
-    except ClusterctlError as e:
-        fail(str(e))
+    request = prepare(inventory, hosts_pattern, serial, max_fail_percentage, plan_only, detailed_exitcode,
+                      host_key_policy, fanout, connect_timeout, ask_become_pass)
+    on_event = stderr_events(not as_json)
     verb = "remove" if remove else "install"
-    finish(runner, plan_only, detailed_exitcode, as_json, f"engine {verb} {name}", verb=f"to {verb}",
+
+    def start() -> bringup.BringupPlan:
+        if remove:
+            return bringup.engine_remove(request, name, on_event)
+        return bringup.engine_install(request, name, wheels=wheels, index_url=index_url, on_event=on_event)
+
+    finish(start, plan_only, detailed_exitcode, as_json, f"engine {verb} {name}", verb=f"to {verb}",
            plan_json={"engine": name, "action": verb})
 
 

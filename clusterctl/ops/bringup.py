@@ -1,4 +1,4 @@
-"""The bring-up workflows ``net apply``, ``node setup`` and ``engine list``: a typed request
+"""The bring-up workflows ``net apply``, ``node setup``, ``engine list`` and ``engine install/remove``: a typed request
 (inventory, hosts, rollout and fleet options) -> the feature's planner/applier
 (:class:`clusterctl.bringup.netqos.NetApply`, :class:`clusterctl.bringup.nodesetup.NodeSetup`)
 -> a :class:`BringupPlan` (what would change per host) whose :meth:`BringupPlan.apply` carries it
@@ -8,9 +8,10 @@ the options and renders plans and reports (``cli/_plan_views.py``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterable, Optional, Protocol, Sequence
 
 from clusterctl.bringup.batch import ApplyReport, OnEvent, Plan
+from clusterctl.bringup.engine_install import EngineOp
 from clusterctl.bringup.engines import EngineRow, list_engines
 from clusterctl.bringup.netqos import NetApply
 from clusterctl.bringup.nodesetup import NodeSetup
@@ -18,6 +19,7 @@ from clusterctl.config import UserConfig
 from clusterctl.deploy.rollout import parse_serial
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import FleetFactory, fleet_factory
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.model import Host, Inventory
 
 
@@ -112,3 +114,33 @@ def engine_list(request: BringupRequest, names: Sequence[str] | None = None) -> 
     """``engine list``: per selected host, each engine of the inventory (or ``names``); read-only
     (``serial`` and ``max_fail_percentage`` are not used)."""
     return list_engines(request.inventory, request.hosts, fleets(request), names)
+
+
+def engine_op_runner(request: BringupRequest, name: str, *, remove: bool = False, wheels: Optional[str] = None,
+                     index_url: Optional[str] = None, on_event: OnEvent | None = None) -> EngineOp:
+    """The ``engine install`` / ``engine remove`` planner/applier of engine ``name``
+    (:mod:`clusterctl.bringup.engine_install`); raises :class:`ClusterctlError` (a bad ``--serial``,
+    an unknown engine, a path it cannot own, a wheelhouse without the version) before anything is
+    read from the hosts or asked of the user (the fleets are built at the first read)."""
+    steps = _steps(request)
+    made: list[FleetFactory] = []
+
+    def make(hosts: Iterable[Host]) -> Fleet:
+        if not made:
+            made.append(fleets(request))
+        return made[0](hosts)
+
+    return EngineOp(request.inventory, name, request.hosts, make, remove=remove, wheels=wheels,
+                    index_url=index_url, serial=steps, max_fail_percentage=request.max_fail_percentage,
+                    on_event=on_event)
+
+
+def engine_install(request: BringupRequest, name: str, *, wheels: Optional[str] = None,
+                   index_url: Optional[str] = None, on_event: OnEvent | None = None) -> BringupPlan:
+    """``engine install``'s plan: the hosts that lack engine ``name`` (apply: needs ``wheels`` or ``index_url``)."""
+    return plan(engine_op_runner(request, name, wheels=wheels, index_url=index_url, on_event=on_event))
+
+
+def engine_remove(request: BringupRequest, name: str, on_event: OnEvent | None = None) -> BringupPlan:
+    """``engine remove``'s plan: the hosts that have engine ``name`` and no unit running it."""
+    return plan(engine_op_runner(request, name, remove=True, on_event=on_event))

@@ -92,3 +92,20 @@ def test_engine_list_reads_the_selected_hosts_with_the_requests_fleets(monkeypat
     assert bringup.engine_list(req, ["vllm-0.11"]) == []
     assert seen == [(req.inventory, [req.hosts[0].name], True, ["vllm-0.11"])]
     assert asked == ["config", "password"]
+
+
+def test_engine_install_refuses_a_bad_request_before_any_prompt_and_builds_its_fleets_once(tmp_path: Path) -> None:
+    asked: list[str] = []
+    with pytest.raises(ClusterctlError, match="no engine vllm-9"):
+        bringup.engine_op_runner(_request(asked), "vllm-9")
+    with pytest.raises(ClusterctlError, match="no vllm wheel of version"):
+        bringup.engine_op_runner(_request(asked), "vllm-0.11", wheels=str(tmp_path))
+    with pytest.raises(ClusterctlError):
+        bringup.engine_op_runner(_request(asked, serial="zero"), "vllm-0.11", remove=True)
+    assert asked == []
+    op = bringup.engine_op_runner(_request(asked, serial="1,50%", max_fail_percentage=10.0), "vllm-0.11",
+                                  remove=True)
+    assert (op.serial, op.max_fail, op.remove) == (["1", "50%"], 10.0, True) and asked == []
+    op.make_fleet([]).close()
+    op.make_fleet([]).close()
+    assert asked == ["config", "password"]
