@@ -455,8 +455,16 @@ class Deploy:
             rep.hosts[h].status, rep.hosts[h].error = "failed", why
             failed.append(h)
         jobs = {h: self.apply_job(by_host[h], states[h]) for h in batch if h not in unstaged}
-        replies = ap.apply_hosts(fleet, jobs, on_reply=lambda r: self.event(
-            "host", "applied" if r.ok else f"apply failed: {r.error}", r.host, r.ok))
+        # a multi-node replica: stop all its members, start the workers, then the head (multinode.phased)
+        phases, order = multinode.phased(jobs, self.instances.values())
+        for line in order:
+            self.event("phase", line)
+        replies: dict[str, Any] = {}
+        for phase in phases:
+            for h, r in ap.apply_hosts(fleet, phase, on_reply=lambda r: self.event(
+                    "host", "applied" if r.ok else f"apply failed: {r.error}", r.host, r.ok)).items():
+                if h not in replies or not r.ok:
+                    replies[h] = r
         for h, r in replies.items():
             if not r.ok:
                 rep.hosts[h].status, rep.hosts[h].error = "failed", r.error

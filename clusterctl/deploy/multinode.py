@@ -34,7 +34,7 @@ from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.inventory.multinode import MASTER_PORT_OFFSET, engine_problem, hosts_in_order, member_name, problems
 
 __all__ = ["MASTER_PORT_OFFSET", "engine_problem", "hosts_in_order", "problems", "is_multinode", "member_name", "master_addr",
-           "members", "workers", "replica_of", "together", "gid_index", "rdma_ports",
+           "members", "workers", "replica_of", "together", "phased", "gid_index", "rdma_ports",
            "GidTables"]
 
 #: host -> ``DEV:PORT`` -> that RDMA port's populated GID table ``[{index, gid, type}]`` (None: no such
@@ -163,3 +163,39 @@ def together(batches: Sequence[Sequence[str]], instances: Iterable[Instance]) ->
             out[i] = [h for h in out[i] if h not in inst.hosts]
             out[first] += moving
     return [b for b in out if b]
+
+
+def phased(jobs: Mapping[str, Mapping[str, Any]], instances: Iterable[Instance]
+           ) -> tuple[list[dict[str, dict[str, Any]]], list[str]]:
+    """One batch's apply jobs (host -> job) in the order a multi-node replica needs: **stop all its
+    members, start the workers, then the head**.  For every replica one of whose units the jobs start
+    or restart, each member on a host of ``jobs`` leaves the first phase's ``start``/``restart`` and
+    goes to its ``stop`` (an unchanged running member too: the head takes no rank back), then comes
+    back in a second phase (the workers' ``start``) or a third (the head's).  Returns the phases
+    (empty ones left out) and one line per replica saying the order.  Jobs without such a replica
+    come back as one phase, unchanged."""
+    first = {h: {**j, "start": list(j.get("start", [])), "restart": list(j.get("restart", [])),
+                 "stop": list(j.get("stop", []))} for h, j in jobs.items()}
+    later: list[dict[str, list[str]]] = [{}, {}]  # workers, heads: host -> units to start
+    notes: list[str] = []
+    for inst in instances:
+        if not is_multinode(inst):
+            continue
+        ranks = [(member_name(inst.name, r), h) for r, h in enumerate(hosts_in_order(inst)) if h in first]
+        if not any(n in first[h]["start"] or n in first[h]["restart"] for n, h in ranks):
+            continue
+        for n, h in ranks:
+            job = first[h]
+            job["start"] = [x for x in job["start"] if x != n]
+            job["restart"] = [x for x in job["restart"] if x != n]
+            job["stop"].append(n)
+            later[0 if n != inst.name else 1].setdefault(h, []).append(n)
+        workers_ = [f"{n} on {h}" for n, h in ranks if n != inst.name]
+        head = [f"{n} on {h}" for n, h in ranks if n == inst.name]
+        notes.append(f"replica {inst.name}: stop its units, start the workers ({', '.join(workers_) or 'none here'}), "
+                     f"then the head ({', '.join(head) or 'not here'})")
+    run_id = next((j.get("run_id", "") for j in jobs.values()), "")
+    phases = [first] + [{h: {"op": "apply", "run_id": run_id, "write": [], "restart": [], "start": names,
+                             "remove": [], "stop": [], "setup_scripts": []} for h, names in step.items()}
+                        for step in later]
+    return [p for p in phases if p], notes

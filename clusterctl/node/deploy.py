@@ -14,7 +14,8 @@ Ops (``job["op"]``):
   for, the staged version it points at.
 * ``lock`` / ``unlock``: the deploy lock (``O_EXCL``; stale after ``ttl_s``
   or broken on request); ``unlock`` also appends an audit record.
-* ``apply``: run the set-up scripts (service user, verify-model), save previous copies, write unit and env files (temp + rename,
+* ``apply``: run the set-up scripts (service user, verify-model), save previous copies, stop what
+  ``stop`` lists, write unit and env files (temp + rename,
   env 0600 root), ``daemon-reload``, enable/disable, stop+remove, start or
   restart only what is listed.
 * ``rollback``: put back the previous unit, env and model symlink of each
@@ -397,6 +398,8 @@ def op_apply(job):
         _systemctl("disable", _unit(name))
         _remove(_unit_path(name))
         _remove(_env_path(name))
+    # units stopped before anything is written or started (a multi-node replica's members)
+    _run_units("stop", [_unit(n) for n in job.get("stop", [])], errors)
     for item in job.get("write", []):
         name = item["instance"]
         _write_atomic(_env_path(name), item["env_text"], 0o600)

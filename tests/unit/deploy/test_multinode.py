@@ -152,6 +152,12 @@ def test_deploy_rolls_the_replica_out_as_one_batch_and_gates_its_head(tmp_path: 
     applied = {h: j for h, j in cluster.jobs if j["op"] == "apply"}
     assert applied["gpu02"]["start"] == ["big-node1"] and applied["gpu01"]["start"] == ["big"]
     assert sorted(d.gated) == ["big", "one"]
+    # the order: every member stopped first, then the worker started, then the head
+    applies = [(h, j) for h, j in cluster.jobs if j["op"] == "apply" and h in ("gpu01", "gpu02")]
+    assert sorted((h, j["stop"], j["start"], j["restart"]) for h, j in applies[:2]) == [
+        ("gpu01", ["big"], [], []), ("gpu02", ["big-node1"], [], [])]
+    assert [(h, j["start"]) for h, j in applies[2:]] == [("gpu02", ["big-node1"]), ("gpu01", ["big"])]
+    assert [w for h, w in applies[:2] if w["write"]]  # the first phase writes the units
     # the GID tables of the replica's data ports were read, and each unit carries its host's RoCE v2 index
     reads = [j for h, j in cluster.jobs if j["op"] == "read" and h == "gpu02"]
     assert reads[0]["rdma_ports"] == ["mlx5_0:1"]
@@ -169,6 +175,25 @@ def test_deploy_of_the_replica_by_name_takes_its_worker_units_too(tmp_path: Path
     applied = {h: j for h, j in cluster.jobs if j["op"] == "apply"}
     assert applied["gpu02"]["start"] == ["big-node1"] and applied["gpu01"]["start"] == ["big"]
     assert "gpu03" not in applied
+
+
+def test_the_phases_stop_every_member_then_start_workers_then_the_head() -> None:
+    inv = _inv(INV.replace("gpu02:0, gpu02:1]", "gpu02:0, gpu02:1, gpu03:0, gpu03:1]").replace(
+        'placement: "gpu03:0", port: 8000', 'placement: "gpu03:2", port: 8001').replace(
+        "gpus: {count: 2", "gpus: {count: 4"))
+    jobs = {"gpu01": {"op": "apply", "run_id": "r", "restart": ["big"], "start": []},
+            "gpu02": {"op": "apply", "run_id": "r", "restart": [], "start": ["big-node1"]},
+            "gpu03": {"op": "apply", "run_id": "r", "restart": [], "start": ["one"]}}  # big-node2 unchanged
+    phases, notes = multinode.phased(jobs, inv.instances.values())
+    assert [{h: (j["stop"], j["restart"], j["start"]) for h, j in p.items()} for p in phases] == [
+        {"gpu01": (["big"], [], []), "gpu02": (["big-node1"], [], []), "gpu03": (["big-node2"], [], ["one"])},
+        {"gpu02": ([], [], ["big-node1"]), "gpu03": ([], [], ["big-node2"])},
+        {"gpu01": ([], [], ["big"])}]
+    assert notes == ["replica big: stop its units, start the workers (big-node1 on gpu02, big-node2 on gpu03), "
+                     "then the head (big on gpu01)"]
+    # nothing of a replica changes: one phase, as given
+    quiet = {"gpu03": {"op": "apply", "run_id": "r", "restart": [], "start": ["one"]}}
+    assert multinode.phased(quiet, inv.instances.values()) == ([{"gpu03": {**quiet["gpu03"], "stop": []}}], [])
 
 
 def test_the_node_reads_a_ports_gid_table_as_the_probe_does() -> None:

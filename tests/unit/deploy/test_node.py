@@ -63,6 +63,14 @@ def test_apply_writes_files_saves_previous_and_restarts_only_what_it_is_told(roo
     assert not list((root["tmp"] / "units").glob(".*tmp*"))  # no temporary file left
 
 
+def test_apply_stops_what_it_lists_before_writing_and_starting(root: dict[str, Any]) -> None:
+    res = node.op_apply({"op": "apply", "run_id": "r1", "write": [item("a", "--x 1", "k1", root["model"])],
+                         "stop": ["a", "b"], "start": [], "restart": [], "remove": []})
+    assert res["ok"]
+    assert root["calls"][:2] == [("stop", "clusterctl-a.service"), ("stop", "clusterctl-b.service")]
+    assert not any(c[0] in ("start", "restart") for c in root["calls"])
+
+
 def test_read_reports_digest_and_salted_hashes_never_env_values(root: dict[str, Any]) -> None:
     node.op_apply({"op": "apply", "write": [item("a", "--x 1", "secret-k", root["model"])], "start": ["a"]})
     out = node.op_read({"op": "read", "salt": "s", "model_paths": [root["model"]]})
