@@ -186,9 +186,10 @@ def phased(jobs: Mapping[str, Mapping[str, Any]], instances: Iterable[Instance]
             continue
         for n, h in ranks:
             job = first[h]
+            if n not in job["start"]:  # running: restarted or unchanged (a new or stopped one has nothing to stop)
+                job["stop"].append(n)
             job["start"] = [x for x in job["start"] if x != n]
             job["restart"] = [x for x in job["restart"] if x != n]
-            job["stop"].append(n)
             later[0 if n != inst.name else 1].setdefault(h, []).append(n)
         workers_ = [f"{n} on {h}" for n, h in ranks if n != inst.name]
         head = [f"{n} on {h}" for n, h in ranks if n == inst.name]

@@ -152,10 +152,10 @@ def test_deploy_rolls_the_replica_out_as_one_batch_and_gates_its_head(tmp_path: 
     applied = {h: j for h, j in cluster.jobs if j["op"] == "apply"}
     assert applied["gpu02"]["start"] == ["big-node1"] and applied["gpu01"]["start"] == ["big"]
     assert sorted(d.gated) == ["big", "one"]
-    # the order: every member stopped first, then the worker started, then the head
+    # the order: every running member stopped first, then the worker started, then the head
     applies = [(h, j) for h, j in cluster.jobs if j["op"] == "apply" and h in ("gpu01", "gpu02")]
     assert sorted((h, j["stop"], j["start"], j["restart"]) for h, j in applies[:2]) == [
-        ("gpu01", ["big"], [], []), ("gpu02", ["big-node1"], [], [])]
+        ("gpu01", [], [], []), ("gpu02", [], [], [])]  # new units: nothing to stop
     assert [(h, j["start"]) for h, j in applies[2:]] == [("gpu02", ["big-node1"]), ("gpu01", ["big"])]
     assert [w for h, w in applies[:2] if w["write"]]  # the first phase writes the units
     # the GID tables of the replica's data ports were read, and each unit carries its host's RoCE v2 index
@@ -186,7 +186,8 @@ def test_the_phases_stop_every_member_then_start_workers_then_the_head() -> None
             "gpu03": {"op": "apply", "run_id": "r", "restart": [], "start": ["one"]}}  # big-node2 unchanged
     phases, notes = multinode.phased(jobs, inv.instances.values())
     assert [{h: (j["stop"], j["restart"], j["start"]) for h, j in p.items()} for p in phases] == [
-        {"gpu01": (["big"], [], []), "gpu02": (["big-node1"], [], []), "gpu03": (["big-node2"], [], ["one"])},
+        # restarted and unchanged-running members stopped; a stopped one (start) has nothing to stop
+        {"gpu01": (["big"], [], []), "gpu02": ([], [], []), "gpu03": (["big-node2"], [], ["one"])},
         {"gpu02": ([], [], ["big-node1"]), "gpu03": ([], [], ["big-node2"])},
         {"gpu01": ([], [], ["big"])}]
     assert notes == ["replica big: stop its units, start the workers (big-node1 on gpu02, big-node2 on gpu03), "
