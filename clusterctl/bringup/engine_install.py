@@ -134,8 +134,16 @@ def install_script(e: Engine, source: str) -> str:
         f"rm -rf \"$parent\"/.{quote(base)}.clusterctl-tmp.*  # what killed installs left",
         f"tmp=\"$parent/.{base}.clusterctl-tmp.$$\"",
         "trap 'rm -rf \"$tmp\"' EXIT",
-        'python3 -m venv "$tmp" >&2 || fail "python3 -m venv (the python3-venv package?)"',
+        "nopip=",
+        "# no ensurepip (Debian without python3-venv): a venv without pip, pip bootstrapped from the wheelhouse",
+        'python3 -m venv "$tmp" >/dev/null 2>&1 || { rm -rf "$tmp"; nopip=1; python3 -m venv --without-pip "$tmp" >&2 '
+        '|| fail "python3 -m venv"; }',
         fetch.rstrip("\n"),
+        'if [ -n "$nopip" ]; then w=""; for f in "$tmp"/.wheelhouse/pip-*.whl; do [ -f "$f" ] && w=$f; done',
+        '  [ -n "$w" ] || fail "python3 -m venv has no ensurepip here (install python3-venv, or put a pip-*.whl in '
+        'the wheelhouse)"',
+        '  "$tmp/bin/python" "$w/pip" install -q --disable-pip-version-check --no-cache-dir --no-index "$w" >&2 '
+        '|| fail "bootstrap pip from $(basename "$w")"; fi',
         '"$tmp/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir $src "vllm==$want" >&2 '
         '|| fail "pip install vllm==$want"',
         'rm -rf "$tmp/.wheelhouse"',
@@ -281,7 +289,8 @@ class EngineOp:
             for row in fleet.run("sh -c " + quote(script), stdin=stdin, sudo=self.sudo,
                                  timeout=60 if self.remove else self.install_timeout):
                 if not row.ok:
-                    detail = [ln for ln in (row.stderr or "").strip().splitlines() if ln.startswith("failed:")] \
+                    detail = [ln[len("failed: "):] for ln in (row.stderr or "").strip().splitlines()
+                              if ln.startswith("failed: ")] \
                         or (row.stderr or "").strip().splitlines()[-3:]
                     out[row.host] = HostOutcome(row.host, "failed", error=row.error or "; ".join(detail)
                                                 or f"exit {row.rc}", batch=n)

@@ -5,13 +5,10 @@ install for the whole module)."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import signal
 import subprocess
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,31 +19,7 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.inventory.model import Engine, Host, Inventory, SSHSettings
-
-
-def build_wheel(out: Path, version: str = "0.11.0") -> Path:
-    """A pure-Python wheel named vllm (module ``vllm``, console script ``vllm --version``), written by hand."""
-    files = {
-        "vllm/__init__.py": f"__version__ = {version!r}\n",
-        "vllm/cli.py": "import sys\nfrom vllm import __version__\n\ndef main():\n"
-                       "    if sys.argv[1:] == ['--version']:\n        print(__version__)\n",
-        f"vllm-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
-        f"vllm-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                           "Tag: py3-none-any\n",
-        f"vllm-{version}.dist-info/entry_points.txt": "[console_scripts]\nvllm = vllm.cli:main\n",
-    }
-    record = []
-    for name, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(text.encode())}")
-    record.append(f"vllm-{version}.dist-info/RECORD,,")
-    files[f"vllm-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"vllm-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for name, text in files.items():
-            z.writestr(name, text)
-    return path
+from support.wheels import build_wheel
 
 
 def _sh(script: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
@@ -71,13 +44,23 @@ def test_a_wheelhouse_without_the_inventorys_version_is_refused_here(tmp_path: P
 def test_a_failed_install_leaves_neither_the_path_nor_its_temp_dir(tmp_path: Path) -> None:
     fake = tmp_path / "fakebin"
     fake.mkdir()
-    # a python3 whose venv breaks half-way (bin/ created, then an error)
-    (fake / "python3").write_text('#!/bin/sh\nmkdir -p "$3/bin"; echo "Error: ensurepip failed" >&2; exit 1\n')
+    # a python3 whose venv breaks half-way (bin/ created, then an error), with and without pip
+    (fake / "python3").write_text('#!/bin/sh\nfor a; do d=$a; done; mkdir -p "$d/bin"; echo "Error" >&2; exit 1\n')
     (fake / "python3").chmod(0o755)
     e = Engine("vllm-0.12", f"{tmp_path}/opt/vllm-0.12.0/bin/vllm", "0.12.0")
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
     r = subprocess.run(["sh", "-c", ei.install_script(e, "wheels")], input=b"", capture_output=True, timeout=30,
-                       env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
-    assert r.returncode == 1 and b"failed: python3 -m venv" in r.stderr
+                       env=env)
+    assert r.returncode == 1 and b"failed: python3 -m venv\n" in r.stderr
+    assert list((tmp_path / "opt").iterdir()) == []
+    # no ensurepip (venv without pip works) and no pip wheel in the wheelhouse to bootstrap pip from
+    (fake / "python3").write_text('#!/bin/sh\nfor a; do d=$a; done; mkdir -p "$d/bin"\n'
+                                  '[ "$3" = --without-pip ] || { echo "no ensurepip" >&2; exit 1; }\n')
+    wheels = tmp_path / "w"
+    build_wheel(wheels, "0.12.0")
+    r = subprocess.run(["sh", "-c", ei.install_script(e, "wheels")], input=ei.wheelhouse(str(wheels), "0.12.0"),
+                       capture_output=True, timeout=30, env=env)
+    assert r.returncode == 1 and b"has no ensurepip here" in r.stderr
     assert list((tmp_path / "opt").iterdir()) == []
 
 
