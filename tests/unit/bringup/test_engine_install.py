@@ -182,3 +182,27 @@ def test_install_needs_one_source_and_a_known_engine(tmp_path: Path) -> None:
     op = ei.EngineOp(inv, e.name, hosts, lambda hs: Fleet(list(hs), transport=FakeTransport()))
     with pytest.raises(ClusterctlError, match="--wheels DIR .* or --index-url"):
         op.run([])
+
+
+def test_an_index_url_travels_on_stdin_never_on_the_command_line() -> None:
+    e = Engine("vllm-0.11", "/opt/vllm-0.11.0/bin/vllm", "0.11.0")
+    hosts = [Host("gpu01", "10.0.0.1", ssh=SSHSettings(user="root"))]
+    url = "http://user:s3cret@mirror.invalid/simple"
+    done: list[bool] = []
+
+    def handler(host: Host, command: str, stdin: bytes | None) -> FakeReply:
+        if "engine install" in command:
+            done.append(True)
+            return FakeReply(0, "installed /opt/vllm-0.11.0 0.11.0\n")
+        if done:
+            return FakeReply(0, f"engine {e.path} installed\ndist {e.path} vllm-0.11.0.dist-info\n")
+        return FakeReply(0, f"engine {e.path} missing\n")
+
+    transport = FakeTransport(handler)
+    op = ei.EngineOp(_inv(e, hosts), e.name, hosts, lambda hs: Fleet(list(hs), transport=transport),
+                     index_url=url, sudo=False)
+    rep = op.run()
+    assert rep.ok and [o.status for o in rep.outcomes] == ["changed"]
+    [(cmd, stdin)] = [(c, s) for _, c, s in transport.commands if "engine install" in c]
+    assert "s3cret" not in cmd and "IFS= read -r PIP_INDEX_URL" in cmd and stdin == (url + "\n").encode()
+    assert all("s3cret" not in c for _, c, _ in transport.commands)
