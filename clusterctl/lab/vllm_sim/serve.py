@@ -218,18 +218,21 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
         log.info("APIServer", "launcher.py:42", f"Route: {route}, Methods: {methods}")
     log.uvicorn(f"Started server process [{os.getpid()}]")
     log.uvicorn("Waiting for application startup.")
+
+    def on_death(signum: int, _frame: Any) -> None:
+        engine.dead = True
+
+    # Before the server says it is up: SIGUSR1's default action kills the process, so a death
+    # signalled right after "Application startup complete." must already find the handler.
+    signal.signal(signal.SIGUSR1, on_death)
     httpd.server_activate()  # listen(): connections are accepted from here on
     log.uvicorn("Application startup complete.")
     t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     t.start()
 
-    def on_death(signum: int, _frame: Any) -> None:
-        engine.dead = True
-
     if head is not None:  # a lost rank fails the engine's collectives: the engine dies
         head.watch(lambda rank: setattr(engine, "dead", True))
 
-    signal.signal(signal.SIGUSR1, on_death)
     try:  # vLLM's own knob for the stats line's period (envs.py; 10 s there, 5 s here unless set)
         base = float(env.get("VLLM_LOG_STATS_INTERVAL") or STATS_INTERVAL_S)
     except ValueError:
