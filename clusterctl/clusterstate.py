@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from clusterctl.errors import ClusterctlError
+from clusterctl.files import write_atomic
 
 CLUSTERS = "clusters"
 RECORD = "cluster.json"
@@ -81,8 +82,6 @@ def _hosts(inv: Any) -> dict[str, str]:
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    from clusterctl.files import write_atomic
-
     write_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from clusterctl.autoscale.decide import ScalerState
 from clusterctl.errors import ClusterctlError
+from clusterctl.files import write_atomic
 
 SUBDIR = "autoscale"
 STATE_FILE = "state.json"
@@ -70,8 +71,6 @@ def load_states(state_dir: str | Path) -> dict[str, ScalerState]:
 
 
 def save_states(state_dir: str | Path, states: dict[str, ScalerState]) -> None:
-    from clusterctl.files import write_atomic
-
     write_atomic(_dir(state_dir) / STATE_FILE,
                  json.dumps({"templates": {k: v.to_json() for k, v in sorted(states.items())}}, indent=1,
                             sort_keys=True) + "\n", 0o640)

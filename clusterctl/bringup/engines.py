@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import FleetFactory
 from clusterctl.fleet.shell import quote
 from clusterctl.inventory.model import Engine, Host, Inventory
@@ -99,8 +100,6 @@ def parse_read(host: str, engines: Sequence[Engine], text: str) -> list[EngineRo
 
 
 def engines_for(inv: Inventory, names: Sequence[str] | None = None) -> list[Engine]:
-    from clusterctl.errors import ClusterctlError
-
     if not names:
         return list(inv.engines.values())
     unknown = [n for n in names if n not in inv.engines]

@@ -40,11 +40,14 @@ import copy
 import heapq
 import itertools
 from dataclasses import dataclass, field, fields
+from math import comb
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from clusterctl.deploy.state import DeployState, Placement, cordon_key
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import CPU_SLOT, GpuRef, Instance, InstanceTemplate, Inventory
+from clusterctl.inventory.nodeset import fold
+from clusterctl.inventory.select import select_hosts
 
 #: NVML common-ancestor levels, nearest first (docs/facts.md, ``gpus.topology``).
 LEVEL_RANK = {"INTERNAL": 0, "SINGLE": 1, "MULTIPLE": 2, "HOSTBRIDGE": 3, "NODE": 4, "SYSTEM": 5}
@@ -176,8 +179,6 @@ def _best_group(free: list[int], tp: int, ranks: dict[tuple[int, int], int] | No
 
 
 def _combinations(n: int, k: int) -> int:
-    from math import comb
-
     return comb(n, k)
 
 
@@ -263,8 +264,6 @@ def _instance(tpl: InstanceTemplate, name: str, p: Placement) -> Instance:
 
 def _no_room(inv: Inventory, tpl: InstanceTemplate, hosts: list[str], board: _Board,
              avoid: Collection[GpuRef]) -> str:
-    from clusterctl.inventory.nodeset import fold
-
     cordoned = [h for h in hosts if board.state.host_cordoned(h)]
     if on_cpu(inv, tpl):
         return (f"no uncordoned host with a free port from {tpl.port_base} in {tpl.hosts!r} (engine "
@@ -287,8 +286,6 @@ def desired_instances(inv: Inventory, state: DeployState, *,
     not changed; ``result.state`` is the updated copy.  Raises
     :class:`PlacementError` when an explicit instance has a replica's name.
     """
-    from clusterctl.inventory.select import select_hosts
-
     topology = topology or {}
     out = DeployState(placements={}, cordons=dict(state.cordons), replicas=dict(state.replicas))
     board = _Board(inv, state)

@@ -16,6 +16,7 @@ from clusterctl.deploy.state import DeployState, StateStore
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.fields import suggest
 from clusterctl.inventory.model import Inventory
+from clusterctl.inventory.select import select_hosts
 
 MAX_REPLICAS = 65535
 
@@ -90,8 +91,6 @@ def record_scale(store: StateStore, template: str, replicas: int | None) -> None
 def scale_hosts(inv: Inventory, state: DeployState, template: str) -> list[str]:
     """Hosts a scale of ``template`` touches (inventory order): its pattern's hosts and any
     host still holding one of its recorded replicas."""
-    from clusterctl.inventory.select import select_hosts
-
     names = {h.name for h in select_hosts(inv, inv.templates[template].hosts)}
     names.update(p.host for p in state.placements.get(template, {}).values())
     return [h for h in inv.hosts if h in names]

@@ -39,6 +39,7 @@ from typing import Any, Iterator
 
 from clusterctl.config import UserConfig
 from clusterctl.errors import ConfigError, Problem
+from clusterctl.files import LockBusy, RunLock, write_atomic
 from clusterctl.inventory.model import CPU_SLOT
 
 STATE_DIR_ENV = "CLUSTERCTL_STATE_DIR"
@@ -232,8 +233,6 @@ def _replicas_json(replicas: dict[str, int]) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    from clusterctl.files import write_atomic
-
     try:
         write_atomic(path, text)
     except OSError as e:
@@ -257,8 +256,6 @@ class StateStore:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        from clusterctl.files import LockBusy, RunLock
-
         lock = RunLock(self.path(LOCK), wait_s=LOCK_WAIT_S)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,8 @@ message names the worker's unit and host; the workers are never ``extra`` rows.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -380,8 +381,6 @@ def tp_health(inv: Inventory, instances: Mapping[str, Instance], fleet: Any,
               on_event: Callable[[str], None] | None = None) -> dict[str, str]:
     """Instance -> ``OK``, ``DEGRADED: ...`` or ``UNAVAILABLE: ...``: doctor's ``tp.group`` check
     over a fresh snapshot of the instances' hosts (``fleet`` must hold them)."""
-    from dataclasses import replace
-
     from clusterctl.diagnose import bundle
     from clusterctl.diagnose.thresholds import load_thresholds
     from clusterctl.diagnose.tp import check_tp_groups
@@ -445,8 +444,6 @@ def match_instances(names: Iterable[str], pattern: str | None) -> list[str]:
     ``pattern``: comma-separated shell globs (``qwen-*,llama-1``); ``None``,
     ``all`` or ``*`` select everything.  A ``!glob`` term removes matches.
     """
-    from fnmatch import fnmatchcase
-
     names = list(names)
     if pattern is None or pattern.strip() in ("", "all", "*"):
         return names

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from clusterctl.deploy.placement import HostTopology, PlacementResult, desired_instances, replica_number
 from clusterctl.deploy.state import DeployState
 from clusterctl.inventory.model import Host, Inventory
+from clusterctl.inventory.select import select_hosts
 
 #: ``read(hosts)`` → host → facts ``gpus.topology``; hosts it cannot read are left out.
 TopologyReader = Callable[[list[str]], Mapping[str, HostTopology]]
@@ -20,8 +21,6 @@ TopologyReader = Callable[[list[str]], Mapping[str, HostTopology]]
 
 def hosts_to_probe(inv: Inventory, state: DeployState, res: PlacementResult) -> list[str]:
     """Hosts (inventory order) where a replica of ``res`` still needs a place."""
-    from clusterctl.inventory.select import select_hosts
-
     pending = set(res.new) | set(res.moved) | set(res.unplaced)
     wanted: set[str] = set()
     for tpl in inv.templates.values():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
@@ -125,8 +125,6 @@ def policy_for_systemd(version: int | None, base: UnitPolicy | None = None) -> U
     An unknown version keeps ``base`` (the directives every supported systemd
     accepts, :mod:`clusterctl.deploy.sdversion`).
     """
-    from dataclasses import replace
-
     base = base or UnitPolicy()
     if version is not None and version >= RESTART_STEPS_SYSTEMD and not base.restart_steps:
         return replace(base, restart_steps=5)

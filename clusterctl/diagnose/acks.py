@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.errors import ClusterctlError
+from clusterctl.files import write_atomic
 
 FILENAME = "acks.json"
 
@@ -45,8 +46,6 @@ def load(state_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def save(state_dir: str | Path, acks: list[dict[str, Any]]) -> Path:
-    from clusterctl.files import write_atomic
-
     p = ack_path(state_dir)
     write_atomic(p, json.dumps({"acks": acks}, indent=2) + "\n", mode=0o600)
     return p

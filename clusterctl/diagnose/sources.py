@@ -12,6 +12,7 @@ names (keys of ``AnalysisContext.raw[host]``) used by the analyzers:
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Iterable
 
 from clusterctl.inventory.model import Instance, Inventory
@@ -83,8 +84,6 @@ _GPU_SUBJECT = re.compile(r"^gpu:(\d+)(?:/|$)")
 def name_gpus(ctx: Any, findings: list[Any]) -> list[Any]:
     """Every finding about one GPU (subject ``gpu:N``, kept as it is for grouping and
     history) names it by index and PCI bus id at the start of its message."""
-    from dataclasses import replace
-
     out = []
     for f in findings:
         m = _GPU_SUBJECT.match(f.subject or "")

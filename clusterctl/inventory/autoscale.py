@@ -30,6 +30,7 @@ from clusterctl.errors import SelectionError
 from clusterctl.inventory.fields import Ctx, suggest
 from clusterctl.inventory.model import AutoscalePolicy, GpuRef, Inventory, Location
 from clusterctl.inventory.nodeset import NodeSetError, expand
+from clusterctl.inventory.select import select_hosts
 from clusterctl.inventory.yamlnodes import Y
 
 #: signal -> (default high, default low, the largest meaningful value or None).
@@ -122,8 +123,6 @@ def read_policy(ctx: Ctx, y: Y, w: str, inv: Inventory, template_hosts: str | No
 
 
 def _allowed_hosts(ctx: Ctx, inv: Inventory, pattern: str | None) -> list[str]:
-    from clusterctl.inventory.select import select_hosts
-
     if pattern is None:
         return list(inv.hosts)
     try:
@@ -133,8 +132,6 @@ def _allowed_hosts(ctx: Ctx, inv: Inventory, pattern: str | None) -> list[str]:
 
 
 def _hosts(ctx: Ctx, y: Y, w: str, inv: Inventory, allowed: list[str]) -> str | None:
-    from clusterctl.inventory.select import select_hosts
-
     pattern = ctx.string(y, w)
     if pattern is None:
         return None

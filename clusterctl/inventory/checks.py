@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from clusterctl.inventory.fields import Ctx
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.inventory.select import select_hosts
 
 #: Without NVLink, keep tensor parallelism at 2 or below (the field report's rule).
 PCIE_MAX_TP = 2
@@ -49,8 +50,6 @@ def check_templates(ctx: Ctx, inv: Inventory) -> None:
     Capacity counts, per host, the GPUs that explicit instances leave free,
     divided into whole TP groups; templates are checked one at a time.
     """
-    from clusterctl.inventory.select import select_hosts
-
     used: dict[str, int] = {}
     for inst in inv.instances.values():
         for ref in inst.placement:

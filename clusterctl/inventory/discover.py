@@ -23,6 +23,7 @@ engines whose path is missing.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -50,8 +51,6 @@ class Discovered:
 
 
 def _is_ip(text: str) -> bool:
-    import ipaddress
-
     try:
         ipaddress.ip_address(text)
     except ValueError:
