@@ -253,6 +253,15 @@ class Deploy:
             return sel
         return ",".join([sel] + sorted(multinode.workers(i for n, i in self.instances.items() if matches(n, sel))))
 
+    def _plan(self, states: dict[str, remote.HostState]) -> Plan:
+        """The plan over ``states``, with the order a multi-node replica's units go in, as :meth:`_batch`
+        applies it (multinode.phased)."""
+        plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self._pattern())
+        plan.order = multinode.phased({hp.host: {"start": [i.instance for i in hp.items if i.action in ("new", "start")],
+                                                 "restart": [i.instance for i in hp.items if i.action == "changed"]}
+                                       for hp in plan.hosts}, self.instances.values())[1]
+        return plan
+
     def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:
         """Render and read; the plan for the selected hosts."""
         names = {h.name for h in self.hosts}
@@ -277,8 +286,7 @@ class Deploy:
             gids = {h: st.gids for h, st in states.items() if not st.error}
             self.rendered = {r.instance: r for r in render_all(self.inv, chosen, versions, uuids, gids)}
             self.rendered.update(routers)
-        plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self._pattern())
-        return plan, states
+        return self._plan(states), states
 
     def preflight(self, fleet: Any, plan: Plan) -> Any:
         """Run pre-flight on the instances to start or restart; raise when it refuses (unless --force)."""
@@ -392,7 +400,7 @@ class Deploy:
                                f"(run {old.get('run_id')}, {old.get('age_s')} s old)", h, ok=False)
         # Read again under the lock: another deploy may have finished since the plan.
         states.update(self._read(fleet, got.locked))
-        plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self._pattern())
+        plan = self._plan(states)
         rep.plan = plan
         self._rollout(fleet, plan, states, [h for h in plan.changed_hosts() if h in got.locked], rep)
         if rep.result == "ok" and any(h.status == "unreadable" for h in rep.hosts.values()):

@@ -79,6 +79,9 @@ class HostPlan:
 @dataclass
 class Plan:
     hosts: list[HostPlan]
+    #: One line per multi-node replica the plan starts or restarts: the order its units go in
+    #: (``multinode.phased``: stop all members, start the workers, then the head).
+    order: list[str] = field(default_factory=list)
 
     @property
     def pending(self) -> bool:
@@ -96,7 +99,10 @@ class Plan:
         return [h.host for h in self.hosts if h.changes]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pending": self.pending, "counts": self.counts(), "hosts": [h.to_dict() for h in self.hosts]}
+        out = {"pending": self.pending, "counts": self.counts(), "hosts": [h.to_dict() for h in self.hosts]}
+        if self.order:
+            out["order"] = list(self.order)
+        return out
 
 
 def matches(instance: str, pattern: str | None) -> bool:

@@ -152,6 +152,9 @@ def test_deploy_rolls_the_replica_out_as_one_batch_and_gates_its_head(tmp_path: 
     applied = {h: j for h, j in cluster.jobs if j["op"] == "apply"}
     assert applied["gpu02"]["start"] == ["big-node1"] and applied["gpu01"]["start"] == ["big"]
     assert sorted(d.gated) == ["big", "one"]
+    # the plan says the order (deploy --plan prints it, --json has it)
+    assert rep.plan is not None and rep.plan.to_dict()["order"] == [
+        "replica big: stop its units, start the workers (big-node1 on gpu02), then the head (big on gpu01)"]
     # the order: every running member stopped first, then the worker started, then the head
     applies = [(h, j) for h, j in cluster.jobs if j["op"] == "apply" and h in ("gpu01", "gpu02")]
     assert sorted((h, j["stop"], j["start"], j["restart"]) for h, j in applies[:2]) == [
