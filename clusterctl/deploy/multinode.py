@@ -31,6 +31,7 @@ from dataclasses import replace
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.probe.gid import ipv4_of_gid
 from clusterctl.inventory.multinode import MASTER_PORT_OFFSET, engine_problem, hosts_in_order, member_name, problems
 
 __all__ = ["MASTER_PORT_OFFSET", "engine_problem", "hosts_in_order", "problems", "is_multinode", "member_name", "master_addr",
@@ -58,14 +59,6 @@ def rdma_ports(inv: Inventory, host: str) -> list[str]:
     return [f"{n.rdma_device}:{n.port}" for n in inv.hosts[host].nics_with_role("data") if n.rdma_device]
 
 
-def _ipv4_gid(gid: str) -> ipaddress.IPv4Address | None:
-    """The IPv4 address of an IPv4-mapped GID (``0000:...:ffff:0a20:0001`` as sysfs writes it)."""
-    try:
-        return ipaddress.IPv6Address(gid).ipv4_mapped
-    except ValueError:
-        return None
-
-
 def gid_index(inv: Inventory, host: str, tables: Mapping[str, "list[dict[str, Any]] | None"]) -> int | None:
     """NCCL_IB_GID_INDEX for ``host``: the index of the RoCE v2 GID that carries its data NIC's IPv4
     address (GIDs follow the netdev's addresses and their indexes move when addresses change:
@@ -81,7 +74,7 @@ def gid_index(inv: Inventory, host: str, tables: Mapping[str, "list[dict[str, An
         if table is None:
             raise ClusterctlError(f"{host}: RDMA device {port} of data NIC {nic.netdev} not found on the host "
                                   "(/sys/class/infiniband); cannot set NCCL_IB_GID_INDEX")
-        v2 = [(int(g["index"]), _ipv4_gid(str(g.get("gid", "")))) for g in table if g.get("type") == "RoCE v2"]
+        v2 = [(int(g["index"]), ipv4_of_gid(g.get("gid", ""))) for g in table if g.get("type") == "RoCE v2"]
         try:
             want = ipaddress.IPv4Address(nic.address) if nic.address else None
         except ValueError:

@@ -30,6 +30,7 @@ from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.fleet.shell import join
+from clusterctl.probe.gid import ipv4_of_gid
 
 CHECK = "roce.active"
 
@@ -134,7 +135,7 @@ def endpoint(host: str, facts: Mapping[str, Any], inv: Any) -> Endpoint | str:
         return "no active RDMA device behind a data NIC"
     rdma = nic["rdma"]
     gids = [g for g in rdma.get("gids") or [] if "RoCE v2" in str(g.get("type"))]
-    gid = next((g for g in gids if str(g.get("gid", "")).startswith("::ffff:")), gids[0] if gids else None)
+    gid = next((g for g in gids if ipv4_of_gid(g.get("gid", "")) is not None), gids[0] if gids else None)
     speed = nic.get("speed_mbps")
     gbps = float(speed) / 1000 if speed else rdma.get("rate_gbps")
     return Endpoint(host, str(program), str(rdma.get("device")), int(rdma.get("port") or 1),

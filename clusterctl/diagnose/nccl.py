@@ -33,6 +33,7 @@ from clusterctl.diagnose import fabric
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.sources import instances, unit_name
+from clusterctl.probe.gid import ipv4_of_gid
 
 CHECK = "nccl.env"
 
@@ -114,9 +115,9 @@ def _data_addresses(ctx: AnalysisContext, host: str) -> set[str]:
         if names and n.get("netdev") not in names:
             continue
         for g in (n.get("rdma") or {}).get("gids") or []:
-            gid = str(g.get("gid", ""))
-            if gid.startswith("::ffff:") and "." in gid:
-                out.add(gid[len("::ffff:"):])
+            addr = ipv4_of_gid(g.get("gid", ""))
+            if addr is not None:
+                out.add(str(addr))
     return out
 
 

@@ -16,8 +16,10 @@ def with_unit(doc: dict, env: dict, unit: str = "clusterctl-big.service") -> dic
     doc["units"] = [{"unit": unit, "active_state": "active", "environment": env, "environment_files": []}]
     for n in doc["nics"]:
         if n.get("netdev") == "eth2":
-            n["rdma"]["gids"] = [{"index": 3, "gid": "::ffff:10.77.1.11" if doc["host"]["hostname"] == "gpu01"
-                                  else "::ffff:10.77.1.12", "type": "RoCE v2", "netdev": "eth2"}]
+            # as the collector records it: the kernel's sysfs spelling of ::ffff:10.77.1.11 / .12
+            n["rdma"]["gids"] = [{"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:0a4d:010b"
+                                  if doc["host"]["hostname"] == "gpu01" else "0000:0000:0000:0000:0000:ffff:0a4d:010c",
+                                  "type": "RoCE v2", "netdev": "eth2"}]
     return doc
 
 

@@ -53,16 +53,24 @@ def test_rounds_pair_each_host_at_most_once_per_round():
             assert len(flat) == len(set(flat))
 
 
-def perf_doc(host: str, speed_mbps: int = 400000, tool: str | None = "/usr/bin/ib_write_bw") -> dict:
+# The link-local and the IPv4 RoCE v2 GID of one port, as sysfs writes them (what the collector
+# records; tests/fixtures/probe/sysroot_roce) and as show_gids / hand-written data spell them.
+SYSFS_GIDS = ("fe80:0000:0000:0000:ba3f:d2ff:fe10:0001", "0000:0000:0000:0000:0000:ffff:0a4d:010b")
+SHORT_GIDS = ("fe80::ba3f:d2ff:fe10:1", "::ffff:10.77.1.11")
+
+
+def perf_doc(host: str, speed_mbps: int = 400000, tool: str | None = "/usr/bin/ib_write_bw",
+             gids: tuple[str, str] = SYSFS_GIDS) -> dict:
     d = R.doc(host, [R.nic("eth2", "mlx5_0", speed_mbps=speed_mbps)])
     d["tools"] = {"ib_write_bw": tool}
-    d["nics"][1]["rdma"]["gids"] = [{"index": 2, "gid": "fe80::1", "type": "RoCE v2"},
-                                    {"index": 3, "gid": "::ffff:10.77.1.11", "type": "RoCE v2"}]
+    d["nics"][1]["rdma"]["gids"] = [{"index": 2, "gid": gids[0], "type": "RoCE v2"},
+                                    {"index": 3, "gid": gids[1], "type": "RoCE v2"}]
     return d
 
 
-def test_endpoint_uses_the_data_nic_and_the_ipv4_roce_v2_gid():
-    ep = endpoint("gpu01", perf_doc("gpu01"), R.inventory(2, 2))
+@pytest.mark.parametrize("gids", [SYSFS_GIDS, SHORT_GIDS], ids=["sysfs", "compressed"])
+def test_endpoint_uses_the_data_nic_and_the_ipv4_roce_v2_gid(gids):
+    ep = endpoint("gpu01", perf_doc("gpu01", gids=gids), R.inventory(2, 2))
     assert (ep.device, ep.port, ep.gid_index, ep.gbps) == ("mlx5_0", 1, 3, 400.0)
     assert "not installed" in endpoint("gpu01", perf_doc("gpu01", tool=None), None)
 
