@@ -109,6 +109,13 @@ def boot_unit_text(description: str, script: str, documentation: str = "") -> st
             "[Install]\nWantedBy=multi-user.target\n")
 
 
+def failed_run(row: Any, n: int) -> HostOutcome:
+    """The outcome of a host whose apply script failed in batch ``n``: the fleet's error, else the
+    last five lines of the script's stderr, else its exit status."""
+    detail = (row.stderr or "").strip().splitlines()[-5:]
+    return HostOutcome(row.host, "failed", error=row.error or "; ".join(detail) or f"exit {row.rc}", batch=n)
+
+
 def recheck_outcome(p: Plan, n: int, done: str = "changed") -> HostOutcome:
     """A changed host's outcome from its plan read again afterwards: nothing may still differ."""
     if p.error is not None:

@@ -34,7 +34,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from clusterctl.bringup.batch import ApplyReport, HostOutcome, boot_unit_text, facts_of, run_batches, settle
+from clusterctl.bringup.batch import ApplyReport, HostOutcome, boot_unit_text, facts_of, failed_run, run_batches, settle
 from clusterctl.diagnose import fabric, qos
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext
@@ -379,9 +379,7 @@ class NetApply:
             cmds = {p.host: install_command(p.script) for p in plans}
             for row in fleet.run(cmds, sudo=self.sudo, timeout=120):
                 if not row.ok:
-                    detail = (row.stderr or "").strip().splitlines()[-5:]
-                    out[row.host] = HostOutcome(row.host, "failed", error=row.error or "; ".join(detail)
-                                                or f"exit {row.rc}", batch=n)
+                    out[row.host] = failed_run(row, n)
             ok_hosts = [h for h in hosts if h.name not in out]
             if ok_hosts:
                 facts, missing = self._probe(fleet)  # the re-check needs the facts only

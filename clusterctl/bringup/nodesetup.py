@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy.nodesetup import ensure_user_script, user_home
-from clusterctl.bringup.batch import (ApplyReport, HostOutcome, boot_unit_text, facts_of, recheck_outcome,
+from clusterctl.bringup.batch import (ApplyReport, HostOutcome, boot_unit_text, facts_of, failed_run, recheck_outcome,
                                       run_batches, settle)
 from clusterctl.deploy.units import UnitPolicy
 from clusterctl.errors import ClusterctlError
@@ -589,9 +589,7 @@ class NodeSetup:
             cmds = {p.host: "sh -c " + quote(p.script) for p in plans}
             for row in fleet.run(cmds, sudo=self.sudo, timeout=180):
                 if not row.ok:
-                    detail = (row.stderr or "").strip().splitlines()[-5:]
-                    out[row.host] = HostOutcome(row.host, "failed", error=row.error or "; ".join(detail)
-                                                or f"exit {row.rc}", batch=n)
+                    out[row.host] = failed_run(row, n)
             ok_hosts = [h for h in hosts if h.name not in out]
             if ok_hosts:
                 for p in self._plans(fleet, ok_hosts, reuse_facts=True):  # read again: nothing may still differ
