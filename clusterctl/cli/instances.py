@@ -271,6 +271,8 @@ def _action(action: str) -> Any:
                            f", drained in {d.waited_s:.1f} s" if d.drained else
                            f", drain timed out after {d.waited_s:.1f} s with {d.remaining} in flight")
                 health = f", healthy after {r.healthy_after_s:.1f} s" if r.healthy_after_s is not None else ""
+                if r.units:  # a multi-node replica: every member, in the order acted on
+                    health += f" (units: {', '.join(r.units)})"
                 verdict = "[green]ok[/]" if r.ok else "[bold red]FAILED[/]"
                 console.print(f"{verdict} {action} " + escape(f"{r.instance} on {r.host}{drained}{health}"
                                                                + (f": {r.error}" if r.error else "")))

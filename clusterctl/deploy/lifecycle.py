@@ -14,6 +14,15 @@ hit, say) is cleared with ``systemctl reset-failed``.  While waiting for
 failed, exited or is restarting after a crash the wait stops, and the error
 names the journal's first error of that run (:mod:`clusterctl.deploy.journal`).
 
+A multi-node replica (docs/multinode.md) is acted on as one: every member's unit, in the
+replica's order.  ``stop`` drains the head (the gateway knows only the head), stops the
+head's unit, then each worker's (``NAME-nodeR`` on its host); ``start`` starts the workers,
+then the head, and waits for the head's ``/health`` (it answers only once every rank
+joined), watching every member's unit; ``restart`` is a stop then a start (vLLM's head
+takes no rank back, so a member is never restarted alone).  A worker that fails to start
+stops the action before the head is started, naming the worker, its host and its journal's
+first error.  ``ActionResult.units`` lists the units acted on, in that order.
+
 Instances are worked on in parallel (at most ``parallel`` at once, each on its
 own host's connection of the ``fleet``).  A drain that times out still stops
 the instance (that is what the timeout bounds) and says so; ``drain=False``
@@ -25,13 +34,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
 from clusterctl.deploy.drain import (DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_POLL_S, DrainResult, GatewayHook,
                                      drain)
 from clusterctl.deploy.journal import first_error
 from clusterctl.deploy.metrics import base_url, http_get
+from clusterctl.deploy.multinode import hosts_in_order, is_multinode, member_name
 from clusterctl.deploy.spec import unit_name
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet import shell
@@ -62,6 +72,8 @@ class ActionResult:
     healthy_after_s: float | None = None
     duration_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: a multi-node replica's units as acted on, in order (``UNIT on HOST``); empty for one host
+    units: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -135,30 +147,95 @@ def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_fi
                 res.notes.append(f"drain timed out with {left} request(s) in flight; {action}ing anyway")
         elif action in ("stop", "restart") and gateway is not None:
             gateway.mark_down(inst.name)
-        if action in ("start", "restart"):
-            # A unit systemd gave up on (start limit, failed) starts again only once its failed state is cleared.
-            cleared = _systemctl(fleet, host, "reset-failed", inst)
-            if cleared is None:
-                res.notes.append("cleared the unit's failed state")
-        on_event(f"{inst.name}: systemctl {action} on {host}")
-        res.error = _systemctl(fleet, host, action, inst)
-        if res.error is None and action in ("start", "restart"):
-            took = wait_healthy(inv, inst, health_timeout, poll, dead=lambda: unit_dead(fleet, host, inst))
-            if took is None:
-                res.error = f"/health did not answer 200 within {health_timeout:g} s"
-            elif isinstance(took, str):
-                res.error = f"{took}; {first_error(fleet, host, inst.name)}"
-            else:
-                res.healthy_after_s = took
-                if gateway is not None:
-                    gateway.mark_up(inst.name)
-        elif res.error is not None and action in ("start", "restart"):
-            res.error = f"{res.error}; {first_error(fleet, host, inst.name)}"
-        res.ok = res.error is None
+        if is_multinode(inst):
+            _replica(inv, fleet, inst, action, res, poll=poll, health_timeout=health_timeout, on_event=on_event)
+        else:
+            _single(inv, fleet, inst, host, action, res, poll=poll, health_timeout=health_timeout,
+                    on_event=on_event)
+        if res.ok and action in ("start", "restart") and gateway is not None:
+            gateway.mark_up(inst.name)
     except ClusterctlError as e:  # the gateway could not mark the instance
-        res.error = f"gateway: {e}"
+        res.error, res.ok = f"gateway: {e}", False
     res.duration_s = round(time.monotonic() - t0, 2)
     return res
+
+
+def _single(inv: Inventory, fleet: Any, inst: Instance, host: str, action: Action, res: ActionResult, *,
+            poll: float, health_timeout: float, on_event: Callable[[str], None]) -> None:
+    """systemctl ACTION on a one-host instance's unit, then (start/restart) its ``/health``."""
+    if action in ("start", "restart"):
+        # A unit systemd gave up on (start limit, failed) starts again only once its failed state is cleared.
+        if _systemctl(fleet, host, "reset-failed", inst) is None:
+            res.notes.append("cleared the unit's failed state")
+    on_event(f"{inst.name}: systemctl {action} on {host}")
+    res.error = _systemctl(fleet, host, action, inst)
+    if res.error is None and action in ("start", "restart"):
+        took = wait_healthy(inv, inst, health_timeout, poll, dead=lambda: unit_dead(fleet, host, inst))
+        if took is None:
+            res.error = f"/health did not answer 200 within {health_timeout:g} s"
+        elif isinstance(took, str):
+            res.error = f"{took}; {first_error(fleet, host, inst.name)}"
+        else:
+            res.healthy_after_s = took
+    elif res.error is not None and action in ("start", "restart"):
+        res.error = f"{res.error}; {first_error(fleet, host, inst.name)}"
+    res.ok = res.error is None
+
+
+def member_units(inst: Instance) -> list[tuple[Instance, str]]:
+    """A multi-node replica's units as ``(instance of the unit, host)`` per rank, the head first."""
+    return [(replace(inst, name=member_name(inst.name, r), placement=tuple(g for g in inst.placement if g.host == h)), h)
+            for r, h in enumerate(hosts_in_order(inst))]
+
+
+def _replica(inv: Inventory, fleet: Any, inst: Instance, action: Action, res: ActionResult, *,
+             poll: float, health_timeout: float, on_event: Callable[[str], None]) -> None:
+    """A multi-node replica's units in its order (module doc): stop head then workers; start workers then
+    the head and wait for the head's ``/health``; restart = stop + start.  Sets ``res.error``/``res.ok``."""
+    units = member_units(inst)
+    res.units = [f"{unit_name(m.name)} on {h}" for m, h in units]
+    errors: list[str] = []
+    if action in ("stop", "restart"):
+        for m, h in units:  # the head first: its API stops taking requests; then the ranks it leaves
+            on_event(f"{inst.name}: systemctl stop {unit_name(m.name)} on {h}")
+            err = _systemctl(fleet, h, "stop", m)
+            if err is not None:
+                errors.append(err)
+        if errors or action == "stop":
+            res.error = "; ".join(errors) or None
+            res.ok = not errors
+            return
+        res.notes.append("restart of a multi-node replica: stopped every unit (head first), then started the "
+                         "workers, then the head")
+    for m, h in units:
+        if _systemctl(fleet, h, "reset-failed", m) is None:
+            res.notes.append(f"cleared the failed state of {unit_name(m.name)} on {h}")
+    for m, h in units[1:] + units[:1]:  # the workers, then the head
+        on_event(f"{inst.name}: systemctl start {unit_name(m.name)} on {h}")
+        err = _systemctl(fleet, h, "start", m)
+        if err is not None:
+            res.error = f"{err}; {first_error(fleet, h, m.name)}" + \
+                ("" if m.name == inst.name else f"; the head {unit_name(inst.name)} was not started")
+            return
+    dead_member: list[tuple[Instance, str]] = []
+
+    def dead() -> str | None:
+        for m, h in units:
+            why = unit_dead(fleet, h, m)
+            if why:
+                dead_member.append((m, h))
+                return f"{unit_name(m.name)} on {h}: {why}"
+        return None
+
+    took = wait_healthy(inv, inst, health_timeout, poll, dead=dead)
+    if took is None:
+        res.error = f"/health of the head did not answer 200 within {health_timeout:g} s"
+    elif isinstance(took, str):
+        m, h = dead_member[-1]
+        res.error = f"{took}; {first_error(fleet, h, m.name)}"
+    else:
+        res.healthy_after_s = took
+    res.ok = res.error is None
 
 
 def run_action(inv: Inventory, fleet: Any, instances: Sequence[Instance], action: Action, *,

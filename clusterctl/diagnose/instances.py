@@ -20,9 +20,9 @@ A multi-node replica (docs/multinode.md) is also judged by its worker units
 ``clusterctl-NAME-nodeR.service`` on their hosts: a worker that is failed,
 inactive or in a crash loop is CRIT for the replica (subject
 ``instance:NAME``, host: the worker's), naming the worker's unit and host, with
-the action ``clusterctl deploy --instances NAME`` (it starts the stopped
-worker, the replica's hosts as one batch, and gates the head; ``clusterctl
-start NAME`` starts only the head's unit).  A worker unit that is absent while
+the action ``clusterctl restart NAME`` (it stops every member, starts the
+workers, then the head, and waits for the head's ``/health``), or ``clusterctl
+deploy --instances NAME`` when the units must be rewritten.  A worker unit that is absent while
 the head's is there is CRIT too (the replica is incomplete).
 """
 
@@ -75,8 +75,8 @@ def _unit(units: list[Any], name: str) -> dict[str, Any] | None:
 def _workers(ctx: AnalysisContext, inst: Instance) -> list[Finding]:
     """A multi-node replica's worker units that are down (module doc): one CRIT finding each."""
     out: list[Finding] = []
-    fix = (f"clusterctl deploy --instances {inst.name} (starts the replica's stopped units, its hosts as one "
-           f"batch, and gates its head; clusterctl start {inst.name} starts only the head's unit)")
+    fix = (f"clusterctl restart {inst.name} (stops every member, starts the workers, then the head, and waits "
+           f"for its /health; clusterctl deploy --instances {inst.name} when the units must be rewritten)")
     for rank, host in enumerate(hosts_in_order(inst)):
         facts = ctx.facts.get(host)
         if rank == 0 or facts is None or facts.get("units") is None:

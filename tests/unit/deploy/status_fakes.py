@@ -13,7 +13,9 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
+
+import pytest
 
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport, HostFailure
@@ -122,3 +124,16 @@ def fleet_for(inv: Inventory, units: Mapping[str, Mapping[str, dict[str, Any]]],
         return FakeReply(0, "")
     t = FakeTransport(handler)
     return Fleet(list(inv.hosts.values()), transport=t, connect_timeout=2, command_timeout=10), t
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[..., FakeVllm]]:
+    """``server(**kw)``: a started :class:`FakeVllm` (closed after the test)."""
+    made: list[FakeVllm] = []
+
+    def make(**kw: Any) -> FakeVllm:
+        made.append(FakeVllm(**kw))
+        return made[-1]
+    yield make
+    for s in made:
+        s.close()

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import time
 
-import pytest
 
 from clusterctl.deploy.drain import drain, gateway_for
 from clusterctl.deploy.lifecycle import run_action
 from clusterctl.errors import ClusterctlError
 
-from .status_fakes import FakeVllm, fleet_for, inventory, metrics_text, unit
+from .status_fakes import fleet_for, inventory, metrics_text, server, unit  # noqa: F401 (server: a fixture)
 
 
 class Gateway:
@@ -41,18 +40,6 @@ class Countdown:
         elif self.running:
             self.running -= 1
         return text
-
-
-@pytest.fixture
-def server():
-    made: list[FakeVllm] = []
-
-    def make(**kw) -> FakeVllm:
-        made.append(FakeVllm(**kw))
-        return made[-1]
-    yield make
-    for s in made:
-        s.close()
 
 
 def test_marks_down_first_then_waits_until_nothing_is_in_flight(server) -> None:

@@ -130,7 +130,7 @@ def test_a_replica_with_one_bad_worker_names_the_worker_unit_and_host(active, su
     assert (head.severity, head.host) == (Severity.OK, "gpu01")
     assert (worker.severity, worker.host) == (Severity.CRIT, "gpu02") and words in worker.message
     assert "journalctl -u clusterctl-llama-node1.service on gpu02" in worker.action
-    assert "clusterctl deploy --instances llama" in worker.action
+    assert "clusterctl restart llama" in worker.action and "clusterctl deploy --instances llama" in worker.action
 
 
 def test_a_running_worker_adds_nothing_and_a_missing_one_is_crit():
