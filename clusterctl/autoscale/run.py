@@ -285,7 +285,7 @@ def act(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str
         sp = plan_scale(inv, state, template, decision.target)
     me = lock.LockInfo(holder=f"{HOLDER_PREFIX}:{who_am_i()}")
     out.run_id = me.run_id
-    hosts = _lock_hosts(inv, state, template, [p.host for p in sp.result.state.placements.get(template, {}).values()])
+    hosts = _lock_hosts(inv, state, template, [h for p in sp.result.state.placements.get(template, {}).values() for h in p.hosts])
     try:
         with make_fleet([inv.hosts[h] for h in hosts]) as fleet:
             acquired = lock.acquire(fleet, hosts, me)

@@ -37,7 +37,7 @@ def print_plan(plan: Any) -> None:
     text = render_text(plan)
     if text:
         console.print(text, markup=False, highlight=False, end="")
-    for line in getattr(plan, "order", []):
+    for line in getattr(plan, "placed", []) + getattr(plan, "order", []):
         console.print(line, markup=False)
     c = plan.counts()
     console.print(f"plan: {c['new']} new, {c['changed']} changed, {c['start']} to start, {c['remove']} to remove, "

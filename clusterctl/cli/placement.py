@@ -118,8 +118,12 @@ def _placement_rows(res: Any) -> list[dict[str, Any]]:
             status = f"on cordon: {res.on_cordoned[name]}"
         else:
             status = "placed" if inst.template else "explicit"
-        rows.append({"template": inst.template, "replica": name, "host": inst.placement[0].host,
-                     "gpus": [g.index for g in inst.placement], "port": inst.port, "status": status})
+        stages = {h: [g.index for g in inst.placement if g.host == h]
+                  for h in dict.fromkeys(g.host for g in inst.placement)}  # the head's host first
+        head = next(iter(stages))
+        rows.append({"template": inst.template, "replica": name, "host": head, "gpus": stages[head],
+                     "port": inst.port, "status": status}
+                    | ({"stages": [{"host": h, "gpus": g} for h, g in stages.items()]} if len(stages) > 1 else {}))
     for name, why in res.unplaced.items():
         tpl = name.rpartition("-")[0]
         rows.append({"template": tpl, "replica": name, "host": None, "gpus": [], "port": None,
@@ -170,8 +174,10 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     table = Table("template", "replica", "host", "GPUs", "port", "status", box=None, pad_edge=False)
     for i, r in enumerate(rows):
         last = i + 1 == len(rows) or rows[i + 1]["template"] != r["template"]
-        table.add_row(r["template"] or "(explicit)", r["replica"], r["host"] or "-", _gpus(r["gpus"]) or "-",
-                      str(r["port"] or "-"), r["status"], end_section=last)
+        stages = r.get("stages") or [r]  # a replica across hosts: each stage's host and GPUs
+        table.add_row(r["template"] or "(explicit)", r["replica"], " ".join(s["host"] or "-" for s in stages),
+                      " ".join(_gpus(s["gpus"]) or "-" for s in stages), str(r["port"] or "-"), r["status"],
+                      end_section=last)
     console.print(table)
 
 

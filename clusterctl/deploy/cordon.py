@@ -52,7 +52,7 @@ def parse_target(inv: Inventory, text: str) -> Target:
 def replicas_on(state: DeployState, target: Target) -> list[str]:
     """Replica names whose recorded placement uses ``target`` (the host, or that GPU)."""
     return [name for reps in state.placements.values() for name, p in reps.items()
-            if p.host == target.host and (target.gpu is None or target.gpu in p.gpus)]
+            if any(h == target.host and (target.gpu is None or target.gpu in gpus) for h, gpus in p.stages)]
 
 
 def cordon(store: StateStore, target: Target, reason: str, who: str | None = None) -> tuple[Cordon, bool, list[str]]:

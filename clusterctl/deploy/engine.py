@@ -260,6 +260,9 @@ class Deploy:
         plan.order = multinode.phased({hp.host: {"start": [i.instance for i in hp.items if i.action in ("new", "start")],
                                                  "restart": [i.instance for i in hp.items if i.action == "changed"]}
                                        for hp in plan.hosts}, self.instances.values())[1]
+        spans = getattr(getattr(self, "placement", None), "spans", {})
+        plan.placed = [f"replica {n} placed on {where}" for n, where in spans.items()
+                       if n in self.rendered and matches(n, self.opts.instances)]
         return plan
 
     def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:

@@ -32,6 +32,12 @@ named ``<template>-<n>`` (n = 1, 2, ...).  The rules, in order:
 * **Ports.** ``port_base`` + the replica's slot on its host: the lowest
   offset whose port no other instance on that host uses.  A kept replica keeps
   its port unless it collides or is below ``port_base``.
+* **Across hosts.** A template with ``nodes: N`` (N > 1) places each replica
+  on N hosts, one stage of ``tp`` GPUs on each (the closest group of each
+  host, as above); :mod:`clusterctl.deploy.placement_nodes` chooses the hosts
+  (one GPU model, RDMA, the same leaf, spread).  Its port is the lowest from
+  ``port_base`` free on all N hosts; a recorded place is kept while every
+  stage stays valid.
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ from __future__ import annotations
 import copy
 import heapq
 import itertools
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from math import comb
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
+from clusterctl.deploy.placement_nodes import Choice, candidate, choose
 from clusterctl.deploy.state import DeployState, Placement, cordon_key
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import CPU_SLOT, GpuRef, Instance, InstanceTemplate, Inventory
@@ -86,6 +93,8 @@ class PlacementResult:
     unplaced: dict[str, str] = field(default_factory=dict)
     on_cordoned: dict[str, str] = field(default_factory=dict)
     not_moved: dict[str, str] = field(default_factory=dict)
+    #: replica across hosts placed this time (new or moved) -> where and why there (placement_nodes.Choice.note)
+    spans: dict[str, str] = field(default_factory=dict)
 
     before: dict[str, dict[str, Placement]] = field(default_factory=dict, repr=False)
 
@@ -211,6 +220,12 @@ class _Board:
         used = self.ports.get(host, set())
         return next((p for p in range(base, 65536) if p not in used), None)
 
+    def common_port(self, hosts: Iterable[str], base: int, mine: Placement | None = None) -> int | None:
+        """The lowest port from ``base`` that no instance uses on any of ``hosts`` (a replica across hosts
+        takes its port on each); ``mine``'s own port counts as free on its own hosts; ``None`` past 65535."""
+        used = [self.ports.get(h, set()) - ({mine.port} if mine and h in mine.hosts else set()) for h in hosts]
+        return next((p for p in range(base, 65536) if all(p not in u for u in used)), None)
+
 
 def on_cpu(inv: Inventory, tpl: InstanceTemplate) -> bool:
     """Whether ``tpl``'s engine runs on CPUs (``device: cpu``): its replicas take CPU slots, no GPUs."""
@@ -221,6 +236,10 @@ def on_cpu(inv: Inventory, tpl: InstanceTemplate) -> bool:
 def _invalid(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placement,
              board: _Board) -> str | None:
     """Why a recorded placement can no longer be kept; ``None`` when it can."""
+    if len(p.stages) != tpl.nodes:
+        return f"nodes changed from {len(p.stages)} to {tpl.nodes}"
+    if len(p.stages) > 1:
+        return _invalid_stages(inv, tpl, hosts, p, board)
     if p.host not in inv.hosts:
         return f"host {p.host} is no longer in the inventory"
     if p.host not in hosts:
@@ -242,8 +261,23 @@ def _invalid(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placemen
     return None
 
 
+def _invalid_stages(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placement,
+                    board: _Board) -> str | None:
+    """:func:`_invalid` for a replica across hosts: every stage must still be valid, and one GPU model."""
+    if len(set(p.hosts)) != len(p.hosts):
+        return "two of its stages are on one host"
+    for host, gpus in p.stages:
+        why = _invalid(inv, replace(tpl, nodes=1), hosts, Placement(host, gpus, p.port), board)
+        if why:
+            return why
+    models = {inv.hosts[h].gpus.model for h in p.hosts}
+    if len(models) > 1:
+        return f"its hosts now have different GPU models ({', '.join(sorted(map(str, models)))})"
+    return None
+
+
 def _cordon_of(state: DeployState, p: Placement) -> str | None:
-    for key in [cordon_key(p.host)] + [cordon_key(p.host, i) for i in p.gpus]:
+    for key in [k for h, gpus in p.stages for k in [cordon_key(h)] + [cordon_key(h, i) for i in gpus]]:
         if key in state.cordons:
             c = state.cordons[key]
             return f"{key} cordoned by {c.who} at {c.when}" + (f": {c.reason}" if c.reason else "")
@@ -258,8 +292,9 @@ _FROM_TEMPLATE = tuple(sorted({f.name for f in fields(Instance)} & {f.name for f
 def _instance(tpl: InstanceTemplate, name: str, p: Placement) -> Instance:
     """Replica ``name`` of ``tpl`` at ``p``: model, engine, args, env, secrets, ... copied from the template."""
     carried = {k: copy.copy(getattr(tpl, k)) for k in _FROM_TEMPLATE}
-    return Instance(name=name, placement=tuple(GpuRef(p.host, i) for i in sorted(p.gpus)), port=p.port,
-                    template=tpl.name, **carried)
+    # across hosts: the head's GPUs first (its host is rank 0: inventory/multinode.hosts_in_order)
+    return Instance(name=name, placement=tuple(GpuRef(h, i) for h, gpus in p.stages for i in sorted(gpus)),
+                    port=p.port, template=tpl.name, **carried)
 
 
 def _no_room(inv: Inventory, tpl: InstanceTemplate, hosts: list[str], board: _Board,
@@ -270,8 +305,9 @@ def _no_room(inv: Inventory, tpl: InstanceTemplate, hosts: list[str], board: _Bo
                 f"{tpl.engine} runs on CPU)" + (f"; cordoned hosts: {fold(cordoned)}" if cordoned else ""))
     free = {h: len(board.free(h, avoid)) for h in hosts if h not in cordoned}
     detail = ", ".join(f"{h} {n}" for h, n in free.items()) or "none"
-    text = (f"not enough free uncordoned GPUs: needs {tpl.tp} on one host of {tpl.hosts!r}; "
-            f"free per host: {detail}")
+    need = (f"{tpl.tp} on one host" if tpl.nodes == 1 else
+            f"{tpl.tp} on each of {tpl.nodes} hosts with one GPU model and a common free port")
+    text = f"not enough free uncordoned GPUs: needs {need} of {tpl.hosts!r}; free per host: {detail}"
     return text + (f"; cordoned hosts: {fold(cordoned)}" if cordoned else "")
 
 
@@ -325,33 +361,38 @@ def desired_instances(inv: Inventory, state: DeployState, *,
                 result.removed.append(name)
                 continue
             if name in move:
-                avoid.update(GpuRef(p.host, i) for i in p.gpus)
-                board.ports.setdefault(p.host, set()).add(p.port)  # free again only once it has moved
+                avoid.update(GpuRef(h, i) for h, gpus in p.stages for i in gpus)
+                for h in p.hosts:  # free again only once it has moved
+                    board.ports.setdefault(h, set()).add(p.port)
                 why_new[name] = "moved on request"
                 continue
             why = _invalid(inv, tpl, host_set, p, board)
             if why:
                 why_new[name] = why
                 continue
-            board.claim(name, p.host, p.gpus, None)
+            for h, gpus in p.stages:
+                board.claim(name, h, gpus, None)
             kept[tpl.name][name] = p
     for tpl, names, hosts in wanted.values():
         for name, p in list(kept[tpl.name].items()):
-            used = board.ports.setdefault(p.host, set())
-            port = p.port if p.port >= tpl.port_base and p.port not in used else board.port(p.host, tpl.port_base)
+            taken = [board.ports.setdefault(h, set()) for h in p.hosts]
+            port = p.port if p.port >= tpl.port_base and all(p.port not in u for u in taken) \
+                else board.common_port(p.hosts, tpl.port_base)
             if port is None:
-                why_new[name] = f"no free port from {tpl.port_base} on {p.host}"
+                why_new[name] = f"no free port from {tpl.port_base} on {'/'.join(p.hosts)}"
                 del kept[tpl.name][name]
                 continue
-            used.add(port)
-            kept[tpl.name][name] = Placement(p.host, p.gpus, port)
+            for u in taken:
+                u.add(port)
+            kept[tpl.name][name] = replace(p, port=port)
 
     for tpl, names, hosts in wanted.values():
         placed = out.placements.setdefault(tpl.name, {})
         per_host = {h: 0 for h in hosts}
         for p in kept[tpl.name].values():
-            per_host[p.host] = per_host.get(p.host, 0) + 1
-        queue: _HostQueue | None = None  # built on the first replica to place
+            for h in p.hosts:
+                per_host[h] = per_host.get(h, 0) + 1
+        queue: _HostQueue | _StageChooser | None = None  # built on the first replica to place
         no_room = ""
         for name in names:
             p_kept = kept[tpl.name].get(name)
@@ -362,15 +403,19 @@ def desired_instances(inv: Inventory, state: DeployState, *,
                     result.on_cordoned[name] = cordon
                 continue
             previous = state.placements.get(tpl.name, {}).get(name) if name in move else None
-            queue = queue or _HostQueue(tpl, hosts, per_host, board, topology, avoid, on_cpu(inv, tpl))
+            queue = queue or (_StageChooser(inv, tpl, hosts, per_host, board, topology, avoid) if tpl.nodes > 1
+                              else _HostQueue(tpl, hosts, per_host, board, topology, avoid, on_cpu(inv, tpl)))
             p_new = queue.place(previous)
             if p_new is None:
                 no_room = no_room or _no_room(inv, tpl, hosts, board, avoid)
                 result.unplaced[name] = no_room
                 continue
-            board.claim(name, p_new.host, p_new.gpus, p_new.port)
-            per_host[p_new.host] += 1
-            queue.refresh(p_new.host)
+            for h, gpus in p_new.stages:
+                board.claim(name, h, gpus, p_new.port)
+                per_host[h] += 1
+                queue.refresh(h)
+            if isinstance(queue, _StageChooser) and queue.last is not None:
+                result.spans[name] = describe(p_new, queue.last)
             placed[name] = p_new
             if name in why_new:
                 result.moved[name] = why_new[name]
@@ -436,6 +481,52 @@ class _HostQueue:
                 return Placement(host, group, port)
             self.group.pop(host)  # no port left on this host
         return None
+
+
+class _StageChooser:
+    """The hosts of one ``nodes: N`` template: N hosts per replica (placement_nodes.choose), each
+    with its closest free group of ``tp`` GPUs and a port free on all of them."""
+
+    def __init__(self, inv: Inventory, tpl: InstanceTemplate, hosts: list[str], per_host: dict[str, int],
+                 board: _Board, topology: Mapping[str, HostTopology], avoid: Collection[GpuRef]) -> None:
+        self.inv, self.tpl, self.hosts, self.per_host, self.board, self.avoid = inv, tpl, hosts, per_host, board, avoid
+        self.ranks = {h: _pair_ranks(topology.get(h)) for h in hosts}
+        self.groups: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.last: Choice | None = None
+        for h in hosts:
+            self.refresh(h)
+
+    def refresh(self, host: str) -> None:
+        found = _best_group(self.board.free(host, self.avoid), self.tpl.tp, self.ranks[host])
+        if found is None:
+            self.groups.pop(host, None)
+        else:
+            self.groups[host] = found
+
+    def place(self, previous: Placement | None) -> Placement | None:
+        """N hosts' stages and a common port for one new replica, or ``None`` when they cannot be found."""
+        cands = [candidate(self.inv, h, group, cost[:3], self.per_host.get(h, 0), i)
+                 for i, h in enumerate(self.hosts) if h in self.groups for cost, group in [self.groups[h]]]
+        while True:
+            self.last = choice = choose(cands, self.tpl.nodes)
+            if choice is None:
+                return None
+            names = [c.host for c in choice.stages]
+            port = previous.port if previous is not None and previous.port >= self.tpl.port_base and \
+                self.board.common_port(names, previous.port, previous) == previous.port else \
+                self.board.common_port(names, self.tpl.port_base)
+            if port is not None:
+                head, *rest = choice.stages
+                return Placement(head.host, head.group, port, tuple((c.host, c.group) for c in rest))
+            worst = max(choice.stages, key=lambda c: len(self.board.ports.get(c.host, ())))
+            cands = [c for c in cands if c.host != worst.host]  # no port in common: drop the busiest
+
+
+def describe(p: Placement, choice: Choice | None = None) -> str:
+    """One line for a replica across hosts: its stages (head first), port, and why these hosts."""
+    stages = ", ".join(f"{h} GPUs {','.join(map(str, g))}" + (" (head)" if n == 0 else f" (rank {n})")
+                       for n, (h, g) in enumerate(p.stages))
+    return f"{len(p.stages)} hosts: {stages}; port {p.port}" + (f"; {choice.note}" if choice else "")
 
 
 def reschedule(inv: Inventory, state: DeployState, instance_names: Collection[str],

@@ -82,6 +82,9 @@ class Plan:
     #: One line per multi-node replica the plan starts or restarts: the order its units go in
     #: (``multinode.phased``: stop all members, start the workers, then the head).
     order: list[str] = field(default_factory=list)
+    #: One line per replica across hosts (``nodes: N`` template) placed by this deploy: its hosts and GPUs
+    #: per stage, its port and why those hosts (placement_nodes).
+    placed: list[str] = field(default_factory=list)
 
     @property
     def pending(self) -> bool:
@@ -102,6 +105,8 @@ class Plan:
         out = {"pending": self.pending, "counts": self.counts(), "hosts": [h.to_dict() for h in self.hosts]}
         if self.order:
             out["order"] = list(self.order)
+        if self.placed:
+            out["placed"] = list(self.placed)
         return out
 
 

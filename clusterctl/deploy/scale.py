@@ -92,7 +92,7 @@ def scale_hosts(inv: Inventory, state: DeployState, template: str) -> list[str]:
     """Hosts a scale of ``template`` touches (inventory order): its pattern's hosts and any
     host still holding one of its recorded replicas."""
     names = {h.name for h in select_hosts(inv, inv.templates[template].hosts)}
-    names.update(p.host for p in state.placements.get(template, {}).values())
+    names.update(h for p in state.placements.get(template, {}).values() for h in p.hosts)
     return [h for h in inv.hosts if h in names]
 
 

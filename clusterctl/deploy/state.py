@@ -58,11 +58,27 @@ class StateError(ConfigError):
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one template replica runs: a host, its TP group's GPU indexes, a TCP port."""
+    """Where one template replica runs: a host, its TP group's GPU indexes, a TCP port.
+
+    A replica of a ``nodes: N`` template (docs/multinode.md) spans N hosts: ``host``/``gpus`` is its
+    first pipeline stage (the head), ``workers`` the other stages in rank order, each
+    ``(host, GPU indexes)`` with as many GPUs as the head's.
+    """
 
     host: str
     gpus: tuple[int, ...]
     port: int
+    workers: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @property
+    def stages(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Every stage ``(host, GPU indexes)``, the head first."""
+        return ((self.host, self.gpus),) + self.workers
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The hosts of its stages, the head first."""
+        return tuple(h for h, _ in self.stages)
 
 
 @dataclass(frozen=True)
@@ -191,8 +207,26 @@ def _placements(path: Path) -> dict[str, dict[str, Placement]]:
             if CPU_SLOT in idx and len(idx) != 1:
                 raise _bad(path, f"{w}.gpus: the CPU slot ({CPU_SLOT}) stands alone")
             out[tpl][name] = Placement(host=_name(path, p.get("host"), f"{w}.host"), gpus=idx,
-                                       port=_int(path, p.get("port"), f"{w}.port", 1, 65535))
+                                       port=_int(path, p.get("port"), f"{w}.port", 1, 65535),
+                                       workers=_workers(path, p.get("workers", []), w, len(idx)))
     return out
+
+
+def _workers(path: Path, value: Any, w: str, size: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A multi-node replica's other stages: ``[{"host", "gpus"}]``, each with ``size`` GPUs."""
+    if not isinstance(value, list):
+        raise _bad(path, f"{w}.workers: expected a list of {{host, gpus}}")
+    out = []
+    for n, stage in enumerate(value, 1):
+        where = f"{w}.workers[{n}]"
+        gpus = stage.get("gpus") if isinstance(stage, dict) else None
+        if not isinstance(gpus, list) or len(gpus) != size:
+            raise _bad(path, f"{where}.gpus: expected {size} GPU indexes (as many as the head's)")
+        idx = tuple(_int(path, g, f"{where}.gpus", 0, 1023) for g in gpus)
+        if len(set(idx)) != len(idx):
+            raise _bad(path, f"{where}.gpus: a GPU is listed twice")
+        out.append((_name(path, stage.get("host"), f"{where}.host"), idx))
+    return tuple(out)
 
 
 def _cordons(path: Path) -> dict[str, Cordon]:
@@ -219,9 +253,16 @@ def _dump(key: str, body: Any) -> str:
 
 
 def _placements_json(placements: dict[str, dict[str, Placement]]) -> str:
-    return _dump("templates", {tpl: {name: {"host": p.host, "gpus": list(p.gpus), "port": p.port}
-                                     for name, p in reps.items()}
+    return _dump("templates", {tpl: {name: placement_json(p) for name, p in reps.items()}
                                for tpl, reps in placements.items()})
+
+
+def placement_json(p: Placement) -> dict[str, Any]:
+    """``{"host", "gpus", "port"}`` (and ``workers`` for a replica across hosts), as placements.json has it."""
+    out: dict[str, Any] = {"host": p.host, "gpus": list(p.gpus), "port": p.port}
+    if p.workers:
+        out["workers"] = [{"host": h, "gpus": list(g)} for h, g in p.workers]
+    return out
 
 
 def _cordons_json(cordons: dict[str, Cordon]) -> str:

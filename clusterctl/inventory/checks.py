@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from clusterctl.inventory.fields import Ctx
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.inventory.multinode import template_problems
 from clusterctl.inventory.select import select_hosts
 
 #: Without NVLink, keep tensor parallelism at 2 or below (the field report's rule).
@@ -66,6 +67,13 @@ def check_templates(ctx: Ctx, inv: Inventory) -> None:
                 from clusterctl.inventory.nodeset import fold
                 ctx.warning(line, f"{w}: TP {tpl.tp} on PCIe-only host(s) {fold(pcie)}; "
                                   f"without NVLink keep TP <= {PCIE_MAX_TP}")
+        if tpl.nodes > 1:  # one stage per host on N hosts of one GPU model (inventory/multinode.py)
+            for why in template_problems(inv, tpl, hosts, used):
+                ctx.error(line, f"{w}: nodes {tpl.nodes}: {why}")
+            if tpl.autoscale is not None:  # autoscale places new replicas one host at a time
+                ctx.error(line, f"{w}: nodes {tpl.nodes}: autoscale is not supported for replicas across hosts; "
+                                "use clusterctl scale")
+            continue
         engine = inv.engines.get(tpl.engine)
         if engine is not None and engine.device == "cpu":
             continue  # its replicas take the hosts' CPU slots: no GPUs to count

@@ -237,7 +237,10 @@ class AutoscalePolicy:
 
 @dataclass
 class InstanceTemplate:
-    """``replicas`` instances of ``tp`` GPUs each, placed over ``hosts``."""
+    """``replicas`` instances of ``tp`` GPUs each, placed over ``hosts``.
+
+    ``nodes`` > 1: each replica spans that many hosts, one pipeline stage of ``tp`` GPUs on each
+    (docs/multinode.md); ``tp`` is then the tensor-parallel size within a host."""
 
     name: str
     model: str
@@ -246,6 +249,7 @@ class InstanceTemplate:
     tp: int
     hosts: str
     port_base: int = 8000
+    nodes: int = 1
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     role: Literal["mixed", "prefill", "decode"] = "mixed"

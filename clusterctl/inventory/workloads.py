@@ -274,7 +274,7 @@ class WorkloadReader:
     def templates(self, y: Y | None, inv: Inventory) -> dict[str, InstanceTemplate]:
         ctx = self.ctx
         out: dict[str, InstanceTemplate] = {}
-        keys = ("model", "engine", "replicas", "tp", "hosts", "port_base", "args", "env", "role",
+        keys = ("model", "engine", "replicas", "tp", "hosts", "port_base", "nodes", "args", "env", "role",
                 "secrets", "autoscale")
         from clusterctl.inventory.select import select_hosts
         for name, ty, line in self._named(y, "templates"):
@@ -282,10 +282,10 @@ class WorkloadReader:
             known = ctx.keys(ty, keys, w)
             common = self._run_settings(known, w, line, inv)
             vals: dict[str, Any] = {}
-            for key, lo in (("replicas", 1), ("tp", 1), ("port_base", 1)):
+            for key, lo in (("replicas", 1), ("tp", 1), ("port_base", 1), ("nodes", 1)):
                 if key in known:
                     vals[key] = ctx.integer(known[key], f"{w}.{key}", lo, 65535)
-                elif key != "port_base":
+                elif key not in ("port_base", "nodes"):
                     ctx.error(line, f"{w}: missing '{key}'")
             if "hosts" not in known:
                 ctx.error(line, f"{w}: missing 'hosts' (a host pattern, e.g. @rack1)")
