@@ -30,7 +30,10 @@ numbers, no regression shown): the batch keeps the change and the rollout
 pauses there (result paused, exit 1). Batches are over hosts, with Ansible's semantics:
 --serial 1,25%,100% (count, percentage or ramp; the last value repeats), the
 first batch is the canary; --max-fail-percentage N must be exceeded to fail a
-batch (default 0: any failure).
+batch (default 0: any failure). --prestage first stages the versions the
+rollout needs on every target host without switching, and reads up to
+--warm-budget of each per host into the page cache, before the first batch
+stops anything: the batches then only switch, restart and load from memory.
 
 Exit status: 0 done (or nothing to do; --plan), 1 the rollout paused on an
 inconclusive release gate (or, with --plan --detailed-exitcode, changes are
@@ -43,6 +46,8 @@ Examples:
   clusterctl deploy --plan -i /var/lib/clusterctl-lab/inventory.yaml
 
   clusterctl deploy --serial 1,25%,100% --max-fail-percentage 10
+
+  clusterctl deploy --serial 1,25%,100% --prestage --warm-budget 96G
 
   clusterctl deploy --instances 'qwen-*' --hosts 'gpu[01-04]' --gate-timeout 900 --json
 
@@ -91,12 +96,19 @@ def deploy(inventory: Optional[str] = InventoryOpt,
            record_baseline: Optional[str] = typer.Option(None, "--record-baseline", metavar="NAME",
                                                          help="Before applying, record drift baseline NAME from a "
                                                               "running instance about to change."),
+           prestage: bool = typer.Option(False, "--prestage",
+                                         help="Before the first batch: stage the needed versions on every target "
+                                              "host without switching, and warm them (docs/release.md)."),
+           warm_budget: Optional[str] = typer.Option(None, "--warm-budget", metavar="SIZE",
+                                                     help="With --prestage: page-cache bytes per host (e.g. 96G) "
+                                                          "[default: the whole version]."),
            as_json: bool = JsonOpt,
            fanout: Optional[int] = FanoutOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt,
            ask_become_pass: bool = AskBecomePassOpt,
            host_key_policy: Optional[str] = HostKeyOpt) -> None:
     from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
+    from clusterctl.stage.run import parse_size
     from clusterctl.deploy.release_gates import ReleaseDeploy, parse_gates
     from clusterctl.deploy.lock import LockHeld
     from clusterctl.deploy.rollout import parse_serial
@@ -104,12 +116,17 @@ def deploy(inventory: Optional[str] = InventoryOpt,
     from clusterctl.inventory.loader import load_inventory as _load
 
     policy = check_host_key_policy(host_key_policy)
+    if warm_budget is not None and not prestage:
+        fail("--warm-budget goes with --prestage (to warm a version already staged: clusterctl stage warm)")
+    if prestage and playbook is not None:
+        fail("--prestage does not go with --playbook: give the playbook a stage step")
     path, hosts = select(inventory, hosts_pattern)
     try:
         inv = _load(path, force=force)
         opts = DeployOptions(instances=instances, serial=parse_serial(serial), max_fail_percentage=max_fail_percentage,
                              force=force, gate_timeout_s=gate_timeout, drain_timeout_s=drain_timeout,
-                             break_lock=break_lock, plan_only=plan_only)
+                             break_lock=break_lock, plan_only=plan_only, prestage=prestage,
+                             warm_budget=None if warm_budget is None else parse_size(warm_budget, "--warm-budget"))
         release = parse_gates(gate, bench_tolerance=bench_tolerance, record_baseline=record_baseline)
     except ClusterctlError as e:
         fail(str(e))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy import apply as ap
-from clusterctl.deploy import audit, gates, lock, multinode, pdrouter, remote, rollout, spec
+from clusterctl.deploy import audit, gates, lock, multinode, pdrouter, prestage, remote, rollout, spec
 from clusterctl.deploy.journal import first_error
 from clusterctl.deploy.plan import Plan, make_plan, matches
 from clusterctl.deploy.state import StateStore, utc_now
@@ -61,6 +61,10 @@ class DeployOptions:
     break_lock: bool = False
     lock_ttl_s: float = lock.DEFAULT_TTL_S
     plan_only: bool = False
+    #: ``--prestage``: stage (without switching) and warm the next version on every target host
+    #: before the first batch; ``warm_budget``: page-cache bytes per host (None: the whole version).
+    prestage: bool = False
+    warm_budget: int | None = None
 
 
 @dataclass
@@ -101,6 +105,8 @@ class DeployReport:
     kv_checks: dict[str, Any] = field(default_factory=dict)
     #: instance -> what happened at the gateway once it passed its gates ("up at the gateway", or why not).
     gateway: dict[str, str] = field(default_factory=dict)
+    #: ``--prestage``: what was staged where before the first batch (``prestage.Prestaged.to_dict``).
+    prestage: dict[str, Any] | None = None
     seconds: float = 0.0
 
     @property
@@ -112,7 +118,7 @@ class DeployReport:
         return {"run_id": self.run_id, "result": self.result, "ok": self.ok, "seconds": round(self.seconds, 2),
                 "batches": self.batches, "recovered_locks": self.recovered_locks,
                 "preflight": pre.to_json() if pre is not None else None, "kv_checks": self.kv_checks,
-                "gateway": self.gateway,
+                "gateway": self.gateway, "prestage": self.prestage,
                 "plan": self.plan.to_dict(), "hosts": [h.to_dict() for h in self.hosts.values()]}
 
 
@@ -405,7 +411,10 @@ class Deploy:
         states.update(self._read(fleet, got.locked))
         plan = self._plan(states)
         rep.plan = plan
-        self._rollout(fleet, plan, states, [h for h in plan.changed_hosts() if h in got.locked], rep)
+        targets = [h for h in plan.changed_hosts() if h in got.locked]
+        if self.opts.prestage:
+            self._prestage(plan, states, targets, rep)
+        self._rollout(fleet, plan, states, targets, rep)
         if rep.result == "ok" and any(h.status == "unreadable" for h in rep.hosts.values()):
             rep.result = "partial"
 
@@ -570,11 +579,30 @@ class Deploy:
 
     def _unstaged(self, r: spec.RenderedInstance, st: remote.HostState) -> bool:
         """True when ``r``'s model has a source and its path on the host is not the verified version."""
-        model = self.inv.models.get(r.model)
-        if model is None or not model.source:
-            return False
-        m = st.models.get(r.model_path) or {}
-        return not m.get("verified") or bool(model.version and m.get("version") != model.version)
+        return prestage.needs_staging(self.inv, r, st)
+
+    def _prestage(self, plan: Plan, states: dict[str, remote.HostState], targets: list[str],
+                  rep: DeployReport) -> None:
+        """``--prestage``: the versions every target host's starting instances lack, staged without
+        switching and warmed, before any batch stops anything (deploy/prestage.py)."""
+        starting = {i.instance for hp in plan.hosts if hp.host in targets for i in hp.items
+                    if i.action in ("new", "changed", "start")}
+        need = prestage.unstaged(self.inv, self.rendered.values(), targets, starting, states)
+        if not need:
+            self.event("phase", "pre-stage: every target host already has the versions it needs")
+            rep.prestage = prestage.Prestaged().to_dict()
+            return
+
+        def on_bytes(host: str, done: int, total: int) -> None:
+            self.event("bytes", "pre-staging", host, step=done, steps=total)
+
+        got = prestage.prestage(self.inv, need, self.make_fleet, warm_budget=self.opts.warm_budget,
+                                on_phase=lambda m: self.event("phase", m),
+                                on_host=lambda h, m, ok: self.event("host", m, h, ok), on_progress=on_bytes)
+        rep.prestage = got.to_dict()
+        if got.failed:
+            self.event("warn", f"pre-staging failed on {', '.join(sorted(got.failed))}: their batches stage "
+                               "again (and leave the host alone if that fails too)", ok=False)
 
     def _stage(self, fleet: Any, batch: list[str], starting: set[str],
                states: dict[str, remote.HostState]) -> dict[str, str]:
@@ -584,12 +612,7 @@ class Deploy:
         back from the host, whatever staging reported): those hosts are not
         applied.
         """
-        need: dict[str, list[str]] = {}
-        for r in self.rendered.values():
-            if r.host in batch and r.instance in starting and self._unstaged(r, states[r.host]):
-                hosts = need.setdefault(r.model, [])
-                if r.host not in hosts:
-                    hosts.append(r.host)
+        need = prestage.unstaged(self.inv, self.rendered.values(), batch, starting, states)
         if not need:
             return {}
         from clusterctl.stage import plan as sp
