@@ -41,10 +41,14 @@ KEEP = 4
 # Python 3 syntax that every Python 3 parses; an interpreter older than 3.8
 # exits 97 (the probe's too-old status) with a message.  Kept short: it is on
 # every command line.
-_LOADER = r'''import sys,os,hashlib
+_LOADER = r'''import sys,os
 if sys.version_info<(3,8):
     sys.stderr.write("clusterctl probe: python %s is too old, 3.8 or newer is needed\n"%sys.version.split()[0]);sys.exit(97)
-import pwd,stat,tempfile
+try:from _sha256 import sha256
+except ImportError:
+    try:from _sha2 import sha256
+    except ImportError:from hashlib import sha256
+import pwd,stat
 d,m=sys.argv[1],sys.argv[2];del sys.argv[1:3];sys.argv[0]="-"
 u=os.geteuid();c=os.environ.get("CLUSTERCTL_NODE_CACHE_DIR") or os.path.join(pwd.getpwuid(u).pw_dir,".cache","clusterctl","programs");f=os.path.join(c,d+".py")
 def mine(p):
@@ -55,16 +59,17 @@ if m=="run":
     try:
         with open(os.open(f,os.O_RDONLY|os.O_NOFOLLOW),"rb") as h:b=h.read()
     except OSError:b=b""
-    if hashlib.sha256(b).hexdigest()!=d:sys.exit(98)
+    if sha256(b).hexdigest()!=d:sys.exit(98)
     try:os.utime(f)
     except OSError:pass
 else:
     b=sys.stdin.buffer.read()
-    if hashlib.sha256(b).hexdigest()!=d:
+    if sha256(b).hexdigest()!=d:
         sys.stderr.write("clusterctl: the program arrived damaged (sha256 mismatch)\n");sys.exit(99)
     try:
         os.makedirs(c,0o700,exist_ok=True)
         if mine(c):
+            import tempfile
             t=tempfile.NamedTemporaryFile(dir=c,prefix=".tmp-",delete=False)
             try:
                 t.write(b);t.flush();os.fsync(t.fileno());t.close();os.chmod(t.name,0o600);os.replace(t.name,f)
@@ -74,7 +79,7 @@ else:
             for _,n in o[:-KEEP]:
                 os.unlink(os.path.join(c,n))
     except OSError:pass
-del d,m,u,c,f,mine
+del d,m,u,c,f,mine,sha256
 exec(compile(b,"<clusterctl program>","exec"),{"__name__":"__main__","__builtins__":__builtins__})
 '''.replace("KEEP", str(KEEP))
 

@@ -49,7 +49,7 @@ if sys.version_info < (3, 8):
     sys.stderr.write("clusterctl probe: python %%s is too old, 3.8 or newer is needed\\n"
                      %% sys.version.split()[0])
     sys.exit(%(rc)d)
-import base64, types, zlib
+import binascii, zlib
 _PYNVML = %(pynvml)r
 _COLLECTOR = %(collector)r
 _CODE_TAG = %(code_tag)r
@@ -60,12 +60,12 @@ def _code(packed_code, packed_source, filename):
         from _frozen_importlib_external import MAGIC_NUMBER
         if packed_code and [sys.implementation.name, MAGIC_NUMBER.hex()] == _CODE_TAG:
             import marshal
-            return marshal.loads(zlib.decompress(base64.b64decode(packed_code)))
+            return marshal.loads(zlib.decompress(binascii.a2b_base64(packed_code)))
     except Exception:
         pass
-    return compile(zlib.decompress(base64.b64decode(packed_source)), filename, "exec")
+    return compile(zlib.decompress(binascii.a2b_base64(packed_source)), filename, "exec")
 def _carried_pynvml():
-    mod = types.ModuleType("pynvml")
+    mod = type(sys)("pynvml")
     mod.__file__ = %(pynvml_file)r
     sys.modules["pynvml"] = mod
     exec(_code(_PYNVML_CODE, _PYNVML, mod.__file__), mod.__dict__)
