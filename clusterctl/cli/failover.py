@@ -52,8 +52,8 @@ def show(rep: Any, console: Any = console) -> None:
     for m in p.moves:
         why = rep.moved.get(m.instance)
         state = "" if rep.planned else (" ok" if why is None else f" FAILED: {why}")
-        console.print(f"  {verb} {m.instance}: {m.old.host} GPUs {','.join(map(str, m.old.gpus))} -> "
-                      f"{m.new.host} GPUs {','.join(map(str, m.new.gpus))} port {m.new.port}{state}", markup=False)
+        old, new = (" + ".join(f"{h} GPUs {','.join(map(str, g))}" for h, g in p_.stages) for p_ in (m.old, m.new))
+        console.print(f"  {verb} {m.instance}: {old} -> {new} port {m.new.port}{state}", markup=False)
     down = "would be marked down" if rep.planned else "marked down"
     for name in p.fixed:
         console.print(f"  {name}: explicit instance (fixed placement): {down}, not moved", markup=False)

@@ -17,6 +17,7 @@ from clusterctl.deploy import apply as ap
 from clusterctl.deploy import audit, gates, lock, multinode, pdrouter, prestage, remote, rollout, spec
 from clusterctl.deploy.journal import first_error
 from clusterctl.deploy.plan import Plan, make_plan, matches
+from clusterctl.deploy.rollback_order import rollback_in_order
 from clusterctl.deploy.state import StateStore, utc_now
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import Host, Instance, Inventory
@@ -532,7 +533,9 @@ class Deploy:
         """After a rollback restarted the previous units: gate them and put those that pass back."""
         from clusterctl.deploy.rollback import gate_restored
 
-        restored = {h: list(r.data.get("restored", [])) for h, r in replies.items() if r.ok}
+        # restored, and members of a multi-node replica restarted in order (their workers are not gated)
+        restored = {h: list(dict.fromkeys(r.data.get("restored", []) + r.data.get("held", [])))
+                    for h, r in replies.items() if r.ok}
         removed = [n for r in replies.values() if r.ok for n in r.data.get("removed", [])]
         if not any(restored.values()) and not removed:
             return
@@ -645,8 +648,11 @@ class Deploy:
 
     def _rollback(self, fleet: Any, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport,
                   status: str) -> None:
-        replies = ap.rollback_hosts(fleet, {h: ap.touched(by_host[h]) for h in hosts}, own_run_id=self.me.run_id,
-                                    only_run_id=self.me.run_id)
+        # a multi-node replica's members: stop all, then the workers, then the head (not all at once)
+        replies, order = rollback_in_order(fleet, {h: ap.touched(by_host[h]) for h in hosts}, self.instances,
+                                           own_run_id=self.me.run_id, only_run_id=self.me.run_id)
+        for line in order:
+            self.event("phase", line)
         self.restore_gates(fleet, replies, rep)
         for h in hosts:
             r = replies.get(h)

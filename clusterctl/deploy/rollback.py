@@ -25,6 +25,7 @@ from clusterctl.deploy.drain import DrainResult
 from clusterctl.deploy.journal import first_error
 from clusterctl.deploy.engine import Event, FleetFactory, desired
 from clusterctl.deploy.plan import matches
+from clusterctl.deploy.rollback_order import rollback_in_order
 from clusterctl.deploy.state import utc_now
 from clusterctl.inventory.model import Host, Inventory
 
@@ -75,7 +76,7 @@ def _targets(inv: Inventory, state_dir: str, restored: dict[str, list[str]],
     for host, names in restored.items():
         for name in names:
             st = states.get(host, remote.HostState(host)).instances.get(name)
-            if st is None:
+            if st is None or "--headless" in st.unit_text:  # a replica's worker: gated through its head
                 continue
             model = inv.models.get(st.x.get("Model", ""))
             flag = _SERVED.search(st.unit_text)
@@ -150,7 +151,10 @@ def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, st
             drained = [r for h in todo for r in drain_restored(inv, states[h], todo[h], gateway, drain_timeout_s)]
             rep.drained = {r.instance: ("drained" if r.drained else f"drain timed out, {r.remaining} in flight")
                            for r in drained}
-            replies = ap.rollback_hosts(fleet, todo, own_run_id=me.run_id)
+            # a multi-node replica's members: stop all, then the workers, then the head (not all at once)
+            replies, order = rollback_in_order(fleet, todo, desired(inv, state_dir)[0], own_run_id=me.run_id)
+            for line in order:
+                on_event(Event("phase", line))
             restored: dict[str, list[str]] = {}
             removed: list[str] = []
             for h, r in replies.items():
@@ -162,7 +166,10 @@ def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, st
                 entries += [{"instance": n, "host": h, "action": "removed"} for n in r.data.get("removed", [])]
                 removed += list(r.data.get("removed", []))
                 on_event(Event("host", "rolled back" if r.ok else f"rollback failed: {r.error}", h, r.ok))
-            rep.gates = gate_restored(inv, state_dir, fleet, restored, gate_timeout_s, on_event)
+            # members restarted in order are gated too (their headless workers are not: gate_restored)
+            restarted = {h: list(dict.fromkeys(restored.get(h, []) + list(r.data.get("held", []))))
+                         for h, r in replies.items() if r.ok}
+            rep.gates = gate_restored(inv, state_dir, fleet, restarted, gate_timeout_s, on_event)
             rep.gateway = dr.put_back(gateway, [g.instance for g in rep.gates if g.ok] + removed)
             for n, note in rep.gateway.items():
                 on_event(Event("host", f"{n}: {note}", None, note.startswith("up")))

@@ -14,10 +14,14 @@ One run (docs/gateway.md, "Failover"):
 4. **Mark down** every instance taken out at the gateway (reason
    ``failover: TP group UNAVAILABLE``), so no new request reaches it.
 5. **Drain and stop** the replicas that move (``deploy/lifecycle.py``: wait
-   for requests in flight up to ``drain_timeout_s``, then ``systemctl stop``).
+   for requests in flight up to ``drain_timeout_s``, then ``systemctl stop``;
+   a replica across hosts moves whole: every member's unit is stopped, and it
+   is placed again on N healthy hosts).
 6. **Record** their new placements and **roll out** exactly those replicas
    through the deploy engine (lock, staging, the unit removed from the old
    host, started on the new one, health gates, rollback of a failed batch).
+   A replica across hosts counts as moved only when every one of its new
+   hosts applied and its head passed its gate.
 7. **Sync** the gateway: moved replicas that passed their gates are marked
    up; the others stay down; weights from fresh load scores.  Instances over
    the cap keep the state the last sync gave them (failover leaves them alone).
@@ -187,7 +191,7 @@ def _move(inv: Inventory, store: StateStore, make_fleet: FleetFactory, opts: Fai
     from clusterctl.deploy.lifecycle import stop_instances
 
     names = [m.instance for m in plan.moves]
-    old_hosts = sorted({m.old.host for m in plan.moves})
+    old_hosts = sorted({h for m in plan.moves for h in m.old.hosts})  # a replica across hosts: every member
     with make_fleet([inv.hosts[h] for h in old_hosts if h in inv.hosts]) as fleet:
         for r in stop_instances(inv, fleet, [instances[n] for n in names], drain_timeout=opts.drain_timeout_s,
                                 on_event=say):
@@ -195,7 +199,7 @@ def _move(inv: Inventory, store: StateStore, make_fleet: FleetFactory, opts: Fai
     with store.update() as st:
         for m in plan.moves:
             st.placements.setdefault(m.template, {})[m.instance] = m.new
-    targets = {m.old.host for m in plan.moves} | {m.new.host for m in plan.moves}
+    targets = {h for m in plan.moves for h in m.old.hosts + m.new.hosts}
     hosts = [inv.hosts[h] for h in inv.hosts if h in targets]
     dopts = DeployOptions(instances=",".join(names), gate_timeout_s=opts.gate_timeout_s,
                           drain_timeout_s=opts.drain_timeout_s)
@@ -209,16 +213,21 @@ def _move(inv: Inventory, store: StateStore, make_fleet: FleetFactory, opts: Fai
         return
     report.deploy = rep
     for m in plan.moves:
-        out = rep.hosts.get(m.new.host)
-        gates = [g for g in (out.gates if out else []) if g.instance == m.instance]
+        report.moved[m.instance] = _moved(rep, m.instance, m.new.hosts)
+
+
+def _moved(rep: DeployReport, name: str, hosts: Sequence[str]) -> str | None:
+    """Why replica ``name`` did not come up on ``hosts`` (its head's first; a replica across hosts needs
+    every member's host applied, and its head's gate), or ``None`` when it did."""
+    for host in hosts:
+        out = rep.hosts.get(host)
         if out is None or out.status != "applied":
-            report.moved[m.instance] = f"{m.new.host}: {out.status if out else 'not reached'}" + \
-                (f": {out.error}" if out and out.error else "")
-        elif not gates or not all(g.ok for g in gates):
-            report.moved[m.instance] = "gate: " + "; ".join(g.reason for g in gates if not g.ok) if gates \
-                else "no gate result"
-        else:
-            report.moved[m.instance] = None
+            return f"{host}: {out.status if out else 'not reached'}" + (f": {out.error}" if out and out.error else "")
+    head = rep.hosts[hosts[0]]
+    gates = [g for g in head.gates if g.instance == name]
+    if not gates:
+        return "no gate result"
+    return None if all(g.ok for g in gates) else "gate: " + "; ".join(g.reason for g in gates if not g.ok)
 
 
 def _sync(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: FailoverOptions, plan: FailoverPlan,

@@ -12,6 +12,9 @@ Input: the instances that should run, doctor's ``tp.group`` CRIT findings
   never the ones it left).  An explicit instance (fixed placement in the
   inventory) is marked down at the gateway and reported, not moved; a
   replica for which no room is left is marked down and stays where it was.
+  A ``nodes: N`` replica (one TP group across hosts: one bad member on any
+  host makes doctor's ``tp.group`` UNAVAILABLE for all of it) moves whole:
+  all N stages placed again, on N hosts, off the GPUs it left.
 * **Cordons.** Each failed GPU of a group taken out is cordoned with the
   reason ``failover: <check>: <message>`` (a host-wide finding such as NVML
   down cordons the host), so later placements also avoid it.  When the
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl.deploy.placement import HostTopology, PlacementResult, reschedule
-from clusterctl.deploy.state import Cordon, DeployState, Placement, cordon_key, utc_now, who_am_i
+from clusterctl.deploy.state import Cordon, DeployState, Placement, cordon_key, placement_json, utc_now, who_am_i
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.inventory.model import Instance
 
@@ -48,7 +51,8 @@ AVOID_REASON = "--avoid-host (operator)"
 
 @dataclass
 class Move:
-    """A replica failover moves: from its old place to its new one."""
+    """A replica failover moves: from its old place to its new one (a replica across hosts moves whole:
+    every stage, ``Placement.stages``)."""
 
     instance: str
     template: str
@@ -57,8 +61,7 @@ class Move:
 
     def to_json(self) -> dict[str, Any]:
         return {"instance": self.instance, "template": self.template,
-                "from": {"host": self.old.host, "gpus": list(self.old.gpus), "port": self.old.port},
-                "to": {"host": self.new.host, "gpus": list(self.new.gpus), "port": self.new.port}}
+                "from": placement_json(self.old), "to": placement_json(self.new)}
 
 
 @dataclass

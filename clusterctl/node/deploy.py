@@ -425,6 +425,10 @@ def op_rollback(job):
     whose apply never reached a host must not restore an older deploy's).
     """
     errors, restored, removed, missing = {}, [], [], []
+    # a multi-node replica's members on this host: stopped before anything is restored, and not started
+    # here (the control side starts the workers, then the head, in order)
+    hold = job.get("hold", [])
+    _run_units("stop", [_unit(n) for n in hold if os.path.exists(_unit_path(n))], errors)
     for name in job.get("instances", []):
         base = os.path.join(PREVIOUS_DIR, name)
         if job.get("run_id") and (_read(base + ".run") or "") != job["run_id"]:
@@ -458,9 +462,12 @@ def op_rollback(job):
     for name in restored:
         _systemctl("reset-failed", _unit(name))
         _run_units("enable", [_unit(name)], errors)
+    held = [n for n in hold if os.path.exists(_unit_path(n))]
+    for name in held:
+        _systemctl("reset-failed", _unit(name))
     if job.get("restart", True):  # False: the files were written but never started (playbook units step)
-        _run_units("restart", [_unit(n) for n in restored], errors)
-    return {"ok": not errors, "restored": restored, "removed": removed, "missing": missing,
+        _run_units("restart", [_unit(n) for n in restored if n not in hold], errors)
+    return {"ok": not errors, "restored": restored, "removed": removed, "missing": missing, "held": held,
             "errors": errors, "error": "; ".join(errors.values()) if errors else None}
 
 
