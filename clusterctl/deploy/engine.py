@@ -304,11 +304,12 @@ class Deploy:
 
         starting = {i.instance: self.instances[i.instance] for h in plan.hosts for i in h.items
                     if i.action in ("new", "changed") and i.instance in self.instances}
-        for name in sorted(n for n, i in starting.items() if multinode.is_multinode(i)):
-            # its memory per pipeline stage is not modelled (deploy/memory.py splits by TP only)
-            self.event("warn", f"pre-flight does not check multi-node replica {name} (memory per pipeline "
-                               "stage is not modelled)", ok=False)
-            del starting[name]
+        # a multi-node replica restarts whole when any member changes: checked stage by stage (preflight.py)
+        for h in plan.hosts:
+            for i in h.items:
+                whole = multinode.replica_of(self.instances, i.instance) if i.action in ("new", "changed") else None
+                if whole is not None:
+                    starting[whole.name] = whole
         if not starting:
             return None
         # The state after the plan's removals: on each host, the units it removes or restarts are

@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
 from clusterctl.deploy.drain import (DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_POLL_S, DrainResult, GatewayHook,
                                      drain)
 from clusterctl.deploy.journal import first_error
 from clusterctl.deploy.metrics import base_url, http_get
-from clusterctl.deploy.multinode import hosts_in_order, is_multinode, member_name
+from clusterctl.deploy import multinode
 from clusterctl.deploy.spec import unit_name
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet import shell
@@ -147,7 +147,7 @@ def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_fi
                 res.notes.append(f"drain timed out with {left} request(s) in flight; {action}ing anyway")
         elif action in ("stop", "restart") and gateway is not None:
             gateway.mark_down(inst.name)
-        if is_multinode(inst):
+        if multinode.is_multinode(inst):
             _replica(inv, fleet, inst, action, res, poll=poll, health_timeout=health_timeout, on_event=on_event)
         else:
             _single(inv, fleet, inst, host, action, res, poll=poll, health_timeout=health_timeout,
@@ -182,17 +182,11 @@ def _single(inv: Inventory, fleet: Any, inst: Instance, host: str, action: Actio
     res.ok = res.error is None
 
 
-def member_units(inst: Instance) -> list[tuple[Instance, str]]:
-    """A multi-node replica's units as ``(instance of the unit, host)`` per rank, the head first."""
-    return [(replace(inst, name=member_name(inst.name, r), placement=tuple(g for g in inst.placement if g.host == h)), h)
-            for r, h in enumerate(hosts_in_order(inst))]
-
-
 def _replica(inv: Inventory, fleet: Any, inst: Instance, action: Action, res: ActionResult, *,
              poll: float, health_timeout: float, on_event: Callable[[str], None]) -> None:
     """A multi-node replica's units in its order (module doc): stop head then workers; start workers then
     the head and wait for the head's ``/health``; restart = stop + start.  Sets ``res.error``/``res.ok``."""
-    units = member_units(inst)
+    units = multinode.units(inst)
     res.units = [f"{unit_name(m.name)} on {h}" for m, h in units]
     errors: list[str] = []
     if action in ("stop", "restart"):

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -564,27 +564,33 @@ def predict(shape: ModelShape, weights: WeightSizes, settings: Settings, totals:
     return replace(shell, ranks=tuple(ranks))
 
 
+#: A correction applied to every budget a search predicts (a pipeline stage's, deploy/stages.py).
+Adjust = Callable[[Budget], Budget]
+
+
 def util_to_fit(shape: ModelShape, weights: WeightSizes, settings: Settings, totals: list[int],
-                rules: VersionRules, margin: int = MARGIN_BYTES) -> float | None:
+                rules: VersionRules, margin: int = MARGIN_BYTES, adjust: Adjust | None = None) -> float | None:
     """Smallest ``gpu_memory_utilization`` (a multiple of 0.01) whose budget holds one
     ``max_model_len`` request plus ``margin`` on every rank; ``None`` when even 1.0 does not."""
     for pct in range(1, 101):
         util = pct / 100
         s = Settings(**{**settings.__dict__, "util": util, "kv_cache_memory_bytes": None})
         b = predict(shape, weights, s, totals, rules)
+        b = adjust(b) if adjust else b
         if b.worst.available_kv >= b.needed_kv + margin:
             return util
     return None
 
 
 def tp_to_fit(shape: ModelShape, weights: WeightSizes, settings: Settings, total: int, rules: VersionRules,
-              current_tp: int, max_gpus: int, margin: int = MARGIN_BYTES) -> int | None:
+              current_tp: int, max_gpus: int, margin: int = MARGIN_BYTES, adjust: Adjust | None = None) -> int | None:
     """Smallest larger power-of-two TP (dividing the heads, at most ``max_gpus``) at which the
     same settings hold one ``max_model_len`` request plus ``margin``; ``None`` when none does."""
     tp = current_tp * 2
     while tp <= max_gpus:
         if shape.heads % tp == 0:
             b = predict(shape, weights, settings, [total] * tp, rules)
+            b = adjust(b) if adjust else b
             if b.worst.available_kv >= b.needed_kv + margin:
                 return tp
         tp *= 2

@@ -35,7 +35,7 @@ from clusterctl.probe.gid import ipv4_of_gid
 from clusterctl.inventory.multinode import MASTER_PORT_OFFSET, engine_problem, hosts_in_order, member_name, problems
 
 __all__ = ["MASTER_PORT_OFFSET", "engine_problem", "hosts_in_order", "problems", "is_multinode", "member_name", "master_addr",
-           "members", "workers", "replica_of", "together", "phased", "gid_index", "rdma_ports",
+           "members", "units", "workers", "replica_of", "together", "phased", "gid_index", "rdma_ports",
            "GidTables"]
 
 #: host -> ``DEV:PORT`` -> that RDMA port's populated GID table ``[{index, gid, type}]`` (None: no such
@@ -123,6 +123,13 @@ def members(inv: Inventory, inst: Instance, gids: GidTables | None = None) -> li
         out.append(replace(inst, name=member_name(inst.name, rank),
                            placement=tuple(g for g in inst.placement if g.host == h), args=args, env=env))
     return out
+
+
+def units(inst: Instance) -> list[tuple[Instance, str]]:
+    """The replica's units as ``(instance of the unit, host)`` per rank, the head first: the member's
+    unit name, the host's GPUs of the placement, the inventory's args and env (no multi-node flags)."""
+    return [(replace(inst, name=member_name(inst.name, r), placement=tuple(g for g in inst.placement if g.host == h)), h)
+            for r, h in enumerate(hosts_in_order(inst))]
 
 
 def workers(instances: Iterable[Instance]) -> set[str]:

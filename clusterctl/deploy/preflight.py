@@ -16,6 +16,9 @@ Per instance (``check_instances``, pure; ``run_preflight`` reads the hosts):
 * **port** — another process already listening on the port (vLLM binds with
   SO_REUSEPORT and would not fail); the instance's own unit is not a conflict.
 * **TP** — heads divisible by TP, enough GPUs, one host, TP > 2 without NVLink.
+* **pipeline stages** — a multi-node replica (docs/multinode.md) is checked stage by stage,
+  one row per member unit on its own host (``NAME``, ``NAME-nodeR``): the same checks over
+  that host's GPUs, with the stage's layers, weights and KV cache (:mod:`clusterctl.deploy.stages`).
 
 Problems are CRIT (deploy refuses unless forced) or WARN.  A host that
 cannot be read is a CRIT row ("could not check"), never an exception.
@@ -28,6 +31,8 @@ from typing import Any, Callable, Collection, Mapping
 
 from clusterctl.deploy import flags as flagmod
 from clusterctl.deploy import memory as M
+from clusterctl.deploy import multinode
+from clusterctl.deploy import stages as pp
 from clusterctl.deploy.ports import check_port
 from clusterctl.deploy.preflight_hosts import (NODE_TIMEOUT_S, GpuProc, GpuView, HostView, gpus_from_facts,
                                                host_view, read_hosts)
@@ -121,15 +126,16 @@ def _check_tp(row: InstanceRow, inv: Inventory, inst: Instance, shape: M.ModelSh
 
 def _check_memory(row: InstanceRow, shape: M.ModelShape, s: M.Settings, budget: M.Budget,
                   weights: M.WeightSizes, totals: list[int], rules: M.VersionRules, margin: int,
-                  gpu_count: int) -> None:
+                  gpu_count: int, adjust: M.Adjust | None = None) -> None:
+    """``adjust``: a pipeline stage's correction of every budget predicted here (what would fit too)."""
     w = budget.worst
     base = {"requested_gib": _g(w.requested), "util": s.util, "total_gib": _g(w.total),
             "weights_gib": _g(w.weights), "activation_gib": _g(w.activation),
             "non_torch_gib": _g(w.non_torch), "cuda_graphs_gib": _g(w.graphs),
             "available_kv_gib": _g(w.available_kv)}
-    util_fit = M.util_to_fit(shape, weights, s, totals, rules, margin)
+    util_fit = M.util_to_fit(shape, weights, s, totals, rules, margin, adjust)
     tp_fit = None if util_fit is not None else \
-        M.tp_to_fit(shape, weights, s, totals[0], rules, len(totals), gpu_count, margin)
+        M.tp_to_fit(shape, weights, s, totals[0], rules, len(totals), gpu_count, margin, adjust)
     if w.weights + M.CUDA_CONTEXT_BYTES > w.total:
         row.add(Severity.CRIT, "memory.weights",
                 f"the weights alone take {_g(w.weights)} GiB per GPU (TP {len(totals)}), more than the GPU's "
@@ -158,7 +164,9 @@ def _check_memory(row: InstanceRow, shape: M.ModelShape, s: M.Settings, budget: 
     fit: dict[str, Any] = {"max_model_len": safe_len or None, "gpu_memory_utilization": util_fit,
                            "tensor_parallel_size": tp_fit}
     if s.kv_dtype_bytes > 1 and s.kv_cache_memory_bytes is None:
-        fp8 = M.predict(shape, weights, M.Settings(**{**s.__dict__, "kv_cache_dtype": "fp8"}), totals, rules)
+        fp8_s = M.Settings(**{**s.__dict__, "kv_cache_dtype": "fp8"})
+        fp8 = M.predict(shape, weights, fp8_s, totals, rules)
+        fp8 = adjust(fp8) if adjust else fp8
         if fp8.needed_kv + margin <= fp8.worst.available_kv:
             fit["kv_cache_dtype"] = "fp8"
     if need > w.available_kv:
@@ -297,11 +305,15 @@ def _check_engine(row: InstanceRow, engine: Engine, hv: HostView) -> None:
 
 def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView],
                     margin: int, stopping: Mapping[str, Collection[str]] | None = None,
+                    stage: tuple[str, int, int] | None = None,
                     ) -> tuple[InstanceRow, list[tuple[int, float, int, int]]]:
-    """One instance's row, and per GPU (index, util, predicted NVML use, free) for the sharing check."""
+    """One instance's row, and per GPU (index, util, predicted NVML use, free) for the sharing check.
+    ``stage``: ``(replica, rank, count)`` when ``inst`` is pipeline stage ``rank`` of a multi-node
+    replica (one host's unit, :func:`clusterctl.deploy.multinode.units`)."""
     host = inst.hosts[0] if inst.hosts else None
     gone = (stopping or {}).get(host or "", ())
-    row = InstanceRow(instance=inst.name, host=host, gpus=tuple(g.index for g in inst.placement if not g.is_cpu))
+    row = InstanceRow(instance=inst.name, host=host, gpus=tuple(g.index for g in inst.placement if not g.is_cpu),
+                      replica=stage[0] if stage else None)
     usage: list[tuple[int, float, int, int]] = []
     if len(inst.hosts) != 1:
         row.add(Severity.CRIT, "tp.hosts", f"TP group spans {len(inst.hosts)} hosts ({', '.join(inst.hosts)}): "
@@ -332,10 +344,23 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
             _check_cpu_engine(row, inst, hv, *nums)
         return row, usage
     _check_tp(row, inv, inst, shape, hv)
-    _check_port(row, inst, hv, gone)
+    if stage is None or stage[1] == 0:  # the workers run headless: no API port
+        _check_port(row, inst, hv, gone)
     if nums is None:
         return row, usage
     shape, weights = nums
+    full_shape, where = shape, None
+    if stage is not None:
+        try:
+            where = pp.stages(shape.layers, stage[2], inst.tp_size, inst.env.get(pp.PARTITION_ENV))[stage[1]]
+        except ValueError as e:
+            row.add(Severity.CRIT, "flags", f"{e} (vLLM refuses it)")
+            return row, usage
+        row.stage = where.describe()
+        shape, weights = pp.stage_shape(shape, where), pp.stage_weights(weights, where)
+        if shape.sliding_layers or shape.linear_layers:
+            row.add(Severity.WARN, "model.arch", f"model {model.name}: the stage's sliding/linear layers are "
+                    "counted in proportion to its layers (their order across stages is not modelled)")
     row.weights_source = weights.source
     inv_host = inv.hosts.get(host or "")
     gpus: list[GpuView] = []
@@ -376,9 +401,16 @@ def _check_instance(inv: Inventory, inst: Instance, hosts: Mapping[str, HostView
                     "online_fp8": s.online_fp8}
     totals = [g.total for g in gpus]
     budget = M.predict(shape, weights, s, totals, rules)
+    adjust = None
+    if where is not None:
+        stage_at = where
+
+        def adjust(b: M.Budget) -> M.Budget:
+            return pp.adjust(b, full_shape, s, stage_at)
+        budget = adjust(budget)
     row.budget = budget
     _check_memory(row, shape, s, budget, weights, totals, rules, margin,
-                  len(hv.gpus) or (inv_host.gpus.count if inv_host else len(gpus)))
+                  len(hv.gpus) or (inv_host.gpus.count if inv_host else len(gpus)), adjust)
     _check_free(row, inst, budget, gpus, s, gone)
     own = {unit_name(inst.name), *gone}
     for rank, g in zip(budget.ranks, gpus):
@@ -401,12 +433,17 @@ def check_instances(inv: Inventory, instances: Mapping[str, Instance], hosts: Ma
     ports: dict[tuple[str, int], list[str]] = {}
     for name in sorted(instances):
         inst = instances[name]
-        row, usage = _check_instance(inv, inst, hosts, margin, stopping)
-        report.rows.append(row)
-        for idx, util, in_use, free in usage:
-            shared.setdefault((row.host or "", idx), []).append((row, util, in_use, free))
-        if row.host:
-            ports.setdefault((row.host, inst.port), []).append(name)
+        # a runnable multi-node replica: one row per pipeline stage, on its own host
+        members = multinode.units(inst) if multinode.is_multinode(inst) and not multinode.problems(inv, inst) \
+            else [(inst, "")]
+        for rank, (unit, _) in enumerate(members):
+            row, usage = _check_instance(inv, unit, hosts, margin, stopping,
+                                         (name, rank, len(members)) if len(members) > 1 else None)
+            report.rows.append(row)
+            for idx, util, in_use, free in usage:
+                shared.setdefault((row.host or "", idx), []).append((row, util, in_use, free))
+            if row.host and rank == 0:
+                ports.setdefault((row.host, inst.port), []).append(name)
     for (host, idx), entries in shared.items():
         if len(entries) < 2:
             continue

@@ -37,6 +37,10 @@ class InstanceRow:
     budget: M.Budget | None = None
     weights_source: str | None = None
     problems: list[PreflightProblem] = field(default_factory=list)
+    #: a pipeline stage of a multi-node replica: the replica's name (``instance`` is the stage's unit,
+    #: ``NAME`` or ``NAME-nodeR``) and which stage (``pipeline stage R of N: layers a-b of L``)
+    replica: str | None = None
+    stage: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -61,6 +65,7 @@ class InstanceRow:
             "predicted_kv_tokens": b.kv_tokens, "max_concurrency": round(b.max_concurrency(), 2),
             "estimated_max_model_len": b.max_len_for(b.worst.available_kv), "weights_source": self.weights_source}
         return {"instance": self.instance, "host": self.host, "gpus": list(self.gpus), "ok": self.ok,
+                **({"replica": self.replica, "stage": self.stage} if self.replica else {}),
                 "severity": self.severity.name, "engine_version": self.engine_version,
                 "settings": self.settings, "memory": mem, "problems": [p.to_json() for p in self.problems]}
 
@@ -78,7 +83,8 @@ class PreflightReport:
 
     @property
     def refused(self) -> list[str]:
-        return [r.instance for r in self.rows if not r.ok]
+        """The refused instances (a multi-node replica by its name, once, whichever stage refused)."""
+        return list(dict.fromkeys(r.replica or r.instance for r in self.rows if not r.ok))
 
     def row(self, instance: str) -> InstanceRow:
         for r in self.rows:
@@ -87,9 +93,19 @@ class PreflightReport:
         raise KeyError(instance)
 
     def predictions(self) -> dict[str, tuple[str, int]]:
-        """Instance → (host, predicted "GPU KV cache size" tokens), for ``kvcheck.read_kv_checks``."""
-        return {r.instance: (r.host, r.budget.kv_tokens) for r in self.rows
-                if r.budget is not None and r.host is not None}
+        """Instance → (host, predicted "GPU KV cache size" tokens), for ``kvcheck.read_kv_checks``.
+        A multi-node replica: its head's host and the smallest stage's tokens (vLLM sizes the cache
+        to the smallest worker's block count), only when every stage was predicted."""
+        out = {r.instance: (r.host, r.budget.kv_tokens) for r in self.rows
+               if r.budget is not None and r.host is not None and r.replica is None}
+        replicas: dict[str, list[InstanceRow]] = {}
+        for r in self.rows:
+            if r.replica is not None:
+                replicas.setdefault(r.replica, []).append(r)
+        for name, rows in replicas.items():
+            if all(r.budget is not None for r in rows) and rows[0].host is not None:
+                out[name] = (rows[0].host, min(r.budget.kv_tokens for r in rows if r.budget is not None))
+        return out
 
     def worst(self) -> Severity:
         return max((r.severity for r in self.rows), key=lambda s: s.rank, default=Severity.OK)
