@@ -54,6 +54,8 @@ Examples:
   clusterctl deploy --serial 1,100% --record-baseline previous --gate drift --gate bench:qwen-7
 
   clusterctl deploy --playbook playbooks/rolling-engine-upgrade.yaml --plan
+
+  clusterctl deploy --surge --plan        # which replicas start beside the old one on spare GPUs
 """
 
 ROLLBACK_HELP = """Put back the unit, env and model version that the last deploy replaced
@@ -102,6 +104,11 @@ def deploy(inventory: Optional[str] = InventoryOpt,
            warm_budget: Optional[str] = typer.Option(None, "--warm-budget", metavar="SIZE",
                                                      help="With --prestage: page-cache bytes per host (e.g. 96G) "
                                                           "[default: the whole version]."),
+           surge: bool = typer.Option(False, "--surge", help="Start each changed replica's new version beside the "
+                                                             "old on spare GPUs first; in place where none "
+                                                             "(docs/deploy.md 'Surge')."),
+           surge_strict: bool = typer.Option(False, "--surge-strict", help="As --surge, but refuse the deploy "
+                                                                           "(exit 3) when some change cannot surge."),
            as_json: bool = JsonOpt,
            fanout: Optional[int] = FanoutOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt,
@@ -109,6 +116,7 @@ def deploy(inventory: Optional[str] = InventoryOpt,
            host_key_policy: Optional[str] = HostKeyOpt) -> None:
     from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
     from clusterctl.stage.run import parse_size
+    from clusterctl.deploy.surge import step_line, with_surge
     from clusterctl.deploy.release_gates import ReleaseDeploy, parse_gates
     from clusterctl.deploy.lock import LockHeld
     from clusterctl.deploy.rollout import parse_serial
@@ -126,7 +134,8 @@ def deploy(inventory: Optional[str] = InventoryOpt,
         opts = DeployOptions(instances=instances, serial=parse_serial(serial), max_fail_percentage=max_fail_percentage,
                              force=force, gate_timeout_s=gate_timeout, drain_timeout_s=drain_timeout,
                              break_lock=break_lock, plan_only=plan_only, prestage=prestage,
-                             warm_budget=None if warm_budget is None else parse_size(warm_budget, "--warm-budget"))
+                             warm_budget=None if warm_budget is None else parse_size(warm_budget, "--warm-budget"),
+                             surge="strict" if surge_strict else "auto" if surge else "")
         release = parse_gates(gate, bench_tolerance=bench_tolerance, record_baseline=record_baseline)
     except ClusterctlError as e:
         fail(str(e))
@@ -140,15 +149,18 @@ def deploy(inventory: Optional[str] = InventoryOpt,
             fail("--serial does not go with --playbook: each canary, rollout and exec step has its own serial")
         if release.any:
             fail("--gate / --record-baseline do not go with --playbook: give the playbook drift: and bench: gates")
+        if opts.surge:
+            fail("--surge does not go with --playbook")
         with deploy_events(not as_json) as events:
             run_playbook(playbook, inv, hosts, make, sd, opts, as_json=as_json, detailed_exitcode=detailed_exitcode,
                          on_event=events)
     try:
         with deploy_events(not as_json) as events:
             if release.any and not plan_only:
-                rep = ReleaseDeploy(inv, hosts, make, sd, opts, on_event=events, release=release).run()
+                rep = with_surge(ReleaseDeploy)(inv, hosts, make, sd, opts, on_event=events, release=release).run() \
+                    if opts.surge else ReleaseDeploy(inv, hosts, make, sd, opts, on_event=events, release=release).run()
             else:
-                rep = Deploy(inv, hosts, make, sd, opts, on_event=events).run()
+                rep = (with_surge(Deploy) if opts.surge else Deploy)(inv, hosts, make, sd, opts, on_event=events).run()
     except PreflightRefused as e:
         refused(e, as_json)
     except LockHeld as e:
@@ -159,7 +171,11 @@ def deploy(inventory: Optional[str] = InventoryOpt,
         print_json(rep.to_dict())
     elif plan_only:
         print_plan(rep.plan)
+        for step in rep.surge or []:
+            console.print(f"surge: {step_line(step)}", markup=False)
     else:
+        for step in rep.surge or []:
+            console.print(f"surge: {step_line(step)}", markup=False)
         print_deploy_report(rep)
     if plan_only:
         if any(h.error for h in rep.plan.hosts):

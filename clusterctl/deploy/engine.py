@@ -66,6 +66,8 @@ class DeployOptions:
     #: before the first batch; ``warm_budget``: page-cache bytes per host (None: the whole version).
     prestage: bool = False
     warm_budget: int | None = None
+    #: ``deploy --surge`` (``auto``) / ``--surge-strict`` (``strict``); empty: in place (deploy/surge.py).
+    surge: str = ""
 
 
 @dataclass
@@ -109,6 +111,8 @@ class DeployReport:
     #: ``--prestage``: what was staged where before the first batch (``prestage.Prestaged.to_dict``).
     prestage: dict[str, Any] | None = None
     seconds: float = 0.0
+    #: ``deploy --surge``: per changed instance, surge or in place and why, and how it went (deploy/surge.py).
+    surge: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -120,6 +124,7 @@ class DeployReport:
                 "batches": self.batches, "recovered_locks": self.recovered_locks,
                 "preflight": pre.to_json() if pre is not None else None, "kv_checks": self.kv_checks,
                 "gateway": self.gateway, "prestage": self.prestage,
+                **({"surge": self.surge} if self.surge is not None else {}),
                 "plan": self.plan.to_dict(), "hosts": [h.to_dict() for h in self.hosts.values()]}
 
 

@@ -398,6 +398,12 @@ def op_apply(job):
         _systemctl("disable", _unit(name))
         _remove(_unit_path(name))
         _remove(_env_path(name))
+    for name in job.get("forget", []):  # a surge unit (deploy --surge): no copy for rollback to bring back
+        for ext in (".service", ".env", ".model", ".absent", ".run"):
+            _remove(os.path.join(PREVIOUS_DIR, name) + ext)
+    for m in job.get("relink", []):  # model links put back: a failed surge, the old unit never stopped
+        if os.path.exists(os.path.join(os.path.dirname(m["path"]), m["target"])):
+            _point(m["path"], m["target"])
     # units stopped before anything is written or started (a multi-node replica's members)
     _run_units("stop", [_unit(n) for n in job.get("stop", [])], errors)
     for item in job.get("write", []):
