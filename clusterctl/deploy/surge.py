@@ -200,6 +200,8 @@ class SurgeDeploy(Deploy):
             #: host -> model path -> link target before anything of this run (what a failed surge restores).
             self.links_first: dict[str, dict[str, str | None]] = {}
             self.uuids: dict[str, dict[int, str] | None] = {}
+            #: surge instances added at the gateway (taken out before they stop).
+            self.at_gateway: set[str] = set()
 
     def _steps(self, plan: Plan, states: Mapping[str, remote.HostState]) -> list[SurgeStep]:
         self._surge_init()
@@ -335,6 +337,7 @@ class SurgeDeploy(Deploy):
                                                             if g.inconclusive else ""))
         passed = {h: s for h, s in go.items() if s.outcome == "planned"}
         if passed:
+            self.at_gateway |= {s.surge or "" for s in passed.values()}  # also when a gateway host failed: taken out later
             err = self._gateway_sync()
             if err:
                 for s in passed.values():
@@ -372,17 +375,28 @@ class SurgeDeploy(Deploy):
         return None
 
     def _retire(self, fleet: Any, steps: Sequence[SurgeStep], relink: bool = False) -> None:
-        """Drain, stop and remove the surge units of ``steps`` (no previous copy kept), then take them out of
-        the gateway.  ``relink``: also put back the model links staging switched (the old one never stopped)."""
+        """Take the surge units of ``steps`` out of the gateway (one sync; nginx's graceful reload lets
+        requests in flight finish), wait for those in flight, then stop and remove them (no previous
+        copy kept).  ``relink``: also put back the model links staging switched (the old one never stopped)."""
         steps = [s for s in steps if s.surge in self.surging]
         if not steps:
             return
-        insts = [self.surging[s.surge or ""] for s in steps]
-        if self.gateway is not None:
+        insts = [self.surging.pop(s.surge or "") for s in steps]
+        for s in steps:
+            self.instances.pop(s.surge or "", None)
+        served = [s for s in steps if s.surge in self.at_gateway]
+        if served:
+            self.at_gateway -= {s.surge for s in served}
+            hook = self.gateway
+            try:  # rendered without them (and any mark of theirs cleared)
+                if hook is not None:
+                    hook.mark_up_many([s.surge for s in served])
+            except ClusterctlError as e:
+                self.event("warn", f"gateway: surge units not taken out: {e}", ok=False)
             with cf.ThreadPoolExecutor(max_workers=min(16, len(insts))) as ex:
-                notes = list(ex.map(lambda i: _drain(self.inv, i, self.opts.drain_timeout_s, self.gateway), insts))
+                notes = list(ex.map(lambda i: _drain(self.inv, i, self.opts.drain_timeout_s), insts))
             for s, note in zip(steps, notes):
-                self.event("host", f"{s.surge}: {note}", s.host, note == "drained")
+                self.event("host", f"{s.surge}: out of the gateway, {note}", s.host, note == "drained")
         jobs: dict[str, dict[str, Any]] = {}
         for s in steps:
             job = jobs.setdefault(s.host, {"op": "apply", "run_id": self.me.run_id, "write": [], "restart": [],
@@ -397,15 +411,6 @@ class SurgeDeploy(Deploy):
         for h, reply in ap.apply_hosts(fleet, jobs).items():
             self.event("host", "surge unit removed" if reply.ok else f"surge unit not removed: {reply.error}", h,
                        reply.ok)
-        for s in steps:
-            self.surging.pop(s.surge or "", None)
-            self.instances.pop(s.surge or "", None)
-        hook = self.gateway
-        if hook is not None:
-            try:  # out of the config, and their drain marks cleared
-                hook.mark_up_many([s.surge for s in steps])
-            except ClusterctlError as e:
-                self.event("warn", f"gateway: surge units not taken out yet: {e}", ok=False)
 
     def _rollback(self, fleet: Any, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport,
                   status: str) -> None:
@@ -413,12 +418,9 @@ class SurgeDeploy(Deploy):
         self._retire(fleet, [s for s in self.surge_steps if s.host in hosts and s.surge in self.surging])
 
 
-def _drain(inv: Inventory, inst: Instance, timeout: float, gateway: Any) -> str:
-    """Drain a surge unit before it is removed; how it ended."""
-    try:
-        r = dr.drain(inv, inst, timeout=timeout, gateway=gateway)
-    except ClusterctlError as e:  # removed anyway: the gateway sync after the removal takes it out
-        return f"not marked down at the gateway: {e}"
+def _drain(inv: Inventory, inst: Instance, timeout: float) -> str:
+    """Wait for a surge unit's requests in flight (it is out of the gateway already); how it ended."""
+    r = dr.drain(inv, inst, timeout=timeout)
     return "drained" if r.drained else f"drain timed out, {r.remaining} in flight"
 
 
