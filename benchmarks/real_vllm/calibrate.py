@@ -48,7 +48,7 @@ from clusterctl.lab import realmodel  # noqa: E402
 from clusterctl.lab.vllm_sim import latency as L  # noqa: E402
 from clusterctl.lab.vllm_sim import profiles as P  # noqa: E402
 from loadgen_accuracy import write_result  # noqa: E402
-from support.engines import READY, REAL_CORE, start_engine  # noqa: E402
+from support.engines import READY, REAL_CORE, preemptions_in, start_engine  # noqa: E402
 
 CODE = "import sys; from clusterctl.cli.main import main; sys.exit(main(sys.argv[1:]))"
 #: (concurrency, requests) per level.
@@ -98,9 +98,7 @@ def bench_level(url: str, core: str, c: int, n: int, model: Path) -> dict[str, A
 def _preemptions(url: str) -> float:
     """The engine's vllm:num_preemptions_total (all label sets)."""
     with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_preemptions_total"))
+        return preemptions_in(r.read().decode())
 
 
 def run_engine(kind: str, model: Path, flags: list[str], env: dict[str, str] | None = None,

@@ -227,6 +227,22 @@ def _explicit_kv_knob(inst: Instance | None, ev: LogEvents) -> str | None:
     return None
 
 
+def kv_capacity_advice(inst: Instance | None, inventory: Inventory | None) -> str:
+    """How to give an instance more KV cache, by what sizes it (for preemptions and full caches):
+    ``VLLM_CPU_KVCACHE_SPACE`` on a CPU instance that sets it, else ``--kv-cache-memory-bytes`` when
+    given (an explicit size: the utilisation fraction does not change it), else the GPU fraction."""
+    cpu = inst is not None and (bool(inst.placement) and all(p.is_cpu for p in inst.placement) or (
+        inventory is not None and getattr(inventory.engines.get(inst.engine), "device", "gpu") == "cpu"))
+    if cpu and inst is not None and str(inst.env.get("VLLM_CPU_KVCACHE_SPACE", "")).strip():
+        return "raise VLLM_CPU_KVCACHE_SPACE (GiB of host RAM for the KV cache; it overrides --kv-cache-memory-bytes)"
+    if arg(inst, "kv-cache-memory-bytes") is not None:
+        return ("raise --kv-cache-memory-bytes (an explicit KV size: --gpu-memory-utilization does not set it)"
+                + (" within the host's free RAM" if cpu else ""))
+    if cpu:
+        return "pass a larger --kv-cache-memory-bytes (the CPU engine's KV cache is host RAM)"
+    return "raise --gpu-memory-utilization or TP for more KV cache"
+
+
 def _host_mem_finding(host: str, subj: str, ev: LogEvents, evidence: tuple[str, ...]) -> Finding:
     """The CPU backend could not get its host memory (vLLM 0.32 cpu_worker.py wordings)."""
     h = ev.host_mem or {}

@@ -21,6 +21,7 @@ from typing import Any
 
 from clusterctl.diagnose import sources
 from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.diagnose.oom import kv_capacity_advice
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.thresholds import number, section
 from clusterctl.diagnose.vllmlog import parse_log
@@ -154,8 +155,8 @@ def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
                 found.append(Finding("serving.metrics", Severity.WARN, host, subj,
                                      f"preemptions rising: +{p1 - p0:.0f} in {ctx.interval_s:g} s "
                                      "(KV cache too small for the load)",
-                                     "raise --gpu-memory-utilization or TP for more KV cache, lower --max-num-seqs, "
-                                     "or add replicas", (f"num_preemptions_total {p0:.0f} -> {p1:.0f}",)))
+                                     f"{_kv_advice(ctx, name)}, lower --max-num-seqs, or add replicas",
+                                     (f"num_preemptions_total {p0:.0f} -> {p1:.0f}",)))
     if m1 is not None:
         r0, r1 = total(m0, "vllm:num_requests_running"), total(m1, "vllm:num_requests_running")
         g0, g1 = total(m0, "vllm:generation_tokens_total"), total(m1, "vllm:generation_tokens_total")
@@ -181,6 +182,11 @@ def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
                              "long queues or prefill contention: add replicas, lower --max-num-batched-tokens",
                              (f"ttft_p99={p99:.3f}s",)))
     return found or [Finding("serving.metrics", Severity.OK, host, subj, "serving metrics within limits")]
+
+
+def _kv_advice(ctx: AnalysisContext, name: str) -> str:
+    inv = ctx.inventory
+    return kv_capacity_advice(inv.instances.get(name) if inv is not None else None, inv)
 
 
 def engine_hung(running0: float | None, running1: float | None, generated0: float | None,
@@ -249,7 +255,7 @@ def check_engine(ctx: AnalysisContext) -> list[Finding]:
         if ev.preemptions_v0:
             out.append(Finding("serving.engine", Severity.WARN, host, subj,
                                f"requests preempted for KV cache space ({ev.preemptions_v0} so far)",
-                               "raise --gpu-memory-utilization or TP, or lower --max-num-seqs"))
+                               f"{_kv_advice(ctx, name)}, or lower --max-num-seqs"))
         if not (ev.nccl or ev.engine_dead or ev.preemptions_v0):
             out.append(Finding("serving.engine", Severity.OK, host, subj,
                                "engine log shows no failure" + ("" if ev.ready else " (not ready yet)")))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clusterctl.diagnose.serving import parse_metrics, total
 from clusterctl.lab import realvllm
 from clusterctl.lab.vllm_sim.serve import free_port
 
@@ -251,5 +252,10 @@ def preemptions_total(ep: EngineProc, headers: dict[str, str] | None = None) -> 
     """vllm:num_preemptions_total (all label sets) from the engine's /metrics."""
     status, body = ep.get("/metrics", headers)
     assert status == 200, status
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
-               if line.startswith("vllm:num_preemptions_total"))
+    return preemptions_in(body.decode())
+
+
+def preemptions_in(metrics_text: str) -> float:
+    """vllm:num_preemptions_total summed over label sets, read by the doctor's own /metrics parser (0 when
+    the engine has not exported it yet)."""
+    return total(parse_metrics(metrics_text), "vllm:num_preemptions_total") or 0.0

@@ -87,12 +87,17 @@ class Emitted:
 
 
 class BlockPool:
-    """KV blocks with a prefix cache: free blocks, and cached blocks keyed by prefix hash."""
+    """KV blocks with a prefix cache: free blocks, and cached blocks keyed by prefix hash.
+
+    Block 0 is vLLM V1's null block (``BlockPool.null_block``, taken from the free queue at start
+    and never handed out), so ``num_blocks`` logged as ``num_gpu_blocks`` hold one block less;
+    usage is counted over the others, as vLLM's ``get_usage`` does."""
 
     def __init__(self, num_blocks: int, prefix_caching: bool) -> None:
         self.num_blocks = num_blocks
+        self.usable = max(0, num_blocks - 1)
         self.prefix_caching = prefix_caching
-        self.free: deque[int] = deque(range(num_blocks))
+        self.free: deque[int] = deque(range(1, num_blocks))
         self.ref = [0] * num_blocks
         self.hash_of: dict[int, bytes] = {}
         self.by_hash: dict[bytes, int] = {}
@@ -104,7 +109,7 @@ class BlockPool:
 
     @property
     def used(self) -> int:
-        return self.num_blocks - self.available
+        return self.usable - self.available
 
     def take(self) -> int | None:
         if self.free:
@@ -173,8 +178,12 @@ class Scheduler:
 
     def __init__(self, profile: Profile, cost: ModelCost, lm: ToyLM, *, num_blocks: int,
                  max_num_seqs: int, max_num_batched_tokens: int, block_size: int = 16,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, full_prompt_admission: bool = True) -> None:
         self.profile, self.cost, self.lm = profile, cost, lm
+        #: Admit a waiting sequence only when all its tokens fit the free blocks, not only its first
+        #: chunk (vLLM's ``scheduler_reserve_full_isl``, default on in the 0.32 engine; 0.11 checked
+        #: the first chunk only and admitted prompts that were preempted half-way through).
+        self.full_prompt_admission = full_prompt_admission
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, prefix_caching)
         self.max_num_seqs = max_num_seqs
@@ -205,7 +214,7 @@ class Scheduler:
 
     @property
     def kv_usage(self) -> float:
-        return self.pool.used / self.pool.num_blocks if self.pool.num_blocks else 0.0
+        return self.pool.used / self.pool.usable if self.pool.usable else 0.0
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -279,7 +288,8 @@ class Scheduler:
             seq = self.waiting[0]
             self._admit(seq)
             n = min(seq.known - seq.computed, budget)
-            if not self._grow(seq, n):
+            whole = cdiv(seq.known, self.block_size) - len(seq.blocks)
+            if (self.full_prompt_admission and whole > self.pool.available) or not self._grow(seq, n):
                 self.pool.release(seq.blocks)
                 seq.blocks, seq.computed = [], 0
                 break

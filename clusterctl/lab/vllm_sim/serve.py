@@ -158,7 +158,7 @@ def _make_engine(ns: Any, env: dict[str, str], info: Any, scale: float, metrics:
     lm = ToyLM(info.quantization, broken=broken, noise=noise)
     sched = Scheduler(profiles.get(name), cost, lm, num_blocks=info.num_blocks, max_num_seqs=info.max_num_seqs,
                       max_num_batched_tokens=info.max_num_batched_tokens, block_size=info.block_size,
-                      prefix_caching=info.prefix_caching)
+                      prefix_caching=info.prefix_caching, full_prompt_admission=info.version != "0.11")
     try:
         timeout = float(env.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", EXECUTE_TIMEOUT_S))
     except ValueError:

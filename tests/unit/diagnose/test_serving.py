@@ -59,6 +59,31 @@ def test_preemptions_and_queue_rising_between_two_samples():
     assert all(f.severity == Severity.WARN for f in found)
 
 
+def test_preemption_advice_names_the_knob_that_sizes_that_instances_kv_cache():
+    gpu = {f.message.split(":")[0]: f for f in findings(BASE, later(preemptions=40.0), interval=2.0)}
+    assert "--gpu-memory-utilization" in gpu["preemptions rising"].action
+    cpu_inv = G.INVENTORY.replace("vllm: {path: /opt/vllm/bin/vllm, version: 0.11.0}",
+                                  "vllm: {path: /opt/vllm/bin/vllm, version: 0.11.0}\n"
+                                  "  vllm-cpu: {path: /opt/vllm-cpu/bin/vllm, version: 0.32.0, device: cpu}")
+    explicit = cpu_inv.replace("""    engine: vllm
+    placement: gpu01:[0-1]
+    port: 8000
+    args: {max-model-len: 32768, gpu-memory-utilization: 0.9}""", """    engine: vllm-cpu
+    placement: gpu01:cpu
+    port: 8000
+    args: {max-model-len: 2048, kv-cache-memory-bytes: 67108864}""")
+    assert explicit != cpu_inv
+    raw = {"gpu01": {"qwen-a.metrics": BASE, "qwen-a.metrics.2": later(preemptions=40.0)}}
+    (f,) = [f for f in check_metrics(G.ctx(G.healthy(), raw=raw, interval_s=2.0, inv=G.inventory(explicit)))
+            if f.message.startswith("preemptions rising")]
+    assert "raise --kv-cache-memory-bytes" in f.action and "--gpu-memory-utilization does not set it" in f.action
+    env = explicit.replace("args: {max-model-len: 2048, kv-cache-memory-bytes: 67108864}",
+                           "args: {max-model-len: 2048}\n    env: {VLLM_CPU_KVCACHE_SPACE: '1'}")
+    (f,) = [f for f in check_metrics(G.ctx(G.healthy(), raw=raw, interval_s=2.0, inv=G.inventory(env)))
+            if f.message.startswith("preemptions rising")]
+    assert f.action.startswith("raise VLLM_CPU_KVCACHE_SPACE") and "--gpu-memory-utilization" not in f.action
+
+
 def test_kv_cache_pinned_near_full_in_both_samples_is_critical():
     full = later(kv=0.99)
     (f,) = findings(full, later(full))

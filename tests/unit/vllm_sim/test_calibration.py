@@ -22,9 +22,10 @@ from clusterctl.lab.vllm_sim import latency as L
 from clusterctl.lab.vllm_sim.profiles import PROFILES
 
 RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
-#: The real engine at load 2-3 (the profile's reference) and the simulator at 1x (client and engine at nice -10).
+#: The real engine at load 2-3 (the profile's reference) and the simulator at 1x on a quiet machine (load
+#: below 1, client at nice -10).
 REAL = RESULTS / "real-vllm-calibration-2026-12-01T2255.json"
-SIM_1X = RESULTS / "real-vllm-calibration-2026-12-01T2312.json"
+SIM_1X = RESULTS / "real-vllm-calibration-2026-12-02T0159.json"
 #: How far (relative) the simulator may be from the real engine at each point (docs/real-vllm.md).
 TOLERANCE = 0.25
 KEYS = ("ttft_ms", "tpot_ms", "output_tps")
@@ -72,37 +73,35 @@ def test_cpu_profile_within_tolerance_of_the_real_engine(concurrency: int) -> No
 
 def test_the_simulator_at_1x_through_bench_matched_the_real_engine() -> None:
     """The recorded stand-in run: the simulator serving at 1x with ``--sim-profile cpu-1core``, measured by
-    the same bench against the real engine's figures.  Where the bench trusted its own timing, its figures
-    (TTFT, TPOT, output throughput) are within the tolerance; where it flagged its generator as starved (the
-    machine's load is in the record), the engine's own figures (server-side TTFT and TPOT, from /metrics)
-    are compared instead, with the real engine's server-side figures."""
+    the same bench on a quiet machine (load below 4, the bench trusting its own timing at every level),
+    against the real engine's figures: the bench's TTFT, TPOT and output throughput and the engine's own
+    server-side TTFT and TPOT (from /metrics) within the tolerance at 1, 4 and 16 streams."""
     doc = _load(SIM_1X)
     assert doc["real"] == _load(REAL)["real"], "the 1x run must compare with the reference real run"
     assert doc["profile"]["name"] == "cpu-1core"
     p = PROFILES["cpu-1core"]
     assert (doc["profile"]["t_step"], doc["profile"]["t_seq"], doc["profile"]["flops_eff"]) == \
         (p.t_step, p.t_seq, p.flops_eff), "the profile changed since the recorded run: rerun calibrate.py"
-    assert doc["sim_1x"]["engine_nice"] == doc["workload"]["client_nice"] == -10
-    trusted = 0
-    for real, sim in zip(doc["real"]["levels"], doc["sim_1x"]["levels"], strict=True):
+    assert doc["workload"]["client_nice"] == -10
+    levels = list(zip(doc["real"]["levels"], doc["sim_1x"]["levels"], strict=True))
+    assert [real["concurrency"] for real, _sim in levels] == [1, 4, 16]
+    for real, sim in levels:
         assert sim["concurrency"] == real["concurrency"] and sim["completed"] == sim["requests"]
-        assert sim["failed"] == 0 and len(sim["loadavg_1m"]) == 2
-        pairs = [(k, k) for k in KEYS] if sim["trusted"] else \
-            [("server_ttft_ms", "server_ttft_ms"), ("server_tpot_ms", "server_tpot_ms")]
-        trusted += bool(sim["trusted"])
-        for ks, kr in pairs:
-            assert _off(sim[ks], real[kr]) <= TOLERANCE, (real["concurrency"], ks, sim[ks], real[kr])
+        assert sim["failed"] == 0 and sim["trusted"], sim
+        assert len(sim["loadavg_1m"]) == 2 and max(sim["loadavg_1m"]) < 4, sim["loadavg_1m"]
+        for k in (*KEYS, "server_ttft_ms", "server_tpot_ms"):
+            assert _off(sim[k], real[k]) <= TOLERANCE, (real["concurrency"], k, sim[k], real[k])
         assert sim["preemptions"] == real["preemptions"] == 0
-    assert trusted >= 2  # the bench's own figures at 1 and 4 streams at least
 
 
-PREEMPTIONS = RESULTS / "real-vllm-preemptions-2026-12-01T2321.json"
+PREEMPTIONS = RESULTS / "real-vllm-preemptions-2026-12-02T0206.json"
 
 
 def test_preemptions_under_a_small_kv_cache_match_the_real_engine_roughly() -> None:
     """16 streams of 800 tokens on 96 KV blocks of 128 tokens (benchmarks/real_vllm/preemptions.py): the real
     engine preempted and recomputed, every stream completed; the simulator (1x, and its model on the virtual
-    clock) preempts too, about as often (at most one preemption or half the real count apart)."""
+    clock) preempts as often, burst for burst (within half a preemption of the real mean: vLLM's null block
+    and its whole-prompt admission are modelled, docs/real-vllm.md)."""
     import sys
 
     doc = _load(PREEMPTIONS)
@@ -123,4 +122,4 @@ def test_preemptions_under_a_small_kv_cache_match_the_real_engine_roughly() -> N
     assert virtual == doc["virtual_preemptions"]
     mean = sum(real) / len(real)
     for n in (*sim, virtual):
-        assert abs(n - mean) <= max(1.0, 0.5 * mean), (n, real)
+        assert abs(n - mean) <= 0.5, (n, real)

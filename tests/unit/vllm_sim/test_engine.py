@@ -108,13 +108,35 @@ def test_prefix_caching_reuses_full_blocks_and_cuts_prefill() -> None:
 
 
 def test_kv_usage_follows_allocated_blocks() -> None:
-    s = sched(blocks=100)
+    s = sched(blocks=101)  # vLLM V1 keeps one block as its null block: 100 usable, usage counted over them
+    assert s.pool.available == 100
     s.add(seq(1, 320, 10))
     s.step(0.0)
     assert s.kv_usage == pytest.approx(0.20)  # 320 tokens = 20 blocks of 16
     s.finish_step(0.1)
     run_all(s)
     assert s.kv_usage == 0.0  # freed (cached prefix blocks are evictable, not used)
+
+
+def test_a_prompt_is_admitted_only_when_all_of_it_fits_the_free_blocks() -> None:
+    """vLLM 0.32's admission (``scheduler_reserve_full_isl``, default on): a waiting prompt whose whole length
+    does not fit the free blocks waits, even when its first chunk would fit; 0.11 admitted on the first chunk
+    and preempted the prompt half-way through its prefill."""
+    def run(full: bool) -> tuple[list[int], int, int]:
+        s = Scheduler(PROF, COST, ToyLM(noise=False), num_blocks=41, max_num_seqs=8, max_num_batched_tokens=256,
+                      full_prompt_admission=full)
+        s.add(seq(1, 400, 50, "a"))  # 25 of the 40 usable blocks once prefilled
+        s.add(seq(2, 400, 50, "b"))  # needs 25 more: only 15 free beside the first
+        for t in range(2):  # the first prompt's prefill in chunks of 256 tokens; 112 tokens of budget left
+            s.step(float(t))
+            s.finish_step(float(t) + 0.5)
+        running = [q.rid for q in s.running]
+        run_all(s)
+        return running, s.counters.preemptions, s.counters.generation_tokens
+
+    assert run(True) == ([1], 0, 100)  # the second waits until the first finishes; nothing is recomputed
+    running, preempted, generated = run(False)
+    assert running == [1, 2] and preempted >= 1 and generated == 100  # admitted, then preempted mid-prefill
 
 
 def test_threaded_engine_serves_concurrent_requests_and_records_simulated_latencies() -> None:

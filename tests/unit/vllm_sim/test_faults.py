@@ -72,7 +72,10 @@ def test_engine_death_answers_503_and_exits_0(host, models, start_sim) -> None:
     sim = started(start_sim, host, models["qwen3-8b"])
     assert complete(sim, "before")[0] == 200
     assert post(sim.url + "/sim/fault", {"fault": "death"})[0] == 200
-    assert sim.get("/health")[0] == 503 or sim.proc.poll() is not None
+    try:
+        assert sim.get("/health")[0] == 503 or sim.proc.poll() is not None
+    except (ConnectionError, urllib.error.URLError):
+        pass  # the server closed its socket between accept and answer: it is exiting, checked next
     assert sim.wait(15) == 0  # as real vLLM: the watchdog's graceful stop
     assert "Engine core proc EngineCore_DP0 died unexpectedly" in sim.log
 
