@@ -177,7 +177,7 @@ def round_robin(rendered: RenderedGateway) -> RenderedGateway:
 
 
 def _apply(env: dict[str, Any], arm: str) -> None:
-    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.placement.place import desired_instances
     from clusterctl.deploy.state import DeployState
 
     rr = arm == "round_robin"

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from clusterctl.bench.http_sse import stream_completion  # noqa: E402
 from clusterctl.vllmclient import Endpoint  # noqa: E402
 from clusterctl.bench.stats import percentile  # noqa: E402
-from clusterctl.deploy import pd  # noqa: E402
+from clusterctl.deploy.units import pd  # noqa: E402
 from clusterctl.diagnose.serving import histogram_quantile, parse_metrics, total  # noqa: E402
 from clusterctl.inventory.loader import load_inventory_text  # noqa: E402
 from clusterctl.lab.hardware import faults, nvml, provision_host  # noqa: E402

@@ -28,7 +28,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from clusterctl.deploy.placement import desired_instances  # noqa: E402
+from clusterctl.deploy.placement.place import desired_instances  # noqa: E402
 from clusterctl.deploy.state import DeployState  # noqa: E402
 from clusterctl.inventory.model import (  # noqa: E402
     Engine, GpuRef, GpuSpec, Host, Instance, InstanceTemplate, Inventory, Model,

@@ -18,9 +18,9 @@ SSH, a private ``/root`` per host, so each host has its own model directory
   weighted by the fraction of the staged files resident in the page cache
   (``mincore``), times ``--time-scale``; it then answers ``/health``,
   ``/v1/models`` and a one-token ``/v1/completions``, so the real deploy gates
-  (``clusterctl.deploy.gates.wait_gates``) gate it;
+  (``clusterctl.deploy.rollout.gates.wait_gates``) gate it;
 * **release A, in the window** (what ``clusterctl deploy`` does): batches of
-  ``--serial`` (``clusterctl.deploy.rollout.batches``); per batch: stage the new
+  ``--serial`` (``clusterctl.deploy.rollout.batches.batches``); per batch: stage the new
   version on the batch's hosts (chain, switch), restart their replicas (one fan-out
   command), gate them;
 * **release B, pre-staged**: before the window ``stage --no-switch --warm`` of the
@@ -61,7 +61,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
 
-from clusterctl.deploy import gates, rollout  # noqa: E402
+from clusterctl.deploy.rollout import gates, batches as rollout  # noqa: E402
 from clusterctl.fleet import Fleet  # noqa: E402
 from clusterctl.inventory.loader import load_inventory  # noqa: E402
 from clusterctl.inventory.model import Model  # noqa: E402

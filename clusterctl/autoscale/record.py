@@ -77,7 +77,7 @@ def save_states(state_dir: str | Path, states: dict[str, ScalerState]) -> None:
 
 
 def append_history(state_dir: str | Path, rec: dict[str, Any]) -> Path:
-    from clusterctl.deploy.audit import append_line
+    from clusterctl.deploy.rollout.audit import append_line
 
     return append_line(_dir(state_dir) / HISTORY_FILE, rec)
 

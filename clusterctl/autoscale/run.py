@@ -37,7 +37,7 @@ from typing import Any
 
 from clusterctl.autoscale import record
 from clusterctl.autoscale.decide import Decision, ReplicaSignal, ScalerState, Signals, decide, record_outcome
-from clusterctl.deploy.engine import FleetFactory
+from clusterctl.deploy.rollout.engine import FleetFactory
 from clusterctl.deploy.state import Cordon, DeployState, StateStore, cordon_key, utc_now, who_am_i
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import AutoscalePolicy, Instance, Inventory
@@ -110,7 +110,7 @@ def _gpu_model(inv: Inventory, inst: Instance) -> str:
 
 
 def template_replicas(inv: Inventory, state: DeployState, template: str) -> dict[str, Instance]:
-    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.placement.place import desired_instances
 
     res = desired_instances(inv, state)
     return {n: i for n, i in res.instances.items() if i.template == template}
@@ -119,8 +119,8 @@ def template_replicas(inv: Inventory, state: DeployState, template: str) -> dict
 def measure(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str, policy: AutoscalePolicy,
             on_event: Callable[[str], None] | None = None) -> Signals:
     """The template's replicas measured over the policy's window."""
-    from clusterctl.deploy.placement import desired_replicas
-    from clusterctl.deploy.status import collect_status
+    from clusterctl.deploy.placement.place import desired_replicas
+    from clusterctl.deploy.status.instances import collect_status
 
     state = StateStore(state_dir).load()
     current = desired_replicas(inv.templates[template], state)
@@ -173,7 +173,7 @@ def restricted(inv: Inventory, state: DeployState, template: str, policy: Autosc
 def plan_out(inv: Inventory, state: DeployState, template: str, policy: AutoscalePolicy, target: int) -> Any:
     """The scale plan for ``target`` placed where the policy allows (the preferred GPU model first,
     then any allowed GPU); fewer replicas when only fewer fit (``ScalePlan.after`` says how many)."""
-    from clusterctl.deploy.scale import plan_scale
+    from clusterctl.deploy.placement.scale import plan_scale
 
     cur = plan_scale(inv, state, template, None).before
     tries = [True, False] if policy.prefer_gpu else [False]
@@ -194,7 +194,7 @@ def plan_out(inv: Inventory, state: DeployState, template: str, policy: Autoscal
 
 
 def _lock_hosts(inv: Inventory, state: DeployState, template: str, extra: Sequence[str] = ()) -> list[str]:
-    from clusterctl.deploy.scale import scale_hosts
+    from clusterctl.deploy.placement.scale import scale_hosts
 
     names = set(scale_hosts(inv, state, template)) | set(extra)
     return [h for h in inv.hosts if h in names]
@@ -209,7 +209,7 @@ def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Any:
 def sync_gateway_now(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, window_s: float,
                      say: Callable[[str], None]) -> str | None:
     """A forced gateway sync from fresh measurements; ``None`` or why it failed."""
-    from clusterctl.deploy.deployed import wanted_instances
+    from clusterctl.deploy.placement.deployed import wanted_instances
     from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.observe import observe
     from clusterctl.gateway.sync import decide as gw_decide
@@ -236,7 +236,7 @@ def sync_gateway_now(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, 
 
 def _deploy(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str, names: list[str],
             hosts: list[str], policy: AutoscalePolicy, me: Any, say: Callable[[str], None]) -> Any:
-    from clusterctl.deploy.engine import Deploy, DeployOptions
+    from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
 
     dopts = DeployOptions(instances=",".join(names), gate_timeout_s=policy.gate_timeout_s,
                           drain_timeout_s=policy.drain_timeout_s)
@@ -249,7 +249,7 @@ def _deploy(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template:
 
 def _gates_passed(rep: Any, inv: Inventory, state_dir: Path, names: Sequence[str]) -> dict[str, str | None]:
     """name -> ``None`` (applied, every gate passed) or why not."""
-    from clusterctl.deploy.deployed import wanted_instances
+    from clusterctl.deploy.placement.deployed import wanted_instances
 
     where = wanted_instances(inv, state_dir)
     out: dict[str, str | None] = {}
@@ -271,8 +271,8 @@ def _gates_passed(rep: Any, inv: Inventory, state_dir: Path, names: Sequence[str
 def act(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str, policy: AutoscalePolicy,
         decision: Decision, out: Outcome, say: Callable[[str], None]) -> None:
     """Carry out ``decision`` (an ``out`` or ``in``); fills ``out.outcome``/``detail``/``added``/``removed``."""
-    from clusterctl.deploy import lock
-    from clusterctl.deploy.scale import plan_scale, replica_names
+    from clusterctl.deploy.rollout import lock
+    from clusterctl.deploy.placement.scale import plan_scale, replica_names
 
     store = StateStore(state_dir)
     state = store.load()
@@ -312,9 +312,9 @@ def act(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str
 
 def _scale_out(inv: Inventory, store: StateStore, make_fleet: FleetFactory, template: str, policy: AutoscalePolicy,
                sp: Any, hosts: list[str], me: Any, out: Outcome, say: Callable[[str], None]) -> None:
-    from clusterctl.deploy.scale import replica_names
+    from clusterctl.deploy.placement.scale import replica_names
 
-    from clusterctl.deploy.placement import replica_number
+    from clusterctl.deploy.placement.place import replica_number
 
     state_dir = store.directory
     before = sp.before

@@ -2,7 +2,7 @@
 
 An instance resolves to ``http://ADDRESS:PORT`` of its first placement host
 (where vLLM's API server runs) and the API key the instance requires, as
-deploy resolves it (:func:`clusterctl.deploy.secrets.instance_api_key`: an
+deploy resolves it (:func:`clusterctl.deploy.units.secrets.instance_api_key`: an
 inline ``env: VLLM_API_KEY``, else its ``VLLM_API_KEY`` secret), else
 ``$CLUSTERCTL_API_KEY``.  A URL takes ``$VLLM_API_KEY`` / ``$OPENAI_API_KEY``
 / ``$CLUSTERCTL_API_KEY``.  The key travels in the endpoint, never in a
@@ -35,7 +35,7 @@ def _env_key() -> str | None:
 def instance_endpoint(inv: Inventory, inst: Instance) -> Endpoint:
     """``http://address:port`` of ``inst``'s first host with its API key (see the module doc); raises
     ConfigError when a secret the inventory names cannot be read."""
-    from clusterctl.deploy.secrets import instance_api_key
+    from clusterctl.deploy.units.secrets import instance_api_key
 
     host = inv.hosts[inst.placement[0].host]
     key = instance_api_key(inv, inst) or os.environ.get("CLUSTERCTL_API_KEY") or None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from clusterctl.deploy.rollout import batch_failed, batches
+from clusterctl.deploy.rollout.batches import batch_failed, batches
 from clusterctl.diagnose.findings import Finding
 
 OnEvent = Callable[[str, str, "str | None"], None]

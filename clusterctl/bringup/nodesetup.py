@@ -43,10 +43,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from clusterctl.deploy.nodesetup import ensure_user_script, user_home
+from clusterctl.deploy.units.nodesetup import ensure_user_script, user_home
 from clusterctl.bringup.batch import (ApplyReport, HostOutcome, boot_unit_text, facts_of, failed_run, recheck_outcome,
                                       run_batches, settle)
-from clusterctl.deploy.units import UnitPolicy
+from clusterctl.deploy.units.render import UnitPolicy
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import FleetFactory
 from clusterctl.fleet.shell import quote

@@ -54,7 +54,7 @@ def _instance_names(inv: Any, ctx: typer.Context) -> list[str]:
     try:  # placed template replicas, from the deploy state
         from clusterctl.clusterstate import cluster_dir, cluster_name
         from clusterctl.config import load_user_config_root
-        from clusterctl.deploy.deployed import wanted_instances
+        from clusterctl.deploy.placement.deployed import wanted_instances
         from clusterctl.deploy.state import resolve_state_dir
 
         cfg = load_user_config_root()  # the cluster's state, read without binding (nothing written)

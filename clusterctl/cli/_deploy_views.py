@@ -31,7 +31,7 @@ def plan_table(plan: Any) -> None:
 
 def print_plan(plan: Any) -> None:
     """The plan table, the unit diffs and env changes (secrets as ***), and the counts."""
-    from clusterctl.deploy.plan import render_text
+    from clusterctl.deploy.rollout.plan import render_text
 
     plan_table(plan)
     text = render_text(plan)

@@ -79,7 +79,7 @@ def instances_wanted(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any]
     """``(instances wanted, deploy state dir)``: the inventory's plus placed template replicas
     (``--state-dir``, else ``$CLUSTERCTL_STATE_DIR``, else the user config's); exits 3 on an
     unreadable state."""
-    from clusterctl.deploy.deployed import wanted_instances
+    from clusterctl.deploy.placement.deployed import wanted_instances
     from clusterctl.deploy.state import resolve_state_dir
 
     directory = resolve_state_dir(state_dir, user_config())

@@ -17,7 +17,7 @@ def endpoint(target: str, inventory: Optional[str]) -> Any:
     """The :class:`~clusterctl.vllmclient.Endpoint` of ``target`` (with its API key); exits 3 on a bad URL,
     an unknown instance or an unreadable secret.  The inventory is read only for an instance name."""
     from clusterctl.bench.target import resolve
-    from clusterctl.deploy.deployed import with_replicas
+    from clusterctl.deploy.placement.deployed import with_replicas
 
     try:  # template replicas too, where placement recorded them
         return resolve(target, lambda: with_replicas(load_inventory(inventory), cfg=user_config()))

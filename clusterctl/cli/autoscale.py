@@ -173,7 +173,7 @@ def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool,
 
 
 def unit_text(argv: list[str]) -> str:
-    from clusterctl.deploy.sdquote import systemd_quote
+    from clusterctl.deploy.units.sdquote import systemd_quote
 
     return ("[Unit]\nDescription=clusterctl autoscaler (docs/autoscale.md)\nAfter=network-online.target\n"
             "Wants=network-online.target\n\n[Service]\nType=simple\n"

@@ -60,7 +60,7 @@ def collect(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @
                                      connect_timeout=connect_timeout, deadline=deadline,
                                      host_key_policy=host_key_policy, raw_outputs=True)
     snap.meta.update({"inventory": path, "pattern": pattern})
-    from clusterctl.deploy.secrets import redact_inventory_text
+    from clusterctl.deploy.units.secrets import redact_inventory_text
 
     try:  # bundles are handed to other people: secret-looking values as ``show --json`` hides them
         inv_text: str | None = redact_inventory_text(Path(path).read_text())

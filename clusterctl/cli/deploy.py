@@ -114,12 +114,12 @@ def deploy(inventory: Optional[str] = InventoryOpt,
            connect_timeout: Optional[float] = ConnectTimeoutOpt,
            ask_become_pass: bool = AskBecomePassOpt,
            host_key_policy: Optional[str] = HostKeyOpt) -> None:
-    from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
+    from clusterctl.deploy.rollout.engine import Deploy, DeployOptions, PreflightRefused
     from clusterctl.stage.run import parse_size
-    from clusterctl.deploy.surge import step_line, with_surge
-    from clusterctl.deploy.release_gates import ReleaseDeploy, parse_gates
-    from clusterctl.deploy.lock import LockHeld
-    from clusterctl.deploy.rollout import parse_serial
+    from clusterctl.deploy.rollout.surge import step_line, with_surge
+    from clusterctl.deploy.rollout.release_gates import ReleaseDeploy, parse_gates
+    from clusterctl.deploy.rollout.lock import LockHeld
+    from clusterctl.deploy.rollout.batches import parse_serial
     from clusterctl.deploy.state import resolve_state_dir
     from clusterctl.inventory.loader import load_inventory as _load
 
@@ -197,7 +197,7 @@ def rollback(inventory: Optional[str] = InventoryOpt,
              ask_become_pass: bool = AskBecomePassOpt,
              host_key_policy: Optional[str] = HostKeyOpt) -> None:
     from clusterctl.cli._common import load_inventory
-    from clusterctl.deploy.rollback import rollback as do_rollback
+    from clusterctl.deploy.rollout.rollback import rollback as do_rollback
     from clusterctl.deploy.state import resolve_state_dir
 
     policy = check_host_key_policy(host_key_policy)

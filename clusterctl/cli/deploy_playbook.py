@@ -43,9 +43,9 @@ def run_playbook(path: str, inv: Any, hosts: Any, make_fleet: Any, state_dir: st
     host could not be read), 3 a bad playbook, pre-flight refused, lock held.
     """
     from clusterctl.cli._deploy_views import print_deploy_report, print_plan, refused
-    from clusterctl.deploy.engine import PreflightRefused
-    from clusterctl.deploy.playbook import load_playbook
-    from clusterctl.deploy.playbook_run import PlaybookRun
+    from clusterctl.deploy.rollout.engine import PreflightRefused
+    from clusterctl.deploy.playbooks.load import load_playbook
+    from clusterctl.deploy.playbooks.run import PlaybookRun
 
     try:
         book = load_playbook(path)

@@ -258,8 +258,8 @@ def _leak_targets(target: str, inventory: Optional[str]) -> list[tuple[str, Any]
     """``(name, endpoint)`` per target: a URL or one instance as :func:`endpoint` resolves it; instance
     globs (``*?[``, or a comma-separated list) over the inventory's instances and placed replicas."""
     from clusterctl.bench.target import instance_endpoint, is_url
-    from clusterctl.deploy.deployed import with_replicas
-    from clusterctl.deploy.status import match_instances
+    from clusterctl.deploy.placement.deployed import with_replicas
+    from clusterctl.deploy.status.instances import match_instances
 
     if is_url(target) or not any(c in target for c in "*?[,"):
         ep = endpoint(target, inventory)

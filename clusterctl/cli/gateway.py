@@ -339,7 +339,7 @@ def _push_keys(inv: Any, directory: Path, json_out: bool, no_apply: bool, **flee
 
 
 def _key_audit(directory: Path, action: str, name: str, fingerprint: str) -> None:
-    from clusterctl.deploy import audit
+    from clusterctl.deploy.rollout import audit
     from clusterctl.deploy.state import utc_now, who_am_i
 
     audit.append(directory, {"kind": "gateway-key", "action": action, "client": name, "fingerprint": fingerprint,

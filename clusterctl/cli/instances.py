@@ -172,7 +172,7 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
                                              "what fits]."),
            count: Optional[int] = typer.Option(None, "--count", min=1, help="With --watch: stop after N refreshes.")
            ) -> None:
-    from clusterctl.deploy.status import collect_status, exit_code, match_instances
+    from clusterctl.deploy.status.instances import collect_status, exit_code, match_instances
 
     if group_by not in ("host", "template"):
         fail(f"--group-by must be host or template (got {group_by!r})")
@@ -237,9 +237,9 @@ def _action(action: str) -> Any:
                 host_key_policy: Optional[str] = HostKeyOpt, ask_become_pass: bool = AskBecomePassOpt) -> None:
         from rich.markup import escape
 
-        from clusterctl.deploy.drain import gateway_for
-        from clusterctl.deploy.lifecycle import run_action
-        from clusterctl.deploy.status import match_instances
+        from clusterctl.deploy.rollout.drain import gateway_for
+        from clusterctl.deploy.rollout.lifecycle import run_action
+        from clusterctl.deploy.status.instances import match_instances
 
         inv = load_inventory(inventory)
         wanted, directory = instances_wanted(inv, state_dir)

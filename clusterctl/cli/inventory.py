@@ -262,7 +262,7 @@ def _fold_or_list(values: list[str]) -> str:
 
 def _redacted(env: dict[str, str]) -> dict[str, str]:
     """Env with the values of secret-looking names (``VLLM_API_KEY``) replaced by ``***``."""
-    from clusterctl.deploy.secrets import looks_secret
+    from clusterctl.deploy.units.secrets import looks_secret
     return {k: "***" if looks_secret(k) else v for k, v in env.items()}
 
 

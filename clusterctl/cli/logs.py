@@ -88,7 +88,7 @@ def _queries(inv: Any, inv_path: Optional[str], targets: List[str], state_dir: O
              kernel: bool) -> dict[str, Any]:
     """host -> HostQuery for the targets; exits 3 when a target names nothing."""
     from clusterctl.deploy.spec import unit_name
-    from clusterctl.deploy.status import match_instances
+    from clusterctl.deploy.status.instances import match_instances
     from clusterctl.fleet.logs import HostQuery
     from clusterctl.inventory.select import select_hosts
 

@@ -48,7 +48,7 @@ def cordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A ho
            reason: str = typer.Option(..., "--reason", "-r", help="Why (shown in `cordons` and plans)."),
            inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
            as_json: bool = JsonOpt) -> None:
-    from clusterctl.deploy import cordon as ops
+    from clusterctl.deploy.placement import cordon as ops
 
     inv = load_inventory(inventory)
     if not reason.strip():
@@ -70,7 +70,7 @@ def cordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A ho
 def uncordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A cordoned host or GPU.", autocompletion=_complete.hosts),
              inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
              as_json: bool = JsonOpt) -> None:
-    from clusterctl.deploy import cordon as ops
+    from clusterctl.deploy.placement import cordon as ops
 
     inv = load_inventory(inventory)
     try:
@@ -108,7 +108,7 @@ def cordons(inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = 
 
 def _placement_rows(res: Any) -> list[dict[str, Any]]:
     """One row per instance and per unplaced replica: template, replica, host, GPUs, port, state."""
-    from clusterctl.deploy.placement import replica_number
+    from clusterctl.deploy.placement.place import replica_number
 
     rows = []
     for name, inst in res.instances.items():
@@ -149,7 +149,7 @@ Example:
 """)
 def show(inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
          as_json: bool = JsonOpt) -> None:
-    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.placement.place import desired_instances
 
     inv = load_inventory(inventory)
     st = _load(state_store(state_dir))
@@ -201,7 +201,7 @@ def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A templa
           connect_timeout: Optional[float] = ConnectTimeoutOpt,
           ask_become_pass: bool = AskBecomePassOpt,
           host_key_policy: Optional[str] = HostKeyOpt) -> None:
-    from clusterctl.deploy import scale as ops
+    from clusterctl.deploy.placement import scale as ops
 
     if (replicas is None) == (not reset):
         fail("give either --replicas N or --reset")
@@ -246,9 +246,9 @@ def _deploy_template(inv: Any, store: Any, template: str, names: list[str], *, a
     removes); exits 3 on refusal."""
     from clusterctl.cli._deploy_views import deploy_events, print_deploy_report
     from clusterctl.cli._hosts import become_password, check_host_key_policy
-    from clusterctl.deploy.engine import Deploy, DeployOptions, PreflightRefused
-    from clusterctl.deploy.rollout import parse_serial
-    from clusterctl.deploy.scale import scale_hosts
+    from clusterctl.deploy.rollout.engine import Deploy, DeployOptions, PreflightRefused
+    from clusterctl.deploy.rollout.batches import parse_serial
+    from clusterctl.deploy.placement.scale import scale_hosts
     from clusterctl.fleet.factory import fleet_factory
 
     policy = check_host_key_policy(host_key_policy)
@@ -274,7 +274,7 @@ def _deploy_template(inv: Any, store: Any, template: str, names: list[str], *, a
 def _place_with_topology(inv: Any, store: Any, make: Any, quiet: bool) -> None:
     """Place new replicas with the GPU topology of the hosts they may go to, and record them,
     so the deploy engine (which keeps recorded placements) starts them there."""
-    from clusterctl.deploy import topology
+    from clusterctl.deploy.placement import topology
 
     res, missing = topology.place(inv, store.load(), topology.fleet_reader(make, inv))
     if missing and not quiet:

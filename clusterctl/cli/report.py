@@ -325,7 +325,7 @@ Example:
 def file_sd(inventory: Optional[str] = InventoryOpt,
             out: Optional[str] = typer.Option(None, "--out", help="File to write (JSON).")) -> None:
     from clusterctl.cli._common import load_inventory, user_config
-    from clusterctl.deploy.deployed import with_replicas
+    from clusterctl.deploy.placement.deployed import with_replicas
     from clusterctl.report.filesd import render
     from clusterctl.files import write_atomic
 

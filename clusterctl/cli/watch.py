@@ -123,7 +123,7 @@ def _secs(v: Optional[float]) -> str:
 def run_watch(collect: Callable[[], list[Any]], *, interval: float, sort: str, top: Optional[int],
               count: Optional[int], json_out: bool, console: Any) -> int:
     """Refresh until Ctrl-C or ``count`` refreshes; the exit code of the last one."""
-    from clusterctl.deploy.status import exit_code
+    from clusterctl.deploy.status.instances import exit_code
 
     code = 3
     live = None

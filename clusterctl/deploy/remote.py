@@ -154,7 +154,7 @@ def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[
     if rdma_ports:
         job["rdma_ports"] = sorted(set(rdma_ports))
     if gpu_uuids:
-        from clusterctl.deploy.nodesetup import check_gpus_source
+        from clusterctl.deploy.units.nodesetup import check_gpus_source
         job["gpu_lister"] = check_gpus_source()
     replies = run_job(fleet, job, hosts=hosts, timeout=timeout)
     out: dict[str, HostState] = {}

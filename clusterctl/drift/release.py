@@ -1,5 +1,5 @@
-"""Release gates in the deploy engine's own terms: :class:`~clusterctl.deploy.gates.GateTarget` in,
-:class:`~clusterctl.deploy.gates.GateResult` out (step ``drift`` or ``bench``).
+"""Release gates in the deploy engine's own terms: :class:`~clusterctl.deploy.rollout.gates.GateTarget` in,
+:class:`~clusterctl.deploy.rollout.gates.GateResult` out (step ``drift`` or ``bench``).
 
 After a batch's health gates pass (``gates.wait_gates``), the engine can call
 :func:`release_gates` with the same targets and treat a result with
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clusterctl.bench.gate import GateOutcome, bench_gate
-from clusterctl.deploy.gates import GateResult, GateTarget
+from clusterctl.deploy.rollout.gates import GateResult, GateTarget
 from clusterctl.drift.gate import drift_gate
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from clusterctl import node
 from clusterctl.deploy.remote import node_reply
-from clusterctl.deploy.secrets import read_secret
+from clusterctl.deploy.units.secrets import read_secret
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.fleet import shell
 from clusterctl.fleet.results import HostResult

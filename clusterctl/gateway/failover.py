@@ -13,7 +13,7 @@ One run (docs/gateway.md, "Failover"):
    are kept as they are).
 4. **Mark down** every instance taken out at the gateway (reason
    ``failover: TP group UNAVAILABLE``), so no new request reaches it.
-5. **Drain and stop** the replicas that move (``deploy/lifecycle.py``: wait
+5. **Drain and stop** the replicas that move (``deploy/rollout/lifecycle.py``: wait
    for requests in flight up to ``drain_timeout_s``, then ``systemctl stop``;
    a replica across hosts moves whole: every member's unit is stopped, and it
    is placed again on N healthy hosts).
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from clusterctl.deploy.engine import DeployOptions, DeployReport, FleetFactory
-from clusterctl.deploy.placement import HostTopology
+from clusterctl.deploy.rollout.engine import DeployOptions, DeployReport, FleetFactory
+from clusterctl.deploy.placement.place import HostTopology
 from clusterctl.deploy.state import StateStore
 from clusterctl.diagnose.findings import Finding
 from clusterctl.errors import ClusterctlError
@@ -145,7 +145,7 @@ def run_failover(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts
                  on_event: Callable[[str], None] | None = None) -> FailoverReport:
     """One failover run (module doc).  Raises :class:`ClusterctlError` only before anything changed
     (unreadable state, placement errors); later failures are in the report."""
-    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.placement.place import desired_instances
 
     say = on_event or (lambda s: None)
     store = StateStore(state_dir)
@@ -187,8 +187,8 @@ def run_failover(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts
 def _move(inv: Inventory, store: StateStore, make_fleet: FleetFactory, opts: FailoverOptions, plan: FailoverPlan,
           instances: Mapping[str, Instance], report: FailoverReport, say: Callable[[str], None]) -> None:
     """Drain and stop the replicas, record their new places, roll them out; fills ``report.moved``."""
-    from clusterctl.deploy.engine import Deploy
-    from clusterctl.deploy.lifecycle import stop_instances
+    from clusterctl.deploy.rollout.engine import Deploy
+    from clusterctl.deploy.rollout.lifecycle import stop_instances
 
     names = [m.instance for m in plan.moves]
     old_hosts = sorted({h for m in plan.moves for h in m.old.hosts})  # a replica across hosts: every member
@@ -233,7 +233,7 @@ def _moved(rep: DeployReport, name: str, hosts: Sequence[str]) -> str | None:
 def _sync(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: FailoverOptions, plan: FailoverPlan,
           report: FailoverReport, say: Callable[[str], None]) -> SyncResult | None:
     """Mark the replicas that moved up and sync the gateway from fresh measurements (forced)."""
-    from clusterctl.deploy.deployed import wanted_instances
+    from clusterctl.deploy.placement.deployed import wanted_instances
     from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.observe import observe
     from clusterctl.gateway.sync import decide, sync_gateway

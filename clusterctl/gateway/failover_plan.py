@@ -8,7 +8,7 @@ Input: the instances that should run, doctor's ``tp.group`` CRIT findings
   and left alone (not marked down, not moved).  Every instance failover
   takes out counts, whether it can be moved or not.
 * **Movable.** Only template replicas are rescheduled (placement's
-  :func:`~clusterctl.deploy.placement.reschedule`: free, uncordoned GPUs,
+  :func:`~clusterctl.deploy.placement.place.reschedule`: free, uncordoned GPUs,
   never the ones it left).  An explicit instance (fixed placement in the
   inventory) is marked down at the gateway and reported, not moved; a
   replica for which no room is left is marked down and stays where it was.
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterctl.deploy.placement import HostTopology, PlacementResult, reschedule
+from clusterctl.deploy.placement.place import HostTopology, PlacementResult, reschedule
 from clusterctl.deploy.state import Cordon, DeployState, Placement, cordon_key, placement_json, utc_now, who_am_i
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.inventory.model import Instance

@@ -1,4 +1,4 @@
-"""The drain hook deploy calls (``clusterctl.deploy.drain.GatewayHook``).
+"""The drain hook deploy calls (``clusterctl.deploy.rollout.drain.GatewayHook``).
 
 ``mark_down(NAME)`` adds NAME to the persisted marked-down set (the gateway
 state in the deploy state directory, :mod:`clusterctl.gateway.state`) and
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterctl.deploy.drain import DRAIN_REASON
+from clusterctl.deploy.rollout.drain import DRAIN_REASON
 from clusterctl.deploy.state import who_am_i
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import BECOME_PASSWORD_ENV, make_fleet
@@ -103,7 +103,7 @@ def gateway_hook(inv: Inventory, state_dir: str | Path | None = None, *,
     if inv.gateway is None:
         return None
     from clusterctl.config import load_user_config
-    from clusterctl.deploy.deployed import wanted_instances
+    from clusterctl.deploy.placement.deployed import wanted_instances
     from clusterctl.deploy.state import resolve_state_dir
 
     cfg = load_user_config()
@@ -126,7 +126,7 @@ def gateway_hook(inv: Inventory, state_dir: str | Path | None = None, *,
 def fleet_hook(inv: Inventory, state_dir: Path, make_fleet: Callable[[Any], Any]) -> Hook | None:
     """The hook over ``make_fleet`` (a command's own fleet factory) and the instances as deployed
     in ``state_dir``; ``None`` without a ``gateway:`` section."""
-    from clusterctl.deploy.deployed import wanted_instances
+    from clusterctl.deploy.placement.deployed import wanted_instances
 
     gw = inv.gateway
     if gw is None:

@@ -1,7 +1,7 @@
 """What ``gateway sync`` measures before it decides: deploy's status and, on request, doctor's TP check.
 
 :func:`observe` takes about ``window`` seconds plus one SSH round trip per
-instance host (``clusterctl.deploy.status.collect_status``); with
+instance host (``clusterctl.deploy.status.instances.collect_status``); with
 ``tp_check`` (the default: TP health is part of every sync) one more round
 trip per instance host (every placed instance, TP 1 included) gathers facts for doctor's
 ``tp.group`` check (``clusterctl.diagnose.tp``, through
@@ -25,8 +25,8 @@ def observe(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *, wi
             tp_check: bool = True, on_event: Callable[[str], None] | None = None,
             ) -> tuple[dict[str, Observed], set[str]]:
     """``(observed per instance, instances whose TP group is UNAVAILABLE)``; ``fleet`` holds the instance hosts."""
-    from clusterctl.deploy.peaks import load_peaks
-    from clusterctl.deploy.status import collect_status, max_num_seqs
+    from clusterctl.deploy.status.peaks import load_peaks
+    from clusterctl.deploy.status.instances import collect_status, max_num_seqs
 
     rows = collect_status(inv, instances, fleet, window=window, state_dir=state_dir, include_extra=False,
                           on_event=on_event, tp_check=tp_check)

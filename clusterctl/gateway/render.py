@@ -28,8 +28,8 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from clusterctl.deploy.metrics import base_url
-from clusterctl.deploy.pdrouter import gateway_servers
+from clusterctl.deploy.status.metrics import base_url
+from clusterctl.deploy.units.pdrouter import gateway_servers
 from clusterctl.errors import ClusterctlError
 from clusterctl.gateway.keys import ClientKey
 from clusterctl.inventory.gateway import served_name

@@ -13,7 +13,7 @@ instance:
   ``100 x (1 - load) x capacity`` rounded to a multiple of 10 (at least 1): ``load`` the load score
   (0 when unknown), ``capacity`` 1 unless the model's instances run on
   different GPU models, then the instance's peak generation throughput over
-  the model's best (``clusterctl.deploy.peaks``; 1 while a peak is unknown).
+  the model's best (``clusterctl.deploy.status.peaks``; 1 while a peak is unknown).
 
 :func:`sync_gateway` renders with those states and applies only when the
 rendered digest differs from the last one applied, and not sooner than

@@ -159,7 +159,7 @@ class SecretRef:
     Only the reference is stored, never the value: ``kind`` ``env`` reads the
     control machine's environment variable ``ref``; ``file`` reads the file
     ``ref`` (relative paths are relative to the inventory file's directory).
-    ``clusterctl.deploy.secrets.resolve_secrets`` reads the values.
+    ``clusterctl.deploy.units.secrets.resolve_secrets`` reads the values.
     """
 
     kind: Literal["env", "file"]

@@ -1,6 +1,6 @@
 """What makes a placement across hosts a runnable multi-node replica (pure; docs/multinode.md).
 
-The inventory checks it with ``file:line`` errors; deploy/multinode.py renders
+The inventory checks it with ``file:line`` errors; deploy/units/multinode.py renders
 the head and worker units.  vLLM's multiprocessing executor across nodes
 (``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``,
 ``--headless``) came with vLLM 0.11.1 (vllm-project/vllm#23691).

@@ -120,7 +120,7 @@ def router_binds() -> list[str]:
     """A read-only bind of vllm-router's venv (scripts/install-vllm-router) at the same path: it runs on the
     hosts' own /usr/bin/python3.11, so a prefill/decode pool's router unit runs in a lab host as deployed
     (docs/disaggregation.md).  Nothing when not installed."""
-    root = Path("/var/cache/clusterctl-vllm-router")  # deploy/pd.py ROUTER_BIN lies in it
+    root = Path("/var/cache/clusterctl-vllm-router")  # deploy/units/pd.py ROUTER_BIN lies in it
     return [f"--bind-ro={root}"] if (root / "venv" / "bin" / "vllm-router").exists() else []
 
 

@@ -14,8 +14,8 @@ program                 job                                             shipped 
 ``collector.py``        the probe: facts as one JSON document           ``probe/payload.py`` (+ pynvml),
                                                                         ``fleet/cached.py``
 ``deploy.py``           deploy's reader/writer of units, env, files     ``deploy/remote.py``
-``preflight.py``        deploy pre-flight reader (models, ports)        ``deploy/preflight_hosts.py``
-``check_gpus.py``       the units' ``check-gpus`` ExecStartPre          ``deploy/nodesetup.py``
+``preflight.py``        deploy pre-flight reader (models, ports)        ``deploy/preflight/hosts.py``
+``check_gpus.py``       the units' ``check-gpus`` ExecStartPre          ``deploy/units/nodesetup.py``
 ``bundle.py``           ``collect`` bundle's node side                  ``diagnose/bundle.py``
 ``gateway.py``          gateway host: install, config, drain scores     ``gateway/deploy.py``
 ``stage/``              model staging: fetch, relay, layout, page       ``stage/bundle.py`` (one

@@ -13,7 +13,7 @@ Weights are read from the safetensors headers only (8-byte little-endian
 header length, then the JSON header with each tensor's dtype, shape and
 ``data_offsets``), never from the data, so a 140 GB checkpoint costs a few
 reads.  Tensors are summed by how tensor parallelism shards them (see
-``clusterctl.deploy.memory.WeightSizes``).
+``clusterctl.deploy.preflight.memory.WeightSizes``).
 """
 
 import glob

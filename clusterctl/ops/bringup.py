@@ -16,7 +16,7 @@ from clusterctl.bringup.engines import EngineRow, list_engines
 from clusterctl.bringup.netqos import NetApply
 from clusterctl.bringup.nodesetup import NodeSetup
 from clusterctl.config import UserConfig
-from clusterctl.deploy.rollout import parse_serial
+from clusterctl.deploy.rollout.batches import parse_serial
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import FleetFactory, fleet_factory
 from clusterctl.fleet.fleet import Fleet

@@ -100,7 +100,7 @@ def _ignore(_e: DoctorEvent) -> None:
 
 def with_replicas(inv: Inventory, cfg: UserConfig) -> Inventory:
     """The inventory as deployed (template replicas placed), as doctor and report read it."""
-    from clusterctl.deploy.deployed import with_replicas as placed
+    from clusterctl.deploy.placement.deployed import with_replicas as placed
 
     return placed(inv, cfg=cfg)
 

@@ -19,7 +19,7 @@ An endpoint that does not answer is an UNKNOWN finding for that instance and che
 never a stalled run: every request has ``timeout`` seconds.
 
 Each request carries the instance's API key, resolved as deploy resolves it
-(:func:`clusterctl.deploy.secrets.instance_api_key`: an inline ``env:
+(:func:`clusterctl.deploy.units.secrets.instance_api_key`: an inline ``env:
 VLLM_API_KEY``, else its ``VLLM_API_KEY`` secret), else ``$CLUSTERCTL_API_KEY``;
 a protected instance is checked, not "401 UNKNOWN".
 """
@@ -80,7 +80,7 @@ def targets(inv: Inventory, hosts: set[str] | None = None) -> list[Target]:
     """Every instance with a placement (the ones whose first host is in ``hosts``, when given), with
     its API key (see the module doc).  Raises :class:`~clusterctl.errors.ConfigError` when a secret
     the inventory names cannot be read (``file:line``, never the value)."""
-    from clusterctl.deploy.secrets import instance_api_key
+    from clusterctl.deploy.units.secrets import instance_api_key
 
     out = []
     for g in sd_targets(inv):

@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from clusterctl.deploy.sdquote import systemd_quote
+from clusterctl.deploy.units.sdquote import systemd_quote
 from clusterctl.errors import ClusterctlError
 
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+$")

@@ -21,8 +21,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from clusterctl.deploy.engine import Deploy, DeployOptions, DeployReport
-from clusterctl.deploy.rollout import parse_serial
+from clusterctl.deploy.rollout.engine import Deploy, DeployOptions, DeployReport
+from clusterctl.deploy.rollout.batches import parse_serial
 from clusterctl.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory
 from support.deploy_lab import remove_deployed, tiny_entry, tiny_model

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterctl.deploy.kvcheck import KvCheck, kv_prediction_error, logged_max_len_estimate, read_kv_checks
-from clusterctl.deploy.preflight import run_preflight
+from clusterctl.deploy.preflight.kvcheck import KvCheck, kv_prediction_error, logged_max_len_estimate, read_kv_checks
+from clusterctl.deploy.preflight.checks import run_preflight
 from clusterctl.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.inventory.model import Engine, GpuRef, Instance, Inventory, Model

@@ -20,10 +20,10 @@ import sys
 import pytest
 
 from clusterctl.deploy import spec
-from clusterctl.deploy.nodesetup import check_gpus_install_script, ensure_user_script, verify_model_install_script
-from clusterctl.deploy.secrets import resolve_secrets
-from clusterctl.deploy.sdversion import check_unit_against_systemd
-from clusterctl.deploy.units import render_instance
+from clusterctl.deploy.units.nodesetup import check_gpus_install_script, ensure_user_script, verify_model_install_script
+from clusterctl.deploy.units.secrets import resolve_secrets
+from clusterctl.deploy.units.sdversion import check_unit_against_systemd
+from clusterctl.deploy.units.render import render_instance
 from clusterctl.fleet.shell import quote
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.lab.vllm_sim import synth

@@ -148,7 +148,7 @@ def _slow(lab, gw: dict, name: str, factor: int, check: bool = True) -> None:
 
 def _apply(gw: dict, inv: Any, states: dict[str, ServerState] | None = None) -> RenderedGateway:
     """Render and install through the API (what sync does), asserting the host took it."""
-    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.placement.place import desired_instances
     from clusterctl.deploy.state import DeployState
 
     instances = dict(desired_instances(inv, DeployState()).instances)

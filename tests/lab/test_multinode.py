@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from clusterctl.deploy.engine import Deploy, DeployOptions
+from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
 from clusterctl.deploy.state import Cordon, StateStore
 from clusterctl.fleet import Fleet
 from clusterctl.gateway.failover import FailoverOptions, run_failover

@@ -4,10 +4,10 @@ the gateway; a pause storm slows its KV pulls.
 The prefill and decode instances are the simulator (0.11 launcher) deployed as
 ``clusterctl-pd-p.service`` and ``clusterctl-pd-d.service`` on the first two
 lab hosts with the ``--kv-transfer-config`` and environment of their roles
-(``deploy/pd.py``); the same deploy pushes the pool's router
+(``deploy/units/pd.py``); the same deploy pushes the pool's router
 (``clusterctl-router-pd-q.service``, vllm-router from scripts/install-vllm-router,
 bound read-only into the hosts) to the prefill host, last, and gates it with a
-completion through it (``deploy/pdrouter.py``).  The gateway (nginx on the
+completion through it (``deploy/units/pdrouter.py``).  The gateway (nginx on the
 decode host) sends the pool's model to the router.  A pause storm on the
 prefill host's RoCE priority (both data NICs) makes the decode instance's KV
 pulls ten times slower, and doctor's ``pd.kv_transfer`` says so, naming the
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.cli.main import main
-from clusterctl.deploy.engine import Deploy, DeployOptions
+from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.registry import AnalysisContext, run_analyzers
 from clusterctl.diagnose.thresholds import load_thresholds

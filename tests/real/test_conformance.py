@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from clusterctl.deploy import kvcheck
-from clusterctl.deploy.metrics import parse_sample
+from clusterctl.deploy.preflight import kvcheck
+from clusterctl.deploy.status.metrics import parse_sample
 from clusterctl.diagnose import vllmlog
 from clusterctl.diagnose.serving import parse_metrics
 from support.engines import READY, EngineProc, burst, burst_prompts, preemptions_total

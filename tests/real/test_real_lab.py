@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from clusterctl.deploy.engine import Deploy, DeployOptions
+from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
 from clusterctl.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.lab import realmodel, realvllm

@@ -13,7 +13,7 @@ import pytest
 
 from clusterctl.autoscale import record, run
 from clusterctl.autoscale.decide import ScalerState
-from clusterctl.deploy import lock
+from clusterctl.deploy.rollout import lock
 from clusterctl.deploy.state import Cordon, StateStore
 from clusterctl.inventory.loader import load_inventory_text
 
@@ -111,7 +111,7 @@ def test_measure_marks_unreachable_replicas_missing(tmp_path: Path, monkeypatch:
         st.replicas["pool"] = 2
     rows = [row("pool-1", kv_usage=0.1, waiting=0.0, running=1.0, load=0.1),
             row("pool-2", state="unknown", message="b01: ssh: timed out")]
-    monkeypatch.setattr("clusterctl.deploy.status.collect_status", lambda *a, **k: rows)
+    monkeypatch.setattr("clusterctl.deploy.status.instances.collect_status", lambda *a, **k: rows)
     sig = run.measure(inv, tmp_path, make_fleet, "pool", inv.templates["pool"].autoscale)
     assert sig.current == 2
     got = {r.name: (r.value, r.error) for r in sig.replicas}
@@ -222,7 +222,7 @@ def test_an_operators_lock_wins_and_nothing_changes(tmp_path: Path, monkeypatch:
 
 def test_scale_in_drains_through_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     inv = inv_with()
-    from clusterctl.deploy.placement import desired_instances
+    from clusterctl.deploy.placement.place import desired_instances
 
     store = StateStore(tmp_path)
     with store.update() as st:

@@ -60,7 +60,7 @@ def test_bench_gate_passes_an_equal_canary_and_stops_a_slow_one(host, models, st
 
 
 def test_release_gates_in_the_deploy_engines_terms(host, models, start_sim, trust_not_judged, tmp_path: Path) -> None:
-    from clusterctl.deploy.gates import GateTarget
+    from clusterctl.deploy.rollout.gates import GateTarget
     from clusterctl.drift.release import release_gates
 
     awq = tmp_path / "qwen3-8b-awq"

@@ -17,7 +17,7 @@ from clusterctl.cli import facts as facts_cli
 from clusterctl.cli import fleet as fleet_cli
 from clusterctl.cli._progress import ByteProgress, EventProgress, HostProgress
 from clusterctl.cli.main import main
-from clusterctl.deploy.engine import Event
+from clusterctl.deploy.rollout.engine import Event
 from clusterctl.fleet import HostStatus, ssh
 from clusterctl.fleet.results import HostResult
 from clusterctl.fleet.transport import FakeReply, FakeTransport, HostFailure

@@ -14,8 +14,8 @@ import pytest
 from rich.console import Console
 
 from clusterctl.cli import watch as W
-from clusterctl.deploy import status as S
-from clusterctl.deploy.metrics import WindowedMetrics, parse_sample
+from clusterctl.deploy.status import instances as S
+from clusterctl.deploy.status.metrics import WindowedMetrics, parse_sample
 from clusterctl.diagnose.findings import Severity
 
 REAL = (Path(__file__).parents[2] / "fixtures/vllm/metrics_v0.11.0.prom").read_text()

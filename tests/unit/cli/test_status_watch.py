@@ -10,7 +10,7 @@ import time
 from rich.console import Console
 
 from clusterctl.cli import watch as W
-from clusterctl.deploy.status import InstanceStatus
+from clusterctl.deploy.status.instances import InstanceStatus
 from clusterctl.diagnose.findings import Severity
 
 

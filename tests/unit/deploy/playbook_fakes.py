@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from clusterctl.deploy import remote
-from clusterctl.deploy.engine import desired, render_all
+from clusterctl.deploy.rollout.engine import desired, render_all
 from clusterctl.node.deploy import env_hashes
 from clusterctl.deploy.remote import HostState, InstanceState
 from clusterctl.inventory.loader import load_inventory

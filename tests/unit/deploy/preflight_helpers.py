@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.node import preflight as preflight_node
-from clusterctl.deploy.memory import MiB
-from clusterctl.deploy.preflight import GpuProc, GpuView, HostView
-from clusterctl.deploy.ports import parse_ss
+from clusterctl.deploy.preflight.memory import MiB
+from clusterctl.deploy.preflight.checks import GpuProc, GpuView, HostView
+from clusterctl.deploy.preflight.ports import parse_ss
 from clusterctl.inventory.model import (Engine, GpuRef, GpuSpec, Host, Instance, Inventory, Model,
                                         ModelArch)
 

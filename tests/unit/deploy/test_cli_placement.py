@@ -128,17 +128,17 @@ class FakeDeploy:
         FakeDeploy.calls.append({"hosts": [h.name for h in hosts], "state_dir": state_dir, "opts": opts})
 
     def run(self) -> object:
-        from clusterctl.deploy.engine import DeployReport
-        from clusterctl.deploy.plan import Plan
+        from clusterctl.deploy.rollout.engine import DeployReport
+        from clusterctl.deploy.rollout.plan import Plan
 
         return DeployReport("run-1", Plan([]), "ok")
 
 
 def test_scale_records_then_rolls_out_the_templates_replicas_through_the_deploy_engine(
         env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from clusterctl.deploy import engine
+    from clusterctl.deploy.rollout import engine
 
-    from clusterctl.deploy import topology as topo_mod
+    from clusterctl.deploy.placement import topology as topo_mod
 
     probed: list[list[str]] = []
 

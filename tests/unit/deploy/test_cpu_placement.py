@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy.memory import GiB
-from clusterctl.deploy.placement import desired_instances
-from clusterctl.deploy.preflight import check_instances
-from clusterctl.deploy.secrets import resolve_secrets
+from clusterctl.deploy.preflight.memory import GiB
+from clusterctl.deploy.placement.place import desired_instances
+from clusterctl.deploy.preflight.checks import check_instances
+from clusterctl.deploy.units.secrets import resolve_secrets
 from clusterctl.deploy.state import Cordon, DeployState, StateStore
-from clusterctl.deploy.units import render_instance
+from clusterctl.deploy.units.render import render_instance
 from clusterctl.errors import ConfigError
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.inventory.model import CPU_SLOT, GpuRef

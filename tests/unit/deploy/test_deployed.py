@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from clusterctl.deploy.deployed import with_replicas
-from clusterctl.deploy.placement import desired_instances
+from clusterctl.deploy.placement.deployed import with_replicas
+from clusterctl.deploy.placement.place import desired_instances
 from clusterctl.deploy.state import DeployState, StateStore
 from unit.deploy.placement_helpers import inventory
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 
-from clusterctl.deploy.drain import drain, gateway_for
-from clusterctl.deploy.lifecycle import run_action
+from clusterctl.deploy.rollout.drain import drain, gateway_for
+from clusterctl.deploy.rollout.lifecycle import run_action
 from clusterctl.errors import ClusterctlError
 
 from .status_fakes import fleet_for, inventory, metrics_text, server, unit  # noqa: F401 (server: a fixture)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-from clusterctl.deploy import audit
-from clusterctl.deploy.engine import Deploy, DeployOptions
-from clusterctl.deploy.gates import GateResult
-from clusterctl.deploy.rollout import parse_serial
+from clusterctl.deploy.rollout import audit
+from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
+from clusterctl.deploy.rollout.gates import GateResult
+from clusterctl.deploy.rollout.batches import parse_serial
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.inventory.loader import load_inventory_text
@@ -131,8 +131,8 @@ def test_plan_only_applies_and_locks_nothing(tmp_path: Path) -> None:
 
 def test_the_gate_uses_the_key_systemd_reads_and_the_served_name_the_unit_passes() -> None:
     from clusterctl.deploy import spec
-    from clusterctl.deploy.engine import api_key, instance_served_name
-    from clusterctl.deploy.sdquote import env_file_line
+    from clusterctl.deploy.rollout.engine import api_key, instance_served_name
+    from clusterctl.deploy.units.sdquote import env_file_line
 
     inv = load_inventory_text(INVENTORY, "inv.yaml")
     for value in ("sk-123", 'a"b\\c$d`e'):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.deploy.gates import GateTarget, unit_failure, wait_gates
+from clusterctl.deploy.rollout.gates import GateTarget, unit_failure, wait_gates
 from clusterctl.lab.vllm_sim import synth
 from clusterctl.lab.vllm_sim.serve import free_port
 from unit.vllm_sim.conftest import host, nvml_lib, start_sim  # noqa: F401  (fixtures)

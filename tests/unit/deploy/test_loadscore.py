@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.deploy.loadscore import DEFAULT_QUEUE_CAP, InstanceLoad, components, load_score
-from clusterctl.deploy.metrics import parse_sample
+from clusterctl.deploy.status.loadscore import DEFAULT_QUEUE_CAP, InstanceLoad, components, load_score
+from clusterctl.deploy.status.metrics import parse_sample
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm"
 

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from clusterctl.deploy import lock
+from clusterctl.deploy.rollout import lock
 from clusterctl.node import deploy as node
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.results import HostStatus

@@ -10,10 +10,10 @@ from typing import Any, Sequence
 
 import pytest
 
-from clusterctl.deploy import multinode
-from clusterctl.deploy.engine import Deploy, DeployOptions, render_all
-from clusterctl.deploy.gates import GateResult
-from clusterctl.deploy.rollout import parse_serial
+from clusterctl.deploy.units import multinode
+from clusterctl.deploy.rollout.engine import Deploy, DeployOptions, render_all
+from clusterctl.deploy.rollout.gates import GateResult
+from clusterctl.deploy.rollout.batches import parse_serial
 from clusterctl.errors import ClusterctlError, InventoryError
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport

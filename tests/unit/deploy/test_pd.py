@@ -7,8 +7,8 @@ import shlex
 
 import pytest
 
-from clusterctl.deploy import pd
-from clusterctl.deploy.units import render_instance
+from clusterctl.deploy.units import pd
+from clusterctl.deploy.units.render import render_instance
 from clusterctl.errors import ClusterctlError, InventoryError
 from clusterctl.inventory.loader import load_inventory_text
 from clusterctl.inventory.pdpools import ratio

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from clusterctl.deploy import pdrouter
-from clusterctl.deploy.engine import Deploy, DeployOptions
-from clusterctl.deploy.gates import GateResult
-from clusterctl.deploy.rollout import parse_serial
-from clusterctl.deploy.units import x_clusterctl
+from clusterctl.deploy.units import pdrouter
+from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
+from clusterctl.deploy.rollout.gates import GateResult
+from clusterctl.deploy.rollout.batches import parse_serial
+from clusterctl.deploy.units.render import x_clusterctl
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.gateway.render import render_gateway

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from clusterctl.deploy.placement import (
+from clusterctl.deploy.placement.place import (
     PlacementError, best_group, desired_instances, replica_number, reschedule,
 )
 from clusterctl.deploy.state import DeployState
@@ -228,7 +228,7 @@ def test_replicas_carry_the_templates_args_env_and_secrets() -> None:
 
 
 def test_topology_is_read_only_for_the_hosts_that_receive_new_replicas() -> None:
-    from clusterctl.deploy.topology import place
+    from clusterctl.deploy.placement.topology import place
 
     asked: list[list[str]] = []
     topo = topology(switches=[[0, 2], [1, 3]], sockets=[[0, 1, 2, 3]])

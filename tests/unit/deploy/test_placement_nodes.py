@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy.placement import desired_instances, reschedule
+from clusterctl.deploy.placement.place import desired_instances, reschedule
 from clusterctl.deploy.state import DeployState, StateError, StateStore
 from clusterctl.errors import InventoryError
 from clusterctl.inventory.loader import load_inventory_text
@@ -186,8 +186,8 @@ def test_autoscale_on_a_template_across_hosts_is_refused_at_its_line() -> None:
 
 
 def test_deploy_places_a_template_replica_across_hosts_and_the_plan_says_where(tmp_path: Any) -> None:
-    from clusterctl.deploy.engine import DeployOptions
-    from clusterctl.deploy.rollout import parse_serial
+    from clusterctl.deploy.rollout.engine import DeployOptions
+    from clusterctl.deploy.rollout.batches import parse_serial
     from clusterctl.fleet import Fleet
 
     from .test_multinode import INV, Cluster, Scripted, _argv, _flag

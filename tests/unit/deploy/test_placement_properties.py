@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterctl.deploy.placement import PlacementResult, desired_instances
+from clusterctl.deploy.placement.place import PlacementResult, desired_instances
 from clusterctl.deploy.state import DeployState
 from clusterctl.inventory.model import GpuRef
 
@@ -73,7 +73,7 @@ def test_no_shared_gpu_no_split_tp_group_and_scaling_moves_nothing(case: tuple[A
 @given(fleets(), st.data())
 def test_reschedule_moves_only_the_named_never_back_or_onto_a_cordon_and_keeps_every_cordon(
         case: tuple[Any, DeployState, dict[str, int]], data: Any) -> None:
-    from clusterctl.deploy.placement import reschedule
+    from clusterctl.deploy.placement.place import reschedule
 
     inv, state, _ = case
     first = desired_instances(inv, DeployState())

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy.placement import desired_instances
+from clusterctl.deploy.placement.place import desired_instances
 from clusterctl.deploy.state import DeployState
 
 from .placement_helpers import cordoned, inventory, where

@@ -6,7 +6,7 @@ import json
 
 from clusterctl.deploy import spec
 from clusterctl.node.deploy import env_hashes
-from clusterctl.deploy.plan import make_plan, matches, render_text
+from clusterctl.deploy.rollout.plan import make_plan, matches, render_text
 from clusterctl.deploy.remote import HostState, InstanceState
 
 SALT = "s4lt"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from clusterctl.cli.main import main
-from clusterctl.deploy.rollout import batches, parse_serial
+from clusterctl.deploy.rollout.batches import batches, parse_serial
 from clusterctl.exitcodes import ExitCode
 from tests.unit.deploy.playbook_fakes import KEY, recorded  # noqa: F401  (fixture)
 

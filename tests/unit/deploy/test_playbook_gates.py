@@ -7,9 +7,9 @@ from typing import Iterator
 
 import pytest
 
-from clusterctl.deploy.gates import GateTarget
-from clusterctl.deploy.playbook import CustomGate
-from clusterctl.deploy.playbook_gates import check_once, wait_custom, wait_one, with_vars
+from clusterctl.deploy.rollout.gates import GateTarget
+from clusterctl.deploy.playbooks.load import CustomGate
+from clusterctl.deploy.playbooks.gates import check_once, wait_custom, wait_one, with_vars
 from tests.unit.deploy.status_fakes import FakeVllm, metrics_text
 
 

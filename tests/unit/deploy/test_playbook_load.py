@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.deploy.playbook import PlaybookError, load_playbook, parse_playbook
+from clusterctl.deploy.playbooks.load import PlaybookError, load_playbook, parse_playbook
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.deploy.plan import HostPlan, Plan, PlanItem
-from clusterctl.deploy.playbook import PlaybookError, parse_playbook
-from clusterctl.deploy.playbook_run import canary_serial, lock_targets, resolve, rollout_batches
+from clusterctl.deploy.rollout.plan import HostPlan, Plan, PlanItem
+from clusterctl.deploy.playbooks.load import PlaybookError, parse_playbook
+from clusterctl.deploy.playbooks.run import canary_serial, lock_targets, resolve, rollout_batches
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.inventory.model import Inventory
 from tests.unit.deploy.playbook_fakes import HOSTS, inventory_text

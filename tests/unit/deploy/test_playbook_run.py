@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy import apply as ap
-from clusterctl.deploy import gates, lock
-from clusterctl.deploy.engine import DeployOptions
-from clusterctl.deploy.playbook import parse_playbook
-from clusterctl.deploy.playbook_run import PlaybookReport, PlaybookRun
+from clusterctl.deploy.rollout import apply as ap
+from clusterctl.deploy.rollout import gates, lock
+from clusterctl.deploy.rollout.engine import DeployOptions
+from clusterctl.deploy.playbooks.load import parse_playbook
+from clusterctl.deploy.playbooks.run import PlaybookReport, PlaybookRun
 from clusterctl.deploy.remote import NodeReply
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
@@ -170,7 +170,7 @@ def test_nothing_to_change_runs_no_step(recorded: str, tmp_path: Path, monkeypat
 
 def test_preflight_refusing_after_units_puts_the_files_back(
         recorded: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from clusterctl.deploy.engine import Deploy, PreflightRefused
+    from clusterctl.deploy.rollout.engine import Deploy, PreflightRefused
 
     def refuse(self: Any, fleet: Any, plan: Any) -> Any:
         raise PreflightRefused("pre-flight refused the deploy", None)

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 
-from clusterctl.deploy import memory as M
-from clusterctl.deploy.preflight import check_instances
+from clusterctl.deploy.preflight import memory as M
+from clusterctl.deploy.preflight.checks import check_instances
 from clusterctl.diagnose.findings import Severity
 from unit.deploy.preflight_helpers import H100_TOTAL, host, instance, inventory
 

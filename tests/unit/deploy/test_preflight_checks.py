@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy.kvcheck import kv_prediction_error, logged_max_len_estimate
-from clusterctl.deploy.memory import GiB
-from clusterctl.deploy.ports import check_port, parse_ss
-from clusterctl.deploy.preflight import GpuProc, check_instances
+from clusterctl.deploy.preflight.kvcheck import kv_prediction_error, logged_max_len_estimate
+from clusterctl.deploy.preflight.memory import GiB
+from clusterctl.deploy.preflight.ports import check_port, parse_ss
+from clusterctl.deploy.preflight.checks import GpuProc, check_instances
 from clusterctl.diagnose.findings import Severity
 from unit.deploy.preflight_helpers import FIXTURES, host, instance, inventory, make_sparse
 

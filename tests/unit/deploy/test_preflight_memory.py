@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy import memory as M
-from clusterctl.deploy.preflight import check_instances
+from clusterctl.deploy.preflight import memory as M
+from clusterctl.deploy.preflight.checks import check_instances
 from clusterctl.diagnose.findings import Severity
 from clusterctl.inventory.model import Model
 from unit.deploy.preflight_helpers import H100, H100_TOTAL, host, instance, inventory, make_sparse

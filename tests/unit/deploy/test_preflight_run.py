@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.node import preflight as preflight_node
-from clusterctl.deploy.kvcheck import KvCheck, read_kv_checks
-from clusterctl.deploy.memory import MiB
-from clusterctl.deploy.preflight import run_preflight
+from clusterctl.deploy.preflight.kvcheck import KvCheck, read_kv_checks
+from clusterctl.deploy.preflight.memory import MiB
+from clusterctl.deploy.preflight.checks import run_preflight
 from clusterctl.fleet.results import HostResult, HostStatus, RunResults
 from clusterctl.inventory.model import GpuRef, Host, Instance
 from clusterctl.probe.facts import parse_facts

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy import memory as M
-from clusterctl.deploy import stages as pp
-from clusterctl.deploy.preflight import GpuProc, check_instances
+from clusterctl.deploy.preflight import memory as M
+from clusterctl.deploy.preflight import stages as pp
+from clusterctl.deploy.preflight.checks import GpuProc, check_instances
 from clusterctl.diagnose.findings import Severity
 from clusterctl.inventory.model import GpuRef, GpuSpec, Host, Instance, Model
 from unit.deploy.preflight_helpers import host, inventory, make_sparse
@@ -144,8 +144,8 @@ def test_a_replica_the_inventory_cannot_run_stays_one_crit_row(llama: dict[str, 
 
 
 def test_deploy_checks_a_replica_when_only_a_worker_unit_changes(tmp_path: Path, monkeypatch) -> None:
-    from clusterctl.deploy import preflight as pf
-    from clusterctl.deploy.engine import Deploy, DeployOptions
+    from clusterctl.deploy.preflight import checks as pf
+    from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
 
     inv = _inv()
     inv.instances["big"] = _replica()

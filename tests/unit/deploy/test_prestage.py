@@ -15,9 +15,9 @@ from typing import Any, Sequence
 import pytest
 
 from clusterctl.cli.main import app
-from clusterctl.deploy.engine import Deploy, DeployOptions
-from clusterctl.deploy.gates import GateResult
-from clusterctl.deploy.rollout import parse_serial
+from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
+from clusterctl.deploy.rollout.gates import GateResult
+from clusterctl.deploy.rollout.batches import parse_serial
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.inventory.loader import load_inventory_text

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from clusterctl.deploy import lifecycle
-from clusterctl.deploy.drain import DRAIN_REASON, put_back
-from clusterctl.deploy.journal import journal_command, pick_error
-from clusterctl.deploy.lifecycle import run_action
+from clusterctl.deploy.rollout import lifecycle
+from clusterctl.deploy.rollout.drain import DRAIN_REASON, put_back
+from clusterctl.deploy.rollout.journal import journal_command, pick_error
+from clusterctl.deploy.rollout.lifecycle import run_action
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.fleet import Fleet
 

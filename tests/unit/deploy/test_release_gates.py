@@ -17,10 +17,10 @@ from typing import Any, Sequence
 
 import pytest
 
-from clusterctl.deploy import audit, gates
-from clusterctl.deploy.engine import DeployOptions
-from clusterctl.deploy.release_gates import ReleaseDeploy, ReleaseGates, parse_gates, record_previous
-from clusterctl.deploy.rollout import parse_serial
+from clusterctl.deploy.rollout import audit, gates
+from clusterctl.deploy.rollout.engine import DeployOptions
+from clusterctl.deploy.rollout.release_gates import ReleaseDeploy, ReleaseGates, parse_gates, record_previous
+from clusterctl.deploy.rollout.batches import parse_serial
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply

@@ -8,8 +8,8 @@ from dataclasses import replace
 from typing import Callable
 
 
-from clusterctl.deploy.lifecycle import run_action
-from clusterctl.deploy.multinode import units as member_units
+from clusterctl.deploy.rollout.lifecycle import run_action
+from clusterctl.deploy.units.multinode import units as member_units
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.inventory.model import GpuRef, Host

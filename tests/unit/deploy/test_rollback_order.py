@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from clusterctl.deploy.engine import DeployOptions
-from clusterctl.deploy.gates import GateResult
-from clusterctl.deploy.rollback_order import replica_members, rollback_in_order
+from clusterctl.deploy.rollout.engine import DeployOptions
+from clusterctl.deploy.rollout.gates import GateResult
+from clusterctl.deploy.rollout.rollback_order import replica_members, rollback_in_order
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.inventory.model import Host
@@ -88,7 +88,7 @@ class HeadFails(Scripted):
 
 def test_a_failed_gate_rolls_the_replica_back_in_order_and_gates_only_its_head(tmp_path: Path,
                                                                                monkeypatch: Any) -> None:
-    from clusterctl.deploy import rollback as rb
+    from clusterctl.deploy.rollout import rollback as rb
 
     inv = _inv()
     nodes = Nodes()
@@ -113,7 +113,7 @@ def test_a_failed_gate_rolls_the_replica_back_in_order_and_gates_only_its_head(t
 
 def test_a_restored_headless_worker_is_not_a_gate_target(tmp_path: Path) -> None:
     from clusterctl.deploy import remote
-    from clusterctl.deploy.rollback import _targets
+    from clusterctl.deploy.rollout.rollback import _targets
 
     def state(name: str, flags: str) -> remote.InstanceState:
         return remote.InstanceState(name, f"ExecStart=/opt/vllm serve /models/m --port 8000 {flags}\n", "d", {},

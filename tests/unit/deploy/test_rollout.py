@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterctl.deploy.rollout import SerialError, batch_failed, batches, parse_serial
+from clusterctl.deploy.rollout.batches import SerialError, batch_failed, batches, parse_serial
 
 HOSTS = [f"h{i:02d}" for i in range(1, 11)]
 

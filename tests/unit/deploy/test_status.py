@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy.peaks import load_peaks
-from clusterctl.deploy.status import collect_status, exit_code, match_instances
+from clusterctl.deploy.status.peaks import load_peaks
+from clusterctl.deploy.status.instances import collect_status, exit_code, match_instances
 from clusterctl.diagnose.findings import Severity
 
 from .status_fakes import FakeVllm, fleet_for, inventory, metrics_text, recorded, unit

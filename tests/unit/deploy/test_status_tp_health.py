@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from clusterctl.deploy import status
-from clusterctl.deploy.status import collect_status
+from clusterctl.deploy.status import instances as status
+from clusterctl.deploy.status.instances import collect_status
 from clusterctl.diagnose.findings import Severity
 from clusterctl.gateway.observe import observe
 from clusterctl.gateway.sync import decide

@@ -13,11 +13,11 @@ from typing import Any, Sequence
 
 import pytest
 
-from clusterctl.deploy import drain as dr
-from clusterctl.deploy.engine import DeployOptions
-from clusterctl.deploy.gates import GateResult
-from clusterctl.deploy.rollout import parse_serial
-from clusterctl.deploy.surge import SurgeDeploy, SurgeRefused, plan_surges, step_line
+from clusterctl.deploy.rollout import drain as dr
+from clusterctl.deploy.rollout.engine import DeployOptions
+from clusterctl.deploy.rollout.gates import GateResult
+from clusterctl.deploy.rollout.batches import parse_serial
+from clusterctl.deploy.rollout.surge import SurgeDeploy, SurgeRefused, plan_surges, step_line
 from clusterctl.fleet import Fleet
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.inventory.loader import load_inventory_text
@@ -259,7 +259,7 @@ def test_the_plan_shows_the_surge_steps_and_changes_nothing(tmp_path: Path) -> N
 
 def test_spare_gpus_leave_out_running_units_cordons_and_stopped_instances(tmp_path: Path) -> None:
     from clusterctl.deploy.remote import HostState, InstanceState
-    from clusterctl.deploy.plan import HostPlan, Plan, PlanItem
+    from clusterctl.deploy.rollout.plan import HostPlan, Plan, PlanItem
     from clusterctl.deploy.state import DeployState
 
     inv = inventory()

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from clusterctl.deploy import spec
-from clusterctl.deploy.nodesetup import ensure_user_script, verify_model_install_script
-from clusterctl.deploy.sdquote import env_file_line, systemd_quote
-from clusterctl.deploy.sdversion import MIN_SYSTEMD, check_unit_against_systemd, unit_directives
-from clusterctl.deploy.secrets import resolve_secrets
-from clusterctl.deploy.units import UnitPolicy, nccl_ib_tc, policy_for_systemd, render_instance, x_clusterctl
+from clusterctl.deploy.units.nodesetup import ensure_user_script, verify_model_install_script
+from clusterctl.deploy.units.sdquote import env_file_line, systemd_quote
+from clusterctl.deploy.units.sdversion import MIN_SYSTEMD, check_unit_against_systemd, unit_directives
+from clusterctl.deploy.units.secrets import resolve_secrets
+from clusterctl.deploy.units.render import UnitPolicy, nccl_ib_tc, policy_for_systemd, render_instance, x_clusterctl
 from clusterctl.errors import ClusterctlError, ConfigError
 from clusterctl.inventory.loader import load_inventory, load_inventory_text
 from clusterctl.inventory.model import FabricProfile
@@ -461,7 +461,7 @@ def test_unit_and_env_paths_come_from_spec(inv):
 def test_model_path_ending_in_backslash_does_not_swallow_the_next_key(inv):
     """A trailing ``\\`` would continue the ``ModelPath=`` line into ``ModelVersion=`` (issue 21)."""
     from clusterctl.node.deploy import _x_section
-    from clusterctl.deploy.sdversion import unit_directives
+    from clusterctl.deploy.units.sdversion import unit_directives
 
     inv.models["qwen3-8b"].path = "/models/odd\\"
     r = _render(inv, "tp2")
@@ -499,7 +499,7 @@ def test_gpus_pinned_by_uuid_with_a_check_before_start(inv):
 
 
 def test_uuids_recorded_at_placement_stay_when_the_indexes_shift(inv):
-    from clusterctl.deploy.engine import pinned_uuids
+    from clusterctl.deploy.rollout.engine import pinned_uuids
     from clusterctl.deploy.remote import HostState, InstanceState
 
     inst = inv.instances["tp2"]  # gpu02:1,2

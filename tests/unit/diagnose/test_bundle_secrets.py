@@ -11,7 +11,7 @@ import pytest
 from clusterctl.cli import collect as collect_cli
 from clusterctl.cli.inventory import inventory_json
 from clusterctl.cli.main import main
-from clusterctl.deploy.secrets import redact_inventory_text
+from clusterctl.deploy.units.secrets import redact_inventory_text
 from clusterctl.diagnose.bundle import Snapshot
 from clusterctl.inventory.loader import load_inventory_text
 

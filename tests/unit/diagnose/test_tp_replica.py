@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from clusterctl.deploy.placement import desired_instances
+from clusterctl.deploy.placement.place import desired_instances
 from clusterctl.deploy.state import DeployState
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.tp import check_tp_groups

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clusterctl.deploy import kvcheck
+from clusterctl.deploy.preflight import kvcheck
 from clusterctl.diagnose import vllmlog
 
 VLLM = Path(__file__).resolve().parents[2] / "fixtures" / "vllm"

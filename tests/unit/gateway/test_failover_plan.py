@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterctl.deploy.placement import desired_instances
+from clusterctl.deploy.placement.place import desired_instances
 from clusterctl.deploy.state import DeployState
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.gateway.failover_plan import cap_for, plan_failover

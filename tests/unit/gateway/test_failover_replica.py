@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy import engine, lifecycle
-from clusterctl.deploy.gates import GateResult
-from clusterctl.deploy.placement import desired_instances
-from clusterctl.deploy.plan import Plan
+from clusterctl.deploy.rollout import engine, lifecycle
+from clusterctl.deploy.rollout.gates import GateResult
+from clusterctl.deploy.placement.place import desired_instances
+from clusterctl.deploy.rollout.plan import Plan
 from clusterctl.deploy.state import StateStore
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.gateway import failover, observe, sync

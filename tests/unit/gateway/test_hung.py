@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from clusterctl.deploy import status as S
-from clusterctl.deploy.metrics import HttpAnswer, WindowedMetrics, parse_sample
+from clusterctl.deploy.status import instances as S
+from clusterctl.deploy.status.metrics import HttpAnswer, WindowedMetrics, parse_sample
 from clusterctl.diagnose.findings import Severity
 from clusterctl.gateway.sync import HUNG_REASON, HUNG_WAITING_REASON, Observed, decide
 from clusterctl.inventory.model import Inventory

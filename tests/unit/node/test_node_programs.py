@@ -105,7 +105,7 @@ def run_gateway(tmp: Path) -> None:       # as gateway/deploy.py ships it
     assert _json_line(r) == {"ok": False, "kind": "node", "error": "KeyError: 'no-such-op'"}
 
 
-def run_preflight(tmp: Path) -> None:     # as deploy/preflight_hosts.py ships it: the script on stdin
+def run_preflight(tmp: Path) -> None:     # as deploy/preflight/hosts.py ships it: the script on stdin
     r = _run(["-", json.dumps({"models": [str(tmp / "absent")]})], node.source("preflight"))
     assert r.returncode == 0, r.stderr
     assert "config.json" in json.loads(r.stdout)["models"][str(tmp / "absent")]["error"]

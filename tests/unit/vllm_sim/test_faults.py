@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from clusterctl.deploy.metrics import parse_sample
+from clusterctl.deploy.status.metrics import parse_sample
 from clusterctl.diagnose.serving import engine_hung
 from clusterctl.lab.vllm_sim.faults import FaultError, Faults, is_loopback
 

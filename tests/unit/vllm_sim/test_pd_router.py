@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from clusterctl.deploy import pd
+from clusterctl.deploy.units import pd
 from clusterctl.inventory.loader import load_inventory_text
 from clusterctl.lab.hardware import provision_host
 from clusterctl.lab.hardware.host import hw_dir
