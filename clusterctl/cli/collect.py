@@ -7,7 +7,7 @@ the inventory; ``clusterctl doctor --from`` analyses it.  Layout: docs/bundles.m
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import replace
 from typing import Optional
 
 import typer
@@ -51,31 +51,25 @@ def collect(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @
             ask_become_pass: bool = AskBecomePassOpt,
             host_key_policy: Optional[str] = HostKeyOpt,
             ) -> None:
-    from clusterctl.diagnose.bundle import write_bundle
+    from clusterctl.ops.collect import CollectRequest, check_output, write
 
-    if Path(output).exists():
-        fail(f"{output}: already exists; give a new name")
+    request = CollectRequest(output=output, inventory_path="", pattern=pattern)
+    try:
+        check_output(request)
+    except ClusterctlError as e:
+        fail(str(e))
     snap, _inv, path = live_snapshot(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,
                                      ask_become_pass=ask_become_pass, fanout=fanout,
                                      connect_timeout=connect_timeout, deadline=deadline,
                                      host_key_policy=host_key_policy, raw_outputs=True)
-    snap.meta.update({"inventory": path, "pattern": pattern})
-    from clusterctl.deploy.units.secrets import redact_inventory_text
-
-    try:  # bundles are handed to other people: secret-looking values as ``show --json`` hides them
-        inv_text: str | None = redact_inventory_text(Path(path).read_text())
-    except (OSError, UnicodeDecodeError):
-        inv_text = None
     try:
-        dest = write_bundle(snap, output, inv_text)
+        done = write(replace(request, inventory_path=path), snap)
     except ClusterctlError as e:
         fail(str(e))
-    except OSError as e:
-        fail(f"{output}: cannot write the bundle: {e.strerror}")
-    console.print(f"bundle: {dest} ({len(snap.facts)} hosts with facts, {len(snap.missing)} without)", markup=False)
-    for host, reason in snap.missing.items():
+    console.print(f"bundle: {done.dest} ({done.with_facts} hosts with facts, {len(done.missing)} without)", markup=False)
+    for host, reason in done.missing.items():
         console.print(f"{host}: no facts: {reason}", markup=False)
-    raise typer.Exit(ExitCode.CRIT if snap.missing else ExitCode.OK)
+    raise typer.Exit(ExitCode.CRIT if done.missing else ExitCode.OK)
 
 
 def register(app: typer.Typer) -> None:
