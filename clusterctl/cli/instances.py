@@ -173,11 +173,13 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
            count: Optional[int] = typer.Option(None, "--count", min=1, help="With --watch: stop after N refreshes.")
            ) -> None:
     from clusterctl.deploy.status.instances import collect_status, exit_code, match_instances
+    from clusterctl.deploy.status.routers import router_instances
 
     if group_by not in ("host", "template"):
         fail(f"--group-by must be host or template (got {group_by!r})")
     inv = load_inventory(inventory)
     wanted, directory = instances_wanted(inv, state_dir)
+    wanted = {**wanted, **router_instances(inv, wanted)}  # the pools' routers: rows of their own
     names = match_instances(wanted, pattern)
     selected = {n: wanted[n] for n in names}
     everything = pattern is None or pattern.strip() in ("", "all", "*")
@@ -240,13 +242,15 @@ def _action(action: str) -> Any:
         from clusterctl.deploy.rollout.drain import gateway_for
         from clusterctl.deploy.rollout.lifecycle import run_action
         from clusterctl.deploy.status.instances import match_instances
+        from clusterctl.deploy.status.routers import router_instances
 
         inv = load_inventory(inventory)
         wanted, directory = instances_wanted(inv, state_dir)
-        names = match_instances(wanted, pattern)
+        everything = {**wanted, **router_instances(inv, wanted)}  # router-P too: drained through its pool
+        names = match_instances(everything, pattern)
         if not names:
             fail(f"pattern {pattern!r} selects no instance of the inventory")
-        insts = [wanted[n] for n in names]
+        insts = [everything[n] for n in names]
         try:
             gateway = gateway_for(inv, directory)
         except ClusterctlError as e:
@@ -260,7 +264,7 @@ def _action(action: str) -> Any:
         with fleet:
             results = run_action(inv, fleet, insts, action, drain_first=not no_drain,  # type: ignore[arg-type]
                                  drain_timeout=drain_timeout, poll=poll, health_timeout=health_timeout,
-                                 gateway=gateway, on_event=say)
+                                 gateway=gateway, on_event=say, wanted=wanted)
         code = ExitCode.OK if all(r.ok for r in results) else ExitCode.CRIT
         if json_out:
             print_json({"action": action, "results": [r.to_json() for r in results], "exit_code": int(code)})

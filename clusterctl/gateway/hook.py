@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.deploy.rollout.drain import DRAIN_REASON
+from clusterctl.deploy.units.pdrouter import gateway_servers
 from clusterctl.deploy.state import who_am_i
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import BECOME_PASSWORD_ENV, make_fleet
@@ -60,7 +61,8 @@ class Hook:
                     st.marked_down.pop(name, None)
         st = gwstate.update(self.state_dir, change)
         servers = dict(st.servers)
-        for n in self.instances():
+        # the gateway's servers: the instances, and each ready pool's router (router-P: drained as one)
+        for n in {**self.instances(), **gateway_servers(self.inv, self.instances())}:
             if n in st.marked_down:
                 servers[n] = ServerState(True, 1, f"marked down: {st.marked_down[n].get('reason', '')}".rstrip(": "))
             elif servers.get(n, ServerState()).reason.startswith("marked down"):

@@ -376,11 +376,22 @@ CONNECTOR_ROLES = {
 }
 
 
+#: A pool router's default Prometheus port: its HTTP port plus this (vllm-router's own default, 29000 on
+#: 127.0.0.1, would collide between two routers of one host and cannot be scraped from elsewhere).
+ROUTER_METRICS_OFFSET = 10000
+
+
 @dataclass
 class PdRouter:
     host: str
     port: int = 8300
     policy: str = "round_robin"
+    #: vllm-router's Prometheus port (``--prometheus-port``); None: ``port`` + ROUTER_METRICS_OFFSET
+    metrics_port: int | None = None
+
+    @property
+    def prometheus_port(self) -> int:
+        return self.metrics_port if self.metrics_port is not None else self.port + ROUTER_METRICS_OFFSET
 
 
 @dataclass
@@ -392,6 +403,11 @@ class PdPool:
     location: Location | None = None
     prefill: list[str] = field(default_factory=list)  # instance or template names
     decode: list[str] = field(default_factory=list)
+
+    @property
+    def router_name(self) -> str:
+        """Its router's instance name: ``router-NAME`` (the unit ``clusterctl-router-NAME.service``)."""
+        return f"router-{self.name}"
 
     def kv_role(self, role: str) -> str:
         producer, consumer = CONNECTOR_ROLES[self.connector]

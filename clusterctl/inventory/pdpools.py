@@ -20,11 +20,11 @@ to them).
 from __future__ import annotations
 
 from clusterctl.inventory.fields import Ctx, suggest
-from clusterctl.inventory.model import CONNECTOR_ROLES, Inventory, Location, PdPool, PdRouter
+from clusterctl.inventory.model import CONNECTOR_ROLES, ROUTER_METRICS_OFFSET, Inventory, Location, PdPool, PdRouter
 from clusterctl.inventory.yamlnodes import Y
 
 KEYS = ("model", "connector", "router")
-ROUTER_KEYS = ("host", "port", "policy")
+ROUTER_KEYS = ("host", "port", "policy", "metrics_port")
 #: vllm-router's --policy choices (vllm-router 0.1.17 --help).
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
 
@@ -127,10 +127,20 @@ class PdPoolReader:
             r.port = ctx.integer(known["port"], f"{w}.router.port", 1, 65535) or r.port
         if "policy" in known:
             r.policy = ctx.string(known["policy"], f"{w}.router.policy", POLICIES) or r.policy
+        if "metrics_port" in known:
+            r.metrics_port = ctx.integer(known["metrics_port"], f"{w}.router.metrics_port", 1, 65535) or None
         clash = [i.name for i in inv.instances.values() if host in i.hosts and i.port == r.port]
         if clash:
             ctx.error(known.get("port", y).line, f"{w}.router.port: {r.port} is also instance {clash[0]}'s port "
                                                  f"on {host}")
+        mp, at = r.prometheus_port, known.get("metrics_port", known.get("port", y)).line
+        used = [i.name for i in inv.instances.values() if host in i.hosts and i.port == mp]
+        if mp > 65535:
+            ctx.error(at, f"{w}.router: port {r.port} leaves no metrics port (port + {ROUTER_METRICS_OFFSET} > "
+                          "65535): set router.metrics_port")
+        elif mp == r.port or used:
+            ctx.error(at, f"{w}.router.metrics_port: {mp} is also "
+                          + (f"instance {used[0]}'s port on {host}" if used else "the router's port"))
         return r
 
     def _orphans(self, inv: Inventory, models: set[str]) -> None:

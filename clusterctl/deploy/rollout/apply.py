@@ -19,9 +19,11 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy import remote, spec
+from clusterctl.deploy.rollout import routerdrain
 from clusterctl.deploy.rollout.plan import HostPlan
+from clusterctl.deploy.units import pdrouter
 from clusterctl.deploy.remote import HostState, NodeReply
-from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.inventory.model import Instance, Inventory, PdPool
 
 _USER = re.compile(r"^User=(\S+)\s*$", re.MULTILINE)
 _PORT = re.compile(r"--port[= ]'?(\d+)")
@@ -126,17 +128,26 @@ def drain_before(inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping
     from clusterctl.deploy.rollout import drain as dr
 
     todo: list[Instance] = []
+    pools: list[PdPool] = []
     for item in hp.items:
         have = st.instances.get(item.instance)
         if item.action not in ("changed", "remove") or have is None or have.active != "active":
             continue
-        if have.x.get("Role") == "router":  # a pool's router holds no requests of its own (deploy/units/pdrouter.py)
+        if have.x.get("Role") == "router":  # drained through its pool's members (deploy/rollout/routerdrain.py)
+            pool = pdrouter.pool_of(inv, item.instance)
+            if pool is not None:
+                pools.append(pool)
             continue
         inst = instances.get(item.instance) or instance_for_drain(inv, hp.host, item.instance, have.unit_text)
         if inst is not None:
             todo.append(inst)
-    if not todo:
+    if not todo and not pools:
         return {}
-    with cf.ThreadPoolExecutor(max_workers=min(16, len(todo))) as ex:
-        results = list(ex.map(lambda i: dr.drain(inv, i, timeout=timeout, gateway=gateway), todo))
+    def one(what: Instance | PdPool) -> dr.DrainResult:
+        if isinstance(what, PdPool):
+            return routerdrain.drain_router(inv, what, instances, timeout=timeout, gateway=gateway)
+        return dr.drain(inv, what, timeout=timeout, gateway=gateway)
+
+    with cf.ThreadPoolExecutor(max_workers=min(16, len(todo) + len(pools))) as ex:
+        results = list(ex.map(one, [*todo, *pools]))
     return {r.instance: ("drained" if r.drained else f"drain timed out, {r.remaining} in flight") for r in results}

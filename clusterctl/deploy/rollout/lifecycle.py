@@ -23,6 +23,9 @@ takes no rank back, so a member is never restarted alone).  A worker that fails 
 stops the action before the head is started, naming the worker, its host and its journal's
 first error.  ``ActionResult.units`` lists the units acted on, in that order.
 
+A pool's router (``router-P``, docs/disaggregation.md) is drained through its pool: marked down at
+the gateway, then its members' in-flight requests waited for (:mod:`clusterctl.deploy.rollout.routerdrain`).
+
 Instances are worked on in parallel (at most ``parallel`` at once, each on its
 own host's connection of the ``fleet``).  A drain that times out still stops
 the instance (that is what the timeout bounds) and says so; ``drain=False``
@@ -35,13 +38,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from clusterctl.deploy.rollout.drain import (DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_POLL_S, DrainResult, GatewayHook,
                                      drain)
 from clusterctl.deploy.rollout.journal import first_error
 from clusterctl.deploy.status.metrics import base_url, http_get
-from clusterctl.deploy.units import multinode
+from clusterctl.deploy.rollout import routerdrain
+from clusterctl.deploy.units import multinode, pdrouter
 from clusterctl.deploy.spec import unit_name
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet import shell
@@ -131,7 +135,7 @@ def _systemctl(fleet: Any, host: str, verb: str, inst: Instance) -> str | None:
 
 def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_first: bool,
          drain_timeout: float, poll: float, health_timeout: float, gateway: GatewayHook | None,
-         on_event: Callable[[str], None]) -> ActionResult:
+         on_event: Callable[[str], None], instances: Mapping[str, Instance] | None = None) -> ActionResult:
     t0 = time.monotonic()
     host = inst.placement[0].host if inst.placement else None
     res = ActionResult(inst.name, host, action, ok=False)
@@ -141,7 +145,9 @@ def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_fi
     try:
         if action in ("stop", "restart") and drain_first:
             on_event(f"{inst.name}: draining (up to {drain_timeout:g} s)")
-            res.drain = drain(inv, inst, timeout=drain_timeout, poll=poll, gateway=gateway)
+            pool = pdrouter.pool_of(inv, inst.name)  # a pool's router: its requests run on the members
+            res.drain = drain(inv, inst, timeout=drain_timeout, poll=poll, gateway=gateway) if pool is None else \
+                routerdrain.drain_router(inv, pool, instances or {}, timeout=drain_timeout, poll=poll, gateway=gateway)
             if res.drain.timed_out:
                 left = "?" if res.drain.remaining is None else res.drain.remaining
                 res.notes.append(f"drain timed out with {left} request(s) in flight; {action}ing anyway")
@@ -237,15 +243,18 @@ def run_action(inv: Inventory, fleet: Any, instances: Sequence[Instance], action
                poll: float = DEFAULT_POLL_S, health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S,
                gateway: GatewayHook | None = None, parallel: int = 16,
                on_event: Callable[[str], None] | None = None,
-               on_result: Callable[[ActionResult], None] | None = None) -> list[ActionResult]:
-    """Apply ``action`` to every instance (module docstring); one result per instance, in order."""
+               on_result: Callable[[ActionResult], None] | None = None,
+               wanted: Mapping[str, Instance] | None = None) -> list[ActionResult]:
+    """Apply ``action`` to every instance (module docstring); one result per instance, in order.
+    ``wanted``: every instance wanted (a pool router's drain reads its members'; default: the inventory's)."""
     say = on_event or (lambda s: None)
     if not instances:
         return []
 
     def one(inst: Instance) -> ActionResult:
         r = _one(inv, fleet, inst, action, drain_first=drain_first, drain_timeout=drain_timeout, poll=poll,
-                 health_timeout=health_timeout, gateway=gateway, on_event=say)
+                 health_timeout=health_timeout, gateway=gateway, on_event=say,
+                 instances=wanted if wanted is not None else inv.instances)
         if on_result:
             on_result(r)
         return r

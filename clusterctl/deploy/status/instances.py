@@ -37,6 +37,13 @@ its host and state (``running``, ``starting``, ``restarting``, ``failed``, ``sto
 ``unknown``).  A worker that is not running makes the replica at least as bad as that worker
 (stopped/failed/restarting/absent: CRIT, starting: WARN, its host unread: UNKNOWN) and the
 message names the worker's unit and host; the workers are never ``extra`` rows.
+
+A prefill/decode pool's router (``router-P``, when the caller passes it among ``instances``:
+:func:`clusterctl.deploy.status.routers.router_instances`) is a row like an instance's (unit, ``/health``)
+with ``pool`` and ``router`` from its own Prometheus page instead of vLLM's load figures: the
+router's view of each member's health, its requests and errors so far; a member it sees
+unhealthy or does not list, or its page unreadable, makes a serving router WARN
+(docs/disaggregation.md).
 """
 
 from __future__ import annotations
@@ -47,8 +54,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from clusterctl.deploy.units import multinode
+from clusterctl.deploy.units import multinode, pdrouter
 from clusterctl.deploy import remote
+from clusterctl.deploy.status import routers
 from clusterctl.deploy.status.loadscore import InstanceLoad, load_score
 from clusterctl.deploy.status.metrics import (DEFAULT_HTTP_TIMEOUT, MAX_PARALLEL, HttpAnswer, MetricsSample,
                                        WindowedMetrics, base_url, fetch_sample, http_get, scrape_window,
@@ -114,6 +122,9 @@ class InstanceStatus:
     #: A multi-node replica's units: ``{unit, host, rank, state, active, sub}`` per rank, the head first
     #: (see the module doc); empty for a one-host instance.
     members: list[dict[str, Any]] = field(default_factory=list)
+    #: A pool's router (``router-P``): its pool, and what its Prometheus page says (deploy/status/routers.py)
+    pool: str | None = None
+    router: dict[str, Any] | None = None
 
     @property
     def tp(self) -> int:
@@ -331,7 +342,11 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
             if r.active in ("active", "deactivating") and r.port}
     say(f"{len(urls)} active instance(s): /health, /version, /metrics over {window:g} s")
     health, versions = _health_and_version(urls, http_timeout)
-    windows = scrape_window(urls, window=window, fetch=lambda u: fetch_sample(u, http_timeout)) if urls else {}
+    # a pool's router has its own Prometheus page (its port, vllm-router's names: deploy/status/routers.py)
+    pools = {k for k in rows if k in instances and pdrouter.pool_of(inv, k) is not None}
+    engines = {k: u for k, u in urls.items() if k not in pools}
+    windows = scrape_window(engines, window=window, fetch=lambda u: fetch_sample(u, http_timeout)) if engines else {}
+    router_pages = routers.read_metrics(inv, [k for k in pools if k in urls], http_timeout)
     peaks = load_peaks(state_dir) if state_dir else {}
     for key, row in rows.items():
         if row.active is None:
@@ -345,7 +360,9 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
             row.message = f"not wanted on {row.host} by the inventory; " + (row.message or row.state)
             row.state, row.severity = "extra", Severity.WARN
         row.running_version = versions.get(key)
-        if row.active == "active":
+        if key in pools:
+            routers.apply_status(row, inv, instances, router_pages.get(key))
+        elif row.active == "active":
             wanted_inst = instances.get(row.name) if key == row.name else None
             _apply_load(row, windows.get(key), max_num_seqs(wanted_inst), peaks.get(row.name))
     for name, inst in instances.items():
@@ -353,7 +370,7 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
             _members(rows[name], inst, hosts)
     # Every placed instance is a group, TP 1 included: a lost GPU (XID 79) takes a one-GPU
     # instance out as surely as a member of a larger group, while its /health may still answer.
-    groups = {n: i for n, i in instances.items() if i.placement}
+    groups = {n: i for n, i in instances.items() if i.placement and n not in pools}
     if tp_check and groups:
         say(f"{len(groups)} instance(s): doctor's tp.group check of their GPUs")
         for name, verdict in tp_health(inv, groups, fleet, on_event).items():

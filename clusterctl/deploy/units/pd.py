@@ -13,7 +13,9 @@ Facts (sources in docs/disaggregation.md):
   instance (its HTTP port + :data:`SIDE_CHANNEL_OFFSET`), so instances on one
   host do not collide.
 * The router is vllm-router (``vllm-router --vllm-pd-disaggregation --prefill URL
-  ... --decode URL ... --policy P --host H --port N``); it answers ``/health``
+  ... --decode URL ... --policy P --host H --port N --prometheus-host H --prometheus-port M``;
+  its ``/metrics`` are on the Prometheus port, ``router.metrics_port``, by default N + 10000;
+  vllm-router's own default is 127.0.0.1:29000); it answers ``/health``
   and proxies ``/v1/completions`` and ``/v1/chat/completions``: prefill with
   ``max_tokens: 1`` and ``kv_transfer_params.do_remote_decode``, then decode
   with the params the prefill returned.
@@ -105,8 +107,11 @@ def router_argv(inv: Inventory, pool: PdPool, instances: Iterable[Instance],
         raise ClusterctlError(f"pd_pools.{pool.name}: needs placed prefill and decode instances "
                               f"(has {len(pre)} prefill, {len(dec)} decode)")
     host = inv.hosts[pool.router.host]
+    # its Prometheus endpoint on the host's address and a port of its own (vllm-router's default is
+    # 127.0.0.1:29000: two routers of one host would collide, and status could not scrape it)
     argv = [binary, "--vllm-pd-disaggregation", "--host", host.address, "--port", str(pool.router.port),
-            "--policy", pool.router.policy, *extra]
+            "--policy", pool.router.policy, "--prometheus-host", host.address,
+            "--prometheus-port", str(pool.router.prometheus_port), *extra]
     if pool.connector == "NixlConnector":
         argv += ["--kv-connector", "nixl"]
     elif pool.connector == "MooncakeConnector":

@@ -38,7 +38,7 @@ ENGINE = "vllm-router"
 
 
 def router_name(pool: PdPool) -> str:
-    return f"{PREFIX}{pool.name}"
+    return pool.router_name
 
 
 def pool_of(inv: Inventory, name: str) -> PdPool | None:
@@ -94,16 +94,20 @@ def served_model(inv: Inventory, pool: PdPool) -> str:
     return m.served_name if m is not None and m.served_name else pool.model
 
 
+def router_instance(inv: Inventory, pool: PdPool) -> Instance:
+    """The router as an Instance: ``router-P``, the pool's model, at the router's host and port."""
+    return Instance(name=router_name(pool), model=pool.model, engine=ENGINE,
+                    placement=(GpuRef(inv.hosts[pool.router.host].name, CPU_SLOT),), port=pool.router.port)
+
+
 def gateway_servers(inv: Inventory, instances: Mapping[str, Instance]) -> dict[str, Instance]:
     """What the gateway sends traffic to: ``instances`` with each ready pool's members replaced by its
-    router (an Instance of the pool's model at the router's host and port)."""
+    router (:func:`router_instance`)."""
     out = dict(instances)
     for pool in inv.pd_pools.values():
         if not ready(inv, pool, instances.values()):
             continue
         for i in members(inv, pool, instances.values()):
             out.pop(i.name, None)
-        host = inv.hosts[pool.router.host]
-        out[router_name(pool)] = Instance(name=router_name(pool), model=pool.model, engine=ENGINE,
-                                          placement=(GpuRef(host.name, CPU_SLOT),), port=pool.router.port)
+        out[router_name(pool)] = router_instance(inv, pool)
     return out

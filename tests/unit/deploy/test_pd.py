@@ -74,6 +74,12 @@ templates:
     ("pd_pools:\n  p: {model: qwen3-8b, connector: Foo, router: {host: gw01}}\n", "pd_pools.p.connector"),
     ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gpu01, port: 8001}}\n",
      "pd_pools.p.router.port: 8001 is also instance qp1's port on gpu01"),
+    ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gpu01, port: 8300, metrics_port: 8001}}\n",
+     "site.yaml:23: pd_pools.p.router.metrics_port: 8001 is also instance qp1's port on gpu01"),
+    ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gw01, port: 8300, metrics_port: 8300}}\n",
+     "pd_pools.p.router.metrics_port: 8300 is also the router's port"),
+    ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gw01, port: 60000}}\n",
+     "pd_pools.p.router: port 60000 leaves no metrics port (port + 10000 > 65535): set router.metrics_port"),
     ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gw01}}\n  q: {model: qwen3-8b, router: {host: gw01}}\n",
      "site.yaml:24: pd_pools.q: model 'qwen3-8b' already has pool 'p'"),
 ])
@@ -155,10 +161,14 @@ def test_router_command_and_unit() -> None:
     pool = inv.pd_pools["qwen-pd"]
     argv = pd.router_argv(inv, pool, inv.instances.values(), binary="/x/vllm-router")
     assert argv == ["/x/vllm-router", "--vllm-pd-disaggregation", "--host", "10.0.0.2", "--port", "8300",
-                    "--policy", "round_robin", "--kv-connector", "nixl",
+                    "--policy", "round_robin", "--prometheus-host", "10.0.0.2", "--prometheus-port", "18300",
+                    "--kv-connector", "nixl",
                     "--prefill", "http://10.0.0.11:8001",
                     "--decode", "http://10.0.0.12:8001", "--decode", "http://10.0.0.12:8002"]
     unit = pd.router_unit(inv, pool, inv.instances.values(), binary="/x/vllm-router")
     assert _exec(unit) == argv and "Restart=always" in unit
+    other = _inv(BASE + POOL.replace("port: 8300}", "port: 8300, metrics_port: 9300}"))
+    assert pd.router_argv(other, other.pd_pools["qwen-pd"], other.instances.values())[10:12] == \
+        ["--prometheus-port", "9300"]
     with pytest.raises(ClusterctlError, match="needs placed prefill and decode instances"):
         pd.router_argv(inv, pool, [inv.instances["qp1"]])

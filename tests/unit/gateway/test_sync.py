@@ -178,3 +178,21 @@ def test_dispatch_scores_weigh_capacity_and_kv(inv: Inventory) -> None:
     inv.hosts["gpu02"].gpus.model = "L40S"  # mixed GPU models: q2 runs at half q1's measured peak
     sc = dispatch_scores(inv, {n: inv.instances[n] for n in obs}, obs, {}, 5.0)["instances"]
     assert (sc["q2"]["cap"], sc["q2"]["step"], sc["q1"]["cap"]) == (0.5, 0.25, 1.0)
+
+
+def test_hook_marks_a_pools_router_down_in_the_config(tmp_path: Path, applied: _Applied) -> None:
+    # a drain of router-P (deploy/rollout/routerdrain.py): the gateway's only server of the pool's model goes down
+    from clusterctl.inventory.loader import load_inventory_text
+
+    from .conftest import INVENTORY
+
+    text = INVENTORY.replace("  l1: {model: llama, engine: vllm, placement: ['gpu01:[2-3]'], port: 8003}\n",
+                             "  lp: {model: llama, engine: vllm, placement: ['gpu01:2'], port: 8003, role: prefill}\n"
+                             "  ld: {model: llama, engine: vllm, placement: ['gpu02:2'], port: 8003, role: decode}\n"
+                             "pd_pools:\n  lpool: {model: llama, router: {host: gw01, port: 8300}}\n")
+    pinv = load_inventory_text(text, "inv.yaml")
+    hook = Hook(pinv, tmp_path, lambda: dict(pinv.instances), _Fleet)
+    hook.mark_down("router-lpool", "drain")
+    assert gwstate.load(tmp_path).servers["router-lpool"] == ServerState(True, 1, "marked down: drain")
+    hook.mark_up("router-lpool")
+    assert not gwstate.load(tmp_path).servers["router-lpool"].down

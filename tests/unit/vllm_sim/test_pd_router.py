@@ -25,7 +25,7 @@ from .promparse import parse
 ROUTER = os.environ.get("CLUSTERCTL_VLLM_ROUTER", pd.ROUTER_BIN)
 
 
-def _inventory(p_port: int, d_port: int, r_port: int, model: Path):
+def _inventory(p_port: int, d_port: int, r_port: int, model: Path, m_port: int = 0):
     return load_inventory_text(f"""\
 version: 1
 defaults:
@@ -41,7 +41,7 @@ instances:
   qp1: {{model: qwen3-8b, engine: sim, placement: "p1:0", port: {p_port}, role: prefill}}
   qd1: {{model: qwen3-8b, engine: sim, placement: "d1:0", port: {d_port}, role: decode}}
 pd_pools:
-  qwen-pd: {{model: qwen3-8b, router: {{host: p1, port: {r_port}}}}}
+  qwen-pd: {{model: qwen3-8b, router: {{host: p1, port: {r_port}, metrics_port: {m_port or free_port()}}}}}
 """, "pd.yaml")
 
 
@@ -54,8 +54,8 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 
 def test_pd_pool_serves_through_vllm_router(start_sim, models, tmp_path: Path) -> None:
     assert Path(ROUTER).exists(), f"{ROUTER} missing: run scripts/install-vllm-router"
-    p_port, d_port, r_port = free_port(), free_port(), free_port()
-    inv = _inventory(p_port, d_port, r_port, models["qwen3-8b"])
+    p_port, d_port, r_port, m_port = free_port(), free_port(), free_port(), free_port()
+    inv = _inventory(p_port, d_port, r_port, models["qwen3-8b"], m_port)
     sims = {}
     for name, port in (("qp1", p_port), ("qd1", d_port)):
         provision_host(tmp_path / name, name, 0, 2, "H100-SXM5-80GB", "mlnx")
@@ -90,6 +90,11 @@ def test_pd_pool_serves_through_vllm_router(start_sim, models, tmp_path: Path) -
         assert sum(pre["vllm:generation_tokens_total"].values()) == 2
         assert sum(dec["vllm:nixl_xfer_time_seconds_count"].values()) == 2
         assert sum(dec["vllm:generation_tokens_total"].values()) == 12
+        # its Prometheus page on the port clusterctl set: both members healthy as the router sees them
+        with urllib.request.urlopen(f"http://127.0.0.1:{m_port}/metrics", timeout=5) as r:
+            page = r.read().decode()
+        assert f'vllm_router_worker_health{{worker="http://127.0.0.1:{p_port}"}} 1' in page
+        assert f'vllm_router_worker_health{{worker="http://127.0.0.1:{d_port}"}} 1' in page
     finally:
         router.terminate()
         router.wait(10)
