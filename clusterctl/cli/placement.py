@@ -44,6 +44,11 @@ def _gpus(indexes: Any) -> str:
     return ",".join(str(i) for i in indexes)
 
 
+def _stages(inst: Any) -> dict[str, list[int]]:
+    """Host -> GPU indexes of an instance, the head's host first (a replica across hosts has several)."""
+    return {h: [g.index for g in inst.placement if g.host == h] for h in dict.fromkeys(g.host for g in inst.placement)}
+
+
 def cordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A host, or one GPU of it.", autocompletion=_complete.hosts),
            reason: str = typer.Option(..., "--reason", "-r", help="Why (shown in `cordons` and plans)."),
            inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
@@ -118,8 +123,7 @@ def _placement_rows(res: Any) -> list[dict[str, Any]]:
             status = f"on cordon: {res.on_cordoned[name]}"
         else:
             status = "placed" if inst.template else "explicit"
-        stages = {h: [g.index for g in inst.placement if g.host == h]
-                  for h in dict.fromkeys(g.host for g in inst.placement)}  # the head's host first
+        stages = _stages(inst)
         head = next(iter(stages))
         rows.append({"template": inst.template, "replica": name, "host": head, "gpus": stages[head],
                      "port": inst.port, "status": status}
@@ -301,7 +305,8 @@ def _report_scale(sp: Any, as_json: bool, applied: bool) -> None:
                   + ("" if applied else " (plan: nothing recorded)"))
     for n in sp.added:
         inst = where[n]
-        console.print(f"  + {n}  {inst.placement[0].host} GPUs {_gpus(g.index for g in inst.placement)} port {inst.port}")
+        console.print(f"  + {n}  " + " + ".join(f"{h} GPUs {_gpus(g)}" for h, g in _stages(inst).items())
+                      + f" port {inst.port}")
     for n in sp.removed:
         console.print(f"  - {n}  (drained, then stopped)")
     for n, why in sp.unplaced.items():

@@ -211,3 +211,25 @@ def test_deploy_places_a_template_replica_across_hosts_and_the_plan_says_where(t
     assert d.gated == ["big-1"]
     saved = StateStore(tmp_path).load().placements["big"]["big-1"]
     assert saved.stages == (("gpu01", (0, 1)), ("gpu02", (0, 1)))
+
+
+def test_placement_show_and_scale_plan_list_every_stage(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from clusterctl.cli.main import main
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(HEAD + HOSTS + "templates:\n"
+                   '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]", port_base: 8000}\n')
+    for k, v in {"CLUSTERCTL_INVENTORY": str(inv), "CLUSTERCTL_SSH_CONFIG": "none",
+                 "CLUSTERCTL_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}.items():
+        monkeypatch.setenv(k, v)
+    assert main(["placement", "show", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["host"] == "b1" and row["gpus"] == [0, 1] and row["stages"] == [
+        {"host": "b1", "gpus": [0, 1]}, {"host": "b2", "gpus": [0, 1]}]
+    assert main(["scale", "big", "--replicas", "2", "--plan"]) == 0
+    # b3 is the only host without a stage: with b1 (first in inventory order: the head) on its other GPUs;
+    # port 8000 is taken on b1
+    assert "+ big-2  b1 GPUs 2,3 + b3 GPUs 0,1 port 8001" in capsys.readouterr().out
