@@ -93,7 +93,7 @@ class PlacementResult:
     unplaced: dict[str, str] = field(default_factory=dict)
     on_cordoned: dict[str, str] = field(default_factory=dict)
     not_moved: dict[str, str] = field(default_factory=dict)
-    #: replica across hosts placed this time (new or moved) -> where and why there (placement_nodes.Choice.note)
+    #: replica across hosts placed this time (new or moved) -> where and why there (nodes.Choice.note)
     spans: dict[str, str] = field(default_factory=dict)
 
     before: dict[str, dict[str, Placement]] = field(default_factory=dict, repr=False)
@@ -484,7 +484,7 @@ class _HostQueue:
 
 
 class _StageChooser:
-    """The hosts of one ``nodes: N`` template: N hosts per replica (placement_nodes.choose), each
+    """The hosts of one ``nodes: N`` template: N hosts per replica (placement/nodes.py: choose), each
     with its closest free group of ``tp`` GPUs and a port free on all of them."""
 
     def __init__(self, inv: Inventory, tpl: InstanceTemplate, hosts: list[str], per_host: dict[str, int],

@@ -83,7 +83,7 @@ class Plan:
     #: (``multinode.phased``: stop all members, start the workers, then the head).
     order: list[str] = field(default_factory=list)
     #: One line per replica across hosts (``nodes: N`` template) placed by this deploy: its hosts and GPUs
-    #: per stage, its port and why those hosts (placement_nodes).
+    #: per stage, its port and why those hosts (placement/nodes.py).
     placed: list[str] = field(default_factory=list)
 
     @property
