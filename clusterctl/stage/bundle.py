@@ -1,6 +1,6 @@
 """The node-side staging code as one ``python3 -c`` program (control side).
 
-The stdlib-only modules of ``clusterctl/node/stage/`` (manifest, layout, fetch, s3,
+The stdlib-only modules of ``clusterctl/node/stage/`` (threads, manifest, layout, fetch, s3,
 relay, pagecache, main) are
 compressed into a small bootstrap that rebuilds them as the package
 ``clusterctl_stage_node`` in the node's interpreter and calls
@@ -18,16 +18,33 @@ from typing import Iterable
 from clusterctl import node
 from clusterctl.fleet import shell
 
-NODE_MODULES = ("manifest", "layout", "fetch", "s3", "relay", "pagecache", "main")
+NODE_MODULES = ("threads", "manifest", "layout", "fetch", "s3", "relay", "pagecache", "main")
 PACKAGE = "clusterctl_stage_node"
 
-_BOOT = '''import sys, types, zlib, base64
+# The modules travel compressed; each is compiled when it is first imported (a finder on
+# sys.meta_path), so a job that never needs s3 or pagecache does not pay for them.  Only
+# names every Python 3.8+ has: type(sys) is ModuleType, type(sys.__spec__) ModuleSpec.
+_BOOT = '''import sys, zlib, binascii
 P = %(pkg)r
-pkg = types.ModuleType(P); pkg.__path__ = []; sys.modules[P] = pkg
-for n, src in %(mods)r:
-    m = types.ModuleType(P + "." + n); m.__package__ = P; m.__file__ = "<clusterctl stage " + n + ">"
-    sys.modules[m.__name__] = m; setattr(pkg, n, m)
-    exec(compile(zlib.decompress(base64.b64decode(src)), m.__file__, "exec"), m.__dict__)
+S = dict(%(mods)r)
+class L:
+    @staticmethod
+    def create_module(spec):
+        return None
+    @staticmethod
+    def exec_module(m):
+        n = m.__name__[len(P) + 1:]
+        m.__file__ = "<clusterctl stage " + n + ">"
+        exec(compile(zlib.decompress(binascii.a2b_base64(S[n])), m.__file__, "exec"), m.__dict__)
+class F:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.startswith(P + ".") and name[len(P) + 1:] in S:
+            return type(sys.__spec__)(name, L)
+        return None
+sys.meta_path.insert(0, F)
+pkg = type(sys)(P); pkg.__path__ = []; pkg.__package__ = P; sys.modules[P] = pkg
+__import__(P + ".main")
 sys.exit(sys.modules[P + ".main"].main())
 '''
 

@@ -205,13 +205,86 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
     if source.kind == "push":
         stdin += push_frames(source, man)
     linger = stall_timeout + 5
-    commands = {p.host: bundle.command([json.dumps({"relay": p.relay_spec(stall_timeout, linger)})])
-                for p in plans}
-    res = fleet.run(commands, stdin=stdin, sudo=True, timeout=timeout, on_result=on_result,
-                    on_stderr=ProgressLines(on_progress) if on_progress else None)
-    rows = [_row(r, "staged") for r in res]
+    heads = [p.host for p in plans if not p.upstreams]
+    first = 0 < len(heads) < len(plans)  # a relay: start the heads first (_heads_first)
+
+    def args(p: NodePlan) -> dict[str, Any]:
+        return dict({"relay": p.relay_spec(stall_timeout, linger)}, **({"announce": True} if first and p.host in heads
+                                                                        else {}))
+    commands = {p.host: bundle.command([json.dumps(args(p))]) for p in plans}
+    progress = ProgressLines(on_progress) if on_progress else None
+    if first:
+        res = _heads_first(fleet, commands, heads, stdin, timeout, on_result, progress)
+    else:
+        res = list(fleet.run(commands, stdin=stdin, sudo=True, timeout=timeout, on_result=on_result,
+                             on_stderr=progress))
+    by_host = {r.host: r for r in res}
+    rows = [_row(by_host[p.host], "staged") for p in plans]
     return StageReport(model.name, man.version, source.label, relay, man.total_bytes, rows,
                        time.monotonic() - t0, plans)
+
+
+#: Node-side line of a job with ``announce`` (``clusterctl_stage_node.main.STARTED_MARK``).
+STARTED_MARK = b"clusterctl-started"
+#: Seconds to wait for the heads to start before starting the other hosts anyway.
+HEADS_START_WAIT_S = 10.0
+
+
+def _heads_first(fleet: Any, commands: dict[str, str], heads: list[str], stdin: bytes, timeout: float,
+                 on_result: Callable[[Any], None] | None, progress: ProgressLines | None) -> list[Any]:
+    """Start the chains' heads, then the other hosts once every head's node program runs.
+
+    The source is read only by the heads, so the transfer starts as soon as they
+    run; the other hosts' SSH sessions and program starts (which on a small control
+    machine take a while per host) overlap it, and each joins its parent when it is
+    up (its parent serves it every chunk it has).  When a head has not started within
+    :data:`HEADS_START_WAIT_S` (or ended), the others start anyway.
+    """
+    started: set[str] = set()
+    ready = threading.Event()
+    lock = threading.Lock()
+    saw: dict[str, bytes] = {}
+
+    def mark(host: str) -> None:
+        with lock:
+            started.add(host)
+            if started >= set(heads):
+                ready.set()
+
+    def on_stderr(host: str, chunk: bytes) -> None:
+        if host in heads and host not in started:
+            with lock:
+                seen = saw[host] = (saw.get(host, b"") + chunk)[-256:]
+            if STARTED_MARK in seen:
+                mark(host)
+        if progress is not None:
+            progress(host, chunk)
+
+    def done(r: Any) -> None:
+        mark(r.host)  # a head that ended (or failed to start) holds nobody back
+        if on_result is not None:
+            with lock:
+                on_result(r)
+
+    out: dict[str, Any] = {}
+
+    def run_heads() -> None:
+        try:
+            out["heads"] = list(fleet.run({h: commands[h] for h in heads}, stdin=stdin, sudo=True, timeout=timeout,
+                                          on_result=done, on_stderr=on_stderr))
+        except BaseException as e:  # handed to the caller's thread below
+            out["error"] = e
+            ready.set()
+
+    t = threading.Thread(target=run_heads, name="stage-heads", daemon=True)
+    t.start()
+    ready.wait(HEADS_START_WAIT_S)
+    rest = {h: c for h, c in commands.items() if h not in heads}
+    others = list(fleet.run(rest, stdin=stdin, sudo=True, timeout=timeout, on_result=done, on_stderr=on_stderr))
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return list(out["heads"]) + others
 
 
 def pin_models(fleet: Any, models: Sequence[Model], budget: int | None, *, wait: float = 60,

@@ -17,16 +17,20 @@ from __future__ import annotations
 import collections
 import errno
 import hashlib
-import http.client
 import os
-import random
 import threading
 import time
-import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional
 
 from . import manifest as mf
+from .threads import pmap
+
+if TYPE_CHECKING:
+    import http.client
+
+# http.client, urllib.parse and random are imported where they are used: a relay child
+# that never reads the source does not pay their import (most of the node program's
+# start-up CPU, which on a light lab every host spends on the same shared CPUs).
 
 #: Attempts per chunk (first try included) before a fetch gives up.
 DEFAULT_ATTEMPTS = 5
@@ -47,6 +51,8 @@ class DiskSpaceError(FetchError):
 
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry number ``attempt`` (1-based)."""
+    import random
+
     return min(MAX_BACKOFF_S, BACKOFF_S * (2 ** (attempt - 1))) * (0.5 + random.random() / 2)
 
 
@@ -179,8 +185,7 @@ class ChunkStore:
         hash S bytes of zeros."""
         def intact(c: "mf.Chunk") -> bool:
             return not self._in_hole(c) and self._chunk_ok(c)
-        with ThreadPoolExecutor(max(1, workers)) as pool:
-            oks = list(pool.map(intact, self.chunks))
+        oks = pmap(intact, self.chunks, workers)
         with self.cond:
             for c, ok in zip(self.chunks, oks):
                 self.done[c.index] = ok
@@ -195,8 +200,7 @@ class ChunkStore:
         write are not read again; every other chunk is re-read here.
         """
         todo = [c for c in self.chunks if not self.reverified[c.index]]
-        with ThreadPoolExecutor(max(1, workers)) as pool:
-            oks = list(pool.map(self._chunk_ok, todo))
+        oks = pmap(self._chunk_ok, todo, workers)
         bad = [c for c, ok in zip(todo, oks) if not ok]
         with self.cond:
             for c, ok in zip(todo, oks):
@@ -252,6 +256,8 @@ class HttpSource:
     """
 
     def __init__(self, base_url: str, headers: Optional[Dict[str, str]] = None, timeout: float = 30.0):
+        import urllib.parse
+
         u = urllib.parse.urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise FetchError(f"unsupported source URL {redact_url(base_url)} (http:// or https://)")
@@ -266,7 +272,9 @@ class HttpSource:
         self.label = redact_url(base_url)
         self._local = threading.local()
 
-    def _conn(self) -> http.client.HTTPConnection:
+    def _conn(self) -> "http.client.HTTPConnection":
+        import http.client
+
         conn = getattr(self._local, "conn", None)
         if conn is None:
             cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
@@ -293,6 +301,9 @@ class HttpSource:
 
     def _request(self, path: str, offset: Optional[int], length: Optional[int],
                  extra: Optional[Dict[str, str]] = None) -> bytes:
+        import http.client
+        import urllib.parse
+
         url = urllib.parse.quote(self.prefix + path)
         headers = dict(self.headers, **(extra or {}))
         if offset is not None and length is not None:
@@ -349,6 +360,8 @@ class FileSource:
 
 def redact_url(url: str) -> str:
     """``url`` without user:password and without the query string (may carry tokens)."""
+    import urllib.parse
+
     u = urllib.parse.urlsplit(url)
     netloc = u.hostname or ""
     if u.port:
@@ -408,14 +421,12 @@ def fetch_parallel(store: ChunkStore, source: Any, workers: int = 8, attempts: i
     todo = store.missing()
     if not todo:
         return stats
-    with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:
-        futures = [pool.submit(one, c) for c in todo]
-        first: Optional[BaseException] = None
-        for f in futures:
-            e = f.exception()
-            if e is not None and first is None:
-                first = e
-                abort.set()
-    if first is not None:
-        raise first
+    def guarded(c: "mf.Chunk") -> None:
+        try:
+            one(c)
+        except BaseException:
+            abort.set()  # the other readers stop taking chunks
+            raise
+
+    pmap(guarded, todo, min(workers, len(todo)))  # re-raises the first chunk's error (in manifest order)
     return stats

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from typing import Any, Dict, List, Optional
 
@@ -104,6 +103,8 @@ class Layout:
         if os.path.isdir(final):
             existing = self.read_marker(version)
             if existing and existing.get("manifest_sha256") == marker["manifest_sha256"]:
+                import shutil  # only here and in prune: not on every node program's start
+
                 shutil.rmtree(part)
                 return final
             raise LayoutError(f"{final} exists with other content; remove it or use another version")
@@ -143,6 +144,8 @@ class Layout:
             # Rename first, so a half-deleted tree never carries a version name.
             doomed = os.path.join(self.versions, f".deleting-{v}-{os.getpid()}")
             os.rename(self.version_dir(v), doomed)
+            import shutil
+
             shutil.rmtree(doomed, ignore_errors=True)
             removed.append(v)
             excess -= 1

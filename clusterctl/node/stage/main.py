@@ -25,13 +25,22 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
 from typing import Any, BinaryIO, Dict, List, Optional
 
-from . import fetch, layout, manifest as mf, pagecache, relay, s3
+from . import fetch, layout, manifest as mf, relay
+
+# s3, pagecache (ctypes) and subprocess are imported by the jobs that use them: the
+# bundle compiles a module only when it is imported, and a staging node's start-up
+# CPU is mostly imports (on a light lab every host starts on the same shared CPUs).
+
+
+def _pagecache() -> Any:
+    from . import pagecache
+
+    return pagecache
 
 
 def _source(spec: Optional[Dict[str, Any]]) -> Any:
@@ -41,6 +50,8 @@ def _source(spec: Optional[Dict[str, Any]]) -> Any:
     if kind == "http":
         return fetch.HttpSource(spec["url"], spec.get("headers"), float(spec.get("timeout", 30)))
     if kind == "s3":
+        from . import s3
+
         return s3.S3Source(spec["endpoint"], spec["bucket"], spec.get("prefix", ""), region=spec["region"],
                            access_key=spec["access_key"], secret_key=spec["secret_key"],
                            session_token=spec.get("session_token"), timeout=float(spec.get("timeout", 30)))
@@ -49,6 +60,31 @@ def _source(spec: Optional[Dict[str, Any]]) -> Any:
     if kind == "stream":
         return None
     raise mf.ManifestError(f"unknown source kind {kind!r}")
+
+
+class _LazySource:
+    """A relay child's fallback source, built the first time it is read: a child the chain
+    serves to the end never imports the HTTP client (nor builds the source)."""
+
+    def __init__(self, spec: Dict[str, Any]):
+        self.spec = spec
+        self._src: Any = None
+
+    def _get(self) -> Any:
+        if self._src is None:
+            self._src = _source(self.spec)
+        return self._src
+
+    @property
+    def label(self) -> str:
+        return str(self._get().label)
+
+    def read(self, c: "mf.Chunk") -> bytes:
+        return bytes(self._get().read(c))
+
+    def close(self) -> None:
+        if self._src is not None:
+            self._src.close()
 
 
 def fetch_stream(store: "fetch.ChunkStore", stream: BinaryIO, stats: Dict[str, Any]) -> None:
@@ -77,6 +113,8 @@ def fetch_stream(store: "fetch.ChunkStore", stream: BinaryIO, stats: Dict[str, A
 
 #: Standard-error lines starting with this carry live progress: ``{"done": bytes, "total": bytes}``.
 PROGRESS_MARK = "clusterctl-progress "
+#: The standard-error line a job with ``announce`` writes as soon as it has read its job.
+STARTED_MARK = "clusterctl-started"
 
 
 class ProgressReporter:
@@ -106,6 +144,7 @@ class ProgressReporter:
 
 def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
     t0 = time.monotonic()
+    started = time.time()
     if job.get("install"):
         install(job["install"])
     man = mf.from_dict(job["manifest"], "job manifest")
@@ -145,7 +184,9 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
             out["told_parent"] = relay.say_done(digest, len(store.chunks), tuple(rl["upstreams"][0]),
                                                 float(rl.get("start_grace", relay.START_GRACE_S)))
         if not store.complete():
-            source = _source(job.get("source"))
+            spec = job.get("source") or {}
+            source = (_LazySource(spec) if rl.get("upstreams") and spec.get("kind") in ("http", "s3")
+                      else _source(spec))
             for attempt in range(2):  # a second pass refetches chunks that failed verification on disk
                 stop_reverify = threading.Event()
                 reverifier = threading.Thread(target=store.reverify_as_done, args=(stop_reverify,),
@@ -175,10 +216,10 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
         if job.get("warm"):
             files = [os.path.join(lay.version_dir(version), f.path) for f in man.files]
             budget = job.get("warm_budget")
-            read = pagecache.warm(files, workers, budget=None if budget is None else int(budget))
+            read = _pagecache().warm(files, workers, budget=None if budget is None else int(budget))
             # "bytes" below is the version's size (residency); what the warm-up read is "read_bytes".
             out["warm"] = dict(read, read_bytes=read["bytes"])
-            out["warm"].update(pagecache.residency(files))
+            out["warm"].update(_pagecache().residency(files))
         if server is not None:
             server.wait_children(int(rl.get("children", 1)), float(rl.get("linger", 20)),
                                  float(rl.get("limit", 3600)))
@@ -198,6 +239,8 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
         out["upstream"] = stats["upstream"]
     out["seconds"] = round(time.monotonic() - t0, 3)
     out["timings"] = _timings(timings, store, server, t0)
+    # wall-clock ends, so the controller can tell its SSH and start-up time from the node's own
+    out["timings"].update(start_unix=round(started, 3), end_unix=round(time.time(), 3))
     return out
 
 
@@ -251,7 +294,7 @@ def status(job: Dict[str, Any]) -> Dict[str, Any]:
         except FileNotFoundError:
             pass
         if cur:
-            entry["residency"] = pagecache.residency(_files(lay, cur))
+            entry["residency"] = _pagecache().residency(_files(lay, cur))
         pinned = _pin_state(m["name"])
         if pinned:
             entry["pin"] = {k: pinned.get(k) for k in ("mode", "bytes", "budget", "version_dir")}
@@ -278,10 +321,10 @@ def cache_op(job: Dict[str, Any]) -> Dict[str, Any]:
         files = _files(lay, cur)
         row: Dict[str, Any] = {"name": m["name"], "version": cur}
         if job["op"] == "warm":
-            row.update(pagecache.warm(files, int(job.get("workers", 8))))
+            row.update(_pagecache().warm(files, int(job.get("workers", 8))))
         else:
-            pagecache.evict(files)
-        row["residency"] = pagecache.residency(files)
+            _pagecache().evict(files)
+        row["residency"] = _pagecache().residency(files)
         out.append(row)
     return {"models": out}
 
@@ -311,6 +354,8 @@ def _pin_state(name: str) -> Optional[Dict[str, Any]]:
             state = json.load(fh)
     except (OSError, ValueError):
         return None
+    import subprocess
+
     active = subprocess.run(["systemctl", "is-active", "--quiet", pin_unit(name)]).returncode == 0
     return state if active else None
 
@@ -321,6 +366,8 @@ def pin_op(job: Dict[str, Any]) -> Dict[str, Any]:
     Returns per model the pin state (``mode`` mlock/refresh, ``bytes``) once the
     unit has written it (up to ``wait`` seconds), and the residency.
     """
+    import subprocess
+
     out = []
     if job["op"] == "pin":
         install({"path": job["pin_path"], "verify_source": job["pin_source"]})
@@ -353,7 +400,7 @@ def pin_op(job: Dict[str, Any]) -> Dict[str, Any]:
                 row["error"] = f"{unit} did not report within {job.get('wait', 60)} s (journalctl -u {unit})"
         if cur is not None:
             row["version"] = cur
-            row["residency"] = pagecache.residency(_files(lay, cur))
+            row["residency"] = _pagecache().residency(_files(lay, cur))
         out.append(row)
     return {"models": out}
 
@@ -372,6 +419,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         job = json.loads(line)
         if args:
             job.update(json.loads(args[0]))
+        if job.get("announce"):
+            # the controller starts a chain's other hosts once its head runs (see stage/run.py)
+            sys.stderr.write(STARTED_MARK + "\n")
+            sys.stderr.flush()
         if (job.get("source") or {}).get("kind") == "stream" and (job.get("relay") or {}).get("upstreams"):
             # Every host got the pushed frames; only the head of the chain reads them.
             threading.Thread(target=_drain, args=(stdin,), daemon=True).start()

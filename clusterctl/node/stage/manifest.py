@@ -17,9 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
+
+from .threads import pmap
 
 FORMAT = 1
 #: Default chunk size in bytes (8 MiB): the unit of ranged reads, retries and relay.
@@ -34,24 +34,36 @@ class ManifestError(ValueError):
     """The manifest is malformed or unsafe (a path leaving the model directory)."""
 
 
-@dataclass(frozen=True)
-class FileEntry:
+# NamedTuples, not dataclasses: importing dataclasses (it imports inspect) cost the
+# node program more CPU at start than the rest of its imports.
+class FileEntry(NamedTuple):
     path: str
     size: int
     sha256: str
     chunks: tuple  # of sha256 hex strings
 
 
-@dataclass(frozen=True)
 class Chunk:
-    """One chunk: global ``index``, its file, byte ``offset`` and ``length`` in it."""
+    """One chunk: global ``index``, its file, byte ``offset`` and ``length`` in it (a value:
+    compared and hashed by its fields; a plain class because ``index`` is a tuple method)."""
 
-    index: int
-    file: int
-    path: str
-    offset: int
-    length: int
-    sha256: str
+    __slots__ = ("index", "file", "path", "offset", "length", "sha256")
+
+    def __init__(self, index: int, file: int, path: str, offset: int, length: int, sha256: str):
+        self.index, self.file, self.path = index, file, path
+        self.offset, self.length, self.sha256 = offset, length, sha256
+
+    def _key(self) -> tuple:
+        return (self.index, self.file, self.path, self.offset, self.length, self.sha256)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Chunk) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "Chunk(index=%d, file=%d, path=%r, offset=%d, length=%d, sha256=%r)" % self._key()
 
 
 def check_relpath(path: str) -> str:
@@ -64,8 +76,7 @@ def check_relpath(path: str) -> str:
     return path
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):
     name: str
     version: str
     chunk_size: int
@@ -196,8 +207,7 @@ def compute(root: str, name: str, version: Optional[str] = None, chunk_size: int
     paths = model_files(root)
     if not paths:
         raise ManifestError(f"{root}: no files to stage")
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        hashes = list(pool.map(lambda p: _hash_file(os.path.join(root, p), chunk_size), paths))
+    hashes = pmap(lambda p: _hash_file(os.path.join(root, p), chunk_size), paths, workers)
     files = tuple(FileEntry(p, os.path.getsize(os.path.join(root, p)), h[0], h[1])
                   for p, h in zip(paths, hashes))
     return Manifest(name, "", chunk_size, files).with_identity(name, version)

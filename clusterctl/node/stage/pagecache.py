@@ -16,8 +16,9 @@ import ctypes.util
 import mmap
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
+
+from .threads import pmap
 
 READ_BLOCK = 4 * 1024 * 1024
 _PROT_READ = 0x1
@@ -110,8 +111,7 @@ def warm(paths: List[str], workers: int = 8, slice_bytes: int = 64 * 1024 * 1024
         finally:
             os.close(fd)
         jobs.extend((p, off, min(slice_bytes, want - off)) for off in range(0, want, slice_bytes))
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        total = sum(list(pool.map(_read_range, jobs)))
+    total = sum(pmap(_read_range, jobs, workers))
     out: Dict[str, Any] = {"bytes": total, "seconds": time.monotonic() - t0}
     if budget is not None:
         out.update(budget=budget, left_cold=total_size - total)

@@ -47,7 +47,7 @@ def test_every_node_program_is_known_to_this_test() -> None:
     """A new program in clusterctl/node/ must get a run below (and a line in its docstring)."""
     programs = {m.removeprefix("clusterctl.node.") for m in _modules()} - {"clusterctl.node", "stage"}
     assert programs == set(RUNS) | {"stage.manifest", "stage.layout", "stage.fetch", "stage.s3",
-                                    "stage.relay", "stage.pagecache"}
+                                    "stage.relay", "stage.pagecache", "stage.threads"}
 
 
 def test_node_programs_need_nothing_newer_than_python38() -> None:
