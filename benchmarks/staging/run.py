@@ -44,9 +44,11 @@ import datetime as dt
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -161,9 +163,37 @@ def write_random_model(out: Path, size: str, shard: int = 64 << 20) -> None:
         (out / f"model-{i + 1:05d}-of-{n:05d}.safetensors").write_bytes(os.urandom(min(shard, total - i * shard)))
 
 
-def node_rows(rep: object) -> list[dict]:
-    """Per host: wall time seen from here, the node's own seconds, upstream and timings."""
+def stall_node(netns: str, after: float, seconds: float, done: threading.Event) -> None:
+    """``after`` seconds from now, stop the staging node program in ``netns`` (SIGSTOP) for
+    ``seconds`` (then SIGCONT): a node starved of CPU while its kernel keeps receiving."""
+    if done.wait(after):
+        return
+    ino = os.stat(f"/run/netns/{netns}").st_ino
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            if (d.isdigit() and os.stat(f"/proc/{d}/ns/net").st_ino == ino
+                    and Path(f"/proc/{d}/comm").read_text().strip() == "python3"
+                    and b"clusterctl_stage_node" in Path(f"/proc/{d}/cmdline").read_bytes()):
+                pids.append(int(d))
+        except OSError:
+            continue
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(seconds)
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+
+
+def node_rows(rep: object, t0_unix: float) -> list[dict]:
+    """Per host: wall time seen from here, the node's own seconds, upstream and timings;
+    ``start_s``: from the run's start here to the node program's start (SSH, sudo, the
+    interpreter), ``end_s``: from the run's start to the node program's end."""
+    def since(t: float | None) -> float | None:
+        return None if t is None else round(t - t0_unix, 3)
     return [{"host": r.host, "wall_s": round(r.duration_s, 3), "node_s": r.data.get("seconds"),
+             "start_s": since((r.data.get("timings") or {}).get("start_unix")),
+             "end_s": since((r.data.get("timings") or {}).get("end_unix")),
              "upstream": r.data.get("upstream", "source"), "timings": r.data.get("timings"),
              "retries": r.data.get("retries"), "events": r.data.get("events")}
             for r in rep.rows]  # type: ignore[attr-defined]
@@ -182,6 +212,9 @@ def main() -> int:
                     help="TCP congestion control for every lab host's and the source's network namespace "
                          "(net.ipv4.tcp_congestion_control, e.g. cubic); default: the kernel's default")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each (hosts, mode)")
+    ap.add_argument("--stall-head", type=float, default=0.0, metavar="SECONDS",
+                    help="stop the head's node program (SIGSTOP) for SECONDS, 4 s into each run: a head "
+                         "starved of CPU while its kernel keeps receiving")
     args = ap.parse_args()
     counts = [int(x) for x in args.hosts.split(",")]
     default_cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
@@ -219,16 +252,21 @@ def main() -> int:
                     for h in names:
                         lab.run(h, "rm -rf /models", timeout=60)
                     load = os.getloadavg()
+                    done = threading.Event()
+                    if args.stall_head:
+                        threading.Thread(target=stall_node, args=(lab.host(names[0]).netns, 4.0, args.stall_head,
+                                                                  done), daemon=True).start()
                     with Fleet(hosts, fanout=n, command_timeout=1800) as fleet:
-                        t0 = time.monotonic()
+                        t0, t0_unix = time.monotonic(), time.time()
                         rep = stage_model(fleet, hosts, model, source, man, relay=mode, workers=8)
                         secs = time.monotonic() - t0
+                    done.set()
                     row = {"hosts": n, "mode": mode, "seconds": round(secs, 2), "ok": rep.ok,
                            "bound_s": round(bound * (n if mode == "none" else 1), 2),
                            "ratio_to_S_over_B": round(secs / bound, 2),
-                           "load_avg_before": [round(x, 2) for x in load],
+                           "load_avg_before": [round(x, 2) for x in load], "stall_head_s": args.stall_head,
                            "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-                           "nodes": node_rows(rep),
+                           "nodes": node_rows(rep, t0_unix),
                            "failures": [r.to_dict() for r in rep.rows if not r.ok]}
                     print(json.dumps(row), file=sys.stderr)
                     results.append(row)
