@@ -63,7 +63,8 @@ def node_row(r: Any, t0_unix: float) -> dict[str, Any]:
     return {"host": r.host, "wall_s": round(r.duration_s, 3), "node_s": r.data.get("seconds"),
             "start_s": since("start_unix"), "end_s": since("end_unix"),
             "first_chunk_s": t.get("first_chunk_s"), "last_chunk_s": t.get("last_chunk_s"),
-            "last_sent_s": t.get("last_sent_s"), "upstream": r.data.get("upstream")}
+            "last_sent_s": t.get("last_sent_s"), "upstream": r.data.get("upstream"),
+            "events": r.data.get("events"), "chunks_from_relay": r.data.get("chunks")}
 
 
 def summary(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:

@@ -231,8 +231,19 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
     started = time.monotonic()
     attached = False  # once any upstream answered, a refused connection means a dead node
     alive: List[Tuple[str, int]] = [(str(u[0]), int(u[1])) for u in upstreams]
+    parent = alive[0] if alive else None
+    passed_over = False  # the parent refused while the chain started and we went further up
     pos = 0
     refused: Dict[int, int] = {}
+
+    def done() -> Dict[str, Any]:
+        # A parent that was only late (it refused while the chain started) still expects this
+        # child: its relay server would wait out its linger (stall + 5 s) for it.  Tell it.
+        if passed_over and parent is not None and stats.get("upstream") != "%s:%d" % parent:
+            told = say_done(digest, len(store.chunks), parent, start_grace)
+            events.append("%s:%d: told the parent we are done%s" % (parent + ("" if told else " (it did not answer)",)))
+        return stats
+
     corrupt_here: Dict[Tuple[str, int], int] = {}
     while pos < len(alive) and _first_missing(store) is not None:
         host, port = alive[pos]
@@ -266,7 +277,7 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
                     stats["chunks"] += 1
                 else:
                     conn.sendall(b"DONE\n")
-                    return stats
+                    return done()
         except fetch.DiskSpaceError:
             raise
         except (OSError, ValueError, struct.error) as e:
@@ -276,21 +287,24 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
                 refused[pos] = refused.get(pos, 0) + 1
                 if refused[pos] >= 5:
                     refused[pos] = 0
+                    passed_over = passed_over or (host, port) == parent
                     events.append(f"{where}: connection refused while the chain starts -> trying further up")
                     pos = (pos + 1) % len(alive)
                 time.sleep(0.2)
                 continue
             msg = "stalled" if isinstance(e, socket.timeout) else (str(e) or type(e).__name__)
             events.append(f"{where}: {msg} -> next upstream")
+            if alive[pos] == parent:
+                passed_over = False  # dead or broken: nobody to tell
             alive.pop(pos)  # dead or broken: the next nearest ancestor takes its place
             refused.clear()
             if not attached:
                 pos = 0
     if _first_missing(store) is None:
-        return stats
+        return done()
     if fallback is None:
         raise fetch.FetchError(f"every upstream failed ({'; '.join(events[-3:])}) and there is no source to fall back to")
     events.append(f"source {fallback.label}: fetching the remaining {len(store.missing())} chunks")
     stats["upstream"] = "source"
     fetch.fetch_parallel(store, fallback, workers=workers, stats=stats)
-    return stats
+    return done()

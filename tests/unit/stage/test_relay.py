@@ -111,3 +111,31 @@ def test_a_chain_whose_nodes_already_have_the_version_ends_without_lingering(tmp
     # a parent left waiting would show its 42 s linger here.
     slowest = max(r["seconds"] for _, r in again)
     assert slowest < 30, f"a node took {slowest:.1f} s: its relay server waited out its linger"
+
+
+def test_a_parent_that_started_late_is_told_by_the_child_that_went_further_up(tmp_path):
+    """A chain of 3 whose middle node starts after its child gave up on it (refused while the chain
+    starts: the child is served by the head).  The child tells the middle node it is done, so the
+    middle node's relay server does not wait out its linger (stall + 2 s, 42 s here) for it."""
+    src = make_model(tmp_path / "src", SIZES)
+    man = manifest_for(src)
+    ports = _free_ports(3)
+
+    def node(i: int):
+        relay = {"bind": "127.0.0.1", "port": ports[i] if i < 2 else None,
+                 "upstreams": [["127.0.0.1", ports[j]] for j in range(i - 1, -1, -1)],
+                 "children": 1 if i < 2 else 0, "stall_timeout": 40.0, "linger": 42.0}
+        return start_node(stage_job(man, tmp_path / f"node{i}" / "m", {"kind": "http", "url": srv.url},
+                                    relay=relay))
+
+    with RangeServer(str(src)) as srv:
+        head, child = node(0), node(2)
+        time.sleep(2.5)  # the child gives up on its parent after about 1 s of refusals
+        middle = node(1)
+        rc, got = result_of(child, timeout=120)
+        results = [result_of(head, timeout=120), result_of(middle, timeout=120)]
+    assert rc == 0 and got["upstream"] == f"127.0.0.1:{ports[0]}", got
+    assert any("trying further up" in e for e in got["events"]), got["events"]
+    assert any(e.endswith("told the parent we are done") for e in got["events"]), got["events"]
+    assert all(r == 0 for r, _ in results), results
+    assert results[1][1]["seconds"] < 30, "the middle node waited out its linger for a child told elsewhere"
