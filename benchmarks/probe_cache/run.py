@@ -16,7 +16,11 @@ load average recorded before and after each run):
 * ``facts-shipped`` / ``facts-cached``: ``clusterctl facts all --json`` with
   ``CLUSTERCTL_NODE_CACHE=off`` / on (caches primed once before the rounds);
 * ``doctor-shipped`` / ``doctor-cached``: ``clusterctl doctor all --interval 0 --json``
-  the same way (doctor ships its node script with the probe inside).
+  the same way (doctor ships its node script with the probe inside);
+* ``cheap-floor`` / ``facts-cheap``: the collector-floor and ``facts-cached`` with the
+  payload built around ``cheap_collector.py`` (no work, the smallest facts document):
+  what a probe costs above the exec floor when the collector itself is cheap (the
+  loader, the payload's start, the control side).
 
 Ratios are medians over the same run's floor medians, so the shared machine's load
 hits both sides.  Writes ``benchmarks/results/probe-cache-<date>.json`` and prints a
@@ -49,7 +53,7 @@ sys.path.insert(0, str(REPO))
 from clusterctl.diagnose.bundle import node_stdin  # noqa: E402
 from clusterctl.fleet.cached import digest, loader_command  # noqa: E402
 from clusterctl.lab import light  # noqa: E402
-from clusterctl.probe.payload import payload, probe_args  # noqa: E402
+from clusterctl.probe.payload import build_payload, payload, probe_args  # noqa: E402
 from clusterctl.probe.run import DEFAULT_TIMEOUT_S  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("fanout_run", HERE.parent / "fanout" / "run.py")
@@ -59,7 +63,12 @@ _spec.loader.exec_module(fanout_run)
 sh, version_of = fanout_run.sh, fanout_run.version_of
 
 TOOLS = ("exec-floor", "collector-floor", "shipped-floor", "facts-shipped", "facts-cached",
-         "doctor-shipped", "doctor-cached")
+         "doctor-shipped", "doctor-cached", "cheap-floor", "facts-cheap")
+CHEAP = HERE / "cheap_collector.py"
+# `clusterctl ...` with the payload built around the cheap collector (argv after -c: the CLI's)
+CHEAP_CLI = ("import pathlib, runpy, sys; import clusterctl.probe.payload as p; "
+             f"p.COLLECTOR_PATH = pathlib.Path({str(CHEAP)!r}); sys.argv[0] = 'clusterctl'; "
+             "runpy.run_module('clusterctl.cli.main', run_name='__main__', alter_sys=True)")
 
 
 def count_ok(name: str, p: subprocess.CompletedProcess[str]) -> int:
@@ -85,6 +94,7 @@ class Bench:
         self.pargs = probe_args(nvml_budget=max(1.0, DEFAULT_TIMEOUT_S * 0.6))
         self.cached_command = loader_command(payload().digest, "run", self.pargs)
         self.shipped_command = " ".join(["python3", "-I", "-B", "-", *self.pargs])
+        self.cheap_command = loader_command(build_payload(collector=CHEAP.read_bytes()).digest, "run", self.pargs)
 
     def env(self, cache: bool) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "CLUSTERCTL_NODE_CACHE_DIR")}
@@ -118,17 +128,20 @@ class Bench:
                  "--connect-timeout", "30", "--json"]
         doctor = [py, "-m", "clusterctl.cli.main", "doctor", "all", "-i", str(inv), "--fanout", f,
                   "--interval", "0", "--json"]
+        cheap = [py, "-c", CHEAP_CLI] + facts[3:]
         tools: dict[str, tuple[list[str], bool]] = {
             "exec-floor": (floor + ["/dev/null", "python3 -I -B -c pass"], True),
             "collector-floor": (floor + ["/dev/null", self.cached_command], True),
             "shipped-floor": (floor + [str(self.payload_file), self.shipped_command], True),
             "facts-shipped": (facts, False), "facts-cached": (facts, True),
             "doctor-shipped": (doctor, False), "doctor-cached": (doctor, True),
+            "cheap-floor": (floor + ["/dev/null", self.cheap_command], True), "facts-cheap": (cheap, True),
         }
         tools = {k: v for k, v in tools.items() if k in a.tools}
         # prime every host's cache (the collector alone and doctor's node script), untimed
-        for name in ("facts-cached", "doctor-cached"):
-            cmd, _ = (facts, True) if name == "facts-cached" else (doctor, True)
+        for name, cmd in (("facts-cached", facts), ("doctor-cached", doctor), ("facts-cheap", cheap)):
+            if name not in tools and not (name == "facts-cheap" and "cheap-floor" in tools):
+                continue
             wall, _, p = sh(cmd, self.env(True), timeout=a.run_timeout)
             self.notes.append(f"N={n}: priming with {name} (first run: every host ships): {wall:.2f} s, "
                               f"{count_ok(name, p)}/{n} ok, load {os.getloadavg()[0]:.1f}")
