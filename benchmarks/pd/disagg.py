@@ -58,7 +58,9 @@ MODEL = "qwen3-8b"
 
 def _inventory(ports: dict[str, int], router_port: int, model_dir: Path, arm: str):
     roles = {"a": "prefill", "b": "decode"} if arm != "colocated" else {"a": "mixed", "b": "mixed"}
-    pool = (f"pd_pools:\n  pool: {{model: {MODEL}, router: {{host: a, port: {router_port}}}}}\n"
+    # the router's Prometheus port (clusterctl sets one per router): a free one, not port + 10000
+    pool = (f"pd_pools:\n  pool: {{model: {MODEL}, router: {{host: a, port: {router_port}, "
+            f"metrics_port: {free_port()}}}}}\n"
             if arm != "colocated" else "")
     return load_inventory_text(f"""\
 version: 1

@@ -24,6 +24,7 @@ import pytest
 
 from clusterctl.cli.main import main
 from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
+from clusterctl.deploy.status import routers
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.registry import AnalysisContext, run_analyzers
 from clusterctl.diagnose.thresholds import load_thresholds
@@ -104,7 +105,9 @@ def pool(lab, healed_hosts, tmp_path: Path):
 
 def _complete(url: str, prompt: str) -> tuple[int, str, dict]:
     req = urllib.request.Request(url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"model": "qwen3-8b", "prompt": prompt, "max_tokens": 8}).encode())
+                                 data=json.dumps({"model": "qwen3-8b", "prompt": prompt, "max_tokens": 8,
+                                                  # the simulator ends ~1 in 43 tokens with EOS otherwise
+                                                  "ignore_eos": True}).encode())
     with urllib.request.urlopen(req, timeout=120) as r:
         return r.status, r.headers.get("X-Gateway-Instance", ""), json.loads(r.read())
 
@@ -117,6 +120,11 @@ def test_pd_pool_deployed_serves_through_its_router_behind_the_gateway_and_a_pau
     prompt = " ".join(f"w{i}" for i in range(1500))
     status, served_by, body = _complete(url, prompt)
     assert status == 200 and served_by == "router-pd-q" and body["usage"]["completion_tokens"] == 8
+    # the router's Prometheus page, on the port deploy set (router port + 10000, the host's address): what
+    # status shows of it: both members healthy as the router sees them, the requests it carried
+    page = routers.read_metrics(inv, ["router-pd-q"])["router-pd-q"]
+    rec, bad = routers.view(inv, inv.pd_pools["pd-q"], inv.instances, page)
+    assert not bad and [m["healthy"] for m in rec["members"]] == [True, True] and rec["requests_total"], (rec, bad)
     s1, c1 = _xfer(dec.address, PORTS["decode"])
     assert c1 == c0 + 1 and s1 > s0
     one = s1 - s0
