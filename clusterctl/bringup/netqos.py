@@ -5,7 +5,8 @@ Per host, from the facts doctor's probe collects (``nics[].qos``, docs/facts.md)
 * **plan** (:func:`host_plan`): each setting that differs from the profile —
   trust mode, the PFC priorities, the RoCE DSCP's priority, ECN notification
   and reaction point on the PFC priority, the CNP DSCP, the global RoCE
-  traffic class (``4 × DSCP + 2``), 802.3x global pause — and whether the
+  traffic class and the RDMA-CM default ToS (both ``4 × DSCP + 2``), 802.3x
+  global pause — and whether the
   persistence unit is installed as rendered.  Only what the host's tools can
   show is compared: ECN, CNP DSCP and the traffic class exist in MLNX_OFED's
   sysfs only; a DSCP map is not known while trust is pcp (set anyway).
@@ -82,6 +83,7 @@ class NicTarget:
     port: int = 1
     ecn: bool = False
     tclass: bool = False
+    cm_tos: bool = False
 
 
 @dataclass
@@ -138,6 +140,8 @@ def nic_changes(nic: Mapping[str, Any], prof: FabricProfile) -> list[Change]:
         if q.get("traffic_class") != want:
             cur_tc = q.get("traffic_class")
             out.append(Change(name, "RoCE traffic class", "not set" if cur_tc is None else str(cur_tc), str(want)))
+    if isinstance(q.get("cm_tos"), int) and q["cm_tos"] != tclass_for(prof.roce_dscp):
+        out.append(Change(name, "RDMA-CM default ToS", str(q["cm_tos"]), str(tclass_for(prof.roce_dscp))))
     gp = q.get("global_pause")
     if isinstance(gp, dict) and (gp.get("rx") or gp.get("tx")):
         out.append(Change(name, "802.3x global pause", "on", "off"))
@@ -159,7 +163,8 @@ def nic_target(nic: Mapping[str, Any]) -> NicTarget:
                          "install mlnx-tools or iproute2 (dcb) on the node")
     return NicTarget(netdev=name, tool=str(tool), rdma_device=str(dev) if dev else None,
                      port=int(rdma.get("port") or 1), ecn=isinstance(q.get("ecn"), dict),
-                     tclass=q.get("traffic_class") is not None or q.get("traffic_class_reason") == "not set")
+                     tclass=q.get("traffic_class") is not None or q.get("traffic_class_reason") == "not set",
+                     cm_tos=isinstance(q.get("cm_tos"), int))
 
 
 def installed_state(text: str) -> dict[str, Any]:
@@ -230,6 +235,22 @@ put() {  # put FILE VALUE [SHOWN]: write VALUE unless the file's first line alre
   [ "$(head -n 1 "$1")" = "${3-$2}" ] && return 0
   echo "$2" > "$1" || { echo "failed: write $2 to $1" >&2; rc=1; }
 }
+cm_tos() {  # cm_tos DEV PORT TOS: the RDMA-CM default ToS (configfs; cma_roce_tos where it exists), read back
+  if command -v cma_roce_tos >/dev/null 2>&1; then
+    got=$(cma_roce_tos -d "$1" -p "$2" -t "$3" 2>/dev/null | tail -n 1)
+  else
+    cm="$SYS/kernel/config/rdma_cm"
+    [ -d "$cm" ] || [ "$SYS" != /sys ] || modprobe rdma_cm 2>/dev/null  # rdma-core loads it on most nodes
+    [ -d "$cm" ] || { echo "missing: $cm (configfs not mounted or rdma_cm not loaded)" >&2; rc=1; return 0; }
+    made=
+    [ -d "$cm/$1" ] || { mkdir "$cm/$1" && made=1; }
+    f="$cm/$1/ports/$2/default_roce_tos"
+    [ "$(head -n 1 "$f" 2>/dev/null)" = "$3" ] || echo "$3" > "$f" 2>/dev/null
+    got=$(head -n 1 "$f" 2>/dev/null)
+    [ -z "$made" ] || rmdir "$cm/$1" 2>/dev/null
+  fi
+  [ "$got" = "$3" ] || { echo "failed: RDMA-CM default ToS of $1 port $2 reads ${got:-nothing}, not $3" >&2; rc=1; }
+}
 wait_nic() {  # a NIC whose driver is still loading at boot: up to 30 s
   i=0
   while [ ! -e "$SYS/class/net/$1" ] && [ "$i" -lt 30 ]; do sleep 1; i=$((i + 1)); done
@@ -252,7 +273,8 @@ def render_script(host: str, nics: Sequence[NicTarget], prof: FabricProfile) -> 
              f"# RoCE QoS profile of {host}: written by clusterctl net apply (docs/bring-up.md); run by {UNIT}.",
              f"# trust {prof.trust}, PFC on priority {p} only"
              + (f", DSCP {prof.roce_dscp} -> priority {p}" if prof.trust == "dscp" else "")
-             + f", ECN on priority {p}, CNP DSCP {prof.cnp_dscp}, RoCE traffic class {tclass_for(prof.roce_dscp)}",
+             + f", ECN on priority {p}, CNP DSCP {prof.cnp_dscp}, RoCE traffic class and RDMA-CM default ToS "
+             f"{tclass_for(prof.roce_dscp)}",
              _PRELUDE.rstrip("\n")]
     for n in nics:
         i = shlex.quote(n.netdev)
@@ -279,6 +301,8 @@ def render_script(host: str, nics: Sequence[NicTarget], prof: FabricProfile) -> 
             tc = tclass_for(prof.roce_dscp)
             lines.append(f'  put "$SYS/class/infiniband/"{shlex.quote(n.rdma_device)}"/tc/{n.port}/traffic_class" '
                          f'{tc} "Global tclass={tc}"')
+        if n.cm_tos and n.rdma_device:
+            lines.append(f"  cm_tos {shlex.quote(n.rdma_device)} {n.port} {tclass_for(prof.roce_dscp)}")
         lines.append(f"  if ethtool -a {i} 2>/dev/null | grep -Eq '^(RX|TX):[[:space:]]+on'; then "
                      f"step ethtool -A {i} rx off tx off; fi")
         lines.append("fi")

@@ -14,6 +14,10 @@ Check ``roce.qos``, per RoCE NIC:
   CNP DSCP different from the profile's — WARN (MLNX_OFED sysfs only);
 - RoCE traffic class (MLNX_OFED ``tc/1/traffic_class``): set to a DSCP
   other than the profile's — CRIT; set on some hosts and not others — WARN;
+- RDMA-CM default ToS (configfs ``rdma_cm/DEV/ports/PORT/default_roce_tos``,
+  kernel default 0): a DSCP (ToS >> 2) other than the profile's — WARN
+  (RDMA-CM connections that set no ToS of their own; NCCL programs its QPs
+  itself);
 - 802.3x global pause on — WARN;
 - drift without a profile value (cable length, CNP 802.1p priority, PFC stall prevention, NIC firmware within one device
   family): a host in the minority against a strict majority of 3 or more
@@ -80,6 +84,8 @@ def settings(nic: dict[str, Any], roce_dscp: int, cnp_dscp: int) -> dict[str, Ha
             out["ecn_cnp_dscp"] = ecn["cnp_dscp"]
     if q.get("traffic_class") is not None or q.get("traffic_class_reason") == "not set":
         out["tclass"] = q.get("traffic_class")
+    if isinstance(q.get("cm_tos"), int):
+        out["cm_tos"] = q["cm_tos"]
     gp = q.get("global_pause")
     if isinstance(gp, dict):
         out["global_pause"] = bool(gp.get("rx") or gp.get("tx"))
@@ -104,7 +110,7 @@ DRIFT = {"cable_len": "cable length (PFC headroom)", "cnp_802p_prio": "CNP 802.1
 
 #: Settings ``clusterctl net apply`` puts right (the inventory's fabric profile).
 NET_APPLY_KEYS = frozenset({"trust", "pfc", "roce_dscp_prio", "ecn_np", "ecn_rp", "ecn_cnp_dscp", "tclass",
-                           "global_pause"})
+                           "cm_tos", "global_pause"})
 
 
 def fix_command(hosts: list[str]) -> str:
@@ -146,6 +152,7 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
     prof = fabric.profile(ctx)
     p = prof.pfc_priority
     per_nic: dict[tuple[str, str], dict[str, Hashable]] = {}
+    per_dev: dict[tuple[str, str], str] = {}
     unknown: list[Finding] = []
     order: list[str] = []
     for host in fabric.hosts(ctx):
@@ -159,6 +166,7 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
                                        "install mlnx-tools (mlnx_qos) or iproute2's dcb on the node"))
                 continue
             per_nic[(host, name)] = vals
+            per_dev[(host, name)] = str((entry.get("rdma") or {}).get("device") or "")
             order.append(host)
 
     def host_values(key: str) -> dict[str, Hashable]:
@@ -250,6 +258,14 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
                 add(host, nic, Severity.WARN, "tclass", "no global RoCE traffic class set",
                     None, "set the same traffic class as the other hosts, or NCCL_IB_TC in the vLLM units",
                     show=lambda x: "none" if x is None else str(x))
+        if "cm_tos" in v and int(v["cm_tos"]) >> 2 != prof.roce_dscp:  # type: ignore[call-overload]
+            tos = int(v["cm_tos"])  # type: ignore[call-overload]
+            add(host, nic, Severity.WARN, "cm_tos",
+                f"RDMA-CM default ToS {tos} (DSCP {tos >> 2}): RDMA-CM connections that set no ToS "
+                f"of their own are sent with DSCP {tos >> 2}, not the RoCE DSCP {prof.roce_dscp}",
+                prof.roce_dscp * 4 + 2,
+                f"cma_roce_tos -d {per_dev.get((host, nic)) or 'DEV'} -t {prof.roce_dscp * 4 + 2} (or write it to "
+                "/sys/kernel/config/rdma_cm/DEV/ports/1/default_roce_tos)")
         if v.get("global_pause"):
             add(host, nic, Severity.WARN, "global_pause", "802.3x global pause is on", False,
                 f"ethtool -A {nic} rx off tx off: global pause stops every priority, not just RoCE",

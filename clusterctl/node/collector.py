@@ -1267,6 +1267,44 @@ def read_traffic_class(root: str, device: str, port: int) -> Tuple[Optional[int]
     return parse_traffic_class(read_opt(path))
 
 
+CM_TOS = "/sys/kernel/config/rdma_cm"
+
+
+def read_cm_tos(root: str, device: str, port: int) -> Tuple[Optional[int], Optional[str]]:
+    """The RDMA-CM default RoCE ToS of ``DEV`` port ``PORT`` (configfs
+    ``rdma_cm/DEV/ports/PORT/default_roce_tos``, 0-255, the kernel prints ``%u``):
+    ``(value, None)`` or ``(None, why)``.  The ``DEV`` directory exists only once someone
+    made it: as NVIDIA's lshca does, it is made, read and removed again (root only; the
+    value lives in the kernel's device, not in the directory)."""
+    base = path_in(root, CM_TOS)
+    shown = CM_TOS + "/" + device
+    if not os.path.isdir(base):
+        return None, "no %s (configfs not mounted or the rdma_cm module not loaded)" % CM_TOS
+    dev_dir = os.path.join(base, device)
+    made = False
+    if not os.path.isdir(dev_dir):
+        try:
+            os.mkdir(dev_dir)
+            made = True
+        except OSError as e:
+            return None, "cannot create %s: %s" % (shown, e.strerror or e)
+    try:
+        text = read_opt(os.path.join(dev_dir, "ports", str(port), "default_roce_tos"))
+    finally:
+        if made:
+            try:
+                os.rmdir(dev_dir)
+            except OSError:
+                pass
+    if text is None:
+        return None, "no %s/ports/%d/default_roce_tos" % (shown, port)
+    try:
+        value = int(text.split()[0])
+    except (ValueError, IndexError):
+        return None, "%s/ports/%d/default_roce_tos reads %r" % (shown, port, text[:40])
+    return value, None
+
+
 def parse_ecn_dump(text: str) -> Optional[Dict[str, Any]]:
     """The ECN knobs as ``grep . /sys/class/net/IF/ecn/*/*/*`` (or ``grep -r . ecn/``) prints them,
     one ``PATH:VALUE`` a line, in :func:`read_ecn`'s shape; ``None`` when no line is about ECN."""
@@ -1402,6 +1440,7 @@ def empty_qos() -> Dict[str, Any]:
             "dscp2prio": None, "prio2buffer": None, "prio2tc": None, "dcbx": None,
             "lldpad_warning": None, "cable_len": None, "global_pause": None,
             "ecn": None, "traffic_class": None, "traffic_class_reason": None,
+            "cm_tos": None, "cm_tos_reason": None,
             "pfc_stall_prevention": None, "raw": {}, "reasons": {}}
 
 
@@ -1463,6 +1502,7 @@ def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/",
     if rdma.get("device"):
         q["traffic_class"], q["traffic_class_reason"] = read_traffic_class(
             root, rdma["device"], int(rdma.get("port") or 1))
+        q["cm_tos"], q["cm_tos_reason"] = read_cm_tos(root, rdma["device"], int(rdma.get("port") or 1))
     q["pfc_stall_prevention"] = read_opt(os.path.join(net_dir, "pfc_stall_prevention"))
     return q
 

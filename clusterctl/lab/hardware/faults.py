@@ -452,6 +452,17 @@ def qos_dscp(host_dir: Path, nic: str = "eth2", dscp: int = 26, priority: int = 
     return f"{nic}: DSCP {dscp} -> priority {p}"
 
 
+def qos_tos(host_dir: Path, nic: str = "eth2", tos: int = 0) -> str:
+    """The RDMA-CM default ToS of the NIC's RDMA port (configfs ``default_roce_tos``; the kernel's
+    default is 0, the profile's 106 = DSCP 26 << 2 | ECT(0))."""
+    if not 0 <= tos <= 255:
+        raise LabError(f"tos={tos}: must be 0..255")
+    with _nic_state(host_dir) as state:
+        n = _nic(state, nic)
+        nicmodel.write_cm_tos(str(hw_dir(host_dir)), n["rdma_device"], int(n.get("port", 1)), tos)
+    return f"{nic}: RDMA-CM default ToS {tos}"
+
+
 def qos_global_pause(host_dir: Path, nic: str = "eth2", on: bool = True) -> str:
     """Turn 802.3x global pause on (its ``*_global_pause*`` counters appear in ethtool -S)."""
     with _nic_state(host_dir) as state:
@@ -492,6 +503,7 @@ def heal(host_dir: Path) -> str:
     with _nic_state(host_dir) as state:
         for n in state["nics"].values():
             n["qos"] = nicmodel.default_qos()
+            nicmodel.write_cm_tos(str(hw), n["rdma_device"], int(n.get("port", 1)), nicmodel.DEFAULT_CM_TOS)
             n["link_up"] = True
             for name in list(n.get("counters", {})):
                 nicmodel.set_rate(n, name, nics.BASE_RATES.get(name, 0.0))
@@ -531,7 +543,7 @@ _RAW_FAULTS: dict[str, Callable[..., str]] = {
     "nvlink": nvlink, "temp": temp, "persistence": persistence,
     "pause-storm": pause_storm, "cnp": cnp, "discards": discards, "link-flap": link_flap,
     "link-down": link_down, "qos-pfc": qos_pfc, "qos-trust": qos_trust, "qos-dscp": qos_dscp,
-    "qos-global-pause": qos_global_pause, "counter": counter,
+    "qos-tos": qos_tos, "qos-global-pause": qos_global_pause, "counter": counter,
 }
 FAULTS: dict[str, Callable[..., str]] = {k: _typed(f) for k, f in _RAW_FAULTS.items()}
 

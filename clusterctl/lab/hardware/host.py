@@ -7,8 +7,9 @@ On the control side a host's hardware is the directory ``<host_dir>/hw``:
 ``nvml.json``        GPU state, read by the fake ``libnvidia-ml.so.1``
 ``nic.json``         NIC counters, rates and QoS, read by the fake NIC tools
 ``sys-class/``       the fake ``/sys/class`` (bind-mounted read-only)
+``configfs/``        a fake ``/sys/kernel/config/rdma_cm`` for unit tests (not bound into hosts)
 ``libnvidia-ml.so.1``  symlink to the library build for the GPU profile's driver
-``bin/``             ``mlnx_qos`` and ``ibdev2netdev`` (only on "mlnx" hosts)
+``bin/``             ``mlnx_qos``, ``ibdev2netdev``, ``cma_roce_tos`` (only on "mlnx" hosts)
 ===================  ==========================================================
 
 Inside the host the directory is ``/var/lib/lab-hw`` (read-write).  The
@@ -48,6 +49,7 @@ TOOLS = {
     "rdma": ("/usr/sbin/rdma", "rdma.py", False),
     "mlnx_qos": ("/usr/bin/mlnx_qos", "mlnx_qos.py", True),
     "ibdev2netdev": ("/usr/bin/ibdev2netdev", "ibdev2netdev.py", True),
+    "cma_roce_tos": ("/usr/sbin/cma_roce_tos", "cma_roce_tos.py", True),
 }
 
 

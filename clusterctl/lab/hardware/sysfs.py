@@ -84,6 +84,11 @@ def build(hw: Path, state: dict, real_sys_class: Path = REAL_SYS_CLASS) -> Path:
     for dev in REAL_NETDEVS:
         os.symlink(f"../../devices/virtual/net/{dev}", net / dev)
     (hw / TMP).mkdir(exist_ok=True)
+    cfs = hw / nicmodel.CONFIGFS
+    if cfs.exists():
+        shutil.rmtree(cfs)
+    for nic in state.get("nics", {}).values():  # rdma_cm loaded, each device's directory made
+        nicmodel.write_cm_tos(str(hw), nic["rdma_device"], int(nic.get("port", 1)), nicmodel.DEFAULT_CM_TOS)
     write_config(hw, state, atomic=False)
     refresh_counters(hw, state, atomic=False)
     return root

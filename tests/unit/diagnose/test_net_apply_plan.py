@@ -56,10 +56,17 @@ def test_every_profile_item_is_compared_where_the_facts_show_it():
     q["traffic_class"], q["traffic_class_reason"] = None, "not set"
     q["global_pause"] = {"autoneg": False, "rx": True, "tx": True}
     q["pfc_enabled"] = [3, 4]
+    q["cm_tos"] = 0
     lines = [c.line() for c in netqos.nic_changes(d["nics"][1], PROFILE)]
     assert lines == ["eth2 PFC priorities: 3,4 -> 3", "eth2 DSCP 26 priority: 0 -> 3",
                      "eth2 ECN notification point on priority 3: off -> on", "eth2 CNP DSCP: 46 -> 48",
-                     "eth2 RoCE traffic class: not set -> 106", "eth2 802.3x global pause: on -> off"]
+                     "eth2 RoCE traffic class: not set -> 106", "eth2 RDMA-CM default ToS: 0 -> 106",
+                     "eth2 802.3x global pause: on -> off"]
+    assert netqos.nic_target(d["nics"][1]).cm_tos
+    # no configfs (cm_tos null with its reason): the ToS is neither compared nor set
+    q["cm_tos"], q["cm_tos_reason"] = None, "no /sys/kernel/config/rdma_cm (configfs not mounted ...)"
+    assert not [c for c in netqos.nic_changes(d["nics"][1], PROFILE) if "ToS" in c.item]
+    assert not netqos.nic_target(d["nics"][1]).cm_tos
     # the inbox driver has no ECN/traffic class files: nothing about them is planned
     inbox = R.nic("eth2", "mlx5_0", inbox=True)
     assert netqos.nic_changes(inbox, PROFILE) == []

@@ -188,3 +188,15 @@ def test_drift_without_a_profile_value_names_no_fixing_command():
     docs["gpu03"]["nics"][2]["qos"]["cable_len"] = 7
     [f] = bad(run_analyzers(R.ctx(docs, R.inventory(8, 4)), ["roce.qos"]))
     assert "cable length" in f.message and "net apply" not in f.action
+
+
+def test_rdma_cm_default_tos_off_the_roce_dscp_is_a_warning_naming_net_apply():
+    q = R.qos()
+    q["cm_tos"] = 0  # the kernel's default: RDMA-CM connections on DSCP 0, priority 0 (no PFC)
+    b = bad(one_host(q))
+    assert [(f.severity, f.host) for f in b] == [(Severity.WARN, "gpu07")]
+    assert b[0].message.startswith("gpu07 eth2: RDMA-CM default ToS 0 (DSCP 0)")
+    assert "cma_roce_tos -d mlx5_0 -t 106" in b[0].action
+    assert "clusterctl net apply --hosts 'gpu07'" in b[0].action
+    q["cm_tos"] = 104  # DSCP 26 without the ECN bits: the NIC sets ECN itself, the DSCP is right
+    assert bad(one_host(q)) == []

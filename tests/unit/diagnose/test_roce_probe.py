@@ -5,6 +5,7 @@ without it, from dcb; two counter samples timed on the node."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -130,3 +131,19 @@ def test_a_nic_whose_ethtool_hung_is_not_sampled(tmp_path):
     collector.collect_samples(nics, 0.1, 5.0, errors, str(sysroot(tmp_path, mlnx=False)))
     assert nics[0]["samples"] is None
     assert errors == [{"source": "nics.samples", "reason": "eth2: not sampled, ethtool -S hung before"}]
+
+
+def test_rdma_cm_default_tos_from_configfs_made_read_and_removed_as_lshca_does(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(R.FIX.parents[1] / "probe" / "sysroot_roce", root, symlinks=True)
+    # mlx5_0's directory exists (made by an earlier cma_roce_tos): read as it is
+    assert collector.read_cm_tos(str(root), "mlx5_0", 1) == (106, None)
+    # mlx5_1 has none: made, read, removed again (a plain directory here stays empty: no file)
+    tos, why = collector.read_cm_tos(str(root), "mlx5_1", 1)
+    assert tos is None and why == "no /sys/kernel/config/rdma_cm/mlx5_1/ports/1/default_roce_tos"
+    assert not (root / "sys/kernel/config/rdma_cm/mlx5_1").exists()
+    (root / "sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos").write_text("junk\n")
+    assert collector.read_cm_tos(str(root), "mlx5_0", 1)[1].endswith("reads 'junk'")
+    shutil.rmtree(root / "sys/kernel/config")
+    assert collector.read_cm_tos(str(root), "mlx5_0", 1) == (
+        None, "no /sys/kernel/config/rdma_cm (configfs not mounted or the rdma_cm module not loaded)")

@@ -8,6 +8,7 @@ import json
 
 from clusterctl.lab.hardware import faults
 from clusterctl.lab.hardware.host import hw_dir
+from clusterctl.lab.hardware.tools import nicmodel
 
 
 def _qos(host):
@@ -89,3 +90,27 @@ def test_ethtool_A_turns_global_pause_off(make_host, tool):
     assert "RX:\t\toff" in tool(host, "ethtool", "-a", "eth2").stdout
     r = tool(host, "ethtool", "-A", "eth2", "rx", "maybe")
     assert r.returncode == 1 and "bad command line argument" in r.stderr
+
+
+def test_cma_roce_tos_sets_and_shows_the_configfs_tos_with_the_real_scripts_errors(make_host, tool):
+    """mlnx-tools' sbin/cma_roce_tos (bash): getopts, then root, rdma_cm, device and port checks;
+    a ToS bash or the kernel refuses is said on stderr, nothing is set, and it still exits 0."""
+    host = make_host()
+    path = nicmodel.cm_tos_path(str(hw_dir(host)), "mlx5_0", 1)
+    faults.inject(host, "qos-tos", tos=0)
+    r = tool(host, "cma_roce_tos", "-d", "mlx5_0", "-t", "106")
+    assert (r.returncode, r.stdout, open(path).read()) == (0, "106\n", "106\n"), r.stderr
+    assert tool(host, "cma_roce_tos", "-d", "mlx5_0").stdout == "106\n"  # no -t: shows it
+    r = tool(host, "cma_roce_tos", "-d", "mlx5_0", "-t", "0x20")
+    assert r.returncode == 0 and "0x20: integer expression expected" in r.stderr and r.stdout == "106\n"
+    r = tool(host, "cma_roce_tos", "-d", "mlx5_0", "-t", "300")
+    assert r.returncode == 0 and "write error: Invalid argument" in r.stderr and r.stdout == "106\n"
+    r = tool(host, "cma_roce_tos", "-d", "mlx5_0", "-t", "0152")  # bash: decimal; kstrtou8 base 0: octal
+    assert r.stdout == "106\n"
+    r = tool(host, "cma_roce_tos", "-x", "-d", "mlx5_0")
+    assert r.returncode == 0 and "illegal option -- x" in r.stderr
+    r = tool(host, "cma_roce_tos", "-d", "mlx5_7", "-t", "106")
+    assert (r.returncode, r.stdout) == (1, "Failed to create configuration for mlx5_7\n")
+    r = tool(host, "cma_roce_tos", "-d", "mlx5_0", "-p", "2", "-t", "106")
+    assert (r.returncode, r.stdout) == (1, "Device mlx5_0 port 2 does not exist\n")
+    assert tool(host, "cma_roce_tos", "-h").stdout.startswith("Set/Show RoCE default ToS of RDMA_CM applications")

@@ -274,6 +274,27 @@ def default_qos() -> dict:
             "tclass": 106, "pfc_delay": 7}
 
 
+#: A fake configfs tree under ``hw_dir()`` (``/sys/kernel/config`` as the unit tests' net apply
+#: script and ``cma_roce_tos`` see it; lab hosts cannot have it bound into their read-only /sys).
+CONFIGFS = "configfs"
+#: The kernel's default RDMA-CM ToS is 0; lab hosts start as a configured node (lshca's 106).
+DEFAULT_CM_TOS = 106
+
+
+def cm_tos_path(hw: str, device: str, port: int) -> str:
+    """``rdma_cm/DEV/ports/PORT/default_roce_tos`` of the fake configfs: the state itself (the
+    net apply script and the fake ``cma_roce_tos`` write it as they would the kernel's file)."""
+    return os.path.join(hw, CONFIGFS, "rdma_cm", device, "ports", str(port), "default_roce_tos")
+
+
+def write_cm_tos(hw: str, device: str, port: int, tos: int) -> None:
+    """Set the RDMA-CM default ToS of one port (provisioning, heal, the ``qos-tos`` fault)."""
+    path = cm_tos_path(hw, device, port)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(os.path.join(os.path.dirname(path), "default_roce_mode"), "RoCE v2\n")
+    atomic_write(path, "%d\n" % tos)
+
+
 def nic_by_name(state: dict, ifname: str) -> dict | None:
     return state.get("nics", {}).get(ifname)
 
