@@ -27,7 +27,8 @@ class Plan(Protocol):
 
 @dataclass
 class HostOutcome:
-    """``status``: unchanged, changed (reverted), failed (apply or re-check), unread (no plan), skipped."""
+    """``status``: unchanged, changed (reverted), failed (apply or re-check), unread (no plan), refused (read;
+    the plan refuses the change), skipped."""
 
     host: str
     status: str
@@ -75,8 +76,9 @@ def run_batches(plans: Sequence[Any], order: Sequence[str], serial: Sequence[str
     rep = ApplyReport(list(plans))
     todo = [p for p in plans if p.pending and p.error is None]
     for p in plans:
-        if p.error is not None:
-            rep.outcomes.append(HostOutcome(p.host, "unread", list(p.changes), p.error))
+        if p.error is not None:  # not read, or read and refused (engine remove while a unit runs it)
+            status = "refused" if getattr(p, "refused", False) else "unread"
+            rep.outcomes.append(HostOutcome(p.host, status, list(p.changes), p.error))
             on_event("host", f"not changed: {p.error}", p.host)
         elif not p.pending:
             rep.outcomes.append(HostOutcome(p.host, "unchanged"))

@@ -115,7 +115,22 @@ fail() { echo "failed: $*" >&2; exit 1; }
 """
 
 
-def install_script(e: Engine, source: str) -> str:
+#: Seconds ``vllm --version`` may take on a node (the real CLI imports torch: 96 s measured for the CPU
+#: build on this 2-CPU machine under load).
+VERSION_TIMEOUT_S = 300
+
+
+def _lock() -> str:
+    """Shell lines taking the lock of the engine's parent directory (flock on the directory itself,
+    fd 9, held until the script exits; nothing left behind): a second install or remove under the
+    same parent on the host is refused, so two runs never build or delete the same venv at once."""
+    return "\n".join([
+        'exec 9<"$parent" || fail "open $parent"',
+        'if command -v flock >/dev/null 2>&1; then flock -n 9 || fail "another clusterctl engine install or remove '
+        'under $parent is running on this host"; fi'])
+
+
+def install_script(e: Engine, source: str, version_timeout: float = VERSION_TIMEOUT_S) -> str:
     """Root ``sh`` installing ``e`` (module doc); ``source``: ``wheels`` (a tar on stdin) or ``index``
     (the index URL as stdin's first line)."""
     root = check_engine(e)
@@ -129,8 +144,9 @@ def install_script(e: Engine, source: str) -> str:
     return "\n".join([
         "#!/bin/sh", f"# clusterctl engine install {e.name}", _PRELUDE,
         f"root={quote(root)}; parent={quote(parent)}; want={quote(e.version)}",
-        "[ -e \"$root\" ] && fail \"$root exists: not touched\"",
         'mkdir -p "$parent" || fail "mkdir $parent"',
+        _lock(),
+        "[ -e \"$root\" ] && fail \"$root exists: not touched\"",
         f"rm -rf \"$parent\"/.{quote(base)}.clusterctl-tmp.*  # what killed installs left",
         f"tmp=\"$parent/.{base}.clusterctl-tmp.$$\"",
         "trap 'rm -rf \"$tmp\"' EXIT",
@@ -156,6 +172,12 @@ def install_script(e: Engine, source: str) -> str:
         'wanted $want";; esac',
         '"$tmp/bin/python" -c "import vllm" >&2 || fail "import vllm"',
         f"[ -x \"$tmp\"/{quote(exe)} ] || fail \"no executable {exe} in the venv\"",
+        "# `vllm --version` through the venv's interpreter (its first line names ROOT, not there yet)",
+        f"said=$(timeout {int(version_timeout)} \"$tmp/bin/python\" \"$tmp\"/{quote(exe)} --version 2>/dev/null); vrc=$?",
+        f"[ $vrc -eq 124 ] && fail \"{exe} --version did not answer within {int(version_timeout)} s\"",
+        f"[ $vrc -eq 0 ] || fail \"{exe} --version failed (exit $vrc)\"",
+        'said=$(printf "%s\\n" "$said" | tail -n 1)',
+        '[ "$said" = "$got" ] || fail "vllm --version says ${said:-nothing}, the installed vllm is $got"',
         'mv -T "$tmp" "$root" || fail "rename to $root"',
         "trap - EXIT",
         'echo "installed $root $got"',
@@ -168,12 +190,14 @@ def remove_script(e: Engine, units_dir: str = UNITS_DIR) -> str:
     parent, base = posixpath.dirname(root), posixpath.basename(root)
     return "\n".join([
         "#!/bin/sh", f"# clusterctl engine remove {e.name}", _PRELUDE,
-        f"root={quote(root)}; path={quote(e.path)}",
+        f"root={quote(root)}; path={quote(e.path)}; parent={quote(parent)}",
+        '[ -d "$parent" ] || { echo "absent $root"; exit 0; }',
+        _lock(),
         '[ -e "$root" ] || { echo "absent $root"; exit 0; }',
         '[ -f "$root/pyvenv.cfg" ] || fail "$root is not a virtualenv (no pyvenv.cfg): not removed"',
         f"for u in {quote(units_dir)}/clusterctl-*.service; do [ -f \"$u\" ] || continue; "
         "grep -q \"^ExecStart=$path \" \"$u\" && fail \"$(basename \"$u\") runs $path\"; done",
-        f"parent={quote(parent)}; gone=\"$parent/.{base}.clusterctl-rm.$$\"",
+        f"gone=\"$parent/.{base}.clusterctl-rm.$$\"",
         'mv -T "$root" "$gone" || fail "rename $root"',
         'rm -rf "$gone" || fail "delete $gone"',
         'echo "removed $root"',
@@ -205,6 +229,7 @@ def remove_plan(row: EngineRow) -> HostPlan:
     if row.state == "unread":
         p.error = row.error or "not read"
     elif row.units:
+        p.refused = True
         p.error = (f"{row.path} is used by " + ", ".join(f"{u} ({a})" for u, a in row.units)
                    + ": not removed (remove or redeploy those instances first)")
     elif row.state != "missing":

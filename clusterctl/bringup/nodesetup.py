@@ -297,6 +297,8 @@ class HostPlan:
     error: str | None = None
     script: str = ""
     notes: list[str] = field(default_factory=list)
+    #: read, and the change is refused (``error`` says why: engine remove while a unit runs it), not unread
+    refused: bool = False
 
     @property
     def pending(self) -> bool:
@@ -304,7 +306,7 @@ class HostPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "changes": [c.to_dict() for c in self.changes], "error": self.error,
-                "notes": self.notes}
+                "notes": self.notes, "refused": self.refused}
 
 
 def host_plan(host: Host, inv: Inventory, facts: Mapping[str, Any] | None, read: Mapping[str, Any] | None,

@@ -9,12 +9,20 @@ Layout inside the host:
 * ``/usr/local/bin/vllm-sim``      ``vllm-sim make-model NAME DIR [--sparse]`` on the host
 
 Runs on the control side at template build time (not copied into hosts).
+
+:func:`build_wheel` packs the simulator as a pip wheel named ``vllm`` (the ``vllm_sim``
+package, a ``vllm`` package recording the version, console script ``vllm``), so
+``clusterctl engine install --wheels`` can install it as an engine: the lab cannot hold
+the real CPU build on every host (docs/bring-up.md).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import shutil
+import zipfile
 from pathlib import Path
 
 SRC = Path(__file__).parent
@@ -65,3 +73,41 @@ def install_into_rootfs(root: Path) -> None:
         _write(root / path.lstrip("/"), _launcher(version), 0o755)
     _write(root / DEFAULT_LAUNCHER.lstrip("/"), _launcher(None), 0o755)
     _write(root / TOOL_LAUNCHER.lstrip("/"), _launcher(None, tool=True), 0o755)
+
+
+def write_wheel(out: Path, name: str, version: str, files: dict[str, str], scripts: dict[str, str]) -> Path:
+    """A pure-Python wheel ``NAME-VERSION-py3-none-any.whl`` in ``out`` holding ``files`` (path -> text) and
+    console ``scripts`` (name -> ``module:function``), its METADATA, WHEEL, entry points and RECORD written
+    by hand: no build backend, no network."""
+    info = f"{name}-{version}.dist-info"
+    files = dict(files)
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    files[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: clusterctl\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    if scripts:
+        files[f"{info}/entry_points.txt"] = "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in scripts.items())
+    record = []
+    for path, text in files.items():
+        data = text.encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{version}-py3-none-any.whl"
+    tmp = path.with_name(f".{path.name}.tmp")
+    with zipfile.ZipFile(tmp, "w") as z:
+        for p, text in files.items():
+            z.writestr(p, text)
+    os.replace(tmp, path)
+    return path
+
+
+def build_wheel(out: Path, version: str = "0.11.0", emulate: str = "0.11") -> Path:
+    """The simulator as the wheel ``vllm-VERSION`` (emulating vLLM ``emulate``): ``vllm serve`` and
+    ``vllm --version`` work from the virtualenv pip installs it into (stdlib only)."""
+    files = {f"vllm_sim/{src.name}": src.read_text() for src in sources()}
+    files["vllm/__init__.py"] = (f"# the clusterctl lab simulator packaged as vLLM {version} (docs/vllm-simulator.md)\n"
+                                 f"__version__ = {version!r}\n")
+    files["vllm/simcli.py"] = ("import sys\n\nfrom vllm_sim.cli import main as _main\n\n\n"
+                               f"def main():\n    sys.exit(_main(version={emulate!r}))\n")
+    return write_wheel(Path(out), "vllm", version, files, {"vllm": "vllm.simcli:main"})

@@ -162,7 +162,7 @@ def test_a_run_over_a_fleet_installs_only_where_missing_and_reads_again(tmp_path
     p = rm.plan()[0]
     assert "clusterctl-a.service" in (p.error or "") and not p.changes
     rep = rm.run([p])
-    assert not rep.ok and rep.outcomes[0].status == "unread" and Path(e.path).exists()
+    assert not rep.ok and rep.outcomes[0].status == "refused" and Path(e.path).exists()  # read: not "unread"
     refused = _sh(ei.remove_script(e, str(units)))
     assert refused.returncode == 1 and b"clusterctl-a.service runs" in refused.stderr and Path(e.path).exists()
     # once no unit runs it: removed, and read again as missing
@@ -206,3 +206,31 @@ def test_an_index_url_travels_on_stdin_never_on_the_command_line() -> None:
     [(cmd, stdin)] = [(c, s) for _, c, s in transport.commands if "engine install" in c]
     assert "s3cret" not in cmd and "IFS= read -r PIP_INDEX_URL" in cmd and stdin == (url + "\n").encode()
     assert all("s3cret" not in c for _, c, _ in transport.commands)
+
+
+def test_a_second_install_or_remove_under_the_same_parent_is_refused_while_one_runs(tmp_path: Path) -> None:
+    e = Engine("vllm-0.12", f"{tmp_path}/opt/vllm-0.12.0/bin/vllm", "0.12.0")
+    (tmp_path / "opt").mkdir()
+    holder = subprocess.Popen(["flock", str(tmp_path / "opt"), "sleep", "60"], start_new_session=True)
+    try:
+        end = time.monotonic() + 30  # wait until the holder has it
+        while subprocess.run(["flock", "-n", str(tmp_path / "opt"), "true"]).returncode == 0:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        for script in (ei.install_script(e, "wheels"), ei.remove_script(e, str(tmp_path))):
+            r = _sh(script, b"")
+            assert r.returncode == 1 and b"another clusterctl engine install or remove under " in r.stderr, r.stderr
+        assert list((tmp_path / "opt").iterdir()) == []  # nothing started, nothing left
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+
+
+def test_an_engine_whose_vllm_version_hangs_is_not_installed(tmp_path: Path) -> None:
+    """``vllm --version`` runs under a timeout: a CLI that never answers fails the host, nothing at the path."""
+    wheels = tmp_path / "w"
+    build_wheel(wheels, "0.12.0", version_body="time.sleep(60)")
+    e = Engine("vllm-0.12", f"{tmp_path}/opt/vllm-0.12.0/bin/vllm", "0.12.0")
+    r = _sh(ei.install_script(e, "wheels", version_timeout=2), ei.wheelhouse(str(wheels), "0.12.0"))
+    assert r.returncode == 1 and b"failed: bin/vllm --version did not answer within 2 s" in r.stderr, r.stderr
+    assert list((tmp_path / "opt").iterdir()) == []
