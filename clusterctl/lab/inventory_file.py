@@ -91,6 +91,10 @@ def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: st
         "labels": {"site": "lab"},
         "gpus": dflt_gpus,
         "nics": dflt_nics,
+        # Lab hosts are containers: /proc/sys is the machine's and read-only, so node setup cannot
+        # set its default kernel parameters there (doctor's node.prereqs would flag them on every host).
+        "vars": {"sysctl": {"kernel.numa_balancing": None, "net.ipv4.conf.all.arp_ignore": None,
+                            "net.ipv4.conf.all.arp_announce": None}},
     }
     groups: dict[str, Any] = {}
     for r in range(0, len(hosts), HOSTS_PER_RACK):

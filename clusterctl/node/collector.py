@@ -2222,6 +2222,69 @@ def guarded(errors: Errors, source: str, default: Any, fn: Callable[..., Any], *
         return default
 
 
+# --------------------------------------------------------------------------
+# What ``clusterctl node setup`` converges (kernel parameters, the service user's limits).
+
+#: Kernel parameters node setup may set by default (bringup/nodesetup.py ``wanted_sysctls``).
+NODE_SYSCTLS = ("kernel.numa_balancing", "net.ipv4.conf.all.arp_ignore", "net.ipv4.conf.all.arp_announce")
+#: node setup's drop-in: every parameter it set (the inventory's ``vars.sysctl`` included).
+SYSCTL_DROPIN = "/etc/sysctl.d/90-clusterctl.conf"
+LIMITS_FILES = ("/etc/security/limits.conf", "/etc/security/limits.d")
+_SYSCTL_NAME = re.compile(r"^[a-z0-9_][a-z0-9_.-]*$")
+
+
+def parse_sysctl_conf(text: str) -> Dict[str, str]:
+    """``name = value`` lines of a sysctl.d file (``#``/``;`` comments; values with runs of blanks as one)."""
+    out = {}  # type: Dict[str, str]
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;" or "=" not in line:
+            continue
+        k, v = line.split("=", 1)
+        k = k.strip().lstrip("-").replace("/", ".")
+        if _SYSCTL_NAME.match(k):
+            out[k] = " ".join(v.split())
+    return out
+
+
+def parse_limits(text: str, source: str) -> List[Dict[str, str]]:
+    """``DOMAIN TYPE ITEM VALUE`` lines of a limits.conf file (pam_limits(8)), ``memlock``/``nofile`` only."""
+    out = []  # type: List[Dict[str, str]]
+    for line in text.splitlines():
+        f = line.split("#", 1)[0].split()
+        if len(f) == 4 and f[2] in ("memlock", "nofile"):
+            out.append({"domain": f[0], "type": f[1], "item": f[2], "value": f[3], "file": source})
+    return out
+
+
+def collect_node_prereqs(root: str = "/") -> Dict[str, Any]:
+    """The kernel parameters node setup manages (its defaults and every name in its drop-in) with
+    their values now, the drop-in itself, the ``memlock``/``nofile`` lines of limits.conf and
+    limits.d (in pam_limits' reading order) and the local user names."""
+    dropin_text = read_opt(path_in(root, SYSCTL_DROPIN))
+    dropin = parse_sysctl_conf(dropin_text) if dropin_text is not None else None
+    values = {}  # type: Dict[str, Optional[str]]
+    for name in list(NODE_SYSCTLS) + sorted(dropin or {}):
+        v = read_opt(path_in(root, "/proc/sys/" + name.replace(".", "/")))
+        values[name] = " ".join(v.split()) if v is not None else None
+    limits = []  # type: List[Dict[str, str]]
+    main_conf, conf_d = LIMITS_FILES
+    text = read_opt(path_in(root, main_conf))
+    if text is not None:
+        limits += parse_limits(text, main_conf)
+    try:
+        names = sorted(n for n in os.listdir(path_in(root, conf_d)) if n.endswith(".conf"))
+    except OSError:
+        names = []
+    for n in names:
+        text = read_opt(path_in(root, conf_d + "/" + n))
+        if text is not None:
+            limits += parse_limits(text, conf_d + "/" + n)
+    passwd = read_opt(path_in(root, "/etc/passwd")) or ""
+    users = sorted({ln.split(":", 1)[0] for ln in passwd.splitlines() if ":" in ln})
+    return {"sysctl": values, "sysctl_dropin": dropin, "limits": limits, "users": users}
+
+
 def collect(args: argparse.Namespace) -> Dict[str, Any]:
     """The whole facts document."""
     t0 = time.time()
@@ -2242,12 +2305,13 @@ def collect(args: argparse.Namespace) -> Dict[str, Any]:
     units = guarded(errors, "units", None, collect_units, args, errors, host.get("uptime_s"))
     klog = guarded(errors, "kernel_log", None, collect_kernel_log, args, errors)
     tools = guarded(errors, "tools", None, find_tools)
+    node_prereqs = guarded(errors, "node_prereqs", None, collect_node_prereqs)
     if sampling is not None:
         guarded(errors, "nics.samples", None, finish_samples, sampling, args.counter_interval,
                 args.cmd_timeout, errors)
     return {"schema": SCHEMA, "collected_at": iso(t0), "duration_s": round(time.time() - t0, 3),
             "host": host, "gpus": gpus, "nics": nics, "units": units, "kernel_log": klog,
-            "tools": tools, "rdma_prereqs": prereqs, "errors": errors}
+            "tools": tools, "rdma_prereqs": prereqs, "node_prereqs": node_prereqs, "errors": errors}
 
 
 def main(argv: List[str]) -> None:

@@ -1,10 +1,10 @@
 """``clusterctl node setup`` on the lab (issue 23): one host's GPUs lose persistence
-mode and its (stand-in) nvidia-persistenced is disabled (doctor's WARN naming
-``node setup`` is checked by tests/unit/diagnose/test_gpu.py, to keep this test
-cheap); ``--plan`` shows that host's changes; apply enables the daemon,
-creates the service user, writes the limits and sysctl drop-ins and the MTU unit;
-doctor is then OK; a second apply changes nothing; ``--revert`` removes what it
-wrote and disables the daemon again.
+mode, its (stand-in) nvidia-persistenced is disabled and its service user ``vllm``
+has no memlock limit; doctor finds both on that host (``gpu.persistence`` and
+``node.prereqs``), each naming ``node setup``; ``--plan`` shows that host's
+changes; apply enables the daemon, writes the limits and sysctl drop-ins and the
+MTU unit; doctor is then OK; a second apply changes nothing; ``--revert``
+removes what it wrote and disables the daemon again.
 
 The first two hosts of the session lab (any names, root or a sudo user).  Lab
 hosts are containers: /proc/sys is read-only there, so the test's inventory
@@ -61,9 +61,17 @@ def test_node_setup_plans_applies_converges_and_reverts(lab, capsys, healed_host
     inv = str(inv_path)
     had_user = {h: lab.run(h, "id -u vllm").returncode == 0 for h in pair}
     try:
-        assert lab.run(victim, INSTALL, timeout=60).returncode == 0
+        assert lab.run(victim, INSTALL + "\nid -u vllm >/dev/null 2>&1 || useradd --system vllm",
+                       timeout=60).returncode == 0
         healed_hosts.append(victim)
         faults.inject(lab.host_dir(victim), "persistence")
+
+        rc, out = _run(capsys, "doctor", victim, "-i", inv, "--json", "--checks", "gpu.persistence,node.prereqs",
+                       "--interval", "0")
+        found = {(f["check"], f["subject"]): f for f in json.loads(out)["findings"] if f["severity"] != "OK"}
+        assert rc == 1 and ("node.prereqs", "limits:vllm") in found, found
+        assert any(c == "gpu.persistence" for c, _ in found), found
+        assert all(f"clusterctl node setup --hosts '{victim}'" in f["action"] for f in found.values()), found
 
         rc, out = _run(capsys, "node", "setup", "--plan", "--detailed-exitcode", "-i", inv, "--hosts", hosts, "--json")
         plan = {p["host"]: p for p in json.loads(out)["plan"]}
@@ -81,7 +89,8 @@ def test_node_setup_plans_applies_converges_and_reverts(lab, capsys, healed_host
         assert rc == 0 and rep["ok"], out
         assert {h["host"]: h["status"] for h in rep["hosts"]} == {pair[0]: "changed", victim: "changed"}
 
-        rc, out = _run(capsys, "doctor", hosts, "-i", inv, "--json", "--checks", "gpu.persistence", "--interval", "0")
+        rc, out = _run(capsys, "doctor", hosts, "-i", inv, "--json", "--checks", "gpu.persistence,node.prereqs",
+                       "--interval", "0")
         assert rc == 0, [f for f in json.loads(out)["findings"] if f["severity"] != "OK"]
 
         rc, out = _run(capsys, "node", "setup", "-i", inv, "--hosts", hosts)
@@ -96,7 +105,7 @@ def test_node_setup_plans_applies_converges_and_reverts(lab, capsys, healed_host
                              f"{nodesetup.PERSISTENCED}; ls {nodesetup.SYSCTL_PATH} {nodesetup.limits_path('vllm')} "
                              f"{nodesetup.MTU_UNIT_PATH} {nodesetup.MTU_SCRIPT} {nodesetup.STATE_PATH} 2>/dev/null; "
                              "id -u vllm >/dev/null 2>&1 && echo user")
-        assert st.stdout.split() == ["disabled", "inactive"] + (["user"] if had_user[victim] else []), st
+        assert st.stdout.split() == ["disabled", "inactive", "user"], st  # the test made the user, not node setup
     finally:
         lab.run(victim, f"systemctl disable --now {nodesetup.PERSISTENCED}; rm -f {STANDIN} {STANDIN_UNIT}; "
                         "systemctl daemon-reload", timeout=60)

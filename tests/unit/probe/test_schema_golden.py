@@ -24,7 +24,8 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "facts.md"
 
 #: Maps whose keys are data, not schema (counter names, os-release keys...).
 FREE_FORM = {"host.os_release", "nics[].rdma.counters", "nics[].rdma.hw_counters",
-             "nics[].ethtool_stats", "gpus.devices[].field_errors", "units[].environment"}
+             "nics[].ethtool_stats", "gpus.devices[].field_errors", "units[].environment",
+             "node_prereqs.sysctl", "node_prereqs.sysctl_dropin"}
 
 
 def key_paths(value: Any, prefix: str = "") -> set[str]:
@@ -57,6 +58,7 @@ def full_document(fake_nvml) -> dict[str, Any]:
         collector.acs_control(str(FIXTURES / "sysroot_roce"), "0000:00:00.0", 1.0)]}]
     doc["units"][0].update(environment={"NCCL_IB_TC": "106"}, environment_files=["/x"])
     doc["errors"] = [{"source": "x", "reason": "y"}]
+    doc["node_prereqs"]["limits"] = collector.parse_limits("vllm - memlock unlimited\n", "/etc/security/limits.conf")
     return doc
 
 
