@@ -86,10 +86,10 @@ def write_wheel(out: Path, name: str, version: str, files: dict[str, str], scrip
     if scripts:
         files[f"{info}/entry_points.txt"] = "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in scripts.items())
     record = []
-    for path, text in files.items():
+    for member, text in files.items():
         data = text.encode()
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
+        record.append(f"{member},sha256={digest},{len(data)}")
     record.append(f"{info}/RECORD,,")
     files[f"{info}/RECORD"] = "\n".join(record) + "\n"
     out.mkdir(parents=True, exist_ok=True)
