@@ -22,7 +22,7 @@ from clusterctl.inventory.model import Engine, Host, Inventory, SSHSettings
 from support.wheels import build_wheel
 
 
-def _sh(script: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+def _sh(script: str, stdin: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["sh", "-c", script], input=stdin, capture_output=True, timeout=timeout)
 
 
@@ -114,7 +114,7 @@ def test_a_run_over_a_fleet_installs_only_where_missing_and_reads_again(tmp_path
         if host.name == "gpu02":  # already has it: answers the read only
             assert "engine install" not in command
             return FakeReply(0, f"engine {e.path} installed\ndist {e.path} vllm-0.11.0.dist-info\n")
-        r = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, timeout=120)
+        r = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, timeout=300)
         return FakeReply(r.returncode, r.stdout, r.stderr)
 
     transport = FakeTransport(handler)
