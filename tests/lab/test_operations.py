@@ -14,7 +14,10 @@ drain, and every replica answering requests sent to the gateway:
 6. a change whose engine cannot start: the deploy gate names the journal's first error, the
    batch is rolled back, and the restored replica is back at the gateway;
 7. ``start`` of a unit systemd gave up on (failed): its failed state is cleared; while its model
-   is missing the error is the journal's first error, once it is back the replica serves.
+   is missing the error is the journal's first error, once it is back the replica serves;
+8. ``deploy --surge-strict`` of a one-flag change while three clients send completions through
+   the gateway without pause: each replica's new version serves as ``op-N.surge`` on a spare GPU
+   before the old ``op-N`` is restarted, no request fails, and nothing of the surge units is left.
 
 Only ``clusterctl-op-*`` units, the ``op-tiny`` model and nginx are touched, all removed at the end.
 """
@@ -26,7 +29,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -196,3 +201,61 @@ def test_start_clears_a_unit_at_its_start_limit_and_explains_a_failed_start(scen
     [row] = json.loads(res.stdout)["results"]
     assert row["ok"] and row["healthy_after_s"] is not None
     scene.assert_all_back({"op-1", "op-2"})
+
+
+def _complete(url: str) -> tuple[float, bool, str]:
+    """One completion through the gateway: (when it ended, ok, the instance that answered or the error)."""
+    req = urllib.request.Request(url + "/v1/completions", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"model": "op-tiny", "prompt": "hi", "max_tokens": 4}).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            ok = r.status == 200 and bool(json.loads(r.read()).get("choices"))
+            return time.time(), ok, r.headers.get("X-Gateway-Instance", "")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return time.time(), False, f"{type(e).__name__}: {e}"
+
+
+def test_a_surge_deploy_fails_no_request_and_the_old_unit_serves_until_the_new_one_passed(scene: Scene) -> None:
+    both = {"op-1", "op-2"}
+    hosts = {n: scene.host_of(n) for n in both}
+    scene.write_template(**{"max-num-seqs": 40})
+    stop, results = threading.Event(), []
+
+    def client() -> None:
+        while not stop.is_set():
+            results.append(_complete(scene.url))
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)
+        res = scene.ok("deploy", "--surge-strict", "--serial", "1", "--gate-timeout", "60", "--drain-timeout", "10",
+                       "--json")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        scene.write_template()
+    out = json.loads(res.stdout)
+    steps = {s["instance"]: s for s in out["surge"] if s["instance"] in both}
+    assert out["result"] == "ok" and {s["outcome"] for s in steps.values()} == {"done"}, out["surge"]
+    failed = [r for r in results if not r[1]]
+    by = collections.Counter(who for _, ok, who in results if ok)
+    assert failed == [] and by["op-1.surge"] > 0 and by["op-2.surge"] > 0, (failed[:5], by)
+    for name, host in hosts.items():
+        # The old unit stopped when systemd restarted it with the change: the surge served before that,
+        # and the old one still answered after the surge was at the gateway (added once it passed its gates).
+        shown = scene.lab.run(host, f"systemctl show --timestamp=unix -p ExecMainStartTimestamp clusterctl-{name}.service",
+                              timeout=30).stdout
+        restarted = float(shown.strip().partition("=@")[2])
+        first_surge = min(t for t, ok, who in results if ok and who == f"{name}.surge")
+        assert first_surge < restarted, (name, first_surge, restarted)
+        assert any(first_surge < t < restarted for t, ok, who in results if ok and who == name), (name, by)
+        unit = scene.lab.run(host, f"cat /etc/systemd/system/clusterctl-{name}.service", timeout=30).stdout
+        assert "--max-num-seqs 40" in unit and f"--port {scene.placements()[name][2]}" in unit
+        left = scene.lab.run(host, "ls /etc/systemd/system/ /var/lib/clusterctl/deploy/previous/ | grep -c "
+                                   f"'{name}.surge' || true", timeout=30).stdout.strip()
+        assert left == "0", (host, left)
+    scene.assert_all_back(both)
