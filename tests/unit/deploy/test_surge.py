@@ -280,3 +280,17 @@ def test_spare_gpus_leave_out_running_units_cordons_and_stopped_instances(tmp_pa
     st.instances["a"] = unit("a", "0", 18101, active="failed")
     [s] = plan_surges(inv, plan, inv.instances, {"h01": st})
     assert s.mode == "in_place" and s.why.startswith("not running")
+
+
+def test_surge_goes_with_the_release_gates() -> None:
+    from clusterctl.deploy.engine import Deploy
+    from clusterctl.deploy.release_gates import ReleaseDeploy, ReleaseGates
+    from clusterctl.deploy.surge import with_surge
+
+    assert with_surge(Deploy) is SurgeDeploy
+    cls = with_surge(ReleaseDeploy)
+    assert cls.__mro__[1:3] == (SurgeDeploy, ReleaseDeploy)  # surge's batch, the release gates' extra gates
+    inv = inventory()
+    d = cls(inv, list(inv.hosts.values()), lambda hs: None, "/nonexistent", DeployOptions(surge="auto"),
+            release=ReleaseGates(drift_baseline="previous"))
+    assert d.release.drift_baseline == "previous"  # type: ignore[attr-defined]
