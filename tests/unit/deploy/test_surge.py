@@ -283,9 +283,9 @@ def test_spare_gpus_leave_out_running_units_cordons_and_stopped_instances(tmp_pa
 
 
 def test_surge_goes_with_the_release_gates() -> None:
-    from clusterctl.deploy.engine import Deploy
-    from clusterctl.deploy.release_gates import ReleaseDeploy, ReleaseGates
-    from clusterctl.deploy.surge import with_surge
+    from clusterctl.deploy.rollout.engine import Deploy
+    from clusterctl.deploy.rollout.release_gates import ReleaseDeploy, ReleaseGates
+    from clusterctl.deploy.rollout.surge import with_surge
 
     assert with_surge(Deploy) is SurgeDeploy
     cls = with_surge(ReleaseDeploy)
