@@ -13,10 +13,10 @@ clients (this script's own, so sessions and TTFT percentiles are measured),
 
 Arms, each on the same instances, one after the other (idle in between):
 
-* ``round_robin``: the rendered config with ``least_conn`` removed from the
-  session-less upstream, all weights equal (nginx's default round robin);
+* ``round_robin``: the gateway rendered with ``dispatch: round_robin`` (nginx's round
+  robin on the session-less upstream, hash on the session one), all weights equal;
 * ``least_conn``: the gateway rendered with ``dispatch: least_conn``, all weights equal;
-* ``least_score``: the gateway as rendered with ``dispatch: least_score``, with
+* ``least_score``: the gateway rendered with ``dispatch: least_score`` (the default), with
   ``clusterctl gateway sync --every S --window W`` running alongside: njs picks
   per request from the scores it posts (no reload).  The other arms run the
   same sync loop with ``--dry-run`` (same CPU, nothing applied).
@@ -42,7 +42,6 @@ Writes ``benchmarks/results/gateway-dispatch-<profiles>-<date>.json`` (temp file
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -53,7 +52,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -61,10 +59,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from clusterctl.fleet.fleet import Fleet  # noqa: E402
-from clusterctl.gateway.deploy import apply_gateway  # noqa: E402
-from clusterctl.gateway.render import RenderedGateway, render_gateway  # noqa: E402
-from clusterctl.inventory.loader import load_inventory  # noqa: E402
 from clusterctl.lab.config import LabConfig  # noqa: E402
 from clusterctl.lab.session import LabSession  # noqa: E402
 from support.http import wait_healthy  # noqa: E402
@@ -92,6 +86,7 @@ EngineVersion=0.11.0
 GPUs={gpu}
 Port={port}
 """
+ARMS = ("round_robin", "least_conn", "least_score")
 WORDS = ("the of and to in is was for on that with as by at from this are be it an or which have not one "
          "had were all their has more other been its can some there would when will into what time only").split()
 
@@ -134,9 +129,10 @@ def setup(lab: LabSession, work: Path, scale: float, seqs: int, kind: str) -> di
         text += (f"  {n}: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}, "
                  f"args: {{max-num-seqs: {seqs}}}}}\n")  # the seats gateway sync scores against
     text += f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 256\n  sync_interval_s: 1\n  auth: none\n"
-    inv = work / "inventory.yaml"  # least_score (the default)
-    inv.write_text(text)
-    (work / "inventory-least-conn.yaml").write_text(text + "  dispatch: least_conn\n")
+    invs = {arm: work / f"inventory-{arm}.yaml" for arm in ARMS}
+    for arm, path in invs.items():  # each arm says its dispatch (a default can change)
+        path.write_text(text + f"  dispatch: {arm}\n")
+    inv = invs["least_score"]
     for n, (_, gpu, port, _) in INSTANCES.items():
         profile = profiles(kind)[n]
         unit = UNIT.format(name=n, gpu=gpu, port=port, profile=profile, scale=scale, seqs=seqs, model_dir=MODEL_DIR)
@@ -150,7 +146,7 @@ def setup(lab: LabSession, work: Path, scale: float, seqs: int, kind: str) -> di
     state = work / "state"
     rc = _cli("gateway", "deploy", names[0], "-i", str(inv), "--state-dir", str(state)).returncode
     assert rc == 0, "gateway deploy failed"
-    return {"inv": str(inv), "inv_lc": str(work / "inventory-least-conn.yaml"), "state": str(state), "hosts": hosts,
+    return {"lab": lab, "inv": str(inv), "invs": {a: str(p) for a, p in invs.items()}, "state": str(state), "hosts": hosts,
             "urls": urls, "gw_host": names[0],
             "gw": f"http://{lab.host(names[0]).address}:{GW_PORT}"}
 
@@ -167,35 +163,22 @@ def _cli(*args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=900)
 
 
-def round_robin(rendered: RenderedGateway) -> RenderedGateway:
-    """The same files with the session-less upstreams' ``least_conn`` removed (and a digest of their own)."""
-    digest = hashlib.sha256((rendered.digest + " round robin").encode()).hexdigest()
-    files = tuple(replace(f, text=f.text.replace("    least_conn;\n", "    # round robin (benchmark)\n")
-                          .replace(rendered.config, digest[:16])) for f in rendered.files)
-    assert any("# round robin (benchmark)" in f.text for f in files), "no least_conn line to remove"
-    return RenderedGateway(files, digest, rendered.servers, digest[:16], rendered.runtime)
-
-
-def _apply(env: dict[str, Any], arm: str) -> None:
-    from clusterctl.deploy.placement.place import desired_instances
-    from clusterctl.deploy.state import DeployState
-
-    rr = arm == "round_robin"
-    path = env["inv"] if arm == "least_score" else env["inv_lc"]
-    if not rr:  # through the CLI: the state then knows the config, and sync applies nothing new
-        res = _cli("gateway", "deploy", env["gw_host"], "-i", path, "--state-dir", env["state"])
-        assert res.returncode == 0, res.stdout + res.stderr
-    inv = load_inventory(path)
-    rendered = render_gateway(inv, dict(desired_instances(inv, DeployState()).instances), {})
-    if rr:
-        rendered = round_robin(rendered)
-        with Fleet([inv.hosts[env["gw_host"]]]) as fleet:
-            [done] = apply_gateway(fleet, rendered, port=GW_PORT, hosts=[env["gw_host"]])
-        assert done.ok, done
+def _apply(env: dict[str, Any], arm: str) -> dict[str, Any]:
+    """Deploy the arm's inventory through the CLI (the state then knows the config: sync applies
+    nothing new) and return what the gateway host really has: the njs dispatch and whether the
+    session-less upstream says least_conn (a check that the arm measures what it is named)."""
+    res = _cli("gateway", "deploy", env["gw_host"], "-i", env["invs"][arm], "--state-dir", env["state"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    cmd = ("grep -h '^var DISPATCH' /etc/nginx/clusterctl/gateway.js; "
+           "grep -c '^    least_conn;' /etc/nginx/clusterctl/gateway.conf; true")
     if arm == "least_score":  # no scores left from an earlier run: every instance starts equal
-        with Fleet([inv.hosts[env["gw_host"]]]) as fleet:
-            fleet.run({env["gw_host"]: "rm -rf /var/lib/clusterctl-gateway/scores.json /var/lib/clusterctl-gateway/picks/*"},
-                      sudo=True, timeout=30)
+        cmd = "rm -rf /var/lib/clusterctl-gateway/scores.json /var/lib/clusterctl-gateway/picks/*; " + cmd
+    out = env["lab"].run(env["gw_host"], cmd, timeout=30).stdout.split("\n")
+    seen = {"njs_dispatch": out[0].split('"')[1] if '"' in out[0] else None,
+            "least_conn_upstreams": int(out[1]) if len(out) > 1 and out[1].strip().isdigit() else None}
+    assert seen["njs_dispatch"] == arm, seen
+    assert (seen["least_conn_upstreams"] == 0) == (arm == "round_robin"), seen
+    return seen
 
 
 def _tokens(url: str) -> float:
@@ -312,13 +295,13 @@ def closed_loop(gw: str, data: Path, concurrency: int, duration: float) -> dict[
 def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duration: float,
             sync_every: float, window: float) -> dict[str, Any]:
     _idle(env)
-    _apply(env, arm)
+    in_config = _apply(env, arm)
     before = {n: _tokens(u) for n, u in env["urls"].items()}
     load0 = os.getloadavg()[0]
     sync = None
     # The same sync loop runs in every arm (a dry run outside least_score: it measures, applies
     # nothing), so each arm pays the same CPU for it on this small machine.
-    inv = env["inv"] if arm == "least_score" else env["inv_lc"]
+    inv = env["invs"][arm]
     sync = subprocess.Popen([sys.executable, "-m", "clusterctl.cli.main", "gateway", "sync", "-i", inv,
                              "--state-dir", env["state"], "--every", str(sync_every), "--window", str(window),
                              "--json", *([] if arm == "least_score" else ["--dry-run"])],
@@ -328,6 +311,7 @@ def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duratio
         res = closed_loop(env["gw"], data, concurrency, duration)
     finally:
         weights: list[dict[str, Any]] = []
+        posted = 0
         if sync is not None:
             sync.send_signal(signal.SIGINT)
             try:
@@ -341,9 +325,11 @@ def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duratio
                 except ValueError:
                     continue
                 sc = (d.get("scores") or {}).get("instances", {})
+                posted += bool(sc)
                 weights.append({n: (None if s["down"] else sc.get(n, {}).get("load", s["weight"]))
                                 for n, s in d["servers"].items()})
     r = res
+    assert (posted > 0) == (arm == "least_score"), f"{arm}: {posted} sync rounds posted scores"
     after = {n: _tokens(u) for n, u in env["urls"].items()}
     made = {n: after[n] - before[n] for n in before}
     total = sum(made.values()) or 1.0
@@ -353,6 +339,7 @@ def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duratio
             "ttft_ms": r["ttft_ms"], "ttft_ms_sessions": r["ttft_ms_sessions"],
             "e2e_p99_ms": r["e2e_p99_ms"], "errors": r["errors"], "session_moves": r["session_moves"],
             "token_share": {n: round(v / total, 3) for n, v in sorted(made.items())},
+            "in_config": in_config, "scores_posted_rounds": posted,
             "scores_or_weights_seen": weights[-3:], "sync_rounds": len(weights), "load_avg_1m": {"before": round(load0, 2),
                                                         "after": round(os.getloadavg()[0], 2)}}
 

@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE))
 
 import dispatch  # noqa: E402  (the dispatch benchmark's lab setup: units, inventory, gateway deploy)
 
+from clusterctl.gateway.render import CONNECT_TIMEOUT_S  # noqa: E402
 from clusterctl.lab import netfaults  # noqa: E402
 
 
@@ -131,6 +132,8 @@ def main_() -> None:
                     help="Lose the gateway host that serves no instance (the address is moved there first).")
     ap.add_argument("--probe-timeout", type=float, default=1.5, help="The prober's timeout per request (s).")
     ap.add_argument("--stream-timeout", type=float, default=8.0, help="A stream's read timeout (s): a cut stream ends so.")
+    ap.add_argument("--dispatch", default="least_score", choices=dispatch.ARMS,
+                    help="The gateway's dispatch (least_score is the default; the first runs used least_conn).")
     args = ap.parse_args()
     # two instances: one on each of the second and third lab hosts
     dispatch.INSTANCES.clear()
@@ -145,7 +148,7 @@ def main_() -> None:
     with tempfile.TemporaryDirectory() as d:
         env = dispatch.setup(lab, Path(d), 1.0, 8, "h100-sxm")
         inv = Path(d) / "inventory-ha.yaml"
-        inv.write_text(Path(env["inv_lc"]).read_text().replace(
+        inv.write_text(Path(env["invs"][args.dispatch]).read_text().replace(
             f"gateway:\n  hosts: {names[0]}\n",
             f"gateway:\n  hosts: [{', '.join(pair)}]\n  vip: {{address: {vip}/16, interface: eth0, router_id: 78, "
             "password: {env: GW_BENCH_VRRP_PASS}}\n"))
@@ -203,7 +206,8 @@ def main_() -> None:
                 "setup": {"gateway_hosts": pair, "vip": vip, "advert_s": 1, "instances": 2, "profile": "h100-sxm",
                           "time_scale": 1.0, "streams": args.streams, "stream_tokens": args.stream_tokens,
                           "probe_timeout_s": args.probe_timeout, "stream_timeout_s": args.stream_timeout,
-                          "lost_host_also_serves_an_instance": active == names[1],
+                          "lost_host_also_serves_an_instance": active == names[1], "dispatch": args.dispatch,
+                          "proxy_connect_timeout_s": CONNECT_TIMEOUT_S,
                           "loss": "the lab cut fault: the bridge port down"},
                 "lost_host": active, "cut_call_s": round(t_cut - t0, 3),
                 "gap_s": None if first_ok is None else round(first_ok["done"] - t_cut, 2),

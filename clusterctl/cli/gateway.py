@@ -181,10 +181,11 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
 Measures every instance (`clusterctl status`: unit, /health, load over
 --window seconds); instances that are not serving, marked down (drain), or
 whose TP group doctor finds UNAVAILABLE (checked on every sync; --no-tp-check
-skips it) are down. With gateway.dispatch least_conn (the default)
-least-connections weights follow the load score (and, for mixed GPU models,
-measured throughput); with least_score the load and those downs go to the
-gateway hosts as scores every round (the loopback admin endpoint, no reload).
+skips it) are down. With gateway.dispatch least_score (the default) the
+load and those downs go to the gateway hosts as scores every round (the
+loopback admin endpoint, no reload); with least_conn or round_robin the
+weights follow the load score (and, for mixed GPU models, measured
+throughput) in the rendered config.
 nginx reloads only when the rendered config changed, at most once per
 gateway.sync_interval_s (--force ignores the interval).
 Exit 0 applied or unchanged, 1 changed but waiting for the interval,

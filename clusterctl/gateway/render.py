@@ -37,8 +37,17 @@ from clusterctl.inventory.model import GatewaySpec, Instance, Inventory
 
 #: Seconds an old worker may keep serving streams after a reload.
 WORKER_SHUTDOWN_TIMEOUT_S = 600
-#: Seconds to connect to an instance before trying the next one.
-CONNECT_TIMEOUT_S = 5
+#: Seconds to connect to an instance before trying the next one.  Instances are on the LAN,
+#: where a connect takes well under a millisecond (the kernel answers the SYN even when the
+#: engine is busy): 1 s only passes when the host is gone (no SYN-ACK, no RST).  It must stay
+#: below a client's own patience: with nginx's usual 5 s, clients gave up first, so nginx never
+#: counted a lost host's instance as failed and kept sending it requests (benchmarks/gateway/
+#: host_loss.py, docs/gateway.md).  Only connect errors move a request: a POST that reached an
+#: instance is never sent twice (proxy_next_upstream without non_idempotent).
+CONNECT_TIMEOUT_S = 1
+#: An instance that failed a connect is skipped for this long (nginx's fail_timeout, the
+#: upstream zone shares it across workers); then one request tries it again.
+FAIL_TIMEOUT_S = 10
 #: Largest request body (MiB) the njs router reads into memory.
 BODY_MIB = 16
 #: Seconds nginx keeps an idle connection to an instance: below vLLM's own 5 s
@@ -269,6 +278,7 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
                    "rate": _rate(gw.requests_per_second),
                    "burst": f" burst={gw.burst}" if gw.burst else ""},
         "port": gw.port, "read_timeout_s": gw.read_timeout_s, "connect_timeout_s": CONNECT_TIMEOUT_S,
+        "fail_timeout_s": FAIL_TIMEOUT_S, "dispatch": gw.dispatch,
         "listen": [_listen(a, p) for a, p in gw.listen_addresses()], "admin_port": gw.admin_port,
         "tls": gw.tls_certificate is not None, "auth": auth, "key_rate_zones": rate_zones,
         "key_stream_zones": stream_zones, "upstream_keepalive_s": UPSTREAM_KEEPALIVE_S,
@@ -283,7 +293,7 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
         "members_json": json.dumps({u["name"]: [{"name": srv["name"], "loc": srv["loc"], "down": srv["down"]}
                                                 for srv in u["servers"]]
                                     for u in upstreams}, indent=4, sort_keys=True),
-        "session_header_json": json.dumps(gw.session_header),
+        "session_header_json": json.dumps(gw.session_header), "max_conns_json": json.dumps(gw.max_conns),
     }
     env = _env()
     placeholder = "@@CONFIG_DIGEST@@"
@@ -356,7 +366,14 @@ def _upstreams(inv: Inventory, gw: GatewaySpec, instances: Mapping[str, Instance
         if servers:
             for i, srv in enumerate(servers):  # least_score: one upstream per instance, the others as backups
                 srv["loc"] = f"{slug}_i{i}"
-                srv["backups"] = [{"address": o["address"], "down": o["down"]} for o in servers if o is not srv]
+                # the next ones first (each lost instance's requests go to a different neighbour),
+                # those on other hosts before those on its own (a lost host takes all of its own)
+                host = srv["address"].rsplit(":", 1)[0]
+                rot = servers[i + 1:] + servers[:i]
+                far = [o for o in rot if o["address"].rsplit(":", 1)[0] != host]
+                near = [o for o in rot if o["address"].rsplit(":", 1)[0] == host]
+                k = i % len(far) if far else 0
+                srv["backups"] = [{"address": o["address"], "down": o["down"]} for o in far[k:] + far[:k] + near]
             out.append({"model": model, "name": slug, "servers": servers, "mirror": None})
     return out, used
 

@@ -25,7 +25,7 @@ IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}$")
 LIMIT_KEYS = ("connections", "requests_per_second", "burst")
 CLIENT_LIMIT_KEYS = ("requests_per_second", "burst", "streams")
 AUTH = ("keys", "none")
-DISPATCH = ("least_score", "least_conn")
+DISPATCH = ("least_score", "least_conn", "round_robin")
 #: An HTTP header name nginx can turn into ``$http_...`` (RFC 9110 token, no '_' surprises).
 HEADER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -355,10 +355,10 @@ class GatewaySpec:
     key_requests_per_second: float = 0.0
     key_burst: int = 0
     key_streams: int = 0
-    #: ``least_conn`` (default): nginx's least_conn with weights (a reload per weight change);
-    #: ``least_score``: njs picks the instance per request from scores pushed by ``gateway sync``
-    #: (no reload; measured slower on the 2-CPU lab, docs/gateway.md).
-    dispatch: str = "least_conn"
+    #: ``least_score`` (default): njs picks the instance per request from the requests in flight
+    #: and the scores pushed by ``gateway sync`` (no reload; docs/gateway.md has the benchmark);
+    #: ``least_conn``: nginx's least_conn with weights (a reload per weight change).
+    dispatch: str = "least_score"
     #: The floating address of two or more gateway hosts (keepalived); ``None``: none.
     vip: VipSpec | None = None
 

@@ -354,8 +354,8 @@ def test_least_score_counts_requests_in_flight(tmp_path: Path, monkeypatch: pyte
             t.join(10)
         assert sorted(seen) == ["a1", "a1", "a2", "a2"]  # each request in flight counts: 2 and 2 (2 seats each)
         deadline = time.monotonic() + 5
-        while _in_flight(picks, "a1") != (0, 0) and time.monotonic() < deadline:
-            time.sleep(0.05)  # nginx logs (and so records the end) just after the answer
+        while (_in_flight(picks, "a1"), _in_flight(picks, "a2")) != ((0, 0), (0, 0)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # nginx logs (and so records the end) just after the answer: wait for both
         assert _in_flight(picks, "a1") == (0, 0) and _in_flight(picks, "a2") == (0, 0)
         before = {d.name for d in picks.iterdir()}
         _scores(g, a1={"load": 0.0, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
@@ -397,5 +397,38 @@ def test_least_score_sends_to_the_least_outstanding_work(tmp_path: Path, monkeyp
         for t in (*threads, long):
             t.join(10)
         assert seen == [busy] and shorts == [{"a1": "a2", "a2": "a1"}[busy]] * 3, (seen, shorts)
+    finally:
+        g.close()
+
+
+def test_least_score_max_conns_per_instance_then_a_503_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gateway.max_conns is counted by the router per instance (nginx's per-upstream count cannot see
+    the backups' connections): with 1, two requests in flight fill a1 and a2, a third is a 503 JSON
+    at once rather than a second request on either; once they end, requests pass again."""
+    g = Gateway(tmp_path, monkeypatch, extra="  max_conns: 1\n", chunks=4, delay_s=0.5)
+    try:
+        key = g.add("e")
+        g.nginx.start(g.render(), g.admin)
+        seen: list[str] = []
+        threads = [threading.Thread(target=lambda: seen.append(post(g.port, {"model": "tiny", "max_tokens": 40},
+                                                                   key=key)[1]["X-Gateway-Instance"]))
+                   for _ in range(2)]
+        picks = g.nginx.root / "state" / "picks"
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while sum(_in_flight(picks, n)[0] for n in ("a1", "a2")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        status, _, body = post(g.port, {"model": "tiny", "max_tokens": 4}, key=key)
+        assert status == 503 and time.monotonic() - t0 < 1, (status, body)
+        assert "all at their connection limit or down" in _error(body)["message"]
+        for t in threads:
+            t.join(10)
+        assert sorted(seen) == ["a1", "a2"]
+        deadline = time.monotonic() + 5
+        while sum(_in_flight(picks, n)[0] for n in ("a1", "a2")) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the ends are recorded when nginx logs them
+        assert post(g.port, {"model": "tiny", "max_tokens": 4}, key=key)[0] == 200
     finally:
         g.close()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from clusterctl.gateway.render import GatewayPaths, GatewayRenderError, ServerState, render_gateway
-from clusterctl.inventory.model import Inventory
+from clusterctl.inventory.model import GpuRef, Inventory
 
 GOLDEN = Path(__file__).parent / "golden"
 STATES = {"q2": ServerState(down=True, reason="draining"), "q1": ServerState(weight=40)}
@@ -128,16 +129,47 @@ def test_mirror_location_repeats_every_inherited_header(inv: Inventory) -> None:
 
 
 def test_least_score_one_upstream_per_instance_with_the_others_as_backups(inv: Inventory) -> None:
-    assert inv.gateway is not None
-    inv.gateway.dispatch = "least_score"
+    assert inv.gateway is not None and inv.gateway.dispatch == "least_score"  # the default
     r = render_gateway(inv, inv.instances, STATES)
     conf, js = _by_name(r.files)["gateway.conf"], _by_name(r.files)["gateway.js"]
     q1 = conf[conf.index("upstream m_qwen_i0 {"):]
     q1 = q1[:q1.index("}")]
-    assert "server 10.0.1.1:8001 max_conns=4;" in q1  # q1 itself
-    assert "server 10.0.1.2:8001 max_conns=4 backup down;" in q1  # q2, marked down (draining)
+    assert "server 10.0.1.1:8001 max_conns=4 max_fails=1 fail_timeout=10s;" in q1  # q1 itself
+    assert "server 10.0.1.2:8001 max_conns=4 max_fails=1 fail_timeout=10s backup down;" in q1  # q2, draining
+    # a lost host: nginx moves the request after a 1 s connect, before a client gives up; only connects
+    assert "proxy_connect_timeout 1s;" in conf and "proxy_next_upstream error timeout;\n" in conf
     assert "location @m_qwen_i0 {" in conf and "proxy_pass http://m_qwen_i0;" in conf
     assert 'var DISPATCH = "least_score";' in js
     assert '"loc": "m_qwen_i1"' in js and '"down": true' in js  # the drain's mark-down reaches njs too
     assert "location = /gateway/scores {" in conf
     assert r.runtime == {"state_dir": "/var/lib/clusterctl-gateway", "token": "/etc/nginx/clusterctl/admin.token"}
+
+
+def test_least_score_backups_on_other_hosts_first_each_instance_its_own_neighbour(inv: Inventory) -> None:
+    """A lost host takes every instance on it: an instance's first backup is on another host, and
+    the instances of one host do not all fall back on the same one."""
+    assert inv.gateway is not None
+    more = {f"x{i}": replace(inv.instances["q1"], name=f"x{i}", placement=(GpuRef(h, g),), port=8001 + i)
+            for i, (h, g) in enumerate([("gpu01", 4), ("gpu01", 5), ("gpu02", 4), ("gpu02", 5)])}
+    instances = {n: i for n, i in inv.instances.items() if n != "q2"} | more
+    conf = _by_name(render_gateway(inv, instances, {}).files)["gateway.conf"]
+    firsts = []
+    for i in range(5):  # q1 x0 x1 on gpu01, x2 x3 on gpu02
+        up = conf[conf.index(f"upstream m_qwen_i{i} {{"):]
+        servers = [ln.split()[1] for ln in up[:up.index("}")].splitlines() if ln.strip().startswith("server ")]
+        own = servers[0].rsplit(":", 1)[0]
+        hosts = [a.rsplit(":", 1)[0] for a in servers[1:]]
+        assert hosts[0] != own and hosts == sorted(hosts, key=lambda h: h == own), servers
+        firsts.append(servers[1])
+    assert len(set(firsts[:3])) > 1, firsts  # gpu01's three instances spread over gpu02's
+
+
+def test_least_conn_and_round_robin_stay_selectable(inv: Inventory) -> None:
+    assert inv.gateway is not None
+    for dispatch, line in (("least_conn", "    least_conn;\n"), ("round_robin", None)):
+        inv.gateway.dispatch = dispatch
+        files = _by_name(render_gateway(inv, inv.instances, STATES).files)
+        lc = files["gateway.conf"][files["gateway.conf"].index("upstream m_qwen_l {"):]
+        lc = lc[:lc.index("}")]
+        assert f'var DISPATCH = "{dispatch}";' in files["gateway.js"]
+        assert "weight=40" in lc and ((line in lc) if line else ("least_conn" not in lc)), lc

@@ -14,7 +14,7 @@ var ROUTES = {
 };
 var SESSION_HEADER = "X-Session-ID";
 // least_score: njs picks the instance (below); least_conn: nginx's upstreams do.
-var DISPATCH = "least_conn";
+var DISPATCH = "least_score";
 // Model upstream -> its instances and their named locations (least_score).
 var MEMBERS = {
     "m_llama": [
@@ -52,6 +52,10 @@ var STALE_S = 30;
 // KV cache use (as last measured) from which an instance has no free seat: admitting more
 // would wait for blocks or preempt (doctor's kv_cache_usage_warn default).
 var KV_FULL = 0.9;
+// gateway.max_conns (0: none): an instance with this many requests in flight from this gateway
+// host takes no more; none left is a 503 at once.  nginx's own max_conns counts per upstream
+// zone, and each instance's upstream lists the others as backups, so it cannot be the guard.
+var MAX_CONNS = 4;
 
 var crypto = require("crypto");
 var fs = require("fs");
@@ -175,8 +179,10 @@ function fnv(text) {
 //    the queue that empties first.  Ties: an even random choice.
 // A session keeps its instance (highest rendezvous hash over the candidates: when one goes,
 // only its own sessions move) unless that one has no free seat and another has.
+// Instances at MAX_CONNS are no candidates; "full" when that leaves none (null: all down).
 function pick(r, upstream, units, scores) {
     var members = MEMBERS[upstream] || [];
+    var full = 0;
     var known = scores.instances || {};
     var fresh = typeof scores.at === "number" && Date.now() / 1000 - scores.at < STALE_S;
     var gens = live_gens(scores);
@@ -191,11 +197,15 @@ function pick(r, upstream, units, scores) {
         var step = typeof s.step === "number" && s.step > 0 ? s.step : 0.01;
         var cap = fresh && typeof s.cap === "number" && s.cap > 0 ? s.cap : 1;
         var f = in_flight(m.name, gens);
+        if (MAX_CONNS > 0 && f[0] >= MAX_CONNS) {
+            full++;
+            continue;
+        }
         var free = f[0] + 1 <= Math.round(1 / step) && load < KV_FULL;
         cands.push({m: m, free: free, key: (free ? 0 : 1) * 1e9 + (f[1] + units) * step / cap});
     }
     if (cands.length === 0) {
-        return null;
+        return full > 0 ? "full" : null;
     }
     var low = null;
     var ties = 0;
@@ -248,8 +258,9 @@ function send(r, upstream, req) {
     var units = work_units(req);
     var scores = read_json(SCORES_FILE) || {};
     var m = pick(r, upstream, units, scores);
-    if (m === null) {
-        error(r, 503, "OverloadedError", "no instance can take the request now (all marked down)");
+    if (m === null || m === "full") {
+        error(r, 503, "OverloadedError", m === null ? "no instance can take the request now (all marked down)"
+            : "no instance can take the request now (all at their connection limit or down)");
         return;
     }
     var gen = typeof scores.gen === "number" ? String(scores.gen) : "0";
