@@ -20,7 +20,8 @@ average.  Then the host is healed, and where the address ends up is recorded (th
 comes back with keepalived still running: the higher priority may take the address back).
 
 Run as root with the lab's environment (``CLUSTERCTL_LAB_*``, 3 hosts; brought up if needed and
-left up).  Usage: ``python benchmarks/gateway/host_loss.py [--gateway-only] [--streams 6] [--stream-tokens 600]
+left up).  Usage: ``python benchmarks/gateway/host_loss.py [--gateway-only | --with-instance]
+[--dispatch least_score] [--streams 6] [--stream-tokens 600]
 [--warm 6] [--after 15] [--probe-timeout 1.5] [--stream-timeout 8]``.  Writes ``benchmarks/results/gateway-host-loss-<date>.json`` (temp
 file + rename).
 """
@@ -130,6 +131,8 @@ def main_() -> None:
     ap.add_argument("--after", type=float, default=15.0, help="Seconds of load after the first answer past the cut.")
     ap.add_argument("--gateway-only", action="store_true",
                     help="Lose the gateway host that serves no instance (the address is moved there first).")
+    ap.add_argument("--with-instance", action="store_true",
+                    help="Lose the gateway host that also serves an instance (the address is moved there first).")
     ap.add_argument("--probe-timeout", type=float, default=1.5, help="The prober's timeout per request (s).")
     ap.add_argument("--stream-timeout", type=float, default=8.0, help="A stream's read timeout (s): a cut stream ends so.")
     ap.add_argument("--dispatch", default="least_score", choices=dispatch.ARMS,
@@ -160,13 +163,15 @@ def main_() -> None:
             hs = wait_one_holder(cli)
             assert len(hs) == 1, f"no single holder of the floating address: {hs}"
             active = hs[0]
-            if args.gateway_only and active == names[1]:  # it also serves an instance: move the address first
+            # --gateway-only: lose the first host (no instance); --with-instance: the second (one instance)
+            want = names[0] if args.gateway_only else names[1] if args.with_instance else active
+            if active != want:  # move the address first
                 lab.run(active, "systemctl restart keepalived.service", check=True, timeout=60)
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and hs != [names[0]]:
+                while time.monotonic() < deadline and hs != [want]:
                     time.sleep(0.5)
                     hs = holders(cli)
-                assert hs == [names[0]], f"the address did not move to {names[0]}: {hs}"
+                assert hs == [want], f"the address did not move to {want}: {hs}"
                 active = hs[0]
             stop = threading.Event()
             plog: list[dict[str, Any]] = []

@@ -30,6 +30,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from clusterctl.deploy.status.metrics import base_url
 from clusterctl.deploy.units.pdrouter import gateway_servers
+from clusterctl.deploy.status.instances import max_num_seqs
 from clusterctl.errors import ClusterctlError
 from clusterctl.gateway.keys import ClientKey
 from clusterctl.inventory.gateway import served_name
@@ -55,6 +56,8 @@ BODY_MIB = 16
 #: ``timeout_keep_alive``), so nginx closes first and never sends a POST on a
 #: connection the engine is closing (a 502 nginx must not retry).
 UPSTREAM_KEEPALIVE_S = 4
+#: Seats of an instance whose --max-num-seqs is unknown (vLLM's default on GPUs).
+DEFAULT_SEATS = 256
 #: least_conn weights lie in 1..MAX_WEIGHT.
 MAX_WEIGHT = 100
 REDACTED = "***"
@@ -290,7 +293,8 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
         "picks_dir_json": json.dumps(f"{paths.state_dir}/picks"),
         "max_age_ms": 1000 * max(WORKER_SHUTDOWN_TIMEOUT_S, gw.read_timeout_s),
         "admin_token_json": json.dumps(f"{paths.conf_dir}/admin.token"),
-        "members_json": json.dumps({u["name"]: [{"name": srv["name"], "loc": srv["loc"], "down": srv["down"]}
+        "members_json": json.dumps({u["name"]: [{"name": srv["name"], "loc": srv["loc"], "down": srv["down"],
+                                                 "step": srv["step"]}
                                                 for srv in u["servers"]]
                                     for u in upstreams}, indent=4, sort_keys=True),
         "session_header_json": json.dumps(gw.session_header), "max_conns_json": json.dumps(gw.max_conns),
@@ -360,7 +364,9 @@ def _upstreams(inv: Inventory, gw: GatewaySpec, instances: Mapping[str, Instance
             st = states.get(name, ServerState())
             weight = min(MAX_WEIGHT, max(1, int(st.weight)))
             used[name] = replace(st, weight=weight)
+            seats = max_num_seqs(instances[name]) or DEFAULT_SEATS
             servers.append({"name": name, "address": _server_address(inv, instances[name]),
+                            "step": round(1.0 / seats, 6),
                             "max_conns": max_conns, "weight": weight, "down": st.down,
                             "reason": re.sub(r"[^\w .:/-]", "", st.reason)[:80]})
         if servers:
@@ -368,10 +374,10 @@ def _upstreams(inv: Inventory, gw: GatewaySpec, instances: Mapping[str, Instance
                 srv["loc"] = f"{slug}_i{i}"
                 # the next ones first (each lost instance's requests go to a different neighbour),
                 # those on other hosts before those on its own (a lost host takes all of its own)
-                host = srv["address"].rsplit(":", 1)[0]
+                host = str(srv["address"]).rsplit(":", 1)[0]
                 rot = servers[i + 1:] + servers[:i]
-                far = [o for o in rot if o["address"].rsplit(":", 1)[0] != host]
-                near = [o for o in rot if o["address"].rsplit(":", 1)[0] == host]
+                far = [o for o in rot if str(o["address"]).rsplit(":", 1)[0] != host]
+                near = [o for o in rot if str(o["address"]).rsplit(":", 1)[0] == host]
                 k = i % len(far) if far else 0
                 srv["backups"] = [{"address": o["address"], "down": o["down"]} for o in far[k:] + far[:k] + near]
             out.append({"model": model, "name": slug, "servers": servers, "mirror": None})

@@ -32,7 +32,7 @@ from typing import Any
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, push_scores, secret_inputs
-from clusterctl.gateway.render import MAX_WEIGHT, ServerState, render_gateway
+from clusterctl.gateway.render import DEFAULT_SEATS, MAX_WEIGHT, ServerState, render_gateway
 from clusterctl.inventory.model import Instance, Inventory
 
 #: Why a hung instance is down (fixed words: a reason that changed every round would reload nginx).
@@ -114,8 +114,6 @@ def _capacity(inv: Inventory, instances: Mapping[str, Instance],
     return out
 
 
-#: Seats of an instance whose --max-num-seqs is unknown (vLLM's default on GPUs).
-DEFAULT_SEATS = 256
 
 
 def dispatch_scores(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[str, Observed],

@@ -173,3 +173,17 @@ def test_least_conn_and_round_robin_stay_selectable(inv: Inventory) -> None:
         lc = lc[:lc.index("}")]
         assert f'var DISPATCH = "{dispatch}";' in files["gateway.js"]
         assert "weight=40" in lc and ((line in lc) if line else ("least_conn" not in lc)), lc
+
+
+def test_least_score_seats_are_in_the_config_before_any_sync(inv: Inventory) -> None:
+    """njs knows each instance's seats (1 / --max-num-seqs of the inventory; 256 when unset) from the
+    rendered router table: before sync's first post (a fresh deploy, a slow sync) a seat count of its
+    own would send a fifth request to a 4-seat instance while another had a free seat."""
+    import json as _json
+    assert inv.gateway is not None
+    inv.instances["q1"] = replace(inv.instances["q1"], args={**inv.instances["q1"].args, "max-num-seqs": 4})
+    js = _by_name(render_gateway(inv, inv.instances, STATES).files)["gateway.js"]
+    members = _json.loads(js[js.index("var MEMBERS = ") + len("var MEMBERS = "):js.index(";", js.index("var MEMBERS"))])
+    steps = {m["name"]: m["step"] for ms in members.values() for m in ms}
+    assert steps["q1"] == 0.25 and steps["q2"] == round(1 / 256, 6), steps
+    assert "m.step > 0 ? m.step" in js

@@ -15,32 +15,36 @@ var ROUTES = {
 var SESSION_HEADER = "X-Session-ID";
 // least_score: njs picks the instance (below); least_conn: nginx's upstreams do.
 var DISPATCH = "least_score";
-// Model upstream -> its instances and their named locations (least_score).
+// Model upstream -> its instances, their named locations and 1 / seats (least_score).
 var MEMBERS = {
     "m_llama": [
         {
             "down": false,
             "loc": "m_llama_i0",
-            "name": "l1"
+            "name": "l1",
+            "step": 0.003906
         }
     ],
     "m_qwen": [
         {
             "down": false,
             "loc": "m_qwen_i0",
-            "name": "q1"
+            "name": "q1",
+            "step": 0.003906
         },
         {
             "down": true,
             "loc": "m_qwen_i1",
-            "name": "q2"
+            "name": "q2",
+            "step": 0.003906
         }
     ],
     "m_qwen_v2": [
         {
             "down": false,
             "loc": "m_qwen_v2_i0",
-            "name": "q3"
+            "name": "q3",
+            "step": 0.003906
         }
     ]
 };
@@ -194,7 +198,8 @@ function pick(r, upstream, units, scores) {
             continue;
         }
         var load = fresh && typeof s.load === "number" ? s.load : 0;
-        var step = typeof s.step === "number" && s.step > 0 ? s.step : 0.01;
+        // seats: as sync last posted them, else as rendered (--max-num-seqs of the inventory)
+        var step = typeof s.step === "number" && s.step > 0 ? s.step : m.step > 0 ? m.step : 0.01;
         var cap = fresh && typeof s.cap === "number" && s.cap > 0 ? s.cap : 1;
         var f = in_flight(m.name, gens);
         if (MAX_CONNS > 0 && f[0] >= MAX_CONNS) {
