@@ -31,7 +31,7 @@ import pytest
 from clusterctl.cli.main import main
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.gateway.deploy import apply_gateway
-from clusterctl.gateway.render import RenderedGateway, ServerState, render_gateway
+from clusterctl.gateway.render import UPSTREAM_KEEPALIVE_S, RenderedGateway, ServerState, render_gateway
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.inventory.model import GpuRef, GrayRelease, Instance, Mirror, Model, SecretRef
 
@@ -550,22 +550,30 @@ def _wait(what: str, cond, timeout: float = 30, every: float = 0.2):
         time.sleep(every)
 
 
-def _served_again(log: list[tuple[float, float, bool]], t_loss: float, label: str, capsys) -> float:
+def _served_again(log: list[tuple[float, float, bool]], t_loss: float, label: str, capsys,
+                  stale_s: float = 0.0) -> float:
     """After a loss at ``t_loss`` (complete: nothing answered after it came through the lost part):
-    waits until a request sent after it is answered and 10 more were sent after that; asserts none
-    of those failed; prints and returns the gap (the loss to the first answer)."""
+    waits until a request sent after it is answered and 10 more were sent after that (and ``stale_s``
+    after the loss); asserts none of those failed; prints and returns the gap (the loss to the first
+    answer).  ``stale_s``: when an instance was lost too, a request sent within that many seconds of
+    the loss may land on an idle keep-alive connection the surviving nginx still holds to the lost
+    instance (``keepalive_timeout`` of the upstream): nginx has written the POST on it, may not send
+    it twice, and waits for an answer that never comes (docs/gateway.md, limits); it is counted,
+    not asserted."""
     def first_ok():
         return next((e for e in log if e[2] and e[0] >= t_loss), None)
     ok = _wait(f"{label}: an answer through the floating address", first_ok, timeout=30)
-    _wait(f"{label}: 10 requests after the first answer", lambda: sum(1 for e in log if e[0] > ok[1]) >= 10,
-          timeout=60)
+
+    def checked() -> list[tuple[float, float, bool]]:
+        return [e for e in log if e[0] > ok[1] and e[0] >= t_loss + stale_s]
+    _wait(f"{label}: 10 requests after the first answer", lambda: len(checked()) >= 10, timeout=60)
     after = [e for e in log if e[1] >= t_loss]
     later = [e for e in log if e[0] > ok[1]]
     gap = ok[1] - t_loss
     with capsys.disabled():  # the measured gap, in the test log
         print(f"\n{label}: served again {gap:.2f} s after it; {sum(1 for e in after if not e[2])} of {len(after)} "
               f"requests failed meanwhile, {sum(1 for e in later if not e[2])} of {len(later)} after")
-    assert all(e[2] for e in later), later  # nothing failed once it answered again
+    assert all(e[2] for e in checked()), later  # nothing failed once it answered again (past stale_s)
     return gap
 
 
@@ -657,7 +665,8 @@ def test_floating_address_moves_when_the_active_nginx_stops_and_when_its_host_is
         t_cut = time.monotonic()
         netfaults.cut(lab.cfg, lab.host(lost))
         cut = lost
-        assert _served_again(log, t_cut, f"host lost (gateway + {lost_inst})", capsys) < 15
+        assert _served_again(log, t_cut, f"host lost (gateway + {lost_inst})", capsys,
+                             stale_s=UPSTREAM_KEEPALIVE_S + 1) < 15
         for th in streams:
             th.join(90)
         with capsys.disabled():
