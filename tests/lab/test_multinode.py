@@ -91,7 +91,7 @@ def test_a_replica_across_two_hosts_is_deployed_gated_and_fails_as_one(lab, repl
     assert sorted(map(sorted, rep.batches))[0] == sorted([head, worker])  # one batch: the replica's hosts
     assert [g.instance for o in rep.hosts.values() for g in o.gates] == ["mn-1"]  # the head's gate covers both
     url = f"http://{inv.hosts[head].address}:{PORT}"
-    status, body = http(url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2}, 30)
+    status, body = http(url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}, 30)
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
     log = lab.run(head, "journalctl -u clusterctl-mn-1.service --no-pager -o cat", check=True).stdout
     assert "DP group leader: node_rank=0, node_rank_within_dp=0, master_addr=" in log and "world_size=2" in log
@@ -130,7 +130,7 @@ def test_a_lost_gpu_on_the_worker_stage_makes_the_replica_unavailable_and_failov
     assert not {(h, g) for h, gs in new.stages for g in gs} & {(h, g) for h, gs in before.stages for g in gs}
     assert after.cordons[worker].reason.startswith("failover: gpu.lost")
     url = f"http://{inv.hosts[new.host].address}:{PORT}"
-    status, body = http(url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2}, 30)
+    status, body = http(url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}, 30)
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
     gone = lab.run(worker, "test -e /etc/systemd/system/clusterctl-mn-1-node1.service && echo present || echo gone")
     assert gone.stdout.strip() == "gone"  # the old worker's unit removed from the failed host

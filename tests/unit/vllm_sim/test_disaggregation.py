@@ -52,7 +52,7 @@ def _through(pre, dec, max_tokens: int = 4) -> tuple[int, dict]:
                                               "kv_transfer_params": {"do_remote_decode": True}})
     assert code == 200, body
     params = json.loads(body)["kv_transfer_params"]
-    code, body = dec.post("/v1/completions", {"prompt": PROMPT, "max_tokens": max_tokens,
+    code, body = dec.post("/v1/completions", {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True,
                                               "kv_transfer_params": params})
     return code, json.loads(body)
 
