@@ -26,11 +26,13 @@ from clusterctl.lab.hardware import nvml, provision_host, ticker
 from clusterctl.lab.hardware.host import hw_dir
 from clusterctl.lab.hardware.tools import nicmodel
 
-PYNVML_READ = ("import pynvml as N; N.nvmlInit(); "
-               "[(N.nvmlDeviceGetName(h), N.nvmlDeviceGetMemoryInfo(h), N.nvmlDeviceGetPciInfo(h), "
-               "N.nvmlDeviceGetComputeRunningProcesses(h), N.nvmlDeviceGetTotalEccErrors(h, 1, 0), "
-               "N.nvmlDeviceGetRemappedRows(h), N.nvmlDeviceGetCurrentClocksEventReasons(h)) "
-               "for h in (N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount()))]")
+PYNVML_READ = (
+    "import pynvml as N; N.nvmlInit(); "
+    "[(N.nvmlDeviceGetName(h), N.nvmlDeviceGetMemoryInfo(h), N.nvmlDeviceGetPciInfo(h), "
+    "N.nvmlDeviceGetComputeRunningProcesses(h), N.nvmlDeviceGetTotalEccErrors(h, 1, 0), "
+    "N.nvmlDeviceGetRemappedRows(h), N.nvmlDeviceGetCurrentClocksEventReasons(h)) "
+    "for h in (N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount()))]"
+)
 
 
 def timed(fn, runs: int) -> dict:
@@ -59,30 +61,36 @@ def main() -> int:
 
         def one_tick() -> None:
             tick_files.append(ticker.tick(lab, caches))
+
         time.sleep(1.0)  # a second of simulated traffic, as between two real passes
         tick = timed(one_tick, 3)
         host = lab / "hosts" / "h000"
         env = dict(os.environ, LAB_HW_DIR=str(hw_dir(host)))
         tool = str(Path(nicmodel.__file__).with_name("ethtool.py"))
-        ethtool = timed(lambda: subprocess.run([sys.executable, tool, "-S", "eth2"], env=env,
-                                               capture_output=True, check=True), 5)
+        ethtool = timed(
+            lambda: subprocess.run([sys.executable, tool, "-S", "eth2"], env=env, capture_output=True, check=True), 5
+        )
         libdir = nvml.build(lab / "lib", "current").parent
-        nenv = dict(os.environ, LD_LIBRARY_PATH=str(libdir),
-                    FAKE_NVML_STATE=str(hw_dir(host) / "nvml.json"))
-        pynvml = timed(lambda: subprocess.run([sys.executable, "-c", PYNVML_READ], env=nenv,
-                                              capture_output=True, check=True), 5)
+        nenv = dict(os.environ, LD_LIBRARY_PATH=str(libdir), FAKE_NVML_STATE=str(hw_dir(host) / "nvml.json"))
+        pynvml = timed(
+            lambda: subprocess.run([sys.executable, "-c", PYNVML_READ], env=nenv, capture_output=True, check=True), 5
+        )
     result = {
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                    "python": platform.python_version(), "loadavg_1m": os.getloadavg()[0]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+            "loadavg_1m": os.getloadavg()[0],
+        },
         "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "hosts": args.hosts,
         "provision_ms_per_host": round(provision_s / args.hosts * 1000, 1),
-        "ticker_pass_s": tick, "ticker_files_per_pass": tick_files[-1] if tick_files else 0,
+        "ticker_pass_s": tick,
+        "ticker_files_per_pass": tick_files[-1] if tick_files else 0,
         "ethtool_S_process_s": ethtool,
         "pynvml_init_and_read_8_gpus_process_s": pynvml,
     }
-    out = args.out or Path(__file__).parent / "results" / \
-        f"lab-hardware-{datetime.now(timezone.utc):%Y%m%d}.json"
+    out = args.out or Path(__file__).parent / "results" / f"lab-hardware-{datetime.now(timezone.utc):%Y%m%d}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

@@ -102,8 +102,15 @@ def _adopt(root: Path, target: Path, name: str) -> list[str]:
             continue
         moved.append(e)
     if moved:
-        _write_json(clusters / ADOPTED, {"cluster": name, "entries": moved, "from": str(root),
-                                         "at": datetime.datetime.now(datetime.timezone.utc).isoformat()})
+        _write_json(
+            clusters / ADOPTED,
+            {
+                "cluster": name,
+                "entries": moved,
+                "from": str(root),
+                "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            },
+        )
     return moved
 
 
@@ -118,8 +125,10 @@ def bind(inv: Any, root: Path, on_event: Callable[[str], None] | None = None) ->
     target = cluster_dir(root, name)
     adopted = _adopt(root, target, name)
     if adopted and on_event is not None:
-        on_event(f"state: the un-keyed state of {root} ({', '.join(adopted)}) now belongs to cluster {name!r} "
-                 f"(moved to {target}); other clusters start with their own")
+        on_event(
+            f"state: the un-keyed state of {root} ({', '.join(adopted)}) now belongs to cluster {name!r} "
+            f"(moved to {target}); other clusters start with their own"
+        )
     record = target / RECORD
     mine = _hosts(inv)
     try:
@@ -136,7 +145,8 @@ def bind(inv: Any, root: Path, on_event: Callable[[str], None] | None = None) ->
                 f"the state of cluster {name!r} ({target}) belongs to other hosts ({shown}, from "
                 f"{doc.get('inventory') or 'another inventory'}); none of {inv.path}'s hosts is among them. "
                 f"Refusing to act on another cluster's state: give this inventory its own 'cluster:' name, "
-                f"or, if it is the same cluster with new hosts, remove {record}")
+                f"or, if it is the same cluster with new hosts, remove {record}"
+            )
     if doc != {"cluster": name, "inventory": os.path.realpath(inv.path), "hosts": mine}:
         target.mkdir(parents=True, exist_ok=True)
         _write_json(record, {"cluster": name, "inventory": os.path.realpath(inv.path), "hosts": mine})

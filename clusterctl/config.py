@@ -69,8 +69,13 @@ class UserConfig:
     state_dir: Path = field(default_factory=default_state_dir)
 
 
-_FIELDS: dict[str, type | tuple[type, ...]] = {"inventory": str, "fanout": int, "connect_timeout": (int, float),
-           "command_timeout": (int, float), "state_dir": str}
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "inventory": str,
+    "fanout": int,
+    "connect_timeout": (int, float),
+    "command_timeout": (int, float),
+    "state_dir": str,
+}
 
 
 def load_user_config(path: Path | None = None) -> UserConfig:

@@ -27,9 +27,35 @@ from dataclasses import dataclass, field
 from clusterctl.errors import ClusterctlError
 
 #: Words the simulator (and real BPE tokenizers) count as one token each.
-WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "sun", "sea", "red", "blue", "tree",
-          "house", "river", "stone", "light", "cloud", "green", "small", "big", "old", "new", "road", "hill")
-
+WORDS = (
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "and",
+    "dog",
+    "ran",
+    "far",
+    "sun",
+    "sea",
+    "red",
+    "blue",
+    "tree",
+    "house",
+    "river",
+    "stone",
+    "light",
+    "cloud",
+    "green",
+    "small",
+    "big",
+    "old",
+    "new",
+    "road",
+    "hill",
+)
 
 
 @dataclass

@@ -68,5 +68,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.section("durations per tier (setup + call + teardown)")
     for tier in TIERS:
         if _tier_counts.get(tier):
-            terminalreporter.write_line(
-                f"tier {tier:5s} {_tier_counts[tier]:4d} tests {_tier_seconds[tier]:8.1f} s")
+            terminalreporter.write_line(f"tier {tier:5s} {_tier_counts[tier]:4d} tests {_tier_seconds[tier]:8.1f} s")

@@ -65,16 +65,25 @@ def plot(result: dict[str, Any]) -> str:
     span = [x for x, _ in sig] or [0.0]
     charts = [
         line_chart("replicas (autoscaler decisions)", {"replicas": rep}, width=620, height=180),
-        line_chart("queue: waiting requests per replica, and the band", {
-            "queue": sig, "high": [(span[0], band["high"]), (span[-1], band["high"])],
-            "low": [(span[0], band["low"]), (span[-1], band["low"])]},
-            colours={"queue": "#1f77b4", "high": "#d62728", "low": "#2ca02c"}, width=620, height=180),
+        line_chart(
+            "queue: waiting requests per replica, and the band",
+            {
+                "queue": sig,
+                "high": [(span[0], band["high"]), (span[-1], band["high"])],
+                "low": [(span[0], band["low"]), (span[-1], band["low"])],
+            },
+            colours={"queue": "#1f77b4", "high": "#d62728", "low": "#2ca02c"},
+            width=620,
+            height=180,
+        ),
         line_chart("load: request rate sent (req/s)", {"rate": rate}, width=620, height=160),
         line_chart("TTFT p90 per phase (s)", {"ttft p90": ttft}, width=620, height=160),
     ]
     body = "".join(f'<g transform="translate(0,{sum((180, 180, 160, 160)[:i])})">{c}</g>' for i, c in enumerate(charts))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="620" height="680" viewBox="0 0 620 680">'
-            f'<rect width="620" height="680" fill="#fff"/>{body}</svg>\n')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="620" height="680" viewBox="0 0 620 680">'
+        f'<rect width="620" height="680" fill="#fff"/>{body}</svg>\n'
+    )
 
 
 def main() -> None:
@@ -82,11 +91,17 @@ def main() -> None:
         write_atomic(REPO / "docs" / "autoscale-ramp.svg", plot(json.loads(Path(sys.argv[2]).read_text())))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--phases", default="0.5:20,1.5:30,3:40,4.5:40,1.5:30,0.3:60", help="RATE:SECONDS,... of bench phases")
+    ap.add_argument(
+        "--phases", default="0.5:20,1.5:30,3:40,4.5:40,1.5:30,0.3:60", help="RATE:SECONDS,... of bench phases"
+    )
     ap.add_argument("--time-scale", type=float, default=5.0)
     ap.add_argument("--max", type=int, default=3)
-    ap.add_argument("--real", action="store_true", help="replicas of the real vLLM CPU engine, one per lab host "
-                    "(max 2 on 2 hosts); writes autoscale-ramp-real-*.json and docs/autoscale-ramp-real.svg")
+    ap.add_argument(
+        "--real",
+        action="store_true",
+        help="replicas of the real vLLM CPU engine, one per lab host "
+        "(max 2 on 2 hosts); writes autoscale-ramp-real-*.json and docs/autoscale-ramp-real.svg",
+    )
     ap.add_argument("--output-len", type=int, default=None, help="output tokens per request")
     args = ap.parse_args()
     lab = LabSession.start(LabConfig.from_env(), hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "2")))
@@ -94,16 +109,28 @@ def main() -> None:
     policy: dict[str, Any] = {"max": args.max}
     if args.real:  # a real replica starts in 1-4 minutes on this shared machine: gates and holds to match
         policy.update(max=min(args.max, len(lab.names)), gate_timeout_s=600, scale_in_after_s=20, cooldown_in_s=20)
-    r = Ramp(lab, root, name="asr" if args.real else "asb", time_scale=args.time_scale, policy=policy,
-             port_base=8950, real=args.real)
+    r = Ramp(
+        lab,
+        root,
+        name="asr" if args.real else "asb",
+        time_scale=args.time_scale,
+        policy=policy,
+        port_base=8950,
+        real=args.real,
+    )
     if args.output_len:
         r.output_len = args.output_len
     tag = "autoscale-ramp-real" if args.real else "autoscale-ramp"
     r.cleanup()
-    result: dict[str, Any] = {"phases": [], "policy": r.policy, "time_scale": None if args.real else args.time_scale,
-                              "engine": "vllm-0.32 (real, CPU)" if args.real else "simulator 0.11",
-                              "output_len": r.output_len,
-                              "lab_hosts": len(lab.names), "load_1m_before": os.getloadavg()[0]}
+    result: dict[str, Any] = {
+        "phases": [],
+        "policy": r.policy,
+        "time_scale": None if args.real else args.time_scale,
+        "engine": "vllm-0.32 (real, CPU)" if args.real else "simulator 0.11",
+        "output_len": r.output_len,
+        "lab_hosts": len(lab.names),
+        "load_1m_before": os.getloadavg()[0],
+    }
     try:
         r.start()
         r.start_daemon()
@@ -111,27 +138,47 @@ def main() -> None:
         for rate, duration in phases(args.phases):
             b = r.bench(rate, duration)
             res = b["results"][0]
-            row = {"rate": rate, "duration_s": duration, "started": b["started"], "ended": b["ended"],
-                   "completed": res["completed"], "failed": res["failed"], "bench_rc": b["rc"],
-                   "trusted": b.get("trusted"),
-                   "ttft_p50_ms": (res.get("ttft_ms") or {}).get("median"),
-                   "ttft_p90_ms": (res.get("ttft_ms") or {}).get("p90"),
-                   "e2e_p90_ms": (res.get("e2e_ms") or {}).get("p90")}
+            row = {
+                "rate": rate,
+                "duration_s": duration,
+                "started": b["started"],
+                "ended": b["ended"],
+                "completed": res["completed"],
+                "failed": res["failed"],
+                "bench_rc": b["rc"],
+                "trusted": b.get("trusted"),
+                "ttft_p50_ms": (res.get("ttft_ms") or {}).get("median"),
+                "ttft_p90_ms": (res.get("ttft_ms") or {}).get("p90"),
+                "e2e_p90_ms": (res.get("e2e_ms") or {}).get("p90"),
+            }
             result["phases"].append(row)
             print(json.dumps(row), flush=True)
         r.wait_for("in", result["phases"][-1]["started"], timeout=300 if args.real else 60)
         result["daemon_rc"] = r.stop_daemon()
-        result["decisions"] = [{k: h.get(k) for k in ("ts", "value", "current", "target", "action", "rule",
-                                                       "outcome", "detail", "seconds")} for h in r.history()]
+        result["decisions"] = [
+            {
+                k: h.get(k)
+                for k in ("ts", "value", "current", "target", "action", "rule", "outcome", "detail", "seconds")
+            }
+            for h in r.history()
+        ]
     finally:
         r.cleanup()
     result["load_1m_after"] = os.getloadavg()[0]
     result["requests_sent"] = sum(p["completed"] + p["failed"] for p in result["phases"])
     result["requests_failed"] = sum(p["failed"] for p in result["phases"])
     acts = [h for h in result["decisions"] if h["action"] != "none"]
-    result["actions"] = [{"t_s": round(h["ts"] - result["started"], 1), "action": h["action"],
-                          "replicas": f"{h['current']} -> {h['target']}", "rule": h["rule"], "outcome": h["outcome"],
-                          "seconds": h["seconds"]} for h in acts]
+    result["actions"] = [
+        {
+            "t_s": round(h["ts"] - result["started"], 1),
+            "action": h["action"],
+            "replicas": f"{h['current']} -> {h['target']}",
+            "rule": h["rule"],
+            "outcome": h["outcome"],
+            "seconds": h["seconds"],
+        }
+        for h in acts
+    ]
     stamp = f"{datetime.now(timezone.utc):%Y-%m-%dT%H%M}"
     dest = REPO / "benchmarks" / "results" / f"{tag}-{stamp}.json"
     write_atomic(dest, json.dumps(result, indent=1) + "\n")

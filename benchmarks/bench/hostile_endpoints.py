@@ -38,18 +38,28 @@ def _cap() -> None:
 def run(args: list[str], env: dict[str, str]) -> dict[str, object]:
     t0 = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([sys.executable, "-c", CODE, *args], stdout=out, stderr=err, preexec_fn=_cap,
-                             env=env)
+        p = subprocess.Popen([sys.executable, "-c", CODE, *args], stdout=out, stderr=err, preexec_fn=_cap, env=env)
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         took = time.monotonic() - t0
         out.seek(0)
         err.seek(0)
         text = out.read().decode(errors="replace") + err.read().decode(errors="replace")
-    reason = next((line.strip() for line in text.splitlines()
-                   if any(k in line for k in ("Error", "within", "over", "not a", "usage."))), "")
-    return {"exit": p.returncode, "seconds": round(took, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-            "traceback": "Traceback" in text, "reason": reason[:160]}
+    reason = next(
+        (
+            line.strip()
+            for line in text.splitlines()
+            if any(k in line for k in ("Error", "within", "over", "not a", "usage."))
+        ),
+        "",
+    )
+    return {
+        "exit": p.returncode,
+        "seconds": round(took, 2),
+        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+        "traceback": "Traceback" in text,
+        "reason": reason[:160],
+    }
 
 
 def main() -> int:
@@ -62,16 +72,45 @@ def main() -> int:
         for mode in MODES:
             with HostileServer(mode) as srv:
                 for name, args in (
-                        ("bench", ["bench", srv.url, "-c", "2", "-n", "2", "--input-len", "4", "--output-len", "3",
-                                   "--timeout", a.timeout, "--no-tokenizer", "--json"]),
-                        ("drift baseline", ["drift", "baseline", srv.url, "--name", "b", "--timeout", a.timeout]),
-                        ("drift leak", ["drift", "leak", srv.url, "--sessions", "2", "--requests", "1",
-                                        "--timeout", a.timeout])):
+                    (
+                        "bench",
+                        [
+                            "bench",
+                            srv.url,
+                            "-c",
+                            "2",
+                            "-n",
+                            "2",
+                            "--input-len",
+                            "4",
+                            "--output-len",
+                            "3",
+                            "--timeout",
+                            a.timeout,
+                            "--no-tokenizer",
+                            "--json",
+                        ],
+                    ),
+                    ("drift baseline", ["drift", "baseline", srv.url, "--name", "b", "--timeout", a.timeout]),
+                    (
+                        "drift leak",
+                        ["drift", "leak", srv.url, "--sessions", "2", "--requests", "1", "--timeout", a.timeout],
+                    ),
+                ):
                     row = {"mode": mode, "command": name, **run(args, env)}
                     rows.append(row)
                     print(json.dumps(row))
-    print(write_result("bench-hostile", {"timeout_s": float(a.timeout), "address_space_cap_mib": 1024,
-                                         "runs": rows, "loadavg_1m": os.getloadavg()[0]}))
+    print(
+        write_result(
+            "bench-hostile",
+            {
+                "timeout_s": float(a.timeout),
+                "address_space_cap_mib": 1024,
+                "runs": rows,
+                "loadavg_1m": os.getloadavg()[0],
+            },
+        )
+    )
     return 0
 
 

@@ -55,10 +55,30 @@ def _sim_cmd(tmp: Path, port: int, scale: float) -> tuple[list[str], dict[str, s
     lib = nvml.build(tmp / "nvml", "current").parent
     provision_host(tmp / "lab01", "lab01", 0, 2, "H100-SXM5-80GB", "mlnx")
     synth.write_model("qwen3-8b", tmp / "model", sparse=True)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(lib), FAKE_NVML_STATE=str(hw_dir(tmp / "lab01") / "nvml.json"),
-               VLLM_SIM_TIME_SCALE=str(scale), CUDA_VISIBLE_DEVICES="0", PYTHONPATH=str(ROOT))
-    return ([sys.executable, "-m", "clusterctl.lab.vllm_sim", "serve", str(tmp / "model"), "--host", "127.0.0.1",
-             "--port", str(port), "--max-num-seqs", "512"], env)
+    env = dict(
+        os.environ,
+        LD_LIBRARY_PATH=str(lib),
+        FAKE_NVML_STATE=str(hw_dir(tmp / "lab01") / "nvml.json"),
+        VLLM_SIM_TIME_SCALE=str(scale),
+        CUDA_VISIBLE_DEVICES="0",
+        PYTHONPATH=str(ROOT),
+    )
+    return (
+        [
+            sys.executable,
+            "-m",
+            "clusterctl.lab.vllm_sim",
+            "serve",
+            str(tmp / "model"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-num-seqs",
+            "512",
+        ],
+        env,
+    )
 
 
 class ReadLag(vllmclient.SseTimer):
@@ -133,24 +153,41 @@ def main() -> int:
             srv = server_metrics.histogram_mean(before, after, "vllm:time_to_first_token_seconds")
             client = rep["ttft_ms"]["mean"]  # type: ignore[index]
             srv_ms = None if srv is None else 1000 * srv * wall
-            rows.append({"concurrency": level, "requests": len(prompts), "completed": rep["completed"],
-                         "failed": rep["failed"], "client_ttft_mean_ms": client,
-                         "client_ttft_p99_ms": rep["ttft_ms"]["p99"],  # type: ignore[index]
-                         "server_ttft_mean_ms_wall": srv_ms,
-                         "ttft_error_ms": None if srv_ms is None else client - srv_ms,
-                         "generator_cpu_s": run.cpu_s, "duration_s": run.duration,
-                         "generator_cpu_percent_of_one_core": 100 * run.cpu_s / run.duration,
-                         "output_throughput": rep["output_throughput"],
-                         "e2e_mean_ms": rep["e2e_ms"]["mean"],  # type: ignore[index]
-                         "errors": rep["errors"],
-                         "read_lag_ms": summarize(ReadLag.lags) if ReadLag.lags else None,
-                         "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]})
+            rows.append(
+                {
+                    "concurrency": level,
+                    "requests": len(prompts),
+                    "completed": rep["completed"],
+                    "failed": rep["failed"],
+                    "client_ttft_mean_ms": client,
+                    "client_ttft_p99_ms": rep["ttft_ms"]["p99"],  # type: ignore[index]
+                    "server_ttft_mean_ms_wall": srv_ms,
+                    "ttft_error_ms": None if srv_ms is None else client - srv_ms,
+                    "generator_cpu_s": run.cpu_s,
+                    "duration_s": run.duration,
+                    "generator_cpu_percent_of_one_core": 100 * run.cpu_s / run.duration,
+                    "output_throughput": rep["output_throughput"],
+                    "e2e_mean_ms": rep["e2e_ms"]["mean"],  # type: ignore[index]
+                    "errors": rep["errors"],
+                    "read_lag_ms": summarize(ReadLag.lags) if ReadLag.lags else None,
+                    "loadavg_1m_before": load_before,
+                    "loadavg_1m_after": os.getloadavg()[0],
+                }
+            )
             print(json.dumps(rows[-1]))
-    doc = {"server": a.server, "generator": a.generator, "pinned": a.pin, "scale": a.scale if a.server == "sim" else None,
-           "input_len": a.input_len, "output_len": a.output_len, "cpu_count": os.cpu_count(),
-           "note": "generator CPU is this process's CPU time over the level's wall time (100 = one core); the "
-                   "server runs in another process on the same machine, whose cores other users share "
-                   "(see loadavg_1m_*)", "levels": rows}
+    doc = {
+        "server": a.server,
+        "generator": a.generator,
+        "pinned": a.pin,
+        "scale": a.scale if a.server == "sim" else None,
+        "input_len": a.input_len,
+        "output_len": a.output_len,
+        "cpu_count": os.cpu_count(),
+        "note": "generator CPU is this process's CPU time over the level's wall time (100 = one core); the "
+        "server runs in another process on the same machine, whose cores other users share "
+        "(see loadavg_1m_*)",
+        "levels": rows,
+    }
     print(write_result(f"bench-loadgen-{a.server}-{a.generator}", doc))
     return 0
 

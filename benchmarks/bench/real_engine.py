@@ -37,16 +37,49 @@ CODE = "import sys; from clusterctl.cli.main import main; sys.exit(main(sys.argv
 
 
 def bench(url: str, core: str, extra: list[str]) -> dict[str, object]:
-    argv = ["taskset", "-c", core, sys.executable, "-c", CODE, "bench", url, "-c", "1,4", "-n", "8",
-            "--input-len", "64", "--output-len", "32", "--json", *extra]
+    argv = [
+        "taskset",
+        "-c",
+        core,
+        sys.executable,
+        "-c",
+        CODE,
+        "bench",
+        url,
+        "-c",
+        "1,4",
+        "-n",
+        "8",
+        "--input-len",
+        "64",
+        "--output-len",
+        "32",
+        "--json",
+        *extra,
+    ]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     doc = json.loads(p.stdout)
-    return {"exit": p.returncode, "core": core, "tokenizer": doc["tokenizer"], "warnings": doc["warnings"],
-            "levels": [{"c": r["concurrency"], "ok": r["completed"], "tok": r["prompt_tokens_mean"],
-                        "words": r["prompt_words_mean"], "server_tok": r["total_input_tokens"] / max(1, r["completed"]),
-                        "ttft": [r["ttft_ms"]["mean"], r["server_ttft_mean_ms"]],
-                        "tpot": [r["tpot_ms"]["mean"], r["server_tpot_mean_ms"]], "itl_med": r["itl_ms"]["median"],
-                        "cpu": r["generator_cpu_percent"], "trust": r["trust"]} for r in doc["results"]]}
+    return {
+        "exit": p.returncode,
+        "core": core,
+        "tokenizer": doc["tokenizer"],
+        "warnings": doc["warnings"],
+        "levels": [
+            {
+                "c": r["concurrency"],
+                "ok": r["completed"],
+                "tok": r["prompt_tokens_mean"],
+                "words": r["prompt_words_mean"],
+                "server_tok": r["total_input_tokens"] / max(1, r["completed"]),
+                "ttft": [r["ttft_ms"]["mean"], r["server_ttft_mean_ms"]],
+                "tpot": [r["tpot_ms"]["mean"], r["server_tpot_mean_ms"]],
+                "itl_med": r["itl_ms"]["median"],
+                "cpu": r["generator_cpu_percent"],
+                "trust": r["trust"],
+            }
+            for r in doc["results"]
+        ],
+    }
 
 
 def main() -> int:

@@ -51,18 +51,25 @@ class Conn(asyncio.Protocol):
         if end < 0:
             return
         head = self.buf[:end].decode("latin-1")
-        length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n")
-                       if line.lower().startswith("content-length:")), 0)
+        length = next(
+            (int(line.split(":", 1)[1]) for line in head.split("\r\n") if line.lower().startswith("content-length:")), 0
+        )
         if len(self.buf) < end + 4 + length:
             return
-        body = self.buf[end + 4:end + 4 + length]
+        body = self.buf[end + 4 : end + 4 + length]
         self.buf = b""
         if head.startswith("GET /metrics"):
-            text = (f"vllm:time_to_first_token_seconds_sum {Stats.ttft_sum}\n"
-                    f"vllm:time_to_first_token_seconds_count {Stats.ttft_count}\n").encode()
+            text = (
+                f"vllm:time_to_first_token_seconds_sum {Stats.ttft_sum}\n"
+                f"vllm:time_to_first_token_seconds_count {Stats.ttft_count}\n"
+            ).encode()
             assert self.transport is not None
-            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: " + str(len(text)).encode() +
-                                 b"\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n" + text)
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-length: "
+                + str(len(text)).encode()
+                + b"\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n"
+                + text
+            )
             self.transport.close()
             return
         asyncio.get_running_loop().create_task(self.stream(json.loads(body or b"{}")))
@@ -71,8 +78,9 @@ class Conn(asyncio.Protocol):
         t = self.transport
         assert t is not None
         n = int(req.get("max_tokens") or 16)  # type: ignore[call-overload]
-        t.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                b"transfer-encoding: chunked\r\n\r\n")
+        t.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         start = time.perf_counter()
         for i in range(n):
             due = start + self.ttft + i * self.itl
@@ -82,13 +90,15 @@ class Conn(asyncio.Protocol):
             if t.is_closing():
                 return
             # "t": when these bytes go to the socket (perf_counter, one clock for all processes)
-            t.write(_chunk({"object": "text_completion", "choices": [{"index": 0, "text": " tok"}],
-                            "t": time.perf_counter()}))
+            t.write(
+                _chunk(
+                    {"object": "text_completion", "choices": [{"index": 0, "text": " tok"}], "t": time.perf_counter()}
+                )
+            )
             if i == 0:
                 Stats.ttft_sum += time.perf_counter() - self.accepted
                 Stats.ttft_count += 1
-        t.write(_chunk({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n,
-                                                  "total_tokens": n + 1}}))
+        t.write(_chunk({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}))
         t.write(_chunk(b"[DONE]") + b"0\r\n\r\n")  # the connection stays open (keep-alive)
 
 

@@ -46,8 +46,22 @@ def _stopper(pid: int, off_ms: float, period_ms: float, stop: threading.Event) -
 
 def bench(url: str, levels: str, requests: int, variant: str) -> dict[str, object]:
     code = "import sys; from clusterctl.cli.main import main; sys.exit(main(sys.argv[1:]))"
-    argv = [sys.executable, "-c", code, "bench", url, "-c", levels, "-n", str(requests), "--input-len", "64",
-            "--output-len", "32", "--json"]
+    argv = [
+        sys.executable,
+        "-c",
+        code,
+        "bench",
+        url,
+        "-c",
+        levels,
+        "-n",
+        str(requests),
+        "--input-len",
+        "64",
+        "--output-len",
+        "32",
+        "--json",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     spinners: list[subprocess.Popen[bytes]] = []
     if variant == "busy":
@@ -73,11 +87,20 @@ def bench(url: str, levels: str, requests: int, variant: str) -> dict[str, objec
     doc = json.loads(out)
     levels_out = []
     for r in doc["results"]:
-        levels_out.append({"concurrency": r["concurrency"], "completed": r["completed"],
-                           "client_ttft_mean_ms": r["ttft_ms"]["mean"], "server_ttft_mean_ms": r["server_ttft_mean_ms"],
-                           "client_tpot_mean_ms": r["tpot_ms"]["mean"], "server_tpot_mean_ms": r["server_tpot_mean_ms"],
-                           "itl_median_ms": r["itl_ms"]["median"], "generator_cpu_percent": r["generator_cpu_percent"],
-                           "prompt_tokens_mean": r["prompt_tokens_mean"], "trust": r["trust"]})
+        levels_out.append(
+            {
+                "concurrency": r["concurrency"],
+                "completed": r["completed"],
+                "client_ttft_mean_ms": r["ttft_ms"]["mean"],
+                "server_ttft_mean_ms": r["server_ttft_mean_ms"],
+                "client_tpot_mean_ms": r["tpot_ms"]["mean"],
+                "server_tpot_mean_ms": r["server_tpot_mean_ms"],
+                "itl_median_ms": r["itl_ms"]["median"],
+                "generator_cpu_percent": r["generator_cpu_percent"],
+                "prompt_tokens_mean": r["prompt_tokens_mean"],
+                "trust": r["trust"],
+            }
+        )
     return {"variant": variant, "exit": p.returncode, "loadavg_1m": os.getloadavg()[0], "levels": levels_out}
 
 
@@ -94,9 +117,17 @@ def main() -> int:
         for v in variants:
             rows.append(bench(ep.url, a.levels, a.requests, v))
             print(json.dumps(rows[-1]))
-    print(write_result("bench-starvation", {
-        "scale": a.scale, "cpu_count": os.cpu_count(), "variants": rows,
-        "note": "simulator histograms are on its simulated clock; bench scales them by its x-sim-time-scale"}))
+    print(
+        write_result(
+            "bench-starvation",
+            {
+                "scale": a.scale,
+                "cpu_count": os.cpu_count(),
+                "variants": rows,
+                "note": "simulator histograms are on its simulated clock; bench scales them by its x-sim-time-scale",
+            },
+        )
+    )
     return 0
 
 

@@ -67,16 +67,29 @@ def run(src: Path) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "doctor", "--from", str(src), "--json"],
-                       capture_output=True, text=True, env=env, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "clusterctl.cli.main", "doctor", "--from", str(src), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"rc": p.returncode, "wall_s": round(time.monotonic() - t0, 2),
-            "peak_rss_mib": round(max(peak, before) / 1024, 1), "traceback": "Traceback" in p.stderr}
+    return {
+        "rc": p.returncode,
+        "wall_s": round(time.monotonic() - t0, 2),
+        "peak_rss_mib": round(max(peak, before) / 1024, 1),
+        "traceback": "Traceback" in p.stderr,
+    }
 
 
 def main() -> None:
-    out: dict[str, object] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                              "python": sys.version.split()[0], "load_1m": os.getloadavg()[0], "cases": {}}
+    out: dict[str, object] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "load_1m": os.getloadavg()[0],
+        "cases": {},
+    }
     cases = out["cases"]
     assert isinstance(cases, dict)
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,7 +100,9 @@ def main() -> None:
         cases["300 MiB single line + 100 MiB label (directory)"] = run(t / "lines")
         bomb(t / "bomb.tar.gz", 1500 * MIB)
         cases["gzip bomb: 1.5 GiB kernel.log in a .tar.gz"] = {
-            "compressed_mib": round((t / "bomb.tar.gz").stat().st_size / MIB, 1), **run(t / "bomb.tar.gz")}
+            "compressed_mib": round((t / "bomb.tar.gz").stat().st_size / MIB, 1),
+            **run(t / "bomb.tar.gz"),
+        }
     dest = REPO / "benchmarks" / "results" / f"hostile-bundles-{dt.datetime.now():%Y-%m-%dT%H%M}.json"
     dest.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

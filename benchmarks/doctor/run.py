@@ -35,22 +35,42 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
 
-ENV = {"CLUSTERCTL_LAB_DIR": "/var/lib/clusterctl-lab-doc", "CLUSTERCTL_LAB_BRIDGE": "labdoc0",
-       "CLUSTERCTL_LAB_NET": "10.83", "CLUSTERCTL_LAB_PREFIX": "doc"}
+ENV = {
+    "CLUSTERCTL_LAB_DIR": "/var/lib/clusterctl-lab-doc",
+    "CLUSTERCTL_LAB_BRIDGE": "labdoc0",
+    "CLUSTERCTL_LAB_NET": "10.83",
+    "CLUSTERCTL_LAB_PREFIX": "doc",
+}
 
 
 def with_instances(inventory: Path, names: list[str], out: Path) -> Path:
     data = yaml.safe_load(inventory.read_text())
     engine = next(iter(data.get("engines") or {"vllm": None}))
-    data["models"] = {"qwen3-8b": {"path": "/models/qwen3-8b", "arch": {
-        "layers": 36, "hidden_size": 4096, "attention_heads": 32, "kv_heads": 8, "head_dim": 128,
-        "vocab": 151936, "params": 8190735360, "dtype": "bfloat16"}}}
+    data["models"] = {
+        "qwen3-8b": {
+            "path": "/models/qwen3-8b",
+            "arch": {
+                "layers": 36,
+                "hidden_size": 4096,
+                "attention_heads": 32,
+                "kv_heads": 8,
+                "head_dim": 128,
+                "vocab": 151936,
+                "params": 8190735360,
+                "dtype": "bfloat16",
+            },
+        }
+    }
     data["instances"] = {}
     for h in names:
         for k, gpus in enumerate(("[0-1]", "[2-3]")):
-            data["instances"][f"{h}-{k}"] = {"model": "qwen3-8b", "engine": engine, "placement": f"{h}:{gpus}",
-                                            "port": 8100 + k, "args": {"max-model-len": 32768,
-                                                                       "gpu-memory-utilization": 0.85}}
+            data["instances"][f"{h}-{k}"] = {
+                "model": "qwen3-8b",
+                "engine": engine,
+                "placement": f"{h}:{gpus}",
+                "port": 8100 + k,
+                "args": {"max-model-len": 32768, "gpu-memory-utilization": 0.85},
+            }
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
 
@@ -58,8 +78,9 @@ def with_instances(inventory: Path, names: list[str], out: Path) -> Path:
 def export(rev: str, dest: Path) -> Path:
     """The tree of git revision ``rev`` (its clusterctl/ and checks/) in ``dest``."""
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "clusterctl", "checks"],
-                             capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "clusterctl", "checks"], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
 
@@ -69,16 +90,38 @@ def one_round(tree: Path, inv: Path, interval: float) -> dict:
     load = os.getloadavg()[0]
     env = dict(os.environ, PYTHONPATH=str(tree))
     t = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "doctor", "all", "-i", str(inv),
-                        "--json", "--interval", str(interval), "--sudo"],
-                       capture_output=True, text=True, timeout=300, cwd=tree, env=env)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clusterctl.cli.main",
+            "doctor",
+            "all",
+            "-i",
+            str(inv),
+            "--json",
+            "--interval",
+            str(interval),
+            "--sudo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tree,
+        env=env,
+    )
     wall = time.monotonic() - t
     doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
-    return {"interval_s": interval, "wall_s": round(wall, 3), "exit_code": p.returncode,
-            "load_1m": round(load, 2), "in_process_s": doc.get("meta", {}).get("duration_s"),
-            "phases_s": doc.get("meta", {}).get("phases_s"),
-            "counts": doc.get("summary", {}).get("counts"),
-            "not_ok": sorted({f["check"] for f in doc.get("findings", []) if f["severity"] != "OK"})}
+    return {
+        "interval_s": interval,
+        "wall_s": round(wall, 3),
+        "exit_code": p.returncode,
+        "load_1m": round(load, 2),
+        "in_process_s": doc.get("meta", {}).get("duration_s"),
+        "phases_s": doc.get("meta", {}).get("phases_s"),
+        "counts": doc.get("summary", {}).get("counts"),
+        "not_ok": sorted({f["check"] for f in doc.get("findings", []) if f["severity"] != "OK"}),
+    }
 
 
 def main() -> int:
@@ -110,24 +153,35 @@ def main() -> int:
         for interval in [args.interval] * args.rounds + [0.0] * args.rounds:
             for label, tree in trees.items():
                 rounds.append(one_round(tree, inv, interval) | {"tree": label})
-                print(f"round {label}: {rounds[-1]['wall_s']:.2f} s, exit {rounds[-1]['exit_code']}, "
-                      f"load {rounds[-1]['load_1m']}", file=sys.stderr)
+                print(
+                    f"round {label}: {rounds[-1]['wall_s']:.2f} s, exit {rounds[-1]['exit_code']}, "
+                    f"load {rounds[-1]['load_1m']}",
+                    file=sys.stderr,
+                )
     finally:
         if not args.keep:
             session.stop()
         if "scratch" in locals():
             scratch.cleanup()
+
     def median(label: str, interval: float) -> float | None:
         walls = [r["wall_s"] for r in rounds if r["tree"] == label and r["interval_s"] == interval]
         return statistics.median(walls) if walls else None
 
     result = {
-        "benchmark": "doctor", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": "doctor",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()},
-        "hosts": args.hosts, "gpus_per_host": 8, "instances": 2 * args.hosts, "interval_s": args.interval,
-        "lab_up_s": round(up_s, 2), "rounds": rounds, "median_wall_s": median("current", args.interval),
+        "hosts": args.hosts,
+        "gpus_per_host": 8,
+        "instances": 2 * args.hosts,
+        "interval_s": args.interval,
+        "lab_up_s": round(up_s, 2),
+        "rounds": rounds,
+        "median_wall_s": median("current", args.interval),
         "median_wall_s_interval_0": median("current", 0.0),
-        "baseline": args.baseline, "baseline_median_wall_s": median("baseline", args.interval),
+        "baseline": args.baseline,
+        "baseline_median_wall_s": median("baseline", args.interval),
         "baseline_median_wall_s_interval_0": median("baseline", 0.0),
         "target_s": args.interval + 3,
         "within_target": (median("current", args.interval) or 1e9) <= args.interval + 3,
@@ -135,8 +189,7 @@ def main() -> int:
     }
     out = REPO / "benchmarks" / "results" / f"doctor-{dt.datetime.now():%Y-%m-%dT%H%M}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("median_wall_s", "baseline_median_wall_s", "target_s",
-                                             "within_target")}))
+    print(json.dumps({k: result[k] for k in ("median_wall_s", "baseline_median_wall_s", "target_s", "within_target")}))
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

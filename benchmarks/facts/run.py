@@ -75,8 +75,12 @@ class FactsBench:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-        env.update(HOME=str(self.work / "home"), XDG_STATE_HOME=str(self.work / "state"),
-                   XDG_CONFIG_HOME=str(self.work / "config"), CLUSTERCTL_SSH_CONFIG="none")
+        env.update(
+            HOME=str(self.work / "home"),
+            XDG_STATE_HOME=str(self.work / "state"),
+            XDG_CONFIG_HOME=str(self.work / "config"),
+            CLUSTERCTL_SSH_CONFIG="none",
+        )
         Path(env["HOME"]).mkdir(exist_ok=True)
         return env
 
@@ -104,17 +108,46 @@ class FactsBench:
         py = sys.executable
         tools: dict[str, list[str]] = {
             "floor": [py, str(HERE / "floor.py"), str(hosts_file), key, f, str(self.payload_file), self.command],
-            "floor-python-pass": [py, str(HERE / "floor.py"), str(hosts_file), key, f, str(self.payload_file),
-                                  "python3 -c pass"],
-            "clusterctl-cli": [py, "-m", "clusterctl.cli.main", "facts", "-i", str(inv), "all", "--fanout", f,
-                               "--connect-timeout", "30", "--json"],
+            "floor-python-pass": [
+                py,
+                str(HERE / "floor.py"),
+                str(hosts_file),
+                key,
+                f,
+                str(self.payload_file),
+                "python3 -c pass",
+            ],
+            "clusterctl-cli": [
+                py,
+                "-m",
+                "clusterctl.cli.main",
+                "facts",
+                "-i",
+                str(inv),
+                "all",
+                "--fanout",
+                f,
+                "--connect-timeout",
+                "30",
+                "--json",
+            ],
             "clusterctl-api": [py, str(HERE / "core.py"), str(inv), f],
         }
         if self.venv and (self.venv / "bin" / "ansible").exists() and not a.no_ansible:
             ansible = str(self.venv / "bin" / "ansible")
             tools["ansible-setup"] = [ansible, "all", "-i", str(ans_inv), "-m", "setup", "-f", f]
-            tools["ansible-setup-min"] = [ansible, "all", "-i", str(ans_inv), "-m", "setup",
-                                          "-a", "gather_subset=min", "-f", f]
+            tools["ansible-setup-min"] = [
+                ansible,
+                "all",
+                "-i",
+                str(ans_inv),
+                "-m",
+                "setup",
+                "-a",
+                "gather_subset=min",
+                "-f",
+                f,
+            ]
         elif not a.no_ansible:
             self.notes.append("Ansible: not installed in --tools-venv; not measured")
         if a.tools:
@@ -140,8 +173,17 @@ class FactsBench:
         finally:
             if cp_dir is not None:
                 FanoutBench.close_masters(cp_dir)
-        row = {"tool": name, "n": n, "round": rnd, "wall_s": round(wall, 3), "client_cpu_s": round(cpu, 2),
-               "ok": ok, "rc": rc, "load1_before": round(load, 2), "load1_after": round(os.getloadavg()[0], 2)}
+        row = {
+            "tool": name,
+            "n": n,
+            "round": rnd,
+            "wall_s": round(wall, 3),
+            "client_cpu_s": round(cpu, 2),
+            "ok": ok,
+            "rc": rc,
+            "load1_before": round(load, 2),
+            "load1_after": round(os.getloadavg()[0], 2),
+        }
         self.runs.append(row)
         print(json.dumps(row), flush=True)
 
@@ -172,14 +214,24 @@ class FactsBench:
             m = med[(tool, n)]
             floor = med.get(("floor", n))
             ansible = med.get(("ansible-setup", n))
-            out.append({"tool": tool, "n": n, "runs": len(rows), "median_s": round(m, 2),
-                        "min_s": round(min(walls), 2), "max_s": round(max(walls), 2),
-                        "ok_worst": min(int(r["ok"]) for r in rows),
-                        "client_cpu_s_median": round(statistics.median(float(r["client_cpu_s"]) for r in rows), 2),
-                        "ratio_to_floor": round(m / floor, 2) if floor else None,
-                        "ansible_setup_over_tool": round(ansible / m, 2) if ansible else None,
-                        "load1_range": [min(min(r["load1_before"], r["load1_after"]) for r in rows),
-                                        max(max(r["load1_before"], r["load1_after"]) for r in rows)]})
+            out.append(
+                {
+                    "tool": tool,
+                    "n": n,
+                    "runs": len(rows),
+                    "median_s": round(m, 2),
+                    "min_s": round(min(walls), 2),
+                    "max_s": round(max(walls), 2),
+                    "ok_worst": min(int(r["ok"]) for r in rows),
+                    "client_cpu_s_median": round(statistics.median(float(r["client_cpu_s"]) for r in rows), 2),
+                    "ratio_to_floor": round(m / floor, 2) if floor else None,
+                    "ansible_setup_over_tool": round(ansible / m, 2) if ansible else None,
+                    "load1_range": [
+                        min(min(r["load1_before"], r["load1_after"]) for r in rows),
+                        max(max(r["load1_before"], r["load1_after"]) for r in rows),
+                    ],
+                }
+            )
         return out
 
 
@@ -193,8 +245,11 @@ def section(data: dict[str, Any]) -> str:
         f"Measured {data['date']} by `benchmarks/facts/run.py`, fan-out {s['fanout']}, "
         f"{s['rounds']} interleaved round(s) (runs column: how many), every tool a fresh process. "
         f"The probe payload (collector + carried pynvml) was {s['payload_bytes']} bytes"
-        + "".join(f", {v['payload_bytes']} bytes in the merged {k.split()[-1]}" for k, v in s.items()
-                  if k.startswith("merged from"))
+        + "".join(
+            f", {v['payload_bytes']} bytes in the merged {k.split()[-1]}"
+            for k, v in s.items()
+            if k.startswith("merged from")
+        )
         + "; light hosts have no GPU, "
         "no systemd and no kernel log, so the collector records those as reasons. "
         "ratio = median / floor median; \"Ansible / tool\" = ansible-setup median / tool median.",
@@ -206,8 +261,10 @@ def section(data: dict[str, Any]) -> str:
         ratio = f"{r['ratio_to_floor']}x" if r["ratio_to_floor"] is not None else "-"
         ans = f"{r['ansible_setup_over_tool']}x" if r["ansible_setup_over_tool"] is not None else "-"
         lo, hi = r["load1_range"]
-        lines.append(f"| {r['tool']} | {r['n']} | {r['runs']} | {r['median_s']} | {r['min_s']} | {r['max_s']} | "
-                     f"{r['ok_worst']}/{r['n']} | {ratio} | {ans} | {r['client_cpu_s_median']} | {lo:.1f}-{hi:.1f} |")
+        lines.append(
+            f"| {r['tool']} | {r['n']} | {r['runs']} | {r['median_s']} | {r['min_s']} | {r['max_s']} | "
+            f"{r['ok_worst']}/{r['n']} | {ratio} | {ans} | {r['client_cpu_s_median']} | {lo:.1f}-{hi:.1f} |"
+        )
     lines += ["", "Settings: " + json.dumps(s), "", "Notes:", ""]
     lines += [f"- {n}" for n in data["notes"]]
     lines += ["", "Raw rows: `benchmarks/results/facts-*.json`.", ""]
@@ -244,8 +301,13 @@ def main() -> int:
     ap.add_argument("--tools-venv", default="/var/tmp/fanout-venv", help="virtualenv holding ansible-core")
     ap.add_argument("--no-ansible", action="store_true")
     ap.add_argument("--tools", nargs="+", choices=TOOLS, help="measure only these (default: all)")
-    ap.add_argument("--merge", nargs="*", default=[], metavar="RESULTS_JSON",
-                    help="earlier results whose other sizes join this run's table (e.g. 1000 hosts, 1 round)")
+    ap.add_argument(
+        "--merge",
+        nargs="*",
+        default=[],
+        metavar="RESULTS_JSON",
+        help="earlier results whose other sizes join this run's table (e.g. 1000 hosts, 1 round)",
+    )
     ap.add_argument("--run-timeout", type=float, default=600.0, help="seconds one tool run may take")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--markdown", default=str(REPO / "docs" / "benchmarks-fanout.md"))
@@ -266,22 +328,42 @@ def main() -> int:
             light.down(LAB_DIR)
         shutil.rmtree(work, ignore_errors=True)
     bench.notes.append(f"whole benchmark: {time.perf_counter() - t0:.0f} s")
-    versions = {"python": platform.python_version(), "paramiko": __import__("paramiko").__version__,
-                "openssh": version_of(["ssh", "-V"]), "kernel": platform.release(), "cpus": str(os.cpu_count())}
+    versions = {
+        "python": platform.python_version(),
+        "paramiko": __import__("paramiko").__version__,
+        "openssh": version_of(["ssh", "-V"]),
+        "kernel": platform.release(),
+        "cpus": str(os.cpu_count()),
+    }
     if bench.venv:
-        versions["ansible-core"] = version_of([str(bench.venv / "bin" / "python"), "-c",
-                                               "import importlib.metadata as m; print(m.version('ansible-core'))"])
+        versions["ansible-core"] = version_of(
+            [
+                str(bench.venv / "bin" / "python"),
+                "-c",
+                "import importlib.metadata as m; print(m.version('ansible-core'))",
+            ]
+        )
     date = dt.datetime.now().strftime("%Y-%m-%dT%H%M")
-    data: dict[str, Any] = {"date": date, "versions": versions,
-            "settings": {"fanout": args.fanout, "rounds": args.rounds, "sizes": args.sizes,
-                         "payload_bytes": len(payload().data), "payload_sha256": payload().digest,
-                         "source": version_of(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
-                         "probe_command": bench.command,
-                         "ansible": "ad-hoc -m setup (gather_subset=all; -min: gather_subset=min), module default "
-                                    "gather_timeout=10, forks = fanout, pipelining on, host_key_checking off, "
-                                    "ansible_python_interpreter=/usr/bin/python3, default ssh_args "
-                                    "(ControlPersist 60s), fresh ControlPath per run"},
-            "runs": bench.runs, "summary": bench.summary(), "notes": bench.notes}
+    data: dict[str, Any] = {
+        "date": date,
+        "versions": versions,
+        "settings": {
+            "fanout": args.fanout,
+            "rounds": args.rounds,
+            "sizes": args.sizes,
+            "payload_bytes": len(payload().data),
+            "payload_sha256": payload().digest,
+            "source": version_of(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
+            "probe_command": bench.command,
+            "ansible": "ad-hoc -m setup (gather_subset=all; -min: gather_subset=min), module default "
+            "gather_timeout=10, forks = fanout, pipelining on, host_key_checking off, "
+            "ansible_python_interpreter=/usr/bin/python3, default ssh_args "
+            "(ControlPersist 60s), fresh ControlPath per run",
+        },
+        "runs": bench.runs,
+        "summary": bench.summary(),
+        "notes": bench.notes,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"facts-{date}.json"

@@ -65,6 +65,7 @@ class DelayProxy:
 
     async def _start(self) -> None:
         for listen, target in self.pairs:
+
             async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter, target: str = target) -> None:
                 try:
                     tr, tw = await asyncio.open_connection(target, self.port)
@@ -75,6 +76,7 @@ class DelayProxy:
                     await asyncio.gather(_pipe(r, tw, self.delay_s), _pipe(tr, w, self.delay_s))
                 except asyncio.CancelledError:  # the proxy is shutting down
                     pass
+
             self._servers.append(await asyncio.start_server(handle, listen, self.port, backlog=512))
 
     def __enter__(self) -> "DelayProxy":
@@ -90,6 +92,7 @@ class DelayProxy:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)

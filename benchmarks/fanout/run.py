@@ -52,7 +52,9 @@ LAB_DIR = Path("/var/lib/clusterctl-lab/bench-light")
 FACTS_MARK = "<!-- facts benchmark: written by benchmarks/facts/run.py -->"
 
 
-def sh(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+def sh(
+    cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900
+) -> tuple[float, float, subprocess.CompletedProcess[str]]:
     """Run; return (wall seconds, client CPU seconds of the process tree reaped, result)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -72,20 +74,21 @@ def version_of(cmd: list[str]) -> str:
     return text[0] if text else f"unavailable (rc {p.returncode})"
 
 
-
 def write_ansible_files(work: Path, n: int, addrs: list[str], key: str, forks: int) -> tuple[Path, Path]:
     """Ansible's inventory and config for ``addrs``: root with ``key``, forks as our
     fan-out, pipelining on, host keys not checked (as the other tools here)."""
     ans_dir = work / "ansible"
     ans_dir.mkdir(exist_ok=True)
     ans_inv = ans_dir / f"inv_{n}.ini"
-    ans_inv.write_text("[lab]\n" + "\n".join(addrs) + "\n\n[lab:vars]\nansible_user=root\n"
-                       f"ansible_ssh_private_key_file={key}\nansible_python_interpreter=/usr/bin/python3\n"
-                       "ansible_ssh_extra_args='-o UserKnownHostsFile=/dev/null'\n")
+    ans_inv.write_text(
+        "[lab]\n" + "\n".join(addrs) + "\n\n[lab:vars]\nansible_user=root\n"
+        f"ansible_ssh_private_key_file={key}\nansible_python_interpreter=/usr/bin/python3\n"
+        "ansible_ssh_extra_args='-o UserKnownHostsFile=/dev/null'\n"
+    )
     ans_cfg = ans_dir / "ansible.cfg"
-    ans_cfg.write_text(f"[defaults]\nhost_key_checking = False\nforks = {forks}\n"
-                       "[ssh_connection]\npipelining = True\n")
+    ans_cfg.write_text(f"[defaults]\nhost_key_checking = False\nforks = {forks}\n[ssh_connection]\npipelining = True\n")
     return ans_inv, ans_cfg
+
 
 class Bench:
     def __init__(self, args: argparse.Namespace, work: Path):
@@ -154,17 +157,55 @@ class Bench:
         ssh_opts = f"-i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
         tools: dict[str, list[str]] = {
             "floor": [sys.executable, str(HERE / "floor.py"), str(hosts_file), key, f],
-            "clusterctl-cli": [sys.executable, "-m", "clusterctl.cli.main", "exec", "-i", str(inv), "all",
-                               "--fanout", f, "--connect-timeout", "30", "--json", "--", "true"],
+            "clusterctl-cli": [
+                sys.executable,
+                "-m",
+                "clusterctl.cli.main",
+                "exec",
+                "-i",
+                str(inv),
+                "all",
+                "--fanout",
+                f,
+                "--connect-timeout",
+                "30",
+                "--json",
+                "--",
+                "true",
+            ],
             "clusterctl-api": [sys.executable, str(HERE / "core.py"), str(inv), f],
         }
         if self.has("python") and "pssh" not in a.skip:
             tools["pssh"] = [str(self.venv / "bin" / "python"), str(HERE / "pssh_run.py"), str(hosts_file), key, f]  # type: ignore[operator]
         if self.has("clush") and "clush" not in a.skip:
-            tools["clush"] = [str(self.venv / "bin" / "clush"), "-f", f, "--hostfile", str(hosts_file), "-o", ssh_opts, "true"]  # type: ignore[operator]
-            tools["clush-curve25519"] = tools["clush"][:-3] + ["-o", ssh_opts + " -o KexAlgorithms=curve25519-sha256", "true"]
+            tools["clush"] = [
+                str(self.venv / "bin" / "clush"),
+                "-f",
+                f,
+                "--hostfile",
+                str(hosts_file),
+                "-o",
+                ssh_opts,
+                "true",
+            ]  # type: ignore[operator]
+            tools["clush-curve25519"] = tools["clush"][:-3] + [
+                "-o",
+                ssh_opts + " -o KexAlgorithms=curve25519-sha256",
+                "true",
+            ]
         if self.has("ansible") and "ansible" not in a.skip:
-            tools["ansible-raw"] = [str(self.venv / "bin" / "ansible"), "all", "-i", str(ans_inv), "-m", "raw", "-a", "true", "-f", f]  # type: ignore[operator]
+            tools["ansible-raw"] = [
+                str(self.venv / "bin" / "ansible"),
+                "all",
+                "-i",
+                str(ans_inv),
+                "-m",
+                "raw",
+                "-a",
+                "true",
+                "-f",
+                f,
+            ]  # type: ignore[operator]
         for missing in ("pssh", "clush", "ansible"):
             if not any(t.startswith(missing) for t in tools) and missing not in a.skip:
                 self.notes.append(f"{missing}: not installed in --tools-venv; not measured")
@@ -193,16 +234,26 @@ class Bench:
         finally:
             if cp_dir is not None:
                 self.close_masters(cp_dir)
-        row = {"tool": name + tag, "n": n, "round": rnd, "wall_s": round(wall, 3),
-               "client_cpu_s": round(cpu, 2), "ok": ok, "rc": rc, "load1_before": round(load, 2)}
+        row = {
+            "tool": name + tag,
+            "n": n,
+            "round": rnd,
+            "wall_s": round(wall, 3),
+            "client_cpu_s": round(cpu, 2),
+            "ok": ok,
+            "rc": rc,
+            "load1_before": round(load, 2),
+        }
         self.runs.append(row)
         print(json.dumps(row), flush=True)
 
     @staticmethod
     def close_masters(cp_dir: Path) -> None:
         socks = [s for s in cp_dir.iterdir()]
+
         def stop(s: Path) -> None:
             subprocess.run(["ssh", "-o", f"ControlPath={s}", "-O", "exit", "x"], capture_output=True, timeout=30)
+
         with ThreadPoolExecutor(8) as ex:
             list(ex.map(stop, socks))
         shutil.rmtree(cp_dir, ignore_errors=True)
@@ -244,8 +295,22 @@ class Bench:
         tag = f"+delay{a.delay_ms:g}ms"
         tools = {
             "floor": [sys.executable, str(HERE / "floor.py"), str(hosts_file), key, str(a.fanout)],
-            "clusterctl-cli": [sys.executable, "-m", "clusterctl.cli.main", "exec", "-i", str(inv), "all",
-                               "--fanout", str(a.fanout), "--connect-timeout", "30", "--json", "--", "true"],
+            "clusterctl-cli": [
+                sys.executable,
+                "-m",
+                "clusterctl.cli.main",
+                "exec",
+                "-i",
+                str(inv),
+                "all",
+                "--fanout",
+                str(a.fanout),
+                "--connect-timeout",
+                "30",
+                "--json",
+                "--",
+                "true",
+            ],
         }
         with DelayProxy(pairs, a.delay_ms):
             for r in range(a.rounds):
@@ -266,13 +331,21 @@ class Bench:
         for (tool, n), rows in groups.items():
             walls = [float(r["wall_s"]) for r in rows]  # type: ignore[arg-type]
             med = statistics.median(walls)
-            tag = tool[tool.index("+"):] if "+" in tool else ""
+            tag = tool[tool.index("+") :] if "+" in tool else ""
             floor = floors.get((tag, n))
-            out.append({"tool": tool, "n": n, "runs": len(rows), "median_s": round(med, 2),
-                        "min_s": round(min(walls), 2), "max_s": round(max(walls), 2),
-                        "ok_worst": min(int(r["ok"]) for r in rows),  # type: ignore[call-overload]
-                        "client_cpu_s_median": round(statistics.median(float(r["client_cpu_s"]) for r in rows), 2),  # type: ignore[arg-type]
-                        "ratio_to_floor": round(med / floor, 2) if floor else None})
+            out.append(
+                {
+                    "tool": tool,
+                    "n": n,
+                    "runs": len(rows),
+                    "median_s": round(med, 2),
+                    "min_s": round(min(walls), 2),
+                    "max_s": round(max(walls), 2),
+                    "ok_worst": min(int(r["ok"]) for r in rows),  # type: ignore[call-overload]
+                    "client_cpu_s_median": round(statistics.median(float(r["client_cpu_s"]) for r in rows), 2),  # type: ignore[arg-type]
+                    "ratio_to_floor": round(med / floor, 2) if floor else None,
+                }
+            )
         return out
 
 
@@ -293,10 +366,19 @@ def write_markdown(path: Path, data: dict[str, object]) -> None:
     ]
     for s in data["summary"]:  # type: ignore[union-attr]
         ratio = f"{s['ratio_to_floor']}x" if s["ratio_to_floor"] is not None else "-"
-        lines.append(f"| {s['tool']} | {s['n']} | {s['runs']} | {s['median_s']} | {s['min_s']} | "
-                     f"{s['max_s']} | {s['ok_worst']}/{s['n']} | {ratio} | {s['client_cpu_s_median']} |")
-    lines += ["", "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()), "",  # type: ignore[union-attr]
-              "Settings: " + json.dumps(data["settings"]), "", "Notes:", ""]
+        lines.append(
+            f"| {s['tool']} | {s['n']} | {s['runs']} | {s['median_s']} | {s['min_s']} | "
+            f"{s['max_s']} | {s['ok_worst']}/{s['n']} | {ratio} | {s['client_cpu_s_median']} |"
+        )
+    lines += [
+        "",
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        "",  # type: ignore[union-attr]
+        "Settings: " + json.dumps(data["settings"]),
+        "",
+        "Notes:",
+        "",
+    ]
     lines += [f"- {n}" for n in data["notes"]]  # type: ignore[union-attr]
     lines += ["", "Raw rows: `benchmarks/results/` (one JSON file per run of the script).", ""]
     old = path.read_text() if path.exists() else ""
@@ -312,8 +394,11 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fanout", type=int, default=64)
-    ap.add_argument("--tools-venv", default="/var/tmp/fanout-venv",
-                    help="virtualenv holding ansible-core, clustershell, parallel-ssh")
+    ap.add_argument(
+        "--tools-venv",
+        default="/var/tmp/fanout-venv",
+        help="virtualenv holding ansible-core, clustershell, parallel-ssh",
+    )
     ap.add_argument("--skip", nargs="*", default=[], choices=["pssh", "clush", "ansible"])
     ap.add_argument("--delay-ms", type=float, default=20.0, help="per-direction delay of the proxy run (0: none)")
     ap.add_argument("--delay-hosts", type=int, default=100)
@@ -339,16 +424,28 @@ def main() -> int:
             light.down(LAB_DIR)
         shutil.rmtree(work, ignore_errors=True)
     bench.notes.append(f"whole benchmark: {time.perf_counter() - t0:.0f} s")
-    bench.notes.append("KEX: paramiko (floor, clusterctl) and libssh2 (pssh) negotiate curve25519-sha256; "
-                       "the OpenSSH client (clush, Ansible) defaults to sntrup761x25519-sha512, "
-                       "which costs ~65 ms client CPU per connection; clush-curve25519 pins curve25519")
+    bench.notes.append(
+        "KEX: paramiko (floor, clusterctl) and libssh2 (pssh) negotiate curve25519-sha256; "
+        "the OpenSSH client (clush, Ansible) defaults to sntrup761x25519-sha512, "
+        "which costs ~65 ms client CPU per connection; clush-curve25519 pins curve25519"
+    )
     date = dt.datetime.now().strftime("%Y-%m-%dT%H%M")
-    data = {"date": date, "versions": bench.versions(),
-            "settings": {"fanout": args.fanout, "rounds": args.rounds, "sizes": args.sizes,
-                         "delay_ms": args.delay_ms, "delay_hosts": args.delay_hosts,
-                         "ansible": "raw module, forks = fanout, pipelining on, host_key_checking off, "
-                                    "default ssh_args (ControlPersist 60s), fresh ControlPath per run"},
-            "runs": bench.runs, "summary": bench.summary(), "notes": bench.notes}
+    data = {
+        "date": date,
+        "versions": bench.versions(),
+        "settings": {
+            "fanout": args.fanout,
+            "rounds": args.rounds,
+            "sizes": args.sizes,
+            "delay_ms": args.delay_ms,
+            "delay_hosts": args.delay_hosts,
+            "ansible": "raw module, forks = fanout, pipelining on, host_key_checking off, "
+            "default ssh_args (ControlPersist 60s), fresh ControlPath per run",
+        },
+        "runs": bench.runs,
+        "summary": bench.summary(),
+        "notes": bench.notes,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"fanout-{date}.json"

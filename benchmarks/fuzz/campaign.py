@@ -72,14 +72,24 @@ def main() -> int:
                     cases = _cases(kind, rng, work, min(a.batch, a.per_kind - b), ctx)
                     tally = fuzz.run_cases(kind, cases, work, mem_mib=a.mem_mib, case_s=a.case_s)
                     total.add(tally)
-                    print(f"{kind}: {total.inputs} inputs, {total.tracebacks} tracebacks, {total.hangs} hangs, "
-                          f"{total.memory} memory, peak {total.peak_rss_mib:.0f} MiB", file=sys.stderr, flush=True)
+                    print(
+                        f"{kind}: {total.inputs} inputs, {total.tracebacks} tracebacks, {total.hangs} hangs, "
+                        f"{total.memory} memory, peak {total.peak_rss_mib:.0f} MiB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 totals[kind] = total
         finally:
             srv.shutdown()
-    doc = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-           "python": platform.python_version(), "seed": a.seed, "caps": {"mem_mib": a.mem_mib, "case_s": a.case_s},
-           "seconds": round(time.monotonic() - t0, 1), "kinds": {k: t.to_json() for k, t in totals.items()}}
+    doc = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "seed": a.seed,
+        "caps": {"mem_mib": a.mem_mib, "case_s": a.case_s},
+        "seconds": round(time.monotonic() - t0, 1),
+        "kinds": {k: t.to_json() for k, t in totals.items()},
+    }
     out = a.out or ROOT / "benchmarks" / "results" / f"fuzz-{datetime.now(timezone.utc):%Y-%m-%d}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -68,8 +68,7 @@ GW_PORT = 8080
 #: instance -> (lab host index, GPU, port, latency profile): 16 instances on two hosts' 8 GPUs,
 #: the first host's H100 SXM, the second's L40S (the field report's mixed fleet; the inventory
 #: says so, so gateway sync weighs them by measured throughput)
-INSTANCES = {f"d{h}-{g}": (h, g, 8301 + g, "h100-sxm" if h == 1 else "l40s-48g")
-             for h in (1, 2) for g in range(8)}
+INSTANCES = {f"d{h}-{g}": (h, g, 8301 + g, "h100-sxm" if h == 1 else "l40s-48g") for h in (1, 2) for g in range(8)}
 UNIT = """[Unit]
 Description=clusterctl instance {name} (dispatch benchmark)
 
@@ -87,8 +86,10 @@ GPUs={gpu}
 Port={port}
 """
 ARMS = ("round_robin", "least_conn", "least_score")
-WORDS = ("the of and to in is was for on that with as by at from this are be it an or which have not one "
-         "had were all their has more other been its can some there would when will into what time only").split()
+WORDS = (
+    "the of and to in is was for on that with as by at from this are be it an or which have not one "
+    "had were all their has more other been its can some there would when will into what time only"
+).split()
 
 
 def dataset(path: Path, lines: int, seed: int = 7) -> dict[str, Any]:
@@ -104,9 +105,14 @@ def dataset(path: Path, lines: int, seed: int = 7) -> dict[str, Any]:
         rows.append(row)
     rng.shuffle(rows)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"lines": lines, "long_share": 0.2, "session_share": 0.25, "sessions": 24,
-            "short": {"prompt_words": 64, "output_tokens": 24},
-            "long": {"prompt_words": 1024, "output_tokens": 320}}
+    return {
+        "lines": lines,
+        "long_share": 0.2,
+        "session_share": 0.25,
+        "sessions": 24,
+        "short": {"prompt_words": 64, "output_tokens": 24},
+        "long": {"prompt_words": 1024, "output_tokens": 320},
+    }
 
 
 def profiles(kind: str) -> dict[str, str]:
@@ -122,12 +128,17 @@ def setup(lab: LabSession, work: Path, scale: float, seqs: int, kind: str) -> di
     doc = yaml.safe_load(Path(lab.inventory).read_text())
     if kind == "mixed":  # the second instance host has L40S GPUs (a group's gpus override the defaults)
         doc.setdefault("groups", {})["bench_l40s"] = {
-            "hosts": names[2], "gpus": {"count": 8, "model": "L40S-48GB", "memory_gib": 44.5, "interconnect": "pcie"}}
+            "hosts": names[2],
+            "gpus": {"count": 8, "model": "L40S-48GB", "memory_gib": 44.5, "interconnect": "pcie"},
+        }
     text = yaml.safe_dump(doc, sort_keys=False) + (
-        f"models:\n  qwen3-8b: {{path: {MODEL_DIR}, served_name: qwen3-8b}}\ninstances:\n")
+        f"models:\n  qwen3-8b: {{path: {MODEL_DIR}, served_name: qwen3-8b}}\ninstances:\n"
+    )
     for n, (_, gpu, port, _) in INSTANCES.items():
-        text += (f"  {n}: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}, "
-                 f"args: {{max-num-seqs: {seqs}}}}}\n")  # the seats gateway sync scores against
+        text += (
+            f"  {n}: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}, "
+            f"args: {{max-num-seqs: {seqs}}}}}\n"
+        )  # the seats gateway sync scores against
     text += f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 256\n  sync_interval_s: 1\n  auth: none\n"
     invs = {arm: work / f"inventory-{arm}.yaml" for arm in ARMS}
     for arm, path in invs.items():  # each arm says its dispatch (a default can change)
@@ -137,30 +148,52 @@ def setup(lab: LabSession, work: Path, scale: float, seqs: int, kind: str) -> di
         profile = profiles(kind)[n]
         unit = UNIT.format(name=n, gpu=gpu, port=port, profile=profile, scale=scale, seqs=seqs, model_dir=MODEL_DIR)
         path = f"/etc/systemd/system/clusterctl-{n}.service"
-        lab.run(hosts[n], f"test -d {MODEL_DIR} || vllm-sim make-model qwen3-8b {MODEL_DIR} --sparse >/dev/null; "
-                          f"cat > {path}.tmp && mv {path}.tmp {path} && systemctl daemon-reload && "
-                          f"systemctl restart clusterctl-{n}.service", input=unit, check=True, timeout=300)
+        lab.run(
+            hosts[n],
+            f"test -d {MODEL_DIR} || vllm-sim make-model qwen3-8b {MODEL_DIR} --sparse >/dev/null; "
+            f"cat > {path}.tmp && mv {path}.tmp {path} && systemctl daemon-reload && "
+            f"systemctl restart clusterctl-{n}.service",
+            input=unit,
+            check=True,
+            timeout=300,
+        )
     urls = {n: f"http://{lab.host(hosts[n]).address}:{INSTANCES[n][2]}" for n in INSTANCES}
     for n in INSTANCES:
         wait_healthy(lab, hosts[n], urls[n] + "/health", f"clusterctl-{n}.service", timeout=600)
     state = work / "state"
     rc = _cli("gateway", "deploy", names[0], "-i", str(inv), "--state-dir", str(state)).returncode
     assert rc == 0, "gateway deploy failed"
-    return {"lab": lab, "inv": str(inv), "invs": {a: str(p) for a, p in invs.items()}, "state": str(state), "hosts": hosts,
-            "urls": urls, "gw_host": names[0],
-            "gw": f"http://{lab.host(names[0]).address}:{GW_PORT}"}
+    return {
+        "lab": lab,
+        "inv": str(inv),
+        "invs": {a: str(p) for a, p in invs.items()},
+        "state": str(state),
+        "hosts": hosts,
+        "urls": urls,
+        "gw_host": names[0],
+        "gw": f"http://{lab.host(names[0]).address}:{GW_PORT}",
+    }
 
 
 def teardown(lab: LabSession, env: dict[str, Any]) -> None:
     for n, host in env["hosts"].items():
-        lab.run(host, f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
-                      "systemctl daemon-reload; systemctl reset-failed", timeout=120)
+        lab.run(
+            host,
+            f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
+            "systemctl daemon-reload; systemctl reset-failed",
+            timeout=120,
+        )
     lab.run(env["gw_host"], "systemctl disable --now nginx.service", timeout=60)
 
 
 def _cli(*args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args], capture_output=capture, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "clusterctl.cli.main", *args],
+        capture_output=capture,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=900,
+    )
 
 
 def _apply(env: dict[str, Any], arm: str) -> dict[str, Any]:
@@ -169,13 +202,17 @@ def _apply(env: dict[str, Any], arm: str) -> dict[str, Any]:
     session-less upstream says least_conn (a check that the arm measures what it is named)."""
     res = _cli("gateway", "deploy", env["gw_host"], "-i", env["invs"][arm], "--state-dir", env["state"])
     assert res.returncode == 0, res.stdout + res.stderr
-    cmd = ("grep -h '^var DISPATCH' /etc/nginx/clusterctl/gateway.js; "
-           "grep -c '^    least_conn;' /etc/nginx/clusterctl/gateway.conf; true")
+    cmd = (
+        "grep -h '^var DISPATCH' /etc/nginx/clusterctl/gateway.js; "
+        "grep -c '^    least_conn;' /etc/nginx/clusterctl/gateway.conf; true"
+    )
     if arm == "least_score":  # no scores left from an earlier run: every instance starts equal
         cmd = "rm -rf /var/lib/clusterctl-gateway/scores.json /var/lib/clusterctl-gateway/picks/*; " + cmd
     out = env["lab"].run(env["gw_host"], cmd, timeout=30).stdout.split("\n")
-    seen = {"njs_dispatch": out[0].split('"')[1] if '"' in out[0] else None,
-            "least_conn_upstreams": int(out[1]) if len(out) > 1 and out[1].strip().isdigit() else None}
+    seen = {
+        "njs_dispatch": out[0].split('"')[1] if '"' in out[0] else None,
+        "least_conn_upstreams": int(out[1]) if len(out) > 1 and out[1].strip().isdigit() else None,
+    }
     assert seen["njs_dispatch"] == arm, seen
     assert (seen["least_conn_upstreams"] == 0) == (arm == "round_robin"), seen
     return seen
@@ -223,8 +260,17 @@ def closed_loop(gw: str, data: Path, concurrency: int, duration: float) -> dict[
     feed = itertools.cycle(rows)
     lock = threading.Lock()
     host = urlsplit(gw)
-    out: dict[str, Any] = {"ttft": [], "ttft_s": [], "e2e": [], "tokens": 0, "ok": 0, "failed": 0, "errors": {},
-                           "homes": {}, "moves": 0}
+    out: dict[str, Any] = {
+        "ttft": [],
+        "ttft_s": [],
+        "e2e": [],
+        "tokens": 0,
+        "ok": 0,
+        "failed": 0,
+        "errors": {},
+        "homes": {},
+        "moves": 0,
+    }
     t0 = time.monotonic()
 
     def client() -> None:
@@ -234,8 +280,16 @@ def closed_loop(gw: str, data: Path, concurrency: int, duration: float) -> dict[
             headers = {"Content-Type": "application/json"}
             if row.get("session"):
                 headers["X-Session-ID"] = row["session"]
-            body = json.dumps({"model": "qwen3-8b", "prompt": row["prompt"], "max_tokens": row["output_len"],
-                               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+            body = json.dumps(
+                {
+                    "model": "qwen3-8b",
+                    "prompt": row["prompt"],
+                    "max_tokens": row["output_len"],
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+            )
             start = time.monotonic()
             first, tokens, err = None, 0, None
             try:
@@ -284,16 +338,28 @@ def closed_loop(gw: str, data: Path, concurrency: int, duration: float) -> dict[
     wall = time.monotonic() - t0
     allt = out["ttft"] + out["ttft_s"]
     ms = lambda v, q: round(1000 * _pct(v, q), 1)  # noqa: E731
-    return {"completed": out["ok"], "failed": out["failed"], "duration_s": wall, "errors": out["errors"],
-            "output_throughput": out["tokens"] / wall, "request_throughput": out["ok"] / wall,
-            "ttft_ms": {"mean": round(1000 * sum(allt) / max(1, len(allt)), 1), "p50": ms(allt, 50),
-                        "p90": ms(allt, 90), "p99": ms(allt, 99)},
-            "ttft_ms_sessions": {"p50": ms(out["ttft_s"], 50), "p90": ms(out["ttft_s"], 90)},
-            "e2e_p99_ms": ms(out["e2e"], 99), "session_moves": out["moves"]}
+    return {
+        "completed": out["ok"],
+        "failed": out["failed"],
+        "duration_s": wall,
+        "errors": out["errors"],
+        "output_throughput": out["tokens"] / wall,
+        "request_throughput": out["ok"] / wall,
+        "ttft_ms": {
+            "mean": round(1000 * sum(allt) / max(1, len(allt)), 1),
+            "p50": ms(allt, 50),
+            "p90": ms(allt, 90),
+            "p99": ms(allt, 99),
+        },
+        "ttft_ms_sessions": {"p50": ms(out["ttft_s"], 50), "p90": ms(out["ttft_s"], 90)},
+        "e2e_p99_ms": ms(out["e2e"], 99),
+        "session_moves": out["moves"],
+    }
 
 
-def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duration: float,
-            sync_every: float, window: float) -> dict[str, Any]:
+def run_arm(
+    env: dict[str, Any], arm: str, data: Path, concurrency: int, duration: float, sync_every: float, window: float
+) -> dict[str, Any]:
     _idle(env)
     in_config = _apply(env, arm)
     before = {n: _tokens(u) for n, u in env["urls"].items()}
@@ -302,11 +368,29 @@ def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duratio
     # The same sync loop runs in every arm (a dry run outside least_score: it measures, applies
     # nothing), so each arm pays the same CPU for it on this small machine.
     inv = env["invs"][arm]
-    sync = subprocess.Popen([sys.executable, "-m", "clusterctl.cli.main", "gateway", "sync", "-i", inv,
-                             "--state-dir", env["state"], "--every", str(sync_every), "--window", str(window),
-                             "--json", *([] if arm == "least_score" else ["--dry-run"])],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    sync = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "clusterctl.cli.main",
+            "gateway",
+            "sync",
+            "-i",
+            inv,
+            "--state-dir",
+            env["state"],
+            "--every",
+            str(sync_every),
+            "--window",
+            str(window),
+            "--json",
+            *([] if arm == "least_score" else ["--dry-run"]),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         res = closed_loop(env["gw"], data, concurrency, duration)
     finally:
@@ -326,22 +410,36 @@ def run_arm(env: dict[str, Any], arm: str, data: Path, concurrency: int, duratio
                     continue
                 sc = (d.get("scores") or {}).get("instances", {})
                 posted += bool(sc)
-                weights.append({n: (None if s["down"] else sc.get(n, {}).get("load", s["weight"]))
-                                for n, s in d["servers"].items()})
+                weights.append(
+                    {
+                        n: (None if s["down"] else sc.get(n, {}).get("load", s["weight"]))
+                        for n, s in d["servers"].items()
+                    }
+                )
     r = res
     assert (posted > 0) == (arm == "least_score"), f"{arm}: {posted} sync rounds posted scores"
     after = {n: _tokens(u) for n, u in env["urls"].items()}
     made = {n: after[n] - before[n] for n in before}
     total = sum(made.values()) or 1.0
-    return {"arm": arm, "completed": r["completed"], "failed": r["failed"], "duration_s": round(r["duration_s"], 1),
-            "output_tokens_per_s": round(r["output_throughput"], 1),
-            "requests_per_s": round(r["request_throughput"], 2),
-            "ttft_ms": r["ttft_ms"], "ttft_ms_sessions": r["ttft_ms_sessions"],
-            "e2e_p99_ms": r["e2e_p99_ms"], "errors": r["errors"], "session_moves": r["session_moves"],
-            "token_share": {n: round(v / total, 3) for n, v in sorted(made.items())},
-            "in_config": in_config, "scores_posted_rounds": posted,
-            "scores_or_weights_seen": weights[-3:], "sync_rounds": len(weights), "load_avg_1m": {"before": round(load0, 2),
-                                                        "after": round(os.getloadavg()[0], 2)}}
+    return {
+        "arm": arm,
+        "completed": r["completed"],
+        "failed": r["failed"],
+        "duration_s": round(r["duration_s"], 1),
+        "output_tokens_per_s": round(r["output_throughput"], 1),
+        "requests_per_s": round(r["request_throughput"], 2),
+        "ttft_ms": r["ttft_ms"],
+        "ttft_ms_sessions": r["ttft_ms_sessions"],
+        "e2e_p99_ms": r["e2e_p99_ms"],
+        "errors": r["errors"],
+        "session_moves": r["session_moves"],
+        "token_share": {n: round(v / total, 3) for n, v in sorted(made.items())},
+        "in_config": in_config,
+        "scores_posted_rounds": posted,
+        "scores_or_weights_seen": weights[-3:],
+        "sync_rounds": len(weights),
+        "load_avg_1m": {"before": round(load0, 2), "after": round(os.getloadavg()[0], 2)},
+    }
 
 
 def main_() -> None:
@@ -375,27 +473,42 @@ def main_() -> None:
     means: dict[str, dict[str, float]] = {}
     for a in dict.fromkeys(r["arm"] for r in results):
         runs = [r for r in results if r["arm"] == a]
-        means[a] = {"runs": len(runs),
-                    "output_tokens_per_s": round(sum(r["output_tokens_per_s"] for r in runs) / len(runs), 1),
-                    "ttft_p50_ms": round(sum(r["ttft_ms"]["p50"] for r in runs) / len(runs), 1),
-                    "ttft_p90_ms": round(sum(r["ttft_ms"]["p90"] for r in runs) / len(runs), 1),
-                    "ttft_p99_ms": round(sum(r["ttft_ms"]["p99"] for r in runs) / len(runs), 1),
-                    "e2e_p99_ms": round(sum(r["e2e_p99_ms"] for r in runs) / len(runs), 1),
-                    "failed": sum(r["failed"] for r in runs)}
+        means[a] = {
+            "runs": len(runs),
+            "output_tokens_per_s": round(sum(r["output_tokens_per_s"] for r in runs) / len(runs), 1),
+            "ttft_p50_ms": round(sum(r["ttft_ms"]["p50"] for r in runs) / len(runs), 1),
+            "ttft_p90_ms": round(sum(r["ttft_ms"]["p90"] for r in runs) / len(runs), 1),
+            "ttft_p99_ms": round(sum(r["ttft_ms"]["p99"] for r in runs) / len(runs), 1),
+            "e2e_p99_ms": round(sum(r["e2e_p99_ms"] for r in runs) / len(runs), 1),
+            "failed": sum(r["failed"] for r in runs),
+        }
     gain = {}
     if "round_robin" in means:
         base = means["round_robin"]["output_tokens_per_s"] or 1.0
         gain = {a: round(m["output_tokens_per_s"] / base - 1.0, 3) for a, m in means.items() if a != "round_robin"}
-    out = {"benchmark": "gateway-dispatch", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "machine": {"cpus": os.cpu_count()},
-           "setup": {"gateway": "nginx 1.22 + njs 0.7.9 on a lab host",
-                     "instances": {n: {"profile": profiles(args.profiles)[n], "gpu": g, "port": port}
-                                   for n, (_, g, port, _) in INSTANCES.items()},
-                     "model": "Qwen3-8B (sparse synthetic)", "time_scale": args.time_scale,
-                     "max_num_seqs": args.max_num_seqs, "concurrency": args.concurrency,
-                     "duration_s": args.duration, "sync_every_s": args.sync_every, "window_s": args.window,
-                     "workload": mix},
-           "arms": results, "means": means, "output_throughput_gain_vs_round_robin": gain}
+    out = {
+        "benchmark": "gateway-dispatch",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count()},
+        "setup": {
+            "gateway": "nginx 1.22 + njs 0.7.9 on a lab host",
+            "instances": {
+                n: {"profile": profiles(args.profiles)[n], "gpu": g, "port": port}
+                for n, (_, g, port, _) in INSTANCES.items()
+            },
+            "model": "Qwen3-8B (sparse synthetic)",
+            "time_scale": args.time_scale,
+            "max_num_seqs": args.max_num_seqs,
+            "concurrency": args.concurrency,
+            "duration_s": args.duration,
+            "sync_every_s": args.sync_every,
+            "window_s": args.window,
+            "workload": mix,
+        },
+        "arms": results,
+        "means": means,
+        "output_throughput_gain_vs_round_robin": gain,
+    }
     write_result(f"gateway-dispatch-{args.profiles}", out)
 
 

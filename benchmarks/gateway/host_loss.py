@@ -49,7 +49,6 @@ from clusterctl.gateway.render import CONNECT_TIMEOUT_S  # noqa: E402
 from clusterctl.lab import netfaults  # noqa: E402
 
 
-
 def _cli_json(*args: str) -> tuple[int, Any]:
     res = dispatch._cli(*args)
     try:
@@ -93,10 +92,18 @@ def prober(host: str, port: int, stop: threading.Event, log: list[dict[str, Any]
             time.sleep(0.05)
 
 
-def streamer(host: str, port: int, tokens: int, stop: threading.Event, log: list[dict[str, Any]],
-             timeout: float) -> None:
-    body = json.dumps({"model": "qwen3-8b", "prompt": "tell me a long story " * 8, "max_tokens": tokens,
-                       "ignore_eos": True, "stream": True})
+def streamer(
+    host: str, port: int, tokens: int, stop: threading.Event, log: list[dict[str, Any]], timeout: float
+) -> None:
+    body = json.dumps(
+        {
+            "model": "qwen3-8b",
+            "prompt": "tell me a long story " * 8,
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    )
     while not stop.is_set():
         rec: dict[str, Any] = {"sent": time.monotonic(), "chunks": 0, "done": False, "error": None, "last_byte": None}
         try:
@@ -129,14 +136,26 @@ def main_() -> None:
     ap.add_argument("--stream-tokens", type=int, default=600)
     ap.add_argument("--warm", type=float, default=6.0)
     ap.add_argument("--after", type=float, default=15.0, help="Seconds of load after the first answer past the cut.")
-    ap.add_argument("--gateway-only", action="store_true",
-                    help="Lose the gateway host that serves no instance (the address is moved there first).")
-    ap.add_argument("--with-instance", action="store_true",
-                    help="Lose the gateway host that also serves an instance (the address is moved there first).")
+    ap.add_argument(
+        "--gateway-only",
+        action="store_true",
+        help="Lose the gateway host that serves no instance (the address is moved there first).",
+    )
+    ap.add_argument(
+        "--with-instance",
+        action="store_true",
+        help="Lose the gateway host that also serves an instance (the address is moved there first).",
+    )
     ap.add_argument("--probe-timeout", type=float, default=1.5, help="The prober's timeout per request (s).")
-    ap.add_argument("--stream-timeout", type=float, default=8.0, help="A stream's read timeout (s): a cut stream ends so.")
-    ap.add_argument("--dispatch", default="least_score", choices=dispatch.ARMS,
-                    help="The gateway's dispatch (least_score is the default; the first runs used least_conn).")
+    ap.add_argument(
+        "--stream-timeout", type=float, default=8.0, help="A stream's read timeout (s): a cut stream ends so."
+    )
+    ap.add_argument(
+        "--dispatch",
+        default="least_score",
+        choices=dispatch.ARMS,
+        help="The gateway's dispatch (least_score is the default; the first runs used least_conn).",
+    )
     args = ap.parse_args()
     # two instances: one on each of the second and third lab hosts
     dispatch.INSTANCES.clear()
@@ -151,10 +170,15 @@ def main_() -> None:
     with tempfile.TemporaryDirectory() as d:
         env = dispatch.setup(lab, Path(d), 1.0, 8, "h100-sxm")
         inv = Path(d) / "inventory-ha.yaml"
-        inv.write_text(Path(env["invs"][args.dispatch]).read_text().replace(
-            f"gateway:\n  hosts: {names[0]}\n",
-            f"gateway:\n  hosts: [{', '.join(pair)}]\n  vip: {{address: {vip}/16, interface: eth0, router_id: 78, "
-            "password: {env: GW_BENCH_VRRP_PASS}}\n"))
+        inv.write_text(
+            Path(env["invs"][args.dispatch])
+            .read_text()
+            .replace(
+                f"gateway:\n  hosts: {names[0]}\n",
+                f"gateway:\n  hosts: [{', '.join(pair)}]\n  vip: {{address: {vip}/16, interface: eth0, router_id: 78, "
+                "password: {env: GW_BENCH_VRRP_PASS}}\n",
+            )
+        )
         cli = ["-i", str(inv), "--state-dir", env["state"]]
         cut: str | None = None
         try:
@@ -176,11 +200,19 @@ def main_() -> None:
             stop = threading.Event()
             plog: list[dict[str, Any]] = []
             slog: list[dict[str, Any]] = []
-            threads = [threading.Thread(target=prober, args=(vip, dispatch.GW_PORT, stop, plog, args.probe_timeout),
-                                        daemon=True)]
-            threads += [threading.Thread(target=streamer, args=(vip, dispatch.GW_PORT, args.stream_tokens, stop, slog,
-                                                                      args.stream_timeout),
-                                         daemon=True) for _ in range(args.streams)]
+            threads = [
+                threading.Thread(
+                    target=prober, args=(vip, dispatch.GW_PORT, stop, plog, args.probe_timeout), daemon=True
+                )
+            ]
+            threads += [
+                threading.Thread(
+                    target=streamer,
+                    args=(vip, dispatch.GW_PORT, args.stream_tokens, stop, slog, args.stream_timeout),
+                    daemon=True,
+                )
+                for _ in range(args.streams)
+            ]
             load0 = os.getloadavg()[0]
             for t in threads:
                 t.start()
@@ -206,28 +238,47 @@ def main_() -> None:
             later = [s for s in slog if first_ok is not None and s["sent"] >= first_ok["done"]]
             holder_after = holders(cli)
             out = {
-                "benchmark": "gateway-host-loss", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "benchmark": "gateway-host-loss",
+                "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "machine": {"cpus": os.cpu_count()},
-                "setup": {"gateway_hosts": pair, "vip": vip, "advert_s": 1, "instances": 2, "profile": "h100-sxm",
-                          "time_scale": 1.0, "streams": args.streams, "stream_tokens": args.stream_tokens,
-                          "probe_timeout_s": args.probe_timeout, "stream_timeout_s": args.stream_timeout,
-                          "lost_host_also_serves_an_instance": active == names[1], "dispatch": args.dispatch,
-                          "proxy_connect_timeout_s": CONNECT_TIMEOUT_S,
-                          "loss": "the lab cut fault: the bridge port down"},
-                "lost_host": active, "cut_call_s": round(t_cut - t0, 3),
+                "setup": {
+                    "gateway_hosts": pair,
+                    "vip": vip,
+                    "advert_s": 1,
+                    "instances": 2,
+                    "profile": "h100-sxm",
+                    "time_scale": 1.0,
+                    "streams": args.streams,
+                    "stream_tokens": args.stream_tokens,
+                    "probe_timeout_s": args.probe_timeout,
+                    "stream_timeout_s": args.stream_timeout,
+                    "lost_host_also_serves_an_instance": active == names[1],
+                    "dispatch": args.dispatch,
+                    "proxy_connect_timeout_s": CONNECT_TIMEOUT_S,
+                    "loss": "the lab cut fault: the bridge port down",
+                },
+                "lost_host": active,
+                "cut_call_s": round(t_cut - t0, 3),
                 "gap_s": None if first_ok is None else round(first_ok["done"] - t_cut, 2),
                 "first_new_request_sent_after_cut_s": None if first_ok is None else round(first_ok["sent"] - t_cut, 2),
-                "prober": {"requests": len(plog), "after_cut": len(after), "failed_after_cut": len(failed),
-                           "errors": sorted({str(e["error"]) for e in failed}),
-                           "failed_after_gap": sum(1 for e in after if not e["ok"] and first_ok is not None
-                                                   and e["sent"] > first_ok["done"])},
+                "prober": {
+                    "requests": len(plog),
+                    "after_cut": len(after),
+                    "failed_after_cut": len(failed),
+                    "errors": sorted({str(e["error"]) for e in failed}),
+                    "failed_after_gap": sum(
+                        1 for e in after if not e["ok"] and first_ok is not None and e["sent"] > first_ok["done"]
+                    ),
+                },
                 "streams_in_flight_at_cut": len(in_flight),
                 "streams_in_flight_finished": sum(1 for s in in_flight if s["done"]),
                 "streams_in_flight_cut": sum(1 for s in in_flight if not s["done"]),
                 "stream_cut_errors": sorted({str(s["error"]) for s in in_flight if not s["done"]}),
                 "streams_started_after_gap": len(later),
                 "streams_started_after_gap_ok": sum(1 for s in later if s["done"]),
-                "streams_started_after_gap_unfinished_at_stop": sum(1 for s in later if not s["done"] and not s["error"]),
+                "streams_started_after_gap_unfinished_at_stop": sum(
+                    1 for s in later if not s["done"] and not s["error"]
+                ),
                 "holders_after_loss": holder_after,
                 "load_avg_1m": {"before": round(load0, 2), "after": round(load1, 2)},
             }
@@ -238,8 +289,12 @@ def main_() -> None:
                 if out:
                     out["holders_after_heal"] = holders(cli)
             for h in pair:
-                lab.run(h, "systemctl disable --now keepalived.service; "
-                           "rm -f /etc/keepalived/keepalived.conf /etc/keepalived/clusterctl-check-nginx", timeout=60)
+                lab.run(
+                    h,
+                    "systemctl disable --now keepalived.service; "
+                    "rm -f /etc/keepalived/keepalived.conf /etc/keepalived/clusterctl-check-nginx",
+                    timeout=60,
+                )
             dispatch.teardown(lab, env)
     if not out:
         raise SystemExit("no measurement")

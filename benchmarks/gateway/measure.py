@@ -48,8 +48,11 @@ from test_gateway import GW_PORT, INSTANCES, MODEL_DIR, _install  # noqa: E402
 
 def _post(url: str, session: str | None = None) -> float:
     body = json.dumps({"model": "tiny", "prompt": "hello there", "max_tokens": 1}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body, headers={
-        "Content-Type": "application/json", **({"X-Session-ID": session} if session else {})})
+    req = urllib.request.Request(
+        url + "/v1/completions",
+        data=body,
+        headers={"Content-Type": "application/json", **({"X-Session-ID": session} if session else {})},
+    )
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
@@ -69,7 +72,8 @@ def setup(lab: LabSession, work: Path) -> dict[str, Any]:
         "models:\n"
         f"  tiny: {{path: {MODEL_DIR}, served_name: tiny}}\n"
         f"  tiny-v2: {{path: {MODEL_DIR}, served_name: tiny}}\n"
-        "instances:\n")
+        "instances:\n"
+    )
     for n, (_, gpu, port, model) in INSTANCES.items():
         if model == "tiny":
             text += f"  {n}: {{model: {model}, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}}}\n"
@@ -79,19 +83,32 @@ def setup(lab: LabSession, work: Path) -> dict[str, Any]:
     for n, (_, gpu, port, model) in INSTANCES.items():
         if model == "tiny":
             _install(lab, hosts[n], n, gpu, port, model)
-            wait_healthy(lab, hosts[n], f"http://{lab.host(hosts[n]).address}:{port}/health",
-                         f"clusterctl-{n}.service", timeout=90)
+            wait_healthy(
+                lab,
+                hosts[n],
+                f"http://{lab.host(hosts[n]).address}:{port}/health",
+                f"clusterctl-{n}.service",
+                timeout=90,
+            )
     state = work / "state"
     assert main(["gateway", "deploy", names[0], "-i", str(inv), "--state-dir", str(state)]) == 0
-    return {"inv": str(inv), "state": str(state), "hosts": hosts,
-            "gw": f"http://{lab.host(names[0]).address}:{GW_PORT}",
-            "direct": f"http://{lab.host(hosts['g-a1']).address}:{INSTANCES['g-a1'][2]}"}
+    return {
+        "inv": str(inv),
+        "state": str(state),
+        "hosts": hosts,
+        "gw": f"http://{lab.host(names[0]).address}:{GW_PORT}",
+        "direct": f"http://{lab.host(hosts['g-a1']).address}:{INSTANCES['g-a1'][2]}",
+    }
 
 
 def teardown(lab: LabSession, env: dict[str, Any]) -> None:
     for n, host in env["hosts"].items():
-        lab.run(host, f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
-                      "systemctl daemon-reload; systemctl reset-failed", timeout=120)
+        lab.run(
+            host,
+            f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
+            "systemctl daemon-reload; systemctl reset-failed",
+            timeout=120,
+        )
     lab.run(lab.names[0], "systemctl disable --now nginx.service", timeout=60)
 
 
@@ -124,12 +141,15 @@ def measure(env: dict[str, Any], requests: int, repeat: int, concurrency: int) -
     nochange = time.perf_counter() - t0
     return {
         "requests": requests,
-        "direct": _pct(direct), "gateway_least_conn": _pct(via), "gateway_sticky": _pct(sticky),
+        "direct": _pct(direct),
+        "gateway_least_conn": _pct(via),
+        "gateway_sticky": _pct(sticky),
         "overhead_p50_ms": round(statistics.median(via) - statistics.median(direct), 2),
         "concurrent": {"clients": concurrency, "requests": concurrency * 4, "ok": ok},
         "mark_down_s": {"median": round(statistics.median(down), 3), "max": round(max(down), 3)},
         "mark_up_s": {"median": round(statistics.median(up), 3), "max": round(max(up), 3)},
-        "sync_no_change_s": round(nochange, 3), "sync_no_change_rc": rc,
+        "sync_no_change_s": round(nochange, 3),
+        "sync_no_change_rc": rc,
     }
 
 
@@ -146,10 +166,13 @@ def main_() -> None:
             res = measure(env, args.requests, args.repeat, args.concurrency)
         finally:
             teardown(lab, env)
-    out = {"benchmark": "gateway", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-           "setup": "nginx 1.22 + njs 0.7.9 on a lab host; 3 simulator instances (time scale 0.05) on two others",
-           **res}
+    out = {
+        "benchmark": "gateway",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "setup": "nginx 1.22 + njs 0.7.9 on a lab host; 3 simulator instances (time scale 0.05) on two others",
+        **res,
+    }
     dest = REPO / "benchmarks" / "results" / f"gateway-{datetime.now(timezone.utc):%Y-%m-%dT%H%M}.json"
     tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n")

@@ -26,17 +26,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 def make_inventory(n: int) -> str:
     racks = (n + 31) // 32
-    lines = ["version: 1", "defaults:",
-             "  gpus: {count: 8, model: H100-SXM5-80GB, memory_gib: 80, interconnect: nvlink}",
-             "  nics: [{netdev: eno1, role: management}, {netdev: ens101np0, rdma_device: mlx5_0}]",
-             "groups:"]
+    lines = [
+        "version: 1",
+        "defaults:",
+        "  gpus: {count: 8, model: H100-SXM5-80GB, memory_gib: 80, interconnect: nvlink}",
+        "  nics: [{netdev: eno1, role: management}, {netdev: ens101np0, rdma_device: mlx5_0}]",
+        "groups:",
+    ]
     for r in range(racks):
         lo, hi = r * 32 + 1, min(n, r * 32 + 32)
         lines.append(f"  rack{r + 1}: {{hosts: 'gpu[{lo:05d}-{hi:05d}]', labels: {{rack: r{r + 1}}}}}")
-    lines += ["hosts:", f"  gpu[00001-{n:05d}]: {{}}",
-              "engines: {v: {path: /opt/vllm/bin/vllm, version: 0.11.0}}",
-              "models: {m: {path: /models/m, arch: {attention_heads: 64, kv_heads: 8}}}",
-              "instances:"]
+    lines += [
+        "hosts:",
+        f"  gpu[00001-{n:05d}]: {{}}",
+        "engines: {v: {path: /opt/vllm/bin/vllm, version: 0.11.0}}",
+        "models: {m: {path: /models/m, arch: {attention_heads: 64, kv_heads: 8}}}",
+        "instances:",
+    ]
     for i in range(33, n + 1):  # rack1 stays free for the template
         lines.append(f"  i{i}: {{model: m, engine: v, placement: 'gpu{i:05d}:[0-7]', port: 8000}}")
     lines += ["templates:", "  pool: {model: m, engine: v, replicas: 1, tp: 8, hosts: '@rack1'}"]
@@ -69,15 +75,23 @@ def main() -> None:
         inv = load_inventory_text(text, f"bench-{n}.yaml")
         pattern = "@rack1,rack=r2&!gpu00033,gpu[00100-00120]" if n >= 128 else "all"
         row = {
-            "hosts": n, "instances": len(inv.instances), "yaml_bytes": len(text),
+            "hosts": n,
+            "instances": len(inv.instances),
+            "yaml_bytes": len(text),
             "load_ms": median_ms(lambda: load_inventory_text(text, "b.yaml"), args.repeat),
             "select_ms": median_ms(lambda: select_hosts(inv, pattern), args.repeat),
             "fold_ms": median_ms(lambda: fold(inv.hosts), args.repeat),
         }
         rows.append(row)
         print(json.dumps(row))
-    result = {"benchmark": "inventory-load", "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "python": platform.python_version(), "cpus": os.cpu_count(), "repeat": args.repeat, "rows": rows}
+    result = {
+        "benchmark": "inventory-load",
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "repeat": args.repeat,
+        "rows": rows,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"inventory-load-{datetime.now(timezone.utc):%Y%m%d}.json"

@@ -44,18 +44,19 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="clusterctl-bench-", dir="/var/tmp"))
     os.chmod(work, 0o755)
     cfg = LabConfig(lab_dir=work / "lab", bridge="benchbr0", net="10.76", prefix="bench")
-    result: dict = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                                "python": platform.python_version()},
-                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    # The CPUs may be shared: the load says how quiet the run was.
-                    "loadavg_1m_before": os.getloadavg()[0]}
+    result: dict = {
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        # The CPUs may be shared: the load says how quiet the run was.
+        "loadavg_1m_before": os.getloadavg()[0],
+    }
     try:
         if args.template_build:
             cache = work / "cache"
             result["template_build_s"] = _timed(lambda: template.ensure(cache))
-            result["template_size_mb"] = round(sum(
-                f.stat().st_size for f in cache.rglob("*") if f.is_file() and not f.is_symlink())
-                / 1e6)
+            result["template_size_mb"] = round(
+                sum(f.stat().st_size for f in cache.rglob("*") if f.is_file() and not f.is_symlink()) / 1e6
+            )
             shutil.rmtree(cache)
         template.ensure(cfg.cache_dir)  # the runs below start from the cached template
         for n in (int(x) for x in args.hosts.split(",")):
@@ -69,8 +70,7 @@ def main() -> int:
             result[f"up_{n}_hosts_s"] = {"runs": ups, "median": statistics.median(ups)}
             result[f"ready_{n}_hosts_s"] = {"runs": ready, "median": statistics.median(ready)}
             result[f"down_{n}_hosts_s"] = {"runs": downs, "median": statistics.median(downs)}
-            print(f"{n} hosts: up {statistics.median(ups)} s, down {statistics.median(downs)} s",
-                  file=sys.stderr)
+            print(f"{n} hosts: up {statistics.median(ups)} s, down {statistics.median(downs)} s", file=sys.stderr)
     finally:
         manager.down(cfg)
         shutil.rmtree(work, ignore_errors=True)

@@ -44,23 +44,38 @@ def main() -> int:
     hosts = list(inv.hosts)
     data = yaml.safe_load(Path(args.inventory).read_text())
     data.setdefault("models", {})["lat-model"] = {
-        "path": "/models/lat", "arch": {"layers": 2, "hidden_size": 64, "attention_heads": 4, "kv_heads": 4,
-                                        "head_dim": 16, "vocab": 1000, "params": 1000000, "dtype": "bfloat16"}}
+        "path": "/models/lat",
+        "arch": {
+            "layers": 2,
+            "hidden_size": 64,
+            "attention_heads": 4,
+            "kv_heads": 4,
+            "head_dim": 16,
+            "vocab": 1000,
+            "params": 1000000,
+            "dtype": "bfloat16",
+        },
+    }
     engine = next(iter(data.get("engines") or {"vllm": None}))
-    data["instances"] = {f"lat-{h}": {"model": "lat-model", "engine": engine, "placement": f"{h}:0", "port": 8000}
-                         for h in hosts}
+    data["instances"] = {
+        f"lat-{h}": {"model": "lat-model", "engine": engine, "placement": f"{h}:0", "port": 8000} for h in hosts
+    }
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"clusterctl-logs-latency-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
     inv_path = work / "inventory.yaml"
     inv_path.write_text(yaml.safe_dump(data, sort_keys=False))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CLUSTERCTL_INVENTORY=str(inv_path),
-               XDG_STATE_HOME=str(work / "state"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CLUSTERCTL_INVENTORY=str(inv_path), XDG_STATE_HOME=str(work / "state"))
 
     arrivals: "queue.Queue[tuple[float, dict]]" = queue.Queue()
     t_start = time.monotonic()
-    follower = subprocess.Popen([sys.executable, "-m", "clusterctl.cli.main", "logs", "lat-*", "-f", "-n", "0",
-                                 "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                bufsize=1)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "clusterctl.cli.main", "logs", "lat-*", "-f", "-n", "0", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        bufsize=1,
+    )
 
     def reader() -> None:
         assert follower.stdout is not None
@@ -68,11 +83,15 @@ def main() -> int:
             arrivals.put((time.time(), json.loads(line)))
 
     threading.Thread(target=reader, daemon=True).start()
-    write = ("systemd-run --quiet --collect --unit=clusterctl-lat-$(hostname).service "
-             "sh -c 'echo MARK $(date +%s.%N)'")
+    write = "systemd-run --quiet --collect --unit=clusterctl-lat-$(hostname).service sh -c 'echo MARK $(date +%s.%N)'"
+
     def write_marks() -> None:
-        subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "exec", "all", "--sudo", "--", write],
-                       env=env, capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "clusterctl.cli.main", "exec", "all", "--sudo", "--", write],
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
 
     def collect(wait_s: float, on_mark) -> set[str]:
         seen: set[str] = set()
@@ -129,10 +148,17 @@ def main() -> int:
     result = {
         "benchmark": "logs -f latency: line written on a host -> printed by clusterctl",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "hosts": len(hosts), "rounds": rounds, "lines": len(latencies), "missing": missing,
+        "hosts": len(hosts),
+        "rounds": rounds,
+        "lines": len(latencies),
+        "missing": missing,
         "follower_ready_s": round(ready_s or 0, 2),
-        "latency_s": {"p50": round(pct(0.5), 3), "p95": round(pct(0.95), 3), "max": round(latencies[-1], 3)
-                      if latencies else None, "mean": round(statistics.mean(latencies), 3) if latencies else None},
+        "latency_s": {
+            "p50": round(pct(0.5), 3),
+            "p95": round(pct(0.95), 3),
+            "max": round(latencies[-1], 3) if latencies else None,
+            "mean": round(statistics.mean(latencies), 3) if latencies else None,
+        },
         "per_host_max_s": {h: round(max(v), 3) for h, v in per_host.items() if v},
         "machine": {"cpus": os.cpu_count(), "load1": os.getloadavg()[0]},
     }

@@ -59,10 +59,14 @@ MODEL = "qwen3-8b"
 def _inventory(ports: dict[str, int], router_port: int, model_dir: Path, arm: str):
     roles = {"a": "prefill", "b": "decode"} if arm != "colocated" else {"a": "mixed", "b": "mixed"}
     # the router's Prometheus port (clusterctl sets one per router): a free one, not port + 10000
-    pool = (f"pd_pools:\n  pool: {{model: {MODEL}, router: {{host: a, port: {router_port}, "
-            f"metrics_port: {free_port()}}}}}\n"
-            if arm != "colocated" else "")
-    return load_inventory_text(f"""\
+    pool = (
+        f"pd_pools:\n  pool: {{model: {MODEL}, router: {{host: a, port: {router_port}, "
+        f"metrics_port: {free_port()}}}}}\n"
+        if arm != "colocated"
+        else ""
+    )
+    return load_inventory_text(
+        f"""\
 version: 1
 defaults:
   gpus: {{count: 1, model: H100-SXM5-80GB, memory_gib: 80, interconnect: nvlink}}
@@ -76,7 +80,9 @@ models:
 instances:
   ia: {{model: {MODEL}, engine: sim, placement: "a:0", port: {ports['a']}, role: {roles['a']}}}
   ib: {{model: {MODEL}, engine: sim, placement: "b:0", port: {ports['b']}, role: {roles['b']}}}
-{pool}""", "bench.yaml")
+{pool}""",
+        "bench.yaml",
+    )
 
 
 def _wait_http(url: str, proc: subprocess.Popen[Any], timeout: float = 90.0) -> None:
@@ -112,25 +118,57 @@ class Arm:
             provision_host(work / arm / h, h, 0, 1, "H100-SXM5-80GB", "mlnx")
         for h, name in (("a", "ia"), ("b", "ib")):
             inst = self.inv.instances[name]
-            env = dict(os.environ, LD_LIBRARY_PATH=str(lib), FAKE_NVML_STATE=str(hw_dir(work / arm / h) / "nvml.json"),
-                       VLLM_SIM_TIME_SCALE=str(scale), VLLM_SIM_PROFILE="h100-sxm", CUDA_VISIBLE_DEVICES="0",
-                       **pd.kv_env(self.inv, inst, self.inv.hosts[h]))
+            env = dict(
+                os.environ,
+                LD_LIBRARY_PATH=str(lib),
+                FAKE_NVML_STATE=str(hw_dir(work / arm / h) / "nvml.json"),
+                VLLM_SIM_TIME_SCALE=str(scale),
+                VLLM_SIM_PROFILE="h100-sxm",
+                CUDA_VISIBLE_DEVICES="0",
+                **pd.kv_env(self.inv, inst, self.inv.hosts[h]),
+            )
             env.pop("VLLM_API_KEY", None)
-            argv = [sys.executable, "-m", "clusterctl.lab.vllm_sim", "serve", str(model_dir), "--host", "127.0.0.1",
-                    "--port", str(inst.port), "--served-model-name", MODEL, "--disable-log-stats",
-                    "--disable-uvicorn-access-log", *pd.kv_args(self.inv, inst)]
-            self.procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                               start_new_session=True))
+            argv = [
+                sys.executable,
+                "-m",
+                "clusterctl.lab.vllm_sim",
+                "serve",
+                str(model_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(inst.port),
+                "--served-model-name",
+                MODEL,
+                "--disable-log-stats",
+                "--disable-uvicorn-access-log",
+                *pd.kv_args(self.inv, inst),
+            ]
+            self.procs.append(
+                subprocess.Popen(
+                    argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+                )
+            )
         for inst, proc in zip(self.inv.instances.values(), self.procs):
             _wait_http(f"http://127.0.0.1:{inst.port}/health", proc)
         if arm == "colocated":
-            argv = [ROUTER, "--host", "127.0.0.1", "--port", str(self.router_port), "--policy", "round_robin",
-                    "--worker-urls", *(pd.instance_url(self.inv, i) for i in self.inv.instances.values())]
+            argv = [
+                ROUTER,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.router_port),
+                "--policy",
+                "round_robin",
+                "--worker-urls",
+                *(pd.instance_url(self.inv, i) for i in self.inv.instances.values()),
+            ]
         else:
             argv = pd.router_argv(self.inv, self.inv.pd_pools["pool"], self.inv.instances.values(), binary=ROUTER)
         argv += ["--log-level", "warning", "--disable-retries"]
-        self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                           start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        )
         _wait_http(f"http://127.0.0.1:{self.router_port}/health", self.procs[-1])
         if arm.endswith("pause-storm"):
             for nic in ("eth2", "eth3"):
@@ -152,8 +190,9 @@ class Arm:
                 buckets[le] = buckets.get(le, 0.0) + v
             xfer_s += total(m, "vllm:nixl_xfer_time_seconds_sum") or 0.0
             xfer_n += total(m, "vllm:nixl_xfer_time_seconds_count") or 0.0
-        out = {f"engine_itl_ms_p{p}": 1000 * (histogram_quantile(list(buckets.items()), p / 100) or 0.0)
-               for p in (50, 99)}
+        out = {
+            f"engine_itl_ms_p{p}": 1000 * (histogram_quantile(list(buckets.items()), p / 100) or 0.0) for p in (50, 99)
+        }
         out["kv_pulls"] = xfer_n
         out["kv_pull_ms_mean"] = 1000 * xfer_s / xfer_n if xfer_n else 0.0
         return out
@@ -173,8 +212,12 @@ class Arm:
 def _count_tokens(arm: Arm, prompt: str) -> int:
     """How many tokens the simulated model makes of ``prompt`` (its /tokenize)."""
     port = next(iter(arm.inv.instances.values())).port
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/tokenize", data=json.dumps({"prompt": prompt}).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/tokenize",
+        data=json.dumps({"prompt": prompt}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return int(json.loads(r.read())["count"])
 
@@ -185,10 +228,12 @@ async def _drive(port: int, reqs: list[tuple[float, str, bool]], max_tokens: int
 
     async def one(at: float, prompt: str, long: bool) -> dict[str, Any]:
         await asyncio.sleep(max(0.0, t0 + at * scale - time.perf_counter()))
-        r = await stream_completion(ep, {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
-                                         "ignore_eos": True, "stream": True}, timeout=120)
-        return {"long": long, "ok": r.ok, "ttft": r.ttft / scale, "itl": [x / scale for x in r.itl],
-                "error": r.error}
+        r = await stream_completion(
+            ep,
+            {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True},
+            timeout=120,
+        )
+        return {"long": long, "ok": r.ok, "ttft": r.ttft / scale, "itl": [x / scale for x in r.itl], "error": r.error}
 
     return list(await asyncio.gather(*(one(*x) for x in reqs)))
 
@@ -196,12 +241,20 @@ async def _drive(port: int, reqs: list[tuple[float, str, bool]], max_tokens: int
 def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if r["ok"]]
     out: dict[str, Any] = {"requests": len(rows), "failed": len(rows) - len(ok)}
-    for label, sel in (("all", ok), ("long", [r for r in ok if r["long"]]), ("short", [r for r in ok if not r["long"]])):
+    for label, sel in (
+        ("all", ok),
+        ("long", [r for r in ok if r["long"]]),
+        ("short", [r for r in ok if not r["long"]]),
+    ):
         ttft = [r["ttft"] for r in sel]
         itl = [x for r in sel for x in r["itl"]]
-        out[label] = {"ttft_ms_p50": 1000 * percentile(ttft, 50), "ttft_ms_p99": 1000 * percentile(ttft, 99),
-                      "itl_ms_p50": 1000 * percentile(itl, 50), "itl_ms_p99": 1000 * percentile(itl, 99),
-                      "n": len(sel)}
+        out[label] = {
+            "ttft_ms_p50": 1000 * percentile(ttft, 50),
+            "ttft_ms_p99": 1000 * percentile(ttft, 99),
+            "itl_ms_p50": 1000 * percentile(itl, 50),
+            "itl_ms_p99": 1000 * percentile(itl, 99),
+            "n": len(sel),
+        }
     return out
 
 
@@ -228,10 +281,14 @@ def main() -> int:
         long = rng.random() < a.long_share
         n = a.long if long else a.short
         reqs.append((t, " ".join(f"r{i}w{j}" for j in range(n)), long))
-    results: dict[str, Any] = {"workload": {k: getattr(a, k) for k in ("requests", "rate", "short", "long",
-                                                                       "long_share", "max_tokens", "time_scale",
-                                                                       "seed")},
-                               "load_avg_before": os.getloadavg()[0], "arms": {}}
+    results: dict[str, Any] = {
+        "workload": {
+            k: getattr(a, k)
+            for k in ("requests", "rate", "short", "long", "long_share", "max_tokens", "time_scale", "seed")
+        },
+        "load_avg_before": os.getloadavg()[0],
+        "arms": {},
+    }
     with tempfile.TemporaryDirectory(prefix="pd-bench-") as tmp:
         work = Path(tmp)
         lib = nvml.build(work / "nvml", "current").parent
@@ -243,7 +300,8 @@ def main() -> int:
                 if "prompt_tokens" not in results["workload"]:
                     results["workload"]["prompt_tokens"] = {
                         kind: _count_tokens(inst, next(p for _t, p, lg in reqs if lg == (kind == "long")))
-                        for kind in ("short", "long")}
+                        for kind in ("short", "long")
+                    }
                 rows = asyncio.run(_drive(inst.router_port, reqs, a.max_tokens, a.time_scale))
                 engine = inst.engine_stats()
             finally:
@@ -258,14 +316,18 @@ def main() -> int:
     tmpf = dest.with_suffix(".json.tmp")
     tmpf.write_text(json.dumps(results, indent=1) + "\n")
     os.replace(tmpf, dest)
-    print(f"{'arm':28} {'TTFT p50/p99 ms (all)':>22} {'long TTFT p50/p99':>18} {'short TTFT p50/p99':>19} "
-          f"{'ITL p50/p99 ms':>15} {'engine ITL p50/p99':>18} {'KV pull mean ms':>15} failed")
+    print(
+        f"{'arm':28} {'TTFT p50/p99 ms (all)':>22} {'long TTFT p50/p99':>18} {'short TTFT p50/p99':>19} "
+        f"{'ITL p50/p99 ms':>15} {'engine ITL p50/p99':>18} {'KV pull mean ms':>15} failed"
+    )
     for arm, s in results["arms"].items():
         al, lg, sh = s["all"], s["long"], s["short"]
-        print(f"{arm:28} {al['ttft_ms_p50']:10.0f}/{al['ttft_ms_p99']:<10.0f} {lg['ttft_ms_p50']:8.0f}/"
-              f"{lg['ttft_ms_p99']:<9.0f} {sh['ttft_ms_p50']:8.0f}/{sh['ttft_ms_p99']:<9.0f} "
-              f"{al['itl_ms_p50']:6.1f}/{al['itl_ms_p99']:<8.1f} {s['engine_itl_ms_p50']:8.1f}/"
-              f"{s['engine_itl_ms_p99']:<9.1f} {s['kv_pull_ms_mean']:15.1f} {s['failed']}")
+        print(
+            f"{arm:28} {al['ttft_ms_p50']:10.0f}/{al['ttft_ms_p99']:<10.0f} {lg['ttft_ms_p50']:8.0f}/"
+            f"{lg['ttft_ms_p99']:<9.0f} {sh['ttft_ms_p50']:8.0f}/{sh['ttft_ms_p99']:<9.0f} "
+            f"{al['itl_ms_p50']:6.1f}/{al['itl_ms_p99']:<8.1f} {s['engine_itl_ms_p50']:8.1f}/"
+            f"{s['engine_itl_ms_p99']:<9.1f} {s['kv_pull_ms_mean']:15.1f} {s['failed']}"
+        )
     print(f"prompt tokens: {results['workload'].get('prompt_tokens')}")
     print(f"load average {results['load_avg_before']:.1f} -> {results['load_avg_after']:.1f}; wrote {dest}")
     return 0

@@ -31,7 +31,14 @@ sys.path.insert(0, str(REPO))
 from clusterctl.deploy.placement.place import desired_instances  # noqa: E402
 from clusterctl.deploy.state import DeployState  # noqa: E402
 from clusterctl.inventory.model import (  # noqa: E402
-    Engine, GpuRef, GpuSpec, Host, Instance, InstanceTemplate, Inventory, Model,
+    Engine,
+    GpuRef,
+    GpuSpec,
+    Host,
+    Instance,
+    InstanceTemplate,
+    Inventory,
+    Model,
 )
 
 
@@ -52,11 +59,13 @@ def fleet(n: int) -> tuple[Inventory, int]:
         name = f"gpu{i:05d}"
         inv.hosts[name] = Host(name=name, address=name, gpus=GpuSpec(count=8, interconnect="nvlink"))
         if i % 16 == 0:
-            inv.instances[f"x{i}"] = Instance(name=f"x{i}", model="m", engine="e",
-                                              placement=(GpuRef(name, 7),), port=9000)
+            inv.instances[f"x{i}"] = Instance(
+                name=f"x{i}", model="m", engine="e", placement=(GpuRef(name, 7),), port=9000
+            )
     replicas = n * 4 - n // 16 - 4
-    inv.templates["pool"] = InstanceTemplate(name="pool", model="m", engine="e", replicas=replicas, tp=2,
-                                             hosts="gpu*", port_base=8000)
+    inv.templates["pool"] = InstanceTemplate(
+        name="pool", model="m", engine="e", replicas=replicas, tp=2, hosts="gpu*", port_base=8000
+    )
     return inv, replicas
 
 
@@ -84,13 +93,29 @@ def main() -> None:
         grown = first.state.copy()
         grown.replicas["pool"] = replicas + max(1, replicas // 100)
         grow_s, up = median_s(lambda: desired_instances(inv, grown, topology=topo), args.repeat)
-        rows.append({"hosts": n, "gpus": n * 8, "replicas": replicas, "placed": len(first.new),
-                     "first_placement_s": first_s, "rerun_nothing_to_place_s": again_s,
-                     "scale_up_1pct_s": grow_s, "scale_up_added": len(up.new), "scale_up_unplaced": len(up.unplaced)})
+        rows.append(
+            {
+                "hosts": n,
+                "gpus": n * 8,
+                "replicas": replicas,
+                "placed": len(first.new),
+                "first_placement_s": first_s,
+                "rerun_nothing_to_place_s": again_s,
+                "scale_up_1pct_s": grow_s,
+                "scale_up_added": len(up.new),
+                "scale_up_unplaced": len(up.unplaced),
+            }
+        )
         print(json.dumps(rows[-1]))
-    doc = {"benchmark": "placement", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-           "repeat": args.repeat, "results": rows}
+    doc = {
+        "benchmark": "placement",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "repeat": args.repeat,
+        "results": rows,
+    }
     out = REPO / "benchmarks" / "results" / f"placement-{datetime.now(timezone.utc):%Y-%m-%dT%H%M}.json"
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")

@@ -62,13 +62,24 @@ fanout_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fanout_run)
 sh, version_of = fanout_run.sh, fanout_run.version_of
 
-TOOLS = ("exec-floor", "collector-floor", "shipped-floor", "facts-shipped", "facts-cached",
-         "doctor-shipped", "doctor-cached", "cheap-floor", "facts-cheap")
+TOOLS = (
+    "exec-floor",
+    "collector-floor",
+    "shipped-floor",
+    "facts-shipped",
+    "facts-cached",
+    "doctor-shipped",
+    "doctor-cached",
+    "cheap-floor",
+    "facts-cheap",
+)
 CHEAP = HERE / "cheap_collector.py"
 # `clusterctl ...` with the payload built around the cheap collector (argv after -c: the CLI's)
-CHEAP_CLI = ("import pathlib, runpy, sys; import clusterctl.probe.payload as p; "
-             f"p.COLLECTOR_PATH = pathlib.Path({str(CHEAP)!r}); sys.argv[0] = 'clusterctl'; "
-             "runpy.run_module('clusterctl.cli.main', run_name='__main__', alter_sys=True)")
+CHEAP_CLI = (
+    "import pathlib, runpy, sys; import clusterctl.probe.payload as p; "
+    f"p.COLLECTOR_PATH = pathlib.Path({str(CHEAP)!r}); sys.argv[0] = 'clusterctl'; "
+    "runpy.run_module('clusterctl.cli.main', run_name='__main__', alter_sys=True)"
+)
 
 
 def count_ok(name: str, p: subprocess.CompletedProcess[str]) -> int:
@@ -98,9 +109,14 @@ class Bench:
 
     def env(self, cache: bool) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "CLUSTERCTL_NODE_CACHE_DIR")}
-        env.update(HOME=str(self.work / "home"), XDG_STATE_HOME=str(self.work / "state"),
-                   XDG_CONFIG_HOME=str(self.work / "config"), CLUSTERCTL_SSH_CONFIG="none",
-                   PYTHONPATH=str(REPO), CLUSTERCTL_NODE_CACHE="on" if cache else "off")
+        env.update(
+            HOME=str(self.work / "home"),
+            XDG_STATE_HOME=str(self.work / "state"),
+            XDG_CONFIG_HOME=str(self.work / "config"),
+            CLUSTERCTL_SSH_CONFIG="none",
+            PYTHONPATH=str(REPO),
+            CLUSTERCTL_NODE_CACHE="on" if cache else "off",
+        )
         Path(env["HOME"]).mkdir(exist_ok=True)
         return env
 
@@ -124,18 +140,45 @@ class Bench:
         hosts_file = self.work / f"hosts_{n}.txt"
         hosts_file.write_text("\n".join(light.address_for(i, a.base) for i in range(n)) + "\n")
         floor = [py, str(HERE.parent / "facts" / "floor.py"), str(hosts_file), key, f]
-        facts = [py, "-m", "clusterctl.cli.main", "facts", "-i", str(inv), "all", "--fanout", f,
-                 "--connect-timeout", "30", "--json"]
-        doctor = [py, "-m", "clusterctl.cli.main", "doctor", "all", "-i", str(inv), "--fanout", f,
-                  "--interval", "0", "--json"]
+        facts = [
+            py,
+            "-m",
+            "clusterctl.cli.main",
+            "facts",
+            "-i",
+            str(inv),
+            "all",
+            "--fanout",
+            f,
+            "--connect-timeout",
+            "30",
+            "--json",
+        ]
+        doctor = [
+            py,
+            "-m",
+            "clusterctl.cli.main",
+            "doctor",
+            "all",
+            "-i",
+            str(inv),
+            "--fanout",
+            f,
+            "--interval",
+            "0",
+            "--json",
+        ]
         cheap = [py, "-c", CHEAP_CLI] + facts[3:]
         tools: dict[str, tuple[list[str], bool]] = {
             "exec-floor": (floor + ["/dev/null", "python3 -I -B -c pass"], True),
             "collector-floor": (floor + ["/dev/null", self.cached_command], True),
             "shipped-floor": (floor + [str(self.payload_file), self.shipped_command], True),
-            "facts-shipped": (facts, False), "facts-cached": (facts, True),
-            "doctor-shipped": (doctor, False), "doctor-cached": (doctor, True),
-            "cheap-floor": (floor + ["/dev/null", self.cheap_command], True), "facts-cheap": (cheap, True),
+            "facts-shipped": (facts, False),
+            "facts-cached": (facts, True),
+            "doctor-shipped": (doctor, False),
+            "doctor-cached": (doctor, True),
+            "cheap-floor": (floor + ["/dev/null", self.cheap_command], True),
+            "facts-cheap": (cheap, True),
         }
         tools = {k: v for k, v in tools.items() if k in a.tools}
         # prime every host's cache (the collector alone and doctor's node script), untimed
@@ -143,8 +186,10 @@ class Bench:
             if name not in tools and not (name == "facts-cheap" and "cheap-floor" in tools):
                 continue
             wall, _, p = sh(cmd, self.env(True), timeout=a.run_timeout)
-            self.notes.append(f"N={n}: priming with {name} (first run: every host ships): {wall:.2f} s, "
-                              f"{count_ok(name, p)}/{n} ok, load {os.getloadavg()[0]:.1f}")
+            self.notes.append(
+                f"N={n}: priming with {name} (first run: every host ships): {wall:.2f} s, "
+                f"{count_ok(name, p)}/{n} ok, load {os.getloadavg()[0]:.1f}"
+            )
         for r in range(a.rounds):
             for name, (cmd, cache) in tools.items():
                 self.one(name, n, r, cmd, cache)
@@ -157,8 +202,17 @@ class Bench:
             ok, rc = count_ok(name, p), p.returncode
         except subprocess.TimeoutExpired:
             wall, cpu, ok, rc = float(self.args.run_timeout), 0.0, 0, -1
-        row = {"tool": name, "n": n, "round": rnd, "wall_s": round(wall, 3), "client_cpu_s": round(cpu, 2),
-               "ok": ok, "rc": rc, "load1_before": round(load, 2), "load1_after": round(os.getloadavg()[0], 2)}
+        row = {
+            "tool": name,
+            "n": n,
+            "round": rnd,
+            "wall_s": round(wall, 3),
+            "client_cpu_s": round(cpu, 2),
+            "ok": ok,
+            "rc": rc,
+            "load1_before": round(load, 2),
+            "load1_after": round(os.getloadavg()[0], 2),
+        }
         self.runs.append(row)
         print(json.dumps(row), flush=True)
 
@@ -171,25 +225,38 @@ class Bench:
         for (tool, n), rows in groups.items():
             m = med[(tool, n)]
             ex, co = med.get(("exec-floor", n)), med.get(("collector-floor", n))
-            out.append({"tool": tool, "n": n, "runs": len(rows), "median_s": round(m, 2),
-                        "min_s": round(min(float(r["wall_s"]) for r in rows), 2),
-                        "max_s": round(max(float(r["wall_s"]) for r in rows), 2),
-                        "ok_worst": min(int(r["ok"]) for r in rows),
-                        "over_exec_floor": round(m / ex, 2) if ex else None,
-                        "over_collector_floor": round(m / co, 2) if co else None,
-                        "load1_range": [min(min(r["load1_before"], r["load1_after"]) for r in rows),
-                                        max(max(r["load1_before"], r["load1_after"]) for r in rows)]})
+            out.append(
+                {
+                    "tool": tool,
+                    "n": n,
+                    "runs": len(rows),
+                    "median_s": round(m, 2),
+                    "min_s": round(min(float(r["wall_s"]) for r in rows), 2),
+                    "max_s": round(max(float(r["wall_s"]) for r in rows), 2),
+                    "ok_worst": min(int(r["ok"]) for r in rows),
+                    "over_exec_floor": round(m / ex, 2) if ex else None,
+                    "over_collector_floor": round(m / co, 2) if co else None,
+                    "load1_range": [
+                        min(min(r["load1_before"], r["load1_after"]) for r in rows),
+                        max(max(r["load1_before"], r["load1_after"]) for r in rows),
+                    ],
+                }
+            )
         return out
 
 
 def table(data: dict[str, Any]) -> str:
-    lines = ["| tool | N | runs | median s | min-max s | ok (worst) | / exec floor | / collector floor | load 1-min |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| tool | N | runs | median s | min-max s | ok (worst) | / exec floor | / collector floor | load 1-min |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in data["summary"]:
         lo, hi = r["load1_range"]
-        lines.append(f"| {r['tool']} | {r['n']} | {r['runs']} | {r['median_s']} | {r['min_s']}-{r['max_s']} | "
-                     f"{r['ok_worst']}/{r['n']} | {r['over_exec_floor']}x | {r['over_collector_floor']}x | "
-                     f"{lo:.1f}-{hi:.1f} |")
+        lines.append(
+            f"| {r['tool']} | {r['n']} | {r['runs']} | {r['median_s']} | {r['min_s']}-{r['max_s']} | "
+            f"{r['ok_worst']}/{r['n']} | {r['over_exec_floor']}x | {r['over_collector_floor']}x | "
+            f"{lo:.1f}-{hi:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -199,8 +266,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fanout", type=int, default=64)
     ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
-    ap.add_argument("--lab-dir", default=os.environ.get("CLUSTERCTL_LAB_DIR", "/var/lib/clusterctl-lab-pc")
-                    + "/light-probe-cache")
+    ap.add_argument(
+        "--lab-dir", default=os.environ.get("CLUSTERCTL_LAB_DIR", "/var/lib/clusterctl-lab-pc") + "/light-probe-cache"
+    )
     ap.add_argument("--base", default="127.31", help="light hosts' addresses: BASE.x.y")
     ap.add_argument("--run-timeout", type=float, default=900.0)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
@@ -223,13 +291,26 @@ def main() -> int:
     date = dt.datetime.now().strftime("%Y-%m-%dT%H%M")
     data: dict[str, Any] = {
         "date": date,
-        "versions": {"python": platform.python_version(), "kernel": platform.release(), "cpus": str(os.cpu_count()),
-                     "source": version_of(["git", "-C", str(REPO), "describe", "--always", "--dirty"])},
-        "settings": {"fanout": args.fanout, "rounds": args.rounds, "sizes": args.sizes,
-                     "payload_bytes": len(payload().data), "payload_sha256": payload().digest,
-                     "doctor_program_bytes": len(doctor_program), "doctor_program_sha256": digest(doctor_program),
-                     "cached_command_bytes": len(bench.cached_command)},
-        "runs": bench.runs, "summary": bench.summary(), "notes": bench.notes}
+        "versions": {
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+            "cpus": str(os.cpu_count()),
+            "source": version_of(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
+        },
+        "settings": {
+            "fanout": args.fanout,
+            "rounds": args.rounds,
+            "sizes": args.sizes,
+            "payload_bytes": len(payload().data),
+            "payload_sha256": payload().digest,
+            "doctor_program_bytes": len(doctor_program),
+            "doctor_program_sha256": digest(doctor_program),
+            "cached_command_bytes": len(bench.cached_command),
+        },
+        "runs": bench.runs,
+        "summary": bench.summary(),
+        "notes": bench.notes,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"probe-cache-{date}.json"

@@ -60,11 +60,20 @@ def measure(kind: str, model: Path, bursts: int, nice: int | None, flags: list[s
             time.sleep(2.5)  # the next stats line covers the burst's end
             n = preemptions_total(ep) - before
             lines = [x.rstrip() for x in ep.lines[mark:] if "Preemptions: " in x]
-            row = {"preemptions": n, "wall_s": round(wall, 2),
-                   "completed": sum(1 for r in res if r["status"] == 200 and r["finish_reason"] == "length"
-                                    and (r["usage"] or {}).get("completion_tokens") == OUTPUT),
-                   "streams": STREAMS, "stats_lines": lines[-4:],
-                   "loadavg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+            row = {
+                "preemptions": n,
+                "wall_s": round(wall, 2),
+                "completed": sum(
+                    1
+                    for r in res
+                    if r["status"] == 200
+                    and r["finish_reason"] == "length"
+                    and (r["usage"] or {}).get("completion_tokens") == OUTPUT
+                ),
+                "streams": STREAMS,
+                "stats_lines": lines[-4:],
+                "loadavg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+            }
             print(kind, row, file=sys.stderr)
             out["bursts"].append(row)
         return out
@@ -74,9 +83,17 @@ def measure(kind: str, model: Path, bursts: int, nice: int | None, flags: list[s
 
 def virtual() -> int:
     """The cpu-1core profile's preemptions on the virtual clock for one burst (the tier-1 test's figure)."""
-    b = L.bench_point(PROFILES["cpu-1core"], L.MODEL_TINY_LLAMA, concurrency=STREAMS, requests=STREAMS,
-                      prompt_len=PROMPT, output_len=OUTPUT, num_blocks=KV_BYTES // (BLOCK * 1024),
-                      block_size=BLOCK, **BUDGET)
+    b = L.bench_point(
+        PROFILES["cpu-1core"],
+        L.MODEL_TINY_LLAMA,
+        concurrency=STREAMS,
+        requests=STREAMS,
+        prompt_len=PROMPT,
+        output_len=OUTPUT,
+        num_blocks=KV_BYTES // (BLOCK * 1024),
+        block_size=BLOCK,
+        **BUDGET,
+    )
     return b.preemptions
 
 
@@ -88,23 +105,50 @@ def main() -> int:
     model = realmodel.model_dir()
     if model is None:
         raise SystemExit("the tiny real model is not there (scripts/install-real-vllm)")
-    doc: dict[str, Any] = {"what": "preemptions under a small KV cache: real vLLM 0.32 CPU vs the simulator",
-                           "workload": {"streams": STREAMS, "prompt_tokens": PROMPT, "output_tokens": OUTPUT,
-                                        "kv_cache_memory_bytes": KV_BYTES, "block_size": BLOCK,
-                                        "max_model_len": MAX_LEN, "budget": BUDGET},
-                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    doc: dict[str, Any] = {
+        "what": "preemptions under a small KV cache: real vLLM 0.32 CPU vs the simulator",
+        "workload": {
+            "streams": STREAMS,
+            "prompt_tokens": PROMPT,
+            "output_tokens": OUTPUT,
+            "kv_cache_memory_bytes": KV_BYTES,
+            "block_size": BLOCK,
+            "max_model_len": MAX_LEN,
+            "budget": BUDGET,
+        },
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     env = {"VLLM_LOG_STATS_INTERVAL": "1"}
     doc["real"] = measure("real-0.32", model, a.bursts, a.engine_nice, [], env=env, kv_bytes=str(KV_BYTES))
     from clusterctl.lab.hardware import nvml, provision_host
     from clusterctl.lab.hardware.host import hw_dir
+
     with tempfile.TemporaryDirectory() as td:
         lib = nvml.build(Path(td) / "nvml", "current").parent
         provision_host(Path(td) / "h1", "h1", 0, 1, "H100-SXM5-80GB", "mlnx")
-        flags = ["--kv-cache-memory-bytes", str(KV_BYTES), "--block-size", str(BLOCK), "--sim-profile",
-                 "cpu-1core", "--enforce-eager", "--max-num-seqs", str(BUDGET["max_num_seqs"]),
-                 "--max-num-batched-tokens", str(BUDGET["max_num_batched_tokens"])]
-        doc["sim_1x"] = measure("sim-0.33", model, a.bursts, a.engine_nice, flags, env={**env, "VLLM_SIM_TIME_SCALE": "1"},
-                                nvml_lib=lib, nvml_state=hw_dir(Path(td) / "h1") / "nvml.json")
+        flags = [
+            "--kv-cache-memory-bytes",
+            str(KV_BYTES),
+            "--block-size",
+            str(BLOCK),
+            "--sim-profile",
+            "cpu-1core",
+            "--enforce-eager",
+            "--max-num-seqs",
+            str(BUDGET["max_num_seqs"]),
+            "--max-num-batched-tokens",
+            str(BUDGET["max_num_batched_tokens"]),
+        ]
+        doc["sim_1x"] = measure(
+            "sim-0.33",
+            model,
+            a.bursts,
+            a.engine_nice,
+            flags,
+            env={**env, "VLLM_SIM_TIME_SCALE": "1"},
+            nvml_lib=lib,
+            nvml_state=hw_dir(Path(td) / "h1") / "nvml.json",
+        )
         doc["sim_1x"]["flags"] = flags
     doc["virtual_preemptions"] = virtual()
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -27,10 +27,12 @@ sys.path.insert(0, str(ROOT))
 from clusterctl.files import write_atomic  # noqa: E402
 from clusterctl.report.svg import COLOURS  # noqa: E402
 
-SEGMENTS = {"prestage": ("pre-staging + warm (before the window)", "#bbb"),
-            "round": ("fan-out round", COLOURS[3 % len(COLOURS)]),
-            "stage": ("staging in the window (B: switch only)", COLOURS[0]),
-            "restart": ("restart + gates (load, then /health, /v1/models, completion)", COLOURS[1])}
+SEGMENTS = {
+    "prestage": ("pre-staging + warm (before the window)", "#bbb"),
+    "round": ("fan-out round", COLOURS[3 % len(COLOURS)]),
+    "stage": ("staging in the window (B: switch only)", COLOURS[0]),
+    "restart": ("restart + gates (load, then /health, /v1/models, completion)", COLOURS[1]),
+}
 
 
 def bars(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, float]], float]]:
@@ -59,39 +61,53 @@ def release_svg(doc: dict[str, Any], width: int = 760) -> str:
     def px(t: float) -> float:
         return left + (t + before) / span * pw
 
-    title = (f"Release of a {doc['bytes'] / 2**20:.0f} MiB model, source at {doc['rate']} (S/B = "
-             f"{doc['S_over_B_s']:.1f} s), --serial {doc['serial']}, load of {doc['real_gb']:g} GB x {doc['time_scale']:g}")
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" role="img" aria-label="{escape(title)}">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="10" y="18" font-size="12" font-weight="bold">{escape(title)}</text>',
-           '<text x="10" y="34" font-size="10">light lab, 2 shared CPUs; load average (1 min) before each host '
-           'count in the labels</text>']
+    title = (
+        f"Release of a {doc['bytes'] / 2**20:.0f} MiB model, source at {doc['rate']} (S/B = "
+        f"{doc['S_over_B_s']:.1f} s), --serial {doc['serial']}, load of {doc['real_gb']:g} GB x {doc['time_scale']:g}"
+    )
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" role="img" aria-label="{escape(title)}">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="10" y="18" font-size="12" font-weight="bold">{escape(title)}</text>',
+        '<text x="10" y="34" font-size="10">light lab, 2 shared CPUs; load average (1 min) before each host '
+        'count in the labels</text>',
+    ]
     y_end = top + row_h * len(rows)
     step = 10 if span < 150 else 30
     t = -int(before // step) * step
     while t <= after:
-        out.append(f'<line x1="{px(t):.1f}" y1="{top - 4}" x2="{px(t):.1f}" y2="{y_end}" stroke="#eee"/>'
-                   f'<text x="{px(t):.1f}" y="{y_end + 14}" font-size="10" text-anchor="middle">{t} s</text>')
+        out.append(
+            f'<line x1="{px(t):.1f}" y1="{top - 4}" x2="{px(t):.1f}" y2="{y_end}" stroke="#eee"/>'
+            f'<text x="{px(t):.1f}" y="{y_end + 14}" font-size="10" text-anchor="middle">{t} s</text>'
+        )
         t += step
-    out.append(f'<line x1="{px(0):.1f}" y1="{top - 4}" x2="{px(0):.1f}" y2="{y_end}" stroke="#333"/>'
-               f'<text x="{px(0) + 3:.1f}" y="{top - 6}" font-size="10">window opens</text>')
+    out.append(
+        f'<line x1="{px(0):.1f}" y1="{top - 4}" x2="{px(0):.1f}" y2="{y_end}" stroke="#333"/>'
+        f'<text x="{px(0) + 3:.1f}" y="{top - 6}" font-size="10">window opens</text>'
+    )
     for i, (label, segs, pre) in enumerate(rows):
         y = top + i * row_h
         out.append(f'<text x="{left - 6}" y="{y + 14}" font-size="10" text-anchor="end">{escape(label)}</text>')
         if pre:
-            out.append(f'<rect x="{px(-pre):.1f}" y="{y + 3}" width="{px(0) - px(-pre):.1f}" height="{row_h - 6}" '
-                       f'fill="{SEGMENTS["prestage"][1]}"/>')
+            out.append(
+                f'<rect x="{px(-pre):.1f}" y="{y + 3}" width="{px(0) - px(-pre):.1f}" height="{row_h - 6}" '
+                f'fill="{SEGMENTS["prestage"][1]}"/>'
+            )
         t0 = 0.0
         for seg, secs in segs:
-            out.append(f'<rect x="{px(t0):.1f}" y="{y + 3}" width="{max(0.5, px(t0 + secs) - px(t0)):.1f}" '
-                       f'height="{row_h - 6}" fill="{SEGMENTS[seg][1]}" stroke="white" stroke-width="0.5"/>')
+            out.append(
+                f'<rect x="{px(t0):.1f}" y="{y + 3}" width="{max(0.5, px(t0 + secs) - px(t0)):.1f}" '
+                f'height="{row_h - 6}" fill="{SEGMENTS[seg][1]}" stroke="white" stroke-width="0.5"/>'
+            )
             t0 += secs
         out.append(f'<text x="{px(t0) + 3:.1f}" y="{y + 14}" font-size="9">{t0:.0f} s</text>')
     for j, (label, colour) in enumerate(SEGMENTS.values()):
         ly = y_end + 30 + 14 * j
-        out.append(f'<rect x="{left}" y="{ly - 8}" width="14" height="9" fill="{colour}"/>'
-                   f'<text x="{left + 20}" y="{ly}" font-size="10">{escape(label)}</text>')
+        out.append(
+            f'<rect x="{left}" y="{ly - 8}" width="14" height="9" fill="{colour}"/>'
+            f'<text x="{left + 20}" y="{ly}" font-size="10">{escape(label)}</text>'
+        )
     return "\n".join(out) + "\n</svg>\n"
 
 

@@ -161,8 +161,16 @@ class Source(staging_run.SourceNetns):  # type: ignore[misc,name-defined]
 
     def __enter__(self) -> "Source":
         bps = netfaults.parse_rate(self.rate)
-        tbf = ["root", "tbf", "rate", f"{bps}bit", "burst", str(netfaults.tbf_burst_bytes(bps)),
-               "latency", netfaults.TBF_LATENCY]
+        tbf = [
+            "root",
+            "tbf",
+            "rate",
+            f"{bps}bit",
+            "burst",
+            str(netfaults.tbf_burst_bytes(bps)),
+            "latency",
+            netfaults.TBF_LATENCY,
+        ]
         sh("ip", "netns", "add", self.ns)
         sh("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
         sh("ip", "addr", "add", f"{self.here}/30", "dev", self.veth)
@@ -174,8 +182,11 @@ class Source(staging_run.SourceNetns):  # type: ignore[misc,name-defined]
         sh("ip", "netns", "exec", self.ns, "tc", "qdisc", "replace", "dev", "eth0", *tbf)
         conf = self.tmp / "nginx.conf"
         conf.write_text(staging_run.NGINX_CONF.format(tmp=self.tmp, addr=self.addr, port=SRC_PORT, root=self.root))
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, "nginx", "-c", str(conf), "-p", str(self.tmp)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, "nginx", "-c", str(conf), "-p", str(self.tmp)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for _ in range(100):
             try:
                 urllib.request.urlopen(self.url("v1") + mf.MANIFEST_NAME, timeout=1).read()
@@ -196,16 +207,28 @@ def write_random_model(out: Path, total: int) -> None:
 def stage_row(rep: Any, secs: float, bound: float) -> dict[str, Any]:
     """Staging's seconds, ratio to S/B and the per-node timings (head lag: when the
     head forwarded its last chunk after writing it, the tail's wall)."""
-    nodes = [{"host": r.host, "wall_s": round(r.duration_s, 3), "node_s": r.data.get("seconds"),
-              "already_present": bool(r.data.get("already_present")), "timings": r.data.get("timings"),
-              "warm": r.data.get("warm")} for r in rep.rows]
-    return {"seconds": round(secs, 3), "ratio_to_S_over_B": round(secs / bound, 3) if bound else None,
-            "ok": rep.ok, "failures": [r.to_dict() for r in rep.rows if not r.ok], "nodes": nodes}
+    nodes = [
+        {
+            "host": r.host,
+            "wall_s": round(r.duration_s, 3),
+            "node_s": r.data.get("seconds"),
+            "already_present": bool(r.data.get("already_present")),
+            "timings": r.data.get("timings"),
+            "warm": r.data.get("warm"),
+        }
+        for r in rep.rows
+    ]
+    return {
+        "seconds": round(secs, 3),
+        "ratio_to_S_over_B": round(secs / bound, 3) if bound else None,
+        "ok": rep.ok,
+        "failures": [r.to_dict() for r in rep.rows if not r.ok],
+        "nodes": nodes,
+    }
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, inv: Any, src: Source, mans: dict[str, mf.Manifest],
-                 size: int):
+    def __init__(self, args: argparse.Namespace, inv: Any, src: Source, mans: dict[str, mf.Manifest], size: int):
         self.args, self.inv, self.src, self.mans, self.size = args, inv, src, mans, size
         self.model = Model("bench", MODEL_PATH)
         self.bound = size * 8 / netfaults.parse_rate(args.rate)
@@ -217,8 +240,16 @@ class Bench:
         source = parse_source(self.src.url(version))
         with self.fleet(names) as fl:
             t0 = time.monotonic()
-            rep = stage_model(fl, [self.inv.hosts[h] for h in names], self.model, source, self.mans[version],
-                              relay="chain", workers=self.args.workers, **kw)
+            rep = stage_model(
+                fl,
+                [self.inv.hosts[h] for h in names],
+                self.model,
+                source,
+                self.mans[version],
+                relay="chain",
+                workers=self.args.workers,
+                **kw,
+            )
             secs = time.monotonic() - t0
         row = stage_row(rep, secs, self.bound)
         if not rep.ok:
@@ -231,12 +262,24 @@ class Bench:
         cmds = {}
         for h in names:
             addr = self.inv.hosts[h].address
-            argv = " ".join(shlex.quote(str(x)) for x in (addr, REPLICA_PORT, MODEL_PATH, SERVED,
-                                                           self.args.real_gb * 1e9, self.args.time_scale,
-                                                           HOT_BPS, COLD_BPS))
-            cmds[h] = ("p=$(cat /run/standin.pid 2>/dev/null); if [ -n \"$p\" ]; then kill \"$p\"; "
-                       "while kill -0 \"$p\" 2>/dev/null; do sleep 0.02; done; fi; rm -f /run/standin.pid; "
-                       f"setsid -f python3 -c {prog} {argv} </dev/null >/run/standin.log 2>&1")
+            argv = " ".join(
+                shlex.quote(str(x))
+                for x in (
+                    addr,
+                    REPLICA_PORT,
+                    MODEL_PATH,
+                    SERVED,
+                    self.args.real_gb * 1e9,
+                    self.args.time_scale,
+                    HOT_BPS,
+                    COLD_BPS,
+                )
+            )
+            cmds[h] = (
+                "p=$(cat /run/standin.pid 2>/dev/null); if [ -n \"$p\" ]; then kill \"$p\"; "
+                "while kill -0 \"$p\" 2>/dev/null; do sleep 0.02; done; fi; rm -f /run/standin.pid; "
+                f"setsid -f python3 -c {prog} {argv} </dev/null >/run/standin.log 2>&1"
+            )
         t0 = time.monotonic()
         with self.fleet(names) as fl:
             res = fl.run(cmds, timeout=60)
@@ -244,15 +287,20 @@ class Bench:
         bad = [r for r in res if not r.ok]
         if bad:
             raise RuntimeError(f"restart failed: {[(r.host, r.error, r.stderr[-200:]) for r in bad[:3]]}")
-        targets = [gates.GateTarget(f"bench-{h}", h, self.inv.hosts[h].address, REPLICA_PORT, SERVED)
-                   for h in names]
+        targets = [gates.GateTarget(f"bench-{h}", h, self.inv.hosts[h].address, REPLICA_PORT, SERVED) for h in names]
         results = gates.wait_gates(targets, timeout_s=600)
         t_all = time.monotonic() - t0
         if not all(g.ok for g in results):
             raise RuntimeError(f"gates failed: {[g.to_dict() for g in results if not g.ok][:3]}")
         info = [json.loads(gates.request(t, "/standin", None, 5)[1]) for t in targets[:1]]
-        return {"hosts": len(names), "apply_s": round(t_apply, 3), "gated_s": round(t_all, 3),
-                "gate_after_apply_s": round(t_all - t_apply, 3), "replica": info[0], "load1": load1()}
+        return {
+            "hosts": len(names),
+            "apply_s": round(t_apply, 3),
+            "gated_s": round(t_all, 3),
+            "gate_after_apply_s": round(t_all - t_apply, 3),
+            "replica": info[0],
+            "load1": load1(),
+        }
 
     def release(self, names: list[str], version: str, prestaged: bool) -> dict[str, Any]:
         """One release to ``version`` over ``names`` in batches of ``--serial``."""
@@ -276,25 +324,39 @@ class Bench:
             b.update(self.restart(batch))
             b["seconds"] = round(time.monotonic() - s0, 3)
             out["batches"].append(b)
-            print(f"  batch {len(batch)} hosts: stage {b['stage_s']} s, restart+gates {b['gated_s']} s "
-                  f"(load1 {b['load1']})", file=sys.stderr)
+            print(
+                f"  batch {len(batch)} hosts: stage {b['stage_s']} s, restart+gates {b['gated_s']} s "
+                f"(load1 {b['load1']})",
+                file=sys.stderr,
+            )
         out["window_s"] = round(time.monotonic() - t0, 3)
         out["load1_after"] = load1()
         return out
 
     def disk_rates(self, host: str, version: str) -> dict[str, Any]:
         """Read rate of the staged shards on ``host``: cold (evicted first) and from the page cache."""
-        prog = ("import os,sys,time\nfds=[os.open(p,os.O_RDONLY) for p in sys.argv[2:]]\n"
-                "if sys.argv[1]=='cold':\n for fd in fds: os.fdatasync(fd); os.posix_fadvise(fd,0,0,4)\n"
-                "t=time.monotonic();n=0\nfor fd in fds:\n while True:\n  b=os.read(fd,1<<22)\n"
-                "  if not b: break\n  n+=len(b)\nprint(n/(time.monotonic()-t))")
-        files = [f"/root/models/.versions/bench/{version}/{f.path}" for f in self.mans[version].files
-                 if f.path.endswith(".safetensors")]
+        prog = (
+            "import os,sys,time\nfds=[os.open(p,os.O_RDONLY) for p in sys.argv[2:]]\n"
+            "if sys.argv[1]=='cold':\n for fd in fds: os.fdatasync(fd); os.posix_fadvise(fd,0,0,4)\n"
+            "t=time.monotonic();n=0\nfor fd in fds:\n while True:\n  b=os.read(fd,1<<22)\n"
+            "  if not b: break\n  n+=len(b)\nprint(n/(time.monotonic()-t))"
+        )
+        files = [
+            f"/root/models/.versions/bench/{version}/{f.path}"
+            for f in self.mans[version].files
+            if f.path.endswith(".safetensors")
+        ]
         out = {}
         with self.fleet([host]) as fl:
             for kind in ("cold", "cached"):  # the best of 3: the machine is shared
-                rates = [float(fl.run(f"python3 -c {shlex.quote(prog)} {kind} {' '.join(files)}",
-                                      timeout=300)[host].stdout.strip()) for _ in range(3)]
+                rates = [
+                    float(
+                        fl.run(f"python3 -c {shlex.quote(prog)} {kind} {' '.join(files)}", timeout=300)[
+                            host
+                        ].stdout.strip()
+                    )
+                    for _ in range(3)
+                ]
                 out[f"{kind}_Bps"] = round(max(rates))
         out["load1"] = load1()
         return out
@@ -323,8 +385,9 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
     # Staging fitted on every cold chain measured: the first version on all N hosts and
     # release A's per-batch chains (1 host up to 3/4 of N), all with a switch and no warm-up.
     chain_n = [r["hosts"] for r in runs] + [b["hosts"] for r in runs for b in r["A"]["batches"]]
-    chain_s = ([r["initial_stage"]["seconds"] for r in runs]
-               + [b["stage"]["seconds"] for r in runs for b in r["A"]["batches"]])
+    chain_s = [r["initial_stage"]["seconds"] for r in runs] + [
+        b["stage"]["seconds"] for r in runs for b in r["A"]["batches"]
+    ]
     a_s, h_s = fit_line(chain_n, chain_s)
     c_s = a_s - bound
     # Per batch in B: switch (already present) and restart + gates, against the batch size.
@@ -343,8 +406,7 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
     g_c, g_d = fit_line(bx, gate_over)
     rnd_c, rnd_d = fit_line(ns, [r["B"]["fanout_round_s"] for r in runs])
 
-    def predict(n_hosts: int, s_bytes: float, b_bps: float, load_s: float,
-                serial: str | None = None) -> dict[str, Any]:
+    def predict(n_hosts: int, s_bytes: float, b_bps: float, load_s: float, serial: str | None = None) -> dict[str, Any]:
         sizes = [len(b) for b in rollout.batches(list(range(n_hosts)), (serial or args.serial).split(","))]
         staging = s_bytes * 8 / b_bps + c_s + h_s * n_hosts
         restart = [(ap_c + ap_d * n) + load_s + (g_c + g_d * n) for n in sizes]
@@ -352,38 +414,58 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
         rounds = 4 * (rnd_c + rnd_d * n_hosts)  # read, lock, re-read, unlock
         # Without pre-staging each batch's chain reads the source again (deploy stages per batch).
         in_window = [s_bytes * 8 / b_bps + c_s + h_s * n + r for n, r in zip(sizes, restart)]
-        return {"batches": len(sizes), "batch_sizes": sizes, "staging_s": round(staging, 1),
-                "window_s": round(rounds + sum(per), 1),
-                "window_without_prestage_s": round(rounds + sum(in_window), 1),
-                "per_batch_s": [round(p, 1) for p in per],
-                "serving_at_least": round(1 - max(sizes) / n_hosts, 3)}
+        return {
+            "batches": len(sizes),
+            "batch_sizes": sizes,
+            "staging_s": round(staging, 1),
+            "window_s": round(rounds + sum(per), 1),
+            "window_without_prestage_s": round(rounds + sum(in_window), 1),
+            "per_batch_s": [round(p, 1) for p in per],
+            "serving_at_least": round(1 - max(sizes) / n_hosts, 3),
+        }
 
     checks = []
     for r in runs:
         n = r["hosts"]
         p = predict(n, r["bytes"], netfaults.parse_rate(args.rate), scaled_load or 0)
-        checks.append({"hosts": n, "predicted_staging_s": p["staging_s"],
-                       "measured_staging_s": r["initial_stage"]["seconds"],
-                       "measured_prestage_with_warm_s": r["B"]["prestage"]["seconds"],
-                       "predicted_window_s": p["window_s"], "measured_window_s": r["B"]["window_s"],
-                       "predicted_window_without_prestage_s": p["window_without_prestage_s"],
-                       "measured_window_without_prestage_s": r["A"]["window_s"]})
+        checks.append(
+            {
+                "hosts": n,
+                "predicted_staging_s": p["staging_s"],
+                "measured_staging_s": r["initial_stage"]["seconds"],
+                "measured_prestage_with_warm_s": r["B"]["prestage"]["seconds"],
+                "predicted_window_s": p["window_s"],
+                "measured_window_s": r["B"]["window_s"],
+                "predicted_window_without_prestage_s": p["window_without_prestage_s"],
+                "measured_window_without_prestage_s": r["A"]["window_s"],
+            }
+        )
     real = args.real_gb * 1e9
     at_scale = {}
     for link in ("25gbit", "100gbit"):
         bps = netfaults.parse_rate(link)
-        at_scale[link] = {"warm": predict(125, real, bps, real / HOT_BPS),
-                          "cold": predict(125, real, bps, real / COLD_BPS),
-                          "warm_serial_1,25%": predict(125, real, bps, real / HOT_BPS, "1,25%"),
-                          "warm_serial_1,10%": predict(125, real, bps, real / HOT_BPS, "1,10%")}
-    return {"staging": {"fixed_s": round(c_s, 3), "per_hop_s": round(h_s, 4),
-                        "ratio_to_S_over_B": {r["hosts"]: r["initial_stage"]["ratio_to_S_over_B"] for r in runs}},
-            "switch_s": [round(sw_c, 3), round(sw_d, 4)], "apply_s": [round(ap_c, 3), round(ap_d, 4)],
-            "gate_over_load_s": [round(g_c, 3), round(g_d, 4)], "fanout_round_s": [round(rnd_c, 3), round(rnd_d, 4)],
-            "checks": checks, "at_125_hosts_x_8_gpus": at_scale,
-            "assumptions": f"one TP-8 replica per host of a {args.real_gb:g} GB model; load at 3.5 GiB/s from the "
-                           "page cache, 1.0 GiB/s from storage (the simulator's rates); the per-hop and fan-out "
-                           "costs fitted here on 2 shared cores; staging at B with the fitted factor f"}
+        at_scale[link] = {
+            "warm": predict(125, real, bps, real / HOT_BPS),
+            "cold": predict(125, real, bps, real / COLD_BPS),
+            "warm_serial_1,25%": predict(125, real, bps, real / HOT_BPS, "1,25%"),
+            "warm_serial_1,10%": predict(125, real, bps, real / HOT_BPS, "1,10%"),
+        }
+    return {
+        "staging": {
+            "fixed_s": round(c_s, 3),
+            "per_hop_s": round(h_s, 4),
+            "ratio_to_S_over_B": {r["hosts"]: r["initial_stage"]["ratio_to_S_over_B"] for r in runs},
+        },
+        "switch_s": [round(sw_c, 3), round(sw_d, 4)],
+        "apply_s": [round(ap_c, 3), round(ap_d, 4)],
+        "gate_over_load_s": [round(g_c, 3), round(g_d, 4)],
+        "fanout_round_s": [round(rnd_c, 3), round(rnd_d, 4)],
+        "checks": checks,
+        "at_125_hosts_x_8_gpus": at_scale,
+        "assumptions": f"one TP-8 replica per host of a {args.real_gb:g} GB model; load at 3.5 GiB/s from the "
+        "page cache, 1.0 GiB/s from storage (the simulator's rates); the per-hop and fan-out "
+        "costs fitted here on 2 shared cores; staging at B with the fitted factor f",
+    }
 
 
 def main() -> int:
@@ -397,12 +479,19 @@ def main() -> int:
     ap.add_argument("--time-scale", type=float, default=0.05, help="the stand-in's load wait = real load x this")
     ap.add_argument("--lab-dir", default="/var/lib/clusterctl-lab-27/release")
     ap.add_argument("--base", default="127.27", help="light hosts' addresses: BASE.x.y")
-    ap.add_argument("--net", default=os.environ.get("CLUSTERCTL_LAB_NET", "10.27"),
-                    help="the source's link is NET.250.0/30 (default: $CLUSTERCTL_LAB_NET)")
+    ap.add_argument(
+        "--net",
+        default=os.environ.get("CLUSTERCTL_LAB_NET", "10.27"),
+        help="the source's link is NET.250.0/30 (default: $CLUSTERCTL_LAB_NET)",
+    )
     ap.add_argument("--netns", default="ccrel27src", help="the source's network namespace")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--refit", type=Path, default=None,
-                    help="recompute the model of a result JSON written earlier (rewrites its 'model')")
+    ap.add_argument(
+        "--refit",
+        type=Path,
+        default=None,
+        help="recompute the model of a result JSON written earlier (rewrites its 'model')",
+    )
     args = ap.parse_args()
     if args.refit:
         doc = json.loads(args.refit.read_text())
@@ -441,8 +530,11 @@ def main() -> int:
             for n in counts:
                 names = names_all[:n]
                 with bench.fleet(names) as fl:
-                    fl.run("p=$(cat /run/standin.pid 2>/dev/null); [ -n \"$p\" ] && kill \"$p\"; "
-                           "rm -rf /root/models /run/standin.pid; true", timeout=60)
+                    fl.run(
+                        "p=$(cat /run/standin.pid 2>/dev/null); [ -n \"$p\" ] && kill \"$p\"; "
+                        "rm -rf /root/models /run/standin.pid; true",
+                        timeout=60,
+                    )
                 print(f"N={n}: staging v1 and starting the replicas", file=sys.stderr)
                 row: dict[str, Any] = {"hosts": n, "bytes": total, "load1_before": load1()}
                 row["initial_stage"] = bench.stage(names, "v1")
@@ -453,23 +545,46 @@ def main() -> int:
                 row["B"] = bench.release(names, "v3", prestaged=True)
                 row["disk"] = bench.disk_rates(names[0], "v3")
                 row["load1_after"] = load1()
-                print(json.dumps({k: row[k] for k in ("hosts", "load1_before", "load1_after")}
-                                 | {"A_window_s": row["A"]["window_s"], "B_window_s": row["B"]["window_s"],
-                                    "prestage_s": row["B"]["prestage_s"]}), file=sys.stderr)
+                print(
+                    json.dumps(
+                        {k: row[k] for k in ("hosts", "load1_before", "load1_after")}
+                        | {
+                            "A_window_s": row["A"]["window_s"],
+                            "B_window_s": row["B"]["window_s"],
+                            "prestage_s": row["B"]["prestage_s"],
+                        }
+                    ),
+                    file=sys.stderr,
+                )
                 runs.append(row)
                 with bench.fleet(names) as fl:
-                    fl.run("p=$(cat /run/standin.pid 2>/dev/null); [ -n \"$p\" ] && kill \"$p\"; "
-                           "rm -rf /root/models /run/standin.pid; true", timeout=60)
+                    fl.run(
+                        "p=$(cat /run/standin.pid 2>/dev/null); [ -n \"$p\" ] && kill \"$p\"; "
+                        "rm -rf /root/models /run/standin.pid; true",
+                        timeout=60,
+                    )
     finally:
         light.down(lab)
         shutil.rmtree(work, ignore_errors=True)
     bound = total * 8 / netfaults.parse_rate(args.rate)
-    doc = {"benchmark": "release", "date": started.isoformat(timespec="seconds"), "bytes": total,
-           "rate": args.rate, "S_over_B_s": round(bound, 3), "serial": args.serial, "real_gb": args.real_gb,
-           "time_scale": args.time_scale, "hot_Bps": HOT_BPS, "cold_Bps": COLD_BPS, "workers": args.workers,
-           "load_avg_start": load_start, "load_avg_end": [round(x, 2) for x in os.getloadavg()],
-           "machine": f"{os.cpu_count()} CPUs shared by six engineers; light lab hosts (sshd in namespaces)",
-           "runs": runs, "model": model(runs, bound, args)}
+    doc = {
+        "benchmark": "release",
+        "date": started.isoformat(timespec="seconds"),
+        "bytes": total,
+        "rate": args.rate,
+        "S_over_B_s": round(bound, 3),
+        "serial": args.serial,
+        "real_gb": args.real_gb,
+        "time_scale": args.time_scale,
+        "hot_Bps": HOT_BPS,
+        "cold_Bps": COLD_BPS,
+        "workers": args.workers,
+        "load_avg_start": load_start,
+        "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+        "machine": f"{os.cpu_count()} CPUs shared by six engineers; light lab hosts (sshd in namespaces)",
+        "runs": runs,
+        "model": model(runs, bound, args),
+    }
     out = Path(args.out or REPO / "benchmarks" / "results" / f"release-{started:%Y-%m-%dT%H%M}.json")
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")

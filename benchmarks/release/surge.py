@@ -63,36 +63,64 @@ class Bench:
         self.doc = yaml.safe_load(Path(lab.inventory).read_text())
         self.doc["models"] = {"sb-tiny": tiny_entry(tiny_model(root), "/models/sb-tiny", served_name="sb-tiny")}
         self.doc.pop("templates", None)
-        self.doc["gateway"] = {"hosts": self.gw_host, "port": GW_PORT, "max_conns": 8, "sync_interval_s": 1,
-                               "auth": "none"}
+        self.doc["gateway"] = {
+            "hosts": self.gw_host,
+            "port": GW_PORT,
+            "max_conns": 8,
+            "sync_interval_s": 1,
+            "auth": "none",
+        }
         self.startup_scale = startup_scale
         self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
         self.names = [f"sb-{n}" for n in range(1, replicas + 1)]
 
     def write(self, max_model_len: int) -> None:
         self.doc["instances"] = {
-            name: {"model": "sb-tiny", "engine": "vllm-0.11", "placement": f"{h}:{GPU}", "port": PORT,
-                   "args": {"max-model-len": max_model_len},
-                   "env": {"VLLM_SIM_TIME_SCALE": "0", "VLLM_SIM_STARTUP_SCALE": str(self.startup_scale)}}
-            for name, h in zip(self.names, self.hosts)}
+            name: {
+                "model": "sb-tiny",
+                "engine": "vllm-0.11",
+                "placement": f"{h}:{GPU}",
+                "port": PORT,
+                "args": {"max-model-len": max_model_len},
+                "env": {"VLLM_SIM_TIME_SCALE": "0", "VLLM_SIM_STARTUP_SCALE": str(self.startup_scale)},
+            }
+            for name, h in zip(self.names, self.hosts)
+        }
         self.inv_path.write_text(yaml.safe_dump(self.doc, sort_keys=False))
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_STATE_DIR": str(self.state_dir)}
-        res = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args, "-i", str(self.inv_path),
-                              "--state-dir", str(self.state_dir)], capture_output=True, text=True, timeout=1200,
-                             env=env)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "clusterctl.cli.main",
+                *args,
+                "-i",
+                str(self.inv_path),
+                "--state-dir",
+                str(self.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            env=env,
+        )
         if res.returncode != 0:
             raise RuntimeError(f"{args}: rc {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
         return res
 
     def complete(self) -> tuple[bool, str]:
-        req = urllib.request.Request(self.url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"model": "sb-tiny", "prompt": "hi", "max_tokens": 1}).encode())
+        req = urllib.request.Request(
+            self.url + "/v1/completions",
+            headers={"Content-Type": "application/json"},
+            data=json.dumps({"model": "sb-tiny", "prompt": "hi", "max_tokens": 1}).encode(),
+        )
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
-                return bool(r.status == 200 and json.loads(r.read()).get("choices")), \
-                    r.headers.get("X-Gateway-Instance", "")
+                return bool(r.status == 200 and json.loads(r.read()).get("choices")), r.headers.get(
+                    "X-Gateway-Instance", ""
+                )
         except (urllib.error.URLError, OSError, ValueError) as e:
             return False, f"{type(e).__name__}: {e}"
 
@@ -122,8 +150,13 @@ class Bench:
         endpoints = {n: f"http://{self.lab.host(h).address}:{PORT}" for n, h in zip(self.names, self.hosts)}
         if "--surge-strict" in flags:  # the surge units' ports, from the plan
             plan = json.loads(self.cli("deploy", "--plan", "--surge", "--json").stdout)
-            endpoints.update({s["surge"]: f"http://{self.lab.host(s['host']).address}:{s['port']}"
-                              for s in plan["surge"] if s["mode"] == "surge"})
+            endpoints.update(
+                {
+                    s["surge"]: f"http://{self.lab.host(s['host']).address}:{s['port']}"
+                    for s in plan["surge"]
+                    if s["mode"] == "surge"
+                }
+            )
         stop = threading.Event()
         results: list[tuple[float, bool, str]] = []
         samples: list[tuple[float, int]] = []
@@ -144,8 +177,11 @@ class Bench:
             t.start()
         time.sleep(2.0)
         t0 = time.time()
-        out = json.loads(self.cli("deploy", "--serial", "1", "--gate-timeout", "300", "--drain-timeout", "30",
-                                  "--json", *flags).stdout)
+        out = json.loads(
+            self.cli(
+                "deploy", "--serial", "1", "--gate-timeout", "300", "--drain-timeout", "30", "--json", *flags
+            ).stdout
+        )
         t1 = time.time()
         time.sleep(2.0)
         stop.set()
@@ -158,21 +194,34 @@ class Bench:
         span = (during[-1][0] - during[0][0]) if len(during) > 1 else 0.0
         window = [r for r in results if t0 <= r[0] <= t1]
         failed = [r for r in window if not r[1]]
-        return {"release": label, "result": out["result"], "seconds": round(t1 - t0, 1),
-                "requests": len(window), "failed": len(failed),
-                "failed_examples": sorted({r[2] for r in failed})[:5],
-                "answered_by": {w: sum(1 for r in window if r[1] and r[2] == w) for w in
-                                sorted({r[2] for r in window if r[1]})},
-                "replicas": wanted, "least_serving": min((s[1] for s in during), default=None),
-                "most_serving": max((s[1] for s in during), default=None),
-                "mean_capacity": round(weighted / span / wanted, 3) if span else None,
-                "seconds_below_full": round(below, 1), "samples": len(during),
-                "surge": out.get("surge"), "load_1min": os.getloadavg()[0]}
+        return {
+            "release": label,
+            "result": out["result"],
+            "seconds": round(t1 - t0, 1),
+            "requests": len(window),
+            "failed": len(failed),
+            "failed_examples": sorted({r[2] for r in failed})[:5],
+            "answered_by": {
+                w: sum(1 for r in window if r[1] and r[2] == w) for w in sorted({r[2] for r in window if r[1]})
+            },
+            "replicas": wanted,
+            "least_serving": min((s[1] for s in during), default=None),
+            "most_serving": max((s[1] for s in during), default=None),
+            "mean_capacity": round(weighted / span / wanted, 3) if span else None,
+            "seconds_below_full": round(below, 1),
+            "samples": len(during),
+            "surge": out.get("surge"),
+            "load_1min": os.getloadavg()[0],
+        }
 
     def cleanup(self) -> None:
-        remove_deployed(self.lab, "clusterctl-sb-*.service", "/etc/clusterctl/instances/sb-*.env "
-                        "/var/lib/clusterctl/deploy/previous/sb-* /models/sb-tiny /models/.versions/sb-tiny",
-                        hosts=self.hosts)
+        remove_deployed(
+            self.lab,
+            "clusterctl-sb-*.service",
+            "/etc/clusterctl/instances/sb-*.env "
+            "/var/lib/clusterctl/deploy/previous/sb-* /models/sb-tiny /models/.versions/sb-tiny",
+            hosts=self.hosts,
+        )
         self.lab.run(self.gw_host, "systemctl disable --now nginx.service", timeout=60)
 
 
@@ -204,17 +253,25 @@ def main() -> int:
             runs.append(b.release("surge", 2048, "--surge-strict", clients=args.clients))
         finally:
             b.cleanup()
-    doc = {"benchmark": "release-surge", "started": started.isoformat(timespec="seconds"),
-           "replicas": args.replicas, "clients": args.clients, "startup_scale": args.startup_scale,
-           "machine": {"cpus": os.cpu_count()}, "runs": runs}
+    doc = {
+        "benchmark": "release-surge",
+        "started": started.isoformat(timespec="seconds"),
+        "replicas": args.replicas,
+        "clients": args.clients,
+        "startup_scale": args.startup_scale,
+        "machine": {"cpus": os.cpu_count()},
+        "runs": runs,
+    }
     out = Path(args.out or REPO / "benchmarks" / "results" / f"release-surge-{started:%Y-%m-%dT%H%M}.json")
     tmp_out = out.with_suffix(".tmp")
     tmp_out.write_text(json.dumps(doc, indent=1) + "\n")
     tmp_out.rename(out)
     for r in runs:
-        print(f"{r['release']:8s} {r['result']:6s} {r['seconds']:6.1f} s  requests {r['requests']:5d}  "
-              f"failed {r['failed']:4d}  least serving {r['least_serving']}/{r['replicas']}  "
-              f"mean capacity {r['mean_capacity']}  below full {r['seconds_below_full']} s")
+        print(
+            f"{r['release']:8s} {r['result']:6s} {r['seconds']:6.1f} s  requests {r['requests']:5d}  "
+            f"failed {r['failed']:4d}  least serving {r['least_serving']}/{r['replicas']}  "
+            f"mean capacity {r['mean_capacity']}  below full {r['seconds_below_full']} s"
+        )
     print(out)
     return 0
 

@@ -35,8 +35,13 @@ def findings(hosts: int, checks: int, i: int) -> list[Finding]:
     out = []
     for h in range(hosts):
         for c in range(checks):
-            sev = Severity.CRIT if (h + c + i // 50) % 97 == 0 else Severity.WARN if (h * c + i // 20) % 53 == 0 \
+            sev = (
+                Severity.CRIT
+                if (h + c + i // 50) % 97 == 0
+                else Severity.WARN
+                if (h * c + i // 20) % 53 == 0
                 else Severity.OK
+            )
             out.append(Finding(f"check.{c}", sev, f"gpu{h + 1:02d}", f"gpu:{c % 8}", f"state {sev.name}"))
     return out
 
@@ -50,10 +55,14 @@ def metrics(hosts: int, i: int, gpus: int = 8) -> list[Metric]:
         out += [Metric(host, "gpu_utilization_ratio", x, f"gpu:{g}") for g in range(gpus)]
         out += [Metric(host, "gpu_memory_used_bytes", 7e10 * x, f"gpu:{g}") for g in range(gpus)]
         for nic in ("eth2", "eth3"):
-            out += [Metric(host, "roce_paused_ratio", x / 10, f"nic:{nic}"),
-                    Metric(host, "roce_cnp_per_second", 1000 * x, f"nic:{nic}")]
-        out += [Metric(host, "vllm_kv_cache_usage_ratio", x, f"instance:i{h}"),
-                Metric(host, "vllm_requests_waiting", float(i % 7), f"instance:i{h}")]
+            out += [
+                Metric(host, "roce_paused_ratio", x / 10, f"nic:{nic}"),
+                Metric(host, "roce_cnp_per_second", 1000 * x, f"nic:{nic}"),
+            ]
+        out += [
+            Metric(host, "vllm_kv_cache_usage_ratio", x, f"instance:i{h}"),
+            Metric(host, "vllm_requests_waiting", float(i % 7), f"instance:i{h}"),
+        ]
     return out
 
 
@@ -79,18 +88,29 @@ def main() -> None:
         rounds = []
         for r in range(a.rounds):
             t = time.monotonic()
-            res = report_run(findings(a.hosts, a.checks, n + r), Options(db=db, out_dir=Path(tmp) / "out",
-                                                                         textfile=Path(tmp) / "c.prom"),
-                             started=time.time(), metrics=metrics(a.hosts, n + r))
+            res = report_run(
+                findings(a.hosts, a.checks, n + r),
+                Options(db=db, out_dir=Path(tmp) / "out", textfile=Path(tmp) / "c.prom"),
+                started=time.time(),
+                metrics=metrics(a.hosts, n + r),
+            )
             rounds.append(round(time.monotonic() - t, 3))
         html = (Path(tmp) / "out" / "report.html").stat().st_size
-    doc = {"benchmark": "report-run", "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "load_1m": os.getloadavg()[0]},
-           "params": vars(a), "history_runs": n, "findings_per_run": a.hosts * a.checks,
-           "metrics_per_run": len(metrics(a.hosts, 0)),
-           "fill_s": round(fill_s, 1), "db_bytes": size, "round_s": rounds,
-           "median_round_s": statistics.median(rounds), "html_bytes": html, "last_exit_code": res.exit_code}
+    doc = {
+        "benchmark": "report-run",
+        "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_1m": os.getloadavg()[0]},
+        "params": vars(a),
+        "history_runs": n,
+        "findings_per_run": a.hosts * a.checks,
+        "metrics_per_run": len(metrics(a.hosts, 0)),
+        "fill_s": round(fill_s, 1),
+        "db_bytes": size,
+        "round_s": rounds,
+        "median_round_s": statistics.median(rounds),
+        "html_bytes": html,
+        "last_exit_code": res.exit_code,
+    }
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"report-{dt.datetime.now():%Y-%m-%dT%H%M}.json"
     out.write_text(json.dumps(doc, indent=2) + "\n")

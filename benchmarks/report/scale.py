@@ -41,8 +41,16 @@ from clusterctl.report.run import Options, report_run  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 GPUS = 8
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 
 def nics_of(hosts: int, total: int) -> dict[str, list[str]]:
@@ -59,7 +67,9 @@ def findings(nics: dict[str, list[str]], i: int) -> list[Finding]:
     out = []
     for h, (host, ns) in enumerate(nics.items()):
         if h in (17, 90):
-            out.append(Finding("host.reachable", Severity.UNKNOWN, host, "host", "unreachable: timed out", "check the host"))
+            out.append(
+                Finding("host.reachable", Severity.UNKNOWN, host, "host", "unreachable: timed out", "check the host")
+            )
             continue
         out.append(Finding("host.reachable", Severity.OK, host, "host", "reachable"))
         for c in ("gpu.inventory", "gpu.nvml", "gpu.driver", "oom.cause", "serving.health"):
@@ -67,17 +77,34 @@ def findings(nics: dict[str, list[str]], i: int) -> list[Finding]:
         for g in range(GPUS):
             k = (h * GPUS + g + i // 12) % 97
             sev = Severity.CRIT if k == 0 else Severity.WARN if k in (13, 41, 77) else Severity.OK
-            out.append(Finding("gpu.xid" if sev is Severity.CRIT else "gpu.ecc", sev, host, f"gpu:{g}",
-                               "XID 79: GPU has fallen off the bus" if sev is Severity.CRIT else
-                               "corrected ECC errors rising" if sev is Severity.WARN else "no errors",
-                               "drain and power-cycle" if sev is Severity.CRIT else ""))
+            out.append(
+                Finding(
+                    "gpu.xid" if sev is Severity.CRIT else "gpu.ecc",
+                    sev,
+                    host,
+                    f"gpu:{g}",
+                    "XID 79: GPU has fallen off the bus"
+                    if sev is Severity.CRIT
+                    else "corrected ECC errors rising"
+                    if sev is Severity.WARN
+                    else "no errors",
+                    "drain and power-cycle" if sev is Severity.CRIT else "",
+                )
+            )
             out.append(Finding("gpu.remap", Severity.OK, host, f"gpu:{g}", "no pending remaps"))
         for n in ns:
             k = (h * 3 + len(n) + i // 12) % 23
             sev = Severity.WARN if k == 0 else Severity.OK
-            out.append(Finding("roce.pfc", sev, host, f"nic:{n}", "paused 4% of the time on priority 3"
-                               if sev is Severity.WARN else "no pause storm", "check the leaf's ECN marking" if
-                               sev is Severity.WARN else ""))
+            out.append(
+                Finding(
+                    "roce.pfc",
+                    sev,
+                    host,
+                    f"nic:{n}",
+                    "paused 4% of the time on priority 3" if sev is Severity.WARN else "no pause storm",
+                    "check the leaf's ECN marking" if sev is Severity.WARN else "",
+                )
+            )
             out.append(Finding("roce.link", Severity.OK, host, f"nic:{n}", "400 Gb/s, MTU 4200"))
     return out
 
@@ -89,13 +116,20 @@ def metrics(nics: dict[str, list[str]], i: int) -> list[Metric]:
             continue
         for g in range(GPUS):
             x = ((h * 7 + g * 13 + i) % 100) / 100
-            out += [Metric(host, "gpu_utilization_ratio", x, f"gpu:{g}"),
-                    Metric(host, "gpu_memory_used_bytes", 7e10 * x, f"gpu:{g}")]
+            out += [
+                Metric(host, "gpu_utilization_ratio", x, f"gpu:{g}"),
+                Metric(host, "gpu_memory_used_bytes", 7e10 * x, f"gpu:{g}"),
+            ]
         for n in ns:
             x = ((h + i) % 50) / 1000
-            out += [Metric(host, "roce_paused_ratio", x, f"nic:{n}"), Metric(host, "roce_cnp_per_second", 1e4 * x, f"nic:{n}")]
-        out += [Metric(host, "vllm_kv_cache_usage_ratio", ((h + i) % 100) / 100, f"instance:i{h}"),
-                Metric(host, "vllm_requests_waiting", float((h + i) % 9), f"instance:i{h}")]
+            out += [
+                Metric(host, "roce_paused_ratio", x, f"nic:{n}"),
+                Metric(host, "roce_cnp_per_second", 1e4 * x, f"nic:{n}"),
+            ]
+        out += [
+            Metric(host, "vllm_kv_cache_usage_ratio", ((h + i) % 100) / 100, f"instance:i{h}"),
+            Metric(host, "vllm_requests_waiting", float((h + i) % 9), f"instance:i{h}"),
+        ]
     return out
 
 
@@ -113,9 +147,20 @@ class Cdp:
             os.dup2(to_r, 3)
             os.dup2(from_w, 4)
 
-        self.proc = subprocess.Popen([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-pipe",
-                                      "--window-size=1400,1800", "about:blank"], preexec_fn=fds, pass_fds=(3, 4),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                "--remote-debugging-pipe",
+                "--window-size=1400,1800",
+                "about:blank",
+            ],
+            preexec_fn=fds,
+            pass_fds=(3, 4),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(to_r)
         os.close(from_w)
         self._buf = b""
@@ -187,15 +232,21 @@ def render_times(exe: str, url: str, profile: Path, repeat: int) -> list[dict[st
             cdp.call("Page.navigate", {"url": url}, session=session)
             loaded = cdp.wait_event("Page.loadEventFired")
             time.sleep(0.3)  # let the first paint be recorded
-            expr = ("JSON.stringify({nav: performance.getEntriesByType('navigation')[0].toJSON(), "
-                    "paint: performance.getEntriesByType('paint').map(e => [e.name, e.startTime])})")
+            expr = (
+                "JSON.stringify({nav: performance.getEntriesByType('navigation')[0].toJSON(), "
+                "paint: performance.getEntriesByType('paint').map(e => [e.name, e.startTime])})"
+            )
             r = cdp.call("Runtime.evaluate", {"expression": expr, "returnByValue": True}, session=session)
             v = json.loads(r["result"]["value"])
             paint = dict(v["paint"])
-            out.append({"dom_content_loaded_ms": round(v["nav"]["domContentLoadedEventEnd"], 1),
-                        "load_event_end_ms": round(v["nav"]["loadEventEnd"], 1),
-                        "first_contentful_paint_ms": round(paint.get("first-contentful-paint", float("nan")), 1),
-                        "wall_navigate_to_load_s": round(loaded - t, 3)})
+            out.append(
+                {
+                    "dom_content_loaded_ms": round(v["nav"]["domContentLoadedEventEnd"], 1),
+                    "load_event_end_ms": round(v["nav"]["loadEventEnd"], 1),
+                    "first_contentful_paint_ms": round(paint.get("first-contentful-paint", float("nan")), 1),
+                    "wall_navigate_to_load_s": round(loaded - t, 3),
+                }
+            )
             cdp.call("Target.closeTarget", {"targetId": target})
     finally:
         cdp.close()
@@ -204,8 +255,12 @@ def render_times(exe: str, url: str, profile: Path, repeat: int) -> list[dict[st
 
 def chromium_wall(exe: str, url: str, profile: Path, shot: Path, size: str) -> float:
     t = time.monotonic()
-    p = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}",
-                        f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}", f"--screenshot={shot}", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     took = time.monotonic() - t
     if p.returncode != 0 or not shot.exists():
         raise SystemExit(f"chromium failed (rc {p.returncode}): {p.stderr[-1500:]}")
@@ -236,8 +291,9 @@ def main() -> int:
                 h.record(findings(nics, i), started=start, finished=start + 5, metrics=metrics(nics, i))
         fill_s = time.monotonic() - t
         t = time.monotonic()
-        res = report_run(findings(nics, a.runs), Options(db=db, out_dir=tmp / "out"), started=now,
-                         metrics=metrics(nics, a.runs))
+        res = report_run(
+            findings(nics, a.runs), Options(db=db, out_dir=tmp / "out"), started=now, metrics=metrics(nics, a.runs)
+        )
         write_s = time.monotonic() - t
         page = tmp / "out" / "report.html"
         blank = tmp / "blank.html"
@@ -247,10 +303,15 @@ def main() -> int:
         walls: dict[str, list[float]] = {"report": [], "blank": []}
         for r in range(a.repeat):
             for name, p in (("blank", blank), ("report", page)):
-                walls[name].append(chromium_wall(exe, p.as_uri(), tmp / f"profile-{name}-{r}", tmp / f"{name}-{r}.png",
-                                                 "1400,1800"))
-        dom = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'profile-dom'}", "--dump-dom",
-                              page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+                walls[name].append(
+                    chromium_wall(exe, p.as_uri(), tmp / f"profile-{name}-{r}", tmp / f"{name}-{r}.png", "1400,1800")
+                )
+        dom = subprocess.run(
+            [exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'profile-dom'}", "--dump-dom", page.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
         if a.screenshot:
             shutil.copy(tmp / f"report-{a.repeat - 1}.png", a.screenshot)
         if a.keep:
@@ -259,21 +320,37 @@ def main() -> int:
     doc = {
         "benchmark": "report-scale: report.html of a large cluster in headless Chromium",
         "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 1),
-                    "chromium": subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()},
-        "params": vars(a), "hosts": a.hosts, "gpus": gpus, "nics": sum(len(v) for v in nics.values()),
-        "findings_last_run": len(res.findings), "history_runs": a.runs + 1,
-        "fill_s": round(fill_s, 1), "report_run_s": round(write_s, 2),
-        "size_bytes": size, "size_budget_bytes": 2_000_000,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_1m": round(os.getloadavg()[0], 1),
+            "chromium": subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip(),
+        },
+        "params": vars(a),
+        "hosts": a.hosts,
+        "gpus": gpus,
+        "nics": sum(len(v) for v in nics.values()),
+        "findings_last_run": len(res.findings),
+        "history_runs": a.runs + 1,
+        "fill_s": round(fill_s, 1),
+        "report_run_s": round(write_s, 2),
+        "size_bytes": size,
+        "size_budget_bytes": 2_000_000,
         "chromium_wall_s": {k: [round(x, 2) for x in v] for k, v in walls.items()},
         "browser_timing": timings,
         # the page's own clock: parse, layout and first paint of report.html in a running browser
-        "render_s": round(statistics.median(max(x["load_event_end_ms"], x["first_contentful_paint_ms"])
-                                            for x in timings) / 1000, 3),
+        "render_s": round(
+            statistics.median(max(x["load_event_end_ms"], x["first_contentful_paint_ms"]) for x in timings) / 1000, 3
+        ),
         "render_budget_s": 2.0,
-        "screenshot_wall_minus_blank_s": round(statistics.median(walls["report"]) - statistics.median(walls["blank"]), 2),
-        "dom": {"svg": dom.count("<svg"), "rect": dom.count("<rect"), "table": dom.count("<table"),
-                "details": dom.count("<details")},
+        "screenshot_wall_minus_blank_s": round(
+            statistics.median(walls["report"]) - statistics.median(walls["blank"]), 2
+        ),
+        "dom": {
+            "svg": dom.count("<svg"),
+            "rect": dom.count("<rect"),
+            "table": dom.count("<table"),
+            "details": dom.count("<details"),
+        },
     }
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"report-scale-{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H%M}.json"

@@ -60,11 +60,20 @@ def node_row(r: Any, t0_unix: float) -> dict[str, Any]:
 
     def since(key: str) -> float | None:
         return None if t.get(key) is None else round(t[key] - t0_unix, 3)
-    return {"host": r.host, "wall_s": round(r.duration_s, 3), "node_s": r.data.get("seconds"),
-            "start_s": since("start_unix"), "end_s": since("end_unix"),
-            "first_chunk_s": t.get("first_chunk_s"), "last_chunk_s": t.get("last_chunk_s"),
-            "last_sent_s": t.get("last_sent_s"), "upstream": r.data.get("upstream"),
-            "events": r.data.get("events"), "chunks_from_relay": r.data.get("chunks")}
+
+    return {
+        "host": r.host,
+        "wall_s": round(r.duration_s, 3),
+        "node_s": r.data.get("seconds"),
+        "start_s": since("start_unix"),
+        "end_s": since("end_unix"),
+        "first_chunk_s": t.get("first_chunk_s"),
+        "last_chunk_s": t.get("last_chunk_s"),
+        "last_sent_s": t.get("last_sent_s"),
+        "upstream": r.data.get("upstream"),
+        "events": r.data.get("events"),
+        "chunks_from_relay": r.data.get("chunks"),
+    }
 
 
 def summary(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:
@@ -75,12 +84,20 @@ def summary(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:
         starts = [max(x["start_s"] for x in r["nodes"] if x["start_s"] is not None) for r in rows]
         heads = [r["nodes"][0]["start_s"] for r in rows if r["nodes"][0]["start_s"] is not None]
         node_s = [max(x["node_s"] or 0 for x in r["nodes"]) for r in rows]
-        out.append({"hosts": n, "runs": len(rows), "median_s": round(secs, 2), "x_S_over_B": round(secs / bound, 2),
-                    "min_s": min(r["seconds"] for r in rows), "max_s": max(r["seconds"] for r in rows),
-                    "median_head_start_s": round(statistics.median(heads), 2) if heads else None,
-                    "median_last_start_s": round(statistics.median(starts), 2),
-                    "median_longest_node_s": round(statistics.median(node_s), 2),
-                    "load1": [min(r["load1_before"] for r in rows), max(r["load1_after"] for r in rows)]})
+        out.append(
+            {
+                "hosts": n,
+                "runs": len(rows),
+                "median_s": round(secs, 2),
+                "x_S_over_B": round(secs / bound, 2),
+                "min_s": min(r["seconds"] for r in rows),
+                "max_s": max(r["seconds"] for r in rows),
+                "median_head_start_s": round(statistics.median(heads), 2) if heads else None,
+                "median_last_start_s": round(statistics.median(starts), 2),
+                "median_longest_node_s": round(statistics.median(node_s), 2),
+                "load1": [min(r["load1_before"] for r in rows), max(r["load1_after"] for r in rows)],
+            }
+        )
     return out
 
 
@@ -93,8 +110,11 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8, help="ranged reads per node")
     ap.add_argument("--lab-dir", default="/var/lib/clusterctl-lab-27/staging-light")
     ap.add_argument("--base", default="127.27", help="light hosts' addresses: BASE.x.y")
-    ap.add_argument("--net", default=os.environ.get("CLUSTERCTL_LAB_NET", "10.27"),
-                    help="the source's link is NET.250.0/30 (default: $CLUSTERCTL_LAB_NET)")
+    ap.add_argument(
+        "--net",
+        default=os.environ.get("CLUSTERCTL_LAB_NET", "10.27"),
+        help="the source's link is NET.250.0/30 (default: $CLUSTERCTL_LAB_NET)",
+    )
     ap.add_argument("--netns", default="ccstl27src", help="the source's network namespace")
     ap.add_argument("--label", default="", help="a word for the result's name and record (e.g. before, after)")
     ap.add_argument("--out", default=None)
@@ -131,22 +151,43 @@ def main() -> int:
                         t0, t0_unix = time.monotonic(), time.time()
                         rep = stage_model(fl, hosts, model, source, man, relay="chain", workers=args.workers)
                         secs = time.monotonic() - t0
-                    row = {"hosts": n, "run": k, "seconds": round(secs, 3), "x_S_over_B": round(secs / bound, 3),
-                           "ok": rep.ok, "load1_before": load, "load1_after": round(os.getloadavg()[0], 2),
-                           "nodes": [node_row(r, t0_unix) for r in rep.rows],
-                           "failures": [r.to_dict() for r in rep.rows if not r.ok]}
-                    print(json.dumps({k2: row[k2] for k2 in ("hosts", "run", "seconds", "x_S_over_B", "ok",
-                                                             "load1_before")}), file=sys.stderr, flush=True)
+                    row = {
+                        "hosts": n,
+                        "run": k,
+                        "seconds": round(secs, 3),
+                        "x_S_over_B": round(secs / bound, 3),
+                        "ok": rep.ok,
+                        "load1_before": load,
+                        "load1_after": round(os.getloadavg()[0], 2),
+                        "nodes": [node_row(r, t0_unix) for r in rep.rows],
+                        "failures": [r.to_dict() for r in rep.rows if not r.ok],
+                    }
+                    print(
+                        json.dumps(
+                            {k2: row[k2] for k2 in ("hosts", "run", "seconds", "x_S_over_B", "ok", "load1_before")}
+                        ),
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     runs.append(row)
                 with Fleet(hosts, fanout=n, command_timeout=600) as fl:
                     fl.run("rm -rf /root/models", timeout=60)
     finally:
         light.down(lab)
         shutil.rmtree(work, ignore_errors=True)
-    doc = {"benchmark": "staging-light", "label": args.label, "date": started.isoformat(timespec="seconds"),
-           "bytes": total, "rate": args.rate, "S_over_B_s": round(bound, 3), "workers": args.workers,
-           "machine": f"{os.cpu_count()} shared CPUs; light lab hosts (sshd in namespaces)",
-           "load_avg_end": [round(x, 2) for x in os.getloadavg()], "summary": summary(runs, bound), "runs": runs}
+    doc = {
+        "benchmark": "staging-light",
+        "label": args.label,
+        "date": started.isoformat(timespec="seconds"),
+        "bytes": total,
+        "rate": args.rate,
+        "S_over_B_s": round(bound, 3),
+        "workers": args.workers,
+        "machine": f"{os.cpu_count()} shared CPUs; light lab hosts (sshd in namespaces)",
+        "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+        "summary": summary(runs, bound),
+        "runs": runs,
+    }
     name = f"staging-light-{started:%Y-%m-%dT%H%M}" + (f"-{args.label}" if args.label else "") + ".json"
     out = Path(args.out or REPO / "benchmarks" / "results" / name)
     tmp = out.with_name(out.name + ".tmp")

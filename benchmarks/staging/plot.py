@@ -40,12 +40,14 @@ def staging_svg(doc: dict[str, Any], width: int = 640, height: int = 340) -> str
     def py(v: float) -> float:
         return top + ph - v / vmax * ph
 
-    title = (f"Staging {plain(doc['bytes'])}B at {doc['rate']} per link (S/B = {sb:.1f} s)")
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" role="img" aria-label="{escape(title)}">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>',
-           f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>']
+    title = f"Staging {plain(doc['bytes'])}B at {doc['rate']} per link (S/B = {sb:.1f} s)"
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" role="img" aria-label="{escape(title)}">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>',
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>',
+    ]
     for n in hosts:
         out.append(f'<text x="{px(n):.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle">{n}</text>')
     out.append(f'<text x="{left + pw / 2:.1f}" y="{height - 8}" font-size="11" text-anchor="middle">hosts</text>')
@@ -53,27 +55,37 @@ def staging_svg(doc: dict[str, Any], width: int = 640, height: int = 340) -> str
         v = vmax * k / 4
         out.append(f'<text x="{left - 4}" y="{py(v) + 4:.1f}" font-size="10" text-anchor="end">{plain(v)} s</text>')
     legend: list[tuple[str, str, str]] = []
-    refs = [("N x S/B", "#888", "6 3", lambda n: n * sb), ("1.3 x S/B (goal)", "#888", "2 2", lambda n: 1.3 * sb),
-            ("S/B", "#bbb", "6 3", lambda n: sb)]
+    refs = [
+        ("N x S/B", "#888", "6 3", lambda n: n * sb),
+        ("1.3 x S/B (goal)", "#888", "2 2", lambda n: 1.3 * sb),
+        ("S/B", "#bbb", "6 3", lambda n: sb),
+    ]
     for label, colour, dash, f in refs:
-        out.append(f'<line x1="{px(n0):.1f}" y1="{py(f(n0)):.1f}" x2="{px(n1):.1f}" y2="{py(f(n1)):.1f}" '
-                   f'stroke="{colour}" stroke-width="1.2" stroke-dasharray="{dash}"/>')
+        out.append(
+            f'<line x1="{px(n0):.1f}" y1="{py(f(n0)):.1f}" x2="{px(n1):.1f}" y2="{py(f(n1)):.1f}" '
+            f'stroke="{colour}" stroke-width="1.2" stroke-dasharray="{dash}"/>'
+        )
         legend.append((label, colour, dash))
     for i, (mode, label) in enumerate(MODES.items()):
         pts = sorted((int(r["hosts"]), float(r["seconds"])) for r in runs if r["mode"] == mode)
         if not pts:
             continue
         colour = COLOURS[i % len(COLOURS)]
-        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
-                   + " ".join(f"{px(n):.1f},{py(v):.1f}" for n, v in pts) + '"/>')
+        out.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
+            + " ".join(f"{px(n):.1f},{py(v):.1f}" for n, v in pts)
+            + '"/>'
+        )
         out += [f'<circle cx="{px(n):.1f}" cy="{py(v):.1f}" r="3" fill="{colour}"/>' for n, v in pts]
         legend.append((label, colour, ""))
     for j, (label, colour, dash) in enumerate(legend):
         ly = top + 10 + 16 * j
         d = f' stroke-dasharray="{dash}"' if dash else ""
-        out.append(f'<line x1="{width - right + 10}" y1="{ly}" x2="{width - right + 30}" y2="{ly}" stroke="{colour}" '
-                   f'stroke-width="2"{d}/><text x="{width - right + 34}" y="{ly + 4}" font-size="10">'
-                   f'{escape(label)}</text>')
+        out.append(
+            f'<line x1="{width - right + 10}" y1="{ly}" x2="{width - right + 30}" y2="{ly}" stroke="{colour}" '
+            f'stroke-width="2"{d}/><text x="{width - right + 34}" y="{ly + 4}" font-size="10">'
+            f'{escape(label)}</text>'
+        )
     return "\n".join(out) + "\n</svg>\n"
 
 

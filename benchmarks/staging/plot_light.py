@@ -37,11 +37,13 @@ def light_svg(docs: list[dict[str, Any]], width: int = 640, height: int = 340) -
 
     d0 = docs[0]
     title = f"Chain staging on light hosts: {d0['bytes'] >> 20} MiB at {d0['rate']} (S/B = {d0['S_over_B_s']:.1f} s)"
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" role="img" aria-label="{escape(title)}">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>',
-           f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" role="img" aria-label="{escape(title)}">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>',
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>',
+    ]
     for n in hosts:
         out.append(f'<text x="{px(n):.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle">{n}</text>')
     out.append(f'<text x="{left + pw / 2:.1f}" y="{height - 8}" font-size="11" text-anchor="middle">hosts</text>')
@@ -50,24 +52,33 @@ def light_svg(docs: list[dict[str, Any]], width: int = 640, height: int = 340) -
         out.append(f'<text x="{left - 4}" y="{py(v) + 4:.1f}" font-size="10" text-anchor="end">{v:.1f}x</text>')
     legend: list[tuple[str, str, str]] = [("1.3 x S/B (goal)", "#888", "2 2"), ("S/B", "#bbb", "6 3")]
     for v, colour, dash in ((1.3, "#888", "2 2"), (1.0, "#bbb", "6 3")):
-        out.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{left + pw}" y2="{py(v):.1f}" stroke="{colour}" '
-                   f'stroke-width="1.2" stroke-dasharray="{dash}"/>')
+        out.append(
+            f'<line x1="{left}" y1="{py(v):.1f}" x2="{left + pw}" y2="{py(v):.1f}" stroke="{colour}" '
+            f'stroke-width="1.2" stroke-dasharray="{dash}"/>'
+        )
     for i, d in enumerate(docs):
         colour = COLOURS[i % len(COLOURS)]
         pts = sorted((int(s["hosts"]), float(s["x_S_over_B"]), s["load1"]) for s in d["summary"])
-        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
-                   + " ".join(f"{px(n):.1f},{py(v):.1f}" for n, v, _ in pts) + '"/>')
+        out.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
+            + " ".join(f"{px(n):.1f},{py(v):.1f}" for n, v, _ in pts)
+            + '"/>'
+        )
         for n, v, load in pts:
             out.append(f'<circle cx="{px(n):.1f}" cy="{py(v):.1f}" r="3" fill="{colour}"/>')
-            out.append(f'<text x="{px(n) + 4:.1f}" y="{py(v) - 5:.1f}" font-size="8" fill="{colour}">'
-                       f'{v:.2f} (load {load[0]:.0f}-{load[1]:.0f})</text>')
+            out.append(
+                f'<text x="{px(n) + 4:.1f}" y="{py(v) - 5:.1f}" font-size="8" fill="{colour}">'
+                f'{v:.2f} (load {load[0]:.0f}-{load[1]:.0f})</text>'
+            )
         legend.append((f"{d.get('label') or d['date']}", colour, ""))
     for j, (label, colour, dash) in enumerate(legend):
         ly = top + 10 + 16 * j
         ds = f' stroke-dasharray="{dash}"' if dash else ""
-        out.append(f'<line x1="{width - right + 10}" y1="{ly}" x2="{width - right + 30}" y2="{ly}" stroke="{colour}" '
-                   f'stroke-width="2"{ds}/><text x="{width - right + 34}" y="{ly + 4}" font-size="10">'
-                   f'{escape(label)}</text>')
+        out.append(
+            f'<line x1="{width - right + 10}" y1="{ly}" x2="{width - right + 30}" y2="{ly}" stroke="{colour}" '
+            f'stroke-width="2"{ds}/><text x="{width - right + 34}" y="{ly + 4}" font-size="10">'
+            f'{escape(label)}</text>'
+        )
     return "\n".join(out) + "\n</svg>\n"
 
 

@@ -105,13 +105,34 @@ class SourceNetns:
 
     def __enter__(self) -> "SourceNetns":
         bps = netfaults.parse_rate(self.rate)
-        tbf = ["root", "tbf", "rate", f"{bps}bit", "burst", str(netfaults.tbf_burst_bytes(bps)),
-               "latency", netfaults.TBF_LATENCY]
+        tbf = [
+            "root",
+            "tbf",
+            "rate",
+            f"{bps}bit",
+            "burst",
+            str(netfaults.tbf_burst_bytes(bps)),
+            "latency",
+            netfaults.TBF_LATENCY,
+        ]
         sh("ip", "netns", "add", self.ns)
         # A fixed MAC: the lab hosts' neighbour caches still hold the address from an earlier
         # run, and a new random MAC would leave them sending to it until they re-probe (seconds).
-        sh("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.ns,
-           "address", "02:5c:00:00:00:fa")
+        sh(
+            "ip",
+            "link",
+            "add",
+            self.veth,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            self.ns,
+            "address",
+            "02:5c:00:00:00:fa",
+        )
         sh("ip", "link", "set", self.veth, "master", self.cfg.bridge, "up")
         sh("ip", "-n", self.ns, "addr", "add", f"{self.addr}/16", "dev", "eth0")
         sh("ip", "-n", self.ns, "link", "set", "eth0", "up")
@@ -120,11 +141,15 @@ class SourceNetns:
         sh("ip", "netns", "exec", self.ns, "tc", "qdisc", "replace", "dev", "eth0", *tbf)
         conf = self.tmp / "nginx.conf"
         conf.write_text(NGINX_CONF.format(tmp=self.tmp, addr=self.addr, port=PORT, root=self.root))
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, "nginx", "-c", str(conf), "-p", str(self.tmp)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, "nginx", "-c", str(conf), "-p", str(self.tmp)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for _ in range(50):
             try:
                 import urllib.request
+
                 urllib.request.urlopen(self.url + "v1/" + mf.MANIFEST_NAME, timeout=1).read()
                 return self
             except OSError:
@@ -145,10 +170,12 @@ class SourceNetns:
 
 def cold_read_rate(lab: LabSession, host: str, paths: list[str]) -> float:
     """Bytes/s of one sequential read of ``paths`` on ``host`` after evicting them from the cache."""
-    prog = ("import os,sys,time\nfds=[os.open(p,os.O_RDONLY) for p in sys.argv[1:]]\n"
-            "for fd in fds: os.fdatasync(fd); os.posix_fadvise(fd,0,0,4)\n"
-            "t=time.monotonic();n=0\nfor fd in fds:\n while True:\n  b=os.read(fd,1<<22)\n  if not b: break\n"
-            "  n+=len(b)\nprint(n/(time.monotonic()-t))")
+    prog = (
+        "import os,sys,time\nfds=[os.open(p,os.O_RDONLY) for p in sys.argv[1:]]\n"
+        "for fd in fds: os.fdatasync(fd); os.posix_fadvise(fd,0,0,4)\n"
+        "t=time.monotonic();n=0\nfor fd in fds:\n while True:\n  b=os.read(fd,1<<22)\n  if not b: break\n"
+        "  n+=len(b)\nprint(n/(time.monotonic()-t))"
+    )
     r = lab.run(host, f"python3 -c '{prog}' {' '.join(paths)}", timeout=300, check=True)
     return float(r.stdout.strip())
 
@@ -172,9 +199,12 @@ def stall_node(netns: str, after: float, seconds: float, done: threading.Event) 
     pids = []
     for d in os.listdir("/proc"):
         try:
-            if (d.isdigit() and os.stat(f"/proc/{d}/ns/net").st_ino == ino
-                    and Path(f"/proc/{d}/comm").read_text().strip() == "python3"
-                    and b"clusterctl_stage_node" in Path(f"/proc/{d}/cmdline").read_bytes()):
+            if (
+                d.isdigit()
+                and os.stat(f"/proc/{d}/ns/net").st_ino == ino
+                and Path(f"/proc/{d}/comm").read_text().strip() == "python3"
+                and b"clusterctl_stage_node" in Path(f"/proc/{d}/cmdline").read_bytes()
+            ):
                 pids.append(int(d))
         except OSError:
             continue
@@ -189,32 +219,53 @@ def node_rows(rep: object, t0_unix: float) -> list[dict]:
     """Per host: wall time seen from here, the node's own seconds, upstream and timings;
     ``start_s``: from the run's start here to the node program's start (SSH, sudo, the
     interpreter), ``end_s``: from the run's start to the node program's end."""
+
     def since(t: float | None) -> float | None:
         return None if t is None else round(t - t0_unix, 3)
-    return [{"host": r.host, "wall_s": round(r.duration_s, 3), "node_s": r.data.get("seconds"),
-             "start_s": since((r.data.get("timings") or {}).get("start_unix")),
-             "end_s": since((r.data.get("timings") or {}).get("end_unix")),
-             "upstream": r.data.get("upstream", "source"), "timings": r.data.get("timings"),
-             "retries": r.data.get("retries"), "events": r.data.get("events")}
-            for r in rep.rows]  # type: ignore[attr-defined]
+
+    return [
+        {
+            "host": r.host,
+            "wall_s": round(r.duration_s, 3),
+            "node_s": r.data.get("seconds"),
+            "start_s": since((r.data.get("timings") or {}).get("start_unix")),
+            "end_s": since((r.data.get("timings") or {}).get("end_unix")),
+            "upstream": r.data.get("upstream", "source"),
+            "timings": r.data.get("timings"),
+            "retries": r.data.get("retries"),
+            "events": r.data.get("events"),
+        }
+        for r in rep.rows
+    ]  # type: ignore[attr-defined]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hosts", default="2,4,8", help="host counts, comma-separated")
     ap.add_argument("--rate", default="200mbit", help="tbf rate of every link (B)")
-    ap.add_argument("--model", default="small-llama",
-                    help="synthetic model (real bytes): tiny-qwen3, small-llama, or random:SIZE (e.g. random:128M)")
+    ap.add_argument(
+        "--model",
+        default="small-llama",
+        help="synthetic model (real bytes): tiny-qwen3, small-llama, or random:SIZE (e.g. random:128M)",
+    )
     ap.add_argument("--modes", default="none,chain,tree", help="relay modes, comma-separated")
     ap.add_argument("--chunk-mib", type=int, default=1)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--cc", default=None,
-                    help="TCP congestion control for every lab host's and the source's network namespace "
-                         "(net.ipv4.tcp_congestion_control, e.g. cubic); default: the kernel's default")
+    ap.add_argument(
+        "--cc",
+        default=None,
+        help="TCP congestion control for every lab host's and the source's network namespace "
+        "(net.ipv4.tcp_congestion_control, e.g. cubic); default: the kernel's default",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="runs of each (hosts, mode)")
-    ap.add_argument("--stall-head", type=float, default=0.0, metavar="SECONDS",
-                    help="stop the head's node program (SIGSTOP) for SECONDS, 4 s into each run: a head "
-                         "starved of CPU while its kernel keeps receiving")
+    ap.add_argument(
+        "--stall-head",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="stop the head's node program (SIGSTOP) for SECONDS, 4 s into each run: a head "
+        "starved of CPU while its kernel keeps receiving",
+    )
     args = ap.parse_args()
     counts = [int(x) for x in args.hosts.split(",")]
     default_cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
@@ -254,20 +305,27 @@ def main() -> int:
                     load = os.getloadavg()
                     done = threading.Event()
                     if args.stall_head:
-                        threading.Thread(target=stall_node, args=(lab.host(names[0]).netns, 4.0, args.stall_head,
-                                                                  done), daemon=True).start()
+                        threading.Thread(
+                            target=stall_node, args=(lab.host(names[0]).netns, 4.0, args.stall_head, done), daemon=True
+                        ).start()
                     with Fleet(hosts, fanout=n, command_timeout=1800) as fleet:
                         t0, t0_unix = time.monotonic(), time.time()
                         rep = stage_model(fleet, hosts, model, source, man, relay=mode, workers=8)
                         secs = time.monotonic() - t0
                     done.set()
-                    row = {"hosts": n, "mode": mode, "seconds": round(secs, 2), "ok": rep.ok,
-                           "bound_s": round(bound * (n if mode == "none" else 1), 2),
-                           "ratio_to_S_over_B": round(secs / bound, 2),
-                           "load_avg_before": [round(x, 2) for x in load], "stall_head_s": args.stall_head,
-                           "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-                           "nodes": node_rows(rep, t0_unix),
-                           "failures": [r.to_dict() for r in rep.rows if not r.ok]}
+                    row = {
+                        "hosts": n,
+                        "mode": mode,
+                        "seconds": round(secs, 2),
+                        "ok": rep.ok,
+                        "bound_s": round(bound * (n if mode == "none" else 1), 2),
+                        "ratio_to_S_over_B": round(secs / bound, 2),
+                        "load_avg_before": [round(x, 2) for x in load],
+                        "stall_head_s": args.stall_head,
+                        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+                        "nodes": node_rows(rep, t0_unix),
+                        "failures": [r.to_dict() for r in rep.rows if not r.ok],
+                    }
                     print(json.dumps(row), file=sys.stderr)
                     results.append(row)
             faults.heal(cfg, None)
@@ -280,26 +338,53 @@ def main() -> int:
                 w = node_op(fleet, "warm", [model], workers=8)[0]
                 wsecs = time.monotonic() - t0
             res = w.data["models"][0]["residency"]
-            warm = {"host": h0, "cold_sequential_read_Bps": round(disk), "warm_seconds": round(wsecs, 3),
-                    "warm_Bps": round(res["bytes"] / w.data["models"][0]["seconds"]),
-                    "resident_fraction_before": ev.data["models"][0]["residency"]["resident"] / res["bytes"],
-                    "resident_fraction": res["resident"] / res["bytes"], "load_avg": list(os.getloadavg())}
+            warm = {
+                "host": h0,
+                "cold_sequential_read_Bps": round(disk),
+                "warm_seconds": round(wsecs, 3),
+                "warm_Bps": round(res["bytes"] / w.data["models"][0]["seconds"]),
+                "resident_fraction_before": ev.data["models"][0]["residency"]["resident"] / res["bytes"],
+                "resident_fraction": res["resident"] / res["bytes"],
+                "load_avg": list(os.getloadavg()),
+            }
             print(json.dumps(warm), file=sys.stderr)
     finally:
         faults.heal(cfg, None)
         if args.cc:
             for h in lab.names:
-                subprocess.run(["ip", "netns", "exec", lab.host(h).netns, "sysctl", "-qw",
-                                f"net.ipv4.tcp_congestion_control={default_cc}"], capture_output=True)
+                subprocess.run(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        lab.host(h).netns,
+                        "sysctl",
+                        "-qw",
+                        f"net.ipv4.tcp_congestion_control={default_cc}",
+                    ],
+                    capture_output=True,
+                )
         for h in lab.names:
             lab.run(h, "rm -rf /models", timeout=60)
         shutil.rmtree(work, ignore_errors=True)
-    doc = {"benchmark": "staging", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "model": args.model, "bytes": size, "rate": args.rate, "S_over_B_s": round(bound, 2),
-           "chunk_bytes": man.chunk_size, "runs": results, "warm": warm,
-           "tree_fanout": 2, "congestion_control": args.cc or default_cc, "load_avg_end": [round(x, 2) for x in os.getloadavg()],
-           "machine": f"{os.cpu_count()} CPUs, lab hosts are nspawn containers on one kernel"}
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"staging-{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H%M}.json")
+    doc = {
+        "benchmark": "staging",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": args.model,
+        "bytes": size,
+        "rate": args.rate,
+        "S_over_B_s": round(bound, 2),
+        "chunk_bytes": man.chunk_size,
+        "runs": results,
+        "warm": warm,
+        "tree_fanout": 2,
+        "congestion_control": args.cc or default_cc,
+        "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+        "machine": f"{os.cpu_count()} CPUs, lab hosts are nspawn containers on one kernel",
+    }
+    out = Path(
+        args.out or ROOT / "benchmarks" / "results" / f"staging-{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H%M}.json"
+    )
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, out)

@@ -34,10 +34,12 @@ sys.path.insert(0, str(REPO))
 from clusterctl.lab import light  # noqa: E402
 
 LAB_DIR = Path("/var/lib/clusterctl-lab/bench-startup")
-WRAP = ("import sys, runpy\n"
-        "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
-        "tree = sys.argv.pop(1); sys.path.insert(0, tree)\n"
-        "runpy.run_module('clusterctl.cli.main', run_name='__main__', alter_sys=True)")
+WRAP = (
+    "import sys, runpy\n"
+    "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+    "tree = sys.argv.pop(1); sys.path.insert(0, tree)\n"
+    "runpy.run_module('clusterctl.cli.main', run_name='__main__', alter_sys=True)"
+)
 
 
 def main() -> int:
@@ -50,8 +52,12 @@ def main() -> int:
     trees = {"before": str(Path(args.before).resolve()), "after": str(REPO)}
     work = Path(tempfile.mkdtemp(prefix="startup-bench-"))
     env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-    env.update(HOME=str(work), XDG_STATE_HOME=str(work / "state"), XDG_CONFIG_HOME=str(work / "config"),
-               CLUSTERCTL_SSH_CONFIG="none")
+    env.update(
+        HOME=str(work),
+        XDG_STATE_HOME=str(work / "state"),
+        XDG_CONFIG_HOME=str(work / "config"),
+        CLUSTERCTL_SSH_CONFIG="none",
+    )
     if light._read_state(LAB_DIR):
         light.down(LAB_DIR)
     inv = str(light.up(LAB_DIR, args.hosts, base="127.5"))
@@ -72,8 +78,9 @@ def main() -> int:
                 for name, tree in trees.items():
                     before = resource.getrusage(resource.RUSAGE_CHILDREN)
                     t0 = time.perf_counter()
-                    p = subprocess.run([sys.executable, "-c", WRAP, tree, *argv], cwd=tree, env=env,
-                                       capture_output=True, timeout=120)
+                    p = subprocess.run(
+                        [sys.executable, "-c", WRAP, tree, *argv], cwd=tree, env=env, capture_output=True, timeout=120
+                    )
                     wall = time.perf_counter() - t0
                     after = resource.getrusage(resource.RUSAGE_CHILDREN)
                     if p.returncode != 0:
@@ -84,17 +91,30 @@ def main() -> int:
     finally:
         light.down(LAB_DIR)
         shutil.rmtree(work, ignore_errors=True)
-    summary = [{"case": c, "tree": t, "runs": len(v),
-                "wall_median_ms": round(statistics.median(w for w, _ in v) * 1000),
-                "wall_min_ms": round(min(w for w, _ in v) * 1000),
-                "cpu_median_ms": round(statistics.median(c for _, c in v) * 1000)}
-               for (c, t), v in runs.items()]
+    summary = [
+        {
+            "case": c,
+            "tree": t,
+            "runs": len(v),
+            "wall_median_ms": round(statistics.median(w for w, _ in v) * 1000),
+            "wall_min_ms": round(min(w for w, _ in v) * 1000),
+            "cpu_median_ms": round(statistics.median(c for _, c in v) * 1000),
+        }
+        for (c, t), v in runs.items()
+    ]
     for row in summary:
         print(json.dumps(row))
     date = dt.datetime.now().strftime("%Y-%m-%dT%H%M")
-    data = {"date": date, "trees": trees, "rounds": args.rounds, "hosts": args.hosts,
-            "load_1min": {"min": min(loads), "max": max(loads)}, "cpus": os.cpu_count(),
-            "python": sys.version.split()[0], "summary": summary}
+    data = {
+        "date": date,
+        "trees": trees,
+        "rounds": args.rounds,
+        "hosts": args.hosts,
+        "load_1min": {"min": min(loads), "max": max(loads)},
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "summary": summary,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"startup-{date}.json"

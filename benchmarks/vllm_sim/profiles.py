@@ -53,8 +53,14 @@ def cpu_times() -> tuple[int, int]:
 def real_time_point(s: L.Scenario, seconds: float, warmup: float) -> dict[str, Any]:
     """Closed-loop clients against the threaded engine at 1x; figures from the clients' wall clock."""
     w = s.workload
-    sched = Scheduler(PROFILES[s.profile], L.MODELS[s.model], ToyLM(noise=False), num_blocks=w.num_blocks,
-                      max_num_seqs=w.max_num_seqs, max_num_batched_tokens=w.max_num_batched_tokens)
+    sched = Scheduler(
+        PROFILES[s.profile],
+        L.MODELS[s.model],
+        ToyLM(noise=False),
+        num_blocks=w.num_blocks,
+        max_num_seqs=w.max_num_seqs,
+        max_num_batched_tokens=w.max_num_batched_tokens,
+    )
     eng = StepEngine(sched, vocab=151936, scale=1.0)
     t0 = time.monotonic()
     t_measure, t_end = t0 + warmup, t0 + warmup + seconds
@@ -68,8 +74,14 @@ def real_time_point(s: L.Scenario, seconds: float, warmup: float) -> dict[str, A
         while time.monotonic() < t_end:
             k += 1
             toks = [f" u{u}r{k}w{i}" for i in range(w.prompt_len)]
-            req = GenRequest(prompt="".join(toks), prompt_tokens=toks, max_tokens=w.output_len,
-                             temperature=0.0, seed=k, ignore_eos=True)
+            req = GenRequest(
+                prompt="".join(toks),
+                prompt_tokens=toks,
+                max_tokens=w.output_len,
+                temperature=0.0,
+                seed=k,
+                ignore_eos=True,
+            )
             sent = time.monotonic()
             first = last = None
             n = 0
@@ -101,22 +113,40 @@ def real_time_point(s: L.Scenario, seconds: float, warmup: float) -> dict[str, A
     own = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / max(1e-9, time.monotonic() - w0)
     eng.close()
     itl = sum(itls) / len(itls) if itls else 0.0
-    return {"scenario": s.name, "users": w.users, "prompt_len": w.prompt_len, "output_len": w.output_len,
-            "max_num_seqs": w.max_num_seqs, "max_num_batched_tokens": w.max_num_batched_tokens,
-            "requests": len(ttfts), "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else None,
-            "itl_mean_s": itl, "per_user_tps": 1 / itl if itl else None, "output_tps": tokens[0] / seconds,
-            "cpu_idle_pct": 100.0 * (idle1 - idle0) / max(1, total1 - total0),
-            "own_cpu_pct_of_one_core": 100.0 * own, "target": s.target,
-            "virtual_clock": L.run(s).as_dict()}
+    return {
+        "scenario": s.name,
+        "users": w.users,
+        "prompt_len": w.prompt_len,
+        "output_len": w.output_len,
+        "max_num_seqs": w.max_num_seqs,
+        "max_num_batched_tokens": w.max_num_batched_tokens,
+        "requests": len(ttfts),
+        "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else None,
+        "itl_mean_s": itl,
+        "per_user_tps": 1 / itl if itl else None,
+        "output_tps": tokens[0] / seconds,
+        "cpu_idle_pct": 100.0 * (idle1 - idle0) / max(1, total1 - total0),
+        "own_cpu_pct_of_one_core": 100.0 * own,
+        "target": s.target,
+        "virtual_clock": L.run(s).as_dict(),
+    }
 
 
 CURVES = [
     ("l40s-48g 8B INT8, report's initial budget (4 seqs / 512 tokens)", L.REPORT[1], [1, 2, 4, 8, 12, 16]),
     ("l40s-48g 8B INT8, vLLM default budget (256 / 2048)", L.REPORT[2], [1, 2, 4, 8, 12, 16]),
     ("l40s-48g x4 TP 27B AWQ, bursts (prompt 4096)", L.REPORT[3], [1, 5, 10, 15, 20, 30]),
-    ("h100-sxm 8B BF16, 1024 / 8192, prompt 1024, output 128", L.Scenario(
-        "h100-8b", "h100-sxm", "8b-bf16", L.Workload(1, 1024, 128, 1024, 8192, L.BLOCKS_H100_8B, duration=120,
-                                                     warmup=20), {}), [1, 4, 16, 32, 64, 128]),
+    (
+        "h100-sxm 8B BF16, 1024 / 8192, prompt 1024, output 128",
+        L.Scenario(
+            "h100-8b",
+            "h100-sxm",
+            "8b-bf16",
+            L.Workload(1, 1024, 128, 1024, 8192, L.BLOCKS_H100_8B, duration=120, warmup=20),
+            {},
+        ),
+        [1, 4, 16, 32, 64, 128],
+    ),
 ]
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
 
@@ -124,10 +154,14 @@ COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
 def svg(curves: list[dict[str, Any]]) -> str:
     """Two panels (TTFT, output tokens/s against users), log-scaled y, one line per curve."""
     import math
+
     W, H, M = 900, 380, 60
     pw = (W - 3 * M) / 2
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H + 110}" font-family="sans-serif" '
-           'font-size="11">', f'<rect width="{W}" height="{H + 110}" fill="white"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H + 110}" font-family="sans-serif" '
+        'font-size="11">',
+        f'<rect width="{W}" height="{H + 110}" fill="white"/>',
+    ]
     for panel, (key, label) in enumerate((("ttft_mean", "mean TTFT (s)"), ("output_tps", "output tokens/s"))):
         x0 = M + panel * (pw + M)
         vals = [p[key] for c in curves for p in c["points"] if p[key] > 0]
@@ -142,8 +176,8 @@ def svg(curves: list[dict[str, Any]]) -> str:
 
         out.append(f'<rect x="{x0}" y="{M}" width="{pw}" height="{H - 2 * M}" fill="none" stroke="#888"/>')
         for e in range(lo, hi + 1):
-            out.append(f'<line x1="{x0}" x2="{x0 + pw}" y1="{Y(10 ** e):.1f}" y2="{Y(10 ** e):.1f}" stroke="#ddd"/>')
-            out.append(f'<text x="{x0 - 5}" y="{Y(10 ** e) + 4:.1f}" text-anchor="end">{10 ** e:g}</text>')
+            out.append(f'<line x1="{x0}" x2="{x0 + pw}" y1="{Y(10**e):.1f}" y2="{Y(10**e):.1f}" stroke="#ddd"/>')
+            out.append(f'<text x="{x0 - 5}" y="{Y(10**e) + 4:.1f}" text-anchor="end">{10**e:g}</text>')
         u = 1
         while u <= maxu:
             out.append(f'<text x="{X(u):.1f}" y="{H - M + 15}" text-anchor="middle">{u}</text>')
@@ -165,15 +199,19 @@ def svg(curves: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Example: python3 benchmarks/vllm_sim/profiles.py --seconds 60")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="Example: python3 benchmarks/vllm_sim/profiles.py --seconds 60"
+    )
     ap.add_argument("--seconds", type=float, default=60.0, help="measured seconds per real-time point")
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds before measuring")
     ap.add_argument("--skip-real-time", action="store_true", help="only the virtual-clock curves")
     ap.add_argument("--svg", type=Path, default=REPO / "docs" / "latency-profiles.svg")
     a = ap.parse_args()
-    result: dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                              "host": platform.node(), "cpus": len(Path("/proc/stat").read_text().split("\ncpu")) - 1}
+    result: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": len(Path("/proc/stat").read_text().split("\ncpu")) - 1,
+    }
     if not a.skip_real_time:
         result["real_time"] = []
         for s in L.REPORT[:3]:
@@ -182,9 +220,16 @@ def main() -> int:
             result["real_time"].append(pt)
     curves = []
     for label, s, users in CURVES:
-        curves.append({"label": label, "scenario": s.name, "profile": s.profile, "model": s.model,
-                       "workload": {k: v for k, v in vars(s.workload).items()},
-                       "points": [L.run(s, users=u).as_dict() for u in users]})
+        curves.append(
+            {
+                "label": label,
+                "scenario": s.name,
+                "profile": s.profile,
+                "model": s.model,
+                "workload": {k: v for k, v in vars(s.workload).items()},
+                "points": [L.run(s, users=u).as_dict() for u in users],
+            }
+        )
     result["curves"] = curves
     out = REPO / "benchmarks" / "results" / f"vllm-sim-profiles-{dt.datetime.now():%Y-%m-%dT%H%M}.json"
     tmp = out.with_suffix(".tmp")

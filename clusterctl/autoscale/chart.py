@@ -38,8 +38,10 @@ def series(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, list[tup
             # ``seconds`` also counts the measurement before ``ts``: never past the next decision
             at = min(float(t) + done, nxt.get(i, float("inf")))
             cur = r.get("current")
-            s["replicas"] += [(at - 1e-3, float(cur) if isinstance(cur, int) else float(r["target"])),
-                              (at, float(r["target"]))]  # a step, not a slope
+            s["replicas"] += [
+                (at - 1e-3, float(cur) if isinstance(cur, int) else float(r["target"])),
+                (at, float(r["target"])),
+            ]  # a step, not a slope
         for key, label in (("value", "signal"), ("high", "high"), ("low", "low")):
             v = r.get(key)
             if isinstance(v, (int, float)):
@@ -56,7 +58,11 @@ def charts(records: Iterable[Mapping[str, Any]]) -> list[str]:
     for name, s in sorted(series(recs).items()):
         signal = next((str(r.get("signal")) for r in reversed(recs) if r.get("template") == name), "signal")
         svgs.append(line_chart(f"{name}: replicas (autoscaler)", {"replicas": s["replicas"]}))
-        svgs.append(line_chart(f"{name}: {signal} and its band", {signal: s["signal"], "high": s["high"],
-                                                                 "low": s["low"]},
-                               colours={"high": "#d62728", "low": "#2ca02c", signal: "#1f77b4"}))
+        svgs.append(
+            line_chart(
+                f"{name}: {signal} and its band",
+                {signal: s["signal"], "high": s["high"], "low": s["low"]},
+                colours={"high": "#d62728", "low": "#2ca02c", signal: "#1f77b4"},
+            )
+        )
     return svgs

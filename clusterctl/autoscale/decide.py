@@ -114,9 +114,15 @@ class Decision:
     missing: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"action": self.action, "current": self.current, "target": self.target, "rule": self.rule,
-                "reasons": self.reasons, "value": None if self.value is None else round(self.value, 4),
-                "missing": self.missing}
+        return {
+            "action": self.action,
+            "current": self.current,
+            "target": self.target,
+            "rule": self.rule,
+            "reasons": self.reasons,
+            "value": None if self.value is None else round(self.value, 4),
+            "missing": self.missing,
+        }
 
 
 def aggregate(signal: str, replicas: Sequence[ReplicaSignal]) -> float | None:
@@ -154,35 +160,58 @@ def decide(signals: Signals, state: ScalerState, policy: AutoscalePolicy, now: f
     nxt.below_since = (state.below_since if state.below_since is not None else now) if below else None
 
     def out(target: int, rule: str, *why: str) -> Decision:
-        return Decision("out" if target > cur else "in" if target < cur else "none", cur, target, rule,
-                        list(why), value, nxt, missing)
+        return Decision(
+            "out" if target > cur else "in" if target < cur else "none",
+            cur,
+            target,
+            rule,
+            list(why),
+            value,
+            nxt,
+            missing,
+        )
 
     since_action = now - state.last_action_at if state.last_action_at is not None else math.inf
     out_blocked = since_action < p.cooldown_out_s
     in_blocked = since_action < p.cooldown_in_s
     backing_off = state.backoff_until is not None and now < state.backoff_until
-    cool = (f"cooldown: last action ({state.last_action}) {_fmt(since_action)} s ago"
-            if state.last_action_at is not None else "")
+    cool = (
+        f"cooldown: last action ({state.last_action}) {_fmt(since_action)} s ago"
+        if state.last_action_at is not None
+        else ""
+    )
     # 4. bounds (still behind cooldown and back-off)
     if cur < p.min_replicas:
         if backing_off:
-            return out(cur, "backoff", f"{cur} replicas is below min {p.min_replicas}, but a failed scale-out "
-                                       f"backs off for {_fmt(state.backoff_until - now)} s more")  # type: ignore[operator]
+            return out(
+                cur,
+                "backoff",
+                f"{cur} replicas is below min {p.min_replicas}, but a failed scale-out "
+                f"backs off for {_fmt(state.backoff_until - now)} s more",  # type: ignore[operator]
+            )
         if out_blocked:
-            return out(cur, "cooldown", f"{cur} replicas is below min {p.min_replicas}; {cool} "
-                                        f"< cooldown_out_s {_fmt(p.cooldown_out_s)}")
-        return out(min(p.min_replicas, cur + p.max_step), "below-min",
-                   f"{cur} replicas is below min {p.min_replicas}")
+            return out(
+                cur,
+                "cooldown",
+                f"{cur} replicas is below min {p.min_replicas}; {cool} < cooldown_out_s {_fmt(p.cooldown_out_s)}",
+            )
+        return out(min(p.min_replicas, cur + p.max_step), "below-min", f"{cur} replicas is below min {p.min_replicas}")
     if cur > p.max_replicas:
         if in_blocked:
-            return out(cur, "cooldown", f"{cur} replicas is above max {p.max_replicas}; {cool} "
-                                        f"< cooldown_in_s {_fmt(p.cooldown_in_s)}")
-        return out(max(p.max_replicas, cur - p.max_step), "above-max",
-                   f"{cur} replicas is above max {p.max_replicas}")
+            return out(
+                cur,
+                "cooldown",
+                f"{cur} replicas is above max {p.max_replicas}; {cool} < cooldown_in_s {_fmt(p.cooldown_in_s)}",
+            )
+        return out(max(p.max_replicas, cur - p.max_step), "above-max", f"{cur} replicas is above max {p.max_replicas}")
     if value is None:
-        return out(cur, "no-data", f"no replica of {cur} could be measured "
-                                   f"({'; '.join(f'{k}: {v}' for k, v in sorted(missing.items())) or 'none listed'}): "
-                                   "nothing is decided on missing data")
+        return out(
+            cur,
+            "no-data",
+            f"no replica of {cur} could be measured "
+            f"({'; '.join(f'{k}: {v}' for k, v in sorted(missing.items())) or 'none listed'}): "
+            "nothing is decided on missing data",
+        )
     worth = sum(r.worth for r in signals.replicas if r.measured)
     mid = (p.high + p.low) / 2
     # 5. out
@@ -191,53 +220,75 @@ def decide(signals: Signals, state: ScalerState, policy: AutoscalePolicy, now: f
         if cur >= p.max_replicas:
             return out(cur, "at-max", f"{what} > high {_fmt(p.high)}, but already at max {p.max_replicas}")
         if held < p.scale_out_after_s:
-            return out(cur, "holding", f"{what} > high {_fmt(p.high)} for {_fmt(held)} s of "
-                                       f"scale_out_after_s {_fmt(p.scale_out_after_s)}")
+            return out(
+                cur,
+                "holding",
+                f"{what} > high {_fmt(p.high)} for {_fmt(held)} s of scale_out_after_s {_fmt(p.scale_out_after_s)}",
+            )
         if backing_off:
-            return out(cur, "backoff", f"{what} > high {_fmt(p.high)}, but a failed scale-out backs off for "
-                                       f"{_fmt(state.backoff_until - now)} s more")  # type: ignore[operator]
+            return out(
+                cur,
+                "backoff",
+                f"{what} > high {_fmt(p.high)}, but a failed scale-out backs off for "
+                f"{_fmt(state.backoff_until - now)} s more",  # type: ignore[operator]
+            )
         if out_blocked:
-            return out(cur, "cooldown", f"{what} > high {_fmt(p.high)}; {cool} < cooldown_out_s "
-                                        f"{_fmt(p.cooldown_out_s)}")
+            return out(
+                cur, "cooldown", f"{what} > high {_fmt(p.high)}; {cool} < cooldown_out_s {_fmt(p.cooldown_out_s)}"
+            )
         # the worth of the measured replicas, scaled to the whole count (missing ones as average)
         total = worth * cur / max(1, len([r for r in signals.replicas if r.measured]))
         need = total * value / mid if mid > 0 else total
         add = math.ceil((need - total) / max(signals.new_worth, 1e-9) - 1e-9)
         add = max(1, min(p.max_step, add, p.max_replicas - cur))
-        return out(cur + add, "above-high",
-                   f"{what} > high {_fmt(p.high)} for {_fmt(held)} s (>= {_fmt(p.scale_out_after_s)} s)",
-                   f"+{add}: worth {_fmt(total)} x {_fmt(value)} / band middle {_fmt(mid)} needs {_fmt(need)}"
-                   f" (new replicas worth {_fmt(signals.new_worth)}, max_step {p.max_step})")
+        return out(
+            cur + add,
+            "above-high",
+            f"{what} > high {_fmt(p.high)} for {_fmt(held)} s (>= {_fmt(p.scale_out_after_s)} s)",
+            f"+{add}: worth {_fmt(total)} x {_fmt(value)} / band middle {_fmt(mid)} needs {_fmt(need)}"
+            f" (new replicas worth {_fmt(signals.new_worth)}, max_step {p.max_step})",
+        )
     # 6. in
     if value < p.low:
         if missing:
-            return out(cur, "missing-data", f"{what} < low {_fmt(p.low)} over the measured replicas, but "
-                       + "; ".join(f"{k}: {v}" for k, v in sorted(missing.items()))
-                       + ": missing data never counts as idle")
+            return out(
+                cur,
+                "missing-data",
+                f"{what} < low {_fmt(p.low)} over the measured replicas, but "
+                + "; ".join(f"{k}: {v}" for k, v in sorted(missing.items()))
+                + ": missing data never counts as idle",
+            )
         held = now - (nxt.below_since if nxt.below_since is not None else now)
         if cur <= p.min_replicas:
             return out(cur, "at-min", f"{what} < low {_fmt(p.low)}, already at min {p.min_replicas}")
         if held < p.scale_in_after_s:
-            return out(cur, "holding", f"{what} < low {_fmt(p.low)} for {_fmt(held)} s of "
-                                       f"scale_in_after_s {_fmt(p.scale_in_after_s)}")
+            return out(
+                cur,
+                "holding",
+                f"{what} < low {_fmt(p.low)} for {_fmt(held)} s of scale_in_after_s {_fmt(p.scale_in_after_s)}",
+            )
         if in_blocked:
-            return out(cur, "cooldown", f"{what} < low {_fmt(p.low)}; {cool} < cooldown_in_s "
-                                        f"{_fmt(p.cooldown_in_s)}")
+            return out(cur, "cooldown", f"{what} < low {_fmt(p.low)}; {cool} < cooldown_in_s {_fmt(p.cooldown_in_s)}")
         # remove the highest-numbered first (placement's rule): predict with the worth that stays
         order = sorted(signals.replicas, key=lambda r: _number(r.name), reverse=True)
         remove, left = 0, worth
-        for r in order[:min(p.max_step, cur - p.min_replicas)]:
+        for r in order[: min(p.max_step, cur - p.min_replicas)]:
             after = left - r.worth
             if after <= 0 or value * worth / after > mid:
                 break
             remove, left = remove + 1, after
         if remove == 0:
-            return out(cur, "would-flap", f"{what} < low {_fmt(p.low)}, but one replica fewer would put it "
-                                          f"above the band middle {_fmt(mid)}")
-        return out(cur - remove, "below-low",
-                   f"{what} < low {_fmt(p.low)} for {_fmt(held)} s (>= {_fmt(p.scale_in_after_s)} s), "
-                   "every replica measured",
-                   f"-{remove}: predicted {p.signal} {_fmt(value * worth / left)} <= band middle {_fmt(mid)}")
+            return out(
+                cur,
+                "would-flap",
+                f"{what} < low {_fmt(p.low)}, but one replica fewer would put it above the band middle {_fmt(mid)}",
+            )
+        return out(
+            cur - remove,
+            "below-low",
+            f"{what} < low {_fmt(p.low)} for {_fmt(held)} s (>= {_fmt(p.scale_in_after_s)} s), every replica measured",
+            f"-{remove}: predicted {p.signal} {_fmt(value * worth / left)} <= band middle {_fmt(mid)}",
+        )
     return out(cur, "in-band", f"{what} within low {_fmt(p.low)} .. high {_fmt(p.high)}")
 
 
@@ -246,8 +297,9 @@ def _number(name: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def record_outcome(state: ScalerState, decision: Decision, outcome: str, policy: AutoscalePolicy,
-                   now: float) -> ScalerState:
+def record_outcome(
+    state: ScalerState, decision: Decision, outcome: str, policy: AutoscalePolicy, now: float
+) -> ScalerState:
     """The state after ``decision`` was carried out with ``outcome``: ``ok``, ``failed`` (rolled back)
     or ``waited`` (the deploy lock was held: nothing happened, nothing stamped)."""
     nxt = replace(decision.state)

@@ -71,9 +71,11 @@ def load_states(state_dir: str | Path) -> dict[str, ScalerState]:
 
 
 def save_states(state_dir: str | Path, states: dict[str, ScalerState]) -> None:
-    write_atomic(_dir(state_dir) / STATE_FILE,
-                 json.dumps({"templates": {k: v.to_json() for k, v in sorted(states.items())}}, indent=1,
-                            sort_keys=True) + "\n", 0o640)
+    write_atomic(
+        _dir(state_dir) / STATE_FILE,
+        json.dumps({"templates": {k: v.to_json() for k, v in sorted(states.items())}}, indent=1, sort_keys=True) + "\n",
+        0o640,
+    )
 
 
 def append_history(state_dir: str | Path, rec: dict[str, Any]) -> Path:
@@ -82,8 +84,9 @@ def append_history(state_dir: str | Path, rec: dict[str, Any]) -> Path:
     return append_line(_dir(state_dir) / HISTORY_FILE, rec)
 
 
-def read_history(state_dir: str | Path, template: str | None = None, since: float | None = None
-                 ) -> list[dict[str, Any]]:
+def read_history(
+    state_dir: str | Path, template: str | None = None, since: float | None = None
+) -> list[dict[str, Any]]:
     """Decisions oldest first (an unreadable line is skipped)."""
     path = Path(state_dir) / SUBDIR / HISTORY_FILE
     if not path.exists():

@@ -67,11 +67,20 @@ class Outcome:
     policy: AutoscalePolicy | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"template": self.template, **self.decision.to_json(), "outcome": self.outcome,
-                "detail": self.detail, "added": self.added, "removed": self.removed, "run_id": self.run_id,
-                "seconds": round(self.seconds, 2),
-                "replicas": {r.name: {"state": r.state, "value": r.value, "worth": r.worth, "error": r.error}
-                             for r in self.signals.replicas}}
+        return {
+            "template": self.template,
+            **self.decision.to_json(),
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "added": self.added,
+            "removed": self.removed,
+            "run_id": self.run_id,
+            "seconds": round(self.seconds, 2),
+            "replicas": {
+                r.name: {"state": r.state, "value": r.value, "worth": r.worth, "error": r.error}
+                for r in self.signals.replicas
+            },
+        }
 
 
 def autoscaled(inv: Inventory, names: Sequence[str] = ()) -> dict[str, AutoscalePolicy]:
@@ -80,8 +89,9 @@ def autoscaled(inv: Inventory, names: Sequence[str] = ()) -> dict[str, Autoscale
     out = {n: t.autoscale for n, t in inv.templates.items() if t.autoscale is not None}
     for n in names:
         if n not in inv.templates:
-            raise ClusterctlError(f"template {n!r} is not in the inventory {inv.path} "
-                                  f"(templates: {', '.join(inv.templates) or 'none'})")
+            raise ClusterctlError(
+                f"template {n!r} is not in the inventory {inv.path} (templates: {', '.join(inv.templates) or 'none'})"
+            )
         if n not in out:
             raise ClusterctlError(f"template {n!r} has no autoscale: policy in {inv.path} (docs/autoscale.md)")
     return {n: p for n, p in out.items() if not names or n in names}
@@ -116,8 +126,14 @@ def template_replicas(inv: Inventory, state: DeployState, template: str) -> dict
     return {n: i for n, i in res.instances.items() if i.template == template}
 
 
-def measure(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str, policy: AutoscalePolicy,
-            on_event: Callable[[str], None] | None = None) -> Signals:
+def measure(
+    inv: Inventory,
+    state_dir: Path,
+    make_fleet: FleetFactory,
+    template: str,
+    policy: AutoscalePolicy,
+    on_event: Callable[[str], None] | None = None,
+) -> Signals:
     """The template's replicas measured over the policy's window."""
     from clusterctl.deploy.placement.place import desired_replicas
     from clusterctl.deploy.status.instances import collect_status
@@ -129,8 +145,16 @@ def measure(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template:
     rows: list[Any] = []
     if instances:
         with make_fleet([inv.hosts[h] for h in hosts if h in inv.hosts]) as fleet:
-            rows = collect_status(inv, instances, fleet, window=policy.window_s, state_dir=state_dir,
-                                  include_extra=False, on_event=on_event, tp_check=False)
+            rows = collect_status(
+                inv,
+                instances,
+                fleet,
+                window=policy.window_s,
+                state_dir=state_dir,
+                include_extra=False,
+                on_event=on_event,
+                tp_check=False,
+            )
     by_name = {r.name: r for r in rows}
     reps = []
     for name, inst in instances.items():
@@ -142,13 +166,11 @@ def measure(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template:
         v = replica_value(policy.signal, r)
         err = None if v is not None else (r.message or "metrics not read")
         reps.append(ReplicaSignal(name, r.state, v, worth, err if r.state == "serving" else (r.message or r.state)))
-    new_worth = policy.worth_of(policy.prefer_gpu) if policy.prefer_gpu else \
-        (min((r.worth for r in reps), default=1.0))
+    new_worth = policy.worth_of(policy.prefer_gpu) if policy.prefer_gpu else (min((r.worth for r in reps), default=1.0))
     return Signals(current, tuple(reps), new_worth)
 
 
-def restricted(inv: Inventory, state: DeployState, template: str, policy: AutoscalePolicy,
-               prefer: bool) -> DeployState:
+def restricted(inv: Inventory, state: DeployState, template: str, policy: AutoscalePolicy, prefer: bool) -> DeployState:
     """A copy of ``state`` with cordons (never saved) on what the policy does not allow for new
     replicas: hosts outside ``hosts``, GPUs outside ``gpus``, and with ``prefer`` hosts whose GPU
     model is not ``prefer_gpu``.  The operator's own cordons are all still there."""
@@ -206,8 +228,9 @@ def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Any:
     return fleet_hook(inv, state_dir, make_fleet)
 
 
-def sync_gateway_now(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, window_s: float,
-                     say: Callable[[str], None]) -> str | None:
+def sync_gateway_now(
+    inv: Inventory, state_dir: Path, make_fleet: FleetFactory, window_s: float, say: Callable[[str], None]
+) -> str | None:
     """A forced gateway sync from fresh measurements; ``None`` or why it failed."""
     from clusterctl.deploy.placement.deployed import wanted_instances
     from clusterctl.gateway import state as gwstate
@@ -223,26 +246,45 @@ def sync_gateway_now(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, 
         instances = wanted_instances(inv, state_dir)
         hosts = sorted({g.host for i in instances.values() for g in i.placement} | set(gw.hosts))
         with make_fleet([inv.hosts[h] for h in hosts if h in inv.hosts]) as fleet:
-            observed, _ = observe(inv, instances, fleet, window=window_s, state_dir=state_dir, tp_check=False,
-                                  on_event=say)
+            observed, _ = observe(
+                inv, instances, fleet, window=window_s, state_dir=state_dir, tp_check=False, on_event=say
+            )
             servers = gw_decide(inv, instances, observed, marked_down=st.marked_down)
-            res = sync_gateway(inv, fleet, instances, servers, state_dir=state_dir, force=True, on_event=say,
-                               observed=observed)
+            res = sync_gateway(
+                inv, fleet, instances, servers, state_dir=state_dir, force=True, on_event=say, observed=observed
+            )
     except ClusterctlError as e:
         return str(e)
     bad = [f"{h.host}: {h.error}" for h in res.hosts if not h.ok]
     return "; ".join(bad) or None
 
 
-def _deploy(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str, names: list[str],
-            hosts: list[str], policy: AutoscalePolicy, me: Any, say: Callable[[str], None]) -> Any:
+def _deploy(
+    inv: Inventory,
+    state_dir: Path,
+    make_fleet: FleetFactory,
+    template: str,
+    names: list[str],
+    hosts: list[str],
+    policy: AutoscalePolicy,
+    me: Any,
+    say: Callable[[str], None],
+) -> Any:
     from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
 
-    dopts = DeployOptions(instances=",".join(names), gate_timeout_s=policy.gate_timeout_s,
-                          drain_timeout_s=policy.drain_timeout_s)
-    d = Deploy(inv, [inv.hosts[h] for h in hosts], make_fleet, str(state_dir), dopts,
-               on_event=lambda e: None if e.kind == "bytes" else
-               say(f"[{e.kind}] " + (f"{e.host}: " if e.host else "") + e.message))
+    dopts = DeployOptions(
+        instances=",".join(names), gate_timeout_s=policy.gate_timeout_s, drain_timeout_s=policy.drain_timeout_s
+    )
+    d = Deploy(
+        inv,
+        [inv.hosts[h] for h in hosts],
+        make_fleet,
+        str(state_dir),
+        dopts,
+        on_event=lambda e: (
+            None if e.kind == "bytes" else say(f"[{e.kind}] " + (f"{e.host}: " if e.host else "") + e.message)
+        ),
+    )
     d.me = me  # the autoscaler already holds the deploy lock with this run id
     return d.run()
 
@@ -268,8 +310,16 @@ def _gates_passed(rep: Any, inv: Inventory, state_dir: Path, names: Sequence[str
     return out
 
 
-def act(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str, policy: AutoscalePolicy,
-        decision: Decision, out: Outcome, say: Callable[[str], None]) -> None:
+def act(
+    inv: Inventory,
+    state_dir: Path,
+    make_fleet: FleetFactory,
+    template: str,
+    policy: AutoscalePolicy,
+    decision: Decision,
+    out: Outcome,
+    say: Callable[[str], None],
+) -> None:
     """Carry out ``decision`` (an ``out`` or ``in``); fills ``out.outcome``/``detail``/``added``/``removed``."""
     from clusterctl.deploy.rollout import lock
     from clusterctl.deploy.placement.scale import plan_scale, replica_names
@@ -285,7 +335,9 @@ def act(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str
         sp = plan_scale(inv, state, template, decision.target)
     me = lock.LockInfo(holder=f"{HOLDER_PREFIX}:{who_am_i()}")
     out.run_id = me.run_id
-    hosts = _lock_hosts(inv, state, template, [h for p in sp.result.state.placements.get(template, {}).values() for h in p.hosts])
+    hosts = _lock_hosts(
+        inv, state, template, [h for p in sp.result.state.placements.get(template, {}).values() for h in p.hosts]
+    )
     try:
         with make_fleet([inv.hosts[h] for h in hosts]) as fleet:
             acquired = lock.acquire(fleet, hosts, me)
@@ -296,22 +348,36 @@ def act(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str
         # under the lock: an operator's scale recorded meanwhile wins
         now_state = store.load()
         if now_state.replicas.get(template) != state.replicas.get(template):
-            out.outcome, out.detail = "waited", (f"the count of {template} changed meanwhile "
-                                                 f"({state.replicas.get(template)} -> {now_state.replicas.get(template)}): "
-                                                 "an operator's scale wins")
+            out.outcome, out.detail = (
+                "waited",
+                (
+                    f"the count of {template} changed meanwhile "
+                    f"({state.replicas.get(template)} -> {now_state.replicas.get(template)}): "
+                    "an operator's scale wins"
+                ),
+            )
             return
         if decision.action == "out":
             _scale_out(inv, store, make_fleet, template, policy, sp, hosts, me, out, say)
         else:
-            _scale_in(inv, store, make_fleet, template, policy, sp, hosts, me, out, say,
-                      replica_names(sp))
+            _scale_in(inv, store, make_fleet, template, policy, sp, hosts, me, out, say, replica_names(sp))
     finally:
         with make_fleet([inv.hosts[h] for h in acquired.locked]) as fleet:
             lock.release(fleet, acquired.locked, me.run_id)
 
 
-def _scale_out(inv: Inventory, store: StateStore, make_fleet: FleetFactory, template: str, policy: AutoscalePolicy,
-               sp: Any, hosts: list[str], me: Any, out: Outcome, say: Callable[[str], None]) -> None:
+def _scale_out(
+    inv: Inventory,
+    store: StateStore,
+    make_fleet: FleetFactory,
+    template: str,
+    policy: AutoscalePolicy,
+    sp: Any,
+    hosts: list[str],
+    me: Any,
+    out: Outcome,
+    say: Callable[[str], None],
+) -> None:
     from clusterctl.deploy.placement.scale import replica_names
 
     from clusterctl.deploy.placement.place import replica_number
@@ -343,11 +409,15 @@ def _scale_out(inv: Inventory, store: StateStore, make_fleet: FleetFactory, temp
                     return
             out.outcome = "ok"
             out.detail = f"{before} -> {sp.after}: " + ", ".join(
-                f"{n} on {sp.result.instances[n].placement[0].host}" for n in added)
+                f"{n} on {sp.result.instances[n].placement[0].host}" for n in added
+            )
             return
         out.outcome = "failed"
-        out.detail = f"deploy {rep.result}: " + "; ".join(f"{n}: {w}" for n, w in failed.items()) \
-            if failed else f"deploy {rep.result}"
+        out.detail = (
+            f"deploy {rep.result}: " + "; ".join(f"{n}: {w}" for n, w in failed.items())
+            if failed
+            else f"deploy {rep.result}"
+        )
     except ClusterctlError as e:
         out.outcome, out.detail = "failed", f"{type(e).__name__}: {e}"
     # roll back what the autoscaler recorded (the engine rolled back the hosts)
@@ -362,9 +432,19 @@ def _scale_out(inv: Inventory, store: StateStore, make_fleet: FleetFactory, temp
             out.detail = f"{out.detail}; gateway: {e}"
 
 
-def _scale_in(inv: Inventory, store: StateStore, make_fleet: FleetFactory, template: str, policy: AutoscalePolicy,
-              sp: Any, hosts: list[str], me: Any, out: Outcome, say: Callable[[str], None],
-              names: list[str]) -> None:
+def _scale_in(
+    inv: Inventory,
+    store: StateStore,
+    make_fleet: FleetFactory,
+    template: str,
+    policy: AutoscalePolicy,
+    sp: Any,
+    hosts: list[str],
+    me: Any,
+    out: Outcome,
+    say: Callable[[str], None],
+    names: list[str],
+) -> None:
     before = sp.before
     out.removed = list(sp.removed)
     with store.update() as st:
@@ -376,19 +456,29 @@ def _scale_in(inv: Inventory, store: StateStore, make_fleet: FleetFactory, templ
     if rep is not None and rep.ok:
         drained = {k: v for o in rep.hosts.values() for k, v in o.drained.items()}
         out.outcome = "ok"
-        out.detail = f"{before} -> {sp.after}: " + ", ".join(
-            f"{n} ({drained.get(n, 'removed')})" for n in sp.removed)
+        out.detail = f"{before} -> {sp.after}: " + ", ".join(f"{n} ({drained.get(n, 'removed')})" for n in sp.removed)
         return
     out.outcome = "failed"
-    out.detail = err if rep is None else f"deploy {rep.result}: " + "; ".join(
-        f"{o.host}: {o.error}" for o in rep.hosts.values() if o.error)
+    out.detail = (
+        err
+        if rep is None
+        else f"deploy {rep.result}: " + "; ".join(f"{o.host}: {o.error}" for o in rep.hosts.values() if o.error)
+    )
     with store.update() as st:
         st.replicas[template] = before
 
 
-def decide_template(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, template: str,
-                    policy: AutoscalePolicy, *, plan_only: bool = False, now: Callable[[], float] = time.time,
-                    on_event: Callable[[str], None] | None = None) -> Outcome:
+def decide_template(
+    inv: Inventory,
+    state_dir: Path,
+    make_fleet: FleetFactory,
+    template: str,
+    policy: AutoscalePolicy,
+    *,
+    plan_only: bool = False,
+    now: Callable[[], float] = time.time,
+    on_event: Callable[[str], None] | None = None,
+) -> Outcome:
     """One decision for one template (module doc); audited unless ``plan_only``."""
     say = on_event or (lambda s: None)
     t0 = time.monotonic()
@@ -409,28 +499,52 @@ def decide_template(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, t
             act(inv, state_dir, make_fleet, template, policy, d, out, say)
         except ClusterctlError as e:
             out.outcome, out.detail = "error", str(e)
-    nxt = record_outcome(prev, d, "ok" if out.outcome in ("ok", "none") else
-                         "waited" if out.outcome == "waited" else "failed", policy, at)
+    nxt = record_outcome(
+        prev,
+        d,
+        "ok" if out.outcome in ("ok", "none") else "waited" if out.outcome == "waited" else "failed",
+        policy,
+        at,
+    )
     states = record.load_states(state_dir)
     states[template] = nxt
     record.save_states(state_dir, states)
     out.seconds = time.monotonic() - t0
-    record.append_history(state_dir, {"ts": round(at, 3), "time": utc_now(), "signal": policy.signal,
-                                      "high": policy.high, "low": policy.low, "min": policy.min_replicas,
-                                      "max": policy.max_replicas, **out.to_json()})
+    record.append_history(
+        state_dir,
+        {
+            "ts": round(at, 3),
+            "time": utc_now(),
+            "signal": policy.signal,
+            "high": policy.high,
+            "low": policy.low,
+            "min": policy.min_replicas,
+            "max": policy.max_replicas,
+            **out.to_json(),
+        },
+    )
     return out
 
 
-def run_round(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, templates: Mapping[str, AutoscalePolicy],
-              *, plan_only: bool = False, lock_wait_s: float = 0.0, now: Callable[[], float] = time.time,
-              on_event: Callable[[str], None] | None = None) -> list[Outcome]:
+def run_round(
+    inv: Inventory,
+    state_dir: Path,
+    make_fleet: FleetFactory,
+    templates: Mapping[str, AutoscalePolicy],
+    *,
+    plan_only: bool = False,
+    lock_wait_s: float = 0.0,
+    now: Callable[[], float] = time.time,
+    on_event: Callable[[str], None] | None = None,
+) -> list[Outcome]:
     """One decision per template (under the autoscaler's lock unless ``plan_only``); a template
     whose measurement fails is an ``error`` outcome, the others go on."""
     outs = []
     for name, policy in templates.items():
         if plan_only:
-            outs.append(decide_template(inv, state_dir, make_fleet, name, policy, plan_only=True, now=now,
-                                        on_event=on_event))
+            outs.append(
+                decide_template(inv, state_dir, make_fleet, name, policy, plan_only=True, now=now, on_event=on_event)
+            )
             continue
         with record.deciding(state_dir, lock_wait_s):
             outs.append(decide_template(inv, state_dir, make_fleet, name, policy, now=now, on_event=on_event))

@@ -11,8 +11,13 @@ import math
 from typing import Any
 
 #: (report key, summary key or None, True when higher is worse)
-METRICS = (("ttft_ms", "mean", True), ("ttft_ms", "p99", True), ("tpot_ms", "mean", True),
-           ("e2e_ms", "p99", True), ("output_throughput", None, False))
+METRICS = (
+    ("ttft_ms", "mean", True),
+    ("ttft_ms", "p99", True),
+    ("tpot_ms", "mean", True),
+    ("e2e_ms", "p99", True),
+    ("output_throughput", None, False),
+)
 
 
 def compare(old: list[dict[str, Any]], new: list[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
@@ -27,7 +32,14 @@ def compare(old: list[dict[str, Any]], new: list[dict[str, Any]], tolerance: flo
             else:
                 change = (vb - va) / va
             worse = change if higher_worse else -change
-            rows.append({"concurrency": a["concurrency"], "metric": f"{key}.{sub}" if sub else key,
-                         "a": va, "b": vb, "change": change,
-                         "regression": not math.isnan(change) and worse > tolerance})
+            rows.append(
+                {
+                    "concurrency": a["concurrency"],
+                    "metric": f"{key}.{sub}" if sub else key,
+                    "a": va,
+                    "b": vb,
+                    "change": change,
+                    "regression": not math.isnan(change) and worse > tolerance,
+                }
+            )
     return rows

@@ -37,10 +37,12 @@ def load(path: str | Path) -> Dataset:
             continue
         key = "output_len" if "output_len" in d else "max_tokens"
         n_out = d.get(key)
-        if n_out is not None and (not isinstance(n_out, int) or isinstance(n_out, bool)
-                                  or not 1 <= n_out <= MAX_OUTPUT_LEN):
-            problems.append(Problem(str(path), n, f"'{key}' must be a whole number from 1 to {MAX_OUTPUT_LEN}, "
-                                                  f"not {n_out!r}"))
+        if n_out is not None and (
+            not isinstance(n_out, int) or isinstance(n_out, bool) or not 1 <= n_out <= MAX_OUTPUT_LEN
+        ):
+            problems.append(
+                Problem(str(path), n, f"'{key}' must be a whole number from 1 to {MAX_OUTPUT_LEN}, not {n_out!r}")
+            )
             continue
         prompts.append(prompt)
         lens.append(n_out)

@@ -78,8 +78,9 @@ def _requests_served(ep: Endpoint, timeout: float) -> float | None:
     return m.get("vllm:request_success_total")
 
 
-def _level(ep: Endpoint, prompts: list[str], level: int, output_len: int, timeout: float,
-           seed: int) -> tuple[RunResult, dict[str, Any]]:
+def _level(
+    ep: Endpoint, prompts: list[str], level: int, output_len: int, timeout: float, seed: int
+) -> tuple[RunResult, dict[str, Any]]:
     """One round on one side, with the server's timings around it and the trust check."""
     before = server_metrics_or_none(ep, timeout)
     run = runner.run(ep, prompts, level, output_len, timeout=timeout, seed=seed)
@@ -101,9 +102,21 @@ def server_metrics_or_none(ep: Endpoint, timeout: float) -> dict[str, float] | N
         return None
 
 
-def bench_gate(url: str, reference_url: str, *, api_key: str | None = None, reference_api_key: str | None = None,
-               concurrency: Sequence[int] = (1, 8), requests: int = 16, input_len: int = 256, output_len: int = 64,
-               tolerance: float = 0.1, timeout: float = 60.0, seed: int = 0, max_rounds: int = 4) -> GateOutcome:
+def bench_gate(
+    url: str,
+    reference_url: str,
+    *,
+    api_key: str | None = None,
+    reference_api_key: str | None = None,
+    concurrency: Sequence[int] = (1, 8),
+    requests: int = 16,
+    input_len: int = 256,
+    output_len: int = 64,
+    tolerance: float = 0.1,
+    timeout: float = 60.0,
+    seed: int = 0,
+    max_rounds: int = 4,
+) -> GateOutcome:
     """Run the same prompts at each ``concurrency`` level against ``reference_url`` (A, previous version)
     and ``url`` (B, the canary), alternately, in rounds of ``requests`` until the noise is below the tolerance
     (see the module doc); fail on any failed request or a regression beyond ``tolerance`` (relative: latency
@@ -134,57 +147,101 @@ def bench_gate(url: str, reference_url: str, *, api_key: str | None = None, refe
                         run, rep = _level(ep, prompts, level, output_len, timeout, seed)
                         sent[side] += len(prompts)
                     if not rep["trust"]["trusted"]:
-                        untrusted.append(f"{'canary' if side == 'b' else 'reference'} at {level}: "
-                                         + "; ".join(rep["trust"]["reasons"]))
+                        untrusted.append(
+                            f"{'canary' if side == 'b' else 'reference'} at {level}: "
+                            + "; ".join(rep["trust"]["reasons"])
+                        )
                     res[side] += run.results
                     dur[side] += run.duration
                 if untrusted or any(not r.ok for side in res.values() for r in side):
                     break
-                cis = {m: change_ci([x for r in res["a"] if (x := f(r)) is not None],
-                                    [x for r in res["b"] if (x := f(r)) is not None]) for m, f in CI_METRICS.items()}
+                cis = {
+                    m: change_ci(
+                        [x for r in res["a"] if (x := f(r)) is not None],
+                        [x for r in res["b"] if (x := f(r)) is not None],
+                    )
+                    for m, f in CI_METRICS.items()
+                }
                 if all(ci is None or ci[1] < tolerance for ci in cis.values()):
                     break
             for side in ("a", "b"):
                 reports[side].append(aggregate(res[side], dur[side], level))
-            intervals.append({"concurrency": level, "requests_per_side": len(res["a"]),
-                              **{m: None if ci is None else {"change": ci[0], "ci95": ci[1]} for m, ci in cis.items()}})
+            intervals.append(
+                {
+                    "concurrency": level,
+                    "requests_per_side": len(res["a"]),
+                    **{m: None if ci is None else {"change": ci[0], "ci95": ci[1]} for m, ci in cis.items()},
+                }
+            )
             if untrusted:
                 break
     except ClusterctlError as e:
         return GateOutcome(False, f"bench gate could not run: {e}")
     rows = compare(reports["a"], reports["b"], tolerance)
     other = _other_traffic(a, b, served0, sent, timeout)
-    details = {"reference": a.url, "canary": b.url, "tolerance": tolerance, "comparison": rows,
-               "intervals": intervals, "other_traffic": other, "untrusted": untrusted}
+    details = {
+        "reference": a.url,
+        "canary": b.url,
+        "tolerance": tolerance,
+        "comparison": rows,
+        "intervals": intervals,
+        "other_traffic": other,
+        "untrusted": untrusted,
+    }
     failed = {side: sum(r["failed"] for r in reps) for side, reps in reports.items()}
     if failed["b"] or failed["a"]:
         errors = sorted({e for reps in reports.values() for r in reps for e in r["errors"]})[:3]
-        return GateOutcome(False, f"failed requests: canary {failed['b']}, reference {failed['a']} "
-                                  f"({'; '.join(errors)})", details)
+        return GateOutcome(
+            False, f"failed requests: canary {failed['b']}, reference {failed['a']} ({'; '.join(errors)})", details
+        )
     if untrusted:
-        return GateOutcome(False, "bench gate inconclusive: the load generator's numbers cannot be trusted ("
-                           + "; ".join(untrusted[:2]) + "); give it a core of its own", details, inconclusive=True)
-    noisy = [f"{m} at {iv['concurrency']} +/-{iv[m]['ci95']:.0%}" for iv in intervals for m in CI_METRICS
-             if iv.get(m) and iv[m]["ci95"] >= tolerance]
+        return GateOutcome(
+            False,
+            "bench gate inconclusive: the load generator's numbers cannot be trusted ("
+            + "; ".join(untrusted[:2])
+            + "); give it a core of its own",
+            details,
+            inconclusive=True,
+        )
+    noisy = [
+        f"{m} at {iv['concurrency']} +/-{iv[m]['ci95']:.0%}"
+        for iv in intervals
+        for m in CI_METRICS
+        if iv.get(m) and iv[m]["ci95"] >= tolerance
+    ]
     if noisy:
-        return GateOutcome(False, f"bench gate inconclusive: noise above the tolerance ({tolerance:.0%}) after "
-                                  f"{max_rounds} rounds of {requests}: {', '.join(noisy[:3])}; raise requests",
-                           details, inconclusive=True)
+        return GateOutcome(
+            False,
+            f"bench gate inconclusive: noise above the tolerance ({tolerance:.0%}) after "
+            f"{max_rounds} rounds of {requests}: {', '.join(noisy[:3])}; raise requests",
+            details,
+            inconclusive=True,
+        )
     if other.get("unlike"):
-        return GateOutcome(False, f"bench gate inconclusive: not like with like ({other['unlike']})", details,
-                           inconclusive=True)
+        return GateOutcome(
+            False, f"bench gate inconclusive: not like with like ({other['unlike']})", details, inconclusive=True
+        )
     worse = [r for r in rows if r["regression"]]
-    ci_text = ", ".join(f"{m.split('.')[0]} {iv[m]['change']:+.0%}+/-{iv[m]['ci95']:.0%}"
-                        for iv in intervals[:1] for m in CI_METRICS if iv.get(m))
+    ci_text = ", ".join(
+        f"{m.split('.')[0]} {iv[m]['change']:+.0%}+/-{iv[m]['ci95']:.0%}"
+        for iv in intervals[:1]
+        for m in CI_METRICS
+        if iv.get(m)
+    )
     if worse:
         text = ", ".join(f"{r['metric']} at {r['concurrency']} {r['change']:+.0%}" for r in worse[:4])
         return GateOutcome(False, f"regression beyond {tolerance:.0%}: {text} (95 % CI: {ci_text})", details)
-    return GateOutcome(True, f"no regression beyond {tolerance:.0%} at concurrency "
-                             f"{','.join(str(c) for c in concurrency)} (95 % CI: {ci_text})", details)
+    return GateOutcome(
+        True,
+        f"no regression beyond {tolerance:.0%} at concurrency "
+        f"{','.join(str(c) for c in concurrency)} (95 % CI: {ci_text})",
+        details,
+    )
 
 
-def _other_traffic(a: Endpoint, b: Endpoint, before: dict[str, float | None], sent: dict[str, int],
-                   timeout: float) -> dict[str, Any]:
+def _other_traffic(
+    a: Endpoint, b: Endpoint, before: dict[str, float | None], sent: dict[str, int], timeout: float
+) -> dict[str, Any]:
     """Requests each side served during the gate beyond the ``sent`` by the gate, and ``unlike`` when one
     served other traffic and the other did not."""
     out: dict[str, Any] = {}
@@ -196,7 +253,9 @@ def _other_traffic(a: Endpoint, b: Endpoint, before: dict[str, float | None], se
     busy = {side: n is not None and n > OTHER_TRAFFIC_SHARE * ours for side, n in out.items()}
     if busy["reference"] != busy["canary"] and None not in out.values():
         which = "canary" if busy["canary"] else "reference"
-        out["unlike"] = (f"the {which} served {out[which]:.0f} other requests during the gate and the other "
-                         f"{out['reference' if which == 'canary' else 'canary']:.0f}: measure both off the gateway "
-                         "or both in it")
+        out["unlike"] = (
+            f"the {which} served {out[which]:.0f} other requests during the gate and the other "
+            f"{out['reference' if which == 'canary' else 'canary']:.0f}: measure both off the gateway "
+            "or both in it"
+        )
     return out

@@ -42,10 +42,10 @@ class _Chunked:
         out = []
         while self.buf and not self.finished:
             if self.data_left:
-                take = self.buf[:self.data_left]
+                take = self.buf[: self.data_left]
                 out.append(take)
                 self.data_left -= len(take)
-                self.buf = self.buf[len(take):]
+                self.buf = self.buf[len(take) :]
             elif self.crlf_left:
                 skip = min(self.crlf_left, len(self.buf))
                 self.crlf_left -= skip
@@ -60,7 +60,7 @@ class _Chunked:
                 size = int(self.buf[:end].split(b";", 1)[0].strip() or b"0", 16)  # ValueError on garbage
                 if size < 0:
                     raise ValueError("negative chunk size")
-                self.buf = self.buf[end + 2:]
+                self.buf = self.buf[end + 2 :]
                 self.last = size == 0
                 self.data_left, self.crlf_left = size, 2
         return b"".join(out)
@@ -140,18 +140,20 @@ class _SseProtocol(asyncio.Protocol):
                 if len(self.head) > 65536:
                     raise ValueError("response header over 64 KiB")
                 return
-            data = self.head[end + 4:]
+            data = self.head[end + 4 :]
             self._parse_head(self.head[:end].decode("latin-1"))
         if self.body is not None:
             data = self.body.feed(data)
         elif self.length is not None:
-            data = data[:self.length]
+            data = data[: self.length]
             self.length -= len(data)
         if self.status != 200:
             self.error_body = (self.error_body + data)[:300]
             if len(self.error_body) >= 300 or self._body_complete():
-                self._finish(f"HTTP {self.status}: {self.error_body.decode(errors='replace').strip()}",
-                             reusable=self._body_complete())
+                self._finish(
+                    f"HTTP {self.status}: {self.error_body.decode(errors='replace').strip()}",
+                    reusable=self._body_complete(),
+                )
             return
         self.lines += data
         chunks = self.timer.chunks
@@ -161,7 +163,7 @@ class _SseProtocol(asyncio.Protocol):
                 if len(self.lines) > MAX_LINE:
                     raise ValueError(f"SSE line over {MAX_LINE} bytes")
                 break
-            line, self.lines = self.lines[:nl], self.lines[nl + 1:]
+            line, self.lines = self.lines[:nl], self.lines[nl + 1 :]
             if line.startswith(b"data:"):
                 self.timer.data(line[5:].strip(), now)
         if self.timer.chunks > chunks:
@@ -240,8 +242,9 @@ class Client:
     is replaced rather than risk the server closing it under a new request.
     """
 
-    def __init__(self, ep: Endpoint, timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None,
-                 max_idle: float = 2.0) -> None:
+    def __init__(
+        self, ep: Endpoint, timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None, max_idle: float = 2.0
+    ) -> None:
         self.ep, self.timeout, self.max_idle = ep, timeout, max_idle
         self.ssl = (ssl_context or ssl.create_default_context()) if ep.https else None
         self.proto: _SseProtocol | None = None
@@ -269,8 +272,9 @@ class Client:
         loop = asyncio.get_running_loop()
         limit = self.timeout if seconds is None else seconds
         try:
-            _, proto = await asyncio.wait_for(loop.create_connection(
-                _SseProtocol, self.ep.host, self.ep.port, ssl=self.ssl), max(0.0, limit))
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(_SseProtocol, self.ep.host, self.ep.port, ssl=self.ssl), max(0.0, limit)
+            )
         except (OSError, asyncio.TimeoutError) as e:
             name = "TimeoutError" if isinstance(e, asyncio.TimeoutError) else type(e).__name__
             return f"{name}: {e}" if str(e) else name
@@ -291,13 +295,15 @@ class Client:
             if error is not None:
                 return RequestResult(ok=False, e2e=time.perf_counter() - t0, error=error)
         res = await self._send(request, t0, end)
-        if reuse and not res.ok and self.proto is not None and not self.proto.status \
-                and time.perf_counter() < end:
+        if reuse and not res.ok and self.proto is not None and not self.proto.status and time.perf_counter() < end:
             # The server closed the idle connection as the request went out (keep-alive race): nothing was
             # answered, so send it once more on a new connection; the time lost counts.
             error = await self._open(end - time.perf_counter())
-            res = RequestResult(ok=False, e2e=time.perf_counter() - t0, error=error) if error else \
-                await self._send(request, t0, end)
+            res = (
+                RequestResult(ok=False, e2e=time.perf_counter() - t0, error=error)
+                if error
+                else await self._send(request, t0, end)
+            )
         return res
 
     async def _send(self, request: bytes, t0: float, end: float) -> RequestResult:
@@ -313,8 +319,9 @@ class Client:
         self.proto = None
 
 
-async def stream_completion(ep: Endpoint, body: dict[str, object], timeout: float = 60.0,
-                            ssl_context: ssl.SSLContext | None = None) -> RequestResult:
+async def stream_completion(
+    ep: Endpoint, body: dict[str, object], timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None
+) -> RequestResult:
     """One streamed completion on a connection of its own (closed afterwards); see :meth:`Client.stream`."""
     client = Client(ep, timeout, ssl_context)
     try:

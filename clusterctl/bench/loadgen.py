@@ -45,9 +45,18 @@ def arrival_times(n: int, rate: float | None, seed: int = 0) -> list[float]:
     return out
 
 
-def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int, *,
-        model: str | None = None, timeout: float = 60.0, ignore_eos: bool = True,
-        request_rate: float | None = None, seed: int = 0) -> RunResult:
+def run(
+    ep: Endpoint,
+    prompts: Sequence[str],
+    concurrency: int,
+    output_len: int,
+    *,
+    model: str | None = None,
+    timeout: float = 60.0,
+    ignore_eos: bool = True,
+    request_rate: float | None = None,
+    seed: int = 0,
+) -> RunResult:
     """Send every prompt with at most ``concurrency`` in flight, each not before its Poisson arrival time
     when ``request_rate`` (req/s) is given; returns when all have finished or failed."""
     if concurrency < 1:
@@ -67,8 +76,12 @@ def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int,
             delay = start[0] + at - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            body: dict[str, object] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0,
-                                       "ignore_eos": ignore_eos}
+            body: dict[str, object] = {
+                "prompt": prompt,
+                "max_tokens": output_len,
+                "temperature": 0,
+                "ignore_eos": ignore_eos,
+            }
             if model:
                 body["model"] = model
             r = stream_completion(ep, body, timeout)

@@ -26,8 +26,9 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.vllmclient import Endpoint, RequestResult
 
 
-def schedule(prompts: Sequence[str], output_lens: Sequence[int], *, request_rate: float | None, seed: int,
-             duration: float | None) -> Iterator[tuple[float, str, int]]:
+def schedule(
+    prompts: Sequence[str], output_lens: Sequence[int], *, request_rate: float | None, seed: int, duration: float | None
+) -> Iterator[tuple[float, str, int]]:
     """(send offset s, prompt, max_tokens) in order: each prompt once, or cycled while the offset is
     under ``duration``; offsets are 0 without ``request_rate``, else a seeded Poisson process."""
     if request_rate is not None and request_rate <= 0:
@@ -59,10 +60,16 @@ async def _ticker(lags: list[float]) -> None:
         due = max(due + TICK, now + TICK / 2)
 
 
-async def _run(ep: Endpoint, jobs: Iterator[tuple[float, str, int]], concurrency: int, model: str | None,
-               timeout: float, ignore_eos: bool, duration: float | None,
-               on_result: Callable[[RequestResult], None] | None
-               ) -> tuple[list[RequestResult], float, float, list[float]]:
+async def _run(
+    ep: Endpoint,
+    jobs: Iterator[tuple[float, str, int]],
+    concurrency: int,
+    model: str | None,
+    timeout: float,
+    ignore_eos: bool,
+    duration: float | None,
+    on_result: Callable[[RequestResult], None] | None,
+) -> tuple[list[RequestResult], float, float, list[float]]:
     """(results, wall s, CPU s, loop lags s), the first two from the moment the connections are open."""
     results: list[RequestResult] = []
     clients = [Client(ep, timeout) for _ in range(concurrency)]
@@ -78,8 +85,12 @@ async def _run(ep: Endpoint, jobs: Iterator[tuple[float, str, int]], concurrency
                 await asyncio.sleep(delay)
             if duration is not None and time.perf_counter() - start >= duration:
                 return
-            body: dict[str, object] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                                       "ignore_eos": ignore_eos}
+            body: dict[str, object] = {
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": ignore_eos,
+            }
             if model:
                 body["model"] = model
             r = await client.stream(body)
@@ -96,10 +107,21 @@ async def _run(ep: Endpoint, jobs: Iterator[tuple[float, str, int]], concurrency
     return results, time.perf_counter() - start, time.process_time() - cpu0, lags
 
 
-def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int, *,
-        output_lens: Sequence[int | None] | None = None, model: str | None = None, timeout: float = 60.0,
-        ignore_eos: bool = True, request_rate: float | None = None, seed: int = 0, duration: float | None = None,
-        on_result: Callable[[RequestResult], None] | None = None) -> RunResult:
+def run(
+    ep: Endpoint,
+    prompts: Sequence[str],
+    concurrency: int,
+    output_len: int,
+    *,
+    output_lens: Sequence[int | None] | None = None,
+    model: str | None = None,
+    timeout: float = 60.0,
+    ignore_eos: bool = True,
+    request_rate: float | None = None,
+    seed: int = 0,
+    duration: float | None = None,
+    on_result: Callable[[RequestResult], None] | None = None,
+) -> RunResult:
     """Run one concurrency level.  ``output_lens`` (per prompt, None = ``output_len``) overrides the asked
     length; ``timeout`` (s) bounds each connect and silence; ``on_result`` sees every finished request."""
     if concurrency < 1:
@@ -111,6 +133,5 @@ def run(ep: Endpoint, prompts: Sequence[str], concurrency: int, output_len: int,
     lens = [output_len if n is None else n for n in (output_lens or [None] * len(prompts))]
     jobs = schedule(prompts, lens, request_rate=request_rate, seed=seed, duration=duration)
     workers = concurrency if duration is not None else min(concurrency, len(prompts))
-    results, wall, cpu, lags = asyncio.run(_run(ep, jobs, workers, model, timeout, ignore_eos, duration,
-                                                on_result))
+    results, wall, cpu, lags = asyncio.run(_run(ep, jobs, workers, model, timeout, ignore_eos, duration, on_result))
     return RunResult(concurrency, results, wall, cpu, lags)

@@ -41,8 +41,11 @@ def scrape(ep: Endpoint, timeout: float = 10.0) -> dict[str, float]:
         finally:
             conn.close()
     if resp.status != 200 or len(raw) > MAX_BYTES:
-        raise ClusterctlError(f"{ep.url}/metrics: HTTP {resp.status}" if resp.status != 200 else
-                              f"{ep.url}/metrics: over {MAX_BYTES >> 20} MiB")
+        raise ClusterctlError(
+            f"{ep.url}/metrics: HTTP {resp.status}"
+            if resp.status != 200
+            else f"{ep.url}/metrics: over {MAX_BYTES >> 20} MiB"
+        )
     out: dict[str, float] = {}
     for line in raw.decode(errors="replace").splitlines():
         if not line or line.startswith("#"):

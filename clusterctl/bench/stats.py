@@ -39,8 +39,12 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     """Mean, median, p90 and p99 of ``values`` (seconds) in milliseconds; NaN when empty."""
     if not values:
         return {"mean": math.nan, "median": math.nan, "p90": math.nan, "p99": math.nan}
-    return {"mean": 1000 * sum(values) / len(values), "median": 1000 * percentile(values, 50),
-            "p90": 1000 * percentile(values, 90), "p99": 1000 * percentile(values, 99)}
+    return {
+        "mean": 1000 * sum(values) / len(values),
+        "median": 1000 * percentile(values, 50),
+        "p90": 1000 * percentile(values, 90),
+        "p99": 1000 * percentile(values, 99),
+    }
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,9 @@ class Slo:
         return self.e2e_ms is None or 1000 * r.e2e <= self.e2e_ms
 
 
-def aggregate(results: Sequence[RequestResult], duration: float, concurrency: int,
-              slo: Slo | None = None) -> dict[str, object]:
+def aggregate(
+    results: Sequence[RequestResult], duration: float, concurrency: int, slo: Slo | None = None
+) -> dict[str, object]:
     """The report of one run: counts, throughputs (per second of ``duration``) and latency summaries (ms)."""
     done = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in done)

@@ -28,8 +28,12 @@ def is_url(target: str) -> bool:
 
 
 def _env_key() -> str | None:
-    return os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or \
-        os.environ.get("CLUSTERCTL_API_KEY") or None
+    return (
+        os.environ.get("VLLM_API_KEY")
+        or os.environ.get("OPENAI_API_KEY")
+        or os.environ.get("CLUSTERCTL_API_KEY")
+        or None
+    )
 
 
 def instance_endpoint(inv: Inventory, inst: Instance) -> Endpoint:
@@ -51,6 +55,7 @@ def resolve(target: str, load_inventory: Callable[[], Inventory]) -> Endpoint:
     inst = inv.instances.get(target)
     if inst is None:
         known = ", ".join(sorted(inv.instances)) or "none"
-        raise ClusterctlError(f"{target!r} is neither a URL (http://HOST:PORT) nor an instance of {inv.path} "
-                              f"(instances: {known})")
+        raise ClusterctlError(
+            f"{target!r} is neither a URL (http://HOST:PORT) nor an instance of {inv.path} (instances: {known})"
+        )
     return instance_endpoint(inv, inst)

@@ -48,9 +48,10 @@ def local(path: str | Path) -> Tokenizer:
             Tokenizer as HfTokenizer,  # optional: pip install tokenizers
         )
     except ImportError:
-        raise ClusterctlError(f"--tokenizer {path}: reading a local tokenizer needs the 'tokenizers' package "
-                              "(pip install tokenizers); without --tokenizer the endpoint's /tokenize is used") \
-            from None
+        raise ClusterctlError(
+            f"--tokenizer {path}: reading a local tokenizer needs the 'tokenizers' package "
+            "(pip install tokenizers); without --tokenizer the endpoint's /tokenize is used"
+        ) from None
     if not f.is_file():
         raise ClusterctlError(f"--tokenizer {path}: no tokenizer.json there")
     try:
@@ -62,6 +63,7 @@ def local(path: str | Path) -> Tokenizer:
 
 def endpoint(ep: Endpoint, model: str | None, timeout: float = 10.0) -> Tokenizer | None:
     """The endpoint's ``/tokenize`` when it answers a probe with a token count, else None."""
+
     def count(text: str) -> int:
         body: dict[str, object] = {"prompt": text}
         if model:
@@ -69,8 +71,7 @@ def endpoint(ep: Endpoint, model: str | None, timeout: float = 10.0) -> Tokenize
         conn = ep.connect(timeout)
         with Deadline(conn, timeout) as dl:
             try:
-                conn.request("POST", ep.base_path + "/tokenize", body=json.dumps(body).encode(),
-                             headers=headers(ep))
+                conn.request("POST", ep.base_path + "/tokenize", body=json.dumps(body).encode(), headers=headers(ep))
                 resp = conn.getresponse()
                 raw = resp.read(1 << 20)
                 if resp.status != 200:

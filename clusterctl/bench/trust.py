@@ -49,8 +49,9 @@ def _ms(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else round(x, 3)
 
 
-def judge(run: RunResult, report: dict[str, Any], server_ttft_s: float | None = None,
-          server_tpot_s: float | None = None) -> dict[str, Any]:
+def judge(
+    run: RunResult, report: dict[str, Any], server_ttft_s: float | None = None, server_tpot_s: float | None = None
+) -> dict[str, Any]:
     """The ``trust`` block of one level's report: ``trusted``, ``reasons`` and every measured error."""
     reasons: list[str] = []
     notes: list[str] = []
@@ -63,22 +64,30 @@ def judge(run: RunResult, report: dict[str, Any], server_ttft_s: float | None = 
         out["ttft_error_ms"] = _ms(err)
         limit = max(TTFT_ERROR_MS, TTFT_ERROR_SHARE * server)
         if abs(err) > limit:
-            reasons.append(f"client TTFT {ttft['mean']:.1f} ms against the server's {server:.1f} ms "
-                           f"({err:+.1f} ms, limit {limit:.1f})")
+            reasons.append(
+                f"client TTFT {ttft['mean']:.1f} ms against the server's {server:.1f} ms "
+                f"({err:+.1f} ms, limit {limit:.1f})"
+            )
     if server_tpot_s is not None and server_tpot_s > 0 and not math.isnan(tpot["mean"]):
         server = 1000 * server_tpot_s
         share = (tpot["mean"] - server) / server
         out["tpot_error_pct"] = round(100 * share, 1)
         if abs(share) > TPOT_ERROR_SHARE and abs(tpot["mean"] - server) > TPOT_ERROR_MS:
-            reasons.append(f"client TPOT {tpot['mean']:.2f} ms against the server's {server:.2f} ms "
-                           f"({100 * share:+.0f} %)")
+            reasons.append(
+                f"client TPOT {tpot['mean']:.2f} ms against the server's {server:.2f} ms ({100 * share:+.0f} %)"
+            )
     if run.loop_lag:
         lag = 1000 * sum(run.loop_lag) / len(run.loop_lag)
-        out["loop_lag_ms"] = {"mean": _ms(lag), "p99": _ms(1000 * percentile(run.loop_lag, 99)),
-                              "max": _ms(1000 * max(run.loop_lag))}
+        out["loop_lag_ms"] = {
+            "mean": _ms(lag),
+            "p99": _ms(1000 * percentile(run.loop_lag, 99)),
+            "max": _ms(1000 * max(run.loop_lag)),
+        }
         if lag > LAG_MS:
-            reasons.append(f"generator's event loop {lag:.1f} ms late on average (limit {LAG_MS:g} ms): "
-                           "it waited for a CPU, so chunks were stamped late")
+            reasons.append(
+                f"generator's event loop {lag:.1f} ms late on average (limit {LAG_MS:g} ms): "
+                "it waited for a CPU, so chunks were stamped late"
+            )
     gaps = [g for r in run.results if r.ok for g in r.itl]
     if gaps:
         same = sum(1 for g in gaps if g < SAME_READ_S) / len(gaps)
@@ -87,14 +96,19 @@ def judge(run: RunResult, report: dict[str, Any], server_ttft_s: float | None = 
         chunks = sum(len(r.itl) + 1 for r in run.results if r.ok)
         out["chunks_per_read"] = round(chunks / reads, 2) if reads else None
         if same > COALESCED_SHARE:
-            text = (f"{100 * same:.0f} % of chunks arrived in the same read as the one before (ITL median "
-                    f"{report['itl_ms']['median']:.2f} ms)")
+            text = (
+                f"{100 * same:.0f} % of chunks arrived in the same read as the one before (ITL median "
+                f"{report['itl_ms']['median']:.2f} ms)"
+            )
             if server_tpot_s is not None and 1000 * server_tpot_s < SERVER_BURST_MS:
-                notes.append(f"{text}; the server's TPOT is {1000 * server_tpot_s:.2f} ms, so it sends them "
-                             "that close together itself")
+                notes.append(
+                    f"{text}; the server's TPOT is {1000 * server_tpot_s:.2f} ms, so it sends them "
+                    "that close together itself"
+                )
             else:
-                reasons.append(f"{text}: the generator read late, or a proxy buffers the stream; ITL and TPOT "
-                               "are not the engine's")
+                reasons.append(
+                    f"{text}: the generator read late, or a proxy buffers the stream; ITL and TPOT are not the engine's"
+                )
     cpu = report.get("generator_cpu_percent")
     if isinstance(cpu, (int, float)) and cpu >= CPU_PERCENT:
         reasons.append(f"generator used {cpu:.0f} % of a core: it is its own bottleneck")
@@ -103,5 +117,8 @@ def judge(run: RunResult, report: dict[str, Any], server_ttft_s: float | None = 
 
 def untrusted(reports: Sequence[dict[str, Any]]) -> list[str]:
     """One line per untrusted level of ``reports`` (empty: all trusted or none judged)."""
-    return [f"concurrency {r['concurrency']}: " + "; ".join(r["trust"]["reasons"])
-            for r in reports if not r.get("trust", {}).get("trusted", True)]
+    return [
+        f"concurrency {r['concurrency']}: " + "; ".join(r["trust"]["reasons"])
+        for r in reports
+        if not r.get("trust", {}).get("trusted", True)
+    ]

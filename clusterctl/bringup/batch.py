@@ -38,9 +38,14 @@ class HostOutcome:
     batch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "batch": self.batch, "error": self.error,
-                "changes": [c.to_dict() for c in self.changes],
-                "findings": [f.to_json() for f in self.findings]}
+        return {
+            "host": self.host,
+            "status": self.status,
+            "batch": self.batch,
+            "error": self.error,
+            "changes": [c.to_dict() for c in self.changes],
+            "findings": [f.to_json() for f in self.findings],
+        }
 
 
 @dataclass
@@ -54,8 +59,12 @@ class ApplyReport:
         return self.stopped is None and all(o.status in ("unchanged", "changed", "reverted") for o in self.outcomes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "stopped": self.stopped, "plan": [p.to_dict() for p in self.plans],
-                "hosts": [o.to_dict() for o in self.outcomes]}
+        return {
+            "ok": self.ok,
+            "stopped": self.stopped,
+            "plan": [p.to_dict() for p in self.plans],
+            "hosts": [o.to_dict() for o in self.outcomes],
+        }
 
 
 def facts_of(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
@@ -70,8 +79,14 @@ def facts_of(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dic
     return facts, missing
 
 
-def run_batches(plans: Sequence[Any], order: Sequence[str], serial: Sequence[str], max_fail: float,
-                apply_batch: Callable[[list[Any], int], list[HostOutcome]], on_event: OnEvent) -> ApplyReport:
+def run_batches(
+    plans: Sequence[Any],
+    order: Sequence[str],
+    serial: Sequence[str],
+    max_fail: float,
+    apply_batch: Callable[[list[Any], int], list[HostOutcome]],
+    on_event: OnEvent,
+) -> ApplyReport:
     """Apply the pending, readable ``plans`` batch by batch with ``apply_batch(plans, n)``."""
     rep = ApplyReport(list(plans))
     todo = [p for p in plans if p.pending and p.error is None]
@@ -92,8 +107,10 @@ def run_batches(plans: Sequence[Any], order: Sequence[str], serial: Sequence[str
         rep.outcomes += results
         failed = sum(o.status == "failed" for o in results)
         if batch_failed(failed, len(batch), max_fail):
-            rep.stopped = (f"batch {n}: {failed} of {len(batch)} hosts failed "
-                           f"(more than {max_fail:g}% allowed); later batches not changed")
+            rep.stopped = (
+                f"batch {n}: {failed} of {len(batch)} hosts failed "
+                f"(more than {max_fail:g}% allowed); later batches not changed"
+            )
             on_event("batch", rep.stopped, None)
     index = {h: i for i, h in enumerate(order)}
     rep.outcomes.sort(key=lambda o: index.get(o.host, len(index)))
@@ -104,11 +121,13 @@ def boot_unit_text(description: str, script: str, documentation: str = "") -> st
     """A oneshot unit that runs ``script`` with ``sh`` at boot, before the network is up (after the
     drivers' modules load), and stays active: how bring-up settings that live in the kernel persist."""
     doc = f"Documentation={documentation}\n" if documentation else ""
-    return (f"[Unit]\nDescription={description}\n{doc}"
-            "After=systemd-modules-load.service network-pre.target\nWants=network-pre.target\n"
-            "Before=network.target\n\n"
-            f"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/sh {script}\n\n"
-            "[Install]\nWantedBy=multi-user.target\n")
+    return (
+        f"[Unit]\nDescription={description}\n{doc}"
+        "After=systemd-modules-load.service network-pre.target\nWants=network-pre.target\n"
+        "Before=network.target\n\n"
+        f"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/sh {script}\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
 
 
 def failed_run(row: Any, n: int) -> HostOutcome:
@@ -123,8 +142,7 @@ def recheck_outcome(p: Plan, n: int, done: str = "changed") -> HostOutcome:
     if p.error is not None:
         return HostOutcome(p.host, "failed", error="re-check: " + p.error, batch=n)
     if p.changes:
-        return HostOutcome(p.host, "failed", batch=n,
-                           error="re-check: still " + "; ".join(c.line() for c in p.changes))
+        return HostOutcome(p.host, "failed", batch=n, error="re-check: still " + "; ".join(c.line() for c in p.changes))
     return HostOutcome(p.host, done, batch=n)
 
 

@@ -46,7 +46,8 @@ def read_command(engines: Sequence[Engine], units_dir: str = UNITS_DIR) -> str:
             f"echo \"dist {e.path} $(basename \"$d\")\"; done; "
             f"for u in {quote(units_dir)}/clusterctl-*.service; do [ -f \"$u\" ] || continue; "
             f"if grep -q \"^ExecStart=\"{p}\" \" \"$u\"; then n=$(basename \"$u\"); "
-            f"echo \"unit {e.path} $n $(systemctl is-active \"$n\" 2>/dev/null || true)\"; fi; done")
+            f"echo \"unit {e.path} $n $(systemctl is-active \"$n\" 2>/dev/null || true)\"; fi; done"
+        )
     return "; ".join(parts) if parts else "true"
 
 
@@ -72,15 +73,23 @@ class EngineRow:
         return self.version == self.wanted_version or self.version.startswith(self.wanted_version + "+")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "engine": self.engine, "path": self.path, "state": self.state,
-                "version": self.version, "inventory_version": self.wanted_version,
-                "version_matches": self.version_matches, "error": self.error,
-                "units": [{"unit": u, "active": a} for u, a in self.units]}
+        return {
+            "host": self.host,
+            "engine": self.engine,
+            "path": self.path,
+            "state": self.state,
+            "version": self.version,
+            "inventory_version": self.wanted_version,
+            "version_matches": self.version_matches,
+            "error": self.error,
+            "units": [{"unit": u, "active": a} for u, a in self.units],
+        }
 
 
 def parse_read(host: str, engines: Sequence[Engine], text: str) -> list[EngineRow]:
-    rows = {e.path: EngineRow(host, e.name, e.path, e.version, "unread", error="no answer for this path")
-            for e in engines}
+    rows = {
+        e.path: EngineRow(host, e.name, e.path, e.version, "unread", error="no answer for this path") for e in engines
+    }
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         path, _, tail = rest.partition(" ")
@@ -104,13 +113,20 @@ def engines_for(inv: Inventory, names: Sequence[str] | None = None) -> list[Engi
         return list(inv.engines.values())
     unknown = [n for n in names if n not in inv.engines]
     if unknown:
-        raise ClusterctlError(f"{inv.path}: no engine {', '.join(unknown)} in the inventory's engines "
-                              f"(it has {', '.join(inv.engines) or 'none'})")
+        raise ClusterctlError(
+            f"{inv.path}: no engine {', '.join(unknown)} in the inventory's engines "
+            f"(it has {', '.join(inv.engines) or 'none'})"
+        )
     return [inv.engines[n] for n in names]
 
 
-def list_engines(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory,
-                 names: Sequence[str] | None = None, sudo: bool = True) -> list[EngineRow]:
+def list_engines(
+    inv: Inventory,
+    hosts: Sequence[Host],
+    make_fleet: FleetFactory,
+    names: Sequence[str] | None = None,
+    sudo: bool = True,
+) -> list[EngineRow]:
     """One row per host and engine, in the inventory's order."""
     engines = engines_for(inv, names)
     out: dict[str, list[EngineRow]] = {}
@@ -121,5 +137,10 @@ def list_engines(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory
             else:
                 why = r.error or (r.stderr or "").strip()[-200:] or f"exit {r.rc}"
                 out[r.host] = [EngineRow(r.host, e.name, e.path, e.version, "unread", error=why) for e in engines]
-    return [row for h in hosts for row in out.get(h.name, [EngineRow(h.name, e.name, e.path, e.version, "unread",
-                                                                     error="no result") for e in engines])]
+    return [
+        row
+        for h in hosts
+        for row in out.get(
+            h.name, [EngineRow(h.name, e.name, e.path, e.version, "unread", error="no result") for e in engines]
+        )
+    ]

@@ -99,11 +99,16 @@ class HostPlan:
         return bool(self.changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "changes": [c.to_dict() for c in self.changes], "error": self.error,
-                "nics": [n.netdev for n in self.nics]}
+        return {
+            "host": self.host,
+            "changes": [c.to_dict() for c in self.changes],
+            "error": self.error,
+            "nics": [n.netdev for n in self.nics],
+        }
 
 
 # ------------------------------------------------------------------ plan
+
 
 def _prios(v: Sequence[int] | None) -> str:
     return "none" if not v else ",".join(str(p) for p in v)
@@ -159,12 +164,19 @@ def nic_target(nic: Mapping[str, Any]) -> NicTarget:
     tool = q.get("tool")
     if tool not in ("mlnx_qos", "dcb"):
         why = "; ".join(f"{k}: {v}" for k, v in (q.get("reasons") or {}).items()) or "no tool answered"
-        raise ValueError(f"{name}: neither mlnx_qos nor dcb can set its QoS ({why}); "
-                         "install mlnx-tools or iproute2 (dcb) on the node")
-    return NicTarget(netdev=name, tool=str(tool), rdma_device=str(dev) if dev else None,
-                     port=int(rdma.get("port") or 1), ecn=isinstance(q.get("ecn"), dict),
-                     tclass=q.get("traffic_class") is not None or q.get("traffic_class_reason") == "not set",
-                     cm_tos=isinstance(q.get("cm_tos"), int))
+        raise ValueError(
+            f"{name}: neither mlnx_qos nor dcb can set its QoS ({why}); "
+            "install mlnx-tools or iproute2 (dcb) on the node"
+        )
+    return NicTarget(
+        netdev=name,
+        tool=str(tool),
+        rdma_device=str(dev) if dev else None,
+        port=int(rdma.get("port") or 1),
+        ecn=isinstance(q.get("ecn"), dict),
+        tclass=q.get("traffic_class") is not None or q.get("traffic_class_reason") == "not set",
+        cm_tos=isinstance(q.get("cm_tos"), int),
+    )
 
 
 def installed_state(text: str) -> dict[str, Any]:
@@ -181,16 +193,20 @@ def installed_state(text: str) -> dict[str, Any]:
 
 
 def read_installed_command() -> str:
-    return (f"sha256sum {SCRIPT_PATH} {UNIT_PATH} 2>/dev/null; "
-            f"echo enabled=$(systemctl is-enabled {UNIT} 2>/dev/null)")
+    return f"sha256sum {SCRIPT_PATH} {UNIT_PATH} 2>/dev/null; echo enabled=$(systemctl is-enabled {UNIT} 2>/dev/null)"
 
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def host_plan(host: str, facts: Mapping[str, Any] | None, prof: FabricProfile,
-              installed: Mapping[str, Any] | None, why_unread: str | None = None) -> HostPlan:
+def host_plan(
+    host: str,
+    facts: Mapping[str, Any] | None,
+    prof: FabricProfile,
+    installed: Mapping[str, Any] | None,
+    why_unread: str | None = None,
+) -> HostPlan:
     """The plan of one host from its facts and what :func:`read_installed_command` printed."""
     plan = HostPlan(host)
     if facts is None:
@@ -213,8 +229,14 @@ def host_plan(host: str, facts: Mapping[str, Any] | None, prof: FabricProfile,
         return plan
     sums = installed.get("sums") or {}
     if sums.get(SCRIPT_PATH) != _sha(plan.script) or sums.get(UNIT_PATH) != _sha(UNIT_TEXT):
-        plan.changes.append(Change("", f"persistence ({UNIT}, {SCRIPT_PATH})",
-                                   "differs" if SCRIPT_PATH in sums else "not installed", "installed"))
+        plan.changes.append(
+            Change(
+                "",
+                f"persistence ({UNIT}, {SCRIPT_PATH})",
+                "differs" if SCRIPT_PATH in sums else "not installed",
+                "installed",
+            )
+        )
     elif not installed.get("enabled"):
         plan.changes.append(Change("", f"persistence ({UNIT})", "not enabled", "enabled"))
     return plan
@@ -222,8 +244,9 @@ def host_plan(host: str, facts: Mapping[str, Any] | None, prof: FabricProfile,
 
 # ---------------------------------------------------------------- script
 
-UNIT_TEXT = boot_unit_text("RoCE QoS profile of the inventory (written by clusterctl net apply)", SCRIPT_PATH,
-                           "man:dcb(8) man:mlnx_qos(8)")
+UNIT_TEXT = boot_unit_text(
+    "RoCE QoS profile of the inventory (written by clusterctl net apply)", SCRIPT_PATH, "man:dcb(8) man:mlnx_qos(8)"
+)
 
 _PRELUDE = """set -u
 SYS=${ROCE_QOS_SYSFS:-/sys}
@@ -269,13 +292,15 @@ def render_script(host: str, nics: Sequence[NicTarget], prof: FabricProfile) -> 
     """The host's ``roce-qos.sh``: the whole profile, safe to run again (module doc)."""
     p = prof.pfc_priority
     pfc_list = ",".join("1" if i == p else "0" for i in range(8))
-    lines = ["#!/bin/sh",
-             f"# RoCE QoS profile of {host}: written by clusterctl net apply (docs/bring-up.md); run by {UNIT}.",
-             f"# trust {prof.trust}, PFC on priority {p} only"
-             + (f", DSCP {prof.roce_dscp} -> priority {p}" if prof.trust == "dscp" else "")
-             + f", ECN on priority {p}, CNP DSCP {prof.cnp_dscp}, RoCE traffic class and RDMA-CM default ToS "
-             f"{tclass_for(prof.roce_dscp)}",
-             _PRELUDE.rstrip("\n")]
+    lines = [
+        "#!/bin/sh",
+        f"# RoCE QoS profile of {host}: written by clusterctl net apply (docs/bring-up.md); run by {UNIT}.",
+        f"# trust {prof.trust}, PFC on priority {p} only"
+        + (f", DSCP {prof.roce_dscp} -> priority {p}" if prof.trust == "dscp" else "")
+        + f", ECN on priority {p}, CNP DSCP {prof.cnp_dscp}, RoCE traffic class and RDMA-CM default ToS "
+        f"{tclass_for(prof.roce_dscp)}",
+        _PRELUDE.rstrip("\n"),
+    ]
     for n in nics:
         i = shlex.quote(n.netdev)
         lines.append(f"# {n.netdev} ({n.tool})")
@@ -299,12 +324,16 @@ def render_script(host: str, nics: Sequence[NicTarget], prof: FabricProfile) -> 
             lines.append(f'  put {base}/roce_np/cnp_dscp" {prof.cnp_dscp}')
         if n.tclass and n.rdma_device:
             tc = tclass_for(prof.roce_dscp)
-            lines.append(f'  put "$SYS/class/infiniband/"{shlex.quote(n.rdma_device)}"/tc/{n.port}/traffic_class" '
-                         f'{tc} "Global tclass={tc}"')
+            lines.append(
+                f'  put "$SYS/class/infiniband/"{shlex.quote(n.rdma_device)}"/tc/{n.port}/traffic_class" '
+                f'{tc} "Global tclass={tc}"'
+            )
         if n.cm_tos and n.rdma_device:
             lines.append(f"  cm_tos {shlex.quote(n.rdma_device)} {n.port} {tclass_for(prof.roce_dscp)}")
-        lines.append(f"  if ethtool -a {i} 2>/dev/null | grep -Eq '^(RX|TX):[[:space:]]+on'; then "
-                     f"step ethtool -A {i} rx off tx off; fi")
+        lines.append(
+            f"  if ethtool -a {i} 2>/dev/null | grep -Eq '^(RX|TX):[[:space:]]+on'; then "
+            f"step ethtool -A {i} rx off tx off; fi"
+        )
         lines.append("fi")
     lines.append("exit $rc")
     return "\n".join(lines) + "\n"
@@ -312,23 +341,37 @@ def render_script(host: str, nics: Sequence[NicTarget], prof: FabricProfile) -> 
 
 def install_command(script: str) -> str:
     """Root shell: write the script and the unit (temp + rename), enable it, run it (restart)."""
+
     def put(path: str, text: str, mode: str) -> str:
         d, base = path.rsplit("/", 1)
         tmp = f"{d}/.{base}.tmp.$$"
         b64 = base64.b64encode(text.encode("utf-8")).decode("ascii")
-        return (f"mkdir -p {shlex.quote(d)} && printf %s {shlex.quote(b64)} | base64 -d > {tmp} && "
-                f"chmod {mode} {tmp} && mv -f {tmp} {shlex.quote(path)}")
-    return " && ".join([
-        "set -e", "umask 022", put(SCRIPT_PATH, script, "0755"), put(UNIT_PATH, UNIT_TEXT, "0644"),
-        "systemctl daemon-reload", f"systemctl enable {UNIT} >/dev/null 2>&1",
-    ]) + (f"; if ! systemctl restart {UNIT}; then journalctl -u {UNIT} -n 20 --no-pager -o cat 2>/dev/null >&2; "
-          f"echo '{UNIT} failed on this host' >&2; exit 1; fi")
+        return (
+            f"mkdir -p {shlex.quote(d)} && printf %s {shlex.quote(b64)} | base64 -d > {tmp} && "
+            f"chmod {mode} {tmp} && mv -f {tmp} {shlex.quote(path)}"
+        )
+
+    return " && ".join(
+        [
+            "set -e",
+            "umask 022",
+            put(SCRIPT_PATH, script, "0755"),
+            put(UNIT_PATH, UNIT_TEXT, "0644"),
+            "systemctl daemon-reload",
+            f"systemctl enable {UNIT} >/dev/null 2>&1",
+        ]
+    ) + (
+        f"; if ! systemctl restart {UNIT}; then journalctl -u {UNIT} -n 20 --no-pager -o cat 2>/dev/null >&2; "
+        f"echo '{UNIT} failed on this host' >&2; exit 1; fi"
+    )
 
 
 # --------------------------------------------------------------- re-check
 
-def recheck(inventory: Inventory | None, facts: Mapping[str, dict[str, Any]],
-            thresholds: Mapping[str, Any] | None = None) -> dict[str, list[Finding]]:
+
+def recheck(
+    inventory: Inventory | None, facts: Mapping[str, dict[str, Any]], thresholds: Mapping[str, Any] | None = None
+) -> dict[str, list[Finding]]:
     """Doctor's ``roce.qos`` on fresh facts; per host, its findings worse than OK.
 
     A leaf-wide finding (no host) counts for each of those hosts under that leaf.
@@ -350,13 +393,22 @@ def recheck(inventory: Inventory | None, facts: Mapping[str, dict[str, Any]],
 
 # ------------------------------------------------------------------- run
 
+
 class NetApply:
     """Plan and apply the fabric profile on ``hosts`` (module doc)."""
 
-    def __init__(self, inventory: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, *,
-                 serial: Sequence[str] = ("1",), max_fail_percentage: float = 0.0,
-                 probe_timeout: float = 60.0, sudo: bool = True,
-                 on_event: OnEvent | None = None) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        hosts: Sequence[Host],
+        make_fleet: FleetFactory,
+        *,
+        serial: Sequence[str] = ("1",),
+        max_fail_percentage: float = 0.0,
+        probe_timeout: float = 60.0,
+        sudo: bool = True,
+        on_event: OnEvent | None = None,
+    ) -> None:
         self.inventory = inventory
         self.hosts = list(hosts)
         self.make_fleet = make_fleet
@@ -365,8 +417,9 @@ class NetApply:
         self.timeout = probe_timeout
         self.sudo = sudo
         self.on_event = on_event or (lambda kind, msg, host: None)
-        self.profile = inventory.fabric if isinstance(getattr(inventory, "fabric", None), FabricProfile) \
-            else FabricProfile()
+        self.profile = (
+            inventory.fabric if isinstance(getattr(inventory, "fabric", None), FabricProfile) else FabricProfile()
+        )
 
     def _probe(self, fleet: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
         from clusterctl.probe.run import collect_facts
@@ -387,15 +440,22 @@ class NetApply:
         self.on_event("phase", f"reading the QoS of {len(self.hosts)} hosts", None)
         with self.make_fleet(self.hosts) as fleet:
             facts, missing, installed = self._read(fleet)
-        return [host_plan(h.name, facts.get(h.name), self.profile, installed.get(h.name), missing.get(h.name))
-                for h in self.hosts]
+        return [
+            host_plan(h.name, facts.get(h.name), self.profile, installed.get(h.name), missing.get(h.name))
+            for h in self.hosts
+        ]
 
     def run(self, plans: list[HostPlan] | None = None) -> ApplyReport:
         plans = self.plan() if plans is None else plans
         by_name = {h.name: h for h in self.hosts}
-        return run_batches(plans, [h.name for h in self.hosts], self.serial, self.max_fail,
-                           lambda batch, n: self._apply_batch([by_name[p.host] for p in batch], batch, n),
-                           self.on_event)
+        return run_batches(
+            plans,
+            [h.name for h in self.hosts],
+            self.serial,
+            self.max_fail,
+            lambda batch, n: self._apply_batch([by_name[p.host] for p in batch], batch, n),
+            self.on_event,
+        )
 
     def _apply_batch(self, hosts: list[Host], plans: list[HostPlan], n: int) -> list[HostOutcome]:
         out: dict[str, HostOutcome] = {}
@@ -410,12 +470,18 @@ class NetApply:
                 bad = recheck(self.inventory, {h.name: facts[h.name] for h in ok_hosts if h.name in facts})
                 for h in ok_hosts:
                     if h.name not in facts:
-                        out[h.name] = HostOutcome(h.name, "failed", error="re-check: " + missing.get(h.name, "no facts"),
-                                                  batch=n)
+                        out[h.name] = HostOutcome(
+                            h.name, "failed", error="re-check: " + missing.get(h.name, "no facts"), batch=n
+                        )
                     elif bad.get(h.name):
-                        out[h.name] = HostOutcome(h.name, "failed", error="re-check: doctor's roce.qos still finds "
-                                                  + "; ".join(f.message for f in bad[h.name]),
-                                                  findings=bad[h.name], batch=n)
+                        out[h.name] = HostOutcome(
+                            h.name,
+                            "failed",
+                            error="re-check: doctor's roce.qos still finds "
+                            + "; ".join(f.message for f in bad[h.name]),
+                            findings=bad[h.name],
+                            batch=n,
+                        )
                     else:
                         out[h.name] = HostOutcome(h.name, "changed", batch=n)
         return settle(plans, out, self.on_event)

@@ -44,8 +44,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy.units.nodesetup import ensure_user_script, user_home
-from clusterctl.bringup.batch import (ApplyReport, HostOutcome, boot_unit_text, facts_of, failed_run, recheck_outcome,
-                                      run_batches, settle)
+from clusterctl.bringup.batch import (
+    ApplyReport,
+    HostOutcome,
+    boot_unit_text,
+    facts_of,
+    failed_run,
+    recheck_outcome,
+    run_batches,
+    settle,
+)
 from clusterctl.deploy.units.render import UnitPolicy
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import FleetFactory
@@ -69,9 +77,9 @@ OnEvent = Callable[[str, str, "str | None"], None]
 #: Kernel parameters set by default, with the condition and the reason (docs/bring-up.md).
 SYSCTL_REASONS = {
     "kernel.numa_balancing": "instances are pinned to their GPUs' NUMA node; automatic NUMA balancing "
-                             "unmaps and migrates their pages (kernel sysctl doc; NVIDIA CUDA best practices)",
+    "unmaps and migrates their pages (kernel sysctl doc; NVIDIA CUDA best practices)",
     "net.ipv4.conf.all.arp_ignore": "several RDMA NICs in one subnet: answer ARP only on the NIC that owns the "
-                                    "address, or RDMA-CM connects to the wrong port",
+    "address, or RDMA-CM connects to the wrong port",
     "net.ipv4.conf.all.arp_announce": "several RDMA NICs in one subnet: use the outgoing NIC's own address in ARP",
 }
 
@@ -116,9 +124,11 @@ class Wanted:
     mtus: dict[str, int]
 
     def limits_text(self) -> str:
-        return (f"# Written by clusterctl node setup (docs/bring-up.md): the vLLM service user's limits in\n"
-                f"# login sessions (sudo -u {self.user}); its units set LimitMEMLOCK= and LimitNOFILE=.\n"
-                f"{self.user} - memlock unlimited\n{self.user} - nofile {self.nofile}\n")
+        return (
+            f"# Written by clusterctl node setup (docs/bring-up.md): the vLLM service user's limits in\n"
+            f"# login sessions (sudo -u {self.user}); its units set LimitMEMLOCK= and LimitNOFILE=.\n"
+            f"{self.user} - memlock unlimited\n{self.user} - nofile {self.nofile}\n"
+        )
 
     def sysctl_text(self) -> str:
         lines = ["# Written by clusterctl node setup (docs/bring-up.md); removed by node setup --revert."]
@@ -129,13 +139,18 @@ class Wanted:
         return "\n".join(lines) + "\n"
 
     def mtu_script(self) -> str:
-        lines = ["#!/bin/sh", "# The data NICs' MTU: written by clusterctl node setup (docs/bring-up.md); run by "
-                 f"{MTU_UNIT}.", "rc=0"]
+        lines = [
+            "#!/bin/sh",
+            f"# The data NICs' MTU: written by clusterctl node setup (docs/bring-up.md); run by {MTU_UNIT}.",
+            "rc=0",
+        ]
         for dev, mtu in sorted(self.mtus.items()):
             d = quote(dev)
-            lines += [f"i=0; while [ ! -e /sys/class/net/{d} ] && [ $i -lt 30 ]; do sleep 1; i=$((i + 1)); done",
-                      f"[ \"$(cat /sys/class/net/{d}/mtu 2>/dev/null)\" = {mtu} ] || ip link set dev {d} mtu {mtu} "
-                      f"|| {{ echo 'failed: MTU {mtu} on {dev}' >&2; rc=1; }}"]
+            lines += [
+                f"i=0; while [ ! -e /sys/class/net/{d} ] && [ $i -lt 30 ]; do sleep 1; i=$((i + 1)); done",
+                f"[ \"$(cat /sys/class/net/{d}/mtu 2>/dev/null)\" = {mtu} ] || ip link set dev {d} mtu {mtu} "
+                f"|| {{ echo 'failed: MTU {mtu} on {dev}' >&2; rc=1; }}",
+            ]
         return "\n".join(lines + ["exit $rc"]) + "\n"
 
     def files(self) -> dict[str, str]:
@@ -204,11 +219,13 @@ def wanted_for(inv: Inventory, host: Host, facts: Mapping[str, Any]) -> Wanted:
             if not _NETDEV.match(n.netdev):
                 raise ClusterctlError(f"host {host.name}: {n.netdev!r} is not a network device name")
             mtus[n.netdev] = prof.mtu
-    return Wanted(user=user, nofile=UnitPolicy().limit_nofile, units=units,
-                  sysctls=wanted_sysctls(host, facts), mtus=mtus)
+    return Wanted(
+        user=user, nofile=UnitPolicy().limit_nofile, units=units, sysctls=wanted_sysctls(host, facts), mtus=mtus
+    )
 
 
 # ----------------------------------------------------------------- read
+
 
 def _proc(key: str) -> str:
     return "/proc/sys/" + key.replace(".", "/")
@@ -229,21 +246,27 @@ def read_command(w: Wanted) -> str:
     parts = []
     for u in w.units:
         q = quote(u)
-        parts.append(f"echo \"unit {u} $(systemctl show -p LoadState --value {q} 2>/dev/null || echo -) "
-                     f"$(systemctl is-enabled {q} 2>/dev/null || true) $(systemctl is-active {q} 2>/dev/null || true)\"")
+        parts.append(
+            f"echo \"unit {u} $(systemctl show -p LoadState --value {q} 2>/dev/null || echo -) "
+            f"$(systemctl is-enabled {q} 2>/dev/null || true) $(systemctl is-active {q} 2>/dev/null || true)\""
+        )
     u = quote(w.user)
     parts.append(f"if getent passwd {u} >/dev/null; then echo 'user present'; else echo 'user absent'; fi")
     for k in sorted(w.sysctls):
         p = _p(_proc(k))
-        parts.append(f"if v=$(cat {p} 2>/dev/null); then if [ -w {p} ]; then w=rw; else w=ro; fi; "
-                     f"echo \"sysctl {k} $w $v\"; else echo 'sysctl-unread {k}'; fi")
+        parts.append(
+            f"if v=$(cat {p} 2>/dev/null); then if [ -w {p} ]; then w=rw; else w=ro; fi; "
+            f"echo \"sysctl {k} $w $v\"; else echo 'sysctl-unread {k}'; fi"
+        )
     for dev in sorted(w.mtus):
         p = _p(f"/sys/class/net/{dev}/mtu")
         parts.append(f"if v=$(cat {p} 2>/dev/null); then echo \"mtu {dev} $v\"; else echo 'mtu-unread {dev}'; fi")
-    files = " ".join(quote(f) for f in sorted(set(w.files()) | {SYSCTL_PATH, MTU_SCRIPT, MTU_UNIT_PATH,
-                                                                  limits_path(w.user)}))
-    parts.append(f"for f in {files}; do if [ -e \"$R$f\" ]; then echo \"file $f $(sha256sum < \"$R$f\" | cut -c1-64)\"; "
-                 "fi; done")
+    files = " ".join(
+        quote(f) for f in sorted(set(w.files()) | {SYSCTL_PATH, MTU_SCRIPT, MTU_UNIT_PATH, limits_path(w.user)})
+    )
+    parts.append(
+        f"for f in {files}; do if [ -e \"$R$f\" ]; then echo \"file $f $(sha256sum < \"$R$f\" | cut -c1-64)\"; fi; done"
+    )
     parts.append(f"echo \"mtu-unit $(systemctl is-enabled {MTU_UNIT} 2>/dev/null || true)\"")
     parts.append(f"if [ -e {_p(STATE_PATH)} ]; then echo \"state $(base64 -w0 < {_p(STATE_PATH)})\"; fi")
     return "; ".join([ROOT] + parts)
@@ -251,15 +274,27 @@ def read_command(w: Wanted) -> str:
 
 def parse_read(text: str) -> dict[str, Any]:
     """:func:`read_command`'s output as ``{units, user, sysctl, sysctl_unread, mtu, mtu_unread, files, state}``."""
-    out: dict[str, Any] = {"units": {}, "user": None, "sysctl": {}, "sysctl_unread": [], "mtu": {},
-                           "mtu_unread": [], "files": {}, "state": None, "mtu_unit": ""}
+    out: dict[str, Any] = {
+        "units": {},
+        "user": None,
+        "sysctl": {},
+        "sysctl_unread": [],
+        "mtu": {},
+        "mtu_unread": [],
+        "files": {},
+        "state": None,
+        "mtu_unit": "",
+    }
     for line in text.splitlines():
         head, _, rest = line.partition(" ")
         if head == "unit":
             f = rest.split()
             if f:
-                out["units"][f[0]] = {"load": f[1] if len(f) > 1 else "", "enabled": f[2] if len(f) > 2 else "",
-                                      "active": f[3] if len(f) > 3 else ""}
+                out["units"][f[0]] = {
+                    "load": f[1] if len(f) > 1 else "",
+                    "enabled": f[2] if len(f) > 2 else "",
+                    "active": f[3] if len(f) > 3 else "",
+                }
         elif head == "user":
             out["user"] = rest.strip() == "present"
         elif head == "sysctl":
@@ -290,6 +325,7 @@ def parse_read(text: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- plan
 
+
 @dataclass
 class HostPlan:
     host: str
@@ -305,12 +341,22 @@ class HostPlan:
         return bool(self.changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "changes": [c.to_dict() for c in self.changes], "error": self.error,
-                "notes": self.notes, "refused": self.refused}
+        return {
+            "host": self.host,
+            "changes": [c.to_dict() for c in self.changes],
+            "error": self.error,
+            "notes": self.notes,
+            "refused": self.refused,
+        }
 
 
-def host_plan(host: Host, inv: Inventory, facts: Mapping[str, Any] | None, read: Mapping[str, Any] | None,
-              why_unread: str | None = None) -> HostPlan:
+def host_plan(
+    host: Host,
+    inv: Inventory,
+    facts: Mapping[str, Any] | None,
+    read: Mapping[str, Any] | None,
+    why_unread: str | None = None,
+) -> HostPlan:
     """The changes of one host (module doc), and the root script that makes them."""
     plan = HostPlan(host.name)
     if facts is None or read is None:
@@ -324,8 +370,10 @@ def host_plan(host: Host, inv: Inventory, facts: Mapping[str, Any] | None, read:
     errors: list[str] = []
     gpus = facts.get("gpus") or {}
     if host.gpus.count and not gpus.get("available"):
-        errors.append(f"GPUs not readable ({gpus.get('reason') or 'NVML unavailable'}): the persistence daemon "
-                      "and fabric manager cannot be planned")
+        errors.append(
+            f"GPUs not readable ({gpus.get('reason') or 'NVML unavailable'}): the persistence daemon "
+            "and fabric manager cannot be planned"
+        )
     for unit in w.units:
         st = read["units"].get(unit)
         if st is None or st["load"] in ("", "-"):
@@ -335,8 +383,11 @@ def host_plan(host: Host, inv: Inventory, facts: Mapping[str, Any] | None, read:
             if unit == PERSISTENCED and all(d.get("persistence_mode") is True for d in gpus.get("devices") or []):
                 plan.notes.append(f"{unit} not installed; every GPU is in persistence mode")
                 continue
-            pkg = "nvidia-fabricmanager (the driver branch's package)" if unit == FABRICMANAGER \
+            pkg = (
+                "nvidia-fabricmanager (the driver branch's package)"
+                if unit == FABRICMANAGER
                 else "the driver's nvidia-persistenced"
+            )
             errors.append(f"{unit} is not installed: install {pkg}")
             continue
         cur = f"{st['enabled'] or 'unknown'}/{st['active'] or 'unknown'}"
@@ -345,8 +396,9 @@ def host_plan(host: Host, inv: Inventory, facts: Mapping[str, Any] | None, read:
     if read["user"] is None:
         errors.append("could not read the passwd database")
     elif not read["user"]:
-        plan.changes.append(Change(f"service user {w.user}", "absent", f"present (home {user_home(w.user)})",
-                                   "user", w.user))
+        plan.changes.append(
+            Change(f"service user {w.user}", "absent", f"present (home {user_home(w.user)})", "user", w.user)
+        )
     for k in read["sysctl_unread"]:
         if k in w.sysctls:
             errors.append(f"{k}: cannot be read (no {_proc(k)})")
@@ -379,7 +431,9 @@ def host_plan(host: Host, inv: Inventory, facts: Mapping[str, Any] | None, read:
 
 # --------------------------------------------------------------- scripts
 
-_PRELUDE = ROOT + """
+_PRELUDE = (
+    ROOT
+    + """
 set -u
 umask 022
 rc=0
@@ -389,6 +443,7 @@ put() {  # put PATH MODE BASE64: write by temp + rename
   t="$d/.$(basename "$1").tmp.$$"
   printf %s "$3" | base64 -d > "$t" && chmod "$2" "$t" && mv -f "$t" "$1" || { rm -f "$t"; echo "failed: write $1" >&2; rc=1; }
 }"""
+)
 
 
 def _b64(text: str) -> str:
@@ -404,8 +459,11 @@ def new_state(old: Mapping[str, Any] | None, changes: Sequence[Change], read: Ma
             continue
         if c.kind == "unit":
             st = read["units"].get(c.key) or {}
-            items[key] = {"enabled": st.get("enabled") or "", "active": st.get("active") or ""} \
-                if c.key != MTU_UNIT else {"installed": True}
+            items[key] = (
+                {"enabled": st.get("enabled") or "", "active": st.get("active") or ""}
+                if c.key != MTU_UNIT
+                else {"installed": True}
+            )
         elif c.kind == "user":
             items[key] = {"created": True}
         elif c.kind == "sysctl":
@@ -421,15 +479,20 @@ def apply_script(w: Wanted, changes: Sequence[Change], read: Mapping[str, Any]) 
     """Root ``sh``: record the revert state, then make ``changes``; exits non-zero naming what failed."""
     state = new_state(read.get("state"), changes, read)
     files = w.files()
-    lines = ["#!/bin/sh", "# clusterctl node setup", _PRELUDE,
-             f"put {_p(STATE_PATH)} 0600 {quote(_b64(json.dumps(state, indent=1, sort_keys=True) + chr(10)))}",
-             "[ $rc = 0 ] || exit 1  # no change without its revert record"]
+    lines = [
+        "#!/bin/sh",
+        "# clusterctl node setup",
+        _PRELUDE,
+        f"put {_p(STATE_PATH)} 0600 {quote(_b64(json.dumps(state, indent=1, sort_keys=True) + chr(10)))}",
+        "[ $rc = 0 ] || exit 1  # no change without its revert record",
+    ]
     for c in changes:
         if c.kind == "file":
             # a file that was there and not ours: kept beside as PATH.clusterctl-orig for --revert
             if c.current != "absent" and f"file:{c.key}" not in ((read.get("state") or {}).get("items") or {}):
-                lines.append(f"[ -e {_p(c.key + '.clusterctl-orig')} ] || cp -p {_p(c.key)} "
-                             f"{_p(c.key + '.clusterctl-orig')}")
+                lines.append(
+                    f"[ -e {_p(c.key + '.clusterctl-orig')} ] || cp -p {_p(c.key)} {_p(c.key + '.clusterctl-orig')}"
+                )
             mode = "0755" if c.key == MTU_SCRIPT else "0644"
             lines.append(f"put {_p(c.key)} {mode} {quote(_b64(files[c.key]))}")
     for c in changes:
@@ -439,8 +502,7 @@ def apply_script(w: Wanted, changes: Sequence[Change], read: Mapping[str, Any]) 
             lines.append(f"step sysctl -w {quote(c.key + '=' + w.sysctls[c.key])}")
         elif c.kind == "mtu":
             lines.append(f"step ip link set dev {quote(c.key)} mtu {w.mtus[c.key]}")
-    if any(c.kind == "file" and c.key == MTU_UNIT_PATH for c in changes) or \
-            any(c.kind == "unit" for c in changes):
+    if any(c.kind == "file" and c.key == MTU_UNIT_PATH for c in changes) or any(c.kind == "unit" for c in changes):
         lines.append("step systemctl daemon-reload")
     for c in changes:
         if c.kind == "unit":
@@ -487,37 +549,57 @@ def revert_plan(host: str, read: Mapping[str, Any] | None, why_unread: str | Non
                 tail.append(f"step systemctl stop {quote(name)}")
         elif kind == "user":
             u = quote(name)
-            plan.changes.append(Change(f"service user {name}", "present", "removed (home kept) unless a unit uses it",
-                                       kind, name))
-            tail.append(f"if grep -lsx 'User={name}' \"$R\"/etc/systemd/system/clusterctl-*.service >/dev/null 2>&1; then "
-                        f"echo 'kept: user {name} is the User= of clusterctl units' >&2; "
-                        f"elif id -u {u} >/dev/null 2>&1; then step userdel {u}; fi")
+            plan.changes.append(
+                Change(f"service user {name}", "present", "removed (home kept) unless a unit uses it", kind, name)
+            )
+            tail.append(
+                f"if grep -lsx 'User={name}' \"$R\"/etc/systemd/system/clusterctl-*.service >/dev/null 2>&1; then "
+                f"echo 'kept: user {name} is the User= of clusterctl units' >&2; "
+                f"elif id -u {u} >/dev/null 2>&1; then step userdel {u}; fi"
+            )
         elif kind == "sysctl":
             plan.changes.append(Change(f"sysctl {name}", "set", str(rec.get("value")), kind, name))
             val = _norm(rec.get("value"))
-            tail.append(f"[ \"$(cat {_p(_proc(name))} 2>/dev/null | tr -s ' \\t' '  ')\" = {quote(val)} ] || "
-                        f"step sysctl -w {quote(name + '=' + val)}")
+            tail.append(
+                f"[ \"$(cat {_p(_proc(name))} 2>/dev/null | tr -s ' \\t' '  ')\" = {quote(val)} ] || "
+                f"step sysctl -w {quote(name + '=' + val)}"
+            )
         elif kind == "mtu":
             plan.changes.append(Change(f"{name} MTU", "set", str(rec.get("value")), kind, name))
             mtu = int(rec.get("value") or 1500)
-            tail.append(f"[ \"$(cat {_p(f'/sys/class/net/{name}/mtu')} 2>/dev/null)\" = {mtu} ] || "
-                        f"step ip link set dev {quote(name)} mtu {mtu}")
-    lines += ["step systemctl daemon-reload", *tail,
-              f"if [ $rc = 0 ]; then rm -f {_p(STATE_PATH)}; else echo 'kept {STATE_PATH} for another --revert' >&2; fi",
-              "exit $rc"]
+            tail.append(
+                f"[ \"$(cat {_p(f'/sys/class/net/{name}/mtu')} 2>/dev/null)\" = {mtu} ] || "
+                f"step ip link set dev {quote(name)} mtu {mtu}"
+            )
+    lines += [
+        "step systemctl daemon-reload",
+        *tail,
+        f"if [ $rc = 0 ]; then rm -f {_p(STATE_PATH)}; else echo 'kept {STATE_PATH} for another --revert' >&2; fi",
+        "exit $rc",
+    ]
     plan.script = "\n".join(lines) + "\n"
     return plan
 
 
 # ------------------------------------------------------------------- run
 
+
 class NodeSetup:
     """Plan, apply or revert the node prerequisites on ``hosts`` (module doc)."""
 
-    def __init__(self, inventory: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, *,
-                 serial: Sequence[str] = ("1",), max_fail_percentage: float = 0.0,
-                 probe_timeout: float = 60.0, sudo: bool = True, revert: bool = False,
-                 on_event: OnEvent | None = None) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        hosts: Sequence[Host],
+        make_fleet: FleetFactory,
+        *,
+        serial: Sequence[str] = ("1",),
+        max_fail_percentage: float = 0.0,
+        probe_timeout: float = 60.0,
+        sudo: bool = True,
+        revert: bool = False,
+        on_event: OnEvent | None = None,
+    ) -> None:
         self.inventory = inventory
         self.hosts = list(hosts)
         self.by_name = {h.name: h for h in self.hosts}
@@ -558,8 +640,9 @@ class NodeSetup:
         reads, rmissing = self._read(fleet, cmds) if cmds else ({}, {})
         for h in hosts:
             if h.name not in plans:
-                plans[h.name] = host_plan(h, self.inventory, facts.get(h.name), reads.get(h.name),
-                                          missing.get(h.name) or rmissing.get(h.name))
+                plans[h.name] = host_plan(
+                    h, self.inventory, facts.get(h.name), reads.get(h.name), missing.get(h.name) or rmissing.get(h.name)
+                )
         return [plans[h.name] for h in hosts]
 
     def _read(self, fleet: Any, cmds: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -580,8 +663,9 @@ class NodeSetup:
 
     def run(self, plans: list[HostPlan] | None = None) -> ApplyReport:
         plans = self.plan() if plans is None else plans
-        return run_batches(plans, [h.name for h in self.hosts], self.serial, self.max_fail, self._apply_batch,
-                           self.on_event)
+        return run_batches(
+            plans, [h.name for h in self.hosts], self.serial, self.max_fail, self._apply_batch, self.on_event
+        )
 
     def _apply_batch(self, plans: list[HostPlan], n: int) -> list[HostOutcome]:
         hosts = [self.by_name[p.host] for p in plans]

@@ -9,8 +9,14 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-from clusterctl.config import (UserConfig, bind_state_dir, keyed, load_user_config, load_user_config_root,
-                               resolve_inventory_path)
+from clusterctl.config import (
+    UserConfig,
+    bind_state_dir,
+    keyed,
+    load_user_config,
+    load_user_config_root,
+    resolve_inventory_path,
+)
 from clusterctl.errors import ClusterctlError, ConfigError
 from clusterctl.exitcodes import USAGE_ERROR
 
@@ -20,8 +26,12 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 InventoryOpt = typer.Option(
-    None, "--inventory", "-i", envvar="CLUSTERCTL_INVENTORY",
-    help="Inventory file [default: user config, then ./inventory.yaml].")
+    None,
+    "--inventory",
+    "-i",
+    envvar="CLUSTERCTL_INVENTORY",
+    help="Inventory file [default: user config, then ./inventory.yaml].",
+)
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
 
 

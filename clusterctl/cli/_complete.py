@@ -32,7 +32,7 @@ def _terms(incomplete: str) -> tuple[str, str, str]:
     head, _, last = incomplete.rpartition(",")
     head = head + "," if head or incomplete.startswith(",") else ""
     sign = "!" if last.startswith("!") else ""
-    return head, sign, last[len(sign):]
+    return head, sign, last[len(sign) :]
 
 
 def _complete(names: Callable[[Any, typer.Context], list[str]]) -> Callable[[typer.Context, str], list[str]]:
@@ -42,6 +42,7 @@ def _complete(names: Callable[[Any, typer.Context], list[str]]) -> Callable[[typ
             return []
         head, sign, last = _terms(incomplete)
         return [head + sign + n for n in names(inv, ctx) if n.startswith(last)]
+
     return complete
 
 

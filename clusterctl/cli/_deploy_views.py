@@ -40,8 +40,11 @@ def print_plan(plan: Any) -> None:
     for line in getattr(plan, "placed", []) + getattr(plan, "order", []):
         console.print(line, markup=False)
     c = plan.counts()
-    console.print(f"plan: {c['new']} new, {c['changed']} changed, {c['start']} to start, {c['remove']} to remove, "
-                  f"{c['unchanged']} unchanged", markup=False)
+    console.print(
+        f"plan: {c['new']} new, {c['changed']} changed, {c['start']} to start, {c['remove']} to remove, "
+        f"{c['unchanged']} unchanged",
+        markup=False,
+    )
 
 
 def refused(e: Any, as_json: bool) -> NoReturn:
@@ -50,8 +53,10 @@ def refused(e: Any, as_json: bool) -> NoReturn:
         print_json({"result": "refused", "error": str(e), "preflight": e.report.to_json()})
     else:
         for f in e.report.findings():
-            err_console.print(f"{f.severity.name} {f.host} {f.subject}: {f.message}"
-                              + (f" ({f.action})" if f.action else ""), markup=False)
+            err_console.print(
+                f"{f.severity.name} {f.host} {f.subject}: {f.message}" + (f" ({f.action})" if f.action else ""),
+                markup=False,
+            )
     fail(str(e))
 
 
@@ -65,6 +70,9 @@ def print_deploy_report(rep: Any) -> None:
         table.add_row(h.host, str(h.batch or "-"), h.status, gates, h.error or "")
     console.print(table, markup=False)
     c = rep.plan.counts()
-    console.print(f"deploy {rep.run_id}: {rep.result} in {rep.seconds:.1f} s; {len(rep.batches)} batches; "
-                  f"new {c['new']}, changed {c['changed']}, started {c['start']}, removed {c['remove']}, "
-                  f"unchanged {c['unchanged']}", markup=False)
+    console.print(
+        f"deploy {rep.run_id}: {rep.result} in {rep.seconds:.1f} s; {len(rep.batches)} batches; "
+        f"new {c['new']}, changed {c['changed']}, started {c['start']}, removed {c['remove']}, "
+        f"unchanged {c['unchanged']}",
+        markup=False,
+    )

@@ -27,18 +27,21 @@ from clusterctl.fleet.failed import load_failed
 from clusterctl.fleet.hostkeys import HOST_KEY_POLICIES
 from clusterctl.inventory.model import Host
 
-FanoutOpt = typer.Option(None, "--fanout", "-f", min=1,
-                         help="Hosts worked on at once [default: user config, 64].")
-HostKeyOpt = typer.Option(None, "--host-key-policy",
-                          help="Override the inventory: accept-new, strict or off (off warns).")
-DeadlineOpt = typer.Option(None, "--deadline", min=0.1,
-                           help="Seconds the whole run may take; unfinished hosts become timeout rows.")
-ProbeSudoOpt = typer.Option(False, "--sudo",
-                            help="Run the probe as root via sudo (to read a root-only kernel log).")
+FanoutOpt = typer.Option(None, "--fanout", "-f", min=1, help="Hosts worked on at once [default: user config, 64].")
+HostKeyOpt = typer.Option(
+    None, "--host-key-policy", help="Override the inventory: accept-new, strict or off (off warns)."
+)
+DeadlineOpt = typer.Option(
+    None, "--deadline", min=0.1, help="Seconds the whole run may take; unfinished hosts become timeout rows."
+)
+ProbeSudoOpt = typer.Option(False, "--sudo", help="Run the probe as root via sudo (to read a root-only kernel log).")
 AskBecomePassOpt = typer.Option(False, "--ask-become-pass", "-K", help="Prompt once for the sudo password.")
-ConnectTimeoutOpt = typer.Option(None, "--connect-timeout", min=0.1,
-                                 help="Seconds for TCP connect, SSH handshake and auth "
-                                 "[default: inventory, then user config, 10].")
+ConnectTimeoutOpt = typer.Option(
+    None,
+    "--connect-timeout",
+    min=0.1,
+    help="Seconds for TCP connect, SSH handshake and auth [default: inventory, then user config, 10].",
+)
 
 
 def select(inventory: Optional[str], pattern: str) -> tuple[str, list[Host]]:
@@ -89,12 +92,25 @@ def instances_wanted(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any]
         fail(str(e))
 
 
-def inventory_fleet(inv: Any, host_names: list[str], *, fanout: Optional[int], connect_timeout: Optional[float],
-           host_key_policy: Optional[str], ask_become_pass: bool) -> Any:
+def inventory_fleet(
+    inv: Any,
+    host_names: list[str],
+    *,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    host_key_policy: Optional[str],
+    ask_become_pass: bool,
+) -> Any:
     """A Fleet of the inventory hosts named ``host_names`` with the usual SSH options."""
     from clusterctl.fleet.factory import make_fleet
 
     policy = check_host_key_policy(host_key_policy)
     hosts = [inv.hosts[h] for h in host_names if h in inv.hosts]
-    return make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout,
-                      become_password=become_password(ask_become_pass, hosts, True), host_key_policy=policy)
+    return make_fleet(
+        hosts,
+        user_config(),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        become_password=become_password(ask_become_pass, hosts, True),
+        host_key_policy=policy,
+    )

@@ -129,11 +129,15 @@ class ByteProgress(_Progress):
         self._finished = 0
         self._last_line = time.monotonic()
         if self.mode == "rich":
-            from rich.progress import (BarColumn, DownloadColumn, TextColumn, TimeElapsedColumn,
-                                       TransferSpeedColumn)
+            from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
-            bar = self._rich(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                             TransferSpeedColumn(), TimeElapsedColumn())
+            bar = self._rich(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeElapsedColumn(),
+            )
             self._all = bar.add_task(f"all {len(hosts)} hosts", total=self.total)
             if len(hosts) <= self.PER_HOST_BARS:
                 for h in hosts:
@@ -190,8 +194,13 @@ class EventProgress(_Progress):
         if self.mode == "rich":
             from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            bar = self._rich(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                             MofNCompleteColumn(), TimeElapsedColumn())
+            bar = self._rich(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
             self._task = bar.add_task(label, total=None)
 
     def __call__(self, e: Any) -> None:
@@ -209,8 +218,12 @@ class EventProgress(_Progress):
         steps: Optional[int] = getattr(e, "steps", None)
         if step is not None and steps:
             what = e.message.split(":", 1)[0].removesuffix(" passed")
-            self._bar.update(self._task, total=steps, completed=step if getattr(e, "done", False) else step - 1,
-                             description=f"{self.label} {what}")
+            self._bar.update(
+                self._task,
+                total=steps,
+                completed=step if getattr(e, "done", False) else step - 1,
+                description=f"{self.label} {what}",
+            )
         elif e.kind == "phase":
             self._bar.update(self._task, description=f"{self.label}: {e.message[:60]}")
 
@@ -226,8 +239,12 @@ class EventProgress(_Progress):
         if self._bar is not None:
             if self._bytes_task is None:
                 self._bytes_task = self._bar.add_task(f"{e.message}", total=total)
-            self._bar.update(self._bytes_task, completed=done, total=total,
-                             description=f"{e.message} {_size(done)} of {_size(total)}")
+            self._bar.update(
+                self._bytes_task,
+                completed=done,
+                total=total,
+                description=f"{e.message} {_size(done)} of {_size(total)}",
+            )
         elif line_due:
             pct = f" ({100 * done / total:.0f} %)" if total else ""
             self.note(f"[bytes] {e.message}: {_size(done)} of {_size(total)}{pct}")

@@ -9,8 +9,7 @@ import typer
 from clusterctl.cli._common import fail, load_inventory, user_config
 from clusterctl.errors import ClusterctlError
 
-TargetArg = typer.Argument(...,
-                           help="Endpoint URL (http://HOST:PORT) or the name of an inventory instance.")
+TargetArg = typer.Argument(..., help="Endpoint URL (http://HOST:PORT) or the name of an inventory instance.")
 
 
 def endpoint(target: str, inventory: Optional[str]) -> Any:

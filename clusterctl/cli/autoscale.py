@@ -11,8 +11,17 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json,
-                                    user_config, write_files)
+from clusterctl.cli._common import (
+    InventoryOpt,
+    JsonOpt,
+    console,
+    err_console,
+    fail,
+    load_inventory,
+    print_json,
+    user_config,
+    write_files,
+)
 from clusterctl.cli._hosts import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
 from clusterctl.cli.placement import StateDirOpt, state_store
 from clusterctl.errors import ClusterctlError
@@ -27,8 +36,11 @@ def _outcome_code(outs: list[Any], plan: bool) -> ExitCode:
     for o in outs:
         if o.outcome in ("failed", "error"):
             codes.append(ExitCode.CRIT)
-        elif o.outcome == "waited" or (plan and o.decision.action != "none") or o.decision.rule in (
-                "missing-data", "no-data", "backoff"):
+        elif (
+            o.outcome == "waited"
+            or (plan and o.decision.action != "none")
+            or o.decision.rule in ("missing-data", "no-data", "backoff")
+        ):
             codes.append(ExitCode.WARN)
     return max(codes)
 
@@ -37,11 +49,16 @@ def _print_outcome(o: Any) -> None:
     d, p = o.decision, o.policy
     assert p is not None
     val = "unknown" if d.value is None else f"{d.value:.3g}"
-    act = {"out": f"scale out {d.current} -> {d.target}", "in": f"scale in {d.current} -> {d.target}",
-           "none": f"stay at {d.current}"}[d.action]
-    console.print(f"{o.template}: {p.signal} {val} (band {p.low:g}..{p.high:g}, replicas {p.min_replicas}.."
-                  f"{p.max_replicas}): {act} [{d.rule}]" + ("" if o.outcome in ("planned", "none") else
-                                                            f" -> {o.outcome}"), markup=False)
+    act = {
+        "out": f"scale out {d.current} -> {d.target}",
+        "in": f"scale in {d.current} -> {d.target}",
+        "none": f"stay at {d.current}",
+    }[d.action]
+    console.print(
+        f"{o.template}: {p.signal} {val} (band {p.low:g}..{p.high:g}, replicas {p.min_replicas}.."
+        f"{p.max_replicas}): {act} [{d.rule}]" + ("" if o.outcome in ("planned", "none") else f" -> {o.outcome}"),
+        markup=False,
+    )
     for r in o.signals.replicas:
         v = "-" if r.value is None else f"{r.value:.3g}"
         extra = f"  ({r.error})" if r.error else ""
@@ -52,39 +69,59 @@ def _print_outcome(o: Any) -> None:
         console.print(f"  {o.outcome}: {o.detail}", markup=False)
 
 
-def _make_fleet(inv: Any, fanout: Optional[int], connect_timeout: Optional[float], host_key_policy: Optional[str]) -> Any:
+def _make_fleet(
+    inv: Any, fanout: Optional[int], connect_timeout: Optional[float], host_key_policy: Optional[str]
+) -> Any:
     from clusterctl.cli._hosts import check_host_key_policy
     from clusterctl.fleet.factory import fleet_factory
 
-    return fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout,
-                         host_key_policy=check_host_key_policy(host_key_policy))
+    return fleet_factory(
+        user_config(),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=check_host_key_policy(host_key_policy),
+    )
 
 
 def _say(quiet: bool) -> Any:
     return (lambda s: None) if quiet else (lambda s: err_console.print(s, markup=False))
 
 
-def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|install|history]",
-                                           help="plan (default): what it would do now and why; run: one decision "
-                                                "per template, acted on; daemon: decide every interval_s; install: "
-                                                "a systemd service on this (the control) host; history: past decisions."),
-              templates: Optional[list[str]] = typer.Option(None, "--template", "-t", autocompletion=_complete.templates,
-                                                           help="Only this template (repeatable; default: every "
-                                                                "template with an autoscale: policy)."),
-              plan_flag: bool = typer.Option(False, "--plan", help="Same as the action 'plan'."),
-              daemon_flag: bool = typer.Option(False, "--daemon", help="Same as the action 'daemon'."),
-              interval: Optional[float] = typer.Option(None, "--interval", min=0.5,
-                                                       help="daemon: seconds between rounds (default: the smallest "
-                                                            "interval_s of the policies)."),
-              rounds: int = typer.Option(0, "--rounds", min=0, help="daemon: stop after N rounds (0: until stopped)."),
-              last: int = typer.Option(20, "--last", min=1, help="history: the newest N decisions."),
-              unit_dir: str = typer.Option("/etc/systemd/system", "--unit-dir", help="install: where the unit goes."),
-              no_start: bool = typer.Option(False, "--no-start", help="install: write the unit, do not enable/start it."),
-              dry_run: bool = typer.Option(False, "--dry-run", help="install: print the unit, write nothing."),
-              inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
-              as_json: bool = JsonOpt, fanout: Optional[int] = FanoutOpt,
-              connect_timeout: Optional[float] = ConnectTimeoutOpt,
-              host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def autoscale(
+    action: str = typer.Argument(
+        "plan",
+        metavar="[plan|run|daemon|install|history]",
+        help="plan (default): what it would do now and why; run: one decision "
+        "per template, acted on; daemon: decide every interval_s; install: "
+        "a systemd service on this (the control) host; history: past decisions.",
+    ),
+    templates: Optional[list[str]] = typer.Option(
+        None,
+        "--template",
+        "-t",
+        autocompletion=_complete.templates,
+        help="Only this template (repeatable; default: every template with an autoscale: policy).",
+    ),
+    plan_flag: bool = typer.Option(False, "--plan", help="Same as the action 'plan'."),
+    daemon_flag: bool = typer.Option(False, "--daemon", help="Same as the action 'daemon'."),
+    interval: Optional[float] = typer.Option(
+        None,
+        "--interval",
+        min=0.5,
+        help="daemon: seconds between rounds (default: the smallest interval_s of the policies).",
+    ),
+    rounds: int = typer.Option(0, "--rounds", min=0, help="daemon: stop after N rounds (0: until stopped)."),
+    last: int = typer.Option(20, "--last", min=1, help="history: the newest N decisions."),
+    unit_dir: str = typer.Option("/etc/systemd/system", "--unit-dir", help="install: where the unit goes."),
+    no_start: bool = typer.Option(False, "--no-start", help="install: write the unit, do not enable/start it."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="install: print the unit, write nothing."),
+    inventory: Optional[str] = InventoryOpt,
+    state_dir: Optional[str] = StateDirOpt,
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     # start-up: `clusterctl --help` imports every command module; the autoscaler loads when run
     from clusterctl.autoscale.run import autoscaled
     from clusterctl.ops import autoscale as ops_autoscale
@@ -111,8 +148,9 @@ def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|ins
     if action == "install":
         _install(inventory, store.directory, templates or [], unit_dir, no_start, dry_run)
         return
-    request = ops_autoscale.AutoscaleRequest(inv, store.directory,
-                                             _make_fleet(inv, fanout, connect_timeout, host_key_policy), policies)
+    request = ops_autoscale.AutoscaleRequest(
+        inv, store.directory, _make_fleet(inv, fanout, connect_timeout, host_key_policy), policies
+    )
     if action == "daemon":
         _daemon(request, interval, rounds, as_json, templates or [])
         return
@@ -121,8 +159,13 @@ def autoscale(action: str = typer.Argument("plan", metavar="[plan|run|daemon|ins
     except ClusterctlError as e:
         fail(str(e))
     if as_json:
-        print_json({"action": action, "templates": [o.to_json() for o in outs],
-                    "exit_code": int(_outcome_code(outs, action == "plan"))})
+        print_json(
+            {
+                "action": action,
+                "templates": [o.to_json() for o in outs],
+                "exit_code": int(_outcome_code(outs, action == "plan")),
+            }
+        )
     else:
         for o in outs:
             _print_outcome(o)
@@ -145,6 +188,7 @@ def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool,
             policies.clear()
             policies.update(fresh.policies)
         return fresh
+
     every = ops_autoscale.daemon_interval(request, interval)
     stop = {"now": False}
 
@@ -160,38 +204,60 @@ def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool,
                 _print_outcome(o)
             else:
                 d = o.decision
-                console.print(f"{o.template}: {policies[o.template].signal} "
-                              f"{'unknown' if d.value is None else f'{d.value:.3g}'}, {d.current} replicas "
-                              f"[{d.rule}]", markup=False)
+                console.print(
+                    f"{o.template}: {policies[o.template].signal} "
+                    f"{'unknown' if d.value is None else f'{d.value:.3g}'}, {d.current} replicas "
+                    f"[{d.rule}]",
+                    markup=False,
+                )
 
     signal.signal(signal.SIGTERM, _stop)
     console.print(f"autoscaler: {', '.join(policies)} every {every:g} s (state {request.state_dir})", markup=False)
-    ops_autoscale.run_daemon(request, interval=interval, rounds=rounds, should_stop=lambda: stop["now"],
-                             on_round=show, on_error=lambda msg: err_console.print(msg, markup=False),
-                             on_event=_say(as_json), reload=reload)
+    ops_autoscale.run_daemon(
+        request,
+        interval=interval,
+        rounds=rounds,
+        should_stop=lambda: stop["now"],
+        on_round=show,
+        on_error=lambda msg: err_console.print(msg, markup=False),
+        on_event=_say(as_json),
+        reload=reload,
+    )
     console.print("autoscaler: stopped", markup=False)
 
 
 def unit_text(argv: list[str]) -> str:
     from clusterctl.deploy.units.sdquote import systemd_quote
 
-    return ("[Unit]\nDescription=clusterctl autoscaler (docs/autoscale.md)\nAfter=network-online.target\n"
-            "Wants=network-online.target\n\n[Service]\nType=simple\n"
-            f"ExecStart={' '.join(systemd_quote(a) for a in argv)}\n"
-            # SIGTERM: the decision in progress finishes (a scale-out's gates can take gate_timeout_s)
-            "KillSignal=SIGTERM\nTimeoutStopSec=15min\nRestart=on-failure\nRestartSec=30\n\n"
-            "[Install]\nWantedBy=multi-user.target\n")
+    return (
+        "[Unit]\nDescription=clusterctl autoscaler (docs/autoscale.md)\nAfter=network-online.target\n"
+        "Wants=network-online.target\n\n[Service]\nType=simple\n"
+        f"ExecStart={' '.join(systemd_quote(a) for a in argv)}\n"
+        # SIGTERM: the decision in progress finishes (a scale-out's gates can take gate_timeout_s)
+        "KillSignal=SIGTERM\nTimeoutStopSec=15min\nRestart=on-failure\nRestartSec=30\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
 
 
-def _install(inventory: Optional[str], state_dir: Path, templates: list[str], unit_dir: str, no_start: bool,
-             dry_run: bool) -> None:
+def _install(
+    inventory: Optional[str], state_dir: Path, templates: list[str], unit_dir: str, no_start: bool, dry_run: bool
+) -> None:
     from clusterctl.cli._common import user_config
 
     inv_path = inventory or str(user_config().inventory or "")
     if not inv_path:
         fail("install: give -i INVENTORY (the service reads it on every round)")
-    argv = [sys.executable, "-m", "clusterctl.cli.main", "autoscale", "daemon", "-i", str(Path(inv_path).resolve()),
-            "--state-dir", str(Path(state_dir).resolve())]
+    argv = [
+        sys.executable,
+        "-m",
+        "clusterctl.cli.main",
+        "autoscale",
+        "daemon",
+        "-i",
+        str(Path(inv_path).resolve()),
+        "--state-dir",
+        str(Path(state_dir).resolve()),
+    ]
     for t in templates:
         argv += ["--template", t]
     text = unit_text(argv)
@@ -221,14 +287,19 @@ def _history(state_dir: Path, templates: list[str], last: int, as_json: bool) ->
         return
     for r in recs:
         val = r.get("value")
-        console.print(f"{r.get('time')}  {r.get('template')}  {r.get('signal')} "
-                      f"{'-' if val is None else f'{val:.3g}'}  {r.get('current')} -> {r.get('target')}  "
-                      f"{r.get('action')} [{r.get('rule')}] {r.get('outcome')}"
-                      + (f": {r.get('detail')}" if r.get("detail") else ""), markup=False)
+        console.print(
+            f"{r.get('time')}  {r.get('template')}  {r.get('signal')} "
+            f"{'-' if val is None else f'{val:.3g}'}  {r.get('current')} -> {r.get('target')}  "
+            f"{r.get('action')} [{r.get('rule')}] {r.get('outcome')}"
+            + (f": {r.get('detail')}" if r.get("detail") else ""),
+            markup=False,
+        )
 
 
 def register(app: typer.Typer) -> None:
-    app.command("autoscale", help="""Add and remove template replicas from live load (the template's autoscale: policy).
+    app.command(
+        "autoscale",
+        help="""Add and remove template replicas from live load (the template's autoscale: policy).
 
 plan (the default, also --plan) measures every autoscaled template (status's
 collection over the policy's window_s) and prints what it would do now and
@@ -252,4 +323,5 @@ Examples:
   clusterctl autoscale run -i site.yaml --json
 
   clusterctl autoscale install -i /etc/clusterctl/site.yaml
-""")(autoscale)
+""",
+    )(autoscale)

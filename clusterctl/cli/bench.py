@@ -71,40 +71,50 @@ def _ms(x: Any) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
 
 
-def bench(target: str = TargetArg,
-          concurrency: str = typer.Option("1,8", "--concurrency", "-c", help="Levels, comma-separated."),
-          requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1,
-                                                 help="Requests per level [default: 32, or the dataset's lines]."),
-          duration: Optional[float] = typer.Option(None, "--duration", min=0.001,
-                                                   help="Seconds per level (prompts cycled) instead of --requests."),
-          dataset: Optional[Path] = typer.Option(None, "--dataset", metavar="FILE",
-                                                 help='JSONL prompts: {"prompt": str, "output_len"?: int} a line.'),
-          input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt length in tokens."),
-          tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", metavar="PATH",
-                                                   help="Model dir or tokenizer.json [default: the endpoint's "
-                                                        "/tokenize]."),
-          no_tokenizer: bool = typer.Option(False, "--no-tokenizer",
-                                            help="Prompts of INPUT_LEN words, not tokens."),
-          output_len: int = typer.Option(64, "--output-len", min=1, help="Tokens asked per request."),
-          model: Optional[str] = typer.Option(None, "--model", help="Served model name [default: the server's]."),
-          slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", min=0, help="Goodput SLO: TTFT ms."),
-          slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", min=0, help="Goodput SLO: TPOT ms."),
-          slo_e2e: Optional[float] = typer.Option(None, "--slo-e2e", min=0, help="Goodput SLO: E2E ms."),
-          request_rate: Optional[float] = typer.Option(None, "--request-rate", min=0.001,
-                                                       help="Poisson arrivals, requests/s [default: all at once]."),
-          compare_url: Optional[str] = typer.Option(None, "--compare", metavar="TARGET_B",
-                                                    help="Run the same workload against TARGET_B and compare."),
-          tolerance: float = typer.Option(0.1, "--tolerance", min=0,
-                                          help="With --compare: relative change counted as a regression."),
-          server_timings: Optional[bool] = typer.Option(None, "--server-timings/--no-server-timings",
-                                                        help="Check the client's TTFT/TPOT against the server's "
-                                                             "/metrics [default: when it answers]."),
-          plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE",
-                                              help="Write an SVG of TTFT and throughput against concurrency."),
-          timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds a request may stall."),
-          seed: int = typer.Option(0, "--seed", help="Seed of the synthetic prompts and arrivals."),
-          inventory: Optional[str] = InventoryOpt,
-          as_json: bool = JsonOpt) -> None:
+def bench(
+    target: str = TargetArg,
+    concurrency: str = typer.Option("1,8", "--concurrency", "-c", help="Levels, comma-separated."),
+    requests: Optional[int] = typer.Option(
+        None, "--requests", "-n", min=1, help="Requests per level [default: 32, or the dataset's lines]."
+    ),
+    duration: Optional[float] = typer.Option(
+        None, "--duration", min=0.001, help="Seconds per level (prompts cycled) instead of --requests."
+    ),
+    dataset: Optional[Path] = typer.Option(
+        None, "--dataset", metavar="FILE", help='JSONL prompts: {"prompt": str, "output_len"?: int} a line.'
+    ),
+    input_len: int = typer.Option(256, "--input-len", min=1, help="Prompt length in tokens."),
+    tokenizer: Optional[Path] = typer.Option(
+        None, "--tokenizer", metavar="PATH", help="Model dir or tokenizer.json [default: the endpoint's /tokenize]."
+    ),
+    no_tokenizer: bool = typer.Option(False, "--no-tokenizer", help="Prompts of INPUT_LEN words, not tokens."),
+    output_len: int = typer.Option(64, "--output-len", min=1, help="Tokens asked per request."),
+    model: Optional[str] = typer.Option(None, "--model", help="Served model name [default: the server's]."),
+    slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", min=0, help="Goodput SLO: TTFT ms."),
+    slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", min=0, help="Goodput SLO: TPOT ms."),
+    slo_e2e: Optional[float] = typer.Option(None, "--slo-e2e", min=0, help="Goodput SLO: E2E ms."),
+    request_rate: Optional[float] = typer.Option(
+        None, "--request-rate", min=0.001, help="Poisson arrivals, requests/s [default: all at once]."
+    ),
+    compare_url: Optional[str] = typer.Option(
+        None, "--compare", metavar="TARGET_B", help="Run the same workload against TARGET_B and compare."
+    ),
+    tolerance: float = typer.Option(
+        0.1, "--tolerance", min=0, help="With --compare: relative change counted as a regression."
+    ),
+    server_timings: Optional[bool] = typer.Option(
+        None,
+        "--server-timings/--no-server-timings",
+        help="Check the client's TTFT/TPOT against the server's /metrics [default: when it answers].",
+    ),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", metavar="FILE", help="Write an SVG of TTFT and throughput against concurrency."
+    ),
+    timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds a request may stall."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic prompts and arrivals."),
+    inventory: Optional[str] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
     from clusterctl.bench.stats import Slo
 
     ep = endpoint(target, inventory)
@@ -120,18 +130,41 @@ def bench(target: str = TargetArg,
         for w in work.warnings:
             err_console.print(f"warning: {w}", markup=False)
     if compare_url is not None:
-        _compare(ep, endpoint(compare_url, inventory), levels, work, model, timeout, request_rate, slo, tolerance,
-                 plot, as_json, server_timings)
+        _compare(
+            ep,
+            endpoint(compare_url, inventory),
+            levels,
+            work,
+            model,
+            timeout,
+            request_rate,
+            slo,
+            tolerance,
+            plot,
+            as_json,
+            server_timings,
+        )
     reports = [work.level(ep, level, model, timeout, request_rate, slo, server_timings) for level in levels]
     code = _exit_code(reports)
     if plot is not None:
         _write_plot(plot, {ep.url: reports})
     if as_json:
-        print_json(_finite({"url": ep.url, **work.describe(), "output_len": output_len,
-                            "requests": None if duration else work.requests, "duration_s": duration,
-                            "dataset": None if dataset is None else str(dataset), "request_rate": request_rate,
-                            "slo_ms": None if slo is None else vars(slo), "trusted": not _untrusted(reports),
-                            "results": reports}))
+        print_json(
+            _finite(
+                {
+                    "url": ep.url,
+                    **work.describe(),
+                    "output_len": output_len,
+                    "requests": None if duration else work.requests,
+                    "duration_s": duration,
+                    "dataset": None if dataset is None else str(dataset),
+                    "request_rate": request_rate,
+                    "slo_ms": None if slo is None else vars(slo),
+                    "trusted": not _untrusted(reports),
+                    "results": reports,
+                }
+            )
+        )
         raise typer.Exit(code)
     _table(reports, slo is not None)
     raise typer.Exit(code)
@@ -158,8 +191,16 @@ class _Workload:
     """The prompts of every level: the dataset's (cut or repeated to ``requests``) or synthetic ones of
     ``input_len`` tokens (words without a tokenizer)."""
 
-    def __init__(self, dataset: Optional[Path], requests: Optional[int], input_len: int, output_len: int,
-                 seed: int, duration: Optional[float], progress: bool = True) -> None:
+    def __init__(
+        self,
+        dataset: Optional[Path],
+        requests: Optional[int],
+        input_len: int,
+        output_len: int,
+        seed: int,
+        duration: Optional[float],
+        progress: bool = True,
+    ) -> None:
         self.input_len, self.output_len, self.seed, self.duration = input_len, output_len, seed, duration
         self.progress = progress
         self.rng = random.Random(seed)
@@ -187,14 +228,20 @@ class _Workload:
         except ClusterctlError as e:
             fail(str(e))
         if self.tok is None:
-            self.warnings.append(f"{ep.url}/tokenize does not answer and no --tokenizer was given: prompts are "
-                                 f"{self.input_len} words, not tokens (a real BPE vocabulary often makes 1.5-2 "
-                                 "tokens of a word); the server's own count is in total_input_tokens")
+            self.warnings.append(
+                f"{ep.url}/tokenize does not answer and no --tokenizer was given: prompts are "
+                f"{self.input_len} words, not tokens (a real BPE vocabulary often makes 1.5-2 "
+                "tokens of a word); the server's own count is in total_input_tokens"
+            )
 
     def describe(self) -> dict[str, Any]:
         unit = "tokens" if self.tok is not None else "words"
-        return {"input_len": None if self.data else self.input_len, "input_len_unit": None if self.data else unit,
-                "tokenizer": None if self.tok is None else self.tok.source, "warnings": self.warnings}
+        return {
+            "input_len": None if self.data else self.input_len,
+            "input_len_unit": None if self.data else unit,
+            "tokenizer": None if self.tok is None else self.tok.source,
+            "warnings": self.warnings,
+        }
 
     def prompts(self) -> tuple[list[str], list[Optional[int]], dict[str, Any]]:
         """This level's prompts, per-prompt output lengths (a new synthetic draw per level) and their lengths:
@@ -218,26 +265,53 @@ class _Workload:
             except ClusterctlError as e:
                 fail(str(e))
         words = sum(len(p.split()) for p in ps) / max(1, len(ps))
-        size = {"prompt_words_mean": round(words, 1),
-                "prompt_tokens_mean": round(sum(counts) / len(counts), 1) if counts else None}
+        size = {
+            "prompt_words_mean": round(words, 1),
+            "prompt_tokens_mean": round(sum(counts) / len(counts), 1) if counts else None,
+        }
         return ps, lens, size
 
-    def run(self, ep: Any, level: int, model: Optional[str], timeout: float, rate: Optional[float],
-            prompts: Optional[tuple[list[str], list[Optional[int]], dict[str, Any]]] = None) -> Any:
+    def run(
+        self,
+        ep: Any,
+        level: int,
+        model: Optional[str],
+        timeout: float,
+        rate: Optional[float],
+        prompts: Optional[tuple[list[str], list[Optional[int]], dict[str, Any]]] = None,
+    ) -> Any:
         from clusterctl.bench import runner
 
         ps, lens, _ = prompts or self.prompts()
-        with _Progress(f"{ep.url} concurrency {level}", None if self.duration else len(ps),
-                       self.progress) as on_result:
+        with _Progress(f"{ep.url} concurrency {level}", None if self.duration else len(ps), self.progress) as on_result:
             try:
-                return runner.run(ep, ps, level, self.output_len, output_lens=lens, model=model, timeout=timeout,
-                                  request_rate=rate, seed=self.seed, duration=self.duration, on_result=on_result)
+                return runner.run(
+                    ep,
+                    ps,
+                    level,
+                    self.output_len,
+                    output_lens=lens,
+                    model=model,
+                    timeout=timeout,
+                    request_rate=rate,
+                    seed=self.seed,
+                    duration=self.duration,
+                    on_result=on_result,
+                )
             except ClusterctlError as e:
                 fail(str(e))
 
-    def level(self, ep: Any, level: int, model: Optional[str], timeout: float, rate: Optional[float], slo: Any,
-              server_timings: Optional[bool],
-              prompts: Optional[tuple[list[str], list[Optional[int]], dict[str, Any]]] = None) -> dict[str, Any]:
+    def level(
+        self,
+        ep: Any,
+        level: int,
+        model: Optional[str],
+        timeout: float,
+        rate: Optional[float],
+        slo: Any,
+        server_timings: Optional[bool],
+        prompts: Optional[tuple[list[str], list[Optional[int]], dict[str, Any]]] = None,
+    ) -> dict[str, Any]:
         """One level's report: the run, the server's timings around it (unless turned off) and its trust."""
         from clusterctl.bench import server_metrics, trust
         from clusterctl.bench.stats import aggregate
@@ -274,8 +348,14 @@ class _Progress:
         if enabled and err_console.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=err_console, transient=True)
+            self.bar = Progress(
+                TextColumn(label),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=True,
+            )
             self.task = self.bar.add_task(label, total=total)
 
     def __enter__(self) -> Any:
@@ -318,9 +398,20 @@ def _write_plot(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
         fail(f"--plot {path}: cannot write: {e.strerror or e}")
 
 
-def _compare(ep: Any, ep_b: Any, levels: list[int], work: _Workload, model: Optional[str], timeout: float,
-             request_rate: Optional[float], slo: Any, tolerance: float, plot: Optional[Path], as_json: bool,
-             server_timings: Optional[bool]) -> None:
+def _compare(
+    ep: Any,
+    ep_b: Any,
+    levels: list[int],
+    work: _Workload,
+    model: Optional[str],
+    timeout: float,
+    request_rate: Optional[float],
+    slo: Any,
+    tolerance: float,
+    plot: Optional[Path],
+    as_json: bool,
+    server_timings: Optional[bool],
+) -> None:
     """Same prompts, levels and pacing against both endpoints, A then B per level; exits 1 on a regression,
     3 (and judges nothing) when a level of either side cannot be trusted."""
     from clusterctl.bench.compare import compare
@@ -329,8 +420,7 @@ def _compare(ep: Any, ep_b: Any, levels: list[int], work: _Workload, model: Opti
     for level in levels:
         prompts = work.prompts()
         for side, target in (("a", ep), ("b", ep_b)):
-            reports[side].append(work.level(target, level, model, timeout, request_rate, slo, server_timings,
-                                            prompts))
+            reports[side].append(work.level(target, level, model, timeout, request_rate, slo, server_timings, prompts))
     rows = compare(reports["a"], reports["b"], tolerance)
     untrusted = {side: _untrusted(reps) for side, reps in reports.items()}
     bad_levels = {r["concurrency"] for reps in reports.values() for r in reps if not r["trust"]["trusted"]}
@@ -340,11 +430,27 @@ def _compare(ep: Any, ep_b: Any, levels: list[int], work: _Workload, model: Opti
     failed = sum(r["failed"] for side in reports.values() for r in side)
     if plot is not None:
         _write_plot(plot, {"A": reports["a"], "B": reports["b"]})
-    code = ExitCode.CRIT if failed else ExitCode.UNKNOWN if bad_levels else \
-        (ExitCode.WARN if any(r["regression"] for r in rows) else ExitCode.OK)
+    code = (
+        ExitCode.CRIT
+        if failed
+        else ExitCode.UNKNOWN
+        if bad_levels
+        else (ExitCode.WARN if any(r["regression"] for r in rows) else ExitCode.OK)
+    )
     if as_json:
-        print_json(_finite({"a": ep.url, "b": ep_b.url, "tolerance": tolerance, **work.describe(),
-                            "trusted": not bad_levels, "comparison": rows, "results": reports}))
+        print_json(
+            _finite(
+                {
+                    "a": ep.url,
+                    "b": ep_b.url,
+                    "tolerance": tolerance,
+                    **work.describe(),
+                    "trusted": not bad_levels,
+                    "comparison": rows,
+                    "results": reports,
+                }
+            )
+        )
         raise typer.Exit(code)
     from rich.table import Table
 
@@ -353,8 +459,14 @@ def _compare(ep: Any, ep_b: Any, levels: list[int], work: _Workload, model: Opti
         t.add_column(col, justify="right")
     for r in rows:
         verdict = "UNTRUSTED" if r["regression"] is None else "REGRESSION" if r["regression"] else ""
-        t.add_row(str(r["concurrency"]), r["metric"], _ms(r["a"]), _ms(r["b"]),
-                  "-" if math.isnan(r["change"]) else f"{r['change']:+.0%}", verdict)
+        t.add_row(
+            str(r["concurrency"]),
+            r["metric"],
+            _ms(r["a"]),
+            _ms(r["b"]),
+            "-" if math.isnan(r["change"]) else f"{r['change']:+.0%}",
+            verdict,
+        )
     console.print(t)
     for side, lines in untrusted.items():
         for line in lines:
@@ -408,8 +520,13 @@ def _table(reports: list[dict[str, Any]], goodput: bool) -> None:
         t.add_column("goodput req/s", justify="right")
     t.add_column("numbers", justify="right")
     for r in reports:
-        row = [str(r["concurrency"]), str(r["completed"]), str(r["failed"]), f"{r['request_throughput']:.2f}",
-               f"{r['output_throughput']:.1f}"]
+        row = [
+            str(r["concurrency"]),
+            str(r["completed"]),
+            str(r["failed"]),
+            f"{r['request_throughput']:.2f}",
+            f"{r['output_throughput']:.1f}",
+        ]
         row += [f"{_ms(r[k]['mean'])} / {_ms(r[k]['p99'])}" for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")]
         row.append(f"{r['generator_cpu_percent']:.0f}")
         if goodput:

@@ -14,8 +14,7 @@ import typer
 
 from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, console, fail
-from clusterctl.cli._hosts import (AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt,
-                                   ProbeSudoOpt)
+from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, ProbeSudoOpt
 from clusterctl.cli.doctor import live_snapshot
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -38,19 +37,23 @@ Examples:
 """
 
 
-def collect(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts),
-            output: str = typer.Option(..., "--output", "-o", help="Bundle directory, or a FILE.tar.gz."),
-            inventory: Optional[str] = InventoryOpt,
-            interval: float = typer.Option(2.0, "--interval", min=0,
-                                           help="Seconds between the two /metrics samples (0: one sample)."),
-            timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
-            fanout: Optional[int] = FanoutOpt,
-            connect_timeout: Optional[float] = ConnectTimeoutOpt,
-            deadline: Optional[float] = DeadlineOpt,
-            sudo: bool = ProbeSudoOpt,
-            ask_become_pass: bool = AskBecomePassOpt,
-            host_key_policy: Optional[str] = HostKeyOpt,
-            ) -> None:
+def collect(
+    pattern: str = typer.Argument(
+        ..., help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts
+    ),
+    output: str = typer.Option(..., "--output", "-o", help="Bundle directory, or a FILE.tar.gz."),
+    inventory: Optional[str] = InventoryOpt,
+    interval: float = typer.Option(
+        2.0, "--interval", min=0, help="Seconds between the two /metrics samples (0: one sample)."
+    ),
+    timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    deadline: Optional[float] = DeadlineOpt,
+    sudo: bool = ProbeSudoOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.ops.collect import CollectRequest, check_output, write
 
     request = CollectRequest(output=output, inventory_path="", pattern=pattern)
@@ -58,15 +61,26 @@ def collect(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @
         check_output(request)
     except ClusterctlError as e:
         fail(str(e))
-    snap, _inv, path = live_snapshot(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,
-                                     ask_become_pass=ask_become_pass, fanout=fanout,
-                                     connect_timeout=connect_timeout, deadline=deadline,
-                                     host_key_policy=host_key_policy, raw_outputs=True)
+    snap, _inv, path = live_snapshot(
+        pattern,
+        inventory,
+        interval=interval,
+        timeout=timeout,
+        sudo=sudo,
+        ask_become_pass=ask_become_pass,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        deadline=deadline,
+        host_key_policy=host_key_policy,
+        raw_outputs=True,
+    )
     try:
         done = write(replace(request, inventory_path=path), snap)
     except ClusterctlError as e:
         fail(str(e))
-    console.print(f"bundle: {done.dest} ({done.with_facts} hosts with facts, {len(done.missing)} without)", markup=False)
+    console.print(
+        f"bundle: {done.dest} ({done.with_facts} hosts with facts, {len(done.missing)} without)", markup=False
+    )
     for host, reason in done.missing.items():
         console.print(f"{host}: no facts: {reason}", markup=False)
     raise typer.Exit(ExitCode.CRIT if done.missing else ExitCode.OK)

@@ -7,8 +7,15 @@ from typing import Optional
 import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, print_json, user_config
-from clusterctl.cli._hosts import (AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, become_password,
-                                   check_host_key_policy, select)
+from clusterctl.cli._hosts import (
+    AskBecomePassOpt,
+    ConnectTimeoutOpt,
+    FanoutOpt,
+    HostKeyOpt,
+    become_password,
+    check_host_key_policy,
+    select,
+)
 from clusterctl.cli._deploy_views import deploy_events, print_deploy_report, print_plan, refused
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import fleet_factory
@@ -73,47 +80,92 @@ Examples:
 """
 
 
-def deploy(inventory: Optional[str] = InventoryOpt,
-           plan_only: bool = typer.Option(False, "--plan", help="Show the difference per host; change nothing."),
-           detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
-                                                  help="With --plan: exit 1 when changes are pending."),
-           instances: Optional[str] = typer.Option(None, "--instances", help="Only instances matching these comma-separated globs."),
-           hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value."),
-           serial: Optional[str] = typer.Option(None, "--serial", help="Batch sizes: a count, a percentage or a ramp (1,25%,100%)."),
-           max_fail_percentage: float = typer.Option(0.0, "--max-fail-percentage", min=0, max=100,
-                                                     help="Failed hosts a batch tolerates, in percent (must be exceeded)."),
-           force: bool = typer.Option(False, "--force", help="Deploy even when pre-flight refuses (each refused "
-                                                             "instance and the checks skipped are named)."),
-           gate_timeout: float = typer.Option(600.0, "--gate-timeout", min=1, help="Seconds an instance may take to pass its gate."),
-           drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0, help="Seconds to wait for requests in flight before a restart."),
-           break_lock: bool = typer.Option(False, "--break-lock", help="Take over another deploy's lock (only when it is dead)."),
-           state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."),
-           playbook: Optional[str] = typer.Option(None, "--playbook", metavar="FILE",
-                                                  help="Run the steps of a playbook (playbooks/*.yaml) instead of one rollout."),
-           gate: list[str] = typer.Option([], "--gate", metavar="drift[:BASELINE]|bench:REFERENCE",
-                                          help="Release gate after each batch's health gates (repeatable; "
-                                               "docs/deploy.md 'Release gates')."),
-           bench_tolerance: float = typer.Option(0.1, "--bench-tolerance", min=0,
-                                                 help="Regression the bench gate allows (0.1 = 10 %)."),
-           record_baseline: Optional[str] = typer.Option(None, "--record-baseline", metavar="NAME",
-                                                         help="Before applying, record drift baseline NAME from a "
-                                                              "running instance about to change."),
-           prestage: bool = typer.Option(False, "--prestage",
-                                         help="Before the first batch: stage the needed versions on every target "
-                                              "host without switching, and warm them (docs/release.md)."),
-           warm_budget: Optional[str] = typer.Option(None, "--warm-budget", metavar="SIZE",
-                                                     help="With --prestage: page-cache bytes per host (e.g. 96G) "
-                                                          "[default: the whole version]."),
-           surge: bool = typer.Option(False, "--surge", help="Start each changed replica's new version beside the "
-                                                             "old on spare GPUs first; in place where none "
-                                                             "(docs/deploy.md 'Surge')."),
-           surge_strict: bool = typer.Option(False, "--surge-strict", help="As --surge, but refuse the deploy "
-                                                                           "(exit 3) when some change cannot surge."),
-           as_json: bool = JsonOpt,
-           fanout: Optional[int] = FanoutOpt,
-           connect_timeout: Optional[float] = ConnectTimeoutOpt,
-           ask_become_pass: bool = AskBecomePassOpt,
-           host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def deploy(
+    inventory: Optional[str] = InventoryOpt,
+    plan_only: bool = typer.Option(False, "--plan", help="Show the difference per host; change nothing."),
+    detailed_exitcode: bool = typer.Option(
+        False, "--detailed-exitcode", help="With --plan: exit 1 when changes are pending."
+    ),
+    instances: Optional[str] = typer.Option(
+        None, "--instances", help="Only instances matching these comma-separated globs."
+    ),
+    hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value."),
+    serial: Optional[str] = typer.Option(
+        None, "--serial", help="Batch sizes: a count, a percentage or a ramp (1,25%,100%)."
+    ),
+    max_fail_percentage: float = typer.Option(
+        0.0,
+        "--max-fail-percentage",
+        min=0,
+        max=100,
+        help="Failed hosts a batch tolerates, in percent (must be exceeded).",
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Deploy even when pre-flight refuses (each refused instance and the checks skipped are named).",
+    ),
+    gate_timeout: float = typer.Option(
+        600.0, "--gate-timeout", min=1, help="Seconds an instance may take to pass its gate."
+    ),
+    drain_timeout: float = typer.Option(
+        120.0, "--drain-timeout", min=0, help="Seconds to wait for requests in flight before a restart."
+    ),
+    break_lock: bool = typer.Option(
+        False, "--break-lock", help="Take over another deploy's lock (only when it is dead)."
+    ),
+    state_dir: Optional[str] = typer.Option(
+        None, "--state-dir", help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."
+    ),
+    playbook: Optional[str] = typer.Option(
+        None,
+        "--playbook",
+        metavar="FILE",
+        help="Run the steps of a playbook (playbooks/*.yaml) instead of one rollout.",
+    ),
+    gate: list[str] = typer.Option(
+        [],
+        "--gate",
+        metavar="drift[:BASELINE]|bench:REFERENCE",
+        help="Release gate after each batch's health gates (repeatable; docs/deploy.md 'Release gates').",
+    ),
+    bench_tolerance: float = typer.Option(
+        0.1, "--bench-tolerance", min=0, help="Regression the bench gate allows (0.1 = 10 %)."
+    ),
+    record_baseline: Optional[str] = typer.Option(
+        None,
+        "--record-baseline",
+        metavar="NAME",
+        help="Before applying, record drift baseline NAME from a running instance about to change.",
+    ),
+    prestage: bool = typer.Option(
+        False,
+        "--prestage",
+        help="Before the first batch: stage the needed versions on every target "
+        "host without switching, and warm them (docs/release.md).",
+    ),
+    warm_budget: Optional[str] = typer.Option(
+        None,
+        "--warm-budget",
+        metavar="SIZE",
+        help="With --prestage: page-cache bytes per host (e.g. 96G) [default: the whole version].",
+    ),
+    surge: bool = typer.Option(
+        False,
+        "--surge",
+        help="Start each changed replica's new version beside the "
+        "old on spare GPUs first; in place where none "
+        "(docs/deploy.md 'Surge').",
+    ),
+    surge_strict: bool = typer.Option(
+        False, "--surge-strict", help="As --surge, but refuse the deploy (exit 3) when some change cannot surge."
+    ),
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.deploy.rollout.engine import Deploy, DeployOptions, PreflightRefused
     from clusterctl.stage.run import parse_size
     from clusterctl.deploy.rollout.surge import step_line, with_surge
@@ -131,17 +183,30 @@ def deploy(inventory: Optional[str] = InventoryOpt,
     path, hosts = select(inventory, hosts_pattern)
     try:
         inv = _load(path, force=force)
-        opts = DeployOptions(instances=instances, serial=parse_serial(serial), max_fail_percentage=max_fail_percentage,
-                             force=force, gate_timeout_s=gate_timeout, drain_timeout_s=drain_timeout,
-                             break_lock=break_lock, plan_only=plan_only, prestage=prestage,
-                             warm_budget=None if warm_budget is None else parse_size(warm_budget, "--warm-budget"),
-                             surge="strict" if surge_strict else "auto" if surge else "")
+        opts = DeployOptions(
+            instances=instances,
+            serial=parse_serial(serial),
+            max_fail_percentage=max_fail_percentage,
+            force=force,
+            gate_timeout_s=gate_timeout,
+            drain_timeout_s=drain_timeout,
+            break_lock=break_lock,
+            plan_only=plan_only,
+            prestage=prestage,
+            warm_budget=None if warm_budget is None else parse_size(warm_budget, "--warm-budget"),
+            surge="strict" if surge_strict else "auto" if surge else "",
+        )
         release = parse_gates(gate, bench_tolerance=bench_tolerance, record_baseline=record_baseline)
     except ClusterctlError as e:
         fail(str(e))
     sd = str(resolve_state_dir(state_dir, user_config()))
-    make = fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
-                          become_password=become_password(ask_become_pass, hosts, True))
+    make = fleet_factory(
+        user_config(),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=policy,
+        become_password=become_password(ask_become_pass, hosts, True),
+    )
     if playbook is not None:
         from clusterctl.cli.deploy_playbook import run_playbook
 
@@ -152,13 +217,25 @@ def deploy(inventory: Optional[str] = InventoryOpt,
         if opts.surge:
             fail("--surge does not go with --playbook")
         with deploy_events(not as_json) as events:
-            run_playbook(playbook, inv, hosts, make, sd, opts, as_json=as_json, detailed_exitcode=detailed_exitcode,
-                         on_event=events)
+            run_playbook(
+                playbook,
+                inv,
+                hosts,
+                make,
+                sd,
+                opts,
+                as_json=as_json,
+                detailed_exitcode=detailed_exitcode,
+                on_event=events,
+            )
     try:
         with deploy_events(not as_json) as events:
             if release.any and not plan_only:
-                rep = with_surge(ReleaseDeploy)(inv, hosts, make, sd, opts, on_event=events, release=release).run() \
-                    if opts.surge else ReleaseDeploy(inv, hosts, make, sd, opts, on_event=events, release=release).run()
+                rep = (
+                    with_surge(ReleaseDeploy)(inv, hosts, make, sd, opts, on_event=events, release=release).run()
+                    if opts.surge
+                    else ReleaseDeploy(inv, hosts, make, sd, opts, on_event=events, release=release).run()
+                )
             else:
                 rep = (with_surge(Deploy) if opts.surge else Deploy)(inv, hosts, make, sd, opts, on_event=events).run()
     except PreflightRefused as e:
@@ -184,18 +261,30 @@ def deploy(inventory: Optional[str] = InventoryOpt,
     raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.WARN if rep.result == "paused" else ExitCode.CRIT)
 
 
-def rollback(inventory: Optional[str] = InventoryOpt,
-             instances: Optional[str] = typer.Option(None, "--instances", help="Only instances matching these comma-separated globs."),
-             hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value."),
-             gate_timeout: float = typer.Option(600.0, "--gate-timeout", min=1, help="Seconds an instance may take to pass its gate."),
-             break_lock: bool = typer.Option(False, "--break-lock", help="Take over another deploy's lock (only when it is dead)."),
-             drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0, help="Seconds to wait for requests in flight before restarting an instance."),
-             state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory (the audit log is written there)."),
-             as_json: bool = JsonOpt,
-             fanout: Optional[int] = FanoutOpt,
-             connect_timeout: Optional[float] = ConnectTimeoutOpt,
-             ask_become_pass: bool = AskBecomePassOpt,
-             host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def rollback(
+    inventory: Optional[str] = InventoryOpt,
+    instances: Optional[str] = typer.Option(
+        None, "--instances", help="Only instances matching these comma-separated globs."
+    ),
+    hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value."),
+    gate_timeout: float = typer.Option(
+        600.0, "--gate-timeout", min=1, help="Seconds an instance may take to pass its gate."
+    ),
+    break_lock: bool = typer.Option(
+        False, "--break-lock", help="Take over another deploy's lock (only when it is dead)."
+    ),
+    drain_timeout: float = typer.Option(
+        120.0, "--drain-timeout", min=0, help="Seconds to wait for requests in flight before restarting an instance."
+    ),
+    state_dir: Optional[str] = typer.Option(
+        None, "--state-dir", help="Deploy state directory (the audit log is written there)."
+    ),
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.cli._common import load_inventory
     from clusterctl.deploy.rollout.rollback import rollback as do_rollback
     from clusterctl.deploy.state import resolve_state_dir
@@ -204,21 +293,38 @@ def rollback(inventory: Optional[str] = InventoryOpt,
     _, hosts = select(inventory, hosts_pattern)
     inv = load_inventory(inventory)
     sd = str(resolve_state_dir(state_dir, user_config()))
-    make = fleet_factory(user_config(), fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
-                          become_password=become_password(ask_become_pass, hosts, True))
+    make = fleet_factory(
+        user_config(),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=policy,
+        become_password=become_password(ask_become_pass, hosts, True),
+    )
     try:
         with deploy_events(not as_json) as events:
-            rep = do_rollback(inv, hosts, make, sd, instances=instances, gate_timeout_s=gate_timeout,
-                              break_lock=break_lock, drain_timeout_s=drain_timeout, on_event=events)
+            rep = do_rollback(
+                inv,
+                hosts,
+                make,
+                sd,
+                instances=instances,
+                gate_timeout_s=gate_timeout,
+                break_lock=break_lock,
+                drain_timeout_s=drain_timeout,
+                on_event=events,
+            )
     except ClusterctlError as e:
         fail(str(e))
     if as_json:
         print_json(rep.to_dict())
     else:
         for h, d in rep.hosts.items():
-            console.print(f"{h}: {d['status']} restored {', '.join(d.get('restored', [])) or '-'}"
-                          + (f" removed {', '.join(d['removed'])}" if d.get("removed") else "")
-                          + (f" ({d['error']})" if d.get("error") else ""), markup=False)
+            console.print(
+                f"{h}: {d['status']} restored {', '.join(d.get('restored', [])) or '-'}"
+                + (f" removed {', '.join(d['removed'])}" if d.get("removed") else "")
+                + (f" ({d['error']})" if d.get("error") else ""),
+                markup=False,
+            )
         console.print(f"rollback {rep.run_id}: {rep.result} in {rep.seconds:.1f} s", markup=False)
     raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.CRIT)
 

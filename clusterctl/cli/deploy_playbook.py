@@ -34,8 +34,18 @@ def _outcomes(rep: Any) -> None:
         console.print(f"step {o.name} ({o.kind}): {o.status}" + (f": {o.note}" if o.note else ""), markup=False)
 
 
-def run_playbook(path: str, inv: Any, hosts: Any, make_fleet: Any, state_dir: str, opts: Any, *,
-                 as_json: bool, detailed_exitcode: bool, on_event: Any) -> NoReturn:
+def run_playbook(
+    path: str,
+    inv: Any,
+    hosts: Any,
+    make_fleet: Any,
+    state_dir: str,
+    opts: Any,
+    *,
+    as_json: bool,
+    detailed_exitcode: bool,
+    on_event: Any,
+) -> NoReturn:
     """Load ``path``, then show its plan (``opts.plan_only``) or run it; always exits.
 
     Exit status as ``deploy``: 0 ok / nothing / plan shown, 1 plan with

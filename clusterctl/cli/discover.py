@@ -16,12 +16,22 @@ from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, 
 from clusterctl.cli._hosts import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, HostProgress, select
 from clusterctl.errors import ClusterctlError
 
-FactsOpt = typer.Option(None, "--facts", help="Read the facts from this file (what `clusterctl facts PATTERN "
-                        "--json` printed) instead of reaching the hosts.")
+FactsOpt = typer.Option(
+    None,
+    "--facts",
+    help="Read the facts from this file (what `clusterctl facts PATTERN "
+    "--json` printed) instead of reaching the hosts.",
+)
 
 
-def _gather(hosts: list[Any], *, fanout: Optional[int], connect_timeout: Optional[float],
-            host_key_policy: Optional[str], progress: bool) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+def _gather(
+    hosts: list[Any],
+    *,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    host_key_policy: Optional[str],
+    progress: bool,
+) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """``(facts, missing, engines)`` of ``hosts`` over SSH: the probe, then the engine search."""
 
     from clusterctl.cli._common import user_config
@@ -31,8 +41,13 @@ def _gather(hosts: list[Any], *, fanout: Optional[int], connect_timeout: Optiona
     from clusterctl.inventory.discover import ENGINE_PROBE, parse_engines
     from clusterctl.probe.run import collect_facts
 
-    fleet = make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout,
-                       host_key_policy=check_host_key_policy(host_key_policy))
+    fleet = make_fleet(
+        hosts,
+        user_config(),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=check_host_key_policy(host_key_policy),
+    )
     with fleet:
         with HostProgress(len(hosts), "facts", progress) as on_result:
             results = collect_facts(fleet, on_result=lambda r: on_result(as_row(r)))
@@ -78,20 +93,25 @@ Examples:
 """
 
 
-def discover(hosts: List[str] = typer.Argument(None, help="Host names or addresses (node sets)."),
-             ansible: Optional[Path] = typer.Option(None, "--ansible", help="Take the hosts from this Ansible "
-                                                    "inventory (INI or YAML)."),
-             user: Optional[str] = typer.Option(None, "--user", help="SSH login user [default: root]."),
-             port: int = typer.Option(22, "--port", min=1, max=65535, help="SSH port."),
-             identity: Optional[str] = typer.Option(None, "--identity", help="SSH private key file."),
-             rack_rule: Optional[str] = typer.Option(None, "--rack-rule", help="Regex with (?P<rack>...) and/or "
-                                                     "(?P<leaf>...) groups, matched on host names."),
-             output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (atomically) instead "
-                                                   "of stdout."),
-             force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
-             facts_file: Optional[str] = FactsOpt, json_out: bool = JsonOpt, fanout: Optional[int] = FanoutOpt,
-             connect_timeout: Optional[float] = ConnectTimeoutOpt,
-             host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def discover(
+    hosts: List[str] = typer.Argument(None, help="Host names or addresses (node sets)."),
+    ansible: Optional[Path] = typer.Option(
+        None, "--ansible", help="Take the hosts from this Ansible inventory (INI or YAML)."
+    ),
+    user: Optional[str] = typer.Option(None, "--user", help="SSH login user [default: root]."),
+    port: int = typer.Option(22, "--port", min=1, max=65535, help="SSH port."),
+    identity: Optional[str] = typer.Option(None, "--identity", help="SSH private key file."),
+    rack_rule: Optional[str] = typer.Option(
+        None, "--rack-rule", help="Regex with (?P<rack>...) and/or (?P<leaf>...) groups, matched on host names."
+    ),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (atomically) instead of stdout."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
+    facts_file: Optional[str] = FactsOpt,
+    json_out: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.inventory.discover import discover as _discover
     from clusterctl.inventory.loader import load_inventory_text
     from clusterctl.inventory.nodeset import expand
@@ -119,10 +139,16 @@ def discover(hosts: List[str] = typer.Argument(None, help="Host names or address
             names = [n for h in hosts for n in expand(h)]
         except ClusterctlError as e:
             fail(str(e))
-        ssh = {k: v for k, v in (("user", user), ("port", port if port != 22 else None), ("identity_file", identity))
-               if v is not None}
-        base = {"version": 1, **({"defaults": {"ssh": ssh}} if ssh else {}),
-                "hosts": {n: {"address": n} for n in names}}
+        ssh = {
+            k: v
+            for k, v in (("user", user), ("port", port if port != 22 else None), ("identity_file", identity))
+            if v is not None
+        }
+        base = {
+            "version": 1,
+            **({"defaults": {"ssh": ssh}} if ssh else {}),
+            "hosts": {n: {"address": n} for n in names},
+        }
     else:
         fail("give HOSTS or --ansible FILE")
     try:
@@ -136,12 +162,19 @@ def discover(hosts: List[str] = typer.Argument(None, help="Host names or address
         missing = {h: why for h, why in missing.items() if h in inv.hosts}
         missing.update({h: "not in the facts file" for h in inv.hosts if h not in facts and h not in missing})
     else:
-        facts, missing, engines = _gather(list(inv.hosts.values()), fanout=fanout, connect_timeout=connect_timeout,
-                                          host_key_policy=host_key_policy,
-                                          progress=not json_out)
+        facts, missing, engines = _gather(
+            list(inv.hosts.values()),
+            fanout=fanout,
+            connect_timeout=connect_timeout,
+            host_key_policy=host_key_policy,
+            progress=not json_out,
+        )
     result = _discover(facts, base, engines=engines, rack_rule=rule, missing=missing)
-    text = "# Written by `clusterctl inventory discover`: review it before use.\n" + \
-        "".join(f"# - {n}\n" for n in result.notes) + yaml.safe_dump(result.data, sort_keys=False, width=110)
+    text = (
+        "# Written by `clusterctl inventory discover`: review it before use.\n"
+        + "".join(f"# - {n}\n" for n in result.notes)
+        + yaml.safe_dump(result.data, sort_keys=False, width=110)
+    )
     try:
         load_inventory_text(text, str(output or "<output>"), force=True)
     except ClusterctlError as e:
@@ -158,8 +191,9 @@ def discover(hosts: List[str] = typer.Argument(None, help="Host names or address
         except OSError as e:
             fail(f"{output}: cannot write: {e.strerror}")
         if not json_out:
-            err_console.print(f"wrote {output}: {len(result.data.get('hosts') or {})} hosts, "
-                              f"{len(result.notes)} notes", markup=False)
+            err_console.print(
+                f"wrote {output}: {len(result.data.get('hosts') or {})} hosts, {len(result.notes)} notes", markup=False
+            )
     raise typer.Exit(3 if missing and not facts else 0)
 
 
@@ -181,10 +215,15 @@ Examples:
 """
 
 
-def diff(pattern: str = typer.Argument("all", help="Hosts to compare.", autocompletion=_complete.hosts),
-         inventory: Optional[str] = InventoryOpt, facts_file: Optional[str] = FactsOpt, json_out: bool = JsonOpt,
-         fanout: Optional[int] = FanoutOpt, connect_timeout: Optional[float] = ConnectTimeoutOpt,
-         host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def diff(
+    pattern: str = typer.Argument("all", help="Hosts to compare.", autocompletion=_complete.hosts),
+    inventory: Optional[str] = InventoryOpt,
+    facts_file: Optional[str] = FactsOpt,
+    json_out: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.inventory.discover import diff as _diff
 
     _, hosts = select(inventory, pattern)
@@ -197,9 +236,13 @@ def diff(pattern: str = typer.Argument("all", help="Hosts to compare.", autocomp
         missing = {h: why for h, why in missing.items() if h in names}
         missing.update({h: "not in the facts file" for h in names if h not in facts and h not in missing})
     else:
-        facts, missing, engines = _gather(hosts, fanout=fanout, connect_timeout=connect_timeout,
-                                          host_key_policy=host_key_policy,
-                                          progress=not json_out)
+        facts, missing, engines = _gather(
+            hosts,
+            fanout=fanout,
+            connect_timeout=connect_timeout,
+            host_key_policy=host_key_policy,
+            progress=not json_out,
+        )
     diffs = _diff(inv, facts, missing=missing, engines=engines)
     code = 1 if any(d.severity == "WARN" for d in diffs) else 3 if diffs else 0
     if json_out:
@@ -213,8 +256,7 @@ def diff(pattern: str = typer.Argument("all", help="Hosts to compare.", autocomp
         for d in diffs:
             t.add_row(d.host, d.what, d.inventory, d.facts, style="magenta" if d.severity == "UNKNOWN" else None)
         console.print(t)
-        console.print(f"{len(diffs)} differences on {len({d.host for d in diffs})} of {len(hosts)} hosts",
-                      markup=False)
+        console.print(f"{len(diffs)} differences on {len({d.host for d in diffs})} of {len(hosts)} hosts", markup=False)
     raise typer.Exit(code)
 
 

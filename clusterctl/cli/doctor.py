@@ -18,11 +18,26 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (InventoryOpt, JsonOpt, cluster_meta, console, err_console, fail, load_inventory,
-                                   user_config)
+from clusterctl.cli._common import (
+    InventoryOpt,
+    JsonOpt,
+    cluster_meta,
+    console,
+    err_console,
+    fail,
+    load_inventory,
+    user_config,
+)
 from clusterctl.cli._hosts import (
-    AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, ProbeSudoOpt,
-    become_password, check_host_key_policy,
+    AskBecomePassOpt,
+    ConnectTimeoutOpt,
+    DeadlineOpt,
+    FanoutOpt,
+    HostKeyOpt,
+    HostProgress,
+    ProbeSudoOpt,
+    become_password,
+    check_host_key_policy,
     select,
 )
 from clusterctl.diagnose.findings import Finding, Severity, exit_code
@@ -62,15 +77,18 @@ Examples:
   clusterctl doctor ack gpu.xid gpu:3 --host gpu07 --until 3d --reason "RMA 4411"   # --list, --remove
 """
 
-SEVERITY_STYLE = {Severity.CRIT: "bold red", Severity.WARN: "yellow", Severity.UNKNOWN: "magenta",
-                  Severity.OK: "green"}
+SEVERITY_STYLE = {Severity.CRIT: "bold red", Severity.WARN: "yellow", Severity.UNKNOWN: "magenta", Severity.OK: "green"}
 FORMATS = ("table", "json", "markdown", "prom")
 
 
 def checks_option() -> Any:
-    return typer.Option(None, "--checks", "-c",
-                        help="Comma-separated checks or groups: gpu, xid, oom, serving, tp, roce, gpu.remap ...; "
-                             "drift and leak (they send requests to the instances) run only when named.")
+    return typer.Option(
+        None,
+        "--checks",
+        "-c",
+        help="Comma-separated checks or groups: gpu, xid, oom, serving, tp, roce, gpu.remap ...; "
+        "drift and leak (they send requests to the instances) run only when named.",
+    )
 
 
 def parse_checks(value: Optional[str]) -> list[str] | None:
@@ -111,10 +129,21 @@ class ProbeView:
             err_console.print(f"warning: {e.text}", markup=False)
 
 
-def live_request(pattern: str, inventory: Optional[str], *, interval: float, timeout: float, sudo: bool,
-                 ask_become_pass: bool, fanout: Optional[int], connect_timeout: Optional[float],
-                 deadline: Optional[float], host_key_policy: Optional[str], raw_outputs: bool = False,
-                 **fields: Any) -> Any:
+def live_request(
+    pattern: str,
+    inventory: Optional[str],
+    *,
+    interval: float,
+    timeout: float,
+    sudo: bool,
+    ask_become_pass: bool,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    deadline: Optional[float],
+    host_key_policy: Optional[str],
+    raw_outputs: bool = False,
+    **fields: Any,
+) -> Any:
     """The workflow's request for the hosts ``pattern`` selects (exits 3 on bad options or inventory)."""
     from clusterctl.ops.doctor import DoctorRequest, Probe, with_replicas
 
@@ -122,30 +151,61 @@ def live_request(pattern: str, inventory: Optional[str], *, interval: float, tim
     path, hosts = select(inventory, pattern)
     inv = with_replicas(load_inventory(path), user_config())
     password = become_password(ask_become_pass, hosts, sudo)
-    probe = Probe(interval=interval, timeout=timeout, fanout=fanout, connect_timeout=connect_timeout,
-                  deadline=deadline, sudo=sudo, become_password=password, host_key_policy=policy,
-                  raw_outputs=raw_outputs)
+    probe = Probe(
+        interval=interval,
+        timeout=timeout,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        deadline=deadline,
+        sudo=sudo,
+        become_password=password,
+        host_key_policy=policy,
+        raw_outputs=raw_outputs,
+    )
     fields.setdefault("thresholds", {})
-    return DoctorRequest(cfg=user_config(), pattern=pattern, inventory=inv, inventory_path=path, hosts=hosts,
-                         probe=probe, **fields)
+    return DoctorRequest(
+        cfg=user_config(), pattern=pattern, inventory=inv, inventory_path=path, hosts=hosts, probe=probe, **fields
+    )
 
 
-def live_snapshot(pattern: str, inventory: Optional[str], *, interval: float, timeout: float, sudo: bool,
-                  ask_become_pass: bool, fanout: Optional[int], connect_timeout: Optional[float],
-                  deadline: Optional[float], host_key_policy: Optional[str], progress: bool = True,
-                  raw_outputs: bool = False) -> tuple[Any, Any, str]:
+def live_snapshot(
+    pattern: str,
+    inventory: Optional[str],
+    *,
+    interval: float,
+    timeout: float,
+    sudo: bool,
+    ask_become_pass: bool,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    deadline: Optional[float],
+    host_key_policy: Optional[str],
+    progress: bool = True,
+    raw_outputs: bool = False,
+) -> tuple[Any, Any, str]:
     """``(snapshot, inventory, inventory path)`` gathered over SSH from the selected hosts."""
     from clusterctl.ops.doctor import gather
 
-    req = live_request(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,
-                       ask_become_pass=ask_become_pass, fanout=fanout, connect_timeout=connect_timeout,
-                       deadline=deadline, host_key_policy=host_key_policy, raw_outputs=raw_outputs)
+    req = live_request(
+        pattern,
+        inventory,
+        interval=interval,
+        timeout=timeout,
+        sudo=sudo,
+        ask_become_pass=ask_become_pass,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        deadline=deadline,
+        host_key_policy=host_key_policy,
+        raw_outputs=raw_outputs,
+    )
     got = gather(req, ProbeView(progress))
     return got.snapshot, got.inventory, req.inventory_path
 
 
-def bundle_request(source: str, inventory: Optional[str], host: Optional[str] = None, pattern: str = "all",
-                   **fields: Any) -> Any:
+def bundle_request(
+    source: str, inventory: Optional[str], host: Optional[str] = None, pattern: str = "all", **fields: Any
+) -> Any:
     """The workflow's request for a bundle; ``-i`` (loaded after the bundle is read) beats its own inventory."""
     from clusterctl.ops.doctor import DoctorRequest, with_replicas
 
@@ -154,8 +214,14 @@ def bundle_request(source: str, inventory: Optional[str], host: Optional[str] = 
         return with_replicas(inv, user_config())
 
     fields.setdefault("thresholds", {})
-    return DoctorRequest(cfg=user_config(), pattern=pattern, bundle=source, bundle_host=host,
-                         load_inventory=given if inventory else None, **fields)
+    return DoctorRequest(
+        cfg=user_config(),
+        pattern=pattern,
+        bundle=source,
+        bundle_host=host,
+        load_inventory=given if inventory else None,
+        **fields,
+    )
 
 
 def parse_since(text: Optional[str]) -> Optional[float]:
@@ -188,13 +254,27 @@ def _table(findings: list[Finding], show_ok: bool) -> None:
 
     groups = merge_checks(group(findings, Severity.OK if show_ok else Severity.UNKNOWN))
     if groups:
-        table = Table("severity", "hosts", "subject", "check", "finding / action", box=None,
-                      header_style="bold", pad_edge=False, show_lines=False)
+        table = Table(
+            "severity",
+            "hosts",
+            "subject",
+            "check",
+            "finding / action",
+            box=None,
+            header_style="bold",
+            pad_edge=False,
+            show_lines=False,
+        )
         table.columns[1].overflow = table.columns[2].overflow = "fold"
         for g in groups:
             action = f"\n[dim]-> {escape(g.action)}[/]" if g.action else ""
-            table.add_row(f"[{SEVERITY_STYLE[g.severity]}]{g.severity.name}[/]", escape(g.hosts or "-"),
-                          escape(g.subject), escape(g.check), escape(g.message) + action)
+            table.add_row(
+                f"[{SEVERITY_STYLE[g.severity]}]{g.severity.name}[/]",
+                escape(g.hosts or "-"),
+                escape(g.subject),
+                escape(g.check),
+                escape(g.message) + action,
+            )
         console.print(table)
     s = summary(findings)
     ok_hosts = sorted({f.host for f in findings if f.host and f.severity == Severity.OK})
@@ -203,8 +283,10 @@ def _table(findings: list[Finding], show_ok: bool) -> None:
 
     settled = settled_counts(findings)
     extra = "".join(f"; {n} {k}" for k, n in settled.items() if n)
-    console.print(f"{s['worst']}: {counts}{extra}" + ("" if show_ok or not ok_hosts else
-                                                      " (OK rows hidden; --all shows them)"), markup=False)
+    console.print(
+        f"{s['worst']}: {counts}{extra}" + ("" if show_ok or not ok_hosts else " (OK rows hidden; --all shows them)"),
+        markup=False,
+    )
 
 
 def render(findings: list[Finding], fmt: str, show_ok: bool, meta: dict[str, Any]) -> None:
@@ -222,41 +304,61 @@ def render(findings: list[Finding], fmt: str, show_ok: bool, meta: dict[str, Any
         _table(findings, show_ok)
 
 
-def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts),
-           inventory: Optional[str] = InventoryOpt,
-           checks: Optional[str] = checks_option(),
-           as_json: bool = JsonOpt,
-           fmt: str = typer.Option("table", "--format", help="table, json, markdown or prom (Prometheus text)."),
-           source: Optional[str] = typer.Option(None, "--from",
-                                                help="Analyse a bundle (directory or .tar.gz) instead of hosts."),
-           interval: float = typer.Option(2.0, "--interval", min=0,
-                                          help="Seconds between the two /metrics and NIC counter samples (0: one sample)."),
-           show_all: bool = typer.Option(False, "--all", help="Show OK rows too."),
-           explain_input: bool = typer.Option(False, "--explain-input",
-                                              help="With --from: list every input file, what it was recognised "
-                                                   "as or why it was ignored, then exit."),
-           host_name: Optional[str] = typer.Option(None, "--host",
-                                                   help="With --from on loose files: the host they come from "
-                                                        "(default: the directory's name, 'local' for one file)."),
-           learn: Optional[str] = typer.Option(None, "--learn", help="Record the hosts' GPU configuration as "
-                                               "the known-good baseline in this YAML file, then exit."),
-           baseline: Optional[str] = typer.Option(None, "--baseline",
-                                                  help="Compare with a baseline written by --learn (gpu.baseline)."),
-           active: bool = typer.Option(False, "--active",
-                                       help="Also test RDMA bandwidth between host pairs with ib_write_bw "
-                                            "(perftest, where installed; UNKNOWN rows say why not)."),
-           since: Optional[str] = typer.Option(None, "--since",
-                                               help="Count log lines from this time (2h, 3d, 2026-11-30T10:00Z) even "
-                                                    "before the unit's last start or the last boot (default: only "
-                                                    "the current run and boot count; older problems are history rows)."),
-           timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
-           fanout: Optional[int] = FanoutOpt,
-           connect_timeout: Optional[float] = ConnectTimeoutOpt,
-           deadline: Optional[float] = DeadlineOpt,
-           sudo: bool = ProbeSudoOpt,
-           ask_become_pass: bool = AskBecomePassOpt,
-           host_key_policy: Optional[str] = HostKeyOpt,
-           ) -> None:
+def doctor(
+    pattern: str = typer.Argument(
+        "all", help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts
+    ),
+    inventory: Optional[str] = InventoryOpt,
+    checks: Optional[str] = checks_option(),
+    as_json: bool = JsonOpt,
+    fmt: str = typer.Option("table", "--format", help="table, json, markdown or prom (Prometheus text)."),
+    source: Optional[str] = typer.Option(
+        None, "--from", help="Analyse a bundle (directory or .tar.gz) instead of hosts."
+    ),
+    interval: float = typer.Option(
+        2.0, "--interval", min=0, help="Seconds between the two /metrics and NIC counter samples (0: one sample)."
+    ),
+    show_all: bool = typer.Option(False, "--all", help="Show OK rows too."),
+    explain_input: bool = typer.Option(
+        False,
+        "--explain-input",
+        help="With --from: list every input file, what it was recognised as or why it was ignored, then exit.",
+    ),
+    host_name: Optional[str] = typer.Option(
+        None,
+        "--host",
+        help="With --from on loose files: the host they come from "
+        "(default: the directory's name, 'local' for one file).",
+    ),
+    learn: Optional[str] = typer.Option(
+        None,
+        "--learn",
+        help="Record the hosts' GPU configuration as the known-good baseline in this YAML file, then exit.",
+    ),
+    baseline: Optional[str] = typer.Option(
+        None, "--baseline", help="Compare with a baseline written by --learn (gpu.baseline)."
+    ),
+    active: bool = typer.Option(
+        False,
+        "--active",
+        help="Also test RDMA bandwidth between host pairs with ib_write_bw "
+        "(perftest, where installed; UNKNOWN rows say why not).",
+    ),
+    since: Optional[str] = typer.Option(
+        None,
+        "--since",
+        help="Count log lines from this time (2h, 3d, 2026-11-30T10:00Z) even "
+        "before the unit's last start or the last boot (default: only "
+        "the current run and boot count; older problems are history rows).",
+    ),
+    timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    deadline: Optional[float] = DeadlineOpt,
+    sudo: bool = ProbeSudoOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.drift.doctor_checks import split_checks
     from clusterctl.ops.doctor import gather, read_bundle, run_doctor
 
@@ -279,8 +381,15 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
             fail(str(e))
     if explain_input and not source:
         fail("--explain-input describes the input of --from; give --from PATH")
-    what: dict[str, Any] = dict(thresholds=thresholds, checks=selected, live_checks=requested, since=parse_since(since),
-                since_text=since, acks=load_acks(), active=active)
+    what: dict[str, Any] = dict(
+        thresholds=thresholds,
+        checks=selected,
+        live_checks=requested,
+        since=parse_since(since),
+        since_text=since,
+        acks=load_acks(),
+        active=active,
+    )
     view = ProbeView(fmt == "table")
     try:
         if source:
@@ -288,9 +397,19 @@ def doctor(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], 
             if explain_input:
                 _explain(read_bundle(req)[0], fmt)
         else:
-            req = live_request(pattern, inventory, interval=interval, timeout=timeout, sudo=sudo,
-                               ask_become_pass=ask_become_pass, fanout=fanout, connect_timeout=connect_timeout,
-                               deadline=deadline, host_key_policy=host_key_policy, **what)
+            req = live_request(
+                pattern,
+                inventory,
+                interval=interval,
+                timeout=timeout,
+                sudo=sudo,
+                ask_become_pass=ask_become_pass,
+                fanout=fanout,
+                connect_timeout=connect_timeout,
+                deadline=deadline,
+                host_key_policy=host_key_policy,
+                **what,
+            )
             if learn:
                 _learn(gather(req, view).snapshot, learn)
         run = run_doctor(req, view)
@@ -314,15 +433,23 @@ def _explain(snap: Any, fmt: str) -> None:
     for host in sorted(set(snap.inputs) | set(snap.missing)):
         for rec in snap.inputs.get(host) or []:
             kind = rec.get("kind")
-            table.add_row(escape(host), escape(str(rec.get("path"))),
-                          escape(kind) if kind else "[magenta]ignored[/]", escape(str(rec.get("note") or "")))
+            table.add_row(
+                escape(host),
+                escape(str(rec.get("path"))),
+                escape(kind) if kind else "[magenta]ignored[/]",
+                escape(str(rec.get("note") or "")),
+            )
         if host in snap.missing:
             table.add_row(escape(host), "-", "[magenta]no data[/]", escape(snap.missing[host]))
     for s in info.get("skipped") or []:
         table.add_row("-", escape(str(s["path"])), "[magenta]skipped[/]", escape(str(s["reason"])))
     for path, size in (info.get("truncated") or {}).items():
-        table.add_row("-", escape(str(path)), "[yellow]cut[/]",
-                      f"{size} bytes; only the last part was read (limits in docs/bundles.md)")
+        table.add_row(
+            "-",
+            escape(str(path)),
+            "[yellow]cut[/]",
+            f"{size} bytes; only the last part was read (limits in docs/bundles.md)",
+        )
     console.print(table)
     raise typer.Exit(0)
 
@@ -356,15 +483,19 @@ Examples:
 """
 
 
-def ack(check: Optional[str] = typer.Argument(None, help="The finding's check, e.g. gpu.xid."),
-        subject: Optional[str] = typer.Argument(None, help="The finding's subject, e.g. gpu:3 or instance:qwen-a."),
-        until: Optional[str] = typer.Option(None, "--until", help="Until when: a duration (12h, 3d) or a time "
-                                            "(2026-12-05T09:00Z)."),
-        reason: str = typer.Option("", "--reason", help="Why (shown on the row)."),
-        host: Optional[str] = typer.Option(None, "--host", help="Only on this host (default: every host)."),
-        list_: bool = typer.Option(False, "--list", help="List the acknowledgements and exit."),
-        remove: bool = typer.Option(False, "--remove", help="Remove the acknowledgement of CHECK SUBJECT."),
-        inventory: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+def ack(
+    check: Optional[str] = typer.Argument(None, help="The finding's check, e.g. gpu.xid."),
+    subject: Optional[str] = typer.Argument(None, help="The finding's subject, e.g. gpu:3 or instance:qwen-a."),
+    until: Optional[str] = typer.Option(
+        None, "--until", help="Until when: a duration (12h, 3d) or a time (2026-12-05T09:00Z)."
+    ),
+    reason: str = typer.Option("", "--reason", help="Why (shown on the row)."),
+    host: Optional[str] = typer.Option(None, "--host", help="Only on this host (default: every host)."),
+    list_: bool = typer.Option(False, "--list", help="List the acknowledgements and exit."),
+    remove: bool = typer.Option(False, "--remove", help="Remove the acknowledgement of CHECK SUBJECT."),
+    inventory: Optional[str] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
     from clusterctl.diagnose import acks
     from clusterctl.diagnose.current import parse_when
 
@@ -376,13 +507,21 @@ def ack(check: Optional[str] = typer.Argument(None, help="The finding's check, e
         if list_:
             rows = acks.load(state)
             if as_json:
-                sys.stdout.write(json.dumps({"state_dir": str(state), "acks": [
-                    {**a, "expired": acks.until_epoch(a) <= now} for a in rows]}, indent=2) + "\n")
+                sys.stdout.write(
+                    json.dumps(
+                        {"state_dir": str(state), "acks": [{**a, "expired": acks.until_epoch(a) <= now} for a in rows]},
+                        indent=2,
+                    )
+                    + "\n"
+                )
                 raise typer.Exit(0)
             for a in rows:
                 gone = " (expired)" if acks.until_epoch(a) <= now else ""
-                console.print(f"{a['check']} {a['subject']} on {a.get('host') or 'every host'} until "
-                              f"{a['until']}{gone}" + (f": {a['reason']}" if a.get("reason") else ""), markup=False)
+                console.print(
+                    f"{a['check']} {a['subject']} on {a.get('host') or 'every host'} until "
+                    f"{a['until']}{gone}" + (f": {a['reason']}" if a.get("reason") else ""),
+                    markup=False,
+                )
             console.print(f"{len(rows)} acknowledgement(s) in {acks.ack_path(state)}", markup=False)
             raise typer.Exit(0)
         if not check or not subject:
@@ -402,8 +541,10 @@ def ack(check: Optional[str] = typer.Argument(None, help="The finding's check, e
         entry = acks.add(state, check, subject, t, host=host, reason=reason, now=now)
     except ClusterctlError as e:
         fail(str(e))
-    console.print(f"acknowledged {check} {subject} on {host or 'every host'} until {entry['until']} "
-                  f"(in {acks.ack_path(state)})", markup=False)
+    console.print(
+        f"acknowledged {check} {subject} on {host or 'every host'} until {entry['until']} (in {acks.ack_path(state)})",
+        markup=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -12,9 +12,12 @@ from clusterctl.cli._plan_views import DetailedOpt, HostsOpt, MaxFailOpt, PlanOp
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
-app = typer.Typer(help="vLLM engines: list, install and remove the inventory's engines on the hosts.",
-                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
-                  rich_markup_mode=None)
+app = typer.Typer(
+    help="vLLM engines: list, install and remove the inventory's engines on the hosts.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+)
 
 LIST_HELP = """Show, per host, each engine of the inventory (or the NAMEs given): whether
 its executable (engines.NAME.path) is installed, the vLLM version its
@@ -35,18 +38,21 @@ Examples:
 
 
 @app.command("list", help=LIST_HELP)
-def list_(names: Optional[List[str]] = typer.Argument(None, help="Engine names (default: all)."),
-          inventory: Optional[str] = InventoryOpt,
-          hosts_pattern: str = HostsOpt,
-          as_json: bool = JsonOpt,
-          fanout: Optional[int] = FanoutOpt,
-          connect_timeout: Optional[float] = ConnectTimeoutOpt,
-          ask_become_pass: bool = AskBecomePassOpt,
-          host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def list_(
+    names: Optional[List[str]] = typer.Argument(None, help="Engine names (default: all)."),
+    inventory: Optional[str] = InventoryOpt,
+    hosts_pattern: str = HostsOpt,
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.ops import bringup
 
-    request = prepare(inventory, hosts_pattern, None, 0.0, False, False, host_key_policy, fanout, connect_timeout,
-                      ask_become_pass)
+    request = prepare(
+        inventory, hosts_pattern, None, 0.0, False, False, host_key_policy, fanout, connect_timeout, ask_become_pass
+    )
     try:
         rows = bringup.engine_list(request, names)
     except ClusterctlError as e:
@@ -62,8 +68,11 @@ def list_(names: Optional[List[str]] = typer.Argument(None, help="Engine names (
             state = r.state + (f": {r.error}" if r.error else "")
             console.print(f"{r.host}  {r.engine}  {state}  version {ver}  units {units}  {r.path}", markup=False)
         missing = sum(r.state in ("missing", "not-executable") for r in rows)
-        console.print(f"engine list: {len(rows)} rows; {missing} missing or not executable; "
-                      f"{sum(r.state == 'unread' for r in rows)} unread", markup=False)
+        console.print(
+            f"engine list: {len(rows)} rows; {missing} missing or not executable; "
+            f"{sum(r.state == 'unread' for r in rows)} unread",
+            markup=False,
+        )
     if any(r.state == "unread" for r in rows):
         raise typer.Exit(ExitCode.CRIT)
     if any(r.state != "installed" or r.version_matches is False for r in rows):
@@ -117,15 +126,38 @@ Examples:
 """
 
 
-def _engine_op(name: str, remove: bool, wheels: Optional[str], index_url: Optional[str], inventory: Optional[str],
-               plan_only: bool, detailed_exitcode: bool, hosts_pattern: str, serial: Optional[str],
-               max_fail_percentage: float, as_json: bool, fanout: Optional[int], connect_timeout: Optional[float],
-               ask_become_pass: bool, host_key_policy: Optional[str]) -> None:
+def _engine_op(
+    name: str,
+    remove: bool,
+    wheels: Optional[str],
+    index_url: Optional[str],
+    inventory: Optional[str],
+    plan_only: bool,
+    detailed_exitcode: bool,
+    hosts_pattern: str,
+    serial: Optional[str],
+    max_fail_percentage: float,
+    as_json: bool,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    ask_become_pass: bool,
+    host_key_policy: Optional[str],
+) -> None:
     from clusterctl.cli._plan_views import finish, stderr_events
     from clusterctl.ops import bringup
 
-    request = prepare(inventory, hosts_pattern, serial, max_fail_percentage, plan_only, detailed_exitcode,
-                      host_key_policy, fanout, connect_timeout, ask_become_pass)
+    request = prepare(
+        inventory,
+        hosts_pattern,
+        serial,
+        max_fail_percentage,
+        plan_only,
+        detailed_exitcode,
+        host_key_policy,
+        fanout,
+        connect_timeout,
+        ask_become_pass,
+    )
     on_event = stderr_events(not as_json)
     verb = "remove" if remove else "install"
 
@@ -134,48 +166,88 @@ def _engine_op(name: str, remove: bool, wheels: Optional[str], index_url: Option
             return bringup.engine_remove(request, name, on_event)
         return bringup.engine_install(request, name, wheels=wheels, index_url=index_url, on_event=on_event)
 
-    finish(start, plan_only, detailed_exitcode, as_json, f"engine {verb} {name}", verb=f"to {verb}",
-           plan_json={"engine": name, "action": verb})
+    finish(
+        start,
+        plan_only,
+        detailed_exitcode,
+        as_json,
+        f"engine {verb} {name}",
+        verb=f"to {verb}",
+        plan_json={"engine": name, "action": verb},
+    )
 
 
 @app.command("install", help=INSTALL_HELP)
-def install(name: str = typer.Argument(..., help="The engine's name in the inventory's engines."),
-            wheels: Optional[str] = typer.Option(None, "--wheels", help="A wheelhouse directory on this "
-                                                 "machine, shipped to the hosts (offline install)."),
-            index_url: Optional[str] = typer.Option(None, "--index-url", help="A package index (mirror) the "
-                                                    "hosts reach."),
-            inventory: Optional[str] = InventoryOpt,
-            plan_only: bool = PlanOpt,
-            detailed_exitcode: bool = DetailedOpt,
-            hosts_pattern: str = HostsOpt,
-            serial: Optional[str] = SerialOpt,
-            max_fail_percentage: float = MaxFailOpt,
-            as_json: bool = JsonOpt,
-            fanout: Optional[int] = FanoutOpt,
-            connect_timeout: Optional[float] = ConnectTimeoutOpt,
-            ask_become_pass: bool = AskBecomePassOpt,
-            host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def install(
+    name: str = typer.Argument(..., help="The engine's name in the inventory's engines."),
+    wheels: Optional[str] = typer.Option(
+        None, "--wheels", help="A wheelhouse directory on this machine, shipped to the hosts (offline install)."
+    ),
+    index_url: Optional[str] = typer.Option(None, "--index-url", help="A package index (mirror) the hosts reach."),
+    inventory: Optional[str] = InventoryOpt,
+    plan_only: bool = PlanOpt,
+    detailed_exitcode: bool = DetailedOpt,
+    hosts_pattern: str = HostsOpt,
+    serial: Optional[str] = SerialOpt,
+    max_fail_percentage: float = MaxFailOpt,
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     if not plan_only and wheels is None and index_url is None:
         fail("engine install needs --wheels DIR or --index-url URL (or --plan)")
     if wheels is not None and index_url is not None:
         fail("give one of --wheels and --index-url")
-    _engine_op(name, False, wheels, index_url, inventory,
-               plan_only, detailed_exitcode, hosts_pattern, serial, max_fail_percentage, as_json, fanout,
-               connect_timeout, ask_become_pass, host_key_policy)
+    _engine_op(
+        name,
+        False,
+        wheels,
+        index_url,
+        inventory,
+        plan_only,
+        detailed_exitcode,
+        hosts_pattern,
+        serial,
+        max_fail_percentage,
+        as_json,
+        fanout,
+        connect_timeout,
+        ask_become_pass,
+        host_key_policy,
+    )
 
 
 @app.command("remove", help=REMOVE_HELP)
-def remove(name: str = typer.Argument(..., help="The engine's name in the inventory's engines."),
-           inventory: Optional[str] = InventoryOpt,
-           plan_only: bool = PlanOpt,
-           detailed_exitcode: bool = DetailedOpt,
-           hosts_pattern: str = HostsOpt,
-           serial: Optional[str] = SerialOpt,
-           max_fail_percentage: float = MaxFailOpt,
-           as_json: bool = JsonOpt,
-           fanout: Optional[int] = FanoutOpt,
-           connect_timeout: Optional[float] = ConnectTimeoutOpt,
-           ask_become_pass: bool = AskBecomePassOpt,
-           host_key_policy: Optional[str] = HostKeyOpt) -> None:
-    _engine_op(name, True, None, None, inventory, plan_only, detailed_exitcode, hosts_pattern, serial,
-               max_fail_percentage, as_json, fanout, connect_timeout, ask_become_pass, host_key_policy)
+def remove(
+    name: str = typer.Argument(..., help="The engine's name in the inventory's engines."),
+    inventory: Optional[str] = InventoryOpt,
+    plan_only: bool = PlanOpt,
+    detailed_exitcode: bool = DetailedOpt,
+    hosts_pattern: str = HostsOpt,
+    serial: Optional[str] = SerialOpt,
+    max_fail_percentage: float = MaxFailOpt,
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
+    _engine_op(
+        name,
+        True,
+        None,
+        None,
+        inventory,
+        plan_only,
+        detailed_exitcode,
+        hosts_pattern,
+        serial,
+        max_fail_percentage,
+        as_json,
+        fanout,
+        connect_timeout,
+        ask_become_pass,
+        host_key_policy,
+    )

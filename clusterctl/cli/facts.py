@@ -18,8 +18,15 @@ from rich.table import Table
 from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, print_json, user_config
 from clusterctl.cli._hosts import (
-    AskBecomePassOpt, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, ProbeSudoOpt,
-    become_password, check_host_key_policy,
+    AskBecomePassOpt,
+    ConnectTimeoutOpt,
+    DeadlineOpt,
+    FanoutOpt,
+    HostKeyOpt,
+    HostProgress,
+    ProbeSudoOpt,
+    become_password,
+    check_host_key_policy,
     select,
 )
 from clusterctl.exitcodes import ExitCode
@@ -31,7 +38,7 @@ from clusterctl.inventory.nodeset import fold
 from clusterctl.probe.facts import Facts
 from clusterctl.probe.run import DEFAULT_TIMEOUT_S, FactsResult, collect_facts
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 HELP = """Collect node facts: OS, CPU, memory, disks, GPUs (NVML), NICs and RDMA ports,
 clusterctl's systemd units, recent kernel-log lines.
@@ -96,8 +103,12 @@ def notes(r: FactsResult) -> list[str]:
         return [r.reason or "no facts"]
     f = r.facts
     out = [f"gpus: {f.gpus.reason}"] if not f.gpus.available and f.gpus.reason else []
-    out += [f"gpu {d.index}: {k}: {v}" for d in f.gpus.devices for k, v in sorted(d.field_errors.items())
-            if v != "not supported"]
+    out += [
+        f"gpu {d.index}: {k}: {v}"
+        for d in f.gpus.devices
+        for k, v in sorted(d.field_errors.items())
+        if v != "not supported"
+    ]
     out += [f"{e.get('source')}: {e.get('reason')}" for e in f.errors]
     return out
 
@@ -138,28 +149,38 @@ def _print(results: dict[str, FactsResult]) -> None:
         console.print(f"{escape(nodes)}: {escape(note)}")
 
 
-def facts(pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts),
-          inventory: Optional[str] = InventoryOpt,
-          as_json: bool = JsonOpt,
-          timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", "-t", min=1,
-                                        help="Seconds one host's probe may take."),
-          fanout: Optional[int] = FanoutOpt,
-          connect_timeout: Optional[float] = ConnectTimeoutOpt,
-          deadline: Optional[float] = DeadlineOpt,
-          sudo: bool = ProbeSudoOpt,
-          ask_become_pass: bool = AskBecomePassOpt,
-          host_key_policy: Optional[str] = HostKeyOpt,
-          ) -> None:
+def facts(
+    pattern: str = typer.Argument(
+        ..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts
+    ),
+    inventory: Optional[str] = InventoryOpt,
+    as_json: bool = JsonOpt,
+    timeout: float = typer.Option(
+        DEFAULT_TIMEOUT_S, "--timeout", "-t", min=1, help="Seconds one host's probe may take."
+    ),
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    deadline: Optional[float] = DeadlineOpt,
+    sudo: bool = ProbeSudoOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     policy = check_host_key_policy(host_key_policy)
     path, hosts = select(inventory, pattern)
     password = become_password(ask_become_pass, hosts, sudo)
     cfg = user_config()
-    fleet = make_fleet(hosts, cfg, fanout=fanout, connect_timeout=connect_timeout, command_timeout=timeout,
-                       deadline=deadline, become_password=password,
-                       transport=ParamikoTransport(host_key_policy=policy))
+    fleet = make_fleet(
+        hosts,
+        cfg,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        command_timeout=timeout,
+        deadline=deadline,
+        become_password=password,
+        transport=ParamikoTransport(host_key_policy=policy),
+    )
     with fleet, HostProgress(len(hosts), "facts", not as_json) as progress:
-        results = collect_facts(fleet, timeout=timeout, sudo=sudo,
-                                on_result=lambda r: progress(as_row(r)))
+        results = collect_facts(fleet, timeout=timeout, sudo=sudo, on_result=lambda r: progress(as_row(r)))
     for w in fleet.warnings:
         err_console.print(f"warning: {w}", markup=False)
     failed = [h for h, r in results.items() if not r.ok]

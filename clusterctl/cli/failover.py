@@ -6,10 +6,24 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, \
-    user_config
-from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, become_password, \
-    check_host_key_policy
+from clusterctl.cli._common import (
+    InventoryOpt,
+    JsonOpt,
+    console,
+    err_console,
+    fail,
+    load_inventory,
+    print_json,
+    user_config,
+)
+from clusterctl.cli._hosts import (
+    AskBecomePassOpt,
+    ConnectTimeoutOpt,
+    FanoutOpt,
+    HostKeyOpt,
+    become_password,
+    check_host_key_policy,
+)
 from clusterctl.errors import ClusterctlError
 
 FAILOVER_HELP = """Find instances whose TP group doctor marks UNAVAILABLE (a member GPU is
@@ -60,8 +74,9 @@ def show(rep: Any, console: Any = console) -> None:
     for name, why in sorted(p.no_room.items()):
         console.print(f"  {name}: {down}, not moved: {why}", markup=False)
     for name in p.over_cap:
-        console.print(f"  {name}: over the cap ({p.cap} of {p.total} instances per run, --max-share), not moved",
-                      markup=False)
+        console.print(
+            f"  {name}: over the cap ({p.cap} of {p.total} instances per run, --max-share), not moved", markup=False
+        )
     for key, c in sorted(p.cordons.items()):
         console.print(f"  {'would cordon' if rep.planned else 'cordoned'} {key}: {c.reason}", markup=False)
     for h, why in sorted(rep.detection.unchecked.items()):
@@ -70,26 +85,51 @@ def show(rep: Any, console: Any = console) -> None:
         console.print(f"  error: {e}", markup=False)
 
 
-def failover(inventory: Optional[str] = InventoryOpt,
-             plan_only: bool = typer.Option(False, "--plan", help="Show what would happen; change nothing."),
-             max_share: float = typer.Option(0.25, "--max-share", min=0.0, max=1.0,
-                                             help="Most instances one run takes out, as a share of all."),
-             drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0,
-                                                 help="Seconds to wait for requests in flight before stopping."),
-             gate_timeout: float = typer.Option(600.0, "--gate-timeout", min=1,
-                                                help="Seconds a moved instance may take to pass its gate."),
-             state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory "
-                                                     "[default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."),
-             avoid_host: list[str] = typer.Option([], "--avoid-host", metavar="HOST",
-                                                  help="Do not place moved replicas on HOST (cordoned with the "
-                                                       "reason 'failover: --avoid-host (operator)'); repeatable."),
-             as_json: bool = JsonOpt, fanout: Optional[int] = FanoutOpt,
-             connect_timeout: Optional[float] = ConnectTimeoutOpt, ask_become_pass: bool = AskBecomePassOpt,
-             host_key_policy: Optional[str] = HostKeyOpt) -> None:
-    opts_ = _options(max_share=max_share, plan_only=plan_only, drain_timeout_s=drain_timeout,
-                     gate_timeout_s=gate_timeout, avoid_hosts=tuple(avoid_host))
-    rep = run(inventory, state_dir, opts_, quiet=as_json, fanout=fanout, connect_timeout=connect_timeout,
-              ask_become_pass=ask_become_pass, host_key_policy=host_key_policy)
+def failover(
+    inventory: Optional[str] = InventoryOpt,
+    plan_only: bool = typer.Option(False, "--plan", help="Show what would happen; change nothing."),
+    max_share: float = typer.Option(
+        0.25, "--max-share", min=0.0, max=1.0, help="Most instances one run takes out, as a share of all."
+    ),
+    drain_timeout: float = typer.Option(
+        120.0, "--drain-timeout", min=0, help="Seconds to wait for requests in flight before stopping."
+    ),
+    gate_timeout: float = typer.Option(
+        600.0, "--gate-timeout", min=1, help="Seconds a moved instance may take to pass its gate."
+    ),
+    state_dir: Optional[str] = typer.Option(
+        None, "--state-dir", help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."
+    ),
+    avoid_host: list[str] = typer.Option(
+        [],
+        "--avoid-host",
+        metavar="HOST",
+        help="Do not place moved replicas on HOST (cordoned with the "
+        "reason 'failover: --avoid-host (operator)'); repeatable.",
+    ),
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
+    opts_ = _options(
+        max_share=max_share,
+        plan_only=plan_only,
+        drain_timeout_s=drain_timeout,
+        gate_timeout_s=gate_timeout,
+        avoid_hosts=tuple(avoid_host),
+    )
+    rep = run(
+        inventory,
+        state_dir,
+        opts_,
+        quiet=as_json,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        ask_become_pass=ask_become_pass,
+        host_key_policy=host_key_policy,
+    )
     if as_json:
         print_json(rep.to_json())
     else:
@@ -103,9 +143,16 @@ def _options(**kw: Any) -> Any:
     return FailoverOptions(**kw)
 
 
-def failover_request(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, fanout: Optional[int],
-                     connect_timeout: Optional[float], ask_become_pass: bool,
-                     host_key_policy: Optional[str]) -> Any:
+def failover_request(
+    inventory: Optional[str],
+    state_dir: Optional[str],
+    opts: Any,
+    *,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    ask_become_pass: bool,
+    host_key_policy: Optional[str],
+) -> Any:
     """The workflow's request (``opts`` None: the defaults); exits 3 on configuration errors."""
     from pathlib import Path
 
@@ -120,18 +167,41 @@ def failover_request(inventory: Optional[str], state_dir: Optional[str], opts: A
             fail(f"--avoid-host {h}: not a host of {inv.path}" + suggest(h, list(inv.hosts)))
     directory = Path(resolve_state_dir(state_dir, user_config()))
     password = become_password(ask_become_pass, list(inv.hosts.values()), True)
-    return FailoverRequest(inv, directory, user_config(), **({"options": opts} if opts is not None else {}),
-                           fanout=fanout, connect_timeout=connect_timeout, host_key_policy=policy,
-                           become_password=password)
+    return FailoverRequest(
+        inv,
+        directory,
+        user_config(),
+        **({"options": opts} if opts is not None else {}),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=policy,
+        become_password=password,
+    )
 
 
-def run(inventory: Optional[str], state_dir: Optional[str], opts: Any, *, quiet: bool, fanout: Optional[int],
-        connect_timeout: Optional[float], ask_become_pass: bool, host_key_policy: Optional[str]) -> Any:
+def run(
+    inventory: Optional[str],
+    state_dir: Optional[str],
+    opts: Any,
+    *,
+    quiet: bool,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    ask_become_pass: bool,
+    host_key_policy: Optional[str],
+) -> Any:
     """One failover run for the CLI; exits 3 on configuration errors."""
     from clusterctl.ops.failover import run as run_failover
 
-    req = failover_request(inventory, state_dir, opts, fanout=fanout, connect_timeout=connect_timeout,
-                           ask_become_pass=ask_become_pass, host_key_policy=host_key_policy)
+    req = failover_request(
+        inventory,
+        state_dir,
+        opts,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        ask_become_pass=ask_become_pass,
+        host_key_policy=host_key_policy,
+    )
     say = None if quiet else (lambda s: err_console.print(s, markup=False, highlight=False))
     try:
         return run_failover(req, on_event=say)

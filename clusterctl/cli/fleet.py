@@ -19,8 +19,15 @@ import typer
 from clusterctl.cli import _complete
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json, user_config
 from clusterctl.cli._hosts import (
-    BECOME_PASSWORD_ENV, ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt, HostProgress, become_password,
-    check_host_key_policy, select,
+    BECOME_PASSWORD_ENV,
+    ConnectTimeoutOpt,
+    DeadlineOpt,
+    FanoutOpt,
+    HostKeyOpt,
+    HostProgress,
+    become_password,
+    check_host_key_policy,
+    select,
 )
 from clusterctl.exitcodes import ExitCode
 from clusterctl.fleet.failed import save_failed
@@ -30,12 +37,30 @@ from clusterctl.fleet.ssh import ParamikoTransport
 from clusterctl.inventory.model import Host
 
 
-def _run(hosts: list[Host], command: str, *, fanout: Optional[int], connect_timeout: Optional[float],
-         timeout: Optional[float], deadline: Optional[float], sudo: bool, policy: Optional[str],
-         become_password: Optional[str], progress: bool, label: str) -> tuple[RunResults, list[str]]:
-    fleet = make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout,
-                       command_timeout=timeout or None, deadline=deadline, become_password=become_password,
-                       transport=ParamikoTransport(host_key_policy=policy))
+def _run(
+    hosts: list[Host],
+    command: str,
+    *,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    timeout: Optional[float],
+    deadline: Optional[float],
+    sudo: bool,
+    policy: Optional[str],
+    become_password: Optional[str],
+    progress: bool,
+    label: str,
+) -> tuple[RunResults, list[str]]:
+    fleet = make_fleet(
+        hosts,
+        user_config(),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        command_timeout=timeout or None,
+        deadline=deadline,
+        become_password=become_password,
+        transport=ParamikoTransport(host_key_policy=policy),
+    )
     with fleet, HostProgress(len(hosts), label, progress) as on_result:
         res = fleet.run(command, sudo=sudo, on_result=on_result)
     return res, fleet.warnings
@@ -65,26 +90,34 @@ def _print_gathered(res: RunResults) -> None:
                 sys.stderr.flush()
     problems = [g for g in res.gather() if g.status not in (HostStatus.OK, HostStatus.FAILED)]
     for g in problems:
-        err_console.print(f"{g.status.value}: {g.nodeset} ({len(g.hosts)}): {g.error}", markup=False,
-                          highlight=False, soft_wrap=True)
+        err_console.print(
+            f"{g.status.value}: {g.nodeset} ({len(g.hosts)}): {g.error}", markup=False, highlight=False, soft_wrap=True
+        )
     counts = res.by_status()
     summary = ", ".join(f"{len(h)} {s.value}" for s, h in counts.items())
     err_console.print(f"{len(res)} hosts: {summary} in {res.duration_s:.1f}s", markup=False)
 
 
 def exec_cmd(
-    pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts),
+    pattern: str = typer.Argument(
+        ..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts
+    ),
     command: List[str] = typer.Argument(..., help="The command (words are joined by spaces, as ssh does)."),
     inventory: Optional[str] = InventoryOpt,
     fanout: Optional[int] = FanoutOpt,
-    timeout: Optional[float] = typer.Option(None, "--timeout", "-t", min=0.1,
-                                            help="Seconds per command [default: user config, 60]."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", "-t", min=0.1, help="Seconds per command [default: user config, 60]."
+    ),
     connect_timeout: Optional[float] = ConnectTimeoutOpt,
     deadline: Optional[float] = DeadlineOpt,
     sudo: bool = typer.Option(False, "--sudo", help="Run as root via sudo on hosts that log in as another user."),
-    ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K",
-                                         help=f"Prompt once for the sudo password (else ${BECOME_PASSWORD_ENV}; "
-                                         "without either, sudo must not need one)."),
+    ask_become_pass: bool = typer.Option(
+        False,
+        "--ask-become-pass",
+        "-K",
+        help=f"Prompt once for the sudo password (else ${BECOME_PASSWORD_ENV}; "
+        "without either, sudo must not need one).",
+    ),
     host_key_policy: Optional[str] = HostKeyOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -101,9 +134,19 @@ def exec_cmd(
         fail("no command given (put it after --)")
     path, hosts = select(inventory, pattern)
     password = become_password(ask_become_pass, hosts, sudo)
-    res, warnings = _run(hosts, text, fanout=fanout, connect_timeout=connect_timeout, timeout=timeout,
-                         deadline=deadline, sudo=sudo, policy=policy, become_password=password,
-                         progress=not as_json, label="exec")
+    res, warnings = _run(
+        hosts,
+        text,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        timeout=timeout,
+        deadline=deadline,
+        sudo=sudo,
+        policy=policy,
+        become_password=password,
+        progress=not as_json,
+        label="exec",
+    )
     for w in warnings:
         err_console.print(f"warning: {w}", markup=False)
     _remember(path, res, text)
@@ -115,7 +158,9 @@ def exec_cmd(
 
 
 def ping(
-    pattern: str = typer.Argument(..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts),
+    pattern: str = typer.Argument(
+        ..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts
+    ),
     inventory: Optional[str] = InventoryOpt,
     fanout: Optional[int] = FanoutOpt,
     connect_timeout: Optional[float] = ConnectTimeoutOpt,
@@ -131,9 +176,19 @@ def ping(
     """
     policy = check_host_key_policy(host_key_policy)
     path, hosts = select(inventory, pattern)
-    res, warnings = _run(hosts, "true", fanout=fanout, connect_timeout=connect_timeout, timeout=None,
-                         deadline=deadline, sudo=False, policy=policy, become_password=None,
-                         progress=not as_json, label="ping")
+    res, warnings = _run(
+        hosts,
+        "true",
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        timeout=None,
+        deadline=deadline,
+        sudo=False,
+        policy=policy,
+        become_password=None,
+        progress=not as_json,
+        label="ping",
+    )
     for w in warnings:
         err_console.print(f"warning: {w}", markup=False)
     _remember(path, res, "ping")
@@ -157,8 +212,15 @@ def ping(
         detail = g.error or (f"rc={g.rc}" if g.rc else "")
         if len(detail) > 40:
             long.append((fold(g.hosts), detail))
-        table.add_row(g.status.value, fold(g.hosts), str(len(g.hosts)), f"{min(times):.2f}",
-                      f"{statistics.median(times):.2f}", f"{max(times):.2f}", detail)
+        table.add_row(
+            g.status.value,
+            fold(g.hosts),
+            str(len(g.hosts)),
+            f"{min(times):.2f}",
+            f"{statistics.median(times):.2f}",
+            f"{max(times):.2f}",
+            detail,
+        )
     # Not a terminal: no width to fit, so keep rows on one line for grep and logs.
     out = console if console.is_terminal else Console(width=200, highlight=False)
     out.print(table)

@@ -17,16 +17,30 @@ from typing import Any, Optional, TypeVar
 import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json
-from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, instances_wanted, inventory_fleet
+from clusterctl.cli._hosts import (
+    AskBecomePassOpt,
+    ConnectTimeoutOpt,
+    FanoutOpt,
+    HostKeyOpt,
+    instances_wanted,
+    inventory_fleet,
+)
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
-app = typer.Typer(help="Render, deploy and sync the nginx gateway in front of the instances (docs/gateway.md).",
-                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
-                  rich_markup_mode=None)
+app = typer.Typer(
+    help="Render, deploy and sync the nginx gateway in front of the instances (docs/gateway.md).",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+)
 
-StateDirOpt = typer.Option(None, "--state-dir", help="Deploy state directory (placements, gateway state) "
-                           "[default: $CLUSTERCTL_STATE_DIR, then the user state dir]/deploy.")
+StateDirOpt = typer.Option(
+    None,
+    "--state-dir",
+    help="Deploy state directory (placements, gateway state) "
+    "[default: $CLUSTERCTL_STATE_DIR, then the user state dir]/deploy.",
+)
 
 
 _T = TypeVar("_T")
@@ -38,8 +52,9 @@ def _gateway(inv: Any) -> Any:
     return inv.gateway
 
 
-def _gateway_store(inventory: Optional[str], state_dir: Optional[str],
-                   load: Callable[[Path], _T]) -> tuple[Any, Any, Path, _T]:
+def _gateway_store(
+    inventory: Optional[str], state_dir: Optional[str], load: Callable[[Path], _T]
+) -> tuple[Any, Any, Path, _T]:
     """``(inventory, its gateway, the state directory, load(directory))``; a damaged store exits 3."""
     inv = load_inventory(inventory)
     gw = _gateway(inv)
@@ -59,14 +74,18 @@ def _host_rows(results: list[Any]) -> None:
             extra = f"; keepalived {r.vrrp}" if r.vrrp else ""
             if r.keepalived:
                 extra += f"; keepalived {r.keepalived}" + ("; holds the floating address" if r.holds_vip else "")
-            console.print(f"[green]ok[/] {escape(r.host)}: {escape(what)}"
-                          + (f" (config {escape(r.config)}, nginx {escape(r.active or '?')})" if r.config else "")
-                          + escape(extra))
+            console.print(
+                f"[green]ok[/] {escape(r.host)}: {escape(what)}"
+                + (f" (config {escape(r.config)}, nginx {escape(r.active or '?')})" if r.config else "")
+                + escape(extra)
+            )
         else:
             console.print(f"[bold red]FAILED[/] {escape(r.host)}: {escape(r.error or r.kind or 'failed')}")
 
 
-@app.command("render", help="""Render the gateway's nginx files and print them, or write them under --out.
+@app.command(
+    "render",
+    help="""Render the gateway's nginx files and print them, or write them under --out.
 
 The upstream API key (gateway.api_key) is never printed or written by render:
 its file shows ***. Instances are all up at full weight unless --from-state
@@ -77,13 +96,19 @@ Examples:
   clusterctl gateway render -i inventory.yaml
 
   clusterctl gateway render --out /tmp/gw --from-state
-""")
-def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-           out: Optional[Path] = typer.Option(None, "--out", help="Write the files under DIR (their absolute "
-                                              "paths below DIR) instead of printing them."),
-           from_state: bool = typer.Option(False, "--from-state", help="Use the last sync's up/down states and "
-                                           "weights and the marked-down set."),
-           state_dir: Optional[str] = StateDirOpt) -> None:
+""",
+)
+def render(
+    inventory: Optional[str] = InventoryOpt,
+    json_out: bool = JsonOpt,
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Write the files under DIR (their absolute paths below DIR) instead of printing them."
+    ),
+    from_state: bool = typer.Option(
+        False, "--from-state", help="Use the last sync's up/down states and weights and the marked-down set."
+    ),
+    state_dir: Optional[str] = StateDirOpt,
+) -> None:
     from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.render import ServerState, render_gateway
 
@@ -97,6 +122,7 @@ def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
             states = dict(st.servers)
             states.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
         from clusterctl.gateway import keys as gwkeys
+
         rendered = render_gateway(inv, instances, states, clients=gwkeys.load(directory))
         # (host, file): host "" for the files every gateway host has, else keepalived's of that host
         files = [("", f) for f in rendered.redacted() if not f.remove]
@@ -112,9 +138,21 @@ def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
             os.chmod(tmp, f.mode)
             tmp.rename(dest)
     if json_out:
-        print_json({"files": [{"path": f.path, "mode": oct(f.mode), "group": f.group, "secret": f.secret,
-                               **({"host": h} if h else {}), **({} if out else {"text": f.text})}
-                              for h, f in files]})
+        print_json(
+            {
+                "files": [
+                    {
+                        "path": f.path,
+                        "mode": oct(f.mode),
+                        "group": f.group,
+                        "secret": f.secret,
+                        **({"host": h} if h else {}),
+                        **({} if out else {"text": f.text}),
+                    }
+                    for h, f in files
+                ]
+            }
+        )
     elif out is not None:
         for h, f in files:
             console.print(f"wrote {out / h / f.path.lstrip('/')}", markup=False)
@@ -124,7 +162,9 @@ def render(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
             console.print(f.text, markup=False, end="")
 
 
-@app.command("deploy", help="""Install the gateway on HOST (one of gateway.hosts, or 'all').
+@app.command(
+    "deploy",
+    help="""Install the gateway on HOST (one of gateway.hosts, or 'all').
 
 Writes the files atomically, validates them with `nginx -t` (when nginx refuses,
 the old files are put back and nginx's message is shown), then reloads nginx
@@ -137,12 +177,18 @@ new config, 2 when one failed, 3 for usage errors.
 Example:
 
   clusterctl gateway deploy gw01 -i /var/lib/clusterctl-lab/inventory.yaml
-""")
-def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
-           inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-           state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
-           connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
-           ask_become_pass: bool = AskBecomePassOpt) -> None:
+""",
+)
+def deploy(
+    host: str = typer.Argument(..., help="A gateway host, or 'all'."),
+    inventory: Optional[str] = InventoryOpt,
+    json_out: bool = JsonOpt,
+    state_dir: Optional[str] = StateDirOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+) -> None:
     from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.deploy import apply_gateway, secret_inputs
     from clusterctl.gateway.render import ServerState, render_gateway
@@ -160,13 +206,21 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
         rendered = render_gateway(inv, instances, states, **secret_inputs(inv, directory))
     except ClusterctlError as e:
         fail(str(e))
-    fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
-                   ask_become_pass=ask_become_pass)
+    fleet = inventory_fleet(
+        inv,
+        hosts,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=host_key_policy,
+        ask_become_pass=ask_become_pass,
+    )
     with fleet:
         results = apply_gateway(fleet, rendered, port=gw.admin_port, hosts=hosts)
     if all(r.ok for r in results) and set(hosts) == set(gw.hosts):
+
         def applied(s: Any) -> None:
             s.digest, s.config, s.last_reload = rendered.digest, rendered.config, time.time()
+
         gwstate.update(directory, applied)
     code = ExitCode.OK if all(r.ok for r in results) else ExitCode.CRIT
     if json_out:
@@ -176,7 +230,9 @@ def deploy(host: str = typer.Argument(..., help="A gateway host, or 'all'."),
     raise typer.Exit(int(code))
 
 
-@app.command("sync", help="""Re-render the gateway from the instances' current state and reload on change.
+@app.command(
+    "sync",
+    help="""Re-render the gateway from the instances' current state and reload on change.
 
 Measures every instance (`clusterctl status`: unit, /health, load over
 --window seconds); instances that are not serving, marked down (drain), or
@@ -198,19 +254,32 @@ Examples:
   clusterctl gateway sync --tp-check --window 5
 
   clusterctl gateway sync --every 10      # keep following the instances
-""")
-def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-         dry_run: bool = typer.Option(False, "--dry-run", help="Decide and render, apply nothing."),
-         force: bool = typer.Option(False, "--force", help="Reload even within the sync interval."),
-         tp_check: bool = typer.Option(True, "--tp-check/--no-tp-check",
-                                       help="Doctor's TP-group check of every instance's GPUs (TP 1 included; "
-                                            "gathers facts; on by default)."),
-         window: float = typer.Option(5.0, "--window", min=0.0, help="Seconds between the two /metrics samples."),
-         every: float = typer.Option(0.0, "--every", min=0.0, help="Sync again every SECONDS until interrupted "
-                                     "(0: once). A change held back by the interval is applied by a later round."),
-         state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
-         connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
-         ask_become_pass: bool = AskBecomePassOpt) -> None:
+""",
+)
+def sync(
+    inventory: Optional[str] = InventoryOpt,
+    json_out: bool = JsonOpt,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Decide and render, apply nothing."),
+    force: bool = typer.Option(False, "--force", help="Reload even within the sync interval."),
+    tp_check: bool = typer.Option(
+        True,
+        "--tp-check/--no-tp-check",
+        help="Doctor's TP-group check of every instance's GPUs (TP 1 included; gathers facts; on by default).",
+    ),
+    window: float = typer.Option(5.0, "--window", min=0.0, help="Seconds between the two /metrics samples."),
+    every: float = typer.Option(
+        0.0,
+        "--every",
+        min=0.0,
+        help="Sync again every SECONDS until interrupted "
+        "(0: once). A change held back by the interval is applied by a later round.",
+    ),
+    state_dir: Optional[str] = StateDirOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+) -> None:
     from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.observe import observe
     from clusterctl.gateway.sync import decide, sync_gateway
@@ -220,30 +289,54 @@ def sync(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
     instances, directory = instances_wanted(inv, state_dir)
     hosts = sorted({g.host for i in instances.values() for g in i.placement} | set(gw.hosts))
     say = (lambda s: err_console.print(s, markup=False)) if not json_out else None
-    fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
-                   ask_become_pass=ask_become_pass)
+    fleet = inventory_fleet(
+        inv,
+        hosts,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=host_key_policy,
+        ask_become_pass=ask_become_pass,
+    )
     while True:
         try:
             with fleet:
-                observed, unavailable = observe(inv, instances, fleet, window=window, state_dir=directory,
-                                                tp_check=tp_check, on_event=say)
+                observed, unavailable = observe(
+                    inv, instances, fleet, window=window, state_dir=directory, tp_check=tp_check, on_event=say
+                )
                 measured_at = time.time()  # about the engines' last /metrics sample (hosts' clocks in sync)
-                servers = decide(inv, instances, observed, marked_down=gwstate.load(directory).marked_down,
-                                 unavailable=unavailable)
-                result = sync_gateway(inv, fleet, instances, servers, state_dir=directory, force=force,
-                                      dry_run=dry_run, on_event=say, observed=observed, measured_at=measured_at)
+                servers = decide(
+                    inv, instances, observed, marked_down=gwstate.load(directory).marked_down, unavailable=unavailable
+                )
+                result = sync_gateway(
+                    inv,
+                    fleet,
+                    instances,
+                    servers,
+                    state_dir=directory,
+                    force=force,
+                    dry_run=dry_run,
+                    on_event=say,
+                    observed=observed,
+                    measured_at=measured_at,
+                )
         except ClusterctlError as e:
             fail(str(e))
         code = _print_sync(result, json_out)
         if not every:
             raise typer.Exit(int(code))
         time.sleep(every)
-        fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout,
-                       host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
+        fleet = inventory_fleet(
+            inv,
+            hosts,
+            fanout=fanout,
+            connect_timeout=connect_timeout,
+            host_key_policy=host_key_policy,
+            ask_become_pass=ask_become_pass,
+        )
 
 
 def _print_sync(result: Any, json_out: bool) -> ExitCode:
-    code = (ExitCode.CRIT if not result.ok else ExitCode.WARN if result.skipped == "interval" else ExitCode.OK)
+    code = ExitCode.CRIT if not result.ok else ExitCode.WARN if result.skipped == "interval" else ExitCode.OK
     if json_out:
         print_json({**result.to_json(), "exit_code": int(code)})
         return code
@@ -251,15 +344,19 @@ def _print_sync(result: Any, json_out: bool) -> ExitCode:
     for name, s in sorted(result.servers.items()):
         up = f"up, score {scores[name]['load']:.2f}" if name in scores else f"up, weight {s.weight}"
         console.print(f"{name}: " + (f"down ({s.reason})" if s.down else up), markup=False)
-    verdict = {"unchanged": "config unchanged; nothing to do",
-               "interval": f"config changed; reload allowed in {result.next_allowed_s:.1f} s (--force to now)",
-               "dry-run": "dry run: " + ("config would change" if result.changed else "config unchanged")}
+    verdict = {
+        "unchanged": "config unchanged; nothing to do",
+        "interval": f"config changed; reload allowed in {result.next_allowed_s:.1f} s (--force to now)",
+        "dry-run": "dry run: " + ("config would change" if result.changed else "config unchanged"),
+    }
     console.print(verdict.get(result.skipped or "", f"config {result.digest[:16]} applied"), markup=False)
     _host_rows(result.hosts)
     return code
 
 
-@app.command("status", help="""Show each gateway host: nginx's unit state and the config it serves,
+@app.command(
+    "status",
+    help="""Show each gateway host: nginx's unit state and the config it serves,
 compared with the last config sync or deploy applied, and the marked-down instances;
 with gateway.vip also keepalived's state and which host holds the floating address
 (no holder or two: exit 2).
@@ -268,22 +365,35 @@ Exit 0 all serve the expected config, 1 some serve another, 2 some are down, 3 u
 Example:
 
   clusterctl gateway status --json
-""")
-def status(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-           state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
-           connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
-           ask_become_pass: bool = AskBecomePassOpt) -> None:
+""",
+)
+def status(
+    inventory: Optional[str] = InventoryOpt,
+    json_out: bool = JsonOpt,
+    state_dir: Optional[str] = StateDirOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+) -> None:
     from rich.markup import escape
 
     from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.deploy import gateway_status
 
     inv, gw, directory, st = _gateway_store(inventory, state_dir, gwstate.load)
-    fleet = inventory_fleet(inv, list(gw.hosts), fanout=fanout, connect_timeout=connect_timeout,
-                   host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
+    fleet = inventory_fleet(
+        inv,
+        list(gw.hosts),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=host_key_policy,
+        ask_become_pass=ask_become_pass,
+    )
     with fleet:
-        results = gateway_status(fleet, port=gw.admin_port, hosts=list(gw.hosts),
-                                 vip=gw.vip.address if gw.vip else None)
+        results = gateway_status(
+            fleet, port=gw.admin_port, hosts=list(gw.hosts), vip=gw.vip.address if gw.vip else None
+        )
     expected = st.config or None
     stale = [r.host for r in results if r.ok and expected and r.config != expected]
     code = ExitCode.CRIT if not all(r.ok for r in results) else ExitCode.WARN if stale else ExitCode.OK
@@ -291,14 +401,27 @@ def status(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
     if gw.vip is not None:
         holders = [r.host for r in results if r.holds_vip]
         if len(holders) != 1:  # nobody: clients get no answer; two: both answer ARP (split brain)
-            vip_problem = (f"floating address {gw.vip.address} is held by "
-                           f"{', '.join(holders) if holders else 'no gateway host'}")
+            vip_problem = (
+                f"floating address {gw.vip.address} is held by {', '.join(holders) if holders else 'no gateway host'}"
+            )
             code = ExitCode.CRIT
     if json_out:
-        print_json({"hosts": [r.to_json() for r in results], "expected_config": expected, "stale": stale,
-                    "marked_down": st.marked_down, "vip": None if gw.vip is None else
-                    {"address": gw.vip.address, "holders": [r.host for r in results if r.holds_vip],
-                     "problem": vip_problem}, "exit_code": int(code)})
+        print_json(
+            {
+                "hosts": [r.to_json() for r in results],
+                "expected_config": expected,
+                "stale": stale,
+                "marked_down": st.marked_down,
+                "vip": None
+                if gw.vip is None
+                else {
+                    "address": gw.vip.address,
+                    "holders": [r.host for r in results if r.holds_vip],
+                    "problem": vip_problem,
+                },
+                "exit_code": int(code),
+            }
+        )
         raise typer.Exit(int(code))
     _host_rows(results)
     if vip_problem:
@@ -306,13 +429,18 @@ def status(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
     for h in stale:
         console.print(f"[yellow]stale[/] {escape(h)}: serves another config than {escape(expected or '-')}")
     for name, m in sorted(st.marked_down.items()):
-        console.print(escape(f"marked down: {name} ({m.get('reason', '')}, by {m.get('by', '?')} at {m.get('at', '?')})"))
+        console.print(
+            escape(f"marked down: {name} ({m.get('reason', '')}, by {m.get('by', '?')} at {m.get('at', '?')})")
+        )
     raise typer.Exit(int(code))
 
 
-key_app = typer.Typer(help="Client API keys of the gateway: add (shown once), revoke, list (docs/gateway.md).",
-                      no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
-                      rich_markup_mode=None)
+key_app = typer.Typer(
+    help="Client API keys of the gateway: add (shown once), revoke, list (docs/gateway.md).",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+)
 app.add_typer(key_app, name="key")
 
 
@@ -343,15 +471,30 @@ def _key_audit(directory: Path, action: str, name: str, fingerprint: str) -> Non
     from clusterctl.deploy.rollout import audit
     from clusterctl.deploy.state import utc_now, who_am_i
 
-    audit.append(directory, {"kind": "gateway-key", "action": action, "client": name, "fingerprint": fingerprint,
-                             "who": who_am_i(), "at": utc_now()})
+    audit.append(
+        directory,
+        {
+            "kind": "gateway-key",
+            "action": action,
+            "client": name,
+            "fingerprint": fingerprint,
+            "who": who_am_i(),
+            "at": utc_now(),
+        },
+    )
 
 
-NoApplyOpt = typer.Option(False, "--no-apply", help="Change the key store only; the gateway hosts get it "
-                          "with the next `gateway deploy` or `gateway sync` that reloads.")
+NoApplyOpt = typer.Option(
+    False,
+    "--no-apply",
+    help="Change the key store only; the gateway hosts get it "
+    "with the next `gateway deploy` or `gateway sync` that reloads.",
+)
 
 
-@key_app.command("add", help="""Create a key for client NAME and install it on every gateway host.
+@key_app.command(
+    "add",
+    help="""Create a key for client NAME and install it on every gateway host.
 
 The key is printed once, on stdout, and never stored: only its SHA-256 is kept
 (the deploy state directory's gateway-keys.json, mode 0600; on the gateway hosts
@@ -364,17 +507,25 @@ Examples:
   clusterctl gateway key add team-search
 
   clusterctl gateway key add batch-jobs --rps 20 --burst 40 --streams 64 --key-file /root/batch.key --json
-""")
-def key_add(name: str = typer.Argument(..., help="Client name (letters, digits, '_', '.', '-')."),
-            inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-            rps: Optional[float] = typer.Option(None, "--rps", help="Requests per second for this key."),
-            burst: Optional[int] = typer.Option(None, "--burst", help="Requests above the rate let through."),
-            streams: Optional[int] = typer.Option(None, "--streams", help="Concurrent requests for this key."),
-            key_file: Optional[Path] = typer.Option(None, "--key-file", help="Write the key to this new file "
-                                                    "(mode 0600) instead of printing it."),
-            no_apply: bool = NoApplyOpt, state_dir: Optional[str] = StateDirOpt,
-            fanout: Optional[int] = FanoutOpt, connect_timeout: Optional[float] = ConnectTimeoutOpt,
-            host_key_policy: Optional[str] = HostKeyOpt, ask_become_pass: bool = AskBecomePassOpt) -> None:
+""",
+)
+def key_add(
+    name: str = typer.Argument(..., help="Client name (letters, digits, '_', '.', '-')."),
+    inventory: Optional[str] = InventoryOpt,
+    json_out: bool = JsonOpt,
+    rps: Optional[float] = typer.Option(None, "--rps", help="Requests per second for this key."),
+    burst: Optional[int] = typer.Option(None, "--burst", help="Requests above the rate let through."),
+    streams: Optional[int] = typer.Option(None, "--streams", help="Concurrent requests for this key."),
+    key_file: Optional[Path] = typer.Option(
+        None, "--key-file", help="Write the key to this new file (mode 0600) instead of printing it."
+    ),
+    no_apply: bool = NoApplyOpt,
+    state_dir: Optional[str] = StateDirOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+) -> None:
     from clusterctl.deploy.state import utc_now, who_am_i
     from clusterctl.gateway import keys as gwkeys
 
@@ -390,8 +541,9 @@ def key_add(name: str = typer.Argument(..., help="Client name (letters, digits, 
         except OSError as e:
             fail(f"--key-file {key_file}: {e.strerror or e} (it must be a new file)")
     try:
-        key, rec = gwkeys.add(directory, name, who=who_am_i(), now=utc_now(), requests_per_second=rps,
-                              burst=burst, streams=streams)
+        key, rec = gwkeys.add(
+            directory, name, who=who_am_i(), now=utc_now(), requests_per_second=rps, burst=burst, streams=streams
+        )
     except ClusterctlError as e:
         if fd is not None:
             os.close(fd)
@@ -404,17 +556,31 @@ def key_add(name: str = typer.Argument(..., help="Client name (letters, digits, 
         print(key, flush=True)
     _key_audit(directory, "add", name, rec.sha256[:12])
     if not json_out:
-        err_console.print(f"client {name}: key {'written to ' + str(key_file) if key_file else 'shown above, once'}"
-                          f" (fingerprint {rec.sha256[:12]})", markup=False)
-    code = _push_keys(inv, directory, json_out, no_apply, fanout=fanout, connect_timeout=connect_timeout,
-                      host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
+        err_console.print(
+            f"client {name}: key {'written to ' + str(key_file) if key_file else 'shown above, once'}"
+            f" (fingerprint {rec.sha256[:12]})",
+            markup=False,
+        )
+    code = _push_keys(
+        inv,
+        directory,
+        json_out,
+        no_apply,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=host_key_policy,
+        ask_become_pass=ask_become_pass,
+    )
     if json_out:
-        print_json({"client": rec.to_json(), "key_file": str(key_file), "applied": not no_apply,
-                    "exit_code": int(code)})
+        print_json(
+            {"client": rec.to_json(), "key_file": str(key_file), "applied": not no_apply, "exit_code": int(code)}
+        )
     raise typer.Exit(int(code))
 
 
-@key_app.command("revoke", help="""Revoke client NAME's key on every gateway host.
+@key_app.command(
+    "revoke",
+    help="""Revoke client NAME's key on every gateway host.
 
 nginx reloads gracefully: requests and streams already in flight with the key
 finish; every new request with it is a 401.
@@ -422,12 +588,19 @@ finish; every new request with it is a 401.
 Example:
 
   clusterctl gateway key revoke team-search
-""")
-def key_revoke(name: str = typer.Argument(..., help="Client name."),
-               inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-               no_apply: bool = NoApplyOpt, state_dir: Optional[str] = StateDirOpt,
-               fanout: Optional[int] = FanoutOpt, connect_timeout: Optional[float] = ConnectTimeoutOpt,
-               host_key_policy: Optional[str] = HostKeyOpt, ask_become_pass: bool = AskBecomePassOpt) -> None:
+""",
+)
+def key_revoke(
+    name: str = typer.Argument(..., help="Client name."),
+    inventory: Optional[str] = InventoryOpt,
+    json_out: bool = JsonOpt,
+    no_apply: bool = NoApplyOpt,
+    state_dir: Optional[str] = StateDirOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+) -> None:
     from clusterctl.deploy.state import utc_now, who_am_i
     from clusterctl.gateway import keys as gwkeys
 
@@ -441,38 +614,65 @@ def key_revoke(name: str = typer.Argument(..., help="Client name."),
     _key_audit(directory, "revoke", name, rec.sha256[:12])
     if not json_out:
         err_console.print(f"client {name}: key revoked (fingerprint {rec.sha256[:12]})", markup=False)
-    code = _push_keys(inv, directory, json_out, no_apply, fanout=fanout, connect_timeout=connect_timeout,
-                      host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
+    code = _push_keys(
+        inv,
+        directory,
+        json_out,
+        no_apply,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=host_key_policy,
+        ask_become_pass=ask_become_pass,
+    )
     if json_out:
-        print_json({"revoked": name, "fingerprint": rec.sha256[:12], "applied": not no_apply,
-                    "exit_code": int(code)})
+        print_json({"revoked": name, "fingerprint": rec.sha256[:12], "applied": not no_apply, "exit_code": int(code)})
     raise typer.Exit(int(code))
 
 
-@key_app.command("list", help="""List the clients with a key: name, fingerprint (first 12 hex of the
+@key_app.command(
+    "list",
+    help="""List the clients with a key: name, fingerprint (first 12 hex of the
 key's SHA-256), created, by whom, limits. Never shows a key.
 
 Example:
 
   clusterctl gateway key list --json
-""")
-def key_list(inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-             state_dir: Optional[str] = StateDirOpt) -> None:
+""",
+)
+def key_list(
+    inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt, state_dir: Optional[str] = StateDirOpt
+) -> None:
     from clusterctl.gateway import keys as gwkeys
 
     inv, gw, directory, clients = _gateway_store(inventory, state_dir, gwkeys.load)
     if json_out:
-        print_json({"auth": gw.auth, "clients": [c.to_json() for c in clients],
-                    "defaults": {"requests_per_second": gw.key_requests_per_second, "burst": gw.key_burst,
-                                 "streams": gw.key_streams}})
+        print_json(
+            {
+                "auth": gw.auth,
+                "clients": [c.to_json() for c in clients],
+                "defaults": {
+                    "requests_per_second": gw.key_requests_per_second,
+                    "burst": gw.key_burst,
+                    "streams": gw.key_streams,
+                },
+            }
+        )
         raise typer.Exit(0)
     if gw.auth != "keys":
         err_console.print("gateway.auth is 'none': keys are not checked", markup=False)
     for c in clients:
-        lim = ", ".join(f"{k} {v}" for k, v in (("rps", c.requests_per_second), ("burst", c.burst),
-                                                 ("streams", c.streams)) if v is not None) or "default limits"
+        lim = (
+            ", ".join(
+                f"{k} {v}"
+                for k, v in (("rps", c.requests_per_second), ("burst", c.burst), ("streams", c.streams))
+                if v is not None
+            )
+            or "default limits"
+        )
         console.print(f"{c.name}  {c.sha256[:12]}  created {c.created} by {c.by}  ({lim})", markup=False)
     if not clients:
-        console.print("no client keys" + (": every request is refused (401); "
-                                          "`clusterctl gateway key add NAME`" if gw.auth == "keys" else ""),
-                      markup=False)
+        console.print(
+            "no client keys"
+            + (": every request is refused (401); `clusterctl gateway key add NAME`" if gw.auth == "keys" else ""),
+            markup=False,
+        )

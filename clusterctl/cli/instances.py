@@ -21,9 +21,25 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (InventoryOpt, JsonOpt, cluster_line, cluster_meta, console, err_console, fail,
-                                   load_inventory, print_json)
-from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, instances_wanted, inventory_fleet
+from clusterctl.cli._common import (
+    InventoryOpt,
+    JsonOpt,
+    cluster_line,
+    cluster_meta,
+    console,
+    err_console,
+    fail,
+    load_inventory,
+    print_json,
+)
+from clusterctl.cli._hosts import (
+    AskBecomePassOpt,
+    ConnectTimeoutOpt,
+    FanoutOpt,
+    HostKeyOpt,
+    instances_wanted,
+    inventory_fleet,
+)
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
@@ -82,8 +98,11 @@ Example:
 }
 
 STYLE = {"OK": "green", "WARN": "yellow", "CRIT": "bold red", "UNKNOWN": "magenta"}
-StateDirOpt = typer.Option(None, "--state-dir", help="Deploy state directory (placements) "
-                           "[default: $CLUSTERCTL_STATE_DIR, then the user state dir]/deploy.")
+StateDirOpt = typer.Option(
+    None,
+    "--state-dir",
+    help="Deploy state directory (placements) [default: $CLUSTERCTL_STATE_DIR, then the user state dir]/deploy.",
+)
 
 
 def _marked_down(inv: Any, directory: Any) -> dict[str, str]:
@@ -118,13 +137,26 @@ def render_table(rows: list[Any], group_by: str) -> Any:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for col in ("host" if group_by == "host" else "template", "instance", "state", "rst", "up", "engine", "model",
-                "gpus", "kv", "run/wait", "tok/s", "load"):
+    for col in (
+        "host" if group_by == "host" else "template",
+        "instance",
+        "state",
+        "rst",
+        "up",
+        "engine",
+        "model",
+        "gpus",
+        "kv",
+        "run/wait",
+        "tok/s",
+        "load",
+    ):
         table.add_column(col, no_wrap=True)
     table.add_column("note", overflow="fold", min_width=12)
 
     def key(r: Any) -> str:
         return (r.host if group_by == "host" else r.template) or "-"
+
     prev = None
     for r in sorted(rows, key=lambda r: (key(r), r.name)):
         group = key(r)
@@ -134,13 +166,20 @@ def render_table(rows: list[Any], group_by: str) -> Any:
         if r.active and r.state != "serving" and r.active not in note:
             note = f"unit {r.active}/{r.sub}" + (f"; {note}" if note else "")
         table.add_row(
-            escape(group) if group != prev else "", escape(r.name),
-            f"[{STYLE[r.severity.name]}]{escape(r.state)}[/]", _num(r.restarts), _age(r.up_s),
+            escape(group) if group != prev else "",
+            escape(r.name),
+            f"[{STYLE[r.severity.name]}]{escape(r.state)}[/]",
+            _num(r.restarts),
+            _age(r.up_s),
             escape(r.running_version or r.engine_version or r.engine or "-"),
-            escape(r.model_version or r.model or "-"), escape(_gpu_list(r.gpus)),
+            escape(r.model_version or r.model or "-"),
+            escape(_gpu_list(r.gpus)),
             _num(None if r.kv_usage is None else r.kv_usage * 100, "{:.0f}%"),
-            "-" if r.running is None else f"{r.running:.0f}/{r.waiting or 0:.0f}", _num(r.tokens_per_s, "{:.0f}"),
-            _num(r.load, "{:.2f}"), escape(note))
+            "-" if r.running is None else f"{r.running:.0f}/{r.waiting or 0:.0f}",
+            _num(r.tokens_per_s, "{:.0f}"),
+            _num(r.load, "{:.2f}"),
+            escape(note),
+        )
         prev = group
     return table
 
@@ -155,23 +194,34 @@ def _gpu_list(gpus: tuple[str, ...]) -> str:
     return ",".join(gpus)
 
 
-def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: globs, comma-separated [all].", autocompletion=_complete.instances),
-           inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-           window: float = typer.Option(10.0, "--window", min=0.0,
-                                        help="Seconds between the two /metrics samples (throughput); 0: one."),
-           group_by: str = typer.Option("host", "--group-by", help="Group rows by host or template."),
-           state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
-           connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
-           ask_become_pass: bool = AskBecomePassOpt,
-           watch: bool = typer.Option(False, "--watch", "-w", help="Refresh in place until Ctrl-C: worst first, "
-                                      "grouped by template past --top instances."),
-           interval: float = typer.Option(5.0, "--interval", min=0.0, help="With --watch: seconds between refreshes."),
-           sort: str = typer.Option("load", "--sort", help="With --watch: load, kv, queue, tps, ttft, restarts or name "
-                                    "(after health)."),
-           top: Optional[int] = typer.Option(None, "--top", min=1, help="With --watch: instances shown [default: "
-                                             "what fits]."),
-           count: Optional[int] = typer.Option(None, "--count", min=1, help="With --watch: stop after N refreshes.")
-           ) -> None:
+def status(
+    pattern: Optional[str] = typer.Argument(
+        None, help="Instance names: globs, comma-separated [all].", autocompletion=_complete.instances
+    ),
+    inventory: Optional[str] = InventoryOpt,
+    json_out: bool = JsonOpt,
+    window: float = typer.Option(
+        10.0, "--window", min=0.0, help="Seconds between the two /metrics samples (throughput); 0: one."
+    ),
+    group_by: str = typer.Option("host", "--group-by", help="Group rows by host or template."),
+    state_dir: Optional[str] = StateDirOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    watch: bool = typer.Option(
+        False,
+        "--watch",
+        "-w",
+        help="Refresh in place until Ctrl-C: worst first, grouped by template past --top instances.",
+    ),
+    interval: float = typer.Option(5.0, "--interval", min=0.0, help="With --watch: seconds between refreshes."),
+    sort: str = typer.Option(
+        "load", "--sort", help="With --watch: load, kv, queue, tps, ttft, restarts or name (after health)."
+    ),
+    top: Optional[int] = typer.Option(None, "--top", min=1, help="With --watch: instances shown [default: what fits]."),
+    count: Optional[int] = typer.Option(None, "--count", min=1, help="With --watch: stop after N refreshes."),
+) -> None:
     from clusterctl.deploy.status.instances import collect_status, exit_code, match_instances
     from clusterctl.deploy.status.routers import router_instances
 
@@ -186,8 +236,14 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
     if not selected and not everything:
         fail(f"pattern {pattern!r} selects no instance of the inventory")
     hosts = list(inv.hosts) if everything else sorted({g.host for i in selected.values() for g in i.placement})
-    fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
-                   ask_become_pass=ask_become_pass)
+    fleet = inventory_fleet(
+        inv,
+        hosts,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=host_key_policy,
+        ask_become_pass=ask_become_pass,
+    )
     from clusterctl.cli._progress import Lines
 
     notes = Lines(not json_out)  # a line on stderr per step, nothing with --json
@@ -197,21 +253,40 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
         if sort not in SORTS:
             fail(f"--sort must be one of {', '.join(SORTS)} (got {sort!r})")
         with fleet:
-            code = run_watch(lambda: collect_status(inv, selected, fleet, window=min(window, max(interval - 0.5, 0.0)),
-                                                    state_dir=directory, include_extra=everything,
-                                                    marked_down=_marked_down(inv, directory)),
-                             interval=interval, sort=sort, top=top, count=count, json_out=json_out, console=console)
+            code = run_watch(
+                lambda: collect_status(
+                    inv,
+                    selected,
+                    fleet,
+                    window=min(window, max(interval - 0.5, 0.0)),
+                    state_dir=directory,
+                    include_extra=everything,
+                    marked_down=_marked_down(inv, directory),
+                ),
+                interval=interval,
+                sort=sort,
+                top=top,
+                count=count,
+                json_out=json_out,
+                console=console,
+            )
         raise typer.Exit(code)
     with fleet:
-        rows = collect_status(inv, selected, fleet, window=window, state_dir=directory, include_extra=everything,
-                              marked_down=_marked_down(inv, directory),
-                              on_event=notes.note)
+        rows = collect_status(
+            inv,
+            selected,
+            fleet,
+            window=window,
+            state_dir=directory,
+            include_extra=everything,
+            marked_down=_marked_down(inv, directory),
+            on_event=notes.note,
+        )
     for w in fleet.warnings:
         err_console.print(f"warning: {w}", markup=False)
     code = exit_code(rows)
     if json_out:
-        print_json({"instances": [r.to_json() for r in rows], "window_s": window, "exit_code": code,
-                    **cluster_meta()})
+        print_json({"instances": [r.to_json() for r in rows], "window_s": window, "exit_code": code, **cluster_meta()})
     elif rows:
         # Piped output is not cut to 80 columns: one full row per instance for grep.
         from rich.console import Console
@@ -226,17 +301,26 @@ def status(pattern: Optional[str] = typer.Argument(None, help="Instance names: g
 
 
 def _action(action: str) -> Any:
-    def command(pattern: str = typer.Argument(..., help="Instance names: globs, comma-separated.", autocompletion=_complete.instances),
-                inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-                drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0.0,
-                                                    help="Seconds to wait for in-flight requests (stop, restart)."),
-                no_drain: bool = typer.Option(False, "--no-drain", help="Stop or restart without draining."),
-                health_timeout: float = typer.Option(900.0, "--health-timeout", min=1.0,
-                                                     help="Seconds to wait for /health (start, restart)."),
-                poll: float = typer.Option(1.0, "--poll", min=0.1, help="Seconds between drain/health polls."),
-                state_dir: Optional[str] = StateDirOpt, fanout: Optional[int] = FanoutOpt,
-                connect_timeout: Optional[float] = ConnectTimeoutOpt,
-                host_key_policy: Optional[str] = HostKeyOpt, ask_become_pass: bool = AskBecomePassOpt) -> None:
+    def command(
+        pattern: str = typer.Argument(
+            ..., help="Instance names: globs, comma-separated.", autocompletion=_complete.instances
+        ),
+        inventory: Optional[str] = InventoryOpt,
+        json_out: bool = JsonOpt,
+        drain_timeout: float = typer.Option(
+            120.0, "--drain-timeout", min=0.0, help="Seconds to wait for in-flight requests (stop, restart)."
+        ),
+        no_drain: bool = typer.Option(False, "--no-drain", help="Stop or restart without draining."),
+        health_timeout: float = typer.Option(
+            900.0, "--health-timeout", min=1.0, help="Seconds to wait for /health (start, restart)."
+        ),
+        poll: float = typer.Option(1.0, "--poll", min=0.1, help="Seconds between drain/health polls."),
+        state_dir: Optional[str] = StateDirOpt,
+        fanout: Optional[int] = FanoutOpt,
+        connect_timeout: Optional[float] = ConnectTimeoutOpt,
+        host_key_policy: Optional[str] = HostKeyOpt,
+        ask_become_pass: bool = AskBecomePassOpt,
+    ) -> None:
         from rich.markup import escape
 
         from clusterctl.deploy.rollout.drain import gateway_for
@@ -256,30 +340,52 @@ def _action(action: str) -> Any:
         except ClusterctlError as e:
             fail(f"gateway: {e}")
         hosts = sorted({g.host for i in insts for g in i.placement})
-        fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy,
-                       ask_become_pass=ask_become_pass)
+        fleet = inventory_fleet(
+            inv,
+            hosts,
+            fanout=fanout,
+            connect_timeout=connect_timeout,
+            host_key_policy=host_key_policy,
+            ask_become_pass=ask_become_pass,
+        )
         from clusterctl.cli._progress import Lines
 
         say = Lines(not json_out).note
         with fleet:
-            results = run_action(inv, fleet, insts, action, drain_first=not no_drain,  # type: ignore[arg-type]
-                                 drain_timeout=drain_timeout, poll=poll, health_timeout=health_timeout,
-                                 gateway=gateway, on_event=say, wanted=wanted)
+            results = run_action(
+                inv,
+                fleet,
+                insts,
+                action,  # type: ignore[arg-type]
+                drain_first=not no_drain,
+                drain_timeout=drain_timeout,
+                poll=poll,
+                health_timeout=health_timeout,
+                gateway=gateway,
+                on_event=say,
+                wanted=wanted,
+            )
         code = ExitCode.OK if all(r.ok for r in results) else ExitCode.CRIT
         if json_out:
             print_json({"action": action, "results": [r.to_json() for r in results], "exit_code": int(code)})
         else:
             for r in results:
                 d = r.drain
-                drained = ("" if d is None else
-                           f", drained in {d.waited_s:.1f} s" if d.drained else
-                           f", drain timed out after {d.waited_s:.1f} s with {d.remaining} in flight")
+                drained = (
+                    ""
+                    if d is None
+                    else f", drained in {d.waited_s:.1f} s"
+                    if d.drained
+                    else f", drain timed out after {d.waited_s:.1f} s with {d.remaining} in flight"
+                )
                 health = f", healthy after {r.healthy_after_s:.1f} s" if r.healthy_after_s is not None else ""
                 if r.units:  # a multi-node replica: every member, in the order acted on
                     health += f" (units: {', '.join(r.units)})"
                 verdict = "[green]ok[/]" if r.ok else "[bold red]FAILED[/]"
-                console.print(f"{verdict} {action} " + escape(f"{r.instance} on {r.host}{drained}{health}"
-                                                               + (f": {r.error}" if r.error else "")))
+                console.print(
+                    f"{verdict} {action} "
+                    + escape(f"{r.instance} on {r.host}{drained}{health}" + (f": {r.error}" if r.error else ""))
+                )
         raise typer.Exit(int(code))
 
     command.__doc__ = ACTION_HELP[action]

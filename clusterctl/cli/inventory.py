@@ -16,7 +16,14 @@ from rich.table import Table
 
 from clusterctl.cli import _complete
 from clusterctl.cli._common import (
-    InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, user_config,
+    InventoryOpt,
+    JsonOpt,
+    console,
+    err_console,
+    fail,
+    load_inventory,
+    print_json,
+    user_config,
 )
 from clusterctl.config import resolve_inventory_path
 from clusterctl.errors import ClusterctlError, InventoryError
@@ -55,8 +62,7 @@ def validate(
         inv = _load(path, force=force)
     except InventoryError as e:
         if as_json:
-            print_json({"ok": False, "inventory": path,
-                        "problems": [dataclasses.asdict(p) for p in e.problems]})
+            print_json({"ok": False, "inventory": path, "problems": [dataclasses.asdict(p) for p in e.problems]})
         else:
             for p in e.problems:
                 console.print(str(p), markup=False)
@@ -64,12 +70,22 @@ def validate(
             n_warn = len(e.problems) - n_err
             err_console.print(f"FAILED: {n_err} error(s), {n_warn} warning(s) in {path}", markup=False)
         raise typer.Exit(USAGE_ERROR)
-    summary = (f"OK: {len(inv.hosts)} hosts, {len(inv.groups)} groups, "
-               f"{len(inv.instances)} instances, {len(inv.templates)} templates")
+    summary = (
+        f"OK: {len(inv.hosts)} hosts, {len(inv.groups)} groups, "
+        f"{len(inv.instances)} instances, {len(inv.templates)} templates"
+    )
     if as_json:
-        print_json({"ok": True, "inventory": path, "hosts": len(inv.hosts), "groups": len(inv.groups),
-                    "instances": len(inv.instances), "templates": len(inv.templates),
-                    "warnings": inv.warnings})
+        print_json(
+            {
+                "ok": True,
+                "inventory": path,
+                "hosts": len(inv.hosts),
+                "groups": len(inv.groups),
+                "instances": len(inv.instances),
+                "templates": len(inv.templates),
+                "warnings": inv.warnings,
+            }
+        )
         return
     for w in inv.warnings:
         err_console.print(f"warning: {w}", markup=False)
@@ -94,23 +110,24 @@ def show(inventory: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> No
         err_console.print(f"warning: {w}", markup=False)
     console.print(_hosts_table(list(inv.hosts.values())))
     f = inv.fabric
-    console.print(f"fabric: {f.kind}, trust {f.trust}, PFC priority {f.pfc_priority}, "
-                  f"RoCE DSCP {f.roce_dscp}, CNP DSCP {f.cnp_dscp}, MTU {f.mtu}", markup=False)
+    console.print(
+        f"fabric: {f.kind}, trust {f.trust}, PFC priority {f.pfc_priority}, "
+        f"RoCE DSCP {f.roce_dscp}, CNP DSCP {f.cnp_dscp}, MTU {f.mtu}",
+        markup=False,
+    )
     if inv.instances:
         t = Table(title="instances", title_justify="left")
         for col in ("instance", "model", "engine", "placement", "tp", "port", "role"):
             t.add_column(col)
         for i in inv.instances.values():
-            t.add_row(i.name, i.model, i.engine, fold(str(g) for g in i.placement), str(i.tp_size),
-                      str(i.port), i.role)
+            t.add_row(i.name, i.model, i.engine, fold(str(g) for g in i.placement), str(i.tp_size), str(i.port), i.role)
         console.print(t)
     if inv.templates:
         t = Table(title="templates", title_justify="left")
         for col in ("template", "model", "engine", "replicas x tp", "hosts", "port base", "role"):
             t.add_column(col)
         for tp in inv.templates.values():
-            t.add_row(tp.name, tp.model, tp.engine, f"{tp.replicas} x {tp.tp}", tp.hosts,
-                      str(tp.port_base), tp.role)
+            t.add_row(tp.name, tp.model, tp.engine, f"{tp.replicas} x {tp.tp}", tp.hosts, str(tp.port_base), tp.role)
         console.print(t)
     if inv.pd_pools:
         t = Table(title="prefill/decode pools", title_justify="left")
@@ -118,15 +135,25 @@ def show(inventory: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> No
             t.add_column(col)
         for p in inv.pd_pools.values():
             pre, dec = pd_ratio(inv, p)
-            t.add_row(p.name, p.model, p.connector, f"{pre}:{dec}", ", ".join(p.prefill), ", ".join(p.decode),
-                      f"{p.router.host}:{p.router.port} ({p.router.policy})")
+            t.add_row(
+                p.name,
+                p.model,
+                p.connector,
+                f"{pre}:{dec}",
+                ", ".join(p.prefill),
+                ", ".join(p.decode),
+                f"{p.router.host}:{p.router.port} ({p.router.policy})",
+            )
         console.print(t)
 
 
 @app.command()
 def hosts(
-    pattern: str = typer.Argument(..., help="Host pattern: names, ranges, @group, label=value, "
-                                            "!exclusion, & intersection, @failed.", autocompletion=_complete.hosts),
+    pattern: str = typer.Argument(
+        ...,
+        help="Host pattern: names, ranges, @group, label=value, !exclusion, & intersection, @failed.",
+        autocompletion=_complete.hosts,
+    ),
     inventory: Optional[str] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -147,9 +174,17 @@ def hosts(
         fail(str(e))
     nodeset = fold(h.name for h in selected)
     if as_json:
-        print_json({"pattern": pattern, "nodeset": nodeset, "count": len(selected),
-                    "hosts": [{"name": h.name, "address": h.address, "groups": list(h.groups),
-                               "labels": h.labels} for h in selected]})
+        print_json(
+            {
+                "pattern": pattern,
+                "nodeset": nodeset,
+                "count": len(selected),
+                "hosts": [
+                    {"name": h.name, "address": h.address, "groups": list(h.groups), "labels": h.labels}
+                    for h in selected
+                ],
+            }
+        )
     else:
         for h in selected:
             typer.echo(f"{h.name}\t{h.address}")
@@ -161,10 +196,10 @@ def hosts(
 
 @app.command("import-ansible")
 def import_ansible(
-    source: Path = typer.Argument(..., help="Ansible inventory file (INI or YAML); group_vars/ "
-                                            "and host_vars/ next to it are read too."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Write here (atomically) instead of stdout."),
+    source: Path = typer.Argument(
+        ..., help="Ansible inventory file (INI or YAML); group_vars/ and host_vars/ next to it are read too."
+    ),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (atomically) instead of stdout."),
 ) -> None:
     """Convert an Ansible inventory into a clusterctl inventory (schema 1).
 
@@ -197,8 +232,11 @@ def import_ansible(
         write_atomic(output.resolve(), text, mode=0o600, make_dirs=False)
     except OSError as e:
         fail(f"cannot write {output}: {e.strerror}")
-    err_console.print(f"wrote {output}: {len(result.data.get('hosts', {}))} host entries, "
-                      f"{len(result.data.get('groups', {}))} groups", markup=False)
+    err_console.print(
+        f"wrote {output}: {len(result.data.get('hosts', {}))} host entries, "
+        f"{len(result.data.get('groups', {}))} groups",
+        markup=False,
+    )
 
 
 def _previous_failed(inv: Inventory) -> list[str] | None:
@@ -212,6 +250,7 @@ def _previous_failed(inv: Inventory) -> list[str] | None:
 
 
 # --------------------------------------------------------------- rendering
+
 
 def _gpu_text(h: Host) -> str:
     g = h.gpus
@@ -263,6 +302,7 @@ def _fold_or_list(values: list[str]) -> str:
 def _redacted(env: dict[str, str]) -> dict[str, str]:
     """Env with the values of secret-looking names (``VLLM_API_KEY``) replaced by ``***``."""
     from clusterctl.deploy.units.secrets import looks_secret
+
     return {k: "***" if looks_secret(k) else v for k, v in env.items()}
 
 
@@ -271,6 +311,7 @@ def inventory_json(inv: Inventory) -> dict[str, Any]:
 
     Environment values whose names look secret are shown as ``***``.
     """
+
     def conv(obj: Any) -> Any:
         return dataclasses.asdict(obj)
 
@@ -281,8 +322,10 @@ def inventory_json(inv: Inventory) -> dict[str, Any]:
         "fabric": conv(inv.fabric),
         "engines": [conv(e) for e in inv.engines.values()],
         "models": [conv(m) for m in inv.models.values()],
-        "instances": [dict(conv(i), placement=[str(g) for g in i.placement], tp=i.tp_size,
-                           env=_redacted(i.env)) for i in inv.instances.values()],
+        "instances": [
+            dict(conv(i), placement=[str(g) for g in i.placement], tp=i.tp_size, env=_redacted(i.env))
+            for i in inv.instances.values()
+        ],
         "templates": [dict(conv(t), env=_redacted(t.env)) for t in inv.templates.values()],
         "pd_pools": [dict(conv(p), ratio=list(pd_ratio(inv, p))) for p in inv.pd_pools.values()],
         "warnings": inv.warnings,

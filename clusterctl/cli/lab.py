@@ -21,7 +21,9 @@ app = typer.Typer(
     help="A local lab of systemd-nspawn hosts with simulated GPUs and NICs (root only).\n\n"
     "Example: sudo clusterctl lab up --hosts 4 && clusterctl -i "
     "/var/lib/clusterctl-lab/inventory.yaml ping all",
-    no_args_is_help=True, rich_markup_mode=None)
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 
 
 def _progress(line: str) -> None:
@@ -47,13 +49,13 @@ def _root() -> None:
 
 
 @app.command()
-def up(hosts: int = typer.Option(4, "--hosts", "-n", min=1, help="Number of hosts."),
-       gpus_per_host: int = typer.Option(8, "--gpus-per-host", min=0, max=16,
-                                         help="Simulated GPUs per host."),
-       gpu_model: str = typer.Option("H100-SXM5-80GB", "--gpu-model", help="Simulated GPU model."),
-       light: bool = typer.Option(False, "--light",
-                                  help="sshd-only hosts on 127.1.x.y for scale tests (no systemd)."),
-       json_out: bool = JsonOpt) -> None:
+def up(
+    hosts: int = typer.Option(4, "--hosts", "-n", min=1, help="Number of hosts."),
+    gpus_per_host: int = typer.Option(8, "--gpus-per-host", min=0, max=16, help="Simulated GPUs per host."),
+    gpu_model: str = typer.Option("H100-SXM5-80GB", "--gpu-model", help="Simulated GPU model."),
+    light: bool = typer.Option(False, "--light", help="sshd-only hosts on 127.1.x.y for scale tests (no systemd)."),
+    json_out: bool = JsonOpt,
+) -> None:
     """Bring the lab up and write its inventory (idempotent).
 
     Builds and caches the Debian template on first use (about a minute).
@@ -79,15 +81,19 @@ def up(hosts: int = typer.Option(4, "--hosts", "-n", min=1, help="Number of host
     from clusterctl.lab import manager
 
     try:
-        res = manager.up(cfg, hosts=hosts, gpus_per_host=gpus_per_host, gpu_model=gpu_model,
-                         on_event=_progress)
+        res = manager.up(cfg, hosts=hosts, gpus_per_host=gpus_per_host, gpu_model=gpu_model, on_event=_progress)
     except LabError as e:
         fail(str(e))
     if json_out:
-        print_json({"inventory": str(res.inventory), "already_up": res.already_up,
-                    "ready_s": res.ready_s, "template_s": res.template_s,
-                    "hosts": [{"name": h.spec.name, "address": h.spec.address}
-                              for h in res.state.hosts]})
+        print_json(
+            {
+                "inventory": str(res.inventory),
+                "already_up": res.already_up,
+                "ready_s": res.ready_s,
+                "template_s": res.template_s,
+                "hosts": [{"name": h.spec.name, "address": h.spec.address} for h in res.state.hosts],
+            }
+        )
     else:
         console.print(f"inventory: {res.inventory}", markup=False)
 
@@ -111,13 +117,15 @@ def down() -> None:
 
 
 @app.command()
-def workload(out: Optional[str] = typer.Option(None, "--out", "-o",
-                                               help="Inventory to write [default: LAB_DIR/workload.yaml]."),
-             replicas: int = typer.Option(8, "--replicas", min=1, help="Replicas of the demo template (TP 1)."),
-             gateway: Optional[str] = typer.Option(None, "--gateway", help="Host nginx runs on [default: the first]."),
-             time_scale: float = typer.Option(0.0, "--time-scale", min=0.0,
-                                              help="Simulator time scale (0: instant; 1: real latencies)."),
-             json_out: bool = JsonOpt) -> None:
+def workload(
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Inventory to write [default: LAB_DIR/workload.yaml]."),
+    replicas: int = typer.Option(8, "--replicas", min=1, help="Replicas of the demo template (TP 1)."),
+    gateway: Optional[str] = typer.Option(None, "--gateway", help="Host nginx runs on [default: the first]."),
+    time_scale: float = typer.Option(
+        0.0, "--time-scale", min=0.0, help="Simulator time scale (0: instant; 1: real latencies)."
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
     """Write the lab's inventory plus a demo workload: a model, a template and a gateway.
 
     The model (tiny-qwen3, about 6.6 MB) is written under LAB_DIR/models/tiny on this
@@ -135,15 +143,24 @@ def workload(out: Optional[str] = typer.Option(None, "--out", "-o",
         fail(f"no lab inventory at {cfg.inventory_file}: run 'clusterctl lab up' first")
     target = Path(out) if out else cfg.lab_dir / "workload.yaml"
     try:
-        summary = wl.write(cfg.inventory_file, target, cfg.lab_dir / "models" / wl.MODEL, replicas=replicas,
-                           gateway_host=gateway, time_scale=time_scale)
+        summary = wl.write(
+            cfg.inventory_file,
+            target,
+            cfg.lab_dir / "models" / wl.MODEL,
+            replicas=replicas,
+            gateway_host=gateway,
+            time_scale=time_scale,
+        )
     except (OSError, KeyError, ValueError) as e:
         fail(f"lab workload: {e}")
     if json_out:
         print_json(summary)
     else:
-        console.print(f"{summary['inventory']}: {replicas} replicas of 'pool' (model tiny from "
-                      f"{summary['model_dir']}), gateway on {summary['gateway']}", markup=False)
+        console.print(
+            f"{summary['inventory']}: {replicas} replicas of 'pool' (model tiny from "
+            f"{summary['model_dir']}), gateway on {summary['gateway']}",
+            markup=False,
+        )
 
 
 @app.command()
@@ -169,7 +186,8 @@ def status(json_out: bool = JsonOpt) -> None:
     if not st.get("up"):
         raise typer.Exit(3)
     if any(not h.get("running", True) for h in st.get("hosts", [])) or any(
-            not (h.get("alive") and h.get("listening")) for h in st.get("light_hosts", [])):
+        not (h.get("alive") and h.get("listening")) for h in st.get("light_hosts", [])
+    ):
         raise typer.Exit(2)
 
 
@@ -191,10 +209,11 @@ def _print_status(st: dict[str, Any]) -> None:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def ssh(ctx: typer.Context,
-        host: str = typer.Argument(..., help="Lab host name or address."),
-        user: str = typer.Option("root", "--user", "-u", help="Login user (root or ops)."),
-        ) -> None:
+def ssh(
+    ctx: typer.Context,
+    host: str = typer.Argument(..., help="Lab host name or address."),
+    user: str = typer.Option("root", "--user", "-u", help="Login user (root or ops)."),
+) -> None:
     """Log in to a lab host, or run a command there (after `--`).
 
     Uses the lab's key and strict host key checking; exits with ssh's status.
@@ -237,13 +256,15 @@ def _option_pairs(args: list[str]) -> list[str]:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def inject(ctx: typer.Context,
-           host: str = typer.Argument(..., help="Lab host name."),
-           fault: str = typer.Argument(..., help="Fault name: bandwidth, loss, cut, freeze, "
-                                       "thaw, or a simulated-hardware fault."),
-           rate: Optional[str] = typer.Option(None, "--rate", help="bandwidth: e.g. 100mbit."),
-           percent: Optional[float] = typer.Option(None, "--percent", help="loss: percent dropped."),
-           ) -> None:
+def inject(
+    ctx: typer.Context,
+    host: str = typer.Argument(..., help="Lab host name."),
+    fault: str = typer.Argument(
+        ..., help="Fault name: bandwidth, loss, cut, freeze, thaw, or a simulated-hardware fault."
+    ),
+    rate: Optional[str] = typer.Option(None, "--rate", help="bandwidth: e.g. 100mbit."),
+    percent: Optional[float] = typer.Option(None, "--percent", help="loss: percent dropped."),
+) -> None:
     """Inject a fault into one lab host (undo with `lab heal`).
 
     Network faults: bandwidth --rate R, loss --percent P, cut, freeze, thaw.
@@ -259,8 +280,7 @@ def inject(ctx: typer.Context,
     cfg = _cfg()
     try:
         h = manager.find_host(cfg, host)
-        msg = faults.inject(cfg, h, fault, rate=rate, percent=percent,
-                            options=_option_pairs(list(ctx.args)))
+        msg = faults.inject(cfg, h, fault, rate=rate, percent=percent, options=_option_pairs(list(ctx.args)))
     except LabError as e:
         fail(str(e))
     console.print(msg, markup=False)
@@ -285,8 +305,7 @@ def heal(host: Optional[str] = typer.Argument(None, help="Lab host name (default
 
 
 @app.command()
-def template(rebuild: bool = typer.Option(False, "--rebuild",
-                                          help="Build both layers again even if cached.")) -> None:
+def template(rebuild: bool = typer.Option(False, "--rebuild", help="Build both layers again even if cached.")) -> None:
     """Build (or show) the cached Debian template the hosts boot from.
 
     `lab up` builds it when missing; CI may call this first to time it.

@@ -69,8 +69,9 @@ class _Printer:
         if self.json_out:
             sys.stdout.write(json.dumps(line.to_json()) + "\n")
         elif not self.tty:
-            sys.stdout.write(f"{_stamp(line.time)} {line.host}/{line.source}".ljust(self.width + 25)
-                             + f" {line.text}\n")
+            sys.stdout.write(
+                f"{_stamp(line.time)} {line.host}/{line.source}".ljust(self.width + 25) + f" {line.text}\n"
+            )
         else:
             from rich.text import Text
 
@@ -78,14 +79,14 @@ class _Printer:
             t = Text(_stamp(line.time) + " ", style="dim")
             t.append(f"{line.host}/{line.source}".ljust(self.width), style=c)
             p = line.priority
-            t.append(" " + line.text, style="bold red" if p is not None and p <= 3 else
-                     "yellow" if p == 4 else "")
+            t.append(" " + line.text, style="bold red" if p is not None and p <= 3 else "yellow" if p == 4 else "")
             console.print(t, soft_wrap=True)
         sys.stdout.flush()
 
 
-def _queries(inv: Any, inv_path: Optional[str], targets: List[str], state_dir: Optional[str],
-             kernel: bool) -> dict[str, Any]:
+def _queries(
+    inv: Any, inv_path: Optional[str], targets: List[str], state_dir: Optional[str], kernel: bool
+) -> dict[str, Any]:
     """host -> HostQuery for the targets; exits 3 when a target names nothing."""
     from clusterctl.deploy.spec import unit_name
     from clusterctl.deploy.status.instances import match_instances
@@ -116,29 +117,37 @@ def _queries(inv: Any, inv_path: Optional[str], targets: List[str], state_dir: O
         if not hosts:
             fail(f"{t!r} selects neither an instance nor a host of the inventory")
         kern.update(h.name for h in hosts)
-    return {h: HostQuery(units=units.get(h, {}), kernel=h in kern)
-            for h in inv.hosts if h in units or h in kern}
+    return {h: HostQuery(units=units.get(h, {}), kernel=h in kern) for h in inv.hosts if h in units or h in kern}
 
 
-def logs(targets: List[str] = typer.Argument(..., help="Instance names/globs, or host patterns (kernel log).", autocompletion=_complete.targets),
-         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines as they are written."),
-         since: Optional[str] = typer.Option(None, "--since", help="Only lines newer than this: 90s, 10m, 2h, 1d "
-                                             "ago, or a date '2026-12-01 14:30'."),
-         grep: Optional[str] = typer.Option(None, "--grep", "-g", help="Only lines whose message matches this "
-                                            "regular expression (Python syntax)."),
-         lines: Optional[int] = typer.Option(None, "--lines", "-n", min=0,
-                                             help="Lines per host [default: 200; 10 with -f; all with --since]."),
-         kernel: bool = typer.Option(False, "--kernel", help="Also the kernel log of the instances' hosts."),
-         duration: Optional[float] = typer.Option(None, "--for", min=0.1,
-                                                  help="With -f: stop after this many seconds."),
-         inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt,
-         state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Deploy state directory (placed "
-                                                 "template replicas) [default: user config]."),
-         connect_timeout: Optional[float] = ConnectTimeoutOpt, host_key_policy: Optional[str] = HostKeyOpt,
-         ask_become_pass: bool = AskBecomePassOpt,
-         fanout: Optional[int] = typer.Option(None, "--fanout", min=1,
-                                              help="Hosts read at once without -f [default: user config, 64].")
-         ) -> None:
+def logs(
+    targets: List[str] = typer.Argument(
+        ..., help="Instance names/globs, or host patterns (kernel log).", autocompletion=_complete.targets
+    ),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines as they are written."),
+    since: Optional[str] = typer.Option(
+        None, "--since", help="Only lines newer than this: 90s, 10m, 2h, 1d ago, or a date '2026-12-01 14:30'."
+    ),
+    grep: Optional[str] = typer.Option(
+        None, "--grep", "-g", help="Only lines whose message matches this regular expression (Python syntax)."
+    ),
+    lines: Optional[int] = typer.Option(
+        None, "--lines", "-n", min=0, help="Lines per host [default: 200; 10 with -f; all with --since]."
+    ),
+    kernel: bool = typer.Option(False, "--kernel", help="Also the kernel log of the instances' hosts."),
+    duration: Optional[float] = typer.Option(None, "--for", min=0.1, help="With -f: stop after this many seconds."),
+    inventory: Optional[str] = InventoryOpt,
+    json_out: bool = JsonOpt,
+    state_dir: Optional[str] = typer.Option(
+        None, "--state-dir", help="Deploy state directory (placed template replicas) [default: user config]."
+    ),
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    fanout: Optional[int] = typer.Option(
+        None, "--fanout", min=1, help="Hosts read at once without -f [default: user config, 64]."
+    ),
+) -> None:
     from clusterctl.fleet import logs as core
 
     if duration is not None and not follow:
@@ -153,8 +162,9 @@ def logs(targets: List[str] = typer.Argument(..., help="Instance names/globs, or
     if not queries:
         fail("nothing to read: the instances selected have no placement")
     n = lines if lines is not None else (10 if follow else (None if since else 200))
-    width = max(len(f"{h}/{s}") for h, q in queries.items()
-                for s in list(q.units.values()) + (["kernel"] if q.kernel else []))
+    width = max(
+        len(f"{h}/{s}") for h, q in queries.items() for s in list(q.units.values()) + (["kernel"] if q.kernel else [])
+    )
     show = _Printer(json_out, min(width, 40))
     hosts = sorted(queries)
     if follow:
@@ -162,11 +172,19 @@ def logs(targets: List[str] = typer.Argument(..., help="Instance names/globs, or
 
         most = max_fanout_for_fds(raise_nofile_limit())
         if len(hosts) > most:
-            fail(f"-f needs one connection per host: {len(hosts)} hosts, but the open-file limit allows {most} "
-                 "(raise ulimit -n, or follow fewer hosts)")
+            fail(
+                f"-f needs one connection per host: {len(hosts)} hosts, but the open-file limit allows {most} "
+                "(raise ulimit -n, or follow fewer hosts)"
+            )
         fanout = len(hosts)
-    fleet = inventory_fleet(inv, hosts, fanout=fanout, connect_timeout=connect_timeout,
-                            host_key_policy=host_key_policy, ask_become_pass=ask_become_pass)
+    fleet = inventory_fleet(
+        inv,
+        hosts,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=host_key_policy,
+        ask_become_pass=ask_become_pass,
+    )
 
     def report(r: Any) -> None:
         if follow and core.follow_ended_normally(r, duration):
@@ -182,12 +200,22 @@ def logs(targets: List[str] = typer.Argument(..., help="Instance names/globs, or
     try:
         with fleet:
             if follow:
-                res = core.follow(fleet, queries, show, lines=n, since=since_arg, grep=pattern, duration=duration,
-                                  on_result=report, on_notice=notice)
+                res = core.follow(
+                    fleet,
+                    queries,
+                    show,
+                    lines=n,
+                    since=since_arg,
+                    grep=pattern,
+                    duration=duration,
+                    on_result=report,
+                    on_notice=notice,
+                )
                 failed = any(not core.follow_ended_normally(r, duration) for r in res)
             else:
-                out, res = core.read(fleet, queries, lines=n, since=since_arg, grep=pattern, on_result=report,
-                                     on_notice=notice)
+                out, res = core.read(
+                    fleet, queries, lines=n, since=since_arg, grep=pattern, on_result=report, on_notice=notice
+                )
                 for line in out:
                     show(line)
                 failed = any(not r.ok for r in res)

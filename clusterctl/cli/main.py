@@ -34,18 +34,64 @@ from clusterctl.exitcodes import INTERRUPTED, USAGE_ERROR
 
 #: Command modules in ``--help`` order: each adds its commands with ``register(app)``
 #: or is a group ``app`` added under its name.
-_MODULES = ("inventory", "fleet", "facts", "doctor", "collect", "stage", "deploy", "instances", "placement", "gateway", "failover", "autoscale", "bench", "drift",
-            "net", "node", "engine", "lab", "report", "logs", "planned")
+_MODULES = (
+    "inventory",
+    "fleet",
+    "facts",
+    "doctor",
+    "collect",
+    "stage",
+    "deploy",
+    "instances",
+    "placement",
+    "gateway",
+    "failover",
+    "autoscale",
+    "bench",
+    "drift",
+    "net",
+    "node",
+    "engine",
+    "lab",
+    "report",
+    "logs",
+    "planned",
+)
 _GROUPS = {"inventory", "lab", "report", "drift", "gateway", "net", "node", "engine"}
 #: The module that owns each top-level command; a command not named here (the
 #: planned ones) is found by registering everything.
-_OWNER = {"inventory": "inventory", "exec": "fleet", "ping": "fleet", "facts": "facts", "lab": "lab",
-          "doctor": "doctor", "doctor-ack": "doctor", "collect": "collect", "stage": "stage", "deploy": "deploy", "rollback": "deploy",
-          "report": "report", "bench": "bench", "drift": "drift", "gateway": "gateway",
-          "status": "instances", "start": "instances", "stop": "instances", "restart": "instances",
-          "cordon": "placement", "uncordon": "placement", "cordons": "placement", "scale": "placement",
-          "placement": "placement", "failover": "failover", "autoscale": "autoscale", "logs": "logs", "net": "net",
-          "node": "node", "engine": "engine"}
+_OWNER = {
+    "inventory": "inventory",
+    "exec": "fleet",
+    "ping": "fleet",
+    "facts": "facts",
+    "lab": "lab",
+    "doctor": "doctor",
+    "doctor-ack": "doctor",
+    "collect": "collect",
+    "stage": "stage",
+    "deploy": "deploy",
+    "rollback": "deploy",
+    "report": "report",
+    "bench": "bench",
+    "drift": "drift",
+    "gateway": "gateway",
+    "status": "instances",
+    "start": "instances",
+    "stop": "instances",
+    "restart": "instances",
+    "cordon": "placement",
+    "uncordon": "placement",
+    "cordons": "placement",
+    "scale": "placement",
+    "placement": "placement",
+    "failover": "failover",
+    "autoscale": "autoscale",
+    "logs": "logs",
+    "net": "net",
+    "node": "node",
+    "engine": "engine",
+}
 
 
 def _version(value: bool) -> None:
@@ -54,10 +100,12 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the version and exit."),
-          debug: bool = typer.Option(False, "--debug",
-                                     help="On an unexpected error, print its traceback (any position).")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(False, "--debug", help="On an unexpected error, print its traceback (any position)."),
+) -> None:
     """Bring up and diagnose bare-metal vLLM inference clusters over SSH."""
 
 
@@ -99,8 +147,8 @@ def _command_name(argv: list[str]) -> str | None:
 def _subcommand_alias(args: list[str]) -> list[str]:
     """``doctor ack ...`` runs the ``doctor-ack`` command (``doctor`` itself takes a host pattern)."""
     i = next((n for n, a in enumerate(args) if not a.startswith("-")), None)
-    if i is not None and args[i:i + 2] == ["doctor", "ack"]:
-        return args[:i] + ["doctor-ack"] + args[i + 2:]
+    if i is not None and args[i : i + 2] == ["doctor", "ack"]:
+        return args[:i] + ["doctor-ack"] + args[i + 2 :]
     return args
 
 

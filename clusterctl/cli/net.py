@@ -8,12 +8,23 @@ import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
-from clusterctl.cli._plan_views import (DetailedOpt, HostsOpt, MaxFailOpt, PlanOpt, SerialOpt, finish, prepare,
-                                        stderr_events)
+from clusterctl.cli._plan_views import (
+    DetailedOpt,
+    HostsOpt,
+    MaxFailOpt,
+    PlanOpt,
+    SerialOpt,
+    finish,
+    prepare,
+    stderr_events,
+)
 
-app = typer.Typer(help="The data network: apply the inventory's RoCE QoS profile to the NICs.",
-                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
-                  rich_markup_mode=None)
+app = typer.Typer(
+    help="The data network: apply the inventory's RoCE QoS profile to the NICs.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+)
 
 APPLY_HELP = """Make every RoCE NIC match the inventory's fabric profile: trust mode, PFC on
 the RoCE priority only, the RoCE DSCP on that priority, ECN (notification and
@@ -48,20 +59,32 @@ Examples:
 
 
 @app.command("apply", help=APPLY_HELP)
-def apply(inventory: Optional[str] = InventoryOpt,
-          plan_only: bool = PlanOpt,
-          detailed_exitcode: bool = DetailedOpt,
-          hosts_pattern: str = HostsOpt,
-          serial: Optional[str] = SerialOpt,
-          max_fail_percentage: float = MaxFailOpt,
-          as_json: bool = JsonOpt,
-          fanout: Optional[int] = FanoutOpt,
-          connect_timeout: Optional[float] = ConnectTimeoutOpt,
-          ask_become_pass: bool = AskBecomePassOpt,
-          host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def apply(
+    inventory: Optional[str] = InventoryOpt,
+    plan_only: bool = PlanOpt,
+    detailed_exitcode: bool = DetailedOpt,
+    hosts_pattern: str = HostsOpt,
+    serial: Optional[str] = SerialOpt,
+    max_fail_percentage: float = MaxFailOpt,
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.ops import bringup
 
-    request = prepare(inventory, hosts_pattern, serial, max_fail_percentage, plan_only, detailed_exitcode,
-                      host_key_policy, fanout, connect_timeout, ask_become_pass)
+    request = prepare(
+        inventory,
+        hosts_pattern,
+        serial,
+        max_fail_percentage,
+        plan_only,
+        detailed_exitcode,
+        host_key_policy,
+        fanout,
+        connect_timeout,
+        ask_become_pass,
+    )
     on_event = stderr_events(not as_json)
     finish(lambda: bringup.net_apply(request, on_event), plan_only, detailed_exitcode, as_json, "net apply")

@@ -8,12 +8,23 @@ import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
-from clusterctl.cli._plan_views import (DetailedOpt, HostsOpt, MaxFailOpt, PlanOpt, SerialOpt, finish, prepare,
-                                        stderr_events)
+from clusterctl.cli._plan_views import (
+    DetailedOpt,
+    HostsOpt,
+    MaxFailOpt,
+    PlanOpt,
+    SerialOpt,
+    finish,
+    prepare,
+    stderr_events,
+)
 
-app = typer.Typer(help="Node prerequisites: converge what instance units need on each host.",
-                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
-                  rich_markup_mode=None)
+app = typer.Typer(
+    help="Node prerequisites: converge what instance units need on each host.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+)
 
 SETUP_HELP = """Converge what vLLM instance units need on each host, like an Ansible
 play in check/diff mode first: nvidia-persistenced enabled and running (hosts
@@ -48,25 +59,46 @@ Examples:
 
 
 @app.command("setup", help=SETUP_HELP)
-def setup(inventory: Optional[str] = InventoryOpt,
-          plan_only: bool = PlanOpt,
-          revert: bool = typer.Option(False, "--revert", help="Put back what earlier applies replaced; remove "
-                                                              "what they wrote."),
-          detailed_exitcode: bool = DetailedOpt,
-          hosts_pattern: str = HostsOpt,
-          serial: Optional[str] = SerialOpt,
-          max_fail_percentage: float = MaxFailOpt,
-          as_json: bool = JsonOpt,
-          fanout: Optional[int] = FanoutOpt,
-          connect_timeout: Optional[float] = ConnectTimeoutOpt,
-          ask_become_pass: bool = AskBecomePassOpt,
-          host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def setup(
+    inventory: Optional[str] = InventoryOpt,
+    plan_only: bool = PlanOpt,
+    revert: bool = typer.Option(
+        False, "--revert", help="Put back what earlier applies replaced; remove what they wrote."
+    ),
+    detailed_exitcode: bool = DetailedOpt,
+    hosts_pattern: str = HostsOpt,
+    serial: Optional[str] = SerialOpt,
+    max_fail_percentage: float = MaxFailOpt,
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.ops import bringup
 
-    request = prepare(inventory, hosts_pattern, serial, max_fail_percentage, plan_only, detailed_exitcode,
-                      host_key_policy, fanout, connect_timeout, ask_become_pass)
+    request = prepare(
+        inventory,
+        hosts_pattern,
+        serial,
+        max_fail_percentage,
+        plan_only,
+        detailed_exitcode,
+        host_key_policy,
+        fanout,
+        connect_timeout,
+        ask_become_pass,
+    )
     on_event = stderr_events(not as_json)
     title = "node setup --revert" if revert else "node setup"
-    finish(lambda: bringup.node_setup(request, revert, on_event), plan_only, detailed_exitcode, as_json, title,
-           verb="to revert" if revert else "to change", empty="nothing recorded" if revert else "unchanged",
-           done=("changed", "reverted"), plan_json={"revert": revert})
+    finish(
+        lambda: bringup.node_setup(request, revert, on_event),
+        plan_only,
+        detailed_exitcode,
+        as_json,
+        title,
+        verb="to revert" if revert else "to change",
+        empty="nothing recorded" if revert else "unchanged",
+        done=("changed", "reverted"),
+        plan_json={"revert": revert},
+    )

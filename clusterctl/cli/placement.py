@@ -12,18 +12,32 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._common import (
+    InventoryOpt,
+    JsonOpt,
+    console,
+    err_console,
+    fail,
+    load_inventory,
+    print_json,
+    user_config,
+)
 from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
-StateDirOpt = typer.Option(None, "--state-dir", metavar="DIR",
-                           help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, "
-                                "else <config state_dir>/deploy].")
+StateDirOpt = typer.Option(
+    None,
+    "--state-dir",
+    metavar="DIR",
+    help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, else <config state_dir>/deploy].",
+)
 
-placement_app = typer.Typer(help="Show where template replicas are placed.\n\n"
-                            "Example:\n\n  clusterctl placement show --json",
-                            no_args_is_help=True, rich_markup_mode=None)
+placement_app = typer.Typer(
+    help="Show where template replicas are placed.\n\nExample:\n\n  clusterctl placement show --json",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 
 
 def state_store(state_dir: Optional[str]) -> Any:
@@ -49,10 +63,15 @@ def _stages(inst: Any) -> dict[str, list[int]]:
     return {h: [g.index for g in inst.placement if g.host == h] for h in dict.fromkeys(g.host for g in inst.placement)}
 
 
-def cordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A host, or one GPU of it.", autocompletion=_complete.hosts),
-           reason: str = typer.Option(..., "--reason", "-r", help="Why (shown in `cordons` and plans)."),
-           inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
-           as_json: bool = JsonOpt) -> None:
+def cordon(
+    target: str = typer.Argument(
+        ..., metavar="HOST|HOST:GPU", help="A host, or one GPU of it.", autocompletion=_complete.hosts
+    ),
+    reason: str = typer.Option(..., "--reason", "-r", help="Why (shown in `cordons` and plans)."),
+    inventory: Optional[str] = InventoryOpt,
+    state_dir: Optional[str] = StateDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
     from clusterctl.deploy.placement import cordon as ops
 
     inv = load_inventory(inventory)
@@ -64,17 +83,30 @@ def cordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A ho
     except ClusterctlError as e:
         fail(str(e))
     if as_json:
-        print_json({"target": tgt.key, "new": fresh, "reason": entry.reason, "who": entry.who,
-                    "when": entry.when, "replicas_staying": staying})
+        print_json(
+            {
+                "target": tgt.key,
+                "new": fresh,
+                "reason": entry.reason,
+                "who": entry.who,
+                "when": entry.when,
+                "replicas_staying": staying,
+            }
+        )
         return
     console.print(f"{'cordoned' if fresh else 'cordon updated:'} {tgt.key} ({entry.reason}; {entry.who}, {entry.when})")
     if staying:
         console.print(f"replicas still placed there (they stay until moved): {', '.join(staying)}")
 
 
-def uncordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A cordoned host or GPU.", autocompletion=_complete.hosts),
-             inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
-             as_json: bool = JsonOpt) -> None:
+def uncordon(
+    target: str = typer.Argument(
+        ..., metavar="HOST|HOST:GPU", help="A cordoned host or GPU.", autocompletion=_complete.hosts
+    ),
+    inventory: Optional[str] = InventoryOpt,
+    state_dir: Optional[str] = StateDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
     from clusterctl.deploy.placement import cordon as ops
 
     inv = load_inventory(inventory)
@@ -91,8 +123,9 @@ def uncordon(target: str = typer.Argument(..., metavar="HOST|HOST:GPU", help="A 
         console.print(f"still cordoned: {', '.join(left)}")
 
 
-def cordons(inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
-            as_json: bool = JsonOpt) -> None:
+def cordons(
+    inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt, as_json: bool = JsonOpt
+) -> None:
     if inventory:  # the cluster whose cordons these are (else the default inventory's)
         load_inventory(inventory)
     st = _load(state_store(state_dir))
@@ -125,19 +158,36 @@ def _placement_rows(res: Any) -> list[dict[str, Any]]:
             status = "placed" if inst.template else "explicit"
         stages = _stages(inst)
         head = next(iter(stages))
-        rows.append({"template": inst.template, "replica": name, "host": head, "gpus": stages[head],
-                     "port": inst.port, "status": status}
-                    | ({"stages": [{"host": h, "gpus": g} for h, g in stages.items()]} if len(stages) > 1 else {}))
+        rows.append(
+            {
+                "template": inst.template,
+                "replica": name,
+                "host": head,
+                "gpus": stages[head],
+                "port": inst.port,
+                "status": status,
+            }
+            | ({"stages": [{"host": h, "gpus": g} for h, g in stages.items()]} if len(stages) > 1 else {})
+        )
     for name, why in res.unplaced.items():
         tpl = name.rpartition("-")[0]
-        rows.append({"template": tpl, "replica": name, "host": None, "gpus": [], "port": None,
-                     "status": f"unplaced: {why}"})
-    rows.sort(key=lambda r: (r["template"] is not None, r["template"] or "",
-                             replica_number(r["template"] or "", r["replica"]) or 0, r["replica"]))
+        rows.append(
+            {"template": tpl, "replica": name, "host": None, "gpus": [], "port": None, "status": f"unplaced: {why}"}
+        )
+    rows.sort(
+        key=lambda r: (
+            r["template"] is not None,
+            r["template"] or "",
+            replica_number(r["template"] or "", r["replica"]) or 0,
+            r["replica"],
+        )
+    )
     return rows
 
 
-@placement_app.command("show", help="""Print every instance with its host, GPUs and port, by template.
+@placement_app.command(
+    "show",
+    help="""Print every instance with its host, GPUs and port, by template.
 
 Recorded replicas show as placed; replicas the next deploy would place (scale
 up, new template) as pending, where placement would put them now without
@@ -150,9 +200,11 @@ Exit status: 0 every replica has a place, 1 some replica is unplaced,
 Example:
 
   clusterctl placement show -i /var/lib/clusterctl-lab/inventory.yaml --json
-""")
-def show(inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
-         as_json: bool = JsonOpt) -> None:
+""",
+)
+def show(
+    inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt, as_json: bool = JsonOpt
+) -> None:
     from clusterctl.deploy.placement.place import desired_instances
 
     inv = load_inventory(inventory)
@@ -179,32 +231,47 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     for i, r in enumerate(rows):
         last = i + 1 == len(rows) or rows[i + 1]["template"] != r["template"]
         stages = r.get("stages") or [r]  # a replica across hosts: each stage's host and GPUs
-        table.add_row(r["template"] or "(explicit)", r["replica"], " ".join(s["host"] or "-" for s in stages),
-                      " ".join(_gpus(s["gpus"]) or "-" for s in stages), str(r["port"] or "-"), r["status"],
-                      end_section=last)
+        table.add_row(
+            r["template"] or "(explicit)",
+            r["replica"],
+            " ".join(s["host"] or "-" for s in stages),
+            " ".join(_gpus(s["gpus"]) or "-" for s in stages),
+            str(r["port"] or "-"),
+            r["status"],
+            end_section=last,
+        )
     console.print(table)
 
 
-def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A template of the inventory.", autocompletion=_complete.templates),
-          replicas: Optional[int] = typer.Option(None, "--replicas", "-n", min=0, help="The new replica count."),
-          reset: bool = typer.Option(False, "--reset", help="Drop the override: back to the inventory's replicas."),
-          plan: bool = typer.Option(False, "--plan", help="Show what would be added and removed; change nothing."),
-          record_only: bool = typer.Option(False, "--record-only",
-                                           help="Record the new count; let the next `clusterctl deploy` apply it."),
-          serial: Optional[str] = typer.Option(None, "--serial", help="Batch sizes for the rollout (1,25%,100%)."),
-          max_fail_percentage: float = typer.Option(0.0, "--max-fail-percentage", min=0, max=100,
-                                                    help="Failed hosts a batch tolerates, in percent."),
-          gate_timeout: float = typer.Option(600.0, "--gate-timeout", min=1,
-                                             help="Seconds a new replica may take to pass its gate."),
-          drain_timeout: float = typer.Option(120.0, "--drain-timeout", min=0,
-                                              help="Seconds a removed replica's requests may take to finish."),
-          force: bool = typer.Option(False, "--force", help="Deploy even when pre-flight refuses."),
-          inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt,
-          as_json: bool = JsonOpt,
-          fanout: Optional[int] = FanoutOpt,
-          connect_timeout: Optional[float] = ConnectTimeoutOpt,
-          ask_become_pass: bool = AskBecomePassOpt,
-          host_key_policy: Optional[str] = HostKeyOpt) -> None:
+def scale(
+    template: str = typer.Argument(
+        ..., metavar="TEMPLATE", help="A template of the inventory.", autocompletion=_complete.templates
+    ),
+    replicas: Optional[int] = typer.Option(None, "--replicas", "-n", min=0, help="The new replica count."),
+    reset: bool = typer.Option(False, "--reset", help="Drop the override: back to the inventory's replicas."),
+    plan: bool = typer.Option(False, "--plan", help="Show what would be added and removed; change nothing."),
+    record_only: bool = typer.Option(
+        False, "--record-only", help="Record the new count; let the next `clusterctl deploy` apply it."
+    ),
+    serial: Optional[str] = typer.Option(None, "--serial", help="Batch sizes for the rollout (1,25%,100%)."),
+    max_fail_percentage: float = typer.Option(
+        0.0, "--max-fail-percentage", min=0, max=100, help="Failed hosts a batch tolerates, in percent."
+    ),
+    gate_timeout: float = typer.Option(
+        600.0, "--gate-timeout", min=1, help="Seconds a new replica may take to pass its gate."
+    ),
+    drain_timeout: float = typer.Option(
+        120.0, "--drain-timeout", min=0, help="Seconds a removed replica's requests may take to finish."
+    ),
+    force: bool = typer.Option(False, "--force", help="Deploy even when pre-flight refuses."),
+    inventory: Optional[str] = InventoryOpt,
+    state_dir: Optional[str] = StateDirOpt,
+    as_json: bool = JsonOpt,
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = AskBecomePassOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.deploy.placement import scale as ops
 
     if (replicas is None) == (not reset):
@@ -218,8 +285,10 @@ def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A templa
         fail(str(e))
     if not plan and not sp.fits:
         _report_scale(sp, as_json, applied=False)
-        fail(f"{len(sp.unplaced)} replica(s) of {template} cannot be placed; nothing changed "
-             f"(cordons, explicit instances and other templates leave too few GPUs)")
+        fail(
+            f"{len(sp.unplaced)} replica(s) of {template} cannot be placed; nothing changed "
+            f"(cordons, explicit instances and other templates leave too few GPUs)"
+        )
     if plan:
         _report_scale(sp, as_json, applied=False)
         return
@@ -230,22 +299,45 @@ def scale(template: str = typer.Argument(..., metavar="TEMPLATE", help="A templa
     if record_only or not (sp.added or sp.removed):
         _report_scale(sp, as_json, applied=True)
         if record_only and not as_json:
-            console.print(f"recorded; apply with: clusterctl deploy --instances '{template}-*' "
-                          "(removed replicas are drained first)")
+            console.print(
+                f"recorded; apply with: clusterctl deploy --instances '{template}-*' "
+                "(removed replicas are drained first)"
+            )
         return
     if not as_json:
         _report_scale(sp, False, applied=True)
-    rep = _deploy_template(inv, store, template, ops.replica_names(sp), serial=serial, max_fail_percentage=max_fail_percentage,
-                           gate_timeout=gate_timeout, drain_timeout=drain_timeout, force=force, fanout=fanout,
-                           connect_timeout=connect_timeout, ask_become_pass=ask_become_pass,
-                           host_key_policy=host_key_policy, as_json=as_json)
+    rep = _deploy_template(
+        inv,
+        store,
+        template,
+        ops.replica_names(sp),
+        serial=serial,
+        max_fail_percentage=max_fail_percentage,
+        gate_timeout=gate_timeout,
+        drain_timeout=drain_timeout,
+        force=force,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        ask_become_pass=ask_become_pass,
+        host_key_policy=host_key_policy,
+        as_json=as_json,
+    )
     if as_json:
         print_json({**_scale_json(sp, True), "deploy": rep.to_dict()})
     raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.CRIT)
 
 
-def _deploy_template(inv: Any, store: Any, template: str, names: list[str], *, as_json: bool,
-                     ask_become_pass: bool, host_key_policy: Optional[str], **opts: Any) -> Any:
+def _deploy_template(
+    inv: Any,
+    store: Any,
+    template: str,
+    names: list[str],
+    *,
+    as_json: bool,
+    ask_become_pass: bool,
+    host_key_policy: Optional[str],
+    **opts: Any,
+) -> Any:
     """Roll out the replicas ``names`` of ``template`` through the deploy engine (it drains what it
     removes); exits 3 on refusal."""
     from clusterctl.cli._deploy_views import deploy_events, print_deploy_report
@@ -258,11 +350,21 @@ def _deploy_template(inv: Any, store: Any, template: str, names: list[str], *, a
     policy = check_host_key_policy(host_key_policy)
     try:
         hosts = [inv.hosts[h] for h in scale_hosts(inv, store.load(), template)]
-        dopts = DeployOptions(instances=",".join(names), serial=parse_serial(opts["serial"]),
-                              max_fail_percentage=opts["max_fail_percentage"], force=opts["force"],
-                              gate_timeout_s=opts["gate_timeout"], drain_timeout_s=opts["drain_timeout"])
-        make = fleet_factory(user_config(), fanout=opts["fanout"], connect_timeout=opts["connect_timeout"],
-                             host_key_policy=policy, become_password=become_password(ask_become_pass, hosts, True))
+        dopts = DeployOptions(
+            instances=",".join(names),
+            serial=parse_serial(opts["serial"]),
+            max_fail_percentage=opts["max_fail_percentage"],
+            force=opts["force"],
+            gate_timeout_s=opts["gate_timeout"],
+            drain_timeout_s=opts["drain_timeout"],
+        )
+        make = fleet_factory(
+            user_config(),
+            fanout=opts["fanout"],
+            connect_timeout=opts["connect_timeout"],
+            host_key_policy=policy,
+            become_password=become_password(ask_become_pass, hosts, True),
+        )
         _place_with_topology(inv, store, make, as_json)
         with deploy_events(not as_json) as events:
             rep = Deploy(inv, hosts, make, str(store.directory), dopts, on_event=events).run()
@@ -282,18 +384,30 @@ def _place_with_topology(inv: Any, store: Any, make: Any, quiet: bool) -> None:
 
     res, missing = topology.place(inv, store.load(), topology.fleet_reader(make, inv))
     if missing and not quiet:
-        err_console.print(f"no GPU topology from {', '.join(missing)}: placed by contiguous GPU indexes",
-                          markup=False)
+        err_console.print(f"no GPU topology from {', '.join(missing)}: placed by contiguous GPU indexes", markup=False)
     if res.changed:
         store.save_placements(res.state.placements)
 
 
 def _scale_json(sp: Any, applied: bool) -> dict[str, Any]:
     where = sp.result.instances
-    return {"template": sp.template, "before": sp.before, "after": sp.after, "recorded": applied,
-            "added": [{"replica": n, "host": where[n].placement[0].host,
-                       "gpus": [g.index for g in where[n].placement], "port": where[n].port} for n in sp.added],
-            "removed": sp.removed, "unplaced": sp.unplaced}
+    return {
+        "template": sp.template,
+        "before": sp.before,
+        "after": sp.after,
+        "recorded": applied,
+        "added": [
+            {
+                "replica": n,
+                "host": where[n].placement[0].host,
+                "gpus": [g.index for g in where[n].placement],
+                "port": where[n].port,
+            }
+            for n in sp.added
+        ],
+        "removed": sp.removed,
+        "unplaced": sp.unplaced,
+    }
 
 
 def _report_scale(sp: Any, as_json: bool, applied: bool) -> None:
@@ -301,12 +415,14 @@ def _report_scale(sp: Any, as_json: bool, applied: bool) -> None:
     if as_json:
         print_json(_scale_json(sp, applied))
         return
-    console.print(f"{sp.template}: {sp.before} -> {sp.after} replicas"
-                  + ("" if applied else " (plan: nothing recorded)"))
+    console.print(
+        f"{sp.template}: {sp.before} -> {sp.after} replicas" + ("" if applied else " (plan: nothing recorded)")
+    )
     for n in sp.added:
         inst = where[n]
-        console.print(f"  + {n}  " + " + ".join(f"{h} GPUs {_gpus(g)}" for h, g in _stages(inst).items())
-                      + f" port {inst.port}")
+        console.print(
+            f"  + {n}  " + " + ".join(f"{h} GPUs {_gpus(g)}" for h, g in _stages(inst).items()) + f" port {inst.port}"
+        )
     for n in sp.removed:
         console.print(f"  - {n}  (drained, then stopped)")
     for n, why in sp.unplaced.items():
@@ -316,7 +432,9 @@ def _report_scale(sp: Any, as_json: bool, applied: bool) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("cordon", help="""Keep new replicas off a host or one GPU (HOST or HOST:GPU).
+    app.command(
+        "cordon",
+        help="""Keep new replicas off a host or one GPU (HOST or HOST:GPU).
 
 Replicas already there stay until moved (gateway failover moves them; `plan`
 shows them). Nothing automatic ever uncordons: only `clusterctl uncordon`.
@@ -326,8 +444,11 @@ Exit status: 0 recorded, 3 unknown host or GPU, inventory or state errors.
 Example:
 
   clusterctl cordon gpu03:5 --reason "XID 79, RMA ticket 4411"
-""")(cordon)
-    app.command("uncordon", help="""Remove an operator's cordon on a host or GPU (HOST or HOST:GPU).
+""",
+    )(cordon)
+    app.command(
+        "uncordon",
+        help="""Remove an operator's cordon on a host or GPU (HOST or HOST:GPU).
 
 Uncordoning a host leaves its GPUs' own cordons (they are listed); replicas
 do not move back by themselves. Exit status: 0 (also when it was not
@@ -336,16 +457,22 @@ cordoned), 3 unknown host or GPU, inventory or state errors.
 Example:
 
   clusterctl uncordon gpu03:5
-""")(uncordon)
-    app.command("cordons", help="""List cordons: target, reason, who, when.
+""",
+    )(uncordon)
+    app.command(
+        "cordons",
+        help="""List cordons: target, reason, who, when.
 
 Exit status: 0, 3 state errors.
 
 Example:
 
   clusterctl cordons --json
-""")(cordons)
-    app.command("scale", help="""Set a template's replica count (kept as an override in the deploy state), then deploy it.
+""",
+    )(cordons)
+    app.command(
+        "scale",
+        help="""Set a template's replica count (kept as an override in the deploy state), then deploy it.
 
 Scaling up adds the lowest missing replica numbers on free uncordoned GPUs;
 scaling down removes the highest-numbered replicas; nothing else moves.
@@ -363,6 +490,6 @@ Examples:
   clusterctl scale qwen-pool --replicas 12 --plan
 
   clusterctl scale qwen-pool --replicas 12
-""")(scale)
+""",
+    )(scale)
     app.add_typer(placement_app, name="placement")
-

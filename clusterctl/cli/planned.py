@@ -10,8 +10,7 @@ import typer
 
 from clusterctl.exitcodes import USAGE_ERROR
 
-PLANNED: dict[str, tuple[str, int]] = {
-}
+PLANNED: dict[str, tuple[str, int]] = {}
 
 
 def _planned(name: str, issue: int):
@@ -25,6 +24,6 @@ def _planned(name: str, issue: int):
 
 def register(app: typer.Typer) -> None:
     for name, (help_text, issue) in PLANNED.items():
-        app.command(name, help=help_text,
-                    context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-            _planned(name, issue))
+        app.command(name, help=help_text, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+            _planned(name, issue)
+        )

@@ -17,15 +17,28 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (InventoryOpt, JsonOpt, cluster_meta, console, err_console, fail, load_inventory, print_json,
-                                    user_config, write_files)
+from clusterctl.cli._common import (
+    InventoryOpt,
+    JsonOpt,
+    cluster_meta,
+    console,
+    err_console,
+    fail,
+    load_inventory,
+    print_json,
+    user_config,
+    write_files,
+)
 from clusterctl.cli._hosts import ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt
 from clusterctl.errors import ClusterctlError
 
-app = typer.Typer(help="Unattended health reports: history, changes, trends, Prometheus textfile.\n\n"
-                  "Example:\n\n  clusterctl report run all --out /var/www/report --textfile "
-                  "/var/lib/node_exporter/textfile/clusterctl.prom",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = typer.Typer(
+    help="Unattended health reports: history, changes, trends, Prometheus textfile.\n\n"
+    "Example:\n\n  clusterctl report run all --out /var/www/report --textfile "
+    "/var/lib/node_exporter/textfile/clusterctl.prom",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 
 DbOpt = typer.Option(None, "--db", help="History database [default: $XDG_STATE_HOME/clusterctl/report.db].")
 
@@ -34,7 +47,9 @@ def db_path(db: Optional[str]) -> Path:
     return Path(db) if db else Path(user_config().state_dir) / "report.db"
 
 
-@app.command("run", help="""Run doctor's passive checks, store the run and report what changed.
+@app.command(
+    "run",
+    help="""Run doctor's passive checks, store the run and report what changed.
 
 Compares with the previous run of the same PATTERN: problems new, ongoing
 and resolved. --out DIR gets report.json, report.md and report.html (self-
@@ -55,32 +70,46 @@ Examples:
   clusterctl report run all --active drift,leak --out ~/report/active
 
   clusterctl report run all --failover      # then move UNAVAILABLE TP groups (docs/gateway.md)
-""")
-def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts),
-        inventory: Optional[str] = InventoryOpt,
-        db: Optional[str] = DbOpt,
-        out: Optional[str] = typer.Option(None, "--out", help="Directory for report.json, report.md, report.html."),
-        textfile: Optional[str] = typer.Option(None, "--textfile", help="node_exporter textfile (.prom) to write."),
-        notify_cmd: Optional[str] = typer.Option(None, "--notify-cmd",
-                                                 help="Command that gets the JSON of what changed on stdin."),
-        renotify: str = typer.Option("6h", "--renotify", help="Re-notify a lasting problem this often (0: never)."),
-        retention: float = typer.Option(35.0, "--retention-days", min=0.01, help="Days of history to keep."),
-        lock_wait: float = typer.Option(0.0, "--lock-wait", min=0, help="Seconds to wait for a running report."),
-        source: Optional[str] = typer.Option(None, "--from", help="Analyse a bundle instead of hosts."),
-        active: Optional[str] = typer.Option(None, "--active", metavar="CHECKS",
-                                             help="Instead of doctor's checks, active ones per instance: "
-                                                  "drift,leak,bench (drift: instances with a baseline named "
-                                                  "after them)."),
-        fmt: str = typer.Option("markdown", "--format", help="What to print: markdown, json or none."),
-        as_json: bool = JsonOpt,
-        failover: bool = typer.Option(False, "--failover", help="Then run `clusterctl failover` (defaults: "
-                                      "--max-share 0.25); its summary on stderr, the worse exit code wins."),
-        interval: float = typer.Option(2.0, "--interval", min=0, help="Seconds between counter samples."),
-        timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
-        fanout: Optional[int] = FanoutOpt,
-        connect_timeout: Optional[float] = ConnectTimeoutOpt,
-        deadline: Optional[float] = DeadlineOpt,
-        host_key_policy: Optional[str] = HostKeyOpt) -> None:
+""",
+)
+def run(
+    pattern: str = typer.Argument(
+        "all", help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts
+    ),
+    inventory: Optional[str] = InventoryOpt,
+    db: Optional[str] = DbOpt,
+    out: Optional[str] = typer.Option(None, "--out", help="Directory for report.json, report.md, report.html."),
+    textfile: Optional[str] = typer.Option(None, "--textfile", help="node_exporter textfile (.prom) to write."),
+    notify_cmd: Optional[str] = typer.Option(
+        None, "--notify-cmd", help="Command that gets the JSON of what changed on stdin."
+    ),
+    renotify: str = typer.Option("6h", "--renotify", help="Re-notify a lasting problem this often (0: never)."),
+    retention: float = typer.Option(35.0, "--retention-days", min=0.01, help="Days of history to keep."),
+    lock_wait: float = typer.Option(0.0, "--lock-wait", min=0, help="Seconds to wait for a running report."),
+    source: Optional[str] = typer.Option(None, "--from", help="Analyse a bundle instead of hosts."),
+    active: Optional[str] = typer.Option(
+        None,
+        "--active",
+        metavar="CHECKS",
+        help="Instead of doctor's checks, active ones per instance: "
+        "drift,leak,bench (drift: instances with a baseline named "
+        "after them).",
+    ),
+    fmt: str = typer.Option("markdown", "--format", help="What to print: markdown, json or none."),
+    as_json: bool = JsonOpt,
+    failover: bool = typer.Option(
+        False,
+        "--failover",
+        help="Then run `clusterctl failover` (defaults: "
+        "--max-share 0.25); its summary on stderr, the worse exit code wins.",
+    ),
+    interval: float = typer.Option(2.0, "--interval", min=0, help="Seconds between counter samples."),
+    timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
+    fanout: Optional[int] = FanoutOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    deadline: Optional[float] = DeadlineOpt,
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.report.notify import parse_duration
     from clusterctl.report.run import Options, to_json, to_markdown
 
@@ -99,12 +128,28 @@ def run(pattern: str = typer.Argument("all", help="Hosts: names, gpu[01-08], @gr
     if active:
         checked = _active(pattern, inventory, active, timeout)
     else:
-        checked = _passive(pattern, inventory, source, interval=interval, timeout=timeout, fanout=fanout,
-                           connect_timeout=connect_timeout, deadline=deadline, host_key_policy=host_key_policy)
-    opts = Options(db=db_path(db), pattern=checked.pattern, out_dir=Path(out) if out else None,
-                   textfile=Path(textfile) if textfile else None, notify_cmd=notify_cmd, renotify_s=renotify_s,
-                   retention_days=retention, lock_wait_s=lock_wait,
-                   state_dir=ops_report.deploy_state_dir(user_config()))
+        checked = _passive(
+            pattern,
+            inventory,
+            source,
+            interval=interval,
+            timeout=timeout,
+            fanout=fanout,
+            connect_timeout=connect_timeout,
+            deadline=deadline,
+            host_key_policy=host_key_policy,
+        )
+    opts = Options(
+        db=db_path(db),
+        pattern=checked.pattern,
+        out_dir=Path(out) if out else None,
+        textfile=Path(textfile) if textfile else None,
+        notify_cmd=notify_cmd,
+        renotify_s=renotify_s,
+        retention_days=retention,
+        lock_wait_s=lock_wait,
+        state_dir=ops_report.deploy_state_dir(user_config()),
+    )
     meta = {**checked.meta, **cluster_meta()}
     try:
         result = ops_report.store(checked, opts, started=started, meta=meta)
@@ -156,20 +201,35 @@ def _active(pattern: str, inventory: Optional[str], kinds_text: str, timeout: fl
     path, hosts = select(inventory, pattern)
     inv = with_replicas(load_inventory(path), user_config())
     try:
-        return active(inv, path, {h.name for h in hosts}, pattern, kinds, timeout=timeout,
-                      on_event=lambda s: err_console.print(s, markup=False))
+        return active(
+            inv,
+            path,
+            {h.name for h in hosts},
+            pattern,
+            kinds,
+            timeout=timeout,
+            on_event=lambda s: err_console.print(s, markup=False),
+        )
     except ClusterctlError as e:
         fail(str(e))
 
 
-def _failover(inventory: Optional[str], fanout: Optional[int], connect_timeout: Optional[float],
-              host_key_policy: Optional[str]) -> int:
+def _failover(
+    inventory: Optional[str], fanout: Optional[int], connect_timeout: Optional[float], host_key_policy: Optional[str]
+) -> int:
     """``--failover``: failover with its defaults, its summary on stderr; its exit code."""
     from clusterctl.cli.failover import failover_request, show
     from clusterctl.ops.failover import for_report
 
-    req = failover_request(inventory, None, None, fanout=fanout, connect_timeout=connect_timeout,
-                           ask_become_pass=False, host_key_policy=host_key_policy)
+    req = failover_request(
+        inventory,
+        None,
+        None,
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        ask_become_pass=False,
+        host_key_policy=host_key_policy,
+    )
     try:
         rep = for_report(req, on_event=lambda s: err_console.print(s, markup=False, highlight=False))
     except ClusterctlError as e:
@@ -178,15 +238,20 @@ def _failover(inventory: Optional[str], fanout: Optional[int], connect_timeout: 
     return int(rep.exit_code)
 
 
-@app.command("history", help="""List the latest runs: when, exit code, counts per severity.
+@app.command(
+    "history",
+    help="""List the latest runs: when, exit code, counts per severity.
 
 Example:
 
   clusterctl report history --limit 10
-""")
-def history(db: Optional[str] = DbOpt,
-            limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many runs."),
-            as_json: bool = JsonOpt) -> None:
+""",
+)
+def history(
+    db: Optional[str] = DbOpt,
+    limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many runs."),
+    as_json: bool = JsonOpt,
+) -> None:
     from rich.table import Table
 
     from clusterctl.report.history import History
@@ -202,25 +267,38 @@ def history(db: Optional[str] = DbOpt,
     if as_json:
         print_json([r.to_json() for r in runs])
         return
-    table = Table("run", "started (UTC)", "pattern", "exit", "hosts", "CRIT", "WARN", "UNKNOWN", box=None,
-                  header_style="bold")
+    table = Table(
+        "run", "started (UTC)", "pattern", "exit", "hosts", "CRIT", "WARN", "UNKNOWN", box=None, header_style="bold"
+    )
     for r in runs:
-        table.add_row(str(r.id), time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.started)), r.pattern,
-                      str(r.exit_code), str(r.hosts), str(r.counts["CRIT"]), str(r.counts["WARN"]),
-                      str(r.counts["UNKNOWN"]))
+        table.add_row(
+            str(r.id),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.started)),
+            r.pattern,
+            str(r.exit_code),
+            str(r.hosts),
+            str(r.counts["CRIT"]),
+            str(r.counts["WARN"]),
+            str(r.counts["UNKNOWN"]),
+        )
     console.print(table)
 
 
-@app.command("trends", help="""Problems per run over the last DAYS, and every recorded metric's latest,
+@app.command(
+    "trends",
+    help="""Problems per run over the last DAYS, and every recorded metric's latest,
 minimum and maximum per host.
 
 Example:
 
   clusterctl report trends --days 7
-""")
-def trends(db: Optional[str] = DbOpt,
-           days: float = typer.Option(7.0, "--days", min=0.01, help="How far back."),
-           as_json: bool = JsonOpt) -> None:
+""",
+)
+def trends(
+    db: Optional[str] = DbOpt,
+    days: float = typer.Option(7.0, "--days", min=0.01, help="How far back."),
+    as_json: bool = JsonOpt,
+) -> None:
     from clusterctl.report.history import History
 
     path = db_path(db)
@@ -233,19 +311,36 @@ def trends(db: Optional[str] = DbOpt,
             metrics = {n: h.series(n, since=since) for n in h.metric_names()}
     except ClusterctlError as e:
         fail(str(e))
-    rows = [{"metric": n, "host": host, "subject": subj, "latest": pts[-1][1], "min": min(v for _, v in pts),
-             "max": max(v for _, v in pts), "samples": len(pts)}
-            for n, s in metrics.items() for (host, subj), pts in sorted(s.items()) if pts]
+    rows = [
+        {
+            "metric": n,
+            "host": host,
+            "subject": subj,
+            "latest": pts[-1][1],
+            "min": min(v for _, v in pts),
+            "max": max(v for _, v in pts),
+            "samples": len(pts),
+        }
+        for n, s in metrics.items()
+        for (host, subj), pts in sorted(s.items())
+        if pts
+    ]
     if as_json:
         print_json({"runs": [{"started": t, "counts": c} for t, c in sev], "metrics": rows})
         return
     for name in ("CRIT", "WARN", "UNKNOWN"):
         values = [c[name] for _, c in sev]
-        console.print(f"{name:8} {_spark(values)}  latest {values[-1] if values else '-'}, "
-                      f"max {max(values) if values else '-'} over {len(values)} run(s)", markup=False)
+        console.print(
+            f"{name:8} {_spark(values)}  latest {values[-1] if values else '-'}, "
+            f"max {max(values) if values else '-'} over {len(values)} run(s)",
+            markup=False,
+        )
     for r in rows:
-        console.print(f"{r['metric']} {r['host']} {r['subject']}: latest {r['latest']:g} "
-                      f"(min {r['min']:g}, max {r['max']:g}, {r['samples']} samples)", markup=False)
+        console.print(
+            f"{r['metric']} {r['host']} {r['subject']}: latest {r['latest']:g} "
+            f"(min {r['min']:g}, max {r['max']:g}, {r['samples']} samples)",
+            markup=False,
+        )
 
 
 def _spark(values: list[int]) -> str:
@@ -254,7 +349,9 @@ def _spark(values: list[int]) -> str:
     return "".join(bars[round(v / top * 8)] for v in values[-60:])
 
 
-@app.command("install-timer", help="""Install a systemd timer (or, with --cron, a cron entry) that runs
+@app.command(
+    "install-timer",
+    help="""Install a systemd timer (or, with --cron, a cron entry) that runs
 `clusterctl report run` every --every minutes on this control host.
 
 --active drift,leak installs a second timer, clusterctl-report-active, for the
@@ -269,30 +366,47 @@ Examples:
   clusterctl report install-timer --cron --every 10 --textfile /var/lib/node_exporter/textfile/clusterctl.prom
 
   clusterctl report install-timer --active drift,leak --on-calendar daily --out /var/www/report/active
-""")
-def install_timer(pattern: str = typer.Argument("all", help="Hosts the report covers.", autocompletion=_complete.hosts),
-                  inventory: Optional[str] = InventoryOpt,
-                  db: str = typer.Option("/var/lib/clusterctl/report.db", "--db", help="History database."),
-                  out: Optional[str] = typer.Option(None, "--out", help="Report directory."),
-                  textfile: Optional[str] = typer.Option(None, "--textfile", help="node_exporter textfile."),
-                  notify_cmd: Optional[str] = typer.Option(None, "--notify-cmd", help="Notification command."),
-                  every: int = typer.Option(5, "--every", help="Minutes between runs."),
-                  active: Optional[str] = typer.Option(None, "--active", metavar="CHECKS",
-                                                       help="Active checks (drift,leak,bench) in their own timer."),
-                  on_calendar: Optional[str] = typer.Option(None, "--on-calendar",
-                                                            help="systemd calendar time instead of --every "
-                                                                 "(daily, hourly, 'Mon..Fri 06:00'); "
-                                                                 "default daily with --active."),
-                  cron: bool = typer.Option(False, "--cron", help="Write /etc/cron.d/clusterctl-report instead."),
-                  user: Optional[str] = typer.Option(None, "--user", help="Run as this user."),
-                  unit_dir: str = typer.Option("/etc/systemd/system", "--unit-dir", help="Where units go."),
-                  cron_dir: str = typer.Option("/etc/cron.d", "--cron-dir", help="Where the cron entry goes."),
-                  dry_run: bool = typer.Option(False, "--dry-run", help="Print, do not write.")) -> None:
+""",
+)
+def install_timer(
+    pattern: str = typer.Argument("all", help="Hosts the report covers.", autocompletion=_complete.hosts),
+    inventory: Optional[str] = InventoryOpt,
+    db: str = typer.Option("/var/lib/clusterctl/report.db", "--db", help="History database."),
+    out: Optional[str] = typer.Option(None, "--out", help="Report directory."),
+    textfile: Optional[str] = typer.Option(None, "--textfile", help="node_exporter textfile."),
+    notify_cmd: Optional[str] = typer.Option(None, "--notify-cmd", help="Notification command."),
+    every: int = typer.Option(5, "--every", help="Minutes between runs."),
+    active: Optional[str] = typer.Option(
+        None, "--active", metavar="CHECKS", help="Active checks (drift,leak,bench) in their own timer."
+    ),
+    on_calendar: Optional[str] = typer.Option(
+        None,
+        "--on-calendar",
+        help="systemd calendar time instead of --every (daily, hourly, 'Mon..Fri 06:00'); default daily with --active.",
+    ),
+    cron: bool = typer.Option(False, "--cron", help="Write /etc/cron.d/clusterctl-report instead."),
+    user: Optional[str] = typer.Option(None, "--user", help="Run as this user."),
+    unit_dir: str = typer.Option("/etc/systemd/system", "--unit-dir", help="Where units go."),
+    cron_dir: str = typer.Option("/etc/cron.d", "--cron-dir", help="Where the cron entry goes."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print, do not write."),
+) -> None:
     from clusterctl.report.active import parse_kinds
     from clusterctl.report.schedule import Schedule, cron_line, service_unit, timer_unit
 
-    argv = [sys.executable, "-m", "clusterctl.cli.main", "report", "run", pattern, "--db", db, "--format", "none",
-            "--lock-wait", "60"]
+    argv = [
+        sys.executable,
+        "-m",
+        "clusterctl.cli.main",
+        "report",
+        "run",
+        pattern,
+        "--db",
+        db,
+        "--format",
+        "none",
+        "--lock-wait",
+        "60",
+    ]
     if inventory:
         argv += ["-i", str(Path(inventory).resolve())]
     for flag, value in (("--out", out), ("--textfile", textfile), ("--notify-cmd", notify_cmd)):
@@ -301,18 +415,29 @@ def install_timer(pattern: str = typer.Argument("all", help="Hosts the report co
     try:
         if active:
             argv += ["--active", ",".join(parse_kinds(active))]
-        s = Schedule(tuple(argv), every_min=every, user=user,
-                     name="clusterctl-report-active" if active else "clusterctl-report",
-                     on_calendar=on_calendar or ("daily" if active else None))
-        files = ({Path(cron_dir) / s.name: cron_line(s)} if cron else
-                 {Path(unit_dir) / f"{s.name}.service": service_unit(s),
-                  Path(unit_dir) / f"{s.name}.timer": timer_unit(s)})
+        s = Schedule(
+            tuple(argv),
+            every_min=every,
+            user=user,
+            name="clusterctl-report-active" if active else "clusterctl-report",
+            on_calendar=on_calendar or ("daily" if active else None),
+        )
+        files = (
+            {Path(cron_dir) / s.name: cron_line(s)}
+            if cron
+            else {
+                Path(unit_dir) / f"{s.name}.service": service_unit(s),
+                Path(unit_dir) / f"{s.name}.timer": timer_unit(s),
+            }
+        )
     except ClusterctlError as e:
         fail(str(e))
     write_files(files, dry_run=dry_run)
 
 
-@app.command("file-sd", help="""Write a Prometheus file_sd target list of every instance's /metrics endpoint.
+@app.command(
+    "file-sd",
+    help="""Write a Prometheus file_sd target list of every instance's /metrics endpoint.
 
 One target group per instance (the API server on its first host), labelled
 vllm_instance, model, host and tp_size. Written atomically; without --out it
@@ -321,9 +446,12 @@ is printed.
 Example:
 
   clusterctl report file-sd -i site.yaml --out /etc/prometheus/file_sd/vllm.json
-""")
-def file_sd(inventory: Optional[str] = InventoryOpt,
-            out: Optional[str] = typer.Option(None, "--out", help="File to write (JSON).")) -> None:
+""",
+)
+def file_sd(
+    inventory: Optional[str] = InventoryOpt,
+    out: Optional[str] = typer.Option(None, "--out", help="File to write (JSON)."),
+) -> None:
     from clusterctl.cli._common import load_inventory, user_config
     from clusterctl.deploy.placement.deployed import with_replicas
     from clusterctl.report.filesd import render
@@ -340,7 +468,9 @@ def file_sd(inventory: Optional[str] = InventoryOpt,
     console.print(f"wrote {out}", markup=False)
 
 
-@app.command("serve", help="""Serve the report over HTTP (foreground): the latest report and its
+@app.command(
+    "serve",
+    help="""Serve the report over HTTP (foreground): the latest report and its
 history as a small web page, and the textfile at /metrics for a Prometheus.
 
   /            the latest report.html of --out (/report.json, /report.md too)
@@ -356,15 +486,21 @@ Examples:
   clusterctl report serve --out /srv/report --db /var/lib/clusterctl/report.db --port 8470
 
   clusterctl report serve --textfile /var/lib/clusterctl/clusterctl.prom --listen 0.0.0.0 --port 9477
-""")
-def serve(textfile: Optional[str] = typer.Option(None, "--textfile", help="The .prom file `report run --textfile` "
-                                                 "writes (served at /metrics)."),
-          out: Optional[str] = typer.Option(None, "--out", help="The directory `report run --out` writes "
-                                            "(served at /)."),
-          db: Optional[str] = typer.Option(None, "--db", help="History database (served at /history) [default with "
-                                           "--out: $XDG_STATE_HOME/clusterctl/report.db]."),
-          listen: str = typer.Option("127.0.0.1", "--listen", help="Address to bind."),
-          port: int = typer.Option(9477, "--port", min=1, max=65535, help="TCP port.")) -> None:
+""",
+)
+def serve(
+    textfile: Optional[str] = typer.Option(
+        None, "--textfile", help="The .prom file `report run --textfile` writes (served at /metrics)."
+    ),
+    out: Optional[str] = typer.Option(None, "--out", help="The directory `report run --out` writes (served at /)."),
+    db: Optional[str] = typer.Option(
+        None,
+        "--db",
+        help="History database (served at /history) [default with --out: $XDG_STATE_HOME/clusterctl/report.db].",
+    ),
+    listen: str = typer.Option("127.0.0.1", "--listen", help="Address to bind."),
+    port: int = typer.Option(9477, "--port", min=1, max=65535, help="TCP port."),
+) -> None:
     from clusterctl.report.serve import make_server
 
     if not (textfile or out or db):

@@ -20,10 +20,23 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._common import (
+    InventoryOpt,
+    JsonOpt,
+    console,
+    err_console,
+    fail,
+    load_inventory,
+    print_json,
+    user_config,
+)
 from clusterctl.cli._progress import ByteProgress
 from clusterctl.cli._hosts import (
-    ConnectTimeoutOpt, HostKeyOpt, become_password, check_host_key_policy, select,
+    ConnectTimeoutOpt,
+    HostKeyOpt,
+    become_password,
+    check_host_key_policy,
+    select,
 )
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -84,8 +97,9 @@ def _group(rows: List[tuple]) -> List[tuple]:
 
 
 def _stage_table(report: Any) -> Table:
-    table = Table("hosts", "status", "version", "from", "MB/s", "resident", "note",
-                  box=None, header_style="bold", pad_edge=False)
+    table = Table(
+        "hosts", "status", "version", "from", "MB/s", "resident", "note", box=None, header_style="bold", pad_edge=False
+    )
     rows = []
     for r in report.rows:
         d = r.data
@@ -96,8 +110,19 @@ def _stage_table(report: Any) -> Table:
         note = r.error or ("; ".join(d.get("events", [])[-1:]) or "")
         if r.ok and d.get("switched_from") not in (None, report.version):
             note = (note + "; " if note else "") + f"switched from {d['switched_from']}"
-        rows.append((r.host, (r.status, str(d.get("version", report.version)) if r.ok else "-",
-                              up if r.ok else "-", rate, _pct(d.get("warm")), note)))
+        rows.append(
+            (
+                r.host,
+                (
+                    r.status,
+                    str(d.get("version", report.version)) if r.ok else "-",
+                    up if r.ok else "-",
+                    rate,
+                    _pct(d.get("warm")),
+                    note,
+                ),
+            )
+        )
     # Throughput differs per host: group on everything else and show the range.
     merged: dict = {}
     for host, cells in rows:
@@ -120,8 +145,13 @@ def _status_rows(rows: list) -> List[tuple]:
             out.append((r.host, ("-", "-", "-", "-", "-", f"{r.status}: {r.error or ''}")))
             continue
         for m in r.data.get("models", []):
-            versions = ", ".join(("*" if v["in_use"] else "") + v["version"] + ("" if v["verified"] else " (unverified)")
-                                 for v in m.get("versions", [])) or "-"
+            versions = (
+                ", ".join(
+                    ("*" if v["in_use"] else "") + v["version"] + ("" if v["verified"] else " (unverified)")
+                    for v in m.get("versions", [])
+                )
+                or "-"
+            )
             note = ""
             if m.get("path_kind") == "directory":
                 note = f"{m['path']} is a plain directory (not staged)"
@@ -129,46 +159,104 @@ def _status_rows(rows: list) -> List[tuple]:
                 note = "partial: " + ", ".join(m["partial"])
             if not r.data.get("verify_model_installed"):
                 note = (note + "; " if note else "") + "verify-model not installed"
-            out.append((r.host, (m["name"], m.get("current") or "-", versions,
-                                 "yes" if m.get("current") else "no", _pct(m.get("residency")), note)))
+            out.append(
+                (
+                    r.host,
+                    (
+                        m["name"],
+                        m.get("current") or "-",
+                        versions,
+                        "yes" if m.get("current") else "no",
+                        _pct(m.get("residency")),
+                        note,
+                    ),
+                )
+            )
     return out
 
 
-def _fleet(hosts: list, fanout: int, timeout: float, connect_timeout: Optional[float],
-           policy: Optional[str], password: Optional[str]) -> Any:
+def _fleet(
+    hosts: list,
+    fanout: int,
+    timeout: float,
+    connect_timeout: Optional[float],
+    policy: Optional[str],
+    password: Optional[str],
+) -> Any:
     from clusterctl.fleet.factory import make_fleet
 
-    return make_fleet(hosts, user_config(), fanout=fanout, connect_timeout=connect_timeout, command_timeout=timeout,
-                      become_password=password, host_key_policy=policy)
+    return make_fleet(
+        hosts,
+        user_config(),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        command_timeout=timeout,
+        become_password=password,
+        host_key_policy=policy,
+    )
 
 
-def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] | warm|evict|pin|unpin MODEL | manifest DIR",
-                                           help="A model of the inventory, or a verb and its argument."),
-          hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, lab[01-04], @group, label=value."),
-          inventory: Optional[str] = InventoryOpt,
-          relay: str = typer.Option("chain", "--relay", help="chain: source read once, nodes relay down a chain; tree: each node feeds --tree-fanout children; none: every node reads the source."),
-          chains: int = typer.Option(1, "--chains", min=1, help="Parallel chains or trees (= hosts reading the source) with --relay chain|tree."),
-          tree_fanout: int = typer.Option(2, "--tree-fanout", min=1, help="Children per node with --relay tree."),
-          per_rack: bool = typer.Option(False, "--per-rack", help="One chain or tree per 'rack' label: the source is read once per rack."),
-          relay_network: str = typer.Option("auto", "--relay-network", help="Network the nodes relay over: auto (storage NIC, else data NIC, else the host address), storage, data, management."),
-          max_readers: int = typer.Option(8, "--max-readers", min=1, help="Hosts reading the source at once with --relay none."),
-          source: Optional[str] = typer.Option(None, "--source", help="Override the model's source (URL, file:///path or a local directory)."),
-          version: Optional[str] = typer.Option(None, "--version", help="Version name [default: the model's, else the content's hash]."),
-          warm: bool = typer.Option(False, "--warm", help="Read the staged files into the page cache afterwards (and report residency)."),
-          warm_budget: Optional[str] = typer.Option(None, "--warm-budget", help="With --warm (implied): page-cache budget per host; read at most this much of the version (16G, 512M, bytes), its first files first."),
-          switch: bool = typer.Option(True, "--switch/--no-switch", help="Point the model path at the new version once verified."),
-          keep: int = typer.Option(2, "--keep", min=1, help="Versions kept per node (the one in use is never removed)."),
-          workers: int = typer.Option(8, "--workers", min=1, help="Parallel reads per node (ranged requests, warm-up readers)."),
-          port: int = typer.Option(7707, "--port", min=1, max=65535, help="TCP port of the node-side relay servers."),
-          timeout: float = typer.Option(3600, "--timeout", "-t", min=1, help="Seconds one host's staging may take."),
-          name: Optional[str] = typer.Option(None, "--name", help="'manifest': the model name to record."),
-          chunk_size: int = typer.Option(8 * 1024 * 1024, "--chunk-size", min=4096, help="'manifest': bytes per chunk."),
-          budget: Optional[str] = typer.Option(None, "--budget", help="'pin': bytes to keep resident per host (16G, 512M, bytes)."),
-          as_json: bool = JsonOpt,
-          connect_timeout: Optional[float] = ConnectTimeoutOpt,
-          ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Prompt once for the sudo password."),
-          host_key_policy: Optional[str] = HostKeyOpt,
-          ) -> None:
+def stage(
+    args: List[str] = typer.Argument(
+        ...,
+        metavar="MODEL | status [MODEL] | warm|evict|pin|unpin MODEL | manifest DIR",
+        help="A model of the inventory, or a verb and its argument.",
+    ),
+    hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, lab[01-04], @group, label=value."),
+    inventory: Optional[str] = InventoryOpt,
+    relay: str = typer.Option(
+        "chain",
+        "--relay",
+        help="chain: source read once, nodes relay down a chain; tree: each node feeds --tree-fanout children; none: every node reads the source.",
+    ),
+    chains: int = typer.Option(
+        1, "--chains", min=1, help="Parallel chains or trees (= hosts reading the source) with --relay chain|tree."
+    ),
+    tree_fanout: int = typer.Option(2, "--tree-fanout", min=1, help="Children per node with --relay tree."),
+    per_rack: bool = typer.Option(
+        False, "--per-rack", help="One chain or tree per 'rack' label: the source is read once per rack."
+    ),
+    relay_network: str = typer.Option(
+        "auto",
+        "--relay-network",
+        help="Network the nodes relay over: auto (storage NIC, else data NIC, else the host address), storage, data, management.",
+    ),
+    max_readers: int = typer.Option(
+        8, "--max-readers", min=1, help="Hosts reading the source at once with --relay none."
+    ),
+    source: Optional[str] = typer.Option(
+        None, "--source", help="Override the model's source (URL, file:///path or a local directory)."
+    ),
+    version: Optional[str] = typer.Option(
+        None, "--version", help="Version name [default: the model's, else the content's hash]."
+    ),
+    warm: bool = typer.Option(
+        False, "--warm", help="Read the staged files into the page cache afterwards (and report residency)."
+    ),
+    warm_budget: Optional[str] = typer.Option(
+        None,
+        "--warm-budget",
+        help="With --warm (implied): page-cache budget per host; read at most this much of the version (16G, 512M, bytes), its first files first.",
+    ),
+    switch: bool = typer.Option(
+        True, "--switch/--no-switch", help="Point the model path at the new version once verified."
+    ),
+    keep: int = typer.Option(2, "--keep", min=1, help="Versions kept per node (the one in use is never removed)."),
+    workers: int = typer.Option(
+        8, "--workers", min=1, help="Parallel reads per node (ranged requests, warm-up readers)."
+    ),
+    port: int = typer.Option(7707, "--port", min=1, max=65535, help="TCP port of the node-side relay servers."),
+    timeout: float = typer.Option(3600, "--timeout", "-t", min=1, help="Seconds one host's staging may take."),
+    name: Optional[str] = typer.Option(None, "--name", help="'manifest': the model name to record."),
+    chunk_size: int = typer.Option(8 * 1024 * 1024, "--chunk-size", min=4096, help="'manifest': bytes per chunk."),
+    budget: Optional[str] = typer.Option(
+        None, "--budget", help="'pin': bytes to keep resident per host (16G, 512M, bytes)."
+    ),
+    as_json: bool = JsonOpt,
+    connect_timeout: Optional[float] = ConnectTimeoutOpt,
+    ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Prompt once for the sudo password."),
+    host_key_policy: Optional[str] = HostKeyOpt,
+) -> None:
     from clusterctl.node.stage import manifest as mf
     from clusterctl.stage import plan as pl
     from clusterctl.stage import run as rn
@@ -184,11 +272,20 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
         except (ClusterctlError, mf.ManifestError, OSError) as e:
             fail(str(e))
         if as_json:
-            print_json({"path": path, "name": man.name, "version": man.version, "bytes": man.total_bytes,
-                        "files": len(man.files), "manifest_sha256": man.digest()})
+            print_json(
+                {
+                    "path": path,
+                    "name": man.name,
+                    "version": man.version,
+                    "bytes": man.total_bytes,
+                    "files": len(man.files),
+                    "manifest_sha256": man.digest(),
+                }
+            )
         else:
-            console.print(f"{path}: {man.name} {man.version}, {len(man.files)} files, {man.total_bytes} bytes",
-                          markup=False)
+            console.print(
+                f"{path}: {man.name} {man.version}, {len(man.files)} files, {man.total_bytes} bytes", markup=False
+            )
         raise typer.Exit(ExitCode.OK)
     if len(rest) > 1 or (verb != "status" and len(rest) != 1):
         fail(f"expected one model name, got {' '.join(rest) or 'none'}")
@@ -216,13 +313,34 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
         else:
             pins = []
             for r in rows:
-                for m in (r.data.get("models") or [{}]):
+                for m in r.data.get("models") or [{}]:
                     pin = m.get("pin") or {}
                     held = f"{pin['mode']} {pin['bytes'] / 2**30:.2f} GiB" if pin else "-"
-                    pins.append((r.host, (r.status, m.get("name", "-"), m.get("version", "-"), held,
-                                          _pct(m.get("residency")), r.error or m.get("error", ""))))
-            table = Table("hosts", "status", "model", "version", "pinned", "resident", "note",
-                          box=None, header_style="bold", pad_edge=False)
+                    pins.append(
+                        (
+                            r.host,
+                            (
+                                r.status,
+                                m.get("name", "-"),
+                                m.get("version", "-"),
+                                held,
+                                _pct(m.get("residency")),
+                                r.error or m.get("error", ""),
+                            ),
+                        )
+                    )
+            table = Table(
+                "hosts",
+                "status",
+                "model",
+                "version",
+                "pinned",
+                "resident",
+                "note",
+                box=None,
+                header_style="bold",
+                pad_edge=False,
+            )
             for nodes, cells in _group(pins):
                 table.add_row(*(escape(c) for c in (nodes, *cells)))
             console.print(table)
@@ -235,19 +353,41 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
         if as_json:
             print_json({"hosts": [r.to_dict() for r in rows]})
         elif verb == "status":
-            table = Table("hosts", "model", "in use", "versions (* in use)", "verified", "resident", "note",
-                          box=None, header_style="bold", pad_edge=False)
+            table = Table(
+                "hosts",
+                "model",
+                "in use",
+                "versions (* in use)",
+                "verified",
+                "resident",
+                "note",
+                box=None,
+                header_style="bold",
+                pad_edge=False,
+            )
             table.columns[0].no_wrap = True
             for nodes, cells in _group(_status_rows(rows)):
                 table.add_row(*(escape(c) for c in (nodes, *cells)))
             console.print(table)
         else:
-            table = Table("hosts", "status", "model", "version", "resident", "note", box=None, header_style="bold", pad_edge=False)
+            table = Table(
+                "hosts", "status", "model", "version", "resident", "note", box=None, header_style="bold", pad_edge=False
+            )
             flat = []
             for r in rows:
-                for m in (r.data.get("models") or [{}]):
-                    flat.append((r.host, (r.status, m.get("name", "-"), m.get("version", "-"),
-                                          _pct(m.get("residency")), r.error or m.get("error", ""))))
+                for m in r.data.get("models") or [{}]:
+                    flat.append(
+                        (
+                            r.host,
+                            (
+                                r.status,
+                                m.get("name", "-"),
+                                m.get("version", "-"),
+                                _pct(m.get("residency")),
+                                r.error or m.get("error", ""),
+                            ),
+                        )
+                    )
             for nodes, cells in _group(flat):
                 table.add_row(*(escape(c) for c in (nodes, *cells)))
             console.print(table)
@@ -256,35 +396,59 @@ def stage(args: List[str] = typer.Argument(..., metavar="MODEL | status [MODEL] 
 
     model = models[0]
     try:
-        src = pl.parse_source(source or model.source or "", "--source" if source else
-                              f"{inv.path}: models.{model.name}.source")
+        src = pl.parse_source(
+            source or model.source or "", "--source" if source else f"{inv.path}: models.{model.name}.source"
+        )
         addresses = {h.name: rn.relay_address(h, relay_network) for h in hosts}
-        pl.plan_chains([(h.name, addresses[h.name]) for h in hosts], relay, chains, port, fanout=tree_fanout)  # validates
+        pl.plan_chains(
+            [(h.name, addresses[h.name]) for h in hosts], relay, chains, port, fanout=tree_fanout
+        )  # validates
         man = pl.load_manifest(src, model.name, version or model.version)
         fanout = len(hosts) if relay != "none" else min(max_readers, len(hosts))
         warm_bytes = rn.parse_size(warm_budget, "--warm-budget") if warm_budget else None
     except ClusterctlError as e:
         fail(str(e))
     if not as_json:
-        err_console.print(f"staging {model.name} {man.version} ({man.total_bytes / 1e6:.1f} MB, {len(man.files)} files) "
-                          f"from {src.label} to {len(hosts)} hosts, relay {relay}", markup=False)
-    with _fleet(hosts, fanout, timeout, connect_timeout, policy, password) as fleet, \
-            ByteProgress("stage", [h.name for h in hosts], man.total_bytes, not as_json) as progress:
+        err_console.print(
+            f"staging {model.name} {man.version} ({man.total_bytes / 1e6:.1f} MB, {len(man.files)} files) "
+            f"from {src.label} to {len(hosts)} hosts, relay {relay}",
+            markup=False,
+        )
+    with (
+        _fleet(hosts, fanout, timeout, connect_timeout, policy, password) as fleet,
+        ByteProgress("stage", [h.name for h in hosts], man.total_bytes, not as_json) as progress,
+    ):
         try:
-            report = rn.stage_model(fleet, hosts, model, src, man, relay=relay, chains=chains,
-                                    tree_fanout=tree_fanout, per_rack=per_rack, port=port,
-                                    address_of=lambda h: addresses[h.name],
-                                    workers=workers, keep=keep, warm=warm or warm_bytes is not None, switch=switch,
-                                    timeout=timeout, warm_budget=warm_bytes, on_result=progress.on_result,
-                                    on_progress=progress.on_progress if progress.live else None)
+            report = rn.stage_model(
+                fleet,
+                hosts,
+                model,
+                src,
+                man,
+                relay=relay,
+                chains=chains,
+                tree_fanout=tree_fanout,
+                per_rack=per_rack,
+                port=port,
+                address_of=lambda h: addresses[h.name],
+                workers=workers,
+                keep=keep,
+                warm=warm or warm_bytes is not None,
+                switch=switch,
+                timeout=timeout,
+                warm_budget=warm_bytes,
+                on_result=progress.on_result,
+                on_progress=progress.on_progress if progress.live else None,
+            )
         except ClusterctlError as e:
             fail(str(e))
     if as_json:
         print_json(report.to_dict())
     else:
         console.print(_stage_table(report))
-        console.print(f"{len(report.rows)} hosts, {report.bytes_total / 1e6:.1f} MB each, {report.seconds:.1f} s",
-                      markup=False)
+        console.print(
+            f"{len(report.rows)} hosts, {report.bytes_total / 1e6:.1f} MB each, {report.seconds:.1f} s", markup=False
+        )
     raise typer.Exit(ExitCode.OK if report.ok else ExitCode.CRIT)
 
 

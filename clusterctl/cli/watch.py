@@ -42,10 +42,23 @@ def groups(rows: list[Any]) -> list[dict[str, Any]]:
     """One summary per template (``host:NAME`` for instances without one), worst first."""
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
-        g = out.setdefault(r.template or f"host:{r.host or '-'}", {
-            "group": r.template or f"host:{r.host or '-'}", "instances": 0, "serving": 0, "degraded": 0, "down": 0,
-            "unknown": 0, "kv": [], "waiting": 0.0, "tps": 0.0, "ttft_p90_max": None, "load": None,
-            "worst": Severity.OK})
+        g = out.setdefault(
+            r.template or f"host:{r.host or '-'}",
+            {
+                "group": r.template or f"host:{r.host or '-'}",
+                "instances": 0,
+                "serving": 0,
+                "degraded": 0,
+                "down": 0,
+                "unknown": 0,
+                "kv": [],
+                "waiting": 0.0,
+                "tps": 0.0,
+                "ttft_p90_max": None,
+                "load": None,
+                "worst": Severity.OK,
+            },
+        )
         g["instances"] += 1
         g[{"OK": "serving", "WARN": "degraded", "CRIT": "down", "UNKNOWN": "unknown"}[r.severity.name]] += 1
         if r.kv_usage is not None:
@@ -74,37 +87,69 @@ def frame(rows: list[Any], *, sort: str, top: int, interval: float, stamp: float
     from rich.text import Text
 
     counts = {s: sum(1 for r in rows if r.severity.name == s) for s in ("OK", "WARN", "CRIT", "UNKNOWN")}
-    head = Text(f"{time.strftime('%H:%M:%S', time.localtime(stamp))}  {len(rows)} instances on "
-                f"{len({r.host for r in rows if r.host})} hosts: ")
+    head = Text(
+        f"{time.strftime('%H:%M:%S', time.localtime(stamp))}  {len(rows)} instances on "
+        f"{len({r.host for r in rows if r.host})} hosts: "
+    )
     for s, label in (("OK", "serving"), ("WARN", "degraded"), ("CRIT", "down"), ("UNKNOWN", "unknown")):
         head.append(f"{counts[s]} {label}  ", style=STYLE[s] if counts[s] and s != "OK" else "")
-    head.append(f"(collected in {took_s:.1f} s, every {interval:g} s, sorted by health then {sort}; Ctrl-C quits)",
-                style="dim")
+    head.append(
+        f"(collected in {took_s:.1f} s, every {interval:g} s, sorted by health then {sort}; Ctrl-C quits)", style="dim"
+    )
     parts: list[Any] = [head]
     if len(rows) > top:
         gt = Table(title=f"by template ({len(groups(rows))} groups, worst first)", box=None, title_justify="left")
-        for c in ("group", "inst", "serving", "degraded", "down", "unknown", "kv mean", "kv max", "waiting",
-                  "tok/s", "ttft p90 max", "load max"):
+        for c in (
+            "group",
+            "inst",
+            "serving",
+            "degraded",
+            "down",
+            "unknown",
+            "kv mean",
+            "kv max",
+            "waiting",
+            "tok/s",
+            "ttft p90 max",
+            "load max",
+        ):
             gt.add_column(c, no_wrap=True, justify="left" if c == "group" else "right")
-        for g in groups(rows)[:max(5, top // 2)]:
-            gt.add_row(escape(g["group"]), str(g["instances"]), str(g["serving"]),
-                       f"[yellow]{g['degraded']}[/]" if g["degraded"] else "0",
-                       f"[bold red]{g['down']}[/]" if g["down"] else "0",
-                       f"[magenta]{g['unknown']}[/]" if g["unknown"] else "0",
-                       _pct(g["kv_mean"]), _pct(g["kv_max"]), f"{g['waiting']:.0f}", f"{g['tps']:.0f}",
-                       _secs(g["ttft_p90_max"]),
-                       "-" if g["load"] is None else f"{g['load']:.2f}")
+        for g in groups(rows)[: max(5, top // 2)]:
+            gt.add_row(
+                escape(g["group"]),
+                str(g["instances"]),
+                str(g["serving"]),
+                f"[yellow]{g['degraded']}[/]" if g["degraded"] else "0",
+                f"[bold red]{g['down']}[/]" if g["down"] else "0",
+                f"[magenta]{g['unknown']}[/]" if g["unknown"] else "0",
+                _pct(g["kv_mean"]),
+                _pct(g["kv_max"]),
+                f"{g['waiting']:.0f}",
+                f"{g['tps']:.0f}",
+                _secs(g["ttft_p90_max"]),
+                "-" if g["load"] is None else f"{g['load']:.2f}",
+            )
         parts.append(gt)
-    t = Table(title=f"instances: {'the ' + str(top) + ' worst of ' + str(len(rows)) if len(rows) > top else 'all'}",
-              box=None, title_justify="left")
+    t = Table(
+        title=f"instances: {'the ' + str(top) + ' worst of ' + str(len(rows)) if len(rows) > top else 'all'}",
+        box=None,
+        title_justify="left",
+    )
     for c in ("instance", "host", "state", "rst", "kv", "run/wait", "tok/s", "ttft p90", "load", "note"):
         t.add_column(c, no_wrap=c != "note", overflow="ellipsis")
     for r in order(rows, sort)[:top]:
-        t.add_row(escape(r.name), escape(r.host or "-"), f"[{STYLE[r.severity.name]}]{escape(r.state)}[/]",
-                  "-" if r.restarts is None else str(r.restarts), _pct(r.kv_usage),
-                  "-" if r.running is None else f"{r.running:.0f}/{r.waiting or 0:.0f}",
-                  "-" if r.tokens_per_s is None else f"{r.tokens_per_s:.0f}", _secs(r.ttft_p90_s),
-                  "-" if r.load is None else f"{r.load:.2f}", escape(r.message or ""))
+        t.add_row(
+            escape(r.name),
+            escape(r.host or "-"),
+            f"[{STYLE[r.severity.name]}]{escape(r.state)}[/]",
+            "-" if r.restarts is None else str(r.restarts),
+            _pct(r.kv_usage),
+            "-" if r.running is None else f"{r.running:.0f}/{r.waiting or 0:.0f}",
+            "-" if r.tokens_per_s is None else f"{r.tokens_per_s:.0f}",
+            _secs(r.ttft_p90_s),
+            "-" if r.load is None else f"{r.load:.2f}",
+            escape(r.message or ""),
+        )
     parts.append(t)
     return Group(*parts)
 
@@ -120,8 +165,16 @@ def _secs(v: Optional[float]) -> str:
     return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
-def run_watch(collect: Callable[[], list[Any]], *, interval: float, sort: str, top: Optional[int],
-              count: Optional[int], json_out: bool, console: Any) -> int:
+def run_watch(
+    collect: Callable[[], list[Any]],
+    *,
+    interval: float,
+    sort: str,
+    top: Optional[int],
+    count: Optional[int],
+    json_out: bool,
+    console: Any,
+) -> int:
     """Refresh until Ctrl-C or ``count`` refreshes; the exit code of the last one."""
     from clusterctl.deploy.status.instances import exit_code
 
@@ -142,8 +195,10 @@ def run_watch(collect: Callable[[], list[Any]], *, interval: float, sort: str, t
             code = exit_code(rows)
             n += 1
             if json_out:
-                sys.stdout.write(json.dumps({"time": time.time(), "instances": [r.to_json() for r in rows],
-                                             "exit_code": code}) + "\n")
+                sys.stdout.write(
+                    json.dumps({"time": time.time(), "instances": [r.to_json() for r in rows], "exit_code": code})
+                    + "\n"
+                )
                 sys.stdout.flush()
             else:
                 room = max(5, console.size.height - 8) if tty else 25  # rows that fit under the header

@@ -106,25 +106,31 @@ def node_reply(r: HostResult) -> NodeReply:
     return NodeReply(r.host, False, {}, r.error or r.status.value, r.status.value)
 
 
-def run_job(fleet: Any, job: Mapping[str, Any], *, hosts: list[str] | None = None,
-            timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, NodeReply]:
+def run_job(
+    fleet: Any, job: Mapping[str, Any], *, hosts: list[str] | None = None, timeout: float = DEFAULT_TIMEOUT_S
+) -> dict[str, NodeReply]:
     """Run the same ``job`` on ``hosts`` (default: every host of ``fleet``), as root."""
     names = hosts if hosts is not None else [h.name for h in fleet.hosts]
     if not names:
         return {}
     cmd = node_command()
-    res = fleet.run({h: cmd for h in names}, stdin=json.dumps(job).encode() + b"\n", sudo=True,
-                    timeout=timeout)
+    res = fleet.run({h: cmd for h in names}, stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
     return {r.host: node_reply(r) for r in res}
 
 
-def run_jobs(fleet: Any, jobs: Mapping[str, Mapping[str, Any]], *, timeout: float = DEFAULT_TIMEOUT_S,
-             on_reply: Callable[[NodeReply], None] | None = None) -> dict[str, NodeReply]:
+def run_jobs(
+    fleet: Any,
+    jobs: Mapping[str, Mapping[str, Any]],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    on_reply: Callable[[NodeReply], None] | None = None,
+) -> dict[str, NodeReply]:
     """Run one job per host (each host sees only its own job: env files hold secrets).
 
     Hosts run in parallel, at most the fleet's fanout at a time;
     ``on_reply`` is called (in worker threads) as each host finishes.
     """
+
     def one(host: str) -> NodeReply:
         reply = run_job(fleet, jobs[host], hosts=[host], timeout=timeout)[host]
         if on_reply:
@@ -137,9 +143,16 @@ def run_jobs(fleet: Any, jobs: Mapping[str, Mapping[str, Any]], *, timeout: floa
         return dict(zip(jobs, ex.map(one, list(jobs))))
 
 
-def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[str] | None = None,
-               hosts: list[str] | None = None, timeout: float = 60.0,
-               gpu_uuids: bool = False, rdma_ports: Sequence[str] = ()) -> dict[str, HostState]:
+def read_hosts(
+    fleet: Any,
+    *,
+    model_paths: list[str] | None = None,
+    users: list[str] | None = None,
+    hosts: list[str] | None = None,
+    timeout: float = 60.0,
+    gpu_uuids: bool = False,
+    rdma_ports: Sequence[str] = (),
+) -> dict[str, HostState]:
     """Read ``hosts`` (default: every host of ``fleet``) in one SSH command each.
 
     Env files come back only as a digest and per-key hashes salted with a
@@ -149,12 +162,17 @@ def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[
     ``DEV:PORT`` RDMA ports (``HostState.gids``).
     """
     salt = secrets.token_hex(16)
-    job: dict[str, Any] = {"op": "read", "salt": salt, "model_paths": sorted(set(model_paths or [])),
-                           "users": sorted(set(users or []))}
+    job: dict[str, Any] = {
+        "op": "read",
+        "salt": salt,
+        "model_paths": sorted(set(model_paths or [])),
+        "users": sorted(set(users or [])),
+    }
     if rdma_ports:
         job["rdma_ports"] = sorted(set(rdma_ports))
     if gpu_uuids:
         from clusterctl.deploy.units.nodesetup import check_gpus_source
+
         job["gpu_lister"] = check_gpus_source()
     replies = run_job(fleet, job, hosts=hosts, timeout=timeout)
     out: dict[str, HostState] = {}
@@ -163,20 +181,41 @@ def read_hosts(fleet: Any, *, model_paths: list[str] | None = None, users: list[
             out[host] = HostState(host, error=rep.error or "could not read the host")
             continue
         d = rep.data
-        insts = {name: InstanceState(
-            instance=name, unit_text=i["unit_text"], digest=i["digest"], env_hashes=i["env_hashes"],
-            env_present=i["env_present"], active=i["active"], sub=i["sub"], restarts=i["restarts"],
-            main_pid=i["main_pid"], enabled=i["enabled"], started_mono=i["started_mono"], x=i["x"],
-            result=i.get("result", ""), exit_status=i.get("exit_status", ""), journal_tail=i.get("journal_tail", ""))
-            for name, i in d.get("instances", {}).items()}
+        insts = {
+            name: InstanceState(
+                instance=name,
+                unit_text=i["unit_text"],
+                digest=i["digest"],
+                env_hashes=i["env_hashes"],
+                env_present=i["env_present"],
+                active=i["active"],
+                sub=i["sub"],
+                restarts=i["restarts"],
+                main_pid=i["main_pid"],
+                enabled=i["enabled"],
+                started_mono=i["started_mono"],
+                x=i["x"],
+                result=i.get("result", ""),
+                exit_status=i.get("exit_status", ""),
+                journal_tail=i.get("journal_tail", ""),
+            )
+            for name, i in d.get("instances", {}).items()
+        }
         version = d.get("systemd_version")
         uuids = d.get("gpu_uuids")
         gids = d.get("gids")
-        out[host] = HostState(host, insts, d.get("lock"), d.get("previous", []), d.get("models", {}),
-                              d.get("users", {}), salt=salt,
-                              systemd_version=version if isinstance(version, int) else None,
-                              gpu_uuids={int(k): str(v) for k, v in uuids.items()}
-                              if isinstance(uuids, dict) else None,
-                              gids={str(k): v if isinstance(v, list) else None for k, v in gids.items()}
-                              if isinstance(gids, dict) else {})
+        out[host] = HostState(
+            host,
+            insts,
+            d.get("lock"),
+            d.get("previous", []),
+            d.get("models", {}),
+            d.get("users", {}),
+            salt=salt,
+            systemd_version=version if isinstance(version, int) else None,
+            gpu_uuids={int(k): str(v) for k, v in uuids.items()} if isinstance(uuids, dict) else None,
+            gids={str(k): v if isinstance(v, list) else None for k, v in gids.items()}
+            if isinstance(gids, dict)
+            else {},
+        )
     return out

@@ -38,7 +38,7 @@ def unit_name(instance: str) -> str:
 def instance_of_unit(unit: str) -> str | None:
     """``clusterctl-NAME.service`` → ``NAME``; ``None`` for any other unit."""
     if unit.startswith(UNIT_PREFIX) and unit.endswith(".service"):
-        return unit[len(UNIT_PREFIX):-len(".service")] or None
+        return unit[len(UNIT_PREFIX) : -len(".service")] or None
     return None
 
 

@@ -149,6 +149,7 @@ def resolve_state_dir(cli_value: str | Path | None, cfg: UserConfig) -> Path:
 
 # --- reading -----------------------------------------------------------------
 
+
 def _read(path: Path, key: str) -> dict[str, Any]:
     """The ``key`` mapping of one state file; ``{}`` when the file does not exist."""
     try:
@@ -206,9 +207,12 @@ def _placements(path: Path) -> dict[str, dict[str, Placement]]:
                 raise _bad(path, f"{w}.gpus: a GPU is listed twice")
             if CPU_SLOT in idx and len(idx) != 1:
                 raise _bad(path, f"{w}.gpus: the CPU slot ({CPU_SLOT}) stands alone")
-            out[tpl][name] = Placement(host=_name(path, p.get("host"), f"{w}.host"), gpus=idx,
-                                       port=_int(path, p.get("port"), f"{w}.port", 1, 65535),
-                                       workers=_workers(path, p.get("workers", []), w, len(idx)))
+            out[tpl][name] = Placement(
+                host=_name(path, p.get("host"), f"{w}.host"),
+                gpus=idx,
+                port=_int(path, p.get("port"), f"{w}.port", 1, 65535),
+                workers=_workers(path, p.get("workers", []), w, len(idx)),
+            )
     return out
 
 
@@ -237,8 +241,11 @@ def _cordons(path: Path) -> dict[str, Cordon]:
         reason = c.get("reason", "")
         if not isinstance(reason, str):
             raise _bad(path, f"cordons.{key}.reason: expected a string, got {reason!r}")
-        out[key] = Cordon(reason=reason, who=_name(path, c.get("who"), f"cordons.{key}.who"),
-                          when=_name(path, c.get("when"), f"cordons.{key}.when"))
+        out[key] = Cordon(
+            reason=reason,
+            who=_name(path, c.get("who"), f"cordons.{key}.who"),
+            when=_name(path, c.get("when"), f"cordons.{key}.when"),
+        )
     return out
 
 
@@ -248,13 +255,15 @@ def _replicas(path: Path) -> dict[str, int]:
 
 # --- writing -----------------------------------------------------------------
 
+
 def _dump(key: str, body: Any) -> str:
     return json.dumps({"version": FORMAT_VERSION, key: body}, indent=1, sort_keys=True) + "\n"
 
 
 def _placements_json(placements: dict[str, dict[str, Placement]]) -> str:
-    return _dump("templates", {tpl: {name: placement_json(p) for name, p in reps.items()}
-                               for tpl, reps in placements.items()})
+    return _dump(
+        "templates", {tpl: {name: placement_json(p) for name, p in reps.items()} for tpl, reps in placements.items()}
+    )
 
 
 def placement_json(p: Placement) -> dict[str, Any]:
@@ -291,9 +300,11 @@ class StateStore:
 
     def load(self) -> DeployState:
         """Read all three files (missing ones are empty); :class:`StateError` on a corrupt one."""
-        return DeployState(placements=_placements(self.path(PLACEMENTS)),
-                           cordons=_cordons(self.path(CORDONS)),
-                           replicas=_replicas(self.path(REPLICAS)))
+        return DeployState(
+            placements=_placements(self.path(PLACEMENTS)),
+            cordons=_cordons(self.path(CORDONS)),
+            replicas=_replicas(self.path(REPLICAS)),
+        )
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -302,8 +313,10 @@ class StateStore:
             self.directory.mkdir(parents=True, exist_ok=True)
             lock.__enter__()
         except LockBusy:
-            raise _bad(self.path(LOCK), f"another clusterctl has held the deploy state lock for over "
-                                        f"{LOCK_WAIT_S:.0f} s; try again") from None
+            raise _bad(
+                self.path(LOCK),
+                f"another clusterctl has held the deploy state lock for over {LOCK_WAIT_S:.0f} s; try again",
+            ) from None
         except OSError as e:
             raise _bad(self.path(LOCK), f"cannot lock the deploy state directory: {e.strerror or e}") from None
         try:
@@ -337,5 +350,8 @@ class StateStore:
 
     @staticmethod
     def _texts(state: DeployState) -> dict[str, str]:
-        return {PLACEMENTS: _placements_json(state.placements), CORDONS: _cordons_json(state.cordons),
-                REPLICAS: _replicas_json(state.replicas)}
+        return {
+            PLACEMENTS: _placements_json(state.placements),
+            CORDONS: _cordons_json(state.cordons),
+            REPLICAS: _replicas_json(state.replicas),
+        }

@@ -39,8 +39,9 @@ def load(state_dir: str | Path) -> list[dict[str, Any]]:
     except (OSError, ValueError) as e:
         raise AckError(f"{p}: cannot read the acknowledgements: {e}") from None
     acks = doc.get("acks") if isinstance(doc, dict) else None
-    if not isinstance(acks, list) or not all(isinstance(a, dict) and {"check", "subject", "until"} <= set(a)
-                                             for a in acks):
+    if not isinstance(acks, list) or not all(
+        isinstance(a, dict) and {"check", "subject", "until"} <= set(a) for a in acks
+    ):
         raise AckError(f"{p}: not an acknowledgements file (expected {{\"acks\": [{{check, subject, until}}]}})")
     return acks
 
@@ -51,14 +52,21 @@ def save(state_dir: str | Path, acks: list[dict[str, Any]]) -> Path:
     return p
 
 
-def add(state_dir: str | Path, check: str, subject: str, until: float, *, host: str | None = None,
-        reason: str = "", now: float) -> dict[str, Any]:
+def add(
+    state_dir: str | Path,
+    check: str,
+    subject: str,
+    until: float,
+    *,
+    host: str | None = None,
+    reason: str = "",
+    now: float,
+) -> dict[str, Any]:
     """Acknowledge ``check`` on ``subject`` (on ``host``, or every host) until ``until``; replaces an earlier one."""
     if until <= now:
         raise AckError(f"--until {_iso(until)} is not in the future")
     acks = [a for a in load(state_dir) if (a["check"], a["subject"], a.get("host")) != (check, subject, host)]
-    entry = {"check": check, "subject": subject, "host": host, "until": _iso(until), "reason": reason,
-             "at": _iso(now)}
+    entry = {"check": check, "subject": subject, "host": host, "until": _iso(until), "reason": reason, "at": _iso(now)}
     save(state_dir, acks + [entry])
     return entry
 
@@ -66,8 +74,11 @@ def add(state_dir: str | Path, check: str, subject: str, until: float, *, host: 
 def remove(state_dir: str | Path, check: str, subject: str, host: str | None = None) -> int:
     """Remove the acknowledgements of ``check`` on ``subject`` (any host unless ``host``); how many."""
     acks = load(state_dir)
-    kept = [a for a in acks if not (a["check"] == check and a["subject"] == subject
-                                    and (host is None or a.get("host") == host))]
+    kept = [
+        a
+        for a in acks
+        if not (a["check"] == check and a["subject"] == subject and (host is None or a.get("host") == host))
+    ]
     if len(kept) != len(acks):
         save(state_dir, kept)
     return len(acks) - len(kept)
@@ -81,8 +92,9 @@ def until_epoch(entry: dict[str, Any]) -> float:
     try:
         return datetime.datetime.fromisoformat(str(entry["until"]).replace("Z", "+00:00")).timestamp()
     except ValueError:
-        raise AckError(f"acknowledgement of {entry.get('check')} {entry.get('subject')}: bad until "
-                       f"{entry.get('until')!r}") from None
+        raise AckError(
+            f"acknowledgement of {entry.get('check')} {entry.get('subject')}: bad until {entry.get('until')!r}"
+        ) from None
 
 
 def apply(findings: Iterable[Finding], acks: list[dict[str, Any]], now: float) -> list[Finding]:
@@ -90,11 +102,21 @@ def apply(findings: Iterable[Finding], acks: list[dict[str, Any]], now: float) -
     live = [a for a in acks if until_epoch(a) > now]
     out: list[Finding] = []
     for f in findings:
-        a = next((a for a in live if f.severity in (Severity.CRIT, Severity.WARN) and a["check"] == f.check
-                  and a["subject"] == f.subject and a.get("host") in (None, f.host)), None)
+        a = next(
+            (
+                a
+                for a in live
+                if f.severity in (Severity.CRIT, Severity.WARN)
+                and a["check"] == f.check
+                and a["subject"] == f.subject
+                and a.get("host") in (None, f.host)
+            ),
+            None,
+        )
         if a is not None:
             why = f"; {a['reason']}" if a.get("reason") else ""
-            f = replace(f, severity=Severity.OK,
-                        message=f"acknowledged until {a['until']}{why}: {f.severity.name}: {f.message}")
+            f = replace(
+                f, severity=Severity.OK, message=f"acknowledged until {a['until']}{why}: {f.severity.name}: {f.message}"
+            )
         out.append(f)
     return out

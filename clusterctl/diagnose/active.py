@@ -138,9 +138,14 @@ def endpoint(host: str, facts: Mapping[str, Any], inv: Any) -> Endpoint | str:
     gid = next((g for g in gids if ipv4_of_gid(g.get("gid", "")) is not None), gids[0] if gids else None)
     speed = nic.get("speed_mbps")
     gbps = float(speed) / 1000 if speed else rdma.get("rate_gbps")
-    return Endpoint(host, str(program), str(rdma.get("device")), int(rdma.get("port") or 1),
-                    int(gid["index"]) if gid and gid.get("index") is not None else None,
-                    float(gbps) if gbps else None)
+    return Endpoint(
+        host,
+        str(program),
+        str(rdma.get("device")),
+        int(rdma.get("port") or 1),
+        int(gid["index"]) if gid and gid.get("index") is not None else None,
+        float(gbps) if gbps else None,
+    )
 
 
 def _argv(ep: Endpoint, duration: float, tcp_port: int) -> list[str]:
@@ -150,8 +155,9 @@ def _argv(ep: Endpoint, duration: float, tcp_port: int) -> list[str]:
     return argv
 
 
-def commands(server: Endpoint, client: Endpoint, server_address: str, duration: float, tcp_port: int,
-             limit_s: float) -> tuple[str, str]:
+def commands(
+    server: Endpoint, client: Endpoint, server_address: str, duration: float, tcp_port: int, limit_s: float
+) -> tuple[str, str]:
     """Shell commands for a pair: the server waits for one client; the client
     retries for a few seconds while the server starts.  Both run under
     ``timeout`` (``limit_s`` seconds, then KILL 2 s later)."""
@@ -182,8 +188,13 @@ def _settings(thresholds: Mapping[str, Any] | None) -> dict[str, float]:
     return out
 
 
-def _pair_finding(server: Endpoint, client: Endpoint, out: Mapping[str, RunOutput], duration: float,
-                  thresholds: Mapping[str, Any] | None) -> Finding:
+def _pair_finding(
+    server: Endpoint,
+    client: Endpoint,
+    out: Mapping[str, RunOutput],
+    duration: float,
+    thresholds: Mapping[str, Any] | None,
+) -> Finding:
     subj = f"pair:{server.host}"
     what = f"{client.host} {client.device} -> {server.host} {server.device}"
     res = out.get(client.host)
@@ -199,17 +210,21 @@ def _pair_finding(server: Endpoint, client: Endpoint, out: Mapping[str, RunOutpu
             why = f"exit status {res.rc}, no bandwidth in its output"
         srv = out.get(server.host)
         tail = f"; server: {srv.error}" if srv is not None and srv.error else ""
-        return Finding(CHECK, Severity.UNKNOWN, client.host, subj, f"{what}: ib_write_bw failed ({why}{tail})",
-                       "run ib_write_bw by hand on the pair to see why (device, GID index, firewall on "
-                       "the perftest port)")
+        return Finding(
+            CHECK,
+            Severity.UNKNOWN,
+            client.host,
+            subj,
+            f"{what}: ib_write_bw failed ({why}{tail})",
+            "run ib_write_bw by hand on the pair to see why (device, GID index, firewall on the perftest port)",
+        )
     speeds = [g for g in (server.gbps, client.gbps) if g]
     link = min(speeds) if speeds else None
     limits = _threshold(thresholds, link)
     msg = f"{what}: {got.avg_gbps:.1f} Gb/s average over {duration:g} s"
     ev = (f"message size {got.size} B, {got.iterations} iterations",)
     if limits is None:
-        return Finding(CHECK, Severity.OK, client.host, subj, msg + " (link speed unknown: not judged)",
-                       "", ev)
+        return Finding(CHECK, Severity.OK, client.host, subj, msg + " (link speed unknown: not judged)", "", ev)
     warn, crit = limits
     if got.avg_gbps < crit:
         sev = Severity.CRIT
@@ -217,25 +232,46 @@ def _pair_finding(server: Endpoint, client: Endpoint, out: Mapping[str, RunOutpu
         sev = Severity.WARN
     else:
         return Finding(CHECK, Severity.OK, client.host, subj, f"{msg} on a {link:g} Gb/s link", "", ev)
-    return Finding(CHECK, sev, client.host, subj,
-                   f"{msg}, below {warn if sev is Severity.WARN else crit:g} Gb/s for a {link:g} Gb/s link",
-                   "check the pair's roce.* and net.data findings (PFC, link speed, MTU), then each host "
-                   "against a third one to find the slow side", ev)
+    return Finding(
+        CHECK,
+        sev,
+        client.host,
+        subj,
+        f"{msg}, below {warn if sev is Severity.WARN else crit:g} Gb/s for a {link:g} Gb/s link",
+        "check the pair's roce.* and net.data findings (PFC, link speed, MTU), then each host "
+        "against a third one to find the slow side",
+        ev,
+    )
 
 
-def active_findings(facts: Mapping[str, Mapping[str, Any]], missing: Mapping[str, str],
-                    live: bool = True, *, inventory: Any = None, runner: Runner | None = None,
-                    addresses: Mapping[str, str] | None = None,
-                    thresholds: Mapping[str, Any] | None = None,
-                    max_pairs: int | None = None) -> list[Finding]:
+def active_findings(
+    facts: Mapping[str, Mapping[str, Any]],
+    missing: Mapping[str, str],
+    live: bool = True,
+    *,
+    inventory: Any = None,
+    runner: Runner | None = None,
+    addresses: Mapping[str, str] | None = None,
+    thresholds: Mapping[str, Any] | None = None,
+    max_pairs: int | None = None,
+) -> list[Finding]:
     """``roce.active`` findings: pair results where a ``runner`` can run the
     tests, UNKNOWN rows saying why for every host that was not tested.
     ``max_pairs`` caps the pairs run at once (a server holds its SSH slot
     until its client connects, so at most half the fan-out)."""
     out: list[Finding] = []
     if not live:
-        return [Finding(CHECK, Severity.UNKNOWN, h, "host", "no active test on a bundle",
-                        "run doctor --active against the live hosts") for h in facts]
+        return [
+            Finding(
+                CHECK,
+                Severity.UNKNOWN,
+                h,
+                "host",
+                "no active test on a bundle",
+                "run doctor --active against the live hosts",
+            )
+            for h in facts
+        ]
     order = list(facts)
     if inventory is not None:
         pos = {h: i for i, h in enumerate(getattr(inventory, "hosts", {}))}
@@ -244,32 +280,58 @@ def active_findings(facts: Mapping[str, Mapping[str, Any]], missing: Mapping[str
     for host in order:
         ep = endpoint(host, facts[host], inventory)
         if isinstance(ep, str):
-            act = ("install perftest on the hosts to measure RDMA bandwidth between them"
-                   if "not installed" in ep else "upgrade clusterctl on the control host"
-                   if "older collector" in ep else "check the data NIC's RDMA device (net.data)")
+            act = (
+                "install perftest on the hosts to measure RDMA bandwidth between them"
+                if "not installed" in ep
+                else "upgrade clusterctl on the control host"
+                if "older collector" in ep
+                else "check the data NIC's RDMA device (net.data)"
+            )
             out.append(Finding(CHECK, Severity.UNKNOWN, host, "host", ep, act))
         elif runner is None:
-            out.append(Finding(CHECK, Severity.UNKNOWN, host, "host",
-                               f"ib_write_bw found at {ep.program}, but no way to run it from here",
-                               "run doctor --active against the live hosts"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.UNKNOWN,
+                    host,
+                    "host",
+                    f"ib_write_bw found at {ep.program}, but no way to run it from here",
+                    "run doctor --active against the live hosts",
+                )
+            )
         else:
             eps[host] = ep
     for host, why in missing.items():
-        out.append(Finding(CHECK, Severity.UNKNOWN, host, "host", f"no facts: {why}",
-                           "make the host reachable and run doctor again"))
+        out.append(
+            Finding(
+                CHECK,
+                Severity.UNKNOWN,
+                host,
+                "host",
+                f"no facts: {why}",
+                "make the host reachable and run doctor again",
+            )
+        )
     if runner is None:
         return out
     names = list(eps)
     if len(names) == 1:
-        out.append(Finding(CHECK, Severity.UNKNOWN, names[0], "host",
-                           "no partner: no other host with perftest and an RDMA data NIC",
-                           "install perftest on a second host"))
+        out.append(
+            Finding(
+                CHECK,
+                Severity.UNKNOWN,
+                names[0],
+                "host",
+                "no partner: no other host with perftest and an RDMA data NIC",
+                "install perftest on a second host",
+            )
+        )
         return out
     cfg = _settings(thresholds)
     duration, port = cfg["duration_s"], int(cfg["tcp_port"])
     limit = duration + cfg["slack_s"]
     step = max(1, max_pairs or len(names))
-    batches = [rnd[i:i + step] for rnd in plan_rounds(names) for i in range(0, len(rnd), step)]
+    batches = [rnd[i : i + step] for rnd in plan_rounds(names) for i in range(0, len(rnd), step)]
     for rnd in batches:
         cmds: dict[str, str] = {}
         for server, client in rnd:
@@ -283,7 +345,9 @@ def active_findings(facts: Mapping[str, Mapping[str, Any]], missing: Mapping[str
 
 def fleet_runner(fleet: Any) -> Runner:
     """A :data:`Runner` over a :class:`clusterctl.fleet.fleet.Fleet` (SSH)."""
+
     def run(cmds: Mapping[str, str], timeout: float) -> dict[str, RunOutput]:
         res = fleet.run(dict(cmds), timeout=timeout, deadline=timeout + 30)
         return {r.host: RunOutput(r.rc, r.stdout, r.error) for r in res}
+
     return run

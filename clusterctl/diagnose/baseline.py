@@ -39,22 +39,29 @@ def learn(facts: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             "gpu_count": len(g.get("devices") or []),
             "driver_version": g.get("driver_version"),
             "vbios_versions": sorted({str(d["vbios_version"]) for d in devices if d.get("vbios_version")}),
-            "gpus": {int(d["index"]): {
-                "name": d.get("name"), "uuid": d.get("uuid"), "pci_address": d.get("pci_address"),
-                "pcie_width": (d.get("pcie") or {}).get("width"),
-                "nvlink_active": sum(1 for lk in d.get("nvlink") or [] if lk.get("state") == "active"),
-                "persistence_mode": d.get("persistence_mode")} for d in devices},
+            "gpus": {
+                int(d["index"]): {
+                    "name": d.get("name"),
+                    "uuid": d.get("uuid"),
+                    "pci_address": d.get("pci_address"),
+                    "pcie_width": (d.get("pcie") or {}).get("width"),
+                    "nvlink_active": sum(1 for lk in d.get("nvlink") or [] if lk.get("state") == "active"),
+                    "persistence_mode": d.get("persistence_mode"),
+                }
+                for d in devices
+            },
         }
-    return {"format": FORMAT, "learned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "hosts": hosts}
+    return {"format": FORMAT, "learned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "hosts": hosts}
 
 
 def write_baseline(path: str | Path, data: dict[str, Any]) -> Path:
     """Write ``data`` to ``path`` atomically (temporary file, then rename)."""
     p = Path(path)
     tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text("# clusterctl doctor --learn: the known-good configuration; edit with care\n"
-                   + yaml.safe_dump(data, sort_keys=False))
+    tmp.write_text(
+        "# clusterctl doctor --learn: the known-good configuration; edit with care\n"
+        + yaml.safe_dump(data, sort_keys=False)
+    )
     os.replace(tmp, p)
     return p
 
@@ -98,37 +105,89 @@ def _compare(host: str, want: dict[str, Any], g: dict[str, Any]) -> list[Finding
         return out  # gpu.nvml says why
     devices = {int(d["index"]): d for d in g.get("devices") or [] if d.get("index") is not None}
     if len(devices) < int(want.get("gpu_count") or 0):
-        out.append(Finding(CHECK, Severity.CRIT, host, "host",
-                           f"{len(devices)} GPUs, the baseline has {want['gpu_count']}",
-                           "drain the node; find the missing GPU (kernel log, reseat, replace)"))
+        out.append(
+            Finding(
+                CHECK,
+                Severity.CRIT,
+                host,
+                "host",
+                f"{len(devices)} GPUs, the baseline has {want['gpu_count']}",
+                "drain the node; find the missing GPU (kernel log, reseat, replace)",
+            )
+        )
     if want.get("driver_version") and g.get("driver_version") != want["driver_version"]:
-        out.append(Finding(CHECK, Severity.WARN, host, "host",
-                           f"driver {g.get('driver_version')}, the baseline has {want['driver_version']}",
-                           "install the baseline's driver, or --learn again if the change is intended"))
+        out.append(
+            Finding(
+                CHECK,
+                Severity.WARN,
+                host,
+                "host",
+                f"driver {g.get('driver_version')}, the baseline has {want['driver_version']}",
+                "install the baseline's driver, or --learn again if the change is intended",
+            )
+        )
     vbios = sorted({str(d["vbios_version"]) for d in devices.values() if d.get("vbios_version")})
     if want.get("vbios_versions") and vbios and vbios != want["vbios_versions"]:
-        out.append(Finding(CHECK, Severity.WARN, host, "host",
-                           f"VBIOS {', '.join(vbios)}, the baseline has {', '.join(want['vbios_versions'])}",
-                           "flash the baseline's VBIOS, or --learn again if the change is intended"))
+        out.append(
+            Finding(
+                CHECK,
+                Severity.WARN,
+                host,
+                "host",
+                f"VBIOS {', '.join(vbios)}, the baseline has {', '.join(want['vbios_versions'])}",
+                "flash the baseline's VBIOS, or --learn again if the change is intended",
+            )
+        )
     for index, w in sorted((want.get("gpus") or {}).items()):
         d = devices.get(int(index))
         if d is None or d.get("lost") or d.get("hung"):
             continue  # counted above / gpu.lost
         subj = f"gpu:{index}"
         if w.get("uuid") and d.get("uuid") and d["uuid"] != w["uuid"]:
-            out.append(Finding(CHECK, Severity.WARN, host, subj, f"another GPU at this index: {d['uuid']} "
-                               f"(baseline {w['uuid']})", "a replaced or reordered GPU: check the placement "
-                               "and --learn again", (f"pci {w.get('pci_address')} -> {d.get('pci_address')}",)))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.WARN,
+                    host,
+                    subj,
+                    f"another GPU at this index: {d['uuid']} (baseline {w['uuid']})",
+                    "a replaced or reordered GPU: check the placement and --learn again",
+                    (f"pci {w.get('pci_address')} -> {d.get('pci_address')}",),
+                )
+            )
         width = (d.get("pcie") or {}).get("width")
         if w.get("pcie_width") and width and width < w["pcie_width"]:
-            out.append(Finding(CHECK, Severity.WARN, host, subj, f"PCIe x{width}, the baseline has x{w['pcie_width']}",
-                               "reseat the GPU or riser at the next window"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.WARN,
+                    host,
+                    subj,
+                    f"PCIe x{width}, the baseline has x{w['pcie_width']}",
+                    "reseat the GPU or riser at the next window",
+                )
+            )
         active = sum(1 for lk in d.get("nvlink") or [] if lk.get("state") == "active")
         if w.get("nvlink_active") and active < w["nvlink_active"]:
-            out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                               f"{active} NVLink links active, the baseline has {w['nvlink_active']}",
-                               "drain the GPU's instances; check `nvidia-smi nvlink -s`, reset, replace"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT,
+                    host,
+                    subj,
+                    f"{active} NVLink links active, the baseline has {w['nvlink_active']}",
+                    "drain the GPU's instances; check `nvidia-smi nvlink -s`, reset, replace",
+                )
+            )
         if w.get("persistence_mode") and d.get("persistence_mode") is False:
-            out.append(Finding(CHECK, Severity.WARN, host, subj, "persistence mode off, on in the baseline",
-                               "enable nvidia-persistenced" + fabric.node_setup_command([host])))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.WARN,
+                    host,
+                    subj,
+                    "persistence mode off, on in the baseline",
+                    "enable nvidia-persistenced" + fabric.node_setup_command([host]),
+                )
+            )
     return out

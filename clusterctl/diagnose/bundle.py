@@ -39,10 +39,12 @@ NODE_SCRIPT = node.path("bundle")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 #: API keys as vLLM 0.11 logs them ("non-default args: {... 'api_key': ['k'] ...}",
 #: argparse Namespace(api_key='k')), on a command line, or in the environment.
-_SECRETS = (re.compile(r"(['\"]api_key['\"]\s*:\s*)(\[[^\]]*\]|'[^']*'|\"[^\"]*\")"),
-            re.compile(r"(\bapi_key=)(\[[^\]]*\]|'[^']*'|\"[^\"]*\"|[^,)\s]+)"),
-            re.compile(r"(--api-key[= ]+)(\S+)"),
-            re.compile(r"(\bVLLM_API_KEY=)(\S+)"))
+_SECRETS = (
+    re.compile(r"(['\"]api_key['\"]\s*:\s*)(\[[^\]]*\]|'[^']*'|\"[^\"]*\")"),
+    re.compile(r"(\bapi_key=)(\[[^\]]*\]|'[^']*'|\"[^\"]*\"|[^,)\s]+)"),
+    re.compile(r"(--api-key[= ]+)(\S+)"),
+    re.compile(r"(\bVLLM_API_KEY=)(\S+)"),
+)
 
 
 def redact(text: str) -> str:
@@ -83,14 +85,18 @@ def safe_name(text: str) -> str:
 
 # ------------------------------------------------------------------- gather
 
+
 def node_spec(inventory: Inventory | None, host: str, journal: bool, lines: int = 5000) -> dict[str, Any]:
     """The node script's argument for ``host``: its instances' units and ports."""
     insts = {}
     for inst in sources.instances(inventory):
         if inst.placement and inst.placement[0].host == host:
             bind = inst.args.get("host") if isinstance(inst.args.get("host"), str) else None
-            insts[inst.name] = {"unit": sources.unit_name(inst.name), "port": inst.port,
-                                "host": None if bind in (None, "0.0.0.0", "::") else bind}
+            insts[inst.name] = {
+                "unit": sources.unit_name(inst.name),
+                "port": inst.port,
+                "host": None if bind in (None, "0.0.0.0", "::") else bind,
+            }
     return {"instances": insts, "journal": journal, "lines": lines, "timeout_s": 5}
 
 
@@ -99,9 +105,18 @@ def node_stdin(probe_payload: bytes) -> bytes:
     return b"PROBE_PAYLOAD = " + repr(probe_payload).encode("ascii") + b"\n" + NODE_SCRIPT.read_bytes()
 
 
-def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interval_s: float = 0.0,
-           timeout: float = 60.0, sudo: bool = False, on_event: Callable[[str], None] | None = None,
-           on_facts: Callable[[Any], None] | None = None, raw_outputs: bool = False) -> Snapshot:
+def gather(
+    fleet: Any,
+    inventory: Inventory | None,
+    hosts: list[Host],
+    *,
+    interval_s: float = 0.0,
+    timeout: float = 60.0,
+    sudo: bool = False,
+    on_event: Callable[[str], None] | None = None,
+    on_facts: Callable[[Any], None] | None = None,
+    raw_outputs: bool = False,
+) -> Snapshot:
     """One snapshot of ``hosts`` in one SSH round trip per host.
 
     On each host the node script (``clusterctl/node/bundle.py``) runs, at once: the probe
@@ -122,14 +137,20 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
     from clusterctl.probe.payload import payload, probe_command
     from clusterctl.probe.run import interpret
 
-    snap = Snapshot(interval_s=interval_s, meta={"started_at": _now(), "clusterctl_version": __version__,
-                                                 "hosts": [h.name for h in hosts]})
-    probe_argv = shlex.split(probe_command(nvml_budget=max(1.0, timeout * 0.6), raw_outputs=raw_outputs,
-                                           counter_interval=interval_s or None))  # NIC counters for rate checks
+    snap = Snapshot(
+        interval_s=interval_s,
+        meta={"started_at": _now(), "clusterctl_version": __version__, "hosts": [h.name for h in hosts]},
+    )
+    probe_argv = shlex.split(
+        probe_command(nvml_budget=max(1.0, timeout * 0.6), raw_outputs=raw_outputs, counter_interval=interval_s or None)
+    )  # NIC counters for rate checks
     commands = {}
     for h in getattr(fleet, "hosts", hosts):
-        spec = {**node_spec(inventory, h.name, True), "interval_s": interval_s,
-                "probe": {"argv": probe_argv, "timeout_s": timeout}}
+        spec = {
+            **node_spec(inventory, h.name, True),
+            "interval_s": interval_s,
+            "probe": {"argv": probe_argv, "timeout_s": timeout},
+        }
         commands[h.name] = [json.dumps(spec)]
     busy = sum(1 for h in hosts if node_spec(inventory, h.name, False)["instances"])
     if on_event and busy:
@@ -142,8 +163,13 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
         if doc is not None:
             p = doc.get("probe") or {}
             rc = p.get("rc")
-            probe_row = dataclasses.replace(row, rc=rc, stdout=p.get("stdout", ""), stderr=p.get("stderr", ""),
-                                            status=type(row.status)("ok" if rc == 0 else "failed"))
+            probe_row = dataclasses.replace(
+                row,
+                rc=rc,
+                stdout=p.get("stdout", ""),
+                stderr=p.get("stderr", ""),
+                status=type(row.status)("ok" if rc == 0 else "failed"),
+            )
             _absorb(snap, row.host, doc)
             if doc.get("metrics_interval_s") is not None:
                 intervals.append(float(doc["metrics_interval_s"]))
@@ -154,7 +180,8 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
             kl = r.facts.raw.get("kernel_log") or {}
             if kl.get("source"):
                 snap.raw.setdefault(row.host, {})[sources.KERNEL_LOG] = "".join(
-                    str(x.get("text", "")) + "\n" for x in kl.get("lines") or [])
+                    str(x.get("text", "")) + "\n" for x in kl.get("lines") or []
+                )
         else:
             snap.missing[row.host] = r.reason or r.status
         if on_facts:
@@ -163,8 +190,15 @@ def gather(fleet: Any, inventory: Inventory | None, hosts: list[Host], *, interv
     t0 = time.monotonic()
     wanted = {h.name for h in hosts}
     # the node script with the probe inside, shipped only to hosts without a verified copy
-    run_cached(fleet, node_stdin(payload().data), {k: v for k, v in commands.items() if k in wanted}, sudo=sudo,
-               timeout=timeout + interval_s + 10, on_result=each, require_python=True)
+    run_cached(
+        fleet,
+        node_stdin(payload().data),
+        {k: v for k, v in commands.items() if k in wanted},
+        sudo=sudo,
+        timeout=timeout + interval_s + 10,
+        on_result=each,
+        require_python=True,
+    )
     snap.meta["facts_at"] = snap.meta["finished_at"] = _now()
     snap.meta["phases_s"] = {"round_trip": round(time.monotonic() - t0, 3)}
     if intervals:
@@ -207,20 +241,30 @@ def _absorb(snap: Snapshot, host: str, doc: dict[str, Any]) -> None:
 
 def only_hosts(snap: Snapshot, names: set[str]) -> Snapshot:
     """The part of ``snap`` about ``names``."""
-    return Snapshot(facts={h: v for h, v in snap.facts.items() if h in names},
-                    missing={h: v for h, v in snap.missing.items() if h in names},
-                    raw={h: v for h, v in snap.raw.items() if h in names},
-                    commands={h: v for h, v in snap.commands.items() if h in names},
-                    interval_s=snap.interval_s, meta=snap.meta,
-                    inputs={h: v for h, v in snap.inputs.items() if h in names})
+    return Snapshot(
+        facts={h: v for h, v in snap.facts.items() if h in names},
+        missing={h: v for h, v in snap.missing.items() if h in names},
+        raw={h: v for h, v in snap.raw.items() if h in names},
+        commands={h: v for h, v in snap.commands.items() if h in names},
+        interval_s=snap.interval_s,
+        meta=snap.meta,
+        inputs={h: v for h, v in snap.inputs.items() if h in names},
+    )
 
 
 def context(snap: Snapshot, inventory: Inventory | None, thresholds: dict[str, Any]) -> AnalysisContext:
-    return AnalysisContext(inventory=inventory, facts=snap.facts, missing=snap.missing, raw=snap.raw,
-                           interval_s=snap.interval_s, thresholds=thresholds)
+    return AnalysisContext(
+        inventory=inventory,
+        facts=snap.facts,
+        missing=snap.missing,
+        raw=snap.raw,
+        interval_s=snap.interval_s,
+        thresholds=thresholds,
+    )
 
 
 # -------------------------------------------------------------------- write
+
 
 def _command_file(rec: dict[str, Any], seen: dict[str, int]) -> str:
     base = " ".join(rec["argv"]) if rec.get("argv") else rec.get("url", "command")
@@ -304,6 +348,7 @@ def write_bundle(snap: Snapshot, dest: str | Path, inventory_text: str | None = 
 
 # --------------------------------------------------------------------- read
 
+
 def _bad(path: Path | str, message: str, line: int = 1) -> ConfigError:
     return ConfigError([Problem(str(path), line, message)])
 
@@ -335,17 +380,41 @@ def _meta(path: Path, doc: Any) -> dict[str, Any]:
 #: scalar.  Only the containers and the few scalars the analyzers compute with are checked; ``null``
 #: is allowed everywhere ("could not be read").
 _FACTS_SHAPE: dict[str, Any] = {
-    "gpus": {"devices": [{"index": int, "ecc": {"volatile": {}, "aggregate": {}}, "remapped_rows": {},
-                          "retired_pages": {}, "clocks_event_reasons": {"active": [str]}, "pcie": {},
-                          "utilization": {}, "field_errors": {}, "nvlink": [{"errors": {}}], "processes": [{}],
-                          "nearest_nics": {}}],
-             "topology": [{}], "timed_out_calls": [str]},
-    "nics": [{"netdev": str, "rdma": {"counters": {}, "hw_counters": {}, "gids": [{}]},
-              "qos": {"raw": {}, "reasons": {}, "ecn": {}, "pfc_enabled": [int], "dscp2prio": {}},
-              "ethtool_stats": {}, "samples": [{"ethtool_stats": {}, "hw_counters": {}, "counters": {}}]}],
-    "units": [{"environment": {}}], "kernel_log": {"lines": [{}]},
+    "gpus": {
+        "devices": [
+            {
+                "index": int,
+                "ecc": {"volatile": {}, "aggregate": {}},
+                "remapped_rows": {},
+                "retired_pages": {},
+                "clocks_event_reasons": {"active": [str]},
+                "pcie": {},
+                "utilization": {},
+                "field_errors": {},
+                "nvlink": [{"errors": {}}],
+                "processes": [{}],
+                "nearest_nics": {},
+            }
+        ],
+        "topology": [{}],
+        "timed_out_calls": [str],
+    },
+    "nics": [
+        {
+            "netdev": str,
+            "rdma": {"counters": {}, "hw_counters": {}, "gids": [{}]},
+            "qos": {"raw": {}, "reasons": {}, "ecn": {}, "pfc_enabled": [int], "dscp2prio": {}},
+            "ethtool_stats": {},
+            "samples": [{"ethtool_stats": {}, "hw_counters": {}, "counters": {}}],
+        }
+    ],
+    "units": [{"environment": {}}],
+    "kernel_log": {"lines": [{}]},
     "host": {"disks": [{}], "memory": {}, "cpu": {}, "kernel": {}, "os_release": {}},
-    "rdma_prereqs": {}, "tools": {}, "errors": [{}], "dcgm_diag": {"results": [{}]},
+    "rdma_prereqs": {},
+    "tools": {},
+    "errors": [{}],
+    "dcgm_diag": {"results": [{}]},
 }
 
 
@@ -392,8 +461,11 @@ def _json_index(path: str, data: bytes | None) -> dict[str, dict[str, Any]]:
         doc = inputs.load_json(path, data) if data else []
     except ConfigError:
         return {}
-    return {str(r["file"]): r for r in doc if isinstance(r, dict) and isinstance(r.get("file"), str)} \
-        if isinstance(doc, list) else {}
+    return (
+        {str(r["file"]): r for r in doc if isinstance(r, dict) and isinstance(r.get("file"), str)}
+        if isinstance(doc, list)
+        else {}
+    )
 
 
 def _read_host(snap: Snapshot, host: str, d: Path, budget: inputs.Budget) -> None:
@@ -421,12 +493,17 @@ def _read_host(snap: Snapshot, host: str, d: Path, budget: inputs.Budget) -> Non
             raw[f"{inst}.metrics" + ("" if n in ("", "1") else f".{n}")] = inputs.bounded_text(files.pop(rel))
             layout.append(rel)
     index = _json_index(str(d / "commands" / "index.json"), files.pop("commands/index.json", None))
-    seen: list[dict[str, Any]] = [{"path": x, "kind": "bundle layout", "note": ""} for x in
-                                  (["facts.json"] if host in snap.facts else []) + sorted(
-                                      k for k in ("kernel.log",) if sources.KERNEL_LOG in raw) + layout]
+    seen: list[dict[str, Any]] = [
+        {"path": x, "kind": "bundle layout", "note": ""}
+        for x in (["facts.json"] if host in snap.facts else [])
+        + sorted(k for k in ("kernel.log",) if sources.KERNEL_LOG in raw)
+        + layout
+    ]
     if host in snap.facts:
-        seen += [{"path": rel, "kind": None, "note": "a record of what the probe ran; its facts are in facts.json"}
-                 for rel in sorted(files)]
+        seen += [
+            {"path": rel, "kind": None, "note": "a record of what the probe ran; its facts are in facts.json"}
+            for rel in sorted(files)
+        ]
     elif files:
         ev = evidence.host_evidence(sorted(files.items()), index)
         seen += [s.to_json() for s in ev.seen]
@@ -438,8 +515,9 @@ def _read_host(snap: Snapshot, host: str, d: Path, budget: inputs.Budget) -> Non
         snap.raw[host] = raw
     snap.inputs[host] = seen
     if host not in snap.facts and host not in snap.raw and host not in snap.missing:
-        snap.missing[host] = (f"no usable data in {d}: " + ("; ".join(f"{s['path']}: {s['note']}" for s in seen)[:300]
-                                                             if seen else "the directory is empty"))
+        snap.missing[host] = f"no usable data in {d}: " + (
+            "; ".join(f"{s['path']}: {s['note']}" for s in seen)[:300] if seen else "the directory is empty"
+        )
 
 
 def read_bundle(path: str | Path, host: str | None = None) -> tuple[Snapshot, Path | None]:
@@ -463,8 +541,11 @@ def read_bundle(path: str | Path, host: str | None = None) -> tuple[Snapshot, Pa
         atexit.register(shutil.rmtree, tmp, True)
         inputs.read_archive(p, tmp, budget)
         tops = [d for d in tmp.iterdir() if d.is_dir()]
-        root = tops[0] if len(tops) == 1 and not (tmp / "hosts").is_dir() and not any(
-            x.is_file() for x in tmp.iterdir()) else tmp
+        root = (
+            tops[0]
+            if len(tops) == 1 and not (tmp / "hosts").is_dir() and not any(x.is_file() for x in tmp.iterdir())
+            else tmp
+        )
         skipped, truncated = budget.skipped, budget.truncated
         budget = inputs.Budget(skipped=list(skipped), truncated=dict(truncated))
         snap, inv = _read_root(root, budget, host or re.sub(r"\.(tar\.gz|tgz|tar)$", "", p.name))
@@ -488,11 +569,20 @@ def read_bundle(path: str | Path, host: str | None = None) -> tuple[Snapshot, Pa
             if name not in snap.facts and name not in snap.raw:
                 snap.missing[name] = f"no usable data in {p}: " + "; ".join(s.note for s in ev.seen)[:300]
     snap.meta.setdefault("input", {})
-    snap.meta["input"] = {"skipped": [{"path": s.path, "reason": s.reason} for s in budget.skipped],
-                          "truncated": {k: v for k, v in budget.truncated.items()}}
+    snap.meta["input"] = {
+        "skipped": [{"path": s.path, "reason": s.reason} for s in budget.skipped],
+        "truncated": {k: v for k, v in budget.truncated.items()},
+    }
     if not (snap.facts or snap.raw or snap.missing):
-        raise ConfigError([Problem(str(p), 0, "no host data: nothing doctor can read was found "
-                                   "(see docs/bundles.md for what it accepts)")])
+        raise ConfigError(
+            [
+                Problem(
+                    str(p),
+                    0,
+                    "no host data: nothing doctor can read was found (see docs/bundles.md for what it accepts)",
+                )
+            ]
+        )
     return snap, inv
 
 

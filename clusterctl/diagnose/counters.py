@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-WRAP_32 = 2 ** 32
+WRAP_32 = 2**32
 
 #: hw_counters read as 32-bit (mlx5 ``be32_to_cpu`` Q counters, groups 1-5 of
 #: drivers/infiniband/hw/mlx5/counters.c); the congestion ones are 64-bit.
-HW_COUNTERS_32 = frozenset("""
+HW_COUNTERS_32 = frozenset(
+    """
     rx_write_requests rx_read_requests rx_atomic_requests rx_dct_connect out_of_buffer
     out_of_sequence duplicate_request rnr_nak_retry_err packet_seq_err implied_nak_seq_err
     local_ack_timeout_err resp_local_length_error resp_cqe_error req_cqe_error
@@ -35,7 +36,8 @@ HW_COUNTERS_32 = frozenset("""
     resp_cqe_flush_error req_cqe_flush_error req_transport_retries_exceeded
     req_rnr_retries_exceeded roce_adp_retrans roce_adp_retrans_to roce_slow_restart
     roce_slow_restart_cnps roce_slow_restart_trans
-""".split())
+""".split()
+)
 #: ethtool -S counters the mlx5 driver keeps in 32 bits.
 ETHTOOL_32 = frozenset({"rx_out_of_buffer", "rx_if_down_packets", "link_down_events_phy"})
 
@@ -79,8 +81,14 @@ class Rates:
         return self.get(name) is not None
 
 
-def _table(old: Mapping[str, int] | None, new: Mapping[str, int] | None, dt: float, wide: frozenset[str],
-           prefix: str, out: Rates) -> dict[str, float]:
+def _table(
+    old: Mapping[str, int] | None,
+    new: Mapping[str, int] | None,
+    dt: float,
+    wide: frozenset[str],
+    prefix: str,
+    out: Rates,
+) -> dict[str, float]:
     rates: dict[str, float] = {}
     if not old or not new:
         return rates
@@ -125,8 +133,11 @@ def rates_between(old: Mapping[str, Any], new: Mapping[str, Any], dt: float | No
 
 def _sample_of(nic: Mapping[str, Any]) -> dict[str, Any]:
     rdma = nic.get("rdma") or {}
-    return {"ethtool_stats": nic.get("ethtool_stats"), "hw_counters": rdma.get("hw_counters"),
-            "counters": rdma.get("counters")}
+    return {
+        "ethtool_stats": nic.get("ethtool_stats"),
+        "hw_counters": rdma.get("hw_counters"),
+        "counters": rdma.get("counters"),
+    }
 
 
 def _epoch(doc: Mapping[str, Any]) -> float | None:
@@ -136,8 +147,12 @@ def _epoch(doc: Mapping[str, Any]) -> float | None:
         return None
 
 
-def nic_rates(nic: Mapping[str, Any], later_doc: Mapping[str, Any] | None = None,
-              doc: Mapping[str, Any] | None = None, interval_s: float = 0.0) -> tuple[Rates | None, str]:
+def nic_rates(
+    nic: Mapping[str, Any],
+    later_doc: Mapping[str, Any] | None = None,
+    doc: Mapping[str, Any] | None = None,
+    interval_s: float = 0.0,
+) -> tuple[Rates | None, str]:
     """The rates of one NIC entry of a facts document, and where they come from.
 
     Preferred: the NIC's own ``samples`` (first and last, timed on the node).
@@ -151,8 +166,9 @@ def nic_rates(nic: Mapping[str, Any], later_doc: Mapping[str, Any] | None = None
         r = rates_between(samples[0], samples[-1])
         return (r, "node-timed samples") if r else (None, "the samples have no positive interval")
     if later_doc is not None:
-        other = next((n for n in later_doc.get("nics") or [] if n.get("netdev") == nic.get("netdev")
-                      and nic.get("netdev")), None)
+        other = next(
+            (n for n in later_doc.get("nics") or [] if n.get("netdev") == nic.get("netdev") and nic.get("netdev")), None
+        )
         if other is not None:
             dt = interval_s
             if doc is not None and not dt:

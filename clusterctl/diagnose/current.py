@@ -142,9 +142,14 @@ def history(current: Iterable[Finding], older: Iterable[Finding]) -> list[Findin
     for f in older:
         if f.severity in (Severity.CRIT, Severity.WARN) and (f.check, f.host, f.subject, f.message) not in seen:
             seen.add((f.check, f.host, f.subject, f.message))
-            out.append(replace(f, severity=Severity.OK,
-                               message=f"{HISTORY}{f.severity.name} before the current run or boot: {f.message}",
-                               action="nothing now (it is from an earlier run or boot; doctor --since to count it)"))
+            out.append(
+                replace(
+                    f,
+                    severity=Severity.OK,
+                    message=f"{HISTORY}{f.severity.name} before the current run or boot: {f.message}",
+                    action="nothing now (it is from an earlier run or boot; doctor --since to count it)",
+                )
+            )
     return out
 
 

@@ -82,60 +82,119 @@ def check_data_nics(ctx: AnalysisContext) -> list[Finding]:
             if n is None and is_partial(ctx.facts[host]):
                 continue  # raw outputs that do not show this NIC: "not checked" (evidence.not_checked), not missing
             if n is None:
-                out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                                   f"{spec.netdev}: the inventory's data NIC does not exist on this host",
-                                   "fix the inventory's netdev name or the host's interface naming"))
+                out.append(
+                    Finding(
+                        CHECK,
+                        Severity.CRIT,
+                        host,
+                        subj,
+                        f"{spec.netdev}: the inventory's data NIC does not exist on this host",
+                        "fix the inventory's netdev name or the host's interface naming",
+                    )
+                )
                 bad = True
                 continue
             rdma = n.get("rdma") or {}
             if n.get("operstate") not in (None, "up", "unknown") or rdma.get("state") not in (None, "ACTIVE"):
-                out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                                   f"{spec.netdev}: link down (operstate {n.get('operstate')}, RDMA port "
-                                   f"{rdma.get('state') or 'none'})",
-                                   "check the cable, transceiver and switch port of this NIC",
-                                   (f"phys_state {rdma.get('phys_state')}",)))
+                out.append(
+                    Finding(
+                        CHECK,
+                        Severity.CRIT,
+                        host,
+                        subj,
+                        f"{spec.netdev}: link down (operstate {n.get('operstate')}, RDMA port "
+                        f"{rdma.get('state') or 'none'})",
+                        "check the cable, transceiver and switch port of this NIC",
+                        (f"phys_state {rdma.get('phys_state')}",),
+                    )
+                )
                 bad = True
                 continue
             speed = n.get("speed_mbps")
             if speed is not None and speed <= debug_mbps:
-                out.append(Finding(CHECK, Severity.WARN, host, subj,
-                                   f"{spec.netdev}: {_gbps(speed)} link: gigabit is for debugging only",
-                                   "use a 100 Gb/s or faster NIC for tensor-parallel traffic across hosts"))
+                out.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        subj,
+                        f"{spec.netdev}: {_gbps(speed)} link: gigabit is for debugging only",
+                        "use a 100 Gb/s or faster NIC for tensor-parallel traffic across hosts",
+                    )
+                )
                 bad = True
             elif speed is not None and spec.speed_gbps and speed < spec.speed_gbps * 1000:
-                out.append(Finding(CHECK, Severity.WARN, host, subj,
-                                   f"{spec.netdev}: link at {_gbps(speed)}, the inventory says "
-                                   f"{spec.speed_gbps:g} Gb/s",
-                                   "check the cable and the switch port's speed; reseat the transceiver"))
+                out.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        subj,
+                        f"{spec.netdev}: link at {_gbps(speed)}, the inventory says {spec.speed_gbps:g} Gb/s",
+                        "check the cable and the switch port's speed; reseat the transceiver",
+                    )
+                )
                 bad = True
             if n.get("mtu") and prof.kind == "roce" and int(n["mtu"]) != prof.mtu:
                 rel = fabric.odd_one_out(mtus, host, prof.mtu)
-                out.append(Finding(CHECK, Severity.WARN, host, subj,
-                                   f"{host} {spec.netdev}: MTU {n['mtu']}; {rel}",
-                                   f"set MTU {prof.mtu} on {spec.netdev} and its switch port "
-                                   "(RoCE uses the largest of 256..4096 that fits)"
-                                   + fabric.node_setup_command([host]) + " on the host"))
+                out.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        subj,
+                        f"{host} {spec.netdev}: MTU {n['mtu']}; {rel}",
+                        f"set MTU {prof.mtu} on {spec.netdev} and its switch port "
+                        "(RoCE uses the largest of 256..4096 that fits)"
+                        + fabric.node_setup_command([host])
+                        + " on the host",
+                    )
+                )
                 bad = True
             if spec.rdma_device and not rdma:
-                out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                                   f"{spec.netdev}: no RDMA device behind it (the inventory says "
-                                   f"{spec.rdma_device})",
-                                   "load mlx5_ib / check the driver stack; NCCL falls back to TCP sockets"))
+                out.append(
+                    Finding(
+                        CHECK,
+                        Severity.CRIT,
+                        host,
+                        subj,
+                        f"{spec.netdev}: no RDMA device behind it (the inventory says {spec.rdma_device})",
+                        "load mlx5_ib / check the driver stack; NCCL falls back to TCP sockets",
+                    )
+                )
                 bad = True
             elif rdma and rdma.get("link_layer") == "Ethernet" and prof.kind == "roce":
                 if not any("RoCE v2" in str(g.get("type")) for g in rdma.get("gids") or []):
-                    out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                                       f"{spec.netdev}: no RoCE v2 GID on {rdma.get('device')} port "
-                                       f"{rdma.get('port')}",
-                                       "give the data NIC an IP address (GIDs follow addresses) and "
-                                       "check that RoCE v2 is enabled"))
+                    out.append(
+                        Finding(
+                            CHECK,
+                            Severity.CRIT,
+                            host,
+                            subj,
+                            f"{spec.netdev}: no RoCE v2 GID on {rdma.get('device')} port {rdma.get('port')}",
+                            "give the data NIC an IP address (GIDs follow addresses) and check that RoCE v2 is enabled",
+                        )
+                    )
                     bad = True
-            elif rdma and rdma.get("link_layer") == "InfiniBand" and spec.speed_gbps \
-                    and rdma.get("rate_gbps") and rdma["rate_gbps"] < spec.speed_gbps:
-                out.append(Finding(CHECK, Severity.WARN, host, subj,
-                                   f"{spec.netdev}: InfiniBand port at {rdma['rate_gbps']:g} Gb/s, the "
-                                   f"inventory says {spec.speed_gbps:g} Gb/s",
-                                   "check the cable and the switch port", (str(rdma.get("rate")),)))
+            elif (
+                rdma
+                and rdma.get("link_layer") == "InfiniBand"
+                and spec.speed_gbps
+                and rdma.get("rate_gbps")
+                and rdma["rate_gbps"] < spec.speed_gbps
+            ):
+                out.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        subj,
+                        f"{spec.netdev}: InfiniBand port at {rdma['rate_gbps']:g} Gb/s, the "
+                        f"inventory says {spec.speed_gbps:g} Gb/s",
+                        "check the cable and the switch port",
+                        (str(rdma.get("rate")),),
+                    )
+                )
                 bad = True
         if specs and not bad:
             out.append(Finding(CHECK, Severity.OK, host, "host", "data NICs up at the expected speed"))
@@ -151,13 +210,27 @@ def check_prereqs(ctx: AnalysisContext) -> list[Finding]:
         disks = (ctx.facts[host].get("host") or {}).get("disks") or []
         shm = next((d for d in disks if d.get("mount") == "/dev/shm"), None)
         if shm is None or shm.get("total_bytes") is None:
-            out.append(Finding(PREREQS, Severity.UNKNOWN, host, "host", "/dev/shm size not in the facts",
-                               "check that /dev/shm is mounted (tmpfs)"))
+            out.append(
+                Finding(
+                    PREREQS,
+                    Severity.UNKNOWN,
+                    host,
+                    "host",
+                    "/dev/shm size not in the facts",
+                    "check that /dev/shm is mounted (tmpfs)",
+                )
+            )
         elif shm["total_bytes"] < want:
-            out.append(Finding(PREREQS, Severity.WARN, host, "host",
-                               f"/dev/shm is {shm['total_bytes'] / 2**20:.0f} MiB (NCCL wants at least "
-                               f"{want / 2**30:g} GiB)",
-                               "mount /dev/shm larger (tmpfs size=...), or give the vLLM units a larger one"))
+            out.append(
+                Finding(
+                    PREREQS,
+                    Severity.WARN,
+                    host,
+                    "host",
+                    f"/dev/shm is {shm['total_bytes'] / 2**20:.0f} MiB (NCCL wants at least {want / 2**30:g} GiB)",
+                    "mount /dev/shm larger (tmpfs size=...), or give the vLLM units a larger one",
+                )
+            )
         else:
             out.append(Finding(PREREQS, Severity.OK, host, "host", "/dev/shm large enough"))
         out.extend(_numa(ctx, host))
@@ -194,15 +267,31 @@ def _prereqs(ctx: AnalysisContext, host: str, key: str) -> Any:
 def _peermem(ctx: AnalysisContext, host: str) -> list[Finding]:
     pm = _prereqs(ctx, host, "peer_memory")
     if not isinstance(pm, dict) or pm.get("loaded") is None:
-        why = (pm or {}).get("reason") if isinstance(pm, dict) else "the facts have no rdma_prereqs (an older collector)"
-        return [Finding(PREREQS, Severity.UNKNOWN, host, "peermem",
-                        f"whether nvidia-peermem is loaded is not known: {why}",
-                        "check with lsmod | grep peermem on the host")]
+        why = (
+            (pm or {}).get("reason") if isinstance(pm, dict) else "the facts have no rdma_prereqs (an older collector)"
+        )
+        return [
+            Finding(
+                PREREQS,
+                Severity.UNKNOWN,
+                host,
+                "peermem",
+                f"whether nvidia-peermem is loaded is not known: {why}",
+                "check with lsmod | grep peermem on the host",
+            )
+        ]
     if not pm["loaded"]:
-        return [Finding(PREREQS, Severity.WARN, host, "peermem",
-                        f"nvidia-peermem is not loaded ({pm.get('source')}): GPUDirect RDMA is off, NCCL "
-                        "stages GPU buffers through host memory",
-                        "modprobe nvidia-peermem (and list it in /etc/modules-load.d)")]
+        return [
+            Finding(
+                PREREQS,
+                Severity.WARN,
+                host,
+                "peermem",
+                f"nvidia-peermem is not loaded ({pm.get('source')}): GPUDirect RDMA is off, NCCL "
+                "stages GPU buffers through host memory",
+                "modprobe nvidia-peermem (and list it in /etc/modules-load.d)",
+            )
+        ]
     return [Finding(PREREQS, Severity.OK, host, "peermem", f"{pm.get('module')} loaded")]
 
 
@@ -221,19 +310,42 @@ def _acs(ctx: AnalysisContext, host: str) -> list[Finding]:
                 unknown.append(f"{b.get('pci_address')}: {b.get('reason')}")
     if redirect:
         ev = tuple(f"{addr} ({', '.join(sorted(set(w)))}): ACS redirect on" for addr, w in sorted(redirect.items()))
-        return [Finding(PREREQS, Severity.WARN, host, "pcie",
-                        f"PCIe ACS redirects peer-to-peer on {len(redirect)} switch port(s) between GPUs and "
-                        "RDMA NICs: GPUDirect RDMA goes up through the root complex",
-                        "disable ACS request/completion redirect on those switch ports (setpci at boot, or "
-                        "the BIOS's ACS setting); keep it where VMs need isolation", ev)]
+        return [
+            Finding(
+                PREREQS,
+                Severity.WARN,
+                host,
+                "pcie",
+                f"PCIe ACS redirects peer-to-peer on {len(redirect)} switch port(s) between GPUs and "
+                "RDMA NICs: GPUDirect RDMA goes up through the root complex",
+                "disable ACS request/completion redirect on those switch ports (setpci at boot, or "
+                "the BIOS's ACS setting); keep it where VMs need isolation",
+                ev,
+            )
+        ]
     if unknown:
-        return [Finding(PREREQS, Severity.UNKNOWN, host, "pcie",
-                        "PCIe ACS on the GPU-NIC switch ports is not readable",
-                        "run the probe as root (the ACS capability is past the first 256 bytes of config "
-                        "space) or install pciutils", tuple(sorted(set(unknown))))]
+        return [
+            Finding(
+                PREREQS,
+                Severity.UNKNOWN,
+                host,
+                "pcie",
+                "PCIe ACS on the GPU-NIC switch ports is not readable",
+                "run the probe as root (the ACS capability is past the first 256 bytes of config "
+                "space) or install pciutils",
+                tuple(sorted(set(unknown))),
+            )
+        ]
     if pairs:
-        return [Finding(PREREQS, Severity.OK, host, "pcie",
-                        "no ACS redirect between GPUs and RDMA NICs that share a PCIe switch")]
+        return [
+            Finding(
+                PREREQS,
+                Severity.OK,
+                host,
+                "pcie",
+                "no ACS redirect between GPUs and RDMA NICs that share a PCIe switch",
+            )
+        ]
     return []
 
 
@@ -242,14 +354,20 @@ def _iommu(ctx: AnalysisContext, host: str) -> list[Finding]:
     if not isinstance(io, dict) or not io.get("translated_groups"):
         return []
     cmdline = io.get("cmdline") or []
-    if any(w in ("iommu=pt", "iommu.passthrough=1", "iommu=off", "intel_iommu=off", "amd_iommu=off")
-           for w in cmdline):
+    if any(w in ("iommu=pt", "iommu.passthrough=1", "iommu=off", "intel_iommu=off", "amd_iommu=off") for w in cmdline):
         return []
-    return [Finding(PREREQS, Severity.WARN, host, "iommu",
-                    f"the IOMMU translates DMA ({io['translated_groups']} of {io.get('groups')} groups in DMA "
-                    "mode): GPUDirect RDMA between GPU and NIC may fail or slow down",
-                    "boot with iommu=pt (passthrough), or disable the IOMMU where it is not needed",
-                    (f"kernel command line: {' '.join(cmdline) or 'no iommu parameters'}",))]
+    return [
+        Finding(
+            PREREQS,
+            Severity.WARN,
+            host,
+            "iommu",
+            f"the IOMMU translates DMA ({io['translated_groups']} of {io.get('groups')} groups in DMA "
+            "mode): GPUDirect RDMA between GPU and NIC may fail or slow down",
+            "boot with iommu=pt (passthrough), or disable the IOMMU where it is not needed",
+            (f"kernel command line: {' '.join(cmdline) or 'no iommu parameters'}",),
+        )
+    ]
 
 
 def _vllm_units(ctx: AnalysisContext, host: str) -> list[dict[str, Any]]:
@@ -265,25 +383,41 @@ def _memlock(ctx: AnalysisContext, host: str) -> list[Finding]:
     for u in units:
         lim = u.get("limit_memlock")
         if lim is not None and lim != "infinity":
-            out.append(Finding(PREREQS, Severity.WARN, host, f"unit:{u['unit']}",
-                               f"{u['unit']}: LimitMEMLOCK={lim} bytes ({int(lim) / 2**20:g} MiB): RDMA "
-                               "memory registration is capped",
-                               "set LimitMEMLOCK=infinity in the unit (clusterctl's deploy templates do) "
-                               "and restart it"))
+            out.append(
+                Finding(
+                    PREREQS,
+                    Severity.WARN,
+                    host,
+                    f"unit:{u['unit']}",
+                    f"{u['unit']}: LimitMEMLOCK={lim} bytes ({int(lim) / 2**20:g} MiB): RDMA "
+                    "memory registration is capped",
+                    "set LimitMEMLOCK=infinity in the unit (clusterctl's deploy templates do) and restart it",
+                )
+            )
     if units and not out:
         out.append(Finding(PREREQS, Severity.OK, host, "memlock", "vLLM units may lock unlimited memory"))
     placed = any(host in i.hosts for i in instances(ctx.inventory))
     if not units and placed and ctx.facts[host].get("units") is not None:
-        own = (_prereqs(ctx, host, "probe_memlock") or {})
+        own = _prereqs(ctx, host, "probe_memlock") or {}
         soft = own.get("soft_bytes") if isinstance(own, dict) else None
-        ctxline = "unlimited" if soft is None and isinstance(own, dict) and "soft_bytes" in own else \
-            (f"{soft} bytes" if soft is not None else "not known")
+        ctxline = (
+            "unlimited"
+            if soft is None and isinstance(own, dict) and "soft_bytes" in own
+            else (f"{soft} bytes" if soft is not None else "not known")
+        )
         # Nothing deployed here yet: nothing to check (not "could not check"); serving.* reports the
         # missing instance.  The probe's own limit is a login session's, never the unit's.
-        out.append(Finding(PREREQS, Severity.OK, host, "memlock",
-                           "no vLLM unit deployed on this host yet: LimitMEMLOCK not applicable",
-                           "deploy the instance (its unit sets LimitMEMLOCK=infinity); doctor reads it then",
-                           (f"the probe's own memlock limit (a login session's, not the unit's): {ctxline}",)))
+        out.append(
+            Finding(
+                PREREQS,
+                Severity.OK,
+                host,
+                "memlock",
+                "no vLLM unit deployed on this host yet: LimitMEMLOCK not applicable",
+                "deploy the instance (its unit sets LimitMEMLOCK=infinity); doctor reads it then",
+                (f"the probe's own memlock limit (a login session's, not the unit's): {ctxline}",),
+            )
+        )
     return out
 
 
@@ -303,12 +437,19 @@ def _numa(ctx: AnalysisContext, host: str) -> list[Finding]:
     out = []
     for g in gpus:
         if int(g["numa_node"]) not in nodes:
-            out.append(Finding(PREREQS, Severity.WARN, host, f"gpu:{g.get('index')}",
-                               f"GPU {g.get('index')} is on NUMA node {g['numa_node']}, the data NICs on "
-                               f"node(s) {','.join(map(str, sorted(nodes)))}: GPUDirect RDMA crosses the "
-                               "inter-socket link",
-                               "put a data NIC on each GPU's NUMA node (or pin NCCL_IB_HCA per GPU)",
-                               tuple(f"{n['netdev']}: NUMA node {n.get('numa_node')}" for n in nics)))
+            out.append(
+                Finding(
+                    PREREQS,
+                    Severity.WARN,
+                    host,
+                    f"gpu:{g.get('index')}",
+                    f"GPU {g.get('index')} is on NUMA node {g['numa_node']}, the data NICs on "
+                    f"node(s) {','.join(map(str, sorted(nodes)))}: GPUDirect RDMA crosses the "
+                    "inter-socket link",
+                    "put a data NIC on each GPU's NUMA node (or pin NCCL_IB_HCA per GPU)",
+                    tuple(f"{n['netdev']}: NUMA node {n.get('numa_node')}" for n in nics),
+                )
+            )
     if not out:
         out.append(Finding(PREREQS, Severity.OK, host, "host", "every GPU has a data NIC on its NUMA node"))
     return out

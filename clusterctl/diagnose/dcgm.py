@@ -26,19 +26,34 @@ def check_dcgm(ctx: AnalysisContext) -> list[Finding]:
         bad = False
         for r in results:
             status = str(r.get("status") or "").lower()
-            sev = Severity.CRIT if status in ("fail", "failed", "error") else Severity.WARN if status in (
-                "warn", "warning") else None
+            sev = (
+                Severity.CRIT
+                if status in ("fail", "failed", "error")
+                else Severity.WARN
+                if status in ("warn", "warning")
+                else None
+            )
             if sev is None:
                 continue
             bad = True
             gpu = r.get("gpu") or ""
             msgs = [str(m) for m in r.get("messages") or []]
-            out.append(Finding(CHECK, sev, host, f"gpu:{gpu}" if gpu not in ("", "None") else "host",
-                               f"dcgmi diag {r.get('category')}/{r.get('test')}: {status}"
-                               + (f": {msgs[0][:200]}" if msgs else ""),
-                               "drain the GPU and rerun `dcgmi diag -r 3`; a repeated failure is an RMA case",
-                               tuple(m[:300] for m in msgs)))
+            out.append(
+                Finding(
+                    CHECK,
+                    sev,
+                    host,
+                    f"gpu:{gpu}" if gpu not in ("", "None") else "host",
+                    f"dcgmi diag {r.get('category')}/{r.get('test')}: {status}"
+                    + (f": {msgs[0][:200]}" if msgs else ""),
+                    "drain the GPU and rerun `dcgmi diag -r 3`; a repeated failure is an RMA case",
+                    tuple(m[:300] for m in msgs),
+                )
+            )
         if not bad:
-            out.append(Finding(CHECK, Severity.OK, host, "host", f"dcgmi diag: {len(results)} result(s), none failed")
-                       if results else Finding(CHECK, Severity.UNKNOWN, host, "host", "dcgmi diag JSON holds no result"))
+            out.append(
+                Finding(CHECK, Severity.OK, host, "host", f"dcgmi diag: {len(results)} result(s), none failed")
+                if results
+                else Finding(CHECK, Severity.UNKNOWN, host, "host", "dcgmi diag JSON holds no result")
+            )
     return out

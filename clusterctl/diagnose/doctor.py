@@ -38,8 +38,14 @@ def resolve_checks(words: list[str] | None) -> list[str] | None:
     return out + ([ALWAYS] if ALWAYS not in out else [])
 
 
-def diagnose(ctx: AnalysisContext, checks: list[str] | None = None, *, since: float | None = None,
-             acks: list[dict[str, Any]] | None = None, now: float | None = None) -> list[Finding]:
+def diagnose(
+    ctx: AnalysisContext,
+    checks: list[str] | None = None,
+    *,
+    since: float | None = None,
+    acks: list[dict[str, Any]] | None = None,
+    now: float | None = None,
+) -> list[Finding]:
     """Run ``checks`` (analyzer names; None = all) on ``ctx``.
 
     Log lines count from the unit's current run and the current boot (or from

@@ -29,8 +29,15 @@ from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.inputs import MAX_FILE_BYTES, bounded_text, load_json
 from clusterctl.node import collector as col
 
-ROCE_CHECKS = ("roce.pfc", "roce.discards", "roce.congestion", "roce.link", "roce.rxpath", "roce.priority",
-               "roce.transport")
+ROCE_CHECKS = (
+    "roce.pfc",
+    "roce.discards",
+    "roce.congestion",
+    "roce.link",
+    "roce.rxpath",
+    "roce.priority",
+    "roce.transport",
+)
 #: The RoCE checks whose counters are all RDMA hw counters (``rdma statistic`` alone answers them).
 HW_COUNTER_CHECKS = ("roce.congestion", "roce.transport")
 
@@ -60,17 +67,20 @@ class HostEvidence:
 # ------------------------------------------------------------- recognising
 
 _KERNEL = re.compile(
-    r"^(?:\[\s*\d+\.\d+\]"                                                  # dmesg
-    r"|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \w{3} [ \d]\d [\d:]{8} \d{4}\]"     # dmesg -T
-    r"|(?:\w{3} [ \d]\d [\d:]{8}|\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:?\d\d|Z)?) \S+ kernel:)")  # journal, syslog
+    r"^(?:\[\s*\d+\.\d+\]"  # dmesg
+    r"|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \w{3} [ \d]\d [\d:]{8} \d{4}\]"  # dmesg -T
+    r"|(?:\w{3} [ \d]\d [\d:]{8}|\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:?\d\d|Z)?) \S+ kernel:)"
+)  # journal, syslog
 _VLLM = re.compile(r"vllm|APIServer pid=|EngineCore|api_server\.py", re.I)
-_CSV_HEAD = re.compile(r"^\s*[a-z_]+(?:\.[a-z_0-9]+)*(?: \[[^\]]*\])?(?:\s*,\s*[a-z_]+(?:\.[a-z_0-9]+)*(?: \[[^\]]*\])?)+\s*$")
+_CSV_HEAD = re.compile(
+    r"^\s*[a-z_]+(?:\.[a-z_0-9]+)*(?: \[[^\]]*\])?(?:\s*,\s*[a-z_]+(?:\.[a-z_0-9]+)*(?: \[[^\]]*\])?)+\s*$"
+)
 _BUG_SEP = re.compile(r"^_{20,}\s*$", re.M)
 
 
 def _lines(text: str, n: int = 200) -> list[str]:
     """The first ``n`` non-blank lines (only the head of the text is split)."""
-    return [x for x in text[:256 * 1024].splitlines()[:n * 2] if x.strip()][:n]
+    return [x for x in text[: 256 * 1024].splitlines()[: n * 2] if x.strip()][:n]
 
 
 def recognise(text: str) -> tuple[str | None, str]:
@@ -88,8 +98,9 @@ def recognise(text: str) -> tuple[str | None, str]:
             return kind, note
     if "nvidia-bug-report" in body.lower() and _BUG_SEP.search(text):
         return "nvidia-bug-report", ""
-    if "NVSMI LOG" in body or (re.search(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:", body, re.M)
-                               and "Product Name" in body):
+    if "NVSMI LOG" in body or (
+        re.search(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:", body, re.M) and "Product Name" in body
+    ):
         return "nvidia-smi -q", ""
     if any(x.strip() == "NIC statistics:" for x in head[:5]):
         return "ethtool -S", ""
@@ -100,8 +111,14 @@ def recognise(text: str) -> tuple[str | None, str]:
     words = {x.split()[0] for x in head}
     if "prio-pfc" in words or "pfc-cap" in words:
         return "dcb pfc", ""
-    if "dscp-prio" in words or words <= {"default-prio", "pcp-prio", "ethtype-prio", "stream-port-prio",
-                                         "dgram-port-prio", "dscp-prio"}:
+    if "dscp-prio" in words or words <= {
+        "default-prio",
+        "pcp-prio",
+        "ethtype-prio",
+        "stream-port-prio",
+        "dgram-port-prio",
+        "dscp-prio",
+    }:
         return "dcb app", ""
     if "order:" in words:
         return "dcb apptrust", ""
@@ -143,8 +160,13 @@ def _journal_json(line: str) -> dict[str, Any] | None:
         doc = json.loads(line)
     except (ValueError, RecursionError):
         return None
-    return doc if isinstance(doc, dict) and "MESSAGE" in doc and (
-        doc.get("_TRANSPORT") == "kernel" or doc.get("SYSLOG_IDENTIFIER") == "kernel") else None
+    return (
+        doc
+        if isinstance(doc, dict)
+        and "MESSAGE" in doc
+        and (doc.get("_TRANSPORT") == "kernel" or doc.get("SYSLOG_IDENTIFIER") == "kernel")
+        else None
+    )
 
 
 def journal_text(text: str) -> str:
@@ -210,8 +232,10 @@ def decode(data: bytes) -> tuple[str | None, str]:
 
 # --------------------------------------------------------------- the names
 
-_NETDEV = re.compile(r"(?<![A-Za-z0-9])((?:eth|ens|enp|eno|enx|ib|bond|mlx5_|rdma|p\d+p|em|roce)[A-Za-z0-9]*"
-                     r"(?:np\d+|v\d+)?)(?![A-Za-z0-9])")
+_NETDEV = re.compile(
+    r"(?<![A-Za-z0-9])((?:eth|ens|enp|eno|enx|ib|bond|mlx5_|rdma|p\d+p|em|roce)[A-Za-z0-9]*"
+    r"(?:np\d+|v\d+)?)(?![A-Za-z0-9])"
+)
 
 
 def netdev_hint(*texts: str | None) -> str | None:
@@ -242,14 +266,18 @@ def parse_time(text: str | None) -> float | None:
     m = re.fullmatch(r"\w{3} (\w{3}) +(\d{1,2}) (\d\d:\d\d:\d\d)(?: \w+)? (\d{4})", t)
     if m:
         try:
-            return datetime.strptime(f"{m.group(1)} {m.group(2)} {m.group(3)} {m.group(4)}",
-                                     "%b %d %H:%M:%S %Y").replace(tzinfo=timezone.utc).timestamp()
+            return (
+                datetime.strptime(f"{m.group(1)} {m.group(2)} {m.group(3)} {m.group(4)}", "%b %d %H:%M:%S %Y")
+                .replace(tzinfo=timezone.utc)
+                .timestamp()
+            )
         except ValueError:
             return None
     return None
 
 
 # ---------------------------------------------------------------- building
+
 
 @dataclass
 class _Item:
@@ -317,8 +345,9 @@ def _build(ev: HostEvidence, items: list[_Item]) -> None:
     seen_kinds = sorted({i.kind for i in items})
     for it in items:
         if it.kind == "facts.json":
-            ev.seen.append(Seen(it.path, None, "a facts document belongs in hosts/NAME/facts.json; "
-                                "not merged with raw outputs"))
+            ev.seen.append(
+                Seen(it.path, None, "a facts document belongs in hosts/NAME/facts.json; not merged with raw outputs")
+            )
     gpu_items = [i for i in items if i.kind in ("nvidia-smi -q", "nvidia-smi --query-gpu")]
     topo_items = [i for i in items if i.kind == "nvidia-smi topo -m"]
     topo = nvsmi.parse_topo_matrix(topo_items[-1].text) if topo_items else None
@@ -358,8 +387,9 @@ def _build(ev: HostEvidence, items: list[_Item]) -> None:
     elif any(i.kind == "nvidia-smi nvlink" for i in items):
         for i in items:
             if i.kind == "nvidia-smi nvlink":
-                ev.seen.append(Seen(i.path, "nvidia-smi nvlink", "not used: no nvidia-smi -q or --query-gpu "
-                                    "for the same GPUs"))
+                ev.seen.append(
+                    Seen(i.path, "nvidia-smi nvlink", "not used: no nvidia-smi -q or --query-gpu for the same GPUs")
+                )
     dcgm = [i for i in items if i.kind == "dcgmi diag -j"]
     if dcgm:
         try:
@@ -381,8 +411,12 @@ def _build(ev: HostEvidence, items: list[_Item]) -> None:
                 covers.add("roce.qos")
     kernel = [i for i in items if i.kind == "kernel log"]
     if kernel:
-        ev.raw[sources.KERNEL_LOG] = "\n".join(
-            (journal_text(i.text) if i.text.lstrip().startswith("{") else i.text).rstrip("\n") for i in kernel) + "\n"
+        ev.raw[sources.KERNEL_LOG] = (
+            "\n".join(
+                (journal_text(i.text) if i.text.lstrip().startswith("{") else i.text).rstrip("\n") for i in kernel
+            )
+            + "\n"
+        )
         covers |= {"gpu.xid", "oom.cause"}
     for i in items:
         stem = re.sub(r"\.(log|txt|prom|out)$", "", i.path.rsplit("/", 1)[-1].split(" [")[0])
@@ -396,8 +430,7 @@ def _build(ev: HostEvidence, items: list[_Item]) -> None:
             covers.add("serving.metrics")
     if not items:
         return
-    doc["evidence"] = {"kinds": seen_kinds, "covers": sorted(covers),
-                       "files": [s.path for s in ev.seen if s.kind]}
+    doc["evidence"] = {"kinds": seen_kinds, "covers": sorted(covers), "files": [s.path for s in ev.seen if s.kind]}
     ev.facts = doc
 
 
@@ -412,16 +445,23 @@ def _topo_gpus(ev: HostEvidence, gpus: dict[str, Any], topo: dict[str, Any], pat
         if d is not None and d.get("numa_node") is None and g["numa_node"] is not None:
             d["numa_node"] = g["numa_node"]
             (d.get("field_errors") or {}).pop("numa_node", None)
-    gpus["topology"] = [{"gpus": p["gpus"], "level": p["level"],
-                         "reason": None if p["level"] else f"NVLink ({p['link']}): topo -m shows no PCIe level",
-                         "nvlinks": p["nvlinks"] or 0} for p in topo["pairs"]]
+    gpus["topology"] = [
+        {
+            "gpus": p["gpus"],
+            "level": p["level"],
+            "reason": None if p["level"] else f"NVLink ({p['link']}): topo -m shows no PCIe level",
+            "nvlinks": p["nvlinks"] or 0,
+        }
+        for p in topo["pairs"]
+    ]
     missing = sorted(set(topo["gpus"]) - set(by_index))
     if missing:
         _note(ev, path, f"GPU(s) {', '.join(map(str, missing))} of the matrix not in the GPU listing")
 
 
-def _topo_nics(ev: HostEvidence, nics: list[dict[str, Any]], topo: dict[str, Any], gpus: dict[str, Any],
-               path: str) -> list[dict[str, Any]]:
+def _topo_nics(
+    ev: HostEvidence, nics: list[dict[str, Any]], topo: dict[str, Any], gpus: dict[str, Any], path: str
+) -> list[dict[str, Any]]:
     """Each RDMA NIC of ``topo -m`` gets the NUMA node of the GPUs it reaches without crossing
     sockets (PIX, PXB, PHB, NODE: within one NUMA node; SYS crosses).  A NIC every GPU reaches
     only through SYS is on a node with no GPU: its node number is not in the matrix (left None).
@@ -441,15 +481,31 @@ def _topo_nics(ev: HostEvidence, nics: list[dict[str, Any]], topo: dict[str, Any
         if nic.get("numa_node") is None and len(near) == 1:
             nic["numa_node"] = near.pop()
     if notes:
-        _note(ev, path, f"RDMA device(s) {', '.join(notes)} with no netdev named (give ibdev2netdev): "
-              "checked under the device name")
+        _note(
+            ev,
+            path,
+            f"RDMA device(s) {', '.join(notes)} with no netdev named (give ibdev2netdev): "
+            "checked under the device name",
+        )
     return nics
 
 
 def _nics(ev: HostEvidence, items: list[_Item]) -> list[dict[str, Any]] | None:
     """NIC entries (docs/facts.md ``nics[]``) from the NIC tools' outputs; None without any."""
-    kinds = ("ethtool -S", "ethtool -a", "mlnx_qos", "dcb pfc", "dcb app", "dcb apptrust", "dcb ets",
-             "ecn sysfs", "traffic_class", "ibdev2netdev", "show_gids", "rdma statistic")
+    kinds = (
+        "ethtool -S",
+        "ethtool -a",
+        "mlnx_qos",
+        "dcb pfc",
+        "dcb app",
+        "dcb apptrust",
+        "dcb ets",
+        "ecn sysfs",
+        "traffic_class",
+        "ibdev2netdev",
+        "show_gids",
+        "rdma statistic",
+    )
     nic_items = [i for i in items if i.kind in kinds]
     if not nic_items:
         return None
@@ -486,8 +542,12 @@ def _nics(ev: HostEvidence, items: list[_Item]) -> list[dict[str, Any]] | None:
                 _note(ev, i.path, f"NIC name not given; taken as {name}")
         else:
             for i in unnamed:
-                _note(ev, i.path, "not used: which NIC it is about is not in its name or command "
-                      f"(this host has {', '.join(sorted(per))})")
+                _note(
+                    ev,
+                    i.path,
+                    "not used: which NIC it is about is not in its name or command "
+                    f"(this host has {', '.join(sorted(per))})",
+                )
     nics = []
     for name in sorted(set(per) | set(ports)):
         its = per.get(name, [])
@@ -495,8 +555,9 @@ def _nics(ev: HostEvidence, items: list[_Item]) -> list[dict[str, Any]] | None:
     return nics
 
 
-def _rdma_statistic(ev: HostEvidence, items: list[_Item]) -> tuple[
-        dict[tuple[str, int], dict[str, int]], dict[tuple[str, int], list[tuple[float, dict[str, int]]]]]:
+def _rdma_statistic(
+    ev: HostEvidence, items: list[_Item]
+) -> tuple[dict[tuple[str, int], dict[str, int]], dict[tuple[str, int], list[tuple[float, dict[str, int]]]]]:
     """The ports' hw counters of the ``rdma statistic`` outputs (the last output wins) and, when
     there are two or more and each has a time, each port's timed samples (oldest first)."""
     hw: dict[tuple[str, int], dict[str, int]] = {}
@@ -513,8 +574,12 @@ def _rdma_statistic(ev: HostEvidence, items: list[_Item]) -> tuple[
     for i in items:
         hw.update(col.parse_rdma_statistic(_after_time(i.text)))
         if len(items) >= 2:
-            _note(ev, i.path, f"{len(items)} rdma statistic outputs without a time each: no rates "
-                  "(give commands/index.json started_at, or a `date` line before each output)")
+            _note(
+                ev,
+                i.path,
+                f"{len(items)} rdma statistic outputs without a time each: no rates "
+                "(give commands/index.json started_at, or a `date` line before each output)",
+            )
     return hw, {}
 
 
@@ -530,9 +595,15 @@ def _note(ev: HostEvidence, path: str, note: str) -> None:
             s.note = "; ".join(x for x in (s.note, note) if x)
 
 
-def _nic(ev: HostEvidence, name: str, its: list[_Item], port: dict[str, Any] | None,
-         gids: list[dict[str, Any]], hw: dict[tuple[str, int], dict[str, int]],
-         series: dict[tuple[str, int], list[tuple[float, dict[str, int]]]]) -> dict[str, Any]:
+def _nic(
+    ev: HostEvidence,
+    name: str,
+    its: list[_Item],
+    port: dict[str, Any] | None,
+    gids: list[dict[str, Any]],
+    hw: dict[tuple[str, int], dict[str, int]],
+    series: dict[tuple[str, int], list[tuple[float, dict[str, int]]]],
+) -> dict[str, Any]:
     nic: dict[str, Any] = {k: None for k in col.read_nic_keys()}
     nic["netdev"] = name
     by = {k: [i for i in its if i.kind == k] for k in {i.kind for i in its}}
@@ -540,8 +611,18 @@ def _nic(ev: HostEvidence, name: str, its: list[_Item], port: dict[str, Any] | N
     samples = [(t, i) for i in stats if (t := _sample_time(i)) is not None]
     if len(stats) >= 2 and len(samples) == len(stats):
         samples.sort(key=lambda x: x[0])
-        nic["samples"] = [{"t": t, "t_sysfs": t, "read_s": 0.0, "ethtool_stats": col.parse_ethtool_stats(i.text),
-                           "hw_counters": None, "counters": None, "reason": None} for t, i in samples]
+        nic["samples"] = [
+            {
+                "t": t,
+                "t_sysfs": t,
+                "read_s": 0.0,
+                "ethtool_stats": col.parse_ethtool_stats(i.text),
+                "hw_counters": None,
+                "counters": None,
+                "reason": None,
+            }
+            for t, i in samples
+        ]
         nic["ethtool_stats"] = nic["samples"][-1]["ethtool_stats"]
         for _, i in samples:
             _note(ev, i.path, f"one of {len(samples)} timed samples of {name}")
@@ -549,31 +630,56 @@ def _nic(ev: HostEvidence, name: str, its: list[_Item], port: dict[str, Any] | N
         nic["ethtool_stats"] = col.parse_ethtool_stats(stats[-1].text)
         if len(stats) >= 2:
             for i in stats:
-                _note(ev, i.path, f"{len(stats)} ethtool -S outputs of {name} without a time each: no rates "
-                      "(give commands/index.json started_at, or a `date` line before each output)")
+                _note(
+                    ev,
+                    i.path,
+                    f"{len(stats)} ethtool -S outputs of {name} without a time each: no rates "
+                    "(give commands/index.json started_at, or a `date` line before each output)",
+                )
     else:
         nic["ethtool_stats_reason"] = "no ethtool -S output in the evidence"
     text = {k: (v[-1].text if v else None) for k, v in by.items()}
-    rdma_hint = port is not None or any(k in by for k in ("mlnx_qos", "dcb pfc", "dcb app", "ecn sysfs",
-                                                          "traffic_class")) or any(
-        re.match(r"(rx|tx)_(prio\d_pause|vport_rdma)", k) for k in (nic["ethtool_stats"] or {}))
+    rdma_hint = (
+        port is not None
+        or any(k in by for k in ("mlnx_qos", "dcb pfc", "dcb app", "ecn sysfs", "traffic_class"))
+        or any(re.match(r"(rx|tx)_(prio\d_pause|vport_rdma)", k) for k in (nic["ethtool_stats"] or {}))
+    )
     if rdma_hint:
         dev = port.get("device") if port else None
         p = int(port.get("port") or 1) if port else 1
-        nic["rdma"] = {"device": dev, "port": p, "netdev": name,
-                       "state": ("ACTIVE" if str(port.get("state")).lower() == "up" else "DOWN")
-                       if port and port.get("state") else None,
-                       "phys_state": None, "link_layer": "Ethernet", "rate": None, "rate_gbps": None,
-                       "fw_ver": None, "counters": None, "hw_counters": hw.get((dev, p)) if dev else None,
-                       "gids": [{k: g[k] for k in ("index", "gid", "type", "netdev")} for g in gids
-                                if g["device"] == dev and g["port"] == p]}
+        nic["rdma"] = {
+            "device": dev,
+            "port": p,
+            "netdev": name,
+            "state": ("ACTIVE" if str(port.get("state")).lower() == "up" else "DOWN")
+            if port and port.get("state")
+            else None,
+            "phys_state": None,
+            "link_layer": "Ethernet",
+            "rate": None,
+            "rate_gbps": None,
+            "fw_ver": None,
+            "counters": None,
+            "hw_counters": hw.get((dev, p)) if dev else None,
+            "gids": [
+                {k: g[k] for k in ("index", "gid", "type", "netdev")}
+                for g in gids
+                if g["device"] == dev and g["port"] == p
+            ],
+        }
         timed = series.get((dev, p)) if dev else None
         if timed:
             nic["samples"] = _with_hw_samples(nic.get("samples"), timed)
         q = col.empty_qos()
-        col.qos_from_outputs(q, mlnx_qos=text.get("mlnx_qos"), dcb_pfc=text.get("dcb pfc"),
-                             dcb_app=text.get("dcb app"), dcb_apptrust=text.get("dcb apptrust"),
-                             ethtool_a=text.get("ethtool -a"), dcb_ets=text.get("dcb ets"))
+        col.qos_from_outputs(
+            q,
+            mlnx_qos=text.get("mlnx_qos"),
+            dcb_pfc=text.get("dcb pfc"),
+            dcb_app=text.get("dcb app"),
+            dcb_apptrust=text.get("dcb apptrust"),
+            ethtool_a=text.get("ethtool -a"),
+            dcb_ets=text.get("dcb ets"),
+        )
         ecn = text.get("ecn sysfs")
         if ecn:
             q["ecn"] = col.parse_ecn_dump(ecn)
@@ -585,16 +691,18 @@ def _nic(ev: HostEvidence, name: str, its: list[_Item], port: dict[str, Any] | N
     return nic
 
 
-def _with_hw_samples(eth: list[dict[str, Any]] | None,
-                     hw: list[tuple[float, dict[str, int]]]) -> list[dict[str, Any]]:
+def _with_hw_samples(eth: list[dict[str, Any]] | None, hw: list[tuple[float, dict[str, int]]]) -> list[dict[str, Any]]:
     """The NIC's samples with the timed ``rdma statistic`` counters as ``hw_counters`` (their time
     ``t_sysfs``, as the probe times its sysfs reads): paired one to one with the ``ethtool -S``
     samples when there are as many, else the first with the first and the last with the last."""
+
     def sample(e: dict[str, Any] | None, h: tuple[float, dict[str, int]]) -> dict[str, Any]:
-        out: dict[str, Any] = dict(e) if e else {"t": h[0], "read_s": 0.0, "ethtool_stats": None,
-                                                 "counters": None, "reason": None}
+        out: dict[str, Any] = (
+            dict(e) if e else {"t": h[0], "read_s": 0.0, "ethtool_stats": None, "counters": None, "reason": None}
+        )
         out["t_sysfs"], out["hw_counters"] = h[0], h[1]
         return out
+
     if eth and len(eth) == len(hw):
         return [sample(e, h) for e, h in zip(eth, hw)]
     if eth and len(eth) >= 2:
@@ -604,28 +712,47 @@ def _with_hw_samples(eth: list[dict[str, Any]] | None,
 
 # ------------------------------------------------------------- not checked
 
+
 def is_partial(doc: Any) -> bool:
     return isinstance(doc, dict) and isinstance(doc.get("evidence"), dict)
 
 
-def not_checked(findings: list[Finding], facts: dict[str, dict[str, Any]], checks: Iterable[str],
-                skip: Callable[[str], bool] = lambda c: False) -> list[Finding]:
+def not_checked(
+    findings: list[Finding],
+    facts: dict[str, dict[str, Any]],
+    checks: Iterable[str],
+    skip: Callable[[str], bool] = lambda c: False,
+) -> list[Finding]:
     """``findings`` where, for each host built from raw outputs, every selected check its
     evidence does not cover says UNKNOWN (its OK rows, made on data it never saw, are dropped)."""
     partial = {h: d["evidence"] for h, d in facts.items() if is_partial(d)}
     if not partial:
         return findings
     checks = [c for c in checks if c != "host.reachable" and not skip(c)]
-    out = [f for f in findings if not (f.host in partial and f.severity == Severity.OK
-                                       and f.check not in (partial[f.host].get("covers") or [])
-                                       and f.check != "host.reachable")]
+    out = [
+        f
+        for f in findings
+        if not (
+            f.host in partial
+            and f.severity == Severity.OK
+            and f.check not in (partial[f.host].get("covers") or [])
+            and f.check != "host.reachable"
+        )
+    ]
     have = {(f.host, f.check) for f in out}
     for host, ev in partial.items():
         kinds = ", ".join(ev.get("kinds") or []) or "nothing recognised"
         for c in checks:
             if c not in (ev.get("covers") or []) and (host, c) not in have:
-                out.append(Finding(c, Severity.UNKNOWN, host, "host",
-                                   f"not checked: no input for this check among the raw outputs ({kinds})",
-                                   "add the output this check reads (docs/bundles.md lists them; "
-                                   "`doctor --explain-input` shows what was read), or narrow --checks"))
+                out.append(
+                    Finding(
+                        c,
+                        Severity.UNKNOWN,
+                        host,
+                        "host",
+                        f"not checked: no input for this check among the raw outputs ({kinds})",
+                        "add the output this check reads (docs/bundles.md lists them; "
+                        "`doctor --explain-input` shows what was read), or narrow --checks",
+                    )
+                )
     return out

@@ -69,8 +69,11 @@ def hosts(ctx: AnalysisContext) -> list[str]:
 
 def roce_nics(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
     """NIC entries with a netdev and an RDMA port on Ethernet."""
-    return [n for n in facts.get("nics") or [] if n.get("netdev") and n.get("rdma")
-            and (n["rdma"].get("link_layer") or "Ethernet") == "Ethernet"]
+    return [
+        n
+        for n in facts.get("nics") or []
+        if n.get("netdev") and n.get("rdma") and (n["rdma"].get("link_layer") or "Ethernet") == "Ethernet"
+    ]
 
 
 def nic_gbps(nic: Mapping[str, Any]) -> float | None:
@@ -141,8 +144,7 @@ def host_action(verdict: LeafVerdict, ctx: AnalysisContext, host: str, alone: st
     shows ``symptom``, else ``alone`` plus how its leaf neighbours look."""
     leaf = verdict.leaf_for(host)
     if leaf is not None:
-        return (f"look at the leaf switch {leaf}: every host under it shows {symptom} "
-                f"({folded(verdict.leaves[leaf])})")
+        return f"look at the leaf switch {leaf}: every host under it shows {symptom} ({folded(verdict.leaves[leaf])})"
     own = leaf_of(ctx, host)
     others = [h for h in verdict.members.get(own or "", []) if h != host]
     if others:
@@ -150,8 +152,9 @@ def host_action(verdict: LeafVerdict, ctx: AnalysisContext, host: str, alone: st
     return alone
 
 
-def odd_one_out(values: Mapping[str, Hashable], host: str, expected: Hashable | None,
-                show: Callable[[Any], str] = str) -> str:
+def odd_one_out(
+    values: Mapping[str, Hashable], host: str, expected: Hashable | None, show: Callable[[Any], str] = str
+) -> str:
     """How ``values[host]`` compares with the profile's ``expected`` and the other hosts:
     ``"the profile and the other 7 hosts use 3"``, ``"the other 7 hosts use 3 (the
     profile says 4)"``, or ``"the profile says 3"`` when no other host has a value."""

@@ -47,8 +47,18 @@ def _hosts_with_facts(ctx: AnalysisContext, check: str) -> Iterable[tuple[str, G
             continue
         g = ctx.fact(host, GpusFact)
         if g is None:
-            yield host, None, Finding(check, Severity.UNKNOWN, host, "host", "no facts for this host (GPU state unknown)",
-                                      "collect the bundle with `clusterctl collect`, or run doctor live")
+            yield (
+                host,
+                None,
+                Finding(
+                    check,
+                    Severity.UNKNOWN,
+                    host,
+                    "host",
+                    "no facts for this host (GPU state unknown)",
+                    "collect the bundle with `clusterctl collect`, or run doctor live",
+                ),
+            )
         else:
             yield host, g, None
 
@@ -96,6 +106,7 @@ def _gpu(d: GpuDevice) -> str:
 
 # --------------------------------------------------------------------- checks
 
+
 @analyzer("gpu.nvml")
 def check_nvml(ctx: AnalysisContext) -> list[Finding]:
     """NVML and the driver answer; NVML calls that timed out."""
@@ -108,22 +119,45 @@ def check_nvml(ctx: AnalysisContext) -> list[Finding]:
         reason = str(g.reason or "")
         if not g.available:
             if "pynvml" in reason.lower() and "not loaded" not in reason:
-                out.append(Finding("gpu.nvml", Severity.UNKNOWN, host, "host", f"NVML not checked: {reason}",
-                                   "install nvidia-ml-py on the node or use a clusterctl that carries it"))
+                out.append(
+                    Finding(
+                        "gpu.nvml",
+                        Severity.UNKNOWN,
+                        host,
+                        "host",
+                        f"NVML not checked: {reason}",
+                        "install nvidia-ml-py on the node or use a clusterctl that carries it",
+                    )
+                )
             elif _expects_gpus(ctx, host) or "not loaded" in reason or "timed out" in reason:
-                out.append(Finding("gpu.nvml", Severity.CRIT, host, "host", f"NVML unavailable: {reason}",
-                                   "drain the node; load or reinstall the NVIDIA driver and reboot "
-                                   "(check the kernel log for NVRM probe failures)", (reason,)))
+                out.append(
+                    Finding(
+                        "gpu.nvml",
+                        Severity.CRIT,
+                        host,
+                        "host",
+                        f"NVML unavailable: {reason}",
+                        "drain the node; load or reinstall the NVIDIA driver and reboot "
+                        "(check the kernel log for NVRM probe failures)",
+                        (reason,),
+                    )
+                )
             continue
         timed_out = list(g.timed_out_calls)
         if timed_out:
-            out.append(Finding("gpu.nvml", Severity.CRIT, host, "host",
-                               f"NVML calls hung: {', '.join(sorted(set(timed_out)))}",
-                               "a hung driver or GSP (often XID 119): drain the node, reset the GPUs or reboot",
-                               tuple(timed_out)))
+            out.append(
+                Finding(
+                    "gpu.nvml",
+                    Severity.CRIT,
+                    host,
+                    "host",
+                    f"NVML calls hung: {', '.join(sorted(set(timed_out)))}",
+                    "a hung driver or GSP (often XID 119): drain the node, reset the GPUs or reboot",
+                    tuple(timed_out),
+                )
+            )
         else:
-            out.append(Finding("gpu.nvml", Severity.OK, host, "host",
-                               f"NVML answers (driver {g.driver_version})"))
+            out.append(Finding("gpu.nvml", Severity.OK, host, "host", f"NVML answers (driver {g.driver_version})"))
     return out
 
 
@@ -146,45 +180,99 @@ def check_inventory(ctx: AnalysisContext) -> list[Finding]:
             drivers.setdefault(g.driver_version, []).append(host)
         problems: list[Finding] = []
         if spec is not None and spec.count and len(devices) < spec.count:
-            problems.append(Finding("gpu.inventory", Severity.CRIT, host, "host",
-                                    f"{len(devices)} GPUs visible, the inventory says {spec.count}",
-                                    "drain the node; a GPU is missing from the bus: check the kernel log, "
-                                    "reseat or power-cycle, replace the GPU",
-                                    tuple(f"gpu {d.index}: {d.pci_address}" for d in devices)))
+            problems.append(
+                Finding(
+                    "gpu.inventory",
+                    Severity.CRIT,
+                    host,
+                    "host",
+                    f"{len(devices)} GPUs visible, the inventory says {spec.count}",
+                    "drain the node; a GPU is missing from the bus: check the kernel log, "
+                    "reseat or power-cycle, replace the GPU",
+                    tuple(f"gpu {d.index}: {d.pci_address}" for d in devices),
+                )
+            )
         elif spec is not None and spec.count and len(devices) > spec.count:
-            problems.append(Finding("gpu.inventory", Severity.WARN, host, "host",
-                                    f"{len(devices)} GPUs visible, the inventory says {spec.count}",
-                                    "update the inventory's gpus.count"))
+            problems.append(
+                Finding(
+                    "gpu.inventory",
+                    Severity.WARN,
+                    host,
+                    "host",
+                    f"{len(devices)} GPUs visible, the inventory says {spec.count}",
+                    "update the inventory's gpus.count",
+                )
+            )
         if spec is not None and spec.model:
             token = spec.model.split("-")[0].lower()
             bad = [d for d in devices if d.name and token not in d.name.lower()]
             if bad:
-                problems.append(Finding("gpu.inventory", Severity.WARN, host, "host",
-                                        f"GPU model {bad[0].name} is not the inventory's {spec.model}",
-                                        "correct the inventory (placement and memory plans use it)",
-                                        tuple(f"gpu {d.index}: {d.name}" for d in bad)))
+                problems.append(
+                    Finding(
+                        "gpu.inventory",
+                        Severity.WARN,
+                        host,
+                        "host",
+                        f"GPU model {bad[0].name} is not the inventory's {spec.model}",
+                        "correct the inventory (placement and memory plans use it)",
+                        tuple(f"gpu {d.index}: {d.name}" for d in bad),
+                    )
+                )
         if spec is not None and spec.memory_gib:
             small = [d for d in devices if d.memory_total and d.memory_total / 2**30 < spec.memory_gib * 0.9]
             if small:
-                problems.append(Finding("gpu.inventory", Severity.WARN, host, "host",
-                                        f"GPU memory {(small[0].memory_total or 0) / 2**30:.0f} GiB is below the "
-                                        f"inventory's {spec.memory_gib:g} GiB", "correct the inventory"))
+                problems.append(
+                    Finding(
+                        "gpu.inventory",
+                        Severity.WARN,
+                        host,
+                        "host",
+                        f"GPU memory {(small[0].memory_total or 0) / 2**30:.0f} GiB is below the "
+                        f"inventory's {spec.memory_gib:g} GiB",
+                        "correct the inventory",
+                    )
+                )
         vbios = {d.vbios_version for d in devices if d.vbios_version}
         if len(vbios) > 1:
-            problems.append(Finding("gpu.inventory", Severity.WARN, host, "host",
-                                    f"mixed VBIOS versions on one host: {', '.join(sorted(map(str, vbios)))}",
-                                    "flash every GPU of the node to the same VBIOS"))
-        out.extend(problems or [Finding("gpu.inventory", Severity.OK, host, "host",
-                                        f"{len(devices)} GPUs as the inventory says" if spec else
-                                        f"{len(devices)} GPUs (host not in the inventory)")])
+            problems.append(
+                Finding(
+                    "gpu.inventory",
+                    Severity.WARN,
+                    host,
+                    "host",
+                    f"mixed VBIOS versions on one host: {', '.join(sorted(map(str, vbios)))}",
+                    "flash every GPU of the node to the same VBIOS",
+                )
+            )
+        out.extend(
+            problems
+            or [
+                Finding(
+                    "gpu.inventory",
+                    Severity.OK,
+                    host,
+                    "host",
+                    f"{len(devices)} GPUs as the inventory says"
+                    if spec
+                    else f"{len(devices)} GPUs (host not in the inventory)",
+                )
+            ]
+        )
     if len(drivers) > 1:
         common = max(drivers, key=lambda v: len(drivers[v]))
         for version, hosts in drivers.items():
             if version != common:
                 for h in hosts:
-                    out.append(Finding("gpu.inventory", Severity.WARN, h, "host",
-                                       f"driver {version} differs from the other hosts' {common}",
-                                       "install the same NVIDIA driver everywhere"))
+                    out.append(
+                        Finding(
+                            "gpu.inventory",
+                            Severity.WARN,
+                            h,
+                            "host",
+                            f"driver {version} differs from the other hosts' {common}",
+                            "install the same NVIDIA driver everywhere",
+                        )
+                    )
     return out
 
 
@@ -203,14 +291,29 @@ def check_lost(ctx: AnalysisContext) -> list[Finding]:
         for d in g.devices:
             why = d.field_errors.get("device") or ""
             if d.lost:
-                bad.append(Finding("gpu.lost", Severity.CRIT, host, _gpu(d),
-                                   "GPU has fallen off the bus (NVML: GPU is lost)",
-                                   "drain the node and power-cycle it; replace the GPU if it happens again",
-                                   (why,) if why else ()))
+                bad.append(
+                    Finding(
+                        "gpu.lost",
+                        Severity.CRIT,
+                        host,
+                        _gpu(d),
+                        "GPU has fallen off the bus (NVML: GPU is lost)",
+                        "drain the node and power-cycle it; replace the GPU if it happens again",
+                        (why,) if why else (),
+                    )
+                )
             elif d.hung:
-                bad.append(Finding("gpu.lost", Severity.CRIT, host, _gpu(d), "NVML calls on this GPU hang",
-                                   "drain the GPU's instances, reset the GPU (nvidia-smi -r) or reboot",
-                                   (why,) if why else ()))
+                bad.append(
+                    Finding(
+                        "gpu.lost",
+                        Severity.CRIT,
+                        host,
+                        _gpu(d),
+                        "NVML calls on this GPU hang",
+                        "drain the GPU's instances, reset the GPU (nvidia-smi -r) or reboot",
+                        (why,) if why else (),
+                    )
+                )
         out.extend(bad or [Finding("gpu.lost", Severity.OK, host, "host", "no lost or hung GPU")])
     return out
 
@@ -226,22 +329,40 @@ def _ecc(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
     ecc = d.ecc
     if ecc.enabled is False and limits(ctx, d.name).get("ecc_required", True):
         later = " (enabled after the next reboot: pending mode on)" if ecc.pending_enabled else ""
-        yield Finding("gpu.ecc", Severity.WARN, host, _gpu(d),
-                      f"ECC is disabled{later}: memory errors are neither corrected nor counted (the ECC counters "
-                      "read 0 whatever happens)",
-                      "enable ECC (nvidia-smi -i N -e 1) and reset the GPU or reboot; drain its instances first",
-                      (f"ecc.enabled=False pending_enabled={ecc.pending_enabled}",))
+        yield Finding(
+            "gpu.ecc",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            f"ECC is disabled{later}: memory errors are neither corrected nor counted (the ECC counters "
+            "read 0 whatever happens)",
+            "enable ECC (nvidia-smi -i N -e 1) and reset the GPU or reboot; drain its instances first",
+            (f"ecc.enabled=False pending_enabled={ecc.pending_enabled}",),
+        )
         return
     unc = ecc.volatile_uncorrected
     if unc:
-        yield Finding("gpu.ecc", Severity.CRIT, host, _gpu(d), f"{unc} uncorrected ECC errors since the driver loaded",
-                      f"{DRAIN}, reset the GPU and rerun; results computed since the error are suspect; "
-                      "replace if it recurs", (f"ecc.volatile.uncorrected={unc}",))
+        yield Finding(
+            "gpu.ecc",
+            Severity.CRIT,
+            host,
+            _gpu(d),
+            f"{unc} uncorrected ECC errors since the driver loaded",
+            f"{DRAIN}, reset the GPU and rerun; results computed since the error are suspect; replace if it recurs",
+            (f"ecc.volatile.uncorrected={unc}",),
+        )
     corr = ecc.volatile_corrected
     limit = number(limits(ctx, d.name), "ecc_corrected_volatile_warn", 50_000_000)
     if corr and corr > limit:
-        yield Finding("gpu.ecc", Severity.WARN, host, _gpu(d), f"{corr} corrected ECC errors since the driver loaded",
-                      "watch the trend; plan an RMA if it keeps climbing", (f"ecc.volatile.corrected={corr}",))
+        yield Finding(
+            "gpu.ecc",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            f"{corr} corrected ECC errors since the driver loaded",
+            "watch the trend; plan an RMA if it keeps climbing",
+            (f"ecc.volatile.corrected={corr}",),
+        )
 
 
 def _remap(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
@@ -249,29 +370,55 @@ def _remap(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
     rr = d.remapped_rows
     if not rr:
         return
-    ev = (f"remapped_rows correctable={rr.correctable} uncorrectable={rr.uncorrectable} "
-          f"pending={rr.pending} failure={rr.failure}",)
+    ev = (
+        f"remapped_rows correctable={rr.correctable} uncorrectable={rr.uncorrectable} "
+        f"pending={rr.pending} failure={rr.failure}",
+    )
     if rr.failure:
-        yield Finding("gpu.remap", Severity.CRIT, host, _gpu(d), "row remapping failed (no spare rows left)",
-                      "drain the GPU and replace it (an RMA criterion; confirm with dcgmi diag -r 3)", ev)
+        yield Finding(
+            "gpu.remap",
+            Severity.CRIT,
+            host,
+            _gpu(d),
+            "row remapping failed (no spare rows left)",
+            "drain the GPU and replace it (an RMA criterion; confirm with dcgmi diag -r 3)",
+            ev,
+        )
     elif rr.pending:
-        yield Finding("gpu.remap", Severity.WARN, host, _gpu(d),
-                      "a row remap is pending: the GPU keeps working, the remap applies at the next GPU reset",
-                      "reset the GPU at the next maintenance window to apply it (drain its instances first; "
-                      "nvidia-smi -r -i N)", ev)
+        yield Finding(
+            "gpu.remap",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            "a row remap is pending: the GPU keeps working, the remap applies at the next GPU reset",
+            "reset the GPU at the next maintenance window to apply it (drain its instances first; nvidia-smi -r -i N)",
+            ev,
+        )
 
 
 #: NVML's GPU recovery action -> (severity, what it means, what to do); NVIDIA's "Error Recovery
 #: and Response Flags" (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html).
 RECOVERY = {
-    "reset": (Severity.CRIT, "the GPU hit a fault that needs a GPU reset to recover",
-              "drain its instances, stop every process on it, reset it (nvidia-smi -r -i N), then start them again"),
-    "reboot": (Severity.CRIT, "the GPU hit a fault that may have left the OS in an inconsistent state",
-               "drain the node's instances and reboot the node"),
-    "drain_p2p": (Severity.CRIT, "the GPU needs its peer-to-peer (NVLink/P2P) traffic drained",
-                  "drain the multi-GPU instances on it (TP groups); it can serve again once P2P traffic stopped"),
-    "drain_and_reset": (Severity.CRIT, "the GPU needs its peer-to-peer traffic drained and then a GPU reset",
-                        "drain the multi-GPU instances on it, stop its processes and reset it (nvidia-smi -r -i N)"),
+    "reset": (
+        Severity.CRIT,
+        "the GPU hit a fault that needs a GPU reset to recover",
+        "drain its instances, stop every process on it, reset it (nvidia-smi -r -i N), then start them again",
+    ),
+    "reboot": (
+        Severity.CRIT,
+        "the GPU hit a fault that may have left the OS in an inconsistent state",
+        "drain the node's instances and reboot the node",
+    ),
+    "drain_p2p": (
+        Severity.CRIT,
+        "the GPU needs its peer-to-peer (NVLink/P2P) traffic drained",
+        "drain the multi-GPU instances on it (TP groups); it can serve again once P2P traffic stopped",
+    ),
+    "drain_and_reset": (
+        Severity.CRIT,
+        "the GPU needs its peer-to-peer traffic drained and then a GPU reset",
+        "drain the multi-GPU instances on it, stop its processes and reset it (nvidia-smi -r -i N)",
+    ),
 }
 
 
@@ -281,10 +428,17 @@ def _recovery(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding
     action = d.recovery_action
     if action in (None, "none"):
         return
-    sev, what, do = RECOVERY.get(str(action), (Severity.CRIT, f"NVML asks for recovery action {action}",
-                                               "drain the GPU and look the action up in NVIDIA's NVML documentation"))
-    yield Finding("gpu.recovery", sev, host, _gpu(d), f"NVML recovery action {action}: {what}", do,
-                  (f"recovery_action={action}",))
+    sev, what, do = RECOVERY.get(
+        str(action),
+        (
+            Severity.CRIT,
+            f"NVML asks for recovery action {action}",
+            "drain the GPU and look the action up in NVIDIA's NVML documentation",
+        ),
+    )
+    yield Finding(
+        "gpu.recovery", sev, host, _gpu(d), f"NVML recovery action {action}: {what}", do, (f"recovery_action={action}",)
+    )
 
 
 def _fabric(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
@@ -302,17 +456,26 @@ def _fabric(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
         return
     g = ctx.fact(host, GpusFact)
     fm = g.fabric_manager if g else None
-    fm_text = (f"; nvidia-fabricmanager is {fm.active_state} ({fm.sub_state})"
-               if fm and fm.active_state else "")
-    what = (f"registration with the NVLink fabric failed (NVML status {status})" if state == "completed"
-            else f"not registered with the NVLink fabric (state {state})")
-    yield Finding("gpu.fabric", Severity.CRIT, host, _gpu(d),
-                  f"{what}: multi-GPU (TP) work cannot run on it{fm_text}",
-                  "start or restart the fabric manager (systemctl restart nvidia-fabricmanager; its log: "
-                  "/var/log/fabricmanager.log) and wait for state completed; the instance units Wants= it"
-                  + (fabric.node_setup_command([host]) if (fm.active_state if fm else None) != "active" else ""),
-                  (f"fabric state={state} status={status} clique={fab.clique_id}",
-                   *([f"nvidia-fabricmanager {fm.load_state}/{fm.active_state}"] if fm else [])))
+    fm_text = f"; nvidia-fabricmanager is {fm.active_state} ({fm.sub_state})" if fm and fm.active_state else ""
+    what = (
+        f"registration with the NVLink fabric failed (NVML status {status})"
+        if state == "completed"
+        else f"not registered with the NVLink fabric (state {state})"
+    )
+    yield Finding(
+        "gpu.fabric",
+        Severity.CRIT,
+        host,
+        _gpu(d),
+        f"{what}: multi-GPU (TP) work cannot run on it{fm_text}",
+        "start or restart the fabric manager (systemctl restart nvidia-fabricmanager; its log: "
+        "/var/log/fabricmanager.log) and wait for state completed; the instance units Wants= it"
+        + (fabric.node_setup_command([host]) if (fm.active_state if fm else None) != "active" else ""),
+        (
+            f"fabric state={state} status={status} clique={fab.clique_id}",
+            *([f"nvidia-fabricmanager {fm.load_state}/{fm.active_state}"] if fm else []),
+        ),
+    )
 
 
 def _retired(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
@@ -324,27 +487,56 @@ def _retired(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]
     sbe, dbe = int(rp.single_bit_ecc or 0), int(rp.double_bit_ecc or 0)
     ev = (f"retired_pages sbe={sbe} dbe={dbe} pending={rp.pending}",)
     if rp.pending and sbe + dbe >= number(lim, "retired_pages_table_full", 62):
-        yield Finding("gpu.retired", Severity.CRIT, host, _gpu(d), "the page retirement table is full",
-                      "drain the GPU and replace it", ev)
+        yield Finding(
+            "gpu.retired",
+            Severity.CRIT,
+            host,
+            _gpu(d),
+            "the page retirement table is full",
+            "drain the GPU and replace it",
+            ev,
+        )
     elif max(sbe, dbe) > number(lim, "retired_pages_warn", 10):
-        yield Finding("gpu.retired", Severity.WARN, host, _gpu(d), f"{sbe + dbe} retired pages",
-                      "plan an RMA if the count keeps growing", ev)
+        yield Finding(
+            "gpu.retired",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            f"{sbe + dbe} retired pages",
+            "plan an RMA if the count keeps growing",
+            ev,
+        )
     elif rp.pending:
-        yield Finding("gpu.retired", Severity.WARN, host, _gpu(d), "a page retirement is pending",
-                      "reboot the node (or reset the GPU) to retire the page", ev)
+        yield Finding(
+            "gpu.retired",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            "a page retirement is pending",
+            "reboot the node (or reset the GPU) to retire the page",
+            ev,
+        )
 
 
 def _clocks(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
     """Hardware slowdown, thermal or power-brake clock reasons -> WARN."""
     cr = d.clocks_event_reasons
     active = set(cr.active)
-    wanted = set(limits(ctx, d.name).get("clocks_warn_reasons") or
-                 ["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"])
+    wanted = set(
+        limits(ctx, d.name).get("clocks_warn_reasons")
+        or ["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"]
+    )
     hit = sorted(active & wanted)
     if hit:
-        yield Finding("gpu.clocks", Severity.WARN, host, _gpu(d), f"clocks slowed down: {', '.join(hit)}",
-                      "check cooling (fans, inlet air) and power supply; the GPU runs slower than it can",
-                      (f"clocks_event_reasons.mask={cr.mask}",))
+        yield Finding(
+            "gpu.clocks",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            f"clocks slowed down: {', '.join(hit)}",
+            "check cooling (fans, inlet air) and power supply; the GPU runs slower than it can",
+            (f"clocks_event_reasons.mask={cr.mask}",),
+        )
 
 
 def _pcie(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
@@ -353,24 +545,49 @@ def _pcie(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
     w, mw, gen, mg = p.width, p.max_width, p.gen, p.max_gen
     busy = (d.utilization_gpu or 0) > 0
     if w and mw and w < mw:
-        yield Finding("gpu.pcie", Severity.WARN, host, _gpu(d), f"PCIe link x{w}, below its maximum x{mw}",
-                      "reseat the GPU or riser at the next window; replace if it stays degraded",
-                      (f"pcie width={w} max_width={mw} gen={gen} max_gen={mg}",))
+        yield Finding(
+            "gpu.pcie",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            f"PCIe link x{w}, below its maximum x{mw}",
+            "reseat the GPU or riser at the next window; replace if it stays degraded",
+            (f"pcie width={w} max_width={mw} gen={gen} max_gen={mg}",),
+        )
     elif busy and gen and mg and gen < mg:
-        yield Finding("gpu.pcie", Severity.WARN, host, _gpu(d), f"PCIe gen {gen} while busy, below its maximum {mg}",
-                      "check BIOS PCIe settings and the riser", (f"pcie gen={gen} max_gen={mg}",))
+        yield Finding(
+            "gpu.pcie",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            f"PCIe gen {gen} while busy, below its maximum {mg}",
+            "check BIOS PCIe settings and the riser",
+            (f"pcie gen={gen} max_gen={mg}",),
+        )
     replay = p.replay_counter
     later = _sample_device(ctx, host, int(d.index or 0))
     if later is not None and replay is not None:
         after = later.pcie.replay_counter
         if after is not None and after > replay:
-            yield Finding("gpu.pcie", Severity.WARN, host, _gpu(d),
-                          f"PCIe replays rising: +{after - replay} in {ctx.interval_s:g} s",
-                          "a marginal PCIe link: reseat the GPU; replace if it continues",
-                          (f"replay_counter {replay} -> {after}",))
+            yield Finding(
+                "gpu.pcie",
+                Severity.WARN,
+                host,
+                _gpu(d),
+                f"PCIe replays rising: +{after - replay} in {ctx.interval_s:g} s",
+                "a marginal PCIe link: reseat the GPU; replace if it continues",
+                (f"replay_counter {replay} -> {after}",),
+            )
     elif replay:
-        yield Finding("gpu.pcie", Severity.WARN, host, _gpu(d), f"{replay} PCIe replays since the driver loaded",
-                      "run doctor again to see whether they are rising", (f"replay_counter={replay}",))
+        yield Finding(
+            "gpu.pcie",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            f"{replay} PCIe replays since the driver loaded",
+            "run doctor again to see whether they are rising",
+            (f"replay_counter={replay}",),
+        )
 
 
 def _nvlink(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
@@ -379,10 +596,15 @@ def _nvlink(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
     links = d.nvlink
     down = [lk for lk in links if lk.state != "active"]
     if down:
-        yield Finding("gpu.nvlink", Severity.CRIT, host, _gpu(d),
-                      f"{len(down)} of {len(links)} NVLink links down",
-                      f"{DRAIN}; check `nvidia-smi nvlink -s`, reset the GPU, replace if links stay down",
-                      tuple(f"link {lk.link}: {lk.state}" for lk in down))
+        yield Finding(
+            "gpu.nvlink",
+            Severity.CRIT,
+            host,
+            _gpu(d),
+            f"{len(down)} of {len(links)} NVLink links down",
+            f"{DRAIN}; check `nvidia-smi nvlink -s`, reset the GPU, replace if links stay down",
+            tuple(f"link {lk.link}: {lk.state}" for lk in down),
+        )
     sample = _sample_device(ctx, host, int(d.index or 0))
     later = {lk.link: lk for lk in (sample.nvlink if sample else ())}
     errs = []
@@ -397,9 +619,15 @@ def _nvlink(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
         if rise:
             errs.append(f"link {lk.link}: " + ", ".join(f"{k} +{v}" for k, v in sorted(rise.items())))
     if errs:
-        yield Finding("gpu.nvlink", Severity.WARN, host, _gpu(d), "NVLink error counters " +
-                      ("rising" if later else "non-zero"),
-                      "watch the trend; reset the GPU if they keep rising, replace if they persist", tuple(errs))
+        yield Finding(
+            "gpu.nvlink",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            "NVLink error counters " + ("rising" if later else "non-zero"),
+            "watch the trend; reset the GPU if they keep rising, replace if they persist",
+            tuple(errs),
+        )
 
 
 def _nvlink_pairs(ctx: AnalysisContext, host: str) -> dict[tuple[int, int], tuple[int, int | None]]:
@@ -409,11 +637,13 @@ def _nvlink_pairs(ctx: AnalysisContext, host: str) -> dict[tuple[int, int], tupl
     the most any other host with the same GPU model and count has between the same two GPUs; on a
     host whose inventory says ``interconnect: nvlink``, a GPU with no NVLink to any other GPU is
     short of at least one (expected None)."""
+
     def pairs(h: str) -> tuple[dict[tuple[int, int], int], tuple[str, ...]]:
         g = ctx.fact(h, GpusFact)
         if g is None:
             return {}, ()
         return {t.gpus: t.nvlinks for t in g.topology}, tuple(str(d.name) for d in g.devices)
+
     mine, model = pairs(host)
     if not mine:
         return {}
@@ -423,8 +653,9 @@ def _nvlink_pairs(ctx: AnalysisContext, host: str) -> dict[tuple[int, int], tupl
         if theirs and their_model == model:
             for k, n in theirs.items():
                 want[k] = max(want.get(k, 0), n)
-    short: dict[tuple[int, int], tuple[int, int | None]] = {k: (n, want[k]) for k, n in mine.items()
-                                                            if want.get(k, 0) > n}
+    short: dict[tuple[int, int], tuple[int, int | None]] = {
+        k: (n, want[k]) for k, n in mine.items() if want.get(k, 0) > n
+    }
     inv = ctx.inventory
     if inv is not None and host in inv.hosts and inv.hosts[host].gpus.interconnect == "nvlink":
         gpus = {i for k in mine for i in k}
@@ -446,21 +677,28 @@ def _nvlink_topology(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[
     for a, b in short:
         count[a], count[b] = count.get(a, 0) + 1, count.get(b, 0) + 1
     me = int(d.index or 0)
-    mine = sorted((b if a == me else a, n, w) for (a, b), (n, w) in short.items() if me in (a, b)
-                  and (count[me], -me) > (count[b if a == me else a], -(b if a == me else a)))
+    mine = sorted(
+        (b if a == me else a, n, w)
+        for (a, b), (n, w) in short.items()
+        if me in (a, b) and (count[me], -me) > (count[b if a == me else a], -(b if a == me else a))
+    )
     if not mine:
         return
     peers = ",".join(str(p) for p, _, _ in mine)
     wants = {w for _, _, w in mine if w}
-    why = (f"other hosts with this GPU model have NV{max(wants)}" if wants
-           else "the inventory says interconnect: nvlink")
-    yield Finding("gpu.nvlink", Severity.CRIT, host, _gpu(d),
-                  f"{'no NVLink' if not any(n for _, n, _ in mine) else 'fewer NVLinks'} to GPU(s) {peers} "
-                  f"({why}): NVLinks down, traffic between them goes over PCIe",
-                  f"{DRAIN}; check `nvidia-smi nvlink -s` and the fabric manager, reset the GPU, replace if "
-                  "links stay down",
-                  tuple(f"GPU {me}-{p}: {'NV%d' % n if n else 'no NVLink'}" + (f", expected NV{w}" if w else "")
-                        for p, n, w in mine))
+    why = f"other hosts with this GPU model have NV{max(wants)}" if wants else "the inventory says interconnect: nvlink"
+    yield Finding(
+        "gpu.nvlink",
+        Severity.CRIT,
+        host,
+        _gpu(d),
+        f"{'no NVLink' if not any(n for _, n, _ in mine) else 'fewer NVLinks'} to GPU(s) {peers} "
+        f"({why}): NVLinks down, traffic between them goes over PCIe",
+        f"{DRAIN}; check `nvidia-smi nvlink -s` and the fabric manager, reset the GPU, replace if links stay down",
+        tuple(
+            f"GPU {me}-{p}: {'NV%d' % n if n else 'no NVLink'}" + (f", expected NV{w}" if w else "") for p, n, w in mine
+        ),
+    )
 
 
 def _thermal(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
@@ -470,32 +708,52 @@ def _thermal(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]
     if t is not None:
         crit, warn = number(lim, "temperature_crit_c", 92), number(lim, "temperature_warn_c", 85)
         if t >= crit or t >= warn:
-            yield Finding("gpu.thermal", Severity.CRIT if t >= crit else Severity.WARN, host, _gpu(d),
-                          f"temperature {t} C (limit {warn:g}/{crit:g} C)",
-                          "check fans, airflow and inlet temperature", (f"temperature_c={t}",))
+            yield Finding(
+                "gpu.thermal",
+                Severity.CRIT if t >= crit else Severity.WARN,
+                host,
+                _gpu(d),
+                f"temperature {t} C (limit {warn:g}/{crit:g} C)",
+                "check fans, airflow and inlet temperature",
+                (f"temperature_c={t}",),
+            )
     pw, pl = d.power_w, d.power_limit_w
     if pw is not None and pl and pw > pl * number(lim, "power_warn_fraction", 1.0):
-        yield Finding("gpu.thermal", Severity.WARN, host, _gpu(d), f"power {pw:.0f} W above the limit {pl:.0f} W",
-                      "check the power supply and the power limit setting", (f"power_w={pw} power_limit_w={pl}",))
+        yield Finding(
+            "gpu.thermal",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            f"power {pw:.0f} W above the limit {pl:.0f} W",
+            "check the power supply and the power limit setting",
+            (f"power_w={pw} power_limit_w={pl}",),
+        )
 
 
 def _persistence(ctx: AnalysisContext, host: str, d: GpuDevice) -> Iterable[Finding]:
     """Persistence mode off -> WARN (slow starts, lost state between processes)."""
     if d.persistence_mode is False and limits(ctx, d.name).get("persistence_mode_required", True):
-        yield Finding("gpu.persistence", Severity.WARN, host, _gpu(d), "persistence mode is off",
-                      "enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)"
-                      + fabric.node_setup_command([host]))
+        yield Finding(
+            "gpu.persistence",
+            Severity.WARN,
+            host,
+            _gpu(d),
+            "persistence mode is off",
+            "enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)"
+            + fabric.node_setup_command([host]),
+        )
 
 
 for _name, _fn, _ok in (
-        ("gpu.ecc", _ecc, "no uncorrected ECC errors"),
-        ("gpu.remap", _remap, "no pending or failed row remaps"),
-        ("gpu.recovery", _recovery, "NVML asks for no recovery action"),
-        ("gpu.fabric", _fabric, "registered with the NVLink fabric, or no fabric"),
-        ("gpu.retired", _retired, "retired pages within limits"),
-        ("gpu.clocks", _clocks, "no hardware slowdown"),
-        ("gpu.pcie", _pcie, "PCIe links at full width"),
-        ("gpu.nvlink", _nvlink, "NVLink links up, no errors"),
-        ("gpu.thermal", _thermal, "temperature and power within limits"),
-        ("gpu.persistence", _persistence, "persistence mode on")):
+    ("gpu.ecc", _ecc, "no uncorrected ECC errors"),
+    ("gpu.remap", _remap, "no pending or failed row remaps"),
+    ("gpu.recovery", _recovery, "NVML asks for no recovery action"),
+    ("gpu.fabric", _fabric, "registered with the NVLink fabric, or no fabric"),
+    ("gpu.retired", _retired, "retired pages within limits"),
+    ("gpu.clocks", _clocks, "no hardware slowdown"),
+    ("gpu.pcie", _pcie, "PCIe links at full width"),
+    ("gpu.nvlink", _nvlink, "NVLink links up, no errors"),
+    ("gpu.thermal", _thermal, "temperature and power within limits"),
+    ("gpu.persistence", _persistence, "persistence mode on"),
+):
     analyzer(_name)(per_gpu(_name, _fn, _ok))

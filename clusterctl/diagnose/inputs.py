@@ -117,8 +117,14 @@ def bounded_text(data: bytes) -> str:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -191,6 +197,7 @@ def load_json(path: str, data: bytes) -> Any:
 
 
 # ------------------------------------------------------------------ archives
+
 
 class _Counting:
     """A read-only stream that refuses to deliver more than ``limit`` bytes."""
@@ -298,8 +305,10 @@ def read_archive(path: Path, dest: Path, budget: Budget) -> None:
                     if not rest:
                         break
                     if rest.strip(b"\0"):
-                        raise _err(path, "damaged archive: unreadable data after "
-                                   + (f"member {last!r}" if last else "its start"))
+                        raise _err(
+                            path,
+                            "damaged archive: unreadable data after " + (f"member {last!r}" if last else "its start"),
+                        )
     except ConfigError:
         raise
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError) as e:

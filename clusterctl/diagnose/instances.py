@@ -55,8 +55,16 @@ def check_units(ctx: AnalysisContext) -> list[Finding]:
         subj = f"instance:{inst.name}"
         units = facts.get("units")
         if units is None:
-            out.append(Finding(CHECK, Severity.UNKNOWN, host, subj, "cannot check: the host's units were not read "
-                               "(systemctl did not answer)", "run doctor again; check systemctl on the host"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.UNKNOWN,
+                    host,
+                    subj,
+                    "cannot check: the host's units were not read (systemctl did not answer)",
+                    "run doctor again; check systemctl on the host",
+                )
+            )
             continue
         unit = _unit(units, inst.name)
         if unit is None:
@@ -75,8 +83,10 @@ def _unit(units: list[Any], name: str) -> dict[str, Any] | None:
 def _workers(ctx: AnalysisContext, inst: Instance) -> list[Finding]:
     """A multi-node replica's worker units that are down (module doc): one CRIT finding each."""
     out: list[Finding] = []
-    fix = (f"clusterctl restart {inst.name} (stops every member, starts the workers, then the head, and waits "
-           f"for its /health; clusterctl deploy --instances {inst.name} when the units must be rewritten)")
+    fix = (
+        f"clusterctl restart {inst.name} (stops every member, starts the workers, then the head, and waits "
+        f"for its /health; clusterctl deploy --instances {inst.name} when the units must be rewritten)"
+    )
     for rank, host in enumerate(hosts_in_order(inst)):
         facts = ctx.facts.get(host)
         if rank == 0 or facts is None or facts.get("units") is None:
@@ -85,47 +95,97 @@ def _workers(ctx: AnalysisContext, inst: Instance) -> list[Finding]:
         unit = _unit(facts["units"], member_name(inst.name, rank))
         subj = f"instance:{inst.name}"
         if unit is None:
-            out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                               f"replica incomplete: no worker unit {uname} on {host} (rank {rank} of "
-                               f"{len(inst.hosts)}); vLLM's head serves only with every rank", fix))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT,
+                    host,
+                    subj,
+                    f"replica incomplete: no worker unit {uname} on {host} (rank {rank} of "
+                    f"{len(inst.hosts)}); vLLM's head serves only with every rank",
+                    fix,
+                )
+            )
             continue
         active, sub = unit.get("active_state"), unit.get("sub_state")
         if active in ("failed", "inactive") or (active == "activating" and sub == "auto-restart"):
-            why = down_reason(ctx.raw.get(host, {}).get(f"{member_name(inst.name, rank)}.log", ""),
-                              str(unit.get("result") or ""), str(unit.get("exec_main_status") or ""))
-            out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                               f"replica down: worker unit {uname} on {host} (rank {rank}) is {active} ({sub}): "
-                               f"{why}; vLLM's head engine dies with a lost rank",
-                               f"fix the cause (journalctl -u {uname} on {host}), then {fix}",
-                               (f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} "
-                                f"NRestarts={unit.get('restarts') or 0}",)))
+            why = down_reason(
+                ctx.raw.get(host, {}).get(f"{member_name(inst.name, rank)}.log", ""),
+                str(unit.get("result") or ""),
+                str(unit.get("exec_main_status") or ""),
+            )
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT,
+                    host,
+                    subj,
+                    f"replica down: worker unit {uname} on {host} (rank {rank}) is {active} ({sub}): "
+                    f"{why}; vLLM's head engine dies with a lost rank",
+                    f"fix the cause (journalctl -u {uname} on {host}), then {fix}",
+                    (
+                        f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} "
+                        f"NRestarts={unit.get('restarts') or 0}",
+                    ),
+                )
+            )
     return out
 
 
-def _verdict(ctx: AnalysisContext, host: str, name: str, subj: str, unit: dict[str, Any],
-             restarts_warn: float) -> Finding:
+def _verdict(
+    ctx: AnalysisContext, host: str, name: str, subj: str, unit: dict[str, Any], restarts_warn: float
+) -> Finding:
     uname = sources.unit_name(name)
     active, sub = unit.get("active_state"), unit.get("sub_state")
     restarts = unit.get("restarts") or 0
     journal = ctx.raw.get(host, {}).get(f"{name}.log", "")
     why = down_reason(journal, str(unit.get("result") or ""), str(unit.get("exec_main_status") or ""))
-    ev = tuple(x for x in (f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} "
-                           f"NRestarts={restarts}", f"since {unit['since']}" if unit.get("since") else None) if x)
+    ev = tuple(
+        x
+        for x in (
+            f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} NRestarts={restarts}",
+            f"since {unit['since']}" if unit.get("since") else None,
+        )
+        if x
+    )
     see = f"journalctl -u {uname} on {host}"
     if active in ("failed", "inactive"):
-        return Finding(CHECK, Severity.CRIT, host, subj, f"down: unit {active}: {why}",
-                       f"fix the cause ({see}), then systemctl reset-failed and start {uname} "
-                       f"(or clusterctl deploy)", ev)
+        return Finding(
+            CHECK,
+            Severity.CRIT,
+            host,
+            subj,
+            f"down: unit {active}: {why}",
+            f"fix the cause ({see}), then systemctl reset-failed and start {uname} (or clusterctl deploy)",
+            ev,
+        )
     if active == "activating" and sub == "auto-restart":
-        return Finding(CHECK, Severity.CRIT, host, subj,
-                       f"crash loop: between automatic restarts ({restarts} so far): {why}",
-                       f"fix the cause ({see}); systemd gives up after its start limit", ev)
+        return Finding(
+            CHECK,
+            Severity.CRIT,
+            host,
+            subj,
+            f"crash loop: between automatic restarts ({restarts} so far): {why}",
+            f"fix the cause ({see}); systemd gives up after its start limit",
+            ev,
+        )
     if active in ("activating", "deactivating", "reloading"):
         return Finding(CHECK, Severity.WARN, host, subj, f"unit {active} ({sub})", f"check again shortly; {see}", ev)
     if restarts >= restarts_warn:
-        return Finding(CHECK, Severity.WARN, host, subj,
-                       f"keeps restarting: systemd restarted it {restarts} times (NRestarts); "
-                       f"last cause: {why}",
-                       f"find why it dies ({see}, serving.engine, oom.cause); each restart reloads the model", ev)
-    return Finding(CHECK, Severity.OK, host, subj, f"unit active ({sub})" +
-                   (f", restarted {restarts} time(s)" if restarts else ""), evidence=ev)
+        return Finding(
+            CHECK,
+            Severity.WARN,
+            host,
+            subj,
+            f"keeps restarting: systemd restarted it {restarts} times (NRestarts); last cause: {why}",
+            f"find why it dies ({see}, serving.engine, oom.cause); each restart reloads the model",
+            ev,
+        )
+    return Finding(
+        CHECK,
+        Severity.OK,
+        host,
+        subj,
+        f"unit active ({sub})" + (f", restarted {restarts} time(s)" if restarts else ""),
+        evidence=ev,
+    )

@@ -44,8 +44,16 @@ def check_link_flaps(ctx: AnalysisContext) -> list[Finding]:
             continue
         lines, origin = sources.kernel_lines(ctx, host)
         if lines is None:
-            out.append(Finding(CHECK, Severity.UNKNOWN, host, "host", f"link flaps not checked: {origin}",
-                               "make the kernel log readable (run with --sudo)"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.UNKNOWN,
+                    host,
+                    "host",
+                    f"link flaps not checked: {origin}",
+                    "make the kernel log readable (run with --sudo)",
+                )
+            )
             continue
         downs: dict[str, list[str]] = {}
         last: dict[str, str] = {}
@@ -61,14 +69,23 @@ def check_link_flaps(ctx: AnalysisContext) -> list[Finding]:
             if not events:
                 continue
             still = last.get(nic) == "down"
-            out.append(Finding(
-                CHECK, Severity.CRIT if still else Severity.WARN, host, f"nic:{nic}",
-                f"data NIC {nic} lost its carrier {len(events)} time(s) in the log ({origin})"
-                + ("; the last event is a link down with no link up after it" if still else ", and came back"),
-                "every flap resets the RDMA/NCCL connections over it (a TP group across hosts fails or stalls): "
-                "check the cable or transceiver and the switch port's log; replace the cable if it repeats",
-                tuple(events[-3:])))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT if still else Severity.WARN,
+                    host,
+                    f"nic:{nic}",
+                    f"data NIC {nic} lost its carrier {len(events)} time(s) in the log ({origin})"
+                    + ("; the last event is a link down with no link up after it" if still else ", and came back"),
+                    "every flap resets the RDMA/NCCL connections over it (a TP group across hosts fails or stalls): "
+                    "check the cable or transceiver and the switch port's log; replace the cable if it repeats",
+                    tuple(events[-3:]),
+                )
+            )
         if not downs:
-            out.append(Finding(CHECK, Severity.OK, host, "host",
-                               f"no carrier loss on {', '.join(nics)} in {len(lines)} log lines"))
+            out.append(
+                Finding(
+                    CHECK, Severity.OK, host, "host", f"no carrier loss on {', '.join(nics)} in {len(lines)} log lines"
+                )
+            )
     return out

@@ -64,19 +64,21 @@ def _tc_problem(ctx: AnalysisContext, host: str, tc: int | None) -> str | None:
             dscp = int(glob) >> 2
             src = f"the global traffic class {glob} of {nic['netdev']}"
         elif tc is None:
-            return (f"{nic['netdev']} has no global traffic class, so NCCL's default traffic class 0 "
-                    "sends RoCE with DSCP 0")
+            return (
+                f"{nic['netdev']} has no global traffic class, so NCCL's default traffic class 0 sends RoCE with DSCP 0"
+            )
         else:
             dscp = tc >> 2
             src = f"NCCL_IB_TC={tc}"
         d2p = q.get("dscp2prio") if q.get("trust") == "dscp" else None
-        prio = d2p.get(str(dscp)) if isinstance(d2p, dict) else (prof.pfc_priority if dscp == prof.roce_dscp
-                                                                  else None)
+        prio = d2p.get(str(dscp)) if isinstance(d2p, dict) else (prof.pfc_priority if dscp == prof.roce_dscp else None)
         if q.get("trust") == "pcp":
             prio = 0
         if prio != prof.pfc_priority:
-            return (f"{src} is DSCP {dscp}, which lands on priority {prio if prio is not None else '?'} on "
-                    f"{nic['netdev']} (PFC is on {prof.pfc_priority})")
+            return (
+                f"{src} is DSCP {dscp}, which lands on priority {prio if prio is not None else '?'} on "
+                f"{nic['netdev']} (PFC is on {prof.pfc_priority})"
+            )
     return None
 
 
@@ -141,11 +143,17 @@ def _host_ip(ctx: AnalysisContext, inst_name: str, host: str, value: Any, where:
         why = f"not an address of the data NICs ({', '.join(sorted(data))})"
     else:
         return None
-    return Finding(CHECK, Severity.WARN, host, f"instance:{inst_name}",
-                   f"{inst_name}: VLLM_HOST_IP={ip} in {where} is {why}: vLLM's and NCCL's bootstrap "
-                   "traffic crosses the management network",
-                   "set VLLM_HOST_IP to this host's data NIC address"
-                   + (f" ({sorted(data)[0]})" if data else "") + " and restart the unit")
+    return Finding(
+        CHECK,
+        Severity.WARN,
+        host,
+        f"instance:{inst_name}",
+        f"{inst_name}: VLLM_HOST_IP={ip} in {where} is {why}: vLLM's and NCCL's bootstrap "
+        "traffic crosses the management network",
+        "set VLLM_HOST_IP to this host's data NIC address"
+        + (f" ({sorted(data)[0]})" if data else "")
+        + " and restart the unit",
+    )
 
 
 @analyzer(CHECK)
@@ -164,9 +172,16 @@ def check_nccl_env(ctx: AnalysisContext) -> list[Finding]:
         problems = 0
         inv_tc, inv_tc_ok = _parse_tc(inv_env.get("NCCL_IB_TC"))
         if from_inventory and not inv_tc_ok:
-            out.append(Finding(CHECK, Severity.CRIT, None, subj,
-                               f"{inst.name}: NCCL_IB_TC={inv_env['NCCL_IB_TC']!r} is not a number",
-                               f"set NCCL_IB_TC to {prof.roce_dscp * 4 + 2} (DSCP {prof.roce_dscp})"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT,
+                    None,
+                    subj,
+                    f"{inst.name}: NCCL_IB_TC={inv_env['NCCL_IB_TC']!r} is not a number",
+                    f"set NCCL_IB_TC to {prof.roce_dscp * 4 + 2} (DSCP {prof.roce_dscp})",
+                )
+            )
             problems += 1
         for host in inst.hosts:
             env = running[host]
@@ -176,20 +191,35 @@ def check_nccl_env(ctx: AnalysisContext) -> list[Finding]:
             else:
                 tc, ok = _parse_tc(env.get("NCCL_IB_TC"))
                 if not ok:
-                    out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                                       f"{inst.name}: NCCL_IB_TC={env['NCCL_IB_TC']!r} in {where} is not a number",
-                                       f"set NCCL_IB_TC to {prof.roce_dscp * 4 + 2} (DSCP {prof.roce_dscp})"))
+                    out.append(
+                        Finding(
+                            CHECK,
+                            Severity.CRIT,
+                            host,
+                            subj,
+                            f"{inst.name}: NCCL_IB_TC={env['NCCL_IB_TC']!r} in {where} is not a number",
+                            f"set NCCL_IB_TC to {prof.roce_dscp * 4 + 2} (DSCP {prof.roce_dscp})",
+                        )
+                    )
                     problems += 1
             if prof.kind != "roce" or not ok:
                 continue
             why = _tc_problem(ctx, host, tc)
             if why:
                 unset = "NCCL_IB_TC unset" if tc is None else f"NCCL_IB_TC={tc}"
-                out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                                   f"{inst.name}: {unset}" + (f" in {where}" if where else "")
-                                   + f"; on {host} {why}: its tensor-parallel traffic is not lossless",
-                                   f"set env NCCL_IB_TC: '{prof.roce_dscp * 4 + 2}' (DSCP {prof.roce_dscp}) "
-                                   f"for {inst.name} in the inventory and redeploy"))
+                out.append(
+                    Finding(
+                        CHECK,
+                        Severity.CRIT,
+                        host,
+                        subj,
+                        f"{inst.name}: {unset}"
+                        + (f" in {where}" if where else "")
+                        + f"; on {host} {why}: its tensor-parallel traffic is not lossless",
+                        f"set env NCCL_IB_TC: '{prof.roce_dscp * 4 + 2}' (DSCP {prof.roce_dscp}) "
+                        f"for {inst.name} in the inventory and redeploy",
+                    )
+                )
                 problems += 1
         mgmt: set[str] = set()
         data: set[str] = set()
@@ -214,33 +244,61 @@ def check_nccl_env(ctx: AnalysisContext) -> list[Finding]:
                 problems += 1
         hca = inv_env.get("NCCL_IB_HCA")
         if hca is not None and hcas and not any(_includes(str(hca), d) for d in hcas):
-            out.append(Finding(CHECK, Severity.CRIT, None, subj,
-                               f"{inst.name}: NCCL_IB_HCA={hca} selects none of the data NICs' RDMA devices "
-                               f"({', '.join(sorted(hcas))})",
-                               "list the data NICs' RDMA devices in NCCL_IB_HCA, or unset it"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT,
+                    None,
+                    subj,
+                    f"{inst.name}: NCCL_IB_HCA={hca} selects none of the data NICs' RDMA devices "
+                    f"({', '.join(sorted(hcas))})",
+                    "list the data NICs' RDMA devices in NCCL_IB_HCA, or unset it",
+                )
+            )
             problems += 1
         if not problems:
             out.append(Finding(CHECK, Severity.OK, None, subj, f"{inst.name}: NCCL settings fit the fabric"))
     return out
 
 
-def _ifname(out: list[Finding], inst: str, host: str | None, ifname: Any, mgmt: set[str], data: set[str],
-            where: str | None, fix: str) -> int:
+def _ifname(
+    out: list[Finding],
+    inst: str,
+    host: str | None,
+    ifname: Any,
+    mgmt: set[str],
+    data: set[str],
+    where: str | None,
+    fix: str,
+) -> int:
     """NCCL_SOCKET_IFNAME unset or selecting a management NIC: a WARN into ``out``; 1 if so."""
     at = f" in {where}" if where else ""
     if ifname is None and data:
-        out.append(Finding(CHECK, Severity.WARN, host, f"instance:{inst}",
-                           f"{inst}: NCCL_SOCKET_IFNAME unset{at}: NCCL picks an interface itself, "
-                           "possibly the management one",
-                           f"set env NCCL_SOCKET_IFNAME: {fix} (the data NIC)"))
+        out.append(
+            Finding(
+                CHECK,
+                Severity.WARN,
+                host,
+                f"instance:{inst}",
+                f"{inst}: NCCL_SOCKET_IFNAME unset{at}: NCCL picks an interface itself, possibly the management one",
+                f"set env NCCL_SOCKET_IFNAME: {fix} (the data NIC)",
+            )
+        )
         return 1
     if ifname is not None:
         on_mgmt = sorted(m for m in mgmt if _includes(str(ifname), m) and m not in data)
         if on_mgmt:
-            out.append(Finding(CHECK, Severity.WARN, host, f"instance:{inst}",
-                               f"{inst}: NCCL_SOCKET_IFNAME={ifname}{at} selects the management NIC "
-                               f"{', '.join(on_mgmt)}",
-                               f"set NCCL_SOCKET_IFNAME to the data NIC ({fix})" if data
-                               else "set NCCL_SOCKET_IFNAME to the data NIC"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.WARN,
+                    host,
+                    f"instance:{inst}",
+                    f"{inst}: NCCL_SOCKET_IFNAME={ifname}{at} selects the management NIC {', '.join(on_mgmt)}",
+                    f"set NCCL_SOCKET_IFNAME to the data NIC ({fix})"
+                    if data
+                    else "set NCCL_SOCKET_IFNAME to the data NIC",
+                )
+            )
             return 1
     return 0

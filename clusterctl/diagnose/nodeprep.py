@@ -42,8 +42,7 @@ def effective_limit(entries: list[Mapping[str, Any]], user: str, item: str) -> d
     """pam_limits' soft and hard ``item`` of ``user`` from limits.conf entries in reading order: the
     user's own lines over the ``*`` ones, the later line of a domain over the earlier (``-`` sets both).
     Group (``@g``) and range domains are not resolved (the probe does not read group membership)."""
-    out: dict[str, dict[str, str | None]] = {"user": {"soft": None, "hard": None},
-                                             "*": {"soft": None, "hard": None}}
+    out: dict[str, dict[str, str | None]] = {"user": {"soft": None, "hard": None}, "*": {"soft": None, "hard": None}}
     for e in entries:
         if e.get("item") != item or e.get("domain") not in (user, "*"):
             continue
@@ -90,26 +89,59 @@ def check_node_prereqs(ctx: AnalysisContext) -> list[Finding]:
         for key, want in sorted(wanted.items()):
             subject = f"sysctl:{key}"
             if key not in now:
-                bad.append(Finding(CHECK, Severity.WARN, host, subject,
-                                   f"{host}: kernel parameter {key} (the inventory wants {want}) is not in "
-                                   f"{SYSCTL_PATH}: node setup has not set it here",
-                                   f"set {key} = {want} and keep it in {SYSCTL_PATH}" + fix_command(host)))
+                bad.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        subject,
+                        f"{host}: kernel parameter {key} (the inventory wants {want}) is not in "
+                        f"{SYSCTL_PATH}: node setup has not set it here",
+                        f"set {key} = {want} and keep it in {SYSCTL_PATH}" + fix_command(host),
+                    )
+                )
             elif now[key] is None:
-                bad.append(Finding(CHECK, Severity.UNKNOWN, host, subject,
-                                   f"{host}: kernel parameter {key}: no /proc/sys/{key.replace('.', '/')} here",
-                                   "check the name in the inventory's vars.sysctl (or the kernel's module)"))
+                bad.append(
+                    Finding(
+                        CHECK,
+                        Severity.UNKNOWN,
+                        host,
+                        subject,
+                        f"{host}: kernel parameter {key}: no /proc/sys/{key.replace('.', '/')} here",
+                        "check the name in the inventory's vars.sysctl (or the kernel's module)",
+                    )
+                )
             elif now[key] != want:
-                bad.append(Finding(CHECK, Severity.WARN, host, subject,
-                                   f"{host}: kernel parameter {key} = {now[key]}; the inventory wants {want}",
-                                   f"sysctl -w {key}={want} and keep it in {SYSCTL_PATH}" + fix_command(host),
-                                   (f"{key} = {now[key]}",)))
+                bad.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        subject,
+                        f"{host}: kernel parameter {key} = {now[key]}; the inventory wants {want}",
+                        f"sysctl -w {key}={want} and keep it in {SYSCTL_PATH}" + fix_command(host),
+                        (f"{key} = {now[key]}",),
+                    )
+                )
             elif not isinstance(dropin, Mapping) or dropin.get(key) != want:
-                kept = "no such file" if not isinstance(dropin, Mapping) else \
-                    f"it has {dropin[key]}" if key in dropin else "not in it"
-                bad.append(Finding(CHECK, Severity.WARN, host, subject,
-                                   f"{host}: kernel parameter {key} = {want} now, but {SYSCTL_PATH} does not keep "
-                                   f"it ({kept}): lost at the next boot",
-                                   f"keep {key} = {want} in {SYSCTL_PATH}" + fix_command(host)))
+                kept = (
+                    "no such file"
+                    if not isinstance(dropin, Mapping)
+                    else f"it has {dropin[key]}"
+                    if key in dropin
+                    else "not in it"
+                )
+                bad.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        subject,
+                        f"{host}: kernel parameter {key} = {want} now, but {SYSCTL_PATH} does not keep "
+                        f"it ({kept}): lost at the next boot",
+                        f"keep {key} = {want} in {SYSCTL_PATH}" + fix_command(host),
+                    )
+                )
         user = str(h.vars.get("service_user") or UnitPolicy().user)
         if user in (sec.get("users") or []):
             entries = list(sec.get("limits") or [])
@@ -117,18 +149,39 @@ def check_node_prereqs(ctx: AnalysisContext) -> list[Finding]:
             nofile = effective_limit(entries, user, "nofile")
             want_nofile = UnitPolicy().limit_nofile
             if not (_unlimited(mem["soft"]) and _unlimited(mem["hard"])):
-                bad.append(Finding(CHECK, Severity.WARN, host, f"limits:{user}",
-                                   f"{host}: service user {user}: memlock soft {mem['soft'] or 'not set'}, hard "
-                                   f"{mem['hard'] or 'not set'} in limits.conf, not unlimited: its sessions (sudo -u "
-                                   f"{user}, benchmarks by hand) cannot register RDMA memory",
-                                   f"{user} - memlock unlimited in {limits_path(user)}" + fix_command(host)))
+                bad.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        f"limits:{user}",
+                        f"{host}: service user {user}: memlock soft {mem['soft'] or 'not set'}, hard "
+                        f"{mem['hard'] or 'not set'} in limits.conf, not unlimited: its sessions (sudo -u "
+                        f"{user}, benchmarks by hand) cannot register RDMA memory",
+                        f"{user} - memlock unlimited in {limits_path(user)}" + fix_command(host),
+                    )
+                )
             if not (_at_least(nofile["soft"], want_nofile) and _at_least(nofile["hard"], want_nofile)):
-                bad.append(Finding(CHECK, Severity.WARN, host, f"limits:{user}:nofile",
-                                   f"{host}: service user {user}: nofile soft {nofile['soft'] or 'not set'}, hard "
-                                   f"{nofile['hard'] or 'not set'}, below {want_nofile}",
-                                   f"{user} - nofile {want_nofile} in {limits_path(user)}" + fix_command(host)))
+                bad.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        f"limits:{user}:nofile",
+                        f"{host}: service user {user}: nofile soft {nofile['soft'] or 'not set'}, hard "
+                        f"{nofile['hard'] or 'not set'}, below {want_nofile}",
+                        f"{user} - nofile {want_nofile} in {limits_path(user)}" + fix_command(host),
+                    )
+                )
         out += bad
         if not bad:
-            out.append(Finding(CHECK, Severity.OK, host, "host",
-                               f"{host}: kernel parameters and {user}'s limits as node setup sets them"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.OK,
+                    host,
+                    "host",
+                    f"{host}: kernel parameters and {user}'s limits as node setup sets them",
+                )
+            )
     return out

@@ -32,28 +32,59 @@ from clusterctl.node.collector import CLOCK_EVENT_REASONS, decode_clock_reasons,
 
 NA = "N/A in the nvidia-smi output (not supported here)"
 #: device key -> the check that needs it (a check is covered when one device has the key).
-DEVICE_CHECKS = {"ecc": "gpu.ecc", "remapped_rows": "gpu.remap", "retired_pages": "gpu.retired",
-                 "clocks_event_reasons": "gpu.clocks", "pcie": "gpu.pcie", "nvlink": "gpu.nvlink",
-                 "temperature_c": "gpu.thermal", "power_w": "gpu.thermal", "persistence_mode": "gpu.persistence",
-                 "processes": "gpu.foreign", "recovery_action": "gpu.recovery", "fabric": "gpu.fabric"}
+DEVICE_CHECKS = {
+    "ecc": "gpu.ecc",
+    "remapped_rows": "gpu.remap",
+    "retired_pages": "gpu.retired",
+    "clocks_event_reasons": "gpu.clocks",
+    "pcie": "gpu.pcie",
+    "nvlink": "gpu.nvlink",
+    "temperature_c": "gpu.thermal",
+    "power_w": "gpu.thermal",
+    "persistence_mode": "gpu.persistence",
+    "processes": "gpu.foreign",
+    "recovery_action": "gpu.recovery",
+    "fabric": "gpu.fabric",
+}
 #: Checks any readable device covers.
 ALWAYS = ("gpu.nvml", "gpu.inventory", "gpu.lost", "tp.group", "oom.fit")
-_REASON_LABELS = {"idle": "gpu_idle", "gpu idle": "gpu_idle", "applications clocks setting": "applications_clocks_setting",
-                  "sw power cap": "sw_power_cap", "hw slowdown": "hw_slowdown", "sync boost": "sync_boost",
-                  "sw thermal slowdown": "sw_thermal_slowdown", "hw thermal slowdown": "hw_thermal_slowdown",
-                  "hw power brake slowdown": "hw_power_brake_slowdown",
-                  "display clock setting": "display_clock_setting"}
+_REASON_LABELS = {
+    "idle": "gpu_idle",
+    "gpu idle": "gpu_idle",
+    "applications clocks setting": "applications_clocks_setting",
+    "sw power cap": "sw_power_cap",
+    "hw slowdown": "hw_slowdown",
+    "sync boost": "sync_boost",
+    "sw thermal slowdown": "sw_thermal_slowdown",
+    "hw thermal slowdown": "hw_thermal_slowdown",
+    "hw power brake slowdown": "hw_power_brake_slowdown",
+    "display clock setting": "display_clock_setting",
+}
 _BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS}
 #: ``GPU Recovery Action`` values (nvidia-smi prints NVML's nvmlDeviceGpuRecoveryAction_t in words:
 #: ``None``, ``Reset``, ``Reboot``, ``Drain P2P``, ``Drain and Reset``) -> the probe's names
 #: (collector.RECOVERY_ACTIONS); spaces, case and ``GPU_``/``NODE_`` prefixes do not matter.
-_RECOVERY = {"none": "none", "reset": "reset", "gpu_reset": "reset", "reboot": "reboot", "node_reboot": "reboot",
-             "drain_p2p": "drain_p2p", "drain_and_reset": "drain_and_reset", "drain_p2p_and_reset": "drain_and_reset"}
+_RECOVERY = {
+    "none": "none",
+    "reset": "reset",
+    "gpu_reset": "reset",
+    "reboot": "reboot",
+    "node_reboot": "reboot",
+    "drain_p2p": "drain_p2p",
+    "drain_and_reset": "drain_and_reset",
+    "drain_p2p_and_reset": "drain_and_reset",
+}
 #: ``Fabric`` ``State`` in words (nvmlGpuFabricState_t) -> the probe's names (collector.FABRIC_STATES).
-_FABRIC_STATES = {"not supported": "not_supported", "not started": "not_started", "in progress": "in_progress",
-                  "completed": "completed"}
-_LOST = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
-                   r"(?:\.[0-9A-Fa-f])?)\s*:\s*(.+)")
+_FABRIC_STATES = {
+    "not supported": "not_supported",
+    "not started": "not_started",
+    "in progress": "in_progress",
+    "completed": "completed",
+}
+_LOST = re.compile(
+    r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f]+:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
+    r"(?:\.[0-9A-Fa-f])?)\s*:\s*(.+)"
+)
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 
 
@@ -105,8 +136,13 @@ def _yes(v: Any) -> bool | None:
     if not isinstance(v, str):
         return None
     low = v.strip().lower()
-    return True if low in ("yes", "enabled", "active", "on") else False if low in (
-        "no", "disabled", "not active", "off") else None
+    return (
+        True
+        if low in ("yes", "enabled", "active", "on")
+        else False
+        if low in ("no", "disabled", "not active", "off")
+        else None
+    )
 
 
 def _na(v: Any) -> bool:
@@ -125,8 +161,11 @@ def _ecc_counts(block: Any) -> dict[str, int | None] | None:
     sb, db = _get(block, "Single Bit"), _get(block, "Double Bit")
     if isinstance(sb, dict) or isinstance(db, dict):
         return {"corrected": _int(_get(sb, "Total")), "uncorrected": _int(_get(db, "Total"))}
-    corr = [_int(v) for k, v in block.items() if isinstance(v, str) and "uncorrectable" not in k.lower()
-            and "correctable" in k.lower()]
+    corr = [
+        _int(v)
+        for k, v in block.items()
+        if isinstance(v, str) and "uncorrectable" not in k.lower() and "correctable" in k.lower()
+    ]
     unc = [_int(v) for k, v in block.items() if isinstance(v, str) and "uncorrectable" in k.lower()]
     known_c, known_u = [x for x in corr if x is not None], [x for x in unc if x is not None]
     return {"corrected": sum(known_c) if known_c else None, "uncorrected": sum(known_u) if known_u else None}
@@ -134,32 +173,63 @@ def _ecc_counts(block: Any) -> dict[str, int | None] | None:
 
 def _device(index: int, bus_id: str, g: dict[str, Any]) -> dict[str, Any]:
     errors: dict[str, str] = {}
-    d: dict[str, Any] = {"index": index, "name": _get(g, "Product Name"), "uuid": _get(g, "GPU UUID"),
-                         "pci_bus_id": bus_id, "pci_address": normalize_pci(bus_id),
-                         "memory_total": None, "memory_used": None, "memory_free": None, "processes": None,
-                         "ecc": None, "remapped_rows": None, "retired_pages": None, "recovery_action": None,
-                         "fabric": None, "clocks_event_reasons": None,
-                         "pcie": None, "nvlink": None, "temperature_c": None, "power_w": None,
-                         "power_limit_w": None, "utilization": None, "persistence_mode": None,
-                         "vbios_version": _get(g, "VBIOS Version"), "numa_node": None, "nearest_nics": None,
-                         "lost": False, "hung": False, "field_errors": errors}
+    d: dict[str, Any] = {
+        "index": index,
+        "name": _get(g, "Product Name"),
+        "uuid": _get(g, "GPU UUID"),
+        "pci_bus_id": bus_id,
+        "pci_address": normalize_pci(bus_id),
+        "memory_total": None,
+        "memory_used": None,
+        "memory_free": None,
+        "processes": None,
+        "ecc": None,
+        "remapped_rows": None,
+        "retired_pages": None,
+        "recovery_action": None,
+        "fabric": None,
+        "clocks_event_reasons": None,
+        "pcie": None,
+        "nvlink": None,
+        "temperature_c": None,
+        "power_w": None,
+        "power_limit_w": None,
+        "utilization": None,
+        "persistence_mode": None,
+        "vbios_version": _get(g, "VBIOS Version"),
+        "numa_node": None,
+        "nearest_nics": None,
+        "lost": False,
+        "hung": False,
+        "field_errors": errors,
+    }
     fb = _get(g, "FB Memory Usage")
     if isinstance(fb, dict):
         d["memory_total"], d["memory_used"], d["memory_free"] = (_mib(_get(fb, k)) for k in ("Total", "Used", "Free"))
     mode, errs = _get(g, "ECC Mode"), _get(g, "ECC Errors")
     if isinstance(errs, dict):
-        d["ecc"] = {"volatile": _ecc_counts(_get(errs, "Volatile")), "aggregate": _ecc_counts(_get(errs, "Aggregate")),
-                    "enabled": _yes(_get(mode, "Current")), "pending_enabled": _yes(_get(mode, "Pending"))}
+        d["ecc"] = {
+            "volatile": _ecc_counts(_get(errs, "Volatile")),
+            "aggregate": _ecc_counts(_get(errs, "Aggregate")),
+            "enabled": _yes(_get(mode, "Current")),
+            "pending_enabled": _yes(_get(mode, "Pending")),
+        }
     elif _na(errs):
-        d["ecc"] = {"volatile": None, "aggregate": None, "enabled": _yes(_get(mode, "Current")),
-                    "pending_enabled": _yes(_get(mode, "Pending"))}
+        d["ecc"] = {
+            "volatile": None,
+            "aggregate": None,
+            "enabled": _yes(_get(mode, "Current")),
+            "pending_enabled": _yes(_get(mode, "Pending")),
+        }
         errors["ecc"] = NA
     rr = _get(g, "Remapped Rows")
     if isinstance(rr, dict):
-        d["remapped_rows"] = {"correctable": _int(_get(rr, "Correctable Error")),
-                              "uncorrectable": _int(_get(rr, "Uncorrectable Error")),
-                              "pending": _yes(_get(rr, "Pending")),
-                              "failure": _yes(_get(rr, "Remapping Failure Occurred"))}
+        d["remapped_rows"] = {
+            "correctable": _int(_get(rr, "Correctable Error")),
+            "uncorrectable": _int(_get(rr, "Uncorrectable Error")),
+            "pending": _yes(_get(rr, "Pending")),
+            "failure": _yes(_get(rr, "Remapping Failure Occurred")),
+        }
     elif rr is not None:
         errors["remapped_rows"] = NA
     rp = _get(g, "Retired Pages")
@@ -167,8 +237,11 @@ def _device(index: int, bus_id: str, g: dict[str, Any]) -> dict[str, Any]:
         pending = _get(rp, "Pending Page Blacklist")
         if pending is None:
             pending = _get(rp, "Pending Page Retirement") or _get(rp, "Pending")
-        d["retired_pages"] = {"single_bit_ecc": _int(_get(rp, "Single Bit ECC")),
-                              "double_bit_ecc": _int(_get(rp, "Double Bit ECC")), "pending": _yes(pending)}
+        d["retired_pages"] = {
+            "single_bit_ecc": _int(_get(rp, "Single Bit ECC")),
+            "double_bit_ecc": _int(_get(rp, "Double Bit ECC")),
+            "pending": _yes(pending),
+        }
     elif rp is not None:
         errors["retired_pages"] = NA
     _recovery_and_fabric(g, d, errors)
@@ -187,11 +260,13 @@ def _device(index: int, bus_id: str, g: dict[str, Any]) -> dict[str, Any]:
     pci = _get(g, "PCI")
     if isinstance(pci, dict):
         link = _get(pci, "GPU Link Info") or {}
-        d["pcie"] = {"width": _int(_get(link, "Link Width", "Current")), "max_width": _int(_get(link, "Link Width", "Max")),
-                     "gen": _int(_get(link, "PCIe Generation", "Current")),
-                     "max_gen": _int(_get(link, "PCIe Generation", "Device Max"))
-                     or _int(_get(link, "PCIe Generation", "Max")),
-                     "replay_counter": _int(_get(pci, "Replays Since Reset"))}
+        d["pcie"] = {
+            "width": _int(_get(link, "Link Width", "Current")),
+            "max_width": _int(_get(link, "Link Width", "Max")),
+            "gen": _int(_get(link, "PCIe Generation", "Current")),
+            "max_gen": _int(_get(link, "PCIe Generation", "Device Max")) or _int(_get(link, "PCIe Generation", "Max")),
+            "replay_counter": _int(_get(pci, "Replays Since Reset")),
+        }
     temp = _get(g, "Temperature", "GPU Current Temp")
     d["temperature_c"] = _num(temp)
     power = _get(g, "GPU Power Readings") or _get(g, "Power Readings")
@@ -238,11 +313,13 @@ def _recovery_and_fabric(g: dict[str, Any], d: dict[str, Any], errors: dict[str,
             errors["fabric"] = NA
         else:
             st = str(_get(fab, "Status") or "").strip()
-            d["fabric"] = {"state": _FABRIC_STATES.get(state.lower(), state.lower().replace(" ", "_")),
-                           # NVML's status is an nvmlReturn_t: "Success" is 0, anything else the words
-                           "status": 0 if st.lower() == "success" else None if not st or _na(st) else st,
-                           "clique_id": _int(_get(fab, "CliqueId")),
-                           "cluster_uuid": _get(fab, "ClusterUUID")}
+            d["fabric"] = {
+                "state": _FABRIC_STATES.get(state.lower(), state.lower().replace(" ", "_")),
+                # NVML's status is an nvmlReturn_t: "Success" is 0, anything else the words
+                "status": 0 if st.lower() == "success" else None if not st or _na(st) else st,
+                "clique_id": _int(_get(fab, "CliqueId")),
+                "cluster_uuid": _get(fab, "ClusterUUID"),
+            }
     elif fab is not None:
         errors["fabric"] = NA
 
@@ -276,30 +353,58 @@ def parse_nvidia_smi_q(text: str) -> dict[str, Any]:
     top = _tree(header)
     devices = [_device(i, bus, _tree(body)) for i, (bus, body) in enumerate(blocks)]
     for bus, why in lost:
-        addr = normalize_pci(bus if bus.count(":") == 2 and len(bus.split(":")[0]) > 4 else "0000" + bus[-10:]
-                             if bus.count(":") == 1 else bus)
+        addr = normalize_pci(
+            bus
+            if bus.count(":") == 2 and len(bus.split(":")[0]) > 4
+            else "0000" + bus[-10:]
+            if bus.count(":") == 1
+            else bus
+        )
         d: dict[str, Any] = {k: None for k in devices[0]} if devices else {}
-        d.update({"index": len(devices), "pci_bus_id": bus, "pci_address": addr, "lost": True, "hung": False,
-                  "field_errors": {"device": why}})
+        d.update(
+            {
+                "index": len(devices),
+                "pci_bus_id": bus,
+                "pci_address": addr,
+                "lost": True,
+                "hung": False,
+                "field_errors": {"device": why},
+            }
+        )
         devices.append(d)
     cuda = _get(top, "CUDA Version")
     cv = _num(cuda)
     attached = _int(_get(top, "Attached GPUs"))
-    return {"available": bool(devices) or attached is not None,
-            "reason": None if devices else "no GPU in the nvidia-smi output",
-            "driver_version": _get(top, "Driver Version"), "nvml_version": None,
-            "cuda_driver_version": int(round(cv * 1000)) if cv is not None and cv < 100 else None,
-            "count": attached if attached is not None else len(devices), "devices": devices, "topology": [],
-            "timed_out_calls": [], "source": "nvidia-smi -q"}
+    return {
+        "available": bool(devices) or attached is not None,
+        "reason": None if devices else "no GPU in the nvidia-smi output",
+        "driver_version": _get(top, "Driver Version"),
+        "nvml_version": None,
+        "cuda_driver_version": int(round(cv * 1000)) if cv is not None and cv < 100 else None,
+        "count": attached if attached is not None else len(devices),
+        "devices": devices,
+        "topology": [],
+        "timed_out_calls": [],
+        "source": "nvidia-smi -q",
+    }
 
 
 # ------------------------------------------------------------------ CSV
 
 _CSV_FIELDS: dict[str, tuple[str, ...]] = {
-    "index": ("index",), "name": ("name",), "uuid": ("uuid",), "pci.bus_id": ("pci_bus_id",),
-    "memory.total": ("memory_total",), "memory.used": ("memory_used",), "memory.free": ("memory_free",),
-    "temperature.gpu": ("temperature_c",), "power.draw": ("power_w",), "enforced.power.limit": ("power_limit_w",),
-    "power.limit": ("power_limit_w",), "persistence_mode": ("persistence_mode",), "vbios_version": ("vbios_version",),
+    "index": ("index",),
+    "name": ("name",),
+    "uuid": ("uuid",),
+    "pci.bus_id": ("pci_bus_id",),
+    "memory.total": ("memory_total",),
+    "memory.used": ("memory_used",),
+    "memory.free": ("memory_free",),
+    "temperature.gpu": ("temperature_c",),
+    "power.draw": ("power_w",),
+    "enforced.power.limit": ("power_limit_w",),
+    "power.limit": ("power_limit_w",),
+    "persistence_mode": ("persistence_mode",),
+    "vbios_version": ("vbios_version",),
 }
 
 
@@ -336,25 +441,36 @@ def parse_query_gpu_csv(text: str) -> dict[str, Any]:
             elif k == "driver_version":
                 driver = v
             elif k.startswith("ecc.errors.") and k.endswith(".volatile.total"):
-                vol = d.setdefault("ecc", {"volatile": {}, "aggregate": None, "enabled": None,
-                                           "pending_enabled": None})["volatile"]
+                vol = d.setdefault(
+                    "ecc", {"volatile": {}, "aggregate": None, "enabled": None, "pending_enabled": None}
+                )["volatile"]
                 vol["corrected" if ".corrected." in k else "uncorrected"] = _int(v)
             elif k == "ecc.mode.current":
                 d.setdefault("ecc", {"volatile": None, "aggregate": None, "enabled": None, "pending_enabled": None})
                 d["ecc"]["enabled"] = _yes(v)
             elif k.startswith("retired_pages."):
                 rp = d.setdefault("retired_pages", {"single_bit_ecc": None, "double_bit_ecc": None, "pending": None})
-                key = {"retired_pages.sbe": "single_bit_ecc", "retired_pages.single_bit_ecc.count": "single_bit_ecc",
-                       "retired_pages.dbe": "double_bit_ecc", "retired_pages.double_bit.count": "double_bit_ecc",
-                       "retired_pages.pending": "pending"}.get(k)
+                key = {
+                    "retired_pages.sbe": "single_bit_ecc",
+                    "retired_pages.single_bit_ecc.count": "single_bit_ecc",
+                    "retired_pages.dbe": "double_bit_ecc",
+                    "retired_pages.double_bit.count": "double_bit_ecc",
+                    "retired_pages.pending": "pending",
+                }.get(k)
                 if key:
                     rp[key] = _yes(v) if key == "pending" else _int(v)
             elif k.startswith("pcie.link."):
-                p = d.setdefault("pcie", {"width": None, "max_width": None, "gen": None, "max_gen": None,
-                                          "replay_counter": None})
-                key = {"pcie.link.gen.current": "gen", "pcie.link.gen.gpucurrent": "gen", "pcie.link.gen.max": "max_gen",
-                       "pcie.link.gen.gpumax": "max_gen", "pcie.link.width.current": "width",
-                       "pcie.link.width.max": "max_width"}.get(k)
+                p = d.setdefault(
+                    "pcie", {"width": None, "max_width": None, "gen": None, "max_gen": None, "replay_counter": None}
+                )
+                key = {
+                    "pcie.link.gen.current": "gen",
+                    "pcie.link.gen.gpucurrent": "gen",
+                    "pcie.link.gen.max": "max_gen",
+                    "pcie.link.gen.gpumax": "max_gen",
+                    "pcie.link.width.current": "width",
+                    "pcie.link.width.max": "max_width",
+                }.get(k)
                 if key:
                     p[key] = _int(v)
             elif k in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
@@ -366,9 +482,16 @@ def parse_query_gpu_csv(text: str) -> dict[str, Any]:
             elif k in ("utilization.gpu", "utilization.memory"):
                 d.setdefault("utilization", {})[k.split(".")[1]] = _int(v)
         devices.append(d)
-    return {"available": bool(devices), "reason": None if devices else "no GPU rows in the CSV",
-            "driver_version": driver, "count": len(devices), "devices": devices, "topology": [],
-            "timed_out_calls": [], "source": "nvidia-smi --query-gpu"}
+    return {
+        "available": bool(devices),
+        "reason": None if devices else "no GPU rows in the CSV",
+        "driver_version": driver,
+        "count": len(devices),
+        "devices": devices,
+        "topology": [],
+        "timed_out_calls": [],
+        "source": "nvidia-smi --query-gpu",
+    }
 
 
 # ----------------------------------------------------------------- NVLink
@@ -395,9 +518,14 @@ def parse_nvlink(text: str) -> dict[int, list[dict[str, Any]]]:
         lm = _NVL_LINK.match(line)
         if gpu is None or not lm:
             continue
-        link = out[gpu].setdefault(int(lm.group(1)), {"link": int(lm.group(1)), "state": None,
-                                                      "errors": {"replay": None, "recovery": None,
-                                                                 "crc_flit": None, "crc_data": None}})
+        link = out[gpu].setdefault(
+            int(lm.group(1)),
+            {
+                "link": int(lm.group(1)),
+                "state": None,
+                "errors": {"replay": None, "recovery": None, "crc_flit": None, "crc_data": None},
+            },
+        )
         rest = lm.group(2).strip()
         low = rest.lower()
         if "inactive" in low or "disabled" in low:
@@ -406,14 +534,20 @@ def parse_nvlink(text: str) -> dict[int, list[dict[str, Any]]]:
             link["state"] = "active"
         else:
             name, _, value = rest.rpartition(":")
-            key = {"replay errors": "replay", "recovery errors": "recovery", "crc errors": "crc_flit",
-                   "flit crc errors": "crc_flit", "data crc errors": "crc_data"}.get(name.strip().lower())
+            key = {
+                "replay errors": "replay",
+                "recovery errors": "recovery",
+                "crc errors": "crc_flit",
+                "flit crc errors": "crc_flit",
+                "data crc errors": "crc_data",
+            }.get(name.strip().lower())
             if key and _int(value) is not None:
                 link["errors"][key] = _int(value)
     return {g: [links[k] for k in sorted(links)] for g, links in out.items()}
 
 
 # ------------------------------------------------------------------- DCGM
+
 
 def parse_dcgmi_diag(doc: Any) -> dict[str, Any]:
     """``dcgmi diag -r N -j`` JSON as ``{version, results: [{category, test, gpu, status, messages}]}``.
@@ -442,13 +576,24 @@ def parse_dcgmi_diag(doc: Any) -> dict[str, Any]:
                     items = r.get(key)
                     items = items if isinstance(items, list) else [items] if items else []
                     for w in items:
-                        msgs.append(str(w.get("warning") or w.get("error") or w.get("message") or w)
-                                    if isinstance(w, dict) else str(w))
-                results.append({"category": str(cat.get("category") or ""), "test": str(test.get("name") or ""),
-                                "gpu": str(next((r[k] for k in ("gpu_id", "gpu_ids", "entity_id") if k in r), "")), "status": str(r.get("status") or ""),
-                                "messages": msgs[:5]})
-    return {"version": body.get("version") or (doc.get("version") if isinstance(doc, dict) else None),
-            "results": results}
+                        msgs.append(
+                            str(w.get("warning") or w.get("error") or w.get("message") or w)
+                            if isinstance(w, dict)
+                            else str(w)
+                        )
+                results.append(
+                    {
+                        "category": str(cat.get("category") or ""),
+                        "test": str(test.get("name") or ""),
+                        "gpu": str(next((r[k] for k in ("gpu_id", "gpu_ids", "entity_id") if k in r), "")),
+                        "status": str(r.get("status") or ""),
+                        "messages": msgs[:5],
+                    }
+                )
+    return {
+        "version": body.get("version") or (doc.get("version") if isinstance(doc, dict) else None),
+        "results": results,
+    }
 
 
 def covered_checks(gpus: dict[str, Any]) -> set[str]:
@@ -468,8 +613,14 @@ def covered_checks(gpus: dict[str, Any]) -> set[str]:
 #: ``nvidia-smi topo -m`` PCIe link codes -> NVML's common-ancestor level names (the probe's
 #: ``gpus.topology`` levels; nvidia-smi prints the level NVML reports).  ``SOC`` is the name
 #: older drivers printed for ``SYS``.
-TOPO_LEVELS = {"PIX": "SINGLE", "PXB": "MULTIPLE", "PHB": "HOSTBRIDGE", "NODE": "NODE", "SYS": "SYSTEM",
-               "SOC": "SYSTEM"}
+TOPO_LEVELS = {
+    "PIX": "SINGLE",
+    "PXB": "MULTIPLE",
+    "PHB": "HOSTBRIDGE",
+    "NODE": "NODE",
+    "SYS": "SYSTEM",
+    "SOC": "SYSTEM",
+}
 _TOPO_CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _TOPO_AFFINITY = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 
@@ -496,21 +647,22 @@ def parse_topo_matrix(text: str) -> dict[str, Any]:
         cols.append(tok)
     extra = [name for name in _TOPO_AFFINITY if name in header]
     cells: dict[str, dict[str, str]] = {}
-    for line in lines[head_at + 1:]:
+    for line in lines[head_at + 1 :]:
         words = line.split()
         if not words or words[0].rstrip(":") == "Legend" or words[0] in ("NIC", "Legend:"):
             break
         row, vals = words[0], words[1:]
-        if row not in cols or len(vals) < len(cols) or not all(_TOPO_CELL.match(v) for v in vals[:len(cols)]):
+        if row not in cols or len(vals) < len(cols) or not all(_TOPO_CELL.match(v) for v in vals[: len(cols)]):
             continue
-        cells[row] = dict(zip(cols, vals[:len(cols)]))
+        cells[row] = dict(zip(cols, vals[: len(cols)]))
         m = re.match(r"^GPU(\d+)$", row)
         if m:
-            aff = dict(zip(extra, vals[len(cols):]))
+            aff = dict(zip(extra, vals[len(cols) :]))
             numa = aff.get("NUMA Affinity")
-            out["gpus"][int(m.group(1))] = {"cpu_affinity": None if _na(aff.get("CPU Affinity")) else
-                                            aff.get("CPU Affinity"),
-                                            "numa_node": int(numa) if numa and numa.isdigit() else None}
+            out["gpus"][int(m.group(1))] = {
+                "cpu_affinity": None if _na(aff.get("CPU Affinity")) else aff.get("CPU Affinity"),
+                "numa_node": int(numa) if numa and numa.isdigit() else None,
+            }
     legend = dict(re.findall(r"^\s*(NIC\d+):\s*(\S+)\s*$", text, re.M))
     nic_cols = [c for c in cols if not re.match(r"^GPU\d+$", c)]
     out["nics"] = {c: legend.get(c, c) for c in nic_cols}
@@ -521,7 +673,7 @@ def parse_topo_matrix(text: str) -> dict[str, Any]:
 
     gpus = sorted(int(c[3:]) for c in cols if re.match(r"^GPU\d+$", c))
     for n, a in enumerate(gpus):
-        for b in gpus[n + 1:]:
+        for b in gpus[n + 1 :]:
             code = cells.get(f"GPU{a}", {}).get(f"GPU{b}") or cells.get(f"GPU{b}", {}).get(f"GPU{a}")
             if code:
                 out["pairs"].append({"gpus": [a, b], **link(code)})

@@ -28,8 +28,10 @@ from clusterctl.diagnose.thresholds import number, section
 from clusterctl.inventory.model import Host, Instance, Inventory
 
 CHECK = "pd.kv_transfer"
-ACTION = ("check the RoCE path between the pair (`clusterctl doctor roce qos` on both hosts: PFC on the "
-          "RoCE priority, pause storms, discards); the KV connector's log on the decode instance says more")
+ACTION = (
+    "check the RoCE path between the pair (`clusterctl doctor roce qos` on both hosts: PFC on the "
+    "RoCE priority, pause storms, discards); the KV connector's log on the decode instance says more"
+)
 
 
 def _nics(host: Host | None) -> str:
@@ -92,9 +94,16 @@ def check_kv_transfer(ctx: AnalysisContext) -> list[Finding]:
         now = m1 or m0
         base = m0 if m1 is not None else None
         if total(now, "vllm:nixl_xfer_time_seconds_count") is None:
-            out.append(Finding(CHECK, Severity.UNKNOWN, host, subj,
-                               f"{pair}: no KV-transfer metrics (vllm:nixl_*) in /metrics",
-                               "check the instance runs with the pool's --kv-transfer-config (clusterctl deploy)"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.UNKNOWN,
+                    host,
+                    subj,
+                    f"{pair}: no KV-transfer metrics (vllm:nixl_*) in /metrics",
+                    "check the instance runs with the pool's --kv-transfer-config (clusterctl deploy)",
+                )
+            )
             continue
         span = f" in {ctx.interval_s:g} s" if base is not None else ""
         failed = _delta(base, now, "vllm:nixl_num_failed_transfers_total") or 0.0
@@ -102,9 +111,17 @@ def check_kv_transfer(ctx: AnalysisContext) -> list[Finding]:
         secs = _delta(base, now, "vllm:nixl_xfer_time_seconds_sum") or 0.0
         nbytes = _delta(base, now, "vllm:nixl_bytes_transferred_sum") or 0.0
         if failed > 0:
-            out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                               f"{pair}: {failed:.0f} KV transfer(s) failed{span} over {path}", ACTION,
-                               (f"nixl_num_failed_transfers +{failed:.0f}", f"path {path}")))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT,
+                    host,
+                    subj,
+                    f"{pair}: {failed:.0f} KV transfer(s) failed{span} over {path}",
+                    ACTION,
+                    (f"nixl_num_failed_transfers +{failed:.0f}", f"path {path}"),
+                )
+            )
             continue
         if count <= 0:
             out.append(Finding(CHECK, Severity.OK, host, subj, f"{pair}: no KV transfers{span}"))
@@ -112,14 +129,33 @@ def check_kv_transfer(ctx: AnalysisContext) -> list[Finding]:
         mean = secs / count
         speeds = [g for g in (_gbps(h) for h in [*src, inv.hosts.get(host)]) if g]
         expect = (nbytes / count) / (min(speeds) * 1e9 / 8) if speeds else None
-        evidence = (f"mean transfer {mean * 1000:.1f} ms over {count:.0f} transfers, "
-                    f"{nbytes / count / 2**20:.1f} MiB each", f"path {path}")
+        evidence = (
+            f"mean transfer {mean * 1000:.1f} ms over {count:.0f} transfers, {nbytes / count / 2**20:.1f} MiB each",
+            f"path {path}",
+        )
         if expect is not None and mean > max(factor * expect, floor):
-            out.append(Finding(CHECK, Severity.WARN, host, subj,
-                               f"{pair}: KV transfers slow{span}: {mean * 1000:.1f} ms each, "
-                               f"{mean / expect:.1f}x what the link takes ({expect * 1000:.1f} ms at "
-                               f"{min(speeds):g} Gbit/s) over {path}", ACTION, evidence))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.WARN,
+                    host,
+                    subj,
+                    f"{pair}: KV transfers slow{span}: {mean * 1000:.1f} ms each, "
+                    f"{mean / expect:.1f}x what the link takes ({expect * 1000:.1f} ms at "
+                    f"{min(speeds):g} Gbit/s) over {path}",
+                    ACTION,
+                    evidence,
+                )
+            )
         else:
-            out.append(Finding(CHECK, Severity.OK, host, subj,
-                               f"{pair}: KV transfers {mean * 1000:.1f} ms each{span}", evidence=evidence))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.OK,
+                    host,
+                    subj,
+                    f"{pair}: KV transfers {mean * 1000:.1f} ms each{span}",
+                    evidence=evidence,
+                )
+            )
     return out

@@ -51,39 +51,92 @@ def check_routers(ctx: AnalysisContext) -> list[Finding]:
         what = f"router of pool {pool.name} (model {pool.model}, port {pool.router.port})"
         units = facts.get("units")
         if units is None:
-            out.append(Finding(CHECK, Severity.UNKNOWN, host, subj, f"cannot check the {what}: the host's units "
-                               "were not read (systemctl did not answer)", "run doctor again; check systemctl on the host"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.UNKNOWN,
+                    host,
+                    subj,
+                    f"cannot check the {what}: the host's units were not read (systemctl did not answer)",
+                    "run doctor again; check systemctl on the host",
+                )
+            )
             continue
-        unit = next((u for u in units if isinstance(u, dict) and u.get("unit") == uname
-                     and u.get("load_state") != "not-found"), None)
+        unit = next(
+            (u for u in units if isinstance(u, dict) and u.get("unit") == uname and u.get("load_state") != "not-found"),
+            None,
+        )
         restart = f"clusterctl restart {name} (drains it through the pool, waits for its /health) or clusterctl deploy"
         see = f"journalctl -u {uname} on {host}"
         if unit is None:
             if _ready(inv, pool):
-                out.append(Finding(CHECK, Severity.WARN, host, subj,
-                                   f"{what} not deployed: no {uname} on {host}, and the gateway sends the pool's "
-                                   "model to it", "clusterctl deploy (renders and starts the router after its members)"))
+                out.append(
+                    Finding(
+                        CHECK,
+                        Severity.WARN,
+                        host,
+                        subj,
+                        f"{what} not deployed: no {uname} on {host}, and the gateway sends the pool's model to it",
+                        "clusterctl deploy (renders and starts the router after its members)",
+                    )
+                )
             continue
         active, sub = unit.get("active_state"), unit.get("sub_state")
         restarts = unit.get("restarts") or 0
         ev = (f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} NRestarts={restarts}",)
-        why = down_reason(ctx.raw.get(host, {}).get(f"{name}.log", ""), str(unit.get("result") or ""),
-                          str(unit.get("exec_main_status") or ""))
+        why = down_reason(
+            ctx.raw.get(host, {}).get(f"{name}.log", ""),
+            str(unit.get("result") or ""),
+            str(unit.get("exec_main_status") or ""),
+        )
         if active in ("failed", "inactive"):
-            out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                               f"{what} down: unit {active} ({why}); the pool's model gets no request through the "
-                               "gateway", f"fix the cause ({see}), then {restart}", ev))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT,
+                    host,
+                    subj,
+                    f"{what} down: unit {active} ({why}); the pool's model gets no request through the gateway",
+                    f"fix the cause ({see}), then {restart}",
+                    ev,
+                )
+            )
         elif active == "activating" and sub == "auto-restart":
-            out.append(Finding(CHECK, Severity.CRIT, host, subj,
-                               f"{what} in a crash loop: between automatic restarts ({restarts} so far; {why})",
-                               f"fix the cause ({see}); systemd gives up after its start limit", ev))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT,
+                    host,
+                    subj,
+                    f"{what} in a crash loop: between automatic restarts ({restarts} so far; {why})",
+                    f"fix the cause ({see}); systemd gives up after its start limit",
+                    ev,
+                )
+            )
         elif active != "active":
-            out.append(Finding(CHECK, Severity.WARN, host, subj, f"{what}: unit {active} ({sub})",
-                               f"check again shortly; {see}", ev))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.WARN,
+                    host,
+                    subj,
+                    f"{what}: unit {active} ({sub})",
+                    f"check again shortly; {see}",
+                    ev,
+                )
+            )
         elif restarts >= restarts_warn:
-            out.append(Finding(CHECK, Severity.WARN, host, subj,
-                               f"{what} keeps restarting: systemd restarted it {restarts} times ({why})",
-                               f"find why it dies ({see}); each restart cuts the streams through it", ev))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.WARN,
+                    host,
+                    subj,
+                    f"{what} keeps restarting: systemd restarted it {restarts} times ({why})",
+                    f"find why it dies ({see}); each restart cuts the streams through it",
+                    ev,
+                )
+            )
         else:
             out.append(Finding(CHECK, Severity.OK, host, subj, f"{what}: unit active ({sub})", evidence=ev))
     return out

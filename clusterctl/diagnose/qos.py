@@ -104,19 +104,26 @@ def settings(nic: dict[str, Any], roce_dscp: int, cnp_dscp: int) -> dict[str, Ha
 
 #: Settings without a profile value, compared across hosts only (WARN for a minority value).
 #: (The priority-to-buffer map follows the PFC setting; PFC is compared already.)
-DRIFT = {"cable_len": "cable length (PFC headroom)", "cnp_802p_prio": "CNP 802.1p priority", "pfc_stall_prevention": "PFC stall prevention",
-         "fw_ver": "NIC firmware"}  # fw_ver/<major>: compared within one device family
+DRIFT = {
+    "cable_len": "cable length (PFC headroom)",
+    "cnp_802p_prio": "CNP 802.1p priority",
+    "pfc_stall_prevention": "PFC stall prevention",
+    "fw_ver": "NIC firmware",
+}  # fw_ver/<major>: compared within one device family
 
 
 #: Settings ``clusterctl net apply`` puts right (the inventory's fabric profile).
-NET_APPLY_KEYS = frozenset({"trust", "pfc", "roce_dscp_prio", "ecn_np", "ecn_rp", "ecn_cnp_dscp", "tclass",
-                           "cm_tos", "global_pause"})
+NET_APPLY_KEYS = frozenset(
+    {"trust", "pfc", "roce_dscp_prio", "ecn_np", "ecn_rp", "ecn_cnp_dscp", "tclass", "cm_tos", "global_pause"}
+)
 
 
 def fix_command(hosts: list[str]) -> str:
     """The action's tail naming the command that applies the profile on ``hosts``."""
-    return f"; `clusterctl net apply --hosts '{fabric.folded(sorted(hosts))}'` sets the inventory's profile " \
+    return (
+        f"; `clusterctl net apply --hosts '{fabric.folded(sorted(hosts))}'` sets the inventory's profile "
         "(--plan first shows the changes)"
+    )
 
 
 def _drift_what(key: str) -> str | None:
@@ -161,9 +168,16 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
             why = _qos_unreadable(entry)
             vals = settings(entry, prof.roce_dscp, prof.cnp_dscp)
             if why and "pfc" not in vals:
-                unknown.append(Finding(CHECK, Severity.UNKNOWN, host, f"nic:{name}",
-                                       f"{name}: cannot read the QoS configuration: {why}",
-                                       "install mlnx-tools (mlnx_qos) or iproute2's dcb on the node"))
+                unknown.append(
+                    Finding(
+                        CHECK,
+                        Severity.UNKNOWN,
+                        host,
+                        f"nic:{name}",
+                        f"{name}: cannot read the QoS configuration: {why}",
+                        "install mlnx-tools (mlnx_qos) or iproute2's dcb on the node",
+                    )
+                )
                 continue
             per_nic[(host, name)] = vals
             per_dev[(host, name)] = str((entry.get("rdma") or {}).get("device") or "")
@@ -182,12 +196,21 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
     #: per finding in ``out``: (key, severity, the message without host and NIC, expected, action) for the rollup
     described: list[tuple[str, Severity, str, str, str]] = []
 
-    def add(host: str, nic: str, sev: Severity, key: str, msg: str, expected: Hashable | None,
-            action: str, show: Any = str) -> None:
+    def add(
+        host: str, nic: str, sev: Severity, key: str, msg: str, expected: Hashable | None, action: str, show: Any = str
+    ) -> None:
         rel = fabric.odd_one_out(host_values(key), host, expected, show)
-        out.append(Finding(CHECK, sev, host, f"nic:{nic}", f"{host} {nic}: {msg}; {rel}",
-                           action + fix_command([host]) if key in NET_APPLY_KEYS else action,
-                           (f"{key} = {show(per_nic[(host, nic)].get(key))}",)))
+        out.append(
+            Finding(
+                CHECK,
+                sev,
+                host,
+                f"nic:{nic}",
+                f"{host} {nic}: {msg}; {rel}",
+                action + fix_command([host]) if key in NET_APPLY_KEYS else action,
+                (f"{key} = {show(per_nic[(host, nic)].get(key))}",),
+            )
+        )
         described.append((key, sev, msg, "" if expected is None else show(expected), action))
         bad_hosts.add(host)
 
@@ -208,78 +231,174 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
 
     for (host, nic), v in per_nic.items():
         if "trust" in v and v["trust"] != prof.trust:
-            add(host, nic, Severity.CRIT, "trust", f"trust {v['trust']}", prof.trust,
+            add(
+                host,
+                nic,
+                Severity.CRIT,
+                "trust",
+                f"trust {v['trust']}",
+                prof.trust,
                 f"set trust {prof.trust} (mlnx_qos -i {nic} --trust {prof.trust}); with trust pcp, "
                 "untagged RoCEv2 traffic is classified to priority 0, which has no PFC",
-                show=str)
+                show=str,
+            )
         if "pfc" in v:
             pfc: tuple[int, ...] = tuple(v["pfc"])  # type: ignore[arg-type]
             if p not in pfc:
-                add(host, nic, Severity.CRIT, "pfc", f"PFC on {_prios(pfc)}", (p,),
+                add(
+                    host,
+                    nic,
+                    Severity.CRIT,
+                    "pfc",
+                    f"PFC on {_prios(pfc)}",
+                    (p,),
                     f"enable PFC on priority {p} only (mlnx_qos -i {nic} --pfc "
-                    + ",".join("1" if i == p else "0" for i in range(8)) + f" or dcb pfc set dev {nic} "
+                    + ",".join("1" if i == p else "0" for i in range(8))
+                    + f" or dcb pfc set dev {nic} "
                     f"prio-pfc {p}:on); RoCE on priority {p} is not lossless on this host",
-                    show=lambda x: ",".join(map(str, x)) if isinstance(x, tuple) and x
-                    and all(isinstance(i, int) for i in x) else str(x))
+                    show=lambda x: (
+                        ",".join(map(str, x))
+                        if isinstance(x, tuple) and x and all(isinstance(i, int) for i in x)
+                        else str(x)
+                    ),
+                )
             elif len(pfc) > 1:
-                add(host, nic, Severity.WARN, "pfc", f"PFC on {_prios(pfc)}", (p,),
+                add(
+                    host,
+                    nic,
+                    Severity.WARN,
+                    "pfc",
+                    f"PFC on {_prios(pfc)}",
+                    (p,),
                     f"enable PFC on priority {p} only: pause on other priorities can spread congestion",
-                    show=lambda x: ",".join(map(str, x)) if isinstance(x, tuple) else str(x))
+                    show=lambda x: ",".join(map(str, x)) if isinstance(x, tuple) else str(x),
+                )
         if v.get("trust") == "dscp" and "roce_dscp_prio" in v and v["roce_dscp_prio"] != p:
-            add(host, nic, Severity.CRIT, "roce_dscp_prio",
-                f"DSCP {prof.roce_dscp} (RoCE) maps to priority {v['roce_dscp_prio']}", p,
-                f"map DSCP {prof.roce_dscp} to priority {p} (mlnx_qos -i {nic} --dscp2prio "
-                f"set,{prof.roce_dscp},{p})")
+            add(
+                host,
+                nic,
+                Severity.CRIT,
+                "roce_dscp_prio",
+                f"DSCP {prof.roce_dscp} (RoCE) maps to priority {v['roce_dscp_prio']}",
+                p,
+                f"map DSCP {prof.roce_dscp} to priority {p} (mlnx_qos -i {nic} --dscp2prio set,{prof.roce_dscp},{p})",
+            )
         if "cnp_dscp_prio" in v and majority.get("cnp_dscp_prio") not in (None, v["cnp_dscp_prio"]):
-            add(host, nic, Severity.WARN, "cnp_dscp_prio",
-                f"DSCP {prof.cnp_dscp} (CNP) maps to priority {v['cnp_dscp_prio']}", None,
-                f"map DSCP {prof.cnp_dscp} as the other hosts do")
+            add(
+                host,
+                nic,
+                Severity.WARN,
+                "cnp_dscp_prio",
+                f"DSCP {prof.cnp_dscp} (CNP) maps to priority {v['cnp_dscp_prio']}",
+                None,
+                f"map DSCP {prof.cnp_dscp} as the other hosts do",
+            )
         if "ecn_np" in v and p not in v["ecn_np"]:  # type: ignore[operator]
-            add(host, nic, Severity.WARN, "ecn_np", f"ECN notification point off on priority {p}", None,
+            add(
+                host,
+                nic,
+                Severity.WARN,
+                "ecn_np",
+                f"ECN notification point off on priority {p}",
+                None,
                 f"echo 1 > /sys/class/net/{nic}/ecn/roce_np/enable/{p} (no CNPs are sent otherwise)",
-                show=_prios)
+                show=_prios,
+            )
         if "ecn_rp" in v and p not in v["ecn_rp"]:  # type: ignore[operator]
-            add(host, nic, Severity.WARN, "ecn_rp", f"ECN reaction point off on priority {p}", None,
+            add(
+                host,
+                nic,
+                Severity.WARN,
+                "ecn_rp",
+                f"ECN reaction point off on priority {p}",
+                None,
                 f"echo 1 > /sys/class/net/{nic}/ecn/roce_rp/enable/{p} (senders ignore CNPs otherwise)",
-                show=_prios)
+                show=_prios,
+            )
         if "ecn_cnp_dscp" in v and v["ecn_cnp_dscp"] != prof.cnp_dscp:
-            add(host, nic, Severity.WARN, "ecn_cnp_dscp", f"CNPs are sent with DSCP {v['ecn_cnp_dscp']}",
-                prof.cnp_dscp, f"set /sys/class/net/{nic}/ecn/roce_np/cnp_dscp to {prof.cnp_dscp}, "
-                "the class the switches treat as strict priority")
+            add(
+                host,
+                nic,
+                Severity.WARN,
+                "ecn_cnp_dscp",
+                f"CNPs are sent with DSCP {v['ecn_cnp_dscp']}",
+                prof.cnp_dscp,
+                f"set /sys/class/net/{nic}/ecn/roce_np/cnp_dscp to {prof.cnp_dscp}, "
+                "the class the switches treat as strict priority",
+            )
         if "tclass" in v:
             tc = v["tclass"]
             if tc is not None and int(tc) >> 2 != prof.roce_dscp:  # type: ignore[call-overload]
-                add(host, nic, Severity.CRIT, "tclass",
+                add(
+                    host,
+                    nic,
+                    Severity.CRIT,
+                    "tclass",
                     f"RoCE traffic class {tc} (DSCP {int(tc) >> 2}) overrides every QP",  # type: ignore[call-overload]
                     prof.roce_dscp * 4 + 2,
                     f"echo {prof.roce_dscp * 4 + 2} > the traffic_class file of this port (DSCP "
-                    f"{prof.roce_dscp}), or -1 to let NCCL_IB_TC decide")
+                    f"{prof.roce_dscp}), or -1 to let NCCL_IB_TC decide",
+                )
             elif tc is None and majority.get("tclass") is not None:
-                add(host, nic, Severity.WARN, "tclass", "no global RoCE traffic class set",
-                    None, "set the same traffic class as the other hosts, or NCCL_IB_TC in the vLLM units",
-                    show=lambda x: "none" if x is None else str(x))
+                add(
+                    host,
+                    nic,
+                    Severity.WARN,
+                    "tclass",
+                    "no global RoCE traffic class set",
+                    None,
+                    "set the same traffic class as the other hosts, or NCCL_IB_TC in the vLLM units",
+                    show=lambda x: "none" if x is None else str(x),
+                )
         if "cm_tos" in v and int(v["cm_tos"]) >> 2 != prof.roce_dscp:  # type: ignore[call-overload]
             tos = int(v["cm_tos"])  # type: ignore[call-overload]
-            add(host, nic, Severity.WARN, "cm_tos",
+            add(
+                host,
+                nic,
+                Severity.WARN,
+                "cm_tos",
                 f"RDMA-CM default ToS {tos} (DSCP {tos >> 2}): RDMA-CM connections that set no ToS "
                 f"of their own are sent with DSCP {tos >> 2}, not the RoCE DSCP {prof.roce_dscp}",
                 prof.roce_dscp * 4 + 2,
                 f"cma_roce_tos -d {per_dev.get((host, nic)) or 'DEV'} -t {prof.roce_dscp * 4 + 2} (or write it to "
-                "/sys/kernel/config/rdma_cm/DEV/ports/1/default_roce_tos)")
+                "/sys/kernel/config/rdma_cm/DEV/ports/1/default_roce_tos)",
+            )
         if v.get("global_pause"):
-            add(host, nic, Severity.WARN, "global_pause", "802.3x global pause is on", False,
+            add(
+                host,
+                nic,
+                Severity.WARN,
+                "global_pause",
+                "802.3x global pause is on",
+                False,
                 f"ethtool -A {nic} rx off tx off: global pause stops every priority, not just RoCE",
-                show=lambda x: "on" if x else "off")
+                show=lambda x: "on" if x else "off",
+            )
         if v.get("dcbx") == "firmware":
-            add(host, nic, Severity.WARN, "dcbx", "DCBX is firmware controlled", "os",
+            add(
+                host,
+                nic,
+                Severity.WARN,
+                "dcbx",
+                "DCBX is firmware controlled",
+                "os",
                 "the switch can push a different PFC configuration: set DCBX to OS control "
-                "or check what the switch advertises")
+                "or check what the switch advertises",
+            )
         for key in drift_keys:
             common = drift_majority.get(key)
             what = _drift_what(key)
             if key in v and common is not None and v[key] != common:
-                add(host, nic, Severity.WARN, key, f"{what} {_show(v[key])}", None,
-                    f"make the {what} the same as on the other hosts", show=_show)
+                add(
+                    host,
+                    nic,
+                    Severity.WARN,
+                    key,
+                    f"{what} {_show(v[key])}",
+                    None,
+                    f"make the {what} the same as on the other hosts",
+                    show=_show,
+                )
 
     out = _leaf_rollup(ctx, out, described, sorted(set(order)))
     for host in dict.fromkeys(order):
@@ -288,8 +407,9 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
     return out + unknown
 
 
-def _leaf_rollup(ctx: AnalysisContext, found: list[Finding], what: list[tuple[str, Severity, str, str, str]],
-                 checked: list[str]) -> list[Finding]:
+def _leaf_rollup(
+    ctx: AnalysisContext, found: list[Finding], what: list[tuple[str, Severity, str, str, str]], checked: list[str]
+) -> list[Finding]:
     """One finding per leaf for a wrong setting every checked host under it shares (module doc)."""
     members: dict[str, list[str]] = {}
     for h in checked:
@@ -307,23 +427,29 @@ def _leaf_rollup(ctx: AnalysisContext, found: list[Finding], what: list[tuple[st
         hosts = sorted({found[i].host or "" for i in idx})
         if len(members.get(leaf, [])) < 2 or hosts != sorted(members[leaf]):
             continue
-        everywhere = {found[i].host for (_, k, sv, m), ix in groups.items() if (k, sv, m) == (key, sev, msg)
-                      for i in ix}
+        everywhere = {
+            found[i].host for (_, k, sv, m), ix in groups.items() if (k, sv, m) == (key, sev, msg) for i in ix
+        }
         if len(members) > 1 and everywhere >= set(checked):
             continue  # every host of every leaf: the cluster's configuration, not one switch's
         others = [h for h in checked if h not in everywhere]
         expected, action = what[idx[0]][3], what[idx[0]][4]
         if key in NET_APPLY_KEYS:
             action += fix_command(hosts)
-        rel = (f"the profile says {expected}" if expected else "") + \
-            (f"{'; ' if expected else ''}{fabric.folded(others)} under other leaves do not"
-             if others else "")
-        rolled.append(Finding(CHECK, sev, None, f"leaf:{leaf}",
-                              f"every host under leaf {leaf} ({fabric.folded(hosts)}): {msg}"
-                              + (f"; {rel}" if rel else ""),
-                              f"look at the leaf switch {leaf}: one setting on all its hosts comes from the switch "
-                              f"(DCBX) or one configuration for the leaf; fix it there, then on each host: {action}",
-                              tuple(f"{found[i].host} {found[i].subject.removeprefix('nic:')}: {found[i].evidence[0]}"
-                                    for i in idx)))
+        rel = (f"the profile says {expected}" if expected else "") + (
+            f"{'; ' if expected else ''}{fabric.folded(others)} under other leaves do not" if others else ""
+        )
+        rolled.append(
+            Finding(
+                CHECK,
+                sev,
+                None,
+                f"leaf:{leaf}",
+                f"every host under leaf {leaf} ({fabric.folded(hosts)}): {msg}" + (f"; {rel}" if rel else ""),
+                f"look at the leaf switch {leaf}: one setting on all its hosts comes from the switch "
+                f"(DCBX) or one configuration for the leaf; fix it there, then on each host: {action}",
+                tuple(f"{found[i].host} {found[i].subject.removeprefix('nic:')}: {found[i].evidence[0]}" for i in idx),
+            )
+        )
         drop.update(idx)
     return rolled + [f for i, f in enumerate(found) if i not in drop]

@@ -89,7 +89,14 @@ def run_analyzers(ctx: AnalysisContext, only: Iterable[str] | None = None) -> li
         try:
             out.extend(name_gpus(ctx, fn(ctx)))
         except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
-            out.append(Finding(name, Severity.UNKNOWN, None, "check",
-                               f"the {name} check failed: {type(e).__name__}: {e}",
-                               "report this as a clusterctl bug, with the bundle"))
+            out.append(
+                Finding(
+                    name,
+                    Severity.UNKNOWN,
+                    None,
+                    "check",
+                    f"the {name} check failed: {type(e).__name__}: {e}",
+                    "report this as a clusterctl bug, with the bundle",
+                )
+            )
     return out

@@ -130,8 +130,9 @@ def pct(x: float) -> str:
 PerNic = Callable[[AnalysisContext, NicRates, Gathered], Iterable[NicProblem]]
 
 
-def run_check(ctx: AnalysisContext, check: str, per_nic: PerNic, ok_message: str,
-              symptoms: dict[str, str] | None = None) -> list[Finding]:
+def run_check(
+    ctx: AnalysisContext, check: str, per_nic: PerNic, ok_message: str, symptoms: dict[str, str] | None = None
+) -> list[Finding]:
     """Run ``per_nic`` on every NIC; one finding per problem (actions pointing at
     the leaf switch where a whole leaf shares a symptom), an OK per clean host,
     an UNKNOWN per host without rates, and one finding per affected leaf."""
@@ -148,15 +149,19 @@ def run_check(ctx: AnalysisContext, check: str, per_nic: PerNic, ok_message: str
         v = fabric.by_leaf(ctx, g.hosts, hit)
         verdicts[symptom] = v
         for leaf, hs in v.leaves.items():
-            sev = max((p.severity for h in hs for p in problems[h] if p.symptom == symptom),
-                      key=lambda s: s.rank)
-            out.append(Finding(check, sev, None, f"leaf:{leaf}",
-                               f"every host under {leaf} ({fabric.folded(hs)}) shows {text}: "
-                               "the leaf switch, not one host",
-                               f"look at the leaf switch {leaf} (its ports, buffers, uplinks and "
-                               "PFC/ECN settings); the hosts under other leaves do not show it",
-                               tuple(f"{h}: {p.message}" for h in hs for p in problems[h]
-                                     if p.symptom == symptom)))
+            sev = max((p.severity for h in hs for p in problems[h] if p.symptom == symptom), key=lambda s: s.rank)
+            out.append(
+                Finding(
+                    check,
+                    sev,
+                    None,
+                    f"leaf:{leaf}",
+                    f"every host under {leaf} ({fabric.folded(hs)}) shows {text}: the leaf switch, not one host",
+                    f"look at the leaf switch {leaf} (its ports, buffers, uplinks and "
+                    "PFC/ECN settings); the hosts under other leaves do not show it",
+                    tuple(f"{h}: {p.message}" for h in hs for p in problems[h] if p.symptom == symptom),
+                )
+            )
     for host in g.hosts:
         ps = problems.get(host, [])
         if not ps:
@@ -164,17 +169,19 @@ def run_check(ctx: AnalysisContext, check: str, per_nic: PerNic, ok_message: str
         for p in ps:
             action = p.action
             if p.symptom in verdicts:
-                action = fabric.host_action(verdicts[p.symptom], ctx, host, p.action,
-                                            (symptoms or {})[p.symptom])
+                action = fabric.host_action(verdicts[p.symptom], ctx, host, p.action, (symptoms or {})[p.symptom])
             out.append(Finding(check, p.severity, host, f"nic:{p.nic}", p.message, action, p.evidence))
-    again = ("run doctor again (the probe samples the NIC counters twice); "
-             "check that ethtool and /sys/class/infiniband are readable")
+    again = (
+        "run doctor again (the probe samples the NIC counters twice); "
+        "check that ethtool and /sys/class/infiniband are readable"
+    )
     for host, why in g.unknown.items():
         out.append(Finding(check, Severity.UNKNOWN, host, "host", f"cannot check: {why}", again))
     for host, whys in g.unknown_nics.items():
         for why in whys:
-            out.append(Finding(check, Severity.UNKNOWN, host, f"nic:{why.split(':', 1)[0]}",
-                               f"cannot check {why}", again))
+            out.append(
+                Finding(check, Severity.UNKNOWN, host, f"nic:{why.split(':', 1)[0]}", f"cannot check {why}", again)
+            )
     return out
 
 
@@ -190,6 +197,7 @@ def _ev(r: Rates, *names: str) -> tuple[str, ...]:
 
 # ------------------------------------------------------------------ roce.pfc
 
+
 def _pfc(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     r = nr.rates
     roce = fabric.profile(ctx).pfc_priority
@@ -203,59 +211,93 @@ def _pfc(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem
         where = f"priority {prio}" if prio != "global" else "802.3x global pause"
         dur, frames = r.get(f"rx_{p}_pause_duration"), r.get(f"rx_{p}_pause")
         frac = dur / 1e6 if dur is not None else None
-        if frac is not None and frac >= warn or frac is None and frames is not None \
-                and frames >= row["pause_per_s_warn"]:
+        if (
+            frac is not None
+            and frac >= warn
+            or frac is None
+            and frames is not None
+            and frames >= row["pause_per_s_warn"]
+        ):
             sev = Severity.CRIT if frac is not None and frac >= crit else Severity.WARN
-            what = (f"paused {pct(min(frac, 1.0))} of the time" if frac is not None
-                    else f"receiving {per_s(frames or 0)} pause frames")
-            yield NicProblem(sev, nr.name,
-                          f"{nr.name}: {what} on {where} ({per_s(frames or 0)} pause frames received"
-                          + (", a pause storm" if sev == Severity.CRIT else "") + ")",
-                          "the switch is holding back this host's transmit: check this host's cable "
-                          "and switch port, and what congests the egress towards its peers",
-                          _ev(r, f"rx_{p}_pause", f"rx_{p}_pause_duration"),
-                          symptom="rx-pause" if prio == roce else None)
+            what = (
+                f"paused {pct(min(frac, 1.0))} of the time"
+                if frac is not None
+                else f"receiving {per_s(frames or 0)} pause frames"
+            )
+            yield NicProblem(
+                sev,
+                nr.name,
+                f"{nr.name}: {what} on {where} ({per_s(frames or 0)} pause frames received"
+                + (", a pause storm" if sev == Severity.CRIT else "")
+                + ")",
+                "the switch is holding back this host's transmit: check this host's cable "
+                "and switch port, and what congests the egress towards its peers",
+                _ev(r, f"rx_{p}_pause", f"rx_{p}_pause_duration"),
+                symptom="rx-pause" if prio == roce else None,
+            )
         tdur, tframes = r.get(f"tx_{p}_pause_duration"), r.get(f"tx_{p}_pause")
         tfrac = tdur / 1e6 if tdur is not None else None
         if tfrac is not None and tfrac >= twarn:
             sev = Severity.CRIT if tfrac >= tcrit else Severity.WARN
-            yield NicProblem(sev, nr.name,
-                          f"{nr.name}: sending pause {pct(min(tfrac, 1.0))} of the time on {where} "
-                          f"({per_s(tframes or 0)} pause frames sent)",
-                          "this NIC cannot drain what it receives: check its PCIe link "
-                          "(outbound_pci_stalled_*), receive buffers and the host's memory bandwidth",
-                          _ev(r, f"tx_{p}_pause", f"tx_{p}_pause_duration", "outbound_pci_stalled_rd_events",
-                              "rx_buffer_passed_thres_phy"))
+            yield NicProblem(
+                sev,
+                nr.name,
+                f"{nr.name}: sending pause {pct(min(tfrac, 1.0))} of the time on {where} "
+                f"({per_s(tframes or 0)} pause frames sent)",
+                "this NIC cannot drain what it receives: check its PCIe link "
+                "(outbound_pci_stalled_*), receive buffers and the host's memory bandwidth",
+                _ev(
+                    r,
+                    f"tx_{p}_pause",
+                    f"tx_{p}_pause_duration",
+                    "outbound_pci_stalled_rd_events",
+                    "rx_buffer_passed_thres_phy",
+                ),
+            )
         if prio == "global" and (frames or tframes):
-            yield NicProblem(Severity.WARN, nr.name,
-                          f"{nr.name}: 802.3x global pause frames are flowing ({per_s(frames or 0)} received, "
-                          f"{per_s(tframes or 0)} sent) on a PFC fabric",
-                          "turn global pause off (ethtool -A IF rx off tx off) and rely on PFC",
-                          _ev(r, "rx_global_pause", "tx_global_pause"))
+            yield NicProblem(
+                Severity.WARN,
+                nr.name,
+                f"{nr.name}: 802.3x global pause frames are flowing ({per_s(frames or 0)} received, "
+                f"{per_s(tframes or 0)} sent) on a PFC fabric",
+                "turn global pause off (ethtool -A IF rx off tx off) and rely on PFC",
+                _ev(r, "rx_global_pause", "tx_global_pause"),
+            )
     err, warn_ev = r.get("tx_pause_storm_error_events"), r.get("tx_pause_storm_warning_events")
     if err:
-        yield NicProblem(Severity.CRIT, nr.name,
-                      f"{nr.name}: the NIC's pause-storm watchdog stopped sending pause frames "
-                      "(tx_pause_storm_error_events rose): drops were possible",
-                      "this host stalled receiving for longer than the storm timeout: check the "
-                      "host (PCIe, memory, a stuck process); drain it if it repeats",
-                      _ev(r, "tx_pause_storm_error_events"))
+        yield NicProblem(
+            Severity.CRIT,
+            nr.name,
+            f"{nr.name}: the NIC's pause-storm watchdog stopped sending pause frames "
+            "(tx_pause_storm_error_events rose): drops were possible",
+            "this host stalled receiving for longer than the storm timeout: check the "
+            "host (PCIe, memory, a stuck process); drain it if it repeats",
+            _ev(r, "tx_pause_storm_error_events"),
+        )
     elif warn_ev:
-        yield NicProblem(Severity.WARN, nr.name,
-                      f"{nr.name}: the NIC sent pause frames for long periods "
-                      "(tx_pause_storm_warning_events rose)",
-                      "this host is slow to drain its receive queue: check its PCIe link and load",
-                      _ev(r, "tx_pause_storm_warning_events"))
+        yield NicProblem(
+            Severity.WARN,
+            nr.name,
+            f"{nr.name}: the NIC sent pause frames for long periods (tx_pause_storm_warning_events rose)",
+            "this host is slow to drain its receive queue: check its PCIe link and load",
+            _ev(r, "tx_pause_storm_warning_events"),
+        )
 
 
 @analyzer("roce.pfc")
 def check_pfc(ctx: AnalysisContext) -> list[Finding]:
     """PFC pause fractions, pause storms and global pause."""
-    return run_check(ctx, "roce.pfc", _pfc, "no PFC pause above thresholds",
-                     {"rx-pause": f"PFC pause on priority {fabric.profile(ctx).pfc_priority}"})
+    return run_check(
+        ctx,
+        "roce.pfc",
+        _pfc,
+        "no PFC pause above thresholds",
+        {"rx-pause": f"PFC pause on priority {fabric.profile(ctx).pfc_priority}"},
+    )
 
 
 # ------------------------------------------------------------- roce.discards
+
 
 def _discards(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     """Per-priority drops on the RoCE priority are CRIT; ``rx_discards_phy`` alone is WARN.
@@ -276,25 +318,35 @@ def _discards(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicPr
     hot = [(n, r.get(n)) for n in lossless if (r.get(n) or 0) > limit]
     port = r.get("rx_discards_phy") or 0
     if hot:
-        yield NicProblem(Severity.CRIT, nr.name,
-                      f"{nr.name}: packets dropped on the lossless priority {p} ("
-                      + ", ".join(f"{n} {per_s(v or 0)}" for n, v in [*hot, *([("rx_discards_phy", port)]
-                                                                              if port > limit else [])]) + ")",
-                      f"lossless is not in effect: check that PFC is on for priority {p} on this host "
-                      "and its switch port, the receive buffer and headroom, and pause-storm events",
-                      _ev(r, *lossless, "rx_discards_phy"))
+        yield NicProblem(
+            Severity.CRIT,
+            nr.name,
+            f"{nr.name}: packets dropped on the lossless priority {p} ("
+            + ", ".join(
+                f"{n} {per_s(v or 0)}" for n, v in [*hot, *([("rx_discards_phy", port)] if port > limit else [])]
+            )
+            + ")",
+            f"lossless is not in effect: check that PFC is on for priority {p} on this host "
+            "and its switch port, the receive buffer and headroom, and pause-storm events",
+            _ev(r, *lossless, "rx_discards_phy"),
+        )
     elif port > limit:
         per_prio = [n for n in lossless if r.has(n)]
-        why = (f"{', '.join(per_prio)} did not rise, so the drops were on other (lossy) priorities"
-               if per_prio else f"this NIC has no per-priority discard counter, so whether priority {p} "
-               "lost packets cannot be told")
-        yield NicProblem(Severity.WARN, nr.name,
-                      f"{nr.name}: the port dropped {per_s(port)} received packets for lack of buffer "
-                      f"(rx_discards_phy counts the whole port, lossy traffic such as TCP included; {why})",
-                      "the adapter cannot absorb the incoming traffic on some priority: look at which "
-                      "priority's rx_prioN_discards rises (ethtool -S), the receive buffer sizes and the "
-                      "host's CPU/PCIe headroom; RoCE on the lossless priority is not affected by this alone",
-                      _ev(r, "rx_discards_phy", *lossless))
+        why = (
+            f"{', '.join(per_prio)} did not rise, so the drops were on other (lossy) priorities"
+            if per_prio
+            else f"this NIC has no per-priority discard counter, so whether priority {p} lost packets cannot be told"
+        )
+        yield NicProblem(
+            Severity.WARN,
+            nr.name,
+            f"{nr.name}: the port dropped {per_s(port)} received packets for lack of buffer "
+            f"(rx_discards_phy counts the whole port, lossy traffic such as TCP included; {why})",
+            "the adapter cannot absorb the incoming traffic on some priority: look at which "
+            "priority's rx_prioN_discards rises (ethtool -S), the receive buffer sizes and the "
+            "host's CPU/PCIe headroom; RoCE on the lossless priority is not affected by this alone",
+            _ev(r, "rx_discards_phy", *lossless),
+        )
 
 
 @analyzer("roce.discards")
@@ -304,6 +356,7 @@ def check_discards(ctx: AnalysisContext) -> list[Finding]:
 
 
 # ----------------------------------------------------------- roce.congestion
+
 
 def _cnp_rate(nr: NicRates) -> float:
     return max(nr.rates.get("np_cnp_sent") or 0.0, nr.rates.get("rp_cnp_handled") or 0.0)
@@ -327,42 +380,64 @@ def _congestion(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[Nic
     ev = _ev(r, "np_cnp_sent", "rp_cnp_handled", "np_ecn_marked_roce_packets")
     if rate >= row["cnp_per_s_warn"] or outlier:
         if sent >= handled:
-            what = (f"sending {per_s(sent)} CNPs (it receives ECN-marked RoCE traffic: the switch "
-                    "egress towards it is congested, an incast)")
+            what = (
+                f"sending {per_s(sent)} CNPs (it receives ECN-marked RoCE traffic: the switch "
+                "egress towards it is congested, an incast)"
+            )
         else:
             what = f"handling {per_s(handled)} CNPs (its senders are being slowed by DCQCN)"
-        comp = (f", {factor:g}x or more the median of the other hosts ({per_s(median)})"
-                if outlier else "")
-        yield NicProblem(Severity.WARN, nr.name, f"{nr.name}: {what}{comp}",
-                      "find the traffic converging on this host (many senders to one receiver) "
-                      "and spread it, or check its switch port's ECN/buffer settings", ev,
-                      symptom="cnp")
+        comp = f", {factor:g}x or more the median of the other hosts ({per_s(median)})" if outlier else ""
+        yield NicProblem(
+            Severity.WARN,
+            nr.name,
+            f"{nr.name}: {what}{comp}",
+            "find the traffic converging on this host (many senders to one receiver) "
+            "and spread it, or check its switch port's ECN/buffer settings",
+            ev,
+            symptom="cnp",
+        )
     marked = r.get("np_ecn_marked_roce_packets")
     if marked and marked >= floor and r.has("np_cnp_sent") and sent < marked * 0.01:
-        yield NicProblem(Severity.WARN, nr.name,
-                      f"{nr.name}: {per_s(marked)} ECN-marked RoCE packets received but no CNPs sent",
-                      "enable the ECN notification point on the RoCE priority "
-                      "(/sys/class/net/IF/ecn/roce_np/enable/N or the firmware's ROCE_CC_PRIO_MASK)", ev)
+        yield NicProblem(
+            Severity.WARN,
+            nr.name,
+            f"{nr.name}: {per_s(marked)} ECN-marked RoCE packets received but no CNPs sent",
+            "enable the ECN notification point on the RoCE priority "
+            "(/sys/class/net/IF/ecn/roce_np/enable/N or the firmware's ROCE_CC_PRIO_MASK)",
+            ev,
+        )
     ignored = r.get("rp_cnp_ignored")
     if ignored and ignored >= floor:
-        yield NicProblem(Severity.WARN, nr.name,
-                      f"{nr.name}: {per_s(ignored)} CNPs received and ignored (rp_cnp_ignored)",
-                      "enable the ECN reaction point on the RoCE priority (ecn/roce_rp/enable/N)",
-                      _ev(r, "rp_cnp_ignored"))
+        yield NicProblem(
+            Severity.WARN,
+            nr.name,
+            f"{nr.name}: {per_s(ignored)} CNPs received and ignored (rp_cnp_ignored)",
+            "enable the ECN reaction point on the RoCE priority (ecn/roce_rp/enable/N)",
+            _ev(r, "rp_cnp_ignored"),
+        )
 
 
 @analyzer("roce.congestion")
 def check_congestion(ctx: AnalysisContext) -> list[Finding]:
     """CNP and ECN rates, outliers between hosts, grouped by leaf."""
-    return run_check(ctx, "roce.congestion", _congestion, "CNP rates normal",
-                     {"cnp": "a high CNP rate (congestion, incast)"})
+    return run_check(
+        ctx, "roce.congestion", _congestion, "CNP rates normal", {"cnp": "a high CNP rate (congestion, incast)"}
+    )
 
 
 # ------------------------------------------------------------ roce.transport
 
 #: Sequence errors and retransmissions: packets were lost on the path (go-back-N).
-LOSS_SIGNS = ("out_of_sequence", "packet_seq_err", "implied_nak_seq_err", "duplicate_request",
-              "roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart", "rx_icrc_encapsulated")
+LOSS_SIGNS = (
+    "out_of_sequence",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+    "duplicate_request",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "rx_icrc_encapsulated",
+)
 #: The requester gave up: the QP goes to the error state and NCCL fails (kernel commit
 #: b339e0a39dc3 "RDMA/mlx5: Add Qcounters req_transport_retries_exceeded/req_rnr_retries_exceeded").
 FATAL = ("req_transport_retries_exceeded", "req_rnr_retries_exceeded")
@@ -388,29 +463,47 @@ def _transport(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicP
     timeouts = r.hw.get(ACK_TIMEOUT) or 0.0
     rnr = r.hw.get(RNR) or 0.0
     if fatal:
-        yield NicProblem(Severity.CRIT, nr.name,
-                      f"{nr.name}: " + ", ".join(f"{n} {per_s(v)}" for n, v in fatal)
-                      + " (the requester exhausted its retries and moved the connection to the error "
-                      "state: NCCL fails or hangs)",
-                      "packets are lost between this host and its peers (transport) or a receiver stopped "
-                      "posting buffers (rnr): check discards and pause on both ends, cables and the switch "
-                      "path; restart the affected instances", _ev(r, *FATAL))
+        yield NicProblem(
+            Severity.CRIT,
+            nr.name,
+            f"{nr.name}: "
+            + ", ".join(f"{n} {per_s(v)}" for n, v in fatal)
+            + " (the requester exhausted its retries and moved the connection to the error "
+            "state: NCCL fails or hangs)",
+            "packets are lost between this host and its peers (transport) or a receiver stopped "
+            "posting buffers (rnr): check discards and pause on both ends, cables and the switch "
+            "path; restart the affected instances",
+            _ev(r, *FATAL),
+        )
     if loss or timeouts:
         sev = Severity.CRIT if loss and max(v for _, v in loss) >= crit else Severity.WARN
         shown = [*loss, *([(ACK_TIMEOUT, timeouts)] if timeouts else [])]
-        note = ("" if loss else "; ACK timeouts alone: requests were retransmitted after the ACK timer expired "
-                "and the connection's retry limit was not reached")
-        yield NicProblem(sev, nr.name,
-                      f"{nr.name}: packet loss on the RDMA path (" + ", ".join(
-                          f"{n} {per_s(v)}" for n, v in shown) + f"): retransmissions slow NCCL{note}",
-                      "find where packets drop: discards on the lossless priority, PFC off on some "
-                      "hop, a bad cable (symbol errors)", _ev(r, *LOSS_SIGNS, ACK_TIMEOUT))
+        note = (
+            ""
+            if loss
+            else "; ACK timeouts alone: requests were retransmitted after the ACK timer expired "
+            "and the connection's retry limit was not reached"
+        )
+        yield NicProblem(
+            sev,
+            nr.name,
+            f"{nr.name}: packet loss on the RDMA path ("
+            + ", ".join(f"{n} {per_s(v)}" for n, v in shown)
+            + f"): retransmissions slow NCCL{note}",
+            "find where packets drop: discards on the lossless priority, PFC off on some "
+            "hop, a bad cable (symbol errors)",
+            _ev(r, *LOSS_SIGNS, ACK_TIMEOUT),
+        )
     if rnr:
-        yield NicProblem(Severity.WARN, nr.name,
-                      f"{nr.name}: rnr_nak_retry_err {per_s(rnr)}: peers answered Receiver Not Ready (no "
-                      "receive buffer posted) and the request was retried; this is not packet loss",
-                      "a receiving process is slow to post receive buffers (CPU starved, too few buffers); "
-                      "if req_rnr_retries_exceeded rises too, connections are failing", _ev(r, RNR))
+        yield NicProblem(
+            Severity.WARN,
+            nr.name,
+            f"{nr.name}: rnr_nak_retry_err {per_s(rnr)}: peers answered Receiver Not Ready (no "
+            "receive buffer posted) and the request was retried; this is not packet loss",
+            "a receiving process is slow to post receive buffers (CPU starved, too few buffers); "
+            "if req_rnr_retries_exceeded rises too, connections are failing",
+            _ev(r, RNR),
+        )
 
 
 @analyzer("roce.transport")
@@ -431,19 +524,30 @@ def _link(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProble
     if flaps is None and r.ib.get("link_downed") is not None:
         flaps = r.deltas.get("ib:link_downed")
     if "link_down_events_phy" in r.resets:
-        yield NicProblem(Severity.WARN, nr.name,
-                      f"{nr.name}: link_down_events_phy went down between samples (driver reloaded?)",
-                      "check the kernel log for an mlx5 reset on this host", ())
+        yield NicProblem(
+            Severity.WARN,
+            nr.name,
+            f"{nr.name}: link_down_events_phy went down between samples (driver reloaded?)",
+            "check the kernel log for an mlx5 reset on this host",
+            (),
+        )
     if flaps:
-        yield NicProblem(Severity.CRIT, nr.name, f"{nr.name}: the link went down {flaps} time(s) in {r.dt:.1f} s",
-                      "replace or reseat the cable/transceiver of this port; check the switch port's log",
-                      _ev(r, "link_down_events_phy", "link_downed"))
+        yield NicProblem(
+            Severity.CRIT,
+            nr.name,
+            f"{nr.name}: the link went down {flaps} time(s) in {r.dt:.1f} s",
+            "replace or reseat the cable/transceiver of this port; check the switch port's log",
+            _ev(r, "link_down_events_phy", "link_downed"),
+        )
     errs = [(n, r.ethtool[n]) for n in LINK_ERRORS if (r.ethtool.get(n) or 0) > limit]
     if errs:
-        yield NicProblem(Severity.CRIT, nr.name,
-                      f"{nr.name}: " + ", ".join(f"{n} {per_s(v)}" for n, v in errs)
-                      + " (frames corrupted on the wire)",
-                      "clean or replace the cable/transceiver of this port", _ev(r, *LINK_ERRORS))
+        yield NicProblem(
+            Severity.CRIT,
+            nr.name,
+            f"{nr.name}: " + ", ".join(f"{n} {per_s(v)}" for n, v in errs) + " (frames corrupted on the wire)",
+            "clean or replace the cable/transceiver of this port",
+            _ev(r, *LINK_ERRORS),
+        )
 
 
 @analyzer("roce.link")
@@ -454,40 +558,51 @@ def check_link(ctx: AnalysisContext) -> list[Finding]:
 
 # ---------------------------------------------------------------- roce.rxpath
 
-PCIE_PRESSURE = ("outbound_pci_buffer_overflow", "outbound_pci_stalled_rd_events",
-                 "outbound_pci_stalled_wr_events")
+PCIE_PRESSURE = ("outbound_pci_buffer_overflow", "outbound_pci_stalled_rd_events", "outbound_pci_stalled_wr_events")
 
 
 def _rxpath(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     r = nr.rates
     hot = [(n, r.ethtool[n]) for n in PCIE_PRESSURE if r.ethtool.get(n)]
     if hot:
-        yield NicProblem(Severity.WARN, nr.name,
-                      f"{nr.name}: PCIe back-pressure (" + ", ".join(f"{n} {per_s(v)}" for n, v in hot)
-                      + "): the NIC cannot write to host memory as fast as it receives",
-                      "check the NIC's PCIe link (width, speed, errors), its NUMA placement and the "
-                      "host's memory load; this is what makes a host send pause frames",
-                      _ev(r, *PCIE_PRESSURE))
+        yield NicProblem(
+            Severity.WARN,
+            nr.name,
+            f"{nr.name}: PCIe back-pressure ("
+            + ", ".join(f"{n} {per_s(v)}" for n, v in hot)
+            + "): the NIC cannot write to host memory as fast as it receives",
+            "check the NIC's PCIe link (width, speed, errors), its NUMA placement and the "
+            "host's memory load; this is what makes a host send pause frames",
+            _ev(r, *PCIE_PRESSURE),
+        )
     oob = r.hw.get("out_of_buffer")
     if oob:
-        yield NicProblem(Severity.WARN, nr.name,
-                      f"{nr.name}: {per_s(oob)} RDMA receives found no posted buffer (out_of_buffer)",
-                      "the application (NCCL) posts receive buffers too slowly: check the host's CPU "
-                      "load and the instance's health", _ev(r, "out_of_buffer"))
+        yield NicProblem(
+            Severity.WARN,
+            nr.name,
+            f"{nr.name}: {per_s(oob)} RDMA receives found no posted buffer (out_of_buffer)",
+            "the application (NCCL) posts receive buffers too slowly: check the host's CPU "
+            "load and the instance's health",
+            _ev(r, "out_of_buffer"),
+        )
     factor = fabric.limit(ctx, "link", "corrected_bits_outlier_factor", 10)
     floor_ber = fabric.limit(ctx, "link", "corrected_ber_floor", 1e-8)
     mine = r.ethtool.get("rx_corrected_bits_phy")
     if mine and nr.gbps:
-        others = [x for o in g.nics if o.host != nr.host
-                  if (x := o.rates.ethtool.get("rx_corrected_bits_phy")) is not None]
+        others = [
+            x for o in g.nics if o.host != nr.host if (x := o.rates.ethtool.get("rx_corrected_bits_phy")) is not None
+        ]
         median = statistics.median(others) if others else None
         ber = mine / (nr.gbps * 1e9)
         if median is not None and ber >= floor_ber and mine >= factor * max(median, 1e-9):
-            yield NicProblem(Severity.WARN, nr.name,
-                          f"{nr.name}: {per_s(mine)} bits corrected by FEC (pre-FEC BER {ber:.1e}), "
-                          f"{factor:g}x or more the median of the other hosts ({per_s(median)})",
-                          "a marginal cable or transceiver: clean or replace it before it starts "
-                          "dropping frames", _ev(r, "rx_corrected_bits_phy"))
+            yield NicProblem(
+                Severity.WARN,
+                nr.name,
+                f"{nr.name}: {per_s(mine)} bits corrected by FEC (pre-FEC BER {ber:.1e}), "
+                f"{factor:g}x or more the median of the other hosts ({per_s(median)})",
+                "a marginal cable or transceiver: clean or replace it before it starts dropping frames",
+                _ev(r, "rx_corrected_bits_phy"),
+            )
 
 
 @analyzer("roce.rxpath")
@@ -497,6 +612,7 @@ def check_rxpath(ctx: AnalysisContext) -> list[Finding]:
 
 
 # -------------------------------------------------------------- roce.priority
+
 
 def _priority(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicProblem]:
     r = nr.rates
@@ -508,17 +624,18 @@ def _priority(ctx: AnalysisContext, nr: NicRates, g: Gathered) -> Iterable[NicPr
     want = fabric.limit(ctx, "priority", "min_fraction_on_roce_priority", 0.9)
     if on_p >= want * rdma:
         return
-    elsewhere = sorted(((q, r.get(f"tx_prio{q}_bytes") or 0.0) for q in range(8) if q != p),
-                       key=lambda x: -x[1])
+    elsewhere = sorted(((q, r.get(f"tx_prio{q}_bytes") or 0.0) for q in range(8) if q != p), key=lambda x: -x[1])
     top = elsewhere[0] if elsewhere and elsewhere[0][1] > 0 else None
-    yield NicProblem(Severity.CRIT, nr.name,
-                  f"{nr.name}: RDMA sends {per_s(rdma)} bytes but priority {p} carries only "
-                  f"{pct(on_p / rdma)} of it" + (f"; priority {top[0]} carries {per_s(top[1])} bytes"
-                                                  if top else ""),
-                  "RoCE runs on a lossy priority: set NCCL_IB_TC (e.g. 106 for DSCP 26) or the "
-                  "NIC's global traffic class, and trust dscp with DSCP "
-                  f"{fabric.profile(ctx).roce_dscp} mapped to priority {p}",
-                  _ev(r, "tx_vport_rdma_unicast_bytes", *[f"tx_prio{q}_bytes" for q in range(8)]))
+    yield NicProblem(
+        Severity.CRIT,
+        nr.name,
+        f"{nr.name}: RDMA sends {per_s(rdma)} bytes but priority {p} carries only "
+        f"{pct(on_p / rdma)} of it" + (f"; priority {top[0]} carries {per_s(top[1])} bytes" if top else ""),
+        "RoCE runs on a lossy priority: set NCCL_IB_TC (e.g. 106 for DSCP 26) or the "
+        "NIC's global traffic class, and trust dscp with DSCP "
+        f"{fabric.profile(ctx).roce_dscp} mapped to priority {p}",
+        _ev(r, "tx_vport_rdma_unicast_bytes", *[f"tx_prio{q}_bytes" for q in range(8)]),
+    )
 
 
 @analyzer("roce.priority")

@@ -119,57 +119,96 @@ def check_metrics(ctx: AnalysisContext) -> list[Finding]:
     out: list[Finding] = []
     for host, name, text in sources.raw_instances(ctx, ".metrics"):
         later_text = ctx.raw.get(host, {}).get(name + ".metrics.2")
-        out.extend(_instance(ctx, lim, host, name, parse_metrics(text),
-                             parse_metrics(later_text) if later_text else None))
+        out.extend(
+            _instance(ctx, lim, host, name, parse_metrics(text), parse_metrics(later_text) if later_text else None)
+        )
     return out
 
 
-def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
-              m0: dict[str, Any], m1: dict[str, Any] | None) -> list[Finding]:
+def _instance(
+    ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str, m0: dict[str, Any], m1: dict[str, Any] | None
+) -> list[Finding]:
     subj = f"instance:{name}"
     now = m1 or m0
     found: list[Finding] = []
     if not any(k.startswith("vllm:") for k in now):
-        return [Finding("serving.metrics", Severity.UNKNOWN, host, subj, "the /metrics sample has no vllm: metrics",
-                        "check that the URL is the vLLM server's /metrics")]
+        return [
+            Finding(
+                "serving.metrics",
+                Severity.UNKNOWN,
+                host,
+                subj,
+                "the /metrics sample has no vllm: metrics",
+                "check that the URL is the vLLM server's /metrics",
+            )
+        ]
     kv = peak(now, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
     kv_warn, kv_crit = number(lim, "kv_cache_usage_warn", 0.9), number(lim, "kv_cache_usage_crit", 0.98)
     if kv is not None and kv >= kv_warn:
         pinned = m1 is not None and (peak(m0, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") or 0) >= kv_warn
-        found.append(Finding("serving.metrics", Severity.CRIT if kv >= kv_crit and pinned else Severity.WARN, host, subj,
-                             f"KV cache {kv * 100:.0f} % full" + (" in both samples" if pinned else ""),
-                             "add capacity (more replicas or TP), lower --max-num-seqs, or route load elsewhere",
-                             (f"kv_cache_usage_perc={kv:.3f}",)))
+        found.append(
+            Finding(
+                "serving.metrics",
+                Severity.CRIT if kv >= kv_crit and pinned else Severity.WARN,
+                host,
+                subj,
+                f"KV cache {kv * 100:.0f} % full" + (" in both samples" if pinned else ""),
+                "add capacity (more replicas or TP), lower --max-num-seqs, or route load elsewhere",
+                (f"kv_cache_usage_perc={kv:.3f}",),
+            )
+        )
     w1 = total(now, "vllm:num_requests_waiting")
     if m1 is not None:
         w0 = total(m0, "vllm:num_requests_waiting")
         if w0 is not None and w1 is not None and w1 - w0 >= number(lim, "waiting_warn", 1) and w1 > 0:
-            found.append(Finding("serving.metrics", Severity.WARN, host, subj,
-                                 f"waiting queue growing: {w0:.0f} -> {w1:.0f} in {ctx.interval_s:g} s",
-                                 "the instance is saturated: add replicas or shed load",
-                                 (f"num_requests_waiting {w0:.0f} -> {w1:.0f}",)))
+            found.append(
+                Finding(
+                    "serving.metrics",
+                    Severity.WARN,
+                    host,
+                    subj,
+                    f"waiting queue growing: {w0:.0f} -> {w1:.0f} in {ctx.interval_s:g} s",
+                    "the instance is saturated: add replicas or shed load",
+                    (f"num_requests_waiting {w0:.0f} -> {w1:.0f}",),
+                )
+            )
         p0, p1 = total(m0, "vllm:num_preemptions_total"), total(m1, "vllm:num_preemptions_total")
         if p0 is not None and p1 is not None and p1 > p0:
             rate = (p1 - p0) / ctx.interval_s if ctx.interval_s else float(p1 - p0)
             if rate >= number(lim, "preemptions_per_s_warn", 0.1):
-                found.append(Finding("serving.metrics", Severity.WARN, host, subj,
-                                     f"preemptions rising: +{p1 - p0:.0f} in {ctx.interval_s:g} s "
-                                     "(KV cache too small for the load)",
-                                     f"{_kv_advice(ctx, name)}, lower --max-num-seqs, or add replicas",
-                                     (f"num_preemptions_total {p0:.0f} -> {p1:.0f}",)))
+                found.append(
+                    Finding(
+                        "serving.metrics",
+                        Severity.WARN,
+                        host,
+                        subj,
+                        f"preemptions rising: +{p1 - p0:.0f} in {ctx.interval_s:g} s (KV cache too small for the load)",
+                        f"{_kv_advice(ctx, name)}, lower --max-num-seqs, or add replicas",
+                        (f"num_preemptions_total {p0:.0f} -> {p1:.0f}",),
+                    )
+                )
     if m1 is not None:
         r0, r1 = total(m0, "vllm:num_requests_running"), total(m1, "vllm:num_requests_running")
         g0, g1 = total(m0, "vllm:generation_tokens_total"), total(m1, "vllm:generation_tokens_total")
         q0, q1 = total(m0, "vllm:num_requests_waiting"), total(m1, "vllm:num_requests_waiting")
-        hung = engine_hung(r0, r1, g0, g1, q0, q1, total(m0, "vllm:prompt_tokens_total"),
-                           total(m1, "vllm:prompt_tokens_total"))
+        hung = engine_hung(
+            r0, r1, g0, g1, q0, q1, total(m0, "vllm:prompt_tokens_total"), total(m1, "vllm:prompt_tokens_total")
+        )
         if hung:
-            found.append(Finding("serving.metrics", Severity.CRIT, host, subj,
-                                 f"engine hung: {hung_words(hung, r1, q1)} in {ctx.interval_s:g} s",
-                                 "restart the instance; check serving.engine and the TP "
-                                 "group's GPUs (a hung collective or GPU)",
-                                 (f"generation_tokens_total {g0:.0f} -> {g1:.0f}, running {r0:.0f} -> {r1:.0f}, "
-                                  f"waiting {q0 or 0:.0f} -> {q1 or 0:.0f}",)))
+            found.append(
+                Finding(
+                    "serving.metrics",
+                    Severity.CRIT,
+                    host,
+                    subj,
+                    f"engine hung: {hung_words(hung, r1, q1)} in {ctx.interval_s:g} s",
+                    "restart the instance; check serving.engine and the TP group's GPUs (a hung collective or GPU)",
+                    (
+                        f"generation_tokens_total {g0:.0f} -> {g1:.0f}, running {r0:.0f} -> {r1:.0f}, "
+                        f"waiting {q0 or 0:.0f} -> {q1 or 0:.0f}",
+                    ),
+                )
+            )
     b1 = _buckets(now, "vllm:time_to_first_token_seconds")
     if m1 is not None:
         b0 = _buckets(m0, "vllm:time_to_first_token_seconds")
@@ -177,10 +216,17 @@ def _instance(ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str,
     p99 = histogram_quantile(list(b1.items()), 0.99)
     slo = number(lim, "ttft_p99_slo_s", 5.0)
     if p99 is not None and p99 > slo:
-        found.append(Finding("serving.metrics", Severity.WARN, host, subj,
-                             f"TTFT p99 {p99:.2f} s above the SLO {slo:g} s" + (" over the interval" if m1 else ""),
-                             "long queues or prefill contention: add replicas, lower --max-num-batched-tokens",
-                             (f"ttft_p99={p99:.3f}s",)))
+        found.append(
+            Finding(
+                "serving.metrics",
+                Severity.WARN,
+                host,
+                subj,
+                f"TTFT p99 {p99:.2f} s above the SLO {slo:g} s" + (" over the interval" if m1 else ""),
+                "long queues or prefill contention: add replicas, lower --max-num-batched-tokens",
+                (f"ttft_p99={p99:.3f}s",),
+            )
+        )
     return found or [Finding("serving.metrics", Severity.OK, host, subj, "serving metrics within limits")]
 
 
@@ -189,9 +235,16 @@ def _kv_advice(ctx: AnalysisContext, name: str) -> str:
     return kv_capacity_advice(inv.instances.get(name) if inv is not None else None, inv)
 
 
-def engine_hung(running0: float | None, running1: float | None, generated0: float | None,
-                generated1: float | None, waiting0: float | None = None, waiting1: float | None = None,
-                prompt0: float | None = None, prompt1: float | None = None) -> str | None:
+def engine_hung(
+    running0: float | None,
+    running1: float | None,
+    generated0: float | None,
+    generated1: float | None,
+    waiting0: float | None = None,
+    waiting1: float | None = None,
+    prompt0: float | None = None,
+    prompt1: float | None = None,
+) -> str | None:
     """How an engine is hung between two ``/metrics`` samples, which ``/health`` does not see
     (``None``: not hung).  The one rule of doctor's ``serving.metrics`` and of ``clusterctl
     status`` (which ``gateway sync`` follows):
@@ -211,8 +264,13 @@ def engine_hung(running0: float | None, running1: float | None, generated0: floa
         return None
     if running0 and running1:
         return "running"
-    if running0 == 0 and running1 == 0 and waiting0 and waiting1 \
-            and (prompt0 is None or prompt1 is None or prompt1 <= prompt0):
+    if (
+        running0 == 0
+        and running1 == 0
+        and waiting0
+        and waiting1
+        and (prompt0 is None or prompt1 is None or prompt1 <= prompt0)
+    ):
         return "waiting"
     return None
 
@@ -231,10 +289,17 @@ def check_engine(ctx: AnalysisContext) -> list[Finding]:
         ev = parse_log(text)
         subj = f"instance:{name}"
         if ev.nccl:
-            out.append(Finding("serving.engine", Severity.CRIT, host, subj,
-                               "NCCL collective timed out or failed in the TP group",
-                               "check the TP group's GPUs (gpu.*) and the data network; restart the instance",
-                               tuple(ev.nccl[:2])))
+            out.append(
+                Finding(
+                    "serving.engine",
+                    Severity.CRIT,
+                    host,
+                    subj,
+                    "NCCL collective timed out or failed in the TP group",
+                    "check the TP group's GPUs (gpu.*) and the data network; restart the instance",
+                    tuple(ev.nccl[:2]),
+                )
+            )
         if ev.engine_dead:
             started = "after it was serving" if ev.ready else "during start-up"
             inst = ctx.inventory.instances.get(name) if ctx.inventory is not None else None
@@ -242,21 +307,51 @@ def check_engine(ctx: AnalysisContext) -> list[Finding]:
                 from clusterctl.diagnose.tp import dead_member, dead_worker_message
 
                 gpu = dead_member(inst, ev.dead_worker)
-                out.append(Finding("serving.engine", Severity.CRIT, host, subj,
-                                   f"{dead_worker_message(inst, ev.dead_worker, gpu, ctx)} {started}: the TP group of "
-                                   f"{len(inst.placement)} is UNAVAILABLE",
-                                   f"check {gpu or 'the group'}'s GPU findings (gpu.*) and the kernel log (XIDs), "
-                                   "then restart the instance", (ev.dead_worker["line"], *ev.engine_dead[:1])))
+                out.append(
+                    Finding(
+                        "serving.engine",
+                        Severity.CRIT,
+                        host,
+                        subj,
+                        f"{dead_worker_message(inst, ev.dead_worker, gpu, ctx)} {started}: the TP group of "
+                        f"{len(inst.placement)} is UNAVAILABLE",
+                        f"check {gpu or 'the group'}'s GPU findings (gpu.*) and the kernel log (XIDs), "
+                        "then restart the instance",
+                        (ev.dead_worker["line"], *ev.engine_dead[:1]),
+                    )
+                )
             else:
                 why = "oom.cause and " if ev.cuda_oom or ev.kv_short or ev.no_kv or ev.free_mem else ""
-                out.append(Finding("serving.engine", Severity.CRIT, host, subj, f"the vLLM engine died {started}",
-                                   f"see {why}the log's first error; restart the instance once the cause is fixed",
-                                   tuple(ev.engine_dead[:2])))
+                out.append(
+                    Finding(
+                        "serving.engine",
+                        Severity.CRIT,
+                        host,
+                        subj,
+                        f"the vLLM engine died {started}",
+                        f"see {why}the log's first error; restart the instance once the cause is fixed",
+                        tuple(ev.engine_dead[:2]),
+                    )
+                )
         if ev.preemptions_v0:
-            out.append(Finding("serving.engine", Severity.WARN, host, subj,
-                               f"requests preempted for KV cache space ({ev.preemptions_v0} so far)",
-                               f"{_kv_advice(ctx, name)}, or lower --max-num-seqs"))
+            out.append(
+                Finding(
+                    "serving.engine",
+                    Severity.WARN,
+                    host,
+                    subj,
+                    f"requests preempted for KV cache space ({ev.preemptions_v0} so far)",
+                    f"{_kv_advice(ctx, name)}, or lower --max-num-seqs",
+                )
+            )
         if not (ev.nccl or ev.engine_dead or ev.preemptions_v0):
-            out.append(Finding("serving.engine", Severity.OK, host, subj,
-                               "engine log shows no failure" + ("" if ev.ready else " (not ready yet)")))
+            out.append(
+                Finding(
+                    "serving.engine",
+                    Severity.OK,
+                    host,
+                    subj,
+                    "engine log shows no failure" + ("" if ev.ready else " (not ready yet)"),
+                )
+            )
     return out

@@ -45,8 +45,16 @@ def shipped_dir() -> Path:
         return PACKAGED_DIR
     if SOURCE_DIR.is_dir() and (SOURCE_DIR.parent / "pyproject.toml").is_file():
         return SOURCE_DIR
-    raise ConfigError([Problem(str(PACKAGED_DIR), 0, "the shipped check data is missing (neither the package's "
-                               f"_checks/ nor a source tree's checks/): reinstall clusterctl or set ${ENV_DIR}")])
+    raise ConfigError(
+        [
+            Problem(
+                str(PACKAGED_DIR),
+                0,
+                "the shipped check data is missing (neither the package's "
+                f"_checks/ nor a source tree's checks/): reinstall clusterctl or set ${ENV_DIR}",
+            )
+        ]
+    )
 
 
 def site_dir() -> Path | None:
@@ -114,11 +122,13 @@ def load_thresholds(directory: Path | None = None) -> dict[str, Any]:
     for stem, key in REQUIRED.items():
         path = where.get(stem, base / f"{stem}.yaml")
         if stem not in out:
-            problems.append(Problem(str(path), 0, f"missing: doctor needs {stem}.yaml (its thresholds would be "
-                                    "silently absent)"))
+            problems.append(
+                Problem(str(path), 0, f"missing: doctor needs {stem}.yaml (its thresholds would be silently absent)")
+            )
         elif not out[stem].get(key):
-            problems.append(Problem(str(path), 1, f"empty: {key!r} has no entries (doctor would judge nothing "
-                                    "against it)"))
+            problems.append(
+                Problem(str(path), 1, f"empty: {key!r} has no entries (doctor would judge nothing against it)")
+            )
     if problems:
         raise ConfigError(problems)
     return out
@@ -142,9 +152,12 @@ def _check(path: Path, root: Any) -> list[Problem]:
         elif isinstance(node, yaml.ScalarNode):
             line = node.start_mark.line + 1
             if key == "severity" and node.value not in SEVERITIES:
-                problems.append(Problem(str(path), line, f"severity {node.value!r}: use one of {', '.join(SEVERITIES)}"))
-            elif key.endswith(("_c", "_warn", "_crit", "_s", "_mib", "_fraction", "_full", "_after")) and \
-                    not _is_number(node.value):
+                problems.append(
+                    Problem(str(path), line, f"severity {node.value!r}: use one of {', '.join(SEVERITIES)}")
+                )
+            elif key.endswith(
+                ("_c", "_warn", "_crit", "_s", "_mib", "_fraction", "_full", "_after")
+            ) and not _is_number(node.value):
                 problems.append(Problem(str(path), line, f"{key}: {node.value!r} is not a number"))
 
     if root is not None:

@@ -54,8 +54,9 @@ def dead_worker(ctx: AnalysisContext, inst: Instance) -> tuple[dict[str, Any], G
 
 def dead_worker_message(inst: Instance, dead: dict[str, Any], gpu: GpuRef | None, ctx: Any = None) -> str:
     bus = bus_ids(ctx, gpu.host).get(gpu.index) if gpu is not None and ctx is not None else None
-    where = (f"GPU {gpu}" + (f" ({bus})" if bus else "") if gpu is not None
-             else "GPU unknown (rank beyond the placement)")
+    where = (
+        f"GPU {gpu}" + (f" ({bus})" if bus else "") if gpu is not None else "GPU unknown (rank beyond the placement)"
+    )
     return f"TP worker rank {dead['rank']} ({dead['process']}, {where}) died"
 
 
@@ -96,9 +97,21 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
         not_selected = sorted({h for h in inst.hosts if h not in ctx.facts and h not in ctx.missing})
         if len(not_selected) == len(set(inst.hosts)):
             continue  # none of the group's hosts selected: not this run's business
-        unknown = sorted({h for h in inst.hosts if h not in not_selected and (h in ctx.missing or h not in ctx.facts or
-                          any(f.severity == Severity.UNKNOWN and f.check in ("gpu.nvml", "gpu.lost")
-                              for f in host_level.get(h, [])))})
+        unknown = sorted(
+            {
+                h
+                for h in inst.hosts
+                if h not in not_selected
+                and (
+                    h in ctx.missing
+                    or h not in ctx.facts
+                    or any(
+                        f.severity == Severity.UNKNOWN and f.check in ("gpu.nvml", "gpu.lost")
+                        for f in host_level.get(h, [])
+                    )
+                )
+            }
+        )
         crit = [(m, f) for m, f in bad if f.severity == Severity.CRIT]
         warn = [(m, f) for m, f in bad if f.severity == Severity.WARN]
         subj = f"tp-group:{inst.name}"
@@ -106,31 +119,76 @@ def check_tp_groups(ctx: AnalysisContext) -> list[Finding]:
         died = dead_worker(ctx, inst) if len(members) > 1 else None
         if died and not crit:
             dead, gpu = died
-            out.append(Finding("tp.group", Severity.CRIT, None, subj,
-                               f"UNAVAILABLE: {dead_worker_message(inst, dead, gpu, ctx)}; the group of {len(members)} "
-                               "cannot serve",
-                               f"drain instance {inst.name}; check {gpu or 'the group'}'s GPU findings and kernel log "
-                               "(XIDs), then restart the instance", (dead["line"],)))
+            out.append(
+                Finding(
+                    "tp.group",
+                    Severity.CRIT,
+                    None,
+                    subj,
+                    f"UNAVAILABLE: {dead_worker_message(inst, dead, gpu, ctx)}; the group of {len(members)} "
+                    "cannot serve",
+                    f"drain instance {inst.name}; check {gpu or 'the group'}'s GPU findings and kernel log "
+                    "(XIDs), then restart the instance",
+                    (dead["line"],),
+                )
+            )
         elif crit:
-            out.append(Finding("tp.group", Severity.CRIT, None, subj,
-                               f"UNAVAILABLE: member {crit[0][0]} is critical ({crit[0][1].check}); "
-                               f"the group of {len(members)} cannot serve",
-                               f"drain instance {inst.name}; {crit[0][1].action}", ev))
+            out.append(
+                Finding(
+                    "tp.group",
+                    Severity.CRIT,
+                    None,
+                    subj,
+                    f"UNAVAILABLE: member {crit[0][0]} is critical ({crit[0][1].check}); "
+                    f"the group of {len(members)} cannot serve",
+                    f"drain instance {inst.name}; {crit[0][1].action}",
+                    ev,
+                )
+            )
         elif warn:
-            out.append(Finding("tp.group", Severity.WARN, None, subj,
-                               f"DEGRADED: member {warn[0][0]} has a warning ({warn[0][1].check})",
-                               warn[0][1].action, ev))
+            out.append(
+                Finding(
+                    "tp.group",
+                    Severity.WARN,
+                    None,
+                    subj,
+                    f"DEGRADED: member {warn[0][0]} has a warning ({warn[0][1].check})",
+                    warn[0][1].action,
+                    ev,
+                )
+            )
         elif unknown:
-            out.append(Finding("tp.group", Severity.UNKNOWN, None, subj,
-                               f"member host(s) {', '.join(unknown)} could not be checked",
-                               "make the hosts reachable and run doctor again"))
+            out.append(
+                Finding(
+                    "tp.group",
+                    Severity.UNKNOWN,
+                    None,
+                    subj,
+                    f"member host(s) {', '.join(unknown)} could not be checked",
+                    "make the hosts reachable and run doctor again",
+                )
+            )
         elif not_selected:
             seen = [m for m in members if m.rpartition(":")[0] not in not_selected]
-            out.append(Finding("tp.group", Severity.OK, None, subj,
-                               f"selected members healthy ({', '.join(seen)}); members on "
-                               f"{', '.join(not_selected)} not selected (doctor ran on a subset of the hosts)",
-                               f"run doctor on {','.join(sorted(set(inst.hosts)))} to check the whole group"))
+            out.append(
+                Finding(
+                    "tp.group",
+                    Severity.OK,
+                    None,
+                    subj,
+                    f"selected members healthy ({', '.join(seen)}); members on "
+                    f"{', '.join(not_selected)} not selected (doctor ran on a subset of the hosts)",
+                    f"run doctor on {','.join(sorted(set(inst.hosts)))} to check the whole group",
+                )
+            )
         else:
-            out.append(Finding("tp.group", Severity.OK, None, subj,
-                               f"all {len(members)} member GPUs healthy ({', '.join(members)})"))
+            out.append(
+                Finding(
+                    "tp.group",
+                    Severity.OK,
+                    None,
+                    subj,
+                    f"all {len(members)} member GPUs healthy ({', '.join(members)})",
+                )
+            )
     return out

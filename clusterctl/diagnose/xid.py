@@ -27,13 +27,18 @@ CHECK = "gpu.xid"
 XID_RE = re.compile(
     r"NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
     r"(?: GPU-I:(?P<gi>\d+))?\): (?P<xid>\d+)"
-    r"(?:, pid=(?P<pid>'<unknown>'|\d+|[^,]*))?(?:, name=(?P<name>[^,]*))?(?:, (?P<msg>.*))?$")
-FALLEN_RE = re.compile(r"NVRM: GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?: "
-                       r"GPU has fallen off the bus")
+    r"(?:, pid=(?P<pid>'<unknown>'|\d+|[^,]*))?(?:, name=(?P<name>[^,]*))?(?:, (?P<msg>.*))?$"
+)
+FALLEN_RE = re.compile(
+    r"NVRM: GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?: "
+    r"GPU has fallen off the bus"
+)
 PROBE_FAIL_RE = re.compile(r"NVRM: The NVIDIA probe routine failed for (\d+) device")
 NOT_SUPPORTED_RE = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F:.]+) \(PCI ID: (?P<id>[0-9a-fA-F:]+)\)")
-SXID_RE = re.compile(r"nvidia-nvswitch(?P<sw>\d+): SXid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+), "
-                     r"(?P<kind>Non-fatal|Fatal)")
+SXID_RE = re.compile(
+    r"nvidia-nvswitch(?P<sw>\d+): SXid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+), "
+    r"(?P<kind>Non-fatal|Fatal)"
+)
 DMESG_TS_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
 RECOVERY_RE = re.compile(r"changed from 0x[0-9a-fA-F]+ \([^)]*\) to 0x[0-9a-fA-F]+ \((?P<action>[^)]*)\)")
 
@@ -60,11 +65,16 @@ def parse_xid(line: str) -> XidEvent | None:
     ts = DMESG_TS_RE.match(line)
     stamp = ts.group(1) if ts else line[: m.start()].strip() or None
     pid = m["pid"].strip("'") if m["pid"] else None
-    return XidEvent(pci=sources.normalize_pci(m["pci"]), xid=int(m["xid"]),
-                    pid=None if pid in (None, "<unknown>") else pid,
-                    name=None if m["name"] in (None, "<unknown>") else m["name"],
-                    message=(m["msg"] or "").strip(), gi=int(m["gi"]) if m["gi"] else None,
-                    stamp=stamp, line=line.strip())
+    return XidEvent(
+        pci=sources.normalize_pci(m["pci"]),
+        xid=int(m["xid"]),
+        pid=None if pid in (None, "<unknown>") else pid,
+        name=None if m["name"] in (None, "<unknown>") else m["name"],
+        message=(m["msg"] or "").strip(),
+        gi=int(m["gi"]) if m["gi"] else None,
+        stamp=stamp,
+        line=line.strip(),
+    )
 
 
 @dataclass
@@ -95,8 +105,11 @@ def classify(cat: dict[str, Any], code: int, count: int, message: str = "") -> t
     buckets = cat.get("buckets") or {}
     if not entry:
         unk = cat.get("unknown") or {}
-        return (Severity[str(unk.get("severity", "WARN"))], "not in the XID catalogue",
-                str(unk.get("action", "look the code up in NVIDIA's Xid catalogue")))
+        return (
+            Severity[str(unk.get("severity", "WARN"))],
+            "not in the XID catalogue",
+            str(unk.get("action", "look the code up in NVIDIA's Xid catalogue")),
+        )
     sev = Severity[str(entry.get("severity", "WARN"))]
     meaning = str(entry.get("name", "")) + (f" ({entry['note']})" if entry.get("note") else "")
     action = str(buckets.get(entry.get("bucket"), entry.get("bucket", "")))
@@ -107,8 +120,9 @@ def classify(cat: dict[str, Any], code: int, count: int, message: str = "") -> t
     limit = int(cat.get("escalate_after", 0) or 0)
     if sev == Severity.WARN and entry.get("escalate", True) and limit and count >= limit:
         sev = Severity.CRIT
-        action = f"{count} events on one GPU: suspect the hardware; " + \
-            str(buckets.get("RESET_GPU", "drain and reset the GPU"))
+        action = f"{count} events on one GPU: suspect the hardware; " + str(
+            buckets.get("RESET_GPU", "drain and reset the GPU")
+        )
     return sev, meaning, action
 
 
@@ -121,8 +135,16 @@ def check_xid(ctx: AnalysisContext) -> list[Finding]:
             continue  # host.reachable reports it
         lines, origin = sources.kernel_lines(ctx, host)
         if lines is None:
-            out.append(Finding(CHECK, Severity.UNKNOWN, host, "host", f"XIDs not checked: {origin}",
-                               "make the kernel log readable (run with --sudo, or add kernel.log to the bundle)"))
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.UNKNOWN,
+                    host,
+                    "host",
+                    f"XIDs not checked: {origin}",
+                    "make the kernel log readable (run with --sudo, or add kernel.log to the bundle)",
+                )
+            )
             continue
         found = _host_findings(ctx, cat, host, lines)
         out.extend(found or [Finding(CHECK, Severity.OK, host, "host", f"no XID in {len(lines)} kernel-log lines")])
@@ -159,33 +181,59 @@ def _host_findings(ctx: AnalysisContext, cat: dict[str, Any], host: str, lines: 
             continue
         m = PROBE_FAIL_RE.search(line)
         if m:
-            unsupported = [y.strip() for j, x in enumerate(lines) if NOT_SUPPORTED_RE.search(x)
-                           for y in lines[j:j + 3]]
-            out.append(Finding(CHECK, Severity.CRIT, host, "driver",
-                               f"the NVIDIA driver failed to probe {m.group(1)} GPU(s)",
-                               "check that the driver release supports this GPU (see the lines above it), "
-                               "reinstall a matching driver and reboot; RMA if the GPU still fails",
-                               tuple(unsupported[:6]) + (line.strip(),)))
+            unsupported = [
+                y.strip() for j, x in enumerate(lines) if NOT_SUPPORTED_RE.search(x) for y in lines[j : j + 3]
+            ]
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.CRIT,
+                    host,
+                    "driver",
+                    f"the NVIDIA driver failed to probe {m.group(1)} GPU(s)",
+                    "check that the driver release supports this GPU (see the lines above it), "
+                    "reinstall a matching driver and reboot; RMA if the GPU still fails",
+                    tuple(unsupported[:6]) + (line.strip(),),
+                )
+            )
     for (subject, code), ep in sorted(episodes.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         n = ep.distinct()
         sev, meaning, action = classify(cat, code, n, ep.events[-1].message)
         first, last = ep.events[0], ep.events[-1]
         who = f", last by pid {last.pid} ({last.name})" if last.pid and last.name else ""
         times = f"{n} event" + ("s" if n != 1 else "")
-        out.append(Finding(CHECK, sev, host, subject,
-                           f"XID {code} {meaning}: {times}{who}" if meaning else f"XID {code}: {times}",
-                           action, tuple(dict.fromkeys([first.line, last.line]))))
+        out.append(
+            Finding(
+                CHECK,
+                sev,
+                host,
+                subject,
+                f"XID {code} {meaning}: {times}{who}" if meaning else f"XID {code}: {times}",
+                action,
+                tuple(dict.fromkeys([first.line, last.line])),
+            )
+        )
         if code == 79:
             fallen.pop(subject, None)
     for (switch, sxid), (fatal, count, line) in sorted(sxids.items()):
-        out.append(Finding(CHECK, Severity.CRIT if fatal else Severity.WARN, host, switch,
-                           f"NVSwitch SXid {sxid} ({'fatal' if fatal else 'non-fatal'}): {count} event"
-                           + ("s" if count > 1 else ""),
-                           "drain the node's NVLink-connected instances, restart the fabric manager, reset the "
-                           "switch tray or reboot; contact NVIDIA support if it recurs" if fatal else
-                           "watch for repeats; a fatal SXid needs a fabric reset", (line,)))
+        out.append(
+            Finding(
+                CHECK,
+                Severity.CRIT if fatal else Severity.WARN,
+                host,
+                switch,
+                f"NVSwitch SXid {sxid} ({'fatal' if fatal else 'non-fatal'}): {count} event"
+                + ("s" if count > 1 else ""),
+                "drain the node's NVLink-connected instances, restart the fabric manager, reset the "
+                "switch tray or reboot; contact NVIDIA support if it recurs"
+                if fatal
+                else "watch for repeats; a fatal SXid needs a fabric reset",
+                (line,),
+            )
+        )
     for subject, line in fallen.items():
         _, meaning, action = classify(cat, 79, 1)
-        out.append(Finding(CHECK, Severity.CRIT, host, subject, "GPU has fallen off the bus (no XID line)",
-                           action, (line,)))
+        out.append(
+            Finding(CHECK, Severity.CRIT, host, subject, "GPU has fallen off the bus (no XID line)", action, (line,))
+        )
     return out

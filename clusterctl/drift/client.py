@@ -60,16 +60,16 @@ class Output:
     offsets: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"text": self.text, "tokens": self.tokens, "top": self.top, "by_id": self.by_id,
-                "offsets": self.offsets}
+        return {"text": self.text, "tokens": self.tokens, "top": self.top, "by_id": self.by_id, "offsets": self.offsets}
 
     @classmethod
     def from_json(cls, d: Any) -> "Output":
         """Raises ValueError when ``d`` is not a recorded output (wrong types anywhere)."""
         if not isinstance(d, dict):
             raise ValueError("an item is not an object")
-        return _output(d.get("text"), d.get("tokens"), d.get("top") or [], d.get("offsets") or [],
-                       bool(d.get("by_id", False)))
+        return _output(
+            d.get("text"), d.get("tokens"), d.get("top") or [], d.get("offsets") or [], bool(d.get("by_id", False))
+        )
 
     def token_text(self, i: int) -> str:
         """What token ``i`` reads as: its string, or with ids its slice of ``text`` (the id when unknown)."""
@@ -77,7 +77,7 @@ class Output:
             return self.tokens[i]
         if i < len(self.offsets):
             end = self.offsets[i + 1] if i + 1 < len(self.offsets) else len(self.text)
-            return self.text[self.offsets[i]:end]
+            return self.text[self.offsets[i] : end]
         return self.tokens[i]
 
 
@@ -109,8 +109,12 @@ def _call(ep: Endpoint, method: str, path: str, body: dict[str, Any] | None, tim
     conn = ep.connect(timeout)
     with Deadline(conn, timeout) as dl:
         try:
-            conn.request(method, ep.base_path + path, body=None if body is None else json.dumps(body).encode(),
-                         headers=headers(ep))
+            conn.request(
+                method,
+                ep.base_path + path,
+                body=None if body is None else json.dumps(body).encode(),
+                headers=headers(ep),
+            )
             resp = conn.getresponse()
             raw = resp.read(MAX_BODY + 1)
             if dl.expired:
@@ -131,13 +135,29 @@ def _call(ep: Endpoint, method: str, path: str, body: dict[str, Any] | None, tim
             conn.close()
 
 
-def complete(ep: Endpoint, prompt: str, *, max_tokens: int, k: int, seed: int = 0, user: str | None = None,
-             timeout: float = 60.0, token_ids: bool = True, model: str | None = None) -> Output:
+def complete(
+    ep: Endpoint,
+    prompt: str,
+    *,
+    max_tokens: int,
+    k: int,
+    seed: int = 0,
+    user: str | None = None,
+    timeout: float = 60.0,
+    token_ids: bool = True,
+    model: str | None = None,
+) -> Output:
     """One greedy completion with ``logprobs=k`` (``ignore_eos`` so lengths are comparable); with
     ``token_ids`` the tokens are ids when the server honours ``return_tokens_as_token_ids``.
     ``model``: the request's ``model`` (a gateway routes by it; vLLM alone defaults to its own)."""
-    body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": seed,
-                            "logprobs": k, "ignore_eos": True}
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": seed,
+        "logprobs": k,
+        "ignore_eos": True,
+    }
     if model:
         body["model"] = model
     if token_ids:
@@ -156,8 +176,9 @@ def complete(ep: Endpoint, prompt: str, *, max_tokens: int, k: int, seed: int = 
         tokens = lp.get("tokens") or []
         by_id = token_ids and bool(tokens) and all(isinstance(t, str) and _ID.match(t) for t in tokens)
         text = choice.get("text")
-        return _output("" if text is None else text, tokens, lp.get("top_logprobs") or [],
-                       lp.get("text_offset") or [], by_id)
+        return _output(
+            "" if text is None else text, tokens, lp.get("top_logprobs") or [], lp.get("text_offset") or [], by_id
+        )
     except ValueError as e:
         raise EndpointError(f"{ep.url}/v1/completions: not a completion ({e})") from None
 

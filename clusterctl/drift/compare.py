@@ -80,19 +80,31 @@ def diff(pid: str, base: Output, new: Output) -> PromptDiff:
     last = n - 1 if first is None else min(first, n - 1)
     kls = [_kl(base.top[i], new.top[i]) for i in range(last + 1) if i < len(base.top) and i < len(new.top)]
     agreement = (n if first is None else first) / max(1, len(base.tokens))
-    return PromptDiff(pid, exact, first, rule, min(1.0, agreement), sum(kls) / len(kls) if kls else 0.0, bt, nt,
-                      first is not None and first == n, *ids)
+    return PromptDiff(
+        pid,
+        exact,
+        first,
+        rule,
+        min(1.0, agreement),
+        sum(kls) / len(kls) if kls else 0.0,
+        bt,
+        nt,
+        first is not None and first == n,
+        *ids,
+    )
 
 
 def summarize(diffs: list[PromptDiff]) -> dict[str, float]:
     """Rates over prompts (0..1) and KL (nats): exact_match, vllm_rule_pass, agreement, mean_kl, max_kl."""
     n = max(1, len(diffs))
-    return {"prompts": len(diffs),
-            "exact_match": sum(d.exact for d in diffs) / n,
-            "vllm_rule_pass": sum(d.vllm_rule for d in diffs) / n,
-            "agreement": sum(d.agreement for d in diffs) / n,
-            "mean_kl": sum(d.kl for d in diffs) / n,
-            "max_kl": max((d.kl for d in diffs), default=0.0)}
+    return {
+        "prompts": len(diffs),
+        "exact_match": sum(d.exact for d in diffs) / n,
+        "vllm_rule_pass": sum(d.vllm_rule for d in diffs) / n,
+        "agreement": sum(d.agreement for d in diffs) / n,
+        "mean_kl": sum(d.kl for d in diffs) / n,
+        "max_kl": max((d.kl for d in diffs), default=0.0),
+    }
 
 
 @dataclass(frozen=True)
@@ -108,9 +120,12 @@ class Thresholds:
     def calibrated(self, floor: Mapping[str, float]) -> "Thresholds":
         """Limits relative to a measured noise floor: ``1 - factor*(1 - floor)`` for rates, ``factor*floor`` for KL."""
         f = self.noise_factor
-        return Thresholds(min(self.min_exact_match, 1 - f * (1 - floor["exact_match"])),
-                          min(self.min_vllm_rule_pass, 1 - f * (1 - floor["vllm_rule_pass"])),
-                          max(self.max_mean_kl, f * floor["mean_kl"]), f)
+        return Thresholds(
+            min(self.min_exact_match, 1 - f * (1 - floor["exact_match"])),
+            min(self.min_vllm_rule_pass, 1 - f * (1 - floor["vllm_rule_pass"])),
+            max(self.max_mean_kl, f * floor["mean_kl"]),
+            f,
+        )
 
     def judge(self, s: Mapping[str, float]) -> list[str]:
         """The reasons ``s`` fails; empty when it passes."""
@@ -143,14 +158,21 @@ def load_thresholds(path: str | Path, model: str | None) -> Thresholds:
     if not isinstance(doc, dict):
         raise ConfigError([Problem(str(path), 1, "expected a mapping with 'default' and 'models'")])
     merged: dict[str, Any] = {}
-    for section, body in (("default", doc.get("default") or {}),
-                          ("models", ((doc.get("models") or {}).get(model) if model else None) or {})):
+    for section, body in (
+        ("default", doc.get("default") or {}),
+        ("models", ((doc.get("models") or {}).get(model) if model else None) or {}),
+    ):
         if not isinstance(body, dict):
             raise ConfigError([Problem(str(path), lines.get(section, 0), f"'{section}' must be a mapping")])
         for k, v in body.items():
             if k not in _KEYS or isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ConfigError([Problem(str(path), lines.get(str(k), 0),
-                                           f"{k}: expected one of {sorted(_KEYS)} with a number >= 0")])
+                raise ConfigError(
+                    [
+                        Problem(
+                            str(path), lines.get(str(k), 0), f"{k}: expected one of {sorted(_KEYS)} with a number >= 0"
+                        )
+                    ]
+                )
             merged[k] = float(v)
     return Thresholds(**merged)
 

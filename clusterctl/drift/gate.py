@@ -17,20 +17,34 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.vllmclient import Endpoint
 
 
-def drift_gate(url: str, baseline: str = "previous", *, api_key: str | None = None,
-               thresholds: str | Path | None = None, use_calibration: bool = True, timeout: float = 60.0,
-               state_dir: Path | None = None) -> GateOutcome:
+def drift_gate(
+    url: str,
+    baseline: str = "previous",
+    *,
+    api_key: str | None = None,
+    thresholds: str | Path | None = None,
+    use_calibration: bool = True,
+    timeout: float = 60.0,
+    state_dir: Path | None = None,
+) -> GateOutcome:
     """Replay ``baseline``'s prompts against ``url`` and pass when the drift check passes; ``timeout`` (s)
     bounds each request; ``state_dir`` is where baselines live (default ``$XDG_STATE_HOME/clusterctl``)."""
     try:
         ep = Endpoint.parse(url).with_key(api_key)
-        v = verdict.check(ep, baseline, thresholds=thresholds, use_calibration=use_calibration,
-                          state_dir=state_dir, timeout=timeout)
+        v = verdict.check(
+            ep, baseline, thresholds=thresholds, use_calibration=use_calibration, state_dir=state_dir, timeout=timeout
+        )
     except ClusterctlError as e:
         return GateOutcome(False, f"drift gate could not run: {e}")
     s = v.summary
-    details = {"baseline": baseline, "url": ep.url, "summary": s, "reasons": v.reasons, "calibrated": v.calibrated,
-               "thresholds": vars(v.limits)}
+    details = {
+        "baseline": baseline,
+        "url": ep.url,
+        "summary": s,
+        "reasons": v.reasons,
+        "calibrated": v.calibrated,
+        "thresholds": vars(v.limits),
+    }
     text = f"exact match {s['exact_match']:.0%}, vLLM rule {s['vllm_rule_pass']:.0%}, mean KL {s['mean_kl']:.4f}"
     if v.passed:
         return GateOutcome(True, f"outputs match baseline {baseline!r}: {text}", details)

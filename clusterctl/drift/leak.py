@@ -19,8 +19,13 @@ from dataclasses import dataclass, field
 from clusterctl.drift.client import EndpointError, complete, served_models
 from clusterctl.vllmclient import Endpoint
 
-_FILLER = ("please summarise the following note", "write one sentence about", "list three facts about",
-           "translate to french", "what comes next after")
+_FILLER = (
+    "please summarise the following note",
+    "write one sentence about",
+    "list three facts about",
+    "translate to french",
+    "what comes next after",
+)
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,17 @@ def pick_model(ep: Endpoint, model: str | None, timeout: float = 10.0) -> str:
     raise EndpointError(f"{ep.url} serves {len(listed)} models ({', '.join(listed)}): give --model")
 
 
-def run(ep: Endpoint, *, sessions: int = 4, requests: int = 6, k: int = 5, max_tokens: int = 12,
-        seed: int | None = None, timeout: float = 60.0, model: str | None = None) -> LeakReport:
+def run(
+    ep: Endpoint,
+    *,
+    sessions: int = 4,
+    requests: int = 6,
+    k: int = 5,
+    max_tokens: int = 12,
+    seed: int | None = None,
+    timeout: float = 60.0,
+    model: str | None = None,
+) -> LeakReport:
     """``sessions`` concurrent sessions of ``requests`` each; returns every cross-session sighting.
     ``model``: the request's ``model`` (what a gateway routes by)."""
     rng = random.Random(seed)
@@ -76,8 +90,17 @@ def run(ep: Endpoint, *, sessions: int = 4, requests: int = 6, k: int = 5, max_t
         for n in range(requests):
             prompt = f"{canary} {canary} {srng.choice(_FILLER)} {canary} code {n}"
             try:
-                out = complete(ep, prompt, max_tokens=max_tokens, k=k, seed=0, user=user, timeout=timeout,
-                               token_ids=False, model=model)  # canaries are looked for in token text
+                out = complete(
+                    ep,
+                    prompt,
+                    max_tokens=max_tokens,
+                    k=k,
+                    seed=0,
+                    user=user,
+                    timeout=timeout,
+                    token_ids=False,
+                    model=model,
+                )  # canaries are looked for in token text
             except EndpointError as e:
                 with lock:
                     report.failed += 1
@@ -97,8 +120,9 @@ def run(ep: Endpoint, *, sessions: int = 4, requests: int = 6, k: int = 5, max_t
                 report.requests += 1
                 report.sightings.extend(found)
 
-    threads = [threading.Thread(target=session, args=(u, c, rng.randrange(1 << 30)), daemon=True)
-               for u, c in canaries.items()]
+    threads = [
+        threading.Thread(target=session, args=(u, c, rng.randrange(1 << 30)), daemon=True) for u, c in canaries.items()
+    ]
     for t in threads:
         t.start()
     for t in threads:

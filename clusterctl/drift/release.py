@@ -27,18 +27,30 @@ from clusterctl.deploy.rollout.gates import GateResult, GateTarget
 from clusterctl.drift.gate import drift_gate
 
 
-def release_gates(targets: Sequence[GateTarget], *, drift_baseline: str | None = "previous",
-                  bench_reference: Callable[[GateTarget], GateTarget | None] | None = None,
-                  drift_options: Mapping[str, Any] | None = None, bench_options: Mapping[str, Any] | None = None,
-                  on_result: Callable[[GateResult], None] | None = None) -> list[GateResult]:
+def release_gates(
+    targets: Sequence[GateTarget],
+    *,
+    drift_baseline: str | None = "previous",
+    bench_reference: Callable[[GateTarget], GateTarget | None] | None = None,
+    drift_options: Mapping[str, Any] | None = None,
+    bench_options: Mapping[str, Any] | None = None,
+    on_result: Callable[[GateResult], None] | None = None,
+) -> list[GateResult]:
     """One result per target and gate asked for (drift first, then bench; a target that fails drift is not
     benched).  ``drift_options`` / ``bench_options`` go to :func:`drift_gate` / :func:`bench_gate`
     (thresholds, timeout, concurrency, tolerance...)."""
     out: list[GateResult] = []
 
     def record(t: GateTarget, step: str, started: float, g: GateOutcome) -> bool:
-        r = GateResult(t.instance, t.host, g.ok, step, g.reason, time.monotonic() - started,
-                       inconclusive=not g.ok and g.inconclusive)
+        r = GateResult(
+            t.instance,
+            t.host,
+            g.ok,
+            step,
+            g.reason,
+            time.monotonic() - started,
+            inconclusive=not g.ok and g.inconclusive,
+        )
         out.append(r)
         if on_result is not None:
             on_result(r)
@@ -47,12 +59,19 @@ def release_gates(targets: Sequence[GateTarget], *, drift_baseline: str | None =
     for t in targets:
         if drift_baseline is not None:
             t0 = time.monotonic()
-            if not record(t, "drift", t0, drift_gate(t.url, drift_baseline, api_key=t.api_key,
-                                                     **dict(drift_options or {}))):
+            if not record(
+                t, "drift", t0, drift_gate(t.url, drift_baseline, api_key=t.api_key, **dict(drift_options or {}))
+            ):
                 continue
         ref = bench_reference(t) if bench_reference is not None else None
         if ref is not None:
             t0 = time.monotonic()
-            record(t, "bench", t0, bench_gate(t.url, ref.url, api_key=t.api_key, reference_api_key=ref.api_key,
-                                              **dict(bench_options or {})))
+            record(
+                t,
+                "bench",
+                t0,
+                bench_gate(
+                    t.url, ref.url, api_key=t.api_key, reference_api_key=ref.api_key, **dict(bench_options or {})
+                ),
+            )
     return out

@@ -25,16 +25,23 @@ from clusterctl.drift.store import Baseline
 from clusterctl.vllmclient import Endpoint, stream_completion, synthetic_prompt
 
 
-def outputs(ep: Endpoint, prompts: Sequence[Prompt], k: int, seed: int, parallel: int = 4,
-            timeout: float = 60.0, token_ids: bool = True, skipped: dict[str, str] | None = None
-            ) -> dict[str, Output]:
+def outputs(
+    ep: Endpoint,
+    prompts: Sequence[Prompt],
+    k: int,
+    seed: int,
+    parallel: int = 4,
+    timeout: float = 60.0,
+    token_ids: bool = True,
+    skipped: dict[str, str] | None = None,
+) -> dict[str, Output]:
     """Each prompt's greedy output, ``parallel`` at a time; ``timeout`` (s) bounds each request.
     With ``skipped`` (a dict to fill), a prompt the endpoint refuses as longer than its context
     (HTTP 400) is left out and the endpoint's reason recorded there; else that raises."""
+
     def one(p: Prompt) -> Output | str:
         try:
-            return complete(ep, p.prompt, max_tokens=p.max_tokens, k=k, seed=seed, timeout=timeout,
-                            token_ids=token_ids)
+            return complete(ep, p.prompt, max_tokens=p.max_tokens, k=k, seed=seed, timeout=timeout, token_ids=token_ids)
         except EndpointError as e:
             if skipped is None or not too_long(e):
                 raise
@@ -51,8 +58,16 @@ def outputs(ep: Endpoint, prompts: Sequence[Prompt], k: int, seed: int, parallel
     return out
 
 
-def record(ep: Endpoint, name: str, prompts: Sequence[Prompt], *, k: int = 8, seed: int = 0,
-           extra_env: dict[str, Any] | None = None, timeout: float = 60.0) -> Baseline:
+def record(
+    ep: Endpoint,
+    name: str,
+    prompts: Sequence[Prompt],
+    *,
+    k: int = 8,
+    seed: int = 0,
+    extra_env: dict[str, Any] | None = None,
+    timeout: float = 60.0,
+) -> Baseline:
     """A baseline of ``prompts`` from ``ep``; ``extra_env`` (quantization, GPU, TP...) is kept as metadata.
 
     Prompts the endpoint cannot fit in its context (``max_model_len`` from ``/v1/models``) are
@@ -62,10 +77,11 @@ def record(ep: Endpoint, name: str, prompts: Sequence[Prompt], *, k: int = 8, se
     skipped: dict[str, str] = {}
     outs = outputs(ep, prompts, k, seed, timeout=timeout, skipped=skipped)
     if prompts and not outs:
-        raise EndpointError(f"{ep.url}: no prompt fits the endpoint's context (max_model_len "
-                            f"{env.get('max_model_len')}): {next(iter(skipped.values()), '')}")
-    return Baseline(name, env, k, seed, {p.id: p.prompt for p in prompts if p.id in outs}, outs,
-                    skipped=skipped)
+        raise EndpointError(
+            f"{ep.url}: no prompt fits the endpoint's context (max_model_len "
+            f"{env.get('max_model_len')}): {next(iter(skipped.values()), '')}"
+        )
+    return Baseline(name, env, k, seed, {p.id: p.prompt for p in prompts if p.id in outs}, outs, skipped=skipped)
 
 
 def check(ep: Endpoint, base: Baseline, timeout: float = 60.0) -> list[compare.PromptDiff]:
@@ -77,9 +93,12 @@ def check(ep: Endpoint, base: Baseline, timeout: float = 60.0) -> list[compare.P
     try:
         return [compare.diff(p.id, base.outputs[p.id], now[p.id]) for p in prompts]
     except ValueError as e:
-        raise EndpointError(f"{ep.url}: cannot compare with baseline {base.name!r} ({e}); the baseline has "
-                            "token ids and the server did not return them (return_tokens_as_token_ids)"
-                            if by_id else f"{ep.url}: cannot compare with baseline {base.name!r} ({e})") from None
+        raise EndpointError(
+            f"{ep.url}: cannot compare with baseline {base.name!r} ({e}); the baseline has "
+            "token ids and the server did not return them (return_tokens_as_token_ids)"
+            if by_id
+            else f"{ep.url}: cannot compare with baseline {base.name!r} ({e})"
+        ) from None
 
 
 class Background:
@@ -94,8 +113,16 @@ class Background:
     def _loop(self, salt: int) -> None:
         rng = random.Random(salt)
         while not self._stop.is_set():
-            stream_completion(self.ep, {"prompt": synthetic_prompt(rng.randint(8, 64), rng), "max_tokens": 16,
-                                        "temperature": 0, "ignore_eos": True}, timeout=self.timeout)
+            stream_completion(
+                self.ep,
+                {
+                    "prompt": synthetic_prompt(rng.randint(8, 64), rng),
+                    "max_tokens": 16,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+                timeout=self.timeout,
+            )
             self.sent += 1
 
     def __enter__(self) -> "Background":
@@ -111,9 +138,17 @@ class Background:
             t.join(self.timeout + 5)
 
 
-def calibrate(ep: Endpoint, prompts: Sequence[Prompt], *, runs: int = 3, k: int = 8, seed: int = 0,
-              background: int = 4, progress: Callable[[int, dict[str, float]], None] | None = None,
-              timeout: float = 60.0) -> dict[str, Any]:
+def calibrate(
+    ep: Endpoint,
+    prompts: Sequence[Prompt],
+    *,
+    runs: int = 3,
+    k: int = 8,
+    seed: int = 0,
+    background: int = 4,
+    progress: Callable[[int, dict[str, float]], None] | None = None,
+    timeout: float = 60.0,
+) -> dict[str, Any]:
     """The noise floor: a reference pass alone, then ``runs`` passes under ``background`` streams of other
     traffic, each compared with the reference.  Returns the worst of each metric and every run's summary;
     ``timeout`` (s) bounds each request."""
@@ -126,9 +161,16 @@ def calibrate(ep: Endpoint, prompts: Sequence[Prompt], *, runs: int = 3, k: int 
             summaries.append(s)
             if progress:
                 progress(i, s)
-    floor = {"exact_match": min(s["exact_match"] for s in summaries),
-             "vllm_rule_pass": min(s["vllm_rule_pass"] for s in summaries),
-             "agreement": min(s["agreement"] for s in summaries),
-             "mean_kl": max(s["mean_kl"] for s in summaries)}
-    return {"env": environment(ep, min(timeout, 10.0)), "runs": summaries, "floor": floor, "background_streams": background,
-            "prompts": len(prompts)}
+    floor = {
+        "exact_match": min(s["exact_match"] for s in summaries),
+        "vllm_rule_pass": min(s["vllm_rule_pass"] for s in summaries),
+        "agreement": min(s["agreement"] for s in summaries),
+        "mean_kl": max(s["mean_kl"] for s in summaries),
+    }
+    return {
+        "env": environment(ep, min(timeout, 10.0)),
+        "runs": summaries,
+        "floor": floor,
+        "background_streams": background,
+        "prompts": len(prompts),
+    }

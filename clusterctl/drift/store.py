@@ -46,9 +46,15 @@ class Baseline:
     skipped: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "created": self.created, "env": self.env, "k": self.k, "seed": self.seed,
-                "items": [{"id": i, "prompt": self.prompts[i], **self.outputs[i].to_json()} for i in self.outputs],
-                "skipped": self.skipped}
+        return {
+            "name": self.name,
+            "created": self.created,
+            "env": self.env,
+            "k": self.k,
+            "seed": self.seed,
+            "items": [{"id": i, "prompt": self.prompts[i], **self.outputs[i].to_json()} for i in self.outputs],
+            "skipped": self.skipped,
+        }
 
 
 def _skipped(v: Any) -> dict[str, str]:
@@ -68,19 +74,28 @@ def load(name: str, state_dir: Path | None = None) -> Baseline:
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
         items = d["items"]
-        if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("prompt"), str)
-                                                  for i in items):
+        if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("prompt"), str) for i in items
+        ):
             raise ValueError("'items' is not a list of objects with a string 'prompt'")
         env = d.get("env", {})
         if not isinstance(env, dict):
             raise ValueError("'env' is not an object")
-        return Baseline(str(d["name"]), env, int(d["k"]), int(d["seed"]),
-                        {str(i["id"]): i["prompt"] for i in items},
-                        {str(i["id"]): Output.from_json(i) for i in items}, float(d.get("created", 0)),
-                        _skipped(d.get("skipped")))
+        return Baseline(
+            str(d["name"]),
+            env,
+            int(d["k"]),
+            int(d["seed"]),
+            {str(i["id"]): i["prompt"] for i in items},
+            {str(i["id"]): Output.from_json(i) for i in items},
+            float(d.get("created", 0)),
+            _skipped(d.get("skipped")),
+        )
     except FileNotFoundError:
-        raise ClusterctlError(f"no baseline {name!r} (looked for {path}); record one with "
-                              f"'clusterctl drift baseline URL --name {name} --prompts FILE'") from None
+        raise ClusterctlError(
+            f"no baseline {name!r} (looked for {path}); record one with "
+            f"'clusterctl drift baseline URL --name {name} --prompts FILE'"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise ClusterctlError(f"{path}: not a readable baseline ({type(e).__name__}: {e})") from None
 

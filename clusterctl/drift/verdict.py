@@ -31,8 +31,15 @@ class Verdict:
         return not self.reasons
 
 
-def check(ep: Endpoint, baseline: str, *, thresholds: str | Path | None = None, use_calibration: bool = True,
-          state_dir: Path | None = None, timeout: float = 60.0) -> Verdict:
+def check(
+    ep: Endpoint,
+    baseline: str,
+    *,
+    thresholds: str | Path | None = None,
+    use_calibration: bool = True,
+    state_dir: Path | None = None,
+    timeout: float = 60.0,
+) -> Verdict:
     """Replay ``baseline``'s prompts against ``ep`` and judge them against the limits of the baseline's model
     (``thresholds`` file, default ``checks/drift.yaml``), widened to its calibrated noise floor if any;
     ``timeout`` (s) bounds each request."""

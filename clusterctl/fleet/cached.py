@@ -107,9 +107,15 @@ def stdin_command(args: Sequence[str] = (), *, python: str = "python3") -> str:
     return " ".join(shlex.quote(a) for a in [python, "-I", "-B", "-", *args])
 
 
-def run_cached(fleet: Any, program: bytes, args: Sequence[str] | Mapping[str, Sequence[str]] = (), *,
-               cache: bool | None = None, on_result: Callable[[Any], None] | None = None,
-               **run_kwargs: Any) -> Any:
+def run_cached(
+    fleet: Any,
+    program: bytes,
+    args: Sequence[str] | Mapping[str, Sequence[str]] = (),
+    *,
+    cache: bool | None = None,
+    on_result: Callable[[Any], None] | None = None,
+    **run_kwargs: Any,
+) -> Any:
     """Run ``program`` with ``args`` (one list for all hosts or one per host name)
     on every host of ``fleet``, as ``python3 -I -B - ARGS`` would with the program
     on stdin, but shipping it only to hosts that have no verified copy.
@@ -145,8 +151,9 @@ def run_cached(fleet: Any, program: bytes, args: Sequence[str] | Mapping[str, Se
     fleet.run({n: loader_command(d, "run", argv(n)) for n in wanted}, on_result=each, **run_kwargs)
     missing = [n for n in wanted if n in first and first[n].rc == RC_NOT_CACHED]
     if missing:
-        second = fleet.run({n: loader_command(d, "store", argv(n)) for n in missing}, stdin=program,
-                           on_result=on_result, **run_kwargs)
+        second = fleet.run(
+            {n: loader_command(d, "store", argv(n)) for n in missing}, stdin=program, on_result=on_result, **run_kwargs
+        )
         for row in second:
             first[row.host] = row
     rows = [first[n] for n in wanted if n in first]

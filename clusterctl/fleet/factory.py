@@ -27,10 +27,18 @@ BECOME_PASSWORD_ENV = "CLUSTERCTL_BECOME_PASSWORD"
 FleetFactory = Callable[[Iterable[Host]], Fleet]
 
 
-def make_fleet(hosts: Iterable[Host], cfg: UserConfig, *, fanout: int | None = None,
-               connect_timeout: float | None = None, command_timeout: float | None = None,
-               deadline: float | None = None, become_password: str | None = None,
-               host_key_policy: str | None = None, transport: Transport | None = None) -> Fleet:
+def make_fleet(
+    hosts: Iterable[Host],
+    cfg: UserConfig,
+    *,
+    fanout: int | None = None,
+    connect_timeout: float | None = None,
+    command_timeout: float | None = None,
+    deadline: float | None = None,
+    become_password: str | None = None,
+    host_key_policy: str | None = None,
+    transport: Transport | None = None,
+) -> Fleet:
     """A fleet over ``hosts``; ``None`` options fall back to ``cfg`` (``fanout``, ``connect_timeout``,
     ``command_timeout``); ``transport`` defaults to paramiko with ``host_key_policy``."""
     hs = list(hosts)
@@ -41,17 +49,37 @@ def make_fleet(hosts: Iterable[Host], cfg: UserConfig, *, fanout: int | None = N
         from clusterctl.fleet.ssh import ParamikoTransport
 
         transport = ParamikoTransport(host_key_policy=host_key_policy)
-    return Fleet(hs, fanout=fanout or cfg.fanout, connect_timeout=connect_timeout or cfg.connect_timeout,
-                 command_timeout=cfg.command_timeout if command_timeout is None else command_timeout,
-                 deadline=deadline, become_password=become_password, transport=transport)
+    return Fleet(
+        hs,
+        fanout=fanout or cfg.fanout,
+        connect_timeout=connect_timeout or cfg.connect_timeout,
+        command_timeout=cfg.command_timeout if command_timeout is None else command_timeout,
+        deadline=deadline,
+        become_password=become_password,
+        transport=transport,
+    )
 
 
-def fleet_factory(cfg: UserConfig, *, fanout: int | None = None, connect_timeout: float | None = None,
-                  command_timeout: float | None = None, become_password: str | None = None,
-                  host_key_policy: str | None = None) -> FleetFactory:
+def fleet_factory(
+    cfg: UserConfig,
+    *,
+    fanout: int | None = None,
+    connect_timeout: float | None = None,
+    command_timeout: float | None = None,
+    become_password: str | None = None,
+    host_key_policy: str | None = None,
+) -> FleetFactory:
     """:func:`make_fleet` with these options fixed, for code that builds fleets over host subsets."""
+
     def make(hosts: Iterable[Host]) -> Fleet:
-        return make_fleet(hosts, cfg, fanout=fanout, connect_timeout=connect_timeout,
-                          command_timeout=command_timeout, become_password=become_password,
-                          host_key_policy=host_key_policy)
+        return make_fleet(
+            hosts,
+            cfg,
+            fanout=fanout,
+            connect_timeout=connect_timeout,
+            command_timeout=command_timeout,
+            become_password=become_password,
+            host_key_policy=host_key_policy,
+        )
+
     return make

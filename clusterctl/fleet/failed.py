@@ -19,13 +19,18 @@ from clusterctl.files import write_atomic
 FILENAME = "last-failed.json"
 
 
-def save_failed(state_dir: Path, hosts: Iterable[str], *, inventory: str | None = None,
-                command: str | None = None) -> Path:
+def save_failed(
+    state_dir: Path, hosts: Iterable[str], *, inventory: str | None = None, command: str | None = None
+) -> Path:
     """Replace the stored failed hosts with ``hosts`` (an empty list clears it)."""
     state_dir = Path(state_dir)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    data = {"time": time.time(), "inventory": os.path.abspath(inventory) if inventory else None,
-            "command": command, "hosts": list(hosts)}
+    data = {
+        "time": time.time(),
+        "inventory": os.path.abspath(inventory) if inventory else None,
+        "command": command,
+        "hosts": list(hosts),
+    }
     path = state_dir / FILENAME
     write_atomic(path, json.dumps(data, indent=1) + "\n", mode=0o600)
     return path

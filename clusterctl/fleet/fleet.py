@@ -84,9 +84,17 @@ class Fleet:
     :class:`~clusterctl.fleet.ssh.ParamikoTransport`.
     """
 
-    def __init__(self, hosts: Sequence[Host], *, fanout: int = 64, connect_timeout: float = 10,
-                 command_timeout: float = 60, deadline: float | None = None,
-                 become_password: str | None = None, transport: Transport | None = None):
+    def __init__(
+        self,
+        hosts: Sequence[Host],
+        *,
+        fanout: int = 64,
+        connect_timeout: float = 10,
+        command_timeout: float = 60,
+        deadline: float | None = None,
+        become_password: str | None = None,
+        transport: Transport | None = None,
+    ):
         if fanout < 1:
             raise FleetError(f"fanout must be at least 1 (got {fanout})")
         names = [h.name for h in hosts]
@@ -102,6 +110,7 @@ class Fleet:
         self._become_password = become_password
         if transport is None:
             from clusterctl.fleet.ssh import ParamikoTransport
+
             transport = ParamikoTransport()
         self.transport = transport
         self._conns: "OrderedDict[str, Connection]" = OrderedDict()
@@ -203,11 +212,19 @@ class Fleet:
 
     # -- running -----------------------------------------------------------
 
-    def run(self, command: str | Mapping[str, str], *, stdin: bytes | None = None,
-            sudo: bool = False, timeout: float | None = None, on_result: OnResult | None = None,
-            require_python: bool = False, deadline: float | None = None,
-            on_stderr: Callable[[str, bytes], None] | None = None,
-            on_stdout: Callable[[str, bytes], None] | None = None) -> RunResults:
+    def run(
+        self,
+        command: str | Mapping[str, str],
+        *,
+        stdin: bytes | None = None,
+        sudo: bool = False,
+        timeout: float | None = None,
+        on_result: OnResult | None = None,
+        require_python: bool = False,
+        deadline: float | None = None,
+        on_stderr: Callable[[str, bytes], None] | None = None,
+        on_stdout: Callable[[str, bytes], None] | None = None,
+    ) -> RunResults:
         """Run ``command`` on every host (or ``command[host]`` per host).
 
         ``stdin`` is written to each command's standard input.  ``sudo``:
@@ -250,8 +267,9 @@ class Fleet:
         try:
             for h in warm + cold:
                 cmd = command[h.name] if isinstance(command, Mapping) else command
-                fut = self._executor.submit(self._one, h, cmd, stdin, sudo, cmd_timeout, end,
-                                            require_python, state, on_stderr, on_stdout)
+                fut = self._executor.submit(
+                    self._one, h, cmd, stdin, sudo, cmd_timeout, end, require_python, state, on_stderr, on_stdout
+                )
                 futures[fut] = h.name
             pending = set(futures)
             while pending:
@@ -277,17 +295,30 @@ class Fleet:
         ordered = [results[h.name] for h in targets]
         return RunResults(ordered, duration_s=time.monotonic() - t0)
 
-    def _expire(self, state: _RunState, pending: set[cf.Future[HostResult]],
-                futures: Mapping[cf.Future[HostResult], str], results: dict[str, HostResult],
-                limit: float, on_result: OnResult | None) -> None:
+    def _expire(
+        self,
+        state: _RunState,
+        pending: set[cf.Future[HostResult]],
+        futures: Mapping[cf.Future[HostResult], str],
+        results: dict[str, HostResult],
+        limit: float,
+        on_result: OnResult | None,
+    ) -> None:
         state.cancelled.set()
         now = time.time()
         for fut in pending:
             name = futures[fut]
             never_started = fut.cancel()
-            r = HostResult(name, HostStatus.TIMEOUT, started=now, error=(
-                f"run deadline of {limit:g}s reached before this host started" if never_started
-                else f"run deadline of {limit:g}s reached"))
+            r = HostResult(
+                name,
+                HostStatus.TIMEOUT,
+                started=now,
+                error=(
+                    f"run deadline of {limit:g}s reached before this host started"
+                    if never_started
+                    else f"run deadline of {limit:g}s reached"
+                ),
+            )
             results[name] = r
             if not never_started:
                 with state.lock:
@@ -298,14 +329,24 @@ class Fleet:
             if on_result:
                 on_result(r)
 
-    def _one(self, host: Host, command: str, stdin: bytes | None, sudo: bool, timeout: float,
-             end: float | None, require_python: bool, state: _RunState,
-             on_stderr: Callable[[str, bytes], None] | None = None,
-             on_stdout: Callable[[str, bytes], None] | None = None) -> HostResult:
+    def _one(
+        self,
+        host: Host,
+        command: str,
+        stdin: bytes | None,
+        sudo: bool,
+        timeout: float,
+        end: float | None,
+        require_python: bool,
+        state: _RunState,
+        on_stderr: Callable[[str, bytes], None] | None = None,
+        on_stdout: Callable[[str, bytes], None] | None = None,
+    ) -> HostResult:
         started, t0 = time.time(), time.monotonic()
         if state.cancelled.is_set() or (end is not None and t0 >= end):
-            return HostResult(host.name, HostStatus.TIMEOUT, started=started,
-                              error="run deadline reached before this host started")
+            return HostResult(
+                host.name, HostStatus.TIMEOUT, started=started, error="run deadline reached before this host started"
+            )
         password = self._become_password
         try:
             conn, _ = self._acquire(host, state)
@@ -313,22 +354,31 @@ class Fleet:
                 state.active[host.name] = conn
             remote, data = self._prepare(host, command, stdin, sudo, require_python)
             budget = timeout if end is None else min(timeout, max(end - time.monotonic(), 0.001))
-            er = conn.exec(remote, stdin=data, timeout=budget,
-                           on_stderr=functools.partial(on_stderr, host.name) if on_stderr else None,
-                           on_stdout=functools.partial(on_stdout, host.name) if on_stdout else None)
+            er = conn.exec(
+                remote,
+                stdin=data,
+                timeout=budget,
+                on_stderr=functools.partial(on_stderr, host.name) if on_stderr else None,
+                on_stdout=functools.partial(on_stdout, host.name) if on_stdout else None,
+            )
         except HostFailure as f:
             if f.status in (HostStatus.TIMEOUT, HostStatus.ERROR):
                 self._drop(host.name)  # a timed-out or broken connection is not reused
             message = f.message
             if end is not None and f.status is HostStatus.TIMEOUT and time.monotonic() >= end - 0.01:
                 message = f"run deadline reached ({message})"
-            return HostResult(host.name, f.status, started=started,
-                              duration_s=time.monotonic() - t0, error=_redact(message, password))
+            return HostResult(
+                host.name, f.status, started=started, duration_s=time.monotonic() - t0, error=_redact(message, password)
+            )
         except Exception as e:  # a bug or an unexpected library error: still one row
             self._drop(host.name)
-            return HostResult(host.name, HostStatus.ERROR, started=started,
-                              duration_s=time.monotonic() - t0,
-                              error=_redact(f"{type(e).__name__}: {e}", password))
+            return HostResult(
+                host.name,
+                HostStatus.ERROR,
+                started=started,
+                duration_s=time.monotonic() - t0,
+                error=_redact(f"{type(e).__name__}: {e}", password),
+            )
         finally:
             with state.lock:
                 state.active.pop(host.name, None)
@@ -338,14 +388,24 @@ class Fleet:
         err = _redact(er.stderr.decode("utf-8", "replace"), password)
         status = HostStatus.OK if er.rc == 0 else HostStatus.FAILED
         error = None
-        if er.rc == 127 and (shell.NO_PYTHON_MARKER in err or (
-                require_python and "python3" in err and "not found" in err)):
+        if er.rc == 127 and (
+            shell.NO_PYTHON_MARKER in err or (require_python and "python3" in err and "not found" in err)
+        ):
             status, error = HostStatus.NO_PYTHON, "python3 is not installed (or not on PATH)"
-        return HostResult(host.name, status, rc=er.rc, stdout=out, stderr=err, started=started,
-                          duration_s=time.monotonic() - t0, error=error)
+        return HostResult(
+            host.name,
+            status,
+            rc=er.rc,
+            stdout=out,
+            stderr=err,
+            started=started,
+            duration_s=time.monotonic() - t0,
+            error=error,
+        )
 
-    def _prepare(self, host: Host, command: str, stdin: bytes | None, sudo: bool,
-                 require_python: bool) -> tuple[str, bytes | None]:
+    def _prepare(
+        self, host: Host, command: str, stdin: bytes | None, sudo: bool, require_python: bool
+    ) -> tuple[str, bytes | None]:
         if require_python:
             command = shell.require_python3(command)
         if sudo and (host.ssh.user or "root") != "root":
@@ -355,11 +415,24 @@ class Fleet:
             return shell.sudo(command, with_password=False), stdin
         return command, stdin
 
-    def run_python(self, script: bytes, args: Sequence[str] = (), *, sudo: bool = False,
-                   timeout: float | None = None, on_result: OnResult | None = None) -> RunResults:
+    def run_python(
+        self,
+        script: bytes,
+        args: Sequence[str] = (),
+        *,
+        sudo: bool = False,
+        timeout: float | None = None,
+        on_result: OnResult | None = None,
+    ) -> RunResults:
         """Pipe ``script`` to ``python3 -`` with quoted ``args``; no python3 -> ``no_python``."""
-        return self.run(shell.python_script(args), stdin=script, sudo=sudo, timeout=timeout,
-                        on_result=on_result, require_python=True)
+        return self.run(
+            shell.python_script(args),
+            stdin=script,
+            sudo=sudo,
+            timeout=timeout,
+            on_result=on_result,
+            require_python=True,
+        )
 
 
 def _redact(text: str, secret: str | None) -> str:

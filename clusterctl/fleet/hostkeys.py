@@ -187,7 +187,8 @@ class KnownHosts:
         if self.policy == "strict":
             raise UnknownHostKey(
                 f"host key for {name} is not in {self.path} (strict host key checking); "
-                f"{keytype} {fingerprint(key_b64)}")
+                f"{keytype} {fingerprint(key_b64)}"
+            )
         return self._record(name, keytype, key_b64)
 
     def _verdict(self, name: str, matches: list[Entry], keytype: str, key_b64: str) -> str:
@@ -204,7 +205,8 @@ class KnownHosts:
                 f"but {self.path}:{e.line} records {e.keytype} {fingerprint(e.key_b64)}. "
                 f"This can mean someone is intercepting the connection. If the host was "
                 f"reinstalled, remove line {e.line} of {self.path} "
-                f"(ssh-keygen -f {self.path} -R '{name}') and retry.")
+                f"(ssh-keygen -f {self.path} -R '{name}') and retry."
+            )
         return "unknown"
 
     def _record(self, name: str, keytype: str, key_b64: str) -> str:
@@ -220,7 +222,8 @@ class KnownHosts:
                     if stamp != self._stamp:  # another process wrote meanwhile
                         self._entries = parse(text)
                     verdict = self._verdict(
-                        name, [e for e in self._entries if _entry_matches(e, name)], keytype, key_b64)
+                        name, [e for e in self._entries if _entry_matches(e, name)], keytype, key_b64
+                    )
                     if verdict == "unknown":
                         if text and not text.endswith("\n"):
                             f.write("\n")

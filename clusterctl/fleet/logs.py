@@ -38,8 +38,10 @@ FOREVER_S = 10 * 365 * 86400.0
 HEARTBEAT_S = 1.0
 #: What a host prints when its journal holds no kernel message (see :func:`command`).
 NO_KERNEL_MARK = "#clusterctl: no kernel messages in this journal"
-NO_KERNEL_NOTE = ("its journal has no kernel messages (journald not reading /dev/kmsg, or a container): "
-                  "the kernel log may be only in /var/log/kern.log")
+NO_KERNEL_NOTE = (
+    "its journal has no kernel messages (journald not reading /dev/kmsg, or a container): "
+    "the kernel log may be only in /var/log/kern.log"
+)
 
 _SINCE_RE = re.compile(r"^(\d+)\s*(s|sec|m|min|h|d)$")
 _SINCE_ABS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2})?)?$")
@@ -66,8 +68,13 @@ class LogLine:
     text: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"time": self.time, "host": self.host, "source": self.source, "priority": self.priority,
-                "message": self.text}
+        return {
+            "time": self.time,
+            "host": self.host,
+            "source": self.source,
+            "priority": self.priority,
+            "message": self.text,
+        }
 
 
 def parse_since(text: str) -> str:
@@ -79,8 +86,15 @@ def parse_since(text: str) -> str:
         return f"-{int(m.group(1)) * _UNIT_S[m.group(2)]}s"
     if _SINCE_ABS_RE.match(t):
         return t.replace("T", " ")
-    raise ConfigError([Problem("--since", 0, f"{text!r}: use a duration ago (90s, 10m, 2h, 1d) or a date "
-                               "(2026-12-01 or '2026-12-01 14:30')")])
+    raise ConfigError(
+        [
+            Problem(
+                "--since",
+                0,
+                f"{text!r}: use a duration ago (90s, 10m, 2h, 1d) or a date (2026-12-01 or '2026-12-01 14:30')",
+            )
+        ]
+    )
 
 
 def compile_grep(pattern: str | None) -> re.Pattern[str] | None:
@@ -93,8 +107,9 @@ def compile_grep(pattern: str | None) -> re.Pattern[str] | None:
         raise ConfigError([Problem("--grep", 0, f"{pattern!r} is not a regular expression: {e}")]) from None
 
 
-def command(query: HostQuery, *, lines: int | None, since: str | None, follow: bool,
-            duration: float | None = None) -> str:
+def command(
+    query: HostQuery, *, lines: int | None, since: str | None, follow: bool, duration: float | None = None
+) -> str:
     """The shell command run on a host for ``query`` (every value quoted)."""
     argv: list[object] = ["journalctl", "--no-pager", "-q", "-o", "json", "--output-fields=" + ",".join(FIELDS)]
     if lines is not None:
@@ -116,12 +131,16 @@ def command(query: HostQuery, *, lines: int | None, since: str | None, follow: b
             cmd = f"timeout {max(duration, 0.1):g} {cmd}"
         # journalctl -f notices a closed SSH channel only when it next writes, maybe never on a quiet
         # unit: a heartbeat on stderr finds the closed channel (EPIPE) within HEARTBEAT_S and stops it.
-        cmd = (f"{cmd} & j=$!; trap '' PIPE; trap 'kill $j 2>/dev/null' HUP INT TERM; "
-               f"while kill -0 $j 2>/dev/null; do sleep {HEARTBEAT_S:g}; printf . >&2 || kill $j 2>/dev/null; done; "
-               "wait $j")
+        cmd = (
+            f"{cmd} & j=$!; trap '' PIPE; trap 'kill $j 2>/dev/null' HUP INT TERM; "
+            f"while kill -0 $j 2>/dev/null; do sleep {HEARTBEAT_S:g}; printf . >&2 || kill $j 2>/dev/null; done; "
+            "wait $j"
+        )
     if query.kernel:  # say so when the journal has no kernel messages at all (rsyslog-only, containers)
-        cmd = (f"[ -n \"$(journalctl -q -n 1 -o cat _TRANSPORT=kernel 2>/dev/null)\" ] || "
-               f"echo {shell.quote(NO_KERNEL_MARK)}; {cmd}")
+        cmd = (
+            f"[ -n \"$(journalctl -q -n 1 -o cat _TRANSPORT=kernel 2>/dev/null)\" ] || "
+            f"echo {shell.quote(NO_KERNEL_MARK)}; {cmd}"
+        )
     return cmd
 
 
@@ -155,10 +174,17 @@ def merge(per_host: Iterable[list[LogLine]]) -> list[LogLine]:
     return list(heapq.merge(*per_host, key=_key))
 
 
-def read(fleet: Any, queries: Mapping[str, HostQuery], *, lines: int | None, since: str | None,
-         grep: re.Pattern[str] | None = None, timeout: float | None = None,
-         on_result: Callable[[HostResult], None] | None = None,
-         on_notice: Callable[[str, str], None] | None = None) -> tuple[list[LogLine], RunResults]:
+def read(
+    fleet: Any,
+    queries: Mapping[str, HostQuery],
+    *,
+    lines: int | None,
+    since: str | None,
+    grep: re.Pattern[str] | None = None,
+    timeout: float | None = None,
+    on_result: Callable[[HostResult], None] | None = None,
+    on_notice: Callable[[str, str], None] | None = None,
+) -> tuple[list[LogLine], RunResults]:
     """The journals of ``queries`` (host -> what) on ``fleet``, merged by time, filtered by
     ``grep`` (then the last ``lines`` of the merged lines when ``grep`` is given), and the
     per-host results (a host that failed has its row, and no lines)."""
@@ -196,7 +222,7 @@ class _Splitter:
             i = self.buf.find(b"\n")
             if i < 0:
                 break
-            line, self.buf = self.buf[:i], self.buf[i + 1:]
+            line, self.buf = self.buf[:i], self.buf[i + 1 :]
             if not self.skipping:
                 out.append(line[:MAX_LINE].decode("utf-8", "replace"))
             self.skipping = False
@@ -207,11 +233,19 @@ class _Splitter:
         return out
 
 
-def follow(fleet: Any, queries: Mapping[str, HostQuery], on_line: Callable[[LogLine], None], *,
-           lines: int | None = 10, since: str | None = None, grep: re.Pattern[str] | None = None,
-           duration: float | None = None, connect_slack: float = 30.0,
-           on_result: Callable[[HostResult], None] | None = None,
-           on_notice: Callable[[str, str], None] | None = None) -> RunResults:
+def follow(
+    fleet: Any,
+    queries: Mapping[str, HostQuery],
+    on_line: Callable[[LogLine], None],
+    *,
+    lines: int | None = 10,
+    since: str | None = None,
+    grep: re.Pattern[str] | None = None,
+    duration: float | None = None,
+    connect_slack: float = 30.0,
+    on_result: Callable[[HostResult], None] | None = None,
+    on_notice: Callable[[str, str], None] | None = None,
+) -> RunResults:
     """Stream the journals of ``queries``: ``on_line`` is called (one call at a time, from
     the fleet's threads) with each line as its host sends it.  Returns when every host's
     command ended: after ``duration`` s (then rc 124 on the node is the normal end) or

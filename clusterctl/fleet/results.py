@@ -54,8 +54,7 @@ STATUS_RC: dict[HostStatus, int] = {
 }
 
 #: Statuses meaning "we never got to run the command on that host".
-CONNECT_FAILURES = frozenset({HostStatus.UNREACHABLE, HostStatus.AUTH_FAILED,
-                              HostStatus.HOSTKEY_MISMATCH})
+CONNECT_FAILURES = frozenset({HostStatus.UNREACHABLE, HostStatus.AUTH_FAILED, HostStatus.HOSTKEY_MISMATCH})
 
 
 @dataclass
@@ -113,9 +112,16 @@ class Group:
         return fold(self.hosts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": self.nodeset, "count": len(self.hosts), "status": self.status.value,
-                "rc": self.rc, "stdout": self.stdout, "stderr": self.stderr,
-                "error": self.error, "hosts": list(self.hosts)}
+        return {
+            "nodes": self.nodeset,
+            "count": len(self.hosts),
+            "status": self.status.value,
+            "rc": self.rc,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "error": self.error,
+            "hosts": list(self.hosts),
+        }
 
 
 class RunResults:
@@ -178,11 +184,13 @@ class RunResults:
         return all(r.ok for r in self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"duration_s": round(self.duration_s, 3),
-                "counts": {s.value: len(h) for s, h in self.by_status().items()},
-                "worst_rc": self.worst_rc(),
-                "groups": [g.to_dict() for g in self.gather()],
-                "hosts": [r.to_dict() for r in self]}
+        return {
+            "duration_s": round(self.duration_s, 3),
+            "counts": {s.value: len(h) for s, h in self.by_status().items()},
+            "worst_rc": self.worst_rc(),
+            "groups": [g.to_dict() for g in self.gather()],
+            "hosts": [r.to_dict() for r in self],
+        }
 
 
 _TRAILING_NUM = re.compile(r"^(.*?)(\d+)$")

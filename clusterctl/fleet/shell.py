@@ -32,8 +32,7 @@ def with_env(command: str, env: Mapping[str, str]) -> str:
     if not env:
         return command
     for name in env:
-        if not name or not (name[0].isalpha() or name[0] == "_") or not all(
-                c.isalnum() or c == "_" for c in name):
+        if not name or not (name[0].isalpha() or name[0] == "_") or not all(c.isalnum() or c == "_" for c in name):
             raise ValueError(f"not a valid environment variable name: {name!r}")
     return "env " + " ".join(quote(f"{k}={v}") for k, v in env.items()) + " " + command
 
@@ -45,8 +44,7 @@ def sh_c(command: str) -> str:
 
 def require_python3(command: str) -> str:
     """Run ``command`` only when ``python3`` is on PATH; else exit 127 with the marker."""
-    return ("command -v python3 >/dev/null 2>&1 || { echo " + quote(NO_PYTHON_MARKER)
-            + " >&2; exit 127; }; " + command)
+    return "command -v python3 >/dev/null 2>&1 || { echo " + quote(NO_PYTHON_MARKER) + " >&2; exit 127; }; " + command
 
 
 def python_script(args: Iterable[object] = ()) -> str:

@@ -74,8 +74,15 @@ class ParamikoConnection:
     def alive(self) -> bool:
         return not self._closed and self._t.is_active()
 
-    def exec(self, command: str, *, stdin: bytes | None, timeout: float,
-             on_stderr: StderrSink | None = None, on_stdout: StdoutSink | None = None) -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        *,
+        stdin: bytes | None,
+        timeout: float,
+        on_stderr: StderrSink | None = None,
+        on_stdout: StdoutSink | None = None,
+    ) -> ExecResult:
         end = time.monotonic() + timeout
         try:
             chan = self._t.open_session(timeout=max(timeout, 0.001))
@@ -88,9 +95,16 @@ class ParamikoConnection:
         finally:
             chan.close()
 
-    def _run(self, chan: paramiko.Channel, command: str, stdin: bytes | None,
-             end: float, timeout: float, on_stderr: StderrSink | None = None,
-             on_stdout: StdoutSink | None = None) -> ExecResult:
+    def _run(
+        self,
+        chan: paramiko.Channel,
+        command: str,
+        stdin: bytes | None,
+        end: float,
+        timeout: float,
+        on_stderr: StderrSink | None = None,
+        on_stdout: StdoutSink | None = None,
+    ) -> ExecResult:
         out: list[bytes] = []
         err: list[bytes] = []
 
@@ -151,8 +165,7 @@ class ParamikoConnection:
         if not chan.status_event.is_set():
             if send_error:
                 why = send_error[0]
-                raise HostFailure(HostStatus.ERROR,
-                                  f"connection lost while sending input: {why or type(why).__name__}")
+                raise HostFailure(HostStatus.ERROR, f"connection lost while sending input: {why or type(why).__name__}")
             return ExecResult(-1, b"".join(out), b"".join(err))
         return ExecResult(chan.exit_status, b"".join(out), b"".join(err))
 
@@ -196,8 +209,9 @@ class _BastionPool:
                 j = self._jump
                 user = j.user or self._settings.user or "root"
                 sock = _connect_or_fail(j.host, j.port, timeout, what="jump host ")
-                t = self._owner._handshake(sock, j.host, j.port, user, self._settings, timeout,
-                                           what=f"jump host {j.host}: ")
+                t = self._owner._handshake(
+                    sock, j.host, j.port, user, self._settings, timeout, what=f"jump host {j.host}: "
+                )
                 self._conns.append(t)
                 return t
             self._next = (self._next + 1) % len(self._conns)
@@ -208,8 +222,7 @@ class _BastionPool:
         try:
             return t.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout)
         except paramiko.ChannelException as e:
-            raise HostFailure(HostStatus.UNREACHABLE,
-                              f"jump host {self._jump.host} could not connect: {e.text}")
+            raise HostFailure(HostStatus.UNREACHABLE, f"jump host {self._jump.host} could not connect: {e.text}")
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise HostFailure(HostStatus.UNREACHABLE, f"jump host {self._jump.host}: {e}")
 
@@ -220,8 +233,9 @@ class _BastionPool:
             self._conns.clear()
 
 
-def _tcp_connect(address: str, port: int, timeout: float, what: str = "",
-                 register: Callable[[socket.socket], None] | None = None) -> socket.socket:
+def _tcp_connect(
+    address: str, port: int, timeout: float, what: str = "", register: Callable[[socket.socket], None] | None = None
+) -> socket.socket:
     """Connect within ``timeout``; ``register`` sees the socket first (so it can be aborted)."""
     sock: socket.socket | None = None
     try:
@@ -243,8 +257,9 @@ def _tuned(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def _connect_or_fail(address: str, port: int, timeout: float, what: str = "",
-                     register: Callable[[socket.socket], None] | None = None) -> socket.socket:
+def _connect_or_fail(
+    address: str, port: int, timeout: float, what: str = "", register: Callable[[socket.socket], None] | None = None
+) -> socket.socket:
     try:
         return _tcp_connect(address, port, timeout, what, register)
     except ConnectionRefusedError:
@@ -267,8 +282,7 @@ class ParamikoTransport:
     caller should show once (e.g. host key checking is off).
     """
 
-    def __init__(self, *, host_key_policy: str | None = None, use_agent: bool = True,
-                 bastion_pool: int = 4):
+    def __init__(self, *, host_key_policy: str | None = None, use_agent: bool = True, bastion_pool: int = 4):
         self.host_key_policy = host_key_policy
         self.use_agent = use_agent
         self.bastion_pool = bastion_pool
@@ -294,7 +308,8 @@ class ParamikoTransport:
                 if policy == "off":
                     self.warnings.append(
                         f"host key checking is OFF for {path}: any server key is accepted "
-                        "(a changed key is still refused)")
+                        "(a changed key is still refused)"
+                    )
             return kh
 
     def _load_key(self, path: str) -> paramiko.PKey | Exception:
@@ -375,8 +390,9 @@ class ParamikoTransport:
                     self._inflight.discard(obj)
         return ParamikoConnection(t)
 
-    def _handshake(self, sock: Any, address: str, port: int, user: str, s: SSHSettings,
-                   timeout: float, what: str = "") -> paramiko.Transport:
+    def _handshake(
+        self, sock: Any, address: str, port: int, user: str, s: SSHSettings, timeout: float, what: str = ""
+    ) -> paramiko.Transport:
         kh = self._known_hosts(s)
         try:
             t = paramiko.Transport(sock)
@@ -391,27 +407,30 @@ class ParamikoTransport:
             known = kh.known_types(address, port)
             if known:  # negotiate a key type we can verify, as OpenSSH does
                 opts = t.get_security_options()
-                opts.key_types = tuple(dict.fromkeys(
-                    [k for k in known if k in opts.key_types] + list(opts.key_types)))
+                opts.key_types = tuple(dict.fromkeys([k for k in known if k in opts.key_types] + list(opts.key_types)))
             try:
                 t.start_client(timeout=timeout)
             except paramiko.SSHException as e:
                 msg = str(e)
                 if "banner" in msg.lower():
-                    raise HostFailure(HostStatus.TIMEOUT,
-                                      f"{what}no SSH banner within {timeout:g}s (the port accepts TCP "
-                                      "but does not speak SSH)")
+                    raise HostFailure(
+                        HostStatus.TIMEOUT,
+                        f"{what}no SSH banner within {timeout:g}s (the port accepts TCP but does not speak SSH)",
+                    )
                 if "timeout" in msg.lower() or "timed out" in msg.lower():
                     raise HostFailure(HostStatus.TIMEOUT, f"{what}SSH handshake timed out after {timeout:g}s")
                 raise HostFailure(HostStatus.ERROR, f"{what}SSH handshake failed: {msg}")
             except (EOFError, OSError) as e:
-                raise HostFailure(HostStatus.ERROR, f"{what}connection closed during handshake: {e or type(e).__name__}")
+                raise HostFailure(
+                    HostStatus.ERROR, f"{what}connection closed during handshake: {e or type(e).__name__}"
+                )
             if not t.is_active() or not t.is_authenticated() and t.host_key is None:
                 # start_client returns quietly when its timeout passes first
                 if not getattr(t, "remote_version", ""):
-                    raise HostFailure(HostStatus.TIMEOUT,
-                                      f"{what}no SSH banner within {timeout:g}s (the port accepts TCP "
-                                      "but does not speak SSH)")
+                    raise HostFailure(
+                        HostStatus.TIMEOUT,
+                        f"{what}no SSH banner within {timeout:g}s (the port accepts TCP but does not speak SSH)",
+                    )
                 raise HostFailure(HostStatus.TIMEOUT, f"{what}SSH key exchange not done within {timeout:g}s")
             key = t.get_remote_server_key()
             try:
@@ -427,8 +446,7 @@ class ParamikoTransport:
             if not ok:
                 t.close()
 
-    def _authenticate(self, t: paramiko.Transport, user: str, s: SSHSettings, timeout: float,
-                      what: str) -> None:
+    def _authenticate(self, t: paramiko.Transport, user: str, s: SSHSettings, timeout: float, what: str) -> None:
         keys, notes = self._client_keys(s)
         for k in keys:
             try:
@@ -466,4 +484,3 @@ class ParamikoTransport:
             p.close()
         if agent is not None:
             agent.close()
-

@@ -48,8 +48,15 @@ StdoutSink = Callable[[bytes], None]
 class Connection(Protocol):
     """An open, authenticated connection to one host."""
 
-    def exec(self, command: str, *, stdin: bytes | None, timeout: float,
-             on_stderr: StderrSink | None = None, on_stdout: StdoutSink | None = None) -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        *,
+        stdin: bytes | None,
+        timeout: float,
+        on_stderr: StderrSink | None = None,
+        on_stdout: StdoutSink | None = None,
+    ) -> ExecResult:
         """Run ``command`` in the login shell, feed ``stdin``, wait up to ``timeout`` s.
 
         ``on_stderr`` receives standard error as it arrives (raw chunks, not
@@ -83,6 +90,7 @@ class Transport(Protocol):
 # --------------------------------------------------------------------------
 # A fake for unit tests.
 
+
 @dataclass
 class FakeReply:
     """What a fake host answers: an exit code, output and how long it takes."""
@@ -107,8 +115,15 @@ class FakeConnection:
         self.host = host
         self.closed = threading.Event()
 
-    def exec(self, command: str, *, stdin: bytes | None, timeout: float,
-             on_stderr: StderrSink | None = None, on_stdout: StdoutSink | None = None) -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        *,
+        stdin: bytes | None,
+        timeout: float,
+        on_stderr: StderrSink | None = None,
+        on_stdout: StdoutSink | None = None,
+    ) -> ExecResult:
         if self.closed.is_set():
             raise HostFailure(HostStatus.ERROR, "connection closed")
         self._t.commands.append((self.host.name, command, stdin))
@@ -146,8 +161,7 @@ class FakeTransport:
     connects per host.
     """
 
-    def __init__(self, handler: FakeHandler | None = None,
-                 on_connect: FakeConnectHandler | None = None):
+    def __init__(self, handler: FakeHandler | None = None, on_connect: FakeConnectHandler | None = None):
         self.handler: FakeHandler = handler or (lambda h, c, s: FakeReply())
         self.on_connect = on_connect
         self._lock = threading.Lock()
@@ -187,5 +201,6 @@ def __getattr__(name: str) -> object:
     # ParamikoTransport lives in fleet/ssh.py (it imports paramiko); offer it here too.
     if name in ("ParamikoTransport", "ParamikoConnection"):
         from clusterctl.fleet import ssh
+
         return getattr(ssh, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

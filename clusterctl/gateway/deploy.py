@@ -80,43 +80,68 @@ def _answer(r: HostResult) -> dict[str, Any]:
 
 
 def _run(fleet: Any, hosts: list[str], job: dict[str, Any], timeout: float) -> dict[str, dict[str, Any]]:
-    res = fleet.run({h: _node_command(h) for h in hosts}, stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
+    res = fleet.run(
+        {h: _node_command(h) for h in hosts}, stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout
+    )
     return {r.host: _answer(r) for r in res}
 
 
-def apply_gateway(fleet: Any, rendered: RenderedGateway, *, port: int, hosts: list[str],
-                  timeout: float = APPLY_TIMEOUT_S) -> list[GatewayHostResult]:
+def apply_gateway(
+    fleet: Any, rendered: RenderedGateway, *, port: int, hosts: list[str], timeout: float = APPLY_TIMEOUT_S
+) -> list[GatewayHostResult]:
     """Install ``rendered`` on ``hosts`` (all held by ``fleet``); one result per host, in order."""
-    job = {"op": "apply", "digest": rendered.config, "port": port, "runtime": rendered.runtime,
-           "files": [{"path": f.path, "text": None if f.remove else f.text, "mode": f.mode, "group": f.group,
-                      "live": f.live} for f in rendered.files],
-           # keepalived's files per host; {} removes a floating address clusterctl set up earlier
-           "vrrp": {h: [{"path": f.path, "text": f.text, "mode": f.mode} for f in fs]
-                    for h, fs in rendered.vrrp.items()}}
+    job = {
+        "op": "apply",
+        "digest": rendered.config,
+        "port": port,
+        "runtime": rendered.runtime,
+        "files": [
+            {"path": f.path, "text": None if f.remove else f.text, "mode": f.mode, "group": f.group, "live": f.live}
+            for f in rendered.files
+        ],
+        # keepalived's files per host; {} removes a floating address clusterctl set up earlier
+        "vrrp": {h: [{"path": f.path, "text": f.text, "mode": f.mode} for f in fs] for h, fs in rendered.vrrp.items()},
+    }
     answers = _run(fleet, hosts, job, timeout)
     out = []
     for h in hosts:
         a = answers.get(h, {"ok": False, "kind": "node", "error": "no answer"})
-        out.append(GatewayHostResult(h, bool(a.get("ok")), bool(a.get("changed")), bool(a.get("reloaded")),
-                                     a.get("action"), a.get("error"), a.get("kind"), vrrp=a.get("vrrp")))
+        out.append(
+            GatewayHostResult(
+                h,
+                bool(a.get("ok")),
+                bool(a.get("changed")),
+                bool(a.get("reloaded")),
+                a.get("action"),
+                a.get("error"),
+                a.get("kind"),
+                vrrp=a.get("vrrp"),
+            )
+        )
     return out
 
 
-def push_scores(fleet: Any, rendered: RenderedGateway, scores: dict[str, Any], *, port: int, hosts: list[str],
-                timeout: float = 30.0) -> list[GatewayHostResult]:
+def push_scores(
+    fleet: Any, rendered: RenderedGateway, scores: dict[str, Any], *, port: int, hosts: list[str], timeout: float = 30.0
+) -> list[GatewayHostResult]:
     """Send the instance scores to every gateway host's admin endpoint (no reload)."""
-    answers = _run(fleet, hosts, {"op": "scores", "port": port, "token": rendered.runtime["token"],
-                                  "scores": scores}, timeout)
+    answers = _run(
+        fleet, hosts, {"op": "scores", "port": port, "token": rendered.runtime["token"], "scores": scores}, timeout
+    )
     out = []
     for h in hosts:
         a = answers.get(h, {"ok": False, "kind": "node", "error": "no answer"})
-        out.append(GatewayHostResult(h, bool(a.get("ok")), action="scores" if a.get("ok") else None,
-                                     error=a.get("error"), kind=a.get("kind")))
+        out.append(
+            GatewayHostResult(
+                h, bool(a.get("ok")), action="scores" if a.get("ok") else None, error=a.get("error"), kind=a.get("kind")
+            )
+        )
     return out
 
 
-def gateway_status(fleet: Any, *, port: int, hosts: list[str], timeout: float = 30.0,
-                   vip: str | None = None) -> list[GatewayHostResult]:
+def gateway_status(
+    fleet: Any, *, port: int, hosts: list[str], timeout: float = 30.0, vip: str | None = None
+) -> list[GatewayHostResult]:
     """nginx's unit state and the config digest each host serves (``config=None``: no answer); with
     ``vip`` keepalived's state and whether the host holds the floating address."""
     answers = _run(fleet, hosts, {"op": "status", "port": port, "vip": vip}, timeout)
@@ -125,21 +150,35 @@ def gateway_status(fleet: Any, *, port: int, hosts: list[str], timeout: float = 
         a = answers.get(h, {"ok": False, "kind": "node", "error": "no answer"})
         health = a.get("health") or {}
         ok = bool(a.get("ok")) and a.get("active") == "active" and "config" in health
-        error = a.get("error") or (None if ok else f"nginx {a.get('active')}; /gateway/health: "
-                                                   f"{health.get('error', health)}")
+        error = a.get("error") or (
+            None if ok else f"nginx {a.get('active')}; /gateway/health: {health.get('error', health)}"
+        )
         if vip and ok and a.get("keepalived") != "active":
             ok, error = False, f"keepalived {a.get('keepalived')}: this host cannot take the floating address"
-        out.append(GatewayHostResult(h, ok, error=error, kind=a.get("kind"), active=a.get("active"),
-                                     config=health.get("config"), keepalived=a.get("keepalived"),
-                                     holds_vip=a.get("holds_vip")))
+        out.append(
+            GatewayHostResult(
+                h,
+                ok,
+                error=error,
+                kind=a.get("kind"),
+                active=a.get("active"),
+                config=health.get("config"),
+                keepalived=a.get("keepalived"),
+                holds_vip=a.get("holds_vip"),
+            )
+        )
     return out
 
 
 def secret_inputs(inv: Inventory, state_dir: Path) -> dict[str, Any]:
     """What :func:`render_gateway` needs beyond the inventory to write real files: the upstream
     key, the client keys (hashes) and the TLS certificate and key (keyword arguments)."""
-    return {"api_key": resolve_api_key(inv), "clients": gwkeys.load(state_dir), "tls": resolve_tls(inv),
-            "vrrp_password": resolve_vrrp_password(inv)}
+    return {
+        "api_key": resolve_api_key(inv),
+        "clients": gwkeys.load(state_dir),
+        "tls": resolve_tls(inv),
+        "vrrp_password": resolve_vrrp_password(inv),
+    }
 
 
 def _read_ref(inv: Inventory, ref: SecretRef, what: str, check: Callable[[str], str | None] = lambda v: None) -> str:
@@ -160,9 +199,11 @@ def resolve_tls(inv: Inventory) -> TlsFiles | None:
     gw = inv.gateway
     if gw is None or gw.tls_certificate is None or gw.tls_key is None:
         return None
-    pem = (lambda v: None if "-----BEGIN" in v else "not a PEM file (no -----BEGIN line)")
-    return TlsFiles(_read_ref(inv, gw.tls_certificate, "gateway.tls.certificate", pem) + "\n",
-                    _read_ref(inv, gw.tls_key, "gateway.tls.key", pem) + "\n")
+    pem = lambda v: None if "-----BEGIN" in v else "not a PEM file (no -----BEGIN line)"
+    return TlsFiles(
+        _read_ref(inv, gw.tls_certificate, "gateway.tls.certificate", pem) + "\n",
+        _read_ref(inv, gw.tls_key, "gateway.tls.key", pem) + "\n",
+    )
 
 
 def resolve_api_key(inv: Inventory) -> str | None:
@@ -182,5 +223,4 @@ def resolve_vrrp_password(inv: Inventory) -> str | None:
     gw = inv.gateway
     if gw is None or gw.vip is None or gw.vip.password is None:
         return None
-    return _read_ref(inv, gw.vip.password, "gateway.vip.password",
-                     lambda v: None if v.strip() else "empty").strip()
+    return _read_ref(inv, gw.vip.password, "gateway.vip.password", lambda v: None if v.strip() else "empty").strip()

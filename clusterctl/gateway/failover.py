@@ -92,8 +92,11 @@ class FailoverReport:
     @property
     def exit_code(self) -> ExitCode:
         """0 nothing to do or all moved; 1 some over the cap or not movable; 2 a move (or the gateway) failed."""
-        if self.errors or any(v is not None for v in self.moved.values()) or \
-                (self.gateway is not None and not self.gateway.ok):
+        if (
+            self.errors
+            or any(v is not None for v in self.moved.values())
+            or (self.gateway is not None and not self.gateway.ok)
+        ):
             return ExitCode.CRIT
         p = self.plan
         if p.over_cap or p.fixed or p.no_room:
@@ -101,10 +104,16 @@ class FailoverReport:
         return ExitCode.OK
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.plan.to_json(), "planned": self.planned, "unchecked": self.detection.unchecked,
-                "moved": self.moved, "errors": self.errors,
-                "deploy": self.deploy.to_dict() if self.deploy else None,
-                "gateway": self.gateway.to_json() if self.gateway else None, "exit_code": int(self.exit_code)}
+        return {
+            **self.plan.to_json(),
+            "planned": self.planned,
+            "unchecked": self.detection.unchecked,
+            "moved": self.moved,
+            "errors": self.errors,
+            "deploy": self.deploy.to_dict() if self.deploy else None,
+            "gateway": self.gateway.to_json() if self.gateway else None,
+            "exit_code": int(self.exit_code),
+        }
 
 
 def scan_hosts(inv: Inventory, instances: Mapping[str, Instance]) -> list[str]:
@@ -117,8 +126,13 @@ def scan_hosts(inv: Inventory, instances: Mapping[str, Instance]) -> list[str]:
     return [h for h in inv.hosts if h in names]
 
 
-def detect(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, hosts: Sequence[str],
-           on_event: Callable[[str], None] | None = None) -> Detection:
+def detect(
+    inv: Inventory,
+    instances: Mapping[str, Instance],
+    fleet: Any,
+    hosts: Sequence[str],
+    on_event: Callable[[str], None] | None = None,
+) -> Detection:
     """Doctor's snapshot of ``hosts`` (``fleet`` holds them) and its TP-group and GPU checks."""
     from clusterctl.diagnose import bundle
     from clusterctl.diagnose.registry import run_analyzers
@@ -129,8 +143,9 @@ def detect(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, hosts:
     ctx = bundle.context(snap, replace(inv, instances=dict(instances)), load_thresholds())
     tp = check_tp_groups(ctx)
     names = tp_unavailable(tp)
-    unavailable = {f.subject.removeprefix("tp-group:"): f.message for f in tp
-                   if f.subject.removeprefix("tp-group:") in names}
+    unavailable = {
+        f.subject.removeprefix("tp-group:"): f.message for f in tp if f.subject.removeprefix("tp-group:") in names
+    }
     topology = {h: t for h, facts in snap.facts.items() if (t := (facts.get("gpus") or {}).get("topology"))}
     return Detection(unavailable, run_analyzers(ctx, only=["gpu"]), topology, dict(snap.missing))
 
@@ -141,8 +156,13 @@ def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Any:
     return fleet_hook(inv, state_dir, make_fleet)
 
 
-def run_failover(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: FailoverOptions,
-                 on_event: Callable[[str], None] | None = None) -> FailoverReport:
+def run_failover(
+    inv: Inventory,
+    state_dir: Path,
+    make_fleet: FleetFactory,
+    opts: FailoverOptions,
+    on_event: Callable[[str], None] | None = None,
+) -> FailoverReport:
     """One failover run (module doc).  Raises :class:`ClusterctlError` only before anything changed
     (unreadable state, placement errors); later failures are in the report."""
     from clusterctl.deploy.placement.place import desired_instances
@@ -155,9 +175,16 @@ def run_failover(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts
     say(f"failover: checking TP groups of {len(instances)} instances on {len(hosts)} hosts")
     with make_fleet([inv.hosts[h] for h in hosts]) as fleet:
         det = detect(inv, instances, fleet, hosts, on_event=say)
-    plan = plan_failover(instances, det.unavailable, state, inv, max_share=opts.max_share,
-                         gpu_findings=det.gpu_findings, topology=det.topology,
-                         avoid_hosts=opts.avoid_hosts)
+    plan = plan_failover(
+        instances,
+        det.unavailable,
+        state,
+        inv,
+        max_share=opts.max_share,
+        gpu_findings=det.gpu_findings,
+        topology=det.topology,
+        avoid_hosts=opts.avoid_hosts,
+    )
     report = FailoverReport(plan, det, planned=opts.plan_only)
     if opts.plan_only or not plan.taken_out:
         return report
@@ -184,8 +211,16 @@ def run_failover(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts
     return report
 
 
-def _move(inv: Inventory, store: StateStore, make_fleet: FleetFactory, opts: FailoverOptions, plan: FailoverPlan,
-          instances: Mapping[str, Instance], report: FailoverReport, say: Callable[[str], None]) -> None:
+def _move(
+    inv: Inventory,
+    store: StateStore,
+    make_fleet: FleetFactory,
+    opts: FailoverOptions,
+    plan: FailoverPlan,
+    instances: Mapping[str, Instance],
+    report: FailoverReport,
+    say: Callable[[str], None],
+) -> None:
     """Drain and stop the replicas, record their new places, roll them out; fills ``report.moved``."""
     from clusterctl.deploy.rollout.engine import Deploy
     from clusterctl.deploy.rollout.lifecycle import stop_instances
@@ -193,20 +228,32 @@ def _move(inv: Inventory, store: StateStore, make_fleet: FleetFactory, opts: Fai
     names = [m.instance for m in plan.moves]
     old_hosts = sorted({h for m in plan.moves for h in m.old.hosts})  # a replica across hosts: every member
     with make_fleet([inv.hosts[h] for h in old_hosts if h in inv.hosts]) as fleet:
-        for r in stop_instances(inv, fleet, [instances[n] for n in names], drain_timeout=opts.drain_timeout_s,
-                                on_event=say):
+        for r in stop_instances(
+            inv, fleet, [instances[n] for n in names], drain_timeout=opts.drain_timeout_s, on_event=say
+        ):
             say(f"failover: {r.instance}: " + ("stopped" if r.ok else f"stop failed: {r.error}"))
     with store.update() as st:
         for m in plan.moves:
             st.placements.setdefault(m.template, {})[m.instance] = m.new
     targets = {h for m in plan.moves for h in m.old.hosts + m.new.hosts}
     hosts = [inv.hosts[h] for h in inv.hosts if h in targets]
-    dopts = DeployOptions(instances=",".join(names), gate_timeout_s=opts.gate_timeout_s,
-                          drain_timeout_s=opts.drain_timeout_s)
+    dopts = DeployOptions(
+        instances=",".join(names), gate_timeout_s=opts.gate_timeout_s, drain_timeout_s=opts.drain_timeout_s
+    )
     try:
-        rep = Deploy(inv, hosts, make_fleet, str(store.directory), dopts,
-                     on_event=lambda e: None if e.kind == "bytes" else  # staging byte counts: not lines
-                     say(f"[{e.kind}] " + (f"{e.host}: " if e.host else "") + e.message)).run()
+        rep = Deploy(
+            inv,
+            hosts,
+            make_fleet,
+            str(store.directory),
+            dopts,
+            on_event=lambda e: (
+                None
+                if e.kind == "bytes"
+                # staging byte counts: not lines
+                else say(f"[{e.kind}] " + (f"{e.host}: " if e.host else "") + e.message)
+            ),
+        ).run()
     except ClusterctlError as e:
         report.errors.append(f"deploy: {e}")
         report.moved = {n: f"deploy: {e}" for n in names}
@@ -230,8 +277,15 @@ def _moved(rep: DeployReport, name: str, hosts: Sequence[str]) -> str | None:
     return None if all(g.ok for g in gates) else "gate: " + "; ".join(g.reason for g in gates if not g.ok)
 
 
-def _sync(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: FailoverOptions, plan: FailoverPlan,
-          report: FailoverReport, say: Callable[[str], None]) -> SyncResult | None:
+def _sync(
+    inv: Inventory,
+    state_dir: Path,
+    make_fleet: FleetFactory,
+    opts: FailoverOptions,
+    plan: FailoverPlan,
+    report: FailoverReport,
+    say: Callable[[str], None],
+) -> SyncResult | None:
     """Mark the replicas that moved up and sync the gateway from fresh measurements (forced)."""
     from clusterctl.deploy.placement.deployed import wanted_instances
     from clusterctl.gateway import state as gwstate
@@ -245,23 +299,32 @@ def _sync(inv: Inventory, state_dir: Path, make_fleet: FleetFactory, opts: Failo
     def mark_up(st: gwstate.GatewayState) -> None:
         for n in back:
             st.marked_down.pop(n, None)
+
     try:
         st = gwstate.update(state_dir, mark_up)
         instances = wanted_instances(inv, state_dir)
         hosts = sorted({g.host for i in instances.values() for g in i.placement} | set(gw.hosts))
         with make_fleet([inv.hosts[h] for h in hosts if h in inv.hosts]) as fleet:
             observed, _ = observe(inv, instances, fleet, window=opts.window_s, state_dir=state_dir, on_event=say)
-            servers = decide(inv, instances, observed, marked_down=st.marked_down,
-                             unavailable=set(plan.fixed) | set(plan.no_room))
+            servers = decide(
+                inv, instances, observed, marked_down=st.marked_down, unavailable=set(plan.fixed) | set(plan.no_room)
+            )
             # Over the cap means left alone: as the last sync decided (down if it ran with --tp-check).
             servers.update({n: st.servers[n] for n in plan.over_cap if n in st.servers})
-            result = sync_gateway(inv, fleet, instances, servers, state_dir=state_dir, force=True, on_event=say,
-                                  observed=observed)  # least_score: the downs and load go as scores
+            result = sync_gateway(
+                inv, fleet, instances, servers, state_dir=state_dir, force=True, on_event=say, observed=observed
+            )  # least_score: the downs and load go as scores
     except ClusterctlError as e:
         report.errors.append(f"gateway sync: {e}")
         return None
     for n in back:
         s = result.servers.get(n)
-        say(f"failover: {n}: " + (f"up at the gateway, weight {s.weight}" if s and not s.down
-                                  else f"still down at the gateway ({s.reason if s else 'no state'})"))
+        say(
+            f"failover: {n}: "
+            + (
+                f"up at the gateway, weight {s.weight}"
+                if s and not s.down
+                else f"still down at the gateway ({s.reason if s else 'no state'})"
+            )
+        )
     return result

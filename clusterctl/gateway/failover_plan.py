@@ -60,8 +60,12 @@ class Move:
     new: Placement
 
     def to_json(self) -> dict[str, Any]:
-        return {"instance": self.instance, "template": self.template,
-                "from": placement_json(self.old), "to": placement_json(self.new)}
+        return {
+            "instance": self.instance,
+            "template": self.template,
+            "from": placement_json(self.old),
+            "to": placement_json(self.new),
+        }
 
 
 @dataclass
@@ -97,11 +101,16 @@ class FailoverPlan:
         return not self.findings
 
     def to_json(self) -> dict[str, Any]:
-        return {"instances": self.total, "cap": self.cap, "unavailable": dict(sorted(self.findings.items())),
-                "moves": [m.to_json() for m in self.moves], "fixed": self.fixed,
-                "no_room": dict(sorted(self.no_room.items())), "over_cap": self.over_cap,
-                "cordons": {k: {"reason": c.reason, "who": c.who, "when": c.when}
-                            for k, c in sorted(self.cordons.items())}}
+        return {
+            "instances": self.total,
+            "cap": self.cap,
+            "unavailable": dict(sorted(self.findings.items())),
+            "moves": [m.to_json() for m in self.moves],
+            "fixed": self.fixed,
+            "no_room": dict(sorted(self.no_room.items())),
+            "over_cap": self.over_cap,
+            "cordons": {k: {"reason": c.reason, "who": c.who, "when": c.when} for k, c in sorted(self.cordons.items())},
+        }
 
 
 def cap_for(total: int, max_share: float) -> int:
@@ -147,10 +156,19 @@ def _already_cordoned(state: DeployState, key: str) -> bool:
     return key in state.cordons or state.host_cordoned(host) or (gpu.isdigit() and state.gpu_cordoned(host, int(gpu)))
 
 
-def plan_failover(instances: Mapping[str, Instance], unavailable: Mapping[str, str], state: DeployState,
-                  inv: Any, *, max_share: float, gpu_findings: Iterable[Finding] = (),
-                  topology: Mapping[str, HostTopology] | None = None, who: str | None = None,
-                  when: str | None = None, avoid_hosts: Iterable[str] = ()) -> FailoverPlan:
+def plan_failover(
+    instances: Mapping[str, Instance],
+    unavailable: Mapping[str, str],
+    state: DeployState,
+    inv: Any,
+    *,
+    max_share: float,
+    gpu_findings: Iterable[Finding] = (),
+    topology: Mapping[str, HostTopology] | None = None,
+    who: str | None = None,
+    when: str | None = None,
+    avoid_hosts: Iterable[str] = (),
+) -> FailoverPlan:
     """The failover decision (rules in the module doc).
 
     ``unavailable``: instance → doctor's ``tp.group`` message, for groups
@@ -161,8 +179,8 @@ def plan_failover(instances: Mapping[str, Instance], unavailable: Mapping[str, s
     gpu_findings = list(gpu_findings)
     plan = FailoverPlan(total=len(instances), cap=cap_for(len(instances), max_share))
     plan.findings = {n: m for n, m in unavailable.items() if n in instances}
-    chosen = sorted(plan.findings)[:plan.cap]
-    plan.over_cap = sorted(plan.findings)[plan.cap:]
+    chosen = sorted(plan.findings)[: plan.cap]
+    plan.over_cap = sorted(plan.findings)[plan.cap :]
     who, when = who or who_am_i(), when or utc_now()
     for name in chosen:
         for key, why in failed_targets(instances[name], gpu_findings).items():
@@ -172,10 +190,18 @@ def plan_failover(instances: Mapping[str, Instance], unavailable: Mapping[str, s
         # A node-level finding anywhere (an instance over the cap, a GPU no instance uses) rules its whole
         # host out as a target: a group moved there would land on a node doctor says to drain.
         for f in gpu_findings:
-            if f.severity == Severity.CRIT and f.host and node_level(f) and \
-                    not _already_cordoned(state, f.host) and f.host not in plan.cordons:
-                plan.cordons[f.host] = Cordon(reason=CORDON_PREFIX + f"{f.check}: {f.message} on {f.subject} "
-                                              f"(node-level: {f.action})", who=who, when=when)
+            if (
+                f.severity == Severity.CRIT
+                and f.host
+                and node_level(f)
+                and not _already_cordoned(state, f.host)
+                and f.host not in plan.cordons
+            ):
+                plan.cordons[f.host] = Cordon(
+                    reason=CORDON_PREFIX + f"{f.check}: {f.message} on {f.subject} (node-level: {f.action})",
+                    who=who,
+                    when=when,
+                )
         for host in avoid_hosts:
             if not _already_cordoned(state, host) and host not in plan.cordons:
                 plan.cordons[host] = Cordon(reason=CORDON_PREFIX + AVOID_REASON, who=who, when=when)
@@ -185,8 +211,7 @@ def plan_failover(instances: Mapping[str, Instance], unavailable: Mapping[str, s
     replicas = [n for n in chosen if instances[n].template and n not in inv.instances]
     plan.fixed = [n for n in chosen if n not in replicas]
     movable = [n for n in replicas if n in state.placements.get(instances[n].template or "", {})]
-    plan.no_room = {n: "not recorded in placements.json yet (deploy places it)" for n in replicas
-                    if n not in movable}
+    plan.no_room = {n: "not recorded in placements.json yet (deploy places it)" for n in replicas if n not in movable}
     if not movable:
         return plan
     cordoned = state.copy()

@@ -55,10 +55,14 @@ class Hook:
         def change(st: gwstate.GatewayState) -> None:
             for name in names:
                 if down:
-                    st.marked_down[name] = {"reason": reason, "by": who_am_i(),
-                                            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                    st.marked_down[name] = {
+                        "reason": reason,
+                        "by": who_am_i(),
+                        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    }
                 else:
                     st.marked_down.pop(name, None)
+
         st = gwstate.update(self.state_dir, change)
         servers = dict(st.servers)
         # the gateway's servers: the instances, and each ready pool's router (router-P: drained as one)
@@ -68,8 +72,9 @@ class Hook:
             elif servers.get(n, ServerState()).reason.startswith("marked down"):
                 servers[n] = ServerState()
         with self.fleet_factory() as fleet:
-            result = sync_gateway(self.inv, fleet, self.instances(), servers, state_dir=self.state_dir,
-                                  force=True, on_event=self.on_event)
+            result = sync_gateway(
+                self.inv, fleet, self.instances(), servers, state_dir=self.state_dir, force=True, on_event=self.on_event
+            )
         self.results.append(result)
         failed = [h for h in result.hosts if not h.ok]
         if failed:
@@ -94,8 +99,9 @@ class Hook:
         return {n: str(m.get("reason", "")) for n, m in gwstate.load(self.state_dir).marked_down.items()}
 
 
-def gateway_hook(inv: Inventory, state_dir: str | Path | None = None, *,
-                 become_password: str | None = None) -> Hook | None:
+def gateway_hook(
+    inv: Inventory, state_dir: str | Path | None = None, *, become_password: str | None = None
+) -> Hook | None:
     """The hook for ``inv`` (``None`` without a ``gateway:`` section); what ``deploy.drain.gateway_for`` calls.
 
     Uses ``state_dir`` (the command's deploy state directory), else the user
@@ -133,5 +139,6 @@ def fleet_hook(inv: Inventory, state_dir: Path, make_fleet: Callable[[Any], Any]
     gw = inv.gateway
     if gw is None:
         return None
-    return Hook(inv, state_dir, lambda: wanted_instances(inv, state_dir),
-                lambda: make_fleet([inv.hosts[h] for h in gw.hosts]))
+    return Hook(
+        inv, state_dir, lambda: wanted_instances(inv, state_dir), lambda: make_fleet([inv.hosts[h] for h in gw.hosts])
+    )

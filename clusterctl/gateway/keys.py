@@ -56,8 +56,15 @@ class ClientKey:
 
     def to_json(self) -> dict[str, Any]:
         """What ``key list --json`` shows: never the hash's whole value, never the key."""
-        return {"name": self.name, "fingerprint": self.sha256[:12], "created": self.created, "by": self.by,
-                "requests_per_second": self.requests_per_second, "burst": self.burst, "streams": self.streams}
+        return {
+            "name": self.name,
+            "fingerprint": self.sha256[:12],
+            "created": self.created,
+            "by": self.by,
+            "requests_per_second": self.requests_per_second,
+            "burst": self.burst,
+            "streams": self.streams,
+        }
 
 
 def new_key() -> str:
@@ -74,8 +81,7 @@ def _load(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return {"version": 1, "keys": {}, "revoked": {}}
     except (OSError, ValueError) as e:
-        raise ConfigError([Problem(str(path), getattr(e, "lineno", 0), f"cannot read the gateway keys: {e}")]) \
-            from None
+        raise ConfigError([Problem(str(path), getattr(e, "lineno", 0), f"cannot read the gateway keys: {e}")]) from None
     if not isinstance(data, dict) or not isinstance(data.get("keys"), dict):
         raise ConfigError([Problem(str(path), 0, "the gateway keys file is not in the expected form")])
     data.setdefault("revoked", {})
@@ -88,13 +94,21 @@ def load(state_dir: Path) -> list[ClientKey]:
     out = []
     for name, k in sorted(_load(path)["keys"].items()):
         try:
-            out.append(ClientKey(name, str(k["sha256"]), str(k.get("created", "")), str(k.get("by", "")),
-                                 None if k.get("requests_per_second") is None else float(k["requests_per_second"]),
-                                 None if k.get("burst") is None else int(k["burst"]),
-                                 None if k.get("streams") is None else int(k["streams"])))
+            out.append(
+                ClientKey(
+                    name,
+                    str(k["sha256"]),
+                    str(k.get("created", "")),
+                    str(k.get("by", "")),
+                    None if k.get("requests_per_second") is None else float(k["requests_per_second"]),
+                    None if k.get("burst") is None else int(k["burst"]),
+                    None if k.get("streams") is None else int(k["streams"]),
+                )
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ConfigError([Problem(str(path), 0, f"gateway key {name!r} is not in the expected form: {e}")]) \
-                from None
+            raise ConfigError(
+                [Problem(str(path), 0, f"gateway key {name!r} is not in the expected form: {e}")]
+            ) from None
         if not NAME.match(name) or not re.fullmatch(r"[0-9a-f]{64}", out[-1].sha256):
             raise ConfigError([Problem(str(path), 0, f"gateway key {name!r}: bad name or hash")])
     return out
@@ -118,13 +132,22 @@ def _locked(state_dir: Path) -> Iterator[dict[str, Any]]:
         tmp.rename(state_dir / FILE)
 
 
-def add(state_dir: Path, name: str, *, who: str, now: str, requests_per_second: float | None = None,
-        burst: int | None = None, streams: int | None = None,
-        make_key: Callable[[], str] = new_key) -> tuple[str, ClientKey]:
+def add(
+    state_dir: Path,
+    name: str,
+    *,
+    who: str,
+    now: str,
+    requests_per_second: float | None = None,
+    burst: int | None = None,
+    streams: int | None = None,
+    make_key: Callable[[], str] = new_key,
+) -> tuple[str, ClientKey]:
     """A new key for client ``name``: ``(the key, its record)``; the key is not kept anywhere."""
     if not NAME.match(name):
-        raise ClientKeyError(f"client name {name!r}: letters, digits, '_', '.', '-' (up to 63, starting with a "
-                        "letter or digit)")
+        raise ClientKeyError(
+            f"client name {name!r}: letters, digits, '_', '.', '-' (up to 63, starting with a letter or digit)"
+        )
     for what, v in (("--rps", requests_per_second), ("--burst", burst), ("--streams", streams)):
         if v is not None and v < 0:
             raise ClientKeyError(f"{what} must be 0 (no limit) or more")
@@ -133,8 +156,14 @@ def add(state_dir: Path, name: str, *, who: str, now: str, requests_per_second: 
         if name in data["keys"]:
             raise ClientKeyError(f"client {name!r} has a key already (revoke it first, or choose another name)")
         digest = key_hash(key)
-        data["keys"][name] = {"sha256": digest, "created": now, "by": who, "requests_per_second": requests_per_second,
-                              "burst": burst, "streams": streams}
+        data["keys"][name] = {
+            "sha256": digest,
+            "created": now,
+            "by": who,
+            "requests_per_second": requests_per_second,
+            "burst": burst,
+            "streams": streams,
+        }
         data["revoked"].pop(name, None)
     return key, ClientKey(name, digest, now, who, requests_per_second, burst, streams)
 

@@ -21,21 +21,46 @@ DOWN_WITH_REASON = ("failed", "stopped", "restarting", "absent")
 from clusterctl.inventory.model import Instance, Inventory
 
 
-def observe(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *, window: float, state_dir: Path,
-            tp_check: bool = True, on_event: Callable[[str], None] | None = None,
-            ) -> tuple[dict[str, Observed], set[str]]:
+def observe(
+    inv: Inventory,
+    instances: Mapping[str, Instance],
+    fleet: Any,
+    *,
+    window: float,
+    state_dir: Path,
+    tp_check: bool = True,
+    on_event: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Observed], set[str]]:
     """``(observed per instance, instances whose TP group is UNAVAILABLE)``; ``fleet`` holds the instance hosts."""
     from clusterctl.deploy.status.peaks import load_peaks
     from clusterctl.deploy.status.instances import collect_status, max_num_seqs
 
-    rows = collect_status(inv, instances, fleet, window=window, state_dir=state_dir, include_extra=False,
-                          on_event=on_event, tp_check=tp_check)
+    rows = collect_status(
+        inv,
+        instances,
+        fleet,
+        window=window,
+        state_dir=state_dir,
+        include_extra=False,
+        on_event=on_event,
+        tp_check=tp_check,
+    )
     peaks = load_peaks(state_dir)
     # a down unit's reason (from its journal) goes into the gateway's state; a loading instance's
     # message changes every second and would reload the gateway for nothing
-    observed = {r.name: Observed(r.state, r.load, peaks.get(r.name), r.healthy,
-                                 r.message if r.state in DOWN_WITH_REASON else "", running=r.running,
-                                 waiting=r.waiting, kv_usage=r.kv_usage,
-                                 seats=max_num_seqs(instances.get(r.name))) for r in rows}
+    observed = {
+        r.name: Observed(
+            r.state,
+            r.load,
+            peaks.get(r.name),
+            r.healthy,
+            r.message if r.state in DOWN_WITH_REASON else "",
+            running=r.running,
+            waiting=r.waiting,
+            kv_usage=r.kv_usage,
+            seats=max_num_seqs(instances.get(r.name)),
+        )
+        for r in rows
+    }
     unavailable = {r.name for r in rows if (r.tp_group or "").startswith("UNAVAILABLE")}
     return observed, unavailable

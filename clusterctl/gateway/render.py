@@ -152,8 +152,10 @@ def comment_text(value: object) -> str:
 def _token(value: object) -> str:
     text = str(value)
     if not _TOKEN.match(text):
-        raise GatewayRenderError(f"{text!r} cannot be written into the nginx config as a name or address "
-                                 "(letters, digits, '_', '.', ':', '-', brackets only)")
+        raise GatewayRenderError(
+            f"{text!r} cannot be written into the nginx config as a name or address "
+            "(letters, digits, '_', '.', ':', '-', brackets only)"
+        )
     return text
 
 
@@ -164,8 +166,12 @@ def _redact(f: GatewayFile) -> str:
         return re.sub(r"(?m)^(\s*auth_pass )\S+$", lambda m: m.group(1) + REDACTED, f.text)
     if f.path.endswith("clients.json"):
         n = len(json.loads(f.text or "{}"))
-        return json.dumps({"not shown": f"{n} client key(s): SHA-256 -> name, limit classes "
-                                        "(`clusterctl gateway key list`)"}) + "\n"
+        return (
+            json.dumps(
+                {"not shown": f"{n} client key(s): SHA-256 -> name, limit classes (`clusterctl gateway key list`)"}
+            )
+            + "\n"
+        )
     return REDACTED + "\n"
 
 
@@ -184,8 +190,9 @@ def _clients(gw: GatewaySpec, clients: list[ClientKey]) -> tuple[list[dict[str, 
     reload, a new key with known limits does not), each key's hash -> name and limit classes."""
     # The inventory's defaults are classes 0 whether or not a key uses them: adding or
     # revoking a key with default limits never changes the config (no reload).
-    rates: dict[tuple[float, int], int] = {(gw.key_requests_per_second, gw.key_burst): 0} \
-        if gw.key_requests_per_second > 0 else {}
+    rates: dict[tuple[float, int], int] = (
+        {(gw.key_requests_per_second, gw.key_burst): 0} if gw.key_requests_per_second > 0 else {}
+    )
     streams: dict[int, int] = {gw.key_streams: 0} if gw.key_streams > 0 else {}
     table: dict[str, dict[str, Any]] = {}
     for c in sorted(clients, key=lambda c: c.name):
@@ -195,15 +202,23 @@ def _clients(gw: GatewaySpec, clients: list[ClientKey]) -> tuple[list[dict[str, 
         rclass = rates.setdefault((rps, burst), len(rates)) if rps > 0 else "-"
         sclass = streams.setdefault(n, len(streams)) if n > 0 else "-"
         table[c.sha256] = {"name": c.name, "rate": rclass, "streams": sclass}
-    rate_zones = [{"zone": f"gw_key_rate_{i}", "rate": _rate(rps), "burst": f" burst={burst}" if burst else ""}
-                  for (rps, burst), i in rates.items()]
+    rate_zones = [
+        {"zone": f"gw_key_rate_{i}", "rate": _rate(rps), "burst": f" burst={burst}" if burst else ""}
+        for (rps, burst), i in rates.items()
+    ]
     stream_zones = [{"zone": f"gw_key_streams_{i}", "streams": n} for n, i in streams.items()]
     return rate_zones, stream_zones, json.dumps(table, indent=1, sort_keys=True) + "\n"
 
 
 def _env() -> Environment:
-    env = Environment(loader=PackageLoader("clusterctl", "templates/gateway"), undefined=StrictUndefined,
-                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env = Environment(
+        loader=PackageLoader("clusterctl", "templates/gateway"),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
     env.filters["comment"] = comment_text
     env.filters["token"] = _token
     return env
@@ -237,10 +252,17 @@ class TlsFiles:
     key: str = field(repr=False)
 
 
-def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
-                   states: Mapping[str, ServerState] | None = None, *, api_key: str | None = None,
-                   clients: tuple[ClientKey, ...] | list[ClientKey] = (), tls: TlsFiles | None = None,
-                   paths: GatewayPaths = GatewayPaths(), vrrp_password: str | None = None) -> RenderedGateway:
+def render_gateway(
+    inv: Inventory,
+    instances: Mapping[str, Instance],
+    states: Mapping[str, ServerState] | None = None,
+    *,
+    api_key: str | None = None,
+    clients: tuple[ClientKey, ...] | list[ClientKey] = (),
+    tls: TlsFiles | None = None,
+    paths: GatewayPaths = GatewayPaths(),
+    vrrp_password: str | None = None,
+) -> RenderedGateway:
     """The gateway's files for ``inv.gateway`` in front of ``instances`` (name -> Instance).
 
     ``states`` marks instances down or weights them (missing: up, full weight).
@@ -262,49 +284,90 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
     slugs = _slugs(models)
     upstreams, server_states = _upstreams(inv, gw, instances, states, slugs)
     live = {u["model"] for u in upstreams}
-    mirrors = [{"var": f"gw_mirror_{i}", "served": m.served, "candidate_model": m.candidate,
-                "upstream": slugs[m.candidate], "percent_text": _percent(m.percent)}
-               for i, m in enumerate(gw.mirrors) if m.candidate in live and m.percent > 0]
+    mirrors = [
+        {
+            "var": f"gw_mirror_{i}",
+            "served": m.served,
+            "candidate_model": m.candidate,
+            "upstream": slugs[m.candidate],
+            "percent_text": _percent(m.percent),
+        }
+        for i, m in enumerate(gw.mirrors)
+        if m.candidate in live and m.percent > 0
+    ]
     mirror_of = {m["served"]: m["var"] for m in mirrors}
     for u in upstreams:
         u["mirror"] = mirror_of.get(served_name(inv, u["model"]))
-    gray = [{"var": f"gw_gray_{i}", "served": g.served, "canary_model": g.canary, "stable": g.stable,
-             "percent_text": _percent(g.percent)} for i, g in enumerate(gw.gray)]
+    gray = [
+        {
+            "var": f"gw_gray_{i}",
+            "served": g.served,
+            "canary_model": g.canary,
+            "stable": g.stable,
+            "percent_text": _percent(g.percent),
+        }
+        for i, g in enumerate(gw.gray)
+    ]
     routes = _routes(inv, gw, slugs, live, gray)
     instance_names = sorted((s["address"], s["name"]) for u in upstreams for s in u["servers"])
     auth = gw.auth == "keys"
     rate_zones, stream_zones, clients_text = _clients(gw, list(clients)) if auth else ([], [], "")
     ctx = {
-        "inventory": inv.path, "paths": paths, "session_var": gw.session_header.lower().replace("-", "_"),
-        "gray": gray, "mirrors": mirrors, "upstreams": upstreams, "instance_names": instance_names,
-        "limits": {"connections": gw.max_connections,
-                   "rate": _rate(gw.requests_per_second),
-                   "burst": f" burst={gw.burst}" if gw.burst else ""},
-        "port": gw.port, "read_timeout_s": gw.read_timeout_s, "connect_timeout_s": CONNECT_TIMEOUT_S,
-        "fail_timeout_s": FAIL_TIMEOUT_S, "dispatch": gw.dispatch,
-        "listen": [_listen(a, p) for a, p in gw.listen_addresses()], "admin_port": gw.admin_port,
-        "tls": gw.tls_certificate is not None, "auth": auth, "key_rate_zones": rate_zones,
-        "key_stream_zones": stream_zones, "upstream_keepalive_s": UPSTREAM_KEEPALIVE_S,
-        "body_mib": BODY_MIB, "api_key": gw.api_key is not None,
+        "inventory": inv.path,
+        "paths": paths,
+        "session_var": gw.session_header.lower().replace("-", "_"),
+        "gray": gray,
+        "mirrors": mirrors,
+        "upstreams": upstreams,
+        "instance_names": instance_names,
+        "limits": {
+            "connections": gw.max_connections,
+            "rate": _rate(gw.requests_per_second),
+            "burst": f" burst={gw.burst}" if gw.burst else "",
+        },
+        "port": gw.port,
+        "read_timeout_s": gw.read_timeout_s,
+        "connect_timeout_s": CONNECT_TIMEOUT_S,
+        "fail_timeout_s": FAIL_TIMEOUT_S,
+        "dispatch": gw.dispatch,
+        "listen": [_listen(a, p) for a, p in gw.listen_addresses()],
+        "admin_port": gw.admin_port,
+        "tls": gw.tls_certificate is not None,
+        "auth": auth,
+        "key_rate_zones": rate_zones,
+        "key_stream_zones": stream_zones,
+        "upstream_keepalive_s": UPSTREAM_KEEPALIVE_S,
+        "body_mib": BODY_MIB,
+        "api_key": gw.api_key is not None,
         "worker_shutdown_timeout_s": WORKER_SHUTDOWN_TIMEOUT_S,
         "routes_json": json.dumps(routes, indent=4, sort_keys=True),
         "clients_file_json": json.dumps(_clients_file(paths)),
-        "dispatch_json": json.dumps(gw.dispatch), "scores_file_json": json.dumps(f"{paths.state_dir}/scores.json"),
+        "dispatch_json": json.dumps(gw.dispatch),
+        "scores_file_json": json.dumps(f"{paths.state_dir}/scores.json"),
         "picks_dir_json": json.dumps(f"{paths.state_dir}/picks"),
         "max_age_ms": 1000 * max(WORKER_SHUTDOWN_TIMEOUT_S, gw.read_timeout_s),
         "admin_token_json": json.dumps(f"{paths.conf_dir}/admin.token"),
-        "members_json": json.dumps({u["name"]: [{"name": srv["name"], "loc": srv["loc"], "down": srv["down"],
-                                                 "step": srv["step"]}
-                                                for srv in u["servers"]]
-                                    for u in upstreams}, indent=4, sort_keys=True),
-        "session_header_json": json.dumps(gw.session_header), "max_conns_json": json.dumps(gw.max_conns),
+        "members_json": json.dumps(
+            {
+                u["name"]: [
+                    {"name": srv["name"], "loc": srv["loc"], "down": srv["down"], "step": srv["step"]}
+                    for srv in u["servers"]
+                ]
+                for u in upstreams
+            },
+            indent=4,
+            sort_keys=True,
+        ),
+        "session_header_json": json.dumps(gw.session_header),
+        "max_conns_json": json.dumps(gw.max_conns),
     }
     env = _env()
     placeholder = "@@CONFIG_DIGEST@@"
     files = [
         GatewayFile(paths.nginx_conf, env.get_template("nginx.conf.j2").render(ctx)),
-        GatewayFile(f"{paths.conf_dir}/gateway.conf",
-                    env.get_template("gateway.conf.j2").render({**ctx, "digest": placeholder})),
+        GatewayFile(
+            f"{paths.conf_dir}/gateway.conf", env.get_template("gateway.conf.j2").render({**ctx, "digest": placeholder})
+        ),
         GatewayFile(f"{paths.conf_dir}/gateway.js", env.get_template("gateway.js.j2").render(ctx)),
     ]
     auth_path = f"{paths.conf_dir}/upstream-auth.conf"
@@ -312,8 +375,11 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
         files.append(GatewayFile(auth_path, _auth_text(api_key), mode=0o640, group="www-data", secret=True))
     else:
         files.append(GatewayFile(auth_path, "", mode=0o640, group="www-data", remove=True))
-    files.append(GatewayFile(_clients_file(paths), clients_text, mode=0o640, group="www-data", secret=True,
-                             remove=not auth, live=True))
+    files.append(
+        GatewayFile(
+            _clients_file(paths), clients_text, mode=0o640, group="www-data", secret=True, remove=not auth, live=True
+        )
+    )
     crt, key = f"{paths.conf_dir}/tls.crt", f"{paths.conf_dir}/tls.key"
     if gw.tls_certificate is not None:
         files.append(GatewayFile(crt, tls.certificate if tls else REDACTED + "\n"))
@@ -328,13 +394,20 @@ def render_gateway(inv: Inventory, instances: Mapping[str, Instance],
             h.update(entry)
     config = h.hexdigest()[:16]
     from clusterctl.gateway.vrrp import render_vrrp  # it builds on this module's GatewayFile
+
     vrrp = render_vrrp(inv, vrrp_password)
     for host, vfiles in sorted(vrrp.items()):  # keepalived's files: in the digest (sync applies them), not in config
         for f in vfiles:
             whole.update(f"{host}\0{f.path}\0{f.mode:o}\0{f.text}\0".encode())
     files = [replace(f, text=f.text.replace(placeholder, config)) for f in files]
-    return RenderedGateway(tuple(files), whole.hexdigest(), server_states, config,
-                           {"state_dir": paths.state_dir, "token": f"{paths.conf_dir}/admin.token"}, vrrp)
+    return RenderedGateway(
+        tuple(files),
+        whole.hexdigest(),
+        server_states,
+        config,
+        {"state_dir": paths.state_dir, "token": f"{paths.conf_dir}/admin.token"},
+        vrrp,
+    )
 
 
 def _rate(rps: float) -> str:
@@ -347,14 +420,20 @@ def _auth_text(api_key: str | None) -> str:
     if api_key is None:
         return _AUTH_LINE.format(key=REDACTED)
     if not _KEY_OK.match(api_key):
-        raise GatewayRenderError("gateway.api_key: the key holds a character nginx would interpret "
-                                 "(space, quote, backslash, '$', ';', braces) or is empty; use a plain token")
+        raise GatewayRenderError(
+            "gateway.api_key: the key holds a character nginx would interpret "
+            "(space, quote, backslash, '$', ';', braces) or is empty; use a plain token"
+        )
     return _AUTH_LINE.format(key=api_key)
 
 
-def _upstreams(inv: Inventory, gw: GatewaySpec, instances: Mapping[str, Instance],
-               states: Mapping[str, ServerState], slugs: dict[str, str],
-               ) -> tuple[list[dict[str, Any]], dict[str, ServerState]]:
+def _upstreams(
+    inv: Inventory,
+    gw: GatewaySpec,
+    instances: Mapping[str, Instance],
+    states: Mapping[str, ServerState],
+    slugs: dict[str, str],
+) -> tuple[list[dict[str, Any]], dict[str, ServerState]]:
     out: list[dict[str, Any]] = []
     used: dict[str, ServerState] = {}
     max_conns = f" max_conns={gw.max_conns}" if gw.max_conns else ""
@@ -365,17 +444,24 @@ def _upstreams(inv: Inventory, gw: GatewaySpec, instances: Mapping[str, Instance
             weight = min(MAX_WEIGHT, max(1, int(st.weight)))
             used[name] = replace(st, weight=weight)
             seats = max_num_seqs(instances[name]) or DEFAULT_SEATS
-            servers.append({"name": name, "address": _server_address(inv, instances[name]),
-                            "step": round(1.0 / seats, 6),
-                            "max_conns": max_conns, "weight": weight, "down": st.down,
-                            "reason": re.sub(r"[^\w .:/-]", "", st.reason)[:80]})
+            servers.append(
+                {
+                    "name": name,
+                    "address": _server_address(inv, instances[name]),
+                    "step": round(1.0 / seats, 6),
+                    "max_conns": max_conns,
+                    "weight": weight,
+                    "down": st.down,
+                    "reason": re.sub(r"[^\w .:/-]", "", st.reason)[:80],
+                }
+            )
         if servers:
             for i, srv in enumerate(servers):  # least_score: one upstream per instance, the others as backups
                 srv["loc"] = f"{slug}_i{i}"
                 # the next ones first (each lost instance's requests go to a different neighbour),
                 # those on other hosts before those on its own (a lost host takes all of its own)
                 host = str(srv["address"]).rsplit(":", 1)[0]
-                rot = servers[i + 1:] + servers[:i]
+                rot = servers[i + 1 :] + servers[:i]
                 far = [o for o in rot if str(o["address"]).rsplit(":", 1)[0] != host]
                 near = [o for o in rot if str(o["address"]).rsplit(":", 1)[0] == host]
                 k = i % len(far) if far else 0
@@ -384,8 +470,9 @@ def _upstreams(inv: Inventory, gw: GatewaySpec, instances: Mapping[str, Instance
     return out, used
 
 
-def _routes(inv: Inventory, gw: GatewaySpec, slugs: dict[str, str], live: set[str],
-            gray: list[dict[str, str]]) -> dict[str, dict[str, str | None]]:
+def _routes(
+    inv: Inventory, gw: GatewaySpec, slugs: dict[str, str], live: set[str], gray: list[dict[str, str]]
+) -> dict[str, dict[str, str | None]]:
     """Served name -> {upstream, gray variable, canary upstream}; ``None`` upstream: no instance."""
     routes: dict[str, dict[str, str | None]] = {}
     for model in inv.models:
@@ -394,7 +481,9 @@ def _routes(inv: Inventory, gw: GatewaySpec, slugs: dict[str, str], live: set[st
             continue  # the first model with a served name answers it; gray releases split further
         routes[served] = {"upstream": slugs[model] if model in live else None}
     for g in gray:
-        routes[g["served"]] = {"upstream": slugs[g["stable"]] if g["stable"] in live else None,
-                               "gray": g["var"],
-                               "canary": slugs[g["canary_model"]] if g["canary_model"] in live else None}
+        routes[g["served"]] = {
+            "upstream": slugs[g["stable"]] if g["stable"] in live else None,
+            "gray": g["var"],
+            "canary": slugs[g["canary_model"]] if g["canary_model"] in live else None,
+        }
     return routes

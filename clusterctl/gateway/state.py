@@ -49,23 +49,34 @@ def load(state_dir: Path) -> GatewayState:
     except FileNotFoundError:
         return GatewayState()
     except (OSError, ValueError) as e:
-        raise ConfigError([Problem(str(path), getattr(e, "lineno", 0), f"cannot read the gateway state: {e}")]) \
-            from None
+        raise ConfigError(
+            [Problem(str(path), getattr(e, "lineno", 0), f"cannot read the gateway state: {e}")]
+        ) from None
     try:
-        servers = {n: ServerState(bool(s["down"]), int(s["weight"]), str(s.get("reason", "")))
-                   for n, s in data.get("servers", {}).items()}
-        return GatewayState(dict(data.get("marked_down", {})), servers, float(data.get("last_reload", 0.0)),
-                            str(data.get("digest", "")), str(data.get("config", "")))
+        servers = {
+            n: ServerState(bool(s["down"]), int(s["weight"]), str(s.get("reason", "")))
+            for n, s in data.get("servers", {}).items()
+        }
+        return GatewayState(
+            dict(data.get("marked_down", {})),
+            servers,
+            float(data.get("last_reload", 0.0)),
+            str(data.get("digest", "")),
+            str(data.get("config", "")),
+        )
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        raise ConfigError([Problem(str(path), 0, f"the gateway state is not in the expected form: {e}")]) \
-            from None
+        raise ConfigError([Problem(str(path), 0, f"the gateway state is not in the expected form: {e}")]) from None
 
 
 def _dump(st: GatewayState) -> str:
     body: dict[str, Any] = {
-        "version": 1, "marked_down": st.marked_down,
+        "version": 1,
+        "marked_down": st.marked_down,
         "servers": {n: {"down": s.down, "weight": s.weight, "reason": s.reason} for n, s in sorted(st.servers.items())},
-        "last_reload": st.last_reload, "digest": st.digest, "config": st.config}
+        "last_reload": st.last_reload,
+        "digest": st.digest,
+        "config": st.config,
+    }
     return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
 

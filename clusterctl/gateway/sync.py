@@ -80,29 +80,40 @@ class SyncResult:
         return all(h.ok for h in self.hosts)
 
     def to_json(self) -> dict[str, Any]:
-        return {"digest": self.digest, "changed": self.changed, "skipped": self.skipped,
-                "next_allowed_s": round(self.next_allowed_s, 1),
-                "servers": {n: {"down": s.down, "weight": s.weight, "reason": s.reason}
-                            for n, s in sorted(self.servers.items())},
-                "hosts": [h.to_json() for h in self.hosts], "scores": self.scores}
+        return {
+            "digest": self.digest,
+            "changed": self.changed,
+            "skipped": self.skipped,
+            "next_allowed_s": round(self.next_allowed_s, 1),
+            "servers": {
+                n: {"down": s.down, "weight": s.weight, "reason": s.reason} for n, s in sorted(self.servers.items())
+            },
+            "hosts": [h.to_json() for h in self.hosts],
+            "scores": self.scores,
+        }
 
 
 def tp_unavailable(findings: Iterable[Finding]) -> set[str]:
     """Instances whose TP group doctor's ``tp.group`` check marks UNAVAILABLE (CRIT)."""
-    return {f.subject.removeprefix("tp-group:") for f in findings
-            if f.check == "tp.group" and f.severity == Severity.CRIT and f.subject.startswith("tp-group:")}
+    return {
+        f.subject.removeprefix("tp-group:")
+        for f in findings
+        if f.check == "tp.group" and f.severity == Severity.CRIT and f.subject.startswith("tp-group:")
+    }
 
 
-def _capacity(inv: Inventory, instances: Mapping[str, Instance],
-              observed: Mapping[str, Observed]) -> dict[str, float]:
+def _capacity(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[str, Observed]) -> dict[str, float]:
     """Per instance its throughput relative to its model's best, where GPU models are mixed."""
     out: dict[str, float] = {}
     by_model: dict[str, list[str]] = {}
     for name, inst in instances.items():
         by_model.setdefault(inst.model, []).append(name)
     for names in by_model.values():
-        gpu_models = {inv.hosts[instances[n].placement[0].host].gpus.model
-                      for n in names if instances[n].placement and instances[n].placement[0].host in inv.hosts}
+        gpu_models = {
+            inv.hosts[instances[n].placement[0].host].gpus.model
+            for n in names
+            if instances[n].placement and instances[n].placement[0].host in inv.hosts
+        }
         peaks = {n: observed[n].peak_tokens_per_s for n in names if n in observed}
         known = [p for p in peaks.values() if p]
         if len(gpu_models) < 2 or not known:
@@ -114,10 +125,13 @@ def _capacity(inv: Inventory, instances: Mapping[str, Instance],
     return out
 
 
-
-
-def dispatch_scores(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[str, Observed],
-                    servers: Mapping[str, ServerState], now: float) -> dict[str, Any]:
+def dispatch_scores(
+    inv: Inventory,
+    instances: Mapping[str, Instance],
+    observed: Mapping[str, Observed],
+    servers: Mapping[str, ServerState],
+    now: float,
+) -> dict[str, Any]:
     """What ``gateway sync`` posts for least_score dispatch (docs/gateway.md):
     ``{"at", "instances": {NAME: {"load", "step", "down", "reason"}}}``; ``at`` (``now``) is when the
     engines were measured: the gateway counts the requests it sent after it on top.
@@ -148,8 +162,14 @@ def dispatch_scores(inv: Inventory, instances: Mapping[str, Instance], observed:
     return {"at": round(now, 3), "instances": out}
 
 
-def decide(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[str, Observed], *,
-           marked_down: Mapping[str, Mapping[str, str]] = {}, unavailable: Iterable[str] = ()) -> dict[str, ServerState]:
+def decide(
+    inv: Inventory,
+    instances: Mapping[str, Instance],
+    observed: Mapping[str, Observed],
+    *,
+    marked_down: Mapping[str, Mapping[str, str]] = {},
+    unavailable: Iterable[str] = (),
+) -> dict[str, ServerState]:
     """One :class:`ServerState` per instance of ``instances`` (rules in the module doc)."""
     bad_tp = set(unavailable)
     capacity = _capacity(inv, instances, observed)
@@ -157,8 +177,11 @@ def decide(inv: Inventory, instances: Mapping[str, Instance], observed: Mapping[
     for name in instances:
         obs = observed.get(name)
         if name in marked_down:
-            out[name] = ServerState(True, 1, "marked down" + (f": {marked_down[name].get('reason')}"
-                                                              if marked_down[name].get("reason") else ""))
+            out[name] = ServerState(
+                True,
+                1,
+                "marked down" + (f": {marked_down[name].get('reason')}" if marked_down[name].get("reason") else ""),
+            )
         elif name in bad_tp:
             out[name] = ServerState(True, 1, "TP group UNAVAILABLE")
         elif obs is None:
@@ -181,15 +204,25 @@ def render_states(inv: Inventory, servers: Mapping[str, ServerState]) -> dict[st
     gw = inv.gateway
     if gw is None or gw.dispatch != "least_score":
         return dict(servers)
-    return {n: (s if s.down and s.reason.startswith("marked down") else ServerState(reason=""))
-            for n, s in servers.items()}
+    return {
+        n: (s if s.down and s.reason.startswith("marked down") else ServerState(reason="")) for n, s in servers.items()
+    }
 
 
-def sync_gateway(inv: Inventory, fleet: Any, instances: Mapping[str, Instance],
-                 servers: Mapping[str, ServerState], *, state_dir: Path, force: bool = False,
-                 dry_run: bool = False, now: Callable[[], float] = time.time,
-                 on_event: Callable[[str], None] | None = None,
-                 observed: Mapping[str, Observed] | None = None, measured_at: float | None = None) -> SyncResult:
+def sync_gateway(
+    inv: Inventory,
+    fleet: Any,
+    instances: Mapping[str, Instance],
+    servers: Mapping[str, ServerState],
+    *,
+    state_dir: Path,
+    force: bool = False,
+    dry_run: bool = False,
+    now: Callable[[], float] = time.time,
+    on_event: Callable[[str], None] | None = None,
+    observed: Mapping[str, Observed] | None = None,
+    measured_at: float | None = None,
+) -> SyncResult:
     """Render with ``servers`` and apply to every gateway host when the config changed.
 
     ``fleet`` must hold the gateway hosts.  Applies at most once per
@@ -204,8 +237,11 @@ def sync_gateway(inv: Inventory, fleet: Any, instances: Mapping[str, Instance],
     if dry_run:
         st = gwstate.load(state_dir)
         return SyncResult(rendered.digest, dict(servers), rendered.digest != st.digest, "dry-run")
-    scores = dispatch_scores(inv, instances, observed, servers, measured_at if measured_at is not None else now()) \
-        if observed is not None and gw.dispatch == "least_score" else None
+    scores = (
+        dispatch_scores(inv, instances, observed, servers, measured_at if measured_at is not None else now())
+        if observed is not None and gw.dispatch == "least_score"
+        else None
+    )
     with gwstate.locked(state_dir) as st:
         st.servers = dict(servers)
         result = SyncResult(rendered.digest, dict(servers), rendered.digest != st.digest)

@@ -59,8 +59,10 @@ def _password_line(password: str | None) -> str:
     if password is None:
         return REDACTED
     if len(password) > PASSWORD_MAX or not _PASSWORD_OK.match(password):
-        raise GatewayRenderError(f"gateway.vip.password: VRRP's password is 1-{PASSWORD_MAX} printable characters "
-                                 "without space or '\"' (keepalived would cut a longer one)")
+        raise GatewayRenderError(
+            f"gateway.vip.password: VRRP's password is 1-{PASSWORD_MAX} printable characters "
+            "without space or '\"' (keepalived would cut a longer one)"
+        )
     return password
 
 
@@ -76,8 +78,7 @@ def render_vrrp(inv: Inventory, password: str | None) -> dict[str, tuple[Gateway
     vip = gw.vip
     auth = ""
     if vip.password is not None:
-        auth = ("    authentication {\n        auth_type PASS\n"
-                f"        auth_pass {_password_line(password)}\n    }}\n")
+        auth = f"    authentication {{\n        auth_type PASS\n        auth_pass {_password_line(password)}\n    }}\n"
     interval = vip.advert_s
     script = check_script(gw.admin_port, max(1, interval))
     out: dict[str, tuple[GatewayFile, ...]] = {}
@@ -118,7 +119,8 @@ vrrp_instance clusterctl_gateway {{
     }}
 }}
 """
-        out[host] = (GatewayFile(CONF, conf, mode=0o600, secret=vip.password is not None),
-                     GatewayFile(CHECK, script, mode=0o755))
+        out[host] = (
+            GatewayFile(CONF, conf, mode=0o600, secret=vip.password is not None),
+            GatewayFile(CHECK, script, mode=0o755),
+        )
     return out
-

@@ -49,14 +49,23 @@ from clusterctl.inventory.nodeset import MAX_NAMES, fold, natural_key, split_top
 from clusterctl.inventory.yamlnodes import MAX_NODES
 
 SSH_VARS = {
-    "ansible_port": "port", "ansible_ssh_port": "port",
-    "ansible_user": "user", "ansible_ssh_user": "user",
+    "ansible_port": "port",
+    "ansible_ssh_port": "port",
+    "ansible_user": "user",
+    "ansible_ssh_user": "user",
     "ansible_ssh_private_key_file": "identity_file",
-    "ansible_become": "become", "ansible_become_method": "become_method",
+    "ansible_become": "become",
+    "ansible_become_method": "become_method",
 }
 ADDRESS_VARS = ("ansible_host", "ansible_ssh_host")
-SECRET_VARS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
-               "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
+SECRET_VARS = (
+    "ansible_password",
+    "ansible_ssh_pass",
+    "ansible_ssh_password",
+    "ansible_become_password",
+    "ansible_become_pass",
+    "ansible_sudo_pass",
+)
 _RANGE = re.compile(r"\[([^\]\[]*?):([^\]\[]*?)(?::([^\]\[]*))?\]")
 _TRUE = {"true", "yes", "on", "1", "y"}
 _FALSE = {"false", "no", "off", "0", "n"}
@@ -91,8 +100,10 @@ class _Inv:
     def group(self, name: str, line: int = 0) -> _Group:
         if name not in self.groups:
             if not NAME.match(name) or name == "failed":
-                self.error(line, f"group name {name!r} cannot be used in clusterctl "
-                                 "(letters, digits, '_', '.', '-'; not 'failed')")
+                self.error(
+                    line,
+                    f"group name {name!r} cannot be used in clusterctl (letters, digits, '_', '.', '-'; not 'failed')",
+                )
             self.groups[name] = _Group(name)
         return self.groups[name]
 
@@ -112,6 +123,7 @@ class _Inv:
 
 
 # ------------------------------------------------------------------ ranges
+
 
 def expand_ansible_range(pattern: str) -> list[str]:
     """Expand Ansible host ranges: ``www[01:50:2].example.com``, ``db-[a:f]``.
@@ -167,10 +179,10 @@ def _expand(pattern: str) -> list[str]:
         lo, hi = string.ascii_letters.index(beg), string.ascii_letters.index(end)
         if hi < lo:
             raise ValueError(f"{pattern!r}: range goes backwards")
-        items = list(string.ascii_letters[lo:hi + 1:step])
+        items = list(string.ascii_letters[lo : hi + 1 : step])
     else:
         raise ValueError(f"{pattern!r}: range [{beg}:{end}] mixes numbers and letters or uses words")
-    head, tail = pattern[:m.start()], pattern[m.end():]
+    head, tail = pattern[: m.start()], pattern[m.end() :]
     out = []
     for item in items:
         out.extend(_expand(head + item + tail))
@@ -208,8 +220,7 @@ def _read_ini(text: str, inv: _Inv) -> None:
         if line.startswith("["):
             m = _SECTION.match(re.sub(r"\s*[#;].*$", "", line))
             if not m or (m.group(2) or "hosts") not in ("hosts", "vars", "children"):
-                inv.error(lineno, f"bad section header {line!r} (expected [group], [group:vars] "
-                                  "or [group:children])")
+                inv.error(lineno, f"bad section header {line!r} (expected [group], [group:vars] or [group:children])")
                 group, kind = "", "skip"
                 continue
             group, kind = m.group(1), m.group(2) or "hosts"
@@ -268,6 +279,7 @@ def _add_pattern(pattern: str, hvars: dict[str, Any], group: str, inv: _Inv, lin
 
 # ------------------------------------------------------------------- YAML
 
+
 def _read_yaml(data: Any, inv: _Inv) -> None:
     if not isinstance(data, dict):
         inv.error(0, "a YAML inventory must be a mapping of group names")
@@ -316,6 +328,7 @@ def _yaml_group(name: str, body: Any, inv: _Inv, depth: int) -> None:
 
 # ----------------------------------------------------- group_vars/host_vars
 
+
 def _vars_files(directory: Path, name: str) -> list[Path]:
     out = []
     for ext in ("", ".yml", ".yaml", ".json"):
@@ -324,8 +337,13 @@ def _vars_files(directory: Path, name: str) -> list[Path]:
             out.append(p)
     d = directory / name
     if d.is_dir():
-        out.extend(sorted(p for p in d.rglob("*") if p.is_file()
-                          and p.suffix in ("", ".yml", ".yaml", ".json") and not p.name.startswith(".")))
+        out.extend(
+            sorted(
+                p
+                for p in d.rglob("*")
+                if p.is_file() and p.suffix in ("", ".yml", ".yaml", ".json") and not p.name.startswith(".")
+            )
+        )
     return out
 
 
@@ -355,6 +373,7 @@ def _read_vars_file(path: Path, problems: list[Problem]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------- convert
+
 
 def import_ansible(path: str | Path) -> AnsibleImport:
     """Read an Ansible inventory file and return the clusterctl inventory data.
@@ -417,8 +436,7 @@ def _yaml_inventory(text: str) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or not data:
         return None
-    if all(v is None or (isinstance(v, dict) and set(v) <= {"hosts", "vars", "children"})
-           for v in data.values()):
+    if all(v is None or (isinstance(v, dict) and set(v) <= {"hosts", "vars", "children"}) for v in data.values()):
         return data
     return None
 
@@ -460,16 +478,19 @@ def _members(inv: _Inv, name: str, seen: set[str] | None = None) -> list[str]:
     return out
 
 
-def _split_vars(values: dict[str, Any], where: str, warnings: list[str],
-                host_level: bool) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+def _split_vars(
+    values: dict[str, Any], where: str, warnings: list[str], host_level: bool
+) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """Split Ansible variables into (ssh settings, other vars, address)."""
     ssh: dict[str, Any] = {}
     other: dict[str, Any] = {}
     address = None
     for key, value in values.items():
         if key in SECRET_VARS:
-            warnings.append(f"{where}: {key} dropped (secrets are not stored in the inventory; "
-                            "clusterctl asks for the sudo password at run time)")
+            warnings.append(
+                f"{where}: {key} dropped (secrets are not stored in the inventory; "
+                "clusterctl asks for the sudo password at run time)"
+            )
             continue
         if key == "ansible_group_priority":
             continue

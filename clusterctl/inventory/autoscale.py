@@ -35,23 +35,50 @@ from clusterctl.inventory.yamlnodes import Y
 
 #: signal -> (default high, default low, the largest meaningful value or None).
 SIGNALS: dict[str, tuple[float, float, float | None]] = {
-    "load": (0.7, 0.3, 1.0),       # the load score of docs/status.md, 0..1
-    "queue": (8.0, 1.0, None),     # waiting requests per replica (worth-weighted)
-    "kv": (0.8, 0.3, 1.0),         # KV-cache usage, 0..1
+    "load": (0.7, 0.3, 1.0),  # the load score of docs/status.md, 0..1
+    "queue": (8.0, 1.0, None),  # waiting requests per replica (worth-weighted)
+    "kv": (0.8, 0.3, 1.0),  # KV-cache usage, 0..1
     "ttft_p90": (2.0, 0.5, None),  # seconds, the worst replica's p90 over the window
 }
 
-KEYS = ("min", "max", "signal", "high", "low", "window_s", "scale_out_after_s", "scale_in_after_s",
-        "cooldown_out_s", "cooldown_in_s", "max_step", "backoff_s", "interval_s", "hosts", "gpus",
-        "prefer_gpu", "worth", "gate_timeout_s", "drain_timeout_s")
+KEYS = (
+    "min",
+    "max",
+    "signal",
+    "high",
+    "low",
+    "window_s",
+    "scale_out_after_s",
+    "scale_in_after_s",
+    "cooldown_out_s",
+    "cooldown_in_s",
+    "max_step",
+    "backoff_s",
+    "interval_s",
+    "hosts",
+    "gpus",
+    "prefer_gpu",
+    "worth",
+    "gate_timeout_s",
+    "drain_timeout_s",
+)
 #: keys holding seconds, with the least value allowed.
-SECONDS = {"window_s": 0.0, "scale_out_after_s": 0.0, "scale_in_after_s": 0.0, "cooldown_out_s": 0.0,
-           "cooldown_in_s": 0.0, "backoff_s": 0.0, "interval_s": 0.5, "gate_timeout_s": 1.0,
-           "drain_timeout_s": 0.0}
+SECONDS = {
+    "window_s": 0.0,
+    "scale_out_after_s": 0.0,
+    "scale_in_after_s": 0.0,
+    "cooldown_out_s": 0.0,
+    "cooldown_in_s": 0.0,
+    "backoff_s": 0.0,
+    "interval_s": 0.5,
+    "gate_timeout_s": 1.0,
+    "drain_timeout_s": 0.0,
+}
 
 
-def read_policy(ctx: Ctx, y: Y, w: str, inv: Inventory, template_hosts: str | None,
-                replicas: int | None) -> AutoscalePolicy | None:
+def read_policy(
+    ctx: Ctx, y: Y, w: str, inv: Inventory, template_hosts: str | None, replicas: int | None
+) -> AutoscalePolicy | None:
     """The policy under ``w`` (``templates.NAME.autoscale``), or ``None`` after recording problems."""
     if ctx.mapping(y, w) is None:
         return None
@@ -72,13 +99,20 @@ def read_policy(ctx: Ctx, y: Y, w: str, inv: Inventory, template_hosts: str | No
     for key, default in (("high", high), ("low", low)):
         v = ctx.number(known[key], f"{w}.{key}") if key in known else default
         if v is not None and (v < 0 or (top is not None and v > top)):
-            ctx.error(known[key].line, f"{w}.{key}: {v} is out of range 0-{top:g} for signal {signal}"
-                      if top is not None else f"{w}.{key}: {v} must not be negative")
+            ctx.error(
+                known[key].line,
+                f"{w}.{key}: {v} is out of range 0-{top:g} for signal {signal}"
+                if top is not None
+                else f"{w}.{key}: {v} must not be negative",
+            )
             v = None
         vals[key] = v
     if vals.get("high") is not None and vals.get("low") is not None and not vals["low"] < vals["high"]:
-        ctx.error(known.get("low", y).line, f"{w}: low ({vals['low']:g}) must be below high ({vals['high']:g}): "
-                                            "the band between them is what keeps a flapping signal from oscillating")
+        ctx.error(
+            known.get("low", y).line,
+            f"{w}: low ({vals['low']:g}) must be below high ({vals['high']:g}): "
+            "the band between them is what keeps a flapping signal from oscillating",
+        )
     for key, lo in SECONDS.items():
         if key in known:
             v = ctx.number(known[key], f"{w}.{key}")
@@ -89,17 +123,21 @@ def read_policy(ctx: Ctx, y: Y, w: str, inv: Inventory, template_hosts: str | No
     out_s = vals.get("scale_out_after_s", AutoscalePolicy.scale_out_after_s)
     in_s = vals.get("scale_in_after_s", AutoscalePolicy.scale_in_after_s)
     if out_s is not None and in_s is not None and in_s < out_s:
-        ctx.error(known.get("scale_in_after_s", y).line,
-                  f"{w}: scale_in_after_s ({in_s:g}) is shorter than scale_out_after_s ({out_s:g}); "
-                  "removing capacity must wait at least as long as adding it")
+        ctx.error(
+            known.get("scale_in_after_s", y).line,
+            f"{w}: scale_in_after_s ({in_s:g}) is shorter than scale_out_after_s ({out_s:g}); "
+            "removing capacity must wait at least as long as adding it",
+        )
     if "max_step" in known:
         vals["max_step"] = ctx.integer(known["max_step"], f"{w}.max_step", 1, 65535)
     if vals.get("min") is not None and vals.get("max") is not None:
         if vals["min"] > vals["max"]:
             ctx.error(known["min"].line, f"{w}: min ({vals['min']}) is above max ({vals['max']})")
         elif replicas is not None and not vals["min"] <= replicas <= vals["max"]:
-            ctx.error(known["min"].line, f"{w}: the template's replicas ({replicas}) is outside "
-                                         f"min..max ({vals['min']}..{vals['max']})")
+            ctx.error(
+                known["min"].line,
+                f"{w}: the template's replicas ({replicas}) is outside min..max ({vals['min']}..{vals['max']})",
+            )
     allowed = _allowed_hosts(ctx, inv, template_hosts)
     if "hosts" in known:
         vals["hosts"] = _hosts(ctx, known["hosts"], f"{w}.hosts", inv, allowed)
@@ -110,8 +148,11 @@ def read_policy(ctx: Ctx, y: Y, w: str, inv: Inventory, template_hosts: str | No
         pref = ctx.string(known["prefer_gpu"], f"{w}.prefer_gpu")
         usable = sorted({inv.hosts[h].gpus.model for h in allowed if inv.hosts[h].gpus.model})
         if pref is not None and pref not in usable:
-            ctx.error(known["prefer_gpu"].line, f"{w}.prefer_gpu: no host the template may use has "
-                      f"GPU model {pref!r} (theirs: {', '.join(usable) or 'none given'})" + suggest(pref, usable))
+            ctx.error(
+                known["prefer_gpu"].line,
+                f"{w}.prefer_gpu: no host the template may use has "
+                f"GPU model {pref!r} (theirs: {', '.join(usable) or 'none given'})" + suggest(pref, usable),
+            )
             pref = None
         vals["prefer_gpu"] = pref
     if "worth" in known:
@@ -142,8 +183,10 @@ def _hosts(ctx: Ctx, y: Y, w: str, inv: Inventory, allowed: list[str]) -> str | 
         return None
     outside = [h for h in chosen if h not in allowed]
     if outside:
-        ctx.error(y.line, f"{w}: {', '.join(outside[:5])} {'is' if len(outside) == 1 else 'are'} not among "
-                          "the template's hosts")
+        ctx.error(
+            y.line,
+            f"{w}: {', '.join(outside[:5])} {'is' if len(outside) == 1 else 'are'} not among the template's hosts",
+        )
         return None
     if not chosen:
         ctx.error(y.line, f"{w}: {pattern!r} matches no host")
@@ -167,8 +210,11 @@ def _gpus(ctx: Ctx, y: Y, w: str, inv: Inventory, allowed: list[str]) -> tuple[G
         for pair in pairs:
             host, sep, idx = pair.rpartition(":")
             if not sep or not idx.isdigit() or host not in inv.hosts:
-                ctx.error(line, f"{w}: {pair!r} is not host:GPU of a host in 'hosts' (e.g. gpu01:0)"
-                          + (suggest(host, list(inv.hosts)) if sep else ""))
+                ctx.error(
+                    line,
+                    f"{w}: {pair!r} is not host:GPU of a host in 'hosts' (e.g. gpu01:0)"
+                    + (suggest(host, list(inv.hosts)) if sep else ""),
+                )
                 ok = False
             elif host not in allowed:
                 ctx.error(line, f"{w}: {host} is not among the template's hosts")
@@ -193,8 +239,11 @@ def _worth(ctx: Ctx, y: Y, w: str, models: list[str]) -> tuple[tuple[str, float]
     for model, v in m.items():
         line = y.key_lines.get(model, y.line)
         if model not in models:
-            ctx.error(line, f"{w}: no host of the inventory has GPU model {model!r} "
-                            f"(known: {', '.join(models) or 'none'})" + suggest(model, models))
+            ctx.error(
+                line,
+                f"{w}: no host of the inventory has GPU model {model!r} "
+                f"(known: {', '.join(models) or 'none'})" + suggest(model, models),
+            )
             ok = False
             continue
         val = ctx.number(v, f"{w}.{model}", positive=True)

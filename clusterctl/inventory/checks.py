@@ -27,8 +27,10 @@ def check_instances(ctx: Ctx, inv: Inventory) -> None:
     def claim(key: object, inst: Instance, what: str) -> None:
         other = owner.setdefault(key, inst)
         if other is not inst:
-            ctx.error(_line(inst), f"instances.{inst.name}: {what} is also used by instance "
-                                   f"{other.name} (line {_line(other)})")
+            ctx.error(
+                _line(inst),
+                f"instances.{inst.name}: {what} is also used by instance {other.name} (line {_line(other)})",
+            )
 
     for inst in inv.instances.values():
         line = _line(inst)
@@ -41,8 +43,11 @@ def check_instances(ctx: Ctx, inv: Inventory) -> None:
         if inst.tp_size > PCIE_MAX_TP:
             pcie = [h for h in inst.hosts if inv.hosts[h].gpus.interconnect == "pcie"]
             if pcie:
-                ctx.warning(line, f"instances.{inst.name}: TP {inst.tp_size} on PCIe-only host "
-                                  f"{', '.join(pcie)}; without NVLink keep TP <= {PCIE_MAX_TP}")
+                ctx.warning(
+                    line,
+                    f"instances.{inst.name}: TP {inst.tp_size} on PCIe-only host "
+                    f"{', '.join(pcie)}; without NVLink keep TP <= {PCIE_MAX_TP}",
+                )
 
 
 def check_templates(ctx: Ctx, inv: Inventory) -> None:
@@ -65,27 +70,35 @@ def check_templates(ctx: Ctx, inv: Inventory) -> None:
             pcie = [h.name for h in hosts if h.gpus.interconnect == "pcie"]
             if pcie:
                 from clusterctl.inventory.nodeset import fold
-                ctx.warning(line, f"{w}: TP {tpl.tp} on PCIe-only host(s) {fold(pcie)}; "
-                                  f"without NVLink keep TP <= {PCIE_MAX_TP}")
+
+                ctx.warning(
+                    line, f"{w}: TP {tpl.tp} on PCIe-only host(s) {fold(pcie)}; without NVLink keep TP <= {PCIE_MAX_TP}"
+                )
         if tpl.nodes > 1:  # one stage per host on N hosts of one GPU model (inventory/multinode.py)
             for why in template_problems(inv, tpl, hosts, used):
                 ctx.error(line, f"{w}: nodes {tpl.nodes}: {why}")
             if tpl.autoscale is not None:  # autoscale places new replicas one host at a time
-                ctx.error(line, f"{w}: nodes {tpl.nodes}: autoscale is not supported for replicas across hosts; "
-                                "use clusterctl scale")
+                ctx.error(
+                    line,
+                    f"{w}: nodes {tpl.nodes}: autoscale is not supported for replicas across hosts; "
+                    "use clusterctl scale",
+                )
             continue
         engine = inv.engines.get(tpl.engine)
         if engine is not None and engine.device == "cpu":
             continue  # its replicas take the hosts' CPU slots: no GPUs to count
         slots = sum(max(h.gpus.count - used.get(h.name, 0), 0) // tpl.tp for h in hosts)
         if slots < tpl.replicas:
-            ctx.error(line, f"{w}: {tpl.replicas} replicas of TP {tpl.tp} do not fit: "
-                            f"{tpl.hosts!r} has room for {slots}")
+            ctx.error(
+                line, f"{w}: {tpl.replicas} replicas of TP {tpl.tp} do not fit: {tpl.hosts!r} has room for {slots}"
+            )
 
 
 def _check_heads(ctx: Ctx, inv: Inventory, model_name: str, tp: int, line: int, what: str) -> None:
     model = inv.models.get(model_name)
     heads = model.arch.attention_heads if model else 0
     if heads and heads % tp:
-        ctx.error(line, f"{what}: model {model_name} has {heads} attention heads, "
-                        f"not divisible by TP {tp} (vLLM refuses to start)")
+        ctx.error(
+            line,
+            f"{what}: model {model_name} has {heads} attention heads, not divisible by TP {tp} (vLLM refuses to start)",
+        )

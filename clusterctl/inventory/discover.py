@@ -37,7 +37,8 @@ ENGINE_PROBE = (
     "[ -n \"$p\" ] && [ -x \"$p\" ] || continue; d=$(dirname \"$p\"); py=python3; "
     "[ -x \"$d/python3\" ] && py=\"$d/python3\"; "
     "v=$(\"$py\" -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null || echo unknown); "
-    "printf '%s\\t%s\\n' \"$p\" \"$v\"; done | sort -u")
+    "printf '%s\\t%s\\n' \"$p\" \"$v\"; done | sort -u"
+)
 
 _VIRTUAL = re.compile(r"^(lo|docker|veth|virbr|br-|cni|flannel|cali|vxlan|tun|tap|kube|bond|dummy|ib\d)")
 
@@ -73,9 +74,12 @@ def gpu_spec(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     models = Counter(gpu_model(str(d.get("name") or ""), d.get("memory_total")) for d in devs if d.get("name"))
     mems = [d["memory_total"] for d in devs if isinstance(d.get("memory_total"), (int, float))]
     nvlink = any(any(x.get("state") == "active" for x in d.get("nvlink") or [] if isinstance(x, dict)) for d in devs)
-    return {"count": len(devs), "model": models.most_common(1)[0][0] if models else "unknown",
-            "memory_gib": round(min(mems) / 2**30, 1) if mems else 0.0,
-            "interconnect": "nvlink" if nvlink else "pcie"}
+    return {
+        "count": len(devs),
+        "model": models.most_common(1)[0][0] if models else "unknown",
+        "memory_gib": round(min(mems) / 2**30, 1) if mems else 0.0,
+        "interconnect": "nvlink" if nvlink else "pcie",
+    }
 
 
 def nic_specs(doc: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -90,8 +94,12 @@ def nic_specs(doc: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
         rdma = nic.get("rdma") if isinstance(nic.get("rdma"), dict) else None
         if rdma:
             speed = rdma.get("rate_gbps") or (nic.get("speed_mbps") or 0) / 1000 or None
-            spec: dict[str, Any] = {"netdev": name, "role": "data", "rdma_device": rdma.get("device"),
-                                    "port": int(rdma.get("port") or 1)}
+            spec: dict[str, Any] = {
+                "netdev": name,
+                "role": "data",
+                "rdma_device": rdma.get("device"),
+                "port": int(rdma.get("port") or 1),
+            }
             if speed:
                 spec["speed_gbps"] = float(speed)
             out.append(spec)
@@ -105,13 +113,20 @@ def nic_specs(doc: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 #: Said at the top of every discovered inventory.
-GUESSES = ("NIC roles are guessed: a port with an RDMA device is a data NIC, the first other physical NIC "
-           "that is up the management NIC; check both")
+GUESSES = (
+    "NIC roles are guessed: a port with an RDMA device is a data NIC, the first other physical NIC "
+    "that is up the management NIC; check both"
+)
 
 
-def discover(facts: Mapping[str, Mapping[str, Any]], base: Mapping[str, Any], *,
-             engines: Mapping[str, list[tuple[str, str]]] | None = None,
-             rack_rule: re.Pattern[str] | None = None, missing: Mapping[str, str] | None = None) -> Discovered:
+def discover(
+    facts: Mapping[str, Mapping[str, Any]],
+    base: Mapping[str, Any],
+    *,
+    engines: Mapping[str, list[tuple[str, str]]] | None = None,
+    rack_rule: re.Pattern[str] | None = None,
+    missing: Mapping[str, str] | None = None,
+) -> Discovered:
     """Inventory data: ``base`` (``version``, ``defaults.ssh``, ``hosts`` with their addresses and
     ssh, ``groups``) completed from ``facts`` (host -> document). ``missing``: hosts without facts
     and why (kept, with a note). ``engines``: host -> [(path, version)] from :data:`ENGINE_PROBE`."""
@@ -177,8 +192,11 @@ def discover(facts: Mapping[str, Mapping[str, Any]], base: Mapping[str, Any], *,
     found: dict[str, dict[str, str]] = {}
     for h, items in sorted((engines or {}).items()):
         for path, version in items:
-            name = "vllm-" + re.sub(r"[^A-Za-z0-9.]+", "-", version) if version != "unknown" else \
-                "vllm-" + re.sub(r"[^A-Za-z0-9]+", "-", path.strip("/"))
+            name = (
+                "vllm-" + re.sub(r"[^A-Za-z0-9.]+", "-", version)
+                if version != "unknown"
+                else "vllm-" + re.sub(r"[^A-Za-z0-9]+", "-", path.strip("/"))
+            )
             prev = found.get(name)
             if prev and prev["path"] != path:
                 name = name + "-" + re.sub(r"[^A-Za-z0-9]+", "-", path.strip("/"))
@@ -201,15 +219,25 @@ class Difference:
     what: str
     inventory: str
     facts: str
-    severity: str = "WARN"   # WARN: they differ; UNKNOWN: the host gave no facts
+    severity: str = "WARN"  # WARN: they differ; UNKNOWN: the host gave no facts
 
     def to_json(self) -> dict[str, str]:
-        return {"host": self.host, "what": self.what, "inventory": self.inventory, "facts": self.facts,
-                "severity": self.severity}
+        return {
+            "host": self.host,
+            "what": self.what,
+            "inventory": self.inventory,
+            "facts": self.facts,
+            "severity": self.severity,
+        }
 
 
-def diff(inv: Any, facts: Mapping[str, Mapping[str, Any]], *, missing: Mapping[str, str] | None = None,
-         engines: Mapping[str, list[tuple[str, str]]] | None = None) -> list[Difference]:
+def diff(
+    inv: Any,
+    facts: Mapping[str, Mapping[str, Any]],
+    *,
+    missing: Mapping[str, str] | None = None,
+    engines: Mapping[str, list[tuple[str, str]]] | None = None,
+) -> list[Difference]:
     """Where the inventory ``inv`` and the facts of its hosts disagree, host by host."""
     out: list[Difference] = []
     for h, why in (missing or {}).items():
@@ -237,10 +265,14 @@ def diff(inv: Any, facts: Mapping[str, Mapping[str, Any]], *, missing: Mapping[s
             if spec.role == "data" and spec.rdma_device and not rdma:
                 out.append(Difference(name, f"nic {spec.netdev}.rdma_device", spec.rdma_device, "no RDMA port"))
             elif spec.role == "data" and spec.rdma_device and rdma and rdma.get("device") != spec.rdma_device:
-                out.append(Difference(name, f"nic {spec.netdev}.rdma_device", spec.rdma_device, str(rdma.get("device"))))
+                out.append(
+                    Difference(name, f"nic {spec.netdev}.rdma_device", spec.rdma_device, str(rdma.get("device")))
+                )
             speed = (rdma or {}).get("rate_gbps") or ((n.get("speed_mbps") or 0) / 1000 or None)
             if spec.speed_gbps and speed and abs(float(speed) - spec.speed_gbps) > 0.5:
-                out.append(Difference(name, f"nic {spec.netdev}.speed_gbps", f"{spec.speed_gbps:g}", f"{float(speed):g}"))
+                out.append(
+                    Difference(name, f"nic {spec.netdev}.speed_gbps", f"{spec.speed_gbps:g}", f"{float(speed):g}")
+                )
         for nd, n in sorted(nics.items()):
             if nd not in declared and isinstance(n.get("rdma"), dict):
                 out.append(Difference(name, f"nic {nd}", "not listed", f"RDMA port {n['rdma'].get('device')}"))

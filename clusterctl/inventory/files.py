@@ -53,4 +53,3 @@ def read_config_text(path: str | os.PathLike[str], max_bytes: int = MAX_CONFIG_B
 
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
-

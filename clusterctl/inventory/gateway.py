@@ -11,14 +11,36 @@ import re
 
 from clusterctl.inventory.fields import Ctx, suggest
 from clusterctl.inventory.model import (
-    GatewaySpec, GrayRelease, Inventory, Location, Mirror, SecretRef, VipSpec,
+    GatewaySpec,
+    GrayRelease,
+    Inventory,
+    Location,
+    Mirror,
+    SecretRef,
+    VipSpec,
 )
 from clusterctl.inventory.nodeset import NodeSetError, expand
 from clusterctl.inventory.yamlnodes import Y
 
-KEYS = ("hosts", "port", "session_header", "max_conns", "limits", "sync_interval_s",
-        "read_timeout_s", "api_key", "gray", "mirrors", "auth", "listen", "tls", "admin_port",
-        "client_limits", "dispatch", "vip")
+KEYS = (
+    "hosts",
+    "port",
+    "session_header",
+    "max_conns",
+    "limits",
+    "sync_interval_s",
+    "read_timeout_s",
+    "api_key",
+    "gray",
+    "mirrors",
+    "auth",
+    "listen",
+    "tls",
+    "admin_port",
+    "client_limits",
+    "dispatch",
+    "vip",
+)
 VIP_KEYS = ("address", "interface", "router_id", "password", "advert_s")
 #: An interface name keepalived and ``ip`` accept (Linux IFNAMSIZ: 15 characters).
 IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}$")
@@ -66,8 +88,10 @@ class GatewayReader:
         if "session_header" in known:
             h = ctx.string(known["session_header"], "gateway.session_header")
             if h is not None and not HEADER.match(h):
-                ctx.error(known["session_header"].line,
-                          f"gateway.session_header: {h!r} is not an HTTP header name (letters, digits, '-')")
+                ctx.error(
+                    known["session_header"].line,
+                    f"gateway.session_header: {h!r} is not an HTTP header name (letters, digits, '-')",
+                )
             elif h is not None:
                 spec.session_header = h
         if "limits" in known:
@@ -75,12 +99,17 @@ class GatewayReader:
         if "api_key" in known:
             spec.api_key = self._secret(known["api_key"], "gateway.api_key")
         if "gray" in known:
-            spec.gray = [g for g in (self._gray(item, inv) for item in self._list(known["gray"], "gateway.gray"))
-                         if g is not None]
+            spec.gray = [
+                g
+                for g in (self._gray(item, inv) for item in self._list(known["gray"], "gateway.gray"))
+                if g is not None
+            ]
         if "mirrors" in known:
-            spec.mirrors = [m for m in (self._mirror(item, inv)
-                                        for item in self._list(known["mirrors"], "gateway.mirrors"))
-                            if m is not None]
+            spec.mirrors = [
+                m
+                for m in (self._mirror(item, inv) for item in self._list(known["mirrors"], "gateway.mirrors"))
+                if m is not None
+            ]
         if "auth" in known:
             spec.auth = ctx.string(known["auth"], "gateway.auth", AUTH) or spec.auth
         if "dispatch" in known:
@@ -98,8 +127,10 @@ class GatewayReader:
         if "vip" in known:
             spec.vip = self._vip(known["vip"], spec, inv)
         if any(port == spec.admin_port for _, port in spec.listen_addresses()):
-            ctx.error(known.get("admin_port", y).line,
-                      f"gateway.admin_port: {spec.admin_port} is also a listen port (the admin server is loopback-only)")
+            ctx.error(
+                known.get("admin_port", y).line,
+                f"gateway.admin_port: {spec.admin_port} is also a listen port (the admin server is loopback-only)",
+            )
         self._check_routes(spec)
         return spec
 
@@ -120,8 +151,11 @@ class GatewayReader:
             except ValueError:
                 m = None
             if not (text.isdigit() or m) or not 1 <= p <= 65535:
-                ctx.error(line, f"gateway.listen: {text!r} is not ADDRESS, ADDRESS:PORT, [IPV6]:PORT or PORT "
-                                "(an IP literal: nginx binds addresses, not names)")
+                ctx.error(
+                    line,
+                    f"gateway.listen: {text!r} is not ADDRESS, ADDRESS:PORT, [IPV6]:PORT or PORT "
+                    "(an IP literal: nginx binds addresses, not names)",
+                )
                 continue
             if (addr, p) not in out:
                 out.append((addr, p))
@@ -142,8 +176,9 @@ class GatewayReader:
         if self.ctx.mapping(y, "gateway.client_limits") is None:
             return
         known = self.ctx.keys(y, CLIENT_LIMIT_KEYS, "gateway.client_limits")
-        spec.key_requests_per_second, spec.key_burst = self._rate(known, "gateway.client_limits",
-                                                                  spec.key_requests_per_second, spec.key_burst)
+        spec.key_requests_per_second, spec.key_burst = self._rate(
+            known, "gateway.client_limits", spec.key_requests_per_second, spec.key_burst
+        )
         if "streams" in known:
             spec.key_streams = self.ctx.integer(known["streams"], "gateway.client_limits.streams", 0) or 0
 
@@ -157,11 +192,15 @@ class GatewayReader:
             if key not in known:
                 ctx.error(y.line, f"{w}: missing '{key}'")
         if len(spec.hosts) < 2:
-            ctx.error(y.line, f"{w}: a floating address needs two or more gateway hosts (gateway.hosts has "
-                              f"{len(spec.hosts)})")
+            ctx.error(
+                y.line, f"{w}: a floating address needs two or more gateway hosts (gateway.hosts has {len(spec.hosts)})"
+            )
         if spec.listen:
-            ctx.error(y.line, f"{w}: with a floating address nginx must listen on every address (the backup "
-                              "host does not hold it); remove gateway.listen")
+            ctx.error(
+                y.line,
+                f"{w}: with a floating address nginx must listen on every address (the backup "
+                "host does not hold it); remove gateway.listen",
+            )
         address, prefix = "", 32
         if "address" in known:
             text = ctx.string(known["address"], f"{w}.address") or ""
@@ -171,8 +210,9 @@ class GatewayReader:
                     raise ValueError("IPv4 only")
                 address, prefix = str(net.ip), net.network.prefixlen
             except ValueError:
-                ctx.error(known["address"].line, f"{w}.address: {text!r} is not an IPv4 address (A.B.C.D or "
-                                                 "A.B.C.D/PREFIX)")
+                ctx.error(
+                    known["address"].line, f"{w}.address: {text!r} is not an IPv4 address (A.B.C.D or A.B.C.D/PREFIX)"
+                )
         interface = ""
         if "interface" in known:
             interface = ctx.string(known["interface"], f"{w}.interface") or ""
@@ -193,8 +233,11 @@ class GatewayReader:
                 if ipaddress.ip_address(h.address).version != 4:
                     raise ValueError
             except ValueError:
-                ctx.error(y.line, f"{w}: gateway host {n!r} has address {h.address!r}; unicast VRRP needs "
-                                  "each gateway host's IPv4 address in 'hosts'")
+                ctx.error(
+                    y.line,
+                    f"{w}: gateway host {n!r} has address {h.address!r}; unicast VRRP needs "
+                    "each gateway host's IPv4 address in 'hosts'",
+                )
             if address and h.address == address:
                 ctx.error(known["address"].line, f"{w}.address: {address} is host {n!r}'s own address")
         return vip
@@ -210,8 +253,9 @@ class GatewayReader:
                 continue
             for n in names:
                 if n not in inv.hosts:
-                    ctx.error(line, f"gateway.hosts: host {n!r} is not defined in 'hosts'"
-                              + suggest(n, list(inv.hosts)))
+                    ctx.error(
+                        line, f"gateway.hosts: host {n!r} is not defined in 'hosts'" + suggest(n, list(inv.hosts))
+                    )
                 elif n not in out:
                     out.append(n)
         return tuple(out)
@@ -222,8 +266,7 @@ class GatewayReader:
         known = self.ctx.keys(y, LIMIT_KEYS, "gateway.limits")
         if "connections" in known:
             spec.max_connections = self.ctx.integer(known["connections"], "gateway.limits.connections", 0) or 0
-        spec.requests_per_second, spec.burst = self._rate(known, "gateway.limits", spec.requests_per_second,
-                                                          spec.burst)
+        spec.requests_per_second, spec.burst = self._rate(known, "gateway.limits", spec.requests_per_second, spec.burst)
 
     def _rate(self, known: dict[str, Y], w: str, rps: float, burst: int) -> tuple[float, int]:
         """``requests_per_second`` (0 or more) and ``burst`` of a limits mapping, else the given values."""
@@ -252,7 +295,9 @@ class GatewayReader:
         text = ctx.string(ry, f"{w}.{kind}")
         if not text or (kind == "env" and not _ENV_NAME.match(text)):
             if text is not None:
-                ctx.error(ry.line, f"{w}.{kind}: {text!r} is not a valid {'variable name' if kind == 'env' else 'path'}")
+                ctx.error(
+                    ry.line, f"{w}.{kind}: {text!r} is not a valid {'variable name' if kind == 'env' else 'path'}"
+                )
             return None
         return SecretRef("env" if kind == "env" else "file", text, Location(ctx.filename, y.line))
 
@@ -270,8 +315,9 @@ class GatewayReader:
             return None
         ref = ctx.string(known[key], f"{w}.{key}")
         if ref is not None and ref not in inv.models:
-            ctx.error(known[key].line, f"{w}.{key}: model {ref!r} is not defined in 'models'"
-                      + suggest(ref, list(inv.models)))
+            ctx.error(
+                known[key].line, f"{w}.{key}: model {ref!r} is not defined in 'models'" + suggest(ref, list(inv.models))
+            )
             return None
         return ref
 
@@ -319,11 +365,13 @@ class GatewayReader:
         """One gray release and one mirror per served name at most."""
         entries: list[tuple[str, str, Location | None]] = [
             *(("gray", g.served, g.location) for g in spec.gray),
-            *(("mirrors", m.served, m.location) for m in spec.mirrors)]
+            *(("mirrors", m.served, m.location) for m in spec.mirrors),
+        ]
         seen: dict[tuple[str, str], int] = {}
         for section, served, loc in entries:
             line = loc.line if loc else 0
             if (section, served) in seen:
-                self.ctx.error(line, f"gateway.{section}: {served!r} has an entry already "
-                                     f"(line {seen[section, served]})")
+                self.ctx.error(
+                    line, f"gateway.{section}: {served!r} has an entry already (line {seen[section, served]})"
+                )
             seen[section, served] = line

@@ -33,8 +33,20 @@ from clusterctl.inventory.workloads import WorkloadReader
 from clusterctl.inventory.yamlnodes import Y, parse
 
 SCHEMA_VERSION = 1
-TOP_KEYS = ("version", "cluster", "defaults", "fabric", "groups", "hosts", "engines", "models",
-            "instances", "templates", "gateway", "pd_pools")
+TOP_KEYS = (
+    "version",
+    "cluster",
+    "defaults",
+    "fabric",
+    "groups",
+    "hosts",
+    "engines",
+    "models",
+    "instances",
+    "templates",
+    "gateway",
+    "pd_pools",
+)
 RESERVED_GROUPS = ("all", "failed")
 
 
@@ -102,8 +114,7 @@ class _Loader:
         if version is None:
             ctx.error(root.line, f"missing 'version: {SCHEMA_VERSION}' (the schema version)")
         elif ctx.integer(version, "version") not in (None, SCHEMA_VERSION):
-            ctx.error(version.line, f"version: this clusterctl reads schema {SCHEMA_VERSION}, "
-                                    f"not {version.value}")
+            ctx.error(version.line, f"version: this clusterctl reads schema {SCHEMA_VERSION}, not {version.value}")
         if "cluster" in top:
             inv.cluster = self._cluster(top["cluster"])
         defaults = self.settings.layer(top.get("defaults"), "defaults", allow_use_ssh_config=True)
@@ -129,8 +140,11 @@ class _Loader:
         if name is None:
             return ""
         if not CLUSTER_NAME.match(name):
-            self.ctx.error(y.line, f"cluster: {name!r} is not a cluster name (letters, digits, '.', '_', '-'; "
-                                   "at most 63; starts with a letter or digit)")
+            self.ctx.error(
+                y.line,
+                f"cluster: {name!r} is not a cluster name (letters, digits, '.', '_', '-'; "
+                "at most 63; starts with a letter or digit)",
+            )
             return ""
         return name
 
@@ -180,8 +194,11 @@ class _Loader:
             ctx.error(y.line, f"hosts.{key}.address: {e}")
             return none
         if len(addrs) != len(names):
-            ctx.error(y.line, f"hosts.{key}.address: {value!r} gives {len(addrs)} address(es) "
-                              f"for {len(names)} host(s); a range must have the same length as the names")
+            ctx.error(
+                y.line,
+                f"hosts.{key}.address: {value!r} gives {len(addrs)} address(es) "
+                f"for {len(names)} host(s); a range must have the same length as the names",
+            )
             return none
         if not all(ctx.address(a, y.line, f"hosts.{key}.address") for a in addrs):
             return none
@@ -212,9 +229,13 @@ class _Loader:
             out.append((name, layer, members, line))
         return out
 
-    def _resolve_hosts(self, inv: Inventory, defaults: Layer,
-                       groups: list[_GroupEntry],
-                       entries: dict[str, tuple[Layer, int, str | None]]) -> None:
+    def _resolve_hosts(
+        self,
+        inv: Inventory,
+        defaults: Layer,
+        groups: list[_GroupEntry],
+        entries: dict[str, tuple[Layer, int, str | None]],
+    ) -> None:
         ctx = self.ctx
         members: dict[str, list[str]] = {}
         for name, _layer, patterns, _line in groups:
@@ -239,8 +260,11 @@ class _Loader:
         for member, extra in self._extra_groups.items():
             for gname, gline in extra:
                 if gname not in members:
-                    ctx.error(gline, f"hosts: group {gname!r} of host {member} is not defined in 'groups'"
-                              + suggest(gname, group_names))
+                    ctx.error(
+                        gline,
+                        f"hosts: group {gname!r} of host {member} is not defined in 'groups'"
+                        + suggest(gname, group_names),
+                    )
                 elif member not in member_sets[gname]:
                     member_sets[gname].add(member)
                     members[gname].append(member)
@@ -249,8 +273,9 @@ class _Loader:
         for hname, (hlayer, line, addr) in entries.items():
             in_groups = [g for g in group_names if hname in member_sets[g]]
             stack = [defaults] + [layers[g] for g in in_groups] + [hlayer]
-            host = Host(name=hname, address=addr or hname, groups=tuple(in_groups),
-                        location=Location(ctx.filename, line))
+            host = Host(
+                name=hname, address=addr or hname, groups=tuple(in_groups), location=Location(ctx.filename, line)
+            )
             gpu: dict[str, Any] = {}
             for layer in stack:
                 host.ssh = host.ssh.merged(layer.ssh)
@@ -266,8 +291,7 @@ class _Loader:
         order = {name: i for i, name in enumerate(entries)}
         inv.groups = {g: sorted(members.get(g, []), key=order.__getitem__) for g in group_names}
         if self.settings.use_ssh_config:
-            sshconfig.apply_ssh_config(list(inv.hosts.values()), explicit, sshconfig.config_file(),
-                                       inv.warnings)
+            sshconfig.apply_ssh_config(list(inv.hosts.values()), explicit, sshconfig.config_file(), inv.warnings)
         for host in inv.hosts.values():
             s = host.ssh
             s.port = s.port or 22

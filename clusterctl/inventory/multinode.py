@@ -19,8 +19,15 @@ MASTER_PORT_OFFSET = 20000
 #: The first vLLM release with ``--nnodes`` for the multiprocessing executor (vllm-project/vllm#23691).
 MIN_VERSION = (0, 11, 1)
 #: Flags clusterctl sets on every member; ``args`` must not.
-OWN_FLAGS = ("pipeline-parallel-size", "nnodes", "node-rank", "master-addr", "master-port", "headless",
-             "distributed-executor-backend")
+OWN_FLAGS = (
+    "pipeline-parallel-size",
+    "nnodes",
+    "node-rank",
+    "master-addr",
+    "master-port",
+    "headless",
+    "distributed-executor-backend",
+)
 
 
 def member_name(inst_name: str, rank: int) -> str:
@@ -46,8 +53,10 @@ def engine_problem(inv: Inventory, inst: Instance | InstanceTemplate) -> str | N
     if eng.device == "cpu":
         return f"engine {eng.name} runs on CPUs: a multi-node replica needs GPUs"
     if _version(eng.version) < MIN_VERSION:
-        return (f"engine {eng.name} is vLLM {eng.version}: --nnodes (multi-node without Ray) needs "
-                f">= {'.'.join(map(str, MIN_VERSION))}")
+        return (
+            f"engine {eng.name} is vLLM {eng.version}: --nnodes (multi-node without Ray) needs "
+            f">= {'.'.join(map(str, MIN_VERSION))}"
+        )
     return None
 
 
@@ -58,9 +67,10 @@ def problems(inv: Inventory, inst: Instance) -> list[str]:
     per = {h: [g for g in inst.placement if g.host == h] for h in hosts}
     counts = {h: len(gs) for h, gs in per.items()}
     if len(set(counts.values())) > 1:
-        out.append("every host of a multi-node replica holds the same number of its GPUs (one pipeline stage "
-                   "per host, tensor parallel within it); placement has "
-                   + ", ".join(f"{h}: {n}" for h, n in counts.items()))
+        out.append(
+            "every host of a multi-node replica holds the same number of its GPUs (one pipeline stage "
+            "per host, tensor parallel within it); placement has " + ", ".join(f"{h}: {n}" for h, n in counts.items())
+        )
     models = {h: inv.hosts[h].gpus.model for h in hosts if h in inv.hosts}
     if len(set(models.values())) > 1:
         out.append("its hosts have different GPU models (" + ", ".join(f"{h}: {m}" for h, m in models.items()) + ")")
@@ -80,10 +90,9 @@ def _run_problems(what: Instance | InstanceTemplate, port: int, port_key: str) -
     return out
 
 
-
-
-def stage_slots(inv: Inventory, tpl: InstanceTemplate, hosts: Iterable[Host],
-                used: Mapping[str, int] | None = None) -> dict[str, dict[str, int]]:
+def stage_slots(
+    inv: Inventory, tpl: InstanceTemplate, hosts: Iterable[Host], used: Mapping[str, int] | None = None
+) -> dict[str, dict[str, int]]:
     """GPU model -> host -> how many stages of ``tpl.tp`` GPUs the host holds (GPUs ``used`` by explicit
     instances left out); hosts with room for none are left out."""
     out: dict[str, dict[str, int]] = {}
@@ -105,8 +114,9 @@ def replicas_that_fit(slots: Mapping[str, int], nodes: int) -> int:
     return k
 
 
-def template_problems(inv: Inventory, tpl: InstanceTemplate, hosts: Sequence[Host],
-                      used: Mapping[str, int] | None = None) -> list[str]:
+def template_problems(
+    inv: Inventory, tpl: InstanceTemplate, hosts: Sequence[Host], used: Mapping[str, int] | None = None
+) -> list[str]:
     """Why a ``nodes: N`` (N > 1) template cannot be placed and run across hosts (empty: it can):
     the engine, the role, flags clusterctl sets, the port, and N hosts of one GPU model with ``tp`` free
     GPUs each among ``hosts`` for every replica."""
@@ -116,9 +126,15 @@ def template_problems(inv: Inventory, tpl: InstanceTemplate, hosts: Sequence[Hos
     by_model = stage_slots(inv, tpl, hosts, used)
     fit = {m: replicas_that_fit(s, tpl.nodes) for m, s in by_model.items()}
     if sum(fit.values()) < tpl.replicas:
-        have = "; ".join(f"{m}: {len(s)} host(s) ({', '.join(f'{h} {n}' for h, n in s.items())})"
-                         for m, s in by_model.items()) or "none"
-        out.append(f"{tpl.replicas} replica(s) of {tpl.nodes} hosts x TP {tpl.tp} do not fit: each needs "
-                   f"{tpl.nodes} distinct hosts of one GPU model with {tpl.tp} free GPUs each; room for "
-                   f"{sum(fit.values())} (stages of TP {tpl.tp} per host by GPU model: {have})")
+        have = (
+            "; ".join(
+                f"{m}: {len(s)} host(s) ({', '.join(f'{h} {n}' for h, n in s.items())})" for m, s in by_model.items()
+            )
+            or "none"
+        )
+        out.append(
+            f"{tpl.replicas} replica(s) of {tpl.nodes} hosts x TP {tpl.tp} do not fit: each needs "
+            f"{tpl.nodes} distinct hosts of one GPU model with {tpl.tp} free GPUs each; room for "
+            f"{sum(fit.values())} (stages of TP {tpl.tp} per host by GPU model: {have})"
+        )
     return out

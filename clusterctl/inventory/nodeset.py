@@ -70,8 +70,7 @@ def _expand_bracket(body: str, pattern: str) -> list[str]:
     for item in body.split(","):
         m = _ITEM.match(item.strip())
         if not m:
-            raise NodeSetError(
-                f"{pattern!r}: bad range item {item!r} (expected N, N-M or N-M/STEP)")
+            raise NodeSetError(f"{pattern!r}: bad range item {item!r} (expected N, N-M or N-M/STEP)")
         first, last, step = m.group(1), m.group(2), m.group(3)
         width = len(first) if first.startswith("0") and len(first) > 1 else 0
         lo = int(first)
@@ -91,7 +90,7 @@ def _expand_term(term: str, pattern: str) -> list[str]:
     parts: list[list[str]] = []
     pos = 0
     for m in re.finditer(r"\[([^\]]*)\]", term):
-        parts.append([term[pos:m.start()]])
+        parts.append([term[pos : m.start()]])
         parts.append(_expand_bracket(m.group(1), pattern))
         pos = m.end()
     parts.append([term[pos:]])
@@ -131,6 +130,7 @@ def expand(pattern: str, *, sort: bool = True) -> list[str]:
 
 # ---------------------------------------------------------------- folding
 
+
 def _fold_numbers(values: Iterable[str]) -> str:
     """Fold digit strings into bracket items: ``01 02 03 07`` -> ``01-03,07``.
 
@@ -156,9 +156,7 @@ def _fold_numbers(values: Iterable[str]) -> str:
             prev = n
         items.append((start, prev, width))
     items.sort(key=lambda t: (t[0], t[2]))
-    return ",".join(
-        str(a).zfill(w) if a == b else f"{str(a).zfill(w)}-{str(b).zfill(w)}"
-        for a, b, w in items)
+    return ",".join(str(a).zfill(w) if a == b else f"{str(a).zfill(w)}-{str(b).zfill(w)}" for a, b, w in items)
 
 
 def _fold_vectors(vectors: list[tuple[str, ...]]) -> list[list[str]]:

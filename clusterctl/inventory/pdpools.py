@@ -61,8 +61,11 @@ class PdPoolReader:
         ctx = self.ctx
         out: dict[str, PdPool] = {}
         m = ctx.mapping(y, "pd_pools") if y is not None else None
-        named = {e.value for e in (v.value.get("model") for v in (m or {}).values() if v.kind == "map")
-                 if e is not None and isinstance(e.value, str)}
+        named = {
+            e.value
+            for e in (v.value.get("model") for v in (m or {}).values() if v.kind == "map")
+            if e is not None and isinstance(e.value, str)
+        }
         for name, entry in (m or {}).items():
             pool = self._pool(name, entry, inv)
             if pool is None:
@@ -86,8 +89,10 @@ class PdPoolReader:
             ctx.error(y.line, f"{w}: missing 'model'") if "model" not in known else None
             return None
         if model not in inv.models:
-            ctx.error(known["model"].line, f"{w}.model: {model!r} is not defined under models"
-                      + suggest(model, list(inv.models)))
+            ctx.error(
+                known["model"].line,
+                f"{w}.model: {model!r} is not defined under models" + suggest(model, list(inv.models)),
+            )
             return None
         connector = "NixlConnector"
         if "connector" in known:
@@ -98,15 +103,18 @@ class PdPoolReader:
         router = self._router(known["router"], w, inv)
         if router is None:
             return None
-        pool = PdPool(name=name, model=model, router=router, connector=connector,
-                      location=Location(ctx.filename, y.line))
+        pool = PdPool(
+            name=name, model=model, router=router, connector=connector, location=Location(ctx.filename, y.line)
+        )
         mem = members(inv, model)
         pool.prefill = [n for n, _r in mem["prefill"]]
         pool.decode = [n for n, _r in mem["decode"]]
         for role in ("prefill", "decode"):
             if not mem[role]:
-                ctx.error(y.line, f"{w}: model {model!r} has no {role} instances or templates "
-                                  f"(set role: {role} on at least one)")
+                ctx.error(
+                    y.line,
+                    f"{w}: model {model!r} has no {role} instances or templates (set role: {role} on at least one)",
+                )
         return pool
 
     def _router(self, y: Y, w: str, inv: Inventory) -> PdRouter | None:
@@ -119,8 +127,10 @@ class PdPoolReader:
             ctx.error(y.line, f"{w}.router: missing 'host'") if "host" not in known else None
             return None
         if host not in inv.hosts:
-            ctx.error(known["host"].line, f"{w}.router.host: {host!r} is not defined under hosts"
-                      + suggest(host, list(inv.hosts)))
+            ctx.error(
+                known["host"].line,
+                f"{w}.router.host: {host!r} is not defined under hosts" + suggest(host, list(inv.hosts)),
+            )
             return None
         r = PdRouter(host=host)
         if "port" in known:
@@ -131,25 +141,37 @@ class PdPoolReader:
             r.metrics_port = ctx.integer(known["metrics_port"], f"{w}.router.metrics_port", 1, 65535) or None
         clash = [i.name for i in inv.instances.values() if host in i.hosts and i.port == r.port]
         if clash:
-            ctx.error(known.get("port", y).line, f"{w}.router.port: {r.port} is also instance {clash[0]}'s port "
-                                                 f"on {host}")
+            ctx.error(
+                known.get("port", y).line, f"{w}.router.port: {r.port} is also instance {clash[0]}'s port on {host}"
+            )
         mp, at = r.prometheus_port, known.get("metrics_port", known.get("port", y)).line
         used = [i.name for i in inv.instances.values() if host in i.hosts and i.port == mp]
         if mp > 65535:
-            ctx.error(at, f"{w}.router: port {r.port} leaves no metrics port (port + {ROUTER_METRICS_OFFSET} > "
-                          "65535): set router.metrics_port")
+            ctx.error(
+                at,
+                f"{w}.router: port {r.port} leaves no metrics port (port + {ROUTER_METRICS_OFFSET} > "
+                "65535): set router.metrics_port",
+            )
         elif mp == r.port or used:
-            ctx.error(at, f"{w}.router.metrics_port: {mp} is also "
-                          + (f"instance {used[0]}'s port on {host}" if used else "the router's port"))
+            ctx.error(
+                at,
+                f"{w}.router.metrics_port: {mp} is also "
+                + (f"instance {used[0]}'s port on {host}" if used else "the router's port"),
+            )
         return r
 
     def _orphans(self, inv: Inventory, models: set[str]) -> None:
         """Prefill/decode members of models that no pool names (a pool's own errors are reported there)."""
-        for kind, items in (("instances", [i for i in inv.instances.values() if i.template is None]),
-                            ("templates", list(inv.templates.values()))):
+        for kind, items in (
+            ("instances", [i for i in inv.instances.values() if i.template is None]),
+            ("templates", list(inv.templates.values())),
+        ):
             for item in items:
                 if item.role in ("prefill", "decode") and item.model not in models:
                     line = item.location.line if item.location else 0
-                    self.ctx.error(line, f"{kind}.{item.name}: role {item.role} needs a pd_pools entry for "
-                                         f"model {item.model!r} (its router sends requests to prefill, then "
-                                         "decode)")
+                    self.ctx.error(
+                        line,
+                        f"{kind}.{item.name}: role {item.role} needs a pd_pools entry for "
+                        f"model {item.model!r} (its router sends requests to prefill, then "
+                        "decode)",
+                    )

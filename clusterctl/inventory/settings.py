@@ -16,8 +16,17 @@ from clusterctl.inventory.fields import NAME, Ctx
 from clusterctl.inventory.model import FabricProfile, NicSpec, SSHSettings
 from clusterctl.inventory.yamlnodes import Y
 
-SSH_KEYS = ("user", "port", "identity_file", "proxy_jump", "known_hosts", "host_key_policy",
-            "become", "become_method", "connect_timeout")
+SSH_KEYS = (
+    "user",
+    "port",
+    "identity_file",
+    "proxy_jump",
+    "known_hosts",
+    "host_key_policy",
+    "become",
+    "become_method",
+    "connect_timeout",
+)
 LAYER_KEYS = ("ssh", "vars", "labels", "gpus", "nics")
 GPU_KEYS = ("count", "model", "memory_gib", "interconnect")
 NIC_KEYS = ("netdev", "role", "rdma_device", "port", "speed_gbps", "address")
@@ -46,8 +55,7 @@ class SettingsReader:
         self.base_dir = base_dir
         self.use_ssh_config = True
 
-    def layer(self, y: Y | None, what: str, extra: tuple[str, ...] = (),
-               allow_use_ssh_config: bool = False) -> Layer:
+    def layer(self, y: Y | None, what: str, extra: tuple[str, ...] = (), allow_use_ssh_config: bool = False) -> Layer:
         """Read the keys shared by defaults, groups and hosts."""
         layer = Layer()
         m = self.ctx.mapping(y, what)
@@ -180,8 +188,7 @@ class SettingsReader:
         if ctx.mapping(y, "fabric") is None:
             return f
         ranges = {"pfc_priority": (0, 7), "roce_dscp": (0, 63), "cnp_dscp": (0, 63), "mtu": (576, 9216)}
-        for key, v in ctx.keys(y, ("kind", "trust", "pfc_priority", "roce_dscp", "cnp_dscp", "mtu"),
-                               "fabric").items():
+        for key, v in ctx.keys(y, ("kind", "trust", "pfc_priority", "roce_dscp", "cnp_dscp", "mtu"), "fabric").items():
             w = f"fabric.{key}"
             if key == "kind":
                 f.kind = ctx.string(v, w, ("roce", "ib", "ethernet")) or f.kind  # type: ignore[assignment]

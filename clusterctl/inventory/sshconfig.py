@@ -93,14 +93,18 @@ def _expand_includes(path: Path, depth: int, warnings: list[str], budget: _Budge
         return ""
     real = os.path.realpath(path)
     if real in budget.chain:
-        warnings.append(f"ssh_config {path}: includes itself (through {len(budget.chain) - budget.chain.index(real)} "
-                        "file(s)); that Include is skipped")
+        warnings.append(
+            f"ssh_config {path}: includes itself (through {len(budget.chain) - budget.chain.index(real)} "
+            "file(s)); that Include is skipped"
+        )
         return ""
     if budget.files >= MAX_INCLUDES or budget.size >= MAX_TOTAL_BYTES:
         if not budget.stopped:
             budget.stopped = True
-            warnings.append(f"ssh_config: more than {MAX_INCLUDES} files or {MAX_TOTAL_BYTES >> 20} MiB through "
-                            f"Include (at {path}); the rest is skipped")
+            warnings.append(
+                f"ssh_config: more than {MAX_INCLUDES} files or {MAX_TOTAL_BYTES >> 20} MiB through "
+                f"Include (at {path}); the rest is skipped"
+            )
         return ""
     budget.files += 1
     text = _read_bounded(path, warnings)
@@ -133,14 +137,15 @@ def _without_match_exec(text: str, path: Path, warnings: list[str]) -> str:
     lines = text.split("\n")
     for i, line in enumerate(lines):
         if _MATCH_EXEC.match(line):
-            warnings.append(f"ssh_config {path}: {line.strip()[:80]!r} would run a command; its block is skipped "
-                            f"(set {MATCH_EXEC_VAR}=1 to allow it)")
+            warnings.append(
+                f"ssh_config {path}: {line.strip()[:80]!r} would run a command; its block is skipped "
+                f"(set {MATCH_EXEC_VAR}=1 to allow it)"
+            )
             lines[i] = "Host !*"
     return "\n".join(lines)
 
 
-def apply_ssh_config(hosts: list[Host], explicit_address: set[str], path: Path | None,
-                     warnings: list[str]) -> None:
+def apply_ssh_config(hosts: list[Host], explicit_address: set[str], path: Path | None, warnings: list[str]) -> None:
     """Fill unset SSH fields of ``hosts`` from ``path``; append warnings.
 
     ``explicit_address`` names the hosts whose address the inventory set; the
@@ -184,5 +189,4 @@ def apply_ssh_config(hosts: list[Host], explicit_address: set[str], path: Path |
             if key not in SUPPORTED:
                 ignored[key].append(host.name)
     for key in sorted(ignored):
-        warnings.append(f"ssh_config {path}: directive {key!r} (hosts {fold(ignored[key])}) "
-                        "is ignored by clusterctl")
+        warnings.append(f"ssh_config {path}: directive {key!r} (hosts {fold(ignored[key])}) is ignored by clusterctl")

@@ -14,13 +14,31 @@ from clusterctl.errors import SelectionError
 from clusterctl.inventory.multinode import problems as multinode_problems
 from clusterctl.inventory.fields import NAME, Ctx, suggest
 from clusterctl.inventory.model import (
-    CPU_SLOT, Engine, GpuRef, Instance, InstanceTemplate, Inventory, Location, Model, ModelArch, SecretRef,
+    CPU_SLOT,
+    Engine,
+    GpuRef,
+    Instance,
+    InstanceTemplate,
+    Inventory,
+    Location,
+    Model,
+    ModelArch,
+    SecretRef,
 )
 from clusterctl.inventory.nodeset import NodeSetError, expand
 from clusterctl.inventory.yamlnodes import Y
 
-ARCH_KEYS = ("layers", "hidden_size", "attention_heads", "kv_heads", "head_dim", "vocab",
-             "params", "dtype", "quantization")
+ARCH_KEYS = (
+    "layers",
+    "hidden_size",
+    "attention_heads",
+    "kv_heads",
+    "head_dim",
+    "vocab",
+    "params",
+    "dtype",
+    "quantization",
+)
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -42,11 +60,13 @@ class WorkloadReader:
                     ctx.error(ey.line if ey.kind == "map" else line, f"engines.{name}: missing '{key}'")
                 else:
                     vals[key] = ctx.string(known[key], f"engines.{name}.{key}")
-            device = ctx.string(known["device"], f"engines.{name}.device", ("gpu", "cpu")) \
-                if "device" in known else None
+            device = (
+                ctx.string(known["device"], f"engines.{name}.device", ("gpu", "cpu")) if "device" in known else None
+            )
             # Registered even when invalid, so references to it do not cascade.
-            out[name] = Engine(name, vals.get("path") or "", vals.get("version") or "",
-                               Location(ctx.filename, line), device or "gpu")
+            out[name] = Engine(
+                name, vals.get("path") or "", vals.get("version") or "", Location(ctx.filename, line), device or "gpu"
+            )
         return out
 
     def models(self, y: Y | None) -> dict[str, Model]:
@@ -84,8 +104,10 @@ class WorkloadReader:
             if val is not None:
                 setattr(arch, key, val)
         if arch.attention_heads and arch.kv_heads and arch.attention_heads % arch.kv_heads:
-            ctx.error(y.line, f"{what}: attention_heads ({arch.attention_heads}) must be a multiple "
-                              f"of kv_heads ({arch.kv_heads})")
+            ctx.error(
+                y.line,
+                f"{what}: attention_heads ({arch.attention_heads}) must be a multiple of kv_heads ({arch.kv_heads})",
+            )
         return arch
 
     def _named(self, y: Y | None, what: str) -> list[tuple[str, Y, int]]:
@@ -129,15 +151,15 @@ class WorkloadReader:
                 tp = ctx.integer(known["tp"], f"{w}.tp", 1)
                 if tp is not None and tp != len(placement):
                     ctx.error(known["tp"].line, f"{w}: tp is {tp} but placement lists {len(placement)} GPU(s)")
-            out[name] = Instance(name=name, placement=placement, port=port,
-                                 location=Location(ctx.filename, line), **common)
+            out[name] = Instance(
+                name=name, placement=placement, port=port, location=Location(ctx.filename, line), **common
+            )
             if len(out[name].hosts) > 1:  # a multi-node replica (inventory/multinode.py)
                 for why in multinode_problems(inv, out[name]):
                     ctx.error(known["placement"].line, f"{w}.placement: across {len(out[name].hosts)} hosts: {why}")
         return out
 
-    def _run_settings(self, known: dict[str, Y], w: str, line: int,
-                      inv: Inventory) -> dict[str, Any]:
+    def _run_settings(self, known: dict[str, Y], w: str, line: int, inv: Inventory) -> dict[str, Any]:
         """model, engine, args, env and role, shared by instances and templates."""
         ctx = self.ctx
         out: dict[str, Any] = {}
@@ -148,8 +170,7 @@ class WorkloadReader:
                 continue
             ref = ctx.string(known[key], f"{w}.{key}")
             if ref is not None and ref not in table:
-                ctx.error(known[key].line, f"{w}: {key} {ref!r} is not defined in '{key}s'"
-                          + suggest(ref, list(table)))
+                ctx.error(known[key].line, f"{w}: {key} {ref!r} is not defined in '{key}s'" + suggest(ref, list(table)))
             out[key] = ref or ""
         out["args"] = {}
         if "args" in known:
@@ -157,8 +178,10 @@ class WorkloadReader:
             for k, v in (am or {}).items():
                 flag = k[2:] if k.startswith("--") else k
                 if flag in ("port", "tensor-parallel-size", "tp", "model"):
-                    ctx.error(known["args"].key_lines[k], f"{w}.args: {k!r} is set by clusterctl "
-                              "from port/placement/model; remove it")
+                    ctx.error(
+                        known["args"].key_lines[k],
+                        f"{w}.args: {k!r} is set by clusterctl from port/placement/model; remove it",
+                    )
                     continue
                 if v.kind == "map":
                     ctx.error(v.line, f"{w}.args.{k}: expected a value or a list, not a mapping")
@@ -178,8 +201,7 @@ class WorkloadReader:
             role = ctx.string(known["role"], f"{w}.role", ("mixed", "prefill", "decode"))
             if role is not None:
                 out["role"] = role
-        out["secrets"] = self._secrets(known["secrets"], f"{w}.secrets", out["env"]) \
-            if "secrets" in known else {}
+        out["secrets"] = self._secrets(known["secrets"], f"{w}.secrets", out["env"]) if "secrets" in known else {}
         return out
 
     def _secrets(self, y: Y, w: str, env: dict[str, str]) -> dict[str, SecretRef]:
@@ -200,8 +222,10 @@ class WorkloadReader:
             known = ctx.keys(v, ("env", "file"), f"{w}.{name}")
             if len(known) != 1:
                 if len(known) > 1 or not ref:  # else: the unknown key was reported
-                    ctx.error(v.line, f"{w}.{name}: give exactly one of env (a variable on the control "
-                                      "machine) or file (a path)")
+                    ctx.error(
+                        v.line,
+                        f"{w}.{name}: give exactly one of env (a variable on the control machine) or file (a path)",
+                    )
                 continue
             kind, ry = next(iter(known.items()))
             text = ctx.string(ry, f"{w}.{name}.{kind}")
@@ -224,11 +248,12 @@ class WorkloadReader:
         if items is None:
             return None
         text, line = items[0] if items else ("", y.line)
-        host = text[:-len(":cpu")] if text.endswith(":cpu") else text if ":" not in text else None
+        host = text[: -len(":cpu")] if text.endswith(":cpu") else text if ":" not in text else None
         if cpu and len(items) == 1 and host is not None:
             if host not in inv.hosts:
-                ctx.error(line, f"{w}.placement: host {host!r} is not defined in 'hosts'"
-                          + suggest(host, list(inv.hosts)))
+                ctx.error(
+                    line, f"{w}.placement: host {host!r} is not defined in 'hosts'" + suggest(host, list(inv.hosts))
+                )
                 return None
             return (GpuRef(host, CPU_SLOT),)
         refs: list[GpuRef] = []
@@ -244,13 +269,17 @@ class WorkloadReader:
             for pair in pairs:
                 host, sep, idx = pair.rpartition(":")
                 if not sep or not idx.isdigit():
-                    ctx.error(line, f"{w}.placement: {pair!r} is not host:GPU (e.g. gpu01:0)"
-                              + (" (an engine with device: cpu takes one host: e.g. cpu01)" if cpu else ""))
+                    ctx.error(
+                        line,
+                        f"{w}.placement: {pair!r} is not host:GPU (e.g. gpu01:0)"
+                        + (" (an engine with device: cpu takes one host: e.g. cpu01)" if cpu else ""),
+                    )
                     ok = False
                     continue
                 if host not in inv.hosts:
-                    ctx.error(line, f"{w}.placement: host {host!r} is not defined in 'hosts'"
-                              + suggest(host, list(inv.hosts)))
+                    ctx.error(
+                        line, f"{w}.placement: host {host!r} is not defined in 'hosts'" + suggest(host, list(inv.hosts))
+                    )
                     ok = False
                     continue
                 ref = GpuRef(host, int(idx))
@@ -274,9 +303,22 @@ class WorkloadReader:
     def templates(self, y: Y | None, inv: Inventory) -> dict[str, InstanceTemplate]:
         ctx = self.ctx
         out: dict[str, InstanceTemplate] = {}
-        keys = ("model", "engine", "replicas", "tp", "hosts", "port_base", "nodes", "args", "env", "role",
-                "secrets", "autoscale")
+        keys = (
+            "model",
+            "engine",
+            "replicas",
+            "tp",
+            "hosts",
+            "port_base",
+            "nodes",
+            "args",
+            "env",
+            "role",
+            "secrets",
+            "autoscale",
+        )
         from clusterctl.inventory.select import select_hosts
+
         for name, ty, line in self._named(y, "templates"):
             w = f"templates.{name}"
             known = ctx.keys(ty, keys, w)
@@ -304,14 +346,17 @@ class WorkloadReader:
                 continue
             eng = inv.engines.get(str(common.get("engine") or ""))
             if eng is not None and eng.device == "cpu" and vals["tp"] != 1:
-                ctx.error(known["tp"].line, f"{w}.tp: engine {eng.name} runs on CPU: tp must be 1 "
-                                            "(a replica takes a host's CPU slot, no GPUs)")
+                ctx.error(
+                    known["tp"].line,
+                    f"{w}.tp: engine {eng.name} runs on CPU: tp must be 1 (a replica takes a host's CPU slot, no GPUs)",
+                )
                 continue
             policy = None
             if "autoscale" in known:
                 from clusterctl.inventory.autoscale import read_policy
 
                 policy = read_policy(ctx, known["autoscale"], f"{w}.autoscale", inv, pattern, vals["replicas"])
-            out[name] = InstanceTemplate(name=name, hosts=pattern, location=Location(ctx.filename, line),
-                                         autoscale=policy, **vals, **common)
+            out[name] = InstanceTemplate(
+                name=name, hosts=pattern, location=Location(ctx.filename, line), autoscale=policy, **vals, **common
+            )
         return out

@@ -44,6 +44,7 @@ def control_char(text: str) -> str | None:
     m = CONTROL.search(text)
     return f"U+{ord(m.group()):04X}" if m else None
 
+
 #: libyaml's parser when PyYAML was built with it (about 10x faster, same marks).
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -99,8 +100,11 @@ class _Converter:
                 self.problem(line, f"cannot read value {node.value!r}: {problem}")
                 value = None
             if self.text_only and isinstance(value, str) and (bad := control_char(value)) is not None:
-                self.problem(line, f"control character {bad} in {_preview(value)}: inventory strings "
-                                   "must be one line of printable text")
+                self.problem(
+                    line,
+                    f"control character {bad} in {_preview(value)}: inventory strings "
+                    "must be one line of printable text",
+                )
             return Y(value, line)
         self.active.add(id(node))
         try:
@@ -209,8 +213,9 @@ def parse(text: str, filename: str, problems: list[Problem], *, text_only: bool 
     """
     deep = _too_deep(text)
     if deep:
-        problems.append(Problem(filename, deep, f"YAML nesting is too deep (more than {MAX_FLOW_DEPTH} "
-                                                "levels of [ ] or { })"))
+        problems.append(
+            Problem(filename, deep, f"YAML nesting is too deep (more than {MAX_FLOW_DEPTH} levels of [ ] or {{ }})")
+        )
         return None
     try:
         try:
@@ -227,7 +232,7 @@ def parse(text: str, filename: str, problems: list[Problem], *, text_only: bool 
         problems.append(Problem(filename, line, f"YAML syntax error: {what}"))
         return None
     except yaml.reader.ReaderError as e:  # control characters, bad encoding
-        line = text[:e.position].count("\n") + 1 if isinstance(e.position, int) else 0
+        line = text[: e.position].count("\n") + 1 if isinstance(e.position, int) else 0
         problems.append(Problem(filename, line, f"YAML error: {e.reason}"))
         return None
     except yaml.YAMLError as e:

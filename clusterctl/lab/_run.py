@@ -17,16 +17,16 @@ from clusterctl.errors import LabError
 DEFAULT_TIMEOUT_S = 60.0
 
 
-def run(argv: Sequence[str], *, check: bool = True, input: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: Sequence[str], *, check: bool = True, input: str | None = None, timeout: float = DEFAULT_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` (no shell) and return the completed process.
 
     With ``check`` (default) a non-zero exit, a missing binary or a time-out
     raises :class:`LabError` naming the command and the last stderr lines.
     """
     try:
-        cp = subprocess.run(list(argv), input=input, capture_output=True, text=True,
-                            timeout=timeout)
+        cp = subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError as e:
         raise LabError(f"{argv[0]}: command not found (is it installed?)") from e
     except subprocess.TimeoutExpired as e:

@@ -129,8 +129,12 @@ def plan_hosts(cfg: LabConfig, count: int) -> list[HostSpec]:
     out = []
     for i in range(1, count + 1):
         n = FIRST_HOST_OFFSET + i
-        out.append(HostSpec(
-            name=f"{cfg.prefix}{i:0{width}d}", index=i,
-            address=f"{cfg.net}.{n // 256}.{n % 256}",
-            mac=f"02:{second:02x}:00:00:{i >> 8:02x}:{i & 0xff:02x}"))
+        out.append(
+            HostSpec(
+                name=f"{cfg.prefix}{i:0{width}d}",
+                index=i,
+                address=f"{cfg.net}.{n // 256}.{n % 256}",
+                mac=f"02:{second:02x}:00:00:{i >> 8:02x}:{i & 0xFF:02x}",
+            )
+        )
     return out

@@ -29,9 +29,11 @@ from clusterctl.lab.sshkeys import install_authorized_key, make_host_key
 from clusterctl.lab.template import OPS_USER, Template, user_ids
 
 #: sshd settings of every host but the one that keeps Debian's defaults.
-LAB_SSHD_CONF = ("# clusterctl lab: quieter, faster sshd for many parallel connections\n"
-                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-                 "UseDNS no\nMaxStartups 100:30:200\nMaxSessions 64\n")
+LAB_SSHD_CONF = (
+    "# clusterctl lab: quieter, faster sshd for many parallel connections\n"
+    "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+    "UseDNS no\nMaxStartups 100:30:200\nMaxSessions 64\n"
+)
 HW_MOUNT = "/var/lib/lab-hw"
 #: Seconds a container gets to power off after SIGTERM before it is killed.
 STOP_GRACE_S = 10.0
@@ -45,8 +47,7 @@ def cgroup_rel(cfg: LabConfig, name: str) -> str:
     return f"{cfg.cgroup_name}/{name}"
 
 
-def prepare(cfg: LabConfig, h: HostSpec, tpl: Template, pubkey: str, *,
-            debian_sshd: bool, etc_hosts: str) -> str:
+def prepare(cfg: LabConfig, h: HostSpec, tpl: Template, pubkey: str, *, debian_sshd: bool, etc_hosts: str) -> str:
     """Create the host's directory and upper-dir files; return its host public key.
 
     ``debian_sshd`` keeps Debian's default sshd settings on this host (the
@@ -94,8 +95,17 @@ def mount_root(cfg: LabConfig, h: HostSpec, tpl: Template) -> None:
     d = host_dir(cfg, h.name)
     if _is_mountpoint(d / "root"):
         return
-    run(["mount", "-t", "overlay", "overlay", "-o",
-         f"lowerdir={tpl.lowerdir},upperdir={d / 'upper'},workdir={d / 'work'}", str(d / "root")])
+    run(
+        [
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={tpl.lowerdir},upperdir={d / 'upper'},workdir={d / 'work'}",
+            str(d / "root"),
+        ]
+    )
 
 
 def _is_mountpoint(p: Path) -> bool:
@@ -107,6 +117,7 @@ def real_engine_binds() -> list[str]:
     the cache at the same path (its venv runs on the host's own /usr/bin/python3.11) and libnuma,
     which vLLM's CPU kernels link and the minimal template lacks.  Nothing when not installed."""
     from clusterctl.lab import realvllm
+
     if realvllm.installed() is None:
         return []
     out = [f"--bind-ro={realvllm.CACHE_ROOT}"]
@@ -127,15 +138,24 @@ def router_binds() -> list[str]:
 def launch(cfg: LabConfig, h: HostSpec) -> int:
     """Start the host's container in the background; return the supervisor's PID."""
     d = host_dir(cfg, h.name)
-    argv = ["systemd-nspawn", "-D", str(d / "root"), "-M", h.name,
-            "--register=no", "--keep-unit", "--link-journal=no",
-            f"--network-namespace-path=/run/netns/{h.netns}",
-            "-b", "--console=passive",
-            # Root on a real GPU server may lock memory (RDMA registration, `stage pin`);
-            # without this nspawn's seccomp filter refuses mlock() with EPERM.
-            # CAP_NET_ADMIN: keepalived on a gateway host adds and removes the floating address
-            # (docs/gateway.md); it acts on the host's own network namespace only.
-            "--capability=CAP_IPC_LOCK,CAP_NET_ADMIN"]
+    argv = [
+        "systemd-nspawn",
+        "-D",
+        str(d / "root"),
+        "-M",
+        h.name,
+        "--register=no",
+        "--keep-unit",
+        "--link-journal=no",
+        f"--network-namespace-path=/run/netns/{h.netns}",
+        "-b",
+        "--console=passive",
+        # Root on a real GPU server may lock memory (RDMA registration, `stage pin`);
+        # without this nspawn's seccomp filter refuses mlock() with EPERM.
+        # CAP_NET_ADMIN: keepalived on a gateway host adds and removes the floating address
+        # (docs/gateway.md); it acts on the host's own network namespace only.
+        "--capability=CAP_IPC_LOCK,CAP_NET_ADMIN",
+    ]
     argv += real_engine_binds() + router_binds()
     hw = d / "hw"
     if hw.is_dir():
@@ -145,10 +165,21 @@ def launch(cfg: LabConfig, h: HostSpec) -> int:
     log = open(d / "console.log", "ab")
     try:
         p = subprocess.Popen(
-            [sys.executable, "-m", "clusterctl.lab.hostrun", cgroup_rel(cfg, h.name),
-             str(d / "nspawn.pid"), "--", *argv],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True)
+            [
+                sys.executable,
+                "-m",
+                "clusterctl.lab.hostrun",
+                cgroup_rel(cfg, h.name),
+                str(d / "nspawn.pid"),
+                "--",
+                *argv,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
     finally:
         log.close()
     return p.pid

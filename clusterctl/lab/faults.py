@@ -30,8 +30,15 @@ def known() -> list[str]:
     return [*netfaults.NET_FAULTS, *sorted(getattr(hwf, "FAULTS", {}) if hwf else {})]
 
 
-def inject(cfg: LabConfig, h: HostSpec, fault: str, *, rate: str | None = None,
-           percent: float | None = None, options: list[str] | None = None) -> str:
+def inject(
+    cfg: LabConfig,
+    h: HostSpec,
+    fault: str,
+    *,
+    rate: str | None = None,
+    percent: float | None = None,
+    options: list[str] | None = None,
+) -> str:
     """Apply ``fault`` to ``h``; return a one-line description of what changed.
 
     ``options`` are ``key=value`` strings for a hardware fault (typed by the

@@ -20,8 +20,14 @@ from clusterctl.lab.config import HostSpec, LabConfig
 from clusterctl.lab.template import OPS_USER
 
 #: Memory (GiB) of the GPU models the lab knows; others default to 80.
-GPU_MEMORY_GIB = {"H100-SXM5-80GB": 80, "H200-SXM5-141GB": 141, "A100-SXM4-80GB": 80,
-                  "A100-SXM4-40GB": 40, "L40S-48GB": 48, "B200-SXM6-180GB": 180}
+GPU_MEMORY_GIB = {
+    "H100-SXM5-80GB": 80,
+    "H200-SXM5-141GB": 141,
+    "A100-SXM4-80GB": 80,
+    "A100-SXM4-40GB": 40,
+    "L40S-48GB": 48,
+    "B200-SXM6-180GB": 180,
+}
 DEFAULT_GPU_MODEL = "H100-SXM5-80GB"
 HOSTS_PER_RACK = 2
 
@@ -31,7 +37,7 @@ def fold(names: Sequence[str]) -> str:
     if len(names) == 1:
         return names[0]
     prefix = names[0].rstrip("0123456789")
-    first, last = names[0][len(prefix):], names[-1][len(prefix):]
+    first, last = names[0][len(prefix) :], names[-1][len(prefix) :]
     return f"{prefix}[{first}-{last}]"
 
 
@@ -54,19 +60,34 @@ MANAGEMENT_NIC = {"netdev": "eth0", "role": "management", "speed_gbps": 10}
 
 def _gpus(desc: dict[str, Any]) -> dict[str, Any]:
     g = desc["gpus"]
-    return {"count": g["count"], "model": g["model"], "memory_gib": g["memory_gib"],
-            "interconnect": g["interconnect"]}
+    return {"count": g["count"], "model": g["model"], "memory_gib": g["memory_gib"], "interconnect": g["interconnect"]}
 
 
 def _nics(desc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [MANAGEMENT_NIC, *({"netdev": n["netdev"], "role": "data",
-                               "rdma_device": n["rdma_device"], "port": n["port"],
-                               "speed_gbps": n["speed_gbps"]} for n in desc["nics"])]
+    return [
+        MANAGEMENT_NIC,
+        *(
+            {
+                "netdev": n["netdev"],
+                "role": "data",
+                "rdma_device": n["rdma_device"],
+                "port": n["port"],
+                "speed_gbps": n["speed_gbps"],
+            }
+            for n in desc["nics"]
+        ),
+    ]
 
 
-def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: str,
-          hardware: dict[str, dict[str, Any]] | None = None,
-          inbox: Sequence[str] = ()) -> dict[str, Any]:
+def build(
+    cfg: LabConfig,
+    hosts: Sequence[HostSpec],
+    *,
+    gpus: int,
+    gpu_model: str,
+    hardware: dict[str, dict[str, Any]] | None = None,
+    inbox: Sequence[str] = (),
+) -> dict[str, Any]:
     """The inventory as plain data (YAML-ready).
 
     ``hardware`` maps host names to the simulated hardware's description
@@ -80,27 +101,42 @@ def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: st
         first = hardware[names[0]]
         dflt_gpus, dflt_nics = _gpus(first), _nics(first)
     else:
-        dflt_gpus = {"count": gpus, "model": gpu_model,
-                     "memory_gib": GPU_MEMORY_GIB.get(gpu_model, 80),
-                     "interconnect": "nvlink" if "SXM" in gpu_model else "pcie"}
+        dflt_gpus = {
+            "count": gpus,
+            "model": gpu_model,
+            "memory_gib": GPU_MEMORY_GIB.get(gpu_model, 80),
+            "interconnect": "nvlink" if "SXM" in gpu_model else "pcie",
+        }
         dflt_nics = [MANAGEMENT_NIC]
     defaults: dict[str, Any] = {
-        "ssh": {"user": "root", "port": 22, "identity_file": str(cfg.key_file),
-                "known_hosts": str(cfg.known_hosts), "host_key_policy": "strict",
-                "connect_timeout": 5},
+        "ssh": {
+            "user": "root",
+            "port": 22,
+            "identity_file": str(cfg.key_file),
+            "known_hosts": str(cfg.known_hosts),
+            "host_key_policy": "strict",
+            "connect_timeout": 5,
+        },
         "labels": {"site": "lab"},
         "gpus": dflt_gpus,
         "nics": dflt_nics,
         # Lab hosts are containers: /proc/sys is the machine's and read-only, so node setup cannot
         # set its default kernel parameters there (doctor's node.prereqs would flag them on every host).
-        "vars": {"sysctl": {"kernel.numa_balancing": None, "net.ipv4.conf.all.arp_ignore": None,
-                            "net.ipv4.conf.all.arp_announce": None}},
+        "vars": {
+            "sysctl": {
+                "kernel.numa_balancing": None,
+                "net.ipv4.conf.all.arp_ignore": None,
+                "net.ipv4.conf.all.arp_announce": None,
+            }
+        },
     }
     groups: dict[str, Any] = {}
     for r in range(0, len(hosts), HOSTS_PER_RACK):
         n = r // HOSTS_PER_RACK + 1
-        groups[f"rack{n}"] = {"hosts": fold(names[r:r + HOSTS_PER_RACK]),
-                              "labels": {"rack": f"r{n}", "leaf": f"leaf{n}"}}
+        groups[f"rack{n}"] = {
+            "hosts": fold(names[r : r + HOSTS_PER_RACK]),
+            "labels": {"rack": f"r{n}", "leaf": f"leaf{n}"},
+        }
     groups["nonroot"] = {"hosts": names[-1], "ssh": {"user": OPS_USER, "become": True}}
     if inbox:
         groups["inbox"] = {"hosts": list(inbox), "labels": {"nic_driver": "inbox"}}
@@ -120,20 +156,22 @@ def build(cfg: LabConfig, hosts: Sequence[HostSpec], *, gpus: int, gpu_model: st
     return {
         "version": 1,
         "defaults": defaults,
-        "fabric": {"kind": "roce", "trust": "dscp", "pfc_priority": 3, "roce_dscp": 26,
-                   "cnp_dscp": 48, "mtu": 4200},
+        "fabric": {"kind": "roce", "trust": "dscp", "pfc_priority": 3, "roce_dscp": 26, "cnp_dscp": 48, "mtu": 4200},
         "groups": groups,
         "hosts": host_entries,
         # The vLLM simulator's launchers (clusterctl/lab/vllm_sim/install.py), and the real CPU
         # engine when scripts/install-real-vllm installed it (bound read-only into the hosts).
-        "engines": {"vllm-0.11": {"path": "/opt/vllm-0.11/bin/vllm", "version": "0.11.0"},
-                    "vllm-0.33": {"path": "/opt/vllm-0.33/bin/vllm", "version": "0.33.0"},
-                    **_real_engine()},
+        "engines": {
+            "vllm-0.11": {"path": "/opt/vllm-0.11/bin/vllm", "version": "0.11.0"},
+            "vllm-0.33": {"path": "/opt/vllm-0.33/bin/vllm", "version": "0.33.0"},
+            **_real_engine(),
+        },
     }
 
 
 def _real_engine() -> dict[str, Any]:
     from clusterctl.lab import realvllm
+
     eng = realvllm.installed()
     if eng is None:
         return {}
@@ -142,8 +180,9 @@ def _real_engine() -> dict[str, Any]:
 
 def write(path: Path, data: dict[str, Any]) -> None:
     """Write the inventory atomically, with a header saying where it came from."""
-    text = ("# Written by `clusterctl lab up`; rewritten on every `lab up`.\n"
-            + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
+    text = "# Written by `clusterctl lab up`; rewritten on every `lab up`.\n" + yaml.safe_dump(
+        data, sort_keys=False, default_flow_style=None, width=100
+    )
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.chmod(tmp, 0o644)

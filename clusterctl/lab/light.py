@@ -110,10 +110,10 @@ def _write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
 def _keypair(comment: str) -> tuple[bytes, str]:
     """A new ed25519 key: (OpenSSH private key PEM, ``ssh-ed25519 AAAA... comment``)."""
     key = Ed25519PrivateKey.generate()
-    priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                             serialization.NoEncryption())
-    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                        serialization.PublicFormat.OpenSSH).decode()
+    priv = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     return priv, f"{pub} {comment}"
 
 
@@ -185,8 +185,9 @@ def _check_root() -> None:
             raise LabError(f"{tool} not found; install openssh-server and util-linux")
 
 
-def start_hosts(lab_dir: Path, specs: list[HostSpec], *, client_pubkey: str,
-                ready_timeout: float = READY_TIMEOUT_S) -> dict[str, str]:
+def start_hosts(
+    lab_dir: Path, specs: list[HostSpec], *, client_pubkey: str, ready_timeout: float = READY_TIMEOUT_S
+) -> dict[str, str]:
     """Write each host's files, start it, wait until every sshd listens.
 
     Returns ``{name: "ssh-ed25519 BASE64"}`` (each host's public key).  On a
@@ -220,10 +221,27 @@ def start_hosts(lab_dir: Path, specs: list[HostSpec], *, client_pubkey: str,
             _write_atomic(d / "sshd_config", _sshd_config(d, spec))
             log = open(d / "init.log", "wb")
             p = subprocess.Popen(
-                [UNSHARE, "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
-                 "--propagation", "private", "/bin/sh", str(init), str(d), spec.name],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True)
+                [
+                    UNSHARE,
+                    "--mount",
+                    "--uts",
+                    "--pid",
+                    "--fork",
+                    "--kill-child",
+                    "--mount-proc",
+                    "--propagation",
+                    "private",
+                    "/bin/sh",
+                    str(init),
+                    str(d),
+                    spec.name,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
             log.close()
             _CHILDREN[p.pid] = p
             started[spec.name] = {"address": spec.address, "port": spec.port, "pid": p.pid}
@@ -242,8 +260,10 @@ def start_hosts(lab_dir: Path, specs: list[HostSpec], *, client_pubkey: str,
                 sshd_log = lab_dir / "hosts" / bad[0].name / "sshd.log"
                 if sshd_log.exists():
                     log_tail = sshd_log.read_text(errors="replace")[-400:]
-                raise LabError(f"{len(bad)} light host(s) did not start "
-                               f"({', '.join(s.name for s in bad[:5])}...): {tail.strip()} {log_tail.strip()}")
+                raise LabError(
+                    f"{len(bad)} light host(s) did not start "
+                    f"({', '.join(s.name for s in bad[:5])}...): {tail.strip()} {log_tail.strip()}"
+                )
             time.sleep(0.1)
     except BaseException:
         stop_hosts(lab_dir, list(started))
@@ -284,8 +304,10 @@ def stop_hosts(lab_dir: Path, names: list[str] | None = None, *, timeout: float 
         state.pop(n, None)
     _write_state(lab_dir, state)
     if left:
-        raise LabError(f"{len(left)} light host(s) still listening after {timeout:g}s: "
-                       + ", ".join(f"{a}:{p}" for a, p in sorted(left)[:5]))
+        raise LabError(
+            f"{len(left)} light host(s) still listening after {timeout:g}s: "
+            + ", ".join(f"{a}:{p}" for a, p in sorted(left)[:5])
+        )
     return len(pids)
 
 
@@ -336,8 +358,9 @@ def inventory_text(hosts: list[HostSpec], *, identity_file: Path, known_hosts: P
     return "\n".join(out) + "\n"
 
 
-def up(lab_dir: Path = DEFAULT_LAB_DIR, hosts: int = 10, *, base: str = "127.1",
-       port: int = 22, prefix: str = "lh") -> Path:
+def up(
+    lab_dir: Path = DEFAULT_LAB_DIR, hosts: int = 10, *, base: str = "127.1", port: int = 22, prefix: str = "lh"
+) -> Path:
     """Start ``hosts`` light hosts; return the path of the inventory written.
 
     Host ``i`` (1-based) is ``{prefix}{i:04d}`` on ``address_for(i - 1, base)``.
@@ -388,6 +411,5 @@ def status(lab_dir: Path = DEFAULT_LAB_DIR) -> list[HostState]:
     for name, v in state.items():
         pid = int(v["pid"])  # type: ignore[call-overload]
         addr, port = str(v["address"]), int(v["port"])  # type: ignore[call-overload]
-        out.append(HostState(name, addr, port, pid, _is_our_process(pid, lab_dir),
-                             (addr, port) in listening))
+        out.append(HostState(name, addr, port, pid, _is_our_process(pid, lab_dir), (addr, port) in listening))
     return out

@@ -42,12 +42,12 @@ NSPAWN_RUN = Path("/run/systemd/nspawn")
 def require_root() -> None:
     """Raise :class:`LabError` unless running as root with the needed tools."""
     if os.geteuid() != 0:
-        raise LabError("the lab needs root (network namespaces, mounts, systemd-nspawn); "
-                       "run it with sudo")
+        raise LabError("the lab needs root (network namespaces, mounts, systemd-nspawn); run it with sudo")
     missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
     if missing:
-        raise LabError(f"missing tools: {', '.join(missing)} (Debian packages: "
-                       "systemd-container, iproute2, openssh-client)")
+        raise LabError(
+            f"missing tools: {', '.join(missing)} (Debian packages: systemd-container, iproute2, openssh-client)"
+        )
 
 
 def hardware() -> ModuleType | None:
@@ -68,9 +68,13 @@ class UpResult:
     ready_s: float = 0.0
 
 
-def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
-       gpu_model: str = inventory_file.DEFAULT_GPU_MODEL,
-       on_event: Event = lambda s: None) -> UpResult:
+def up(
+    cfg: LabConfig,
+    hosts: int = 4,
+    gpus_per_host: int = 8,
+    gpu_model: str = inventory_file.DEFAULT_GPU_MODEL,
+    on_event: Event = lambda s: None,
+) -> UpResult:
     """Bring up ``hosts`` nspawn hosts and write the inventory (root only)."""
     require_root()
     cfg.validate()
@@ -95,8 +99,13 @@ def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
     cfg.lab_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(cfg.lab_dir, 0o755)
     # Every host is recorded before anything is created, so `down` finds it all.
-    state = st.LabState(hosts=[st.HostState(h) for h in specs], gpus_per_host=gpus_per_host,
-                        gpu_model=gpu_model, template=tpl.lowerdir, started_at=time.time())
+    state = st.LabState(
+        hosts=[st.HostState(h) for h in specs],
+        gpus_per_host=gpus_per_host,
+        gpu_model=gpu_model,
+        template=tpl.lowerdir,
+        started_at=time.time(),
+    )
     state.inotify_saved = limits.hold(str(cfg.lab_dir))
     st.save(cfg.state_file, state)
 
@@ -109,25 +118,38 @@ def up(cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
         down(cfg, on_event=lambda s: on_event(f"  {s}"))
         raise
 
-    results = ready.wait_all(cfg, specs, READY_BASE_S + READY_PER_HOST_S * hosts,
-                             on_ready=lambda r: on_event(
-                                 f"{r.name}: {r.state} after {r.seconds:.1f} s {r.detail}".rstrip()))
+    results = ready.wait_all(
+        cfg,
+        specs,
+        READY_BASE_S + READY_PER_HOST_S * hosts,
+        on_ready=lambda r: on_event(f"{r.name}: {r.state} after {r.seconds:.1f} s {r.detail}".rstrip()),
+    )
     bad = [r for r in results if r.state != "running"]
     if bad:
-        raise LabError("hosts not ready: " + "; ".join(f"{r.name} {r.state} {r.detail}".strip()
-                                                     for r in bad)
-                       + f" (console logs in {cfg.hosts_dir}/NAME/console.log; "
-                       "`clusterctl lab down` cleans up)")
+        raise LabError(
+            "hosts not ready: "
+            + "; ".join(f"{r.name} {r.state} {r.detail}".strip() for r in bad)
+            + f" (console logs in {cfg.hosts_dir}/NAME/console.log; "
+            "`clusterctl lab down` cleans up)"
+        )
     state.ready_s = time.monotonic() - t1
-    hardware_desc = ({h.name: hw.describe_host(container.host_dir(cfg, h.name)) for h in specs}
-                     if hw is not None else None)
-    inventory_file.write(cfg.inventory_file, inventory_file.build(
-        cfg, specs, gpus=gpus_per_host, gpu_model=gpu_model, hardware=hardware_desc,
-        inbox=[h.name for h in specs if nic_flavour(h.index) == "inbox"] if hw else ()))
+    hardware_desc = (
+        {h.name: hw.describe_host(container.host_dir(cfg, h.name)) for h in specs} if hw is not None else None
+    )
+    inventory_file.write(
+        cfg.inventory_file,
+        inventory_file.build(
+            cfg,
+            specs,
+            gpus=gpus_per_host,
+            gpu_model=gpu_model,
+            hardware=hardware_desc,
+            inbox=[h.name for h in specs if nic_flavour(h.index) == "inbox"] if hw else (),
+        ),
+    )
     st.save(cfg.state_file, state)
     on_event(f"lab up: {hosts} hosts ready in {state.ready_s:.1f} s; inventory {cfg.inventory_file}")
-    return UpResult(state, cfg.inventory_file, already_up=False, template_s=t_template,
-                    ready_s=state.ready_s)
+    return UpResult(state, cfg.inventory_file, already_up=False, template_s=t_template, ready_s=state.ready_s)
 
 
 def light_dir(cfg: LabConfig) -> Path:
@@ -150,8 +172,14 @@ def up_light(cfg: LabConfig, hosts: int, on_event: Event = lambda s: None) -> di
     return {"inventory": str(inv), "hosts": hosts, "up_s": time.monotonic() - t0}
 
 
-def _start_hosts(cfg: LabConfig, specs: list[HostSpec], tpl: template.Template,
-                 state: st.LabState, hw: ModuleType | None, on_event: Event) -> None:
+def _start_hosts(
+    cfg: LabConfig,
+    specs: list[HostSpec],
+    tpl: template.Template,
+    state: st.LabState,
+    hw: ModuleType | None,
+    on_event: Event,
+) -> None:
     """Create each host's network, files and hardware and launch it at once,
     so earlier hosts boot while later ones are prepared."""
     pubkey = sshkeys.ensure_client_key(cfg.key_file)
@@ -161,13 +189,18 @@ def _start_hosts(cfg: LabConfig, specs: list[HostSpec], tpl: template.Template,
     on_event(f"starting {len(specs)} hosts")
     for h, hs in zip(specs, state.hosts):
         net.create_host_net(cfg, h)
-        key = container.prepare(cfg, h, tpl, pubkey, debian_sshd=(h is specs[-1]),
-                                etc_hosts=etc_hosts)
+        key = container.prepare(cfg, h, tpl, pubkey, debian_sshd=(h is specs[-1]), etc_hosts=etc_hosts)
         host_keys.append(([h.name, h.address], key))
         if hw is not None:
             # The hardware part counts hosts from 0.
-            hw.provision_host(container.host_dir(cfg, h.name), h.name, h.index - 1,
-                              state.gpus_per_host, state.gpu_model, nic_flavour(h.index))
+            hw.provision_host(
+                container.host_dir(cfg, h.name),
+                h.name,
+                h.index - 1,
+                state.gpus_per_host,
+                state.gpu_model,
+                nic_flavour(h.index),
+            )
             hw.setup_netns(h.netns, h.name, h.index - 1)
         container.mount_root(cfg, h, tpl)
         hs.pid = container.launch(cfg, h)
@@ -196,11 +229,24 @@ def _start_ticker(cfg: LabConfig) -> int | None:
     log = open(cfg.lab_dir / "ticker.log", "ab")
     try:
         # In the lab's cgroup, so `down` finds it even when the state was lost.
-        p = subprocess.Popen([sys.executable, "-m", "clusterctl.lab.hostrun",
-                              ticker_cgroup(cfg), str(cfg.lab_dir / "ticker.pid"), "--",
-                              sys.executable, "-m", "clusterctl.lab.hardware.ticker",
-                              str(cfg.lab_dir)], stdin=subprocess.DEVNULL, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "clusterctl.lab.hostrun",
+                ticker_cgroup(cfg),
+                str(cfg.lab_dir / "ticker.pid"),
+                "--",
+                sys.executable,
+                "-m",
+                "clusterctl.lab.hardware.ticker",
+                str(cfg.lab_dir),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         log.close()
     return p.pid
@@ -210,12 +256,14 @@ def ticker_cgroup(cfg: LabConfig) -> str:
     return f"{cfg.cgroup_name}/ticker"
 
 
-def _same_and_alive(cfg: LabConfig, old: st.LabState, specs: list[HostSpec], gpus: int,
-                    model: str) -> bool:
-    return ([h.spec for h in old.hosts] == specs
-            and old.gpus_per_host == gpus and old.gpu_model == model
-            and old.ready_s is not None
-            and all(h.pid is not None and _host_alive(cfg, h) for h in old.hosts))
+def _same_and_alive(cfg: LabConfig, old: st.LabState, specs: list[HostSpec], gpus: int, model: str) -> bool:
+    return (
+        [h.spec for h in old.hosts] == specs
+        and old.gpus_per_host == gpus
+        and old.gpu_model == model
+        and old.ready_s is not None
+        and all(h.pid is not None and _host_alive(cfg, h) for h in old.hosts)
+    )
 
 
 def _host_alive(cfg: LabConfig, h: st.HostState) -> bool:
@@ -223,8 +271,11 @@ def _host_alive(cfg: LabConfig, h: st.HostState) -> bool:
 
 
 def _leftovers(cfg: LabConfig) -> bool:
-    return (cfg.hosts_dir.is_dir() and any(cfg.hosts_dir.iterdir())) or net.link_exists(cfg.bridge) \
+    return (
+        (cfg.hosts_dir.is_dir() and any(cfg.hosts_dir.iterdir()))
+        or net.link_exists(cfg.bridge)
         or bool(procs.cgroup_dirs(cfg.cgroup_name))
+    )
 
 
 def _known_hosts(cfg: LabConfig, old: st.LabState | None) -> list[HostSpec]:
@@ -319,8 +370,7 @@ def _remove_nspawn_run(name: str) -> None:
     for p in (NSPAWN_RUN / "propagate" / name, NSPAWN_RUN / "incoming" / name):
         if p.exists():
             shutil.rmtree(p, ignore_errors=True)
-    for p in (NSPAWN_RUN / "propagate", NSPAWN_RUN / "incoming", NSPAWN_RUN / "locks",
-              NSPAWN_RUN):
+    for p in (NSPAWN_RUN / "propagate", NSPAWN_RUN / "incoming", NSPAWN_RUN / "locks", NSPAWN_RUN):
         try:
             p.rmdir()
         except OSError:
@@ -346,21 +396,32 @@ def status(cfg: LabConfig) -> dict[str, Any]:
 
         light_hosts = [dataclasses.asdict(h) for h in light.status(light_dir(cfg))]
     if old is None:
-        return {"up": bool(light_hosts), "lab_dir": str(cfg.lab_dir), "hosts": [],
-                "light_hosts": light_hosts}
+        return {"up": bool(light_hosts), "lab_dir": str(cfg.lab_dir), "hosts": [], "light_hosts": light_hosts}
     from clusterctl.lab import netfaults
 
     hosts = []
     for h in old.hosts:
         rel = container.cgroup_rel(cfg, h.spec.name)
-        hosts.append({
-            "name": h.spec.name, "address": h.spec.address, "pid": h.pid,
-            "running": _host_alive(cfg, h), "frozen": procs.is_frozen(rel),
-            "faults": netfaults.active(cfg, h.spec.name)})
-    return {"up": True, "lab_dir": str(cfg.lab_dir),
-            "inventory": str(cfg.inventory_file), "gpus_per_host": old.gpus_per_host,
-            "gpu_model": old.gpu_model, "ready_s": old.ready_s, "hosts": hosts,
-            "light_hosts": light_hosts}
+        hosts.append(
+            {
+                "name": h.spec.name,
+                "address": h.spec.address,
+                "pid": h.pid,
+                "running": _host_alive(cfg, h),
+                "frozen": procs.is_frozen(rel),
+                "faults": netfaults.active(cfg, h.spec.name),
+            }
+        )
+    return {
+        "up": True,
+        "lab_dir": str(cfg.lab_dir),
+        "inventory": str(cfg.inventory_file),
+        "gpus_per_host": old.gpus_per_host,
+        "gpu_model": old.gpu_model,
+        "ready_s": old.ready_s,
+        "hosts": hosts,
+        "light_hosts": light_hosts,
+    }
 
 
 def find_host(cfg: LabConfig, name: str) -> HostSpec:

@@ -43,13 +43,14 @@ def create_host_net(cfg: LabConfig, h: HostSpec) -> None:
     """Create ``h``'s namespace and veth; any leftover of an earlier run is removed first."""
     delete_host_net(h)
     run(["ip", "netns", "add", h.netns])
-    run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0",
-         "address", h.mac, "netns", h.netns])
+    run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "address", h.mac, "netns", h.netns])
     run(["ip", "link", "set", h.veth, "master", cfg.bridge, "up"])
-    for argv in (["link", "set", "lo", "up"],
-                 ["addr", "add", f"{h.address}/16", "dev", "eth0"],
-                 ["link", "set", "eth0", "up"],
-                 ["route", "add", "default", "via", cfg.gateway]):
+    for argv in (
+        ["link", "set", "lo", "up"],
+        ["addr", "add", f"{h.address}/16", "dev", "eth0"],
+        ["link", "set", "eth0", "up"],
+        ["route", "add", "default", "via", cfg.gateway],
+    ):
         run(["ip", "-n", h.netns, *argv])
     # A host recreated with the same address must not meet a stale entry (P16).
     ok(["ip", "neigh", "flush", "to", h.address, "dev", cfg.bridge])

@@ -85,8 +85,7 @@ def _record(cfg: LabConfig, name: str, kind: str, value: object | None) -> None:
 def bandwidth(cfg: LabConfig, h: HostSpec, rate: str) -> None:
     """Limit ``h``'s traffic to ``rate`` in each direction (replaces an earlier limit)."""
     bps = parse_rate(rate)
-    tbf = ["root", "tbf", "rate", f"{bps}bit", "burst", str(tbf_burst_bytes(bps)),
-           "latency", TBF_LATENCY]
+    tbf = ["root", "tbf", "rate", f"{bps}bit", "burst", str(tbf_burst_bytes(bps)), "latency", TBF_LATENCY]
     run(["tc", "qdisc", "replace", "dev", h.veth, *tbf])
     run(["ip", "netns", "exec", h.netns, "tc", "qdisc", "replace", "dev", "eth0", *tbf])
     _record(cfg, h.name, "bandwidth", rate)
@@ -98,12 +97,14 @@ def loss(cfg: LabConfig, h: HostSpec, percent: float) -> None:
         raise LabError(f"--percent must be in (0, 100], not {percent}")
     # numgen draws 0..9999: basis points give 0.01 % resolution.
     bp = round(percent * 100)
-    rules = (f"table inet {NFT_TABLE} {{\n"
-             f" chain in {{ type filter hook input priority -10; policy accept;\n"
-             f"  iifname \"eth0\" numgen random mod 10000 < {bp} counter drop\n }}\n"
-             f" chain out {{ type filter hook output priority -10; policy accept;\n"
-             f"  oifname \"eth0\" numgen random mod 10000 < {bp} counter drop\n }}\n"
-             f"}}\n")
+    rules = (
+        f"table inet {NFT_TABLE} {{\n"
+        f" chain in {{ type filter hook input priority -10; policy accept;\n"
+        f"  iifname \"eth0\" numgen random mod 10000 < {bp} counter drop\n }}\n"
+        f" chain out {{ type filter hook output priority -10; policy accept;\n"
+        f"  oifname \"eth0\" numgen random mod 10000 < {bp} counter drop\n }}\n"
+        f"}}\n"
+    )
     _nft_delete(h)
     run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules)
     _record(cfg, h.name, "loss", f"{percent:g}%")
@@ -125,8 +126,9 @@ def freeze(cfg: LabConfig, h: HostSpec) -> None:
     if not procs.cgroup_dirs(rel):
         raise LabError(f"{h.name} has no cgroup: is it running?")
     if not procs.freeze_cgroup(rel):
-        raise LabError(f"could not freeze {h.name}: cgroup2 freezer unavailable "
-                       f"(/sys/fs/cgroup/unified/{rel}/cgroup.freeze)")
+        raise LabError(
+            f"could not freeze {h.name}: cgroup2 freezer unavailable (/sys/fs/cgroup/unified/{rel}/cgroup.freeze)"
+        )
     _record(cfg, h.name, "freeze", True)
 
 
@@ -147,8 +149,7 @@ def heal(cfg: LabConfig, h: HostSpec) -> list[str]:
     return was
 
 
-def inject(cfg: LabConfig, h: HostSpec, fault: str, *, rate: str | None = None,
-           percent: float | None = None) -> str:
+def inject(cfg: LabConfig, h: HostSpec, fault: str, *, rate: str | None = None, percent: float | None = None) -> str:
     """Apply network fault ``fault`` to ``h``; return a one-line description."""
     if fault == "bandwidth":
         if rate is None:

@@ -29,17 +29,37 @@ class HostReadiness:
     seconds: float = 0.0
 
 
-def ssh_argv(cfg: LabConfig, h: HostSpec, command: str | None = None, *, user: str = "root",
-             connect_timeout: float = 5, tty: bool = False) -> list[str]:
+def ssh_argv(
+    cfg: LabConfig,
+    h: HostSpec,
+    command: str | None = None,
+    *,
+    user: str = "root",
+    connect_timeout: float = 5,
+    tty: bool = False,
+) -> list[str]:
     """An OpenSSH client command line for host ``h``: the lab key, strict host keys.
 
     ``command`` is passed to the remote shell as one string; quote its parts
     with :func:`shlex.quote` before building it.
     """
-    argv = ["ssh", "-F", "/dev/null", "-i", str(cfg.key_file),
-            "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={cfg.known_hosts}", "-o", "LogLevel=ERROR",
-            "-o", f"ConnectTimeout={int(connect_timeout)}"]
+    argv = [
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-i",
+        str(cfg.key_file),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={cfg.known_hosts}",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        f"ConnectTimeout={int(connect_timeout)}",
+    ]
     argv += ["-t"] if tty else ["-o", "BatchMode=yes"]
     argv.append(f"{user}@{h.address}")
     if command is not None:
@@ -63,9 +83,13 @@ def wait_host(cfg: LabConfig, h: HostSpec, deadline: float) -> HostReadiness:
             continue
         left = max(1.0, deadline - time.monotonic())
         try:
-            cp = subprocess.run(ssh_argv(cfg, h, "systemctl is-system-running --wait"),
-                                capture_output=True, text=True, timeout=left,
-                                stdin=subprocess.DEVNULL)
+            cp = subprocess.run(
+                ssh_argv(cfg, h, "systemctl is-system-running --wait"),
+                capture_output=True,
+                text=True,
+                timeout=left,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             break
         state = cp.stdout.strip()
@@ -74,18 +98,24 @@ def wait_host(cfg: LabConfig, h: HostSpec, deadline: float) -> HostReadiness:
         if state in ("degraded", "maintenance", "stopping", "offline"):
             failed = subprocess.run(
                 ssh_argv(cfg, h, "systemctl --failed --no-legend --plain"),
-                capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+                capture_output=True,
+                text=True,
+                timeout=30,
+                stdin=subprocess.DEVNULL,
+            )
             units = " ".join(line.split()[0] for line in failed.stdout.splitlines() if line.strip())
-            return HostReadiness(h.name, state, f"failed units: {units or '?'}",
-                                 time.monotonic() - t0)
+            return HostReadiness(h.name, state, f"failed units: {units or '?'}", time.monotonic() - t0)
         # sshd up before the login path is complete: try again shortly.
         time.sleep(POLL_S)
-    return HostReadiness(h.name, "unreachable", "no answer before the deadline",
-                         time.monotonic() - t0)
+    return HostReadiness(h.name, "unreachable", "no answer before the deadline", time.monotonic() - t0)
 
 
-def wait_all(cfg: LabConfig, hosts: Sequence[HostSpec], timeout_s: float,
-             on_ready: Callable[[HostReadiness], None] = lambda r: None) -> list[HostReadiness]:
+def wait_all(
+    cfg: LabConfig,
+    hosts: Sequence[HostSpec],
+    timeout_s: float,
+    on_ready: Callable[[HostReadiness], None] = lambda r: None,
+) -> list[HostReadiness]:
     """Wait for every host in parallel, at most ``timeout_s`` seconds in all."""
     deadline = time.monotonic() + timeout_s
     results: list[HostReadiness] = []

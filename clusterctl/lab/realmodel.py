@@ -23,10 +23,20 @@ from clusterctl.errors import LabError
 from clusterctl.lab import realvllm
 
 NAME = "tiny-llama"
-SPEC: dict[str, int] = {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "intermediate": 512,
-                        "vocab": 4096, "max_position": 4096, "seed": 1234}
-TEXTS = [Path("/usr/share/common-licenses") / n for n in ("GPL-3", "GPL-2", "LGPL-2.1", "Apache-2.0",
-                                                          "MPL-2.0", "GFDL-1.3", "Artistic")]
+SPEC: dict[str, int] = {
+    "layers": 2,
+    "hidden": 256,
+    "heads": 4,
+    "kv_heads": 2,
+    "intermediate": 512,
+    "vocab": 4096,
+    "max_position": 4096,
+    "seed": 1234,
+}
+TEXTS = [
+    Path("/usr/share/common-licenses") / n
+    for n in ("GPL-3", "GPL-2", "LGPL-2.1", "Apache-2.0", "MPL-2.0", "GFDL-1.3", "Artistic")
+]
 GEN = Path(__file__).with_name("tinyllama_gen.py")
 STAMP = ".clusterctl-complete"
 
@@ -46,12 +56,26 @@ def arch_entry() -> dict[str, object]:
     """The ``arch`` of a ``models:`` entry (what pre-flight uses before the files are read)."""
     s = SPEC
     head_dim = s["hidden"] // s["heads"]
-    params = (2 * s["vocab"] * s["hidden"] + s["hidden"]
-              + s["layers"] * (2 * s["hidden"] + s["hidden"] * head_dim * (2 * s["heads"] + 2 * s["kv_heads"])
-                               + 3 * s["hidden"] * s["intermediate"]))
-    return {"layers": s["layers"], "hidden_size": s["hidden"], "attention_heads": s["heads"],
-            "kv_heads": s["kv_heads"], "head_dim": head_dim, "vocab": s["vocab"], "params": params,
-            "dtype": "bfloat16"}
+    params = (
+        2 * s["vocab"] * s["hidden"]
+        + s["hidden"]
+        + s["layers"]
+        * (
+            2 * s["hidden"]
+            + s["hidden"] * head_dim * (2 * s["heads"] + 2 * s["kv_heads"])
+            + 3 * s["hidden"] * s["intermediate"]
+        )
+    )
+    return {
+        "layers": s["layers"],
+        "hidden_size": s["hidden"],
+        "attention_heads": s["heads"],
+        "kv_heads": s["kv_heads"],
+        "head_dim": head_dim,
+        "vocab": s["vocab"],
+        "params": params,
+        "dtype": "bfloat16",
+    }
 
 
 def model_dir(cache_root: Path | None = None) -> Path | None:
@@ -59,11 +83,12 @@ def model_dir(cache_root: Path | None = None) -> Path | None:
     return d if (d / STAMP).is_file() else None
 
 
-def make(cache_root: Path | None = None, emit: Callable[[str], None] = lambda _m: None,
-         out: Path | None = None) -> Path:
+def make(
+    cache_root: Path | None = None, emit: Callable[[str], None] = lambda _m: None, out: Path | None = None
+) -> Path:
     """The model directory, made if missing.  Needs the real engine installed (its python).
     ``out``: write a fresh copy there instead (no cache; to check the bytes are reproducible)."""
-    root = (cache_root or realvllm.CACHE_ROOT)
+    root = cache_root or realvllm.CACHE_ROOT
     done = model_dir(root)
     if done and out is None:
         return done
@@ -79,16 +104,21 @@ def make(cache_root: Path | None = None, emit: Callable[[str], None] = lambda _m
     build = final.parent / f".build-{final.name}-{os.getpid()}"
     shutil.rmtree(build, ignore_errors=True)
     emit(f"tiny real model: writing {final}")
-    env = dict(os.environ, RAYON_NUM_THREADS="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONHASHSEED="0")
-    proc = subprocess.run([str(eng.python), str(GEN), str(build), json.dumps(SPEC), *map(str, TEXTS)],
-                          capture_output=True, text=True, env=env)
+    env = dict(
+        os.environ, RAYON_NUM_THREADS="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONHASHSEED="0"
+    )
+    proc = subprocess.run(
+        [str(eng.python), str(GEN), str(build), json.dumps(SPEC), *map(str, TEXTS)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         shutil.rmtree(build, ignore_errors=True)
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise LabError(f"tiny real model: generator failed (exit {proc.returncode}):\n{tail}")
     for f in build.iterdir():
-        os.chmod(f, 0o644)          # read by the engine's own user in lab hosts (safetensors writes 0600)
+        os.chmod(f, 0o644)  # read by the engine's own user in lab hosts (safetensors writes 0600)
     os.chmod(build, 0o755)
     (build / STAMP).write_text(json.dumps(file_hashes(build), indent=1, sort_keys=True) + "\n")
     if final.exists():
@@ -99,5 +129,8 @@ def make(cache_root: Path | None = None, emit: Callable[[str], None] = lambda _m
 
 def file_hashes(d: Path) -> dict[str, str]:
     """sha256 of every file of a model directory (the stamp excluded)."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(d.iterdir()) if p.is_file() and p.name != STAMP}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.iterdir())
+        if p.is_file() and p.name != STAMP
+    }

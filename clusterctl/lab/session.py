@@ -35,8 +35,9 @@ class LabSession:
     up_result: manager.UpResult | None = None
 
     @classmethod
-    def start(cls, cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8,
-              on_event: Callable[[str], None] = lambda s: None) -> "LabSession":
+    def start(
+        cls, cfg: LabConfig, hosts: int = 4, gpus_per_host: int = 8, on_event: Callable[[str], None] = lambda s: None
+    ) -> "LabSession":
         res = manager.up(cfg, hosts=hosts, gpus_per_host=gpus_per_host, on_event=on_event)
         return cls(cfg, [h.spec for h in res.state.hosts], res)
 
@@ -64,13 +65,27 @@ class LabSession:
     def ssh_argv(self, name: str, command: str, user: str = "root") -> list[str]:
         return ready.ssh_argv(self.cfg, self.host(name), command, user=user)
 
-    def run(self, name: str, command: str, *, user: str = "root", timeout: float = 30,
-            input: str | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        name: str,
+        command: str,
+        *,
+        user: str = "root",
+        timeout: float = 30,
+        input: str | None = None,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
         """Run the shell ``command`` on host ``name`` over SSH (OpenSSH client).
 
         Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds and, with
         ``check``, ``CalledProcessError`` on a non-zero status.
         """
-        return subprocess.run(self.ssh_argv(name, command, user), input=input,
-                              capture_output=True, text=True, timeout=timeout, check=check,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+        return subprocess.run(
+            self.ssh_argv(name, command, user),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )

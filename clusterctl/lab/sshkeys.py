@@ -23,8 +23,7 @@ def ensure_client_key(key_file: Path) -> str:
     if not key_file.is_file() or not key_file.with_suffix(".pub").is_file():
         key_file.unlink(missing_ok=True)
         key_file.with_suffix(".pub").unlink(missing_ok=True)
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "clusterctl-lab",
-             "-f", str(key_file)])
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "clusterctl-lab", "-f", str(key_file)])
     return key_file.with_suffix(".pub").read_text().strip()
 
 

@@ -57,8 +57,7 @@ def load(path: Path) -> LabState | None:
     try:
         return LabState.from_json(json.loads(text))
     except (ValueError, TypeError, KeyError) as e:
-        raise LabError(f"{path}:1: unreadable lab state ({e}); "
-                       "remove it after checking that no lab host runs") from e
+        raise LabError(f"{path}:1: unreadable lab state ({e}); remove it after checking that no lab host runs") from e
 
 
 def save(path: Path, st: LabState) -> None:

@@ -31,20 +31,40 @@ from clusterctl.errors import LabError
 from clusterctl.lab._run import run
 
 SUITE = "bookworm"
-PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "procps",
-            "python3", "sudo", "kmod", "iputils-ping", "less",
-            # The gateway (docs/gateway.md): nginx with njs, started only by tests that use it.
-            "nginx-light", "libnginx-mod-http-js",
-            # Gateway HA (docs/gateway.md): VRRP for the floating address, started by `gateway deploy`.
-            "keepalived")
+PACKAGES = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "iproute2",
+    "procps",
+    "python3",
+    "sudo",
+    "kmod",
+    "iputils-ping",
+    "less",
+    # The gateway (docs/gateway.md): nginx with njs, started only by tests that use it.
+    "nginx-light",
+    "libnginx-mod-http-js",
+    # Gateway HA (docs/gateway.md): VRRP for the floating address, started by `gateway deploy`.
+    "keepalived",
+)
 #: Bumped by hand when the prep steps change in a way the hash cannot see.
 PREP_RECIPE = 3
 #: Units a container has no use for (timers that would wake up 100 hosts at
 #: once, gettys on a console nobody reads, checks of disks that are not there).
-MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "dpkg-db-backup.timer",
-                "e2scrub_all.timer", "fstrim.timer", "e2scrub_reap.service",
-                "systemd-pstore.service", "getty@tty1.service", "console-getty.service",
-                "systemd-remount-fs.service")
+MASKED_UNITS = (
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "dpkg-db-backup.timer",
+    "e2scrub_all.timer",
+    "fstrim.timer",
+    "e2scrub_reap.service",
+    "systemd-pstore.service",
+    "getty@tty1.service",
+    "console-getty.service",
+    "systemd-remount-fs.service",
+)
 #: The non-root login of the host that keeps Debian's default sshd settings.
 OPS_USER = "ops"
 DEBOOTSTRAP_TIMEOUT_S = 900.0
@@ -78,9 +98,12 @@ def apt_mirror(sources_dir: Path = Path("/etc/apt")) -> tuple[str, str | None]:
                     continue
                 k, _, v = line.partition(":")
                 fields[k.strip().lower()] = v.strip()
-            if ("deb" in fields.get("types", "").split()
-                    and SUITE in fields.get("suites", "").split()
-                    and "main" in fields.get("components", "").split() and fields.get("uris")):
+            if (
+                "deb" in fields.get("types", "").split()
+                and SUITE in fields.get("suites", "").split()
+                and "main" in fields.get("components", "").split()
+                and fields.get("uris")
+            ):
                 return fields["uris"].split()[0], fields.get("signed-by") or None
     lists = [sources_dir / "sources.list", *sorted((sources_dir / "sources.list.d").glob("*.list"))]
     for f in lists:
@@ -92,8 +115,10 @@ def apt_mirror(sources_dir: Path = Path("/etc/apt")) -> tuple[str, str | None]:
                 opts = m.group(1) or ""
                 k = re.search(r"signed-by=(\S+?)\]?(\s|$)", opts)
                 return m.group(2), (k.group(1) if k else None)
-    raise LabError(f"no Debian {SUITE} 'main' mirror in {sources_dir}/sources.list(.d); "
-                   "the lab template is built from the mirror apt uses")
+    raise LabError(
+        f"no Debian {SUITE} 'main' mirror in {sources_dir}/sources.list(.d); "
+        "the lab template is built from the mirror apt uses"
+    )
 
 
 def _digest(*parts: bytes) -> str:
@@ -121,6 +146,7 @@ def prep_version() -> str:
             if f.is_file() and "__pycache__" not in f.parts and f.suffix in (".py", ".c", ".sh", ".h", ".json", ""):
                 parts += [str(f.relative_to(hw)).encode(), f.read_bytes()]
     from clusterctl.lab.vllm_sim import install as vllm_install
+
     for f in vllm_install.sources():  # the vLLM simulator installed as `vllm`
         parts += [f"vllm_sim/{f.name}".encode(), f.read_bytes()]
     return _digest(*parts)
@@ -169,8 +195,13 @@ def _remove_unused(cache_dir: Path, keep: tuple[Path, ...], now: float | None = 
     mounts = Path("/proc/self/mountinfo").read_text()
     now = time.time() if now is None else now
     for p in [*cache_dir.glob("base-*"), *cache_dir.glob("prep-*")]:
-        if p not in keep and f"{p}:" not in mounts and f"{p}," not in mounts and f"{p} " not in mounts \
-                and now - p.stat().st_mtime > UNUSED_KEEP_S:
+        if (
+            p not in keep
+            and f"{p}:" not in mounts
+            and f"{p}," not in mounts
+            and f"{p} " not in mounts
+            and now - p.stat().st_mtime > UNUSED_KEEP_S
+        ):
             _remove_tree(p)
 
 
@@ -233,12 +264,12 @@ def _build_prep(base: Path, final: Path, on_event: Event) -> None:
     on_event("preparing the template layer")
     mounted = False
     try:
-        run(["mount", "-t", "overlay", "overlay", "-o",
-             f"lowerdir={base},upperdir={tmp},workdir={work}", str(merged)])
+        run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={base},upperdir={tmp},workdir={work}", str(merged)])
         mounted = True
         prepare_rootfs(merged)
         _install_hardware(merged, on_event)
         from clusterctl.lab.vllm_sim import install as vllm_install
+
         vllm_install.install_into_rootfs(merged)
         run(["umount", str(merged)])
         mounted = False
@@ -283,8 +314,21 @@ def prepare_rootfs(root: Path) -> None:
         key.unlink()
     # adm and systemd-journal: as on many sites' operator accounts, ops reads the
     # kernel log (kern.log is root:adm 0640; the journal admits both groups).
-    run(["chroot", str(root), "/usr/sbin/useradd", "--create-home", "--shell", "/bin/bash",
-         "--groups", "adm,systemd-journal", "--comment", "lab operator", OPS_USER])
+    run(
+        [
+            "chroot",
+            str(root),
+            "/usr/sbin/useradd",
+            "--create-home",
+            "--shell",
+            "/bin/bash",
+            "--groups",
+            "adm,systemd-journal",
+            "--comment",
+            "lab operator",
+            OPS_USER,
+        ]
+    )
     # The kernel log a node with rsyslog has (containers get no kernel messages in
     # their journal); simulated faults append NVRM/OOM lines to it.
     kern = root / "var/log/kern.log"

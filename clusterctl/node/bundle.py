@@ -40,10 +40,17 @@ def journal(unit, lines, timeout):
     argv = ["journalctl", "-u", unit, "--no-pager", "-o", "short-iso", "-n", str(lines)]
     rec = {"argv": argv, "started_at": now()}
     try:
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                           timeout=timeout, env=dict(os.environ, SYSTEMD_PAGER="", SYSTEMD_COLORS="0"))
-        rec.update(rc=p.returncode, stdout=p.stdout.decode("utf-8", "replace"),
-                   stderr=p.stderr.decode("utf-8", "replace"))
+        p = subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+            env=dict(os.environ, SYSTEMD_PAGER="", SYSTEMD_COLORS="0"),
+        )
+        rec.update(
+            rc=p.returncode, stdout=p.stdout.decode("utf-8", "replace"), stderr=p.stderr.decode("utf-8", "replace")
+        )
     except FileNotFoundError:
         rec.update(rc=None, stdout="", stderr="journalctl not found")
     except subprocess.TimeoutExpired:
@@ -96,8 +103,10 @@ def sample_all(insts, key, timeout, out):
     """``/metrics`` of every instance at once, into ``out[name][key]``."""
     threads, got = {}, {}
     for name, i in insts.items():
+
         def work(name=name, i=i):
             got[name] = metrics(i.get("host") or "127.0.0.1", int(i["port"]), timeout)
+
         t = threading.Thread(target=work, daemon=True)
         t.start()
         threads[name] = t
@@ -106,9 +115,15 @@ def sample_all(insts, key, timeout, out):
         t.join(max(0.0, end - time.monotonic()))
         i = insts[name]
         # a thread still stuck keeps writing to ``got`` only, never to ``out``
-        out[name][key] = got.get(name) if not t.is_alive() else {
-            "url": "http://%s:%d/metrics" % (i.get("host") or "127.0.0.1", int(i["port"])), "at": now(),
-            "error": "no answer within %g s" % (timeout + 1)}
+        out[name][key] = (
+            got.get(name)
+            if not t.is_alive()
+            else {
+                "url": "http://%s:%d/metrics" % (i.get("host") or "127.0.0.1", int(i["port"])),
+                "at": now(),
+                "error": "no answer within %g s" % (timeout + 1),
+            }
+        )
 
 
 def main():
@@ -120,8 +135,9 @@ def main():
     probe = None
     if spec.get("probe"):
         doc["probe"] = {}
-        probe = threading.Thread(target=run_probe, args=(spec["probe"], globals().get("PROBE_PAYLOAD", b""),
-                                                         doc["probe"]), daemon=True)
+        probe = threading.Thread(
+            target=run_probe, args=(spec["probe"], globals().get("PROBE_PAYLOAD", b""), doc["probe"]), daemon=True
+        )
         probe.start()
     if insts:
         t1 = time.monotonic()

@@ -63,10 +63,12 @@ def main(argv):
     have = dict((u, i) for i, u in gpus)
     missing = [u for u in argv if u not in have]
     if missing:
-        sys.stderr.write("check-gpus: refusing to start: placed GPU(s) %s not present on this host "
-                         "(present: %s); the GPU indexes may have shifted after a GPU was lost; "
-                         "redeploy to place the instance again\n"
-                         % (", ".join(missing), ", ".join("%d=%s" % (i, u) for i, u in gpus) or "none"))
+        sys.stderr.write(
+            "check-gpus: refusing to start: placed GPU(s) %s not present on this host "
+            "(present: %s); the GPU indexes may have shifted after a GPU was lost; "
+            "redeploy to place the instance again\n"
+            % (", ".join(missing), ", ".join("%d=%s" % (i, u) for i, u in gpus) or "none")
+        )
         return 1
     return 0
 

@@ -174,10 +174,16 @@ def read_os_release(root: str = "/") -> Optional[Dict[str, str]]:
 
 
 MEMINFO_KEYS = {
-    "MemTotal": "total", "MemFree": "free", "MemAvailable": "available",
-    "Buffers": "buffers", "Cached": "cached", "SwapTotal": "swap_total",
-    "SwapFree": "swap_free", "HugePages_Total": "hugepages_total",
-    "HugePages_Free": "hugepages_free", "Hugepagesize": "hugepage_size",
+    "MemTotal": "total",
+    "MemFree": "free",
+    "MemAvailable": "available",
+    "Buffers": "buffers",
+    "Cached": "cached",
+    "SwapTotal": "swap_total",
+    "SwapFree": "swap_free",
+    "HugePages_Total": "hugepages_total",
+    "HugePages_Free": "hugepages_free",
+    "Hugepagesize": "hugepage_size",
 }
 
 
@@ -218,11 +224,13 @@ def parse_cpuinfo(text: str) -> Dict[str, Any]:
 
 
 #: Filesystem types that hold no data of their own.
-PSEUDO_FS = frozenset("""
+PSEUDO_FS = frozenset(
+    """
     autofs binfmt_misc bpf cgroup cgroup2 configfs debugfs devpts devtmpfs efivarfs
     fuse.gvfsd-fuse fusectl hugetlbfs mqueue nsfs proc pstore ramfs rpc_pipefs
     securityfs selinuxfs sysfs tracefs tmpfs squashfs nfsd
-""".split())
+""".split()
+)
 
 
 def unescape_mount(field: str) -> str:
@@ -253,8 +261,9 @@ def disk_usage(mounts: List[Dict[str, str]], timeout: float, errors: Errors) -> 
     caller = TimedCaller(timeout)
     out = []
     for m in mounts:
-        entry: Dict[str, Any] = dict(m, total_bytes=None, free_bytes=None, avail_bytes=None,
-                                     inodes_total=None, inodes_free=None)
+        entry: Dict[str, Any] = dict(
+            m, total_bytes=None, free_bytes=None, avail_bytes=None, inodes_total=None, inodes_free=None
+        )
         try:
             st = caller.call(os.statvfs, m["mount"])
         except CallTimeout:
@@ -262,9 +271,13 @@ def disk_usage(mounts: List[Dict[str, str]], timeout: float, errors: Errors) -> 
         except OSError as e:
             note(errors, "disks", "statvfs %s: %s" % (m["mount"], e.strerror or e))
         else:
-            entry.update(total_bytes=st.f_blocks * st.f_frsize, free_bytes=st.f_bfree * st.f_frsize,
-                         avail_bytes=st.f_bavail * st.f_frsize, inodes_total=st.f_files,
-                         inodes_free=st.f_ffree)
+            entry.update(
+                total_bytes=st.f_blocks * st.f_frsize,
+                free_bytes=st.f_bfree * st.f_frsize,
+                avail_bytes=st.f_bavail * st.f_frsize,
+                inodes_total=st.f_files,
+                inodes_free=st.f_ffree,
+            )
         out.append(entry)
     return out
 
@@ -310,15 +323,19 @@ def collect_host(args: argparse.Namespace, errors: Errors, root: str = "/") -> D
 
 #: Clock event (throttle) reason bits, NVML ``nvmlClocksEventReason*``.
 CLOCK_EVENT_REASONS = [
-    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"), (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"), (0x80, "hw_power_brake_slowdown"),
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
 ]
 
 #: ``nvmlDeviceGetTopologyCommonAncestor`` levels, nearest first.
-TOPOLOGY_LEVELS = {0: "INTERNAL", 10: "SINGLE", 20: "MULTIPLE", 30: "HOSTBRIDGE",
-                   40: "NODE", 50: "SYSTEM"}
+TOPOLOGY_LEVELS = {0: "INTERNAL", 10: "SINGLE", 20: "MULTIPLE", 30: "HOSTBRIDGE", 40: "NODE", 50: "SYSTEM"}
 
 #: ``nvmlDeviceGetNvLinkErrorCounter`` counters.
 NVLINK_COUNTERS = [(0, "replay"), (1, "recovery"), (2, "crc_flit"), (3, "crc_data")]
@@ -351,8 +368,10 @@ class FieldUnavailable(Exception):
 
 def new_enough(nv: Any) -> bool:
     """Whether a pynvml module has every function the collector relies on."""
-    return all(hasattr(nv, n) for n in ("nvmlDeviceGetCurrentClocksEventReasons",
-                                        "nvmlDeviceGetRemappedRows", "nvmlDeviceGetNumaNodeId"))
+    return all(
+        hasattr(nv, n)
+        for n in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetNumaNodeId")
+    )
 
 
 def load_pynvml() -> Tuple[Any, Dict[str, Any]]:
@@ -374,8 +393,7 @@ def load_pynvml() -> Tuple[Any, Dict[str, Any]]:
     carried = globals().get("CARRIED_PYNVML")
     if carried is not None:
         sys.modules.pop("pynvml", None)
-        return carried(), {"origin": "carried", "version": globals().get("CARRIED_PYNVML_VERSION"),
-                           "reason": None}
+        return carried(), {"origin": "carried", "version": globals().get("CARRIED_PYNVML_VERSION"), "reason": None}
     if node is not None:
         return node, {"origin": "node", "version": _dist_version("nvidia-ml-py"), "reason": reason}
     return None, {"origin": None, "version": None, "reason": reason}
@@ -384,6 +402,7 @@ def load_pynvml() -> Tuple[Any, Dict[str, Any]]:
 def _dist_version(name: str) -> Optional[str]:
     try:
         from importlib import metadata
+
         return metadata.version(name)
     except Exception:
         return None
@@ -489,8 +508,10 @@ def _ecc(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
     # nvmlDeviceGetTotalEccErrors(h, errorType 0=corrected 1=uncorrected, counterType 0=volatile 1=aggregate)
     out: Dict[str, Any] = {}
     for counter, ctype in (("volatile", 0), ("aggregate", 1)):
-        out[counter] = {kind: get("ecc.%s.%s" % (counter, kind), "nvmlDeviceGetTotalEccErrors", h, etype, ctype)
-                        for kind, etype in (("corrected", 0), ("uncorrected", 1))}
+        out[counter] = {
+            kind: get("ecc.%s.%s" % (counter, kind), "nvmlDeviceGetTotalEccErrors", h, etype, ctype)
+            for kind, etype in (("corrected", 0), ("uncorrected", 1))
+        }
     mode = get("ecc.mode", "nvmlDeviceGetEccMode", h)
     out["enabled"] = bool(mode[0]) if mode is not None else None
     out["pending_enabled"] = bool(mode[1]) if mode is not None else None
@@ -499,8 +520,14 @@ def _ecc(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
 
 def _remapped_rows(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
     corr, unc, pending, failure = nvml.call("nvmlDeviceGetRemappedRows", h)[:4]
-    return {"remapped_rows": {"correctable": int(corr), "uncorrectable": int(unc),
-                              "pending": bool(pending), "failure": bool(failure)}}
+    return {
+        "remapped_rows": {
+            "correctable": int(corr),
+            "uncorrectable": int(unc),
+            "pending": bool(pending),
+            "failure": bool(failure),
+        }
+    }
 
 
 #: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and its values (nvml.h nvmlDeviceGpuRecoveryAction_t).
@@ -513,8 +540,9 @@ def _recovery_action(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, A
     read from NVML, not the kernel log, whose XID 154 lines rotate away."""
     fv = nvml.call("nvmlDeviceGetFieldValues", h, [FI_GPU_RECOVERY_ACTION])[0]
     if int(fv.nvmlReturn) != 0:
-        raise FieldUnavailable("recovery action not supported (NVML return %d)" % int(fv.nvmlReturn),
-                               int(fv.nvmlReturn))
+        raise FieldUnavailable(
+            "recovery action not supported (NVML return %d)" % int(fv.nvmlReturn), int(fv.nvmlReturn)
+        )
     value = int(fv.value.uiVal)
     return {"recovery_action": RECOVERY_ACTIONS.get(value, "unknown_%d" % value)}
 
@@ -530,28 +558,39 @@ def _fabric(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
     if struct is None:
         raise FieldUnavailable("not available in this pynvml (nvmlDeviceGetGpuFabricInfo)")
     import ctypes
+
     info = struct()
     nvml.call("nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info))
     state = int(info.state) & 0xFF  # nvmlGpuFabricState_t is an unsigned char in nvml.h
     if state == 0:
         raise FieldUnavailable("not supported (no NVLink fabric)")
-    return {"fabric": {"state": FABRIC_STATES.get(state, "unknown_%d" % state), "status": int(info.status),
-                       "clique_id": int(info.cliqueId)}}
+    return {
+        "fabric": {
+            "state": FABRIC_STATES.get(state, "unknown_%d" % state),
+            "status": int(info.status),
+            "clique_id": int(info.cliqueId),
+        }
+    }
 
 
 def fabric_manager_state(timeout: float) -> Optional[Dict[str, Any]]:
     """``nvidia-fabricmanager.service`` as systemd sees it (``load_state``, ``active_state``,
     ``sub_state``); None when systemctl cannot answer."""
     try:
-        rc, out, _ = run_command(["systemctl", "show", "--no-pager", "-p", "LoadState,ActiveState,SubState",
-                                  "nvidia-fabricmanager.service"], timeout)
+        rc, out, _ = run_command(
+            ["systemctl", "show", "--no-pager", "-p", "LoadState,ActiveState,SubState", "nvidia-fabricmanager.service"],
+            timeout,
+        )
     except FileNotFoundError:
         return None
     if rc != 0:
         return None
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return {"load_state": props.get("LoadState"), "active_state": props.get("ActiveState"),
-            "sub_state": props.get("SubState")}
+    return {
+        "load_state": props.get("LoadState"),
+        "active_state": props.get("ActiveState"),
+        "sub_state": props.get("SubState"),
+    }
 
 
 def _retired_pages(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
@@ -559,8 +598,13 @@ def _retired_pages(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any
     sbe = nvml.call("nvmlDeviceGetRetiredPages", h, 0)
     dbe = nvml.call("nvmlDeviceGetRetiredPages", h, 1)
     pending = get("retired_pages.pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
-    return {"retired_pages": {"single_bit_ecc": len(sbe), "double_bit_ecc": len(dbe),
-                              "pending": bool(pending) if pending is not None else None}}
+    return {
+        "retired_pages": {
+            "single_bit_ecc": len(sbe),
+            "double_bit_ecc": len(dbe),
+            "pending": bool(pending) if pending is not None else None,
+        }
+    }
 
 
 def decode_clock_reasons(mask: int) -> List[str]:
@@ -584,13 +628,15 @@ def _clocks(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
 
 
 def _pcie(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
-    return {"pcie": {
-        "width": get("pcie.width", "nvmlDeviceGetCurrPcieLinkWidth", h),
-        "max_width": get("pcie.max_width", "nvmlDeviceGetMaxPcieLinkWidth", h),
-        "gen": get("pcie.gen", "nvmlDeviceGetCurrPcieLinkGeneration", h),
-        "max_gen": get("pcie.max_gen", "nvmlDeviceGetMaxPcieLinkGeneration", h),
-        "replay_counter": get("pcie.replay_counter", "nvmlDeviceGetPcieReplayCounter", h),
-    }}
+    return {
+        "pcie": {
+            "width": get("pcie.width", "nvmlDeviceGetCurrPcieLinkWidth", h),
+            "max_width": get("pcie.max_width", "nvmlDeviceGetMaxPcieLinkWidth", h),
+            "gen": get("pcie.gen", "nvmlDeviceGetCurrPcieLinkGeneration", h),
+            "max_gen": get("pcie.max_gen", "nvmlDeviceGetMaxPcieLinkGeneration", h),
+            "replay_counter": get("pcie.replay_counter", "nvmlDeviceGetPcieReplayCounter", h),
+        }
+    }
 
 
 def _nvlink(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
@@ -603,8 +649,10 @@ def _nvlink(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
             state = nvml.call("nvmlDeviceGetNvLinkState", h, link)
         except FieldUnavailable:
             break
-        errs = {name: get("nvlink.%d.%s" % (link, name), "nvmlDeviceGetNvLinkErrorCounter", h, link, c)
-                for c, name in NVLINK_COUNTERS}
+        errs = {
+            name: get("nvlink.%d.%s" % (link, name), "nvmlDeviceGetNvLinkErrorCounter", h, link, c)
+            for c, name in NVLINK_COUNTERS
+        }
         links.append({"link": link, "state": "active" if state else "inactive", "errors": errs})
     return {"nvlink": links}
 
@@ -612,6 +660,7 @@ def _nvlink(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
 def _scalar(key: str, fn: str, convert: Callable[[Any], Any] = lambda v: v, *extra: Any):
     def getter(nvml: Nvml, h: Any, get: Callable[..., Any]) -> Dict[str, Any]:
         return {key: convert(nvml.call(fn, h, *extra))}
+
     return getter
 
 
@@ -651,8 +700,11 @@ DEVICE_FIELDS: List[Tuple[str, Tuple[str, ...], Callable[..., Dict[str, Any]]]] 
     ("nvlink", ("nvlink",), _nvlink),
     ("temperature_c", ("temperature_c",), _scalar("temperature_c", "nvmlDeviceGetTemperature", int, 0)),
     ("power_w", ("power_w",), _scalar("power_w", "nvmlDeviceGetPowerUsage", lambda mw: mw / 1000.0)),
-    ("power_limit_w", ("power_limit_w",),
-     _scalar("power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", lambda mw: mw / 1000.0)),
+    (
+        "power_limit_w",
+        ("power_limit_w",),
+        _scalar("power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", lambda mw: mw / 1000.0),
+    ),
     ("utilization", ("utilization",), _utilization),
     ("persistence_mode", ("persistence_mode",), _scalar("persistence_mode", "nvmlDeviceGetPersistenceMode", bool)),
     ("vbios_version", ("vbios_version",), _scalar("vbios_version", "nvmlDeviceGetVbiosVersion", text)),
@@ -660,8 +712,9 @@ DEVICE_FIELDS: List[Tuple[str, Tuple[str, ...], Callable[..., Dict[str, Any]]]] 
 ]
 
 #: Every key a device entry has, in order (the schema's stable key set).
-DEVICE_KEYS = ["index"] + [k for _, keys, _ in DEVICE_FIELDS for k in keys] + [
-    "nearest_nics", "lost", "hung", "field_errors"]
+DEVICE_KEYS = (
+    ["index"] + [k for _, keys, _ in DEVICE_FIELDS for k in keys] + ["nearest_nics", "lost", "hung", "field_errors"]
+)
 
 
 def collect_device(nvml: Nvml, index: int, root: str = "/") -> Tuple[Dict[str, Any], Any]:
@@ -718,7 +771,7 @@ def collect_topology(nvml: Nvml, handles: Dict[int, Any]) -> List[Dict[str, Any]
     out = []
     idx = sorted(handles)
     for n, a in enumerate(idx):
-        for b in idx[n + 1:]:
+        for b in idx[n + 1 :]:
             entry: Dict[str, Any] = {"gpus": [a, b], "level": None, "reason": None}
             try:
                 level = nvml.call("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
@@ -732,10 +785,19 @@ def collect_topology(nvml: Nvml, handles: Dict[int, Any]) -> List[Dict[str, Any]
 def collect_gpus(args: argparse.Namespace, errors: Errors, root: str = "/") -> Dict[str, Any]:
     """Every GPU through NVML; ``available: false`` with a reason when NVML
     cannot be used (no pynvml, no libnvidia-ml, no driver, nvmlInit hung)."""
-    gpus: Dict[str, Any] = {"available": False, "reason": None, "driver_version": None,
-                            "nvml_version": None, "cuda_driver_version": None, "pynvml": None,
-                            "count": None, "devices": [], "topology": [], "timed_out_calls": [],
-                            "fabric_manager": None}
+    gpus: Dict[str, Any] = {
+        "available": False,
+        "reason": None,
+        "driver_version": None,
+        "nvml_version": None,
+        "cuda_driver_version": None,
+        "pynvml": None,
+        "count": None,
+        "devices": [],
+        "topology": [],
+        "timed_out_calls": [],
+        "fabric_manager": None,
+    }
     nv, info = load_pynvml()
     gpus["pynvml"] = info
     if nv is None:
@@ -750,9 +812,11 @@ def collect_gpus(args: argparse.Namespace, errors: Errors, root: str = "/") -> D
         return gpus
     gpus["available"] = True
     try:
-        for key, fn, conv in (("driver_version", "nvmlSystemGetDriverVersion", text),
-                              ("nvml_version", "nvmlSystemGetNVMLVersion", text),
-                              ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion", int)):
+        for key, fn, conv in (
+            ("driver_version", "nvmlSystemGetDriverVersion", text),
+            ("nvml_version", "nvmlSystemGetNVMLVersion", text),
+            ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion", int),
+        ):
             try:
                 gpus[key] = conv(nvml.call(fn))
             except FieldUnavailable as e:
@@ -787,7 +851,7 @@ def init_reason(e: BaseException) -> str:
     """Why nvmlInit failed, in words an operator acts on."""
     msg = str(e)
     if msg.startswith("NVML error: "):
-        msg = msg[len("NVML error: "):]
+        msg = msg[len("NVML error: ") :]
     code = getattr(e, "code", None)
     if code == NVML_ERROR_LIBRARY_NOT_FOUND:
         return "NVML library (libnvidia-ml.so.1) not found: %s" % msg
@@ -842,9 +906,14 @@ def read_gids(port_dir: str) -> List[Dict[str, Any]]:
         gid = read_opt(os.path.join(gid_dir, str(i)))
         if not gid or set(gid.replace(":", "")) <= {"0"}:
             continue
-        out.append({"index": i, "gid": gid,
-                    "type": read_opt(os.path.join(port_dir, "gid_attrs", "types", str(i))),
-                    "netdev": read_opt(os.path.join(port_dir, "gid_attrs", "ndevs", str(i)))})
+        out.append(
+            {
+                "index": i,
+                "gid": gid,
+                "type": read_opt(os.path.join(port_dir, "gid_attrs", "types", str(i))),
+                "netdev": read_opt(os.path.join(port_dir, "gid_attrs", "ndevs", str(i))),
+            }
+        )
     return out
 
 
@@ -867,18 +936,22 @@ def collect_rdma(root: str = "/") -> List[Dict[str, Any]]:
             rate = read_opt(os.path.join(pd, "rate"))
             gids = read_gids(pd)
             netdevs = sorted({g["netdev"] for g in gids if g["netdev"]})
-            out.append({
-                "device": dev, "port": port,
-                "netdev": netdevs[0] if netdevs else None,
-                "state": state_name(read_opt(os.path.join(pd, "state"))),
-                "phys_state": state_name(read_opt(os.path.join(pd, "phys_state"))),
-                "link_layer": read_opt(os.path.join(pd, "link_layer")),
-                "rate": rate, "rate_gbps": parse_rate_gbps(rate),
-                "fw_ver": read_opt(os.path.join(base, dev, "fw_ver")),
-                "counters": read_counter_dir(os.path.join(pd, "counters")),
-                "hw_counters": read_counter_dir(os.path.join(pd, "hw_counters")),
-                "gids": gids,
-            })
+            out.append(
+                {
+                    "device": dev,
+                    "port": port,
+                    "netdev": netdevs[0] if netdevs else None,
+                    "state": state_name(read_opt(os.path.join(pd, "state"))),
+                    "phys_state": state_name(read_opt(os.path.join(pd, "phys_state"))),
+                    "link_layer": read_opt(os.path.join(pd, "link_layer")),
+                    "rate": rate,
+                    "rate_gbps": parse_rate_gbps(rate),
+                    "fw_ver": read_opt(os.path.join(base, dev, "fw_ver")),
+                    "counters": read_counter_dir(os.path.join(pd, "counters")),
+                    "hw_counters": read_counter_dir(os.path.join(pd, "hw_counters")),
+                    "gids": gids,
+                }
+            )
     return out
 
 
@@ -958,9 +1031,27 @@ def collect_nics(errors: Errors, root: str = "/") -> List[Dict[str, Any]]:
 
 
 def read_nic_keys() -> List[str]:
-    return ["netdev", "operstate", "speed_mbps", "mtu", "address", "numa_node", "pci_address",
-            "driver", "rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped",
-            "tx_dropped", "rdma", "ethtool_stats", "ethtool_stats_reason", "qos", "samples"]
+    return [
+        "netdev",
+        "operstate",
+        "speed_mbps",
+        "mtu",
+        "address",
+        "numa_node",
+        "pci_address",
+        "driver",
+        "rx_bytes",
+        "tx_bytes",
+        "rx_errors",
+        "tx_errors",
+        "rx_dropped",
+        "tx_dropped",
+        "rdma",
+        "ethtool_stats",
+        "ethtool_stats_reason",
+        "qos",
+        "samples",
+    ]
 
 
 # --------------------------------------------------------------------------
@@ -1040,14 +1131,12 @@ def wants_ethtool(nic: Dict[str, Any], root: str = "/") -> Optional[str]:
     """
     if not nic.get("netdev"):
         return "no netdev to ask ethtool about"
-    if nic.get("rdma") is None and not os.path.exists(
-            path_in(root, "/sys/class/net/%s/device" % nic["netdev"])):
+    if nic.get("rdma") is None and not os.path.exists(path_in(root, "/sys/class/net/%s/device" % nic["netdev"])):
         return "not read: virtual interface (no device behind it, no RDMA port)"
     return None
 
 
-def collect_ethtool_stats(nics: List[Dict[str, Any]], timeout: float, errors: Errors,
-                          root: str = "/") -> None:
+def collect_ethtool_stats(nics: List[Dict[str, Any]], timeout: float, errors: Errors, root: str = "/") -> None:
     """Fill ``ethtool_stats`` (or ``ethtool_stats_reason``) of every NIC; each
     reason of a NIC that was asked and did not answer is also noted in
     ``errors`` once, with the NICs it concerns (``ethtool not found (eth2, eth3)``).
@@ -1089,8 +1178,14 @@ def collect_ethtool_stats(nics: List[Dict[str, Any]], timeout: float, errors: Er
     failed: Dict[str, List[str]] = {}
     for nic in nics:
         if nic.get("ethtool_stats_reason") is None:
-            stats, reason = results.get(id(nic), (None, "ethtool -S did not finish within %g s, the "
-                                                         "time all ethtool calls together may take" % (2 * timeout)))
+            stats, reason = results.get(
+                id(nic),
+                (
+                    None,
+                    "ethtool -S did not finish within %g s, the "
+                    "time all ethtool calls together may take" % (2 * timeout),
+                ),
+            )
             nic["ethtool_stats"], nic["ethtool_stats_reason"] = stats, reason
             if reason:
                 failed.setdefault(reason, []).append(nic["netdev"])
@@ -1108,8 +1203,11 @@ def collect_ethtool_stats(nics: List[Dict[str, Any]], timeout: float, errors: Er
 
 def roce_nics(nics: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """NICs with a netdev and an RDMA port on Ethernet (RoCE)."""
-    return [n for n in nics if n.get("netdev") and n.get("rdma")
-            and (n["rdma"].get("link_layer") or "Ethernet") == "Ethernet"]
+    return [
+        n
+        for n in nics
+        if n.get("netdev") and n.get("rdma") and (n["rdma"].get("link_layer") or "Ethernet") == "Ethernet"
+    ]
 
 
 def _csv_ints(text: str) -> List[int]:
@@ -1126,16 +1224,31 @@ def parse_mlnx_qos(text: str) -> Dict[str, Any]:
     ``prio2buffer``, ``prio2tc``, ``tc_tsa`` and ``lldpad_warning``.  A line
     that is not there leaves its key ``None``.
     """
-    out: Dict[str, Any] = {"dcbx": None, "trust": None, "dscp2prio": None, "buffer_size": None,
-                           "cable_len": None, "pfc_enabled": None, "prio2buffer": None,
-                           "prio2tc": None, "tc_tsa": None, "lldpad_warning": "lldpad" in text}
+    out: Dict[str, Any] = {
+        "dcbx": None,
+        "trust": None,
+        "dscp2prio": None,
+        "buffer_size": None,
+        "cable_len": None,
+        "pfc_enabled": None,
+        "prio2buffer": None,
+        "prio2tc": None,
+        "tc_tsa": None,
+        "lldpad_warning": "lldpad" in text,
+    }
     header: List[int] = []
     tc: Optional[int] = None
     for raw in text.splitlines():
         line = raw.strip()
         low = line.lower()
         if low.startswith("dcbx mode:"):
-            out["dcbx"] = "firmware" if "firmware" in low else "os" if "os" in low.split(":", 1)[1] else line.split(":", 1)[1].strip()
+            out["dcbx"] = (
+                "firmware"
+                if "firmware" in low
+                else "os"
+                if "os" in low.split(":", 1)[1]
+                else line.split(":", 1)[1].strip()
+            )
         elif low.startswith("priority trust state:"):
             out["trust"] = line.split(":", 1)[1].strip().lower() or None
         elif low.startswith("prio:") and "dscp:" in low:
@@ -1179,8 +1292,7 @@ def parse_dcb_pfc(text: str) -> Optional[List[int]]:
     for line in text.splitlines():
         words = line.split()
         if words and words[0] == "prio-pfc":
-            return sorted(int(k) for k, _, v in (w.partition(":") for w in words[1:])
-                          if k.isdigit() and v == "on")
+            return sorted(int(k) for k, _, v in (w.partition(":") for w in words[1:]) if k.isdigit() and v == "on")
     return None
 
 
@@ -1243,8 +1355,12 @@ def read_ecn(net_dir: str) -> Optional[Dict[str, Any]]:
             v = read_opt(os.path.join(base, rel + key))
             if v is not None:
                 lines.append("ecn/%s%s:%s" % (rel, key, v.strip()))
-    out = parse_ecn_dump("\n".join(lines)) or {"roce_np": None, "roce_rp": None, "cnp_dscp": None,
-                                                "cnp_802p_prio": None}
+    out = parse_ecn_dump("\n".join(lines)) or {
+        "roce_np": None,
+        "roce_rp": None,
+        "cnp_dscp": None,
+        "cnp_802p_prio": None,
+    }
     for side in listed:
         if out[side] is None:
             out[side] = {}
@@ -1345,8 +1461,7 @@ def parse_ibdev2netdev(text: str) -> List[Dict[str, Any]]:
     for line in text.splitlines():
         m = re.match(r"^\s*(\S+) port (\d+) ==> (\S+) \((\w+)\)", line)
         if m:
-            out.append({"device": m.group(1), "port": int(m.group(2)), "netdev": m.group(3),
-                        "state": m.group(4)})
+            out.append({"device": m.group(1), "port": int(m.group(2)), "netdev": m.group(3), "state": m.group(4)})
     return out
 
 
@@ -1358,9 +1473,16 @@ def parse_show_gids(text: str) -> List[Dict[str, Any]]:
         w = line.split()
         if len(w) >= 6 and w[1].isdigit() and w[2].isdigit() and ":" in w[3]:
             ver = w[-2] if len(w) >= 7 else w[4]
-            out.append({"device": w[0], "port": int(w[1]), "index": int(w[2]), "gid": w[3],
-                        "type": "RoCE v2" if ver.lower() == "v2" else "IB/RoCE v1" if ver.lower() == "v1" else ver,
-                        "netdev": w[-1]})
+            out.append(
+                {
+                    "device": w[0],
+                    "port": int(w[1]),
+                    "index": int(w[2]),
+                    "gid": w[3],
+                    "type": "RoCE v2" if ver.lower() == "v2" else "IB/RoCE v1" if ver.lower() == "v1" else ver,
+                    "netdev": w[-1],
+                }
+            )
     return out
 
 
@@ -1381,8 +1503,11 @@ def parse_rdma_statistic(text: str) -> Dict[Tuple[str, int], Dict[str, int]]:
                 port = int(entry.get("port") or 1)
             except (TypeError, ValueError):
                 continue
-            counters = {k: int(v) for k, v in entry.items()
-                        if isinstance(v, int) and not isinstance(v, bool) and k not in ("ifindex", "port")}
+            counters = {
+                k: int(v)
+                for k, v in entry.items()
+                if isinstance(v, int) and not isinstance(v, bool) and k not in ("ifindex", "port")
+            }
             out[(entry["ifname"], port)] = counters
         return out
     current = None  # type: Optional[Dict[str, int]]
@@ -1400,8 +1525,9 @@ def parse_rdma_statistic(text: str) -> Dict[Tuple[str, int], Dict[str, int]]:
     return out
 
 
-def _tool(argv: List[str], timeout: float, raw: Dict[str, str], reasons: Dict[str, str],
-          deadline: Optional[float] = None) -> Optional[str]:
+def _tool(
+    argv: List[str], timeout: float, raw: Dict[str, str], reasons: Dict[str, str], deadline: Optional[float] = None
+) -> Optional[str]:
     """Run a read-only tool; its stdout (kept in ``raw``), or ``None`` with the reason.
 
     Not run once another tool timed out on the same NIC (``reasons`` says so:
@@ -1436,26 +1562,55 @@ def _tool(argv: List[str], timeout: float, raw: Dict[str, str], reasons: Dict[st
 
 def empty_qos() -> Dict[str, Any]:
     """A ``qos`` entry with every key and nothing known."""
-    return {"tool": None, "trust": None, "trust_source": None, "pfc_enabled": None,
-            "dscp2prio": None, "prio2buffer": None, "prio2tc": None, "dcbx": None,
-            "lldpad_warning": None, "cable_len": None, "global_pause": None,
-            "ecn": None, "traffic_class": None, "traffic_class_reason": None,
-            "cm_tos": None, "cm_tos_reason": None,
-            "pfc_stall_prevention": None, "raw": {}, "reasons": {}}
+    return {
+        "tool": None,
+        "trust": None,
+        "trust_source": None,
+        "pfc_enabled": None,
+        "dscp2prio": None,
+        "prio2buffer": None,
+        "prio2tc": None,
+        "dcbx": None,
+        "lldpad_warning": None,
+        "cable_len": None,
+        "global_pause": None,
+        "ecn": None,
+        "traffic_class": None,
+        "traffic_class_reason": None,
+        "cm_tos": None,
+        "cm_tos_reason": None,
+        "pfc_stall_prevention": None,
+        "raw": {},
+        "reasons": {},
+    }
 
 
-def qos_from_outputs(q: Dict[str, Any], mlnx_qos: Optional[str] = None, dcb_pfc: Optional[str] = None,
-                     dcb_app: Optional[str] = None, dcb_apptrust: Optional[str] = None,
-                     ethtool_a: Optional[str] = None, dcb_ets: Optional[str] = None) -> Dict[str, Any]:
+def qos_from_outputs(
+    q: Dict[str, Any],
+    mlnx_qos: Optional[str] = None,
+    dcb_pfc: Optional[str] = None,
+    dcb_app: Optional[str] = None,
+    dcb_apptrust: Optional[str] = None,
+    ethtool_a: Optional[str] = None,
+    dcb_ets: Optional[str] = None,
+) -> Dict[str, Any]:
     """Fill ``q`` (see :func:`empty_qos`) from the tools' outputs that are there (``None``: not run
     or failed).  The one place the QoS tools' texts become facts: the live probe and
     ``doctor --from`` on raw outputs both go through it."""
     if mlnx_qos is not None:
         m = parse_mlnx_qos(mlnx_qos)
-        q.update(tool="mlnx_qos", trust=m["trust"], trust_source="mlnx_qos" if m["trust"] else None,
-                 pfc_enabled=m["pfc_enabled"], dscp2prio=m["dscp2prio"], prio2buffer=m["prio2buffer"],
-                 prio2tc=m["prio2tc"], dcbx=m["dcbx"], lldpad_warning=m["lldpad_warning"],
-                 cable_len=m["cable_len"])
+        q.update(
+            tool="mlnx_qos",
+            trust=m["trust"],
+            trust_source="mlnx_qos" if m["trust"] else None,
+            pfc_enabled=m["pfc_enabled"],
+            dscp2prio=m["dscp2prio"],
+            prio2buffer=m["prio2buffer"],
+            prio2tc=m["prio2tc"],
+            dcbx=m["dcbx"],
+            lldpad_warning=m["lldpad_warning"],
+            cable_len=m["cable_len"],
+        )
     else:
         if dcb_pfc is not None:
             q["tool"] = "dcb"
@@ -1477,8 +1632,7 @@ def qos_from_outputs(q: Dict[str, Any], mlnx_qos: Optional[str] = None, dcb_pfc:
     return q
 
 
-def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/",
-            deadline: Optional[float] = None) -> Dict[str, Any]:
+def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/", deadline: Optional[float] = None) -> Dict[str, Any]:
     """The QoS configuration of one RoCE NIC (see :func:`collect_qos`)."""
     dev = nic["netdev"]
     q = empty_qos()
@@ -1501,7 +1655,8 @@ def nic_qos(nic: Dict[str, Any], timeout: float, root: str = "/",
     rdma = nic.get("rdma") or {}
     if rdma.get("device"):
         q["traffic_class"], q["traffic_class_reason"] = read_traffic_class(
-            root, rdma["device"], int(rdma.get("port") or 1))
+            root, rdma["device"], int(rdma.get("port") or 1)
+        )
         q["cm_tos"], q["cm_tos_reason"] = read_cm_tos(root, rdma["device"], int(rdma.get("port") or 1))
     q["pfc_stall_prevention"] = read_opt(os.path.join(net_dir, "pfc_stall_prevention"))
     return q
@@ -1551,15 +1706,24 @@ def sample_nic(nic: Dict[str, Any], timeout: float, root: str = "/") -> Dict[str
     hw = read_counter_dir(os.path.join(pd, "hw_counters"))
     counters = read_counter_dir(os.path.join(pd, "counters"))
     t2 = time.monotonic()
-    return {"t": round((t0 + t1) / 2, 6), "t_sysfs": round((t1 + t2) / 2, 6), "read_s": round(t2 - t0, 6),
-            "ethtool_stats": stats, "hw_counters": hw, "counters": counters, "reason": reason}
+    return {
+        "t": round((t0 + t1) / 2, 6),
+        "t_sysfs": round((t1 + t2) / 2, 6),
+        "read_s": round(t2 - t0, 6),
+        "ethtool_stats": stats,
+        "hw_counters": hw,
+        "counters": counters,
+        "reason": reason,
+    }
 
 
 def _sample_all(nics: List[Dict[str, Any]], timeout: float, root: str) -> None:
     threads = []
     for nic in nics:
+
         def work(n: Dict[str, Any] = nic) -> None:
             n["samples"].append(sample_nic(n, timeout, root))
+
         t = threading.Thread(target=work, name="sample", daemon=True)
         t.start()
         threads.append(t)
@@ -1568,8 +1732,9 @@ def _sample_all(nics: List[Dict[str, Any]], timeout: float, root: str) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def collect_samples(nics: List[Dict[str, Any]], interval: float, timeout: float, errors: Errors,
-                    root: str = "/") -> None:
+def collect_samples(
+    nics: List[Dict[str, Any]], interval: float, timeout: float, errors: Errors, root: str = "/"
+) -> None:
     """Fill ``samples`` of every RoCE NIC with two samples: the second reads
     start ``interval`` seconds after the first ones ended, so the samples are
     at least ``interval`` apart however slow a read was.  The NICs are read in
@@ -1577,8 +1742,9 @@ def collect_samples(nics: List[Dict[str, Any]], interval: float, timeout: float,
     finish_samples(start_samples(nics, timeout, errors, root), interval, timeout, errors, root)
 
 
-def start_samples(nics: List[Dict[str, Any]], timeout: float, errors: Errors,
-                  root: str = "/") -> Tuple[List[Dict[str, Any]], float]:
+def start_samples(
+    nics: List[Dict[str, Any]], timeout: float, errors: Errors, root: str = "/"
+) -> Tuple[List[Dict[str, Any]], float]:
     """The first samples (see :func:`collect_samples`); returns the NICs sampled
     and when their reads ended (monotonic), for :func:`finish_samples`."""
     todo = []
@@ -1594,8 +1760,9 @@ def start_samples(nics: List[Dict[str, Any]], timeout: float, errors: Errors,
     return todo, time.monotonic()
 
 
-def finish_samples(started: Tuple[List[Dict[str, Any]], float], interval: float, timeout: float,
-                   errors: Errors, root: str = "/") -> None:
+def finish_samples(
+    started: Tuple[List[Dict[str, Any]], float], interval: float, timeout: float, errors: Errors, root: str = "/"
+) -> None:
     """The second samples, ``interval`` s after the first reads ended (other
     work may run in between: only the rest of the interval is waited)."""
     todo, ended = started
@@ -1605,8 +1772,9 @@ def finish_samples(started: Tuple[List[Dict[str, Any]], float], interval: float,
     _sample_all(todo, timeout, root)
     short = [n["netdev"] for n in todo if len(n["samples"]) < 2]
     if short:
-        note(errors, "nics.samples", "a counter sample did not finish within %g s (%s)"
-             % (2 * timeout, ", ".join(short)))
+        note(
+            errors, "nics.samples", "a counter sample did not finish within %g s (%s)" % (2 * timeout, ", ".join(short))
+        )
 
 
 def pci_path(root: str, sysfs_link: str) -> Optional[List[str]]:
@@ -1658,8 +1826,15 @@ PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
 PCI_EXT_CAP_ACS = 0x000D
 
 #: ACS Control register bits, as lspci names them (PCIe base spec 7.7.11.3).
-ACS_CTL_BITS = [(0, "SrcValid"), (1, "TransBlk"), (2, "ReqRedir"), (3, "CmpltRedir"),
-                (4, "UpstreamFwd"), (5, "EgressCtrl"), (6, "DirectTrans")]
+ACS_CTL_BITS = [
+    (0, "SrcValid"),
+    (1, "TransBlk"),
+    (2, "ReqRedir"),
+    (3, "CmpltRedir"),
+    (4, "UpstreamFwd"),
+    (5, "EgressCtrl"),
+    (6, "DirectTrans"),
+]
 
 IOMMU_CMDLINE = re.compile(r"^(iommu|intel_iommu|amd_iommu|iommu\.passthrough|iommu\.strict)=")
 
@@ -1676,8 +1851,12 @@ def peer_memory(root: str = "/") -> Dict[str, Any]:
     if os.path.isdir(sys_module):
         mod = next((m for m in PEERMEM_MODULES if os.path.isdir(os.path.join(sys_module, m))), None)
         return {"loaded": mod is not None, "module": mod, "source": "/sys/module", "reason": None}
-    return {"loaded": None, "module": None, "source": None,
-            "reason": "neither /proc/modules nor /sys/module is readable"}
+    return {
+        "loaded": None,
+        "module": None,
+        "source": None,
+        "reason": "neither /proc/modules nor /sys/module is readable",
+    }
 
 
 def iommu_state(root: str = "/") -> Dict[str, Any]:
@@ -1685,8 +1864,13 @@ def iommu_state(root: str = "/") -> Dict[str, Any]:
     groups ``/sys/kernel/iommu_groups`` has (0: no IOMMU in use) and how many
     of them have a domain ``type`` of ``identity`` (passthrough) or
     ``DMA``/``DMA-FQ`` (translated: every DMA goes through the IOMMU's page tables)."""
-    out: Dict[str, Any] = {"cmdline": None, "groups": None, "identity_groups": None,
-                           "translated_groups": None, "reason": None}
+    out: Dict[str, Any] = {
+        "cmdline": None,
+        "groups": None,
+        "identity_groups": None,
+        "translated_groups": None,
+        "reason": None,
+    }
     cmdline = read_opt(path_in(root, "/proc/cmdline"))
     if cmdline is not None:
         out["cmdline"] = [w for w in cmdline.split() if IOMMU_CMDLINE.match(w)]
@@ -1712,11 +1896,11 @@ def acs_from_config(data: bytes) -> Tuple[Optional[int], Optional[str]]:
         return None, "extended config space not readable (%d bytes; needs root)" % len(data)
     off, seen = 0x100, 0
     while off and off + 8 <= len(data) and seen < 64:
-        header = int.from_bytes(data[off:off + 4], "little")
+        header = int.from_bytes(data[off : off + 4], "little")
         if header in (0, 0xFFFFFFFF):
             break
         if header & 0xFFFF == PCI_EXT_CAP_ACS:
-            return int.from_bytes(data[off + 6:off + 8], "little"), None
+            return int.from_bytes(data[off + 6 : off + 8], "little"), None
         off, seen = (header >> 20) & 0xFFC, seen + 1
     return None, "no ACS capability"
 
@@ -1726,7 +1910,7 @@ def parse_lspci_acsctl(text: str) -> Optional[int]:
     for line in text.splitlines():
         s = line.strip()
         if s.startswith("ACSCtl:"):
-            flags = dict((w[:-1], w[-1] == "+") for w in s[len("ACSCtl:"):].split() if w[-1:] in "+-")
+            flags = dict((w[:-1], w[-1] == "+") for w in s[len("ACSCtl:") :].split() if w[-1:] in "+-")
             return sum(1 << bit for bit, name in ACS_CTL_BITS if flags.get(name))
     return None
 
@@ -1734,8 +1918,7 @@ def parse_lspci_acsctl(text: str) -> Optional[int]:
 def acs_control(root: str, address: str, timeout: float) -> Dict[str, Any]:
     """One bridge's ACS control: sysfs ``config`` first, ``lspci -vvv -s`` where
     the config space beyond 256 bytes is hidden (non-root)."""
-    entry: Dict[str, Any] = {"pci_address": address, "acs_ctl": None, "redirect": None,
-                             "source": None, "reason": None}
+    entry: Dict[str, Any] = {"pci_address": address, "acs_ctl": None, "redirect": None, "source": None, "reason": None}
     try:
         with open(path_in(root, "/sys/bus/pci/devices/%s/config" % address), "rb") as f:
             value, why = acs_from_config(f.read(4096))
@@ -1747,9 +1930,15 @@ def acs_control(root: str, address: str, timeout: float) -> Dict[str, Any]:
             rc, out, err = run_command([find_program("lspci"), "-vvv", "-s", address], timeout)
             if rc == 0:
                 value, source = parse_lspci_acsctl(out), "lspci"
-                why = None if value is not None else (
-                    "lspci: capabilities <access denied> (needs root)" if "<access denied>" in out
-                    else "lspci shows no ACSCtl line")
+                why = (
+                    None
+                    if value is not None
+                    else (
+                        "lspci: capabilities <access denied> (needs root)"
+                        if "<access denied>" in out
+                        else "lspci shows no ACSCtl line"
+                    )
+                )
             else:
                 why = "%s; lspci failed (rc %s)" % (why, rc)
         except OSError:
@@ -1761,8 +1950,9 @@ def acs_control(root: str, address: str, timeout: float) -> Dict[str, Any]:
     return entry
 
 
-def acs_paths(gpus: Dict[str, Any], nics: List[Dict[str, Any]], timeout: float,
-              root: str = "/") -> List[Dict[str, Any]]:
+def acs_paths(
+    gpus: Dict[str, Any], nics: List[Dict[str, Any]], timeout: float, root: str = "/"
+) -> List[Dict[str, Any]]:
     """Each GPU and RDMA NIC under a common PCIe switch: the bridges between
     them below their deepest common ancestor (the switch ports whose ACS
     redirect would send GPUDirect P2P up through the root complex)."""
@@ -1775,8 +1965,7 @@ def acs_paths(gpus: Dict[str, Any], nics: List[Dict[str, Any]], timeout: float,
             if p:
                 nic_paths.append((nic["netdev"], p))
     for dev in gpus.get("devices") or []:
-        gpath = pci_path(root, "/sys/bus/pci/devices/%s" % dev.get("pci_address")) \
-            if dev.get("pci_address") else None
+        gpath = pci_path(root, "/sys/bus/pci/devices/%s" % dev.get("pci_address")) if dev.get("pci_address") else None
         if not gpath:
             continue
         for netdev, npath in nic_paths:
@@ -1792,8 +1981,7 @@ def acs_paths(gpus: Dict[str, Any], nics: List[Dict[str, Any]], timeout: float,
             for addr in between:
                 if addr not in cache:
                     cache[addr] = acs_control(root, addr, timeout)
-            pairs.append({"gpu": dev.get("index"), "netdev": netdev,
-                          "bridges": [cache[a] for a in between]})
+            pairs.append({"gpu": dev.get("index"), "netdev": netdev, "bridges": [cache[a] for a in between]})
     return pairs
 
 
@@ -1802,20 +1990,27 @@ def memlock_limit() -> Dict[str, Any]:
     context for the units' ``LimitMEMLOCK``, which is what vLLM gets."""
     try:
         import resource
+
         soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     except (ImportError, OSError, ValueError) as e:
         return {"soft_bytes": None, "hard_bytes": None, "reason": str(e)}
 
     def val(v: int) -> Optional[int]:
         return None if v == resource.RLIM_INFINITY else v
+
     return {"soft_bytes": val(soft), "hard_bytes": val(hard), "reason": None}
 
 
-def collect_rdma_prereqs(gpus: Dict[str, Any], nics: List[Dict[str, Any]], timeout: float,
-                         errors: Errors, root: str = "/") -> Dict[str, Any]:
+def collect_rdma_prereqs(
+    gpus: Dict[str, Any], nics: List[Dict[str, Any]], timeout: float, errors: Errors, root: str = "/"
+) -> Dict[str, Any]:
     """``rdma_prereqs``: peer memory module, IOMMU, ACS on GPU-NIC paths, memlock."""
-    return {"peer_memory": peer_memory(root), "iommu": iommu_state(root),
-            "acs": acs_paths(gpus, nics, timeout, root), "probe_memlock": memlock_limit()}
+    return {
+        "peer_memory": peer_memory(root),
+        "iommu": iommu_state(root),
+        "acs": acs_paths(gpus, nics, timeout, root),
+        "probe_memlock": memlock_limit(),
+    }
 
 
 # --------------------------------------------------------------------------
@@ -1832,15 +2027,28 @@ def run_command(argv: List[str], timeout: float) -> Tuple[Optional[int], str, st
     timed out.  Raises FileNotFoundError when the program is missing."""
     t0 = time.time()
     try:
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           stdin=subprocess.DEVNULL, timeout=timeout,
-                           env=dict(os.environ, SYSTEMD_PAGER="", SYSTEMD_COLORS="0", LC_ALL="C"))
+        p = subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+            env=dict(os.environ, SYSTEMD_PAGER="", SYSTEMD_COLORS="0", LC_ALL="C"),
+        )
         rc, out, err = p.returncode, _dec(p.stdout), _dec(p.stderr)  # type: Tuple[Optional[int], str, str]
     except subprocess.TimeoutExpired as e:
         rc, out, err = None, _dec(e.stdout), _dec(e.stderr)
     if RAW_OUTPUTS is not None:
-        RAW_OUTPUTS.append({"argv": list(argv), "rc": rc, "stdout": out, "stderr": err,
-                            "started_at": iso(t0), "duration_s": round(time.time() - t0, 3)})
+        RAW_OUTPUTS.append(
+            {
+                "argv": list(argv),
+                "rc": rc,
+                "stdout": out,
+                "stderr": err,
+                "started_at": iso(t0),
+                "duration_s": round(time.time() - t0, 3),
+            }
+        )
     return rc, out, err
 
 
@@ -1863,9 +2071,22 @@ def parse_unit_names(text: str) -> List[str]:
     return names
 
 
-UNIT_PROPERTIES = ["Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "Result",
-                   "NRestarts", "MainPID", "ExecMainStatus", "StateChangeTimestamp",
-                   "StateChangeTimestampMonotonic", "LimitMEMLOCK", "Environment", "EnvironmentFiles"]
+UNIT_PROPERTIES = [
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "UnitFileState",
+    "Result",
+    "NRestarts",
+    "MainPID",
+    "ExecMainStatus",
+    "StateChangeTimestamp",
+    "StateChangeTimestampMonotonic",
+    "LimitMEMLOCK",
+    "Environment",
+    "EnvironmentFiles",
+]
 
 #: Environment variables whose values the facts may carry (names always):
 #: NCCL's and vLLM's settings, never a name that looks like a secret.
@@ -1892,6 +2113,7 @@ def parse_show(text: str) -> List[Dict[str, str]]:
 
 def unit_entry(props: Dict[str, str], boot_epoch: Optional[float]) -> Dict[str, Any]:
     """One unit: state, substate, restarts and when it last changed state."""
+
     def num(key: str) -> Optional[int]:
         try:
             return int(props.get(key, ""))
@@ -1902,13 +2124,20 @@ def unit_entry(props: Dict[str, str], boot_epoch: Optional[float]) -> Dict[str, 
     mono = num("StateChangeTimestampMonotonic")
     if boot_epoch is not None and mono:
         since = iso(boot_epoch + mono / 1e6)
-    return {"unit": props.get("Id"), "load_state": props.get("LoadState"),
-            "active_state": props.get("ActiveState"), "sub_state": props.get("SubState"),
-            "unit_file_state": props.get("UnitFileState") or None, "result": props.get("Result"),
-            "restarts": num("NRestarts"), "main_pid": num("MainPID") or None,
-            "exec_main_status": num("ExecMainStatus"), "since": since,
-            "since_text": props.get("StateChangeTimestamp") or None,
-            "limit_memlock": parse_limit(props.get("LimitMEMLOCK"))}
+    return {
+        "unit": props.get("Id"),
+        "load_state": props.get("LoadState"),
+        "active_state": props.get("ActiveState"),
+        "sub_state": props.get("SubState"),
+        "unit_file_state": props.get("UnitFileState") or None,
+        "result": props.get("Result"),
+        "restarts": num("NRestarts"),
+        "main_pid": num("MainPID") or None,
+        "exec_main_status": num("ExecMainStatus"),
+        "since": since,
+        "since_text": props.get("StateChangeTimestamp") or None,
+        "limit_memlock": parse_limit(props.get("LimitMEMLOCK")),
+    }
 
 
 def parse_limit(value: Optional[str]) -> Any:
@@ -1972,9 +2201,9 @@ def redact_environment(text: str) -> str:
     for line in text.splitlines():
         if line.startswith("Environment=") and len(line) > len("Environment="):
             try:
-                words = shlex.split(line[len("Environment="):])
+                words = shlex.split(line[len("Environment=") :])
             except ValueError:
-                words = line[len("Environment="):].split()
+                words = line[len("Environment=") :].split()
             kept = []
             for w in words:
                 name, val = env_entry(w)
@@ -1984,14 +2213,18 @@ def redact_environment(text: str) -> str:
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
-def collect_units(args: argparse.Namespace, errors: Errors, uptime_s: Optional[float]) -> Optional[List[Dict[str, Any]]]:
+def collect_units(
+    args: argparse.Namespace, errors: Errors, uptime_s: Optional[float]
+) -> Optional[List[Dict[str, Any]]]:
     """systemd units matching ``--unit-pattern`` (loaded or only installed);
     ``None`` when systemctl cannot answer."""
     t = args.cmd_timeout
     names: List[str] = []
     try:
-        for cmd in (["systemctl", "list-units", args.unit_pattern, "--all", "--plain", "--no-legend", "--no-pager"],
-                    ["systemctl", "list-unit-files", args.unit_pattern, "--plain", "--no-legend", "--no-pager"]):
+        for cmd in (
+            ["systemctl", "list-units", args.unit_pattern, "--all", "--plain", "--no-legend", "--no-pager"],
+            ["systemctl", "list-unit-files", args.unit_pattern, "--plain", "--no-legend", "--no-pager"],
+        ):
             rc, out, err = run_command(cmd, t)
             if rc is None:
                 note(errors, "units", "%s timed out after %g s" % (" ".join(cmd[:2]), t))
@@ -2006,8 +2239,9 @@ def collect_units(args: argparse.Namespace, errors: Errors, uptime_s: Optional[f
         return None
     if not names:
         return []
-    rc, out, err = run_command(["systemctl", "show", "--no-pager",
-                                "--property=" + ",".join(UNIT_PROPERTIES), "--"] + names, t)
+    rc, out, err = run_command(
+        ["systemctl", "show", "--no-pager", "--property=" + ",".join(UNIT_PROPERTIES), "--"] + names, t
+    )
     if RAW_OUTPUTS:
         # the verbatim output would carry every Environment= value, secrets included
         RAW_OUTPUTS[-1]["stdout"] = redact_environment(out)
@@ -2038,10 +2272,12 @@ def journal_line(entry: Dict[str, Any]) -> Dict[str, Any]:
         msg = bytes(x for x in msg if isinstance(x, int) and 0 <= x < 256).decode("utf-8", "replace")
     ts = entry.get("__REALTIME_TIMESTAMP")
     prio = entry.get("PRIORITY")
-    return {"time": int(ts) / 1e6 if ts and str(ts).isdigit() else None,
-            "boot_id": entry.get("_BOOT_ID"),
-            "priority": int(prio) if prio is not None and str(prio).isdigit() else None,
-            "text": msg if isinstance(msg, str) else ""}
+    return {
+        "time": int(ts) / 1e6 if ts and str(ts).isdigit() else None,
+        "boot_id": entry.get("_BOOT_ID"),
+        "priority": int(prio) if prio is not None and str(prio).isdigit() else None,
+        "text": msg if isinstance(msg, str) else "",
+    }
 
 
 def read_journal(cursor: Optional[str], max_lines: int, timeout: float, errors: Errors) -> Optional[Dict[str, Any]]:
@@ -2071,8 +2307,13 @@ def read_journal(cursor: Optional[str], max_lines: int, timeout: float, errors: 
         return None
     truncated = len(entries) > max_lines
     entries = entries[:max_lines]
-    return {"source": "journal", "cursor": entries[-1].get("__CURSOR") if entries else cursor,
-            "truncated": truncated, "rotated": False, "lines": [journal_line(e) for e in entries]}
+    return {
+        "source": "journal",
+        "cursor": entries[-1].get("__CURSOR") if entries else cursor,
+        "truncated": truncated,
+        "rotated": False,
+        "lines": [journal_line(e) for e in entries],
+    }
 
 
 ISO_PREFIX = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:?\d{2}|Z))\s")
@@ -2152,8 +2393,13 @@ def read_kern_log(cursor: Optional[str], max_lines: int, errors: Errors, root: s
             lines = rotated_rest(real + ".1", parsed, max_lines)
             more, offset, truncated = read_lines_from(f, 0, max_lines - len(lines))
             lines += more
-    return {"source": path, "cursor": "file:%s:%d:%d" % (path, st.st_ino, offset),
-            "truncated": truncated, "rotated": rotated, "lines": [file_line(x) for x in lines]}
+    return {
+        "source": path,
+        "cursor": "file:%s:%d:%d" % (path, st.st_ino, offset),
+        "truncated": truncated,
+        "rotated": rotated,
+        "lines": [file_line(x) for x in lines],
+    }
 
 
 def rotated_rest(old_path: str, parsed: Tuple[str, int, int], max_lines: int) -> List[str]:
@@ -2180,8 +2426,7 @@ def collect_kernel_log(args: argparse.Namespace, errors: Errors, root: str = "/"
             got = read_kern_log(None, args.kernel_log_max, errors, root)
     if got is None:
         state = "not readable" if os.path.lexists(path_in(root, KERN_LOG)) else "does not exist"
-        note(errors, "kernel_log", "no kernel log: the journal has no kernel messages and %s %s"
-             % (KERN_LOG, state))
+        note(errors, "kernel_log", "no kernel log: the journal has no kernel messages and %s %s" % (KERN_LOG, state))
         return empty
     return got
 
@@ -2195,21 +2440,25 @@ def iso(epoch: float) -> str:
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="clusterctl-collector", description=__doc__.splitlines()[0])
-    p.add_argument("--kernel-log-cursor", default=None,
-                   help="return kernel-log lines after this cursor (from a previous run)")
-    p.add_argument("--kernel-log-max", type=int, default=KERNEL_LOG_MAX_LINES,
-                   help="most kernel-log lines returned")
-    p.add_argument("--nvml-timeout", type=float, default=NVML_CALL_TIMEOUT_S,
-                   help="seconds one NVML call may take")
-    p.add_argument("--nvml-budget", type=float, default=NVML_BUDGET_S,
-                   help="seconds all NVML calls together may take")
-    p.add_argument("--cmd-timeout", type=float, default=COMMAND_TIMEOUT_S,
-                   help="seconds one command or statvfs may take")
+    p.add_argument(
+        "--kernel-log-cursor", default=None, help="return kernel-log lines after this cursor (from a previous run)"
+    )
+    p.add_argument("--kernel-log-max", type=int, default=KERNEL_LOG_MAX_LINES, help="most kernel-log lines returned")
+    p.add_argument("--nvml-timeout", type=float, default=NVML_CALL_TIMEOUT_S, help="seconds one NVML call may take")
+    p.add_argument("--nvml-budget", type=float, default=NVML_BUDGET_S, help="seconds all NVML calls together may take")
+    p.add_argument(
+        "--cmd-timeout", type=float, default=COMMAND_TIMEOUT_S, help="seconds one command or statvfs may take"
+    )
     p.add_argument("--unit-pattern", default="clusterctl-*", help="systemd units to report")
-    p.add_argument("--counter-interval", type=float, default=0.0,
-                   help="seconds between two samples of the RDMA NICs' counters (0: no samples)")
-    p.add_argument("--raw-outputs", action="store_true",
-                   help="add raw_outputs: every command's verbatim output (for bundles)")
+    p.add_argument(
+        "--counter-interval",
+        type=float,
+        default=0.0,
+        help="seconds between two samples of the RDMA NICs' counters (0: no samples)",
+    )
+    p.add_argument(
+        "--raw-outputs", action="store_true", help="add raw_outputs: every command's verbatim output (for bundles)"
+    )
     return p.parse_args(argv)
 
 
@@ -2296,22 +2545,37 @@ def collect(args: argparse.Namespace) -> Dict[str, Any]:
     sampling = None
     if args.counter_interval > 0:
         sampling = guarded(errors, "nics.samples", None, start_samples, nics, args.cmd_timeout, errors)
-    gpus = guarded(errors, "gpus", {"available": False, "reason": "internal error", "devices": [],
-                                    "topology": []}, collect_gpus, args, errors)
+    gpus = guarded(
+        errors,
+        "gpus",
+        {"available": False, "reason": "internal error", "devices": [], "topology": []},
+        collect_gpus,
+        args,
+        errors,
+    )
     guarded(errors, "gpus.nearest_nics", None, nearest_nics, gpus, nics)
     guarded(errors, "nics.qos", None, collect_qos, nics, args.cmd_timeout, errors)
-    prereqs = guarded(errors, "rdma_prereqs", None, collect_rdma_prereqs, gpus, nics,
-                      args.cmd_timeout, errors)
+    prereqs = guarded(errors, "rdma_prereqs", None, collect_rdma_prereqs, gpus, nics, args.cmd_timeout, errors)
     units = guarded(errors, "units", None, collect_units, args, errors, host.get("uptime_s"))
     klog = guarded(errors, "kernel_log", None, collect_kernel_log, args, errors)
     tools = guarded(errors, "tools", None, find_tools)
     node_prereqs = guarded(errors, "node_prereqs", None, collect_node_prereqs)
     if sampling is not None:
-        guarded(errors, "nics.samples", None, finish_samples, sampling, args.counter_interval,
-                args.cmd_timeout, errors)
-    return {"schema": SCHEMA, "collected_at": iso(t0), "duration_s": round(time.time() - t0, 3),
-            "host": host, "gpus": gpus, "nics": nics, "units": units, "kernel_log": klog,
-            "tools": tools, "rdma_prereqs": prereqs, "node_prereqs": node_prereqs, "errors": errors}
+        guarded(errors, "nics.samples", None, finish_samples, sampling, args.counter_interval, args.cmd_timeout, errors)
+    return {
+        "schema": SCHEMA,
+        "collected_at": iso(t0),
+        "duration_s": round(time.time() - t0, 3),
+        "host": host,
+        "gpus": gpus,
+        "nics": nics,
+        "units": units,
+        "kernel_log": klog,
+        "tools": tools,
+        "rdma_prereqs": prereqs,
+        "node_prereqs": node_prereqs,
+        "errors": errors,
+    }
 
 
 def main(argv: List[str]) -> None:

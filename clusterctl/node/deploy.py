@@ -41,13 +41,17 @@ PREVIOUS_DIR = STATE_DIR + "/previous"
 LOCK_PATH = "/var/lib/clusterctl/deploy.lock"
 AUDIT_PATH = STATE_DIR + "/audit.jsonl"
 PREFIX = "clusterctl-"
-SHOW_PROPS = ("Id,LoadState,ActiveState,SubState,NRestarts,MainPID,UnitFileState,ExecMainStartTimestampMonotonic,"
-              "Result,ExecMainStatus")
+SHOW_PROPS = (
+    "Id,LoadState,ActiveState,SubState,NRestarts,MainPID,UnitFileState,ExecMainStartTimestampMonotonic,"
+    "Result,ExecMainStatus"
+)
 #: Journal lines read for an instance that is not running (why it went down); of those only the
 #: ones clusterctl.diagnose.unitlog can use and the last few travel back.
 JOURNAL_LINES = 300
-JOURNAL_KEEP = re.compile(r"Error|Exception|exited|Failed|failed|Stopped|Stopping|Deactivated|"
-                          r"repeated too quickly|Started|Starting|Scheduled restart")
+JOURNAL_KEEP = re.compile(
+    r"Error|Exception|exited|Failed|failed|Stopped|Stopping|Deactivated|"
+    r"repeated too quickly|Started|Starting|Scheduled restart"
+)
 
 
 def _read(path):
@@ -109,8 +113,13 @@ def env_hashes(env_text, salt):
 
 
 def _systemctl(*args, timeout=120):
-    p = subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       universal_newlines=True, timeout=timeout)
+    p = subprocess.run(
+        ["systemctl"] + list(args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        universal_newlines=True,
+        timeout=timeout,
+    )
     return p.returncode, p.stdout, p.stderr.strip()
 
 
@@ -147,8 +156,13 @@ def _model_state(path):
     """What a model path points at: the version and whether it carries the verified marker."""
     real = os.path.realpath(path)
     marker = _read(os.path.join(real, ".clusterctl-verified"))
-    info = {"path": path, "exists": os.path.exists(real), "target": os.readlink(path) if os.path.islink(path) else None,
-            "verified": marker is not None, "version": None}
+    info = {
+        "path": path,
+        "exists": os.path.exists(real),
+        "target": os.readlink(path) if os.path.islink(path) else None,
+        "verified": marker is not None,
+        "version": None,
+    }
     if marker:
         try:
             info["version"] = json.loads(marker).get("version")
@@ -174,8 +188,9 @@ def read_lock():
 
 def op_read(job):
     salt = job.get("salt", "")
-    names = sorted(os.path.basename(p)[len(PREFIX):-len(".service")]
-                   for p in glob.glob("%s/%s*.service" % (UNIT_DIR, PREFIX)))
+    names = sorted(
+        os.path.basename(p)[len(PREFIX) : -len(".service")] for p in glob.glob("%s/%s*.service" % (UNIT_DIR, PREFIX))
+    )
     names = [n for n in names if n]
     states = _show([_unit(n) for n in names])
     instances = {}
@@ -184,25 +199,36 @@ def op_read(job):
         env_text = _read(_env_path(n))
         st = states.get(_unit(n), {})
         instances[n] = {
-            "unit_text": unit_text, "x": _x_section(unit_text),
+            "unit_text": unit_text,
+            "x": _x_section(unit_text),
             "env_present": env_text is not None,
             "digest": digest_of(unit_text, env_text or ""),
             "env_hashes": env_hashes(env_text or "", salt),
-            "active": st.get("ActiveState", "unknown"), "sub": st.get("SubState", "unknown"),
-            "restarts": int(st.get("NRestarts") or 0), "main_pid": int(st.get("MainPID") or 0),
+            "active": st.get("ActiveState", "unknown"),
+            "sub": st.get("SubState", "unknown"),
+            "restarts": int(st.get("NRestarts") or 0),
+            "main_pid": int(st.get("MainPID") or 0),
             "enabled": st.get("UnitFileState", ""),
             "started_mono": int(st.get("ExecMainStartTimestampMonotonic") or 0),
-            "result": st.get("Result", ""), "exit_status": st.get("ExecMainStatus", ""),
+            "result": st.get("Result", ""),
+            "exit_status": st.get("ExecMainStatus", ""),
         }
         if instances[n]["active"] in ("inactive", "failed") or instances[n]["sub"] == "auto-restart":
             instances[n]["journal_tail"] = _journal_tail(_unit(n))
     previous = sorted(os.listdir(PREVIOUS_DIR)) if os.path.isdir(PREVIOUS_DIR) else []
     models = {p: _model_state(p) for p in job.get("model_paths", [])}
     users = {u: _user_exists(u) for u in job.get("users", [])}
-    return {"ok": True, "instances": instances, "lock": read_lock(), "previous": previous,
-            "models": models, "users": users, "systemd_version": _systemd_version(),
-            "gpu_uuids": _gpu_uuids(job.get("gpu_lister")),
-            "gids": {p: _gids(p) for p in job.get("rdma_ports", [])}}
+    return {
+        "ok": True,
+        "instances": instances,
+        "lock": read_lock(),
+        "previous": previous,
+        "models": models,
+        "users": users,
+        "systemd_version": _systemd_version(),
+        "gpu_uuids": _gpu_uuids(job.get("gpu_lister")),
+        "gids": {p: _gids(p) for p in job.get("rdma_ports", [])},
+    }
 
 
 def _gids(dev_port, root="/"):
@@ -212,6 +238,7 @@ def _gids(dev_port, root="/"):
     base = os.path.join(root, "sys/class/infiniband/%s/ports/%s" % (dev, port))
     if "/" in dev_port or not dev or not port.isdigit() or not os.path.isdir(base):
         return None
+
     def text(path):
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
@@ -237,8 +264,13 @@ def _gpu_uuids(lister):
     if not lister:
         return None
     try:
-        p = subprocess.run([sys.executable, "-I", "-c", lister, "--list"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        p = subprocess.run(
+            [sys.executable, "-I", "-c", lister, "--list"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            universal_newlines=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if p.returncode != 0:
@@ -254,8 +286,13 @@ def _gpu_uuids(lister):
 def _journal_tail(unit):
     """The unit's last journal lines (``-o cat``), "" when journalctl cannot answer."""
     try:
-        p = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-o", "cat", "-n", str(JOURNAL_LINES)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=15)
+        p = subprocess.run(
+            ["journalctl", "-u", unit, "--no-pager", "-o", "cat", "-n", str(JOURNAL_LINES)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            universal_newlines=True,
+            timeout=15,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     lines = p.stdout.splitlines()
@@ -282,6 +319,7 @@ def _systemd_version():
 
 def _user_exists(user):
     import pwd
+
     try:
         pwd.getpwnam(user)
         return True
@@ -305,9 +343,13 @@ def op_lock(job):
             return op_lock(job)
         stale = held.get("age_s", 0) > job.get("ttl_s", 3600)
         if not (stale or job.get("break")):
-            return {"ok": False, "kind": "locked", "lock": held,
-                    "error": "deploy lock held by %s (pid %s, run %s) since %s" % (
-                        held.get("holder"), held.get("pid"), held.get("run_id"), held.get("time"))}
+            return {
+                "ok": False,
+                "kind": "locked",
+                "lock": held,
+                "error": "deploy lock held by %s (pid %s, run %s) since %s"
+                % (held.get("holder"), held.get("pid"), held.get("run_id"), held.get("time")),
+            }
         recovered = held
         _write_atomic(LOCK_PATH, text)
         return {"ok": True, "lock": me, "recovered": recovered}
@@ -377,8 +419,9 @@ def _run_units(verb, units, errors):
 def _setup(job, errors):
     """Run the node set-up scripts (service user, verify-model) as root; POSIX sh, idempotent."""
     for script in job.get("setup_scripts", []):
-        p = subprocess.run(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           universal_newlines=True, timeout=120)
+        p = subprocess.run(
+            ["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120
+        )
         if p.returncode != 0:
             errors["setup"] = "node set-up failed: " + (p.stderr.strip() or "rc %d" % p.returncode)
             return
@@ -420,8 +463,12 @@ def op_apply(job):
         _run_units(verb, [_unit(item["instance"])], errors)
     _run_units("restart", [_unit(n) for n in job.get("restart", [])], errors)
     _run_units("start", [_unit(n) for n in job.get("start", [])], errors)
-    return {"ok": not errors, "errors": errors, "kind": "systemctl" if errors else None,
-            "error": "; ".join(errors.values()) if errors else None}
+    return {
+        "ok": not errors,
+        "errors": errors,
+        "kind": "systemctl" if errors else None,
+        "error": "; ".join(errors.values()) if errors else None,
+    }
 
 
 def op_rollback(job):
@@ -473,8 +520,15 @@ def op_rollback(job):
         _systemctl("reset-failed", _unit(name))
     if job.get("restart", True):  # False: the files were written but never started (playbook units step)
         _run_units("restart", [_unit(n) for n in restored if n not in hold], errors)
-    return {"ok": not errors, "restored": restored, "removed": removed, "missing": missing, "held": held,
-            "errors": errors, "error": "; ".join(errors.values()) if errors else None}
+    return {
+        "ok": not errors,
+        "restored": restored,
+        "removed": removed,
+        "missing": missing,
+        "held": held,
+        "errors": errors,
+        "error": "; ".join(errors.values()) if errors else None,
+    }
 
 
 OPS = {"read": op_read, "lock": op_lock, "unlock": op_unlock, "apply": op_apply, "rollback": op_rollback}

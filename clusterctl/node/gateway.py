@@ -76,8 +76,9 @@ def _write(path: str, data: bytes, mode: int, group: str) -> None:
 
 def _run(argv: list[str], timeout: float = 60, session: bool = False) -> tuple[int, str]:
     try:
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
-                           start_new_session=session)
+        p = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, start_new_session=session
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return 127, str(e)
     return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace").strip()
@@ -105,11 +106,17 @@ def ensure_nginx() -> str | None:
     if shutil.which("nginx"):
         return None
     if not shutil.which("apt-get"):
-        return ("nginx is not installed and this host has no apt-get: install nginx with the njs module "
-                "(e.g. nginx and nginx-module-njs), then run gateway deploy again")
+        return (
+            "nginx is not installed and this host has no apt-get: install nginx with the njs module "
+            "(e.g. nginx and nginx-module-njs), then run gateway deploy again"
+        )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    p = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    p = subprocess.run(
+        ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     if p.returncode != 0 or not shutil.which("nginx"):
         tail = p.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
         return "installing %s failed: %s" % (" ".join(PACKAGES), " | ".join(tail))
@@ -136,9 +143,11 @@ def ensure_runtime(job: dict[str, Any]) -> None:
 def scores(job: dict[str, Any]) -> dict[str, Any]:
     """POST the instance scores to the local admin endpoint (njs writes them for the workers)."""
     token = (_read(job["token"]) or b"").decode().strip()
-    req = urllib.request.Request("http://127.0.0.1:%d/gateway/scores" % int(job["port"]),
-                                 data=json.dumps(job["scores"]).encode(),
-                                 headers={"Content-Type": "application/json", "X-Gateway-Admin": token})
+    req = urllib.request.Request(
+        "http://127.0.0.1:%d/gateway/scores" % int(job["port"]),
+        data=json.dumps(job["scores"]).encode(),
+        headers={"Content-Type": "application/json", "X-Gateway-Admin": token},
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return {"ok": True, "answer": json.loads(r.read().decode())}
@@ -153,8 +162,10 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
     ensure_runtime(job)
     files = job["files"]
     # text None: a file this gateway no longer has (the auth file once api_key is gone)
-    new = [(f["path"], None if f["text"] is None else f["text"].encode(), int(f["mode"]), f.get("group", "root"))
-           for f in files]
+    new = [
+        (f["path"], None if f["text"] is None else f["text"].encode(), int(f["mode"]), f.get("group", "root"))
+        for f in files
+    ]
     live = {f["path"] for f in files if f.get("live")}
     old = {p: _read(p) for p, _, _, _ in new}
     changed = [p for p, data, _, _ in new if old[p] != data]
@@ -181,8 +192,12 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
                     os.unlink(path)
             else:
                 _write(path, before, mode, group)
-        return {"ok": False, "kind": "nginx-t", "changed": False,
-                "error": "nginx -t refused the new configuration (the old one is kept):\n" + text}
+        return {
+            "ok": False,
+            "kind": "nginx-t",
+            "changed": False,
+            "error": "nginx -t refused the new configuration (the old one is kept):\n" + text,
+        }
     if running:
         rc, text = _run(["systemctl", "reload", "nginx.service"])
         action = "reloaded"
@@ -191,8 +206,12 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
         rc, text = _run(["systemctl", "start", "nginx.service"])
         action = "started"
     if rc != 0:
-        return {"ok": False, "kind": "reload", "changed": True, "error": "systemctl %s nginx failed: %s"
-                % ("reload" if running else "start", text)}
+        return {
+            "ok": False,
+            "kind": "reload",
+            "changed": True,
+            "error": "systemctl %s nginx failed: %s" % ("reload" if running else "start", text),
+        }
     want = job.get("digest", "")[:16]
     deadline = time.monotonic() + HEALTH_WAIT_S
     health: dict[str, Any] = {}
@@ -203,11 +222,14 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
         # the new config counts as live once several fresh connections in a row see it.
         agree = agree + 1 if health.get("config") == want else 0
         if agree >= HEALTH_AGREE:
-            return {"ok": True, "changed": True, "reloaded": action == "reloaded", "action": action,
-                    "files": changed}
+            return {"ok": True, "changed": True, "reloaded": action == "reloaded", "action": action, "files": changed}
         time.sleep(0.05)
-    return {"ok": False, "kind": "health", "changed": True,
-            "error": "nginx was %s but /gateway/health does not report config %s: %s" % (action, want, health)}
+    return {
+        "ok": False,
+        "kind": "health",
+        "changed": True,
+        "error": "nginx was %s but /gateway/health does not report config %s: %s" % (action, want, health),
+    }
 
 
 def _unit_state(unit: str) -> str:
@@ -240,8 +262,11 @@ def apply_vrrp(job: dict[str, Any], host: str) -> dict[str, Any]:
         return {}
     files = (job["vrrp"] or {}).get(host)
     if files is None:
-        marked = [p for p in ("/etc/keepalived/keepalived.conf", "/etc/keepalived/clusterctl-check-nginx")
-                  if (_read(p) or b"").decode("utf-8", "replace").find(VRRP_MARK) >= 0]
+        marked = [
+            p
+            for p in ("/etc/keepalived/keepalived.conf", "/etc/keepalived/clusterctl-check-nginx")
+            if (_read(p) or b"").decode("utf-8", "replace").find(VRRP_MARK) >= 0
+        ]
         if not marked:
             return {}
         _run(["systemctl", "disable", "--now", KEEPALIVED])
@@ -250,11 +275,18 @@ def apply_vrrp(job: dict[str, Any], host: str) -> dict[str, Any]:
         return {"vrrp": "removed"}
     if not shutil.which("keepalived"):
         if not shutil.which("apt-get"):
-            return {"ok": False, "kind": "keepalived", "error": "keepalived is not installed and this host has "
-                    "no apt-get: install keepalived, then run gateway deploy again"}
-        inst = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "keepalived"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+            return {
+                "ok": False,
+                "kind": "keepalived",
+                "error": "keepalived is not installed and this host has "
+                "no apt-get: install keepalived, then run gateway deploy again",
+            }
+        inst = subprocess.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "keepalived"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+        )
         if inst.returncode != 0 or not shutil.which("keepalived"):
             tail = inst.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
             return {"ok": False, "kind": "keepalived", "error": "installing keepalived failed: " + " | ".join(tail)}
@@ -276,9 +308,12 @@ def apply_vrrp(job: dict[str, Any], host: str) -> dict[str, Any]:
                     os.unlink(path)
                 else:
                     _write(path, old[path] or b"", mode, "root")
-        return {"ok": False, "kind": "keepalived-t", "vrrp": "refused",
-                "error": "keepalived -t refused the new configuration (the old one is kept):\n"
-                         + _secret_free(text, files)}
+        return {
+            "ok": False,
+            "kind": "keepalived-t",
+            "vrrp": "refused",
+            "error": "keepalived -t refused the new configuration (the old one is kept):\n" + _secret_free(text, files),
+        }
     if running:
         rc, text = _run(["systemctl", "reload", KEEPALIVED])
         action = "reloaded"
@@ -287,9 +322,13 @@ def apply_vrrp(job: dict[str, Any], host: str) -> dict[str, Any]:
         rc, text = _run(["systemctl", "restart", KEEPALIVED])
         action = "started"
     if rc != 0:
-        return {"ok": False, "kind": "keepalived", "vrrp": "failed",
-                "error": "systemctl %s keepalived failed: %s" % (action[:-2] if running else "start",
-                                                                 _secret_free(text, files))}
+        return {
+            "ok": False,
+            "kind": "keepalived",
+            "vrrp": "failed",
+            "error": "systemctl %s keepalived failed: %s"
+            % (action[:-2] if running else "start", _secret_free(text, files)),
+        }
     return {"vrrp": action}
 
 

@@ -112,8 +112,9 @@ def unit_of(pid: int) -> Optional[str]:
 
 def listeners() -> Dict[str, Any]:
     try:
-        p = subprocess.run(["ss", "-Htlnp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           universal_newlines=True, timeout=20)
+        p = subprocess.run(
+            ["ss", "-Htlnp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=20
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"ss": "", "error": "ss: %s" % e}
     if p.returncode != 0:

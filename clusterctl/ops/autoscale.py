@@ -30,11 +30,18 @@ class AutoscaleRequest:
     policies: Mapping[str, AutoscalePolicy]
 
 
-def run_once(request: AutoscaleRequest, *, plan_only: bool,
-             on_event: Optional[Callable[[str], None]] = None) -> list[Outcome]:
+def run_once(
+    request: AutoscaleRequest, *, plan_only: bool, on_event: Optional[Callable[[str], None]] = None
+) -> list[Outcome]:
     """One decision per template, acted on unless ``plan_only``."""
-    return run_round(request.inventory, request.state_dir, request.make_fleet, request.policies,
-                     plan_only=plan_only, on_event=on_event)
+    return run_round(
+        request.inventory,
+        request.state_dir,
+        request.make_fleet,
+        request.policies,
+        plan_only=plan_only,
+        on_event=on_event,
+    )
 
 
 def daemon_interval(request: AutoscaleRequest, interval: Optional[float]) -> float:
@@ -45,10 +52,17 @@ def daemon_interval(request: AutoscaleRequest, interval: Optional[float]) -> flo
 Reload = Callable[[AutoscaleRequest], Optional[AutoscaleRequest]]
 
 
-def run_daemon(request: AutoscaleRequest, *, interval: Optional[float], rounds: int,
-               should_stop: Callable[[], bool], on_round: Callable[[list[Outcome]], None],
-               on_error: Callable[[str], None], on_event: Optional[Callable[[str], None]] = None,
-               reload: Optional[Reload] = None) -> int:
+def run_daemon(
+    request: AutoscaleRequest,
+    *,
+    interval: Optional[float],
+    rounds: int,
+    should_stop: Callable[[], bool],
+    on_round: Callable[[list[Outcome]], None],
+    on_error: Callable[[str], None],
+    on_event: Optional[Callable[[str], None]] = None,
+    reload: Optional[Reload] = None,
+) -> int:
     """A round every interval until ``should_stop()`` (the round in progress finishes first) or
     after ``rounds`` rounds (0: no limit); a round that fails (an unreadable state, a busy lock) is
     reported to ``on_error`` and never ends the daemon.  Returns the number of rounds run.
@@ -73,8 +87,14 @@ def run_daemon(request: AutoscaleRequest, *, interval: Optional[float], rounds: 
                 if on_event:
                     on_event(f"autoscaler: inventory reloaded ({', '.join(request.policies) or 'no policy'})")
         try:
-            outs = run_round(request.inventory, request.state_dir, request.make_fleet, request.policies,
-                             lock_wait_s=every, on_event=on_event)
+            outs = run_round(
+                request.inventory,
+                request.state_dir,
+                request.make_fleet,
+                request.policies,
+                lock_wait_s=every,
+                on_event=on_event,
+            )
         except ClusterctlError as e:
             on_error(f"autoscaler: round failed: {e}")
             outs = []

@@ -71,8 +71,13 @@ def _steps(request: BringupRequest) -> list[str]:
 def fleets(request: BringupRequest) -> FleetFactory:
     """How the request's fleets are built (reads the user config, then the sudo password)."""
     cfg = request.load_config()
-    return fleet_factory(cfg, fanout=request.fanout, connect_timeout=request.connect_timeout,
-                         host_key_policy=request.host_key_policy, become_password=request.become_password())
+    return fleet_factory(
+        cfg,
+        fanout=request.fanout,
+        connect_timeout=request.connect_timeout,
+        host_key_policy=request.host_key_policy,
+        become_password=request.become_password(),
+    )
 
 
 def net_apply_runner(request: BringupRequest, on_event: OnEvent | None = None) -> NetApply:
@@ -80,19 +85,32 @@ def net_apply_runner(request: BringupRequest, on_event: OnEvent | None = None) -
     fabric that is not RoCE) before anything is read from the hosts or asked of the user."""
     steps = _steps(request)
     if request.inventory.fabric.kind != "roce":
-        raise ClusterctlError(f"{request.path}: fabric.kind is {request.inventory.fabric.kind}: "
-                              "net apply sets RoCE QoS only")
-    return NetApply(request.inventory, request.hosts, fleets(request), serial=steps,
-                    max_fail_percentage=request.max_fail_percentage, on_event=on_event)
+        raise ClusterctlError(
+            f"{request.path}: fabric.kind is {request.inventory.fabric.kind}: net apply sets RoCE QoS only"
+        )
+    return NetApply(
+        request.inventory,
+        request.hosts,
+        fleets(request),
+        serial=steps,
+        max_fail_percentage=request.max_fail_percentage,
+        on_event=on_event,
+    )
 
 
-def node_setup_runner(request: BringupRequest, revert: bool = False,
-                      on_event: OnEvent | None = None) -> NodeSetup:
+def node_setup_runner(request: BringupRequest, revert: bool = False, on_event: OnEvent | None = None) -> NodeSetup:
     """The ``node setup`` (``--revert``) planner/applier; raises :class:`ClusterctlError` on a bad
     ``--serial`` before anything is read from the hosts or asked of the user."""
     steps = _steps(request)
-    return NodeSetup(request.inventory, request.hosts, fleets(request), serial=steps,
-                     max_fail_percentage=request.max_fail_percentage, revert=revert, on_event=on_event)
+    return NodeSetup(
+        request.inventory,
+        request.hosts,
+        fleets(request),
+        serial=steps,
+        max_fail_percentage=request.max_fail_percentage,
+        revert=revert,
+        on_event=on_event,
+    )
 
 
 def plan(runner: Runner) -> BringupPlan:
@@ -116,8 +134,15 @@ def engine_list(request: BringupRequest, names: Sequence[str] | None = None) -> 
     return list_engines(request.inventory, request.hosts, fleets(request), names)
 
 
-def engine_op_runner(request: BringupRequest, name: str, *, remove: bool = False, wheels: Optional[str] = None,
-                     index_url: Optional[str] = None, on_event: OnEvent | None = None) -> EngineOp:
+def engine_op_runner(
+    request: BringupRequest,
+    name: str,
+    *,
+    remove: bool = False,
+    wheels: Optional[str] = None,
+    index_url: Optional[str] = None,
+    on_event: OnEvent | None = None,
+) -> EngineOp:
     """The ``engine install`` / ``engine remove`` planner/applier of engine ``name``
     (:mod:`clusterctl.bringup.engine_install`); raises :class:`ClusterctlError` (a bad ``--serial``,
     an unknown engine, a path it cannot own, a wheelhouse without the version) before anything is
@@ -130,13 +155,28 @@ def engine_op_runner(request: BringupRequest, name: str, *, remove: bool = False
             made.append(fleets(request))
         return made[0](hosts)
 
-    return EngineOp(request.inventory, name, request.hosts, make, remove=remove, wheels=wheels,
-                    index_url=index_url, serial=steps, max_fail_percentage=request.max_fail_percentage,
-                    on_event=on_event)
+    return EngineOp(
+        request.inventory,
+        name,
+        request.hosts,
+        make,
+        remove=remove,
+        wheels=wheels,
+        index_url=index_url,
+        serial=steps,
+        max_fail_percentage=request.max_fail_percentage,
+        on_event=on_event,
+    )
 
 
-def engine_install(request: BringupRequest, name: str, *, wheels: Optional[str] = None,
-                   index_url: Optional[str] = None, on_event: OnEvent | None = None) -> BringupPlan:
+def engine_install(
+    request: BringupRequest,
+    name: str,
+    *,
+    wheels: Optional[str] = None,
+    index_url: Optional[str] = None,
+    on_event: OnEvent | None = None,
+) -> BringupPlan:
     """``engine install``'s plan: the hosts that lack engine ``name`` (apply: needs ``wheels`` or ``index_url``)."""
     return plan(engine_op_runner(request, name, wheels=wheels, index_url=index_url, on_event=on_event))
 

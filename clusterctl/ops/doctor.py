@@ -111,9 +111,16 @@ def live_snapshot(request: DoctorRequest, on_event: OnEvent = _ignore) -> Snapsh
     from clusterctl.fleet.factory import make_fleet
 
     p = request.probe
-    fleet = make_fleet(request.hosts, request.cfg, fanout=p.fanout, connect_timeout=p.connect_timeout,
-                       command_timeout=p.timeout + p.interval, deadline=p.deadline,
-                       become_password=p.become_password, host_key_policy=p.host_key_policy)
+    fleet = make_fleet(
+        request.hosts,
+        request.cfg,
+        fanout=p.fanout,
+        connect_timeout=p.connect_timeout,
+        command_timeout=p.timeout + p.interval,
+        deadline=p.deadline,
+        become_password=p.become_password,
+        host_key_policy=p.host_key_policy,
+    )
 
     def as_row(r: Any) -> HostResult:
         status = HostStatus.OK if r.ok else HostStatus(r.fleet_status if r.fleet_status != "ok" else "error")
@@ -122,9 +129,17 @@ def live_snapshot(request: DoctorRequest, on_event: OnEvent = _ignore) -> Snapsh
     on_event(DoctorEvent("probe-start", count=len(request.hosts)))
     try:
         with fleet:
-            snap = gather_hosts(fleet, request.inventory, request.hosts, interval_s=p.interval, timeout=p.timeout,
-                                sudo=p.sudo, on_facts=lambda r: on_event(DoctorEvent("host", result=as_row(r))),
-                                raw_outputs=p.raw_outputs, on_event=lambda s: on_event(DoctorEvent("note", s)))
+            snap = gather_hosts(
+                fleet,
+                request.inventory,
+                request.hosts,
+                interval_s=p.interval,
+                timeout=p.timeout,
+                sudo=p.sudo,
+                on_facts=lambda r: on_event(DoctorEvent("host", result=as_row(r))),
+                raw_outputs=p.raw_outputs,
+                on_event=lambda s: on_event(DoctorEvent("note", s)),
+            )
     finally:
         on_event(DoctorEvent("probe-end"))
     for w in fleet.warnings:
@@ -172,12 +187,13 @@ def settled_counts(findings: list[Finding]) -> dict[str, int]:
     """How many rows are acknowledged and how many are history (both OK rows, not counted)."""
     from clusterctl.diagnose.current import HISTORY
 
-    return {"acknowledged": sum(f.message.startswith("acknowledged until ") for f in findings),
-            "history": sum(f.message.startswith(HISTORY) for f in findings)}
+    return {
+        "acknowledged": sum(f.message.startswith("acknowledged until ") for f in findings),
+        "history": sum(f.message.startswith(HISTORY) for f in findings),
+    }
 
 
-def run_doctor(request: DoctorRequest, on_event: OnEvent = _ignore,
-               gathered: Optional[Gathered] = None) -> DoctorRun:
+def run_doctor(request: DoctorRequest, on_event: OnEvent = _ignore, gathered: Optional[Gathered] = None) -> DoctorRun:
     """Findings of every source on the snapshot (gathered here unless given), and the run's meta."""
     from clusterctl.diagnose.bundle import context
     from clusterctl.diagnose.doctor import diagnose
@@ -198,8 +214,9 @@ def run_doctor(request: DoctorRequest, on_event: OnEvent = _ignore,
 
         assert inv is not None
 
-        findings += doctor_checks.run(inv, set(snap.facts) | set(snap.missing), requested,
-                                      timeout=min(request.probe.timeout, 30))
+        findings += doctor_checks.run(
+            inv, set(snap.facts) | set(snap.missing), requested, timeout=min(request.probe.timeout, 30)
+        )
     selected = request.checks
     meta["duration_s"] = round(time.monotonic() - got.started, 3)
     meta["checks"] = (selected or ["all"]) + requested if requested else (selected or "all")
@@ -218,9 +235,22 @@ def active_findings(request: DoctorRequest, snap: Snapshot, inv: Optional[Invent
     if not hosts:
         return bandwidth(snap.facts, snap.missing, live=live, inventory=inv, thresholds=thresholds)
     width = p.fanout or request.cfg.fanout
-    fleet = make_fleet(hosts, request.cfg, fanout=width, connect_timeout=p.connect_timeout, command_timeout=60,
-                       host_key_policy=p.host_key_policy)
+    fleet = make_fleet(
+        hosts,
+        request.cfg,
+        fanout=width,
+        connect_timeout=p.connect_timeout,
+        command_timeout=60,
+        host_key_policy=p.host_key_policy,
+    )
     with fleet:
-        return bandwidth(snap.facts, snap.missing, live=live, inventory=inv, runner=fleet_runner(fleet),
-                         addresses={h.name: h.address for h in hosts}, thresholds=thresholds,
-                         max_pairs=max(1, width // 2))
+        return bandwidth(
+            snap.facts,
+            snap.missing,
+            live=live,
+            inventory=inv,
+            runner=fleet_runner(fleet),
+            addresses={h.name: h.address for h in hosts},
+            thresholds=thresholds,
+            max_pairs=max(1, width // 2),
+        )

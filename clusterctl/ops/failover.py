@@ -33,8 +33,13 @@ def run(request: FailoverRequest, on_event: Optional[Callable[[str], None]] = No
     from clusterctl.fleet.factory import fleet_factory
     from clusterctl.gateway.failover import run_failover
 
-    make = fleet_factory(request.cfg, fanout=request.fanout, connect_timeout=request.connect_timeout,
-                         host_key_policy=request.host_key_policy, become_password=request.become_password)
+    make = fleet_factory(
+        request.cfg,
+        fanout=request.fanout,
+        connect_timeout=request.connect_timeout,
+        host_key_policy=request.host_key_policy,
+        become_password=request.become_password,
+    )
     return run_failover(request.inventory, request.state_dir, make, request.options, on_event=on_event)
 
 

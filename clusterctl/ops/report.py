@@ -45,8 +45,16 @@ def passive(request: DoctorRequest, gathered: Gathered) -> Checked:
     return Checked(findings, from_snapshot(snap.facts, snap.raw), meta, request.pattern)
 
 
-def active(inventory: Inventory, path: str, hosts: set[str], pattern: str, kinds: tuple[str, ...], *,
-           timeout: float, on_event: Callable[[str], None] = lambda s: None) -> Checked:
+def active(
+    inventory: Inventory,
+    path: str,
+    hosts: set[str],
+    pattern: str,
+    kinds: tuple[str, ...],
+    *,
+    timeout: float,
+    on_event: Callable[[str], None] = lambda s: None,
+) -> Checked:
     """The active checks on the instances placed on ``hosts``.
 
     The run is stored under the pattern ``PATTERN --active KINDS``, so it is compared
@@ -56,14 +64,20 @@ def active(inventory: Inventory, path: str, hosts: set[str], pattern: str, kinds
 
     tgts = targets(inventory, hosts)
     if not tgts:
-        raise ClusterctlError(f"{path}: no instance with a placement on the hosts {pattern!r} selects: "
-                              "nothing for --active to check")
-    outcome = run_active(tgts, kinds, thresholds=check_file("drift.yaml"), timeout=timeout,
-                         progress=lambda s: on_event(f"active: {s}"))
+        raise ClusterctlError(
+            f"{path}: no instance with a placement on the hosts {pattern!r} selects: nothing for --active to check"
+        )
+    outcome = run_active(
+        tgts, kinds, thresholds=check_file("drift.yaml"), timeout=timeout, progress=lambda s: on_event(f"active: {s}")
+    )
     for why in outcome.skipped:
         on_event(f"active: skipped {why}")
-    meta = {"inventory": path, "active": list(kinds), "instances": [t.instance for t in tgts],
-            "skipped": outcome.skipped}
+    meta = {
+        "inventory": path,
+        "active": list(kinds),
+        "instances": [t.instance for t in tgts],
+        "skipped": outcome.skipped,
+    }
     return Checked(outcome.findings, outcome.metrics, meta, f"{pattern} --active {','.join(kinds)}")
 
 

@@ -39,6 +39,7 @@ class FactGroup(Generic[T]):
 
 # ----------------------------------------------------------------- the JSON boundary
 
+
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -61,6 +62,7 @@ def _dict(v: Any) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------- gpus
+
 
 @dataclass(frozen=True)
 class Ecc:
@@ -186,30 +188,60 @@ def _device(d: dict[str, Any]) -> GpuDevice:
     rr, rp, fab = d.get("remapped_rows"), d.get("retired_pages"), d.get("fabric")
     cr, p = _dict(d.get("clocks_event_reasons")), _dict(d.get("pcie"))
     return GpuDevice(
-        index=_int(d.get("index")), name=_str(d.get("name")), pci_address=_str(d.get("pci_address")),
-        memory_total=_int(d.get("memory_total")), vbios_version=_str(d.get("vbios_version")),
-        lost=bool(d.get("lost")), hung=bool(d.get("hung")),
+        index=_int(d.get("index")),
+        name=_str(d.get("name")),
+        pci_address=_str(d.get("pci_address")),
+        memory_total=_int(d.get("memory_total")),
+        vbios_version=_str(d.get("vbios_version")),
+        lost=bool(d.get("lost")),
+        hung=bool(d.get("hung")),
         field_errors={str(k): str(v) for k, v in _dict(d.get("field_errors")).items()},
-        ecc=Ecc(_bool(ecc.get("enabled")), _bool(ecc.get("pending_enabled")),
-                _int(vol.get("corrected")), _int(vol.get("uncorrected"))),
-        remapped_rows=RemappedRows(_int(rr.get("correctable")), _int(rr.get("uncorrectable")),
-                                   _bool(rr.get("pending")), _bool(rr.get("failure")))
-        if rr and isinstance(rr, dict) else None,
-        retired_pages=RetiredPages(_int(rp.get("single_bit_ecc")), _int(rp.get("double_bit_ecc")),
-                                   _bool(rp.get("pending"))) if rp and isinstance(rp, dict) else None,
+        ecc=Ecc(
+            _bool(ecc.get("enabled")),
+            _bool(ecc.get("pending_enabled")),
+            _int(vol.get("corrected")),
+            _int(vol.get("uncorrected")),
+        ),
+        remapped_rows=RemappedRows(
+            _int(rr.get("correctable")),
+            _int(rr.get("uncorrectable")),
+            _bool(rr.get("pending")),
+            _bool(rr.get("failure")),
+        )
+        if rr and isinstance(rr, dict)
+        else None,
+        retired_pages=RetiredPages(
+            _int(rp.get("single_bit_ecc")), _int(rp.get("double_bit_ecc")), _bool(rp.get("pending"))
+        )
+        if rp and isinstance(rp, dict)
+        else None,
         recovery_action=_str(d.get("recovery_action")),
         fabric=Fabric(_str(fab.get("state")), _int(fab.get("status")), _int(fab.get("clique_id")))
-        if fab and isinstance(fab, dict) else None,
-        clocks_event_reasons=ClockReasons(_str(cr.get("mask")),
-                                          tuple(str(a) for a in cr.get("active") or [])),
-        pcie=Pcie(_int(p.get("width")), _int(p.get("max_width")), _int(p.get("gen")), _int(p.get("max_gen")),
-                  _int(p.get("replay_counter"))),
+        if fab and isinstance(fab, dict)
+        else None,
+        clocks_event_reasons=ClockReasons(_str(cr.get("mask")), tuple(str(a) for a in cr.get("active") or [])),
+        pcie=Pcie(
+            _int(p.get("width")),
+            _int(p.get("max_width")),
+            _int(p.get("gen")),
+            _int(p.get("max_gen")),
+            _int(p.get("replay_counter")),
+        ),
         utilization_gpu=_num(_dict(d.get("utilization")).get("gpu")),
-        nvlink=tuple(NvLink(_int(lk.get("link")), _str(lk.get("state")),
-                            {str(k): v for k, v in _dict(lk.get("errors")).items() if isinstance(v, int)})
-                     for lk in d.get("nvlink") or [] if isinstance(lk, dict)),
-        temperature_c=_num(d.get("temperature_c")), power_w=_num(d.get("power_w")),
-        power_limit_w=_num(d.get("power_limit_w")), persistence_mode=_bool(d.get("persistence_mode")))
+        nvlink=tuple(
+            NvLink(
+                _int(lk.get("link")),
+                _str(lk.get("state")),
+                {str(k): v for k, v in _dict(lk.get("errors")).items() if isinstance(v, int)},
+            )
+            for lk in d.get("nvlink") or []
+            if isinstance(lk, dict)
+        ),
+        temperature_c=_num(d.get("temperature_c")),
+        power_w=_num(d.get("power_w")),
+        power_limit_w=_num(d.get("power_limit_w")),
+        persistence_mode=_bool(d.get("persistence_mode")),
+    )
 
 
 def _topology(entries: Any) -> tuple[Topology, ...]:
@@ -231,11 +263,16 @@ class GpusFact(FactGroup[GpuSection]):
         g = _dict(doc.get("gpus"))
         fm = g.get("fabric_manager")
         return GpuSection(
-            available=bool(g.get("available")), reason=_str(g.get("reason")),
+            available=bool(g.get("available")),
+            reason=_str(g.get("reason")),
             driver_version=None if g.get("driver_version") is None else str(g["driver_version"]),
             devices=tuple(_device(d) for d in g.get("devices") or [] if isinstance(d, dict)),
             timed_out_calls=tuple(str(c) for c in g.get("timed_out_calls") or []),
             topology=_topology(g.get("topology")),
-            fabric_manager=FabricManager(_str(fm.get("load_state")), _str(fm.get("active_state")),
-                                         _str(fm.get("sub_state"))) if fm and isinstance(fm, dict) else None,
-            raw=g)
+            fabric_manager=FabricManager(
+                _str(fm.get("load_state")), _str(fm.get("active_state")), _str(fm.get("sub_state"))
+            )
+            if fm and isinstance(fm, dict)
+            else None,
+            raw=g,
+        )

@@ -156,33 +156,66 @@ class Facts:
 def _gpu(d: dict[str, Any]) -> Gpu:
     procs = d.get("processes")
     return Gpu(
-        index=int(d["index"]), name=d.get("name"), uuid=d.get("uuid"),
-        pci_bus_id=d.get("pci_bus_id"), pci_address=d.get("pci_address"),
-        memory_total=d.get("memory_total"), memory_used=d.get("memory_used"),
+        index=int(d["index"]),
+        name=d.get("name"),
+        uuid=d.get("uuid"),
+        pci_bus_id=d.get("pci_bus_id"),
+        pci_address=d.get("pci_address"),
+        memory_total=d.get("memory_total"),
+        memory_used=d.get("memory_used"),
         memory_free=d.get("memory_free"),
-        processes=None if procs is None else [
-            GpuProcess(int(p["pid"]), p.get("used_memory"), p.get("name"), p.get("unit")) for p in procs],
-        lost=bool(d.get("lost")), hung=bool(d.get("hung")),
-        field_errors=dict(d.get("field_errors") or {}), raw=d)
+        processes=None
+        if procs is None
+        else [GpuProcess(int(p["pid"]), p.get("used_memory"), p.get("name"), p.get("unit")) for p in procs],
+        lost=bool(d.get("lost")),
+        hung=bool(d.get("hung")),
+        field_errors=dict(d.get("field_errors") or {}),
+        raw=d,
+    )
 
 
 def _nic(d: dict[str, Any]) -> Nic:
     r = d.get("rdma")
-    rdma = None if not r else RdmaPort(
-        device=r["device"], port=int(r["port"]), state=r.get("state"), phys_state=r.get("phys_state"),
-        link_layer=r.get("link_layer"), rate_gbps=r.get("rate_gbps"), counters=r.get("counters"),
-        hw_counters=r.get("hw_counters"), raw=r)
-    return Nic(netdev=d.get("netdev"), operstate=d.get("operstate"), speed_mbps=d.get("speed_mbps"),
-               mtu=d.get("mtu"), rx_bytes=d.get("rx_bytes"), tx_bytes=d.get("tx_bytes"),
-               rdma=rdma, ethtool_stats=d.get("ethtool_stats"),
-               ethtool_stats_reason=d.get("ethtool_stats_reason",
-                                          None if "ethtool_stats" in d else "not in this facts document (an older collector)"),
-               raw=d)
+    rdma = (
+        None
+        if not r
+        else RdmaPort(
+            device=r["device"],
+            port=int(r["port"]),
+            state=r.get("state"),
+            phys_state=r.get("phys_state"),
+            link_layer=r.get("link_layer"),
+            rate_gbps=r.get("rate_gbps"),
+            counters=r.get("counters"),
+            hw_counters=r.get("hw_counters"),
+            raw=r,
+        )
+    )
+    return Nic(
+        netdev=d.get("netdev"),
+        operstate=d.get("operstate"),
+        speed_mbps=d.get("speed_mbps"),
+        mtu=d.get("mtu"),
+        rx_bytes=d.get("rx_bytes"),
+        tx_bytes=d.get("tx_bytes"),
+        rdma=rdma,
+        ethtool_stats=d.get("ethtool_stats"),
+        ethtool_stats_reason=d.get(
+            "ethtool_stats_reason", None if "ethtool_stats" in d else "not in this facts document (an older collector)"
+        ),
+        raw=d,
+    )
 
 
 def _unit(d: dict[str, Any]) -> Unit:
-    return Unit(unit=d["unit"], active_state=d.get("active_state"), sub_state=d.get("sub_state"),
-                restarts=d.get("restarts"), since=d.get("since"), raw=d)
+    return Unit(
+        unit=d["unit"],
+        active_state=d.get("active_state"),
+        sub_state=d.get("sub_state"),
+        restarts=d.get("restarts"),
+        since=d.get("since"),
+        raw=d,
+    )
 
 
 def parse_facts(doc: str | bytes | dict[str, Any], *, origin: str = "probe output") -> Facts:
@@ -203,23 +236,35 @@ def parse_facts(doc: str | bytes | dict[str, Any], *, origin: str = "probe outpu
     if not isinstance(schema, int):
         raise ProbeError(f"{origin}: no schema version (not a clusterctl facts document)")
     if schema > SCHEMA:
-        raise ProbeError(f"{origin}: facts schema {schema} is newer than this clusterctl understands "
-                         f"({SCHEMA}); upgrade clusterctl")
+        raise ProbeError(
+            f"{origin}: facts schema {schema} is newer than this clusterctl understands ({SCHEMA}); upgrade clusterctl"
+        )
     try:
         g = doc["gpus"]
         k = doc.get("kernel_log") or {}
         units = doc.get("units")
         return Facts(
-            schema=schema, collected_at=doc["collected_at"], host=doc["host"],
-            gpus=GpuFacts(available=bool(g["available"]), reason=g.get("reason"),
-                          driver_version=g.get("driver_version"),
-                          devices=[_gpu(d) for d in g.get("devices") or []],
-                          topology=list(g.get("topology") or []),
-                          timed_out_calls=list(g.get("timed_out_calls") or [])),
+            schema=schema,
+            collected_at=doc["collected_at"],
+            host=doc["host"],
+            gpus=GpuFacts(
+                available=bool(g["available"]),
+                reason=g.get("reason"),
+                driver_version=g.get("driver_version"),
+                devices=[_gpu(d) for d in g.get("devices") or []],
+                topology=list(g.get("topology") or []),
+                timed_out_calls=list(g.get("timed_out_calls") or []),
+            ),
             nics=[_nic(n) for n in doc["nics"]],
             units=None if units is None else [_unit(u) for u in units],
-            kernel_log=KernelLog(source=k.get("source"), cursor=k.get("cursor"),
-                                 truncated=bool(k.get("truncated")), lines=list(k.get("lines") or [])),
-            errors=list(doc.get("errors") or []), raw=doc)
+            kernel_log=KernelLog(
+                source=k.get("source"),
+                cursor=k.get("cursor"),
+                truncated=bool(k.get("truncated")),
+                lines=list(k.get("lines") or []),
+            ),
+            errors=list(doc.get("errors") or []),
+            raw=doc,
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise ProbeError(f"{origin}: malformed facts document (schema {schema}): {type(e).__name__}: {e}") from None

@@ -126,19 +126,25 @@ def _pynvml_source() -> tuple[bytes, str | None]:
     return Path(path).read_bytes(), version
 
 
-def build_payload(collector: bytes | None = None, pynvml_source: bytes | None = None,
-                  pynvml_version: str | None = None) -> Payload:
+def build_payload(
+    collector: bytes | None = None, pynvml_source: bytes | None = None, pynvml_version: str | None = None
+) -> Payload:
     """Build a payload; by default from ``collector.py`` and the installed pynvml."""
     if collector is None:
         collector = COLLECTOR_PATH.read_bytes()
     if pynvml_source is None:
         pynvml_source, pynvml_version = _pynvml_source()
     pynvml_file = f"<pynvml {pynvml_version or 'unknown'} carried by clusterctl>"
-    script = _BOOTSTRAP % {"rc": RC_PYTHON_TOO_OLD, "pynvml": _pack(pynvml_source),
-                           "collector": _pack(collector), "pynvml_version": pynvml_version or "unknown",
-                           "pynvml_file": pynvml_file, "code_tag": list(CODE_TAG),
-                           "pynvml_code": _pack_code(pynvml_source, pynvml_file),
-                           "collector_code": _pack_code(collector, "<clusterctl-collector>")}
+    script = _BOOTSTRAP % {
+        "rc": RC_PYTHON_TOO_OLD,
+        "pynvml": _pack(pynvml_source),
+        "collector": _pack(collector),
+        "pynvml_version": pynvml_version or "unknown",
+        "pynvml_file": pynvml_file,
+        "code_tag": list(CODE_TAG),
+        "pynvml_code": _pack_code(pynvml_source, pynvml_file),
+        "collector_code": _pack_code(collector, "<clusterctl-collector>"),
+    }
     data = script.encode("ascii")
     return Payload(data, hashlib.sha256(data).hexdigest(), pynvml_version)
 
@@ -161,8 +167,13 @@ def payload() -> Payload:
     collector = COLLECTOR_PATH.read_bytes()
     pynvml_source, pynvml_version = _pynvml_source()
     h = hashlib.sha256()
-    for part in (collector, pynvml_source, (pynvml_version or "").encode(), repr(CODE_TAG).encode(),
-                 Path(__file__).read_bytes()):
+    for part in (
+        collector,
+        pynvml_source,
+        (pynvml_version or "").encode(),
+        repr(CODE_TAG).encode(),
+        Path(__file__).read_bytes(),
+    ):
         h.update(hashlib.sha256(part).digest())
     path = _cache_file(h.hexdigest()[:32])
     try:
@@ -186,10 +197,16 @@ def payload() -> Payload:
     return built
 
 
-def probe_args(*, kernel_log_cursor: str | None = None, nvml_timeout: float | None = None,
-               nvml_budget: float | None = None, cmd_timeout: float | None = None,
-               kernel_log_max: int | None = None, counter_interval: float | None = None,
-               raw_outputs: bool = False) -> list[str]:
+def probe_args(
+    *,
+    kernel_log_cursor: str | None = None,
+    nvml_timeout: float | None = None,
+    nvml_budget: float | None = None,
+    cmd_timeout: float | None = None,
+    kernel_log_max: int | None = None,
+    counter_interval: float | None = None,
+    raw_outputs: bool = False,
+) -> list[str]:
     """The collector's arguments (what follows ``python3 -I -B -``)."""
     argv: list[str] = []
     if kernel_log_cursor:

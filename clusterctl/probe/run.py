@@ -27,8 +27,16 @@ UNKNOWN = "unknown"
 
 
 class _FleetLike(Protocol):
-    def run(self, command: str, *, stdin: bytes | None = ..., sudo: bool = ...,
-            timeout: float | None = ..., on_result: Any = ..., require_python: bool = ...) -> Any: ...
+    def run(
+        self,
+        command: str,
+        *,
+        stdin: bytes | None = ...,
+        sudo: bool = ...,
+        timeout: float | None = ...,
+        on_result: Any = ...,
+        require_python: bool = ...,
+    ) -> Any: ...
 
 
 @dataclass
@@ -67,16 +75,19 @@ def interpret(row: Any) -> FactsResult:
     status = _status(row)
     base = {"host": row.host, "fleet_status": status, "duration_s": row.duration_s}
     if status == "no_python":
-        return FactsResult(status=UNKNOWN, reason="python3 is not installed on the node "
-                           "(the probe needs Python 3.8 or newer)", **base)
+        return FactsResult(
+            status=UNKNOWN, reason="python3 is not installed on the node (the probe needs Python 3.8 or newer)", **base
+        )
     if status not in ("ok", "failed"):
         return FactsResult(status=UNKNOWN, reason=row.error or status, **base)
     if row.rc == RC_PYTHON_TOO_OLD:
-        return FactsResult(status=UNKNOWN, reason=_last_line(row.stderr) or "python3 is older than 3.8",
-                           **base)
+        return FactsResult(status=UNKNOWN, reason=_last_line(row.stderr) or "python3 is older than 3.8", **base)
     if row.rc != 0:
-        return FactsResult(status=UNKNOWN, reason=f"the probe exited with rc {row.rc}: "
-                           f"{_last_line(row.stderr) or 'no message'}", **base)
+        return FactsResult(
+            status=UNKNOWN,
+            reason=f"the probe exited with rc {row.rc}: {_last_line(row.stderr) or 'no message'}",
+            **base,
+        )
     try:
         facts = parse_facts(_document_text(row.stdout), origin=f"{row.host}: probe output")
     except ProbeError as e:
@@ -96,11 +107,18 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] | None = None,
-                  timeout: float = DEFAULT_TIMEOUT_S, nvml_timeout: float | None = None,
-                  sudo: bool = False, on_result: Callable[[FactsResult], None] | None = None,
-                  counter_interval: float | None = None, raw_outputs: bool = False,
-                  cache: bool | None = None) -> dict[str, FactsResult]:
+def collect_facts(
+    fleet: _FleetLike,
+    *,
+    kernel_log_cursor: str | dict[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    nvml_timeout: float | None = None,
+    sudo: bool = False,
+    on_result: Callable[[FactsResult], None] | None = None,
+    counter_interval: float | None = None,
+    raw_outputs: bool = False,
+    cache: bool | None = None,
+) -> dict[str, FactsResult]:
     """Probe every host of ``fleet``; one :class:`FactsResult` per host, in fleet order.
 
     ``kernel_log_cursor``: one cursor for every host or a mapping host ->
@@ -118,14 +136,20 @@ def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] 
     data = payload().data
     cursors = kernel_log_cursor if isinstance(kernel_log_cursor, dict) else None
     nvml_budget = max(1.0, timeout * 0.6)
-    common = {"nvml_timeout": nvml_timeout, "nvml_budget": nvml_budget, "counter_interval": counter_interval,
-              "raw_outputs": raw_outputs}
+    common = {
+        "nvml_timeout": nvml_timeout,
+        "nvml_budget": nvml_budget,
+        "counter_interval": counter_interval,
+        "raw_outputs": raw_outputs,
+    }
     args: list[str] | dict[str, list[str]]
     if cursors is None:
         args = probe_args(kernel_log_cursor=kernel_log_cursor, **common)  # type: ignore[arg-type]
     else:
-        args = {h.name: probe_args(kernel_log_cursor=cursors.get(h.name), **common)  # type: ignore[arg-type]
-                for h in getattr(fleet, "hosts")}
+        args = {
+            h.name: probe_args(kernel_log_cursor=cursors.get(h.name), **common)  # type: ignore[arg-type]
+            for h in getattr(fleet, "hosts")
+        }
 
     seen: dict[str, FactsResult] = {}
 
@@ -134,6 +158,7 @@ def collect_facts(fleet: _FleetLike, *, kernel_log_cursor: str | dict[str, str] 
         if on_result:
             on_result(seen[row.host])
 
-    results = run_cached(fleet, data, args, cache=cache, sudo=sudo, timeout=timeout, on_result=each,
-                         require_python=True)
+    results = run_cached(
+        fleet, data, args, cache=cache, sudo=sudo, timeout=timeout, on_result=each, require_python=True
+    )
     return {row.host: seen.get(row.host) or interpret(row) for row in results}

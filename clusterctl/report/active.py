@@ -87,10 +87,16 @@ def targets(inv: Inventory, hosts: set[str] | None = None) -> list[Target]:
         labels = g["labels"]
         if hosts is None or labels["host"] in hosts:
             inst = inv.instances.get(labels["vllm_instance"])
-            key = (instance_api_key(inv, inst) if inst is not None else None) or \
-                os.environ.get("CLUSTERCTL_API_KEY") or None
-            out.append(Target(labels["vllm_instance"], labels["host"], labels["model"], f"http://{g['targets'][0]}",
-                              api_key=key))
+            key = (
+                (instance_api_key(inv, inst) if inst is not None else None)
+                or os.environ.get("CLUSTERCTL_API_KEY")
+                or None
+            )
+            out.append(
+                Target(
+                    labels["vllm_instance"], labels["host"], labels["model"], f"http://{g['targets'][0]}", api_key=key
+                )
+            )
     return out
 
 
@@ -111,16 +117,28 @@ def _drift(t: Target, ep: Endpoint, out: Outcome, thresholds: Path, state_dir: P
         limits = limits.calibrated(cal["floor"])
     s = compare.summarize(drift_run.check(ep, base))
     reasons = limits.judge(s)
-    what = (f"exact match {s['exact_match']:.0%}, vLLM rule {s['vllm_rule_pass']:.0%}, mean KL {s['mean_kl']:.4f} "
-            f"over {s['prompts']:g} prompts against baseline {t.instance!r}")
+    what = (
+        f"exact match {s['exact_match']:.0%}, vLLM rule {s['vllm_rule_pass']:.0%}, mean KL {s['mean_kl']:.4f} "
+        f"over {s['prompts']:g} prompts against baseline {t.instance!r}"
+    )
     if reasons:
-        out.findings.append(Finding("drift.check", Severity.CRIT, t.host, _subject(t), f"{what}: {'; '.join(reasons)}",
-                                    "compare the deployment with the baseline's environment (quantization, vLLM "
-                                    "version, GPU, TP size); if the change is intended, record the baseline again"))
+        out.findings.append(
+            Finding(
+                "drift.check",
+                Severity.CRIT,
+                t.host,
+                _subject(t),
+                f"{what}: {'; '.join(reasons)}",
+                "compare the deployment with the baseline's environment (quantization, vLLM "
+                "version, GPU, TP size); if the change is intended, record the baseline again",
+            )
+        )
     else:
         out.findings.append(Finding("drift.check", Severity.OK, t.host, _subject(t), what))
-    out.metrics += [Metric(t.host, "drift_exact_match_ratio", s["exact_match"], _subject(t)),
-                    Metric(t.host, "drift_mean_kl", s["mean_kl"], _subject(t))]
+    out.metrics += [
+        Metric(t.host, "drift_exact_match_ratio", s["exact_match"], _subject(t)),
+        Metric(t.host, "drift_mean_kl", s["mean_kl"], _subject(t)),
+    ]
 
 
 def _leak(t: Target, ep: Endpoint, out: Outcome, timeout: float) -> None:
@@ -129,14 +147,28 @@ def _leak(t: Target, ep: Endpoint, out: Outcome, timeout: float) -> None:
         raise EndpointError("; ".join(rep.errors) or "no request succeeded")
     if rep.sightings:
         s = rep.sightings[0]
-        out.findings.append(Finding("drift.leak", Severity.CRIT, t.host, _subject(t),
-                                    f"{len(rep.sightings)} cross-session sighting(s) in {rep.requests} responses "
-                                    f"({s.owner}'s canary in {s.seen_by}'s response, {s.where})",
-                                    "one user's prompt reaches another's answer: take the instance out of service "
-                                    "and check prefix caching / KV reuse (clusterctl drift leak URL)"))
+        out.findings.append(
+            Finding(
+                "drift.leak",
+                Severity.CRIT,
+                t.host,
+                _subject(t),
+                f"{len(rep.sightings)} cross-session sighting(s) in {rep.requests} responses "
+                f"({s.owner}'s canary in {s.seen_by}'s response, {s.where})",
+                "one user's prompt reaches another's answer: take the instance out of service "
+                "and check prefix caching / KV reuse (clusterctl drift leak URL)",
+            )
+        )
     else:
-        out.findings.append(Finding("drift.leak", Severity.OK, t.host, _subject(t),
-                                    f"no canary seen across {rep.sessions} sessions, {rep.requests} responses"))
+        out.findings.append(
+            Finding(
+                "drift.leak",
+                Severity.OK,
+                t.host,
+                _subject(t),
+                f"no canary seen across {rep.sessions} sessions, {rep.requests} responses",
+            )
+        )
     out.metrics.append(Metric(t.host, "leak_sightings", float(len(rep.sightings)), _subject(t)))
 
 
@@ -148,18 +180,34 @@ def _bench(t: Target, ep: Endpoint, out: Outcome, timeout: float) -> None:
     if not ttfts:
         raise EndpointError("; ".join(sorted({str(r.error) for r in res}))[:300] or "no request succeeded")
     p50, p99 = percentile(ttfts, 50), percentile(ttfts, 99)
-    out.findings.append(Finding("bench.ttft", Severity.OK, t.host, _subject(t),
-                                f"TTFT median {1000 * p50:.0f} ms, p99 {1000 * p99:.0f} ms over "
-                                f"{len(ttfts)} requests (128-word prompts, one at a time)"))
-    out.metrics += [Metric(t.host, "bench_ttft_p50_seconds", p50, _subject(t)),
-                    Metric(t.host, "bench_ttft_p99_seconds", p99, _subject(t))]
+    out.findings.append(
+        Finding(
+            "bench.ttft",
+            Severity.OK,
+            t.host,
+            _subject(t),
+            f"TTFT median {1000 * p50:.0f} ms, p99 {1000 * p99:.0f} ms over "
+            f"{len(ttfts)} requests (128-word prompts, one at a time)",
+        )
+    )
+    out.metrics += [
+        Metric(t.host, "bench_ttft_p50_seconds", p50, _subject(t)),
+        Metric(t.host, "bench_ttft_p99_seconds", p99, _subject(t)),
+    ]
 
 
 _CHECK = {"drift": "drift.check", "leak": "drift.leak", "bench": "bench.ttft"}
 
 
-def run_active(tgts: list[Target], kinds: tuple[str, ...], *, thresholds: Path, state_dir: Path | None = None,
-               timeout: float = 60.0, progress: Callable[[str], None] | None = None) -> Outcome:
+def run_active(
+    tgts: list[Target],
+    kinds: tuple[str, ...],
+    *,
+    thresholds: Path,
+    state_dir: Path | None = None,
+    timeout: float = 60.0,
+    progress: Callable[[str], None] | None = None,
+) -> Outcome:
     """Each of ``kinds`` against each target, one after the other (see the module docstring).
 
     ``thresholds``: the drift limits file (``checks/drift.yaml``); ``state_dir``: where the
@@ -181,7 +229,14 @@ def run_active(tgts: list[Target], kinds: tuple[str, ...], *, thresholds: Path, 
                 else:
                     _bench(t, ep, out, timeout)
             except EndpointError as e:
-                out.findings.append(Finding(_CHECK[kind], Severity.UNKNOWN, t.host, _subject(t),
-                                            f"cannot check: {e}", "check that the instance is running "
-                                            "(clusterctl doctor) and reachable from this host"))
+                out.findings.append(
+                    Finding(
+                        _CHECK[kind],
+                        Severity.UNKNOWN,
+                        t.host,
+                        _subject(t),
+                        f"cannot check: {e}",
+                        "check that the instance is running (clusterctl doctor) and reachable from this host",
+                    )
+                )
     return out

@@ -36,10 +36,13 @@ class Diff:
         return bool(self.new or self.resolved or self.escalated)
 
     def to_json(self) -> dict[str, Any]:
-        return {"changed": self.changed, "new": [f.to_json() for f in self.new],
-                "ongoing": [f.to_json() for f in self.ongoing],
-                "resolved": [f.to_json() for f in self.resolved],
-                "escalated": [f.to_json() for f in self.escalated]}
+        return {
+            "changed": self.changed,
+            "new": [f.to_json() for f in self.new],
+            "ongoing": [f.to_json() for f in self.ongoing],
+            "resolved": [f.to_json() for f in self.resolved],
+            "escalated": [f.to_json() for f in self.escalated],
+        }
 
 
 def _problems(findings: Iterable[Finding]) -> dict[Key, Finding]:
@@ -60,8 +63,9 @@ def diff(previous: Iterable[Finding] | None, current: Iterable[Finding]) -> Diff
     """Compare two runs; with no previous run every problem is new."""
     before = _problems(previous or [])
     now = _problems(current)
-    return Diff(new=_sorted(f for k, f in now.items() if k not in before),
-                ongoing=_sorted(f for k, f in now.items() if k in before),
-                resolved=_sorted(f for k, f in before.items() if k not in now),
-                escalated=_sorted(f for k, f in now.items()
-                                  if k in before and f.severity.rank > before[k].severity.rank))
+    return Diff(
+        new=_sorted(f for k, f in now.items() if k not in before),
+        ongoing=_sorted(f for k, f in now.items() if k in before),
+        resolved=_sorted(f for k, f in before.items() if k not in now),
+        escalated=_sorted(f for k, f in now.items() if k in before and f.severity.rank > before[k].severity.rank),
+    )

@@ -36,9 +36,12 @@ def targets(inv: Inventory) -> list[dict[str, Any]]:
         host = inv.hosts.get(head)
         if host is None:
             continue
-        out.append({"targets": [_hostport(host.address, inst.port)],
-                    "labels": {"vllm_instance": inst.name, "model": inst.model, "host": head,
-                               "tp_size": str(inst.tp_size)}})
+        out.append(
+            {
+                "targets": [_hostport(host.address, inst.port)],
+                "labels": {"vllm_instance": inst.name, "model": inst.model, "host": head, "tp_size": str(inst.tp_size)},
+            }
+        )
     return out
 
 

@@ -32,9 +32,16 @@ class Group:
     evidence: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.check, "severity": self.severity.name, "hosts": self.hosts, "count": self.count,
-                "subject": self.subject, "message": self.message, "action": self.action,
-                "evidence": list(self.evidence)}
+        return {
+            "check": self.check,
+            "severity": self.severity.name,
+            "hosts": self.hosts,
+            "count": self.count,
+            "subject": self.subject,
+            "message": self.message,
+            "action": self.action,
+            "evidence": list(self.evidence),
+        }
 
 
 def group(findings: Iterable[Finding], min_severity: Severity = Severity.OK) -> list[Group]:
@@ -47,8 +54,7 @@ def group(findings: Iterable[Finding], min_severity: Severity = Severity.OK) -> 
     out = []
     for (check, sev, subject, message, action), fs in buckets.items():
         hosts = [f.host for f in fs if f.host]
-        out.append(Group(check, sev, subject, message, action, fold(hosts) if hosts else "", len(fs),
-                         fs[0].evidence))
+        out.append(Group(check, sev, subject, message, action, fold(hosts) if hosts else "", len(fs), fs[0].evidence))
     return sorted(out, key=lambda g: (-g.severity.rank, g.check, g.subject, g.hosts))
 
 
@@ -80,8 +86,12 @@ def summary(findings: list[Finding]) -> dict[str, Any]:
 
 def to_json(findings: list[Finding], *, meta: dict[str, Any] | None = None) -> str:
     """``{summary, groups, findings, meta}`` as indented JSON."""
-    doc = {"summary": summary(findings), "groups": [g.to_json() for g in group(findings)],
-           "findings": [f.to_json() for f in findings], "meta": meta or {}}
+    doc = {
+        "summary": summary(findings),
+        "groups": [g.to_json() for g in group(findings)],
+        "findings": [f.to_json() for f in findings],
+        "meta": meta or {},
+    }
     return json.dumps(doc, indent=2)
 
 
@@ -107,12 +117,22 @@ def md_cell(text: str) -> str:
 def to_markdown(findings: list[Finding], *, min_severity: Severity = Severity.OK) -> str:
     """A Markdown report: summary line, then one table row per group."""
     s = summary(findings)
-    lines = [f"# clusterctl doctor: {s['worst']}", "",
-             ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n) or "no findings", "",
-             "| severity | check | hosts | subject | finding | action |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# clusterctl doctor: {s['worst']}",
+        "",
+        ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n) or "no findings",
+        "",
+        "| severity | check | hosts | subject | finding | action |",
+        "|---|---|---|---|---|---|",
+    ]
     for g in group(findings, min_severity):
-        lines.append("| " + " | ".join(md_cell(x) for x in (g.severity.name, g.check, g.hosts or "-", g.subject,
-                                                            g.message, g.action or "-")) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                md_cell(x) for x in (g.severity.name, g.check, g.hosts or "-", g.subject, g.message, g.action or "-")
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -130,8 +150,10 @@ def to_prometheus(findings: list[Finding]) -> str:
     severity code (0 OK, 1 WARN, 2 CRIT, 3 UNKNOWN) per check and host;
     ``clusterctl_doctor_exit_code`` the run's exit code.
     """
-    out = ["# HELP clusterctl_doctor_finding Findings that are not OK with these labels (0 series while none).",
-           "# TYPE clusterctl_doctor_finding gauge"]
+    out = [
+        "# HELP clusterctl_doctor_finding Findings that are not OK with these labels (0 series while none).",
+        "# TYPE clusterctl_doctor_finding gauge",
+    ]
     worst_of: dict[tuple[str, str], Severity] = {}
     present: dict[tuple[str, str, str, str], int] = {}
     for f in findings:
@@ -141,12 +163,21 @@ def to_prometheus(findings: list[Finding]) -> str:
         if f.severity != Severity.OK:
             labels = (_label(f.check), _label(f.host or ""), _label(f.subject), f.severity.name)
             present[labels] = present.get(labels, 0) + 1
-    out += [f'clusterctl_doctor_finding{{check="{c}",host="{h}",subject="{s}",severity="{sev}"}} {n}'
-            for (c, h, s, sev), n in present.items()]
-    out += ["# HELP clusterctl_doctor_check_severity Worst severity per check and host (0 OK 1 WARN 2 CRIT 3 UNKNOWN).",
-            "# TYPE clusterctl_doctor_check_severity gauge"]
-    out += [f'clusterctl_doctor_check_severity{{check="{_label(c)}",host="{_label(h)}"}} {int(s)}'
-            for (c, h), s in sorted(worst_of.items())]
-    out += ["# HELP clusterctl_doctor_exit_code Exit code of the doctor run.",
-            "# TYPE clusterctl_doctor_exit_code gauge", f"clusterctl_doctor_exit_code {exit_code(findings)}"]
+    out += [
+        f'clusterctl_doctor_finding{{check="{c}",host="{h}",subject="{s}",severity="{sev}"}} {n}'
+        for (c, h, s, sev), n in present.items()
+    ]
+    out += [
+        "# HELP clusterctl_doctor_check_severity Worst severity per check and host (0 OK 1 WARN 2 CRIT 3 UNKNOWN).",
+        "# TYPE clusterctl_doctor_check_severity gauge",
+    ]
+    out += [
+        f'clusterctl_doctor_check_severity{{check="{_label(c)}",host="{_label(h)}"}} {int(s)}'
+        for (c, h), s in sorted(worst_of.items())
+    ]
+    out += [
+        "# HELP clusterctl_doctor_exit_code Exit code of the doctor run.",
+        "# TYPE clusterctl_doctor_exit_code gauge",
+        f"clusterctl_doctor_exit_code {exit_code(findings)}",
+    ]
     return "\n".join(out) + "\n"

@@ -128,6 +128,7 @@ _DAMAGE = (sqlite3.Error, ValueError, TypeError, KeyError, IndexError, OverflowE
 
 def _guarded(method: _F) -> _F:
     """``method`` with a damaged database turned into one :class:`HistoryError` naming the file."""
+
     @functools.wraps(method)
     def wrapper(self: "History", *args: Any, **kwargs: Any) -> Any:
         try:
@@ -135,9 +136,12 @@ def _guarded(method: _F) -> _F:
         except HistoryError:
             raise
         except _DAMAGE as e:
-            raise HistoryError(f"{self.path}: the report history is damaged ({type(e).__name__}: {e}); "
-                               "nothing was deleted: move the file aside (the next run starts a new one) "
-                               f"or try `sqlite3 {self.path} .recover`") from None
+            raise HistoryError(
+                f"{self.path}: the report history is damaged ({type(e).__name__}: {e}); "
+                "nothing was deleted: move the file aside (the next run starts a new one) "
+                f"or try `sqlite3 {self.path} .recover`"
+            ) from None
+
     return wrapper  # type: ignore[return-value]
 
 
@@ -153,8 +157,16 @@ class Run:
     counts: dict[str, int]
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "started": self.started, "finished": self.finished, "pattern": self.pattern,
-                "exit_code": self.exit_code, "hosts": self.hosts, "counts": self.counts, "meta": self.meta}
+        return {
+            "id": self.id,
+            "started": self.started,
+            "finished": self.finished,
+            "pattern": self.pattern,
+            "exit_code": self.exit_code,
+            "hosts": self.hosts,
+            "counts": self.counts,
+            "meta": self.meta,
+        }
 
 
 @dataclass(frozen=True)
@@ -216,8 +228,9 @@ class History:
         try:
             have = self.version
             if have > SCHEMA_VERSION:
-                raise HistoryError(f"{self.path}: schema version {have} is newer than this clusterctl "
-                                   f"understands ({SCHEMA_VERSION})")
+                raise HistoryError(
+                    f"{self.path}: schema version {have} is newer than this clusterctl understands ({SCHEMA_VERSION})"
+                )
             for n in range(have, SCHEMA_VERSION):
                 for stmt in MIGRATIONS[n].split(";"):
                     if stmt.strip():
@@ -228,8 +241,16 @@ class History:
             self._rollback()
             raise
 
-    def record(self, findings: list[Finding], *, started: float, finished: float | None = None,
-               pattern: str = "all", metrics: Iterable[Metric] = (), meta: dict[str, Any] | None = None) -> int:
+    def record(
+        self,
+        findings: list[Finding],
+        *,
+        started: float,
+        finished: float | None = None,
+        pattern: str = "all",
+        metrics: Iterable[Metric] = (),
+        meta: dict[str, Any] | None = None,
+    ) -> int:
         """Store one run in a single transaction; returns its id.
 
         Findings that are not OK are stored; OK findings only counted (``Run.counts``).  For a
@@ -246,17 +267,39 @@ class History:
             cur = self.db.execute(
                 "INSERT INTO runs(started, finished, pattern, exit_code, hosts, meta, ok_findings) "
                 "VALUES (?,?,?,?,?,?,?)",
-                (started, finished if finished is not None else time.time(), pattern, exit_code(findings), hosts,
-                 json.dumps(meta or {}, default=str), len(findings) - len(problems)))
+                (
+                    started,
+                    finished if finished is not None else time.time(),
+                    pattern,
+                    exit_code(findings),
+                    hosts,
+                    json.dumps(meta or {}, default=str),
+                    len(findings) - len(problems),
+                ),
+            )
             run_id = int(cur.lastrowid or 0)
             self.db.executemany(
                 "INSERT INTO findings VALUES (?,?,?,?,?,?,?,?)",
-                [(run_id, f.check, f.severity.name, f.host or "", f.subject, f.message, f.action,
-                  json.dumps(list(f.evidence))) for f in problems])
+                [
+                    (
+                        run_id,
+                        f.check,
+                        f.severity.name,
+                        f.host or "",
+                        f.subject,
+                        f.message,
+                        f.action,
+                        json.dumps(list(f.evidence)),
+                    )
+                    for f in problems
+                ],
+            )
             metrics += _host_means(metrics)
             ids = self._series_ids(metrics, run_id)
-            self.db.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?)",
-                                [(run_id, ids[(m.name, m.host, m.subject)], float(m.value)) for m in metrics])
+            self.db.executemany(
+                "INSERT OR REPLACE INTO samples VALUES (?,?,?)",
+                [(run_id, ids[(m.name, m.host, m.subject)], float(m.value)) for m in metrics],
+            )
             self.db.execute("COMMIT")
         except BaseException:
             self._rollback()
@@ -267,16 +310,20 @@ class History:
         """Ids of the metrics' series (created when new), each marked as seen in ``run_id``."""
         keys = {(m.name, m.host, m.subject) for m in metrics}
         self.db.executemany("INSERT OR IGNORE INTO series(name, host, subject) VALUES (?,?,?)", sorted(keys))
-        ids = {(n, h, s): i for i, n, h, s in self.db.execute("SELECT id, name, host, subject FROM series")
-               if (n, h, s) in keys}
+        ids = {
+            (n, h, s): i
+            for i, n, h, s in self.db.execute("SELECT id, name, host, subject FROM series")
+            if (n, h, s) in keys
+        }
         self.db.executemany("UPDATE series SET last_run=? WHERE id=?", [(run_id, i) for i in ids.values()])
         return ids
 
     def _run(self, row: tuple[Any, ...]) -> Run:
         counts = {s.name: 0 for s in Severity}
         counts["OK"] = row[7]
-        for sev, n in self.db.execute("SELECT severity, count(*) FROM findings WHERE run_id=? GROUP BY severity",
-                                      (row[0],)):
+        for sev, n in self.db.execute(
+            "SELECT severity, count(*) FROM findings WHERE run_id=? GROUP BY severity", (row[0],)
+        ):
             counts[Severity[sev].name] += n
         meta = json.loads(row[6])
         if not isinstance(meta, dict):
@@ -308,11 +355,14 @@ class History:
 
     def findings(self, run_id: int) -> list[Finding]:
         """The problems (findings not OK) stored for a run, in the order they were recorded."""
-        return [Finding(_text(c), Severity[s], _text(h) or None, _text(subj), _text(msg), _text(act),
-                        tuple(_evidence(ev)))
-                for c, s, h, subj, msg, act, ev in self.db.execute(
-                    "SELECT check_name, severity, host, subject, message, action, evidence FROM findings "
-                    "WHERE run_id=? ORDER BY rowid", (run_id,))]
+        return [
+            Finding(_text(c), Severity[s], _text(h) or None, _text(subj), _text(msg), _text(act), tuple(_evidence(ev)))
+            for c, s, h, subj, msg, act, ev in self.db.execute(
+                "SELECT check_name, severity, host, subject, message, action, evidence FROM findings "
+                "WHERE run_id=? ORDER BY rowid",
+                (run_id,),
+            )
+        ]
 
     def _first_run(self, since: float) -> int:
         row = self.db.execute("SELECT min(id) FROM runs WHERE started >= ?", (since,)).fetchone()
@@ -322,34 +372,46 @@ class History:
         """``{(host, subject): [(run start, value), ...]}`` for one metric, oldest first."""
         out: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for host, subject, t, v in self.db.execute(
-                "SELECT s.host, s.subject, r.started, x.value FROM series s "
-                "JOIN samples x ON x.series_id = s.id JOIN runs r ON r.id = x.run_id "
-                "WHERE s.name=? AND s.subject!=? AND s.last_run>=? AND r.started>=? ORDER BY r.started",
-                (name, HOST_MEAN, self._first_run(since), since)):
+            "SELECT s.host, s.subject, r.started, x.value FROM series s "
+            "JOIN samples x ON x.series_id = s.id JOIN runs r ON r.id = x.run_id "
+            "WHERE s.name=? AND s.subject!=? AND s.last_run>=? AND r.started>=? ORDER BY r.started",
+            (name, HOST_MEAN, self._first_run(since), since),
+        ):
             out.setdefault((_text(host), _text(subject)), []).append((_real(t), _real(v)))
         return out
 
     def run_values(self, run_id: int, name: str) -> dict[tuple[str, str], float]:
         """``{(host, subject): value}`` of metric ``name`` recorded by run ``run_id``."""
-        return {(_text(h), _text(subj)): _real(v) for h, subj, v in self.db.execute(
-            "SELECT s.host, s.subject, x.value FROM samples x JOIN series s ON s.id = x.series_id "
-            "WHERE x.run_id=? AND s.name=? AND s.subject!=?", (run_id, name, HOST_MEAN))}
+        return {
+            (_text(h), _text(subj)): _real(v)
+            for h, subj, v in self.db.execute(
+                "SELECT s.host, s.subject, x.value FROM samples x JOIN series s ON s.id = x.series_id "
+                "WHERE x.run_id=? AND s.name=? AND s.subject!=?",
+                (run_id, name, HOST_MEAN),
+            )
+        }
 
     def series_hosts(self, name: str, *, since: float = 0.0) -> dict[str, int]:
         """``{host: how many subjects}`` of metric ``name`` with samples since ``since``."""
-        return {_text(h): int(n) for h, n in self.db.execute(
-            "SELECT host, count(*) FROM series WHERE name=? AND subject!=? AND last_run>=? GROUP BY host",
-            (name, HOST_MEAN, self._first_run(since)))}
+        return {
+            _text(h): int(n)
+            for h, n in self.db.execute(
+                "SELECT host, count(*) FROM series WHERE name=? AND subject!=? AND last_run>=? GROUP BY host",
+                (name, HOST_MEAN, self._first_run(since)),
+            )
+        }
 
-    def series_buckets(self, name: str, *, since: float, buckets: int,
-                       per_host: bool = False) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    def series_buckets(
+        self, name: str, *, since: float, buckets: int, per_host: bool = False
+    ) -> dict[tuple[str, str], list[tuple[float, float]]]:
         """:meth:`series` since ``since``, averaged in SQLite into at most ``buckets`` equal time
         slices of the span the runs since then cover (mean time and mean value per slice; each
         run its own point when there are no more runs than ``buckets``).  ``per_host``: one line
         per host (subject :data:`HOST_MEAN`): the host's stored mean where it has several
         subjects, else its one subject."""
-        t0, t1, runs = self.db.execute("SELECT min(started), max(started), count(*) FROM runs WHERE started >= ?",
-                                       (since,)).fetchone()
+        t0, t1, runs = self.db.execute(
+            "SELECT min(started), max(started), count(*) FROM runs WHERE started >= ?", (since,)
+        ).fetchone()
         if not runs:
             return {}
         args: tuple[float, ...] = ()
@@ -360,8 +422,10 @@ class History:
         first = self._first_run(since)
         if per_host:
             subject = "'*'"
-            lines = ("(s.subject = '*' OR NOT EXISTS (SELECT 1 FROM series h WHERE h.name = s.name "
-                     "AND h.host = s.host AND h.subject = '*' AND h.last_run >= ?))")
+            lines = (
+                "(s.subject = '*' OR NOT EXISTS (SELECT 1 FROM series h WHERE h.name = s.name "
+                "AND h.host = s.host AND h.subject = '*' AND h.last_run >= ?))"
+            )
             line_args: tuple[Any, ...] = (first,)
         else:
             subject, lines, line_args = "s.subject", "s.subject != '*'", ()
@@ -369,7 +433,9 @@ class History:
             f"SELECT s.host, {subject}, {slice_of} AS b, avg(r.started), avg(x.value) "
             "FROM series s JOIN samples x ON x.series_id = s.id JOIN runs r ON r.id = x.run_id "
             f"WHERE s.name=? AND {lines} AND s.last_run>=? AND r.started>=? "
-            f"GROUP BY s.host, {subject}, b ORDER BY b", (*args, name, *line_args, first, since))
+            f"GROUP BY s.host, {subject}, b ORDER BY b",
+            (*args, name, *line_args, first, since),
+        )
         out: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for host, subj, _, t, v in rows:
             out.setdefault((_text(host), _text(subj)), []).append((_real(t), _real(v)))
@@ -377,17 +443,23 @@ class History:
 
     def metric_names(self, *, since: float = 0.0) -> list[str]:
         """Metrics with samples in runs started since ``since``."""
-        return [_text(r[0]) for r in self.db.execute("SELECT DISTINCT name FROM series WHERE last_run>=? ORDER BY name",
-                                                     (self._first_run(since),))]
+        return [
+            _text(r[0])
+            for r in self.db.execute(
+                "SELECT DISTINCT name FROM series WHERE last_run>=? ORDER BY name", (self._first_run(since),)
+            )
+        ]
 
     def severity_series(self, *, since: float = 0.0, pattern: str | None = None) -> list[tuple[float, dict[str, int]]]:
         """Per run (oldest first; only runs of ``pattern`` when given): its start and its count of
         findings per severity (one query, not one per run)."""
         out: dict[int, tuple[float, dict[str, int]]] = {}
         for rid, started, ok, sev, n in self.db.execute(
-                "SELECT r.id, r.started, r.ok_findings, f.severity, count(f.run_id) FROM runs r "
-                "LEFT JOIN findings f ON f.run_id = r.id WHERE r.started >= ? AND (? IS NULL OR r.pattern = ?) "
-                "GROUP BY r.id, f.severity ORDER BY r.id", (since, pattern, pattern)):
+            "SELECT r.id, r.started, r.ok_findings, f.severity, count(f.run_id) FROM runs r "
+            "LEFT JOIN findings f ON f.run_id = r.id WHERE r.started >= ? AND (? IS NULL OR r.pattern = ?) "
+            "GROUP BY r.id, f.severity ORDER BY r.id",
+            (since, pattern, pattern),
+        ):
             counts = out.setdefault(rid, (_real(started), {**{s.name: 0 for s in Severity}, "OK": int(ok)}))[1]
             if sev is not None:
                 counts[Severity[sev].name] += n
@@ -414,16 +486,20 @@ class History:
     # notification state (see clusterctl.report.notify)
     def notified(self) -> dict[tuple[str, str, str], tuple[str, float]]:
         """``{(check, host, subject): (severity, when last notified)}``."""
-        return {(_text(c), _text(h), _text(s)): (Severity[sev].name, _real(at)) for c, h, s, sev, at in
-                self.db.execute("SELECT check_name, host, subject, severity, at FROM notified")}
+        return {
+            (_text(c), _text(h), _text(s)): (Severity[sev].name, _real(at))
+            for c, h, s, sev, at in self.db.execute("SELECT check_name, host, subject, severity, at FROM notified")
+        }
 
     def set_notified(self, entries: dict[tuple[str, str, str], tuple[str, float]]) -> None:
         """Replace the notification state with ``entries`` (one transaction)."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self.db.execute("DELETE FROM notified")
-            self.db.executemany("INSERT INTO notified VALUES (?,?,?,?,?)",
-                                [(c, h, s, sev, at) for (c, h, s), (sev, at) in entries.items()])
+            self.db.executemany(
+                "INSERT INTO notified VALUES (?,?,?,?,?)",
+                [(c, h, s, sev, at) for (c, h, s), (sev, at) in entries.items()],
+            )
             self.db.execute("COMMIT")
         except BaseException:
             self._rollback()
@@ -450,6 +526,20 @@ def _evidence(text: Any) -> list[str]:
     return [str(x) for x in ev]
 
 
-for _name in ("record", "runs", "last_run", "findings", "series", "run_values", "series_hosts", "series_buckets", "metric_names",
-              "severity_series", "prune", "notified", "set_notified", "_first_run"):
+for _name in (
+    "record",
+    "runs",
+    "last_run",
+    "findings",
+    "series",
+    "run_values",
+    "series_hosts",
+    "series_buckets",
+    "metric_names",
+    "severity_series",
+    "prune",
+    "notified",
+    "set_notified",
+    "_first_run",
+):
     setattr(History, _name, _guarded(getattr(History, _name)))

@@ -30,8 +30,12 @@ def _utc(t: float) -> str:
 
 
 def _env() -> Environment:
-    env = Environment(loader=PackageLoader("clusterctl", "templates"), autoescape=select_autoescape(["j2", "html"]),
-                      trim_blocks=True, lstrip_blocks=True)
+    env = Environment(
+        loader=PackageLoader("clusterctl", "templates"),
+        autoescape=select_autoescape(["j2", "html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["utc"] = _utc
     return env
 
@@ -80,22 +84,38 @@ def charts(hist: History, *, now: float, days: float = TREND_DAYS, pattern: str 
     averaged by SQLite into at most :data:`~clusterctl.report.svg.MAX_POINTS` time slices."""
     since = now - days * 86400.0
     sev = hist.severity_series(since=since, pattern=pattern)
-    out = [Markup(line_chart("Problems per run", {
-        name: [(t, float(c.get(name, 0))) for t, c in sev] for name in ("CRIT", "WARN", "UNKNOWN")},
-        colours=SEVERITY_COLOURS))]
+    out = [
+        Markup(
+            line_chart(
+                "Problems per run",
+                {name: [(t, float(c.get(name, 0))) for t, c in sev] for name in ("CRIT", "WARN", "UNKNOWN")},
+                colours=SEVERITY_COLOURS,
+            )
+        )
+    ]
     names = hist.metric_names(since=since)
     for name in [n for n in CHARTS if n in names] + [n for n in names if n not in CHARTS]:
         title, fmt = CHARTS.get(name, (name, plain))
         hosts = hist.series_hosts(name, since=since)
         if len(hosts) > MAX_LINES:  # a line per host is unreadable: the spread across every series
             s = hist.series_buckets(name, since=since, buckets=MAX_POINTS)
-            out.append(Markup(line_chart(f"{title} (median, p90, max of {sum(hosts.values())} series on "
-                                         f"{len(hosts)} hosts)", spread(s), fmt=fmt, colours=SPREAD_COLOURS)))
+            out.append(
+                Markup(
+                    line_chart(
+                        f"{title} (median, p90, max of {sum(hosts.values())} series on {len(hosts)} hosts)",
+                        spread(s),
+                        fmt=fmt,
+                        colours=SPREAD_COLOURS,
+                    )
+                )
+            )
             continue
         per_host = sum(hosts.values()) > MAX_LINES
         s = hist.series_buckets(name, since=since, buckets=MAX_POINTS, per_host=per_host)
-        lines = {(f"{h} (mean of {hosts.get(h, 0)})" if per_host else h if subj == "host" else f"{h} {subj}"): v
-                 for (h, subj), v in s.items()}
+        lines = {
+            (f"{h} (mean of {hosts.get(h, 0)})" if per_host else h if subj == "host" else f"{h} {subj}"): v
+            for (h, subj), v in s.items()
+        }
         out.append(Markup(line_chart(title, lines, fmt=fmt)))
     return out
 
@@ -103,8 +123,9 @@ def charts(hist: History, *, now: float, days: float = TREND_DAYS, pattern: str 
 SPREAD_COLOURS = {"median": "#1f77b4", "p90": "#ff7f0e", "max": "#d62728"}
 
 
-def spread(series: dict[tuple[str, str], list[tuple[float, float]]],
-           buckets: int = MAX_POINTS) -> dict[str, list[tuple[float, float]]]:
+def spread(
+    series: dict[tuple[str, str], list[tuple[float, float]]], buckets: int = MAX_POINTS
+) -> dict[str, list[tuple[float, float]]]:
     """Median, p90 and max across all ``series`` per time slice (for charts of many hosts)."""
     pts = [p for v in series.values() for p in v]
     if not pts:
@@ -128,8 +149,10 @@ def spread(series: dict[tuple[str, str], list[tuple[float, float]]],
 
 
 #: Load shown on the overview's heatmaps: metric per cell kind, and its label.
-LOADS = {"gpu": ("gpu_utilization_ratio", "GPU utilisation", 1.0),
-         "nic": ("roce_paused_ratio", "fraction of time paused (PFC)", 0.2)}  # darkest at 20%: paused_fraction_warn of checks/roce.yaml
+LOADS = {
+    "gpu": ("gpu_utilization_ratio", "GPU utilisation", 1.0),
+    "nic": ("roce_paused_ratio", "fraction of time paused (PFC)", 0.2),
+}  # darkest at 20%: paused_fraction_warn of checks/roce.yaml
 #: Tables longer than this start collapsed (their <details> closed).
 OPEN_ROWS = 20
 
@@ -144,11 +167,17 @@ def overview(result: "Result", hist: History) -> dict[str, Any]:
     maps = []
     for k, label in (("gpu", "GPU"), ("nic", "data NIC")):
         if g[k].cells:
-            maps.append(Markup(ov.heatmap(f"Hosts x {label}s: worst finding ({g[k].cells} {label}s)", g[k],
-                                          by="severity")))
+            maps.append(
+                Markup(ov.heatmap(f"Hosts x {label}s: worst finding ({g[k].cells} {label}s)", g[k], by="severity"))
+            )
             maps.append(Markup(ov.heatmap(f"Hosts x {label}s: {LOADS[k][1]}", g[k], by="load", scale=LOADS[k][2])))
-    return {"heatmaps": maps, "top_hosts": ov.top_hosts(host_summary(result.findings)),
-            "top_problems": ov.top_problems(result.findings), "gpus": g["gpu"].cells, "nics": g["nic"].cells}
+    return {
+        "heatmaps": maps,
+        "top_hosts": ov.top_hosts(host_summary(result.findings)),
+        "top_problems": ov.top_problems(result.findings),
+        "gpus": g["gpu"].cells,
+        "nics": g["nic"].cells,
+    }
 
 
 def render_html(result: "Result", hist: History, extra_charts: Sequence[str] = ()) -> str:
@@ -157,12 +186,16 @@ def render_html(result: "Result", hist: History, extra_charts: Sequence[str] = (
     from clusterctl.report.run import host_summary, tp_groups
 
     ctx: dict[str, Any] = {
-        "summary": summary(result.findings), "result": result,
+        "summary": summary(result.findings),
+        "result": result,
         "stamp": _utc(result.started) + " UTC",
-        "hosts": host_summary(result.findings), "change": result.change, "tp_groups": tp_groups(result.findings),
+        "hosts": host_summary(result.findings),
+        "change": result.change,
+        "tp_groups": tp_groups(result.findings),
         "groups": group(result.findings, min_severity=Severity.UNKNOWN),
         "charts": charts(hist, now=result.finished, pattern=result.pattern) + [Markup(c) for c in extra_charts],
         "runs": hist.runs(limit=20),
-        "overview": overview(result, hist), "open_rows": OPEN_ROWS,
+        "overview": overview(result, hist),
+        "open_rows": OPEN_ROWS,
     }
     return _env().get_template("report.html.j2").render(**ctx)

@@ -22,11 +22,16 @@ from clusterctl.diagnose.counters import nic_rates
 from clusterctl.diagnose.fabric import roce_nics
 from clusterctl.report.history import Metric
 
-_SAMPLE = re.compile(r"^(vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|vllm:num_requests_waiting)"
-                     r"(?:\{[^}]*\})?\s+(\S+)", re.M)
-_NAMES = {"vllm:kv_cache_usage_perc": "vllm_kv_cache_usage_ratio",
-          "vllm:gpu_cache_usage_perc": "vllm_kv_cache_usage_ratio",  # before vLLM 0.10
-          "vllm:num_requests_waiting": "vllm_requests_waiting"}
+_SAMPLE = re.compile(
+    r"^(vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|vllm:num_requests_waiting)"
+    r"(?:\{[^}]*\})?\s+(\S+)",
+    re.M,
+)
+_NAMES = {
+    "vllm:kv_cache_usage_perc": "vllm_kv_cache_usage_ratio",
+    "vllm:gpu_cache_usage_perc": "vllm_kv_cache_usage_ratio",  # before vLLM 0.10
+    "vllm:num_requests_waiting": "vllm_requests_waiting",
+}
 
 
 def _gpu_metrics(host: str, doc: dict[str, Any]) -> Iterator[Metric]:

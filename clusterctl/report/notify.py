@@ -41,13 +41,19 @@ class Decision:
     state: dict[Key, tuple[str, float]]
 
 
-def decide(change: Diff, current: list[Finding], state: dict[Key, tuple[str, float]], *, now: float,
-           renotify_s: float, run: dict[str, Any] | None = None) -> Decision:
+def decide(
+    change: Diff,
+    current: list[Finding],
+    state: dict[Key, tuple[str, float]],
+    *,
+    now: float,
+    renotify_s: float,
+    run: dict[str, Any] | None = None,
+) -> Decision:
     """Notify on change, or re-notify the problems last notified ``renotify_s`` ago or more."""
     problems = {key(f): f for f in change.new + change.ongoing}
     # never notified (an earlier command failed) or last notified renotify_s ago
-    due = [f for k, f in problems.items()
-           if k not in state or (renotify_s > 0 and now - state[k][1] >= renotify_s)]
+    due = [f for k, f in problems.items() if k not in state or (renotify_s > 0 and now - state[k][1] >= renotify_s)]
     send = change.changed or bool(due)
     new_state: dict[Key, tuple[str, float]] = {}
     for k, f in problems.items():
@@ -55,8 +61,12 @@ def decide(change: Diff, current: list[Finding], state: dict[Key, tuple[str, flo
             new_state[k] = (f.severity.name, now)
         else:
             new_state[k] = state[k]
-    payload = {"reason": "change" if change.changed else "renotify", "run": run or {}, **change.to_json(),
-               "reminder": [f.to_json() for f in due if f not in change.new]}
+    payload = {
+        "reason": "change" if change.changed else "renotify",
+        "run": run or {},
+        **change.to_json(),
+        "reminder": [f.to_json() for f in due if f not in change.new],
+    }
     return Decision(send, payload, new_state)
 
 

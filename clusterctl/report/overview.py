@@ -53,7 +53,7 @@ def _checks_of(check: str) -> str | None:
 class Cell:
     host: str
     subject: str
-    severity: str = "none"          # OK / WARN / CRIT / UNKNOWN / none
+    severity: str = "none"  # OK / WARN / CRIT / UNKNOWN / none
     why: str = ""
     load: float | None = None
 
@@ -70,8 +70,9 @@ class Grid:
         return sum(len(r) for r in self.rows.values())
 
 
-def grids(findings: Iterable[Finding], loads: Mapping[str, Mapping[tuple[str, str], float]],
-          hosts: Iterable[str] = ()) -> dict[str, Grid]:
+def grids(
+    findings: Iterable[Finding], loads: Mapping[str, Mapping[tuple[str, str], float]], hosts: Iterable[str] = ()
+) -> dict[str, Grid]:
     """``{"gpu": Grid, "nic": Grid}`` from the run's findings and its load values
     (``loads["gpu"][(host, "gpu:3")] = 0.7``)."""
     findings = list(findings)
@@ -148,19 +149,25 @@ def heatmap(title: str, grid: Grid, *, by: str, fmt_load: str = "{:.0%}", scale:
     nrows = min(len(hosts), ROWS_PER_COLUMN)
     width = max(360, ncols * block_w + 10)
     height = _HEAD + nrows * _ROW + 8
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}" shape-rendering="crispEdges">'
-           f'<text x="0" y="14" font-size="13" font-weight="bold">{escape(title)}</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}" shape-rendering="crispEdges">'
+        f'<text x="0" y="14" font-size="13" font-weight="bold">{escape(title)}</text>'
+    ]
     # legend
     if by == "severity":
         items = [(SEVERITY_FILL[s], s if s != "none" else "no data") for s in ("OK", "WARN", "CRIT", "UNKNOWN", "none")]
     else:
-        items = [(_load_fill(v), fmt_load.format(v * scale) + ("+" if v == 1.0 and scale < 1.0 else ""))
-                 for v in (0.0, 0.25, 0.5, 0.75, 1.0)] + [(SEVERITY_FILL["none"], "no data")]
+        items = [
+            (_load_fill(v), fmt_load.format(v * scale) + ("+" if v == 1.0 and scale < 1.0 else ""))
+            for v in (0.0, 0.25, 0.5, 0.75, 1.0)
+        ] + [(SEVERITY_FILL["none"], "no data")]
     x = 0
     for fill, label in items:
-        out.append(f'<rect x="{x}" y="20" width="10" height="10" fill="{fill}"/>'
-                   f'<text x="{x + 13}" y="29" font-size="10">{escape(label)}</text>')
+        out.append(
+            f'<rect x="{x}" y="20" width="10" height="10" fill="{fill}"/>'
+            f'<text x="{x + 13}" y="29" font-size="10">{escape(label)}</text>'
+        )
         x += 22 + 7 * len(label)
     if not hosts:
         out.append(f'<text x="0" y="{_HEAD + 10}" font-size="12" fill="#666">no data</text>')
@@ -174,13 +181,17 @@ def heatmap(title: str, grid: Grid, *, by: str, fmt_load: str = "{:.0%}", scale:
             states = sorted({c.severity if c.severity != "none" else "no data" for c in cells})
             tip = f"{h}: " + ("; ".join(notes) if notes else f"{len(cells)} {grid.kind}s, {', '.join(states)}")
         else:
-            fills = [_load_fill(None if c.load is None else round(min(1.0, c.load / scale) * 10) / 10)
-                     for c in cells]  # 11 steps
-            tip = f"{h}: " + ", ".join(f"{c.subject} " +
-                                      (fmt_load.format(c.load) if c.load is not None else "no data") for c in cells)
+            fills = [
+                _load_fill(None if c.load is None else round(min(1.0, c.load / scale) * 10) / 10) for c in cells
+            ]  # 11 steps
+            tip = f"{h}: " + ", ".join(
+                f"{c.subject} " + (fmt_load.format(c.load) if c.load is not None else "no data") for c in cells
+            )
         # one <g> per host with one tooltip; runs of equal colour drawn as one rect (fewer elements to lay out)
-        out.append(f'<g><title>{escape(tip[:1000])}</title>'
-                   f'<text x="{bx + _LABEL_W - 4}" y="{y + 9}" font-size="9" text-anchor="end">{escape(h)}</text>')
+        out.append(
+            f'<g><title>{escape(tip[:1000])}</title>'
+            f'<text x="{bx + _LABEL_W - 4}" y="{y + 9}" font-size="9" text-anchor="end">{escape(h)}</text>'
+        )
         j = 0
         while j < len(fills):
             k = j
@@ -219,7 +230,16 @@ def top_problems(findings: Iterable[Finding], n: int = TOP_N) -> list[dict[str, 
     rows: list[dict[str, Any]] = []
     for (sev, check), fs in by.items():
         hosts = sorted({f.host for f in fs if f.host}, key=natural_key)
-        rows.append({"severity": sev.name, "rank": sev.rank, "check": check, "hosts": fold(hosts) if hosts else "-",
-                     "host_count": len(hosts), "count": len(fs), "example": f"{fs[0].subject}: {fs[0].message}"})
+        rows.append(
+            {
+                "severity": sev.name,
+                "rank": sev.rank,
+                "check": check,
+                "hosts": fold(hosts) if hosts else "-",
+                "host_count": len(hosts),
+                "count": len(fs),
+                "example": f"{fs[0].subject}: {fs[0].message}",
+            }
+        )
     rows.sort(key=lambda r: (-r["rank"], -r["host_count"], -r["count"], r["check"]))
     return rows[:n]

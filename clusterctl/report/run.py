@@ -81,19 +81,35 @@ _TP_STATE = {Severity.OK: "OK", Severity.WARN: "DEGRADED", Severity.CRIT: "UNAVA
 
 def tp_groups(findings: list[Finding]) -> list[dict[str, str]]:
     """Each instance's TP-group state from the ``tp.group`` findings: OK, DEGRADED, UNAVAILABLE or UNKNOWN."""
-    return sorted(({"instance": f.subject.split(":", 1)[1], "state": _TP_STATE[f.severity], "message": f.message}
-                   for f in findings if f.check == "tp.group" and f.subject.startswith("tp-group:")),
-                  key=lambda g: g["instance"])
+    return sorted(
+        (
+            {"instance": f.subject.split(":", 1)[1], "state": _TP_STATE[f.severity], "message": f.message}
+            for f in findings
+            if f.check == "tp.group" and f.subject.startswith("tp-group:")
+        ),
+        key=lambda g: g["instance"],
+    )
 
 
 def to_json(result: Result, meta: dict[str, Any] | None = None) -> str:
-    doc = {"run": {"id": result.run_id, "previous": result.previous_id, "started": result.started,
-                   "finished": result.finished, "exit_code": result.exit_code, "pruned": result.pruned,
-                   "notified": result.notified},
-           "summary": summary(result.findings), "hosts": host_summary(result.findings),
-           "tp_groups": tp_groups(result.findings),
-           "changes": result.change.to_json(), "findings": [f.to_json() for f in result.findings],
-           "warnings": result.warnings, "meta": meta or {}}
+    doc = {
+        "run": {
+            "id": result.run_id,
+            "previous": result.previous_id,
+            "started": result.started,
+            "finished": result.finished,
+            "exit_code": result.exit_code,
+            "pruned": result.pruned,
+            "notified": result.notified,
+        },
+        "summary": summary(result.findings),
+        "hosts": host_summary(result.findings),
+        "tp_groups": tp_groups(result.findings),
+        "changes": result.change.to_json(),
+        "findings": [f.to_json() for f in result.findings],
+        "warnings": result.warnings,
+        "meta": meta or {},
+    }
     return json.dumps(doc, indent=2, default=str)
 
 
@@ -103,30 +119,51 @@ def _stamp(t: float) -> str:
 
 def to_markdown(result: Result) -> str:
     s = summary(result.findings)
-    lines = [f"# clusterctl report: {s['worst']}", "",
-             (f"Cluster {md_cell(result.cluster)}. " if result.cluster else "") + f"Run {result.run_id} at {_stamp(result.started)}"
-             + (f", compared with run {result.previous_id}" if result.previous_id else " (first run)") + ".", "",
-             "## Hosts", "", "| host | worst | problems | top problem |", "|---|---|---|---|"]
+    lines = [
+        f"# clusterctl report: {s['worst']}",
+        "",
+        (f"Cluster {md_cell(result.cluster)}. " if result.cluster else "")
+        + f"Run {result.run_id} at {_stamp(result.started)}"
+        + (f", compared with run {result.previous_id}" if result.previous_id else " (first run)")
+        + ".",
+        "",
+        "## Hosts",
+        "",
+        "| host | worst | problems | top problem |",
+        "|---|---|---|---|",
+    ]
     for r in host_summary(result.findings):
         lines.append(f"| {md_cell(r['host'])} | {r['worst']} | {r['problems']} | {md_cell(r['top']) or '-'} |")
     groups = tp_groups(result.findings)
     if groups:
         lines += ["", "## TP groups", "", "| instance | state | detail |", "|---|---|---|"]
         lines += [f"| {md_cell(g['instance'])} | {g['state']} | {md_cell(g['message'])} |" for g in groups]
-    for title, fs in (("New", result.change.new), ("Resolved", result.change.resolved),
-                      ("Ongoing", result.change.ongoing)):
+    for title, fs in (
+        ("New", result.change.new),
+        ("Resolved", result.change.resolved),
+        ("Ongoing", result.change.ongoing),
+    ):
         lines += ["", f"## {title} ({len(fs)})", ""]
         if not fs:
             lines.append("none")
             continue
         lines += ["| severity | host | check | subject | finding |", "|---|---|---|---|---|"]
-        lines += [f"| {f.severity.name} | {md_cell(f.host or '-')} | {md_cell(f.check)} | {md_cell(f.subject)} | {md_cell(f.message)} |"
-                  for f in fs]
+        lines += [
+            f"| {f.severity.name} | {md_cell(f.host or '-')} | {md_cell(f.check)} | {md_cell(f.subject)} | {md_cell(f.message)} |"
+            for f in fs
+        ]
     return "\n".join(lines) + "\n"
 
 
-def report_run(findings: list[Finding], opts: Options, *, started: float, metrics: Iterable[Metric] = (),
-               meta: dict[str, Any] | None = None, now: float | None = None) -> Result:
+def report_run(
+    findings: list[Finding],
+    opts: Options,
+    *,
+    started: float,
+    metrics: Iterable[Metric] = (),
+    meta: dict[str, Any] | None = None,
+    now: float | None = None,
+) -> Result:
     """Store, compare, write and notify under the run lock (see the module docstring).
 
     Raises :class:`clusterctl.files.LockBusy` when another run holds
@@ -138,11 +175,21 @@ def report_run(findings: list[Finding], opts: Options, *, started: float, metric
         previous = hist.findings(prev.id) if prev else None
         change = diff(previous, findings)
         finished = time.time() if now is None else now
-        run_id = hist.record(findings, started=started, finished=finished, pattern=opts.pattern,
-                             metrics=list(metrics), meta=meta)
+        run_id = hist.record(
+            findings, started=started, finished=finished, pattern=opts.pattern, metrics=list(metrics), meta=meta
+        )
         pruned = hist.prune(opts.retention_days, now=finished)
-        result = Result(run_id, prev.id if prev else None, findings, change, started, finished, pruned,
-                        pattern=opts.pattern, cluster=str((meta or {}).get("cluster") or ""))
+        result = Result(
+            run_id,
+            prev.id if prev else None,
+            findings,
+            change,
+            started,
+            finished,
+            pruned,
+            pattern=opts.pattern,
+            cluster=str((meta or {}).get("cluster") or ""),
+        )
         if opts.out_dir is not None:
             out = Path(opts.out_dir)
             write_atomic(out / "report.json", to_json(result, meta) + "\n")
@@ -151,16 +198,25 @@ def report_run(findings: list[Finding], opts: Options, *, started: float, metric
             if opts.html:
                 from clusterctl.report.html import render_html
 
-                write_atomic(out / "report.html", render_html(result, hist, extra_charts=_autoscale_charts(opts, finished)))
+                write_atomic(
+                    out / "report.html", render_html(result, hist, extra_charts=_autoscale_charts(opts, finished))
+                )
                 result.files.append(str(out / "report.html"))
         if opts.textfile is not None:
-            write_atomic(opts.textfile, render_textfile(findings, change, finished=finished,
-                                                        duration_s=max(0.0, finished - started)))
+            write_atomic(
+                opts.textfile,
+                render_textfile(findings, change, finished=finished, duration_s=max(0.0, finished - started)),
+            )
             result.files.append(str(opts.textfile))
         if opts.notify_cmd:
-            d = notify_mod.decide(change, findings, hist.notified(), now=finished, renotify_s=opts.renotify_s,
-                                  run={"id": run_id, "exit_code": result.exit_code,
-                                       "worst": worst(findings).name})
+            d = notify_mod.decide(
+                change,
+                findings,
+                hist.notified(),
+                now=finished,
+                renotify_s=opts.renotify_s,
+                run={"id": run_id, "exit_code": result.exit_code, "worst": worst(findings).name},
+            )
             if d.send:
                 err = notify_mod.run_notify(opts.notify_cmd, d.payload)
                 if err:

@@ -49,13 +49,17 @@ class Schedule:
         for arg in self.argv:
             bad = _CONTROL.search(arg)
             if bad:
-                raise ClusterctlError(f"{arg!r}: a control character (U+{ord(bad.group()):04X}) cannot be part of "
-                                      "a scheduled command (it would start a new line of the unit or cron entry)")
+                raise ClusterctlError(
+                    f"{arg!r}: a control character (U+{ord(bad.group()):04X}) cannot be part of "
+                    "a scheduled command (it would start a new line of the unit or cron entry)"
+                )
         if self.user is not None and not _USER.fullmatch(self.user):
             raise ClusterctlError(f"--user {self.user!r}: not a user name (lower-case letters, digits, '_', '-', '.')")
         if self.on_calendar is not None and not _CALENDAR.fullmatch(self.on_calendar):
-            raise ClusterctlError(f"--on-calendar {self.on_calendar!r}: not a systemd calendar expression "
-                                  "(e.g. daily, hourly, 'Mon..Fri 06:00')")
+            raise ClusterctlError(
+                f"--on-calendar {self.on_calendar!r}: not a systemd calendar expression "
+                "(e.g. daily, hourly, 'Mon..Fri 06:00')"
+            )
 
     @property
     def command(self) -> str:
@@ -69,22 +73,28 @@ def _exec_line(s: Schedule) -> str:
 
 def service_unit(s: Schedule) -> str:
     user = f"User={s.user}\n" if s.user else ""
-    return (f"[Unit]\nDescription=clusterctl health report\nAfter=network-online.target\n"
-            f"Wants=network-online.target\n\n[Service]\nType=oneshot\n{user}"
-            f"ExecStart={_exec_line(s)}\n"
-            # the report's exit code is the cluster's health, not a unit failure
-            "SuccessExitStatus=1 2 3\nNice=10\nTimeoutStartSec=30min\n")
+    return (
+        f"[Unit]\nDescription=clusterctl health report\nAfter=network-online.target\n"
+        f"Wants=network-online.target\n\n[Service]\nType=oneshot\n{user}"
+        f"ExecStart={_exec_line(s)}\n"
+        # the report's exit code is the cluster's health, not a unit failure
+        "SuccessExitStatus=1 2 3\nNice=10\nTimeoutStartSec=30min\n"
+    )
 
 
 def timer_unit(s: Schedule) -> str:
     if s.on_calendar is not None:
         # Persistent=: a run missed while the host was down happens at the next boot
-        return (f"[Unit]\nDescription=Run {s.name} at {s.on_calendar}\n\n"
-                f"[Timer]\nOnCalendar={s.on_calendar}\nRandomizedDelaySec=5min\nPersistent=true\n\n"
-                f"[Install]\nWantedBy=timers.target\n")
-    return (f"[Unit]\nDescription=Run the clusterctl health report every {s.every_min} min\n\n"
-            f"[Timer]\nOnBootSec=2min\nOnUnitActiveSec={s.every_min}min\nAccuracySec=30s\nPersistent=true\n\n"
-            f"[Install]\nWantedBy=timers.target\n")
+        return (
+            f"[Unit]\nDescription=Run {s.name} at {s.on_calendar}\n\n"
+            f"[Timer]\nOnCalendar={s.on_calendar}\nRandomizedDelaySec=5min\nPersistent=true\n\n"
+            f"[Install]\nWantedBy=timers.target\n"
+        )
+    return (
+        f"[Unit]\nDescription=Run the clusterctl health report every {s.every_min} min\n\n"
+        f"[Timer]\nOnBootSec=2min\nOnUnitActiveSec={s.every_min}min\nAccuracySec=30s\nPersistent=true\n\n"
+        f"[Install]\nWantedBy=timers.target\n"
+    )
 
 
 def cron_line(s: Schedule) -> str:
@@ -92,8 +102,10 @@ def cron_line(s: Schedule) -> str:
     (only the :data:`CRON_CALENDAR` names; others raise), output discarded."""
     if s.on_calendar is not None:
         if s.on_calendar not in CRON_CALENDAR:
-            raise ClusterctlError(f"--on-calendar {s.on_calendar!r} with --cron: use one of "
-                                  f"{', '.join(CRON_CALENDAR)} (or a systemd timer)")
+            raise ClusterctlError(
+                f"--on-calendar {s.on_calendar!r} with --cron: use one of "
+                f"{', '.join(CRON_CALENDAR)} (or a systemd timer)"
+            )
         when = CRON_CALENDAR[s.on_calendar]
     else:
         minute = "*" if s.every_min == 1 else (f"*/{s.every_min}" if s.every_min < 60 else "0")
@@ -101,5 +113,7 @@ def cron_line(s: Schedule) -> str:
         when = f"{minute} {hour} * * *"
     # cron treats % as a newline: escape it
     cmd = s.command.replace("%", "\\%")
-    return (f"# clusterctl health report (installed by clusterctl report install-timer --cron)\n"
-            f"{when} {s.user or 'root'} {cmd} >/dev/null 2>&1\n")
+    return (
+        f"# clusterctl health report (installed by clusterctl report install-timer --cron)\n"
+        f"{when} {s.user or 'root'} {cmd} >/dev/null 2>&1\n"
+    )

@@ -32,13 +32,23 @@ HTML = "text/html; charset=utf-8"
 HISTORY_RUNS = 200
 
 
-def make_server(textfile: str | Path | None, host: str = "127.0.0.1", port: int = 9477, *,
-                out_dir: str | Path | None = None, db: str | Path | None = None) -> http.server.ThreadingHTTPServer:
+def make_server(
+    textfile: str | Path | None,
+    host: str = "127.0.0.1",
+    port: int = 9477,
+    *,
+    out_dir: str | Path | None = None,
+    db: str | Path | None = None,
+) -> http.server.ThreadingHTTPServer:
     """A server (not yet serving: call ``serve_forever``); port 0 picks a free one."""
     metrics = Path(textfile) if textfile else None
     out = Path(out_dir) if out_dir else None
-    files = {"/": ("report.html", HTML), "/report.html": ("report.html", HTML),
-             "/report.json": ("report.json", "application/json"), "/report.md": ("report.md", "text/markdown; charset=utf-8")}
+    files = {
+        "/": ("report.html", HTML),
+        "/report.html": ("report.html", HTML),
+        "/report.json": ("report.json", "application/json"),
+        "/report.md": ("report.md", "text/markdown; charset=utf-8"),
+    }
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -52,8 +62,11 @@ def make_server(textfile: str | Path | None, host: str = "127.0.0.1", port: int 
             elif route.startswith("/runs/") and route[6:].isdigit() and db is not None:
                 self._page(lambda: run_page(Path(db), int(route[6:])))
             else:
-                served = ([] if metrics is None else ["/metrics"]) + ([] if out is None else ["/", "/report.json"]) + \
-                    ([] if db is None else ["/history", "/runs/ID"])
+                served = (
+                    ([] if metrics is None else ["/metrics"])
+                    + ([] if out is None else ["/", "/report.json"])
+                    + ([] if db is None else ["/history", "/runs/ID"])
+                )
                 self._send(404, f"not here; served: {', '.join(served)}\n".encode(), "text/plain")
 
         def _file(self, path: Path, ctype: str) -> None:
@@ -88,9 +101,11 @@ def make_server(textfile: str | Path | None, host: str = "127.0.0.1", port: int 
     return http.server.ThreadingHTTPServer((host, port), Handler)
 
 
-_STYLE = ("body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}"
-          "th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}th{background:#f3f3f3}"
-          ".CRIT{background:#f8d0d0}.WARN{background:#fbeec0}.UNKNOWN{background:#e6dcf3}.OK{background:#d9f0d9}")
+_STYLE = (
+    "body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}"
+    "th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}th{background:#f3f3f3}"
+    ".CRIT{background:#f8d0d0}.WARN{background:#fbeec0}.UNKNOWN{background:#e6dcf3}.OK{background:#d9f0d9}"
+)
 _EXIT = {0: "OK", 1: "WARN", 2: "CRIT", 3: "UNKNOWN"}
 
 
@@ -107,8 +122,10 @@ def _open(db: Path) -> Any:
 
 
 def _page(title: str, body: str) -> str:
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{_STYLE}</style></head><body>{body}</body></html>\n")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_STYLE}</style></head><body>{body}</body></html>\n"
+    )
 
 
 def history_page(db: Path) -> str:
@@ -119,17 +136,23 @@ def history_page(db: Path) -> str:
     with _open(db) as hist:
         runs = hist.runs(limit=HISTORY_RUNS)
         sev = hist.severity_series(since=runs[-1].started if runs else 0.0)
-    chart = line_chart("Problems per run", {name: [(t, float(c.get(name, 0))) for t, c in sev]
-                                            for name in ("CRIT", "WARN", "UNKNOWN")}, colours=SEVERITY_COLOURS)
+    chart = line_chart(
+        "Problems per run",
+        {name: [(t, float(c.get(name, 0))) for t, c in sev] for name in ("CRIT", "WARN", "UNKNOWN")},
+        colours=SEVERITY_COLOURS,
+    )
     rows = "".join(
         f'<tr><td><a href="/runs/{r.id}">{r.id}</a></td><td>{_utc(r.started)}</td><td>{html.escape(r.pattern)}</td>'
         f'<td class="{_EXIT.get(r.exit_code, "UNKNOWN")}">{r.exit_code}</td><td>{r.hosts}</td>'
         f'<td>{r.counts.get("CRIT", 0)}</td><td>{r.counts.get("WARN", 0)}</td><td>{r.counts.get("UNKNOWN", 0)}</td></tr>'
-        for r in runs)
-    body = (f'<h1>clusterctl report history</h1><p><a href="/">latest report</a> &middot; {len(runs)} runs '
-            f"(newest first, at most {HISTORY_RUNS})</p>{chart}<table><tr><th>run</th><th>started (UTC)</th>"
-            "<th>checks</th><th>exit</th><th>hosts</th><th>CRIT</th><th>WARN</th><th>UNKNOWN</th></tr>"
-            f"{rows}</table>")
+        for r in runs
+    )
+    body = (
+        f'<h1>clusterctl report history</h1><p><a href="/">latest report</a> &middot; {len(runs)} runs '
+        f"(newest first, at most {HISTORY_RUNS})</p>{chart}<table><tr><th>run</th><th>started (UTC)</th>"
+        "<th>checks</th><th>exit</th><th>hosts</th><th>CRIT</th><th>WARN</th><th>UNKNOWN</th></tr>"
+        f"{rows}</table>"
+    )
     return _page("clusterctl report history", body)
 
 
@@ -143,11 +166,21 @@ def run_page(db: Path, run_id: int) -> str:
     rows = "".join(
         f'<tr><td class="{f.severity.name}">{f.severity.name}</td><td>{html.escape(f.host or "-")}</td>'
         f"<td>{html.escape(f.check)}</td><td>{html.escape(f.subject)}</td><td>{html.escape(f.message)}</td>"
-        f"<td>{html.escape(f.action or '-')}</td></tr>" for f in findings)
-    table = ("<table><tr><th>severity</th><th>host</th><th>check</th><th>subject</th><th>finding</th><th>action</th>"
-             f"</tr>{rows}</table>") if findings else "<p>no problems</p>"
-    body = (f'<h1>Run {run.id}: <span class="{_EXIT.get(run.exit_code, "UNKNOWN")}">'
-            f'{_EXIT.get(run.exit_code, run.exit_code)}</span></h1><p><a href="/history">history</a> &middot; '
-            f"started {_utc(run.started)} UTC, checks {html.escape(run.pattern)}, {run.hosts} hosts, "
-            f"{len(findings)} problems</p>{table}")
+        f"<td>{html.escape(f.action or '-')}</td></tr>"
+        for f in findings
+    )
+    table = (
+        (
+            "<table><tr><th>severity</th><th>host</th><th>check</th><th>subject</th><th>finding</th><th>action</th>"
+            f"</tr>{rows}</table>"
+        )
+        if findings
+        else "<p>no problems</p>"
+    )
+    body = (
+        f'<h1>Run {run.id}: <span class="{_EXIT.get(run.exit_code, "UNKNOWN")}">'
+        f'{_EXIT.get(run.exit_code, run.exit_code)}</span></h1><p><a href="/history">history</a> &middot; '
+        f"started {_utc(run.started)} UTC, checks {html.escape(run.pattern)}, {run.hosts} hosts, "
+        f"{len(findings)} problems</p>{table}"
+    )
     return _page(f"clusterctl run {run.id}", body)

@@ -20,7 +20,7 @@ def downsample(points: list[tuple[float, float]], n: int = MAX_POINTS) -> list[t
         return points
     out = []
     for b in range(n):
-        chunk = points[b * len(points) // n:(b + 1) * len(points) // n]
+        chunk = points[b * len(points) // n : (b + 1) * len(points) // n]
         out.append((sum(t for t, _ in chunk) / len(chunk), sum(v for _, v in chunk) / len(chunk)))
     return out
 
@@ -37,9 +37,16 @@ def _time_label(t: float, span_s: float) -> str:
     return time.strftime("%H:%M:%S" if span_s < 3600 else "%m-%d %H:%M", time.gmtime(t))
 
 
-def line_chart(title: str, series: dict[str, list[tuple[float, float]]], *, unit: str = "",
-               fmt: Callable[[float], str] = plain, colours: dict[str, str] | None = None,
-               width: int = 580, height: int = 220) -> str:
+def line_chart(
+    title: str,
+    series: dict[str, list[tuple[float, float]]],
+    *,
+    unit: str = "",
+    fmt: Callable[[float], str] = plain,
+    colours: dict[str, str] | None = None,
+    width: int = 580,
+    height: int = 220,
+) -> str:
     """An SVG chart of ``{label: [(unix time, value), ...]}`` (each line at most
     :data:`MAX_POINTS` points); an empty chart says "no data".
 
@@ -49,9 +56,11 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], *, unit
     series = {k: downsample(v) for k, v in series.items()}
     pad_l, pad_r, pad_t, pad_b = 56, 140, 24, 28
     pts = [p for s in series.values() for p in s]
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">'
-            f'<text x="{pad_l}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>')
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">'
+        f'<text x="{pad_l}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>'
+    )
     if not pts:
         return head + f'<text x="{pad_l}" y="{height // 2}" font-size="12" fill="#666">no data</text></svg>'
     t0, t1 = min(p[0] for p in pts), max(p[0] for p in pts)
@@ -71,10 +80,14 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], *, unit
 
     out = [head, f'<rect x="{pad_l}" y="{pad_t}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>']
     for v in (v0, (v0 + v1) / 2, v1):
-        out.append(f'<text x="{pad_l - 4}" y="{y(v) + 4:.1f}" font-size="10" text-anchor="end">{escape(fmt(v) + unit)}</text>')
+        out.append(
+            f'<text x="{pad_l - 4}" y="{y(v) + 4:.1f}" font-size="10" text-anchor="end">{escape(fmt(v) + unit)}</text>'
+        )
     for t, anchor in ((t0, "start"), (t1, "end")):
-        out.append(f'<text x="{x(t):.1f}" y="{height - 8}" font-size="10" text-anchor="{anchor}">'
-                   f'{_time_label(t, t1 - t0)}</text>')
+        out.append(
+            f'<text x="{x(t):.1f}" y="{height - 8}" font-size="10" text-anchor="{anchor}">'
+            f'{_time_label(t, t1 - t0)}</text>'
+        )
     for i, (label, s) in enumerate(sorted(series.items())):
         c = (colours or {}).get(label) or COLOURS[i % len(COLOURS)]
         dash = "" if (i // len(COLOURS)) % 2 == 0 else ' stroke-dasharray="4 2"'
@@ -84,7 +97,9 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], *, unit
             out.append(f'<circle cx="{x(s[0][0]):.1f}" cy="{y(s[0][1]):.1f}" r="2.5" fill="{c}"/>')
         if i < 12:
             ly = pad_t + 12 * i + 8
-            out.append(f'<line x1="{width - pad_r + 8}" y1="{ly}" x2="{width - pad_r + 22}" y2="{ly}" stroke="{c}" '
-                       f'stroke-width="2"{dash}/><text x="{width - pad_r + 26}" y="{ly + 4}" font-size="10">'
-                       f'{escape(label)}</text>')
+            out.append(
+                f'<line x1="{width - pad_r + 8}" y1="{ly}" x2="{width - pad_r + 22}" y2="{ly}" stroke="{c}" '
+                f'stroke-width="2"{dash}/><text x="{width - pad_r + 26}" y="{ly + 4}" font-size="10">'
+                f'{escape(label)}</text>'
+            )
     return "".join(out) + "</svg>"

@@ -16,14 +16,18 @@ from clusterctl.report.findings import to_prometheus
 def render(findings: list[Finding], change: Diff, *, finished: float, duration_s: float) -> str:
     """The doctor metrics plus the run's own: problems new/ongoing/resolved, last run time and duration."""
     out = [to_prometheus(findings).rstrip("\n")]
-    out += ["# HELP clusterctl_report_problems Problems (findings that are not OK) by state since the last run.",
-            "# TYPE clusterctl_report_problems gauge"]
+    out += [
+        "# HELP clusterctl_report_problems Problems (findings that are not OK) by state since the last run.",
+        "# TYPE clusterctl_report_problems gauge",
+    ]
     for state in ("new", "ongoing", "resolved"):
         out.append(f'clusterctl_report_problems{{state="{state}"}} {len(getattr(change, state))}')
-    out += ["# HELP clusterctl_report_last_run_timestamp_seconds When the last report run finished (Unix time).",
-            "# TYPE clusterctl_report_last_run_timestamp_seconds gauge",
-            f"clusterctl_report_last_run_timestamp_seconds {finished:.3f}",
-            "# HELP clusterctl_report_duration_seconds How long the last report run took.",
-            "# TYPE clusterctl_report_duration_seconds gauge",
-            f"clusterctl_report_duration_seconds {duration_s:.3f}"]
+    out += [
+        "# HELP clusterctl_report_last_run_timestamp_seconds When the last report run finished (Unix time).",
+        "# TYPE clusterctl_report_last_run_timestamp_seconds gauge",
+        f"clusterctl_report_last_run_timestamp_seconds {finished:.3f}",
+        "# HELP clusterctl_report_duration_seconds How long the last report run took.",
+        "# TYPE clusterctl_report_duration_seconds gauge",
+        f"clusterctl_report_duration_seconds {duration_s:.3f}",
+    ]
     return "\n".join(out) + "\n"

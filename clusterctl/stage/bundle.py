@@ -52,8 +52,9 @@ sys.exit(sys.modules[P + ".main"].main())
 @lru_cache(maxsize=1)
 def bootstrap() -> str:
     """The ``python3 -c`` program (about 15 KB)."""
-    mods = tuple((n, base64.b64encode(zlib.compress(node.path("stage/" + n).read_bytes(), 9)).decode())
-                 for n in NODE_MODULES)
+    mods = tuple(
+        (n, base64.b64encode(zlib.compress(node.path("stage/" + n).read_bytes(), 9)).decode()) for n in NODE_MODULES
+    )
     return _BOOT % {"pkg": PACKAGE, "mods": mods}
 
 

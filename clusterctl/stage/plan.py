@@ -45,8 +45,8 @@ class StageError(ClusterctlError):
 
 @dataclass(frozen=True)
 class Source:
-    kind: str          # "http" | "s3" | "file" | "push"
-    location: str      # URL, path on the nodes, or directory here
+    kind: str  # "http" | "s3" | "file" | "push"
+    location: str  # URL, path on the nodes, or directory here
     headers: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     #: S3 only: endpoint, region and credentials (secrets: job on stdin only).
     s3: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -65,7 +65,7 @@ class Source:
         if self.kind == "file":
             return {"kind": "file", "root": self.location}
         if self.kind == "s3":
-            bucket, _, prefix = self.location[len("s3://"):].partition("/")
+            bucket, _, prefix = self.location[len("s3://") :].partition("/")
             return {"kind": "s3", "bucket": bucket, "prefix": prefix, **self.s3}
         return {"kind": "stream"}
 
@@ -73,9 +73,15 @@ class Source:
         """A control-side reader of an http or s3 source (for its manifest)."""
         if self.kind == "s3":
             spec = self.node_spec()
-            return s3.S3Source(spec["endpoint"], spec["bucket"], spec["prefix"], region=spec["region"],
-                               access_key=spec["access_key"], secret_key=spec["secret_key"],
-                               session_token=spec.get("session_token"))
+            return s3.S3Source(
+                spec["endpoint"],
+                spec["bucket"],
+                spec["prefix"],
+                region=spec["region"],
+                access_key=spec["access_key"],
+                secret_key=spec["secret_key"],
+                session_token=spec.get("session_token"),
+            )
         return fetch.HttpSource(self.location, self.headers)
 
 
@@ -96,8 +102,10 @@ def parse_source(text: str, where: str = "--source") -> Source:
             raise StageError(f"{where}: {text!r}: a file:// source needs an absolute path")
         return Source("file", u.path)
     if u.scheme:
-        raise StageError(f"{where}: unsupported source scheme {u.scheme!r} in {fetch.redact_url(text)} "
-                         f"(http, https, s3, file, or a local directory)")
+        raise StageError(
+            f"{where}: unsupported source scheme {u.scheme!r} in {fetch.redact_url(text)} "
+            f"(http, https, s3, file, or a local directory)"
+        )
     if not os.path.isdir(text):
         raise StageError(f"{where}: {text}: no such directory on this machine")
     return Source("push", os.path.abspath(text))
@@ -105,19 +113,24 @@ def parse_source(text: str, where: str = "--source") -> Source:
 
 def _s3_source(u: urllib.parse.SplitResult, where: str) -> Source:
     if not u.hostname or u.username or u.password or u.query:
-        raise StageError(f"{where}: an S3 source is s3://BUCKET/PREFIX/ (credentials come from "
-                         f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, never the URL)")
+        raise StageError(
+            f"{where}: an S3 source is s3://BUCKET/PREFIX/ (credentials come from "
+            f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, never the URL)"
+        )
     env = os.environ
     missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not env.get(k)]
     if missing:
         raise StageError(f"{where}: s3://{u.hostname}{u.path}: set {' and '.join(missing)} for the object store")
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
-    endpoint = (env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-                or f"https://s3.{region}.amazonaws.com")
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or f"https://s3.{region}.amazonaws.com"
     if urllib.parse.urlsplit(endpoint).scheme not in ("http", "https"):
         raise StageError(f"{where}: the S3 endpoint {fetch.redact_url(endpoint)} must be http(s)://host[:port]")
-    creds = {"endpoint": endpoint, "region": region, "access_key": env["AWS_ACCESS_KEY_ID"],
-             "secret_key": env["AWS_SECRET_ACCESS_KEY"]}
+    creds = {
+        "endpoint": endpoint,
+        "region": region,
+        "access_key": env["AWS_ACCESS_KEY_ID"],
+        "secret_key": env["AWS_SECRET_ACCESS_KEY"],
+    }
     if env.get("AWS_SESSION_TOKEN"):
         creds["session_token"] = env["AWS_SESSION_TOKEN"]
     prefix = u.path.strip("/")
@@ -137,8 +150,10 @@ def load_manifest(source: Source, name: str, version: str | None, chunk_size: in
         try:
             text = src.get(mf.MANIFEST_NAME).decode()
         except fetch.FetchError as e:
-            raise StageError(f"cannot read the manifest {where}: {e} (write it at the source with "
-                             f"'clusterctl stage manifest DIR --name {name}')") from None
+            raise StageError(
+                f"cannot read the manifest {where}: {e} (write it at the source with "
+                f"'clusterctl stage manifest DIR --name {name}')"
+            ) from None
         finally:
             src.close()
         try:
@@ -148,8 +163,10 @@ def load_manifest(source: Source, name: str, version: str | None, chunk_size: in
         return man.with_identity(name, version or man.version or None)
     root = source.location
     if not os.path.isdir(root):
-        raise StageError(f"{root}: not a directory on this machine; write {mf.MANIFEST_NAME} there from a "
-                         f"machine that mounts it ('clusterctl stage manifest DIR')")
+        raise StageError(
+            f"{root}: not a directory on this machine; write {mf.MANIFEST_NAME} there from a "
+            f"machine that mounts it ('clusterctl stage manifest DIR')"
+        )
     saved = os.path.join(root, mf.MANIFEST_NAME)
     if os.path.isfile(saved):
         newest = max((os.path.getmtime(os.path.join(root, p)) for p in mf.model_files(root)), default=0.0)
@@ -191,17 +208,28 @@ class NodePlan:
     port: int | None = None
 
     def relay_spec(self, stall_timeout: float, linger: float) -> dict[str, Any]:
-        return {"bind": self.address if self.port is not None else "", "port": self.port,
-                "upstreams": [list(u) for u in self.upstreams], "children": self.children,
-                "stall_timeout": stall_timeout, "linger": linger}
+        return {
+            "bind": self.address if self.port is not None else "",
+            "port": self.port,
+            "upstreams": [list(u) for u in self.upstreams],
+            "children": self.children,
+            "stall_timeout": stall_timeout,
+            "linger": linger,
+        }
 
 
 RELAYS = ("chain", "tree", "none")
 
 
-def plan_chains(hosts: Sequence[tuple[str, str]], relay: str, chains: int = 1,
-                port: int = DEFAULT_PORT, *, fanout: int = 2,
-                groups: Sequence[Sequence[tuple[str, str]]] | None = None) -> list[NodePlan]:
+def plan_chains(
+    hosts: Sequence[tuple[str, str]],
+    relay: str,
+    chains: int = 1,
+    port: int = DEFAULT_PORT,
+    *,
+    fanout: int = 2,
+    groups: Sequence[Sequence[tuple[str, str]]] | None = None,
+) -> list[NodePlan]:
     """Plan for ``hosts`` (name, data address), in the given order.
 
     ``relay="none"``: every host reads the source.  ``relay="chain"``: the
@@ -227,7 +255,7 @@ def plan_chains(hosts: Sequence[tuple[str, str]], relay: str, chains: int = 1,
         cut: list[Sequence[tuple[str, str]]] = []
         i = 0
         for c in range(k):
-            cut.append(hosts[i:i + size + (1 if c < extra else 0)])
+            cut.append(hosts[i : i + size + (1 if c < extra else 0)])
             i += len(cut[-1])
         groups = cut
     width = 1 if relay == "chain" else fanout
@@ -240,9 +268,16 @@ def plan_chains(hosts: Sequence[tuple[str, str]], relay: str, chains: int = 1,
                 p = (p - 1) // width
                 ancestors.append(p)
             kids = sum(1 for c in range(width * j + 1, width * j + width + 1) if c < len(members))
-            plans.append(NodePlan(h, a, [(members[p][1], port) for p in ancestors],
-                                  [members[p][0] for p in ancestors],
-                                  children=kids, port=port if kids else None))
+            plans.append(
+                NodePlan(
+                    h,
+                    a,
+                    [(members[p][1], port) for p in ancestors],
+                    [members[p][0] for p in ancestors],
+                    children=kids,
+                    port=port if kids else None,
+                )
+            )
     return plans
 
 

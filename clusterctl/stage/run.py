@@ -16,7 +16,13 @@ from clusterctl.inventory.model import Host, Model
 from clusterctl.stage import bundle
 from clusterctl.node.stage import manifest as mf
 from clusterctl.stage.plan import (
-    DEFAULT_PORT, NodePlan, Source, StageError, plan_chains, push_frames, rack_groups,
+    DEFAULT_PORT,
+    NodePlan,
+    Source,
+    StageError,
+    plan_chains,
+    push_frames,
+    rack_groups,
 )
 
 #: Where ``verify-model`` is installed on each node (the deploy unit's ExecStartPre).
@@ -37,8 +43,10 @@ def parse_size(text: str, where: str = "--budget") -> int:
     if value <= 0:
         raise StageError(f"{where}: {text!r} must be more than zero")
     return int(value * _SIZE_UNITS[unit])
+
+
 #: Largest model pushed from a local directory over SSH stdin (held in memory here).
-MAX_PUSH_BYTES = 2 * 1024 ** 3
+MAX_PUSH_BYTES = 2 * 1024**3
 
 
 @dataclass
@@ -84,9 +92,16 @@ class StageReport:
         return all(r.ok for r in self.rows)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "version": self.version, "source": self.source, "relay": self.relay,
-                "bytes_total": self.bytes_total, "seconds": round(self.seconds, 3), "ok": self.ok,
-                "hosts": [r.to_dict() for r in self.rows]}
+        return {
+            "model": self.model,
+            "version": self.version,
+            "source": self.source,
+            "relay": self.relay,
+            "bytes_total": self.bytes_total,
+            "seconds": round(self.seconds, 3),
+            "ok": self.ok,
+            "hosts": [r.to_dict() for r in self.rows],
+        }
 
 
 #: Node-side progress lines on stderr (``clusterctl_stage_node.main.PROGRESS_MARK``).
@@ -110,7 +125,7 @@ class ProgressLines:
             line = raw.decode("utf-8", "replace")
             if line.startswith(PROGRESS_MARK):
                 try:
-                    p = json.loads(line[len(PROGRESS_MARK):])
+                    p = json.loads(line[len(PROGRESS_MARK) :])
                     self.on_progress(host, int(p["done"]), int(p["total"]))
                 except (ValueError, KeyError, TypeError):
                     continue
@@ -160,18 +175,37 @@ def relay_address(host: Host, network: str = "auto") -> str:
             if nic.role == role and nic.address:
                 return nic.address
     if network in ("storage", "data"):
-        raise StageError(f"--relay-network {network}: {host.name} has no {network} NIC with an address "
-                         f"in the inventory (nics: [{{netdev: ..., role: {network}, address: ...}}])")
+        raise StageError(
+            f"--relay-network {network}: {host.name} has no {network} NIC with an address "
+            f"in the inventory (nics: [{{netdev: ..., role: {network}, address: ...}}])"
+        )
     return host.address
 
 
-def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source, man: mf.Manifest, *,
-                relay: str = "chain", chains: int = 1, tree_fanout: int = 2, per_rack: bool = False,
-                port: int = DEFAULT_PORT, workers: int = 8,
-                keep: int = 2, warm: bool = False, switch: bool = True, timeout: float = 3600,
-                warm_budget: int | None = None, stall_timeout: float = 15.0, address_of: Callable[[Host], str] | None = None,
-                on_result: Callable[[Any], None] | None = None,
-                on_progress: OnProgress | None = None, progress_interval: float = 0.5) -> StageReport:
+def stage_model(
+    fleet: Any,
+    hosts: Sequence[Host],
+    model: Model,
+    source: Source,
+    man: mf.Manifest,
+    *,
+    relay: str = "chain",
+    chains: int = 1,
+    tree_fanout: int = 2,
+    per_rack: bool = False,
+    port: int = DEFAULT_PORT,
+    workers: int = 8,
+    keep: int = 2,
+    warm: bool = False,
+    switch: bool = True,
+    timeout: float = 3600,
+    warm_budget: int | None = None,
+    stall_timeout: float = 15.0,
+    address_of: Callable[[Host], str] | None = None,
+    on_result: Callable[[Any], None] | None = None,
+    on_progress: OnProgress | None = None,
+    progress_interval: float = 0.5,
+) -> StageReport:
     """Stage ``man`` (from ``source``) as ``model`` on ``hosts`` through ``fleet``.
 
     ``relay="chain"``: one source reader per chain, the others relay
@@ -188,15 +222,25 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
     """
     t0 = time.monotonic()
     if source.kind == "push" and man.total_bytes > MAX_PUSH_BYTES:
-        raise StageError(f"{source.location}: {man.total_bytes} bytes is too large to push over SSH "
-                         f"(limit {MAX_PUSH_BYTES}); serve it over HTTP or a shared filesystem")
+        raise StageError(
+            f"{source.location}: {man.total_bytes} bytes is too large to push over SSH "
+            f"(limit {MAX_PUSH_BYTES}); serve it over HTTP or a shared filesystem"
+        )
     addr = address_of or (lambda h: h.address)
     pairs = [(h.name, addr(h)) for h in hosts]
     groups = rack_groups(pairs, [h.labels.get("rack", "") for h in hosts]) if per_rack else None
     plans = plan_chains(pairs, relay, chains, port, fanout=tree_fanout, groups=groups)
-    job = {"op": "stage", "manifest": man.to_dict(), "model_path": model.path, "source": source.node_spec(),
-           "workers": workers, "keep": keep, "warm": warm, "switch": switch,
-           "install": {"path": VERIFY_MODEL_PATH, "verify_source": bundle.verify_model_source()}}
+    job = {
+        "op": "stage",
+        "manifest": man.to_dict(),
+        "model_path": model.path,
+        "source": source.node_spec(),
+        "workers": workers,
+        "keep": keep,
+        "warm": warm,
+        "switch": switch,
+        "install": {"path": VERIFY_MODEL_PATH, "verify_source": bundle.verify_model_source()},
+    }
     if warm and warm_budget is not None:
         job["warm_budget"] = warm_budget
     if on_progress is not None:
@@ -209,19 +253,23 @@ def stage_model(fleet: Any, hosts: Sequence[Host], model: Model, source: Source,
     first = 0 < len(heads) < len(plans)  # a relay: start the heads first (_heads_first)
 
     def args(p: NodePlan) -> dict[str, Any]:
-        return dict({"relay": p.relay_spec(stall_timeout, linger)}, **({"announce": True} if first and p.host in heads
-                                                                        else {}))
+        return dict(
+            {"relay": p.relay_spec(stall_timeout, linger)}, **({"announce": True} if first and p.host in heads else {})
+        )
+
     commands = {p.host: bundle.command([json.dumps(args(p))]) for p in plans}
     progress = ProgressLines(on_progress) if on_progress else None
     if first:
         res = _heads_first(fleet, commands, heads, stdin, timeout, on_result, progress)
     else:
-        res = list(fleet.run(commands, stdin=stdin, sudo=True, timeout=timeout, on_result=on_result,
-                             on_stderr=progress))
+        res = list(
+            fleet.run(commands, stdin=stdin, sudo=True, timeout=timeout, on_result=on_result, on_stderr=progress)
+        )
     by_host = {r.host: r for r in res}
     rows = [_row(by_host[p.host], "staged") for p in plans]
-    return StageReport(model.name, man.version, source.label, relay, man.total_bytes, rows,
-                       time.monotonic() - t0, plans)
+    return StageReport(
+        model.name, man.version, source.label, relay, man.total_bytes, rows, time.monotonic() - t0, plans
+    )
 
 
 #: Node-side line of a job with ``announce`` (``clusterctl_stage_node.main.STARTED_MARK``).
@@ -230,8 +278,15 @@ STARTED_MARK = b"clusterctl-started"
 HEADS_START_WAIT_S = 10.0
 
 
-def _heads_first(fleet: Any, commands: dict[str, str], heads: list[str], stdin: bytes, timeout: float,
-                 on_result: Callable[[Any], None] | None, progress: ProgressLines | None) -> list[Any]:
+def _heads_first(
+    fleet: Any,
+    commands: dict[str, str],
+    heads: list[str],
+    stdin: bytes,
+    timeout: float,
+    on_result: Callable[[Any], None] | None,
+    progress: ProgressLines | None,
+) -> list[Any]:
     """Start the chains' heads, then the other hosts once every head's node program runs.
 
     The source is read only by the heads, so the transfer starts as soon as they
@@ -270,8 +325,16 @@ def _heads_first(fleet: Any, commands: dict[str, str], heads: list[str], stdin: 
 
     def run_heads() -> None:
         try:
-            out["heads"] = list(fleet.run({h: commands[h] for h in heads}, stdin=stdin, sudo=True, timeout=timeout,
-                                          on_result=done, on_stderr=on_stderr))
+            out["heads"] = list(
+                fleet.run(
+                    {h: commands[h] for h in heads},
+                    stdin=stdin,
+                    sudo=True,
+                    timeout=timeout,
+                    on_result=done,
+                    on_stderr=on_stderr,
+                )
+            )
         except BaseException as e:  # handed to the caller's thread below
             out["error"] = e
             ready.set()
@@ -287,19 +350,18 @@ def _heads_first(fleet: Any, commands: dict[str, str], heads: list[str], stdin: 
     return list(out["heads"]) + others
 
 
-def pin_models(fleet: Any, models: Sequence[Model], budget: int | None, *, wait: float = 60,
-               timeout: float = 600) -> list[NodeRow]:
+def pin_models(
+    fleet: Any, models: Sequence[Model], budget: int | None, *, wait: float = 60, timeout: float = 600
+) -> list[NodeRow]:
     """Keep up to ``budget`` bytes of each model resident on every host (``None``: unpin)."""
-    job: dict[str, Any] = {"op": "unpin" if budget is None else "pin", "models": _models_spec(models),
-                           "wait": wait}
+    job: dict[str, Any] = {"op": "unpin" if budget is None else "pin", "models": _models_spec(models), "wait": wait}
     if budget is not None:
         job.update(budget=budget, pin_path=PIN_MODEL_PATH, pin_source=bundle.pin_model_source())
     res = fleet.run(bundle.command(), stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
     return [_row(r, "ok") for r in res]
 
 
-def node_op(fleet: Any, op: str, models: Sequence[Model], *, workers: int = 8,
-            timeout: float = 600) -> list[NodeRow]:
+def node_op(fleet: Any, op: str, models: Sequence[Model], *, workers: int = 8, timeout: float = 600) -> list[NodeRow]:
     """``status``, ``warm`` or ``evict`` of ``models`` on every host of ``fleet``."""
     job = {"op": op, "models": _models_spec(models), "workers": workers, "verify_model": VERIFY_MODEL_PATH}
     res = fleet.run(bundle.command(), stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)

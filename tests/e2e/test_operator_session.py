@@ -23,8 +23,9 @@ CLI = shutil.which("clusterctl") or "clusterctl"
 
 def clusterctl(lab: LabSession, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, CLUSTERCTL_INVENTORY=str(lab.inventory), COLUMNS="200")
-    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [CLI, *args], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+    )
 
 
 def test_the_generated_inventory_validates(lab: LabSession) -> None:
@@ -71,19 +72,26 @@ def test_exec_as_the_non_root_user_uses_sudo(lab: LabSession) -> None:
 
 def test_a_unit_written_through_exec_runs_and_its_journal_is_readable(lab: LabSession) -> None:
     host = lab.names[0]
-    unit = ("[Unit]\nDescription=e2e\n[Service]\nType=oneshot\nRemainAfterExit=yes\n"
-            "ExecStart=/bin/echo e2e-unit-started\n")
-    script = (f"printf %s {shlex.quote(unit)} > /etc/systemd/system/clusterctl-e2e.service && "
-              "systemctl daemon-reload && systemctl start clusterctl-e2e && "
-              "systemctl is-active clusterctl-e2e && journalctl -u clusterctl-e2e --no-pager")
+    unit = (
+        "[Unit]\nDescription=e2e\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/echo e2e-unit-started\n"
+    )
+    script = (
+        f"printf %s {shlex.quote(unit)} > /etc/systemd/system/clusterctl-e2e.service && "
+        "systemctl daemon-reload && systemctl start clusterctl-e2e && "
+        "systemctl is-active clusterctl-e2e && journalctl -u clusterctl-e2e --no-pager"
+    )
     try:
         res = clusterctl(lab, "exec", host, "--", script)
         assert res.returncode == 0, res.stdout + res.stderr
         assert "active" in res.stdout and "e2e-unit-started" in res.stdout
     finally:
-        clusterctl(lab, "exec", host, "--",
-                   "systemctl stop clusterctl-e2e; rm -f /etc/systemd/system/clusterctl-e2e.service; "
-                   "systemctl daemon-reload")
+        clusterctl(
+            lab,
+            "exec",
+            host,
+            "--",
+            "systemctl stop clusterctl-e2e; rm -f /etc/systemd/system/clusterctl-e2e.service; systemctl daemon-reload",
+        )
 
 
 def _facts(lab: LabSession, pattern: str) -> dict:
@@ -114,8 +122,7 @@ def test_injected_xid_and_lost_gpu_show_in_facts_then_heal(lab: LabSession) -> N
         assert clusterctl(lab, "lab", "inject", host, "gpu-lost", "--gpu", "1").returncode == 0
         docs = _facts(lab, "all")
         facts = docs[host].get("facts", docs[host])
-        log = "\n".join(line if isinstance(line, str) else json.dumps(line)
-                        for line in facts["kernel_log"]["lines"])
+        log = "\n".join(line if isinstance(line, str) else json.dumps(line) for line in facts["kernel_log"]["lines"])
         assert "Xid" in log and "79" in log
         lost = [d for d in _gpu_devices(docs[host]) if d.get("lost")]
         assert [d["index"] for d in lost] == [1]

@@ -62,5 +62,6 @@ def test_a_load_ramp_scales_out_then_in_without_losing_a_request(ramp: Ramp) -> 
     # the new replica got traffic only once it served: no decision ever saw it before its gates
     hist = ramp.history()
     assert all(h["outcome"] in ("none", "ok") for h in hist), [h for h in hist if h["outcome"] not in ("none", "ok")]
-    assert ramp.cli("autoscale", "history", "-i", str(ramp.inv_path), "--state-dir",
-                    str(ramp.state_dir)).returncode == 0
+    assert (
+        ramp.cli("autoscale", "history", "-i", str(ramp.inv_path), "--state-dir", str(ramp.state_dir)).returncode == 0
+    )

@@ -30,15 +30,29 @@ from support.deploy_lab import remove_deployed, tiny_entry, tiny_model
 KEY = "dp-secret-7f3a9c11e2"
 KEY_ENV = "CLUSTERCTL_TEST_DEPLOY_KEY"
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = {"model": "tiny", "engine": "vllm-0.11", "replicas": 6, "tp": 1, "hosts": "all", "port_base": 8200,
-            "args": {"max-model-len": 2048}, "env": {"VLLM_SIM_TIME_SCALE": "0"},
-            "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}}}
+TEMPLATE = {
+    "model": "tiny",
+    "engine": "vllm-0.11",
+    "replicas": 6,
+    "tp": 1,
+    "hosts": "all",
+    "port_base": 8200,
+    "args": {"max-model-len": 2048},
+    "env": {"VLLM_SIM_TIME_SCALE": "0"},
+    "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}},
+}
 
 
 def explicit(placement: str, port: int, **args: Any) -> dict[str, Any]:
-    return {"model": "tiny", "engine": "vllm-0.11", "placement": placement, "port": port,
-            "args": {"max-model-len": 2048, **args}, "env": {"VLLM_SIM_TIME_SCALE": "0"},
-            "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}}}
+    return {
+        "model": "tiny",
+        "engine": "vllm-0.11",
+        "placement": placement,
+        "port": port,
+        "args": {"max-model-len": 2048, **args},
+        "env": {"VLLM_SIM_TIME_SCALE": "0"},
+        "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}},
+    }
 
 
 class World:
@@ -70,22 +84,42 @@ class World:
 
     def cli(self, *args: str, state_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, KEY_ENV: KEY, "PYTHONPATH": str(REPO)}
-        return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args, "-i", str(self.inv_path),
-                               "--state-dir", str(state_dir or self.state_dir)],
-                              capture_output=True, text=True, timeout=300, env=env)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "clusterctl.cli.main",
+                *args,
+                "-i",
+                str(self.inv_path),
+                "--state-dir",
+                str(state_dir or self.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
 
     def units(self) -> dict[str, tuple[str, int, int, int]]:
         """instance -> (ActiveState, MainPID, ExecMainStartTimestampMonotonic, NRestarts) on every host."""
         out: dict[str, tuple[str, int, int, int]] = {}
         for host in self.lab.names:
-            text = self.lab.run(host, "systemctl show -p Id,ActiveState,MainPID,ExecMainStartTimestampMonotonic,"
-                                      "NRestarts 'clusterctl-*.service'", check=True).stdout
+            text = self.lab.run(
+                host,
+                "systemctl show -p Id,ActiveState,MainPID,ExecMainStartTimestampMonotonic,"
+                "NRestarts 'clusterctl-*.service'",
+                check=True,
+            ).stdout
             for block in text.strip().split("\n\n"):
                 d = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
                 if d.get("Id", "").startswith("clusterctl-"):
-                    out[d["Id"][len("clusterctl-"):-len(".service")]] = (
-                        d["ActiveState"], int(d["MainPID"]), int(d["ExecMainStartTimestampMonotonic"]),
-                        int(d["NRestarts"]))
+                    out[d["Id"][len("clusterctl-") : -len(".service")]] = (
+                        d["ActiveState"],
+                        int(d["MainPID"]),
+                        int(d["ExecMainStartTimestampMonotonic"]),
+                        int(d["NRestarts"]),
+                    )
         return out
 
     def where(self) -> dict[str, str]:
@@ -93,15 +127,19 @@ class World:
         out = {}
         for host in self.lab.names:
             ls = self.lab.run(host, "ls /etc/systemd/system/ | grep '^clusterctl-.*\\.service$'").stdout
-            out.update({u[len("clusterctl-"):-len(".service")]: host for u in ls.split()})
+            out.update({u[len("clusterctl-") : -len(".service")]: host for u in ls.split()})
         return out
 
     def x(self, host: str, instance: str) -> str:
         return self.lab.run(host, f"cat /etc/systemd/system/clusterctl-{instance}.service", check=True).stdout
 
     def cleanup(self) -> None:
-        remove_deployed(self.lab, "clusterctl-*.service", "/etc/clusterctl/instances /var/lib/clusterctl/deploy "
-                        "/var/lib/clusterctl/deploy.lock /models/dp-tiny /models/.versions/tiny")
+        remove_deployed(
+            self.lab,
+            "clusterctl-*.service",
+            "/etc/clusterctl/instances /var/lib/clusterctl/deploy "
+            "/var/lib/clusterctl/deploy.lock /models/dp-tiny /models/.versions/tiny",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +175,19 @@ def test_second_deploy_restarts_nothing(world: World) -> None:
 
 def test_changing_one_instances_flags_restarts_only_that_one(world: World) -> None:
     before = world.units()
-    world.write(e1=explicit(f"{world.lab.names[0]}:7", 8300, **{"max-num-seqs": 64}), e2=explicit(f"{world.lab.names[2]}:7", 8300))
+    world.write(
+        e1=explicit(f"{world.lab.names[0]}:7", 8300, **{"max-num-seqs": 64}),
+        e2=explicit(f"{world.lab.names[2]}:7", 8300),
+    )
     plan = world.cli("deploy", "--plan", "--json")
     assert plan.returncode == 0, plan.stderr
     assert json.loads(plan.stdout)["plan"]["counts"] == {
-        "new": 0, "changed": 1, "start": 0, "unchanged": 7, "remove": 0}
+        "new": 0,
+        "changed": 1,
+        "start": 0,
+        "unchanged": 7,
+        "remove": 0,
+    }
     rep = world.deploy()
     assert rep.result == "ok" and [i.instance for h in rep.plan.hosts for i in h.changes] == ["e1"]
     after = world.units()
@@ -173,7 +219,8 @@ def test_an_instance_no_longer_wanted_is_removed_and_instances_scopes_removal(wo
     assert scoped.result == "nothing" and "e2" in world.units()  # outside --instances: kept
     rep = world.deploy()
     assert rep.result == "ok" and [(i.instance, i.action) for h in rep.plan.hosts for i in h.changes] == [
-        ("e2", "remove")]
+        ("e2", "remove")
+    ]
     assert rep.hosts[world.lab.names[2]].drained == {"e2": "drained"}
     after = world.units()
     assert "e2" not in after and {k: v for k, v in before.items() if k != "e2"} == after
@@ -200,8 +247,10 @@ def test_failing_canary_stops_the_rollout_and_rolls_back(world: World, fault: st
         assert after[name][0] == "active", (name, after[name])
         if placed[name] != canary:
             assert after[name][1:3] == (pid, started), name  # hosts not reached: untouched
-    links = {h: world.lab.run(h, "readlink /models/dp-tiny; ls /models/.versions/tiny", check=True).stdout.split()
-             for h in world.lab.names}
+    links = {
+        h: world.lab.run(h, "readlink /models/dp-tiny; ls /models/.versions/tiny", check=True).stdout.split()
+        for h in world.lab.names
+    }
     assert all(v[0] == ".versions/tiny/v1" for v in links.values()), links  # the canary's model link restored
     if fault == "dies":
         assert "v2" in links[canary] and all("v2" not in v for h, v in links.items() if h != canary), links
@@ -235,7 +284,10 @@ def test_concurrent_deploy_from_a_second_state_dir_is_refused(world: World) -> N
 
 
 def test_secrets_stay_out_of_units_ps_journal_and_plan(world: World) -> None:
-    world.write(e1=explicit(f"{world.lab.names[0]}:7", 8300, **{"max-num-seqs": 16}), e2=explicit(f"{world.lab.names[2]}:7", 8300))
+    world.write(
+        e1=explicit(f"{world.lab.names[0]}:7", 8300, **{"max-num-seqs": 16}),
+        e2=explicit(f"{world.lab.names[2]}:7", 8300),
+    )
     plan = world.cli("deploy", "--plan")
     plan_json = world.cli("deploy", "--plan", "--json")
     assert plan.returncode == 0 and "e1: changed" in plan.stdout, plan.stdout + plan.stderr

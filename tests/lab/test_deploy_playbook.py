@@ -42,17 +42,43 @@ class World:
         doc = dict(self.base)
         doc["models"] = {"tiny": tiny_entry(self.model_dir, "/models/pb-tiny")}
         doc["instances"] = {
-            f"p{n}": {"model": "tiny", "engine": engine, "placement": f"{h}:6", "port": 8400,
-                      "args": {"max-model-len": max_len}, "env": {"VLLM_SIM_TIME_SCALE": "0"},
-                      "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}}}
-            for n, h in enumerate(self.hosts, 1)}
+            f"p{n}": {
+                "model": "tiny",
+                "engine": engine,
+                "placement": f"{h}:6",
+                "port": 8400,
+                "args": {"max-model-len": max_len},
+                "env": {"VLLM_SIM_TIME_SCALE": "0"},
+                "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}},
+            }
+            for n, h in enumerate(self.hosts, 1)
+        }
         self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
     def playbook(self, path: Path | str, *args: str) -> tuple[int, dict[str, Any], str]:
         env = {**os.environ, KEY_ENV: KEY, "PYTHONPATH": str(REPO)}
-        p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "deploy", "--playbook", str(path),
-                            "-i", str(self.inv_path), "--state-dir", str(self.state_dir), "--json",
-                            "--gate-timeout", "60", *args], capture_output=True, text=True, timeout=600, env=env)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "clusterctl.cli.main",
+                "deploy",
+                "--playbook",
+                str(path),
+                "-i",
+                str(self.inv_path),
+                "--state-dir",
+                str(self.state_dir),
+                "--json",
+                "--gate-timeout",
+                "60",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
         assert KEY not in p.stdout + p.stderr
         try:
             data = json.loads(p.stdout)
@@ -62,15 +88,19 @@ class World:
 
     def unit(self, host: str, name: str) -> tuple[str, int, str]:
         """(ActiveState, MainPID, unit file text) of instance ``name`` on ``host``."""
-        show = self.lab.run(host, f"systemctl show -p ActiveState,MainPID clusterctl-{name}.service",
-                            check=True).stdout
+        show = self.lab.run(host, f"systemctl show -p ActiveState,MainPID clusterctl-{name}.service", check=True).stdout
         d = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
         text = self.lab.run(host, f"cat /etc/systemd/system/clusterctl-{name}.service").stdout
         return d["ActiveState"], int(d["MainPID"]), text
 
     def cleanup(self) -> None:
-        remove_deployed(self.lab, "clusterctl-*.service", "/etc/clusterctl/instances /var/lib/clusterctl/deploy "
-                        "/var/lib/clusterctl/deploy.lock /models/pb-tiny /models/.versions/pb-tiny", hosts=self.hosts)
+        remove_deployed(
+            self.lab,
+            "clusterctl-*.service",
+            "/etc/clusterctl/instances /var/lib/clusterctl/deploy "
+            "/var/lib/clusterctl/deploy.lock /models/pb-tiny /models/.versions/pb-tiny",
+            hosts=self.hosts,
+        )
 
 
 def outcomes(data: dict[str, Any]) -> dict[str, str]:
@@ -93,8 +123,14 @@ def test_default_playbook_brings_the_instances_up(world: World) -> None:
     world.write()
     rc, data, err = world.playbook(PLAYBOOKS / "default.yaml")
     assert rc == 0 and data["result"] == "ok", (data, err[-3000:])
-    assert outcomes(data) == {"pre-flight": "ok", "stage": "ok", "units": "ok", "canary": "ok", "rollout": "ok",
-                              "gates": "ok"}
+    assert outcomes(data) == {
+        "pre-flight": "ok",
+        "stage": "ok",
+        "units": "ok",
+        "canary": "ok",
+        "rollout": "ok",
+        "gates": "ok",
+    }
     assert data["batches"] == [world.hosts[:1], world.hosts[1:]]  # the canary, then the rest
     for n, h in enumerate(world.hosts, 1):
         state, pid, text = world.unit(h, f"p{n}")
@@ -108,8 +144,13 @@ def test_rolling_engine_upgrade_playbook_with_exec_step_and_custom_gates(world: 
     world.write(engine="vllm-0.33")
     rc, data, err = world.playbook(PLAYBOOKS / "rolling-engine-upgrade.yaml")
     assert rc == 0 and data["result"] == "ok", (data, err[-3000:])
-    assert outcomes(data) == {"engine present": "ok", "pre-flight": "ok", "stage": "ok", "canary": "ok",
-                              "one host at a time": "ok"}
+    assert outcomes(data) == {
+        "engine present": "ok",
+        "pre-flight": "ok",
+        "stage": "ok",
+        "canary": "ok",
+        "one host at a time": "ok",
+    }
     assert data["batches"] == [[h] for h in world.hosts]
     gates = [g for h in data["hosts"] for g in h["gates"]]
     assert sum(g["step"] == "custom" and g["ok"] for g in gates) == 2  # each instance passed the 3 custom gates
@@ -122,8 +163,9 @@ def test_a_failing_exec_step_stops_before_anything_changes(world: World, tmp_pat
     before = {h: world.unit(h, f"p{n}") for n, h in enumerate(world.hosts, 1)}
     world.write(engine="vllm-0.11")
     pb = tmp_path / "pb.yaml"
-    pb.write_text("steps:\n  - {name: new engine, kind: exec, command: 'test -x /opt/vllm-9.9/bin/vllm'}\n"
-                  "  - {kind: rollout}\n")
+    pb.write_text(
+        "steps:\n  - {name: new engine, kind: exec, command: 'test -x /opt/vllm-9.9/bin/vllm'}\n  - {kind: rollout}\n"
+    )
     rc, data, _ = world.playbook(pb)
     assert rc == 2 and data["result"] == "stopped"
     assert outcomes(data) == {"new engine": "failed", "rollout": "skipped"}

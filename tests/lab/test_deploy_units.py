@@ -61,10 +61,20 @@ instances:
 def _install(lab, host: str, rendered: spec.RenderedInstance) -> None:
     """Write the env file (0600) and the unit (0644), each temp + rename, then daemon-reload."""
     env, unit = spec.env_path(rendered.instance), spec.unit_path(rendered.instance)
-    lab.run(host, f"install -d -m 0755 {spec.ENV_DIR} && umask 077 && cat > {quote(env + '.tmp')} && "
-                  f"mv -f {quote(env + '.tmp')} {quote(env)}", input=rendered.env_text, check=True)
-    lab.run(host, f"umask 022 && cat > {quote(unit + '.tmp')} && mv -f {quote(unit + '.tmp')} {quote(unit)} "
-                  "&& systemctl daemon-reload", input=rendered.unit_text, check=True)
+    lab.run(
+        host,
+        f"install -d -m 0755 {spec.ENV_DIR} && umask 077 && cat > {quote(env + '.tmp')} && "
+        f"mv -f {quote(env + '.tmp')} {quote(env)}",
+        input=rendered.env_text,
+        check=True,
+    )
+    lab.run(
+        host,
+        f"umask 022 && cat > {quote(unit + '.tmp')} && mv -f {quote(unit + '.tmp')} {quote(unit)} "
+        "&& systemctl daemon-reload",
+        input=rendered.unit_text,
+        check=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +89,23 @@ def setup(lab, tmp_path_factory):
     yield host, inv_path
     for name in ("du-ok", "du-raw"):
         unit = spec.unit_name(name)
-        lab.run(host, f"systemctl stop {unit}; systemctl reset-failed {unit}; "
-                      f"rm -f {spec.unit_path(name)} {spec.env_path(name)}", timeout=60)
-    lab.run(host, "systemctl daemon-reload; rm -rf /models/du-tiny /models/du-raw /models/.versions/du-tiny; "
-                  "rmdir /models/.versions 2>/dev/null", timeout=60)
+        lab.run(
+            host,
+            f"systemctl stop {unit}; systemctl reset-failed {unit}; rm -f {spec.unit_path(name)} {spec.env_path(name)}",
+            timeout=60,
+        )
+    lab.run(
+        host,
+        "systemctl daemon-reload; rm -rf /models/du-tiny /models/du-raw /models/.versions/du-tiny; "
+        "rmdir /models/.versions 2>/dev/null",
+        timeout=60,
+    )
     if not had_verify:
-        lab.run(host, "rm -f /usr/local/lib/clusterctl/verify-model /usr/local/lib/clusterctl/check-gpus; "
-                      "rmdir /usr/local/lib/clusterctl")
+        lab.run(
+            host,
+            "rm -f /usr/local/lib/clusterctl/verify-model /usr/local/lib/clusterctl/check-gpus; "
+            "rmdir /usr/local/lib/clusterctl",
+        )
     if not had_user:
         lab.run(host, "userdel -r vllm")
 
@@ -93,8 +113,23 @@ def setup(lab, tmp_path_factory):
 def test_rendered_unit_runs_as_vllm_with_the_key_only_in_its_environment_file(lab, setup, monkeypatch):
     host, inv_path = setup
     monkeypatch.setenv("DU_TEST_API_KEY", KEY)
-    p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "stage", "du-tiny", "-i", str(inv_path),
-                        "--hosts", host, "--json"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clusterctl.cli.main",
+            "stage",
+            "du-tiny",
+            "-i",
+            str(inv_path),
+            "--hosts",
+            host,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     inv = load_inventory(str(inv_path))
     inst = inv.instances["du-ok"]
@@ -140,13 +175,16 @@ def test_unverified_model_does_not_start(lab, setup, monkeypatch):
     inst = inv.instances["du-raw"]
     lab.run(host, ensure_user_script("vllm"), check=True)
     lab.run(host, verify_model_install_script(), check=True)
-    lab.run(host, "mkdir -p /models/du-raw && vllm-sim make-model tiny /models/du-raw >/dev/null", check=True,
-            timeout=60)
+    lab.run(
+        host, "mkdir -p /models/du-raw && vllm-sim make-model tiny /models/du-raw >/dev/null", check=True, timeout=60
+    )
     r = render_instance(inv, inst, secrets=resolve_secrets(inv, inst))
     _install(lab, host, r)
     assert lab.run(host, f"systemctl start {r.unit_name}", timeout=60).returncode != 0
-    state = dict(line.split("=", 1) for line in lab.run(
-        host, f"systemctl show -p SubState,Result,ExecMainPID {r.unit_name}").stdout.split())
+    state = dict(
+        line.split("=", 1)
+        for line in lab.run(host, f"systemctl show -p SubState,Result,ExecMainPID {r.unit_name}").stdout.split()
+    )
     # vLLM never ran; systemd retries (Restart=on-failure) until the crash-loop guard trips
     assert state["ExecMainPID"] == "0" and state["Result"] == "exit-code", state
     assert state["SubState"] in ("auto-restart", "failed"), state
@@ -161,6 +199,7 @@ def _show(lab, host: str, unit: str) -> dict[str, str]:
 
 def _wait(lab, host: str, unit: str, pred, timeout: float = 60.0) -> dict[str, str]:
     import time
+
     deadline = time.monotonic() + timeout
     while True:
         st = _show(lab, host, unit)
@@ -169,8 +208,9 @@ def _wait(lab, host: str, unit: str, pred, timeout: float = 60.0) -> dict[str, s
         time.sleep(1)
 
 
-def test_uuid_pinned_unit_restarts_after_exit_0_stops_on_request_and_refuses_a_lost_gpu(lab, setup, monkeypatch,
-                                                                                        capsys):
+def test_uuid_pinned_unit_restarts_after_exit_0_stops_on_request_and_refuses_a_lost_gpu(
+    lab, setup, monkeypatch, capsys
+):
     """Restart=always brings back a vLLM that exited 0; systemctl stop stays stopped; a unit pinned by
     UUID refuses to start (check-gpus) once its GPU is gone, and doctor says so with the reason."""
     from clusterctl.cli.main import main
@@ -178,8 +218,23 @@ def test_uuid_pinned_unit_restarts_after_exit_0_stops_on_request_and_refuses_a_l
 
     host, inv_path = setup
     monkeypatch.setenv("DU_TEST_API_KEY", KEY)
-    p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "stage", "du-tiny", "-i", str(inv_path),
-                        "--hosts", host, "--json"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clusterctl.cli.main",
+            "stage",
+            "du-tiny",
+            "-i",
+            str(inv_path),
+            "--hosts",
+            host,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     lab.run(host, ensure_user_script("vllm"), check=True)
     lab.run(host, verify_model_install_script(), check=True)
@@ -206,8 +261,13 @@ def test_uuid_pinned_unit_restarts_after_exit_0_stops_on_request_and_refuses_a_l
         # An explicit stop is not restarted.  systemctl stop returns once its job is done, so the state is
         # already final: a restart would be pending as SubState=auto-restart (activating, RestartSec's timer
         # running) or a queued start job; dead with no job means nothing will start it (no RestartSec wait).
-        st = dict(line.split("=", 1) for line in lab.run(
-            host, f"systemctl show -p ActiveState,SubState,Job {unit}", check=True).stdout.splitlines() if "=" in line)
+        st = dict(
+            line.split("=", 1)
+            for line in lab.run(
+                host, f"systemctl show -p ActiveState,SubState,Job {unit}", check=True
+            ).stdout.splitlines()
+            if "=" in line
+        )
         assert (st["ActiveState"], st["SubState"], st.get("Job", "")) == ("inactive", "dead", ""), st
         assert unit not in lab.run(host, "systemctl list-jobs --no-legend", check=True).stdout
 

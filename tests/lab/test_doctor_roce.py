@@ -25,8 +25,7 @@ INTERVAL = "3"
 
 
 def doctor(lab, capsys, checks: str) -> tuple[int, dict]:
-    rc = main(["doctor", "all", "-i", str(lab.inventory), "--json", "--checks", checks,
-               "--interval", INTERVAL])
+    rc = main(["doctor", "all", "-i", str(lab.inventory), "--json", "--checks", checks, "--interval", INTERVAL])
     out = capsys.readouterr().out
     return rc, json.loads(out)
 
@@ -76,8 +75,8 @@ def test_cnp_incast_on_one_leafs_hosts_names_the_leaf(lab, capsys, healed):
     leaf = next(name for name, hosts in by_leaf.items() if lab.names[-1] in hosts)
     hot = by_leaf[leaf]
     assert len(hot) >= 2 and len(by_leaf) >= 2, (
-        f"leaves {by_leaf}: a lab brought up before each rack had its own leaf; "
-        "`clusterctl lab down` and run again")
+        f"leaves {by_leaf}: a lab brought up before each rack had its own leaf; `clusterctl lab down` and run again"
+    )
     for h in hot:
         healed.append(h)
         faults.inject(lab.host_dir(h), "cnp", nic="eth2", per_s=50000)
@@ -102,8 +101,9 @@ def test_pfc_on_the_wrong_priority_is_the_odd_one_out(lab, capsys, healed, which
     assert rc == 2 and len(found) == 1, found
     f = found[0]
     assert (f["host"], f["subject"], f["severity"]) == (victim, "nic:eth2", "CRIT")
-    assert f["message"] == (f"{victim} eth2: PFC on priority 4; the profile and the other "
-                            f"{len(lab.names) - 1} hosts use 3")
+    assert f["message"] == (
+        f"{victim} eth2: PFC on priority 4; the profile and the other {len(lab.names) - 1} hosts use 3"
+    )
 
 
 def test_trust_pcp_on_one_host(lab, capsys, healed):
@@ -113,8 +113,9 @@ def test_trust_pcp_on_one_host(lab, capsys, healed):
     rc, rep = doctor(lab, capsys, "roce.qos")
     found = problems(rep, "roce.qos")
     assert rc == 2 and [(f["host"], f["subject"], f["severity"]) for f in found] == [(victim, "nic:eth3", "CRIT")]
-    assert found[0]["message"] == (f"{victim} eth3: trust pcp; the profile and the other "
-                                   f"{len(lab.names) - 1} hosts use dscp")
+    assert found[0]["message"] == (
+        f"{victim} eth3: trust pcp; the profile and the other {len(lab.names) - 1} hosts use dscp"
+    )
     assert "priority 0" in found[0]["action"]
 
 
@@ -126,16 +127,23 @@ def test_instance_across_hosts_with_nccl_ib_tc_unset(lab, capsys, healed, tmp_pa
     data = yaml.safe_load(lab.inventory.read_text())
     data.setdefault("engines", {})["nccl-test"] = {"path": "/opt/vllm/bin/vllm", "version": "0.11.0"}
     data.setdefault("models", {})["nccl-test"] = {"path": "/models/nccl-test"}
-    data["instances"] = {"tp-across": {"model": "nccl-test", "engine": "nccl-test", "port": 8100,
-                                       "placement": [f"{other}:0", f"{other}:1", f"{inbox}:0", f"{inbox}:1"],
-                                       "env": {"NCCL_SOCKET_IFNAME": "=eth2"}}}
+    data["instances"] = {
+        "tp-across": {
+            "model": "nccl-test",
+            "engine": "nccl-test",
+            "port": 8100,
+            "placement": [f"{other}:0", f"{other}:1", f"{inbox}:0", f"{inbox}:1"],
+            "env": {"NCCL_SOCKET_IFNAME": "=eth2"},
+        }
+    }
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump(data, sort_keys=False))
     rc = main(["doctor", "all", "-i", str(inv), "--json", "--checks", "nccl"])
     rep = json.loads(capsys.readouterr().out)
     found = problems(rep, "nccl.env")
     assert rc == 2 and [(f["host"], f["subject"], f["severity"]) for f in found] == [
-        (inbox, "instance:tp-across", "CRIT")], found
+        (inbox, "instance:tp-across", "CRIT")
+    ], found
     assert "NCCL_IB_TC unset" in found[0]["message"] and "NCCL_IB_TC: '106'" in found[0]["action"]
 
 
@@ -144,8 +152,7 @@ def test_active_without_perftest_is_unknown_per_host(lab, capsys, healed):
     rep = json.loads(capsys.readouterr().out)
     rows = [f for f in rep["findings"] if f["check"] == "roce.active"]
     assert rc == 3 and sorted(f["host"] for f in rows) == sorted(lab.names)
-    assert all(f["severity"] == "UNKNOWN" and "ib_write_bw (perftest) is not installed" in f["message"]
-               for f in rows)
+    assert all(f["severity"] == "UNKNOWN" and "ib_write_bw (perftest) is not installed" in f["message"] for f in rows)
 
 
 def test_running_unit_on_the_management_nic_and_its_memlock(lab, capsys, healed, tmp_path):
@@ -158,19 +165,28 @@ def test_running_unit_on_the_management_nic_and_its_memlock(lab, capsys, healed,
     mgmt_ip = load_inventory(str(lab.inventory)).hosts[host].address
     data.setdefault("engines", {})["nccl-test"] = {"path": "/opt/vllm/bin/vllm", "version": "0.11.0"}
     data.setdefault("models", {})["nccl-test"] = {"path": "/models/nccl-test"}
-    data["instances"] = {"tp-run": {"model": "nccl-test", "engine": "nccl-test", "port": 8100,
-                                    "placement": [f"{other}:0", f"{other}:1", f"{host}:0", f"{host}:1"],
-                                    "env": {"NCCL_SOCKET_IFNAME": "=eth2", "NCCL_IB_TC": "106"}}}
+    data["instances"] = {
+        "tp-run": {
+            "model": "nccl-test",
+            "engine": "nccl-test",
+            "port": 8100,
+            "placement": [f"{other}:0", f"{other}:1", f"{host}:0", f"{host}:1"],
+            "env": {"NCCL_SOCKET_IFNAME": "=eth2", "NCCL_IB_TC": "106"},
+        }
+    }
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump(data, sort_keys=False))
     unit = "clusterctl-tp-run.service"
-    lab.run(host, f"systemctl reset-failed {unit} 2>/dev/null; systemd-run --unit {unit} --collect "
-                  "-p LimitMEMLOCK=8M -p Environment=NCCL_SOCKET_IFNAME=eth0 -p Environment=NCCL_IB_TC=106 "
-                  f"-p Environment=VLLM_HOST_IP={mgmt_ip} -p Environment=HF_TOKEN=hf_lab_secret_value "
-                  "sleep 600", check=True)
+    lab.run(
+        host,
+        f"systemctl reset-failed {unit} 2>/dev/null; systemd-run --unit {unit} --collect "
+        "-p LimitMEMLOCK=8M -p Environment=NCCL_SOCKET_IFNAME=eth0 -p Environment=NCCL_IB_TC=106 "
+        f"-p Environment=VLLM_HOST_IP={mgmt_ip} -p Environment=HF_TOKEN=hf_lab_secret_value "
+        "sleep 600",
+        check=True,
+    )
     try:
-        rc = main(["doctor", "all", "-i", str(inv), "--json", "--checks", "nccl,host.rdma_prereqs",
-                   "--interval", "0"])
+        rc = main(["doctor", "all", "-i", str(inv), "--json", "--checks", "nccl,host.rdma_prereqs", "--interval", "0"])
         out = capsys.readouterr().out
     finally:
         lab.run(host, f"systemctl stop {unit}")
@@ -178,8 +194,9 @@ def test_running_unit_on_the_management_nic_and_its_memlock(lab, capsys, healed,
     rep = json.loads(out)
     found = problems(rep, "nccl.env")
     assert rc >= 1 and [(f["host"], f["severity"]) for f in found] == [(host, "WARN"), (host, "WARN")], found
-    assert found[0]["message"] == (f"tp-run: NCCL_SOCKET_IFNAME=eth0 in the running unit {unit} selects the "
-                                   "management NIC eth0")
+    assert found[0]["message"] == (
+        f"tp-run: NCCL_SOCKET_IFNAME=eth0 in the running unit {unit} selects the management NIC eth0"
+    )
     assert found[1]["message"].startswith(f"tp-run: VLLM_HOST_IP={mgmt_ip} in the running unit {unit} is ")
     mem = [f for f in problems(rep, "host.rdma_prereqs") if f["subject"] == f"unit:{unit}"]
     assert [(f["host"], f["severity"]) for f in mem] == [(host, "WARN")], mem
@@ -229,12 +246,17 @@ def test_active_pairs_over_ssh_with_a_stand_in_ib_write_bw(lab, capsys, healed, 
     names = lab.names[:4] if len(lab.names) >= 4 else lab.names
     slow = names[1]
     for h in lab.names:
-        lab.run(h, "cat > /usr/local/bin/ib_write_bw && chmod 755 /usr/local/bin/ib_write_bw",
-                input=FAKE_IB_WRITE_BW, check=True)
+        lab.run(
+            h,
+            "cat > /usr/local/bin/ib_write_bw && chmod 755 /usr/local/bin/ib_write_bw",
+            input=FAKE_IB_WRITE_BW,
+            check=True,
+        )
     lab.run(slow, "echo 30000.00 > /etc/clusterctl-test-bw", check=True)
     try:
-        rc = main(["doctor", "all", "-i", str(lab.inventory), "--json", "--checks", "roce.qos", "--active",
-                   "--interval", "0"])
+        rc = main(
+            ["doctor", "all", "-i", str(lab.inventory), "--json", "--checks", "roce.qos", "--active", "--interval", "0"]
+        )
         rep = json.loads(capsys.readouterr().out)
     finally:
         for h in lab.names:
@@ -247,8 +269,10 @@ def test_active_pairs_over_ssh_with_a_stand_in_ib_write_bw(lab, capsys, healed, 
         want.add((order[-1], f"pair:{order[0]}"))
     assert set(pairs) == want, rows
     assert pairs[(slow, f"pair:{order[0]}")]["severity"] == "WARN"
-    assert "251.7 Gb/s average over 1 s, below 320 Gb/s for a 400 Gb/s link" in \
-        pairs[(slow, f"pair:{order[0]}")]["message"]
+    assert (
+        "251.7 Gb/s average over 1 s, below 320 Gb/s for a 400 Gb/s link"
+        in pairs[(slow, f"pair:{order[0]}")]["message"]
+    )
     assert all(f["severity"] == "OK" for k, f in pairs.items() if k[0] != slow)
     assert rc == 1
 
@@ -261,8 +285,9 @@ def test_port_drops_of_lossy_traffic_warn_and_lossless_drops_are_critical(lab, c
     faults.inject(lab.host_dir(victim), "discards", nic="eth2", per_s=100, priority=0)
     rc, rep = doctor(lab, capsys, "roce.discards")
     found = problems(rep, "roce.discards")
-    assert rc == 1 and [(f["host"], f["subject"], f["severity"]) for f in found] == [
-        (victim, "nic:eth2", "WARN")], found
+    assert rc == 1 and [(f["host"], f["subject"], f["severity"]) for f in found] == [(victim, "nic:eth2", "WARN")], (
+        found
+    )
     assert "lossy traffic such as TCP included" in found[0]["message"]
     faults.inject(lab.host_dir(victim), "discards", nic="eth2", per_s=100, priority=3)
     rc, rep = doctor(lab, capsys, "roce.discards")

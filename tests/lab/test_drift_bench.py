@@ -34,8 +34,12 @@ KEY = "lab-drift-key-7d2e"
 PROMPTS = Path(__file__).resolve().parents[2] / "checks" / "drift" / "basic.jsonl"
 #: instance -> (host index, GPU, port, model dir, time scale); ``bench`` runs at real speed (scale 1), so
 #: its TTFT and ITL are those of an H100, not fractions of a millisecond lost in the machine's noise
-INSTANCES = {"fp-a": (0, 0, 8100, "/models/qwen3-8b", 0.05), "awq": (0, 1, 8101, "/models/qwen3-8b-awq", 0.05),
-             "fp-b": (1, 0, 8100, "/models/qwen3-8b", 0.05), "bench": (1, 1, 8101, "/models/qwen3-8b", 1.0)}
+INSTANCES = {
+    "fp-a": (0, 0, 8100, "/models/qwen3-8b", 0.05),
+    "awq": (0, 1, 8101, "/models/qwen3-8b-awq", 0.05),
+    "fp-b": (1, 0, 8100, "/models/qwen3-8b", 0.05),
+    "bench": (1, 1, 8101, "/models/qwen3-8b", 1.0),
+}
 #: every instance's start-up (load, compile, CUDA graphs) at this scale: ``bench`` serves at real speed but
 #: need not start at it (about 40 s of the fixture)
 STARTUP_SCALE = 0.05
@@ -49,26 +53,35 @@ def _unit(name: str) -> str:
 def instances(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The three units up and healthy; yields the inventory naming them as instances."""
     hosts = lab.names[:2]
-    lab.run(hosts[0], "vllm-sim make-model qwen3-8b /models/qwen3-8b --sparse && "
-                      "vllm-sim make-model qwen3-8b /models/qwen3-8b-awq --sparse --quantization awq",
-            check=True, timeout=120)
+    lab.run(
+        hosts[0],
+        "vllm-sim make-model qwen3-8b /models/qwen3-8b --sparse && "
+        "vllm-sim make-model qwen3-8b /models/qwen3-8b-awq --sparse --quantization awq",
+        check=True,
+        timeout=120,
+    )
     lab.run(hosts[1], "vllm-sim make-model qwen3-8b /models/qwen3-8b --sparse", check=True, timeout=120)
     try:
         for name, (h, gpu, port, model, scale) in INSTANCES.items():
-            lab.run(hosts[h], f"systemd-run --unit={_unit(name)} --collect --property=Type=exec "
-                              f"--setenv=VLLM_API_KEY={KEY} --setenv=VLLM_SIM_TIME_SCALE={scale} "
-                              f"--setenv=VLLM_SIM_STARTUP_SCALE={STARTUP_SCALE} "
-                              f"--setenv=CUDA_VISIBLE_DEVICES={gpu} /opt/vllm-0.11/bin/vllm serve {model} "
-                              f"--port {port} --max-model-len 8192 --max-num-seqs 256 --served-model-name qwen3-8b",
-                    check=True)
+            lab.run(
+                hosts[h],
+                f"systemd-run --unit={_unit(name)} --collect --property=Type=exec "
+                f"--setenv=VLLM_API_KEY={KEY} --setenv=VLLM_SIM_TIME_SCALE={scale} "
+                f"--setenv=VLLM_SIM_STARTUP_SCALE={STARTUP_SCALE} "
+                f"--setenv=CUDA_VISIBLE_DEVICES={gpu} /opt/vllm-0.11/bin/vllm serve {model} "
+                f"--port {port} --max-model-len 8192 --max-num-seqs 256 --served-model-name qwen3-8b",
+                check=True,
+            )
         for name, (h, _gpu, port, _m, _s) in INSTANCES.items():
             addr = lab.host(hosts[h]).address
             wait_healthy(lab, hosts[h], f"http://{addr}:{port}/health", _unit(name), timeout=120)
         inv = tmp_path_factory.mktemp("inv") / "inventory.yaml"
         text = Path(lab.inventory).read_text() + "models:\n  qwen3-8b: {path: /models/qwen3-8b}\ninstances:\n"
         for name, (h, gpu, port, _m, _s) in INSTANCES.items():
-            text += (f"  {name}:\n    model: qwen3-8b\n    engine: vllm-0.11\n    placement: '{hosts[h]}:{gpu}'\n"
-                     f"    port: {port}\n    secrets: {{VLLM_API_KEY: {{env: LAB_DRIFT_KEY}}}}\n")
+            text += (
+                f"  {name}:\n    model: qwen3-8b\n    engine: vllm-0.11\n    placement: '{hosts[h]}:{gpu}'\n"
+                f"    port: {port}\n    secrets: {{VLLM_API_KEY: {{env: LAB_DRIFT_KEY}}}}\n"
+            )
         inv.write_text(text)
         yield load_inventory(str(inv))
     finally:
@@ -113,10 +126,15 @@ def test_quantized_instance_drifts_and_a_twin_stays_within_the_calibrated_floor(
 
 def _fault(lab: Any, host: str, port: int, body: dict[str, Any]) -> None:
     """POST /sim/fault from the host's own loopback (the simulator refuses other addresses)."""
-    script = ("import json,sys,urllib.request as u; r=u.Request(sys.argv[1], data=sys.argv[2].encode(), "
-              "method='POST'); print(u.urlopen(r, timeout=10).read().decode())")
-    lab.run(host, f"python3 -c {shlex.quote(script)} http://127.0.0.1:{port}/sim/fault "
-                  f"{shlex.quote(json.dumps(body))}", check=True)
+    script = (
+        "import json,sys,urllib.request as u; r=u.Request(sys.argv[1], data=sys.argv[2].encode(), "
+        "method='POST'); print(u.urlopen(r, timeout=10).read().decode())"
+    )
+    lab.run(
+        host,
+        f"python3 -c {shlex.quote(script)} http://127.0.0.1:{port}/sim/fault {shlex.quote(json.dumps(body))}",
+        check=True,
+    )
 
 
 def test_leak_check_catches_the_fault_and_is_quiet_under_load(lab, instances, env) -> None:
@@ -147,8 +165,10 @@ def test_bench_agrees_with_the_server_timings(lab, instances, env) -> None:
         rep = aggregate(res.results, res.duration, level)
         assert rep["completed"] == len(ps) and rep["failed"] == 0, rep["errors"]
         assert all(len(r.itl) == 15 and r.output_tokens == 16 for r in res.results)
-        server = {m: 1000 * (server_metrics.histogram_mean(before, after, f"vllm:{m}_seconds") or 0)
-                  for m in ("time_to_first_token", "inter_token_latency")}
+        server = {
+            m: 1000 * (server_metrics.histogram_mean(before, after, f"vllm:{m}_seconds") or 0)
+            for m in ("time_to_first_token", "inter_token_latency")
+        }
         client = {"time_to_first_token": rep["ttft_ms"]["mean"], "inter_token_latency": rep["itl_ms"]["mean"]}
         seen[level] = (client, server)
     print(seen)

@@ -39,8 +39,15 @@ def test_an_installed_engine_is_deployed_on_and_not_removed_while_its_unit_runs(
     doc = yaml.safe_load(lab.inventory.read_text())
     doc["engines"][ENGINE] = {"path": PATH, "version": VERSION}
     doc["models"] = {"ei-tiny": {"path": MODEL, "source": str(src), "version": "v1", "served_name": "ei-tiny"}}
-    doc["instances"] = {INSTANCE: {"model": "ei-tiny", "engine": ENGINE, "placement": f"{host}:6", "port": PORT,
-                                   "env": {"VLLM_SIM_TIME_SCALE": "0"}}}
+    doc["instances"] = {
+        INSTANCE: {
+            "model": "ei-tiny",
+            "engine": ENGINE,
+            "placement": f"{host}:6",
+            "port": PORT,
+            "env": {"VLLM_SIM_TIME_SCALE": "0"},
+        }
+    }
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     wheels = tmp_path / "wheelhouse"
@@ -60,8 +67,11 @@ def test_an_installed_engine_is_deployed_on_and_not_removed_while_its_unit_runs(
         # used: a real deploy of an instance on the installed engine (its gate passed: served by it)
         rc, out = _run(capsys, "deploy", *common, "--instances", INSTANCE, "--gate-timeout", "90", "--json")
         assert rc == 0, out
-        shown = lab.run(host, f"systemctl show -p ExecStart --value {spec.unit_name(INSTANCE)}; "
-                              f"systemctl is-active {spec.unit_name(INSTANCE)}").stdout
+        shown = lab.run(
+            host,
+            f"systemctl show -p ExecStart --value {spec.unit_name(INSTANCE)}; "
+            f"systemctl is-active {spec.unit_name(INSTANCE)}",
+        ).stdout
         assert f"path={PATH} ;" in shown and shown.split()[-1] == "active", shown
 
         rc, out = _run(capsys, "engine", "remove", ENGINE, *common)
@@ -69,14 +79,23 @@ def test_an_installed_engine_is_deployed_on_and_not_removed_while_its_unit_runs(
         assert "refused 1" in out.splitlines()[-1] and "unread" not in out, out
         assert lab.run(host, f"test -x {PATH}").returncode == 0
 
-        lab.run(host, f"systemctl stop {spec.unit_name(INSTANCE)}; rm -f {spec.unit_path(INSTANCE)} "
-                      f"{spec.env_path(INSTANCE)}; systemctl daemon-reload", check=True, timeout=60)
+        lab.run(
+            host,
+            f"systemctl stop {spec.unit_name(INSTANCE)}; rm -f {spec.unit_path(INSTANCE)} "
+            f"{spec.env_path(INSTANCE)}; systemctl daemon-reload",
+            check=True,
+            timeout=60,
+        )
         rc, out = _run(capsys, "engine", "remove", ENGINE, "--json", *common)
         assert rc == 0 and [h["status"] for h in json.loads(out)["hosts"]] == ["changed"], out
     finally:
         unit = spec.unit_name(INSTANCE)
-        lab.run(host, f"systemctl stop {unit}; systemctl reset-failed {unit}; rm -f {spec.unit_path(INSTANCE)} "
-                      f"{spec.env_path(INSTANCE)}; systemctl daemon-reload; rm -rf {ROOT} /opt/.vllm-0.11.0-sim.* "
-                      f"{MODEL} /models/.versions/ei-tiny", timeout=60)
+        lab.run(
+            host,
+            f"systemctl stop {unit}; systemctl reset-failed {unit}; rm -f {spec.unit_path(INSTANCE)} "
+            f"{spec.env_path(INSTANCE)}; systemctl daemon-reload; rm -rf {ROOT} /opt/.vllm-0.11.0-sim.* "
+            f"{MODEL} /models/.versions/ei-tiny",
+            timeout=60,
+        )
         if not had_user:
             lab.run(host, "userdel vllm")

@@ -30,8 +30,15 @@ from support.http import http
 
 REPO = Path(__file__).resolve().parents[2]
 GW_PORT = 8080
-TEMPLATE = {"model": "fo-tiny", "engine": "vllm-0.11", "replicas": 4, "tp": 2, "port_base": 8600,
-            "args": {"max-model-len": 2048}, "env": {"VLLM_SIM_TIME_SCALE": "0"}}
+TEMPLATE = {
+    "model": "fo-tiny",
+    "engine": "vllm-0.11",
+    "replicas": 4,
+    "tp": 2,
+    "port_base": 8600,
+    "args": {"max-model-len": 2048},
+    "env": {"VLLM_SIM_TIME_SCALE": "0"},
+}
 
 
 class Scene:
@@ -45,16 +52,35 @@ class Scene:
         doc["models"] = {"fo-tiny": tiny_entry(model_dir, "/models/fo-tiny", served_name="fo-tiny")}
         doc["templates"] = {"fo": {**TEMPLATE, "hosts": ",".join(self.workers)}}
         doc.pop("instances", None)
-        doc["gateway"] = {"hosts": self.gw_host, "port": GW_PORT, "max_conns": 8, "sync_interval_s": 1,
-                          "read_timeout_s": 600, "auth": "none"}
+        doc["gateway"] = {
+            "hosts": self.gw_host,
+            "port": GW_PORT,
+            "max_conns": 8,
+            "sync_interval_s": 1,
+            "read_timeout_s": 600,
+            "auth": "none",
+        }
         self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_STATE_DIR": str(self.state_dir)}
-        return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args, "-i", str(self.inv_path),
-                               "--state-dir", str(self.state_dir)], capture_output=True, text=True, timeout=600,
-                              env=env)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "clusterctl.cli.main",
+                *args,
+                "-i",
+                str(self.inv_path),
+                "--state-dir",
+                str(self.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
 
     def placements(self) -> dict[str, tuple[str, list[int], int]]:
         doc = json.loads((self.state_dir / "placements.json").read_text())
@@ -69,17 +95,25 @@ class Scene:
         got: collections.Counter[str] = collections.Counter()
         for _ in range(n):
             import urllib.request
-            req = urllib.request.Request(self.url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                         data=json.dumps({"model": "fo-tiny", "prompt": "hi", "max_tokens": 1}).encode())
+
+            req = urllib.request.Request(
+                self.url + "/v1/completions",
+                headers={"Content-Type": "application/json"},
+                data=json.dumps({"model": "fo-tiny", "prompt": "hi", "max_tokens": 1}).encode(),
+            )
             with urllib.request.urlopen(req, timeout=30) as r:
                 assert r.status == 200
                 got[r.headers.get("X-Gateway-Instance", "")] += 1
         return got
 
     def cleanup(self) -> None:
-        remove_deployed(self.lab, "clusterctl-fo-*.service", "/etc/clusterctl/instances/fo-*.env "
-                        "/var/lib/clusterctl/deploy/previous/fo-* /models/fo-tiny /models/.versions/fo-tiny",
-                        hosts=self.workers)
+        remove_deployed(
+            self.lab,
+            "clusterctl-fo-*.service",
+            "/etc/clusterctl/instances/fo-*.env "
+            "/var/lib/clusterctl/deploy/previous/fo-* /models/fo-tiny /models/.versions/fo-tiny",
+            hosts=self.workers,
+        )
         self.lab.run(self.gw_host, "systemctl disable --now nginx.service", timeout=60)
 
 
@@ -120,8 +154,9 @@ def test_failover_moves_one_unavailable_replica_within_the_cap_and_keeps_cordons
     res = scene.cli("status", "--window", "0", "--json")
     assert res.returncode == 2, res.stdout + res.stderr
     rows = {r["name"]: r for r in json.loads(res.stdout)["instances"]}
-    assert all(rows[n]["tp_group"].startswith("UNAVAILABLE") and rows[n]["severity"] == "CRIT"
-               for n in ("fo-1", "fo-2")), rows
+    assert all(
+        rows[n]["tp_group"].startswith("UNAVAILABLE") and rows[n]["severity"] == "CRIT" for n in ("fo-1", "fo-2")
+    ), rows
     assert rows["fo-3"]["tp_group"] == "OK" and rows["fo-3"]["severity"] == "OK"
     res = scene.cli("gateway", "sync", "--window", "0", "--force", "--json")
     assert res.returncode == 0, res.stdout + res.stderr

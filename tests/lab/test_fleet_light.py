@@ -24,17 +24,28 @@ def light_lab(tmp_path_factory):
 
 
 def cli(*args: str, env_home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args], capture_output=True,
-                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(env_home),
-                                                      "XDG_STATE_HOME": str(env_home / "state")})
+    return subprocess.run(
+        [sys.executable, "-m", "clusterctl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(env_home), "XDG_STATE_HOME": str(env_home / "state")},
+    )
 
 
 def test_light_hosts_are_separate_namespaces_with_own_root(light_lab, tmp_path):
     lab_dir, inv = light_lab
     assert all(h.alive and h.listening for h in light.status(lab_dir))
-    r = cli("exec", "-i", str(inv), "all", "--json", "--",
-            "echo $(cat /proc/sys/kernel/hostname) $HOME $(ls -A /root | wc -l) $(cat /proc/1/comm)",
-            env_home=tmp_path)
+    r = cli(
+        "exec",
+        "-i",
+        str(inv),
+        "all",
+        "--json",
+        "--",
+        "echo $(cat /proc/sys/kernel/hostname) $HOME $(ls -A /root | wc -l) $(cat /proc/1/comm)",
+        env_home=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     outs = {h["host"]: h["stdout"] for h in data["hosts"]}
@@ -56,8 +67,15 @@ def test_inventory_is_strict_and_known_hosts_prefilled(light_lab, tmp_path):
 
 def test_cli_exit_codes_and_failed_memory(light_lab, tmp_path):
     _, inv = light_lab
-    r = cli("exec", "-i", str(inv), "all", "--", 'case $(cat /proc/sys/kernel/hostname) in lh0003) exit 7;; esac',
-            env_home=tmp_path)
+    r = cli(
+        "exec",
+        "-i",
+        str(inv),
+        "all",
+        "--",
+        'case $(cat /proc/sys/kernel/hostname) in lh0003) exit 7;; esac',
+        env_home=tmp_path,
+    )
     assert r.returncode == 7
     assert "lh0003 (1) rc=7" in r.stdout
     r = cli("exec", "-i", str(inv), "@failed", "--json", "--", "cat /proc/sys/kernel/hostname", env_home=tmp_path)

@@ -32,12 +32,14 @@ SUDO_USER = "clctl-sudo-test"
 def harness():
     h = SshdHarness(base="127.77")
     try:
-        h.start([
-            HostSpec("ok1", "127.77.0.1"),
-            HostSpec("ok2", "127.77.0.2"),
-            # PATH without python3 for every session (sshd applies SetEnv last)
-            HostSpec("nopy", "127.77.0.3", extra_config=["SetEnv PATH=/nonexistent-bin"]),
-        ])
+        h.start(
+            [
+                HostSpec("ok1", "127.77.0.1"),
+                HostSpec("ok2", "127.77.0.2"),
+                # PATH without python3 for every session (sshd applies SetEnv last)
+                HostSpec("nopy", "127.77.0.3", extra_config=["SetEnv PATH=/nonexistent-bin"]),
+            ]
+        )
         h.silent_server("127.77.9.1")
         h.blackhole("127.77.9.3")
         yield h
@@ -46,8 +48,11 @@ def harness():
 
 
 def run(hosts, command="true", **kw):
-    fleet_kw = {k: kw.pop(k) for k in ("fanout", "connect_timeout", "command_timeout", "deadline",
-                                       "become_password", "transport") if k in kw}
+    fleet_kw = {
+        k: kw.pop(k)
+        for k in ("fanout", "connect_timeout", "command_timeout", "deadline", "become_password", "transport")
+        if k in kw
+    }
     with Fleet(hosts, **fleet_kw) as f:
         return f.run(command, **kw)
 
@@ -120,8 +125,12 @@ def test_off_policy_accepts_and_warns(harness, tmp_path):
 
 def test_hanging_command_times_out_and_run_ends_by_deadline(harness):
     t0 = time.monotonic()
-    res = run([harness.host("ok1"), harness.host("ok2")],
-              {"ok1": "sleep 60", "ok2": "echo fast"}, command_timeout=30, deadline=2)
+    res = run(
+        [harness.host("ok1"), harness.host("ok2")],
+        {"ok1": "sleep 60", "ok2": "echo fast"},
+        command_timeout=30,
+        deadline=2,
+    )
     assert time.monotonic() - t0 < 3
     assert res["ok1"].status is HostStatus.TIMEOUT and "deadline" in res["ok1"].error
     assert res["ok2"].ok
@@ -147,8 +156,15 @@ def test_connection_reused_across_runs(harness):
     assert harness.log("ok2").count("Accepted publickey") == before + 1
 
 
-HOSTILE = ["; touch {m}", "$(touch {m})", "`touch {m}`", "a'b\"c; touch {m}",
-           "x\ntouch {m}", "${{IFS}}touch${{IFS}}{m}", "&& touch {m} #"]
+HOSTILE = [
+    "; touch {m}",
+    "$(touch {m})",
+    "`touch {m}`",
+    "a'b\"c; touch {m}",
+    "x\ntouch {m}",
+    "${{IFS}}touch${{IFS}}{m}",
+    "&& touch {m} #",
+]
 
 
 def test_hostile_inventory_values_are_not_executed(harness, tmp_path):
@@ -157,8 +173,11 @@ def test_hostile_inventory_values_are_not_executed(harness, tmp_path):
     host = harness.host("ok1")
     host.vars = {f"v{i}": v for i, v in enumerate(values)}
     host.labels = {"rack": f"r1; touch {marker}"}
-    cmd = (shell.join(["printf", "%s\\0"] + list(host.vars.values())) + "; "
-           + shell.with_env("printenv RACK", {"RACK": host.labels["rack"]}))
+    cmd = (
+        shell.join(["printf", "%s\\0"] + list(host.vars.values()))
+        + "; "
+        + shell.with_env("printenv RACK", {"RACK": host.labels["rack"]})
+    )
     res = run([host], cmd)
     r = res["ok1"]
     assert r.ok, r
@@ -182,6 +201,7 @@ def test_proxy_jump_through_bastion(harness):
 
 # -- sudo with a password ----------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def sudo_user(harness):
     """A real non-root user whose sudo needs a password; removed afterwards."""
@@ -189,8 +209,9 @@ def sudo_user(harness):
     home = harness.dir / "sudo-home"
     home.mkdir()
     _remove_user()  # a leftover of an interrupted run
-    subprocess.run(["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/sh",
-                    SUDO_USER], check=True)
+    subprocess.run(
+        ["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/sh", SUDO_USER], check=True
+    )
     try:
         subprocess.run(["chpasswd"], input=f"{SUDO_USER}:{password}\n", text=True, check=True)
         sudoers = Path(f"/etc/sudoers.d/{SUDO_USER}")

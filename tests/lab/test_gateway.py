@@ -40,8 +40,12 @@ from support.http import http, wait_healthy
 MODEL_DIR = "/models/gw-tiny"
 GW_PORT = 8080
 #: instance -> (host index in the lab, GPU, port, inventory model)
-INSTANCES = {"g-a1": (0, 0, 8101, "tiny"), "g-a2": (2, 0, 8101, "tiny"),
-             "g-a3": (1, 0, 8102, "tiny"), "g-c1": (1, 1, 8103, "tiny-v2")}
+INSTANCES = {
+    "g-a1": (0, 0, 8101, "tiny"),
+    "g-a2": (2, 0, 8101, "tiny"),
+    "g-a3": (1, 0, 8102, "tiny"),
+    "g-c1": (1, 1, 8103, "tiny-v2"),
+}
 UNIT = """[Unit]
 Description=clusterctl instance {name} (gateway lab test)
 
@@ -60,13 +64,20 @@ Port={port}
 """
 
 
-def _install(lab: Any, host: str, name: str, gpu: int, port: int, model: str, served: str = "tiny",
-             env: str = "") -> None:
+def _install(
+    lab: Any, host: str, name: str, gpu: int, port: int, model: str, served: str = "tiny", env: str = ""
+) -> None:
     unit = UNIT.format(name=name, gpu=gpu, port=port, model=model, model_dir=MODEL_DIR, served=served, env=env)
     path = f"/etc/systemd/system/clusterctl-{name}.service"
-    lab.run(host, f"test -d {MODEL_DIR} || vllm-sim make-model tiny {MODEL_DIR} >/dev/null; "
-                  f"cat > {path}.tmp && mv {path}.tmp {path} && systemctl daemon-reload && "
-                  f"systemctl restart clusterctl-{name}.service", input=unit, check=True, timeout=120)
+    lab.run(
+        host,
+        f"test -d {MODEL_DIR} || vllm-sim make-model tiny {MODEL_DIR} >/dev/null; "
+        f"cat > {path}.tmp && mv {path}.tmp {path} && systemctl daemon-reload && "
+        f"systemctl restart clusterctl-{name}.service",
+        input=unit,
+        check=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +86,21 @@ def gw(lab, tmp_path_factory):
     assert len(names) >= 3, "the gateway test needs 3 lab hosts"
     hosts = {n: names[i] for n, (i, _, _, _) in INSTANCES.items()}
     text = Path(lab.inventory).read_text()
-    text += ("models:\n"
-             f"  tiny: {{path: {MODEL_DIR}, served_name: tiny}}\n"
-             f"  tiny-v2: {{path: {MODEL_DIR}, served_name: tiny}}\n"
-             "instances:\n")
+    text += (
+        "models:\n"
+        f"  tiny: {{path: {MODEL_DIR}, served_name: tiny}}\n"
+        f"  tiny-v2: {{path: {MODEL_DIR}, served_name: tiny}}\n"
+        "instances:\n"
+    )
     for n, (_, gpu, port, model) in INSTANCES.items():
-        text += (f"  {n}: {{model: {model}, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}, "
-                 "args: {max-num-seqs: 2}}\n")
-    text += (f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 4\n"
-             "  sync_interval_s: 1\n  read_timeout_s: 600\n  auth: none\n")
+        text += (
+            f"  {n}: {{model: {model}, engine: vllm-0.11, placement: '{hosts[n]}:{gpu}', port: {port}, "
+            "args: {max-num-seqs: 2}}\n"
+        )
+    text += (
+        f"gateway:\n  hosts: {names[0]}\n  port: {GW_PORT}\n  max_conns: 4\n"
+        "  sync_interval_s: 1\n  read_timeout_s: 600\n  auth: none\n"
+    )
     d = tmp_path_factory.mktemp("gateway")
     try:  # units started before a failure are removed too
         inv_path = d / "inventory.yaml"
@@ -91,18 +108,32 @@ def gw(lab, tmp_path_factory):
         for n, (_, gpu, port, model) in INSTANCES.items():
             _install(lab, hosts[n], n, gpu, port, model)
         for n, (_, _, port, _) in INSTANCES.items():
-            wait_healthy(lab, hosts[n], f"http://{lab.host(hosts[n]).address}:{port}/health",
-                         f"clusterctl-{n}.service", timeout=90)
+            wait_healthy(
+                lab,
+                hosts[n],
+                f"http://{lab.host(hosts[n]).address}:{port}/health",
+                f"clusterctl-{n}.service",
+                timeout=90,
+            )
         state = d / "state"
         rc = main(["gateway", "deploy", names[0], "-i", str(inv_path), "--state-dir", str(state)])
         assert rc == 0
-        env = {"inv": str(inv_path), "state": str(state), "hosts": hosts, "gw_host": names[0],
-               "url": f"http://{lab.host(names[0]).address}:{GW_PORT}"}
+        env = {
+            "inv": str(inv_path),
+            "state": str(state),
+            "hosts": hosts,
+            "gw_host": names[0],
+            "url": f"http://{lab.host(names[0]).address}:{GW_PORT}",
+        }
         yield env
     finally:
         for n, host in hosts.items():
-            lab.run(host, f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
-                          "systemctl daemon-reload; systemctl reset-failed", timeout=120)
+            lab.run(
+                host,
+                f"systemctl stop clusterctl-{n}.service; rm -f /etc/systemd/system/clusterctl-{n}.service; "
+                "systemctl daemon-reload; systemctl reset-failed",
+                timeout=120,
+            )
         lab.run(names[0], "systemctl disable --now nginx.service", timeout=60)
         for host in set(hosts.values()):
             lab.run(host, f"rm -rf {MODEL_DIR}", timeout=60)
@@ -110,9 +141,11 @@ def gw(lab, tmp_path_factory):
 
 def _ask(gw: dict, session: str | None = None, model: str = "tiny", max_tokens: int = 2) -> tuple[int, str, dict]:
     """One non-streamed completion through the gateway: (status, instance that answered, body)."""
-    req = urllib.request.Request(gw["url"] + "/v1/completions", headers={
-        "Content-Type": "application/json", **({"X-Session-ID": session} if session else {})},
-        data=json.dumps({"model": model, "prompt": "hello there", "max_tokens": max_tokens}).encode())
+    req = urllib.request.Request(
+        gw["url"] + "/v1/completions",
+        headers={"Content-Type": "application/json", **({"X-Session-ID": session} if session else {})},
+        data=json.dumps({"model": model, "prompt": "hello there", "max_tokens": max_tokens}).encode(),
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, r.headers.get("X-Gateway-Instance", ""), json.loads(r.read())
@@ -120,14 +153,16 @@ def _ask(gw: dict, session: str | None = None, model: str = "tiny", max_tokens: 
         return e.code, e.headers.get("X-Gateway-Instance", ""), json.loads(e.read() or b"{}")
 
 
-def _stream(gw: dict, session: str, max_tokens: int, out: dict, started: threading.Event,
-            timeout: float = 120) -> None:
+def _stream(gw: dict, session: str, max_tokens: int, out: dict, started: threading.Event, timeout: float = 120) -> None:
     """A streamed completion through the gateway; ``out``: instance, chunks, done ([DONE] seen), error.
     ``timeout``: the read timeout (a stream cut with its gateway ends so)."""
-    req = urllib.request.Request(gw["url"] + "/v1/completions", headers={
-        "Content-Type": "application/json", "X-Session-ID": session},
-        data=json.dumps({"model": "tiny", "prompt": "a long story", "max_tokens": max_tokens,
-                         "ignore_eos": True, "stream": True}).encode())
+    req = urllib.request.Request(
+        gw["url"] + "/v1/completions",
+        headers={"Content-Type": "application/json", "X-Session-ID": session},
+        data=json.dumps(
+            {"model": "tiny", "prompt": "a long story", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        ).encode(),
+    )
     out.update(chunks=0, done=False, error=None, instance=None)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -148,8 +183,10 @@ def _stream(gw: dict, session: str, max_tokens: int, out: dict, started: threadi
 def _slow(lab, gw: dict, name: str, factor: int, check: bool = True) -> None:
     port = INSTANCES[name][2]
     body = json.dumps({"fault": "slowdown", "factor": factor} if factor > 1 else {"fault": "clear"})
-    post = ("import sys, urllib.request; urllib.request.urlopen(urllib.request.Request("
-            f"'http://127.0.0.1:{port}/sim/fault', data=sys.stdin.read().encode()), timeout=10)")
+    post = (
+        "import sys, urllib.request; urllib.request.urlopen(urllib.request.Request("
+        f"'http://127.0.0.1:{port}/sim/fault', data=sys.stdin.read().encode()), timeout=10)"
+    )
     lab.run(gw["hosts"][name], f'python3 -c "{post}"', input=body, check=check)
 
 
@@ -190,8 +227,7 @@ def test_same_session_same_instance_also_across_a_reload(gw):
     assert _served_by(gw, sessions) == first
     assert len(set(first.values()) - {"g-c1"}) >= 2, first  # sessions are spread over the instances
     inv = load_inventory(gw["inv"])
-    _apply(gw, inv, {"g-a1": ServerState(weight=10), "g-a2": ServerState(weight=100),
-                     "g-a3": ServerState(weight=50)})
+    _apply(gw, inv, {"g-a1": ServerState(weight=10), "g-a2": ServerState(weight=100), "g-a3": ServerState(weight=50)})
     try:
         assert _served_by(gw, sessions) == first
     finally:
@@ -220,8 +256,9 @@ def _one_conn(gw: dict) -> Iterator[None]:
 
 def _sync(gw: dict, capsys, *extra: str) -> dict:
     capsys.readouterr()
-    rc = main(["gateway", "sync", "-i", gw["inv"], "--state-dir", gw["state"], "--window", "0", "--force", "--json",
-               *extra])
+    rc = main(
+        ["gateway", "sync", "-i", gw["inv"], "--state-dir", gw["state"], "--window", "0", "--force", "--json", *extra]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0, out
     return out
@@ -274,7 +311,7 @@ def test_stream_survives_a_reload_and_marked_down_instance_gets_no_new_traffic(l
     try:
         assert started.wait(30)
         before = json.loads(http(gw["url"] + "/gateway/health")[1])["config"]
-        hook.mark_down(victim, "lab test")          # re-render + graceful reload, now
+        hook.mark_down(victim, "lab test")  # re-render + graceful reload, now
         after = json.loads(http(gw["url"] + "/gateway/health")[1])["config"]
         assert after != before and out["chunks"] > 0 and not out["done"]
     finally:
@@ -290,8 +327,12 @@ def test_stream_survives_a_reload_and_marked_down_instance_gets_no_new_traffic(l
         hook.mark_up(victim)
     # back in rotation within seconds (nginx's reload is asynchronous: the first requests after mark_up
     # may still meet the old workers' table; failed once in a CI-style run when asked at once)
-    _wait(f"{victim} back in rotation after mark_up", lambda: victim in {_ask(gw)[1] for _ in range(15)},
-          timeout=30, every=1)
+    _wait(
+        f"{victim} back in rotation after mark_up",
+        lambda: victim in {_ask(gw)[1] for _ in range(15)},
+        timeout=30,
+        every=1,
+    )
 
 
 def test_sync_marks_a_stopped_instance_down_and_back_up(lab, gw, capsys):
@@ -318,8 +359,11 @@ def test_sync_marks_a_stopped_instance_down_and_back_up(lab, gw, capsys):
 
 def _candidate_requests(lab, gw) -> float:
     _, body = http(f"http://{lab.host(gw['hosts']['g-c1']).address}:{INSTANCES['g-c1'][2]}/metrics")
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
-               if line.startswith("vllm:request_success_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.decode().splitlines()
+        if line.startswith("vllm:request_success_total{")
+    )
 
 
 def test_gray_release_splits_and_mirror_answers_once(lab, gw):
@@ -351,8 +395,9 @@ def test_nginx_t_failure_keeps_the_old_config(gw):
     inv = load_inventory(gw["inv"])
     good = json.loads(http(gw["url"] + "/gateway/health")[1])["config"]
     rendered = render_gateway(inv, dict(inv.instances))
-    broken = RenderedGateway(tuple(replace(f, text=f.text.replace("least_conn;", "least_conn_typo;"))
-                                   for f in rendered.files), "0" * 64)
+    broken = RenderedGateway(
+        tuple(replace(f, text=f.text.replace("least_conn;", "least_conn_typo;")) for f in rendered.files), "0" * 64
+    )
     with Fleet([inv.hosts[gw["gw_host"]]]) as fleet:
         [res] = apply_gateway(fleet, broken, port=GW_PORT, hosts=[gw["gw_host"]])
     assert not res.ok and res.kind == "nginx-t" and 'unknown directive "least_conn_typo"' in (res.error or "")
@@ -372,8 +417,21 @@ def test_clusterctl_stop_drains_through_the_gateway_and_start_brings_it_back(lab
     try:
         assert started.wait(30) and out["instance"] == "g-a2"
         capsys.readouterr()
-        rc = main(["stop", "g-a2", "-i", gw["inv"], "--state-dir", gw["state"], "--drain-timeout", "60",
-                   "--poll", "0.2", "--json"])
+        rc = main(
+            [
+                "stop",
+                "g-a2",
+                "-i",
+                gw["inv"],
+                "--state-dir",
+                gw["state"],
+                "--drain-timeout",
+                "60",
+                "--poll",
+                "0.2",
+                "--json",
+            ]
+        )
         res = json.loads(capsys.readouterr().out)["results"][0]
     finally:
         _slow(lab, gw, "g-a2", 1, check=False)  # stopped: a fresh process starts without the fault
@@ -398,8 +456,10 @@ def test_every_instance_at_max_conns_is_a_503_json_not_a_queue(lab, gw):
     streams = [(dict(), threading.Event()) for _ in range(3)]
     for n in ("g-a1", "g-a2", "g-a3"):
         _slow(lab, gw, n, 100)
-    threads = [threading.Thread(target=_stream, args=(gw, homes[n], 200, out, ev))
-               for n, (out, ev) in zip(("g-a1", "g-a2", "g-a3"), streams)]
+    threads = [
+        threading.Thread(target=_stream, args=(gw, homes[n], 200, out, ev))
+        for n, (out, ev) in zip(("g-a1", "g-a2", "g-a3"), streams)
+    ]
     with _one_conn(gw):
         try:
             for t in threads:
@@ -423,6 +483,7 @@ def test_request_rate_limit_answers_429_with_a_json_body(gw):
     _apply(gw, replace(inv, gateway=replace(inv.gateway, requests_per_second=2.0, burst=1)))
     try:
         import concurrent.futures as cf
+
         with cf.ThreadPoolExecutor(8) as pool:  # at once: only the rate's refills would let more pass
             answers = list(pool.map(lambda _: _ask(gw), range(8)))
         limited = [body for status, _, body in answers if status == 429]
@@ -439,17 +500,21 @@ def test_upstream_api_key_only_in_the_auth_file(lab, gw, monkeypatch):
     _install(lab, host, "g-k1", 2, 8103, "tiny-k", served="tiny-k", env=f"VLLM_API_KEY={key}")
     try:
         wait_healthy(lab, host, f"http://{lab.host(host).address}:8103/health", "clusterctl-g-k1.service", 90)
-        status, _ = http(f"http://{lab.host(host).address}:8103/v1/completions",
-                         {"model": "tiny-k", "prompt": "hi", "max_tokens": 1})
+        status, _ = http(
+            f"http://{lab.host(host).address}:8103/v1/completions", {"model": "tiny-k", "prompt": "hi", "max_tokens": 1}
+        )
         assert status == 401  # the instance wants the key
         inv = load_inventory(gw["inv"])
         assert inv.gateway is not None
         monkeypatch.setenv("GW_LAB_KEY", key)
-        keyed = replace(inv, models={**inv.models, "tiny-k": Model("tiny-k", MODEL_DIR, served_name="tiny-k")},
-                        instances={**inv.instances, "g-k1": Instance("g-k1", "tiny-k", "vllm-0.11",
-                                                                     (GpuRef(host, 2),), 8103)},
-                        gateway=replace(inv.gateway, api_key=SecretRef("env", "GW_LAB_KEY")))
+        keyed = replace(
+            inv,
+            models={**inv.models, "tiny-k": Model("tiny-k", MODEL_DIR, served_name="tiny-k")},
+            instances={**inv.instances, "g-k1": Instance("g-k1", "tiny-k", "vllm-0.11", (GpuRef(host, 2),), 8103)},
+            gateway=replace(inv.gateway, api_key=SecretRef("env", "GW_LAB_KEY")),
+        )
         from clusterctl.gateway.deploy import resolve_api_key
+
         rendered = render_gateway(keyed, dict(keyed.instances), api_key=resolve_api_key(keyed))
         with Fleet([inv.hosts[gw_host]]) as fleet:
             [res] = apply_gateway(fleet, rendered, port=GW_PORT, hosts=[gw_host])
@@ -458,13 +523,20 @@ def test_upstream_api_key_only_in_the_auth_file(lab, gw, monkeypatch):
         assert status == 200 and inst == "g-k1" and body["choices"], body
         auth = "/etc/nginx/clusterctl/upstream-auth.conf"
         assert lab.run(gw_host, f"stat -c '%a %U:%G' {auth}").stdout.strip() == "640 root:www-data"
-        leaks = lab.run(gw_host, "ps -eo args; journalctl --no-pager -q; cat /var/log/nginx/*.log "
-                                 "/etc/nginx/nginx.conf /etc/nginx/clusterctl/gateway.*").stdout
+        leaks = lab.run(
+            gw_host,
+            "ps -eo args; journalctl --no-pager -q; cat /var/log/nginx/*.log "
+            "/etc/nginx/nginx.conf /etc/nginx/clusterctl/gateway.*",
+        ).stdout
         assert key not in leaks
     finally:
         _apply(gw, load_inventory(gw["inv"]))
-        lab.run(host, "systemctl stop clusterctl-g-k1.service; rm -f /etc/systemd/system/clusterctl-g-k1.service; "
-                      "systemctl daemon-reload; systemctl reset-failed", timeout=120)
+        lab.run(
+            host,
+            "systemctl stop clusterctl-g-k1.service; rm -f /etc/systemd/system/clusterctl-g-k1.service; "
+            "systemctl daemon-reload; systemctl reset-failed",
+            timeout=120,
+        )
     assert lab.run(gw_host, "test -e /etc/nginx/clusterctl/upstream-auth.conf").returncode == 1  # removed with the key
 
 
@@ -518,15 +590,15 @@ def test_client_keys_on_a_gateway_host(lab, gw, tmp_path, capsys):
         assert main(["gateway", "deploy", gw["gw_host"], "-i", gw["inv"], "--state-dir", gw["state"]]) == 0
 
 
-
 def _load(url: str, stop: threading.Event, log: list[tuple[float, float, bool]]) -> None:
     """Short completions one after another until ``stop``: (sent, answered, ok) each (monotonic s)."""
     body = json.dumps({"model": "tiny", "prompt": "hello there", "max_tokens": 2}).encode()
     while not stop.is_set():
         t0 = time.monotonic()
         try:
-            req = urllib.request.Request(url + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(req, timeout=3) as r:
                 ok = r.status == 200 and bool(json.loads(r.read()).get("choices"))
         except Exception:  # noqa: BLE001 - a refused or cut request is what is counted
@@ -553,8 +625,9 @@ def _wait(what: str, cond, timeout: float = 30, every: float = 0.2):
         time.sleep(every)
 
 
-def _served_again(log: list[tuple[float, float, bool]], t_loss: float, label: str, capsys,
-                  stale_s: float = 0.0) -> float:
+def _served_again(
+    log: list[tuple[float, float, bool]], t_loss: float, label: str, capsys, stale_s: float = 0.0
+) -> float:
     """After a loss at ``t_loss`` (complete: nothing answered after it came through the lost part):
     waits until a request sent after it is answered and 10 more were sent after that (and ``stale_s``
     after the loss); asserts none of those failed; prints and returns the gap (the loss to the first
@@ -563,19 +636,24 @@ def _served_again(log: list[tuple[float, float, bool]], t_loss: float, label: st
     instance (``keepalive_timeout`` of the upstream): nginx has written the POST on it, may not send
     it twice, and waits for an answer that never comes (docs/gateway.md, limits); it is counted,
     not asserted."""
+
     def first_ok():
         return next((e for e in log if e[2] and e[0] >= t_loss), None)
+
     ok = _wait(f"{label}: an answer through the floating address", first_ok, timeout=30)
 
     def checked() -> list[tuple[float, float, bool]]:
         return [e for e in log if e[0] > ok[1] and e[0] >= t_loss + stale_s]
+
     _wait(f"{label}: 10 requests after the first answer", lambda: len(checked()) >= 10, timeout=60)
     after = [e for e in log if e[1] >= t_loss]
     later = [e for e in log if e[0] > ok[1]]
     gap = ok[1] - t_loss
     with capsys.disabled():  # the measured gap, in the test log
-        print(f"\n{label}: served again {gap:.2f} s after it; {sum(1 for e in after if not e[2])} of {len(after)} "
-              f"requests failed meanwhile, {sum(1 for e in later if not e[2])} of {len(later)} after")
+        print(
+            f"\n{label}: served again {gap:.2f} s after it; {sum(1 for e in after if not e[2])} of {len(after)} "
+            f"requests failed meanwhile, {sum(1 for e in later if not e[2])} of {len(later)} after"
+        )
     assert all(e[2] for e in checked()), later  # nothing failed once it answered again (past stale_s)
     return gap
 
@@ -589,7 +667,8 @@ def _session_on(gw: dict, url: str, name: str) -> str:
 
 
 def test_floating_address_moves_when_the_active_nginx_stops_and_when_its_host_is_lost(
-        lab, gw, tmp_path, capsys, monkeypatch):
+    lab, gw, tmp_path, capsys, monkeypatch
+):
     """Two gateway hosts with keepalived (unicast VRRP) share a floating address; clients use it.
     1. The holder's nginx is stopped mid-run: the address moves to the other host and requests are
        answered again within seconds; nginx back, the address stays (no second move).
@@ -608,10 +687,15 @@ def test_floating_address_moves_when_the_active_nginx_stops_and_when_its_host_is
     vip = f"{a}.{b}.250.{200 + int(lab.host(names[0]).address.split('.')[-1]) % 50}"
     monkeypatch.setenv("GW_LAB_VRRP_PASS", "lAb-vr9p")
     inv_path = tmp_path / "inventory-ha.yaml"
-    inv_path.write_text(Path(gw["inv"]).read_text().replace(
-        f"gateway:\n  hosts: {names[0]}\n",
-        f"gateway:\n  hosts: [{', '.join(pair)}]\n  vip: {{address: {vip}/16, interface: eth0, router_id: 77, "
-        "password: {env: GW_LAB_VRRP_PASS}}\n"))
+    inv_path.write_text(
+        Path(gw["inv"])
+        .read_text()
+        .replace(
+            f"gateway:\n  hosts: {names[0]}\n",
+            f"gateway:\n  hosts: [{', '.join(pair)}]\n  vip: {{address: {vip}/16, interface: eth0, router_id: 77, "
+            "password: {env: GW_LAB_VRRP_PASS}}\n",
+        )
+    )
     args = ["-i", str(inv_path), "--state-dir", str(tmp_path / "ha-state")]
     url = f"http://{vip}:{GW_PORT}"
     stopped: str | None = None
@@ -623,14 +707,20 @@ def test_floating_address_moves_when_the_active_nginx_stops_and_when_its_host_is
     try:
         assert main(["gateway", "deploy", "all", *args]) == 0
         # BACKUP at start: one takes the address after ~3 adverts
-        active = _wait("one holder of the address", lambda: (lambda r: r[0] == 0 and len(r[1]) == 1 and r[1][0])(
-            _vip_holders(args, capsys)), every=0.5)
+        active = _wait(
+            "one holder of the address",
+            lambda: (lambda r: r[0] == 0 and len(r[1]) == 1 and r[1][0])(_vip_holders(args, capsys)),
+            every=0.5,
+        )
         standby = pair[1 - pair.index(active)]
         for h in pair:
             # the pattern as written here does not match itself (this command is in ps too)
-            st = lab.run(h, "stat -c '%a %U' /etc/keepalived/keepalived.conf; "
-                            "journalctl -u keepalived --no-pager | grep -c 'lAb-vr[9]p'; "
-                            "ps -eo args | grep -c 'lAb-vr[9]p'; true").stdout.split()
+            st = lab.run(
+                h,
+                "stat -c '%a %U' /etc/keepalived/keepalived.conf; "
+                "journalctl -u keepalived --no-pager | grep -c 'lAb-vr[9]p'; "
+                "ps -eo args | grep -c 'lAb-vr[9]p'; true",
+            ).stdout.split()
             assert st == ["600", "root", "0", "0"], (h, st)
 
         t.start()
@@ -644,7 +734,9 @@ def test_floating_address_moves_when_the_active_nginx_stops_and_when_its_host_is
         # nginx back on the first host: the address stays where it is (nopreempt: no second move)
         lab.run(active, "systemctl start nginx.service", check=True, timeout=60)
         stopped = None
-        rc, holders = _wait("both gateways healthy again", lambda: (lambda r: r[0] == 0 and r)(_vip_holders(args, capsys)))
+        rc, holders = _wait(
+            "both gateways healthy again", lambda: (lambda r: r[0] == 0 and r)(_vip_holders(args, capsys))
+        )
         assert holders == [standby]
 
         # 2. the whole host holding the address is lost, with its instance
@@ -660,21 +752,27 @@ def test_floating_address_moves_when_the_active_nginx_stops_and_when_its_host_is
         for n in ("g-a2", kept_inst):
             _slow(lab, gw, n, 100)  # about 20 ms a token: 300 tokens outlive the failover
             slowed.append(n)
-        streams = [threading.Thread(target=_stream, args=({"url": u}, h, 300, o, e, 4), daemon=True)
-                   for u, h, o, e in zip((survivor_url, url), homes, outs, evs)]
+        streams = [
+            threading.Thread(target=_stream, args=({"url": u}, h, 300, o, e, 4), daemon=True)
+            for u, h, o, e in zip((survivor_url, url), homes, outs, evs)
+        ]
         for th in streams:
             th.start()
         assert all(e.wait(30) for e in evs) and [o["instance"] for o in outs] == ["g-a2", kept_inst], outs
         t_cut = time.monotonic()
         netfaults.cut(lab.cfg, lab.host(lost))
         cut = lost
-        assert _served_again(log, t_cut, f"host lost (gateway + {lost_inst})", capsys,
-                             stale_s=UPSTREAM_KEEPALIVE_S + 1) < 15
+        assert (
+            _served_again(log, t_cut, f"host lost (gateway + {lost_inst})", capsys, stale_s=UPSTREAM_KEEPALIVE_S + 1)
+            < 15
+        )
         for th in streams:
             th.join(90)
         with capsys.disabled():
-            print(f"streams in flight at the loss: through the survivor {'finished' if outs[0]['done'] else 'LOST'}"
-                  f", through the lost host {'finished' if outs[1]['done'] else 'cut'} ({outs[1]['error']})")
+            print(
+                f"streams in flight at the loss: through the survivor {'finished' if outs[0]['done'] else 'LOST'}"
+                f", through the lost host {'finished' if outs[1]['done'] else 'cut'} ({outs[1]['error']})"
+            )
         assert outs[0]["done"] and outs[0]["error"] is None, outs[0]  # the survivor's stream is not lost
         assert lab.run(survivor, f"ip -o addr show dev eth0 | grep -c ' {vip}/'").stdout.strip() == "1"
     finally:
@@ -691,8 +789,12 @@ def test_floating_address_moves_when_the_active_nginx_stops_and_when_its_host_is
         if cut:  # both held the address while apart: one gives it up once they hear each other
             _wait("one holder after the heal", lambda: len(_vip_holders(args, capsys)[1]) == 1, every=0.5)
         # back to the module's one-host gateway: its deploy removes keepalived on names[0]
-        lab.run(names[1], "systemctl disable --now keepalived.service nginx.service; "
-                          "rm -f /etc/keepalived/keepalived.conf /etc/keepalived/clusterctl-check-nginx", timeout=60)
+        lab.run(
+            names[1],
+            "systemctl disable --now keepalived.service nginx.service; "
+            "rm -f /etc/keepalived/keepalived.conf /etc/keepalived/clusterctl-check-nginx",
+            timeout=60,
+        )
         assert main(["gateway", "deploy", gw["gw_host"], "-i", gw["inv"], "--state-dir", gw["state"]]) == 0
         left = lab.run(names[0], "systemctl is-active keepalived; ls /etc/keepalived/").stdout.split()
         assert left[0] != "active" and "keepalived.conf" not in left, left

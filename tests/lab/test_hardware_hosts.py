@@ -43,10 +43,14 @@ def test_real_pynvml_on_each_host_sees_its_simulated_gpus(lab):
     uuids = set()
     for name in lab.names:
         lab.run(name, "mkdir -p /tmp/pynvml && cat > /tmp/pynvml/pynvml.py", input=PYNVML, check=True)
-        cp = lab.run(name, "cd /tmp/pynvml && python3 -c 'import json, pynvml as N; N.nvmlInit(); "
-                           "hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount())]; "
-                           "print(json.dumps([[N.nvmlDeviceGetName(h), N.nvmlDeviceGetUUID(h), "
-                           "N.nvmlDeviceGetPciInfo(h).busId] for h in hs]))'", check=True)
+        cp = lab.run(
+            name,
+            "cd /tmp/pynvml && python3 -c 'import json, pynvml as N; N.nvmlInit(); "
+            "hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount())]; "
+            "print(json.dumps([[N.nvmlDeviceGetName(h), N.nvmlDeviceGetUUID(h), "
+            "N.nvmlDeviceGetPciInfo(h).busId] for h in hs]))'",
+            check=True,
+        )
         gpus = json.loads(cp.stdout)
         assert len(gpus) == 8 and all(g[0] == "NVIDIA H100 80GB HBM3" for g in gpus)
         assert gpus[0][2] == "00000000:18:00.0"
@@ -60,17 +64,19 @@ def test_lost_gpu_fails_on_that_host_only(lab, healed):
     count = "cat /var/log/kern.log 2>/dev/null | wc -l"
     other_lines = lab.run(other, count).stdout
     lab_faults.inject(lab.cfg, lab.host(victim), "gpu-lost", options=["gpu=3"])
-    code = ("cd /tmp/pynvml && python3 -c 'import pynvml as N; N.nvmlInit(); "
-            "print(N.nvmlDeviceGetCount())\n"
-            "try:\n N.nvmlDeviceGetHandleByIndex(3); print(\"ok\")\n"
-            "except N.NVMLError_GpuIsLost as e: print(e)'")
+    code = (
+        "cd /tmp/pynvml && python3 -c 'import pynvml as N; N.nvmlInit(); "
+        "print(N.nvmlDeviceGetCount())\n"
+        "try:\n N.nvmlDeviceGetHandleByIndex(3); print(\"ok\")\n"
+        "except N.NVMLError_GpuIsLost as e: print(e)'"
+    )
     for name in (victim, other):
         lab.run(name, "mkdir -p /tmp/pynvml && cat > /tmp/pynvml/pynvml.py", input=PYNVML, check=True)
     assert lab.run(victim, code).stdout.split("\n")[:2] == ["8", "GPU is lost"]
     assert lab.run(other, code).stdout.split("\n")[:2] == ["8", "ok"]
     log = lab.run(victim, "grep -h 'NVRM: Xid' /var/log/kern.log").stdout
     assert "NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." in log
-    assert lab.run(other, count).stdout == other_lines   # logs are per host
+    assert lab.run(other, count).stdout == other_lines  # logs are per host
 
 
 def test_pause_storm_makes_the_pause_counter_move_in_ethtool(lab, healed):
@@ -80,8 +86,7 @@ def test_pause_storm_makes_the_pause_counter_move_in_ethtool(lab, healed):
     time.sleep(1.0)
     v1, _, _ = _pause(lab, name)
     assert v1 == v0, "no pauses on a healthy port"
-    msg = lab_faults.inject(lab.cfg, lab.host(name), "pause-storm",
-                            options=["per_s=20000", "paused=0.9"])
+    msg = lab_faults.inject(lab.cfg, lab.host(name), "pause-storm", options=["per_s=20000", "paused=0.9"])
     assert "pause storm on priority 3" in msg
     v2, t2a, t2b = _pause(lab, name)
     time.sleep(1.0)
@@ -101,14 +106,17 @@ def test_sysfs_counters_tick_inside_the_host(lab, healed):
     a = int(lab.run(name, f"cat {f}", check=True).stdout)
     time.sleep(2.5)
     b = int(lab.run(name, f"cat {f}", check=True).stdout)
-    assert b - a >= 5000   # the ticker rewrites the file about once a second
-    out = lab.run(name, "grep -H . /sys/class/infiniband/mlx5_0/ports/1/{state,rate,link_layer}; "
-                        "cat /sys/class/net/eth2/mtu; ip -o link show dev eth2").stdout
+    assert b - a >= 5000  # the ticker rewrites the file about once a second
+    out = lab.run(
+        name,
+        "grep -H . /sys/class/infiniband/mlx5_0/ports/1/{state,rate,link_layer}; "
+        "cat /sys/class/net/eth2/mtu; ip -o link show dev eth2",
+    ).stdout
     assert "/sys/class/infiniband/mlx5_0/ports/1/state:4: ACTIVE" in out
     assert "rate:400 Gb/sec (4X NDR)" in out and "link_layer:Ethernet" in out
     assert "\n4200\n" in out and "mtu 4200" in out
     mac = lab.run(name, "cat /sys/class/net/eth2/address", check=True).stdout.strip()
-    assert f"link/ether {mac} " in out   # the netns link and the fake sysfs agree
+    assert f"link/ether {mac} " in out  # the netns link and the fake sysfs agree
     assert lab.run(name, "echo 1 > /sys/class/net/eth2/mtu").returncode != 0  # read-only, as sysfs
 
 
@@ -125,9 +133,12 @@ def test_qos_misconfig_shows_in_mlnx_qos(lab, healed):
 
 def _facts(lab) -> dict:
     """``clusterctl facts all --json``: host name -> facts document."""
-    cp = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "facts", "all",
-                         "-i", str(lab.inventory), "--json"],
-                        capture_output=True, text=True, timeout=180)
+    cp = subprocess.run(
+        [sys.executable, "-m", "clusterctl.cli.main", "facts", "all", "-i", str(lab.inventory), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert cp.returncode == 0, cp.stderr[-2000:]
     return json.loads(cp.stdout)
 
@@ -160,6 +171,7 @@ def test_facts_report_gpus_nics_an_xid_a_lost_gpu_and_moving_cnp_counters(lab, h
     def cnp(facts: dict) -> int:
         port = next(n["rdma"] for n in facts["nics"] if n["netdev"] == "eth2")
         return int(port["hw_counters"]["np_cnp_sent"])
+
     assert cnp(second[c]) - cnp(first[c]) >= 10000
     assert cnp(second[a]) == cnp(first[a])
 
@@ -169,8 +181,9 @@ def test_cli_inject_and_heal_reach_the_simulated_hardware(lab, healed):
     healed.append(name)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "lab", *args],
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "clusterctl.cli.main", "lab", *args], capture_output=True, text=True, timeout=60
+        )
 
     cp = cli("inject", name, "pause-storm", "--per-s", "1000", "--nic", "eth3")
     assert cp.returncode == 0, cp.stderr
@@ -182,4 +195,4 @@ def test_cli_inject_and_heal_reach_the_simulated_hardware(lab, healed):
     b = int(re.search(r"rx_prio3_pause: (\d+)", lab.run(name, "ethtool -S eth3").stdout)[1])
     time.sleep(1.0)
     c = int(re.search(r"rx_prio3_pause: (\d+)", lab.run(name, "ethtool -S eth3").stdout)[1])
-    assert a <= b == c   # healed: the counter keeps its value and stops moving
+    assert a <= b == c  # healed: the counter keeps its value and stops moving

@@ -9,12 +9,22 @@ import sys
 
 
 def _cli(lab, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, CLUSTERCTL_LAB_DIR=str(lab.cfg.lab_dir),
-               CLUSTERCTL_LAB_CACHE=str(lab.cfg.cache_dir), CLUSTERCTL_LAB_BRIDGE=lab.cfg.bridge,
-               CLUSTERCTL_LAB_NET=lab.cfg.net, CLUSTERCTL_LAB_PREFIX=lab.cfg.prefix)
-    return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    env = dict(
+        os.environ,
+        CLUSTERCTL_LAB_DIR=str(lab.cfg.lab_dir),
+        CLUSTERCTL_LAB_CACHE=str(lab.cfg.cache_dir),
+        CLUSTERCTL_LAB_BRIDGE=lab.cfg.bridge,
+        CLUSTERCTL_LAB_NET=lab.cfg.net,
+        CLUSTERCTL_LAB_PREFIX=lab.cfg.prefix,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "clusterctl.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_status_json_lists_every_host_running(lab):

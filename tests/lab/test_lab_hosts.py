@@ -37,12 +37,17 @@ def test_hosts_have_distinct_host_keys_pinned_in_known_hosts(lab):
 def test_wrong_host_key_is_refused(lab, tmp_path):
     """Strict checking is real: a known_hosts with another host's key fails."""
     a, b = lab.hosts[0], lab.hosts[1]
-    wrong = lab.cfg.known_hosts.read_text().replace(f"{b.name},{b.address}", "x,y").replace(
-        f"{a.name},{a.address}", f"{b.name},{b.address}")
+    wrong = (
+        lab.cfg.known_hosts.read_text()
+        .replace(f"{b.name},{b.address}", "x,y")
+        .replace(f"{a.name},{a.address}", f"{b.name},{b.address}")
+    )
     kh = tmp_path / "known_hosts"
     kh.write_text(wrong)
-    argv = [x if not x.startswith("UserKnownHostsFile=") else f"UserKnownHostsFile={kh}"
-            for x in lab.ssh_argv(b.name, "true")]
+    argv = [
+        x if not x.startswith("UserKnownHostsFile=") else f"UserKnownHostsFile={kh}"
+        for x in lab.ssh_argv(b.name, "true")
+    ]
     cp = subprocess.run(argv, capture_output=True, text=True, timeout=20)
     assert cp.returncode == 255
     assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in cp.stderr or "verification failed" in cp.stderr
@@ -50,8 +55,10 @@ def test_wrong_host_key_is_refused(lab, tmp_path):
 
 def test_unit_copied_to_a_host_starts_and_its_journal_is_readable(lab):
     name = lab.names[0]
-    unit = ("[Unit]\nDescription=lab test ticker\n[Service]\n"
-            "ExecStart=/bin/sh -c 'while :; do echo tick-$$(hostname); sleep 0.2; done'\n")
+    unit = (
+        "[Unit]\nDescription=lab test ticker\n[Service]\n"
+        "ExecStart=/bin/sh -c 'while :; do echo tick-$$(hostname); sleep 0.2; done'\n"
+    )
     lab.run(name, "cat > /etc/systemd/system/labtest.service", input=unit, check=True)
     lab.run(name, "systemctl daemon-reload && systemctl start labtest", check=True)
     try:
@@ -69,8 +76,7 @@ def test_unit_copied_to_a_host_starts_and_its_journal_is_readable(lab):
         other = lab.names[1]
         assert lab.run(other, "systemctl cat labtest").returncode != 0
     finally:
-        lab.run(name, "systemctl stop labtest; rm -f /etc/systemd/system/labtest.service; "
-                "systemctl daemon-reload")
+        lab.run(name, "systemctl stop labtest; rm -f /etc/systemd/system/labtest.service; systemctl daemon-reload")
     assert lab.run(name, "systemctl is-active labtest").stdout.strip() == "inactive"
 
 
@@ -103,5 +109,6 @@ def test_hosts_reach_each_other_by_name(lab):
 
 
 def test_python3_is_there_for_the_probe(lab):
-    assert lab.run(lab.names[0], "python3 -c 'import sys; print(sys.version_info[:2] >= (3, 8))'"
-                   ).stdout.strip() == "True"
+    assert (
+        lab.run(lab.names[0], "python3 -c 'import sys; print(sys.version_info[:2] >= (3, 8))'").stdout.strip() == "True"
+    )

@@ -26,9 +26,8 @@ def small_cfg(tmp_path):
         pytest.skip(reason)
     # Names and network unique to this process: test runs may overlap on one machine.
     pid = os.getpid()
-    letters = "".join(chr(97 + (pid // 26 ** k) % 26) for k in range(4))
-    cfg = LabConfig(lab_dir=tmp_path / "lab", bridge=f"tbr{pid}", net=f"10.{100 + pid % 100}",
-                    prefix=f"t{letters}")
+    letters = "".join(chr(97 + (pid // 26**k) % 26) for k in range(4))
+    cfg = LabConfig(lab_dir=tmp_path / "lab", bridge=f"tbr{pid}", net=f"10.{100 + pid % 100}", prefix=f"t{letters}")
     yield cfg
     manager.down(cfg)
 
@@ -51,10 +50,12 @@ def _leftovers(cfg: LabConfig, names: list[str]) -> list[str]:
     found = _processes_mentioning(cfg.lab_dir)
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     found += [f"netns {n}" for n in names if n in netns.split()]
-    found += [f"link {n}" for n in [cfg.bridge, *(f"v{x}" for x in names)]
-              if Path("/sys/class/net", n).exists()]
-    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if str(cfg.lab_dir) in line]
+    found += [f"link {n}" for n in [cfg.bridge, *(f"v{x}" for x in names)] if Path("/sys/class/net", n).exists()]
+    found += [
+        f"mount {line.split()[4]}"
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if str(cfg.lab_dir) in line
+    ]
     found += [f"cgroup {d}" for d in procs.cgroup_dirs(cfg.cgroup_name)]
     found += [f"nspawn run {n}" for n in names if Path("/run/systemd/nspawn/propagate", n).exists()]
     if cfg.lab_dir.exists():
@@ -90,8 +91,15 @@ def test_up_twice_is_a_no_op_and_down_leaves_nothing(small_cfg):
     assert _processes_mentioning(small_cfg.lab_dir)  # the check below can see processes
     # The operator's day: a demo workload written where `clusterctl lab workload` puts it.
     from clusterctl.lab import workload
-    workload.write(small_cfg.inventory_file, small_cfg.lab_dir / "workload.yaml",
-                   small_cfg.lab_dir / "models" / workload.MODEL, replicas=2, gateway_host=None, time_scale=0)
+
+    workload.write(
+        small_cfg.inventory_file,
+        small_cfg.lab_dir / "workload.yaml",
+        small_cfg.lab_dir / "models" / workload.MODEL,
+        replicas=2,
+        gateway_host=None,
+        time_scale=0,
+    )
     assert (small_cfg.lab_dir / "models" / workload.MODEL / "config.json").is_file()
     manager.down(small_cfg)
     assert _leftovers(small_cfg, names) == []
@@ -122,9 +130,12 @@ def test_up_cleans_up_a_running_lab_whose_state_was_lost(small_cfg):
     second = manager.up(small_cfg, hosts=1)
     assert not procs.alive(old_pid)
     assert st.load(small_cfg.state_file).hosts[0].pid == second.state.hosts[0].pid
-    cp = subprocess.run(manager.ready.ssh_argv(small_cfg, second.state.hosts[0].spec,
-                                               "systemctl is-system-running"),
-                        capture_output=True, text=True, timeout=30)
+    cp = subprocess.run(
+        manager.ready.ssh_argv(small_cfg, second.state.hosts[0].spec, "systemctl is-system-running"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert cp.stdout.strip() == "running"
     manager.down(small_cfg)
     assert _leftovers(small_cfg, [f"{small_cfg.prefix}01"]) == []

@@ -22,27 +22,34 @@ def healed(lab):
 
 #: Runs on the host: reads stdin to EOF, prints bytes and seconds from the
 #: first byte to the last (so SSH setup time is not counted).
-_SINK = ("import sys, time\n"
-         "b = sys.stdin.buffer; n = len(b.read(65536)); t = time.monotonic()\n"
-         "while True:\n"
-         "    d = b.read(65536)\n"
-         "    if not d: break\n"
-         "    n += len(d)\n"
-         "print(n, time.monotonic() - t)\n")
+_SINK = (
+    "import sys, time\n"
+    "b = sys.stdin.buffer; n = len(b.read(65536)); t = time.monotonic()\n"
+    "while True:\n"
+    "    d = b.read(65536)\n"
+    "    if not d: break\n"
+    "    n += len(d)\n"
+    "print(n, time.monotonic() - t)\n"
+)
 
 
 def _mbit_per_s(lab, name: str, direction: str, nbytes: int) -> float:
     """Throughput between first and last byte, measured at the receiving end."""
     if direction == "to-host":
-        cp = subprocess.run(lab.ssh_argv(name, f"python3 -c {shlex.quote(_SINK)}"),
-                            input=b"\0" * nbytes, capture_output=True, timeout=120)
+        cp = subprocess.run(
+            lab.ssh_argv(name, f"python3 -c {shlex.quote(_SINK)}"),
+            input=b"\0" * nbytes,
+            capture_output=True,
+            timeout=120,
+        )
         assert cp.returncode == 0, cp.stderr
         got, seconds = cp.stdout.split()
         first = 65536
         assert int(got) == nbytes
         return (nbytes - first) * 8 / float(seconds) / 1e6
-    p = subprocess.Popen(lab.ssh_argv(name, f"head -c {nbytes} /dev/zero"),
-                         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        lab.ssh_argv(name, f"head -c {nbytes} /dev/zero"), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
     assert p.stdout is not None
     first = len(p.stdout.read1(65536))
     t0 = time.monotonic()
@@ -71,8 +78,9 @@ def test_bandwidth_limit_is_enforced_both_ways(healed):
 
 
 def _ping_loss(address: str, count: int) -> float:
-    cp = subprocess.run(["ping", "-q", "-c", str(count), "-i", "0.002", "-W", "1", address],
-                        capture_output=True, text=True, timeout=60)
+    cp = subprocess.run(
+        ["ping", "-q", "-c", str(count), "-i", "0.002", "-W", "1", address], capture_output=True, text=True, timeout=60
+    )
     m = re.search(r"([\d.]+)% packet loss", cp.stdout)
     assert m, cp.stdout + cp.stderr
     return float(m.group(1))

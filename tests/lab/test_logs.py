@@ -24,11 +24,22 @@ pytestmark = pytest.mark.lab
 def _inventory(lab, tmp_path: Path, names: list[str]) -> Path:
     data = yaml.safe_load(Path(lab.inventory).read_text())
     data.setdefault("models", {})["logs-model"] = {
-        "path": "/models/logs", "arch": {"layers": 2, "hidden_size": 64, "attention_heads": 4, "kv_heads": 4,
-                                         "head_dim": 16, "vocab": 1000, "params": 1000000, "dtype": "bfloat16"}}
+        "path": "/models/logs",
+        "arch": {
+            "layers": 2,
+            "hidden_size": 64,
+            "attention_heads": 4,
+            "kv_heads": 4,
+            "head_dim": 16,
+            "vocab": 1000,
+            "params": 1000000,
+            "dtype": "bfloat16",
+        },
+    }
     engine = next(iter(data["engines"]))
-    data["instances"] = {f"logt-{h}": {"model": "logs-model", "engine": engine, "placement": f"{h}:0", "port": 8000}
-                         for h in names}
+    data["instances"] = {
+        f"logt-{h}": {"model": "logs-model", "engine": engine, "placement": f"{h}:0", "port": 8000} for h in names
+    }
     p = tmp_path / "inventory.yaml"
     p.write_text(yaml.safe_dump(data, sort_keys=False))
     return p
@@ -40,8 +51,9 @@ def _journalctls(lab, host: str) -> str:
 
 
 def _emit(lab, host: str, text: str) -> None:
-    lab.run(host, f"systemd-run --quiet --collect --unit=clusterctl-logt-{host}.service sh -c 'echo {text}'",
-            check=True)
+    lab.run(
+        host, f"systemd-run --quiet --collect --unit=clusterctl-logt-{host}.service sh -c 'echo {text}'", check=True
+    )
 
 
 def test_logs_reads_and_follows_instance_journals_across_hosts(lab, tmp_path, monkeypatch, capsys):
@@ -84,9 +96,13 @@ def test_an_interrupted_follow_leaves_no_journalctl_behind(lab, tmp_path, monkey
     names = lab.names[:2]
     inv = _inventory(lab, tmp_path, names)
     # PYTHONFAULTHANDLER: if it does not exit, SIGABRT makes it print every thread's stack
-    p = subprocess.Popen([sys.executable, "-m", "clusterctl.cli.main", "logs", "logt-*", "-i", str(inv), "-f"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    p = subprocess.Popen(
+        [sys.executable, "-m", "clusterctl.cli.main", "logs", "logt-*", "-i", str(inv), "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # wait until every host runs its journalctl -f
         if all("clusterctl-logt" in _journalctls(lab, h) for h in names):

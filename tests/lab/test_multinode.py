@@ -60,25 +60,52 @@ def replica(lab, tmp_path_factory: pytest.TempPathFactory):
     doc = yaml.safe_load(Path(lab.inventory).read_text())
     doc["models"] = {"mn-tiny": tiny_entry(tiny_model(root), "/models/mn-tiny")}
     doc.pop("instances", None)
-    doc["templates"] = {"mn": {"model": "mn-tiny", "engine": "vllm-0.33", "replicas": 1, "tp": 1, "nodes": 2,
-                               "hosts": ",".join(hosts), "port_base": PORT, "args": {"max-model-len": 2048},
-                               "env": {"VLLM_SIM_TIME_SCALE": "0"}}}
+    doc["templates"] = {
+        "mn": {
+            "model": "mn-tiny",
+            "engine": "vllm-0.33",
+            "replicas": 1,
+            "tp": 1,
+            "nodes": 2,
+            "hosts": ",".join(hosts),
+            "port_base": PORT,
+            "args": {"max-model-len": 2048},
+            "env": {"VLLM_SIM_TIME_SCALE": "0"},
+        }
+    }
     inv_path = root / "mn.yaml"
     inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     inv = load_inventory(str(inv_path))
     state = root / "state"
     with StateStore(state).update() as st:  # off the GPUs other lab tests use
-        st.cordons.update({f"{h}:{g}": Cordon("lab: other tests", "test@lab", "2026-12-02T00:00:00Z")
-                           for h in hosts for g in range(GPU)})
+        st.cordons.update(
+            {
+                f"{h}:{g}": Cordon("lab: other tests", "test@lab", "2026-12-02T00:00:00Z")
+                for h in hosts
+                for g in range(GPU)
+            }
+        )
     try:
         rep = Deploy(inv, [inv.hosts[h] for h in hosts], _fleet, str(state), DeployOptions(gate_timeout_s=60)).run()
         head, worker = StateStore(state).load().placements["mn"]["mn-1"].hosts
         yield inv, rep, head, worker, state
     finally:
         with cf.ThreadPoolExecutor(3) as ex:
-            list(ex.map(lambda h: (hw_faults.heal(lab.host_dir(h)), remove_deployed(
-                lab, "clusterctl-mn*.service", "/etc/clusterctl/instances/mn*.env /var/lib/clusterctl/deploy/previous/mn* "
-                "/models/mn-tiny /models/.versions/mn-tiny", [h])), hosts))
+            list(
+                ex.map(
+                    lambda h: (
+                        hw_faults.heal(lab.host_dir(h)),
+                        remove_deployed(
+                            lab,
+                            "clusterctl-mn*.service",
+                            "/etc/clusterctl/instances/mn*.env /var/lib/clusterctl/deploy/previous/mn* "
+                            "/models/mn-tiny /models/.versions/mn-tiny",
+                            [h],
+                        ),
+                    ),
+                    hosts,
+                )
+            )
 
 
 def test_a_replica_across_two_hosts_is_deployed_gated_and_fails_as_one(lab, replica) -> None:
@@ -86,12 +113,15 @@ def test_a_replica_across_two_hosts_is_deployed_gated_and_fails_as_one(lab, repl
     assert rep.result == "ok", json.dumps(rep.to_dict(), default=str)[:3000]
     # the plan says where the template's replica went: two hosts under one leaf (the lab's first rack), RDMA
     [placed] = rep.plan.placed if rep.plan is not None else []
-    assert placed.startswith(f"replica mn-1 placed on 2 hosts: {head} GPUs {GPU} (head), {worker} GPUs {GPU} "
-                             f"(rank 1); port {PORT}; ") and placed.endswith(", leaf leaf1, RDMA on every host"), placed
+    assert placed.startswith(
+        f"replica mn-1 placed on 2 hosts: {head} GPUs {GPU} (head), {worker} GPUs {GPU} (rank 1); port {PORT}; "
+    ) and placed.endswith(", leaf leaf1, RDMA on every host"), placed
     assert sorted(map(sorted, rep.batches))[0] == sorted([head, worker])  # one batch: the replica's hosts
     assert [g.instance for o in rep.hosts.values() for g in o.gates] == ["mn-1"]  # the head's gate covers both
     url = f"http://{inv.hosts[head].address}:{PORT}"
-    status, body = http(url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}, 30)
+    status, body = http(
+        url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}, 30
+    )
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
     log = lab.run(head, "journalctl -u clusterctl-mn-1.service --no-pager -o cat", check=True).stdout
     assert "DP group leader: node_rank=0, node_rank_within_dp=0, master_addr=" in log and "world_size=2" in log
@@ -110,8 +140,7 @@ def test_a_replica_across_two_hosts_is_deployed_gated_and_fails_as_one(lab, repl
     assert "Engine client died. Shutting down server." in journal()
 
 
-def test_a_lost_gpu_on_the_worker_stage_makes_the_replica_unavailable_and_failover_moves_it_whole(
-        lab, replica) -> None:
+def test_a_lost_gpu_on_the_worker_stage_makes_the_replica_unavailable_and_failover_moves_it_whole(lab, replica) -> None:
     inv, rep, head, worker, state = replica
     assert rep.result == "ok"
     before = StateStore(state).load().placements["mn"]["mn-1"]
@@ -130,10 +159,13 @@ def test_a_lost_gpu_on_the_worker_stage_makes_the_replica_unavailable_and_failov
     assert not {(h, g) for h, gs in new.stages for g in gs} & {(h, g) for h, gs in before.stages for g in gs}
     assert after.cordons[worker].reason.startswith("failover: gpu.lost")
     url = f"http://{inv.hosts[new.host].address}:{PORT}"
-    status, body = http(url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}, 30)
+    status, body = http(
+        url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}, 30
+    )
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
     gone = lab.run(worker, "test -e /etc/systemd/system/clusterctl-mn-1-node1.service && echo present || echo gone")
     assert gone.stdout.strip() == "gone"  # the old worker's unit removed from the failed host
-    wlog = lab.run(new.workers[0][0], "journalctl -u clusterctl-mn-1-node1.service --no-pager -o cat",
-                   check=True).stdout
+    wlog = lab.run(
+        new.workers[0][0], "journalctl -u clusterctl-mn-1-node1.service --no-pager -o cat", check=True
+    ).stdout
     assert "headless multiproc executor, with head node address" in wlog

@@ -48,7 +48,9 @@ def test_net_apply_fixes_pfc_and_trust_on_one_host_and_then_has_nothing_to_do(la
         plan = {p["host"]: p for p in json.loads(out)["plan"]}
         assert rc == 1 and plan[pair[0]]["changes"] == [], out
         assert [(c["nic"], c["item"], c["current"], c["wanted"]) for c in plan[victim]["changes"]] == [
-            ("eth2", "trust", "pcp", "dscp"), ("eth2", "PFC priorities", "4", "3")]
+            ("eth2", "trust", "pcp", "dscp"),
+            ("eth2", "PFC priorities", "4", "3"),
+        ]
 
         rc, out = _run(capsys, "net", "apply", "-i", inv, "--hosts", hosts, "--json")
         rep = json.loads(out)
@@ -65,5 +67,9 @@ def test_net_apply_fixes_pfc_and_trust_on_one_host_and_then_has_nothing_to_do(la
         assert enabled.stdout.split() == ["enabled", "active"], enabled
     finally:
         for h in pair:
-            lab.run(h, f"systemctl disable --now {netqos.UNIT}; rm -f {netqos.UNIT_PATH} {netqos.SCRIPT_PATH}; "
-                       "systemctl daemon-reload", timeout=60)
+            lab.run(
+                h,
+                f"systemctl disable --now {netqos.UNIT}; rm -f {netqos.UNIT_PATH} {netqos.SCRIPT_PATH}; "
+                "systemctl daemon-reload",
+                timeout=60,
+            )

@@ -54,20 +54,28 @@ def test_node_setup_plans_applies_converges_and_reverts(lab, capsys, healed_host
     hosts = ",".join(pair)
     victim = pair[1]
     doc = yaml.safe_load(lab.inventory.read_text())
-    doc.setdefault("defaults", {})["vars"] = {"sysctl": {
-        "kernel.numa_balancing": None, "net.ipv4.conf.all.arp_announce": None, "net.ipv4.conf.all.arp_ignore": 0}}
+    doc.setdefault("defaults", {})["vars"] = {
+        "sysctl": {
+            "kernel.numa_balancing": None,
+            "net.ipv4.conf.all.arp_announce": None,
+            "net.ipv4.conf.all.arp_ignore": 0,
+        }
+    }
     inv_path = tmp_path / "inventory.yaml"
     inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     inv = str(inv_path)
     had_user = {h: lab.run(h, "id -u vllm").returncode == 0 for h in pair}
     try:
-        assert lab.run(victim, INSTALL + "\nid -u vllm >/dev/null 2>&1 || useradd --system vllm",
-                       timeout=60).returncode == 0
+        assert (
+            lab.run(victim, INSTALL + "\nid -u vllm >/dev/null 2>&1 || useradd --system vllm", timeout=60).returncode
+            == 0
+        )
         healed_hosts.append(victim)
         faults.inject(lab.host_dir(victim), "persistence")
 
-        rc, out = _run(capsys, "doctor", victim, "-i", inv, "--json", "--checks", "gpu.persistence,node.prereqs",
-                       "--interval", "0")
+        rc, out = _run(
+            capsys, "doctor", victim, "-i", inv, "--json", "--checks", "gpu.persistence,node.prereqs", "--interval", "0"
+        )
         found = {(f["check"], f["subject"]): f for f in json.loads(out)["findings"] if f["severity"] != "OK"}
         assert rc == 1 and ("node.prereqs", "limits:vllm") in found, found
         assert any(c == "gpu.persistence" for c, _ in found), found
@@ -77,8 +85,10 @@ def test_node_setup_plans_applies_converges_and_reverts(lab, capsys, healed_host
         plan = {p["host"]: p for p in json.loads(out)["plan"]}
         assert rc == 1 and all(p["error"] is None for p in plan.values()), out
         items = {h: {c["item"] for c in p["changes"]} for h, p in plan.items()}
-        assert {c["item"]: (c["current"], c["wanted"]) for c in plan[victim]["changes"]}[nodesetup.PERSISTENCED] \
-            == ("disabled/inactive", "enabled/active")
+        assert {c["item"]: (c["current"], c["wanted"]) for c in plan[victim]["changes"]}[nodesetup.PERSISTENCED] == (
+            "disabled/inactive",
+            "enabled/active",
+        )
         assert nodesetup.PERSISTENCED not in items[pair[0]]  # no daemon there, GPUs in persistence mode: noted
         for h in pair:
             assert {nodesetup.SYSCTL_PATH, nodesetup.limits_path("vllm"), nodesetup.MTU_UNIT} <= items[h]
@@ -89,29 +99,44 @@ def test_node_setup_plans_applies_converges_and_reverts(lab, capsys, healed_host
         assert rc == 0 and rep["ok"], out
         assert {h["host"]: h["status"] for h in rep["hosts"]} == {pair[0]: "changed", victim: "changed"}
 
-        rc, out = _run(capsys, "doctor", hosts, "-i", inv, "--json", "--checks", "gpu.persistence,node.prereqs",
-                       "--interval", "0")
+        rc, out = _run(
+            capsys, "doctor", hosts, "-i", inv, "--json", "--checks", "gpu.persistence,node.prereqs", "--interval", "0"
+        )
         assert rc == 0, [f for f in json.loads(out)["findings"] if f["severity"] != "OK"]
 
         rc, out = _run(capsys, "node", "setup", "-i", inv, "--hosts", hosts)
         assert rc == 0 and "node setup: done; unchanged 2" in out, out
-        st = lab.run(victim, f"systemctl is-enabled {nodesetup.PERSISTENCED}; id -u vllm >/dev/null && echo user; "
-                            f"cat {nodesetup.SYSCTL_PATH} | grep -c arp_ignore; systemctl is-enabled {nodesetup.MTU_UNIT}")
+        st = lab.run(
+            victim,
+            f"systemctl is-enabled {nodesetup.PERSISTENCED}; id -u vllm >/dev/null && echo user; "
+            f"cat {nodesetup.SYSCTL_PATH} | grep -c arp_ignore; systemctl is-enabled {nodesetup.MTU_UNIT}",
+        )
         assert st.stdout.split() == ["enabled", "user", "1", "enabled"], st
 
         rc, out = _run(capsys, "node", "setup", "--revert", "-i", inv, "--hosts", hosts, "--serial", "100%")
         assert rc == 0 and "node setup --revert: done; reverted 2" in out, out
-        st = lab.run(victim, f"systemctl is-enabled {nodesetup.PERSISTENCED}; systemctl is-active "
-                             f"{nodesetup.PERSISTENCED}; ls {nodesetup.SYSCTL_PATH} {nodesetup.limits_path('vllm')} "
-                             f"{nodesetup.MTU_UNIT_PATH} {nodesetup.MTU_SCRIPT} {nodesetup.STATE_PATH} 2>/dev/null; "
-                             "id -u vllm >/dev/null 2>&1 && echo user")
+        st = lab.run(
+            victim,
+            f"systemctl is-enabled {nodesetup.PERSISTENCED}; systemctl is-active "
+            f"{nodesetup.PERSISTENCED}; ls {nodesetup.SYSCTL_PATH} {nodesetup.limits_path('vllm')} "
+            f"{nodesetup.MTU_UNIT_PATH} {nodesetup.MTU_SCRIPT} {nodesetup.STATE_PATH} 2>/dev/null; "
+            "id -u vllm >/dev/null 2>&1 && echo user",
+        )
         assert st.stdout.split() == ["disabled", "inactive", "user"], st  # the test made the user, not node setup
     finally:
-        lab.run(victim, f"systemctl disable --now {nodesetup.PERSISTENCED}; rm -f {STANDIN} {STANDIN_UNIT}; "
-                        "systemctl daemon-reload", timeout=60)
+        lab.run(
+            victim,
+            f"systemctl disable --now {nodesetup.PERSISTENCED}; rm -f {STANDIN} {STANDIN_UNIT}; "
+            "systemctl daemon-reload",
+            timeout=60,
+        )
         for h in pair:
-            lab.run(h, f"systemctl disable {nodesetup.MTU_UNIT} 2>/dev/null; rm -f {nodesetup.SYSCTL_PATH} "
-                       f"{nodesetup.limits_path('vllm')} {nodesetup.MTU_UNIT_PATH} {nodesetup.MTU_SCRIPT} "
-                       f"{nodesetup.STATE_PATH}; systemctl daemon-reload"
-                       + ("" if had_user[h] else "; userdel vllm 2>/dev/null"), timeout=60)
+            lab.run(
+                h,
+                f"systemctl disable {nodesetup.MTU_UNIT} 2>/dev/null; rm -f {nodesetup.SYSCTL_PATH} "
+                f"{nodesetup.limits_path('vllm')} {nodesetup.MTU_UNIT_PATH} {nodesetup.MTU_SCRIPT} "
+                f"{nodesetup.STATE_PATH}; systemctl daemon-reload"
+                + ("" if had_user[h] else "; userdel vllm 2>/dev/null"),
+                timeout=60,
+            )
     print(f"node setup lab test: {time.monotonic() - t0:.1f} s")

@@ -44,8 +44,15 @@ from support.deploy_lab import remove_deployed, tiny_entry, tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 GW_PORT = 8080
-TEMPLATE = {"model": "op-tiny", "engine": "vllm-0.11", "replicas": 2, "tp": 1, "port_base": 8700,
-            "args": {"max-model-len": 2048, "max-num-seqs": 32}, "env": {"VLLM_SIM_TIME_SCALE": "0"}}
+TEMPLATE = {
+    "model": "op-tiny",
+    "engine": "vllm-0.11",
+    "replicas": 2,
+    "tp": 1,
+    "port_base": 8700,
+    "args": {"max-model-len": 2048, "max-num-seqs": 32},
+    "env": {"VLLM_SIM_TIME_SCALE": "0"},
+}
 
 
 class Scene:
@@ -56,8 +63,13 @@ class Scene:
         self.doc = yaml.safe_load(Path(lab.inventory).read_text())
         self.doc["models"] = {"op-tiny": tiny_entry(model_dir, "/models/op-tiny", served_name="op-tiny")}
         self.doc.pop("instances", None)
-        self.doc["gateway"] = {"hosts": self.gw_host, "port": GW_PORT, "max_conns": 8, "sync_interval_s": 1,
-                               "auth": "none"}
+        self.doc["gateway"] = {
+            "hosts": self.gw_host,
+            "port": GW_PORT,
+            "max_conns": 8,
+            "sync_interval_s": 1,
+            "auth": "none",
+        }
         self.write_template()
         self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
 
@@ -69,9 +81,22 @@ class Scene:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_STATE_DIR": str(self.state_dir)}
-        return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args, "-i", str(self.inv_path),
-                               "--state-dir", str(self.state_dir)], capture_output=True, text=True, timeout=600,
-                              env=env)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "clusterctl.cli.main",
+                *args,
+                "-i",
+                str(self.inv_path),
+                "--state-dir",
+                str(self.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
 
     def ok(self, *args: str, rc: int = 0) -> subprocess.CompletedProcess[str]:
         res = self.cli(*args)
@@ -90,8 +115,11 @@ class Scene:
         """Which instance answered each of ``n`` session-less completions through the gateway."""
         got: collections.Counter[str] = collections.Counter()
         for _ in range(n):
-            req = urllib.request.Request(self.url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                         data=json.dumps({"model": "op-tiny", "prompt": "hi", "max_tokens": 1}).encode())
+            req = urllib.request.Request(
+                self.url + "/v1/completions",
+                headers={"Content-Type": "application/json"},
+                data=json.dumps({"model": "op-tiny", "prompt": "hi", "max_tokens": 1}).encode(),
+            )
             with urllib.request.urlopen(req, timeout=30) as r:
                 assert r.status == 200
                 got[r.headers.get("X-Gateway-Instance", "")] += 1
@@ -106,9 +134,14 @@ class Scene:
         return self.placements()[name][0]
 
     def cleanup(self) -> None:
-        remove_deployed(self.lab, "clusterctl-op-*.service", "/etc/clusterctl/instances/op-*.env "
-                        "/var/lib/clusterctl/deploy/previous/op-* /models/op-tiny /models/.versions/op-tiny "
-                        "/models/op-tiny.away", hosts=self.workers)
+        remove_deployed(
+            self.lab,
+            "clusterctl-op-*.service",
+            "/etc/clusterctl/instances/op-*.env "
+            "/var/lib/clusterctl/deploy/previous/op-* /models/op-tiny /models/.versions/op-tiny "
+            "/models/op-tiny.away",
+            hosts=self.workers,
+        )
         self.lab.run(self.gw_host, "systemctl disable --now nginx.service", timeout=60)
 
 
@@ -172,8 +205,11 @@ def test_a_change_that_cannot_start_names_the_first_error_and_the_rollback_puts_
     out = json.loads(res.stdout)
     assert out["result"] == "rolled_back"
     failed = [g for h in out["hosts"] for g in h["gates"] if not g["ok"]]
-    assert failed and "first error in the journal: ValueError: GPU memory utilization must be less than 1.0" \
-        in failed[0]["reason"], failed
+    assert (
+        failed
+        and "first error in the journal: ValueError: GPU memory utilization must be less than 1.0"
+        in failed[0]["reason"]
+    ), failed
     # The canary's replica was restored to the working unit, passed its gate and is back.
     scene.assert_all_back({"op-1", "op-2"})
 
@@ -185,8 +221,7 @@ def test_start_clears_a_unit_at_its_start_limit_and_explains_a_failed_start(scen
     scene.lab.run(host, "mv /models/op-tiny /models/op-tiny.away", timeout=30)
     try:
         # Starts in quick succession until systemd gives up: the unit is failed.
-        scene.lab.run(host, f"for i in 1 2 3 4 5 6 7; do systemctl restart {unit}; sleep 0.2; done; true",
-                      timeout=120)
+        scene.lab.run(host, f"for i in 1 2 3 4 5 6 7; do systemctl restart {unit}; sleep 0.2; done; true", timeout=120)
         state = scene.lab.run(host, f"systemctl show -p ActiveState,Result {unit}", timeout=30).stdout
         assert "ActiveState=failed" in state, state
         t0 = time.monotonic()
@@ -206,8 +241,11 @@ def test_start_clears_a_unit_at_its_start_limit_and_explains_a_failed_start(scen
 
 def _complete(url: str) -> tuple[float, bool, str]:
     """One completion through the gateway: (when it ended, ok, the instance that answered or the error)."""
-    req = urllib.request.Request(url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"model": "op-tiny", "prompt": "hi", "max_tokens": 4}).encode())
+    req = urllib.request.Request(
+        url + "/v1/completions",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "op-tiny", "prompt": "hi", "max_tokens": 4}).encode(),
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             ok = r.status == 200 and bool(json.loads(r.read()).get("choices"))
@@ -231,8 +269,9 @@ def test_a_surge_deploy_fails_no_request_and_the_old_unit_serves_until_the_new_o
         t.start()
     try:
         time.sleep(0.5)
-        res = scene.ok("deploy", "--surge-strict", "--instances", "op-1", "--gate-timeout", "60",
-                       "--drain-timeout", "10", "--json")
+        res = scene.ok(
+            "deploy", "--surge-strict", "--instances", "op-1", "--gate-timeout", "60", "--drain-timeout", "10", "--json"
+        )
         time.sleep(0.5)
     finally:
         stop.set()
@@ -240,23 +279,28 @@ def test_a_surge_deploy_fails_no_request_and_the_old_unit_serves_until_the_new_o
             t.join(timeout=60)
         scene.write_template()
     out = json.loads(res.stdout)
-    assert out["result"] == "ok" and [(s["instance"], s["outcome"]) for s in out["surge"]] == [("op-1", "done")], \
-        out["surge"]
+    assert out["result"] == "ok" and [(s["instance"], s["outcome"]) for s in out["surge"]] == [("op-1", "done")], out[
+        "surge"
+    ]
     failed = [r for r in results if not r[1]]
     by = collections.Counter(who for _, ok, who in results if ok)
     assert failed == [] and by["op-1.surge"] > 0, (failed[:5], by)
     for name, host in hosts.items():
         # The old unit stopped when systemd restarted it with the change: the surge served before that,
         # and the old one still answered after the surge was at the gateway (added once it passed its gates).
-        shown = scene.lab.run(host, f"systemctl show --timestamp=unix -p ExecMainStartTimestamp clusterctl-{name}.service",
-                              timeout=30).stdout
+        shown = scene.lab.run(
+            host, f"systemctl show --timestamp=unix -p ExecMainStartTimestamp clusterctl-{name}.service", timeout=30
+        ).stdout
         restarted = float(shown.strip().partition("=@")[2])
         first_surge = min(t for t, ok, who in results if ok and who == f"{name}.surge")
         assert first_surge < restarted, (name, first_surge, restarted)
         assert any(first_surge < t < restarted for t, ok, who in results if ok and who == name), (name, by)
         unit = scene.lab.run(host, f"cat /etc/systemd/system/clusterctl-{name}.service", timeout=30).stdout
         assert "--max-num-seqs 40" in unit and f"--port {scene.placements()[name][2]}" in unit
-        left = scene.lab.run(host, "ls /etc/systemd/system/ /var/lib/clusterctl/deploy/previous/ | grep -c "
-                                   f"'{name}.surge' || true", timeout=30).stdout.strip()
+        left = scene.lab.run(
+            host,
+            f"ls /etc/systemd/system/ /var/lib/clusterctl/deploy/previous/ | grep -c '{name}.surge' || true",
+            timeout=30,
+        ).stdout.strip()
         assert left == "0", (host, left)
     scene.assert_all_back(both)

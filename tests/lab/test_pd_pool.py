@@ -66,31 +66,42 @@ def _xfer(addr: str, port: int) -> tuple[float, float]:
     status, body = http(f"http://{addr}:{port}/metrics", None, 30)
     assert status == 200
     fams = parse(body.decode())
-    return (sum(fams["vllm:nixl_xfer_time_seconds_sum"].values()),
-            sum(fams["vllm:nixl_xfer_time_seconds_count"].values()))
+    return (
+        sum(fams["vllm:nixl_xfer_time_seconds_sum"].values()),
+        sum(fams["vllm:nixl_xfer_time_seconds_count"].values()),
+    )
 
 
 @pytest.fixture
 def pool(lab, healed_hosts, tmp_path: Path):
     names = lab.names[:2]
     roles = dict(zip(("prefill", "decode"), names))
-    text = Path(lab.inventory).read_text() + "".join([
-        f"models:\n  qwen3-8b: {{path: {MODEL}, served_name: qwen3-8b}}\n",
-        "instances:\n",
-        *(f"  pd-{role[0]}: {{model: qwen3-8b, engine: vllm-0.11, placement: \"{h}:0\", port: {PORTS[role]}, "
-          f"role: {role}, args: {{max-model-len: 8192}}, env: {{VLLM_SIM_TIME_SCALE: '0.1'}}}}\n"
-          for role, h in roles.items()),
-        f"pd_pools:\n  pd-q: {{model: qwen3-8b, router: {{host: {roles['prefill']}, port: {ROUTER_PORT}}}}}\n",
-        f"gateway:\n  hosts: {roles['decode']}\n  port: {GW_PORT}\n  auth: none\n"])
+    text = Path(lab.inventory).read_text() + "".join(
+        [
+            f"models:\n  qwen3-8b: {{path: {MODEL}, served_name: qwen3-8b}}\n",
+            "instances:\n",
+            *(
+                f"  pd-{role[0]}: {{model: qwen3-8b, engine: vllm-0.11, placement: \"{h}:0\", port: {PORTS[role]}, "
+                f"role: {role}, args: {{max-model-len: 8192}}, env: {{VLLM_SIM_TIME_SCALE: '0.1'}}}}\n"
+                for role, h in roles.items()
+            ),
+            f"pd_pools:\n  pd-q: {{model: qwen3-8b, router: {{host: {roles['prefill']}, port: {ROUTER_PORT}}}}}\n",
+            f"gateway:\n  hosts: {roles['decode']}\n  port: {GW_PORT}\n  auth: none\n",
+        ]
+    )
     inv_path, state = tmp_path / "pd-lab.yaml", tmp_path / "state"
     inv_path.write_text(text)
     inv = load_inventory(str(inv_path))
     try:
         for h in names:
             lab.run(h, STAGED_SPARSE, check=True, timeout=60)
-        rep = Deploy(inv, [inv.hosts[h] for h in names], lambda hs: Fleet(list(hs), connect_timeout=10,
-                                                                           command_timeout=120),
-                     str(state), DeployOptions(gate_timeout_s=120)).run()
+        rep = Deploy(
+            inv,
+            [inv.hosts[h] for h in names],
+            lambda hs: Fleet(list(hs), connect_timeout=10, command_timeout=120),
+            str(state),
+            DeployOptions(gate_timeout_s=120),
+        ).run()
         assert rep.result == "ok", rep.to_dict()
         assert rep.batches[-1][-1] == roles["prefill"]  # the router's host last
         gates = {g.instance: g for o in rep.hosts.values() for g in o.gates}
@@ -98,22 +109,36 @@ def pool(lab, healed_hosts, tmp_path: Path):
         assert main(["gateway", "deploy", roles["decode"], "-i", str(inv_path), "--state-dir", str(state)]) == 0
         yield inv, {r: inv.hosts[h] for r, h in roles.items()}, f"http://{inv.hosts[roles['decode']].address}:{GW_PORT}"
     finally:
-        remove_deployed(lab, "clusterctl-*pd-*.service", "/etc/clusterctl/instances/*pd-*.env "
-                        "/var/lib/clusterctl/deploy/previous/*pd-*", names)
+        remove_deployed(
+            lab,
+            "clusterctl-*pd-*.service",
+            "/etc/clusterctl/instances/*pd-*.env /var/lib/clusterctl/deploy/previous/*pd-*",
+            names,
+        )
         lab.run(roles["decode"], "systemctl disable --now nginx.service", timeout=60)
 
 
 def _complete(url: str, prompt: str) -> tuple[int, str, dict]:
-    req = urllib.request.Request(url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"model": "qwen3-8b", "prompt": prompt, "max_tokens": 8,
-                                                  # the simulator ends ~1 in 43 tokens with EOS otherwise
-                                                  "ignore_eos": True}).encode())
+    req = urllib.request.Request(
+        url + "/v1/completions",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(
+            {
+                "model": "qwen3-8b",
+                "prompt": prompt,
+                "max_tokens": 8,
+                # the simulator ends ~1 in 43 tokens with EOS otherwise
+                "ignore_eos": True,
+            }
+        ).encode(),
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         return r.status, r.headers.get("X-Gateway-Instance", ""), json.loads(r.read())
 
 
 def test_pd_pool_deployed_serves_through_its_router_behind_the_gateway_and_a_pause_storm_slows_its_kv_pulls(
-        lab, pool, healed_hosts):
+    lab, pool, healed_hosts
+):
     inv, hosts, url = pool
     pre, dec = hosts["prefill"], hosts["decode"]
     s0, c0 = _xfer(dec.address, PORTS["decode"])  # the router's gate already pulled once
@@ -140,8 +165,9 @@ def test_pd_pool_deployed_serves_through_its_router_behind_the_gateway_and_a_pau
     # doctor on one sample: the mean over the pulls (the gate's short one, 1x and 10x) is about 5.5x what
     # one 400 Gbit/s port takes
     metrics = http(f"http://{dec.address}:{PORTS['decode']}/metrics", None, 30)[1].decode()
-    ctx = AnalysisContext(inventory=inv, facts={}, raw={dec.name: {"pd-d.metrics": metrics}},
-                          thresholds=load_thresholds())
+    ctx = AnalysisContext(
+        inventory=inv, facts={}, raw={dec.name: {"pd-d.metrics": metrics}}, thresholds=load_thresholds()
+    )
     [f] = run_analyzers(ctx, ["pd.kv_transfer"])
     assert f.severity is Severity.WARN, f
     assert "decode pd-d <- prefill pd-p (pool pd-q)" in f.message and pre.name in f.message and dec.name in f.message

@@ -11,8 +11,10 @@ from clusterctl.inventory.loader import load_inventory
 from clusterctl.lab.hardware import faults
 from clusterctl.probe.run import collect_facts
 
-UNIT = ("[Unit]\nDescription=probe test\n[Service]\nExecStart=/bin/sleep 3600\n"
-        "Restart=always\n[Install]\nWantedBy=multi-user.target\n")
+UNIT = (
+    "[Unit]\nDescription=probe test\n[Service]\nExecStart=/bin/sleep 3600\n"
+    "Restart=always\n[Install]\nWantedBy=multi-user.target\n"
+)
 
 
 def probe(lab, names, **kw):
@@ -64,8 +66,11 @@ def test_units_restarts_and_kernel_log_since_cursor(lab):
         assert [g.index for g in nxt.gpus.lost] == [5]
     finally:
         faults.heal(lab.host_dir(name))
-        lab.run(name, "systemctl stop clusterctl-probetest; rm -f /etc/systemd/system/clusterctl-probetest.service;"
-                " systemctl daemon-reload")
+        lab.run(
+            name,
+            "systemctl stop clusterctl-probetest; rm -f /etc/systemd/system/clusterctl-probetest.service;"
+            " systemctl daemon-reload",
+        )
 
 
 def test_probe_leaves_nothing_behind_but_its_verified_copy(lab):
@@ -73,8 +78,10 @@ def test_probe_leaves_nothing_behind_but_its_verified_copy(lab):
     user's ~/.cache/clusterctl/programs (0600 in a 0700 directory; clusterctl.fleet.cached), whose
     mtime each run refreshes (the newest copies are kept); a second probe adds no file."""
     name = lab.names[-1]
-    find = ("find / -xdev -newer /tmp/probe-marker ! -path '/proc/*' ! -path '/var/log/journal/*' "
-            "! -path '/run/*' ! -path /tmp/probe-marker 2>/dev/null | sort")
+    find = (
+        "find / -xdev -newer /tmp/probe-marker ! -path '/proc/*' ! -path '/var/log/journal/*' "
+        "! -path '/run/*' ! -path /tmp/probe-marker 2>/dev/null | sort"
+    )
 
     def written_by_a_probe() -> list[str]:
         lab.run(name, "touch /tmp/probe-marker", check=True)

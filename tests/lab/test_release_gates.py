@@ -46,29 +46,49 @@ class World(PlaybookWorld):
         from clusterctl.clusterstate import default_cluster_name
 
         # the inventory has no cluster: name; its state is keyed by the file's default name
-        self.baselines = self.xdg / "clusterctl" / "clusters" / default_cluster_name(str(self.inv_path)) / "drift" / "baselines"
+        self.baselines = (
+            self.xdg / "clusterctl" / "clusters" / default_cluster_name(str(self.inv_path)) / "drift" / "baselines"
+        )
 
     def write(self, **env: str) -> None:  # type: ignore[override]
         doc = dict(self.base)
         doc["models"] = {"tiny": tiny_entry(self.model_dir, "/models/pb-tiny")}
         doc["instances"] = {
-            f"p{n}": {"model": "tiny", "engine": "vllm-0.11", "placement": f"{h}:5", "port": PORT,
-                      "args": {"max-model-len": 4096},
-                      "env": {"VLLM_SIM_TIME_SCALE": "0", "VLLM_SIM_BATCH_NOISE": "0", **env},
-                      "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}}}
-            for n, h in enumerate(self.hosts, 1)}
+            f"p{n}": {
+                "model": "tiny",
+                "engine": "vllm-0.11",
+                "placement": f"{h}:5",
+                "port": PORT,
+                "args": {"max-model-len": 4096},
+                "env": {"VLLM_SIM_TIME_SCALE": "0", "VLLM_SIM_BATCH_NOISE": "0", **env},
+                "secrets": {"VLLM_API_KEY": {"env": KEY_ENV}},
+            }
+            for n, h in enumerate(self.hosts, 1)
+        }
         self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, KEY_ENV: KEY, "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(self.xdg)}
-        p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args], capture_output=True, text=True,
-                           timeout=600, env=env)
+        p = subprocess.run(
+            [sys.executable, "-m", "clusterctl.cli.main", *args], capture_output=True, text=True, timeout=600, env=env
+        )
         assert KEY not in p.stdout + p.stderr
         return p
 
     def deploy(self, *args: str) -> tuple[int, dict[str, Any], str]:
-        p = self.cli("deploy", "-i", str(self.inv_path), "--state-dir", str(self.state_dir), "--json",
-                     "--serial", "1,100%", "--gate-timeout", "60", *args)
+        p = self.cli(
+            "deploy",
+            "-i",
+            str(self.inv_path),
+            "--state-dir",
+            str(self.state_dir),
+            "--json",
+            "--serial",
+            "1,100%",
+            "--gate-timeout",
+            "60",
+            *args,
+        )
         try:
             data = json.loads(p.stdout)
         except ValueError:
@@ -146,8 +166,9 @@ def test_a_change_that_does_not_drift_passes_the_gates(world: World) -> None:
     world.write(HARMLESS_SETTING="1")
     # The bench gate compares the canary p1 with p2 (still the previous version); the tolerance is wide
     # because at time scale 0 latencies are sub-millisecond noise: this checks the wiring, not speed.
-    rc, data, err = world.deploy("--record-baseline", "previous", "--gate", "drift", "--gate", "bench:p2",
-                                 "--bench-tolerance", "5")
+    rc, data, err = world.deploy(
+        "--record-baseline", "previous", "--gate", "drift", "--gate", "bench:p2", "--bench-tolerance", "5"
+    )
     canary, other = world.hosts
     if data["result"] == "paused":
         # On a loaded machine (the lab shares its cores with the generator) the bench's own trust check

@@ -19,19 +19,53 @@ from clusterctl.lab.hardware import faults
 def inventory(lab, tmp_path_factory) -> Path:
     """The lab inventory with one TP-2 instance on the first host (the lab's own has none)."""
     data = yaml.safe_load(Path(lab.inventory).read_text())
-    data["models"] = {"qwen3-8b": {"path": "/models/qwen3-8b", "arch": {
-        "layers": 36, "hidden_size": 4096, "attention_heads": 32, "kv_heads": 8, "head_dim": 128,
-        "vocab": 151936, "params": 8190735360, "dtype": "bfloat16"}}}
-    data["instances"] = {"grp-a": {"model": "qwen3-8b", "engine": next(iter(data["engines"])),
-                                   "placement": f"{lab.names[0]}:[0-1]", "port": 8100}}
+    data["models"] = {
+        "qwen3-8b": {
+            "path": "/models/qwen3-8b",
+            "arch": {
+                "layers": 36,
+                "hidden_size": 4096,
+                "attention_heads": 32,
+                "kv_heads": 8,
+                "head_dim": 128,
+                "vocab": 151936,
+                "params": 8190735360,
+                "dtype": "bfloat16",
+            },
+        }
+    }
+    data["instances"] = {
+        "grp-a": {
+            "model": "qwen3-8b",
+            "engine": next(iter(data["engines"])),
+            "placement": f"{lab.names[0]}:[0-1]",
+            "port": 8100,
+        }
+    }
     path = tmp_path_factory.mktemp("report") / "inventory.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
 def report(inventory: Path, db: Path, out: Path, capsys) -> tuple[int, dict]:
-    rc = main(["report", "run", "all", "-i", str(inventory), "--db", str(db), "--out", str(out), "--json",
-               "--interval", "0", "--textfile", str(out / "clusterctl.prom")])
+    rc = main(
+        [
+            "report",
+            "run",
+            "all",
+            "-i",
+            str(inventory),
+            "--db",
+            str(db),
+            "--out",
+            str(out),
+            "--json",
+            "--interval",
+            "0",
+            "--textfile",
+            str(out / "clusterctl.prom"),
+        ]
+    )
     return rc, json.loads(capsys.readouterr().out)
 
 
@@ -45,8 +79,9 @@ def test_lost_gpu_is_new_then_resolved_after_heal(lab, inventory, tmp_path, caps
     faults.inject(lab.host_dir(victim), "gpu-lost", gpu=1, log=False)
     rc, doc = report(inventory, db, out, capsys)
     assert rc == 2
-    assert any(f["check"] == "gpu.lost" and f["host"] == victim and f["subject"] == "gpu:1"
-               for f in doc["changes"]["new"])
+    assert any(
+        f["check"] == "gpu.lost" and f["host"] == victim and f["subject"] == "gpu:1" for f in doc["changes"]["new"]
+    )
     assert {g["instance"]: g["state"] for g in doc["tp_groups"]}["grp-a"] == "UNAVAILABLE"
     faults.heal(lab.host_dir(victim))
     rc, doc = report(inventory, db, out, capsys)
@@ -55,4 +90,5 @@ def test_lost_gpu_is_new_then_resolved_after_heal(lab, inventory, tmp_path, caps
     assert {g["instance"]: g["state"] for g in doc["tp_groups"]}["grp-a"] != "UNAVAILABLE"
     assert doc["run"]["previous"] == 1 and rc != 2
     assert (out / "report.html").stat().st_size > 0 and "clusterctl_report_problems" in (
-        out / "clusterctl.prom").read_text()
+        out / "clusterctl.prom"
+    ).read_text()

@@ -79,28 +79,43 @@ def control(lab):
     (opt / "site.yaml").write_text(yaml.safe_dump(inv, sort_keys=False))
     lab.run(name, f"mkdir -p {Path(PTH).parent} && echo {PREFIX}/lib > {PTH}", check=True)
     yield name, root
-    lab.run(name, "systemctl disable --now clusterctl-report.timer; systemctl stop clusterctl-report.service; "
-                  "rm -rf /etc/systemd/system/clusterctl-report.* /etc/systemd/system/clusterctl-report.timer.d "
-                  f"{PREFIX} {PTH} {STATE}; systemctl daemon-reload", timeout=60)
+    lab.run(
+        name,
+        "systemctl disable --now clusterctl-report.timer; systemctl stop clusterctl-report.service; "
+        "rm -rf /etc/systemd/system/clusterctl-report.* /etc/systemd/system/clusterctl-report.timer.d "
+        f"{PREFIX} {PTH} {STATE}; systemctl daemon-reload",
+        timeout=60,
+    )
 
 
 def test_the_timer_on_a_lab_control_host_writes_a_report_and_the_history(lab, control):
     name, root = control
-    r = lab.run(name, f"python3 -m clusterctl.cli.main report install-timer all -i {PREFIX}/site.yaml "
-                      f"--db {STATE}/report.db --out {STATE}/report --textfile {STATE}/clusterctl.prom", timeout=60)
+    r = lab.run(
+        name,
+        f"python3 -m clusterctl.cli.main report install-timer all -i {PREFIX}/site.yaml "
+        f"--db {STATE}/report.db --out {STATE}/report --textfile {STATE}/clusterctl.prom",
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "wrote /etc/systemd/system/clusterctl-report.timer" in r.stdout
     # fire a few seconds after start instead of 2 minutes after boot
-    lab.run(name, "mkdir -p /etc/systemd/system/clusterctl-report.timer.d && printf '[Timer]\\nOnActiveSec=3s\\n"
-                  "AccuracySec=1s\\n' > /etc/systemd/system/clusterctl-report.timer.d/soon.conf && "
-                  "systemctl daemon-reload && systemctl start clusterctl-report.timer", check=True)
+    lab.run(
+        name,
+        "mkdir -p /etc/systemd/system/clusterctl-report.timer.d && printf '[Timer]\\nOnActiveSec=3s\\n"
+        "AccuracySec=1s\\n' > /etc/systemd/system/clusterctl-report.timer.d/soon.conf && "
+        "systemctl daemon-reload && systemctl start clusterctl-report.timer",
+        check=True,
+    )
     t0 = time.monotonic()
     report = root / STATE.lstrip("/") / "report" / "report.json"
     while not report.exists() and time.monotonic() - t0 < 120:
         time.sleep(1)
     took = time.monotonic() - t0
-    state = lab.run(name, "systemctl show clusterctl-report.service -p ExecMainStatus -p Result; "
-                          "journalctl -u clusterctl-report.service --no-pager | tail -20").stdout
+    state = lab.run(
+        name,
+        "systemctl show clusterctl-report.service -p ExecMainStatus -p Result; "
+        "journalctl -u clusterctl-report.service --no-pager | tail -20",
+    ).stdout
     assert report.exists(), state
     print(f"timer started -> report.json in {took:.1f} s")
     doc = json.loads(report.read_text())

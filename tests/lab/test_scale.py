@@ -21,8 +21,16 @@ import yaml
 from support.deploy_lab import remove_deployed, tiny_entry, tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = {"model": "sc-tiny", "engine": "vllm-0.11", "replicas": 2, "tp": 1, "hosts": "all", "port_base": 8500,
-            "args": {"max-model-len": 2048}, "env": {"VLLM_SIM_TIME_SCALE": "0"}}
+TEMPLATE = {
+    "model": "sc-tiny",
+    "engine": "vllm-0.11",
+    "replicas": 2,
+    "tp": 1,
+    "hosts": "all",
+    "port_base": 8500,
+    "args": {"max-model-len": 2048},
+    "env": {"VLLM_SIM_TIME_SCALE": "0"},
+}
 
 
 class Scene:
@@ -38,21 +46,40 @@ class Scene:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args, "-i", str(self.inv_path),
-                               "--state-dir", str(self.state_dir)], capture_output=True, text=True, timeout=300,
-                              env=env)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "clusterctl.cli.main",
+                *args,
+                "-i",
+                str(self.inv_path),
+                "--state-dir",
+                str(self.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
 
     def units(self) -> dict[str, tuple[str, str, int, int]]:
         """sc-N -> (host, ActiveState, MainPID, ExecMainStartTimestampMonotonic)."""
         out = {}
         for host in self.lab.names:
-            text = self.lab.run(host, "systemctl show -p Id,ActiveState,MainPID,ExecMainStartTimestampMonotonic "
-                                      "'clusterctl-sc-*.service'").stdout
+            text = self.lab.run(
+                host,
+                "systemctl show -p Id,ActiveState,MainPID,ExecMainStartTimestampMonotonic 'clusterctl-sc-*.service'",
+            ).stdout
             for block in text.strip().split("\n\n"):
                 d = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
                 if d.get("Id", "").startswith("clusterctl-sc-") and d.get("ActiveState") != "inactive":
-                    out[d["Id"][len("clusterctl-"):-len(".service")]] = (
-                        host, d["ActiveState"], int(d["MainPID"]), int(d["ExecMainStartTimestampMonotonic"]))
+                    out[d["Id"][len("clusterctl-") : -len(".service")]] = (
+                        host,
+                        d["ActiveState"],
+                        int(d["MainPID"]),
+                        int(d["ExecMainStartTimestampMonotonic"]),
+                    )
         return out
 
     def placements(self) -> dict[str, tuple[str, list[int]]]:
@@ -60,8 +87,12 @@ class Scene:
         return {n: (p["host"], p["gpus"]) for n, p in doc["templates"].get("sc", {}).items()}
 
     def cleanup(self) -> None:
-        remove_deployed(self.lab, "clusterctl-sc-*.service", "/etc/clusterctl/instances/sc-*.env "
-                        "/var/lib/clusterctl/deploy/previous/sc-* /models/sc-tiny /models/.versions/sc-tiny")
+        remove_deployed(
+            self.lab,
+            "clusterctl-sc-*.service",
+            "/etc/clusterctl/instances/sc-*.env "
+            "/var/lib/clusterctl/deploy/previous/sc-* /models/sc-tiny /models/.versions/sc-tiny",
+        )
 
 
 @pytest.fixture(scope="module")

@@ -43,20 +43,26 @@ def source(lab, tmp_path_factory):
 def inventory(lab, source, tmp_path_factory):
     srv, _ = source
     path = tmp_path_factory.mktemp("stage-inv") / "inventory.yaml"
-    text = lab.inventory.read_text() + (f"models:\n  tiny:\n    path: /models/tiny\n    source: {srv.url}v1/\n"
-                                        f"    version: v1\n")
+    text = lab.inventory.read_text() + (
+        f"models:\n  tiny:\n    path: /models/tiny\n    source: {srv.url}v1/\n    version: v1\n"
+    )
     path.write_text(text)
     for h in lab.names:  # start from hosts that never had this model
         lab.run(h, "rm -rf /models/tiny /models/tiny-relay /models/.versions/tiny", timeout=30, check=True)
     yield path
     for h in lab.names:
-        lab.run(h, "rm -rf /models /usr/local/lib/clusterctl; systemctl stop stgtest-model 2>/dev/null; "
-                   "rm -f /etc/systemd/system/stgtest-model.service; systemctl daemon-reload", timeout=30)
+        lab.run(
+            h,
+            "rm -rf /models /usr/local/lib/clusterctl; systemctl stop stgtest-model 2>/dev/null; "
+            "rm -f /etc/systemd/system/stgtest-model.service; systemctl daemon-reload",
+            timeout=30,
+        )
 
 
 def _cli(*args: str) -> tuple[int, dict]:
-    p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", *args], capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "clusterctl.cli.main", *args], capture_output=True, text=True, timeout=300
+    )
     assert p.stdout, p.stderr
     return p.returncode, json.loads(p.stdout)
 
@@ -77,8 +83,9 @@ def test_chain_stages_everywhere_reading_the_source_once(lab, source, inventory)
     assert rc == 0
     for r in st["hosts"]:
         m = r["models"][0]
-        assert m["current"] == "v1" and m["versions"] == [{"version": "v1", "verified": True, "in_use": True,
-                                                           "bytes": out["bytes_total"]}]
+        assert m["current"] == "v1" and m["versions"] == [
+            {"version": "v1", "verified": True, "in_use": True, "bytes": out["bytes_total"]}
+        ]
         assert r["verify_model_installed"]
     same = lab.run(lab.names[-1], "sha256sum /models/tiny/model.safetensors", check=True).stdout.split()[0]
     assert same == mf.compute(str(root / "v1"), "t", "v1").files[-1].sha256
@@ -86,8 +93,20 @@ def test_chain_stages_everywhere_reading_the_source_once(lab, source, inventory)
 
 def test_new_version_switches_warms_and_prunes(lab, source, inventory):
     srv, root = source
-    rc, out = _cli("stage", "tiny", "-i", str(inventory), "--json", "--source", f"{srv.url}v2/",
-                   "--version", "v2", "--warm", "--keep", "1")
+    rc, out = _cli(
+        "stage",
+        "tiny",
+        "-i",
+        str(inventory),
+        "--json",
+        "--source",
+        f"{srv.url}v2/",
+        "--version",
+        "v2",
+        "--warm",
+        "--keep",
+        "1",
+    )
     assert rc == 0, out
     for r in out["hosts"]:
         assert r["switched_from"] == "v1" and r["pruned"] == ["v1"]
@@ -99,11 +118,14 @@ def test_new_version_switches_warms_and_prunes(lab, source, inventory):
 
 def test_unit_refuses_an_unverified_model(lab, inventory):
     h = lab.names[0]
-    unit = ("[Service]\nType=exec\nExecStartPre=" + VERIFY_MODEL_PATH + " %s\nExecStart=/bin/sleep 300\n")
+    unit = "[Service]\nType=exec\nExecStartPre=" + VERIFY_MODEL_PATH + " %s\nExecStart=/bin/sleep 300\n"
     lab.run(h, "mkdir -p /models/handmade && cp -r /models/tiny/. /models/handmade/", check=True)
     for path, active in (("/models/handmade", False), ("/models/tiny", True)):
-        lab.run(h, f"printf '{unit % path}' > /etc/systemd/system/stgtest-model.service && systemctl daemon-reload",
-                check=True)
+        lab.run(
+            h,
+            f"printf '{unit % path}' > /etc/systemd/system/stgtest-model.service && systemctl daemon-reload",
+            check=True,
+        )
         r = lab.run(h, "systemctl start stgtest-model; systemctl is-active stgtest-model", timeout=30)
         assert r.stdout.strip() == ("active" if active else "failed"), r
         if not active:
@@ -156,8 +178,21 @@ def test_tree_relay_reads_the_source_once_with_two_children_per_node(lab, source
     srv, root = source
     srv.requests.clear()
     # A version name no host has yet (earlier tests left v1 under /models/.versions/tiny).
-    rc, out = _cli("stage", "tiny", "-i", str(inventory), "--json", "--source", f"{srv.url}v1/",
-                   "--version", "v1-tree", "--relay", "tree", "--tree-fanout", "2")
+    rc, out = _cli(
+        "stage",
+        "tiny",
+        "-i",
+        str(inventory),
+        "--json",
+        "--source",
+        f"{srv.url}v1/",
+        "--version",
+        "v1-tree",
+        "--relay",
+        "tree",
+        "--tree-fanout",
+        "2",
+    )
     assert rc == 0, out
     assert len(srv.requests) == len(mf.compute(str(root / "v1"), "tiny", "v1", CHUNK).chunks())
     rows = {r["host"]: r for r in out["hosts"]}
@@ -179,10 +214,17 @@ def test_progress_streams_over_ssh_while_hosts_stage(lab, source, inventory):
     srv.delay = 0.05
     try:
         with Fleet(hosts, fanout=len(hosts), command_timeout=120) as fleet:
-            report = stage_model(fleet, hosts, model, parse_source(model.source), man, relay="none",
-                                 on_progress=lambda h, d, t: seen[h].append((time.monotonic(), d)),
-                                 on_result=lambda r: finished.setdefault(r.host, time.monotonic()),
-                                 progress_interval=0.1)
+            report = stage_model(
+                fleet,
+                hosts,
+                model,
+                parse_source(model.source),
+                man,
+                relay="none",
+                on_progress=lambda h, d, t: seen[h].append((time.monotonic(), d)),
+                on_result=lambda r: finished.setdefault(r.host, time.monotonic()),
+                progress_interval=0.1,
+            )
     finally:
         srv.delay = 0
     assert report.ok, report.rows

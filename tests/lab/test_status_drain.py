@@ -61,12 +61,14 @@ def setup(lab, tmp_path_factory):
     names = lab.names[:2]
     hosts = {inst: names[i] for inst, (i, _, _) in INSTANCES.items()}
     text = Path(lab.inventory).read_text()
-    text += (f"models:\n  qwen3-8b: {{path: {MODEL}, version: '2025-04-29', served_name: qwen3-8b}}\n"
-             "instances:\n"
-             f"  st-a: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts['st-a']}:0', port: {PORT},"
-             f" args: {{max-num-seqs: {MAX_SEQS}}}}}\n"
-             f"  st-b: {{model: qwen3-8b, engine: vllm-0.33, placement: '{hosts['st-b']}:0', port: {PORT}}}\n"
-             f"  st-c: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts['st-b']}:1', port: {PORT + 1}}}\n")
+    text += (
+        f"models:\n  qwen3-8b: {{path: {MODEL}, version: '2025-04-29', served_name: qwen3-8b}}\n"
+        "instances:\n"
+        f"  st-a: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts['st-a']}:0', port: {PORT},"
+        f" args: {{max-num-seqs: {MAX_SEQS}}}}}\n"
+        f"  st-b: {{model: qwen3-8b, engine: vllm-0.33, placement: '{hosts['st-b']}:0', port: {PORT}}}\n"
+        f"  st-c: {{model: qwen3-8b, engine: vllm-0.11, placement: '{hosts['st-b']}:1', port: {PORT + 1}}}\n"
+    )
     d = tmp_path_factory.mktemp("status")
     inv = d / "inventory.yaml"
     inv.write_text(text)
@@ -77,8 +79,12 @@ def setup(lab, tmp_path_factory):
         wait_healthy(lab, hosts[inst], urls[inst] + "/health", f"clusterctl-{inst}.service", timeout=90)
     yield {"inv": str(inv), "hosts": hosts, "urls": urls, "state": str(d / "state")}
     for inst, host in hosts.items():
-        lab.run(host, f"systemctl stop clusterctl-{inst}.service; rm -f /etc/systemd/system/clusterctl-{inst}.service;"
-                      " systemctl daemon-reload; systemctl reset-failed", timeout=120)
+        lab.run(
+            host,
+            f"systemctl stop clusterctl-{inst}.service; rm -f /etc/systemd/system/clusterctl-{inst}.service;"
+            " systemctl daemon-reload; systemctl reset-failed",
+            timeout=120,
+        )
 
 
 def _cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -97,17 +103,28 @@ def _status(capsys, setup, *args: str) -> tuple[int, dict]:
 def _slow(lab, setup, inst: str, factor: int) -> None:
     """The simulator's slow-down fault (loopback only): every engine step ``factor`` x longer."""
     body = json.dumps({"fault": "slowdown", "factor": factor} if factor > 1 else {"fault": "clear"})
-    post = ("import sys, urllib.request; urllib.request.urlopen(urllib.request.Request("
-            f"'http://127.0.0.1:{PORT}/sim/fault', data=sys.stdin.read().encode()), timeout=10)")
+    post = (
+        "import sys, urllib.request; urllib.request.urlopen(urllib.request.Request("
+        f"'http://127.0.0.1:{PORT}/sim/fault', data=sys.stdin.read().encode()), timeout=10)"
+    )
     lab.run(setup["hosts"][inst], f'python3 -c "{post}"', input=body, check=True)
 
 
 def _stream(url: str, max_tokens: int, result: dict, started: threading.Event | None = None) -> None:
     """One streamed completion; ``result``: ``done`` (ended with [DONE]), ``chunks``, ``error``."""
-    req = urllib.request.Request(url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"model": "qwen3-8b", "prompt": "tell me a long story",
-                                                  "max_tokens": max_tokens, "ignore_eos": True,
-                                                  "stream": True}).encode())
+    req = urllib.request.Request(
+        url + "/v1/completions",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(
+            {
+                "model": "qwen3-8b",
+                "prompt": "tell me a long story",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+            }
+        ).encode(),
+    )
     result.update(done=False, chunks=0, error=None)
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
@@ -130,10 +147,19 @@ def test_status_shows_units_health_versions_and_absent(capsys, setup):
     rc, rows = _status(capsys, setup, "st-a,st-b", "--window", "1")
     assert rc == 0, rows
     a, b = rows["st-a"], rows["st-b"]
-    assert (a["state"], a["active"], a["healthy"], a["running_version"], a["engine_version"]) == \
-        ("serving", "active", True, "0.11.0", "0.11.0")
-    assert (b["state"], b["running_version"], b["model_version"], b["gpus"]) == \
-        ("serving", "0.33.0", "2025-04-29", [f"{setup['hosts']['st-b']}:0"])
+    assert (a["state"], a["active"], a["healthy"], a["running_version"], a["engine_version"]) == (
+        "serving",
+        "active",
+        True,
+        "0.11.0",
+        "0.11.0",
+    )
+    assert (b["state"], b["running_version"], b["model_version"], b["gpus"]) == (
+        "serving",
+        "0.33.0",
+        "2025-04-29",
+        [f"{setup['hosts']['st-b']}:0"],
+    )
     assert a["load"] is not None and a["load"] < 0.2 and a["restarts"] == 0 and a["up_s"] >= 0
     rc, rows = _status(capsys, setup, "--window", "0")
     assert rc == 2 and rows["st-c"]["state"] == "absent" and rows["st-c"]["severity"] == "CRIT"
@@ -178,8 +204,20 @@ def _stop_during_stream(lab, capsys, setup, *, slow: int, max_tokens: int, drain
     t.start()
     assert started.wait(30)
     t0 = time.monotonic()
-    rc, out, err = _cli(capsys, "stop", "st-a", "-i", setup["inv"], "--state-dir", setup["state"],
-                        "--drain-timeout", str(drain_timeout), "--poll", "0.2", "--json")
+    rc, out, err = _cli(
+        capsys,
+        "stop",
+        "st-a",
+        "-i",
+        setup["inv"],
+        "--state-dir",
+        setup["state"],
+        "--drain-timeout",
+        str(drain_timeout),
+        "--poll",
+        "0.2",
+        "--json",
+    )
     took = time.monotonic() - t0
     t.join(60)
     assert out, err
@@ -196,8 +234,19 @@ def test_stop_waits_for_the_stream_in_flight_then_start(lab, capsys, setup):
     rc, rows = _status(capsys, setup, "st-a", "--window", "0")
     assert rc == 2 and rows["st-a"]["state"] == "stopped"
 
-    rc, out, err = _cli(capsys, "start", "st-a", "-i", setup["inv"], "--state-dir", setup["state"],
-                        "--health-timeout", "90", "--poll", "0.5")
+    rc, out, err = _cli(
+        capsys,
+        "start",
+        "st-a",
+        "-i",
+        setup["inv"],
+        "--state-dir",
+        setup["state"],
+        "--health-timeout",
+        "90",
+        "--poll",
+        "0.5",
+    )
     assert rc == 0 and "ok start st-a" in out, out + err
     rc, rows = _status(capsys, setup, "st-a", "--window", "0")
     assert rc == 0 and rows["st-a"]["state"] == "serving"
@@ -209,8 +258,20 @@ def test_drain_timeout_bounds_the_stop_and_restart_comes_back(lab, capsys, setup
     assert res["drain"]["timed_out"] and res["drain"]["remaining"] == 1, res
     assert took < 15, took
     assert not result["done"], result  # the timeout bounds the wait: that stream was cut
-    rc, out, err = _cli(capsys, "restart", "st-a", "-i", setup["inv"], "--state-dir", setup["state"],
-                        "--health-timeout", "90", "--poll", "0.5", "--json")
+    rc, out, err = _cli(
+        capsys,
+        "restart",
+        "st-a",
+        "-i",
+        setup["inv"],
+        "--state-dir",
+        setup["state"],
+        "--health-timeout",
+        "90",
+        "--poll",
+        "0.5",
+        "--json",
+    )
     res = json.loads(out)["results"][0]
     assert rc == 0 and res["ok"] and res["healthy_after_s"] is not None, out + err
     assert lab.run(setup["hosts"]["st-a"], "systemctl is-active clusterctl-st-a.service").stdout.strip() == "active"

@@ -37,18 +37,24 @@ def _ttft(addr: str) -> tuple[float, float]:
     status, body = _http(f"http://{addr}:{PORT}/metrics")
     assert status == 200
     fams = parse(body.decode())
-    return (sum(fams["vllm:time_to_first_token_seconds_sum"].values()),
-            sum(fams["vllm:time_to_first_token_seconds_count"].values()))
+    return (
+        sum(fams["vllm:time_to_first_token_seconds_sum"].values()),
+        sum(fams["vllm:time_to_first_token_seconds_count"].values()),
+    )
 
 
 @pytest.fixture
 def served(lab):
     name = lab.names[0]
     lab.run(name, f"vllm-sim make-model qwen3-8b {MODEL} --sparse", check=True, timeout=60)
-    lab.run(name, f"systemd-run --unit={UNIT} --collect --property=Type=exec --setenv=VLLM_SIM_TIME_SCALE=0.1 "
-                  "--setenv=VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=30 --setenv=CUDA_VISIBLE_DEVICES=0 "
-                  f"/opt/vllm-0.11/bin/vllm serve {MODEL} --port {PORT} --max-model-len 8192 "
-                  "--sim-profile l40s-48g", check=True)
+    lab.run(
+        name,
+        f"systemd-run --unit={UNIT} --collect --property=Type=exec --setenv=VLLM_SIM_TIME_SCALE=0.1 "
+        "--setenv=VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=30 --setenv=CUDA_VISIBLE_DEVICES=0 "
+        f"/opt/vllm-0.11/bin/vllm serve {MODEL} --port {PORT} --max-model-len 8192 "
+        "--sim-profile l40s-48g",
+        check=True,
+    )
     addr = lab.host(name).address
     wait_healthy(lab, name, f"http://{addr}:{PORT}/health", UNIT, timeout=120)
     yield name, addr
@@ -59,9 +65,11 @@ def test_ttft_rises_with_concurrent_streams_and_faults_are_seen_from_outside(lab
     name, addr = served
 
     def stream(tag: str) -> None:
-        status, body = _http(f"http://{addr}:{PORT}/v1/completions",
-                             {"prompt": words(tag, 1400), "max_tokens": 16, "stream": True, "ignore_eos": True,
-                              "temperature": 0}, timeout=120)
+        status, body = _http(
+            f"http://{addr}:{PORT}/v1/completions",
+            {"prompt": words(tag, 1400), "max_tokens": 16, "stream": True, "ignore_eos": True, "temperature": 0},
+            timeout=120,
+        )
         assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
 
     t0 = time.monotonic()
@@ -83,8 +91,10 @@ def test_ttft_rises_with_concurrent_streams_and_faults_are_seen_from_outside(lab
 
     # The fault endpoint is loopback-only: the bridge address is refused, the host itself may switch.
     assert _http(f"http://{addr}:{PORT}/sim/fault", {"fault": "hang"})[0] == 403
-    ctl = ("python3 -c \"import urllib.request as u; print(u.urlopen(u.Request('http://127.0.0.1:8000/sim/fault',"
-           " data=b'{\\\"fault\\\": \\\"hang\\\"}', headers={'Content-Type': 'application/json'})).read().decode())\"")
+    ctl = (
+        "python3 -c \"import urllib.request as u; print(u.urlopen(u.Request('http://127.0.0.1:8000/sim/fault',"
+        " data=b'{\\\"fault\\\": \\\"hang\\\"}', headers={'Content-Type': 'application/json'})).read().decode())\""
+    )
     res = lab.run(name, ctl, check=True)
     assert '"hang":true' in res.stdout
     with pytest.raises(OSError):  # urllib's timeout (socket.timeout is an OSError)

@@ -40,9 +40,11 @@ def _gpu0_processes(lab, name: str) -> list:
 
 
 def _start(lab, name: str, unit: str, launcher: str, port: int) -> None:
-    cmd = (f"systemd-run --unit={unit} --collect --property=Type=exec "
-           f"--setenv=VLLM_API_KEY={KEY} --setenv=VLLM_SIM_TIME_SCALE=0.05 --setenv=CUDA_VISIBLE_DEVICES=0 "
-           f"{launcher} serve {MODEL} --port {port} --max-model-len 8192 --served-model-name qwen3-8b")
+    cmd = (
+        f"systemd-run --unit={unit} --collect --property=Type=exec "
+        f"--setenv=VLLM_API_KEY={KEY} --setenv=VLLM_SIM_TIME_SCALE=0.05 --setenv=CUDA_VISIBLE_DEVICES=0 "
+        f"{launcher} serve {MODEL} --port {port} --max-model-len 8192 --served-model-name qwen3-8b"
+    )
     lab.run(name, cmd, check=True)
 
 
@@ -64,11 +66,20 @@ def test_simulator_under_systemd_serves_and_holds_gpu_memory(lab, host):
     ps = lab.run(host, "ps -eo args", check=True).stdout
     assert KEY not in ps and f"/opt/vllm-0.11/bin/vllm serve {MODEL}" in ps
 
-    status, raw = _http(f"http://{addr}:8000/v1/completions",
-                        {"model": "qwen3-8b", "prompt": "The capital of France is", "max_tokens": 5,
-                         "temperature": 0, "logprobs": 2, "stream": True, "ignore_eos": True,
-                         "stream_options": {"include_usage": True}})
-    events = [e[len("data: "):] for e in raw.decode().split("\n\n") if e]
+    status, raw = _http(
+        f"http://{addr}:8000/v1/completions",
+        {
+            "model": "qwen3-8b",
+            "prompt": "The capital of France is",
+            "max_tokens": 5,
+            "temperature": 0,
+            "logprobs": 2,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    events = [e[len("data: ") :] for e in raw.decode().split("\n\n") if e]
     assert status == 200 and events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["choices"][0]["logprobs"]["top_logprobs"] for c in chunks[:-1])

@@ -25,8 +25,15 @@ MAX_LEN = 2048
 #: tokens; vLLM prints it as 0.01 GiB.
 SMALL_KV = 12 * 2**20
 #: The simulator with the same KV cache as the real CPU engine (same size, same block size, its profile).
-SIM_SMALL_KV = ("--kv-cache-memory-bytes", str(SMALL_KV), "--block-size", "128", "--sim-profile", "cpu-1core",
-                "--enforce-eager")
+SIM_SMALL_KV = (
+    "--kv-cache-memory-bytes",
+    str(SMALL_KV),
+    "--block-size",
+    "128",
+    "--sim-profile",
+    "cpu-1core",
+    "--enforce-eager",
+)
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +41,8 @@ def tiny_model() -> Path:
     eng = realvllm.installed()
     model = realmodel.model_dir()
     assert eng is not None and model is not None, (
-        "the real vLLM engine / tiny model are not installed: run scripts/install-real-vllm")
+        "the real vLLM engine / tiny model are not installed: run scripts/install-real-vllm"
+    )
     return model
 
 
@@ -53,8 +61,7 @@ def launch(tiny_model: Path, fake_host: tuple[Path, Path]) -> Iterator:
     started: list[EngineProc] = []
 
     def go(kind: str, *flags: str, env: dict[str, str] | None = None, **kw: object) -> EngineProc:
-        ep = start_engine(kind, tiny_model, *flags, env=env, nvml_lib=fake_host[0], nvml_state=fake_host[1],
-                          **kw)  # type: ignore[arg-type]
+        ep = start_engine(kind, tiny_model, *flags, env=env, nvml_lib=fake_host[0], nvml_state=fake_host[1], **kw)  # type: ignore[arg-type]
         started.append(ep)
         return ep
 
@@ -69,9 +76,18 @@ def served(request: pytest.FixtureRequest, tiny_model: Path, fake_host: tuple[Pa
     ``--max-model-len 2048``; the real one with a small KV cache (:data:`SMALL_KV`, so that the preemption
     test can run it out) and a stats line every second."""
     kind = request.param
-    ep = start_engine(kind, tiny_model, "--served-model-name", "tiny", "--max-model-len", str(MAX_LEN),
-                      env={"VLLM_API_KEY": KEY, "VLLM_LOG_STATS_INTERVAL": "1"}, nvml_lib=fake_host[0],
-                      nvml_state=fake_host[1], kv_bytes=str(SMALL_KV))
+    ep = start_engine(
+        kind,
+        tiny_model,
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        str(MAX_LEN),
+        env={"VLLM_API_KEY": KEY, "VLLM_LOG_STATS_INTERVAL": "1"},
+        nvml_lib=fake_host[0],
+        nvml_state=fake_host[1],
+        kv_bytes=str(SMALL_KV),
+    )
     try:
         assert ep.wait_for(READY, 240), ep.log[-4000:]
         yield ep

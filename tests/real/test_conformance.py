@@ -33,10 +33,11 @@ def sse(raw: bytes) -> list[dict]:
     events = [e for e in text.split("\n\n") if e.strip()]
     assert all(e.startswith("data: ") for e in events), text[:500]
     assert events[-1] == "data: [DONE]"
-    return [json.loads(e[len("data: "):]) for e in events[:-1]]
+    return [json.loads(e[len("data: ") :]) for e in events[:-1]]
 
 
 # ---- start-up: what deploy's KV check and the doctor read from the log -------------------------------
+
 
 def test_startup_lines_the_product_reads(served: EngineProc) -> None:
     log = served.log
@@ -52,6 +53,7 @@ def test_startup_lines_the_product_reads(served: EngineProc) -> None:
 
 # ---- HTTP ------------------------------------------------------------------------------------------
 
+
 def test_health_version_and_models(served: EngineProc) -> None:
     assert served.get("/health") == (200, b"")
     status, body = served.get("/version")
@@ -64,15 +66,25 @@ def test_health_version_and_models(served: EngineProc) -> None:
 
 
 def test_unauthorized_body(served: EngineProc) -> None:
-    status, body = served.post("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 1},
-                               {"Authorization": "Bearer wrong"})
+    status, body = served.post(
+        "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 1}, {"Authorization": "Bearer wrong"}
+    )
     assert status == 401 and json.loads(body) == {"error": "Unauthorized"}
 
 
 def test_completion(served: EngineProc) -> None:
-    status, body = served.post("/v1/completions", {"model": "tiny", "prompt": "The GNU General Public License",
-                                                   "max_tokens": 5, "temperature": 0, "ignore_eos": True,
-                                                   "logprobs": 3}, AUTH)
+    status, body = served.post(
+        "/v1/completions",
+        {
+            "model": "tiny",
+            "prompt": "The GNU General Public License",
+            "max_tokens": 5,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": 3,
+        },
+        AUTH,
+    )
     assert status == 200, body
     doc = json.loads(body)
     assert doc["object"] == "text_completion" and doc["id"].startswith("cmpl-") and doc["model"] == "tiny"
@@ -86,8 +98,15 @@ def test_completion(served: EngineProc) -> None:
 
 
 def test_streaming_chunk_shape(served: EngineProc) -> None:
-    body = {"model": "tiny", "prompt": "Everyone is permitted to copy", "max_tokens": 4, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": "Everyone is permitted to copy",
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     status, raw = served.post("/v1/completions", body, AUTH)
     assert status == 200
     chunks = sse(raw)
@@ -101,8 +120,14 @@ def test_streaming_chunk_shape(served: EngineProc) -> None:
 
 
 def test_chat_streaming(served: EngineProc) -> None:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 3,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     status, raw = served.post("/v1/chat/completions", body, AUTH)
     assert status == 200
     chunks = sse(raw)
@@ -136,11 +161,20 @@ def test_metrics_names_and_labels(served: EngineProc) -> None:
     assert status == 200
     text = body.decode()
     m = parse_metrics(text)
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-                 "vllm:request_success_total", "vllm:cache_config_info",
-                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-                 "vllm:e2e_request_latency_seconds_bucket", "vllm:prefix_cache_queries_total"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:request_success_total",
+        "vllm:cache_config_info",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:prefix_cache_queries_total",
+    ):
         assert name in m, name
     labels, _ = m["vllm:num_requests_running"][0]
     assert labels.get("model_name") == "tiny" and labels.get("engine") == "0"
@@ -165,14 +199,26 @@ def test_preemptions_when_the_kv_cache_runs_out(served: EngineProc, launch, tiny
     size and the ``cpu-1core`` profile at time scale 0.1 (the counts side by side: docs/real-vllm.md)."""
     ep = served
     if not served.real:
-        ep = launch(served.kind, "--served-model-name", "tiny", "--max-model-len", str(MAX_LEN), *SIM_SMALL_KV,
-                    env={"VLLM_API_KEY": KEY, "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_SIM_TIME_SCALE": "0.1"})
+        ep = launch(
+            served.kind,
+            "--served-model-name",
+            "tiny",
+            "--max-model-len",
+            str(MAX_LEN),
+            *SIM_SMALL_KV,
+            env={"VLLM_API_KEY": KEY, "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_SIM_TIME_SCALE": "0.1"},
+        )
         assert ep.wait_for(READY, 120), ep.log[-3000:]
     prompts = burst_prompts(tiny_model, PREEMPT_STREAMS, PREEMPT_PROMPT, salt="kv-")
     before, mark = preemptions_total(ep), len(ep.lines)
     results = burst(ep, prompts, PREEMPT_OUT, headers=AUTH)
-    assert all(r["status"] == 200 and r["finish_reason"] == "length" and r["usage"]
-               and r["usage"]["completion_tokens"] == PREEMPT_OUT for r in results), results
+    assert all(
+        r["status"] == 200
+        and r["finish_reason"] == "length"
+        and r["usage"]
+        and r["usage"]["completion_tokens"] == PREEMPT_OUT
+        for r in results
+    ), results
     n = preemptions_total(ep) - before
     assert n >= 1, "16 streams of 800 tokens on 96 blocks of 128 preempted nothing"
     deadline = time.monotonic() + 20  # the stats lines (every second here) while the burst ran
@@ -193,12 +239,14 @@ def test_sigterm_exits_0(served: EngineProc) -> None:
 
 # ---- failures: texts the doctor keys on, exit statuses ------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_bad_flag_is_argparse_exit_2(launch, kind: str) -> None:
     ep = launch(kind, "--tensor-paralel-size", "2")
     assert ep.wait(120) == 2
-    assert "unrecognized arguments: --tensor-paralel-size 2" in ep.log or \
-        "unrecognized arguments" in ep.log, ep.log[-2000:]
+    assert "unrecognized arguments: --tensor-paralel-size 2" in ep.log or "unrecognized arguments" in ep.log, ep.log[
+        -2000:
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -250,9 +298,17 @@ def test_engine_death_health_503_then_exit_0(launch, kind: str) -> None:
 
 # ---- the tiny real model ------------------------------------------------------------------------------
 
+
 def test_tiny_model_is_byte_identical_on_a_second_run(tiny_model, tmp_path) -> None:
     from clusterctl.lab import realmodel
+
     again = realmodel.make(out=tmp_path / "again")
     assert realmodel.file_hashes(again) == realmodel.file_hashes(tiny_model)
-    assert sorted(realmodel.file_hashes(again)) == ["chat_template.jinja", "config.json", "generation_config.json",
-                                                    "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(realmodel.file_hashes(again)) == [
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]

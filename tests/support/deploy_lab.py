@@ -26,6 +26,10 @@ def remove_deployed(lab: Any, units: str, files: str, hosts: Sequence[str] | Non
     ``clusterctl-sc-*.service``), remove their unit files and ``files`` (space-separated
     paths, globs allowed), reload systemd."""
     for host in lab.names if hosts is None else hosts:
-        lab.run(host, f"for u in $(systemctl list-unit-files '{units}' --no-legend | awk '{{print $1}}'); "
-                      f"do systemctl disable --now $u; done; rm -f /etc/systemd/system/{units}; rm -rf {files}; "
-                      f"systemctl daemon-reload; systemctl reset-failed '{units}'", timeout=120)
+        lab.run(
+            host,
+            f"for u in $(systemctl list-unit-files '{units}' --no-legend | awk '{{print $1}}'); "
+            f"do systemctl disable --now $u; done; rm -f /etc/systemd/system/{units}; rm -rf {files}; "
+            f"systemctl daemon-reload; systemctl reset-failed '{units}'",
+            timeout=120,
+        )

@@ -37,7 +37,7 @@ REAL_KV = str(64 * 2**20)
 class EngineProc:
     """A running ``vllm serve`` (either kind): output captured, HTTP helpers."""
 
-    kind: str          # "sim-0.11", "sim-0.33", "real-0.32"
+    kind: str  # "sim-0.11", "sim-0.33", "real-0.32"
     proc: subprocess.Popen[str]
     port: int
     lines: list[str] = field(default_factory=list)
@@ -100,10 +100,14 @@ class EngineProc:
             return []
         return [int(p) for p in out.split()]
 
-    def request(self, path: str, body: Any = None, headers: dict[str, str] | None = None,
-                timeout: float = 120) -> tuple[int, bytes]:
-        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+    def request(
+        self, path: str, body: Any = None, headers: dict[str, str] | None = None, timeout: float = 120
+    ) -> tuple[int, bytes]:
+        req = urllib.request.Request(
+            self.url + path,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, r.read()
@@ -118,8 +122,9 @@ class EngineProc:
 
 
 def _spawn(kind: str, argv: list[str], env: dict[str, str], port: int) -> EngineProc:
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     ep = EngineProc(kind, proc, port)
 
     def read() -> None:
@@ -134,18 +139,32 @@ def _spawn(kind: str, argv: list[str], env: dict[str, str], port: int) -> Engine
 
 def real_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a real CPU engine runs with here: one core, one thread, no telemetry."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND=REAL_CORE,
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", TORCH_COMPILE_DISABLE="1")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        VLLM_CPU_OMP_THREADS_BIND=REAL_CORE,
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        TORCH_COMPILE_DISABLE="1",
+    )
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
     env.pop("VLLM_API_KEY", None)
     env.update(extra or {})
     return env
 
 
-def start_engine(kind: str, model: Path, *flags: str, env: dict[str, str] | None = None,
-                 nvml_lib: Path | None = None, nvml_state: Path | None = None,
-                 kv_bytes: str | None = REAL_KV) -> EngineProc:
+def start_engine(
+    kind: str,
+    model: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    nvml_lib: Path | None = None,
+    nvml_state: Path | None = None,
+    kv_bytes: str | None = REAL_KV,
+) -> EngineProc:
     """Start ``vllm serve MODEL`` of ``kind`` on 127.0.0.1 (a free port) with ``flags``.
 
     The real engine gets ``--kv-cache-memory-bytes`` (``kv_bytes``; None: leave it to
@@ -177,8 +196,10 @@ def start_engine(kind: str, model: Path, *flags: str, env: dict[str, str] | None
 # ---- a burst of streams (the preemption check and its benchmark) ---------------------------------------
 
 #: Words the burst's prompts are made of (any text the tiny model's tokenizer splits into many tokens).
-_BURST_WORDS = ("the cluster serves each request from a rack of nodes and every stream keeps its own cache "
-                "while the scheduler admits waiting work when blocks are free").split()
+_BURST_WORDS = (
+    "the cluster serves each request from a rack of nodes and every stream keeps its own cache "
+    "while the scheduler admits waiting work when blocks are free"
+).split()
 
 
 def burst_prompts(model: Path, n: int, tokens: int, salt: str = "") -> list[str]:
@@ -208,18 +229,34 @@ def burst_prompts(model: Path, n: int, tokens: int, salt: str = "") -> list[str]
     return out
 
 
-def burst(ep: EngineProc, prompts: list[str], max_tokens: int, model: str = "tiny",
-          headers: dict[str, str] | None = None, timeout: float = 300) -> list[dict[str, Any]]:
+def burst(
+    ep: EngineProc,
+    prompts: list[str],
+    max_tokens: int,
+    model: str = "tiny",
+    headers: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> list[dict[str, Any]]:
     """Send every prompt at once as a streaming completion (``ignore_eos``); per request: HTTP status,
     tokens received, finish reason, usage.  A stream cut short shows as fewer tokens or no finish reason."""
     results: list[dict[str, Any]] = [{} for _ in prompts]
     gate = threading.Barrier(len(prompts))
 
     def one(i: int) -> None:
-        body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        req = urllib.request.Request(ep.url + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+        body = {
+            "model": model,
+            "prompt": prompts[i],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        req = urllib.request.Request(
+            ep.url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         r: dict[str, Any] = {"status": None, "tokens": 0, "finish_reason": None, "usage": None}
         gate.wait()
         try:
@@ -229,7 +266,7 @@ def burst(ep: EngineProc, prompts: list[str], max_tokens: int, model: str = "tin
                     line = raw.decode().strip()
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    chunk = json.loads(line[len("data: "):])
+                    chunk = json.loads(line[len("data: ") :])
                     for ch in chunk.get("choices") or []:
                         r["tokens"] += 1 if ch.get("text") is not None else 0
                         r["finish_reason"] = ch.get("finish_reason") or r["finish_reason"]

@@ -83,6 +83,7 @@ class Tally:
 
 # ------------------------------------------------------------------ the child
 
+
 class _Hang(BaseException):
     """Raised by the per-case alarm; a BaseException so no ``except Exception`` swallows it."""
 
@@ -132,9 +133,17 @@ def _child(spec_path: str) -> None:
                 status = "memory"
             elif "unexpected internal error" in text or "Traceback" in text or rc not in (0, 1, 2, 3):
                 status = "traceback"
-        results.append({"status": status, "rc": rc, "s": round(time.monotonic() - t0, 3),
-                        "err": text[-600:], "out": out.getvalue()[-600:], "argv": case["argv"][:6],
-                        "note": case.get("note", "")})
+        results.append(
+            {
+                "status": status,
+                "rc": rc,
+                "s": round(time.monotonic() - t0, 3),
+                "err": text[-600:],
+                "out": out.getvalue()[-600:],
+                "argv": case["argv"][:6],
+                "note": case.get("note", ""),
+            }
+        )
     os.environ.clear()
     os.environ.update(base_env)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -143,23 +152,35 @@ def _child(spec_path: str) -> None:
 
 # ----------------------------------------------------------------- the parent
 
+
 def run_cases(kind: str, cases: list[Case], work: Path, *, mem_mib: int = 1024, case_s: float = 10.0) -> Tally:
     """Run ``cases`` in one capped child; count what happened (see the module doc)."""
     spec = work / f"spec-{kind}.json"
     result = work / f"result-{kind}.json"
     result.unlink(missing_ok=True)
-    spec.write_text(json.dumps({"cases": [asdict(c) for c in cases], "mem_mib": mem_mib, "case_s": case_s,
-                                "result": str(result)}))
+    spec.write_text(
+        json.dumps({"cases": [asdict(c) for c in cases], "mem_mib": mem_mib, "case_s": case_s, "result": str(result)})
+    )
     code = os.environ.get("CLUSTERCTL_FUZZ_CODE", str(ROOT))  # another checkout's clusterctl (before/after figures)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([code, os.environ.get("PYTHONPATH", "")]),
-               CLUSTERCTL_SSH_CONFIG=os.environ.get("CLUSTERCTL_SSH_CONFIG", "none"), NO_COLOR="1",
-               HOME=str(work / "home"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([code, os.environ.get("PYTHONPATH", "")]),
+        CLUSTERCTL_SSH_CONFIG=os.environ.get("CLUSTERCTL_SSH_CONFIG", "none"),
+        NO_COLOR="1",
+        HOME=str(work / "home"),
+    )
     (work / "home").mkdir(exist_ok=True)
     tally = Tally(kind, inputs=len(cases))
     t0 = time.monotonic()
     try:
-        p = subprocess.run([sys.executable, str(CHILD), str(spec)], env=env, cwd=work, capture_output=True,
-                           text=True, timeout=case_s * len(cases) + 60)
+        p = subprocess.run(
+            [sys.executable, str(CHILD), str(spec)],
+            env=env,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=case_s * len(cases) + 60,
+        )
         crashed = p.returncode != 0 and not result.exists()
         child_err = p.stderr[-600:]
     except subprocess.TimeoutExpired:
@@ -188,11 +209,48 @@ def run_cases(kind: str, cases: list[Case], work: Path, *, mem_mib: int = 1024, 
 
 # ----------------------------------------------------------------- generators
 
-HOSTILE_STRINGS = ["", " ", "\n", "a\nb", "x\r\ny", "\0", "\x1b[31m", "\u2028", "\u202e", "'", '"', "\\", "a\\",
-                   "${HOME}", "%n", "$(id)", "`id`", ";", "{{ x }}", "<script>", "*", "?", "[", "]", "[0:9]",
-                   "h[1-99999999]", "a" * 5000, "9" * 400, "1e400", "-1", "0x10", "nan", "inf", "null", "~",
-                   "&a", "*a", "!!python/object:os.system", "é", "\udcff".encode("utf-8", "surrogatepass")
-                   .decode("utf-8", "replace")]
+HOSTILE_STRINGS = [
+    "",
+    " ",
+    "\n",
+    "a\nb",
+    "x\r\ny",
+    "\0",
+    "\x1b[31m",
+    "\u2028",
+    "\u202e",
+    "'",
+    '"',
+    "\\",
+    "a\\",
+    "${HOME}",
+    "%n",
+    "$(id)",
+    "`id`",
+    ";",
+    "{{ x }}",
+    "<script>",
+    "*",
+    "?",
+    "[",
+    "]",
+    "[0:9]",
+    "h[1-99999999]",
+    "a" * 5000,
+    "9" * 400,
+    "1e400",
+    "-1",
+    "0x10",
+    "nan",
+    "inf",
+    "null",
+    "~",
+    "&a",
+    "*a",
+    "!!python/object:os.system",
+    "é",
+    "\udcff".encode("utf-8", "surrogatepass").decode("utf-8", "replace"),
+]
 
 
 def _mutate_text(rng: random.Random, text: str, n: int = 3) -> str:
@@ -211,11 +269,19 @@ def _mutate_text(rng: random.Random, text: str, n: int = 3) -> str:
         elif op == 3 and lines:
             line = lines[i]
             j = rng.randrange(len(line) + 1)
-            lines[i] = line[:j] + chr(rng.randrange(0, 0x3000)) + line[j + 1:]
+            lines[i] = line[:j] + chr(rng.randrange(0, 0x3000)) + line[j + 1 :]
         elif op == 4:
-            lines.insert(i, rng.choice(["  " * rng.randrange(8) + "x: " + rng.choice(HOSTILE_STRINGS),
-                                        "- " * rng.randrange(1, 50) + "x", "a: &a [" + "*a," * 20 + "]",
-                                        "[" * rng.randrange(1, 3000)]))
+            lines.insert(
+                i,
+                rng.choice(
+                    [
+                        "  " * rng.randrange(8) + "x: " + rng.choice(HOSTILE_STRINGS),
+                        "- " * rng.randrange(1, 50) + "x",
+                        "a: &a [" + "*a," * 20 + "]",
+                        "[" * rng.randrange(1, 3000),
+                    ]
+                ),
+            )
         elif op == 5 and lines:
             lines[i] = lines[i][: rng.randrange(len(lines[i]) + 1)]
         else:
@@ -258,12 +324,33 @@ def gen_inventories(rng: random.Random, work: Path, n: int) -> list[Case]:
     return cases
 
 
-_SSH_LINES = ["Host *", "Host gpu0?", "Match host gpu01", "Match exec \"touch {marker}\"", "Match !exec 'true' host x",
-              "  User admin", "  Port 2200", "  Port notanumber", "  HostName h.example.com", "  IdentityFile ~/k",
-              "  ProxyJump j", "  ForwardAgent yes", "Include *", "Include {dir}/*", "Include {dir}/fifo",
-              "Include {dir}/zero", "Include {dir}/binary", "Include {dir}/self", "Include {dir}/big",
-              "Include /nonexistent/*", "  %h %%", "Match", "Host", "  User \"unterminated",
-              "Include {dir}/d/*/*"]
+_SSH_LINES = [
+    "Host *",
+    "Host gpu0?",
+    "Match host gpu01",
+    "Match exec \"touch {marker}\"",
+    "Match !exec 'true' host x",
+    "  User admin",
+    "  Port 2200",
+    "  Port notanumber",
+    "  HostName h.example.com",
+    "  IdentityFile ~/k",
+    "  ProxyJump j",
+    "  ForwardAgent yes",
+    "Include *",
+    "Include {dir}/*",
+    "Include {dir}/fifo",
+    "Include {dir}/zero",
+    "Include {dir}/binary",
+    "Include {dir}/self",
+    "Include {dir}/big",
+    "Include /nonexistent/*",
+    "  %h %%",
+    "Match",
+    "Host",
+    "  User \"unterminated",
+    "Include {dir}/d/*/*",
+]
 
 
 def _ssh_fixtures(d: Path) -> None:
@@ -291,8 +378,10 @@ def gen_ssh_configs(rng: random.Random, work: Path, n: int) -> list[Case]:
         (home_ssh / f"c{k}").write_text("Include *\nHost *\n  User star\n")
     cases = []
     for i in range(n):
-        lines = [rng.choice(_SSH_LINES).format(dir=d, marker=work / f"match-exec-ran-{i}")
-                 for _ in range(rng.randrange(1, 12))]
+        lines = [
+            rng.choice(_SSH_LINES).format(dir=d, marker=work / f"match-exec-ran-{i}")
+            for _ in range(rng.randrange(1, 12))
+        ]
         if rng.random() < 0.3:
             lines.insert(rng.randrange(len(lines) + 1), rng.choice(HOSTILE_STRINGS))
         cfg = work / f"ssh-{i}.conf"
@@ -301,10 +390,32 @@ def gen_ssh_configs(rng: random.Random, work: Path, n: int) -> list[Case]:
     return cases
 
 
-_INI_LINES = ["[web]", "[db:children]", "[web:vars]", "[all:vars]", "[bad", "web[01:99999999]",
-              "h[a:z][a:z][a:z][a:z][a:z]", "h[0:9:0]", "h[9:0]", "h[x:y:z]", "h[1:]", "h[:3]", "web01 ansible_host=10.0.0.1",
-              "web02 ansible_port=notaport", "web03:2222", "x=1", "web", "db", "ansible_user=ops",
-              "web04 ansible_host=\"a b\"", "web05 ansible_become=maybe", "[web:children]", "web06 =", "= x"]
+_INI_LINES = [
+    "[web]",
+    "[db:children]",
+    "[web:vars]",
+    "[all:vars]",
+    "[bad",
+    "web[01:99999999]",
+    "h[a:z][a:z][a:z][a:z][a:z]",
+    "h[0:9:0]",
+    "h[9:0]",
+    "h[x:y:z]",
+    "h[1:]",
+    "h[:3]",
+    "web01 ansible_host=10.0.0.1",
+    "web02 ansible_port=notaport",
+    "web03:2222",
+    "x=1",
+    "web",
+    "db",
+    "ansible_user=ops",
+    "web04 ansible_host=\"a b\"",
+    "web05 ansible_become=maybe",
+    "[web:children]",
+    "web06 =",
+    "= x",
+]
 
 
 def gen_ansible(rng: random.Random, work: Path, n: int) -> list[Case]:
@@ -314,19 +425,38 @@ def gen_ansible(rng: random.Random, work: Path, n: int) -> list[Case]:
             text = "\n".join(rng.choice(_INI_LINES + HOSTILE_STRINGS[:12]) for _ in range(rng.randrange(1, 15)))
             p = work / f"ansible-{i}.ini"
         else:
-            groups = {f"g{k}": {"hosts": {rng.choice(["web[01:99999999]", "h[a:z][a:z][a:z][a:z][a:z]", "web01",
-                                                         "db[1:3]", rng.choice(HOSTILE_STRINGS) or "x"]):
-                                          rng.choice([None, {"ansible_host": rng.choice(HOSTILE_STRINGS)},
-                                                      {"ansible_port": rng.choice([22, "x", -1, 10**30])}])},
-                                "children": rng.choice([None, {f"g{(k + 1) % 3}": None}]),
-                                "vars": rng.choice([None, {"x": 1}, [1, 2], "junk"])} for k in range(3)}
+            groups = {
+                f"g{k}": {
+                    "hosts": {
+                        rng.choice(
+                            [
+                                "web[01:99999999]",
+                                "h[a:z][a:z][a:z][a:z][a:z]",
+                                "web01",
+                                "db[1:3]",
+                                rng.choice(HOSTILE_STRINGS) or "x",
+                            ]
+                        ): rng.choice(
+                            [
+                                None,
+                                {"ansible_host": rng.choice(HOSTILE_STRINGS)},
+                                {"ansible_port": rng.choice([22, "x", -1, 10**30])},
+                            ]
+                        )
+                    },
+                    "children": rng.choice([None, {f"g{(k + 1) % 3}": None}]),
+                    "vars": rng.choice([None, {"x": 1}, [1, 2], "junk"]),
+                }
+                for k in range(3)
+            }
             import yaml
 
             text = yaml.safe_dump(groups)
             text = _mutate_text(rng, text, rng.randrange(0, 3))
             if rng.random() < 0.1:  # a billion laughs under all.vars
-                bomb = "".join(f"    x{k}: &a{k} [" + ", ".join([f"*a{k - 1}" if k else "lol"] * 9) + "]\n"
-                               for k in range(10))
+                bomb = "".join(
+                    f"    x{k}: &a{k} [" + ", ".join([f"*a{k - 1}" if k else "lol"] * 9) + "]\n" for k in range(10)
+                )
                 text = "all:\n  vars:\n" + bomb + "  hosts:\n    web01:\n      b: *a9\n"
             p = work / f"ansible-{i}.yml"
         p.write_text(text, errors="replace")
@@ -340,20 +470,39 @@ def make_history(db: Path, runs: int = 30) -> None:
 
     with History(db) as h:
         for i in range(runs):
-            h.record([Finding("gpu.xid", Severity.CRIT, "gpu01", "gpu:0", "XID 79"),
-                      Finding("roce.pfc", Severity.WARN, f"gpu{i:02d}", "nic:eth0", "paused")],
-                     started=time.time() - 3600 + i, metrics=[Metric("gpu01", "gpu_util_pct", i, "gpu:0")])
+            h.record(
+                [
+                    Finding("gpu.xid", Severity.CRIT, "gpu01", "gpu:0", "XID 79"),
+                    Finding("roce.pfc", Severity.WARN, f"gpu{i:02d}", "nic:eth0", "paused"),
+                ],
+                started=time.time() - 3600 + i,
+                metrics=[Metric("gpu01", "gpu_util_pct", i, "gpu:0")],
+            )
     with sqlite3.connect(db) as c:
         c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
-_JUNK_SQL = ["DROP TABLE findings", "DROP TABLE runs", "DROP TABLE samples", "DROP TABLE series",
-             "UPDATE runs SET started='x'", "UPDATE runs SET meta='[1'", "UPDATE runs SET meta='7'",
-             "UPDATE findings SET severity='NOPE'", "UPDATE findings SET evidence='{'", "UPDATE samples SET value=NULL",
-             "UPDATE samples SET value='abc'", "UPDATE series SET host=x'ff00'", "UPDATE runs SET exit_code='two'",
-             "INSERT INTO runs(started, finished, pattern, exit_code, meta) VALUES (NULL, 'a', 1, 1, '{}')",
-             "PRAGMA user_version=99", "PRAGMA user_version=-1", "UPDATE runs SET ok_findings=1e400",
-             "DELETE FROM series", "UPDATE runs SET pattern=NULL"]
+_JUNK_SQL = [
+    "DROP TABLE findings",
+    "DROP TABLE runs",
+    "DROP TABLE samples",
+    "DROP TABLE series",
+    "UPDATE runs SET started='x'",
+    "UPDATE runs SET meta='[1'",
+    "UPDATE runs SET meta='7'",
+    "UPDATE findings SET severity='NOPE'",
+    "UPDATE findings SET evidence='{'",
+    "UPDATE samples SET value=NULL",
+    "UPDATE samples SET value='abc'",
+    "UPDATE series SET host=x'ff00'",
+    "UPDATE runs SET exit_code='two'",
+    "INSERT INTO runs(started, finished, pattern, exit_code, meta) VALUES (NULL, 'a', 1, 1, '{}')",
+    "PRAGMA user_version=99",
+    "PRAGMA user_version=-1",
+    "UPDATE runs SET ok_findings=1e400",
+    "DELETE FROM series",
+    "UPDATE runs SET pattern=NULL",
+]
 
 
 def gen_history(rng: random.Random, work: Path, n: int, bundle: Path) -> list[Case]:
@@ -380,10 +529,24 @@ def gen_history(rng: random.Random, work: Path, n: int, bundle: Path) -> list[Ca
                         c.execute(rng.choice(_JUNK_SQL))
             except sqlite3.Error:
                 pass
-        cmd = rng.choice([["report", "history", "--db", str(db), "--json"],
-                          ["report", "trends", "--db", str(db), "--days", "3650"],
-                          ["report", "run", "--from", str(bundle), "--db", str(db), "--format", "json",
-                           "--out", str(work / f"hist-out-{i}")]])
+        cmd = rng.choice(
+            [
+                ["report", "history", "--db", str(db), "--json"],
+                ["report", "trends", "--db", str(db), "--days", "3650"],
+                [
+                    "report",
+                    "run",
+                    "--from",
+                    str(bundle),
+                    "--db",
+                    str(db),
+                    "--format",
+                    "json",
+                    "--out",
+                    str(work / f"hist-out-{i}"),
+                ],
+            ]
+        )
         cases.append(Case(cmd))
     return cases
 
@@ -402,17 +565,48 @@ def gen_bundles(rng: random.Random, work: Path, n: int) -> list[Case]:
         d = work / f"bundle-{i}"
         h = d / "hosts" / rng.choice(["gpu01", "x" * 200, ".", "a b"]).replace("/", "_")
         h.mkdir(parents=True, exist_ok=True)
-        (d / "bundle.json").write_text(rng.choice(['{"format": "abc"}', "[]", '{"format": 1e400}', "{" * 5000,
-                                                   '{"format": 1, "interval_s": "x", "missing": 3}', "nul\0l",
-                                                   '{"format": 1, "hosts": ["gpu02"]}', ""]))
-        (h / "facts.json").write_text(rng.choice(['{"gpus": "x"}', "[" * 4000, '{"host": 1, "gpus": {"devices": [1]}}',
-                                                  '{"gpus": {"devices": [{"index": "a", "remapped_rows": 7}]}}',
-                                                  "1e400", "null", "\xff"]), errors="replace")
-        (h / "kernel.log").write_text(_mutate_text(rng, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1\nok\n", 3),
-                                      errors="replace")
+        (d / "bundle.json").write_text(
+            rng.choice(
+                [
+                    '{"format": "abc"}',
+                    "[]",
+                    '{"format": 1e400}',
+                    "{" * 5000,
+                    '{"format": 1, "interval_s": "x", "missing": 3}',
+                    "nul\0l",
+                    '{"format": 1, "hosts": ["gpu02"]}',
+                    "",
+                ]
+            )
+        )
+        (h / "facts.json").write_text(
+            rng.choice(
+                [
+                    '{"gpus": "x"}',
+                    "[" * 4000,
+                    '{"host": 1, "gpus": {"devices": [1]}}',
+                    '{"gpus": {"devices": [{"index": "a", "remapped_rows": 7}]}}',
+                    "1e400",
+                    "null",
+                    "\xff",
+                ]
+            ),
+            errors="replace",
+        )
+        (h / "kernel.log").write_text(
+            _mutate_text(rng, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1\nok\n", 3), errors="replace"
+        )
         (h / "metrics").mkdir(exist_ok=True)
-        (h / "metrics" / "q.1.prom").write_text(rng.choice(['vllm:num_requests_running{a="' + "x" * 20000 + '"} 1',
-                                                            "vllm:kv_cache_usage_perc 1e400", "x{" * 2000, "a 1\n" * 10]))
+        (h / "metrics" / "q.1.prom").write_text(
+            rng.choice(
+                [
+                    'vllm:num_requests_running{a="' + "x" * 20000 + '"} 1',
+                    "vllm:kv_cache_usage_perc 1e400",
+                    "x{" * 2000,
+                    "a 1\n" * 10,
+                ]
+            )
+        )
         if rng.random() < 0.2:
             (d / "inventory.yaml").write_text(_mutate_text(rng, BASE_INVENTORY, 2), errors="replace")
         src = d
@@ -465,17 +659,49 @@ def _sse_server(bodies: list[bytes]) -> tuple[Any, int]:
 
 def sse_bodies(rng: random.Random, n: int) -> list[bytes]:
     good = b'data: {"choices":[{"text":"hi","index":0}],"usage":null}\n\n'
-    pieces = [good, b"data: [DONE]\n\n", b'data: {"choices":[{"text":1}]}\n\n', b"data: {\n\n", b"data: " + b"x" * 70000,
-              b'data: {"usage":{"completion_tokens":1e308,"prompt_tokens":-1}}\n\n', b"event: error\ndata: boom\n\n",
-              b"\xff\xfe\n\n", b":" * 1000 + b"\n", b'data: {"choices":[]}\n\n', b'data: {"choices":null}\n\n',
-              b'data: {"choices":[{"text":"a","finish_reason":7}]}\n\n', b"data: [" * 3000 + b"\n\n", b"\r\r\n\n"]
+    pieces = [
+        good,
+        b"data: [DONE]\n\n",
+        b'data: {"choices":[{"text":1}]}\n\n',
+        b"data: {\n\n",
+        b"data: " + b"x" * 70000,
+        b'data: {"usage":{"completion_tokens":1e308,"prompt_tokens":-1}}\n\n',
+        b"event: error\ndata: boom\n\n",
+        b"\xff\xfe\n\n",
+        b":" * 1000 + b"\n",
+        b'data: {"choices":[]}\n\n',
+        b'data: {"choices":null}\n\n',
+        b'data: {"choices":[{"text":"a","finish_reason":7}]}\n\n',
+        b"data: [" * 3000 + b"\n\n",
+        b"\r\r\n\n",
+    ]
     return [b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 8))) for _ in range(n)]
 
 
 def gen_sse(rng: random.Random, work: Path, n: int, port: int) -> list[Case]:
     """``bench`` against the SSE server of :func:`sse_server` (case i answers body i)."""
-    return [Case(["bench", f"http://127.0.0.1:{port}/c/{i}", "-c", "1", "-n", "2", "--input-len", "4",
-                  "--output-len", "4", "--model", "m", "--timeout", "3", "--json"]) for i in range(n)]
+    return [
+        Case(
+            [
+                "bench",
+                f"http://127.0.0.1:{port}/c/{i}",
+                "-c",
+                "1",
+                "-n",
+                "2",
+                "--input-len",
+                "4",
+                "--output-len",
+                "4",
+                "--model",
+                "m",
+                "--timeout",
+                "3",
+                "--json",
+            ]
+        )
+        for i in range(n)
+    ]
 
 
 def sse_server(bodies: list[bytes]) -> tuple[Any, int]:
@@ -484,7 +710,9 @@ def sse_server(bodies: list[bytes]) -> tuple[Any, int]:
 
 
 GENERATORS: dict[str, Callable[..., list[Case]]] = {
-    "inventory": gen_inventories, "ssh_config": gen_ssh_configs, "ansible": gen_ansible,
+    "inventory": gen_inventories,
+    "ssh_config": gen_ssh_configs,
+    "ansible": gen_ansible,
 }
 
 

@@ -25,8 +25,19 @@ import socket
 import threading
 import time
 
-MODES = ("headers_trickle", "header_flood", "sse_trickle", "token_trickle", "endless_line", "chunk_size_flood",
-         "body_trickle", "body_flood", "huge_usage", "text_number", "logprob_junk")
+MODES = (
+    "headers_trickle",
+    "header_flood",
+    "sse_trickle",
+    "token_trickle",
+    "endless_line",
+    "chunk_size_flood",
+    "body_trickle",
+    "body_flood",
+    "huge_usage",
+    "text_number",
+    "logprob_junk",
+)
 _SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
@@ -36,8 +47,12 @@ def _chunk(data: bytes) -> bytes:
 
 def _json(doc: object) -> bytes:
     body = json.dumps(doc).encode()
-    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: " + \
-        str(len(body)).encode() + b"\r\n\r\n" + body
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 class HostileServer:
@@ -88,8 +103,9 @@ class HostileServer:
             data += part
         head, _, body = data.partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
-        length = next((int(v) for k, _, v in (h.partition(":") for h in lines[1:])
-                       if k.strip().lower() == "content-length"), 0)
+        length = next(
+            (int(v) for k, _, v in (h.partition(":") for h in lines[1:]) if k.strip().lower() == "content-length"), 0
+        )
         while len(body) < length:
             body += conn.recv(65536)
         return lines[0].split(" ")[1], json.loads(body) if body else {}
@@ -126,9 +142,20 @@ class HostileServer:
             top: list[dict[str, object]] = [{" a": -0.1}, {" b": -0.2}]
             if m == "logprob_junk":
                 top = [{" a": "-0.1"}, {" b": float("inf")}]
-            conn.sendall(_json({"choices": [{"index": 0, "text": text, "logprobs": {
-                "tokens": [" a", " b"], "top_logprobs": top, "text_offset": [0, 2]}}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2}}))
+            conn.sendall(
+                _json(
+                    {
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": text,
+                                "logprobs": {"tokens": [" a", " b"], "top_logprobs": top, "text_offset": [0, 2]},
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+                    }
+                )
+            )
         elif m == "sse_trickle":
             conn.sendall(_SSE_HEAD)
             self._trickle(conn, _chunk(b": ping\n\n"))

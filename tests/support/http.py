@@ -9,11 +9,15 @@ import urllib.request
 from typing import Any
 
 
-def http(url: str, body: dict | None = None, timeout: float = 30,
-         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def http(
+    url: str, body: dict | None = None, timeout: float = 30, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     """GET (or POST ``body`` as JSON) ``url``: ``(status, body)``, HTTP errors included."""
-    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()

@@ -28,8 +28,11 @@ def lab() -> Iterator[LabSession]:
     if reason:
         pytest.skip(reason)
     cfg = LabConfig.from_env()
-    session = LabSession.start(cfg, hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "4")),
-                               on_event=lambda s: print(f"lab: {s}", file=sys.stderr))
+    session = LabSession.start(
+        cfg,
+        hosts=int(os.environ.get("CLUSTERCTL_LAB_HOSTS", "4")),
+        on_event=lambda s: print(f"lab: {s}", file=sys.stderr),
+    )
     reused = session.up_result is not None and session.up_result.already_up
     if reused:
         faults.heal(cfg, None)  # tests start from a healthy lab

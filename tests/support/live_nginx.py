@@ -102,9 +102,14 @@ class LiveNginx:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def paths(self) -> GatewayPaths:
-        return GatewayPaths(conf_dir=str(self.root / "conf"), nginx_conf=str(self.root / "nginx.conf"),
-                            pid_file=str(self.root / "nginx.pid"), log_dir=str(self.root / "log"),
-                            modules_include="/etc/nginx/modules-enabled/*.conf", state_dir=str(self.root / "state"))
+        return GatewayPaths(
+            conf_dir=str(self.root / "conf"),
+            nginx_conf=str(self.root / "nginx.conf"),
+            pid_file=str(self.root / "nginx.pid"),
+            log_dir=str(self.root / "log"),
+            modules_include="/etc/nginx/modules-enabled/*.conf",
+            state_dir=str(self.root / "state"),
+        )
 
     def write(self, rendered: RenderedGateway) -> None:
         for f in rendered.files:
@@ -119,8 +124,12 @@ class LiveNginx:
             tmp.rename(p)
 
     def _nginx(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["nginx", "-p", "/usr/share/nginx/", "-c", str(self.root / "nginx.conf"), *args],
-                              capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            ["nginx", "-p", "/usr/share/nginx/", "-c", str(self.root / "nginx.conf"), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     def start(self, rendered: RenderedGateway, admin_port: int) -> None:
         from clusterctl.node.gateway import ensure_runtime
@@ -129,8 +138,11 @@ class LiveNginx:
         ensure_runtime({"runtime": rendered.runtime})  # what gateway deploy's node program does
         t = self._nginx("-t")
         assert t.returncode == 0, t.stderr
-        self.proc = subprocess.Popen(["nginx", "-p", "/usr/share/nginx/", "-c", str(self.root / "nginx.conf"),
-                                      "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            ["nginx", "-p", "/usr/share/nginx/", "-c", str(self.root / "nginx.conf"), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         self.wait_config(rendered, admin_port)
 
     def update(self, rendered: RenderedGateway) -> None:
@@ -178,8 +190,14 @@ def post_scores(admin_port: int, token_file: str, scores: dict[str, Any]) -> tup
     return (200, json.dumps(a).encode()) if a.get("ok") else (0, str(a.get("error")).encode())
 
 
-def post(port: int, body: dict[str, Any], key: str | None = None, headers: dict[str, str] | None = None,
-         timeout: float = 30, path: str = "/v1/completions") -> tuple[int, dict[str, str], bytes]:
+def post(
+    port: int,
+    body: dict[str, Any],
+    key: str | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+    path: str = "/v1/completions",
+) -> tuple[int, dict[str, str], bytes]:
     """POST JSON through the gateway: ``(status, headers, body)``, HTTP errors included."""
     h = {"Content-Type": "application/json", **(headers or {})}
     if key is not None:
@@ -190,4 +208,3 @@ def post(port: int, body: dict[str, Any], key: str | None = None, headers: dict[
             return r.status, dict(r.headers.items()), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers.items()), e.read()
-

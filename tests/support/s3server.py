@@ -26,8 +26,14 @@ class S3Server:
 
     def client(self, region: str = "us-east-1") -> Any:
         import boto3
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name=region,
-                            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -36,12 +42,17 @@ class S3Server:
 
 def start(host: str = "127.0.0.1") -> S3Server:
     import boto3
+
     with socket.socket() as s:
         s.bind((host, 0))
         port = s.getsockname()[1]
     env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://{host}:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -53,10 +64,20 @@ def start(host: str = "127.0.0.1") -> S3Server:
                 proc.kill()
                 raise RuntimeError("moto's S3 server did not start")
             time.sleep(0.1)
-    iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
-                       aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="bootstrap",
+        aws_secret_access_key="bootstrap",
+    )
     iam.create_user(UserName="stager")
     key = iam.create_access_key(UserName="stager")["AccessKey"]
-    iam.put_user_policy(UserName="stager", PolicyName="s3", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    iam.put_user_policy(
+        UserName="stager",
+        PolicyName="s3",
+        PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        ),
+    )
     return S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"], proc)

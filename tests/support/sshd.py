@@ -63,9 +63,14 @@ class SshdHarness:
 
     def host(self, name: str, address: str | None = None, **ssh: object) -> Host:
         """A Host for ``name`` with the harness key and known_hosts, overridable."""
-        settings = SSHSettings(user="root", port=22, identity_file=str(self.key),
-                               known_hosts=str(self.known_hosts), host_key_policy="strict",
-                               connect_timeout=5)
+        settings = SSHSettings(
+            user="root",
+            port=22,
+            identity_file=str(self.key),
+            known_hosts=str(self.known_hosts),
+            host_key_policy="strict",
+            connect_timeout=5,
+        )
         settings = replace(settings, **ssh)  # type: ignore[arg-type]
         spec = self.specs.get(name)
         return Host(name, address or (spec.address if spec else "127.0.0.1"), ssh=settings)

@@ -17,7 +17,7 @@ def build_wheel(out: Path, version: str = "0.11.0", version_body: str = "print(_
     files = {
         "vllm/__init__.py": f"__version__ = {version!r}\n",
         "vllm/cli.py": "import sys\nimport time\nfrom vllm import __version__\n\ndef main():\n"
-                       f"    if sys.argv[1:] == ['--version']:\n        {version_body}\n",
+        f"    if sys.argv[1:] == ['--version']:\n        {version_body}\n",
     }
     return write_wheel(out, "vllm", version, files, {"vllm": "vllm.cli:main"})
 

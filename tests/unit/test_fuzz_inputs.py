@@ -36,8 +36,11 @@ def test_damaged_history_databases_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_match_exec_never_runs_during_validate(tmp_path: Path) -> None:
-    cases = [c for c in fuzz.gen_ssh_configs(random.Random(5), tmp_path, 40)
-             if "Match exec" in Path(c.env["CLUSTERCTL_SSH_CONFIG"]).read_text()]
+    cases = [
+        c
+        for c in fuzz.gen_ssh_configs(random.Random(5), tmp_path, 40)
+        if "Match exec" in Path(c.env["CLUSTERCTL_SSH_CONFIG"]).read_text()
+    ]
     assert cases
     _check(fuzz.run_cases("ssh_config", cases, tmp_path, **CAPS))
     assert not list(tmp_path.glob("match-exec-ran-*"))
@@ -49,8 +52,12 @@ def test_an_ansible_fifo_and_a_range_bomb_are_refused_within_the_caps(tmp_path: 
 
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "bomb.ini").write_text("web[0:9][0:9][0:9][0:9][0:9][0:9][0:9][0:9]\n")
-    t = fuzz.run_cases("self", [fuzz.Case(["inventory", "import-ansible", str(tmp_path / name)])
-                                for name in ("fifo", "bomb.ini")], tmp_path, **CAPS)
+    t = fuzz.run_cases(
+        "self",
+        [fuzz.Case(["inventory", "import-ansible", str(tmp_path / name)]) for name in ("fifo", "bomb.ini")],
+        tmp_path,
+        **CAPS,
+    )
     assert (t.ok, t.memory, t.hangs, t.tracebacks) == (2, 0, 0, 0), t.failures
     assert "not a regular file" in t.results[0]["err"] and "more than 100000 names" in t.results[1]["err"]
 

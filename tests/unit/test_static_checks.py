@@ -17,8 +17,12 @@ PACKAGE = Path(__file__).resolve().parents[2] / "clusterctl"
 
 
 def test_the_package_type_checks(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), str(PACKAGE)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), str(PACKAGE)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -36,8 +40,11 @@ def test_core_modules_never_import_the_cli_layer() -> None:
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
-            offenders += [f"{path}:{node.lineno}: imports {n}" for n in names
-                          if any(n == m or n.startswith(m + ".") for m in CLI_ONLY)]
+            offenders += [
+                f"{path}:{node.lineno}: imports {n}"
+                for n in names
+                if any(n == m or n.startswith(m + ".") for m in CLI_ONLY)
+            ]
     assert not offenders, "\n".join(offenders)
 
 
@@ -60,8 +67,11 @@ def test_features_never_import_the_workflow_layer() -> None:
         top = path.relative_to(PACKAGE).parts[0]
         if top in ("cli", "ops"):
             continue
-        offenders += [f"{path}:{line}: imports {n}" for line, n in _imported(ast.parse(path.read_text()))
-                      if n == "clusterctl.ops" or n.startswith("clusterctl.ops.")]
+        offenders += [
+            f"{path}:{line}: imports {n}"
+            for line, n in _imported(ast.parse(path.read_text()))
+            if n == "clusterctl.ops" or n.startswith("clusterctl.ops.")
+        ]
     assert not offenders, "\n".join(offenders)
 
 
@@ -69,9 +79,12 @@ def test_the_workflow_layer_exists_and_never_imports_the_cli() -> None:
     """The rule above is only worth something while ``ops`` holds the workflows (doctor's, the report run's)."""
     ops = PACKAGE / "ops"
     assert (ops / "doctor.py").is_file()
-    offenders = [f"{p}:{line}: imports {n}" for p in sorted(ops.rglob("*.py"))
-                 for line, n in _imported(ast.parse(p.read_text()))
-                 if any(n == m or n.startswith(m + ".") for m in CLI_ONLY)]
+    offenders = [
+        f"{p}:{line}: imports {n}"
+        for p in sorted(ops.rglob("*.py"))
+        for line, n in _imported(ast.parse(p.read_text()))
+        if any(n == m or n.startswith(m + ".") for m in CLI_ONLY)
+    ]
     assert not offenders, "\n".join(offenders)
 
 
@@ -97,24 +110,31 @@ def test_no_private_name_is_used_across_modules() -> None:
         package = me if path.name == "__init__.py" else me.rpartition(".")[0]
         imported: dict[str, str] = {}  # local name -> the clusterctl module it is bound to
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                    and node.module.startswith("clusterctl"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.level == 0
+                and node.module.startswith("clusterctl")
+            ):
                 mod_pkg = node.module.rpartition(".")[0]
                 for a in node.names:
                     full = f"{node.module}.{a.name}"
                     imported[a.asname or a.name] = full
                     if _private(a.name) and full.rpartition(".")[0] != package:
                         offenders.append(f"{path}:{node.lineno}: imports the private {full}")
-                if any(_private(p) for p in node.module.split(".")) and not (package + ".").startswith(
-                        mod_pkg + "."):
+                if any(_private(p) for p in node.module.split(".")) and not (package + ".").startswith(mod_pkg + "."):
                     offenders.append(f"{path}:{node.lineno}: imports the private module {node.module}")
             elif isinstance(node, ast.Import):
                 for a in node.names:
                     if a.name.startswith("clusterctl") and a.asname:
                         imported[a.asname] = a.name
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                    and node.value.id in imported and _private(node.attr):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in imported
+                and _private(node.attr)
+            ):
                 offenders.append(f"{path}:{node.lineno}: uses the private {imported[node.value.id]}.{node.attr}")
     assert not offenders, "\n".join(offenders)
 
@@ -130,11 +150,15 @@ def test_the_package_never_writes_the_environment() -> None:
             env = None
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-                env = next((t for t in targets if isinstance(t, ast.Subscript)
-                            and ast.unparse(t.value) == "os.environ"), None)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and ast.unparse(node.func) in ("os.environ.update", "os.environ.setdefault",
-                                                   "os.environ.pop", "os.environ.clear", "os.putenv"):
+                env = next(
+                    (t for t in targets if isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ"), None
+                )
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and ast.unparse(node.func)
+                in ("os.environ.update", "os.environ.setdefault", "os.environ.pop", "os.environ.clear", "os.putenv")
+            ):
                 env = node
             if env is not None:
                 offenders.append(f"{path}:{node.lineno}: writes os.environ")
@@ -157,9 +181,26 @@ def test_fleets_are_built_by_the_one_factory() -> None:
 def test_the_tree_passes_ruff() -> None:
     """ruff's rules of pyproject.toml ([tool.ruff]) hold for the package, tests, benchmarks and scripts."""
     root = PACKAGE.parent
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "clusterctl", "tests",
-                           "benchmarks", "scripts"], cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "clusterctl", "tests", "benchmarks", "scripts"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_tree_is_as_ruff_format_writes_it() -> None:
+    """Every Python file is formatted by ``ruff format`` ([tool.ruff.format]); the node package as Python 3.8."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."],
+        cwd=PACKAGE.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, "run `ruff format` on:\n" + proc.stdout + proc.stderr
 
 
 #: Imports a node program may make beyond the standard library, each with its reason.
@@ -179,8 +220,12 @@ def test_node_programs_import_only_the_stdlib_and_the_node_package() -> None:
         rel = str(path.relative_to(PACKAGE.parent))
         for line, n in _imported(ast.parse(path.read_text())):
             top = n.split(".")[0]
-            if top in sys.stdlib_module_names or n == "clusterctl.node" or n.startswith("clusterctl.node.") \
-                    or (rel, n) in NODE_IMPORT_EXCEPTIONS:
+            if (
+                top in sys.stdlib_module_names
+                or n == "clusterctl.node"
+                or n.startswith("clusterctl.node.")
+                or (rel, n) in NODE_IMPORT_EXCEPTIONS
+            ):
                 continue
             offenders.append(f"{path}:{line}: imports {n}")
     assert not offenders, "\n".join(offenders)
@@ -194,8 +239,12 @@ def test_node_programs_live_in_the_node_package() -> None:
         if path.relative_to(PACKAGE).parts[0] in ("node", "lab"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and re.fullmatch(r"\w+\.py", node.value) and node.value != "__init__.py":
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and re.fullmatch(r"\w+\.py", node.value)
+                and node.value != "__init__.py"
+            ):
                 offenders.append(f"{path}:{node.lineno}: names the program file {node.value!r}")
     assert not offenders, "\n".join(offenders)
 
@@ -384,8 +433,9 @@ def _in_functions(tree: ast.AST, inside: bool = False) -> list[ast.Import | ast.
 
 def _is_module(dotted: str) -> bool:
     rel = Path(*dotted.split(".")[1:])
-    return dotted.startswith("clusterctl.") and ((PACKAGE / rel).with_suffix(".py").is_file()
-                                                 or (PACKAGE / rel / "__init__.py").is_file())
+    return dotted.startswith("clusterctl.") and (
+        (PACKAGE / rel).with_suffix(".py").is_file() or (PACKAGE / rel / "__init__.py").is_file()
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -403,7 +453,7 @@ def _inline_imports() -> list[tuple[str, int, str]]:
                 base = node.module or ""
                 if node.level:
                     parts = package.split(".")
-                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
                 sub = f"{base}.{node.names[0].name}"
                 mods = [sub if _is_module(sub) else base]
             for m in mods:
@@ -413,10 +463,15 @@ def _inline_imports() -> list[tuple[str, int, str]]:
 
 def test_in_function_imports_are_listed_with_their_reason() -> None:
     """Outside the CLI, an import inside a function is one of INLINE_IMPORTS (with its reason)."""
-    unlisted = [f"clusterctl/{rel}:{line}: {key.split()[1]}" for rel, line, key in _inline_imports()
-                if not rel.startswith("cli/") and key not in INLINE_IMPORTS]
-    assert not unlisted, ("import these at the top of their modules, or list them in INLINE_IMPORTS with "
-                          "the reason they cannot be:\n" + "\n".join(unlisted))
+    unlisted = [
+        f"clusterctl/{rel}:{line}: {key.split()[1]}"
+        for rel, line, key in _inline_imports()
+        if not rel.startswith("cli/") and key not in INLINE_IMPORTS
+    ]
+    assert not unlisted, (
+        "import these at the top of their modules, or list them in INLINE_IMPORTS with "
+        "the reason they cannot be:\n" + "\n".join(unlisted)
+    )
 
 
 def test_every_listed_in_function_import_still_exists() -> None:

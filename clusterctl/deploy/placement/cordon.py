@@ -36,8 +36,9 @@ def parse_target(inv: Inventory, text: str) -> Target:
     """``HOST`` or ``HOST:GPU`` checked against the inventory; :class:`CordonError` naming what is wrong."""
     host, sep, gpu = text.strip().partition(":")
     if host not in inv.hosts:
-        raise CordonError(f"{text!r}: host {host!r} is not in the inventory {inv.path}"
-                          + suggest(host, list(inv.hosts)))
+        raise CordonError(
+            f"{text!r}: host {host!r} is not in the inventory {inv.path}" + suggest(host, list(inv.hosts))
+        )
     if not sep:
         return Target(host)
     count = inv.hosts[host].gpus.count
@@ -51,8 +52,12 @@ def parse_target(inv: Inventory, text: str) -> Target:
 
 def replicas_on(state: DeployState, target: Target) -> list[str]:
     """Replica names whose recorded placement uses ``target`` (the host, or that GPU)."""
-    return [name for reps in state.placements.values() for name, p in reps.items()
-            if any(h == target.host and (target.gpu is None or target.gpu in gpus) for h, gpus in p.stages)]
+    return [
+        name
+        for reps in state.placements.values()
+        for name, p in reps.items()
+        if any(h == target.host and (target.gpu is None or target.gpu in gpus) for h, gpus in p.stages)
+    ]
 
 
 def cordon(store: StateStore, target: Target, reason: str, who: str | None = None) -> tuple[Cordon, bool, list[str]]:

@@ -26,8 +26,7 @@ def wanted_instances(inv: Inventory, state_dir: str | Path) -> dict[str, Instanc
     return dict(desired_instances(inv, StateStore(state_dir).load()).instances)
 
 
-def with_replicas(inv: Inventory, state_dir: str | Path | None = None,
-                  cfg: UserConfig | None = None) -> Inventory:
+def with_replicas(inv: Inventory, state_dir: str | Path | None = None, cfg: UserConfig | None = None) -> Inventory:
     """A copy of ``inv`` whose ``instances`` include the recorded template replicas.
 
     ``state_dir`` as ``--state-dir`` (else ``$CLUSTERCTL_STATE_DIR``, else the user
@@ -41,6 +40,5 @@ def with_replicas(inv: Inventory, state_dir: str | Path | None = None,
         result = desired_instances(inv, StateStore(directory).load())
     except StateError as e:
         return dataclasses.replace(inv, warnings=[*inv.warnings, f"template replicas left out: {e}"])
-    placed = {name: inst for name, inst in result.instances.items()
-              if name in inv.instances or name not in result.new}
+    placed = {name: inst for name, inst in result.instances.items() if name in inv.instances or name not in result.new}
     return dataclasses.replace(inv, instances=placed)

@@ -59,13 +59,22 @@ def rdma_capable(inv: Inventory, host: Host) -> bool:
     return inv.fabric.kind in ("roce", "ib") and any(n.rdma_device for n in host.nics_with_role("data"))
 
 
-def candidate(inv: Inventory, host: str, group: tuple[int, ...], cost: tuple[Any, ...], load: int,
-              order: int) -> Candidate:
+def candidate(
+    inv: Inventory, host: str, group: tuple[int, ...], cost: tuple[Any, ...], load: int, order: int
+) -> Candidate:
     """A :class:`Candidate` for ``host`` with its model, leaf and RDMA from the inventory."""
     h = inv.hosts[host]
     leaf = h.labels.get("leaf")
-    return Candidate(host, group, cost, load, order, h.gpus.model or "?",
-                     str(leaf) if leaf not in (None, "") else None, rdma_capable(inv, h))
+    return Candidate(
+        host,
+        group,
+        cost,
+        load,
+        order,
+        h.gpus.model or "?",
+        str(leaf) if leaf not in (None, "") else None,
+        rdma_capable(inv, h),
+    )
 
 
 def _key(c: Candidate) -> tuple[Any, ...]:
@@ -87,7 +96,7 @@ def _from_leaves(pool: Sequence[Candidate], nodes: int) -> list[Candidate] | Non
         return min(whole, key=lambda cs: [_key(c) for c in cs])
     out: list[Candidate] = []
     for cs in sorted(leaves.values(), key=lambda cs: (-len(cs), _key(cs[0]))):
-        out += cs[:nodes - len(out)]
+        out += cs[: nodes - len(out)]
         if len(out) == nodes:
             return out
     return None
@@ -107,8 +116,13 @@ def choose(cands: Sequence[Candidate], nodes: int) -> Choice | None:
         if chosen is None:
             continue
         leaves = len({_leaf(c) for c in chosen})
-        score = (not all_rdma, leaves, sum(c.load for c in chosen), max(c.cost for c in chosen),
-                 sorted(c.order for c in chosen))
+        score = (
+            not all_rdma,
+            leaves,
+            sum(c.load for c in chosen),
+            max(c.cost for c in chosen),
+            sorted(c.order for c in chosen),
+        )
         if best is None or score < best[0]:
             best = (score, chosen, all_rdma)
     if best is None:
@@ -117,7 +131,12 @@ def choose(cands: Sequence[Candidate], nodes: int) -> Choice | None:
     stages = tuple(sorted(chosen, key=lambda c: c.order))
     names = sorted({c.leaf for c in stages if c.leaf is not None})
     unlabelled = [c.host for c in stages if c.leaf is None]
-    where = (f"leaf {names[0]}" if len(names) == 1 and not unlabelled else
-             "across leaves " + ", ".join(names + [f"{h} (no leaf label)" for h in unlabelled]))
-    return Choice(stages, f"{stages[0].model}, {where}, "
-                          + ("RDMA on every host" if all_rdma else "not all hosts have RDMA data NICs"))
+    where = (
+        f"leaf {names[0]}"
+        if len(names) == 1 and not unlabelled
+        else "across leaves " + ", ".join(names + [f"{h} (no leaf label)" for h in unlabelled])
+    )
+    return Choice(
+        stages,
+        f"{stages[0].model}, {where}, " + ("RDMA on every host" if all_rdma else "not all hosts have RDMA data NICs"),
+    )

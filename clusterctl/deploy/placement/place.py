@@ -112,7 +112,7 @@ def replica_name(template: str, n: int) -> str:
 def replica_number(template: str, name: str) -> int | None:
     """``n`` for a name ``<template>-<n>``; ``None`` for any other name."""
     prefix = f"{template}-"
-    rest = name[len(prefix):] if name.startswith(prefix) else ""
+    rest = name[len(prefix) :] if name.startswith(prefix) else ""
     return int(rest) if rest.isdigit() and not rest.startswith("0") else None
 
 
@@ -137,8 +137,11 @@ def _pair_ranks(topology: HostTopology | None) -> dict[tuple[int, int], int] | N
     return ranks
 
 
-def _group_cost(group: tuple[int, ...], ranks: dict[tuple[int, int], int] | None,
-                run_of: Mapping[int, tuple[int, int]] | None = None) -> tuple[int, ...]:
+def _group_cost(
+    group: tuple[int, ...],
+    ranks: dict[tuple[int, int], int] | None,
+    run_of: Mapping[int, tuple[int, int]] | None = None,
+) -> tuple[int, ...]:
     """Smaller is better: (worst pair level, sum of levels, fit, span, the indexes).
 
     ``fit`` is the total length of the runs of consecutive free indexes the
@@ -149,8 +152,9 @@ def _group_cost(group: tuple[int, ...], ranks: dict[tuple[int, int], int] | None
     span = group[-1] - group[0]
     # Without topology every pair counts as unknown: constant within the host, and
     # a host with known close GPUs wins over one whose layout nobody reported.
-    levels = [UNKNOWN_RANK if ranks is None else ranks.get((a, b), UNKNOWN_RANK)
-              for a, b in itertools.combinations(group, 2)]
+    levels = [
+        UNKNOWN_RANK if ranks is None else ranks.get((a, b), UNKNOWN_RANK) for a, b in itertools.combinations(group, 2)
+    ]
     fit = sum(dict(run_of[g] for g in group).values()) if run_of else 0
     return (max(levels, default=0), sum(levels), fit, span, *group)
 
@@ -173,8 +177,9 @@ def best_group(free: Sequence[int], tp: int, topology: HostTopology | None = Non
     return found[1] if found else None
 
 
-def _best_group(free: list[int], tp: int, ranks: dict[tuple[int, int], int] | None
-                ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def _best_group(
+    free: list[int], tp: int, ranks: dict[tuple[int, int], int] | None
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(cost, group) of the closest ``tp`` of the sorted ``free`` indexes; ``None`` if too few."""
     if tp < 1 or len(free) < tp:
         return None
@@ -182,7 +187,7 @@ def _best_group(free: list[int], tp: int, ranks: dict[tuple[int, int], int] | No
     if _combinations(len(free), tp) <= MAX_COMBINATIONS:
         candidates = itertools.combinations(free, tp)
     else:
-        candidates = (tuple(free[i:i + tp]) for i in range(len(free) - tp + 1))
+        candidates = (tuple(free[i : i + tp]) for i in range(len(free) - tp + 1))
     run_of = _runs(free)
     return min((_group_cost(g, ranks, run_of), g) for g in candidates)
 
@@ -211,9 +216,13 @@ class _Board:
         """Free, uncordoned GPU indexes of ``host`` (none when the host is cordoned)."""
         if self.state.host_cordoned(host):
             return []
-        return [i for i in range(self.inv.hosts[host].gpus.count)
-                if GpuRef(host, i) not in self.gpu_owner and GpuRef(host, i) not in avoid
-                and not self.state.gpu_cordoned(host, i)]
+        return [
+            i
+            for i in range(self.inv.hosts[host].gpus.count)
+            if GpuRef(host, i) not in self.gpu_owner
+            and GpuRef(host, i) not in avoid
+            and not self.state.gpu_cordoned(host, i)
+        ]
 
     def port(self, host: str, base: int) -> int | None:
         """The lowest ``base + slot`` no instance on ``host`` uses; ``None`` past 65535."""
@@ -233,8 +242,7 @@ def on_cpu(inv: Inventory, tpl: InstanceTemplate) -> bool:
     return engine is not None and engine.device == "cpu"
 
 
-def _invalid(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placement,
-             board: _Board) -> str | None:
+def _invalid(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placement, board: _Board) -> str | None:
     """Why a recorded placement can no longer be kept; ``None`` when it can."""
     if len(p.stages) != tpl.nodes:
         return f"nodes changed from {len(p.stages)} to {tpl.nodes}"
@@ -261,8 +269,7 @@ def _invalid(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placemen
     return None
 
 
-def _invalid_stages(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placement,
-                    board: _Board) -> str | None:
+def _invalid_stages(inv: Inventory, tpl: InstanceTemplate, hosts: set[str], p: Placement, board: _Board) -> str | None:
     """:func:`_invalid` for a replica across hosts: every stage must still be valid, and one GPU model."""
     if len(set(p.hosts)) != len(p.hosts):
         return "two of its stages are on one host"
@@ -285,35 +292,49 @@ def _cordon_of(state: DeployState, p: Placement) -> str | None:
 
 
 #: What a replica takes from its template: every field the two classes share but the name.
-_FROM_TEMPLATE = tuple(sorted({f.name for f in fields(Instance)} & {f.name for f in fields(InstanceTemplate)}
-                              - {"name"}))
+_FROM_TEMPLATE = tuple(
+    sorted({f.name for f in fields(Instance)} & {f.name for f in fields(InstanceTemplate)} - {"name"})
+)
 
 
 def _instance(tpl: InstanceTemplate, name: str, p: Placement) -> Instance:
     """Replica ``name`` of ``tpl`` at ``p``: model, engine, args, env, secrets, ... copied from the template."""
     carried = {k: copy.copy(getattr(tpl, k)) for k in _FROM_TEMPLATE}
     # across hosts: the head's GPUs first (its host is rank 0: inventory/multinode.hosts_in_order)
-    return Instance(name=name, placement=tuple(GpuRef(h, i) for h, gpus in p.stages for i in sorted(gpus)),
-                    port=p.port, template=tpl.name, **carried)
+    return Instance(
+        name=name,
+        placement=tuple(GpuRef(h, i) for h, gpus in p.stages for i in sorted(gpus)),
+        port=p.port,
+        template=tpl.name,
+        **carried,
+    )
 
 
-def _no_room(inv: Inventory, tpl: InstanceTemplate, hosts: list[str], board: _Board,
-             avoid: Collection[GpuRef]) -> str:
+def _no_room(inv: Inventory, tpl: InstanceTemplate, hosts: list[str], board: _Board, avoid: Collection[GpuRef]) -> str:
     cordoned = [h for h in hosts if board.state.host_cordoned(h)]
     if on_cpu(inv, tpl):
-        return (f"no uncordoned host with a free port from {tpl.port_base} in {tpl.hosts!r} (engine "
-                f"{tpl.engine} runs on CPU)" + (f"; cordoned hosts: {fold(cordoned)}" if cordoned else ""))
+        return (
+            f"no uncordoned host with a free port from {tpl.port_base} in {tpl.hosts!r} (engine "
+            f"{tpl.engine} runs on CPU)" + (f"; cordoned hosts: {fold(cordoned)}" if cordoned else "")
+        )
     free = {h: len(board.free(h, avoid)) for h in hosts if h not in cordoned}
     detail = ", ".join(f"{h} {n}" for h, n in free.items()) or "none"
-    need = (f"{tpl.tp} on one host" if tpl.nodes == 1 else
-            f"{tpl.tp} on each of {tpl.nodes} hosts with one GPU model and a common free port")
+    need = (
+        f"{tpl.tp} on one host"
+        if tpl.nodes == 1
+        else f"{tpl.tp} on each of {tpl.nodes} hosts with one GPU model and a common free port"
+    )
     text = f"not enough free uncordoned GPUs: needs {need} of {tpl.hosts!r}; free per host: {detail}"
     return text + (f"; cordoned hosts: {fold(cordoned)}" if cordoned else "")
 
 
-def desired_instances(inv: Inventory, state: DeployState, *,
-                      topology: Mapping[str, HostTopology] | None = None,
-                      move: Collection[str] = ()) -> PlacementResult:
+def desired_instances(
+    inv: Inventory,
+    state: DeployState,
+    *,
+    topology: Mapping[str, HostTopology] | None = None,
+    move: Collection[str] = (),
+) -> PlacementResult:
     """Every instance the inventory and the state ask for, placing what has no place.
 
     ``topology`` maps a host to its facts ``gpus.topology`` (hosts without an
@@ -339,8 +360,9 @@ def desired_instances(inv: Inventory, state: DeployState, *,
         if clash:
             inst = inv.instances[clash[0]]
             where = f" ({inst.location})" if inst.location else ""
-            raise PlacementError(f"instance {clash[0]}{where} has the name of a replica of template "
-                                 f"{tpl.name}; rename the instance")
+            raise PlacementError(
+                f"instance {clash[0]}{where} has the name of a replica of template {tpl.name}; rename the instance"
+            )
         wanted[tpl.name] = (tpl, names, [h.name for h in select_hosts(inv, tpl.hosts)])
     for tpl_name, recorded in state.placements.items():
         if tpl_name not in wanted:
@@ -376,8 +398,11 @@ def desired_instances(inv: Inventory, state: DeployState, *,
     for tpl, names, hosts in wanted.values():
         for name, p in list(kept[tpl.name].items()):
             taken = [board.ports.setdefault(h, set()) for h in p.hosts]
-            port = p.port if p.port >= tpl.port_base and all(p.port not in u for u in taken) \
+            port = (
+                p.port
+                if p.port >= tpl.port_base and all(p.port not in u for u in taken)
                 else board.common_port(p.hosts, tpl.port_base)
+            )
             if port is None:
                 why_new[name] = f"no free port from {tpl.port_base} on {'/'.join(p.hosts)}"
                 del kept[tpl.name][name]
@@ -403,8 +428,11 @@ def desired_instances(inv: Inventory, state: DeployState, *,
                     result.on_cordoned[name] = cordon
                 continue
             previous = state.placements.get(tpl.name, {}).get(name) if name in move else None
-            queue = queue or (_StageChooser(inv, tpl, hosts, per_host, board, topology, avoid) if tpl.nodes > 1
-                              else _HostQueue(tpl, hosts, per_host, board, topology, avoid, on_cpu(inv, tpl)))
+            queue = queue or (
+                _StageChooser(inv, tpl, hosts, per_host, board, topology, avoid)
+                if tpl.nodes > 1
+                else _HostQueue(tpl, hosts, per_host, board, topology, avoid, on_cpu(inv, tpl))
+            )
             p_new = queue.place(previous)
             if p_new is None:
                 no_room = no_room or _no_room(inv, tpl, hosts, board, avoid)
@@ -436,8 +464,16 @@ class _HostQueue:
     R log H, not R x H.
     """
 
-    def __init__(self, tpl: InstanceTemplate, hosts: list[str], per_host: dict[str, int], board: _Board,
-                 topology: Mapping[str, HostTopology], avoid: Collection[GpuRef], cpu: bool = False) -> None:
+    def __init__(
+        self,
+        tpl: InstanceTemplate,
+        hosts: list[str],
+        per_host: dict[str, int],
+        board: _Board,
+        topology: Mapping[str, HostTopology],
+        avoid: Collection[GpuRef],
+        cpu: bool = False,
+    ) -> None:
         self.tpl, self.per_host, self.board, self.avoid, self.cpu = tpl, per_host, board, avoid, cpu
         self.order = {h: i for i, h in enumerate(hosts)}
         self.ranks = {h: _pair_ranks(topology.get(h)) for h in hosts}
@@ -487,8 +523,16 @@ class _StageChooser:
     """The hosts of one ``nodes: N`` template: N hosts per replica (placement/nodes.py: choose), each
     with its closest free group of ``tp`` GPUs and a port free on all of them."""
 
-    def __init__(self, inv: Inventory, tpl: InstanceTemplate, hosts: list[str], per_host: dict[str, int],
-                 board: _Board, topology: Mapping[str, HostTopology], avoid: Collection[GpuRef]) -> None:
+    def __init__(
+        self,
+        inv: Inventory,
+        tpl: InstanceTemplate,
+        hosts: list[str],
+        per_host: dict[str, int],
+        board: _Board,
+        topology: Mapping[str, HostTopology],
+        avoid: Collection[GpuRef],
+    ) -> None:
         self.inv, self.tpl, self.hosts, self.per_host, self.board, self.avoid = inv, tpl, hosts, per_host, board, avoid
         self.ranks = {h: _pair_ranks(topology.get(h)) for h in hosts}
         self.groups: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -505,16 +549,24 @@ class _StageChooser:
 
     def place(self, previous: Placement | None) -> Placement | None:
         """N hosts' stages and a common port for one new replica, or ``None`` when they cannot be found."""
-        cands = [candidate(self.inv, h, group, cost[:3], self.per_host.get(h, 0), i)
-                 for i, h in enumerate(self.hosts) if h in self.groups for cost, group in [self.groups[h]]]
+        cands = [
+            candidate(self.inv, h, group, cost[:3], self.per_host.get(h, 0), i)
+            for i, h in enumerate(self.hosts)
+            if h in self.groups
+            for cost, group in [self.groups[h]]
+        ]
         while True:
             self.last = choice = choose(cands, self.tpl.nodes)
             if choice is None:
                 return None
             names = [c.host for c in choice.stages]
-            port = previous.port if previous is not None and previous.port >= self.tpl.port_base and \
-                self.board.common_port(names, previous.port, previous) == previous.port else \
-                self.board.common_port(names, self.tpl.port_base)
+            port = (
+                previous.port
+                if previous is not None
+                and previous.port >= self.tpl.port_base
+                and self.board.common_port(names, previous.port, previous) == previous.port
+                else self.board.common_port(names, self.tpl.port_base)
+            )
             if port is not None:
                 head, *rest = choice.stages
                 return Placement(head.host, head.group, port, tuple((c.host, c.group) for c in rest))
@@ -524,13 +576,19 @@ class _StageChooser:
 
 def describe(p: Placement, choice: Choice | None = None) -> str:
     """One line for a replica across hosts: its stages (head first), port, and why these hosts."""
-    stages = ", ".join(f"{h} GPUs {','.join(map(str, g))}" + (" (head)" if n == 0 else f" (rank {n})")
-                       for n, (h, g) in enumerate(p.stages))
+    stages = ", ".join(
+        f"{h} GPUs {','.join(map(str, g))}" + (" (head)" if n == 0 else f" (rank {n})")
+        for n, (h, g) in enumerate(p.stages)
+    )
     return f"{len(p.stages)} hosts: {stages}; port {p.port}" + (f"; {choice.note}" if choice else "")
 
 
-def reschedule(inv: Inventory, state: DeployState, instance_names: Collection[str],
-               topology: Mapping[str, HostTopology] | None = None) -> PlacementResult:
+def reschedule(
+    inv: Inventory,
+    state: DeployState,
+    instance_names: Collection[str],
+    topology: Mapping[str, HostTopology] | None = None,
+) -> PlacementResult:
     """Move the named template replicas to free uncordoned GPUs, never back onto the ones they left.
 
     For failover.  Every other replica stays put.  A replica that finds no

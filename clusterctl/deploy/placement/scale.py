@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from clusterctl.deploy.placement.place import HostTopology, PlacementResult, desired_instances, desired_replicas, replica_number
+from clusterctl.deploy.placement.place import (
+    HostTopology,
+    PlacementResult,
+    desired_instances,
+    desired_replicas,
+    replica_number,
+)
 from clusterctl.deploy.state import DeployState, StateStore
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.fields import suggest
@@ -51,12 +57,20 @@ class ScalePlan:
 def check_template(inv: Inventory, template: str) -> None:
     if template not in inv.templates:
         known = ", ".join(inv.templates) or "none"
-        raise ScaleError(f"template {template!r} is not in the inventory {inv.path} (templates: {known})"
-                         + suggest(template, list(inv.templates)))
+        raise ScaleError(
+            f"template {template!r} is not in the inventory {inv.path} (templates: {known})"
+            + suggest(template, list(inv.templates))
+        )
 
 
-def plan_scale(inv: Inventory, state: DeployState, template: str, replicas: int | None, *,
-               topology: Mapping[str, HostTopology] | None = None) -> ScalePlan:
+def plan_scale(
+    inv: Inventory,
+    state: DeployState,
+    template: str,
+    replicas: int | None,
+    *,
+    topology: Mapping[str, HostTopology] | None = None,
+) -> ScalePlan:
     """The placement with ``template`` at ``replicas`` (``None``: back to the inventory's count).
 
     Raises :class:`ScaleError` for an unknown template or a count out of range.

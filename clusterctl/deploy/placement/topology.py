@@ -44,15 +44,18 @@ def place(inv: Inventory, state: DeployState, read: TopologyReader | None = None
     return desired_instances(inv, state, topology=topology), missing
 
 
-def fleet_reader(make_fleet: Callable[[Sequence[Host]], Any], inv: Inventory,
-                 timeout: float = 60.0) -> TopologyReader:
+def fleet_reader(make_fleet: Callable[[Sequence[Host]], Any], inv: Inventory, timeout: float = 60.0) -> TopologyReader:
     """A :data:`TopologyReader` that runs the probe (one round trip per host, ``timeout`` seconds)."""
+
     def read(hosts: list[str]) -> dict[str, HostTopology]:
         from clusterctl.probe.run import collect_facts
 
         with make_fleet([inv.hosts[h] for h in hosts]) as fleet:
             results = collect_facts(fleet, timeout=timeout)
-        return {h: r.facts.gpus.topology for h, r in results.items()
-                if r.status == "ok" and r.facts is not None and r.facts.gpus.topology}
+        return {
+            h: r.facts.gpus.topology
+            for h, r in results.items()
+            if r.status == "ok" and r.facts is not None and r.facts.gpus.topology
+        }
 
     return read

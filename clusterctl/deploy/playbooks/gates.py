@@ -48,8 +48,14 @@ def release_gate(g: CustomGate, t: GateTarget, reference: RefResolver | None) ->
     if g.type == "drift":
         from clusterctl.drift.gate import drift_gate
 
-        out = drift_gate(t.url, g.baseline, api_key=t.api_key, thresholds=g.thresholds,
-                         use_calibration=g.calibration, timeout=g.timeout_s)
+        out = drift_gate(
+            t.url,
+            g.baseline,
+            api_key=t.api_key,
+            thresholds=g.thresholds,
+            use_calibration=g.calibration,
+            timeout=g.timeout_s,
+        )
         return None if out.ok else out.reason
     from clusterctl.bench.gate import bench_gate
 
@@ -59,13 +65,26 @@ def release_gate(g: CustomGate, t: GateTarget, reference: RefResolver | None) ->
         ref_url, ref_key = reference(g.reference)
     except ClusterctlError as e:
         return f"bench gate: reference {g.reference!r}: {e}"
-    out = bench_gate(t.url, ref_url, api_key=t.api_key, reference_api_key=ref_key, concurrency=g.concurrency,
-                     requests=g.requests, tolerance=g.tolerance, timeout=g.timeout_s)
+    out = bench_gate(
+        t.url,
+        ref_url,
+        api_key=t.api_key,
+        reference_api_key=ref_key,
+        concurrency=g.concurrency,
+        requests=g.requests,
+        tolerance=g.tolerance,
+        timeout=g.timeout_s,
+    )
     return None if out.ok else out.reason
 
 
-def check_once(g: CustomGate, t: GateTarget, run_exec: ExecRunner, request_timeout_s: float = 5.0,
-               reference: RefResolver | None = None) -> str | None:
+def check_once(
+    g: CustomGate,
+    t: GateTarget,
+    run_exec: ExecRunner,
+    request_timeout_s: float = 5.0,
+    reference: RefResolver | None = None,
+) -> str | None:
     """One check of ``g`` on ``t``: ``None`` when it passes, else why not."""
     if g.type in ONE_SHOT:
         return release_gate(g, t, reference)
@@ -98,8 +117,15 @@ def check_once(g: CustomGate, t: GateTarget, run_exec: ExecRunner, request_timeo
     return None if rc == g.expect_rc else f"exit status {rc}, expected {g.expect_rc}" + (f": {why}" if why else "")
 
 
-def wait_one(t: GateTarget, custom: Sequence[CustomGate], run_exec: ExecRunner, *, poll_s: float = 1.0,
-             request_timeout_s: float = 5.0, reference: RefResolver | None = None) -> GateResult:
+def wait_one(
+    t: GateTarget,
+    custom: Sequence[CustomGate],
+    run_exec: ExecRunner,
+    *,
+    poll_s: float = 1.0,
+    request_timeout_s: float = 5.0,
+    reference: RefResolver | None = None,
+) -> GateResult:
     """Poll ``t``'s gates in order (drift and bench run once); the result names the first gate
     that did not pass in time."""
     t0 = time.monotonic()
@@ -110,20 +136,36 @@ def wait_one(t: GateTarget, custom: Sequence[CustomGate], run_exec: ExecRunner, 
             if why is None:
                 break
             if g.type in ONE_SHOT:
-                return GateResult(t.instance, t.host, False, f"custom: {g.describe()}",
-                                  f"custom gate {g.describe()}: {why}", time.monotonic() - t0)
+                return GateResult(
+                    t.instance,
+                    t.host,
+                    False,
+                    f"custom: {g.describe()}",
+                    f"custom gate {g.describe()}: {why}",
+                    time.monotonic() - t0,
+                )
             if time.monotonic() + poll_s > end:
-                return GateResult(t.instance, t.host, False, f"custom: {g.describe()}",
-                                  f"custom gate {g.describe()}: not passed after {g.timeout_s:g} s: {why}",
-                                  time.monotonic() - t0)
+                return GateResult(
+                    t.instance,
+                    t.host,
+                    False,
+                    f"custom: {g.describe()}",
+                    f"custom gate {g.describe()}: not passed after {g.timeout_s:g} s: {why}",
+                    time.monotonic() - t0,
+                )
             time.sleep(poll_s)
-    return GateResult(t.instance, t.host, True, "custom",
-                      f"{len(custom)} custom gate(s) passed", time.monotonic() - t0)
+    return GateResult(t.instance, t.host, True, "custom", f"{len(custom)} custom gate(s) passed", time.monotonic() - t0)
 
 
-def wait_custom(targets: Sequence[GateTarget], custom: Sequence[CustomGate], run_exec: ExecRunner, *,
-                poll_s: float = 1.0, on_result: Callable[[GateResult], None] | None = None,
-                reference: RefResolver | None = None) -> list[GateResult]:
+def wait_custom(
+    targets: Sequence[GateTarget],
+    custom: Sequence[CustomGate],
+    run_exec: ExecRunner,
+    *,
+    poll_s: float = 1.0,
+    on_result: Callable[[GateResult], None] | None = None,
+    reference: RefResolver | None = None,
+) -> list[GateResult]:
     """Every target's custom gates, targets in parallel; one result per target, in order."""
     if not targets:
         return []

@@ -57,9 +57,13 @@ _EXTRA = {
     "gates": ("max_fail_percentage", "gates", "gate_timeout"),
     "exec": ("serial", "max_fail_percentage", "command", "expect_rc", "timeout"),
 }
-_GATE_KEYS = {"http": ("path", "expect_status", "contains"), "metric": ("name", "max", "min"),
-              "exec": ("command", "expect_rc"), "drift": ("baseline", "thresholds", "calibration"),
-              "bench": ("reference", "tolerance", "concurrency", "requests")}
+_GATE_KEYS = {
+    "http": ("path", "expect_status", "contains"),
+    "metric": ("name", "max", "min"),
+    "exec": ("command", "expect_rc"),
+    "drift": ("baseline", "thresholds", "calibration"),
+    "bench": ("reference", "tolerance", "concurrency", "requests"),
+}
 
 
 class PlaybookError(ConfigError):
@@ -103,8 +107,9 @@ class CustomGate:
 
     def describe(self) -> str:
         if self.type == "http":
-            return f"http GET {self.path} -> {self.expect_status}" + (f" containing {self.contains!r}"
-                                                                      if self.contains else "")
+            return f"http GET {self.path} -> {self.expect_status}" + (
+                f" containing {self.contains!r}" if self.contains else ""
+            )
         if self.type == "metric":
             bounds = [f">= {self.min:g}"] if self.min is not None else []
             bounds += [f"<= {self.max:g}"] if self.max is not None else []
@@ -202,8 +207,10 @@ def _order(ctx: Ctx, steps: list[Step]) -> None:
         ctx.error(extra.line, f"step {extra.name!r}: a second canary (the first is at line {canaries[0].line})")
     rollouts = [s for s in steps if s.kind == "rollout"]
     if canaries and rollouts and rollouts[0].line < canaries[0].line:
-        ctx.error(canaries[0].line, f"step {canaries[0].name!r}: the canary must come before the rollout "
-                                    f"(line {rollouts[0].line})")
+        ctx.error(
+            canaries[0].line,
+            f"step {canaries[0].name!r}: the canary must come before the rollout (line {rollouts[0].line})",
+        )
 
 
 def _step(ctx: Ctx, y: Y, i: int) -> Step | None:
@@ -216,8 +223,10 @@ def _step(ctx: Ctx, y: Y, i: int) -> Step | None:
         return None
     kind = kind_y.value if isinstance(kind_y.value, str) else None
     if kind not in KINDS:
-        ctx.error(kind_y.line, f"{what}: kind {kind_y.value!r} is not one of {', '.join(KINDS)}"
-                               + suggest(str(kind_y.value), list(KINDS)))
+        ctx.error(
+            kind_y.line,
+            f"{what}: kind {kind_y.value!r} is not one of {', '.join(KINDS)}" + suggest(str(kind_y.value), list(KINDS)),
+        )
         return None
     keys = ctx.keys(y, _COMMON + _EXTRA[kind], f"{what} ({kind})")
     name = (ctx.string(keys["name"], f"{what}.name") if "name" in keys else None) or kind
@@ -293,8 +302,11 @@ def _gate(ctx: Ctx, y: Y, what: str) -> CustomGate | None:
     keys = ctx.keys(y, GATE_TYPES + ("timeout",), what)
     types = [t for t in GATE_TYPES if t in keys]
     if len(types) != 1:
-        ctx.error(y.line, f"{what}: a gate is exactly one of {', '.join(GATE_TYPES)}"
-                          + (f" (got {', '.join(types)})" if types else ""))
+        ctx.error(
+            y.line,
+            f"{what}: a gate is exactly one of {', '.join(GATE_TYPES)}"
+            + (f" (got {', '.join(types)})" if types else ""),
+        )
         return None
     t = types[0]
     args: dict[str, Any] = {}

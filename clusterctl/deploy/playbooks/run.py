@@ -38,8 +38,17 @@ from typing import Any, Callable, Mapping, Sequence
 from clusterctl.deploy.rollout import apply as ap
 from clusterctl.deploy.rollout import gates, lock, batches as rollout
 from clusterctl.deploy import remote
-from clusterctl.deploy.rollout.engine import (Deploy, DeployOptions, DeployReport, Event, FleetFactory, HostOutcome,
-                                      PreflightRefused, api_key, render_all)
+from clusterctl.deploy.rollout.engine import (
+    Deploy,
+    DeployOptions,
+    DeployReport,
+    Event,
+    FleetFactory,
+    HostOutcome,
+    PreflightRefused,
+    api_key,
+    render_all,
+)
 from clusterctl.deploy.rollout.plan import CHANGING, HostPlan, Plan, make_plan, matches
 from clusterctl.deploy.playbooks.load import CustomGate, Playbook, PlaybookError, Step
 from clusterctl.deploy.playbooks.gates import wait_custom, with_vars
@@ -62,10 +71,18 @@ class StepPlan:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.step
-        return {"name": s.name, "kind": s.kind, "line": s.line, "hosts": self.hosts, "instances": self.instances,
-                "batches": self.batches, "serial": s.serial, "max_fail_percentage": s.max_fail_percentage,
-                "gates": [g.describe() for g in s.gates],
-                "command": s.command or None}
+        return {
+            "name": s.name,
+            "kind": s.kind,
+            "line": s.line,
+            "hosts": self.hosts,
+            "instances": self.instances,
+            "batches": self.batches,
+            "serial": s.serial,
+            "max_fail_percentage": s.max_fail_percentage,
+            "gates": [g.describe() for g in s.gates],
+            "command": s.command or None,
+        }
 
 
 @dataclass
@@ -101,8 +118,12 @@ class PlaybookReport:
         return self.deploy.ok
 
     def to_dict(self) -> dict[str, Any]:
-        return {"playbook": self.playbook, **self.deploy.to_dict(), "steps": [s.to_dict() for s in self.steps],
-                "outcomes": [o.to_dict() for o in self.outcomes]}
+        return {
+            "playbook": self.playbook,
+            **self.deploy.to_dict(),
+            "steps": [s.to_dict() for s in self.steps],
+            "outcomes": [o.to_dict() for o in self.outcomes],
+        }
 
 
 class StepFailed(Exception):
@@ -111,6 +132,7 @@ class StepFailed(Exception):
 
 # --- resolution (pure) ----------------------------------------------------------------
 
+
 def step_hosts(book: Playbook, step: Step, inv: Inventory, selected: Sequence[str]) -> list[str]:
     """The selected hosts (in their order) that the step's ``hosts:`` pattern matches."""
     if not step.hosts:
@@ -118,8 +140,9 @@ def step_hosts(book: Playbook, step: Step, inv: Inventory, selected: Sequence[st
     try:
         names = {h.name for h in select_hosts(inv, step.hosts)}
     except ClusterctlError as e:
-        raise PlaybookError([Problem(book.path, step.hosts_line or step.line,
-                                     f"step {step.name!r}: hosts: {e}")]) from None
+        raise PlaybookError(
+            [Problem(book.path, step.hosts_line or step.line, f"step {step.name!r}: hosts: {e}")]
+        ) from None
     return [h for h in selected if h in names]
 
 
@@ -131,8 +154,9 @@ def scoped(plan: Plan, hosts: Sequence[str], pattern: str | None, done: set[tupl
         hp = by_host.get(h)
         if hp is None or hp.error:
             continue
-        items = [i for i in hp.items if i.action in CHANGING and matches(i.instance, pattern)
-                 and (h, i.instance) not in done]
+        items = [
+            i for i in hp.items if i.action in CHANGING and matches(i.instance, pattern) and (h, i.instance) not in done
+        ]
         if items:
             out[h] = HostPlan(h, items)
     return out
@@ -142,7 +166,7 @@ def canary_serial(book: Playbook, step: Step) -> list[str]:
     """A canary's serial: its own, else the next rollout step's, else ``["1"]``."""
     if step.serial:
         return list(step.serial)
-    later = book.steps[book.steps.index(step) + 1:]
+    later = book.steps[book.steps.index(step) + 1 :]
     return next((list(s.serial) for s in later if s.kind == "rollout" and s.serial), ["1"])
 
 
@@ -193,6 +217,7 @@ def lock_targets(plan: Plan, steps: Sequence[StepPlan]) -> list[str]:
 
 # --- running --------------------------------------------------------------------------
 
+
 class StepDeploy(Deploy):
     """The engine, with the current step's custom gates and gate timeout, and without
     rewriting files a ``units`` step already wrote (that would overwrite the previous
@@ -200,7 +225,7 @@ class StepDeploy(Deploy):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.written: dict[str, set[str]] = {}   # host -> instances whose files a units step wrote
+        self.written: dict[str, set[str]] = {}  # host -> instances whose files a units step wrote
         self.custom: list[CustomGate] = []
 
     def apply_job(self, hp: Any, st: remote.HostState) -> dict[str, Any]:
@@ -214,8 +239,7 @@ class StepDeploy(Deploy):
     def extra_gates(self, fleet: Any, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
         if not self.custom:
             return []
-        return wait_custom(passed, self.custom, exec_runner(fleet), on_result=self.gate_event,
-                           reference=self.reference)
+        return wait_custom(passed, self.custom, exec_runner(fleet), on_result=self.gate_event, reference=self.reference)
 
     def reference(self, name: str) -> tuple[str, str | None]:
         """A bench gate's reference instance (from the inventory): its URL and API key."""
@@ -228,25 +252,35 @@ class StepDeploy(Deploy):
 
 def exec_runner(fleet: Any) -> Callable[[str, str, float], tuple[int | None, str]]:
     """Runs an exec gate's command on one host of ``fleet``: ``(rc, stderr or stdout tail)``."""
+
     def run(host: str, command: str, timeout: float) -> tuple[int | None, str]:
         r = fleet.run({host: command}, sudo=True, timeout=timeout)[host]
         if r.rc is None:
             return None, r.error or r.status.value
         return r.rc, (r.stderr.strip() or r.stdout.strip())[-200:]
+
     return run
 
 
 class PlaybookRun:
     """One ``clusterctl deploy --playbook`` run (see the module docstring)."""
 
-    def __init__(self, book: Playbook, inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory,
-                 state_dir: str, opts: DeployOptions, on_event: Callable[[Event], None] = lambda e: None):
+    def __init__(
+        self,
+        book: Playbook,
+        inv: Inventory,
+        hosts: Sequence[Host],
+        make_fleet: FleetFactory,
+        state_dir: str,
+        opts: DeployOptions,
+        on_event: Callable[[Event], None] = lambda e: None,
+    ):
         self.book, self.inv, self.opts = book, inv, opts
         self.dep = StepDeploy(inv, hosts, make_fleet, state_dir, opts, on_event)
         self.selected = [h.name for h in hosts]
         self.written = self.dep.written
         self.rolled: set[tuple[str, str]] = set()  # (host, instance) rolled out by a canary/rollout step
-        self.started: dict[str, set[str]] = {}   # host -> instances this run started or restarted
+        self.started: dict[str, set[str]] = {}  # host -> instances this run started or restarted
 
     def plan(self) -> PlaybookReport:
         """The playbook's plan: the engine's per-host plan and every step's hosts and batches."""
@@ -310,8 +344,13 @@ class PlaybookRun:
                 rep.result = "error"
                 raise
             finally:
-                lock.release_anyway(fleet, got.locked, dep.me.run_id, dep._audit_record(rep, detail),
-                                    lambda: dep.make_fleet([self.inv.hosts[h] for h in got.locked]))
+                lock.release_anyway(
+                    fleet,
+                    got.locked,
+                    dep.me.run_id,
+                    dep._audit_record(rep, detail),
+                    lambda: dep.make_fleet([self.inv.hosts[h] for h in got.locked]),
+                )
                 dep._audit_local(rep, detail)
             dep._save_placements(rep)
         rep.seconds = time.monotonic() - t0
@@ -323,8 +362,11 @@ class PlaybookRun:
         """Run the steps in order; returns the audit detail (the step that stopped the run)."""
         rep = out.deploy
         for n, sp in enumerate(out.steps):
-            self.dep.event("phase", f"step {sp.step.name} ({sp.step.kind}): "
-                                    f"{len(sp.hosts)} hosts" + (f", {len(sp.batches)} batches" if sp.batches else ""))
+            self.dep.event(
+                "phase",
+                f"step {sp.step.name} ({sp.step.kind}): "
+                f"{len(sp.hosts)} hosts" + (f", {len(sp.batches)} batches" if sp.batches else ""),
+            )
             try:
                 outcome = self._step(fleet, sp, rep, states)
             except PreflightRefused:
@@ -334,8 +376,10 @@ class PlaybookRun:
                 outcome = StepOutcome(sp.step.name, sp.step.kind, "failed", str(e))
                 out.outcomes.append(outcome)
                 self._undo_written(fleet, rep)
-                for later in out.steps[n + 1:]:
-                    out.outcomes.append(StepOutcome(later.step.name, later.step.kind, "skipped", "an earlier step failed"))
+                for later in out.steps[n + 1 :]:
+                    out.outcomes.append(
+                        StepOutcome(later.step.name, later.step.kind, "skipped", "an earlier step failed")
+                    )
                 if rep.result not in ("rolled_back",):
                     rep.result = "stopped"
                 for h, o in rep.hosts.items():
@@ -352,8 +396,12 @@ class PlaybookRun:
     def _step(self, fleet: Any, sp: StepPlan, rep: DeployReport, states: dict[str, remote.HostState]) -> StepOutcome:
         s = sp.step
         self.dep.custom = list(s.gates)
-        self.dep.opts = replace(self.opts, gate_timeout_s=s.gate_timeout_s or self.opts.gate_timeout_s,
-                                max_fail_percentage=s.max_fail_percentage, serial=list(s.serial))
+        self.dep.opts = replace(
+            self.opts,
+            gate_timeout_s=s.gate_timeout_s or self.opts.gate_timeout_s,
+            max_fail_percentage=s.max_fail_percentage,
+            serial=list(s.serial),
+        )
         if s.kind == "exec":
             return self._exec(fleet, sp)
         sc = self._scope(rep.plan, sp)
@@ -384,11 +432,17 @@ class PlaybookRun:
         for h, why in failed.items():
             self.dep.event("host", f"{s.name}: {why}", h, ok=False)
         if rollout.batch_failed(len(failed), len(hosts), s.max_fail_percentage):
-            raise StepFailed(f"{len(failed)}/{len(hosts)} hosts failed (max fail {s.max_fail_percentage:g} %): "
-                             + "; ".join(f"{h}: {w}" for h, w in failed.items()))
-        return StepOutcome(s.name, s.kind, "partial" if failed else "ok",
-                           f"{len(failed)} failed within max fail" if failed else "",
-                           {h: failed.get(h, "ok") for h in hosts})
+            raise StepFailed(
+                f"{len(failed)}/{len(hosts)} hosts failed (max fail {s.max_fail_percentage:g} %): "
+                + "; ".join(f"{h}: {w}" for h, w in failed.items())
+            )
+        return StepOutcome(
+            s.name,
+            s.kind,
+            "partial" if failed else "ok",
+            f"{len(failed)} failed within max fail" if failed else "",
+            {h: failed.get(h, "ok") for h in hosts},
+        )
 
     def _preflight(self, fleet: Any, sp: StepPlan, rep: DeployReport, sc: Mapping[str, HostPlan]) -> StepOutcome:
         pre = self.dep.preflight(fleet, Plan(list(sc.values())))  # raises PreflightRefused unless --force
@@ -397,28 +451,46 @@ class PlaybookRun:
         note = "" if pre is None else ("ok" if pre.ok else "refused, forced on")
         return StepOutcome(sp.step.name, sp.step.kind, "ok", note, {h: "ok" for h in sc})
 
-    def _units(self, fleet: Any, sp: StepPlan, sc: Mapping[str, HostPlan], states: dict[str, remote.HostState],
-               rep: DeployReport) -> StepOutcome:
+    def _units(
+        self,
+        fleet: Any,
+        sp: StepPlan,
+        sc: Mapping[str, HostPlan],
+        states: dict[str, remote.HostState],
+        rep: DeployReport,
+    ) -> StepOutcome:
         jobs: dict[str, dict[str, Any]] = {}
         for h, hp in sc.items():
             job = self.dep.apply_job(hp, states[h])
             job.update(restart=[], start=[], remove=[])
             if job["write"]:
                 jobs[h] = job
-        replies = ap.apply_hosts(fleet, jobs, on_reply=lambda r: self.dep.event(
-            "host", "units written" if r.ok else f"writing units failed: {r.error}", r.host, r.ok))
+        replies = ap.apply_hosts(
+            fleet,
+            jobs,
+            on_reply=lambda r: self.dep.event(
+                "host", "units written" if r.ok else f"writing units failed: {r.error}", r.host, r.ok
+            ),
+        )
         failed = {}
         for h, r in replies.items():
             self.written.setdefault(h, set()).update(w["instance"] for w in jobs[h]["write"])
             if not r.ok:
                 failed[h] = r.error or "apply failed"
         if failed:
-            self._rollback(fleet, list(failed), rep, "failed", {h: sorted(self.written.pop(h)) for h in failed},
-                           restart=False)
+            self._rollback(
+                fleet, list(failed), rep, "failed", {h: sorted(self.written.pop(h)) for h in failed}, restart=False
+            )
         return self._judge(sp, failed, list(jobs))
 
-    def _rollout(self, fleet: Any, sp: StepPlan, sc: Mapping[str, HostPlan], states: dict[str, remote.HostState],
-                 rep: DeployReport) -> StepOutcome:
+    def _rollout(
+        self,
+        fleet: Any,
+        sp: StepPlan,
+        sc: Mapping[str, HostPlan],
+        states: dict[str, remote.HostState],
+        rep: DeployReport,
+    ) -> StepOutcome:
         s = sp.step
         batches = [[h for h in b if h in sc] for b in sp.batches]
         batches = [b for b in batches if b]
@@ -431,8 +503,12 @@ class PlaybookRun:
             for h in batch:
                 outcome.hosts[h] = (rep.hosts[h].error or "failed") if h in failed else "ok"
             if rollout.batch_failed(len(failed), len(batch), s.max_fail_percentage):
-                self.dep.event("batch", f"{label} failed on {len(failed)}/{len(batch)} hosts "
-                                        f"(max fail {s.max_fail_percentage:g} %): rolling back this batch", ok=False)
+                self.dep.event(
+                    "batch",
+                    f"{label} failed on {len(failed)}/{len(batch)} hosts "
+                    f"(max fail {s.max_fail_percentage:g} %): rolling back this batch",
+                    ok=False,
+                )
                 self._rollback(fleet, batch, rep, "rolled_back", {h: ap.touched(sc[h]) for h in batch})
                 for h in batch:
                     self.written.pop(h, None)  # restored above: not again by _undo_written
@@ -461,8 +537,7 @@ class PlaybookRun:
 
     def _gates_step(self, fleet: Any, sp: StepPlan, rep: DeployReport) -> StepOutcome:
         s = sp.step
-        names = {h: sorted(i for i in self.started.get(h, set()) if matches(i, s.instances))
-                 for h in sp.hosts}
+        names = {h: sorted(i for i in self.started.get(h, set()) if matches(i, s.instances)) for h in sp.hosts}
         names = {h: v for h, v in names.items() if v}
         if not names:
             return StepOutcome(s.name, s.kind, "skipped", "no instance on its hosts was started by this run")
@@ -473,12 +548,19 @@ class PlaybookRun:
         if rollout.batch_failed(len(failed), len(hosts), s.max_fail_percentage):
             self._rollback(fleet, hosts, rep, "rolled_back", touched)
             rep.result = "rolled_back"
-            raise StepFailed(f"gates failed on {len(failed)}/{len(hosts)} hosts (max fail "
-                             f"{s.max_fail_percentage:g} %): " + "; ".join(f"{h}: {rep.hosts[h].error}" for h in failed))
+            raise StepFailed(
+                f"gates failed on {len(failed)}/{len(hosts)} hosts (max fail "
+                f"{s.max_fail_percentage:g} %): " + "; ".join(f"{h}: {rep.hosts[h].error}" for h in failed)
+            )
         if failed:
             self._rollback(fleet, failed, rep, "failed", {h: touched[h] for h in failed})
-        return StepOutcome(s.name, s.kind, "partial" if failed else "ok", "",
-                           {h: (rep.hosts[h].error or "failed") if h in failed else "ok" for h in hosts})
+        return StepOutcome(
+            s.name,
+            s.kind,
+            "partial" if failed else "ok",
+            "",
+            {h: (rep.hosts[h].error or "failed") if h in failed else "ok" for h in hosts},
+        )
 
     def _exec(self, fleet: Any, sp: StepPlan) -> StepOutcome:
         s = sp.step
@@ -502,12 +584,24 @@ class PlaybookRun:
                 outcome.status = "partial"
         return outcome
 
-    def _rollback(self, fleet: Any, hosts: list[str], rep: DeployReport, status: str,
-                  instances: Mapping[str, list[str]], restart: bool = True) -> None:
+    def _rollback(
+        self,
+        fleet: Any,
+        hosts: list[str],
+        rep: DeployReport,
+        status: str,
+        instances: Mapping[str, list[str]],
+        restart: bool = True,
+    ) -> None:
         """Put back what this run saved for ``instances[host]`` (the engine's node rollback op);
         ``restart=False`` for files that were written but never started."""
-        replies = ap.rollback_hosts(fleet, {h: instances.get(h, []) for h in hosts}, own_run_id=self.dep.me.run_id,
-                                    only_run_id=self.dep.me.run_id, restart=restart)
+        replies = ap.rollback_hosts(
+            fleet,
+            {h: instances.get(h, []) for h in hosts},
+            own_run_id=self.dep.me.run_id,
+            only_run_id=self.dep.me.run_id,
+            restart=restart,
+        )
         if restart:
             self.dep.restore_gates(fleet, replies, rep)
         for h in hosts:
@@ -517,8 +611,9 @@ class PlaybookRun:
             if r is not None and not r.ok:
                 o.error = f"{o.error}; rollback: {r.error}"
             rep.hosts[h] = o
-            self.dep.event("host", "rolled back" if r is None or r.ok else f"rollback failed: {r.error}", h,
-                           r is None or r.ok)
+            self.dep.event(
+                "host", "rolled back" if r is None or r.ok else f"rollback failed: {r.error}", h, r is None or r.ok
+            )
 
     def _undo_written(self, fleet: Any, rep: DeployReport) -> None:
         """Files a units step wrote on hosts that were never rolled out go back (the playbook stopped)."""

@@ -49,8 +49,9 @@ def _flag_on(v: Any) -> bool:
     return v is True or (isinstance(v, str) and v.strip().lower() in ("true", "yes", "1", ""))
 
 
-def resolve(args: Mapping[str, Any], rules: VersionRules, shape: ModelShape, gpu_name: str,
-            total_bytes: int) -> Settings:
+def resolve(
+    args: Mapping[str, Any], rules: VersionRules, shape: ModelShape, gpu_name: str, total_bytes: int
+) -> Settings:
     """The budget's settings for ``args``; raises :class:`FlagError` for a value vLLM refuses."""
     a = _norm(args)
     util = a.get("gpu-memory-utilization", rules.default_util)
@@ -62,8 +63,11 @@ def resolve(args: Mapping[str, Any], rules: VersionRules, shape: ModelShape, gpu
         raise FlagError(f"--gpu-memory-utilization: must be in (0, 1], got {util}")
     d_seqs, d_tokens = rules.scheduler_defaults(gpu_name, total_bytes)
     seqs = human_int(a["max-num-seqs"], "max-num-seqs") if a.get("max-num-seqs") is not None else d_seqs
-    tokens = (human_int(a["max-num-batched-tokens"], "max-num-batched-tokens")
-              if a.get("max-num-batched-tokens") is not None else d_tokens)
+    tokens = (
+        human_int(a["max-num-batched-tokens"], "max-num-batched-tokens")
+        if a.get("max-num-batched-tokens") is not None
+        else d_tokens
+    )
     auto = False
     mml = shape.max_position
     if a.get("max-model-len") is not None:
@@ -82,9 +86,16 @@ def resolve(args: Mapping[str, Any], rules: VersionRules, shape: ModelShape, gpu
     quant = a.get("quantization") or a.get("q")
     kvmem = a.get("kv-cache-memory-bytes")
     block = a.get("block-size")
-    return Settings(util=util, max_model_len=mml, max_num_seqs=seqs, max_num_batched_tokens=tokens,
-                    enforce_eager=_flag_on(a.get("enforce-eager", False)), kv_cache_dtype=kv_dtype,
-                    dtype=dtype, online_fp8=quant == "fp8" and not shape.quantization,
-                    kv_cache_memory_bytes=None if kvmem is None else human_int(kvmem, "kv-cache-memory-bytes"),
-                    block_size=16 if block is None else human_int(block, "block-size"),
-                    auto_max_model_len=auto)
+    return Settings(
+        util=util,
+        max_model_len=mml,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        enforce_eager=_flag_on(a.get("enforce-eager", False)),
+        kv_cache_dtype=kv_dtype,
+        dtype=dtype,
+        online_fp8=quant == "fp8" and not shape.quantization,
+        kv_cache_memory_bytes=None if kvmem is None else human_int(kvmem, "kv-cache-memory-bytes"),
+        block_size=16 if block is None else human_int(block, "block-size"),
+        auto_max_model_len=auto,
+    )

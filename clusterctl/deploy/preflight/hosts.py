@@ -61,7 +61,7 @@ class HostView:
     listeners: list[Listener] | None = None
     listeners_error: str | None = None
     pid_units: dict[int, str | None] = field(default_factory=dict)
-    mem_available: int | None = None      # host RAM available (bytes, /proc/meminfo), for CPU engines
+    mem_available: int | None = None  # host RAM available (bytes, /proc/meminfo), for CPU engines
     #: engine path -> {exists, executable} from the node reader; ``None``: not read
     engines: dict[str, dict[str, Any]] | None = None
 
@@ -78,8 +78,12 @@ def gpus_from_facts(facts: Facts) -> dict[int, GpuView]:
         procs = tuple(GpuProc(p.pid, p.used_memory, p.unit, p.name) for p in g.processes or [])
         broken = "lost" if g.lost else "hung" if g.hung else None
         if g.memory_total is None or g.memory_free is None:
-            broken = broken or "memory not readable: " + ", ".join(
-                f"{k}: {v}" for k, v in g.field_errors.items() if k.startswith("memory")) or "unknown"
+            broken = (
+                broken
+                or "memory not readable: "
+                + ", ".join(f"{k}: {v}" for k, v in g.field_errors.items() if k.startswith("memory"))
+                or "unknown"
+            )
             out[g.index] = GpuView(g.index, g.name or "", 0, 0, procs, broken)
             continue
         held = sum(p.used or 0 for p in procs)
@@ -89,8 +93,9 @@ def gpus_from_facts(facts: Facts) -> dict[int, GpuView]:
     return out
 
 
-def host_view(name: str, facts: Facts | None, node_doc: Mapping[str, Any] | None,
-              reason: str | None = None) -> HostView:
+def host_view(
+    name: str, facts: Facts | None, node_doc: Mapping[str, Any] | None, reason: str | None = None
+) -> HostView:
     """Combine a host's facts and the node reader's document (either may be missing)."""
     hv = HostView(name=name, reason=reason)
     if facts is not None:
@@ -128,9 +133,15 @@ def _node_requests(instances: Mapping[str, Instance], inv: Inventory, what: str 
     return out
 
 
-def read_hosts(fleet: Any, inv: Inventory, instances: Mapping[str, Instance],
-               facts: Mapping[str, Facts] | None = None, *, timeout: float = NODE_TIMEOUT_S,
-               on_event: Callable[[str], None] | None = None) -> dict[str, HostView]:
+def read_hosts(
+    fleet: Any,
+    inv: Inventory,
+    instances: Mapping[str, Instance],
+    facts: Mapping[str, Facts] | None = None,
+    *,
+    timeout: float = NODE_TIMEOUT_S,
+    on_event: Callable[[str], None] | None = None,
+) -> dict[str, HostView]:
     """Read what pre-flight needs from each instance's host through ``fleet``.
 
     ``facts`` given for a host are used as they are; the others are probed
@@ -144,11 +155,12 @@ def read_hosts(fleet: Any, inv: Inventory, instances: Mapping[str, Instance],
     wanted = _node_requests(instances, inv)
     in_fleet = {h.name for h in fleet.hosts}
     facts = dict(facts or {})
-    reasons: dict[str, str] = {}        # why the node reader gave nothing
-    fact_reasons: dict[str, str] = {}   # why there are no facts
+    reasons: dict[str, str] = {}  # why the node reader gave nothing
+    fact_reasons: dict[str, str] = {}  # why there are no facts
     missing = [h for h in wanted if h in in_fleet and h not in facts]
     if missing:
         from clusterctl.probe.run import collect_facts
+
         emit(f"pre-flight: reading GPU facts on {len(missing)} host(s)")
         for name, fr in collect_facts(fleet, sudo=True).items():
             if name not in wanted or name in facts:
@@ -159,12 +171,14 @@ def read_hosts(fleet: Any, inv: Inventory, instances: Mapping[str, Instance],
                 fact_reasons[name] = f"GPU facts: {fr.reason or fr.status}"
     emit(f"pre-flight: reading model sizes and listening ports on {len(wanted)} host(s)")
     engines = _node_requests(instances, inv, "engines")
-    commands = {h: shell.python_script([json.dumps({"models": paths, "ports": True, "engines": engines.get(h, [])})])
-                for h, paths in wanted.items() if h in in_fleet}
+    commands = {
+        h: shell.python_script([json.dumps({"models": paths, "ports": True, "engines": engines.get(h, [])})])
+        for h, paths in wanted.items()
+        if h in in_fleet
+    }
     docs: dict[str, dict[str, Any]] = {}
     if commands:
-        results = fleet.run(commands, stdin=NODE_SCRIPT.read_bytes(), sudo=True, timeout=timeout,
-                            require_python=True)
+        results = fleet.run(commands, stdin=NODE_SCRIPT.read_bytes(), sudo=True, timeout=timeout, require_python=True)
         for r in results:
             if str(r.status) == "ok":
                 try:

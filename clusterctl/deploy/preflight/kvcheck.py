@@ -43,8 +43,12 @@ class KvCheck:
 
     def to_json(self) -> dict[str, Any]:
         err = self.error_pct
-        return {"predicted_tokens": self.predicted, "logged_tokens": self.logged,
-                "per_rank": list(self.per_rank), "error_pct": None if err is None else round(err, 3)}
+        return {
+            "predicted_tokens": self.predicted,
+            "logged_tokens": self.logged,
+            "per_rank": list(self.per_rank),
+            "error_pct": None if err is None else round(err, 3),
+        }
 
 
 def logged_kv_tokens(journal_text: str) -> tuple[int, ...]:
@@ -71,8 +75,9 @@ def logged_max_len_estimate(journal_text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def read_kv_checks(fleet: Any, predicted: Mapping[str, tuple[str, int]], *, timeout: float = 30.0
-                   ) -> dict[str, KvCheck | str]:
+def read_kv_checks(
+    fleet: Any, predicted: Mapping[str, tuple[str, int]], *, timeout: float = 30.0
+) -> dict[str, KvCheck | str]:
     """After start: each instance's :class:`KvCheck` from its unit's journal on its host.
 
     ``predicted``: instance → (host, predicted KV tokens), e.g.
@@ -86,8 +91,11 @@ def read_kv_checks(fleet: Any, predicted: Mapping[str, tuple[str, int]], *, time
         by_host.setdefault(host, []).append(name)
     commands = {}
     for host, names in by_host.items():
-        parts = [f"echo {shell.quote(_SEP + n)}; journalctl -u {shell.quote(unit_name(n))} -o cat --no-pager "
-                 f"| grep -E {shell.quote(_KEEP)}" for n in sorted(names)]
+        parts = [
+            f"echo {shell.quote(_SEP + n)}; journalctl -u {shell.quote(unit_name(n))} -o cat --no-pager "
+            f"| grep -E {shell.quote(_KEEP)}"
+            for n in sorted(names)
+        ]
         commands[host] = "; ".join(parts) + "; true"
     out: dict[str, KvCheck | str] = {}
     if not commands:
@@ -102,7 +110,7 @@ def read_kv_checks(fleet: Any, predicted: Mapping[str, tuple[str, int]], *, time
         current: list[str] | None = None
         for line in r.stdout.splitlines():
             if line.startswith(_SEP):
-                current = texts.setdefault(line[len(_SEP):], [])
+                current = texts.setdefault(line[len(_SEP) :], [])
             elif current is not None:
                 current.append(line)
         for n in by_host.get(r.host, []):

@@ -123,8 +123,10 @@ class ModelShape:
         """
         text = cfg.get("text_config")
         if isinstance(text, Mapping) and "num_hidden_layers" not in cfg:
-            cfg = {**text, **{k: cfg[k] for k in ("torch_dtype", "dtype", "quantization_config")
-                              if k in cfg and k not in text}}
+            cfg = {
+                **text,
+                **{k: cfg[k] for k in ("torch_dtype", "dtype", "quantization_config") if k in cfg and k not in text},
+            }
         layers = int(cfg["num_hidden_layers"])
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
@@ -139,15 +141,27 @@ class ModelShape:
             kv_heads = heads  # the prefill expands the latent into per-head K and V
         full, sliding, linear, window = _layer_kinds(cfg, layers, notes)
         conv, ssm = _linear_state_elems(cfg, notes) if linear else (0, 0)
-        return cls(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                   intermediate=_mlp_width(cfg), vocab=int(cfg["vocab_size"]),
-                   max_position=int(cfg.get("max_position_embeddings") or 2048),
-                   dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
-                   quantization=quant.get("quant_method") if isinstance(quant, Mapping) else None,
-                   full_layers=full, sliding_layers=sliding, sliding_window=window, linear_layers=linear,
-                   linear_state_elems=conv, linear_ssm_elems=ssm,
-                   ssm_dtype_bytes=DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype") or ""), 0),
-                   mla_dim=mla_dim, notes=tuple(notes))
+        return cls(
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate=_mlp_width(cfg),
+            vocab=int(cfg["vocab_size"]),
+            max_position=int(cfg.get("max_position_embeddings") or 2048),
+            dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+            quantization=quant.get("quant_method") if isinstance(quant, Mapping) else None,
+            full_layers=full,
+            sliding_layers=sliding,
+            sliding_window=window,
+            linear_layers=linear,
+            linear_state_elems=conv,
+            linear_ssm_elems=ssm,
+            ssm_dtype_bytes=DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype") or ""), 0),
+            mla_dim=mla_dim,
+            notes=tuple(notes),
+        )
 
     def kv_heads_per_rank(self, tp: int) -> int:
         """KV heads one rank holds (replicated, one each, when TP exceeds them)."""
@@ -169,10 +183,10 @@ class ModelShape:
     def state_bytes_per_request(self, tp: int, dtype_bytes: int) -> int:
         """Linear-attention / mamba state of one request on one rank (all such layers): the
         convolution state in the model's dtype, the recurrent state in ``mamba_ssm_dtype``."""
-        per_layer = (cdiv(self.linear_state_elems, tp) * dtype_bytes
-                     + cdiv(self.linear_ssm_elems, tp) * (self.ssm_dtype_bytes or dtype_bytes))
+        per_layer = cdiv(self.linear_state_elems, tp) * dtype_bytes + cdiv(self.linear_ssm_elems, tp) * (
+            self.ssm_dtype_bytes or dtype_bytes
+        )
         return self.linear_layers * per_layer
-
 
     def linear_layer_state_bytes(self, tp: int, dtype_bytes: int) -> int:
         """One linear-attention / mamba layer's state per request on one rank (0 when none or unknown)."""
@@ -219,8 +233,10 @@ def _layer_kinds(cfg: Mapping[str, Any], layers: int, notes: list[str]) -> tuple
         full = layers // interval
         return full, 0, layers - full, 0
     if window:
-        notes.append(f"sliding_window {window} without layer_types: every layer counted as full attention "
-                     "(an over-estimate if the model slides on some)")
+        notes.append(
+            f"sliding_window {window} without layer_types: every layer counted as full attention "
+            "(an over-estimate if the model slides on some)"
+        )
     return None, 0, 0, 0
 
 
@@ -234,8 +250,10 @@ def _linear_state_elems(cfg: Mapping[str, Any], notes: list[str]) -> tuple[int, 
         vh, vd = int(cfg["linear_num_value_heads"]), int(cfg["linear_value_head_dim"])
         kernel = int(cfg.get("linear_conv_kernel_dim") or 4)
     except (KeyError, TypeError, ValueError):
-        notes.append("linear-attention / mamba layers whose state size the config does not give in "
-                     "linear_* fields: their state is not counted")
+        notes.append(
+            "linear-attention / mamba layers whose state size the config does not give in "
+            "linear_* fields: their state is not counted"
+        )
         return 0, 0
     return (2 * kh * kd + vh * vd) * (kernel - 1), vh * kd * vd
 
@@ -251,8 +269,7 @@ def _mlp_width(cfg: Mapping[str, Any]) -> int:
         return dense
     top_k = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 1)
     width = int(cfg.get("moe_intermediate_size") or dense)
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0) or \
-        int(cfg.get("n_shared_experts") or 0) * width
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0) or int(cfg.get("n_shared_experts") or 0) * width
     routed = top_k * width + shared
     dense_layers = int(cfg.get("first_k_dense_replace") or 0)
     return max(routed, dense if dense_layers else 0)
@@ -279,16 +296,21 @@ class WeightSizes:
 
     @property
     def total(self) -> int:
-        return (self.replicated + self.split + self.split_linear + self.kv + self.kv_linear
-                + sum(b for _, b in self.vocab))
+        return (
+            self.replicated + self.split + self.split_linear + self.kv + self.kv_linear + sum(b for _, b in self.vocab)
+        )
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "WeightSizes":
-        return cls(replicated=int(d.get("replicated", 0)), split=int(d.get("split", 0)),
-                   split_linear=int(d.get("split_linear", 0)), kv=int(d.get("kv", 0)),
-                   kv_linear=int(d.get("kv_linear", 0)),
-                   vocab=tuple((int(r), int(b)) for r, b in d.get("vocab", [])),
-                   source=str(d.get("source", "safetensors")))
+        return cls(
+            replicated=int(d.get("replicated", 0)),
+            split=int(d.get("split", 0)),
+            split_linear=int(d.get("split_linear", 0)),
+            kv=int(d.get("kv", 0)),
+            kv_linear=int(d.get("kv_linear", 0)),
+            vocab=tuple((int(r), int(b)) for r, b in d.get("vocab", [])),
+            source=str(d.get("source", "safetensors")),
+        )
 
     def per_rank(self, shape: ModelShape, tp: int, online_fp8: bool = False) -> int:
         """Bytes of weights one rank loads."""
@@ -323,9 +345,9 @@ class VersionRules:
 
     version: tuple[int, int]
     default_util: float
-    graphs_in_budget: bool      # CUDA-graph memory profiled into the budget (>= 0.21)
-    requested_ceil: bool        # requested = ceil(total x util) (0.33)
-    combined_kv_line: bool      # one "GPU KV cache size" line for all ranks (>= 0.12)
+    graphs_in_budget: bool  # CUDA-graph memory profiled into the budget (>= 0.21)
+    requested_ceil: bool  # requested = ceil(total x util) (0.33)
+    combined_kv_line: bool  # one "GPU KV cache size" line for all ranks (>= 0.12)
 
     def scheduler_defaults(self, gpu_name: str, total_bytes: int) -> tuple[int, int]:
         """Default ``(max_num_seqs, max_num_batched_tokens)`` of the OpenAI server.
@@ -352,9 +374,13 @@ def parse_version(text: str) -> tuple[int, int]:
 def rules_for(version: str) -> VersionRules:
     """The rules of a vLLM version string (``0.11.0``, ``0.33.0``, ...)."""
     v = parse_version(version)
-    return VersionRules(version=v, default_util=0.92 if v >= (0, 33) else 0.9,
-                        graphs_in_budget=v >= (0, 21), requested_ceil=v >= (0, 33),
-                        combined_kv_line=v >= (0, 12))
+    return VersionRules(
+        version=v,
+        default_util=0.92 if v >= (0, 33) else 0.9,
+        graphs_in_budget=v >= (0, 21),
+        requested_ceil=v >= (0, 33),
+        combined_kv_line=v >= (0, 12),
+    )
 
 
 @dataclass(frozen=True)
@@ -407,15 +433,27 @@ class RankBudget:
     @property
     def footprint(self) -> int:
         """Everything the rank allocates: context, weights, activation, non-torch, KV cache, graphs."""
-        return (CUDA_CONTEXT_BYTES + self.weights + self.activation + self.non_torch + max(0, self.available_kv)
-                + self.graphs)
+        return (
+            CUDA_CONTEXT_BYTES
+            + self.weights
+            + self.activation
+            + self.non_torch
+            + max(0, self.available_kv)
+            + self.graphs
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "total_gib": round(gib(self.total), 2),
-                "requested_gib": round(gib(self.requested), 2), "weights_gib": round(gib(self.weights), 2),
-                "activation_gib": round(gib(self.activation), 2), "non_torch_gib": round(gib(self.non_torch), 2),
-                "cuda_graphs_gib": round(gib(self.graphs), 2),
-                "available_kv_gib": round(gib(self.available_kv), 2), "num_blocks": self.num_blocks}
+        return {
+            "rank": self.rank,
+            "total_gib": round(gib(self.total), 2),
+            "requested_gib": round(gib(self.requested), 2),
+            "weights_gib": round(gib(self.weights), 2),
+            "activation_gib": round(gib(self.activation), 2),
+            "non_torch_gib": round(gib(self.non_torch), 2),
+            "cuda_graphs_gib": round(gib(self.graphs), 2),
+            "available_kv_gib": round(gib(self.available_kv), 2),
+            "num_blocks": self.num_blocks,
+        }
 
 
 @dataclass(frozen=True)
@@ -500,8 +538,9 @@ class Budget:
         return min(r.num_blocks for r in self.ranks) / per_request if per_request else 0.0
 
 
-def activation_peak(shape: ModelShape, tp: int, max_num_batched_tokens: int, max_num_seqs: int,
-                    dtype_bytes: int) -> int:
+def activation_peak(
+    shape: ModelShape, tp: int, max_num_batched_tokens: int, max_num_seqs: int, dtype_bytes: int
+) -> int:
     """Peak torch memory of the profiling forward pass beyond the weights (bytes)."""
     t = max_num_batched_tokens
     kvr = shape.kv_heads_per_rank(tp)
@@ -530,24 +569,31 @@ def requested_bytes(total: int, util: float, rules: VersionRules) -> int:
     return math.ceil(total * util) if rules.requested_ceil else int(total * util)
 
 
-def predict(shape: ModelShape, weights: WeightSizes, settings: Settings, totals: list[int],
-            rules: VersionRules) -> Budget:
+def predict(
+    shape: ModelShape, weights: WeightSizes, settings: Settings, totals: list[int], rules: VersionRules
+) -> Budget:
     """The budget vLLM will compute for an instance whose ranks see CUDA totals ``totals`` (bytes)."""
     tp = len(totals)
     w = weights.per_rank(shape, tp, settings.online_fp8)
-    act = activation_peak(shape, tp, settings.max_num_batched_tokens, settings.max_num_seqs,
-                          settings.dtype_bytes)
+    act = activation_peak(shape, tp, settings.max_num_batched_tokens, settings.max_num_seqs, settings.dtype_bytes)
     graphs = graph_memory(shape, settings.enforce_eager)
     per_token = kv_bytes_per_token(shape, tp, settings.kv_dtype_bytes)
     layer_bpt = shape.layer_kv_bytes_per_token(tp, settings.kv_dtype_bytes)
     block = hybrid_block_size(shape, tp, settings)
     linear = shape.linear_layers if shape.linear_layer_state_bytes(tp, settings.dtype_bytes) else 0
-    shell = Budget(ranks=(), kv_bytes_per_token=per_token, max_model_len=settings.max_model_len,
-                   block_size=block, layer_bytes_per_token=layer_bpt, linear_layers=linear,
-                   full_layers=shape.attention_full, sliding_layers=shape.sliding_layers,
-                   window=shape.sliding_window,
-                   fixed_bytes=shape.state_bytes_per_request(tp, settings.dtype_bytes),
-                   max_num_batched_tokens=settings.max_num_batched_tokens)
+    shell = Budget(
+        ranks=(),
+        kv_bytes_per_token=per_token,
+        max_model_len=settings.max_model_len,
+        block_size=block,
+        layer_bytes_per_token=layer_bpt,
+        linear_layers=linear,
+        full_layers=shape.attention_full,
+        sliding_layers=shape.sliding_layers,
+        window=shape.sliding_window,
+        fixed_bytes=shape.state_bytes_per_request(tp, settings.dtype_bytes),
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+    )
     # vLLM: num_blocks = available // page_size // layers per group (get_num_blocks)
     page_layers = layer_bpt * block * shell.groups()[0]
     ranks = []
@@ -558,9 +604,19 @@ def predict(shape: ModelShape, weights: WeightSizes, settings: Settings, totals:
             avail = settings.kv_cache_memory_bytes
         else:
             avail = req - w - act - nt - (graphs if rules.graphs_in_budget else 0)
-        ranks.append(RankBudget(rank=r, total=total, requested=req, weights=w, activation=act, non_torch=nt,
-                                graphs=graphs, available_kv=avail,
-                                num_blocks=max(0, avail) // page_layers if page_layers else 0))
+        ranks.append(
+            RankBudget(
+                rank=r,
+                total=total,
+                requested=req,
+                weights=w,
+                activation=act,
+                non_torch=nt,
+                graphs=graphs,
+                available_kv=avail,
+                num_blocks=max(0, avail) // page_layers if page_layers else 0,
+            )
+        )
     return replace(shell, ranks=tuple(ranks))
 
 
@@ -568,8 +624,15 @@ def predict(shape: ModelShape, weights: WeightSizes, settings: Settings, totals:
 Adjust = Callable[[Budget], Budget]
 
 
-def util_to_fit(shape: ModelShape, weights: WeightSizes, settings: Settings, totals: list[int],
-                rules: VersionRules, margin: int = MARGIN_BYTES, adjust: Adjust | None = None) -> float | None:
+def util_to_fit(
+    shape: ModelShape,
+    weights: WeightSizes,
+    settings: Settings,
+    totals: list[int],
+    rules: VersionRules,
+    margin: int = MARGIN_BYTES,
+    adjust: Adjust | None = None,
+) -> float | None:
     """Smallest ``gpu_memory_utilization`` (a multiple of 0.01) whose budget holds one
     ``max_model_len`` request plus ``margin`` on every rank; ``None`` when even 1.0 does not."""
     for pct in range(1, 101):
@@ -582,8 +645,17 @@ def util_to_fit(shape: ModelShape, weights: WeightSizes, settings: Settings, tot
     return None
 
 
-def tp_to_fit(shape: ModelShape, weights: WeightSizes, settings: Settings, total: int, rules: VersionRules,
-              current_tp: int, max_gpus: int, margin: int = MARGIN_BYTES, adjust: Adjust | None = None) -> int | None:
+def tp_to_fit(
+    shape: ModelShape,
+    weights: WeightSizes,
+    settings: Settings,
+    total: int,
+    rules: VersionRules,
+    current_tp: int,
+    max_gpus: int,
+    margin: int = MARGIN_BYTES,
+    adjust: Adjust | None = None,
+) -> int | None:
     """Smallest larger power-of-two TP (dividing the heads, at most ``max_gpus``) at which the
     same settings hold one ``max_model_len`` request plus ``margin``; ``None`` when none does."""
     tp = current_tp * 2

@@ -40,7 +40,7 @@ def _split_addr(local: str) -> tuple[str, int] | None:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if host.startswith("::ffff:"):  # an IPv4-mapped IPv6 address is the IPv4 address
-        host = host[len("::ffff:"):]
+        host = host[len("::ffff:") :]
     return (host or "*"), int(port)
 
 
@@ -59,8 +59,15 @@ def parse_ss(text: str) -> list[Listener]:
         if addr is None:
             continue
         procs = _PROC.findall(line)
-        out.append(Listener(address=addr[0], port=addr[1], pids=tuple(int(p) for _, p in procs),
-                            names=tuple(n for n, _ in procs), line=line.strip()))
+        out.append(
+            Listener(
+                address=addr[0],
+                port=addr[1],
+                pids=tuple(int(p) for _, p in procs),
+                names=tuple(n for n, _ in procs),
+                line=line.strip(),
+            )
+        )
     return out
 
 
@@ -77,15 +84,20 @@ class PortCheck:
     port: int
     own: list[Listener] = field(default_factory=list)
     conflicts: list[Listener] = field(default_factory=list)
-    owners: list[str] = field(default_factory=list)   # "name (pid N, unit U)" per foreign owner
+    owners: list[str] = field(default_factory=list)  # "name (pid N, unit U)" per foreign owner
 
     @property
     def free(self) -> bool:
         return not self.conflicts
 
 
-def check_port(listeners: list[Listener], port: int, own_unit: str, pid_units: Mapping[int, str | None],
-               bind_host: str | None = None) -> PortCheck:
+def check_port(
+    listeners: list[Listener],
+    port: int,
+    own_unit: str,
+    pid_units: Mapping[int, str | None],
+    bind_host: str | None = None,
+) -> PortCheck:
     """Whether ``port`` (bound on ``bind_host``, ``None`` = all addresses) is free for the
     instance whose unit is ``own_unit``.  ``pid_units`` maps a pid to its systemd unit.
 
@@ -101,8 +113,9 @@ def check_port(listeners: list[Listener], port: int, own_unit: str, pid_units: M
             res.own.append(li)
             continue
         res.conflicts.append(li)
-        owners = [f"{name} (pid {pid}" + (f", {unit})" if unit else ")")
-                  for name, pid, unit in zip(li.names, li.pids, units)]
+        owners = [
+            f"{name} (pid {pid}" + (f", {unit})" if unit else ")") for name, pid, unit in zip(li.names, li.pids, units)
+        ]
         for o in owners or [f"an unidentified process on {li.address}:{li.port}"]:
             if o not in res.owners:  # one process often listens on IPv4 and IPv6
                 res.owners.append(o)

@@ -8,6 +8,7 @@ from typing import Any
 from clusterctl.deploy.preflight import memory as M
 from clusterctl.diagnose.findings import Finding, Severity
 
+
 @dataclass
 class PreflightProblem:
     """One reason to refuse (CRIT) or to look (WARN); ``numbers`` are the figures behind it
@@ -20,8 +21,13 @@ class PreflightProblem:
     fit: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"severity": self.severity.name, "check": self.check, "message": self.message,
-                "numbers": self.numbers, "fit": self.fit}
+        return {
+            "severity": self.severity.name,
+            "check": self.check,
+            "message": self.message,
+            "numbers": self.numbers,
+            "fit": self.fit,
+        }
 
 
 @dataclass
@@ -59,15 +65,32 @@ class InstanceRow:
 
     def to_json(self) -> dict[str, Any]:
         b = self.budget
-        mem = None if b is None else {
-            "ranks": [r.to_json() for r in b.ranks], "kv_bytes_per_token": b.kv_bytes_per_token,
-            "max_model_len": b.max_model_len, "needed_kv_gib": round(M.gib(b.needed_kv), 2),
-            "predicted_kv_tokens": b.kv_tokens, "max_concurrency": round(b.max_concurrency(), 2),
-            "estimated_max_model_len": b.max_len_for(b.worst.available_kv), "weights_source": self.weights_source}
-        return {"instance": self.instance, "host": self.host, "gpus": list(self.gpus), "ok": self.ok,
-                **({"replica": self.replica, "stage": self.stage} if self.replica else {}),
-                "severity": self.severity.name, "engine_version": self.engine_version,
-                "settings": self.settings, "memory": mem, "problems": [p.to_json() for p in self.problems]}
+        mem = (
+            None
+            if b is None
+            else {
+                "ranks": [r.to_json() for r in b.ranks],
+                "kv_bytes_per_token": b.kv_bytes_per_token,
+                "max_model_len": b.max_model_len,
+                "needed_kv_gib": round(M.gib(b.needed_kv), 2),
+                "predicted_kv_tokens": b.kv_tokens,
+                "max_concurrency": round(b.max_concurrency(), 2),
+                "estimated_max_model_len": b.max_len_for(b.worst.available_kv),
+                "weights_source": self.weights_source,
+            }
+        )
+        return {
+            "instance": self.instance,
+            "host": self.host,
+            "gpus": list(self.gpus),
+            "ok": self.ok,
+            **({"replica": self.replica, "stage": self.stage} if self.replica else {}),
+            "severity": self.severity.name,
+            "engine_version": self.engine_version,
+            "settings": self.settings,
+            "memory": mem,
+            "problems": [p.to_json() for p in self.problems],
+        }
 
 
 @dataclass
@@ -96,8 +119,11 @@ class PreflightReport:
         """Instance → (host, predicted "GPU KV cache size" tokens), for ``kvcheck.read_kv_checks``.
         A multi-node replica: its head's host and the smallest stage's tokens (vLLM sizes the cache
         to the smallest worker's block count), only when every stage was predicted."""
-        out = {r.instance: (r.host, r.budget.kv_tokens) for r in self.rows
-               if r.budget is not None and r.host is not None and r.replica is None}
+        out = {
+            r.instance: (r.host, r.budget.kv_tokens)
+            for r in self.rows
+            if r.budget is not None and r.host is not None and r.replica is None
+        }
         replicas: dict[str, list[InstanceRow]] = {}
         for r in self.rows:
             if r.replica is not None:
@@ -116,13 +142,24 @@ class PreflightReport:
         for r in self.rows:
             for p in r.problems:
                 fit = ", ".join(f"{k} {v}" for k, v in p.fit.items() if v is not None)
-                out.append(Finding(check=f"preflight.{p.check}", severity=p.severity, host=r.host,
-                                   subject=f"instance:{r.instance}", message=p.message,
-                                   action=f"would fit: {fit}" if fit else "",
-                                   evidence=tuple(f"{k}={v}" for k, v in p.numbers.items())))
+                out.append(
+                    Finding(
+                        check=f"preflight.{p.check}",
+                        severity=p.severity,
+                        host=r.host,
+                        subject=f"instance:{r.instance}",
+                        message=p.message,
+                        action=f"would fit: {fit}" if fit else "",
+                        evidence=tuple(f"{k}={v}" for k, v in p.numbers.items()),
+                    )
+                )
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "severity": self.worst().name, "refused": self.refused,
-                "margin_gib": round(M.gib(self.margin_bytes), 2),
-                "instances": [r.to_json() for r in self.rows]}
+        return {
+            "ok": self.ok,
+            "severity": self.worst().name,
+            "refused": self.refused,
+            "margin_gib": round(M.gib(self.margin_bytes), 2),
+            "instances": [r.to_json() for r in self.rows],
+        }

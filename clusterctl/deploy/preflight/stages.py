@@ -57,8 +57,10 @@ class Stage:
         return self.rank == self.count - 1
 
     def describe(self) -> str:
-        return (f"pipeline stage {self.rank} of {self.count}: layers {self.first_layer}-"
-                f"{self.first_layer + self.layers - 1} of {self.total_layers}")
+        return (
+            f"pipeline stage {self.rank} of {self.count}: layers {self.first_layer}-"
+            f"{self.first_layer + self.layers - 1} of {self.total_layers}"
+        )
 
 
 def partition(layers: int, pp: int, override: str | None = None) -> list[int]:
@@ -70,8 +72,7 @@ def partition(layers: int, pp: int, override: str | None = None) -> list[int]:
         except ValueError:
             raise ValueError(f"{PARTITION_ENV}={override!r} is not a comma-separated list of layer counts") from None
         if len(parts) != pp or sum(parts) != layers or min(parts) < 0:
-            raise ValueError(f"{PARTITION_ENV}={override!r}: needs {pp} counts summing to the model's {layers} "
-                             "layers")
+            raise ValueError(f"{PARTITION_ENV}={override!r}: needs {pp} counts summing to the model's {layers} layers")
         return parts
     parts = [layers // pp] * pp
     for i in range(2, layers % pp + 2):
@@ -108,9 +109,15 @@ def stage_weights(weights: M.WeightSizes, stage: Stage) -> M.WeightSizes:
         if stage.is_last:
             ends.append(weights.vocab[-1])
         vocab = tuple(ends)
-    return replace(weights, replicated=share(weights.replicated), split=share(weights.split),
-                   split_linear=share(weights.split_linear), kv=share(weights.kv), kv_linear=share(weights.kv_linear),
-                   vocab=vocab)
+    return replace(
+        weights,
+        replicated=share(weights.replicated),
+        split=share(weights.split),
+        split_linear=share(weights.split_linear),
+        kv=share(weights.kv),
+        kv_linear=share(weights.kv_linear),
+        vocab=vocab,
+    )
 
 
 def adjust(budget: M.Budget, shape: M.ModelShape, settings: M.Settings, stage: Stage) -> M.Budget:
@@ -118,15 +125,24 @@ def adjust(budget: M.Budget, shape: M.ModelShape, settings: M.Settings, stage: S
     (module doc): no logits before the last stage, NCCL buffers on every rank, the rank-0 extra
     only on the head's first GPU.  The available KV memory and block counts follow."""
     tp = len(budget.ranks)
-    logits = 0 if stage.is_last else \
-        min(settings.max_num_seqs, settings.max_num_batched_tokens) * M.cdiv(shape.vocab, tp) * tp * 4
+    logits = (
+        0
+        if stage.is_last
+        else min(settings.max_num_seqs, settings.max_num_batched_tokens) * M.cdiv(shape.vocab, tp) * tp * 4
+    )
     page = budget.layer_bytes_per_token * budget.block_size * budget.groups()[0]
     ranks = []
     for r in budget.ranks:
         nt = M.non_torch(stage.world, r.rank if stage.is_first else 1)
         act = max(0, r.activation - logits)
-        avail = r.available_kv if settings.kv_cache_memory_bytes is not None else \
-            r.available_kv + (r.activation - act) + (r.non_torch - nt)
-        ranks.append(replace(r, activation=act, non_torch=nt, available_kv=avail,
-                             num_blocks=max(0, avail) // page if page else 0))
+        avail = (
+            r.available_kv
+            if settings.kv_cache_memory_bytes is not None
+            else r.available_kv + (r.activation - act) + (r.non_torch - nt)
+        )
+        ranks.append(
+            replace(
+                r, activation=act, non_torch=nt, available_kv=avail, num_blocks=max(0, avail) // page if page else 0
+            )
+        )
     return replace(budget, ranks=tuple(ranks))

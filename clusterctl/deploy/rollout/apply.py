@@ -43,13 +43,22 @@ def unit_port(unit_text: str) -> int | None:
 
 def setup_scripts(users: Sequence[str]) -> list[str]:
     """The node set-up the units need: each service user, and ``verify-model`` (their ExecStartPre)."""
-    from clusterctl.deploy.units.nodesetup import check_gpus_install_script, ensure_user_script, verify_model_install_script
+    from clusterctl.deploy.units.nodesetup import (
+        check_gpus_install_script,
+        ensure_user_script,
+        verify_model_install_script,
+    )
 
     return [ensure_user_script(u) for u in users] + [verify_model_install_script(), check_gpus_install_script()]
 
 
-def apply_job(hp: HostPlan, rendered: Mapping[str, spec.RenderedInstance], st: HostState,
-              run_id: str, links_before: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+def apply_job(
+    hp: HostPlan,
+    rendered: Mapping[str, spec.RenderedInstance],
+    st: HostState,
+    run_id: str,
+    links_before: Mapping[str, str | None] | None = None,
+) -> dict[str, Any]:
     """The node job for one host's plan (it holds env files with secrets: stdin only).
 
     ``links_before``: model path -> the symlink target the host had before
@@ -73,14 +82,31 @@ def apply_job(hp: HostPlan, rendered: Mapping[str, spec.RenderedInstance], st: H
         user = unit_user(r.unit_text)
         if user:
             users.add(user)
-        model_before = (links_before.get(r.model_path) if links_before is not None
-                        else (st.models.get(r.model_path) or {}).get("target"))
-        write.append({"instance": r.instance, "unit_text": r.unit_text, "env_text": r.env_text,
-                      "model_path": r.model_path, "model_before": model_before,
-                      "enable": r.enable_at_boot})
+        model_before = (
+            links_before.get(r.model_path)
+            if links_before is not None
+            else (st.models.get(r.model_path) or {}).get("target")
+        )
+        write.append(
+            {
+                "instance": r.instance,
+                "unit_text": r.unit_text,
+                "env_text": r.env_text,
+                "model_path": r.model_path,
+                "model_before": model_before,
+                "enable": r.enable_at_boot,
+            }
+        )
         (restart if item.action == "changed" else start).append(r.instance)
-    return {"op": "apply", "run_id": run_id, "write": write, "restart": restart, "start": start, "remove": remove,
-            "setup_scripts": setup_scripts(sorted(users)) if write else []}
+    return {
+        "op": "apply",
+        "run_id": run_id,
+        "write": write,
+        "restart": restart,
+        "start": start,
+        "remove": remove,
+        "setup_scripts": setup_scripts(sorted(users)) if write else [],
+    }
 
 
 def touched(hp: HostPlan) -> list[str]:
@@ -88,14 +114,21 @@ def touched(hp: HostPlan) -> list[str]:
     return [i.instance for i in hp.items if i.action in ("new", "changed", "remove")]
 
 
-def apply_hosts(fleet: Any, jobs: Mapping[str, dict[str, Any]],
-                on_reply: Callable[[NodeReply], None] | None = None) -> dict[str, NodeReply]:
+def apply_hosts(
+    fleet: Any, jobs: Mapping[str, dict[str, Any]], on_reply: Callable[[NodeReply], None] | None = None
+) -> dict[str, NodeReply]:
     """Run each host's apply job (in parallel); one reply per host."""
     return remote.run_jobs(fleet, jobs, on_reply=on_reply)
 
 
-def rollback_hosts(fleet: Any, instances: Mapping[str, list[str]], *, own_run_id: str,
-                   only_run_id: str | None = None, restart: bool = True) -> dict[str, NodeReply]:
+def rollback_hosts(
+    fleet: Any,
+    instances: Mapping[str, list[str]],
+    *,
+    own_run_id: str,
+    only_run_id: str | None = None,
+    restart: bool = True,
+) -> dict[str, NodeReply]:
     """Restore the previous unit, env and model link of ``instances[host]`` on each host.
 
     ``only_run_id``: restore only copies that run saved; ``own_run_id``
@@ -103,8 +136,11 @@ def rollback_hosts(fleet: Any, instances: Mapping[str, list[str]], *, own_run_id
     ``restart=False`` puts files back without restarting (they were written
     but never started, so what runs is already the previous version).
     """
-    jobs = {h: {"op": "rollback", "instances": names, "run_id": only_run_id, "own_run_id": own_run_id,
-                "restart": restart} for h, names in instances.items() if names}
+    jobs = {
+        h: {"op": "rollback", "instances": names, "run_id": only_run_id, "own_run_id": own_run_id, "restart": restart}
+        for h, names in instances.items()
+        if names
+    }
     return remote.run_jobs(fleet, jobs)
 
 
@@ -119,8 +155,9 @@ def instance_for_drain(inv: Inventory, host: str, name: str, unit_text: str) -> 
     return Instance(name=name, model="", engine="", placement=(), port=port, args={"host": inv.hosts[host].address})
 
 
-def drain_before(inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping[str, Instance],
-                 timeout: float, gateway: Any = None) -> dict[str, str]:
+def drain_before(
+    inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping[str, Instance], timeout: float, gateway: Any = None
+) -> dict[str, str]:
     """Drain the running instances this host's apply restarts or removes; instance -> note.
 
     ``gateway``: the hook (``drain.gateway_for``) that marks them down first; ``None``: none.
@@ -143,6 +180,7 @@ def drain_before(inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping
             todo.append(inst)
     if not todo and not pools:
         return {}
+
     def one(what: Instance | PdPool) -> dr.DrainResult:
         if isinstance(what, PdPool):
             return routerdrain.drain_router(inv, what, instances, timeout=timeout, gateway=gateway)

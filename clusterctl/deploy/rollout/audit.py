@@ -21,17 +21,42 @@ AUDIT_FILE = "audit.jsonl"
 
 
 def instance_entry(r: RenderedInstance, action: str) -> dict[str, Any]:
-    return {"instance": r.instance, "host": r.host, "action": action, "digest": r.digest,
-            "engine": r.engine, "engine_version": r.engine_version, "model": r.model,
-            "model_version": r.model_version}
+    return {
+        "instance": r.instance,
+        "host": r.host,
+        "action": action,
+        "digest": r.digest,
+        "engine": r.engine,
+        "engine_version": r.engine_version,
+        "model": r.model,
+        "model_version": r.model_version,
+    }
 
 
-def record(kind: str, *, run_id: str, who: str, started: str, instances: Iterable[dict[str, Any]],
-           result: str, detail: str | None = None, hosts: Iterable[str] = ()) -> dict[str, Any]:
+def record(
+    kind: str,
+    *,
+    run_id: str,
+    who: str,
+    started: str,
+    instances: Iterable[dict[str, Any]],
+    result: str,
+    detail: str | None = None,
+    hosts: Iterable[str] = (),
+) -> dict[str, Any]:
     """One audit record; ``kind`` is ``deploy`` or ``rollback``; ``result`` ``ok``, ``failed``,
     ``rolled_back``, ``interrupted`` or ``error``.  ``finished`` is now (UTC)."""
-    return {"kind": kind, "run_id": run_id, "who": who, "started": started, "finished": utc_now(),
-            "result": result, "detail": detail, "hosts": sorted(set(hosts)), "instances": list(instances)}
+    return {
+        "kind": kind,
+        "run_id": run_id,
+        "who": who,
+        "started": started,
+        "finished": utc_now(),
+        "result": result,
+        "detail": detail,
+        "hosts": sorted(set(hosts)),
+        "instances": list(instances),
+    }
 
 
 def append(state_dir: str | Path, rec: dict[str, Any]) -> Path:

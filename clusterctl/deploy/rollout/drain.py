@@ -119,11 +119,17 @@ class DrainResult:
         return dict(self.__dict__)
 
 
-def drain(inv: Inventory, instance: Instance, *, timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
-          poll: float = DEFAULT_POLL_S, gateway: GatewayHook | None = None,
-          fetch: Callable[[str], "MetricsSample | str"] | None = None,
-          clock: Callable[[], float] = time.monotonic,
-          sleep: Callable[[float], None] = time.sleep) -> DrainResult:
+def drain(
+    inv: Inventory,
+    instance: Instance,
+    *,
+    timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
+    poll: float = DEFAULT_POLL_S,
+    gateway: GatewayHook | None = None,
+    fetch: Callable[[str], "MetricsSample | str"] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> DrainResult:
     """Mark ``instance`` down at ``gateway`` (if any), then wait for its requests to finish.
 
     ``timeout``: seconds to wait for running + waiting to reach 0 (0: do not
@@ -144,8 +150,9 @@ def drain(inv: Inventory, instance: Instance, *, timeout: float = DEFAULT_DRAIN_
         got = get(url)
         if isinstance(got, str):
             if is_refused(got):
-                return DrainResult(instance.name, True, False, 0, round(clock() - t0, 3), marked,
-                                   "not listening (nothing in flight)")
+                return DrainResult(
+                    instance.name, True, False, 0, round(clock() - t0, 3), marked, "not listening (nothing in flight)"
+                )
             last_error = got
         else:
             last_error = None

@@ -86,8 +86,14 @@ class HostOutcome:
     drained: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "batch": self.batch, "error": self.error,
-                "drained": self.drained, "gates": [g.to_dict() for g in self.gates]}
+        return {
+            "host": self.host,
+            "status": self.status,
+            "batch": self.batch,
+            "error": self.error,
+            "drained": self.drained,
+            "gates": [g.to_dict() for g in self.gates],
+        }
 
 
 @dataclass
@@ -122,12 +128,21 @@ class DeployReport:
 
     def to_dict(self) -> dict[str, Any]:
         pre = self.preflight
-        return {"run_id": self.run_id, "result": self.result, "ok": self.ok, "seconds": round(self.seconds, 2),
-                "batches": self.batches, "recovered_locks": self.recovered_locks,
-                "preflight": pre.to_json() if pre is not None else None, "kv_checks": self.kv_checks,
-                "gateway": self.gateway, "prestage": self.prestage,
-                **({"surge": self.surge} if self.surge is not None else {}),
-                "plan": self.plan.to_dict(), "hosts": [h.to_dict() for h in self.hosts.values()]}
+        return {
+            "run_id": self.run_id,
+            "result": self.result,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 2),
+            "batches": self.batches,
+            "recovered_locks": self.recovered_locks,
+            "preflight": pre.to_json() if pre is not None else None,
+            "kv_checks": self.kv_checks,
+            "gateway": self.gateway,
+            "prestage": self.prestage,
+            **({"surge": self.surge} if self.surge is not None else {}),
+            "plan": self.plan.to_dict(),
+            "hosts": [h.to_dict() for h in self.hosts.values()],
+        }
 
 
 class PreflightRefused(ClusterctlError):
@@ -138,8 +153,12 @@ class PreflightRefused(ClusterctlError):
         self.report = report
 
 
-def desired(inv: Inventory, state_dir: str, make_fleet: FleetFactory | None = None,
-            on_event: Callable[[Event], None] = lambda e: None) -> tuple[dict[str, Instance], Any]:
+def desired(
+    inv: Inventory,
+    state_dir: str,
+    make_fleet: FleetFactory | None = None,
+    on_event: Callable[[Event], None] = lambda e: None,
+) -> tuple[dict[str, Instance], Any]:
     """Every instance that should run (explicit + placed template replicas) and the placement result.
 
     With ``make_fleet``, replicas that need a place are placed with the GPU
@@ -149,17 +168,25 @@ def desired(inv: Inventory, state_dir: str, make_fleet: FleetFactory | None = No
 
     res, missing = place(inv, StateStore(state_dir).load(), fleet_reader(make_fleet, inv) if make_fleet else None)
     if missing:
-        on_event(Event("warn", f"no GPU topology from {', '.join(missing)}: new replicas there placed by "
-                               "contiguous GPU indexes", ok=False))
+        on_event(
+            Event(
+                "warn",
+                f"no GPU topology from {', '.join(missing)}: new replicas there placed by contiguous GPU indexes",
+                ok=False,
+            )
+        )
     for name, why in getattr(res, "unplaced", {}).items():
         on_event(Event("warn", f"{name} has no place: {why}", ok=False))
     return dict(res.instances), res
 
 
-def render_all(inv: Inventory, instances: Mapping[str, Instance],
-               systemd: Mapping[str, int | None] | None = None,
-               gpu_uuids: Mapping[str, list[str]] | None = None,
-               gids: multinode.GidTables | None = None) -> list[spec.RenderedInstance]:
+def render_all(
+    inv: Inventory,
+    instances: Mapping[str, Instance],
+    systemd: Mapping[str, int | None] | None = None,
+    gpu_uuids: Mapping[str, list[str]] | None = None,
+    gids: multinode.GidTables | None = None,
+) -> list[spec.RenderedInstance]:
     """Render every instance with its secrets (:mod:`clusterctl.deploy.units.render`).
 
     ``systemd``: host -> its systemd version (``HostState.systemd_version``); a
@@ -176,12 +203,21 @@ def render_all(inv: Inventory, instances: Mapping[str, Instance],
 
     versions, uuids = systemd or {}, gpu_uuids or {}
     # a replica across hosts is one unit per host (deploy/units/multinode.py): the head, then headless workers
-    each = [m for inst in instances.values()
-            for m in (multinode.members(inv, inst, gids) if multinode.is_multinode(inst) else [inst])]
-    return [render_instance(inv, inst, secrets=resolve_secrets(inv, inst),
-                            policy=policy_for_systemd(versions.get(inst.hosts[0]) if inst.hosts else None),
-                            gpu_uuids=uuids.get(inst.name))
-            for inst in each]
+    each = [
+        m
+        for inst in instances.values()
+        for m in (multinode.members(inv, inst, gids) if multinode.is_multinode(inst) else [inst])
+    ]
+    return [
+        render_instance(
+            inv,
+            inst,
+            secrets=resolve_secrets(inv, inst),
+            policy=policy_for_systemd(versions.get(inst.hosts[0]) if inst.hosts else None),
+            gpu_uuids=uuids.get(inst.name),
+        )
+        for inst in each
+    ]
 
 
 def pinned_uuids(inst: Instance, st: remote.HostState | None) -> list[str] | None:
@@ -209,7 +245,7 @@ def pinned_uuids(inst: Instance, st: remote.HostState | None) -> list[str] | Non
 def served_name(inv: Inventory, r: spec.RenderedInstance) -> str:
     """The name /v1/models lists for an instance: the model's ``served_name``, else its name."""
     m = inv.models.get(r.model)
-    return (m.served_name if m and m.served_name else r.model)
+    return m.served_name if m and m.served_name else r.model
 
 
 def api_key(r: spec.RenderedInstance) -> str | None:
@@ -236,11 +272,19 @@ def instance_served_name(inv: Inventory, inst: Instance | None, r: spec.Rendered
 
 # --- one deploy ---------------------------------------------------------------------
 
+
 class Deploy:
     """One ``clusterctl deploy`` run over ``hosts`` of ``inv`` (see module docstring)."""
 
-    def __init__(self, inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, state_dir: str,
-                 opts: DeployOptions, on_event: Callable[[Event], None] = lambda e: None):
+    def __init__(
+        self,
+        inv: Inventory,
+        hosts: Sequence[Host],
+        make_fleet: FleetFactory,
+        state_dir: str,
+        opts: DeployOptions,
+        on_event: Callable[[Event], None] = lambda e: None,
+    ):
         self.inv, self.hosts, self.make_fleet, self.state_dir = inv, list(hosts), make_fleet, state_dir
         self.opts, self.on_event = opts, on_event
         self.me = lock.LockInfo()
@@ -251,12 +295,21 @@ class Deploy:
         #: host -> model path -> link target before this run staged anything (what rollback restores).
         self.links_before: dict[str, dict[str, str | None]] = {}
 
-    def event(self, kind: str, message: str, host: str | None = None, ok: bool = True,
-              step: int | None = None, steps: int | None = None, done: bool = False) -> None:
+    def event(
+        self,
+        kind: str,
+        message: str,
+        host: str | None = None,
+        ok: bool = True,
+        step: int | None = None,
+        steps: int | None = None,
+        done: bool = False,
+    ) -> None:
         self.on_event(Event(kind, message, host, ok, step, steps, done))
 
-    def _read(self, fleet: Any, hosts: list[str] | None = None, gpu_uuids: bool = False,
-              rdma_ports: Sequence[str] = ()) -> dict[str, remote.HostState]:
+    def _read(
+        self, fleet: Any, hosts: list[str] | None = None, gpu_uuids: bool = False, rdma_ports: Sequence[str] = ()
+    ) -> dict[str, remote.HostState]:
         paths = sorted({r.model_path for r in self.rendered.values() if r.model_path})
         return remote.read_hosts(fleet, model_paths=paths, hosts=hosts, gpu_uuids=gpu_uuids, rdma_ports=rdma_ports)
 
@@ -271,32 +324,55 @@ class Deploy:
         """The plan over ``states``, with the order a multi-node replica's units go in, as :meth:`_batch`
         applies it (multinode.phased)."""
         plan = make_plan(list(self.rendered.values()), states, [h.name for h in self.hosts], self._pattern())
-        plan.order = multinode.phased({hp.host: {"start": [i.instance for i in hp.items if i.action in ("new", "start")],
-                                                 "restart": [i.instance for i in hp.items if i.action == "changed"]}
-                                       for hp in plan.hosts}, self.instances.values())[1]
+        plan.order = multinode.phased(
+            {
+                hp.host: {
+                    "start": [i.instance for i in hp.items if i.action in ("new", "start")],
+                    "restart": [i.instance for i in hp.items if i.action == "changed"],
+                }
+                for hp in plan.hosts
+            },
+            self.instances.values(),
+        )[1]
         spans = getattr(getattr(self, "placement", None), "spans", {})
-        plan.placed = [f"replica {n} placed on {where}" for n, where in spans.items()
-                       if n in self.rendered and matches(n, self.opts.instances)]
+        plan.placed = [
+            f"replica {n} placed on {where}"
+            for n, where in spans.items()
+            if n in self.rendered and matches(n, self.opts.instances)
+        ]
         return plan
 
     def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:
         """Render and read; the plan for the selected hosts."""
         names = {h.name for h in self.hosts}
         self.instances, self.placement = desired(self.inv, self.state_dir, self.make_fleet, self.on_event)
-        chosen = {n: i for n, i in self.instances.items()
-                  if matches(n, self.opts.instances) and any(g.host in names for g in i.placement)}
+        chosen = {
+            n: i
+            for n, i in self.instances.items()
+            if matches(n, self.opts.instances) and any(g.host in names for g in i.placement)
+        }
         self.rendered = {r.instance: r for r in render_all(self.inv, chosen)}
-        routers = {r.instance: r for r in pdrouter.render_routers(self.inv, self.instances)
-                   if r.host in names and matches(r.instance, self.opts.instances)}
+        routers = {
+            r.instance: r
+            for r in pdrouter.render_routers(self.inv, self.instances)
+            if r.host in names and matches(r.instance, self.opts.instances)
+        }
         self.rendered.update(routers)
-        self.event("phase", f"rendered {len(self.rendered)} instances" + (f" ({len(routers)} routers)" if routers else "")
-                   + f"; reading {len(self.hosts)} hosts")
+        self.event(
+            "phase",
+            f"rendered {len(self.rendered)} instances"
+            + (f" ({len(routers)} routers)" if routers else "")
+            + f"; reading {len(self.hosts)} hosts",
+        )
         spanning = [i for i in chosen.values() if multinode.is_multinode(i)]
         ports = sorted({p for i in spanning for h in i.hosts for p in multinode.rdma_ports(self.inv, h)})
         states = self._read(fleet, gpu_uuids=True, rdma_ports=ports)
         versions = {h: st.systemd_version for h, st in states.items()}
-        uuids = {n: u for n, i in chosen.items() if not multinode.is_multinode(i)
-                 and (u := pinned_uuids(i, states.get(i.hosts[0]) if i.hosts else None))}
+        uuids = {
+            n: u
+            for n, i in chosen.items()
+            if not multinode.is_multinode(i) and (u := pinned_uuids(i, states.get(i.hosts[0]) if i.hosts else None))
+        }
         if uuids or spanning or any(v is not None for v in versions.values()):
             # per host: the restart directives its systemd has; per instance: its GPUs by UUID; per
             # multi-node replica's host: its NCCL_IB_GID_INDEX from the GID table just read
@@ -309,8 +385,12 @@ class Deploy:
         """Run pre-flight on the instances to start or restart; raise when it refuses (unless --force)."""
         from clusterctl.deploy.preflight.checks import run_preflight
 
-        starting = {i.instance: self.instances[i.instance] for h in plan.hosts for i in h.items
-                    if i.action in ("new", "changed") and i.instance in self.instances}
+        starting = {
+            i.instance: self.instances[i.instance]
+            for h in plan.hosts
+            for i in h.items
+            if i.action in ("new", "changed") and i.instance in self.instances
+        }
         # a multi-node replica restarts whole when any member changes: checked stage by stage (preflight.py)
         for h in plan.hosts:
             for i in h.items:
@@ -321,11 +401,15 @@ class Deploy:
             return None
         # The state after the plan's removals: on each host, the units it removes or restarts are
         # drained and stopped before anything starts there (one node job per host, removals first).
-        stopping = {h.host: {spec.unit_name(i.instance) for i in h.items if i.action in ("remove", "changed")}
-                    for h in plan.hosts}
+        stopping = {
+            h.host: {spec.unit_name(i.instance) for i in h.items if i.action in ("remove", "changed")}
+            for h in plan.hosts
+        }
         gone = sorted(u for units in stopping.values() for u in units)
         if gone:
-            self.event("phase", f"pre-flight over the state after the plan stops {len(gone)} unit(s): {', '.join(gone)}")
+            self.event(
+                "phase", f"pre-flight over the state after the plan stops {len(gone)} unit(s): {', '.join(gone)}"
+            )
         rep = run_preflight(self.inv, starting, fleet, on_event=lambda m: self.event("phase", m), stopping=stopping)
         if not rep.ok and not self.opts.force:
             raise PreflightRefused("pre-flight refused the deploy (use --force to deploy anyway)", rep)
@@ -333,8 +417,12 @@ class Deploy:
             for row in rep.rows:
                 if not row.ok:
                     checks = sorted({p.check for p in row.problems if p.severity.name == "CRIT"})
-                    self.event("warn", f"--force: deploying {row.instance} although pre-flight refused it "
-                                       f"({', '.join(checks)})", row.host, ok=False)
+                    self.event(
+                        "warn",
+                        f"--force: deploying {row.instance} although pre-flight refused it ({', '.join(checks)})",
+                        row.host,
+                        ok=False,
+                    )
         return rep
 
     def run(self) -> DeployReport:
@@ -361,8 +449,7 @@ class Deploy:
                 rep.seconds = time.monotonic() - t0
                 return rep
             try:
-                got = lock.acquire(fleet, targets, self.me, ttl_s=self.opts.lock_ttl_s,
-                                   break_lock=self.opts.break_lock)
+                got = lock.acquire(fleet, targets, self.me, ttl_s=self.opts.lock_ttl_s, break_lock=self.opts.break_lock)
             except lock.LockHeld as e:
                 rep.result = "refused"
                 self._audit_local(rep, str(e))
@@ -374,8 +461,13 @@ class Deploy:
                 self._audit_local(rep, f"{type(e).__name__}: {e}" if not isinstance(e, KeyboardInterrupt) else None)
                 raise
             finally:
-                lock.release_anyway(fleet, got.locked, self.me.run_id, self._audit_record(rep),
-                                    lambda: self.make_fleet([self.inv.hosts[h] for h in got.locked]))
+                lock.release_anyway(
+                    fleet,
+                    got.locked,
+                    self.me.run_id,
+                    self._audit_record(rep),
+                    lambda: self.make_fleet([self.inv.hosts[h] for h in got.locked]),
+                )
             self._save_placements(rep)
             self._kv_checks(fleet, rep)
         self._audit_local(rep)
@@ -393,8 +485,13 @@ class Deploy:
         from clusterctl.deploy.preflight.kvcheck import read_kv_checks
 
         kept = {h for h, o in rep.hosts.items() if o.status in ("applied", "held")}
-        started = {i.instance for hp in rep.plan.hosts if hp.host in kept for i in hp.items
-                   if i.action in ("new", "changed", "start")}
+        started = {
+            i.instance
+            for hp in rep.plan.hosts
+            if hp.host in kept
+            for i in hp.items
+            if i.action in ("new", "changed", "start")
+        }
         predicted = {n: hp for n, hp in rep.preflight.predictions().items() if n in started}
         if not predicted:
             return
@@ -404,18 +501,25 @@ class Deploy:
                 continue
             rep.kv_checks[name] = check.to_json()
             err = check.error_pct
-            self.event("phase", f"KV cache of {name}: predicted {check.predicted:,} tokens, vLLM logged "
-                                + (f"{check.logged:,} ({err:+.2f} %)" if err is not None else "nothing yet"))
+            self.event(
+                "phase",
+                f"KV cache of {name}: predicted {check.predicted:,} tokens, vLLM logged "
+                + (f"{check.logged:,} ({err:+.2f} %)" if err is not None else "nothing yet"),
+            )
 
-    def _locked(self, fleet: Any, got: lock.Acquired, rep: DeployReport,
-                states: dict[str, remote.HostState]) -> None:
+    def _locked(self, fleet: Any, got: lock.Acquired, rep: DeployReport, states: dict[str, remote.HostState]) -> None:
         """Everything done under the lock: re-read, re-plan, roll out."""
         rep.recovered_locks = got.recovered
         for h, why in got.failed.items():
             rep.hosts[h] = HostOutcome(h, "unreadable", error=f"lock: {why}")
         for h, old in got.recovered.items():
-            self.event("warn", f"recovered a stale deploy lock of {old.get('holder')} "
-                               f"(run {old.get('run_id')}, {old.get('age_s')} s old)", h, ok=False)
+            self.event(
+                "warn",
+                f"recovered a stale deploy lock of {old.get('holder')} "
+                f"(run {old.get('run_id')}, {old.get('age_s')} s old)",
+                h,
+                ok=False,
+            )
         # Read again under the lock: another deploy may have finished since the plan.
         states.update(self._read(fleet, got.locked))
         plan = self._plan(states)
@@ -427,13 +531,15 @@ class Deploy:
         if rep.result == "ok" and any(h.status == "unreadable" for h in rep.hosts.values()):
             rep.result = "partial"
 
-    def _rollout(self, fleet: Any, plan: Plan, states: dict[str, remote.HostState], targets: list[str],
-                 rep: DeployReport) -> None:
+    def _rollout(
+        self, fleet: Any, plan: Plan, states: dict[str, remote.HostState], targets: list[str], rep: DeployReport
+    ) -> None:
         by_host = {hp.host: hp for hp in plan.hosts}
         # a pool's router comes after its members: its gate sends a completion through them
         rep.batches = multinode.together(
             rollout.batches(pdrouter.routers_last(targets, self.inv, self.rendered.values()), self.opts.serial),
-            self.instances.values())
+            self.instances.values(),
+        )
         rep.result = "ok"
         for n, batch in enumerate(rep.batches, 1):
             label = "canary" if n == 1 and len(rep.batches) > 1 else f"batch {n}/{len(rep.batches)}"
@@ -441,9 +547,12 @@ class Deploy:
             failed = self._batch(fleet, n, batch, by_host, states, rep)
             held = [h for h in batch if rep.hosts[h].status == "held"]
             if rollout.batch_failed(len(failed), len(batch), self.opts.max_fail_percentage):
-                self.event("batch", f"{label} failed on {len(failed)}/{len(batch)} hosts "
-                                    f"(max fail {self.opts.max_fail_percentage:g} %): rolling back this batch",
-                           ok=False)
+                self.event(
+                    "batch",
+                    f"{label} failed on {len(failed)}/{len(batch)} hosts "
+                    f"(max fail {self.opts.max_fail_percentage:g} %): rolling back this batch",
+                    ok=False,
+                )
                 self._rollback(fleet, batch, by_host, rep, "rolled_back")
                 for later in rep.batches[n:]:
                     for h in later:
@@ -456,27 +565,43 @@ class Deploy:
             if held:
                 # An inconclusive release gate is no regression (nothing to roll back) and no pass
                 # (the rollout does not go on): the batch keeps the change, the rollout pauses here.
-                self.event("batch", f"{label}: a release gate could not decide on {', '.join(held)}: the change "
-                                    "is kept there and the rollout pauses; measure again and run the same deploy "
-                                    "to go on, or roll back", ok=False)
+                self.event(
+                    "batch",
+                    f"{label}: a release gate could not decide on {', '.join(held)}: the change "
+                    "is kept there and the rollout pauses; measure again and run the same deploy "
+                    "to go on, or roll back",
+                    ok=False,
+                )
                 for later in rep.batches[n:]:
                     for h in later:
-                        rep.hosts[h] = HostOutcome(h, "not_reached", error="rollout paused: a release gate was "
-                                                                            "inconclusive")
+                        rep.hosts[h] = HostOutcome(
+                            h, "not_reached", error="rollout paused: a release gate was inconclusive"
+                        )
                 rep.result = "paused"
                 return
             self.event("batch", f"{label} passed", ok=True, step=n, steps=len(rep.batches), done=True)
 
-    def _batch(self, fleet: Any, n: int, batch: list[str], by_host: Mapping[str, Any],
-               states: dict[str, remote.HostState], rep: DeployReport) -> list[str]:
+    def _batch(
+        self,
+        fleet: Any,
+        n: int,
+        batch: list[str],
+        by_host: Mapping[str, Any],
+        states: dict[str, remote.HostState],
+        rep: DeployReport,
+    ) -> list[str]:
         """Stage, drain, apply and gate one batch; returns the failed hosts."""
         starting = {i.instance for h in batch for i in by_host[h].items if i.action in ("new", "changed", "start")}
         # Staging switches model links: rollback must restore the targets from before it.
         self.links_before.update({h: {p: m.get("target") for p, m in states[h].models.items()} for h in batch})
         unstaged = self._stage(fleet, batch, starting, states)
         with cf.ThreadPoolExecutor(max_workers=max(1, min(16, len(batch)))) as ex:
-            drained = ex.map(lambda h: ap.drain_before(self.inv, by_host[h], states[h], self.instances,
-                                                       self.opts.drain_timeout_s, self.gateway), batch)
+            drained = ex.map(
+                lambda h: ap.drain_before(
+                    self.inv, by_host[h], states[h], self.instances, self.opts.drain_timeout_s, self.gateway
+                ),
+                batch,
+            )
             for h, notes in zip(batch, drained):
                 rep.hosts[h] = HostOutcome(h, "applied", n, drained=notes)
         failed = []
@@ -490,8 +615,11 @@ class Deploy:
             self.event("phase", line)
         replies: dict[str, Any] = {}
         for phase in phases:
-            for h, r in ap.apply_hosts(fleet, phase, on_reply=lambda r: self.event(
-                    "host", "applied" if r.ok else f"apply failed: {r.error}", r.host, r.ok)).items():
+            for h, r in ap.apply_hosts(
+                fleet,
+                phase,
+                on_reply=lambda r: self.event("host", "applied" if r.ok else f"apply failed: {r.error}", r.host, r.ok),
+            ).items():
                 if h not in replies or not r.ok:
                     replies[h] = r
         for h, r in replies.items():
@@ -499,8 +627,13 @@ class Deploy:
                 rep.hosts[h].status, rep.hosts[h].error = "failed", r.error
                 failed.append(h)
         headless = multinode.workers(self.instances.values())  # gated through their head's /health
-        names = [i.instance for h in batch if h not in failed
-                 for i in by_host[h].items if i.action in ("new", "changed", "start") and i.instance not in headless]
+        names = [
+            i.instance
+            for h in batch
+            if h not in failed
+            for i in by_host[h].items
+            if i.action in ("new", "changed", "start") and i.instance not in headless
+        ]
         results = self.gate(fleet, names)
         for g in results:
             rep.hosts[g.host].gates.append(g)
@@ -534,16 +667,23 @@ class Deploy:
 
         for name, note in put_back(self.gateway, names).items():
             rep.gateway[name] = note
-            self.event("host", f"{name}: {note}", self.rendered[name].host if name in self.rendered else None,
-                       note.startswith("up"))
+            self.event(
+                "host",
+                f"{name}: {note}",
+                self.rendered[name].host if name in self.rendered else None,
+                note.startswith("up"),
+            )
 
     def restore_gates(self, fleet: Any, replies: Mapping[str, Any], rep: DeployReport) -> None:
         """After a rollback restarted the previous units: gate them and put those that pass back."""
         from clusterctl.deploy.rollout.rollback import gate_restored
 
         # restored, and members of a multi-node replica restarted in order (their workers are not gated)
-        restored = {h: list(dict.fromkeys(r.data.get("restored", []) + r.data.get("held", [])))
-                    for h, r in replies.items() if r.ok}
+        restored = {
+            h: list(dict.fromkeys(r.data.get("restored", []) + r.data.get("held", [])))
+            for h, r in replies.items()
+            if r.ok
+        }
         removed = [n for r in replies.values() if r.ok for n in r.data.get("removed", [])]
         if not any(restored.values()) and not removed:
             return
@@ -562,11 +702,20 @@ class Deploy:
 
         def units() -> dict[str, gates.UnitState]:
             now = remote.read_hosts(fleet, hosts=sorted(set(wanted.values())), timeout=30)
-            return {name: (s.active, s.sub, s.restarts) for name, host in wanted.items()
-                    for s in [now.get(host, remote.HostState(host)).instances.get(name)] if s is not None}
+            return {
+                name: (s.active, s.sub, s.restarts)
+                for name, host in wanted.items()
+                for s in [now.get(host, remote.HostState(host)).instances.get(name)]
+                if s is not None
+            }
 
-        results = gates.wait_gates(targets, timeout_s=self.opts.gate_timeout_s, units=units, on_result=self.gate_event,
-                                   explain=lambda t: first_error(fleet, t.host, t.instance))
+        results = gates.wait_gates(
+            targets,
+            timeout_s=self.opts.gate_timeout_s,
+            units=units,
+            on_result=self.gate_event,
+            explain=lambda t: first_error(fleet, t.host, t.instance),
+        )
         return results + self.extra_gates(fleet, [t for t, g in zip(targets, results) if g.ok])
 
     def extra_gates(self, fleet: Any, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
@@ -580,24 +729,42 @@ class Deploy:
         r = self.rendered[name]
         pool = pdrouter.pool_of(self.inv, name)
         if pool is not None:  # through the router: prefill, then decode with the members' key
-            key = next((k for m in pdrouter.members(self.inv, pool, self.instances.values())
-                        if m.name in self.rendered and (k := api_key(self.rendered[m.name]))), None)
-            return gates.GateTarget(name, r.host, self.inv.hosts[r.host].address, r.port,
-                                    pdrouter.served_model(self.inv, pool), key, 0)
+            key = next(
+                (
+                    k
+                    for m in pdrouter.members(self.inv, pool, self.instances.values())
+                    if m.name in self.rendered and (k := api_key(self.rendered[m.name]))
+                ),
+                None,
+            )
+            return gates.GateTarget(
+                name, r.host, self.inv.hosts[r.host].address, r.port, pdrouter.served_model(self.inv, pool), key, 0
+            )
         # systemd resets NRestarts on an explicit start or restart, so any restart counted is a crash.
-        return gates.GateTarget(name, r.host, self.inv.hosts[r.host].address, r.port,
-                                instance_served_name(self.inv, self.instances.get(name), r), api_key(r), 0)
+        return gates.GateTarget(
+            name,
+            r.host,
+            self.inv.hosts[r.host].address,
+            r.port,
+            instance_served_name(self.inv, self.instances.get(name), r),
+            api_key(r),
+            0,
+        )
 
     def _unstaged(self, r: spec.RenderedInstance, st: remote.HostState) -> bool:
         """True when ``r``'s model has a source and its path on the host is not the verified version."""
         return prestage.needs_staging(self.inv, r, st)
 
-    def _prestage(self, plan: Plan, states: dict[str, remote.HostState], targets: list[str],
-                  rep: DeployReport) -> None:
+    def _prestage(self, plan: Plan, states: dict[str, remote.HostState], targets: list[str], rep: DeployReport) -> None:
         """``--prestage``: the versions every target host's starting instances lack, staged without
         switching and warmed, before any batch stops anything (deploy/rollout/prestage.py)."""
-        starting = {i.instance for hp in plan.hosts if hp.host in targets for i in hp.items
-                    if i.action in ("new", "changed", "start")}
+        starting = {
+            i.instance
+            for hp in plan.hosts
+            if hp.host in targets
+            for i in hp.items
+            if i.action in ("new", "changed", "start")
+        }
         need = prestage.unstaged(self.inv, self.rendered.values(), targets, starting, states)
         if not need:
             self.event("phase", "pre-stage: every target host already has the versions it needs")
@@ -607,16 +774,27 @@ class Deploy:
         def on_bytes(host: str, done: int, total: int) -> None:
             self.event("bytes", "pre-staging", host, step=done, steps=total)
 
-        got = prestage.prestage(self.inv, need, self.make_fleet, warm_budget=self.opts.warm_budget,
-                                on_phase=lambda m: self.event("phase", m),
-                                on_host=lambda h, m, ok: self.event("host", m, h, ok), on_progress=on_bytes)
+        got = prestage.prestage(
+            self.inv,
+            need,
+            self.make_fleet,
+            warm_budget=self.opts.warm_budget,
+            on_phase=lambda m: self.event("phase", m),
+            on_host=lambda h, m, ok: self.event("host", m, h, ok),
+            on_progress=on_bytes,
+        )
         rep.prestage = got.to_dict()
         if got.failed:
-            self.event("warn", f"pre-staging failed on {', '.join(sorted(got.failed))}: their batches stage "
-                               "again (and leave the host alone if that fails too)", ok=False)
+            self.event(
+                "warn",
+                f"pre-staging failed on {', '.join(sorted(got.failed))}: their batches stage "
+                "again (and leave the host alone if that fails too)",
+                ok=False,
+            )
 
-    def _stage(self, fleet: Any, batch: list[str], starting: set[str],
-               states: dict[str, remote.HostState]) -> dict[str, str]:
+    def _stage(
+        self, fleet: Any, batch: list[str], starting: set[str], states: dict[str, remote.HostState]
+    ) -> dict[str, str]:
         """Stage the models that instances about to start lack on the batch's hosts.
 
         Returns host -> why its model is still not there afterwards (read
@@ -635,15 +813,18 @@ class Deploy:
             self.event("phase", f"staging {name} on {', '.join(hosts)}")
             src = sp.parse_source(model.source or "", f"{self.inv.path}: models.{name}.source")
             man = sp.load_manifest(src, name, model.version)
+
             def on_bytes(host: str, done: int, total: int, what: str = f"staging {name}") -> None:
                 self.event("bytes", what, host, step=done, steps=total)
 
             with self.make_fleet([self.inv.hosts[h] for h in hosts]) as sf:
-                report = sr.stage_model(sf, [self.inv.hosts[h] for h in hosts], model, src, man, relay="chain",
-                                        on_progress=on_bytes)
+                report = sr.stage_model(
+                    sf, [self.inv.hosts[h] for h in hosts], model, src, man, relay="chain", on_progress=on_bytes
+                )
             for row in report.rows:
-                self.event("host", f"stage {name}: {row.status}" + (f" ({row.error})" if row.error else ""),
-                           row.host, row.ok)
+                self.event(
+                    "host", f"stage {name}: {row.status}" + (f" ({row.error})" if row.error else ""), row.host, row.ok
+                )
                 if not row.ok:
                     errors[(name, row.host)] = row.error or row.status
         states.update(self._read(fleet, batch))
@@ -654,11 +835,17 @@ class Deploy:
                 missing[r.host] = f"staging {r.model}: {why}"
         return missing
 
-    def _rollback(self, fleet: Any, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport,
-                  status: str) -> None:
+    def _rollback(
+        self, fleet: Any, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport, status: str
+    ) -> None:
         # a multi-node replica's members: stop all, then the workers, then the head (not all at once)
-        replies, order = rollback_in_order(fleet, {h: ap.touched(by_host[h]) for h in hosts}, self.instances,
-                                           own_run_id=self.me.run_id, only_run_id=self.me.run_id)
+        replies, order = rollback_in_order(
+            fleet,
+            {h: ap.touched(by_host[h]) for h in hosts},
+            self.instances,
+            own_run_id=self.me.run_id,
+            only_run_id=self.me.run_id,
+        )
         for line in order:
             self.event("phase", line)
         self.restore_gates(fleet, replies, rep)
@@ -667,8 +854,9 @@ class Deploy:
             rep.hosts[h].status = status
             if r is not None and not r.ok:
                 rep.hosts[h].error = f"{rep.hosts[h].error}; rollback: {r.error}"
-            self.event("host", "rolled back" if r is None or r.ok else f"rollback failed: {r.error}", h,
-                       r is None or r.ok)
+            self.event(
+                "host", "rolled back" if r is None or r.ok else f"rollback failed: {r.error}", h, r is None or r.ok
+            )
 
     def _save_placements(self, rep: DeployReport) -> None:
         res = getattr(self, "placement", None)
@@ -680,18 +868,30 @@ class Deploy:
         for hp in rep.plan.hosts:
             for i in hp.changes:
                 r = self.rendered.get(i.instance)
-                out.append(audit.instance_entry(r, i.action) if r else
-                           {"instance": i.instance, "host": hp.host, "action": i.action, "digest": i.old_digest})
+                out.append(
+                    audit.instance_entry(r, i.action)
+                    if r
+                    else {"instance": i.instance, "host": hp.host, "action": i.action, "digest": i.old_digest}
+                )
         return out
 
     def _audit_record(self, rep: DeployReport, detail: str | None = None) -> dict[str, Any]:
         # The failed hosts with why (a gate's reason; never a secret), so the audit says why it stopped.
-        failed = [f"{h.host} ({h.error})" if h.error else h.host
-                  for h in rep.hosts.values() if h.status in ("failed", "rolled_back", "held")]
-        return audit.record("deploy", run_id=self.me.run_id, who=self.me.holder, started=self.started,
-                            instances=self._entries(rep), result=rep.result if rep.result != "planned" else "error",
-                            detail=detail or (("failed: " + ", ".join(failed)) if failed else None),
-                            hosts=[h for h in rep.hosts if rep.hosts[h].batch is not None])
+        failed = [
+            f"{h.host} ({h.error})" if h.error else h.host
+            for h in rep.hosts.values()
+            if h.status in ("failed", "rolled_back", "held")
+        ]
+        return audit.record(
+            "deploy",
+            run_id=self.me.run_id,
+            who=self.me.holder,
+            started=self.started,
+            instances=self._entries(rep),
+            result=rep.result if rep.result != "planned" else "error",
+            detail=detail or (("failed: " + ", ".join(failed)) if failed else None),
+            hosts=[h for h in rep.hosts if rep.hosts[h].batch is not None],
+        )
 
     def _audit_local(self, rep: DeployReport, detail: str | None = None) -> None:
         audit.append(self.state_dir, self._audit_record(rep, detail))

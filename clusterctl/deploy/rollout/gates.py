@@ -65,8 +65,15 @@ class GateResult:
     inconclusive: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"instance": self.instance, "host": self.host, "ok": self.ok, "step": self.step,
-                "reason": self.reason, "seconds": round(self.seconds, 2), "inconclusive": self.inconclusive}
+        return {
+            "instance": self.instance,
+            "host": self.host,
+            "ok": self.ok,
+            "step": self.step,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 2),
+            "inconclusive": self.inconclusive,
+        }
 
 
 def request(t: GateTarget, path: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
@@ -98,8 +105,9 @@ def check_http(t: GateTarget, timeout: float = 5.0) -> tuple[str, str | None]:
         if t.served_name not in names:
             return step, f"/v1/models lists {names}, not {t.served_name!r}"
         step = "completion"
-        status, raw = request(t, "/v1/completions", {"model": t.served_name, "prompt": "ping",
-                                                      "max_tokens": 1, "temperature": 0}, timeout)
+        status, raw = request(
+            t, "/v1/completions", {"model": t.served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}, timeout
+        )
         if status != 200:
             return step, f"one-token completion answered {status}: {raw[:200].decode('utf-8', 'replace')}"
         if not json.loads(raw).get("choices"):
@@ -124,10 +132,16 @@ def unit_failure(t: GateTarget, state: UnitState | None) -> str | None:
     return None
 
 
-def wait_gates(targets: Sequence[GateTarget], *, timeout_s: float, units: UnitReader | None = None,
-               poll_s: float = 1.0, request_timeout_s: float = 5.0,
-               on_result: Callable[[GateResult], None] | None = None,
-               explain: Callable[[GateTarget], str] | None = None) -> list[GateResult]:
+def wait_gates(
+    targets: Sequence[GateTarget],
+    *,
+    timeout_s: float,
+    units: UnitReader | None = None,
+    poll_s: float = 1.0,
+    request_timeout_s: float = 5.0,
+    on_result: Callable[[GateResult], None] | None = None,
+    explain: Callable[[GateTarget], str] | None = None,
+) -> list[GateResult]:
     """Poll every target until it passes, its unit dies, or ``timeout_s`` passes.
 
     Returns one result per target, in order.  ``units()`` (one SSH read of

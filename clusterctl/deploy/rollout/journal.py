@@ -34,9 +34,11 @@ _FAILED = re.compile(r"\b(?:[Ff]ailed|[Ee]rror|died|[Kk]illed|[Ss]tart request r
 def journal_command(instance: str, lines: int = MAX_LINES) -> str:
     """The shell command printing the latest run's lines, a separator, then the unit's last lines."""
     u = shell.quote(unit_name(instance))
-    return (f"id=$(systemctl show -p InvocationID --value {u} 2>/dev/null); "
-            f"if [ -n \"$id\" ]; then journalctl --no-pager -o cat -n {lines} _SYSTEMD_INVOCATION_ID=\"$id\" "
-            f"2>/dev/null; fi; echo {_SEP}; journalctl --no-pager -o cat -n 40 -u {u} 2>/dev/null; true")
+    return (
+        f"id=$(systemctl show -p InvocationID --value {u} 2>/dev/null); "
+        f"if [ -n \"$id\" ]; then journalctl --no-pager -o cat -n {lines} _SYSTEMD_INVOCATION_ID=\"$id\" "
+        f"2>/dev/null; fi; echo {_SEP}; journalctl --no-pager -o cat -n 40 -u {u} 2>/dev/null; true"
+    )
 
 
 def pick_error(text: str) -> str | None:
@@ -49,7 +51,7 @@ def pick_error(text: str) -> str | None:
                 m = rx.search(ln)
                 if m and not ln.startswith("Traceback"):
                     if rx is _EXCEPTION:  # from the exception on: vLLM's "ERROR date [file:line]" prefix says nothing
-                        ln = ln[m.start():].strip()
+                        ln = ln[m.start() :].strip()
                     return _trim(ln)
         if part is run and lines:
             return _trim(lines[-1])  # what the run printed last before it ended says more than systemd

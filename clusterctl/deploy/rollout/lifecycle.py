@@ -40,8 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from clusterctl.deploy.rollout.drain import (DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_POLL_S, DrainResult, GatewayHook,
-                                     drain)
+from clusterctl.deploy.rollout.drain import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_POLL_S, DrainResult, GatewayHook, drain
 from clusterctl.deploy.rollout.journal import first_error
 from clusterctl.deploy.status.metrics import base_url, http_get
 from clusterctl.deploy.rollout import routerdrain
@@ -85,10 +84,15 @@ class ActionResult:
         return d
 
 
-def wait_healthy(inv: Inventory, inst: Instance, timeout: float, poll: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep,
-                 dead: Callable[[], str | None] | None = None) -> float | str | None:
+def wait_healthy(
+    inv: Inventory,
+    inst: Instance,
+    timeout: float,
+    poll: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    dead: Callable[[], str | None] | None = None,
+) -> float | str | None:
     """Poll ``/health`` until 200: the seconds it took, ``None`` after ``timeout`` seconds, or
     the reason ``dead()`` gives (checked every ``UNIT_CHECK_S`` seconds) once the unit died."""
     url = base_url(inv, inst) + "/health"
@@ -133,9 +137,20 @@ def _systemctl(fleet: Any, host: str, verb: str, inst: Instance) -> str | None:
     return f"systemctl {verb} on {host}: " + (detail[-1] if detail else (r.error or r.status.value))
 
 
-def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_first: bool,
-         drain_timeout: float, poll: float, health_timeout: float, gateway: GatewayHook | None,
-         on_event: Callable[[str], None], instances: Mapping[str, Instance] | None = None) -> ActionResult:
+def _one(
+    inv: Inventory,
+    fleet: Any,
+    inst: Instance,
+    action: Action,
+    *,
+    drain_first: bool,
+    drain_timeout: float,
+    poll: float,
+    health_timeout: float,
+    gateway: GatewayHook | None,
+    on_event: Callable[[str], None],
+    instances: Mapping[str, Instance] | None = None,
+) -> ActionResult:
     t0 = time.monotonic()
     host = inst.placement[0].host if inst.placement else None
     res = ActionResult(inst.name, host, action, ok=False)
@@ -146,8 +161,13 @@ def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_fi
         if action in ("stop", "restart") and drain_first:
             on_event(f"{inst.name}: draining (up to {drain_timeout:g} s)")
             pool = pdrouter.pool_of(inv, inst.name)  # a pool's router: its requests run on the members
-            res.drain = drain(inv, inst, timeout=drain_timeout, poll=poll, gateway=gateway) if pool is None else \
-                routerdrain.drain_router(inv, pool, instances or {}, timeout=drain_timeout, poll=poll, gateway=gateway)
+            res.drain = (
+                drain(inv, inst, timeout=drain_timeout, poll=poll, gateway=gateway)
+                if pool is None
+                else routerdrain.drain_router(
+                    inv, pool, instances or {}, timeout=drain_timeout, poll=poll, gateway=gateway
+                )
+            )
             if res.drain.timed_out:
                 left = "?" if res.drain.remaining is None else res.drain.remaining
                 res.notes.append(f"drain timed out with {left} request(s) in flight; {action}ing anyway")
@@ -156,8 +176,7 @@ def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_fi
         if multinode.is_multinode(inst):
             _replica(inv, fleet, inst, action, res, poll=poll, health_timeout=health_timeout, on_event=on_event)
         else:
-            _single(inv, fleet, inst, host, action, res, poll=poll, health_timeout=health_timeout,
-                    on_event=on_event)
+            _single(inv, fleet, inst, host, action, res, poll=poll, health_timeout=health_timeout, on_event=on_event)
         if res.ok and action in ("start", "restart") and gateway is not None:
             gateway.mark_up(inst.name)
     except ClusterctlError as e:  # the gateway could not mark the instance
@@ -166,8 +185,18 @@ def _one(inv: Inventory, fleet: Any, inst: Instance, action: Action, *, drain_fi
     return res
 
 
-def _single(inv: Inventory, fleet: Any, inst: Instance, host: str, action: Action, res: ActionResult, *,
-            poll: float, health_timeout: float, on_event: Callable[[str], None]) -> None:
+def _single(
+    inv: Inventory,
+    fleet: Any,
+    inst: Instance,
+    host: str,
+    action: Action,
+    res: ActionResult,
+    *,
+    poll: float,
+    health_timeout: float,
+    on_event: Callable[[str], None],
+) -> None:
     """systemctl ACTION on a one-host instance's unit, then (start/restart) its ``/health``."""
     if action in ("start", "restart"):
         # A unit systemd gave up on (start limit, failed) starts again only once its failed state is cleared.
@@ -188,8 +217,17 @@ def _single(inv: Inventory, fleet: Any, inst: Instance, host: str, action: Actio
     res.ok = res.error is None
 
 
-def _replica(inv: Inventory, fleet: Any, inst: Instance, action: Action, res: ActionResult, *,
-             poll: float, health_timeout: float, on_event: Callable[[str], None]) -> None:
+def _replica(
+    inv: Inventory,
+    fleet: Any,
+    inst: Instance,
+    action: Action,
+    res: ActionResult,
+    *,
+    poll: float,
+    health_timeout: float,
+    on_event: Callable[[str], None],
+) -> None:
     """A multi-node replica's units in its order (module doc): stop head then workers; start workers then
     the head and wait for the head's ``/health``; restart = stop + start.  Sets ``res.error``/``res.ok``."""
     units = multinode.units(inst)
@@ -205,8 +243,9 @@ def _replica(inv: Inventory, fleet: Any, inst: Instance, action: Action, res: Ac
             res.error = "; ".join(errors) or None
             res.ok = not errors
             return
-        res.notes.append("restart of a multi-node replica: stopped every unit (head first), then started the "
-                         "workers, then the head")
+        res.notes.append(
+            "restart of a multi-node replica: stopped every unit (head first), then started the workers, then the head"
+        )
     for m, h in units:
         if _systemctl(fleet, h, "reset-failed", m) is None:
             res.notes.append(f"cleared the failed state of {unit_name(m.name)} on {h}")
@@ -214,8 +253,9 @@ def _replica(inv: Inventory, fleet: Any, inst: Instance, action: Action, res: Ac
         on_event(f"{inst.name}: systemctl start {unit_name(m.name)} on {h}")
         err = _systemctl(fleet, h, "start", m)
         if err is not None:
-            res.error = f"{err}; {first_error(fleet, h, m.name)}" + \
-                ("" if m.name == inst.name else f"; the head {unit_name(inst.name)} was not started")
+            res.error = f"{err}; {first_error(fleet, h, m.name)}" + (
+                "" if m.name == inst.name else f"; the head {unit_name(inst.name)} was not started"
+            )
             return
     dead_member: list[tuple[Instance, str]] = []
 
@@ -238,13 +278,22 @@ def _replica(inv: Inventory, fleet: Any, inst: Instance, action: Action, res: Ac
     res.ok = res.error is None
 
 
-def run_action(inv: Inventory, fleet: Any, instances: Sequence[Instance], action: Action, *,
-               drain_first: bool = True, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
-               poll: float = DEFAULT_POLL_S, health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S,
-               gateway: GatewayHook | None = None, parallel: int = 16,
-               on_event: Callable[[str], None] | None = None,
-               on_result: Callable[[ActionResult], None] | None = None,
-               wanted: Mapping[str, Instance] | None = None) -> list[ActionResult]:
+def run_action(
+    inv: Inventory,
+    fleet: Any,
+    instances: Sequence[Instance],
+    action: Action,
+    *,
+    drain_first: bool = True,
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
+    poll: float = DEFAULT_POLL_S,
+    health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S,
+    gateway: GatewayHook | None = None,
+    parallel: int = 16,
+    on_event: Callable[[str], None] | None = None,
+    on_result: Callable[[ActionResult], None] | None = None,
+    wanted: Mapping[str, Instance] | None = None,
+) -> list[ActionResult]:
     """Apply ``action`` to every instance (module docstring); one result per instance, in order.
     ``wanted``: every instance wanted (a pool router's drain reads its members'; default: the inventory's)."""
     say = on_event or (lambda s: None)
@@ -252,9 +301,19 @@ def run_action(inv: Inventory, fleet: Any, instances: Sequence[Instance], action
         return []
 
     def one(inst: Instance) -> ActionResult:
-        r = _one(inv, fleet, inst, action, drain_first=drain_first, drain_timeout=drain_timeout, poll=poll,
-                 health_timeout=health_timeout, gateway=gateway, on_event=say,
-                 instances=wanted if wanted is not None else inv.instances)
+        r = _one(
+            inv,
+            fleet,
+            inst,
+            action,
+            drain_first=drain_first,
+            drain_timeout=drain_timeout,
+            poll=poll,
+            health_timeout=health_timeout,
+            gateway=gateway,
+            on_event=say,
+            instances=wanted if wanted is not None else inv.instances,
+        )
         if on_result:
             on_result(r)
         return r

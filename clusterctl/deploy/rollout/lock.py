@@ -30,10 +30,16 @@ class LockHeld(ClusterctlError):
 
     def __init__(self, held: dict[str, dict[str, Any]]):
         self.held = held
-        parts = [f"{h}: held by {d.get('holder')} (pid {d.get('pid')}, run {d.get('run_id')}) since "
-                 f"{d.get('time')}, {d.get('age_s')} s ago" for h, d in sorted(held.items())]
-        super().__init__("deploy lock not acquired (no host was changed); "
-                         + "; ".join(parts) + ". Wait for that deploy, or use --break-lock if it is dead.")
+        parts = [
+            f"{h}: held by {d.get('holder')} (pid {d.get('pid')}, run {d.get('run_id')}) since "
+            f"{d.get('time')}, {d.get('age_s')} s ago"
+            for h, d in sorted(held.items())
+        ]
+        super().__init__(
+            "deploy lock not acquired (no host was changed); "
+            + "; ".join(parts)
+            + ". Wait for that deploy, or use --break-lock if it is dead."
+        )
 
 
 @dataclass
@@ -59,19 +65,24 @@ class LockInfo:
         return {"holder": self.holder, "pid": self.pid, "run_id": self.run_id, "time": self.time}
 
 
-def acquire(fleet: Any, hosts: list[str], me: LockInfo, *, ttl_s: float = DEFAULT_TTL_S,
-            break_lock: bool = False) -> Acquired:
+def acquire(
+    fleet: Any, hosts: list[str], me: LockInfo, *, ttl_s: float = DEFAULT_TTL_S, break_lock: bool = False
+) -> Acquired:
     """Take the lock on every reachable host; when another run holds any, raise
     :class:`LockHeld` after releasing what was taken (all or nothing)."""
-    replies = remote.run_job(fleet, {"op": "lock", "lock": me.to_dict(), "ttl_s": ttl_s, "break": break_lock},
-                             hosts=hosts, timeout=60)
+    replies = remote.run_job(
+        fleet, {"op": "lock", "lock": me.to_dict(), "ttl_s": ttl_s, "break": break_lock}, hosts=hosts, timeout=60
+    )
     held = {h: r.data.get("lock") or {} for h, r in replies.items() if not r.ok and r.kind == "locked"}
     ok = [h for h in hosts if replies[h].ok]
     if held:
         release(fleet, ok, me.run_id)
         raise LockHeld(held)
-    return Acquired(ok, {h: replies[h].data["recovered"] for h in ok if replies[h].data.get("recovered")},
-                    {h: r.error or "failed" for h, r in replies.items() if not r.ok})
+    return Acquired(
+        ok,
+        {h: replies[h].data["recovered"] for h in ok if replies[h].data.get("recovered")},
+        {h: r.error or "failed" for h, r in replies.items() if not r.ok},
+    )
 
 
 def release(fleet: Any, hosts: list[str], run_id: str, audit: dict[str, Any] | None = None) -> dict[str, str]:
@@ -86,9 +97,16 @@ def release(fleet: Any, hosts: list[str], run_id: str, audit: dict[str, Any] | N
 
 
 @contextmanager
-def held(fleet: Any, hosts: list[str], me: LockInfo, *, ttl_s: float = DEFAULT_TTL_S, break_lock: bool = False,
-         fresh_fleet: Callable[[], Any] | None = None,
-         audit: Callable[[], dict[str, Any] | None] = lambda: None) -> Iterator[Acquired]:
+def held(
+    fleet: Any,
+    hosts: list[str],
+    me: LockInfo,
+    *,
+    ttl_s: float = DEFAULT_TTL_S,
+    break_lock: bool = False,
+    fresh_fleet: Callable[[], Any] | None = None,
+    audit: Callable[[], dict[str, Any] | None] = lambda: None,
+) -> Iterator[Acquired]:
     """``with held(...) as got:``: the lock on ``hosts`` (``got.locked``) for the block.
 
     On exit (normal, error or Ctrl-C) the lock is released and ``audit()``'s
@@ -102,8 +120,13 @@ def held(fleet: Any, hosts: list[str], me: LockInfo, *, ttl_s: float = DEFAULT_T
         release_anyway(fleet, got.locked, me.run_id, audit(), fresh_fleet)
 
 
-def release_anyway(fleet: Any, hosts: list[str], run_id: str, audit: dict[str, Any] | None,
-                   fresh_fleet: Callable[[], Any] | None = None) -> dict[str, str]:
+def release_anyway(
+    fleet: Any,
+    hosts: list[str],
+    run_id: str,
+    audit: dict[str, Any] | None,
+    fresh_fleet: Callable[[], Any] | None = None,
+) -> dict[str, str]:
     """:func:`release`, with ``fresh_fleet()`` when ``fleet`` can no longer run (closed by Ctrl-C)."""
     try:
         return release(fleet, hosts, run_id, audit)

@@ -57,9 +57,16 @@ class PlanItem:
     state: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"instance": self.instance, "host": self.host, "action": self.action,
-                "digest": self.digest, "old_digest": self.old_digest, "state": self.state,
-                "unit_diff": self.unit_diff, "env_changes": [str(c) for c in self.env_changes]}
+        return {
+            "instance": self.instance,
+            "host": self.host,
+            "action": self.action,
+            "digest": self.digest,
+            "old_digest": self.old_digest,
+            "state": self.state,
+            "unit_diff": self.unit_diff,
+            "env_changes": [str(c) for c in self.env_changes],
+        }
 
 
 @dataclass
@@ -120,8 +127,11 @@ def matches(instance: str, pattern: str | None) -> bool:
 def unit_diff(host: str, old: str, new: str, instance: str) -> str:
     """Unified diff of a unit file (units carry no secrets)."""
     path = spec.unit_path(instance)
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                        fromfile=f"{host}:{path}", tofile=f"desired:{path}"))
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(True), new.splitlines(True), fromfile=f"{host}:{path}", tofile=f"desired:{path}"
+        )
+    )
 
 
 def _env_pairs(env_text: str) -> dict[str, str]:
@@ -151,18 +161,36 @@ def env_changes(desired_env: str, secret_keys: Iterable[str], have: dict[str, st
 
 def _item(r: spec.RenderedInstance, st: InstanceState | None, salt: str) -> PlanItem:
     if st is None:
-        return PlanItem(r.instance, r.host, "new", r.digest, None, unit_diff(r.host, "", r.unit_text, r.instance),
-                        env_changes=env_changes(r.env_text, r.secret_keys, {}, salt))
+        return PlanItem(
+            r.instance,
+            r.host,
+            "new",
+            r.digest,
+            None,
+            unit_diff(r.host, "", r.unit_text, r.instance),
+            env_changes=env_changes(r.env_text, r.secret_keys, {}, salt),
+        )
     if st.digest != r.digest:
-        return PlanItem(r.instance, r.host, "changed", r.digest, st.digest,
-                        unit_diff(r.host, st.unit_text, r.unit_text, r.instance),
-                        env_changes(r.env_text, r.secret_keys, st.env_hashes, salt), state=st.active)
+        return PlanItem(
+            r.instance,
+            r.host,
+            "changed",
+            r.digest,
+            st.digest,
+            unit_diff(r.host, st.unit_text, r.unit_text, r.instance),
+            env_changes(r.env_text, r.secret_keys, st.env_hashes, salt),
+            state=st.active,
+        )
     action: Action = "unchanged" if st.active in ("active", "activating", "reloading") else "start"
     return PlanItem(r.instance, r.host, action, r.digest, st.digest, state=st.active)
 
 
-def make_plan(desired: Sequence[spec.RenderedInstance], states: dict[str, HostState],
-              hosts: Sequence[str], instances: str | None = None) -> Plan:
+def make_plan(
+    desired: Sequence[spec.RenderedInstance],
+    states: dict[str, HostState],
+    hosts: Sequence[str],
+    instances: str | None = None,
+) -> Plan:
     """Diff ``desired`` against ``states`` on ``hosts`` (in that order).
 
     Only instances matching ``instances`` are considered, desired or on the

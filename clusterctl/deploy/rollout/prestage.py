@@ -35,8 +35,13 @@ def needs_staging(inv: Inventory, r: spec.RenderedInstance, st: remote.HostState
     return not m.get("verified") or bool(model.version and m.get("version") != model.version)
 
 
-def unstaged(inv: Inventory, rendered: Iterable[spec.RenderedInstance], hosts: Iterable[str],
-             starting: set[str], states: Mapping[str, remote.HostState]) -> dict[str, list[str]]:
+def unstaged(
+    inv: Inventory,
+    rendered: Iterable[spec.RenderedInstance],
+    hosts: Iterable[str],
+    starting: set[str],
+    states: Mapping[str, remote.HostState],
+) -> dict[str, list[str]]:
     """Model name -> the hosts of ``hosts`` (in order) where an instance of ``starting`` needs it staged."""
     chosen = set(hosts)
     need: dict[str, list[str]] = {}
@@ -58,18 +63,26 @@ class Prestaged:
 
     @property
     def failed(self) -> dict[str, dict[str, str]]:
-        return {h: {m: s for m, s in ms.items() if s not in ("staged", "present")}
-                for h, ms in self.hosts.items() if any(s not in ("staged", "present") for s in ms.values())}
+        return {
+            h: {m: s for m, s in ms.items() if s not in ("staged", "present")}
+            for h, ms in self.hosts.items()
+            if any(s not in ("staged", "present") for s in ms.values())
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {"hosts": self.hosts, "seconds": {m: round(s, 3) for m, s in self.seconds.items()}}
 
 
-def prestage(inv: Inventory, need: Mapping[str, list[str]], make_fleet: Callable[[Any], Any], *,
-             warm_budget: int | None = None,
-             on_phase: Callable[[str], None] = lambda m: None,
-             on_host: Callable[[str, str, bool], None] = lambda h, m, ok: None,
-             on_progress: sr.OnProgress | None = None) -> Prestaged:
+def prestage(
+    inv: Inventory,
+    need: Mapping[str, list[str]],
+    make_fleet: Callable[[Any], Any],
+    *,
+    warm_budget: int | None = None,
+    on_phase: Callable[[str], None] = lambda m: None,
+    on_host: Callable[[str, str, bool], None] = lambda h, m, ok: None,
+    on_progress: sr.OnProgress | None = None,
+) -> Prestaged:
     """Stage each model of ``need`` on its hosts without switching, and warm it.
 
     One relay chain per model over all its hosts (the source is read once);
@@ -80,8 +93,11 @@ def prestage(inv: Inventory, need: Mapping[str, list[str]], make_fleet: Callable
     out = Prestaged()
     for name, hosts in need.items():
         model = inv.models[name]
-        on_phase(f"pre-staging {name} {model.version or ''} on {len(hosts)} hosts without switching; warming "
-                 + ("the whole version" if warm_budget is None else f"up to {warm_budget} bytes") + " per host")
+        on_phase(
+            f"pre-staging {name} {model.version or ''} on {len(hosts)} hosts without switching; warming "
+            + ("the whole version" if warm_budget is None else f"up to {warm_budget} bytes")
+            + " per host"
+        )
         src = sp.parse_source(model.source or "", f"{inv.path}: models.{name}.source")
         man = sp.load_manifest(src, name, model.version)
         targets = [inv.hosts[h] for h in hosts]
@@ -91,8 +107,18 @@ def prestage(inv: Inventory, need: Mapping[str, list[str]], make_fleet: Callable
             # staged as consecutive chains of at most that many (the source is read once per chain).
             size = max(1, int(getattr(fleet, "fanout", len(targets)) or len(targets)))
             for i in range(0, len(targets), size):
-                rep = sr.stage_model(fleet, targets[i:i + size], model, src, man, relay="chain", switch=False,
-                                     warm=True, warm_budget=warm_budget, on_progress=on_progress)
+                rep = sr.stage_model(
+                    fleet,
+                    targets[i : i + size],
+                    model,
+                    src,
+                    man,
+                    relay="chain",
+                    switch=False,
+                    warm=True,
+                    warm_budget=warm_budget,
+                    on_progress=on_progress,
+                )
                 out.seconds[name] += rep.seconds
                 for row in rep.rows:
                     what = row.status if row.ok else f"{row.status}: {row.error or row.kind}"

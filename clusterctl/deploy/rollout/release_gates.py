@@ -66,8 +66,13 @@ class ReleaseGates:
         return bool(self.drift_baseline or self.bench_reference or self.record_baseline)
 
 
-def parse_gates(values: Sequence[str], *, bench_tolerance: float = 0.1, record_baseline: str | None = None,
-                state_dir: Path | None = None) -> ReleaseGates:
+def parse_gates(
+    values: Sequence[str],
+    *,
+    bench_tolerance: float = 0.1,
+    record_baseline: str | None = None,
+    state_dir: Path | None = None,
+) -> ReleaseGates:
     """``--gate`` values (``drift``, ``drift:NAME``, ``bench:REFERENCE``), each kind at most once.
     Raises ClusterctlError naming the bad value."""
     drift: str | None = None
@@ -84,7 +89,9 @@ def parse_gates(values: Sequence[str], *, bench_tolerance: float = 0.1, record_b
             if bench is not None:
                 raise ClusterctlError(f"--gate {v!r}: a bench gate is already given ({bench!r})")
             if not arg:
-                raise ClusterctlError(f"--gate {v!r}: bench needs a reference: bench:INSTANCE or bench:http://HOST:PORT")
+                raise ClusterctlError(
+                    f"--gate {v!r}: bench needs a reference: bench:INSTANCE or bench:http://HOST:PORT"
+                )
             bench = arg
             _check_url(arg)
         else:
@@ -134,12 +141,17 @@ class ReleaseDeploy(Deploy):
         changing = [i for hp in plan.hosts for i in hp.items if i.action == "changed" and i.instance in self.rendered]
         models = sorted({self.rendered[i.instance].model for i in changing})
         if len(models) > 1:
-            raise ClusterctlError(f"--record-baseline {name}: this deploy changes instances of {len(models)} models "
-                              f"({', '.join(models)}); one baseline serves one model: narrow it with --instances")
+            raise ClusterctlError(
+                f"--record-baseline {name}: this deploy changes instances of {len(models)} models "
+                f"({', '.join(models)}); one baseline serves one model: narrow it with --instances"
+            )
         running = [i for i in changing if i.state == "active"]
         if not running:
-            self.event("warn", f"--record-baseline {name}: no running instance is about to change; "
-                               "baseline not recorded", ok=False)
+            self.event(
+                "warn",
+                f"--record-baseline {name}: no running instance is about to change; baseline not recorded",
+                ok=False,
+            )
             return
         t = self._target(running[0].instance)
         self.event("phase", f"recording baseline {name!r} from {t.instance} (the version being replaced)")
@@ -158,8 +170,14 @@ class ReleaseDeploy(Deploy):
                 known = ", ".join(sorted(self.instances)) or "none"
                 raise ClusterctlError(f"bench gate reference {name!r}: no such instance (instances: {known})")
             [r] = render_all(self.inv, {name: inst})
-        return gates.GateTarget(name, r.host, self.inv.hosts[r.host].address, r.port,
-                                instance_served_name(self.inv, self.instances.get(name), r), api_key(r))
+        return gates.GateTarget(
+            name,
+            r.host,
+            self.inv.hosts[r.host].address,
+            r.port,
+            instance_served_name(self.inv, self.instances.get(name), r),
+            api_key(r),
+        )
 
     def _reference(self, canary: gates.GateTarget) -> gates.GateTarget | None:
         ref = self.release.bench_reference
@@ -189,7 +207,10 @@ class ReleaseDeploy(Deploy):
         except ClusterctlError as e:
             return out + [gates.GateResult(t.instance, t.host, False, "bench", str(e), 0.0) for t in todo]
         return out + drift_release.release_gates(
-            todo, drift_baseline=self.release.drift_baseline,
+            todo,
+            drift_baseline=self.release.drift_baseline,
             bench_reference=(lambda t: reference) if reference is not None else None,
             drift_options={"state_dir": self.release.state_dir},
-            bench_options={"tolerance": self.release.bench_tolerance}, on_result=self.gate_event)
+            bench_options={"tolerance": self.release.bench_tolerance},
+            on_result=self.gate_event,
+        )

@@ -53,9 +53,16 @@ class RollbackReport:
         return self.result in ("ok", "nothing")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "result": self.result, "ok": self.ok, "seconds": round(self.seconds, 2),
-                "hosts": [{"host": h, **d} for h, d in self.hosts.items()], "gates": [g.to_dict() for g in self.gates],
-                "drained": self.drained, "gateway": self.gateway}
+        return {
+            "run_id": self.run_id,
+            "result": self.result,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 2),
+            "hosts": [{"host": h, **d} for h, d in self.hosts.items()],
+            "gates": [g.to_dict() for g in self.gates],
+            "drained": self.drained,
+            "gateway": self.gateway,
+        }
 
 
 def candidates(state: remote.HostState, pattern: str | None) -> list[str]:
@@ -71,8 +78,9 @@ def _api_key(inv: Inventory, state_dir: str, name: str) -> str | None:
     return resolve_secrets(inv, inst).get("VLLM_API_KEY") if inst is not None else None
 
 
-def _targets(inv: Inventory, state_dir: str, restored: dict[str, list[str]],
-             states: dict[str, remote.HostState]) -> list[gates.GateTarget]:
+def _targets(
+    inv: Inventory, state_dir: str, restored: dict[str, list[str]], states: dict[str, remote.HostState]
+) -> list[gates.GateTarget]:
     out = []
     for host, names in restored.items():
         for name in names:
@@ -83,13 +91,15 @@ def _targets(inv: Inventory, state_dir: str, restored: dict[str, list[str]],
             flag = _SERVED.search(st.unit_text)
             served = flag.group(1) if flag else (model.served_name or model.name) if model else st.x.get("Model", name)
             port = int(st.x.get("Port") or ap.unit_port(st.unit_text) or 0)
-            out.append(gates.GateTarget(name, host, inv.hosts[host].address, port, served,
-                                        _api_key(inv, state_dir, name)))
+            out.append(
+                gates.GateTarget(name, host, inv.hosts[host].address, port, served, _api_key(inv, state_dir, name))
+            )
     return out
 
 
-def drain_restored(inv: Inventory, state: remote.HostState, names: Sequence[str], gateway: Any,
-                   timeout: float) -> list[DrainResult]:
+def drain_restored(
+    inv: Inventory, state: remote.HostState, names: Sequence[str], gateway: Any, timeout: float
+) -> list[DrainResult]:
     """Drain (gateway mark-down first) the running instances of ``names`` on the host of ``state``."""
     todo = []
     for n in names:
@@ -101,8 +111,14 @@ def drain_restored(inv: Inventory, state: remote.HostState, names: Sequence[str]
     return [dr.drain(inv, i, timeout=timeout, gateway=gateway) for i in todo]
 
 
-def gate_restored(inv: Inventory, state_dir: str, fleet: Any, restored: dict[str, list[str]], timeout_s: float,
-                  on_event: Callable[[Event], None]) -> list[gates.GateResult]:
+def gate_restored(
+    inv: Inventory,
+    state_dir: str,
+    fleet: Any,
+    restored: dict[str, list[str]],
+    timeout_s: float,
+    on_event: Callable[[Event], None],
+) -> list[gates.GateResult]:
     """The deploy gate of the instances a rollback restarted (host -> names), with the units now on the hosts."""
     after = remote.read_hosts(fleet, hosts=[h for h, n in restored.items() if n])
     targets = _targets(inv, state_dir, restored, after)
@@ -110,19 +126,37 @@ def gate_restored(inv: Inventory, state_dir: str, fleet: Any, restored: dict[str
 
     def units() -> dict[str, gates.UnitState]:
         now = remote.read_hosts(fleet, hosts=sorted(set(wanted.values())), timeout=30)
-        return {n: (s.active, s.sub, s.restarts) for n, h in wanted.items()
-                for s in [now.get(h, remote.HostState(h)).instances.get(n)] if s is not None}
+        return {
+            n: (s.active, s.sub, s.restarts)
+            for n, h in wanted.items()
+            for s in [now.get(h, remote.HostState(h)).instances.get(n)]
+            if s is not None
+        }
 
-    return gates.wait_gates(targets, timeout_s=timeout_s, units=units, on_result=lambda g: on_event(
-        Event("gate", f"{g.instance}: {'pass' if g.ok else 'FAIL'} ({g.reason})", g.host, g.ok)),
-        explain=lambda t: first_error(fleet, t.host, t.instance))
+    return gates.wait_gates(
+        targets,
+        timeout_s=timeout_s,
+        units=units,
+        on_result=lambda g: on_event(
+            Event("gate", f"{g.instance}: {'pass' if g.ok else 'FAIL'} ({g.reason})", g.host, g.ok)
+        ),
+        explain=lambda t: first_error(fleet, t.host, t.instance),
+    )
 
 
-def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, state_dir: str, *,
-             instances: str | None = None, gate_timeout_s: float = 600.0, break_lock: bool = False,
-             drain_timeout_s: float = 120.0,
-             lock_ttl_s: float = lock.DEFAULT_TTL_S,
-             on_event: Callable[[Event], None] = lambda e: None) -> RollbackReport:
+def rollback(
+    inv: Inventory,
+    hosts: Sequence[Host],
+    make_fleet: FleetFactory,
+    state_dir: str,
+    *,
+    instances: str | None = None,
+    gate_timeout_s: float = 600.0,
+    break_lock: bool = False,
+    drain_timeout_s: float = 120.0,
+    lock_ttl_s: float = lock.DEFAULT_TTL_S,
+    on_event: Callable[[Event], None] = lambda e: None,
+) -> RollbackReport:
     """Roll back ``instances`` (pattern) on ``hosts``; see the module docstring."""
     t0 = time.monotonic()
     me, started = lock.LockInfo(), utc_now()
@@ -141,17 +175,32 @@ def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, st
         entries: list[dict[str, Any]] = []
 
         def record() -> dict[str, Any]:
-            return audit.record("rollback", run_id=me.run_id, who=me.holder, started=started, instances=entries,
-                                result=rep.result, hosts=list(todo))
+            return audit.record(
+                "rollback",
+                run_id=me.run_id,
+                who=me.holder,
+                started=started,
+                instances=entries,
+                result=rep.result,
+                hosts=list(todo),
+            )
 
-        with lock.held(fleet, list(todo), me, ttl_s=lock_ttl_s, break_lock=break_lock, audit=record,
-                       fresh_fleet=lambda: make_fleet([inv.hosts[h] for h in todo])) as got:
+        with lock.held(
+            fleet,
+            list(todo),
+            me,
+            ttl_s=lock_ttl_s,
+            break_lock=break_lock,
+            audit=record,
+            fresh_fleet=lambda: make_fleet([inv.hosts[h] for h in todo]),
+        ) as got:
             todo = {h: n for h, n in todo.items() if h in got.locked}
             on_event(Event("phase", f"rolling back {sum(map(len, todo.values()))} instances on {len(todo)} hosts"))
             gateway = dr.gateway_for(inv, state_dir)
             drained = [r for h in todo for r in drain_restored(inv, states[h], todo[h], gateway, drain_timeout_s)]
-            rep.drained = {r.instance: ("drained" if r.drained else f"drain timed out, {r.remaining} in flight")
-                           for r in drained}
+            rep.drained = {
+                r.instance: ("drained" if r.drained else f"drain timed out, {r.remaining} in flight") for r in drained
+            }
             # a multi-node replica's members: stop all, then the workers, then the head (not all at once)
             replies, order = rollback_in_order(fleet, todo, desired(inv, state_dir)[0], own_run_id=me.run_id)
             for line in order:
@@ -160,16 +209,23 @@ def rollback(inv: Inventory, hosts: Sequence[Host], make_fleet: FleetFactory, st
             removed: list[str] = []
             for h, r in replies.items():
                 restored[h] = list(r.data.get("restored", []))
-                rep.hosts[h] = {"status": "rolled_back" if r.ok else "failed", "error": r.error,
-                                "restored": restored[h], "removed": r.data.get("removed", []),
-                                "missing": r.data.get("missing", [])}
+                rep.hosts[h] = {
+                    "status": "rolled_back" if r.ok else "failed",
+                    "error": r.error,
+                    "restored": restored[h],
+                    "removed": r.data.get("removed", []),
+                    "missing": r.data.get("missing", []),
+                }
                 entries += [{"instance": n, "host": h, "action": "restored"} for n in restored[h]]
                 entries += [{"instance": n, "host": h, "action": "removed"} for n in r.data.get("removed", [])]
                 removed += list(r.data.get("removed", []))
                 on_event(Event("host", "rolled back" if r.ok else f"rollback failed: {r.error}", h, r.ok))
             # members restarted in order are gated too (their headless workers are not: gate_restored)
-            restarted = {h: list(dict.fromkeys(restored.get(h, []) + list(r.data.get("held", []))))
-                         for h, r in replies.items() if r.ok}
+            restarted = {
+                h: list(dict.fromkeys(restored.get(h, []) + list(r.data.get("held", []))))
+                for h, r in replies.items()
+                if r.ok
+            }
             rep.gates = gate_restored(inv, state_dir, fleet, restarted, gate_timeout_s, on_event)
             rep.gateway = dr.put_back(gateway, [g.instance for g in rep.gates if g.ok] + removed)
             for n, note in rep.gateway.items():

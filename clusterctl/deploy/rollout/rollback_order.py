@@ -34,6 +34,7 @@ def replica_members(todo: Mapping[str, list[str]], instances: Mapping[str, Insta
     """host -> member unit name -> its replica's name, for every multi-node replica that one of ``todo``'s
     names (host -> instances to restore) belongs to: the names being restored, and the replica's members
     that its placement puts on those hosts (unchanged running members must restart too)."""
+
     def replica(name: str) -> Instance | None:
         m = _WORKER.fullmatch(name)
         inst = instances.get(name) or (instances.get(m.group(1)) if m else None)
@@ -53,19 +54,42 @@ def replica_members(todo: Mapping[str, list[str]], instances: Mapping[str, Insta
 
 
 def _start(run_id: str, names: list[str]) -> dict[str, Any]:
-    return {"op": "apply", "run_id": run_id, "write": [], "restart": [], "start": names, "remove": [], "stop": [],
-            "setup_scripts": []}
+    return {
+        "op": "apply",
+        "run_id": run_id,
+        "write": [],
+        "restart": [],
+        "start": names,
+        "remove": [],
+        "stop": [],
+        "setup_scripts": [],
+    }
 
 
-def rollback_in_order(fleet: Any, todo: Mapping[str, list[str]], instances: Mapping[str, Instance], *,
-                      own_run_id: str, only_run_id: str | None = None) -> tuple[dict[str, NodeReply], list[str]]:
+def rollback_in_order(
+    fleet: Any,
+    todo: Mapping[str, list[str]],
+    instances: Mapping[str, Instance],
+    *,
+    own_run_id: str,
+    only_run_id: str | None = None,
+) -> tuple[dict[str, NodeReply], list[str]]:
     """Restore ``todo`` (host -> instances) as :func:`~clusterctl.deploy.rollout.apply.rollback_hosts` does, but a
     multi-node replica's members in order (module doc).  Returns one reply per host (a failed start of a
     member marks its host's reply failed) and one line per replica saying the order it went in."""
     members = replica_members(todo, instances)
-    jobs = {h: {"op": "rollback", "instances": names, "run_id": only_run_id, "own_run_id": own_run_id,
-                "restart": True, "hold": sorted(members.get(h, {}))}
-            for h, names in todo.items() if names or members.get(h)}
+    jobs = {
+        h: {
+            "op": "rollback",
+            "instances": names,
+            "run_id": only_run_id,
+            "own_run_id": own_run_id,
+            "restart": True,
+            "hold": sorted(members.get(h, {})),
+        }
+        for h, names in todo.items()
+        if names or members.get(h)
+    }
     replies = remote.run_jobs(fleet, jobs)
     if not members:
         return replies, []
@@ -75,14 +99,19 @@ def rollback_in_order(fleet: Any, todo: Mapping[str, list[str]], instances: Mapp
     for replica in sorted({r for m in members.values() for r in m.values()}):
         w = [f"{n} on {h}" for h, ns in held.items() for n in ns if members[h][n] == replica and n not in heads]
         hd = [f"{n} on {h}" for h, ns in held.items() for n in ns if n == replica]
-        notes.append(f"replica {replica}: rolled back with its units stopped, started the workers "
-                     f"({', '.join(w) or 'none'}), then the head ({', '.join(hd) or 'none'})")
-    for phase in ({h: [n for n in ns if n not in heads] for h, ns in held.items()},
-                  {h: [n for n in ns if n in heads] for h, ns in held.items()}):
+        notes.append(
+            f"replica {replica}: rolled back with its units stopped, started the workers "
+            f"({', '.join(w) or 'none'}), then the head ({', '.join(hd) or 'none'})"
+        )
+    for phase in (
+        {h: [n for n in ns if n not in heads] for h, ns in held.items()},
+        {h: [n for n in ns if n in heads] for h, ns in held.items()},
+    ):
         started = remote.run_jobs(fleet, {h: _start(own_run_id, ns) for h, ns in phase.items() if ns})
         for h, r in started.items():
             if not r.ok:
                 before = replies[h]
-                replies[h] = NodeReply(h, False, before.data, "; ".join(x for x in (before.error, r.error) if x),
-                                       before.kind or r.kind)
+                replies[h] = NodeReply(
+                    h, False, before.data, "; ".join(x for x in (before.error, r.error) if x), before.kind or r.kind
+                )
     return replies, notes

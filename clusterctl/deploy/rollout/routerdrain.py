@@ -14,8 +14,14 @@ import time
 from typing import Mapping
 
 from clusterctl.deploy.rollout.drain import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_POLL_S, DrainResult, GatewayHook, drain
-from clusterctl.deploy.status.metrics import (DEFAULT_HTTP_TIMEOUT, MAX_PARALLEL, MetricsSample, base_url,
-                                              fetch_sample, is_refused)
+from clusterctl.deploy.status.metrics import (
+    DEFAULT_HTTP_TIMEOUT,
+    MAX_PARALLEL,
+    MetricsSample,
+    base_url,
+    fetch_sample,
+    is_refused,
+)
 from clusterctl.deploy.units import pdrouter
 from clusterctl.inventory.model import Instance, Inventory, PdPool
 
@@ -32,16 +38,33 @@ def _members_in_flight(inv: Inventory, members: list[Instance], timeout: float) 
     ok = [g for g in got if isinstance(g, MetricsSample)]
     if not ok:
         return str(got[0])  # none listening: nothing in flight
-    return MetricsSample(at=time.monotonic(), kv_usage=None, running=sum(s.running or 0.0 for s in ok),
-                         waiting=sum(s.waiting or 0.0 for s in ok), generation_tokens=None)
+    return MetricsSample(
+        at=time.monotonic(),
+        kv_usage=None,
+        running=sum(s.running or 0.0 for s in ok),
+        waiting=sum(s.waiting or 0.0 for s in ok),
+        generation_tokens=None,
+    )
 
 
-def drain_router(inv: Inventory, pool: PdPool, instances: Mapping[str, Instance], *,
-                 timeout: float = DEFAULT_DRAIN_TIMEOUT_S, poll: float = DEFAULT_POLL_S,
-                 gateway: GatewayHook | None = None) -> DrainResult:
+def drain_router(
+    inv: Inventory,
+    pool: PdPool,
+    instances: Mapping[str, Instance],
+    *,
+    timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
+    poll: float = DEFAULT_POLL_S,
+    gateway: GatewayHook | None = None,
+) -> DrainResult:
     """Mark ``router-P`` down at the gateway, then wait until the pool's members have nothing in
     flight (module doc); the same bounds and result as :func:`clusterctl.deploy.drain.drain`."""
     router = pdrouter.router_instance(inv, pool)
     members = pdrouter.members(inv, pool, instances.values())
-    return drain(inv, router, timeout=timeout, poll=poll, gateway=gateway,
-                 fetch=lambda _url: _members_in_flight(inv, members, min(DEFAULT_HTTP_TIMEOUT, max(poll, 1.0))))
+    return drain(
+        inv,
+        router,
+        timeout=timeout,
+        poll=poll,
+        gateway=gateway,
+        fetch=lambda _url: _members_in_flight(inv, members, min(DEFAULT_HTTP_TIMEOUT, max(poll, 1.0))),
+    )

@@ -79,9 +79,17 @@ class SurgeStep:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"instance": self.instance, "host": self.host, "mode": self.mode, "surge": self.surge,
-                "gpus": list(self.gpus), "port": self.port, "why": self.why or None, "outcome": self.outcome,
-                "error": self.error}
+        return {
+            "instance": self.instance,
+            "host": self.host,
+            "mode": self.mode,
+            "surge": self.surge,
+            "gpus": list(self.gpus),
+            "port": self.port,
+            "why": self.why or None,
+            "outcome": self.outcome,
+            "error": self.error,
+        }
 
     def line(self) -> str:
         return step_line(self.to_dict())
@@ -93,8 +101,10 @@ def step_line(step: Mapping[str, Any]) -> str:
     if step["mode"] != "surge":
         return head + f"in place ({step['why']})"
     gpus = ",".join(map(str, step["gpus"]))
-    text = (head + f"start {step['surge']} on GPU {gpus} port {step['port']}, gate it, add it at the gateway; "
-            f"drain {step['instance']}, restart it in place, gate, put back; drain and remove {step['surge']}")
+    text = (
+        head + f"start {step['surge']} on GPU {gpus} port {step['port']}, gate it, add it at the gateway; "
+        f"drain {step['instance']}, restart it in place, gate, put back; drain and remove {step['surge']}"
+    )
     if step.get("outcome", "planned") != "planned":
         text += f" -> {step['outcome']}" + (f" ({step['error']})" if step.get("error") else "")
     return text
@@ -109,20 +119,29 @@ def _unit_port(x: Mapping[str, str]) -> int | None:
     return int(p) if p.isdigit() else None
 
 
-def spare_gpus(inv: Inventory, host: str, instances: Mapping[str, Instance], st: remote.HostState,
-               cordons: DeployState | None = None) -> list[int]:
+def spare_gpus(
+    inv: Inventory,
+    host: str,
+    instances: Mapping[str, Instance],
+    st: remote.HostState,
+    cordons: DeployState | None = None,
+) -> list[int]:
     """GPU indexes of ``host`` that no instance uses (desired, or a unit found on the host) and not cordoned."""
     used = {g.index for i in instances.values() for g in i.placement if g.host == host and not g.is_cpu}
     for s in st.instances.values():
         used |= _unit_gpus(s.x)
     if cordons is not None and cordons.host_cordoned(host):
         return []
-    return [i for i in range(inv.hosts[host].gpus.count)
-            if i not in used and not (cordons is not None and cordons.gpu_cordoned(host, i))]
+    return [
+        i
+        for i in range(inv.hosts[host].gpus.count)
+        if i not in used and not (cordons is not None and cordons.gpu_cordoned(host, i))
+    ]
 
 
-def free_port(inv: Inventory, host: str, start: int, instances: Mapping[str, Instance],
-              st: remote.HostState) -> int | None:
+def free_port(
+    inv: Inventory, host: str, start: int, instances: Mapping[str, Instance], st: remote.HostState
+) -> int | None:
     """The lowest port from ``start`` that no instance on ``host`` (desired or found) and no gateway there uses."""
     used = {i.port for i in instances.values() if any(g.host == host for g in i.placement)}
     used |= {p for s in st.instances.values() if (p := _unit_port(s.x)) is not None}
@@ -132,8 +151,13 @@ def free_port(inv: Inventory, host: str, start: int, instances: Mapping[str, Ins
     return next((p for p in range(start, 65536) if p not in used), None)
 
 
-def plan_surges(inv: Inventory, plan: Plan, instances: Mapping[str, Instance], states: Mapping[str, remote.HostState],
-                cordons: DeployState | None = None) -> list[SurgeStep]:
+def plan_surges(
+    inv: Inventory,
+    plan: Plan,
+    instances: Mapping[str, Instance],
+    states: Mapping[str, remote.HostState],
+    cordons: DeployState | None = None,
+) -> list[SurgeStep]:
     """How each ``changed`` instance of ``plan`` is replaced (pure: no I/O).
 
     Per host the surges run one after another on the same spare GPUs, so each instance gets the
@@ -169,8 +193,11 @@ def plan_surges(inv: Inventory, plan: Plan, instances: Mapping[str, Instance], s
             free = spare_gpus(inv, hp.host, instances, st, cordons)
             group = best_group(free, inst.tp_size)
             if group is None:
-                out.append(SurgeStep(item.instance, hp.host, "in_place",
-                                     why=f"no spare GPUs: needs {inst.tp_size}, {len(free)} free"))
+                out.append(
+                    SurgeStep(
+                        item.instance, hp.host, "in_place", why=f"no spare GPUs: needs {inst.tp_size}, {len(free)} free"
+                    )
+                )
                 continue
             port = free_port(inv, hp.host, inst.port + 1, instances, st)
             if port is None:
@@ -185,9 +212,11 @@ def refusal(steps: Sequence[SurgeStep]) -> str | None:
     bad = [s for s in steps if s.mode != "surge"]
     if not bad:
         return None
-    return ("--surge-strict: no change was made; these instances cannot surge: "
-            + "; ".join(f"{s.host} {s.instance}: {s.why}" for s in bad)
-            + " (deploy --surge restarts them in place)")
+    return (
+        "--surge-strict: no change was made; these instances cannot surge: "
+        + "; ".join(f"{s.host} {s.instance}: {s.why}" for s in bad)
+        + " (deploy --surge restarts them in place)"
+    )
 
 
 class SurgeDeploy(Deploy):
@@ -230,8 +259,9 @@ class SurgeDeploy(Deploy):
             if self.report is not None:
                 self.report.surge = [s.to_dict() for s in getattr(self, "surge_steps", [])]
 
-    def _rollout(self, fleet: Any, plan: Plan, states: dict[str, remote.HostState], targets: list[str],
-                 rep: DeployReport) -> None:
+    def _rollout(
+        self, fleet: Any, plan: Plan, states: dict[str, remote.HostState], targets: list[str], rep: DeployReport
+    ) -> None:
         self.surge_steps = self._steps(plan, states)  # the plan again under the lock: so is the surge plan
         super()._rollout(fleet, plan, states, targets, rep)
         for s in self.surge_steps:
@@ -259,8 +289,15 @@ class SurgeDeploy(Deploy):
 
     # --- the batch ------------------------------------------------------------------
 
-    def _batch(self, fleet: Any, n: int, batch: list[str], by_host: Mapping[str, Any],
-               states: dict[str, remote.HostState], rep: DeployReport) -> list[str]:
+    def _batch(
+        self,
+        fleet: Any,
+        n: int,
+        batch: list[str],
+        by_host: Mapping[str, Any],
+        states: dict[str, remote.HostState],
+        rep: DeployReport,
+    ) -> list[str]:
         per_host = {h: [s for s in self.surge_steps if s.host == h and s.mode == "surge"] for h in batch}
         if not any(per_host.values()):
             return super()._batch(fleet, n, batch, by_host, states, rep)
@@ -272,15 +309,23 @@ class SurgeDeploy(Deploy):
             if now:
                 failed += self._surge_round(fleet, n, now, by_host, states, rep)
         surged = {s.instance for v in per_host.values() for s in v}
-        rest = {h: HostPlan(h, [i for i in by_host[h].items if i.instance not in surged]) for h in batch
-                if h not in failed}
+        rest = {
+            h: HostPlan(h, [i for i in by_host[h].items if i.instance not in surged]) for h in batch if h not in failed
+        }
         rest = {h: hp for h, hp in rest.items() if hp.changes}
         if rest:
             failed += self._merged(fleet, n, list(rest), rest, states, rep)
         return failed
 
-    def _merged(self, fleet: Any, n: int, hosts: list[str], plans: Mapping[str, Any],
-                states: dict[str, remote.HostState], rep: DeployReport) -> list[str]:
+    def _merged(
+        self,
+        fleet: Any,
+        n: int,
+        hosts: list[str],
+        plans: Mapping[str, Any],
+        states: dict[str, remote.HostState],
+        rep: DeployReport,
+    ) -> list[str]:
         """The engine's batch over ``plans`` (a part of each host's plan), keeping what earlier parts
         of this batch recorded on the host's outcome."""
         before = {h: rep.hosts.get(h) for h in hosts}
@@ -303,8 +348,9 @@ class SurgeDeploy(Deploy):
     def _render(self, step: SurgeStep, states: Mapping[str, remote.HostState]) -> Instance:
         inst = self.instances[step.instance]
         assert step.surge is not None and step.port is not None
-        s_inst = dataclasses.replace(inst, name=step.surge, port=step.port,
-                                     placement=tuple(GpuRef(step.host, g) for g in step.gpus))
+        s_inst = dataclasses.replace(
+            inst, name=step.surge, port=step.port, placement=tuple(GpuRef(step.host, g) for g in step.gpus)
+        )
         st = states.get(step.host) or remote.HostState(step.host)
         st_uuids = dataclasses.replace(st, gpu_uuids=st.gpu_uuids or self.uuids.get(step.host))
         uuids = {step.surge: u} if (u := pinned_uuids(s_inst, st_uuids)) else {}
@@ -313,8 +359,15 @@ class SurgeDeploy(Deploy):
         self.instances[step.surge] = s_inst
         return s_inst
 
-    def _surge_round(self, fleet: Any, n: int, now: dict[str, SurgeStep], by_host: Mapping[str, Any],
-                     states: dict[str, remote.HostState], rep: DeployReport) -> list[str]:
+    def _surge_round(
+        self,
+        fleet: Any,
+        n: int,
+        now: dict[str, SurgeStep],
+        by_host: Mapping[str, Any],
+        states: dict[str, remote.HostState],
+        rep: DeployReport,
+    ) -> list[str]:
         """One changed instance per host of ``now``: surge, in-place restart, retire; the failed hosts."""
         failed: list[str] = []
         self.event("phase", "surge: " + ", ".join(f"{s.surge} on {h}" for h, s in now.items()))
@@ -334,11 +387,17 @@ class SurgeDeploy(Deploy):
         for h, s in go.items():
             g = bad.get(s.surge or "")
             if g is not None and s.outcome == "planned":
-                self._fail(rep, n, s, f"gate: {g.reason}" + (" (inconclusive: the old version keeps serving)"
-                                                            if g.inconclusive else ""))
+                self._fail(
+                    rep,
+                    n,
+                    s,
+                    f"gate: {g.reason}" + (" (inconclusive: the old version keeps serving)" if g.inconclusive else ""),
+                )
         passed = {h: s for h, s in go.items() if s.outcome == "planned"}
         if passed:
-            self.at_gateway |= {s.surge or "" for s in passed.values()}  # also when a gateway host failed: taken out later
+            self.at_gateway |= {
+                s.surge or "" for s in passed.values()
+            }  # also when a gateway host failed: taken out later
             err = self._gateway_sync()
             if err:
                 for s in passed.values():
@@ -351,8 +410,9 @@ class SurgeDeploy(Deploy):
         self._retire(fleet, [go[h] for h in lost], relink=True)
         failed += lost
         if passed:
-            plans = {h: HostPlan(h, [i for i in by_host[h].items if i.instance == s.instance])
-                     for h, s in passed.items()}
+            plans = {
+                h: HostPlan(h, [i for i in by_host[h].items if i.instance == s.instance]) for h, s in passed.items()
+            }
             broke = self._merged(fleet, n, list(passed), plans, states, rep)
             for h in broke:
                 passed[h].outcome, passed[h].error = "failed", rep.hosts[h].error
@@ -400,9 +460,20 @@ class SurgeDeploy(Deploy):
                 self.event("host", f"{s.surge}: out of the gateway, {note}", s.host, note == "drained")
         jobs: dict[str, dict[str, Any]] = {}
         for s in steps:
-            job = jobs.setdefault(s.host, {"op": "apply", "run_id": self.me.run_id, "write": [], "restart": [],
-                                           "start": [], "remove": [], "forget": [], "relink": [],
-                                           "setup_scripts": []})
+            job = jobs.setdefault(
+                s.host,
+                {
+                    "op": "apply",
+                    "run_id": self.me.run_id,
+                    "write": [],
+                    "restart": [],
+                    "start": [],
+                    "remove": [],
+                    "forget": [],
+                    "relink": [],
+                    "setup_scripts": [],
+                },
+            )
             job["remove"].append(s.surge)
             job["forget"].append(s.surge)
             r = self.rendered.get(s.instance)
@@ -410,11 +481,13 @@ class SurgeDeploy(Deploy):
             if relink and r is not None and r.model_path and before.get(r.model_path):
                 job["relink"].append({"path": r.model_path, "target": before[r.model_path]})
         for h, reply in ap.apply_hosts(fleet, jobs).items():
-            self.event("host", "surge unit removed" if reply.ok else f"surge unit not removed: {reply.error}", h,
-                       reply.ok)
+            self.event(
+                "host", "surge unit removed" if reply.ok else f"surge unit not removed: {reply.error}", h, reply.ok
+            )
 
-    def _rollback(self, fleet: Any, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport,
-                  status: str) -> None:
+    def _rollback(
+        self, fleet: Any, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport, status: str
+    ) -> None:
         super()._rollback(fleet, hosts, by_host, rep, status)
         self._retire(fleet, [s for s in self.surge_steps if s.host in hosts and s.surge in self.surging])
 

@@ -58,9 +58,18 @@ from clusterctl.deploy.units import multinode, pdrouter
 from clusterctl.deploy import remote
 from clusterctl.deploy.status import routers
 from clusterctl.deploy.status.loadscore import InstanceLoad, load_score
-from clusterctl.deploy.status.metrics import (DEFAULT_HTTP_TIMEOUT, MAX_PARALLEL, HttpAnswer, MetricsSample,
-                                       WindowedMetrics, base_url, fetch_sample, http_get, scrape_window,
-                                       version_of)
+from clusterctl.deploy.status.metrics import (
+    DEFAULT_HTTP_TIMEOUT,
+    MAX_PARALLEL,
+    HttpAnswer,
+    MetricsSample,
+    WindowedMetrics,
+    base_url,
+    fetch_sample,
+    http_get,
+    scrape_window,
+    version_of,
+)
 from clusterctl.deploy.status.peaks import load_peaks, update_peaks
 from clusterctl.deploy.spec import unit_name
 from clusterctl.diagnose.findings import Severity
@@ -223,12 +232,23 @@ def _members(row: InstanceStatus, inst: Instance, hosts: Mapping[str, remote.Hos
         hs = hosts.get(host)
         st = hs.instances.get(name) if hs is not None and not hs.error else None
         state = _member_state(st, hs)
-        row.members.append({"unit": unit_name(name), "host": host, "rank": rank, "state": state,
-                            "active": st.active if st else None, "sub": st.sub if st else None})
+        row.members.append(
+            {
+                "unit": unit_name(name),
+                "host": host,
+                "rank": rank,
+                "state": state,
+                "active": st.active if st else None,
+                "sub": st.sub if st else None,
+            }
+        )
         if rank == 0 or state == "running":
             continue
-        why = down_reason(st.journal_tail, st.result, st.exit_status) if st is not None and state in (
-            "failed", "stopped", "restarting") else ""
+        why = (
+            down_reason(st.journal_tail, st.result, st.exit_status)
+            if st is not None and state in ("failed", "stopped", "restarting")
+            else ""
+        )
         bad.append(f"worker {unit_name(name)} on {host} {state}" + (f" ({why})" if why else ""))
         sev = _MEMBER_SEVERITY.get(state, Severity.CRIT)
         if row.severity.rank < sev.rank:
@@ -237,8 +257,7 @@ def _members(row: InstanceStatus, inst: Instance, hosts: Mapping[str, remote.Hos
         row.message = "; ".join(bad) + (f"; {row.message}" if row.message else "")
 
 
-def _apply_load(row: InstanceStatus, w: WindowedMetrics | None, queue_cap: int | None,
-                capacity: float | None) -> None:
+def _apply_load(row: InstanceStatus, w: WindowedMetrics | None, queue_cap: int | None, capacity: float | None) -> None:
     s: MetricsSample | None = w.last if w else None
     if s is not None:
         row.kv_usage, row.running, row.waiting = s.kv_usage, s.running, s.waiting
@@ -249,22 +268,46 @@ def _apply_load(row: InstanceStatus, w: WindowedMetrics | None, queue_cap: int |
             row.ttft_mean_s = None if mean is None else round(mean, 4)
             row.ttft_requests = w.ttft_requests
     hung = None
-    if row.state == "serving" and w is not None and w.first is not None and w.last is not None \
-            and w.first is not w.last:
+    if (
+        row.state == "serving"
+        and w is not None
+        and w.first is not None
+        and w.last is not None
+        and w.first is not w.last
+    ):
         a, b = w.first, w.last
-        hung = engine_hung(a.running, b.running, a.generation_tokens, b.generation_tokens, a.waiting, b.waiting,
-                           a.prompt_tokens, b.prompt_tokens)
+        hung = engine_hung(
+            a.running,
+            b.running,
+            a.generation_tokens,
+            b.generation_tokens,
+            a.waiting,
+            b.waiting,
+            a.prompt_tokens,
+            b.prompt_tokens,
+        )
     if hung and w is not None and w.first is not None and w.last is not None:
         row.state, row.severity = "hung", Severity.CRIT
-        what = (f"{w.last.running:.0f} request(s) running, no token generated" if hung == "running"
-                else hung_words(hung, w.last.running, w.last.waiting))
+        what = (
+            f"{w.last.running:.0f} request(s) running, no token generated"
+            if hung == "running"
+            else hung_words(hung, w.last.running, w.last.waiting)
+        )
         row.message = f"engine hung: {what} in {w.last.at - w.first.at:.1f} s (/health still answers)"
     if row.healthy is None:
         return
     cap = max(capacity or 0.0, row.tokens_per_s or 0.0) or None
-    row.load = load_score(InstanceLoad(healthy=bool(row.healthy), kv_usage=row.kv_usage, running=row.running,
-                                       waiting=row.waiting, tokens_per_s=row.tokens_per_s, queue_cap=queue_cap,
-                                       capacity_tokens_per_s=cap))
+    row.load = load_score(
+        InstanceLoad(
+            healthy=bool(row.healthy),
+            kv_usage=row.kv_usage,
+            running=row.running,
+            waiting=row.waiting,
+            tokens_per_s=row.tokens_per_s,
+            queue_cap=queue_cap,
+            capacity_tokens_per_s=cap,
+        )
+    )
     if row.healthy and s is None:
         _at_least_warn(row, f"/metrics: {w.error if w else 'not read'}")
     elif row.state == "serving" and row.load >= HIGH_LOAD:
@@ -277,10 +320,19 @@ def _at_least_warn(row: InstanceStatus, why: str) -> None:
     row.message = row.message or why
 
 
-def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any, *, window: float = 10.0,
-                   http_timeout: float = DEFAULT_HTTP_TIMEOUT, state_dir: Path | None = None,
-                   include_extra: bool = True, marked_down: Mapping[str, str] | None = None,
-                   on_event: Callable[[str], None] | None = None, tp_check: bool = True) -> list[InstanceStatus]:
+def collect_status(
+    inv: Inventory,
+    instances: Mapping[str, Instance],
+    fleet: Any,
+    *,
+    window: float = 10.0,
+    http_timeout: float = DEFAULT_HTTP_TIMEOUT,
+    state_dir: Path | None = None,
+    include_extra: bool = True,
+    marked_down: Mapping[str, str] | None = None,
+    on_event: Callable[[str], None] | None = None,
+    tp_check: bool = True,
+) -> list[InstanceStatus]:
     """Status of ``instances`` (name → Instance: the inventory's and placed replicas).
 
     ``fleet`` must hold every host the instances are on (and any other host
@@ -299,16 +351,31 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
     say = on_event or (lambda s: None)
     hosts = remote.read_hosts(fleet)
     # (worker unit name, host) -> its replica: the workers of multi-node replicas are members, not extra rows
-    workers = {(multinode.member_name(n, r), h): n for n, i in instances.items() if multinode.is_multinode(i)
-               for r, h in enumerate(multinode.hosts_in_order(i)) if r}
+    workers = {
+        (multinode.member_name(n, r), h): n
+        for n, i in instances.items()
+        if multinode.is_multinode(i)
+        for r, h in enumerate(multinode.hosts_in_order(i))
+        if r
+    }
     now_up = _uptimes(fleet)
     rows: dict[str, InstanceStatus] = {}
     unit_states: dict[str, remote.InstanceState] = {}
     for name, inst in instances.items():
         host = inst.placement[0].host if inst.placement else None
         hs = hosts.get(host) if host else None
-        row = InstanceStatus(name, host, inst.port, "absent", Severity.CRIT, template=inst.template,
-                             unit=unit_name(name), model=inst.model, engine=inst.engine, gpus=_gpus(inst, {}, host))
+        row = InstanceStatus(
+            name,
+            host,
+            inst.port,
+            "absent",
+            Severity.CRIT,
+            template=inst.template,
+            unit=unit_name(name),
+            model=inst.model,
+            engine=inst.engine,
+            gpus=_gpus(inst, {}, host),
+        )
         if hs is None:
             row.state, row.severity, row.message = "unknown", Severity.UNKNOWN, "host not read"
         elif hs.error:
@@ -326,8 +393,15 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
             if wanted is None and not include_extra:
                 continue
             key = name if wanted is not None else f"{name}@{host}"
-            row = rows.get(key) or InstanceStatus(name, host, _int(st.x.get("Port")), "extra", Severity.WARN,
-                                                  unit=unit_name(name), gpus=_gpus(None, st.x, host))
+            row = rows.get(key) or InstanceStatus(
+                name,
+                host,
+                _int(st.x.get("Port")),
+                "extra",
+                Severity.WARN,
+                unit=unit_name(name),
+                gpus=_gpus(None, st.x, host),
+            )
             row.active, row.sub, row.restarts = st.active, st.sub, st.restarts
             unit_states[key] = st
             up = now_up.get(host)
@@ -338,8 +412,11 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
             row.engine = st.x.get("Engine") or row.engine
             row.engine_version = st.x.get("EngineVersion") or None
             rows[key] = row
-    urls = {k: _url(inv, r, instances.get(r.name)) for k, r in rows.items()
-            if r.active in ("active", "deactivating") and r.port}
+    urls = {
+        k: _url(inv, r, instances.get(r.name))
+        for k, r in rows.items()
+        if r.active in ("active", "deactivating") and r.port
+    }
     say(f"{len(urls)} active instance(s): /health, /version, /metrics over {window:g} s")
     health, versions = _health_and_version(urls, http_timeout)
     # a pool's router has its own Prometheus page (its port, vllm-router's names: deploy/status/routers.py)
@@ -381,8 +458,13 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
             if verdict == "OK":
                 continue
             tp_row.message = f"TP group {verdict}" + (f"; {tp_row.message}" if tp_row.message else "")
-            bad = Severity.CRIT if verdict.startswith("UNAVAILABLE") else \
-                Severity.WARN if verdict.startswith("DEGRADED") else Severity.OK
+            bad = (
+                Severity.CRIT
+                if verdict.startswith("UNAVAILABLE")
+                else Severity.WARN
+                if verdict.startswith("DEGRADED")
+                else Severity.OK
+            )
             if tp_row.severity.rank < bad.rank:
                 tp_row.severity = bad
     for row in rows.values():
@@ -395,8 +477,9 @@ def collect_status(inv: Inventory, instances: Mapping[str, Instance], fleet: Any
     return sorted(rows.values(), key=lambda r: (r.host or "", r.name))
 
 
-def tp_health(inv: Inventory, instances: Mapping[str, Instance], fleet: Any,
-              on_event: Callable[[str], None] | None = None) -> dict[str, str]:
+def tp_health(
+    inv: Inventory, instances: Mapping[str, Instance], fleet: Any, on_event: Callable[[str], None] | None = None
+) -> dict[str, str]:
     """Instance -> ``OK``, ``DEGRADED: ...`` or ``UNAVAILABLE: ...``: doctor's ``tp.group`` check
     over a fresh snapshot of the instances' hosts (``fleet`` must hold them)."""
     from clusterctl.diagnose import bundle
@@ -468,5 +551,8 @@ def match_instances(names: Iterable[str], pattern: str | None) -> list[str]:
     terms = [t.strip() for t in pattern.split(",") if t.strip()]
     keep = [t for t in terms if not t.startswith("!")]
     drop = [t[1:] for t in terms if t.startswith("!")]
-    return [n for n in names if (not keep or any(fnmatchcase(n, k) for k in keep))
-            and not any(fnmatchcase(n, d) for d in drop)]
+    return [
+        n
+        for n in names
+        if (not keep or any(fnmatchcase(n, k) for k in keep)) and not any(fnmatchcase(n, d) for d in drop)
+    ]

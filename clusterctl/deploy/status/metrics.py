@@ -146,17 +146,23 @@ def parse_sample(text: str, at: float) -> MetricsSample:
         except ValueError:
             continue
         buckets[le] = buckets.get(le, 0.0) + v
-    return MetricsSample(at=at, kv_usage=peak(m, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-                         running=total(m, "vllm:num_requests_running"),
-                         waiting=total(m, "vllm:num_requests_waiting"),
-                         generation_tokens=total(m, "vllm:generation_tokens_total"), num_gpu_blocks=blocks,
-                         prompt_tokens=total(m, "vllm:prompt_tokens_total"),
-                         ttft_buckets=tuple(sorted(buckets.items())), ttft_sum=total(m, TTFT + "_sum"),
-                         ttft_count=total(m, TTFT + "_count"))
+    return MetricsSample(
+        at=at,
+        kv_usage=peak(m, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        running=total(m, "vllm:num_requests_running"),
+        waiting=total(m, "vllm:num_requests_waiting"),
+        generation_tokens=total(m, "vllm:generation_tokens_total"),
+        num_gpu_blocks=blocks,
+        prompt_tokens=total(m, "vllm:prompt_tokens_total"),
+        ttft_buckets=tuple(sorted(buckets.items())),
+        ttft_sum=total(m, TTFT + "_sum"),
+        ttft_count=total(m, TTFT + "_count"),
+    )
 
 
-def fetch_sample(url: str, timeout: float = DEFAULT_HTTP_TIMEOUT,
-                 clock: Callable[[], float] = time.monotonic) -> MetricsSample | str:
+def fetch_sample(
+    url: str, timeout: float = DEFAULT_HTTP_TIMEOUT, clock: Callable[[], float] = time.monotonic
+) -> MetricsSample | str:
     """``GET url/metrics`` parsed, or the reason it could not be read (a string)."""
     at = clock()
     a = http_get(url + "/metrics", timeout)
@@ -229,9 +235,14 @@ class WindowedMetrics:
 Fetch = Callable[[str], "MetricsSample | str"]
 
 
-def scrape_window(urls: Mapping[str, str], *, window: float = 10.0, fetch: Fetch | None = None,
-                  sleep: Callable[[float], None] = time.sleep,
-                  clock: Callable[[], float] = time.monotonic) -> dict[str, WindowedMetrics]:
+def scrape_window(
+    urls: Mapping[str, str],
+    *,
+    window: float = 10.0,
+    fetch: Fetch | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, WindowedMetrics]:
     """Sample ``/metrics`` of every ``{name: base_url}`` at once, twice, ``window`` s apart.
 
     ``window=0`` takes one sample (no throughput).  An instance whose first

@@ -28,8 +28,7 @@ def load_peaks(state_dir: Path) -> dict[str, float]:
         return {}
 
 
-def update_peaks(state_dir: Path, observed: Mapping[str, float | None],
-                 forget: Iterable[str] = ()) -> dict[str, float]:
+def update_peaks(state_dir: Path, observed: Mapping[str, float | None], forget: Iterable[str] = ()) -> dict[str, float]:
     """Raise each instance's stored peak to ``observed`` (tokens/s); return the peaks now stored.
 
     A write failure (read-only home) leaves the file as it was and still
@@ -47,8 +46,7 @@ def update_peaks(state_dir: Path, observed: Mapping[str, float | None],
         try:
             d = Path(state_dir)
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            write_atomic(d / FILENAME, json.dumps({"version": 1, "peaks": peaks}, indent=1, sort_keys=True),
-                         mode=0o600)
+            write_atomic(d / FILENAME, json.dumps({"version": 1, "peaks": peaks}, indent=1, sort_keys=True), mode=0o600)
         except OSError:
             pass
     return peaks

@@ -22,9 +22,13 @@ from clusterctl.diagnose.serving import parse_metrics
 from clusterctl.inventory.model import Instance, Inventory, PdPool
 
 #: vllm-router's counters of failed requests (0.1.17), summed into ``errors_total``.
-ERROR_COUNTERS = ("vllm_router_pd_errors_total", "vllm_router_pd_prefill_errors_total",
-                  "vllm_router_pd_decode_errors_total", "vllm_router_pd_stream_errors_total",
-                  "vllm_router_request_errors_total")
+ERROR_COUNTERS = (
+    "vllm_router_pd_errors_total",
+    "vllm_router_pd_prefill_errors_total",
+    "vllm_router_pd_decode_errors_total",
+    "vllm_router_pd_stream_errors_total",
+    "vllm_router_request_errors_total",
+)
 
 
 def router_instances(inv: Inventory, instances: Mapping[str, Instance]) -> dict[str, Instance]:
@@ -36,8 +40,9 @@ def metrics_url(inv: Inventory, pool: PdPool) -> str:
     return f"http://{inv.hosts[pool.router.host].address}:{pool.router.prometheus_port}/metrics"
 
 
-def read_metrics(inv: Inventory, names: Iterable[str], timeout: float = DEFAULT_HTTP_TIMEOUT
-                 ) -> dict[str, dict[str, Any] | str]:
+def read_metrics(
+    inv: Inventory, names: Iterable[str], timeout: float = DEFAULT_HTTP_TIMEOUT
+) -> dict[str, dict[str, Any] | str]:
     """``router-P`` -> its parsed Prometheus page (``parse_metrics``), or why it could not be read."""
     pools = {n: p for n in names if (p := pdrouter.pool_of(inv, n)) is not None}
     if not pools:
@@ -63,26 +68,39 @@ def _sum(m: Mapping[str, Any], name: str) -> float | None:
     return None if not rows else sum(v for _, v in rows)
 
 
-def view(inv: Inventory, pool: PdPool, instances: Mapping[str, Instance],
-         got: Mapping[str, Any] | str | None) -> tuple[dict[str, Any], list[str]]:
+def view(
+    inv: Inventory, pool: PdPool, instances: Mapping[str, Instance], got: Mapping[str, Any] | str | None
+) -> tuple[dict[str, Any], list[str]]:
     """The router's status record (``pool``, ``metrics_port``, ``members`` with the router's view of
     each, ``requests_total``, ``errors_total``, ``metrics_error``) and what is wrong with it."""
     members = pdrouter.members(inv, pool, instances.values())
-    rec: dict[str, Any] = {"pool": pool.name, "metrics_port": pool.router.prometheus_port, "members": [],
-                           "requests_total": None, "errors_total": None, "metrics_error": None}
+    rec: dict[str, Any] = {
+        "pool": pool.name,
+        "metrics_port": pool.router.prometheus_port,
+        "members": [],
+        "requests_total": None,
+        "errors_total": None,
+        "metrics_error": None,
+    }
     bad: list[str] = []
     if got is None or isinstance(got, str):
         rec["metrics_error"] = got or "not read"
-    health = {} if not isinstance(got, Mapping) else \
-        {labels.get("worker", ""): v for labels, v in got.get("vllm_router_worker_health", [])}
+    health = (
+        {}
+        if not isinstance(got, Mapping)
+        else {labels.get("worker", ""): v for labels, v in got.get("vllm_router_worker_health", [])}
+    )
     for m in members:
         url = pd.instance_url(inv, m)
         seen = health.get(url)
-        rec["members"].append({"instance": m.name, "role": m.role, "url": url,
-                               "healthy": None if seen is None else seen >= 1})
+        rec["members"].append(
+            {"instance": m.name, "role": m.role, "url": url, "healthy": None if seen is None else seen >= 1}
+        )
         if isinstance(got, Mapping) and seen is None:
-            bad.append(f"the router does not list {m.role} {m.name} ({url}): its unit predates the member "
-                       f"(clusterctl deploy renders it again)")
+            bad.append(
+                f"the router does not list {m.role} {m.name} ({url}): its unit predates the member "
+                f"(clusterctl deploy renders it again)"
+            )
         elif seen is not None and seen < 1:
             bad.append(f"the router sees {m.role} {m.name} ({url}) unhealthy")
     if isinstance(got, Mapping):
@@ -92,8 +110,9 @@ def view(inv: Inventory, pool: PdPool, instances: Mapping[str, Instance],
     return rec, bad
 
 
-def apply_status(row: Any, inv: Inventory, instances: Mapping[str, Instance],
-                 got: Mapping[str, Any] | str | None) -> None:
+def apply_status(
+    row: Any, inv: Inventory, instances: Mapping[str, Instance], got: Mapping[str, Any] | str | None
+) -> None:
     """Fill a router's status row (``deploy.status.InstanceStatus``): ``pool``, ``router``, and a WARN
     when it serves but sees a member unhealthy, misses one, or its page cannot be read."""
     pool = pdrouter.pool_of(inv, row.name)

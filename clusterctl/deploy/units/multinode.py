@@ -34,13 +34,29 @@ from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.probe.gid import ipv4_of_gid
 from clusterctl.inventory.multinode import MASTER_PORT_OFFSET, engine_problem, hosts_in_order, member_name, problems
 
-__all__ = ["MASTER_PORT_OFFSET", "engine_problem", "hosts_in_order", "problems", "is_multinode", "member_name", "master_addr",
-           "members", "units", "workers", "replica_of", "together", "phased", "gid_index", "rdma_ports",
-           "GidTables"]
+__all__ = [
+    "MASTER_PORT_OFFSET",
+    "engine_problem",
+    "hosts_in_order",
+    "problems",
+    "is_multinode",
+    "member_name",
+    "master_addr",
+    "members",
+    "units",
+    "workers",
+    "replica_of",
+    "together",
+    "phased",
+    "gid_index",
+    "rdma_ports",
+    "GidTables",
+]
 
 #: host -> ``DEV:PORT`` -> that RDMA port's populated GID table ``[{index, gid, type}]`` (None: no such
 #: port), as ``remote.HostState.gids`` reads it.
 GidTables = Mapping[str, Mapping[str, "list[dict[str, Any]] | None"]]
+
 
 def is_multinode(inst: Instance) -> bool:
     return len(inst.hosts) > 1
@@ -72,14 +88,18 @@ def gid_index(inv: Inventory, host: str, tables: Mapping[str, "list[dict[str, An
     for port, nic in zip(ports, nics):
         table = tables.get(port)
         if table is None:
-            raise ClusterctlError(f"{host}: RDMA device {port} of data NIC {nic.netdev} not found on the host "
-                                  "(/sys/class/infiniband); cannot set NCCL_IB_GID_INDEX")
+            raise ClusterctlError(
+                f"{host}: RDMA device {port} of data NIC {nic.netdev} not found on the host "
+                "(/sys/class/infiniband); cannot set NCCL_IB_GID_INDEX"
+            )
         v2 = [(int(g["index"]), ipv4_of_gid(g.get("gid", ""))) for g in table if g.get("type") == "RoCE v2"]
         try:
             want = ipaddress.IPv4Address(nic.address) if nic.address else None
         except ValueError:
-            raise ClusterctlError(f"{host}: data NIC {nic.netdev} address {nic.address!r} is not an IPv4 "
-                                  "address; NCCL_IB_GID_INDEX is chosen by the NIC's IPv4 address") from None
+            raise ClusterctlError(
+                f"{host}: data NIC {nic.netdev} address {nic.address!r} is not an IPv4 "
+                "address; NCCL_IB_GID_INDEX is chosen by the NIC's IPv4 address"
+            ) from None
         hits = [i for i, a in v2 if a is not None and (want is None or a == want)]
         if len(hits) != 1:
             what = f"with {nic.address}" if want else "with an IPv4 address"
@@ -88,12 +108,16 @@ def gid_index(inv: Inventory, host: str, tables: Mapping[str, "list[dict[str, An
                 f"{host}: {why} RoCE v2 GID {what} on {port} ({nic.netdev}); cannot set NCCL_IB_GID_INDEX "
                 f"(GIDs follow the netdev's addresses: check `ip addr show {nic.netdev}` and the GID table "
                 f"under /sys/class/infiniband/{port.rpartition(':')[0]}/ports/{port.rpartition(':')[2]}/gids"
-                + ("" if want else ", or give the NIC's address in the inventory") + ")")
+                + ("" if want else ", or give the NIC's address in the inventory")
+                + ")"
+            )
         found[port] = hits[0]
     if len(set(found.values())) > 1:
-        raise ClusterctlError(f"{host}: the RoCE v2 GIDs of its data NICs have different indexes "
-                              f"({', '.join(f'{p}: {i}' for p, i in found.items())}); NCCL_IB_GID_INDEX is one "
-                              "index for every port")
+        raise ClusterctlError(
+            f"{host}: the RoCE v2 GIDs of its data NICs have different indexes "
+            f"({', '.join(f'{p}: {i}' for p, i in found.items())}); NCCL_IB_GID_INDEX is one "
+            "index for every port"
+        )
     return next(iter(found.values()), None)
 
 
@@ -110,8 +134,14 @@ def members(inv: Inventory, inst: Instance, gids: GidTables | None = None) -> li
     hosts = hosts_in_order(inst)
     out = []
     for rank, h in enumerate(hosts):
-        args = {**inst.args, "pipeline-parallel-size": len(hosts), "nnodes": len(hosts), "node-rank": rank,
-                "master-addr": master_addr(inv, inst), "master-port": inst.port + MASTER_PORT_OFFSET}
+        args = {
+            **inst.args,
+            "pipeline-parallel-size": len(hosts),
+            "nnodes": len(hosts),
+            "node-rank": rank,
+            "master-addr": master_addr(inv, inst),
+            "master-port": inst.port + MASTER_PORT_OFFSET,
+        }
         if rank:
             args["headless"] = True
         env = dict(inst.env)
@@ -120,16 +150,25 @@ def members(inv: Inventory, inst: Instance, gids: GidTables | None = None) -> li
             index = gid_index(inv, h, gids[h])
             if index is not None:
                 env["NCCL_IB_GID_INDEX"] = str(index)
-        out.append(replace(inst, name=member_name(inst.name, rank),
-                           placement=tuple(g for g in inst.placement if g.host == h), args=args, env=env))
+        out.append(
+            replace(
+                inst,
+                name=member_name(inst.name, rank),
+                placement=tuple(g for g in inst.placement if g.host == h),
+                args=args,
+                env=env,
+            )
+        )
     return out
 
 
 def units(inst: Instance) -> list[tuple[Instance, str]]:
     """The replica's units as ``(instance of the unit, host)`` per rank, the head first: the member's
     unit name, the host's GPUs of the placement, the inventory's args and env (no multi-node flags)."""
-    return [(replace(inst, name=member_name(inst.name, r), placement=tuple(g for g in inst.placement if g.host == h)), h)
-            for r, h in enumerate(hosts_in_order(inst))]
+    return [
+        (replace(inst, name=member_name(inst.name, r), placement=tuple(g for g in inst.placement if g.host == h)), h)
+        for r, h in enumerate(hosts_in_order(inst))
+    ]
 
 
 def workers(instances: Iterable[Instance]) -> set[str]:
@@ -165,8 +204,9 @@ def together(batches: Sequence[Sequence[str]], instances: Iterable[Instance]) ->
     return [b for b in out if b]
 
 
-def phased(jobs: Mapping[str, Mapping[str, Any]], instances: Iterable[Instance]
-           ) -> tuple[list[dict[str, dict[str, Any]]], list[str]]:
+def phased(
+    jobs: Mapping[str, Mapping[str, Any]], instances: Iterable[Instance]
+) -> tuple[list[dict[str, dict[str, Any]]], list[str]]:
     """One batch's apply jobs (host -> job) in the order a multi-node replica needs: **stop all its
     members, start the workers, then the head**.  For every replica one of whose units the jobs start
     or restart, each member on a host of ``jobs`` leaves the first phase's ``start``/``restart`` and
@@ -174,8 +214,15 @@ def phased(jobs: Mapping[str, Mapping[str, Any]], instances: Iterable[Instance]
     back in a second phase (the workers' ``start``) or a third (the head's).  Returns the phases
     (empty ones left out) and one line per replica saying the order.  Jobs without such a replica
     come back as one phase, unchanged."""
-    first = {h: {**j, "start": list(j.get("start", [])), "restart": list(j.get("restart", [])),
-                 "stop": list(j.get("stop", []))} for h, j in jobs.items()}
+    first = {
+        h: {
+            **j,
+            "start": list(j.get("start", [])),
+            "restart": list(j.get("restart", [])),
+            "stop": list(j.get("stop", [])),
+        }
+        for h, j in jobs.items()
+    }
     later: list[dict[str, list[str]]] = [{}, {}]  # workers, heads: host -> units to start
     notes: list[str] = []
     for inst in instances:
@@ -193,10 +240,25 @@ def phased(jobs: Mapping[str, Mapping[str, Any]], instances: Iterable[Instance]
             later[0 if n != inst.name else 1].setdefault(h, []).append(n)
         workers_ = [f"{n} on {h}" for n, h in ranks if n != inst.name]
         head = [f"{n} on {h}" for n, h in ranks if n == inst.name]
-        notes.append(f"replica {inst.name}: stop its units, start the workers ({', '.join(workers_) or 'none here'}), "
-                     f"then the head ({', '.join(head) or 'not here'})")
+        notes.append(
+            f"replica {inst.name}: stop its units, start the workers ({', '.join(workers_) or 'none here'}), "
+            f"then the head ({', '.join(head) or 'not here'})"
+        )
     run_id = next((j.get("run_id", "") for j in jobs.values()), "")
-    phases = [first] + [{h: {"op": "apply", "run_id": run_id, "write": [], "restart": [], "start": names,
-                             "remove": [], "stop": [], "setup_scripts": []} for h, names in step.items()}
-                        for step in later]
+    phases = [first] + [
+        {
+            h: {
+                "op": "apply",
+                "run_id": run_id,
+                "write": [],
+                "restart": [],
+                "start": names,
+                "remove": [],
+                "stop": [],
+                "setup_scripts": [],
+            }
+            for h, names in step.items()
+        }
+        for step in later
+    ]
     return [p for p in phases if p], notes

@@ -46,8 +46,7 @@ def pool_for(inv: Inventory, inst: Instance) -> PdPool | None:
 
 def kv_transfer_config(pool: PdPool, role: str) -> str:
     """The ``--kv-transfer-config`` value for ``role`` (compact JSON, stable key order)."""
-    return json.dumps({"kv_connector": pool.connector, "kv_role": pool.kv_role(role)},
-                      separators=(",", ":"))
+    return json.dumps({"kv_connector": pool.connector, "kv_role": pool.kv_role(role)}, separators=(",", ":"))
 
 
 def kv_args(inv: Inventory, inst: Instance) -> list[str]:
@@ -55,8 +54,9 @@ def kv_args(inv: Inventory, inst: Instance) -> list[str]:
     pool = pool_for(inv, inst)
     if pool is None:
         if inst.role in ("prefill", "decode"):
-            raise ClusterctlError(f"instances.{inst.name}: role {inst.role} but no pd_pools entry for model "
-                                  f"{inst.model!r}")
+            raise ClusterctlError(
+                f"instances.{inst.name}: role {inst.role} but no pd_pools entry for model {inst.model!r}"
+            )
         return []
     if "kv-transfer-config" in inst.args:
         return []
@@ -84,8 +84,10 @@ def kv_env(inv: Inventory, inst: Instance, host: Host) -> dict[str, str]:
 def side_channel_port(inst: Instance) -> int:
     port = inst.port + SIDE_CHANNEL_OFFSET
     if port > 65535:
-        raise ClusterctlError(f"instances.{inst.name}: port {inst.port} leaves no NIXL side-channel port "
-                              f"(port + {SIDE_CHANNEL_OFFSET} > 65535)")
+        raise ClusterctlError(
+            f"instances.{inst.name}: port {inst.port} leaves no NIXL side-channel port "
+            f"(port + {SIDE_CHANNEL_OFFSET} > 65535)"
+        )
     return port
 
 
@@ -96,22 +98,37 @@ def instance_url(inv: Inventory, inst: Instance) -> str:
     return f"http://{addr}:{inst.port}"
 
 
-def router_argv(inv: Inventory, pool: PdPool, instances: Iterable[Instance],
-                binary: str = ROUTER_BIN, extra: Sequence[str] = ()) -> list[str]:
+def router_argv(
+    inv: Inventory, pool: PdPool, instances: Iterable[Instance], binary: str = ROUTER_BIN, extra: Sequence[str] = ()
+) -> list[str]:
     """The vllm-router command line for ``pool`` over the placed ``instances`` (sorted by name),
     ``extra`` flags before the workers."""
     mine = sorted((i for i in instances if pool_for(inv, i) is pool), key=lambda i: i.name)
     pre = [i for i in mine if i.role == "prefill"]
     dec = [i for i in mine if i.role == "decode"]
     if not pre or not dec:
-        raise ClusterctlError(f"pd_pools.{pool.name}: needs placed prefill and decode instances "
-                              f"(has {len(pre)} prefill, {len(dec)} decode)")
+        raise ClusterctlError(
+            f"pd_pools.{pool.name}: needs placed prefill and decode instances "
+            f"(has {len(pre)} prefill, {len(dec)} decode)"
+        )
     host = inv.hosts[pool.router.host]
     # its Prometheus endpoint on the host's address and a port of its own (vllm-router's default is
     # 127.0.0.1:29000: two routers of one host would collide, and status could not scrape it)
-    argv = [binary, "--vllm-pd-disaggregation", "--host", host.address, "--port", str(pool.router.port),
-            "--policy", pool.router.policy, "--prometheus-host", host.address,
-            "--prometheus-port", str(pool.router.prometheus_port), *extra]
+    argv = [
+        binary,
+        "--vllm-pd-disaggregation",
+        "--host",
+        host.address,
+        "--port",
+        str(pool.router.port),
+        "--policy",
+        pool.router.policy,
+        "--prometheus-host",
+        host.address,
+        "--prometheus-port",
+        str(pool.router.prometheus_port),
+        *extra,
+    ]
     if pool.connector == "NixlConnector":
         argv += ["--kv-connector", "nixl"]
     elif pool.connector == "MooncakeConnector":
@@ -123,17 +140,20 @@ def router_argv(inv: Inventory, pool: PdPool, instances: Iterable[Instance],
     return argv
 
 
-def router_unit(inv: Inventory, pool: PdPool, instances: Iterable[Instance], binary: str = ROUTER_BIN,
-                extra: Sequence[str] = ()) -> str:
+def router_unit(
+    inv: Inventory, pool: PdPool, instances: Iterable[Instance], binary: str = ROUTER_BIN, extra: Sequence[str] = ()
+) -> str:
     """The systemd unit of ``pool``'s router (``clusterctl-router-<pool>.service``)."""
     argv = router_argv(inv, pool, instances, binary, extra)
     desc = f"vllm-router {pool.name}: {pool.model} prefill/decode on port {pool.router.port}".replace("%", "%%")
-    return (f"# clusterctl: vllm-router of prefill/decode pool {pool.name}\n"
-            "[Unit]\n"
-            f"Description={' '.join(desc.split())}\n"
-            "After=network-online.target\nWants=network-online.target\n\n"
-            "[Service]\nType=simple\nUser=vllm\n"
-            f"ExecStart={command_line(argv)}\n"
-            "Restart=always\nRestartSec=5\n"
-            f"SyslogIdentifier=vllm-router-{pool.name}\n\n"
-            "[Install]\nWantedBy=multi-user.target\n")
+    return (
+        f"# clusterctl: vllm-router of prefill/decode pool {pool.name}\n"
+        "[Unit]\n"
+        f"Description={' '.join(desc.split())}\n"
+        "After=network-online.target\nWants=network-online.target\n\n"
+        "[Service]\nType=simple\nUser=vllm\n"
+        f"ExecStart={command_line(argv)}\n"
+        "Restart=always\nRestartSec=5\n"
+        f"SyslogIdentifier=vllm-router-{pool.name}\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )

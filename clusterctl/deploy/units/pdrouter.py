@@ -45,7 +45,7 @@ def pool_of(inv: Inventory, name: str) -> PdPool | None:
     """The pool whose router unit is named ``name`` (None: an instance)."""
     if not name.startswith(PREFIX):
         return None
-    return inv.pd_pools.get(name[len(PREFIX):])
+    return inv.pd_pools.get(name[len(PREFIX) :])
 
 
 def members(inv: Inventory, pool: PdPool, instances: Iterable[Instance]) -> list[Instance]:
@@ -63,9 +63,11 @@ def router_unit(inv: Inventory, pool: PdPool, instances: Iterable[Instance]) -> 
     """The router's unit with its ``[X-Clusterctl]`` record (what a host runs, readable from the host)."""
     mine = members(inv, pool, instances)
     text = pd.router_unit(inv, pool, mine, extra=["--worker-startup-check-interval", str(STARTUP_CHECK_S)])
-    return text + ("\n[X-Clusterctl]\n"
-                   f"Instance={router_name(pool)}\nRole=router\nPool={pool.name}\nEngine={ENGINE}\n"
-                   f"Port={pool.router.port}\nMembers={','.join(i.name for i in mine)}\n")
+    return text + (
+        "\n[X-Clusterctl]\n"
+        f"Instance={router_name(pool)}\nRole=router\nPool={pool.name}\nEngine={ENGINE}\n"
+        f"Port={pool.router.port}\nMembers={','.join(i.name for i in mine)}\n"
+    )
 
 
 def render_routers(inv: Inventory, instances: Mapping[str, Instance]) -> list[spec.RenderedInstance]:
@@ -74,11 +76,21 @@ def render_routers(inv: Inventory, instances: Mapping[str, Instance]) -> list[sp
     for pool in inv.pd_pools.values():
         if not ready(inv, pool, instances.values()):
             continue
-        out.append(spec.RenderedInstance(
-            instance=router_name(pool), host=pool.router.host,
-            unit_text=router_unit(inv, pool, instances.values()), env_text="",
-            port=pool.router.port, gpus=(), model="", model_path="", model_version=None,
-            engine=ENGINE, engine_version=""))
+        out.append(
+            spec.RenderedInstance(
+                instance=router_name(pool),
+                host=pool.router.host,
+                unit_text=router_unit(inv, pool, instances.values()),
+                env_text="",
+                port=pool.router.port,
+                gpus=(),
+                model="",
+                model_path="",
+                model_version=None,
+                engine=ENGINE,
+                engine_version="",
+            )
+        )
     return out
 
 
@@ -96,8 +108,13 @@ def served_model(inv: Inventory, pool: PdPool) -> str:
 
 def router_instance(inv: Inventory, pool: PdPool) -> Instance:
     """The router as an Instance: ``router-P``, the pool's model, at the router's host and port."""
-    return Instance(name=router_name(pool), model=pool.model, engine=ENGINE,
-                    placement=(GpuRef(inv.hosts[pool.router.host].name, CPU_SLOT),), port=pool.router.port)
+    return Instance(
+        name=router_name(pool),
+        model=pool.model,
+        engine=ENGINE,
+        placement=(GpuRef(inv.hosts[pool.router.host].name, CPU_SLOT),),
+        port=pool.router.port,
+    )
 
 
 def gateway_servers(inv: Inventory, instances: Mapping[str, Instance]) -> dict[str, Instance]:

@@ -37,8 +37,15 @@ RESTART_VALUES = ("no", "on-success", "on-failure", "on-abnormal", "on-watchdog"
 #: vLLM boolean flags that are plain ``store_true`` switches (no ``--no-`` form):
 #: ``False`` leaves them out.  Every other boolean is argparse's
 #: ``BooleanOptionalAction`` in vLLM >= 0.10, so ``False`` gives ``--no-FLAG``.
-PLAIN_SWITCHES = frozenset({"disable-log-stats", "disable-log-requests", "disable-frontend-multiprocessing",
-                            "headless", "sim-broken-quantization"})
+PLAIN_SWITCHES = frozenset(
+    {
+        "disable-log-stats",
+        "disable-log-requests",
+        "disable-frontend-multiprocessing",
+        "headless",
+        "sim-broken-quantization",
+    }
+)
 #: Flags declared with ``action="append"``: a list repeats the flag per item.
 #: Every other list is ``nargs="+"`` (``--served-model-name a b``): one flag, several values.
 APPEND_FLAGS = frozenset({"middleware"})
@@ -98,10 +105,13 @@ class UnitPolicy:
             raise ClusterctlError(
                 f"unit policy: start_limit_interval_s ({self.start_limit_interval_s}) must exceed "
                 f"start_limit_burst x restart_sec ({self.start_limit_burst * self.restart_sec}), "
-                "or the crash-loop guard never trips")
+                "or the crash-loop guard never trips"
+            )
         if self.restart_steps and self.restart_max_delay_s <= self.restart_sec:
-            raise ClusterctlError(f"unit policy: restart_max_delay_s ({self.restart_max_delay_s}) must exceed "
-                                  f"restart_sec ({self.restart_sec}) for the delay to grow")
+            raise ClusterctlError(
+                f"unit policy: restart_max_delay_s ({self.restart_max_delay_s}) must exceed "
+                f"restart_sec ({self.restart_sec}) for the delay to grow"
+            )
         for unit in self.extra_after:
             if not re.fullmatch(r"[A-Za-z0-9:_.@\\-]+\.[a-z]+", unit):
                 raise ClusterctlError(f"unit policy: {unit!r} is not a unit name")
@@ -150,8 +160,7 @@ def nccl_ib_tc(fabric: FabricProfile) -> int:
     return (fabric.roce_dscp << 2) | 2
 
 
-def instance_env(inv: Inventory, inst: Instance, host: Host,
-                 gpu_uuids: Sequence[str] | None = None) -> dict[str, str]:
+def instance_env(inv: Inventory, inst: Instance, host: Host, gpu_uuids: Sequence[str] | None = None) -> dict[str, str]:
     """The computed, non-secret environment of an instance (before inventory ``env:``).
 
     ``CUDA_VISIBLE_DEVICES`` lists the placement's GPU UUIDs (``GPU-...``, as
@@ -163,9 +172,14 @@ def instance_env(inv: Inventory, inst: Instance, host: Host,
     """
     gpus = [g for g in inst.placement if not g.is_cpu]
     # An instance on a host's CPU slot (engine device: cpu) has no GPUs to list.
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-           "CUDA_VISIBLE_DEVICES": ",".join(gpu_uuids) if gpu_uuids
-           else ",".join(str(g.index) for g in gpus)} if gpus else {}
+    env = (
+        {
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": ",".join(gpu_uuids) if gpu_uuids else ",".join(str(g.index) for g in gpus),
+        }
+        if gpus
+        else {}
+    )
     data = host.nics_with_role("data")
     if data:
         env["NCCL_SOCKET_IFNAME"] = data[0].netdev
@@ -187,8 +201,10 @@ def cpu_engine_args(args: Mapping[str, Any], where: str, engine: str) -> list[st
     ``kv-cache-memory-bytes`` is required (an error naming the instance); ``--enforce-eager``
     is added unless ``args`` decides (torch.compile doubles the start time on CPU)."""
     if args.get("kv-cache-memory-bytes") is None:
-        raise ClusterctlError(f"{where}.args: engine {engine} runs on CPU: set kv-cache-memory-bytes "
-                              "(e.g. 1G); without it vLLM reserves 0.92 of the host's RAM and refuses to start")
+        raise ClusterctlError(
+            f"{where}.args: engine {engine} runs on CPU: set kv-cache-memory-bytes "
+            "(e.g. 1G); without it vLLM reserves 0.92 of the host's RAM and refuses to start"
+        )
     return [] if "enforce-eager" in args else ["--enforce-eager"]
 
 
@@ -202,8 +218,10 @@ def vllm_args(args: Mapping[str, Any], where: str) -> list[str]:
         if not _FLAG.match(flag):
             raise ClusterctlError(f"{where}.args: {flag!r} is not a vLLM flag name")
         if flag in SECRET_FLAGS:
-            raise ClusterctlError(f"{where}.args: {flag!r} would put a secret on the command line (ps, vLLM's "
-                                  "log); use secrets: {VLLM_API_KEY: {env: ...}} instead")
+            raise ClusterctlError(
+                f"{where}.args: {flag!r} would put a secret on the command line (ps, vLLM's "
+                "log); use secrets: {VLLM_API_KEY: {env: ...}} instead"
+            )
         if value is None:
             continue
         if isinstance(value, bool):
@@ -243,9 +261,14 @@ def x_value(text: str) -> str:
     return _one_line(text).replace("\\", "\\\\")
 
 
-def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str],
-                    policy: UnitPolicy | None = None,
-                    gpu_uuids: Sequence[str] | None = None) -> spec.RenderedInstance:
+def render_instance(
+    inv: Inventory,
+    inst: Instance,
+    *,
+    secrets: Mapping[str, str],
+    policy: UnitPolicy | None = None,
+    gpu_uuids: Sequence[str] | None = None,
+) -> spec.RenderedInstance:
     """The unit and EnvironmentFile of ``inst`` (no I/O; the same input gives the same text).
 
     ``secrets`` is :func:`clusterctl.deploy.units.secrets.resolve_secrets`'s result
@@ -269,15 +292,15 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         what = f"engine {inst.engine!r}" if engine is None else f"model {inst.model!r}"
         raise ClusterctlError(f"{where}: {what} is not defined in the inventory")
     if len(inst.hosts) != 1:
-        raise ClusterctlError(f"{where}: placement spans {len(inst.hosts)} hosts ({', '.join(inst.hosts)}); "
-                              "an instance runs on one host")
+        raise ClusterctlError(
+            f"{where}: placement spans {len(inst.hosts)} hosts ({', '.join(inst.hosts)}); an instance runs on one host"
+        )
     host = inv.hosts[inst.hosts[0]]
     if not engine.path.startswith("/"):
         raise ClusterctlError(f"engines.{engine.name}.path: {engine.path!r} must be an absolute path")
     missing = sorted(set(secret_refs(inv, inst)) - set(secrets))
     if missing:
-        raise ClusterctlError(f"{where}: secret(s) {', '.join(missing)} not resolved "
-                              "(call resolve_secrets first)")
+        raise ClusterctlError(f"{where}: secret(s) {', '.join(missing)} not resolved (call resolve_secrets first)")
 
     served = model.served_name or model.name
     argv = [engine.path, "serve", model.path]
@@ -288,14 +311,15 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
     argv += ["--port", str(inst.port), "--tensor-parallel-size", str(inst.tp_size)]
     argv += vllm_args(inst.args, where)
     from clusterctl.deploy.units import pd  # pd builds on this module (nccl_ib_tc)
+
     argv += pd.kv_args(inv, inst)
     if engine.device == "cpu":
         argv += cpu_engine_args(inst.args, where, engine.name)
 
-    if gpu_uuids is not None and (len(gpu_uuids) != len(inst.placement)
-                                  or not all(_UUID.match(u) for u in gpu_uuids)):
-        raise ClusterctlError(f"{where}: GPU UUIDs {list(gpu_uuids)} do not match its "
-                              f"{len(inst.placement)} placed GPU(s)")
+    if gpu_uuids is not None and (len(gpu_uuids) != len(inst.placement) or not all(_UUID.match(u) for u in gpu_uuids)):
+        raise ClusterctlError(
+            f"{where}: GPU UUIDs {list(gpu_uuids)} do not match its {len(inst.placement)} placed GPU(s)"
+        )
     plain = instance_env(inv, inst, host, gpu_uuids)
     plain.update(pd.kv_env(inv, inst, host))
     if engine.device == "cpu":
@@ -315,10 +339,18 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
 
     gpus = tuple(g.index for g in inst.placement if not g.is_cpu)
     gpus_csv = ",".join(str(g) for g in gpus)
-    x_section = [("Instance", inst.name), ("Host", host.name), ("Model", model.name),
-                 ("ModelPath", model.path), ("ModelVersion", model.version or ""),
-                 ("Engine", engine.name), ("EngineVersion", engine.version),
-                 ("GPUs", gpus_csv), ("Port", str(inst.port)), ("TP", str(inst.tp_size))]
+    x_section = [
+        ("Instance", inst.name),
+        ("Host", host.name),
+        ("Model", model.name),
+        ("ModelPath", model.path),
+        ("ModelVersion", model.version or ""),
+        ("Engine", engine.name),
+        ("EngineVersion", engine.version),
+        ("GPUs", gpus_csv),
+        ("Port", str(inst.port)),
+        ("TP", str(inst.tp_size)),
+    ]
     if gpu_uuids:
         x_section.append(("GPUUUIDs", ",".join(gpu_uuids)))
     where_on = f"GPU {gpus_csv}" if gpus else "CPU"
@@ -337,13 +369,23 @@ def render_instance(inv: Inventory, inst: Instance, *, secrets: Mapping[str, str
         syslog_id=f"vllm-{inst.name}",
         x_section=[(k, x_value(v)) for k, v in x_section],
     )
-    header = (f"# clusterctl: environment of instance {inst.name} (mode 0600, root; read by systemd)\n")
+    header = f"# clusterctl: environment of instance {inst.name} (mode 0600, root; read by systemd)\n"
     env_text = header + "".join(env_file_line(k, v) + "\n" for k, v in secret_env.items())
     return spec.RenderedInstance(
-        instance=inst.name, host=host.name, unit_text=unit_text, env_text=env_text, port=inst.port,
-        gpus=gpus, model=model.name, model_path=model.path, model_version=model.version,
-        engine=engine.name, engine_version=engine.version, secret_keys=frozenset(secret_env),
-        enable_at_boot=policy.enable_at_boot)
+        instance=inst.name,
+        host=host.name,
+        unit_text=unit_text,
+        env_text=env_text,
+        port=inst.port,
+        gpus=gpus,
+        model=model.name,
+        model_path=model.path,
+        model_version=model.version,
+        engine=engine.name,
+        engine_version=engine.version,
+        secret_keys=frozenset(secret_env),
+        enable_at_boot=policy.enable_at_boot,
+    )
 
 
 _ENV: Environment | None = None
@@ -352,13 +394,19 @@ _ENV: Environment | None = None
 def _template() -> Any:
     global _ENV
     if _ENV is None:
-        _ENV = Environment(loader=PackageLoader("clusterctl", "templates"), autoescape=False,
-                           trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                           undefined=StrictUndefined)
+        _ENV = Environment(
+            loader=PackageLoader("clusterctl", "templates"),
+            autoescape=False,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+            undefined=StrictUndefined,
+        )
     return _ENV.get_template(TEMPLATE)
 
 
 def x_clusterctl(unit_text: str) -> dict[str, str]:
     """The ``[X-Clusterctl]`` section of a unit as written by :func:`render_instance`."""
     from clusterctl.deploy.units.sdversion import unit_directives
+
     return {k: v.replace("\\\\", "\\") for s, k, v in unit_directives(unit_text) if s == "X-Clusterctl"}

@@ -25,8 +25,17 @@ import re
 from clusterctl.errors import ClusterctlError
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
-_C_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r",
-              "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
+_C_ESCAPES = {
+    "\\": "\\\\",
+    '"': '\\"',
+    "\n": "\\n",
+    "\t": "\\t",
+    "\r": "\\r",
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\v": "\\v",
+}
 
 
 def systemd_quote(word: str, *, dollar: bool = True) -> str:

@@ -41,7 +41,7 @@ DIRECTIVE_MIN_SYSTEMD: dict[tuple[str, str], int] = {
     ("Service", "TimeoutStartSec"): BASELINE,
     ("Service", "TimeoutStopSec"): BASELINE,
     ("Service", "KillSignal"): BASELINE,
-    ("Service", "KillMode=mixed"): BASELINE,   # 209
+    ("Service", "KillMode=mixed"): BASELINE,  # 209
     ("Service", "LimitMEMLOCK"): BASELINE,
     ("Service", "LimitNOFILE"): BASELINE,
     ("Service", "NoNewPrivileges"): BASELINE,  # 187
@@ -99,8 +99,10 @@ def check_unit_against_systemd(unit_text: str, version: int) -> list[str]:
         lookup = f"{key}={value}" if (section, key) in _BY_VALUE else key
         need = DIRECTIVE_MIN_SYSTEMD.get((section, lookup))
         if need is None:
-            problems.append(f"[{section}] {lookup}: not in the supported-directive table "
-                            "(clusterctl.deploy.units.sdversion); its minimum systemd version is unknown")
+            problems.append(
+                f"[{section}] {lookup}: not in the supported-directive table "
+                "(clusterctl.deploy.units.sdversion); its minimum systemd version is unknown"
+            )
         elif need > version:
             problems.append(f"[{section}] {lookup} needs systemd >= {need}; this host has {version}")
     return problems

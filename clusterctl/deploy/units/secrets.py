@@ -63,8 +63,7 @@ def resolve_secrets(inv: Inventory, inst: Instance) -> dict[str, str]:
             why = "the value must be one line (no newline or NUL)"
         if why is not None or value is None:
             loc = ref.location
-            problems.append(Problem(loc.file if loc else inv.path, loc.line if loc else 0,
-                                    f"{where}: {why}"))
+            problems.append(Problem(loc.file if loc else inv.path, loc.line if loc else 0, f"{where}: {why}"))
             continue
         out[name] = value
     if problems:
@@ -146,8 +145,13 @@ def redact_inventory_text(text: str) -> str:
         seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
-                if (isinstance(k, yaml.ScalarNode) and isinstance(v, yaml.ScalarNode) and looks_secret(str(k.value))
-                        and str(k.value) not in NOT_SECRET_SETTINGS and v.value != ""):
+                if (
+                    isinstance(k, yaml.ScalarNode)
+                    and isinstance(v, yaml.ScalarNode)
+                    and looks_secret(str(k.value))
+                    and str(k.value) not in NOT_SECRET_SETTINGS
+                    and v.value != ""
+                ):
                     spans[v.start_mark.index] = v.end_mark.index
                 stack += [k, v]
         elif isinstance(node, yaml.SequenceNode):

@@ -33,11 +33,11 @@ from clusterctl.lab.hardware.tools import nicmodel
 XID_MESSAGES = {
     13: "Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address",
     31: "Ch 00000018, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ "
-        "0x7f2c_4a000000. Fault is of type FAULT_PDE ACCESS_TYPE_READ",
+    "0x7f2c_4a000000. Fault is of type FAULT_PDE ACCESS_TYPE_READ",
     43: "Ch 00000018",
     45: "Ch 00000018",
     48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer "
-        "at partition 6, subpartition 0.",
+    "at partition 6, subpartition 0.",
     63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
     74: "NVLink: fatal error detected on link 14(0x100000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)",
     79: "GPU has fallen off the bus.",
@@ -49,13 +49,22 @@ XID_MESSAGES = {
 #: XIDs an application causes: the kernel names its pid and process.
 APP_XIDS = {13, 31, 43, 45, 94}
 
-CLOCK_REASONS = {"idle": 0x1, "app_clocks": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
-                 "sync_boost": 0x10, "sw_thermal": 0x20, "hw_thermal": 0x40,
-                 "hw_power_brake": 0x80, "display": 0x100}
+CLOCK_REASONS = {
+    "idle": 0x1,
+    "app_clocks": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display": 0x100,
+}
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
 
 
 # ------------------------------------------------------------------ helpers
+
 
 @contextlib.contextmanager
 def _gpu_state(host_dir: Path) -> Iterator[dict[str, Any]]:
@@ -71,8 +80,7 @@ def _gpu_state(host_dir: Path) -> Iterator[dict[str, Any]]:
 def _gpu(state: dict[str, Any], gpu: int) -> dict[str, Any]:
     n = len(state["gpus"])
     if not 0 <= gpu < n:
-        raise LabError(f"gpu={gpu}: this host has {n} GPU(s) (0..{n - 1})" if n else
-                       "this host has no GPUs")
+        raise LabError(f"gpu={gpu}: this host has {n} GPU(s) (0..{n - 1})" if n else "this host has no GPUs")
     return state["gpus"][gpu]
 
 
@@ -112,8 +120,10 @@ def _hostname(host_dir: Path) -> str:
 
 # --------------------------------------------------------------- GPU faults
 
-def xid(host_dir: Path, code: int = 79, gpu: int = 0, message: str = "", pid: int = 0,
-        name: str = "python3", gi: int = -1) -> str:
+
+def xid(
+    host_dir: Path, code: int = 79, gpu: int = 0, message: str = "", pid: int = 0, name: str = "python3", gi: int = -1
+) -> str:
     """Log ``NVRM: Xid (PCI:dddd:bb:dd): CODE, pid=..., name=..., MESSAGE`` for ``gpu``.
 
     Application XIDs (13, 31, 43, 45, 94) carry ``pid``/``name``; the others
@@ -140,8 +150,7 @@ def oom(host_dir: Path, pid: int = 4242, process: str = "python3", rss_gib: floa
     """Log the kernel OOM killer invoking and killing ``pid`` (``process``)."""
     rss_kb = int(rss_gib * 1024 * 1024)
     lines = [
-        f"{process} invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), "
-        "order=0, oom_score_adj=0",
+        f"{process} invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0",
         "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0-1,"
         f"global_oom,task_memcg=/system.slice,task={process},pid={pid},uid=0",
         f"Out of memory: Killed process {pid} ({process}) total-vm:{rss_kb + 52_000_000}kB, "
@@ -176,8 +185,12 @@ def recovery(host_dir: Path, gpu: int = 0, action: str = "reset", log_xid: int =
     with _gpu_state(host_dir) as state:
         _gpu(state, gpu)["recovery_action"] = RECOVERY_ACTIONS[action]
     if log_xid and action != "none":
-        xid(host_dir, code=log_xid, gpu=gpu,
-            message=f"GPU recovery action changed from 0x0 (None) to 0x{RECOVERY_ACTIONS[action]:x}")
+        xid(
+            host_dir,
+            code=log_xid,
+            gpu=gpu,
+            message=f"GPU recovery action changed from 0x0 (None) to 0x{RECOVERY_ACTIONS[action]:x}",
+        )
     return f"GPU {gpu}: recovery action {action}"
 
 
@@ -217,8 +230,14 @@ def driver(host_dir: Path, loaded: bool = False) -> str:
     return f"driver {'loaded' if loaded else 'not loaded'}"
 
 
-def ecc(host_dir: Path, gpu: int = 0, corrected: int = 0, uncorrected: int = 1,
-        location: str = "dram", volatile: bool = True) -> str:
+def ecc(
+    host_dir: Path,
+    gpu: int = 0,
+    corrected: int = 0,
+    uncorrected: int = 1,
+    location: str = "dram",
+    volatile: bool = True,
+) -> str:
     """Add ECC errors at ``location``; aggregate counts always grow, volatile ones if ``volatile``."""
     with _gpu_state(host_dir) as state:
         g = _gpu(state, gpu)
@@ -231,8 +250,14 @@ def ecc(host_dir: Path, gpu: int = 0, corrected: int = 0, uncorrected: int = 1,
     return f"GPU {gpu}: +{corrected} corrected, +{uncorrected} uncorrected ECC errors ({location})"
 
 
-def remap(host_dir: Path, gpu: int = 0, pending: bool = True, failure: bool = False,
-          correctable: int = 0, uncorrectable: int = 1) -> str:
+def remap(
+    host_dir: Path,
+    gpu: int = 0,
+    pending: bool = True,
+    failure: bool = False,
+    correctable: int = 0,
+    uncorrectable: int = 1,
+) -> str:
     """Row remapping (Ampere and later): add remapped rows, set pending / failure."""
     with _gpu_state(host_dir) as state:
         g = _gpu(state, gpu)
@@ -254,12 +279,10 @@ def retired_pages(host_dir: Path, gpu: int = 0, sbe: int = 0, dbe: int = 1, pend
         g = _gpu(state, gpu)
         rp = g.get("retired_pages")
         if rp is None:
-            raise LabError(f"{g['name']} does not retire pages (NVML returns NOT_SUPPORTED); "
-                           "use the remap fault")
+            raise LabError(f"{g['name']} does not retire pages (NVML returns NOT_SUPPORTED); use the remap fault")
         for cause, n in (("sbe", sbe), ("dbe", dbe)):
             start = len(rp[cause])
-            rp[cause] += [0x7F2C4A000 + 0x1000 * (start + i) + (0x100000 if cause == "dbe" else 0)
-                          for i in range(n)]
+            rp[cause] += [0x7F2C4A000 + 0x1000 * (start + i) + (0x100000 if cause == "dbe" else 0) for i in range(n)]
         rp["pending"] = int(bool(pending))
     return f"GPU {gpu}: retired +{sbe} SBE, +{dbe} DBE pages, pending={pending}"
 
@@ -308,8 +331,16 @@ def pcie(host_dir: Path, gpu: int = 0, width: int = 8, gen: int = 0, replays: in
     return f"GPU {gpu}: PCIe x{width} gen {g['pcie_gen_cur']}, replays {g['pcie_replay']}"
 
 
-def nvlink(host_dir: Path, gpu: int = 0, link: int = 0, down: bool = True, replay: int = 0,
-           recovery: int = 0, crc_flit: int = 0, crc_data: int = 0) -> str:
+def nvlink(
+    host_dir: Path,
+    gpu: int = 0,
+    link: int = 0,
+    down: bool = True,
+    replay: int = 0,
+    recovery: int = 0,
+    crc_flit: int = 0,
+    crc_data: int = 0,
+) -> str:
     """Take NVLink ``link`` down (or up) and add to its error counters (SXM parts only)."""
     with _gpu_state(host_dir) as state:
         g = _gpu(state, gpu)
@@ -345,8 +376,15 @@ def persistence(host_dir: Path, gpu: int = -1) -> str:
 
 # --------------------------------------------------------------- NIC faults
 
-def pause_storm(host_dir: Path, nic: str = "eth2", priority: int = 3, per_s: float = 20000.0,
-                paused: float = 0.9, direction: str = "rx") -> str:
+
+def pause_storm(
+    host_dir: Path,
+    nic: str = "eth2",
+    priority: int = 3,
+    per_s: float = 20000.0,
+    paused: float = 0.9,
+    direction: str = "rx",
+) -> str:
     """PFC pause frames on ``priority``, ``per_s`` a second, pausing ``paused`` of each second.
 
     ``direction`` "rx": the switch pauses this host (``rx_prioN_pause`` and
@@ -395,8 +433,7 @@ def discards(host_dir: Path, nic: str = "eth2", per_s: float = 100.0, priority: 
     return f"{nic}: {per_s:g} discards/s on priority {p}"
 
 
-def link_flap(host_dir: Path, nic: str = "eth2", count: int = 1, period_s: float = 0.0,
-              log: bool = True) -> str:
+def link_flap(host_dir: Path, nic: str = "eth2", count: int = 1, period_s: float = 0.0, log: bool = True) -> str:
     """``count`` link flaps now (and one every ``period_s`` seconds after, if > 0)."""
     with _nic_state(host_dir) as state:
         n = _nic(state, nic)
@@ -486,6 +523,7 @@ def counter(host_dir: Path, nic: str = "eth2", name: str = "", per_s: float = -1
 
 # --------------------------------------------------------------------- heal
 
+
 def heal(host_dir: Path) -> str:
     """Healthy hardware again: GPUs as provisioned (keeping non-foreign processes), QoS
     correct, links up, counter rates back to the baseline (values never go back)."""
@@ -516,9 +554,9 @@ def _typed(fn: Callable[..., str]) -> Callable[..., str]:
 
     @functools.wraps(fn)
     def call(host_dir: Path, **options: Any) -> str:
-        typed = {k: _coerce(fn.__name__, k, v, defaults[k]) if k in defaults else v
-                 for k, v in options.items()}
+        typed = {k: _coerce(fn.__name__, k, v, defaults[k]) if k in defaults else v for k, v in options.items()}
         return fn(Path(host_dir), **typed)
+
     return call
 
 
@@ -537,13 +575,33 @@ def _coerce(fault: str, key: str, value: Any, default: Any) -> Any:
 
 
 _RAW_FAULTS: dict[str, Callable[..., str]] = {
-    "xid": xid, "oom": oom, "gpu-lost": gpu_lost, "gpu-hang": gpu_hang, "recovery": recovery,
-    "fabric": fabric, "driver": driver, "ecc": ecc, "remap": remap,
-    "retired-pages": retired_pages, "gpu-mem": gpu_mem, "clocks": clocks, "pcie": pcie,
-    "nvlink": nvlink, "temp": temp, "persistence": persistence,
-    "pause-storm": pause_storm, "cnp": cnp, "discards": discards, "link-flap": link_flap,
-    "link-down": link_down, "qos-pfc": qos_pfc, "qos-trust": qos_trust, "qos-dscp": qos_dscp,
-    "qos-tos": qos_tos, "qos-global-pause": qos_global_pause, "counter": counter,
+    "xid": xid,
+    "oom": oom,
+    "gpu-lost": gpu_lost,
+    "gpu-hang": gpu_hang,
+    "recovery": recovery,
+    "fabric": fabric,
+    "driver": driver,
+    "ecc": ecc,
+    "remap": remap,
+    "retired-pages": retired_pages,
+    "gpu-mem": gpu_mem,
+    "clocks": clocks,
+    "pcie": pcie,
+    "nvlink": nvlink,
+    "temp": temp,
+    "persistence": persistence,
+    "pause-storm": pause_storm,
+    "cnp": cnp,
+    "discards": discards,
+    "link-flap": link_flap,
+    "link-down": link_down,
+    "qos-pfc": qos_pfc,
+    "qos-trust": qos_trust,
+    "qos-dscp": qos_dscp,
+    "qos-tos": qos_tos,
+    "qos-global-pause": qos_global_pause,
+    "counter": counter,
 }
 FAULTS: dict[str, Callable[..., str]] = {k: _typed(f) for k, f in _RAW_FAULTS.items()}
 

@@ -110,8 +110,7 @@ def install_into_rootfs(rootfs: Path) -> None:
         _replace_symlink(link, target)
 
 
-def provision_host(host_dir: Path, name: str, index: int, gpus: int, gpu_model: str,
-                   flavour: str = "mlnx") -> None:
+def provision_host(host_dir: Path, name: str, index: int, gpus: int, gpu_model: str, flavour: str = "mlnx") -> None:
     """Create ``host_dir/hw``: GPU and NIC state, the fake ``/sys/class`` and per-host links.
 
     ``index`` (0-based) makes MACs, UUIDs and counter values differ between
@@ -151,8 +150,7 @@ def provision_host(host_dir: Path, name: str, index: int, gpus: int, gpu_model: 
         for _name, (guest, script, gated) in TOOLS.items():
             if gated:
                 os.symlink(f"{GUEST_TOOLS_DIR}/{script}", bindir / Path(guest).name)
-    record = {"name": name, "index": index, "gpus": count, "gpu_model": profile.key,
-              "flavour": flavour}
+    record = {"name": name, "index": index, "gpus": count, "gpu_model": profile.key, "flavour": flavour}
     nicmodel.atomic_write(str(hw / HOST_FILE), json.dumps(record, indent=1) + "\n")
 
 
@@ -178,11 +176,23 @@ def describe_host(host_dir: Path) -> dict[str, Any]:
     gstate = gpustate.load(hw)
     nstate = nics.load(hw)
     return {
-        "gpus": {"count": rec["gpus"], "model": profile.key, "name": profile.name,
-                 "memory_gib": round(profile.memory_total_mib / 1024, 1),
-                 "interconnect": "nvlink" if profile.nvlinks else "pcie",
-                 "uuids": [g["uuid"] for g in gstate["gpus"]]},
-        "nics": [{"netdev": ifname, "rdma_device": n["rdma_device"], "port": n["port"],
-                  "speed_gbps": n["speed_mbps"] / 1000, "mtu": n["mtu"], "mac": n["mac"]}
-                 for ifname, n in sorted(nstate["nics"].items())],
+        "gpus": {
+            "count": rec["gpus"],
+            "model": profile.key,
+            "name": profile.name,
+            "memory_gib": round(profile.memory_total_mib / 1024, 1),
+            "interconnect": "nvlink" if profile.nvlinks else "pcie",
+            "uuids": [g["uuid"] for g in gstate["gpus"]],
+        },
+        "nics": [
+            {
+                "netdev": ifname,
+                "rdma_device": n["rdma_device"],
+                "port": n["port"],
+                "speed_gbps": n["speed_mbps"] / 1000,
+                "mtu": n["mtu"],
+                "mac": n["mac"],
+            }
+            for ifname, n in sorted(nstate["nics"].items())
+        ],
     }

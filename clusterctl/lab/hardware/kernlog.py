@@ -39,8 +39,7 @@ def uptime_s() -> float:
         return float(f.read().split()[0])
 
 
-def syslog_line(hostname: str, message: str, now: float | None = None,
-                uptime: float | None = None) -> str:
+def syslog_line(hostname: str, message: str, now: float | None = None, uptime: float | None = None) -> str:
     """One kern.log line as Debian 12's rsyslog writes it (RFC 3339 time, kernel timestamp)."""
     t = time.time() if now is None else now
     up = uptime_s() if uptime is None else uptime

@@ -41,11 +41,13 @@ def setup_netns(netns: str, name: str, index: int) -> None:
         # This kernel lacks CONFIG_DUMMY; an ifb link is a standalone stand-in
         # whose MAC can only be given at creation, so an existing one is recreated.
         steps: list[tuple[str, ...]] = [("link", "del", "dev", spec.netdev)] if exists else []
-        steps += [("link", "add", spec.netdev, "address", mac_address(index, k),
-                   "mtu", str(spec.mtu), "type", "ifb"),
-                  ("link", "set", "dev", spec.netdev, "up")]
+        steps += [
+            ("link", "add", spec.netdev, "address", mac_address(index, k), "mtu", str(spec.mtu), "type", "ifb"),
+            ("link", "set", "dev", spec.netdev, "up"),
+        ]
         for step in steps:
             cp = _ip(netns, *step)
             if cp.returncode != 0:
-                raise LabError(f"{name}: `ip -n {netns} {' '.join(step)}` failed "
-                               f"(rc {cp.returncode}): {cp.stderr.strip()}")
+                raise LabError(
+                    f"{name}: `ip -n {netns} {' '.join(step)}` failed (rc {cp.returncode}): {cp.stderr.strip()}"
+                )

@@ -30,6 +30,7 @@ DEVICES = ".devices"
 #: Real interfaces of the container, linked to its own sysfs.
 REAL_NETDEVS = ("lo", "eth0")
 
+
 def _write(path: Path, text: str, tmp: Path | None) -> None:
     """Write one file: atomically via ``tmp``, or directly (``None``) into a tree not yet in use."""
     if tmp is None:
@@ -118,10 +119,17 @@ def write_config(hw: Path, state: dict, atomic: bool = True) -> None:
 def _build_netdev(d: Path, ifname: str, nic: dict, flavour: str, tmp: Path | None) -> None:
     up = nic.get("link_up", True)
     for name, text in {
-        "address": nic["mac"], "broadcast": "ff:ff:ff:ff:ff:ff", "mtu": str(nic["mtu"]),
-        "speed": str(nic["speed_mbps"] if up else -1), "duplex": "full" if up else "unknown",
-        "operstate": "up" if up else "down", "carrier": "1" if up else "0", "type": "1",
-        "addr_len": "6", "tx_queue_len": "1000", "ifalias": "",
+        "address": nic["mac"],
+        "broadcast": "ff:ff:ff:ff:ff:ff",
+        "mtu": str(nic["mtu"]),
+        "speed": str(nic["speed_mbps"] if up else -1),
+        "duplex": "full" if up else "unknown",
+        "operstate": "up" if up else "down",
+        "carrier": "1" if up else "0",
+        "type": "1",
+        "addr_len": "6",
+        "tx_queue_len": "1000",
+        "ifalias": "",
     }.items():
         _write(d / name, text + "\n", tmp)
     _build_pci_function(d.parent.parent, nic, flavour, tmp)
@@ -208,8 +216,9 @@ def counter_files(root: Path, ifname: str, nic: dict) -> dict[Path, str]:
     return files
 
 
-def refresh_counters(hw: Path, state: dict, now: float | None = None,
-                     cache: dict[Path, int] | None = None, atomic: bool = True) -> int:
+def refresh_counters(
+    hw: Path, state: dict, now: float | None = None, cache: dict[Path, int] | None = None, atomic: bool = True
+) -> int:
     """Rewrite the counter files whose value changed; returns how many were written.
 
     ``cache`` (path -> last written value) lets the ticker skip unchanged

@@ -52,8 +52,9 @@ def tick(lab_dir: Path, caches: dict[Path, dict[str, Any]], now: float | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m clusterctl.lab.hardware.ticker",
-                                 description="Advance the lab's fake NIC counters in sysfs.")
+    ap = argparse.ArgumentParser(
+        prog="python3 -m clusterctl.lab.hardware.ticker", description="Advance the lab's fake NIC counters in sysfs."
+    )
     ap.add_argument("lab_dir", type=Path, help="lab state directory holding the host dirs")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between passes (default 1)")
     ap.add_argument("--once", action="store_true", help="one pass, then exit")

@@ -42,9 +42,17 @@ class StepEngine:
 
     records_metrics = True  # the server leaves request metrics to the engine
 
-    def __init__(self, sched: Scheduler, *, vocab: int, scale: float, metrics: Metrics | None = None,
-                 faults: Faults | None = None, execute_timeout_s: float = EXECUTE_TIMEOUT_S,
-                 on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        sched: Scheduler,
+        *,
+        vocab: int,
+        scale: float,
+        metrics: Metrics | None = None,
+        faults: Faults | None = None,
+        execute_timeout_s: float = EXECUTE_TIMEOUT_S,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
         self.sched = sched
         self.vocab = vocab
         self.scale = scale
@@ -106,11 +114,18 @@ class StepEngine:
         with self._cv:
             self._arriving.pop(threading.get_ident(), None)
             self._next_id += 1
-            seq = Seq(rid=self._next_id, prompt=req.prompt, prompt_tokens=list(req.prompt_tokens),
-                      max_tokens=max(1, req.max_tokens), temperature=req.temperature, seed=req.seed,
-                      ignore_eos=req.ignore_eos, remote_kv=req.remote_kv,
-                      arrival=(self._sim if self.sched.has_work() else self._sync()) - req.kv_wait_s,
-                      session=req.session or f"req-{self._next_id}")
+            seq = Seq(
+                rid=self._next_id,
+                prompt=req.prompt,
+                prompt_tokens=list(req.prompt_tokens),
+                max_tokens=max(1, req.max_tokens),
+                temperature=req.temperature,
+                seed=req.seed,
+                ignore_eos=req.ignore_eos,
+                remote_kv=req.remote_kv,
+                arrival=(self._sim if self.sched.has_work() else self._sync()) - req.kv_wait_s,
+                session=req.session or f"req-{self._next_id}",
+            )
             q: deque[Emitted | None] = deque()
             self._queues[seq.rid] = q
             self.sched.add(seq)
@@ -128,15 +143,14 @@ class StepEngine:
                 if em is None:
                     raise EngineDead()
                 text += em.word
-                top = em.top[:req.logprobs] if req.logprobs else []
+                top = em.top[: req.logprobs] if req.logprobs else []
                 if req.logprobs is not None and all(w != em.word for w, _lp in top):
                     top = [(em.word, em.logprob), *top]  # vLLM: the sampled token plus the top-N
-                ev = TokenEvent(em.word, token_id(em.word, self.vocab), em.logprob, top,
-                                finish_reason=em.finish_reason)
+                ev = TokenEvent(em.word, token_id(em.word, self.vocab), em.logprob, top, finish_reason=em.finish_reason)
                 hit = next((s for s in req.stop if s and s in text), None)
                 if hit is not None:
                     cut = text.index(hit)
-                    ev.text = em.word[:max(0, len(em.word) - (len(text) - cut))]
+                    ev.text = em.word[: max(0, len(em.word) - (len(text) - cut))]
                     ev.finish_reason, ev.stop_reason = "stop", hit
                     with self._cv:
                         self.sched.stop_early(seq, self._sim)
@@ -149,8 +163,7 @@ class StepEngine:
                 self._queues.pop(seq.rid, None)
                 if not finished:
                     self.sched.abort(seq)
-                self._observe(seq, "stop" if finished and seq.finish_reason is None else
-                              (seq.finish_reason or "abort"))
+                self._observe(seq, "stop" if finished and seq.finish_reason is None else (seq.finish_reason or "abort"))
 
     def close(self) -> None:
         with self._cv:
@@ -199,8 +212,11 @@ class StepEngine:
                     self._wait(pickup)
                     until = time.monotonic()
                     give_up = until + FRONTEND_WAIT_S
-                    while not self._stop and any(t <= until for t in self._arriving.values()) \
-                            and time.monotonic() < give_up:
+                    while (
+                        not self._stop
+                        and any(t <= until for t in self._arriving.values())
+                        and time.monotonic() < give_up
+                    ):
                         self._cv.wait(give_up - time.monotonic())
                     self._sync()
                 idle = False
@@ -246,9 +262,13 @@ class StepEngine:
         if m is not None:
             m.observe("vllm:iteration_tokens_total", tokens)
             c = self.sched.counters
-            for name, attr in (("prefix_cache_queries", "prefix_queries"), ("prefix_cache_hits", "prefix_hits"),
-                               ("num_preemptions", "preemptions"), ("prompt_tokens", "prompt_tokens"),
-                               ("generation_tokens", "generation_tokens")):
+            for name, attr in (
+                ("prefix_cache_queries", "prefix_queries"),
+                ("prefix_cache_hits", "prefix_hits"),
+                ("num_preemptions", "preemptions"),
+                ("prompt_tokens", "prompt_tokens"),
+                ("generation_tokens", "generation_tokens"),
+            ):
                 value = float(getattr(c, attr))
                 m.counters["vllm:" + name] = value
                 if "prefix" in name:

@@ -55,7 +55,7 @@ class ByteLevelBPE:
             best = min(range(len(parts) - 1), key=lambda i: self.ranks.get((parts[i], parts[i + 1]), 1 << 30))
             if (parts[best], parts[best + 1]) not in self.ranks:
                 break
-            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+            parts[best : best + 2] = [parts[best] + parts[best + 1]]
         return tuple(parts)
 
     def encode(self, text: str) -> list[str]:

@@ -20,14 +20,40 @@ from typing import Any, Sequence
 
 VERSIONS = {"0.11": "0.11.0", "0.33": "0.33.0"}
 DEFAULT_VERSION = "0.11"
-QUANT_011 = ("awq", "deepspeedfp", "tpu_int8", "fp8", "ptpc_fp8", "fbgemm_fp8", "modelopt",
-             "modelopt_fp4", "bitblas", "gguf", "gptq_marlin_24", "gptq_marlin", "gptq_bitblas",
-             "awq_marlin", "gptq", "compressed-tensors", "bitsandbytes", "hqq", "experts_int8",
-             "ipex", "quark", "moe_wna16", "torchao", "auto-round", "rtn", "inc", "mxfp4",
-             "petit_nvfp4")
-KV_DTYPES = {"0.11": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"),
-             "0.33": ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
-                      "fp8_ds_mla", "nvfp4")}
+QUANT_011 = (
+    "awq",
+    "deepspeedfp",
+    "tpu_int8",
+    "fp8",
+    "ptpc_fp8",
+    "fbgemm_fp8",
+    "modelopt",
+    "modelopt_fp4",
+    "bitblas",
+    "gguf",
+    "gptq_marlin_24",
+    "gptq_marlin",
+    "gptq_bitblas",
+    "awq_marlin",
+    "gptq",
+    "compressed-tensors",
+    "bitsandbytes",
+    "hqq",
+    "experts_int8",
+    "ipex",
+    "quark",
+    "moe_wna16",
+    "torchao",
+    "auto-round",
+    "rtn",
+    "inc",
+    "mxfp4",
+    "petit_nvfp4",
+)
+KV_DTYPES = {
+    "0.11": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"),
+    "0.33": ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4"),
+}
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
 #: Sim-only flags: accepted, never logged as vLLM arguments.
@@ -47,6 +73,7 @@ def _human_int(version: str) -> Any:
             return int(m[1])
         power = "kmgt".index(m[2].lower()) + 1
         return int(float(m[1]) * (1000 if m[2].islower() else 1024) ** power)
+
     parse.__name__ = "human_readable_int"
     return parse
 
@@ -54,34 +81,38 @@ def _human_int(version: str) -> Any:
 def build_parser(version: str, suppress: bool = False) -> argparse.ArgumentParser:
     """The ``vllm serve`` parser; ``suppress`` drops defaults (to find what was given)."""
     kw: dict[str, Any] = {"argument_default": argparse.SUPPRESS} if suppress else {}
-    p = argparse.ArgumentParser(prog="vllm serve", usage="vllm serve [model_tag] [options]",
-                                description="Launch a local OpenAI-compatible API server to serve "
-                                            "LLM completions via HTTP. (clusterctl lab simulator)",
-                                epilog="Example: vllm serve /models/qwen3-8b --port 8000 "
-                                       "--tensor-parallel-size 2 --max-model-len 32768",
-                                **kw)
+    p = argparse.ArgumentParser(
+        prog="vllm serve",
+        usage="vllm serve [model_tag] [options]",
+        description="Launch a local OpenAI-compatible API server to serve "
+        "LLM completions via HTTP. (clusterctl lab simulator)",
+        epilog="Example: vllm serve /models/qwen3-8b --port 8000 --tensor-parallel-size 2 --max-model-len 32768",
+        **kw,
+    )
 
     def d(value: Any) -> dict[str, Any]:
         return {} if suppress else {"default": value}
 
-    p.add_argument("model_tag", nargs="?", help="The model tag to serve (optional if specified in config)",
-                   **d(None))
+    p.add_argument("model_tag", nargs="?", help="The model tag to serve (optional if specified in config)", **d(None))
     f = p.add_argument_group("Frontend")
     f.add_argument("--host", type=str, help="Host name.", **d(None))
     f.add_argument("--port", type=int, help="Port number.", **d(8000))
     f.add_argument("--uds", type=str, help="Unix domain socket path (not simulated).", **d(None))
-    f.add_argument("--api-key", nargs="+", help="If provided, the server will require one of these keys "
-                   "to be presented in the header.", **d(None))
+    f.add_argument(
+        "--api-key",
+        nargs="+",
+        help="If provided, the server will require one of these keys to be presented in the header.",
+        **d(None),
+    )
     f.add_argument("--enable-server-load-tracking", action=argparse.BooleanOptionalAction, **d(False))
     f.add_argument("--disable-uvicorn-access-log", action=argparse.BooleanOptionalAction, **d(False))
     f.add_argument("--enable-force-include-usage", action=argparse.BooleanOptionalAction, **d(False))
-    f.add_argument("--uvicorn-log-level", choices=["debug", "info", "warning", "error", "critical", "trace"],
-                   **d("info"))
+    f.add_argument(
+        "--uvicorn-log-level", choices=["debug", "info", "warning", "error", "critical", "trace"], **d("info")
+    )
     e = p.add_argument_group("ModelConfig")
-    e.add_argument("--model", type=str, help="Name or path of the Hugging Face model to use.",
-                   **d("Qwen/Qwen3-0.6B"))
-    e.add_argument("--dtype", choices=DTYPES, help="Data type for model weights and activations.",
-                   **d("auto"))
+    e.add_argument("--model", type=str, help="Name or path of the Hugging Face model to use.", **d("Qwen/Qwen3-0.6B"))
+    e.add_argument("--dtype", choices=DTYPES, help="Data type for model weights and activations.", **d("auto"))
     e.add_argument("--seed", type=int, **d(None if version == "0.33" else 0))
     e.add_argument("--max-model-len", type=_human_int(version), help="Model context length.", **d(None))
     e.add_argument("--quantization", "-q", choices=QUANT_011, **d(None))
@@ -111,30 +142,55 @@ def build_parser(version: str, suppress: bool = False) -> argparse.ArgumentParse
     if version == "0.11":
         c.add_argument("--swap-space", type=float, **d(4))
     c.add_argument("--kv-cache-dtype", choices=KV_DTYPES[version], **d("auto"))
-    c.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   **d(True if version == "0.33" else None))
+    c.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, **d(True if version == "0.33" else None)
+    )
     s = p.add_argument_group("SchedulerConfig")
     s.add_argument("--max-num-batched-tokens", type=_human_int(version), **d(None))
     s.add_argument("--max-num-seqs", type=int, **d(None))
     kv = p.add_argument_group("VllmConfig")
-    kv.add_argument("--kv-transfer-config", type=str, help="The configurations for distributed KV cache "
-                    "transfer (JSON), e.g. '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'.",
-                    **d(None))
+    kv.add_argument(
+        "--kv-transfer-config",
+        type=str,
+        help="The configurations for distributed KV cache "
+        "transfer (JSON), e.g. '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'.",
+        **d(None),
+    )
     o = p.add_argument_group("ObservabilityConfig")
     o.add_argument("--disable-log-stats", action="store_true", **d(False))
     o.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, **d(False))
     sim = p.add_argument_group("Simulator (clusterctl lab; not vLLM flags)")
-    sim.add_argument("--emulate-version", choices=sorted(VERSIONS), help="vLLM version to emulate "
-                     "(default $VLLM_SIM_VERSION or 0.11).", **d(None))
-    sim.add_argument("--time-scale", type=float, help="Multiply every simulated delay (default "
-                     "$VLLM_SIM_TIME_SCALE or 1; 0 = none).", **d(None))
-    sim.add_argument("--sim-profile", help="latency profile (docs/latency-profiles.md; default "
-                     "$VLLM_SIM_PROFILE, else from the GPU model).", **d(None))
-    sim.add_argument("--sim-batch-noise", action=argparse.BooleanOptionalAction, help="greedy output may "
-                     "depend slightly on the batch, as in vLLM (default on; $VLLM_SIM_BATCH_NOISE=0 turns "
-                     "it off).", **d(None))
-    sim.add_argument("--sim-broken-quantization", action="store_true", help="perturb the logits as a "
-                     "broken quantization would (large drift).", **d(False))
+    sim.add_argument(
+        "--emulate-version",
+        choices=sorted(VERSIONS),
+        help="vLLM version to emulate (default $VLLM_SIM_VERSION or 0.11).",
+        **d(None),
+    )
+    sim.add_argument(
+        "--time-scale",
+        type=float,
+        help="Multiply every simulated delay (default $VLLM_SIM_TIME_SCALE or 1; 0 = none).",
+        **d(None),
+    )
+    sim.add_argument(
+        "--sim-profile",
+        help="latency profile (docs/latency-profiles.md; default $VLLM_SIM_PROFILE, else from the GPU model).",
+        **d(None),
+    )
+    sim.add_argument(
+        "--sim-batch-noise",
+        action=argparse.BooleanOptionalAction,
+        help="greedy output may "
+        "depend slightly on the batch, as in vLLM (default on; $VLLM_SIM_BATCH_NOISE=0 turns "
+        "it off).",
+        **d(None),
+    )
+    sim.add_argument(
+        "--sim-broken-quantization",
+        action="store_true",
+        help="perturb the logits as a broken quantization would (large drift).",
+        **d(False),
+    )
     return p
 
 
@@ -150,9 +206,22 @@ def non_default_args(version: str, argv: Sequence[str]) -> dict[str, Any]:
     if "model_tag" in given:
         # vLLM copies the positional into --model, logged after the frontend args.
         items = list(out.items())
-        front = [k for k, _v in items if k in ("model_tag", "host", "port", "uds", "api_key",
-                                                "enable_server_load_tracking", "disable_uvicorn_access_log",
-                                                "enable_force_include_usage", "uvicorn_log_level")]
+        front = [
+            k
+            for k, _v in items
+            if k
+            in (
+                "model_tag",
+                "host",
+                "port",
+                "uds",
+                "api_key",
+                "enable_server_load_tracking",
+                "disable_uvicorn_access_log",
+                "enable_force_include_usage",
+                "uvicorn_log_level",
+            )
+        ]
         rest = [k for k, _v in items if k not in front and k != "model"]
         ordered = {k: out[k] for k in front}
         ordered["model"] = given["model_tag"]
@@ -175,10 +244,12 @@ def pick_version(argv: Sequence[str], env: dict[str, str], fixed: str | None) ->
 
 def _make_model(argv: Sequence[str]) -> int:
     from . import synth
-    p = argparse.ArgumentParser(prog="vllm_sim make-model",
-                                description="Write a synthetic model directory (config.json + safetensors).",
-                                epilog="Example: python3 -m clusterctl.lab.vllm_sim make-model "
-                                       "Qwen3-8B /models/qwen3-8b --sparse")
+
+    p = argparse.ArgumentParser(
+        prog="vllm_sim make-model",
+        description="Write a synthetic model directory (config.json + safetensors).",
+        epilog="Example: python3 -m clusterctl.lab.vllm_sim make-model Qwen3-8B /models/qwen3-8b --sparse",
+    )
     p.add_argument("name", help=f"one of: {', '.join(sorted(synth.ARCHS))}")
     p.add_argument("out_dir")
     p.add_argument("--sparse", action="store_true", help="sizes and headers only (no data blocks)")
@@ -186,8 +257,9 @@ def _make_model(argv: Sequence[str]) -> int:
     p.add_argument("--shard-bytes", type=int, default=synth.DEFAULT_SHARD_BYTES)
     a = p.parse_args(list(argv))
     try:
-        summary = synth.write_model(a.name, a.out_dir, sparse=a.sparse, quantization=a.quantization,
-                                    shard_bytes=a.shard_bytes)
+        summary = synth.write_model(
+            a.name, a.out_dir, sparse=a.sparse, quantization=a.quantization, shard_bytes=a.shard_bytes
+        )
     except (KeyError, ValueError, OSError) as e:
         print(f"vllm_sim make-model: error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
@@ -201,9 +273,11 @@ def main(argv: Sequence[str] | None = None, version: str | None = None) -> int:
     env = dict(os.environ)
     ver = pick_version(args, env, version)
     if not args or args[0] in ("-h", "--help"):
-        print("usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...\n\n"
-              "vLLM CLI (clusterctl lab simulator: serve only)\n\n"
-              "Example: vllm serve /models/qwen3-8b --port 8000")
+        print(
+            "usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...\n\n"
+            "vLLM CLI (clusterctl lab simulator: serve only)\n\n"
+            "Example: vllm serve /models/qwen3-8b --port 8000"
+        )
         return 0
     if args[0] in ("-v", "--version"):
         print(VERSIONS[ver])
@@ -212,17 +286,22 @@ def main(argv: Sequence[str] | None = None, version: str | None = None) -> int:
         return _make_model(args[1:])
     if args[0] != "serve":
         print("usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...", file=sys.stderr)
-        print(f"vllm: error: argument subparser: invalid choice: '{args[0]}' (choose from 'chat', "
-              "'complete', 'serve', 'bench', 'collect-env', 'run-batch')", file=sys.stderr)
+        print(
+            f"vllm: error: argument subparser: invalid choice: '{args[0]}' (choose from 'chat', "
+            "'complete', 'serve', 'bench', 'collect-env', 'run-batch')",
+            file=sys.stderr,
+        )
         return 2
     parser = build_parser(ver)
     ns = parser.parse_args(args[1:])  # exits 2 with vLLM's argparse message on bad input
     ns.model = ns.model_tag or ns.model
     if ns.kv_transfer_config is not None:
         from .kvtransfer import parse_kv_config
+
         try:
             parse_kv_config(ns.kv_transfer_config)
         except ValueError as e:
             parser.error(f"argument --kv-transfer-config: {e}")
     from .serve import serve
+
     return serve(ns, non_default_args(ver, args[1:]), ver, env)

@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
 _TOKEN_RE = re.compile(r" ?[A-Za-z]+| ?\d| ?[^\sA-Za-z\d]|\s+")
-_WORDS = (" the of and to in is was for on that with as it by at from his an were are which this be"
-         " or has had not but first one their its new after who they have her she two been other when"
-         " there all during into school time may years more most only over city some world would where"
-         " later up such used many can state about national out known university united then made"
-         " cluster model token memory network server request cache layer batch engine node rack"
-         " latency fabric switch queue tensor kernel stream prefix block vector value signal"
-         " . , ; : ' -").split(" ")
+_WORDS = (
+    " the of and to in is was for on that with as it by at from his an were are which this be"
+    " or has had not but first one their its new after who they have her she two been other when"
+    " there all during into school time may years more most only over city some world would where"
+    " later up such used many can state about national out known university united then made"
+    " cluster model token memory network server request cache layer batch engine node rack"
+    " latency fabric switch queue tensor kernel stream prefix block vector value signal"
+    " . , ; : ' -"
+).split(" ")
 WORDS = tuple(w if w in ".,;:'-" else " " + w for w in _WORDS if w)
 MAX_TOP = 20
 
@@ -130,7 +132,7 @@ class HashLM:
             else:
                 weights = [math.exp(lp / req.temperature) for _w, lp in dist]
                 choice = rng.choices(dist, weights)[0]
-            top = dist[:req.logprobs] if req.logprobs else []
+            top = dist[: req.logprobs] if req.logprobs else []
             if req.logprobs is not None and choice not in top:
                 top = [choice, *top]  # vLLM: the sampled token plus the top-N
             tok = choice[0]
@@ -140,7 +142,7 @@ class HashLM:
             eos = not req.ignore_eos and i > 0 and ctx[0] < 6  # ~1/43 per token
             if hit is not None:
                 cut = text.index(hit)
-                ev.text = tok[:max(0, len(tok) - (len(text) - cut))]
+                ev.text = tok[: max(0, len(tok) - (len(text) - cut))]
                 ev.finish_reason, ev.stop_reason = "stop", hit
             elif eos:
                 ev.finish_reason = "stop"

@@ -34,22 +34,25 @@ class GpuError(Exception):
 
 @dataclass(frozen=True)
 class GpuInfo:
-    index: int          # NVML index
+    index: int  # NVML index
     name: str
     uuid: str
-    total: int          # bytes CUDA reports as total (NVML total minus reserved)
-    free: int           # bytes free now
+    total: int  # bytes CUDA reports as total (NVML total minus reserved)
+    free: int  # bytes free now
 
 
 class _Mem2(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong),
-                ("reserved", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                ("used", ctypes.c_ulonglong)]
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("total", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
 
 
 class _Mem1(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                ("used", ctypes.c_ulonglong)]
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
 class Nvml:
@@ -159,8 +162,11 @@ def register(path: str, usage: dict[int, int], pid: int | None = None) -> None:
     pid = pid or os.getpid()
     with _locked_state(path) as state:
         for g in state.get("gpus", []):
-            procs = [p for p in g.get("processes", [])
-                     if not (p.get("vllm_sim") and (p.get("pid") == pid or not _alive(p["pid"])))]
+            procs = [
+                p
+                for p in g.get("processes", [])
+                if not (p.get("vllm_sim") and (p.get("pid") == pid or not _alive(p["pid"])))
+            ]
             used = usage.get(g["index"], 0)
             if used > 0:
                 procs.append({"pid": pid, "used_mib": -(-used // MiB), "vllm_sim": True})

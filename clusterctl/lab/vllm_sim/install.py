@@ -28,8 +28,10 @@ from pathlib import Path
 SRC = Path(__file__).parent
 GUEST_LIB = "/opt/vllm-sim/lib"
 #: Engine name -> (launcher path in the host, emulated version, full version).
-ENGINES = {"vllm-0.11": ("/opt/vllm-0.11/bin/vllm", "0.11", "0.11.0"),
-           "vllm-0.33": ("/opt/vllm-0.33/bin/vllm", "0.33", "0.33.0")}
+ENGINES = {
+    "vllm-0.11": ("/opt/vllm-0.11/bin/vllm", "0.11", "0.11.0"),
+    "vllm-0.33": ("/opt/vllm-0.33/bin/vllm", "0.33", "0.33.0"),
+}
 DEFAULT_LAUNCHER = "/usr/local/bin/vllm"
 TOOL_LAUNCHER = "/usr/local/bin/vllm-sim"
 
@@ -41,15 +43,21 @@ def sources() -> list[Path]:
 
 def _launcher(version: str | None, tool: bool = False) -> str:
     ver = "None" if version is None else repr(version)
-    call = "main(['make-model', *sys.argv[1:]]) if len(sys.argv) < 2 or sys.argv[1] != 'make-model' " \
-           "else main(sys.argv[1:])" if tool else f"main(version={ver})"
-    return ("#!/usr/bin/python3\n"
-            f"# vLLM {'(version from --emulate-version or $VLLM_SIM_VERSION)' if version is None else version}"
-            " -- clusterctl lab simulator, see docs/vllm-simulator.md\n"
-            "import sys\n"
-            f"sys.path.insert(0, {GUEST_LIB!r})\n"
-            "from vllm_sim.cli import main\n"
-            f"sys.exit({call})\n")
+    call = (
+        "main(['make-model', *sys.argv[1:]]) if len(sys.argv) < 2 or sys.argv[1] != 'make-model' "
+        "else main(sys.argv[1:])"
+        if tool
+        else f"main(version={ver})"
+    )
+    return (
+        "#!/usr/bin/python3\n"
+        f"# vLLM {'(version from --emulate-version or $VLLM_SIM_VERSION)' if version is None else version}"
+        " -- clusterctl lab simulator, see docs/vllm-simulator.md\n"
+        "import sys\n"
+        f"sys.path.insert(0, {GUEST_LIB!r})\n"
+        "from vllm_sim.cli import main\n"
+        f"sys.exit({call})\n"
+    )
 
 
 def _write(path: Path, text: str, mode: int) -> None:
@@ -106,8 +114,12 @@ def build_wheel(out: Path, version: str = "0.11.0", emulate: str = "0.11") -> Pa
     """The simulator as the wheel ``vllm-VERSION`` (emulating vLLM ``emulate``): ``vllm serve`` and
     ``vllm --version`` work from the virtualenv pip installs it into (stdlib only)."""
     files = {f"vllm_sim/{src.name}": src.read_text() for src in sources()}
-    files["vllm/__init__.py"] = (f"# the clusterctl lab simulator packaged as vLLM {version} (docs/vllm-simulator.md)\n"
-                                 f"__version__ = {version!r}\n")
-    files["vllm/simcli.py"] = ("import sys\n\nfrom vllm_sim.cli import main as _main\n\n\n"
-                               f"def main():\n    sys.exit(_main(version={emulate!r}))\n")
+    files["vllm/__init__.py"] = (
+        f"# the clusterctl lab simulator packaged as vLLM {version} (docs/vllm-simulator.md)\n"
+        f"__version__ = {version!r}\n"
+    )
+    files["vllm/simcli.py"] = (
+        "import sys\n\nfrom vllm_sim.cli import main as _main\n\n\n"
+        f"def main():\n    sys.exit(_main(version={emulate!r}))\n"
+    )
     return write_wheel(Path(out), "vllm", version, files, {"vllm": "vllm.simcli:main"})

@@ -38,10 +38,23 @@ from typing import Any
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 #: Connectors registered in vLLM 0.32's KVConnectorFactory (distributed/kv_transfer/kv_connector/factory.py).
-CONNECTORS = ("ExampleConnector", "LMCacheConnectorV1", "LMCacheMPConnector", "NixlConnector",
-              "NixlPullConnector", "NixlPushConnector", "MultiConnector", "MoRIIOConnector",
-              "OffloadingConnector", "DecodeBenchConnector", "MooncakeConnector", "MooncakeStoreConnector",
-              "P2pNcclConnector", "FlexKVConnectorV1", "HiSparseConnector")
+CONNECTORS = (
+    "ExampleConnector",
+    "LMCacheConnectorV1",
+    "LMCacheMPConnector",
+    "NixlConnector",
+    "NixlPullConnector",
+    "NixlPushConnector",
+    "MultiConnector",
+    "MoRIIOConnector",
+    "OffloadingConnector",
+    "DecodeBenchConnector",
+    "MooncakeConnector",
+    "MooncakeStoreConnector",
+    "P2pNcclConnector",
+    "FlexKVConnectorV1",
+    "HiSparseConnector",
+)
 #: Share of the link rate left when RoCE runs on a priority without PFC (drops, retransmits).
 LOSSY_SHARE = 0.25
 #: The key the simulated prefill adds to its kv_transfer_params (not a vLLM field).
@@ -81,21 +94,25 @@ def parse_kv_config(text: str) -> KvConfig:
     if role is not None and role not in ROLES:
         raise ValueError(f"Unsupported kv_role: {role}. Supported roles are {', '.join(ROLES)}")
     if conn is not None and role is None:
-        raise ValueError("Please specify kv_role when kv_connector is set, supported roles are "
-                         f"{list(ROLES)}")
+        raise ValueError(f"Please specify kv_role when kv_connector is set, supported roles are {list(ROLES)}")
     policy = d.get("kv_load_failure_policy", "fail")
     if policy not in ("recompute", "fail"):
         raise ValueError(f"kv_load_failure_policy: {policy!r} is not one of 'recompute', 'fail'")
     port = d.get("kv_port", 14579)
-    return KvConfig(connector=str(conn or ""), role=str(role or ""),
-                    engine_id=str(d.get("engine_id") or os.urandom(8).hex()),
-                    kv_port=int(port), failure_policy=policy)
+    return KvConfig(
+        connector=str(conn or ""),
+        role=str(role or ""),
+        engine_id=str(d.get("engine_id") or os.urandom(8).hex()),
+        kv_port=int(port),
+        failure_policy=policy,
+    )
 
 
 def hw_nic_state(env: dict[str, str]) -> dict[str, Any] | None:
     """The lab NIC state of this host (``$LAB_HW_DIR``, else beside ``$FAKE_NVML_STATE``), or None."""
-    d = env.get("LAB_HW_DIR") or (os.path.dirname(env["FAKE_NVML_STATE"]) if env.get("FAKE_NVML_STATE")
-                                  else "/var/lib/lab-hw")
+    d = env.get("LAB_HW_DIR") or (
+        os.path.dirname(env["FAKE_NVML_STATE"]) if env.get("FAKE_NVML_STATE") else "/var/lib/lab-hw"
+    )
     try:
         with open(os.path.join(d, "nic.json"), encoding="utf-8") as f:
             state = json.load(f)
@@ -112,7 +129,7 @@ def _rate(nic: dict[str, Any], name: str) -> float:
 @dataclass(frozen=True)
 class LinkState:
     bytes_per_s: float  # 0: no usable link (the transfer fails)
-    why: str            # "" when healthy, else what slows or stops it
+    why: str  # "" when healthy, else what slows or stops it
 
 
 def link_state(state: dict[str, Any] | None, nics: int = 1) -> LinkState:
@@ -123,7 +140,7 @@ def link_state(state: dict[str, Any] | None, nics: int = 1) -> LinkState:
     if not data:
         return LinkState(DEFAULT_RATE, "")
     total, notes = 0.0, []
-    for name, n in data[:max(1, nics)]:
+    for name, n in data[: max(1, nics)]:
         if not n.get("link_up", True):
             notes.append(f"{name} link down")
             continue
@@ -164,9 +181,15 @@ class Link:
             return self._free_at - t
 
 
-def produced_params(cfg: KvConfig, *, blocks: int, host: str, port: int, tp: int,
-                    rate: float) -> dict[str, Any]:
+def produced_params(cfg: KvConfig, *, blocks: int, host: str, port: int, tp: int, rate: float) -> dict[str, Any]:
     """What a prefill instance answers in ``kv_transfer_params`` (NixlConnector's fields)."""
-    return {"do_remote_prefill": True, "do_remote_decode": False,
-            "remote_block_ids": list(range(blocks)), "remote_engine_id": cfg.engine_id,
-            "remote_host": host, "remote_port": port, "tp_size": tp, SIM_RATE_KEY: rate}
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": list(range(blocks)),
+        "remote_engine_id": cfg.engine_id,
+        "remote_host": host,
+        "remote_port": port,
+        "tp_size": tp,
+        SIM_RATE_KEY: rate,
+    }

@@ -54,17 +54,32 @@ class Point:
 
 def measure(profile: Profile, cost: ModelCost, w: Workload) -> Point:
     """Run the workload on a virtual clock and summarise the requests finished after the warm-up."""
-    sched = Scheduler(profile, cost, ToyLM(noise=False), num_blocks=w.num_blocks,
-                      max_num_seqs=w.max_num_seqs, max_num_batched_tokens=w.max_num_batched_tokens,
-                      prefix_caching=w.prefix_caching)
+    sched = Scheduler(
+        profile,
+        cost,
+        ToyLM(noise=False),
+        num_blocks=w.num_blocks,
+        max_num_seqs=w.max_num_seqs,
+        max_num_batched_tokens=w.max_num_batched_tokens,
+        prefix_caching=w.prefix_caching,
+    )
     counter = [0]
     done: list[Seq] = []
 
     def new(user: int, now: float) -> Seq:
         counter[0] += 1
         toks = [f" u{user}r{counter[0]}w{i}" for i in range(w.prompt_len)]  # no shared prefixes
-        return Seq(rid=counter[0], prompt="".join(toks), prompt_tokens=toks, max_tokens=w.output_len,
-                   temperature=0.0, seed=counter[0], ignore_eos=True, arrival=now, session=f"u{user}")
+        return Seq(
+            rid=counter[0],
+            prompt="".join(toks),
+            prompt_tokens=toks,
+            max_tokens=w.output_len,
+            temperature=0.0,
+            seed=counter[0],
+            ignore_eos=True,
+            arrival=now,
+            session=f"u{user}",
+        )
 
     mark: list[tuple[float, int]] = []  # (time, tokens generated so far) when the warm-up ended
 
@@ -90,11 +105,16 @@ def measure(profile: Profile, cost: ModelCost, w: Workload) -> Point:
     tokens = sched.counters.generation_tokens - g0
     span = end - t0
     itl = sum(itls) / len(itls) if itls else 0.0
-    return Point(users=w.users, ttft_mean=sum(ttfts) / len(ttfts), ttft_p90=ttfts[int(0.9 * (len(ttfts) - 1))],
-                 itl_mean=itl, output_tps=tokens / span if span > 0 else 0.0,
-                 per_user_tps=1 / itl if itl else 0.0, requests=len(window),
-                 preemptions=sched.counters.preemptions)
-
+    return Point(
+        users=w.users,
+        ttft_mean=sum(ttfts) / len(ttfts),
+        ttft_p90=ttfts[int(0.9 * (len(ttfts) - 1))],
+        itl_mean=itl,
+        output_tps=tokens / span if span > 0 else 0.0,
+        per_user_tps=1 / itl if itl else 0.0,
+        requests=len(window),
+        preemptions=sched.counters.preemptions,
+    )
 
 
 @dataclass(frozen=True)
@@ -112,22 +132,48 @@ class BenchPoint:
         return asdict(self)
 
 
-def bench_point(profile: Profile, cost: ModelCost, *, concurrency: int, requests: int, prompt_len: int,
-                output_len: int, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int,
-                block_size: int = 16, prefix_caching: bool = True) -> BenchPoint:
+def bench_point(
+    profile: Profile,
+    cost: ModelCost,
+    *,
+    concurrency: int,
+    requests: int,
+    prompt_len: int,
+    output_len: int,
+    num_blocks: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    block_size: int = 16,
+    prefix_caching: bool = True,
+) -> BenchPoint:
     """``clusterctl bench -c C -n N`` on the virtual clock: ``requests`` distinct prompts, at most
     ``concurrency`` in flight from t=0, each next one sent when one finishes (the bench's workers)."""
-    sched = Scheduler(profile, cost, ToyLM(noise=False), num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                      prefix_caching=prefix_caching)
+    sched = Scheduler(
+        profile,
+        cost,
+        ToyLM(noise=False),
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,
+        prefix_caching=prefix_caching,
+    )
     sent = [0]
     done: list[Seq] = []
 
     def new(now: float) -> Seq:
         sent[0] += 1
         toks = [f" r{sent[0]}w{i}" for i in range(prompt_len)]
-        return Seq(rid=sent[0], prompt="".join(toks), prompt_tokens=toks, max_tokens=output_len,
-                   temperature=0.0, seed=sent[0], ignore_eos=True, arrival=now)
+        return Seq(
+            rid=sent[0],
+            prompt="".join(toks),
+            prompt_tokens=toks,
+            max_tokens=output_len,
+            temperature=0.0,
+            seed=sent[0],
+            ignore_eos=True,
+            arrival=now,
+        )
 
     def arrivals(now: float, finished: list[Seq]) -> list[Seq]:
         if now == 0.0 and not finished and sent[0] == 0:
@@ -140,16 +186,32 @@ def bench_point(profile: Profile, cost: ModelCost, *, concurrency: int, requests
         raise ValueError(f"{len(done)} of {requests} requests finished")
     ttft = [(s.first_token or 0.0) - s.arrival for s in done]
     tpot = [((s.finished or 0.0) - (s.first_token or 0.0)) / (len(s.out) - 1) for s in done if len(s.out) > 1]
-    return BenchPoint(concurrency=concurrency, requests=requests, ttft_mean=sum(ttft) / len(ttft),
-                      tpot_mean=sum(tpot) / len(tpot) if tpot else 0.0,
-                      output_tps=sum(len(s.out) for s in done) / end if end > 0 else 0.0,
-                      preemptions=sched.counters.preemptions)
+    return BenchPoint(
+        concurrency=concurrency,
+        requests=requests,
+        ttft_mean=sum(ttft) / len(ttft),
+        tpot_mean=sum(tpot) / len(tpot) if tpot else 0.0,
+        output_tps=sum(len(s.out) for s in done) / end if end > 0 else 0.0,
+        preemptions=sched.counters.preemptions,
+    )
+
 
 # ---- reference scenarios (docs/latency-profiles.md): the models and workloads behind each profile's figures
 
+
 def _shape(layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, arch: str) -> M.ModelShape:
-    return M.ModelShape(layers=layers, hidden=hidden, heads=heads, kv_heads=kv, head_dim=128, intermediate=inter,
-                        vocab=vocab, max_position=40960, torch_dtype="bfloat16", architecture=arch)
+    return M.ModelShape(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=128,
+        intermediate=inter,
+        vocab=vocab,
+        max_position=40960,
+        torch_dtype="bfloat16",
+        architecture=arch,
+    )
 
 
 QWEN3_8B = _shape(36, 4096, 32, 8, 12288, 151936, "Qwen3ForCausalLM")
@@ -182,28 +244,58 @@ class Scenario:
 
 #: The tiny real model the real CPU engine serves (clusterctl/lab/realmodel.py: 2 layers, hidden 256, bf16;
 #: 6,556,160 bytes of tensors in model.safetensors).
-TINY_LLAMA = M.ModelShape(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=4096,
-                          max_position=4096, torch_dtype="bfloat16", architecture="LlamaForCausalLM")
+TINY_LLAMA = M.ModelShape(
+    layers=2,
+    hidden=256,
+    heads=4,
+    kv_heads=2,
+    head_dim=64,
+    intermediate=512,
+    vocab=4096,
+    max_position=4096,
+    torch_dtype="bfloat16",
+    architecture="LlamaForCausalLM",
+)
 MODEL_TINY_LLAMA = ModelCost.from_shape(TINY_LLAMA, 6_556_160, 1, 2)
 
-MODELS = {"8b-int8": MODEL_8B_INT8, "27b-awq-tp4": MODEL_27B_AWQ_TP4, "8b-bf16": MODEL_8B_BF16,
-          "tiny-llama": MODEL_TINY_LLAMA}
+MODELS = {
+    "8b-int8": MODEL_8B_INT8,
+    "27b-awq-tp4": MODEL_27B_AWQ_TP4,
+    "8b-bf16": MODEL_8B_BF16,
+    "tiny-llama": MODEL_TINY_LLAMA,
+}
 
 #: The field report's three operating points (8B INT8, 48 GB card; prompt 1400, output 64 tokens,
 #: closed loop) and the 27B burst.  "initial" is the report's starting budget; "raised" vLLM 0.11's default.
 REPORT = (
-    Scenario("8b-1-user", "l40s-48g", "8b-int8",
-             Workload(1, 1400, 64, 256, 2048, BLOCKS_48G_8B, duration=200),
-             {"per_user_tps": 90.0, "ttft_mean": 0.2}),
-    Scenario("8b-8-users-initial-budget", "l40s-48g", "8b-int8",
-             Workload(8, 1400, 64, 4, 512, BLOCKS_48G_8B, duration=200),
-             {"output_tps": 150.0, "ttft_mean": 2.0}),
-    Scenario("8b-8-users-raised-budget", "l40s-48g", "8b-int8",
-             Workload(8, 1400, 64, 256, 2048, BLOCKS_48G_8B, duration=200),
-             {"output_tps_min": 200.0, "ttft_mean_max": 2.0}),
-    Scenario("27b-20-users-burst", "l40s-48g", "27b-awq-tp4",
-             Workload(20, 4096, 256, 256, 2048, BLOCKS_48G_27B_TP4, duration=400, burst=True),
-             {"ttft_mean_min": 10.0}),
+    Scenario(
+        "8b-1-user",
+        "l40s-48g",
+        "8b-int8",
+        Workload(1, 1400, 64, 256, 2048, BLOCKS_48G_8B, duration=200),
+        {"per_user_tps": 90.0, "ttft_mean": 0.2},
+    ),
+    Scenario(
+        "8b-8-users-initial-budget",
+        "l40s-48g",
+        "8b-int8",
+        Workload(8, 1400, 64, 4, 512, BLOCKS_48G_8B, duration=200),
+        {"output_tps": 150.0, "ttft_mean": 2.0},
+    ),
+    Scenario(
+        "8b-8-users-raised-budget",
+        "l40s-48g",
+        "8b-int8",
+        Workload(8, 1400, 64, 256, 2048, BLOCKS_48G_8B, duration=200),
+        {"output_tps_min": 200.0, "ttft_mean_max": 2.0},
+    ),
+    Scenario(
+        "27b-20-users-burst",
+        "l40s-48g",
+        "27b-awq-tp4",
+        Workload(20, 4096, 256, 256, 2048, BLOCKS_48G_27B_TP4, duration=400, burst=True),
+        {"ttft_mean_min": 10.0},
+    ),
 )
 
 

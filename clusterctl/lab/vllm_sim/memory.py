@@ -75,13 +75,18 @@ class ModelShape:
     def from_config(cls, cfg: dict[str, Any]) -> "ModelShape":
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
-        return cls(layers=int(cfg["num_hidden_layers"]), hidden=hidden, heads=heads,
-                   kv_heads=int(cfg.get("num_key_value_heads", heads)),
-                   head_dim=int(cfg.get("head_dim") or hidden // heads),
-                   intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
-                   max_position=int(cfg.get("max_position_embeddings", 2048)),
-                   torch_dtype=str(cfg.get("torch_dtype", "bfloat16")),
-                   architecture=(cfg.get("architectures") or ["LlamaForCausalLM"])[0])
+        return cls(
+            layers=int(cfg["num_hidden_layers"]),
+            hidden=hidden,
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads", heads)),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate=int(cfg["intermediate_size"]),
+            vocab=int(cfg["vocab_size"]),
+            max_position=int(cfg.get("max_position_embeddings", 2048)),
+            torch_dtype=str(cfg.get("torch_dtype", "bfloat16")),
+            architecture=(cfg.get("architectures") or ["LlamaForCausalLM"])[0],
+        )
 
 
 def kv_heads_per_rank(m: ModelShape, tp: int) -> int:
@@ -116,8 +121,7 @@ def weights_per_rank(tensors: Iterable[tuple[str, int, list[int]]], m: ModelShap
     return [_tensor_bytes_per_rank(n, b, s, m, tp) for n, b, s in tensors]
 
 
-def activation_peak(m: ModelShape, tp: int, max_num_batched_tokens: int, max_num_seqs: int,
-                    dtype_bytes: int) -> int:
+def activation_peak(m: ModelShape, tp: int, max_num_batched_tokens: int, max_num_seqs: int, dtype_bytes: int) -> int:
     """Peak torch memory of the profiling forward pass beyond the weights.
 
     One layer's live tensors at ``max_num_batched_tokens`` tokens (the MLP's
@@ -194,7 +198,6 @@ def requested_bytes(total: int, util: float, version: str) -> int:
     return math.ceil(total * util) if version == "0.33" else int(total * util)
 
 
-def available_kv(requested: int, weights: int, activation: int, nt: int, graphs: int,
-                 version: str) -> int:
+def available_kv(requested: int, weights: int, activation: int, nt: int, graphs: int, version: str) -> int:
     avail = requested - weights - activation - nt
     return avail - graphs if version == "0.33" else avail

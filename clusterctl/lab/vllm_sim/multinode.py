@@ -48,13 +48,17 @@ def check(ns: Any) -> str | None:
         return None
     w = world_size(ns)
     if w % n:
-        return ("ValueError: Invalid data-parallel launch options: "
-                f"`--nnodes {n}` must evenly divide the total world size ({w}). Adjust `--nnodes`, "
-                "`--data-parallel-size`, `--pipeline-parallel-size`, `--tensor-parallel-size`, or "
-                "`--prefill-context-parallel-size`.")
+        return (
+            "ValueError: Invalid data-parallel launch options: "
+            f"`--nnodes {n}` must evenly divide the total world size ({w}). Adjust `--nnodes`, "
+            "`--data-parallel-size`, `--pipeline-parallel-size`, `--tensor-parallel-size`, or "
+            "`--prefill-context-parallel-size`."
+        )
     if not 0 <= r < n:
-        return ("ValueError: Invalid data-parallel launch options: `--node-rank` must "
-                f"be between 0 and {n - 1}; got `--node-rank {r}`. Set it to this node's zero-based index.")
+        return (
+            "ValueError: Invalid data-parallel launch options: `--node-rank` must "
+            f"be between 0 and {n - 1}; got `--node-rank {r}`. Set it to this node's zero-based index."
+        )
     return None
 
 
@@ -93,16 +97,20 @@ class Head:
                 conn.close()
                 continue
             if line.startswith(HELLO):
-                self.ranks[int(line[len(HELLO):].strip() or 0)] = conn
+                self.ranks[int(line[len(HELLO) :].strip() or 0)] = conn
             else:
                 conn.close()
         w = world_size(self.ns)
-        self.log.info("EngineCore", "multiproc_executor.py:153",
-                      f"DP group leader: node_rank=0, node_rank_within_dp=0, master_addr={self.ns.master_addr}, "
-                      f"mq_connect_ip={self.ns.master_addr} (local), world_size={w}, local_world_size={w // self.n}")
+        self.log.info(
+            "EngineCore",
+            "multiproc_executor.py:153",
+            f"DP group leader: node_rank=0, node_rank_within_dp=0, master_addr={self.ns.master_addr}, "
+            f"mq_connect_ip={self.ns.master_addr} (local), world_size={w}, local_world_size={w // self.n}",
+        )
 
     def watch(self, on_lost: Callable[[int], None]) -> None:
         """In a thread: call ``on_lost(rank)`` once, when the first rank's connection closes."""
+
         def run() -> None:
             socks = {s: r for r, s in self.ranks.items()}
             while socks:
@@ -115,6 +123,7 @@ class Head:
                     if not data:
                         on_lost(socks[s])
                         return
+
         threading.Thread(target=run, daemon=True, name="vllm-sim-ranks").start()
 
     def close(self) -> None:
@@ -126,8 +135,12 @@ class Head:
 def run_worker(ns: Any, log: Log, version: str, stop: threading.Event) -> int:
     """A headless rank: join the head, hold the connection; 0 when stopped, 1 when the head went away."""
     addr = f"{ns.master_addr}:{ns.master_port}"
-    log.info("APIServer", "serve.py:224", f"Launching vLLM (v{version}) headless multiproc executor, with head "
-             f"node address {addr} for torch.distributed process group.")
+    log.info(
+        "APIServer",
+        "serve.py:224",
+        f"Launching vLLM (v{version}) headless multiproc executor, with head "
+        f"node address {addr} for torch.distributed process group.",
+    )
     conn: socket.socket | None = None
     while conn is None and not stop.is_set():
         try:
@@ -149,8 +162,11 @@ def run_worker(ns: Any, log: Log, version: str, stop: threading.Event) -> int:
                     data = b""
                 if not data:
                     # not a vLLM line (a real rank sees its collective fail): the simulator says what happened
-                    log.error("APIServer", "vllm_sim/multinode.py", f"head node {addr} went away: "
-                              "torch.distributed process group lost; exiting")
+                    log.error(
+                        "APIServer",
+                        "vllm_sim/multinode.py",
+                        f"head node {addr} went away: torch.distributed process group lost; exiting",
+                    )
                     time.sleep(0.1)
                     return 1
         return 0

@@ -61,15 +61,27 @@ class ModelCost:
     tp: int = 1
 
     @classmethod
-    def from_shape(cls, m: M.ModelShape, weight_bytes: float, tp: int, kv_dtype_bytes: int,
-                   weight_bytes_per_param: float | None = None) -> "ModelCost":
+    def from_shape(
+        cls,
+        m: M.ModelShape,
+        weight_bytes: float,
+        tp: int,
+        kv_dtype_bytes: int,
+        weight_bytes_per_param: float | None = None,
+    ) -> "ModelCost":
         """From ``config.json``'s shape and the per-rank weight bytes start-up computed."""
         attn = m.hidden * m.heads * m.head_dim * 2 + m.hidden * m.kv_heads * m.head_dim * 2
         mlp = 3 * m.hidden * m.intermediate
         params = m.layers * (attn + mlp) + m.vocab * m.hidden  # + lm_head (the embedding is a lookup)
-        return cls(weight_bytes=weight_bytes, active_params=params / tp,
-                   kv_bytes_per_token=M.kv_bytes_per_token(m, tp, kv_dtype_bytes), layers=m.layers,
-                   q_dim=m.heads // tp * m.head_dim, hidden=m.hidden, tp=tp)
+        return cls(
+            weight_bytes=weight_bytes,
+            active_params=params / tp,
+            kv_bytes_per_token=M.kv_bytes_per_token(m, tp, kv_dtype_bytes),
+            layers=m.layers,
+            q_dim=m.heads // tp * m.head_dim,
+            hidden=m.hidden,
+            tp=tp,
+        )
 
 
 @dataclass(frozen=True)
@@ -106,40 +118,48 @@ TB = 1e12
 T = 1e12
 
 #: The profiles, by name.  Sources and the figures each reproduces: docs/latency-profiles.md.
-PROFILES: dict[str, Profile] = {p.name: p for p in (
-    Profile(
-        name="l40s-48g",
-        description="48 GB PCIe accelerator (L40S class: 864 GB/s GDDR6, 362 dense INT8 TOPS), "
-                    "the field report's card; TP over PCIe Gen4 without NVLink",
-        source="NVIDIA L40S datasheet (bandwidth, INT8 TOPS); field report (../shared/requirements.md)",
-        mem_bw=0.90 * 864 * GB,  # ~90 % of peak reached by decode GEMV kernels
-        flops_eff=0.30 * 362 * T,  # W8A8 GEMMs at ~30 % of dense peak, attention and sampling included
-        t_step=0.0010, t_seq=0.0002,
-        link_bw=20 * GB, link_latency=25e-6,  # PCIe Gen4 x16 all-reduce (no NVLink, no P2P)
-    ),
-    Profile(
-        name="h100-sxm",
-        description="H100 SXM5 80 GB (3.35 TB/s HBM3, 989 dense BF16 TFLOPS, NVLink 900 GB/s)",
-        source="NVIDIA H100 datasheet; vLLM's published Llama-3-8B H100 serving figures (research vllm.md §7)",
-        mem_bw=0.80 * 3350 * GB,
-        flops_eff=0.45 * 989 * T,
-        t_step=0.0012, t_seq=0.00002,
-        link_bw=300 * GB, link_latency=8e-6,
-    ),
-    Profile(
-        name="cpu-1core",
-        description="one x86 core running vLLM 0.32's CPU backend (bf16, --enforce-eager, one OpenMP thread, "
-                    "the API server on the same core), as the lab's real engine serves the tiny real model",
-        source="fitted to the real engine measured by benchmarks/real_vllm/calibrate.py at load 2-3 "
-               "(benchmarks/results/real-vllm-calibration-2026-12-01T2255.json, docs/real-vllm.md)",
-        mem_bw=10 * GB,  # not fitted: 6.6 MB of weights per step cost 0.7 ms, below the fitted overheads
-        flops_eff=11.2e9,  # prompt tokens: about 0.4 ms each for the tiny model (4.5 MFLOP per token)
-        t_step=0.0091, t_seq=0.00069,  # Python per step (scheduler, sampler, detokenizer, API server) and per sequence
-        # The API server shares the busy core: a burst reaches the engine core together (measured: at 16
-        # streams the median TTFT is one 2048-token prefill step, the clients stay in lockstep).
-        t_pickup=0.02,
-    ),
-)}
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            name="l40s-48g",
+            description="48 GB PCIe accelerator (L40S class: 864 GB/s GDDR6, 362 dense INT8 TOPS), "
+            "the field report's card; TP over PCIe Gen4 without NVLink",
+            source="NVIDIA L40S datasheet (bandwidth, INT8 TOPS); field report (../shared/requirements.md)",
+            mem_bw=0.90 * 864 * GB,  # ~90 % of peak reached by decode GEMV kernels
+            flops_eff=0.30 * 362 * T,  # W8A8 GEMMs at ~30 % of dense peak, attention and sampling included
+            t_step=0.0010,
+            t_seq=0.0002,
+            link_bw=20 * GB,
+            link_latency=25e-6,  # PCIe Gen4 x16 all-reduce (no NVLink, no P2P)
+        ),
+        Profile(
+            name="h100-sxm",
+            description="H100 SXM5 80 GB (3.35 TB/s HBM3, 989 dense BF16 TFLOPS, NVLink 900 GB/s)",
+            source="NVIDIA H100 datasheet; vLLM's published Llama-3-8B H100 serving figures (research vllm.md §7)",
+            mem_bw=0.80 * 3350 * GB,
+            flops_eff=0.45 * 989 * T,
+            t_step=0.0012,
+            t_seq=0.00002,
+            link_bw=300 * GB,
+            link_latency=8e-6,
+        ),
+        Profile(
+            name="cpu-1core",
+            description="one x86 core running vLLM 0.32's CPU backend (bf16, --enforce-eager, one OpenMP thread, "
+            "the API server on the same core), as the lab's real engine serves the tiny real model",
+            source="fitted to the real engine measured by benchmarks/real_vllm/calibrate.py at load 2-3 "
+            "(benchmarks/results/real-vllm-calibration-2026-12-01T2255.json, docs/real-vllm.md)",
+            mem_bw=10 * GB,  # not fitted: 6.6 MB of weights per step cost 0.7 ms, below the fitted overheads
+            flops_eff=11.2e9,  # prompt tokens: about 0.4 ms each for the tiny model (4.5 MFLOP per token)
+            t_step=0.0091,
+            t_seq=0.00069,  # Python per step (scheduler, sampler, detokenizer, API server) and per sequence
+            # The API server shares the busy core: a burst reaches the engine core together (measured: at 16
+            # streams the median TTFT is one 2048-token prefill step, the clients stay in lockstep).
+            t_pickup=0.02,
+        ),
+    )
+}
 
 DEFAULT_PROFILE = "h100-sxm"
 

@@ -158,7 +158,7 @@ def block_hashes(tokens: list[str], block_size: int, salt: str = "") -> list[byt
     out: list[bytes] = []
     h = hashlib.sha256(salt.encode()).digest()
     for i in range(len(tokens) // block_size):
-        h = hashlib.sha256(h + "\x00".join(tokens[i * block_size:(i + 1) * block_size]).encode()).digest()
+        h = hashlib.sha256(h + "\x00".join(tokens[i * block_size : (i + 1) * block_size]).encode()).digest()
         out.append(h)
     return out
 
@@ -176,9 +176,19 @@ class Counters:
 class Scheduler:
     """Continuous batching over a :class:`BlockPool`; times come from a latency profile."""
 
-    def __init__(self, profile: Profile, cost: ModelCost, lm: ToyLM, *, num_blocks: int,
-                 max_num_seqs: int, max_num_batched_tokens: int, block_size: int = 16,
-                 prefix_caching: bool = True, full_prompt_admission: bool = True) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        cost: ModelCost,
+        lm: ToyLM,
+        *,
+        num_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        block_size: int = 16,
+        prefix_caching: bool = True,
+        full_prompt_admission: bool = True,
+    ) -> None:
         self.profile, self.cost, self.lm = profile, cost, lm
         #: Admit a waiting sequence only when all its tokens fit the free blocks, not only its first
         #: chunk (vLLM's ``scheduler_reserve_full_isl``, default on in the 0.32 engine; 0.11 checked
@@ -200,8 +210,11 @@ class Scheduler:
     # ---- queue
     def add(self, seq: Seq) -> None:
         seq.ctx = context(seq.seed, seq.prompt)
-        seq.rng = random.Random(hashlib.sha256(f"{seq.seed}|{seq.prompt}|rng".encode()).digest()
-                                if seq.seed is not None else random.getrandbits(64))
+        seq.rng = random.Random(
+            hashlib.sha256(f"{seq.seed}|{seq.prompt}|rng".encode()).digest()
+            if seq.seed is not None
+            else random.getrandbits(64)
+        )
         self.waiting.append(seq)
 
     def abort(self, seq: Seq) -> None:
@@ -361,8 +374,9 @@ class Scheduler:
             self._finish(seq, "stop", now)
 
 
-def simulate(sched: Scheduler, arrivals: Callable[[float, list[Seq]], list[Seq]], until: float,
-             max_steps: int = 2_000_000) -> float:
+def simulate(
+    sched: Scheduler, arrivals: Callable[[float, list[Seq]], list[Seq]], until: float, max_steps: int = 2_000_000
+) -> float:
     """Run ``sched`` on a virtual clock until ``until`` (simulated seconds); returns the end time.
 
     ``arrivals(now, finished_this_step)`` returns the sequences that arrive at

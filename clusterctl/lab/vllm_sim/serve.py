@@ -36,6 +36,7 @@ STATS_INTERVAL_S = 5.0
 class _Terminated(Exception):
     """SIGTERM/SIGINT arrived during start-up."""
 
+
 WATCHDOG_S = 5.0
 
 
@@ -69,9 +70,13 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
     prof_name = ns.sim_profile or env.get("VLLM_SIM_PROFILE") or None
     if prof_name is not None and prof_name not in profiles.PROFILES:
         import sys
+
         src = "--sim-profile" if ns.sim_profile else "VLLM_SIM_PROFILE"
-        print(f"vllm serve: error: {src}: unknown simulator profile {prof_name!r} "
-              f"(known: {', '.join(sorted(profiles.PROFILES))})", file=sys.stderr)
+        print(
+            f"vllm serve: error: {src}: unknown simulator profile {prof_name!r} "
+            f"(known: {', '.join(sorted(profiles.PROFILES))})",
+            file=sys.stderr,
+        )
         return 2
     stop = threading.Event()
 
@@ -83,14 +88,26 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
 
     log = Log()
     full = {"0.11": "0.11.0", "0.33": "0.33.0"}[version]
-    log.info("APIServer", "api_server.py:1839" if version == "0.11" else "api_server.py:1936",
-             f"vLLM API server version {full}")
-    log.info("APIServer", "utils.py:233" if version == "0.11" else "startup.py:96",
-             f"non-default args: {_shown_args(given, version)}")
+    log.info(
+        "APIServer",
+        "api_server.py:1839" if version == "0.11" else "api_server.py:1936",
+        f"vLLM API server version {full}",
+    )
+    log.info(
+        "APIServer",
+        "utils.py:233" if version == "0.11" else "startup.py:96",
+        f"non-default args: {_shown_args(given, version)}",
+    )
     bad = multinode.check(ns)
     if bad:
-        report_failure(log, StartupFailure(bad, where="api", frames=[
-            ("engine/arg_utils.py", 2366, "create_engine_config", "raise ValueError(")]), version, ns.tensor_parallel_size)
+        report_failure(
+            log,
+            StartupFailure(
+                bad, where="api", frames=[("engine/arg_utils.py", 2366, "create_engine_config", "raise ValueError(")]
+            ),
+            version,
+            ns.tensor_parallel_size,
+        )
         return 1
     if multinode.is_worker(ns) and getattr(ns, "headless", False):  # a headless rank: no API server
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
@@ -146,8 +163,9 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
             head.close()
 
 
-def _make_engine(ns: Any, env: dict[str, str], info: Any, scale: float, metrics: Metrics, log: Log,
-                 prof_name: str | None) -> StepEngine:
+def _make_engine(
+    ns: Any, env: dict[str, str], info: Any, scale: float, metrics: Metrics, log: Log, prof_name: str | None
+) -> StepEngine:
     """The step engine for what start-up resolved (profile: flag, env, else from the GPU model)."""
     rank0 = info.plan.ranks[0] if info.plan and info.plan.ranks else None
     name = prof_name or profiles.default_profile(info.gpu_name, rank0.total if rank0 else None)
@@ -156,24 +174,38 @@ def _make_engine(ns: Any, env: dict[str, str], info: Any, scale: float, metrics:
     noise = ns.sim_batch_noise if ns.sim_batch_noise is not None else env.get("VLLM_SIM_BATCH_NOISE", "1") != "0"
     broken = ns.sim_broken_quantization or env.get("VLLM_SIM_BROKEN_QUANTIZATION") == "1"
     lm = ToyLM(info.quantization, broken=broken, noise=noise)
-    sched = Scheduler(profiles.get(name), cost, lm, num_blocks=info.num_blocks, max_num_seqs=info.max_num_seqs,
-                      max_num_batched_tokens=info.max_num_batched_tokens, block_size=info.block_size,
-                      prefix_caching=info.prefix_caching, full_prompt_admission=info.version != "0.11")
+    sched = Scheduler(
+        profiles.get(name),
+        cost,
+        lm,
+        num_blocks=info.num_blocks,
+        max_num_seqs=info.max_num_seqs,
+        max_num_batched_tokens=info.max_num_batched_tokens,
+        block_size=info.block_size,
+        prefix_caching=info.prefix_caching,
+        full_prompt_admission=info.version != "0.11",
+    )
     try:
         timeout = float(env.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", EXECUTE_TIMEOUT_S))
     except ValueError:
         timeout = EXECUTE_TIMEOUT_S
     proc = "EngineCore_DP0" if info.version == "0.11" else "EngineCore"
-    return StepEngine(sched, vocab=info.vocab, scale=scale, metrics=metrics, faults=Faults(),
-                      execute_timeout_s=timeout,
-                      on_error=lambda msg: log.error(proc, "multiproc_executor.py:194", msg))
+    return StepEngine(
+        sched,
+        vocab=info.vocab,
+        scale=scale,
+        metrics=metrics,
+        faults=Faults(),
+        execute_timeout_s=timeout,
+        on_error=lambda msg: log.error(proc, "multiproc_executor.py:194", msg),
+    )
 
 
-def _disaggregate(app: App, ns: Any, env: dict[str, str], info: Any, scale: float, metrics: Metrics,
-                  log: Log) -> None:
+def _disaggregate(app: App, ns: Any, env: dict[str, str], info: Any, scale: float, metrics: Metrics, log: Log) -> None:
     """Give the app its KV-transfer role (kvtransfer.py); the config was checked at start-up."""
     from . import memory
     from .kvtransfer import Link, parse_kv_config
+
     app.kv = parse_kv_config(ns.kv_transfer_config)
     app.link = Link(env, nics=max(1, info.tp))
     app.scale = scale
@@ -186,27 +218,57 @@ def _disaggregate(app: App, ns: Any, env: dict[str, str], info: Any, scale: floa
     app.kv_bytes_per_token = float(memory.kv_bytes_per_token(info.shape, 1, kvb)) if info.shape else 0.0
     if app.kv.connector.startswith("Nixl"):
         metrics.enable_nixl()
-    log.info("EngineCore", "factory.py:64", f"Creating v1 connector with name: {app.kv.connector} and "
-             f"engine_id: {app.kv.engine_id}")
+    log.info(
+        "EngineCore",
+        "factory.py:64",
+        f"Creating v1 connector with name: {app.kv.connector} and engine_id: {app.kv.engine_id}",
+    )
 
 
-def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, info: Any,
-         stop: threading.Event, scale: float, exit_code: list[int], prof_name: str | None = None,
-         head: multinode.Head | None = None) -> int:
-    labels = cache_config_labels(block_size=info.block_size, cache_dtype=info.kv_dtype, util=info.util,
-                                 prefix=info.prefix_caching, num_gpu_blocks=info.num_blocks, version=version,
-                                 kv_memory_bytes=ns.kv_cache_memory_bytes)
+def _run(
+    ns: Any,
+    env: dict[str, str],
+    version: str,
+    log: Log,
+    httpd: Server,
+    info: Any,
+    stop: threading.Event,
+    scale: float,
+    exit_code: list[int],
+    prof_name: str | None = None,
+    head: multinode.Head | None = None,
+) -> int:
+    labels = cache_config_labels(
+        block_size=info.block_size,
+        cache_dtype=info.kv_dtype,
+        util=info.util,
+        prefix=info.prefix_caching,
+        num_gpu_blocks=info.num_blocks,
+        version=version,
+        kv_memory_bytes=ns.kv_cache_memory_bytes,
+    )
     metrics = Metrics(version, info.served_names[0], labels, ns.show_hidden_metrics_for_version)
     engine = _make_engine(ns, env, info, scale, metrics, log, prof_name)
     keys = ns.api_key or ([env["VLLM_API_KEY"]] if env.get("VLLM_API_KEY") else [])
-    app = App(info, engine, metrics, log, api_keys=keys, load_tracking=ns.enable_server_load_tracking,
-              access_log=not ns.disable_uvicorn_access_log, force_usage=ns.enable_force_include_usage)
+    app = App(
+        info,
+        engine,
+        metrics,
+        log,
+        api_keys=keys,
+        load_tracking=ns.enable_server_load_tracking,
+        access_log=not ns.disable_uvicorn_access_log,
+        force_usage=ns.enable_force_include_usage,
+    )
     app.faults = engine.faults
     if ns.kv_transfer_config:
         _disaggregate(app, ns, env, info, scale, metrics, log)
     httpd.RequestHandlerClass = make_handler(app)
-    log.info("APIServer", "loggers.py:147",
-             f"Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: {info.num_blocks}")
+    log.info(
+        "APIServer",
+        "loggers.py:147",
+        f"Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: {info.num_blocks}",
+    )
     log.info("APIServer", "api_server.py:1634", "Supported_tasks: ['generate']")
     host, port = ns.host or "0.0.0.0", httpd.server_address[1]
     if version == "0.11":
@@ -249,13 +311,22 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
         if engine.dead and death_at is None:
             death_at = now
             if version == "0.11":
-                log.error("APIServer", "core_client.py:564",
-                          "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+                log.error(
+                    "APIServer",
+                    "core_client.py:564",
+                    "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+                )
             else:  # the 0.32 wording (v1/engine/core_client.py), measured on the real engine
-                log.warning("APIServer", "core_client.py:818",
-                            "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
-        if death_at is not None and env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") != "1" \
-                and now - death_at >= WATCHDOG_S * (scale if scale > 0 else 0):
+                log.warning(
+                    "APIServer",
+                    "core_client.py:818",
+                    "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+                )
+        if (
+            death_at is not None
+            and env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") != "1"
+            and now - death_at >= WATCHDOG_S * (scale if scale > 0 else 0)
+        ):
             # The watchdog sets uvicorn's should_exit: a graceful stop, status 0 (real vLLM 0.32 measured;
             # vLLM issue 48966) -- only Restart=always brings such a unit back.
             log.error("APIServer", "launcher.py:117", "Engine client died. Shutting down server.")
@@ -270,14 +341,17 @@ def _run(ns: Any, env: dict[str, str], version: str, log: Log, httpd: Server, in
         busy = cur != last or st.running > 0
         if busy or was_busy:
             pt, gt = (cur[0] - last[0]) / dt, (cur[1] - last[1]) / dt
-            msg = (f"Engine 000: Avg prompt throughput: {pt:.1f} tokens/s, Avg generation throughput: "
-                   f"{gt:.1f} tokens/s, Running: {st.running} reqs, Waiting: {st.waiting} reqs, ")
+            msg = (
+                f"Engine 000: Avg prompt throughput: {pt:.1f} tokens/s, Avg generation throughput: "
+                f"{gt:.1f} tokens/s, Running: {st.running} reqs, Waiting: {st.waiting} reqs, "
+            )
             # No "Preemptions: N" field, as measured on real vLLM 0.32 under preemption: its LoggingStatLogger.log()
             # calls _update_stats(), which resets the interval's preemption count, before it tests that count
             # for "> 0" (v1/metrics/loggers.py), so the field never shows; vllm:num_preemptions_total has them.
             q, h = c["vllm:prefix_cache_queries"], c["vllm:prefix_cache_hits"]
-            msg += (f"GPU KV cache usage: {st.kv_usage * 100:.1f}%, "
-                    f"Prefix cache hit rate: {100 * h / q if q else 0.0:.1f}%")
+            msg += (
+                f"GPU KV cache usage: {st.kv_usage * 100:.1f}%, Prefix cache hit rate: {100 * h / q if q else 0.0:.1f}%"
+            )
             log.info("APIServer", "loggers.py:127", msg)
         was_busy = busy
         last, last_t = cur, now

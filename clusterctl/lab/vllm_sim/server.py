@@ -27,10 +27,22 @@ from .startup import EngineInfo
 #: The paths whose requests reach the engine (an idle step engine waits for the ones being parsed).
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 AUTH_PREFIXES = {"0.11": ("/v1", "/v2", "/inference"), "0.33": ("/v1", "/v2", "/inference", "/cohere")}
-ROUTES = [("/openapi.json", "HEAD, GET"), ("/docs", "HEAD, GET"), ("/health", "GET"), ("/load", "GET"),
-          ("/ping", "POST"), ("/ping", "GET"), ("/tokenize", "POST"), ("/detokenize", "POST"),
-          ("/v1/models", "GET"), ("/version", "GET"), ("/v1/responses", "POST"),
-          ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/metrics", "GET")]
+ROUTES = [
+    ("/openapi.json", "HEAD, GET"),
+    ("/docs", "HEAD, GET"),
+    ("/health", "GET"),
+    ("/load", "GET"),
+    ("/ping", "POST"),
+    ("/ping", "GET"),
+    ("/tokenize", "POST"),
+    ("/detokenize", "POST"),
+    ("/v1/models", "GET"),
+    ("/version", "GET"),
+    ("/v1/responses", "POST"),
+    ("/v1/chat/completions", "POST"),
+    ("/v1/completions", "POST"),
+    ("/metrics", "GET"),
+]
 
 
 class ApiError(Exception):
@@ -45,8 +57,18 @@ class ApiError(Exception):
 class App:
     """Everything a request handler needs; shared by the handler threads."""
 
-    def __init__(self, info: EngineInfo, engine: Engine, metrics: Metrics, log: Log, *,
-                 api_keys: list[str], load_tracking: bool, access_log: bool, force_usage: bool) -> None:
+    def __init__(
+        self,
+        info: EngineInfo,
+        engine: Engine,
+        metrics: Metrics,
+        log: Log,
+        *,
+        api_keys: list[str],
+        load_tracking: bool,
+        access_log: bool,
+        force_usage: bool,
+    ) -> None:
         self.info, self.engine, self.metrics, self.log = info, engine, metrics, log
         self.api_keys = api_keys
         self.load_tracking = load_tracking
@@ -69,8 +91,13 @@ class App:
         transfer out), or fail as vLLM's default ``kv_load_failure_policy`` does."""
         kvp = body.get("kv_transfer_params")
         kv, link = self.kv, self.link
-        if kv is None or link is None or not isinstance(kvp, dict) or not kvp.get("do_remote_prefill") \
-                or not kv.consumes:
+        if (
+            kv is None
+            or link is None
+            or not isinstance(kvp, dict)
+            or not kvp.get("do_remote_prefill")
+            or not kv.consumes
+        ):
             return
         nbytes = len(req.prompt_tokens) * self.kv_bytes_per_token
         local = link.state()
@@ -78,9 +105,12 @@ class App:
         rate = min(local.bytes_per_s, float(remote)) if isinstance(remote, (int, float)) else local.bytes_per_s
         if rate <= 0 or not kvp.get("remote_engine_id"):
             self.metrics.add("vllm:nixl_num_failed_transfers")
-            self.log.error("EngineCore", "nixl_connector.py:1520",
-                           f"KV transfer from {kvp.get('remote_host')}:{kvp.get('remote_port')} failed: "
-                           f"{local.why or 'remote link down'}")
+            self.log.error(
+                "EngineCore",
+                "nixl_connector.py:1520",
+                f"KV transfer from {kvp.get('remote_host')}:{kvp.get('remote_port')} failed: "
+                f"{local.why or 'remote link down'}",
+            )
             if kv.failure_policy == "fail":
                 raise ApiError(500, "KV cache load failed (kv_load_failure_policy=fail)", "InternalServerError")
             return  # recompute: the prompt is prefilled here
@@ -97,12 +127,18 @@ class App:
         """What a prefill instance returns for the decode instance to pull (None otherwise)."""
         kvp = body.get("kv_transfer_params")
         kv, link = self.kv, self.link
-        if kv is None or link is None or not isinstance(kvp, dict) or not kvp.get("do_remote_decode") \
-                or not kv.produces:
+        if (
+            kv is None
+            or link is None
+            or not isinstance(kvp, dict)
+            or not kvp.get("do_remote_decode")
+            or not kv.produces
+        ):
             return None
         blocks = -(-len(req.prompt_tokens) // max(1, self.info.block_size))
-        return produced_params(kv, blocks=blocks, host=self.kv_host, port=self.kv_side_port,
-                               tp=self.info.tp, rate=link.state().bytes_per_s)
+        return produced_params(
+            kv, blocks=blocks, host=self.kv_host, port=self.kv_side_port, tp=self.info.tp, rate=link.state().bytes_per_s
+        )
 
     # ---- request building
     def _check_model(self, body: dict[str, Any]) -> str:
@@ -118,43 +154,65 @@ class App:
         v = self.info.version
         if n_prompt >= mml if max_tokens is None else n_prompt > mml:
             if v == "0.11":
-                msg = (f"This model's maximum context length is {mml} tokens. However, your request has "
-                       f"{n_prompt} input tokens. Please reduce the length of the input messages.")
+                msg = (
+                    f"This model's maximum context length is {mml} tokens. However, your request has "
+                    f"{n_prompt} input tokens. Please reduce the length of the input messages."
+                )
             else:  # the real 0.32 text (measured)
                 # It tokenizes with truncation at max_model_len + 1, hence "at least".
-                msg = (f"This model's maximum context length is {mml} tokens. However, your prompt contains "
-                       f"at least {mml + 1} input tokens, which exceeds this limit even without any output "
-                       "tokens. Please reduce the length of the input prompt. "
-                       f"(parameter=input_tokens, value={mml + 1})")
+                msg = (
+                    f"This model's maximum context length is {mml} tokens. However, your prompt contains "
+                    f"at least {mml + 1} input tokens, which exceeds this limit even without any output "
+                    "tokens. Please reduce the length of the input prompt. "
+                    f"(parameter=input_tokens, value={mml + 1})"
+                )
                 raise ApiError(400, msg, param="input_tokens")
             raise ApiError(400, msg)
         if max_tokens is None:
             return mml - n_prompt
         if v != "0.11" and max_tokens > mml:
-            raise ApiError(400, f"max_tokens={max_tokens} cannot be greater than max_model_len={mml}. Please "
-                                f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
-                           param="max_tokens")
+            raise ApiError(
+                400,
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={mml}. Please "
+                f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+                param="max_tokens",
+            )
         if max_tokens + n_prompt > mml:
-            raise ApiError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
-                                f"model's maximum context length is {mml} tokens and your request has "
-                                f"{n_prompt} input tokens ({max_tokens} > {mml} - {n_prompt}).")
+            raise ApiError(
+                400,
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                f"model's maximum context length is {mml} tokens and your request has "
+                f"{n_prompt} input tokens ({max_tokens} > {mml} - {n_prompt}).",
+            )
         return max_tokens
 
     def _common(self, body: dict[str, Any], prompt: str, max_tokens: int | None, logprobs: int | None) -> GenRequest:
         toks = self.tokenize(prompt)
         mt = self._context_check(len(toks), max_tokens)
         if logprobs is not None and (logprobs < 0 or logprobs > self.info.max_logprobs):
-            raise ApiError(400, f"Requested sample logprobs of {logprobs}, which is greater than max allowed: "
-                                f"{self.info.max_logprobs}" if logprobs > 0 else "`logprobs` must be a positive value.")
+            raise ApiError(
+                400,
+                f"Requested sample logprobs of {logprobs}, which is greater than max allowed: {self.info.max_logprobs}"
+                if logprobs > 0
+                else "`logprobs` must be a positive value.",
+            )
         stop = body.get("stop") or []
         if isinstance(stop, str):
             stop = [stop]
         temp = body.get("temperature")
         temp = self.info.default_temperature if temp is None else float(temp)
         seed = body.get("seed")
-        return GenRequest(prompt=prompt, prompt_tokens=toks, max_tokens=mt, temperature=temp,
-                          seed=None if seed is None else int(seed), stop=list(stop), logprobs=logprobs,
-                          ignore_eos=bool(body.get("ignore_eos", False)), session=str(body.get("user") or ""))
+        return GenRequest(
+            prompt=prompt,
+            prompt_tokens=toks,
+            max_tokens=mt,
+            temperature=temp,
+            seed=None if seed is None else int(seed),
+            stop=list(stop),
+            logprobs=logprobs,
+            ignore_eos=bool(body.get("ignore_eos", False)),
+            session=str(body.get("user") or ""),
+        )
 
     # ---- metrics around a request
     def _run(self, req: GenRequest) -> Iterator[TokenEvent]:
@@ -206,6 +264,7 @@ class App:
 
 def _completion_logprobs(evs: list[TokenEvent], offset: int, vocab: int = 0) -> dict[str, Any]:
     """vLLM's completion logprobs; with ``vocab`` (``return_tokens_as_token_ids``) tokens are ``token_id:N``."""
+
     def name(t: str) -> str:
         return f"token_id:{token_id(t, vocab)}" if vocab else t
 
@@ -220,9 +279,19 @@ def _completion_logprobs(evs: list[TokenEvent], offset: int, vocab: int = 0) -> 
 
 
 def _chat_logprobs(evs: list[TokenEvent]) -> dict[str, Any]:
-    return {"content": [{"token": ev.text, "logprob": max(ev.logprob, -9999.0), "bytes": list(ev.text.encode()),
-                         "top_logprobs": [{"token": t, "logprob": max(lp, -9999.0), "bytes": list(t.encode())}
-                                          for t, lp in ev.top]} for ev in evs]}
+    return {
+        "content": [
+            {
+                "token": ev.text,
+                "logprob": max(ev.logprob, -9999.0),
+                "bytes": list(ev.text.encode()),
+                "top_logprobs": [
+                    {"token": t, "logprob": max(lp, -9999.0), "bytes": list(t.encode())} for t, lp in ev.top
+                ],
+            }
+            for ev in evs
+        ]
+    }
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -243,14 +312,17 @@ class Handler(BaseHTTPRequestHandler):
     def _access(self, status: int) -> None:
         if self.app.access_log:
             phrase = self.responses.get(status, ("",))[0]
-            self.app.log.uvicorn(f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} '
-                                 f'{self.path} {self.request_version}" {status} {phrase}')
+            self.app.log.uvicorn(
+                f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} '
+                f'{self.path} {self.request_version}" {status} {phrase}'
+            )
         handler = self.path.split("?")[0]
         if handler not in ("/metrics", "/health", "/load", "/ping", "/version"):
             self.app.metrics.http_request(handler, self.command, status)
 
-    def _send(self, status: int, body: bytes, ctype: str = "application/json",
-              extra: dict[str, str] | None = None) -> None:
+    def _send(
+        self, status: int, body: bytes, ctype: str = "application/json", extra: dict[str, str] | None = None
+    ) -> None:
         self.send_response_only(status)
         self.send_header("date", self.date_time_string())
         self.send_header("server", "uvicorn")
@@ -322,8 +394,12 @@ class Handler(BaseHTTPRequestHandler):
                 # The step engine observes request metrics on its simulated clock (as at 1x): say by how much
                 # that clock is scaled, so a client comparing them with wall times can (bench's trust check).
                 scale = getattr(app.engine, "scale", None) if getattr(app.engine, "records_metrics", False) else None
-                self._send(200, app.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8",
-                           None if scale is None else {"x-sim-time-scale": f"{scale:g}"})
+                self._send(
+                    200,
+                    app.metrics.render().encode(),
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    None if scale is None else {"x-sim-time-scale": f"{scale:g}"},
+                )
             elif path == "/sim/fault" and app.faults is not None:
                 self._fault(method)
             elif path == "/v1/models" and method == "GET":
@@ -344,8 +420,12 @@ class Handler(BaseHTTPRequestHandler):
             if getattr(self, "_streaming", False):
                 self.close_connection = True  # the stream just ends, without [DONE]
             else:
-                self._json(500, ApiError(500, "The server had an error while processing your request.",
-                                         "InternalServerError").body())
+                self._json(
+                    500,
+                    ApiError(
+                        500, "The server had an error while processing your request.", "InternalServerError"
+                    ).body(),
+                )
         except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
@@ -375,14 +455,37 @@ class Handler(BaseHTTPRequestHandler):
 
     def _models(self) -> dict[str, Any]:
         app = self.app
-        return {"object": "list", "data": [{
-            "id": name, "object": "model", "created": app.created, "owned_by": "vllm",
-            "root": app.info.model, "parent": None, "max_model_len": app.info.max_model_len,
-            "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                            "created": app.created, "allow_create_engine": False, "allow_sampling": True,
-                            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                            "allow_fine_tuning": False, "organization": "*", "group": None,
-                            "is_blocking": False}]} for name in app.info.served_names]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": app.created,
+                    "owned_by": "vllm",
+                    "root": app.info.model,
+                    "parent": None,
+                    "max_model_len": app.info.max_model_len,
+                    "permission": [
+                        {
+                            "id": f"modelperm-{uuid.uuid4().hex}",
+                            "object": "model_permission",
+                            "created": app.created,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+                for name in app.info.served_names
+            ],
+        }
 
     def _dead_check(self) -> None:
         if self.app.engine.is_dead():
@@ -399,7 +502,9 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _sse(self, obj: Any) -> None:
-        data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj, separators=(",", ":")).encode()) + b"\n\n"
+        data = (
+            b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj, separators=(",", ":")).encode()) + b"\n\n"
+        )
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
@@ -421,9 +526,15 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "prompt: Input should be a valid string")
         toks = self.app.tokenize(prompt)
         vocab = self.app.info.vocab
-        self._json(200, {"count": len(toks), "max_model_len": self.app.info.max_model_len,
-                         "tokens": [token_id(t, vocab) for t in toks],
-                         "token_strs": toks if body.get("return_token_strs") else None})
+        self._json(
+            200,
+            {
+                "count": len(toks),
+                "max_model_len": self.app.info.max_model_len,
+                "tokens": [token_id(t, vocab) for t in toks],
+                "token_strs": toks if body.get("return_token_strs") else None,
+            },
+        )
 
     # ---- /v1/completions
     def _completions(self, body: dict[str, Any]) -> None:
@@ -438,8 +549,12 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(prompt, str):
             raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty.")
         lp = body.get("logprobs")
-        req = app._common(body, prompt, int(body.get("max_tokens", 16)) if body.get("max_tokens") is not None
-                          else 16, None if lp is None else int(lp))
+        req = app._common(
+            body,
+            prompt,
+            int(body.get("max_tokens", 16)) if body.get("max_tokens") is not None else 16,
+            None if lp is None else int(lp),
+        )
         app.kv_pull(body, req)
         rid = f"cmpl-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}"
         created = int(time.time())
@@ -449,17 +564,27 @@ class Handler(BaseHTTPRequestHandler):
             self._sse_start()
             offset, n = 0, 0
             for ev in app._run(req):
-                choice: dict[str, Any] = {"index": 0, "text": ev.text,
-                                          "logprobs": _completion_logprobs([ev], offset, as_ids) if req.logprobs is not None else None,
-                                          "finish_reason": ev.finish_reason, "stop_reason": ev.stop_reason}
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "text": ev.text,
+                    "logprobs": _completion_logprobs([ev], offset, as_ids) if req.logprobs is not None else None,
+                    "finish_reason": ev.finish_reason,
+                    "stop_reason": ev.stop_reason,
+                }
                 if v011:
-                    choice["prompt_token_ids"] = ([token_id(t, app.info.vocab) for t in req.prompt_tokens]
-                                                  if n == 0 else None)
+                    choice["prompt_token_ids"] = (
+                        [token_id(t, app.info.vocab) for t in req.prompt_tokens] if n == 0 else None
+                    )
                 else:  # 0.32 (measured): both present, null unless return_token_ids is asked for
                     choice["prompt_token_ids"] = None
                 choice["token_ids"] = None
-                chunk: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created,
-                                         "model": model, "choices": [choice]}
+                chunk: dict[str, Any] = {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                }
                 if v011:
                     chunk["usage"] = None
                 self._sse(chunk)
@@ -467,23 +592,48 @@ class Handler(BaseHTTPRequestHandler):
                 n += 1
             if self._include_usage(body):
                 p = len(req.prompt_tokens)
-                self._sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                           "choices": [], "usage": {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n}})
+                self._sse(
+                    {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n},
+                    }
+                )
             self._sse_end()
             return
         evs = list(app._run(req))
         text = "".join(e.text for e in evs)
         last = evs[-1] if evs else None
         p = len(req.prompt_tokens)
-        self._json(200, {"id": rid, "object": "text_completion", "created": created, "model": model,
-                         "choices": [{"index": 0, "text": text,
-                                      "logprobs": _completion_logprobs(evs, 0, as_ids) if req.logprobs is not None else None,
-                                      "finish_reason": last.finish_reason if last else "length",
-                                      "stop_reason": last.stop_reason if last else None,
-                                      "prompt_logprobs": None}],
-                         "usage": {"prompt_tokens": p, "total_tokens": p + len(evs),
-                                   "completion_tokens": len(evs), "prompt_tokens_details": None},
-                         "kv_transfer_params": app.kv_params(body, req)})
+        self._json(
+            200,
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": text,
+                        "logprobs": _completion_logprobs(evs, 0, as_ids) if req.logprobs is not None else None,
+                        "finish_reason": last.finish_reason if last else "length",
+                        "stop_reason": last.stop_reason if last else None,
+                        "prompt_logprobs": None,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": p,
+                    "total_tokens": p + len(evs),
+                    "completion_tokens": len(evs),
+                    "prompt_tokens_details": None,
+                },
+                "kv_transfer_params": app.kv_params(body, req),
+            },
+        )
 
     # ---- /v1/chat/completions
     def _chat(self, body: dict[str, Any]) -> None:
@@ -498,7 +648,9 @@ class Handler(BaseHTTPRequestHandler):
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):
                 content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            prompt += f"<|im_start|>{m.get('role', 'user') if isinstance(m, dict) else 'user'}\n{content or ''}<|im_end|>\n"
+            prompt += (
+                f"<|im_start|>{m.get('role', 'user') if isinstance(m, dict) else 'user'}\n{content or ''}<|im_end|>\n"
+            )
         prompt += "<|im_start|>assistant\n"
         mt = body.get("max_completion_tokens", body.get("max_tokens"))
         lp = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
@@ -509,16 +661,23 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             self._sse_start()
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-            first: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                          "logprobs": None, "finish_reason": None}]}
+            first: dict[str, Any] = {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                ],
+            }
             if app.info.version != "0.11":  # 0.32 (measured): prompt fields on the first chunk
                 first.update(prompt_token_ids=None, prompt_text=None)
             self._sse(first)
             n = 0
             for ev in app._run(req):
-                choice: dict[str, Any] = {"index": 0, "delta": {"content": ev.text},
-                                          "logprobs": _chat_logprobs([ev]) if lp is not None else None,
-                                          "finish_reason": ev.finish_reason}
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "delta": {"content": ev.text},
+                    "logprobs": _chat_logprobs([ev]) if lp is not None else None,
+                    "finish_reason": ev.finish_reason,
+                }
                 if ev.finish_reason:
                     choice["stop_reason"] = ev.stop_reason
                 if app.info.version != "0.11":
@@ -527,23 +686,49 @@ class Handler(BaseHTTPRequestHandler):
                 n += 1
             if self._include_usage(body):
                 p = len(req.prompt_tokens)
-                self._sse({**base, "choices": [], "usage": {"prompt_tokens": p, "total_tokens": p + n,
-                                                            "completion_tokens": n}})
+                self._sse(
+                    {
+                        **base,
+                        "choices": [],
+                        "usage": {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n},
+                    }
+                )
             self._sse_end()
             return
         evs = list(app._run(req))
         last = evs[-1] if evs else None
         p = len(req.prompt_tokens)
-        self._json(200, {"id": rid, "object": "chat.completion", "created": created, "model": model,
-                         "choices": [{"index": 0, "message": {"role": "assistant", "reasoning_content": None,
-                                                              "content": "".join(e.text for e in evs),
-                                                              "tool_calls": []},
-                                      "logprobs": _chat_logprobs(evs) if lp is not None else None,
-                                      "finish_reason": last.finish_reason if last else "length",
-                                      "stop_reason": last.stop_reason if last else None}],
-                         "usage": {"prompt_tokens": p, "total_tokens": p + len(evs),
-                                   "completion_tokens": len(evs), "prompt_tokens_details": None},
-                         "prompt_logprobs": None, "kv_transfer_params": app.kv_params(body, req)})
+        self._json(
+            200,
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "reasoning_content": None,
+                            "content": "".join(e.text for e in evs),
+                            "tool_calls": [],
+                        },
+                        "logprobs": _chat_logprobs(evs) if lp is not None else None,
+                        "finish_reason": last.finish_reason if last else "length",
+                        "stop_reason": last.stop_reason if last else None,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": p,
+                    "total_tokens": p + len(evs),
+                    "completion_tokens": len(evs),
+                    "prompt_tokens_details": None,
+                },
+                "prompt_logprobs": None,
+                "kv_transfer_params": app.kv_params(body, req),
+            },
+        )
 
 
 class Server(ThreadingHTTPServer):

@@ -33,13 +33,19 @@ PROFILE_S = 2.0
 class StartupFailure(Exception):
     """Start-up failed as vLLM would: ``exc`` is the exception line, ``where`` the raising frame."""
 
-    def __init__(self, exc: str, *, where: str = "engine", frames: list[tuple[str, int, str, str]] | None = None,
-                 pre: list[tuple[str, str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        exc: str,
+        *,
+        where: str = "engine",
+        frames: list[tuple[str, int, str, str]] | None = None,
+        pre: list[tuple[str, str, str]] | None = None,
+    ) -> None:
         super().__init__(exc)
         self.exc = exc
-        self.where = where          # "api" (frontend), "engine" (EngineCore), "worker"
+        self.where = where  # "api" (frontend), "engine" (EngineCore), "worker"
         self.frames = frames or []  # (file under vllm/, line, function, source)
-        self.pre = pre or []        # ERROR lines logged before the traceback (proc, where, msg)
+        self.pre = pre or []  # ERROR lines logged before the traceback (proc, where, msg)
 
 
 @dataclass
@@ -100,20 +106,30 @@ def load_config(model: str) -> tuple[Path, dict[str, Any]]:
             "2. Specify a local directory that contains a recognized configuration file.\n"
             "   - For Hugging Face models: ensure the presence of a 'config.json'.\n"
             "   - For Mistral models: ensure the presence of a 'params.json'.",
-            where="api", frames=[("transformers_utils/config.py", 508, "get_config", "raise ValueError(error_message)")])
+            where="api",
+            frames=[("transformers_utils/config.py", 508, "get_config", "raise ValueError(error_message)")],
+        )
     try:
         return path, json.loads(cfg_file.read_text())
     except ValueError as e:
-        raise StartupFailure(f"json.decoder.JSONDecodeError: {e}", where="api",
-                             frames=[("transformers_utils/config.py", 470, "get_config",
-                                      "config_dict, _ = PretrainedConfig.get_config_dict(")]) from None
+        raise StartupFailure(
+            f"json.decoder.JSONDecodeError: {e}",
+            where="api",
+            frames=[
+                (
+                    "transformers_utils/config.py",
+                    470,
+                    "get_config",
+                    "config_dict, _ = PretrainedConfig.get_config_dict(",
+                )
+            ],
+        ) from None
 
 
 class Starter:
     """One start-up; ``sleep`` is scaled by the time-scale factor."""
 
-    def __init__(self, ns: Any, version: str, env: dict[str, str], log: Log,
-                 sleep: Callable[[float], None]) -> None:
+    def __init__(self, ns: Any, version: str, env: dict[str, str], log: Log, sleep: Callable[[float], None]) -> None:
         self.ns, self.version, self.env, self.log, self.sleep = ns, version, env, log, sleep
         self.full = {"0.11": "0.11.0", "0.33": "0.33.0"}[version]
         self.engine_proc = "EngineCore_DP0" if version == "0.11" else "EngineCore"
@@ -138,36 +154,49 @@ class Starter:
         try:
             shape = M.ModelShape.from_config(cfg)
         except (KeyError, TypeError, ValueError) as e:
-            raise StartupFailure(f"ValueError: {mdir / 'config.json'}: missing or invalid field {e}",
-                                 where="api", frames=[("config/model.py", 540, "__post_init__",
-                                                       "self.hf_config = get_config(")]) from None
+            raise StartupFailure(
+                f"ValueError: {mdir / 'config.json'}: missing or invalid field {e}",
+                where="api",
+                frames=[("config/model.py", 540, "__post_init__", "self.hf_config = get_config(")],
+            ) from None
         tp = ns.tensor_parallel_size
         if tp < 1:
-            raise StartupFailure(f"ValueError: tensor_parallel_size must be a positive integer, got {tp}",
-                                 where="api", frames=[("config/parallel.py", 470, "__post_init__", "raise ValueError(")])
+            raise StartupFailure(
+                f"ValueError: tensor_parallel_size must be a positive integer, got {tp}",
+                where="api",
+                frames=[("config/parallel.py", 470, "__post_init__", "raise ValueError(")],
+            )
         if not 0 < ns.gpu_memory_utilization <= 1.0:
             raise StartupFailure(
-                "ValueError: GPU memory utilization must be less than 1.0. Got "
-                f"{ns.gpu_memory_utilization}." if ns.gpu_memory_utilization > 1.0 else
-                f"ValueError: GPU memory utilization must be greater than 0. Got {ns.gpu_memory_utilization}.",
-                where="api", frames=[("config/cache.py", 180, "_verify_args", "raise ValueError(")])
+                f"ValueError: GPU memory utilization must be less than 1.0. Got {ns.gpu_memory_utilization}."
+                if ns.gpu_memory_utilization > 1.0
+                else f"ValueError: GPU memory utilization must be greater than 0. Got {ns.gpu_memory_utilization}.",
+                where="api",
+                frames=[("config/cache.py", 180, "_verify_args", "raise ValueError(")],
+            )
         dtype = resolve_dtype(ns.dtype, cfg)
         qcfg = (cfg.get("quantization_config") or {}).get("quant_method")
         if qcfg and ns.quantization and ns.quantization != qcfg and not ns.quantization.startswith(qcfg):
             raise StartupFailure(
                 f"ValueError: Quantization method specified in the model config ({qcfg}) does not match "
                 f"the quantization method specified in the `quantization` argument ({ns.quantization}).",
-                where="api", frames=[("config/model.py", 1010, "_verify_quantization", "raise ValueError(")])
+                where="api",
+                frames=[("config/model.py", 1010, "_verify_quantization", "raise ValueError(")],
+            )
         quant = ns.quantization or qcfg
         if ns.quantization in ("awq", "gptq") and not qcfg:
-            raise StartupFailure(f"ValueError: Cannot find the config file for {ns.quantization}",
-                                 where="api", frames=[("model_executor/model_loader/weight_utils.py", 208,
-                                                       "get_quant_config", "raise ValueError(")])
+            raise StartupFailure(
+                f"ValueError: Cannot find the config file for {ns.quantization}",
+                where="api",
+                frames=[("model_executor/model_loader/weight_utils.py", 208, "get_quant_config", "raise ValueError(")],
+            )
         if shape.heads % tp:
             raise StartupFailure(
                 f"ValueError: Total number of attention heads ({shape.heads}) must be divisible by "
-                f"tensor parallel size ({tp}).", where="api",
-                frames=[("config/model.py", 1049, "verify_with_parallel_config", "raise ValueError(")])
+                f"tensor parallel size ({tp}).",
+                where="api",
+                frames=[("config/model.py", 1049, "verify_with_parallel_config", "raise ValueError(")],
+            )
         derived = shape.max_position
         mml = ns.max_model_len
         if mml is not None and mml > derived and mml != -1 and self.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") != "1":
@@ -178,8 +207,10 @@ class Starter:
                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If the model uses relative "
                 "position encoding (RoPE), positions exceeding derived_max_model_len lead to nan. If the model "
                 "uses absolute position encoding, positions exceeding derived_max_model_len will cause a CUDA "
-                "array out-of-bounds error.", where="api",
-                frames=[("config/model.py", 1911, "_get_and_verify_max_len", "raise ValueError(")])
+                "array out-of-bounds error.",
+                where="api",
+                frames=[("config/model.py", 1911, "_get_and_verify_max_len", "raise ValueError(")],
+            )
         auto_len = mml == -1
         mml = derived if (mml is None or auto_len) else mml
 
@@ -189,16 +220,25 @@ class Starter:
             self.gpus = gpu.visible_devices(self.env, nv)
             infos = [nv.info(i) for i in self.gpus]
         except gpu.GpuError as e:
-            raise StartupFailure(str(e), where="api", frames=[("platforms/__init__.py", 222, "resolve_current_platform_cls_qualname", "raise RuntimeError(")]) from None
+            raise StartupFailure(
+                str(e),
+                where="api",
+                frames=[("platforms/__init__.py", 222, "resolve_current_platform_cls_qualname", "raise RuntimeError(")],
+            ) from None
         if not infos:
-            raise StartupFailure("RuntimeError: Failed to infer device type", where="api",
-                                 frames=[("engine/arg_utils.py", 1370, "create_engine_config", "device_config = DeviceConfig(")])
+            raise StartupFailure(
+                "RuntimeError: Failed to infer device type",
+                where="api",
+                frames=[("engine/arg_utils.py", 1370, "create_engine_config", "device_config = DeviceConfig(")],
+            )
         if len(infos) < tp:
             raise StartupFailure(
                 f"ValueError: World size ({tp}) is larger than the number of available GPUs ({len(infos)}) "
                 "in this node. If this is intentional and you are using: - ray, set '--distributed-executor-"
-                "backend ray'. - multiprocessing, set '--nnodes' appropriately.", where="api",
-                frames=[("config/parallel.py", 489, "__post_init__", "raise ValueError(")])
+                "backend ray'. - multiprocessing, set '--nnodes' appropriately.",
+                where="api",
+                frames=[("config/parallel.py", 489, "__post_init__", "raise ValueError(")],
+            )
         total_gib = infos[0].total / GiB
         big = total_gib >= 70 and "A100" not in infos[0].name
         if self.version == "0.33" and total_gib >= 160:
@@ -212,28 +252,38 @@ class Starter:
         arch = shape.architecture
         log.info("APIServer", "model.py:547", f"Resolved architecture: {arch}")
         log.info("APIServer", "model.py:1510", f"Using max model len {mml}")
-        log.info("APIServer", "scheduler.py:205",
-                 f"Chunked prefill is enabled with max_num_batched_tokens={max_tokens}.")
+        log.info(
+            "APIServer", "scheduler.py:205", f"Chunked prefill is enabled with max_num_batched_tokens={max_tokens}."
+        )
         self.sleep(6.0)
         kv_dtype = ns.kv_cache_dtype
-        kv_bytes = M.KV_DTYPE_BYTES.get(kv_dtype, M.DTYPE_BYTES.get(dtype, 2)) if kv_dtype != "auto" \
+        kv_bytes = (
+            M.KV_DTYPE_BYTES.get(kv_dtype, M.DTYPE_BYTES.get(dtype, 2))
+            if kv_dtype != "auto"
             else M.DTYPE_BYTES.get(dtype, 2)
+        )
         served = ns.served_model_name or [ns.model]
         prefix = ns.enable_prefix_caching if ns.enable_prefix_caching is not None else True
-        self.log.info(self.engine_proc, "core.py:77",
-                      f"Initializing a V1 LLM engine (v{self.full}) with config: model='{ns.model}', "
-                      f"speculative_config=None, tokenizer='{ns.model}', skip_tokenizer_init=False, "
-                      f"tokenizer_mode=auto, revision=None, tokenizer_revision=None, trust_remote_code="
-                      f"{bool(ns.trust_remote_code)}, dtype=torch.{dtype}, max_seq_len={mml}, download_dir="
-                      f"{ns.download_dir!r}, load_format={ns.load_format}, tensor_parallel_size={tp}, "
-                      f"pipeline_parallel_size={ns.pipeline_parallel_size}, data_parallel_size="
-                      f"{ns.data_parallel_size}, disable_custom_all_reduce=False, quantization={quant}, "
-                      f"enforce_eager={bool(ns.enforce_eager)}, kv_cache_dtype={kv_dtype}, device_config=cuda, "
-                      f"seed={ns.seed}, served_model_name={served[0]}, enable_prefix_caching={prefix}, "
-                      "chunked_prefill_enabled=True, pooler_config=None")
+        self.log.info(
+            self.engine_proc,
+            "core.py:77",
+            f"Initializing a V1 LLM engine (v{self.full}) with config: model='{ns.model}', "
+            f"speculative_config=None, tokenizer='{ns.model}', skip_tokenizer_init=False, "
+            f"tokenizer_mode=auto, revision=None, tokenizer_revision=None, trust_remote_code="
+            f"{bool(ns.trust_remote_code)}, dtype=torch.{dtype}, max_seq_len={mml}, download_dir="
+            f"{ns.download_dir!r}, load_format={ns.load_format}, tensor_parallel_size={tp}, "
+            f"pipeline_parallel_size={ns.pipeline_parallel_size}, data_parallel_size="
+            f"{ns.data_parallel_size}, disable_custom_all_reduce=False, quantization={quant}, "
+            f"enforce_eager={bool(ns.enforce_eager)}, kv_cache_dtype={kv_dtype}, device_config=cuda, "
+            f"seed={ns.seed}, served_model_name={served[0]}, enable_prefix_caching={prefix}, "
+            "chunked_prefill_enabled=True, pooler_config=None",
+        )
         for r in range(tp):
-            log.info(self.worker(r), "parallel_state.py:1208",
-                     f"rank {r} in world size {tp} is assigned as DP rank 0, PP rank 0, TP rank {r}, EP rank 0")
+            log.info(
+                self.worker(r),
+                "parallel_state.py:1208",
+                f"rank {r} in world size {tp} is assigned as DP rank 0, PP rank 0, TP rank {r}, EP rank 0",
+            )
         self.sleep(2.0)
 
         # CUDA context, then the start-up free-memory check (per rank, on its own GPU).
@@ -249,15 +299,38 @@ class Starter:
                     f"ValueError: Free memory on device{dev} ({info.free / GiB:.2f}/{info.total / GiB:.2f} GiB) on "
                     f"startup is less than desired GPU memory utilization ({util}, {req / GiB:.2f} GiB). Decrease "
                     "GPU memory utilization or reduce GPU memory used by other processes.",
-                    where="worker", frames=[
-                        ("v1/worker/gpu_worker.py", 186 if self.version == "0.11" else 245, "init_device",
-                         "raise ValueError(" if self.version == "0.11" else
-                         "self.requested_memory = request_memory(init_snapshot, self.cache_config)")]
-                    + ([] if self.version == "0.11" else [("v1/worker/utils.py", 765, "request_memory",
-                                                            "raise ValueError(")]))
-            ranks.append(M.RankPlan(rank=r, gpu=self.gpus[r], total=info.total, free=info.free,
-                                    requested=req, weights=0, activation=0, non_torch=0, graphs=0,
-                                    available_kv=0, num_blocks=0))
+                    where="worker",
+                    frames=[
+                        (
+                            "v1/worker/gpu_worker.py",
+                            186 if self.version == "0.11" else 245,
+                            "init_device",
+                            "raise ValueError("
+                            if self.version == "0.11"
+                            else "self.requested_memory = request_memory(init_snapshot, self.cache_config)",
+                        )
+                    ]
+                    + (
+                        []
+                        if self.version == "0.11"
+                        else [("v1/worker/utils.py", 765, "request_memory", "raise ValueError(")]
+                    ),
+                )
+            ranks.append(
+                M.RankPlan(
+                    rank=r,
+                    gpu=self.gpus[r],
+                    total=info.total,
+                    free=info.free,
+                    requested=req,
+                    weights=0,
+                    activation=0,
+                    non_torch=0,
+                    graphs=0,
+                    available_kv=0,
+                    num_blocks=0,
+                )
+            )
 
         # Weights.
         for r in range(tp):
@@ -267,13 +340,26 @@ class Starter:
         try:
             tensors = [(n, synth.nbytes(d, s), s) for n, d, s in synth.iter_tensors(mdir)]
         except (ValueError, OSError, KeyError) as e:
-            raise StartupFailure(f"safetensors_rust.SafetensorError: Error while deserializing header: {e}",
-                                 where="worker", frames=[("model_executor/model_loader/weight_utils.py", 500,
-                                                          "safetensors_weights_iterator", "with safe_open(st_file, framework=\"pt\") as f:")]) from None
+            raise StartupFailure(
+                f"safetensors_rust.SafetensorError: Error while deserializing header: {e}",
+                where="worker",
+                frames=[
+                    (
+                        "model_executor/model_loader/weight_utils.py",
+                        500,
+                        "safetensors_weights_iterator",
+                        "with safe_open(st_file, framework=\"pt\") as f:",
+                    )
+                ],
+            ) from None
         if not tensors:
-            raise StartupFailure(f"RuntimeError: Cannot find any model weights with `{ns.model}`",
-                                 where="worker", frames=[("model_executor/model_loader/default_loader.py", 170,
-                                                          "_prepare_weights", "raise RuntimeError(")])
+            raise StartupFailure(
+                f"RuntimeError: Cannot find any model weights with `{ns.model}`",
+                where="worker",
+                frames=[
+                    ("model_executor/model_loader/default_loader.py", 170, "_prepare_weights", "raise RuntimeError(")
+                ],
+            )
         if ns.quantization == "fp8" and not qcfg:  # online FP8: linear weights stored in 1 byte
             tensors = [(n, b // 2 if n.endswith("proj.weight") else b, s) for n, b, s in tensors]
         per_tensor = M.weights_per_rank(tensors, shape, tp)
@@ -290,25 +376,35 @@ class Starter:
         rate = n / load_s if load_s > 0 else float(n)
         mm, ss = divmod(int(load_s), 60)
         speed = f"{rate:5.2f}it/s" if rate >= 1 else f"{1 / rate:5.2f}s/it"  # as tqdm writes it
-        log.raw(lead, f"Loading safetensors checkpoint shards: 100% Completed | {n}/{n} [{mm:02d}:{ss:02d}<00:00, "
-                      f"{speed}]")
+        log.raw(
+            lead, f"Loading safetensors checkpoint shards: 100% Completed | {n}/{n} [{mm:02d}:{ss:02d}<00:00, {speed}]"
+        )
         log.raw(lead, "")
         self.register({r: M.CUDA_CONTEXT_BYTES + weights for r in range(tp)})
         for r in range(tp):
             log.info(self.worker(r), "default_loader.py:267", f"Loading weights took {load_s:.2f} seconds")
         for r in range(tp):
             if self.version == "0.11":
-                log.info(self.worker(r), "gpu_model_runner.py:2653",
-                         f"Model loading took {weights / GiB:.4f} GiB and {load_s + 0.8:.6f} seconds")
+                log.info(
+                    self.worker(r),
+                    "gpu_model_runner.py:2653",
+                    f"Model loading took {weights / GiB:.4f} GiB and {load_s + 0.8:.6f} seconds",
+                )
             else:
-                log.info(self.worker(r), "gpu_model_runner.py:5088",
-                         f"Model loading took {weights / GiB:.2f} GiB memory and {load_s + 0.8:.6f} seconds")
+                log.info(
+                    self.worker(r),
+                    "gpu_model_runner.py:5088",
+                    f"Model loading took {weights / GiB:.2f} GiB memory and {load_s + 0.8:.6f} seconds",
+                )
 
         if not ns.enforce_eager:
             for r in range(tp):
-                log.info(self.worker(r), "backends.py:548",
-                         f"Using cache directory: /root/.cache/vllm/torch_compile_cache/sim/rank_{r}_0/backbone "
-                         "for vLLM's torch.compile")
+                log.info(
+                    self.worker(r),
+                    "backends.py:548",
+                    f"Using cache directory: /root/.cache/vllm/torch_compile_cache/sim/rank_{r}_0/backbone "
+                    "for vLLM's torch.compile",
+                )
                 log.info(self.worker(r), "backends.py:559", "Dynamo bytecode transform time: 6.48 s")
             self.sleep(COMPILE_S)
             for r in range(tp):
@@ -321,10 +417,8 @@ class Starter:
         page_layers = M.page_size(shape, tp, kv_bytes, bs) * shape.layers
         graphs = M.graph_memory(shape, bool(ns.enforce_eager))
         if self.version == "0.33" and not ns.enforce_eager:
-            log.info(lead, "gpu_worker.py:402",
-                     "CUDA graph memory profiling is enabled (default since v0.21.0)")
-            log.info(lead, "gpu_worker.py:431",
-                     f"Estimated CUDA graph memory: {graphs * tp / GiB:.2f} GiB total")
+            log.info(lead, "gpu_worker.py:402", "CUDA graph memory profiling is enabled (default since v0.21.0)")
+            log.info(lead, "gpu_worker.py:431", f"Estimated CUDA graph memory: {graphs * tp / GiB:.2f} GiB total")
         for rp in ranks:
             rp.activation, rp.non_torch, rp.graphs = act, M.non_torch(tp, rp.rank), graphs
             if ns.kv_cache_memory_bytes is not None:
@@ -334,39 +428,51 @@ class Starter:
             rp.num_blocks = max(0, rp.available_kv) // page_layers
         self.register({rp.rank: M.CUDA_CONTEXT_BYTES + rp.weights + act + rp.non_torch for rp in ranks})
         for rp in ranks:
-            log.info(self.worker(rp.rank), "gpu_worker.py:298",
-                     f"Available KV cache memory: {rp.available_kv / GiB:.2f} GiB")
+            log.info(
+                self.worker(rp.rank), "gpu_worker.py:298", f"Available KV cache memory: {rp.available_kv / GiB:.2f} GiB"
+            )
         per_token = M.kv_bytes_per_token(shape, tp, kv_bytes)
         worst = min(ranks, key=lambda x: x.available_kv)
         if worst.available_kv <= 0:
-            raise StartupFailure("ValueError: No available memory for the cache blocks. Try increasing "
-                                 "`gpu_memory_utilization` when initializing the engine.", where="engine",
-                                 frames=_KV_FRAMES)
+            raise StartupFailure(
+                "ValueError: No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine.",
+                where="engine",
+                frames=_KV_FRAMES,
+            )
         if auto_len:
             est = M.estimate_max_model_len(worst.available_kv, per_token, bs)
             if est < bs:
-                raise StartupFailure("ValueError: Cannot auto-fit max_model_len: not enough GPU memory "
-                                     "available to serve even a single token. Try increasing "
-                                     "`gpu_memory_utilization`.", where="engine", frames=_KV_FRAMES)
+                raise StartupFailure(
+                    "ValueError: Cannot auto-fit max_model_len: not enough GPU memory "
+                    "available to serve even a single token. Try increasing "
+                    "`gpu_memory_utilization`.",
+                    where="engine",
+                    frames=_KV_FRAMES,
+                )
             mml = min(mml, est)
             log.info(self.engine_proc, "kv_cache_utils.py:812", f"Auto-fit max_model_len: {mml}")
         needed = M.cdiv(mml, bs) * bs * per_token
         if needed > worst.available_kv:
             est = M.estimate_max_model_len(worst.available_kv, per_token, bs)
             if self.version == "0.11":
-                msg = (f"ValueError: To serve at least one request with the models's max seq len ({mml}), "
-                       f"({needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
-                       f"memory ({worst.available_kv / GiB:.2f} GiB). Based on the available memory, the estimated "
-                       f"maximum model length is {est}. Try increasing `gpu_memory_utilization` or decreasing "
-                       "`max_model_len` when initializing the engine.")
+                msg = (
+                    f"ValueError: To serve at least one request with the models's max seq len ({mml}), "
+                    f"({needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
+                    f"memory ({worst.available_kv / GiB:.2f} GiB). Based on the available memory, the estimated "
+                    f"maximum model length is {est}. Try increasing `gpu_memory_utilization` or decreasing "
+                    "`max_model_len` when initializing the engine."
+                )
             else:
-                msg = (f"ValueError: To serve at least one request with the model's max seq len ({mml}), "
-                       f"({needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
-                       f"memory ({worst.available_kv / GiB:.2f} GiB). Based on the available memory, the estimated "
-                       f"maximum model length is {est}. Try increasing `gpu_memory_utilization` (which also "
-                       "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing "
-                       "the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more "
-                       "details.")
+                msg = (
+                    f"ValueError: To serve at least one request with the model's max seq len ({mml}), "
+                    f"({needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
+                    f"memory ({worst.available_kv / GiB:.2f} GiB). Based on the available memory, the estimated "
+                    f"maximum model length is {est}. Try increasing `gpu_memory_utilization` (which also "
+                    "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing "
+                    "the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more "
+                    "details."
+                )
             raise StartupFailure(msg, where="engine", frames=_KV_FRAMES)
 
         plan = M.Plan(ranks=ranks, kv_per_token=per_token, block_size=bs)
@@ -375,39 +481,72 @@ class Starter:
             conc = rp.num_blocks / M.cdiv(mml, bs)
             if self.version == "0.11":
                 log.info(self.engine_proc, "kv_cache_utils.py:1087", f"GPU KV cache size: {toks:,} tokens")
-                log.info(self.engine_proc, "kv_cache_utils.py:1091",
-                         f"Maximum concurrency for {mml:,} tokens per request: {conc:.2f}x")
+                log.info(
+                    self.engine_proc,
+                    "kv_cache_utils.py:1091",
+                    f"Maximum concurrency for {mml:,} tokens per request: {conc:.2f}x",
+                )
         if self.version == "0.33":
-            log.info(self.engine_proc, "kv_cache_utils.py:1155",
-                     f"GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for {mml:,} tokens "
-                     f"per request: {plan.max_concurrency(mml):.2f}x")
+            log.info(
+                self.engine_proc,
+                "kv_cache_utils.py:1155",
+                f"GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for {mml:,} tokens "
+                f"per request: {plan.max_concurrency(mml):.2f}x",
+            )
         kv_alloc = plan.num_blocks * page_layers
         if not ns.enforce_eager:
-            log.raw(lead, "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 67/67 "
-                          "[00:07<00:00,  8.93it/s]")
+            log.raw(
+                lead,
+                "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 67/67 "
+                "[00:07<00:00,  8.93it/s]",
+            )
             log.raw(lead, "Capturing CUDA graphs (decode, FULL): 100%|██████████| 67/67 [00:04<00:00, 14.71it/s]")
             self.sleep(GRAPH_CAPTURE_S)
             for rp in ranks:
-                log.info(self.worker(rp.rank), "gpu_model_runner.py:3480",
-                         f"Graph capturing finished in {int(GRAPH_CAPTURE_S)} secs, took {graphs / GiB:.2f} GiB")
-        self.register({rp.rank: M.CUDA_CONTEXT_BYTES + rp.weights + act + rp.non_torch + kv_alloc + graphs
-                       for rp in ranks})
+                log.info(
+                    self.worker(rp.rank),
+                    "gpu_model_runner.py:3480",
+                    f"Graph capturing finished in {int(GRAPH_CAPTURE_S)} secs, took {graphs / GiB:.2f} GiB",
+                )
+        self.register(
+            {rp.rank: M.CUDA_CONTEXT_BYTES + rp.weights + act + rp.non_torch + kv_alloc + graphs for rp in ranks}
+        )
         init_s = PROFILE_S + (0 if ns.enforce_eager else COMPILE_S + GRAPH_CAPTURE_S + 1.5)
-        log.info(self.engine_proc, "core.py:210",
-                 f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds")
+        log.info(
+            self.engine_proc,
+            "core.py:210",
+            f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds",
+        )
         gen_cfg = mdir / "generation_config.json"
         temp = 1.0
         try:
             temp = float(json.loads(gen_cfg.read_text()).get("temperature", 1.0))
         except (OSError, ValueError, TypeError):
             pass
-        return EngineInfo(version=self.version, model=ns.model, served_names=served, max_model_len=mml,
-                      vocab=shape.vocab, kv_tokens=plan.kv_tokens, num_blocks=plan.num_blocks,
-                      block_size=bs, kv_dtype=kv_dtype, util=util, prefix_caching=prefix,
-                      gpus=self.gpus, usage=dict(self.usage), plan=plan, default_temperature=temp,
-                      max_logprobs=ns.max_logprobs, max_num_seqs=max_seqs,
-                      max_num_batched_tokens=max_tokens, tp=tp, gpu_name=infos[0].name,
-                      quantization=quant, shape=shape)
+        return EngineInfo(
+            version=self.version,
+            model=ns.model,
+            served_names=served,
+            max_model_len=mml,
+            vocab=shape.vocab,
+            kv_tokens=plan.kv_tokens,
+            num_blocks=plan.num_blocks,
+            block_size=bs,
+            kv_dtype=kv_dtype,
+            util=util,
+            prefix_caching=prefix,
+            gpus=self.gpus,
+            usage=dict(self.usage),
+            plan=plan,
+            default_temperature=temp,
+            max_logprobs=ns.max_logprobs,
+            max_num_seqs=max_seqs,
+            max_num_batched_tokens=max_tokens,
+            tp=tp,
+            gpu_name=infos[0].name,
+            quantization=quant,
+            shape=shape,
+        )
 
     def _check_weights_fit(self, rp: M.RankPlan, per_tensor: list[int], quant: str | None) -> None:
         free = rp.free  # measured after our CUDA context was registered
@@ -417,31 +556,45 @@ class Starter:
                 others = gpu.other_processes(self.state, rp.gpu)
                 mine = M.CUDA_CONTEXT_BYTES + used
                 procs = "".join(f"Process {pid} has {_fmt_torch(size)} memory in use. " for pid, size in others)
-                torch_msg = (f"CUDA out of memory. Tried to allocate {_fmt_torch(b)}. GPU {rp.rank} has a total "
-                             f"capacity of {_fmt_torch(rp.total)} of which {_fmt_torch(free - used)} is free. "
-                             f"{procs}Including non-PyTorch memory, this process has {_fmt_torch(mine)} memory in "
-                             f"use. Of the allocated memory {_fmt_torch(used)} is allocated by PyTorch, and "
-                             "0 bytes is reserved by PyTorch but unallocated. If reserved but unallocated memory "
-                             "is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
-                             "fragmentation.  See documentation for Memory Management  "
-                             "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+                torch_msg = (
+                    f"CUDA out of memory. Tried to allocate {_fmt_torch(b)}. GPU {rp.rank} has a total "
+                    f"capacity of {_fmt_torch(rp.total)} of which {_fmt_torch(free - used)} is free. "
+                    f"{procs}Including non-PyTorch memory, this process has {_fmt_torch(mine)} memory in "
+                    f"use. Of the allocated memory {_fmt_torch(used)} is allocated by PyTorch, and "
+                    "0 bytes is reserved by PyTorch but unallocated. If reserved but unallocated memory "
+                    "is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+                    "fragmentation.  See documentation for Memory Management  "
+                    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+                )
                 pre: list[tuple[str, str, str]] = []
                 if quant is None:
-                    pre.append((self.worker(rp.rank), "linear.py:210",
-                                f"Failed to create unquantized linear weights: {torch_msg}"))
-                    exc = ("RuntimeError: Failed to create unquantized linear weights. This may be caused by "
-                           "insufficient memory to allocate the weight.")
+                    pre.append(
+                        (
+                            self.worker(rp.rank),
+                            "linear.py:210",
+                            f"Failed to create unquantized linear weights: {torch_msg}",
+                        )
+                    )
+                    exc = (
+                        "RuntimeError: Failed to create unquantized linear weights. This may be caused by "
+                        "insufficient memory to allocate the weight."
+                    )
                     frames = [("model_executor/layers/linear.py", 219, "create_weights", "raise RuntimeError(")]
                 else:
                     exc = f"torch.OutOfMemoryError: {torch_msg}"
                     frames = [("model_executor/parameter.py", 41, "__new__", "data = torch.empty(")]
                 if self.version == "0.33":
-                    pre.append((self.worker(rp.rank), "gpu_model_runner.py:5077",
-                                "Failed to load model - not enough GPU memory. Try lowering "
-                                "--gpu-memory-utilization to free memory for weights, increasing "
-                                "--tensor-parallel-size, or using --quantization. See "
-                                "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more tips. "
-                                f"(original error: {torch_msg})"))
+                    pre.append(
+                        (
+                            self.worker(rp.rank),
+                            "gpu_model_runner.py:5077",
+                            "Failed to load model - not enough GPU memory. Try lowering "
+                            "--gpu-memory-utilization to free memory for weights, increasing "
+                            "--tensor-parallel-size, or using --quantization. See "
+                            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more tips. "
+                            f"(original error: {torch_msg})",
+                        )
+                    )
                 raise StartupFailure(exc, where="worker", frames=frames, pre=pre)
             used += b
 
@@ -463,11 +616,21 @@ class Starter:
         return secs
 
 
-_KV_FRAMES = [("v1/engine/core.py", 199, "_initialize_kv_caches",
-               "kv_cache_configs = get_kv_cache_configs(vllm_config, kv_cache_specs,"),
-              ("v1/core/kv_cache_utils.py", 1243, "get_kv_cache_configs",
-               "check_enough_kv_cache_memory(vllm_config, kv_cache_spec_one_worker,"),
-              ("v1/core/kv_cache_utils.py", 716, "check_enough_kv_cache_memory", "raise ValueError(")]
+_KV_FRAMES = [
+    (
+        "v1/engine/core.py",
+        199,
+        "_initialize_kv_caches",
+        "kv_cache_configs = get_kv_cache_configs(vllm_config, kv_cache_specs,",
+    ),
+    (
+        "v1/core/kv_cache_utils.py",
+        1243,
+        "get_kv_cache_configs",
+        "check_enough_kv_cache_memory(vllm_config, kv_cache_spec_one_worker,",
+    ),
+    ("v1/core/kv_cache_utils.py", 716, "check_enough_kv_cache_memory", "raise ValueError("),
+]
 
 
 def report_failure(log: Log, f: StartupFailure, version: str, tp: int) -> None:
@@ -484,37 +647,85 @@ def report_failure(log: Log, f: StartupFailure, version: str, tp: int) -> None:
     for proc, where, msg in f.pre:
         log.error(proc, where, msg)
     if f.where == "api":
-        log.raw("APIServer", "\n".join(tb([("entrypoints/cli/main.py", 54, "main", "args.dispatch_function(args)"),
-                                           *f.frames]) + [f.exc]))
+        log.raw(
+            "APIServer",
+            "\n".join(
+                tb([("entrypoints/cli/main.py", 54, "main", "args.dispatch_function(args)"), *f.frames]) + [f.exc]
+            ),
+        )
         return
-    core = [("v1/engine/core.py", 699, "run_engine_core", "engine_core = EngineCoreProc(*args, **kwargs)"),
-            ("v1/engine/core.py", 498, "__init__", "super().__init__(vllm_config, executor_class, log_stats,")]
+    core = [
+        ("v1/engine/core.py", 699, "run_engine_core", "engine_core = EngineCoreProc(*args, **kwargs)"),
+        ("v1/engine/core.py", 498, "__init__", "super().__init__(vllm_config, executor_class, log_stats,"),
+    ]
     if f.where == "worker" and tp > 1:
         wproc = "Worker_TP0"
         log.error(wproc, "multiproc_executor.py:597", "WorkerProc failed to start.")
-        for line in tb([("v1/executor/multiproc_executor.py", 571, "worker_main",
-                         "worker = WorkerProc(*args, **kwargs)"), *f.frames]) + [f.exc]:
+        for line in tb(
+            [
+                ("v1/executor/multiproc_executor.py", 571, "worker_main", "worker = WorkerProc(*args, **kwargs)"),
+                *f.frames,
+            ]
+        ) + [f.exc]:
             log.error(wproc, "multiproc_executor.py:597", line)
-        exc = ("Exception: WorkerProc initialization failed due to an exception in a background process. "
-               "See stack trace for root cause.")
-        frames = core + [("v1/executor/multiproc_executor.py", 106, "_init_executor", "self.workers = WorkerProc.wait_for_ready(unready_workers)"),
-                         ("v1/executor/multiproc_executor.py", 509, "wait_for_ready", "raise e from None")]
+        exc = (
+            "Exception: WorkerProc initialization failed due to an exception in a background process. "
+            "See stack trace for root cause."
+        )
+        frames = core + [
+            (
+                "v1/executor/multiproc_executor.py",
+                106,
+                "_init_executor",
+                "self.workers = WorkerProc.wait_for_ready(unready_workers)",
+            ),
+            ("v1/executor/multiproc_executor.py", 509, "wait_for_ready", "raise e from None"),
+        ]
     else:
         exc = f.exc
-        frames = core + f.frames if f.where == "engine" else core + [
-            ("v1/engine/core.py", 83, "__init__", "self.model_executor = executor_class(vllm_config)")] + f.frames
+        frames = (
+            core + f.frames
+            if f.where == "engine"
+            else core
+            + [("v1/engine/core.py", 83, "__init__", "self.model_executor = executor_class(vllm_config)")]
+            + f.frames
+        )
     log.error(engine, "core.py:708", "EngineCore failed to start.")
     for line in "\n".join(tb(frames) + [exc]).split("\n"):
         log.error(engine, "core.py:708", line)
     log.raw(engine, f"Process {engine}:")
-    log.raw(engine, "\n".join(tb([("/usr/lib/python3.12/multiprocessing/process.py", 314, "_bootstrap", "self.run()")])
-                              + [exc]).replace(f"{site}/vllm//usr", "/usr"))
-    log.raw("APIServer", "\n".join(tb([
-        ("entrypoints/cli/main.py", 54, "main", "args.dispatch_function(args)"),
-        ("entrypoints/openai/api_server.py", 1884, "run_server", "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)"),
-        ("v1/engine/utils.py", 785, "wait_for_engine_startup", "raise RuntimeError(\"Engine core initialization failed. \"")])
-        + ["RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
-           + ("{}" if version == "0.11" else f"{{'{engine}': 1}}")]))
+    log.raw(
+        engine,
+        "\n".join(
+            tb([("/usr/lib/python3.12/multiprocessing/process.py", 314, "_bootstrap", "self.run()")]) + [exc]
+        ).replace(f"{site}/vllm//usr", "/usr"),
+    )
+    log.raw(
+        "APIServer",
+        "\n".join(
+            tb(
+                [
+                    ("entrypoints/cli/main.py", 54, "main", "args.dispatch_function(args)"),
+                    (
+                        "entrypoints/openai/api_server.py",
+                        1884,
+                        "run_server",
+                        "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)",
+                    ),
+                    (
+                        "v1/engine/utils.py",
+                        785,
+                        "wait_for_engine_startup",
+                        "raise RuntimeError(\"Engine core initialization failed. \"",
+                    ),
+                ]
+            )
+            + [
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+                + ("{}" if version == "0.11" else f"{{'{engine}': 1}}")
+            ]
+        ),
+    )
 
 
 def _site_packages() -> str:

@@ -25,8 +25,20 @@ from pathlib import Path
 from typing import Any, Iterator
 
 #: Bytes per element of each safetensors dtype.
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-               "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 TORCH_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 #: Largest shard the generator writes (bytes of tensor data); HF checkpoints use 4-5 GB.
 DEFAULT_SHARD_BYTES = 4_000_000_000
@@ -39,9 +51,9 @@ FP8_BLOCK = 128
 class Arch:
     """A decoder-only transformer's shape, with Hugging Face config field names in mind."""
 
-    name: str               # the HF repo id it imitates
-    model_type: str         # "qwen3" | "llama"
-    architecture: str       # "Qwen3ForCausalLM" | "LlamaForCausalLM"
+    name: str  # the HF repo id it imitates
+    model_type: str  # "qwen3" | "llama"
+    architecture: str  # "Qwen3ForCausalLM" | "LlamaForCausalLM"
     layers: int
     hidden: int
     heads: int
@@ -51,58 +63,132 @@ class Arch:
     vocab: int
     max_position: int
     tied: bool = False
-    qk_norm: bool = False   # Qwen3: per-head RMSNorm on q and k
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k
     rope_theta: float = 1_000_000.0
     torch_dtype: str = "bfloat16"
 
     def config(self, quantization: str | None = None) -> dict[str, Any]:
         """The ``config.json`` document (Hugging Face field names)."""
         cfg: dict[str, Any] = {
-            "architectures": [self.architecture], "model_type": self.model_type,
-            "hidden_size": self.hidden, "intermediate_size": self.intermediate,
-            "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
-            "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
-            "vocab_size": self.vocab, "max_position_embeddings": self.max_position,
+            "architectures": [self.architecture],
+            "model_type": self.model_type,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": self.max_position,
             "rms_norm_eps": 1e-06 if self.model_type == "qwen3" else 1e-05,
-            "rope_theta": self.rope_theta, "hidden_act": "silu",
-            "tie_word_embeddings": self.tied, "attention_bias": False,
+            "rope_theta": self.rope_theta,
+            "hidden_act": "silu",
+            "tie_word_embeddings": self.tied,
+            "attention_bias": False,
             "torch_dtype": "float16" if quantization in ("awq", "gptq") else self.torch_dtype,
             "bos_token_id": 151643 if self.model_type == "qwen3" else 128000,
             "eos_token_id": 151645 if self.model_type == "qwen3" else 128001,
-            "transformers_version": "4.51.0", "use_cache": True,
+            "transformers_version": "4.51.0",
+            "use_cache": True,
         }
         if quantization == "fp8":
-            cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                          "activation_scheme": "dynamic",
-                                          "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+            cfg["quantization_config"] = {
+                "quant_method": "fp8",
+                "fmt": "e4m3",
+                "activation_scheme": "dynamic",
+                "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+            }
         elif quantization == "awq":
-            cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": AWQ_GROUP,
-                                          "zero_point": True, "version": "gemm"}
+            cfg["quantization_config"] = {
+                "quant_method": "awq",
+                "bits": 4,
+                "group_size": AWQ_GROUP,
+                "zero_point": True,
+                "version": "gemm",
+            }
         elif quantization == "gptq":
-            cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": AWQ_GROUP,
-                                          "desc_act": False, "sym": True}
+            cfg["quantization_config"] = {
+                "quant_method": "gptq",
+                "bits": 4,
+                "group_size": AWQ_GROUP,
+                "desc_act": False,
+                "sym": True,
+            }
         return cfg
 
 
-ARCHS: dict[str, Arch] = {a.name.split("/")[-1].lower(): a for a in [
-    Arch("Qwen/Qwen3-8B", "qwen3", "Qwen3ForCausalLM", 36, 4096, 32, 8, 128, 12288, 151936, 40960,
-         qk_norm=True),
-    Arch("Qwen/Qwen3-32B", "qwen3", "Qwen3ForCausalLM", 64, 5120, 64, 8, 128, 25600, 151936, 40960,
-         qk_norm=True),
-    Arch("Qwen/Qwen3-0.6B", "qwen3", "Qwen3ForCausalLM", 28, 1024, 16, 8, 128, 3072, 151936, 40960,
-         tied=True, qk_norm=True),
-    Arch("meta-llama/Meta-Llama-3-70B-Instruct", "llama", "LlamaForCausalLM", 80, 8192, 64, 8, 128,
-         28672, 128256, 8192, rope_theta=500000.0),
-    Arch("meta-llama/Meta-Llama-3-8B-Instruct", "llama", "LlamaForCausalLM", 32, 4096, 32, 8, 128,
-         14336, 128256, 8192, rope_theta=500000.0),
-    # Small ones with real bytes (a few MiB): staging, hashing, page-cache tests.
-    Arch("clusterctl/tiny-qwen3", "qwen3", "Qwen3ForCausalLM", 2, 256, 4, 2, 64, 512, 4096, 4096,
-         qk_norm=True),
-    Arch("clusterctl/small-llama", "llama", "LlamaForCausalLM", 4, 512, 8, 4, 64, 1536, 8192, 8192,
-         rope_theta=500000.0),
-]}
-ALIASES = {"llama-3-70b": "meta-llama-3-70b-instruct", "llama-3-8b": "meta-llama-3-8b-instruct",
-           "tiny": "tiny-qwen3", "small": "small-llama"}
+ARCHS: dict[str, Arch] = {
+    a.name.split("/")[-1].lower(): a
+    for a in [
+        Arch("Qwen/Qwen3-8B", "qwen3", "Qwen3ForCausalLM", 36, 4096, 32, 8, 128, 12288, 151936, 40960, qk_norm=True),
+        Arch("Qwen/Qwen3-32B", "qwen3", "Qwen3ForCausalLM", 64, 5120, 64, 8, 128, 25600, 151936, 40960, qk_norm=True),
+        Arch(
+            "Qwen/Qwen3-0.6B",
+            "qwen3",
+            "Qwen3ForCausalLM",
+            28,
+            1024,
+            16,
+            8,
+            128,
+            3072,
+            151936,
+            40960,
+            tied=True,
+            qk_norm=True,
+        ),
+        Arch(
+            "meta-llama/Meta-Llama-3-70B-Instruct",
+            "llama",
+            "LlamaForCausalLM",
+            80,
+            8192,
+            64,
+            8,
+            128,
+            28672,
+            128256,
+            8192,
+            rope_theta=500000.0,
+        ),
+        Arch(
+            "meta-llama/Meta-Llama-3-8B-Instruct",
+            "llama",
+            "LlamaForCausalLM",
+            32,
+            4096,
+            32,
+            8,
+            128,
+            14336,
+            128256,
+            8192,
+            rope_theta=500000.0,
+        ),
+        # Small ones with real bytes (a few MiB): staging, hashing, page-cache tests.
+        Arch("clusterctl/tiny-qwen3", "qwen3", "Qwen3ForCausalLM", 2, 256, 4, 2, 64, 512, 4096, 4096, qk_norm=True),
+        Arch(
+            "clusterctl/small-llama",
+            "llama",
+            "LlamaForCausalLM",
+            4,
+            512,
+            8,
+            4,
+            64,
+            1536,
+            8192,
+            8192,
+            rope_theta=500000.0,
+        ),
+    ]
+}
+ALIASES = {
+    "llama-3-70b": "meta-llama-3-70b-instruct",
+    "llama-3-8b": "meta-llama-3-8b-instruct",
+    "tiny": "tiny-qwen3",
+    "small": "small-llama",
+}
 
 
 def arch(name: str) -> Arch:
@@ -121,19 +207,24 @@ def _linear(name: str, out_f: int, in_f: int, dt: str, quant: str | None) -> lis
     if quant is None:
         return [(f"{name}.weight", dt, [out_f, in_f])]
     if quant == "fp8":
-        return [(f"{name}.weight", "F8_E4M3", [out_f, in_f]),
-                (f"{name}.weight_scale_inv", "F32",
-                 [math.ceil(out_f / FP8_BLOCK), math.ceil(in_f / FP8_BLOCK)])]
+        return [
+            (f"{name}.weight", "F8_E4M3", [out_f, in_f]),
+            (f"{name}.weight_scale_inv", "F32", [math.ceil(out_f / FP8_BLOCK), math.ceil(in_f / FP8_BLOCK)]),
+        ]
     groups = max(1, in_f // AWQ_GROUP)
     if quant == "awq":
-        return [(f"{name}.qweight", "I32", [in_f, out_f // 8]),
-                (f"{name}.qzeros", "I32", [groups, out_f // 8]),
-                (f"{name}.scales", "F16", [groups, out_f])]
+        return [
+            (f"{name}.qweight", "I32", [in_f, out_f // 8]),
+            (f"{name}.qzeros", "I32", [groups, out_f // 8]),
+            (f"{name}.scales", "F16", [groups, out_f]),
+        ]
     if quant == "gptq":
-        return [(f"{name}.qweight", "I32", [in_f // 8, out_f]),
-                (f"{name}.qzeros", "I32", [groups, out_f // 8]),
-                (f"{name}.scales", "F16", [groups, out_f]),
-                (f"{name}.g_idx", "I32", [in_f])]
+        return [
+            (f"{name}.qweight", "I32", [in_f // 8, out_f]),
+            (f"{name}.qzeros", "I32", [groups, out_f // 8]),
+            (f"{name}.scales", "F16", [groups, out_f]),
+            (f"{name}.g_idx", "I32", [in_f]),
+        ]
     raise ValueError(f"unknown quantization {quant!r}; known: {', '.join(QUANTIZATIONS)}")
 
 
@@ -145,15 +236,24 @@ def tensors(a: Arch, quantization: str | None = None) -> list[tuple[str, str, li
     for i in range(a.layers):
         p = f"model.layers.{i}"
         out.append((f"{p}.input_layernorm.weight", dt, [a.hidden]))
-        for proj, o, n in (("q_proj", q, a.hidden), ("k_proj", kv, a.hidden),
-                           ("v_proj", kv, a.hidden), ("o_proj", a.hidden, q)):
+        for proj, o, n in (
+            ("q_proj", q, a.hidden),
+            ("k_proj", kv, a.hidden),
+            ("v_proj", kv, a.hidden),
+            ("o_proj", a.hidden, q),
+        ):
             out += _linear(f"{p}.self_attn.{proj}", o, n, dt, quantization)
         if a.qk_norm:
-            out += [(f"{p}.self_attn.q_norm.weight", dt, [a.head_dim]),
-                    (f"{p}.self_attn.k_norm.weight", dt, [a.head_dim])]
+            out += [
+                (f"{p}.self_attn.q_norm.weight", dt, [a.head_dim]),
+                (f"{p}.self_attn.k_norm.weight", dt, [a.head_dim]),
+            ]
         out.append((f"{p}.post_attention_layernorm.weight", dt, [a.hidden]))
-        for proj, o, n in (("gate_proj", a.intermediate, a.hidden), ("up_proj", a.intermediate, a.hidden),
-                           ("down_proj", a.hidden, a.intermediate)):
+        for proj, o, n in (
+            ("gate_proj", a.intermediate, a.hidden),
+            ("up_proj", a.intermediate, a.hidden),
+            ("down_proj", a.hidden, a.intermediate),
+        ):
             out += _linear(f"{p}.mlp.{proj}", o, n, dt, quantization)
     out.append(("model.norm.weight", dt, [a.hidden]))
     if not a.tied:
@@ -203,8 +303,15 @@ def _fill(f: Any, n: int, rng: random.Random) -> None:
         n -= k
 
 
-def write_model(name: str, out_dir: Path, *, sparse: bool = False, quantization: str | None = None,
-                shard_bytes: int = DEFAULT_SHARD_BYTES, seed: int = 0) -> dict[str, Any]:
+def write_model(
+    name: str,
+    out_dir: Path,
+    *,
+    sparse: bool = False,
+    quantization: str | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Write model ``name`` into ``out_dir`` (created); return a summary.
 
     Files: ``config.json``, ``generation_config.json``, ``model-0000i-of-0000n.safetensors``
@@ -239,19 +346,30 @@ def write_model(name: str, out_dir: Path, *, sparse: bool = False, quantization:
         files.append(fname)
         total += data
         weight_map.update({e[0]: fname for e in entries})
-    docs = {"config.json": a.config(quantization),
-            "generation_config.json": {"bos_token_id": a.config()["bos_token_id"],
-                                       "eos_token_id": a.config()["eos_token_id"],
-                                       "temperature": 0.6, "top_k": 20, "top_p": 0.95}}
+    docs = {
+        "config.json": a.config(quantization),
+        "generation_config.json": {
+            "bos_token_id": a.config()["bos_token_id"],
+            "eos_token_id": a.config()["eos_token_id"],
+            "temperature": 0.6,
+            "top_k": 20,
+            "top_p": 0.95,
+        },
+    }
     if n > 1:
-        docs["model.safetensors.index.json"] = {"metadata": {"total_size": total},
-                                                "weight_map": weight_map}
+        docs["model.safetensors.index.json"] = {"metadata": {"total_size": total}, "weight_map": weight_map}
     for fname, doc in docs.items():
         tmp = out_dir / f".{fname}.tmp"
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
         os.replace(tmp, out_dir / fname)
-    return {"name": a.name, "params": param_count(a), "total_bytes": total,
-            "files": files, "sparse": sparse, "quantization": quantization}
+    return {
+        "name": a.name,
+        "params": param_count(a),
+        "total_bytes": total,
+        "files": files,
+        "sparse": sparse,
+        "quantization": quantization,
+    }
 
 
 def read_header(path: Path) -> dict[str, Any]:

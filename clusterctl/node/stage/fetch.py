@@ -183,8 +183,10 @@ class ChunkStore:
         Chunks in holes of the (sparse) partial files are never written, so
         they are counted missing without being read: a fresh start does not
         hash S bytes of zeros."""
+
         def intact(c: "mf.Chunk") -> bool:
             return not self._in_hole(c) and self._chunk_ok(c)
+
         oks = pmap(intact, self.chunks, workers)
         with self.cond:
             for c, ok in zip(self.chunks, oks):
@@ -239,7 +241,8 @@ class ChunkStore:
         if need + SPACE_MARGIN > free:
             raise DiskSpaceError(
                 f"not enough space for {self.manifest.name} {self.manifest.version} under {self.root}: "
-                f"need {_mib(need)} MiB (+{_mib(SPACE_MARGIN)} MiB margin), {_mib(free)} MiB free")
+                f"need {_mib(need)} MiB (+{_mib(SPACE_MARGIN)} MiB margin), {_mib(free)} MiB free"
+            )
         return {"need": need, "free": free}
 
 
@@ -266,6 +269,7 @@ class HttpSource:
         self.headers = dict(headers or {})
         if u.username is not None:  # user:password@host: basic auth, kept out of messages
             import base64
+
             cred = urllib.parse.unquote(u.username) + ":" + urllib.parse.unquote(u.password or "")
             self.headers["Authorization"] = "Basic " + base64.b64encode(cred.encode()).decode()
         self.timeout = timeout
@@ -299,8 +303,9 @@ class HttpSource:
     def read(self, c: "mf.Chunk") -> bytes:
         return self._request(c.path, c.offset, c.length)
 
-    def _request(self, path: str, offset: Optional[int], length: Optional[int],
-                 extra: Optional[Dict[str, str]] = None) -> bytes:
+    def _request(
+        self, path: str, offset: Optional[int], length: Optional[int], extra: Optional[Dict[str, str]] = None
+    ) -> bytes:
         import http.client
         import urllib.parse
 
@@ -326,7 +331,7 @@ class HttpSource:
                 raise FetchError(f"{self.label}{path}: short range answer ({len(body)} of {length} bytes)")
             return body
         if resp.status == 200:  # server ignores ranges: usable only for the whole file
-            return body[offset:offset + (length or 0)] if len(body) >= offset + (length or 0) else b""
+            return body[offset : offset + (length or 0)] if len(body) >= offset + (length or 0) else b""
         raise FetchError(f"{self.label}{path}: HTTP {resp.status} {resp.reason}")
 
     def close(self) -> None:
@@ -369,9 +374,14 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit((u.scheme, netloc, u.path, "", ""))
 
 
-def fetch_parallel(store: ChunkStore, source: Any, workers: int = 8, attempts: int = DEFAULT_ATTEMPTS,
-                   stats: Optional[Dict[str, int]] = None,
-                   on_chunk: Optional[Callable[[int], None]] = None) -> Dict[str, int]:
+def fetch_parallel(
+    store: ChunkStore,
+    source: Any,
+    workers: int = 8,
+    attempts: int = DEFAULT_ATTEMPTS,
+    stats: Optional[Dict[str, int]] = None,
+    on_chunk: Optional[Callable[[int], None]] = None,
+) -> Dict[str, int]:
     """Fetch every missing chunk of ``store`` from ``source`` with ``workers`` reads in flight.
 
     Chunks are submitted in manifest order (a relay child downstream gets them
@@ -415,12 +425,15 @@ def fetch_parallel(store: ChunkStore, source: Any, workers: int = 8, attempts: i
                     stats["retries"] += 1
                 time.sleep(backoff(attempt))
         abort.set()
-        raise FetchError(f"{c.path} bytes {c.offset}-{c.offset + c.length - 1} (chunk {c.index}): "
-                         f"gave up after {attempts} attempts: {last}")
+        raise FetchError(
+            f"{c.path} bytes {c.offset}-{c.offset + c.length - 1} (chunk {c.index}): "
+            f"gave up after {attempts} attempts: {last}"
+        )
 
     todo = store.missing()
     if not todo:
         return stats
+
     def guarded(c: "mf.Chunk") -> None:
         try:
             one(c)

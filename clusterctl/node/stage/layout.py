@@ -73,11 +73,13 @@ class Layout:
             names = [n for n in os.listdir(self.versions) if not n.startswith(".")]
         except FileNotFoundError:
             return []
+
         def when(n: str) -> float:
             try:
                 return os.stat(os.path.join(self.versions, n, MARKER_NAME)).st_mtime
             except OSError:
                 return 0.0
+
         return sorted(names, key=lambda n: (when(n), n))
 
     def read_marker(self, version: str) -> Optional[Dict[str, Any]]:
@@ -96,8 +98,14 @@ class Layout:
         """
         part, final = self.partial_dir(version), self.version_dir(version)
         _write_atomic(os.path.join(part, mf.MANIFEST_NAME), manifest.to_json().encode())
-        marker = {"manifest_sha256": manifest.digest(), "name": manifest.name, "version": version,
-                  "bytes": manifest.total_bytes, "files": len(manifest.files), "verified_at": time.time()}
+        marker = {
+            "manifest_sha256": manifest.digest(),
+            "name": manifest.name,
+            "version": version,
+            "bytes": manifest.total_bytes,
+            "files": len(manifest.files),
+            "verified_at": time.time(),
+        }
         _write_atomic(os.path.join(part, MARKER_NAME), json.dumps(marker, sort_keys=True).encode())
         _fsync_dir(part)
         if os.path.isdir(final):
@@ -117,8 +125,9 @@ class Layout:
         if not os.path.isfile(os.path.join(self.version_dir(version), MARKER_NAME)):
             raise LayoutError(f"version {version} of {self.name} is not verified; not switching")
         if os.path.lexists(self.model_path) and not os.path.islink(self.model_path):
-            raise LayoutError(f"{self.model_path} is a real file or directory, not a clusterctl symlink; "
-                              f"move it away before staging")
+            raise LayoutError(
+                f"{self.model_path} is a real file or directory, not a clusterctl symlink; move it away before staging"
+            )
         tmp = f"{self.model_path}.clusterctl-tmp-{os.getpid()}"
         if os.path.lexists(tmp):
             os.unlink(tmp)

@@ -52,9 +52,16 @@ def _source(spec: Optional[Dict[str, Any]]) -> Any:
     if kind == "s3":
         from . import s3
 
-        return s3.S3Source(spec["endpoint"], spec["bucket"], spec.get("prefix", ""), region=spec["region"],
-                           access_key=spec["access_key"], secret_key=spec["secret_key"],
-                           session_token=spec.get("session_token"), timeout=float(spec.get("timeout", 30)))
+        return s3.S3Source(
+            spec["endpoint"],
+            spec["bucket"],
+            spec.get("prefix", ""),
+            region=spec["region"],
+            access_key=spec["access_key"],
+            secret_key=spec["secret_key"],
+            session_token=spec.get("session_token"),
+            timeout=float(spec.get("timeout", 30)),
+        )
     if kind == "file":
         return fetch.FileSource(spec["root"])
     if kind == "stream":
@@ -98,8 +105,10 @@ def fetch_stream(store: "fetch.ChunkStore", stream: BinaryIO, stats: Dict[str, A
         index, length = relay.HEADER.unpack(head)
         data = stream.read(length)
         if index >= len(store.chunks) or len(data) != length:
-            raise fetch.FetchError(f"the pushed stream was cut short or garbled at chunk {index}; run stage again "
-                                   f"(verified chunks are kept)")
+            raise fetch.FetchError(
+                f"the pushed stream was cut short or garbled at chunk {index}; run stage again "
+                f"(verified chunks are kept)"
+            )
         if store.done[index]:
             continue
         if store.put(index, data):
@@ -154,8 +163,9 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
     workers = int(job.get("workers", 8))
     out: Dict[str, Any] = {"version": version, "manifest_sha256": digest, "bytes_total": man.total_bytes}
     if os.path.lexists(lay.model_path) and not os.path.islink(lay.model_path):
-        raise layout.LayoutError(f"{lay.model_path} is a real file or directory, not a clusterctl symlink; "
-                                 f"move it away before staging")
+        raise layout.LayoutError(
+            f"{lay.model_path} is a real file or directory, not a clusterctl symlink; move it away before staging"
+        )
     os.makedirs(lay.versions, exist_ok=True)
     marker = lay.read_marker(version)
     rl = job.get("relay") or {}
@@ -167,8 +177,10 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
         out["already_present"] = True
     else:
         if os.path.isdir(lay.version_dir(version)):
-            raise layout.LayoutError(f"{lay.version_dir(version)} exists but is not a verified copy of this "
-                                     f"manifest; remove it or stage under another version")
+            raise layout.LayoutError(
+                f"{lay.version_dir(version)} exists but is not a verified copy of this "
+                f"manifest; remove it or stage under another version"
+            )
         os.makedirs(lay.partial_dir(version), exist_ok=True)
         store = fetch.ChunkStore(lay.partial_dir(version), man)
         out["chunks_reused"] = store.scan(workers)
@@ -176,21 +188,27 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
     reporter = ProgressReporter(store, float(job["progress"])) if job.get("progress") else None
     try:
         if rl.get("port") is not None:
-            server = relay.RelayServer(store, digest, rl.get("bind", ""), int(rl["port"]),
-                                       float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)))
+            server = relay.RelayServer(
+                store,
+                digest,
+                rl.get("bind", ""),
+                int(rl["port"]),
+                float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)),
+            )
         if out.get("already_present") and rl.get("upstreams"):
             # Nothing to fetch (pre-staged): say so to the parent, which would otherwise keep
             # its relay server up for stall + 5 s waiting for this node to connect.
-            out["told_parent"] = relay.say_done(digest, len(store.chunks), tuple(rl["upstreams"][0]),
-                                                float(rl.get("start_grace", relay.START_GRACE_S)))
+            out["told_parent"] = relay.say_done(
+                digest, len(store.chunks), tuple(rl["upstreams"][0]), float(rl.get("start_grace", relay.START_GRACE_S))
+            )
         if not store.complete():
             spec = job.get("source") or {}
-            source = (_LazySource(spec) if rl.get("upstreams") and spec.get("kind") in ("http", "s3")
-                      else _source(spec))
+            source = _LazySource(spec) if rl.get("upstreams") and spec.get("kind") in ("http", "s3") else _source(spec)
             for attempt in range(2):  # a second pass refetches chunks that failed verification on disk
                 stop_reverify = threading.Event()
-                reverifier = threading.Thread(target=store.reverify_as_done, args=(stop_reverify,),
-                                              name="reverify", daemon=True)
+                reverifier = threading.Thread(
+                    target=store.reverify_as_done, args=(stop_reverify,), name="reverify", daemon=True
+                )
                 reverifier.start()
                 try:
                     _fetch_once(job, store, stdin, source, digest, workers, stats)
@@ -204,8 +222,10 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
                 if not bad:
                     break
             else:
-                raise fetch.FetchError(f"{len(bad)} chunks failed verification on disk twice (first: "
-                                       f"{bad[0].path} at {bad[0].offset}); the disk may be failing")
+                raise fetch.FetchError(
+                    f"{len(bad)} chunks failed verification on disk twice (first: "
+                    f"{bad[0].path} at {bad[0].offset}); the disk may be failing"
+                )
             lay.finalize(version, man)
         out["fetch_seconds"] = round(time.monotonic() - t0, 3)
         if job.get("switch", True):
@@ -221,8 +241,7 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
             out["warm"] = dict(read, read_bytes=read["bytes"])
             out["warm"].update(_pagecache().residency(files))
         if server is not None:
-            server.wait_children(int(rl.get("children", 1)), float(rl.get("linger", 20)),
-                                 float(rl.get("limit", 3600)))
+            server.wait_children(int(rl.get("children", 1)), float(rl.get("linger", 20)), float(rl.get("limit", 3600)))
             out["served_bytes"] = server.served_bytes
     except BaseException as e:
         store.fail(str(e))
@@ -244,28 +263,48 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
     return out
 
 
-def _timings(timings: Dict[str, Any], store: "fetch.ChunkStore", server: Optional["relay.RelayServer"],
-             t0: float) -> Dict[str, Any]:
+def _timings(
+    timings: Dict[str, Any], store: "fetch.ChunkStore", server: Optional["relay.RelayServer"], t0: float
+) -> Dict[str, Any]:
     """Where the time went, in seconds from the start of the job: first and last chunk
     written here, first and last chunk sent to a relay child, seconds the relay
     server waited for a chunk it had not got yet, and the final verify's tail."""
+
     def rel(t: Optional[float]) -> Optional[float]:
         return None if t is None else round(t - t0, 3)
+
     timings.update(first_chunk_s=rel(store.first_put), last_chunk_s=rel(store.last_put))
     if server is not None:
-        timings.update(first_sent_s=rel(server.first_sent), last_sent_s=rel(server.last_sent),
-                       relay_wait_s=round(server.wait_seconds, 3))
+        timings.update(
+            first_sent_s=rel(server.first_sent),
+            last_sent_s=rel(server.last_sent),
+            relay_wait_s=round(server.wait_seconds, 3),
+        )
     return timings
 
 
-def _fetch_once(job: Dict[str, Any], store: "fetch.ChunkStore", stdin: BinaryIO, source: Any, digest: str,
-                workers: int, stats: Dict[str, Any]) -> None:
+def _fetch_once(
+    job: Dict[str, Any],
+    store: "fetch.ChunkStore",
+    stdin: BinaryIO,
+    source: Any,
+    digest: str,
+    workers: int,
+    stats: Dict[str, Any],
+) -> None:
     """One pass over the missing chunks: from the relay upstreams, the pushed stream or the source."""
     rl = job.get("relay") or {}
     if rl.get("upstreams"):
-        relay.fetch_from_upstreams(store, digest, [tuple(u) for u in rl["upstreams"]], source,
-                                   workers, float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)), stats,
-                                   float(rl.get("start_grace", relay.START_GRACE_S)))
+        relay.fetch_from_upstreams(
+            store,
+            digest,
+            [tuple(u) for u in rl["upstreams"]],
+            source,
+            workers,
+            float(rl.get("stall_timeout", relay.STALL_TIMEOUT_S)),
+            stats,
+            float(rl.get("start_grace", relay.START_GRACE_S)),
+        )
     elif (job.get("source") or {}).get("kind") == "stream":
         fetch_stream(store, stdin, stats)
     else:
@@ -279,18 +318,31 @@ def status(job: Dict[str, Any]) -> Dict[str, Any]:
     for m in job.get("models", []):
         lay = layout.Layout(m["path"], m["name"])
         cur = lay.current()
-        entry: Dict[str, Any] = {"name": m["name"], "path": m["path"], "current": cur,
-                                 "path_kind": ("symlink" if os.path.islink(lay.model_path) else
-                                               "directory" if os.path.isdir(lay.model_path) else
-                                               "missing" if not os.path.lexists(lay.model_path) else "other"),
-                                 "versions": [], "partial": []}
+        entry: Dict[str, Any] = {
+            "name": m["name"],
+            "path": m["path"],
+            "current": cur,
+            "path_kind": (
+                "symlink"
+                if os.path.islink(lay.model_path)
+                else "directory"
+                if os.path.isdir(lay.model_path)
+                else "missing"
+                if not os.path.lexists(lay.model_path)
+                else "other"
+            ),
+            "versions": [],
+            "partial": [],
+        }
         for v in lay.list_versions():
             mk = lay.read_marker(v)
-            entry["versions"].append({"version": v, "verified": bool(mk), "in_use": v == cur,
-                                      "bytes": (mk or {}).get("bytes")})
+            entry["versions"].append(
+                {"version": v, "verified": bool(mk), "in_use": v == cur, "bytes": (mk or {}).get("bytes")}
+            )
         try:
-            entry["partial"] = sorted(n[len(layout.PARTIAL_PREFIX):] for n in os.listdir(lay.versions)
-                                      if n.startswith(layout.PARTIAL_PREFIX))
+            entry["partial"] = sorted(
+                n[len(layout.PARTIAL_PREFIX) :] for n in os.listdir(lay.versions) if n.startswith(layout.PARTIAL_PREFIX)
+            )
         except FileNotFoundError:
             pass
         if cur:
@@ -385,10 +437,23 @@ def pin_op(job: Dict[str, Any]) -> Dict[str, Any]:
             if cur is None:
                 out.append(dict(row, error=f"{m['path']} is not staged"))
                 continue
-            run = subprocess.run(["systemd-run", f"--unit={unit}", "--property=LimitMEMLOCK=infinity",
-                                  f"--description=clusterctl: keep {name} resident",
-                                  "python3", job["pin_path"], m["path"], "--budget", str(int(job["budget"])),
-                                  "--state", state_file], capture_output=True, text=True)
+            run = subprocess.run(
+                [
+                    "systemd-run",
+                    f"--unit={unit}",
+                    "--property=LimitMEMLOCK=infinity",
+                    f"--description=clusterctl: keep {name} resident",
+                    "python3",
+                    job["pin_path"],
+                    m["path"],
+                    "--budget",
+                    str(int(job["budget"])),
+                    "--state",
+                    state_file,
+                ],
+                capture_output=True,
+                text=True,
+            )
             if run.returncode != 0:
                 out.append(dict(row, error=f"systemd-run: {run.stderr.strip() or run.returncode}"))
                 continue

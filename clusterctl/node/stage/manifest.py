@@ -95,9 +95,15 @@ class Manifest(NamedTuple):
         return out
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"format": FORMAT, "name": self.name, "version": self.version, "chunk_size": self.chunk_size,
-                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "chunks": list(f.chunks)}
-                          for f in self.files]}
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "version": self.version,
+            "chunk_size": self.chunk_size,
+            "files": [
+                {"path": f.path, "size": f.size, "sha256": f.sha256, "chunks": list(f.chunks)} for f in self.files
+            ],
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -120,6 +126,7 @@ class Manifest(NamedTuple):
 
 def from_dict(data: Any, where: str = "manifest") -> Manifest:
     """Validate and build a :class:`Manifest`; ManifestError names ``where`` and the field."""
+
     def bad(msg: str) -> ManifestError:
         return ManifestError(f"{where}: {msg}")
 
@@ -151,8 +158,10 @@ def from_dict(data: Any, where: str = "manifest") -> Manifest:
             raise bad(f"files[{i}] ({path}): chunks must be a list of sha256 hex digests")
         want = max(1, -(-size // cs)) if size else 0
         if len(chunks) != want:
-            raise bad(f"files[{i}] ({path}): {len(chunks)} chunk digests for {size} bytes "
-                      f"(expected {want} at chunk_size {cs})")
+            raise bad(
+                f"files[{i}] ({path}): {len(chunks)} chunk digests for {size} bytes "
+                f"(expected {want} at chunk_size {cs})"
+            )
         files.append(FileEntry(path, size, str(sha), tuple(chunks)))
     name, version = data.get("name"), data.get("version")
     if not isinstance(name, str) or not isinstance(version, str):
@@ -199,8 +208,9 @@ def model_files(root: str) -> List[str]:
     return sorted(out)
 
 
-def compute(root: str, name: str, version: Optional[str] = None, chunk_size: int = DEFAULT_CHUNK,
-            workers: int = 4) -> Manifest:
+def compute(
+    root: str, name: str, version: Optional[str] = None, chunk_size: int = DEFAULT_CHUNK, workers: int = 4
+) -> Manifest:
     """Hash every file under directory ``root`` (``workers`` files at once; hashlib frees the GIL)."""
     if not os.path.isdir(root):
         raise ManifestError(f"{root}: not a directory")
@@ -208,6 +218,5 @@ def compute(root: str, name: str, version: Optional[str] = None, chunk_size: int
     if not paths:
         raise ManifestError(f"{root}: no files to stage")
     hashes = pmap(lambda p: _hash_file(os.path.join(root, p), chunk_size), paths, workers)
-    files = tuple(FileEntry(p, os.path.getsize(os.path.join(root, p)), h[0], h[1])
-                  for p, h in zip(paths, hashes))
+    files = tuple(FileEntry(p, os.path.getsize(os.path.join(root, p)), h[0], h[1]) for p, h in zip(paths, hashes))
     return Manifest(name, "", chunk_size, files).with_identity(name, version)

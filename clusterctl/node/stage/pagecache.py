@@ -83,8 +83,9 @@ def _read_range(args: Tuple[str, int, int]) -> int:
         os.close(fd)
 
 
-def warm(paths: List[str], workers: int = 8, slice_bytes: int = 64 * 1024 * 1024,
-         budget: Optional[int] = None) -> Dict[str, Any]:
+def warm(
+    paths: List[str], workers: int = 8, slice_bytes: int = 64 * 1024 * 1024, budget: Optional[int] = None
+) -> Dict[str, Any]:
     """Read ``paths`` into the page cache with ``workers`` parallel readers.
 
     Files are cut into ``slice_bytes`` slices so one large shard is read by

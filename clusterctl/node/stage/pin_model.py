@@ -128,8 +128,13 @@ def main(argv=None):
         sys.stderr.write("pin-model: %s is not a staged model: %s\n" % (pos[0], e))
         return 1
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    state = {"model_path": pos[0], "version_dir": target, "budget": int(opts["--budget"]),
-             "bytes": sum(n for _, n in ranges), "pid": os.getpid()}
+    state = {
+        "model_path": pos[0],
+        "version_dir": target,
+        "budget": int(opts["--budget"]),
+        "bytes": sum(n for _, n in ranges),
+        "pid": os.getpid(),
+    }
     try:
         state.update(mode="mlock", locked=lock(ranges))
     except OSError as e:

@@ -53,8 +53,9 @@ class RelayServer:
     connections being served.  Runs until :meth:`stop`.
     """
 
-    def __init__(self, store: "fetch.ChunkStore", digest: str, bind: str, port: int,
-                 stall_timeout: float = STALL_TIMEOUT_S):
+    def __init__(
+        self, store: "fetch.ChunkStore", digest: str, bind: str, port: int, stall_timeout: float = STALL_TIMEOUT_S
+    ):
         self.store = store
         self.digest = digest
         self.stall_timeout = stall_timeout
@@ -213,10 +214,16 @@ def _first_missing(store: "fetch.ChunkStore") -> Optional[int]:
     return None
 
 
-def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequence[Tuple[str, int]],
-                         fallback: Any = None, workers: int = 8, stall_timeout: float = STALL_TIMEOUT_S,
-                         stats: Optional[Dict[str, Any]] = None,
-                         start_grace: float = START_GRACE_S) -> Dict[str, Any]:
+def fetch_from_upstreams(
+    store: "fetch.ChunkStore",
+    digest: str,
+    upstreams: Sequence[Tuple[str, int]],
+    fallback: Any = None,
+    workers: int = 8,
+    stall_timeout: float = STALL_TIMEOUT_S,
+    stats: Optional[Dict[str, Any]] = None,
+    start_grace: float = START_GRACE_S,
+) -> Dict[str, Any]:
     """Fill ``store`` from the chain (see the module docstring); returns ``stats``.
 
     ``stats`` gets ``bytes``, ``chunks``, ``corrupt``, ``events`` (one line
@@ -303,7 +310,9 @@ def fetch_from_upstreams(store: "fetch.ChunkStore", digest: str, upstreams: Sequ
     if _first_missing(store) is None:
         return done()
     if fallback is None:
-        raise fetch.FetchError(f"every upstream failed ({'; '.join(events[-3:])}) and there is no source to fall back to")
+        raise fetch.FetchError(
+            f"every upstream failed ({'; '.join(events[-3:])}) and there is no source to fall back to"
+        )
     events.append(f"source {fallback.label}: fetching the remaining {len(store.missing())} chunks")
     stats["upstream"] = "source"
     fetch.fetch_parallel(store, fallback, workers=workers, stats=stats)

@@ -45,7 +45,11 @@ def check(model_path, deep=False):
             path = os.path.join(target, f["path"])
             if os.path.getsize(path) != f["size"]:
                 return "%s: %s has %d bytes, the manifest says %d" % (
-                    target, f["path"], os.path.getsize(path), f["size"])
+                    target,
+                    f["path"],
+                    os.path.getsize(path),
+                    f["size"],
+                )
             if deep:
                 h = hashlib.sha256()
                 with open(path, "rb") as fh:

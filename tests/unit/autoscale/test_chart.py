@@ -14,12 +14,31 @@ from report_findings import ok  # noqa: E402
 
 
 def decisions(now: float) -> list[dict]:
-    rows = [(0, 0.2, 1, 1, "none", "none"), (10, 0.9, 1, 1, "none", "none"), (20, 0.95, 1, 2, "out", "ok"),
-            (30, 0.5, 2, 2, "none", "none"), (40, 0.1, 2, 2, "none", "none"), (50, 0.05, 2, 1, "in", "ok"),
-            (60, 0.9, 1, 2, "out", "failed")]
-    return [{"ts": now - 100 + t, "template": "pool", "signal": "load", "value": v, "high": 0.7, "low": 0.3,
-             "current": cur, "target": tgt, "action": act, "outcome": out, "rule": "x"}
-            for t, v, cur, tgt, act, out in rows]
+    rows = [
+        (0, 0.2, 1, 1, "none", "none"),
+        (10, 0.9, 1, 1, "none", "none"),
+        (20, 0.95, 1, 2, "out", "ok"),
+        (30, 0.5, 2, 2, "none", "none"),
+        (40, 0.1, 2, 2, "none", "none"),
+        (50, 0.05, 2, 1, "in", "ok"),
+        (60, 0.9, 1, 2, "out", "failed"),
+    ]
+    return [
+        {
+            "ts": now - 100 + t,
+            "template": "pool",
+            "signal": "load",
+            "value": v,
+            "high": 0.7,
+            "low": 0.3,
+            "current": cur,
+            "target": tgt,
+            "action": act,
+            "outcome": out,
+            "rule": "x",
+        }
+        for t, v, cur, tgt, act, out in rows
+    ]
 
 
 def test_series_follow_what_was_done_not_what_was_tried() -> None:

@@ -11,15 +11,35 @@ from hypothesis import strategies as st
 from clusterctl.autoscale.decide import ReplicaSignal, ScalerState, Signals, decide, record_outcome
 from clusterctl.inventory.model import AutoscalePolicy
 
-POLICY = AutoscalePolicy(min_replicas=1, max_replicas=6, signal="load", high=0.7, low=0.3,
-                         scale_out_after_s=30, scale_in_after_s=300, cooldown_out_s=60, cooldown_in_s=120,
-                         max_step=2, backoff_s=100)
+POLICY = AutoscalePolicy(
+    min_replicas=1,
+    max_replicas=6,
+    signal="load",
+    high=0.7,
+    low=0.3,
+    scale_out_after_s=30,
+    scale_in_after_s=300,
+    cooldown_out_s=60,
+    cooldown_in_s=120,
+    max_step=2,
+    backoff_s=100,
+)
 
 
 def sig(*values: float | None, state: str = "serving", worth: float = 1.0) -> Signals:
-    return Signals(len(values), tuple(ReplicaSignal(f"p-{i}", state if v is not None else "serving", v, worth,
-                                                    None if v is not None else "metrics: timed out")
-                                      for i, v in enumerate(values, 1)))
+    return Signals(
+        len(values),
+        tuple(
+            ReplicaSignal(
+                f"p-{i}",
+                state if v is not None else "serving",
+                v,
+                worth,
+                None if v is not None else "metrics: timed out",
+            )
+            for i, v in enumerate(values, 1)
+        ),
+    )
 
 
 def test_scale_out_waits_for_the_hold_then_adds_enough_for_the_band_middle() -> None:
@@ -41,8 +61,14 @@ def test_scale_in_only_with_every_replica_measured_and_after_the_long_hold() -> 
     d = decide(sig(0.05, None, 0.05), s, POLICY, 900.0)
     assert (d.action, d.rule, d.state.below_since) == ("none", "missing-data", None)
     assert "p-2: metrics: timed out" in d.reasons[0] and "never counts as idle" in d.reasons[0]
-    starting = Signals(3, (ReplicaSignal("p-1", "serving", 0.0), ReplicaSignal("p-2", "serving", 0.0),
-                           ReplicaSignal("p-3", "starting", None)))
+    starting = Signals(
+        3,
+        (
+            ReplicaSignal("p-1", "serving", 0.0),
+            ReplicaSignal("p-2", "serving", 0.0),
+            ReplicaSignal("p-3", "starting", None),
+        ),
+    )
     assert decide(starting, s, POLICY, 900.0).rule == "missing-data"
     # a replica not even listed (2 of 3 measured) is missing too
     assert decide(Signals(3, sig(0.0, 0.0).replicas), s, POLICY, 900.0).rule == "missing-data"
@@ -78,8 +104,9 @@ def test_a_failed_scale_out_backs_off_longer_each_time() -> None:
 
 
 def test_worth_weights_heterogeneous_gpus() -> None:
-    mixed = Signals(2, (ReplicaSignal("p-1", "serving", 0.9, 1.0), ReplicaSignal("p-2", "serving", 0.1, 0.25)),
-                    new_worth=1.0)
+    mixed = Signals(
+        2, (ReplicaSignal("p-1", "serving", 0.9, 1.0), ReplicaSignal("p-2", "serving", 0.1, 0.25)), new_worth=1.0
+    )
     d = decide(mixed, ScalerState(), POLICY, 0.0)
     assert d.value is not None and abs(d.value - (0.9 + 0.025) / 1.25) < 1e-9  # the big GPU's load dominates
     cheap = Signals(1, sig(0.95).replicas, new_worth=0.25)
@@ -92,19 +119,42 @@ def test_worth_weights_heterogeneous_gpus() -> None:
 values = st.one_of(st.none(), st.floats(0.0, 1.0, allow_nan=False))
 policies = st.builds(
     lambda lo, gap, mn, span, step, out_s, extra_in, cd_out, cd_in: AutoscalePolicy(
-        min_replicas=mn, max_replicas=mn + span, high=min(1.0, lo + gap), low=lo, max_step=step,
-        scale_out_after_s=out_s, scale_in_after_s=out_s + extra_in, cooldown_out_s=cd_out, cooldown_in_s=cd_in),
-    st.floats(0.0, 0.8), st.floats(0.05, 0.5), st.integers(1, 4), st.integers(0, 6), st.integers(1, 4),
-    st.floats(0, 60), st.floats(0, 600), st.floats(0, 120), st.floats(0, 600))
-states = st.builds(ScalerState, st.one_of(st.none(), st.floats(0, 2000)), st.one_of(st.none(), st.floats(0, 2000)),
-                   st.one_of(st.none(), st.floats(0, 2000)), st.sampled_from([None, "out", "in"]),
-                   st.integers(0, 5), st.one_of(st.none(), st.floats(0, 3000)))
+        min_replicas=mn,
+        max_replicas=mn + span,
+        high=min(1.0, lo + gap),
+        low=lo,
+        max_step=step,
+        scale_out_after_s=out_s,
+        scale_in_after_s=out_s + extra_in,
+        cooldown_out_s=cd_out,
+        cooldown_in_s=cd_in,
+    ),
+    st.floats(0.0, 0.8),
+    st.floats(0.05, 0.5),
+    st.integers(1, 4),
+    st.integers(0, 6),
+    st.integers(1, 4),
+    st.floats(0, 60),
+    st.floats(0, 600),
+    st.floats(0, 120),
+    st.floats(0, 600),
+)
+states = st.builds(
+    ScalerState,
+    st.one_of(st.none(), st.floats(0, 2000)),
+    st.one_of(st.none(), st.floats(0, 2000)),
+    st.one_of(st.none(), st.floats(0, 2000)),
+    st.sampled_from([None, "out", "in"]),
+    st.integers(0, 5),
+    st.one_of(st.none(), st.floats(0, 3000)),
+)
 
 
 @settings(max_examples=400, deadline=None)
 @given(policies, states, st.lists(values, min_size=0, max_size=10), st.floats(0, 3000))
-def test_never_outside_min_max_never_during_cooldown_never_in_on_missing(policy: AutoscalePolicy, state: ScalerState,
-                                                                         vals: list[float | None], now: float) -> None:
+def test_never_outside_min_max_never_during_cooldown_never_in_on_missing(
+    policy: AutoscalePolicy, state: ScalerState, vals: list[float | None], now: float
+) -> None:
     signals = sig(*vals)
     d = decide(signals, state, policy, now)
     cur = signals.current
@@ -147,8 +197,9 @@ def test_a_flapping_signal_does_not_oscillate(policy: AutoscalePolicy, n: int, t
 
 @settings(max_examples=150, deadline=None)
 @given(policies, st.integers(1, 6), st.lists(st.floats(0, 1), min_size=10, max_size=80), st.floats(1, 30))
-def test_direction_changes_are_separated_by_the_holds(policy: AutoscalePolicy, n: int, trace: list[float],
-                                                      tick: float) -> None:
+def test_direction_changes_are_separated_by_the_holds(
+    policy: AutoscalePolicy, n: int, trace: list[float], tick: float
+) -> None:
     """Any signal trace: between a scale-out and a later scale-in at least scale_in_after_s passes
     (and cooldown_in_s), so the count cannot oscillate faster than the policy allows."""
     n = min(max(n, policy.min_replicas), policy.max_replicas)

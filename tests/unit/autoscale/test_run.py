@@ -92,8 +92,9 @@ def test_policy_hosts_gpus_and_operator_cordons_limit_scale_out(tmp_path: Path) 
 
 
 def row(name: str, state: str = "serving", **kw: Any) -> Any:
-    base = dict(name=name, state=state, message="", kv_usage=None, waiting=None, running=None, load=None,
-                ttft_p90_s=None)
+    base = dict(
+        name=name, state=state, message="", kv_usage=None, waiting=None, running=None, load=None, ttft_p90_s=None
+    )
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -109,8 +110,10 @@ def test_measure_marks_unreachable_replicas_missing(tmp_path: Path, monkeypatch:
     inv = inv_with()
     with StateStore(tmp_path).update() as st:
         st.replicas["pool"] = 2
-    rows = [row("pool-1", kv_usage=0.1, waiting=0.0, running=1.0, load=0.1),
-            row("pool-2", state="unknown", message="b01: ssh: timed out")]
+    rows = [
+        row("pool-1", kv_usage=0.1, waiting=0.0, running=1.0, load=0.1),
+        row("pool-2", state="unknown", message="b01: ssh: timed out"),
+    ]
     monkeypatch.setattr("clusterctl.deploy.status.instances.collect_status", lambda *a, **k: rows)
     sig = run.measure(inv, tmp_path, make_fleet, "pool", inv.templates["pool"].autoscale)
     assert sig.current == 2
@@ -121,28 +124,42 @@ def test_measure_marks_unreachable_replicas_missing(tmp_path: Path, monkeypatch:
 class Fake:
     """Lock, engine and gateway stand-ins recording what the autoscaler asked for."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, gates_ok: bool = True,
-                 lock_holder: str | None = None) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, gates_ok: bool = True, lock_holder: str | None = None
+    ) -> None:
         self.calls: list[Any] = []
         self.tmp = tmp_path
         self.gates_ok = gates_ok
         self.lock_holder = lock_holder
         self.marks: dict[str, str] = {}
         monkeypatch.setattr(lock, "acquire", self.acquire)
-        monkeypatch.setattr(lock, "release", lambda fleet, hosts, run_id, audit=None: self.calls.append(("release", hosts)))
+        monkeypatch.setattr(
+            lock, "release", lambda fleet, hosts, run_id, audit=None: self.calls.append(("release", hosts))
+        )
         monkeypatch.setattr(run, "_deploy", self.deploy)
         monkeypatch.setattr(run, "_hook", lambda inv, sd, mf: self)
         monkeypatch.setattr(run, "sync_gateway_now", lambda *a, **k: self.calls.append(("sync",)))
 
     def acquire(self, fleet: Any, hosts: list[str], me: Any, **kw: Any) -> Any:
         if self.lock_holder:
-            raise lock.LockHeld({hosts[0]: {"holder": self.lock_holder, "pid": 1, "run_id": "op1", "time": "t",
-                                            "age_s": 3}})
+            raise lock.LockHeld(
+                {hosts[0]: {"holder": self.lock_holder, "pid": 1, "run_id": "op1", "time": "t", "age_s": 3}}
+            )
         self.calls.append(("lock", hosts, me.holder))
         return lock.Acquired(list(hosts), {}, {})
 
-    def deploy(self, inv: Any, state_dir: Path, mf: Any, template: str, names: list[str], hosts: list[str],
-               policy: Any, me: Any, say: Any) -> Any:
+    def deploy(
+        self,
+        inv: Any,
+        state_dir: Path,
+        mf: Any,
+        template: str,
+        names: list[str],
+        hosts: list[str],
+        policy: Any,
+        me: Any,
+        say: Any,
+    ) -> Any:
         st = StateStore(state_dir).load()
         self.calls.append(("deploy", sorted(names), st.replicas.get(template), dict(self.marks)))
         where = run.template_replicas(inv, st, template)
@@ -150,8 +167,15 @@ class Fake:
         outs = {}
         for n, i in where.items():
             h = i.placement[0].host
-            outs.setdefault(h, SimpleNamespace(status="applied" if self.gates_ok else "rolled_back", gates=[],
-                                               error=None if self.gates_ok else "gate failed", drained={}))
+            outs.setdefault(
+                h,
+                SimpleNamespace(
+                    status="applied" if self.gates_ok else "rolled_back",
+                    gates=[],
+                    error=None if self.gates_ok else "gate failed",
+                    drained={},
+                ),
+            )
             outs[h].gates.append(gate(n))
         return SimpleNamespace(ok=self.gates_ok, result="ok" if self.gates_ok else "rolled_back", hosts=outs)
 
@@ -171,10 +195,13 @@ def _signals(monkeypatch: pytest.MonkeyPatch, value: float | None) -> None:
         st = StateStore(sd).load()
         names = list(run.template_replicas(inv, st, template))
         return run.Signals(len(names), tuple(run.ReplicaSignal(n, "serving", value) for n in names))
+
     monkeypatch.setattr(run, "measure", measure)
 
 
-def test_scale_out_marks_new_replicas_down_until_their_gates_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scale_out_marks_new_replicas_down_until_their_gates_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     inv = inv_with()
     fake = Fake(monkeypatch, tmp_path)
     _signals(monkeypatch, 0.95)

@@ -12,13 +12,30 @@ from clusterctl.exitcodes import ExitCode
 from .conftest import READY
 
 
-def test_bench_json_reports_each_level_with_vllm_metrics(host, models, start_sim, trust_not_judged,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_json_reports_each_level_with_vllm_metrics(
+    host, models, start_sim, trust_not_judged, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Scale 0.25: tokens 1.8 ms apart, which the client can tell apart (at 0.05 they come in bursts: TPOT 0).
     sim = start_sim(host, models["qwen3-8b"], scale="0.25")
     assert sim.wait_for(READY, 60), sim.log
-    rc = main(["bench", sim.url, "--concurrency", "1,4", "--requests", "4", "--input-len", "32",
-               "--output-len", "6", "--slo-ttft", "10000", "--server-timings", "--json"])
+    rc = main(
+        [
+            "bench",
+            sim.url,
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "4",
+            "--input-len",
+            "32",
+            "--output-len",
+            "6",
+            "--slo-ttft",
+            "10000",
+            "--server-timings",
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert rc == ExitCode.OK
     assert [r["concurrency"] for r in doc["results"]] == [1, 4]
@@ -36,8 +53,26 @@ def test_bench_json_reports_each_level_with_vllm_metrics(host, models, start_sim
     out, err = capsys.readouterr()
     assert "TTFT" in out and "TPOT" in out
     assert f"{sim.url} concurrency 4: 4 requests, 0 failed" in err  # progress, on stderr (not with --json)
-    assert main(["bench", sim.url, "-c", "4", "-n", "6", "--output-len", "2", "--request-rate", "20", "--seed", "5",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                sim.url,
+                "-c",
+                "4",
+                "-n",
+                "6",
+                "--output-len",
+                "2",
+                "--request-rate",
+                "20",
+                "--seed",
+                "5",
+                "--json",
+            ]
+        )
+        == 0
+    )
     from clusterctl.bench.loadgen import arrival_times
 
     paced = json.loads(capsys.readouterr().out)["results"][0]
@@ -52,13 +87,31 @@ def test_bench_usage_errors_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not an endpoint URL" in capsys.readouterr().err
 
 
-def test_compare_flags_a_slowed_down_target_as_a_regression(host, models, start_sim, trust_not_judged, tmp_path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_flags_a_slowed_down_target_as_a_regression(
+    host, models, start_sim, trust_not_judged, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = start_sim(host, models["qwen3-8b"], scale="0.05")
     b = start_sim(host, models["qwen3-8b"], scale="0.05", gpus="1")
     assert a.wait_for(READY) and b.wait_for(READY), a.log + b.log
-    args = ["bench", a.url, "--compare", b.url, "-c", "2", "-n", "4", "--input-len", "16", "--output-len", "8",
-            "--json", "--tolerance", "0.5", "--plot", str(tmp_path / "ab.svg")]
+    args = [
+        "bench",
+        a.url,
+        "--compare",
+        b.url,
+        "-c",
+        "2",
+        "-n",
+        "4",
+        "--input-len",
+        "16",
+        "--output-len",
+        "8",
+        "--json",
+        "--tolerance",
+        "0.5",
+        "--plot",
+        str(tmp_path / "ab.svg"),
+    ]
     b.post("/sim/fault", {"fault": "slowdown", "factor": 4})
     assert main(args) == ExitCode.WARN
     doc = json.loads(capsys.readouterr().out)

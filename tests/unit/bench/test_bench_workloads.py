@@ -34,17 +34,24 @@ instances:
 """
 
 
-def test_dataset_lengths_duration_and_plot(host, models, start_sim, trust_not_judged, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_dataset_lengths_duration_and_plot(
+    host, models, start_sim, trust_not_judged, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     sim = start_sim(host, models["qwen3-8b"], scale="0.05")
     assert sim.wait_for(READY), sim.log
     data = tmp_path / "chats.jsonl"
-    data.write_text('{"prompt": "the cat sat", "output_len": 3}\n\n# a comment\n'
-                    '{"prompt": "on the mat and the dog ran", "max_tokens": 5}\n{"prompt": "far"}\n')
+    data.write_text(
+        '{"prompt": "the cat sat", "output_len": 3}\n\n# a comment\n'
+        '{"prompt": "on the mat and the dog ran", "max_tokens": 5}\n{"prompt": "far"}\n'
+    )
     plot = tmp_path / "out" / "bench.svg"
     plot.parent.mkdir()
-    assert main(["bench", sim.url, "-c", "1,3", "--dataset", str(data), "--output-len", "2", "--plot", str(plot),
-                 "--json"]) == ExitCode.OK
+    assert (
+        main(
+            ["bench", sim.url, "-c", "1,3", "--dataset", str(data), "--output-len", "2", "--plot", str(plot), "--json"]
+        )
+        == ExitCode.OK
+    )
     doc = json.loads(capsys.readouterr().out)
     # each level sends the dataset once: 3 + 5 + 2 (the default) tokens
     assert [r["total_output_tokens"] for r in doc["results"]] == [10, 10]
@@ -73,9 +80,15 @@ def test_bad_dataset_lines_exit_3_with_file_line(tmp_path: Path, capsys: pytest.
     assert "--plot" in capsys.readouterr().err
 
 
-def test_an_inventory_instance_is_a_target_with_its_api_key(host, models, start_sim, trust_not_judged, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_inventory_instance_is_a_target_with_its_api_key(
+    host,
+    models,
+    start_sim,
+    trust_not_judged,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     sim = start_sim(host, models["qwen3-8b"], "--api-key", "s3cret-bench", scale="0.05")
     assert sim.wait_for(READY), sim.log
     inv = tmp_path / "inv.yaml"

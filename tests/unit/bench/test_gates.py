@@ -65,8 +65,10 @@ def test_release_gates_in_the_deploy_engines_terms(host, models, start_sim, trus
 
     awq = tmp_path / "qwen3-8b-awq"
     synth.write_model("qwen3-8b", awq, sparse=True, quantization="awq")
-    sims = {"prev": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05"),
-            "twin": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05", gpus="1")}
+    sims = {
+        "prev": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05"),
+        "twin": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05", gpus="1"),
+    }
     assert all(s.wait_for(READY) for s in sims.values()), [s.log for s in sims.values()]
     state = tmp_path / "state"
     store.save(run.record(Endpoint.parse(sims["prev"].url), "previous", prompts.load(PROMPTS)[:4]), state)
@@ -76,13 +78,16 @@ def test_release_gates_in_the_deploy_engines_terms(host, models, start_sim, trus
 
     seen: list[str] = []
     kw: dict[str, Any] = {
-        "bench_reference": lambda t: target("prev"), "drift_options": {"state_dir": state},
+        "bench_reference": lambda t: target("prev"),
+        "drift_options": {"state_dir": state},
         # the wiring is under test here; the gate's sensitivity is tested above
         "bench_options": {"concurrency": (2,), "requests": 4, "input_len": 32, "output_len": 8, "tolerance": 50.0},
-        "on_result": lambda r: seen.append(f"{r.instance}:{r.step}")}
+        "on_result": lambda r: seen.append(f"{r.instance}:{r.step}"),
+    }
     twin = release_gates([target("twin")], **kw)
-    assert [(r.instance, r.step, r.ok) for r in twin] == [("twin", "drift", True), ("twin", "bench", True)], \
-        [r.reason for r in twin]
+    assert [(r.instance, r.step, r.ok) for r in twin] == [("twin", "drift", True), ("twin", "bench", True)], [
+        r.reason for r in twin
+    ]
     assert sims.pop("twin").stop() == 0
     sims["awq"] = start_sim(host, awq, "--no-sim-batch-noise", scale="0.05", gpus="1")
     assert sims["awq"].wait_for(READY), sims["awq"].log
@@ -93,8 +98,9 @@ def test_release_gates_in_the_deploy_engines_terms(host, models, start_sim, trus
     assert all(s.stop() == 0 for s in sims.values())
 
 
-def test_bench_gate_is_inconclusive_on_noise_or_untrusted_numbers(host, models, start_sim, trust_not_judged,
-                                                                  monkeypatch) -> None:
+def test_bench_gate_is_inconclusive_on_noise_or_untrusted_numbers(
+    host, models, start_sim, trust_not_judged, monkeypatch
+) -> None:
     from clusterctl.bench import gate, trust
 
     assert gate.change_ci([1.0, 1.0], [1.0, 1.0]) == (0.0, 0.0)

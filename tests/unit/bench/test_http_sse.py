@@ -39,8 +39,9 @@ async def _read_request(reader: asyncio.StreamReader) -> dict[str, object] | Non
     return json.loads(await reader.readexactly(length))  # type: ignore[no-any-return]
 
 
-def _serve(script: Script, bodies: list[Callable[[Client], Awaitable[RequestResult]]],
-           timeout: float = 5.0) -> tuple[list[RequestResult], int]:
+def _serve(
+    script: Script, bodies: list[Callable[[Client], Awaitable[RequestResult]]], timeout: float = 5.0
+) -> tuple[list[RequestResult], int]:
     """Run ``script`` per connection and the client calls in order; (results, connections accepted)."""
     conns = [0]
 

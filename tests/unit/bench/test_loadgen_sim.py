@@ -60,8 +60,7 @@ def test_ttft_rises_with_concurrency_and_agrees_with_server_histogram(host, mode
 def test_duration_cycles_the_prompts_and_starts_nothing_after_it(host, models, start_sim) -> None:
     sim = _sim(start_sim, host, models, "0.05")
     ep = Endpoint.parse(sim.url)
-    run = runner.run(ep, ["one two", "three four five"], 3, output_len=4, duration=0.6,
-                     output_lens=[2, None])
+    run = runner.run(ep, ["one two", "three four five"], 3, output_len=4, duration=0.6, output_lens=[2, None])
     assert all(r.ok for r in run.results), [r.error for r in run.results]
     assert len(run.results) > 6  # more than the 2 prompts: cycled for the duration
     assert {r.output_tokens for r in run.results} == {2, 4}  # a per-prompt length, else the default

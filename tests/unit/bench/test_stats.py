@@ -24,9 +24,11 @@ def test_percentiles_interpolate_like_numpy() -> None:
 
 
 def test_aggregate_throughput_goodput_and_failures() -> None:
-    rs = [RequestResult(ok=True, ttft=0.05, e2e=0.35, itl=[0.1, 0.1, 0.1], output_tokens=4, input_tokens=10),
-          RequestResult(ok=True, ttft=0.30, e2e=0.60, itl=[0.1, 0.1, 0.1], output_tokens=4, input_tokens=10),
-          RequestResult(ok=False, error="HTTP 500: boom")]
+    rs = [
+        RequestResult(ok=True, ttft=0.05, e2e=0.35, itl=[0.1, 0.1, 0.1], output_tokens=4, input_tokens=10),
+        RequestResult(ok=True, ttft=0.30, e2e=0.60, itl=[0.1, 0.1, 0.1], output_tokens=4, input_tokens=10),
+        RequestResult(ok=False, error="HTTP 500: boom"),
+    ]
     rep = aggregate(rs, duration=2.0, concurrency=2, slo=Slo(ttft_ms=100))
     assert rep["completed"] == 2 and rep["failed"] == 1 and rep["errors"] == ["HTTP 500: boom"]
     assert rep["output_throughput"] == 4.0 and rep["total_token_throughput"] == 14.0
@@ -71,8 +73,7 @@ def test_sse_timer_follows_vllm_bench_serve() -> None:
     t = SseTimer()
     t.data(b'{"choices": [{"index": 0, "text": ""}], "usage": null}', 0.010)  # byte-fallback: empty text
     t.data(rb'{"choices": [{"index": 0, "text": "\u4e2d"}]}', 0.015)
-    t.data(b'{"choices": [{"index": 0, "text": "!"}], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}',
-           0.020)
+    t.data(b'{"choices": [{"index": 0, "text": "!"}], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}', 0.020)
     t.data(b'{"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}', 0.030)
     assert t.data(b"[DONE]", 0.031)
     r = t.finish()
@@ -82,8 +83,13 @@ def test_sse_timer_follows_vllm_bench_serve() -> None:
     none.data(b'{"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}}', 0.01)
     none.data(b"[DONE]", 0.02)
     assert not none.finish().ok  # no chunk with choices: failed, as vLLM's client fails it
-    for bad in (b'{"choices": [{"text": 5}]}', b'{"choices": {}}', b"[1]",
-                b'{"choices": [], "usage": {"completion_tokens": 1e308}}',
-                b'{"choices": [], "usage": {"completion_tokens": true}}', b'{"choices": [], "usage": []}'):
+    for bad in (
+        b'{"choices": [{"text": 5}]}',
+        b'{"choices": {}}',
+        b"[1]",
+        b'{"choices": [], "usage": {"completion_tokens": 1e308}}',
+        b'{"choices": [], "usage": {"completion_tokens": true}}',
+        b'{"choices": [], "usage": []}',
+    ):
         with pytest.raises(ValueError):
             SseTimer().data(bad, 0.0)

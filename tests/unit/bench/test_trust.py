@@ -20,15 +20,19 @@ from clusterctl.bench.stats import RequestResult, aggregate
 from .conftest import READY
 
 
-def _run(ttft: float, gap: float, n: int = 8, requests: int = 8, lag: float = 0.0005, cpu: float = 0.05,
-         same_read: int = 0) -> tuple[RunResult, dict]:
+def _run(
+    ttft: float, gap: float, n: int = 8, requests: int = 8, lag: float = 0.0005, cpu: float = 0.05, same_read: int = 0
+) -> tuple[RunResult, dict]:
     """``requests`` results of ``n`` tokens: TTFT ``ttft`` s, then ``gap`` s apart, the first ``same_read`` gaps
     of each 0 (read together); loop lags all ``lag``."""
     res = []
     for _ in range(requests):
         itl = [0.0] * same_read + [gap] * (n - 1 - same_read)
-        res.append(RequestResult(ok=True, ttft=ttft, e2e=ttft + sum(itl), itl=itl, output_tokens=n, input_tokens=4,
-                                 reads=n - same_read))
+        res.append(
+            RequestResult(
+                ok=True, ttft=ttft, e2e=ttft + sum(itl), itl=itl, output_tokens=n, input_tokens=4, reads=n - same_read
+            )
+        )
     run = RunResult(2, res, 1.0, cpu, [lag] * 200)
     rep = aggregate(res, 1.0, 2)
     rep["generator_cpu_percent"] = 100 * cpu
@@ -102,9 +106,28 @@ def test_a_starved_generator_exits_3_with_the_measured_error(host, models, start
     code = "import sys; from clusterctl.cli.main import main; sys.exit(main(sys.argv[1:]))"
     # Starved from the start (no /tokenize probe to slow down): on an idle machine the whole level takes
     # well under the second that a head start would give it, so waiting first would starve nothing.
-    p = subprocess.Popen([sys.executable, "-c", code, "bench", sim.url, "-c", "2", "-n", "6", "--input-len", "16",
-                          "--output-len", "12", "--no-tokenizer", "--json"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "bench",
+            sim.url,
+            "-c",
+            "2",
+            "-n",
+            "6",
+            "--input-len",
+            "16",
+            "--output-len",
+            "12",
+            "--no-tokenizer",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stop = threading.Event()
     starver = threading.Thread(target=_starve, args=(p.pid, stop), daemon=True)
     starver.start()
@@ -135,20 +158,43 @@ def _bpe(path, vocab: int) -> None:  # type: ignore[no-untyped-def]
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     rng = random.Random(0)
     text = [" ".join(rng.choice(_WORDS) for _ in range(50)) for _ in range(200)]
-    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        text,
+        trainers.BpeTrainer(
+            vocab_size=vocab, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok.save(str(path))
 
 
-def test_a_local_tokenizer_sets_the_length_and_both_counts_are_recorded(host, models, start_sim, tmp_path,
-                                                                        trust_not_judged, capsys) -> None:
+def test_a_local_tokenizer_sets_the_length_and_both_counts_are_recorded(
+    host, models, start_sim, tmp_path, trust_not_judged, capsys
+) -> None:
     from clusterctl.cli.main import main
 
     _bpe(tmp_path / "tokenizer.json", 270)  # the 256 bytes and a few merges: words of 2-5 tokens
     sim = start_sim(host, models["qwen3-8b"], scale="0.05")
     assert sim.wait_for(READY), sim.log
-    assert main(["bench", sim.url, "-c", "2", "-n", "4", "--input-len", "24", "--output-len", "2",
-                 "--tokenizer", str(tmp_path), "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                sim.url,
+                "-c",
+                "2",
+                "-n",
+                "4",
+                "--input-len",
+                "24",
+                "--output-len",
+                "2",
+                "--tokenizer",
+                str(tmp_path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     (r,) = doc["results"]
     assert doc["input_len_unit"] == "tokens" and doc["tokenizer"].startswith("local ")
@@ -156,8 +202,25 @@ def test_a_local_tokenizer_sets_the_length_and_both_counts_are_recorded(host, mo
     # the server counts with its own tokenizer (the simulator's: one a word): recorded next to ours
     assert r["total_input_tokens"] == pytest.approx(4 * r["prompt_words_mean"], abs=4)
     # without any tokenizer: words, with a warning in the report
-    assert main(["bench", sim.url, "-c", "1", "-n", "1", "--input-len", "5", "--output-len", "2", "--no-tokenizer",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                sim.url,
+                "-c",
+                "1",
+                "-n",
+                "1",
+                "--input-len",
+                "5",
+                "--output-len",
+                "2",
+                "--no-tokenizer",
+                "--json",
+            ]
+        )
+        == 0
+    )
     words = json.loads(capsys.readouterr().out)
     assert words["input_len_unit"] == "words" and "counted in words" in words["warnings"][0]
     assert main(["bench", sim.url, "--tokenizer", str(tmp_path / "nothing-here")]) == 3

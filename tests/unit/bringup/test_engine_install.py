@@ -49,17 +49,25 @@ def test_a_failed_install_leaves_neither_the_path_nor_its_temp_dir(tmp_path: Pat
     (fake / "python3").chmod(0o755)
     e = Engine("vllm-0.12", f"{tmp_path}/opt/vllm-0.12.0/bin/vllm", "0.12.0")
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
-    r = subprocess.run(["sh", "-c", ei.install_script(e, "wheels")], input=b"", capture_output=True, timeout=30,
-                       env=env)
+    r = subprocess.run(
+        ["sh", "-c", ei.install_script(e, "wheels")], input=b"", capture_output=True, timeout=30, env=env
+    )
     assert r.returncode == 1 and b"failed: python3 -m venv\n" in r.stderr
     assert list((tmp_path / "opt").iterdir()) == []
     # no ensurepip (venv without pip works) and no pip wheel in the wheelhouse to bootstrap pip from
-    (fake / "python3").write_text('#!/bin/sh\nfor a; do d=$a; done; mkdir -p "$d/bin"\n'
-                                  '[ "$3" = --without-pip ] || { echo "no ensurepip" >&2; exit 1; }\n')
+    (fake / "python3").write_text(
+        '#!/bin/sh\nfor a; do d=$a; done; mkdir -p "$d/bin"\n'
+        '[ "$3" = --without-pip ] || { echo "no ensurepip" >&2; exit 1; }\n'
+    )
     wheels = tmp_path / "w"
     build_wheel(wheels, "0.12.0")
-    r = subprocess.run(["sh", "-c", ei.install_script(e, "wheels")], input=ei.wheelhouse(str(wheels), "0.12.0"),
-                       capture_output=True, timeout=30, env=env)
+    r = subprocess.run(
+        ["sh", "-c", ei.install_script(e, "wheels")],
+        input=ei.wheelhouse(str(wheels), "0.12.0"),
+        capture_output=True,
+        timeout=30,
+        env=env,
+    )
     assert r.returncode == 1 and b"has no ensurepip here" in r.stderr
     assert list((tmp_path / "opt").iterdir()) == []
 
@@ -72,8 +80,17 @@ def test_a_remove_refuses_a_path_that_is_not_a_virtualenv(tmp_path: Path) -> Non
     assert r.returncode == 1 and b"not a virtualenv" in r.stderr and root.exists()
 
 
-@pytest.mark.parametrize("path", ["/usr/bin/vllm", "/opt/vllm", "/opt/v llm/bin/vllm", "/opt/x/../bin/vllm",
-                                  "relative/bin/vllm", "/opt/vllm-0.11/vllm"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/usr/bin/vllm",
+        "/opt/vllm",
+        "/opt/v llm/bin/vllm",
+        "/opt/x/../bin/vllm",
+        "relative/bin/vllm",
+        "/opt/vllm-0.11/vllm",
+    ],
+)
 def test_paths_install_cannot_own_are_refused(path: str) -> None:
     with pytest.raises(ClusterctlError, match="is not ROOT/bin/EXECUTABLE"):
         ei.check_engine(Engine("e", path, "0.11.0"))
@@ -86,7 +103,8 @@ def test_plans_from_what_engine_list_reads() -> None:
     assert ei.install_plan(row).changes == [] and ei.install_plan(row).error is None
     missing = eng.EngineRow("h", "e", "/opt/e/bin/vllm", "0.11.0", "missing")
     assert [c.line() for c in ei.install_plan(missing).changes] == [
-        "e /opt/e/bin/vllm: missing -> installed (vllm 0.11.0)"]
+        "e /opt/e/bin/vllm: missing -> installed (vllm 0.11.0)"
+    ]
     other = eng.EngineRow("h", "e", "/opt/e/bin/vllm", "0.11.0", "installed", version="0.10.2")
     assert "not touched" in (ei.install_plan(other).error or "")
     sim = eng.EngineRow("h", "e", "/opt/e/bin/vllm", "0.11.0", "installed")  # no recorded version
@@ -107,8 +125,10 @@ def test_a_run_over_a_fleet_installs_only_where_missing_and_reads_again(tmp_path
     units = tmp_path / "units"
     units.mkdir()
     e = Engine("vllm-0.11", f"{tmp_path}/opt/vllm-0.11.0/bin/vllm", "0.11.0")
-    hosts = [Host("gpu01", "10.0.0.1", ssh=SSHSettings(user="root")),
-             Host("gpu02", "10.0.0.2", ssh=SSHSettings(user="root"))]
+    hosts = [
+        Host("gpu01", "10.0.0.1", ssh=SSHSettings(user="root")),
+        Host("gpu02", "10.0.0.2", ssh=SSHSettings(user="root")),
+    ]
 
     def handler(host: Host, command: str, stdin: bytes | None) -> FakeReply:
         if host.name == "gpu02":  # already has it: answers the read only
@@ -119,9 +139,16 @@ def test_a_run_over_a_fleet_installs_only_where_missing_and_reads_again(tmp_path
 
     transport = FakeTransport(handler)
     events: list[tuple[str, str | None]] = []
-    op = ei.EngineOp(_inv(e, hosts), e.name, hosts, lambda hs: Fleet(list(hs), transport=transport),
-                     wheels=str(wheels), sudo=False, units_dir=str(units),
-                     on_event=lambda k, m, h: events.append((m, h)))
+    op = ei.EngineOp(
+        _inv(e, hosts),
+        e.name,
+        hosts,
+        lambda hs: Fleet(list(hs), transport=transport),
+        wheels=str(wheels),
+        sudo=False,
+        units_dir=str(units),
+        on_event=lambda k, m, h: events.append((m, h)),
+    )
     plans = op.plan()
     assert [(p.host, len(p.changes), p.error) for p in plans] == [("gpu01", 1, None), ("gpu02", 0, None)]
     rep = op.run(plans)
@@ -144,8 +171,13 @@ def test_a_run_over_a_fleet_installs_only_where_missing_and_reads_again(tmp_path
     # an install killed mid-way: the other engine untouched, the new path absent (only a temp dir)
     build_wheel(wheels, "0.12.0")
     e2 = Engine("vllm-0.12", f"{tmp_path}/opt/vllm-0.12.0/bin/vllm", "0.12.0")
-    proc = subprocess.Popen(["sh", "-c", ei.install_script(e2, "wheels")], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["sh", "-c", ei.install_script(e2, "wheels")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     end = time.monotonic() + 60
     while not list((tmp_path / "opt").glob(".vllm-0.12.0.clusterctl-tmp.*/bin")) and time.monotonic() < end:
         time.sleep(0.05)
@@ -157,8 +189,15 @@ def test_a_run_over_a_fleet_installs_only_where_missing_and_reads_again(tmp_path
 
     # remove refused on the host whose unit runs it (named), by the plan and by the node script
     (units / "clusterctl-a.service").write_text(f"[Service]\nExecStart={e.path} serve /m --port 8000\n")
-    rm = ei.EngineOp(_inv(e, hosts[:1]), e.name, hosts[:1], lambda hs: Fleet(list(hs), transport=transport),
-                     remove=True, sudo=False, units_dir=str(units))
+    rm = ei.EngineOp(
+        _inv(e, hosts[:1]),
+        e.name,
+        hosts[:1],
+        lambda hs: Fleet(list(hs), transport=transport),
+        remove=True,
+        sudo=False,
+        units_dir=str(units),
+    )
     p = rm.plan()[0]
     assert "clusterctl-a.service" in (p.error or "") and not p.changes
     rep = rm.run([p])
@@ -199,8 +238,9 @@ def test_an_index_url_travels_on_stdin_never_on_the_command_line() -> None:
         return FakeReply(0, f"engine {e.path} missing\n")
 
     transport = FakeTransport(handler)
-    op = ei.EngineOp(_inv(e, hosts), e.name, hosts, lambda hs: Fleet(list(hs), transport=transport),
-                     index_url=url, sudo=False)
+    op = ei.EngineOp(
+        _inv(e, hosts), e.name, hosts, lambda hs: Fleet(list(hs), transport=transport), index_url=url, sudo=False
+    )
     rep = op.run()
     assert rep.ok and [o.status for o in rep.outcomes] == ["changed"]
     [(cmd, stdin)] = [(c, s) for _, c, s in transport.commands if "engine install" in c]

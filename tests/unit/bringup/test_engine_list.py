@@ -27,17 +27,23 @@ def _tree(tmp: Path) -> tuple[list[Engine], Path]:
     noexec.write_text("")
     units = tmp / "units"
     units.mkdir()
-    (units / "clusterctl-a.service").write_text(f"[Service]\nUser=vllm\nExecStart={venv}/bin/vllm serve /models/a \\\n"
-                                                "  --port 8000\n")
+    (units / "clusterctl-a.service").write_text(
+        f"[Service]\nUser=vllm\nExecStart={venv}/bin/vllm serve /models/a \\\n  --port 8000\n"
+    )
     (units / "clusterctl-b.service").write_text(f"[Service]\nExecStart={venv}/bin/vllm-other serve /m\n")
-    return [Engine("vllm-0.11", f"{venv}/bin/vllm", "0.11.0"), Engine("vllm-0.33", f"{other}/bin/vllm", "0.33.0"),
-            Engine("vllm-x", str(noexec), "0.20.0"), Engine("vllm-none", f"{tmp}/absent/bin/vllm", "0.11.0")], units
+    return [
+        Engine("vllm-0.11", f"{venv}/bin/vllm", "0.11.0"),
+        Engine("vllm-0.33", f"{other}/bin/vllm", "0.33.0"),
+        Engine("vllm-x", str(noexec), "0.20.0"),
+        Engine("vllm-none", f"{tmp}/absent/bin/vllm", "0.11.0"),
+    ], units
 
 
 def test_each_engine_state_version_and_the_units_that_run_it(tmp_path: Path) -> None:
     engines, units = _tree(tmp_path)
-    out = subprocess.run(["sh", "-c", eng.read_command(engines, str(units))], capture_output=True, text=True,
-                         timeout=30, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", eng.read_command(engines, str(units))], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
     rows = {r.engine: r for r in eng.parse_read("gpu01", engines, out)}
     a = rows["vllm-0.11"]
     assert (a.state, a.version, a.version_matches) == ("installed", "0.11.0", True)

@@ -70,12 +70,17 @@ grep -v "^$1:" "$R/etc/passwd" > "$R/etc/passwd.new"; mv "$R/etc/passwd.new" "$R
 }
 
 
-def make_node(root: Path, *, numa_balancing: str = "1", mtu: int = 1500, persistenced: bool = True,
-              persistenced_on: bool = False) -> None:
+def make_node(
+    root: Path, *, numa_balancing: str = "1", mtu: int = 1500, persistenced: bool = True, persistenced_on: bool = False
+) -> None:
     (root / "etc").mkdir(parents=True)
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
-    for k, v in (("kernel/numa_balancing", numa_balancing), ("net/ipv4/conf/all/arp_ignore", "0"),
-                 ("net/ipv4/conf/all/arp_announce", "0"), ("net/core/rmem_max", "212992")):
+    for k, v in (
+        ("kernel/numa_balancing", numa_balancing),
+        ("net/ipv4/conf/all/arp_ignore", "0"),
+        ("net/ipv4/conf/all/arp_announce", "0"),
+        ("net/core/rmem_max", "212992"),
+    ):
         (root / "proc/sys" / k).parent.mkdir(parents=True, exist_ok=True)
         (root / "proc/sys" / k).write_text(v + "\n")
     for dev in ("eth2", "eth3"):
@@ -96,11 +101,17 @@ def snapshot(root: Path) -> dict[str, str]:
 
 
 def facts(*, fabric: bool = False, numa: tuple[int, ...] = (0, 1), persistence: bool = False) -> dict[str, Any]:
-    return {"gpus": {"available": True, "count": len(numa), "fabric_manager":
-                     {"load_state": "loaded", "active_state": "inactive", "sub_state": "dead"} if fabric else None,
-                     "devices": [{"index": i, "numa_node": n, "persistence_mode": persistence}
-                                 for i, n in enumerate(numa)]},
-            "nics": [{"netdev": "eth2", "numa_node": numa[0], "mtu": 1500}]}
+    return {
+        "gpus": {
+            "available": True,
+            "count": len(numa),
+            "fabric_manager": {"load_state": "loaded", "active_state": "inactive", "sub_state": "dead"}
+            if fabric
+            else None,
+            "devices": [{"index": i, "numa_node": n, "persistence_mode": persistence} for i, n in enumerate(numa)],
+        },
+        "nics": [{"netdev": "eth2", "numa_node": numa[0], "mtu": 1500}],
+    }
 
 
 INV = """version: 1
@@ -131,13 +142,19 @@ class Nodes:
         self.ran: list[str] = []
 
     def sh(self, host: str, cmd: str) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}", NODE_SETUP_ROOT=str(self.roots[host]),
-                   R=str(self.roots[host]))
+        env = dict(
+            os.environ,
+            PATH=f"{self.bin}:{os.environ['PATH']}",
+            NODE_SETUP_ROOT=str(self.roots[host]),
+            R=str(self.roots[host]),
+        )
         return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=60)
 
     def collect(self, fleet: Any, **kw: Any) -> dict[str, Any]:
-        return {h.name: SimpleNamespace(ok=True, facts=SimpleNamespace(raw=copy.deepcopy(self.docs[h.name])),
-                                        reason=None) for h in fleet.hosts}
+        return {
+            h.name: SimpleNamespace(ok=True, facts=SimpleNamespace(raw=copy.deepcopy(self.docs[h.name])), reason=None)
+            for h in fleet.hosts
+        }
 
 
 class FakeFleet:
@@ -159,8 +176,11 @@ class FakeFleet:
             if cmd.startswith("sh -c"):
                 self.nodes.ran.append(h.name)
             r = self.nodes.sh(h.name, cmd)
-            rows.append(HostResult(h.name, HostStatus.OK if r.returncode == 0 else HostStatus.FAILED, r.returncode,
-                                   r.stdout, r.stderr))
+            rows.append(
+                HostResult(
+                    h.name, HostStatus.OK if r.returncode == 0 else HostStatus.FAILED, r.returncode, r.stdout, r.stderr
+                )
+            )
         return RunResults(rows)
 
 
@@ -171,6 +191,7 @@ def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         monkeypatch.setattr("clusterctl.probe.run.collect_facts", nodes.collect)
         inv = load_inventory_text(inv_text, filename="test.yaml")
         return nodes, inv
+
     return make
 
 
@@ -191,15 +212,16 @@ def test_plan_apply_nothing_left_then_revert_restores_every_file_and_value(world
         "sysctl kernel.numa_balancing: 1 -> 0",
         "sysctl net.ipv4.conf.all.arp_announce: 0 -> 2",
         "sysctl net.ipv4.conf.all.arp_ignore: 0 -> 1",
-        "eth2 MTU: 1500 -> 4200", "eth3 MTU: 1500 -> 4200",
+        "eth2 MTU: 1500 -> 4200",
+        "eth3 MTU: 1500 -> 4200",
         "/etc/security/limits.d/90-clusterctl-vllm.conf: absent -> written",
         "/etc/sysctl.d/90-clusterctl.conf: absent -> written",
         "/etc/clusterctl/node-mtu.sh: absent -> written",
         "/etc/systemd/system/node-mtu.service: absent -> written",
-        "node-mtu.service: not installed -> enabled"]
+        "node-mtu.service: not installed -> enabled",
+    ]
     # gpu02 already has the persistence daemon, NUMA balancing off and the MTU: only what differs
-    assert not any("persistenced" in c.item or "numa" in c.item or "MTU" in c.item
-                   for c in plans["gpu02"].changes)
+    assert not any("persistenced" in c.item or "numa" in c.item or "MTU" in c.item for c in plans["gpu02"].changes)
     assert nodes.ran == []  # a plan changes nothing
 
     rep = setup(nodes, inv, serial=["100%"]).run()
@@ -295,7 +317,8 @@ def test_the_fabric_manager_is_planned_only_on_nvswitch_systems_and_a_failed_sta
     (nodes.roots["gpu01"] / "fail-start-nvidia-fabricmanager.service").write_text("")
     plans = {p.host: p for p in setup(nodes, inv).plan()}
     assert "nvidia-fabricmanager.service: disabled/inactive -> enabled/active" in [
-        c.line() for c in plans["gpu01"].changes]
+        c.line() for c in plans["gpu01"].changes
+    ]
     assert not any("fabricmanager" in c.item for c in plans["gpu02"].changes)
     rep = setup(nodes, inv).run(list(plans.values()))
     first = rep.outcomes[0]
@@ -304,23 +327,39 @@ def test_the_fabric_manager_is_planned_only_on_nvswitch_systems_and_a_failed_sta
 
 
 def test_the_inventory_adds_and_drops_kernel_parameters_and_bad_ones_are_refused():
-    inv = load_inventory_text(INV.replace("  gpus: {count: 2, model: H100}", "  gpus: {count: 2, model: H100}\n"
-                                          "  vars:\n    sysctl: {kernel.numa_balancing: null, net.core.rmem_max: "
-                                          "268435456}"), filename="t.yaml")
+    inv = load_inventory_text(
+        INV.replace(
+            "  gpus: {count: 2, model: H100}",
+            "  gpus: {count: 2, model: H100}\n"
+            "  vars:\n    sysctl: {kernel.numa_balancing: null, net.core.rmem_max: "
+            "268435456}",
+        ),
+        filename="t.yaml",
+    )
     w = ns.wanted_sysctls(inv.hosts["gpu01"], facts())
-    assert w == {"net.core.rmem_max": "268435456", "net.ipv4.conf.all.arp_announce": "2",
-                 "net.ipv4.conf.all.arp_ignore": "1"}
+    assert w == {
+        "net.core.rmem_max": "268435456",
+        "net.ipv4.conf.all.arp_announce": "2",
+        "net.ipv4.conf.all.arp_ignore": "1",
+    }
     single = ns.wanted_sysctls(load_inventory_text(INV, filename="t.yaml").hosts["gpu01"], facts(numa=(0, 0)))
     assert "kernel.numa_balancing" not in single  # one NUMA node: nothing to balance
-    bad = load_inventory_text(INV.replace("  gpus: {count: 2, model: H100}", "  gpus: {count: 2, model: H100}\n"
-                                          "  vars:\n    sysctl: {'kernel.x; rm -rf /': 1}"), filename="t.yaml")
+    bad = load_inventory_text(
+        INV.replace(
+            "  gpus: {count: 2, model: H100}",
+            "  gpus: {count: 2, model: H100}\n  vars:\n    sysctl: {'kernel.x; rm -rf /': 1}",
+        ),
+        filename="t.yaml",
+    )
     with pytest.raises(ns.ClusterctlError, match="not a kernel parameter name"):
         ns.wanted_sysctls(bad.hosts["gpu01"], facts())
 
 
 def test_a_read_only_proc_sys_is_an_error_naming_the_parameter():
-    read = ns.parse_read("unit nvidia-persistenced.service loaded enabled active\nuser present\n"
-                         "sysctl kernel.numa_balancing ro 1\nmtu eth2 4200\nmtu eth3 4200\nmtu-unit enabled\n")
+    read = ns.parse_read(
+        "unit nvidia-persistenced.service loaded enabled active\nuser present\n"
+        "sysctl kernel.numa_balancing ro 1\nmtu eth2 4200\nmtu eth3 4200\nmtu-unit enabled\n"
+    )
     inv = load_inventory_text(INV, filename="t.yaml")
     plan = ns.host_plan(inv.hosts["gpu01"], inv, facts(persistence=True), read)
     assert "kernel.numa_balancing is 1, wanted 0, but /proc/sys/kernel/numa_balancing is read-only" in plan.error

@@ -20,8 +20,12 @@ version: 1
 
 
 def write_inv(path: Path, hosts: dict[str, str], cluster: str | None = None) -> Path:
-    path.write_text(INV.format(cluster=f"cluster: {cluster}\n" if cluster else "",
-                               hosts="".join(f"  {n}: {{address: {a}}}\n" for n, a in hosts.items())))
+    path.write_text(
+        INV.format(
+            cluster=f"cluster: {cluster}\n" if cluster else "",
+            hosts="".join(f"  {n}: {{address: {a}}}\n" for n, a in hosts.items()),
+        )
+    )
     return path
 
 
@@ -38,7 +42,10 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_cluster_name_is_the_inventorys_else_a_stable_name_per_file(tmp_path: Path) -> None:
     named = load_inventory_text("version: 1\ncluster: prod-east\nhosts:\n  a: {address: 10.0.0.1}\n", "x.yaml")
     assert cluster_name(named) == "prod-east"
-    a, b = default_cluster_name(str(tmp_path / "inventory.yaml")), default_cluster_name(str(tmp_path / "x" / "inventory.yaml"))
+    a, b = (
+        default_cluster_name(str(tmp_path / "inventory.yaml")),
+        default_cluster_name(str(tmp_path / "x" / "inventory.yaml")),
+    )
     assert a.startswith("inventory-") and a != b and a == default_cluster_name(str(tmp_path / "inventory.yaml"))
 
 

@@ -44,11 +44,15 @@ def complete(tmp_path, words: str, inventory: str | None = None) -> list[str]:
         from click.shell_completion import ShellComplete  # type: ignore[no-redef]
     args = words.split()[1:]
     incomplete = "" if words.endswith(" ") else args.pop()
-    env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg"), "XDG_STATE_HOME": str(tmp_path / "state"),
-           "CLUSTERCTL_INVENTORY": inventory or str(tmp_path / "none.yaml")}
+    env = {
+        "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "CLUSTERCTL_INVENTORY": inventory or str(tmp_path / "none.yaml"),
+    }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
+
         class Completer(ShellComplete):  # get_completions needs none of the shell-specific parts
             source_vars = format_completion = get_completion_args = None  # type: ignore[assignment]
 
@@ -63,13 +67,24 @@ def complete(tmp_path, words: str, inventory: str | None = None) -> list[str]:
 
 
 def complete_in_bash_hook(tmp_path, words: str, inventory: str | None = None) -> list[str]:
-    env = dict(os.environ, _CLUSTERCTL_COMPLETE="complete_bash", COMP_WORDS=words,
-               COMP_CWORD=str(len(words.split()) - (0 if words.endswith(" ") else 1)),
-               XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "state"))
+    env = dict(
+        os.environ,
+        _CLUSTERCTL_COMPLETE="complete_bash",
+        COMP_WORDS=words,
+        COMP_CWORD=str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+        XDG_CONFIG_HOME=str(tmp_path / "cfg"),
+        XDG_STATE_HOME=str(tmp_path / "state"),
+    )
     if inventory:
         env["CLUSTERCTL_INVENTORY"] = inventory
-    p = subprocess.run([sys.executable, "-m", "clusterctl.cli.main"], env=env, capture_output=True, text=True,
-                       timeout=240, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "clusterctl.cli.main"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     return p.stdout.split()
 

@@ -26,8 +26,9 @@ def test_bare_invocation_prints_help_and_succeeds(capsys: pytest.CaptureFixture[
     assert "Usage:" in out and "inventory" in out
 
 
-def test_planned_monitoring_command_says_so_and_exits_unknown(capsys: pytest.CaptureFixture[str],
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_planned_monitoring_command_says_so_and_exits_unknown(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from clusterctl.cli import planned
 
     monkeypatch.setitem(planned.PLANNED, "rebalance", ("Move replicas between hosts [planned].", 13))
@@ -43,8 +44,7 @@ def test_help_lists_every_command_group(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_console_script_exit_code_reaches_the_shell() -> None:
-    proc = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "--bogus"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "--bogus"], capture_output=True, text=True)
     assert proc.returncode == 3
     assert "Traceback" not in proc.stderr
 
@@ -52,12 +52,14 @@ def test_console_script_exit_code_reaches_the_shell() -> None:
 def _boom(kind: type[BaseException]):
     def command() -> None:
         raise kind("bad\nthing")
+
     return command
 
 
 @pytest.mark.parametrize("kind", [TypeError, MemoryError, RecursionError, KeyError, EOFError])
-def test_an_unexpected_exception_is_one_line_and_unknown(kind: type[BaseException], monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unexpected_exception_is_one_line_and_unknown(
+    kind: type[BaseException], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The safety net (issue 21): no traceback, exit 3 (not 1, which monitoring reads as WARN, nor 130)."""
     from clusterctl.cli import inventory
 
@@ -72,8 +74,16 @@ def test_an_unexpected_exception_is_one_line_and_unknown(kind: type[BaseExceptio
 
 
 def test_the_net_holds_in_a_real_process() -> None:
-    p = subprocess.run([sys.executable, "-c", "import sys; from clusterctl.cli import main as m;"
-                        "m._OWNER['x']='inventory'; import clusterctl.cli.inventory as i;"
-                        "i.app.command('x-boom')(lambda: 1/0); sys.exit(m.main(['inventory','x-boom']))"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from clusterctl.cli import main as m;"
+            "m._OWNER['x']='inventory'; import clusterctl.cli.inventory as i;"
+            "i.app.command('x-boom')(lambda: 1/0); sys.exit(m.main(['inventory','x-boom']))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 3 and "ZeroDivisionError" in p.stderr and "Traceback" not in p.stderr

@@ -35,8 +35,10 @@ def test_unknown_command_gets_the_full_app_and_exits_3(capsys: pytest.CaptureFix
 
 
 def test_exec_does_not_import_the_probe_the_lab_or_a_progress_bar() -> None:
-    code = ("import sys\nfrom clusterctl.cli.main import main\nrc = main(['exec', '--help'])\n"
-            "print(rc, sorted(m for m in ('clusterctl.probe.run', 'clusterctl.lab.light', 'clusterctl.cli.lab',"
-            " 'clusterctl.cli.facts', 'rich.progress', 'rich.table') if m in sys.modules))")
+    code = (
+        "import sys\nfrom clusterctl.cli.main import main\nrc = main(['exec', '--help'])\n"
+        "print(rc, sorted(m for m in ('clusterctl.probe.run', 'clusterctl.lab.light', 'clusterctl.cli.lab',"
+        " 'clusterctl.cli.facts', 'rich.progress', 'rich.table') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout + proc.stderr

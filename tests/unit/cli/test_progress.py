@@ -69,14 +69,17 @@ def test_on_a_terminal_the_bar_draws_and_no_plain_line_is_printed(monkeypatch, c
 
 def test_byte_progress_plain_lines_overall_and_per_host(monkeypatch, capsys):
     monkeypatch.setattr(_progress, "PLAIN_BYTES_EVERY_S", 0.0)
-    with ByteProgress("stage", ["gpu01", "gpu02"], 2 * 2 ** 30, True) as b:
+    with ByteProgress("stage", ["gpu01", "gpu02"], 2 * 2**30, True) as b:
         assert b.live
-        b.on_progress("gpu01", 2 ** 30, 2 * 2 ** 30)
-        b.on_progress("gpu02", 2 ** 30, 2 * 2 ** 30)
+        b.on_progress("gpu01", 2**30, 2 * 2**30)
+        b.on_progress("gpu02", 2**30, 2 * 2**30)
         b.on_result(SimpleNamespace(host="gpu01", status=HostStatus.OK, duration_s=3.0))
     err = capsys.readouterr().err.splitlines()
-    assert err == ["stage: 1.0 GiB of 4.0 GiB (25 %)", "stage: 2.0 GiB of 4.0 GiB (50 %)",
-                   "stage [1/2] gpu01 ok 1.0 GiB 3.00s"]
+    assert err == [
+        "stage: 1.0 GiB of 4.0 GiB (25 %)",
+        "stage: 2.0 GiB of 4.0 GiB (50 %)",
+        "stage [1/2] gpu01 ok 1.0 GiB 3.00s",
+    ]
 
 
 def test_event_progress_plain_lines_keep_the_deploy_format(capsys):
@@ -88,12 +91,14 @@ def test_event_progress_plain_lines_keep_the_deploy_format(capsys):
 
 def test_deploy_staging_bytes_are_summed_and_throttled_not_a_line_each(monkeypatch, capsys):
     with EventProgress("deploy", True) as ev:
-        ev(Event("bytes", "staging qwen", "gpu01", step=2 ** 30, steps=2 ** 31))
-        ev(Event("bytes", "staging qwen", "gpu02", step=2 ** 30, steps=2 ** 31))  # within 5 s: no line
+        ev(Event("bytes", "staging qwen", "gpu01", step=2**30, steps=2**31))
+        ev(Event("bytes", "staging qwen", "gpu02", step=2**30, steps=2**31))  # within 5 s: no line
         monkeypatch.setattr(_progress, "PLAIN_BYTES_EVERY_S", 0.0)
-        ev(Event("bytes", "staging qwen", "gpu01", step=2 ** 31, steps=2 ** 31))
-    assert capsys.readouterr().err.splitlines() == ["[bytes] staging qwen: 1.0 GiB of 2.0 GiB (50 %)",
-                                                    "[bytes] staging qwen: 3.0 GiB of 4.0 GiB (75 %)"]
+        ev(Event("bytes", "staging qwen", "gpu01", step=2**31, steps=2**31))
+    assert capsys.readouterr().err.splitlines() == [
+        "[bytes] staging qwen: 1.0 GiB of 2.0 GiB (50 %)",
+        "[bytes] staging qwen: 3.0 GiB of 4.0 GiB (75 %)",
+    ]
     with EventProgress("deploy", False) as ev:
         ev(Event("bytes", "staging qwen", "gpu01", step=1, steps=2))
     assert capsys.readouterr().err == ""
@@ -155,17 +160,17 @@ def test_ping_and_exec_report_each_host_and_nothing_with_json(env, capsys):
 def test_on_a_terminal_bytes_and_deploy_batches_draw_bars(monkeypatch, capsys):
     screen = io.StringIO()
     monkeypatch.setattr(_progress, "err_console", Console(file=screen, force_terminal=True, width=120))
-    with ByteProgress("stage", ["gpu01", "gpu02"], 2 ** 20, True) as b:
-        b.on_progress("gpu01", 2 ** 19, 2 ** 20)
+    with ByteProgress("stage", ["gpu01", "gpu02"], 2**20, True) as b:
+        b.on_progress("gpu01", 2**19, 2**20)
         b.on_result(SimpleNamespace(host="gpu01", status=HostStatus.OK, duration_s=1.0))
-        assert b._bar.tasks[0].completed == 2 ** 19 and b._bar.tasks[0].total == 2 ** 21
+        assert b._bar.tasks[0].completed == 2**19 and b._bar.tasks[0].total == 2**21
     with EventProgress("deploy", True) as ev:
         ev(Event("batch", "batch 1/2: 1 hosts: gpu01", step=1, steps=2))
         ev(Event("batch", "batch 1/2 passed", step=1, steps=2, done=True))
         assert (ev._bar.tasks[0].completed, ev._bar.tasks[0].total) == (1, 2)
         ev(Event("batch", "batch 2/2: 1 hosts: gpu02", step=2, steps=2))
         assert ev._bar.tasks[0].completed == 1 and "batch 2/2" in ev._bar.tasks[0].description
-        ev(Event("bytes", "staging qwen", "gpu02", step=2 ** 20, steps=2 ** 21))
-        assert (ev._bar.tasks[1].completed, ev._bar.tasks[1].total) == (2 ** 20, 2 ** 21)
+        ev(Event("bytes", "staging qwen", "gpu02", step=2**20, steps=2**21))
+        assert (ev._bar.tasks[1].completed, ev._bar.tasks[1].total) == (2**20, 2**21)
     assert capsys.readouterr().err == ""
     assert "[batch] batch 1/2 passed" in screen.getvalue()

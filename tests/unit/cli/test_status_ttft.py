@@ -24,9 +24,11 @@ LINE = re.compile(r'^(vllm:time_to_first_token_seconds_(bucket|sum|count))(\{[^}
 
 def earlier(text: str, change) -> str:
     """``text`` with each TTFT sample rewritten by ``change(kind, le, value)``."""
+
     def sub(m: re.Match) -> str:
         le = re.search(r'le="([^"]+)"', m.group(3))
         return f"{m.group(1)}{m.group(3)} {change(m.group(2), float(le.group(1)) if le else None, float(m.group(4)))}"
+
     return LINE.sub(sub, text)
 
 
@@ -58,6 +60,7 @@ def test_only_the_requests_between_the_two_scrapes_count():
         if kind == "bucket":
             return v - 100 if le >= 0.08 else v
         return v - 100 if kind == "count" else v - 7.0
+
     w = window(earlier(REAL, before))
     assert w.ttft_requests == 100 and w.ttft_mean_s == pytest.approx(0.07)
     assert w.ttft_p90_s == pytest.approx(0.06 + 0.02 * 0.9)  # the lifetime p90 would be 1.82 s
@@ -77,29 +80,50 @@ def test_one_scrape_or_a_page_without_the_histogram_is_not_applicable():
 
 
 def _row(name: str, w: WindowedMetrics) -> S.InstanceStatus:
-    row = S.InstanceStatus(name, "gpu01", 8000, "serving", Severity.OK, active="active", healthy=True,
-                           template="chat")
+    row = S.InstanceStatus(name, "gpu01", 8000, "serving", Severity.OK, active="active", healthy=True, template="chat")
     S._apply_load(row, w, None, None)
     return row
 
 
 def test_the_watch_frame_and_json_carry_ttft(capsys):
-    rows = [_row("fast", window(earlier(REAL, lambda kind, le, v: v - 100 if kind == "count" or (
-                kind == "bucket" and le >= 0.08) else v - 7.0 if kind == "sum" else v))),
-            # idle: nothing running (the same page twice with requests running is a hung engine)
-            _row("idle", window(IDLE, IDLE)), _row("first", WindowedMetrics(first=(one := parse_sample(REAL, 0.0)), last=one))]
+    rows = [
+        _row(
+            "fast",
+            window(
+                earlier(
+                    REAL,
+                    lambda kind, le, v: (
+                        v - 100
+                        if kind == "count" or (kind == "bucket" and le >= 0.08)
+                        else v - 7.0
+                        if kind == "sum"
+                        else v
+                    ),
+                )
+            ),
+        ),
+        # idle: nothing running (the same page twice with requests running is a hung engine)
+        _row("idle", window(IDLE, IDLE)),
+        _row("first", WindowedMetrics(first=(one := parse_sample(REAL, 0.0)), last=one)),
+    ]
     assert rows[0].ttft_p90_s == pytest.approx(0.078) and rows[0].to_json()["ttft_mean_s"] == pytest.approx(0.07)
     assert rows[1].ttft_p90_s is None and rows[2].to_json()["ttft_p90_s"] is None
     buf = io.StringIO()
     Console(file=buf, width=160, force_terminal=False).print(
-        W.frame(rows, sort="ttft", top=10, interval=5, stamp=0, took_s=0.1))
+        W.frame(rows, sort="ttft", top=10, interval=5, stamp=0, took_s=0.1)
+    )
     lines = buf.getvalue().splitlines()
     head = next(x for x in lines if x.split()[:1] == ["instance"])
     assert "ttft p90" in head
-    assert [x.split()[0] for x in lines if x.split()[:1] in (["fast"], ["idle"], ["first"])] == ["fast", "first", "idle"]
+    assert [x.split()[0] for x in lines if x.split()[:1] in (["fast"], ["idle"], ["first"])] == [
+        "fast",
+        "first",
+        "idle",
+    ]
     by_name = {x.split()[0]: x.split() for x in lines if x.split()[:1] in (["fast"], ["idle"], ["first"])}
     assert "78ms" in by_name["fast"] and "n/a" in by_name["idle"] and "n/a" in by_name["first"]
-    W.run_watch(lambda: rows, interval=0, sort="ttft", top=None, count=1, json_out=True,
-                console=Console(file=io.StringIO()))
+    W.run_watch(
+        lambda: rows, interval=0, sort="ttft", top=None, count=1, json_out=True, console=Console(file=io.StringIO())
+    )
     doc = json.loads(capsys.readouterr().out)
     assert [i["ttft_p90_s"] for i in doc["instances"]] == [pytest.approx(0.078), None, None]

@@ -18,11 +18,22 @@ def rows(n: int) -> list[InstanceStatus]:
     out = []
     for i in range(n):
         sev = Severity.CRIT if i % 250 == 7 else Severity.WARN if i % 100 == 3 else Severity.OK
-        out.append(InstanceStatus(f"chat-{i}", f"gpu{i // 8:03d}", 8000 + i % 8,
-                                  {"OK": "serving", "WARN": "degraded", "CRIT": "down"}[sev.name], sev,
-                                  message="unit failed" if sev is Severity.CRIT else "",
-                                  template=f"chat{i % 4}", kv_usage=(i % 97) / 100, running=float(i % 5),
-                                  waiting=float(i % 7), tokens_per_s=float(i % 300), load=(i % 89) / 100))
+        out.append(
+            InstanceStatus(
+                f"chat-{i}",
+                f"gpu{i // 8:03d}",
+                8000 + i % 8,
+                {"OK": "serving", "WARN": "degraded", "CRIT": "down"}[sev.name],
+                sev,
+                message="unit failed" if sev is Severity.CRIT else "",
+                template=f"chat{i % 4}",
+                kv_usage=(i % 97) / 100,
+                running=float(i % 5),
+                waiting=float(i % 7),
+                tokens_per_s=float(i % 300),
+                load=(i % 89) / 100,
+            )
+        )
     return out
 
 
@@ -64,13 +75,15 @@ def test_run_watch_refreshes_count_times_and_prints_json_lines(capsys):
         calls.append(1)
         return rows(10)
 
-    code = W.run_watch(collect, interval=0, sort="kv", top=None, count=3, json_out=True,
-                       console=Console(file=io.StringIO()))
+    code = W.run_watch(
+        collect, interval=0, sort="kv", top=None, count=3, json_out=True, console=Console(file=io.StringIO())
+    )
     out = capsys.readouterr().out.splitlines()
     assert len(calls) == 3 and len(out) == 3 and code == 2
     doc = json.loads(out[-1])
     assert doc["exit_code"] == 2 and len(doc["instances"]) == 10
-    code = W.run_watch(collect, interval=0, sort="kv", top=5, count=2, json_out=False,
-                       console=Console(file=io.StringIO()))
+    code = W.run_watch(
+        collect, interval=0, sort="kv", top=5, count=2, json_out=False, console=Console(file=io.StringIO())
+    )
     text = capsys.readouterr().out
     assert text.count("instances on") == 2 and "the 5 worst of 10" in text

@@ -27,14 +27,17 @@ HOSTS = ["h1", "h2", "h3", "h4", "h5"]
 
 def inventory_text(max_len: int = 2048) -> str:
     hosts = "\n".join(f"  {h}: {{address: 127.0.0.{i}}}" for i, h in enumerate(HOSTS, 1))
-    insts = "\n".join(f"""  a{i}:
+    insts = "\n".join(
+        f"""  a{i}:
     model: tiny
     engine: vllm-0.11
     placement: "{h}:0"
     port: 8100
     args: {{max-model-len: {max_len}}}
     secrets:
-      VLLM_API_KEY: {{env: {KEY_ENV}}}""" for i, h in enumerate(HOSTS, 1))
+      VLLM_API_KEY: {{env: {KEY_ENV}}}"""
+        for i, h in enumerate(HOSTS, 1)
+    )
     return f"""\
 version: 1
 defaults:
@@ -54,8 +57,20 @@ instances:
 
 
 def _have(r: Any, active: str = "active") -> InstanceState:
-    return InstanceState(r.instance, r.unit_text, r.digest, env_hashes(r.env_text, SALT), True, active,
-                         "running" if active == "active" else "dead", 0, 1, "enabled", 1, {})
+    return InstanceState(
+        r.instance,
+        r.unit_text,
+        r.digest,
+        env_hashes(r.env_text, SALT),
+        True,
+        active,
+        "running" if active == "active" else "dead",
+        0,
+        1,
+        "enabled",
+        1,
+        {},
+    )
 
 
 def recorded_states(inv_path: str, state_dir: str) -> dict[str, HostState]:

@@ -33,9 +33,11 @@ def recorded(name: str) -> str:
 def metrics_text(running: int, waiting: int, kv: float = 0.0, generated: int = 0) -> str:
     """A minimal /metrics body in vLLM's names."""
     lab = '{engine="0",model_name="m"}'
-    return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{lab} {running}.0\n"
-            f"vllm:num_requests_waiting{lab} {waiting}.0\nvllm:kv_cache_usage_perc{lab} {kv}\n"
-            f"vllm:generation_tokens_total{lab} {generated}.0\n")
+    return (
+        f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{lab} {running}.0\n"
+        f"vllm:num_requests_waiting{lab} {waiting}.0\nvllm:kv_cache_usage_perc{lab} {kv}\n"
+        f"vllm:generation_tokens_total{lab} {generated}.0\n"
+    )
 
 
 class FakeVllm:
@@ -43,8 +45,13 @@ class FakeVllm:
     modelled; stop the server for a refused connection).  ``metrics``: texts served
     in turn, the last one repeated; or ``metrics_fn`` called per request."""
 
-    def __init__(self, metrics: list[str] | None = None, version: str = "0.11.0", health: int = 200,
-                 metrics_fn: Callable[[], str] | None = None):
+    def __init__(
+        self,
+        metrics: list[str] | None = None,
+        version: str = "0.11.0",
+        health: int = 200,
+        metrics_fn: Callable[[], str] | None = None,
+    ):
         self.metrics = list(metrics or [metrics_text(0, 0)])
         self.metrics_fn = metrics_fn
         self.version = version
@@ -85,8 +92,11 @@ class FakeVllm:
         self.server.server_close()
 
 
-def inventory(instances: Mapping[str, tuple[str, int, int]], hosts: tuple[str, ...] = ("h1", "h2"),
-              args: Mapping[str, dict[str, Any]] | None = None) -> Inventory:
+def inventory(
+    instances: Mapping[str, tuple[str, int, int]],
+    hosts: tuple[str, ...] = ("h1", "h2"),
+    args: Mapping[str, dict[str, Any]] | None = None,
+) -> Inventory:
     """Hosts at 127.0.0.1; ``instances``: name -> (host, GPU, port)."""
     inv = Inventory(path="test.yaml")
     for h in hosts:
@@ -94,34 +104,78 @@ def inventory(instances: Mapping[str, tuple[str, int, int]], hosts: tuple[str, .
     inv.models["m"] = Model(name="m", path="/models/m", version="v1")
     inv.engines["e"] = Engine(name="e", path="/opt/vllm/bin/vllm", version="0.11.0")
     for name, (host, gpu, port) in instances.items():
-        inv.instances[name] = Instance(name=name, model="m", engine="e", placement=(GpuRef(host, gpu),), port=port,
-                                       args=dict((args or {}).get(name, {})))
+        inv.instances[name] = Instance(
+            name=name,
+            model="m",
+            engine="e",
+            placement=(GpuRef(host, gpu),),
+            port=port,
+            args=dict((args or {}).get(name, {})),
+        )
     return inv
 
 
-def unit(name: str, active: str = "active", sub: str = "running", restarts: int = 0, port: int = 8000,
-         started_s_ago: float = 120.0, version: str = "0.11.0") -> dict[str, Any]:
+def unit(
+    name: str,
+    active: str = "active",
+    sub: str = "running",
+    restarts: int = 0,
+    port: int = 8000,
+    started_s_ago: float = 120.0,
+    version: str = "0.11.0",
+) -> dict[str, Any]:
     """One instance as the node program's ``read`` reports it."""
-    return {"unit_text": "", "x": {"Instance": name, "Model": "m", "ModelVersion": "v1", "Engine": "e",
-                                   "EngineVersion": version, "GPUs": "0", "Port": str(port)},
-            "env_present": True, "digest": "d", "env_hashes": {}, "active": active, "sub": sub,
-            "restarts": restarts, "main_pid": 4242, "enabled": "enabled",
-            "started_mono": int((UPTIME_S - started_s_ago) * 1e6)}
+    return {
+        "unit_text": "",
+        "x": {
+            "Instance": name,
+            "Model": "m",
+            "ModelVersion": "v1",
+            "Engine": "e",
+            "EngineVersion": version,
+            "GPUs": "0",
+            "Port": str(port),
+        },
+        "env_present": True,
+        "digest": "d",
+        "env_hashes": {},
+        "active": active,
+        "sub": sub,
+        "restarts": restarts,
+        "main_pid": 4242,
+        "enabled": "enabled",
+        "started_mono": int((UPTIME_S - started_s_ago) * 1e6),
+    }
 
 
-def fleet_for(inv: Inventory, units: Mapping[str, Mapping[str, dict[str, Any]]],
-              down: tuple[str, ...] = ()) -> tuple[Fleet, FakeTransport]:
+def fleet_for(
+    inv: Inventory, units: Mapping[str, Mapping[str, dict[str, Any]]], down: tuple[str, ...] = ()
+) -> tuple[Fleet, FakeTransport]:
     """A Fleet over every host of ``inv``; ``units``: host -> {instance: unit(...)};
     hosts in ``down`` are unreachable; ``systemctl`` commands succeed and are recorded."""
+
     def handler(host: Host, command: str, stdin: bytes | None) -> FakeReply | HostFailure:
         if host.name in down:
             return HostFailure(HostStatus.UNREACHABLE, "connection refused")
         if "cat /proc/uptime" in command:
             return FakeReply(0, f"{UPTIME_S} 100.0\n")
         if "python3" in command and stdin and b'"op": "read"' in stdin:
-            return FakeReply(0, json.dumps({"ok": True, "instances": dict(units.get(host.name, {})), "lock": None,
-                                            "previous": [], "models": {}, "users": {}}) + "\n")
+            return FakeReply(
+                0,
+                json.dumps(
+                    {
+                        "ok": True,
+                        "instances": dict(units.get(host.name, {})),
+                        "lock": None,
+                        "previous": [],
+                        "models": {},
+                        "users": {},
+                    }
+                )
+                + "\n",
+            )
         return FakeReply(0, "")
+
     t = FakeTransport(handler)
     return Fleet(list(inv.hosts.values()), transport=t, connect_timeout=2, command_timeout=10), t
 
@@ -134,6 +188,7 @@ def server() -> Iterator[Callable[..., FakeVllm]]:
     def make(**kw: Any) -> FakeVllm:
         made.append(FakeVllm(**kw))
         return made[-1]
+
     yield make
     for s in made:
         s.close()

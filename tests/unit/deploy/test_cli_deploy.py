@@ -53,8 +53,9 @@ def test_an_unset_secret_exits_3_at_its_inventory_line(inv: str, capsys: pytest.
     assert f"{inv}:" in err and "VLLM_API_KEY" in err and "CLUSTERCTL_TEST_UNSET_KEY is not set" in err
 
 
-def test_max_fail_percentage_out_of_range_and_empty_selection_exit_3(inv: str,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_max_fail_percentage_out_of_range_and_empty_selection_exit_3(
+    inv: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["deploy", "-i", inv, "--max-fail-percentage", "101"]) == ExitCode.UNKNOWN
     assert main(["rollback", "-i", inv, "--hosts", "nosuch"]) == ExitCode.UNKNOWN
     err = capsys.readouterr().err
@@ -62,7 +63,8 @@ def test_max_fail_percentage_out_of_range_and_empty_selection_exit_3(inv: str,
 
 
 def test_an_unreachable_host_is_a_row_and_the_deploy_fails_without_a_traceback(
-        inv: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    inv: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CLUSTERCTL_TEST_UNSET_KEY", "k-123")
     text = Path(inv).read_text().replace("connect_timeout: 0.5}", "connect_timeout: 0.5, port: 1}")
     Path(inv).write_text(text)

@@ -45,13 +45,17 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
-@pytest.mark.parametrize("target, message", [
-    ("gpu9", "host 'gpu9' is not in the inventory"),
-    ("gpu02:8", "gpu02 has GPUs 0-7"),
-    ("gpu02:x", "'x' is not a GPU index"),
-])
-def test_cordon_of_an_unknown_host_or_gpu_exits_3_naming_it(env: Path, capsys: pytest.CaptureFixture[str],
-                                                          target: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("gpu9", "host 'gpu9' is not in the inventory"),
+        ("gpu02:8", "gpu02 has GPUs 0-7"),
+        ("gpu02:x", "'x' is not a GPU index"),
+    ],
+)
+def test_cordon_of_an_unknown_host_or_gpu_exits_3_naming_it(
+    env: Path, capsys: pytest.CaptureFixture[str], target: str, message: str
+) -> None:
     rc, _, err = run(capsys, "cordon", target, "--reason", "x")
     assert rc == 3 and message in err and "Traceback" not in err
     assert not (env / "cordons.json").exists()
@@ -81,8 +85,9 @@ def test_placement_show_lists_explicit_and_template_instances(env: Path, capsys:
     assert rc == 0 and "pool-8" in out and "pending" in out
 
 
-def test_scale_plan_records_nothing_and_scale_records_the_override(env: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_scale_plan_records_nothing_and_scale_records_the_override(
+    env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc, out, _ = run(capsys, "scale", "pool", "--replicas", "10", "--plan", "--json")
     doc = json.loads(out)
     assert rc == 0 and (doc["before"], doc["after"], doc["recorded"]) == (8, 10, False)
@@ -100,13 +105,17 @@ def test_scale_that_cannot_fit_is_refused_and_records_nothing(env: Path, capsys:
     assert not (env / "replicas.json").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["scale", "pol", "--replicas", "2"], "template 'pol' is not in the inventory"),
-    (["scale", "pool"], "give either --replicas N or --reset"),
-    (["scale", "pool", "--replicas", "-1"], "--replicas"),
-])
-def test_scale_usage_errors_exit_3(env: Path, capsys: pytest.CaptureFixture[str], args: list[str],
-                                   message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["scale", "pol", "--replicas", "2"], "template 'pol' is not in the inventory"),
+        (["scale", "pool"], "give either --replicas N or --reset"),
+        (["scale", "pool", "--replicas", "-1"], "--replicas"),
+    ],
+)
+def test_scale_usage_errors_exit_3(
+    env: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     rc, _, err = run(capsys, *args)
     assert rc == 3 and message in err
 
@@ -123,8 +132,9 @@ class FakeDeploy:
 
     calls: list[dict[str, object]] = []
 
-    def __init__(self, inv: object, hosts: list, make: object, state_dir: str, opts: object,
-                 on_event: object = None) -> None:
+    def __init__(
+        self, inv: object, hosts: list, make: object, state_dir: str, opts: object, on_event: object = None
+    ) -> None:
         FakeDeploy.calls.append({"hosts": [h.name for h in hosts], "state_dir": state_dir, "opts": opts})
 
     def run(self) -> object:
@@ -135,7 +145,8 @@ class FakeDeploy:
 
 
 def test_scale_records_then_rolls_out_the_templates_replicas_through_the_deploy_engine(
-        env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from clusterctl.deploy.rollout import engine
 
     from clusterctl.deploy.placement import topology as topo_mod
@@ -146,6 +157,7 @@ def test_scale_records_then_rolls_out_the_templates_replicas_through_the_deploy_
         def read(hosts: list[str]) -> dict[str, list[dict[str, object]]]:
             probed.append(hosts)  # GPUs 0 and 3 share a PCIe switch on every host
             return {h: [{"gpus": [0, 3], "level": "SINGLE"}] for h in hosts}
+
         return read
 
     monkeypatch.setattr(engine, "Deploy", FakeDeploy)
@@ -167,7 +179,8 @@ def test_scale_records_then_rolls_out_the_templates_replicas_through_the_deploy_
 
 
 def test_placement_show_exits_1_and_gives_the_reason_when_a_replica_has_no_room(
-        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for host in ("gpu01", "gpu02", "gpu03"):
         assert run(capsys, "cordon", host, "--reason", "drained for work")[0] == 0
     rc, out, _ = run(capsys, "placement", "show", "--json")

@@ -62,8 +62,11 @@ def test_cpu_engine_unit_passes_the_kv_size_and_enforce_eager(inv: Any) -> None:
 
 
 def test_cpu_engine_without_a_kv_size_is_refused_naming_the_instance(inv: Any) -> None:
-    with pytest.raises(ClusterctlError, match=r"instances\.b\.args: engine vllm-cpu runs on CPU: set "
-                                              r"kv-cache-memory-bytes"):
+    with pytest.raises(
+        ClusterctlError,
+        match=r"instances\.b\.args: engine vllm-cpu runs on CPU: set "
+        r"kv-cache-memory-bytes",
+    ):
         render_instance(inv, inv.instances["b"], secrets={})
 
 
@@ -86,6 +89,7 @@ def _cpu_inventory() -> Any:
     inv = inventory()
     inv.engines["vllm-cpu"] = Engine("vllm-cpu", "/opt/vllm/bin/vllm", "0.32.0", device="cpu")
     from clusterctl.inventory.model import Model
+
     inv.models["tiny"] = Model("tiny", "/models/tiny")
     return inv
 

@@ -70,13 +70,16 @@ def test_an_explicit_cpu_instance_names_a_host_without_gpus(tmp_path: Path, plac
 
 
 def test_two_cpu_instances_share_a_host_on_their_own_ports(tmp_path: Path) -> None:
-    text = INV.replace("PLACEMENT", "cpu02") + """  solo2:
+    text = (
+        INV.replace("PLACEMENT", "cpu02")
+        + """  solo2:
     model: tiny
     engine: vllm-cpu
     placement: cpu02
     port: PORT
     args: {kv-cache-memory-bytes: 64M, max-model-len: 2048}
 """
+    )
     inv = load(tmp_path, text.replace("PORT", "8101"))
     assert inv.instances["solo2"].hosts == inv.instances["solo"].hosts == ("cpu02",)
     with pytest.raises(ConfigError, match=r"port 8100 on cpu02 is also used by instance solo"):
@@ -94,9 +97,11 @@ def test_a_cpu_template_takes_no_gpu_and_spreads_over_hosts_without_gpus(tmp_pat
     res = desired_instances(inv, DeployState())
     assert not res.unplaced
     got = {n: (i.placement, i.port) for n, i in res.instances.items() if i.template == "web"}
-    assert got == {"web-1": ((GpuRef("cpu01", CPU_SLOT),), 8000),
-                   "web-2": ((GpuRef("cpu02", CPU_SLOT),), 8000),  # solo holds 8100 there, not 8000
-                   "web-3": ((GpuRef("cpu01", CPU_SLOT),), 8001)}  # two replicas share cpu01's CPUs
+    assert got == {
+        "web-1": ((GpuRef("cpu01", CPU_SLOT),), 8000),
+        "web-2": ((GpuRef("cpu02", CPU_SLOT),), 8000),  # solo holds 8100 there, not 8000
+        "web-3": ((GpuRef("cpu01", CPU_SLOT),), 8001),
+    }  # two replicas share cpu01's CPUs
     again = desired_instances(inv, res.state)
     assert not again.changed and again.state.placements == res.state.placements
 
@@ -119,8 +124,11 @@ def test_a_cordoned_host_gets_no_new_cpu_replica(tmp_path: Path) -> None:
 
 def test_a_cpu_template_with_tp_above_1_is_refused(tmp_path: Path) -> None:
     text = INV.replace("PLACEMENT", "cpu02").replace("    tp: 1\n", "    tp: 2\n")
-    with pytest.raises(ConfigError, match=r"inventory.yaml:\d+: templates.web.tp: engine vllm-cpu runs on CPU: "
-                                          r"tp must be 1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"inventory.yaml:\d+: templates.web.tp: engine vllm-cpu runs on CPU: "
+        r"tp must be 1",
+    ):
         load(tmp_path, text)
 
 
@@ -145,6 +153,7 @@ def test_preflight_accepts_a_cpu_instance_on_a_host_without_gpus(tmp_path: Path,
 def tiny_sizes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from clusterctl.node import preflight as preflight_node
     from clusterctl.lab.vllm_sim import synth
+
     d = tmp_path_factory.mktemp("m") / "tiny"
     synth.write_model("tiny", d)
     return {"/models/tiny": preflight_node.model_sizes(str(d))}

@@ -75,8 +75,7 @@ def test_stop_drains_then_runs_systemctl_stop_as_root(server) -> None:
     fleet, transport = fleet_for(inv, {"h1": {"a": unit("a")}})
     log: list[str] = []
     with fleet:
-        [res] = run_action(inv, fleet, [inv.instances["a"]], "stop", drain_timeout=10, poll=0.05,
-                           gateway=Gateway(log))
+        [res] = run_action(inv, fleet, [inv.instances["a"]], "stop", drain_timeout=10, poll=0.05, gateway=Gateway(log))
     assert res.ok and res.drain is not None and res.drain.drained
     assert log == ["down a"]  # a stopped instance stays down at the gateway
     assert [c for _, c, _ in transport.commands] == ["systemctl stop clusterctl-a.service"]
@@ -88,13 +87,22 @@ def test_restart_waits_for_health_and_marks_up(server) -> None:
     fleet, transport = fleet_for(inv, {})
     log: list[str] = []
     with fleet:
-        [res] = run_action(inv, fleet, [inv.instances["a"]], "restart", drain_timeout=5, poll=0.05,
-                           health_timeout=5, gateway=Gateway(log))
+        [res] = run_action(
+            inv,
+            fleet,
+            [inv.instances["a"]],
+            "restart",
+            drain_timeout=5,
+            poll=0.05,
+            health_timeout=5,
+            gateway=Gateway(log),
+        )
     assert res.ok and res.healthy_after_s is not None
     assert log == ["down a", "up a"]
     assert [c for _, c, _ in transport.commands] == [
         "systemctl is-failed --quiet clusterctl-a.service && systemctl reset-failed clusterctl-a.service",
-        "systemctl restart clusterctl-a.service"]
+        "systemctl restart clusterctl-a.service",
+    ]
 
 
 def test_start_that_never_gets_healthy_fails_the_row(server) -> None:

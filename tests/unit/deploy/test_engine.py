@@ -68,14 +68,21 @@ class ScriptedDeploy(Deploy):
 
     def gate(self, fleet: Any, names: Sequence[str]) -> list[GateResult]:
         bad = self.cluster.bad_gate  # type: ignore[attr-defined]
-        return [GateResult(n, self.rendered[n].host, self.rendered[n].host not in bad, "completion",
-                           "scripted", 0.0) for n in names]
+        return [
+            GateResult(n, self.rendered[n].host, self.rendered[n].host not in bad, "completion", "scripted", 0.0)
+            for n in names
+        ]
 
 
 def run(tmp_path: Path, cluster: FakeCluster, serial: str | None, mfp: float = 0) -> Any:
     inv = load_inventory_text(INVENTORY, "inv.yaml")
-    d = ScriptedDeploy(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
-                       str(tmp_path), DeployOptions(serial=parse_serial(serial), max_fail_percentage=mfp))
+    d = ScriptedDeploy(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=cluster.transport),
+        str(tmp_path),
+        DeployOptions(serial=parse_serial(serial), max_fail_percentage=mfp),
+    )
     d.cluster = cluster  # type: ignore[attr-defined]
     return d.run()
 
@@ -99,8 +106,10 @@ def test_a_failing_canary_is_rolled_back_and_no_other_host_is_touched(tmp_path: 
     assert c.ops("apply") == ["h01"] and c.ops("rollback") == ["h01"]
     rb = next(j for h, j in c.jobs if j["op"] == "rollback")
     assert rb["run_id"] == rep.run_id  # only this run's copies are restored
-    assert {h: o.status for h, o in rep.hosts.items()} == {"h01": "rolled_back",
-                                                           **{f"h0{n}": "not_reached" for n in range(2, N + 1)}}
+    assert {h: o.status for h, o in rep.hosts.items()} == {
+        "h01": "rolled_back",
+        **{f"h0{n}": "not_reached" for n in range(2, N + 1)},
+    }
     assert len(c.ops("unlock")) == N and audit.read(tmp_path)[-1]["result"] == "rolled_back"
 
 
@@ -123,8 +132,13 @@ def test_exceeding_max_fail_percentage_rolls_back_the_whole_batch(tmp_path: Path
 def test_plan_only_applies_and_locks_nothing(tmp_path: Path) -> None:
     c = FakeCluster()
     inv = load_inventory_text(INVENTORY, "inv.yaml")
-    rep = ScriptedDeploy(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=c.transport),
-                         str(tmp_path), DeployOptions(plan_only=True)).run()
+    rep = ScriptedDeploy(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=c.transport),
+        str(tmp_path),
+        DeployOptions(plan_only=True),
+    ).run()
     assert rep.result == "planned" and rep.plan.counts()["new"] == N
     assert {j["op"] for _, j in c.jobs} == {"read"} and audit.read(tmp_path) == []
 
@@ -136,8 +150,19 @@ def test_the_gate_uses_the_key_systemd_reads_and_the_served_name_the_unit_passes
 
     inv = load_inventory_text(INVENTORY, "inv.yaml")
     for value in ("sk-123", 'a"b\\c$d`e'):
-        r = spec.RenderedInstance("i1", "h01", "", "# env\n" + env_file_line("VLLM_API_KEY", value) + "\n", 8000,
-                                  (0,), "m", "/models/m", None, "e", "0.11.0")
+        r = spec.RenderedInstance(
+            "i1",
+            "h01",
+            "",
+            "# env\n" + env_file_line("VLLM_API_KEY", value) + "\n",
+            8000,
+            (0,),
+            "m",
+            "/models/m",
+            None,
+            "e",
+            "0.11.0",
+        )
         assert api_key(r) == value
         assert instance_served_name(inv, inv.instances["i1"], r) == "m"
         inv.instances["i1"].args["served-model-name"] = ["alias", "other"]
@@ -157,9 +182,15 @@ class JournalCluster(FakeCluster):
         if "clusterctl-kvcheck" not in command:  # the kvcheck journal read (not the node program)
             return super().handle(host, command, stdin)
         names = [p.split("clusterctl-kvcheck ")[1].split("'")[0] for p in command.split("echo ")[1:]]
-        out = "".join(f"=== clusterctl-kvcheck {n}\n" + ("" if host.name in self.silent else
-                      "(EngineCore_DP0 pid=7) INFO [kv_cache_utils.py:1087] GPU KV cache size: 1,010 tokens\n")
-                      for n in names)
+        out = "".join(
+            f"=== clusterctl-kvcheck {n}\n"
+            + (
+                ""
+                if host.name in self.silent
+                else "(EngineCore_DP0 pid=7) INFO [kv_cache_utils.py:1087] GPU KV cache size: 1,010 tokens\n"
+            )
+            for n in names
+        )
         return FakeReply(0, out)
 
 
@@ -171,18 +202,28 @@ class PredictingDeploy(ScriptedDeploy):
 
             def to_json(self) -> dict[str, Any]:
                 return {}
+
         return Report()
 
 
 def test_after_start_the_kv_capacity_vllm_logged_is_compared_with_the_prediction(tmp_path: Path) -> None:
     inv = load_inventory_text(INVENTORY, "inv.yaml")
     cluster = JournalCluster(silent=["h03"])
-    d = PredictingDeploy(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
-                         str(tmp_path), DeployOptions(serial=parse_serial("4")))
+    d = PredictingDeploy(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=cluster.transport),
+        str(tmp_path),
+        DeployOptions(serial=parse_serial("4")),
+    )
     d.cluster = cluster  # type: ignore[attr-defined]
     rep = d.run()
     assert rep.result == "ok" and set(rep.kv_checks) == {f"i{n}" for n in range(1, N + 1)}
-    assert rep.kv_checks["i1"] == {"predicted_tokens": 1000, "logged_tokens": 1010, "per_rank": [1010],
-                                   "error_pct": -0.99}
+    assert rep.kv_checks["i1"] == {
+        "predicted_tokens": 1000,
+        "logged_tokens": 1010,
+        "per_rank": [1010],
+        "error_pct": -0.99,
+    }
     assert rep.kv_checks["i3"]["logged_tokens"] is None  # nothing logged yet: no error figure
     assert rep.to_dict()["kv_checks"]["i1"]["error_pct"] == -0.99

@@ -24,8 +24,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def sim(start_sim, host: Path, tiny: Path):  # noqa: F811
-    s = start_sim(host, tiny, "--served-model-name", "tiny", "--max-model-len", "2048",
-                  env={"VLLM_API_KEY": KEY})
+    s = start_sim(host, tiny, "--served-model-name", "tiny", "--max-model-len", "2048", env={"VLLM_API_KEY": KEY})
     assert s.wait_for("Application startup complete.", 60), s.log
     return s
 
@@ -52,8 +51,16 @@ def test_a_wrong_key_fails_the_completion_and_never_shows_the_key(sim) -> None:
 
 def test_a_hung_engine_passes_health_but_fails_the_completion_within_the_timeout(start_sim, host, tiny) -> None:  # noqa: F811
     # Time scale 0 would make the engine's execute timeout (which ends a hang) instant.
-    sim = start_sim(host, tiny, "--served-model-name", "tiny", "--max-model-len", "2048", scale="0.001",
-                    env={"VLLM_API_KEY": KEY, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "10000000"})
+    sim = start_sim(
+        host,
+        tiny,
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "2048",
+        scale="0.001",
+        env={"VLLM_API_KEY": KEY, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "10000000"},
+    )
     assert sim.wait_for("Application startup complete.", 60), sim.log
     assert sim.post("/sim/fault", {"fault": "hang"})[0] == 200
     t0 = time.monotonic()
@@ -70,15 +77,21 @@ def test_nothing_listening_times_out_at_the_health_step() -> None:
 
 def test_a_dead_unit_fails_at_once_without_waiting_for_the_timeout() -> None:
     t0 = time.monotonic()
-    [r] = wait_gates([target(free_port())], timeout_s=30,
-                     units=lambda: {"i1": ("activating", "auto-restart", 1)})
+    [r] = wait_gates([target(free_port())], timeout_s=30, units=lambda: {"i1": ("activating", "auto-restart", 1)})
     assert not r.ok and r.step == "unit" and "NRestarts 1" in r.reason and time.monotonic() - t0 < 2
 
 
-@pytest.mark.parametrize("state,dead", [
-    (("active", "running", 0), False), (("activating", "start", 0), False), (None, False),
-    (("failed", "failed", 0), True), (("activating", "auto-restart", 0), True),
-    (("active", "running", 2), True), (("inactive", "dead", 0), True),
-])
+@pytest.mark.parametrize(
+    "state,dead",
+    [
+        (("active", "running", 0), False),
+        (("activating", "start", 0), False),
+        (None, False),
+        (("failed", "failed", 0), True),
+        (("activating", "auto-restart", 0), True),
+        (("active", "running", 2), True),
+        (("inactive", "dead", 0), True),
+    ],
+)
 def test_unit_states_that_mean_the_engine_died(state, dead: bool) -> None:
     assert (unit_failure(target(1), state) is not None) is dead

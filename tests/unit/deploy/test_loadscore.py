@@ -17,15 +17,26 @@ CASES = [
     ("unhealthy wins over idle metrics", InstanceLoad(False, kv_usage=0.0, running=0, waiting=0), 1.0),
     ("healthy but no metric at all", InstanceLoad(True), 1.0),
     ("KV half full only", InstanceLoad(True, kv_usage=0.5, running=4, waiting=0), 0.2),
-    ("KV full, seats full, at peak", InstanceLoad(True, kv_usage=1.0, running=256, waiting=256, queue_cap=256,
-                                                  tokens_per_s=900, capacity_tokens_per_s=900), 1.0),
+    (
+        "KV full, seats full, at peak",
+        InstanceLoad(
+            True, kv_usage=1.0, running=256, waiting=256, queue_cap=256, tokens_per_s=900, capacity_tokens_per_s=900
+        ),
+        1.0,
+    ),
     ("queue of one batch (max-num-seqs 64)", InstanceLoad(True, kv_usage=0.0, waiting=64, queue_cap=64), 0.4),
     ("queue beyond the cap counts as full", InstanceLoad(True, kv_usage=0.0, waiting=1000, queue_cap=64), 0.4),
     ("default cap 128 without max-num-seqs", InstanceLoad(True, kv_usage=0.0, waiting=32), 0.1),
-    ("throughput at half the peak", InstanceLoad(True, kv_usage=0.0, waiting=0, tokens_per_s=250,
-                                                 capacity_tokens_per_s=500), 0.1),
-    ("throughput unknown adds nothing", InstanceLoad(True, kv_usage=0.25, waiting=0, tokens_per_s=None,
-                                                     capacity_tokens_per_s=500), 0.1),
+    (
+        "throughput at half the peak",
+        InstanceLoad(True, kv_usage=0.0, waiting=0, tokens_per_s=250, capacity_tokens_per_s=500),
+        0.1,
+    ),
+    (
+        "throughput unknown adds nothing",
+        InstanceLoad(True, kv_usage=0.25, waiting=0, tokens_per_s=None, capacity_tokens_per_s=500),
+        0.1,
+    ),
     ("KV above 1 is clamped", InstanceLoad(True, kv_usage=1.3, waiting=0), 0.4),
 ]
 

@@ -43,8 +43,13 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
 
 
 def item(name: str, flags: str, key: str, model: str) -> dict[str, Any]:
-    return {"instance": name, "unit_text": f"[Service]\nExecStart=/opt/vllm serve {flags}\n",
-            "env_text": f"VLLM_API_KEY={key}\n", "model_path": model, "enable": True}
+    return {
+        "instance": name,
+        "unit_text": f"[Service]\nExecStart=/opt/vllm serve {flags}\n",
+        "env_text": f"VLLM_API_KEY={key}\n",
+        "model_path": model,
+        "enable": True,
+    }
 
 
 def unit(root: dict[str, Any], name: str) -> str:
@@ -52,8 +57,16 @@ def unit(root: dict[str, Any], name: str) -> str:
 
 
 def test_apply_writes_files_saves_previous_and_restarts_only_what_it_is_told(root: dict[str, Any]) -> None:
-    res = node.op_apply({"op": "apply", "run_id": "r1", "write": [item("a", "--x 1", "k1", root["model"])],
-                         "start": ["a"], "restart": [], "remove": []})
+    res = node.op_apply(
+        {
+            "op": "apply",
+            "run_id": "r1",
+            "write": [item("a", "--x 1", "k1", root["model"])],
+            "start": ["a"],
+            "restart": [],
+            "remove": [],
+        }
+    )
     assert res["ok"]
     env = root["tmp"] / "env" / "a.env"
     assert stat.S_IMODE(env.stat().st_mode) == 0o600 and env.read_text() == "VLLM_API_KEY=k1\n"
@@ -64,8 +77,17 @@ def test_apply_writes_files_saves_previous_and_restarts_only_what_it_is_told(roo
 
 
 def test_apply_stops_what_it_lists_before_writing_and_starting(root: dict[str, Any]) -> None:
-    res = node.op_apply({"op": "apply", "run_id": "r1", "write": [item("a", "--x 1", "k1", root["model"])],
-                         "stop": ["a", "b"], "start": [], "restart": [], "remove": []})
+    res = node.op_apply(
+        {
+            "op": "apply",
+            "run_id": "r1",
+            "write": [item("a", "--x 1", "k1", root["model"])],
+            "stop": ["a", "b"],
+            "start": [],
+            "restart": [],
+            "remove": [],
+        }
+    )
     assert res["ok"]
     assert root["calls"][:2] == [("stop", "clusterctl-a.service"), ("stop", "clusterctl-b.service")]
     assert not any(c[0] in ("start", "restart") for c in root["calls"])
@@ -84,8 +106,14 @@ def test_rollback_restores_unit_env_and_model_link_and_a_second_rollback_goes_fo
     node.op_apply({"op": "apply", "run_id": "r1", "write": [item("a", "--x 1", "k1", root["model"])], "start": ["a"]})
     os.symlink(".versions/m/v2", root["model"] + ".new")
     os.rename(root["model"] + ".new", root["model"])  # what staging v2 does
-    node.op_apply({"op": "apply", "run_id": "r2", "write": [
-        {**item("a", "--x 2", "k2", root["model"]), "model_before": ".versions/m/v1"}], "restart": ["a"]})
+    node.op_apply(
+        {
+            "op": "apply",
+            "run_id": "r2",
+            "write": [{**item("a", "--x 2", "k2", root["model"]), "model_before": ".versions/m/v1"}],
+            "restart": ["a"],
+        }
+    )
     assert "--x 2" in unit(root, "a")
     res = node.op_rollback({"op": "rollback", "instances": ["a"], "run_id": "r2", "own_run_id": "rb"})
     assert res["ok"] and res["restored"] == ["a"]
@@ -106,7 +134,9 @@ def test_rollback_of_a_new_instance_removes_it(root: dict[str, Any]) -> None:
 def test_rollback_for_a_run_never_restores_an_older_runs_copies(root: dict[str, Any]) -> None:
     node.op_apply({"op": "apply", "run_id": "r1", "write": [item("a", "--x 1", "k1", root["model"])], "start": ["a"]})
     res = node.op_rollback({"op": "rollback", "instances": ["a"], "run_id": "r-other", "own_run_id": "rb"})
-    assert res["missing"] == ["a"] and res["restored"] == [] and (root["tmp"] / "units" / "clusterctl-a.service").exists()
+    assert (
+        res["missing"] == ["a"] and res["restored"] == [] and (root["tmp"] / "units" / "clusterctl-a.service").exists()
+    )
 
 
 def test_remove_saves_a_copy_then_stops_disables_and_deletes(root: dict[str, Any]) -> None:
@@ -115,25 +145,34 @@ def test_remove_saves_a_copy_then_stops_disables_and_deletes(root: dict[str, Any
     assert not (root["tmp"] / "units" / "clusterctl-a.service").exists()
     assert "--x 1" in (root["tmp"] / "state" / "previous" / "a.service").read_text()
     assert [c for c in root["calls"] if c[-1] == "clusterctl-a.service" and c[0] in ("stop", "disable")] == [
-        ("stop", "clusterctl-a.service"), ("disable", "clusterctl-a.service")]
+        ("stop", "clusterctl-a.service"),
+        ("disable", "clusterctl-a.service"),
+    ]
 
 
-@pytest.mark.parametrize("out,want", [
-    ("systemd 252 (252.30-1~deb12u2)\n+PAM +AUDIT +SELINUX\n", 252),   # Debian 12
-    ("systemd 255 (255.4-1ubuntu8.4)\n+PAM +AUDIT\n", 255),            # Ubuntu 24.04
-    ("systemd 239 (239-78.el8)\n+PAM +AUDIT\n", 239),                  # RHEL 8
-    ("", None),
-])
-def test_read_reports_the_hosts_systemd_version(root: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
-                                                out: str, want: int | None) -> None:
-    monkeypatch.setattr(node, "_systemctl", lambda *a, timeout=120: (0, out, "") if a[0] == "--version"
-                        else (0, "", ""))
+@pytest.mark.parametrize(
+    "out,want",
+    [
+        ("systemd 252 (252.30-1~deb12u2)\n+PAM +AUDIT +SELINUX\n", 252),  # Debian 12
+        ("systemd 255 (255.4-1ubuntu8.4)\n+PAM +AUDIT\n", 255),  # Ubuntu 24.04
+        ("systemd 239 (239-78.el8)\n+PAM +AUDIT\n", 239),  # RHEL 8
+        ("", None),
+    ],
+)
+def test_read_reports_the_hosts_systemd_version(
+    root: dict[str, Any], monkeypatch: pytest.MonkeyPatch, out: str, want: int | None
+) -> None:
+    monkeypatch.setattr(
+        node, "_systemctl", lambda *a, timeout=120: (0, out, "") if a[0] == "--version" else (0, "", "")
+    )
     assert node.op_read({"op": "read", "salt": "s"})["systemd_version"] == want
 
 
 def test_read_lists_gpu_uuids_only_when_asked(root: dict[str, Any]) -> None:
     lister = "import sys\nassert sys.argv[1:] == ['--list']\nprint('0 GPU-aaaa-1111')\nprint('1 GPU-bbbb-2222')\n"
     assert node.op_read({"op": "read", "salt": "s", "gpu_lister": lister})["gpu_uuids"] == {
-        "0": "GPU-aaaa-1111", "1": "GPU-bbbb-2222"}
+        "0": "GPU-aaaa-1111",
+        "1": "GPU-bbbb-2222",
+    }
     assert node.op_read({"op": "read", "salt": "s"})["gpu_uuids"] is None
     assert node.op_read({"op": "read", "salt": "s", "gpu_lister": "raise SystemExit(1)"})["gpu_uuids"] is None

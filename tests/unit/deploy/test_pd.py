@@ -57,32 +57,53 @@ def test_a_pool_has_its_members_and_p_to_d_ratio() -> None:
 
 
 def test_templates_count_their_replicas_in_the_ratio() -> None:
-    text = BASE + """\
+    text = (
+        BASE
+        + """\
 templates:
   qd-pool: {model: qwen3-8b, engine: vllm-0.11, replicas: 3, tp: 1, hosts: gpu01, port_base: 8101, role: decode}
-""" + POOL
+"""
+        + POOL
+    )
     inv = _inv(text)
     assert ratio(inv, inv.pd_pools["qwen-pd"]) == (1, 5)
 
 
-@pytest.mark.parametrize("pool, message", [
-    ("pd_pools:\n  p: {model: nope, router: {host: gw01}}\n",
-     "site.yaml:23: pd_pools.p.model: 'nope' is not defined under models"),
-    ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gw9}}\n",
-     "site.yaml:23: pd_pools.p.router.host: 'gw9' is not defined under hosts"),
-    ("pd_pools:\n  p: {model: qwen3-8b}\n", "site.yaml:23: pd_pools.p: missing 'router'"),
-    ("pd_pools:\n  p: {model: qwen3-8b, connector: Foo, router: {host: gw01}}\n", "pd_pools.p.connector"),
-    ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gpu01, port: 8001}}\n",
-     "pd_pools.p.router.port: 8001 is also instance qp1's port on gpu01"),
-    ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gpu01, port: 8300, metrics_port: 8001}}\n",
-     "site.yaml:23: pd_pools.p.router.metrics_port: 8001 is also instance qp1's port on gpu01"),
-    ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gw01, port: 8300, metrics_port: 8300}}\n",
-     "pd_pools.p.router.metrics_port: 8300 is also the router's port"),
-    ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gw01, port: 60000}}\n",
-     "pd_pools.p.router: port 60000 leaves no metrics port (port + 10000 > 65535): set router.metrics_port"),
-    ("pd_pools:\n  p: {model: qwen3-8b, router: {host: gw01}}\n  q: {model: qwen3-8b, router: {host: gw01}}\n",
-     "site.yaml:24: pd_pools.q: model 'qwen3-8b' already has pool 'p'"),
-])
+@pytest.mark.parametrize(
+    "pool, message",
+    [
+        (
+            "pd_pools:\n  p: {model: nope, router: {host: gw01}}\n",
+            "site.yaml:23: pd_pools.p.model: 'nope' is not defined under models",
+        ),
+        (
+            "pd_pools:\n  p: {model: qwen3-8b, router: {host: gw9}}\n",
+            "site.yaml:23: pd_pools.p.router.host: 'gw9' is not defined under hosts",
+        ),
+        ("pd_pools:\n  p: {model: qwen3-8b}\n", "site.yaml:23: pd_pools.p: missing 'router'"),
+        ("pd_pools:\n  p: {model: qwen3-8b, connector: Foo, router: {host: gw01}}\n", "pd_pools.p.connector"),
+        (
+            "pd_pools:\n  p: {model: qwen3-8b, router: {host: gpu01, port: 8001}}\n",
+            "pd_pools.p.router.port: 8001 is also instance qp1's port on gpu01",
+        ),
+        (
+            "pd_pools:\n  p: {model: qwen3-8b, router: {host: gpu01, port: 8300, metrics_port: 8001}}\n",
+            "site.yaml:23: pd_pools.p.router.metrics_port: 8001 is also instance qp1's port on gpu01",
+        ),
+        (
+            "pd_pools:\n  p: {model: qwen3-8b, router: {host: gw01, port: 8300, metrics_port: 8300}}\n",
+            "pd_pools.p.router.metrics_port: 8300 is also the router's port",
+        ),
+        (
+            "pd_pools:\n  p: {model: qwen3-8b, router: {host: gw01, port: 60000}}\n",
+            "pd_pools.p.router: port 60000 leaves no metrics port (port + 10000 > 65535): set router.metrics_port",
+        ),
+        (
+            "pd_pools:\n  p: {model: qwen3-8b, router: {host: gw01}}\n  q: {model: qwen3-8b, router: {host: gw01}}\n",
+            "site.yaml:24: pd_pools.q: model 'qwen3-8b' already has pool 'p'",
+        ),
+    ],
+)
 def test_bad_pools_are_errors_naming_the_line(pool: str, message: str) -> None:
     with pytest.raises(InventoryError) as e:
         _inv(BASE + pool)
@@ -136,14 +157,16 @@ def test_p2p_nccl_pools_render_producer_and_consumer() -> None:
     for name in ("qp1", "qd1"):
         argv = _exec(render_instance(inv, inv.instances[name], secrets={}).unit_text)
         roles[name] = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"]
-        assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in _environment(render_instance(
-            inv, inv.instances[name], secrets={}).unit_text)
+        assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in _environment(
+            render_instance(inv, inv.instances[name], secrets={}).unit_text
+        )
     assert roles == {"qp1": "kv_producer", "qd1": "kv_consumer"}
 
 
 def test_an_explicit_kv_transfer_config_in_args_wins() -> None:
-    text = BASE.replace("port: 8001, role: prefill",
-                        "port: 8001, role: prefill, args: {kv-transfer-config: '{\"kv_connector\":\"X\"}'}")
+    text = BASE.replace(
+        "port: 8001, role: prefill", "port: 8001, role: prefill, args: {kv-transfer-config: '{\"kv_connector\":\"X\"}'}"
+    )
     inv = _inv(text + POOL)
     argv = _exec(render_instance(inv, inv.instances["qp1"], secrets={}).unit_text)
     assert argv.count("--kv-transfer-config") == 1
@@ -160,15 +183,34 @@ def test_router_command_and_unit() -> None:
     inv = _inv()
     pool = inv.pd_pools["qwen-pd"]
     argv = pd.router_argv(inv, pool, inv.instances.values(), binary="/x/vllm-router")
-    assert argv == ["/x/vllm-router", "--vllm-pd-disaggregation", "--host", "10.0.0.2", "--port", "8300",
-                    "--policy", "round_robin", "--prometheus-host", "10.0.0.2", "--prometheus-port", "18300",
-                    "--kv-connector", "nixl",
-                    "--prefill", "http://10.0.0.11:8001",
-                    "--decode", "http://10.0.0.12:8001", "--decode", "http://10.0.0.12:8002"]
+    assert argv == [
+        "/x/vllm-router",
+        "--vllm-pd-disaggregation",
+        "--host",
+        "10.0.0.2",
+        "--port",
+        "8300",
+        "--policy",
+        "round_robin",
+        "--prometheus-host",
+        "10.0.0.2",
+        "--prometheus-port",
+        "18300",
+        "--kv-connector",
+        "nixl",
+        "--prefill",
+        "http://10.0.0.11:8001",
+        "--decode",
+        "http://10.0.0.12:8001",
+        "--decode",
+        "http://10.0.0.12:8002",
+    ]
     unit = pd.router_unit(inv, pool, inv.instances.values(), binary="/x/vllm-router")
     assert _exec(unit) == argv and "Restart=always" in unit
     other = _inv(BASE + POOL.replace("port: 8300}", "port: 8300, metrics_port: 9300}"))
-    assert pd.router_argv(other, other.pd_pools["qwen-pd"], other.instances.values())[10:12] == \
-        ["--prometheus-port", "9300"]
+    assert pd.router_argv(other, other.pd_pools["qwen-pd"], other.instances.values())[10:12] == [
+        "--prometheus-port",
+        "9300",
+    ]
     with pytest.raises(ClusterctlError, match="needs placed prefill and decode instances"):
         pd.router_argv(inv, pool, [inv.instances["qp1"]])

@@ -119,17 +119,25 @@ class Scripted(Deploy):
 
 
 def test_deploy_writes_the_router_unit_on_its_host_in_the_last_batch_and_gates_it_through_the_router(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     inv = _inv(INV.replace("gateway:\n  hosts: gw01\n  port: 8080\n", ""))
     cluster = Cluster()
-    d = Scripted(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
-                 str(tmp_path), DeployOptions(serial=parse_serial("1")))
+    d = Scripted(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=cluster.transport),
+        str(tmp_path),
+        DeployOptions(serial=parse_serial("1")),
+    )
     rep = d.run()
     assert rep.result == "ok", rep.to_dict()
     assert rep.batches == [["gpu01"], ["gpu02"], ["gw01"]]
     applied = {h: j for h, j in cluster.jobs if j["op"] == "apply"}
     [w] = applied["gw01"]["write"]
-    assert w["instance"] == "router-qwen-pd" and w["model_path"] == "" and applied["gw01"]["start"] == ["router-qwen-pd"]
+    assert (
+        w["instance"] == "router-qwen-pd" and w["model_path"] == "" and applied["gw01"]["start"] == ["router-qwen-pd"]
+    )
     reads = [j for h, j in cluster.jobs if j["op"] == "read"]
     assert all("" not in j.get("model_paths", []) for j in reads)
     [t] = [t for t in d.targets if t.instance == "router-qwen-pd"]

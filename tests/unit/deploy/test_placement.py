@@ -7,7 +7,11 @@ from collections import Counter
 import pytest
 
 from clusterctl.deploy.placement.place import (
-    PlacementError, best_group, desired_instances, replica_number, reschedule,
+    PlacementError,
+    best_group,
+    desired_instances,
+    replica_number,
+    reschedule,
 )
 from clusterctl.deploy.state import DeployState
 
@@ -38,8 +42,9 @@ def test_a_second_run_on_the_saved_state_changes_nothing() -> None:
 
 def test_adding_a_host_moves_nothing() -> None:
     first = desired_instances(inventory(FOUR_BY_EIGHT, [POOL]), DeployState())
-    grown = desired_instances(inventory({**FOUR_BY_EIGHT, "gpu05": 8}, [("pool", 8, 2, "gpu[01-05]", 8000)]),
-                              first.state)
+    grown = desired_instances(
+        inventory({**FOUR_BY_EIGHT, "gpu05": 8}, [("pool", 8, 2, "gpu[01-05]", 8000)]), first.state
+    )
     assert where(grown) == where(first)
     assert not grown.new and not grown.moved
 
@@ -101,17 +106,19 @@ def test_topology_prefers_the_same_socket_when_no_switch_pair_is_left() -> None:
     assert best_group([0, 1, 3], 2, topo) == (1, 3)
 
 
-@pytest.mark.parametrize("free, tp, want", [
-    ([0, 1, 2, 3], 2, (0, 1)),
-    ([1, 2, 3, 5, 6], 3, (1, 2, 3)),
-    ([0, 2, 3, 7], 2, (2, 3)),
-    ([0, 3], 3, None),
-    ([0, 1, 2, 4], 1, (4,)),  # best fit: the lone GPU, keeping 0-2 whole
-    ([0, 1, 2, 3, 5, 6], 2, (5, 6)),
-    ([0, 1, 2, 3, 5, 6], 3, (0, 1, 2)),
-])
-def test_without_topology_contiguous_indexes_are_chosen(free: list[int], tp: int,
-                                                        want: tuple[int, ...] | None) -> None:
+@pytest.mark.parametrize(
+    "free, tp, want",
+    [
+        ([0, 1, 2, 3], 2, (0, 1)),
+        ([1, 2, 3, 5, 6], 3, (1, 2, 3)),
+        ([0, 2, 3, 7], 2, (2, 3)),
+        ([0, 3], 3, None),
+        ([0, 1, 2, 4], 1, (4,)),  # best fit: the lone GPU, keeping 0-2 whole
+        ([0, 1, 2, 3, 5, 6], 2, (5, 6)),
+        ([0, 1, 2, 3, 5, 6], 3, (0, 1, 2)),
+    ],
+)
+def test_without_topology_contiguous_indexes_are_chosen(free: list[int], tp: int, want: tuple[int, ...] | None) -> None:
     assert best_group(free, tp) == want
 
 
@@ -140,8 +147,7 @@ def test_an_explicit_instance_added_on_a_replicas_gpus_moves_the_replica() -> No
 
 
 def test_ports_are_unique_per_host_across_templates_and_instances() -> None:
-    inv = inventory({"a": 8, "b": 8}, [("p", 4, 1, "a,b", 8000), ("q", 4, 1, "a,b", 8000)],
-                    {"x": ("a", [7], 8001)})
+    inv = inventory({"a": 8, "b": 8}, [("p", 4, 1, "a,b", 8000), ("q", 4, 1, "a,b", 8000)], {"x": ("a", [7], 8001)})
     res = desired_instances(inv, DeployState())
     per_host: dict[str, list[int]] = {}
     for host, _, port in where(res).values():

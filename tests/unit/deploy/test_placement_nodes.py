@@ -54,7 +54,9 @@ def _stages(res: Any, name: str) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def test_a_replica_spans_n_hosts_under_one_leaf_with_tp_gpus_each() -> None:
-    inv = _inv('  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 3, hosts: "a[1-2],b[1-3]", port_base: 8000}\n')
+    inv = _inv(
+        '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 3, hosts: "a[1-2],b[1-3]", port_base: 8000}\n'
+    )
     res = desired_instances(inv, DeployState())
     assert res.new == ["big-1"] and not res.unplaced
     # leaf A has only two hosts: the three stages go under leaf B, the head first in inventory order
@@ -67,7 +69,9 @@ def test_a_replica_spans_n_hosts_under_one_leaf_with_tp_gpus_each() -> None:
 
 
 def test_replicas_spread_over_leaves_and_hosts_before_doubling_up() -> None:
-    inv = _inv('  big: {model: m, engine: v33, replicas: 3, tp: 2, nodes: 2, hosts: "a[1-2],b[1-3]", port_base: 8000}\n')
+    inv = _inv(
+        '  big: {model: m, engine: v33, replicas: 3, tp: 2, nodes: 2, hosts: "a[1-2],b[1-3]", port_base: 8000}\n'
+    )
     res = desired_instances(inv, DeployState())
     stages = {n: _stages(res, n) for n in ("big-1", "big-2", "big-3")}
     for s in stages.values():  # each replica under one leaf
@@ -92,8 +96,9 @@ def test_the_same_gpu_model_always_even_across_leaves() -> None:
 
 
 def test_rdma_hosts_come_before_a_closer_leaf_without_rdma() -> None:
-    hosts = HOSTS.replace('  a[1-2]: {address: "10.0.1.[1-2]"}',
-                          '  a[1-2]: {address: "10.0.1.[1-2]", nics: [{netdev: eth2, role: data}]}')
+    hosts = HOSTS.replace(
+        '  a[1-2]: {address: "10.0.1.[1-2]"}', '  a[1-2]: {address: "10.0.1.[1-2]", nics: [{netdev: eth2, role: data}]}'
+    )
     inv = _inv('  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "a1,a2,b1,b3"}\n', hosts)
     res = desired_instances(inv, DeployState())
     assert [h for h, _ in _stages(res, "big-1")] == ["b1", "b3"]
@@ -112,8 +117,10 @@ def test_the_stages_and_port_are_kept_and_survive_the_state_file(tmp_path: Any) 
 
 
 def test_a_state_file_whose_worker_stage_has_the_wrong_gpu_count_is_an_error(tmp_path: Any) -> None:
-    (tmp_path / "placements.json").write_text('{"version": 1, "templates": {"big": {"big-1": {"host": "b1", '
-                                              '"gpus": [0, 1], "port": 8000, "workers": [{"host": "b2", "gpus": [0]}]}}}}')
+    (tmp_path / "placements.json").write_text(
+        '{"version": 1, "templates": {"big": {"big-1": {"host": "b1", '
+        '"gpus": [0, 1], "port": 8000, "workers": [{"host": "b2", "gpus": [0]}]}}}}'
+    )
     with pytest.raises(StateError, match=r"big-1.workers\[1\].gpus: expected 2 GPU indexes"):
         StateStore(tmp_path).load()
 
@@ -147,22 +154,43 @@ def test_changing_nodes_places_the_replica_again() -> None:
     assert res.moved == {"big-1": "nodes changed from 2 to 3"} and len(_stages(res, "big-1")) == 3
 
 
-@pytest.mark.parametrize("template, line, message", [
-    ('  big: {model: m, engine: v33, replicas: 2, tp: 4, nodes: 3, hosts: "a[1-2],b[1-3]"}\n', 23,
-     r"templates.big: nodes 3: 2 replica\(s\) of 3 hosts x TP 4 do not fit: .*room for 1 .*H100-SXM5-80GB: 5 host"),
-    ('  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 3, hosts: "a1,l[1-2]"}\n', 23,
-     r"nodes 3: 1 replica\(s\) .* room for 0 .*L40S: 2 host"),
-    ('  big: {model: m, engine: v11, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]"}\n', 23,
-     r"vLLM 0.11.0: --nnodes \(multi-node without Ray\) needs >= 0.11.1"),
-    ('  big: {model: m, engine: cpu, replicas: 1, tp: 1, nodes: 2, hosts: "b[1-3]"}\n', 23, r"runs on CPUs"),
-    ('  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]", role: prefill}\n', 23,
-     r"role prefill"),
-    ('  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]", args: {nnodes: 2}}\n', 23,
-     r"args set nnodes"),
-    ('  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]", port_base: 50000}\n', 23,
-     r"port_base 50000 leaves no master port"),
-    ('  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 0, hosts: "b[1-3]"}\n', 23, r"templates.big.nodes"),
-])
+@pytest.mark.parametrize(
+    "template, line, message",
+    [
+        (
+            '  big: {model: m, engine: v33, replicas: 2, tp: 4, nodes: 3, hosts: "a[1-2],b[1-3]"}\n',
+            23,
+            r"templates.big: nodes 3: 2 replica\(s\) of 3 hosts x TP 4 do not fit: .*room for 1 .*H100-SXM5-80GB: 5 host",
+        ),
+        (
+            '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 3, hosts: "a1,l[1-2]"}\n',
+            23,
+            r"nodes 3: 1 replica\(s\) .* room for 0 .*L40S: 2 host",
+        ),
+        (
+            '  big: {model: m, engine: v11, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]"}\n',
+            23,
+            r"vLLM 0.11.0: --nnodes \(multi-node without Ray\) needs >= 0.11.1",
+        ),
+        ('  big: {model: m, engine: cpu, replicas: 1, tp: 1, nodes: 2, hosts: "b[1-3]"}\n', 23, r"runs on CPUs"),
+        (
+            '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]", role: prefill}\n',
+            23,
+            r"role prefill",
+        ),
+        (
+            '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]", args: {nnodes: 2}}\n',
+            23,
+            r"args set nnodes",
+        ),
+        (
+            '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]", port_base: 50000}\n',
+            23,
+            r"port_base 50000 leaves no master port",
+        ),
+        ('  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 0, hosts: "b[1-3]"}\n', 23, r"templates.big.nodes"),
+    ],
+)
 def test_impossible_templates_are_errors_at_their_line(template: str, line: int, message: str) -> None:
     with pytest.raises(InventoryError) as e:
         _inv(template)
@@ -171,18 +199,27 @@ def test_impossible_templates_are_errors_at_their_line(template: str, line: int,
     assert any(__import__("re").search(message, ln) for ln in text.splitlines()), text
 
 
-@pytest.mark.parametrize("slots, nodes, fit", [
-    ({"a": 1, "b": 1, "c": 1}, 3, 1), ({"a": 4, "b": 1}, 2, 1), ({"a": 2, "b": 2, "c": 2}, 2, 3),
-    ({"a": 9}, 2, 0), ({"a": 2, "b": 2, "c": 1}, 3, 1), ({}, 2, 0),
-])
+@pytest.mark.parametrize(
+    "slots, nodes, fit",
+    [
+        ({"a": 1, "b": 1, "c": 1}, 3, 1),
+        ({"a": 4, "b": 1}, 2, 1),
+        ({"a": 2, "b": 2, "c": 2}, 2, 3),
+        ({"a": 9}, 2, 0),
+        ({"a": 2, "b": 2, "c": 1}, 3, 1),
+        ({}, 2, 0),
+    ],
+)
 def test_replicas_that_fit_counts_distinct_hosts_per_replica(slots: dict[str, int], nodes: int, fit: int) -> None:
     assert replicas_that_fit(slots, nodes) == fit
 
 
 def test_autoscale_on_a_template_across_hosts_is_refused_at_its_line() -> None:
     with pytest.raises(InventoryError, match=r"site.yaml:23: templates.big: nodes 2: autoscale is not supported"):
-        _inv('  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]",\n'
-             '        autoscale: {min: 1, max: 2, signal: queue, high: 4, low: 1}}\n')
+        _inv(
+            '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]",\n'
+            '        autoscale: {min: 1, max: 2, signal: queue, high: 4, low: 1}}\n'
+        )
 
 
 def test_deploy_places_a_template_replica_across_hosts_and_the_plan_says_where(tmp_path: Any) -> None:
@@ -192,19 +229,29 @@ def test_deploy_places_a_template_replica_across_hosts_and_the_plan_says_where(t
 
     from .test_multinode import INV, Cluster, Scripted, _argv, _flag
 
-    inv = load_inventory_text(INV.split("instances:")[0] + "templates:\n"
-                              '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "gpu[01-03]",'
-                              ' port_base: 8100}\n', "site.yaml")
+    inv = load_inventory_text(
+        INV.split("instances:")[0] + "templates:\n"
+        '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "gpu[01-03]",'
+        ' port_base: 8100}\n',
+        "site.yaml",
+    )
     cluster = Cluster()
-    d = Scripted(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
-                 str(tmp_path), DeployOptions(serial=parse_serial("1")))
+    d = Scripted(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=cluster.transport),
+        str(tmp_path),
+        DeployOptions(serial=parse_serial("1")),
+    )
     d.gated = []  # the class's list is shared with test_multinode's runs
     rep = d.run()
     assert rep.result == "ok", rep.to_dict()
     plan = rep.plan.to_dict() if rep.plan else {}
-    assert plan["placed"] == ["replica big-1 placed on 2 hosts: gpu01 GPUs 0,1 (head), gpu02 GPUs 0,1 (rank 1); "
-                              "port 8100; H100-SXM5-80GB, across leaves gpu01 (no leaf label), gpu02 (no leaf "
-                              "label), RDMA on every host"]
+    assert plan["placed"] == [
+        "replica big-1 placed on 2 hosts: gpu01 GPUs 0,1 (head), gpu02 GPUs 0,1 (rank 1); "
+        "port 8100; H100-SXM5-80GB, across leaves gpu01 (no leaf label), gpu02 (no leaf "
+        "label), RDMA on every host"
+    ]
     assert ["gpu01", "gpu02"] in [sorted(b) for b in rep.batches]
     head, worker = _argv(d.rendered["big-1"].unit_text), _argv(d.rendered["big-1-node1"].unit_text)
     assert _flag(head, "--nnodes") == "2" and _flag(worker, "--node-rank") == "1" and "--headless" in worker
@@ -213,22 +260,32 @@ def test_deploy_places_a_template_replica_across_hosts_and_the_plan_says_where(t
     assert saved.stages == (("gpu01", (0, 1)), ("gpu02", (0, 1)))
 
 
-def test_placement_show_and_scale_plan_list_every_stage(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_placement_show_and_scale_plan_list_every_stage(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import json
 
     from clusterctl.cli.main import main
 
     inv = tmp_path / "inv.yaml"
-    inv.write_text(HEAD + HOSTS + "templates:\n"
-                   '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]", port_base: 8000}\n')
-    for k, v in {"CLUSTERCTL_INVENTORY": str(inv), "CLUSTERCTL_SSH_CONFIG": "none",
-                 "CLUSTERCTL_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}.items():
+    inv.write_text(
+        HEAD + HOSTS + "templates:\n"
+        '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]", port_base: 8000}\n'
+    )
+    for k, v in {
+        "CLUSTERCTL_INVENTORY": str(inv),
+        "CLUSTERCTL_SSH_CONFIG": "none",
+        "CLUSTERCTL_STATE_DIR": str(tmp_path / "state"),
+        "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+    }.items():
         monkeypatch.setenv(k, v)
     assert main(["placement", "show", "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
-    assert row["host"] == "b1" and row["gpus"] == [0, 1] and row["stages"] == [
-        {"host": "b1", "gpus": [0, 1]}, {"host": "b2", "gpus": [0, 1]}]
+    assert (
+        row["host"] == "b1"
+        and row["gpus"] == [0, 1]
+        and row["stages"] == [{"host": "b1", "gpus": [0, 1]}, {"host": "b2", "gpus": [0, 1]}]
+    )
     assert main(["scale", "big", "--replicas", "2", "--plan"]) == 0
     # b3 is the only host without a stage: with b1 (first in inventory order: the head) on its other GPUs;
     # port 8000 is taken on b1

@@ -46,7 +46,9 @@ def _check_invariants(res: PlacementResult) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(fleets())
-def test_no_shared_gpu_no_split_tp_group_and_scaling_moves_nothing(case: tuple[Any, DeployState, dict[str, int]]) -> None:
+def test_no_shared_gpu_no_split_tp_group_and_scaling_moves_nothing(
+    case: tuple[Any, DeployState, dict[str, int]],
+) -> None:
     inv, state, scale = case
     first = desired_instances(inv, state)
     _check_invariants(first)
@@ -55,7 +57,8 @@ def test_no_shared_gpu_no_split_tp_group_and_scaling_moves_nothing(case: tuple[A
         assert not any(state.gpu_cordoned(r.host, r.index) for r in inst.placement), name
         assert inst.tp_size == inv.templates[inst.template or ""].tp
     assert set(first.instances) | set(first.unplaced) == set(inv.instances) | {
-        f"{t}-{n}" for t, tpl in inv.templates.items() for n in range(1, tpl.replicas + 1)}
+        f"{t}-{n}" for t, tpl in inv.templates.items() for n in range(1, tpl.replicas + 1)
+    }
 
     scaled_state = first.state.copy()
     scaled_state.replicas.update(scale)
@@ -72,7 +75,8 @@ def test_no_shared_gpu_no_split_tp_group_and_scaling_moves_nothing(case: tuple[A
 @settings(max_examples=200, deadline=None)
 @given(fleets(), st.data())
 def test_reschedule_moves_only_the_named_never_back_or_onto_a_cordon_and_keeps_every_cordon(
-        case: tuple[Any, DeployState, dict[str, int]], data: Any) -> None:
+    case: tuple[Any, DeployState, dict[str, int]], data: Any
+) -> None:
     from clusterctl.deploy.placement.place import reschedule
 
     inv, state, _ = case

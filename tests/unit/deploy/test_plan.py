@@ -13,17 +13,20 @@ SALT = "s4lt"
 KEY = "sk-very-secret-123"
 
 
-def rendered(name: str, host: str = "h1", flags: str = "--max-model-len 4096", key: str = KEY,
-             level: str = "INFO") -> spec.RenderedInstance:
+def rendered(
+    name: str, host: str = "h1", flags: str = "--max-model-len 4096", key: str = KEY, level: str = "INFO"
+) -> spec.RenderedInstance:
     unit = f"[Unit]\nDescription={name}\n[Service]\nExecStart=/opt/vllm serve /models/m {flags}\n"
     env = f"VLLM_API_KEY={key}\nVLLM_LOGGING_LEVEL={level}\n"
-    return spec.RenderedInstance(name, host, unit, env, 8000, (0,), "m", "/models/m", "v1", "vllm-0.11",
-                                 "0.11.0", frozenset({"VLLM_API_KEY"}))
+    return spec.RenderedInstance(
+        name, host, unit, env, 8000, (0,), "m", "/models/m", "v1", "vllm-0.11", "0.11.0", frozenset({"VLLM_API_KEY"})
+    )
 
 
 def have(r: spec.RenderedInstance, active: str = "active") -> InstanceState:
-    return InstanceState(r.instance, r.unit_text, r.digest, env_hashes(r.env_text, SALT), True, active,
-                         "running", 0, 1, "enabled", 1, {})
+    return InstanceState(
+        r.instance, r.unit_text, r.digest, env_hashes(r.env_text, SALT), True, active, "running", 0, 1, "enabled", 1, {}
+    )
 
 
 def host(*insts: InstanceState, name: str = "h1") -> HostState:

@@ -36,8 +36,14 @@ def test_default_playbook_plan_equals_deploy_plan(recorded: str, capsys: pytest.
     # The same per-host changes, diffs and env changes (secrets as ***).
     assert book["plan"] == deploy["plan"]
     actions = {i["instance"]: i["action"] for h in deploy["plan"]["hosts"] for i in h["items"]}
-    assert actions == {"a1": "unchanged", "a2": "changed", "a3": "new", "a4": "start", "a5": "unchanged",
-                       "gone": "remove"}
+    assert actions == {
+        "a1": "unchanged",
+        "a2": "changed",
+        "a3": "new",
+        "a4": "start",
+        "a5": "unchanged",
+        "gone": "remove",
+    }
     # The same batches as the engine makes of the hosts with changes.
     changed = [h["host"] for h in deploy["plan"]["hosts"] if any(i["action"] != "unchanged" for i in h["items"])]
     expected = batches(changed, parse_serial("1,25%,100%"))
@@ -52,8 +58,9 @@ def test_default_playbook_plan_equals_deploy_plan(recorded: str, capsys: pytest.
         assert steps[name]["instances"] == ["a2", "a3", "a4", "gone"]
 
 
-def test_default_playbook_plan_text_shows_steps_and_the_deploy_diff(recorded: str,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_default_playbook_plan_text_shows_steps_and_the_deploy_diff(
+    recorded: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["deploy", "--plan", "-i", recorded, "--host-key-policy", "off"]) == ExitCode.OK
     deploy = capsys.readouterr().out
     assert main(["deploy", "--plan", "-i", recorded, "--host-key-policy", "off", "--playbook", DEFAULT]) == ExitCode.OK
@@ -64,8 +71,22 @@ def test_default_playbook_plan_text_shows_steps_and_the_deploy_diff(recorded: st
 
 
 def test_detailed_exitcode_with_a_playbook(recorded: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["deploy", "--plan", "--detailed-exitcode", "-i", recorded, "--host-key-policy", "off",
-                 "--playbook", DEFAULT]) == ExitCode.WARN
+    assert (
+        main(
+            [
+                "deploy",
+                "--plan",
+                "--detailed-exitcode",
+                "-i",
+                recorded,
+                "--host-key-policy",
+                "off",
+                "--playbook",
+                DEFAULT,
+            ]
+        )
+        == ExitCode.WARN
+    )
 
 
 def test_a_bad_playbook_exits_3_at_its_line(recorded: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -82,7 +103,8 @@ def test_serial_does_not_go_with_a_playbook(recorded: str, capsys: pytest.Captur
 
 
 def test_a_step_hosts_pattern_unknown_to_the_inventory_exits_3_at_its_line(
-        recorded: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recorded: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pb = tmp_path / "pb.yaml"
     pb.write_text("steps:\n  - kind: rollout\n    hosts: '@nosuch'\n")
     assert main(["deploy", "--plan", "-i", recorded, "--host-key-policy", "off", "--playbook", str(pb)]) == 3

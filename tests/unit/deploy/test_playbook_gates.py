@@ -28,19 +28,26 @@ def no_exec(host: str, command: str, timeout: float) -> tuple[int | None, str]:
     raise AssertionError("no exec expected")
 
 
-@pytest.mark.parametrize("gate,why", [
-    (CustomGate("http", 1, path="/health"), None),
-    (CustomGate("http", 1, path="/version", contains="0.11.0"), None),
-    (CustomGate("http", 1, path="/version", contains="0.33"), "GET /version: the answer does not contain '0.33'"),
-    (CustomGate("http", 1, path="/nope"), "GET /nope answered 404, expected 200"),
-    (CustomGate("http", 1, path="/nope", expect_status=404), None),
-    (CustomGate("metric", 1, metric="vllm:num_requests_waiting", max=3), None),
-    (CustomGate("metric", 1, metric="vllm:num_requests_waiting", max=0),
-     "vllm:num_requests_waiting is 3, above the maximum 0"),
-    (CustomGate("metric", 1, metric="vllm:num_requests_running", min=2),
-     "vllm:num_requests_running is 1, below the minimum 2"),
-    (CustomGate("metric", 1, metric="vllm:nope", max=1), "/metrics has no vllm:nope"),
-])
+@pytest.mark.parametrize(
+    "gate,why",
+    [
+        (CustomGate("http", 1, path="/health"), None),
+        (CustomGate("http", 1, path="/version", contains="0.11.0"), None),
+        (CustomGate("http", 1, path="/version", contains="0.33"), "GET /version: the answer does not contain '0.33'"),
+        (CustomGate("http", 1, path="/nope"), "GET /nope answered 404, expected 200"),
+        (CustomGate("http", 1, path="/nope", expect_status=404), None),
+        (CustomGate("metric", 1, metric="vllm:num_requests_waiting", max=3), None),
+        (
+            CustomGate("metric", 1, metric="vllm:num_requests_waiting", max=0),
+            "vllm:num_requests_waiting is 3, above the maximum 0",
+        ),
+        (
+            CustomGate("metric", 1, metric="vllm:num_requests_running", min=2),
+            "vllm:num_requests_running is 1, below the minimum 2",
+        ),
+        (CustomGate("metric", 1, metric="vllm:nope", max=1), "/metrics has no vllm:nope"),
+    ],
+)
 def test_http_and_metric_gates(vllm: FakeVllm, gate: CustomGate, why: str | None) -> None:
     assert check_once(gate, target(vllm), no_exec) == why
 
@@ -87,14 +94,17 @@ def test_a_gate_is_polled_until_it_passes_within_its_timeout() -> None:
 
 
 def test_the_first_gate_that_does_not_pass_in_time_fails_the_instance(vllm: FakeVllm) -> None:
-    gates = [CustomGate("http", 1, path="/health"),
-             CustomGate("metric", 2, timeout_s=0.2, metric="vllm:num_requests_waiting", max=0),
-             CustomGate("http", 3, path="/never-asked")]
+    gates = [
+        CustomGate("http", 1, path="/health"),
+        CustomGate("metric", 2, timeout_s=0.2, metric="vllm:num_requests_waiting", max=0),
+        CustomGate("http", 3, path="/never-asked"),
+    ]
     seen = []
     [r] = wait_custom([target(vllm)], gates, no_exec, poll_s=0.05, on_result=seen.append)
     assert not r.ok and r.step == "custom: metric vllm:num_requests_waiting <= 0"
-    assert r.reason.startswith("custom gate metric vllm:num_requests_waiting <= 0: not passed after 0.2 s: "
-                               "vllm:num_requests_waiting is 3")
+    assert r.reason.startswith(
+        "custom gate metric vllm:num_requests_waiting <= 0: not passed after 0.2 s: vllm:num_requests_waiting is 3"
+    )
     assert seen == [r] and "/never-asked" not in vllm.requests
 
 
@@ -104,23 +114,46 @@ def test_drift_and_bench_gates_call_the_release_gates_once(monkeypatch: pytest.M
     from clusterctl.drift import gate as drift
 
     calls: list[tuple[str, tuple, dict]] = []
-    monkeypatch.setattr(drift, "drift_gate", lambda *a, **kw: calls.append(("drift", a, kw)) or GateOutcome(
-        False, "outputs drifted from baseline 'v1': exact match 40% < 90%"))
-    monkeypatch.setattr(bench, "bench_gate", lambda *a, **kw: calls.append(("bench", a, kw)) or GateOutcome(
-        True, "no regression"))
+    monkeypatch.setattr(
+        drift,
+        "drift_gate",
+        lambda *a, **kw: (
+            calls.append(("drift", a, kw))
+            or GateOutcome(False, "outputs drifted from baseline 'v1': exact match 40% < 90%")
+        ),
+    )
+    monkeypatch.setattr(
+        bench, "bench_gate", lambda *a, **kw: calls.append(("bench", a, kw)) or GateOutcome(True, "no regression")
+    )
     t = GateTarget("a1", "h1", "10.0.0.1", 8400, "tiny", api_key="k")
     refs = {"old-1": ("http://10.0.0.2:8400", "k2")}
-    gates = [CustomGate("bench", 1, reference="old-1", tolerance=0.05, concurrency=(1, 4), requests=8),
-             CustomGate("drift", 2, baseline="v1", calibration=False, timeout_s=60)]
+    gates = [
+        CustomGate("bench", 1, reference="old-1", tolerance=0.05, concurrency=(1, 4), requests=8),
+        CustomGate("drift", 2, baseline="v1", calibration=False, timeout_s=60),
+    ]
     r = wait_one(t, gates, no_exec, poll_s=0.01, reference=lambda n: refs[n])
-    assert not r.ok and r.reason == ("custom gate drift against baseline 'v1': outputs drifted from baseline "
-                                     "'v1': exact match 40% < 90%")
+    assert not r.ok and r.reason == (
+        "custom gate drift against baseline 'v1': outputs drifted from baseline 'v1': exact match 40% < 90%"
+    )
     assert calls == [
-        ("bench", ("http://10.0.0.1:8400", "http://10.0.0.2:8400"),
-         {"api_key": "k", "reference_api_key": "k2", "concurrency": (1, 4), "requests": 8, "tolerance": 0.05,
-          "timeout": 30.0}),
-        ("drift", ("http://10.0.0.1:8400", "v1"),
-         {"api_key": "k", "thresholds": None, "use_calibration": False, "timeout": 60})]  # once each: not polled
+        (
+            "bench",
+            ("http://10.0.0.1:8400", "http://10.0.0.2:8400"),
+            {
+                "api_key": "k",
+                "reference_api_key": "k2",
+                "concurrency": (1, 4),
+                "requests": 8,
+                "tolerance": 0.05,
+                "timeout": 30.0,
+            },
+        ),
+        (
+            "drift",
+            ("http://10.0.0.1:8400", "v1"),
+            {"api_key": "k", "thresholds": None, "use_calibration": False, "timeout": 60},
+        ),
+    ]  # once each: not polled
 
 
 def test_a_bench_gate_whose_reference_is_unknown_fails_closed() -> None:

@@ -26,25 +26,38 @@ def plan(**hosts: list[tuple[str, str]]) -> Plan:
     return Plan([HostPlan(h, [PlanItem(i, h, a) for i, a in hosts.get(h, [])]) for h in HOSTS])
 
 
-EVERY = plan(h1=[("a1", "unchanged")], h2=[("a2", "changed"), ("b2", "new")], h3=[("a3", "new")],
-             h4=[("b4", "start")], h5=[("a5", "remove")])
+EVERY = plan(
+    h1=[("a1", "unchanged")],
+    h2=[("a2", "changed"), ("b2", "new")],
+    h3=[("a3", "new")],
+    h4=[("b4", "start")],
+    h5=[("a5", "remove")],
+)
 
 
 def steps(inv: Inventory, text: str, p: Plan = EVERY, selected: list[str] = HOSTS) -> dict[str, dict]:
     book = parse_playbook(text, "pb.yaml")
-    return {s.step.name: {"hosts": s.hosts, "instances": s.instances, "batches": s.batches}
-            for s in resolve(book, inv, p, selected)}
+    return {
+        s.step.name: {"hosts": s.hosts, "instances": s.instances, "batches": s.batches}
+        for s in resolve(book, inv, p, selected)
+    }
 
 
 def test_steps_cover_the_hosts_with_changes_narrowed_by_their_patterns(inv: Inventory) -> None:
-    got = steps(inv, """steps:
+    got = steps(
+        inv,
+        """steps:
   - {kind: units}
   - {kind: stage, name: back, hosts: '@back'}
   - {kind: preflight, name: a-only, instances: 'a*'}
   - {kind: gates, name: none, hosts: h1}
-""")
-    assert got["units"] == {"hosts": ["h2", "h3", "h4", "h5"], "instances": ["a2", "a3", "a5", "b2", "b4"],
-                            "batches": []}
+""",
+    )
+    assert got["units"] == {
+        "hosts": ["h2", "h3", "h4", "h5"],
+        "instances": ["a2", "a3", "a5", "b2", "b4"],
+        "batches": [],
+    }
     assert got["back"]["hosts"] == ["h3", "h4", "h5"]
     assert got["a-only"] == {"hosts": ["h2", "h3", "h5"], "instances": ["a2", "a3", "a5"], "batches": []}
     assert got["none"]["hosts"] == []  # h1 has nothing to change
@@ -67,17 +80,23 @@ def test_rollout_without_canary_and_canary_with_its_own_serial(inv: Inventory) -
 
 
 def test_a_rollout_after_a_scoped_canary_takes_what_the_canary_left(inv: Inventory) -> None:
-    got = steps(inv, """steps:
+    got = steps(
+        inv,
+        """steps:
   - {kind: canary, hosts: '@back'}
   - {kind: rollout, serial: 1}
-""")
+""",
+    )
     assert got["canary"]["batches"] == [["h3"]]  # the first batch of the rollout's serial over @back
     assert got["rollout"]["batches"] == [["h2"], ["h4"], ["h5"]]
 
 
 def test_exec_steps_run_on_every_selected_host_of_their_pattern_in_batches(inv: Inventory) -> None:
-    got = steps(inv, "steps:\n  - {kind: exec, command: 'true', serial: 2, hosts: 'h[1-3]'}\n",
-                selected=["h1", "h2", "h3", "h4"])
+    got = steps(
+        inv,
+        "steps:\n  - {kind: exec, command: 'true', serial: 2, hosts: 'h[1-3]'}\n",
+        selected=["h1", "h2", "h3", "h4"],
+    )
     assert got["exec"]["hosts"] == ["h1", "h2", "h3"] and got["exec"]["batches"] == [["h1", "h2"], ["h3"]]
     book = parse_playbook("steps:\n  - {kind: exec, command: 'true', hosts: h1}\n", "pb.yaml")
     assert lock_targets(EVERY, resolve(book, inv, EVERY, HOSTS)) == ["h1", "h2", "h3", "h4", "h5"]
@@ -95,8 +114,9 @@ def test_nothing_to_change_means_empty_steps(inv: Inventory) -> None:
 
 
 def test_canary_serial_defaults() -> None:
-    book = parse_playbook("steps:\n  - {kind: canary}\n  - {kind: exec, command: x}\n"
-                          "  - {kind: rollout, serial: '3,50%'}\n", "pb.yaml")
+    book = parse_playbook(
+        "steps:\n  - {kind: canary}\n  - {kind: exec, command: x}\n  - {kind: rollout, serial: '3,50%'}\n", "pb.yaml"
+    )
     assert canary_serial(book, book.steps[0]) == ["3", "50%"]
     alone = parse_playbook("steps:\n  - {kind: canary}\n", "pb.yaml")
     assert canary_serial(alone, alone.steps[0]) == ["1"]

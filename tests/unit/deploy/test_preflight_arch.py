@@ -22,8 +22,9 @@ def config(name: str) -> dict[str, Any]:
 
 
 def budget(shape: M.ModelShape, tp: int, mml: int, batched: int = 8192, avail: int = 10 * M.GiB) -> M.Budget:
-    s = M.Settings(util=0.9, max_model_len=mml, max_num_seqs=256, max_num_batched_tokens=batched,
-                   kv_cache_memory_bytes=avail)
+    s = M.Settings(
+        util=0.9, max_model_len=mml, max_num_seqs=256, max_num_batched_tokens=batched, kv_cache_memory_bytes=avail
+    )
     return M.predict(shape, M.WeightSizes(), s, [H100_TOTAL] * tp, M.rules_for("0.11.0"))
 
 
@@ -76,8 +77,14 @@ def qwen3_next_tp2_fp8(avail: int) -> M.Budget:
     # --max-model-len 215040; logged "GPU KV cache size: 90,048 tokens" and
     # "Maximum concurrency for 215,040 tokens per request: 1.66x"
     shape = M.ModelShape.from_config(config("qwen3-next-80b-a3b-instruct"))
-    s = M.Settings(util=0.9, max_model_len=215040, max_num_seqs=256, max_num_batched_tokens=8192,
-                   kv_cache_dtype="fp8", kv_cache_memory_bytes=avail)
+    s = M.Settings(
+        util=0.9,
+        max_model_len=215040,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        kv_cache_dtype="fp8",
+        kv_cache_memory_bytes=avail,
+    )
     return M.predict(shape, M.WeightSizes(), s, [H100_TOTAL] * 2, M.rules_for("0.11.0"))
 
 
@@ -106,8 +113,7 @@ def test_hybrid_linear_block_size_and_groups_match_what_vllm_logged():
 
 
 def test_non_hybrid_models_keep_the_16_token_block_and_their_groups():
-    for name, groups in (("gpt-oss-120b", (18, 2)), ("deepseek-v2-lite-chat", (27, 1)),
-                         ("gemma-3-27b-it", (10, 7))):
+    for name, groups in (("gpt-oss-120b", (18, 2)), ("deepseek-v2-lite-chat", (27, 1)), ("gemma-3-27b-it", (10, 7))):
         b = budget(M.ModelShape.from_config(config(name)), 2, 32768)
         assert b.block_size == 16 and b.linear_layers == 0 and b.groups() == groups
         assert b.kv_tokens == b.ranks[0].num_blocks // groups[1] * 16
@@ -127,8 +133,16 @@ def test_moe_activation_width_is_the_experts_a_token_goes_through():
 
 
 def test_dense_models_are_unchanged():
-    cfg = {"num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-           "hidden_size": 4096, "intermediate_size": 12288, "vocab_size": 151936, "max_position_embeddings": 40960}
+    cfg = {
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+    }
     shape = M.ModelShape.from_config(cfg)
     assert M.kv_bytes_per_token(shape, 1, 2) == 147_456 and shape.notes == ()
 
@@ -147,13 +161,20 @@ def test_an_architecture_not_understood_is_a_warning_never_a_refusal():
     inv = inventory()
     # a config.json without the fields the arithmetic reads, and no inventory arch to fall back on
     weird = {"model_type": "some_new_arch", "n_layer": 40, "vocab_size": 32000}
-    r = check_instances(inv, {"q": instance("q", model="qwen3-32b")},
-                        {"gpu01": host({"/models/qwen3-32b": _doc(weird)})}).row("q")
+    r = check_instances(
+        inv, {"q": instance("q", model="qwen3-32b")}, {"gpu01": host({"/models/qwen3-32b": _doc(weird)})}
+    ).row("q")
     assert [(p.severity, p.check) for p in r.problems] == [(Severity.WARN, "model.unknown_arch")]
     assert "num_hidden_layers" in r.problems[0].message and r.ok
-    odd = {**config("gpt-oss-120b"), "layer_types": ["chunked_attention", "full_attention"] * 18,
-           "quantization_config": None}
-    r = check_instances(inv, {"q": instance("q", model="qwen3-32b", max_model_len=4096)},
-                        {"gpu01": host({"/models/qwen3-32b": _doc(odd)})}).row("q")
+    odd = {
+        **config("gpt-oss-120b"),
+        "layer_types": ["chunked_attention", "full_attention"] * 18,
+        "quantization_config": None,
+    }
+    r = check_instances(
+        inv,
+        {"q": instance("q", model="qwen3-32b", max_model_len=4096)},
+        {"gpu01": host({"/models/qwen3-32b": _doc(odd)})},
+    ).row("q")
     arch = [p for p in r.problems if p.check == "model.arch"]
     assert [p.severity for p in arch] == [Severity.WARN] and "chunked_attention" in arch[0].message

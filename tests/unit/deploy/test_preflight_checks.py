@@ -28,11 +28,15 @@ def _checks(report: Any, name: str) -> list[tuple[str, str]]:
 
 # -- ports ----------------------------------------------------------------------------------------
 
+
 def test_parse_ss_reads_addresses_ports_and_owners() -> None:
     ls = parse_ss((FIXTURES / "ss_no_process_column.txt").read_text())
     assert [(li.address, li.port, li.pids) for li in ls] == [
-        ("0.0.0.0", 2024, ()), ("127.0.0.1", 8002, (990,)), ("10.0.0.5", 8003, (77, 78)),
-        ("fe80::1", 8004, (5,))]
+        ("0.0.0.0", 2024, ()),
+        ("127.0.0.1", 8002, (990,)),
+        ("10.0.0.5", 8003, (77, 78)),
+        ("fe80::1", 8004, (5,)),
+    ]
     assert ls[2].names == ("nginx", "nginx") and ls[0].wildcard and not ls[1].wildcard
 
 
@@ -67,8 +71,9 @@ def test_unknown_owner_and_bind_addresses() -> None:
 def test_preflight_refuses_a_taken_port_and_accepts_a_redeploy(models: dict[str, dict[str, Any]]) -> None:
     ss = (FIXTURES / "ss_foreign_http_server.txt").read_text()
     hv = host(models, ss, pid_units={1733: "run-u1.service", 412: "ssh.service"})
-    rep = check_instances(inventory(), {"q": instance("q", port=8000), "r": instance("r", gpus=(1,), port=8001)},
-                          {"gpu01": hv})
+    rep = check_instances(
+        inventory(), {"q": instance("q", port=8000), "r": instance("r", gpus=(1,), port=8001)}, {"gpu01": hv}
+    )
     assert _checks(rep, "q") == [("port.taken", "CRIT")] and "python3 (pid 1733" in rep.row("q").problems[0].message
     assert rep.row("r").ok and not rep.row("r").problems
     own = host(models, (FIXTURES / "ss_own_vllm.txt").read_text(), pid_units={2881: "clusterctl-q.service"})
@@ -84,10 +89,16 @@ def test_unreadable_listeners_warn(models: dict[str, dict[str, Any]]) -> None:
 
 # -- GPU sharing and free memory -------------------------------------------------------------------
 
+
 def test_utilisation_sum_above_one_on_a_shared_gpu(models: dict[str, dict[str, Any]]) -> None:
-    rep = check_instances(inventory(), {
-        "a": instance("a", port=8000, gpu_memory_utilization=0.6, max_model_len=8192),
-        "b": instance("b", port=8001, gpu_memory_utilization=0.5, max_model_len=8192)}, {"gpu01": host(models)})
+    rep = check_instances(
+        inventory(),
+        {
+            "a": instance("a", port=8000, gpu_memory_utilization=0.6, max_model_len=8192),
+            "b": instance("b", port=8001, gpu_memory_utilization=0.5, max_model_len=8192),
+        },
+        {"gpu01": host(models)},
+    )
     assert ("gpu.util_sum", "CRIT") in _checks(rep, "a") and ("gpu.util_sum", "CRIT") in _checks(rep, "b")
     assert "1.1 > 1.0" in rep.row("a").problems[-1].message
 
@@ -95,51 +106,78 @@ def test_utilisation_sum_above_one_on_a_shared_gpu(models: dict[str, dict[str, A
 def test_two_halves_fit_but_not_with_cuda_graphs_on_top(models: dict[str, dict[str, Any]]) -> None:
     # 0.45 + 0.45 fits 79.15 GiB with contexts and 0.11's graphs; 0.49 + 0.49 does not (0.11 puts the
     # graphs outside the budget), though the utilisations sum below 1.0.
-    fine = check_instances(inventory(), {
-        "a": instance("a", port=8000, gpu_memory_utilization=0.45, max_model_len=8192),
-        "b": instance("b", port=8001, gpu_memory_utilization=0.45, max_model_len=8192)}, {"gpu01": host(models)})
+    fine = check_instances(
+        inventory(),
+        {
+            "a": instance("a", port=8000, gpu_memory_utilization=0.45, max_model_len=8192),
+            "b": instance("b", port=8001, gpu_memory_utilization=0.45, max_model_len=8192),
+        },
+        {"gpu01": host(models)},
+    )
     assert fine.ok
-    tight = check_instances(inventory(), {
-        "a": instance("a", port=8000, gpu_memory_utilization=0.49, max_model_len=8192),
-        "b": instance("b", port=8001, gpu_memory_utilization=0.49, max_model_len=8192)}, {"gpu01": host(models)})
+    tight = check_instances(
+        inventory(),
+        {
+            "a": instance("a", port=8000, gpu_memory_utilization=0.49, max_model_len=8192),
+            "b": instance("b", port=8001, gpu_memory_utilization=0.49, max_model_len=8192),
+        },
+        {"gpu01": host(models)},
+    )
     assert ("gpu.shared_fit", "CRIT") in _checks(tight, "a")
 
 
 def test_another_process_on_the_gpu(models: dict[str, dict[str, Any]]) -> None:
     other = GpuProc(pid=4242, used=int(30 * GiB), unit="train.service", name="python")
-    rep = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=8192)},
-                          {"gpu01": host(models, procs={0: [other]})})
+    rep = check_instances(
+        inventory(),
+        {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=8192)},
+        {"gpu01": host(models, procs={0: [other]})},
+    )
     [p] = rep.row("q").problems
     assert (p.check, p.severity) == ("gpu.free", Severity.CRIT)
     assert "pid 4242 python (train.service) 30.0 GiB" in p.message
-    assert p.fit["gpu_memory_utilization"] == 0.61   # (79.14 - 30 - 0.5 context) / 79.15
-    fits = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.61, max_model_len=8192)},
-                           {"gpu01": host(models, procs={0: [other]})})
+    assert p.fit["gpu_memory_utilization"] == 0.61  # (79.14 - 30 - 0.5 context) / 79.15
+    fits = check_instances(
+        inventory(),
+        {"q": instance("q", gpu_memory_utilization=0.61, max_model_len=8192)},
+        {"gpu01": host(models, procs={0: [other]})},
+    )
     assert fits.ok
-    small = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.5, max_model_len=8192)},
-                            {"gpu01": host(models, procs={0: [other]})})
+    small = check_instances(
+        inventory(),
+        {"q": instance("q", gpu_memory_utilization=0.5, max_model_len=8192)},
+        {"gpu01": host(models, procs={0: [other]})},
+    )
     assert _checks(small, "q") == [("gpu.shared", "WARN")]
     # The instance's own running process (a redeploy) frees its memory when restarted.
     mine = GpuProc(pid=77, used=int(72 * GiB), unit="clusterctl-q.service", name="vllm")
-    again = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=8192)},
-                            {"gpu01": host(models, procs={0: [mine]})})
+    again = check_instances(
+        inventory(),
+        {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=8192)},
+        {"gpu01": host(models, procs={0: [mine]})},
+    )
     assert again.ok and not again.row("q").problems
 
 
 # -- TP rules -------------------------------------------------------------------------------------
 
+
 def test_tp_rules(models: dict[str, dict[str, Any]]) -> None:
-    rep = check_instances(inventory(pcie=True), {"q": instance("q", gpus=(0, 1, 2, 3), max_model_len=8192)},
-                          {"gpu01": host(models)})
+    rep = check_instances(
+        inventory(pcie=True), {"q": instance("q", gpus=(0, 1, 2, 3), max_model_len=8192)}, {"gpu01": host(models)}
+    )
     assert _checks(rep, "q") == [("tp.interconnect", "WARN")]
-    nv = check_instances(inventory(), {"q": instance("q", gpus=(0, 1, 2, 3), max_model_len=8192)},
-                         {"gpu01": host(models)})
+    nv = check_instances(
+        inventory(), {"q": instance("q", gpus=(0, 1, 2, 3), max_model_len=8192)}, {"gpu01": host(models)}
+    )
     assert nv.ok and not nv.row("q").problems
-    odd = check_instances(inventory(), {"q": instance("q", gpus=(0, 1, 2), max_model_len=8192)},
-                          {"gpu01": host(models)})
+    odd = check_instances(
+        inventory(), {"q": instance("q", gpus=(0, 1, 2), max_model_len=8192)}, {"gpu01": host(models)}
+    )
     assert ("tp.heads", "CRIT") in _checks(odd, "q")
-    few = check_instances(inventory(), {"q": instance("q", gpus=(0, 1), max_model_len=8192)},
-                          {"gpu01": host(models, gpus=1)})
+    few = check_instances(
+        inventory(), {"q": instance("q", gpus=(0, 1), max_model_len=8192)}, {"gpu01": host(models, gpus=1)}
+    )
     assert ("gpu.missing", "CRIT") in _checks(few, "q") and ("tp.gpus", "CRIT") in _checks(few, "q")
 
 
@@ -153,6 +191,7 @@ def test_unreadable_host_is_a_crit_row_not_an_exception(models: dict[str, dict[s
 
 # -- after start: KV prediction error ---------------------------------------------------------------
 
+
 def test_kv_error_from_the_011_sample_uses_the_smallest_rank() -> None:
     k = kv_prediction_error(311_040, (SAMPLES / "startup_success_v0.11.0.log").read_text())
     assert k.logged == 311_040 and k.per_rank == (311_040, 311_616) and k.error_pct == 0.0
@@ -161,9 +200,11 @@ def test_kv_error_from_the_011_sample_uses_the_smallest_rank() -> None:
 
 
 def test_kv_error_033_combined_line_last_start_only() -> None:
-    old = "(APIServer pid=1) INFO 11-30 09:10:41 [utils.py:233] non-default args: {}\n" \
-          "(EngineCore pid=2) INFO 11-30 09:11:44 [kv_cache_utils.py:1155] GPU KV cache size: 99,999 tokens, " \
-          "Maximum concurrency for 32,768 tokens per request: 3.05x\n"
+    old = (
+        "(APIServer pid=1) INFO 11-30 09:10:41 [utils.py:233] non-default args: {}\n"
+        "(EngineCore pid=2) INFO 11-30 09:11:44 [kv_cache_utils.py:1155] GPU KV cache size: 99,999 tokens, "
+        "Maximum concurrency for 32,768 tokens per request: 3.05x\n"
+    )
     new = old.replace("99,999", "612,352").replace("3.05x", "18.69x")
     k = kv_prediction_error(612_000, old + new)
     assert k.logged == 612_352 and k.per_rank == (612_352,)
@@ -181,12 +222,18 @@ def test_no_kv_line_yet_but_vllm_estimate_of_the_failure() -> None:
 def test_fixed_kv_cache_size_must_fit_the_free_memory(models: dict[str, dict[str, Any]]) -> None:
     # --kv-cache-memory-bytes skips vLLM's utilisation check, so the whole footprint is compared.
     other = GpuProc(pid=4242, used=int(50 * GiB), unit="train.service", name="python")
-    big = check_instances(inventory(), {"q": instance("q", kv_cache_memory_bytes=20 * GiB, max_model_len=8192)},
-                          {"gpu01": host(models, procs={0: [other]})})
+    big = check_instances(
+        inventory(),
+        {"q": instance("q", kv_cache_memory_bytes=20 * GiB, max_model_len=8192)},
+        {"gpu01": host(models, procs={0: [other]})},
+    )
     [p] = big.row("q").problems
     assert p.check == "gpu.free" and "--kv-cache-memory-bytes (20.0 GiB of KV cache)" in p.message
-    small = check_instances(inventory(), {"q": instance("q", kv_cache_memory_bytes=5 * GiB, max_model_len=8192)},
-                            {"gpu01": host(models, procs={0: [other]})})
+    small = check_instances(
+        inventory(),
+        {"q": instance("q", kv_cache_memory_bytes=5 * GiB, max_model_len=8192)},
+        {"gpu01": host(models, procs={0: [other]})},
+    )
     assert [x.check for x in small.row("q").problems] == ["gpu.shared"]
     assert small.row("q").predicted_kv_tokens == 5 * GiB // (147_456 * 16) * 16
 
@@ -195,8 +242,9 @@ def test_preflight_reasons_over_the_state_after_the_plans_removals(models: dict[
     # TP 1 -> 2 renames the replicas: the new "q2-1" takes the port and GPUs of the removed "q-1",
     # which still runs (pid 2881 on :8001 and 72 GiB on GPU 0) until its host's node job stops it.
     old = GpuProc(pid=2881, used=int(72 * GiB), unit="clusterctl-q-1.service", name="vllm")
-    hv = host(models, (FIXTURES / "ss_own_vllm.txt").read_text(), procs={0: [old]},
-              pid_units={2881: "clusterctl-q-1.service"})
+    hv = host(
+        models, (FIXTURES / "ss_own_vllm.txt").read_text(), procs={0: [old]}, pid_units={2881: "clusterctl-q-1.service"}
+    )
     new = {"q2-1": instance("q2-1", gpus=(0, 1), port=8001, gpu_memory_utilization=0.9, max_model_len=8192)}
     before = check_instances(inventory(), new, {"gpu01": hv})
     assert {c for c, _ in _checks(before, "q2-1")} >= {"port.taken", "gpu.free"}
@@ -209,27 +257,40 @@ def test_preflight_reasons_over_the_state_after_the_plans_removals(models: dict[
 
 # -- the engine on the host (issue 23) --------------------------------------------------------------
 
+
 def test_a_host_without_the_engine_is_a_crit_naming_host_engine_and_path(models: dict[str, dict[str, Any]]) -> None:
     hv = host(models)
-    hv.engines = {"/opt/vllm-0.11/bin/vllm": {"exists": False, "executable": False},
-                  "/opt/vllm-0.33/bin/vllm": {"exists": True, "executable": False}}
-    rep = check_instances(inventory(), {"a": instance("a", max_model_len=8192),
-                                        "b": instance("b", gpus=(1,), port=8001, engine="vllm-0.33",
-                                                      max_model_len=8192)}, {"gpu01": hv})
+    hv.engines = {
+        "/opt/vllm-0.11/bin/vllm": {"exists": False, "executable": False},
+        "/opt/vllm-0.33/bin/vllm": {"exists": True, "executable": False},
+    }
+    rep = check_instances(
+        inventory(),
+        {
+            "a": instance("a", max_model_len=8192),
+            "b": instance("b", gpus=(1,), port=8001, engine="vllm-0.33", max_model_len=8192),
+        },
+        {"gpu01": hv},
+    )
     a, b = rep.row("a"), rep.row("b")
     assert ("engine.missing", "CRIT") in _checks(rep, "a") and not a.ok
     msg = next(p.message for p in a.problems if p.check == "engine.missing")
     assert "engine vllm-0.11 (vLLM 0.11.0) is not installed on gpu01: no /opt/vllm-0.11/bin/vllm" in msg
     assert "`clusterctl engine install vllm-0.11 --hosts 'gpu01' --wheels DIR`" in msg
     assert "/opt/vllm-0.33/bin/vllm is not an executable file" in next(
-        p.message for p in b.problems if p.check == "engine.missing")
+        p.message for p in b.problems if p.check == "engine.missing"
+    )
 
 
 def test_an_installed_engine_or_an_unread_one_makes_no_claim(models: dict[str, dict[str, Any]]) -> None:
     hv = host(models)
     hv.engines = {"/opt/vllm-0.11/bin/vllm": {"exists": True, "executable": True}}
-    assert "engine.missing" not in [c for c, _ in _checks(check_instances(
-        inventory(), {"a": instance("a", max_model_len=8192)}, {"gpu01": hv}), "a")]
+    assert "engine.missing" not in [
+        c
+        for c, _ in _checks(check_instances(inventory(), {"a": instance("a", max_model_len=8192)}, {"gpu01": hv}), "a")
+    ]
     hv.engines = None  # an older node reader, or not asked: nothing said either way
-    assert "engine.missing" not in [c for c, _ in _checks(check_instances(
-        inventory(), {"a": instance("a", max_model_len=8192)}, {"gpu01": hv}), "a")]
+    assert "engine.missing" not in [
+        c
+        for c, _ in _checks(check_instances(inventory(), {"a": instance("a", max_model_len=8192)}, {"gpu01": hv}), "a")
+    ]

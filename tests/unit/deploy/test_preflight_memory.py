@@ -23,16 +23,23 @@ from unit.deploy.preflight_helpers import H100, H100_TOTAL, host, instance, inve
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     root = tmp_path_factory.mktemp("models")
-    return {"/models/qwen3-8b": make_sparse("Qwen3-8B", root / "qwen3-8b"),
-            "/models/qwen3-32b": make_sparse("Qwen3-32B", root / "qwen3-32b")}
+    return {
+        "/models/qwen3-8b": make_sparse("Qwen3-8B", root / "qwen3-8b"),
+        "/models/qwen3-32b": make_sparse("Qwen3-32B", root / "qwen3-32b"),
+    }
 
 
 def _budget(doc: dict[str, Any], tp: int, version: str = "0.11.0", **flags: Any) -> M.Budget:
     shape = M.ModelShape.from_config(doc["config"])
     rules = M.rules_for(version)
     seqs, tokens = rules.scheduler_defaults(H100, H100_TOTAL)
-    s = M.Settings(util=flags.pop("util", rules.default_util), max_model_len=flags.pop("mml", shape.max_position),
-                   max_num_seqs=seqs, max_num_batched_tokens=tokens, **flags)
+    s = M.Settings(
+        util=flags.pop("util", rules.default_util),
+        max_model_len=flags.pop("mml", shape.max_position),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        **flags,
+    )
     return M.predict(shape, M.WeightSizes.from_json(doc["weights"]), s, [H100_TOTAL] * tp, rules)
 
 
@@ -43,10 +50,10 @@ def test_node_reader_sums_the_real_tensor_sizes(models: dict[str, dict[str, Any]
     assert [r for r, _ in q8["weights"]["vocab"]] == [151936, 151936]
 
 
-@pytest.mark.parametrize("model,tp,logged_gib", [("/models/qwen3-8b", 1, 15.2683),
-                                                 ("/models/qwen3-32b", 2, 30.5172)])
-def test_weights_per_gpu_match_vllm_model_loading_line(models: dict[str, dict[str, Any]], model: str,
-                                                        tp: int, logged_gib: float) -> None:
+@pytest.mark.parametrize("model,tp,logged_gib", [("/models/qwen3-8b", 1, 15.2683), ("/models/qwen3-32b", 2, 30.5172)])
+def test_weights_per_gpu_match_vllm_model_loading_line(
+    models: dict[str, dict[str, Any]], model: str, tp: int, logged_gib: float
+) -> None:
     b = _budget(models[model], tp)
     assert abs(M.gib(b.ranks[0].weights) - logged_gib) / logged_gib < 0.002
 
@@ -97,23 +104,30 @@ def test_preflight_refuses_with_the_numbers_and_what_would_fit(models: dict[str,
     # whose prediction really holds one 40960-token request plus the margin.
     assert 16000 < p.fit["max_model_len"] < 20880 and p.fit["max_model_len"] % 16 == 0
     util = p.fit["gpu_memory_utilization"]
-    assert util == 0.3   # 5.62 GiB + 0.5 GiB margin needs 0.2911 x 79.15 GiB
-    ok = check_instances(inv, {"q8": instance("q8", gpu_memory_utilization=util, max_model_len=40960)},
-                         {"gpu01": host(models)})
+    assert util == 0.3  # 5.62 GiB + 0.5 GiB margin needs 0.2911 x 79.15 GiB
+    ok = check_instances(
+        inv, {"q8": instance("q8", gpu_memory_utilization=util, max_model_len=40960)}, {"gpu01": host(models)}
+    )
     assert ok.ok and not ok.row("q8").problems
-    below = check_instances(inv, {"q8": instance("q8", gpu_memory_utilization=0.29, max_model_len=40960)},
-                            {"gpu01": host(models)})
+    below = check_instances(
+        inv, {"q8": instance("q8", gpu_memory_utilization=0.29, max_model_len=40960)}, {"gpu01": host(models)}
+    )
     assert below.row("q8").problems
-    short = check_instances(inv, {"q8": instance("q8", gpu_memory_utilization=0.25,
-                                                 max_model_len=p.fit["max_model_len"])}, {"gpu01": host(models)})
+    short = check_instances(
+        inv,
+        {"q8": instance("q8", gpu_memory_utilization=0.25, max_model_len=p.fit["max_model_len"])},
+        {"gpu01": host(models)},
+    )
     assert short.ok
 
 
 def test_defaults_come_from_the_engine_version(models: dict[str, dict[str, Any]]) -> None:
     inv = inventory()
-    rows = check_instances(inv, {"a": instance("a", engine="vllm-0.11"),
-                                 "b": instance("b", gpus=(1,), port=8001, engine="vllm-0.33")},
-                           {"gpu01": host(models)})
+    rows = check_instances(
+        inv,
+        {"a": instance("a", engine="vllm-0.11"), "b": instance("b", gpus=(1,), port=8001, engine="vllm-0.33")},
+        {"gpu01": host(models)},
+    )
     assert rows.row("a").settings["gpu_memory_utilization"] == 0.9
     assert rows.row("b").settings["gpu_memory_utilization"] == 0.92
     assert rows.row("a").settings["max_model_len"] == 40960
@@ -123,25 +137,29 @@ def test_defaults_come_from_the_engine_version(models: dict[str, dict[str, Any]]
 
 def test_margin_warns_when_the_fit_is_tight(models: dict[str, dict[str, Any]]) -> None:
     # util 0.29 leaves 6.03 GiB for a 5.62 GiB need: vLLM starts, but with less than the margin.
-    r = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.29, max_model_len=40960)},
-                        {"gpu01": host(models)}).row("q")
+    r = check_instances(
+        inventory(), {"q": instance("q", gpu_memory_utilization=0.29, max_model_len=40960)}, {"gpu01": host(models)}
+    ).row("q")
     assert r.ok and [(p.check, p.severity) for p in r.problems] == [("memory.margin", Severity.WARN)]
     assert r.problems[0].numbers["available_kv_gib"] == 6.03
 
 
 def test_no_memory_left_for_the_kv_cache(models: dict[str, dict[str, Any]]) -> None:
-    r = check_instances(inventory(), {"q": instance("q", model="qwen3-32b", gpu_memory_utilization=0.5)},
-                        {"gpu01": host(models)}).row("q")
+    r = check_instances(
+        inventory(), {"q": instance("q", model="qwen3-32b", gpu_memory_utilization=0.5)}, {"gpu01": host(models)}
+    ).row("q")
     [p] = [p for p in r.problems if p.check == "memory.no_kv"]
     assert "weights 61.0" in p.message and p.fit["gpu_memory_utilization"] is not None
 
 
 def test_model_not_on_the_host_is_estimated_from_the_inventory_arch(models: dict[str, dict[str, Any]]) -> None:
     inv = inventory()
-    with_files = check_instances(inv, {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=32768)},
-                                 {"gpu01": host(models)}).row("q")
-    no_files = check_instances(inv, {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=32768)},
-                               {"gpu01": host({})}).row("q")
+    with_files = check_instances(
+        inv, {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=32768)}, {"gpu01": host(models)}
+    ).row("q")
+    no_files = check_instances(
+        inv, {"q": instance("q", gpu_memory_utilization=0.9, max_model_len=32768)}, {"gpu01": host({})}
+    ).row("q")
     assert [p.check for p in no_files.problems] == ["model.not_on_host"]
     assert no_files.weights_source == "inventory"
     assert with_files.budget is not None and no_files.budget is not None
@@ -153,17 +171,16 @@ def test_model_not_on_the_host_is_estimated_from_the_inventory_arch(models: dict
 
 
 def test_bad_flag_value_is_a_crit_naming_the_flag(models: dict[str, dict[str, Any]]) -> None:
-    r = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=1.2)},
-                        {"gpu01": host(models)}).row("q")
+    r = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=1.2)}, {"gpu01": host(models)}).row("q")
     assert [p.check for p in r.problems] == ["flags"] and "--gpu-memory-utilization" in r.problems[0].message
-    r = check_instances(inventory(), {"q": instance("q", max_model_len="64k")},
-                        {"gpu01": host(models)}).row("q")
+    r = check_instances(inventory(), {"q": instance("q", max_model_len="64k")}, {"gpu01": host(models)}).row("q")
     assert [p.check for p in r.problems] == ["flags.max_model_len"]
 
 
 def test_report_json_carries_the_numbers(models: dict[str, dict[str, Any]]) -> None:
-    rep = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.25, max_model_len=40960)},
-                          {"gpu01": host(models)})
+    rep = check_instances(
+        inventory(), {"q": instance("q", gpu_memory_utilization=0.25, max_model_len=40960)}, {"gpu01": host(models)}
+    )
     doc = rep.to_json()
     assert doc["ok"] is False and doc["refused"] == ["q"] and doc["margin_gib"] == 0.5
     inst = doc["instances"][0]
@@ -173,37 +190,44 @@ def test_report_json_carries_the_numbers(models: dict[str, dict[str, Any]]) -> N
     assert f.check == "preflight.memory.kv" and f.subject == "instance:q" and "max_model_len" in f.action
 
 
-
 def test_fp8_kv_cache_is_offered_when_it_would_fit(models: dict[str, dict[str, Any]]) -> None:
-    r = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.27, max_model_len=40960)},
-                        {"gpu01": host(models)}).row("q")
+    r = check_instances(
+        inventory(), {"q": instance("q", gpu_memory_utilization=0.27, max_model_len=40960)}, {"gpu01": host(models)}
+    ).row("q")
     [p] = r.problems
     assert p.check == "memory.kv" and p.fit["kv_cache_dtype"] == "fp8"
-    fp8 = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.27, max_model_len=40960,
-                                                      kv_cache_dtype="fp8")}, {"gpu01": host(models)})
+    fp8 = check_instances(
+        inventory(),
+        {"q": instance("q", gpu_memory_utilization=0.27, max_model_len=40960, kv_cache_dtype="fp8")},
+        {"gpu01": host(models)},
+    )
     assert fp8.ok and not fp8.row("q").problems
     # At 0.25 even fp8 (2.81 GiB + margin) does not fit in 2.87 GiB: not offered.
-    r = check_instances(inventory(), {"q": instance("q", gpu_memory_utilization=0.25, max_model_len=40960)},
-                        {"gpu01": host(models)}).row("q")
+    r = check_instances(
+        inventory(), {"q": instance("q", gpu_memory_utilization=0.25, max_model_len=40960)}, {"gpu01": host(models)}
+    ).row("q")
     assert "kv_cache_dtype" not in r.problems[0].fit
 
 
 def test_unknown_length_without_config_is_said_not_guessed() -> None:
     r = check_instances(inventory(), {"q": instance("q")}, {"gpu01": host({})}).row("q")
-    assert [(p.check, p.severity) for p in r.problems] == [("model.not_on_host", Severity.WARN),
-                                                           ("memory.unknown_len", Severity.WARN)]
+    assert [(p.check, p.severity) for p in r.problems] == [
+        ("model.not_on_host", Severity.WARN),
+        ("memory.unknown_len", Severity.WARN),
+    ]
     assert r.ok and r.budget is not None and r.budget.ranks[0].weights > 15 * M.GiB
 
 
 def test_llama_70b_needs_tensor_parallelism(tmp_path_factory: pytest.TempPathFactory) -> None:
     doc = make_sparse("llama-3-70b", tmp_path_factory.mktemp("m") / "llama")
-    assert round(M.gib(M.WeightSizes.from_json(doc["weights"]).total), 2) == 131.42   # research vllm.md §4.3
+    assert round(M.gib(M.WeightSizes.from_json(doc["weights"]).total), 2) == 131.42  # research vllm.md §4.3
     inv = inventory()
     inv.models["llama"] = Model("llama", "/models/llama")
     one = check_instances(inv, {"l": instance("l", model="llama")}, {"gpu01": host({"/models/llama": doc})}).row("l")
     [p] = one.problems
     assert p.check == "memory.weights" and "131.42 GiB per GPU" in p.message
     assert p.fit == {"tensor_parallel_size": 2}
-    two = check_instances(inv, {"l": instance("l", model="llama", gpus=(0, 1))},
-                          {"gpu01": host({"/models/llama": doc})}).row("l")
+    two = check_instances(
+        inv, {"l": instance("l", model="llama", gpus=(0, 1))}, {"gpu01": host({"/models/llama": doc})}
+    ).row("l")
     assert two.ok and two.budget is not None and round(M.gib(two.budget.ranks[0].weights), 2) == 65.71

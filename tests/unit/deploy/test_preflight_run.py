@@ -22,15 +22,31 @@ from unit.deploy.preflight_helpers import FIXTURES, inventory, make_sparse
 
 
 def _facts(processes: list[dict[str, Any]] | None = None) -> Any:
-    dev = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_total": 81559 * MiB,
-           "memory_used": 516 * MiB, "memory_free": 81043 * MiB, "processes": []} for i in range(8)]
+    dev = [
+        {
+            "index": i,
+            "name": "NVIDIA H100 80GB HBM3",
+            "memory_total": 81559 * MiB,
+            "memory_used": 516 * MiB,
+            "memory_free": 81043 * MiB,
+            "processes": [],
+        }
+        for i in range(8)
+    ]
     if processes:
         dev[0]["processes"] = processes
         held = sum(p["used_memory"] for p in processes)
         dev[0]["memory_used"] += held
         dev[0]["memory_free"] -= held
-    return parse_facts({"schema": 1, "collected_at": "2026-11-30T15:00:00Z", "host": {},
-                        "gpus": {"available": True, "devices": dev}, "nics": []})
+    return parse_facts(
+        {
+            "schema": 1,
+            "collected_at": "2026-11-30T15:00:00Z",
+            "host": {},
+            "gpus": {"available": True, "devices": dev},
+            "nics": [],
+        }
+    )
 
 
 class FakeFleet:
@@ -46,8 +62,14 @@ class FakeFleet:
         # The probe (one command, or one per host through clusterctl.fleet.cached): only the down host matters here.
         if isinstance(command, str) or '"models"' not in " ".join(command.values()):
             for h in self.hosts:
-                out.add(HostResult(h.name, HostStatus.UNREACHABLE if h.name in self.down else HostStatus.FAILED,
-                                   rc=None if h.name in self.down else 1, error="connection refused"))
+                out.add(
+                    HostResult(
+                        h.name,
+                        HostStatus.UNREACHABLE if h.name in self.down else HostStatus.FAILED,
+                        rc=None if h.name in self.down else 1,
+                        error="connection refused",
+                    )
+                )
             return out
         self.commands.append((command, kw))
         for h, cmd in command.items():
@@ -55,10 +77,14 @@ class FakeFleet:
                 out.add(HostResult(h, HostStatus.UNREACHABLE, error="connection refused"))
                 continue
             req = json.loads(cmd.split(" ", 2)[2].strip("'"))
-            doc = {"models": {p: preflight_node.model_sizes(self.model_dirs.get(p, p)) for p in req["models"]},
-                   "listeners": {"ss": self.ss, "error": None}, "pid_units": {"1733": "run-u9.service"},
-                   "engines": {p: preflight_node.engine_state(self.engine_paths.get(p, p))
-                               for p in req.get("engines", [])}}
+            doc = {
+                "models": {p: preflight_node.model_sizes(self.model_dirs.get(p, p)) for p in req["models"]},
+                "listeners": {"ss": self.ss, "error": None},
+                "pid_units": {"1733": "run-u9.service"},
+                "engines": {
+                    p: preflight_node.engine_state(self.engine_paths.get(p, p)) for p in req.get("engines", [])
+                },
+            }
             out.add(HostResult(h, HostStatus.OK, rc=0, stdout=json.dumps(doc)))
         return out
 
@@ -69,14 +95,19 @@ def test_run_preflight_reads_through_the_fleet(tmp_path: Path) -> None:
     model = tmp_path / "qwen3-8b"
     make_sparse("Qwen3-8B", model)
     insts = {
-        "a": Instance("a", "qwen3-8b", "vllm-0.11", (GpuRef("gpu01", 0),), 8000,
-                      args={"gpu-memory-utilization": 0.9, "max-model-len": 8192}),
+        "a": Instance(
+            "a",
+            "qwen3-8b",
+            "vllm-0.11",
+            (GpuRef("gpu01", 0),),
+            8000,
+            args={"gpu-memory-utilization": 0.9, "max-model-len": 8192},
+        ),
         "b": Instance("b", "qwen3-8b", "vllm-0.11", (GpuRef("gpu01", 1),), 8001, args={"max-model-len": 8192}),
         "c": Instance("c", "qwen3-8b", "vllm-0.11", (GpuRef("gpu02", 0),), 8000, args={}),
     }
     ss = (FIXTURES / "ss_foreign_http_server.txt").read_text().replace(":8000 ", ":8001 ")
-    fleet = FakeFleet([inv.hosts["gpu01"], inv.hosts["gpu02"]], {"/models/qwen3-8b": str(model)}, ss,
-                      down={"gpu02"})
+    fleet = FakeFleet([inv.hosts["gpu01"], inv.hosts["gpu02"]], {"/models/qwen3-8b": str(model)}, ss, down={"gpu02"})
     fleet.engine_paths = {"/opt/vllm-0.11/bin/vllm": sys.executable}  # installed there
     other = {"pid": 4242, "used_memory": 40 * 1024 * MiB, "name": "python", "unit": "train.service"}
     events: list[str] = []
@@ -84,9 +115,9 @@ def test_run_preflight_reads_through_the_fleet(tmp_path: Path) -> None:
     # One reader run for both hosts, as root, the script on stdin.
     [(cmd, kw)] = fleet.commands
     assert set(cmd) == {"gpu01", "gpu02"} and kw["sudo"] is True and b"safetensors" in kw["stdin"]
-    assert [p.check for p in rep.row("a").problems] == ["gpu.free"]         # 40 GiB held by train.service
+    assert [p.check for p in rep.row("a").problems] == ["gpu.free"]  # 40 GiB held by train.service
     assert "train.service" in rep.row("a").problems[0].message
-    assert [p.check for p in rep.row("b").problems] == ["port.taken"]       # python3 pid 1733 on 8001
+    assert [p.check for p in rep.row("b").problems] == ["port.taken"]  # python3 pid 1733 on 8001
     assert "run-u9.service" in rep.row("b").problems[0].message
     c = rep.row("c").problems
     assert [p.check for p in c] == ["host.unreadable"] and "connection refused" in c[0].message
@@ -100,8 +131,10 @@ def test_preflight_names_the_host_that_lacks_the_engine(tmp_path: Path) -> None:
     inv.hosts["gpu02"] = Host("gpu02", "10.0.0.2", gpus=inv.hosts["gpu01"].gpus)
     model = tmp_path / "qwen3-8b"
     make_sparse("Qwen3-8B", model)
-    insts = {h: Instance(h, "qwen3-8b", "vllm-0.11", (GpuRef(h, 0),), 8000, args={"max-model-len": 8192})
-             for h in ("gpu01", "gpu02")}
+    insts = {
+        h: Instance(h, "qwen3-8b", "vllm-0.11", (GpuRef(h, 0),), 8000, args={"max-model-len": 8192})
+        for h in ("gpu01", "gpu02")
+    }
     fleet = FakeFleet([inv.hosts["gpu01"], inv.hosts["gpu02"]], {"/models/qwen3-8b": str(model)}, "")
     # one reader for both hosts: the engine resolves to an executable here, to a missing path there
     engine = tmp_path / "vllm"
@@ -149,17 +182,18 @@ def test_node_reader_errors_name_the_file(tmp_path: Path) -> None:
 
 def test_node_reader_classifies_tensors(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    tensors = {"__metadata__": {"format": "pt"},
-               "model.embed_tokens.weight": {"dtype": "BF16", "shape": [100, 8], "data_offsets": [0, 1600]},
-               "model.layers.0.input_layernorm.weight": {"dtype": "BF16", "shape": [8], "data_offsets": [0, 16]},
-               "model.layers.0.self_attn.k_proj.weight": {"dtype": "BF16", "shape": [4, 8], "data_offsets": [0, 64]},
-               "model.layers.0.self_attn.k_proj.bias": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]},
-               "model.layers.0.mlp.down_proj.weight": {"dtype": "BF16", "shape": [8, 8], "data_offsets": [0, 128]},
-               "model.layers.0.mlp.down_proj.qzeros": {"dtype": "I32", "shape": [1, 1], "data_offsets": [0, 4]}}
+    tensors = {
+        "__metadata__": {"format": "pt"},
+        "model.embed_tokens.weight": {"dtype": "BF16", "shape": [100, 8], "data_offsets": [0, 1600]},
+        "model.layers.0.input_layernorm.weight": {"dtype": "BF16", "shape": [8], "data_offsets": [0, 16]},
+        "model.layers.0.self_attn.k_proj.weight": {"dtype": "BF16", "shape": [4, 8], "data_offsets": [0, 64]},
+        "model.layers.0.self_attn.k_proj.bias": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]},
+        "model.layers.0.mlp.down_proj.weight": {"dtype": "BF16", "shape": [8, 8], "data_offsets": [0, 128]},
+        "model.layers.0.mlp.down_proj.qzeros": {"dtype": "I32", "shape": [1, 1], "data_offsets": [0, 4]},
+    }
     _header(tmp_path / "model.safetensors", json.dumps(tensors).encode())
     w = preflight_node.model_sizes(str(tmp_path))["weights"]
-    assert w == {"replicated": 16, "split": 4, "split_linear": 128, "kv": 8, "kv_linear": 64,
-                 "vocab": [[100, 1600]]}
+    assert w == {"replicated": 16, "split": 4, "split_linear": 128, "kv": 8, "kv_linear": 64, "vocab": [[100, 1600]]}
 
 
 def test_node_reader_main_prints_one_json_document(tmp_path: Path) -> None:
@@ -186,13 +220,17 @@ def test_read_kv_checks_per_instance_from_each_host() -> None:
     sample = (FIXTURES.parent / "vllm" / "startup_success_v0.11.0.log").read_text().splitlines()
     kept = [ln for ln in sample if "GPU KV cache size" in ln or "non-default args" in ln]
     out = "=== clusterctl-kvcheck a\n" + "\n".join(kept) + "\n=== clusterctl-kvcheck b\n"
-    fleet = JournalFleet({"gpu01": HostResult("gpu01", HostStatus.OK, rc=0, stdout=out),
-                          "gpu02": HostResult("gpu02", HostStatus.UNREACHABLE, error="no route to host")})
+    fleet = JournalFleet(
+        {
+            "gpu01": HostResult("gpu01", HostStatus.OK, rc=0, stdout=out),
+            "gpu02": HostResult("gpu02", HostStatus.UNREACHABLE, error="no route to host"),
+        }
+    )
     checks = read_kv_checks(fleet, {"a": ("gpu01", 311_000), "b": ("gpu01", 5), "c": ("gpu02", 7)})
     assert "journalctl -u clusterctl-a.service" in fleet.commands["gpu01"]
     a, b, c = checks["a"], checks["b"], checks["c"]
     assert isinstance(a, KvCheck) and a.logged == 311_040 and a.per_rank == (311_040, 311_616)
-    assert isinstance(b, KvCheck) and b.logged is None            # still loading: no KV line yet
+    assert isinstance(b, KvCheck) and b.logged is None  # still loading: no KV line yet
     assert c == "gpu02: unreachable: no route to host"
 
 
@@ -201,7 +239,7 @@ def test_node_reader_is_python38_stdlib_only() -> None:
     import sys as _sys
 
     src = Path(preflight_node.__file__).read_text()
-    tree = ast.parse(src, feature_version=(3, 8))   # no newer syntax (match, X | Y at runtime, ...)
+    tree = ast.parse(src, feature_version=(3, 8))  # no newer syntax (match, X | Y at runtime, ...)
     mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert mods <= set(_sys.stdlib_module_names), mods - set(_sys.stdlib_module_names)

@@ -36,9 +36,14 @@ def _inv() -> Any:
 
 def _replica(tp: int = 1, port: int = 8000, **args: Any) -> Instance:
     """``big``: GPUs 0..tp-1 of gpu01 (the head) and of gpu02 (rank 1), vLLM 0.33."""
-    return Instance(name="big", model="llama", engine="vllm-0.33", port=port,
-                    placement=tuple(GpuRef(h, i) for h in ("gpu01", "gpu02") for i in range(tp)),
-                    args={k.replace("_", "-"): v for k, v in args.items()})
+    return Instance(
+        name="big",
+        model="llama",
+        engine="vllm-0.33",
+        port=port,
+        placement=tuple(GpuRef(h, i) for h in ("gpu01", "gpu02") for i in range(tp)),
+        args={k.replace("_", "-"): v for k, v in args.items()},
+    )
 
 
 def _hosts(doc: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
@@ -47,10 +52,17 @@ def _hosts(doc: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
     return {"gpu01": one, "gpu02": two}
 
 
-@pytest.mark.parametrize("layers, pp_size, want", [
-    (80, 2, [40, 40]), (80, 3, [27, 27, 26]), (61, 4, [15, 15, 16, 15]), (64, 4, [16, 16, 16, 16]),
-    (62, 4, [15, 16, 16, 15]), (63, 4, [16, 16, 16, 15]),
-])
+@pytest.mark.parametrize(
+    "layers, pp_size, want",
+    [
+        (80, 2, [40, 40]),
+        (80, 3, [27, 27, 26]),
+        (61, 4, [15, 15, 16, 15]),
+        (64, 4, [16, 16, 16, 16]),
+        (62, 4, [15, 16, 16, 15]),
+        (63, 4, [16, 16, 16, 15]),
+    ],
+)
 def test_layers_split_as_vllm_does(layers: int, pp_size: int, want: list[int]) -> None:
     # vLLM get_pp_indices: the left-over layers go to the stages before the last (partitions[-2], [-3], ...)
     assert pp.partition(layers, pp_size) == want
@@ -131,8 +143,9 @@ def test_the_model_missing_on_the_worker_host_is_said_on_that_host(llama: dict[s
 
 def test_a_bad_partition_override_is_refused_and_the_port_is_checked_on_the_head_only(llama: dict[str, Any]) -> None:
     inst = replace(_replica(max_model_len=4096), env={"VLLM_PP_LAYER_PARTITION": "10,10"})
-    rep = check_instances(_inv(), {"big": inst}, _hosts(llama, ss="LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* "
-                                                               'users:(("nginx",pid=9,fd=6))\n'))
+    rep = check_instances(
+        _inv(), {"big": inst}, _hosts(llama, ss="LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:((\"nginx\",pid=9,fd=6))\n")
+    )
     assert all("VLLM_PP_LAYER_PARTITION='10,10'" in r.problems[-1].message for r in rep.rows)
     assert not [p for p in rep.rows[1].problems if p.check == "port.taken"]  # headless: no API port
 
@@ -154,13 +167,17 @@ def test_deploy_checks_a_replica_when_only_a_worker_unit_changes(tmp_path: Path,
     def fake(inv_: Any, starting: Any, fleet: Any, **kw: Any) -> Any:
         seen.update(starting)
         return SimpleNamespace(ok=True, rows=[])
+
     monkeypatch.setattr(pf, "run_preflight", fake)
     d = Deploy(inv, list(inv.hosts.values()), lambda hs: None, str(tmp_path), DeployOptions())
     d.instances = dict(inv.instances)
     events: list[str] = []
     d.on_event = lambda *a, **k: events.append(str(a))
-    plan = SimpleNamespace(hosts=[SimpleNamespace(host="gpu01", items=[SimpleNamespace(instance="big", action="keep")]),
-                                  SimpleNamespace(host="gpu02", items=[SimpleNamespace(instance="big-node1",
-                                                                                      action="changed")])])
+    plan = SimpleNamespace(
+        hosts=[
+            SimpleNamespace(host="gpu01", items=[SimpleNamespace(instance="big", action="keep")]),
+            SimpleNamespace(host="gpu02", items=[SimpleNamespace(instance="big-node1", action="changed")]),
+        ]
+    )
     d.preflight(None, plan)
     assert list(seen) == ["big"] and not [e for e in events if "does not check" in e]

@@ -58,9 +58,21 @@ class StagingCluster:
         op = job["op"]
         if op == "read":
             v = self.link[host.name]
-            out: dict[str, Any] = {"ok": True, "instances": {}, "lock": None, "previous": [],
-                                   "models": {"/models/m": {"path": "/models/m", "exists": True, "verified": True,
-                                                            "version": v, "target": f".versions/m/{v}"}}}
+            out: dict[str, Any] = {
+                "ok": True,
+                "instances": {},
+                "lock": None,
+                "previous": [],
+                "models": {
+                    "/models/m": {
+                        "path": "/models/m",
+                        "exists": True,
+                        "verified": True,
+                        "version": v,
+                        "target": f".versions/m/{v}",
+                    }
+                },
+            }
         elif op == "stage":
             if host.name in self.fail_stage:
                 self.fail_stage.discard(host.name)
@@ -70,8 +82,12 @@ class StagingCluster:
                 self.have[host.name].add("v2")
                 if job.get("switch", True):
                     self.link[host.name] = "v2"
-                out = {"ok": True, "version": "v2", "already_present": present,
-                       "warm": {"read_bytes": job.get("warm_budget")} if job.get("warm") else None}
+                out = {
+                    "ok": True,
+                    "version": "v2",
+                    "already_present": present,
+                    "warm": {"read_bytes": job.get("warm_budget")} if job.get("warm") else None,
+                }
         elif op == "rollback":
             out = {"ok": True, "restored": [], "removed": job["instances"], "missing": []}
         else:
@@ -102,15 +118,21 @@ def source(tmp_path: Path) -> Path:
 def deploy(tmp_path: Path, source: Path, cluster: StagingCluster, **opts: Any) -> Any:
     inv = load_inventory_text(inventory(source), "inv.yaml")
     events: list[Any] = []
-    d = ScriptedDeploy(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
-                       str(tmp_path / "state"), DeployOptions(serial=parse_serial("1,50%"), **opts),
-                       on_event=events.append)
+    d = ScriptedDeploy(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=cluster.transport),
+        str(tmp_path / "state"),
+        DeployOptions(serial=parse_serial("1,50%"), **opts),
+        on_event=events.append,
+    )
     rep = d.run()
     return rep, events
 
 
 def test_prestage_stages_and_warms_every_host_before_the_first_batch_then_batches_only_switch(
-        tmp_path: Path, source: Path) -> None:
+    tmp_path: Path, source: Path
+) -> None:
     c = StagingCluster()
     rep, _ = deploy(tmp_path, source, c, prestage=True, warm_budget=1 << 20)
     assert rep.result == "ok" and [len(b) for b in rep.batches] == [1, 3, 2]

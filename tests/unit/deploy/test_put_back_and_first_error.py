@@ -71,14 +71,20 @@ def test_pick_error_prefers_the_exception_line_over_the_traceback_header() -> No
 
 
 def test_pick_error_falls_back_to_systemds_own_lines_when_the_run_printed_nothing() -> None:
-    text = ("--clusterctl-unit-tail--\nclusterctl-q.service: Start request repeated too quickly.\n"
-            "clusterctl-q.service: Failed with result 'start-limit-hit'.\n")
+    text = (
+        "--clusterctl-unit-tail--\nclusterctl-q.service: Start request repeated too quickly.\n"
+        "clusterctl-q.service: Failed with result 'start-limit-hit'.\n"
+    )
     assert pick_error(text) == "clusterctl-q.service: Start request repeated too quickly."
     assert pick_error("--clusterctl-unit-tail--\nStarted clusterctl-q.service.\n") is None
     # The ExecStartPre's refusal (stage/verify_model.py's wording) is the run's last word: it wins over systemd's.
-    assert pick_error("verify-model: refusing to start: /models/q is not a symlink\n--clusterctl-unit-tail--\n"
-                      "clusterctl-q.service: Control process exited, code=exited, status=1/FAILURE\n") == \
-        "verify-model: refusing to start: /models/q is not a symlink"
+    assert (
+        pick_error(
+            "verify-model: refusing to start: /models/q is not a symlink\n--clusterctl-unit-tail--\n"
+            "clusterctl-q.service: Control process exited, code=exited, status=1/FAILURE\n"
+        )
+        == "verify-model: refusing to start: /models/q is not a symlink"
+    )
 
 
 def test_journal_command_quotes_the_unit_and_reads_the_current_invocation() -> None:
@@ -100,6 +106,7 @@ def test_start_of_a_failed_unit_clears_it_and_on_failure_shows_the_first_error(m
         if "InvocationID" in command:
             return FakeReply(0, FAILED_RUN)
         return FakeReply(0, "")
+
     fleet = Fleet(list(inv.hosts.values()), transport=FakeTransport(handler), connect_timeout=2, command_timeout=10)
     t0 = time.monotonic()
     try:
@@ -111,11 +118,14 @@ def test_start_of_a_failed_unit_clears_it_and_on_failure_shows_the_first_error(m
     assert not res.ok and res.error is not None
     assert res.error.startswith("unit failed/failed (result exit-code); first error in the journal: ValueError:")
     assert "cleared the unit's failed state" in res.notes
-    assert seen.index("systemctl is-failed --quiet clusterctl-q.service && "
-                      "systemctl reset-failed clusterctl-q.service") < seen.index("systemctl start clusterctl-q.service")
+    assert seen.index(
+        "systemctl is-failed --quiet clusterctl-q.service && systemctl reset-failed clusterctl-q.service"
+    ) < seen.index("systemctl start clusterctl-q.service")
 
 
-@pytest.mark.parametrize("state", ["ActiveState=activating\nSubState=start\n", "ActiveState=active\nSubState=running\n"])
+@pytest.mark.parametrize(
+    "state", ["ActiveState=activating\nSubState=start\n", "ActiveState=active\nSubState=running\n"]
+)
 def test_a_unit_still_starting_is_waited_for(monkeypatch, state) -> None:
     monkeypatch.setattr(lifecycle, "UNIT_CHECK_S", 0.05)
     srv = FakeVllm(health=503)

@@ -68,9 +68,21 @@ class FakeCluster(EngineCluster):
         if self.jobs[-1][1]["op"] != "read" or name not in self.running:
             return reply
         out = json.loads(reply.stdout)
-        out["instances"] = {name: {"unit_text": "old", "digest": "old", "env_hashes": {}, "env_present": True,
-                                   "active": "active", "sub": "running", "restarts": 0, "main_pid": 1,
-                                   "enabled": True, "started_mono": 0, "x": {}}}
+        out["instances"] = {
+            name: {
+                "unit_text": "old",
+                "digest": "old",
+                "env_hashes": {},
+                "env_present": True,
+                "active": "active",
+                "sub": "running",
+                "restarts": 0,
+                "main_pid": 1,
+                "enabled": True,
+                "started_mono": 0,
+                "x": {},
+            }
+        }
         return FakeReply(0, json.dumps(out) + "\n")
 
 
@@ -84,8 +96,10 @@ class Gated(ReleaseDeploy):
 @pytest.fixture(autouse=True)
 def health_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The standard gate passes at once (it is tested in test_gates.py)."""
+
     def passed(targets: Sequence[gates.GateTarget], **kw: Any) -> list[gates.GateResult]:
         return [gates.GateResult(t.instance, t.host, True, "completion", "stub", 0.0) for t in targets]
+
     monkeypatch.setattr(gates, "wait_gates", passed)
 
 
@@ -103,18 +117,26 @@ def serve(start_sim, host: Path, tiny: Path):  # noqa: F811
 
     def start(broken: bool = False) -> int:
         env = {"VLLM_SIM_BATCH_NOISE": "0", **({"VLLM_SIM_BROKEN_QUANTIZATION": "1"} if broken else {})}
-        s = start_sim(host, tiny, "--served-model-name", "tiny", "--max-model-len", "4096", env=env,
-                      gpus=str(len(started)))
+        s = start_sim(
+            host, tiny, "--served-model-name", "tiny", "--max-model-len", "4096", env=env, gpus=str(len(started))
+        )
         started.append(s.port)
         assert s.wait_for("Application startup complete.", 60), s.log
         return int(s.port)
+
     return start
 
 
 def deploy(tmp_path: Path, cluster: FakeCluster, p1: int, p2: int, release: ReleaseGates) -> Any:
     inv = inventory(p1, p2)
-    d = Gated(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
-              str(tmp_path / "deploy"), DeployOptions(serial=parse_serial("1,100%")), release=release)
+    d = Gated(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=cluster.transport),
+        str(tmp_path / "deploy"),
+        DeployOptions(serial=parse_serial("1,100%")),
+        release=release,
+    )
     return d.run()
 
 
@@ -123,9 +145,14 @@ def test_gate_values_parse_and_bad_ones_name_the_value() -> None:
     assert (g.drift_baseline, g.bench_reference, g.bench_tolerance) == ("previous", "i2", 0.2)
     assert parse_gates(["drift:ref-1"]).drift_baseline == "ref-1"
     assert not parse_gates([]).any and parse_gates([], record_baseline="previous").any
-    for bad, words in [(["speed"], "expected drift"), (["bench"], "needs a reference"),
-                       (["drift", "drift:x"], "already given"), (["drift:../x"], "name is letters"),
-                       (["bench:https://h:8000"], "no https"), (["bench:http://h:8000/v2"], "no path")]:
+    for bad, words in [
+        (["speed"], "expected drift"),
+        (["bench"], "needs a reference"),
+        (["drift", "drift:x"], "already given"),
+        (["drift:../x"], "name is letters"),
+        (["bench:https://h:8000"], "no https"),
+        (["bench:http://h:8000/v2"], "no path"),
+    ]:
         with pytest.raises(ClusterctlError, match=words) as e:
             parse_gates(bad)
         assert bad[-1].split(":", 1)[-1] in str(e.value)
@@ -133,8 +160,7 @@ def test_gate_values_parse_and_bad_ones_name_the_value() -> None:
         parse_gates([], record_baseline="a b")
 
 
-def test_a_drifting_canary_fails_the_drift_gate_is_rolled_back_and_stops_the_rollout(tmp_path: Path,
-                                                                                    serve) -> None:
+def test_a_drifting_canary_fails_the_drift_gate_is_rolled_back_and_stops_the_rollout(tmp_path: Path, serve) -> None:
     good, broken = serve(), serve(broken=True)
     record_previous(f"http://127.0.0.1:{good}", None, "previous", tmp_path / "st")
     c = FakeCluster()
@@ -175,9 +201,15 @@ def test_record_baseline_reads_the_running_version_before_anything_is_applied(tm
         return record_previous(url, key, name, tmp_path / "st")
 
     inv = inventory(p1, p2)
-    d = Gated(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=c.transport),
-              str(tmp_path / "deploy"), DeployOptions(serial=parse_serial("1,100%")),
-              release=ReleaseGates("previous", record_baseline="previous", state_dir=tmp_path / "st"), recorder=rec)
+    d = Gated(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=c.transport),
+        str(tmp_path / "deploy"),
+        DeployOptions(serial=parse_serial("1,100%")),
+        release=ReleaseGates("previous", record_baseline="previous", state_dir=tmp_path / "st"),
+        recorder=rec,
+    )
     rep = d.run()
     assert seen == [(f"http://127.0.0.1:{p1}", [])]  # one instance, before any apply
     assert (tmp_path / "st" / "drift" / "baselines" / "previous.json").is_file()
@@ -187,9 +219,15 @@ def test_record_baseline_reads_the_running_version_before_anything_is_applied(tm
 def test_record_baseline_refuses_a_deploy_that_changes_several_models(tmp_path: Path) -> None:
     c = FakeCluster(running=["i1", "i2"])
     inv = inventory(1, 2, model2="other")
-    d = Gated(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=c.transport),
-              str(tmp_path / "deploy"), DeployOptions(), release=ReleaseGates(record_baseline="previous"),
-              recorder=lambda u, k, n: pytest.fail("nothing may be recorded"))
+    d = Gated(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=c.transport),
+        str(tmp_path / "deploy"),
+        DeployOptions(),
+        release=ReleaseGates(record_baseline="previous"),
+        recorder=lambda u, k, n: pytest.fail("nothing may be recorded"),
+    )
     with pytest.raises(ClusterctlError, match="2 models .*--instances"):
         d.run()
     assert c.ops("apply") == []
@@ -204,8 +242,9 @@ def test_an_unreachable_bench_reference_fails_the_canary_closed(tmp_path: Path, 
     assert bench.step == "bench" and not bench.ok and re.search(r"canary 0, reference [1-9]\d*\b", bench.reason)
 
 
-def test_an_inconclusive_bench_gate_keeps_the_canary_and_pauses_the_rollout(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_inconclusive_bench_gate_keeps_the_canary_and_pauses_the_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Untrusted or too noisy numbers are no regression (the canary is not rolled back) and no pass (the
     rollout does not go on): the batch keeps the change, later hosts are untouched, the result is paused."""
     from clusterctl.bench.gate import GateOutcome
@@ -226,8 +265,14 @@ def test_an_inconclusive_bench_gate_keeps_the_canary_and_pauses_the_rollout(tmp_
 
 def test_a_bench_reference_is_skipped_once_this_run_upgraded_it(tmp_path: Path) -> None:
     inv = inventory(8001, 8002)
-    d = ReleaseDeploy(inv, list(inv.hosts.values()), lambda hs: None, str(tmp_path), DeployOptions(),
-                      release=ReleaseGates(bench_reference="i2"))
+    d = ReleaseDeploy(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: None,
+        str(tmp_path),
+        DeployOptions(),
+        release=ReleaseGates(bench_reference="i2"),
+    )
     d.instances = dict(inv.instances)
     canary = gates.GateTarget("i1", "h01", "127.0.0.1", 8001, "tiny")
     ref = d._reference(canary)
@@ -239,15 +284,18 @@ def test_a_bench_reference_is_skipped_once_this_run_upgraded_it(tmp_path: Path) 
         d._reference(canary)
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--gate", "speed"], "--gate 'speed': expected drift, drift:BASELINE or bench:REFERENCE"),
-    (["--gate", "bench"], "bench needs a reference"),
-    (["--record-baseline", "no/such"], "name is letters"),
-    (["--gate", "drift", "--playbook", "pb.yaml"], "do not go with --playbook"),
-])
-def test_bad_gate_flags_exit_3_before_any_host_is_touched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str], args: list[str],
-                                                         msg: str) -> None:
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--gate", "speed"], "--gate 'speed': expected drift, drift:BASELINE or bench:REFERENCE"),
+        (["--gate", "bench"], "bench needs a reference"),
+        (["--record-baseline", "no/such"], "name is letters"),
+        (["--gate", "drift", "--playbook", "pb.yaml"], "do not go with --playbook"),
+    ],
+)
+def test_bad_gate_flags_exit_3_before_any_host_is_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str], msg: str
+) -> None:
     from clusterctl.cli.main import main
     from clusterctl.exitcodes import ExitCode
 

@@ -45,21 +45,27 @@ def _fleet(inv, answer: Callable[[str, str], FakeReply | None] | None = None) ->
         if command.startswith(SHOW):
             return FakeReply(0, "ActiveState=activating\nSubState=start\nResult=success\n")
         return FakeReply(0, "")
+
     t = FakeTransport(handler)
     return Fleet(list(inv.hosts.values()), transport=t, connect_timeout=2, command_timeout=10), t
 
 
 def _systemctl(t: FakeTransport) -> list[tuple[str, str]]:
     """(host, command) of the state-changing systemctl calls, in the order they were sent."""
-    return [(h, c) for h, c, _ in t.commands
-            if c.startswith("systemctl ") and not c.startswith(SHOW) and "is-failed" not in c]
+    return [
+        (h, c)
+        for h, c, _ in t.commands
+        if c.startswith("systemctl ") and not c.startswith(SHOW) and "is-failed" not in c
+    ]
 
 
 def test_the_members_are_the_head_then_the_workers_each_on_its_own_gpus() -> None:
     inv = _replica(8000)
     units = member_units(inv.instances["big"])
     assert [(m.name, h, [str(g) for g in m.placement]) for m, h in units] == [
-        ("big", "h1", ["h1:0"]), ("big-node1", "h2", ["h2:0"])]
+        ("big", "h1", ["h1:0"]),
+        ("big-node1", "h2", ["h2:0"]),
+    ]
 
 
 def test_stop_drains_the_head_then_stops_the_head_and_then_the_worker(server) -> None:
@@ -71,8 +77,10 @@ def test_stop_drains_the_head_then_stops_the_head_and_then_the_worker(server) ->
         [res] = run_action(inv, fleet, [inv.instances["big"]], "stop", drain_timeout=5, poll=0.05, gateway=gw)
     assert res.ok and res.drain is not None and res.drain.drained, res
     assert gw.log == ["down big"]  # stays down while stopped
-    assert _systemctl(t) == [("h1", "systemctl stop clusterctl-big.service"),
-                             ("h2", "systemctl stop clusterctl-big-node1.service")]
+    assert _systemctl(t) == [
+        ("h1", "systemctl stop clusterctl-big.service"),
+        ("h2", "systemctl stop clusterctl-big-node1.service"),
+    ]
     assert res.units == ["clusterctl-big.service on h1", "clusterctl-big-node1.service on h2"]
 
 
@@ -84,8 +92,10 @@ def test_start_starts_the_worker_before_the_head_and_waits_for_the_heads_health(
     with fleet:
         [res] = run_action(inv, fleet, [inv.instances["big"]], "start", poll=0.05, health_timeout=5, gateway=gw)
     assert res.ok and res.healthy_after_s is not None, res
-    assert _systemctl(t) == [("h2", "systemctl start clusterctl-big-node1.service"),
-                             ("h1", "systemctl start clusterctl-big.service")]
+    assert _systemctl(t) == [
+        ("h2", "systemctl start clusterctl-big-node1.service"),
+        ("h1", "systemctl start clusterctl-big.service"),
+    ]
     # each member's failed state is cleared first (a worker that hit its start limit starts again)
     cleared = [(h, c) for h, c, _ in t.commands if "reset-failed" in c]
     assert [h for h, _ in cleared] == ["h1", "h2"] and "clusterctl-big-node1.service" in cleared[1][1]
@@ -98,13 +108,16 @@ def test_restart_is_stop_all_then_workers_then_head_never_a_restart_of_one_membe
     fleet, t = _fleet(inv)
     gw = Gateway()
     with fleet:
-        [res] = run_action(inv, fleet, [inv.instances["big"]], "restart", drain_timeout=5, poll=0.05,
-                           health_timeout=5, gateway=gw)
+        [res] = run_action(
+            inv, fleet, [inv.instances["big"]], "restart", drain_timeout=5, poll=0.05, health_timeout=5, gateway=gw
+        )
     assert res.ok, res
-    assert _systemctl(t) == [("h1", "systemctl stop clusterctl-big.service"),
-                             ("h2", "systemctl stop clusterctl-big-node1.service"),
-                             ("h2", "systemctl start clusterctl-big-node1.service"),
-                             ("h1", "systemctl start clusterctl-big.service")]
+    assert _systemctl(t) == [
+        ("h1", "systemctl stop clusterctl-big.service"),
+        ("h2", "systemctl stop clusterctl-big-node1.service"),
+        ("h2", "systemctl start clusterctl-big-node1.service"),
+        ("h1", "systemctl start clusterctl-big.service"),
+    ]
     assert gw.log == ["down big", "up big"]
 
 
@@ -118,6 +131,7 @@ def test_a_worker_that_fails_to_start_leaves_the_head_stopped_and_is_named(serve
         if host == "h2" and "journalctl" in cmd:
             return FakeReply(0, "Dec 02 02:00:00 h2 vllm[1]: RuntimeError: NCCL error: unhandled system error\n")
         return None
+
     fleet, t = _fleet(inv, answer)
     gw = Gateway()
     with fleet:
@@ -137,6 +151,7 @@ def test_a_worker_that_dies_while_the_head_loads_fails_the_start_naming_it(serve
         if host == "h2" and cmd.startswith(SHOW):
             return FakeReply(0, "ActiveState=failed\nSubState=failed\nResult=exit-code\n")
         return None
+
     fleet, _ = _fleet(inv, answer)
     with fleet:
         [res] = run_action(inv, fleet, [inv.instances["big"]], "start", poll=0.05, health_timeout=30)
@@ -152,9 +167,11 @@ def test_a_failed_stop_of_a_worker_is_reported_and_the_restart_does_not_start_an
         if host == "h2" and cmd == "systemctl stop clusterctl-big-node1.service":
             return FakeReply(1, "", "Failed to stop clusterctl-big-node1.service: Access denied")
         return None
+
     fleet, t = _fleet(inv, answer)
     with fleet:
-        [res] = run_action(inv, fleet, [inv.instances["big"]], "restart", drain_first=False, poll=0.05,
-                           health_timeout=5)
+        [res] = run_action(
+            inv, fleet, [inv.instances["big"]], "restart", drain_first=False, poll=0.05, health_timeout=5
+        )
     assert not res.ok and "systemctl stop on h2" in (res.error or "") and "Access denied" in (res.error or "")
     assert not [c for _, c in _systemctl(t) if " start " in c]

@@ -9,12 +9,18 @@ import pytest
 
 from clusterctl.config import UserConfig
 from clusterctl.deploy.state import (
-    CORDONS, PLACEMENTS, REPLICAS, Cordon, Placement, StateError, StateStore, resolve_state_dir,
+    CORDONS,
+    PLACEMENTS,
+    REPLICAS,
+    Cordon,
+    Placement,
+    StateError,
+    StateStore,
+    resolve_state_dir,
 )
 
 
-def test_precedence_flag_then_environment_then_user_config(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_precedence_flag_then_environment_then_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = UserConfig(state_dir=tmp_path / "cfg")
     monkeypatch.delenv("CLUSTERCTL_STATE_DIR", raising=False)
     assert resolve_state_dir(None, cfg) == tmp_path / "cfg" / "deploy"
@@ -63,19 +69,29 @@ def test_save_placements_keeps_a_cordon_set_meanwhile(tmp_path: Path) -> None:
     assert set(loaded.cordons) == {"gpu01"} and "pool" in loaded.placements
 
 
-@pytest.mark.parametrize("name, text, where, message", [
-    (PLACEMENTS, '{"version": 1,\n "templates": {', ":2:", "not valid JSON"),
-    (PLACEMENTS, '[]', ":", "expected a JSON object"),
-    (PLACEMENTS, '{"version": 7}', ":", "format version 7"),
-    (PLACEMENTS, json.dumps({"version": 1, "templates": {"p": {"p-1": {"host": "a", "gpus": [], "port": 1}}}}),
-     ":", "templates.p.p-1.gpus"),
-    (PLACEMENTS, json.dumps({"version": 1, "templates": {"p": {"p-1": {"host": "a", "gpus": [0], "port": 0}}}}),
-     ":", "templates.p.p-1.port"),
-    (CORDONS, json.dumps({"version": 1, "cordons": {"a": "oops"}}), ":", "cordons.a"),
-    (REPLICAS, json.dumps({"version": 1, "replicas": {"p": -1}}), ":", "replicas.p"),
-])
-def test_a_corrupt_file_is_an_error_naming_it(tmp_path: Path, name: str, text: str, where: str,
-                                              message: str) -> None:
+@pytest.mark.parametrize(
+    "name, text, where, message",
+    [
+        (PLACEMENTS, '{"version": 1,\n "templates": {', ":2:", "not valid JSON"),
+        (PLACEMENTS, '[]', ":", "expected a JSON object"),
+        (PLACEMENTS, '{"version": 7}', ":", "format version 7"),
+        (
+            PLACEMENTS,
+            json.dumps({"version": 1, "templates": {"p": {"p-1": {"host": "a", "gpus": [], "port": 1}}}}),
+            ":",
+            "templates.p.p-1.gpus",
+        ),
+        (
+            PLACEMENTS,
+            json.dumps({"version": 1, "templates": {"p": {"p-1": {"host": "a", "gpus": [0], "port": 0}}}}),
+            ":",
+            "templates.p.p-1.port",
+        ),
+        (CORDONS, json.dumps({"version": 1, "cordons": {"a": "oops"}}), ":", "cordons.a"),
+        (REPLICAS, json.dumps({"version": 1, "replicas": {"p": -1}}), ":", "replicas.p"),
+    ],
+)
+def test_a_corrupt_file_is_an_error_naming_it(tmp_path: Path, name: str, text: str, where: str, message: str) -> None:
     (tmp_path / name).write_text(text)
     with pytest.raises(StateError) as e:
         StateStore(tmp_path).load()

@@ -46,6 +46,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         fleet, transport = fleet_for(load_inventory(str(inv_path)), units)
         seen["hosts"], seen["transport"] = host_names, transport
         return fleet
+
     monkeypatch.setattr(cli, "inventory_fleet", fake_fleet)
     monkeypatch.setenv("CLUSTERCTL_SSH_CONFIG", "none")
     yield {"inv": str(inv_path), "units": units, "seen": seen, "state": str(tmp_path / "state")}
@@ -82,17 +83,19 @@ def test_json_and_a_stopped_instance_exit_2(capsys, env) -> None:
 
 
 def test_pattern_limits_rows_and_hosts(capsys, env) -> None:
-    rc, out, _ = _run(capsys, "status", "b", "-i", env["inv"], "--state-dir", env["state"], "--window", "0",
-                      "--json")
+    rc, out, _ = _run(capsys, "status", "b", "-i", env["inv"], "--state-dir", env["state"], "--window", "0", "--json")
     assert rc == 0 and [r["name"] for r in json.loads(out)["instances"]] == ["b"]
     assert env["seen"]["hosts"] == ["h2"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["status", "nope"], "pattern 'nope' selects no instance"),
-    (["status", "--group-by", "rack"], "--group-by must be host or template"),
-    (["stop", "nope"], "pattern 'nope' selects no instance"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["status", "nope"], "pattern 'nope' selects no instance"),
+        (["status", "--group-by", "rack"], "--group-by must be host or template"),
+        (["stop", "nope"], "pattern 'nope' selects no instance"),
+    ],
+)
 def test_bad_input_exits_3_with_a_message(capsys, env, args, message) -> None:
     rc, _, err = _run(capsys, *args, "-i", env["inv"], "--state-dir", env["state"])
     assert rc == 3 and message in err and "Traceback" not in err
@@ -105,12 +108,13 @@ def test_stop_no_drain_runs_systemctl_and_exits_0(capsys, env) -> None:
 
 
 def test_template_replicas_are_rows_grouped_by_template(capsys, env) -> None:
-    text = Path(env["inv"]).read_text() + ("templates:\n"
-                                           "  pool: {model: m, engine: e, replicas: 2, tp: 1, hosts: 'h[1-2]',"
-                                           " port_base: 9000}\n")
+    text = Path(env["inv"]).read_text() + (
+        "templates:\n  pool: {model: m, engine: e, replicas: 2, tp: 1, hosts: 'h[1-2]', port_base: 9000}\n"
+    )
     Path(env["inv"]).write_text(text)
-    rc, out, _ = _run(capsys, "status", "-i", env["inv"], "--state-dir", env["state"], "--window", "0",
-                      "--group-by", "template")
+    rc, out, _ = _run(
+        capsys, "status", "-i", env["inv"], "--state-dir", env["state"], "--window", "0", "--group-by", "template"
+    )
     lines = out.splitlines()
     assert rc == 2 and lines[0].split()[:2] == ["template", "instance"]
     pool = [ln.split() for ln in lines if "pool-" in ln]

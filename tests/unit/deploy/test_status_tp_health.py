@@ -21,14 +21,16 @@ def _tp2(srv_a: FakeVllm, srv_b: FakeVllm):
     return inv
 
 
-def test_an_unavailable_group_that_answers_is_crit_in_status_and_down_at_the_next_sync(monkeypatch,
-                                                                                      tmp_path: Path) -> None:
+def test_an_unavailable_group_that_answers_is_crit_in_status_and_down_at_the_next_sync(
+    monkeypatch, tmp_path: Path
+) -> None:
     a, b = FakeVllm(), FakeVllm()
     asked: list[list[str]] = []
 
     def fake_tp(inv, instances, fleet, on_event=None):
         asked.append(sorted(instances))
         return {"g": "UNAVAILABLE: member h1:1 is critical (gpu.lost); the group of 2 cannot serve"}
+
     monkeypatch.setattr(status, "tp_health", fake_tp)
     try:
         inv = _tp2(a, b)
@@ -57,9 +59,14 @@ def test_a_one_gpu_instance_on_a_lost_gpu_is_taken_out_by_a_plain_sync(monkeypat
     """The regression of the day the TP check became part of every sync: it was narrowed to groups of more
     than one GPU, so a TP 1 instance whose GPU fell off the bus (XID 79) kept its traffic while /health answered."""
     a, b = FakeVllm(), FakeVllm()
-    monkeypatch.setattr(status, "tp_health", lambda inv, instances, fleet, on_event=None: {
-        n: ("UNAVAILABLE: member h2:0 is critical (gpu.xid); the group of 1 cannot serve" if n == "s" else "OK")
-        for n in instances})
+    monkeypatch.setattr(
+        status,
+        "tp_health",
+        lambda inv, instances, fleet, on_event=None: {
+            n: ("UNAVAILABLE: member h2:0 is critical (gpu.xid); the group of 1 cannot serve" if n == "s" else "OK")
+            for n in instances
+        },
+    )
     try:
         inv = inventory({"g": ("h1", 0, a.port), "s": ("h2", 0, b.port)})
         fleet, _ = fleet_for(inv, {"h1": {"g": unit("g", port=a.port)}, "h2": {"s": unit("s", port=b.port)}})

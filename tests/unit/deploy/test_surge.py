@@ -48,7 +48,7 @@ gateway:
 
 def inventory(mlen: int = 1024, gateway: bool = True) -> Any:
     text = INVENTORY.replace("MLEN", str(mlen))
-    return load_inventory_text(text if gateway else text[:text.index("gateway:")], "inv.yaml")
+    return load_inventory_text(text if gateway else text[: text.index("gateway:")], "inv.yaml")
 
 
 class Cluster:
@@ -69,16 +69,35 @@ class Cluster:
         op = job["op"]
         out: dict[str, Any] = {"ok": True}
         if op == "read":
-            out = {"ok": True, "lock": None, "previous": sorted(f"{n}.service" for n in prev), "models": {},
-                   "instances": {n: {"unit_text": u["unit_text"], "x": _x_section(u["unit_text"]), "env_present": True,
-                                     "digest": digest_of(u["unit_text"], u["env_text"]),
-                                     "env_hashes": env_hashes(u["env_text"], job.get("salt", "")),
-                                     "active": u["active"], "sub": "running", "restarts": 0, "main_pid": 1,
-                                     "enabled": "enabled", "started_mono": 1} for n, u in units.items()}}
+            out = {
+                "ok": True,
+                "lock": None,
+                "previous": sorted(f"{n}.service" for n in prev),
+                "models": {},
+                "instances": {
+                    n: {
+                        "unit_text": u["unit_text"],
+                        "x": _x_section(u["unit_text"]),
+                        "env_present": True,
+                        "digest": digest_of(u["unit_text"], u["env_text"]),
+                        "env_hashes": env_hashes(u["env_text"], job.get("salt", "")),
+                        "active": u["active"],
+                        "sub": "running",
+                        "restarts": 0,
+                        "main_pid": 1,
+                        "enabled": "enabled",
+                        "started_mono": 1,
+                    }
+                    for n, u in units.items()
+                },
+            }
         elif op == "apply":
             for w in job["write"]:
-                prev[w["instance"]] = dict(units[w["instance"]], run=job["run_id"]) if w["instance"] in units \
+                prev[w["instance"]] = (
+                    dict(units[w["instance"]], run=job["run_id"])
+                    if w["instance"] in units
                     else {"absent": True, "run": job["run_id"]}
+                )
                 units[w["instance"]] = {"unit_text": w["unit_text"], "env_text": w["env_text"], "active": "inactive"}
             for n in job["remove"]:
                 prev[n] = dict(units.pop(n), run=job["run_id"])
@@ -151,7 +170,6 @@ class Scripted(SurgeDeploy):
             out.append(GateResult(n, self.rendered[n].host, ok, "completion", "scripted" if ok else "no answer", 0.0))
         return out
 
-
     def restore_gates(self, fleet: Any, replies: Any, rep: Any) -> None:
         restored = [n for r in replies.values() if r.ok for n in r.data.get("restored", [])]
         self.put_back([g.instance for g in self.gate(fleet, restored) if g.ok], rep)
@@ -163,12 +181,23 @@ def nothing_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dr, "SETTLE_S", 0.0)
 
 
-def deploy(tmp_path: Path, cluster: Cluster, mlen: int, mode: str = "auto", plan_only: bool = False,
-           serial: str | None = None, gateway: bool = True) -> Any:
+def deploy(
+    tmp_path: Path,
+    cluster: Cluster,
+    mlen: int,
+    mode: str = "auto",
+    plan_only: bool = False,
+    serial: str | None = None,
+    gateway: bool = True,
+) -> Any:
     inv = inventory(mlen, gateway)
-    d = Scripted(inv, list(inv.hosts.values()), lambda hs: Fleet(list(hs), transport=cluster.transport),
-                 str(tmp_path), DeployOptions(serial=parse_serial(serial), surge=mode, plan_only=plan_only,
-                                              drain_timeout_s=0))
+    d = Scripted(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: Fleet(list(hs), transport=cluster.transport),
+        str(tmp_path),
+        DeployOptions(serial=parse_serial(serial), surge=mode, plan_only=plan_only, drain_timeout_s=0),
+    )
     d.cluster = cluster  # type: ignore[attr-defined]
     if gateway:
         d._gateway = Gateway(cluster, inv)
@@ -194,8 +223,14 @@ def test_a_replica_surges_on_spare_gpus_and_the_old_one_serves_until_the_new_pas
     a = [e for e in log if " a" in e or e.startswith("gw")]
     i = log.index
     # a.surge starts, passes its gate and serves at the gateway before a is marked down and restarted
-    assert i("h01 start a.surge") < i("gate a.surge ok") < i("gw a,a.surge,b,c") < i("gw a.surge,b,c") \
-        < i("h01 restart a") < i("gate a ok"), a
+    assert (
+        i("h01 start a.surge")
+        < i("gate a.surge ok")
+        < i("gw a,a.surge,b,c")
+        < i("gw a.surge,b,c")
+        < i("h01 restart a")
+        < i("gate a ok")
+    ), a
     # then a is back, a.surge is drained and stopped: names, ports and GPUs as before
     back = i("gw a,a.surge,b,c", i("gate a ok"))
     assert i("gate a ok") < back < i("gw a,b,c", back) < i("h01 stop a.surge")  # a.surge drained, then stopped
@@ -210,7 +245,8 @@ def test_a_replica_surges_on_spare_gpus_and_the_old_one_serves_until_the_new_pas
     assert "h03 restart c" in log and not any("c.surge" in e for e in log)
     assert [s for s in map(step_line, rep.surge) if s.startswith("h01")] == [
         "h01 a: start a.surge on GPU 1 port 18102, gate it, add it at the gateway; drain a, restart it in place, "
-        "gate, put back; drain and remove a.surge -> done"]
+        "gate, put back; drain and remove a.surge -> done"
+    ]
 
 
 def test_a_surge_that_fails_its_gate_is_removed_and_the_old_one_never_stopped(tmp_path: Path) -> None:
@@ -250,11 +286,13 @@ def test_the_plan_shows_the_surge_steps_and_changes_nothing(tmp_path: Path) -> N
     first_deploy(tmp_path, c)
     rep = deploy(tmp_path, c, 2048, plan_only=True, mode="strict").run()
     assert rep.result == "planned" and c.log == []
-    assert [(s["instance"], s["mode"]) for s in rep.to_dict()["surge"]] == [("a", "surge"), ("b", "surge"),
-                                                                           ("c", "in_place")]
+    assert [(s["instance"], s["mode"]) for s in rep.to_dict()["surge"]] == [
+        ("a", "surge"),
+        ("b", "surge"),
+        ("c", "in_place"),
+    ]
     rep = deploy(tmp_path, c, 2048, plan_only=True, gateway=False).run()
-    assert {s["why"] for s in rep.surge} == {"no gateway in the inventory: nothing would send requests to a "
-                                             "surge unit"}
+    assert {s["why"] for s in rep.surge} == {"no gateway in the inventory: nothing would send requests to a surge unit"}
 
 
 def test_spare_gpus_leave_out_running_units_cordons_and_stopped_instances(tmp_path: Path) -> None:
@@ -266,8 +304,9 @@ def test_spare_gpus_leave_out_running_units_cordons_and_stopped_instances(tmp_pa
     inv.hosts["h01"].gpus.count = 4
 
     def unit(name: str, gpus: str, port: int, active: str = "active") -> InstanceState:
-        return InstanceState(name, "", "", {}, True, active, "running", 0, 1, "enabled", 1,
-                             {"GPUs": gpus, "Port": str(port)})
+        return InstanceState(
+            name, "", "", {}, True, active, "running", 0, 1, "enabled", 1, {"GPUs": gpus, "Port": str(port)}
+        )
 
     st = HostState("h01", instances={"a": unit("a", "0", 18101), "old": unit("old", "1", 18102)})
     plan = Plan([HostPlan("h01", [PlanItem("a", "h01", "changed")])])
@@ -291,6 +330,12 @@ def test_surge_goes_with_the_release_gates() -> None:
     cls = with_surge(ReleaseDeploy)
     assert cls.__mro__[1:3] == (SurgeDeploy, ReleaseDeploy)  # surge's batch, the release gates' extra gates
     inv = inventory()
-    d = cls(inv, list(inv.hosts.values()), lambda hs: None, "/nonexistent", DeployOptions(surge="auto"),
-            release=ReleaseGates(drift_baseline="previous"))
+    d = cls(
+        inv,
+        list(inv.hosts.values()),
+        lambda hs: None,
+        "/nonexistent",
+        DeployOptions(surge="auto"),
+        release=ReleaseGates(drift_baseline="previous"),
+    )
     assert d.release.drift_baseline == "previous"  # type: ignore[attr-defined]

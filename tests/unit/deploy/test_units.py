@@ -104,10 +104,15 @@ def _check_golden(name: str, text: str) -> None:
     assert text == path.read_text(), f"{name} differs from its golden (see module doc to regenerate)"
 
 
-@pytest.mark.parametrize("case,policy", [
-    ("tp1", None), ("tp2", None), ("hostile", None),
-    ("tp1-no-boot", UnitPolicy(enable_at_boot=False, user="svc-llm", extra_after=("srv-models.mount",))),
-])
+@pytest.mark.parametrize(
+    "case,policy",
+    [
+        ("tp1", None),
+        ("tp2", None),
+        ("hostile", None),
+        ("tp1-no-boot", UnitPolicy(enable_at_boot=False, user="svc-llm", extra_after=("srv-models.mount",))),
+    ],
+)
 def test_rendered_unit_and_env_match_goldens(inv, case, policy):
     r = _render(inv, case.split("-")[0], policy)
     _check_golden(f"{case}.service", r.unit_text)
@@ -127,9 +132,17 @@ def test_tp2_unit_runs_vllm_on_its_gpus_and_data_nic(inv):
     assert "--no-enforce-eager" in r.unit_text and "--enable-prefix-caching" in r.unit_text
     assert "--no-disable-log-stats" not in r.unit_text and "disable-log-stats" not in r.unit_text
     assert x_clusterctl(r.unit_text) == {
-        "Instance": "tp2", "Host": "gpu02", "Model": "qwen3-8b", "ModelPath": "/models/qwen3-8b",
-        "ModelVersion": "2025-06", "Engine": "vllm-0.11", "EngineVersion": "0.11.0", "GPUs": "1,2",
-        "Port": "8002", "TP": "2"}
+        "Instance": "tp2",
+        "Host": "gpu02",
+        "Model": "qwen3-8b",
+        "ModelPath": "/models/qwen3-8b",
+        "ModelVersion": "2025-06",
+        "Engine": "vllm-0.11",
+        "EngineVersion": "0.11.0",
+        "GPUs": "1,2",
+        "Port": "8002",
+        "TP": "2",
+    }
 
 
 def test_data_nic_without_address_sets_no_host_ip(inv):
@@ -181,6 +194,7 @@ def test_rendering_is_deterministic(inv):
 
 # --------------------------------------------------------------- secrets
 
+
 def test_missing_env_secret_names_the_inventory_line(inv, monkeypatch):
     monkeypatch.delenv("CLUSTERCTL_TEST_API_KEY")
     with pytest.raises(ConfigError) as e:
@@ -209,7 +223,9 @@ def test_file_secret_is_relative_to_the_inventory(tmp_path, monkeypatch):
 def test_template_secrets_reach_its_instances(monkeypatch):
     monkeypatch.setenv("CLUSTERCTL_SSH_CONFIG", "none")
     monkeypatch.setenv("POOL_KEY", "pool-secret")
-    text = INVENTORY + """\
+    text = (
+        INVENTORY
+        + """\
 templates:
   pool:
     model: tiny
@@ -220,6 +236,7 @@ templates:
     port_base: 9000
     secrets: {VLLM_API_KEY: {env: POOL_KEY}}
 """
+    )
     inv = load_inventory_text(text)
     inst = inv.instances["tp1"]
     inst.template = "pool"
@@ -228,8 +245,10 @@ templates:
 
 def test_inventory_rejects_bad_secret_references(monkeypatch):
     monkeypatch.setenv("CLUSTERCTL_SSH_CONFIG", "none")
-    bad = INVENTORY.replace("VLLM_API_KEY: {env: CLUSTERCTL_TEST_API_KEY}",
-                            "VLLM_API_KEY: {env: A, file: b}\n      HF_TOKEN: {env: X}\n      9X: {env: Y}")
+    bad = INVENTORY.replace(
+        "VLLM_API_KEY: {env: CLUSTERCTL_TEST_API_KEY}",
+        "VLLM_API_KEY: {env: A, file: b}\n      HF_TOKEN: {env: X}\n      9X: {env: Y}",
+    )
     with pytest.raises(ConfigError) as e:
         load_inventory_text(bad, "inv.yaml")
     msg = str(e.value)
@@ -240,20 +259,32 @@ def test_inventory_rejects_bad_secret_references(monkeypatch):
 
 # --------------------------------------------------------------- quoting
 
+
 def _systemd_unquote(text: str) -> list[str]:
     """A reference reading of a command line as systemd does (systemd.syntax(7)):
     split at unquoted whitespace, quotes group, C escapes decoded, then ``%%`` -> ``%``
     and ``$$`` -> ``$`` (no other specifier or variable may appear)."""
     words, cur, quote, have = [], [], None, False
-    esc = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v",
-           "\\": "\\", '"': '"', "'": "'", " ": " "}
+    esc = {
+        "n": "\n",
+        "t": "\t",
+        "r": "\r",
+        "a": "\a",
+        "b": "\b",
+        "f": "\f",
+        "v": "\v",
+        "\\": "\\",
+        '"': '"',
+        "'": "'",
+        " ": " ",
+    }
     i = 0
     while i < len(text):
         c = text[i]
         if c == "\\":
             n = text[i + 1]
             if n == "x":
-                cur.append(chr(int(text[i + 2:i + 4], 16)))
+                cur.append(chr(int(text[i + 2 : i + 4], 16)))
                 i += 4
                 continue
             cur.append(esc[n])
@@ -312,7 +343,7 @@ def test_hostile_unit_argv_reads_back_as_given(inv):
     i = argv.index("--chat-template")
     assert argv[i + 1] == "{% if x %}$HOME ${PATH} \"dq\" 'sq' \\n ;"
     j = argv.index("--served-model-name")
-    assert argv[j + 1:j + 4] == ["a b", "%n", "x;y"]
+    assert argv[j + 1 : j + 4] == ["a b", "%n", "x;y"]
     assert argv.count("--middleware") == 2
     assert "--served-model-name" in argv and argv.count("--served-model-name") == 1
     assert "--sim-broken-quantization" not in argv and "--no-sim-broken-quantization" not in argv
@@ -346,6 +377,7 @@ def test_env_file_line_refuses_newlines_without_echoing_the_value():
 
 
 # --------------------------------------------------------------- systemd versions
+
 
 def test_units_need_exactly_the_stated_minimum_systemd(inv):
     for name in ("tp1", "tp2", "hostile"):
@@ -381,8 +413,9 @@ def test_start_limit_is_sized_for_slow_loading_models():
     assert UnitPolicy(start_limit_interval_s=4000).start_limit_interval == 4000
 
 
-@pytest.mark.parametrize("version,steps", [(None, False), (230, False), (252, False), (253, False),
-                                           (254, True), (255, True)])
+@pytest.mark.parametrize(
+    "version,steps", [(None, False), (230, False), (252, False), (253, False), (254, True), (255, True)]
+)
 def test_restart_steps_only_where_the_hosts_systemd_has_them(inv, version, steps):
     text = _render(inv, "tp1", policy_for_systemd(version)).unit_text
     d = {(s, k): v for s, k, v in unit_directives(text)}
@@ -404,6 +437,7 @@ def test_policy_refuses_a_crash_loop_guard_that_cannot_trip():
 
 
 # --------------------------------------------------------------- node setup
+
 
 def _fake_bin(tmp_path: Path, user_exists: bool) -> dict[str, str]:
     bindir = tmp_path / "bin"
@@ -469,8 +503,18 @@ def test_model_path_ending_in_backslash_does_not_swallow_the_next_key(inv):
     assert x["ModelPath"] == "/models/odd\\" and x["ModelVersion"] == "2025-06"
     assert _x_section(r.unit_text)["ModelPath"] == "/models/odd\\"  # what the node program reports
     keys = [k for s, k, _ in unit_directives(r.unit_text) if s == "X-Clusterctl"]
-    assert keys == ["Instance", "Host", "Model", "ModelPath", "ModelVersion", "Engine", "EngineVersion",
-                    "GPUs", "Port", "TP"]
+    assert keys == [
+        "Instance",
+        "Host",
+        "Model",
+        "ModelPath",
+        "ModelVersion",
+        "Engine",
+        "EngineVersion",
+        "GPUs",
+        "Port",
+        "TP",
+    ]
 
 
 # --------------------------------------------------------------- GPU identity
@@ -505,8 +549,9 @@ def test_uuids_recorded_at_placement_stay_when_the_indexes_shift(inv):
     inst = inv.instances["tp2"]  # gpu02:1,2
     now = {0: "GPU-00000000-0000-4000-8000-000000000000", 1: UUIDS[1], 2: "GPU-22222222-2222-4222-8222-222222222222"}
     assert pinned_uuids(inst, HostState("gpu02", gpu_uuids=now)) == [UUIDS[1], now[2]]  # placed now
-    unit = InstanceState("tp2", "", "d", {}, True, "active", "running", 0, 1, "enabled", 0,
-                         {"GPUs": "1,2", "GPUUUIDs": ",".join(UUIDS)})
+    unit = InstanceState(
+        "tp2", "", "d", {}, True, "active", "running", 0, 1, "enabled", 0, {"GPUs": "1,2", "GPUUUIDs": ",".join(UUIDS)}
+    )
     # a GPU was lost and the host rebooted: index 1 is now another GPU; the unit keeps its UUIDs
     assert pinned_uuids(inst, HostState("gpu02", {"tp2": unit}, gpu_uuids=now)) == UUIDS
     moved = InstanceState(**{**unit.__dict__, "x": {"GPUs": "0,1", "GPUUUIDs": ",".join(UUIDS)}})

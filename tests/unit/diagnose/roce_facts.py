@@ -43,26 +43,61 @@ HW = grep_counters("hw_counters_grep_mlx5_0_p1.txt")
 IB = grep_counters("counters_grep_mlx5_0_p1.txt")
 
 #: A healthy port's traffic: 2.5 GB/s of RDMA each way on priority 3, light TCP on 0.
-BASELINE = {"tx_vport_rdma_unicast_bytes": 2.5e9, "rx_vport_rdma_unicast_bytes": 2.5e9,
-            "tx_prio3_bytes": 2.5e9, "rx_prio3_bytes": 2.5e9, "tx_prio0_bytes": 4000,
-            "rx_prio0_bytes": 4000, "rx_write_requests": 600_000, "port_xmit_data": 2.5e9 / 4}
+BASELINE = {
+    "tx_vport_rdma_unicast_bytes": 2.5e9,
+    "rx_vport_rdma_unicast_bytes": 2.5e9,
+    "tx_prio3_bytes": 2.5e9,
+    "rx_prio3_bytes": 2.5e9,
+    "tx_prio0_bytes": 4000,
+    "rx_prio0_bytes": 4000,
+    "rx_write_requests": 600_000,
+    "port_xmit_data": 2.5e9 / 4,
+}
 
 INBOX_ONLY_MISSING = ("rx_err_lane_", "_buf_discard", "_cong_discard", "_marked")
 
 
-def qos(*, mlnx_qos: str | None = "mlnx_qos_eth2_ok.txt", dcb_pfc: str = "dcb_pfc_show_eth2.txt",
-        dcb_app: str | None = "dcb_app_show_N_eth2.txt", pause: str = "ethtool_a_eth2_off.txt",
-        ecn: dict[str, Any] | None = None, tclass: int | None = 106, inbox: bool = False) -> dict[str, Any]:
+def qos(
+    *,
+    mlnx_qos: str | None = "mlnx_qos_eth2_ok.txt",
+    dcb_pfc: str = "dcb_pfc_show_eth2.txt",
+    dcb_app: str | None = "dcb_app_show_N_eth2.txt",
+    pause: str = "ethtool_a_eth2_off.txt",
+    ecn: dict[str, Any] | None = None,
+    tclass: int | None = 106,
+    inbox: bool = False,
+) -> dict[str, Any]:
     """A ``nics[].qos`` section as the collector builds it from these outputs."""
-    q: dict[str, Any] = {"tool": None, "trust": None, "trust_source": None, "pfc_enabled": None,
-                         "dscp2prio": None, "prio2buffer": None, "prio2tc": None, "dcbx": None,
-                         "lldpad_warning": None, "cable_len": None, "global_pause": None, "ecn": None,
-                         "traffic_class": None, "traffic_class_reason": None,
-                         "pfc_stall_prevention": None, "raw": {}, "reasons": {}}
+    q: dict[str, Any] = {
+        "tool": None,
+        "trust": None,
+        "trust_source": None,
+        "pfc_enabled": None,
+        "dscp2prio": None,
+        "prio2buffer": None,
+        "prio2tc": None,
+        "dcbx": None,
+        "lldpad_warning": None,
+        "cable_len": None,
+        "global_pause": None,
+        "ecn": None,
+        "traffic_class": None,
+        "traffic_class_reason": None,
+        "pfc_stall_prevention": None,
+        "raw": {},
+        "reasons": {},
+    }
     if mlnx_qos and not inbox:
         m = collector.parse_mlnx_qos(text(mlnx_qos))
-        q.update(tool="mlnx_qos", trust=m["trust"], trust_source="mlnx_qos", pfc_enabled=m["pfc_enabled"],
-                 dscp2prio=m["dscp2prio"], dcbx=m["dcbx"], lldpad_warning=m["lldpad_warning"])
+        q.update(
+            tool="mlnx_qos",
+            trust=m["trust"],
+            trust_source="mlnx_qos",
+            pfc_enabled=m["pfc_enabled"],
+            dscp2prio=m["dscp2prio"],
+            dcbx=m["dcbx"],
+            lldpad_warning=m["lldpad_warning"],
+        )
     else:
         q["reasons"]["mlnx_qos -i eth2"] = "mlnx_qos not installed"
         q["tool"] = "dcb"
@@ -74,9 +109,12 @@ def qos(*, mlnx_qos: str | None = "mlnx_qos_eth2_ok.txt", dcb_pfc: str = "dcb_pf
     if inbox:
         q["traffic_class_reason"] = "no /sys/class/infiniband/mlx5_0/tc/1/traffic_class"
     else:
-        q["ecn"] = ecn or {"roce_np": {str(p): int(p == 3) for p in range(8)},
-                           "roce_rp": {str(p): int(p == 3) for p in range(8)},
-                           "cnp_dscp": 48, "cnp_802p_prio": 6}
+        q["ecn"] = ecn or {
+            "roce_np": {str(p): int(p == 3) for p in range(8)},
+            "roce_rp": {str(p): int(p == 3) for p in range(8)},
+            "cnp_dscp": 48,
+            "cnp_802p_prio": 6,
+        }
         q["traffic_class"] = tclass
         q["traffic_class_reason"] = None if tclass is not None else "not set"
     return q
@@ -93,11 +131,23 @@ def pfc_on(stats: dict[str, int], prio: int) -> dict[str, int]:
     return out
 
 
-def nic(netdev: str = "eth2", device: str = "mlx5_0", *, rates: dict[str, float] | None = None,
-        dt: float = 3.0, baseline: bool = True, inbox: bool = False, pfc_prio: int = 3,
-        qos_section: dict[str, Any] | None = None, speed_mbps: int = 400000, mtu: int = 4200,
-        first: dict[str, int] | None = None, second: dict[str, int] | None = None,
-        gids: list[dict[str, Any]] | None = None, state: str = "ACTIVE") -> dict[str, Any]:
+def nic(
+    netdev: str = "eth2",
+    device: str = "mlx5_0",
+    *,
+    rates: dict[str, float] | None = None,
+    dt: float = 3.0,
+    baseline: bool = True,
+    inbox: bool = False,
+    pfc_prio: int = 3,
+    qos_section: dict[str, Any] | None = None,
+    speed_mbps: int = 400000,
+    mtu: int = 4200,
+    first: dict[str, int] | None = None,
+    second: dict[str, int] | None = None,
+    gids: list[dict[str, Any]] | None = None,
+    state: str = "ACTIVE",
+) -> dict[str, Any]:
     """One RoCE NIC entry with two samples ``dt`` s apart.
 
     ``first``/``second`` set counter values in one sample (to model wraps and
@@ -108,8 +158,14 @@ def nic(netdev: str = "eth2", device: str = "mlx5_0", *, rates: dict[str, float]
         stats = {k: v for k, v in stats.items() if not any(s in k for s in INBOX_ONLY_MISSING)}
     if pfc_prio != 3:
         stats = pfc_on(stats, pfc_prio)
-    s0 = {"t": 5000.0, "read_s": 0.01, "ethtool_stats": stats, "hw_counters": dict(HW),
-          "counters": dict(IB), "reason": None}
+    s0 = {
+        "t": 5000.0,
+        "read_s": 0.01,
+        "ethtool_stats": stats,
+        "hw_counters": dict(HW),
+        "counters": dict(IB),
+        "reason": None,
+    }
     s1 = copy.deepcopy(s0)
     s1["t"] = s0["t"] + dt
     for table in ("ethtool_stats", "hw_counters", "counters"):
@@ -128,59 +184,105 @@ def nic(netdev: str = "eth2", device: str = "mlx5_0", *, rates: dict[str, float]
             if k in s1[table]:
                 s1[table][k] = v
     return {
-        "netdev": netdev, "operstate": "up" if state == "ACTIVE" else "down",
-        "speed_mbps": speed_mbps if state == "ACTIVE" else None, "mtu": mtu,
+        "netdev": netdev,
+        "operstate": "up" if state == "ACTIVE" else "down",
+        "speed_mbps": speed_mbps if state == "ACTIVE" else None,
+        "mtu": mtu,
         "driver": "mlx5_core",
-        "rdma": {"device": device, "port": 1, "netdev": netdev, "state": state,
-                 "phys_state": "LinkUp", "link_layer": "Ethernet",
-                 "rate": f"{speed_mbps // 1000} Gb/sec (4X NDR)", "rate_gbps": speed_mbps / 1000,
-                 "hw_counters": s0["hw_counters"], "counters": s0["counters"],
-                 "gids": gids if gids is not None else [
-                     {"index": 0, "gid": "fe80::1", "type": "IB/RoCE v1", "netdev": netdev},
-                     {"index": 1, "gid": "fe80::1", "type": "RoCE v2", "netdev": netdev}]},
-        "ethtool_stats": s0["ethtool_stats"], "ethtool_stats_reason": None,
+        "rdma": {
+            "device": device,
+            "port": 1,
+            "netdev": netdev,
+            "state": state,
+            "phys_state": "LinkUp",
+            "link_layer": "Ethernet",
+            "rate": f"{speed_mbps // 1000} Gb/sec (4X NDR)",
+            "rate_gbps": speed_mbps / 1000,
+            "hw_counters": s0["hw_counters"],
+            "counters": s0["counters"],
+            "gids": gids
+            if gids is not None
+            else [
+                {"index": 0, "gid": "fe80::1", "type": "IB/RoCE v1", "netdev": netdev},
+                {"index": 1, "gid": "fe80::1", "type": "RoCE v2", "netdev": netdev},
+            ],
+        },
+        "ethtool_stats": s0["ethtool_stats"],
+        "ethtool_stats_reason": None,
         "qos": qos_section if qos_section is not None else qos(inbox=inbox),
         "samples": [s0, s1],
     }
 
 
 def eth0() -> dict[str, Any]:
-    return {"netdev": "eth0", "operstate": "up", "speed_mbps": 10000, "mtu": 1500, "rdma": None,
-            "ethtool_stats": None, "ethtool_stats_reason": "not read: virtual interface",
-            "qos": None, "samples": None}
+    return {
+        "netdev": "eth0",
+        "operstate": "up",
+        "speed_mbps": 10000,
+        "mtu": 1500,
+        "rdma": None,
+        "ethtool_stats": None,
+        "ethtool_stats_reason": "not read: virtual interface",
+        "qos": None,
+        "samples": None,
+    }
 
 
 def doc(host: str, nics: list[dict[str, Any]] | None = None, shm_bytes: int = 64 << 30) -> dict[str, Any]:
     """A facts document with the sections these analyzers read."""
-    return {"schema": 1, "collected_at": "2026-11-30T12:00:00+00:00", "duration_s": 3.2,
-            "host": {"hostname": host, "disks": [{"device": "tmpfs", "mount": "/dev/shm", "fstype": "tmpfs",
-                                                  "total_bytes": shm_bytes}]},
-            "gpus": {"available": False, "devices": []},
-            "nics": [eth0(), *(nics if nics is not None else [nic("eth2", "mlx5_0"), nic("eth3", "mlx5_1")])],
-            "units": [], "kernel_log": {"source": "journalctl -k", "lines": []}, "errors": [],
-            "rdma_prereqs": prereqs()}
+    return {
+        "schema": 1,
+        "collected_at": "2026-11-30T12:00:00+00:00",
+        "duration_s": 3.2,
+        "host": {
+            "hostname": host,
+            "disks": [{"device": "tmpfs", "mount": "/dev/shm", "fstype": "tmpfs", "total_bytes": shm_bytes}],
+        },
+        "gpus": {"available": False, "devices": []},
+        "nics": [eth0(), *(nics if nics is not None else [nic("eth2", "mlx5_0"), nic("eth3", "mlx5_1")])],
+        "units": [],
+        "kernel_log": {"source": "journalctl -k", "lines": []},
+        "errors": [],
+        "rdma_prereqs": prereqs(),
+    }
 
 
-def prereqs(peermem: bool | None = True, acs: list[dict[str, Any]] | None = None,
-            translated: int = 0, cmdline: list[str] | None = None) -> dict[str, Any]:
+def prereqs(
+    peermem: bool | None = True,
+    acs: list[dict[str, Any]] | None = None,
+    translated: int = 0,
+    cmdline: list[str] | None = None,
+) -> dict[str, Any]:
     """A collector ``rdma_prereqs`` section, healthy by default."""
-    return {"peer_memory": {"loaded": peermem, "module": "nvidia_peermem" if peermem else None,
-                            "source": "/proc/modules" if peermem is not None else None,
-                            "reason": None if peermem is not None else "neither /proc/modules nor "
-                            "/sys/module is readable"},
-            "iommu": {"cmdline": cmdline or [], "groups": 40, "identity_groups": 40 - translated,
-                      "translated_groups": translated, "reason": None},
-            "acs": acs or [],
-            "probe_memlock": {"soft_bytes": 8 << 20, "hard_bytes": 8 << 20, "reason": None}}
+    return {
+        "peer_memory": {
+            "loaded": peermem,
+            "module": "nvidia_peermem" if peermem else None,
+            "source": "/proc/modules" if peermem is not None else None,
+            "reason": None if peermem is not None else "neither /proc/modules nor /sys/module is readable",
+        },
+        "iommu": {
+            "cmdline": cmdline or [],
+            "groups": 40,
+            "identity_groups": 40 - translated,
+            "translated_groups": translated,
+            "reason": None,
+        },
+        "acs": acs or [],
+        "probe_memlock": {"soft_bytes": 8 << 20, "hard_bytes": 8 << 20, "reason": None},
+    }
 
 
 def inventory(n: int = 8, per_leaf: int = 4, fabric: str = "", nics_speed: int = 400) -> Any:
     """``gpu[01-NN]`` with ``per_leaf`` hosts under each leaf and two 400G data NICs."""
     groups = "\n".join(
         f"  leaf{i + 1}:\n    hosts: [{', '.join(f'gpu{j + 1:02d}' for j in range(i * per_leaf, min(n, (i + 1) * per_leaf)))}]"
-        f"\n    labels: {{leaf: leaf{i + 1}}}" for i in range((n + per_leaf - 1) // per_leaf))
+        f"\n    labels: {{leaf: leaf{i + 1}}}"
+        for i in range((n + per_leaf - 1) // per_leaf)
+    )
     hosts = "\n".join(f"  gpu{i + 1:02d}: {{address: 10.0.0.{i + 1}}}" for i in range(n))
-    return load_inventory_text(f"""version: 1
+    return load_inventory_text(
+        f"""version: 1
 defaults:
   nics:
     - {{netdev: eth0, role: management}}
@@ -191,7 +293,9 @@ groups:
 {groups}
 hosts:
 {hosts}
-""", filename="test.yaml")
+""",
+        filename="test.yaml",
+    )
 
 
 def ctx(docs: dict[str, dict[str, Any]], inv: Any = None) -> AnalysisContext:

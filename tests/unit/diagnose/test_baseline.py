@@ -24,7 +24,7 @@ def test_round_trip_and_unchanged_hosts_are_ok(tmp_path):
     assert base["hosts"]["gpu01"]["gpu_count"] == 8 and base["hosts"]["gpu01"]["gpus"][3]["nvlink_active"] == 18
     found = check_baseline(with_baseline(G.healthy(), base))
     assert {(f.host, f.severity) for f in found} == {("gpu01", Severity.OK), ("gpu02", Severity.OK)}
-    assert not list(tmp_path.glob(".*"))                       # no temporary file left
+    assert not list(tmp_path.glob(".*"))  # no temporary file left
 
 
 def test_changes_since_the_baseline():
@@ -38,12 +38,20 @@ def test_changes_since_the_baseline():
     d[5]["persistence_mode"] = False
     now["gpu01"]["gpus"]["driver_version"] = "535.54.03"
     del now["gpu02"]["gpus"]["devices"][7]
-    found = {(f.host, f.subject, f.severity, f.message.split(",")[0]) for f in
-             check_baseline(with_baseline(now, base)) if f.severity != Severity.OK}
+    found = {
+        (f.host, f.subject, f.severity, f.message.split(",")[0])
+        for f in check_baseline(with_baseline(now, base))
+        if f.severity != Severity.OK
+    }
     assert found == {
         ("gpu01", "host", Severity.WARN, "driver 535.54.03"),
-        ("gpu01", "gpu:2", Severity.WARN, "another GPU at this index: GPU-ffffffff-0000-0000-0000-000000000000 "
-                                          "(baseline GPU-00000002-aaaa-bbbb-cccc-dddddddddddd)"),
+        (
+            "gpu01",
+            "gpu:2",
+            Severity.WARN,
+            "another GPU at this index: GPU-ffffffff-0000-0000-0000-000000000000 "
+            "(baseline GPU-00000002-aaaa-bbbb-cccc-dddddddddddd)",
+        ),
         ("gpu01", "gpu:3", Severity.WARN, "PCIe x8"),
         ("gpu01", "gpu:4", Severity.CRIT, "16 NVLink links active"),
         ("gpu01", "gpu:5", Severity.WARN, "persistence mode off"),

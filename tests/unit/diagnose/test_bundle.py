@@ -38,14 +38,31 @@ def write_inventory(tmp: Path, text: str = G.INVENTORY) -> Path:
 def snapshot() -> Snapshot:
     facts = G.healthy()
     facts["gpu01"]["gpus"]["devices"][1]["remapped_rows"]["pending"] = True
-    return Snapshot(facts=facts, missing={"gpu09": "unreachable: timed out"},
-                    raw={"gpu01": {"kernel.log": G.fixture("gpu/dmesg_xid_mixed.log"),
-                                   "qwen-a.log": G.fixture("vllm/startup_success_v0.11.0.log"),
-                                   "qwen-a.metrics": G.fixture("vllm/metrics_v0.11.0.prom"),
-                                   "qwen-a.metrics.2": G.fixture("vllm/metrics_v0.11.0.prom")}},
-                    commands={"gpu01": [{"argv": ["journalctl", "-u", "clusterctl-qwen-a.service"], "rc": 0,
-                                         "stdout": "verbatim\n", "stderr": "", "started_at": "2026-11-30T10:00:00Z"}]},
-                    interval_s=2.0, meta={"started_at": "2026-11-30T10:00:00Z"})
+    return Snapshot(
+        facts=facts,
+        missing={"gpu09": "unreachable: timed out"},
+        raw={
+            "gpu01": {
+                "kernel.log": G.fixture("gpu/dmesg_xid_mixed.log"),
+                "qwen-a.log": G.fixture("vllm/startup_success_v0.11.0.log"),
+                "qwen-a.metrics": G.fixture("vllm/metrics_v0.11.0.prom"),
+                "qwen-a.metrics.2": G.fixture("vllm/metrics_v0.11.0.prom"),
+            }
+        },
+        commands={
+            "gpu01": [
+                {
+                    "argv": ["journalctl", "-u", "clusterctl-qwen-a.service"],
+                    "rc": 0,
+                    "stdout": "verbatim\n",
+                    "stderr": "",
+                    "started_at": "2026-11-30T10:00:00Z",
+                }
+            ]
+        },
+        interval_s=2.0,
+        meta={"started_at": "2026-11-30T10:00:00Z"},
+    )
 
 
 def analysis(snap: Snapshot) -> list[tuple[str, str, str | None, str, str]]:
@@ -65,12 +82,17 @@ def test_round_trip_gives_the_same_findings(tmp_path: Path, name: str):
         cmd = dest / "hosts" / "gpu01" / "commands"
         assert (cmd / "journalctl_-u_clusterctl-qwen-a.service.txt").read_text() == "verbatim\n"
         assert json.loads((cmd / "index.json").read_text())[0]["started_at"] == "2026-11-30T10:00:00Z"
-        assert sorted(p.name for p in (dest / "hosts" / "gpu01").iterdir()) == \
-            ["commands", "facts.json", "kernel.log", "metrics", "units"]
+        assert sorted(p.name for p in (dest / "hosts" / "gpu01").iterdir()) == [
+            "commands",
+            "facts.json",
+            "kernel.log",
+            "metrics",
+            "units",
+        ]
     else:
         with tarfile.open(dest) as tar:
             assert "bundle/hosts/gpu01/facts.json" in tar.getnames()
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []   # no temp left
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
 
 
 def test_existing_destination_is_refused(tmp_path: Path):
@@ -100,15 +122,19 @@ def test_hand_assembled_bundle_runs_checks_with_data_and_the_rest_are_unknown(tm
         assert by_check[check] == {"UNKNOWN"}, check
     kv = next(f for f in doc["findings"] if f["check"] == "oom.cause")
     assert "--max-model-len to at most 20880" in kv["action"]
-    assert not any(f["severity"] == "OK" and f["check"].startswith("gpu.") and f["check"] != "gpu.xid"
-                   for f in doc["findings"])
+    assert not any(
+        f["severity"] == "OK" and f["check"].startswith("gpu.") and f["check"] != "gpu.xid" for f in doc["findings"]
+    )
 
 
 def test_doctor_from_bundle_with_its_inventory_and_formats(tmp_path, capsys):
     dest = write_bundle(snapshot(), tmp_path / "b.tar.gz", G.INVENTORY)
     assert main(["doctor", "--from", str(dest), "--checks", "remap,tp", "--format", "markdown"]) == 1
     md = capsys.readouterr().out
-    assert "| WARN | gpu.remap | gpu01 | gpu:1 | gpu:1 (0000:2a:00.0): a row remap is pending: the GPU keeps working, the remap applies at the next GPU reset |" in md
+    assert (
+        "| WARN | gpu.remap | gpu01 | gpu:1 | gpu:1 (0000:2a:00.0): a row remap is pending: the GPU keeps working, the remap applies at the next GPU reset |"
+        in md
+    )
     assert "| WARN | tp.group | - | tp-group:qwen-a | DEGRADED" in md
     assert main(["doctor", "--from", str(dest), "--checks", "remap", "--format", "prom"]) == 1
     assert 'clusterctl_doctor_check_severity{check="gpu.remap",host="gpu01"} 1' in capsys.readouterr().out
@@ -132,6 +158,7 @@ def test_usage_and_bad_input_exit_3_with_the_place(tmp_path, capsys):
 
 # ----------------------------------------------------------------- gather
 
+
 class MetricsHandler(http.server.BaseHTTPRequestHandler):
     """A serving vLLM's /metrics: 100 more generated tokens at every scrape."""
 
@@ -139,9 +166,12 @@ class MetricsHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         MetricsHandler.scrapes += 1
-        body = re.sub(r"^(vllm:generation_tokens_total\{[^}]*\}) (\S+)$",
-                      lambda m: f"{m[1]} {float(m[2]) + 100 * MetricsHandler.scrapes}",
-                      G.fixture("vllm/metrics_v0.11.0.prom"), flags=re.M)
+        body = re.sub(
+            r"^(vllm:generation_tokens_total\{[^}]*\}) (\S+)$",
+            lambda m: f"{m[1]} {float(m[2]) + 100 * MetricsHandler.scrapes}",
+            G.fixture("vllm/metrics_v0.11.0.prom"),
+            flags=re.M,
+        )
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.end_headers()
@@ -167,23 +197,31 @@ class LocalFleet:
         self.hosts, self.facts, self.warnings, self.calls = hosts, facts, [], []
         self.probe_rc = probe_rc or {}
 
-    def run(self, command, *, stdin=None, sudo=False, timeout=None, on_result=None, require_python=False,
-            deadline=None):
+    def run(
+        self, command, *, stdin=None, sudo=False, timeout=None, on_result=None, require_python=False, deadline=None
+    ):
         self.calls.append(sorted(command))
         head, _, script = stdin.partition(b"\n")
-        assert head.startswith(b"PROBE_PAYLOAD = ") and len(head) > 50_000   # the real payload travels
+        assert head.startswith(b"PROBE_PAYLOAD = ") and len(head) > 50_000  # the real payload travels
         rows = []
         for h in self.hosts:
             if h.name not in command:
                 continue
             argv = shlex.split(command[h.name])
             assert argv[:4] == ["python3", "-I", "-B", "-"]
-            fake = (f"import sys; sys.stdout.write({json.dumps(self.facts[h.name])!r} + '\\n'); "
-                    f"sys.stderr.write('args ' + ' '.join(sys.argv[1:])); sys.exit({self.probe_rc.get(h.name, 0)})")
+            fake = (
+                f"import sys; sys.stdout.write({json.dumps(self.facts[h.name])!r} + '\\n'); "
+                f"sys.stderr.write('args ' + ' '.join(sys.argv[1:])); sys.exit({self.probe_rc.get(h.name, 0)})"
+            )
             stand_in = b"PROBE_PAYLOAD = " + repr(fake.encode()).encode() + b"\n" + script
             p = subprocess.run([sys.executable, *argv[1:]], input=stand_in, capture_output=True, timeout=60)
-            row = HostResult(h.name, HostStatus.OK if p.returncode == 0 else HostStatus.FAILED,
-                             rc=p.returncode, stdout=p.stdout.decode(), stderr=p.stderr.decode())
+            row = HostResult(
+                h.name,
+                HostStatus.OK if p.returncode == 0 else HostStatus.FAILED,
+                rc=p.returncode,
+                stdout=p.stdout.decode(),
+                stderr=p.stderr.decode(),
+            )
             if on_result:
                 on_result(row)
             rows.append(row)
@@ -194,15 +232,18 @@ def test_gather_takes_facts_journal_and_two_metrics_samples_in_one_round_trip(tm
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        inv = G.inventory(G.INVENTORY.replace("port: 8000\n    args: {max-model-len: 32768",
-                                              f"port: {server.server_address[1]}\n    args: {{host: 127.0.0.1, "
-                                              "max-model-len: 32768"))
+        inv = G.inventory(
+            G.INVENTORY.replace(
+                "port: 8000\n    args: {max-model-len: 32768",
+                f"port: {server.server_address[1]}\n    args: {{host: 127.0.0.1, max-model-len: 32768",
+            )
+        )
         hosts = [inv.hosts["gpu01"], inv.hosts["gpu02"]]
         fleet = LocalFleet(hosts, G.healthy())
         snap = gather(fleet, inv, hosts, interval_s=0.4, timeout=10)
     finally:
         server.shutdown()
-    assert fleet.calls == [["gpu01", "gpu02"]]                 # one round trip: probe and both samples
+    assert fleet.calls == [["gpu01", "gpu02"]]  # one round trip: probe and both samples
     assert 0.4 <= snap.interval_s < 2
     assert sorted(snap.facts) == ["gpu01", "gpu02"] and snap.missing == {}
     first, second = snap.raw["gpu01"]["qwen-a.metrics"], snap.raw["gpu01"]["qwen-a.metrics.2"]
@@ -226,7 +267,7 @@ def test_gather_passes_the_probe_arguments_and_reports_a_failed_probe_as_missing
     assert sorted(snap.facts) == ["gpu01"]
     assert "gpu02" in snap.missing and "args --nvml-budget 6.0 --raw-outputs" in snap.missing["gpu02"]
     assert sorted((r.host, r.ok) for r in seen) == [("gpu01", True), ("gpu02", False)]
-    assert "qwen-a.metrics.2" not in snap.raw.get("gpu01", {})    # interval 0: one sample
+    assert "qwen-a.metrics.2" not in snap.raw.get("gpu01", {})  # interval 0: one sample
 
 
 def test_collect_refuses_an_existing_output_before_connecting(tmp_path, capsys):
@@ -239,8 +280,10 @@ def test_collect_refuses_an_existing_output_before_connecting(tmp_path, capsys):
 def test_api_keys_in_vllm_logs_are_redacted_before_they_are_saved():
     from clusterctl.diagnose.bundle import redact
 
-    line = ("(APIServer pid=7140) INFO 11-30 10:02:13 [utils.py:233] non-default args: {'model_tag': 'q', "
-            "'api_key': ['sk-secret-1', 'sk-secret-2'], 'port': 8000}")
+    line = (
+        "(APIServer pid=7140) INFO 11-30 10:02:13 [utils.py:233] non-default args: {'model_tag': 'q', "
+        "'api_key': ['sk-secret-1', 'sk-secret-2'], 'port': 8000}"
+    )
     assert "sk-secret" not in redact(line) and "'api_key': '***'" in redact(line)
     assert "sk-x" not in redact("args: Namespace(model='q', api_key='sk-x', port=8000)")
     assert "sk-y" not in redact("ExecStart=vllm serve q --api-key sk-y --port 8000")
@@ -260,8 +303,13 @@ def test_collector_raw_outputs_are_opt_in_and_verbatim():
         assert set(rec) == {"argv", "rc", "stdout", "stderr", "started_at", "duration_s"}
     journal = [r for r in raw if r["argv"][:2] == ["journalctl", "-k"]]
     if shutil.which("journalctl"):  # verbatim: the same command prints the same bytes
-        again = subprocess.run(journal[0]["argv"], capture_output=True, text=True, timeout=30,
-                               env={**os.environ, "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0", "LC_ALL": "C"})
+        again = subprocess.run(
+            journal[0]["argv"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0", "LC_ALL": "C"},
+        )
         assert journal[0]["rc"] == again.returncode and journal[0]["stderr"] == again.stderr
 
 
@@ -272,6 +320,6 @@ def test_doctor_from_a_bundle_for_some_hosts_only(tmp_path, capsys):
     assert {f["host"] for f in doc["findings"]} == {"gpu02"}
     assert main(["doctor", "nohost", "--from", str(dest)]) == 3
     assert "unknown host(s): nohost" in capsys.readouterr().err
-    hand = hand_bundle(tmp_path)                                    # no inventory: node-set names
+    hand = hand_bundle(tmp_path)  # no inventory: node-set names
     assert main(["doctor", "gpu[02-09]", "--from", str(hand)]) == 3
     assert "selects no host of the bundle" in capsys.readouterr().err

@@ -35,8 +35,14 @@ def _cap() -> None:
 
 def doctor(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "doctor", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, preexec_fn=_cap)
+    return subprocess.run(
+        [sys.executable, "-m", "clusterctl.cli.main", "doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        preexec_fn=_cap,
+    )
 
 
 def bundle(tmp: Path, hosts: dict[str, dict[str, str | bytes]] | None = None, meta: object = None) -> Path:
@@ -91,8 +97,10 @@ def test_gzip_bomb_stays_within_memory(tmp_path):
 
 def test_a_huge_single_line_and_a_huge_prometheus_label_are_bounded(tmp_path):
     label = b'vllm:num_requests_running{model_name="' + b"a" * (48 * 2**20) + b'"} 1\n'
-    root = bundle(tmp_path, {"h1": {"facts.json": json.dumps(FACTS), "kernel.log": b"x" * (64 * 2**20),
-                                    "metrics/inst.1.prom": label}})
+    root = bundle(
+        tmp_path,
+        {"h1": {"facts.json": json.dumps(FACTS), "kernel.log": b"x" * (64 * 2**20), "metrics/inst.1.prom": label}},
+    )
     r = doctor("--from", str(root), timeout=120)
     assert r.returncode in (1, 2, 3) and "Traceback" not in r.stderr and "MemoryError" not in r.stderr, r.stderr[-800:]
 
@@ -121,8 +129,11 @@ def test_fifo_and_symlink_to_dev_zero_are_skipped_not_read(tmp_path):
 
 
 def _good_tar(tmp: Path) -> bytes:
-    root = bundle(tmp, {f"h{i}": {"facts.json": json.dumps(FACTS), "kernel.log": "[ 1.0] line\n" * 2000}
-                        for i in range(3)}, meta={"format": 1, "hosts": ["h0", "h1", "h2"]})
+    root = bundle(
+        tmp,
+        {f"h{i}": {"facts.json": json.dumps(FACTS), "kernel.log": "[ 1.0] line\n" * 2000} for i in range(3)},
+        meta={"format": 1, "hosts": ["h0", "h1", "h2"]},
+    )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.add(root, arcname="b")
@@ -168,13 +179,19 @@ def test_empty_hosts_and_hosts_listed_without_data(tmp_path):
     assert r.returncode == 3 and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("meta,word", [('{"format": "abc"}', "format"), ("[1, 2]", "JSON object"),
-                                       ('{"format": 1, "interval_s": 1e400}', "interval_s"),
-                                       ('{"format": 1, "interval_s": "2"}', "interval_s"),
-                                       ('{"format": 1, "hosts": "h1"}', "hosts"),
-                                       ('{"format": 1, "missing": ["h1"]}', "missing"),
-                                       ('{"format": 2}', "newer"),
-                                       pytest.param("[" * 100000 + "]" * 100000, "nested", id="nested")])
+@pytest.mark.parametrize(
+    "meta,word",
+    [
+        ('{"format": "abc"}', "format"),
+        ("[1, 2]", "JSON object"),
+        ('{"format": 1, "interval_s": 1e400}', "interval_s"),
+        ('{"format": 1, "interval_s": "2"}', "interval_s"),
+        ('{"format": 1, "hosts": "h1"}', "hosts"),
+        ('{"format": 1, "missing": ["h1"]}', "missing"),
+        ('{"format": 2}', "newer"),
+        pytest.param("[" * 100000 + "]" * 100000, "nested", id="nested"),
+    ],
+)
 def test_wrong_types_in_bundle_json_are_clear_errors(tmp_path, meta, word):
     root = bundle(tmp_path, {"h1": {"facts.json": json.dumps(FACTS)}}, meta=meta)
     assert_clear_error(doctor("--from", str(root)), "bundle.json", word)

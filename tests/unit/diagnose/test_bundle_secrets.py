@@ -48,8 +48,9 @@ def test_redacted_text_hides_what_show_json_hides_and_keeps_every_line():
     red = redact_inventory_text(INVENTORY)
     assert not any(s in red for s in SECRETS)
     assert red.count("\n") == INVENTORY.count("\n")
-    assert [i for i, line in enumerate(red.splitlines()) if "VLLM_LOGGING_LEVEL: INFO" in line] == \
-        [i for i, line in enumerate(INVENTORY.splitlines()) if "VLLM_LOGGING_LEVEL: INFO" in line]
+    assert [i for i, line in enumerate(red.splitlines()) if "VLLM_LOGGING_LEVEL: INFO" in line] == [
+        i for i, line in enumerate(INVENTORY.splitlines()) if "VLLM_LOGGING_LEVEL: INFO" in line
+    ]
     inv = load_inventory_text(red, "bundle/inventory.yaml")  # still a valid inventory
     shown = inventory_json(load_inventory_text(INVENTORY, "inv.yaml"))["instances"][0]["env"]
     kept = inv.instances["a"].env
@@ -65,9 +66,15 @@ def test_text_that_is_not_yaml_is_left_out_not_copied():
 def test_collect_writes_a_redacted_owner_only_bundle(tmp_path: Path, monkeypatch, name: str):
     inv = tmp_path / "site.yaml"
     inv.write_text(INVENTORY)
-    monkeypatch.setattr(collect_cli, "live_snapshot",
-                        lambda pattern, path, **k: (Snapshot(facts={"gpu01": {"host": "gpu01"}},
-                                                             raw={"gpu01": {"kernel.log": "ok\n"}}), None, path))
+    monkeypatch.setattr(
+        collect_cli,
+        "live_snapshot",
+        lambda pattern, path, **k: (
+            Snapshot(facts={"gpu01": {"host": "gpu01"}}, raw={"gpu01": {"kernel.log": "ok\n"}}),
+            None,
+            path,
+        ),
+    )
     out = tmp_path / name
     assert main(["collect", "all", "-i", str(inv), "-o", str(out)]) == 0
     if name.endswith(".tar.gz"):
@@ -85,7 +92,9 @@ def test_collect_writes_a_redacted_owner_only_bundle(tmp_path: Path, monkeypatch
 
 def test_redacted_copy_stays_a_valid_inventory_with_its_host_key_policy():
     """``host_key_policy`` names a key but holds no secret: the bundle's copy must still load."""
-    text = INVENTORY.replace("ssh: {use_ssh_config: false}", "ssh: {use_ssh_config: false, host_key_policy: accept-new}")
+    text = INVENTORY.replace(
+        "ssh: {use_ssh_config: false}", "ssh: {use_ssh_config: false, host_key_policy: accept-new}"
+    )
     red = redact_inventory_text(text)
     assert "host_key_policy: accept-new" in red and "hf_live_SECRET1" not in red
     inv = load_inventory_text(red, "bundle/inventory.yaml")

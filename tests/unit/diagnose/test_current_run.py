@@ -30,8 +30,11 @@ def starting(stamp: str) -> str:
 def died_then_restarted() -> str:
     """The recorded engine death (10:50), systemd's restart, then the recorded successful start-up (11:00)."""
     lines = [starting(T0)] + journal(G.fixture("vllm/runtime_engine_dead_nccl_v0.11.0.log"), "2026-11-30T10:50:12+0000")
-    lines += ["2026-11-30T10:50:13+0000 gpu01 systemd[1]: clusterctl-qwen-a.service: Main process exited, "
-              "code=exited, status=1/FAILURE", starting("2026-11-30T11:00:00+0000")]
+    lines += [
+        "2026-11-30T10:50:13+0000 gpu01 systemd[1]: clusterctl-qwen-a.service: Main process exited, "
+        "code=exited, status=1/FAILURE",
+        starting("2026-11-30T11:00:00+0000"),
+    ]
     lines += journal(G.fixture("vllm/startup_success_v0.11.0.log"), "2026-11-30T11:00:30+0000", pid=9000)
     return "\n".join(lines) + "\n"
 
@@ -60,7 +63,7 @@ def test_since_counts_older_lines_again():
     since = parse_when("2026-11-30T10:30:00Z", 0)
     rows = engine_rows(diagnose(ctx, ["serving.engine"], since=since))
     assert any(f.severity == Severity.CRIT for f in rows)
-    later = parse_when("2026-11-30T10:55:00Z", 0)   # after the death: still history
+    later = parse_when("2026-11-30T10:55:00Z", 0)  # after the death: still history
     assert not any(f.severity == Severity.CRIT for f in engine_rows(diagnose(ctx, ["serving.engine"], since=later)))
 
 
@@ -71,16 +74,19 @@ def test_split_keeps_a_log_without_a_start_line_whole():
 
 def test_kernel_xids_of_an_earlier_boot_are_history():
     xids = G.fixture("gpu/journal_short_iso_xid.log").replace("gpu07", "gpu01")
-    reboot = ("-- Boot 3c1f0d2e6a4b4c55a0c1b2d3e4f50617 --\n"
-              "2026-11-30T12:00:00+0000 gpu01 kernel: Linux version 6.8.0-49-generic (buildd@lcy02) #49-Ubuntu\n"
-              "2026-11-30T12:00:05+0000 gpu01 kernel: nvidia: loading out-of-tree module taints kernel.\n")
+    reboot = (
+        "-- Boot 3c1f0d2e6a4b4c55a0c1b2d3e4f50617 --\n"
+        "2026-11-30T12:00:00+0000 gpu01 kernel: Linux version 6.8.0-49-generic (buildd@lcy02) #49-Ubuntu\n"
+        "2026-11-30T12:00:05+0000 gpu01 kernel: nvidia: loading out-of-tree module taints kernel.\n"
+    )
     ctx = G.ctx(G.healthy(), raw={"gpu01": {"kernel.log": xids + reboot}})
     found = [f for f in diagnose(ctx, ["gpu.xid"]) if f.host == "gpu01"]
     assert not any(f.severity in (Severity.CRIT, Severity.WARN) for f in found)
     assert any(f.message.startswith(HISTORY + "CRIT") and "XID 79" in f.message for f in found)
     # the same lines in the current boot are CRIT
-    current = [f for f in diagnose(G.ctx(G.healthy(), raw={"gpu01": {"kernel.log": xids}}), ["gpu.xid"])
-               if f.host == "gpu01"]
+    current = [
+        f for f in diagnose(G.ctx(G.healthy(), raw={"gpu01": {"kernel.log": xids}}), ["gpu.xid"]) if f.host == "gpu01"
+    ]
     assert any(f.severity == Severity.CRIT and "XID 79" in f.message for f in current)
 
 
@@ -88,9 +94,14 @@ def test_probe_kernel_lines_of_another_boot_id_are_history():
     facts = G.healthy()
     facts["gpu01"]["host"]["boot_id"] = "now-boot"
     facts["gpu01"]["kernel_log"]["lines"] = [
-        {"time": 1.0, "boot_id": "old-boot", "priority": 3,
-         "text": "NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."},
-        {"time": 2.0, "boot_id": "now-boot", "priority": 6, "text": "nvidia-modeset: Loading NVIDIA Kernel Mode"}]
+        {
+            "time": 1.0,
+            "boot_id": "old-boot",
+            "priority": 3,
+            "text": "NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        },
+        {"time": 2.0, "boot_id": "now-boot", "priority": 6, "text": "nvidia-modeset: Loading NVIDIA Kernel Mode"},
+    ]
     found = [f for f in diagnose(G.ctx(facts), ["gpu.xid"]) if f.host == "gpu01"]
     assert not any(f.severity == Severity.CRIT for f in found)
     assert any(f.message.startswith(HISTORY) and "gpu:1" == f.subject for f in found)
@@ -100,8 +111,13 @@ def test_probe_kernel_lines_of_another_boot_id_are_history():
 def test_an_acknowledged_finding_is_ok_until_it_expires(tmp_path):
     facts = G.healthy()
     facts["gpu01"]["kernel_log"]["lines"] = [
-        {"time": None, "boot_id": None, "priority": None,
-         "text": "NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."}]
+        {
+            "time": None,
+            "boot_id": None,
+            "priority": None,
+            "text": "NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        }
+    ]
     ctx = G.ctx(facts)
     now = time.time()
     acks.add(tmp_path, "gpu.xid", "gpu:1", now + 3600, host="gpu01", reason="RMA 4411", now=now)
@@ -126,8 +142,13 @@ def test_doctor_ack_command_and_doctor_from_a_bundle_show_it(tmp_path, monkeypat
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     facts = G.healthy()
     facts["gpu01"]["kernel_log"]["lines"] = [
-        {"time": None, "boot_id": None, "priority": None,
-         "text": "NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."}]
+        {
+            "time": None,
+            "boot_id": None,
+            "priority": None,
+            "text": "NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        }
+    ]
     dest = write_bundle(Snapshot(facts=facts), tmp_path / "b.tar.gz", G.INVENTORY)
     assert main(["doctor", "--from", str(dest), "--checks", "xid"]) == 2
     capsys.readouterr()
@@ -138,7 +159,7 @@ def test_doctor_ack_command_and_doctor_from_a_bundle_show_it(tmp_path, monkeypat
     assert doc["meta"]["acknowledged"] == 1
     assert main(["doctor", "ack", "--list"]) == 0
     assert "gpu.xid gpu:1 on every host until" in capsys.readouterr().out
-    assert main(["doctor", "ack", "gpu.xid", "gpu:1"]) == 3                 # no --until: acks expire
+    assert main(["doctor", "ack", "gpu.xid", "gpu:1"]) == 3  # no --until: acks expire
     assert main(["doctor", "ack", "gpu.xid", "gpu:1", "--until", "soon"]) == 3
     assert main(["doctor", "ack", "gpu.xid", "gpu:1", "--remove"]) == 0
     assert main(["doctor", "--from", str(dest), "--checks", "xid"]) == 2
@@ -147,7 +168,9 @@ def test_doctor_ack_command_and_doctor_from_a_bundle_show_it(tmp_path, monkeypat
 
 def test_a_start_line_of_systemd_before_250_names_the_description():
     old = [starting(T0), f"{T0} gpu01 vllm[1]: ERROR engine died"]
-    new = ["2026-11-30T11:00:00+0000 gpu01 systemd[1]: Starting vLLM qwen-a: qwen3-8b on gpu01 GPU 0,1 port 8000...",
-           "2026-11-30T11:00:01+0000 gpu01 vllm[2]: INFO started"]
+    new = [
+        "2026-11-30T11:00:00+0000 gpu01 systemd[1]: Starting vLLM qwen-a: qwen3-8b on gpu01 GPU 0,1 port 8000...",
+        "2026-11-30T11:00:01+0000 gpu01 vllm[2]: INFO started",
+    ]
     hist, cur = split_unit_log("\n".join(old + new) + "\n", "clusterctl-qwen-a.service")
     assert hist == "\n".join(old) + "\n" and cur == "\n".join(new) + "\n"

@@ -36,13 +36,25 @@ def test_mtu_odd_one_out():
 
 
 def test_missing_and_down_data_nics_and_no_roce_v2_gid():
-    fs = run({"gpu01": R.doc("gpu01", [R.nic("eth2", state="DOWN")]),
-              "gpu02": R.doc("gpu02", [R.nic("eth2", gids=[{"index": 0, "gid": "fe80::1", "type": "IB/RoCE v1",
-                                                            "netdev": "eth2"}]), R.nic("eth3", "mlx5_1")])}, n=4)
+    fs = run(
+        {
+            "gpu01": R.doc("gpu01", [R.nic("eth2", state="DOWN")]),
+            "gpu02": R.doc(
+                "gpu02",
+                [
+                    R.nic("eth2", gids=[{"index": 0, "gid": "fe80::1", "type": "IB/RoCE v1", "netdev": "eth2"}]),
+                    R.nic("eth3", "mlx5_1"),
+                ],
+            ),
+        },
+        n=4,
+    )
     got = sorted((f.host, f.subject, f.severity.name, f.message.split(":")[1][:22]) for f in bad(fs))
-    assert got == [("gpu01", "nic:eth2", "CRIT", " link down (operstate "),
-                   ("gpu01", "nic:eth3", "CRIT", " the inventory's data "),
-                   ("gpu02", "nic:eth2", "CRIT", " no RoCE v2 GID on mlx")]
+    assert got == [
+        ("gpu01", "nic:eth2", "CRIT", " link down (operstate "),
+        ("gpu01", "nic:eth3", "CRIT", " the inventory's data "),
+        ("gpu02", "nic:eth2", "CRIT", " no RoCE v2 GID on mlx"),
+    ]
 
 
 def test_a_data_nic_without_its_rdma_device():
@@ -72,8 +84,10 @@ def test_gpu_without_a_data_nic_on_its_numa_node():
     eth2["numa_node"], eth3["numa_node"] = 0, 0
     fs = run({"gpu01": _gpus(R.doc("gpu01", [eth2, eth3]), [0, 0, 1, 1])}, n=2, checks=("host.rdma_prereqs",))
     b = bad(fs)
-    assert [(f.host, f.subject, f.severity) for f in b] == [("gpu01", "gpu:2", Severity.WARN),
-                                                            ("gpu01", "gpu:3", Severity.WARN)]
+    assert [(f.host, f.subject, f.severity) for f in b] == [
+        ("gpu01", "gpu:2", Severity.WARN),
+        ("gpu01", "gpu:3", Severity.WARN),
+    ]
     assert "GPU 2 is on NUMA node 1, the data NICs on node(s) 0" in b[0].message
     eth3["numa_node"] = 1
     fs = run({"gpu01": _gpus(R.doc("gpu01", [eth2, eth3]), [0, 0, 1, 1])}, n=2, checks=("host.rdma_prereqs",))

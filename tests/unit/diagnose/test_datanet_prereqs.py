@@ -58,10 +58,13 @@ def pci_tree(root: Path, redirect: bool) -> None:
     02:00.0 and 02:01.0 below upstream port 01:00.0); GPU 0000:83:00.0 under
     another root port."""
     base = "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
-    dev = {"0000:03:00.0": f"{base}/0000:02:00.0/0000:03:00.0",
-           "0000:04:00.0": f"{base}/0000:02:01.0/0000:04:00.0",
-           "0000:02:00.0": f"{base}/0000:02:00.0", "0000:02:01.0": f"{base}/0000:02:01.0",
-           "0000:83:00.0": "sys/devices/pci0000:80/0000:80:01.0/0000:83:00.0"}
+    dev = {
+        "0000:03:00.0": f"{base}/0000:02:00.0/0000:03:00.0",
+        "0000:04:00.0": f"{base}/0000:02:01.0/0000:04:00.0",
+        "0000:02:00.0": f"{base}/0000:02:00.0",
+        "0000:02:01.0": f"{base}/0000:02:01.0",
+        "0000:83:00.0": "sys/devices/pci0000:80/0000:80:01.0/0000:83:00.0",
+    }
     for addr, path in dev.items():
         (root / path).mkdir(parents=True, exist_ok=True)
         link = root / "sys/bus/pci/devices" / addr
@@ -79,8 +82,12 @@ def pci_tree(root: Path, redirect: bool) -> None:
 
 def test_peer_memory_from_proc_modules_then_sys_module(tmp_path):
     write(tmp_path, "/proc/modules", MODULES)
-    assert collector.peer_memory(str(tmp_path)) == {"loaded": True, "module": "nvidia_peermem",
-                                                    "source": "/proc/modules", "reason": None}
+    assert collector.peer_memory(str(tmp_path)) == {
+        "loaded": True,
+        "module": "nvidia_peermem",
+        "source": "/proc/modules",
+        "reason": None,
+    }
     write(tmp_path, "/proc/modules", MODULES.replace("nvidia_peermem", "nv_peer_mem"))
     assert collector.peer_memory(str(tmp_path))["module"] == "nv_peer_mem"
     write(tmp_path, "/proc/modules", "mlx5_ib 442368 0 - Live 0x0\n")
@@ -101,8 +108,13 @@ def test_iommu_cmdline_words_and_group_types(tmp_path):
     for g, t in enumerate(["identity", "identity", "DMA-FQ"]):
         write(tmp_path, f"/sys/kernel/iommu_groups/{g}/type", t + "\n")
     got = collector.iommu_state(str(tmp_path))
-    assert got == {"cmdline": ["intel_iommu=on", "iommu=pt"], "groups": 3, "identity_groups": 2,
-                   "translated_groups": 1, "reason": None}
+    assert got == {
+        "cmdline": ["intel_iommu=on", "iommu=pt"],
+        "groups": 3,
+        "identity_groups": 2,
+        "translated_groups": 1,
+        "reason": None,
+    }
 
 
 def test_iommu_groups_missing_is_recorded(tmp_path):
@@ -131,7 +143,9 @@ def test_acs_on_the_switch_ports_between_gpu_and_nic(tmp_path):
     assert [(p["gpu"], p["netdev"]) for p in pairs] == [(0, "eth2")]
     bridges = pairs[0]["bridges"]
     assert [(b["pci_address"], b["redirect"], b["source"]) for b in bridges] == [
-        ("0000:02:00.0", True, "config"), ("0000:02:01.0", False, "config")]
+        ("0000:02:00.0", True, "config"),
+        ("0000:02:01.0", False, "config"),
+    ]
     assert bridges[0]["acs_ctl"] == ["SrcValid", "ReqRedir", "CmpltRedir", "UpstreamFwd"]
 
 
@@ -143,13 +157,21 @@ def test_acs_short_config_space_in_a_fixture_tree_says_why(tmp_path):
 
 
 def test_unit_environment_names_kept_secret_values_dropped():
-    show = ("Id=clusterctl-qwen.service\nLimitMEMLOCK=8388608\n"
-            "Environment=NCCL_IB_TC=106 \"VLLM_EXTRA=a b\" HF_TOKEN=hf_abc VLLM_API_KEY=sk-1 "
-            "NCCL_SOCKET_IFNAME==eth2 MY_PASSWORD=x\n"
-            "EnvironmentFiles=/etc/clusterctl/qwen.env (ignore_errors=no)\n")
+    show = (
+        "Id=clusterctl-qwen.service\nLimitMEMLOCK=8388608\n"
+        "Environment=NCCL_IB_TC=106 \"VLLM_EXTRA=a b\" HF_TOKEN=hf_abc VLLM_API_KEY=sk-1 "
+        "NCCL_SOCKET_IFNAME==eth2 MY_PASSWORD=x\n"
+        "EnvironmentFiles=/etc/clusterctl/qwen.env (ignore_errors=no)\n"
+    )
     env = collector.parse_unit_environment(show)["clusterctl-qwen.service"]
-    assert env["environment"] == {"NCCL_IB_TC": "106", "VLLM_EXTRA": "a b", "HF_TOKEN": None,
-                                  "VLLM_API_KEY": None, "NCCL_SOCKET_IFNAME": "=eth2", "MY_PASSWORD": None}
+    assert env["environment"] == {
+        "NCCL_IB_TC": "106",
+        "VLLM_EXTRA": "a b",
+        "HF_TOKEN": None,
+        "VLLM_API_KEY": None,
+        "NCCL_SOCKET_IFNAME": "=eth2",
+        "MY_PASSWORD": None,
+    }
     assert env["environment_files"] == ["/etc/clusterctl/qwen.env"]
     red = collector.redact_environment(show)
     assert "hf_abc" not in red and "sk-1" not in red and "'HF_TOKEN=<redacted>'" in red
@@ -172,8 +194,7 @@ def gpu_doc(host: str, **prereqs) -> dict:
 
 def spanning(ctx, hosts) -> None:
     """Place one TP group across ``hosts`` (GPU 0 of each): NCCL between them uses GPUDirect RDMA."""
-    ctx.inventory.instances["tp-across"] = Instance(
-        "tp-across", "m", "e", tuple(GpuRef(h, 0) for h in hosts), 8000)
+    ctx.inventory.instances["tp-across"] = Instance("tp-across", "m", "e", tuple(GpuRef(h, 0) for h in hosts), 8000)
 
 
 def run(special, n=4, across=True):
@@ -218,10 +239,22 @@ def test_peermem_unreadable_is_unknown_and_hosts_without_gpus_are_skipped():
 
 
 def test_acs_redirect_between_gpu_and_nic_warns():
-    acs = [{"gpu": 0, "netdev": "eth2", "bridges": [
-        {"pci_address": "0000:02:00.0", "acs_ctl": ["SrcValid", "ReqRedir", "CmpltRedir"], "redirect": True,
-         "source": "config", "reason": None},
-        {"pci_address": "0000:02:01.0", "acs_ctl": [], "redirect": False, "source": "config", "reason": None}]}]
+    acs = [
+        {
+            "gpu": 0,
+            "netdev": "eth2",
+            "bridges": [
+                {
+                    "pci_address": "0000:02:00.0",
+                    "acs_ctl": ["SrcValid", "ReqRedir", "CmpltRedir"],
+                    "redirect": True,
+                    "source": "config",
+                    "reason": None,
+                },
+                {"pci_address": "0000:02:01.0", "acs_ctl": [], "redirect": False, "source": "config", "reason": None},
+            ],
+        }
+    ]
     b = bad(run({"gpu01": gpu_doc("gpu01", acs=acs)}))
     assert [(f.host, f.subject, f.severity) for f in b] == [("gpu01", "pcie", Severity.WARN)]
     assert "root complex" in b[0].message
@@ -229,9 +262,21 @@ def test_acs_redirect_between_gpu_and_nic_warns():
 
 
 def test_acs_unreadable_is_unknown():
-    acs = [{"gpu": 0, "netdev": "eth2", "bridges": [
-        {"pci_address": "0000:02:00.0", "acs_ctl": None, "redirect": None, "source": "config",
-         "reason": "extended config space not readable (64 bytes; needs root); lspci not installed"}]}]
+    acs = [
+        {
+            "gpu": 0,
+            "netdev": "eth2",
+            "bridges": [
+                {
+                    "pci_address": "0000:02:00.0",
+                    "acs_ctl": None,
+                    "redirect": None,
+                    "source": "config",
+                    "reason": "extended config space not readable (64 bytes; needs root); lspci not installed",
+                }
+            ],
+        }
+    ]
     b = bad(run({"gpu01": gpu_doc("gpu01", acs=acs)}))
     assert [(f.subject, f.severity) for f in b] == [("pcie", Severity.UNKNOWN)]
 
@@ -245,8 +290,10 @@ def test_iommu_translating_without_passthrough_warns():
 
 def test_memlock_of_a_vllm_unit():
     d = gpu_doc("gpu01")
-    d["units"] = [{"unit": "clusterctl-qwen.service", "limit_memlock": 8 << 20},
-                  {"unit": "clusterctl-llama.service", "limit_memlock": "infinity"}]
+    d["units"] = [
+        {"unit": "clusterctl-qwen.service", "limit_memlock": 8 << 20},
+        {"unit": "clusterctl-llama.service", "limit_memlock": "infinity"},
+    ]
     b = bad(run({"gpu01": d}, across=False))
     assert [(f.subject, f.severity) for f in b] == [("unit:clusterctl-qwen.service", Severity.WARN)]
     assert "LimitMEMLOCK=8388608 bytes (8 MiB)" in b[0].message

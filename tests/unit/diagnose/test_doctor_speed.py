@@ -32,15 +32,18 @@ def one_nic(tmp_path, monkeypatch) -> tuple[list, str]:
     return [dict(NIC, samples=None)], str(sysroot(tmp_path, mlnx=False))
 
 
-@pytest.mark.parametrize("work_s, interval_s, most_wait_s", [
-    (0.4, 0.6, 0.45),    # 0.2 s left to wait, plus one ethtool run
-    (0.3, 0.1, 0.25),    # work longer than the interval: no wait at all
-])
+@pytest.mark.parametrize(
+    "work_s, interval_s, most_wait_s",
+    [
+        (0.4, 0.6, 0.45),  # 0.2 s left to wait, plus one ethtool run
+        (0.3, 0.1, 0.25),  # work longer than the interval: no wait at all
+    ],
+)
 def test_work_between_the_samples_is_not_added_to_the_interval(one_nic, work_s, interval_s, most_wait_s):
     nics, root = one_nic
     errors: list = []
     started = collector.start_samples(nics, 5.0, errors, root)
-    time.sleep(work_s)                                # the GPUs, units, kernel log being read
+    time.sleep(work_s)  # the GPUs, units, kernel log being read
     t = time.monotonic()
     collector.finish_samples(started, interval_s, 5.0, errors, root)
     waited = time.monotonic() - t
@@ -70,13 +73,17 @@ def test_payload_runs_the_compiled_code_on_a_matching_python_and_the_source_else
     mixed = compiled.data.replace(_line(compiled.data, "_COLLECTOR"), _line(source.data, "_COLLECTOR"))
 
     def run(data: bytes) -> str:
-        return subprocess.run([sys.executable, "-I", "-B", "-"], input=data, capture_output=True,
-                              timeout=30, check=True).stdout.decode().strip()
+        return (
+            subprocess.run([sys.executable, "-I", "-B", "-"], input=data, capture_output=True, timeout=30, check=True)
+            .stdout.decode()
+            .strip()
+        )
+
     assert run(mixed) == "ran the compiled code"
     other_python = mixed.replace(_line(mixed, "_CODE_TAG"), b"_CODE_TAG = ['cpython', '00000000']")
     assert run(other_python) == "compiled the source"
     broken = mixed.replace(_line(mixed, "_COLLECTOR_CODE"), b"_COLLECTOR_CODE = 'bm90IHpsaWI='")
-    assert run(broken) == "compiled the source"          # unreadable code: the source still runs
+    assert run(broken) == "compiled the source"  # unreadable code: the source still runs
 
 
 def test_an_instance_that_accepts_but_never_answers_costs_its_timeout_once_per_sample():
@@ -87,14 +94,21 @@ def test_an_instance_that_accepts_but_never_answers_costs_its_timeout_once_per_s
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
-    silent.listen(8)                                  # connections complete, nothing is ever read
+    silent.listen(8)  # connections complete, nothing is ever read
     try:
-        spec = {"instances": {"stuck": {"unit": "clusterctl-stuck.service", "port": silent.getsockname()[1],
-                                        "host": None}},
-                "journal": False, "timeout_s": 0.5, "interval_s": 0.3}
+        spec = {
+            "instances": {"stuck": {"unit": "clusterctl-stuck.service", "port": silent.getsockname()[1], "host": None}},
+            "journal": False,
+            "timeout_s": 0.5,
+            "interval_s": 0.3,
+        }
         t = time.monotonic()
-        p = subprocess.run([sys.executable, "-I", "-B", "-", json.dumps(spec)], input=NODE_SCRIPT.read_bytes(),
-                           capture_output=True, timeout=30)
+        p = subprocess.run(
+            [sys.executable, "-I", "-B", "-", json.dumps(spec)],
+            input=NODE_SCRIPT.read_bytes(),
+            capture_output=True,
+            timeout=30,
+        )
         took = time.monotonic() - t
     finally:
         silent.close()

@@ -20,15 +20,25 @@ from clusterctl.node import collector
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "evidence"
 NV = FIX / "nvidia"
 ROOT = Path(__file__).resolve().parents[3]
-HEALTHY = ["nvidia-smi-q_GTX680.txt", "nvidia-smi-q_GTX1050Ti.txt", "nvidia-smi-q_V100_x8.txt",
-           "nvidia-smi-q_H100SXMx8.txt", "nvidia-smi-q_H100_560.txt"]
+HEALTHY = [
+    "nvidia-smi-q_GTX680.txt",
+    "nvidia-smi-q_GTX1050Ti.txt",
+    "nvidia-smi-q_V100_x8.txt",
+    "nvidia-smi-q_H100SXMx8.txt",
+    "nvidia-smi-q_H100_560.txt",
+]
 GPU_CHECKS = "gpu.nvml,gpu.lost,gpu.ecc,gpu.remap,gpu.retired,gpu.clocks,gpu.pcie,gpu.thermal,gpu.persistence"
 
 
 def doctor(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "clusterctl.cli.main", "doctor", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "clusterctl.cli.main", "doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def run(path: Path, checks: list[str] | None = None, host: str | None = None):
@@ -37,6 +47,7 @@ def run(path: Path, checks: list[str] | None = None, host: str | None = None):
 
 
 # ------------------------------------------------------------ NVIDIA formats
+
 
 def test_three_driver_generations_parse_by_label():
     r470 = nvsmi.parse_nvidia_smi_q((NV / "nvidia-smi-q_GTX680.txt").read_text())
@@ -77,8 +88,9 @@ def test_healthy_real_samples_give_no_crit(name):
     assert gpu and all(f.severity == Severity.OK for f in gpu)
 
 
-@pytest.mark.parametrize("name,gpu", [("nvidia-smi-q_A100SXMx4.txt", "gpu:1"),
-                                      ("nvidia-smi-q_A100_510_remap_pending.txt", "gpu:0")])
+@pytest.mark.parametrize(
+    "name,gpu", [("nvidia-smi-q_A100SXMx4.txt", "gpu:1"), ("nvidia-smi-q_A100_510_remap_pending.txt", "gpu:0")]
+)
 def test_a_pending_row_remap_in_a_real_sample_is_found(name, gpu):
     findings = run(NV / name, GPU_CHECKS.split(","))
     remap = [f for f in findings if f.check == "gpu.remap" and f.severity != Severity.OK]
@@ -86,34 +98,66 @@ def test_a_pending_row_remap_in_a_real_sample_is_found(name, gpu):
 
 
 def test_lost_gpu_lines_become_lost_devices():
-    text = ("Unable to determine the device handle for GPU 0000:2B:00.0: GPU is lost.  Reboot the system "
-            "to recover this GPU\n" + (NV / "nvidia-smi-q_H100_560.txt").read_text())
+    text = (
+        "Unable to determine the device handle for GPU 0000:2B:00.0: GPU is lost.  Reboot the system "
+        "to recover this GPU\n" + (NV / "nvidia-smi-q_H100_560.txt").read_text()
+    )
     g = nvsmi.parse_nvidia_smi_q(text)
     lost = [d for d in g["devices"] if d["lost"]]
-    assert len(lost) == 1 and lost[0]["pci_address"] == "0000:2b:00.0" and "GPU is lost" in lost[0]["field_errors"]["device"]
+    assert (
+        len(lost) == 1
+        and lost[0]["pci_address"] == "0000:2b:00.0"
+        and "GPU is lost" in lost[0]["field_errors"]["device"]
+    )
 
 
 def test_query_gpu_csv_and_nvlink_and_dcgm():
-    csv = ("index, name, pci.bus_id, temperature.gpu, ecc.errors.uncorrected.volatile.total, "
-           "clocks_event_reasons.active, pcie.link.width.current, pcie.link.width.max\n"
-           "0, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 34, 0, 0x0000000000000001, 16, 16\n"
-           "1, NVIDIA H100 80GB HBM3, 00000000:2A:00.0, 36, 2, 0x0000000000000040, 8, 16\n")
+    csv = (
+        "index, name, pci.bus_id, temperature.gpu, ecc.errors.uncorrected.volatile.total, "
+        "clocks_event_reasons.active, pcie.link.width.current, pcie.link.width.max\n"
+        "0, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 34, 0, 0x0000000000000001, 16, 16\n"
+        "1, NVIDIA H100 80GB HBM3, 00000000:2A:00.0, 36, 2, 0x0000000000000040, 8, 16\n"
+    )
     g = nvsmi.parse_query_gpu_csv(csv)
     assert g["devices"][1]["ecc"]["volatile"]["uncorrected"] == 2
     assert g["devices"][1]["clocks_event_reasons"]["active"] == ["hw_thermal_slowdown"]
     assert nvsmi.covered_checks(g) >= {"gpu.ecc", "gpu.clocks", "gpu.pcie", "gpu.thermal"}
     assert "gpu.remap" not in nvsmi.covered_checks(g)  # the query did not ask: not an OK
-    links = nvsmi.parse_nvlink("GPU 0: NVIDIA H100 (UUID: GPU-1)\n\t Link 0: 26.562 GB/s\n\t Link 1: <inactive>\n"
-                               "GPU 0: NVIDIA H100 (UUID: GPU-1)\n\t Link 0: Replay Errors: 3\n")
-    assert [(lk["link"], lk["state"], lk["errors"]["replay"]) for lk in links[0]] == [(0, "active", 3), (1, "inactive", None)]
-    diag = nvsmi.parse_dcgmi_diag({"DCGM GPU Diagnostic": {"version": "3.3.5", "test_categories": [
-        {"category": "Hardware", "tests": [{"name": "Memory", "results": [
-            {"gpu_id": "3", "status": "Fail", "warnings": [{"warning": "DBE detected"}]}]}]}]}})
-    assert diag["results"] == [{"category": "Hardware", "test": "Memory", "gpu": "3", "status": "Fail",
-                                "messages": ["DBE detected"]}]
+    links = nvsmi.parse_nvlink(
+        "GPU 0: NVIDIA H100 (UUID: GPU-1)\n\t Link 0: 26.562 GB/s\n\t Link 1: <inactive>\n"
+        "GPU 0: NVIDIA H100 (UUID: GPU-1)\n\t Link 0: Replay Errors: 3\n"
+    )
+    assert [(lk["link"], lk["state"], lk["errors"]["replay"]) for lk in links[0]] == [
+        (0, "active", 3),
+        (1, "inactive", None),
+    ]
+    diag = nvsmi.parse_dcgmi_diag(
+        {
+            "DCGM GPU Diagnostic": {
+                "version": "3.3.5",
+                "test_categories": [
+                    {
+                        "category": "Hardware",
+                        "tests": [
+                            {
+                                "name": "Memory",
+                                "results": [
+                                    {"gpu_id": "3", "status": "Fail", "warnings": [{"warning": "DBE detected"}]}
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            }
+        }
+    )
+    assert diag["results"] == [
+        {"category": "Hardware", "test": "Memory", "gpu": "3", "status": "Fail", "messages": ["DBE detected"]}
+    ]
 
 
 # ----------------------------------------------------------- NIC tools, one path
+
 
 def test_real_mlnx_qos_and_inbox_dcb_read_through_the_probe_functions():
     q = (FIX / "roce" / "mlnx_qos_eth4_trust_dscp_pfc3.txt").read_text()
@@ -130,21 +174,27 @@ def test_real_mlnx_qos_and_inbox_dcb_read_through_the_probe_functions():
 
 def test_other_nic_tool_outputs_parse():
     assert collector.parse_ibdev2netdev("mlx5_0 port 1 ==> ens108np0 (Up)\n") == [
-        {"device": "mlx5_0", "port": 1, "netdev": "ens108np0", "state": "Up"}]
-    ecn = collector.parse_ecn_dump("/sys/class/net/eth2/ecn/roce_np/enable/3:1\n"
-                                   "/sys/class/net/eth2/ecn/roce_rp/enable/3:1\n"
-                                   "/sys/class/net/eth2/ecn/roce_np/cnp_dscp:48\n")
+        {"device": "mlx5_0", "port": 1, "netdev": "ens108np0", "state": "Up"}
+    ]
+    ecn = collector.parse_ecn_dump(
+        "/sys/class/net/eth2/ecn/roce_np/enable/3:1\n"
+        "/sys/class/net/eth2/ecn/roce_rp/enable/3:1\n"
+        "/sys/class/net/eth2/ecn/roce_np/cnp_dscp:48\n"
+    )
     assert ecn == {"roce_np": {"3": 1}, "roce_rp": {"3": 1}, "cnp_dscp": 48, "cnp_802p_prio": None}
     assert collector.parse_traffic_class("Global tclass=106\n") == (106, None)
     assert collector.parse_dcb_ets("prio-tc 0:0 1:0 2:0 3:3 4:0 5:0 6:0 7:0\n")[3] == 3
     stats = collector.parse_rdma_statistic('[{"ifindex":2,"ifname":"mlx5_0","port":1,"np_cnp_sent":5}]')
     assert stats == {("mlx5_0", 1): {"np_cnp_sent": 5}}
-    gids = collector.parse_show_gids("DEV\tPORT\tINDEX\tGID\t\tIPv4\tVER\tDEV\n"
-                                     "mlx5_0\t1\t3\t0000:0000:0000:0000:0000:ffff:c0a8:d3f2\t192.168.211.242\tv2\trdma0\n")
+    gids = collector.parse_show_gids(
+        "DEV\tPORT\tINDEX\tGID\t\tIPv4\tVER\tDEV\n"
+        "mlx5_0\t1\t3\t0000:0000:0000:0000:0000:ffff:c0a8:d3f2\t192.168.211.242\tv2\trdma0\n"
+    )
     assert gids[0]["type"] == "RoCE v2" and gids[0]["netdev"] == "rdma0"
 
 
 # ----------------------------------------------------------------- the issue
+
 
 def _storm(base: str, add: int) -> str:
     out = []
@@ -170,8 +220,10 @@ def test_a_bundle_of_raw_outputs_with_a_pause_storm_is_not_an_all_clear(tmp_path
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr
     assert any(f["check"] == "roce.pfc" and f["severity"] == "CRIT" and f["host"] == "gpu07" for f in doc["findings"])
     # what had no input says so
-    assert any(f["check"] == "gpu.xid" and f["severity"] == "UNKNOWN" and "not checked" in f["message"]
-               for f in doc["findings"])
+    assert any(
+        f["check"] == "gpu.xid" and f["severity"] == "UNKNOWN" and "not checked" in f["message"]
+        for f in doc["findings"]
+    )
 
 
 def test_one_sample_gives_what_one_sample_can(tmp_path):
@@ -197,11 +249,18 @@ def test_healthy_single_file_is_unknown_for_what_it_cannot_show_and_ok_for_what_
 
 def test_nvidia_bug_report_is_split_and_its_parts_analysed(tmp_path):
     sep = "\n____________________________________________\n\n"
-    text = ("nvidia-bug-report.sh will now collect information about your\nsystem and create the file "
-            "'nvidia-bug-report.log.gz' in the current directory.\n" + sep + "*** /proc/cmdline\n"
-            "BOOT_IMAGE=/vmlinuz ro quiet\n" + sep + "/usr/bin/nvidia-smi -q\n\n"
-            + (NV / "nvidia-smi-q_A100SXMx4.txt").read_text() + sep + "dmesg:\n\n"
-            + (NV / "dmesg_xid_mixed_synthetic.log").read_text() + sep)
+    text = (
+        "nvidia-bug-report.sh will now collect information about your\nsystem and create the file "
+        "'nvidia-bug-report.log.gz' in the current directory.\n" + sep + "*** /proc/cmdline\n"
+        "BOOT_IMAGE=/vmlinuz ro quiet\n"
+        + sep
+        + "/usr/bin/nvidia-smi -q\n\n"
+        + (NV / "nvidia-smi-q_A100SXMx4.txt").read_text()
+        + sep
+        + "dmesg:\n\n"
+        + (NV / "dmesg_xid_mixed_synthetic.log").read_text()
+        + sep
+    )
     f = tmp_path / "nvidia-bug-report.log.gz"
     f.write_bytes(gzip.compress(text.encode()))
     r = doctor("--from", str(f), "--host", "gpu09", "--json")
@@ -250,9 +309,14 @@ def test_command_index_times_make_two_samples_rates(tmp_path):
     base = (FIX / "roce" / "ethtool_S_eth2_synthetic.txt").read_text()
     (c / "a.txt").write_text(base)
     (c / "b.txt").write_text(_storm(base, 5_000_000))
-    (c / "index.json").write_text(json.dumps([
-        {"file": "a.txt", "argv": ["ethtool", "-S", "ens1f0np0"], "started_at": "2026-12-01T10:00:00Z"},
-        {"file": "b.txt", "argv": ["ethtool", "-S", "ens1f0np0"], "started_at": "2026-12-01T10:00:05Z"}]))
+    (c / "index.json").write_text(
+        json.dumps(
+            [
+                {"file": "a.txt", "argv": ["ethtool", "-S", "ens1f0np0"], "started_at": "2026-12-01T10:00:00Z"},
+                {"file": "b.txt", "argv": ["ethtool", "-S", "ens1f0np0"], "started_at": "2026-12-01T10:00:05Z"},
+            ]
+        )
+    )
     snap, _ = read_bundle(tmp_path / "b")
     nic = snap.facts["gpu10"]["nics"][0]
     assert nic["netdev"] == "ens1f0np0" and [s["t"] for s in nic["samples"]] == [1796119200.0, 1796119205.0]
@@ -271,10 +335,13 @@ def test_real_mlnx_qos_of_a_lossless_port_is_not_a_qos_problem(tmp_path):
 def test_bug_report_of_many_gzip_members_in_a_directory_is_read_whole(tmp_path):
     """nvidia-bug-report.sh pipes each section through gzip and appends it: one file, many members."""
     sep = "____________________________________________\n\n"
-    parts = [sep + "Start of NVIDIA bug report log file.\n\nnvidia-bug-report.sh Version: 31831145\n\n",
-             sep + "*** /var/log/kern.log\n*** ls: -rw-r----- 1 syslog adm 1 Dec  1 10:00 /var/log/kern.log\n"
-             + (NV / "dmesg_xid_mixed_synthetic.log").read_text(),
-             sep + "/usr/bin/nvidia-smi --query\n\n" + (NV / "nvidia-smi-q_V100_x8.txt").read_text()]
+    parts = [
+        sep + "Start of NVIDIA bug report log file.\n\nnvidia-bug-report.sh Version: 31831145\n\n",
+        sep
+        + "*** /var/log/kern.log\n*** ls: -rw-r----- 1 syslog adm 1 Dec  1 10:00 /var/log/kern.log\n"
+        + (NV / "dmesg_xid_mixed_synthetic.log").read_text(),
+        sep + "/usr/bin/nvidia-smi --query\n\n" + (NV / "nvidia-smi-q_V100_x8.txt").read_text(),
+    ]
     d = tmp_path / "gpu12"
     d.mkdir()
     (d / "nvidia-bug-report.log.gz").write_bytes(b"".join(gzip.compress(p.encode()) for p in parts))
@@ -285,10 +352,29 @@ def test_bug_report_of_many_gzip_members_in_a_directory_is_read_whole(tmp_path):
 
 
 def test_dcgm4_layout_and_a_failed_test_is_crit(tmp_path):
-    doc = {"DCGM Diagnostic": {"test_categories": [{"category": "Integration", "tests": [
-        {"name": "pcie", "results": [{"entity_group": "GPU", "entity_id": 2, "status": "Fail",
-                                      "warnings": [{"error_id": 26, "message": "PCIe replay rate exceeded"}]},
-                                     {"entity_group": "GPU", "entity_id": 3, "status": "Pass"}]}]}]}}
+    doc = {
+        "DCGM Diagnostic": {
+            "test_categories": [
+                {
+                    "category": "Integration",
+                    "tests": [
+                        {
+                            "name": "pcie",
+                            "results": [
+                                {
+                                    "entity_group": "GPU",
+                                    "entity_id": 2,
+                                    "status": "Fail",
+                                    "warnings": [{"error_id": 26, "message": "PCIe replay rate exceeded"}],
+                                },
+                                {"entity_group": "GPU", "entity_id": 3, "status": "Pass"},
+                            ],
+                        }
+                    ],
+                }
+            ]
+        }
+    }
     d = tmp_path / "gpu13"
     d.mkdir()
     (d / "dcgm.json").write_text(json.dumps(doc))
@@ -298,15 +384,26 @@ def test_dcgm4_layout_and_a_failed_test_is_crit(tmp_path):
 
 
 def test_journal_json_kernel_log_reads_like_the_live_probe(tmp_path):
-    lines = [{"__REALTIME_TIMESTAMP": "1764583200000000", "_TRANSPORT": "kernel", "PRIORITY": "4",
-              "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus."},
-             {"__REALTIME_TIMESTAMP": "1764583201000000", "_TRANSPORT": "kernel", "PRIORITY": "6",
-              "MESSAGE": "mlx5_core 0000:19:00.0 eth2: Link up"}]
+    lines = [
+        {
+            "__REALTIME_TIMESTAMP": "1764583200000000",
+            "_TRANSPORT": "kernel",
+            "PRIORITY": "4",
+            "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.",
+        },
+        {
+            "__REALTIME_TIMESTAMP": "1764583201000000",
+            "_TRANSPORT": "kernel",
+            "PRIORITY": "6",
+            "MESSAGE": "mlx5_core 0000:19:00.0 eth2: Link up",
+        },
+    ]
     d = tmp_path / "gpu14"
     d.mkdir()
     (d / "journal-k.json").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     snap, _ = read_bundle(d)
     assert snap.raw["gpu14"]["kernel.log"].splitlines()[0] == lines[0]["MESSAGE"]
     r = doctor("--from", str(d), "--checks", "xid", "--json")
-    assert r.returncode == 2 and any(f["check"] == "gpu.xid" and "79" in f["message"]
-                                     for f in json.loads(r.stdout)["findings"]), r.stdout[-1500:]
+    assert r.returncode == 2 and any(
+        f["check"] == "gpu.xid" and "79" in f["message"] for f in json.loads(r.stdout)["findings"]
+    ), r.stdout[-1500:]

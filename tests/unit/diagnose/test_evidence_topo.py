@@ -37,20 +37,26 @@ def bundle(tmp: Path, hosts: dict[str, dict[str, str]]) -> Path:
 
 
 def rows(findings, check: str, host: str | None = None):
-    return sorted((f.host, f.subject, f.severity.name) for f in findings
-                  if f.check == check and (host is None or f.host == host))
+    return sorted(
+        (f.host, f.subject, f.severity.name) for f in findings if f.check == check and (host is None or f.host == host)
+    )
 
 
 # ------------------------------------------------- GPU Recovery Action, Fabric (-q)
 
+
 def test_recovery_action_and_fabric_read_from_real_samples_as_the_probe_names_them():
-    h100 = nvsmi.parse_nvidia_smi_q(H100_Q)                                      # R565, NVSwitch
-    a100 = nvsmi.parse_nvidia_smi_q((NV / "nvidia-smi-q_A100SXMx4.txt").read_text())   # R555, no fabric
-    r560 = nvsmi.parse_nvidia_smi_q((NV / "nvidia-smi-q_H100_560.txt").read_text())    # Reset Status only
+    h100 = nvsmi.parse_nvidia_smi_q(H100_Q)  # R565, NVSwitch
+    a100 = nvsmi.parse_nvidia_smi_q((NV / "nvidia-smi-q_A100SXMx4.txt").read_text())  # R555, no fabric
+    r560 = nvsmi.parse_nvidia_smi_q((NV / "nvidia-smi-q_H100_560.txt").read_text())  # Reset Status only
     r470 = nvsmi.parse_nvidia_smi_q((NV / "nvidia-smi-q_GTX680.txt").read_text())
     assert {d["recovery_action"] for d in h100["devices"]} == {"none"}
-    assert h100["devices"][0]["fabric"] == {"state": "completed", "status": 0, "clique_id": 0,
-                                            "cluster_uuid": "00000000-0000-0000-0000-000000000000"}
+    assert h100["devices"][0]["fabric"] == {
+        "state": "completed",
+        "status": 0,
+        "clique_id": 0,
+        "cluster_uuid": "00000000-0000-0000-0000-000000000000",
+    }
     assert a100["devices"][0]["fabric"] is None and "N/A" in a100["devices"][0]["field_errors"]["fabric"]
     assert r560["devices"][0]["recovery_action"] == "none"  # "Reset Required: No" before the Recovery Action line
     assert {"gpu.recovery", "gpu.fabric"} <= nvsmi.covered_checks(h100) & nvsmi.covered_checks(a100)
@@ -59,7 +65,9 @@ def test_recovery_action_and_fabric_read_from_real_samples_as_the_probe_names_th
     assert not {"gpu.recovery", "gpu.fabric"} & nvsmi.covered_checks(r470)
     findings = run(NV / "nvidia-smi-q_GTX680.txt", ["gpu.recovery", "gpu.fabric"])
     assert {(f.check, f.severity) for f in findings if f.check.startswith("gpu.")} == {
-        ("gpu.recovery", Severity.UNKNOWN), ("gpu.fabric", Severity.UNKNOWN)}
+        ("gpu.recovery", Severity.UNKNOWN),
+        ("gpu.fabric", Severity.UNKNOWN),
+    }
 
 
 def test_healthy_hgx_sample_is_ok_for_recovery_and_fabric():
@@ -82,10 +90,10 @@ def test_a_real_h200_recovery_action_reset_is_crit(tmp_path):
 
 def test_a_gpu_not_registered_with_the_fabric_is_crit(tmp_path):
     text = (NV / "nvidia-smi-q_H100_560.txt").read_text()
-    stuck = text.replace("        State                             : Completed\n"
-                         "        Status                            : Success",
-                         "        State                             : In Progress\n"
-                         "        Status                            : N/A")
+    stuck = text.replace(
+        "        State                             : Completed\n        Status                            : Success",
+        "        State                             : In Progress\n        Status                            : N/A",
+    )
     assert stuck != text
     (tmp_path / "q.txt").write_text(stuck)
     findings = run(tmp_path / "q.txt", ["gpu.fabric"])
@@ -95,19 +103,24 @@ def test_a_gpu_not_registered_with_the_fabric_is_crit(tmp_path):
 
 def test_reset_status_of_drivers_before_the_recovery_action_line():
     q = "GPU 00000000:18:00.0\n    GPU Reset Status\n        Reset Required : {}\n        Drain and Reset Recommended : {}\n"
-    got = [nvsmi.parse_nvidia_smi_q(q.format(a, b))["devices"][0]["recovery_action"]
-           for a, b in (("No", "N/A"), ("Yes", "No"), ("Yes", "Yes"))]
+    got = [
+        nvsmi.parse_nvidia_smi_q(q.format(a, b))["devices"][0]["recovery_action"]
+        for a, b in (("No", "N/A"), ("Yes", "No"), ("Yes", "Yes"))
+    ]
     assert got == ["none", "reset", "drain_and_reset"]
 
 
 # ------------------------------------------------------------------ topo -m
 
+
 def test_topo_matrices_of_several_layouts_parse_by_their_header():
     nv18 = nvsmi.parse_topo_matrix(NV18)
     assert {g: v["numa_node"] for g, v in nv18["gpus"].items()} == {0: 0, 1: 0, 2: 0, 3: 1, 4: 2, 5: 2}
     assert nv18["pairs"][0] == {"gpus": [0, 1], "link": "NV18", "level": None, "nvlinks": 18}
-    assert {(x["nic"], x["level"]) for x in nv18["gpu_nic"] if x["gpu"] == 3} >= {("NIC4", "SINGLE"),
-                                                                                  ("NIC0", "SYSTEM")}
+    assert {(x["nic"], x["level"]) for x in nv18["gpu_nic"] if x["gpu"] == 3} >= {
+        ("NIC4", "SINGLE"),
+        ("NIC0", "SYSTEM"),
+    }
     pcie = nvsmi.parse_topo_matrix((NV / "topo-m_8gpu_PCIe_SYS_DeepEP128.txt").read_text())
     assert {p["level"] for p in pcie["pairs"]} == {"SYSTEM"} and not any(p["nvlinks"] for p in pcie["pairs"])
     tabs = nvsmi.parse_topo_matrix((NV / "topo-m_2x5090_PHB_club3090-1140.txt").read_text())
@@ -116,22 +129,30 @@ def test_topo_matrices_of_several_layouts_parse_by_their_header():
     old = nvsmi.parse_topo_matrix((NV / "topo-m_8gpu_mlx4_old_k8s53497.txt").read_text())
     assert old["nics"] == {"mlx4_0": "mlx4_0"} and old["gpus"][0]["numa_node"] is None
     assert {(x["gpu"], x["level"]) for x in old["gpu_nic"]} >= {(0, "HOSTBRIDGE"), (4, "SYSTEM")}
-    legend = nvsmi.parse_topo_matrix("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
-                                     "GPU0\t X \tNV4\tPXB\t0-7\t0\nGPU1\tNV4\t X \tSYS\t8-15\t1\n"
-                                     "NIC0\tPXB\tSYS\t X \n\nNIC Legend:\n\n  NIC0: mlx5_4\n")
+    legend = nvsmi.parse_topo_matrix(
+        "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
+        "GPU0\t X \tNV4\tPXB\t0-7\t0\nGPU1\tNV4\t X \tSYS\t8-15\t1\n"
+        "NIC0\tPXB\tSYS\t X \n\nNIC Legend:\n\n  NIC0: mlx5_4\n"
+    )
     assert legend["nics"] == {"NIC0": "mlx5_4"} and legend["gpu_nic"][1]["nic"] == "mlx5_4"
     for f in NV.glob("topo-m_*"):
         assert evidence.recognise(f.read_text())[0] == "nvidia-smi topo -m", f
 
 
 def test_topo_fills_the_facts_the_probe_fills_from_nvml(tmp_path):
-    b = bundle(tmp_path, {"gpu01": {"q.txt": H100_Q, "topo.txt": NV18,
-                                    "ibdev2netdev.txt": "mlx5_0 port 1 ==> ens108np0 (Up)\n"}})
+    b = bundle(
+        tmp_path,
+        {"gpu01": {"q.txt": H100_Q, "topo.txt": NV18, "ibdev2netdev.txt": "mlx5_0 port 1 ==> ens108np0 (Up)\n"}},
+    )
     snap, _ = read_bundle(b)
     g = snap.facts["gpu01"]["gpus"]
     assert [d["numa_node"] for d in g["devices"]] == [0, 0, 0, 1, 2, 2, None, None]
-    assert g["topology"][0] == {"gpus": [0, 1], "level": None, "nvlinks": 18,
-                                "reason": "NVLink (NV18): topo -m shows no PCIe level"}
+    assert g["topology"][0] == {
+        "gpus": [0, 1],
+        "level": None,
+        "nvlinks": 18,
+        "reason": "NVLink (NV18): topo -m shows no PCIe level",
+    }
     assert len(g["topology"]) == 27  # 28 pairs less GPU6-GPU7: their rows are not in the sample
     nics = {n["netdev"]: n for n in snap.facts["gpu01"]["nics"]}
     # no NIC legend in this sample: the columns are the devices' names
@@ -163,8 +184,10 @@ def _drop_nvlinks(text: str, gpu: int) -> str:
 
 
 def test_a_gpu_whose_nvlinks_are_gone_is_crit_by_the_other_hosts_of_its_model(tmp_path):
-    b = bundle(tmp_path, {"gpu01": {"q.txt": H100_Q, "topo.txt": NV8},
-                          "gpu02": {"q.txt": H100_Q, "topo.txt": _drop_nvlinks(NV8, 3)}})
+    b = bundle(
+        tmp_path,
+        {"gpu01": {"q.txt": H100_Q, "topo.txt": NV8}, "gpu02": {"q.txt": H100_Q, "topo.txt": _drop_nvlinks(NV8, 3)}},
+    )
     findings = run(b, ["gpu.nvlink"])
     assert rows(findings, "gpu.nvlink", "gpu02") == [("gpu02", "gpu:3", "CRIT")]
     f = next(f for f in findings if f.host == "gpu02" and f.check == "gpu.nvlink")
@@ -173,8 +196,9 @@ def test_a_gpu_whose_nvlinks_are_gone_is_crit_by_the_other_hosts_of_its_model(tm
 
 
 def test_no_nvlink_where_the_inventory_says_nvlink_is_crit(tmp_path):
-    inv = load_inventory_text("version: 1\nhosts:\n  gpu01:\n    address: 10.0.0.1\n"
-                              "    gpus: {count: 8, interconnect: nvlink}\n", "site.yaml")
+    inv = load_inventory_text(
+        "version: 1\nhosts:\n  gpu01:\n    address: 10.0.0.1\n    gpus: {count: 8, interconnect: nvlink}\n", "site.yaml"
+    )
     pcie = (NV / "topo-m_8gpu_PCIe_SYS_DeepEP128.txt").read_text()
     b = bundle(tmp_path, {"gpu01": {"q.txt": H100_Q, "topo.txt": pcie}})
     crit = [f for f in run(b, ["gpu.nvlink"], inv) if f.severity == Severity.CRIT]
@@ -191,7 +215,7 @@ def _keep_nics(text: str, keep: int) -> str:
     out = [re.sub(r"\s+NIC(\d+)", lambda m: m.group(0) if int(m.group(1)) < keep else "", lines[0])]
     for line in lines[1:]:
         cells = line.split()
-        out.append("    ".join(cells[:1 + n_gpu + keep] + cells[1 + n_gpu + n_nic:]))
+        out.append("    ".join(cells[: 1 + n_gpu + keep] + cells[1 + n_gpu + n_nic :]))
     return "\n".join(out) + "\n"
 
 
@@ -215,14 +239,25 @@ def test_topo_without_a_gpu_listing_is_noted_not_used(tmp_path):
 
 # --------------------------------------------------------- rdma statistic x2
 
+
 def test_two_timed_rdma_statistic_outputs_give_rates(tmp_path):
     base = (FIX / "roce" / "rdma_statistic_show_mlx5x4.txt").read_text()
-    later = base.replace("np_cnp_sent 0 rx_icrc_encapsulated 0\nlink mlx5_1/1",
-                         "np_cnp_sent 900000 rx_icrc_encapsulated 0\nlink mlx5_1/1", 1)
+    later = base.replace(
+        "np_cnp_sent 0 rx_icrc_encapsulated 0\nlink mlx5_1/1",
+        "np_cnp_sent 900000 rx_icrc_encapsulated 0\nlink mlx5_1/1",
+        1,
+    )
     later = later.replace("packet_seq_err 0", "packet_seq_err 5000", 1)
-    b = bundle(tmp_path, {"gpu01": {"rdma_statistic_show.1.txt": "Tue Dec  1 10:00:00 UTC 2026\n" + base,
-                                    "rdma_statistic_show.2.txt": "2026-12-01T10:00:10Z\n" + later,
-                                    "ibdev2netdev.txt": (FIX / "roce" / "ibdev2netdev_mlx5x4.txt").read_text()}})
+    b = bundle(
+        tmp_path,
+        {
+            "gpu01": {
+                "rdma_statistic_show.1.txt": "Tue Dec  1 10:00:00 UTC 2026\n" + base,
+                "rdma_statistic_show.2.txt": "2026-12-01T10:00:10Z\n" + later,
+                "ibdev2netdev.txt": (FIX / "roce" / "ibdev2netdev_mlx5x4.txt").read_text(),
+            }
+        },
+    )
     snap, _ = read_bundle(b)
     nic = next(n for n in snap.facts["gpu01"]["nics"] if n["netdev"] == "eth01")
     assert [s["t_sysfs"] for s in nic["samples"]] == [1796119200.0, 1796119210.0]
@@ -257,8 +292,11 @@ def test_json_rdma_statistic_after_a_date_line_is_a_sample(tmp_path):
 def test_an_inventory_data_nic_the_raw_outputs_do_not_show_is_not_checked_not_missing(tmp_path):
     """Before: `the inventory's data NIC does not exist on this host` (CRIT) for a host whose
     bundle had only nvidia-smi -q."""
-    inv = load_inventory_text("version: 1\nhosts:\n  gpu01:\n    address: 10.0.0.1\n    gpus: {count: 8}\n"
-                              "    nics:\n      - {netdev: eth2, role: data, speed_gbps: 200}\n", "site.yaml")
+    inv = load_inventory_text(
+        "version: 1\nhosts:\n  gpu01:\n    address: 10.0.0.1\n    gpus: {count: 8}\n"
+        "    nics:\n      - {netdev: eth2, role: data, speed_gbps: 200}\n",
+        "site.yaml",
+    )
     b = bundle(tmp_path, {"gpu01": {"q.txt": H100_Q}})
     assert rows(run(b, ["net.data"], inv), "net.data") == [("gpu01", "host", "UNKNOWN")]
     b = bundle(tmp_path / "x", {"gpu01": {"q.txt": H100_Q, "ibdev2netdev.txt": "mlx5_0 port 1 ==> eth2 (Down)\n"}})

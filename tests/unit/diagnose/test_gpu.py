@@ -23,9 +23,21 @@ def bad(findings):
 def test_healthy_hosts_report_only_ok_for_every_gpu_check():
     found = run(G.healthy())
     assert found and not bad(found)
-    assert {f.check for f in found} >= {"gpu.nvml", "gpu.inventory", "gpu.lost", "gpu.ecc", "gpu.remap", "gpu.pcie",
-                                        "gpu.nvlink", "gpu.thermal", "gpu.persistence", "gpu.clocks", "gpu.xid",
-                                        "gpu.foreign", "gpu.retired"}
+    assert {f.check for f in found} >= {
+        "gpu.nvml",
+        "gpu.inventory",
+        "gpu.lost",
+        "gpu.ecc",
+        "gpu.remap",
+        "gpu.pcie",
+        "gpu.nvlink",
+        "gpu.thermal",
+        "gpu.persistence",
+        "gpu.clocks",
+        "gpu.xid",
+        "gpu.foreign",
+        "gpu.retired",
+    }
 
 
 def with_device(index: int, **changes: Any) -> dict[str, dict[str, Any]]:
@@ -34,32 +46,87 @@ def with_device(index: int, **changes: Any) -> dict[str, dict[str, Any]]:
     return facts
 
 
-@pytest.mark.parametrize("index, changes, check, severity, words", [
-    (1, {"ecc": {"volatile": {"corrected": 0, "uncorrected": 2}, "aggregate": {"corrected": 0, "uncorrected": 2}}},
-     "gpu.ecc", Severity.CRIT, "reset the GPU"),
-    (2, {"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}},
-     "gpu.remap", Severity.WARN, "reset the GPU at the next maintenance window"),
-    (2, {"remapped_rows": {"correctable": 0, "uncorrectable": 9, "pending": False, "failure": True}},
-     "gpu.remap", Severity.CRIT, "replace"),
-    (3, {"retired_pages": {"single_bit_ecc": 40, "double_bit_ecc": 30, "pending": True}},
-     "gpu.retired", Severity.CRIT, "replace"),
-    (3, {"retired_pages": {"single_bit_ecc": 0, "double_bit_ecc": 1, "pending": True}},
-     "gpu.retired", Severity.WARN, "reboot"),
-    (4, {"clocks_event_reasons": {"mask": "0x48", "active": ["hw_slowdown", "hw_thermal_slowdown"]}},
-     "gpu.clocks", Severity.WARN, "cooling"),
-    (5, {"pcie": {"width": 8, "max_width": 16, "gen": 5, "max_gen": 5, "replay_counter": 0}},
-     "gpu.pcie", Severity.WARN, "reseat"),
-    (6, {"nvlink": [{"link": 0, "state": "inactive", "errors": {}}, {"link": 1, "state": "active", "errors": {}}]},
-     "gpu.nvlink", Severity.CRIT, "nvlink -s"),
-    (7, {"temperature_c": 95}, "gpu.thermal", Severity.CRIT, "airflow"),
-    (7, {"temperature_c": 87}, "gpu.thermal", Severity.WARN, "airflow"),
-    (0, {"persistence_mode": False}, "gpu.persistence", Severity.WARN, "`clusterctl node setup --hosts 'gpu01'`"),
-    # ECC off: the counters read 0 whatever happens, so no "no uncorrected errors" OK either
-    (1, {"ecc": {"volatile": {"corrected": 0, "uncorrected": 0}, "aggregate": {"corrected": 0, "uncorrected": 0},
-                 "enabled": False, "pending_enabled": False}}, "gpu.ecc", Severity.WARN, "enable ECC"),
-    (0, {"lost": True, "field_errors": {"device": "GPU is lost"}}, "gpu.lost", Severity.CRIT, "power-cycle"),
-    (0, {"hung": True}, "gpu.lost", Severity.CRIT, "reset the GPU"),
-])
+@pytest.mark.parametrize(
+    "index, changes, check, severity, words",
+    [
+        (
+            1,
+            {"ecc": {"volatile": {"corrected": 0, "uncorrected": 2}, "aggregate": {"corrected": 0, "uncorrected": 2}}},
+            "gpu.ecc",
+            Severity.CRIT,
+            "reset the GPU",
+        ),
+        (
+            2,
+            {"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}},
+            "gpu.remap",
+            Severity.WARN,
+            "reset the GPU at the next maintenance window",
+        ),
+        (
+            2,
+            {"remapped_rows": {"correctable": 0, "uncorrectable": 9, "pending": False, "failure": True}},
+            "gpu.remap",
+            Severity.CRIT,
+            "replace",
+        ),
+        (
+            3,
+            {"retired_pages": {"single_bit_ecc": 40, "double_bit_ecc": 30, "pending": True}},
+            "gpu.retired",
+            Severity.CRIT,
+            "replace",
+        ),
+        (
+            3,
+            {"retired_pages": {"single_bit_ecc": 0, "double_bit_ecc": 1, "pending": True}},
+            "gpu.retired",
+            Severity.WARN,
+            "reboot",
+        ),
+        (
+            4,
+            {"clocks_event_reasons": {"mask": "0x48", "active": ["hw_slowdown", "hw_thermal_slowdown"]}},
+            "gpu.clocks",
+            Severity.WARN,
+            "cooling",
+        ),
+        (
+            5,
+            {"pcie": {"width": 8, "max_width": 16, "gen": 5, "max_gen": 5, "replay_counter": 0}},
+            "gpu.pcie",
+            Severity.WARN,
+            "reseat",
+        ),
+        (
+            6,
+            {"nvlink": [{"link": 0, "state": "inactive", "errors": {}}, {"link": 1, "state": "active", "errors": {}}]},
+            "gpu.nvlink",
+            Severity.CRIT,
+            "nvlink -s",
+        ),
+        (7, {"temperature_c": 95}, "gpu.thermal", Severity.CRIT, "airflow"),
+        (7, {"temperature_c": 87}, "gpu.thermal", Severity.WARN, "airflow"),
+        (0, {"persistence_mode": False}, "gpu.persistence", Severity.WARN, "`clusterctl node setup --hosts 'gpu01'`"),
+        # ECC off: the counters read 0 whatever happens, so no "no uncorrected errors" OK either
+        (
+            1,
+            {
+                "ecc": {
+                    "volatile": {"corrected": 0, "uncorrected": 0},
+                    "aggregate": {"corrected": 0, "uncorrected": 0},
+                    "enabled": False,
+                    "pending_enabled": False,
+                }
+            },
+            "gpu.ecc",
+            Severity.WARN,
+            "enable ECC",
+        ),
+        (0, {"lost": True, "field_errors": {"device": "GPU is lost"}}, "gpu.lost", Severity.CRIT, "power-cycle"),
+        (0, {"hung": True}, "gpu.lost", Severity.CRIT, "reset the GPU"),
+    ],
+)
 def test_each_fault_is_found_on_its_gpu_with_the_action(index, changes, check, severity, words):
     found = bad(run(with_device(index, **changes)))
     assert [(f.check, f.severity, f.host, f.subject) for f in found] == [(check, severity, "gpu01", f"gpu:{index}")]
@@ -67,16 +134,27 @@ def test_each_fault_is_found_on_its_gpu_with_the_action(index, changes, check, s
 
 
 def test_ecc_off_is_reported_not_passed_as_no_errors_and_no_ecc_support_is_not():
-    [f] = bad(run(with_device(1, ecc={"volatile": {"corrected": 0, "uncorrected": 0}, "enabled": False,
-                                        "pending_enabled": True})))
+    [f] = bad(
+        run(
+            with_device(
+                1, ecc={"volatile": {"corrected": 0, "uncorrected": 0}, "enabled": False, "pending_enabled": True}
+            )
+        )
+    )
     assert "ECC is disabled (enabled after the next reboot" in f.message and "read 0" in f.message
     # a GPU without ECC (NVML: not supported) is neither a problem nor "no errors" on data never seen
     assert not bad(run(with_device(1, ecc={"volatile": {}, "enabled": None, "pending_enabled": None})))
 
 
-@pytest.mark.parametrize("action, words", [("reset", "nvidia-smi -r"), ("reboot", "reboot the node"),
-                                           ("drain_p2p", "drain the multi-GPU instances"),
-                                           ("drain_and_reset", "and reset it")])
+@pytest.mark.parametrize(
+    "action, words",
+    [
+        ("reset", "nvidia-smi -r"),
+        ("reboot", "reboot the node"),
+        ("drain_p2p", "drain the multi-GPU instances"),
+        ("drain_and_reset", "and reset it"),
+    ],
+)
 def test_nvml_recovery_action_is_critical_with_nvidias_action(action, words):
     [f] = bad(run(with_device(2, recovery_action=action)))
     assert (f.check, f.severity, f.subject) == ("gpu.recovery", Severity.CRIT, "gpu:2")
@@ -97,9 +175,13 @@ def test_a_gpu_not_registered_with_the_nvlink_fabric_is_critical_naming_the_fabr
 
 def test_xid_63_says_reset_at_the_next_maintenance_window():
     facts = G.healthy()
-    facts["gpu01"]["kernel_log"]["lines"] = [{"text": "NVRM: Xid (PCI:0000:2a:00): 63, pid='<unknown>', name=<unknown>, "
-                                                      "Row Remapper: New row (0x0000000000000123) marked for remapping, "
-                                                      "reset gpu to activate."}]
+    facts["gpu01"]["kernel_log"]["lines"] = [
+        {
+            "text": "NVRM: Xid (PCI:0000:2a:00): 63, pid='<unknown>', name=<unknown>, "
+            "Row Remapper: New row (0x0000000000000123) marked for remapping, "
+            "reset gpu to activate."
+        }
+    ]
     [f] = [f for f in bad(run(facts)) if f.check == "gpu.xid"]
     assert f.severity == Severity.WARN and "next maintenance window" in f.action and "reset" in f.action
 
@@ -156,5 +238,4 @@ def test_a_host_without_facts_is_unknown_never_ok():
     found = run({}, raw={"gpu01": {"kernel.log": ""}}, checks=["gpu.ecc", "gpu.lost"])
     assert {(f.check, f.severity) for f in found} == {("gpu.ecc", Severity.UNKNOWN), ("gpu.lost", Severity.UNKNOWN)}
     unreachable = run_analyzers(G.ctx({}, missing={"gpu02": "unreachable: timed out"}), only=["gpu", "host"])
-    assert [(f.check, f.severity) for f in unreachable if f.host == "gpu02"] == \
-        [("host.reachable", Severity.UNKNOWN)]
+    assert [(f.check, f.severity) for f in unreachable if f.host == "gpu02"] == [("host.reachable", Severity.UNKNOWN)]

@@ -17,9 +17,16 @@ def with_unit(doc: dict, env: dict, unit: str = "clusterctl-big.service") -> dic
     for n in doc["nics"]:
         if n.get("netdev") == "eth2":
             # as the collector records it: the kernel's sysfs spelling of ::ffff:10.77.1.11 / .12
-            n["rdma"]["gids"] = [{"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:0a4d:010b"
-                                  if doc["host"]["hostname"] == "gpu01" else "0000:0000:0000:0000:0000:ffff:0a4d:010c",
-                                  "type": "RoCE v2", "netdev": "eth2"}]
+            n["rdma"]["gids"] = [
+                {
+                    "index": 3,
+                    "gid": "0000:0000:0000:0000:0000:ffff:0a4d:010b"
+                    if doc["host"]["hostname"] == "gpu01"
+                    else "0000:0000:0000:0000:0000:ffff:0a4d:010c",
+                    "type": "RoCE v2",
+                    "netdev": "eth2",
+                }
+            ]
     return doc
 
 
@@ -42,11 +49,19 @@ def test_running_unit_on_the_management_nic_is_found_on_that_host():
     bad = dict(good, NCCL_SOCKET_IFNAME="eth0", VLLM_HOST_IP="10.0.0.2")
     fs = run(docs(good, bad))
     assert [(f.host, f.severity, f.message) for f in fs] == [
-        ("gpu02", Severity.WARN, "big: NCCL_SOCKET_IFNAME=eth0 in the running unit clusterctl-big.service "
-                                 "selects the management NIC eth0"),
-        ("gpu02", Severity.WARN, "big: VLLM_HOST_IP=10.0.0.2 in the running unit clusterctl-big.service is the "
-                                 "management address: vLLM's and NCCL's bootstrap traffic crosses the "
-                                 "management network")]
+        (
+            "gpu02",
+            Severity.WARN,
+            "big: NCCL_SOCKET_IFNAME=eth0 in the running unit clusterctl-big.service selects the management NIC eth0",
+        ),
+        (
+            "gpu02",
+            Severity.WARN,
+            "big: VLLM_HOST_IP=10.0.0.2 in the running unit clusterctl-big.service is the "
+            "management address: vLLM's and NCCL's bootstrap traffic crosses the "
+            "management network",
+        ),
+    ]
     assert "10.77.1.12" in fs[1].action
 
 
@@ -57,22 +72,32 @@ def test_running_env_beats_the_inventory():
     assert [(f.host, f.severity) for f in fs] == [("gpu02", Severity.CRIT)]
     assert fs[0].message.startswith("big: NCCL_IB_TC unset in the running unit clusterctl-big.service; on gpu02")
     # and the other way: the inventory lacks NCCL_IB_TC, the running units set it
-    fs = run(docs({"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2"},
-                  {"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2"}, tclass2=False),
-             env="{NCCL_SOCKET_IFNAME: '=eth2'}")
+    fs = run(
+        docs(
+            {"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2"},
+            {"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2"},
+            tclass2=False,
+        ),
+        env="{NCCL_SOCKET_IFNAME: '=eth2'}",
+    )
     assert fs == []
 
 
 def test_hosts_without_a_unit_fall_back_to_the_inventory():
-    fs = run(docs({"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2"}, None, tclass2=False),
-             env="{NCCL_SOCKET_IFNAME: '=eth2'}")
-    assert [(f.host, f.severity, "in the running unit" in f.message) for f in fs] == [
-        ("gpu02", Severity.CRIT, False)]
+    fs = run(
+        docs({"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2"}, None, tclass2=False),
+        env="{NCCL_SOCKET_IFNAME: '=eth2'}",
+    )
+    assert [(f.host, f.severity, "in the running unit" in f.message) for f in fs] == [("gpu02", Severity.CRIT, False)]
 
 
 def test_vllm_host_ip_not_on_a_data_nic_and_withheld_values():
-    fs = run(docs({"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2", "VLLM_HOST_IP": "192.168.9.9"},
-                  {"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2", "HF_TOKEN": None}))
+    fs = run(
+        docs(
+            {"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2", "VLLM_HOST_IP": "192.168.9.9"},
+            {"NCCL_IB_TC": "106", "NCCL_SOCKET_IFNAME": "=eth2", "HF_TOKEN": None},
+        )
+    )
     assert [(f.host, f.severity) for f in fs] == [("gpu01", Severity.WARN)]
     assert "not an address of the data NICs (10.77.1.11)" in fs[0].message
 

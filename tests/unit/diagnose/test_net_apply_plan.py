@@ -22,8 +22,10 @@ PROFILE = FabricProfile()
 def installed_ok(host_doc: dict[str, Any]) -> dict[str, Any]:
     """What read_installed_command reports on a host where this plan's unit is installed."""
     plan = netqos.host_plan(host_doc["host"]["hostname"], host_doc, PROFILE, {"sums": {}, "enabled": False})
-    return {"sums": {netqos.SCRIPT_PATH: netqos._sha(plan.script), netqos.UNIT_PATH: netqos._sha(netqos.UNIT_TEXT)},
-            "enabled": True}
+    return {
+        "sums": {netqos.SCRIPT_PATH: netqos._sha(plan.script), netqos.UNIT_PATH: netqos._sha(netqos.UNIT_TEXT)},
+        "enabled": True,
+    }
 
 
 def bad_doc(host: str) -> dict[str, Any]:
@@ -58,10 +60,15 @@ def test_every_profile_item_is_compared_where_the_facts_show_it():
     q["pfc_enabled"] = [3, 4]
     q["cm_tos"] = 0
     lines = [c.line() for c in netqos.nic_changes(d["nics"][1], PROFILE)]
-    assert lines == ["eth2 PFC priorities: 3,4 -> 3", "eth2 DSCP 26 priority: 0 -> 3",
-                     "eth2 ECN notification point on priority 3: off -> on", "eth2 CNP DSCP: 46 -> 48",
-                     "eth2 RoCE traffic class: not set -> 106", "eth2 RDMA-CM default ToS: 0 -> 106",
-                     "eth2 802.3x global pause: on -> off"]
+    assert lines == [
+        "eth2 PFC priorities: 3,4 -> 3",
+        "eth2 DSCP 26 priority: 0 -> 3",
+        "eth2 ECN notification point on priority 3: off -> on",
+        "eth2 CNP DSCP: 46 -> 48",
+        "eth2 RoCE traffic class: not set -> 106",
+        "eth2 RDMA-CM default ToS: 0 -> 106",
+        "eth2 802.3x global pause: on -> off",
+    ]
     assert netqos.nic_target(d["nics"][1]).cm_tos
     # no configfs (cm_tos null with its reason): the ToS is neither compared nor set
     q["cm_tos"], q["cm_tos_reason"] = None, "no /sys/kernel/config/rdma_cm (configfs not mounted ...)"
@@ -77,7 +84,8 @@ def test_the_persistence_unit_is_a_change_until_installed_and_enabled():
     d = R.doc("gpu04")
     none = netqos.host_plan("gpu04", d, PROFILE, {"sums": {}, "enabled": False})
     assert [c.line() for c in none.changes] == [
-        f"persistence ({netqos.UNIT}, {netqos.SCRIPT_PATH}): not installed -> installed"]
+        f"persistence ({netqos.UNIT}, {netqos.SCRIPT_PATH}): not installed -> installed"
+    ]
     off = dict(installed_ok(d), enabled=False)
     assert [c.item for c in netqos.host_plan("gpu04", d, PROFILE, off).changes] == [f"persistence ({netqos.UNIT})"]
     other = FabricProfile(pfc_priority=4)  # a new profile renders a new script: it differs
@@ -88,20 +96,25 @@ def test_unreadable_hosts_and_unsafe_names_are_errors_not_changes():
     assert netqos.host_plan("x", None, PROFILE, None, "unreachable: timed out").error == "unreachable: timed out"
     d = R.doc("gpu05")
     d["nics"][1]["qos"]["tool"] = None
-    assert "neither mlnx_qos nor dcb" in (netqos.host_plan("gpu05", d, PROFILE, installed_ok(R.doc("gpu05"))).error or "")
+    assert "neither mlnx_qos nor dcb" in (
+        netqos.host_plan("gpu05", d, PROFILE, installed_ok(R.doc("gpu05"))).error or ""
+    )
     d = R.doc("gpu06")
     d["nics"][1]["netdev"] = "eth2;reboot"
     assert "not a network or RDMA device name" in (netqos.host_plan("gpu06", d, PROFILE, {"sums": {}}).error or "")
 
 
 def test_installed_state_parses_sha256sum_and_is_enabled():
-    text = (f"{'a' * 64}  {netqos.SCRIPT_PATH}\n{'b' * 64}  {netqos.UNIT_PATH}\nenabled=enabled\n")
-    assert netqos.installed_state(text) == {"sums": {netqos.SCRIPT_PATH: "a" * 64, netqos.UNIT_PATH: "b" * 64},
-                                            "enabled": True}
+    text = f"{'a' * 64}  {netqos.SCRIPT_PATH}\n{'b' * 64}  {netqos.UNIT_PATH}\nenabled=enabled\n"
+    assert netqos.installed_state(text) == {
+        "sums": {netqos.SCRIPT_PATH: "a" * 64, netqos.UNIT_PATH: "b" * 64},
+        "enabled": True,
+    }
     assert netqos.installed_state("enabled=\n")["enabled"] is False
 
 
 # --------------------------------------------------------------- the apply loop
+
 
 class FakeFleet:
     """Answers the installed-state read and the install command; records what ran where."""
@@ -161,6 +174,7 @@ def world(monkeypatch):
         w = World(docs)
         monkeypatch.setattr("clusterctl.probe.run.collect_facts", w.collect)
         return w
+
     return make
 
 
@@ -177,7 +191,11 @@ def test_apply_changes_only_the_host_that_differs_and_a_second_apply_changes_not
     rep = runner(w).run()
     assert rep.ok and w.ran == ["gpu03"]
     assert [(o.host, o.status) for o in rep.outcomes] == [
-        ("gpu01", "unchanged"), ("gpu02", "unchanged"), ("gpu03", "changed"), ("gpu04", "unchanged")]
+        ("gpu01", "unchanged"),
+        ("gpu02", "unchanged"),
+        ("gpu03", "changed"),
+        ("gpu04", "unchanged"),
+    ]
     again = runner(w).run()
     assert again.ok and w.ran == ["gpu03"] and {o.status for o in again.outcomes} == {"unchanged"}
 

@@ -14,8 +14,9 @@ GIB = 2**30
 
 
 def causes(log: str, instance: str = "qwen-a", host: str = "gpu01", facts=None, inv: Any = "default"):
-    c = G.ctx(facts if facts is not None else G.healthy(), inv=inv,
-              raw={host: {f"{instance}.log": G.fixture(f"vllm/{log}")}})
+    c = G.ctx(
+        facts if facts is not None else G.healthy(), inv=inv, raw={host: {f"{instance}.log": G.fixture(f"vllm/{log}")}}
+    )
     return [f for f in check_oom_cause(c) if f.subject == f"instance:{instance}"]
 
 
@@ -46,7 +47,8 @@ def test_no_kv_memory_v0_8_names_the_weights():
 def test_free_memory_at_start_names_the_foreign_process_from_facts():
     facts = G.healthy()
     facts["gpu01"]["gpus"]["devices"][0]["processes"] = [
-        {"pid": 3900000, "used_memory": 59 * GIB, "name": "python3", "unit": "user@1000.service"}]
+        {"pid": 3900000, "used_memory": 59 * GIB, "name": "python3", "unit": "user@1000.service"}
+    ]
     (f,) = causes("startup_fail_free_memory_v0.33.0.log", facts=facts)
     assert "20.11 GiB free of 79.19, the instance wants 0.92 x = 72.85 GiB" in f.message
     assert "pid 3900000 (python3, unit user@1000.service) holds 59.0 GiB on GPU 0" in f.action
@@ -113,7 +115,7 @@ def test_unit_killed_by_oom_killer():
 def test_fit_predicts_colocated_overcommit_weights_and_max_model_len():
     inv = colocated(0.9)
     llama = G.inventory(G.INVENTORY.replace("placement: gpu02:[0-3]", "placement: gpu02:[0]")).instances["llama"]
-    inv.instances["llama"] = llama                                                   # 70B on one GPU
+    inv.instances["llama"] = llama  # 70B on one GPU
     found = {(f.subject, f.severity): f for f in check_fit(G.ctx(G.healthy(), inv=inv))}
     assert "share GPUs and ask for 1.80" in found[("instance:qwen-a", Severity.CRIT)].message
     w = found[("instance:llama", Severity.CRIT)]
@@ -121,8 +123,10 @@ def test_fit_predicts_colocated_overcommit_weights_and_max_model_len():
 
 
 def test_fit_max_model_len_too_long_for_the_kv_cache():
-    text = G.INVENTORY.replace("args: {max-model-len: 8192, gpu-memory-utilization: 0.9}",
-                               "args: {max-model-len: 131072, gpu-memory-utilization: 0.5}")
+    text = G.INVENTORY.replace(
+        "args: {max-model-len: 8192, gpu-memory-utilization: 0.9}",
+        "args: {max-model-len: 131072, gpu-memory-utilization: 0.5}",
+    )
     found = [f for f in check_fit(G.ctx(G.healthy(), inv=G.inventory(text))) if f.subject == "instance:llama"]
     (f,) = found
     # 80 layers x 2 kv heads/GPU x 128 x 2 x 2 B = 80 KiB/token -> 10 GiB for 131072; 40 - 32.9 GiB left
@@ -134,7 +138,8 @@ def test_foreign_process_on_an_instance_gpu_and_the_next_start():
     facts = G.healthy()
     facts["gpu01"]["gpus"]["devices"][1]["processes"] = [
         {"pid": 4242, "used_memory": 30 * GIB, "name": "python3", "unit": "session-3.scope"},
-        {"pid": 5000, "used_memory": 40 * GIB, "name": "python3", "unit": "clusterctl-qwen-a.service"}]
+        {"pid": 5000, "used_memory": 40 * GIB, "name": "python3", "unit": "clusterctl-qwen-a.service"},
+    ]
     found = [f for f in check_foreign(G.ctx(facts)) if f.severity != Severity.OK]
     assert [(f.host, f.subject, f.severity) for f in found] == [("gpu01", "gpu:1", Severity.CRIT)]
     assert "pid 4242 (python3, unit session-3.scope) holds 30.0 GiB on GPU 1" in found[0].action
@@ -152,8 +157,10 @@ def test_kv_cache_too_small_real_032_cpu_with_an_explicit_kv_size_names_that_kno
     """Real vLLM 0.32 (CPU) with --kv-cache-memory-bytes 1048576 --max-model-len 4096: its own message says
     "Try increasing `gpu_memory_utilization`", which does not size an explicit KV cache."""
     from pathlib import Path
-    log = (Path(__file__).resolve().parents[2] / "fixtures" / "vllm" /
-           "startup_fail_kv_too_small_v0.32.0_cpu.log").read_text()
+
+    log = (
+        Path(__file__).resolve().parents[2] / "fixtures" / "vllm" / "startup_fail_kv_too_small_v0.32.0_cpu.log"
+    ).read_text()
     c = G.ctx(G.healthy(), inv="default", raw={"gpu01": {"qwen-a.log": log}})
     (f,) = [f for f in check_oom_cause(c) if f.subject == "instance:qwen-a"]
     assert f.severity == Severity.CRIT and f.message.startswith("KV cache too small for max_model_len 4096")

@@ -47,8 +47,7 @@ def _metrics(transfers: list[tuple[float, float]], failed: int = 0) -> str:
 
 def _run(raw: dict[str, str]) -> list:
     inv = load_inventory_text(INV, "site.yaml")
-    ctx = AnalysisContext(inventory=inv, facts={}, raw={"gpu02": raw}, interval_s=10.0,
-                          thresholds=load_thresholds())
+    ctx = AnalysisContext(inventory=inv, facts={}, raw={"gpu02": raw}, interval_s=10.0, thresholds=load_thresholds())
     return run_analyzers(ctx, ["pd.kv_transfer"])
 
 
@@ -67,14 +66,22 @@ def test_slow_transfers_over_the_interval_name_the_pair_and_the_path() -> None:
     assert "gpu01 eth2/mlx5_0 -> gpu02 eth2/mlx5_0" in f.message
     assert "roce" in f.action
     # the same slow transfers before the interval, healthy ones during it: OK
-    [ok] = _run({"qd1.metrics": after, "qd1.metrics.2": _metrics([(0.0022, 100 * MB)] * 5 + [(0.025, 100 * MB)] * 4
-                                                                   + [(0.0022, 100 * MB)] * 3)})
+    [ok] = _run(
+        {
+            "qd1.metrics": after,
+            "qd1.metrics.2": _metrics([(0.0022, 100 * MB)] * 5 + [(0.025, 100 * MB)] * 4 + [(0.0022, 100 * MB)] * 3),
+        }
+    )
     assert ok.severity is Severity.OK
 
 
 def test_failed_transfers_are_crit() -> None:
-    [f] = _run({"qd1.metrics": _metrics([(0.0022, 100 * MB)], failed=0),
-                "qd1.metrics.2": _metrics([(0.0022, 100 * MB)], failed=3)})
+    [f] = _run(
+        {
+            "qd1.metrics": _metrics([(0.0022, 100 * MB)], failed=0),
+            "qd1.metrics.2": _metrics([(0.0022, 100 * MB)], failed=3),
+        }
+    )
     assert f.severity is Severity.CRIT
     assert "3 KV transfer(s) failed in 10 s over gpu01 eth2/mlx5_0 -> gpu02 eth2/mlx5_0" in f.message
 

@@ -16,8 +16,15 @@ from test_pd_check import INV
 
 
 def _unit(active: str, sub: str, restarts: int = 0, result: str = "success") -> dict[str, Any]:
-    return {"unit": "clusterctl-router-qwen-pd.service", "load_state": "loaded", "active_state": active,
-            "sub_state": sub, "result": result, "restarts": restarts, "exec_main_status": 1}
+    return {
+        "unit": "clusterctl-router-qwen-pd.service",
+        "load_state": "loaded",
+        "active_state": active,
+        "sub_state": sub,
+        "result": result,
+        "restarts": restarts,
+        "exec_main_status": 1,
+    }
 
 
 def _run(units: list[dict[str, Any]] | None, inv_text: str = INV) -> list:
@@ -27,11 +34,14 @@ def _run(units: list[dict[str, Any]] | None, inv_text: str = INV) -> list:
     return run_analyzers(ctx, ["pd.router"])
 
 
-@pytest.mark.parametrize("active, sub, words", [
-    ("failed", "failed", "router of pool qwen-pd (model qwen3-8b, port 8300) down: unit failed"),
-    ("inactive", "dead", "down: unit inactive"),
-    ("activating", "auto-restart", "in a crash loop"),
-])
+@pytest.mark.parametrize(
+    "active, sub, words",
+    [
+        ("failed", "failed", "router of pool qwen-pd (model qwen3-8b, port 8300) down: unit failed"),
+        ("inactive", "dead", "down: unit inactive"),
+        ("activating", "auto-restart", "in a crash loop"),
+    ],
+)
 def test_a_router_down_or_looping_is_crit_with_the_action(active: str, sub: str, words: str) -> None:
     [f] = _run([_unit(active, sub, restarts=2, result="exit-code")])
     assert (f.severity, f.host, f.subject) == (Severity.CRIT, "gpu01", "router:qwen-pd")

@@ -23,6 +23,7 @@ def one_host(q, host="gpu07", n=8, pfc_prio=3, per_leaf=4):
 
 # ------------------------------------------------------------- parsers
 
+
 def test_mlnx_qos_samples_parse_by_label():
     ok = collector.parse_mlnx_qos(R.text("mlnx_qos_eth2_ok.txt"))
     assert (ok["dcbx"], ok["trust"], ok["pfc_enabled"], ok["cable_len"]) == ("os", "dscp", [3], 7)
@@ -52,13 +53,17 @@ def test_dcb_and_ethtool_pause_parsers():
 
 # ------------------------------------------------------------- analyzer
 
+
 @pytest.mark.parametrize("inbox", [False, True], ids=["mlnx", "inbox"])
 def test_pfc_on_the_wrong_priority_names_the_odd_one_out(inbox):
     q = R.qos(mlnx_qos="mlnx_qos_eth2_bad_pfc_prio4.txt", dcb_pfc="dcb_pfc_show_eth2_prio4.txt", inbox=inbox)
-    docs = {f"gpu{i:02d}": R.doc(f"gpu{i:02d}", [R.nic("eth2", inbox=inbox), R.nic("eth3", "mlx5_1", inbox=inbox)])
-            for i in range(1, 9)}
-    docs["gpu07"] = R.doc("gpu07", [R.nic("eth2", qos_section=q, pfc_prio=4, inbox=inbox),
-                                    R.nic("eth3", "mlx5_1", inbox=inbox)])
+    docs = {
+        f"gpu{i:02d}": R.doc(f"gpu{i:02d}", [R.nic("eth2", inbox=inbox), R.nic("eth3", "mlx5_1", inbox=inbox)])
+        for i in range(1, 9)
+    }
+    docs["gpu07"] = R.doc(
+        "gpu07", [R.nic("eth2", qos_section=q, pfc_prio=4, inbox=inbox), R.nic("eth3", "mlx5_1", inbox=inbox)]
+    )
     b = bad(run_analyzers(R.ctx(docs, R.inventory(8)), ["roce.qos"]))
     assert len(b) == 1
     f = b[0]
@@ -69,8 +74,13 @@ def test_pfc_on_the_wrong_priority_names_the_odd_one_out(inbox):
 
 def test_pfc_readout_from_the_counters_when_no_tool_answers():
     q = R.qos()
-    q.update(tool=None, trust=None, pfc_enabled=None, dscp2prio=None,
-             reasons={"mlnx_qos -i eth2": "mlnx_qos not installed", "dcb pfc show dev eth2": "dcb not installed"})
+    q.update(
+        tool=None,
+        trust=None,
+        pfc_enabled=None,
+        dscp2prio=None,
+        reasons={"mlnx_qos -i eth2": "mlnx_qos not installed", "dcb pfc show dev eth2": "dcb not installed"},
+    )
     b = bad(one_host(q, pfc_prio=4))
     assert [(f.host, f.severity) for f in b] == [("gpu07", Severity.CRIT)]
     assert "PFC on priority 4" in b[0].message
@@ -103,33 +113,43 @@ def test_trust_pcp_inbox_inferred_from_an_empty_app_table():
 def test_roce_dscp_mapped_to_another_priority():
     b = bad(one_host(R.qos(mlnx_qos="mlnx_qos_eth2_dscp26_prio4.txt")))
     assert [f.message for f in b] == [
-        "gpu07 eth2: DSCP 26 (RoCE) maps to priority 4; the profile and the other 7 hosts use 3"]
+        "gpu07 eth2: DSCP 26 (RoCE) maps to priority 4; the profile and the other 7 hosts use 3"
+    ]
     assert b[0].severity == Severity.CRIT
 
 
 def test_traffic_class_overriding_qps_with_dscp_0_and_unset_traffic_class():
     b = bad(one_host(R.qos(tclass=0)))
     assert [(f.severity, f.message) for f in b] == [
-        (Severity.CRIT, "gpu07 eth2: RoCE traffic class 0 (DSCP 0) overrides every QP; "
-                        "the profile and the other 7 hosts use 106")]
+        (
+            Severity.CRIT,
+            "gpu07 eth2: RoCE traffic class 0 (DSCP 0) overrides every QP; the profile and the other 7 hosts use 106",
+        )
+    ]
     unset = bad(one_host(R.qos(tclass=None)))
     assert [(f.severity, "no global RoCE traffic class set" in f.message) for f in unset] == [(Severity.WARN, True)]
 
 
 def test_ecn_disabled_on_the_roce_priority():
-    ecn = {"roce_np": {str(p): 0 for p in range(8)}, "roce_rp": {str(p): int(p == 3) for p in range(8)},
-           "cnp_dscp": 48, "cnp_802p_prio": 6}
+    ecn = {
+        "roce_np": {str(p): 0 for p in range(8)},
+        "roce_rp": {str(p): int(p == 3) for p in range(8)},
+        "cnp_dscp": 48,
+        "cnp_802p_prio": 6,
+    }
     b = bad(one_host(R.qos(ecn=ecn)))
     assert [(f.severity, f.message) for f in b] == [
-        (Severity.WARN, "gpu07 eth2: ECN notification point off on priority 3; "
-                        "the other 7 hosts use priority 3")]
+        (Severity.WARN, "gpu07 eth2: ECN notification point off on priority 3; the other 7 hosts use priority 3")
+    ]
 
 
 def test_global_pause_and_firmware_dcbx():
     b = bad(one_host(R.qos(pause="ethtool_a_eth2_on.txt", mlnx_qos="mlnx_qos_eth2_dcbx_fw_lldpad.txt")))
     msgs = sorted(f.message for f in b)
-    assert msgs == ["gpu07 eth2: 802.3x global pause is on; the profile and the other 7 hosts use off",
-                    "gpu07 eth2: DCBX is firmware controlled; the profile and the other 7 hosts use os"]
+    assert msgs == [
+        "gpu07 eth2: 802.3x global pause is on; the profile and the other 7 hosts use off",
+        "gpu07 eth2: DCBX is firmware controlled; the profile and the other 7 hosts use os",
+    ]
     assert all(f.severity == Severity.WARN for f in b)
 
 
@@ -151,22 +171,26 @@ def test_drift_without_a_profile_value_names_the_minority_host():
     docs["gpu04"] = R.doc("gpu04", [cx6])
     b = bad(run_analyzers(R.ctx(docs, R.inventory(4, 2)), ["roce.qos"]))
     assert [(f.host, f.severity, f.message) for f in b] == [
-        ("gpu03", Severity.WARN, "gpu03 eth2: NIC firmware 28.36.1010; the other 2 hosts use 28.39.1002")]
+        ("gpu03", Severity.WARN, "gpu03 eth2: NIC firmware 28.36.1010; the other 2 hosts use 28.39.1002")
+    ]
 
 
 def test_a_whole_leaf_with_the_same_wrong_setting_is_one_finding_pointing_at_the_switch():
     q = R.qos(mlnx_qos="mlnx_qos_eth2_bad_pfc_prio4.txt", dcb_pfc="dcb_pfc_show_eth2_prio4.txt")
     docs = {f"gpu{i:02d}": R.doc(f"gpu{i:02d}", [R.nic("eth2")]) for i in range(1, 9)}
-    for i in range(5, 9):                                           # leaf2: gpu05-gpu08, all on priority 4
+    for i in range(5, 9):  # leaf2: gpu05-gpu08, all on priority 4
         docs[f"gpu{i:02d}"] = R.doc(f"gpu{i:02d}", [R.nic("eth2", qos_section=q, pfc_prio=4)])
     found = run_analyzers(R.ctx(docs, R.inventory(8, 4)), ["roce.qos"])
     [leaf] = bad(found)
     assert (leaf.severity, leaf.host, leaf.subject) == (Severity.CRIT, None, "leaf:leaf2")
-    assert leaf.message == ("every host under leaf leaf2 (gpu[05-08]): PFC on priority 4; the profile says 3; "
-                            "gpu[01-04] under other leaves do not")
+    assert leaf.message == (
+        "every host under leaf leaf2 (gpu[05-08]): PFC on priority 4; the profile says 3; "
+        "gpu[01-04] under other leaves do not"
+    )
     assert leaf.action.startswith("look at the leaf switch leaf2") and "mlnx_qos -i eth2 --pfc" in leaf.action
-    assert leaf.action.endswith("`clusterctl net apply --hosts 'gpu[05-08]'` sets the inventory's profile "
-                                "(--plan first shows the changes)")
+    assert leaf.action.endswith(
+        "`clusterctl net apply --hosts 'gpu[05-08]'` sets the inventory's profile (--plan first shows the changes)"
+    )
     assert len(leaf.evidence) == 4 and leaf.evidence[0].startswith("gpu05 eth2: pfc = 4")
     assert {f.host for f in found if f.severity == Severity.OK} == {f"gpu{i:02d}" for i in range(1, 5)}
     # Three of the leaf's four: no rollup, each host named.

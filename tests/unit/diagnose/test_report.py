@@ -21,9 +21,12 @@ F = [
 def test_identical_findings_fold_into_a_node_set_worst_first():
     g = group(F)
     assert [(x.severity, x.check, x.hosts) for x in g] == [
-        (Severity.CRIT, "gpu.xid", "gpu07"), (Severity.CRIT, "tp.group", ""),
-        (Severity.WARN, "gpu.remap", "gpu[01-03]"), (Severity.UNKNOWN, "host.reachable", "gpu09"),
-        (Severity.OK, "gpu.ecc", "gpu01")]
+        (Severity.CRIT, "gpu.xid", "gpu07"),
+        (Severity.CRIT, "tp.group", ""),
+        (Severity.WARN, "gpu.remap", "gpu[01-03]"),
+        (Severity.UNKNOWN, "host.reachable", "gpu09"),
+        (Severity.OK, "gpu.ecc", "gpu01"),
+    ]
     assert g[2].count == 3
     assert [x.check for x in group(F, Severity.WARN)] == ["gpu.xid", "tp.group", "gpu.remap"]
 
@@ -36,8 +39,7 @@ def test_rows_that_differ_only_in_check_merge():
 
 def test_json_has_summary_groups_and_every_finding():
     doc = json.loads(to_json(F, meta={"duration_s": 1.5}))
-    assert doc["summary"] == {"worst": "CRIT", "exit_code": 2,
-                              "counts": {"OK": 1, "WARN": 3, "CRIT": 2, "UNKNOWN": 1}}
+    assert doc["summary"] == {"worst": "CRIT", "exit_code": 2, "counts": {"OK": 1, "WARN": 3, "CRIT": 2, "UNKNOWN": 1}}
     assert doc["groups"][2]["hosts"] == "gpu[01-03]" and len(doc["findings"]) == len(F)
     assert doc["findings"][4]["severity"] == "CRIT" and doc["meta"]["duration_s"] == 1.5
 

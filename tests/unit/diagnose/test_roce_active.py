@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.diagnose.active import (RunOutput, active_findings, commands, endpoint, parse_ib_write_bw,
-                                        plan_rounds)
+from clusterctl.diagnose.active import RunOutput, active_findings, commands, endpoint, parse_ib_write_bw, plan_rounds
 from clusterctl.diagnose.findings import Severity, exit_code
 
 import roce_facts as R
@@ -59,12 +58,15 @@ SYSFS_GIDS = ("fe80:0000:0000:0000:ba3f:d2ff:fe10:0001", "0000:0000:0000:0000:00
 SHORT_GIDS = ("fe80::ba3f:d2ff:fe10:1", "::ffff:10.77.1.11")
 
 
-def perf_doc(host: str, speed_mbps: int = 400000, tool: str | None = "/usr/bin/ib_write_bw",
-             gids: tuple[str, str] = SYSFS_GIDS) -> dict:
+def perf_doc(
+    host: str, speed_mbps: int = 400000, tool: str | None = "/usr/bin/ib_write_bw", gids: tuple[str, str] = SYSFS_GIDS
+) -> dict:
     d = R.doc(host, [R.nic("eth2", "mlx5_0", speed_mbps=speed_mbps)])
     d["tools"] = {"ib_write_bw": tool}
-    d["nics"][1]["rdma"]["gids"] = [{"index": 2, "gid": gids[0], "type": "RoCE v2"},
-                                    {"index": 3, "gid": gids[1], "type": "RoCE v2"}]
+    d["nics"][1]["rdma"]["gids"] = [
+        {"index": 2, "gid": gids[0], "type": "RoCE v2"},
+        {"index": 3, "gid": gids[1], "type": "RoCE v2"},
+    ]
     return d
 
 
@@ -95,21 +97,30 @@ class FakeRunner:
 
 def run(docs, outputs, **kw):
     fake = FakeRunner(outputs)
-    fs = active_findings(docs, {}, inventory=R.inventory(len(docs), 2), runner=fake,
-                         addresses={h: f"10.0.0.{i}" for i, h in enumerate(docs)},
-                         thresholds=R.ctx({}).thresholds, **kw)
+    fs = active_findings(
+        docs,
+        {},
+        inventory=R.inventory(len(docs), 2),
+        runner=fake,
+        addresses={h: f"10.0.0.{i}" for i, h in enumerate(docs)},
+        thresholds=R.ctx({}).thresholds,
+        **kw,
+    )
     return fs, fake
 
 
 def test_pairs_judged_against_the_link_speed_row():
     docs = {h: perf_doc(h) for h in ("gpu01", "gpu02", "gpu03", "gpu04")}
-    slow = D5.replace("44578.12", "30000.00")     # 251.7 Gb/s: below 320, above 200
+    slow = D5.replace("44578.12", "30000.00")  # 251.7 Gb/s: below 320, above 200
     fs, fake = run(docs, {"gpu02": RunOutput(0, D5), "gpu04": RunOutput(0, slow)})
-    assert [(f.host, f.subject, f.severity) for f in fs] == [("gpu02", "pair:gpu01", Severity.OK),
-                                                             ("gpu04", "pair:gpu03", Severity.WARN)]
-    assert fs[1].message == ("gpu04 mlx5_0 -> gpu03 mlx5_0: 251.7 Gb/s average over 5 s, below 320 Gb/s "
-                             "for a 400 Gb/s link")
-    (cmds, timeout), = fake.rounds
+    assert [(f.host, f.subject, f.severity) for f in fs] == [
+        ("gpu02", "pair:gpu01", Severity.OK),
+        ("gpu04", "pair:gpu03", Severity.WARN),
+    ]
+    assert fs[1].message == (
+        "gpu04 mlx5_0 -> gpu03 mlx5_0: 251.7 Gb/s average over 5 s, below 320 Gb/s for a 400 Gb/s link"
+    )
+    ((cmds, timeout),) = fake.rounds
     assert set(cmds) == set(docs) and timeout == 30
     assert cmds["gpu02"].rstrip().endswith("exit $rc") and "10.0.0.0" in cmds["gpu02"]
     assert "10.0.0." not in cmds["gpu01"]

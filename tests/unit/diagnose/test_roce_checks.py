@@ -19,18 +19,33 @@ def bad(findings, check=None):
 
 
 def host_with(rates, host="gpu03", inbox=False, **kw):
-    return {host: R.doc(host, [R.nic("eth2", "mlx5_0", rates=rates, inbox=inbox, **kw),
-                               R.nic("eth3", "mlx5_1", inbox=inbox)])}
+    return {
+        host: R.doc(
+            host, [R.nic("eth2", "mlx5_0", rates=rates, inbox=inbox, **kw), R.nic("eth3", "mlx5_1", inbox=inbox)]
+        )
+    }
 
 
 @pytest.mark.parametrize("inbox", [False, True], ids=["mlnx", "inbox"])
 def test_healthy_samples_report_nothing_above_ok(inbox):
-    docs = {f"gpu{i:02d}": R.doc(f"gpu{i:02d}", [R.nic("eth2", "mlx5_0", inbox=inbox),
-                                                 R.nic("eth3", "mlx5_1", inbox=inbox)]) for i in range(1, 9)}
+    docs = {
+        f"gpu{i:02d}": R.doc(
+            f"gpu{i:02d}", [R.nic("eth2", "mlx5_0", inbox=inbox), R.nic("eth3", "mlx5_1", inbox=inbox)]
+        )
+        for i in range(1, 9)
+    }
     fs = run_analyzers(R.ctx(docs, R.inventory(8)), ["roce", "net", "host.rdma_prereqs"])
     assert fs and not bad(fs)
-    assert {f.check for f in fs} >= {"roce.pfc", "roce.discards", "roce.congestion", "roce.transport",
-                                     "roce.link", "roce.priority", "roce.qos", "net.data"}
+    assert {f.check for f in fs} >= {
+        "roce.pfc",
+        "roce.discards",
+        "roce.congestion",
+        "roce.transport",
+        "roce.link",
+        "roce.priority",
+        "roce.qos",
+        "net.data",
+    }
 
 
 @pytest.mark.parametrize("inbox", [False, True], ids=["mlnx", "inbox"])
@@ -46,8 +61,9 @@ def test_pause_storm_on_one_host_names_that_host_and_its_cable(inbox):
 
 
 def test_moderate_pausing_is_a_warning():
-    fs = run_analyzers(R.cluster(8, host_with({"rx_prio3_pause": 500, "rx_prio3_pause_duration": 300_000})),
-                       ["roce.pfc"])
+    fs = run_analyzers(
+        R.cluster(8, host_with({"rx_prio3_pause": 500, "rx_prio3_pause_duration": 300_000})), ["roce.pfc"]
+    )
     assert [(f.host, f.severity) for f in bad(fs)] == [("gpu03", Severity.WARN)]
 
 
@@ -66,18 +82,20 @@ def test_every_host_under_one_leaf_paused_points_at_the_leaf_switch():
 
 
 def test_tx_pause_and_the_storm_watchdog():
-    warn = run_analyzers(R.cluster(4, host_with({"tx_prio3_pause": 100, "tx_pause_storm_warning_events": 0.4}),
-                                   per_leaf=2), ["roce.pfc"])
+    warn = run_analyzers(
+        R.cluster(4, host_with({"tx_prio3_pause": 100, "tx_pause_storm_warning_events": 0.4}), per_leaf=2), ["roce.pfc"]
+    )
     assert [(f.severity, "long periods" in f.message) for f in bad(warn)] == [(Severity.WARN, True)]
-    crit = run_analyzers(R.cluster(4, host_with({"tx_prio3_pause_duration": 950_000,
-                                                 "tx_pause_storm_error_events": 0.4}), per_leaf=2), ["roce.pfc"])
+    crit = run_analyzers(
+        R.cluster(4, host_with({"tx_prio3_pause_duration": 950_000, "tx_pause_storm_error_events": 0.4}), per_leaf=2),
+        ["roce.pfc"],
+    )
     sevs = sorted((f.severity.name, f.message.split(":")[1][:20]) for f in bad(crit))
     assert sevs == [("CRIT", " sending pause 95% o"), ("CRIT", " the NIC's pause-sto")]
 
 
 def test_global_pause_frames_on_a_pfc_fabric_warn():
-    n = R.nic("eth2", rates={"rx_global_pause": 50},
-              first={}, second={})
+    n = R.nic("eth2", rates={"rx_global_pause": 50}, first={}, second={})
     for s in n["samples"]:
         s["ethtool_stats"]["rx_global_pause"] = 1000
     n["samples"][1]["ethtool_stats"]["rx_global_pause"] = 1150
@@ -109,16 +127,18 @@ def test_port_wide_discards_alone_are_a_warning_naming_lossy_traffic(inbox):
 
 
 def test_drops_on_a_lossy_priority_are_not_lossless_drops():
-    fs = run_analyzers(R.cluster(4, host_with({"rx_prio0_buf_discard": 50, "rx_prio0_discards": 50}),
-                                 per_leaf=2), ["roce.discards"])
+    fs = run_analyzers(
+        R.cluster(4, host_with({"rx_prio0_buf_discard": 50, "rx_prio0_discards": 50}), per_leaf=2), ["roce.discards"]
+    )
     assert not bad(fs)
 
 
 def test_cnp_incast_on_one_leaf_names_the_leaf():
     special = {}
     for h in ("gpu03", "gpu04"):
-        special.update(host_with({"np_cnp_sent": 50000, "np_ecn_marked_roce_packets": 51500,
-                                  "rp_cnp_handled": 47500}, host=h))
+        special.update(
+            host_with({"np_cnp_sent": 50000, "np_ecn_marked_roce_packets": 51500, "rp_cnp_handled": 47500}, host=h)
+        )
     fs = run_analyzers(R.cluster(4, special, per_leaf=2), ["roce.congestion"])
     leaf = [f for f in bad(fs) if f.host is None]
     assert [f.subject for f in leaf] == ["leaf:leaf2"]
@@ -137,24 +157,29 @@ def test_a_cnp_outlier_below_the_speed_threshold_is_named_against_the_median():
 
 
 def test_ecn_marks_without_cnps_and_ignored_cnps():
-    fs = run_analyzers(R.cluster(4, host_with({"np_ecn_marked_roce_packets": 30000, "rp_cnp_ignored": 5000}),
-                                 per_leaf=2), ["roce.congestion"])
+    fs = run_analyzers(
+        R.cluster(4, host_with({"np_ecn_marked_roce_packets": 30000, "rp_cnp_ignored": 5000}), per_leaf=2),
+        ["roce.congestion"],
+    )
     msgs = sorted(f.message for f in bad(fs))
     assert len(msgs) == 2
     assert "ECN-marked RoCE packets received but no CNPs sent" in msgs[0]
     assert "CNPs received and ignored" in msgs[1]
 
 
-@pytest.mark.parametrize("rates,sev,says", [
-    ({"packet_seq_err": 2, "out_of_sequence": 1}, Severity.WARN, "packet loss on the RDMA path"),
-    ({"packet_seq_err": 50}, Severity.CRIT, "packet loss on the RDMA path"),
-    # the ACK timer expired and the request was retransmitted; the QP lives on: a warning of loss
-    ({"local_ack_timeout_err": 50}, Severity.WARN, "retry limit was not reached"),
-    # RNR NAK: the responder had no receive buffer posted; not loss
-    ({"rnr_nak_retry_err": 5}, Severity.WARN, "Receiver Not Ready"),
-    ({"req_transport_retries_exceeded": 1}, Severity.CRIT, "exhausted its retries"),
-    ({"req_rnr_retries_exceeded": 1}, Severity.CRIT, "exhausted its retries"),
-])
+@pytest.mark.parametrize(
+    "rates,sev,says",
+    [
+        ({"packet_seq_err": 2, "out_of_sequence": 1}, Severity.WARN, "packet loss on the RDMA path"),
+        ({"packet_seq_err": 50}, Severity.CRIT, "packet loss on the RDMA path"),
+        # the ACK timer expired and the request was retransmitted; the QP lives on: a warning of loss
+        ({"local_ack_timeout_err": 50}, Severity.WARN, "retry limit was not reached"),
+        # RNR NAK: the responder had no receive buffer posted; not loss
+        ({"rnr_nak_retry_err": 5}, Severity.WARN, "Receiver Not Ready"),
+        ({"req_transport_retries_exceeded": 1}, Severity.CRIT, "exhausted its retries"),
+        ({"req_rnr_retries_exceeded": 1}, Severity.CRIT, "exhausted its retries"),
+    ],
+)
 def test_transport_loss_signals(rates, sev, says):
     fs = run_analyzers(R.cluster(4, host_with(rates), per_leaf=2), ["roce.transport"])
     assert [(f.host, f.severity) for f in bad(fs)] == [("gpu03", sev)]
@@ -170,8 +195,12 @@ def test_rnr_naks_are_not_called_packet_loss():
 def test_shared_sample_of_mlx5_1_with_sequence_errors_rising():
     # rdma_statistic_show.txt: mlx5_1 carries out_of_sequence 41, packet_seq_err 38,
     # local_ack_timeout_err 2; a second reading with a few more is a loss on the path.
-    n = R.nic("eth3", "mlx5_1", first={"out_of_sequence": 41, "packet_seq_err": 38, "local_ack_timeout_err": 2},
-              second={"out_of_sequence": 47, "packet_seq_err": 44, "local_ack_timeout_err": 2})
+    n = R.nic(
+        "eth3",
+        "mlx5_1",
+        first={"out_of_sequence": 41, "packet_seq_err": 38, "local_ack_timeout_err": 2},
+        second={"out_of_sequence": 47, "packet_seq_err": 44, "local_ack_timeout_err": 2},
+    )
     fs = run_analyzers(R.cluster(4, {"gpu01": R.doc("gpu01", [R.nic(), n])}, per_leaf=2), ["roce.transport"])
     b = bad(fs)
     assert [(f.host, f.subject, f.severity) for f in b] == [("gpu01", "nic:eth3", Severity.WARN)]
@@ -204,8 +233,10 @@ def test_not_a_roce_fabric_no_roce_findings():
 
 
 def test_pcie_back_pressure_and_receives_without_buffers():
-    fs = run_analyzers(R.cluster(4, host_with({"outbound_pci_stalled_wr_events": 1, "out_of_buffer": 300}),
-                                 per_leaf=2), ["roce.rxpath"])
+    fs = run_analyzers(
+        R.cluster(4, host_with({"outbound_pci_stalled_wr_events": 1, "out_of_buffer": 300}), per_leaf=2),
+        ["roce.rxpath"],
+    )
     msgs = sorted(f.message for f in bad(fs))
     assert [f.host for f in bad(fs)] == ["gpu03", "gpu03"]
     assert "300/s RDMA receives found no posted buffer" in msgs[0]

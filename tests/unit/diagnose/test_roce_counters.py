@@ -37,8 +37,9 @@ def test_rates_need_a_positive_interval():
 def test_hw_counter_wrap_is_a_rate_and_a_reset_is_not_reported():
     # out_of_sequence wraps (a real loss signal: 30 in 3 s); np_cnp_sent goes
     # back to 0 (driver reload): no CNP finding, certainly not a negative rate.
-    bad = R.nic(first={"out_of_sequence": WRAP_32 - 15, "np_cnp_sent": 10**9},
-                second={"out_of_sequence": 15, "np_cnp_sent": 0})
+    bad = R.nic(
+        first={"out_of_sequence": WRAP_32 - 15, "np_cnp_sent": 10**9}, second={"out_of_sequence": 15, "np_cnp_sent": 0}
+    )
     ctx = R.cluster(4, {"gpu02": R.doc("gpu02", [bad, R.nic("eth3", "mlx5_1")])}, per_leaf=2)
     r, src = nic_rates(bad)
     assert src == "node-timed samples" and r is not None
@@ -54,8 +55,10 @@ def test_two_facts_runs_stand_in_for_node_samples():
     n.pop("samples")
     later = copy.deepcopy(n)
     later["ethtool_stats"]["rx_prio3_pause_duration"] += 2_700_000
-    docs = {"a": {"collected_at": "2026-11-30T12:00:00+00:00", "nics": [n]},
-            "b": {"collected_at": "2026-11-30T12:00:03+00:00", "nics": [later]}}
+    docs = {
+        "a": {"collected_at": "2026-11-30T12:00:00+00:00", "nics": [n]},
+        "b": {"collected_at": "2026-11-30T12:00:03+00:00", "nics": [later]},
+    }
     r, src = nic_rates(n, docs["b"], docs["a"])
     assert src == "two facts runs" and r is not None
     assert r.ethtool["rx_prio3_pause_duration"] == 900_000.0

@@ -11,7 +11,8 @@ import roce_facts as R
 
 
 def inventory(env: str, placement: str = "[gpu01:0, gpu01:1, gpu02:0, gpu02:1]"):
-    return load_inventory_text(f"""version: 1
+    return load_inventory_text(
+        f"""version: 1
 defaults:
   gpus: {{count: 8, model: H100-SXM5-80GB, memory_gib: 80, interconnect: nvlink}}
   nics:
@@ -31,7 +32,9 @@ instances:
     placement: {placement}
     port: 8000
     env: {env}
-""", filename="nccl.yaml")
+""",
+        filename="nccl.yaml",
+    )
 
 
 def run(env: str, docs=None, placement=None):
@@ -54,8 +57,10 @@ def test_ib_tc_unset_is_masked_by_a_global_traffic_class_but_not_without_one():
     fs = run("{NCCL_SOCKET_IFNAME: '=eth2'}", {"gpu01": R.doc("gpu01", [R.nic("eth2")]), "gpu02": no_tclass("gpu02")})
     bad = [f for f in fs if f.severity != Severity.OK]
     assert [(f.host, f.severity) for f in bad] == [("gpu02", Severity.CRIT)]
-    assert ("big: NCCL_IB_TC unset; on gpu02 eth2 has no global traffic class, so NCCL's default traffic "
-            "class 0 sends RoCE with DSCP 0") in bad[0].message
+    assert (
+        "big: NCCL_IB_TC unset; on gpu02 eth2 has no global traffic class, so NCCL's default traffic "
+        "class 0 sends RoCE with DSCP 0"
+    ) in bad[0].message
     assert "NCCL_IB_TC: '106'" in bad[0].action
 
 
@@ -79,11 +84,13 @@ def test_socket_ifname_unset_or_on_the_management_nic_and_hca_list():
     assert [(f.severity, "NCCL_SOCKET_IFNAME unset" in f.message) for f in fs] == [(Severity.WARN, True)]
     fs = run("{NCCL_IB_TC: '106', NCCL_SOCKET_IFNAME: 'eth'}")
     assert [(f.severity, f.message) for f in fs] == [
-        (Severity.WARN, "big: NCCL_SOCKET_IFNAME=eth selects the management NIC eth0")]
+        (Severity.WARN, "big: NCCL_SOCKET_IFNAME=eth selects the management NIC eth0")
+    ]
     assert [f.severity for f in run("{NCCL_IB_TC: '106', NCCL_SOCKET_IFNAME: '^eth0,lo'}")] == [Severity.OK]
     fs = run("{NCCL_IB_TC: '106', NCCL_SOCKET_IFNAME: '=eth2', NCCL_IB_HCA: 'mlx5_4:1'}")
-    assert [(f.severity, "selects none of the data NICs' RDMA devices (mlx5_0)" in f.message)
-            for f in fs] == [(Severity.CRIT, True)]
+    assert [(f.severity, "selects none of the data NICs' RDMA devices (mlx5_0)" in f.message) for f in fs] == [
+        (Severity.CRIT, True)
+    ]
 
 
 def test_single_host_instance_is_not_checked():

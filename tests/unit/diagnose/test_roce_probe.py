@@ -62,12 +62,16 @@ def test_qos_from_mlnx_qos_and_mlnx_ofed_sysfs(tmp_path, monkeypatch):
 def test_qos_from_dcb_without_mlnx_tools(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    tool(bindir, "dcb", f"""case "$*" in
+    tool(
+        bindir,
+        "dcb",
+        f"""case "$*" in
   "pfc show dev eth2") cat {R.FIX / 'dcb_pfc_show_eth2.txt'} ;;
   "-N app show dev eth2") cat {R.FIX / 'dcb_app_show_N_eth2.txt'} ;;
   *) echo "Operation not supported" >&2; exit 2 ;;
 esac
-""")
+""",
+    )
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     monkeypatch.setattr(collector, "SBIN_DIRS", str(tmp_path / "nothing"))
     q = collector.nic_qos(dict(NIC), 5.0, str(sysroot(tmp_path, mlnx=False)))
@@ -86,9 +90,13 @@ def test_two_samples_timed_on_the_node(tmp_path, monkeypatch):
     count = tmp_path / "n"
     count.write_text("0")
     # every call prints a counter one higher than the last: the second sample must see more
-    tool(bindir, "ethtool", f"""n=$(cat {count}); n=$((n+1)); echo $n > {count}
+    tool(
+        bindir,
+        "ethtool",
+        f"""n=$(cat {count}); n=$((n+1)); echo $n > {count}
 echo "NIC statistics:"; echo "     rx_prio3_pause: $n"
-""")
+""",
+    )
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     root = sysroot(tmp_path, mlnx=False)
     nics = [dict(NIC, samples=None), {"netdev": "eth0", "rdma": None, "samples": None}]
@@ -111,7 +119,7 @@ def test_collector_option_defaults_to_no_samples():
 def test_a_hung_qos_tool_skips_the_rest_of_that_nic_and_is_noted(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    tool(bindir, "mlnx_qos", "exec sleep 30\n")   # a wedged NIC: netlink never answers
+    tool(bindir, "mlnx_qos", "exec sleep 30\n")  # a wedged NIC: netlink never answers
     tool(bindir, "ethtool", f"cat {R.FIX / 'ethtool_a_eth2_off.txt'}\n")
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     nics = [dict(NIC, qos=None)]
@@ -120,9 +128,11 @@ def test_a_hung_qos_tool_skips_the_rest_of_that_nic_and_is_noted(tmp_path, monke
     q = nics[0]["qos"]
     assert q["reasons"]["mlnx_qos -i eth2"] == "timed out after 0.5 s"
     assert q["reasons"]["ethtool -a eth2"] == "skipped: an earlier QoS tool timed out on this NIC"
-    assert q["trust"] == "dscp" and q["traffic_class"] == 106   # sysfs is still read
-    assert {e["reason"] for e in errors} == {"timed out after 0.5 s (eth2)",
-                                             "skipped: an earlier QoS tool timed out on this NIC (eth2)"}
+    assert q["trust"] == "dscp" and q["traffic_class"] == 106  # sysfs is still read
+    assert {e["reason"] for e in errors} == {
+        "timed out after 0.5 s (eth2)",
+        "skipped: an earlier QoS tool timed out on this NIC (eth2)",
+    }
 
 
 def test_a_nic_whose_ethtool_hung_is_not_sampled(tmp_path):
@@ -146,4 +156,6 @@ def test_rdma_cm_default_tos_from_configfs_made_read_and_removed_as_lshca_does(t
     assert collector.read_cm_tos(str(root), "mlx5_0", 1)[1].endswith("reads 'junk'")
     shutil.rmtree(root / "sys/kernel/config")
     assert collector.read_cm_tos(str(root), "mlx5_0", 1) == (
-        None, "no /sys/kernel/config/rdma_cm (configfs not mounted or the rdma_cm module not loaded)")
+        None,
+        "no /sys/kernel/config/rdma_cm (configfs not mounted or the rdma_cm module not loaded)",
+    )

@@ -12,25 +12,40 @@ import gpu_facts as G
 BASE = G.fixture("vllm/metrics_v0.11.0.prom")
 
 
-def later(text: str = BASE, *, preemptions: float | None = None, waiting: float | None = None,
-          kv: float | None = None, slow_ttft: int = 0, tokens: float = 100.0) -> str:
+def later(
+    text: str = BASE,
+    *,
+    preemptions: float | None = None,
+    waiting: float | None = None,
+    kv: float | None = None,
+    slow_ttft: int = 0,
+    tokens: float = 100.0,
+) -> str:
     """The recorded sample advanced as a later scrape would show it (``tokens`` more generated)."""
+
     def put(name: str, value: float | None, t: str) -> str:
         if value is None:
             return t
         return re.sub(rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$", rf"\g<1> {value}", t, flags=re.M)
 
-    text = re.sub(r"^(vllm:generation_tokens_total\{[^}]*\}) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + tokens}",
-                  text, flags=re.M)
+    text = re.sub(
+        r"^(vllm:generation_tokens_total\{[^}]*\}) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + tokens}", text, flags=re.M
+    )
     text = put("vllm:num_preemptions_total", preemptions, text)
     text = put("vllm:num_requests_waiting", waiting, text)
     text = put("vllm:kv_cache_usage_perc", kv, text)
     if slow_ttft:  # slow_ttft more requests, all in the buckets above 10 s
+
         def bump(m: re.Match[str]) -> str:
             le = float(m[2].replace("+Inf", "inf"))
             return f"{m[1]}{float(m[3]) + (slow_ttft if le > 10 else 0)}"
-        text = re.sub(r'^(vllm:time_to_first_token_seconds_bucket\{engine="0",le="([^"]+)",[^}]*\} )(\S+)$',
-                      bump, text, flags=re.M)
+
+        text = re.sub(
+            r'^(vllm:time_to_first_token_seconds_bucket\{engine="0",le="([^"]+)",[^}]*\} )(\S+)$',
+            bump,
+            text,
+            flags=re.M,
+        )
     return text
 
 
@@ -62,25 +77,38 @@ def test_preemptions_and_queue_rising_between_two_samples():
 def test_preemption_advice_names_the_knob_that_sizes_that_instances_kv_cache():
     gpu = {f.message.split(":")[0]: f for f in findings(BASE, later(preemptions=40.0), interval=2.0)}
     assert "--gpu-memory-utilization" in gpu["preemptions rising"].action
-    cpu_inv = G.INVENTORY.replace("vllm: {path: /opt/vllm/bin/vllm, version: 0.11.0}",
-                                  "vllm: {path: /opt/vllm/bin/vllm, version: 0.11.0}\n"
-                                  "  vllm-cpu: {path: /opt/vllm-cpu/bin/vllm, version: 0.32.0, device: cpu}")
-    explicit = cpu_inv.replace("""    engine: vllm
+    cpu_inv = G.INVENTORY.replace(
+        "vllm: {path: /opt/vllm/bin/vllm, version: 0.11.0}",
+        "vllm: {path: /opt/vllm/bin/vllm, version: 0.11.0}\n"
+        "  vllm-cpu: {path: /opt/vllm-cpu/bin/vllm, version: 0.32.0, device: cpu}",
+    )
+    explicit = cpu_inv.replace(
+        """    engine: vllm
     placement: gpu01:[0-1]
     port: 8000
-    args: {max-model-len: 32768, gpu-memory-utilization: 0.9}""", """    engine: vllm-cpu
+    args: {max-model-len: 32768, gpu-memory-utilization: 0.9}""",
+        """    engine: vllm-cpu
     placement: gpu01:cpu
     port: 8000
-    args: {max-model-len: 2048, kv-cache-memory-bytes: 67108864}""")
+    args: {max-model-len: 2048, kv-cache-memory-bytes: 67108864}""",
+    )
     assert explicit != cpu_inv
     raw = {"gpu01": {"qwen-a.metrics": BASE, "qwen-a.metrics.2": later(preemptions=40.0)}}
-    (f,) = [f for f in check_metrics(G.ctx(G.healthy(), raw=raw, interval_s=2.0, inv=G.inventory(explicit)))
-            if f.message.startswith("preemptions rising")]
+    (f,) = [
+        f
+        for f in check_metrics(G.ctx(G.healthy(), raw=raw, interval_s=2.0, inv=G.inventory(explicit)))
+        if f.message.startswith("preemptions rising")
+    ]
     assert "raise --kv-cache-memory-bytes" in f.action and "--gpu-memory-utilization does not set it" in f.action
-    env = explicit.replace("args: {max-model-len: 2048, kv-cache-memory-bytes: 67108864}",
-                           "args: {max-model-len: 2048}\n    env: {VLLM_CPU_KVCACHE_SPACE: '1'}")
-    (f,) = [f for f in check_metrics(G.ctx(G.healthy(), raw=raw, interval_s=2.0, inv=G.inventory(env)))
-            if f.message.startswith("preemptions rising")]
+    env = explicit.replace(
+        "args: {max-model-len: 2048, kv-cache-memory-bytes: 67108864}",
+        "args: {max-model-len: 2048}\n    env: {VLLM_CPU_KVCACHE_SPACE: '1'}",
+    )
+    (f,) = [
+        f
+        for f in check_metrics(G.ctx(G.healthy(), raw=raw, interval_s=2.0, inv=G.inventory(env)))
+        if f.message.startswith("preemptions rising")
+    ]
     assert f.action.startswith("raise VLLM_CPU_KVCACHE_SPACE") and "--gpu-memory-utilization" not in f.action
 
 
@@ -113,22 +141,31 @@ def test_engine_death_and_nccl_watchdog_after_serving():
     c = G.ctx(G.healthy(), raw={"gpu01": {"qwen-a.log": G.fixture("vllm/runtime_engine_dead_nccl_v0.11.0.log")}})
     found = {f.message: f for f in check_engine(c)}
     # qwen-a is TP 2 on gpu01:[0-1]: the dead worker's rank and GPU are named, not a bare "engine died".
-    assert ("TP worker rank 1 (VllmWorker-1, GPU gpu01:1 (0000:2a:00.0)) died after it was serving: the TP group of 2 is "
-            "UNAVAILABLE") in found
+    assert (
+        "TP worker rank 1 (VllmWorker-1, GPU gpu01:1 (0000:2a:00.0)) died after it was serving: the TP group of 2 is "
+        "UNAVAILABLE"
+    ) in found
     nccl = found["NCCL collective timed out or failed in the TP group"]
     assert nccl.severity == Severity.CRIT and "Watchdog caught collective operation timeout" in nccl.evidence[0]
 
 
 def test_v0_preemption_warning_and_healthy_log():
-    c = G.ctx(G.healthy(), raw={"gpu01": {"qwen-a.log": G.fixture("vllm/runtime_preemption_v0.6.6.log"),
-                                          "qwen-b.log": G.fixture("vllm/startup_success_v0.11.0.log")}})
+    c = G.ctx(
+        G.healthy(),
+        raw={
+            "gpu01": {
+                "qwen-a.log": G.fixture("vllm/runtime_preemption_v0.6.6.log"),
+                "qwen-b.log": G.fixture("vllm/startup_success_v0.11.0.log"),
+            }
+        },
+    )
     found = {f.subject: f for f in check_engine(c)}
     assert found["instance:qwen-a"].severity == Severity.WARN and "51 so far" in found["instance:qwen-a"].message
     assert found["instance:qwen-b"].severity == Severity.OK
 
 
 def test_requests_running_but_no_token_generated_is_a_hung_engine():
-    frozen = later(BASE, tokens=0)   # the same counters seconds later: nothing generated
+    frozen = later(BASE, tokens=0)  # the same counters seconds later: nothing generated
     found = [f for f in findings(BASE, frozen, interval=5.0) if f.message.startswith("engine hung")]
     assert len(found) == 1 and found[0].severity == Severity.CRIT
     assert "18 requests running but no token generated in 5 s" in found[0].message
@@ -139,8 +176,9 @@ def _queue_only(text: str, waiting: float, prompt_more: float = 0.0) -> str:
     """The recorded page with nothing running and ``waiting`` queued (prompt tokens moved by ``prompt_more``)."""
     text = re.sub(r"(?m)^(vllm:num_requests_running\{[^}]*\}) \S+$", r"\g<1> 0.0", text)
     text = re.sub(r"(?m)^(vllm:num_requests_waiting\{[^}]*\}) \S+$", rf"\g<1> {waiting}", text)
-    return re.sub(r"(?m)^(vllm:prompt_tokens_total\{[^}]*\}) (\S+)$",
-                  lambda m: f"{m[1]} {float(m[2]) + prompt_more}", text)
+    return re.sub(
+        r"(?m)^(vllm:prompt_tokens_total\{[^}]*\}) (\S+)$", lambda m: f"{m[1]} {float(m[2]) + prompt_more}", text
+    )
 
 
 def test_requests_only_waiting_and_nothing_admitted_is_a_hung_engine():
@@ -155,11 +193,13 @@ def test_requests_only_waiting_and_nothing_admitted_is_a_hung_engine():
 
 def test_a_queue_that_moves_or_an_idle_engine_is_not_hung():
     first = _queue_only(BASE, 4.0)
+
     def hung(second: str) -> list[str]:
         return [f.message for f in findings(first, second, interval=5.0) if f.message.startswith("engine hung")]
-    assert not hung(later(first, tokens=10.0))              # requests came and went between the samples
+
+    assert not hung(later(first, tokens=10.0))  # requests came and went between the samples
     assert not hung(_queue_only(first, 4.0, prompt_more=512.0))  # a prefill completed
-    assert not hung(_queue_only(first, 0.0))                # the queue drained
+    assert not hung(_queue_only(first, 0.0))  # the queue drained
     assert not hung(re.sub(r"(?m)^(vllm:num_requests_running\{[^}]*\}) \S+$", r"\g<1> 2.0", first))  # admitted, busy
     idle = _queue_only(BASE, 0.0)
     assert not [f for f in findings(idle, idle, interval=5.0) if f.message.startswith("engine hung")]

@@ -34,7 +34,9 @@ def test_a_lost_gpu_on_the_worker_stage_makes_the_whole_replica_unavailable() ->
     inv = replace(inv, instances=dict(res.instances))  # as doctor, status and failover see it
     assert [g.host for g in inv.instances["big-1"].placement] == ["gpu01"] * 4 + ["gpu02"] * 4
     healthy = {f.subject: f for f in check_tp_groups(G.ctx(G.healthy(), inv=inv))}
-    assert healthy["tp-group:big-1"].severity == Severity.OK and "all 8 member GPUs" in healthy["tp-group:big-1"].message
+    assert (
+        healthy["tp-group:big-1"].severity == Severity.OK and "all 8 member GPUs" in healthy["tp-group:big-1"].message
+    )
     facts = G.healthy()
     facts["gpu02"]["gpus"]["devices"][2]["lost"] = True
     found = check_tp_groups(G.ctx(facts, inv=inv))

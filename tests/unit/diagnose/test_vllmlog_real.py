@@ -44,19 +44,25 @@ def test_stats_line_with_032_fields() -> None:
 
 def test_free_memory_wordings_of_032() -> None:
     """vLLM 0.32 v1/worker/utils.py has two GPU wordings; v1/worker/cpu_worker.py two for host RAM."""
-    external = ("ValueError: Free memory on device cuda:0 (10.5/79.15 GiB) on startup is less than the engine's "
-                "budget after excluding external process's weights (0.9, 40.2 GiB). Decrease GPU memory "
-                "utilization or reduce GPU memory used by other processes.")
+    external = (
+        "ValueError: Free memory on device cuda:0 (10.5/79.15 GiB) on startup is less than the engine's "
+        "budget after excluding external process's weights (0.9, 40.2 GiB). Decrease GPU memory "
+        "utilization or reduce GPU memory used by other processes."
+    )
     ev = vllmlog.parse_log(external)
     assert ev.free_mem == {"free": 10.5, "total": 79.15, "util": 0.9, "req": 40.2}
-    cpu_start = ("ValueError: Available memory on node 0 (20.1/23.4 GiB) on startup is less than desired CPU memory "
-                 "utilization (0.92, 21.53 GiB). On the CPU backend, the `--gpu-memory-utilization` flag controls "
-                 "the fraction of CPU memory reserved (despite its name).")
+    cpu_start = (
+        "ValueError: Available memory on node 0 (20.1/23.4 GiB) on startup is less than desired CPU memory "
+        "utilization (0.92, 21.53 GiB). On the CPU backend, the `--gpu-memory-utilization` flag controls "
+        "the fraction of CPU memory reserved (despite its name)."
+    )
     ev = vllmlog.parse_log(cpu_start)
     assert ev.device == "cpu" and ev.free_mem is None
     assert ev.host_mem == {"node": 0.0, "free": 20.1, "total": 23.4, "util": 0.92, "req": 21.53}
-    cpu_kv = ("ValueError: Available memory on node 0 (3.2/23.4 GiB) on kv cache allocation is less than requested "
-              "memory for kv (8.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU "
-              "memory used by other processes.")
+    cpu_kv = (
+        "ValueError: Available memory on node 0 (3.2/23.4 GiB) on kv cache allocation is less than requested "
+        "memory for kv (8.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU "
+        "memory used by other processes."
+    )
     ev = vllmlog.parse_log(cpu_kv)
     assert ev.host_mem == {"node": 0.0, "free": 3.2, "total": 23.4, "kv": 8.0}

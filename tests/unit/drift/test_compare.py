@@ -46,9 +46,14 @@ def test_a_length_only_difference_is_not_exact_but_passes_vllms_rule() -> None:
 
 
 def ids(text: str, toks: list[int], top: list[dict[int, float]]) -> Output:
-    offsets = [0, 1, 2][:len(toks)]
-    return Output(text, [f"token_id:{t}" for t in toks], [{f"token_id:{k}": v for k, v in p.items()} for p in top],
-                  by_id=True, offsets=offsets)
+    offsets = [0, 1, 2][: len(toks)]
+    return Output(
+        text,
+        [f"token_id:{t}" for t in toks],
+        [{f"token_id:{k}": v for k, v in p.items()} for p in top],
+        by_id=True,
+        offsets=offsets,
+    )
 
 
 def test_tokens_are_compared_by_id_not_by_their_text() -> None:

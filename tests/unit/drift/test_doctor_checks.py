@@ -34,20 +34,24 @@ instances:
 
 
 def test_split_checks_takes_drift_and_leak_out_of_the_analyzer_words() -> None:
-    assert doctor_checks.split_checks(["serving", " drift", "leak.context", "xid"]) == \
-        (["serving", "xid"], ["drift.output", "leak.context"])
+    assert doctor_checks.split_checks(["serving", " drift", "leak.context", "xid"]) == (
+        ["serving", "xid"],
+        ["drift.output", "leak.context"],
+    )
     assert doctor_checks.split_checks(["gpu"]) == (["gpu"], [])
 
 
-def test_drift_and_leak_findings_per_instance(host, models, start_sim, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_drift_and_leak_findings_per_instance(
+    host, models, start_sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     healthy = start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0")
     leaky = start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0", gpus="1")
     assert healthy.wait_for(READY) and leaky.wait_for(READY), healthy.log + leaky.log
     inv_path = tmp_path / "inv.yaml"
-    inv_path.write_text(INVENTORY.format(healthy=healthy.url.rsplit(":", 1)[1], leaky=leaky.url.rsplit(":", 1)[1],
-                                         gone=free_port()))
+    inv_path.write_text(
+        INVENTORY.format(healthy=healthy.url.rsplit(":", 1)[1], leaky=leaky.url.rsplit(":", 1)[1], gone=free_port())
+    )
     inv = load_inventory(str(inv_path))
     ps = prompts.load(PROMPTS)[:4]
     from clusterctl.vllmclient import Endpoint

@@ -15,9 +15,9 @@ from .conftest import READY
 PROMPTS = str(Path(__file__).resolve().parents[3] / "checks" / "drift" / "basic.jsonl")
 
 
-def test_baseline_check_calibrate_and_leak(host, models, start_sim, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_baseline_check_calibrate_and_leak(
+    host, models, start_sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     sim = start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise")
     assert sim.wait_for(READY), sim.log
@@ -32,8 +32,9 @@ def test_baseline_check_calibrate_and_leak(host, models, start_sim, tmp_path: Pa
     assert main(["drift", "check", sim.url, "--baseline", "ref"]) == ExitCode.OK
     out = capsys.readouterr().out
     assert "identical" in out and "PASS" in out
-    assert main(["drift", "calibrate", sim.url, "--prompts", PROMPTS, "--runs", "1", "--background", "2",
-                 "--json"]) == 0
+    assert (
+        main(["drift", "calibrate", sim.url, "--prompts", PROMPTS, "--runs", "1", "--background", "2", "--json"]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["floor"]["exact_match"] == 1.0
     assert main(["drift", "leak", sim.url, "--sessions", "3", "--requests", "2", "--json"]) == ExitCode.OK
     assert json.loads(capsys.readouterr().out)["sightings"] == []
@@ -43,8 +44,9 @@ def test_baseline_check_calibrate_and_leak(host, models, start_sim, tmp_path: Pa
     assert sim.stop() == 0
 
 
-def test_missing_baseline_and_bad_prompt_file_exit_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_baseline_and_bad_prompt_file_exit_3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     assert main(["drift", "check", "http://127.0.0.1:9", "--baseline", "nope"]) == ExitCode.UNKNOWN
     assert "no baseline 'nope'" in capsys.readouterr().err

@@ -21,8 +21,9 @@ def _up(start_sim: Any, host: Path, model: Path, *flags: str, scale: str = "0") 
     return sim
 
 
-def test_quantized_instance_fails_and_a_second_full_precision_one_passes(host, models, start_sim,
-                                                                          tmp_path: Path) -> None:
+def test_quantized_instance_fails_and_a_second_full_precision_one_passes(
+    host, models, start_sim, tmp_path: Path
+) -> None:
     awq = tmp_path / "qwen3-8b-awq"
     synth.write_model("qwen3-8b", awq, sparse=True, quantization="awq")
     ps = prompts.load(PROMPTS)
@@ -69,8 +70,12 @@ def test_leak_check_catches_the_leak_fault_and_is_quiet_when_healthy(host, model
     ep = Endpoint.parse(sim.url)
     healthy = leak.run(ep, sessions=4, requests=4, seed=1)
     assert healthy.failed == 0 and healthy.requests == 16 and healthy.sightings == []
-    req = urllib.request.Request(sim.url + "/sim/fault", data=json.dumps({"fault": "leak"}).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        sim.url + "/sim/fault",
+        data=json.dumps({"fault": "leak"}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     urllib.request.urlopen(req, timeout=10).read()
     leaky = leak.run(ep, sessions=4, requests=4, seed=2)
     assert leaky.sightings and all(s.owner != s.seen_by for s in leaky.sightings)

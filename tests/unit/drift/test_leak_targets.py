@@ -40,10 +40,24 @@ class Gateway:
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 gw.seen.append(req.get("model"))
                 if req.get("model") not in gw.models:
-                    return self._send(404, {"error": {"message": f"model `{req.get('model', 'undefined')}` "
-                                                                 "does not exist"}})
-                self._send(200, {"choices": [{"text": " fine", "logprobs": {
-                    "tokens": [" fine"], "top_logprobs": [{" fine": -0.1}], "text_offset": [0]}}]})
+                    return self._send(
+                        404, {"error": {"message": f"model `{req.get('model', 'undefined')}` does not exist"}}
+                    )
+                self._send(
+                    200,
+                    {
+                        "choices": [
+                            {
+                                "text": " fine",
+                                "logprobs": {
+                                    "tokens": [" fine"],
+                                    "top_logprobs": [{" fine": -0.1}],
+                                    "text_offset": [0],
+                                },
+                            }
+                        ]
+                    },
+                )
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -61,6 +75,7 @@ def gateway() -> Iterator[Any]:
     def make(models: list[str]) -> Gateway:
         made.append(Gateway(models))
         return made[-1]
+
     yield make
     for g in made:
         g.close()
@@ -72,8 +87,10 @@ def test_leak_through_a_gateway_names_the_model(gateway, capsys: pytest.CaptureF
     assert main(["drift", "leak", gw.url, "--sessions", "2", "--requests", "1", "--json"]) == ExitCode.UNKNOWN
     out = json.loads(capsys.readouterr().out)
     assert "serves 2 models (tiny, qwen3-8b): give --model" in out["errors"][0] and gw.seen == []
-    assert main(["drift", "leak", gw.url, "--model", "qwen3-8b", "--sessions", "2", "--requests", "2",
-                 "--json"]) == ExitCode.OK
+    assert (
+        main(["drift", "leak", gw.url, "--model", "qwen3-8b", "--sessions", "2", "--requests", "2", "--json"])
+        == ExitCode.OK
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["model"] == "qwen3-8b" and out["requests"] == 4 and out["sightings"] == []
     assert set(gw.seen) == {"qwen3-8b"}
@@ -85,8 +102,9 @@ def test_leak_through_a_gateway_names_the_model(gateway, capsys: pytest.CaptureF
     assert f"{one.url} (model tiny): OK" in capsys.readouterr().out and set(one.seen) == {"tiny"}
 
 
-def test_leak_over_instance_globs_checks_each_instance(gateway, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_leak_over_instance_globs_checks_each_instance(
+    gateway, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a, b = gateway(["tiny"]), gateway(["tiny"])
     inv = tmp_path / "site.yaml"
     inv.write_text(f"""version: 1
@@ -101,8 +119,9 @@ instances:
   pool-2: {{model: tiny, engine: e, placement: "h1:1", port: {b.url.rsplit(':', 1)[1]}}}
   other: {{model: tiny, engine: e, placement: "h1:2", port: 9}}
 """)
-    assert main(["drift", "leak", "pool-*", "-i", str(inv), "--sessions", "2", "--requests", "1",
-                 "--json"]) == ExitCode.OK
+    assert (
+        main(["drift", "leak", "pool-*", "-i", str(inv), "--sessions", "2", "--requests", "1", "--json"]) == ExitCode.OK
+    )
     out = json.loads(capsys.readouterr().out)
     assert [t["target"] for t in out["targets"]] == ["pool-1", "pool-2"] and out["status"] == "OK"
     assert a.seen and b.seen

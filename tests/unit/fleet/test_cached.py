@@ -46,15 +46,15 @@ def test_shipped_once_then_run_from_the_verified_copy(node):
     seen = []
     rows = run_cached(fleet, PROGRAM, {"a": ["x", "y z"], "b": []}, on_result=lambda r: seen.append(r.host))
     assert [(r.host, r.rc, r.stdout) for r in rows] == [("a", 0, "args x y z -\n"), ("b", 0, "args  -\n")]
-    assert sorted(seen) == ["a", "b"]                       # each host reported once, after its real run
+    assert sorted(seen) == ["a", "b"]  # each host reported once, after its real run
     assert sorted(shipped(transport)) == [("a", 0), ("a", len(PROGRAM)), ("b", 0), ("b", len(PROGRAM))]
     f = cache / (digest(PROGRAM) + ".py")
     assert f.read_bytes() == PROGRAM
     assert stat.S_IMODE(f.stat().st_mode) == 0o600 and stat.S_IMODE(cache.stat().st_mode) == 0o700
-    assert [n for n in os.listdir(cache) if n != f.name] == []   # no temporary file left behind
+    assert [n for n in os.listdir(cache) if n != f.name] == []  # no temporary file left behind
     rows = run_cached(fleet, PROGRAM, ["again"])
     assert [r.stdout for r in rows] == ["args again -\n"] * 2
-    assert sorted(shipped(transport)) == [("a", 0), ("b", 0)]   # one round trip, nothing shipped
+    assert sorted(shipped(transport)) == [("a", 0), ("b", 0)]  # one round trip, nothing shipped
 
 
 def test_a_changed_copy_is_never_run_and_is_replaced(node):
@@ -81,7 +81,7 @@ def test_a_directory_others_can_write_is_not_used(node):
     fleet, transport, cache = node
     cache.mkdir(parents=True, mode=0o700)
     os.chmod(cache, 0o777)
-    assert [r.stdout for r in run_cached(fleet, PROGRAM)] == ["args  -\n"] * 2   # still runs, from memory
+    assert [r.stdout for r in run_cached(fleet, PROGRAM)] == ["args  -\n"] * 2  # still runs, from memory
     assert os.listdir(cache) == []
     shipped(transport)
     run_cached(fleet, PROGRAM)
@@ -90,8 +90,12 @@ def test_a_directory_others_can_write_is_not_used(node):
 
 def test_a_program_damaged_on_the_way_is_refused(node, tmp_path):
     fleet, transport, cache = node
-    p = subprocess.run(["/bin/sh", "-c", loader_command(digest(PROGRAM), "store")], input=PROGRAM + b"#",
-                       capture_output=True, env=dict(os.environ))
+    p = subprocess.run(
+        ["/bin/sh", "-c", loader_command(digest(PROGRAM), "store")],
+        input=PROGRAM + b"#",
+        capture_output=True,
+        env=dict(os.environ),
+    )
     assert p.returncode == RC_DAMAGED and b"sha256 mismatch" in p.stderr and p.stdout == b""
     assert not cache.exists() or os.listdir(cache) == []
 

@@ -48,7 +48,9 @@ def test_exec_gathers_identical_output_and_exits_worst_rc(env, capsys):
 
 def test_exec_unreachable_exits_255_and_records_failed(env, capsys):
     inv, t, state = env
-    t.on_connect = lambda h: HostFailure(HostStatus.UNREACHABLE, "connection refused") if h.name in ("gpu02", "gpu04") else None
+    t.on_connect = lambda h: (
+        HostFailure(HostStatus.UNREACHABLE, "connection refused") if h.name in ("gpu02", "gpu04") else None
+    )
     assert main(["exec", "-i", str(inv), "all", "--", "true"]) == 255
     assert "unreachable: gpu[02,04] (2): connection refused" in capsys.readouterr().err
     assert load_failed(state, inventory=str(inv)) == ["gpu02", "gpu04"]
@@ -71,18 +73,23 @@ def test_ping_table_and_exit_codes(env, capsys):
     inv, t, _ = env
     assert main(["ping", "-i", str(inv), "all"]) == 0
     assert "4/4 hosts answered" in capsys.readouterr().out
-    t.on_connect = lambda h: HostFailure(HostStatus.AUTH_FAILED, "server refused every key") if h.name == "gpu01" else None
+    t.on_connect = lambda h: (
+        HostFailure(HostStatus.AUTH_FAILED, "server refused every key") if h.name == "gpu01" else None
+    )
     assert main(["ping", "-i", str(inv), "all", "--json"]) == 2
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is False and data["counts"] == {"auth_failed": 1, "ok": 3}
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["exec", "all", "--", "true"], "inv.yaml"),  # replaced below with a missing inventory
-    (["exec", "nosuch", "--", "true"], "nosuch"),
-    (["exec", "all", "--host-key-policy", "yes", "--", "true"], "accept-new, strict, off"),
-    (["exec", "@failed", "--", "true"], "failed"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["exec", "all", "--", "true"], "inv.yaml"),  # replaced below with a missing inventory
+        (["exec", "nosuch", "--", "true"], "nosuch"),
+        (["exec", "all", "--host-key-policy", "yes", "--", "true"], "accept-new, strict, off"),
+        (["exec", "@failed", "--", "true"], "failed"),
+    ],
+)
 def test_usage_errors_exit_3_without_traceback(env, capsys, argv, message, tmp_path):
     inv, _, _ = env
     target = str(tmp_path / "missing.yaml") if message == "inv.yaml" else str(inv)

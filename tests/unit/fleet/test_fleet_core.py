@@ -23,16 +23,17 @@ def test_one_row_per_host_in_given_order_and_gathered():
         res = f.run("uname -r")
     assert res.hosts == [f"gpu{i:02d}" for i in range(1, 9)]
     groups = res.gather()
-    assert [(g.nodeset, g.stdout) for g in groups] == [
-        ("gpu[01-02,04-08]", "6.1.0\n"), ("gpu03", "5.15.0\n")]
+    assert [(g.nodeset, g.stdout) for g in groups] == [("gpu[01-02,04-08]", "6.1.0\n"), ("gpu03", "5.15.0\n")]
     assert res.worst_rc() == 0 and res.failed_hosts() == []
 
 
 def test_status_rows_and_worst_rc():
     def handler(h, c, s):
-        return {"gpu01": FakeReply(0), "gpu02": FakeReply(3, "", "boom\n"),
-                "gpu03": HostFailure(HostStatus.TIMEOUT, "command timed out after 1s")}.get(
-                    h.name, FakeReply(0))
+        return {
+            "gpu01": FakeReply(0),
+            "gpu02": FakeReply(3, "", "boom\n"),
+            "gpu03": HostFailure(HostStatus.TIMEOUT, "command timed out after 1s"),
+        }.get(h.name, FakeReply(0))
 
     def on_connect(h):
         if h.name == "gpu04":
@@ -44,8 +45,13 @@ def test_status_rows_and_worst_rc():
     with Fleet(hosts(5), transport=FakeTransport(handler, on_connect)) as f:
         res = f.run("x")
     st = {r.host: r.status for r in res}
-    assert st == {"gpu01": HostStatus.OK, "gpu02": HostStatus.FAILED, "gpu03": HostStatus.TIMEOUT,
-                  "gpu04": HostStatus.UNREACHABLE, "gpu05": HostStatus.AUTH_FAILED}
+    assert st == {
+        "gpu01": HostStatus.OK,
+        "gpu02": HostStatus.FAILED,
+        "gpu03": HostStatus.TIMEOUT,
+        "gpu04": HostStatus.UNREACHABLE,
+        "gpu05": HostStatus.AUTH_FAILED,
+    }
     assert res["gpu02"].rc == 3 and res["gpu02"].stderr == "boom\n"
     assert res["gpu04"].error == "connection refused"
     assert res.worst_rc() == 255
@@ -221,8 +227,7 @@ def test_open_connections_bounded_while_handshakes_overlap_across_runs():
     import random
 
     rnd = random.Random(7)
-    t = FakeTransport(lambda h, c, s: FakeReply(0, delay_s=rnd.random() / 200),
-                      on_connect=lambda h: rnd.random() / 100)
+    t = FakeTransport(lambda h, c, s: FakeReply(0, delay_s=rnd.random() / 200), on_connect=lambda h: rnd.random() / 100)
     with Fleet(hosts(40), fanout=5, transport=t) as f:
         for _ in range(3):
             assert f.run("x").all_ok()

@@ -61,9 +61,9 @@ def test_strict_refuses_unknown_and_off_accepts_without_recording(tmp_path):
 
 def test_hashed_wildcard_negation_and_lists(tmp_path):
     path = tmp_path / "kh"
-    path.write_text(f"{hashed('10.0.0.7')} ssh-ed25519 {K1}\n"
-                    f"gpu*,!gpu9 ssh-ed25519 {K2}\n"
-                    f"a,b,[c]:2200 ssh-ed25519 {K1}\n")
+    path.write_text(
+        f"{hashed('10.0.0.7')} ssh-ed25519 {K1}\ngpu*,!gpu9 ssh-ed25519 {K2}\na,b,[c]:2200 ssh-ed25519 {K1}\n"
+    )
     kh = KnownHosts(path, "strict")
     assert kh.check("10.0.0.7", 22, "ssh-ed25519", K1) == "known"
     assert kh.check("gpu1", 22, "ssh-ed25519", K2) == "known"
@@ -90,9 +90,11 @@ def test_other_key_type_known_is_refused(tmp_path):
 def test_concurrent_writers_record_each_host_once(tmp_path):
     path = tmp_path / "kh"
     readers = [KnownHosts(path) for _ in range(4)]  # as four processes would
+
     def work(kh):
         for i in range(50):
             kh.check(f"10.0.{i}.1", 22, "ssh-ed25519", K1)
+
     threads = [threading.Thread(target=work, args=(kh,)) for kh in readers]
     [t.start() for t in threads]
     [t.join() for t in threads]

@@ -26,8 +26,7 @@ def test_address_for():
 
 def test_inventory_text_loads_with_the_real_loader():
     specs = [light.HostSpec("lh0001", "127.1.0.1"), light.HostSpec("lh0002", "127.1.0.2", port=2222)]
-    text = light.inventory_text(specs, identity_file=Path("/lab/keys/id_ed25519"),
-                                known_hosts=Path("/lab/known_hosts"))
+    text = light.inventory_text(specs, identity_file=Path("/lab/keys/id_ed25519"), known_hosts=Path("/lab/known_hosts"))
     inv = load_inventory_text(text, "light.yaml")
     h1, h2 = inv.hosts["lh0001"], inv.hosts["lh0002"]
     assert (h1.address, h1.ssh.port, h2.ssh.port) == ("127.1.0.1", 22, 2222)

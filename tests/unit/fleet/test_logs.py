@@ -25,24 +25,45 @@ def entry(t: float, msg: object, **fields: str) -> str:
 
 
 def test_the_command_quotes_everything_and_ors_the_matches():
-    cmd = L.command(L.HostQuery({UNIT: "qwen-a", "clusterctl-x;rm -rf.service": "x"}, kernel=True),
-                    lines=50, since=L.parse_since("10m"), follow=False)
+    cmd = L.command(
+        L.HostQuery({UNIT: "qwen-a", "clusterctl-x;rm -rf.service": "x"}, kernel=True),
+        lines=50,
+        since=L.parse_since("10m"),
+        follow=False,
+    )
     check, _, cmd = cmd.partition("; ")
     assert "_TRANSPORT=kernel" in check and L.NO_KERNEL_MARK in check
     argv = shlex.split(cmd)
-    assert argv[:2] == ["journalctl", "--no-pager"] and ["-n", "50"] == argv[argv.index("-n"):argv.index("-n") + 2]
+    assert argv[:2] == ["journalctl", "--no-pager"] and ["-n", "50"] == argv[argv.index("-n") : argv.index("-n") + 2]
     assert argv[argv.index("--since") + 1] == "-600s"
-    tail = argv[argv.index("--since") + 2:]
-    assert tail == ["_SYSTEMD_UNIT=clusterctl-qwen-a.service", "+", "UNIT=clusterctl-qwen-a.service", "+",
-                    "_SYSTEMD_UNIT=clusterctl-x;rm -rf.service", "+", "UNIT=clusterctl-x;rm -rf.service", "+",
-                    "_TRANSPORT=kernel"]
+    tail = argv[argv.index("--since") + 2 :]
+    assert tail == [
+        "_SYSTEMD_UNIT=clusterctl-qwen-a.service",
+        "+",
+        "UNIT=clusterctl-qwen-a.service",
+        "+",
+        "_SYSTEMD_UNIT=clusterctl-x;rm -rf.service",
+        "+",
+        "UNIT=clusterctl-x;rm -rf.service",
+        "+",
+        "_TRANSPORT=kernel",
+    ]
     follow = L.command(L.HostQuery(kernel=True), lines=10, since=None, follow=True, duration=5)
     assert "; timeout 5 journalctl" in follow and " -f " in follow
     assert L.command(L.HostQuery({UNIT: "q"}), lines=None, since=None, follow=False).startswith("journalctl ")
 
 
-@pytest.mark.parametrize("text,want", [("90s", "-90s"), ("10m", "-600s"), ("2h", "-7200s"), ("1d", "-86400s"),
-                                       ("2026-12-01 14:30", "2026-12-01 14:30"), ("2026-12-01T14:30:05", "2026-12-01 14:30:05")])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("90s", "-90s"),
+        ("10m", "-600s"),
+        ("2h", "-7200s"),
+        ("1d", "-86400s"),
+        ("2026-12-01 14:30", "2026-12-01 14:30"),
+        ("2026-12-01T14:30:05", "2026-12-01 14:30:05"),
+    ],
+)
 def test_since_forms(text, want):
     assert L.parse_since(text) == want
 
@@ -75,12 +96,15 @@ def journal_handler(per_host: dict[str, list[str]], failing: dict[str, HostFailu
         if failing and h.name in failing:
             return failing[h.name]
         return FakeReply(0, "".join(x + "\n" for x in per_host.get(h.name, [])))
+
     return handler
 
 
 def test_read_merges_hosts_by_time_and_greps_before_the_tail():
-    per_host = {"h1": [entry(1, "a1 ERROR"), entry(4, "a4"), entry(6, "a6 ERROR")],
-                "h2": [entry(2, "b2"), entry(3, "b3 ERROR"), entry(5, "b5 ERROR")]}
+    per_host = {
+        "h1": [entry(1, "a1 ERROR"), entry(4, "a4"), entry(6, "a6 ERROR")],
+        "h2": [entry(2, "b2"), entry(3, "b3 ERROR"), entry(5, "b5 ERROR")],
+    }
     q = {h: L.HostQuery(kernel=True) for h in per_host}
     with Fleet(hosts(2), transport=FakeTransport(journal_handler(per_host))) as f:
         lines, res = L.read(f, q, lines=200, since=None)
@@ -115,8 +139,7 @@ def test_follow_streams_lines_in_arrival_order_and_a_dead_host_is_a_row():
 
     q = {h: L.HostQuery({UNIT: "qwen-a"}) for h in ("h1", "h2", "h3")}
     with Fleet(hosts(3), transport=FakeTransport(handler)) as f:
-        res = L.follow(f, q, lambda x: got.append((x.host, x.text)), lines=10, duration=1,
-                       grep=L.compile_grep("o"))
+        res = L.follow(f, q, lambda x: got.append((x.host, x.text)), lines=10, duration=1, grep=L.compile_grep("o"))
     assert sorted(got) == [("h1", "one"), ("h2", "two")]  # "three" does not match the grep
     assert all(" -f " in c and c.startswith("timeout 1 journalctl") for c in commands)
     rows = {r.host: r for r in res}
@@ -152,10 +175,14 @@ def cli(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     seen: dict[str, str] = {}
     down: set[str] = set()
-    lines = {"gpu01": [entry(10, "qwen-a up", _SYSTEMD_UNIT="clusterctl-qwen-a.service"),
-                       entry(12, "NVRM: Xid 79", _TRANSPORT="kernel")],
-             "gpu02": [entry(11, "qwen-b up", _SYSTEMD_UNIT="clusterctl-qwen-b.service")],
-             "gpu03": [entry(13, "gpu03 kernel", _TRANSPORT="kernel")]}
+    lines = {
+        "gpu01": [
+            entry(10, "qwen-a up", _SYSTEMD_UNIT="clusterctl-qwen-a.service"),
+            entry(12, "NVRM: Xid 79", _TRANSPORT="kernel"),
+        ],
+        "gpu02": [entry(11, "qwen-b up", _SYSTEMD_UNIT="clusterctl-qwen-b.service")],
+        "gpu03": [entry(13, "gpu03 kernel", _TRANSPORT="kernel")],
+    }
 
     def handler(h, command, stdin):
         seen[h.name] = command
@@ -181,7 +208,9 @@ def test_cli_instances_and_hosts_interleaved_with_their_source(cli, capsys):
     sources = [o.split()[1] for o in out]
     # gpu01 was asked for qwen-a's unit only (no --kernel): its kernel line is not its concern
     assert "_TRANSPORT=kernel" not in seen["gpu01"] and "_TRANSPORT=kernel" in seen["gpu03"]
-    assert sources[0] == "gpu01/qwen-a" and sources[1] == "gpu02/qwen-b" and out[0].startswith("1970-01-01T00:00:10.000Z")
+    assert (
+        sources[0] == "gpu01/qwen-a" and sources[1] == "gpu02/qwen-b" and out[0].startswith("1970-01-01T00:00:10.000Z")
+    )
     assert main(["logs", "qwen-a", "--kernel", "--json", "-i", str(inv)]) == 0
     docs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert "_TRANSPORT=kernel" in seen["gpu01"] and docs[0]["source"] == "qwen-a" and docs[0]["host"] == "gpu01"

@@ -11,12 +11,15 @@ from clusterctl.fleet.ssh import JumpHost, ParamikoTransport
 from clusterctl.inventory.model import SSHSettings
 
 
-@pytest.mark.parametrize("spec, want", [
-    ("bastion", JumpHost(None, "bastion", 22)),
-    ("ops@bastion:2222", JumpHost("ops", "bastion", 2222)),
-    ("ops@[fd00::1]:22", JumpHost("ops", "fd00::1", 22)),
-    ("10.0.0.1:2200", JumpHost(None, "10.0.0.1", 2200)),
-])
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        ("bastion", JumpHost(None, "bastion", 22)),
+        ("ops@bastion:2222", JumpHost("ops", "bastion", 2222)),
+        ("ops@[fd00::1]:22", JumpHost("ops", "fd00::1", 22)),
+        ("10.0.0.1:2200", JumpHost(None, "10.0.0.1", 2200)),
+    ],
+)
 def test_jump_host_parse(spec, want):
     assert JumpHost.parse(spec) == want
 

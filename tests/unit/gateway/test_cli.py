@@ -28,15 +28,19 @@ def test_render_prints_every_file_and_never_the_key(inv_file: str, capsys: pytes
     assert 'Authorization "Bearer ***"' in out and "sk-never-shown" not in out
 
 
-def test_render_out_writes_the_files_under_dir(inv_file: str, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_render_out_writes_the_files_under_dir(
+    inv_file: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     assert main(["gateway", "render", "-i", inv_file, "--out", str(out), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)["files"]
-    assert [f["path"] for f in listed] == ["/etc/nginx/nginx.conf", "/etc/nginx/clusterctl/gateway.conf",
-                                          "/etc/nginx/clusterctl/gateway.js",
-                                          "/etc/nginx/clusterctl/upstream-auth.conf",
-                                          "/etc/nginx/clusterctl/clients.json"]
+    assert [f["path"] for f in listed] == [
+        "/etc/nginx/nginx.conf",
+        "/etc/nginx/clusterctl/gateway.conf",
+        "/etc/nginx/clusterctl/gateway.js",
+        "/etc/nginx/clusterctl/upstream-auth.conf",
+        "/etc/nginx/clusterctl/clients.json",
+    ]
     clients = out / "etc/nginx/clusterctl/clients.json"
     assert oct(clients.stat().st_mode & 0o777) == "0o640" and "not shown" in clients.read_text()
     auth = out / "etc/nginx/clusterctl/upstream-auth.conf"
@@ -48,7 +52,7 @@ def test_usage_errors_exit_3(inv_file: str, tmp_path: Path, capsys: pytest.Captu
     assert main(["gateway", "deploy", "gpu01", "-i", inv_file]) == 3
     assert "'gpu01' is not a gateway host (gateway.hosts: gw01)" in capsys.readouterr().err
     bare = tmp_path / "bare.yaml"
-    bare.write_text(INVENTORY[:INVENTORY.index("gateway:")])
+    bare.write_text(INVENTORY[: INVENTORY.index("gateway:")])
     for cmd in ("render", "sync", "status"):
         assert main(["gateway", cmd, "-i", str(bare)]) == 3
         assert "no 'gateway:' section" in capsys.readouterr().err
@@ -58,8 +62,9 @@ def test_usage_errors_exit_3(inv_file: str, tmp_path: Path, capsys: pytest.Captu
     assert "bad.yaml:21: gateway.port: expected an integer" in capsys.readouterr().err
 
 
-def test_key_add_shows_the_key_once_and_nowhere_else(inv_file: str, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_key_add_shows_the_key_once_and_nowhere_else(
+    inv_file: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """add prints the key on stdout once; list, --json, render, the store and the audit never hold it."""
     assert main(["gateway", "key", "add", "team-a", "-i", inv_file, "--no-apply", "--streams", "4"]) == 0
     key = capsys.readouterr().out.strip()
@@ -67,8 +72,7 @@ def test_key_add_shows_the_key_once_and_nowhere_else(inv_file: str, tmp_path: Pa
     assert main(["gateway", "key", "add", "team-b", "-i", inv_file, "--no-apply", "--json"]) == 3
     assert "--json needs --key-file" in capsys.readouterr().err
     kf = tmp_path / "b.key"
-    assert main(["gateway", "key", "add", "team-b", "-i", inv_file, "--no-apply", "--json",
-                 "--key-file", str(kf)]) == 0
+    assert main(["gateway", "key", "add", "team-b", "-i", inv_file, "--no-apply", "--json", "--key-file", str(kf)]) == 0
     b_out = capsys.readouterr().out
     key_b = kf.read_text().strip()
     assert oct(kf.stat().st_mode & 0o777) == "0o600" and key_b.startswith("gk-") and key_b not in b_out

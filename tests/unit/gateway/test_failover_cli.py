@@ -30,6 +30,7 @@ def inv_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def _detect_with(unavailable: dict[str, str], findings: list[Finding]) -> Any:
     def fake(inv: Any, instances: Any, fleet: Any, hosts: Any, on_event: Any = None) -> Detection:
         return Detection(dict(unavailable), findings, {})
+
     return fake
 
 
@@ -41,8 +42,8 @@ def no_ssh(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_plan_lists_the_explicit_instance_as_not_movable_and_changes_nothing(
-        inv_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_ssh: None,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    inv_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_ssh: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     lost = Finding("gpu.lost", Severity.CRIT, "gpu01", "gpu:0", "GPU has fallen off the bus")
     monkeypatch.setattr(failover, "detect", _detect_with({"q1": "UNAVAILABLE: member gpu01:0"}, [lost]))
     state = tmp_path / "state"
@@ -54,9 +55,9 @@ def test_plan_lists_the_explicit_instance_as_not_movable_and_changes_nothing(
     assert not state.exists() or not any(state.iterdir())  # --plan wrote nothing
 
 
-def test_nothing_unavailable_exits_0_and_writes_nothing(inv_file: str, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch, no_ssh: None,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_nothing_unavailable_exits_0_and_writes_nothing(
+    inv_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_ssh: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(failover, "detect", _detect_with({}, []))
     state = tmp_path / "state"
     assert main(["failover", "-i", inv_file, "--state-dir", str(state)]) == 0
@@ -72,12 +73,15 @@ def test_usage_errors_exit_3(inv_file: str, capsys: pytest.CaptureFixture[str]) 
     assert "--avoid-host nosuchhost: not a host of" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("plan, moved, code", [
-    (FailoverPlan(4, 1), {}, 0),
-    (FailoverPlan(4, 1, over_cap=["b"]), {"a": None}, 1),
-    (FailoverPlan(4, 1, fixed=["a"]), {}, 1),
-    (FailoverPlan(4, 1, no_room={"a": "not enough free uncordoned GPUs"}), {}, 1),
-    (FailoverPlan(4, 1, over_cap=["b"]), {"a": "gate: no completion"}, 2),
-])
+@pytest.mark.parametrize(
+    "plan, moved, code",
+    [
+        (FailoverPlan(4, 1), {}, 0),
+        (FailoverPlan(4, 1, over_cap=["b"]), {"a": None}, 1),
+        (FailoverPlan(4, 1, fixed=["a"]), {}, 1),
+        (FailoverPlan(4, 1, no_room={"a": "not enough free uncordoned GPUs"}), {}, 1),
+        (FailoverPlan(4, 1, over_cap=["b"]), {"a": "gate: no completion"}, 2),
+    ],
+)
 def test_exit_codes(plan: FailoverPlan, moved: dict[str, str | None], code: int) -> None:
     assert FailoverReport(plan, Detection({}, [], {}), moved=moved).exit_code == code

@@ -24,8 +24,9 @@ def _placed(hosts: dict[str, int], templates=(POOL,), instances=None, state: Dep
     return inv, res.instances, res.state
 
 
-@pytest.mark.parametrize("total, share, cap", [(4, 0.25, 1), (3, 0.25, 0), (8, 0.25, 2), (10, 0.1, 1),
-                                               (10, 1.0, 10), (5, 0.0, 0)])
+@pytest.mark.parametrize(
+    "total, share, cap", [(4, 0.25, 1), (3, 0.25, 0), (8, 0.25, 2), (10, 0.1, 1), (10, 1.0, 10), (5, 0.0, 0)]
+)
 def test_the_cap_is_the_share_of_all_instances_rounded_down(total: int, share: float, cap: int) -> None:
     assert cap_for(total, share) == cap
 
@@ -33,8 +34,16 @@ def test_the_cap_is_the_share_of_all_instances_rounded_down(total: int, share: f
 def test_a_replica_on_a_lost_gpu_moves_off_both_its_gpus_and_the_lost_one_is_cordoned() -> None:
     inv, instances, state = _placed({"h1": 8, "h2": 8})
     where = state.placements["pool"]["pool-1"]
-    plan = plan_failover(instances, {"pool-1": "UNAVAILABLE"}, state, inv, max_share=0.25,
-                         gpu_findings=[_lost(where.host, where.gpus[1]), _lost("h2", 7)], who="t@x", when="now")
+    plan = plan_failover(
+        instances,
+        {"pool-1": "UNAVAILABLE"},
+        state,
+        inv,
+        max_share=0.25,
+        gpu_findings=[_lost(where.host, where.gpus[1]), _lost("h2", 7)],
+        who="t@x",
+        when="now",
+    )
     [move] = plan.moves
     assert move.instance == "pool-1" and move.old == where
     assert not set(move.new.gpus) & set(where.gpus) or move.new.host != where.host
@@ -43,8 +52,9 @@ def test_a_replica_on_a_lost_gpu_moves_off_both_its_gpus_and_the_lost_one_is_cor
     assert plan.cordons[f"{where.host}:{where.gpus[1]}"].reason.startswith("failover: gpu.lost: GPU has fallen")
     assert plan.taken_out == ["pool-1"] and not plan.over_cap and not plan.fixed
     # The others stay where they are.
-    assert {n: p for n, p in plan.placement.state.placements["pool"].items() if n != "pool-1"} == \
-        {n: p for n, p in state.placements["pool"].items() if n != "pool-1"}
+    assert {n: p for n, p in plan.placement.state.placements["pool"].items() if n != "pool-1"} == {
+        n: p for n, p in state.placements["pool"].items() if n != "pool-1"
+    }
 
 
 def test_over_the_cap_instances_are_listed_and_left_alone() -> None:
@@ -60,8 +70,14 @@ def test_over_the_cap_instances_are_listed_and_left_alone() -> None:
 
 def test_an_explicit_instance_is_marked_down_not_moved_and_counts_against_the_cap() -> None:
     inv, instances, state = _placed({"h1": 8, "h2": 8}, instances={"fixed": ("h1", [6, 7], 9000)})
-    plan = plan_failover(instances, {"fixed": "UNAVAILABLE", "pool-2": "UNAVAILABLE"}, state, inv, max_share=0.2,
-                         gpu_findings=[_lost("h1", 7)])
+    plan = plan_failover(
+        instances,
+        {"fixed": "UNAVAILABLE", "pool-2": "UNAVAILABLE"},
+        state,
+        inv,
+        max_share=0.2,
+        gpu_findings=[_lost("h1", 7)],
+    )
     assert plan.cap == 1 and plan.fixed == ["fixed"] and not plan.moves and plan.over_cap == ["pool-2"]
     assert plan.taken_out == ["fixed"] and list(plan.cordons) == ["h1:7"]
 
@@ -70,8 +86,14 @@ def test_an_operators_cordon_is_kept_as_it_is_and_never_lifted() -> None:
     inv, instances, state = _placed({"h1": 8, "h2": 8})
     where = state.placements["pool"]["pool-1"]
     state = cordoned(f"{where.host}:{where.gpus[0]}", "h2:6", state=state)
-    plan = plan_failover(instances, {"pool-1": "UNAVAILABLE"}, state, inv, max_share=0.25,
-                         gpu_findings=[_lost(where.host, where.gpus[0])])
+    plan = plan_failover(
+        instances,
+        {"pool-1": "UNAVAILABLE"},
+        state,
+        inv,
+        max_share=0.25,
+        gpu_findings=[_lost(where.host, where.gpus[0])],
+    )
     assert not plan.cordons  # already cordoned by the operator: not replaced
     new_state = plan.placement.state
     assert new_state.cordons == state.cordons  # placement copies them, adds and removes none
@@ -104,13 +126,20 @@ def test_a_node_level_action_cordons_the_whole_host_and_the_group_leaves_it() ->
     # gpu.lost's own action (diagnose/gpu.py) and XID 79's bucket (checks/xid.yaml) both say "drain the node".
     inv, instances, state = _placed({"h1": 8, "h2": 8})
     where = state.placements["pool"]["pool-1"]
-    lost = Finding("gpu.lost", Severity.CRIT, where.host, f"gpu:{where.gpus[1]}",
-                   "GPU has fallen off the bus (NVML: GPU is lost)",
-                   action="drain the node and power-cycle it; replace the GPU if it happens again")
+    lost = Finding(
+        "gpu.lost",
+        Severity.CRIT,
+        where.host,
+        f"gpu:{where.gpus[1]}",
+        "GPU has fallen off the bus (NVML: GPU is lost)",
+        action="drain the node and power-cycle it; replace the GPU if it happens again",
+    )
     plan = plan_failover(instances, {"pool-1": "UNAVAILABLE"}, state, inv, max_share=0.25, gpu_findings=[lost])
     assert list(plan.cordons) == [where.host]
     reason = plan.cordons[where.host].reason
-    assert reason.startswith(f"failover: gpu.lost: GPU has fallen off the bus (NVML: GPU is lost) on GPU {where.gpus[1]}")
+    assert reason.startswith(
+        f"failover: gpu.lost: GPU has fallen off the bus (NVML: GPU is lost) on GPU {where.gpus[1]}"
+    )
     assert "(node-level: drain the node and power-cycle it" in reason
     [move] = plan.moves
     assert move.new.host != where.host  # not two other GPUs of the node doctor says to drain
@@ -119,8 +148,14 @@ def test_a_node_level_action_cordons_the_whole_host_and_the_group_leaves_it() ->
 def test_a_gpu_level_action_cordons_only_that_gpu() -> None:
     inv, instances, state = _placed({"h1": 8, "h2": 8})
     where = state.placements["pool"]["pool-1"]
-    xid = Finding("gpu.xid", Severity.CRIT, where.host, f"gpu:{where.gpus[0]}", "XID 48 (DBE)",
-                  action="drain the GPU, reset it, then check remapped rows / SRAM threshold; replace if the DBE recurs")
+    xid = Finding(
+        "gpu.xid",
+        Severity.CRIT,
+        where.host,
+        f"gpu:{where.gpus[0]}",
+        "XID 48 (DBE)",
+        action="drain the GPU, reset it, then check remapped rows / SRAM threshold; replace if the DBE recurs",
+    )
     plan = plan_failover(instances, {"pool-1": "UNAVAILABLE"}, state, inv, max_share=0.25, gpu_findings=[xid])
     assert list(plan.cordons) == [f"{where.host}:{where.gpus[0]}"]
 
@@ -129,8 +164,15 @@ def test_avoid_host_is_cordoned_with_the_operators_reason_and_not_placed_on() ->
     inv, instances, state = _placed({"h1": 8, "h2": 8, "h3": 8})
     where = state.placements["pool"]["pool-1"]
     other = next(h for h in ("h1", "h2", "h3") if h != where.host)
-    plan = plan_failover(instances, {"pool-1": "UNAVAILABLE"}, state, inv, max_share=0.25,
-                         gpu_findings=[_lost(where.host, where.gpus[0])], avoid_hosts=[other])
+    plan = plan_failover(
+        instances,
+        {"pool-1": "UNAVAILABLE"},
+        state,
+        inv,
+        max_share=0.25,
+        gpu_findings=[_lost(where.host, where.gpus[0])],
+        avoid_hosts=[other],
+    )
     assert plan.cordons[other].reason == "failover: --avoid-host (operator)"
     [move] = plan.moves
     assert move.new.host != other
@@ -142,10 +184,13 @@ def test_a_node_level_finding_of_an_instance_over_the_cap_still_rules_its_host_o
     inv, instances, state = _placed({"h1": 4, "h2": 4, "h3": 8}, templates=(("pool", 4, 2, "h[1-3]", 8000),))
     a, b = state.placements["pool"]["pool-1"], state.placements["pool"]["pool-2"]
     node = "drain the node and power-cycle it; replace the GPU if it happens again"
-    lost = [Finding("gpu.lost", Severity.CRIT, p.host, f"gpu:{p.gpus[1]}", "GPU has fallen off the bus", action=node)
-            for p in (a, b)]
-    plan = plan_failover(instances, {"pool-1": "UNAVAILABLE", "pool-2": "UNAVAILABLE"}, state, inv,
-                         max_share=0.25, gpu_findings=lost)
+    lost = [
+        Finding("gpu.lost", Severity.CRIT, p.host, f"gpu:{p.gpus[1]}", "GPU has fallen off the bus", action=node)
+        for p in (a, b)
+    ]
+    plan = plan_failover(
+        instances, {"pool-1": "UNAVAILABLE", "pool-2": "UNAVAILABLE"}, state, inv, max_share=0.25, gpu_findings=lost
+    )
     assert a.host != b.host  # h1 and h2 hold two replicas each; h3 is free
     assert plan.over_cap == ["pool-2"] and set(plan.cordons) == {a.host, b.host}
     [move] = plan.moves

@@ -46,8 +46,14 @@ gateway:
 
 
 def _lost(host: str, gpu: int) -> Finding:
-    return Finding("gpu.lost", Severity.CRIT, host, f"gpu:{gpu}", "GPU has fallen off the bus",
-                   "drain the node, then power-cycle it")
+    return Finding(
+        "gpu.lost",
+        Severity.CRIT,
+        host,
+        f"gpu:{gpu}",
+        "GPU has fallen off the bus",
+        "drain the node, then power-cycle it",
+    )
 
 
 @pytest.fixture
@@ -65,8 +71,14 @@ def test_a_lost_gpu_on_a_worker_stage_moves_the_whole_replica_to_two_healthy_hos
     assert len(old.stages) == 2
     worker_host, worker_gpus = old.workers[0]
     instances = desired_instances(inv, state).instances
-    plan = plan_failover(instances, {"big-1": "UNAVAILABLE"}, state, inv, max_share=0.5,
-                         gpu_findings=[_lost(worker_host, worker_gpus[0])])
+    plan = plan_failover(
+        instances,
+        {"big-1": "UNAVAILABLE"},
+        state,
+        inv,
+        max_share=0.5,
+        gpu_findings=[_lost(worker_host, worker_gpus[0])],
+    )
     assert worker_host in plan.cordons  # node-level: the worker's whole host
     [move] = plan.moves
     assert move.instance == "big-1" and move.old == old
@@ -106,23 +118,29 @@ class ReplicaRecorder(Recorder):
                     rep.hosts[h] = engine.HostOutcome(h, "failed" if n and rec.fail_worker else "applied", 1)
                 rep.hosts[p.host].gates.append(GateResult("big-1", p.host, True, "completion", "", 0.1))
                 return rep
+
         return FakeDeploy()
 
 
 @pytest.mark.parametrize("fail_worker", [False, True])
 def test_failover_stops_every_member_rolls_out_all_hosts_and_needs_each_applied(
-        placed: Any, monkeypatch: pytest.MonkeyPatch, fail_worker: bool) -> None:
+    placed: Any, monkeypatch: pytest.MonkeyPatch, fail_worker: bool
+) -> None:
     inv, store = placed
     old = store.load().placements["big"]["big-1"]
     worker_host, worker_gpus = old.workers[0]
-    monkeypatch.setattr(failover, "detect", lambda *a, **k: Detection(
-        {"big-1": "UNAVAILABLE: member lost"}, [_lost(worker_host, worker_gpus[0])], {}))
+    monkeypatch.setattr(
+        failover,
+        "detect",
+        lambda *a, **k: Detection({"big-1": "UNAVAILABLE: member lost"}, [_lost(worker_host, worker_gpus[0])], {}),
+    )
     rec = ReplicaRecorder(store.directory, fail_worker)
     monkeypatch.setattr(failover, "_hook", lambda *a: rec)
     monkeypatch.setattr(lifecycle, "stop_instances", rec.stop)
     monkeypatch.setattr(engine, "Deploy", rec.deploy)
-    monkeypatch.setattr(observe, "observe", lambda inv, instances, *a, **k: (
-        {n: Observed("serving", 0.2) for n in instances}, set()))
+    monkeypatch.setattr(
+        observe, "observe", lambda inv, instances, *a, **k: ({n: Observed("serving", 0.2) for n in instances}, set())
+    )
     monkeypatch.setattr(sync, "sync_gateway", rec.sync_gateway)
     rep = run_failover(inv, store.directory, lambda hs: contextlib.nullcontext(), FailoverOptions(max_share=0.5))
     new = store.load().placements["big"]["big-1"]

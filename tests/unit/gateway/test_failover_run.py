@@ -24,7 +24,9 @@ from clusterctl.inventory.loader import load_inventory_text
 from .conftest import INVENTORY as BASE
 
 #: The gateway tests' hosts and engine; one template instead of explicit instances.
-INVENTORY = BASE[:BASE.index("models:")] + """\
+INVENTORY = (
+    BASE[: BASE.index("models:")]
+    + """\
 models:
   qwen: {path: /models/qwen3-8b}
 templates:
@@ -33,6 +35,7 @@ gateway:
   hosts: gw01
   port: 8080
 """
+)
 
 
 class Recorder:
@@ -48,6 +51,7 @@ class Recorder:
 
         def change(st: gwstate.GatewayState) -> None:
             st.marked_down[name] = {"reason": reason}
+
         gwstate.update(self.state_dir, change)
 
     def stop(self, inv: Any, fleet: Any, instances: Any, **kw: Any) -> list[Any]:
@@ -67,9 +71,18 @@ class Recorder:
                 for name in opts.instances.split(","):
                     host = placed[name].host
                     out = rep.hosts.setdefault(host, engine.HostOutcome(host, "applied", 1))
-                    out.gates.append(GateResult(name, host, rec.gate_ok, "completion", "" if rec.gate_ok else
-                                                "no completion within 60 s", 0.1))
+                    out.gates.append(
+                        GateResult(
+                            name,
+                            host,
+                            rec.gate_ok,
+                            "completion",
+                            "" if rec.gate_ok else "no completion within 60 s",
+                            0.1,
+                        )
+                    )
                 return rep
+
         return FakeDeploy()
 
     def sync_gateway(self, inv: Any, fleet: Any, instances: Any, servers: Any, **kw: Any) -> SyncResult:
@@ -86,17 +99,22 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     store.save_placements(desired_instances(inv, store.load()).state.placements)
     where = store.load().placements["pool"]["pool-1"]
     lost = Finding("gpu.lost", Severity.CRIT, where.host, f"gpu:{where.gpus[0]}", "GPU has fallen off the bus")
-    monkeypatch.setattr(failover, "detect",
-                        lambda *a, **k: Detection({"pool-1": "UNAVAILABLE: member lost"}, [lost], {}))
+    monkeypatch.setattr(
+        failover, "detect", lambda *a, **k: Detection({"pool-1": "UNAVAILABLE: member lost"}, [lost], {})
+    )
 
     def make(rec: Recorder) -> Recorder:
         monkeypatch.setattr(failover, "_hook", lambda *a: rec)
         monkeypatch.setattr(lifecycle, "stop_instances", rec.stop)
         monkeypatch.setattr(engine, "Deploy", rec.deploy)
-        monkeypatch.setattr(observe, "observe", lambda inv, instances, *a, **k: (
-            {n: Observed("serving", 0.2) for n in instances}, set()))
+        monkeypatch.setattr(
+            observe,
+            "observe",
+            lambda inv, instances, *a, **k: ({n: Observed("serving", 0.2) for n in instances}, set()),
+        )
         monkeypatch.setattr(sync, "sync_gateway", rec.sync_gateway)
         return rec
+
     return inv, state_dir, where, make
 
 
@@ -119,8 +137,9 @@ def test_a_move_cordons_marks_down_stops_rolls_out_and_brings_the_replica_back(s
 
 
 @pytest.mark.parametrize("deploy_error, gate_ok", [("the deploy lock is held by ops@ctl2", True), (None, False)])
-def test_a_failed_move_exits_2_and_the_replica_stays_marked_down(setup: Any, deploy_error: str | None,
-                                                                 gate_ok: bool) -> None:
+def test_a_failed_move_exits_2_and_the_replica_stays_marked_down(
+    setup: Any, deploy_error: str | None, gate_ok: bool
+) -> None:
     inv, state_dir, where, make = setup
     rec = make(Recorder(state_dir, deploy_error, gate_ok))
     rep = run_failover(inv, state_dir, _fleet, FailoverOptions(max_share=0.5))

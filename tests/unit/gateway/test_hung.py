@@ -62,18 +62,23 @@ def test_requests_only_waiting_none_running_and_no_token_is_hung() -> None:
     # the simulator's hang fault with requests sent after it: all queued, none admitted
     row = row_after(page(0, 1000, waiting=4), page(0, 1000, waiting=6))
     assert (row.state, row.severity, row.healthy) == ("hung", Severity.CRIT, True)
-    assert row.message.startswith("engine hung: 6 request(s) waiting, none running or admitted, no token generated "
-                                  "in 5.0 s")
-    assert row_after(page(0, 1000, waiting=4), page(0, 1010, waiting=4)).state == "serving"   # served between
+    assert row.message.startswith(
+        "engine hung: 6 request(s) waiting, none running or admitted, no token generated in 5.0 s"
+    )
+    assert row_after(page(0, 1000, waiting=4), page(0, 1010, waiting=4)).state == "serving"  # served between
     assert row_after(page(0, 1000, waiting=4, prompt=5e4), page(0, 1000, waiting=4, prompt=6e4)).state == "serving"
-    assert row_after(page(0, 1000, waiting=0), page(0, 1000, waiting=0)).state == "serving"   # idle
+    assert row_after(page(0, 1000, waiting=0), page(0, 1000, waiting=0)).state == "serving"  # idle
 
 
 def test_sync_names_the_waiting_hang_with_fixed_words(inv: Inventory) -> None:
     serving = {n: Observed("serving", 0.1, None, True) for n in inv.instances}
     hung = {**serving, "q1": Observed("hung", 0.9, None, True, running=0.0, waiting=6.0)}
-    assert decide(inv, inv.instances, hung)["q1"] == decide(
-        inv, inv.instances, {**hung, "q1": Observed("hung", 0.5, None, True, running=0.0, waiting=9.0)})["q1"]
+    assert (
+        decide(inv, inv.instances, hung)["q1"]
+        == decide(inv, inv.instances, {**hung, "q1": Observed("hung", 0.5, None, True, running=0.0, waiting=9.0)})["q1"]
+    )
     assert decide(inv, inv.instances, hung)["q1"].reason == HUNG_WAITING_REASON
-    assert decide(inv, inv.instances, {**hung, "q1": Observed("hung", 0.9, None, True, running=2.0)})["q1"].reason \
+    assert (
+        decide(inv, inv.instances, {**hung, "q1": Observed("hung", 0.9, None, True, running=2.0)})["q1"].reason
         == HUNG_REASON
+    )

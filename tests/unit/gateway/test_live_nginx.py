@@ -32,8 +32,10 @@ UPSTREAM_KEY = "sk-instances-7f3a"
 
 
 def _inventory(ports: dict[str, int], gw_port: int, admin_port: int, extra: str = "") -> Inventory:
-    inst = "".join(f"  {n}: {{model: {'cand' if n.startswith('c') else 'tiny'}, engine: vllm, "
-                   f"placement: [h1:{i}], port: {p}}}\n" for i, (n, p) in enumerate(sorted(ports.items())))
+    inst = "".join(
+        f"  {n}: {{model: {'cand' if n.startswith('c') else 'tiny'}, engine: vllm, placement: [h1:{i}], port: {p}}}\n"
+        for i, (n, p) in enumerate(sorted(ports.items()))
+    )
     text = f"""\
 version: 1
 defaults:
@@ -59,19 +61,28 @@ instances:
 
 
 class Gateway:
-    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, extra: str = "", chunks: int = 1,
-                 delay_s: float = 0.0):
+    def __init__(
+        self, root: Path, monkeypatch: pytest.MonkeyPatch, extra: str = "", chunks: int = 1, delay_s: float = 0.0
+    ):
         monkeypatch.setenv("GW_LIVE_UPSTREAM_KEY", UPSTREAM_KEY)
-        self.fakes = {"a1": FakeInstance("a1", chunks, delay_s), "a2": FakeInstance("a2", chunks, delay_s),
-                      "c1": FakeInstance("c1", chunks, delay_s)}
+        self.fakes = {
+            "a1": FakeInstance("a1", chunks, delay_s),
+            "a2": FakeInstance("a2", chunks, delay_s),
+            "c1": FakeInstance("c1", chunks, delay_s),
+        }
         self.port, self.admin = free_port(), free_port()
         self.inv = _inventory({n: f.port for n, f in self.fakes.items()}, self.port, self.admin, extra)
         self.state = root / "state"
         self.nginx = LiveNginx()
 
     def render(self) -> Any:
-        return render_gateway(self.inv, self.inv.instances, api_key=UPSTREAM_KEY,
-                              clients=gwkeys.load(self.state), paths=self.nginx.paths())
+        return render_gateway(
+            self.inv,
+            self.inv.instances,
+            api_key=UPSTREAM_KEY,
+            clients=gwkeys.load(self.state),
+            paths=self.nginx.paths(),
+        )
 
     def nginx_config(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/gateway/health", timeout=5) as r:
@@ -183,6 +194,7 @@ def test_revocation_keeps_streams_in_flight(tmp_path: Path, monkeypatch: pytest.
         def stream() -> None:
             s, _, b = post(g.port, {"model": "tiny", "stream": True}, key=bob)
             results.append((s, b))
+
         t = threading.Thread(target=stream)
         t.start()
         time.sleep(0.7)
@@ -229,8 +241,27 @@ def test_tls_when_a_certificate_is_given(tmp_path: Path, monkeypatch: pytest.Mon
     import subprocess
 
     crt, key = tmp_path / "gw.crt", tmp_path / "gw.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(crt),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     g = Gateway(tmp_path, monkeypatch, extra=f"  tls: {{certificate: {{file: {crt}}}, key: {{file: {key}}}}}\n")
     try:
         from clusterctl.gateway.deploy import resolve_tls
@@ -238,17 +269,20 @@ def test_tls_when_a_certificate_is_given(tmp_path: Path, monkeypatch: pytest.Mon
         client = g.add("dana")
         tls = resolve_tls(g.inv)
         assert tls is not None
-        rendered = render_gateway(g.inv, g.inv.instances, api_key=UPSTREAM_KEY, clients=gwkeys.load(g.state),
-                                  tls=tls, paths=g.nginx.paths())
+        rendered = render_gateway(
+            g.inv, g.inv.instances, api_key=UPSTREAM_KEY, clients=gwkeys.load(g.state), tls=tls, paths=g.nginx.paths()
+        )
         secret = [Path(f.path).name for f in rendered.files if f.secret and not f.remove]
         assert sorted(secret) == ["clients.json", "tls.key", "upstream-auth.conf"]
         assert "PRIVATE KEY" not in "".join(f.text for f in rendered.redacted())
         g.nginx.start(rendered, g.admin)
         ctx = ssl.create_default_context(cafile=str(crt))
         ctx.check_hostname = False
-        req = urllib.request.Request(f"https://127.0.0.1:{g.port}/v1/completions", data=b'{"model": "tiny"}',
-                                     headers={"Authorization": f"Bearer {client}",
-                                              "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{g.port}/v1/completions",
+            data=b'{"model": "tiny"}',
+            headers={"Authorization": f"Bearer {client}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
             assert r.status == 200 and b"[DONE]" in r.read()
         # plain HTTP on the TLS port: nginx's 400, nothing reaches an instance
@@ -273,8 +307,9 @@ def _instances(g: Gateway, n: int, body: dict[str, Any] | None = None, **headers
 def _scores(g: Gateway, **inst: dict[str, Any]) -> None:
     from support.live_nginx import post_scores
 
-    status, body = post_scores(g.admin, str(g.nginx.root / "conf" / "admin.token"),
-                               {"at": time.time(), "instances": inst})
+    status, body = post_scores(
+        g.admin, str(g.nginx.root / "conf" / "admin.token"), {"at": time.time(), "instances": inst}
+    )
     assert status == 200, body
 
 
@@ -286,14 +321,22 @@ def test_least_score_picks_per_request_from_pushed_scores_without_reload(gw: Gat
     assert _instances(gw, 4) == ["a2"] * 4
     assert gw.nginx_config() == rendered.config  # scores changed nothing nginx loads: no reload
     # fresh scores reset the counts; a2 now down (a hung engine, say): none of 10 go there
-    _scores(gw, a1={"load": 0.5, "step": 0.01}, a2={"load": 0.0, "step": 0.01, "down": True, "reason": "hung"},
-            c1={"load": 0.0, "step": 0.01})
+    _scores(
+        gw,
+        a1={"load": 0.5, "step": 0.01},
+        a2={"load": 0.0, "step": 0.01, "down": True, "reason": "hung"},
+        c1={"load": 0.0, "step": 0.01},
+    )
     assert set(_instances(gw, 10)) == {"a1"}
     _scores(gw, a1={"load": 0.0, "step": 0.01}, a2={"load": 0.0, "step": 0.01}, c1={"load": 0.0, "step": 0.01})
     assert set(_instances(gw, 20)) == {"a1", "a2"}  # equal scores: both get requests
     # equal occupancy: the faster GPU (measured capacity) wins
-    _scores(gw, a1={"load": 0.0, "step": 0.25, "cap": 0.4}, a2={"load": 0.0, "step": 0.25, "cap": 1.0},
-            c1={"load": 0.0, "step": 0.25})
+    _scores(
+        gw,
+        a1={"load": 0.0, "step": 0.25, "cap": 0.4},
+        a2={"load": 0.0, "step": 0.25, "cap": 1.0},
+        c1={"load": 0.0, "step": 0.25},
+    )
     assert _instances(gw, 5) == ["a2"] * 5
 
 
@@ -312,8 +355,11 @@ def test_least_score_sessions_stay_unless_their_instance_is_overloaded(gw: Gatew
 
 def test_scores_endpoint_needs_the_admin_token(gw: Gateway) -> None:
     gw.nginx.start(gw.render(), gw.admin)
-    req = urllib.request.Request(f"http://127.0.0.1:{gw.admin}/gateway/scores", data=b'{"at": 1, "instances": {}}',
-                                 headers={"X-Gateway-Admin": "guess"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{gw.admin}/gateway/scores",
+        data=b'{"at": 1, "instances": {}}',
+        headers={"X-Gateway-Admin": "guess"},
+    )
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=5)
     assert e.value.code == 403
@@ -341,8 +387,10 @@ def test_least_score_counts_requests_in_flight(tmp_path: Path, monkeypatch: pyte
         _scores(g, a1={"load": 0.0, "step": 0.5}, a2={"load": 0.0, "step": 0.5}, c1={"load": 0.0, "step": 0.5})
         seen: list[str] = []
         body = {"model": "tiny", "max_tokens": 40, "prompt": "x" * 1024}  # 40 + 1024/4/64 tokens: 3 units of 16
-        threads = [threading.Thread(target=lambda: seen.append(post(g.port, body, key=key)[1]
-                                                               ["X-Gateway-Instance"])) for _ in range(4)]
+        threads = [
+            threading.Thread(target=lambda: seen.append(post(g.port, body, key=key)[1]["X-Gateway-Instance"]))
+            for _ in range(4)
+        ]
         for t in threads:
             t.start()
             time.sleep(0.15)
@@ -378,8 +426,11 @@ def test_least_score_sends_to_the_least_outstanding_work(tmp_path: Path, monkeyp
         g.nginx.start(g.render(), g.admin)
         _scores(g, a1={"load": 0.0, "step": 0.1}, a2={"load": 0.0, "step": 0.1}, c1={"load": 0.0, "step": 0.1})
         seen: list[str] = []
-        long = threading.Thread(target=lambda: seen.append(post(g.port, {"model": "tiny", "max_tokens": 2000},
-                                                                key=key)[1]["X-Gateway-Instance"]))
+        long = threading.Thread(
+            target=lambda: seen.append(
+                post(g.port, {"model": "tiny", "max_tokens": 2000}, key=key)[1]["X-Gateway-Instance"]
+            )
+        )
         long.start()
         picks = g.nginx.root / "state" / "picks"
         deadline = time.monotonic() + 5
@@ -388,9 +439,14 @@ def test_least_score_sends_to_the_least_outstanding_work(tmp_path: Path, monkeyp
         busy = "a1" if _in_flight(picks, "a1")[0] else "a2"
         assert _in_flight(picks, busy) == (1, 125)  # 2000 tokens in units of 16
         shorts: list[str] = []
-        threads = [threading.Thread(target=lambda: shorts.append(post(g.port, {"model": "tiny", "max_tokens": 16},
-                                                                      key=key)[1]["X-Gateway-Instance"]))
-                   for _ in range(3)]
+        threads = [
+            threading.Thread(
+                target=lambda: shorts.append(
+                    post(g.port, {"model": "tiny", "max_tokens": 16}, key=key)[1]["X-Gateway-Instance"]
+                )
+            )
+            for _ in range(3)
+        ]
         for t in threads:
             t.start()
             time.sleep(0.1)
@@ -410,9 +466,14 @@ def test_least_score_max_conns_per_instance_then_a_503_at_once(tmp_path: Path, m
         key = g.add("e")
         g.nginx.start(g.render(), g.admin)
         seen: list[str] = []
-        threads = [threading.Thread(target=lambda: seen.append(post(g.port, {"model": "tiny", "max_tokens": 40},
-                                                                   key=key)[1]["X-Gateway-Instance"]))
-                   for _ in range(2)]
+        threads = [
+            threading.Thread(
+                target=lambda: seen.append(
+                    post(g.port, {"model": "tiny", "max_tokens": 40}, key=key)[1]["X-Gateway-Instance"]
+                )
+            )
+            for _ in range(2)
+        ]
         picks = g.nginx.root / "state" / "picks"
         for t in threads:
             t.start()

@@ -27,12 +27,22 @@ def test_without_nginx_or_apt_get_it_refuses_and_writes_nothing(tmp_path: Path, 
 def test_apt_get_installs_nginx_and_njs_when_nginx_is_missing(tmp_path: Path, monkeypatch) -> None:
     log = tmp_path / "apt.log"
     # A stand-in apt-get that records its arguments and "installs" an nginx binary.
-    _bin(tmp_path, "apt-get", f'echo "$DEBIAN_FRONTEND $*" > {log}\nprintf "#!/bin/sh\\n" > {tmp_path}/nginx\n'
-                              f'/bin/chmod 755 {tmp_path}/nginx\n')
+    _bin(
+        tmp_path,
+        "apt-get",
+        f'echo "$DEBIAN_FRONTEND $*" > {log}\nprintf "#!/bin/sh\\n" > {tmp_path}/nginx\n'
+        f'/bin/chmod 755 {tmp_path}/nginx\n',
+    )
     monkeypatch.setenv("PATH", str(tmp_path))
     assert node.ensure_nginx() is None
-    assert log.read_text().split() == ["noninteractive", "install", "-y", "--no-install-recommends",
-                                       "nginx-light", "libnginx-mod-http-js"]
+    assert log.read_text().split() == [
+        "noninteractive",
+        "install",
+        "-y",
+        "--no-install-recommends",
+        "nginx-light",
+        "libnginx-mod-http-js",
+    ]
     assert node.ensure_nginx() is None and os.access(tmp_path / "nginx", os.X_OK)
 
 

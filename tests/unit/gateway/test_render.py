@@ -34,8 +34,8 @@ def test_golden_files(inv: Inventory) -> None:
 
 def test_sticky_upstream_has_no_weights_and_least_conn_has_them(inv: Inventory) -> None:
     conf = _by_name(render_gateway(inv, inv.instances, STATES).files)["gateway.conf"]
-    sticky = conf[conf.index("upstream m_qwen_s {"):conf.index("upstream m_qwen_l {")]
-    lc = conf[conf.index("upstream m_qwen_l {"):conf.index("# qwen-v2")]
+    sticky = conf[conf.index("upstream m_qwen_s {") : conf.index("upstream m_qwen_l {")]
+    lc = conf[conf.index("upstream m_qwen_l {") : conf.index("# qwen-v2")]
     assert "hash $http_x_session_id consistent;" in sticky and "weight=" not in sticky
     assert "least_conn;" in lc and "weight=40" in lc
     assert "server 10.0.1.2:8001 max_conns=4 down;  # q2 (draining)" in sticky
@@ -91,18 +91,25 @@ def test_no_gateway_section_is_an_error(inv: Inventory) -> None:
         render_gateway(inv, inv.instances)
 
 
-@pytest.mark.skipif(shutil.which("nginx") is None or not Path("/usr/share/nginx/modules/ngx_http_js_module.so").exists(),
-                    reason="nginx with njs (libnginx-mod-http-js) not installed; scripts/install-deps installs it")
+@pytest.mark.skipif(
+    shutil.which("nginx") is None or not Path("/usr/share/nginx/modules/ngx_http_js_module.so").exists(),
+    reason="nginx with njs (libnginx-mod-http-js) not installed; scripts/install-deps installs it",
+)
 def test_nginx_accepts_the_rendered_config(inv: Inventory, tmp_path: Path) -> None:
-    paths = GatewayPaths(conf_dir=str(tmp_path / "clusterctl"), nginx_conf=str(tmp_path / "nginx.conf"),
-                         pid_file=str(tmp_path / "nginx.pid"), log_dir=str(tmp_path),
-                         modules_include="/etc/nginx/modules-enabled/*.conf")
+    paths = GatewayPaths(
+        conf_dir=str(tmp_path / "clusterctl"),
+        nginx_conf=str(tmp_path / "nginx.conf"),
+        pid_file=str(tmp_path / "nginx.pid"),
+        log_dir=str(tmp_path),
+        modules_include="/etc/nginx/modules-enabled/*.conf",
+    )
     (tmp_path / "clusterctl").mkdir()
     for f in render_gateway(inv, inv.instances, STATES, api_key="sk-test", paths=paths).files:
         Path(f.path).write_text(f.text)
     # -p: Debian's modules-enabled files name the module relative to nginx's prefix
-    p = subprocess.run(["nginx", "-t", "-p", "/usr/share/nginx/", "-c", paths.nginx_conf],
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        ["nginx", "-t", "-p", "/usr/share/nginx/", "-c", paths.nginx_conf], capture_output=True, text=True, timeout=30
+    )
     assert p.returncode == 0, p.stderr
 
 
@@ -120,11 +127,15 @@ def test_listen_addresses_admin_server_and_upstream_keepalive(inv: Inventory) ->
 
 def test_mirror_location_repeats_every_inherited_header(inv: Inventory) -> None:
     conf = _by_name(render_gateway(inv, inv.instances).files)["gateway.conf"]
-    mirror = conf[conf.index("location = /_gw_mirror/"):]
-    mirror = mirror[:mirror.index("}\n    }") if "}\n    }" in mirror else mirror.index("\n    }")]
-    for line in ('proxy_set_header Connection "";', "proxy_set_header Host $host;",
-                 "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;", "upstream-auth.conf;",
-                 "proxy_set_header X-Gateway-Mirror 1;"):
+    mirror = conf[conf.index("location = /_gw_mirror/") :]
+    mirror = mirror[: mirror.index("}\n    }") if "}\n    }" in mirror else mirror.index("\n    }")]
+    for line in (
+        'proxy_set_header Connection "";',
+        "proxy_set_header Host $host;",
+        "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
+        "upstream-auth.conf;",
+        "proxy_set_header X-Gateway-Mirror 1;",
+    ):
         assert line in mirror, line
 
 
@@ -132,8 +143,8 @@ def test_least_score_one_upstream_per_instance_with_the_others_as_backups(inv: I
     assert inv.gateway is not None and inv.gateway.dispatch == "least_score"  # the default
     r = render_gateway(inv, inv.instances, STATES)
     conf, js = _by_name(r.files)["gateway.conf"], _by_name(r.files)["gateway.js"]
-    q1 = conf[conf.index("upstream m_qwen_i0 {"):]
-    q1 = q1[:q1.index("}")]
+    q1 = conf[conf.index("upstream m_qwen_i0 {") :]
+    q1 = q1[: q1.index("}")]
     assert "server 10.0.1.1:8001 max_conns=4 max_fails=1 fail_timeout=10s;" in q1  # q1 itself
     assert "server 10.0.1.2:8001 max_conns=4 max_fails=1 fail_timeout=10s backup down;" in q1  # q2, draining
     # a lost host: nginx moves the request after a 1 s connect, before a client gives up; only connects
@@ -149,14 +160,16 @@ def test_least_score_backups_on_other_hosts_first_each_instance_its_own_neighbou
     """A lost host takes every instance on it: an instance's first backup is on another host, and
     the instances of one host do not all fall back on the same one."""
     assert inv.gateway is not None
-    more = {f"x{i}": replace(inv.instances["q1"], name=f"x{i}", placement=(GpuRef(h, g),), port=8001 + i)
-            for i, (h, g) in enumerate([("gpu01", 4), ("gpu01", 5), ("gpu02", 4), ("gpu02", 5)])}
+    more = {
+        f"x{i}": replace(inv.instances["q1"], name=f"x{i}", placement=(GpuRef(h, g),), port=8001 + i)
+        for i, (h, g) in enumerate([("gpu01", 4), ("gpu01", 5), ("gpu02", 4), ("gpu02", 5)])
+    }
     instances = {n: i for n, i in inv.instances.items() if n != "q2"} | more
     conf = _by_name(render_gateway(inv, instances, {}).files)["gateway.conf"]
     firsts = []
     for i in range(5):  # q1 x0 x1 on gpu01, x2 x3 on gpu02
-        up = conf[conf.index(f"upstream m_qwen_i{i} {{"):]
-        servers = [ln.split()[1] for ln in up[:up.index("}")].splitlines() if ln.strip().startswith("server ")]
+        up = conf[conf.index(f"upstream m_qwen_i{i} {{") :]
+        servers = [ln.split()[1] for ln in up[: up.index("}")].splitlines() if ln.strip().startswith("server ")]
         own = servers[0].rsplit(":", 1)[0]
         hosts = [a.rsplit(":", 1)[0] for a in servers[1:]]
         assert hosts[0] != own and hosts == sorted(hosts, key=lambda h: h == own), servers
@@ -169,8 +182,8 @@ def test_least_conn_and_round_robin_stay_selectable(inv: Inventory) -> None:
     for dispatch, line in (("least_conn", "    least_conn;\n"), ("round_robin", None)):
         inv.gateway.dispatch = dispatch
         files = _by_name(render_gateway(inv, inv.instances, STATES).files)
-        lc = files["gateway.conf"][files["gateway.conf"].index("upstream m_qwen_l {"):]
-        lc = lc[:lc.index("}")]
+        lc = files["gateway.conf"][files["gateway.conf"].index("upstream m_qwen_l {") :]
+        lc = lc[: lc.index("}")]
         assert f'var DISPATCH = "{dispatch}";' in files["gateway.js"]
         assert "weight=40" in lc and ((line in lc) if line else ("least_conn" not in lc)), lc
 
@@ -180,10 +193,13 @@ def test_least_score_seats_are_in_the_config_before_any_sync(inv: Inventory) -> 
     rendered router table: before sync's first post (a fresh deploy, a slow sync) a seat count of its
     own would send a fifth request to a 4-seat instance while another had a free seat."""
     import json as _json
+
     assert inv.gateway is not None
     inv.instances["q1"] = replace(inv.instances["q1"], args={**inv.instances["q1"].args, "max-num-seqs": 4})
     js = _by_name(render_gateway(inv, inv.instances, STATES).files)["gateway.js"]
-    members = _json.loads(js[js.index("var MEMBERS = ") + len("var MEMBERS = "):js.index(";", js.index("var MEMBERS"))])
+    members = _json.loads(
+        js[js.index("var MEMBERS = ") + len("var MEMBERS = ") : js.index(";", js.index("var MEMBERS"))]
+    )
     steps = {m["name"]: m["step"] for ms in members.values() for m in ms}
     assert steps["q1"] == 0.25 and steps["q2"] == round(1 / 256, 6), steps
     assert "m.step > 0 ? m.step" in js

@@ -42,9 +42,13 @@ def _inject(inv: Inventory) -> None:
 
 
 def _render_into(inv: Inventory, tmp_path: Path) -> tuple[GatewayPaths, str]:
-    paths = GatewayPaths(conf_dir=str(tmp_path / "clusterctl"), nginx_conf=str(tmp_path / "nginx.conf"),
-                         pid_file=str(tmp_path / "nginx.pid"), log_dir=str(tmp_path),
-                         modules_include="/etc/nginx/modules-enabled/*.conf")
+    paths = GatewayPaths(
+        conf_dir=str(tmp_path / "clusterctl"),
+        nginx_conf=str(tmp_path / "nginx.conf"),
+        pid_file=str(tmp_path / "nginx.pid"),
+        log_dir=str(tmp_path),
+        modules_include="/etc/nginx/modules-enabled/*.conf",
+    )
     (tmp_path / "clusterctl").mkdir()
     conf = ""
     for f in render_gateway(inv, inv.instances, api_key="sk-test", paths=paths).files:
@@ -67,8 +71,9 @@ def test_a_value_that_slipped_past_validation_stays_inside_its_comment(inv: Inve
 def test_nginx_t_sees_no_injected_server(inv: Inventory, tmp_path: Path) -> None:
     _inject(inv)
     paths, _ = _render_into(inv, tmp_path)
-    p = subprocess.run(["nginx", "-T", "-p", "/usr/share/nginx/", "-c", paths.nginx_conf],
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        ["nginx", "-T", "-p", "/usr/share/nginx/", "-c", paths.nginx_conf], capture_output=True, text=True, timeout=30
+    )
     assert p.returncode == 0, p.stderr
     live = [s for s in p.stdout.splitlines() if "18999" in s and not s.lstrip().startswith("#")]
     assert live == []

@@ -31,8 +31,11 @@ def test_decide_marks_down_what_must_not_get_traffic(inv: Inventory) -> None:
 
 
 def test_a_unit_that_is_down_is_down_at_the_gateway_with_its_reason(inv: Inventory) -> None:
-    observed = {**SERVING, "q1": Observed("failed", reason="unit failed (failed): the process exited with status 1"),
-                "q2": Observed("stopped")}
+    observed = {
+        **SERVING,
+        "q1": Observed("failed", reason="unit failed (failed): the process exited with status 1"),
+        "q2": Observed("stopped"),
+    }
     states = decide(inv, inv.instances, observed)
     assert states["q1"] == ServerState(True, 1, "failed: unit failed (failed): the process exited with status 1")
     assert states["q2"] == ServerState(True, 1, "stopped")
@@ -53,9 +56,11 @@ def test_missing_status_and_full_load(inv: Inventory) -> None:
 
 
 def test_tp_unavailable_reads_only_crit_tp_group_findings() -> None:
-    f = [Finding("tp.group", Severity.CRIT, "gpu01", "tp-group:q1", "UNAVAILABLE", "", {}),
-         Finding("tp.group", Severity.WARN, "gpu01", "tp-group:l1", "DEGRADED", "", {}),
-         Finding("gpu.xid", Severity.CRIT, "gpu01", "gpu:0", "xid", "", {})]
+    f = [
+        Finding("tp.group", Severity.CRIT, "gpu01", "tp-group:q1", "UNAVAILABLE", "", {}),
+        Finding("tp.group", Severity.WARN, "gpu01", "tp-group:l1", "DEGRADED", "", {}),
+        Finding("gpu.xid", Severity.CRIT, "gpu01", "gpu:0", "xid", "", {}),
+    ]
     assert tp_unavailable(f) == {"q1"}
 
 
@@ -66,8 +71,9 @@ class _Applied:
 
     def __call__(self, fleet: Any, rendered: Any, *, port: int, hosts: list[str]) -> list[GatewayHostResult]:
         self.calls.append(rendered.digest)
-        return [GatewayHostResult(h, self.ok, True, True, "reloaded", None if self.ok else "nginx -t: boom")
-                for h in hosts]
+        return [
+            GatewayHostResult(h, self.ok, True, True, "reloaded", None if self.ok else "nginx -t: boom") for h in hosts
+        ]
 
 
 @pytest.fixture
@@ -141,13 +147,15 @@ def test_corrupt_state_names_the_file(tmp_path: Path) -> None:
         gwstate.load(tmp_path)
 
 
-def test_least_score_health_and_load_go_as_scores_without_reload(inv: Inventory, tmp_path: Path, applied: _Applied,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_least_score_health_and_load_go_as_scores_without_reload(
+    inv: Inventory, tmp_path: Path, applied: _Applied, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pushed: list[dict[str, Any]] = []
 
     def push(fleet: Any, rendered: Any, scores: dict[str, Any], *, port: int, hosts: list[str]) -> list[Any]:
         pushed.append(scores)
         return [GatewayHostResult(h, True, action="scores") for h in hosts]
+
     monkeypatch.setattr(gwsync, "push_scores", push)
     assert inv.gateway is not None
     inv.gateway.dispatch = "least_score"
@@ -171,8 +179,10 @@ def test_least_score_health_and_load_go_as_scores_without_reload(inv: Inventory,
 def test_dispatch_scores_weigh_capacity_and_kv(inv: Inventory) -> None:
     from clusterctl.gateway.sync import dispatch_scores
 
-    obs = {"q1": Observed("serving", 0.1, 100.0, True, running=2, waiting=0, kv_usage=0.9, seats=4),
-           "q2": Observed("serving", 0.1, 50.0, True, running=2, waiting=0, kv_usage=0.1, seats=4)}
+    obs = {
+        "q1": Observed("serving", 0.1, 100.0, True, running=2, waiting=0, kv_usage=0.9, seats=4),
+        "q2": Observed("serving", 0.1, 50.0, True, running=2, waiting=0, kv_usage=0.1, seats=4),
+    }
     sc = dispatch_scores(inv, {n: inv.instances[n] for n in obs}, obs, {}, 5.0)["instances"]
     assert (sc["q1"]["load"], sc["q1"]["step"], sc["q2"]["cap"]) == (0.9, 0.25, 1.0)  # same GPU model: cap 1
     inv.hosts["gpu02"].gpus.model = "L40S"  # mixed GPU models: q2 runs at half q1's measured peak
@@ -186,10 +196,12 @@ def test_hook_marks_a_pools_router_down_in_the_config(tmp_path: Path, applied: _
 
     from .conftest import INVENTORY
 
-    text = INVENTORY.replace("  l1: {model: llama, engine: vllm, placement: ['gpu01:[2-3]'], port: 8003}\n",
-                             "  lp: {model: llama, engine: vllm, placement: ['gpu01:2'], port: 8003, role: prefill}\n"
-                             "  ld: {model: llama, engine: vllm, placement: ['gpu02:2'], port: 8003, role: decode}\n"
-                             "pd_pools:\n  lpool: {model: llama, router: {host: gw01, port: 8300}}\n")
+    text = INVENTORY.replace(
+        "  l1: {model: llama, engine: vllm, placement: ['gpu01:[2-3]'], port: 8003}\n",
+        "  lp: {model: llama, engine: vllm, placement: ['gpu01:2'], port: 8003, role: prefill}\n"
+        "  ld: {model: llama, engine: vllm, placement: ['gpu02:2'], port: 8003, role: decode}\n"
+        "pd_pools:\n  lpool: {model: llama, router: {host: gw01, port: 8300}}\n",
+    )
     pinv = load_inventory_text(text, "inv.yaml")
     hook = Hook(pinv, tmp_path, lambda: dict(pinv.instances), _Fleet)
     hook.mark_down("router-lpool", "drain")

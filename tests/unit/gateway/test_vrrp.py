@@ -31,7 +31,7 @@ gateway:
 
 
 def _inv(gateway_yaml: str = VIP) -> Inventory:
-    text = INVENTORY[:INVENTORY.index("gateway:")] + gateway_yaml
+    text = INVENTORY[: INVENTORY.index("gateway:")] + gateway_yaml
     text = text.replace("  gw01: {address: 10.0.0.1}\n", "  gw[01-03]: {address: '10.0.0.[1-3]'}\n")
     return load_inventory_text(text, "inv.yaml")
 
@@ -49,29 +49,48 @@ def test_vip_values() -> None:
     assert vip.password is not None and (vip.password.kind, vip.password.ref) == ("env", "GW_VRRP_PASS")
 
 
-@pytest.mark.parametrize("gateway_yaml, message", [
-    ("gateway:\n  hosts: gw01\n  vip: {address: 10.0.0.100, interface: eth0}\n",
-     "inv.yaml:21: gateway.vip: a floating address needs two or more gateway hosts"),
-    ("gateway:\n  hosts: 'gw[01-02]'\n  vip: {interface: eth0}\n", "gateway.vip: missing 'address'"),
-    ("gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.300, interface: eth0}\n",
-     "gateway.vip.address: '10.0.0.300' is not an IPv4 address"),
-    ("gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.2, interface: eth0}\n",
-     "gateway.vip.address: 10.0.0.2 is host 'gw02''s own address"),
-    ("gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.100, interface: 'eth0; rm'}\n",
-     "is not an interface name"),
-    ("gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.100, interface: eth0, router_id: 256}\n",
-     "gateway.vip.router_id: 256 is out of range"),
-    ("gateway:\n  hosts: 'gw[01-02]'\n  listen: [10.0.0.1]\n  vip: {address: 10.0.0.100, interface: eth0}\n",
-     "nginx must listen on every address"),
-])
+@pytest.mark.parametrize(
+    "gateway_yaml, message",
+    [
+        (
+            "gateway:\n  hosts: gw01\n  vip: {address: 10.0.0.100, interface: eth0}\n",
+            "inv.yaml:21: gateway.vip: a floating address needs two or more gateway hosts",
+        ),
+        ("gateway:\n  hosts: 'gw[01-02]'\n  vip: {interface: eth0}\n", "gateway.vip: missing 'address'"),
+        (
+            "gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.300, interface: eth0}\n",
+            "gateway.vip.address: '10.0.0.300' is not an IPv4 address",
+        ),
+        (
+            "gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.2, interface: eth0}\n",
+            "gateway.vip.address: 10.0.0.2 is host 'gw02''s own address",
+        ),
+        (
+            "gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.100, interface: 'eth0; rm'}\n",
+            "is not an interface name",
+        ),
+        (
+            "gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.100, interface: eth0, router_id: 256}\n",
+            "gateway.vip.router_id: 256 is out of range",
+        ),
+        (
+            "gateway:\n  hosts: 'gw[01-02]'\n  listen: [10.0.0.1]\n  vip: {address: 10.0.0.100, interface: eth0}\n",
+            "nginx must listen on every address",
+        ),
+    ],
+)
 def test_vip_errors_name_the_line(gateway_yaml: str, message: str) -> None:
     assert message in _errors(gateway_yaml)
 
 
 def test_a_gateway_host_named_by_dns_cannot_be_a_unicast_peer() -> None:
-    text = INVENTORY[:INVENTORY.index("gateway:")] + \
-        "gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.100, interface: eth0}\n"
-    text = text.replace("  gw01: {address: 10.0.0.1}\n", "  gw01: {address: gw01.example}\n  gw02: {address: 10.0.0.2}\n")
+    text = (
+        INVENTORY[: INVENTORY.index("gateway:")]
+        + "gateway:\n  hosts: 'gw[01-02]'\n  vip: {address: 10.0.0.100, interface: eth0}\n"
+    )
+    text = text.replace(
+        "  gw01: {address: 10.0.0.1}\n", "  gw01: {address: gw01.example}\n  gw02: {address: 10.0.0.2}\n"
+    )
     with pytest.raises(InventoryError) as e:
         load_inventory_text(text, "inv.yaml")
     assert "gateway host 'gw01' has address 'gw01.example'; unicast VRRP needs" in str(e.value)
@@ -132,6 +151,7 @@ def test_no_vip_no_keepalived_files(inv: Inventory) -> None:
 
 def _check_script(tmp_path: Path, port: int) -> Path:
     from clusterctl.gateway.vrrp import check_script
+
     p = tmp_path / "check"
     p.write_text(check_script(port, 1))
     p.chmod(0o755)
@@ -151,7 +171,8 @@ def test_the_check_script_follows_the_local_health_endpoint(tmp_path: Path) -> N
         "    def log_message(self, *a): pass\n"
         "s = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
         "print(s.server_address[1], flush=True)\n"
-        "s.serve_forever()\n")
+        "s.serve_forever()\n"
+    )
     for code, want in ((200, 0), (503, 1)):
         p = subprocess.Popen([sys.executable, str(server), str(code)], stdout=subprocess.PIPE, text=True)
         try:
@@ -163,15 +184,16 @@ def test_the_check_script_follows_the_local_health_endpoint(tmp_path: Path) -> N
         assert rc == want, (code, rc)
     # nothing listening: a failed check, quickly
     import socket
+
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    assert subprocess.run([str(_check_script(tmp_path, port))], timeout=10,
-                          stderr=subprocess.DEVNULL).returncode == 1
+    assert subprocess.run([str(_check_script(tmp_path, port))], timeout=10, stderr=subprocess.DEVNULL).returncode == 1
 
 
 def test_node_messages_hide_the_password() -> None:
     from clusterctl.node import gateway as node
+
     files = [{"path": CONF, "text": "x\n    auth_pass s3cr3t!x\n", "mode": 0o600}]
     assert node._secret_free("line 9: auth_pass s3cr3t!x too long", files) == "line 9: auth_pass *** too long"

@@ -36,12 +36,15 @@ def nvml_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def make_host(tmp_path: Path) -> Callable[..., Path]:
     """Provision a host dir under tmp_path; returns the host dir."""
-    def make(name: str = "lab01", index: int = 0, gpus: int = 8, model: str = "H100-SXM5-80GB",
-             flavour: str = "mlnx") -> Path:
+
+    def make(
+        name: str = "lab01", index: int = 0, gpus: int = 8, model: str = "H100-SXM5-80GB", flavour: str = "mlnx"
+    ) -> Path:
         d = tmp_path / name
         provision_host(d, name, index, gpus, model, flavour)
         (d / "upper").mkdir(exist_ok=True)
         return d
+
     return make
 
 
@@ -51,25 +54,29 @@ def pynvml_run(nvml_libs: dict[str, Path]) -> Callable[..., Any]:
 
     ``code`` sees ``N`` (pynvml) and must assign ``result``.
     """
+
     def run(host_dir: Path, code: str, variant: str = "current") -> Any:
-        script = "import json, pynvml as N\n" + textwrap.dedent(code) + \
-                 "\nprint(json.dumps(result))\n"
-        env = dict(os.environ, LD_LIBRARY_PATH=str(nvml_libs[variant]),
-                   FAKE_NVML_STATE=str(hw_dir(host_dir) / "nvml.json"))
-        cp = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=60)
+        script = "import json, pynvml as N\n" + textwrap.dedent(code) + "\nprint(json.dumps(result))\n"
+        env = dict(
+            os.environ, LD_LIBRARY_PATH=str(nvml_libs[variant]), FAKE_NVML_STATE=str(hw_dir(host_dir) / "nvml.json")
+        )
+        cp = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
         assert cp.returncode == 0, cp.stderr
         return json.loads(cp.stdout.strip().splitlines()[-1])
+
     return run
 
 
 @pytest.fixture
 def tool() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run a fake tool (``ethtool``, ``mlnx_qos``...) against a host's state."""
+
     def run(host_dir: Path, name: str, *args: str) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, LAB_HW_DIR=str(hw_dir(host_dir)))
-        return subprocess.run([sys.executable, str(TOOLS / f"{name}.py"), *args], env=env,
-                              capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            [sys.executable, str(TOOLS / f"{name}.py"), *args], env=env, capture_output=True, text=True, timeout=30
+        )
+
     return run
 
 

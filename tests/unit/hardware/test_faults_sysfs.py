@@ -24,9 +24,12 @@ from .conftest import freeze
 XID_RE = re.compile(
     r"NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
     r"(?: GPU-I:(?P<gi>\d+))?\): (?P<xid>\d+)(?:, pid=(?P<pid>'<unknown>'|\d+|[^,]*))?"
-    r"(?:, name=(?P<name>[^,]*))?(?:, (?P<msg>.*))?$")
-SYSLOG_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}[+-]\d\d:\d\d lab01 kernel: "
-                       r"\[ *\d+\.\d{6}\] (?P<msg>.*)$")
+    r"(?:, name=(?P<name>[^,]*))?(?:, (?P<msg>.*))?$"
+)
+SYSLOG_RE = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}[+-]\d\d:\d\d lab01 kernel: "
+    r"\[ *\d+\.\d{6}\] (?P<msg>.*)$"
+)
 # node-problem-detector's OOM rule.
 OOM_RE = re.compile(r"Killed process \d+ (.+) total-vm:\d+kB, anon-rss:\d+kB, file-rss:\d+kB.*")
 
@@ -48,17 +51,18 @@ def test_xid_lines_are_syslog_lines_a_parser_of_real_logs_accepts(make_host):
     assert x48["msg"].startswith("An uncorrectable double bit error (DBE)")
     assert (x13["pci"], x13["xid"], x13["pid"], x13["name"]) == ("0000:18:00", "13", "31245", "python3")
     uuid = gpus.load(hw_dir(host))["gpus"][2]["uuid"]
-    assert msgs[2:5] == [f"NVRM: GPU at PCI:0000:3a:00: {uuid}",
-                         "NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, "
-                         "GPU has fallen off the bus.",
-                         "NVRM: GPU 0000:3a:00.0: GPU has fallen off the bus."]
+    assert msgs[2:5] == [
+        f"NVRM: GPU at PCI:0000:3a:00: {uuid}",
+        "NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "NVRM: GPU 0000:3a:00.0: GPU has fallen off the bus.",
+    ]
     mig = XID_RE.search(msgs[5])
     assert (mig["pci"], mig["gi"], mig["xid"], mig["pid"]) == ("0000:5d:00", "05", "94", "7194")
 
 
 def test_xid_goes_to_the_merged_root_while_the_host_runs(make_host):
     host = make_host()
-    (host / "root/etc").mkdir(parents=True)   # what a mounted overlay root looks like
+    (host / "root/etc").mkdir(parents=True)  # what a mounted overlay root looks like
     faults.xid(host, code=79, gpu=0)
     assert "Xid (PCI:0000:18:00): 79" in (host / "root/var/log/kern.log").read_text()
     assert not (host / "upper/var/log/kern.log").exists()
@@ -72,10 +76,12 @@ def test_oom_lines_match_the_node_problem_detector_rule(make_host):
 
 
 def test_options_from_the_cli_are_typed_and_bad_ones_name_the_problem(make_host):
-    assert faults.parse_options("xid", ["code=48", "gpu=3", "message=boom"]) == \
-        {"code": 48, "gpu": 3, "message": "boom"}
-    assert faults.parse_options("pause-storm", ["per_s=1e4", "direction=tx"]) == \
-        {"per_s": 10000.0, "direction": "tx"}
+    assert faults.parse_options("xid", ["code=48", "gpu=3", "message=boom"]) == {
+        "code": 48,
+        "gpu": 3,
+        "message": "boom",
+    }
+    assert faults.parse_options("pause-storm", ["per_s=1e4", "direction=tx"]) == {"per_s": 10000.0, "direction": "tx"}
     assert faults.parse_options("gpu-lost", ["lost=false"]) == {"lost": False}
     with pytest.raises(LabError, match=r"xid: code='x' is not a valid int"):
         faults.parse_options("xid", ["code=x"])
@@ -166,7 +172,7 @@ def test_ticker_advances_sysfs_counters_atomically_and_stops_on_sigterm(make_hos
     written = ticker.tick(lab, caches, now=t + 2)
     v2 = int(cnp_file.read_text())
     assert v2 - v1 == 2000
-    assert 0 < written < 60          # only moving counters, not all ~250 files of 2 hosts
+    assert 0 < written < 60  # only moving counters, not all ~250 files of 2 hosts
     assert not [p for p in (hw_dir(host) / "sys-class").rglob(".tmp-*")]
     # A fault injected between passes applies at the next one (the state is re-read).
     faults.cnp(host, nic="eth2", per_s=0)
@@ -175,8 +181,11 @@ def test_ticker_advances_sysfs_counters_atomically_and_stops_on_sigterm(make_hos
     ticker.tick(lab, caches, now=t + 5)
     assert int(cnp_file.read_text()) == frozen
 
-    proc = subprocess.Popen([sys.executable, "-m", "clusterctl.lab.hardware.ticker", str(lab),
-                             "--interval", "0.2"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clusterctl.lab.hardware.ticker", str(lab), "--interval", "0.2"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(1.2)
         assert int(cnp_file.read_text()) > v1
@@ -184,8 +193,12 @@ def test_ticker_advances_sysfs_counters_atomically_and_stops_on_sigterm(make_hos
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=5)
     assert rc == 0, proc.stderr.read() if proc.stderr else ""
-    bad = subprocess.run([sys.executable, "-m", "clusterctl.lab.hardware.ticker",
-                          str(lab / "missing")], capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "clusterctl.lab.hardware.ticker", str(lab / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 3 and "no such directory" in bad.stderr
 
 
@@ -195,7 +208,7 @@ def test_install_into_rootfs_builds_the_library_and_points_the_tools_at_the_stat
     real_rdma.parent.mkdir(parents=True)
     real_rdma.write_text("#!/bin/sh\necho real iproute2 rdma\n")
     install_into_rootfs(rootfs)
-    install_into_rootfs(rootfs)   # idempotent
+    install_into_rootfs(rootfs)  # idempotent
     for v in ("current", "old"):
         lib = rootfs / f"usr/lib/x86_64-linux-gnu/lab-hw-nvml/{v}/libnvidia-ml.so.1"
         assert lib.read_bytes()[:4] == b"\x7fELF"
@@ -208,8 +221,14 @@ def test_install_into_rootfs_builds_the_library_and_points_the_tools_at_the_stat
     host = make_host()
     freeze(host)
     env = dict(os.environ, LAB_HW_DIR=str(hw_dir(host)))
-    out = subprocess.run([sys.executable, "-I", str(rootfs / "usr/lib/lab-hw/ethtool.py"), "-S", "eth2"],
-                         env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-I", str(rootfs / "usr/lib/lab-hw/ethtool.py"), "-S", "eth2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0 and "     rx_prio3_pause: 1284512\n" in out.stdout
     with pytest.raises(LabError, match="template root file system not found"):
         install_into_rootfs(tmp_path / "nope")
@@ -223,8 +242,7 @@ def test_provisioning_links_the_library_of_the_gpu_profile(make_host):
     assert os.readlink(hw_dir(old) / "libnvidia-ml.so.1").endswith("/old/libnvidia-ml.so.1")
     assert not os.path.lexists(hw_dir(none) / "libnvidia-ml.so.1")
     rec = json.loads((hw_dir(old) / "host.json").read_text())
-    assert rec == {"name": "b", "index": 1, "gpus": 2, "gpu_model": "A100-SXM4-80GB-R470",
-                   "flavour": "mlnx"}
+    assert rec == {"name": "b", "index": 1, "gpus": 2, "gpu_model": "A100-SXM4-80GB-R470", "flavour": "mlnx"}
     with pytest.raises(LabError, match="unknown GPU model 'B300'.*known:"):
         make_host("d", 3, model="B300")
     with pytest.raises(LabError, match="unknown NIC flavour"):
@@ -239,13 +257,31 @@ def test_provisioning_links_the_library_of_the_gpu_profile(make_host):
 def test_describe_host_gives_the_inventory_what_the_fakes_will_report(make_host):
     host = make_host("lab03", 2, gpus=4, model="L40S")
     d = describe_host(host)
-    assert d["gpus"] == {"count": 4, "model": "L40S-48GB", "name": "NVIDIA L40S", "memory_gib": 45.0,
-                         "interconnect": "pcie",
-                         "uuids": [g["uuid"] for g in gpus.load(hw_dir(host))["gpus"]]}
+    assert d["gpus"] == {
+        "count": 4,
+        "model": "L40S-48GB",
+        "name": "NVIDIA L40S",
+        "memory_gib": 45.0,
+        "interconnect": "pcie",
+        "uuids": [g["uuid"] for g in gpus.load(hw_dir(host))["gpus"]],
+    }
     assert d["nics"] == [
-        {"netdev": "eth2", "rdma_device": "mlx5_0", "port": 1, "speed_gbps": 400.0, "mtu": 4200,
-         "mac": "02:77:00:02:10:01"},
-        {"netdev": "eth3", "rdma_device": "mlx5_1", "port": 1, "speed_gbps": 400.0, "mtu": 4200,
-         "mac": "02:77:00:02:11:01"}]
+        {
+            "netdev": "eth2",
+            "rdma_device": "mlx5_0",
+            "port": 1,
+            "speed_gbps": 400.0,
+            "mtu": 4200,
+            "mac": "02:77:00:02:10:01",
+        },
+        {
+            "netdev": "eth3",
+            "rdma_device": "mlx5_1",
+            "port": 1,
+            "speed_gbps": 400.0,
+            "mtu": 4200,
+            "mac": "02:77:00:02:11:01",
+        },
+    ]
     with pytest.raises(LabError, match="no simulated hardware here"):
         describe_host(host.parent / "unprovisioned")

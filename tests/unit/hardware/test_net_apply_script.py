@@ -42,8 +42,10 @@ def _run(host: Path, script: str, tmp: Path) -> subprocess.CompletedProcess[str]
 
 def _targets(flavour: str) -> list[netqos.NicTarget]:
     mlnx = flavour == "mlnx"
-    return [netqos.NicTarget(n, "mlnx_qos" if mlnx else "dcb", d, 1, ecn=mlnx, tclass=mlnx, cm_tos=True)
-            for n, d in (("eth2", "mlx5_0"), ("eth3", "mlx5_1"))]
+    return [
+        netqos.NicTarget(n, "mlnx_qos" if mlnx else "dcb", d, 1, ecn=mlnx, tclass=mlnx, cm_tos=True)
+        for n, d in (("eth2", "mlx5_0"), ("eth3", "mlx5_1"))
+    ]
 
 
 def _qos(host: Path, nic: str = "eth2") -> dict:
@@ -95,8 +97,11 @@ def test_the_dcb_script_fixes_an_inbox_port_and_a_second_run_changes_nothing(mak
     assert (q["trust"], q["pfc"], q["dscp2prio"]) == (want["trust"], want["pfc"], want["dscp2prio"])
     state = (hw_dir(host) / "nic.json").read_text()
     r = _run(host, script, tmp_path)
-    assert r.returncode == 0 and json.loads((hw_dir(host) / "nic.json").read_text())["nics"]["eth2"]["qos"] == \
-        json.loads(state)["nics"]["eth2"]["qos"]
+    assert (
+        r.returncode == 0
+        and json.loads((hw_dir(host) / "nic.json").read_text())["nics"]["eth2"]["qos"]
+        == json.loads(state)["nics"]["eth2"]["qos"]
+    )
 
 
 def test_a_failing_tool_or_a_missing_file_makes_the_script_fail_and_say_which(make_host, tmp_path):

@@ -34,9 +34,15 @@ def test_ethtool_S_starts_with_the_sample_byte_for_byte(make_host, tool):
     stats = _stats(out.stdout)
     names = list(stats)
     # PFC on priority 3 only: its five pause counters and the storm counters, nothing for 4.
-    for n in ("rx_prio3_pause", "rx_prio3_pause_duration", "tx_prio3_pause",
-              "tx_prio3_pause_duration", "rx_prio3_pause_transition",
-              "tx_pause_storm_warning_events", "tx_pause_storm_error_events"):
+    for n in (
+        "rx_prio3_pause",
+        "rx_prio3_pause_duration",
+        "tx_prio3_pause",
+        "tx_prio3_pause_duration",
+        "rx_prio3_pause_transition",
+        "tx_pause_storm_warning_events",
+        "tx_pause_storm_error_events",
+    ):
         assert n in stats
     assert "rx_prio4_pause" not in stats and "rx_global_pause" not in stats
     assert "tx_prio3_pause_transition" not in stats  # mlx5 has no such counter
@@ -48,12 +54,14 @@ def test_sysfs_hw_counters_and_pma_counters_match_the_samples(make_host):
     host = make_host()
     freeze(host)
     from clusterctl.lab.hardware import sysfs
+
     sysfs.refresh_counters(hw_dir(host), nics.load(hw_dir(host)))
     port = hw_dir(host) / "sys-class/infiniband/mlx5_0/ports/1"
-    for sub, sample in (("hw_counters", "hw_counters_grep_mlx5_0_p1.txt"),
-                        ("counters", "counters_grep_mlx5_0_p1.txt")):
-        got = "".join(f"/sys/class/infiniband/mlx5_0/ports/1/{sub}/{f.name}:{f.read_text()}"
-                      for f in sorted((port / sub).iterdir()))
+    for sub, sample in (("hw_counters", "hw_counters_grep_mlx5_0_p1.txt"), ("counters", "counters_grep_mlx5_0_p1.txt")):
+        got = "".join(
+            f"/sys/class/infiniband/mlx5_0/ports/1/{sub}/{f.name}:{f.read_text()}"
+            for f in sorted((port / sub).iterdir())
+        )
         assert got == fixture_text(sample)
 
 
@@ -67,10 +75,8 @@ def test_rdma_statistic_show_layout_and_values(make_host, tool):
     first = sample.split("link mlx5_1/1")[0]
     assert out.stdout.startswith(first)
     shape = re.compile(r"(link mlx5_\d/1 |    [a-z_]+ \d+ )")
-    assert [shape.sub("X", ln) for ln in out.stdout.splitlines()] == \
-           [shape.sub("X", ln) for ln in sample.splitlines()]
-    assert [ln.split()[0] for ln in out.stdout.splitlines()] == \
-           [ln.split()[0] for ln in sample.splitlines()]
+    assert [shape.sub("X", ln) for ln in out.stdout.splitlines()] == [shape.sub("X", ln) for ln in sample.splitlines()]
+    assert [ln.split()[0] for ln in out.stdout.splitlines()] == [ln.split()[0] for ln in sample.splitlines()]
     assert tool(host, "rdma", "stat", "show", "link", "mlx5_1/1").stdout.startswith("link mlx5_1/1 \n")
     bad = tool(host, "rdma", "bogus")
     assert bad.returncode != 0 and 'Object "bogus" is unknown' in bad.stderr
@@ -151,7 +157,7 @@ def test_counters_advance_with_wall_clock_time_at_the_configured_rate(make_host,
     d_pause = b["rx_prio3_pause"] - a["rx_prio3_pause"]
     assert 5000 * 0.9 <= d_pause <= 5000 * dt_max
     d_dur = b["rx_prio3_pause_duration"] - a["rx_prio3_pause_duration"]
-    assert 0.5e6 * 0.9 <= d_dur <= 0.5e6 * dt_max    # µs paused per second
+    assert 0.5e6 * 0.9 <= d_dur <= 0.5e6 * dt_max  # µs paused per second
     # One output is one instant: the MAC-control total equals the per-priority sum.
     for x in (a, b):
         assert x["rx_pause_ctrl_phy"] == x["rx_mac_control_phy"] == x["rx_prio3_pause"]
@@ -197,8 +203,7 @@ def test_inbox_flavour_lacks_mlnx_tools_and_capability_gated_counters(make_host,
     inbox = make_host("lab02", 1, flavour="inbox")
     m = _stats(tool(mlnx, "ethtool", "-S", "eth2").stdout)
     i = _stats(tool(inbox, "ethtool", "-S", "eth2").stdout)
-    for gated in ("rx_err_lane_0_phy", "rx_prio3_buf_discard", "rx_prio3_cong_discard",
-                  "rx_prio3_marked"):
+    for gated in ("rx_err_lane_0_phy", "rx_prio3_buf_discard", "rx_prio3_cong_discard", "rx_prio3_marked"):
         assert gated in m and gated not in i
     assert (hw_dir(mlnx) / "bin/mlnx_qos").is_symlink()
     assert not (hw_dir(inbox) / "bin/mlnx_qos").exists()

@@ -82,14 +82,15 @@ def test_every_field_comes_from_the_state_file(make_host, pynvml_run):
         assert g["dev_id"] == 0x233010DE and g["bus"] == s["pci_bus"]
         assert g["m1"][0] == 81559 * MIB == g["m2"][0]
         assert g["m2"][1] == 512 * MIB
-        assert g["m1"][1] == g["m2"][2] + g["m2"][1]   # v1 "used" includes reserved
+        assert g["m1"][1] == g["m2"][2] + g["m2"][1]  # v1 "used" includes reserved
         assert g["m1"][2] == g["m2"][3]
         assert g["ecc_mode"] == [1, 1] and g["persist"] == 1 and g["vbios"] == "96.00.74.00.01"
         assert g["limit"] == 700_000 and g["arch"] == 9 and g["cc"] == [9, 0]
         assert g["throttle"] == g["reasons"]
     gs = out["gpus"]
-    assert [x["bus_id"] for x in gs] == [f"00000000:{b:02X}:00.0" for b in
-                                         (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)]
+    assert [x["bus_id"] for x in gs] == [
+        f"00000000:{b:02X}:00.0" for b in (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+    ]
     assert gs[0]["procs"] == [] and gs[0]["m2"][2] == 4 * MIB
     assert gs[1]["procs"] == [[4321, 70 * 1024 * MIB]]
     assert gs[1]["m2"][2] == (4 + 70 * 1024) * MIB
@@ -111,7 +112,9 @@ def test_every_field_comes_from_the_state_file(make_host, pynvml_run):
 def test_a_lost_gpu_still_counts_but_its_handle_fails_with_gpu_is_lost(make_host, pynvml_run):
     host = make_host(gpus=4)
     faults.gpu_lost(host, gpu=2)
-    out = pynvml_run(host, """
+    out = pynvml_run(
+        host,
+        """
 N.nvmlInit()
 result = {"count": N.nvmlDeviceGetCount(), "ok": []}
 for i in range(N.nvmlDeviceGetCount()):
@@ -124,7 +127,8 @@ try:
     N.nvmlDeviceGetHandleByPciBusId(b"00000000:3A:00.0")
 except N.NVMLError_GpuIsLost:
     result["by_bus"] = "lost"
-""")
+""",
+    )
     assert out["count"] == 4 and out["ok"] == [0, 1, 3]
     assert out["err"] == [2, 15, "NVMLError_GpuIsLost", "GPU is lost"]
     assert out["by_bus"] == "lost"
@@ -134,7 +138,9 @@ def test_state_changes_apply_to_a_running_process(make_host, pynvml_run):
     """A fault injected after nvmlInit shows on the next call, as on a live host."""
     host = make_host(gpus=2)
     state_file = hw_dir(host) / "nvml.json"
-    out = pynvml_run(host, f"""
+    out = pynvml_run(
+        host,
+        f"""
 import json, os
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(1)
@@ -150,14 +156,17 @@ try:
 except N.NVMLError_GpuIsLost:
     lost = True
 result = [before, after, lost]
-""")
+""",
+    )
     assert out == [16, 4, True]
     assert json.loads(state_file.read_text())["gpus"][0]["lost"] is True
 
 
 def test_pcie_card_has_no_nvlink_and_hopper_no_retired_pages(make_host, pynvml_run):
     host = make_host(gpus=1, model="L40S")
-    out = pynvml_run(host, """
+    out = pynvml_run(
+        host,
+        """
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
 result = {"name": N.nvmlDeviceGetName(h)}
@@ -170,9 +179,15 @@ for key, call in (("nvlink", lambda: N.nvmlDeviceGetNvLinkState(h, 0)),
         result[key] = "ok"
     except N.NVMLError_NotSupported:
         result[key] = "not supported"
-""")
-    assert out == {"name": "NVIDIA L40S", "nvlink": "not supported", "nvlink_err": "not supported",
-                   "retired": "not supported", "retired_pending": "not supported"}
+""",
+    )
+    assert out == {
+        "name": "NVIDIA L40S",
+        "nvlink": "not supported",
+        "nvlink_err": "not supported",
+        "retired": "not supported",
+        "retired_pending": "not supported",
+    }
     with pytest.raises(LabError, match="no NVLink"):
         faults.nvlink(host, gpu=0)
     with pytest.raises(LabError, match="does not retire pages"):
@@ -182,7 +197,9 @@ for key, call in (("nvlink", lambda: N.nvmlDeviceGetNvLinkState(h, 0)),
 def test_volta_retires_pages_and_has_no_row_remapper(make_host, pynvml_run):
     host = make_host(gpus=1, model="V100-SXM2-32GB")
     faults.retired_pages(host, gpu=0, sbe=3, dbe=2, pending=True)
-    out = pynvml_run(host, """
+    out = pynvml_run(
+        host,
+        """
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
 result = {"sbe": len(N.nvmlDeviceGetRetiredPages(h, 0)), "dbe": N.nvmlDeviceGetRetiredPages(h, 1),
@@ -196,7 +213,8 @@ try:
     N.nvmlDeviceGetMemoryErrorCounter(h, 0, 0, N.NVML_MEMORY_LOCATION_SRAM)
 except N.NVMLError_NotSupported:
     result["sram"] = "not supported"
-""")
+""",
+    )
     assert out["sbe"] == 3 and len(out["dbe"]) == 2 and len(set(out["dbe"])) == 2
     assert out["pending"] == 1 and out["l1"] == 0
     assert out["remap"] == "not supported" and out["sram"] == "not supported"
@@ -205,7 +223,9 @@ except N.NVMLError_NotSupported:
 def test_old_driver_lacks_newer_symbols_so_fallbacks_run(make_host, pynvml_run):
     host = make_host(gpus=2, model="old-driver")
     faults.gpu_mem(host, gpu=0, gib=1.0, pid=77)
-    out = pynvml_run(host, """
+    out = pynvml_run(
+        host,
+        """
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
 result = {"driver": N.nvmlSystemGetDriverVersion()}
@@ -225,15 +245,16 @@ for key, call in (("events", lambda: N.nvmlDeviceGetCurrentClocksEventReasons(h)
 result["procs_v2"] = [[p.pid, p.usedGpuMemory] for p in N.nvmlDeviceGetComputeRunningProcesses_v2(h)]
 result["throttle"] = N.nvmlDeviceGetCurrentClocksThrottleReasons(h)
 result["mem_v1"] = N.nvmlDeviceGetMemoryInfo(h).total
-""", variant="old")
+""",
+        variant="old",
+    )
     assert out["driver"] == "470.239.06"
     assert out["procs_v3"] == out["events"] == out["mem_v2"] == out["numa"] == "missing"
     assert out["procs_v2"] == [[77, 1024 * MIB]]
     assert out["throttle"] == 1 and out["mem_v1"] == 81920 * MIB
 
 
-def test_no_state_file_or_unloaded_driver_fails_init_like_a_node_without_driver(
-        make_host, pynvml_run, tmp_path):
+def test_no_state_file_or_unloaded_driver_fails_init_like_a_node_without_driver(make_host, pynvml_run, tmp_path):
     host = make_host(gpus=1)
     faults.driver(host, loaded=False)
     code = """
@@ -250,7 +271,9 @@ except N.NVMLError as e:
 
 def test_memory_v2_rejects_a_wrong_struct_version(make_host, pynvml_run):
     host = make_host(gpus=1)
-    out = pynvml_run(host, """
+    out = pynvml_run(
+        host,
+        """
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
 try:
@@ -258,7 +281,8 @@ try:
     result = "ok"
 except N.NVMLError as e:
     result = e.value
-""")
+""",
+    )
     assert out == 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 
 
@@ -267,11 +291,18 @@ def test_calls_before_init_are_uninitialized(make_host, nvml_libs):
     import ctypes
 
     host = make_host(gpus=1)
-    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); c = ctypes.c_uint();"
-            "print(lib.nvmlDeviceGetCount_v2(ctypes.byref(c)), lib.nvmlShutdown())")
+    code = (
+        "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); c = ctypes.c_uint();"
+        "print(lib.nvmlDeviceGetCount_v2(ctypes.byref(c)), lib.nvmlShutdown())"
+    )
     env = {"FAKE_NVML_STATE": str(hw_dir(host) / "nvml.json"), "PATH": "/usr/bin:/bin"}
-    cp = subprocess.run(["python3", "-c", code, str(nvml_libs["current"] / nvml.SONAME)],
-                        env=env, capture_output=True, text=True, timeout=30)
+    cp = subprocess.run(
+        ["python3", "-c", code, str(nvml_libs["current"] / nvml.SONAME)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert cp.stdout.split() == ["1", "1"], cp.stderr
     assert ctypes  # imported for the reader: the child uses ctypes the same way
 
@@ -287,7 +318,9 @@ def test_compiler_failure_is_a_clear_error(tmp_path):
 def test_a_hung_gpu_blocks_its_calls_then_times_out_while_others_answer(make_host, pynvml_run):
     host = make_host(gpus=2)
     faults.gpu_hang(host, gpu=1, seconds=1.5)
-    out = pynvml_run(host, """
+    out = pynvml_run(
+        host,
+        """
 import time
 N.nvmlInit()
 h0, h1 = N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(1)
@@ -301,7 +334,8 @@ hung = time.monotonic() - t
 t = time.monotonic()
 name0 = N.nvmlDeviceGetName(h0)
 result = {"err": err, "hung": hung, "other": time.monotonic() - t, "name0": name0}
-""")
+""",
+    )
     assert out["err"] == [10, "Timeout"] and out["hung"] >= 1.4
     assert out["other"] < 0.5 and out["name0"] == "NVIDIA H100 80GB HBM3"
     faults.gpu_hang(host, gpu=1, seconds=0)
@@ -335,12 +369,12 @@ def test_check_gpus_refuses_a_placed_gpu_that_is_not_present(make_host, nvml_lib
     from clusterctl.node import check_gpus
 
     host = make_host(gpus=4)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(nvml_libs["current"]),
-               FAKE_NVML_STATE=str(hw_dir(host) / "nvml.json"))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(nvml_libs["current"]), FAKE_NVML_STATE=str(hw_dir(host) / "nvml.json"))
 
     def run(*args):
-        return subprocess.run([sys.executable, check_gpus.__file__, *args], env=env, capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, check_gpus.__file__, *args], env=env, capture_output=True, text=True, timeout=60
+        )
 
     listed = run("--list")
     assert listed.returncode == 0

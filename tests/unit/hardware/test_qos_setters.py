@@ -45,13 +45,16 @@ def test_mlnx_qos_rejects_bad_arguments_with_mlnx_tools_messages(make_host, tool
         (["--pfc", "0,0,0,2,0,0,0,0"], 1, "Bad value for PFC: 2 is not in the range 0..1\nUsage: "),
         (["--trust", "tos"], 1, "Invalid trust state command. Refer to the help.\n"),
         (["--dscp2prio", "set,64,3"], 1, "Invalid dscp2prio command. Refer to the help.\n"),
-        (["--dscp2prio", "set,26,3", "--trust", "dscp"], 1,
-         "trust and dscp2prio commands cannot be used at the same time.\n"),
+        (
+            ["--dscp2prio", "set,26,3", "--trust", "dscp"],
+            1,
+            "trust and dscp2prio commands cannot be used at the same time.\n",
+        ),
         (["extra"], 1, "Bad arguments\nUsage: mlnx_qos -i <interface> [options]\n"),
     ]
     for args, rc, out in cases:
         r = tool(host, "mlnx_qos", "-i", "eth2", *args)
-        assert (r.returncode, r.stdout[:len(out)]) == (rc, out), (args, r.stdout, r.stderr)
+        assert (r.returncode, r.stdout[: len(out)]) == (rc, out), (args, r.stdout, r.stderr)
     r = tool(host, "mlnx_qos", "-i", "eth2", "--no-such")
     assert r.returncode == 2 and r.stderr.endswith("mlnx_qos: error: no such option: --no-such\n")
     assert _qos(host) == before  # nothing changed by a refused command
@@ -62,8 +65,10 @@ def test_dcb_sets_pfc_and_the_dscp_app_table_on_an_inbox_host(make_host, tool):
     faults.inject(host, "qos-pfc", priority=4)
     r = tool(host, "dcb", "pfc", "set", "dev", "eth2", "prio-pfc", "all:off", "3:on")
     assert r.returncode == 0, r.stderr
-    assert tool(host, "dcb", "pfc", "show", "dev", "eth2").stdout.splitlines()[1] == \
-        "prio-pfc 0:off 1:off 2:off 3:on 4:off 5:off 6:off 7:off "
+    assert (
+        tool(host, "dcb", "pfc", "show", "dev", "eth2").stdout.splitlines()[1]
+        == "prio-pfc 0:off 1:off 2:off 3:on 4:off 5:off 6:off 7:off "
+    )
     assert tool(host, "dcb", "app", "flush", "dev", "eth2", "dscp-prio").returncode == 0
     assert tool(host, "dcb", "-N", "app", "show", "dev", "eth2").stdout == ""  # no DSCP entries: trust pcp
     r = tool(host, "dcb", "app", "replace", "dev", "eth2", "dscp-prio", "26:3", "48:6")

@@ -33,8 +33,13 @@ def test_includes_of_a_fifo_dev_zero_a_binary_and_itself_are_warnings(tmp_path: 
     os.symlink("/dev/zero", tmp_path / "zero")
     (tmp_path / "binary").write_bytes(b"\x7fELF\0\0" * 1000)
     (tmp_path / "self").write_text(f"Include {tmp_path}/self\n")
-    results = _run(tmp_path, [_validate(tmp_path, f"Include {tmp_path}/{name}\nHost *\n  User ops\n")
-                              for name in ("fifo", "zero", "binary", "self")])
+    results = _run(
+        tmp_path,
+        [
+            _validate(tmp_path, f"Include {tmp_path}/{name}\nHost *\n  User ops\n")
+            for name in ("fifo", "zero", "binary", "self")
+        ],
+    )
     fifo, zero, binary, self_ = (r["err"] for r in results)
     assert all(r["rc"] == 0 for r in results)  # warnings, not errors: the inventory is fine
     assert "not a regular file" in fifo and "not a regular file" in zero
@@ -53,8 +58,9 @@ def test_include_star_in_three_files_is_bounded(tmp_path: Path) -> None:
 def test_match_exec_is_skipped_with_a_warning_unless_allowed(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     config = f'Match exec "touch {marker}"\n  User fromexec\n'
-    refused, allowed = _run(tmp_path, [_validate(tmp_path, config),
-                                       _validate(tmp_path, config, {"CLUSTERCTL_SSH_MATCH_EXEC": "1"})])
+    refused, allowed = _run(
+        tmp_path, [_validate(tmp_path, config), _validate(tmp_path, config, {"CLUSTERCTL_SSH_MATCH_EXEC": "1"})]
+    )
     assert "would run a command; its block is skipped" in refused["err"]
     assert marker.exists()  # only the second case, which asked for it, ran the command
     marker.unlink()
@@ -64,8 +70,9 @@ def test_match_exec_is_skipped_with_a_warning_unless_allowed(tmp_path: Path) -> 
 
 def test_ansible_ranges_are_counted_before_they_are_expanded(tmp_path: Path) -> None:
     cases = []
-    for i, text in enumerate(["[web]\nweb[01:99999999]\n", "[web]\nh[a:z][a:z][a:z][a:z][a:z]\n",
-                              "all:\n  hosts:\n    web[01:99999999]:\n"]):
+    for i, text in enumerate(
+        ["[web]\nweb[01:99999999]\n", "[web]\nh[a:z][a:z][a:z][a:z][a:z]\n", "all:\n  hosts:\n    web[01:99999999]:\n"]
+    ):
         p = tmp_path / f"a{i}.{'yml' if text.startswith('all') else 'ini'}"
         p.write_text(text)
         cases.append(fuzz.Case(["inventory", "import-ansible", str(p)]))

@@ -40,8 +40,14 @@ def test_ini_and_yaml_forms_import_identically(stem: str) -> None:
 
 def test_basic_example() -> None:
     inv = resolved(ANSIBLE / "basic.ini")
-    assert set(inv.hosts) == {"mail.example.com", "foo.example.com", "bar.example.com",
-                              "one.example.com", "two.example.com", "three.example.com"}
+    assert set(inv.hosts) == {
+        "mail.example.com",
+        "foo.example.com",
+        "bar.example.com",
+        "one.example.com",
+        "two.example.com",
+        "three.example.com",
+    }
     assert membership(inv) == {
         "dbservers": ["one.example.com", "three.example.com", "two.example.com"],
         "ungrouped": ["mail.example.com"],
@@ -65,14 +71,17 @@ def test_ranges() -> None:
     assert inv.groups["databases"] == [f"db-{c}.example.com" for c in "abcdef"]
 
 
-@pytest.mark.parametrize("pattern,expected", [
-    ("www[01:03].example.com", ["www01.example.com", "www02.example.com", "www03.example.com"]),
-    ("db-[99:101]-node", ["db-99-node", "db-100-node", "db-101-node"]),
-    ("h[1:7:3]", ["h1", "h4", "h7"]),
-    ("h[a:c]", ["ha", "hb", "hc"]),
-    ("r[1:2]n[a:b]", ["r1na", "r1nb", "r2na", "r2nb"]),
-    ("plain", ["plain"]),
-])
+@pytest.mark.parametrize(
+    "pattern,expected",
+    [
+        ("www[01:03].example.com", ["www01.example.com", "www02.example.com", "www03.example.com"]),
+        ("db-[99:101]-node", ["db-99-node", "db-100-node", "db-101-node"]),
+        ("h[1:7:3]", ["h1", "h4", "h7"]),
+        ("h[a:c]", ["ha", "hb", "hc"]),
+        ("r[1:2]n[a:b]", ["r1na", "r1nb", "r2na", "r2nb"]),
+        ("plain", ["plain"]),
+    ],
+)
 def test_ansible_ranges(pattern: str, expected: list[str]) -> None:
     assert expand_ansible_range(pattern) == expected
 
@@ -87,9 +96,9 @@ def test_variables_and_precedence() -> None:
     inv = resolved(ANSIBLE / "vars.ini")
     host1, host2 = inv.hosts["host1"], inv.hosts["host2"]
     assert host1.vars["http_port"] == 80 and host1.vars["maxRequestsPerChild"] == 808
-    assert host1.vars["ntp_server"] == "ntp.atlanta.example.com"       # [atlanta:vars]
-    assert host1.vars["halon_system_timeout"] == 30                    # [southeast:vars], a child of usa
-    assert "ntp_server" not in inv.hosts["host3"].vars                 # raleigh is not atlanta
+    assert host1.vars["ntp_server"] == "ntp.atlanta.example.com"  # [atlanta:vars]
+    assert host1.vars["halon_system_timeout"] == 30  # [southeast:vars], a child of usa
+    assert "ntp_server" not in inv.hosts["host3"].vars  # raleigh is not atlanta
     assert host2.vars["http_port"] == 303
     assert inv.hosts["jumper"].address == "192.0.2.50" and inv.hosts["jumper"].ssh.port == 5555
     assert inv.hosts["badwolf.example.com"].ssh.port == 5309
@@ -103,10 +112,10 @@ def test_group_vars_host_vars_and_ssh_mapping() -> None:
     result = import_ansible(ANSIBLE / "dirs" / "hosts.ini")
     inv = load_inventory_text(to_yaml(result.data), str(ANSIBLE / "dirs" / "converted.yaml"))
     web1, web2, db1 = inv.hosts["web1"], inv.hosts["web2"], inv.hosts["db1"]
-    assert web1.ssh.user == "deploy" and web1.ssh.port == 2222          # ansible_port from group_vars/all.yml
-    assert web1.ssh.identity_file.endswith("/.ssh/ops_ed25519")        # [all:vars]
+    assert web1.ssh.user == "deploy" and web1.ssh.port == 2222  # ansible_port from group_vars/all.yml
+    assert web1.ssh.identity_file.endswith("/.ssh/ops_ed25519")  # [all:vars]
     assert web1.vars == {"ntp_server": "ntp.example.com", "http_port": 8080, "worker_processes": 16}
-    assert web2.vars["http_port"] == 9090 and web2.address == "10.1.0.12"   # host_vars/web2.yml
+    assert web2.vars["http_port"] == 9090 and web2.address == "10.1.0.12"  # host_vars/web2.yml
     assert db1.address == "10.1.0.5" and db1.ssh.become is True
     assert "hunter2" not in to_yaml(result.data)
     assert any("ansible_become_password dropped" in w for w in result.warnings)
@@ -117,8 +126,7 @@ def test_unknown_vars_kept_and_bad_port_kept_under_vars(tmp_path: Path) -> None:
     f = tmp_path / "hosts"
     f.write_text("[g]\nh1 ansible_port=ssh foo='a b' ansible_connection=local\n")
     result = import_ansible(f)
-    assert result.data["hosts"]["h1"]["vars"] == {"ansible_port": "ssh", "foo": "a b",
-                                                   "ansible_connection": "local"}
+    assert result.data["hosts"]["h1"]["vars"] == {"ansible_port": "ssh", "foo": "a b", "ansible_connection": "local"}
     assert any("not a valid port" in w for w in result.warnings)
 
 

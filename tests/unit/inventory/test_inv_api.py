@@ -23,5 +23,6 @@ def test_public_signatures_are_pinned() -> None:
 
 def test_nodeset_error_is_a_selection_error_and_value_error() -> None:
     from clusterctl.errors import SelectionError
+
     assert issubclass(nodeset.NodeSetError, SelectionError)
     assert issubclass(nodeset.NodeSetError, ValueError)

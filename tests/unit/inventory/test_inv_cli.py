@@ -51,19 +51,25 @@ def test_validate_json(capsys) -> None:
     rc, out, _ = run(capsys, "inventory", "validate", "--json", "-i", BROKEN)
     data = json.loads(out)
     assert rc == 3 and data["ok"] is False
-    assert {"file": BROKEN, "line": 8, "message": "fabric.pfc_priority: 9 is out of range 0-7",
-            "severity": "error"} in data["problems"]
+    assert {
+        "file": BROKEN,
+        "line": 8,
+        "message": "fabric.pfc_priority: 9 is out of range 0-7",
+        "severity": "error",
+    } in data["problems"]
 
 
 def test_validate_force_accepts_pcie_warning(capsys, tmp_path: Path) -> None:
     f = tmp_path / "pcie.yaml"
-    f.write_text("version: 1\n"
-                 "defaults: {gpus: {count: 4, model: L40S-48GB, interconnect: pcie}}\n"
-                 "hosts: {l40s1: {}}\n"
-                 "engines: {v: {path: /opt/vllm/bin/vllm, version: 0.11.0}}\n"
-                 "models: {m: {path: /models/m}}\n"
-                 "instances:\n"
-                 "  qwen8-l40s1-a: {model: m, engine: v, placement: 'l40s1:[0-3]', port: 8000}\n")
+    f.write_text(
+        "version: 1\n"
+        "defaults: {gpus: {count: 4, model: L40S-48GB, interconnect: pcie}}\n"
+        "hosts: {l40s1: {}}\n"
+        "engines: {v: {path: /opt/vllm/bin/vllm, version: 0.11.0}}\n"
+        "models: {m: {path: /models/m}}\n"
+        "instances:\n"
+        "  qwen8-l40s1-a: {model: m, engine: v, placement: 'l40s1:[0-3]', port: 8000}\n"
+    )
     rc, out, _ = run(capsys, "inventory", "validate", "-i", str(f))
     assert rc == 3
     assert "warning: instances.qwen8-l40s1-a: TP 4 on PCIe-only host l40s1" in out
@@ -98,14 +104,16 @@ def test_show_json(capsys) -> None:
 
 def test_show_json_redacts_secret_env(capsys, tmp_path: Path) -> None:
     f = tmp_path / "inv.yaml"
-    f.write_text("version: 1\n"
-                 "defaults: {gpus: {count: 1}}\n"
-                 "hosts: {h1: {}}\n"
-                 "engines: {v: {path: /v, version: '1'}}\n"
-                 "models: {m: {path: /m}}\n"
-                 "instances:\n"
-                 "  a: {model: m, engine: v, placement: [h1:0], port: 8000,\n"
-                 "      env: {VLLM_API_KEY: s3cret-value, HF_TOKEN: tok-value, VLLM_LOGGING_LEVEL: INFO}}\n")
+    f.write_text(
+        "version: 1\n"
+        "defaults: {gpus: {count: 1}}\n"
+        "hosts: {h1: {}}\n"
+        "engines: {v: {path: /v, version: '1'}}\n"
+        "models: {m: {path: /m}}\n"
+        "instances:\n"
+        "  a: {model: m, engine: v, placement: [h1:0], port: 8000,\n"
+        "      env: {VLLM_API_KEY: s3cret-value, HF_TOKEN: tok-value, VLLM_LOGGING_LEVEL: INFO}}\n"
+    )
     rc, out, _ = run(capsys, "inventory", "show", "--json", "-i", str(f))
     assert rc == 0
     env = json.loads(out)["instances"][0]["env"]
@@ -127,11 +135,14 @@ def test_hosts_json(capsys) -> None:
     assert rc == 0 and data["nodeset"] == "gpu[03,09-16]" and data["count"] == 9
 
 
-@pytest.mark.parametrize("pattern,message", [
-    ("@rack9", "unknown group @rack9"),
-    ("gpu[01", "never closed"),
-    ("@failed", "no previous run is recorded"),
-])
+@pytest.mark.parametrize(
+    "pattern,message",
+    [
+        ("@rack9", "unknown group @rack9"),
+        ("gpu[01", "never closed"),
+        ("@failed", "no previous run is recorded"),
+    ],
+)
 def test_hosts_bad_pattern_exits_3(capsys, pattern: str, message: str) -> None:
     rc, _, err = run(capsys, "inventory", "hosts", "-i", EXAMPLE, pattern)
     assert rc == 3 and message in err
@@ -150,8 +161,7 @@ def test_hosts_failed_reads_the_previous_run(capsys, tmp_path: Path) -> None:
 
 def test_import_ansible_to_file_then_validate(capsys, tmp_path: Path) -> None:
     out_file = tmp_path / "converted.yaml"
-    rc, out, err = run(capsys, "inventory", "import-ansible", str(ANSIBLE / "dirs" / "hosts.ini"),
-                       "-o", str(out_file))
+    rc, out, err = run(capsys, "inventory", "import-ansible", str(ANSIBLE / "dirs" / "hosts.ini"), "-o", str(out_file))
     assert rc == 0 and out == ""
     assert "ansible_become_password dropped" in err and "hunter2" not in err
     assert out_file.is_file()
@@ -190,6 +200,7 @@ def test_help_examples_run(capsys, monkeypatch: pytest.MonkeyPatch, command: lis
     _, out, _ = run(capsys, "inventory", *command, "--help")
     example = " ".join(out.split()).split("Example: ", 1)[1].split(" Options:")[0].split(" Arguments:")[0]
     import shlex
+
     rc, _, err = run(capsys, *shlex.split(example)[1:])
     assert rc == 0, (example, err)
 

@@ -43,6 +43,7 @@ def problems_of(text: str, force: bool = False) -> list[tuple[int, str]]:
 
 # ------------------------------------------------------------------ examples
 
+
 @pytest.mark.parametrize("name", ["example-16xh100-roce.yaml", "example-pcie-small.yaml"])
 def test_example_inventories_validate(name: str) -> None:
     inv = load_inventory(EXAMPLES / name)
@@ -64,6 +65,7 @@ def test_realistic_example_contents() -> None:
 
 
 # ---------------------------------------------------------------- precedence
+
 
 def test_precedence_defaults_groups_in_order_then_host() -> None:
     inv = load("""\
@@ -125,11 +127,17 @@ def test_nics_list_is_replaced_not_merged() -> None:
     assert [n.netdev for n in inv.hosts["h1"].nics] == ["eth9"]
     assert [n.netdev for n in inv.hosts["h2"].nics] == ["eth0", "eth1"]
     inv.hosts["h2"].nics[0].netdev = "changed"  # hosts do not share NIC objects
-    assert load("""\
+    assert (
+        load("""\
         version: 1
         defaults: {nics: [{netdev: eth0}]}
         hosts: {a: {}, b: {}}
-        """).hosts["b"].nics[0].netdev == "eth0"
+        """)
+        .hosts["b"]
+        .nics[0]
+        .netdev
+        == "eth0"
+    )
 
 
 def test_defaults_filled_after_merge() -> None:
@@ -154,6 +162,7 @@ def test_yaml_anchors_and_merge_keys() -> None:
 
 # --------------------------------------------------------------------- paths
 
+
 def test_paths_expand_home_and_resolve_against_inventory_dir(tmp_path: Path) -> None:
     f = tmp_path / "site" / "inv.yaml"
     f.parent.mkdir()
@@ -171,11 +180,13 @@ def test_unreadable_file_is_an_inventory_error(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- ssh_config
 
+
 def test_ssh_config_fills_only_what_the_inventory_leaves_unset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     inc = tmp_path / "extra.conf"
     inc.write_text("Host gpu02\n  ProxyJump jump.example.com\n")
     cfg = tmp_path / "config"
-    cfg.write_text(textwrap.dedent(f"""\
+    cfg.write_text(
+        textwrap.dedent(f"""\
         Include {inc}
         Host gpu*
           User admin
@@ -186,7 +197,8 @@ def test_ssh_config_fills_only_what_the_inventory_leaves_unset(tmp_path: Path, m
           HostName gpu01.mgmt.example.com
         Host *
           ServerAliveInterval 5
-        """))
+        """)
+    )
     monkeypatch.setenv("CLUSTERCTL_SSH_CONFIG", str(cfg))
     inv = load("""\
         version: 1
@@ -196,8 +208,7 @@ def test_ssh_config_fills_only_what_the_inventory_leaves_unset(tmp_path: Path, m
         """)
     g1, g2 = inv.hosts["gpu01"], inv.hosts["gpu02"]
     assert g1.address == "gpu01.mgmt.example.com"
-    assert (g1.ssh.user, g1.ssh.port, g1.ssh.identity_file, g1.ssh.proxy_jump) == \
-        ("admin", 2200, "/keys/cluster", None)
+    assert (g1.ssh.user, g1.ssh.port, g1.ssh.identity_file, g1.ssh.proxy_jump) == ("admin", 2200, "/keys/cluster", None)
     assert (g2.address, g2.ssh.user, g2.ssh.proxy_jump) == ("10.0.0.2", "ops", "jump.example.com")
     joined = "\n".join(inv.warnings)
     assert "'forwardagent' (hosts gpu[01-02]) is ignored" in joined
@@ -239,46 +250,124 @@ ERRORS = {
     "wrong version": ("version: 2  # <-\n", "reads schema 1, not 2"),
     "unknown top key": ("version: 1\nhostz: {}  # <-\n", "unknown key 'hostz'; did you mean 'hosts'?"),
     "unknown ssh key": ("version: 1\ndefaults:\n  ssh:\n    prot: 22  # <-\n", "did you mean 'port'?"),
-    "port type": ("version: 1\nhosts:\n  h:\n    ssh: {port: '22'}  # <-\n", "expected an integer 1-65535, got string '22'"),
+    "port type": (
+        "version: 1\nhosts:\n  h:\n    ssh: {port: '22'}  # <-\n",
+        "expected an integer 1-65535, got string '22'",
+    ),
     "port range": ("version: 1\nhosts:\n  h:\n    ssh:\n      port: 0  # <-\n", "out of range 1-65535"),
-    "policy": ("version: 1\ndefaults:\n  ssh:\n    host_key_policy: yolo  # <-\n", "'yolo' is not one of accept-new, strict, off"),
+    "policy": (
+        "version: 1\ndefaults:\n  ssh:\n    host_key_policy: yolo  # <-\n",
+        "'yolo' is not one of accept-new, strict, off",
+    ),
     "become type": ("version: 1\ndefaults:\n  ssh:\n    become: sudo  # <-\n", "expected true or false"),
-    "use_ssh_config outside defaults": ("version: 1\nhosts:\n  h:\n    ssh:\n      use_ssh_config: false  # <-\n", "only allowed in defaults.ssh"),
-    "duplicate host": ("version: 1\nhosts:\n  n[1-3]: {}\n  n2: {}  # <-\n", "host n2 is defined twice (first at line 3)"),
+    "use_ssh_config outside defaults": (
+        "version: 1\nhosts:\n  h:\n    ssh:\n      use_ssh_config: false  # <-\n",
+        "only allowed in defaults.ssh",
+    ),
+    "duplicate host": (
+        "version: 1\nhosts:\n  n[1-3]: {}\n  n2: {}  # <-\n",
+        "host n2 is defined twice (first at line 3)",
+    ),
     "duplicate in one range": ("version: 1\nhosts:\n  n[1-3,2]: {}  # <-\n", "host n2 is defined twice"),
     "duplicate yaml key": ("version: 1\nhosts:\n  n1: {}\n  n1: {}  # <-\n", "duplicate key 'n1' (first at line 3)"),
     "bad range key": ("version: 1\nhosts:\n  n[3-1]: {}  # <-\n", "goes backwards"),
-    "address length": ("version: 1\nhosts:\n  n[1-3]:\n    address: 10.0.0.[1-2]  # <-\n", "gives 2 address(es) for 3 host(s)"),
+    "address length": (
+        "version: 1\nhosts:\n  n[1-3]:\n    address: 10.0.0.[1-2]  # <-\n",
+        "gives 2 address(es) for 3 host(s)",
+    ),
     "bad ip": ("version: 1\nhosts:\n  n1:\n    address: 10.0.0.256  # <-\n", "'10.0.0.256' is not a valid IP address"),
-    "bad hostname": ("version: 1\nhosts:\n  n1:\n    address: 'bad_host!'  # <-\n", "neither an IP address nor a host name"),
-    "label value": ("version: 1\nhosts:\n  n1:\n    labels:\n      rack: [1, 2]  # <-\n", "a label value must be a string or number"),
-    "gpu interconnect": ("version: 1\ndefaults:\n  gpus: {count: 8, interconnect: nvswitch}  # <-\n", "'nvswitch' is not one of nvlink, pcie"),
-    "nic role": ("version: 1\ndefaults:\n  nics:\n    - {netdev: eth0, role: mgmt}  # <-\n", "'mgmt' is not one of management, data, storage"),
+    "bad hostname": (
+        "version: 1\nhosts:\n  n1:\n    address: 'bad_host!'  # <-\n",
+        "neither an IP address nor a host name",
+    ),
+    "label value": (
+        "version: 1\nhosts:\n  n1:\n    labels:\n      rack: [1, 2]  # <-\n",
+        "a label value must be a string or number",
+    ),
+    "gpu interconnect": (
+        "version: 1\ndefaults:\n  gpus: {count: 8, interconnect: nvswitch}  # <-\n",
+        "'nvswitch' is not one of nvlink, pcie",
+    ),
+    "nic role": (
+        "version: 1\ndefaults:\n  nics:\n    - {netdev: eth0, role: mgmt}  # <-\n",
+        "'mgmt' is not one of management, data, storage",
+    ),
     "nic without netdev": ("version: 1\ndefaults:\n  nics:\n    - {role: data}  # <-\n", "missing 'netdev'"),
     "fabric range": ("version: 1\nfabric:\n  roce_dscp: 64  # <-\n", "fabric.roce_dscp: 64 is out of range 0-63"),
-    "undefined group": ("version: 1\ngroups: {rack1: {}}\nhosts:\n  n1:\n    groups: [rakc1]  # <-\n", "group 'rakc1' of host n1 is not defined in 'groups'; did you mean 'rack1'?"),
-    "group member unknown": ("version: 1\ngroups:\n  g:\n    hosts: n[1-3]  # <-\nhosts: {n1: {}}\n", "n[2-3] not defined in 'hosts'"),
+    "undefined group": (
+        "version: 1\ngroups: {rack1: {}}\nhosts:\n  n1:\n    groups: [rakc1]  # <-\n",
+        "group 'rakc1' of host n1 is not defined in 'groups'; did you mean 'rack1'?",
+    ),
+    "group member unknown": (
+        "version: 1\ngroups:\n  g:\n    hosts: n[1-3]  # <-\nhosts: {n1: {}}\n",
+        "n[2-3] not defined in 'hosts'",
+    ),
     "reserved group": ("version: 1\ngroups:\n  all: {}  # <-\n", "'all' is reserved"),
-    "engine version float": ("version: 1\nengines:\n  e:\n    path: /x\n    version: 0.10  # <-\n", "expected a string, got number 0.1; quote it"),
+    "engine version float": (
+        "version: 1\nengines:\n  e:\n    path: /x\n    version: 0.10  # <-\n",
+        "expected a string, got number 0.1; quote it",
+    ),
     "model without path": ("version: 1\nmodels:\n  m: {version: '1'}  # <-\n", "models.m: missing 'path'"),
-    "arch heads": ("version: 1\nmodels:\n  m:\n    path: /m\n    arch: {attention_heads: 32, kv_heads: 6}  # <-\n", "must be a multiple of kv_heads (6)"),
+    "arch heads": (
+        "version: 1\nmodels:\n  m:\n    path: /m\n    arch: {attention_heads: 32, kv_heads: 6}  # <-\n",
+        "must be a multiple of kv_heads (6)",
+    ),
 }
 
 INSTANCE_ERRORS = {
-    "undefined model": ("    model: m9  # <-\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n", "model 'm9' is not defined in 'models'"),
-    "undefined engine": ("    model: m8\n    engine: v12  # <-\n    placement: [gpu01:0]\n    port: 8000\n", "engine 'v12' is not defined in 'engines'; did you mean 'v11'?"),
-    "gpu index": ("    model: m8\n    engine: v11\n    placement: [gpu01:0, gpu01:8]  # <-\n    port: 8000\n", "gpu01:8 does not exist (gpu01 has GPUs 0-7)"),
-    "unknown host": ("    model: m8\n    engine: v11\n    placement: gpu09:[0-1]  # <-\n    port: 8000\n", "host 'gpu09' is not defined in 'hosts'"),
-    "not host:gpu": ("    model: m8\n    engine: v11\n    placement: [gpu01]  # <-\n    port: 8000\n", "'gpu01' is not host:GPU"),
-    "gpu twice in one": ("    model: m8\n    engine: v11\n    placement: [gpu01:1, gpu01:1]  # <-\n    port: 8000\n", "gpu01:1 is listed twice"),
-    "tp mismatch": ("    model: m8\n    engine: v11\n    placement: gpu01:[0-3]\n    tp: 2  # <-\n    port: 8000\n", "tp is 2 but placement lists 4 GPU(s)"),
-    "heads not divisible": ("    model: m8\n    engine: v11\n    placement: gpu01:[0-2]\n    port: 8000\n", "32 attention heads, not divisible by TP 3"),
-    "env not string": ("    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    env:\n      NCCL_DEBUG: 1  # <-\n", "env.NCCL_DEBUG: environment values must be strings; quote the value"),
-    "args sets port": ("    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    args:\n      --port: 9000  # <-\n", "'--port' is set by clusterctl"),
-    "bad port": ("    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 99999  # <-\n", "out of range 1-65535"),
+    "undefined model": (
+        "    model: m9  # <-\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n",
+        "model 'm9' is not defined in 'models'",
+    ),
+    "undefined engine": (
+        "    model: m8\n    engine: v12  # <-\n    placement: [gpu01:0]\n    port: 8000\n",
+        "engine 'v12' is not defined in 'engines'; did you mean 'v11'?",
+    ),
+    "gpu index": (
+        "    model: m8\n    engine: v11\n    placement: [gpu01:0, gpu01:8]  # <-\n    port: 8000\n",
+        "gpu01:8 does not exist (gpu01 has GPUs 0-7)",
+    ),
+    "unknown host": (
+        "    model: m8\n    engine: v11\n    placement: gpu09:[0-1]  # <-\n    port: 8000\n",
+        "host 'gpu09' is not defined in 'hosts'",
+    ),
+    "not host:gpu": (
+        "    model: m8\n    engine: v11\n    placement: [gpu01]  # <-\n    port: 8000\n",
+        "'gpu01' is not host:GPU",
+    ),
+    "gpu twice in one": (
+        "    model: m8\n    engine: v11\n    placement: [gpu01:1, gpu01:1]  # <-\n    port: 8000\n",
+        "gpu01:1 is listed twice",
+    ),
+    "tp mismatch": (
+        "    model: m8\n    engine: v11\n    placement: gpu01:[0-3]\n    tp: 2  # <-\n    port: 8000\n",
+        "tp is 2 but placement lists 4 GPU(s)",
+    ),
+    "heads not divisible": (
+        "    model: m8\n    engine: v11\n    placement: gpu01:[0-2]\n    port: 8000\n",
+        "32 attention heads, not divisible by TP 3",
+    ),
+    "env not string": (
+        "    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    env:\n      NCCL_DEBUG: 1  # <-\n",
+        "env.NCCL_DEBUG: environment values must be strings; quote the value",
+    ),
+    "args sets port": (
+        "    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    args:\n      --port: 9000  # <-\n",
+        "'--port' is set by clusterctl",
+    ),
+    "bad port": (
+        "    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 99999  # <-\n",
+        "out of range 1-65535",
+    ),
     "missing placement": ("    model: m8\n    engine: v11\n    port: 8000\n", "missing 'placement'"),
-    "bad role": ("    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    role: both  # <-\n", "'both' is not one of mixed, prefill, decode"),
-    "unknown key": ("    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    replicas: 2  # <-\n", "unknown key 'replicas'"),
+    "bad role": (
+        "    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    role: both  # <-\n",
+        "'both' is not one of mixed, prefill, decode",
+    ),
+    "unknown key": (
+        "    model: m8\n    engine: v11\n    placement: [gpu01:0]\n    port: 8000\n    replicas: 2  # <-\n",
+        "unknown key 'replicas'",
+    ),
 }
 
 
@@ -303,8 +392,9 @@ def test_instance_error_at_its_line(case: str) -> None:
     body, fragment = INSTANCE_ERRORS[case]
     text = BASE + "instances:\n  inst:  # <-\n" + body
     # the instance's own line unless the body marks a more precise one
-    expected = _expected_line(text.replace("  inst:  # <-", "  inst:", 1)) if body.count("# <-") else \
-        _expected_line(text)
+    expected = (
+        _expected_line(text.replace("  inst:  # <-", "  inst:", 1)) if body.count("# <-") else _expected_line(text)
+    )
     found = problems_of(text)
     assert any(line == expected and fragment in msg for line, msg in found), (expected, found)
 
@@ -330,8 +420,14 @@ def test_two_instances_on_one_gpu_and_one_port() -> None:
         """)
     found = problems_of(text)
     b_line = text.splitlines().index("  b:") + 1
-    assert (b_line, f"inv.yaml:{b_line}: instances.b: GPU gpu01:1 is also used by instance a (line {b_line - 5})") in found
-    assert (b_line, f"inv.yaml:{b_line}: instances.b: port 8000 on gpu01 is also used by instance a (line {b_line - 5})") in found
+    assert (
+        b_line,
+        f"inv.yaml:{b_line}: instances.b: GPU gpu01:1 is also used by instance a (line {b_line - 5})",
+    ) in found
+    assert (
+        b_line,
+        f"inv.yaml:{b_line}: instances.b: port 8000 on gpu01 is also used by instance a (line {b_line - 5})",
+    ) in found
     assert len(found) == 2  # c: same port on another host is fine
 
 
@@ -368,7 +464,9 @@ def test_force_does_not_hide_errors() -> None:
     assert sorted((p.severity, p.line) for p in e.value.problems) == [("error", 13), ("warning", 8)]
 
 
-TEMPLATE = BASE + """\
+TEMPLATE = (
+    BASE
+    + """\
 groups:
   pool: {hosts: 'gpu[01-02]'}
 templates:
@@ -379,6 +477,7 @@ templates:
     tp: 4
     hosts: %s
 """
+)
 
 
 def test_template_hosts_pattern_must_match() -> None:
@@ -406,10 +505,12 @@ def test_broken_fixture_reports_every_problem() -> None:
     expected_lines = {5, 8, 11, 15, 16, 17, 19, 20, 24, 31, 33, 40, 41, 45, 47, 51, 52, 59}
     assert {line for line, _ in got} == expected_lines
     text = str(e.value)
-    for fragment in ("broken.yaml:5: defaults.ssh: unknown key 'prot'",
-                     "broken.yaml:41: instances.c: GPU gpu05:1 is also used by instance b",
-                     "broken.yaml:41: instances.c: port 8000 on gpu05 is also used by instance b",
-                     "broken.yaml:45: instances.c: tp is 2 but placement lists 3 GPU(s)",
-                     "broken.yaml:41: warning: instances.c: TP 3 on PCIe-only host gpu05",
-                     "broken.yaml:59: templates.pool.hosts: unknown group @rack7"):
+    for fragment in (
+        "broken.yaml:5: defaults.ssh: unknown key 'prot'",
+        "broken.yaml:41: instances.c: GPU gpu05:1 is also used by instance b",
+        "broken.yaml:41: instances.c: port 8000 on gpu05 is also used by instance b",
+        "broken.yaml:45: instances.c: tp is 2 but placement lists 3 GPU(s)",
+        "broken.yaml:41: warning: instances.c: TP 3 on PCIe-only host gpu05",
+        "broken.yaml:59: templates.pool.hosts: unknown group @rack7",
+    ):
         assert fragment in text

@@ -50,19 +50,22 @@ def test_expand_unsorted_keeps_pattern_order_and_duplicates() -> None:
     assert expand("gpu[3,1,3]") == ["gpu1", "gpu3"]
 
 
-@pytest.mark.parametrize("pattern,fragment", [
-    ("gpu[1-", "never closed"),
-    ("gpu]", "without '['"),
-    ("gpu[[1]]", "nested"),
-    ("gpu[3-1]", "backwards"),
-    ("gpu[a-b]", "bad range item"),
-    ("gpu[]", "bad range item"),
-    ("gpu[1-4/0]", "step"),
-    ("", "empty name"),
-    ("a,,b", "empty name"),
-    ("gpu 01", "whitespace"),
-    ("n[1-1000000]", "more than"),
-])
+@pytest.mark.parametrize(
+    "pattern,fragment",
+    [
+        ("gpu[1-", "never closed"),
+        ("gpu]", "without '['"),
+        ("gpu[[1]]", "nested"),
+        ("gpu[3-1]", "backwards"),
+        ("gpu[a-b]", "bad range item"),
+        ("gpu[]", "bad range item"),
+        ("gpu[1-4/0]", "step"),
+        ("", "empty name"),
+        ("a,,b", "empty name"),
+        ("gpu 01", "whitespace"),
+        ("n[1-1000000]", "more than"),
+    ],
+)
 def test_expand_errors_are_clear(pattern: str, fragment: str) -> None:
     with pytest.raises(NodeSetError) as e:
         expand(pattern)
@@ -107,7 +110,9 @@ _ranges = st.tuples(st.integers(0, 120), st.integers(0, 30), st.integers(1, 4), 
 @given(st.lists(_ranges, min_size=1, max_size=4), st.sampled_from(["gpu", "n", "10.0.0."]))
 def test_expand_of_generated_patterns(items: list[tuple[int, int, int, bool]], prefix: str) -> None:
     body = ",".join(
-        f"{str(lo).zfill(3) if pad else lo}-{str(lo + span).zfill(3) if pad else lo + span}" for lo, span, _s, pad in items)
+        f"{str(lo).zfill(3) if pad else lo}-{str(lo + span).zfill(3) if pad else lo + span}"
+        for lo, span, _s, pad in items
+    )
     names = expand(f"{prefix}[{body}]")
     assert names == sorted(set(names), key=natural_key)
     assert fold(expand(fold(names))) == fold(names)

@@ -14,15 +14,68 @@ from clusterctl.errors import InventoryError
 from clusterctl.inventory.loader import TOP_KEYS, load_inventory_text
 from clusterctl.inventory.model import Inventory
 
-KEYS = list(TOP_KEYS) + ["ssh", "vars", "labels", "gpus", "nics", "hosts", "address", "groups",
-                         "count", "interconnect", "netdev", "role", "model", "engine", "placement",
-                         "port", "tp", "args", "env", "replicas", "port_base", "path", "arch",
-                         "attention_heads", "kv_heads", "user", "become", "use_ssh_config", "<<",
-                         "gpu[01-03]", "gpu01", "gpu01:0", "@g", "n[1-2]", "10.0.0.[1-2]", "all"]
+KEYS = list(TOP_KEYS) + [
+    "ssh",
+    "vars",
+    "labels",
+    "gpus",
+    "nics",
+    "hosts",
+    "address",
+    "groups",
+    "count",
+    "interconnect",
+    "netdev",
+    "role",
+    "model",
+    "engine",
+    "placement",
+    "port",
+    "tp",
+    "args",
+    "env",
+    "replicas",
+    "port_base",
+    "path",
+    "arch",
+    "attention_heads",
+    "kv_heads",
+    "user",
+    "become",
+    "use_ssh_config",
+    "<<",
+    "gpu[01-03]",
+    "gpu01",
+    "gpu01:0",
+    "@g",
+    "n[1-2]",
+    "10.0.0.[1-2]",
+    "all",
+]
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 70000), st.floats(allow_nan=True),
-    st.sampled_from(["gpu01", "gpu[01-03]", "gpu01:[0-3]", "10.0.0.[1-3]", "nvlink", "pcie", "@g",
-                     "n[3-1]", "x:y", "", "[", "~/k", "0.10", "mixed", "8.19e9"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 70000),
+    st.floats(allow_nan=True),
+    st.sampled_from(
+        [
+            "gpu01",
+            "gpu[01-03]",
+            "gpu01:[0-3]",
+            "10.0.0.[1-3]",
+            "nvlink",
+            "pcie",
+            "@g",
+            "n[3-1]",
+            "x:y",
+            "",
+            "[",
+            "~/k",
+            "0.10",
+            "mixed",
+            "8.19e9",
+        ]
+    ),
     st.text(max_size=8),
 )
 structures = st.recursive(
@@ -78,7 +131,8 @@ def test_structures_shaped_like_inventories_never_traceback(doc: dict[str, Any])
 
 
 EXAMPLE = yaml.safe_load(
-    (Path(__file__).resolve().parents[3] / "inventories" / "example-16xh100-roce.yaml").read_text())
+    (Path(__file__).resolve().parents[3] / "inventories" / "example-16xh100-roce.yaml").read_text()
+)
 
 
 def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
@@ -114,7 +168,9 @@ def test_alias_bomb_is_a_problem() -> None:
     lines = ["version: 1", "a: &a [x, x, x, x, x, x, x, x, x, x]"]
     prev = "a"
     for i in range(8):
-        lines.append(f"l{i}: &l{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]")
+        lines.append(
+            f"l{i}: &l{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]"
+        )
         prev = f"l{i}"
     try:
         load_inventory_text("\n".join(lines) + "\n", "bomb.yaml")
@@ -134,7 +190,8 @@ def test_recursive_alias_is_a_problem() -> None:
 
 
 _SEL_INV = load_inventory_text(
-    "version: 1\ngroups: {g: {hosts: 'gpu[01-02]', labels: {rack: r1}}}\nhosts: {'gpu[01-04]': {}}\n", "s.yaml")
+    "version: 1\ngroups: {g: {hosts: 'gpu[01-02]', labels: {rack: r1}}}\nhosts: {'gpu[01-04]': {}}\n", "s.yaml"
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -142,6 +199,7 @@ _SEL_INV = load_inventory_text(
 def test_selection_patterns_never_traceback(pattern: str) -> None:
     from clusterctl.errors import SelectionError
     from clusterctl.inventory.select import select_hosts
+
     try:
         hosts = select_hosts(_SEL_INV, pattern, failed=["gpu03"])
     except SelectionError:
@@ -150,13 +208,31 @@ def test_selection_patterns_never_traceback(pattern: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(list("[]:=ab01 \n#;-_.'\"{},\t") + [
-    "[g]\n", "[g:vars]\n", "[g:children]\n", "ansible_port=", "ansible_host=", "h[1:3]",
-    "all:\n  hosts:\n", "  children:\n", "    h1:\n", "ansible_password=x"]), max_size=40).map("".join))
+@given(
+    st.lists(
+        st.sampled_from(
+            list("[]:=ab01 \n#;-_.'\"{},\t")
+            + [
+                "[g]\n",
+                "[g:vars]\n",
+                "[g:children]\n",
+                "ansible_port=",
+                "ansible_host=",
+                "h[1:3]",
+                "all:\n  hosts:\n",
+                "  children:\n",
+                "    h1:\n",
+                "ansible_password=x",
+            ]
+        ),
+        max_size=40,
+    ).map("".join)
+)
 @example(text="0b_")  # PyYAML's int constructor raises ValueError on it
 def test_ansible_import_never_tracebacks(tmp_path_factory, text: str) -> None:
     from clusterctl.errors import ConfigError
     from clusterctl.inventory.ansible import import_ansible, to_yaml
+
     f = tmp_path_factory.mktemp("ans") / "hosts"
     f.write_text(text)
     try:

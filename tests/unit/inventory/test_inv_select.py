@@ -10,7 +10,8 @@ from clusterctl.errors import SelectionError
 from clusterctl.inventory.loader import load_inventory_text
 from clusterctl.inventory.select import select_hosts
 
-INV = load_inventory_text(textwrap.dedent("""\
+INV = load_inventory_text(
+    textwrap.dedent("""\
     version: 1
     groups:
       rack1: {hosts: 'gpu[01-04]', labels: {rack: r1}}
@@ -20,7 +21,9 @@ INV = load_inventory_text(textwrap.dedent("""\
     hosts:
       gpu[08,07,06,05,04,03,02,01]: {}
       cpu1: {labels: {role: head}}
-    """), "sel.yaml")
+    """),
+    "sel.yaml",
+)
 
 
 def names(pattern: str, failed: list[str] | None = None) -> list[str]:
@@ -57,19 +60,22 @@ def test_failed_uses_the_given_set() -> None:
     assert names("@failed", failed=[]) == []
 
 
-@pytest.mark.parametrize("pattern,fragment", [
-    ("@failed", "no previous run is recorded"),
-    ("@rack9", "unknown group @rack9"),
-    ("gpu[07-12]", "unknown host(s): gpu[09-12]"),
-    ("zzz", "unknown host(s): zzz"),
-    ("rack=r9", "no host has label rack=r9 (rack values: r1, r2)"),
-    ("colour=red", "no host has a label 'colour'"),
-    ("nope*", "matches no host"),
-    ("", "empty host pattern"),
-    ("gpu01,,gpu02", "empty item"),
-    ("@rack1&", "empty name"),
-    ("gpu[01", "never closed"),
-])
+@pytest.mark.parametrize(
+    "pattern,fragment",
+    [
+        ("@failed", "no previous run is recorded"),
+        ("@rack9", "unknown group @rack9"),
+        ("gpu[07-12]", "unknown host(s): gpu[09-12]"),
+        ("zzz", "unknown host(s): zzz"),
+        ("rack=r9", "no host has label rack=r9 (rack values: r1, r2)"),
+        ("colour=red", "no host has a label 'colour'"),
+        ("nope*", "matches no host"),
+        ("", "empty host pattern"),
+        ("gpu01,,gpu02", "empty item"),
+        ("@rack1&", "empty name"),
+        ("gpu[01", "never closed"),
+    ],
+)
 def test_errors_name_the_problem(pattern: str, fragment: str) -> None:
     with pytest.raises(SelectionError) as e:
         select_hosts(INV, pattern)

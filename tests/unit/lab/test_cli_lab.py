@@ -16,8 +16,9 @@ def not_root(monkeypatch):
     monkeypatch.setattr(manager.os, "geteuid", lambda: 1000)
 
 
-@pytest.mark.parametrize("argv", [["lab", "up"], ["lab", "down"], ["lab", "heal"],
-                                  ["lab", "inject", "lab01", "cut"], ["lab", "template"]])
+@pytest.mark.parametrize(
+    "argv", [["lab", "up"], ["lab", "down"], ["lab", "heal"], ["lab", "inject", "lab01", "cut"], ["lab", "template"]]
+)
 def test_root_only_commands_say_so_and_exit_3(not_root, capsys, argv):
     assert main(argv) == 3
     err = " ".join(capsys.readouterr().err.split())
@@ -51,7 +52,11 @@ def test_every_command_has_an_example(cmd, capsys):
 
 def test_fault_options_become_key_value_pairs():
     assert cli_lab._option_pairs(["--gpu", "3", "--code=79", "nic=eth2", "--on"]) == [
-        "gpu=3", "code=79", "nic=eth2", "on=true"]
+        "gpu=3",
+        "code=79",
+        "nic=eth2",
+        "on=true",
+    ]
 
 
 def test_stray_fault_argument_is_a_usage_error(monkeypatch, capsys):

@@ -31,13 +31,16 @@ def test_host_count_out_of_range_is_refused(count):
         plan_hosts(LabConfig(), count)
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"net": "10.77.0"}, "two octets"),
-    ({"net": "10.300"}, "two octets"),
-    ({"prefix": "Lab"}, "lower-case"),
-    ({"prefix": "toolongname"}, "lower-case"),
-    ({"bridge": "a" * 16}, "bridge name"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"net": "10.77.0"}, "two octets"),
+        ({"net": "10.300"}, "two octets"),
+        ({"prefix": "Lab"}, "lower-case"),
+        ({"prefix": "toolongname"}, "lower-case"),
+        ({"bridge": "a" * 16}, "bridge name"),
+    ],
+)
 def test_bad_settings_are_explained(kw, msg):
     with pytest.raises(LabError, match=msg):
         LabConfig(**kw).validate()

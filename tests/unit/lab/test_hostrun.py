@@ -32,8 +32,7 @@ def test_reboot_status_relaunches_then_poweroff_ends(tmp_path, monkeypatch):
     counter = tmp_path / "boots"
     script = tmp_path / "fake-nspawn"
     # Boot 1 and 2 "reboot" (exit 133), boot 3 powers off (exit 0).
-    script.write_text(f"#!/bin/sh\necho x >> {counter}\n"
-                      f"[ $(wc -l < {counter}) -lt 3 ] && exit 133\nexit 0\n")
+    script.write_text(f"#!/bin/sh\necho x >> {counter}\n[ $(wc -l < {counter}) -lt 3 ] && exit 133\nexit 0\n")
     script.chmod(0o755)
     pidfile = tmp_path / "nspawn.pid"
     assert hostrun.main(["lab/x", str(pidfile), "--", str(script)]) == 0
@@ -53,11 +52,25 @@ def test_usage_error():
 def test_sigterm_is_forwarded_and_pid_recorded(tmp_path):
     pidfile = tmp_path / "nspawn.pid"
     env = dict(os.environ, PYTHONPATH=str(Path(hostrun.__file__).parents[2]))
-    code = ("import sys; from clusterctl.lab import hostrun; from pathlib import Path;"
-            f"hostrun.CGROUP_ROOT = Path({str(tmp_path / 'nocg')!r});"
-            "sys.exit(hostrun.main(sys.argv[1:]))")
-    p = subprocess.Popen([sys.executable, "-c", code, "lab/x", str(pidfile), "--",
-                          "sh", "-c", "trap 'exit 7' TERM; while :; do sleep 0.05; done"], env=env)
+    code = (
+        "import sys; from clusterctl.lab import hostrun; from pathlib import Path;"
+        f"hostrun.CGROUP_ROOT = Path({str(tmp_path / 'nocg')!r});"
+        "sys.exit(hostrun.main(sys.argv[1:]))"
+    )
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "lab/x",
+            str(pidfile),
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 7' TERM; while :; do sleep 0.05; done",
+        ],
+        env=env,
+    )
     deadline = time.monotonic() + 10
     while not pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.02)

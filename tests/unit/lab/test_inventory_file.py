@@ -11,8 +11,9 @@ from clusterctl.lab.config import LabConfig, plan_hosts
 
 def _write_and_load(tmp_path: Path, n: int, **kw):
     cfg = LabConfig(lab_dir=tmp_path)
-    data = inventory_file.build(cfg, plan_hosts(cfg, n), gpus=kw.pop("gpus", 8),
-                                gpu_model=kw.pop("gpu_model", "H100-SXM5-80GB"), **kw)
+    data = inventory_file.build(
+        cfg, plan_hosts(cfg, n), gpus=kw.pop("gpus", 8), gpu_model=kw.pop("gpu_model", "H100-SXM5-80GB"), **kw
+    )
     inventory_file.write(cfg.inventory_file, data)
     assert not list(tmp_path.glob("*.tmp"))
     return cfg, load_inventory(str(cfg.inventory_file))
@@ -44,18 +45,27 @@ def test_one_host_and_hosts_spanning_octets(tmp_path):
 
 
 def _desc(model="L40S", memory=45.0, link="pcie", nics=("eth2", "eth3")):
-    return {"gpus": {"count": 4, "model": model, "name": "NVIDIA " + model, "memory_gib": memory,
-                     "interconnect": link, "uuids": []},
-            "nics": [{"netdev": n, "rdma_device": f"mlx5_{i}", "port": 1, "speed_gbps": 400.0,
-                      "mtu": 4200, "mac": "x"} for i, n in enumerate(nics)]}
+    return {
+        "gpus": {
+            "count": 4,
+            "model": model,
+            "name": "NVIDIA " + model,
+            "memory_gib": memory,
+            "interconnect": link,
+            "uuids": [],
+        },
+        "nics": [
+            {"netdev": n, "rdma_device": f"mlx5_{i}", "port": 1, "speed_gbps": 400.0, "mtu": 4200, "mac": "x"}
+            for i, n in enumerate(nics)
+        ],
+    }
 
 
 def test_gpus_and_data_nics_come_from_the_hardware_description(tmp_path):
     cfg = LabConfig(lab_dir=tmp_path)
     hosts = plan_hosts(cfg, 3)
     hw = {"lab01": _desc(), "lab02": _desc(), "lab03": _desc(nics=("eth2",))}
-    data = inventory_file.build(cfg, hosts, gpus=8, gpu_model="ignored", hardware=hw,
-                                inbox=["lab03"])
+    data = inventory_file.build(cfg, hosts, gpus=8, gpu_model="ignored", hardware=hw, inbox=["lab03"])
     inventory_file.write(cfg.inventory_file, data)
     inv = load_inventory(str(cfg.inventory_file))
     h = inv.hosts["lab01"]

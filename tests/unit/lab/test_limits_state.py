@@ -35,8 +35,13 @@ def test_a_higher_limit_is_left_alone(tmp_path):
 
 def test_state_round_trip_and_atomic_write(tmp_path):
     specs = plan_hosts(LabConfig(), 2)
-    s = st.LabState(hosts=[st.HostState(specs[0], 11), st.HostState(specs[1], None)],
-                    gpus_per_host=4, gpu_model="X", ticker_pid=7, inotify_saved=128)
+    s = st.LabState(
+        hosts=[st.HostState(specs[0], 11), st.HostState(specs[1], None)],
+        gpus_per_host=4,
+        gpu_model="X",
+        ticker_pid=7,
+        inotify_saved=128,
+    )
     path = tmp_path / "state.json"
     st.save(path, s)
     assert json.loads(path.read_text())["version"] == st.STATE_VERSION

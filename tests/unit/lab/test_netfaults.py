@@ -7,8 +7,9 @@ from clusterctl.lab import netfaults
 from clusterctl.lab.config import LabConfig, plan_hosts
 
 
-@pytest.mark.parametrize("text, bps", [("100mbit", 100_000_000), ("1.5gbit", 1_500_000_000),
-                                       ("64kbit", 64_000), (" 10 MBIT ", 10_000_000)])
+@pytest.mark.parametrize(
+    "text, bps", [("100mbit", 100_000_000), ("1.5gbit", 1_500_000_000), ("64kbit", 64_000), (" 10 MBIT ", 10_000_000)]
+)
 def test_parse_rate(text, bps):
     assert netfaults.parse_rate(text) == bps
 

@@ -26,4 +26,12 @@ def test_etc_hosts_names_every_host():
 
 def test_every_fourth_host_has_the_inbox_nic_driver():
     assert [manager.nic_flavour(i) for i in range(1, 9)] == [
-        "mlnx", "mlnx", "inbox", "mlnx", "mlnx", "mlnx", "inbox", "mlnx"]
+        "mlnx",
+        "mlnx",
+        "inbox",
+        "mlnx",
+        "mlnx",
+        "mlnx",
+        "inbox",
+        "mlnx",
+    ]

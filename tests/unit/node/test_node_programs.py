@@ -39,22 +39,34 @@ PY = _oldest_supported_python()
 
 
 def _modules() -> list[str]:
-    return sorted(".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-                  for p in NODE_DIR.rglob("*.py"))
+    return sorted(
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__") for p in NODE_DIR.rglob("*.py")
+    )
 
 
 def test_every_node_program_is_known_to_this_test() -> None:
     """A new program in clusterctl/node/ must get a run below (and a line in its docstring)."""
     programs = {m.removeprefix("clusterctl.node.") for m in _modules()} - {"clusterctl.node", "stage"}
-    assert programs == set(RUNS) | {"stage.manifest", "stage.layout", "stage.fetch", "stage.s3",
-                                    "stage.relay", "stage.pagecache", "stage.threads"}
+    assert programs == set(RUNS) | {
+        "stage.manifest",
+        "stage.layout",
+        "stage.fetch",
+        "stage.s3",
+        "stage.relay",
+        "stage.pagecache",
+        "stage.threads",
+    }
 
 
 def test_node_programs_need_nothing_newer_than_python38() -> None:
     vermin = shutil.which("vermin")
     assert vermin, "vermin is a test dependency (pip install -e .[test])"
-    out = subprocess.run([vermin, f"-t={MIN[0]}.{MIN[1]}-", "--no-tips", "--violations", str(NODE_DIR)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [vermin, f"-t={MIN[0]}.{MIN[1]}-", "--no-tips", "--violations", str(NODE_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -69,8 +81,13 @@ def test_node_programs_import_on_the_oldest_python_from_the_stdlib_alone() -> No
         "             and not m.__file__.startswith(sys.argv[3]) and n != 'clusterctl')\n"
         "print(json.dumps({'version': list(sys.version_info[:2]), 'outside': bad}))\n"
     )
-    r = subprocess.run([PY, "-I", "-S", "-B", "-c", code, str(REPO), json.dumps(_modules()), str(NODE_DIR)],
-                       capture_output=True, text=True, timeout=60, cwd="/")
+    r = subprocess.run(
+        [PY, "-I", "-S", "-B", "-c", code, str(REPO), json.dumps(_modules()), str(NODE_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert tuple(doc["version"]) >= MIN
@@ -95,57 +112,64 @@ def run_collector(tmp: Path) -> None:
     assert r.returncode == 0 and "--kernel-log-cursor" in r.stdout, r.stderr
 
 
-def run_deploy(tmp: Path) -> None:        # as deploy/remote.py ships it: -c SOURCE, the job on stdin
+def run_deploy(tmp: Path) -> None:  # as deploy/remote.py ships it: -c SOURCE, the job on stdin
     r = _run(["-I", "-B", "-c", node.source("deploy")], json.dumps({"op": "no-such-op"}) + "\n")
     assert _json_line(r) == {"ok": False, "kind": "node", "error": "KeyError: 'no-such-op'"}
 
 
-def run_gateway(tmp: Path) -> None:       # as gateway/deploy.py ships it
+def run_gateway(tmp: Path) -> None:  # as gateway/deploy.py ships it
     r = _run(["-I", "-B", "-c", node.source("gateway"), "gw1"], json.dumps({"op": "no-such-op"}) + "\n")
     assert _json_line(r) == {"ok": False, "kind": "node", "error": "KeyError: 'no-such-op'"}
 
 
-def run_preflight(tmp: Path) -> None:     # as deploy/preflight/hosts.py ships it: the script on stdin
+def run_preflight(tmp: Path) -> None:  # as deploy/preflight/hosts.py ships it: the script on stdin
     r = _run(["-", json.dumps({"models": [str(tmp / "absent")]})], node.source("preflight"))
     assert r.returncode == 0, r.stderr
     assert "config.json" in json.loads(r.stdout)["models"][str(tmp / "absent")]["error"]
 
 
-def run_bundle(tmp: Path) -> None:        # as diagnose/bundle.py ships it (no probe, no instance asked)
+def run_bundle(tmp: Path) -> None:  # as diagnose/bundle.py ships it (no probe, no instance asked)
     r = _run(["-", json.dumps({"instances": {}})], "PROBE_PAYLOAD = b''\n" + node.source("bundle"))
     doc = _json_line(r)
     assert doc["instances"] == {} and doc["collected_at"]
 
 
-def run_check_gpus(tmp: Path) -> None:    # installed as the units' ExecStartPre; no NVML here: a refusal
+def run_check_gpus(tmp: Path) -> None:  # installed as the units' ExecStartPre; no NVML here: a refusal
     r = _run([str(node.path("check_gpus")), "--list"])
-    if r.returncode == 0:                 # a machine with a GPU lists it
+    if r.returncode == 0:  # a machine with a GPU lists it
         assert r.stderr == ""
     else:
         assert r.returncode == 1 and r.stderr.startswith("check-gpus: refusing to start:"), r.stderr
 
 
-def run_stage_main(tmp: Path) -> None:    # the staging bootstrap (stage/bundle.py), as shipped
+def run_stage_main(tmp: Path) -> None:  # the staging bootstrap (stage/bundle.py), as shipped
     r = _run(["-I", "-B", "-c", stage_bundle.bootstrap()], json.dumps({"op": "no-such-op"}) + "\n")
     assert r.returncode == 1
     doc = _json_line(r)
     assert doc["ok"] is False and doc["kind"] == "manifest" and "no-such-op" in doc["error"]
 
 
-def run_stage_verify_model(tmp: Path) -> None:   # installed as verify-model
+def run_stage_verify_model(tmp: Path) -> None:  # installed as verify-model
     r = _run([str(node.path("stage/verify_model")), str(tmp / "absent")])
     assert r.returncode == 1 and r.stderr.startswith("verify-model: refusing to start:"), r.stderr
 
 
-def run_stage_pin_model(tmp: Path) -> None:      # installed as pin-model
+def run_stage_pin_model(tmp: Path) -> None:  # installed as pin-model
     r = _run([str(node.path("stage/pin_model")), str(tmp / "absent"), "--budget", "1"])
     assert r.returncode == 1 and "is not a staged model" in r.stderr, r.stderr
 
 
-RUNS = {"collector": run_collector, "deploy": run_deploy, "gateway": run_gateway,
-        "preflight": run_preflight, "bundle": run_bundle, "check_gpus": run_check_gpus,
-        "stage.main": run_stage_main, "stage.verify_model": run_stage_verify_model,
-        "stage.pin_model": run_stage_pin_model}
+RUNS = {
+    "collector": run_collector,
+    "deploy": run_deploy,
+    "gateway": run_gateway,
+    "preflight": run_preflight,
+    "bundle": run_bundle,
+    "check_gpus": run_check_gpus,
+    "stage.main": run_stage_main,
+    "stage.verify_model": run_stage_verify_model,
+    "stage.pin_model": run_stage_pin_model,
+}
 
 
 @pytest.mark.parametrize("program", sorted(RUNS))

@@ -13,15 +13,20 @@ from clusterctl.ops import autoscale as ops_autoscale
 
 
 def _request(interval_s: float = 0.01) -> Any:
-    return ops_autoscale.AutoscaleRequest(inventory=None, state_dir=Path("/nonexistent"),  # type: ignore[arg-type]
-                                          make_fleet=None,  # type: ignore[arg-type]
-                                          policies={"chat": SimpleNamespace(interval_s=interval_s)})  # type: ignore[dict-item]
+    return ops_autoscale.AutoscaleRequest(
+        inventory=None,
+        state_dir=Path("/nonexistent"),  # type: ignore[arg-type]
+        make_fleet=None,  # type: ignore[arg-type]
+        policies={"chat": SimpleNamespace(interval_s=interval_s)},
+    )  # type: ignore[dict-item]
 
 
 def test_daemon_runs_n_rounds_and_a_failed_round_does_not_end_it(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[float] = []
 
-    def fake_round(inv: Any, state_dir: Path, make: Any, policies: Any, *, lock_wait_s: float, on_event: Any) -> list[str]:
+    def fake_round(
+        inv: Any, state_dir: Path, make: Any, policies: Any, *, lock_wait_s: float, on_event: Any
+    ) -> list[str]:
         calls.append(lock_wait_s)
         if len(calls) == 2:
             raise ClusterctlError("the autoscaler's lock is busy")
@@ -30,9 +35,10 @@ def test_daemon_runs_n_rounds_and_a_failed_round_does_not_end_it(monkeypatch: py
     monkeypatch.setattr(ops_autoscale, "run_round", fake_round)
     rounds: list[list[Any]] = []
     errors: list[str] = []
-    n = ops_autoscale.run_daemon(_request(), interval=None, rounds=3, should_stop=lambda: False,
-                                 on_round=rounds.append, on_error=errors.append)
-    assert n == 3 and calls == [0.01, 0.01, 0.01]          # the lock waits one interval (the policies' smallest)
+    n = ops_autoscale.run_daemon(
+        _request(), interval=None, rounds=3, should_stop=lambda: False, on_round=rounds.append, on_error=errors.append
+    )
+    assert n == 3 and calls == [0.01, 0.01, 0.01]  # the lock waits one interval (the policies' smallest)
     assert rounds == [["outcome 1"], [], ["outcome 3"]]
     assert errors == ["autoscaler: round failed: the autoscaler's lock is busy"]
 
@@ -41,14 +47,20 @@ def test_daemon_stops_when_asked_after_the_round_in_progress(monkeypatch: pytest
     stop = {"now": False}
 
     def fake_round(*args: Any, **kw: Any) -> list[str]:
-        stop["now"] = True          # SIGTERM arrives during the round
+        stop["now"] = True  # SIGTERM arrives during the round
         return ["done"]
 
     monkeypatch.setattr(ops_autoscale, "run_round", fake_round)
     rounds: list[list[Any]] = []
-    n = ops_autoscale.run_daemon(_request(interval_s=60), interval=None, rounds=0, should_stop=lambda: stop["now"],
-                                 on_round=rounds.append, on_error=lambda m: None)
-    assert n == 1 and rounds == [["done"]]        # no 60 s wait once stopped
+    n = ops_autoscale.run_daemon(
+        _request(interval_s=60),
+        interval=None,
+        rounds=0,
+        should_stop=lambda: stop["now"],
+        on_round=rounds.append,
+        on_error=lambda m: None,
+    )
+    assert n == 1 and rounds == [["done"]]  # no 60 s wait once stopped
 
 
 def test_explicit_interval_wins_over_the_policies() -> None:
@@ -57,7 +69,8 @@ def test_explicit_interval_wins_over_the_policies() -> None:
 
 
 def test_an_edited_inventory_applies_from_the_next_round_and_a_broken_edit_keeps_the_previous(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The daemon runs for days: an operator's edit of max replicas must not need a restart, and a
     half-saved file must neither stop it nor replace the policy it runs with."""
     import os
@@ -73,10 +86,12 @@ def test_an_edited_inventory_applies_from_the_next_round_and_a_broken_edit_keeps
     request = ops_autoscale.AutoscaleRequest(inv, tmp_path, None, autoscaled(inv, []))  # type: ignore[arg-type]
     seen: list[int] = []
 
-    def fake_round(inv: Any, state_dir: Path, make: Any, policies: Any, *, lock_wait_s: float, on_event: Any) -> list[str]:
+    def fake_round(
+        inv: Any, state_dir: Path, make: Any, policies: Any, *, lock_wait_s: float, on_event: Any
+    ) -> list[str]:
         seen.append(policies["pool"].max_replicas)
         n = len(seen)
-        if n == 1:    # between rounds the operator raises max to 6 ...
+        if n == 1:  # between rounds the operator raises max to 6 ...
             inv_file.write_text(BASE + "    autoscale: {min: 1, max: 6}\n")
         elif n == 2:  # ... then saves a broken file (low above high) ...
             inv_file.write_text(BASE + "    autoscale: {min: 1, max: 8, low: 0.9}\n")
@@ -89,9 +104,16 @@ def test_an_edited_inventory_applies_from_the_next_round_and_a_broken_edit_keeps
     monkeypatch.setattr(ops_autoscale, "run_round", fake_round)
     errors: list[str] = []
     events: list[str] = []
-    n = ops_autoscale.run_daemon(request, interval=0.01, rounds=5, should_stop=lambda: False,
-                                 on_round=lambda outs: None, on_error=errors.append, on_event=events.append,
-                                 reload=ops_autoscale.inventory_reloader(request))
+    n = ops_autoscale.run_daemon(
+        request,
+        interval=0.01,
+        rounds=5,
+        should_stop=lambda: False,
+        on_round=lambda outs: None,
+        on_error=errors.append,
+        on_event=events.append,
+        reload=ops_autoscale.inventory_reloader(request),
+    )
     assert n == 5
     assert seen == [4, 6, 6, 7, 7]  # the broken edit kept max 6; an unchanged file is not read again
     assert len(errors) == 1 and errors[0].startswith("autoscaler: inventory not reloaded, the previous one is kept: ")

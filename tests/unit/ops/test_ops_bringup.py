@@ -30,16 +30,18 @@ def _request(asked: list[str], **kw: Any) -> bringup.BringupRequest:
         asked.append("password")
         return None
 
-    return bringup.BringupRequest(str(EXAMPLE), inv, list(inv.hosts.values()), load_config=config,
-                                  become_password=password, **kw)
+    return bringup.BringupRequest(
+        str(EXAMPLE), inv, list(inv.hosts.values()), load_config=config, become_password=password, **kw
+    )
 
 
 def test_a_fabric_that_is_not_roce_is_refused_before_any_prompt() -> None:
     asked: list[str] = []
     req = _request(asked)
     req = replace(req, inventory=replace(req.inventory, fabric=replace(req.inventory.fabric, kind="ib")))
-    with pytest.raises(ClusterctlError,
-                       match=r"example-pcie-small.yaml: fabric.kind is ib: net apply sets RoCE QoS only"):
+    with pytest.raises(
+        ClusterctlError, match=r"example-pcie-small.yaml: fabric.kind is ib: net apply sets RoCE QoS only"
+    ):
         bringup.net_apply(req)
     assert asked == []
 
@@ -86,9 +88,11 @@ def test_engine_list_reads_the_selected_hosts_with_the_requests_fleets(monkeypat
     req = _request(asked)
     req = replace(req, hosts=list(req.hosts)[:1])
     seen: list[Any] = []
-    monkeypatch.setattr(bringup, "list_engines",
-                        lambda inv, hosts, make, names: seen.append((inv, [h.name for h in hosts], callable(make),
-                                                                     names)) or [])
+    monkeypatch.setattr(
+        bringup,
+        "list_engines",
+        lambda inv, hosts, make, names: seen.append((inv, [h.name for h in hosts], callable(make), names)) or [],
+    )
     assert bringup.engine_list(req, ["vllm-0.11"]) == []
     assert seen == [(req.inventory, [req.hosts[0].name], True, ["vllm-0.11"])]
     assert asked == ["config", "password"]
@@ -103,8 +107,7 @@ def test_engine_install_refuses_a_bad_request_before_any_prompt_and_builds_its_f
     with pytest.raises(ClusterctlError):
         bringup.engine_op_runner(_request(asked, serial="zero"), "vllm-0.11", remove=True)
     assert asked == []
-    op = bringup.engine_op_runner(_request(asked, serial="1,50%", max_fail_percentage=10.0), "vllm-0.11",
-                                  remove=True)
+    op = bringup.engine_op_runner(_request(asked, serial="1,50%", max_fail_percentage=10.0), "vllm-0.11", remove=True)
     assert (op.serial, op.max_fail, op.remove) == (["1", "50%"], 10.0, True) and asked == []
     op.make_fleet([]).close()
     op.make_fleet([]).close()

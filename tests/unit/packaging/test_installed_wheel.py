@@ -68,18 +68,41 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         else:
             shutil.copy2(p, src / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "CLUSTERCTL_", "PIP_"))}
-    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", HOME=str(tmp / "home"),
-               XDG_CONFIG_HOME=str(tmp / "home" / ".config"), XDG_STATE_HOME=str(tmp / "home" / ".state"))
+    env.update(
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_INPUT="1",
+        HOME=str(tmp / "home"),
+        XDG_CONFIG_HOME=str(tmp / "home" / ".config"),
+        XDG_STATE_HOME=str(tmp / "home" / ".state"),
+    )
     dist = tmp / "dist"
-    p = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-              "-w", str(dist), str(src)], env=env, cwd=tmp)
+    p = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(dist),
+            str(src),
+        ],
+        env=env,
+        cwd=tmp,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     wheel = next(dist.glob("clusterctl-*.whl"))
     venv = tmp / "venv"
     p = _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], env=env, cwd=tmp)
     assert p.returncode == 0, p.stdout + p.stderr
-    p = _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)],
-             env=env, cwd=tmp)
+    p = _run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)],
+        env=env,
+        cwd=tmp,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     work = tmp / "work"
     work.mkdir()
@@ -91,9 +114,14 @@ def test_the_wheel_carries_templates_probe_payload_and_check_data(installed):
     for shipped in sorted((ROOT / "checks").rglob("*")):
         if shipped.is_file():
             assert f"clusterctl/_checks/{shipped.relative_to(ROOT / 'checks')}" in names, shipped
-    for needed in ("clusterctl/templates/vllm-instance.service.j2", "clusterctl/templates/report.html.j2",
-                   "clusterctl/node/collector.py", "clusterctl/probe/payload.py", "clusterctl/node/deploy.py",
-                   "clusterctl/lab/hardware/nvml/fake_nvml.c"):
+    for needed in (
+        "clusterctl/templates/vllm-instance.service.j2",
+        "clusterctl/templates/report.html.j2",
+        "clusterctl/node/collector.py",
+        "clusterctl/probe/payload.py",
+        "clusterctl/node/deploy.py",
+        "clusterctl/lab/hardware/nvml/fake_nvml.c",
+    ):
         assert needed in names, needed
 
 
@@ -119,8 +147,11 @@ def _hand_bundle(where: Path) -> Path:
 
 def test_installed_doctor_judges_a_recorded_bundle_with_the_shipped_catalogue(installed, tmp_path):
     bundle = _hand_bundle(tmp_path)
-    p = _run([str(installed["bin"] / "clusterctl"), "doctor", "--from", str(bundle), "--json"],
-             env=installed["env"], cwd=installed["work"])
+    p = _run(
+        [str(installed["bin"] / "clusterctl"), "doctor", "--from", str(bundle), "--json"],
+        env=installed["env"],
+        cwd=installed["work"],
+    )
     assert p.returncode == 2, p.stdout + p.stderr
     findings = json.loads(p.stdout)["findings"]
     xid79 = [f for f in findings if f["check"] == "gpu.xid" and "79" in f["message"]]
@@ -132,11 +163,15 @@ def test_a_site_directory_overrides_one_file_and_an_empty_catalogue_is_an_error(
     bundle = _hand_bundle(tmp_path)
     site = tmp_path / "site"
     site.mkdir()
-    (site / "xid.yaml").write_text("buckets: {DESK: call the site's GPU desk}\n"
-                                   "codes:\n  79: {name: FELL_OFF, severity: WARN, bucket: DESK}\n")
+    (site / "xid.yaml").write_text(
+        "buckets: {DESK: call the site's GPU desk}\ncodes:\n  79: {name: FELL_OFF, severity: WARN, bucket: DESK}\n"
+    )
     env = dict(installed["env"], CLUSTERCTL_CHECKS_DIR=str(site))
-    p = _run([str(installed["bin"] / "clusterctl"), "doctor", "--from", str(bundle), "--json", "--checks", "xid,oom"],
-             env=env, cwd=installed["work"])
+    p = _run(
+        [str(installed["bin"] / "clusterctl"), "doctor", "--from", str(bundle), "--json", "--checks", "xid,oom"],
+        env=env,
+        cwd=installed["work"],
+    )
     findings = json.loads(p.stdout)["findings"]
     xid79 = [f for f in findings if f["check"] == "gpu.xid" and "79" in f["message"]]
     assert xid79 and xid79[0]["severity"] == "WARN" and "site's GPU desk" in xid79[0]["action"], xid79

@@ -13,8 +13,10 @@ from probe_fakes import FakeNvml
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch):
     """Install a FakeNvml built by the returned function as ``pynvml``."""
+
     def install(gpus: list[dict[str, Any]], init: Any = None) -> FakeNvml:
         fake = FakeNvml(gpus, init)
         monkeypatch.setitem(sys.modules, "pynvml", fake)
         return fake
+
     return install

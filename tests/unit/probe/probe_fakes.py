@@ -23,8 +23,12 @@ NOT_SUPPORTED = 3
 LIBRARY_NOT_FOUND = 12
 GPU_IS_LOST = 15
 
-_MESSAGES = {NOT_SUPPORTED: "Not Supported", LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
-             GPU_IS_LOST: "GPU is lost", 999: "Unknown Error"}
+_MESSAGES = {
+    NOT_SUPPORTED: "Not Supported",
+    LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    GPU_IS_LOST: "GPU is lost",
+    999: "Unknown Error",
+}
 
 
 class NVMLError(Exception):
@@ -46,14 +50,16 @@ class Hang:
 
 def h100(index: int) -> dict[str, Any]:
     """NVML answers for one healthy H100 with a vLLM process on it."""
-    gib = 1024 ** 3
+    gib = 1024**3
     return {
         "nvmlDeviceGetName": "NVIDIA H100 80GB HBM3",
         "nvmlDeviceGetUUID": f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
         "nvmlDeviceGetPciInfo": types.SimpleNamespace(busId=f"00000000:{0x18 + index:02X}:00.0"),
         "nvmlDeviceGetMemoryInfo": types.SimpleNamespace(total=80 * gib, used=70 * gib, free=10 * gib),
         "nvmlDeviceGetComputeRunningProcesses": [types.SimpleNamespace(pid=4242, usedGpuMemory=70 * gib)],
-        "nvmlDeviceGetTotalEccErrors": lambda etype, ctype: {(0, 0): 3, (1, 0): 0, (0, 1): 12, (1, 1): 1}[(etype, ctype)],
+        "nvmlDeviceGetTotalEccErrors": lambda etype, ctype: {(0, 0): 3, (1, 0): 0, (0, 1): 12, (1, 1): 1}[
+            (etype, ctype)
+        ],
         "nvmlDeviceGetEccMode": [1, 1],
         "nvmlDeviceGetRemappedRows": (2, 0, False, False),
         "nvmlDeviceGetRetiredPages": NVMLError(NOT_SUPPORTED),
@@ -106,6 +112,7 @@ class FakeNvml(types.ModuleType):
         def fn(handle: int, *args: Any) -> Any:
             self.calls.append(name)
             return self._answer(self.gpus[handle].get(name, NVMLError(NOT_SUPPORTED)), *args)
+
         return fn
 
     def nvmlInit(self) -> None:

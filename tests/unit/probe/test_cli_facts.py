@@ -56,8 +56,11 @@ def test_json_has_a_document_or_a_reason_per_host(env, capsys):
     assert rc == ExitCode.CRIT  # gpu03 gave no facts
     assert list(out) == ["gpu01", "gpu02", "gpu03"]
     assert parse_facts(out["gpu01"]).schema == 1 and out["gpu02"]["schema"] == 1
-    assert out["gpu03"] == {"status": "unknown", "fleet_status": "unreachable",
-                            "reason": "connect to 127.0.0.3:22: connection refused"}
+    assert out["gpu03"] == {
+        "status": "unknown",
+        "fleet_status": "unreachable",
+        "reason": "connect to 127.0.0.3:22: connection refused",
+    }
     # the first run ships the payload: a round trip that finds no cached copy, then one with it on stdin
     gpu01 = [c for c in transport.commands if c[0] == "gpu01"]
     assert [len(c[2] or b"") for c in gpu01] == [0, len(payload().data)]
@@ -97,17 +100,38 @@ def test_bad_pattern_is_a_usage_error(env, capsys):
 
 
 def test_group_rows_merges_identical_summaries():
-    doc = {"schema": 1, "collected_at": "t", "host": {},
-           "gpus": {"available": True, "devices": [
-               {"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_total": 80 * 2 ** 30,
-                "memory_used": 70 * 2 ** 30, "lost": i == 1, "field_errors": {}} for i in range(2)]},
-           "nics": [{"netdev": "eth2", "rdma": {"device": "mlx5_0", "port": 1, "state": "ACTIVE",
-                                                "rate_gbps": 400.0}}],
-           "units": [{"unit": "clusterctl-a.service", "active_state": "active", "restarts": 1}],
-           "kernel_log": {}, "errors": []}
+    doc = {
+        "schema": 1,
+        "collected_at": "t",
+        "host": {},
+        "gpus": {
+            "available": True,
+            "devices": [
+                {
+                    "index": i,
+                    "name": "NVIDIA H100 80GB HBM3",
+                    "memory_total": 80 * 2**30,
+                    "memory_used": 70 * 2**30,
+                    "lost": i == 1,
+                    "field_errors": {},
+                }
+                for i in range(2)
+            ],
+        },
+        "nics": [{"netdev": "eth2", "rdma": {"device": "mlx5_0", "port": 1, "state": "ACTIVE", "rate_gbps": 400.0}}],
+        "units": [{"unit": "clusterctl-a.service", "active_state": "active", "restarts": 1}],
+        "kernel_log": {},
+        "errors": [],
+    }
     f = parse_facts(doc)
-    rows = facts_cli.group_rows([FactsResult(f"gpu0{i}", "ok", facts=f) for i in (1, 2, 4)]
-                                + [FactsResult("gpu03", "unknown", reason="timed out")])
-    assert rows == [("gpu[01-02,04]", ("ok", "2x H100 80GB HBM3", "140/160 GiB", "1 lost", "1x ACTIVE 400G",
-                                       "1 active (1 restarts)", "-")),
-                    ("gpu03", ("UNKNOWN", "", "", "", "", "", ""))]
+    rows = facts_cli.group_rows(
+        [FactsResult(f"gpu0{i}", "ok", facts=f) for i in (1, 2, 4)]
+        + [FactsResult("gpu03", "unknown", reason="timed out")]
+    )
+    assert rows == [
+        (
+            "gpu[01-02,04]",
+            ("ok", "2x H100 80GB HBM3", "140/160 GiB", "1 lost", "1x ACTIVE 400G", "1 active (1 restarts)", "-"),
+        ),
+        ("gpu03", ("UNKNOWN", "", "", "", "", "", "")),
+    ]

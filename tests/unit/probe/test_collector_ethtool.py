@@ -62,9 +62,11 @@ def test_order_does_not_matter():
 def test_error_output_and_odd_lines_give_no_counters():
     assert collector.parse_ethtool_stats("no stats available\n") == {}
     assert collector.parse_ethtool_stats("Cannot get stats strings information: Operation not supported\n") == {}
-    odd = ("NIC statistics:\n     rx_bytes: 12\n     rx_bytes: 99\n     weird: -3\n     text: n/a\n"
-           "     super: \u00b2\n     [0]: rx_ucast_packets: 5\n     rx_queue_0_bytes: 7\n"
-           "     tx_queue_1_packets: 1\n     name: with: colon: 4\n")
+    odd = (
+        "NIC statistics:\n     rx_bytes: 12\n     rx_bytes: 99\n     weird: -3\n     text: n/a\n"
+        "     super: \u00b2\n     [0]: rx_ucast_packets: 5\n     rx_queue_0_bytes: 7\n"
+        "     tx_queue_1_packets: 1\n     name: with: colon: 4\n"
+    )
     assert collector.parse_ethtool_stats(odd) == {"rx_bytes": 12, "name: with: colon": 4}
 
 
@@ -78,11 +80,16 @@ def test_ethtool_failure_is_a_reason(tmp_path, monkeypatch):
 
 
 def test_permission_error_keeps_ethtools_message(tmp_path, monkeypatch):
-    fake_program(tmp_path / "bin", "ethtool",
-                 'echo "Cannot get stats strings information: Operation not permitted" >&2; exit 96\n')
+    fake_program(
+        tmp_path / "bin",
+        "ethtool",
+        'echo "Cannot get stats strings information: Operation not permitted" >&2; exit 96\n',
+    )
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     assert collector.ethtool_stats("eth2", 5) == (
-        None, "ethtool -S failed (rc 96): Cannot get stats strings information: Operation not permitted")
+        None,
+        "ethtool -S failed (rc 96): Cannot get stats strings information: Operation not permitted",
+    )
 
 
 def test_driver_with_only_per_queue_counters_gives_empty_stats(tmp_path, monkeypatch):
@@ -96,13 +103,17 @@ def test_driver_with_only_per_queue_counters_gives_empty_stats(tmp_path, monkeyp
 
 def stand_in_ethtool(bindir: Path, log: Path) -> None:
     """ens108np0 prints the sample; any other NIC is unsupported, as ethtool says it."""
-    fake_program(bindir, "ethtool", f"""
+    fake_program(
+        bindir,
+        "ethtool",
+        f"""
 echo "$@" >> {log}
 case "$2" in
   ens108np0) cat {SAMPLE};;
   *) echo "Cannot get stats strings information: Operation not supported" >&2; exit 96;;
 esac
-""")
+""",
+    )
 
 
 def collect(errors: list, timeout: float = 5.0) -> dict:
@@ -122,8 +133,9 @@ def test_physical_nics_are_asked_once_each(tmp_path, monkeypatch):
     assert up["ethtool_stats"]["rx_prio3_pause"] == 1284512 and up["ethtool_stats_reason"] is None
     down = by["ens109np0"]
     assert down["ethtool_stats"] is None
-    assert down["ethtool_stats_reason"] == ("ethtool -S failed (rc 96): Cannot get stats strings "
-                                            "information: Operation not supported")
+    assert down["ethtool_stats_reason"] == (
+        "ethtool -S failed (rc 96): Cannot get stats strings information: Operation not supported"
+    )
     assert by["br0"]["ethtool_stats"] is None and "virtual interface" in by["br0"]["ethtool_stats_reason"]
     assert by["mlx5_9"]["ethtool_stats"] is None
     assert by["mlx5_9"]["ethtool_stats_reason"] == "no netdev to ask ethtool about"
@@ -159,8 +171,9 @@ def test_hung_ethtools_time_out_together(tmp_path, monkeypatch):
     by = collect(errors, timeout=1.0)
     for name in ("ens108np0", "ens109np0"):
         assert by[name]["ethtool_stats_reason"] == "ethtool -S timed out after 1 s"
-    assert errors == [{"source": "nics.ethtool_stats",
-                       "reason": "ethtool -S timed out after 1 s (ens108np0, ens109np0)"}]
+    assert errors == [
+        {"source": "nics.ethtool_stats", "reason": "ethtool -S timed out after 1 s (ens108np0, ens109np0)"}
+    ]
 
 
 def test_an_ethtool_that_never_returns_is_abandoned(monkeypatch):
@@ -183,8 +196,9 @@ def test_an_ethtool_that_never_returns_is_abandoned(monkeypatch):
         stuck.set()
     assert by["ens108np0"]["ethtool_stats_reason"] == "ethtool not found"
     assert by["ens109np0"]["ethtool_stats"] is None
-    assert by["ens109np0"]["ethtool_stats_reason"] == ("ethtool -S did not finish within 0.6 s, the time "
-                                                       "all ethtool calls together may take")
+    assert by["ens109np0"]["ethtool_stats_reason"] == (
+        "ethtool -S did not finish within 0.6 s, the time all ethtool calls together may take"
+    )
 
 
 def test_whole_document_asks_the_nics_with_a_device(tmp_path, monkeypatch, fake_nvml):
@@ -196,8 +210,11 @@ def test_whole_document_asks_the_nics_with_a_device(tmp_path, monkeypatch, fake_
     fake_nvml([])
     doc = collector.collect(collector_args())
     asked = sorted(log.read_text().split()) if log.exists() else []
-    with_device = sorted(n["netdev"] for n in doc["nics"]
-                         if n["netdev"] and (n["rdma"] or os.path.exists(f"/sys/class/net/{n['netdev']}/device")))
+    with_device = sorted(
+        n["netdev"]
+        for n in doc["nics"]
+        if n["netdev"] and (n["rdma"] or os.path.exists(f"/sys/class/net/{n['netdev']}/device"))
+    )
     assert asked == with_device
     for n in doc["nics"]:
         if n["netdev"] in asked:
@@ -208,11 +225,17 @@ def test_whole_document_asks_the_nics_with_a_device(tmp_path, monkeypatch, fake_
 
 
 def test_typed_view_and_older_documents():
-    doc = {"schema": 1, "collected_at": "x", "host": {}, "gpus": {"available": False},
-           "nics": [{"netdev": "eth2", "ethtool_stats": {"rx_prio3_pause": 5}, "ethtool_stats_reason": None},
-                    {"netdev": "eth3"}]}
+    doc = {
+        "schema": 1,
+        "collected_at": "x",
+        "host": {},
+        "gpus": {"available": False},
+        "nics": [
+            {"netdev": "eth2", "ethtool_stats": {"rx_prio3_pause": 5}, "ethtool_stats_reason": None},
+            {"netdev": "eth3"},
+        ],
+    }
     f = parse_facts(doc)
     assert f.nics[0].ethtool_stats == {"rx_prio3_pause": 5} and f.nics[0].ethtool_stats_reason is None
     assert f.nics[1].ethtool_stats is None
     assert f.nics[1].ethtool_stats_reason == "not in this facts document (an older collector)"
-

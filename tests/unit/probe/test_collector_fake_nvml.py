@@ -17,7 +17,7 @@ from clusterctl.lab.hardware.host import hw_dir
 from clusterctl.node import collector
 from clusterctl.probe.payload import payload, probe_command
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,9 @@ def host(tmp_path: Path) -> Path:
 
 def probe(host: Path, lib: Path, python: str = sys.executable) -> dict:
     env = dict(os.environ, LD_LIBRARY_PATH=str(lib), FAKE_NVML_STATE=str(hw_dir(host) / "nvml.json"))
-    r = subprocess.run(["/bin/sh", "-c", probe_command(python=python)], input=payload().data,
-                       capture_output=True, env=env, timeout=60)
+    r = subprocess.run(
+        ["/bin/sh", "-c", probe_command(python=python)], input=payload().data, capture_output=True, env=env, timeout=60
+    )
     assert r.returncode == 0 and r.stderr == b"", r.stderr
     return json.loads(r.stdout)
 
@@ -57,7 +58,7 @@ def test_faults_show_in_the_facts(host, libs):
     d0, d1, d2, d3 = g["devices"]
     assert d0["uuid"] == state["gpus"][0]["uuid"] and d0["name"] == state["gpus"][0]["name"]
     assert d0["processes"][0]["pid"] == 4242 and d0["processes"][0]["used_memory"] == 10 * GIB
-    assert d0["memory_used"] >= 10 * GIB and d0["memory_total"] == state["gpus"][0]["memory_total_mib"] * 2 ** 20
+    assert d0["memory_used"] >= 10 * GIB and d0["memory_total"] == state["gpus"][0]["memory_total_mib"] * 2**20
     assert d0["pcie"]["width"] == 8 and d0["pcie"]["max_width"] == 16
     assert [link["state"] for link in d0["nvlink"] if link["link"] == 3] == ["inactive"]
     assert d1["lost"] is True and d1["memory_used"] is None

@@ -8,7 +8,7 @@ from clusterctl.node import collector
 
 from probe_fakes import GPU_IS_LOST, LIBRARY_NOT_FOUND, NOT_SUPPORTED, Hang, NVMLError, collector_args, h100
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def test_healthy_gpus_report_every_field(fake_nvml):
@@ -166,6 +166,7 @@ def test_normalize_pci():
 
 def test_no_pynvml_anywhere(monkeypatch):
     import sys
+
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
     monkeypatch.delitem(collector.__dict__, "CARRIED_PYNVML", raising=False)
     gpus = collector.collect_gpus(collector_args(), [])

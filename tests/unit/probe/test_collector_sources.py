@@ -45,9 +45,14 @@ def test_os_release_unquotes():
 
 def test_disk_usage_reads_and_reports_missing_mount(tmp_path):
     errors: list = []
-    out = collector.disk_usage([{"device": "x", "mount": str(tmp_path), "fstype": "ext4"},
-                                {"device": "y", "mount": str(tmp_path / "gone"), "fstype": "nfs4"}],
-                               timeout=5, errors=errors)
+    out = collector.disk_usage(
+        [
+            {"device": "x", "mount": str(tmp_path), "fstype": "ext4"},
+            {"device": "y", "mount": str(tmp_path / "gone"), "fstype": "nfs4"},
+        ],
+        timeout=5,
+        errors=errors,
+    )
     assert out[0]["total_bytes"] > 0 and out[0]["avail_bytes"] <= out[0]["total_bytes"]
     assert out[1]["total_bytes"] is None
     assert errors == [{"source": "disks", "reason": f"statvfs {tmp_path / 'gone'}: No such file or directory"}]
@@ -76,10 +81,14 @@ def test_gpu_process_owner_from_proc(tmp_path):
     d = tmp_path / "proc" / "4242"
     d.mkdir(parents=True)
     (d / "comm").write_text("python3\n")
-    (d / "cgroup").write_text("12:memory:/system.slice/clusterctl-vllm-qwen-a.service\n"
-                              "1:name=systemd:/system.slice/clusterctl-vllm-qwen-a.service\n")
+    (d / "cgroup").write_text(
+        "12:memory:/system.slice/clusterctl-vllm-qwen-a.service\n"
+        "1:name=systemd:/system.slice/clusterctl-vllm-qwen-a.service\n"
+    )
     assert collector.process_owner(4242, root=str(tmp_path)) == {
-        "name": "python3", "unit": "clusterctl-vllm-qwen-a.service"}
+        "name": "python3",
+        "unit": "clusterctl-vllm-qwen-a.service",
+    }
     assert collector.process_owner(4243, root=str(tmp_path)) == {"name": None, "unit": None}
 
 
@@ -106,8 +115,12 @@ def test_nics_and_rdma_ports_from_sysfs_tree():
     assert r["counters"]["port_xmit_data"] == 102662518309661
     assert "rx_icrc_encapsulated_unreadable" not in r["hw_counters"]  # unreadable: absent, not 0
     assert [g["index"] for g in r["gids"]] == [0, 1, 2, 3]  # the all-zero GID 4 is skipped
-    assert r["gids"][3] == {"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:0a4d:000b",
-                            "type": "RoCE v2", "netdev": "ens108np0"}
+    assert r["gids"][3] == {
+        "index": 3,
+        "gid": "0000:0000:0000:0000:0000:ffff:0a4d:000b",
+        "type": "RoCE v2",
+        "netdev": "ens108np0",
+    }
 
 
 def test_down_link_matched_through_pci_device():
@@ -135,8 +148,8 @@ def test_no_sysfs_is_an_error_entry(tmp_path):
 
 def test_nearest_nic_by_shared_pci_ancestor(tmp_path):
     dev = tmp_path / "sys" / "devices" / "pci0000:16" / "0000:16:01.0"
-    (dev / "0000:18:00.0").mkdir(parents=True)       # GPU under the same switch
-    (dev / "0000:19:00.0").mkdir(parents=True)       # NIC under the same switch
+    (dev / "0000:18:00.0").mkdir(parents=True)  # GPU under the same switch
+    (dev / "0000:19:00.0").mkdir(parents=True)  # NIC under the same switch
     far = tmp_path / "sys" / "devices" / "pci0000:97" / "0000:97:01.0" / "0000:98:00.0"
     far.mkdir(parents=True)
     (tmp_path / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
@@ -189,7 +202,10 @@ StateChangeTimestampMonotonic=400000000
 def test_units_from_systemctl(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     (tmp_path / "show.txt").write_text(SHOW)
-    fake_program(bindir, "systemctl", f"""
+    fake_program(
+        bindir,
+        "systemctl",
+        f"""
 case "$1" in
   list-units) printf '%s\\n' 'clusterctl-vllm-qwen-a.service loaded active running vLLM qwen-a' \
     '● clusterctl-vllm-qwen-b.service loaded failed failed vLLM qwen-b';;
@@ -197,7 +213,8 @@ case "$1" in
   show) echo "$@" > {tmp_path}/show-args; cat {tmp_path}/show.txt;;
   *) exit 9;;
 esac
-""")
+""",
+    )
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     errors: list = []
     units = collector.collect_units(collector_args(), errors, uptime_s=1000.0)
@@ -215,12 +232,19 @@ esac
 
 def test_no_systemd_is_recorded(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
-    fake_program(bindir, "systemctl", "echo 'System has not been booted with systemd as init system (PID 1).' >&2; exit 1\n")
+    fake_program(
+        bindir, "systemctl", "echo 'System has not been booted with systemd as init system (PID 1).' >&2; exit 1\n"
+    )
     monkeypatch.setenv("PATH", str(bindir))
     errors: list = []
     assert collector.collect_units(collector_args(), errors, None) is None
-    assert errors == [{"source": "units", "reason": "systemctl list-units failed (rc 1): System has not "
-                       "been booted with systemd as init system (PID 1)."}]
+    assert errors == [
+        {
+            "source": "units",
+            "reason": "systemctl list-units failed (rc 1): System has not "
+            "been booted with systemd as init system (PID 1).",
+        }
+    ]
 
 
 def test_no_matching_units_is_an_empty_list(tmp_path, monkeypatch):
@@ -312,10 +336,22 @@ def test_unreadable_kern_log_is_recorded(tmp_path):
 
 
 def journal_entries() -> str:
-    rows = [{"__CURSOR": "s=abc;i=1", "__REALTIME_TIMESTAMP": "1764496800000000", "_BOOT_ID": "b1",
-             "PRIORITY": "3", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=python3, DBE"},
-            {"__CURSOR": "s=abc;i=2", "__REALTIME_TIMESTAMP": "1764496801000000", "_BOOT_ID": "b1",
-             "PRIORITY": "4", "MESSAGE": [78, 86, 82, 77, 255]}]
+    rows = [
+        {
+            "__CURSOR": "s=abc;i=1",
+            "__REALTIME_TIMESTAMP": "1764496800000000",
+            "_BOOT_ID": "b1",
+            "PRIORITY": "3",
+            "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=python3, DBE",
+        },
+        {
+            "__CURSOR": "s=abc;i=2",
+            "__REALTIME_TIMESTAMP": "1764496801000000",
+            "_BOOT_ID": "b1",
+            "PRIORITY": "4",
+            "MESSAGE": [78, 86, 82, 77, 255],
+        },
+    ]
     return "\n".join(json.dumps(r) for r in rows) + "\n"
 
 
@@ -327,8 +363,12 @@ def test_journal_used_when_it_has_kernel_messages(tmp_path, monkeypatch):
     got = collector.collect_kernel_log(collector_args(kernel_log_cursor="s=abc;i=0"), errors, root=str(tmp_path))
     assert errors == []
     assert got["source"] == "journal" and got["cursor"] == "s=abc;i=2"
-    assert got["lines"][0] == {"time": 1764496800.0, "boot_id": "b1", "priority": 3,
-                               "text": "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=python3, DBE"}
+    assert got["lines"][0] == {
+        "time": 1764496800.0,
+        "boot_id": "b1",
+        "priority": 3,
+        "text": "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=python3, DBE",
+    }
     assert got["lines"][1]["text"] == "NVRM\ufffd"
     assert (tmp_path / "args").read_text().split() == ["-k", "-o", "json", "--no-pager", "--after-cursor", "s=abc;i=0"]
 

@@ -18,13 +18,15 @@ def test_the_sysfs_table_of_a_roce_port_reads_as_its_link_local_and_ipv4_gids() 
     assert got[2] == got[3] == ipaddress.IPv4Address("10.77.0.11")
 
 
-@pytest.mark.parametrize("gid", ["0000:0000:0000:0000:0000:ffff:0a4d:010b", "::ffff:10.77.1.11",
-                                 "::ffff:a4d:10b", " ::FFFF:0A4D:010B\n"])
+@pytest.mark.parametrize(
+    "gid", ["0000:0000:0000:0000:0000:ffff:0a4d:010b", "::ffff:10.77.1.11", "::ffff:a4d:10b", " ::FFFF:0A4D:010B\n"]
+)
 def test_every_spelling_of_one_gid_is_the_same_address(gid: str) -> None:
     assert ipv4_of_gid(gid) == ipaddress.IPv4Address("10.77.1.11")
 
 
-@pytest.mark.parametrize("gid", ["fe80:0000:0000:0000:ba3f:d2ff:fe10:0001", "fe80::1", "2001:db8::1",
-                                 "", "10.77.1.11", "not a gid", None])
+@pytest.mark.parametrize(
+    "gid", ["fe80:0000:0000:0000:ba3f:d2ff:fe10:0001", "fe80::1", "2001:db8::1", "", "10.77.1.11", "not a gid", None]
+)
 def test_anything_else_carries_no_ipv4_address(gid: object) -> None:
     assert ipv4_of_gid(gid) is None

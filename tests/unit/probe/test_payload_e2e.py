@@ -18,10 +18,17 @@ PYENV = Path("/root/.pyenv/versions")
 REPO = Path(__file__).resolve().parents[3]
 
 
-def run_payload(command: str, *, cwd: Path, env: dict[str, str] | None = None,
-                data: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["/bin/sh", "-c", command], input=payload().data if data is None else data,
-                          capture_output=True, cwd=cwd, env=env, timeout=60)
+def run_payload(
+    command: str, *, cwd: Path, env: dict[str, str] | None = None, data: bytes | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["/bin/sh", "-c", command],
+        input=payload().data if data is None else data,
+        capture_output=True,
+        cwd=cwd,
+        env=env,
+        timeout=60,
+    )
 
 
 def python_at(version: str) -> str | None:
@@ -113,5 +120,7 @@ def test_payload_is_cached_ascii_and_embeds_the_collector():
 
 def test_probe_command_shape():
     assert probe_command() == "python3 -I -B -"
-    assert probe_command(kernel_log_cursor="a b", nvml_timeout=2) == \
-        "python3 -I -B - --kernel-log-cursor 'a b' --nvml-timeout 2.0"
+    assert (
+        probe_command(kernel_log_cursor="a b", nvml_timeout=2)
+        == "python3 -I -B - --kernel-log-cursor 'a b' --nvml-timeout 2.0"
+    )

@@ -21,8 +21,9 @@ from probe_fakes import collector_args, h100
 
 def local_facts_json() -> str:
     """A real facts document of this machine."""
-    r = subprocess.run([sys.executable, "-I", "-B", "-"], input=payload().data, capture_output=True,
-                       timeout=60, check=True)
+    r = subprocess.run(
+        [sys.executable, "-I", "-B", "-"], input=payload().data, capture_output=True, timeout=60, check=True
+    )
     return r.stdout.decode()
 
 
@@ -35,33 +36,41 @@ class StubFleet:
         self.calls: list[dict] = []
 
     def run(self, command, *, stdin=None, sudo=False, timeout=None, on_result=None, require_python=False):
-        self.calls.append({"command": command, "stdin": stdin, "sudo": sudo, "timeout": timeout,
-                           "require_python": require_python})
+        self.calls.append(
+            {"command": command, "stdin": stdin, "sudo": sudo, "timeout": timeout, "require_python": require_python}
+        )
         for r in self.rows.values():
             if on_result:
                 on_result(r)
         return RunResults(list(self.rows.values()))
 
 
-def row(host: str, status: HostStatus, rc: int | None = 0, stdout: str = "", stderr: str = "",
-        error: str | None = None) -> HostResult:
+def row(
+    host: str, status: HostStatus, rc: int | None = 0, stdout: str = "", stderr: str = "", error: str | None = None
+) -> HostResult:
     return HostResult(host, status, rc=rc, stdout=stdout, stderr=stderr, duration_s=0.5, error=error)
 
 
 def test_one_result_per_host_whatever_happened():
     good = local_facts_json()
     newer = json.dumps(dict(json.loads(good), schema=SCHEMA + 1))
-    fleet = StubFleet({
-        "gpu01": row("gpu01", HostStatus.OK, stdout=good),
-        "gpu02": row("gpu02", HostStatus.NO_PYTHON, rc=127, error="python3 is not installed (or not on PATH)"),
-        "gpu03": row("gpu03", HostStatus.UNREACHABLE, rc=None, error="connection refused"),
-        "gpu04": row("gpu04", HostStatus.FAILED, rc=RC_PYTHON_TOO_OLD,
-                     stderr="clusterctl probe: python 3.6.8 is too old, 3.8 or newer is needed\n"),
-        "gpu05": row("gpu05", HostStatus.OK, stdout="Welcome to gpu05!\n"),
-        "gpu06": row("gpu06", HostStatus.OK, stdout=newer),
-        "gpu07": row("gpu07", HostStatus.TIMEOUT, rc=None, error="command timed out after 90 s"),
-        "gpu08": row("gpu08", HostStatus.FAILED, rc=1, stderr="Traceback...\nMemoryError\n"),
-    })
+    fleet = StubFleet(
+        {
+            "gpu01": row("gpu01", HostStatus.OK, stdout=good),
+            "gpu02": row("gpu02", HostStatus.NO_PYTHON, rc=127, error="python3 is not installed (or not on PATH)"),
+            "gpu03": row("gpu03", HostStatus.UNREACHABLE, rc=None, error="connection refused"),
+            "gpu04": row(
+                "gpu04",
+                HostStatus.FAILED,
+                rc=RC_PYTHON_TOO_OLD,
+                stderr="clusterctl probe: python 3.6.8 is too old, 3.8 or newer is needed\n",
+            ),
+            "gpu05": row("gpu05", HostStatus.OK, stdout="Welcome to gpu05!\n"),
+            "gpu06": row("gpu06", HostStatus.OK, stdout=newer),
+            "gpu07": row("gpu07", HostStatus.TIMEOUT, rc=None, error="command timed out after 90 s"),
+            "gpu08": row("gpu08", HostStatus.FAILED, rc=1, stderr="Traceback...\nMemoryError\n"),
+        }
+    )
     seen = []
     res = collect_facts(fleet, kernel_log_cursor="s=1;i=2", timeout=30, on_result=seen.append)
     assert list(res) == [f"gpu0{i}" for i in range(1, 9)]
@@ -76,7 +85,7 @@ def test_one_result_per_host_whatever_happened():
     assert "newer than this clusterctl understands" in res["gpu06"].reason
     assert res["gpu07"].reason == "command timed out after 90 s"
     assert res["gpu08"].reason == "the probe exited with rc 1: MemoryError"
-    call, = fleet.calls  # no host said "not cached": one round trip, nothing on stdin
+    (call,) = fleet.calls  # no host said "not cached": one round trip, nothing on stdin
     assert call["stdin"] is None and call["require_python"] is True
     assert call["timeout"] == 30
     assert call["command"]["gpu01"].endswith(f"{payload().digest} run --kernel-log-cursor 's=1;i=2' --nvml-budget 18.0")
@@ -93,8 +102,12 @@ def test_banner_before_the_document_is_ignored():
 
 
 def test_per_host_cursors():
-    fleet = StubFleet({"a": row("a", HostStatus.UNREACHABLE, rc=None, error="x"),
-                       "b": row("b", HostStatus.UNREACHABLE, rc=None, error="x")})
+    fleet = StubFleet(
+        {
+            "a": row("a", HostStatus.UNREACHABLE, rc=None, error="x"),
+            "b": row("b", HostStatus.UNREACHABLE, rc=None, error="x"),
+        }
+    )
     collect_facts(fleet, kernel_log_cursor={"a": "file:/var/log/kern.log:12:345"})
     cmd = fleet.calls[0]["command"]
     assert "--kernel-log-cursor file:/var/log/kern.log:12:345" in cmd["a"]
@@ -105,8 +118,11 @@ def test_to_dict_is_the_document_or_the_reason():
     good = interpret(row("h", HostStatus.OK, stdout=local_facts_json()))
     assert good.to_dict()["schema"] == 1
     bad = interpret(row("h", HostStatus.AUTH_FAILED, rc=None, error="the server refused every key"))
-    assert bad.to_dict() == {"status": "unknown", "reason": "the server refused every key",
-                             "fleet_status": "auth_failed"}
+    assert bad.to_dict() == {
+        "status": "unknown",
+        "reason": "the server refused every key",
+        "fleet_status": "auth_failed",
+    }
 
 
 def fake_doc(fake_nvml) -> dict:
@@ -120,19 +136,22 @@ def test_typed_view(fake_nvml):
     facts = parse_facts(json.dumps(fake_doc(fake_nvml)))
     assert facts.gpus.available and len(facts.gpus.devices) == 2
     g0 = facts.gpus.devices[0]
-    assert g0.memory_used == 70 * 1024 ** 3 and g0.processes[0].pid == 4242 and g0.ok
+    assert g0.memory_used == 70 * 1024**3 and g0.processes[0].pid == 4242 and g0.ok
     assert g0.get("remapped_rows")["correctable"] == 2
     assert [g.index for g in facts.gpus.lost] == [1]
     assert facts.boot_id and facts.kernel_log is not None
 
 
-@pytest.mark.parametrize("text,message", [
-    ("not json", "not a JSON document"),
-    ("[1, 2]", "expected a JSON object, got list"),
-    ('{"host": {}}', "no schema version"),
-    ('{"schema": 99}', "facts schema 99 is newer than this clusterctl understands (1); upgrade clusterctl"),
-    ('{"schema": 1, "collected_at": "x", "host": {}}', "malformed facts document (schema 1): KeyError"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("not json", "not a JSON document"),
+        ("[1, 2]", "expected a JSON object, got list"),
+        ('{"host": {}}', "no schema version"),
+        ('{"schema": 99}', "facts schema 99 is newer than this clusterctl understands (1); upgrade clusterctl"),
+        ('{"schema": 1, "collected_at": "x", "host": {}}', "malformed facts document (schema 1): KeyError"),
+    ],
+)
 def test_bad_documents_raise_clear_probe_errors(text, message):
     with pytest.raises(ProbeError) as e:
         parse_facts(text, origin="gpu01: probe output")

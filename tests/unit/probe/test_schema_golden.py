@@ -23,9 +23,16 @@ GOLDEN = FIXTURES / "golden_keys.json"
 DOC = Path(__file__).resolve().parents[3] / "docs" / "facts.md"
 
 #: Maps whose keys are data, not schema (counter names, os-release keys...).
-FREE_FORM = {"host.os_release", "nics[].rdma.counters", "nics[].rdma.hw_counters",
-             "nics[].ethtool_stats", "gpus.devices[].field_errors", "units[].environment",
-             "node_prereqs.sysctl", "node_prereqs.sysctl_dropin"}
+FREE_FORM = {
+    "host.os_release",
+    "nics[].rdma.counters",
+    "nics[].rdma.hw_counters",
+    "nics[].ethtool_stats",
+    "gpus.devices[].field_errors",
+    "units[].environment",
+    "node_prereqs.sysctl",
+    "node_prereqs.sysctl_dropin",
+}
 
 
 def key_paths(value: Any, prefix: str = "") -> set[str]:
@@ -51,11 +58,19 @@ def full_document(fake_nvml) -> dict[str, Any]:
     doc["nics"] = collector.collect_nics([], root=str(FIXTURES / "sysroot_roce"))
     doc["units"] = [collector.unit_entry(collector.parse_show("Id=clusterctl-x.service\nNRestarts=0\n")[0], 0.0)]
     doc["kernel_log"]["lines"] = [collector.file_line("x")]
-    doc["host"]["disks"] = doc["host"]["disks"] or [dict.fromkeys(
-        ["device", "mount", "fstype", "total_bytes", "free_bytes", "avail_bytes", "inodes_total", "inodes_free"])]
+    doc["host"]["disks"] = doc["host"]["disks"] or [
+        dict.fromkeys(
+            ["device", "mount", "fstype", "total_bytes", "free_bytes", "avail_bytes", "inodes_total", "inodes_free"]
+        )
+    ]
     doc["gpus"]["devices"][0]["nearest_nics"] = {"netdevs": ["ens108np0"], "depth": 2}
-    doc["rdma_prereqs"]["acs"] = [{"gpu": 0, "netdev": "ens108np0", "bridges": [
-        collector.acs_control(str(FIXTURES / "sysroot_roce"), "0000:00:00.0", 1.0)]}]
+    doc["rdma_prereqs"]["acs"] = [
+        {
+            "gpu": 0,
+            "netdev": "ens108np0",
+            "bridges": [collector.acs_control(str(FIXTURES / "sysroot_roce"), "0000:00:00.0", 1.0)],
+        }
+    ]
     doc["units"][0].update(environment={"NCCL_IB_TC": "106"}, environment_files=["/x"])
     doc["errors"] = [{"source": "x", "reason": "y"}]
     doc["node_prereqs"]["limits"] = collector.parse_limits("vllm - memlock unlimited\n", "/etc/security/limits.conf")

@@ -29,13 +29,24 @@ def _metrics(expr: str) -> list[str]:
 
 def test_the_issue_panels_are_there():
     titles = " | ".join(p["title"] for p in DASHBOARD["panels"]).lower()
-    for want in ("running", "waiting", "kv-cache", "time to first token", "inter-token", "end-to-end",
-                 "generation throughput", "preemptions"):
+    for want in (
+        "running",
+        "waiting",
+        "kv-cache",
+        "time to first token",
+        "inter-token",
+        "end-to-end",
+        "generation throughput",
+        "preemptions",
+    ):
         assert want in titles, want
     for p in DASHBOARD["panels"]:
         if "p50, p90, p99" in p["title"]:
             assert [t["expr"].split(",")[0] for t in p["targets"]] == [
-                "histogram_quantile(0.5", "histogram_quantile(0.9", "histogram_quantile(0.99"]
+                "histogram_quantile(0.5",
+                "histogram_quantile(0.9",
+                "histogram_quantile(0.99",
+            ]
 
 
 def test_templated_on_the_file_sd_instance_label_in_every_query():
@@ -53,7 +64,9 @@ def test_every_metric_is_one_the_simulator_exports_and_rates_are_of_counters():
             assert name in SAMPLES, f"{title}: {name} is not in the recorded /metrics page"
         for name in re.findall(r"rate\((vllm:[A-Za-z0-9_:]+)", expr):
             assert name.endswith(("_total", "_bucket")), f"{title}: rate() of the gauge {name}"
-        for name in re.findall(r"histogram_quantile\([^,]+, sum by \(le, [a-z_]+\) \(rate\((vllm:[A-Za-z0-9_:]+)", expr):
+        for name in re.findall(
+            r"histogram_quantile\([^,]+, sum by \(le, [a-z_]+\) \(rate\((vllm:[A-Za-z0-9_:]+)", expr
+        ):
             assert name.endswith("_bucket")
         if "histogram_quantile" in expr:
             assert re.search(r"by \(le\b", expr), f"{title}: quantiles need le kept"
@@ -76,7 +89,11 @@ def test_grouping_labels_exist_and_the_promql_is_balanced():
 def test_panels_have_unique_ids_and_do_not_overlap():
     panels = DASHBOARD["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
-    cells = [(p["gridPos"]["x"] + dx, p["gridPos"]["y"] + dy) for p in panels
-             for dx in range(p["gridPos"]["w"]) for dy in range(p["gridPos"]["h"])]
+    cells = [
+        (p["gridPos"]["x"] + dx, p["gridPos"]["y"] + dy)
+        for p in panels
+        for dx in range(p["gridPos"]["w"])
+        for dy in range(p["gridPos"]["h"])
+    ]
     assert len(cells) == len(set(cells)) and all(0 <= x < 24 for x, _ in cells)
     assert all(t["refId"] for p in panels for t in p["targets"])

@@ -14,8 +14,13 @@ from report_findings import crit, ok, warn
 
 def test_round_trip_of_findings_metrics_and_counts(tmp_path):
     with History(tmp_path / "h.db") as h:
-        rid = h.record([crit(), warn(), ok()], started=1000.0, finished=1010.0, pattern="all",
-                       metrics=[Metric("gpu01", "gpu_util_pct", 87.5, "gpu:0")])
+        rid = h.record(
+            [crit(), warn(), ok()],
+            started=1000.0,
+            finished=1010.0,
+            pattern="all",
+            metrics=[Metric("gpu01", "gpu_util_pct", 87.5, "gpu:0")],
+        )
         assert h.findings(rid) == [crit(), warn()]  # OK findings are counted, not stored
         run = h.last_run()
         assert run is not None and run.id == rid and run.exit_code == 2 and run.hosts == 3
@@ -91,9 +96,10 @@ def test_a_version_3_database_keeps_its_metrics_as_series_and_samples(tmp_path):
     db.executescript(";".join(MIGRATIONS[:3]) + "; PRAGMA user_version=3;")
     db.execute("INSERT INTO runs(started, finished, exit_code) VALUES (5, 6, 0)")
     db.execute("INSERT INTO runs(started, finished, exit_code) VALUES (7, 8, 0)")
-    db.executemany("INSERT INTO metrics VALUES (?,?,?,?,?)", [(1, "gpu01", "gpu:0", "util", 0.5),
-                                                              (2, "gpu01", "gpu:0", "util", 0.7),
-                                                              (2, "gpu02", "host", "load", 3.0)])
+    db.executemany(
+        "INSERT INTO metrics VALUES (?,?,?,?,?)",
+        [(1, "gpu01", "gpu:0", "util", 0.5), (2, "gpu01", "gpu:0", "util", 0.7), (2, "gpu02", "host", "load", 3.0)],
+    )
     db.commit()
     db.close()
     with History(path) as h:
@@ -106,8 +112,11 @@ def test_a_version_3_database_keeps_its_metrics_as_series_and_samples(tmp_path):
 def test_series_are_averaged_in_sqlite_into_time_slices_and_per_host(tmp_path):
     with History(tmp_path / "h.db") as h:
         for i in range(100):  # 100 runs a minute apart, 2 GPUs each on two hosts
-            h.record([], started=60.0 * i, metrics=[Metric(host, "util", float(i % 2) + g, f"gpu:{g}")
-                                                    for host in ("a", "b") for g in range(2)])
+            h.record(
+                [],
+                started=60.0 * i,
+                metrics=[Metric(host, "util", float(i % 2) + g, f"gpu:{g}") for host in ("a", "b") for g in range(2)],
+            )
         s = h.series_buckets("util", since=0.0, buckets=10)
         assert set(s) == {(host, f"gpu:{g}") for host in ("a", "b") for g in range(2)}
         assert all(len(pts) == 10 for pts in s.values())
@@ -117,7 +126,8 @@ def test_series_are_averaged_in_sqlite_into_time_slices_and_per_host(tmp_path):
         # slices span the runs, not the whole window asked for; few runs are not merged at all
         assert len(h.series_buckets("util", since=-35 * 86400.0, buckets=10)[("a", "gpu:0")]) == 10
         assert h.series_buckets("util", since=5400.0, buckets=10)[("a", "gpu:0")] == [
-            (60.0 * i, float(i % 2)) for i in range(90, 100)]
+            (60.0 * i, float(i % 2)) for i in range(90, 100)
+        ]
         assert h.series_hosts("util") == {"a": 2, "b": 2}
         assert h.metric_names(since=6000.0 * 2) == []  # no run that recent
 
@@ -127,17 +137,28 @@ def test_a_host_mean_is_stored_beside_several_subjects_and_read_only_by_per_host
     db = sqlite3.connect(path)
     db.executescript(";".join(MIGRATIONS[:3]) + "; PRAGMA user_version=3;")
     db.execute("INSERT INTO runs(started, finished, exit_code) VALUES (5, 6, 0)")
-    db.executemany("INSERT INTO metrics VALUES (?,?,?,?,?)", [(1, "a", "gpu:0", "util", 0.2), (1, "a", "gpu:1", "util", 0.4),
-                                                              (1, "b", "gpu:0", "util", 0.9)])
+    db.executemany(
+        "INSERT INTO metrics VALUES (?,?,?,?,?)",
+        [(1, "a", "gpu:0", "util", 0.2), (1, "a", "gpu:1", "util", 0.4), (1, "b", "gpu:0", "util", 0.9)],
+    )
     db.commit()
     db.close()
     with History(path) as h:  # the v3 rows get their host means in the migration
-        h.record([], started=7.0, metrics=[Metric("a", "util", 0.6, "gpu:0"), Metric("a", "util", 1.0, "gpu:1"),
-                                           Metric("b", "util", 0.1, "gpu:0")])
+        h.record(
+            [],
+            started=7.0,
+            metrics=[
+                Metric("a", "util", 0.6, "gpu:0"),
+                Metric("a", "util", 1.0, "gpu:1"),
+                Metric("b", "util", 0.1, "gpu:0"),
+            ],
+        )
         assert set(h.series("util")) == {("a", "gpu:0"), ("a", "gpu:1"), ("b", "gpu:0")}
         assert h.series_hosts("util") == {"a": 2, "b": 1}
         per_host = h.series_buckets("util", since=0.0, buckets=10, per_host=True)
-        assert per_host == {("a", "*"): [(5.0, pytest.approx(0.3)), (7.0, pytest.approx(0.8))],
-                            ("b", "*"): [(5.0, 0.9), (7.0, 0.1)]}
+        assert per_host == {
+            ("a", "*"): [(5.0, pytest.approx(0.3)), (7.0, pytest.approx(0.8))],
+            ("b", "*"): [(5.0, 0.9), (7.0, 0.1)],
+        }
         with pytest.raises(HistoryError, match="host mean"):
             h.record([], started=8.0, metrics=[Metric("a", "util", 1.0, "*")])

@@ -22,14 +22,24 @@ def _db(tmp_path: Path, runs: int = 40) -> Path:
     db = tmp_path / "r.db"
     with History(db) as h:
         for i in range(runs):
-            h.record([crit(), warn(host=f"gpu{i:02d}")], started=time.time() - 3600 + i, pattern="all",
-                     metrics=[Metric("gpu01", "gpu_util_pct", float(i), f"gpu:{g}") for g in range(8)])
+            h.record(
+                [crit(), warn(host=f"gpu{i:02d}")],
+                started=time.time() - 3600 + i,
+                pattern="all",
+                metrics=[Metric("gpu01", "gpu_util_pct", float(i), f"gpu:{g}") for g in range(8)],
+            )
     return db
 
 
 def _run(tmp_path: Path, db: Path, args: list[str]) -> int:
-    args = [str(bundle(tmp_path / str(len(list(tmp_path.iterdir()))), xid=True)) if a == "BUNDLE" else
-            str(tmp_path / "out") if a == "OUT" else a for a in args]
+    args = [
+        str(bundle(tmp_path / str(len(list(tmp_path.iterdir()))), xid=True))
+        if a == "BUNDLE"
+        else str(tmp_path / "out")
+        if a == "OUT"
+        else a
+        for a in args
+    ]
     return main(["report", *args, "--db", str(db)])
 
 
@@ -40,7 +50,7 @@ def _damage_pages(db: Path) -> None:
     data = bytearray(db.read_bytes())
     page = int.from_bytes(data[16:18], "big")
     for n in range(2, len(data) // page):
-        data[n * page:n * page + 64] = b"\xff" * 64
+        data[n * page : n * page + 64] = b"\xff" * 64
     db.write_bytes(bytes(data))
 
 
@@ -55,8 +65,10 @@ def test_every_command_reports_damage_as_unknown_without_deleting(tmp_path: Path
             if damage == "dropped-table":
                 c.execute("DROP TABLE findings")
             elif damage == "junk-rows":
-                c.execute("INSERT INTO runs(started, finished, pattern, exit_code, meta) "
-                          "VALUES ('soon', x'00ff', 'all', 'two', 'not json')")
+                c.execute(
+                    "INSERT INTO runs(started, finished, pattern, exit_code, meta) "
+                    "VALUES ('soon', x'00ff', 'all', 'two', 'not json')"
+                )
                 c.execute("UPDATE samples SET value = 'abc'")
             else:
                 c.execute("UPDATE findings SET severity = 'BOGUS', evidence = '{'")

@@ -30,15 +30,16 @@ def _by_check(outcome):
 
 
 def test_drift_leak_and_ttft_per_instance_then_a_leak_and_a_quantized_restart_are_crit(
-        host, models, start_sim, tmp_path: Path) -> None:
+    host, models, start_sim, tmp_path: Path
+) -> None:
     sim = start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise")
     assert sim.wait_for(READY), sim.log
-    store.save(drift_run.record(Endpoint.parse(sim.url), "qwen-a", prompts.load(ROOT / "checks/drift/basic.jsonl")),
-               tmp_path)
+    store.save(
+        drift_run.record(Endpoint.parse(sim.url), "qwen-a", prompts.load(ROOT / "checks/drift/basic.jsonl")), tmp_path
+    )
     tgts = [Target("qwen-a", "gpu01", "qwen3-8b", sim.url), Target("other", "gpu02", "qwen3-8b", sim.url)]
     seen: list[str] = []
-    out = run_active(tgts, ("drift", "leak", "bench"), thresholds=THRESHOLDS, state_dir=tmp_path,
-                     progress=seen.append)
+    out = run_active(tgts, ("drift", "leak", "bench"), thresholds=THRESHOLDS, state_dir=tmp_path, progress=seen.append)
     got = _by_check(out)
     assert got[("drift.check", "instance:qwen-a")].severity == Severity.OK
     assert ("drift.check", "instance:other") not in got and out.skipped[0].startswith("other: no drift baseline")
@@ -68,12 +69,19 @@ def test_an_instance_that_does_not_answer_is_unknown_per_check_not_a_stalled_run
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    store.save(store.Baseline("dead", {"model": "m"}, 8, 0, {"p": "hi"}, {"p": Output(" there", [" there"])}),
-               tmp_path)
-    out = run_active([Target("dead", "gpu01", "m", f"http://127.0.0.1:{port}")], ("drift", "leak", "bench"),
-                     thresholds=THRESHOLDS, state_dir=tmp_path, timeout=2)
+    store.save(store.Baseline("dead", {"model": "m"}, 8, 0, {"p": "hi"}, {"p": Output(" there", [" there"])}), tmp_path)
+    out = run_active(
+        [Target("dead", "gpu01", "m", f"http://127.0.0.1:{port}")],
+        ("drift", "leak", "bench"),
+        thresholds=THRESHOLDS,
+        state_dir=tmp_path,
+        timeout=2,
+    )
     assert {(f.check, f.severity) for f in out.findings} == {
-        ("drift.check", Severity.UNKNOWN), ("drift.leak", Severity.UNKNOWN), ("bench.ttft", Severity.UNKNOWN)}
+        ("drift.check", Severity.UNKNOWN),
+        ("drift.leak", Severity.UNKNOWN),
+        ("bench.ttft", Severity.UNKNOWN),
+    }
     assert all("cannot check" in f.message for f in out.findings)
 
 
@@ -99,8 +107,9 @@ def test_kinds_and_targets_from_the_inventory() -> None:
     assert {t.host for t in targets(inv, {head})} == {head}
 
 
-def test_a_protected_instance_is_checked_with_its_api_key(host, models, start_sim, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_protected_instance_is_checked_with_its_api_key(
+    host, models, start_sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 21: ``--active`` sent no key, so every protected instance was "401 UNKNOWN"."""
     sim = start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", "--api-key", "sk-active-test")
     assert sim.wait_for(READY), sim.log
@@ -128,8 +137,9 @@ instances:
     out = run_active(tgts, ("bench",), thresholds=THRESHOLDS, state_dir=tmp_path, timeout=20)
     assert [(f.check, f.severity) for f in out.findings] == [("bench.ttft", Severity.OK)], out.findings
     monkeypatch.setenv("T_ACTIVE_KEY", "wrong")
-    out = run_active(targets(load_inventory(inv_file)), ("bench",), thresholds=THRESHOLDS, state_dir=tmp_path,
-                     timeout=20)
+    out = run_active(
+        targets(load_inventory(inv_file)), ("bench",), thresholds=THRESHOLDS, state_dir=tmp_path, timeout=20
+    )
     assert [f.severity for f in out.findings] == [Severity.UNKNOWN] and "401" in out.findings[0].message
     monkeypatch.delenv("T_ACTIVE_KEY")
     with pytest.raises(ClusterctlError, match="T_ACTIVE_KEY is not set"):

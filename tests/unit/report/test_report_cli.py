@@ -14,15 +14,31 @@ def bundle(tmp: Path, *, xid: bool) -> Path:
     """A hand-made bundle of one host: a kernel log with XIDs, or a clean one."""
     d = tmp / ("xid" if xid else "clean") / "hosts" / "gpu01"
     d.mkdir(parents=True)
-    (d / "kernel.log").write_text((FIXTURES / "gpu" / "journal_short_iso_xid.log").read_text() if xid else
-                                  "Nov 30 10:00:00 gpu01 kernel: Linux version 6.1.0\n")
+    (d / "kernel.log").write_text(
+        (FIXTURES / "gpu" / "journal_short_iso_xid.log").read_text()
+        if xid
+        else "Nov 30 10:00:00 gpu01 kernel: Linux version 6.1.0\n"
+    )
     return d.parents[1]
 
 
 def test_run_from_bundle_new_then_resolved_and_history(tmp_path: Path, capsys):
     db, out = tmp_path / "r.db", tmp_path / "out"
-    rc = main(["report", "run", "--from", str(bundle(tmp_path, xid=True)), "--db", str(db), "--out", str(out),
-               "--textfile", str(tmp_path / "c.prom"), "--json"])
+    rc = main(
+        [
+            "report",
+            "run",
+            "--from",
+            str(bundle(tmp_path, xid=True)),
+            "--db",
+            str(db),
+            "--out",
+            str(out),
+            "--textfile",
+            str(tmp_path / "c.prom"),
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert rc == doc["run"]["exit_code"] == 2
     new_xid = [f for f in doc["changes"]["new"] if f["check"] == "gpu.xid"]

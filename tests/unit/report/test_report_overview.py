@@ -17,13 +17,14 @@ def F(check: str, sev: Severity, host: str, subject: str, msg: str = "m") -> Fin
 def test_cells_take_the_worst_finding_and_never_claim_ok_without_data():
     findings = [
         F("host.reachable", Severity.OK, "gpu2", "host"),
-        F("gpu.ecc", Severity.OK, "gpu2", "gpu:0"), F("gpu.ecc", Severity.OK, "gpu2", "gpu:1"),
-        F("gpu.xid", Severity.WARN, "gpu2", "gpu:1", "XID 13"), F("gpu.remap", Severity.CRIT, "gpu2", "gpu:1", "remap"),
+        F("gpu.ecc", Severity.OK, "gpu2", "gpu:0"),
+        F("gpu.ecc", Severity.OK, "gpu2", "gpu:1"),
+        F("gpu.xid", Severity.WARN, "gpu2", "gpu:1", "XID 13"),
+        F("gpu.remap", Severity.CRIT, "gpu2", "gpu:1", "remap"),
         F("roce.pfc", Severity.WARN, "gpu10", "nic:eth2", "paused 30%"),
         F("host.reachable", Severity.UNKNOWN, "gpu3", "host", "unreachable: timed out"),
     ]
-    loads = {"gpu": {("gpu2", "gpu:0"): 0.5, ("gpu2", "gpu:1"): 1.0, ("gpu10", "gpu:0"): 0.25,
-                     ("gpu10", "gpu:1"): 0.3}}
+    loads = {"gpu": {("gpu2", "gpu:0"): 0.5, ("gpu2", "gpu:1"): 1.0, ("gpu10", "gpu:0"): 0.25, ("gpu10", "gpu:1"): 0.3}}
     g = ov.grids(findings, loads)
     rows = g["gpu"].rows
     assert list(rows) == ["gpu2", "gpu3", "gpu10"]  # natural order
@@ -61,17 +62,23 @@ def test_load_heatmap_scales_and_marks_missing_values():
 
 
 def test_top_offenders_worst_first():
-    rows = [{"host": "a", "worst": "WARN", "problems": 5, "top": ""},
-            {"host": "b", "worst": "CRIT", "problems": 1, "top": ""},
-            {"host": "c", "worst": "OK", "problems": 0, "top": ""},
-            {"host": "d", "worst": "CRIT", "problems": 3, "top": ""}]
+    rows = [
+        {"host": "a", "worst": "WARN", "problems": 5, "top": ""},
+        {"host": "b", "worst": "CRIT", "problems": 1, "top": ""},
+        {"host": "c", "worst": "OK", "problems": 0, "top": ""},
+        {"host": "d", "worst": "CRIT", "problems": 3, "top": ""},
+    ]
     assert [r["host"] for r in ov.top_hosts(rows)] == ["d", "b", "a"]
-    findings = [F("roce.pfc", Severity.WARN, f"h{i}", "nic:eth2") for i in range(1, 6)] + \
-        [F("gpu.xid", Severity.CRIT, "h1", "gpu:0"), F("gpu.xid", Severity.CRIT, "h1", "gpu:1"),
-         F("gpu.ecc", Severity.OK, "h1", "gpu:0")]
+    findings = [F("roce.pfc", Severity.WARN, f"h{i}", "nic:eth2") for i in range(1, 6)] + [
+        F("gpu.xid", Severity.CRIT, "h1", "gpu:0"),
+        F("gpu.xid", Severity.CRIT, "h1", "gpu:1"),
+        F("gpu.ecc", Severity.OK, "h1", "gpu:0"),
+    ]
     top = ov.top_problems(findings)
     assert [(t["check"], t["host_count"], t["count"], t["hosts"]) for t in top] == [
-        ("gpu.xid", 1, 2, "h1"), ("roce.pfc", 5, 5, "h[1-5]")]
+        ("gpu.xid", 1, 2, "h1"),
+        ("roce.pfc", 5, 5, "h[1-5]"),
+    ]
 
 
 def test_spread_gives_median_p90_max_per_time_slice():
@@ -90,8 +97,13 @@ def test_a_report_of_many_hosts_charts_the_spread_and_collapses_long_tables(tmp_
     for r in range(2):
         findings = [F("gpu.ecc", Severity.WARN, h, "gpu:0", "ECC") for h in hosts]
         metrics = [Metric(h, "gpu_utilization_ratio", 0.1 * r, f"gpu:{g}") for h in hosts for g in range(2)]
-        report_run(findings, Options(db=tmp_path / "r.db", out_dir=tmp_path / "out"), started=1000 + 300 * r,
-                   now=1005 + 300 * r, metrics=metrics)
+        report_run(
+            findings,
+            Options(db=tmp_path / "r.db", out_dir=tmp_path / "out"),
+            started=1000 + 300 * r,
+            now=1005 + 300 * r,
+            metrics=metrics,
+        )
     page = (tmp_path / "out" / "report.html").read_text()
     assert 'aria-label="GPU utilisation (median, p90, max of 80 series on 40 hosts)"' in page
     assert page.count("<polyline") == 3 + 3  # problems per run (3 severities) + the spread

@@ -57,9 +57,17 @@ def test_markdown_keeps_no_raw_html_or_markup_from_host_and_instance_names(tmp_p
     """Issue 21: ``<script>`` in a host or instance name stayed raw HTML in report.md."""
     from clusterctl.report.findings import to_markdown as doctor_markdown
 
-    evil = [Finding("gpu.xid", Severity.CRIT, "<script>alert(1)</script>", "gpu:0", "XID 79"),
-            Finding("tp.group", Severity.WARN, "gpu02", "instance:<img src=x onerror=alert(1)>",
-                    "a|b\n| injected | row |", "[click](javascript:alert(1))")]
+    evil = [
+        Finding("gpu.xid", Severity.CRIT, "<script>alert(1)</script>", "gpu:0", "XID 79"),
+        Finding(
+            "tp.group",
+            Severity.WARN,
+            "gpu02",
+            "instance:<img src=x onerror=alert(1)>",
+            "a|b\n| injected | row |",
+            "[click](javascript:alert(1))",
+        ),
+    ]
     report_run(evil, Options(db=tmp_path / "r.db", out_dir=tmp_path), started=0)
     for md in ((tmp_path / "report.md").read_text(), doctor_markdown(evil)):
         assert "<script>" not in md and "<img" not in md and "&lt;script&gt;" in md
@@ -102,7 +110,8 @@ def test_overlapping_runs_in_separate_processes_leave_a_consistent_database(tmp_
     con = sqlite3.connect(db)
     assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert con.execute("SELECT run_id, count(*) FROM findings GROUP BY run_id").fetchall() == [
-        (i, 1) for i in (1, 2, 3, 4)]  # the CRIT stored, the 40 OK counted
+        (i, 1) for i in (1, 2, 3, 4)
+    ]  # the CRIT stored, the 40 OK counted
     assert con.execute("SELECT ok_findings FROM runs").fetchall() == [(40,)] * 4
 
 
@@ -116,9 +125,17 @@ def test_retention_prunes_old_runs_during_a_run(tmp_path):
 
 
 def test_tp_group_state_per_instance_in_json_markdown_and_html(tmp_path):
-    groups = [Finding("tp.group", Severity.CRIT, None, "tp-group:qwen-a",
-                      "UNAVAILABLE: member gpu01:3 is critical (gpu.xid); the group of 4 cannot serve", "drain"),
-              Finding("tp.group", Severity.OK, None, "tp-group:llama-b", "all 8 member GPUs healthy")]
+    groups = [
+        Finding(
+            "tp.group",
+            Severity.CRIT,
+            None,
+            "tp-group:qwen-a",
+            "UNAVAILABLE: member gpu01:3 is critical (gpu.xid); the group of 4 cannot serve",
+            "drain",
+        ),
+        Finding("tp.group", Severity.OK, None, "tp-group:llama-b", "all 8 member GPUs healthy"),
+    ]
     report_run([crit(), *groups], Options(db=tmp_path / "r.db", out_dir=tmp_path), started=0)
     doc = json.loads((tmp_path / "report.json").read_text())
     assert [(g["instance"], g["state"]) for g in doc["tp_groups"]] == [("llama-b", "OK"), ("qwen-a", "UNAVAILABLE")]

@@ -64,10 +64,24 @@ def test_the_served_site_in_a_real_browser(site, tmp_path):
     assert exe, "chromium is not installed: run scripts/install-deps"
 
     def dom(path: str) -> str:
-        p = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                            f"--user-data-dir={tmp_path / ('profile' + path.replace('/', '_'))}", "--dump-dom",
-                            base + path], capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [
+                exe,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={tmp_path / ('profile' + path.replace('/', '_'))}",
+                "--dump-dom",
+                base + path,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert p.returncode == 0, p.stderr[-2000:]
         return p.stdout
 

@@ -30,8 +30,12 @@ def test_a_month_of_points_is_averaged_to_a_bounded_line():
 
 
 def test_axis_labels_stay_short_and_severity_colours_are_fixed():
-    svg = line_chart("CNP", {"CRIT": [(0, 0.0), (60, 3020.0)], "WARN": [(0, 1.0)]},
-                     colours={"CRIT": "#d62728"}, fmt=lambda v: plain(v) + "/s")
+    svg = line_chart(
+        "CNP",
+        {"CRIT": [(0, 0.0), (60, 3020.0)], "WARN": [(0, 1.0)]},
+        colours={"CRIT": "#d62728"},
+        fmt=lambda v: plain(v) + "/s",
+    )
     texts = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
     assert "3.02k/s" in texts and not any("e+" in (t or "") for t in texts)
     assert 'stroke="#d62728"' in svg.split("<polyline")[1]
@@ -44,8 +48,14 @@ def test_more_lines_than_a_legend_holds_are_averaged_per_host(tmp_path):
 
     with History(tmp_path / "h.db") as h:
         for t in (0.0, 300.0):
-            h.record([], started=t, finished=t, metrics=[
-                Metric(host, "gpu_utilization_ratio", 0.1 * g, f"gpu:{g}") for host in ("a", "b") for g in range(8)])
+            h.record(
+                [],
+                started=t,
+                finished=t,
+                metrics=[
+                    Metric(host, "gpu_utilization_ratio", 0.1 * g, f"gpu:{g}") for host in ("a", "b") for g in range(8)
+                ],
+            )
         svg = str(charts(h, now=300.0)[1])
     labels = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
     assert 2 * 8 > MAX_LINES and "GPU utilisation" in labels

@@ -22,7 +22,7 @@ hosts:
 
 
 def exec_start(unit: str) -> list[str]:
-    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))[len("ExecStart="):]
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))[len("ExecStart=") :]
     return shlex.split(line.replace("%%", "%").replace("$$", "$"))
 
 
@@ -30,11 +30,16 @@ def test_the_timer_command_stores_a_run_with_the_unreachable_host_unknown(tmp_pa
     inv = tmp_path / "site.yaml"
     inv.write_text(INVENTORY)
     db, out = tmp_path / "state dir" / "report.db", tmp_path / "out"
-    assert main(["report", "install-timer", "-i", str(inv), "--db", str(db), "--out", str(out),
-                 "--unit-dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            ["report", "install-timer", "-i", str(inv), "--db", str(db), "--out", str(out), "--unit-dir", str(tmp_path)]
+        )
+        == 0
+    )
     argv = exec_start((tmp_path / "clusterctl-report.service").read_text())
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin",
-                                                                           "HOME": str(tmp_path)})
+    p = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    )
     assert p.returncode == 3, p.stderr  # nothing could be checked: UNKNOWN
     assert "Traceback" not in p.stderr
     doc = json.loads((out / "report.json").read_text())
@@ -47,23 +52,45 @@ def test_the_active_timer_command_stores_an_active_run_with_the_silent_instance_
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     inv = tmp_path / "site.yaml"
-    inv.write_text(INVENTORY + f"""engines:
+    inv.write_text(
+        INVENTORY
+        + f"""engines:
   vllm-0.11: {{path: /opt/vllm-0.11/bin/vllm, version: 0.11.0}}
 models:
   m: {{path: /models/m}}
 instances:
   inst-a: {{model: m, engine: vllm-0.11, placement: "ctl-test1:[0]", port: {port}}}
-""")
+"""
+    )
     db, out = tmp_path / "report.db", tmp_path / "active"
-    assert main(["report", "install-timer", "-i", str(inv), "--db", str(db), "--out", str(out), "--active", "leak",
-                 "--unit-dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "install-timer",
+                "-i",
+                str(inv),
+                "--db",
+                str(db),
+                "--out",
+                str(out),
+                "--active",
+                "leak",
+                "--unit-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     argv = exec_start((tmp_path / "clusterctl-report-active.service").read_text())
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin",
-                                                                           "HOME": str(tmp_path)})
+    p = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    )
     assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr
     doc = json.loads((out / "report.json").read_text())
     assert [(f["check"], f["subject"], f["severity"]) for f in doc["findings"]] == [
-        ("drift.leak", "instance:inst-a", "UNKNOWN")]
+        ("drift.leak", "instance:inst-a", "UNKNOWN")
+    ]
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT pattern FROM runs").fetchall() == [("all --active leak",)]
 

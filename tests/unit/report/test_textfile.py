@@ -15,8 +15,9 @@ from report_findings import crit, ok, warn
 
 
 def test_output_parses_strictly_and_carries_the_change_counts():
-    text = render([warn(), ok(), crit(host='gp"u\\1')], diff([crit()], [warn(), ok()]), finished=1700000000.5,
-                  duration_s=12.25)
+    text = render(
+        [warn(), ok(), crit(host='gp"u\\1')], diff([crit()], [warn(), ok()]), finished=1700000000.5, duration_s=12.25
+    )
     m = parse(text)
     assert m["clusterctl_report_problems"][(("state", "new"),)] == 1
     assert m["clusterctl_report_problems"][(("state", "resolved"),)] == 1

@@ -17,6 +17,7 @@ CHUNK = 64 * 1024
 def make_model(root: Path, sizes: dict[str, int], seed: int = 1) -> Path:
     """Files of pseudo-random bytes (deterministic per seed) under ``root``."""
     import random
+
     rng = random.Random(seed)
     for rel, size in sizes.items():
         p = root / rel
@@ -29,20 +30,29 @@ def manifest_for(root: Path, name: str = "m", version: str | None = "v1", chunk:
     return mf.compute(str(root), name, version, chunk)
 
 
-def run_node(job: dict, argv: list[str] | None = None, extra_stdin: bytes = b"",
-             timeout: float = 60) -> tuple[int, dict]:
+def run_node(
+    job: dict, argv: list[str] | None = None, extra_stdin: bytes = b"", timeout: float = 60
+) -> tuple[int, dict]:
     """Run the bundle with ``job`` on stdin; return (exit status, the JSON result)."""
-    proc = subprocess.run([sys.executable, "-I", "-B", "-c", bundle.bootstrap(), *(argv or [])],
-                          input=json.dumps(job).encode() + b"\n" + extra_stdin,
-                          capture_output=True, timeout=timeout, env={"PATH": os.environ.get("PATH", "")})
+    proc = subprocess.run(
+        [sys.executable, "-I", "-B", "-c", bundle.bootstrap(), *(argv or [])],
+        input=json.dumps(job).encode() + b"\n" + extra_stdin,
+        capture_output=True,
+        timeout=timeout,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
     lines = proc.stdout.decode().strip().splitlines()
     assert lines, f"no result; stderr: {proc.stderr.decode()[-2000:]}"
     return proc.returncode, json.loads(lines[-1])
 
 
 def start_node(job: dict, argv: list[str] | None = None) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-I", "-B", "-c", bundle.bootstrap(), *(argv or [])],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-B", "-c", bundle.bootstrap(), *(argv or [])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(job).encode() + b"\n")
     proc.stdin.close()
@@ -58,7 +68,13 @@ def result_of(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, dict]:
 
 
 def stage_job(man: mf.Manifest, model_path: Path, source: dict | None, **kw) -> dict:
-    job = {"op": "stage", "manifest": man.to_dict(), "model_path": str(model_path), "source": source,
-           "workers": 4, "keep": 2}
+    job = {
+        "op": "stage",
+        "manifest": man.to_dict(),
+        "model_path": str(model_path),
+        "source": source,
+        "workers": 4,
+        "keep": 2,
+    }
     job.update(kw)
     return job

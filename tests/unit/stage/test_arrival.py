@@ -56,6 +56,7 @@ def test_a_chunk_corrupted_on_disk_before_the_reread_is_reported(tmp_path):
         with store.cond:  # hold the reverifier off until the chunk is damaged on disk
             _put_all(src, store)
             os.pwrite(store.fds[victim.file], b"\xff\xfe", victim.offset + 5)
+
     _run_reverifier(store, put_and_corrupt)
     assert not store.reverified[victim.index]
     bad = store.verify_all()

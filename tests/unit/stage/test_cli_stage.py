@@ -50,29 +50,53 @@ def test_tables_group_identical_hosts_and_name_failures():
     from clusterctl.stage.run import NodeRow, StageReport
 
     ok = {"version": "v2", "bytes": 10_000_000, "fetch_seconds": 2.0, "upstream": "10.0.0.1:7707"}
-    rows = [NodeRow("gpu01", "staged", data={"version": "v2", "bytes": 10_000_000, "fetch_seconds": 1.0}),
-            NodeRow("gpu02", "staged", data=ok), NodeRow("gpu03", "staged", data=dict(ok, fetch_seconds=4.0)),
-            NodeRow("gpu04", "failed", "not enough space for q v2 under /models", "disk_space")]
+    rows = [
+        NodeRow("gpu01", "staged", data={"version": "v2", "bytes": 10_000_000, "fetch_seconds": 1.0}),
+        NodeRow("gpu02", "staged", data=ok),
+        NodeRow("gpu03", "staged", data=dict(ok, fetch_seconds=4.0)),
+        NodeRow("gpu04", "failed", "not enough space for q v2 under /models", "disk_space"),
+    ]
     console = Console(width=200, record=True)
     console.print(_stage_table(StageReport("q", "v2", "http://s/q/", "chain", 10_000_000, rows, 3.0)))
     text = console.export_text()
     assert "gpu[02-03]  staged  v2       relay   2.5-5.0" in text
     assert "gpu01       staged  v2       source  10.0" in text
     assert "gpu04       failed" in text and "not enough space" in text
-    status = [NodeRow(h, "ok", data={"verify_model_installed": True, "models": [
-        {"name": "q", "path": "/models/q", "current": "v2", "partial": [],
-         "versions": [{"version": "v1", "verified": True, "in_use": False},
-                      {"version": "v2", "verified": True, "in_use": True}],
-         "residency": {"resident": 50, "bytes": 100}}]}) for h in ("a1", "a2")]
+    status = [
+        NodeRow(
+            h,
+            "ok",
+            data={
+                "verify_model_installed": True,
+                "models": [
+                    {
+                        "name": "q",
+                        "path": "/models/q",
+                        "current": "v2",
+                        "partial": [],
+                        "versions": [
+                            {"version": "v1", "verified": True, "in_use": False},
+                            {"version": "v2", "verified": True, "in_use": True},
+                        ],
+                        "residency": {"resident": 50, "bytes": 100},
+                    }
+                ],
+            },
+        )
+        for h in ("a1", "a2")
+    ]
     status.append(NodeRow("a3", "unreachable", "TCP connect timed out after 3s", "fleet"))
     assert _group(_status_rows(status)) == [
         ("a[1-2]", ("q", "v2", "v1, *v2", "yes", "50%", "")),
-        ("a3", ("-", "-", "-", "-", "-", "unreachable: TCP connect timed out after 3s"))]
+        ("a3", ("-", "-", "-", "-", "-", "unreachable: TCP connect timed out after 3s")),
+    ]
 
 
 def test_a_bad_warm_budget_is_a_usage_error(tmp_path, capsys):
     src = make_model(tmp_path / "q", {"a.bin": 70_000})
-    assert main(["stage", "qwen3-8b", "-i", INV, "--source", str(src), "--no-switch",
-                 "--warm-budget", "lots"]) == ExitCode.UNKNOWN
+    assert (
+        main(["stage", "qwen3-8b", "-i", INV, "--source", str(src), "--no-switch", "--warm-budget", "lots"])
+        == ExitCode.UNKNOWN
+    )
     err = capsys.readouterr().err
     assert "--warm-budget: 'lots' is not a size" in err and "Traceback" not in err

@@ -15,8 +15,12 @@ from clusterctl.node.stage import layout as ly, verify_model
 from unit.stage.nodehelp import CHUNK, make_model, manifest_for, run_node, stage_job, start_node
 from unit.stage.rangeserver import RangeServer
 
-SIZES = {"config.json": 700, "model-00001-of-00002.safetensors": 20 * CHUNK + 123,
-         "model-00002-of-00002.safetensors": 9 * CHUNK, "tok/tokenizer.json": 5000}
+SIZES = {
+    "config.json": 700,
+    "model-00001-of-00002.safetensors": 20 * CHUNK + 123,
+    "model-00002-of-00002.safetensors": 9 * CHUNK,
+    "tok/tokenizer.json": 5000,
+}
 
 
 @pytest.fixture
@@ -116,14 +120,22 @@ def test_secrets_stay_out_of_results(tmp_path, model):
     src, man = model
     with RangeServer(str(src)) as srv:
         srv.auth = "Bearer right-token"
-        job = stage_job(man, tmp_path / "models" / "m",
-                        {"kind": "http", "url": srv.url.replace("http://", "http://user:hunter2@") + "?sig=abc123",
-                         "headers": {}}, attempts=1)
+        job = stage_job(
+            man,
+            tmp_path / "models" / "m",
+            {"kind": "http", "url": srv.url.replace("http://", "http://user:hunter2@") + "?sig=abc123", "headers": {}},
+            attempts=1,
+        )
         rc, res = run_node(job)
         assert rc == 1 and "HTTP 401" in res["error"]
         assert "hunter2" not in str(res) and "abc123" not in str(res)
-        rc, res = run_node(stage_job(man, tmp_path / "models" / "m",
-                                     {"kind": "http", "url": srv.url, "headers": {"Authorization": "Bearer right-token"}}))
+        rc, res = run_node(
+            stage_job(
+                man,
+                tmp_path / "models" / "m",
+                {"kind": "http", "url": srv.url, "headers": {"Authorization": "Bearer right-token"}},
+            )
+        )
         assert rc == 0 and "right-token" not in str(res)
         assert srv.seen_auth[-1] == "Bearer right-token"
 
@@ -148,8 +160,9 @@ def test_disk_full_is_a_clear_error_and_the_previous_version_stays(tmp_path, sma
         rc, res = run_node(stage_job(manifest_for(v1, version="v1"), target, {"kind": "http", "url": srv.url}))
         assert rc == 0, res
     with RangeServer(str(v2)) as srv:
-        rc, res = run_node(stage_job(manifest_for(v2, version="v2", chunk=1024 * 1024), target,
-                                     {"kind": "http", "url": srv.url}))
+        rc, res = run_node(
+            stage_job(manifest_for(v2, version="v2", chunk=1024 * 1024), target, {"kind": "http", "url": srv.url})
+        )
         assert srv.requests == []  # refused before reading anything
     assert rc == 1 and res["kind"] == "disk_space"
     assert "not enough space for m v2" in res["error"] and "MiB free" in res["error"]

@@ -74,8 +74,9 @@ def test_the_other_hosts_start_only_after_the_head_said_it_runs(tmp_path: Path) 
     assert min(rec.calls[h][0] for h in ("h2", "h3", "h4")) - head >= 0.4  # after the mark arrived
 
 
-def test_a_head_that_never_says_so_holds_the_others_back_only_so_long(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_head_that_never_says_so_holds_the_others_back_only_so_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sr, "HEADS_START_WAIT_S", 0.3)
     rec = Recorder(head_delay=3.0, announce=False)
     rep = stage(tmp_path, rec, 3)
@@ -96,8 +97,12 @@ def test_the_node_program_says_it_runs_before_it_stages(tmp_path: Path) -> None:
     src = make_model(tmp_path / "src", {"a.bin": 5000})
     man = manifest_for(src)
     job = stage_job(man, tmp_path / "models" / "m", {"kind": "file", "root": str(src)})
-    proc = subprocess.run([sys.executable, "-I", "-B", "-c", bundle.bootstrap(), json.dumps({"announce": True})],
-                          input=json.dumps(job).encode() + b"\n", capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-B", "-c", bundle.bootstrap(), json.dumps({"announce": True})],
+        input=json.dumps(job).encode() + b"\n",
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.decode().splitlines()[0] == MARK
     assert json.loads(proc.stdout.decode().strip().splitlines()[-1])["ok"]

@@ -20,10 +20,14 @@ def test_compute_hashes_every_chunk_and_file(tmp_path):
     data = (src / "a.bin").read_bytes()
     a = man.files[0]
     assert a.size == 150_000 and a.sha256 == hashlib.sha256(data).hexdigest()
-    assert list(a.chunks) == [hashlib.sha256(data[i:i + 65536]).hexdigest() for i in (0, 65536, 131072)]
+    assert list(a.chunks) == [hashlib.sha256(data[i : i + 65536]).hexdigest() for i in (0, 65536, 131072)]
     chunks = man.chunks()
     assert [(c.path, c.offset, c.length) for c in chunks] == [
-        ("a.bin", 0, 65536), ("a.bin", 65536, 65536), ("a.bin", 131072, 150_000 - 131072), ("d/b.bin", 0, 10)]
+        ("a.bin", 0, 65536),
+        ("a.bin", 65536, 65536),
+        ("a.bin", 131072, 150_000 - 131072),
+        ("d/b.bin", 0, 10),
+    ]
     assert [c.index for c in chunks] == [0, 1, 2, 3]
     assert man.total_bytes == 150_010
 

@@ -48,8 +48,21 @@ def test_the_plan_takes_files_in_manifest_order_up_to_the_budget(staged) -> None
 
 def test_pin_model_locks_the_budget_and_reports_it_until_terminated(staged, tmp_path) -> None:
     state = tmp_path / "pin.json"
-    proc = subprocess.Popen([sys.executable, pin_model.__file__, str(staged), "--budget", "350000",
-                             "--state", str(state), "--interval", "0.1"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            pin_model.__file__,
+            str(staged),
+            "--budget",
+            "350000",
+            "--state",
+            str(state),
+            "--interval",
+            "0.1",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while not state.exists() and time.monotonic() < deadline:
@@ -65,6 +78,7 @@ def test_pin_model_locks_the_budget_and_reports_it_until_terminated(staged, tmp_
 
 
 def test_an_unstaged_path_is_refused_with_one_line(tmp_path) -> None:
-    p = subprocess.run([sys.executable, pin_model.__file__, str(tmp_path / "nope"), "--budget", "1"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, pin_model.__file__, str(tmp_path / "nope"), "--budget", "1"], capture_output=True, text=True
+    )
     assert p.returncode == 1 and p.stderr.count("\n") == 1 and "is not a staged model" in p.stderr

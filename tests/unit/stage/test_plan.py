@@ -6,7 +6,13 @@ import pytest
 
 from clusterctl.node.stage import manifest as mf, verify_model
 from clusterctl.stage.plan import (
-    StageError, load_manifest, parse_source, plan_chains, push_frames, rack_groups, write_manifest,
+    StageError,
+    load_manifest,
+    parse_source,
+    plan_chains,
+    push_frames,
+    rack_groups,
+    write_manifest,
 )
 
 from unit.stage.nodehelp import make_model, manifest_for, run_node, stage_job
@@ -87,8 +93,10 @@ def test_a_local_directory_is_pushed_through_stdin(tmp_path):
     assert (target / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
     assert verify_model.check(str(target)) is None
     # A truncated push is an error, and nothing is switched.
-    rc, res = run_node(stage_job(manifest_for(src, version="v2"), tmp_path / "n2" / "q", source.node_spec()),
-                       extra_stdin=push_frames(source, manifest_for(src, version="v2"))[:70_000])
+    rc, res = run_node(
+        stage_job(manifest_for(src, version="v2"), tmp_path / "n2" / "q", source.node_spec()),
+        extra_stdin=push_frames(source, manifest_for(src, version="v2"))[:70_000],
+    )
     assert rc == 1 and res["kind"] == "fetch" and "run stage again" in res["error"]
     assert not (tmp_path / "n2" / "q").exists()
 
@@ -97,8 +105,7 @@ def test_relay_address_prefers_the_storage_then_the_data_nic():
     from clusterctl.inventory.model import Host, NicSpec
     from clusterctl.stage.run import relay_address
 
-    h = Host("g1", "10.0.0.1", nics=[NicSpec("eth0", "management"),
-                                     NicSpec("ens1f0", "data", address="192.168.10.1")])
+    h = Host("g1", "10.0.0.1", nics=[NicSpec("eth0", "management"), NicSpec("ens1f0", "data", address="192.168.10.1")])
     assert relay_address(h) == "192.168.10.1" and relay_address(h, "management") == "10.0.0.1"
     h.nics.append(NicSpec("ens2", "storage", address="172.16.0.1"))
     assert relay_address(h) == "172.16.0.1" and relay_address(h, "data") == "192.168.10.1"

@@ -10,8 +10,11 @@ from clusterctl.node.stage import verify_model
 from unit.stage.nodehelp import CHUNK, make_model, manifest_for, run_node, stage_job
 from unit.stage.rangeserver import RangeServer
 
-SIZES = {"config.json": 700, "model-00001-of-00002.safetensors": 12 * CHUNK,
-         "model-00002-of-00002.safetensors": 9 * CHUNK}
+SIZES = {
+    "config.json": 700,
+    "model-00001-of-00002.safetensors": 12 * CHUNK,
+    "model-00002-of-00002.safetensors": 9 * CHUNK,
+}
 
 
 def test_prestage_warms_within_the_budget_and_the_release_only_switches(tmp_path):
@@ -24,8 +27,9 @@ def test_prestage_warms_within_the_budget_and_the_release_only_switches(tmp_path
     assert rc == 0 and res["ok"], res
     budget = 700 + 5 * CHUNK
     with RangeServer(str(v2)) as srv:
-        rc, pre = run_node(stage_job(m2, target, {"kind": "http", "url": srv.url}, switch=False, warm=True,
-                                     warm_budget=budget))
+        rc, pre = run_node(
+            stage_job(m2, target, {"kind": "http", "url": srv.url}, switch=False, warm=True, warm_budget=budget)
+        )
         assert rc == 0 and pre["ok"], pre
         assert pre["bytes"] == m2.total_bytes and "switched_from" not in pre
         assert pre["warm"]["read_bytes"] == budget and pre["warm"]["left_cold"] == m2.total_bytes - budget
@@ -38,4 +42,6 @@ def test_prestage_warms_within_the_budget_and_the_release_only_switches(tmp_path
         assert len(srv.requests) == served
     assert os.readlink(target) == ".versions/m/v2" and rel["switched_from"] == "v1"
     assert verify_model.check(str(target)) is None
-    assert (target / "model-00002-of-00002.safetensors").read_bytes() == (v2 / "model-00002-of-00002.safetensors").read_bytes()
+    assert (target / "model-00002-of-00002.safetensors").read_bytes() == (
+        v2 / "model-00002-of-00002.safetensors"
+    ).read_bytes()

@@ -28,8 +28,12 @@ def test_the_node_program_reports_verified_bytes_while_it_stages(tmp_path) -> No
     man = manifest_for(src)
     with RangeServer(str(src)) as srv:
         job = stage_job(man, tmp_path / "models" / "m", {"kind": "http", "url": srv.url}, progress=0.01)
-        proc = subprocess.run([sys.executable, "-I", "-B", "-c", bundle.bootstrap()],
-                              input=json.dumps(job).encode() + b"\n", capture_output=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-I", "-B", "-c", bundle.bootstrap()],
+            input=json.dumps(job).encode() + b"\n",
+            capture_output=True,
+            timeout=60,
+        )
     assert proc.returncode == 0, proc.stderr
     seen: list[tuple[str, int, int]] = []
     ProgressLines(lambda h, d, t: seen.append((h, d, t)))("n1", proc.stderr)

@@ -29,9 +29,14 @@ def _chain(tmp_path, man, url, n, ports, stall=3.0):
     """Start ``n`` node programs as a chain on 127.0.0.1 (node i's upstreams: i-1, ..., 0)."""
     procs = []
     for i in range(n):
-        relay = {"bind": "127.0.0.1", "port": ports[i] if i < n - 1 else None,
-                 "upstreams": [["127.0.0.1", ports[j]] for j in range(i - 1, -1, -1)],
-                 "children": 1 if i < n - 1 else 0, "stall_timeout": stall, "linger": stall + 2}
+        relay = {
+            "bind": "127.0.0.1",
+            "port": ports[i] if i < n - 1 else None,
+            "upstreams": [["127.0.0.1", ports[j]] for j in range(i - 1, -1, -1)],
+            "children": 1 if i < n - 1 else 0,
+            "stall_timeout": stall,
+            "linger": stall + 2,
+        }
         job = stage_job(man, tmp_path / f"node{i}" / "m", {"kind": "http", "url": url}, relay=relay)
         procs.append(start_node(job))
     return procs
@@ -83,14 +88,18 @@ def test_without_any_upstream_left_a_node_reads_the_source(tmp_path):
     man = manifest_for(src)
     dead = _free_ports(2)  # nothing listens there
     with RangeServer(str(src)) as srv:
-        job = stage_job(man, tmp_path / "n" / "m", {"kind": "http", "url": srv.url},
-                        relay={"port": None, "upstreams": [["127.0.0.1", p] for p in dead], "children": 0,
-                               "start_grace": 0.5})
+        job = stage_job(
+            man,
+            tmp_path / "n" / "m",
+            {"kind": "http", "url": srv.url},
+            relay={"port": None, "upstreams": [["127.0.0.1", p] for p in dead], "children": 0, "start_grace": 0.5},
+        )
         rc, r = result_of(start_node(job))
     assert rc == 0 and r["upstream"] == "source"
     assert "fetching the remaining 42 chunks" in r["events"][-1]
-    assert all(any(f"127.0.0.1:{p}: [Errno 111] Connection refused -> next upstream" in e for e in r["events"])
-               for p in dead)
+    assert all(
+        any(f"127.0.0.1:{p}: [Errno 111] Connection refused -> next upstream" in e for e in r["events"]) for p in dead
+    )
 
 
 def test_a_chain_whose_nodes_already_have_the_version_ends_without_lingering(tmp_path):
@@ -122,11 +131,15 @@ def test_a_parent_that_started_late_is_told_by_the_child_that_went_further_up(tm
     ports = _free_ports(3)
 
     def node(i: int):
-        relay = {"bind": "127.0.0.1", "port": ports[i] if i < 2 else None,
-                 "upstreams": [["127.0.0.1", ports[j]] for j in range(i - 1, -1, -1)],
-                 "children": 1 if i < 2 else 0, "stall_timeout": 40.0, "linger": 42.0}
-        return start_node(stage_job(man, tmp_path / f"node{i}" / "m", {"kind": "http", "url": srv.url},
-                                    relay=relay))
+        relay = {
+            "bind": "127.0.0.1",
+            "port": ports[i] if i < 2 else None,
+            "upstreams": [["127.0.0.1", ports[j]] for j in range(i - 1, -1, -1)],
+            "children": 1 if i < 2 else 0,
+            "stall_timeout": 40.0,
+            "linger": 42.0,
+        }
+        return start_node(stage_job(man, tmp_path / f"node{i}" / "m", {"kind": "http", "url": srv.url}, relay=relay))
 
     with RangeServer(str(src)) as srv:
         head, child = node(0), node(2)

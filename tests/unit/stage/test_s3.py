@@ -15,21 +15,29 @@ from clusterctl.node.stage import s3, verify_model
 from support import s3server
 from unit.stage.nodehelp import make_model, manifest_for, run_node, stage_job
 
-SIZES = {"config.json": 3_000, "model-00001-of-00002.safetensors": 300_000,
-         "model-00002-of-00002.safetensors": 200_001}
+SIZES = {"config.json": 3_000, "model-00001-of-00002.safetensors": 300_000, "model-00002-of-00002.safetensors": 200_001}
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 
 
 def test_signature_matches_aws_published_example() -> None:
     # "GET Object" example of the SigV4 documentation (Authenticating Requests: Using the
     # Authorization Header): its signature is f0e8bd...db41.
-    h = s3.sigv4_headers("GET", "examplebucket.s3.amazonaws.com", "/test.txt", "", {"Range": "bytes=0-9"},
-                         region="us-east-1", access_key="AKIAIOSFODNN7EXAMPLE", secret_key=SECRET,
-                         now=datetime.datetime(2013, 5, 24, tzinfo=datetime.timezone.utc))
+    h = s3.sigv4_headers(
+        "GET",
+        "examplebucket.s3.amazonaws.com",
+        "/test.txt",
+        "",
+        {"Range": "bytes=0-9"},
+        region="us-east-1",
+        access_key="AKIAIOSFODNN7EXAMPLE",
+        secret_key=SECRET,
+        now=datetime.datetime(2013, 5, 24, tzinfo=datetime.timezone.utc),
+    )
     assert h["Authorization"] == (
         "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "
         "SignedHeaders=host;range;x-amz-content-sha256;x-amz-date, "
-        "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41")
+        "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41"
+    )
 
 
 @pytest.fixture(scope="module")

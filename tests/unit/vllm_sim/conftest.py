@@ -101,8 +101,12 @@ class Sim:
             return e.code, e.read()
 
     def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 return r.status, r.read()
@@ -115,18 +119,42 @@ def start_sim(nvml_lib: Path) -> Iterator[Callable[..., Sim]]:
     """Start the simulator: ``start_sim(state, model, *flags, gpus="0", env={}, port=None)``."""
     started: list[Sim] = []
 
-    def start(state: Path, model: Path, *flags: str, gpus: str | None = "0", env: dict[str, str] | None = None,
-              port: int | None = None, version: str = "0.11", scale: str = "0") -> Sim:
+    def start(
+        state: Path,
+        model: Path,
+        *flags: str,
+        gpus: str | None = "0",
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        version: str = "0.11",
+        scale: str = "0",
+    ) -> Sim:
         port = port or free_port()
-        e = dict(os.environ, LD_LIBRARY_PATH=str(nvml_lib), FAKE_NVML_STATE=str(state),
-                 VLLM_SIM_VERSION=version, VLLM_SIM_TIME_SCALE=scale, **(env or {}))
+        e = dict(
+            os.environ,
+            LD_LIBRARY_PATH=str(nvml_lib),
+            FAKE_NVML_STATE=str(state),
+            VLLM_SIM_VERSION=version,
+            VLLM_SIM_TIME_SCALE=scale,
+            **(env or {}),
+        )
         e.pop("VLLM_API_KEY", None) if "VLLM_API_KEY" not in (env or {}) else None
         if gpus is None:
             e.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             e["CUDA_VISIBLE_DEVICES"] = gpus
-        argv = [sys.executable, "-m", "clusterctl.lab.vllm_sim", "serve", str(model), "--host", "127.0.0.1",
-                "--port", str(port), *flags]
+        argv = [
+            sys.executable,
+            "-m",
+            "clusterctl.lab.vllm_sim",
+            "serve",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *flags,
+        ]
         proc = subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         sim = Sim(proc, port)
 

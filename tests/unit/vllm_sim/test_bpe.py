@@ -11,9 +11,25 @@ from clusterctl.lab.vllm_sim import bpe
 TOKENIZER = {
     "normalizer": None,
     "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-    "model": {"type": "BPE", "vocab": {"Ġ": 0, "t": 1, "h": 2, "e": 3, "Ġt": 4, "he": 5, "Ġthe": 6, "c": 7,
-                                       "a": 8, "1": 9, "2": 10, "Ã": 11, "©": 12},
-              "merges": [["Ġ", "t"], ["h", "e"], ["Ġt", "he"]]},
+    "model": {
+        "type": "BPE",
+        "vocab": {
+            "Ġ": 0,
+            "t": 1,
+            "h": 2,
+            "e": 3,
+            "Ġt": 4,
+            "he": 5,
+            "Ġthe": 6,
+            "c": 7,
+            "a": 8,
+            "1": 9,
+            "2": 10,
+            "Ã": 11,
+            "©": 12,
+        },
+        "merges": [["Ġ", "t"], ["h", "e"], ["Ġt", "he"]],
+    },
 }
 
 
@@ -26,8 +42,8 @@ def test_merges_apply_by_rank_over_gpt2_pieces(tmp_path: Path) -> None:
     enc = bpe.load(_write(tmp_path, TOKENIZER))
     assert enc is not None
     assert enc(" the cat") == ["Ġthe", "Ġ", "c", "a", "t"]
-    assert enc("the12") == ["t", "he", "1", "2"]          # letters and numbers are separate pieces
-    assert enc("é") == ["Ã", "©"]                          # UTF-8 bytes through the byte map
+    assert enc("the12") == ["t", "he", "1", "2"]  # letters and numbers are separate pieces
+    assert enc("é") == ["Ã", "©"]  # UTF-8 bytes through the byte map
 
 
 def test_merges_written_as_strings_load_too(tmp_path: Path) -> None:

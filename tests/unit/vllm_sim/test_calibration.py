@@ -38,13 +38,24 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _virtual(doc: dict[str, Any], lv: dict[str, Any]) -> dict[str, float]:
     w = doc["workload"]
-    b = L.bench_point(PROFILES["cpu-1core"], L.MODEL_TINY_LLAMA, concurrency=lv["concurrency"],
-                      requests=lv["requests"], prompt_len=round(lv["prompt_tokens_mean"]),
-                      output_len=w["output_len"], num_blocks=w["kv_cache_memory_bytes"] // (128 * 1024),
-                      max_num_seqs=w["budget"]["max_num_seqs"],
-                      max_num_batched_tokens=w["budget"]["max_num_batched_tokens"], block_size=128)
-    return {"ttft_ms": b.ttft_mean * 1e3, "tpot_ms": b.tpot_mean * 1e3, "output_tps": b.output_tps,
-            "preemptions": b.preemptions}
+    b = L.bench_point(
+        PROFILES["cpu-1core"],
+        L.MODEL_TINY_LLAMA,
+        concurrency=lv["concurrency"],
+        requests=lv["requests"],
+        prompt_len=round(lv["prompt_tokens_mean"]),
+        output_len=w["output_len"],
+        num_blocks=w["kv_cache_memory_bytes"] // (128 * 1024),
+        max_num_seqs=w["budget"]["max_num_seqs"],
+        max_num_batched_tokens=w["budget"]["max_num_batched_tokens"],
+        block_size=128,
+    )
+    return {
+        "ttft_ms": b.ttft_mean * 1e3,
+        "tpot_ms": b.tpot_mean * 1e3,
+        "output_tps": b.output_tps,
+        "preemptions": b.preemptions,
+    }
 
 
 def _off(sim: float, real: float) -> float:
@@ -80,8 +91,11 @@ def test_the_simulator_at_1x_through_bench_matched_the_real_engine() -> None:
     assert doc["real"] == _load(REAL)["real"], "the 1x run must compare with the reference real run"
     assert doc["profile"]["name"] == "cpu-1core"
     p = PROFILES["cpu-1core"]
-    assert (doc["profile"]["t_step"], doc["profile"]["t_seq"], doc["profile"]["flops_eff"]) == \
-        (p.t_step, p.t_seq, p.flops_eff), "the profile changed since the recorded run: rerun calibrate.py"
+    assert (doc["profile"]["t_step"], doc["profile"]["t_seq"], doc["profile"]["flops_eff"]) == (
+        p.t_step,
+        p.t_seq,
+        p.flops_eff,
+    ), "the profile changed since the recorded run: rerun calibrate.py"
     assert doc["workload"]["client_nice"] == -10
     levels = list(zip(doc["real"]["levels"], doc["sim_1x"]["levels"], strict=True))
     assert [real["concurrency"] for real, _sim in levels] == [1, 4, 16]

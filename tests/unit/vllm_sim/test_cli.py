@@ -15,25 +15,36 @@ from .conftest import FIXTURES
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
-    return subprocess.run([sys.executable, "-m", "clusterctl.lab.vllm_sim", *args], capture_output=True,
-                          text=True, timeout=30, env=dict(os.environ, **(env or {})))
+
+    return subprocess.run(
+        [sys.executable, "-m", "clusterctl.lab.vllm_sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ, **(env or {})),
+    )
 
 
 def test_unknown_flag_fails_like_argparse_with_exit_2() -> None:
     cp = run("serve", "/models/x", "--tensor-paralel-size", "2")
     assert cp.returncode == 2
-    assert cp.stderr.splitlines() == ["usage: vllm serve [model_tag] [options]",
-                                      "vllm serve: error: unrecognized arguments: --tensor-paralel-size 2"]
+    assert cp.stderr.splitlines() == [
+        "usage: vllm serve [model_tag] [options]",
+        "vllm serve: error: unrecognized arguments: --tensor-paralel-size 2",
+    ]
     assert cp.stdout == ""
 
 
-@pytest.mark.parametrize("args,message", [
-    (["-tp", "two"], "argument --tensor-parallel-size/-tp: invalid int value: 'two'"),
-    (["--dtype", "fp4"], "argument --dtype: invalid choice: 'fp4'"),
-    (["--kv-cache-dtype", "int3"], "argument --kv-cache-dtype: invalid choice: 'int3'"),
-    (["--gpu-memory-utilization", "lots"], "argument --gpu-memory-utilization: invalid float value: 'lots'"),
-    (["--max-model-len", "32q"], "argument --max-model-len: invalid human_readable_int value: '32q'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["-tp", "two"], "argument --tensor-parallel-size/-tp: invalid int value: 'two'"),
+        (["--dtype", "fp4"], "argument --dtype: invalid choice: 'fp4'"),
+        (["--kv-cache-dtype", "int3"], "argument --kv-cache-dtype: invalid choice: 'int3'"),
+        (["--gpu-memory-utilization", "lots"], "argument --gpu-memory-utilization: invalid float value: 'lots'"),
+        (["--max-model-len", "32q"], "argument --max-model-len: invalid human_readable_int value: '32q'"),
+    ],
+)
 def test_bad_values_fail_with_exit_2(args: list[str], message: str) -> None:
     cp = run("serve", "/models/x", *args)
     assert cp.returncode == 2 and message in cp.stderr
@@ -57,12 +68,29 @@ def test_max_model_len_accepts_human_readable_and_auto_only_in_0_33() -> None:
 
 
 def test_non_default_args_line_matches_the_sample() -> None:
-    line = next(ln for ln in (FIXTURES / "startup_success_v0.11.0.log").read_text().splitlines()
-                if "non-default args" in ln)
+    line = next(
+        ln for ln in (FIXTURES / "startup_success_v0.11.0.log").read_text().splitlines() if "non-default args" in ln
+    )
     expected = ast.literal_eval(line.split("non-default args: ", 1)[1])
-    argv = ["Qwen/Qwen3-32B", "--host", "0.0.0.0", "--port", "8001", "--max-model-len", "32768",
-            "--served-model-name", "qwen3-32b", "--download-dir", "/srv/models/hf",
-            "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9", "--time-scale", "0"]
+    argv = [
+        "Qwen/Qwen3-32B",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8001",
+        "--max-model-len",
+        "32768",
+        "--served-model-name",
+        "qwen3-32b",
+        "--download-dir",
+        "/srv/models/hf",
+        "--tensor-parallel-size",
+        "2",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--time-scale",
+        "0",
+    ]
     got = cli.non_default_args("0.11", argv)
     assert got == expected and list(got) == list(expected)
     assert str(got) == line.split("non-default args: ", 1)[1]

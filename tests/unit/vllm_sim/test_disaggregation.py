@@ -48,12 +48,15 @@ def _pd(start_sim, models, tmp_path):
 
 def _through(pre, dec, max_tokens: int = 4) -> tuple[int, dict]:
     """What the router does for one request."""
-    code, body = pre.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 1,
-                                              "kv_transfer_params": {"do_remote_decode": True}})
+    code, body = pre.post(
+        "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    )
     assert code == 200, body
     params = json.loads(body)["kv_transfer_params"]
-    code, body = dec.post("/v1/completions", {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True,
-                                              "kv_transfer_params": params})
+    code, body = dec.post(
+        "/v1/completions",
+        {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "kv_transfer_params": params},
+    )
     return code, json.loads(body)
 
 
@@ -94,8 +97,9 @@ def test_link_state_follows_the_nic_faults(tmp_path: Path) -> None:
 
 def test_prefill_hands_its_kv_to_decode_and_the_pull_costs_bytes_over_link(start_sim, models, tmp_path) -> None:
     pre, dec, p_host, d_host = _pd(start_sim, models, tmp_path)
-    code, body = pre.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 1,
-                                              "kv_transfer_params": {"do_remote_decode": True}})
+    code, body = pre.post(
+        "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    )
     assert code == 200
     params = json.loads(body)["kv_transfer_params"]
     n_prompt = json.loads(pre.post("/tokenize", {"prompt": PROMPT})[1])["count"]
@@ -135,7 +139,13 @@ def test_prefill_only_instances_ignore_remote_prefill_params(start_sim, models, 
     producer = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer"})
     pre = start_sim(hw_dir(h) / "nvml.json", models["qwen3-8b"], "--kv-transfer-config", producer)
     assert pre.wait_for(READY), pre.log
-    code, _ = pre.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "kv_transfer_params": {
-        "do_remote_prefill": True, "remote_engine_id": "x", "remote_block_ids": [0]}})
+    code, _ = pre.post(
+        "/v1/completions",
+        {
+            "prompt": PROMPT,
+            "max_tokens": 2,
+            "kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "x", "remote_block_ids": [0]},
+        },
+    )
     assert code == 200
     assert _metric(pre, "vllm:nixl_bytes_transferred_count") == 0

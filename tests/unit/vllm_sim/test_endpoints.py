@@ -31,7 +31,7 @@ def sse_events(raw: bytes) -> list[str]:
     assert text.endswith("\n\n")
     events = text.split("\n\n")[:-1]
     assert all(e.startswith("data: ") for e in events)
-    return [e[len("data: "):] for e in events]
+    return [e[len("data: ") :] for e in events]
 
 
 def test_health_version_and_models_auth(sim) -> None:
@@ -47,8 +47,16 @@ def test_health_version_and_models_auth(sim) -> None:
 
 
 def test_streamed_completion_with_logprobs_like_the_sample(sim) -> None:
-    body = {"model": "tiny", "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0,
-            "logprobs": 2, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    body = {
+        "model": "tiny",
+        "prompt": "The capital of France is",
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
     status, raw = sim.post("/v1/completions", body, KEY)
     assert status == 200
     events = sse_events(raw)
@@ -60,7 +68,8 @@ def test_streamed_completion_with_logprobs_like_the_sample(sim) -> None:
     tokens = chunks[:-1]
     assert len(tokens) == 6 and tokens[-1]["choices"][0]["finish_reason"] == "length"
     assert tokens[0]["choices"][0]["prompt_token_ids"] and all(
-        c["choices"][0]["prompt_token_ids"] is None for c in tokens[1:])
+        c["choices"][0]["prompt_token_ids"] is None for c in tokens[1:]
+    )
     offset = 0
     for c in tokens:
         ch = c["choices"][0]
@@ -71,31 +80,42 @@ def test_streamed_completion_with_logprobs_like_the_sample(sim) -> None:
         assert top[ch["text"]] == lp["token_logprobs"][0] <= 0
         offset += len(ch["text"])
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
-        "prompt_tokens": 5, "total_tokens": 11, "completion_tokens": 6}
+        "prompt_tokens": 5,
+        "total_tokens": 11,
+        "completion_tokens": 6,
+    }
     assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith("cmpl-")
 
 
 def _sample_body() -> bytes:
     text = (FIXTURES / "sse_v1_completions_stream_logprobs_v0.11.0.txt").read_text()
-    return text[text.index("data: "):].encode()
+    return text[text.index("data: ") :].encode()
 
 
 def test_greedy_and_seeded_generation_is_deterministic(sim) -> None:
     def text(body: dict) -> str:
-        return json.loads(sim.post("/v1/completions", {"prompt": "hello world", "max_tokens": 12, **body},
-                                   KEY)[1])["choices"][0]["text"]
+        return json.loads(sim.post("/v1/completions", {"prompt": "hello world", "max_tokens": 12, **body}, KEY)[1])[
+            "choices"
+        ][0]["text"]
+
     assert text({"temperature": 0}) == text({"temperature": 0})
     assert text({"temperature": 1.0, "seed": 7}) == text({"temperature": 1.0, "seed": 7})
 
 
 def test_stop_string_and_usage_non_streaming(sim) -> None:
-    full = json.loads(sim.post("/v1/completions", {"prompt": "abc", "max_tokens": 30, "temperature": 0,
-                                                   "ignore_eos": True}, KEY)[1])
+    full = json.loads(
+        sim.post("/v1/completions", {"prompt": "abc", "max_tokens": 30, "temperature": 0, "ignore_eos": True}, KEY)[1]
+    )
     text = full["choices"][0]["text"]
     assert full["usage"]["completion_tokens"] == 30 and full["choices"][0]["finish_reason"] == "length"
     stop = text.split()[3]
-    cut = json.loads(sim.post("/v1/completions", {"prompt": "abc", "max_tokens": 30, "temperature": 0,
-                                                  "ignore_eos": True, "stop": [stop]}, KEY)[1])
+    cut = json.loads(
+        sim.post(
+            "/v1/completions",
+            {"prompt": "abc", "max_tokens": 30, "temperature": 0, "ignore_eos": True, "stop": [stop]},
+            KEY,
+        )[1]
+    )
     ch = cut["choices"][0]
     assert ch["finish_reason"] == "stop" and ch["stop_reason"] == stop and stop not in ch["text"]
     assert text.startswith(ch["text"])
@@ -103,22 +123,36 @@ def test_stop_string_and_usage_non_streaming(sim) -> None:
 
 def test_errors_per_vllm(sim) -> None:
     status, body = sim.post("/v1/completions", {"model": "other", "prompt": "x"}, KEY)
-    assert status == 404 and json.loads(body) == {"error": {"message": "The model `other` does not exist.",
-                                                            "type": "NotFoundError", "param": "model", "code": 404}}
+    assert status == 404 and json.loads(body) == {
+        "error": {
+            "message": "The model `other` does not exist.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
     status, body = sim.post("/v1/completions", {"prompt": "one two three", "max_tokens": 5000}, KEY)
     assert status == 400
     assert json.loads(body)["error"]["message"] == (
         "'max_tokens' or 'max_completion_tokens' is too large: 5000. This model's maximum context length is "
-        "4096 tokens and your request has 3 input tokens (5000 > 4096 - 3).")
+        "4096 tokens and your request has 3 input tokens (5000 > 4096 - 3)."
+    )
     status, body = sim.post("/v1/completions", {"prompt": "x", "logprobs": 21}, KEY)
     assert status == 400 and "greater than max allowed: 20" in json.loads(body)["error"]["message"]
     assert sim.get("/nope")[0] == 404
 
 
 def test_chat_streaming_and_logprobs(sim) -> None:
-    body = {"model": "tiny-alias", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4,
-            "stream": True, "logprobs": True, "top_logprobs": 3, "ignore_eos": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny-alias",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 4,
+        "stream": True,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     status, raw = sim.post("/v1/chat/completions", body, KEY)
     chunks = [json.loads(e) for e in sse_events(raw)[:-1]]
     assert status == 200 and chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -130,8 +164,11 @@ def test_chat_streaming_and_logprobs(sim) -> None:
         assert lp["token"] == ch["delta"]["content"] and lp["bytes"] == list(lp["token"].encode())
         assert 3 <= len(lp["top_logprobs"]) <= 4
     assert chunks[-1]["usage"]["completion_tokens"] == 4
-    status, body = sim.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                                                     "max_tokens": 3, "ignore_eos": True}, KEY)
+    status, body = sim.post(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "ignore_eos": True},
+        KEY,
+    )
     msg = json.loads(body)["choices"][0]["message"]
     assert status == 200 and msg["role"] == "assistant" and msg["content"]
 
@@ -204,9 +241,11 @@ def test_second_instance_binds_the_same_port_and_fails_on_gpu_memory(host: Path,
 def test_memory_visible_through_real_pynvml_then_released(host: Path, models, start_sim, nvml_lib: Path) -> None:
     s = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", gpus="1")
     assert s.wait_for(READY), s.log
-    code = ("import json, pynvml as N; N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(1); "
-            "print(json.dumps([[p.pid, p.usedGpuMemory] for p in N.nvmlDeviceGetComputeRunningProcesses(h)]"
-            " + [N.nvmlDeviceGetMemoryInfo(h).used]))")
+    code = (
+        "import json, pynvml as N; N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(1); "
+        "print(json.dumps([[p.pid, p.usedGpuMemory] for p in N.nvmlDeviceGetComputeRunningProcesses(h)]"
+        " + [N.nvmlDeviceGetMemoryInfo(h).used]))"
+    )
     env = {"LD_LIBRARY_PATH": str(nvml_lib), "FAKE_NVML_STATE": str(host)}
 
     def nv() -> list:
@@ -247,9 +286,11 @@ def test_engine_death_turns_health_503_then_exits(host: Path, models, start_sim)
 
 def test_connection_stays_usable_after_an_early_401(sim) -> None:
     import http.client
+
     c = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=10)
-    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "x" * 5000}),
-              headers={"Content-Type": "application/json"})
+    c.request(
+        "POST", "/v1/completions", body=json.dumps({"prompt": "x" * 5000}), headers={"Content-Type": "application/json"}
+    )
     r = c.getresponse()
     assert (r.status, r.read()) == (401, b'{"error":"Unauthorized"}')
     c.request("GET", "/health")

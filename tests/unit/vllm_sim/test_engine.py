@@ -19,14 +19,29 @@ COST = L.MODEL_8B_INT8
 
 
 def sched(blocks: int = 1000, seqs: int = 256, budget: int = 2048, prefix: bool = True) -> Scheduler:
-    return Scheduler(PROF, COST, ToyLM(noise=False), num_blocks=blocks, max_num_seqs=seqs,
-                     max_num_batched_tokens=budget, prefix_caching=prefix)
+    return Scheduler(
+        PROF,
+        COST,
+        ToyLM(noise=False),
+        num_blocks=blocks,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=budget,
+        prefix_caching=prefix,
+    )
 
 
 def seq(rid: int, n_prompt: int, n_out: int, tag: str = "", session: str = "") -> Seq:
     toks = [f" {tag}w{i}" for i in range(n_prompt)]
-    return Seq(rid=rid, prompt="".join(toks), prompt_tokens=toks, max_tokens=n_out, temperature=0.0,
-               seed=0, ignore_eos=True, session=session or f"s{rid}")
+    return Seq(
+        rid=rid,
+        prompt="".join(toks),
+        prompt_tokens=toks,
+        max_tokens=n_out,
+        temperature=0.0,
+        seed=0,
+        ignore_eos=True,
+        session=session or f"s{rid}",
+    )
 
 
 def run_all(s: Scheduler, limit: int = 100_000) -> tuple[float, list]:
@@ -90,10 +105,24 @@ def test_prefix_caching_reuses_full_blocks_and_cuts_prefill() -> None:
     for prefix in (True, False):
         s = sched(prefix=prefix)
         shared = [f" sys{i}" for i in range(96)]  # 6 full blocks
-        a = Seq(rid=1, prompt="".join(shared) + " a", prompt_tokens=shared + [" a"], max_tokens=2,
-                temperature=0.0, seed=0, ignore_eos=True)
-        b = Seq(rid=2, prompt="".join(shared) + " b", prompt_tokens=shared + [" b"], max_tokens=2,
-                temperature=0.0, seed=0, ignore_eos=True)
+        a = Seq(
+            rid=1,
+            prompt="".join(shared) + " a",
+            prompt_tokens=shared + [" a"],
+            max_tokens=2,
+            temperature=0.0,
+            seed=0,
+            ignore_eos=True,
+        )
+        b = Seq(
+            rid=2,
+            prompt="".join(shared) + " b",
+            prompt_tokens=shared + [" b"],
+            max_tokens=2,
+            temperature=0.0,
+            seed=0,
+            ignore_eos=True,
+        )
         s.add(a)
         t_a, _ = run_all(s)
         b.arrival = t_a
@@ -122,9 +151,17 @@ def test_a_prompt_is_admitted_only_when_all_of_it_fits_the_free_blocks() -> None
     """vLLM 0.32's admission (``scheduler_reserve_full_isl``, default on): a waiting prompt whose whole length
     does not fit the free blocks waits, even when its first chunk would fit; 0.11 admitted on the first chunk
     and preempted the prompt half-way through its prefill."""
+
     def run(full: bool) -> tuple[list[int], int, int]:
-        s = Scheduler(PROF, COST, ToyLM(noise=False), num_blocks=41, max_num_seqs=8, max_num_batched_tokens=256,
-                      full_prompt_admission=full)
+        s = Scheduler(
+            PROF,
+            COST,
+            ToyLM(noise=False),
+            num_blocks=41,
+            max_num_seqs=8,
+            max_num_batched_tokens=256,
+            full_prompt_admission=full,
+        )
         s.add(seq(1, 400, 50, "a"))  # 25 of the 40 usable blocks once prefilled
         s.add(seq(2, 400, 50, "b"))  # needs 25 more: only 15 free beside the first
         for t in range(2):  # the first prompt's prefill in chunks of 256 tokens; 112 tokens of budget left
@@ -147,8 +184,9 @@ def test_threaded_engine_serves_concurrent_requests_and_records_simulated_latenc
 
         def client(i: int) -> None:
             toks = [f" c{i}w{j}" for j in range(1400)]
-            req = GenRequest(prompt="".join(toks), prompt_tokens=toks, max_tokens=8, temperature=0.0, seed=1,
-                             ignore_eos=True)
+            req = GenRequest(
+                prompt="".join(toks), prompt_tokens=toks, max_tokens=8, temperature=0.0, seed=1, ignore_eos=True
+            )
             results[i] = [ev.text for ev in eng.generate(req)]
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
@@ -186,15 +224,22 @@ def test_an_idle_engine_hands_a_burst_over_together_with_a_pickup_time() -> None
     from dataclasses import replace
 
     prof = replace(PROFILES["cpu-1core"], t_pickup=0.3)
-    s = Scheduler(prof, L.MODEL_TINY_LLAMA, ToyLM(noise=False), num_blocks=512, max_num_seqs=128,
-                  max_num_batched_tokens=2048, block_size=128)
+    s = Scheduler(
+        prof,
+        L.MODEL_TINY_LLAMA,
+        ToyLM(noise=False),
+        num_blocks=512,
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
+        block_size=128,
+    )
     eng = StepEngine(s, vocab=4096, scale=1.0)
     first: dict[int, float] = {}
     try:
+
         def client(i: int) -> None:
             toks = [f" c{i}w{j}" for j in range(16)]
-            req = GenRequest(prompt="".join(toks), prompt_tokens=toks, max_tokens=2, temperature=0.0,
-                             ignore_eos=True)
+            req = GenRequest(prompt="".join(toks), prompt_tokens=toks, max_tokens=2, temperature=0.0, ignore_eos=True)
             for _ev in eng.generate(req):
                 first.setdefault(i, time.monotonic())
 
@@ -212,18 +257,45 @@ def test_an_idle_engine_hands_a_burst_over_together_with_a_pickup_time() -> None
 
 def test_bench_point_runs_the_bench_closed_loop() -> None:
     """``bench_point``: N requests, at most C in flight from t=0; every request counted once."""
-    b = L.bench_point(PROFILES["cpu-1core"], L.MODEL_TINY_LLAMA, concurrency=4, requests=10, prompt_len=128,
-                      output_len=8, num_blocks=512, max_num_seqs=128, max_num_batched_tokens=2048, block_size=128)
+    b = L.bench_point(
+        PROFILES["cpu-1core"],
+        L.MODEL_TINY_LLAMA,
+        concurrency=4,
+        requests=10,
+        prompt_len=128,
+        output_len=8,
+        num_blocks=512,
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
+        block_size=128,
+    )
     assert b.requests == 10 and b.preemptions == 0
-    one = L.bench_point(PROFILES["cpu-1core"], L.MODEL_TINY_LLAMA, concurrency=1, requests=3, prompt_len=128,
-                        output_len=8, num_blocks=512, max_num_seqs=128, max_num_batched_tokens=2048, block_size=128)
+    one = L.bench_point(
+        PROFILES["cpu-1core"],
+        L.MODEL_TINY_LLAMA,
+        concurrency=1,
+        requests=3,
+        prompt_len=128,
+        output_len=8,
+        num_blocks=512,
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
+        block_size=128,
+    )
     # four prompts share a prefill step: TTFT grows with concurrency, so does throughput
     assert b.ttft_mean > one.ttft_mean and b.output_tps > one.output_tps
 
 
 def _cpu_engine() -> tuple[Scheduler, StepEngine]:
-    s = Scheduler(PROFILES["cpu-1core"], L.MODEL_TINY_LLAMA, ToyLM(noise=False), num_blocks=512, max_num_seqs=128,
-                  max_num_batched_tokens=2048, block_size=128)
+    s = Scheduler(
+        PROFILES["cpu-1core"],
+        L.MODEL_TINY_LLAMA,
+        ToyLM(noise=False),
+        num_blocks=512,
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
+        block_size=128,
+    )
     return s, StepEngine(s, vocab=4096, scale=1.0)
 
 
@@ -262,6 +334,7 @@ def test_a_burst_the_front_end_is_still_parsing_shares_the_first_step() -> None:
 
     s, eng = _cpu_engine()
     try:
+
         def client(i: int, delay: float) -> None:
             eng.arrive()
             time.sleep(delay)  # the front end's own work before the request reaches the engine

@@ -40,8 +40,7 @@ def greedy_texts(sim: Any, n: int = 40) -> list[str]:
     return out
 
 
-def test_quantized_instance_drifts_while_two_unquantized_agree(host: Path, models, start_sim,
-                                                               tmp_path: Path) -> None:
+def test_quantized_instance_drifts_while_two_unquantized_agree(host: Path, models, start_sim, tmp_path: Path) -> None:
     awq = tmp_path / "qwen3-8b-awq"
     synth.write_model("qwen3-8b", awq, sparse=True, quantization="awq")
     runs = []
@@ -58,8 +57,9 @@ def test_quantized_instance_drifts_while_two_unquantized_agree(host: Path, model
 
 def test_preemptions_when_kv_blocks_run_out(host: Path, models, start_sim) -> None:
     # 64 KV blocks (1024 tokens) for six requests growing to 400 tokens each.
-    sim = start_sim(host, models["qwen3-8b"], "--max-model-len", "1024", "--kv-cache-memory-bytes",
-                    str(1024 * 147456), scale="0.2")
+    sim = start_sim(
+        host, models["qwen3-8b"], "--max-model-len", "1024", "--kv-cache-memory-bytes", str(1024 * 147456), scale="0.2"
+    )
     assert sim.wait_for(READY), sim.log
     results: list[int] = []
 
@@ -87,8 +87,12 @@ def test_ttft_rises_with_concurrent_requests(host: Path, models, start_sim) -> N
 
     def burst(n: int, tag: str) -> float:
         before = metrics(sim)
-        threads = [threading.Thread(target=complete, args=(sim, words(f"{tag}{i}", 1500)),
-                                    kwargs={"max_tokens": 4, "timeout": 60}) for i in range(n)]
+        threads = [
+            threading.Thread(
+                target=complete, args=(sim, words(f"{tag}{i}", 1500)), kwargs={"max_tokens": 4, "timeout": 60}
+            )
+            for i in range(n)
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -21,8 +21,9 @@ from .promparse import parse
 
 
 def post(url: str, body: Any, timeout: float = 10.0) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"null")
@@ -31,8 +32,11 @@ def post(url: str, body: Any, timeout: float = 10.0) -> tuple[int, Any]:
 
 
 def complete(sim: Any, prompt: str, timeout: float = 10.0, **kw: Any) -> tuple[int, Any]:
-    return post(sim.url + "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0,
-                                              "ignore_eos": True, **kw}, timeout)
+    return post(
+        sim.url + "/v1/completions",
+        {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, **kw},
+        timeout,
+    )
 
 
 def metric(sim: Any, name: str) -> float:
@@ -54,8 +58,10 @@ def test_control_endpoint_reports_state_and_rejects_bad_requests(host, models, s
     assert post(sim.url + "/sim/fault", {"fault": "slowdown", "factor": "x"})[0] == 400
     status, body = post(sim.url + "/sim/fault", {"fault": "melt"})
     assert status == 400 and "'fault' must be one of" in body["error"]
-    assert post(sim.url + "/sim/fault", {"fault": "clear"}) == (200, {"dead": False, "hang": False, "lost_rank": None,
-                                                                     "slowdown": 1.0, "leak": False})
+    assert post(sim.url + "/sim/fault", {"fault": "clear"}) == (
+        200,
+        {"dead": False, "hang": False, "lost_rank": None, "slowdown": 1.0, "leak": False},
+    )
     assert sim.stop() == 0
 
 
@@ -82,8 +88,7 @@ def test_engine_death_answers_503_and_exits_0(host, models, start_sim) -> None:
 
 def test_hang_stalls_requests_with_health_200_until_the_execute_timeout(host, models, start_sim) -> None:
     # scale 0.01: the 300 s execute timeout is 3 s of wall time; set to 200 s here -> 2 s.
-    sim = started(start_sim, host, models["qwen3-8b"], scale="0.01",
-                  env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "200"})
+    sim = started(start_sim, host, models["qwen3-8b"], scale="0.01", env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "200"})
     assert complete(sim, "warm up")[0] == 200
     assert post(sim.url + "/sim/fault", {"fault": "hang"})[0] == 200
     t0 = time.monotonic()
@@ -99,8 +104,19 @@ def test_hang_stalls_requests_with_health_200_until_the_execute_timeout(host, mo
     # still calls the engine hung (serving.engine_hung, "waiting")
     last = parse_sample(sim.get("/metrics")[1].decode(), at=0.3)
     assert (first.running, first.waiting, last.running, last.waiting) == (0.0, 1.0, 0.0, 1.0)
-    assert engine_hung(first.running, last.running, first.generation_tokens, last.generation_tokens, first.waiting,
-                       last.waiting, first.prompt_tokens, last.prompt_tokens) == "waiting"
+    assert (
+        engine_hung(
+            first.running,
+            last.running,
+            first.generation_tokens,
+            last.generation_tokens,
+            first.waiting,
+            last.waiting,
+            first.prompt_tokens,
+            last.prompt_tokens,
+        )
+        == "waiting"
+    )
     assert sim.wait(20) == 0  # the execute timeout killed the engine, the watchdog stopped the server
     assert time.monotonic() - t0 >= 1.5
     assert "RPC call to execute_model timed out." in sim.log
@@ -108,8 +124,16 @@ def test_hang_stalls_requests_with_health_200_until_the_execute_timeout(host, mo
 
 
 def test_losing_one_tp_rank_hangs_the_group_then_kills_it(host, models, start_sim) -> None:
-    sim = started(start_sim, host, models["qwen3-8b"], "--tensor-parallel-size", "2", gpus="0,1", scale="0.01",
-                  env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "150"})
+    sim = started(
+        start_sim,
+        host,
+        models["qwen3-8b"],
+        "--tensor-parallel-size",
+        "2",
+        gpus="0,1",
+        scale="0.01",
+        env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "150"},
+    )
     status, state = post(sim.url + "/sim/fault", {"fault": "tp_rank_lost", "rank": 1})
     assert status == 200 and state["lost_rank"] == 1
     with pytest.raises((socket.timeout, TimeoutError, urllib.error.URLError)):
@@ -148,10 +172,12 @@ def test_context_leak_shows_another_sessions_prompt(host, models, start_sim) -> 
 
 def test_engine_death_ends_a_running_stream_without_done(host, models, start_sim) -> None:
     sim = started(start_sim, host, models["qwen3-8b"], scale="0.05", env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
-    req = urllib.request.Request(sim.url + "/v1/completions", method="POST",
-                                 data=json.dumps({"prompt": "long story", "max_tokens": 2000, "stream": True,
-                                                  "ignore_eos": True}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        sim.url + "/v1/completions",
+        method="POST",
+        data=json.dumps({"prompt": "long story", "max_tokens": 2000, "stream": True, "ignore_eos": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     got = b""
     with urllib.request.urlopen(req, timeout=20) as r:
         got += r.read1(200)  # the stream is running

@@ -23,8 +23,13 @@ def test_launchers_fix_or_choose_the_version(tmp_path: Path) -> None:
     install.install_into_rootfs(tmp_path)  # idempotent
 
     def version(launcher: str, **env: str) -> str:
-        cp = subprocess.run([sys.executable, "-S", str(tmp_path / launcher.lstrip("/")), "--version"],
-                            env=_env(tmp_path, **env), capture_output=True, text=True, timeout=30)
+        cp = subprocess.run(
+            [sys.executable, "-S", str(tmp_path / launcher.lstrip("/")), "--version"],
+            env=_env(tmp_path, **env),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert cp.returncode == 0, cp.stderr
         return cp.stdout.strip()
 
@@ -41,11 +46,30 @@ def test_installed_copy_serves_without_site_packages(tmp_path: Path, host: Path,
     install.install_into_rootfs(tmp_path / "root")
     synth.write_model("tiny", tmp_path / "m")
     port = free_port()
-    env = _env(tmp_path / "root", LD_LIBRARY_PATH=str(nvml_lib), FAKE_NVML_STATE=str(host),
-               CUDA_VISIBLE_DEVICES="0", VLLM_SIM_TIME_SCALE="0")
-    proc = subprocess.Popen([sys.executable, "-S", str(tmp_path / "root/opt/vllm-0.33/bin/vllm"), "serve",
-                             str(tmp_path / "m"), "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = _env(
+        tmp_path / "root",
+        LD_LIBRARY_PATH=str(nvml_lib),
+        FAKE_NVML_STATE=str(host),
+        CUDA_VISIBLE_DEVICES="0",
+        VLLM_SIM_TIME_SCALE="0",
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-S",
+            str(tmp_path / "root/opt/vllm-0.33/bin/vllm"),
+            "serve",
+            str(tmp_path / "m"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         out = ""
@@ -58,8 +82,12 @@ def test_installed_copy_serves_without_site_packages(tmp_path: Path, host: Path,
     finally:
         proc.terminate()
         proc.wait(10)
-    synth_cli = subprocess.run([sys.executable, "-S", str(tmp_path / "root/usr/local/bin/vllm-sim"), "tiny",
-                                str(tmp_path / "m2")], env=_env(tmp_path / "root"), capture_output=True,
-                               text=True, timeout=60)
+    synth_cli = subprocess.run(
+        [sys.executable, "-S", str(tmp_path / "root/usr/local/bin/vllm-sim"), "tiny", str(tmp_path / "m2")],
+        env=_env(tmp_path / "root"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert synth_cli.returncode == 0, synth_cli.stderr
     assert (tmp_path / "m2/model.safetensors").is_file()

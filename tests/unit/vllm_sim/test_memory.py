@@ -22,8 +22,7 @@ def weights(model_dir: Path, tp: int) -> int:
     return sum(M.weights_per_rank(ts, m, tp))
 
 
-@pytest.mark.parametrize("name,per_token", [("qwen3-8b", 147_456), ("qwen3-32b", 262_144),
-                                            ("llama-3-70b", 327_680)])
+@pytest.mark.parametrize("name,per_token", [("qwen3-8b", 147_456), ("qwen3-32b", 262_144), ("llama-3-70b", 327_680)])
 def test_kv_bytes_per_token_bf16(name: str, per_token: int) -> None:
     m = shape(name)
     assert M.kv_bytes_per_token(m, 1, 2) == per_token
@@ -53,8 +52,9 @@ def test_tp_shards_weights_but_not_norms_and_pads_the_vocabulary() -> None:
     assert M.weights_per_rank([("model.norm.weight", 8192, [4096])], m, 4) == [8192]
     emb = 151936 * 4096 * 2
     # vocab padded to a multiple of 64 (151936 already is), split over 3 ranks rounding up
-    assert M.weights_per_rank([("model.embed_tokens.weight", emb, [151936, 4096])], m, 3) == \
-        [M.cdiv(151936, 3) * 4096 * 2]
+    assert M.weights_per_rank([("model.embed_tokens.weight", emb, [151936, 4096])], m, 3) == [
+        M.cdiv(151936, 3) * 4096 * 2
+    ]
     assert M.weights_per_rank([("model.layers.0.mlp.up_proj.weight", 100, [10, 5])], m, 2) == [50]
 
 
@@ -92,5 +92,8 @@ def test_graphs_are_inside_the_budget_only_in_0_33() -> None:
 
 def test_activation_grows_with_max_num_batched_tokens() -> None:
     m = shape("qwen3-8b")
-    assert M.activation_peak(m, 1, 16384, 1024, 2) > M.activation_peak(m, 1, 8192, 1024, 2) > \
-        M.activation_peak(m, 1, 2048, 1024, 2)
+    assert (
+        M.activation_peak(m, 1, 16384, 1024, 2)
+        > M.activation_peak(m, 1, 8192, 1024, 2)
+        > M.activation_peak(m, 1, 2048, 1024, 2)
+    )

@@ -19,9 +19,21 @@ def _state(tmp: Path, name: str) -> Path:
 
 
 def _flags(rank: int, master: int) -> list[str]:
-    return ["--tensor-parallel-size", "1", "--pipeline-parallel-size", "2", "--nnodes", "2",
-            "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(master),
-            *(["--headless"] if rank else [])]
+    return [
+        "--tensor-parallel-size",
+        "1",
+        "--pipeline-parallel-size",
+        "2",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(master),
+        *(["--headless"] if rank else []),
+    ]
 
 
 def test_the_head_serves_once_its_worker_joined_and_dies_with_it(start_sim, models, tmp_path: Path) -> None:
@@ -30,11 +42,15 @@ def test_the_head_serves_once_its_worker_joined_and_dies_with_it(start_sim, mode
     time.sleep(1.0)
     assert READY not in head.log  # no API server before every rank joined
     worker = start_sim(_state(tmp_path, "lab02"), models["tiny"], *_flags(1, master), version="0.33", scale="0")
-    assert worker.wait_for(f"Launching vLLM (v0.33.0) headless multiproc executor, with head node address "
-                           f"127.0.0.1:{master} for torch.distributed process group."), worker.log
+    assert worker.wait_for(
+        f"Launching vLLM (v0.33.0) headless multiproc executor, with head node address "
+        f"127.0.0.1:{master} for torch.distributed process group."
+    ), worker.log
     assert head.wait_for(READY), head.log
-    assert ("DP group leader: node_rank=0, node_rank_within_dp=0, master_addr=127.0.0.1, "
-            "mq_connect_ip=127.0.0.1 (local), world_size=2, local_world_size=1") in head.log
+    assert (
+        "DP group leader: node_rank=0, node_rank_within_dp=0, master_addr=127.0.0.1, "
+        "mq_connect_ip=127.0.0.1 (local), world_size=2, local_world_size=1"
+    ) in head.log
     assert head.get("/health")[0] == 200
     assert "Started server process" not in worker.log  # headless: no API server
     worker.proc.kill()

@@ -26,7 +26,8 @@ ROUTER = os.environ.get("CLUSTERCTL_VLLM_ROUTER", pd.ROUTER_BIN)
 
 
 def _inventory(p_port: int, d_port: int, r_port: int, model: Path, m_port: int = 0):
-    return load_inventory_text(f"""\
+    return load_inventory_text(
+        f"""\
 version: 1
 defaults:
   gpus: {{count: 2, model: H100-SXM5-80GB, memory_gib: 80, interconnect: nvlink}}
@@ -42,12 +43,15 @@ instances:
   qd1: {{model: qwen3-8b, engine: sim, placement: "d1:0", port: {d_port}, role: decode}}
 pd_pools:
   qwen-pd: {{model: qwen3-8b, router: {{host: p1, port: {r_port}, metrics_port: {m_port or free_port()}}}}}
-""", "pd.yaml")
+""",
+        "pd.yaml",
+    )
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.status, json.loads(r.read())
 
@@ -60,8 +64,14 @@ def test_pd_pool_serves_through_vllm_router(start_sim, models, tmp_path: Path) -
     for name, port in (("qp1", p_port), ("qd1", d_port)):
         provision_host(tmp_path / name, name, 0, 2, "H100-SXM5-80GB", "mlnx")
         argv = pd.kv_args(inv, inv.instances[name])
-        sims[name] = start_sim(hw_dir(tmp_path / name) / "nvml.json", models["qwen3-8b"], *argv,
-                               "--served-model-name", "qwen3-8b", port=port)
+        sims[name] = start_sim(
+            hw_dir(tmp_path / name) / "nvml.json",
+            models["qwen3-8b"],
+            *argv,
+            "--served-model-name",
+            "qwen3-8b",
+            port=port,
+        )
     for s in sims.values():
         assert s.wait_for(READY), s.log
     argv = pd.router_argv(inv, inv.pd_pools["qwen-pd"], inv.instances.values(), binary=ROUTER)
@@ -81,11 +91,19 @@ def test_pd_pool_serves_through_vllm_router(start_sim, models, tmp_path: Path) -
         prompt = " ".join(f"w{i}" for i in range(500))
         # ignore_eos (a vLLM sampling field the router passes through): the token counts below are exact,
         # not cut short by an end-of-sequence token the decode instance may draw (about 1 in 43 per token).
-        code, out = _post(url + "/v1/completions", {"model": "qwen3-8b", "prompt": prompt, "max_tokens": 8,
-                                                    "ignore_eos": True})
+        code, out = _post(
+            url + "/v1/completions", {"model": "qwen3-8b", "prompt": prompt, "max_tokens": 8, "ignore_eos": True}
+        )
         assert code == 200 and out["usage"]["completion_tokens"] == 8
-        code, chat = _post(url + "/v1/chat/completions", {"model": "qwen3-8b", "max_tokens": 4, "ignore_eos": True,
-                                                           "messages": [{"role": "user", "content": prompt}]})
+        code, chat = _post(
+            url + "/v1/chat/completions",
+            {
+                "model": "qwen3-8b",
+                "max_tokens": 4,
+                "ignore_eos": True,
+                "messages": [{"role": "user", "content": prompt}],
+            },
+        )
         assert code == 200 and chat["choices"][0]["message"]["content"]
         # The prefill instance produced one token per request, the decode one pulled the KV twice.
         pre = parse(sims["qp1"].get("/metrics")[1].decode())

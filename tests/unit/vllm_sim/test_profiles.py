@@ -68,18 +68,27 @@ def test_27b_tp4_ttft_passes_10_s_at_20_concurrent_users_and_rises_with_them() -
     assert ttft[1] < 1.5
 
 
-@pytest.mark.parametrize("profile,model,budget,users,burst", [
-    ("l40s-48g", "8b-int8", (4, 512), (1, 2, 8), False),  # closed loop, the report's initial budget (4 seats)
-    ("l40s-48g", "8b-int8", (256, 2048), (1, 4, 16), True),  # bursts, vLLM's default budget
-    ("h100-sxm", "8b-bf16", (1024, 8192), (1, 16, 64), True),
-])
-def test_ttft_and_throughput_rise_with_concurrency(profile: str, model: str, budget: tuple[int, int],
-                                                   users: tuple[int, ...], burst: bool) -> None:
+@pytest.mark.parametrize(
+    "profile,model,budget,users,burst",
+    [
+        ("l40s-48g", "8b-int8", (4, 512), (1, 2, 8), False),  # closed loop, the report's initial budget (4 seats)
+        ("l40s-48g", "8b-int8", (256, 2048), (1, 4, 16), True),  # bursts, vLLM's default budget
+        ("h100-sxm", "8b-bf16", (1024, 8192), (1, 16, 64), True),
+    ],
+)
+def test_ttft_and_throughput_rise_with_concurrency(
+    profile: str, model: str, budget: tuple[int, int], users: tuple[int, ...], burst: bool
+) -> None:
     seqs, tokens = budget
     blocks = L.BLOCKS_H100_8B if profile == "h100-sxm" else L.BLOCKS_48G_8B
-    pts = [L.measure(P.PROFILES[profile], L.MODELS[model],
-                     L.Workload(u, 1024, 128, seqs, tokens, blocks, duration=120, warmup=20, burst=burst))
-           for u in users]
+    pts = [
+        L.measure(
+            P.PROFILES[profile],
+            L.MODELS[model],
+            L.Workload(u, 1024, 128, seqs, tokens, blocks, duration=120, warmup=20, burst=burst),
+        )
+        for u in users
+    ]
     assert pts[0].output_tps < pts[1].output_tps < pts[2].output_tps
     assert pts[0].ttft_mean < pts[1].ttft_mean < pts[2].ttft_mean
     assert pts[0].per_user_tps > pts[2].per_user_tps  # each user's stream slows down
@@ -89,10 +98,18 @@ def test_unknown_profile_is_a_clear_error_at_start(tmp_path) -> None:
     import os
     import subprocess
     import sys
-    for argv, env, src in ((["--sim-profile", "a100"], {}, "--sim-profile"),
-                           ([], {"VLLM_SIM_PROFILE": "tpu"}, "VLLM_SIM_PROFILE")):
-        r = subprocess.run([sys.executable, "-m", "clusterctl.lab.vllm_sim", "serve", str(tmp_path), *argv],
-                           env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+
+    for argv, env, src in (
+        (["--sim-profile", "a100"], {}, "--sim-profile"),
+        ([], {"VLLM_SIM_PROFILE": "tpu"}, "VLLM_SIM_PROFILE"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "clusterctl.lab.vllm_sim", "serve", str(tmp_path), *argv],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 2
         assert f"vllm serve: error: {src}: unknown simulator profile" in r.stderr
         assert "known: cpu-1core, h100-sxm, l40s-48g" in r.stderr and "Traceback" not in r.stderr

@@ -56,5 +56,5 @@ def test_a_model_read_once_loads_faster_the_second_time(host: Path, start_sim, t
     assert hot.wait_for(READY), hot.log
     hot.stop()
     size = (tmp_path / "m/model.safetensors").stat().st_size
-    assert _load_seconds(cold.log) == round(size / 2**30, 2)          # 1.0 GiB/s cold
-    assert _load_seconds(hot.log) == round(size / (3.5 * 2**30), 2)   # 3.5 GiB/s from the page cache
+    assert _load_seconds(cold.log) == round(size / 2**30, 2)  # 1.0 GiB/s cold
+    assert _load_seconds(hot.log) == round(size / (3.5 * 2**30), 2)  # 3.5 GiB/s from the page cache

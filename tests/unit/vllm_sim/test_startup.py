@@ -32,8 +32,9 @@ def test_kv_cache_too_small_matches_the_sample_0_11(host: Path, models, start_si
     exc_text = exc.split("[core.py:708] ", 1)[1]
     assert exc_text in messages(sim.log)
     assert "Available KV cache memory: 2.87 GiB" in messages(sim.log)
-    assert sim.log.rstrip().endswith("RuntimeError: Engine core initialization failed. See root cause above. "
-                                     "Failed core proc(s): {}")
+    assert sim.log.rstrip().endswith(
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    )
     assert gpu_processes(host) == {0: [], 1: []}  # memory released after the failure
 
 
@@ -42,61 +43,96 @@ def test_kv_cache_too_small_0_33_wording(host: Path, models, start_sim) -> None:
     assert sim.wait() == 1
     assert "(EngineCore pid=" in sim.log and "EngineCore_DP0" not in sim.log
     assert sim.log.rstrip().endswith("Failed core proc(s): {'EngineCore': 1}")
-    assert re.search(r"ValueError: To serve at least one request with the model's max seq len \(40960\), "
-                     r"\(5\.62 GiB KV cache is needed, .* \(which also controls CPU memory on the CPU backend\)"
-                     r" .*conserving_memory/ for more details\.", sim.log)
+    assert re.search(
+        r"ValueError: To serve at least one request with the model's max seq len \(40960\), "
+        r"\(5\.62 GiB KV cache is needed, .* \(which also controls CPU memory on the CPU backend\)"
+        r" .*conserving_memory/ for more details\.",
+        sim.log,
+    )
 
 
 @pytest.mark.parametrize("version,device", [("0.11", "device"), ("0.33", "device cuda:0")])
-def test_not_enough_free_memory_when_another_process_holds_the_gpu(host: Path, models, start_sim,
-                                                                  version: str, device: str) -> None:
+def test_not_enough_free_memory_when_another_process_holds_the_gpu(
+    host: Path, models, start_sim, version: str, device: str
+) -> None:
     faults.gpu_mem(host.parent.parent, gpu=0, gib=20.0, pid=4242)
     sim = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", version=version)
     assert sim.wait() == 1
     util = "0.9" if version == "0.11" else "0.92"
     req = M.requested_bytes((81559 - 512) * M.MiB, float(util), version) / M.GiB
     free = (81559 - 512 - 4 - 20 * 1024 - 512) / 1024  # total - driver - foreign - our CUDA context
-    want = (f"ValueError: Free memory on {device} ({free:.2f}/79.15 GiB) on startup is less than desired GPU "
-            f"memory utilization ({util}, {req:.2f} GiB). Decrease GPU memory utilization or reduce GPU "
-            "memory used by other processes.")
+    want = (
+        f"ValueError: Free memory on {device} ({free:.2f}/79.15 GiB) on startup is less than desired GPU "
+        f"memory utilization ({util}, {req:.2f} GiB). Decrease GPU memory utilization or reduce GPU "
+        "memory used by other processes."
+    )
     assert want in sim.log
     assert gpu_processes(host)[0] == [{"pid": 4242, "used_mib": 20480, "foreign": True}]
 
 
 @pytest.mark.parametrize("version", ["0.11", "0.33"])
 def test_weights_that_do_not_fit_fail_with_cuda_oom(host: Path, models, start_sim, version: str) -> None:
-    sim = start_sim(host, models["llama-3-70b"], "--max-model-len", "4096", "--gpu-memory-utilization",
-                    "0.5", version=version)
+    sim = start_sim(
+        host, models["llama-3-70b"], "--max-model-len", "4096", "--gpu-memory-utilization", "0.5", version=version
+    )
     assert sim.wait() == 1
-    assert re.search(r"\[linear\.py:210\] Failed to create unquantized linear weights: CUDA out of memory\. "
-                     r"Tried to allocate \d+\.\d\d MiB\. GPU 0 has a total capacity of 79\.15 GiB of which "
-                     r"\d+\.\d\d MiB is free\. Including non-PyTorch memory, this process has \d+\.\d\d GiB "
-                     r"memory in use\.", sim.log)
-    assert ("RuntimeError: Failed to create unquantized linear weights. This may be caused by insufficient "
-            "memory to allocate the weight.") in sim.log
+    assert re.search(
+        r"\[linear\.py:210\] Failed to create unquantized linear weights: CUDA out of memory\. "
+        r"Tried to allocate \d+\.\d\d MiB\. GPU 0 has a total capacity of 79\.15 GiB of which "
+        r"\d+\.\d\d MiB is free\. Including non-PyTorch memory, this process has \d+\.\d\d GiB "
+        r"memory in use\.",
+        sim.log,
+    )
+    assert (
+        "RuntimeError: Failed to create unquantized linear weights. This may be caused by insufficient "
+        "memory to allocate the weight."
+    ) in sim.log
     assert ("Failed to load model - not enough GPU memory." in sim.log) == (version == "0.33")
     assert "Loading safetensors checkpoint shards" not in sim.log  # OOM comes before loading
 
 
 def test_successful_start_tp2_prints_the_sample_sequence(host: Path, models, start_sim) -> None:
-    sim = start_sim(host, models["qwen3-32b"], "--max-model-len", "32768", "-tp", "2",
-                    "--served-model-name", "qwen3-32b", gpus="0,1")
+    sim = start_sim(
+        host,
+        models["qwen3-32b"],
+        "--max-model-len",
+        "32768",
+        "-tp",
+        "2",
+        "--served-model-name",
+        "qwen3-32b",
+        gpus="0,1",
+    )
     assert sim.wait_for(READY), sim.log
     got = messages(sim.log)
     sample = messages((FIXTURES / "startup_success_v0.11.0.log").read_text())
-    for msg in ("Available KV cache memory: 37.97 GiB", "Available KV cache memory: 38.04 GiB",
-                "GPU KV cache size: 311,040 tokens", "GPU KV cache size: 311,616 tokens",
-                "Maximum concurrency for 32,768 tokens per request: 9.49x",
-                "Model loading took 30.51",
-                "Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: 19440",
-                "Resolved architecture: Qwen3ForCausalLM", "Using max model len 32768",
-                "Chunked prefill is enabled with max_num_batched_tokens=8192."):
+    for msg in (
+        "Available KV cache memory: 37.97 GiB",
+        "Available KV cache memory: 38.04 GiB",
+        "GPU KV cache size: 311,040 tokens",
+        "GPU KV cache size: 311,616 tokens",
+        "Maximum concurrency for 32,768 tokens per request: 9.49x",
+        "Model loading took 30.51",
+        "Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: 19440",
+        "Resolved architecture: Qwen3ForCausalLM",
+        "Using max model len 32768",
+        "Chunked prefill is enabled with max_num_batched_tokens=8192.",
+    ):
         assert any(m.startswith(msg) for m in got), msg
         assert any(m.startswith(msg) for m in sample), msg
-    order = [next(i for i, m in enumerate(got) if m.startswith(k)) for k in (
-        "vLLM API server version 0.11.0", "non-default args", "Starting to load model", "Model loading took",
-        "Available KV cache memory", "GPU KV cache size", "Graph capturing finished",
-        "Starting vLLM API server 0 on http://127.0.0.1:")]
+    order = [
+        next(i for i, m in enumerate(got) if m.startswith(k))
+        for k in (
+            "vLLM API server version 0.11.0",
+            "non-default args",
+            "Starting to load model",
+            "Model loading took",
+            "Available KV cache memory",
+            "GPU KV cache size",
+            "Graph capturing finished",
+            "Starting vLLM API server 0 on http://127.0.0.1:",
+        )
+    ]
     assert order == sorted(order)
     assert sim.log.index("Application startup complete.") > sim.log.index("Route: /metrics")
     assert "(Worker_TP1 pid=" in sim.log
@@ -109,13 +145,17 @@ def test_successful_start_tp2_prints_the_sample_sequence(host: Path, models, sta
 
 
 def test_0_33_start_logs_one_capacity_line_and_redacts_the_api_key(host: Path, models, start_sim) -> None:
-    sim = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", "--api-key", "s3cret",
-                    "--enforce-eager", version="0.33")
+    sim = start_sim(
+        host, models["qwen3-8b"], "--max-model-len", "8192", "--api-key", "s3cret", "--enforce-eager", version="0.33"
+    )
     assert sim.wait_for(READY), sim.log
     assert "s3cret" not in sim.log and "'api_key': '***'" in sim.log
     line = [m for m in messages(sim.log) if m.startswith("GPU KV cache size")]
-    assert len(line) == 1 and re.fullmatch(r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 8,192 "
-                                           r"tokens per request: \d+\.\d\dx", line[0])
+    assert len(line) == 1 and re.fullmatch(
+        r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 8,192 "
+        r"tokens per request: \d+\.\d\dx",
+        line[0],
+    )
     assert "Graph capturing" not in sim.log and "torch.compile" not in sim.log  # --enforce-eager
     assert "Starting vLLM server on http://127.0.0.1:" in sim.log
     sim.stop()
@@ -166,8 +206,7 @@ def test_fp8_kv_cache_doubles_the_tokens(host: Path, models, start_sim) -> None:
     a = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", "--enforce-eager")
     assert a.wait_for(READY), a.log
     a.stop()
-    b = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", "--enforce-eager",
-                  "--kv-cache-dtype", "fp8")
+    b = start_sim(host, models["qwen3-8b"], "--max-model-len", "8192", "--enforce-eager", "--kv-cache-dtype", "fp8")
     assert b.wait_for(READY), b.log
     b.stop()
     assert abs(_kv_tokens(b.log) - 2 * _kv_tokens(a.log)) <= 16
@@ -183,6 +222,7 @@ def test_kv_cache_memory_bytes_bypasses_utilisation(host: Path, models, start_si
 
 def test_awq_llama_70b_fits_one_gpu_where_bf16_does_not(host: Path, start_sim, tmp_path: Path) -> None:
     from clusterctl.lab.vllm_sim import synth
+
     synth.write_model("llama-3-70b", tmp_path / "awq", sparse=True, quantization="awq")
     s = start_sim(host, tmp_path / "awq", "--max-model-len", "8192", "--enforce-eager")
     assert s.wait_for(READY), s.log
@@ -197,17 +237,23 @@ def test_stats_line_while_busy(host: Path, models, start_sim) -> None:
     s.post("/v1/completions", {"prompt": "a b", "max_tokens": 8, "ignore_eos": True})
     assert s.wait_for("Engine 000: Avg prompt throughput:", timeout=10), s.log
     line = next(ln for ln in s.log.splitlines() if "Avg prompt throughput" in ln)
-    assert re.search(r"\[loggers\.py:127\] Engine 000: Avg prompt throughput: [\d.]+ tokens/s, Avg generation "
-                     r"throughput: [\d.]+ tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: "
-                     r"0\.0%, Prefix cache hit rate: 0\.0%$", line)
+    assert re.search(
+        r"\[loggers\.py:127\] Engine 000: Avg prompt throughput: [\d.]+ tokens/s, Avg generation "
+        r"throughput: [\d.]+ tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: "
+        r"0\.0%, Prefix cache hit rate: 0\.0%$",
+        line,
+    )
     s.stop()
 
 
-@pytest.mark.parametrize("flags,text", [
-    (["-tp", "0"], "ValueError: tensor_parallel_size must be a positive integer, got 0"),
-    (["--gpu-memory-utilization", "1.5"], "ValueError: GPU memory utilization must be less than 1.0. Got 1.5."),
-    (["--port", "70000"], "OverflowError: bind(): port must be 0-65535."),
-])
+@pytest.mark.parametrize(
+    "flags,text",
+    [
+        (["-tp", "0"], "ValueError: tensor_parallel_size must be a positive integer, got 0"),
+        (["--gpu-memory-utilization", "1.5"], "ValueError: GPU memory utilization must be less than 1.0. Got 1.5."),
+        (["--port", "70000"], "OverflowError: bind(): port must be 0-65535."),
+    ],
+)
 def test_bad_settings_are_errors_not_tracebacks_of_the_simulator(host: Path, models, start_sim, flags, text) -> None:
     sim = start_sim(host, models["tiny"], *flags, port=None if "--port" not in flags else 70000)
     assert sim.wait() == 1

@@ -13,8 +13,9 @@ import pytest
 from clusterctl.lab.vllm_sim import synth
 
 
-@pytest.mark.parametrize("name,params", [("Qwen3-8B", 8_190_735_360), ("Qwen3-32B", 32_762_123_264),
-                                         ("Llama-3-70B", 70_553_706_496)])
+@pytest.mark.parametrize(
+    "name,params", [("Qwen3-8B", 8_190_735_360), ("Qwen3-32B", 32_762_123_264), ("Llama-3-70B", 70_553_706_496)]
+)
 def test_parameter_counts_match_the_published_models(name: str, params: int) -> None:
     assert synth.param_count(synth.arch(name)) == params
 
@@ -70,7 +71,7 @@ def test_corrupt_header_is_reported_with_the_file(tmp_path: Path) -> None:
     synth.write_model("tiny", tmp_path / "m")
     f = tmp_path / "m/model.safetensors"
     with open(f, "r+b") as fh:
-        fh.write(struct.pack("<Q", 10 ** 12))
+        fh.write(struct.pack("<Q", 10**12))
     with pytest.raises(ValueError, match=f"{f}: safetensors header length"):
         synth.read_header(f)
     os.truncate(f, 4)

@@ -42,8 +42,21 @@ def build(out_dir: Path, variant: str = "current", cc: str | None = None) -> Pat
     dest = dest_dir / SONAME
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=dest_dir)
     os.close(fd)
-    argv = [compiler, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
-            "-fvisibility=hidden", f"-Wl,-soname,{SONAME}", "-o", tmp, str(SOURCE), "-lpthread"]
+    argv = [
+        compiler,
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Wno-unused-parameter",
+        "-fvisibility=hidden",
+        f"-Wl,-soname,{SONAME}",
+        "-o",
+        tmp,
+        str(SOURCE),
+        "-lpthread",
+    ]
     if variant == "old":
         argv.insert(1, "-DFAKE_NVML_OLD_DRIVER")
     try:

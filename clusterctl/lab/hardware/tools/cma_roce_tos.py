@@ -48,7 +48,7 @@ def getopts(argv):
         while j < len(a):
             c = a[j]
             if c in "dtp":
-                val = a[j + 1:]
+                val = a[j + 1 :]
                 if not val:
                     i += 1
                     if i >= len(argv):

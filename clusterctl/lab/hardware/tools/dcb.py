@@ -20,9 +20,29 @@ sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import nicmodel  # noqa: E402
 
 #: iproute2 etc/iproute2/rt_dsfield names, keyed by DSCP (the file lists TOS bytes).
-DSCP_NAMES = {0: "default", 8: "CS1", 10: "AF11", 12: "AF12", 14: "AF13", 16: "CS2", 18: "AF21",
-              20: "AF22", 22: "AF23", 24: "CS3", 26: "AF31", 28: "AF32", 30: "AF33", 32: "CS4",
-              34: "AF41", 36: "AF42", 38: "AF43", 40: "CS5", 46: "EF", 48: "CS6", 56: "CS7"}
+DSCP_NAMES = {
+    0: "default",
+    8: "CS1",
+    10: "AF11",
+    12: "AF12",
+    14: "AF13",
+    16: "CS2",
+    18: "AF21",
+    20: "AF22",
+    22: "AF23",
+    24: "CS3",
+    26: "AF31",
+    28: "AF32",
+    30: "AF33",
+    32: "CS4",
+    34: "AF41",
+    36: "AF42",
+    38: "AF43",
+    40: "CS5",
+    46: "EF",
+    48: "CS6",
+    56: "CS7",
+}
 OBJECTS = ("app", "apptrust", "buffer", "dcbx", "ets", "maxrate", "pfc", "rewr")
 
 
@@ -38,15 +58,21 @@ def pfc_show(ifname, nic, stats, as_json):
     req = [nicmodel.value(nic, f"tx_prio{p}_pause", now) for p in range(8)]
     ind = [nicmodel.value(nic, f"rx_prio{p}_pause", now) for p in range(8)]
     if as_json:
-        doc = {"pfc_cap": 8, "macsec_bypass": False, "delay": qos.get("pfc_delay", 7),
-               "prio_pfc": {str(p): bool(pfc[p]) for p in range(8)}}
+        doc = {
+            "pfc_cap": 8,
+            "macsec_bypass": False,
+            "delay": qos.get("pfc_delay", 7),
+            "prio_pfc": {str(p): bool(pfc[p]) for p in range(8)},
+        }
         if stats:
             doc["requests"] = {str(p): req[p] for p in range(8)}
             doc["indications"] = {str(p): ind[p] for p in range(8)}
         sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
         return 0
-    lines = [f"pfc-cap 8 macsec-bypass off delay {qos.get('pfc_delay', 7)} ",
-             "prio-pfc " + "".join(f"{p}:{'on' if pfc[p] else 'off'} " for p in range(8))]
+    lines = [
+        f"pfc-cap 8 macsec-bypass off delay {qos.get('pfc_delay', 7)} ",
+        "prio-pfc " + "".join(f"{p}:{'on' if pfc[p] else 'off'} " for p in range(8)),
+    ]
     if stats:
         lines.append("requests " + "".join(f"{p}:{req[p]} " for p in range(8)))
         lines.append("indications " + "".join(f"{p}:{ind[p]} " for p in range(8)))
@@ -57,12 +83,11 @@ def pfc_show(ifname, nic, stats, as_json):
 def app_show(ifname, nic, numeric, as_json):
     qos = nic.get("qos", {})
     pairs = []
-    if qos.get("trust") == "dscp":   # trust pcp = no DSCP entries in the APP table
+    if qos.get("trust") == "dscp":  # trust pcp = no DSCP entries in the APP table
         d2p = qos.get("dscp2prio", [d >> 3 for d in range(64)])
         pairs = [(d, d2p[d]) for d in range(64)]
     if as_json:
-        sys.stdout.write(json.dumps({"dscp_prio": [[d, p] for d, p in pairs]},
-                                    separators=(",", ":")) + "\n")
+        sys.stdout.write(json.dumps({"dscp_prio": [[d, p] for d, p in pairs]}, separators=(",", ":")) + "\n")
         return 0
     if pairs:
         keys = [(str(d) if numeric else DSCP_NAMES.get(d, str(d))) for d, _ in pairs]
@@ -168,10 +193,12 @@ def app_change(ifname, verb, args):
     return 0
 
 
-PFC_SET_USAGE = ("Usage: dcb pfc set dev STRING\n"
-                 "           [ prio-pfc PFC-MAP ]\n"
-                 "           [ macsec-bypass { on | off } ]\n"
-                 "           [ delay INTEGER ]\n")
+PFC_SET_USAGE = (
+    "Usage: dcb pfc set dev STRING\n"
+    "           [ prio-pfc PFC-MAP ]\n"
+    "           [ macsec-bypass { on | off } ]\n"
+    "           [ delay INTEGER ]\n"
+)
 APP_USAGE = "Usage: dcb app { add | del | replace } dev STRING [ dscp-prio DSCP-MAP ]\n"
 
 
@@ -195,8 +222,9 @@ def main(argv):
     obj = args.pop(0)
     if obj not in OBJECTS:
         return err(f'Object "{obj}" is unknown')
-    verbs = ("show", "set") if obj == "pfc" else ("show", "add", "del", "replace", "flush") \
-        if obj == "app" else ("show",)
+    verbs = (
+        ("show", "set") if obj == "pfc" else ("show", "add", "del", "replace", "flush") if obj == "app" else ("show",)
+    )
     if not args or args[0] not in verbs:
         return err(f'What is "{args[0]}"?' if args else f"Usage: dcb {obj} show dev DEV")
     verb = args.pop(0)

@@ -24,12 +24,14 @@ def stats(ifname, nic, now):
 
 
 def driver_info(ifname, nic):
-    return (f"driver: mlx5_core\nversion: {nic.get('driver_version', '6.1.0-28-amd64')}\n"
-            f"firmware-version: {nic.get('fw', '28.39.1002')} ({nic.get('psid', 'MT_0000000838')})\n"
-            "expansion-rom-version: \n"
-            f"bus-info: {nic.get('pci', '')}\n"
-            "supports-statistics: yes\nsupports-test: yes\nsupports-eeprom-access: no\n"
-            "supports-register-dump: no\nsupports-priv-flags: yes\n")
+    return (
+        f"driver: mlx5_core\nversion: {nic.get('driver_version', '6.1.0-28-amd64')}\n"
+        f"firmware-version: {nic.get('fw', '28.39.1002')} ({nic.get('psid', 'MT_0000000838')})\n"
+        "expansion-rom-version: \n"
+        f"bus-info: {nic.get('pci', '')}\n"
+        "supports-statistics: yes\nsupports-test: yes\nsupports-eeprom-access: no\n"
+        "supports-register-dump: no\nsupports-priv-flags: yes\n"
+    )
 
 
 def pause(ifname, nic):
@@ -64,8 +66,7 @@ def set_pause(args):
     try:
         nicmodel.update(ifname, change)
     except KeyError:
-        sys.stderr.write("netlink error: no device matches name (offset 24)\n"
-                         "netlink error: No such device\n")
+        sys.stderr.write("netlink error: no device matches name (offset 24)\nnetlink error: No such device\n")
         return 1
     except (OSError, ValueError):
         sys.stderr.write("netlink error: Operation not supported\n")
@@ -76,34 +77,35 @@ def set_pause(args):
 def link(ifname, nic):
     up = nic.get("link_up", True)
     speed = f"{nic.get('speed_mbps', 400000)}Mb/s" if up else "Unknown!"
-    return (f"Settings for {ifname}:\n"
-            "\tSupported ports: [ Backplane ]\n"
-            "\tSupported link modes:   400000baseCR4/Full\n"
-            "\tSupported pause frame use: Symmetric\n"
-            "\tSupports auto-negotiation: Yes\n"
-            "\tSupported FEC modes: None\t RS\n"
-            "\tAdvertised link modes:  400000baseCR4/Full\n"
-            "\tAdvertised pause frame use: Symmetric\n"
-            "\tAdvertised auto-negotiation: Yes\n"
-            "\tAdvertised FEC modes: RS\n"
-            f"\tSpeed: {speed}\n"
-            f"\tDuplex: {'Full' if up else 'Unknown! (255)'}\n"
-            "\tAuto-negotiation: on\n"
-            "\tPort: Direct Attach Copper\n"
-            "\tPHYAD: 0\n"
-            "\tTransceiver: internal\n"
-            "\tSupports Wake-on: d\n"
-            "\tWake-on: d\n"
-            "\tCurrent message level: 0x00000004 (4)\n"
-            "\t\t\t       link\n"
-            f"\tLink detected: {'yes' if up else 'no'}\n")
+    return (
+        f"Settings for {ifname}:\n"
+        "\tSupported ports: [ Backplane ]\n"
+        "\tSupported link modes:   400000baseCR4/Full\n"
+        "\tSupported pause frame use: Symmetric\n"
+        "\tSupports auto-negotiation: Yes\n"
+        "\tSupported FEC modes: None\t RS\n"
+        "\tAdvertised link modes:  400000baseCR4/Full\n"
+        "\tAdvertised pause frame use: Symmetric\n"
+        "\tAdvertised auto-negotiation: Yes\n"
+        "\tAdvertised FEC modes: RS\n"
+        f"\tSpeed: {speed}\n"
+        f"\tDuplex: {'Full' if up else 'Unknown! (255)'}\n"
+        "\tAuto-negotiation: on\n"
+        "\tPort: Direct Attach Copper\n"
+        "\tPHYAD: 0\n"
+        "\tTransceiver: internal\n"
+        "\tSupports Wake-on: d\n"
+        "\tWake-on: d\n"
+        "\tCurrent message level: 0x00000004 (4)\n"
+        "\t\t\t       link\n"
+        f"\tLink detected: {'yes' if up else 'no'}\n"
+    )
 
 
 def main(argv):
     args = list(argv)
     if not args or args[0] in ("-h", "--help"):
-        sys.stdout.write("Usage:\n        ethtool [ FLAGS ] DEVNAME\t"
-                         "Display standard information about device\n")
+        sys.stdout.write("Usage:\n        ethtool [ FLAGS ] DEVNAME\tDisplay standard information about device\n")
         return 0 if args else 1
     op = None
     if args[0].startswith("-"):
@@ -122,8 +124,7 @@ def main(argv):
     real = os.path.exists(f"/sys/class/net/{ifname}")
     if nic is None:
         if not real:
-            sys.stderr.write("netlink error: no device matches name (offset 24)\n"
-                             "netlink error: No such device\n")
+            sys.stderr.write("netlink error: no device matches name (offset 24)\nnetlink error: No such device\n")
             return 1
         if op in ("-S", "--statistics"):
             sys.stderr.write("no stats available\n")
@@ -139,9 +140,24 @@ def main(argv):
         sys.stdout.write(pause(ifname, nic))
     elif op is None:
         sys.stdout.write(link(ifname, nic))
-    elif op in ("-k", "--show-features", "-g", "--show-ring", "-l", "--show-channels",
-                "-c", "--show-coalesce", "-m", "--dump-module-eeprom", "--show-fec",
-                "-T", "--show-time-stamping", "--show-priv-flags", "-d", "--register-dump"):
+    elif op in (
+        "-k",
+        "--show-features",
+        "-g",
+        "--show-ring",
+        "-l",
+        "--show-channels",
+        "-c",
+        "--show-coalesce",
+        "-m",
+        "--dump-module-eeprom",
+        "--show-fec",
+        "-T",
+        "--show-time-stamping",
+        "--show-priv-flags",
+        "-d",
+        "--register-dump",
+    ):
         sys.stderr.write("netlink error: Operation not supported\n")
         return 75
     else:

@@ -25,7 +25,8 @@ def main(argv):
             sys.stdout.write(
                 f"{nic.get('pci', '')} {nic['rdma_device']} ({nic.get('board', 'MT4129 - MCX75310AAS-NEAT')}) "
                 f"{nic.get('description', 'NVIDIA ConnectX-7 HHHL adapter card, 400GbE / NDR IB (default mode), Single-port OSFP, PCIe 5.0 x16')} "
-                f"fw {nic.get('fw', '28.39.1002')} port {port} ({'ACTIVE' if up else 'DOWN'}) ==> {ifname} ({'Up' if up else 'Down'})\n")
+                f"fw {nic.get('fw', '28.39.1002')} port {port} ({'ACTIVE' if up else 'DOWN'}) ==> {ifname} ({'Up' if up else 'Down'})\n"
+            )
         else:
             sys.stdout.write(f"{nic['rdma_device']} port {port} ==> {ifname} ({'Up' if up else 'Down'})\n")
     return 0

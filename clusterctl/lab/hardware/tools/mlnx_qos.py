@@ -23,8 +23,10 @@ USAGE = "Usage: mlnx_qos -i <interface> [options]\n"
 
 
 def render(qos):
-    out = [f"DCBX mode: {'OS controlled' if qos.get('dcbx', 'os') == 'os' else 'Firmware controlled'}",
-           f"Priority trust state: {qos.get('trust', 'pcp')}"]
+    out = [
+        f"DCBX mode: {'OS controlled' if qos.get('dcbx', 'os') == 'os' else 'Firmware controlled'}",
+        f"Priority trust state: {qos.get('trust', 'pcp')}",
+    ]
     if qos.get("trust") == "dscp":
         out.append("dscp2prio mapping:")
         d2p = qos.get("dscp2prio", [d >> 3 for d in range(64)])
@@ -33,10 +35,13 @@ def render(qos):
             if qos.get("dscp_order") == "descending":
                 dscps.reverse()
             for i in range(0, len(dscps), 8):
-                out.append(f"\tprio:{prio} dscp:" + "".join(f"{d:02d}," for d in dscps[i:i + 8]))
+                out.append(f"\tprio:{prio} dscp:" + "".join(f"{d:02d}," for d in dscps[i : i + 8]))
     sizes = qos.get("buffer_size", [0] * 8)
-    out.append("Receive buffer size (bytes): " + ",".join(str(s) for s in sizes)
-               + f",max_buffer_size={qos.get('max_buffer_size', 262016)}")
+    out.append(
+        "Receive buffer size (bytes): "
+        + ",".join(str(s) for s in sizes)
+        + f",max_buffer_size={qos.get('max_buffer_size', 262016)}"
+    )
     out.append(f"Cable len: {qos.get('cable_len', 7)}")
     out.append("PFC configuration:")
     out.append("\tpriority    " + "   ".join(str(p) for p in range(8)))
@@ -65,8 +70,13 @@ def _parser():
     p.add_option("--trust", dest="trust")
     p.add_option("--dscp2prio", dest="dscp2prio", action="append")
     p.add_option("--cable_len", dest="cable_len")
-    for short, long in (("-p", "--prio_tc"), ("-s", "--tsa"), ("-t", "--tcbw"), ("-r", "--ratelimit"),
-                        ("-d", "--dcbx")):
+    for short, long in (
+        ("-p", "--prio_tc"),
+        ("-s", "--tsa"),
+        ("-t", "--tcbw"),
+        ("-r", "--ratelimit"),
+        ("-d", "--dcbx"),
+    ):
         p.add_option(short, long, dest="unsupported_" + long.strip("-"))
     for long in ("--defltprio", "--prio2buffer", "--buffer_size"):
         p.add_option(long, dest="unsupported_" + long.strip("-"))
@@ -101,7 +111,9 @@ def _settings(o):
         bits = []
         for t in o.pfc.split(","):
             if len(bits) >= 8:
-                raise _BadValue("Too many items for PFC", )
+                raise _BadValue(
+                    "Too many items for PFC",
+                )
             bits.append(_int(t, 0, 1, "PFC"))
         if len(bits) != 8:
             raise _BadValue("pfc list must have 8 items")
@@ -143,6 +155,7 @@ def _apply(todo):
             elif what == "dscp2prio" and value[0] == "set":
                 d2p = qos.setdefault("dscp2prio", [d >> 3 for d in range(64)])
                 d2p[value[1]] = value[2]
+
     return change
 
 
@@ -168,8 +181,11 @@ def main(argv):
         return 1
     asked = [k for k, v in vars(o).items() if k.startswith("unsupported_") and v is not None]
     if asked:
-        sys.stderr.write("mlnx_qos: this simulated NIC does not model "
-                         + ", ".join(k.removeprefix("unsupported_") for k in asked) + "\n")
+        sys.stderr.write(
+            "mlnx_qos: this simulated NIC does not model "
+            + ", ".join(k.removeprefix("unsupported_") for k in asked)
+            + "\n"
+        )
         return 1
     try:
         todo = _settings(o)

@@ -31,10 +31,20 @@ DEFAULT_HW_DIR = "/var/lib/lab-hw"
 STATE_FILE = "nic.json"
 
 #: Capabilities a modelled NIC may have (names as in the mlx5 driver's gating).
-ALL_CAPS = ("per_lane_error_counters", "rx_buffer_fullness_counters", "pcie_counters",
-            "sbcam_reg", "stall_detect", "ppcnt_statistical_group", "roce_accl",
-            "cc_query_allowed", "out_of_seq_cnt", "retransmission_q_counters",
-            "enhanced_error_q_counters", "rx_icrc_encapsulated_counter")
+ALL_CAPS = (
+    "per_lane_error_counters",
+    "rx_buffer_fullness_counters",
+    "pcie_counters",
+    "sbcam_reg",
+    "stall_detect",
+    "ppcnt_statistical_group",
+    "roce_accl",
+    "cc_query_allowed",
+    "out_of_seq_cnt",
+    "retransmission_q_counters",
+    "enhanced_error_q_counters",
+    "rx_icrc_encapsulated_counter",
+)
 
 
 def hw_dir() -> str:
@@ -60,8 +70,7 @@ def atomic_write(path: str, text: str, tmp_dir: str | None = None) -> None:
     The temporary file is named after this process and thread, in ``tmp_dir``
     (same file system as ``path``; default: its directory).
     """
-    tmp = os.path.join(tmp_dir or os.path.dirname(path) or ".",
-                       f".tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp = os.path.join(tmp_dir or os.path.dirname(path) or ".", f".tmp-{os.getpid()}-{threading.get_ident()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, text.encode("utf-8"))
@@ -75,6 +84,7 @@ def atomic_write(path: str, text: str, tmp_dir: str | None = None) -> None:
 
 
 # ------------------------------------------------------------------ values
+
 
 def value(nic: dict, name: str, now: float | None = None) -> int:
     """The counter ``name`` at ``now`` (epoch seconds), from base and rate; unknown = 0."""
@@ -142,38 +152,78 @@ _DERIVED = {
 
 # ------------------------------------------------------------------- names
 
-_SW = ("rx_packets rx_bytes tx_packets tx_bytes tx_tso_packets tx_tso_bytes rx_gro_packets "
-       "rx_gro_bytes rx_gro_skbs rx_ecn_mark rx_csum_unnecessary rx_csum_none rx_csum_complete "
-       "tx_csum_none tx_csum_partial tx_queue_stopped tx_queue_dropped tx_xmit_more tx_recover "
-       "tx_cqes tx_queue_wake tx_cqe_err rx_wqe_err rx_oversize_pkts_sw_drop rx_buff_alloc_err "
-       "rx_congst_umr rx_arfs_err rx_recover ch_events ch_poll ch_arm ch_aff_change ch_force_irq "
-       "ch_eq_rearm").split()
+_SW = (
+    "rx_packets rx_bytes tx_packets tx_bytes tx_tso_packets tx_tso_bytes rx_gro_packets "
+    "rx_gro_bytes rx_gro_skbs rx_ecn_mark rx_csum_unnecessary rx_csum_none rx_csum_complete "
+    "tx_csum_none tx_csum_partial tx_queue_stopped tx_queue_dropped tx_xmit_more tx_recover "
+    "tx_cqes tx_queue_wake tx_cqe_err rx_wqe_err rx_oversize_pkts_sw_drop rx_buff_alloc_err "
+    "rx_congst_umr rx_arfs_err rx_recover ch_events ch_poll ch_arm ch_aff_change ch_force_irq "
+    "ch_eq_rearm"
+).split()
 _QCNT = ["rx_out_of_buffer", "rx_if_down_packets"]
 _VNIC = ["rx_steer_missed_packets", "dev_internal_queue_oob"]
-_VPORT = [f"{d}_vport_{k}_{u}" for k in ("unicast", "multicast", "broadcast")
-          for d, u in (("rx", "packets"), ("rx", "bytes"), ("tx", "packets"), ("tx", "bytes"))]
-_VPORT += [f"{d}_vport_rdma_{k}_{u}" for k in ("unicast", "multicast")
-           for d, u in (("rx", "packets"), ("rx", "bytes"), ("tx", "packets"), ("tx", "bytes"))]
-_802_3 = ("tx_packets_phy rx_packets_phy rx_crc_errors_phy tx_bytes_phy rx_bytes_phy "
-          "tx_multicast_phy tx_broadcast_phy rx_multicast_phy rx_broadcast_phy "
-          "rx_in_range_len_errors_phy rx_out_of_range_len_phy rx_oversize_pkts_phy "
-          "rx_symbol_err_phy tx_mac_control_phy rx_mac_control_phy rx_unsupported_op_phy "
-          "rx_pause_ctrl_phy tx_pause_ctrl_phy").split()
+_VPORT = [
+    f"{d}_vport_{k}_{u}"
+    for k in ("unicast", "multicast", "broadcast")
+    for d, u in (("rx", "packets"), ("rx", "bytes"), ("tx", "packets"), ("tx", "bytes"))
+]
+_VPORT += [
+    f"{d}_vport_rdma_{k}_{u}"
+    for k in ("unicast", "multicast")
+    for d, u in (("rx", "packets"), ("rx", "bytes"), ("tx", "packets"), ("tx", "bytes"))
+]
+_802_3 = (
+    "tx_packets_phy rx_packets_phy rx_crc_errors_phy tx_bytes_phy rx_bytes_phy "
+    "tx_multicast_phy tx_broadcast_phy rx_multicast_phy rx_broadcast_phy "
+    "rx_in_range_len_errors_phy rx_out_of_range_len_phy rx_oversize_pkts_phy "
+    "rx_symbol_err_phy tx_mac_control_phy rx_mac_control_phy rx_unsupported_op_phy "
+    "rx_pause_ctrl_phy tx_pause_ctrl_phy"
+).split()
 _2863 = ["rx_discards_phy", "tx_discards_phy", "tx_errors_phy"]
-_2819 = ["rx_undersize_pkts_phy", "rx_fragments_phy", "rx_jabbers_phy", "rx_64_bytes_phy",
-         "rx_65_to_127_bytes_phy", "rx_128_to_255_bytes_phy", "rx_256_to_511_bytes_phy",
-         "rx_512_to_1023_bytes_phy", "rx_1024_to_1518_bytes_phy", "rx_1519_to_2047_bytes_phy",
-         "rx_2048_to_4095_bytes_phy", "rx_4096_to_8191_bytes_phy", "rx_8192_to_10239_bytes_phy"]
-_PCIE = ["rx_pci_signal_integrity", "tx_pci_signal_integrity", "outbound_pci_buffer_overflow",
-         "outbound_pci_stalled_rd", "outbound_pci_stalled_wr", "outbound_pci_stalled_rd_events",
-         "outbound_pci_stalled_wr_events"]
+_2819 = [
+    "rx_undersize_pkts_phy",
+    "rx_fragments_phy",
+    "rx_jabbers_phy",
+    "rx_64_bytes_phy",
+    "rx_65_to_127_bytes_phy",
+    "rx_128_to_255_bytes_phy",
+    "rx_256_to_511_bytes_phy",
+    "rx_512_to_1023_bytes_phy",
+    "rx_1024_to_1518_bytes_phy",
+    "rx_1519_to_2047_bytes_phy",
+    "rx_2048_to_4095_bytes_phy",
+    "rx_4096_to_8191_bytes_phy",
+    "rx_8192_to_10239_bytes_phy",
+]
+_PCIE = [
+    "rx_pci_signal_integrity",
+    "tx_pci_signal_integrity",
+    "outbound_pci_buffer_overflow",
+    "outbound_pci_stalled_rd",
+    "outbound_pci_stalled_wr",
+    "outbound_pci_stalled_rd_events",
+    "outbound_pci_stalled_wr_events",
+]
 _PME = ["module_unplug", "module_bus_stuck", "module_high_temp", "module_bad_shorted"]
 #: One channel's counters (a real port prints one set per channel; one is modelled).
-_CHANNEL0 = ["ch0_events", "ch0_poll", "ch0_arm", "ch0_aff_change", "ch0_force_irq", "ch0_eq_rearm",
-             "rx0_packets", "rx0_bytes", "rx0_csum_complete", "rx0_csum_none", "tx0_packets",
-             "tx0_bytes", "tx0_csum_partial", "tx0_stopped", "tx0_dropped"]
-_PFC_FMT = ("rx_{p}_pause", "rx_{p}_pause_duration", "tx_{p}_pause", "tx_{p}_pause_duration",
-            "rx_{p}_pause_transition")
+_CHANNEL0 = [
+    "ch0_events",
+    "ch0_poll",
+    "ch0_arm",
+    "ch0_aff_change",
+    "ch0_force_irq",
+    "ch0_eq_rearm",
+    "rx0_packets",
+    "rx0_bytes",
+    "rx0_csum_complete",
+    "rx0_csum_none",
+    "tx0_packets",
+    "tx0_bytes",
+    "tx0_csum_partial",
+    "tx0_stopped",
+    "tx0_dropped",
+]
+_PFC_FMT = ("rx_{p}_pause", "rx_{p}_pause_duration", "tx_{p}_pause", "tx_{p}_pause_duration", "rx_{p}_pause_transition")
 
 
 def ethtool_names(nic: dict) -> list[str]:
@@ -196,8 +246,13 @@ def ethtool_names(nic: dict) -> list[str]:
     if "pcie_counters" in caps:
         names += _PCIE
     for p in range(8):
-        names += [f"rx_prio{p}_bytes", f"rx_prio{p}_packets", f"rx_prio{p}_discards",
-                  f"tx_prio{p}_bytes", f"tx_prio{p}_packets"]
+        names += [
+            f"rx_prio{p}_bytes",
+            f"rx_prio{p}_packets",
+            f"rx_prio{p}_discards",
+            f"tx_prio{p}_bytes",
+            f"tx_prio{p}_packets",
+        ]
     pfc = qos.get("pfc", [0] * 8)
     for p in range(8):
         if pfc[p]:
@@ -214,16 +269,33 @@ def ethtool_names(nic: dict) -> list[str]:
     return names
 
 
-_HW_BASIC = ["rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect",
-             "out_of_buffer"]
-_HW_RETRANS = ["duplicate_request", "rnr_nak_retry_err", "packet_seq_err", "implied_nak_seq_err",
-               "local_ack_timeout_err"]
-_HW_EXT = ["resp_local_length_error", "resp_cqe_error", "req_cqe_error",
-           "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors",
-           "resp_cqe_flush_error", "req_cqe_flush_error", "req_transport_retries_exceeded",
-           "req_rnr_retries_exceeded"]
-_HW_ACCL = ["roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart",
-            "roce_slow_restart_cnps", "roce_slow_restart_trans"]
+_HW_BASIC = ["rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect", "out_of_buffer"]
+_HW_RETRANS = [
+    "duplicate_request",
+    "rnr_nak_retry_err",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+]
+_HW_EXT = [
+    "resp_local_length_error",
+    "resp_cqe_error",
+    "req_cqe_error",
+    "req_remote_invalid_request",
+    "req_remote_access_errors",
+    "resp_remote_access_errors",
+    "resp_cqe_flush_error",
+    "req_cqe_flush_error",
+    "req_transport_retries_exceeded",
+    "req_rnr_retries_exceeded",
+]
+_HW_ACCL = [
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+]
 _HW_CC = ["rp_cnp_ignored", "rp_cnp_handled", "np_ecn_marked_roce_packets", "np_cnp_sent"]
 
 
@@ -246,32 +318,68 @@ def hw_counter_names(nic: dict) -> list[str]:
     return names
 
 
-PMA_COUNTERS = ["VL15_dropped", "excessive_buffer_overrun_errors", "link_downed",
-                "link_error_recovery", "local_link_integrity_errors", "multicast_rcv_packets",
-                "multicast_xmit_packets", "port_rcv_constraint_errors", "port_rcv_data",
-                "port_rcv_errors", "port_rcv_packets", "port_rcv_remote_physical_errors",
-                "port_rcv_switch_relay_errors", "port_xmit_constraint_errors", "port_xmit_data",
-                "port_xmit_discards", "port_xmit_packets", "port_xmit_wait", "symbol_error",
-                "unicast_rcv_packets", "unicast_xmit_packets"]
+PMA_COUNTERS = [
+    "VL15_dropped",
+    "excessive_buffer_overrun_errors",
+    "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "multicast_rcv_packets",
+    "multicast_xmit_packets",
+    "port_rcv_constraint_errors",
+    "port_rcv_data",
+    "port_rcv_errors",
+    "port_rcv_packets",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_constraint_errors",
+    "port_xmit_data",
+    "port_xmit_discards",
+    "port_xmit_packets",
+    "port_xmit_wait",
+    "symbol_error",
+    "unicast_rcv_packets",
+    "unicast_xmit_packets",
+]
 
-NETDEV_STATS = {"rx_bytes": "rx_bytes", "tx_bytes": "tx_bytes", "rx_packets": "rx_packets",
-                "tx_packets": "tx_packets", "rx_errors": "rx_crc_errors_phy",
-                "tx_errors": "tx_errors_phy", "rx_dropped": "rx_out_of_buffer",
-                "tx_dropped": "tx_queue_dropped", "rx_crc_errors": "rx_crc_errors_phy",
-                "multicast": "rx_multicast_phy"}
+NETDEV_STATS = {
+    "rx_bytes": "rx_bytes",
+    "tx_bytes": "tx_bytes",
+    "rx_packets": "rx_packets",
+    "tx_packets": "tx_packets",
+    "rx_errors": "rx_crc_errors_phy",
+    "tx_errors": "tx_errors_phy",
+    "rx_dropped": "rx_out_of_buffer",
+    "tx_dropped": "tx_queue_dropped",
+    "rx_crc_errors": "rx_crc_errors_phy",
+    "multicast": "rx_multicast_phy",
+}
 
 
 # --------------------------------------------------------------------- QoS
 
+
 def default_qos() -> dict:
     """The reference lossless-RoCE profile: trust dscp, PFC on 3, DSCP d -> d >> 3."""
-    return {"dcbx": "os", "trust": "dscp", "pfc": [0, 0, 0, 1, 0, 0, 0, 0],
-            "buffer": [0, 0, 0, 1, 0, 0, 0, 0], "dscp2prio": [d >> 3 for d in range(64)],
-            "dscp_order": "ascending", "global_pause": False, "cable_len": 7,
-            "buffer_size": [130944, 130944, 0, 0, 0, 0, 0, 0], "max_buffer_size": 262016,
-            "prio2tc": [1, 0, 2, 3, 4, 5, 6, 7], "ecn_np": [0, 0, 0, 1, 0, 0, 0, 0],
-            "ecn_rp": [0, 0, 0, 1, 0, 0, 0, 0], "cnp_dscp": 48, "cnp_802p_prio": 6,
-            "tclass": 106, "pfc_delay": 7}
+    return {
+        "dcbx": "os",
+        "trust": "dscp",
+        "pfc": [0, 0, 0, 1, 0, 0, 0, 0],
+        "buffer": [0, 0, 0, 1, 0, 0, 0, 0],
+        "dscp2prio": [d >> 3 for d in range(64)],
+        "dscp_order": "ascending",
+        "global_pause": False,
+        "cable_len": 7,
+        "buffer_size": [130944, 130944, 0, 0, 0, 0, 0, 0],
+        "max_buffer_size": 262016,
+        "prio2tc": [1, 0, 2, 3, 4, 5, 6, 7],
+        "ecn_np": [0, 0, 0, 1, 0, 0, 0, 0],
+        "ecn_rp": [0, 0, 0, 1, 0, 0, 0, 0],
+        "cnp_dscp": 48,
+        "cnp_802p_prio": 6,
+        "tclass": 106,
+        "pfc_delay": 7,
+    }
 
 
 #: A fake configfs tree under ``hw_dir()`` (``/sys/kernel/config`` as the unit tests' net apply
@@ -308,6 +416,7 @@ def nic_by_rdma(state: dict, dev: str) -> tuple[str, dict] | None:
 
 # ------------------------------------------------- QoS files and settings
 
+
 def qos_files(ifname: str, nic: dict) -> dict[str, str]:
     """The MLNX_OFED QoS/ECN sysfs files of one port, relative to the ``sys-class`` tree.
 
@@ -327,7 +436,8 @@ def qos_files(ifname: str, nic: dict) -> dict[str, str]:
     out[f"{d}/ecn/roce_np/min_time_between_cnps"] = "4\n"
     tclass = qos.get("tclass")
     out[f"infiniband/{nic['rdma_device']}/tc/{nic.get('port', 1)}/traffic_class"] = (
-        f"Global tclass={tclass}\n" if tclass is not None else "")
+        f"Global tclass={tclass}\n" if tclass is not None else ""
+    )
     return out
 
 

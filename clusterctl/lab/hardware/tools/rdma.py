@@ -48,8 +48,11 @@ def stat_show(state, selector, as_json):
             doc.update({n: nicmodel.value(nic, n, now) for n in names})
             docs.append(doc)
         else:
-            text.append(f"link {nic['rdma_device']}/{nic.get('port', 1)} "
-                        + "".join(f"\n    {n} {nicmodel.value(nic, n, now)} " for n in names) + "\n")
+            text.append(
+                f"link {nic['rdma_device']}/{nic.get('port', 1)} "
+                + "".join(f"\n    {n} {nicmodel.value(nic, n, now)} " for n in names)
+                + "\n"
+            )
     sys.stdout.write(json.dumps(docs, separators=(",", ":")) + "\n" if as_json else "".join(text))
     return 0
 
@@ -63,11 +66,20 @@ def link_show(state, selector, as_json):
         up = nic.get("link_up", True)
         st, phys = ("ACTIVE", "LINK_UP") if up else ("DOWN", "DISABLED")
         if as_json:
-            docs.append({"ifindex": idx, "ifname": nic["rdma_device"], "port": nic.get("port", 1),
-                         "state": st, "physical_state": phys, "netdev": ifname})
+            docs.append(
+                {
+                    "ifindex": idx,
+                    "ifname": nic["rdma_device"],
+                    "port": nic.get("port", 1),
+                    "state": st,
+                    "physical_state": phys,
+                    "netdev": ifname,
+                }
+            )
         else:
-            text.append(f"link {nic['rdma_device']}/{nic.get('port', 1)} state {st} "
-                        f"physical_state {phys} netdev {ifname} \n")
+            text.append(
+                f"link {nic['rdma_device']}/{nic.get('port', 1)} state {st} physical_state {phys} netdev {ifname} \n"
+            )
     sys.stdout.write(json.dumps(docs, separators=(",", ":")) + "\n" if as_json else "".join(text))
     return 0
 
@@ -78,11 +90,21 @@ def dev_show(state, selector, as_json):
     for idx, (_, nic) in enumerate(rows):
         guid = nic.get("node_guid", "0c42:a103:0000:0000")
         if as_json:
-            docs.append({"ifindex": idx, "ifname": nic["rdma_device"], "node_type": "ca",
-                         "fw": nic.get("fw", "28.39.1002"), "node_guid": guid, "sys_image_guid": guid})
+            docs.append(
+                {
+                    "ifindex": idx,
+                    "ifname": nic["rdma_device"],
+                    "node_type": "ca",
+                    "fw": nic.get("fw", "28.39.1002"),
+                    "node_guid": guid,
+                    "sys_image_guid": guid,
+                }
+            )
         else:
-            text.append(f"{idx}: {nic['rdma_device']}: node_type ca fw {nic.get('fw', '28.39.1002')} "
-                        f"node_guid {guid} sys_image_guid {guid} \n")
+            text.append(
+                f"{idx}: {nic['rdma_device']}: node_type ca fw {nic.get('fw', '28.39.1002')} "
+                f"node_guid {guid} sys_image_guid {guid} \n"
+            )
     sys.stdout.write(json.dumps(docs, separators=(",", ":")) + "\n" if as_json else "".join(text))
     return 0
 
