@@ -19,11 +19,12 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import replace
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.diagnose.sources import KERNEL_LOG
+from clusterctl.probe.factgroups import KernelLog, KernelLogFact
 
 _TS = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:?\d{2}|Z)?)\s")
 _BOOT = re.compile(r"^-- (?:Boot [0-9a-f]+|Reboot) --")
@@ -83,20 +84,16 @@ def split_kernel_lines(lines: list[str], since: float | None = None) -> tuple[li
     return _split(lines, lambda x: bool(_BANNER.search(x) or _BOOT.match(x)), since)
 
 
-def _facts_kernel(facts: dict[str, Any], since: float | None) -> tuple[list[str], list[str]] | None:
+def _facts_kernel(kl: KernelLog, since: float | None) -> tuple[list[str], list[str]] | None:
     """The probe's kernel-log lines split by their boot id (and time), or None without them."""
-    kl = facts.get("kernel_log") or {}
-    if not kl.get("source"):
+    if not kl.source:
         return None
-    boot = (facts.get("host") or {}).get("boot_id")
     old: list[str] = []
     now: list[str] = []
-    for x in kl.get("lines") or []:
-        text = str(x.get("text", ""))
-        other_boot = bool(boot and x.get("boot_id") and x.get("boot_id") != boot)
-        t = x.get("time")
-        wanted = since is not None and isinstance(t, (int, float)) and t >= since
-        (old if other_boot and not wanted else now).append(text)
+    for x in kl.lines:
+        other_boot = bool(kl.boot_id and x.boot_id and x.boot_id != kl.boot_id)
+        wanted = since is not None and x.time is not None and x.time >= since
+        (old if other_boot and not wanted else now).append(x.text)
     o2, n2 = split_kernel_lines(now, since)
     return old + o2, n2
 
@@ -122,9 +119,9 @@ def split_context(ctx: AnalysisContext, since: float | None = None) -> tuple[Ana
             else:
                 continue
             any_old = any_old or bool(hist[name].strip())
-        facts = ctx.facts.get(host)
-        if KERNEL_LOG not in raw and facts is not None:
-            got = _facts_kernel(facts, since)
+        kl = ctx.fact(host, KernelLogFact)
+        if KERNEL_LOG not in raw and kl is not None:
+            got = _facts_kernel(kl, since)
             if got is not None:
                 raw[KERNEL_LOG] = "".join(x + "\n" for x in got[1])
                 hist[KERNEL_LOG] = "".join(x + "\n" for x in got[0])

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.probe.factgroups import KernelLogFact
+
+if TYPE_CHECKING:  # registry imports this module (name_gpus): the type alone, no cycle at run time
+    from clusterctl.diagnose.registry import AnalysisContext
 
 KERNEL_LOG = "kernel.log"
 
@@ -34,18 +38,16 @@ def all_hosts(ctx: Any) -> list[str]:
     return list(seen)
 
 
-def kernel_lines(ctx: Any, host: str) -> tuple[list[str] | None, str]:
+def kernel_lines(ctx: AnalysisContext, host: str) -> tuple[list[str] | None, str]:
     """The host's kernel-log lines and where they came from; ``None`` and the reason when absent."""
-    facts = ctx.facts.get(host)
     raw = ctx.raw.get(host, {})
     if KERNEL_LOG in raw:
         return raw[KERNEL_LOG].splitlines(), "kernel.log"
-    if facts is not None:
-        kl = facts.get("kernel_log") or {}
-        if kl.get("source"):
-            return [str(x.get("text", "")) for x in kl.get("lines") or []], str(kl["source"])
-        reasons = [e.get("reason") for e in facts.get("errors") or [] if e.get("source") == "kernel_log"]
-        return None, "kernel log not readable: " + ("; ".join(map(str, reasons)) or "no source")
+    kl = ctx.fact(host, KernelLogFact)
+    if kl is not None:
+        if kl.source:
+            return kl.texts, kl.source
+        return None, "kernel log not readable: " + ("; ".join(kl.reasons) or "no source")
     return None, ctx.missing.get(host) or "no facts and no kernel log for this host"
 
 

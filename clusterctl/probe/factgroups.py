@@ -12,7 +12,14 @@ partial document (an older collector, a facts document built from ``nvidia-smi -
 by ``diagnose/nvsmi.py``) gives the same findings as before.  Values are kept as
 the document has them (an int stays an int), so messages read the same.
 
-Groups so far: :class:`GpusFact` (``gpus``, read by every ``gpu.*`` check).
+The collector's schema version (``schema``, :data:`SCHEMA`) is checked here too: a
+document of another schema is not guessed at; its groups read as unreadable (a
+reason), which the checks report as UNKNOWN.  A document without ``schema`` (a
+partial one built by clusterctl itself) is read as this schema.
+
+Groups so far: :class:`GpusFact` (``gpus``, read by every ``gpu.*`` check),
+:class:`KernelLogFact` (``kernel_log`` with the host's boot id: the ``gpu.xid``,
+``gpu.oom``, ``roce.link_flap`` checks and the current-run split).
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 T = TypeVar("T")
+
+#: The collector's facts schema these parsers read (``SCHEMA`` of clusterctl/node/collector.py).
+SCHEMA = 1
 
 
 class FactGroup(Generic[T]):
@@ -54,6 +64,21 @@ def _bool(v: Any) -> bool | None:
 
 def _str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
+
+
+def schema_problem(doc: Mapping[str, Any]) -> str | None:
+    """Why a document cannot be read as :data:`SCHEMA`; None when it can (or names no schema)."""
+    v = doc.get("schema")
+    if v is None or (_int(v) == SCHEMA):
+        return None
+    return f"facts schema {v!r} from the collector, this clusterctl reads schema {SCHEMA}"
+
+
+def _errors(doc: Mapping[str, Any], source: str) -> tuple[str, ...]:
+    """The reasons of ``errors`` entries about ``source`` (``str`` of each, as reported)."""
+    return tuple(
+        str(e.get("reason")) for e in doc.get("errors") or [] if isinstance(e, dict) and e.get("source") == source
+    )
 
 
 def _dict(v: Any) -> dict[str, Any]:
@@ -275,4 +300,68 @@ class GpusFact(FactGroup[GpuSection]):
             if fm and isinstance(fm, dict)
             else None,
             raw=g,
+        )
+
+
+# ----------------------------------------------------------------- kernel_log
+
+
+@dataclass(frozen=True)
+class KernelLine:
+    """One kernel message: ``time`` (epoch seconds) and ``boot_id`` where the source gives them."""
+
+    text: str
+    time: float | None = None
+    boot_id: str | None = None
+    priority: int | None = None
+
+
+@dataclass(frozen=True)
+class KernelLog:
+    """The ``kernel_log`` section: ``source`` None means no kernel log was read (``reasons``
+    says why: the ``errors`` entries about it, or the document's unreadable schema);
+    ``boot_id`` is the host's current boot (``host.boot_id``), to tell older boots' lines."""
+
+    source: str | None
+    cursor: str | None
+    lines: tuple[KernelLine, ...]
+    truncated: bool
+    rotated: bool
+    reasons: tuple[str, ...]
+    boot_id: str | None
+
+    @property
+    def texts(self) -> list[str]:
+        return [x.text for x in self.lines]
+
+
+class KernelLogFact(FactGroup[KernelLog]):
+    """Kernel messages since the cursor (``kernel_log`` of docs/facts.md)."""
+
+    section = "kernel_log"
+    command = "collector.collect_kernel_log (journalctl -k -o json, else /var/log/kern.log from a file cursor)"
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> KernelLog:
+        bad = schema_problem(doc)
+        k = {} if bad else _dict(doc.get("kernel_log"))
+        lines = tuple(
+            KernelLine(
+                str(x.get("text", "")),
+                _num(x.get("time")),
+                None if x.get("boot_id") is None else str(x["boot_id"]),
+                _int(x.get("priority")),
+            )
+            for x in k.get("lines") or []
+            if isinstance(x, dict)
+        )
+        source = k.get("source")
+        return KernelLog(
+            source=str(source) if source else None,
+            cursor=_str(k.get("cursor")),
+            lines=lines if source else (),
+            truncated=bool(k.get("truncated")),
+            rotated=bool(k.get("rotated")),
+            reasons=(bad,) if bad else _errors(doc, "kernel_log"),
+            boot_id=None if bad else _str(_dict(doc.get("host")).get("boot_id")),
         )
