@@ -23,6 +23,7 @@ from clusterctl.cli._progress import HostProgress as HostProgress  # re-exported
 from clusterctl.config import resolve_inventory_path
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import BECOME_PASSWORD_ENV as BECOME_PASSWORD_ENV  # re-exported for the commands
+from clusterctl.fleet.factory import FleetFactory, fleet_factory
 from clusterctl.fleet.failed import load_failed
 from clusterctl.fleet.hostkeys import HOST_KEY_POLICIES
 from clusterctl.inventory.model import Host
@@ -92,7 +93,7 @@ def instances_wanted(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any]
         fail(str(e))
 
 
-def inventory_fleet(
+def host_fleets(
     inv: Any,
     host_names: list[str],
     *,
@@ -100,17 +101,21 @@ def inventory_fleet(
     connect_timeout: Optional[float],
     host_key_policy: Optional[str],
     ask_become_pass: bool,
-) -> Any:
-    """A Fleet of the inventory hosts named ``host_names`` with the usual SSH options."""
-    from clusterctl.fleet.factory import make_fleet
-
+) -> FleetFactory:
+    """How a workflow builds its fleets with the usual SSH options: ``--host-key-policy`` checked
+    and the sudo password read (``-K``: prompted) once, for the inventory hosts named ``host_names``."""
     policy = check_host_key_policy(host_key_policy)
     hosts = [inv.hosts[h] for h in host_names if h in inv.hosts]
-    return make_fleet(
-        hosts,
+    return fleet_factory(
         user_config(),
         fanout=fanout,
         connect_timeout=connect_timeout,
         become_password=become_password(ask_become_pass, hosts, True),
         host_key_policy=policy,
     )
+
+
+def inventory_fleet(inv: Any, host_names: list[str], **fleet_opts: Any) -> Any:
+    """A Fleet of the inventory hosts named ``host_names`` with the usual SSH options
+    (:func:`host_fleets`' keyword arguments)."""
+    return host_fleets(inv, host_names, **fleet_opts)([inv.hosts[h] for h in host_names if h in inv.hosts])

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from collections.abc import Callable
-from typing import Any, Optional, TypeVar
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
 
@@ -22,11 +23,12 @@ from clusterctl.cli._hosts import (
     ConnectTimeoutOpt,
     FanoutOpt,
     HostKeyOpt,
+    host_fleets,
     instances_wanted,
-    inventory_fleet,
 )
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
+from clusterctl.ops import gateway as gwops
 
 app = typer.Typer(
     help="Render, deploy and sync the nginx gateway in front of the instances (docs/gateway.md).",
@@ -43,24 +45,23 @@ StateDirOpt = typer.Option(
 )
 
 
-_T = TypeVar("_T")
-
-
-def _gateway(inv: Any) -> Any:
+def _request(
+    inventory: Optional[str],
+    state_dir: Optional[str],
+    hosts: Optional[Callable[[gwops.GatewayRequest], list[str]]] = None,
+    **fleet_opts: Any,
+) -> gwops.GatewayRequest:
+    """The workflow's request: the inventory loaded (with a ``gateway:`` section), the state
+    directory resolved and, given ``hosts`` (the host names the command reaches), how its
+    fleets are built (the sudo password read once); exits 3 on a problem."""
+    inv = load_inventory(inventory)
     if inv.gateway is None:
         fail(f"{inv.path}: no 'gateway:' section (docs/inventory.md)")
-    return inv.gateway
-
-
-def _gateway_store(
-    inventory: Optional[str], state_dir: Optional[str], load: Callable[[Path], _T]
-) -> tuple[Any, Any, Path, _T]:
-    """``(inventory, its gateway, the state directory, load(directory))``; a damaged store exits 3."""
-    inv = load_inventory(inventory)
-    gw = _gateway(inv)
-    _, directory = instances_wanted(inv, state_dir)
+    request = gwops.GatewayRequest(inv, instances_wanted(inv, state_dir)[1])
     try:
-        return inv, gw, directory, load(directory)
+        if hosts is None:
+            return request
+        return replace(request, fleets=host_fleets(inv, hosts(request), **fleet_opts))
     except ClusterctlError as e:
         fail(str(e))
 
@@ -109,34 +110,11 @@ def render(
     ),
     state_dir: Optional[str] = StateDirOpt,
 ) -> None:
-    from clusterctl.gateway import state as gwstate
-    from clusterctl.gateway.render import ServerState, render_gateway
-
-    inv = load_inventory(inventory)
-    _gateway(inv)
-    instances, directory = instances_wanted(inv, state_dir)
-    states: dict[str, Any] = {}
+    request = _request(inventory, state_dir)
     try:
-        if from_state:
-            st = gwstate.load(directory)
-            states = dict(st.servers)
-            states.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
-        from clusterctl.gateway import keys as gwkeys
-
-        rendered = render_gateway(inv, instances, states, clients=gwkeys.load(directory))
-        # (host, file): host "" for the files every gateway host has, else keepalived's of that host
-        files = [("", f) for f in rendered.redacted() if not f.remove]
-        files += [(h, f) for h, fs in rendered.redacted_vrrp().items() for f in fs]
+        files = gwops.render(request, from_state=from_state, out=out).files
     except ClusterctlError as e:
         fail(str(e))
-    if out is not None:
-        for h, f in files:
-            dest = out / h / f.path.lstrip("/")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.tmp")
-            tmp.write_text(f.text)
-            os.chmod(tmp, f.mode)
-            tmp.rename(dest)
     if json_out:
         print_json(
             {
@@ -189,45 +167,19 @@ def deploy(
     host_key_policy: Optional[str] = HostKeyOpt,
     ask_become_pass: bool = AskBecomePassOpt,
 ) -> None:
-    from clusterctl.gateway import state as gwstate
-    from clusterctl.gateway.deploy import apply_gateway, secret_inputs
-    from clusterctl.gateway.render import ServerState, render_gateway
-
-    inv = load_inventory(inventory)
-    gw = _gateway(inv)
-    hosts = list(gw.hosts) if host == "all" else [host]
-    if host != "all" and host not in gw.hosts:
-        fail(f"{host!r} is not a gateway host (gateway.hosts: {', '.join(gw.hosts) or 'none'})")
-    instances, directory = instances_wanted(inv, state_dir)
+    fleet_opts = dict(
+        fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy, ask_become_pass=ask_become_pass
+    )
+    request = _request(inventory, state_dir, lambda r: gwops.deploy_hosts(r, host), **fleet_opts)
     try:
-        st = gwstate.load(directory)
-        states = dict(st.servers)
-        states.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
-        rendered = render_gateway(inv, instances, states, **secret_inputs(inv, directory))
+        done = gwops.deploy(request, gwops.deploy_hosts(request, host))
     except ClusterctlError as e:
         fail(str(e))
-    fleet = inventory_fleet(
-        inv,
-        hosts,
-        fanout=fanout,
-        connect_timeout=connect_timeout,
-        host_key_policy=host_key_policy,
-        ask_become_pass=ask_become_pass,
-    )
-    with fleet:
-        results = apply_gateway(fleet, rendered, port=gw.admin_port, hosts=hosts)
-    if all(r.ok for r in results) and set(hosts) == set(gw.hosts):
-
-        def applied(s: Any) -> None:
-            s.digest, s.config, s.last_reload = rendered.digest, rendered.config, time.time()
-
-        gwstate.update(directory, applied)
-    code = ExitCode.OK if all(r.ok for r in results) else ExitCode.CRIT
     if json_out:
-        print_json({"digest": rendered.digest, "hosts": [r.to_json() for r in results], "exit_code": int(code)})
+        print_json(done.to_json())
     else:
-        _host_rows(results)
-    raise typer.Exit(int(code))
+        _host_rows(done.hosts)
+    raise typer.Exit(int(done.code))
 
 
 @app.command(
@@ -280,63 +232,25 @@ def sync(
     host_key_policy: Optional[str] = HostKeyOpt,
     ask_become_pass: bool = AskBecomePassOpt,
 ) -> None:
-    from clusterctl.gateway import state as gwstate
-    from clusterctl.gateway.observe import observe
-    from clusterctl.gateway.sync import decide, sync_gateway
-
-    inv = load_inventory(inventory)
-    gw = _gateway(inv)
-    instances, directory = instances_wanted(inv, state_dir)
-    hosts = sorted({g.host for i in instances.values() for g in i.placement} | set(gw.hosts))
-    say = (lambda s: err_console.print(s, markup=False)) if not json_out else None
-    fleet = inventory_fleet(
-        inv,
-        hosts,
-        fanout=fanout,
-        connect_timeout=connect_timeout,
-        host_key_policy=host_key_policy,
-        ask_become_pass=ask_become_pass,
+    fleet_opts = dict(
+        fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy, ask_become_pass=ask_become_pass
     )
+    request = _request(inventory, state_dir, gwops.sync_hosts, **fleet_opts)
+    options = gwops.SyncOptions(dry_run=dry_run, force=force, tp_check=tp_check, window=window)
+    say = (lambda s: err_console.print(s, markup=False)) if not json_out else None
     while True:
         try:
-            with fleet:
-                observed, unavailable = observe(
-                    inv, instances, fleet, window=window, state_dir=directory, tp_check=tp_check, on_event=say
-                )
-                measured_at = time.time()  # about the engines' last /metrics sample (hosts' clocks in sync)
-                servers = decide(
-                    inv, instances, observed, marked_down=gwstate.load(directory).marked_down, unavailable=unavailable
-                )
-                result = sync_gateway(
-                    inv,
-                    fleet,
-                    instances,
-                    servers,
-                    state_dir=directory,
-                    force=force,
-                    dry_run=dry_run,
-                    on_event=say,
-                    observed=observed,
-                    measured_at=measured_at,
-                )
+            result = gwops.sync(request, options, on_event=say)
         except ClusterctlError as e:
             fail(str(e))
         code = _print_sync(result, json_out)
         if not every:
             raise typer.Exit(int(code))
         time.sleep(every)
-        fleet = inventory_fleet(
-            inv,
-            hosts,
-            fanout=fanout,
-            connect_timeout=connect_timeout,
-            host_key_policy=host_key_policy,
-            ask_become_pass=ask_become_pass,
-        )
 
 
 def _print_sync(result: Any, json_out: bool) -> ExitCode:
-    code = ExitCode.CRIT if not result.ok else ExitCode.WARN if result.skipped == "interval" else ExitCode.OK
+    code = gwops.sync_code(result)
     if json_out:
         print_json({**result.to_json(), "exit_code": int(code)})
         return code
@@ -378,56 +292,23 @@ def status(
 ) -> None:
     from rich.markup import escape
 
-    from clusterctl.gateway import state as gwstate
-    from clusterctl.gateway.deploy import gateway_status
-
-    inv, gw, directory, st = _gateway_store(inventory, state_dir, gwstate.load)
-    fleet = inventory_fleet(
-        inv,
-        list(gw.hosts),
-        fanout=fanout,
-        connect_timeout=connect_timeout,
-        host_key_policy=host_key_policy,
-        ask_become_pass=ask_become_pass,
+    fleet_opts = dict(
+        fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy, ask_become_pass=ask_become_pass
     )
-    with fleet:
-        results = gateway_status(
-            fleet, port=gw.admin_port, hosts=list(gw.hosts), vip=gw.vip.address if gw.vip else None
-        )
-    expected = st.config or None
-    stale = [r.host for r in results if r.ok and expected and r.config != expected]
-    code = ExitCode.CRIT if not all(r.ok for r in results) else ExitCode.WARN if stale else ExitCode.OK
-    vip_problem = None
-    if gw.vip is not None:
-        holders = [r.host for r in results if r.holds_vip]
-        if len(holders) != 1:  # nobody: clients get no answer; two: both answer ARP (split brain)
-            vip_problem = (
-                f"floating address {gw.vip.address} is held by {', '.join(holders) if holders else 'no gateway host'}"
-            )
-            code = ExitCode.CRIT
+    request = _request(inventory, state_dir, lambda r: list(r.gateway.hosts), **fleet_opts)
+    try:
+        st = gwops.status(request)
+    except ClusterctlError as e:
+        fail(str(e))
+    code = st.code
     if json_out:
-        print_json(
-            {
-                "hosts": [r.to_json() for r in results],
-                "expected_config": expected,
-                "stale": stale,
-                "marked_down": st.marked_down,
-                "vip": None
-                if gw.vip is None
-                else {
-                    "address": gw.vip.address,
-                    "holders": [r.host for r in results if r.holds_vip],
-                    "problem": vip_problem,
-                },
-                "exit_code": int(code),
-            }
-        )
+        print_json(st.to_json())
         raise typer.Exit(int(code))
-    _host_rows(results)
-    if vip_problem:
-        console.print(f"[bold red]CRIT[/] {escape(vip_problem)}")
-    for h in stale:
-        console.print(f"[yellow]stale[/] {escape(h)}: serves another config than {escape(expected or '-')}")
+    _host_rows(st.hosts)
+    if st.vip_problem:
+        console.print(f"[bold red]CRIT[/] {escape(st.vip_problem)}")
+    for h in st.stale:
+        console.print(f"[yellow]stale[/] {escape(h)}: serves another config than {escape(st.expected or '-')}")
     for name, m in sorted(st.marked_down.items()):
         console.print(
             escape(f"marked down: {name} ({m.get('reason', '')}, by {m.get('by', '?')} at {m.get('at', '?')})")
@@ -444,44 +325,20 @@ key_app = typer.Typer(
 app.add_typer(key_app, name="key")
 
 
-def _push_keys(inv: Any, directory: Path, json_out: bool, no_apply: bool, **fleet_opts: Any) -> ExitCode:
-    """Re-render with the current key set and apply to every gateway host (a graceful reload:
-    streams in flight finish on the old workers)."""
-    from clusterctl.gateway import state as gwstate
-    from clusterctl.gateway.render import ServerState
-    from clusterctl.gateway.sync import sync_gateway
-
+def _push_keys(request: gwops.GatewayRequest, json_out: bool, no_apply: bool, **fleet_opts: Any) -> ExitCode:
+    """Apply the current key set to every gateway host, unless ``--no-apply`` (the sudo password
+    is read only then)."""
     if no_apply:
         return ExitCode.OK
-    gw = inv.gateway
-    instances, _ = instances_wanted(inv, str(directory))
-    st = gwstate.load(directory)
-    servers = dict(st.servers)
-    servers.update({n: ServerState(True, 1, "marked down") for n in st.marked_down})
+    request = replace(request, fleets=host_fleets(request.inventory, list(request.gateway.hosts), **fleet_opts))
     say = (lambda m: err_console.print(m, markup=False)) if not json_out else None
-    fleet = inventory_fleet(inv, list(gw.hosts), **fleet_opts)
-    with fleet:
-        result = sync_gateway(inv, fleet, instances, servers, state_dir=directory, force=True, on_event=say)
+    try:
+        result = gwops.push_keys(request, on_event=say)
+    except ClusterctlError as e:
+        fail(str(e))
     if not json_out:
         _host_rows(result.hosts)
     return ExitCode.OK if result.ok else ExitCode.CRIT
-
-
-def _key_audit(directory: Path, action: str, name: str, fingerprint: str) -> None:
-    from clusterctl.deploy.rollout import audit
-    from clusterctl.deploy.state import utc_now, who_am_i
-
-    audit.append(
-        directory,
-        {
-            "kind": "gateway-key",
-            "action": action,
-            "client": name,
-            "fingerprint": fingerprint,
-            "who": who_am_i(),
-            "at": utc_now(),
-        },
-    )
 
 
 NoApplyOpt = typer.Option(
@@ -526,14 +383,9 @@ def key_add(
     host_key_policy: Optional[str] = HostKeyOpt,
     ask_become_pass: bool = AskBecomePassOpt,
 ) -> None:
-    from clusterctl.deploy.state import utc_now, who_am_i
-    from clusterctl.gateway import keys as gwkeys
-
-    inv = load_inventory(inventory)
-    _gateway(inv)
+    request = _request(inventory, state_dir)
     if json_out and key_file is None:
         fail("--json needs --key-file: the key is never written into JSON output")
-    _, directory = instances_wanted(inv, state_dir)
     fd = None
     if key_file is not None:
         try:
@@ -541,9 +393,7 @@ def key_add(
         except OSError as e:
             fail(f"--key-file {key_file}: {e.strerror or e} (it must be a new file)")
     try:
-        key, rec = gwkeys.add(
-            directory, name, who=who_am_i(), now=utc_now(), requests_per_second=rps, burst=burst, streams=streams
-        )
+        key, rec = gwops.add_key(request, name, gwops.KeyLimits(rps, burst, streams))
     except ClusterctlError as e:
         if fd is not None:
             os.close(fd)
@@ -554,7 +404,6 @@ def key_add(
         os.close(fd)
     else:
         print(key, flush=True)
-    _key_audit(directory, "add", name, rec.sha256[:12])
     if not json_out:
         err_console.print(
             f"client {name}: key {'written to ' + str(key_file) if key_file else 'shown above, once'}"
@@ -562,8 +411,7 @@ def key_add(
             markup=False,
         )
     code = _push_keys(
-        inv,
-        directory,
+        request,
         json_out,
         no_apply,
         fanout=fanout,
@@ -601,22 +449,15 @@ def key_revoke(
     host_key_policy: Optional[str] = HostKeyOpt,
     ask_become_pass: bool = AskBecomePassOpt,
 ) -> None:
-    from clusterctl.deploy.state import utc_now, who_am_i
-    from clusterctl.gateway import keys as gwkeys
-
-    inv = load_inventory(inventory)
-    _gateway(inv)
-    _, directory = instances_wanted(inv, state_dir)
+    request = _request(inventory, state_dir)
     try:
-        rec = gwkeys.revoke(directory, name, who=who_am_i(), now=utc_now())
+        rec = gwops.revoke_key(request, name)
     except ClusterctlError as e:
         fail(str(e))
-    _key_audit(directory, "revoke", name, rec.sha256[:12])
     if not json_out:
         err_console.print(f"client {name}: key revoked (fingerprint {rec.sha256[:12]})", markup=False)
     code = _push_keys(
-        inv,
-        directory,
+        request,
         json_out,
         no_apply,
         fanout=fanout,
@@ -642,9 +483,12 @@ Example:
 def key_list(
     inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt, state_dir: Optional[str] = StateDirOpt
 ) -> None:
-    from clusterctl.gateway import keys as gwkeys
-
-    inv, gw, directory, clients = _gateway_store(inventory, state_dir, gwkeys.load)
+    request = _request(inventory, state_dir)
+    gw = request.gateway
+    try:
+        clients = gwops.list_keys(request)
+    except ClusterctlError as e:
+        fail(str(e))
     if json_out:
         print_json(
             {
