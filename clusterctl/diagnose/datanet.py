@@ -41,6 +41,7 @@ from clusterctl.diagnose.evidence import is_partial
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.sources import instances, unit_name
+from clusterctl.probe.factgroups import Unit, UnitsFact
 
 CHECK = "net.data"
 PREREQS = "host.rdma_prereqs"
@@ -370,26 +371,26 @@ def _iommu(ctx: AnalysisContext, host: str) -> list[Finding]:
     ]
 
 
-def _vllm_units(ctx: AnalysisContext, host: str) -> list[dict[str, Any]]:
+def _vllm_units(ctx: AnalysisContext, host: str) -> list[Unit]:
     """The host's clusterctl units that run vLLM instances (the inventory's, else all)."""
-    units = [u for u in ctx.facts[host].get("units") or [] if isinstance(u, dict) and u.get("unit")]
+    read = ctx.fact(host, UnitsFact)
     names = {unit_name(i.name) for i in instances(ctx.inventory)}
-    return [u for u in units if not names or u["unit"] in names]
+    return [u for u in (read.units if read is not None else ()) if not names or u.unit in names]
 
 
 def _memlock(ctx: AnalysisContext, host: str) -> list[Finding]:
-    units = [u for u in _vllm_units(ctx, host) if "limit_memlock" in u]
+    units = [u for u in _vllm_units(ctx, host) if u.limit_memlock_read]
     out = []
     for u in units:
-        lim = u.get("limit_memlock")
+        lim = u.limit_memlock
         if lim is not None and lim != "infinity":
             out.append(
                 Finding(
                     PREREQS,
                     Severity.WARN,
                     host,
-                    f"unit:{u['unit']}",
-                    f"{u['unit']}: LimitMEMLOCK={lim} bytes ({int(lim) / 2**20:g} MiB): RDMA "
+                    f"unit:{u.unit}",
+                    f"{u.unit}: LimitMEMLOCK={lim} bytes ({int(lim) / 2**20:g} MiB): RDMA "
                     "memory registration is capped",
                     "set LimitMEMLOCK=infinity in the unit (clusterctl's deploy templates do) and restart it",
                 )
@@ -397,7 +398,8 @@ def _memlock(ctx: AnalysisContext, host: str) -> list[Finding]:
     if units and not out:
         out.append(Finding(PREREQS, Severity.OK, host, "memlock", "vLLM units may lock unlimited memory"))
     placed = any(host in i.hosts for i in instances(ctx.inventory))
-    if not units and placed and ctx.facts[host].get("units") is not None:
+    read = ctx.fact(host, UnitsFact)
+    if not units and placed and read is not None and read.read:
         own = _prereqs(ctx, host, "probe_memlock") or {}
         soft = own.get("soft_bytes") if isinstance(own, dict) else None
         ctxline = (

@@ -28,8 +28,6 @@ the head's is there is CRIT too (the replica is incomplete).
 
 from __future__ import annotations
 
-from typing import Any
-
 from clusterctl.diagnose import sources
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
@@ -37,6 +35,7 @@ from clusterctl.diagnose.thresholds import number, section
 from clusterctl.diagnose.unitlog import down_reason
 from clusterctl.inventory.model import Instance
 from clusterctl.inventory.multinode import hosts_in_order, member_name
+from clusterctl.probe.factgroups import Unit, Units, UnitsFact
 
 CHECK = "serving.unit"
 
@@ -49,12 +48,11 @@ def check_units(ctx: AnalysisContext) -> list[Finding]:
         if not inst.placement:
             continue
         host = inst.placement[0].host
-        facts = ctx.facts.get(host)
-        if facts is None:
+        units = ctx.fact(host, UnitsFact)
+        if units is None:
             continue
         subj = f"instance:{inst.name}"
-        units = facts.get("units")
-        if units is None:
+        if not units.read:
             out.append(
                 Finding(
                     CHECK,
@@ -75,9 +73,9 @@ def check_units(ctx: AnalysisContext) -> list[Finding]:
     return out
 
 
-def _unit(units: list[Any], name: str) -> dict[str, Any] | None:
-    unit = next((u for u in units if isinstance(u, dict) and u.get("unit") == sources.unit_name(name)), None)
-    return None if unit is None or unit.get("load_state") == "not-found" else unit
+def _unit(units: Units, name: str) -> Unit | None:
+    unit = units.get(sources.unit_name(name))
+    return unit if unit is not None and unit.loaded else None
 
 
 def _workers(ctx: AnalysisContext, inst: Instance) -> list[Finding]:
@@ -88,11 +86,11 @@ def _workers(ctx: AnalysisContext, inst: Instance) -> list[Finding]:
         f"for its /health; clusterctl deploy --instances {inst.name} when the units must be rewritten)"
     )
     for rank, host in enumerate(hosts_in_order(inst)):
-        facts = ctx.facts.get(host)
-        if rank == 0 or facts is None or facts.get("units") is None:
+        units = ctx.fact(host, UnitsFact)
+        if rank == 0 or units is None or not units.read:
             continue  # an unread worker host is host.reachable's (or the units' UNKNOWN) finding
         uname = sources.unit_name(member_name(inst.name, rank))
-        unit = _unit(facts["units"], member_name(inst.name, rank))
+        unit = _unit(units, member_name(inst.name, rank))
         subj = f"instance:{inst.name}"
         if unit is None:
             out.append(
@@ -107,12 +105,12 @@ def _workers(ctx: AnalysisContext, inst: Instance) -> list[Finding]:
                 )
             )
             continue
-        active, sub = unit.get("active_state"), unit.get("sub_state")
+        active, sub = unit.active_state, unit.sub_state
         if active in ("failed", "inactive") or (active == "activating" and sub == "auto-restart"):
             why = down_reason(
                 ctx.raw.get(host, {}).get(f"{member_name(inst.name, rank)}.log", ""),
-                str(unit.get("result") or ""),
-                str(unit.get("exec_main_status") or ""),
+                str(unit.result or ""),
+                str(unit.exec_main_status or ""),
             )
             out.append(
                 Finding(
@@ -123,28 +121,23 @@ def _workers(ctx: AnalysisContext, inst: Instance) -> list[Finding]:
                     f"replica down: worker unit {uname} on {host} (rank {rank}) is {active} ({sub}): "
                     f"{why}; vLLM's head engine dies with a lost rank",
                     f"fix the cause (journalctl -u {uname} on {host}), then {fix}",
-                    (
-                        f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} "
-                        f"NRestarts={unit.get('restarts') or 0}",
-                    ),
+                    (f"{uname}: ActiveState={active} SubState={sub} Result={unit.result} NRestarts={unit.restarts}",),
                 )
             )
     return out
 
 
-def _verdict(
-    ctx: AnalysisContext, host: str, name: str, subj: str, unit: dict[str, Any], restarts_warn: float
-) -> Finding:
+def _verdict(ctx: AnalysisContext, host: str, name: str, subj: str, unit: Unit, restarts_warn: float) -> Finding:
     uname = sources.unit_name(name)
-    active, sub = unit.get("active_state"), unit.get("sub_state")
-    restarts = unit.get("restarts") or 0
+    active, sub = unit.active_state, unit.sub_state
+    restarts = unit.restarts
     journal = ctx.raw.get(host, {}).get(f"{name}.log", "")
-    why = down_reason(journal, str(unit.get("result") or ""), str(unit.get("exec_main_status") or ""))
+    why = down_reason(journal, str(unit.result or ""), str(unit.exec_main_status or ""))
     ev = tuple(
         x
         for x in (
-            f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} NRestarts={restarts}",
-            f"since {unit['since']}" if unit.get("since") else None,
+            f"{uname}: ActiveState={active} SubState={sub} Result={unit.result} NRestarts={restarts}",
+            f"since {unit.since}" if unit.since else None,
         )
         if x
     )

@@ -34,6 +34,7 @@ from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.sources import instances, unit_name
 from clusterctl.probe.gid import ipv4_of_gid
+from clusterctl.probe.factgroups import UnitsFact
 
 CHECK = "nccl.env"
 
@@ -82,13 +83,14 @@ def _tc_problem(ctx: AnalysisContext, host: str, tc: int | None) -> str | None:
     return None
 
 
-def running_env(ctx: AnalysisContext, host: str, instance: str) -> dict[str, Any] | None:
+def running_env(ctx: AnalysisContext, host: str, instance: str) -> dict[str, str | None] | None:
     """The environment of ``clusterctl-INSTANCE.service`` as the host's facts show
     it (name → value, ``None`` for a value withheld as secret); ``None`` when the
     facts have no such unit or no environment for it."""
-    for u in (ctx.facts.get(host) or {}).get("units") or []:
-        if isinstance(u, dict) and u.get("unit") == unit_name(instance) and isinstance(u.get("environment"), dict):
-            return dict(u["environment"])
+    units = ctx.fact(host, UnitsFact)
+    for u in units.units if units is not None else ():
+        if u.unit == unit_name(instance) and u.environment is not None:
+            return dict(u.environment)
     return None
 
 

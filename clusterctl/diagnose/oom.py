@@ -31,6 +31,7 @@ from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.thresholds import number, section
 from clusterctl.diagnose.vllmlog import LogEvents, parse_log
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.probe.factgroups import UnitsFact
 
 GIB = 2**30
 KERNEL_OOM = re.compile(
@@ -429,19 +430,19 @@ def _kernel_oom(ctx: AnalysisContext) -> list[Finding]:
                     (line.strip(),),
                 )
             )
-        facts = ctx.facts.get(host) or {}
-        for u in facts.get("units") or []:
-            if u.get("result") == "oom-kill":
-                name = units.get(u.get("unit"))
+        read = ctx.fact(host, UnitsFact)
+        for u in read.units if read is not None else ():
+            if u.result == "oom-kill":
+                name = units.get(u.unit)
                 out.append(
                     Finding(
                         "oom.cause",
                         Severity.CRIT,
                         host,
-                        _subject(name) if name else f"unit:{u.get('unit')}",
-                        f"unit {u.get('unit')} was killed by the OOM killer",
+                        _subject(name) if name else f"unit:{u.unit}",
+                        f"unit {u.unit} was killed by the OOM killer",
                         "host RAM is exhausted: see the kernel log; lower host memory use or add RAM",
-                        (f"Result={u.get('result')}",),
+                        (f"Result={u.result}",),
                     )
                 )
     return out

@@ -25,6 +25,7 @@ from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.thresholds import number, section
 from clusterctl.diagnose.unitlog import down_reason
 from clusterctl.inventory.model import Inventory, PdPool
+from clusterctl.probe.factgroups import UnitsFact
 
 CHECK = "pd.router"
 
@@ -43,14 +44,13 @@ def check_routers(ctx: AnalysisContext) -> list[Finding]:
     out: list[Finding] = []
     for pool in inv.pd_pools.values():
         host = pool.router.host
-        facts = ctx.facts.get(host)
-        if facts is None:
+        units = ctx.fact(host, UnitsFact)
+        if units is None:
             continue
         name = pool.router_name
         uname, subj = sources.unit_name(name), f"router:{pool.name}"
         what = f"router of pool {pool.name} (model {pool.model}, port {pool.router.port})"
-        units = facts.get("units")
-        if units is None:
+        if not units.read:
             out.append(
                 Finding(
                     CHECK,
@@ -62,10 +62,7 @@ def check_routers(ctx: AnalysisContext) -> list[Finding]:
                 )
             )
             continue
-        unit = next(
-            (u for u in units if isinstance(u, dict) and u.get("unit") == uname and u.get("load_state") != "not-found"),
-            None,
-        )
+        unit = next((u for u in units.units if u.unit == uname and u.loaded), None)
         restart = f"clusterctl restart {name} (drains it through the pool, waits for its /health) or clusterctl deploy"
         see = f"journalctl -u {uname} on {host}"
         if unit is None:
@@ -81,13 +78,13 @@ def check_routers(ctx: AnalysisContext) -> list[Finding]:
                     )
                 )
             continue
-        active, sub = unit.get("active_state"), unit.get("sub_state")
-        restarts = unit.get("restarts") or 0
-        ev = (f"{uname}: ActiveState={active} SubState={sub} Result={unit.get('result')} NRestarts={restarts}",)
+        active, sub = unit.active_state, unit.sub_state
+        restarts = unit.restarts
+        ev = (f"{uname}: ActiveState={active} SubState={sub} Result={unit.result} NRestarts={restarts}",)
         why = down_reason(
             ctx.raw.get(host, {}).get(f"{name}.log", ""),
-            str(unit.get("result") or ""),
-            str(unit.get("exec_main_status") or ""),
+            str(unit.result or ""),
+            str(unit.exec_main_status or ""),
         )
         if active in ("failed", "inactive"):
             out.append(

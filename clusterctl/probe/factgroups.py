@@ -19,7 +19,9 @@ partial one built by clusterctl itself) is read as this schema.
 
 Groups so far: :class:`GpusFact` (``gpus``, read by every ``gpu.*`` check),
 :class:`KernelLogFact` (``kernel_log`` with the host's boot id: the ``gpu.xid``,
-``gpu.oom``, ``roce.link_flap`` checks and the current-run split).
+``gpu.oom``, ``roce.link_flap`` checks and the current-run split), :class:`UnitsFact`
+(``units``: ``serving.unit``, ``pd.router``, ``oom.cause``, ``roce.prereqs``' memlock,
+the NCCL environment).
 """
 
 from __future__ import annotations
@@ -364,4 +366,97 @@ class KernelLogFact(FactGroup[KernelLog]):
             rotated=bool(k.get("rotated")),
             reasons=(bad,) if bad else _errors(doc, "kernel_log"),
             boot_id=None if bad else _str(_dict(doc.get("host")).get("boot_id")),
+        )
+
+
+# ----------------------------------------------------------------- units
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One ``clusterctl-*`` systemd unit as ``systemctl show`` gave it (``units[]``).
+
+    ``restarts`` is 0 when systemd did not say; ``limit_memlock`` is bytes, ``"infinity"``
+    or None (not shown), and ``limit_memlock_read`` False when the collector did not
+    report it at all (an older collector); ``environment`` is None when not reported."""
+
+    unit: str
+    load_state: str | None = None
+    active_state: str | None = None
+    sub_state: str | None = None
+    unit_file_state: str | None = None
+    result: str | None = None
+    restarts: int = 0
+    main_pid: int | None = None
+    exec_main_status: int | None = None
+    since: str | None = None
+    since_text: str | None = None
+    limit_memlock: int | str | None = None
+    limit_memlock_read: bool = False
+    environment: dict[str, str | None] | None = None
+    environment_files: tuple[str, ...] = ()
+
+    @property
+    def loaded(self) -> bool:
+        """systemd knows the unit (``LoadState`` other than ``not-found``)."""
+        return self.load_state != "not-found"
+
+
+@dataclass(frozen=True)
+class Units:
+    """The ``units`` section: ``read`` False when systemctl did not answer (``units`` null),
+    the section is malformed or the document's schema is another (``reasons``)."""
+
+    read: bool
+    units: tuple[Unit, ...]
+    reasons: tuple[str, ...]
+
+    def get(self, unit: str) -> Unit | None:
+        """The unit named ``unit`` (``clusterctl-NAME.service``), or None."""
+        return next((u for u in self.units if u.unit == unit), None)
+
+
+def _unit(u: dict[str, Any]) -> Unit:
+    lim = u.get("limit_memlock")
+    env = u.get("environment")
+    return Unit(
+        unit=str(u["unit"]),
+        load_state=_str(u.get("load_state")),
+        active_state=_str(u.get("active_state")),
+        sub_state=_str(u.get("sub_state")),
+        unit_file_state=_str(u.get("unit_file_state")),
+        result=_str(u.get("result")),
+        restarts=_int(u.get("restarts")) or 0,
+        main_pid=_int(u.get("main_pid")),
+        exec_main_status=_int(u.get("exec_main_status")),
+        since=_str(u.get("since")),
+        since_text=_str(u.get("since_text")),
+        limit_memlock=lim if isinstance(lim, str) else _int(lim),
+        limit_memlock_read="limit_memlock" in u,
+        environment={str(k): None if v is None else str(v) for k, v in env.items()} if isinstance(env, dict) else None,
+        environment_files=tuple(str(f) for f in u.get("environment_files") or [] if isinstance(f, str)),
+    )
+
+
+class UnitsFact(FactGroup[Units]):
+    """The systemd units clusterctl manages (``units`` of docs/facts.md)."""
+
+    section = "units"
+    command = "collector.collect_units (systemctl list-units / list-unit-files clusterctl-*, systemctl show)"
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> Units:
+        bad = schema_problem(doc)
+        units = None if bad else doc.get("units")
+        if not isinstance(units, list):
+            why = bad or (
+                "the units section is malformed"
+                if units is not None
+                else "; ".join(_errors(doc, "units")) or "systemctl did not answer"
+            )
+            return Units(False, (), (why,))
+        return Units(
+            True,
+            tuple(_unit(u) for u in units if isinstance(u, dict) and isinstance(u.get("unit"), str) and u["unit"]),
+            _errors(doc, "units"),
         )

@@ -9,16 +9,19 @@ reads empty with a reason (the checks say UNKNOWN), never an exception.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 
 import gpu_facts as G
+import pytest
 
 from clusterctl.diagnose.findings import Severity
+from clusterctl.diagnose.instances import check_units
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.diagnose.xid import check_xid
 from clusterctl.node import collector
-from clusterctl.probe.factgroups import SCHEMA, KernelLogFact, schema_problem
+from clusterctl.probe.factgroups import SCHEMA, KernelLogFact, UnitsFact, schema_problem
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
 
@@ -93,3 +96,107 @@ def test_a_document_of_another_schema_is_unknown_for_the_kernel_log_checks() -> 
     assert kl.source is None and kl.lines == () and "facts schema 2" in kl.reasons[0]
     (f,) = check_xid(AnalysisContext(inventory=None, facts={"gpu01": facts}))
     assert f.severity == Severity.UNKNOWN and "facts schema 2" in f.message
+
+
+# ----------------------------------------------------------------- units
+
+# ``systemctl show --property=...`` as systemd 255 prints it for two vLLM units (the
+# properties the collector asks for; docs/facts.md ``units[]``).
+SHOW = """Id=clusterctl-qwen-a.service
+LoadState=loaded
+ActiveState=active
+SubState=running
+UnitFileState=enabled
+Result=success
+NRestarts=2
+MainPID=4242
+ExecMainStatus=0
+StateChangeTimestamp=Mon 2026-11-30 10:00:00 UTC
+StateChangeTimestampMonotonic=100000000
+LimitMEMLOCK=infinity
+Environment=NCCL_IB_TC=106 "VLLM_LOGGING_PREFIX=a b" HF_TOKEN=hf_secret
+EnvironmentFiles=/etc/clusterctl/qwen-a.env (ignore_errors=no)
+
+Id=clusterctl-qwen-b.service
+LoadState=loaded
+ActiveState=activating
+SubState=auto-restart
+UnitFileState=disabled
+Result=oom-kill
+NRestarts=5
+MainPID=0
+ExecMainStatus=137
+StateChangeTimestamp=Mon 2026-11-30 10:05:00 UTC
+StateChangeTimestampMonotonic=400000000
+LimitMEMLOCK=8388608
+"""
+
+
+def _collected_units(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    def run(cmd: list[str], timeout: float) -> tuple[int, str, str]:
+        if cmd[1] == "list-units":
+            return 0, "clusterctl-qwen-a.service loaded active running vLLM qwen-a\n", ""
+        if cmd[1] == "list-unit-files":
+            return 0, "clusterctl-qwen-b.service disabled enabled\n", ""
+        return 0, SHOW, ""
+
+    monkeypatch.setattr(collector, "run_command", run)
+    errors: list[dict[str, str]] = []
+    args = argparse.Namespace(cmd_timeout=5.0, unit_pattern="clusterctl-*")
+    return {"schema": 1, "units": collector.collect_units(args, errors, 1000.0), "errors": errors}
+
+
+def test_units_group_from_the_collectors_systemctl_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    u = UnitsFact.parse(_collected_units(monkeypatch))
+    assert (
+        u.read
+        and u.reasons == ()
+        and [x.unit for x in u.units]
+        == [
+            "clusterctl-qwen-a.service",
+            "clusterctl-qwen-b.service",
+        ]
+    )
+    a, b = u.units
+    assert (a.active_state, a.sub_state, a.restarts, a.main_pid, a.result) == ("active", "running", 2, 4242, "success")
+    assert a.limit_memlock == "infinity" and a.limit_memlock_read and a.loaded and a.since
+    assert a.environment == {"NCCL_IB_TC": "106", "VLLM_LOGGING_PREFIX": "a b", "HF_TOKEN": None}
+    assert a.environment_files == ("/etc/clusterctl/qwen-a.env",)
+    assert (b.active_state, b.sub_state, b.result, b.exec_main_status, b.main_pid) == (
+        "activating",
+        "auto-restart",
+        "oom-kill",
+        137,
+        None,
+    )
+    assert b.limit_memlock == 8388608 and u.get("clusterctl-qwen-b.service") is b and u.get("x") is None
+
+
+def test_unread_units_say_why_and_partial_entries_read_as_defaults() -> None:
+    err = [{"source": "units", "reason": "systemctl not found"}]
+    assert UnitsFact.parse({"units": None, "errors": err}).reasons == ("systemctl not found",)
+    for doc, why in (
+        ({}, "systemctl did not answer"),
+        ({"units": {"clusterctl-a.service": {}}}, "the units section is malformed"),
+        ({"schema": 3, "units": []}, "facts schema 3"),
+    ):
+        u = UnitsFact.parse(doc)
+        assert not u.read and u.units == () and why in u.reasons[0]
+    u = UnitsFact.parse({"units": [{"unit": "clusterctl-a.service"}, {"unit": None}, "junk", {"restarts": 4}]})
+    assert u.read and [x.unit for x in u.units] == ["clusterctl-a.service"]
+    (a,) = u.units
+    assert a.restarts == 0 and a.active_state is None and a.environment is None and not a.limit_memlock_read
+    assert UnitsFact.parse({"units": [{"unit": "x", "load_state": "not-found"}]}).units[0].loaded is False
+
+
+def test_malformed_or_foreign_units_are_unknown_for_the_serving_unit_check_never_ok() -> None:
+    facts = G.healthy()
+    facts["gpu01"]["units"] = {"clusterctl-qwen-a.service": {"active_state": "active"}}  # not a list
+    facts["gpu02"]["schema"] = 2
+    facts["gpu02"]["units"] = [{"unit": "clusterctl-llama.service", "load_state": "loaded", "active_state": "active"}]
+    found = {f.subject: f for f in check_units(G.ctx(facts))}
+    assert {s: f.severity for s, f in found.items()} == {
+        "instance:qwen-a": Severity.UNKNOWN,
+        "instance:qwen-b": Severity.UNKNOWN,
+        "instance:llama": Severity.UNKNOWN,
+    }
