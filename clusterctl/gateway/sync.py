@@ -4,7 +4,8 @@
 TP groups doctor finds UNAVAILABLE into one :class:`ServerState` per
 instance:
 
-* down: marked down (drain, operator), TP group UNAVAILABLE, hung (``/health``
+* down: marked down (drain, operator; a pool's router ``router-P`` too: a sync while deploy
+  or ``stop``/``restart`` has it drained keeps it down), TP group UNAVAILABLE, hung (``/health``
   answers but requests run and no token comes: doctor's hung-engine rule, in
   ``clusterctl status``), or not serving (``clusterctl status`` state other than
   ``serving``: starting, unhealthy, failed, stopped, absent, ...); up again as
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clusterctl.deploy.units.pdrouter import gateway_servers
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, push_scores, secret_inputs
@@ -177,11 +179,7 @@ def decide(
     for name in instances:
         obs = observed.get(name)
         if name in marked_down:
-            out[name] = ServerState(
-                True,
-                1,
-                "marked down" + (f": {marked_down[name].get('reason')}" if marked_down[name].get("reason") else ""),
-            )
+            out[name] = _marked(marked_down[name])
         elif name in bad_tp:
             out[name] = ServerState(True, 1, "TP group UNAVAILABLE")
         elif obs is None:
@@ -195,7 +193,16 @@ def decide(
             weight = MAX_WEIGHT * (1.0 - load) * capacity.get(name, 1.0)
             # Steps of WEIGHT_STEP: load that wobbles a little does not change the config (no reload).
             out[name] = ServerState(False, max(1, min(MAX_WEIGHT, round(weight / WEIGHT_STEP) * WEIGHT_STEP)))
+    # A pool's router (router-P) is no instance sync measures, but a drain marks it down like one (deploy
+    # before it restarts the router, stop|restart router-P): a sync meanwhile keeps it down.
+    for name in gateway_servers(inv, instances):
+        if name not in out and name in marked_down:
+            out[name] = _marked(marked_down[name])
     return out
+
+
+def _marked(mark: Mapping[str, str]) -> ServerState:
+    return ServerState(True, 1, "marked down" + (f": {mark.get('reason')}" if mark.get("reason") else ""))
 
 
 def render_states(inv: Inventory, servers: Mapping[str, ServerState]) -> dict[str, ServerState]:

@@ -190,8 +190,8 @@ def test_dispatch_scores_weigh_capacity_and_kv(inv: Inventory) -> None:
     assert (sc["q2"]["cap"], sc["q2"]["step"], sc["q1"]["cap"]) == (0.5, 0.25, 1.0)
 
 
-def test_hook_marks_a_pools_router_down_in_the_config(tmp_path: Path, applied: _Applied) -> None:
-    # a drain of router-P (deploy/rollout/routerdrain.py): the gateway's only server of the pool's model goes down
+def _pool_inventory() -> Inventory:
+    """The unit inventory with ``l1`` replaced by a 1P:1D pool ``lpool`` whose router is on gw01."""
     from clusterctl.inventory.loader import load_inventory_text
 
     from .conftest import INVENTORY
@@ -202,9 +202,37 @@ def test_hook_marks_a_pools_router_down_in_the_config(tmp_path: Path, applied: _
         "  ld: {model: llama, engine: vllm, placement: ['gpu02:2'], port: 8003, role: decode}\n"
         "pd_pools:\n  lpool: {model: llama, router: {host: gw01, port: 8300}}\n",
     )
-    pinv = load_inventory_text(text, "inv.yaml")
+    return load_inventory_text(text, "inv.yaml")
+
+
+def test_hook_marks_a_pools_router_down_in_the_config(tmp_path: Path, applied: _Applied) -> None:
+    # a drain of router-P (deploy/rollout/routerdrain.py): the gateway's only server of the pool's model goes down
+    pinv = _pool_inventory()
     hook = Hook(pinv, tmp_path, lambda: dict(pinv.instances), _Fleet)
     hook.mark_down("router-lpool", "drain")
     assert gwstate.load(tmp_path).servers["router-lpool"] == ServerState(True, 1, "marked down: drain")
     hook.mark_up("router-lpool")
     assert not gwstate.load(tmp_path).servers["router-lpool"].down
+
+
+def test_a_sync_while_a_pools_router_is_drained_keeps_it_down(tmp_path: Path, applied: _Applied) -> None:
+    # deploy drains router-P before it restarts it (routerdrain.py); a `gateway sync` meanwhile (what the CLI
+    # does: decide from the instances sync measures, the router is none of them) must not put it back
+    pinv = _pool_inventory()
+    serving = {n: Observed("serving", 0.0, 100.0, True) for n in pinv.instances}
+
+    def sync() -> gwsync.SyncResult:
+        marked = gwstate.load(tmp_path).marked_down
+        servers = decide(pinv, pinv.instances, serving, marked_down=marked)
+        return sync_gateway(pinv, None, pinv.instances, servers, state_dir=tmp_path, force=True)
+
+    hook = Hook(pinv, tmp_path, lambda: dict(pinv.instances), _Fleet)
+    hook.mark_down("router-lpool", "drain")
+    drained = applied.calls[-1]
+    r = sync()
+    assert r.servers["router-lpool"] == ServerState(True, 1, "marked down: drain")
+    assert r.skipped == "unchanged" and applied.calls[-1] == drained  # no reload that re-ups the router
+    hook.mark_up("router-lpool")
+    r = sync()
+    assert "router-lpool" not in r.servers and r.skipped == "unchanged"  # up, as the mark-up left it
+    assert applied.calls[-1] != drained
