@@ -144,6 +144,12 @@ def rollback_hosts(
     return remote.run_jobs(fleet, jobs)
 
 
+def is_headless(unit_text: str) -> bool:
+    """A multi-node replica's worker unit (``--headless``): no API server, the gateway never sends it
+    traffic; its head's drain and gate cover the replica (docs/multinode.md)."""
+    return "--headless" in unit_text
+
+
 def instance_for_drain(inv: Inventory, host: str, name: str, unit_text: str) -> Instance | None:
     """The inventory's instance, or one built from the host's unit (a removed instance)."""
     inst = inv.instances.get(name)
@@ -169,6 +175,8 @@ def drain_before(
     for item in hp.items:
         have = st.instances.get(item.instance)
         if item.action not in ("changed", "remove") or have is None or have.active != "active":
+            continue
+        if is_headless(have.unit_text):  # drained through its head (a mark-down would stay behind)
             continue
         if have.x.get("Role") == "router":  # drained through its pool's members (deploy/rollout/routerdrain.py)
             pool = pdrouter.pool_of(inv, item.instance)

@@ -85,7 +85,7 @@ def _targets(
     for host, names in restored.items():
         for name in names:
             st = states.get(host, remote.HostState(host)).instances.get(name)
-            if st is None or "--headless" in st.unit_text:  # a replica's worker: gated through its head
+            if st is None or ap.is_headless(st.unit_text):  # a replica's worker: gated through its head
                 continue
             model = inv.models.get(st.x.get("Model", ""))
             flag = _SERVED.search(st.unit_text)
@@ -104,7 +104,7 @@ def drain_restored(
     todo = []
     for n in names:
         have = state.instances.get(n)
-        if have is not None and have.active == "active":
+        if have is not None and have.active == "active" and not ap.is_headless(have.unit_text):
             inst = ap.instance_for_drain(inv, state.host, n, have.unit_text)
             if inst is not None:
                 todo.append(inst)
