@@ -1,5 +1,7 @@
 """A replica across lab hosts (a ``nodes: 2`` template): deployed as a head and a headless worker unit,
-gated on the head, served; stopping the worker takes the whole replica down (the head's /health fails);
+gated on the head, served; served through the lab's nginx gateway, a bad version (its gate fails) is rolled
+out to both hosts as one and deploy's rollback puts both members back (workers, then the head), the gateway
+marking the replica down and up around it; stopping the worker takes the whole replica down (the head's /health fails);
 a lost GPU on the worker's stage makes the replica's TP group UNAVAILABLE and ``failover`` moves the whole
 replica (both units) onto two healthy hosts, where it serves again.
 
@@ -14,13 +16,16 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from clusterctl.cli.main import main
 from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
 from clusterctl.deploy.state import Cordon, StateStore
 from clusterctl.fleet import Fleet
@@ -32,6 +37,7 @@ from support.http import http
 
 PORT = 8510
 GPU = 5
+GW_PORT = 8080
 
 
 def _health(url: str) -> int:
@@ -106,6 +112,106 @@ def replica(lab, tmp_path_factory: pytest.TempPathFactory):
                     hosts,
                 )
             )
+
+
+def _complete(url: str) -> tuple[int, str, int]:
+    """One completion: (status, the gateway's ``X-Gateway-Instance``, completion tokens)."""
+    req = urllib.request.Request(
+        url + "/v1/completions",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 2, "ignore_eos": True}).encode(),
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, r.headers.get("X-Gateway-Instance", ""), json.loads(r.read())["usage"]["completion_tokens"]
+
+
+def _units_now(lab: Any, units: dict[str, str]) -> dict[str, tuple[int, str, int]]:
+    """host -> (when its unit last started: CLOCK_MONOTONIC µs, which the lab hosts share; the unit's text;
+    how many of its journal's start-up lines show the bad version), one call per host, all at once."""
+
+    def one(host: str) -> tuple[int, str, int]:
+        unit = units[host]
+        out = lab.run(
+            host,
+            f"systemctl show -p InactiveExitTimestampMonotonic --value {unit}; systemctl cat {unit}; "
+            f"journalctl -u {unit} --no-pager -o cat | grep -c 'gpu_memory_utilization.: 1.5'; true",
+            check=True,
+        ).stdout.strip()
+        first, _, rest = out.partition("\n")
+        text, _, starts = rest.rpartition("\n")
+        return int(first), text, int(starts)
+
+    with cf.ThreadPoolExecutor(len(units)) as ex:
+        return dict(zip(units, ex.map(one, units)))
+
+
+def test_served_through_the_gateway_a_bad_version_goes_to_both_hosts_and_is_rolled_back_as_one(
+    lab, replica, capsys
+) -> None:
+    inv, rep, head, worker, state = replica
+    assert rep.result == "ok"
+    doc = yaml.safe_load((state.parent / "mn.yaml").read_text())
+    gw_host = lab.names[0]
+    doc["gateway"] = {"hosts": gw_host, "port": GW_PORT, "auth": "none", "sync_interval_s": 1}
+    good = state.parent / "mn-gw.yaml"
+    good.write_text(yaml.safe_dump(doc, sort_keys=False))
+    doc["templates"]["mn"]["args"]["gpu-memory-utilization"] = 1.5  # the head's engine refuses it at start
+    bad = state.parent / "mn-gw-bad.yaml"
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False))
+    units = {head: "clusterctl-mn-1.service", worker: "clusterctl-mn-1-node1.service"}
+    url = f"http://{lab.host(gw_host).address}:{GW_PORT}"
+    marks: list[str] = []  # what the gateway state said of mn-1 while the deploy ran
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            try:
+                mark = json.loads((state / "gateway.json").read_text())["marked_down"].get("mn-1")
+            except (OSError, ValueError, KeyError):
+                mark = None
+            reason = mark["reason"] if mark else "up"
+            if not marks or marks[-1] != reason:
+                marks.append(reason)
+            time.sleep(0.05)
+
+    try:
+        assert main(["gateway", "deploy", gw_host, "-i", str(good), "--state-dir", str(state)]) == 0
+        assert _complete(url) == (200, "mn-1", 2)  # the gateway knows the head only
+        before = _units_now(lab, units)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        capsys.readouterr()
+        rc = main(
+            ["deploy", "-i", str(bad), "--state-dir", str(state), "--hosts", ",".join(lab.names[:3])]
+            + ["--instances", "mn-*", "--force", "--gate-timeout", "60", "--drain-timeout", "5", "--json"]
+        )
+        done.set()
+        watcher.join(5)
+        out = json.loads(capsys.readouterr().out)
+        assert rc == 2 and out["result"] == "rolled_back", json.dumps(out)[:3000]
+        # one batch, the replica's two hosts, both rolled back; the head's gate named the engine's error
+        assert sorted(map(sorted, out["batches"])) == [sorted(units)], out["batches"]
+        assert {h["host"]: h["status"] for h in out["hosts"] if h["host"] in units} == dict.fromkeys(
+            units, "rolled_back"
+        ), out["hosts"]
+        failed = [g for h in out["hosts"] for g in h["gates"] if not g["ok"]]
+        assert failed and failed[0]["instance"] == "mn-1", failed
+        assert "GPU memory utilization must be less than 1.0" in failed[0]["reason"], failed
+        after = _units_now(lab, units)
+        # the bad version reached the worker too (its start-up line), and neither unit keeps it
+        assert after[worker][2] > before[worker][2], (before, after)
+        assert all("gpu-memory-utilization" not in text for _, text, _ in after.values()), after
+        # rolled back in the replica's order: both restarted after the deploy began, the worker first
+        assert all(after[h][0] > before[h][0] for h in units), (before, after)
+        assert after[worker][0] < after[head][0], after
+        # the gateway: drained (marked down) before the change, put back once the restored head passed
+        assert marks == ["up", "drain", "up"], marks
+        assert out["gateway"] == {"mn-1": "up at the gateway"}, out["gateway"]
+        assert json.loads((state / "gateway.json").read_text())["marked_down"] == {}
+        _until("mn-1 answers through the gateway", lambda: _complete(url) == (200, "mn-1", 2), 30, lambda: "")
+    finally:
+        done.set()
+        lab.run(gw_host, "systemctl disable --now nginx.service", timeout=60)
 
 
 def test_a_replica_across_two_hosts_is_deployed_gated_and_fails_as_one(lab, replica) -> None:
