@@ -39,8 +39,10 @@ nothing is ever uncordoned; `clusterctl uncordon` removes it), mark the
 instance down at the gateway, drain and stop it, place it anew (placement's
 reschedule), roll it out through the deploy engine (gates, rollback) and
 sync the gateway so it receives traffic again. Explicit instances (fixed
-placement) and replicas with no room left are marked down and reported, not
-moved. --plan shows all of this and changes nothing.
+placement, also across hosts: the inventory decides where they run; the output
+says which member failed and what to change) and replicas with no room left
+are marked down and reported, not moved. --plan shows all of this and changes
+nothing.
 
 Exit status: 0 nothing to do or all moved, 1 some over the cap or not
 movable, 2 a move (or the gateway) failed, 3 usage errors.
@@ -70,7 +72,8 @@ def show(rep: Any, console: Any = console) -> None:
         console.print(f"  {verb} {m.instance}: {old} -> {new} port {m.new.port}{state}", markup=False)
     down = "would be marked down" if rep.planned else "marked down"
     for name in p.fixed:
-        console.print(f"  {name}: explicit instance (fixed placement): {down}, not moved", markup=False)
+        why = p.fixed_why.get(name, "explicit instance (fixed placement)")
+        console.print(f"  {name}: {down}, not moved: {why}", markup=False)
     for name, why in sorted(p.no_room.items()):
         console.print(f"  {name}: {down}, not moved: {why}", markup=False)
     for name in p.over_cap:

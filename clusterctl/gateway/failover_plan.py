@@ -10,7 +10,8 @@ Input: the instances that should run, doctor's ``tp.group`` CRIT findings
 * **Movable.** Only template replicas are rescheduled (placement's
   :func:`~clusterctl.deploy.placement.place.reschedule`: free, uncordoned GPUs,
   never the ones it left).  An explicit instance (fixed placement in the
-  inventory) is marked down at the gateway and reported, not moved; a
+  inventory) is marked down at the gateway and reported, not moved (``fixed_why``:
+  the inventory decides where it runs; :mod:`clusterctl.gateway.failover_fixed`); a
   replica for which no room is left is marked down and stays where it was.
   A ``nodes: N`` replica (one TP group across hosts: one bad member on any
   host makes doctor's ``tp.group`` UNAVAILABLE for all of it) moves whole:
@@ -41,6 +42,7 @@ from typing import Any
 from clusterctl.deploy.placement.place import HostTopology, PlacementResult, reschedule
 from clusterctl.deploy.state import Cordon, DeployState, Placement, cordon_key, placement_json, utc_now, who_am_i
 from clusterctl.diagnose.findings import Finding, Severity
+from clusterctl.gateway.failover_fixed import why_not_moved
 from clusterctl.inventory.model import Instance
 
 #: Prefix of the reason of every cordon failover records.
@@ -86,6 +88,8 @@ class FailoverPlan:
     findings: dict[str, str] = field(default_factory=dict)
     moves: list[Move] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)
+    #: each of ``fixed`` -> why it is not moved and what to change (gateway/failover_fixed.py)
+    fixed_why: dict[str, str] = field(default_factory=dict)
     no_room: dict[str, str] = field(default_factory=dict)
     over_cap: list[str] = field(default_factory=list)
     cordons: dict[str, Cordon] = field(default_factory=dict)
@@ -107,6 +111,7 @@ class FailoverPlan:
             "unavailable": dict(sorted(self.findings.items())),
             "moves": [m.to_json() for m in self.moves],
             "fixed": self.fixed,
+            "fixed_why": dict(sorted(self.fixed_why.items())),
             "no_room": dict(sorted(self.no_room.items())),
             "over_cap": self.over_cap,
             "cordons": {k: {"reason": c.reason, "who": c.who, "when": c.when} for k, c in sorted(self.cordons.items())},
@@ -210,6 +215,10 @@ def plan_failover(
         del plan.cordons[key]
     replicas = [n for n in chosen if instances[n].template and n not in inv.instances]
     plan.fixed = [n for n in chosen if n not in replicas]
+    plan.fixed_why = {
+        n: why_not_moved(instances[n], failed_targets(instances[n], gpu_findings), getattr(inv, "path", ""))
+        for n in plan.fixed
+    }
     movable = [n for n in replicas if n in state.placements.get(instances[n].template or "", {})]
     plan.no_room = {n: "not recorded in placements.json yet (deploy places it)" for n in replicas if n not in movable}
     if not movable:

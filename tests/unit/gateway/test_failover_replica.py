@@ -93,6 +93,29 @@ def test_a_lost_gpu_on_a_worker_stage_moves_the_whole_replica_to_two_healthy_hos
     assert [w["host"] for w in j["to"]["workers"]] == list(move.new.hosts[1:])
 
 
+def test_an_explicit_instance_across_hosts_is_marked_down_not_moved_and_the_plan_says_why(tmp_path: Path) -> None:
+    # the inventory says where it runs: a move would be undone by the next deploy; the plan names the failed
+    # member and the two ways out (a new placement there, or a `nodes: 2` template failover can move)
+    text = INVENTORY.replace(
+        "templates:\n",
+        "instances:\n  wide: {model: qwen, engine: vllm, placement: [gpu05:0, gpu06:0], port: 9001}\ntemplates:\n",
+    )
+    inv = load_inventory_text(text, "inv.yaml")
+    store = StateStore(tmp_path / "state")
+    state = store.load()
+    instances = desired_instances(inv, state).instances
+    plan = plan_failover(
+        instances, {"wide": "UNAVAILABLE"}, state, inv, max_share=1.0, gpu_findings=[_lost("gpu06", 0)]
+    )
+    assert plan.fixed == ["wide"] and not plan.moves and plan.taken_out == ["wide"]
+    why = plan.to_json()["fixed_why"]["wide"]
+    assert why.startswith("explicit placement in the inventory (inv.yaml): gpu05 GPUs 0 + gpu06 GPUs 0; failed: gpu06;")
+    assert "`clusterctl deploy --instances wide`" in why and why.endswith(
+        "or make it a template replica (`nodes: 2`: one stage per host), which failover moves"
+    )
+    assert "gpu06" in plan.cordons  # node-level (a lost GPU): its host is cordoned as for any group
+
+
 class ReplicaRecorder(Recorder):
     """Reports every host of the moved replica applied (or its worker's host failed), with the head's gate."""
 
