@@ -378,7 +378,12 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
                                    the last chunk's verify; h per hop);
     batch(n)   = apply(n) + load + gate,  apply(n) = c + d x n  (one fan-out command);
     release    = rounds x round(N) + sum over batches of [switch(n) + batch(n)]   (pre-staged)
-               + staging(N) once before the window.
+               + prestage(N) once before the window (staging without switching, then the
+                 warm-up: fitted on the pre-staging runs, prestage(N) = S/B + c_p + h_p x N);
+    surge      = the pre-staged release with each batch's apply + load + gate paid (1 + f)
+                 times: a surge copy starts, passes its gates and joins the gateway before the
+                 replica restarts in place; f is the surge benchmark's measured extra over in
+                 place (``--surge-result``: surge / in place - 1, gateway syncs included).
     The load time in the lab is the stand-in's scaled wait; at scale it is the real
     one (``--real-gb`` at 3.5 GiB/s warm, 1.0 GiB/s cold)."""
     ns = [r["hosts"] for r in runs]
@@ -405,20 +410,27 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
     gate_over = [g - (scaled_load or 0) for g in gate_extra]
     g_c, g_d = fit_line(bx, gate_over)
     rnd_c, rnd_d = fit_line(ns, [r["B"]["fanout_round_s"] for r in runs])
+    p_a, h_p = fit_line(ns, [r["B"]["prestage"]["seconds"] for r in runs])
+    c_p = p_a - bound
+    surge_f = surge_factor(getattr(args, "surge_result", None))
 
     def predict(n_hosts: int, s_bytes: float, b_bps: float, load_s: float, serial: str | None = None) -> dict[str, Any]:
         sizes = [len(b) for b in rollout.batches(list(range(n_hosts)), (serial or args.serial).split(","))]
         staging = s_bytes * 8 / b_bps + c_s + h_s * n_hosts
+        prestaged = s_bytes * 8 / b_bps + c_p + h_p * n_hosts
         restart = [(ap_c + ap_d * n) + load_s + (g_c + g_d * n) for n in sizes]
         per = [(sw_c + sw_d * n) + r for n, r in zip(sizes, restart)]
         rounds = 4 * (rnd_c + rnd_d * n_hosts)  # read, lock, re-read, unlock
         # Without pre-staging each batch's chain reads the source again (deploy stages per batch).
         in_window = [s_bytes * 8 / b_bps + c_s + h_s * n + r for n, r in zip(sizes, restart)]
+        surge = [(sw_c + sw_d * n) + (1 + surge_f) * r for n, r in zip(sizes, restart)]
         return {
             "batches": len(sizes),
             "batch_sizes": sizes,
             "staging_s": round(staging, 1),
+            "prestage_with_warm_s": round(prestaged, 1),
             "window_s": round(rounds + sum(per), 1),
+            "window_surge_s": round(rounds + sum(surge), 1),
             "window_without_prestage_s": round(rounds + sum(in_window), 1),
             "per_batch_s": [round(p, 1) for p in per],
             "serving_at_least": round(1 - max(sizes) / n_hosts, 3),
@@ -433,6 +445,7 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
                 "hosts": n,
                 "predicted_staging_s": p["staging_s"],
                 "measured_staging_s": r["initial_stage"]["seconds"],
+                "predicted_prestage_with_warm_s": p["prestage_with_warm_s"],
                 "measured_prestage_with_warm_s": r["B"]["prestage"]["seconds"],
                 "predicted_window_s": p["window_s"],
                 "measured_window_s": r["B"]["window_s"],
@@ -456,6 +469,8 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
             "per_hop_s": round(h_s, 4),
             "ratio_to_S_over_B": {r["hosts"]: r["initial_stage"]["ratio_to_S_over_B"] for r in runs},
         },
+        "prestage_with_warm": {"fixed_s": round(c_p, 3), "per_host_s": round(h_p, 4)},
+        "surge_extra_factor": round(surge_f, 3),
         "switch_s": [round(sw_c, 3), round(sw_d, 4)],
         "apply_s": [round(ap_c, 3), round(ap_d, 4)],
         "gate_over_load_s": [round(g_c, 3), round(g_d, 4)],
@@ -466,6 +481,18 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
         "page cache, 1.0 GiB/s from storage (the simulator's rates); the per-hop and fan-out "
         "costs fitted here on 2 shared cores; staging at B with the fitted factor f",
     }
+
+
+def surge_factor(path: Path | None) -> float:
+    """f of the surge term: a surge release's seconds over the same release in place, less 1
+    (``benchmarks/release/surge.py``'s result; the newest one when ``path`` is None)."""
+    if path is None:
+        found = sorted((REPO / "benchmarks" / "results").glob("release-surge-*.json"))
+        if not found:
+            return 1.0  # no measurement: one more start per batch, nothing else
+        path = found[-1]
+    runs = {r["release"]: r for r in json.loads(Path(path).read_text())["runs"]}
+    return float(runs["surge"]["seconds"]) / float(runs["in place"]["seconds"]) - 1
 
 
 def main() -> int:
@@ -486,6 +513,12 @@ def main() -> int:
     )
     ap.add_argument("--netns", default="ccrel27src", help="the source's network namespace")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--surge-result",
+        type=Path,
+        default=None,
+        help="surge.py's result for the model's surge term (default: the newest release-surge-*.json)",
+    )
     ap.add_argument(
         "--refit",
         type=Path,

@@ -11,8 +11,11 @@ Every run records the 1-minute load average before and after, and per node: the 
 time seen here, the node program's own seconds, ``start_s`` (from the call here to the
 node program's start: SSH connect, exec, the interpreter and the program's imports),
 ``end_s`` (from the call here to the node program's end), first and last chunk
-written, and the head's last chunk forwarded.  The summary per host count gives the
-median seconds and x S/B, the median latest node start and the median node seconds.
+written, the head's last chunk forwarded and the node program's CPU seconds; per run the
+share of this machine's CPUs busy over it (``machine_busy``, /proc/stat, whoever used them)
+and the chain's breakdown (``chain``: head start, head's last chunk, the tail's last chunk
+after it, the end after that).  The summary per host count gives the median seconds and
+x S/B, the median latest node start and node seconds, and the medians of those.
 
 Writes ``benchmarks/results/staging-light-<date>.json`` (temp + rename).  Needs root.
 Tears down its lab and nginx.
@@ -70,10 +73,36 @@ def node_row(r: Any, t0_unix: float) -> dict[str, Any]:
         "first_chunk_s": t.get("first_chunk_s"),
         "last_chunk_s": t.get("last_chunk_s"),
         "last_sent_s": t.get("last_sent_s"),
+        "cpu_s": t.get("cpu_s"),
         "upstream": r.data.get("upstream"),
         "events": r.data.get("events"),
         "chunks_from_relay": r.data.get("chunks"),
     }
+
+
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of every CPU of this machine since boot (/proc/stat)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = f[3] + f[4]  # idle + iowait
+    return sum(f) - idle, sum(f)
+
+
+def chain_row(nodes: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Where a chain's time went: the head's start, its last chunk, the tail's last chunk after
+    the head's (the per-hop forward delay summed), the end after the last chunk anywhere."""
+
+    def at(x: dict[str, Any]) -> float | None:
+        return None if x["start_s"] is None or x["last_chunk_s"] is None else x["start_s"] + x["last_chunk_s"]
+
+    head, tail = nodes[0], nodes[-1]
+    out: dict[str, Any] = {"head_start_s": head["start_s"], "head_last_chunk_s": at(head)}
+    if at(head) is not None and at(tail) is not None and len(nodes) > 1:
+        lag = at(tail) - at(head)  # type: ignore[operator]
+        out.update(chain_lag_s=round(lag, 3), per_hop_s=round(lag / (len(nodes) - 1), 4))
+    ends = [at(x) for x in nodes if at(x) is not None]
+    if ends:
+        out["after_last_chunk_s"] = round(seconds - max(ends), 3)  # type: ignore[type-var]
+    return out
 
 
 def summary(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:
@@ -84,6 +113,15 @@ def summary(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:
         starts = [max(x["start_s"] for x in r["nodes"] if x["start_s"] is not None) for r in rows]
         heads = [r["nodes"][0]["start_s"] for r in rows if r["nodes"][0]["start_s"] is not None]
         node_s = [max(x["node_s"] or 0 for x in r["nodes"]) for r in rows]
+
+        def med(key: str, rows: list[dict[str, Any]] = rows) -> float | None:
+            vals = [r[key] for r in rows if r.get(key) is not None]
+            return round(statistics.median(vals), 3) if vals else None
+
+        def med_chain(key: str, rows: list[dict[str, Any]] = rows) -> float | None:
+            vals = [r["chain"][key] for r in rows if r.get("chain", {}).get(key) is not None]
+            return round(statistics.median(vals), 3) if vals else None
+
         out.append(
             {
                 "hosts": n,
@@ -95,6 +133,11 @@ def summary(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:
                 "median_head_start_s": round(statistics.median(heads), 2) if heads else None,
                 "median_last_start_s": round(statistics.median(starts), 2),
                 "median_longest_node_s": round(statistics.median(node_s), 2),
+                "median_chain_lag_s": med_chain("chain_lag_s"),
+                "median_per_hop_s": med_chain("per_hop_s"),
+                "median_after_last_chunk_s": med_chain("after_last_chunk_s"),
+                "median_nodes_cpu_s": med("nodes_cpu_s"),
+                "median_machine_busy": med("machine_busy"),
                 "load1": [min(r["load1_before"] for r in rows), max(r["load1_after"] for r in rows)],
             }
         )
@@ -148,9 +191,13 @@ def main() -> int:
                         fl.run("rm -rf /root/models", timeout=60)
                     load = round(os.getloadavg()[0], 2)
                     with Fleet(hosts, fanout=n, command_timeout=600) as fl:
+                        j0 = cpu_jiffies()
                         t0, t0_unix = time.monotonic(), time.time()
                         rep = stage_model(fl, hosts, model, source, man, relay="chain", workers=args.workers)
                         secs = time.monotonic() - t0
+                        j1 = cpu_jiffies()
+                    nodes = [node_row(r, t0_unix) for r in rep.rows]
+                    cpus = [x["cpu_s"] for x in nodes if x["cpu_s"] is not None]
                     row = {
                         "hosts": n,
                         "run": k,
@@ -159,12 +206,29 @@ def main() -> int:
                         "ok": rep.ok,
                         "load1_before": load,
                         "load1_after": round(os.getloadavg()[0], 2),
-                        "nodes": [node_row(r, t0_unix) for r in rep.rows],
+                        "nodes_cpu_s": round(sum(cpus), 3) if cpus else None,
+                        # every CPU of this machine busy (all processes) over the run: 1.0 = saturated
+                        "machine_busy": round((j1[0] - j0[0]) / max(1, j1[1] - j0[1]), 3),
+                        "chain": chain_row(nodes, secs),
+                        "nodes": nodes,
                         "failures": [r.to_dict() for r in rep.rows if not r.ok],
                     }
                     print(
                         json.dumps(
-                            {k2: row[k2] for k2 in ("hosts", "run", "seconds", "x_S_over_B", "ok", "load1_before")}
+                            {
+                                k2: row[k2]
+                                for k2 in (
+                                    "hosts",
+                                    "run",
+                                    "seconds",
+                                    "x_S_over_B",
+                                    "ok",
+                                    "load1_before",
+                                    "nodes_cpu_s",
+                                    "machine_busy",
+                                    "chain",
+                                )
+                            }
                         ),
                         file=sys.stderr,
                         flush=True,

@@ -2,7 +2,8 @@
 
 One module-scoped deployment (6 template replicas + 2 explicit instances,
 all with VLLM_SIM_TIME_SCALE=0) is shared by the tests, which run in file
-order: each leaves the hosts as the inventory of ``BASE`` describes them.
+order: each leaves the hosts as the inventory of ``BASE`` describes them.  The fixture's deploy
+runs with ``--prestage`` (the second test checks what that promises).
 The last fixture step removes every unit, env file, previous copy, lock and
 the staged model it created.
 """
@@ -16,12 +17,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import yaml
 
-from clusterctl.deploy.rollout.engine import Deploy, DeployOptions, DeployReport
+from clusterctl.deploy.rollout.engine import Deploy, DeployOptions, DeployReport, Event
 from clusterctl.deploy.rollout.batches import parse_serial
 from clusterctl.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory
@@ -63,6 +64,10 @@ class World:
         self.inv_path = root / "inventory.yaml"
         self.state_dir = root / "state"
         self.base = yaml.safe_load(Path(lab.inventory).read_text())
+        #: The fixture's deploy (with --prestage), its events and when it began (time.time()).
+        self.first: DeployReport | None = None
+        self.first_events: list[Event] = []
+        self.first_started = 0.0
 
     def write(self, template: dict[str, Any] | None = None, version: str = "v1", **instances: dict[str, Any]) -> None:
         doc = dict(self.base)
@@ -72,11 +77,11 @@ class World:
         doc["instances"] = instances or {"e1": explicit(f"{first}:7", 8300), "e2": explicit(f"{third}:7", 8300)}
         self.inv_path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
-    def deploy(self, **opts: Any) -> DeployReport:
+    def deploy(self, on_event: Callable[[Event], None] = lambda e: None, **opts: Any) -> DeployReport:
         inv = load_inventory(str(self.inv_path))
         serial = parse_serial(opts.pop("serial", None))
         o = DeployOptions(serial=serial, gate_timeout_s=opts.pop("gate_timeout_s", 60), **opts)
-        return Deploy(inv, list(inv.hosts.values()), self.fleet, str(self.state_dir), o).run()
+        return Deploy(inv, list(inv.hosts.values()), self.fleet, str(self.state_dir), o, on_event).run()
 
     @staticmethod
     def fleet(hosts: Any) -> Fleet:
@@ -150,7 +155,10 @@ def world(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]
     w = World(lab, root, model_dir)
     w.cleanup()
     w.write()
-    rep = w.deploy(serial="1,100%")
+    # --prestage: the model staged and warmed on every host before the first batch (checked below)
+    w.first_events = []
+    w.first_started = time.time()
+    rep = w.first = w.deploy(serial="1,100%", prestage=True, on_event=w.first_events.append)
     assert rep.result == "ok", json.dumps(rep.to_dict(), indent=1)[:4000]
     try:
         yield w
@@ -164,6 +172,28 @@ def test_eight_instances_from_a_template_pass_their_gates(world: World) -> None:
     assert sorted(units) == ["e1", "e2"] + [f"pool-{n}" for n in range(1, 7)]
     assert all(state == "active" and restarts == 0 for state, _, _, restarts in units.values())
     assert set(world.where().values()) == set(world.lab.names)  # replicas spread over every host
+
+
+def test_prestage_staged_and_warmed_every_host_before_the_first_batch_started_anything(world: World) -> None:
+    """The fixture's deploy ran with ``--prestage``: every host had the version verified (and, by
+    the node's own count, in its page cache) before the first unit started, and each batch then
+    found it present and only switched the model link."""
+    rep, hosts = world.first, sorted(world.lab.names)
+    assert (
+        rep is not None and rep.prestage is not None and rep.prestage["hosts"] == {h: {"tiny": "staged"} for h in hosts}
+    )
+    assert rep.prestage["resident"] == {h: {"tiny": 1.0} for h in hosts}
+    # The version's marker is written once, when it is verified; every unit's first start came after
+    # all of them (CLOCK_MONOTONIC is one clock for the lab's containers and here).
+    offset = time.time() - time.monotonic()
+    marker = "/models/.versions/tiny/v1/.clusterctl-verified"
+    verified = {h: float(world.lab.run(h, f"stat -c %.9Y {marker}", check=True).stdout) for h in hosts}
+    started = {name: mono / 1e6 + offset for name, (_, _, mono, _) in world.units().items()}
+    assert len(started) == 8 and min(started.values()) > world.first_started, started
+    assert max(verified.values()) < min(started.values()), (verified, sorted(started.values())[:2])
+    in_batches = [e for e in world.first_events if e.kind == "host" and e.message.startswith("stage tiny:")]
+    assert sorted(e.host or "" for e in in_batches) == hosts, [e.message for e in in_batches]
+    assert all(e.message == "stage tiny: present" for e in in_batches), [e.message for e in in_batches]
 
 
 def test_second_deploy_restarts_nothing(world: World) -> None:

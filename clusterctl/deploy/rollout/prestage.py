@@ -56,10 +56,13 @@ def unstaged(
 @dataclass
 class Prestaged:
     """``hosts``: host -> model -> ``staged``, ``present`` or why not (the row's error or status);
-    ``seconds``: model -> the staging run's wall time."""
+    ``seconds``: model -> the staging run's wall time; ``resident``: host -> model -> the
+    fraction of the version in the host's page cache after the warm-up (the node's own
+    ``mincore`` count; hosts whose node did not report it are absent)."""
 
     hosts: dict[str, dict[str, str]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    resident: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def failed(self) -> dict[str, dict[str, str]]:
@@ -70,7 +73,11 @@ class Prestaged:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hosts": self.hosts, "seconds": {m: round(s, 3) for m, s in self.seconds.items()}}
+        return {
+            "hosts": self.hosts,
+            "seconds": {m: round(s, 3) for m, s in self.seconds.items()},
+            "resident": self.resident,
+        }
 
 
 def prestage(
@@ -123,5 +130,9 @@ def prestage(
                 for row in rep.rows:
                     what = row.status if row.ok else f"{row.status}: {row.error or row.kind}"
                     out.hosts.setdefault(row.host, {})[name] = what
+                    warmed = row.data.get("warm") or {}
+                    if row.ok and warmed.get("bytes"):
+                        share = min(1.0, int(warmed.get("resident") or 0) / int(warmed["bytes"]))
+                        out.resident.setdefault(row.host, {})[name] = round(share, 3)
                     on_host(row.host, f"pre-stage {name}: {what}", row.ok)
     return out

@@ -260,6 +260,10 @@ def stage(job: Dict[str, Any], stdin: BinaryIO) -> Dict[str, Any]:
     out["timings"] = _timings(timings, store, server, t0)
     # wall-clock ends, so the controller can tell its SSH and start-up time from the node's own
     out["timings"].update(start_unix=round(started, 3), end_unix=round(time.time(), 3))
+    # CPU seconds of the node program (every thread: receive, sha256, write, relay sends): on a
+    # lab whose hosts share a few cores, their sum against cores x wall says if staging was CPU-bound.
+    cpu = os.times()
+    out["timings"]["cpu_s"] = round(cpu.user + cpu.system, 3)
     return out
 
 

@@ -86,7 +86,10 @@ class StagingCluster:
                     "ok": True,
                     "version": "v2",
                     "already_present": present,
-                    "warm": {"read_bytes": job.get("warm_budget")} if job.get("warm") else None,
+                    # the node's residency count after the warm-up: here the budget's share of 4 MiB
+                    "warm": {"read_bytes": job.get("warm_budget"), "resident": job.get("warm_budget"), "bytes": 4 << 20}
+                    if job.get("warm")
+                    else None,
                 }
         elif op == "rollback":
             out = {"ok": True, "restored": [], "removed": job["instances"], "missing": []}
@@ -151,6 +154,8 @@ def test_prestage_stages_and_warms_every_host_before_the_first_batch_then_batche
     assert sorted(rep.prestage["hosts"]) == sorted(c.link)
     assert all(v == {"m": "staged"} for v in rep.prestage["hosts"].values())
     assert rep.to_dict()["prestage"]["hosts"]["h1"] == {"m": "staged"}
+    # what each node counted in its page cache after the warm-up, per host and model
+    assert rep.prestage["resident"] == {h: {"m": 0.25} for h in c.link}
 
 
 def test_without_prestage_each_batch_stages_only_its_own_hosts_and_switches(tmp_path: Path, source: Path) -> None:
@@ -179,7 +184,7 @@ def test_prestage_with_nothing_to_stage_stages_nothing(tmp_path: Path, source: P
     for h in c.link:
         c.link[h] = "v2"
     rep, _ = deploy(tmp_path, source, c, prestage=True)
-    assert c.ops("stage") == [] and rep.prestage == {"hosts": {}, "seconds": {}}
+    assert c.ops("stage") == [] and rep.prestage == {"hosts": {}, "seconds": {}, "resident": {}}
 
 
 def test_cli_refuses_a_warm_budget_without_prestage_and_a_bad_size() -> None:
