@@ -87,28 +87,32 @@ def cpu_jiffies() -> tuple[int, int]:
     return sum(f) - idle, sum(f)
 
 
-def chain_row(nodes: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    """Where a chain's time went: the head's start, its last chunk, the tail's last chunk after
-    the head's (the per-hop forward delay summed), the end after the last chunk anywhere."""
+def chain_row(nodes: list[dict[str, Any]], seconds: float, relay: str = "chain") -> dict[str, Any]:
+    """Where a relay's time went: the head's start, its last chunk, the last node's last chunk
+    after the head's (a chain: the per-hop forward delay summed over its hops), the end after
+    the last chunk anywhere."""
 
     def at(x: dict[str, Any]) -> float | None:
         return None if x["start_s"] is None or x["last_chunk_s"] is None else x["start_s"] + x["last_chunk_s"]
 
-    head, tail = nodes[0], nodes[-1]
-    out: dict[str, Any] = {"head_start_s": head["start_s"], "head_last_chunk_s": at(head)}
-    if at(head) is not None and at(tail) is not None and len(nodes) > 1:
-        lag = at(tail) - at(head)  # type: ignore[operator]
-        out.update(chain_lag_s=round(lag, 3), per_hop_s=round(lag / (len(nodes) - 1), 4))
-    ends = [at(x) for x in nodes if at(x) is not None]
+    head = nodes[0]
+    h = at(head)
+    out: dict[str, Any] = {"head_start_s": head["start_s"], "head_last_chunk_s": None if h is None else round(h, 3)}
+    ends = [t for t in (at(x) for x in nodes) if t is not None]
+    if ends and at(head) is not None and len(nodes) > 1:
+        lag = max(ends) - at(head)  # type: ignore[operator]
+        out["chain_lag_s"] = round(lag, 3)
+        if relay == "chain":
+            out["per_hop_s"] = round(lag / (len(nodes) - 1), 4)
     if ends:
-        out["after_last_chunk_s"] = round(seconds - max(ends), 3)  # type: ignore[type-var]
+        out["after_last_chunk_s"] = round(seconds - max(ends), 3)
     return out
 
 
 def summary(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:
     out = []
-    for n in sorted({r["hosts"] for r in runs}):
-        rows = [r for r in runs if r["hosts"] == n]
+    for n, relay in sorted({(r["hosts"], r.get("relay", "chain")) for r in runs}):
+        rows = [r for r in runs if r["hosts"] == n and r.get("relay", "chain") == relay]
         secs = statistics.median(r["seconds"] for r in rows)
         starts = [max(x["start_s"] for x in r["nodes"] if x["start_s"] is not None) for r in rows]
         heads = [r["nodes"][0]["start_s"] for r in rows if r["nodes"][0]["start_s"] is not None]
@@ -125,6 +129,7 @@ def summary(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:
         out.append(
             {
                 "hosts": n,
+                "relay": relay,
                 "runs": len(rows),
                 "median_s": round(secs, 2),
                 "x_S_over_B": round(secs / bound, 2),
@@ -159,6 +164,11 @@ def main() -> int:
         help="the source's link is NET.250.0/30 (default: $CLUSTERCTL_LAB_NET)",
     )
     ap.add_argument("--netns", default="ccstl27src", help="the source's network namespace")
+    ap.add_argument(
+        "--relay",
+        default="chain",
+        help="chain, tree (fan-out 2) or both (the two alternate per run, at the same load)",
+    )
     ap.add_argument("--label", default="", help="a word for the result's name and record (e.g. before, after)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -186,20 +196,22 @@ def main() -> int:
             man = load_manifest(source, "bench", "v1")
             for n in counts:
                 hosts = [inv.hosts[h] for h in names_all[:n]]
-                for k in range(args.repeat):
+                for k in range(args.repeat * (2 if args.relay == "both" else 1)):
+                    relay = args.relay if args.relay != "both" else ("chain", "tree")[k % 2]
                     with Fleet(hosts, fanout=n, command_timeout=600) as fl:
                         fl.run("rm -rf /root/models", timeout=60)
                     load = round(os.getloadavg()[0], 2)
                     with Fleet(hosts, fanout=n, command_timeout=600) as fl:
                         j0 = cpu_jiffies()
                         t0, t0_unix = time.monotonic(), time.time()
-                        rep = stage_model(fl, hosts, model, source, man, relay="chain", workers=args.workers)
+                        rep = stage_model(fl, hosts, model, source, man, relay=relay, workers=args.workers)
                         secs = time.monotonic() - t0
                         j1 = cpu_jiffies()
                     nodes = [node_row(r, t0_unix) for r in rep.rows]
                     cpus = [x["cpu_s"] for x in nodes if x["cpu_s"] is not None]
                     row = {
                         "hosts": n,
+                        "relay": relay,
                         "run": k,
                         "seconds": round(secs, 3),
                         "x_S_over_B": round(secs / bound, 3),
@@ -209,7 +221,7 @@ def main() -> int:
                         "nodes_cpu_s": round(sum(cpus), 3) if cpus else None,
                         # every CPU of this machine busy (all processes) over the run: 1.0 = saturated
                         "machine_busy": round((j1[0] - j0[0]) / max(1, j1[1] - j0[1]), 3),
-                        "chain": chain_row(nodes, secs),
+                        "chain": chain_row(nodes, secs, relay),
                         "nodes": nodes,
                         "failures": [r.to_dict() for r in rep.rows if not r.ok],
                     }
@@ -219,6 +231,7 @@ def main() -> int:
                                 k2: row[k2]
                                 for k2 in (
                                     "hosts",
+                                    "relay",
                                     "run",
                                     "seconds",
                                     "x_S_over_B",
