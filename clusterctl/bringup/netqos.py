@@ -41,6 +41,7 @@ from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.fleet.factory import FleetFactory
 from clusterctl.inventory.model import FabricProfile, Host, Inventory
+from clusterctl.probe.factgroups import nic as parse_nic
 
 UNIT = "roce-qos.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
@@ -124,7 +125,7 @@ def nic_changes(nic: Mapping[str, Any], prof: FabricProfile) -> list[Change]:
         out.append(Change(name, "trust", q["trust"], prof.trust))
     pfc = q.get("pfc_enabled")
     if pfc is None:
-        pfc = qos.pfc_from_counters(dict(nic))
+        pfc = qos.pfc_from_counters(nic.get("ethtool_stats"))
     if pfc is not None and list(pfc) != [p]:
         out.append(Change(name, "PFC priorities", _prios(pfc), str(p)))
     d2p = q.get("dscp2prio")
@@ -212,7 +213,8 @@ def host_plan(
     if facts is None:
         plan.error = why_unread or "no facts"
         return plan
-    roce = fabric.roce_nics(facts)
+    # the planner reads each NIC's raw QoS readout; which NICs are RoCE is the typed group's rule
+    roce = [n for n in facts.get("nics") or [] if isinstance(n, dict) and parse_nic(n).is_roce]
     if not roce:
         plan.error = "no RoCE NIC in the facts (nothing with an RDMA port on Ethernet)"
         return plan

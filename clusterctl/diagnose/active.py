@@ -30,6 +30,7 @@ from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.fleet.shell import join
+from clusterctl.probe.factgroups import NicsFact
 from clusterctl.probe.gid import ipv4_of_gid
 
 CHECK = "roce.active"
@@ -126,25 +127,22 @@ def endpoint(host: str, facts: Mapping[str, Any], inv: Any) -> Endpoint | str:
     program = tools.get("ib_write_bw")
     if not program:
         return "ib_write_bw (perftest) is not installed: no RDMA bandwidth test"
-    nics = [n for n in facts.get("nics") or [] if n.get("rdma")]
+    ports = [(n, n.rdma) for n in NicsFact.parse(facts).nics if n.rdma is not None]
     if inv is not None and host in getattr(inv, "hosts", {}):
         data = {s.netdev for s in inv.hosts[host].nics_with_role("data")}
-        nics = [n for n in nics if n.get("netdev") in data]
-    nic = next((n for n in nics if (n["rdma"].get("state") or "ACTIVE") == "ACTIVE"), None)
-    if nic is None:
+        ports = [(n, r) for n, r in ports if n.netdev in data]
+    nic, rdma = next(((n, r) for n, r in ports if (r.state or "ACTIVE") == "ACTIVE"), (None, None))
+    if nic is None or rdma is None:
         return "no active RDMA device behind a data NIC"
-    rdma = nic["rdma"]
-    gids = [g for g in rdma.get("gids") or [] if "RoCE v2" in str(g.get("type"))]
-    gid = next((g for g in gids if ipv4_of_gid(g.get("gid", "")) is not None), gids[0] if gids else None)
-    speed = nic.get("speed_mbps")
-    gbps = float(speed) / 1000 if speed else rdma.get("rate_gbps")
+    gids = [g for g in rdma.gids if "RoCE v2" in str(g.type)]
+    gid = next((g for g in gids if ipv4_of_gid(g.gid) is not None), gids[0] if gids else None)
     return Endpoint(
         host,
         str(program),
-        str(rdma.get("device")),
-        int(rdma.get("port") or 1),
-        int(gid["index"]) if gid and gid.get("index") is not None else None,
-        float(gbps) if gbps else None,
+        str(rdma.device),
+        int(rdma.port or 1),
+        gid.index if gid is not None else None,
+        nic.gbps,
     )
 
 

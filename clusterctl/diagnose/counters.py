@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from clusterctl.probe.factgroups import CounterSample, Nic, Nics, NicsFact, counter_sample
+from clusterctl.probe.factgroups import nic as parse_nic
+
 WRAP_32 = 2**32
 
 #: hw_counters read as 32-bit (mlx5 ``be32_to_cpu`` Q counters, groups 1-5 of
@@ -105,55 +108,55 @@ def _table(
     return rates
 
 
-def _interval(old: Mapping[str, Any], new: Mapping[str, Any], key: str) -> float | None:
-    t0, t1 = old.get(key), new.get(key)
-    if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):
-        return None
-    return float(t1) - float(t0)
+def _interval(t0: float | None, t1: float | None) -> float | None:
+    return None if t0 is None or t1 is None else float(t1) - float(t0)
 
 
-def rates_between(old: Mapping[str, Any], new: Mapping[str, Any], dt: float | None = None) -> Rates | None:
-    """Rates from sample ``old`` to ``new``.  ``dt`` defaults to ``new.t - old.t``
-    (the ``ethtool -S`` times) and, for the sysfs counters, ``t_sysfs`` when
-    both samples have it.  ``None`` when the interval is not positive."""
+def _sample(s: CounterSample | Mapping[str, Any]) -> CounterSample:
+    return s if isinstance(s, CounterSample) else counter_sample(s)
+
+
+def rates_between(
+    old: CounterSample | Mapping[str, Any], new: CounterSample | Mapping[str, Any], dt: float | None = None
+) -> Rates | None:
+    """Rates from sample ``old`` to ``new`` (typed, or their JSON).  ``dt`` defaults to
+    ``new.t - old.t`` (the ``ethtool -S`` times) and, for the sysfs counters, ``t_sysfs``
+    when both samples have it.  ``None`` when the interval is not positive."""
+    a, b = _sample(old), _sample(new)
     dt_sys = None
     if dt is None:
-        dt = _interval(old, new, "t")
-        dt_sys = _interval(old, new, "t_sysfs")
+        dt = _interval(a.t, b.t)
+        dt_sys = _interval(a.t_sysfs, b.t_sysfs)
     if dt is None or dt <= 0:
         return None
     if dt_sys is None or dt_sys <= 0:
         dt_sys = dt
     r = Rates(dt=dt)
-    r.ethtool = _table(old.get("ethtool_stats"), new.get("ethtool_stats"), dt, ETHTOOL_32, "", r)
-    r.hw = _table(old.get("hw_counters"), new.get("hw_counters"), dt_sys, HW_COUNTERS_32, "hw:", r)
-    r.ib = _table(old.get("counters"), new.get("counters"), dt_sys, frozenset(), "ib:", r)
+    r.ethtool = _table(a.ethtool_stats, b.ethtool_stats, dt, ETHTOOL_32, "", r)
+    r.hw = _table(a.hw_counters, b.hw_counters, dt_sys, HW_COUNTERS_32, "hw:", r)
+    r.ib = _table(a.counters, b.counters, dt_sys, frozenset(), "ib:", r)
     return r
 
 
-def _sample_of(nic: Mapping[str, Any]) -> dict[str, Any]:
-    rdma = nic.get("rdma") or {}
-    return {
-        "ethtool_stats": nic.get("ethtool_stats"),
-        "hw_counters": rdma.get("hw_counters"),
-        "counters": rdma.get("counters"),
-    }
-
-
-def _epoch(doc: Mapping[str, Any]) -> float | None:
+def _epoch(collected_at: str | None) -> float | None:
     try:
-        return datetime.fromisoformat(str(doc["collected_at"])).timestamp()
-    except (KeyError, ValueError):
+        return datetime.fromisoformat(str(collected_at)).timestamp() if collected_at is not None else None
+    except ValueError:
         return None
 
 
+def _nics(doc: Nics | Mapping[str, Any] | None) -> Nics | None:
+    return doc if doc is None or isinstance(doc, Nics) else NicsFact.parse(doc)
+
+
 def nic_rates(
-    nic: Mapping[str, Any],
-    later_doc: Mapping[str, Any] | None = None,
-    doc: Mapping[str, Any] | None = None,
+    nic: Nic | Mapping[str, Any],
+    later_doc: Nics | Mapping[str, Any] | None = None,
+    doc: Nics | Mapping[str, Any] | None = None,
     interval_s: float = 0.0,
 ) -> tuple[Rates | None, str]:
-    """The rates of one NIC entry of a facts document, and where they come from.
+    """The rates of one NIC of a facts document, and where they come from (each argument
+    typed, ``probe/factgroups.py``, or its JSON).
 
     Preferred: the NIC's own ``samples`` (first and last, timed on the node).
     Else: this document's counters against the same NIC in ``later_doc``
@@ -161,21 +164,20 @@ def nic_rates(
     ``collected_at`` (SSH latency makes these rates approximate).  Returns
     ``(None, why)`` when neither is available.
     """
-    samples = nic.get("samples") or []
-    if len(samples) >= 2:
-        r = rates_between(samples[0], samples[-1])
+    n = nic if isinstance(nic, Nic) else parse_nic(nic)
+    later, this = _nics(later_doc), _nics(doc)
+    if len(n.samples) >= 2:
+        r = rates_between(n.samples[0], n.samples[-1])
         return (r, "node-timed samples") if r else (None, "the samples have no positive interval")
-    if later_doc is not None:
-        other = next(
-            (n for n in later_doc.get("nics") or [] if n.get("netdev") == nic.get("netdev") and nic.get("netdev")), None
-        )
+    if later is not None:
+        other = later.get(n.netdev) if n.netdev else None
         if other is not None:
             dt = interval_s
-            if doc is not None and not dt:
-                a, b = _epoch(doc), _epoch(later_doc)
+            if this is not None and not dt:
+                a, b = _epoch(this.collected_at), _epoch(later.collected_at)
                 dt = (b - a) if a is not None and b is not None else 0.0
-            r = rates_between(_sample_of(nic), _sample_of(other), dt) if dt > 0 else None
+            r = rates_between(n.counters_now(), other.counters_now(), dt) if dt > 0 else None
             if r:
                 return r, "two facts runs"
-    why = nic.get("ethtool_stats_reason")
+    why = n.ethtool_stats_reason
     return None, f"no counter samples ({why or 'collect with a counter interval'})"

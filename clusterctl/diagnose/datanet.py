@@ -41,14 +41,15 @@ from clusterctl.diagnose.evidence import is_partial
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.sources import instances, unit_name
-from clusterctl.probe.factgroups import Unit, UnitsFact
+from clusterctl.probe.factgroups import Nic, NicsFact, Unit, UnitsFact
 
 CHECK = "net.data"
 PREREQS = "host.rdma_prereqs"
 
 
-def _nic(facts: dict[str, Any], netdev: str) -> dict[str, Any] | None:
-    return next((n for n in facts.get("nics") or [] if n.get("netdev") == netdev), None)
+def _nic(ctx: AnalysisContext, host: str, netdev: str) -> Nic | None:
+    nics = ctx.fact(host, NicsFact)
+    return nics.get(netdev) if nics is not None else None
 
 
 def _gbps(mbps: float) -> str:
@@ -69,17 +70,30 @@ def check_data_nics(ctx: AnalysisContext) -> list[Finding]:
         if host not in inv.hosts:
             continue
         for spec in inv.hosts[host].nics_with_role("data"):
-            n = _nic(ctx.facts[host], spec.netdev)
-            if n is not None and n.get("mtu"):
-                mtus.setdefault(host, int(n["mtu"]))
+            n = _nic(ctx, host, spec.netdev)
+            if n is not None and n.mtu:
+                mtus.setdefault(host, n.mtu)
     for host in fabric.hosts(ctx):
         if host not in inv.hosts:
             continue
         specs = inv.hosts[host].nics_with_role("data")
+        read = ctx.fact(host, NicsFact)
+        if specs and read is not None and not read.read:
+            out.append(
+                Finding(
+                    CHECK,
+                    Severity.UNKNOWN,
+                    host,
+                    "host",
+                    "cannot check the data NICs: " + "; ".join(read.reasons),
+                    "run doctor again with this clusterctl's probe",
+                )
+            )
+            continue
         bad = False
         for spec in specs:
             subj = f"nic:{spec.netdev}"
-            n = _nic(ctx.facts[host], spec.netdev)
+            n = _nic(ctx, host, spec.netdev)
             if n is None and is_partial(ctx.facts[host]):
                 continue  # raw outputs that do not show this NIC: "not checked" (evidence.not_checked), not missing
             if n is None:
@@ -95,23 +109,23 @@ def check_data_nics(ctx: AnalysisContext) -> list[Finding]:
                 )
                 bad = True
                 continue
-            rdma = n.get("rdma") or {}
-            if n.get("operstate") not in (None, "up", "unknown") or rdma.get("state") not in (None, "ACTIVE"):
+            rdma = n.rdma
+            if n.operstate not in (None, "up", "unknown") or (rdma.state if rdma else None) not in (None, "ACTIVE"):
                 out.append(
                     Finding(
                         CHECK,
                         Severity.CRIT,
                         host,
                         subj,
-                        f"{spec.netdev}: link down (operstate {n.get('operstate')}, RDMA port "
-                        f"{rdma.get('state') or 'none'})",
+                        f"{spec.netdev}: link down (operstate {n.operstate}, RDMA port "
+                        f"{(rdma.state if rdma else None) or 'none'})",
                         "check the cable, transceiver and switch port of this NIC",
-                        (f"phys_state {rdma.get('phys_state')}",),
+                        (f"phys_state {rdma.phys_state if rdma else None}",),
                     )
                 )
                 bad = True
                 continue
-            speed = n.get("speed_mbps")
+            speed = n.speed_mbps
             if speed is not None and speed <= debug_mbps:
                 out.append(
                     Finding(
@@ -136,7 +150,7 @@ def check_data_nics(ctx: AnalysisContext) -> list[Finding]:
                     )
                 )
                 bad = True
-            if n.get("mtu") and prof.kind == "roce" and int(n["mtu"]) != prof.mtu:
+            if n.mtu and prof.kind == "roce" and n.mtu != prof.mtu:
                 rel = fabric.odd_one_out(mtus, host, prof.mtu)
                 out.append(
                     Finding(
@@ -144,7 +158,7 @@ def check_data_nics(ctx: AnalysisContext) -> list[Finding]:
                         Severity.WARN,
                         host,
                         subj,
-                        f"{host} {spec.netdev}: MTU {n['mtu']}; {rel}",
+                        f"{host} {spec.netdev}: MTU {n.mtu}; {rel}",
                         f"set MTU {prof.mtu} on {spec.netdev} and its switch port "
                         "(RoCE uses the largest of 256..4096 that fits)"
                         + fabric.node_setup_command([host])
@@ -164,25 +178,25 @@ def check_data_nics(ctx: AnalysisContext) -> list[Finding]:
                     )
                 )
                 bad = True
-            elif rdma and rdma.get("link_layer") == "Ethernet" and prof.kind == "roce":
-                if not any("RoCE v2" in str(g.get("type")) for g in rdma.get("gids") or []):
+            elif rdma and rdma.link_layer == "Ethernet" and prof.kind == "roce":
+                if not any("RoCE v2" in str(g.type) for g in rdma.gids):
                     out.append(
                         Finding(
                             CHECK,
                             Severity.CRIT,
                             host,
                             subj,
-                            f"{spec.netdev}: no RoCE v2 GID on {rdma.get('device')} port {rdma.get('port')}",
+                            f"{spec.netdev}: no RoCE v2 GID on {rdma.device} port {rdma.port}",
                             "give the data NIC an IP address (GIDs follow addresses) and check that RoCE v2 is enabled",
                         )
                     )
                     bad = True
             elif (
                 rdma
-                and rdma.get("link_layer") == "InfiniBand"
+                and rdma.link_layer == "InfiniBand"
                 and spec.speed_gbps
-                and rdma.get("rate_gbps")
-                and rdma["rate_gbps"] < spec.speed_gbps
+                and rdma.rate_gbps
+                and rdma.rate_gbps < spec.speed_gbps
             ):
                 out.append(
                     Finding(
@@ -190,10 +204,10 @@ def check_data_nics(ctx: AnalysisContext) -> list[Finding]:
                         Severity.WARN,
                         host,
                         subj,
-                        f"{spec.netdev}: InfiniBand port at {rdma['rate_gbps']:g} Gb/s, the "
+                        f"{spec.netdev}: InfiniBand port at {rdma.rate_gbps:g} Gb/s, the "
                         f"inventory says {spec.speed_gbps:g} Gb/s",
                         "check the cable and the switch port",
-                        (str(rdma.get("rate")),),
+                        (str(rdma.rate),),
                     )
                 )
                 bad = True
@@ -429,10 +443,11 @@ def _numa(ctx: AnalysisContext, host: str) -> list[Finding]:
     inv = ctx.inventory
     if inv is not None and host in inv.hosts:
         names = {n.netdev for n in inv.hosts[host].nics_with_role("data")}
-        nics = [n for n in facts.get("nics") or [] if n.get("netdev") in names]
+        read = ctx.fact(host, NicsFact)
+        nics = [n for n in (read.nics if read is not None else ()) if n.netdev in names]
     else:
-        nics = fabric.roce_nics(facts)
-    nodes = {int(n["numa_node"]) for n in nics if n.get("numa_node") is not None}
+        nics = fabric.roce_nics(ctx, host)
+    nodes = {n.numa_node for n in nics if n.numa_node is not None}
     gpus = [g for g in (facts.get("gpus") or {}).get("devices") or [] if g.get("numa_node") is not None]
     if not nodes or not gpus:
         return []
@@ -449,7 +464,7 @@ def _numa(ctx: AnalysisContext, host: str) -> list[Finding]:
                     f"node(s) {','.join(map(str, sorted(nodes)))}: GPUDirect RDMA crosses the "
                     "inter-socket link",
                     "put a data NIC on each GPU's NUMA node (or pin NCCL_IB_HCA per GPU)",
-                    tuple(f"{n['netdev']}: NUMA node {n.get('numa_node')}" for n in nics),
+                    tuple(f"{n.netdev}: NUMA node {n.numa_node}" for n in nics),
                 )
             )
     if not out:

@@ -17,6 +17,7 @@ from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.diagnose.thresholds import number, section
 from clusterctl.inventory.model import FabricProfile
 from clusterctl.inventory.nodeset import fold
+from clusterctl.probe.factgroups import Nic, NicsFact
 
 FILE = "roce"
 
@@ -67,21 +68,10 @@ def hosts(ctx: AnalysisContext) -> list[str]:
     return names
 
 
-def roce_nics(facts: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """NIC entries with a netdev and an RDMA port on Ethernet."""
-    return [
-        n
-        for n in facts.get("nics") or []
-        if n.get("netdev") and n.get("rdma") and (n["rdma"].get("link_layer") or "Ethernet") == "Ethernet"
-    ]
-
-
-def nic_gbps(nic: Mapping[str, Any]) -> float | None:
-    """Link speed in Gbit/s: the netdev's speed, else the RDMA port's rate."""
-    if nic.get("speed_mbps"):
-        return float(nic["speed_mbps"]) / 1000
-    rate = (nic.get("rdma") or {}).get("rate_gbps")
-    return float(rate) if rate else None
+def roce_nics(ctx: AnalysisContext, host: str) -> list[Nic]:
+    """The host's NICs with a netdev and an RDMA port on Ethernet (none without facts)."""
+    nics = ctx.fact(host, NicsFact)
+    return nics.roce if nics is not None else []
 
 
 def leaf_of(ctx: AnalysisContext, host: str) -> str | None:

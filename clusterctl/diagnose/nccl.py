@@ -34,7 +34,7 @@ from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.sources import instances, unit_name
 from clusterctl.probe.gid import ipv4_of_gid
-from clusterctl.probe.factgroups import UnitsFact
+from clusterctl.probe.factgroups import NicsFact, Qos, UnitsFact
 
 CHECK = "nccl.env"
 
@@ -55,30 +55,25 @@ def _includes(value: str, name: str) -> bool | None:
 def _tc_problem(ctx: AnalysisContext, host: str, tc: int | None) -> str | None:
     """Why RoCE of this host would not land on the PFC priority, or None."""
     prof = fabric.profile(ctx)
-    facts = ctx.facts.get(host)
-    if facts is None:
-        return None
-    for nic in fabric.roce_nics(facts):
-        q = nic.get("qos") or {}
-        glob = q.get("traffic_class")
+    for nic in fabric.roce_nics(ctx, host):
+        q = nic.qos or Qos()
+        glob = q.traffic_class
         if glob is not None:
-            dscp = int(glob) >> 2
-            src = f"the global traffic class {glob} of {nic['netdev']}"
+            dscp = glob >> 2
+            src = f"the global traffic class {glob} of {nic.netdev}"
         elif tc is None:
-            return (
-                f"{nic['netdev']} has no global traffic class, so NCCL's default traffic class 0 sends RoCE with DSCP 0"
-            )
+            return f"{nic.netdev} has no global traffic class, so NCCL's default traffic class 0 sends RoCE with DSCP 0"
         else:
             dscp = tc >> 2
             src = f"NCCL_IB_TC={tc}"
-        d2p = q.get("dscp2prio") if q.get("trust") == "dscp" else None
-        prio = d2p.get(str(dscp)) if isinstance(d2p, dict) else (prof.pfc_priority if dscp == prof.roce_dscp else None)
-        if q.get("trust") == "pcp":
+        d2p = q.dscp2prio if q.trust == "dscp" else None
+        prio = d2p.get(str(dscp)) if d2p is not None else (prof.pfc_priority if dscp == prof.roce_dscp else None)
+        if q.trust == "pcp":
             prio = 0
         if prio != prof.pfc_priority:
             return (
                 f"{src} is DSCP {dscp}, which lands on priority {prio if prio is not None else '?'} on "
-                f"{nic['netdev']} (PFC is on {prof.pfc_priority})"
+                f"{nic.netdev} (PFC is on {prof.pfc_priority})"
             )
     return None
 
@@ -115,11 +110,12 @@ def _data_addresses(ctx: AnalysisContext, host: str) -> set[str]:
             names.add(spec.netdev)
             if spec.address:
                 out.add(spec.address.split("/")[0])
-    for n in (ctx.facts.get(host) or {}).get("nics") or []:
-        if names and n.get("netdev") not in names:
+    read = ctx.fact(host, NicsFact)
+    for n in read.nics if read is not None else ():
+        if names and n.netdev not in names:
             continue
-        for g in (n.get("rdma") or {}).get("gids") or []:
-            addr = ipv4_of_gid(g.get("gid", ""))
+        for g in n.rdma.gids if n.rdma is not None else ():
+            addr = ipv4_of_gid(g.gid)
             if addr is not None:
                 out.add(str(addr))
     return out

@@ -42,61 +42,59 @@ configuration: those stay per host.
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from clusterctl.diagnose import fabric
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
+from clusterctl.probe.factgroups import Nic, NicsFact, Qos
 
 CHECK = "roce.qos"
 
 
-def pfc_from_counters(nic: dict[str, Any]) -> list[int] | None:
+def pfc_from_counters(ethtool_stats: Mapping[str, int] | None) -> list[int] | None:
     """PFC-enabled priorities as mlx5 shows them: ``rx_prioN_pause`` exists only for those."""
-    stats = nic.get("ethtool_stats") or {}
+    stats = ethtool_stats or {}
     prios = sorted({int(m.group(1)) for n in stats if (m := re.fullmatch(r"rx_prio(\d)_pause", n))})
     if not prios and not any(n.startswith("rx_prio") for n in stats):
         return None  # not an mlx5-style counter set: no readout
     return prios
 
 
-def settings(nic: dict[str, Any], roce_dscp: int, cnp_dscp: int) -> dict[str, Hashable]:
+def settings(nic: Nic, roce_dscp: int, cnp_dscp: int) -> dict[str, Hashable]:
     """The comparable QoS values of one NIC (absent ones left out)."""
-    q = nic.get("qos") or {}
+    q = nic.qos or Qos()
     out: dict[str, Hashable] = {}
-    if q.get("trust"):
-        out["trust"] = q["trust"]
-    pfc = q.get("pfc_enabled")
-    if pfc is None:
-        pfc = pfc_from_counters(nic)
+    if q.trust:
+        out["trust"] = q.trust
+    pfc = q.pfc_enabled if q.pfc_enabled is not None else pfc_from_counters(nic.ethtool_stats)
     if pfc is not None:
         out["pfc"] = tuple(pfc)
-    d2p = q.get("dscp2prio")
-    if q.get("trust") == "dscp" and isinstance(d2p, dict):
-        out["roce_dscp_prio"] = d2p.get(str(roce_dscp))
-        out["cnp_dscp_prio"] = d2p.get(str(cnp_dscp))
-    ecn = q.get("ecn")
-    if isinstance(ecn, dict):
-        out["ecn_np"] = tuple(sorted(int(p) for p, v in (ecn.get("roce_np") or {}).items() if v))
-        out["ecn_rp"] = tuple(sorted(int(p) for p, v in (ecn.get("roce_rp") or {}).items() if v))
-        if ecn.get("cnp_dscp") is not None:
-            out["ecn_cnp_dscp"] = ecn["cnp_dscp"]
-    if q.get("traffic_class") is not None or q.get("traffic_class_reason") == "not set":
-        out["tclass"] = q.get("traffic_class")
-    if isinstance(q.get("cm_tos"), int):
-        out["cm_tos"] = q["cm_tos"]
-    gp = q.get("global_pause")
-    if isinstance(gp, dict):
-        out["global_pause"] = bool(gp.get("rx") or gp.get("tx"))
-    if q.get("dcbx"):
-        out["dcbx"] = q["dcbx"]
-    for key in ("cable_len", "pfc_stall_prevention"):
-        if q.get(key) is not None:
-            out[key] = q[key]
-    if isinstance(ecn, dict) and ecn.get("cnp_802p_prio") is not None:
-        out["cnp_802p_prio"] = ecn["cnp_802p_prio"]
-    fw = (nic.get("rdma") or {}).get("fw_ver")
+    if q.trust == "dscp" and q.dscp2prio is not None:
+        out["roce_dscp_prio"] = q.dscp2prio.get(str(roce_dscp))
+        out["cnp_dscp_prio"] = q.dscp2prio.get(str(cnp_dscp))
+    ecn = q.ecn
+    if ecn is not None:
+        out["ecn_np"] = ecn.roce_np
+        out["ecn_rp"] = ecn.roce_rp
+        if ecn.cnp_dscp is not None:
+            out["ecn_cnp_dscp"] = ecn.cnp_dscp
+    if q.traffic_class is not None or q.traffic_class_reason == "not set":
+        out["tclass"] = q.traffic_class
+    if q.cm_tos is not None:
+        out["cm_tos"] = q.cm_tos
+    if q.global_pause is not None:
+        out["global_pause"] = bool(q.global_pause.rx or q.global_pause.tx)
+    if q.dcbx:
+        out["dcbx"] = q.dcbx
+    if q.cable_len is not None:
+        out["cable_len"] = q.cable_len
+    if q.pfc_stall_prevention is not None:
+        out["pfc_stall_prevention"] = q.pfc_stall_prevention
+    if ecn is not None and ecn.cnp_802p_prio is not None:
+        out["cnp_802p_prio"] = ecn.cnp_802p_prio
+    fw = nic.rdma.fw_ver if nic.rdma is not None else None
     if fw:  # the major number is the device family (22: ConnectX-6 Dx, 28: ConnectX-7)
         out["fw_ver/" + str(fw).split(".")[0]] = fw
     return out
@@ -141,12 +139,12 @@ def _prios(v: Any) -> str:
     return ("priority " if len(v) == 1 else "priorities ") + ",".join(map(str, v))
 
 
-def _qos_unreadable(nic: dict[str, Any]) -> str | None:
-    q = nic.get("qos")
+def _qos_unreadable(nic: Nic) -> str | None:
+    q = nic.qos
     if q is None:
         return "the facts have no QoS section (a collector older than this check?)"
-    if q.get("tool") is None and q.get("trust") is None:
-        reasons = "; ".join(f"{k}: {v}" for k, v in (q.get("reasons") or {}).items())
+    if q.tool is None and q.trust is None:
+        reasons = "; ".join(f"{k}: {v}" for k, v in q.reasons.items())
         return f"neither mlnx_qos nor dcb answered ({reasons or 'no reason given'})"
     return None
 
@@ -163,8 +161,21 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
     unknown: list[Finding] = []
     order: list[str] = []
     for host in fabric.hosts(ctx):
-        for entry in fabric.roce_nics(ctx.facts[host]):
-            name = str(entry["netdev"])
+        read = ctx.fact(host, NicsFact)
+        if read is not None and not read.read:
+            unknown.append(
+                Finding(
+                    CHECK,
+                    Severity.UNKNOWN,
+                    host,
+                    "host",
+                    "cannot read the QoS configuration: " + "; ".join(read.reasons),
+                    "run doctor again with this clusterctl's probe",
+                )
+            )
+            continue
+        for entry in fabric.roce_nics(ctx, host):
+            name = str(entry.netdev)
             why = _qos_unreadable(entry)
             vals = settings(entry, prof.roce_dscp, prof.cnp_dscp)
             if why and "pfc" not in vals:
@@ -180,7 +191,7 @@ def check_qos(ctx: AnalysisContext) -> list[Finding]:
                 )
                 continue
             per_nic[(host, name)] = vals
-            per_dev[(host, name)] = str((entry.get("rdma") or {}).get("device") or "")
+            per_dev[(host, name)] = str((entry.rdma.device if entry.rdma is not None else None) or "")
             order.append(host)
 
     def host_values(key: str) -> dict[str, Hashable]:

@@ -39,12 +39,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from clusterctl.diagnose import fabric
 from clusterctl.diagnose.counters import Rates, nic_rates
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
+from clusterctl.probe.factgroups import Nic, NicsFact
 
 #: Seconds between the two counter samples ``doctor`` asks the probe for.
 DEFAULT_COUNTER_INTERVAL_S = 3.0
@@ -53,13 +53,13 @@ DEFAULT_COUNTER_INTERVAL_S = 3.0
 @dataclass
 class NicRates:
     host: str
-    nic: dict[str, Any]
+    nic: Nic
     rates: Rates
     gbps: float | None
 
     @property
     def name(self) -> str:
-        return str(self.nic.get("netdev"))
+        return str(self.nic.netdev)
 
 
 @dataclass
@@ -98,8 +98,11 @@ def gather(ctx: AnalysisContext) -> Gathered:
     """Rates of every RoCE NIC of every host with facts; why not, per host."""
     out = Gathered()
     for host in fabric.hosts(ctx):
-        facts = ctx.facts[host]
-        nics = fabric.roce_nics(facts)
+        read = ctx.fact(host, NicsFact)
+        if read is not None and not read.read:
+            out.unknown[host] = "the facts' NIC section is unreadable: " + "; ".join(read.reasons)
+            continue
+        nics = read.roce if read is not None else []
         if not nics:
             want = expected_rdma(ctx, host)
             if want:
@@ -107,11 +110,11 @@ def gather(ctx: AnalysisContext) -> Gathered:
             continue
         reasons = []
         for nic in nics:
-            r, why = nic_rates(nic, ctx.samples.get(host), facts, ctx.interval_s)
+            r, why = nic_rates(nic, ctx.fact(host, NicsFact, sample=True), read, ctx.interval_s)
             if r is None:
-                reasons.append(f"{nic['netdev']}: {why}")
+                reasons.append(f"{nic.netdev}: {why}")
             else:
-                out.nics.append(NicRates(host, nic, r, fabric.nic_gbps(nic)))
+                out.nics.append(NicRates(host, nic, r, nic.gbps))
         if reasons and host not in {n.host for n in out.nics}:
             out.unknown[host] = "; ".join(reasons)
         elif reasons:

@@ -460,3 +460,294 @@ class UnitsFact(FactGroup[Units]):
             tuple(_unit(u) for u in units if isinstance(u, dict) and isinstance(u.get("unit"), str) and u["unit"]),
             _errors(doc, "units"),
         )
+
+
+# ----------------------------------------------------------------- nics
+
+
+def _counters(v: Any) -> dict[str, int] | None:
+    """A counter table (name -> integer); None when the section is absent or not a table.
+    Entries that are not integers are left out (missing means "not read", never 0)."""
+    if not isinstance(v, dict):
+        return None
+    return {str(k): c for k, c in v.items() if _int(c) is not None}
+
+
+def _strmap(v: Any) -> dict[str, str]:
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
+
+
+@dataclass(frozen=True)
+class Gid:
+    """A populated GID entry of an RDMA port."""
+
+    index: int | None
+    gid: str
+    type: str | None
+    netdev: str | None
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    """``nics[].rdma``: the RDMA port behind a netdev; ``counters``/``hw_counters`` None when
+    the directory is absent."""
+
+    device: str | None = None
+    port: int | None = None
+    netdev: str | None = None
+    state: str | None = None
+    phys_state: str | None = None
+    link_layer: str | None = None
+    rate: str | None = None
+    rate_gbps: float | None = None
+    fw_ver: str | None = None
+    counters: dict[str, int] | None = None
+    hw_counters: dict[str, int] | None = None
+    gids: tuple[Gid, ...] = ()
+
+
+@dataclass(frozen=True)
+class CounterSample:
+    """One sample of a NIC's counters (``nics[].samples[]``): ``t``/``t_sysfs`` on the node's
+    monotonic clock; a table is None when it was not read (``reason``)."""
+
+    t: float | None = None
+    t_sysfs: float | None = None
+    read_s: float | None = None
+    ethtool_stats: dict[str, int] | None = None
+    hw_counters: dict[str, int] | None = None
+    counters: dict[str, int] | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class GlobalPause:
+    """802.3x pause (``ethtool -a``)."""
+
+    autoneg: bool | None
+    rx: bool | None
+    tx: bool | None
+
+
+@dataclass(frozen=True)
+class Ecn:
+    """DCQCN: priorities with the notification / reaction point on, and the CNP's DSCP and 802.1p."""
+
+    roce_np: tuple[int, ...]
+    roce_rp: tuple[int, ...]
+    cnp_dscp: int | None
+    cnp_802p_prio: int | None
+
+
+@dataclass(frozen=True)
+class Qos:
+    """``nics[].qos``: the RoCE QoS configuration (docs/facts.md); ``tool`` None when neither
+    mlnx_qos nor dcb answered (``reasons``: command -> why)."""
+
+    tool: str | None = None
+    trust: str | None = None
+    trust_source: str | None = None
+    pfc_enabled: tuple[int, ...] | None = None
+    dscp2prio: dict[str, int] | None = None
+    prio2buffer: tuple[int | None, ...] | None = None
+    prio2tc: tuple[int | None, ...] | None = None
+    dcbx: str | None = None
+    lldpad_warning: bool = False
+    cable_len: float | None = None
+    global_pause: GlobalPause | None = None
+    ecn: Ecn | None = None
+    traffic_class: int | None = None
+    traffic_class_reason: str | None = None
+    cm_tos: int | None = None
+    cm_tos_reason: str | None = None
+    pfc_stall_prevention: str | None = None
+    raw: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Nic:
+    """One network interface (``nics[]``) with its RDMA port, counters, QoS and samples."""
+
+    netdev: str | None
+    operstate: str | None = None
+    speed_mbps: float | None = None
+    mtu: int | None = None
+    address: str | None = None
+    numa_node: int | None = None
+    pci_address: str | None = None
+    driver: str | None = None
+    rdma: RdmaPort | None = None
+    ethtool_stats: dict[str, int] | None = None
+    ethtool_stats_reason: str | None = None
+    qos: Qos | None = None
+    samples: tuple[CounterSample, ...] = ()
+
+    @property
+    def is_roce(self) -> bool:
+        """A netdev with an RDMA port on Ethernet (a port that names no link layer counts)."""
+        return bool(self.netdev) and self.rdma is not None and (self.rdma.link_layer or "Ethernet") == "Ethernet"
+
+    @property
+    def gbps(self) -> float | None:
+        """Link speed in Gbit/s: the netdev's speed, else the RDMA port's rate."""
+        if self.speed_mbps:
+            return float(self.speed_mbps) / 1000
+        rate = self.rdma.rate_gbps if self.rdma is not None else None
+        return float(rate) if rate else None
+
+    def counters_now(self) -> CounterSample:
+        """The NIC's counters of this document as one sample (no time: a facts run's)."""
+        rdma = self.rdma
+        return CounterSample(
+            ethtool_stats=self.ethtool_stats,
+            hw_counters=rdma.hw_counters if rdma is not None else None,
+            counters=rdma.counters if rdma is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Nics:
+    """The ``nics`` section: ``read`` False when the document has none usable (``reasons``);
+    ``collected_at`` of the document, to time two facts runs."""
+
+    read: bool
+    nics: tuple[Nic, ...]
+    reasons: tuple[str, ...]
+    collected_at: str | None = None
+
+    @property
+    def roce(self) -> list[Nic]:
+        """NICs with a netdev and an RDMA port on Ethernet."""
+        return [n for n in self.nics if n.is_roce]
+
+    def get(self, netdev: str) -> Nic | None:
+        return next((n for n in self.nics if n.netdev == netdev), None)
+
+
+def _ints(v: Any) -> tuple[int, ...] | None:
+    """A list of priorities (malformed entries left out)."""
+    return tuple(x for x in v if _int(x) is not None) if isinstance(v, list) else None
+
+
+def _slots(v: Any) -> tuple[int | None, ...] | None:
+    """A per-priority list whose positions matter (an unreadable entry stays None)."""
+    return tuple(_int(x) for x in v) if isinstance(v, list) else None
+
+
+def _prios_on(v: Any) -> tuple[int, ...]:
+    """Priorities (keys, as strings or numbers) whose value is set."""
+    out = []
+    for p, on in v.items() if isinstance(v, dict) else ():
+        if on and (_int(p) is not None or (isinstance(p, str) and p.isdigit())):
+            out.append(int(p))
+    return tuple(sorted(out))
+
+
+def counter_sample(s: Mapping[str, Any]) -> CounterSample:
+    """A counter sample from its JSON (``nics[].samples[]``, or a hand-made one)."""
+    return CounterSample(
+        t=_num(s.get("t")),
+        t_sysfs=_num(s.get("t_sysfs")),
+        read_s=_num(s.get("read_s")),
+        ethtool_stats=_counters(s.get("ethtool_stats")),
+        hw_counters=_counters(s.get("hw_counters")),
+        counters=_counters(s.get("counters")),
+        reason=_str(s.get("reason")),
+    )
+
+
+def _qos(q: dict[str, Any]) -> Qos:
+    gp, ecn, d2p = q.get("global_pause"), q.get("ecn"), q.get("dscp2prio")
+    return Qos(
+        tool=_str(q.get("tool")),
+        trust=_str(q.get("trust")),
+        trust_source=_str(q.get("trust_source")),
+        pfc_enabled=_ints(q.get("pfc_enabled")),
+        dscp2prio={str(k): v for k, v in d2p.items() if _int(v) is not None} if isinstance(d2p, dict) else None,
+        prio2buffer=_slots(q.get("prio2buffer")),
+        prio2tc=_slots(q.get("prio2tc")),
+        dcbx=_str(q.get("dcbx")),
+        lldpad_warning=bool(q.get("lldpad_warning")),
+        cable_len=_num(q.get("cable_len")),
+        global_pause=GlobalPause(_bool(gp.get("autoneg")), _bool(gp.get("rx")), _bool(gp.get("tx")))
+        if isinstance(gp, dict)
+        else None,
+        ecn=Ecn(
+            _prios_on(ecn.get("roce_np")),
+            _prios_on(ecn.get("roce_rp")),
+            _int(ecn.get("cnp_dscp")),
+            _int(ecn.get("cnp_802p_prio")),
+        )
+        if isinstance(ecn, dict)
+        else None,
+        traffic_class=_int(q.get("traffic_class")),
+        traffic_class_reason=_str(q.get("traffic_class_reason")),
+        cm_tos=_int(q.get("cm_tos")),
+        cm_tos_reason=_str(q.get("cm_tos_reason")),
+        pfc_stall_prevention=_str(q.get("pfc_stall_prevention")),
+        raw=_strmap(q.get("raw")),
+        reasons=_strmap(q.get("reasons")),
+    )
+
+
+def _rdma(r: dict[str, Any]) -> RdmaPort:
+    return RdmaPort(
+        device=_str(r.get("device")),
+        port=_int(r.get("port")),
+        netdev=_str(r.get("netdev")),
+        state=_str(r.get("state")),
+        phys_state=_str(r.get("phys_state")),
+        link_layer=_str(r.get("link_layer")),
+        rate=_str(r.get("rate")),
+        rate_gbps=_num(r.get("rate_gbps")),
+        fw_ver=None if r.get("fw_ver") is None else str(r["fw_ver"]),
+        counters=_counters(r.get("counters")),
+        hw_counters=_counters(r.get("hw_counters")),
+        gids=tuple(
+            Gid(_int(g.get("index")), str(g.get("gid") or ""), _str(g.get("type")), _str(g.get("netdev")))
+            for g in r.get("gids") or []
+            if isinstance(g, dict)
+        ),
+    )
+
+
+def nic(n: Mapping[str, Any]) -> Nic:
+    """One NIC from its JSON (``nics[]``)."""
+    r, q = n.get("rdma"), n.get("qos")
+    return Nic(
+        netdev=None if not n.get("netdev") else str(n["netdev"]),
+        operstate=_str(n.get("operstate")),
+        speed_mbps=_num(n.get("speed_mbps")),
+        mtu=_int(n.get("mtu")),
+        address=_str(n.get("address")),
+        numa_node=_int(n.get("numa_node")),
+        pci_address=_str(n.get("pci_address")),
+        driver=_str(n.get("driver")),
+        rdma=_rdma(r) if isinstance(r, dict) and r else None,
+        ethtool_stats=_counters(n.get("ethtool_stats")),
+        ethtool_stats_reason=_str(n.get("ethtool_stats_reason")),
+        qos=_qos(q) if isinstance(q, dict) else None,
+        samples=tuple(counter_sample(s) for s in n.get("samples") or [] if isinstance(s, dict)),
+    )
+
+
+class NicsFact(FactGroup[Nics]):
+    """Network interfaces and their RDMA ports, counters and RoCE QoS (``nics`` of docs/facts.md)."""
+
+    section = "nics"
+    command = (
+        "collector.collect_nics + collect_ethtool_stats + collect_qos + collect_samples "
+        "(sysfs /sys/class/net and /sys/class/infiniband, ethtool -S/-a, mlnx_qos or dcb)"
+    )
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> Nics:
+        bad = schema_problem(doc)
+        nics = None if bad else doc.get("nics")
+        at = _str(doc.get("collected_at"))
+        if nics is None:
+            nics = [] if not bad else None
+        if not isinstance(nics, list):
+            return Nics(False, (), (bad or "the nics section is malformed",), at)
+        return Nics(True, tuple(nic(n) for n in nics if isinstance(n, dict)), _errors(doc, "nics"), at)

@@ -19,7 +19,7 @@ import re
 from typing import Any, Iterator
 
 from clusterctl.diagnose.counters import nic_rates
-from clusterctl.diagnose.fabric import roce_nics
+from clusterctl.probe.factgroups import NicsFact
 from clusterctl.report.history import Metric
 
 _SAMPLE = re.compile(
@@ -53,11 +53,11 @@ _PAUSE_PRIORITIES = [f"prio{p}" for p in range(8)] + ["global"]
 def _roce_metrics(host: str, doc: dict[str, Any]) -> Iterator[Metric]:
     if not isinstance(doc, dict):
         return
-    for nic in roce_nics(doc):
+    for nic in NicsFact.parse(doc).roce:
         r, _ = nic_rates(nic)
         if r is None:
             continue
-        subject = f"nic:{nic['netdev']}"
+        subject = f"nic:{nic.netdev}"
         paused = [d / 1e6 for d in (r.get(f"rx_{p}_pause_duration") for p in _PAUSE_PRIORITIES) if d is not None]
         if paused:
             yield Metric(host, "roce_paused_ratio", min(1.0, max(paused)), subject)

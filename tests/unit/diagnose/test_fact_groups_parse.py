@@ -15,13 +15,14 @@ from pathlib import Path
 
 import gpu_facts as G
 import pytest
+import roce_facts as R
 
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.instances import check_units
-from clusterctl.diagnose.registry import AnalysisContext
+from clusterctl.diagnose.registry import AnalysisContext, run_analyzers
 from clusterctl.diagnose.xid import check_xid
 from clusterctl.node import collector
-from clusterctl.probe.factgroups import SCHEMA, KernelLogFact, UnitsFact, schema_problem
+from clusterctl.probe.factgroups import SCHEMA, KernelLogFact, NicsFact, UnitsFact, schema_problem
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
 
@@ -200,3 +201,108 @@ def test_malformed_or_foreign_units_are_unknown_for_the_serving_unit_check_never
         "instance:qwen-b": Severity.UNKNOWN,
         "instance:llama": Severity.UNKNOWN,
     }
+
+
+# ----------------------------------------------------------------- nics
+
+ROCE = Path(__file__).resolve().parents[2] / "fixtures" / "diagnose" / "roce"
+
+
+def _collected_nics() -> dict[str, object]:
+    """``nics`` as the collector writes it for the sysfs tree of tests/fixtures/probe/sysroot_roce,
+    with ens108np0's ``ethtool -S``, ``mlnx_qos`` and ``ethtool -a`` outputs (ConnectX-7 samples of
+    tests/fixtures/diagnose/roce) put through the collector's own parsers."""
+    errors: list[dict[str, str]] = []
+    nics = collector.collect_nics(errors, root=str(FIXTURES / "sysroot_roce"))
+    up = next(n for n in nics if n["netdev"] == "ens108np0")
+    up["ethtool_stats"] = collector.parse_ethtool_stats((ROCE / "ethtool_S_eth2.txt").read_text())
+    up["qos"] = collector.qos_from_outputs(
+        collector.empty_qos(),
+        mlnx_qos=(ROCE / "mlnx_qos_eth2_ok.txt").read_text(),
+        ethtool_a=(ROCE / "ethtool_a_eth2_on.txt").read_text(),
+    )
+    return {"schema": 1, "collected_at": "2026-11-30T12:00:00+00:00", "nics": nics, "errors": errors}
+
+
+def test_nics_group_from_the_collectors_sysfs_and_tool_readings() -> None:
+    doc = _collected_nics()
+    g = NicsFact.parse(doc)
+    assert g.read and g.collected_at == "2026-11-30T12:00:00+00:00"
+    assert [n.netdev for n in g.roce] == ["ens108np0", "ens109np0"]  # br0 has no RDMA port
+    up = g.get("ens108np0")
+    assert up is not None and up.rdma is not None and up.qos is not None
+    assert (up.operstate, up.speed_mbps, up.mtu, up.numa_node, up.gbps) == ("up", 400000, 4200, 0, 400.0)
+    r = up.rdma
+    assert (r.device, r.port, r.state, r.link_layer, r.rate_gbps, r.fw_ver) == (
+        "mlx5_0",
+        1,
+        "ACTIVE",
+        "Ethernet",
+        400.0,
+        "28.39.1002",
+    )
+    assert r.hw_counters is not None and r.hw_counters["np_cnp_sent"] == 2418907
+    assert "rx_icrc_encapsulated_unreadable" not in r.hw_counters  # unreadable: absent, not 0
+    assert [(x.index, x.type) for x in r.gids][-1] == (3, "RoCE v2")
+    assert up.ethtool_stats is not None and "rx_prio3_pause" in up.ethtool_stats
+    q = up.qos
+    assert (q.tool, q.trust, q.pfc_enabled, q.cable_len, q.dcbx) == ("mlnx_qos", "dscp", (3,), 7, "os")
+    assert q.dscp2prio is not None and q.dscp2prio["26"] == 3 and q.prio2tc is not None and len(q.prio2tc) == 8
+    assert q.global_pause is not None and (q.global_pause.rx, q.global_pause.tx) == (True, True)
+    now = up.counters_now()
+    assert now.t is None and now.hw_counters is r.hw_counters and now.ethtool_stats is up.ethtool_stats
+    down = g.get("ens109np0")
+    assert down is not None and down.rdma is not None and down.rdma.state == "DOWN" and down.qos is None
+
+
+def test_dcb_readout_with_unreadable_priorities_keeps_their_slots() -> None:
+    q = collector.qos_from_outputs(
+        collector.empty_qos(),
+        dcb_pfc=(ROCE / "dcb_pfc_show_eth2.txt").read_text(),
+        dcb_app=(ROCE / "dcb_app_show_N_eth2.txt").read_text(),
+    )
+    q["prio2tc"] = [0, 0, None, 3, 0, 0, 0, 0]
+    n = NicsFact.parse({"nics": [{"netdev": "eth2", "rdma": {"device": "mlx5_0"}, "qos": q}]}).nics[0]
+    assert n.qos is not None and (n.qos.tool, n.qos.trust, n.qos.pfc_enabled) == ("dcb", "dscp", (3,))
+    assert n.qos.prio2tc == (0, 0, None, 3, 0, 0, 0, 0) and n.qos.trust_source == "dcb app (DSCP entries present)"
+
+
+def test_partial_and_malformed_nic_entries_read_as_absent_never_as_zero() -> None:
+    doc = {
+        "nics": [
+            {
+                "netdev": "eth2",
+                "speed_mbps": None,
+                "rdma": {"rate_gbps": 200, "counters": "x", "hw_counters": {"np_cnp_sent": "12", "a": 1}},
+                "ethtool_stats": None,
+                "ethtool_stats_reason": "ethtool not found",
+                "qos": {"ecn": {"roce_np": {"3": 1, "4": 0, "x": 1}, "roce_rp": None}, "pfc_enabled": [3, "4"]},
+                "samples": [{"t": 1.0, "ethtool_stats": {"rx_prio3_pause": 5}}, "junk"],
+            },
+            {"netdev": "", "rdma": {}},
+            "junk",
+        ]
+    }
+    g = NicsFact.parse(doc)
+    assert [n.netdev for n in g.nics] == ["eth2", None] and [n.netdev for n in g.roce] == ["eth2"]
+    n = g.nics[0]
+    assert n.gbps == 200.0 and n.ethtool_stats is None and n.ethtool_stats_reason == "ethtool not found"
+    assert n.rdma is not None and n.rdma.counters is None and n.rdma.hw_counters == {"a": 1}
+    assert n.qos is not None and n.qos.ecn is not None and n.qos.ecn.roce_np == (3,) and n.qos.ecn.roce_rp == ()
+    assert n.qos.pfc_enabled == (3,) and n.qos.trust is None and n.qos.global_pause is None
+    assert len(n.samples) == 1 and n.samples[0].t == 1.0 and n.samples[0].hw_counters is None
+    assert g.nics[1].rdma is None  # an empty RDMA section is no port
+    assert NicsFact.parse({}).read and NicsFact.parse({}).nics == ()  # no section: no NICs (as before)
+    for bad, why in (({"nics": {"eth2": {}}}, "malformed"), ({"schema": 2, "nics": []}, "facts schema 2")):
+        g = NicsFact.parse(bad)
+        assert not g.read and g.nics == () and why in g.reasons[0]
+
+
+def test_an_unreadable_nic_section_is_unknown_for_the_roce_checks_never_ok() -> None:
+    docs = {h: R.doc(h, [R.nic()]) for h in ("gpu01", "gpu02")}
+    docs["gpu02"]["nics"] = {"eth2": docs["gpu02"]["nics"][0]}
+    fs = run_analyzers(R.ctx(docs, R.inventory(2, per_leaf=2)), ["roce", "net.data"])
+    on2 = {(f.check, f.severity) for f in fs if f.host == "gpu02"}
+    assert on2 and all(sev == Severity.UNKNOWN for _, sev in on2), on2
+    assert {"roce.qos", "net.data", "roce.pfc"} <= {c for c, _ in on2}
+    assert any(f.host == "gpu01" and f.severity == Severity.OK for f in fs)
