@@ -34,14 +34,22 @@ return no findings.
 
 from __future__ import annotations
 
-from typing import Any
 
 from clusterctl.diagnose import fabric
 from clusterctl.diagnose.evidence import is_partial
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.sources import instances, unit_name
-from clusterctl.probe.factgroups import Nic, NicsFact, Unit, UnitsFact
+from clusterctl.probe.factgroups import (
+    GpusFact,
+    HostFact,
+    Nic,
+    NicsFact,
+    RdmaPrereqs,
+    RdmaPrereqsFact,
+    Unit,
+    UnitsFact,
+)
 
 CHECK = "net.data"
 PREREQS = "host.rdma_prereqs"
@@ -222,9 +230,9 @@ def check_prereqs(ctx: AnalysisContext) -> list[Finding]:
     want = int(fabric.limit(ctx, "datanet", "shm_min_bytes", 1 << 30))
     out: list[Finding] = []
     for host in fabric.hosts(ctx):
-        disks = (ctx.facts[host].get("host") or {}).get("disks") or []
-        shm = next((d for d in disks if d.get("mount") == "/dev/shm"), None)
-        if shm is None or shm.get("total_bytes") is None:
+        info = ctx.fact(host, HostFact)
+        shm = info.mount("/dev/shm") if info is not None else None
+        if shm is None or shm.total_bytes is None:
             out.append(
                 Finding(
                     PREREQS,
@@ -235,14 +243,14 @@ def check_prereqs(ctx: AnalysisContext) -> list[Finding]:
                     "check that /dev/shm is mounted (tmpfs)",
                 )
             )
-        elif shm["total_bytes"] < want:
+        elif shm.total_bytes < want:
             out.append(
                 Finding(
                     PREREQS,
                     Severity.WARN,
                     host,
                     "host",
-                    f"/dev/shm is {shm['total_bytes'] / 2**20:.0f} MiB (NCCL wants at least {want / 2**30:g} GiB)",
+                    f"/dev/shm is {shm.total_bytes / 2**20:.0f} MiB (NCCL wants at least {want / 2**30:g} GiB)",
                     "mount /dev/shm larger (tmpfs size=...), or give the vLLM units a larger one",
                 )
             )
@@ -266,24 +274,25 @@ def _uses_gpudirect(ctx: AnalysisContext, host: str) -> bool:
     member of an instance spanning hosts.  Instances within one host talk over
     NVLink or PCIe P2P and never need peer memory, so a fleet of single-host
     instances is not warned about it."""
-    facts = ctx.facts[host]
-    if not (facts.get("gpus") or {}).get("devices"):
+    gpus = ctx.fact(host, GpusFact)
+    if gpus is None or not gpus.devices:
         return False
     return host in _spanning_hosts(ctx)
 
 
-def _prereqs(ctx: AnalysisContext, host: str, key: str) -> Any:
-    """``rdma_prereqs.KEY`` of the host's facts (a dict or list), ``None`` when absent."""
-    pre = ctx.facts[host].get("rdma_prereqs")
-    got = pre.get(key) if isinstance(pre, dict) else None
-    return got if isinstance(got, (dict, list)) else None
+def _prereqs(ctx: AnalysisContext, host: str) -> RdmaPrereqs:
+    """The host's ``rdma_prereqs`` (every part None without facts)."""
+    return ctx.fact(host, RdmaPrereqsFact) or RdmaPrereqs(None, None, None, None)
 
 
 def _peermem(ctx: AnalysisContext, host: str) -> list[Finding]:
-    pm = _prereqs(ctx, host, "peer_memory")
-    if not isinstance(pm, dict) or pm.get("loaded") is None:
+    pre = _prereqs(ctx, host)
+    pm = pre.peer_memory
+    if pm is None or pm.loaded is None:
         why = (
-            (pm or {}).get("reason") if isinstance(pm, dict) else "the facts have no rdma_prereqs (an older collector)"
+            pm.reason
+            if pm is not None
+            else "; ".join(pre.reasons) or "the facts have no rdma_prereqs (an older collector)"
         )
         return [
             Finding(
@@ -295,34 +304,34 @@ def _peermem(ctx: AnalysisContext, host: str) -> list[Finding]:
                 "check with lsmod | grep peermem on the host",
             )
         ]
-    if not pm["loaded"]:
+    if not pm.loaded:
         return [
             Finding(
                 PREREQS,
                 Severity.WARN,
                 host,
                 "peermem",
-                f"nvidia-peermem is not loaded ({pm.get('source')}): GPUDirect RDMA is off, NCCL "
+                f"nvidia-peermem is not loaded ({pm.source}): GPUDirect RDMA is off, NCCL "
                 "stages GPU buffers through host memory",
                 "modprobe nvidia-peermem (and list it in /etc/modules-load.d)",
             )
         ]
-    return [Finding(PREREQS, Severity.OK, host, "peermem", f"{pm.get('module')} loaded")]
+    return [Finding(PREREQS, Severity.OK, host, "peermem", f"{pm.module} loaded")]
 
 
 def _acs(ctx: AnalysisContext, host: str) -> list[Finding]:
-    pairs = _prereqs(ctx, host, "acs")
-    if not isinstance(pairs, list):
+    pairs = _prereqs(ctx, host).acs
+    if pairs is None:
         return []
     redirect: dict[str, list[str]] = {}
     unknown: list[str] = []
     for pair in pairs:
-        for b in pair.get("bridges") or []:
-            what = f"GPU {pair.get('gpu')} - {pair.get('netdev')}"
-            if b.get("redirect"):
-                redirect.setdefault(str(b.get("pci_address")), []).append(what)
-            elif b.get("redirect") is None:
-                unknown.append(f"{b.get('pci_address')}: {b.get('reason')}")
+        for b in pair.bridges:
+            what = f"GPU {pair.gpu} - {pair.netdev}"
+            if b.redirect:
+                redirect.setdefault(str(b.pci_address), []).append(what)
+            elif b.redirect is None:
+                unknown.append(f"{b.pci_address}: {b.reason}")
     if redirect:
         ev = tuple(f"{addr} ({', '.join(sorted(set(w)))}): ACS redirect on" for addr, w in sorted(redirect.items()))
         return [
@@ -365,10 +374,10 @@ def _acs(ctx: AnalysisContext, host: str) -> list[Finding]:
 
 
 def _iommu(ctx: AnalysisContext, host: str) -> list[Finding]:
-    io = _prereqs(ctx, host, "iommu")
-    if not isinstance(io, dict) or not io.get("translated_groups"):
+    io = _prereqs(ctx, host).iommu
+    if io is None or not io.translated_groups:
         return []
-    cmdline = io.get("cmdline") or []
+    cmdline = io.cmdline
     if any(w in ("iommu=pt", "iommu.passthrough=1", "iommu=off", "intel_iommu=off", "amd_iommu=off") for w in cmdline):
         return []
     return [
@@ -377,7 +386,7 @@ def _iommu(ctx: AnalysisContext, host: str) -> list[Finding]:
             Severity.WARN,
             host,
             "iommu",
-            f"the IOMMU translates DMA ({io['translated_groups']} of {io.get('groups')} groups in DMA "
+            f"the IOMMU translates DMA ({io.translated_groups} of {io.groups} groups in DMA "
             "mode): GPUDirect RDMA between GPU and NIC may fail or slow down",
             "boot with iommu=pt (passthrough), or disable the IOMMU where it is not needed",
             (f"kernel command line: {' '.join(cmdline) or 'no iommu parameters'}",),
@@ -414,11 +423,11 @@ def _memlock(ctx: AnalysisContext, host: str) -> list[Finding]:
     placed = any(host in i.hosts for i in instances(ctx.inventory))
     read = ctx.fact(host, UnitsFact)
     if not units and placed and read is not None and read.read:
-        own = _prereqs(ctx, host, "probe_memlock") or {}
-        soft = own.get("soft_bytes") if isinstance(own, dict) else None
+        own = _prereqs(ctx, host).probe_memlock
+        soft = own.soft_bytes if own is not None else None
         ctxline = (
             "unlimited"
-            if soft is None and isinstance(own, dict) and "soft_bytes" in own
+            if soft is None and own is not None and own.soft_read
             else (f"{soft} bytes" if soft is not None else "not known")
         )
         # Nothing deployed here yet: nothing to check (not "could not check"); serving.* reports the
@@ -439,7 +448,6 @@ def _memlock(ctx: AnalysisContext, host: str) -> list[Finding]:
 
 def _numa(ctx: AnalysisContext, host: str) -> list[Finding]:
     """GPUs whose NUMA node has no data NIC (only where the NICs' nodes are known)."""
-    facts = ctx.facts[host]
     inv = ctx.inventory
     if inv is not None and host in inv.hosts:
         names = {n.netdev for n in inv.hosts[host].nics_with_role("data")}
@@ -448,19 +456,20 @@ def _numa(ctx: AnalysisContext, host: str) -> list[Finding]:
     else:
         nics = fabric.roce_nics(ctx, host)
     nodes = {n.numa_node for n in nics if n.numa_node is not None}
-    gpus = [g for g in (facts.get("gpus") or {}).get("devices") or [] if g.get("numa_node") is not None]
+    section = ctx.fact(host, GpusFact)
+    gpus = [g for g in (section.devices if section is not None else ()) if g.numa_node is not None]
     if not nodes or not gpus:
         return []
     out = []
     for g in gpus:
-        if int(g["numa_node"]) not in nodes:
+        if g.numa_node not in nodes:
             out.append(
                 Finding(
                     PREREQS,
                     Severity.WARN,
                     host,
-                    f"gpu:{g.get('index')}",
-                    f"GPU {g.get('index')} is on NUMA node {g['numa_node']}, the data NICs on "
+                    f"gpu:{g.index}",
+                    f"GPU {g.index} is on NUMA node {g.numa_node}, the data NICs on "
                     f"node(s) {','.join(map(str, sorted(nodes)))}: GPUDirect RDMA crosses the "
                     "inter-socket link",
                     "put a data NIC on each GPU's NUMA node (or pin NCCL_IB_HCA per GPU)",

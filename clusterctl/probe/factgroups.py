@@ -191,6 +191,7 @@ class GpuDevice:
     power_w: float | None
     power_limit_w: float | None
     persistence_mode: bool | None
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,7 @@ def _device(d: dict[str, Any]) -> GpuDevice:
         power_w=_num(d.get("power_w")),
         power_limit_w=_num(d.get("power_limit_w")),
         persistence_mode=_bool(d.get("persistence_mode")),
+        numa_node=_int(d.get("numa_node")),
     )
 
 
@@ -751,3 +753,175 @@ class NicsFact(FactGroup[Nics]):
         if not isinstance(nics, list):
             return Nics(False, (), (bad or "the nics section is malformed",), at)
         return Nics(True, tuple(nic(n) for n in nics if isinstance(n, dict)), _errors(doc, "nics"), at)
+
+
+# ----------------------------------------------------------------- host (disks)
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A mount that holds data (``host.disks[]``), sizes in bytes (None: not read)."""
+
+    mount: str | None
+    device: str | None = None
+    fstype: str | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    avail_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """The parts of the ``host`` section the checks read (the rest stays in the document)."""
+
+    hostname: str | None
+    boot_id: str | None
+    disks: tuple[Disk, ...]
+
+    def mount(self, path: str) -> Disk | None:
+        return next((d for d in self.disks if d.mount == path), None)
+
+
+class HostFact(FactGroup[HostInfo]):
+    """OS, kernel, memory and disks of the node (``host`` of docs/facts.md)."""
+
+    section = "host"
+    command = "collector.collect_host (/etc/os-release, uname, /proc, statvfs of each mount)"
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> HostInfo:
+        h = {} if schema_problem(doc) else _dict(doc.get("host"))
+        return HostInfo(
+            hostname=_str(h.get("hostname")),
+            boot_id=_str(h.get("boot_id")),
+            disks=tuple(
+                Disk(
+                    _str(d.get("mount")),
+                    _str(d.get("device")),
+                    _str(d.get("fstype")),
+                    _int(d.get("total_bytes")),
+                    _int(d.get("free_bytes")),
+                    _int(d.get("avail_bytes")),
+                )
+                for d in h.get("disks") or []
+                if isinstance(d, dict)
+            ),
+        )
+
+
+# ----------------------------------------------------------------- rdma_prereqs
+
+
+@dataclass(frozen=True)
+class PeerMemory:
+    """Whether ``nvidia_peermem`` (or ``nv_peer_mem``) is loaded; ``loaded`` None: not known (``reason``)."""
+
+    loaded: bool | None
+    module: str | None = None
+    source: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class AcsBridge:
+    """A PCIe switch port between a GPU and an RDMA NIC; ``redirect`` None: ACS not readable."""
+
+    pci_address: str | None
+    redirect: bool | None
+    acs_ctl: tuple[str, ...] = ()
+    source: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class AcsPair:
+    gpu: int | None
+    netdev: str | None
+    bridges: tuple[AcsBridge, ...]
+
+
+@dataclass(frozen=True)
+class Iommu:
+    cmdline: tuple[str, ...]
+    groups: int | None
+    identity_groups: int | None
+    translated_groups: int | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ProbeMemlock:
+    """The probe's own RLIMIT_MEMLOCK (``soft_bytes`` None: unlimited when ``soft_read``)."""
+
+    soft_bytes: int | None
+    hard_bytes: int | None
+    soft_read: bool
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class RdmaPrereqs:
+    """The ``rdma_prereqs`` section; a part is None when the document has none (an older
+    collector, or another schema: ``reasons``)."""
+
+    peer_memory: PeerMemory | None
+    acs: tuple[AcsPair, ...] | None
+    iommu: Iommu | None
+    probe_memlock: ProbeMemlock | None
+    reasons: tuple[str, ...] = ()
+
+
+class RdmaPrereqsFact(FactGroup[RdmaPrereqs]):
+    """GPUDirect RDMA prerequisites (``rdma_prereqs`` of docs/facts.md)."""
+
+    section = "rdma_prereqs"
+    command = "collector.collect_rdma_prereqs (/proc/modules, /proc/cmdline, iommu_groups, PCI config or lspci)"
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> RdmaPrereqs:
+        bad = schema_problem(doc)
+        p = {} if bad else _dict(doc.get("rdma_prereqs"))
+        pm, acs, io, ml = p.get("peer_memory"), p.get("acs"), p.get("iommu"), p.get("probe_memlock")
+        return RdmaPrereqs(
+            peer_memory=PeerMemory(
+                _bool(pm.get("loaded")), _str(pm.get("module")), _str(pm.get("source")), _str(pm.get("reason"))
+            )
+            if isinstance(pm, dict)
+            else None,
+            acs=tuple(
+                AcsPair(
+                    _int(a.get("gpu")),
+                    _str(a.get("netdev")),
+                    tuple(
+                        AcsBridge(
+                            _str(b.get("pci_address")),
+                            _bool(b.get("redirect")),
+                            tuple(str(x) for x in b.get("acs_ctl") or [] if isinstance(x, str)),
+                            _str(b.get("source")),
+                            _str(b.get("reason")),
+                        )
+                        for b in a.get("bridges") or []
+                        if isinstance(b, dict)
+                    ),
+                )
+                for a in acs
+                if isinstance(a, dict)
+            )
+            if isinstance(acs, list)
+            else None,
+            iommu=Iommu(
+                tuple(str(w) for w in io.get("cmdline") or [] if isinstance(w, str)),
+                _int(io.get("groups")),
+                _int(io.get("identity_groups")),
+                _int(io.get("translated_groups")),
+                _str(io.get("reason")),
+            )
+            if isinstance(io, dict)
+            else None,
+            probe_memlock=ProbeMemlock(
+                _int(ml.get("soft_bytes")), _int(ml.get("hard_bytes")), "soft_bytes" in ml, _str(ml.get("reason"))
+            )
+            if isinstance(ml, dict)
+            else None,
+            reasons=(bad,) if bad else _errors(doc, "rdma_prereqs"),
+        )

@@ -22,7 +22,16 @@ from clusterctl.diagnose.instances import check_units
 from clusterctl.diagnose.registry import AnalysisContext, run_analyzers
 from clusterctl.diagnose.xid import check_xid
 from clusterctl.node import collector
-from clusterctl.probe.factgroups import SCHEMA, KernelLogFact, NicsFact, UnitsFact, schema_problem
+from clusterctl.probe.factgroups import (
+    SCHEMA,
+    HostFact,
+    KernelLogFact,
+    NicsFact,
+    PeerMemory,
+    RdmaPrereqsFact,
+    UnitsFact,
+    schema_problem,
+)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
 
@@ -306,3 +315,54 @@ def test_an_unreadable_nic_section_is_unknown_for_the_roce_checks_never_ok() -> 
     assert on2 and all(sev == Severity.UNKNOWN for _, sev in on2), on2
     assert {"roce.qos", "net.data", "roce.pfc"} <= {c for c, _ in on2}
     assert any(f.host == "gpu01" and f.severity == Severity.OK for f in fs)
+
+
+# ----------------------------------------------------------------- host, rdma_prereqs
+
+
+def test_rdma_prereqs_group_from_the_collectors_proc_and_sysfs_reading(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    # /proc/modules lines as the kernel prints them (module, size, users, deps, state, address)
+    (tmp_path / "proc/modules").write_text(
+        "nvidia_peermem 16384 0 - Live 0x0000000000000000 (OE)\nmlx5_ib 442368 0 - Live 0x0000000000000000\n"
+    )
+    (tmp_path / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on quiet\n")
+    for g, t in enumerate(["identity", "DMA-FQ", "DMA"]):
+        (tmp_path / f"sys/kernel/iommu_groups/{g}").mkdir(parents=True)
+        (tmp_path / f"sys/kernel/iommu_groups/{g}/type").write_text(t + "\n")
+    section = collector.collect_rdma_prereqs({}, [], 1.0, [], root=str(tmp_path))
+    p = RdmaPrereqsFact.parse({"schema": 1, "rdma_prereqs": section})
+    assert p.peer_memory == PeerMemory(True, "nvidia_peermem", "/proc/modules", None)
+    assert p.iommu is not None and (p.iommu.cmdline, p.iommu.groups, p.iommu.translated_groups) == (
+        ("intel_iommu=on",),
+        3,
+        2,
+    )
+    assert p.acs == () and p.probe_memlock is not None and p.probe_memlock.soft_read and p.reasons == ()
+
+
+def test_rdma_prereqs_and_host_partial_or_foreign_documents() -> None:
+    old = RdmaPrereqsFact.parse({"rdma_prereqs": None})
+    assert (old.peer_memory, old.acs, old.iommu, old.probe_memlock, old.reasons) == (None, None, None, None, ())
+    doc = {
+        "rdma_prereqs": {
+            "peer_memory": {"loaded": None, "reason": "neither /proc/modules nor /sys/module readable"},
+            "acs": [{"gpu": 0, "netdev": "eth2", "bridges": [{"pci_address": "0000:02:00.0", "redirect": None}, 7]}],
+            "probe_memlock": {"hard_bytes": 65536},
+        }
+    }
+    p = RdmaPrereqsFact.parse(doc)
+    assert p.peer_memory is not None and p.peer_memory.loaded is None and "neither" in (p.peer_memory.reason or "")
+    assert p.acs is not None and [(b.pci_address, b.redirect) for b in p.acs[0].bridges] == [("0000:02:00.0", None)]
+    assert p.probe_memlock is not None and not p.probe_memlock.soft_read  # no soft limit reported: not "unlimited"
+    foreign = RdmaPrereqsFact.parse({"schema": 2, **doc})
+    assert foreign.peer_memory is None and "facts schema 2" in foreign.reasons[0]
+    h = HostFact.parse(
+        {"host": {"hostname": "gpu01", "boot_id": "b1", "disks": [{"mount": "/dev/shm", "total_bytes": None}, "x"]}}
+    )
+    shm = h.mount("/dev/shm")
+    assert h.hostname == "gpu01" and shm is not None and shm.total_bytes is None and h.mount("/") is None
+    assert (
+        HostFact.parse({"host": "x"}).disks == ()
+        and HostFact.parse({"schema": 2, "host": {"boot_id": "b"}}).boot_id is None
+    )
