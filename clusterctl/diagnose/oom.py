@@ -31,7 +31,7 @@ from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.thresholds import number, section
 from clusterctl.diagnose.vllmlog import LogEvents, parse_log
 from clusterctl.inventory.model import Instance, Inventory
-from clusterctl.probe.factgroups import UnitsFact
+from clusterctl.probe.factgroups import GpuProcess, GpusFact, UnitsFact
 
 GIB = 2**30
 KERNEL_OOM = re.compile(
@@ -65,10 +65,10 @@ def _util(ctx: AnalysisContext, inst: Instance | None, ev: LogEvents | None = No
 
 def gpu_total_gib(ctx: AnalysisContext, host: str, index: int | None = None) -> float | None:
     """Memory of one GPU in GiB: facts first, then the inventory."""
-    g = sources.gpus_section(ctx, host) or {}
-    for d in g.get("devices") or []:
-        if (index is None or d.get("index") == index) and d.get("memory_total"):
-            return float(d["memory_total"]) / GIB
+    g = ctx.fact(host, GpusFact)
+    for d in g.devices if g is not None else ():
+        if (index is None or d.index == index) and d.memory_total:
+            return float(d.memory_total) / GIB
     inv = ctx.inventory
     if inv and host in inv.hosts and inv.hosts[host].gpus.memory_gib:
         return float(inv.hosts[host].gpus.memory_gib)
@@ -121,26 +121,27 @@ def _subject(name: str) -> str:
     return f"instance:{name}"
 
 
-def _foreign_on(ctx: AnalysisContext, inst: Instance | None, host: str) -> list[dict[str, Any]]:
+def _foreign_on(ctx: AnalysisContext, inst: Instance | None, host: str) -> list[tuple[int | None, GpuProcess]]:
     """Processes on the instance's GPUs that are not its unit's (from facts)."""
     if inst is None:
         return []
     mine = sources.unit_name(inst.name)
     indexes = {g.index for g in inst.placement if g.host == host}
-    out = []
-    for d in (sources.gpus_section(ctx, host) or {}).get("devices") or []:
-        if d.get("index") in indexes:
-            for p in d.get("processes") or []:
-                if p.get("unit") != mine:
-                    out.append({**p, "gpu": d.get("index")})
+    out: list[tuple[int | None, GpuProcess]] = []
+    section = ctx.fact(host, GpusFact)
+    for d in section.devices if section is not None else ():
+        if d.index in indexes:
+            for p in d.processes:
+                if p.unit != mine:
+                    out.append((d.index, p))
     return out
 
 
-def _describe(p: dict[str, Any]) -> str:
-    mem = f"{p['used_memory'] / GIB:.1f} GiB" if p.get("used_memory") else "memory unknown"
-    who = p.get("name") or "a process this user cannot see"
-    unit = f", unit {p['unit']}" if p.get("unit") else ""
-    return f"pid {p.get('pid')} ({who}{unit}) holds {mem} on GPU {p.get('gpu')}"
+def _describe(gpu: int | None, p: GpuProcess) -> str:
+    mem = f"{p.used_memory / GIB:.1f} GiB" if p.used_memory else "memory unknown"
+    who = p.name or "a process this user cannot see"
+    unit = f", unit {p.unit}" if p.unit else ""
+    return f"pid {p.pid} ({who}{unit}) holds {mem} on GPU {gpu}"
 
 
 def _log_causes(ctx: AnalysisContext, host: str, name: str, ev: LogEvents) -> list[Finding]:
@@ -155,7 +156,7 @@ def _log_causes(ctx: AnalysisContext, host: str, name: str, ev: LogEvents) -> li
         if foreign:
             action = (
                 "stop or kill "
-                + "; ".join(_describe(p) for p in foreign)
+                + "; ".join(_describe(g, p) for g, p in foreign)
                 + f", or lower --gpu-memory-utilization to {math.floor(f['free'] / f['total'] * 100) / 100:.2f}"
             )
         elif colocated and colocated[0] > 1.0:
@@ -178,7 +179,7 @@ def _log_causes(ctx: AnalysisContext, host: str, name: str, ev: LogEvents) -> li
                 f"not enough free GPU memory at start: {f['free']:.2f} GiB free of {f['total']:.2f}, "
                 f"the instance wants {f['util']:.2f} x = {f['req']:.2f} GiB",
                 action,
-                evidence + tuple(_describe(p) for p in foreign),
+                evidence + tuple(_describe(g, p) for g, p in foreign),
             )
         )
     if ev.host_mem:
@@ -523,9 +524,9 @@ def check_fit(ctx: AnalysisContext) -> list[Finding]:
                     )
                 )
         if total:
-            foreign = [p for p in _foreign_all(ctx, inst) if p.get("used_memory")]
-            for g in {p["gpu"] for p in foreign}:
-                held = sum(p["used_memory"] for p in foreign if p["gpu"] == g) / GIB
+            foreign = [(g, p) for g, p in _foreign_all(ctx, inst) if p.used_memory]
+            for g in {g for g, _ in foreign}:
+                held = sum(p.used_memory or 0 for on, p in foreign if on == g) / GIB
                 if held > (1 - util) * total:
                     found.append(
                         Finding(
@@ -535,7 +536,7 @@ def check_fit(ctx: AnalysisContext) -> list[Finding]:
                             subj,
                             f"other processes hold {held:.1f} GiB on GPU {g}: the next start needs "
                             f"{util:.2f} x {total:.0f} GiB free and will fail",
-                            "stop " + "; ".join(_describe(p) for p in foreign if p["gpu"] == g),
+                            "stop " + "; ".join(_describe(on, p) for on, p in foreign if on == g),
                         )
                     )
         if not found:
@@ -552,13 +553,13 @@ def check_fit(ctx: AnalysisContext) -> list[Finding]:
     return out
 
 
-def _foreign_all(ctx: AnalysisContext, inst: Instance) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _foreign_all(ctx: AnalysisContext, inst: Instance) -> list[tuple[int | None, GpuProcess]]:
+    out: list[tuple[int | None, GpuProcess]] = []
     for host in inst.hosts:
         out.extend(_foreign_on(ctx, inst, host))
     # A process of another clusterctl instance sharing the GPU is planned, not foreign.
     others = {sources.unit_name(n) for n in (ctx.inventory.instances if ctx.inventory else {})}
-    return [p for p in out if p.get("unit") not in others]
+    return [(g, p) for g, p in out if p.unit not in others]
 
 
 # ---------------------------------------------------------------- gpu.foreign
@@ -571,53 +572,53 @@ def check_foreign(ctx: AnalysisContext) -> list[Finding]:
     ghost = number(section(ctx.thresholds, "gpu", "oom"), "ghost_memory_mib", 1024) * 2**20
     known_units = {sources.unit_name(n) for n in (inv.instances if inv else {})}
     for host in list(ctx.facts):
-        g = sources.gpus_section(ctx, host) or {}
-        if not g.get("available"):
+        g = ctx.fact(host, GpusFact)
+        if g is None or not g.available:
             continue
         found: list[Finding] = []
-        for d in g.get("devices") or []:
-            if d.get("lost") or d.get("hung") or d.get("index") is None:
+        for d in g.devices:
+            if d.lost or d.hung or d.index is None:
                 continue
-            owners = sources.instances_on_gpu(inv, host, int(d["index"]))
-            procs = d.get("processes") or []
+            owners = sources.instances_on_gpu(inv, host, d.index)
+            procs = d.processes
             if owners:
                 mine = {sources.unit_name(i.name) for i in owners}
-                strangers = [p for p in procs if p.get("unit") not in mine]
+                strangers = [p for p in procs if p.unit not in mine]
                 if strangers:
                     found.append(
                         Finding(
                             "gpu.foreign",
                             Severity.CRIT,
                             host,
-                            f"gpu:{d['index']}",
+                            f"gpu:{d.index}",
                             f"{len(strangers)} process(es) not of instance {', '.join(i.name for i in owners)} use this GPU",
-                            "stop them: " + "; ".join(_describe({**p, "gpu": d["index"]}) for p in strangers),
-                            tuple(_describe({**p, "gpu": d["index"]}) for p in strangers),
+                            "stop them: " + "; ".join(_describe(d.index, p) for p in strangers),
+                            tuple(_describe(d.index, p) for p in strangers),
                         )
                     )
             else:
-                strangers = [p for p in procs if p.get("unit") in known_units]
+                strangers = [p for p in procs if p.unit in known_units]
                 if strangers:
                     found.append(
                         Finding(
                             "gpu.foreign",
                             Severity.WARN,
                             host,
-                            f"gpu:{d['index']}",
+                            f"gpu:{d.index}",
                             "a clusterctl instance runs on a GPU the inventory does not give it",
                             "redeploy so placement and reality agree",
-                            tuple(_describe({**p, "gpu": d["index"]}) for p in strangers),
+                            tuple(_describe(d.index, p) for p in strangers),
                         )
                     )
-            used_by_procs = sum(p.get("used_memory") or 0 for p in procs)
-            used = d.get("memory_used") or 0
+            used_by_procs = sum(p.used_memory or 0 for p in procs)
+            used = d.memory_used or 0
             if not procs and used > ghost + used_by_procs and owners:
                 found.append(
                     Finding(
                         "gpu.foreign",
                         Severity.WARN,
                         host,
-                        f"gpu:{d['index']}",
+                        f"gpu:{d.index}",
                         f"{used / GIB:.1f} GiB in use with no process on the GPU",
                         "memory held by a process that no longer exists: reset the GPU "
                         "(nvidia-smi -r) before the instance starts",

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
+from clusterctl.diagnose.findings import Finding
 from clusterctl.inventory.model import Instance, Inventory
-from clusterctl.probe.factgroups import KernelLogFact
+from clusterctl.probe.factgroups import GpusFact, KernelLogFact
 
 if TYPE_CHECKING:  # registry imports this module (name_gpus): the type alone, no cycle at run time
     from clusterctl.diagnose.registry import AnalysisContext
@@ -29,7 +30,7 @@ def unit_name(instance: str) -> str:
     return f"clusterctl-{instance}.service"
 
 
-def all_hosts(ctx: Any) -> list[str]:
+def all_hosts(ctx: AnalysisContext) -> list[str]:
     """Every host the context knows about: facts, raw texts, missing; in that order."""
     seen: dict[str, None] = {}
     for src in (ctx.facts, ctx.raw, ctx.missing):
@@ -51,30 +52,24 @@ def kernel_lines(ctx: AnalysisContext, host: str) -> tuple[list[str] | None, str
     return None, ctx.missing.get(host) or "no facts and no kernel log for this host"
 
 
-def gpus_section(ctx: Any, host: str) -> dict[str, Any] | None:
-    """``facts["gpus"]`` of the host, or None without facts."""
-    facts = ctx.facts.get(host)
-    return None if facts is None else (facts.get("gpus") or {})
-
-
-def pci_to_index(ctx: Any, host: str) -> dict[str, int]:
+def pci_to_index(ctx: AnalysisContext, host: str) -> dict[str, int]:
     """Short PCI address (``0000:3b:00``, lower case) -> NVML index, from facts."""
     return {normalize_pci(addr): index for index, addr in bus_ids(ctx, host).items()}
 
 
-def bus_ids(ctx: Any, host: str) -> dict[int, str]:
+def bus_ids(ctx: AnalysisContext, host: str) -> dict[int, str]:
     """NVML index -> full PCI bus id (``0000:1b:00.0``), from facts."""
-    g = gpus_section(ctx, host) or {}
+    g = ctx.fact(host, GpusFact)
     out: dict[int, str] = {}
-    for d in g.get("devices") or []:
-        addr = d.get("pci_address") or _from_bus_id(d.get("pci_bus_id"))
-        if addr and d.get("index") is not None:
-            addr = str(addr).lower()
-            out[int(d["index"])] = addr if "." in addr.split(":")[-1] else addr + ".0"
+    for d in g.devices if g is not None else ():
+        addr = d.pci_address or _from_bus_id(d.pci_bus_id)
+        if addr and d.index is not None:
+            addr = addr.lower()
+            out[d.index] = addr if "." in addr.split(":")[-1] else addr + ".0"
     return out
 
 
-def gpu_label(ctx: Any, host: str | None, index: int) -> str:
+def gpu_label(ctx: AnalysisContext, host: str | None, index: int) -> str:
     """``gpu:3 (0000:1b:00.0)``: the index and, where the facts know it, the PCI bus id."""
     bus = bus_ids(ctx, host).get(index) if host else None
     return f"gpu:{index} ({bus})" if bus else f"gpu:{index}"
@@ -83,7 +78,7 @@ def gpu_label(ctx: Any, host: str | None, index: int) -> str:
 _GPU_SUBJECT = re.compile(r"^gpu:(\d+)(?:/|$)")
 
 
-def name_gpus(ctx: Any, findings: list[Any]) -> list[Any]:
+def name_gpus(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
     """Every finding about one GPU (subject ``gpu:N``, kept as it is for grouping and
     history) names it by index and PCI bus id at the start of its message."""
     out = []
@@ -122,7 +117,7 @@ def instances_on_gpu(inv: Inventory | None, host: str, index: int) -> list[Insta
     return [i for i in instances(inv) if any(g.host == host and g.index == index for g in i.placement)]
 
 
-def instance_hosts(ctx: Any, instance: Instance) -> list[str]:
+def instance_hosts(ctx: AnalysisContext, instance: Instance) -> list[str]:
     """Hosts where texts of ``instance`` may be: its placement hosts, then any host holding them."""
     hosts = list(instance.hosts)
     for h, texts in ctx.raw.items():
@@ -131,7 +126,7 @@ def instance_hosts(ctx: Any, instance: Instance) -> list[str]:
     return hosts
 
 
-def raw_instances(ctx: Any, suffix: str) -> Iterable[tuple[str, str, str]]:
+def raw_instances(ctx: AnalysisContext, suffix: str) -> Iterable[tuple[str, str, str]]:
     """``(host, instance, text)`` for every raw text named ``<instance><suffix>``."""
     for host, texts in ctx.raw.items():
         for name, text in texts.items():

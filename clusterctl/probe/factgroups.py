@@ -167,6 +167,17 @@ class Topology:
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU: ``used_memory`` bytes (None: NVML cannot tell); ``name`` and
+    ``unit`` (its systemd service or scope) None for a process the probe cannot see."""
+
+    pid: int | None
+    used_memory: float | None = None
+    name: str | None = None
+    unit: str | None = None
+
+
+@dataclass(frozen=True)
 class GpuDevice:
     """One GPU of the ``gpus.devices`` list."""
 
@@ -192,6 +203,9 @@ class GpuDevice:
     power_limit_w: float | None
     persistence_mode: bool | None
     numa_node: int | None = None
+    pci_bus_id: str | None = None
+    memory_used: float | None = None
+    processes: tuple[GpuProcess, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -270,6 +284,13 @@ def _device(d: dict[str, Any]) -> GpuDevice:
         power_limit_w=_num(d.get("power_limit_w")),
         persistence_mode=_bool(d.get("persistence_mode")),
         numa_node=_int(d.get("numa_node")),
+        pci_bus_id=_str(d.get("pci_bus_id")),
+        memory_used=_num(d.get("memory_used")),
+        processes=tuple(
+            GpuProcess(_int(p.get("pid")), _num(p.get("used_memory")), _str(p.get("name")), _str(p.get("unit")))
+            for p in d.get("processes") or []
+            if isinstance(p, dict)
+        ),
     )
 
 

@@ -17,6 +17,7 @@ import gpu_facts as G
 import pytest
 import roce_facts as R
 
+from clusterctl.diagnose import nvsmi, sources
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.instances import check_units
 from clusterctl.diagnose.registry import AnalysisContext, run_analyzers
@@ -24,6 +25,7 @@ from clusterctl.diagnose.xid import check_xid
 from clusterctl.node import collector
 from clusterctl.probe.factgroups import (
     SCHEMA,
+    GpusFact,
     HostFact,
     KernelLogFact,
     NicsFact,
@@ -366,3 +368,41 @@ def test_rdma_prereqs_and_host_partial_or_foreign_documents() -> None:
         HostFact.parse({"host": "x"}).disks == ()
         and HostFact.parse({"schema": 2, "host": {"boot_id": "b"}}).boot_id is None
     )
+
+
+# ----------------------------------------------------------------- gpus: processes, memory, bus ids
+
+EVIDENCE = Path(__file__).resolve().parents[2] / "fixtures" / "evidence" / "nvidia"
+
+
+def test_gpu_processes_and_bus_ids_from_nvidia_smi_and_nvml_shapes() -> None:
+    # nvidia-smi -q of an H100 SXM node (tests/fixtures/evidence/nvidia/README.md), as doctor --from reads it
+    g = GpusFact.parse({"gpus": nvsmi.parse_nvidia_smi_q((EVIDENCE / "nvidia-smi-q_H100SXMx8.txt").read_text())})
+    d0 = g.devices[0]
+    assert len(g.devices) == 8 and (d0.pci_address, d0.pci_bus_id) == ("0000:18:00.0", "00000000:18:00.0")
+    assert d0.memory_used == 1048576 and d0.processes == ()
+    # NVML's shape (docs/facts.md gpus.devices[].processes): a process the probe cannot see has no name/unit
+    doc = {
+        "gpus": {
+            "devices": [
+                {
+                    "index": 2,
+                    "pci_bus_id": "00000000:3B:00.0",
+                    "memory_used": 1.5 * 2**30,
+                    "processes": [
+                        {"pid": 4242, "used_memory": 30 * 2**30, "name": "python3", "unit": "clusterctl-a.service"},
+                        {"pid": 77, "used_memory": None, "name": None, "unit": None},
+                        "junk",
+                    ],
+                }
+            ]
+        }
+    }
+    (d,) = GpusFact.parse(doc).devices
+    assert [(p.pid, p.used_memory, p.name, p.unit) for p in d.processes] == [
+        (4242, 30 * 2**30, "python3", "clusterctl-a.service"),
+        (77, None, None, None),
+    ]
+    assert d.memory_used == 1.5 * 2**30 and d.pci_address is None
+    ctx = AnalysisContext(inventory=None, facts={"h": doc})
+    assert sources.bus_ids(ctx, "h") == {2: "0000:3b:00.0"} and sources.gpu_label(ctx, "h", 2) == "gpu:2 (0000:3b:00.0)"
