@@ -284,6 +284,7 @@ def _deploy(
         on_event=lambda e: (
             None if e.kind == "bytes" else say(f"[{e.kind}] " + (f"{e.host}: " if e.host else "") + e.message)
         ),
+        gateway=_hook(inv, state_dir, make_fleet),  # its drains go through the same gateway
     )
     d.me = me  # the autoscaler already holds the deploy lock with this run id
     return d.run()

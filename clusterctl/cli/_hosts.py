@@ -79,6 +79,13 @@ def become_password(ask: bool, hosts: list[Host], sudo: bool) -> Optional[str]:
     return os.environ.get(BECOME_PASSWORD_ENV)
 
 
+def gateway_password(command_password: Optional[str]) -> Optional[str]:
+    """The sudo password for the gateway hosts the drain hook reaches: the one the command read
+    (``-K`` or the environment, for its own hosts), else ``$CLUSTERCTL_BECOME_PASSWORD``.  Read
+    here, at the CLI's edge, and passed down: the core never reads that variable."""
+    return command_password if command_password is not None else os.environ.get(BECOME_PASSWORD_ENV)
+
+
 def instances_wanted(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any], Path]:
     """``(instances wanted, deploy state dir)``: the inventory's plus placed template replicas
     (``--state-dir``, else ``$CLUSTERCTL_STATE_DIR``, else the user config's); exits 3 on an
@@ -104,18 +111,41 @@ def host_fleets(
 ) -> FleetFactory:
     """How a workflow builds its fleets with the usual SSH options: ``--host-key-policy`` checked
     and the sudo password read (``-K``: prompted) once, for the inventory hosts named ``host_names``."""
+    return host_fleets_and_password(
+        [inv.hosts[h] for h in host_names if h in inv.hosts],
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=host_key_policy,
+        ask_become_pass=ask_become_pass,
+    )[0]
+
+
+def host_fleets_and_password(
+    hosts: list[Host],
+    *,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    host_key_policy: Optional[str],
+    ask_become_pass: bool,
+) -> tuple[FleetFactory, Optional[str]]:
+    """:func:`host_fleets` over ``hosts``, and the sudo password for the gateway's drain hook
+    (:func:`gateway_password`)."""
     policy = check_host_key_policy(host_key_policy)
-    hosts = [inv.hosts[h] for h in host_names if h in inv.hosts]
-    return fleet_factory(
+    password = become_password(ask_become_pass, hosts, True)
+    make = fleet_factory(
         user_config(),
         fanout=fanout,
         connect_timeout=connect_timeout,
-        become_password=become_password(ask_become_pass, hosts, True),
+        become_password=password,
         host_key_policy=policy,
     )
+    return make, gateway_password(password)
 
 
-def inventory_fleet(inv: Any, host_names: list[str], **fleet_opts: Any) -> Any:
-    """A Fleet of the inventory hosts named ``host_names`` with the usual SSH options
-    (:func:`host_fleets`' keyword arguments)."""
-    return host_fleets(inv, host_names, **fleet_opts)([inv.hosts[h] for h in host_names if h in inv.hosts])
+def inventory_fleet(
+    inv: Any, host_names: list[str], *, fleets: Optional[FleetFactory] = None, **fleet_opts: Any
+) -> Any:
+    """A Fleet of the inventory hosts named ``host_names``: built by ``fleets`` when given, else with
+    the usual SSH options (:func:`host_fleets`' keyword arguments)."""
+    make = fleets or host_fleets(inv, host_names, **fleet_opts)
+    return make([inv.hosts[h] for h in host_names if h in inv.hosts])

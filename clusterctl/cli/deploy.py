@@ -14,6 +14,7 @@ from clusterctl.cli._hosts import (
     HostKeyOpt,
     become_password,
     check_host_key_policy,
+    gateway_password,
     select,
 )
 from clusterctl.cli._deploy_views import deploy_events, print_deploy_report, print_plan, refused
@@ -166,10 +167,11 @@ def deploy(
     ask_become_pass: bool = AskBecomePassOpt,
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
-    from clusterctl.deploy.rollout.engine import Deploy, DeployOptions, PreflightRefused
+    from clusterctl.deploy.rollout.engine import DeployOptions, PreflightRefused
     from clusterctl.stage.run import parse_size
-    from clusterctl.deploy.rollout.surge import step_line, with_surge
-    from clusterctl.deploy.rollout.release_gates import ReleaseDeploy, parse_gates
+    from clusterctl.deploy.rollout.surge import step_line
+    from clusterctl.deploy.rollout.release_gates import parse_gates
+    from clusterctl.ops.deploy import DeployRequest, run_deploy
     from clusterctl.deploy.rollout.lock import LockHeld
     from clusterctl.deploy.rollout.batches import parse_serial
     from clusterctl.deploy.state import resolve_state_dir
@@ -200,13 +202,15 @@ def deploy(
     except ClusterctlError as e:
         fail(str(e))
     sd = str(resolve_state_dir(state_dir, user_config()))
+    password = become_password(ask_become_pass, hosts, True)
     make = fleet_factory(
         user_config(),
         fanout=fanout,
         connect_timeout=connect_timeout,
         host_key_policy=policy,
-        become_password=become_password(ask_become_pass, hosts, True),
+        become_password=password,
     )
+    request = DeployRequest(inv, hosts, make, sd, opts, release, gateway_password(password))
     if playbook is not None:
         from clusterctl.cli.deploy_playbook import run_playbook
 
@@ -219,25 +223,14 @@ def deploy(
         with deploy_events(not as_json) as events:
             run_playbook(
                 playbook,
-                inv,
-                hosts,
-                make,
-                sd,
-                opts,
+                request,
                 as_json=as_json,
                 detailed_exitcode=detailed_exitcode,
                 on_event=events,
             )
     try:
         with deploy_events(not as_json) as events:
-            if release.any and not plan_only:
-                rep = (
-                    with_surge(ReleaseDeploy)(inv, hosts, make, sd, opts, on_event=events, release=release).run()
-                    if opts.surge
-                    else ReleaseDeploy(inv, hosts, make, sd, opts, on_event=events, release=release).run()
-                )
-            else:
-                rep = (with_surge(Deploy) if opts.surge else Deploy)(inv, hosts, make, sd, opts, on_event=events).run()
+            rep = run_deploy(request, events)
     except PreflightRefused as e:
         refused(e, as_json)
     except LockHeld as e:
@@ -286,33 +279,35 @@ def rollback(
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
     from clusterctl.cli._common import load_inventory
-    from clusterctl.deploy.rollout.rollback import rollback as do_rollback
     from clusterctl.deploy.state import resolve_state_dir
+    from clusterctl.ops.deploy import RollbackRequest, run_rollback
 
     policy = check_host_key_policy(host_key_policy)
     _, hosts = select(inventory, hosts_pattern)
     inv = load_inventory(inventory)
     sd = str(resolve_state_dir(state_dir, user_config()))
+    password = become_password(ask_become_pass, hosts, True)
     make = fleet_factory(
         user_config(),
         fanout=fanout,
         connect_timeout=connect_timeout,
         host_key_policy=policy,
-        become_password=become_password(ask_become_pass, hosts, True),
+        become_password=password,
+    )
+    request = RollbackRequest(
+        inv,
+        hosts,
+        make,
+        sd,
+        instances=instances,
+        gate_timeout_s=gate_timeout,
+        break_lock=break_lock,
+        drain_timeout_s=drain_timeout,
+        gateway_password=gateway_password(password),
     )
     try:
         with deploy_events(not as_json) as events:
-            rep = do_rollback(
-                inv,
-                hosts,
-                make,
-                sd,
-                instances=instances,
-                gate_timeout_s=gate_timeout,
-                break_lock=break_lock,
-                drain_timeout_s=drain_timeout,
-                on_event=events,
-            )
+            rep = run_rollback(request, events)
     except ClusterctlError as e:
         fail(str(e))
     if as_json:

@@ -9,6 +9,8 @@ import typer
 from clusterctl.cli._common import console, fail, print_json
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
+from clusterctl.ops.deploy import DeployRequest
+from clusterctl.ops.deploy import run_playbook as run
 
 
 def _steps_table(rep: Any) -> None:
@@ -36,11 +38,7 @@ def _outcomes(rep: Any) -> None:
 
 def run_playbook(
     path: str,
-    inv: Any,
-    hosts: Any,
-    make_fleet: Any,
-    state_dir: str,
-    opts: Any,
+    request: DeployRequest,
     *,
     as_json: bool,
     detailed_exitcode: bool,
@@ -54,13 +52,10 @@ def run_playbook(
     """
     from clusterctl.cli._deploy_views import print_deploy_report, print_plan, refused
     from clusterctl.deploy.rollout.engine import PreflightRefused
-    from clusterctl.deploy.playbooks.load import load_playbook
-    from clusterctl.deploy.playbooks.run import PlaybookRun
 
+    opts = request.options
     try:
-        book = load_playbook(path)
-        runner = PlaybookRun(book, inv, hosts, make_fleet, state_dir, opts, on_event=on_event)
-        rep = runner.plan() if opts.plan_only else runner.run()
+        book, rep = run(request, path, on_event)
     except PreflightRefused as e:
         refused(e, as_json)
     except ClusterctlError as e:

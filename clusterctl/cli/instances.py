@@ -37,6 +37,7 @@ from clusterctl.cli._hosts import (
     ConnectTimeoutOpt,
     FanoutOpt,
     HostKeyOpt,
+    host_fleets_and_password,
     instances_wanted,
     inventory_fleet,
 )
@@ -323,10 +324,9 @@ def _action(action: str) -> Any:
     ) -> None:
         from rich.markup import escape
 
-        from clusterctl.deploy.rollout.drain import gateway_for
-        from clusterctl.deploy.rollout.lifecycle import run_action
         from clusterctl.deploy.status.instances import match_instances
         from clusterctl.deploy.status.routers import router_instances
+        from clusterctl.ops.deploy import ActionRequest, instance_hosts, run_instance_action
 
         inv = load_inventory(inventory)
         wanted, directory = instances_wanted(inv, state_dir)
@@ -335,14 +335,9 @@ def _action(action: str) -> Any:
         if not names:
             fail(f"pattern {pattern!r} selects no instance of the inventory")
         insts = [everything[n] for n in names]
-        try:
-            gateway = gateway_for(inv, directory)
-        except ClusterctlError as e:
-            fail(f"gateway: {e}")
-        hosts = sorted({g.host for i in insts for g in i.placement})
-        fleet = inventory_fleet(
-            inv,
-            hosts,
+        hosts = instance_hosts(insts)
+        make, password = host_fleets_and_password(
+            [inv.hosts[h] for h in hosts if h in inv.hosts],
             fanout=fanout,
             connect_timeout=connect_timeout,
             host_key_policy=host_key_policy,
@@ -350,21 +345,23 @@ def _action(action: str) -> Any:
         )
         from clusterctl.cli._progress import Lines
 
-        say = Lines(not json_out).note
-        with fleet:
-            results = run_action(
-                inv,
-                fleet,
-                insts,
-                action,  # type: ignore[arg-type]
-                drain_first=not no_drain,
-                drain_timeout=drain_timeout,
-                poll=poll,
-                health_timeout=health_timeout,
-                gateway=gateway,
-                on_event=say,
-                wanted=wanted,
-            )
+        request = ActionRequest(
+            inv,
+            insts,
+            wanted,
+            directory,
+            inventory_fleet(inv, hosts, fleets=make),
+            action,  # type: ignore[arg-type]
+            drain_first=not no_drain,
+            drain_timeout=drain_timeout,
+            poll=poll,
+            health_timeout=health_timeout,
+            gateway_password=password,
+        )
+        try:
+            results = run_instance_action(request, Lines(not json_out).note)
+        except ClusterctlError as e:
+            fail(str(e))
         code = ExitCode.OK if all(r.ok for r in results) else ExitCode.CRIT
         if json_out:
             print_json({"action": action, "results": [r.to_json() for r in results], "exit_code": int(code)})

@@ -341,13 +341,12 @@ def _deploy_template(
     """Roll out the replicas ``names`` of ``template`` through the deploy engine (it drains what it
     removes); exits 3 on refusal."""
     from clusterctl.cli._deploy_views import deploy_events, print_deploy_report
-    from clusterctl.cli._hosts import become_password, check_host_key_policy
-    from clusterctl.deploy.rollout.engine import Deploy, DeployOptions, PreflightRefused
+    from clusterctl.cli._hosts import host_fleets_and_password
+    from clusterctl.deploy.rollout.engine import DeployOptions, PreflightRefused
     from clusterctl.deploy.rollout.batches import parse_serial
     from clusterctl.deploy.placement.scale import scale_hosts
-    from clusterctl.fleet.factory import fleet_factory
+    from clusterctl.ops.deploy import DeployRequest, run_deploy
 
-    policy = check_host_key_policy(host_key_policy)
     try:
         hosts = [inv.hosts[h] for h in scale_hosts(inv, store.load(), template)]
         dopts = DeployOptions(
@@ -358,16 +357,17 @@ def _deploy_template(
             gate_timeout_s=opts["gate_timeout"],
             drain_timeout_s=opts["drain_timeout"],
         )
-        make = fleet_factory(
-            user_config(),
+        make, password = host_fleets_and_password(
+            hosts,
             fanout=opts["fanout"],
             connect_timeout=opts["connect_timeout"],
-            host_key_policy=policy,
-            become_password=become_password(ask_become_pass, hosts, True),
+            host_key_policy=host_key_policy,
+            ask_become_pass=ask_become_pass,
         )
         _place_with_topology(inv, store, make, as_json)
+        request = DeployRequest(inv, hosts, make, str(store.directory), dopts, gateway_password=password)
         with deploy_events(not as_json) as events:
-            rep = Deploy(inv, hosts, make, str(store.directory), dopts, on_event=events).run()
+            rep = run_deploy(request, events)
     except PreflightRefused as e:
         fail(f"{e}; the new count is recorded: `clusterctl scale {template} --replicas N` to change it")
     except ClusterctlError as e:

@@ -253,6 +253,7 @@ def _move(
                 # staging byte counts: not lines
                 else say(f"[{e.kind}] " + (f"{e.host}: " if e.host else "") + e.message)
             ),
+            gateway=_hook(inv, store.directory, make_fleet),  # its drains go through the same gateway
         ).run()
     except ClusterctlError as e:
         report.errors.append(f"deploy: {e}")

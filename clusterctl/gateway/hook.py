@@ -13,7 +13,6 @@ the next render (its last known weight, or full weight).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from clusterctl.deploy.rollout.drain import DRAIN_REASON
 from clusterctl.deploy.units.pdrouter import gateway_servers
 from clusterctl.deploy.state import who_am_i
 from clusterctl.errors import ClusterctlError
-from clusterctl.fleet.factory import BECOME_PASSWORD_ENV, make_fleet
+from clusterctl.fleet.factory import make_fleet
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.render import ServerState
 from clusterctl.gateway.sync import SyncResult, sync_gateway
@@ -102,11 +101,13 @@ class Hook:
 def gateway_hook(
     inv: Inventory, state_dir: str | Path | None = None, *, become_password: str | None = None
 ) -> Hook | None:
-    """The hook for ``inv`` (``None`` without a ``gateway:`` section); what ``deploy.drain.gateway_for`` calls.
+    """The hook for ``inv`` (``None`` without a ``gateway:`` section); the workflow layer
+    (``ops.deploy.drain_hook``) builds it and gives it to deploy, rollback and start/stop/restart.
 
     Uses ``state_dir`` (the command's deploy state directory), else the user
     config's (``$CLUSTERCTL_STATE_DIR`` first), and an SSH fleet of the gateway
-    hosts with their inventory settings.
+    hosts with their inventory settings and ``become_password`` (the sudo password the
+    command read at the CLI's edge; never read here from the environment).
     """
     if inv.gateway is None:
         return None
@@ -116,9 +117,6 @@ def gateway_hook(
 
     cfg = load_user_config()
     directory = resolve_state_dir(state_dir, cfg)
-    # The sudo password of the gateway hosts: the caller's, else $CLUSTERCTL_BECOME_PASSWORD (the deploy
-    # engine's drain reaches this hook through drain.gateway_for, which has no password to give).
-    password = become_password if become_password is not None else os.environ.get(BECOME_PASSWORD_ENV)
     gw = inv.gateway
 
     def instances() -> dict[str, Instance]:
@@ -126,7 +124,7 @@ def gateway_hook(
 
     def fleet() -> Any:
         hosts = [inv.hosts[h] for h in gw.hosts]
-        return make_fleet(hosts, cfg, become_password=password)
+        return make_fleet(hosts, cfg, become_password=become_password)
 
     return Hook(inv, directory, instances, fleet)
 

@@ -165,6 +165,45 @@ def test_the_package_never_writes_the_environment() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+def test_only_the_cli_reads_the_sudo_password_from_the_environment() -> None:
+    """The become (sudo) password is read once, at the CLI's edge (``cli/_hosts.become_password``,
+    ``gateway_password``), and passed down as an argument: no module below the CLI names
+    ``BECOME_PASSWORD_ENV`` or ``$CLUSTERCTL_BECOME_PASSWORD`` in code (``fleet/factory.py`` defines
+    the name)."""
+    offenders = []
+    for path, _, tree in _modules():
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "cli" or rel.as_posix() == "fleet/factory.py":
+            continue
+        for node in ast.walk(tree):
+            named = (isinstance(node, ast.Name) and node.id == "BECOME_PASSWORD_ENV") or (
+                isinstance(node, ast.alias) and node.name == "BECOME_PASSWORD_ENV"
+            )
+            literal = isinstance(node, ast.Constant) and node.value == "CLUSTERCTL_BECOME_PASSWORD"
+            if named or literal:
+                offenders.append(f"{path}:{getattr(node, 'lineno', '?')}: reads the sudo password's variable")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_deploy_never_reaches_the_gateway_by_itself() -> None:
+    """The gateway's drain hook is given to deploy (``ops/deploy.drain_hook`` builds it): no module
+    of ``clusterctl/deploy/`` imports the gateway package, at the top or in a function."""
+    offenders = []
+    for path, _, tree in _modules():
+        if path.relative_to(PACKAGE).parts[0] != "deploy":
+            continue
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            offenders += [f"{path}:{node.lineno}: imports {n}" for n in names if n.startswith("clusterctl.gateway")]
+    assert not offenders, "\n".join(offenders)
+
+
 def test_fleets_are_built_by_the_one_factory() -> None:
     """``Fleet(...)`` is constructed only in ``fleet/`` (``fleet/factory.py``'s make_fleet): one place
     decides fanout, timeouts, the sudo password and host-key policy from the options and the config."""

@@ -49,6 +49,7 @@ from clusterctl.deploy.rollout.engine import (
     api_key,
     render_all,
 )
+from clusterctl.deploy.rollout.drain import GatewayHook
 from clusterctl.deploy.rollout.plan import CHANGING, HostPlan, Plan, make_plan, matches
 from clusterctl.deploy.playbooks.load import CustomGate, Playbook, PlaybookError, Step
 from clusterctl.deploy.playbooks.gates import wait_custom, with_vars
@@ -274,9 +275,10 @@ class PlaybookRun:
         state_dir: str,
         opts: DeployOptions,
         on_event: Callable[[Event], None] = lambda e: None,
+        gateway: GatewayHook | None = None,
     ):
         self.book, self.inv, self.opts = book, inv, opts
-        self.dep = StepDeploy(inv, hosts, make_fleet, state_dir, opts, on_event)
+        self.dep = StepDeploy(inv, hosts, make_fleet, state_dir, opts, on_event, gateway=gateway)
         self.selected = [h.name for h in hosts]
         self.written = self.dep.written
         self.rolled: set[tuple[str, str]] = set()  # (host, instance) rolled out by a canary/rollout step

@@ -166,7 +166,7 @@ def drain_before(
 ) -> dict[str, str]:
     """Drain the running instances this host's apply restarts or removes; instance -> note.
 
-    ``gateway``: the hook (``drain.gateway_for``) that marks them down first; ``None``: none.
+    ``gateway``: the drain hook the caller gave (``ops.deploy.drain_hook``) that marks them down first; ``None``: none.
     """
     from clusterctl.deploy.rollout import drain as dr
 

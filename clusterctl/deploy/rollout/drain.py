@@ -14,9 +14,9 @@ the timeout.  An instance that refuses connections has nothing in flight
 (drained at once); an instance whose ``/metrics`` cannot be read otherwise
 (timeouts, errors) is polled until the timeout and reported with the error.
 
-The gateway is reached through :class:`GatewayHook`; :func:`gateway_for`
-finds the gateway package's hook for an inventory, if it configures a
-gateway.
+The gateway is reached through a :class:`GatewayHook` the caller gives (the
+workflow layer builds it from the inventory: ``clusterctl.ops.deploy.drain_hook``;
+``None`` without a gateway): deploy never reaches the gateway package itself.
 
 A drain marks the instance down with the reason ``drain``; every path that
 drains and then starts the instance again (deploy, rollback, restart, scale,
@@ -57,16 +57,6 @@ class GatewayHook(Protocol):
     def mark_down(self, instance_name: str) -> None: ...
 
     def mark_up(self, instance_name: str) -> None: ...
-
-
-def gateway_for(inv: Inventory, state_dir: Any = None) -> GatewayHook | None:
-    """The gateway's hook for ``inv``: ``clusterctl.gateway.hook.gateway_hook(inv, state_dir)``, or
-    ``None`` when the inventory configures no gateway.
-    ``state_dir``: the deploy state directory the command uses (``None``: the default one)."""
-    # gateway.hook imports this module (DRAIN_REASON) and deploy.state: imported here, not at the top.
-    from clusterctl.gateway.hook import gateway_hook
-
-    return gateway_hook(inv, state_dir)
 
 
 def put_back(gateway: GatewayHook | None, names: Iterable[str]) -> dict[str, str]:

@@ -17,6 +17,7 @@ from clusterctl.deploy.rollout import apply as ap
 from clusterctl.deploy.rollout import audit, gates, lock, prestage, batches as rollout
 from clusterctl.deploy.units import multinode, pdrouter
 from clusterctl.deploy import remote, spec
+from clusterctl.deploy.rollout.drain import GatewayHook
 from clusterctl.deploy.rollout.journal import first_error
 from clusterctl.deploy.rollout.plan import Plan, make_plan, matches
 from clusterctl.deploy.rollout.rollback_order import rollback_in_order
@@ -284,9 +285,12 @@ class Deploy:
         state_dir: str,
         opts: DeployOptions,
         on_event: Callable[[Event], None] = lambda e: None,
+        gateway: GatewayHook | None = None,
     ):
         self.inv, self.hosts, self.make_fleet, self.state_dir = inv, list(hosts), make_fleet, state_dir
         self.opts, self.on_event = opts, on_event
+        #: the gateway's drain hook, given by the caller (``ops.deploy.drain_hook``); None: no gateway
+        self._gateway = gateway
         self.me = lock.LockInfo()
         self.started = utc_now()
         self.rendered: dict[str, spec.RenderedInstance] = {}
@@ -653,12 +657,8 @@ class Deploy:
         return failed
 
     @property
-    def gateway(self) -> Any:
-        """The gateway hook drains mark instances down through (``None`` without a gateway)."""
-        if not hasattr(self, "_gateway"):
-            from clusterctl.deploy.rollout.drain import gateway_for
-
-            self._gateway = gateway_for(self.inv, self.state_dir)
+    def gateway(self) -> GatewayHook | None:
+        """The gateway hook drains mark instances down through, as given (``None``: no gateway)."""
         return self._gateway
 
     def put_back(self, names: Sequence[str], rep: DeployReport) -> None:

@@ -156,8 +156,10 @@ def rollback(
     drain_timeout_s: float = 120.0,
     lock_ttl_s: float = lock.DEFAULT_TTL_S,
     on_event: Callable[[Event], None] = lambda e: None,
+    gateway: dr.GatewayHook | None = None,
 ) -> RollbackReport:
-    """Roll back ``instances`` (pattern) on ``hosts``; see the module docstring."""
+    """Roll back ``instances`` (pattern) on ``hosts``; see the module docstring.  ``gateway``: the
+    drain hook (``ops.deploy.drain_hook``) running instances are marked down through (None: none)."""
     t0 = time.monotonic()
     me, started = lock.LockInfo(), utc_now()
     rep = RollbackReport(me.run_id, "nothing")
@@ -196,7 +198,6 @@ def rollback(
         ) as got:
             todo = {h: n for h, n in todo.items() if h in got.locked}
             on_event(Event("phase", f"rolling back {sum(map(len, todo.values()))} instances on {len(todo)} hosts"))
-            gateway = dr.gateway_for(inv, state_dir)
             drained = [r for h in todo for r in drain_restored(inv, states[h], todo[h], gateway, drain_timeout_s)]
             rep.drained = {
                 r.instance: ("drained" if r.drained else f"drain timed out, {r.remaining} in flight") for r in drained

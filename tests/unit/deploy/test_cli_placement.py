@@ -133,7 +133,14 @@ class FakeDeploy:
     calls: list[dict[str, object]] = []
 
     def __init__(
-        self, inv: object, hosts: list, make: object, state_dir: str, opts: object, on_event: object = None
+        self,
+        inv: object,
+        hosts: list,
+        make: object,
+        state_dir: str,
+        opts: object,
+        on_event: object = None,
+        **kw: object,
     ) -> None:
         FakeDeploy.calls.append({"hosts": [h.name for h in hosts], "state_dir": state_dir, "opts": opts})
 

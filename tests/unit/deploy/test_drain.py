@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 
-from clusterctl.deploy.rollout.drain import drain, gateway_for
+from clusterctl.deploy.rollout.drain import drain
 from clusterctl.deploy.rollout.lifecycle import run_action
 from clusterctl.errors import ClusterctlError
+from clusterctl.ops.deploy import drain_hook
 
 from .status_fakes import fleet_for, inventory, metrics_text, server, unit  # noqa: F401 (server: a fixture)
 
@@ -130,4 +131,4 @@ def test_no_drain_and_a_failing_gateway(server) -> None:
 
 def test_no_gateway_configured_means_no_hook() -> None:
     inv = inventory({})
-    assert inv.gateway is None and gateway_for(inv) is None
+    assert inv.gateway is None and drain_hook(inv, None, None) is None

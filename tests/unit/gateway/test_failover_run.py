@@ -58,7 +58,9 @@ class Recorder:
         self.steps += [f"stop {i.name}" for i in instances]
         return [lifecycle.ActionResult(i.name, i.placement[0].host, "stop", ok=True) for i in instances]
 
-    def deploy(self, inv: Any, hosts: Any, make_fleet: Any, state_dir: str, opts: Any, on_event: Any = None) -> Any:
+    def deploy(
+        self, inv: Any, hosts: Any, make_fleet: Any, state_dir: str, opts: Any, on_event: Any = None, **kw: Any
+    ) -> Any:
         rec = self
 
         class FakeDeploy:
