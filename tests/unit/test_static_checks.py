@@ -328,7 +328,6 @@ INLINE_IMPORTS: dict[str, str] = {
     "bringup/nodesetup.py clusterctl.probe.run": LATER,
     "deploy/rollout/apply.py clusterctl.deploy.rollout.drain": LATER,
     "deploy/rollout/apply.py clusterctl.deploy.units.nodesetup": LATER,
-    "deploy/rollout/drain.py clusterctl.gateway.hook": CYCLE,
     "deploy/rollout/engine.py clusterctl.deploy.rollout.drain": LATER,
     "deploy/rollout/engine.py clusterctl.deploy.preflight.kvcheck": LATER,
     "deploy/rollout/engine.py clusterctl.deploy.preflight.checks": LATER,

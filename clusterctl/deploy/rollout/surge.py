@@ -271,7 +271,7 @@ class SurgeDeploy(Deploy):
     @property
     def gateway(self) -> Any:
         """The engine's gateway hook, fronting the running surge units too."""
-        hook = super().gateway
+        hook: Any = super().gateway  # the gateway package's Hook (instances, marked): more than GatewayHook
         if hook is not None and not getattr(hook, "_surge_wrapped", False) and hasattr(hook, "instances"):
             base: Callable[[], dict[str, Instance]] = hook.instances
             hook.instances = lambda: {**base(), **self.surging}
