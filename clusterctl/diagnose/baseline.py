@@ -22,6 +22,7 @@ from clusterctl.diagnose import fabric
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.errors import ConfigError, Problem
+from clusterctl.probe.factgroups import GpuDevice, GpuSection, GpusFact
 
 FORMAT = 1
 CHECK = "gpu.baseline"
@@ -31,22 +32,22 @@ def learn(facts: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """The baseline document of every host with readable GPUs."""
     hosts: dict[str, Any] = {}
     for host, doc in facts.items():
-        g = doc.get("gpus") or {}
-        if not g.get("available"):
+        g = GpusFact.parse(doc)
+        if not g.available:
             continue
-        devices = [d for d in g.get("devices") or [] if not d.get("lost") and not d.get("hung")]
+        devices = [d for d in g.devices if not d.lost and not d.hung and d.index is not None]
         hosts[host] = {
-            "gpu_count": len(g.get("devices") or []),
-            "driver_version": g.get("driver_version"),
-            "vbios_versions": sorted({str(d["vbios_version"]) for d in devices if d.get("vbios_version")}),
+            "gpu_count": len(g.devices),
+            "driver_version": g.driver_version,
+            "vbios_versions": sorted({d.vbios_version for d in devices if d.vbios_version}),
             "gpus": {
-                int(d["index"]): {
-                    "name": d.get("name"),
-                    "uuid": d.get("uuid"),
-                    "pci_address": d.get("pci_address"),
-                    "pcie_width": (d.get("pcie") or {}).get("width"),
-                    "nvlink_active": sum(1 for lk in d.get("nvlink") or [] if lk.get("state") == "active"),
-                    "persistence_mode": d.get("persistence_mode"),
+                d.index: {
+                    "name": d.name,
+                    "uuid": d.uuid,
+                    "pci_address": d.pci_address,
+                    "pcie_width": d.pcie.width,
+                    "nvlink_active": _active_links(d),
+                    "persistence_mode": d.persistence_mode,
                 }
                 for d in devices
             },
@@ -89,21 +90,27 @@ def check_baseline(ctx: AnalysisContext) -> list[Finding]:
     if not base:
         return []
     out: list[Finding] = []
-    for host, doc in ctx.facts.items():
+    for host in ctx.facts:
         want = (base.get("hosts") or {}).get(host)
         if want is None:
             out.append(Finding(CHECK, Severity.OK, host, "host", "not in the baseline (nothing to compare)"))
             continue
-        found = _compare(host, want, doc.get("gpus") or {})
+        g = ctx.fact(host, GpusFact)
+        found = _compare(host, want, g) if g is not None else []
         out.extend(found or [Finding(CHECK, Severity.OK, host, "host", "as in the baseline")])
     return out
 
 
-def _compare(host: str, want: dict[str, Any], g: dict[str, Any]) -> list[Finding]:
+def _active_links(d: GpuDevice) -> int:
+    return sum(1 for lk in d.nvlink if lk.state == "active")
+
+
+def _compare(host: str, want: dict[str, Any], g: GpuSection) -> list[Finding]:
+    """The host's GPUs (typed) against its entry of the baseline document (``want``, JSON)."""
     out: list[Finding] = []
-    if not g.get("available"):
+    if not g.available:
         return out  # gpu.nvml says why
-    devices = {int(d["index"]): d for d in g.get("devices") or [] if d.get("index") is not None}
+    devices = {d.index: d for d in g.devices if d.index is not None}
     if len(devices) < int(want.get("gpu_count") or 0):
         out.append(
             Finding(
@@ -115,18 +122,18 @@ def _compare(host: str, want: dict[str, Any], g: dict[str, Any]) -> list[Finding
                 "drain the node; find the missing GPU (kernel log, reseat, replace)",
             )
         )
-    if want.get("driver_version") and g.get("driver_version") != want["driver_version"]:
+    if want.get("driver_version") and g.driver_version != want["driver_version"]:
         out.append(
             Finding(
                 CHECK,
                 Severity.WARN,
                 host,
                 "host",
-                f"driver {g.get('driver_version')}, the baseline has {want['driver_version']}",
+                f"driver {g.driver_version}, the baseline has {want['driver_version']}",
                 "install the baseline's driver, or --learn again if the change is intended",
             )
         )
-    vbios = sorted({str(d["vbios_version"]) for d in devices.values() if d.get("vbios_version")})
+    vbios = sorted({d.vbios_version for d in devices.values() if d.vbios_version})
     if want.get("vbios_versions") and vbios and vbios != want["vbios_versions"]:
         out.append(
             Finding(
@@ -140,22 +147,22 @@ def _compare(host: str, want: dict[str, Any], g: dict[str, Any]) -> list[Finding
         )
     for index, w in sorted((want.get("gpus") or {}).items()):
         d = devices.get(int(index))
-        if d is None or d.get("lost") or d.get("hung"):
+        if d is None or d.lost or d.hung:
             continue  # counted above / gpu.lost
         subj = f"gpu:{index}"
-        if w.get("uuid") and d.get("uuid") and d["uuid"] != w["uuid"]:
+        if w.get("uuid") and d.uuid and d.uuid != w["uuid"]:
             out.append(
                 Finding(
                     CHECK,
                     Severity.WARN,
                     host,
                     subj,
-                    f"another GPU at this index: {d['uuid']} (baseline {w['uuid']})",
+                    f"another GPU at this index: {d.uuid} (baseline {w['uuid']})",
                     "a replaced or reordered GPU: check the placement and --learn again",
-                    (f"pci {w.get('pci_address')} -> {d.get('pci_address')}",),
+                    (f"pci {w.get('pci_address')} -> {d.pci_address}",),
                 )
             )
-        width = (d.get("pcie") or {}).get("width")
+        width = d.pcie.width
         if w.get("pcie_width") and width and width < w["pcie_width"]:
             out.append(
                 Finding(
@@ -167,7 +174,7 @@ def _compare(host: str, want: dict[str, Any], g: dict[str, Any]) -> list[Finding
                     "reseat the GPU or riser at the next window",
                 )
             )
-        active = sum(1 for lk in d.get("nvlink") or [] if lk.get("state") == "active")
+        active = _active_links(d)
         if w.get("nvlink_active") and active < w["nvlink_active"]:
             out.append(
                 Finding(
@@ -179,7 +186,7 @@ def _compare(host: str, want: dict[str, Any], g: dict[str, Any]) -> list[Finding
                     "drain the GPU's instances; check `nvidia-smi nvlink -s`, reset, replace",
                 )
             )
-        if w.get("persistence_mode") and d.get("persistence_mode") is False:
+        if w.get("persistence_mode") and d.persistence_mode is False:
             out.append(
                 Finding(
                     CHECK,

@@ -204,6 +204,7 @@ class GpuDevice:
     persistence_mode: bool | None
     numa_node: int | None = None
     pci_bus_id: str | None = None
+    uuid: str | None = None
     memory_used: float | None = None
     processes: tuple[GpuProcess, ...] = ()
 
@@ -285,6 +286,7 @@ def _device(d: dict[str, Any]) -> GpuDevice:
         persistence_mode=_bool(d.get("persistence_mode")),
         numa_node=_int(d.get("numa_node")),
         pci_bus_id=_str(d.get("pci_bus_id")),
+        uuid=_str(d.get("uuid")),
         memory_used=_num(d.get("memory_used")),
         processes=tuple(
             GpuProcess(_int(p.get("pid")), _num(p.get("used_memory")), _str(p.get("name")), _str(p.get("unit")))
