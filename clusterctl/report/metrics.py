@@ -19,7 +19,7 @@ import re
 from typing import Any, Iterator
 
 from clusterctl.diagnose.counters import nic_rates
-from clusterctl.probe.factgroups import NicsFact
+from clusterctl.probe.factgroups import GpusFact, NicsFact
 from clusterctl.report.history import Metric
 
 _SAMPLE = re.compile(
@@ -35,16 +35,16 @@ _NAMES = {
 
 
 def _gpu_metrics(host: str, doc: dict[str, Any]) -> Iterator[Metric]:
-    gpus = doc.get("gpus") if isinstance(doc, dict) else None
-    for d in (gpus or {}).get("devices") or []:
-        if not isinstance(d, dict) or not isinstance(d.get("index"), int):
+    if not isinstance(doc, dict):
+        return
+    for d in GpusFact.parse(doc).devices:
+        if d.index is None:
             continue
-        subject = f"gpu:{d['index']}"
-        if isinstance(d.get("memory_used"), (int, float)):
-            yield Metric(host, "gpu_memory_used_bytes", float(d["memory_used"]), subject)
-        util = d.get("utilization")
-        if isinstance(util, dict) and isinstance(util.get("gpu"), (int, float)):
-            yield Metric(host, "gpu_utilization_ratio", float(util["gpu"]) / 100.0, subject)
+        subject = f"gpu:{d.index}"
+        if d.memory_used is not None:
+            yield Metric(host, "gpu_memory_used_bytes", float(d.memory_used), subject)
+        if d.utilization_gpu is not None:
+            yield Metric(host, "gpu_utilization_ratio", float(d.utilization_gpu) / 100.0, subject)
 
 
 _PAUSE_PRIORITIES = [f"prio{p}" for p in range(8)] + ["global"]
