@@ -30,7 +30,7 @@ from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.fleet.shell import join
-from clusterctl.probe.factgroups import NicsFact
+from clusterctl.probe.factgroups import NicsFact, ToolsFact
 from clusterctl.probe.gid import ipv4_of_gid
 
 CHECK = "roce.active"
@@ -121,10 +121,14 @@ class Endpoint:
 
 def endpoint(host: str, facts: Mapping[str, Any], inv: Any) -> Endpoint | str:
     """The host's test endpoint, or why it cannot take part."""
-    tools = facts.get("tools")
-    if not isinstance(tools, Mapping):
-        return "the facts do not say whether perftest is installed (an older collector)"
-    program = tools.get("ib_write_bw")
+    tools = ToolsFact.parse(facts)
+    if not tools.read:
+        return (
+            "the facts do not say whether perftest is installed ("
+            + ("; ".join(tools.reasons) or "an older collector")
+            + ")"
+        )
+    program = tools.path("ib_write_bw")
     if not program:
         return "ib_write_bw (perftest) is not installed: no RDMA bandwidth test"
     ports = [(n, n.rdma) for n in NicsFact.parse(facts).nics if n.rdma is not None]

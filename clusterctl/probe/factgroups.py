@@ -948,3 +948,34 @@ class RdmaPrereqsFact(FactGroup[RdmaPrereqs]):
             else None,
             reasons=(bad,) if bad else _errors(doc, "rdma_prereqs"),
         )
+
+
+# ----------------------------------------------------------------- tools
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Optional programs on the node, name -> path (None: absent); ``read`` False when the
+    document does not say (an older collector, another schema: ``reasons``)."""
+
+    read: bool
+    paths: dict[str, str | None]
+    reasons: tuple[str, ...] = ()
+
+    def path(self, name: str) -> str | None:
+        return self.paths.get(name)
+
+
+class ToolsFact(FactGroup[Tools]):
+    """``tools`` of docs/facts.md (``ib_write_bw`` for ``doctor --active``)."""
+
+    section = "tools"
+    command = "collector.find_tools (each optional program looked up on PATH)"
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> Tools:
+        bad = schema_problem(doc)
+        t = None if bad else doc.get("tools")
+        if not isinstance(t, dict):
+            return Tools(False, {}, (bad,) if bad else ())
+        return Tools(True, {str(k): str(v) if v else None for k, v in t.items()})

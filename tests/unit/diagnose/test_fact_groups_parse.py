@@ -31,6 +31,7 @@ from clusterctl.probe.factgroups import (
     NicsFact,
     PeerMemory,
     RdmaPrereqsFact,
+    ToolsFact,
     UnitsFact,
     schema_problem,
 )
@@ -406,3 +407,15 @@ def test_gpu_processes_and_bus_ids_from_nvidia_smi_and_nvml_shapes() -> None:
     assert d.memory_used == 1.5 * 2**30 and d.pci_address is None
     ctx = AnalysisContext(inventory=None, facts={"h": doc})
     assert sources.bus_ids(ctx, "h") == {2: "0000:3b:00.0"} and sources.gpu_label(ctx, "h", 2) == "gpu:2 (0000:3b:00.0)"
+
+
+def test_tools_group_from_the_collectors_lookup_and_older_documents() -> None:
+    t = ToolsFact.parse({"schema": 1, "tools": collector.find_tools()})
+    assert t.read and set(t.paths) == set(collector.TOOLS)
+    assert (
+        ToolsFact.parse({"tools": {"ib_write_bw": "/usr/bin/ib_write_bw"}}).path("ib_write_bw")
+        == "/usr/bin/ib_write_bw"
+    )
+    assert ToolsFact.parse({"tools": {"ib_write_bw": None}}).path("ib_write_bw") is None
+    assert not ToolsFact.parse({}).read and not ToolsFact.parse({"tools": None}).read
+    assert "facts schema 2" in ToolsFact.parse({"schema": 2, "tools": {}}).reasons[0]
