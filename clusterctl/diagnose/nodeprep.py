@@ -23,13 +23,14 @@ converges it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from clusterctl.bringup.nodesetup import SYSCTL_PATH, limits_path, wanted_sysctls
 from clusterctl.deploy.units.render import UnitPolicy
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.errors import ClusterctlError
+from clusterctl.probe.factgroups import LimitLine, NodePrereqsFact, limit_line
 
 CHECK = "node.prereqs"
 
@@ -38,18 +39,20 @@ def fix_command(host: str) -> str:
     return f"; `clusterctl node setup --hosts '{host}'` converges it (--plan first shows the changes)"
 
 
-def effective_limit(entries: list[Mapping[str, Any]], user: str, item: str) -> dict[str, str | None]:
-    """pam_limits' soft and hard ``item`` of ``user`` from limits.conf entries in reading order: the
-    user's own lines over the ``*`` ones, the later line of a domain over the earlier (``-`` sets both).
-    Group (``@g``) and range domains are not resolved (the probe does not read group membership)."""
+def effective_limit(entries: Iterable[LimitLine | Mapping[str, Any]], user: str, item: str) -> dict[str, str | None]:
+    """pam_limits' soft and hard ``item`` of ``user`` from limits.conf entries (typed, or their JSON)
+    in reading order: the user's own lines over the ``*`` ones, the later line of a domain over the
+    earlier (``-`` sets both).  Group (``@g``) and range domains are not resolved (the probe does not
+    read group membership)."""
     out: dict[str, dict[str, str | None]] = {"user": {"soft": None, "hard": None}, "*": {"soft": None, "hard": None}}
-    for e in entries:
-        if e.get("item") != item or e.get("domain") not in (user, "*"):
+    for raw in entries:
+        e = raw if isinstance(raw, LimitLine) else limit_line(raw)
+        if e.item != item or e.domain not in (user, "*"):
             continue
-        slot = out["user" if e["domain"] == user else "*"]
+        slot = out["user" if e.domain == user else "*"]
         for t in ("soft", "hard"):
-            if e.get("type") in (t, "-"):
-                slot[t] = str(e.get("value"))
+            if e.type in (t, "-"):
+                slot[t] = e.value
     return {t: out["user"][t] if out["user"][t] is not None else out["*"][t] for t in ("soft", "hard")}
 
 
@@ -74,8 +77,8 @@ def check_node_prereqs(ctx: AnalysisContext) -> list[Finding]:
     out: list[Finding] = []
     for host in sorted(ctx.facts):
         facts = ctx.facts[host] or {}
-        sec = facts.get("node_prereqs")
-        if not isinstance(sec, Mapping) or host not in inv.hosts:
+        sec = ctx.fact(host, NodePrereqsFact)
+        if sec is None or not sec.read or host not in inv.hosts:
             continue
         h = inv.hosts[host]
         bad: list[Finding] = []
@@ -84,8 +87,8 @@ def check_node_prereqs(ctx: AnalysisContext) -> list[Finding]:
         except ClusterctlError as e:
             out.append(Finding(CHECK, Severity.UNKNOWN, host, "sysctl", f"{host}: {e}", "fix the inventory"))
             continue
-        now: Mapping[str, Any] = sec.get("sysctl") or {}
-        dropin = sec.get("sysctl_dropin")
+        now = sec.sysctl
+        dropin = sec.sysctl_dropin
         for key, want in sorted(wanted.items()):
             subject = f"sysctl:{key}"
             if key not in now:
@@ -123,14 +126,8 @@ def check_node_prereqs(ctx: AnalysisContext) -> list[Finding]:
                         (f"{key} = {now[key]}",),
                     )
                 )
-            elif not isinstance(dropin, Mapping) or dropin.get(key) != want:
-                kept = (
-                    "no such file"
-                    if not isinstance(dropin, Mapping)
-                    else f"it has {dropin[key]}"
-                    if key in dropin
-                    else "not in it"
-                )
+            elif dropin is None or dropin.get(key) != want:
+                kept = "no such file" if dropin is None else f"it has {dropin[key]}" if key in dropin else "not in it"
                 bad.append(
                     Finding(
                         CHECK,
@@ -143,8 +140,8 @@ def check_node_prereqs(ctx: AnalysisContext) -> list[Finding]:
                     )
                 )
         user = str(h.vars.get("service_user") or UnitPolicy().user)
-        if user in (sec.get("users") or []):
-            entries = list(sec.get("limits") or [])
+        if user in sec.users:
+            entries = sec.limits
             mem = effective_limit(entries, user, "memlock")
             nofile = effective_limit(entries, user, "nofile")
             want_nofile = UnitPolicy().limit_nofile

@@ -979,3 +979,61 @@ class ToolsFact(FactGroup[Tools]):
         if not isinstance(t, dict):
             return Tools(False, {}, (bad,) if bad else ())
         return Tools(True, {str(k): str(v) if v else None for k, v in t.items()})
+
+
+# ----------------------------------------------------------------- node_prereqs
+
+
+@dataclass(frozen=True)
+class LimitLine:
+    """A ``memlock``/``nofile`` line of limits.conf (pam_limits(8)): ``type`` soft, hard or ``-``."""
+
+    domain: str
+    type: str
+    item: str
+    value: str
+    file: str | None = None
+
+
+def limit_line(e: Mapping[str, Any]) -> LimitLine:
+    """A limits.conf line from its JSON (``node_prereqs.limits[]``)."""
+    return LimitLine(
+        str(e.get("domain")), str(e.get("type")), str(e.get("item")), str(e.get("value")), _str(e.get("file"))
+    )
+
+
+@dataclass(frozen=True)
+class NodePrereqs:
+    """The ``node_prereqs`` section: ``read`` False when it is null (the section failed, see
+    ``reasons``), absent or of another schema; ``sysctl`` name -> value now (None: no such
+    file), ``sysctl_dropin`` None when node setup's drop-in is absent."""
+
+    read: bool
+    sysctl: dict[str, str | None]
+    sysctl_dropin: dict[str, str] | None
+    limits: tuple[LimitLine, ...]
+    users: tuple[str, ...]
+    reasons: tuple[str, ...] = ()
+
+
+class NodePrereqsFact(FactGroup[NodePrereqs]):
+    """What ``clusterctl node setup`` converges (``node_prereqs`` of docs/facts.md)."""
+
+    section = "node_prereqs"
+    command = "collector.collect_node_prereqs (/proc/sys, the sysctl drop-in, limits.conf and limits.d, /etc/passwd)"
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> NodePrereqs:
+        bad = schema_problem(doc)
+        sec = None if bad else doc.get("node_prereqs")
+        if not isinstance(sec, dict):
+            return NodePrereqs(False, {}, None, (), (), (bad,) if bad else _errors(doc, "node_prereqs"))
+        dropin = sec.get("sysctl_dropin")
+        return NodePrereqs(
+            True,
+            {str(k): None if v is None else str(v) for k, v in _dict(sec.get("sysctl")).items()},
+            _strmap(dropin) if isinstance(dropin, dict) else None,
+            tuple(limit_line(e) for e in sec.get("limits") or [] if isinstance(e, dict)),
+            tuple(str(u) for u in sec.get("users") or [] if isinstance(u, str)),
+            _errors(doc, "node_prereqs"),
+        )

@@ -20,6 +20,7 @@ import roce_facts as R
 from clusterctl.diagnose import nvsmi, sources
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.instances import check_units
+from clusterctl.diagnose.nodeprep import effective_limit
 from clusterctl.diagnose.registry import AnalysisContext, run_analyzers
 from clusterctl.diagnose.xid import check_xid
 from clusterctl.node import collector
@@ -29,6 +30,7 @@ from clusterctl.probe.factgroups import (
     HostFact,
     KernelLogFact,
     NicsFact,
+    NodePrereqsFact,
     PeerMemory,
     RdmaPrereqsFact,
     ToolsFact,
@@ -419,3 +421,32 @@ def test_tools_group_from_the_collectors_lookup_and_older_documents() -> None:
     assert ToolsFact.parse({"tools": {"ib_write_bw": None}}).path("ib_write_bw") is None
     assert not ToolsFact.parse({}).read and not ToolsFact.parse({"tools": None}).read
     assert "facts schema 2" in ToolsFact.parse({"schema": 2, "tools": {}}).reasons[0]
+
+
+def test_node_prereqs_group_from_the_collectors_proc_and_etc_reading(tmp_path: Path) -> None:
+    files = {
+        "proc/sys/kernel/numa_balancing": "1\n",
+        "proc/sys/net/ipv4/conf/all/arp_ignore": "0\n",
+        "proc/sys/net/core/rmem_max": "212992\n",
+        "etc/sysctl.d/90-clusterctl.conf": "# clusterctl node setup\nkernel.numa_balancing = 0\nnet.core.rmem_max=16777216\n",
+        "etc/security/limits.conf": "*  soft  memlock  64  # default\n@admin hard nproc 10\n",
+        "etc/security/limits.d/90-clusterctl-vllm.conf": "vllm - memlock unlimited\nvllm soft nofile 1048576\n",
+        "etc/passwd": "root:x:0:0:root:/root:/bin/bash\nvllm:x:998:998::/var/lib/vllm:/usr/sbin/nologin\n",
+    }
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    p = NodePrereqsFact.parse({"schema": 1, "node_prereqs": collector.collect_node_prereqs(str(tmp_path))})
+    assert p.read and p.sysctl["kernel.numa_balancing"] == "1" and p.sysctl["net.core.rmem_max"] == "212992"
+    assert p.sysctl["net.ipv4.conf.all.arp_announce"] is None  # no such /proc/sys file
+    assert p.sysctl_dropin == {"kernel.numa_balancing": "0", "net.core.rmem_max": "16777216"}
+    assert [(x.domain, x.type, x.item, x.value) for x in p.limits] == [
+        ("*", "soft", "memlock", "64"),
+        ("vllm", "-", "memlock", "unlimited"),
+        ("vllm", "soft", "nofile", "1048576"),
+    ]
+    assert p.users == ("root", "vllm")
+    assert effective_limit(p.limits, "vllm", "memlock") == {"soft": "unlimited", "hard": "unlimited"}
+    failed = NodePrereqsFact.parse({"node_prereqs": None, "errors": [{"source": "node_prereqs", "reason": "boom"}]})
+    assert not failed.read and failed.reasons == ("boom",) and failed.sysctl == {}
+    assert not NodePrereqsFact.parse({"schema": 2, "node_prereqs": {"sysctl": {}}}).read
