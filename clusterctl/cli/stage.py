@@ -175,27 +175,6 @@ def _status_rows(rows: list) -> List[tuple]:
     return out
 
 
-def _fleet(
-    hosts: list,
-    fanout: int,
-    timeout: float,
-    connect_timeout: Optional[float],
-    policy: Optional[str],
-    password: Optional[str],
-) -> Any:
-    from clusterctl.fleet.factory import make_fleet
-
-    return make_fleet(
-        hosts,
-        user_config(),
-        fanout=fanout,
-        connect_timeout=connect_timeout,
-        command_timeout=timeout,
-        become_password=password,
-        host_key_policy=policy,
-    )
-
-
 def stage(
     args: List[str] = typer.Argument(
         ...,
@@ -257,9 +236,7 @@ def stage(
     ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Prompt once for the sudo password."),
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
-    from clusterctl.node.stage import manifest as mf
-    from clusterctl.stage import plan as pl
-    from clusterctl.stage import run as rn
+    from clusterctl.ops import stage as ops
 
     verb = args[0] if args[0] in VERBS else None
     rest = args[1:] if verb else args
@@ -267,10 +244,10 @@ def stage(
         if len(rest) != 1 or not name:
             fail("usage: clusterctl stage manifest DIR --name NAME [--version V] [--chunk-size BYTES]")
         try:
-            man = mf.compute(rest[0], name, version, chunk_size)
-            path = pl.write_manifest(rest[0], man)
-        except (ClusterctlError, mf.ManifestError, OSError) as e:
+            written = ops.manifest(rest[0], name, version, chunk_size)
+        except ClusterctlError as e:
             fail(str(e))
+        path, man = written.path, written.manifest
         if as_json:
             print_json(
                 {
@@ -297,17 +274,24 @@ def stage(
     if not models:
         fail(f"{inv.path} defines no models")
     _, hosts = select(inventory, hosts_pattern)
-    password = become_password(ask_become_pass, hosts, True)
+    request = ops.StageRequest(
+        inv,
+        hosts,
+        models,
+        user_config(),
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        host_key_policy=policy,
+        become_password=become_password(ask_become_pass, hosts, True),
+    )
 
     if verb in ("pin", "unpin"):
         if verb == "pin" and not budget:
             fail("stage pin: --budget is required (e.g. --budget 16G)")
         try:
-            nbytes = rn.parse_size(budget) if verb == "pin" and budget else None
+            rows = ops.pin(request, budget if verb == "pin" else None)
         except ClusterctlError as e:
             fail(str(e))
-        with _fleet(hosts, min(64, len(hosts)), timeout, connect_timeout, policy, password) as fleet:
-            rows = rn.pin_models(fleet, models, nbytes, timeout=timeout)
         if as_json:
             print_json({"hosts": [r.to_dict() for r in rows]})
         else:
@@ -344,12 +328,10 @@ def stage(
             for nodes, cells in _group(pins):
                 table.add_row(*(escape(c) for c in (nodes, *cells)))
             console.print(table)
-        bad = [r for r in rows if not r.ok or any("error" in m for m in r.data.get("models", []))]
-        raise typer.Exit(ExitCode.CRIT if bad else ExitCode.OK)
+        raise typer.Exit(ExitCode.CRIT if ops.failed(rows) else ExitCode.OK)
 
     if verb in ("status", "warm", "evict"):
-        with _fleet(hosts, min(64, len(hosts)), timeout, connect_timeout, policy, password) as fleet:
-            rows = rn.node_op(fleet, verb, models, workers=workers, timeout=timeout)
+        rows = ops.node_verb(request, verb, workers)
         if as_json:
             print_json({"hosts": [r.to_dict() for r in rows]})
         elif verb == "status":
@@ -391,55 +373,38 @@ def stage(
             for nodes, cells in _group(flat):
                 table.add_row(*(escape(c) for c in (nodes, *cells)))
             console.print(table)
-        bad = [r for r in rows if not r.ok or any("error" in m for m in r.data.get("models", []))]
-        raise typer.Exit(ExitCode.CRIT if bad else ExitCode.OK)
+        raise typer.Exit(ExitCode.CRIT if ops.failed(rows) else ExitCode.OK)
 
-    model = models[0]
+    options = ops.StageOptions(
+        source=source,
+        version=version,
+        relay=relay,
+        chains=chains,
+        tree_fanout=tree_fanout,
+        per_rack=per_rack,
+        relay_network=relay_network,
+        max_readers=max_readers,
+        port=port,
+        workers=workers,
+        keep=keep,
+        warm=warm,
+        warm_budget=warm_budget,
+        switch=switch,
+    )
     try:
-        src = pl.parse_source(
-            source or model.source or "", "--source" if source else f"{inv.path}: models.{model.name}.source"
-        )
-        addresses = {h.name: rn.relay_address(h, relay_network) for h in hosts}
-        pl.plan_chains(
-            [(h.name, addresses[h.name]) for h in hosts], relay, chains, port, fanout=tree_fanout
-        )  # validates
-        man = pl.load_manifest(src, model.name, version or model.version)
-        fanout = len(hosts) if relay != "none" else min(max_readers, len(hosts))
-        warm_bytes = rn.parse_size(warm_budget, "--warm-budget") if warm_budget else None
+        plan = ops.prepare(request, options)
     except ClusterctlError as e:
         fail(str(e))
+    man = plan.manifest
     if not as_json:
         err_console.print(
-            f"staging {model.name} {man.version} ({man.total_bytes / 1e6:.1f} MB, {len(man.files)} files) "
-            f"from {src.label} to {len(hosts)} hosts, relay {relay}",
+            f"staging {plan.model.name} {man.version} ({man.total_bytes / 1e6:.1f} MB, {len(man.files)} files) "
+            f"from {plan.source.label} to {len(hosts)} hosts, relay {relay}",
             markup=False,
         )
-    with (
-        _fleet(hosts, fanout, timeout, connect_timeout, policy, password) as fleet,
-        ByteProgress("stage", [h.name for h in hosts], man.total_bytes, not as_json) as progress,
-    ):
+    with ByteProgress("stage", [h.name for h in hosts], man.total_bytes, not as_json) as progress:
         try:
-            report = rn.stage_model(
-                fleet,
-                hosts,
-                model,
-                src,
-                man,
-                relay=relay,
-                chains=chains,
-                tree_fanout=tree_fanout,
-                per_rack=per_rack,
-                port=port,
-                address_of=lambda h: addresses[h.name],
-                workers=workers,
-                keep=keep,
-                warm=warm or warm_bytes is not None,
-                switch=switch,
-                timeout=timeout,
-                warm_budget=warm_bytes,
-                on_result=progress.on_result,
-                on_progress=progress.on_progress if progress.live else None,
-            )
+            report = ops.run(plan, progress.on_result, progress.on_progress if progress.live else None)
         except ClusterctlError as e:
             fail(str(e))
     if as_json:
