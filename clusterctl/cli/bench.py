@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 from pathlib import Path
 from typing import Any, Optional
 
@@ -12,7 +11,6 @@ import typer
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json
 from clusterctl.cli._target import TargetArg, endpoint
 from clusterctl.errors import ClusterctlError
-from clusterctl.exitcodes import ExitCode
 
 HELP = """Load-test an OpenAI-compatible endpoint with streaming /v1/completions.
 
@@ -116,6 +114,7 @@ def bench(
     as_json: bool = JsonOpt,
 ) -> None:
     from clusterctl.bench.stats import Slo
+    from clusterctl.ops import bench as ops
 
     ep = endpoint(target, inventory)
     if plot is not None:
@@ -124,33 +123,35 @@ def bench(
         fail("--tokenizer and --no-tokenizer exclude each other")
     slo = Slo(slo_ttft, slo_tpot, slo_e2e) if any(v is not None for v in (slo_ttft, slo_tpot, slo_e2e)) else None
     levels = _levels(concurrency)
-    work = _Workload(dataset, requests, input_len, output_len, seed, duration, progress=not as_json)
-    work.tokenizer(ep, model, tokenizer, no_tokenizer, timeout)
-    if not as_json:
-        for w in work.warnings:
-            err_console.print(f"warning: {w}", markup=False)
-    if compare_url is not None:
-        _compare(
-            ep,
-            endpoint(compare_url, inventory),
-            levels,
-            work,
-            model,
-            timeout,
-            request_rate,
-            slo,
-            tolerance,
-            plot,
-            as_json,
-            server_timings,
+    opts = ops.LevelOptions(model, timeout, request_rate, slo, server_timings)
+    try:
+        work = ops.Workload(
+            dataset,
+            requests,
+            input_len,
+            output_len,
+            seed,
+            duration,
+            progress=lambda label, total: _Progress(label, total, not as_json),
         )
-    reports = [work.level(ep, level, model, timeout, request_rate, slo, server_timings) for level in levels]
-    code = _exit_code(reports)
-    if plot is not None:
-        _write_plot(plot, {ep.url: reports})
+        work.tokenizer(ep, model, tokenizer, no_tokenizer, timeout)
+        if not as_json:
+            for w in work.warnings:
+                err_console.print(f"warning: {w}", markup=False)
+        if compare_url is not None:
+            ep_b = endpoint(compare_url, inventory)
+            _compare(
+                ep, ep_b, ops.compare_runs(work, ep, ep_b, levels, opts, tolerance), work, tolerance, plot, as_json
+            )
+        reports = ops.run_levels(work, ep, levels, opts)
+        if plot is not None:
+            ops.write_plot(plot, {ep.url: reports})
+    except ClusterctlError as e:
+        fail(str(e))
+    code = ops.exit_code(reports)
     if as_json:
         print_json(
-            _finite(
+            ops.finite(
                 {
                     "url": ep.url,
                     **work.describe(),
@@ -170,172 +171,10 @@ def bench(
     raise typer.Exit(code)
 
 
-def _finite(x: Any) -> Any:
-    """``x`` with every NaN or infinite float as None, so the JSON is strict (no NaN/Infinity)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
 def _untrusted(reports: list[dict[str, Any]]) -> list[str]:
     from clusterctl.bench.trust import untrusted
 
     return untrusted(reports)
-
-
-class _Workload:
-    """The prompts of every level: the dataset's (cut or repeated to ``requests``) or synthetic ones of
-    ``input_len`` tokens (words without a tokenizer)."""
-
-    def __init__(
-        self,
-        dataset: Optional[Path],
-        requests: Optional[int],
-        input_len: int,
-        output_len: int,
-        seed: int,
-        duration: Optional[float],
-        progress: bool = True,
-    ) -> None:
-        self.input_len, self.output_len, self.seed, self.duration = input_len, output_len, seed, duration
-        self.progress = progress
-        self.rng = random.Random(seed)
-        self.data: Any = None
-        self.tok: Any = None
-        self.warnings: list[str] = []
-        if dataset is not None:
-            from clusterctl.bench import dataset as ds
-
-            try:
-                self.data = ds.load(dataset)
-            except ClusterctlError as e:
-                fail(str(e))
-        self.requests = requests or (len(self.data.prompts) if self.data else 32)
-
-    def tokenizer(self, ep: Any, model: Optional[str], path: Optional[Path], off: bool, timeout: float) -> None:
-        """Pick the token counter: ``path``, else the endpoint's /tokenize, else none (words, with a warning)."""
-        from clusterctl.bench import tokens
-
-        if off:
-            self.warnings.append("--no-tokenizer: prompts are counted in words, not tokens")
-            return
-        try:
-            self.tok = tokens.local(path) if path is not None else tokens.endpoint(ep, model, min(timeout, 10.0))
-        except ClusterctlError as e:
-            fail(str(e))
-        if self.tok is None:
-            self.warnings.append(
-                f"{ep.url}/tokenize does not answer and no --tokenizer was given: prompts are "
-                f"{self.input_len} words, not tokens (a real BPE vocabulary often makes 1.5-2 "
-                "tokens of a word); the server's own count is in total_input_tokens"
-            )
-
-    def describe(self) -> dict[str, Any]:
-        unit = "tokens" if self.tok is not None else "words"
-        return {
-            "input_len": None if self.data else self.input_len,
-            "input_len_unit": None if self.data else unit,
-            "tokenizer": None if self.tok is None else self.tok.source,
-            "warnings": self.warnings,
-        }
-
-    def prompts(self) -> tuple[list[str], list[Optional[int]], dict[str, Any]]:
-        """This level's prompts, per-prompt output lengths (a new synthetic draw per level) and their lengths:
-        mean words and mean tokens by the tokenizer (None without one)."""
-        from clusterctl.bench import tokens
-
-        if self.data is None:
-            try:
-                built = [tokens.build(self.input_len, self.rng, self.tok) for _ in range(self.requests)]
-            except ClusterctlError as e:
-                fail(str(e))
-            ps = [b.text for b in built]
-            counts = [b.tokens for b in built if b.tokens is not None]
-            lens: list[Optional[int]] = [None] * self.requests
-        else:
-            n = len(self.data.prompts)
-            idx = [i % n for i in range(self.requests)] if self.duration is None else list(range(n))
-            ps, lens = [self.data.prompts[i] for i in idx], [self.data.output_lens[i] for i in idx]
-            try:
-                counts = [self.tok.count(p) for p in ps] if self.tok is not None else []
-            except ClusterctlError as e:
-                fail(str(e))
-        words = sum(len(p.split()) for p in ps) / max(1, len(ps))
-        size = {
-            "prompt_words_mean": round(words, 1),
-            "prompt_tokens_mean": round(sum(counts) / len(counts), 1) if counts else None,
-        }
-        return ps, lens, size
-
-    def run(
-        self,
-        ep: Any,
-        level: int,
-        model: Optional[str],
-        timeout: float,
-        rate: Optional[float],
-        prompts: Optional[tuple[list[str], list[Optional[int]], dict[str, Any]]] = None,
-    ) -> Any:
-        from clusterctl.bench import runner
-
-        ps, lens, _ = prompts or self.prompts()
-        with _Progress(f"{ep.url} concurrency {level}", None if self.duration else len(ps), self.progress) as on_result:
-            try:
-                return runner.run(
-                    ep,
-                    ps,
-                    level,
-                    self.output_len,
-                    output_lens=lens,
-                    model=model,
-                    timeout=timeout,
-                    request_rate=rate,
-                    seed=self.seed,
-                    duration=self.duration,
-                    on_result=on_result,
-                )
-            except ClusterctlError as e:
-                fail(str(e))
-
-    def level(
-        self,
-        ep: Any,
-        level: int,
-        model: Optional[str],
-        timeout: float,
-        rate: Optional[float],
-        slo: Any,
-        server_timings: Optional[bool],
-        prompts: Optional[tuple[list[str], list[Optional[int]], dict[str, Any]]] = None,
-    ) -> dict[str, Any]:
-        """One level's report: the run, the server's timings around it (unless turned off) and its trust."""
-        from clusterctl.bench import server_metrics, trust
-        from clusterctl.bench.stats import aggregate
-
-        prompts = prompts or self.prompts()
-        before = _scrape(server_metrics, ep, timeout) if server_timings is not False else None
-        if server_timings and before is None:
-            fail(f"--server-timings: {ep.url}/metrics does not answer")
-        run = self.run(ep, level, model, timeout, rate, prompts)
-        rep = aggregate(run.results, run.duration, level, slo)
-        rep.update(prompts[2])
-        rep["generator_cpu_percent"] = 100 * run.cpu_s / max(run.duration, 1e-9)
-        ttft = tpot = None
-        if before is not None:
-            after = _scrape(server_metrics, ep, timeout)
-            if after is not None:
-                ttft = server_metrics.histogram_mean(before, after, "vllm:time_to_first_token_seconds")
-                tpot = server_metrics.histogram_mean(before, after, "vllm:request_time_per_output_token_seconds")
-        rep["server_ttft_mean_ms"] = None if ttft is None else 1000 * ttft
-        rep["server_tpot_mean_ms"] = None if tpot is None else 1000 * tpot
-        judged = trust.judge(run, rep, ttft, tpot)
-        rep["ttft_error_ms"] = judged.get("ttft_error_ms")
-        rep["trust"] = judged
-        return rep
 
 
 class _Progress:
@@ -388,64 +227,25 @@ def _check_writable(path: Path) -> None:
         fail(f"--plot {path}: not a writable file path")
 
 
-def _write_plot(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
-    from clusterctl.bench.plot import bench_svg
-    from clusterctl.files import write_atomic
+def _compare(ep: Any, ep_b: Any, done: Any, work: Any, tolerance: float, plot: Optional[Path], as_json: bool) -> None:
+    """Render the comparison of A and B (``ops.bench.compare_runs``); always exits: 1 on a regression,
+    3 (nothing judged) when a level of either side cannot be trusted, 2 failed requests."""
+    from clusterctl.ops import bench as ops
 
-    try:
-        write_atomic(path, bench_svg(runs))
-    except OSError as e:
-        fail(f"--plot {path}: cannot write: {e.strerror or e}")
-
-
-def _compare(
-    ep: Any,
-    ep_b: Any,
-    levels: list[int],
-    work: _Workload,
-    model: Optional[str],
-    timeout: float,
-    request_rate: Optional[float],
-    slo: Any,
-    tolerance: float,
-    plot: Optional[Path],
-    as_json: bool,
-    server_timings: Optional[bool],
-) -> None:
-    """Same prompts, levels and pacing against both endpoints, A then B per level; exits 1 on a regression,
-    3 (and judges nothing) when a level of either side cannot be trusted."""
-    from clusterctl.bench.compare import compare
-
-    reports: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
-    for level in levels:
-        prompts = work.prompts()
-        for side, target in (("a", ep), ("b", ep_b)):
-            reports[side].append(work.level(target, level, model, timeout, request_rate, slo, server_timings, prompts))
-    rows = compare(reports["a"], reports["b"], tolerance)
+    reports, rows = done.reports, done.rows
     untrusted = {side: _untrusted(reps) for side, reps in reports.items()}
-    bad_levels = {r["concurrency"] for reps in reports.values() for r in reps if not r["trust"]["trusted"]}
-    for r in rows:
-        if r["concurrency"] in bad_levels:
-            r["regression"] = None  # not judged on untrusted numbers
-    failed = sum(r["failed"] for side in reports.values() for r in side)
     if plot is not None:
-        _write_plot(plot, {"A": reports["a"], "B": reports["b"]})
-    code = (
-        ExitCode.CRIT
-        if failed
-        else ExitCode.UNKNOWN
-        if bad_levels
-        else (ExitCode.WARN if any(r["regression"] for r in rows) else ExitCode.OK)
-    )
+        ops.write_plot(plot, {"A": reports["a"], "B": reports["b"]})
+    code = done.code
     if as_json:
         print_json(
-            _finite(
+            ops.finite(
                 {
                     "a": ep.url,
                     "b": ep_b.url,
                     "tolerance": tolerance,
                     **work.describe(),
-                    "trusted": not bad_levels,
+                    "trusted": not done.bad_levels,
                     "comparison": rows,
                     "results": reports,
                 }
@@ -471,26 +271,9 @@ def _compare(
     for side, lines in untrusted.items():
         for line in lines:
             console.print(f"UNTRUSTED {side.upper()} {line}", markup=False)
-    if failed:
-        console.print(f"{failed} requests failed; see --json for the reasons")
+    if done.failed:
+        console.print(f"{done.failed} requests failed; see --json for the reasons")
     raise typer.Exit(code)
-
-
-def _scrape(server_metrics: Any, ep: Any, timeout: float) -> dict[str, float] | None:
-    try:
-        return server_metrics.scrape(ep, min(timeout, 10.0))  # type: ignore[no-any-return]
-    except ClusterctlError:
-        return None
-
-
-def _exit_code(reports: list[dict[str, Any]]) -> int:
-    """2 when every request failed, 3 when a level cannot be trusted, 1 when some failed, else 0."""
-    failed = sum(r["failed"] for r in reports)
-    if failed and not sum(r["completed"] for r in reports):
-        return ExitCode.CRIT
-    if _untrusted(reports):
-        return ExitCode.UNKNOWN
-    return ExitCode.WARN if failed else ExitCode.OK
 
 
 def _checked(r: dict[str, Any]) -> str:
