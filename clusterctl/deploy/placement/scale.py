@@ -8,7 +8,7 @@ else moves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from clusterctl.deploy.placement.place import (
@@ -22,6 +22,7 @@ from clusterctl.deploy.state import DeployState, StateStore
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.fields import suggest
 from clusterctl.inventory.model import Inventory
+from clusterctl.inventory.multinode import member_name
 from clusterctl.inventory.select import select_hosts
 
 MAX_REPLICAS = 65535
@@ -48,6 +49,8 @@ class ScalePlan:
     removed: list[str]
     unplaced: dict[str, str]
     result: PlacementResult
+    #: the worker units (``NAME-nodeR``) of removed replicas across hosts: their units go too
+    removed_workers: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -90,7 +93,9 @@ def plan_scale(
     gone = [n for n in result.removed if replica_number(template, n) is not None]
     gone.sort(key=lambda n: -(replica_number(template, n) or 0))
     unplaced = {n: why for n, why in result.unplaced.items() if replica_number(template, n) is not None}
-    return ScalePlan(template, before, desired_replicas(tpl, wanted), mine, gone, unplaced, result)
+    old = state.placements.get(template, {})
+    workers = [member_name(n, r) for n in gone if n in old for r in range(1, len(old[n].stages))]
+    return ScalePlan(template, before, desired_replicas(tpl, wanted), mine, gone, unplaced, result, workers)
 
 
 def record_scale(store: StateStore, template: str, replicas: int | None) -> None:
@@ -112,6 +117,7 @@ def scale_hosts(inv: Inventory, state: DeployState, template: str) -> list[str]:
 
 def replica_names(sp: ScalePlan) -> list[str]:
     """Every replica of the template after the scale plus those it removes: exactly what a
-    rollout of the scale touches (a glob ``T-*`` would also match a template named ``T-x``)."""
+    rollout of the scale touches (a glob ``T-*`` would also match a template named ``T-x``), with the
+    worker units of removed replicas across hosts (the engine adds those of the replicas it keeps)."""
     kept = [n for n, i in sp.result.instances.items() if i.template == sp.template]
-    return kept + sp.removed
+    return kept + sp.removed + sp.removed_workers

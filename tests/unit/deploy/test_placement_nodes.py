@@ -214,12 +214,13 @@ def test_replicas_that_fit_counts_distinct_hosts_per_replica(slots: dict[str, in
     assert replicas_that_fit(slots, nodes) == fit
 
 
-def test_autoscale_on_a_template_across_hosts_is_refused_at_its_line() -> None:
-    with pytest.raises(InventoryError, match=r"site.yaml:23: templates.big: nodes 2: autoscale is not supported"):
-        _inv(
-            '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]",\n'
-            '        autoscale: {min: 1, max: 2, signal: queue, high: 4, low: 1}}\n'
-        )
+def test_autoscale_on_a_template_across_hosts_is_accepted() -> None:
+    # it scales by whole replicas, each placed by the nodes placement (tests/unit/autoscale/test_run_nodes.py)
+    inv = _inv(
+        '  big: {model: m, engine: v33, replicas: 1, tp: 2, nodes: 2, hosts: "b[1-3]",\n'
+        '        autoscale: {min: 1, max: 2, signal: queue, high: 4, low: 1}}\n'
+    )
+    assert inv.templates["big"].autoscale is not None and inv.templates["big"].nodes == 2
 
 
 def test_deploy_places_a_template_replica_across_hosts_and_the_plan_says_where(tmp_path: Any) -> None:
@@ -290,3 +291,22 @@ def test_placement_show_and_scale_plan_list_every_stage(
     # b3 is the only host without a stage: with b1 (first in inventory order: the head) on its other GPUs;
     # port 8000 is taken on b1
     assert "+ big-2  b1 GPUs 2,3 + b3 GPUs 0,1 port 8001" in capsys.readouterr().out
+
+
+def test_scaling_down_selects_the_removed_replicas_worker_units_too(tmp_path: Any) -> None:
+    # the rollout of a scale (clusterctl scale, autoscale) selects instances by name; the engine adds the
+    # workers of the replicas it keeps, but a removed replica is no longer desired: its worker unit on the
+    # other host was left running (found when autoscale of nodes: N templates came in)
+    from clusterctl.deploy.placement.scale import plan_scale, replica_names
+    from clusterctl.deploy.rollout.plan import matches
+
+    inv = _inv(
+        '  big: {model: m, engine: v33, replicas: 2, tp: 2, nodes: 2, hosts: "a[1-2],b[1-3]", port_base: 8000}\n'
+    )
+    store = StateStore(tmp_path)
+    store.save_placements(desired_instances(inv, store.load()).state.placements)
+    sp = plan_scale(inv, store.load(), "big", 1)
+    assert sp.removed == ["big-2"] and sp.removed_workers == ["big-2-node1"]
+    names = replica_names(sp)
+    assert names == ["big-1", "big-2", "big-2-node1"]
+    assert matches("big-2-node1", ",".join(names)) and not matches("big-1-node1", ",".join(names))
