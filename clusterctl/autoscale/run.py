@@ -41,6 +41,7 @@ from clusterctl.deploy.rollout.engine import FleetFactory
 from clusterctl.deploy.state import Cordon, DeployState, StateStore, cordon_key, utc_now, who_am_i
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import AutoscalePolicy, Instance, Inventory
+from clusterctl.inventory.multinode import hosts_in_order
 
 #: The reason new replicas are marked down at the gateway with until their gates pass.
 STARTING_REASON = "autoscale: starting"
@@ -410,7 +411,9 @@ def _scale_out(
                     return
             out.outcome = "ok"
             out.detail = f"{before} -> {sp.after}: " + ", ".join(
-                f"{n} on {sp.result.instances[n].placement[0].host}" for n in added
+                # a nodes: N replica: every host, the head first
+                f"{n} on {' + '.join(hosts_in_order(sp.result.instances[n]))}"
+                for n in added
             )
             return
         out.outcome = "failed"

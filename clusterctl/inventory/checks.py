@@ -77,12 +77,6 @@ def check_templates(ctx: Ctx, inv: Inventory) -> None:
         if tpl.nodes > 1:  # one stage per host on N hosts of one GPU model (inventory/multinode.py)
             for why in template_problems(inv, tpl, hosts, used):
                 ctx.error(line, f"{w}: nodes {tpl.nodes}: {why}")
-            if tpl.autoscale is not None:  # autoscale places new replicas one host at a time
-                ctx.error(
-                    line,
-                    f"{w}: nodes {tpl.nodes}: autoscale is not supported for replicas across hosts; "
-                    "use clusterctl scale",
-                )
             continue
         engine = inv.engines.get(tpl.engine)
         if engine is not None and engine.device == "cpu":

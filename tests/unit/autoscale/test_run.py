@@ -247,18 +247,26 @@ def test_an_operators_lock_wins_and_nothing_changes(tmp_path: Path, monkeypatch:
     assert record.read_history(tmp_path)[-1]["outcome"] == "waited"
 
 
-def test_scale_in_drains_through_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    inv = inv_with()
+def scale_in_round(
+    inv: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str, replicas: int
+) -> tuple[Fake, Any]:
+    """``template`` placed at ``replicas``, every replica idle long enough: one round (a scale-in)."""
     from clusterctl.deploy.placement.place import desired_instances
 
     store = StateStore(tmp_path)
     with store.update() as st:
-        st.replicas["pool"] = 3
+        st.replicas[template] = replicas
     store.save_placements(desired_instances(inv, store.load()).state.placements)
     fake = Fake(monkeypatch, tmp_path)
     _signals(monkeypatch, 0.05)
-    record.save_states(tmp_path, {"pool": ScalerState(below_since=0.0)})
-    out = run.decide_template(inv, tmp_path, make_fleet, "pool", inv.templates["pool"].autoscale, now=lambda: 900.0)
+    record.save_states(tmp_path, {template: ScalerState(below_since=0.0)})
+    pol = inv.templates[template].autoscale
+    return fake, run.decide_template(inv, tmp_path, make_fleet, template, pol, now=lambda: 900.0)
+
+
+def test_scale_in_drains_through_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inv = inv_with()
+    fake, out = scale_in_round(inv, tmp_path, monkeypatch, "pool", 3)
     assert (out.decision.action, out.outcome, out.removed) == ("in", "ok", ["pool-3", "pool-2"])
     assert fake.calls[1][0] == "deploy" and fake.calls[1][2] == 1  # count recorded before the engine drains
     assert not any(c[0] == "down" for c in fake.calls)  # the engine's drain marks them down, not the autoscaler
