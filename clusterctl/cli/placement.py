@@ -344,11 +344,10 @@ def _deploy_template(
     from clusterctl.cli._hosts import host_fleets_and_password
     from clusterctl.deploy.rollout.engine import DeployOptions, PreflightRefused
     from clusterctl.deploy.rollout.batches import parse_serial
-    from clusterctl.deploy.placement.scale import scale_hosts
-    from clusterctl.ops.deploy import DeployRequest, run_deploy
+    from clusterctl.ops.deploy import DeployRequest, place_scaled, run_deploy, scale_rollout_hosts
 
     try:
-        hosts = [inv.hosts[h] for h in scale_hosts(inv, store.load(), template)]
+        hosts = scale_rollout_hosts(inv, store, template)
         dopts = DeployOptions(
             instances=",".join(names),
             serial=parse_serial(opts["serial"]),
@@ -364,8 +363,8 @@ def _deploy_template(
             host_key_policy=host_key_policy,
             ask_become_pass=ask_become_pass,
         )
-        _place_with_topology(inv, store, make, as_json)
         request = DeployRequest(inv, hosts, make, str(store.directory), dopts, gateway_password=password)
+        place_scaled(request, store, None if as_json else (lambda m: err_console.print(m, markup=False)))
         with deploy_events(not as_json) as events:
             rep = run_deploy(request, events)
     except PreflightRefused as e:
@@ -375,18 +374,6 @@ def _deploy_template(
     if not as_json:
         print_deploy_report(rep)
     return rep
-
-
-def _place_with_topology(inv: Any, store: Any, make: Any, quiet: bool) -> None:
-    """Place new replicas with the GPU topology of the hosts they may go to, and record them,
-    so the deploy engine (which keeps recorded placements) starts them there."""
-    from clusterctl.deploy.placement import topology
-
-    res, missing = topology.place(inv, store.load(), topology.fleet_reader(make, inv))
-    if missing and not quiet:
-        err_console.print(f"no GPU topology from {', '.join(missing)}: placed by contiguous GPU indexes", markup=False)
-    if res.changed:
-        store.save_placements(res.state.placements)
 
 
 def _scale_json(sp: Any, applied: bool) -> dict[str, Any]:

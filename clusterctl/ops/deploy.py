@@ -1,5 +1,5 @@
-"""The deploy workflows: ``deploy`` (with release gates, surge or a playbook), ``rollback`` and
-``start | stop | restart``, and the gateway's drain hook they are given.
+"""The deploy workflows: ``deploy`` (with release gates, surge or a playbook), ``scale``'s placement,
+``rollback`` and ``start | stop | restart``, and the gateway's drain hook they are given.
 
 A typed request goes in (the inventory loaded, the hosts selected, how fleets are built, the
 deploy state directory, the engine's options) and the engine's report comes out
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
+from clusterctl.deploy.placement import topology
+from clusterctl.deploy.placement.scale import scale_hosts
 from clusterctl.deploy.playbooks.load import Playbook, load_playbook
 from clusterctl.deploy.playbooks.run import PlaybookReport, PlaybookRun
 from clusterctl.deploy.rollout import engine
@@ -29,6 +31,7 @@ from clusterctl.deploy.rollout.lifecycle import Action, ActionResult, run_action
 from clusterctl.deploy.rollout.release_gates import ReleaseDeploy, ReleaseGates
 from clusterctl.deploy.rollout.rollback import RollbackReport, rollback
 from clusterctl.deploy.rollout.surge import with_surge
+from clusterctl.deploy.state import StateStore
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import FleetFactory
 from clusterctl.fleet.fleet import Fleet
@@ -79,6 +82,24 @@ def run_deploy(request: DeployRequest, on_event: OnEvent = _quiet) -> DeployRepo
         return cls(*args, on_event=on_event, release=r.release, gateway=r.hook()).run()
     deploy = with_surge(engine.Deploy) if opts.surge else engine.Deploy
     return deploy(*args, on_event=on_event, gateway=r.hook()).run()
+
+
+def scale_rollout_hosts(inv: Inventory, store: StateStore, template: str) -> list[Host]:
+    """The hosts a rollout of ``template``'s scale touches (its pattern's and those still holding a replica)."""
+    return [inv.hosts[h] for h in scale_hosts(inv, store.load(), template)]
+
+
+def place_scaled(request: DeployRequest, store: StateStore, on_note: Optional[Callable[[str], None]] = None) -> None:
+    """Before a scale's rollout (:func:`run_deploy` of ``options.instances``; removed replicas are
+    drained first): place the new replicas with the GPU topology of the hosts they may go to and
+    record them, so the engine (which keeps recorded placements) starts them there.
+    ``on_note``: hosts whose topology could not be read."""
+    inv = request.inventory
+    res, missing = topology.place(inv, store.load(), topology.fleet_reader(request.fleets, inv))
+    if missing and on_note is not None:
+        on_note(f"no GPU topology from {', '.join(missing)}: placed by contiguous GPU indexes")
+    if res.changed:
+        store.save_placements(res.state.placements)
 
 
 def run_playbook(request: DeployRequest, path: str, on_event: OnEvent = _quiet) -> tuple[Playbook, PlaybookReport]:
