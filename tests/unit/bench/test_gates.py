@@ -40,8 +40,11 @@ def test_drift_gate_passes_a_twin_and_stops_a_quantized_canary(host, models, sta
 
 
 def test_bench_gate_passes_an_equal_canary_and_stops_a_slow_one(host, models, start_sim, trust_not_judged) -> None:
-    prev = start_sim(host, models["qwen3-8b"], scale="0.25")
-    canary = start_sim(host, models["qwen3-8b"], scale="0.25", gpus="1")
+    # Time scale 3 (start-up at once): a simulated decode step of ~20 ms, ~100 ms slowed, dwarfs the per-token
+    # cost of the HTTP stream and the load generator, which a loaded machine inflates on both sides alike; at
+    # scale 0.25 (~1.5 ms a step) that cost alone hid the 5x slow-down under a load of 30.
+    prev = start_sim(host, models["qwen3-8b"], scale="3", startup="0")
+    canary = start_sim(host, models["qwen3-8b"], scale="3", gpus="1", startup="0")
     assert prev.wait_for(READY) and canary.wait_for(READY), prev.log + canary.log
     kw = {"concurrency": (2,), "requests": 4, "input_len": 32, "output_len": 8, "tolerance": 2.0}
     # The reference against itself: rounds alternate, so what the shared machine's load does to one round it
@@ -66,8 +69,8 @@ def test_release_gates_in_the_deploy_engines_terms(host, models, start_sim, trus
     awq = tmp_path / "qwen3-8b-awq"
     synth.write_model("qwen3-8b", awq, sparse=True, quantization="awq")
     sims = {
-        "prev": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05"),
-        "twin": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05", gpus="1"),
+        "prev": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05", startup="0"),
+        "twin": start_sim(host, models["qwen3-8b"], "--no-sim-batch-noise", scale="0.05", gpus="1", startup="0"),
     }
     assert all(s.wait_for(READY) for s in sims.values()), [s.log for s in sims.values()]
     state = tmp_path / "state"
@@ -89,7 +92,7 @@ def test_release_gates_in_the_deploy_engines_terms(host, models, start_sim, trus
         r.reason for r in twin
     ]
     assert sims.pop("twin").stop() == 0
-    sims["awq"] = start_sim(host, awq, "--no-sim-batch-noise", scale="0.05", gpus="1")
+    sims["awq"] = start_sim(host, awq, "--no-sim-batch-noise", scale="0.05", gpus="1", startup="0")
     assert sims["awq"].wait_for(READY), sims["awq"].log
     bad = release_gates([target("awq")], **kw)
     assert [(r.instance, r.step, r.ok) for r in bad] == [("awq", "drift", False)]  # not benched after drift failed
@@ -106,8 +109,8 @@ def test_bench_gate_is_inconclusive_on_noise_or_untrusted_numbers(
     assert gate.change_ci([1.0, 1.0], [1.0, 1.0]) == (0.0, 0.0)
     change, half = gate.change_ci([10.0, 12.0, 11.0, 9.0], [20.0, 22.0, 21.0, 19.0])  # type: ignore[misc]
     assert change == pytest.approx(20.5 / 10.5 - 1) and 0 < half < 0.3
-    prev = start_sim(host, models["qwen3-8b"], scale="0.05")
-    canary = start_sim(host, models["qwen3-8b"], scale="0.05", gpus="1")
+    prev = start_sim(host, models["qwen3-8b"], scale="0.05", startup="0")
+    canary = start_sim(host, models["qwen3-8b"], scale="0.05", gpus="1", startup="0")
     assert prev.wait_for(READY) and canary.wait_for(READY), prev.log + canary.log
     kw = {"concurrency": (2,), "requests": 2, "input_len": 8, "output_len": 4, "max_rounds": 2}
     # a tolerance no measurement can resolve: more rounds, then inconclusive, never a pass or a regression

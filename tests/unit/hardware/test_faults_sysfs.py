@@ -181,14 +181,23 @@ def test_ticker_advances_sysfs_counters_atomically_and_stops_on_sigterm(make_hos
     ticker.tick(lab, caches, now=t + 5)
     assert int(cnp_file.read_text()) == frozen
 
+    # The daemon: the counter moves again, and once the daemon has written it (its SIGTERM handler is
+    # installed before its first pass) a SIGTERM ends it cleanly.  Wait for that write, never a fixed time:
+    # on a loaded machine the interpreter's start alone can take seconds.
+    faults.cnp(host, nic="eth2", per_s=1000)
+    moving = int(cnp_file.read_text())  # the injection itself rewrites the files once
     proc = subprocess.Popen(
         [sys.executable, "-m", "clusterctl.lab.hardware.ticker", str(lab), "--interval", "0.2"],
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        time.sleep(1.2)
-        assert int(cnp_file.read_text()) > v1
+        deadline = time.monotonic() + 60
+        while int(cnp_file.read_text()) <= moving and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert int(cnp_file.read_text()) > moving >= frozen, (
+            f"the ticker never advanced the counter (exit {proc.poll()})"
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=5)

@@ -116,7 +116,11 @@ class Sim:
 
 @pytest.fixture
 def start_sim(nvml_lib: Path) -> Iterator[Callable[..., Sim]]:
-    """Start the simulator: ``start_sim(state, model, *flags, gpus="0", env={}, port=None)``."""
+    """Start the simulator: ``start_sim(state, model, *flags, gpus="0", env={}, port=None)``.
+
+    ``scale`` is the simulator's time scale (``$VLLM_SIM_TIME_SCALE``); ``startup``, when given, the scale of
+    its start-up delays alone (``$VLLM_SIM_STARTUP_SCALE``): ``startup="0"`` for a test about serving at a
+    slow scale, not about starting (the qwen3-8b start-up is ~45 s simulated: ~11 s of CI at scale 0.25)."""
     started: list[Sim] = []
 
     def start(
@@ -128,6 +132,7 @@ def start_sim(nvml_lib: Path) -> Iterator[Callable[..., Sim]]:
         port: int | None = None,
         version: str = "0.11",
         scale: str = "0",
+        startup: str | None = None,
     ) -> Sim:
         port = port or free_port()
         e = dict(
@@ -136,6 +141,7 @@ def start_sim(nvml_lib: Path) -> Iterator[Callable[..., Sim]]:
             FAKE_NVML_STATE=str(state),
             VLLM_SIM_VERSION=version,
             VLLM_SIM_TIME_SCALE=scale,
+            **({} if startup is None else {"VLLM_SIM_STARTUP_SCALE": startup}),
             **(env or {}),
         )
         e.pop("VLLM_API_KEY", None) if "VLLM_API_KEY" not in (env or {}) else None
