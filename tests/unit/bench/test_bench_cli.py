@@ -16,7 +16,7 @@ def test_bench_json_reports_each_level_with_vllm_metrics(
     host, models, start_sim, trust_not_judged, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Scale 0.25: tokens 1.8 ms apart, which the client can tell apart (at 0.05 they come in bursts: TPOT 0).
-    sim = start_sim(host, models["qwen3-8b"], scale="0.25")
+    sim = start_sim(host, models["qwen3-8b"], scale="0.25", startup="0")
     assert sim.wait_for(READY, 60), sim.log
     rc = main(
         [
@@ -90,8 +90,8 @@ def test_bench_usage_errors_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
 def test_compare_flags_a_slowed_down_target_as_a_regression(
     host, models, start_sim, trust_not_judged, tmp_path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a = start_sim(host, models["qwen3-8b"], scale="0.05")
-    b = start_sim(host, models["qwen3-8b"], scale="0.05", gpus="1")
+    a = start_sim(host, models["qwen3-8b"], scale="0.05", startup="0")
+    b = start_sim(host, models["qwen3-8b"], scale="0.05", gpus="1", startup="0")
     assert a.wait_for(READY) and b.wait_for(READY), a.log + b.log
     args = [
         "bench",

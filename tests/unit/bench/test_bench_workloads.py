@@ -37,7 +37,7 @@ instances:
 def test_dataset_lengths_duration_and_plot(
     host, models, start_sim, trust_not_judged, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sim = start_sim(host, models["qwen3-8b"], scale="0.05")
+    sim = start_sim(host, models["qwen3-8b"], scale="0.05", startup="0")
     assert sim.wait_for(READY), sim.log
     data = tmp_path / "chats.jsonl"
     data.write_text(
@@ -89,7 +89,7 @@ def test_an_inventory_instance_is_a_target_with_its_api_key(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    sim = start_sim(host, models["qwen3-8b"], "--api-key", "s3cret-bench", scale="0.05")
+    sim = start_sim(host, models["qwen3-8b"], "--api-key", "s3cret-bench", scale="0.05", startup="0")
     assert sim.wait_for(READY), sim.log
     inv = tmp_path / "inv.yaml"
     inv.write_text(INVENTORY.format(port=sim.url.rsplit(":", 1)[1]))

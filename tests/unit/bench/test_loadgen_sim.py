@@ -22,7 +22,7 @@ SCALE = 0.25
 
 
 def _sim(start_sim: Any, host: Path, models: dict[str, Path], scale: str, *flags: str) -> Any:
-    sim = start_sim(host, models["qwen3-8b"], *flags, scale=scale)
+    sim = start_sim(host, models["qwen3-8b"], *flags, scale=scale, startup="0")
     assert sim.wait_for(READY), sim.log
     return sim
 

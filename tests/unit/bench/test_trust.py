@@ -101,7 +101,7 @@ def _starve(pid: int, stop: threading.Event) -> None:
 
 
 def test_a_starved_generator_exits_3_with_the_measured_error(host, models, start_sim) -> None:
-    sim = start_sim(host, models["qwen3-8b"], scale="0.25")
+    sim = start_sim(host, models["qwen3-8b"], scale="0.25", startup="0")
     assert sim.wait_for(READY, 60), sim.log
     code = "import sys; from clusterctl.cli.main import main; sys.exit(main(sys.argv[1:]))"
     # Starved from the start (no /tokenize probe to slow down): on an idle machine the whole level takes
@@ -173,7 +173,7 @@ def test_a_local_tokenizer_sets_the_length_and_both_counts_are_recorded(
     from clusterctl.cli.main import main
 
     _bpe(tmp_path / "tokenizer.json", 270)  # the 256 bytes and a few merges: words of 2-5 tokens
-    sim = start_sim(host, models["qwen3-8b"], scale="0.05")
+    sim = start_sim(host, models["qwen3-8b"], scale="0.05", startup="0")
     assert sim.wait_for(READY), sim.log
     assert (
         main(

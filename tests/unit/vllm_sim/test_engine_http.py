@@ -58,7 +58,14 @@ def test_quantized_instance_drifts_while_two_unquantized_agree(host: Path, model
 def test_preemptions_when_kv_blocks_run_out(host: Path, models, start_sim) -> None:
     # 64 KV blocks (1024 tokens) for six requests growing to 400 tokens each.
     sim = start_sim(
-        host, models["qwen3-8b"], "--max-model-len", "1024", "--kv-cache-memory-bytes", str(1024 * 147456), scale="0.2"
+        host,
+        models["qwen3-8b"],
+        "--max-model-len",
+        "1024",
+        "--kv-cache-memory-bytes",
+        str(1024 * 147456),
+        scale="0.2",
+        startup="0",
     )
     assert sim.wait_for(READY), sim.log
     results: list[int] = []
@@ -82,7 +89,7 @@ def test_preemptions_when_kv_blocks_run_out(host: Path, models, start_sim) -> No
 def test_ttft_rises_with_concurrent_requests(host: Path, models, start_sim) -> None:
     # At scale 0.05 a few ms of thread-start jitter is 100 ms simulated and the 8 arrivals stop batching
     # (failed 2 of 4 runs on an idle machine); 0.25 keeps the test about the engine.
-    sim = start_sim(host, models["qwen3-8b"], "--sim-profile", "l40s-48g", scale="0.25")
+    sim = start_sim(host, models["qwen3-8b"], "--sim-profile", "l40s-48g", scale="0.25", startup="0")
     assert sim.wait_for(READY), sim.log
 
     def burst(n: int, tag: str) -> float:
@@ -109,7 +116,7 @@ def test_ttft_rises_with_concurrent_requests(host: Path, models, start_sim) -> N
 
 
 def test_prefix_cache_hits_are_counted_and_logged(host: Path, models, start_sim) -> None:
-    sim = start_sim(host, models["qwen3-8b"], scale="0.05")
+    sim = start_sim(host, models["qwen3-8b"], scale="0.05", startup="0")
     assert sim.wait_for(READY), sim.log
     system = words("sys", 160)
     for q in ("first question", "second question"):
