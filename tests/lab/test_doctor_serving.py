@@ -87,7 +87,8 @@ class Sim:
         lab.run(
             host,
             f"systemd-run --unit {self.unit} --setenv=CUDA_VISIBLE_DEVICES={gpu} "
-            f"--setenv=VLLM_SIM_TIME_SCALE={scale} --setenv=VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=3000 "
+            f"--setenv=VLLM_SIM_TIME_SCALE={scale} --setenv=VLLM_SIM_STARTUP_SCALE=0 "  # serving slow, started at once
+            "--setenv=VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=3000 "
             f"/opt/vllm-0.11/bin/vllm serve {MODEL} --port {port} --served-model-name qwen3-8b " + " ".join(flags),
             check=True,
         )

@@ -50,6 +50,7 @@ def served(lab):
     lab.run(
         name,
         f"systemd-run --unit={UNIT} --collect --property=Type=exec --setenv=VLLM_SIM_TIME_SCALE=0.1 "
+        "--setenv=VLLM_SIM_STARTUP_SCALE=0 "  # the engine's serving is under test, not its start-up
         "--setenv=VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=30 --setenv=CUDA_VISIBLE_DEVICES=0 "
         f"/opt/vllm-0.11/bin/vllm serve {MODEL} --port {PORT} --max-model-len 8192 "
         "--sim-profile l40s-48g",
