@@ -90,8 +90,10 @@ def test_bench_usage_errors_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
 def test_compare_flags_a_slowed_down_target_as_a_regression(
     host, models, start_sim, trust_not_judged, tmp_path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a = start_sim(host, models["qwen3-8b"], scale="0.05", startup="0")
-    b = start_sim(host, models["qwen3-8b"], scale="0.05", gpus="1", startup="0")
+    # Time scale 1 (a ~7 ms decode step, 28 ms slowed): at 0.05 the step was 0.35 ms, less than the per-token
+    # cost of the stream on a loaded machine, which hid the 4x slow-down (0 instead of 1 under load).
+    a = start_sim(host, models["qwen3-8b"], scale="1", startup="0")
+    b = start_sim(host, models["qwen3-8b"], scale="1", gpus="1", startup="0")
     assert a.wait_for(READY) and b.wait_for(READY), a.log + b.log
     args = [
         "bench",
