@@ -204,6 +204,55 @@ def test_deploy_never_reaches_the_gateway_by_itself() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+#: What acts on hosts or runs a workflow: the CLI reaches it only through clusterctl.ops.
+CLI_NEVER_IMPORTS_MODULES = (
+    "clusterctl.deploy.rollout.rollback",
+    "clusterctl.deploy.rollout.lifecycle",
+    "clusterctl.deploy.rollout.drain",
+    "clusterctl.deploy.rollout.apply",
+    "clusterctl.deploy.playbooks.run",
+    "clusterctl.deploy.placement.topology",
+    "clusterctl.gateway.hook",
+    "clusterctl.gateway.deploy",
+    "clusterctl.gateway.sync",
+    "clusterctl.gateway.observe",
+    "clusterctl.gateway.keys",
+    "clusterctl.bench.runner",
+)
+CLI_NEVER_IMPORTS_NAMES = (
+    "Deploy",
+    "ReleaseDeploy",
+    "SurgeDeploy",
+    "with_surge",
+    "stage_model",
+    "node_op",
+    "pin_models",
+)
+
+
+def test_the_cli_runs_no_deploy_gateway_staging_or_bench_workflow_itself() -> None:
+    """``clusterctl/cli/`` parses options and renders: deploy, rollback, playbooks, scale's placement,
+    start/stop/restart, the gateway's commands, staging and bench run in ``clusterctl/ops/``
+    (``ops/deploy.py``, ``ops/gateway.py``, ``ops/stage.py``, ``ops/bench.py``); the CLI imports
+    their requests and results, never the engines that act on hosts."""
+    offenders = []
+    for path, _, tree in _modules():
+        if path.relative_to(PACKAGE).parts[0] != "cli":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+                names: list[str] = []
+            elif isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                names = [a.name for a in node.names]
+            else:
+                continue
+            offenders += [f"{path}:{node.lineno}: imports {m}" for m in mods if m in CLI_NEVER_IMPORTS_MODULES]
+            offenders += [f"{path}:{node.lineno}: imports {n}" for n in names if n in CLI_NEVER_IMPORTS_NAMES]
+    assert not offenders, "\n".join(offenders)
+
+
 def test_fleets_are_built_by_the_one_factory() -> None:
     """``Fleet(...)`` is constructed only in ``fleet/`` (``fleet/factory.py``'s make_fleet): one place
     decides fanout, timeouts, the sudo password and host-key policy from the options and the config."""
