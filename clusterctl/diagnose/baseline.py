@@ -96,6 +96,9 @@ def check_baseline(ctx: AnalysisContext) -> list[Finding]:
             out.append(Finding(CHECK, Severity.OK, host, "host", "not in the baseline (nothing to compare)"))
             continue
         g = ctx.fact(host, GpusFact)
+        if g is not None and g.unreadable:
+            out.append(Finding(CHECK, Severity.UNKNOWN, host, "host", f"GPU facts not read: {g.unreadable}"))
+            continue
         found = _compare(host, want, g) if g is not None else []
         out.extend(found or [Finding(CHECK, Severity.OK, host, "host", "as in the baseline")])
     return out

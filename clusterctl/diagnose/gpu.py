@@ -46,7 +46,20 @@ def _hosts_with_facts(ctx: AnalysisContext, check: str) -> Iterable[tuple[str, G
         if host in ctx.missing:
             continue
         g = ctx.fact(host, GpusFact)
-        if g is None:
+        if g is not None and g.unreadable:
+            yield (
+                host,
+                None,
+                Finding(
+                    check,
+                    Severity.UNKNOWN,
+                    host,
+                    "host",
+                    f"GPU facts not read: {g.unreadable}",
+                    "run doctor with a clusterctl as new as the nodes' collector",
+                ),
+            )
+        elif g is None:
             yield (
                 host,
                 None,

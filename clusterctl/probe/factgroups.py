@@ -221,6 +221,8 @@ class GpuSection:
     topology: tuple[Topology, ...]
     fabric_manager: FabricManager | None
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    #: why the document could not be read at all (another facts schema); None when it was
+    unreadable: str | None = None
 
     def device(self, index: int) -> GpuDevice | None:
         return next((d for d in self.devices if d.index == index), None)
@@ -312,6 +314,9 @@ class GpusFact(FactGroup[GpuSection]):
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any]) -> GpuSection:
+        bad = schema_problem(doc)
+        if bad:
+            return GpuSection(False, bad, None, (), (), (), None, unreadable=bad)
         g = _dict(doc.get("gpus"))
         fm = g.get("fabric_manager")
         return GpuSection(

@@ -450,3 +450,15 @@ def test_node_prereqs_group_from_the_collectors_proc_and_etc_reading(tmp_path: P
     failed = NodePrereqsFact.parse({"node_prereqs": None, "errors": [{"source": "node_prereqs", "reason": "boom"}]})
     assert not failed.read and failed.reasons == ("boom",) and failed.sysctl == {}
     assert not NodePrereqsFact.parse({"schema": 2, "node_prereqs": {"sysctl": {}}}).read
+
+
+def test_gpu_facts_of_another_schema_are_unknown_for_every_gpu_check_never_ok() -> None:
+    facts = G.healthy()
+    facts["gpu02"]["schema"] = 2
+    g = GpusFact.parse(facts["gpu02"])
+    assert g.unreadable and "facts schema 2" in g.unreadable and not g.available and g.devices == ()
+    fs = [f for f in run_analyzers(G.ctx(facts), ["gpu"]) if f.host == "gpu02"]
+    assert fs and {f.severity for f in fs} == {Severity.UNKNOWN}, [(f.check, f.severity, f.message) for f in fs]
+    assert any("facts schema 2" in f.message for f in fs)
+    ok = [f for f in run_analyzers(G.ctx(G.healthy()), ["gpu"]) if f.host == "gpu02"]
+    assert ok and all(f.severity == Severity.OK for f in ok)  # the same host, readable: all OK
