@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from clusterctl.autoscale.decide import ScalerState
 from clusterctl.errors import ClusterctlError
 from clusterctl.files import write_atomic
+from clusterctl.deploy.rollout.audit import append_line
 
 SUBDIR = "autoscale"
 STATE_FILE = "state.json"
@@ -79,8 +80,6 @@ def save_states(state_dir: str | Path, states: dict[str, ScalerState]) -> None:
 
 
 def append_history(state_dir: str | Path, rec: dict[str, Any]) -> Path:
-    from clusterctl.deploy.rollout.audit import append_line
-
     return append_line(_dir(state_dir) / HISTORY_FILE, rec)
 
 

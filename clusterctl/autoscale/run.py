@@ -42,6 +42,14 @@ from clusterctl.deploy.state import Cordon, DeployState, StateStore, cordon_key,
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import AutoscalePolicy, Instance, Inventory
 from clusterctl.inventory.multinode import hosts_in_order
+from clusterctl.deploy.placement.deployed import wanted_instances
+from clusterctl.deploy.placement.place import desired_instances, desired_replicas, replica_number
+from clusterctl.deploy.placement.scale import plan_scale, replica_names, scale_hosts
+from clusterctl.deploy.rollout import lock
+from clusterctl.gateway import state as gwstate
+from clusterctl.gateway.hook import fleet_hook
+from clusterctl.gateway.sync import decide as gw_decide
+from clusterctl.inventory.select import select_hosts
 
 #: The reason new replicas are marked down at the gateway with until their gates pass.
 STARTING_REASON = "autoscale: starting"
@@ -121,8 +129,6 @@ def _gpu_model(inv: Inventory, inst: Instance) -> str:
 
 
 def template_replicas(inv: Inventory, state: DeployState, template: str) -> dict[str, Instance]:
-    from clusterctl.deploy.placement.place import desired_instances
-
     res = desired_instances(inv, state)
     return {n: i for n, i in res.instances.items() if i.template == template}
 
@@ -136,7 +142,6 @@ def measure(
     on_event: Callable[[str], None] | None = None,
 ) -> Signals:
     """The template's replicas measured over the policy's window."""
-    from clusterctl.deploy.placement.place import desired_replicas
     from clusterctl.deploy.status.instances import collect_status
 
     state = StateStore(state_dir).load()
@@ -175,8 +180,6 @@ def restricted(inv: Inventory, state: DeployState, template: str, policy: Autosc
     """A copy of ``state`` with cordons (never saved) on what the policy does not allow for new
     replicas: hosts outside ``hosts``, GPUs outside ``gpus``, and with ``prefer`` hosts whose GPU
     model is not ``prefer_gpu``.  The operator's own cordons are all still there."""
-    from clusterctl.inventory.select import select_hosts
-
     out = state.copy()
     mine = [h.name for h in select_hosts(inv, inv.templates[template].hosts)]
     allowed = set(mine) if policy.hosts is None else {h.name for h in select_hosts(inv, policy.hosts)}
@@ -196,8 +199,6 @@ def restricted(inv: Inventory, state: DeployState, template: str, policy: Autosc
 def plan_out(inv: Inventory, state: DeployState, template: str, policy: AutoscalePolicy, target: int) -> Any:
     """The scale plan for ``target`` placed where the policy allows (the preferred GPU model first,
     then any allowed GPU); fewer replicas when only fewer fit (``ScalePlan.after`` says how many)."""
-    from clusterctl.deploy.placement.scale import plan_scale
-
     cur = plan_scale(inv, state, template, None).before
     tries = [True, False] if policy.prefer_gpu else [False]
     best = None
@@ -217,15 +218,11 @@ def plan_out(inv: Inventory, state: DeployState, template: str, policy: Autoscal
 
 
 def _lock_hosts(inv: Inventory, state: DeployState, template: str, extra: Sequence[str] = ()) -> list[str]:
-    from clusterctl.deploy.placement.scale import scale_hosts
-
     names = set(scale_hosts(inv, state, template)) | set(extra)
     return [h for h in inv.hosts if h in names]
 
 
 def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Any:
-    from clusterctl.gateway.hook import fleet_hook
-
     return fleet_hook(inv, state_dir, make_fleet)
 
 
@@ -233,10 +230,7 @@ def sync_gateway_now(
     inv: Inventory, state_dir: Path, make_fleet: FleetFactory, window_s: float, say: Callable[[str], None]
 ) -> str | None:
     """A forced gateway sync from fresh measurements; ``None`` or why it failed."""
-    from clusterctl.deploy.placement.deployed import wanted_instances
-    from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.observe import observe
-    from clusterctl.gateway.sync import decide as gw_decide
     from clusterctl.gateway.sync import sync_gateway
 
     gw = inv.gateway
@@ -293,8 +287,6 @@ def _deploy(
 
 def _gates_passed(rep: Any, inv: Inventory, state_dir: Path, names: Sequence[str]) -> dict[str, str | None]:
     """name -> ``None`` (applied, every gate passed) or why not."""
-    from clusterctl.deploy.placement.deployed import wanted_instances
-
     where = wanted_instances(inv, state_dir)
     out: dict[str, str | None] = {}
     for n in names:
@@ -323,9 +315,6 @@ def act(
     say: Callable[[str], None],
 ) -> None:
     """Carry out ``decision`` (an ``out`` or ``in``); fills ``out.outcome``/``detail``/``added``/``removed``."""
-    from clusterctl.deploy.rollout import lock
-    from clusterctl.deploy.placement.scale import plan_scale, replica_names
-
     store = StateStore(state_dir)
     state = store.load()
     if decision.action == "out":
@@ -380,10 +369,6 @@ def _scale_out(
     out: Outcome,
     say: Callable[[str], None],
 ) -> None:
-    from clusterctl.deploy.placement.scale import replica_names
-
-    from clusterctl.deploy.placement.place import replica_number
-
     state_dir = store.directory
     before = sp.before
     # replicas above the count in force are new; a lower one placed now only had no recorded place

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.vllmclient import Endpoint
+from clusterctl.deploy.units.secrets import instance_api_key
 
 #: A TARGET that is a URL (scheme, or HOST:PORT) rather than an instance name.
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://|^[^/:]+:\d+(/.*)?$", re.IGNORECASE)
@@ -39,8 +40,6 @@ def _env_key() -> str | None:
 def instance_endpoint(inv: Inventory, inst: Instance) -> Endpoint:
     """``http://address:port`` of ``inst``'s first host with its API key (see the module doc); raises
     ConfigError when a secret the inventory names cannot be read."""
-    from clusterctl.deploy.units.secrets import instance_api_key
-
     host = inv.hosts[inst.placement[0].host]
     key = instance_api_key(inv, inst) or os.environ.get("CLUSTERCTL_API_KEY") or None
     return Endpoint(host.address, inst.port).with_key(key)

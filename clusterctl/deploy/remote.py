@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 from clusterctl import node
 from clusterctl.fleet import shell
 from clusterctl.fleet.results import HostResult
+from clusterctl.deploy.units.nodesetup import check_gpus_source
 
 #: Seconds one node job may take (``apply`` waits for systemctl start/restart).
 DEFAULT_TIMEOUT_S = 300.0
@@ -171,8 +172,6 @@ def read_hosts(
     if rdma_ports:
         job["rdma_ports"] = sorted(set(rdma_ports))
     if gpu_uuids:
-        from clusterctl.deploy.units.nodesetup import check_gpus_source
-
         job["gpu_lister"] = check_gpus_source()
     replies = run_job(fleet, job, hosts=hosts, timeout=timeout)
     out: dict[str, HostState] = {}

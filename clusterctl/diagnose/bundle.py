@@ -33,6 +33,9 @@ from clusterctl.diagnose import evidence, inputs, sources
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.inventory.model import Host, Inventory
+from clusterctl.fleet.cached import run_cached
+from clusterctl.probe.payload import payload, probe_command
+from clusterctl.probe.run import interpret
 
 FORMAT = 1
 NODE_SCRIPT = node.path("bundle")
@@ -133,10 +136,6 @@ def gather(
     is recorded, never raised: facts failures go to ``missing``,
     journal/metrics failures to the host's ``commands`` records.
     """
-    from clusterctl.fleet.cached import run_cached
-    from clusterctl.probe.payload import payload, probe_command
-    from clusterctl.probe.run import interpret
-
     snap = Snapshot(
         interval_s=interval_s,
         meta={"started_at": _now(), "clusterctl_version": __version__, "hosts": [h.name for h in hosts]},

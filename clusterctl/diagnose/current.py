@@ -25,6 +25,7 @@ from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.diagnose.sources import KERNEL_LOG
 from clusterctl.probe.factgroups import KernelLog, KernelLogFact
+from clusterctl.diagnose.sources import unit_name
 
 _TS = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:?\d{2}|Z)?)\s")
 _BOOT = re.compile(r"^-- (?:Boot [0-9a-f]+|Reboot) --")
@@ -102,8 +103,6 @@ def split_context(ctx: AnalysisContext, since: float | None = None) -> tuple[Ana
     """``(current, history)`` contexts: raw logs cut at the current run / boot.
 
     ``history`` is None when no line is older than the window."""
-    from clusterctl.diagnose.sources import unit_name
-
     cur: dict[str, dict[str, str]] = {}
     old: dict[str, dict[str, str]] = {}
     any_old = False

@@ -15,6 +15,8 @@ from typing import Any
 from clusterctl.diagnose.findings import Finding
 from clusterctl.diagnose.registry import AnalysisContext, registered, run_analyzers
 from clusterctl.errors import ClusterctlError
+from clusterctl.diagnose import acks as ack
+from clusterctl.diagnose.evidence import not_checked
 
 ALWAYS = "host.reachable"
 
@@ -56,9 +58,6 @@ def diagnose(
     Hosts known only from raw outputs (``doctor --from`` on loose files) get an
     UNKNOWN row for every selected check their outputs cannot feed, and no OK
     row from such a check (:func:`clusterctl.diagnose.evidence.not_checked`)."""
-    from clusterctl.diagnose.evidence import not_checked
-
-    from clusterctl.diagnose import acks as ack
     from clusterctl.diagnose.current import history, split_context
 
     ctx, older = split_context(ctx, since)

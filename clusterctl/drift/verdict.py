@@ -13,6 +13,7 @@ from typing import Any
 
 from clusterctl.drift import compare, run, store
 from clusterctl.vllmclient import Endpoint
+from clusterctl.diagnose.thresholds import check_file
 
 
 @dataclass
@@ -43,8 +44,6 @@ def check(
     """Replay ``baseline``'s prompts against ``ep`` and judge them against the limits of the baseline's model
     (``thresholds`` file, default ``checks/drift.yaml``), widened to its calibrated noise floor if any;
     ``timeout`` (s) bounds each request."""
-    from clusterctl.diagnose.thresholds import check_file
-
     base = store.load(baseline, state_dir)
     model = base.env.get("model")
     limits = compare.load_thresholds(thresholds or check_file("drift.yaml"), model)

@@ -30,6 +30,7 @@ import os
 import shlex
 import time
 from typing import Any, Callable, Mapping, Sequence
+from clusterctl.fleet.results import RunResults
 
 #: Loader exit status: the program is not cached (or its copy is damaged).
 RC_NOT_CACHED = 98
@@ -126,8 +127,6 @@ def run_cached(
     :func:`enabled`.  Other keyword arguments go to ``fleet.run`` (``sudo``,
     ``timeout``, ``require_python``...).
     """
-    from clusterctl.fleet.results import RunResults
-
     names = [h.name for h in getattr(fleet, "hosts")]
     wanted = [n for n in names if not isinstance(args, Mapping) or n in args]
 

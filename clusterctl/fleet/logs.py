@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Mapping
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.fleet import shell
 from clusterctl.fleet.results import HostResult, RunResults
+from clusterctl.node.collector import journal_line
 
 #: Longest line kept from a node (bytes); the rest of a longer line is dropped.
 MAX_LINE = 64 * 1024
@@ -146,8 +147,6 @@ def command(
 
 def parse_entry(raw: str, host: str, query: HostQuery) -> LogLine | None:
     """One ``journalctl -o json`` line as a LogLine; None when it is not an entry."""
-    from clusterctl.node.collector import journal_line
-
     try:
         entry = json.loads(raw)
     except ValueError:

@@ -45,6 +45,15 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.gateway.failover_plan import FailoverPlan, plan_failover
 from clusterctl.gateway.sync import SyncResult, tp_unavailable
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.deploy.placement.deployed import wanted_instances
+from clusterctl.deploy.placement.place import desired_instances
+from clusterctl.diagnose import bundle
+from clusterctl.diagnose.registry import run_analyzers
+from clusterctl.diagnose.thresholds import load_thresholds
+from clusterctl.diagnose.tp import check_tp_groups
+from clusterctl.gateway import state as gwstate
+from clusterctl.gateway.hook import fleet_hook
+from clusterctl.inventory.select import select_hosts
 
 #: Reason recorded in the gateway state for instances failover marks down.
 MARK_DOWN_REASON = "failover: TP group UNAVAILABLE"
@@ -118,8 +127,6 @@ class FailoverReport:
 
 def scan_hosts(inv: Inventory, instances: Mapping[str, Instance]) -> list[str]:
     """Hosts to look at (inventory order): every instance's, and every host a template may use."""
-    from clusterctl.inventory.select import select_hosts
-
     names = {g.host for i in instances.values() for g in i.placement}
     for tpl in inv.templates.values():
         names.update(h.name for h in select_hosts(inv, tpl.hosts))
@@ -134,11 +141,6 @@ def detect(
     on_event: Callable[[str], None] | None = None,
 ) -> Detection:
     """Doctor's snapshot of ``hosts`` (``fleet`` holds them) and its TP-group and GPU checks."""
-    from clusterctl.diagnose import bundle
-    from clusterctl.diagnose.registry import run_analyzers
-    from clusterctl.diagnose.thresholds import load_thresholds
-    from clusterctl.diagnose.tp import check_tp_groups
-
     snap = bundle.gather(fleet, inv, [inv.hosts[h] for h in hosts], on_event=on_event)
     ctx = bundle.context(snap, replace(inv, instances=dict(instances)), load_thresholds())
     tp = check_tp_groups(ctx)
@@ -151,8 +153,6 @@ def detect(
 
 
 def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Any:
-    from clusterctl.gateway.hook import fleet_hook
-
     return fleet_hook(inv, state_dir, make_fleet)
 
 
@@ -165,8 +165,6 @@ def run_failover(
 ) -> FailoverReport:
     """One failover run (module doc).  Raises :class:`ClusterctlError` only before anything changed
     (unreadable state, placement errors); later failures are in the report."""
-    from clusterctl.deploy.placement.place import desired_instances
-
     say = on_event or (lambda s: None)
     store = StateStore(state_dir)
     state = store.load()
@@ -288,8 +286,6 @@ def _sync(
     say: Callable[[str], None],
 ) -> SyncResult | None:
     """Mark the replicas that moved up and sync the gateway from fresh measurements (forced)."""
-    from clusterctl.deploy.placement.deployed import wanted_instances
-    from clusterctl.gateway import state as gwstate
     from clusterctl.gateway.observe import observe
     from clusterctl.gateway.sync import decide, sync_gateway
 

@@ -28,6 +28,9 @@ from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.render import ServerState
 from clusterctl.gateway.sync import SyncResult, sync_gateway
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.config import load_user_config
+from clusterctl.deploy.placement.deployed import wanted_instances
+from clusterctl.deploy.state import resolve_state_dir
 
 
 class GatewayError(ClusterctlError):
@@ -111,10 +114,6 @@ def gateway_hook(
     """
     if inv.gateway is None:
         return None
-    from clusterctl.config import load_user_config
-    from clusterctl.deploy.placement.deployed import wanted_instances
-    from clusterctl.deploy.state import resolve_state_dir
-
     cfg = load_user_config()
     directory = resolve_state_dir(state_dir, cfg)
     gw = inv.gateway
@@ -132,8 +131,6 @@ def gateway_hook(
 def fleet_hook(inv: Inventory, state_dir: Path, make_fleet: Callable[[Any], Any]) -> Hook | None:
     """The hook over ``make_fleet`` (a command's own fleet factory) and the instances as deployed
     in ``state_dir``; ``None`` without a ``gateway:`` section."""
-    from clusterctl.deploy.placement.deployed import wanted_instances
-
     gw = inv.gateway
     if gw is None:
         return None

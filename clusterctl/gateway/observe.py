@@ -19,6 +19,7 @@ from clusterctl.gateway.sync import Observed
 #: status states whose message (why the unit is down) the gateway records as the reason.
 DOWN_WITH_REASON = ("failed", "stopped", "restarting", "absent")
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.deploy.status.peaks import load_peaks
 
 
 def observe(
@@ -32,7 +33,6 @@ def observe(
     on_event: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Observed], set[str]]:
     """``(observed per instance, instances whose TP group is UNAVAILABLE)``; ``fleet`` holds the instance hosts."""
-    from clusterctl.deploy.status.peaks import load_peaks
     from clusterctl.deploy.status.instances import collect_status, max_num_seqs
 
     rows = collect_status(

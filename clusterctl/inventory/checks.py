@@ -10,6 +10,7 @@ from clusterctl.inventory.fields import Ctx
 from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.inventory.multinode import template_problems
 from clusterctl.inventory.select import select_hosts
+from clusterctl.inventory.nodeset import fold
 
 #: Without NVLink, keep tensor parallelism at 2 or below (the field report's rule).
 PCIE_MAX_TP = 2
@@ -69,8 +70,6 @@ def check_templates(ctx: Ctx, inv: Inventory) -> None:
         if tpl.tp > PCIE_MAX_TP:
             pcie = [h.name for h in hosts if h.gpus.interconnect == "pcie"]
             if pcie:
-                from clusterctl.inventory.nodeset import fold
-
                 ctx.warning(
                     line, f"{w}: TP {tpl.tp} on PCIe-only host(s) {fold(pcie)}; without NVLink keep TP <= {PCIE_MAX_TP}"
                 )

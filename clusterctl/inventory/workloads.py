@@ -27,6 +27,8 @@ from clusterctl.inventory.model import (
 )
 from clusterctl.inventory.nodeset import NodeSetError, expand
 from clusterctl.inventory.yamlnodes import Y
+from clusterctl.inventory.autoscale import read_policy
+from clusterctl.inventory.select import select_hosts
 
 ARCH_KEYS = (
     "layers",
@@ -317,8 +319,6 @@ class WorkloadReader:
             "secrets",
             "autoscale",
         )
-        from clusterctl.inventory.select import select_hosts
-
         for name, ty, line in self._named(y, "templates"):
             w = f"templates.{name}"
             known = ctx.keys(ty, keys, w)
@@ -353,8 +353,6 @@ class WorkloadReader:
                 continue
             policy = None
             if "autoscale" in known:
-                from clusterctl.inventory.autoscale import read_policy
-
                 policy = read_policy(ctx, known["autoscale"], f"{w}.autoscale", inv, pattern, vals["replicas"])
             out[name] = InstanceTemplate(
                 name=name, hosts=pattern, location=Location(ctx.filename, line), autoscale=policy, **vals, **common

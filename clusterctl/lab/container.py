@@ -27,6 +27,7 @@ from clusterctl.lab._run import ok, run
 from clusterctl.lab.config import HostSpec, LabConfig
 from clusterctl.lab.sshkeys import install_authorized_key, make_host_key
 from clusterctl.lab.template import OPS_USER, Template, user_ids
+from clusterctl.lab import realvllm
 
 #: sshd settings of every host but the one that keeps Debian's defaults.
 LAB_SSHD_CONF = (
@@ -116,8 +117,6 @@ def real_engine_binds() -> list[str]:
     """Read-only binds that make the installed real vLLM engine (and its tiny model) run in a host:
     the cache at the same path (its venv runs on the host's own /usr/bin/python3.11) and libnuma,
     which vLLM's CPU kernels link and the minimal template lacks.  Nothing when not installed."""
-    from clusterctl.lab import realvllm
-
     if realvllm.installed() is None:
         return []
     out = [f"--bind-ro={realvllm.CACHE_ROOT}"]

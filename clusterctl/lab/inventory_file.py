@@ -18,6 +18,7 @@ import yaml
 
 from clusterctl.lab.config import HostSpec, LabConfig
 from clusterctl.lab.template import OPS_USER
+from clusterctl.lab import realvllm
 
 #: Memory (GiB) of the GPU models the lab knows; others default to 80.
 GPU_MEMORY_GIB = {
@@ -170,8 +171,6 @@ def build(
 
 
 def _real_engine() -> dict[str, Any]:
-    from clusterctl.lab import realvllm
-
     eng = realvllm.installed()
     if eng is None:
         return {}

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.errors import LabError
+import sys
 
 #: Where finished engines live on the control machine (and, read-only, in lab hosts).
 CACHE_ROOT = Path(os.environ.get("CLUSTERCTL_REAL_VLLM_CACHE", "/var/cache/clusterctl-real-vllm"))
@@ -175,8 +176,6 @@ def install(cache_root: Path | None = None, emit: Callable[[str], None] = lambda
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m clusterctl.lab.realvllm install|path``: build (or find) the engine and the
     tiny model and print their paths; ``path`` only looks.  Exit 1 with the reason on failure."""
-    import sys
-
     from clusterctl.lab import realmodel
 
     args = sys.argv[1:] if argv is None else argv

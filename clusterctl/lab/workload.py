@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from clusterctl.lab.vllm_sim import synth
+from clusterctl.inventory.nodeset import expand
 
 MODEL = "tiny"
 ARCH = "tiny-qwen3"
@@ -99,7 +100,5 @@ def write(
 
 
 def _first_host(doc: dict[str, Any]) -> str:
-    from clusterctl.inventory.nodeset import expand
-
     first_key = next(iter(doc.get("hosts") or {}))
     return str(expand(first_key)[0])

@@ -23,6 +23,15 @@ from clusterctl.diagnose.findings import Finding
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.results import HostResult, HostStatus
 from clusterctl.inventory.model import Host, Inventory
+from clusterctl.deploy.placement.deployed import with_replicas as placed
+from clusterctl.diagnose.active import active_findings as bandwidth, fleet_runner
+from clusterctl.diagnose.bundle import context, gather as gather_hosts, only_hosts
+from clusterctl.diagnose.current import HISTORY
+from clusterctl.drift import doctor_checks
+from clusterctl.fleet.factory import make_fleet
+from clusterctl.inventory.loader import load_inventory as load
+from clusterctl.inventory.nodeset import expand
+from clusterctl.inventory.select import select_hosts
 
 
 @dataclass(frozen=True)
@@ -100,16 +109,11 @@ def _ignore(_e: DoctorEvent) -> None:
 
 def with_replicas(inv: Inventory, cfg: UserConfig) -> Inventory:
     """The inventory as deployed (template replicas placed), as doctor and report read it."""
-    from clusterctl.deploy.placement.deployed import with_replicas as placed
-
     return placed(inv, cfg=cfg)
 
 
 def live_snapshot(request: DoctorRequest, on_event: OnEvent = _ignore) -> Snapshot:
     """One snapshot of ``request.hosts`` over SSH; per-host progress and fleet warnings as events."""
-    from clusterctl.diagnose.bundle import gather as gather_hosts
-    from clusterctl.fleet.factory import make_fleet
-
     p = request.probe
     fleet = make_fleet(
         request.hosts,
@@ -150,7 +154,6 @@ def live_snapshot(request: DoctorRequest, on_event: OnEvent = _ignore) -> Snapsh
 def read_bundle(request: DoctorRequest) -> tuple[Snapshot, Optional[Inventory]]:
     """``(snapshot, inventory or None)`` of ``request.bundle``; the ``-i`` inventory beats the bundle's."""
     from clusterctl.diagnose.bundle import read_bundle as read
-    from clusterctl.inventory.loader import load_inventory as load
 
     assert request.bundle is not None
     snap, inv_path = read(request.bundle, host=request.bundle_host)
@@ -161,10 +164,6 @@ def read_bundle(request: DoctorRequest) -> tuple[Snapshot, Optional[Inventory]]:
 
 def bundle_hosts(snap: Snapshot, inv: Optional[Inventory], pattern: str) -> Snapshot:
     """The bundle's hosts that ``pattern`` selects (inventory syntax when the bundle has one)."""
-    from clusterctl.diagnose.bundle import only_hosts
-    from clusterctl.inventory.nodeset import expand
-    from clusterctl.inventory.select import select_hosts
-
     names = {h.name for h in select_hosts(inv, pattern)} if inv is not None else set(expand(pattern))
     kept = only_hosts(snap, names)
     if not (kept.facts or kept.raw or kept.missing):
@@ -185,8 +184,6 @@ def gather(request: DoctorRequest, on_event: OnEvent = _ignore) -> Gathered:
 
 def settled_counts(findings: list[Finding]) -> dict[str, int]:
     """How many rows are acknowledged and how many are history (both OK rows, not counted)."""
-    from clusterctl.diagnose.current import HISTORY
-
     return {
         "acknowledged": sum(f.message.startswith("acknowledged until ") for f in findings),
         "history": sum(f.message.startswith(HISTORY) for f in findings),
@@ -195,7 +192,6 @@ def settled_counts(findings: list[Finding]) -> dict[str, int]:
 
 def run_doctor(request: DoctorRequest, on_event: OnEvent = _ignore, gathered: Optional[Gathered] = None) -> DoctorRun:
     """Findings of every source on the snapshot (gathered here unless given), and the run's meta."""
-    from clusterctl.diagnose.bundle import context
     from clusterctl.diagnose.doctor import diagnose
 
     got = gathered if gathered is not None else gather(request, on_event)
@@ -210,8 +206,6 @@ def run_doctor(request: DoctorRequest, on_event: OnEvent = _ignore, gathered: Op
         findings += active_findings(request, snap, inv)
     requested = request.live_checks
     if requested:  # refused on a bundle by the CLI: live hosts always have their inventory
-        from clusterctl.drift import doctor_checks
-
         assert inv is not None
 
         findings += doctor_checks.run(
@@ -226,9 +220,6 @@ def run_doctor(request: DoctorRequest, on_event: OnEvent = _ignore, gathered: Op
 
 def active_findings(request: DoctorRequest, snap: Snapshot, inv: Optional[Inventory]) -> list[Finding]:
     """``doctor --active``: ib_write_bw between pairs of the probed hosts (docs/doctor-roce.md)."""
-    from clusterctl.diagnose.active import active_findings as bandwidth, fleet_runner
-    from clusterctl.fleet.factory import make_fleet
-
     live = not request.bundle
     thresholds, p = request.thresholds, request.probe
     hosts = [inv.hosts[h] for h in snap.facts if live and inv is not None and h in inv.hosts]

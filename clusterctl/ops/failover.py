@@ -11,6 +11,8 @@ from typing import Callable, Optional
 from clusterctl.config import UserConfig
 from clusterctl.gateway.failover import FailoverOptions, FailoverReport
 from clusterctl.inventory.model import Inventory
+from clusterctl.fleet.factory import fleet_factory
+from clusterctl.gateway.failover import run_failover
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,6 @@ class FailoverRequest:
 
 def run(request: FailoverRequest, on_event: Optional[Callable[[str], None]] = None) -> FailoverReport:
     """One failover run; raises :class:`~clusterctl.errors.ClusterctlError` only before anything changed."""
-    from clusterctl.fleet.factory import fleet_factory
-    from clusterctl.gateway.failover import run_failover
-
     make = fleet_factory(
         request.cfg,
         fanout=request.fanout,

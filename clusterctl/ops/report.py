@@ -21,6 +21,11 @@ from clusterctl.inventory.model import Inventory
 from clusterctl.ops.doctor import DoctorRequest, Gathered
 from clusterctl.report.history import Metric
 from clusterctl.report.run import Options, Result
+from clusterctl.deploy.state import resolve_state_dir
+from clusterctl.diagnose.bundle import context
+from clusterctl.diagnose.thresholds import check_file
+from clusterctl.report.metrics import from_snapshot
+from clusterctl.report.run import report_run
 
 
 @dataclass
@@ -35,9 +40,7 @@ class Checked:
 
 def passive(request: DoctorRequest, gathered: Gathered) -> Checked:
     """Doctor's passive checks (every analyzer, ``request.acks`` applied) on the gathered snapshot."""
-    from clusterctl.diagnose.bundle import context
     from clusterctl.diagnose.doctor import diagnose
-    from clusterctl.report.metrics import from_snapshot
 
     snap = gathered.snapshot
     findings = diagnose(context(snap, gathered.inventory, request.thresholds), None, acks=request.acks)
@@ -59,7 +62,6 @@ def active(
 
     The run is stored under the pattern ``PATTERN --active KINDS``, so it is compared
     with the previous active run, never with a passive one."""
-    from clusterctl.diagnose.thresholds import check_file
     from clusterctl.report.active import run_active, targets
 
     tgts = targets(inventory, hosts)
@@ -83,8 +85,6 @@ def active(
 
 def deploy_state_dir(cfg: UserConfig) -> Optional[Path]:
     """The deploy state directory (its autoscaler decisions are charted), ``None`` when unreadable."""
-    from clusterctl.deploy.state import resolve_state_dir
-
     try:
         return resolve_state_dir(None, cfg)
     except ClusterctlError:
@@ -93,6 +93,4 @@ def deploy_state_dir(cfg: UserConfig) -> Optional[Path]:
 
 def store(checked: Checked, opts: Options, *, started: float, meta: dict[str, Any]) -> Result:
     """The checked run stored, compared with the previous one of ``opts.pattern``, written out."""
-    from clusterctl.report.run import report_run
-
     return report_run(checked.findings, opts, started=started, meta=meta, metrics=checked.metrics)

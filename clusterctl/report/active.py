@@ -43,6 +43,7 @@ from clusterctl.inventory.model import Inventory
 from clusterctl.report.filesd import targets as sd_targets
 from clusterctl.report.history import Metric
 from clusterctl.vllmclient import Endpoint, synthetic_prompt
+from clusterctl.deploy.units.secrets import instance_api_key
 
 KINDS = ("drift", "leak", "bench")
 
@@ -80,8 +81,6 @@ def targets(inv: Inventory, hosts: set[str] | None = None) -> list[Target]:
     """Every instance with a placement (the ones whose first host is in ``hosts``, when given), with
     its API key (see the module doc).  Raises :class:`~clusterctl.errors.ConfigError` when a secret
     the inventory names cannot be read (``file:line``, never the value)."""
-    from clusterctl.deploy.units.secrets import instance_api_key
-
     out = []
     for g in sd_targets(inv):
         labels = g["labels"]

@@ -17,6 +17,8 @@ from clusterctl.diagnose.findings import Severity
 from clusterctl.report.findings import group, summary
 from clusterctl.report.history import History
 from clusterctl.report.svg import MAX_POINTS, line_chart, plain
+from clusterctl.report import overview as ov
+from clusterctl.report.run import host_summary
 
 if TYPE_CHECKING:
     from clusterctl.report.run import Result
@@ -159,9 +161,6 @@ OPEN_ROWS = 20
 
 def overview(result: "Result", hist: History) -> dict[str, Any]:
     """Heatmaps (hosts x GPUs, hosts x NICs; by worst finding and by load) and top offenders."""
-    from clusterctl.report import overview as ov
-    from clusterctl.report.run import host_summary
-
     loads = {k: hist.run_values(result.run_id, metric) for k, (metric, _, _) in LOADS.items()}
     g = ov.grids(result.findings, loads)
     maps = []

@@ -21,6 +21,8 @@ from clusterctl.report.diff import Diff, diff
 from clusterctl.report.findings import md_cell, summary
 from clusterctl.report.history import DEFAULT_RETENTION_DAYS, History, Metric
 from clusterctl.report.textfile import render as render_textfile
+from clusterctl.autoscale.chart import charts
+from clusterctl.autoscale.record import read_history
 
 
 @dataclass
@@ -233,8 +235,6 @@ def _autoscale_charts(opts: Options, now: float) -> list[str]:
     decisions)."""
     if opts.state_dir is None:
         return []
-    from clusterctl.autoscale.chart import charts
-    from clusterctl.autoscale.record import read_history
     from clusterctl.report.html import TREND_DAYS
 
     return charts(read_history(opts.state_dir, since=now - TREND_DAYS * 86400.0))

@@ -23,6 +23,9 @@ from typing import Any
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.report.history import HistoryError
+from clusterctl.report.history import History
+from clusterctl.report.html import SEVERITY_COLOURS
+from clusterctl.report.svg import line_chart
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -114,8 +117,6 @@ def _utc(t: float) -> str:
 
 
 def _open(db: Path) -> Any:
-    from clusterctl.report.history import History
-
     if not db.is_file():
         raise HistoryError(f"{db}: no history yet (no report run has written it)")
     return History(db)
@@ -130,9 +131,6 @@ def _page(title: str, body: str) -> str:
 
 def history_page(db: Path) -> str:
     """The runs of the history, newest first, with the problems-per-run chart."""
-    from clusterctl.report.html import SEVERITY_COLOURS
-    from clusterctl.report.svg import line_chart
-
     with _open(db) as hist:
         runs = hist.runs(limit=HISTORY_RUNS)
         sev = hist.severity_series(since=runs[-1].started if runs else 0.0)

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.node.stage import fetch, manifest as mf, s3
+from clusterctl.node.stage.relay import HEADER
 
 #: TCP port of the node-side relay servers (data plane).
 DEFAULT_PORT = 7707
@@ -291,8 +292,6 @@ def rack_groups(hosts: Sequence[tuple[str, str]], racks: Sequence[str]) -> list[
 
 def push_frames(source: Source, man: mf.Manifest) -> bytes:
     """Every chunk of a local directory as relay frames, for a node's stdin (push source)."""
-    from clusterctl.node.stage.relay import HEADER
-
     out = bytearray()
     for c in man.chunks():
         with open(os.path.join(source.location, c.path), "rb") as fh:

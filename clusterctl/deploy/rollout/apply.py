@@ -24,6 +24,8 @@ from clusterctl.deploy.rollout.plan import HostPlan
 from clusterctl.deploy.units import pdrouter
 from clusterctl.deploy.remote import HostState, NodeReply
 from clusterctl.inventory.model import Instance, Inventory, PdPool
+from clusterctl.deploy.rollout import drain as dr
+from clusterctl.deploy.units.nodesetup import check_gpus_install_script, ensure_user_script, verify_model_install_script
 
 _USER = re.compile(r"^User=(\S+)\s*$", re.MULTILINE)
 _PORT = re.compile(r"--port[= ]'?(\d+)")
@@ -43,12 +45,6 @@ def unit_port(unit_text: str) -> int | None:
 
 def setup_scripts(users: Sequence[str]) -> list[str]:
     """The node set-up the units need: each service user, and ``verify-model`` (their ExecStartPre)."""
-    from clusterctl.deploy.units.nodesetup import (
-        check_gpus_install_script,
-        ensure_user_script,
-        verify_model_install_script,
-    )
-
     return [ensure_user_script(u) for u in users] + [verify_model_install_script(), check_gpus_install_script()]
 
 
@@ -168,8 +164,6 @@ def drain_before(
 
     ``gateway``: the drain hook the caller gave (``ops.deploy.drain_hook``) that marks them down first; ``None``: none.
     """
-    from clusterctl.deploy.rollout import drain as dr
-
     todo: list[Instance] = []
     pools: list[PdPool] = []
     for item in hp.items:

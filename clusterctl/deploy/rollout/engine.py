@@ -24,6 +24,11 @@ from clusterctl.deploy.rollout.rollback_order import rollback_in_order
 from clusterctl.deploy.state import StateStore, utc_now
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import Host, Instance, Inventory
+from clusterctl.deploy.preflight.kvcheck import read_kv_checks
+from clusterctl.deploy.rollout.drain import put_back
+from clusterctl.deploy.units.render import policy_for_systemd, render_instance
+from clusterctl.deploy.units.secrets import resolve_secrets
+from clusterctl.stage import plan as sp, run as sr
 
 #: ``make_fleet(hosts)`` returns a fresh Fleet (a context manager) for those hosts.
 FleetFactory = Callable[[Sequence[Host]], Any]
@@ -198,10 +203,6 @@ def render_all(
     a multi-node replica's units get ``NCCL_IB_GID_INDEX`` from them (None: left out, a render only
     to learn the model paths; :func:`clusterctl.deploy.units.multinode.members` refuses a host without one).
     """
-    from clusterctl.deploy.units.secrets import resolve_secrets
-
-    from clusterctl.deploy.units.render import policy_for_systemd, render_instance
-
     versions, uuids = systemd or {}, gpu_uuids or {}
     # a replica across hosts is one unit per host (deploy/units/multinode.py): the head, then headless workers
     each = [
@@ -486,7 +487,6 @@ class Deploy:
         """
         if rep.preflight is None:
             return
-        from clusterctl.deploy.preflight.kvcheck import read_kv_checks
 
         kept = {h for h, o in rep.hosts.items() if o.status in ("applied", "held")}
         started = {
@@ -663,8 +663,6 @@ class Deploy:
 
     def put_back(self, names: Sequence[str], rep: DeployReport) -> None:
         """Mark ``names`` up at the gateway where a drain left them down; noted in ``rep.gateway``."""
-        from clusterctl.deploy.rollout.drain import put_back
-
         for name, note in put_back(self.gateway, names).items():
             rep.gateway[name] = note
             self.event(
@@ -804,9 +802,6 @@ class Deploy:
         need = prestage.unstaged(self.inv, self.rendered.values(), batch, starting, states)
         if not need:
             return {}
-        from clusterctl.stage import plan as sp
-        from clusterctl.stage import run as sr
-
         errors: dict[tuple[str, str], str] = {}
         for name, hosts in need.items():
             model = self.inv.models[name]

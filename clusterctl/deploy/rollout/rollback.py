@@ -29,6 +29,7 @@ from clusterctl.deploy.rollout.plan import matches
 from clusterctl.deploy.rollout.rollback_order import rollback_in_order
 from clusterctl.deploy.state import utc_now
 from clusterctl.inventory.model import Host, Inventory
+from clusterctl.deploy.units.secrets import resolve_secrets
 
 #: The first value of ``--served-model-name`` on a unit's command line (what /v1/models lists).
 _SERVED = re.compile(r"""--served-model-name[= ]+["']?([^\s"'\\]+)""")
@@ -72,8 +73,6 @@ def candidates(state: remote.HostState, pattern: str | None) -> list[str]:
 
 
 def _api_key(inv: Inventory, state_dir: str, name: str) -> str | None:
-    from clusterctl.deploy.units.secrets import resolve_secrets
-
     inst = desired(inv, state_dir)[0].get(name)
     return resolve_secrets(inv, inst).get("VLLM_API_KEY") if inst is not None else None
 

@@ -17,6 +17,8 @@ import os
 import re
 import sys
 from typing import Any, Sequence
+from . import synth
+from .kvtransfer import parse_kv_config
 
 VERSIONS = {"0.11": "0.11.0", "0.33": "0.33.0"}
 DEFAULT_VERSION = "0.11"
@@ -243,8 +245,6 @@ def pick_version(argv: Sequence[str], env: dict[str, str], fixed: str | None) ->
 
 
 def _make_model(argv: Sequence[str]) -> int:
-    from . import synth
-
     p = argparse.ArgumentParser(
         prog="vllm_sim make-model",
         description="Write a synthetic model directory (config.json + safetensors).",
@@ -296,8 +296,6 @@ def main(argv: Sequence[str] | None = None, version: str | None = None) -> int:
     ns = parser.parse_args(args[1:])  # exits 2 with vLLM's argparse message on bad input
     ns.model = ns.model_tag or ns.model
     if ns.kv_transfer_config is not None:
-        from .kvtransfer import parse_kv_config
-
         try:
             parse_kv_config(ns.kv_transfer_config)
         except ValueError as e:

@@ -29,6 +29,8 @@ from .logs import Log
 from .metrics import Metrics, cache_config_labels
 from .server import ROUTES, App, Server, make_handler
 from .startup import Starter, StartupFailure, report_failure
+from .kvtransfer import Link, parse_kv_config
+import sys
 
 STATS_INTERVAL_S = 5.0
 
@@ -69,8 +71,6 @@ def serve(ns: Any, given: dict[str, Any], version: str, env: dict[str, str]) -> 
     scale = _scale(ns, env)
     prof_name = ns.sim_profile or env.get("VLLM_SIM_PROFILE") or None
     if prof_name is not None and prof_name not in profiles.PROFILES:
-        import sys
-
         src = "--sim-profile" if ns.sim_profile else "VLLM_SIM_PROFILE"
         print(
             f"vllm serve: error: {src}: unknown simulator profile {prof_name!r} "
@@ -204,7 +204,6 @@ def _make_engine(
 def _disaggregate(app: App, ns: Any, env: dict[str, str], info: Any, scale: float, metrics: Metrics, log: Log) -> None:
     """Give the app its KV-transfer role (kvtransfer.py); the config was checked at start-up."""
     from . import memory
-    from .kvtransfer import Link, parse_kv_config
 
     app.kv = parse_kv_config(ns.kv_transfer_config)
     app.link = Link(env, nics=max(1, info.tp))
