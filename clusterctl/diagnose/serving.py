@@ -25,7 +25,6 @@ from clusterctl.diagnose.oom import kv_capacity_advice
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.diagnose.thresholds import number, section
 from clusterctl.diagnose.vllmlog import parse_log
-from clusterctl.diagnose.tp import dead_member, dead_worker_message
 
 SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL_NAME = re.compile(r'[\s,]*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"')
@@ -305,6 +304,8 @@ def check_engine(ctx: AnalysisContext) -> list[Finding]:
             started = "after it was serving" if ev.ready else "during start-up"
             inst = ctx.inventory.instances.get(name) if ctx.inventory is not None else None
             if ev.dead_worker is not None and inst is not None and len(inst.placement) > 1:
+                from clusterctl.diagnose.tp import dead_member, dead_worker_message  # start-up: --help reaches this
+
                 gpu = dead_member(inst, ev.dead_worker)
                 out.append(
                     Finding(

@@ -33,7 +33,6 @@ from typing import Any, Sequence
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.node.stage import fetch, manifest as mf, s3
-from clusterctl.node.stage.relay import HEADER
 
 #: TCP port of the node-side relay servers (data plane).
 DEFAULT_PORT = 7707
@@ -292,6 +291,8 @@ def rack_groups(hosts: Sequence[tuple[str, str]], racks: Sequence[str]) -> list[
 
 def push_frames(source: Source, man: mf.Manifest) -> bytes:
     """Every chunk of a local directory as relay frames, for a node's stdin (push source)."""
+    from clusterctl.node.stage.relay import HEADER  # start-up: --help reaches this module
+
     out = bytearray()
     for c in man.chunks():
         with open(os.path.join(source.location, c.path), "rb") as fh:

@@ -359,6 +359,11 @@ NODE = "node-side program: a standard module only one of its jobs needs"
 LATER = "not yet moved to the top (issue 17): no cycle in today's top-level imports; move it, drop the line"
 
 INLINE_IMPORTS: dict[str, str] = {
+    "deploy/status/instances.py clusterctl.diagnose.bundle": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
+    "deploy/status/instances.py clusterctl.diagnose.tp": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
+    "deploy/units/render.py clusterctl.deploy.units.sdversion": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
+    "diagnose/serving.py clusterctl.diagnose.tp": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
+    "stage/plan.py clusterctl.node.stage.relay": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
     "autoscale/run.py clusterctl.deploy.rollout.engine": LATER,
     "autoscale/run.py clusterctl.deploy.status.instances": LATER,
     "autoscale/run.py clusterctl.gateway.observe": LATER,

@@ -76,9 +76,7 @@ from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.serving import engine_hung, hung_words
 from clusterctl.diagnose.unitlog import down_reason
 from clusterctl.inventory.model import Instance, Inventory
-from clusterctl.diagnose import bundle
 from clusterctl.diagnose.thresholds import load_thresholds
-from clusterctl.diagnose.tp import check_tp_groups
 
 #: A load score at or above this is reported as high load (WARN).
 HIGH_LOAD = 0.6
@@ -485,6 +483,11 @@ def tp_health(
 ) -> dict[str, str]:
     """Instance -> ``OK``, ``DEGRADED: ...`` or ``UNAVAILABLE: ...``: doctor's ``tp.group`` check
     over a fresh snapshot of the instances' hosts (``fleet`` must hold them)."""
+    # start-up: the CLI's --help reaches this module (ops.gateway -> gateway.render); the bundle
+    # brings the probe's collector and the evidence parsers
+    from clusterctl.diagnose import bundle
+    from clusterctl.diagnose.tp import check_tp_groups
+
     hosts = [inv.hosts[h] for h in sorted({g.host for i in instances.values() for g in i.placement}) if h in inv.hosts]
     snap = bundle.gather(fleet, inv, hosts, on_event=on_event)
     findings = check_tp_groups(bundle.context(snap, replace(inv, instances=dict(instances)), load_thresholds()))

@@ -31,7 +31,6 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import FabricProfile, Host, Instance, Inventory
 from clusterctl.deploy.units.nodesetup import CHECK_GPUS_PATH
 from clusterctl.stage.run import VERIFY_MODEL_PATH
-from clusterctl.deploy.units.sdversion import unit_directives
 
 TEMPLATE = "vllm-instance.service.j2"
 RESTART_VALUES = ("no", "on-success", "on-failure", "on-abnormal", "on-watchdog", "on-abort", "always")
@@ -408,4 +407,6 @@ def _template() -> Any:
 
 def x_clusterctl(unit_text: str) -> dict[str, str]:
     """The ``[X-Clusterctl]`` section of a unit as written by :func:`render_instance`."""
+    from clusterctl.deploy.units.sdversion import unit_directives  # start-up: --help reaches this module
+
     return {k: v.replace("\\\\", "\\") for s, k, v in unit_directives(unit_text) if s == "X-Clusterctl"}
