@@ -50,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
 
-from clusterctl.diagnose.bundle import node_stdin  # noqa: E402
+from clusterctl.diagnose.bundle import node_program  # noqa: E402
 from clusterctl.fleet.cached import digest, loader_command  # noqa: E402
 from clusterctl.lab import light  # noqa: E402
 from clusterctl.probe.payload import build_payload, payload, probe_args  # noqa: E402
@@ -287,7 +287,7 @@ def main() -> int:
             light.down(Path(args.lab_dir))
         shutil.rmtree(work, ignore_errors=True)
     bench.notes.append(f"whole benchmark: {time.perf_counter() - t0:.0f} s")
-    doctor_program = node_stdin(payload().data)
+    doctor_program = node_program(payload().data).data
     date = dt.datetime.now().strftime("%Y-%m-%dT%H%M")
     data: dict[str, Any] = {
         "date": date,

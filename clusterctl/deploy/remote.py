@@ -1,8 +1,9 @@
 """Control side of the node program (:mod:`clusterctl.node.deploy`): run jobs, read hosts.
 
-Every call is one SSH command per host: ``python3 -I -B -c NODE_SOURCE`` with
-the JSON job on stdin (it may hold env files with secrets, so never on a
-command line).  Each host answers one JSON line; a host that could not be
+Every call is one SSH command per host: the node program run the one way node
+programs are (:mod:`clusterctl.fleet.ship`: from the node cache; shipped on stdin
+only to a host without a verified copy, a second round trip there) with the JSON
+job on stdin (it may hold env files with secrets, so never on a command line).  Each host answers one JSON line; a host that could not be
 reached, timed out or crashed is a :class:`NodeReply` with ``ok=False`` and
 the reason, never an exception.
 """
@@ -16,8 +17,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
-from clusterctl import node
-from clusterctl.fleet import shell
+from clusterctl.fleet import ship
 from clusterctl.fleet.results import HostResult
 from clusterctl.deploy.units.nodesetup import check_gpus_source
 
@@ -83,13 +83,9 @@ class HostState:
 
 
 @lru_cache(maxsize=1)
-def node_source() -> str:
-    return node.source("deploy")
-
-
-def node_command() -> str:
-    """The shell command that runs the node program (the job comes on stdin)."""
-    return shell.require_python3(shell.join(["python3", "-I", "-B", "-c", node_source()]))
+def node_program() -> ship.Program:
+    """The node program as shipped (:func:`clusterctl.fleet.ship.build`)."""
+    return ship.build("deploy")
 
 
 def node_reply(r: HostResult) -> NodeReply:
@@ -114,8 +110,14 @@ def run_job(
     names = hosts if hosts is not None else [h.name for h in fleet.hosts]
     if not names:
         return {}
-    cmd = node_command()
-    res = fleet.run({h: cmd for h in names}, stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
+    res = ship.run(
+        fleet,
+        node_program(),
+        {h: [] for h in names},
+        stdin=json.dumps(job).encode() + b"\n",
+        sudo=True,
+        timeout=timeout,
+    )
     return {r.host: node_reply(r) for r in res}
 
 

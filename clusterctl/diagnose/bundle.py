@@ -33,7 +33,7 @@ from clusterctl.diagnose import evidence, inputs, sources
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.inventory.model import Host, Inventory
-from clusterctl.fleet.cached import run_cached
+from clusterctl.fleet import ship
 from clusterctl.probe.payload import payload, probe_command
 from clusterctl.probe.run import interpret
 
@@ -103,9 +103,9 @@ def node_spec(inventory: Inventory | None, host: str, journal: bool, lines: int 
     return {"instances": insts, "journal": journal, "lines": lines, "timeout_s": 5}
 
 
-def node_stdin(probe_payload: bytes) -> bytes:
-    """What ``python3 -`` reads on the node: the probe's payload as a constant, then the node script."""
-    return b"PROBE_PAYLOAD = " + repr(probe_payload).encode("ascii") + b"\n" + NODE_SCRIPT.read_bytes()
+def node_program(probe_payload: bytes) -> ship.Program:
+    """What runs on the node: the node script with the probe's payload as the constant ``PROBE_PAYLOAD``."""
+    return ship.build("bundle", NODE_SCRIPT.read_bytes(), constants={"PROBE_PAYLOAD": probe_payload})
 
 
 def gather(
@@ -189,14 +189,13 @@ def gather(
     t0 = time.monotonic()
     wanted = {h.name for h in hosts}
     # the node script with the probe inside, shipped only to hosts without a verified copy
-    run_cached(
+    ship.run(
         fleet,
-        node_stdin(payload().data),
+        node_program(payload().data),
         {k: v for k, v in commands.items() if k in wanted},
         sudo=sudo,
         timeout=timeout + interval_s + 10,
         on_result=each,
-        require_python=True,
     )
     snap.meta["facts_at"] = snap.meta["finished_at"] = _now()
     snap.meta["phases_s"] = {"round_trip": round(time.monotonic() - t0, 3)}

@@ -19,8 +19,14 @@ the program runs from memory and the next run ships it again.  The newest
 :data:`KEEP` programs are kept (two clusterctl versions in use at once do not
 evict each other), older ones are removed.
 
+A program that reads a job on stdin (``stdin``: deploy's, the gateway's, staging's) gets it
+after the program in the second round trip: the loader reads exactly the program's length
+(``store=N``), and the program reads the rest.
+
 ``CLUSTERCTL_NODE_CACHE=off`` ships the program every time, as before
-(``python3 -I -B -`` with the program on stdin).
+(``python3 -I -B -`` with the program on stdin; with a job: ``pipe=N``, verified, not stored).
+
+:mod:`clusterctl.fleet.ship` builds the programs and is the one way they are run.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ except ImportError:
     try:from _sha2 import sha256
     except ImportError:from hashlib import sha256
 import pwd,stat
-d,m=sys.argv[1],sys.argv[2];del sys.argv[1:3];sys.argv[0]="-"
+d,m=sys.argv[1],sys.argv[2];del sys.argv[1:3];sys.argv[0]="-";m,n=(m+"=").split("=")[:2]
 u=os.geteuid();c=os.environ.get("CLUSTERCTL_NODE_CACHE_DIR") or os.path.join(pwd.getpwuid(u).pw_dir,".cache","clusterctl","programs");f=os.path.join(c,d+".py")
 def mine(p):
     try:s=os.lstat(p)
@@ -64,10 +70,11 @@ if m=="run":
     try:os.utime(f)
     except OSError:pass
 else:
-    b=sys.stdin.buffer.read()
+    b=sys.stdin.buffer.read(int(n)) if n else sys.stdin.buffer.read()
     if sha256(b).hexdigest()!=d:
         sys.stderr.write("clusterctl: the program arrived damaged (sha256 mismatch)\n");sys.exit(99)
     try:
+        if m!="store":raise OSError
         os.makedirs(c,0o700,exist_ok=True)
         if mine(c):
             import tempfile
@@ -80,7 +87,7 @@ else:
             for _,n in o[:-KEEP]:
                 os.unlink(os.path.join(c,n))
     except OSError:pass
-del d,m,u,c,f,mine,sha256
+del d,m,n,u,c,f,mine,sha256
 exec(compile(b,"<clusterctl program>","exec"),{"__name__":"__main__","__builtins__":__builtins__})
 '''.replace("KEEP", str(KEEP))
 
@@ -97,8 +104,8 @@ def digest(program: bytes) -> str:
 def loader_command(program_digest: str, mode: str, args: Sequence[str] = (), *, python: str = "python3") -> str:
     """The command that runs the cached program ``program_digest`` (``mode`` ``run``)
     or stores and runs the one on stdin (``store``), every argument quoted."""
-    if mode not in ("run", "store"):
-        raise ValueError(f"mode must be run or store, not {mode!r}")
+    if mode.partition("=")[0] not in ("run", "store", "pipe") or (mode == "run") != mode.startswith("run"):
+        raise ValueError(f"mode must be run, store, store=N or pipe=N, not {mode!r}")
     argv = [python, "-I", "-B", "-c", _LOADER, program_digest, mode, *args]
     return " ".join(shlex.quote(a) for a in argv)
 
@@ -113,6 +120,7 @@ def run_cached(
     program: bytes,
     args: Sequence[str] | Mapping[str, Sequence[str]] = (),
     *,
+    stdin: bytes | None = None,
     cache: bool | None = None,
     on_result: Callable[[Any], None] | None = None,
     **run_kwargs: Any,
@@ -121,11 +129,12 @@ def run_cached(
     on every host of ``fleet``, as ``python3 -I -B - ARGS`` would with the program
     on stdin, but shipping it only to hosts that have no verified copy.
 
-    Returns the fleet's results in fleet order, one row per host; ``on_result``
-    sees each host's final row once (a host that needed the program is reported
-    after its second round trip).  ``cache``: ``None`` follows
+    ``stdin``: the job the program reads on its standard input (after the program,
+    for hosts it is shipped to).  Returns the fleet's results in fleet order, one
+    row per host; ``on_result`` sees each host's final row once (a host that needed
+    the program is reported after its second round trip).  ``cache``: ``None`` follows
     :func:`enabled`.  Other keyword arguments go to ``fleet.run`` (``sudo``,
-    ``timeout``, ``require_python``...).
+    ``timeout``, ``require_python``, ``on_stderr``...).
     """
     names = [h.name for h in getattr(fleet, "hosts")]
     wanted = [n for n in names if not isinstance(args, Mapping) or n in args]
@@ -135,11 +144,14 @@ def run_cached(
             return args[name]
         return args
 
-    if not (enabled() if cache is None else cache):
-        command = {n: stdin_command(argv(n)) for n in wanted}
-        return fleet.run(command, stdin=program, on_result=on_result, **run_kwargs)
-    t0 = time.monotonic()
     d = digest(program)
+    if not (enabled() if cache is None else cache):
+        if stdin is None:
+            command = {n: stdin_command(argv(n)) for n in wanted}
+            return fleet.run(command, stdin=program, on_result=on_result, **run_kwargs)
+        command = {n: loader_command(d, f"pipe={len(program)}", argv(n)) for n in wanted}
+        return fleet.run(command, stdin=program + stdin, on_result=on_result, **run_kwargs)
+    t0 = time.monotonic()
     first: dict[str, Any] = {}
 
     def each(row: Any) -> None:
@@ -147,11 +159,18 @@ def run_cached(
         if on_result and row.rc != RC_NOT_CACHED:
             on_result(row)
 
-    fleet.run({n: loader_command(d, "run", argv(n)) for n in wanted}, on_result=each, **run_kwargs)
+    job = {} if stdin is None else {"stdin": stdin}  # the first round trip: the cached copy reads the job
+    for row in fleet.run({n: loader_command(d, "run", argv(n)) for n in wanted}, on_result=each, **job, **run_kwargs):
+        if row.host not in first:  # a fleet that reports rows only in its results
+            each(row)
     missing = [n for n in wanted if n in first and first[n].rc == RC_NOT_CACHED]
     if missing:
+        store = "store" if stdin is None else f"store={len(program)}"
         second = fleet.run(
-            {n: loader_command(d, "store", argv(n)) for n in missing}, stdin=program, on_result=on_result, **run_kwargs
+            {n: loader_command(d, store, argv(n)) for n in missing},
+            stdin=program + (stdin or b""),
+            on_result=on_result,
+            **run_kwargs,
         )
         for row in second:
             first[row.host] = row

@@ -1,8 +1,8 @@
 """Install the rendered gateway on its hosts: ``clusterctl gateway deploy``.
 
-One SSH command per gateway host runs :mod:`clusterctl.node.gateway` with the
-files as JSON on stdin (the API key never reaches a command line).  The node
-writes each file atomically, validates with ``nginx -t`` and keeps the old
+One SSH command per gateway host runs :mod:`clusterctl.node.gateway` (shipped the one
+way node programs are, :mod:`clusterctl.fleet.ship`) with the files as JSON on stdin
+(the API key never reaches a command line).  The node writes each file atomically, validates with ``nginx -t`` and keeps the old
 files when nginx refuses (its message comes back in
 :attr:`GatewayHostResult.error`), reloads gracefully (streams in flight
 finish), and reports when ``/gateway/health`` serves the new config.  A host
@@ -19,11 +19,10 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from clusterctl import node
 from clusterctl.deploy.remote import node_reply
 from clusterctl.deploy.units.secrets import read_secret
 from clusterctl.errors import ConfigError, Problem
-from clusterctl.fleet import shell
+from clusterctl.fleet import ship
 from clusterctl.fleet.results import HostResult
 from clusterctl.gateway import keys as gwkeys
 from clusterctl.gateway.render import RenderedGateway, TlsFiles
@@ -64,13 +63,9 @@ class GatewayHostResult:
 
 
 @lru_cache(maxsize=1)
-def _node_source() -> str:
-    return node.source("gateway")
-
-
-def _node_command(host: str) -> str:
-    """The node program with the host's inventory name as its argument (it picks its keepalived files)."""
-    return shell.require_python3(shell.join(["python3", "-I", "-B", "-c", _node_source(), host]))
+def _node_program() -> ship.Program:
+    """The node program as shipped (:func:`clusterctl.fleet.ship.build`)."""
+    return ship.build("gateway")
 
 
 def _answer(r: HostResult) -> dict[str, Any]:
@@ -80,8 +75,14 @@ def _answer(r: HostResult) -> dict[str, Any]:
 
 
 def _run(fleet: Any, hosts: list[str], job: dict[str, Any], timeout: float) -> dict[str, dict[str, Any]]:
-    res = fleet.run(
-        {h: _node_command(h) for h in hosts}, stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout
+    # the host's inventory name is the program's argument (it picks its keepalived files)
+    res = ship.run(
+        fleet,
+        _node_program(),
+        {h: [h] for h in hosts},
+        stdin=json.dumps(job).encode() + b"\n",
+        sudo=True,
+        timeout=timeout,
     )
     return {r.host: _answer(r) for r in res}
 

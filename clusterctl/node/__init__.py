@@ -8,20 +8,28 @@ package).  The control side ships them; nothing here imports the rest of
 clusterctl, and ``tests/unit/node/test_node_programs.py`` runs each of them on
 Python 3.8 and checks what they import.
 
+Every program that clusterctl runs on a node travels one way, :mod:`clusterctl.fleet.ship`:
+``ship.build`` makes it (one file as it is, or a bootstrap carrying modules) with its sha256,
+``ship.run`` runs it from the node cache (shipped on stdin only to a host without a verified
+copy), its job on stdin.  ``tests/unit/node/test_node_programs.py`` runs each one so, on the
+nodes' minimum Python.
+
 ======================  ==============================================  =================================
-program                 job                                             shipped by
+program                 job                                             built with ``ship.build`` by
 ======================  ==============================================  =================================
-``collector.py``        the probe: facts as one JSON document           ``probe/payload.py`` (+ pynvml),
-                                                                        ``fleet/cached.py``
+``collector.py``        the probe: facts as one JSON document           ``probe/payload.py`` (+ pynvml)
 ``deploy.py``           deploy's reader/writer of units, env, files     ``deploy/remote.py``
 ``preflight.py``        deploy pre-flight reader (models, ports)        ``deploy/preflight/hosts.py``
-``check_gpus.py``       the units' ``check-gpus`` ExecStartPre          ``deploy/units/nodesetup.py``
-``bundle.py``           ``collect`` bundle's node side                  ``diagnose/bundle.py``
+``bundle.py``           ``collect`` bundle's node side                  ``diagnose/bundle.py`` (+ the probe)
 ``gateway.py``          gateway host: install, config, drain scores     ``gateway/deploy.py``
-``stage/``              model staging: fetch, relay, layout, page       ``stage/bundle.py`` (one
-                        cache (``main.py``), ``verify_model.py`` and    ``python3 -c`` program);
-                        ``pin_model.py`` installed beside the units     ``stage/bundle.py``
+``stage/``              model staging: fetch, relay, layout, page       ``stage/bundle.py`` (a package)
+                        cache (``main.py``)
 ======================  ==============================================  =================================
+
+Installed as files beside the units (not run by clusterctl): ``check_gpus.py`` (the units'
+``check-gpus`` ExecStartPre, ``deploy/units/nodesetup.py``), ``stage/verify_model.py``
+(``verify-model``, the same) and ``stage/pin_model.py`` (``pin-model``, written by the staging
+program).
 
 :func:`source` is the one way the control side reads a program's text.
 """

@@ -1,5 +1,8 @@
 """The bytes sent to a node's ``python3``: a bootstrap, pynvml and the collector.
 
+Built by the one builder of node programs, :func:`clusterctl.fleet.ship.build`, and run by
+:func:`clusterctl.probe.run.collect_facts` through the node cache (``clusterctl.fleet.ship.run``).
+
 The node runs ``python3 -I -B -`` (see :func:`probe_command`) with the payload
 on stdin.  The payload is a small bootstrap written in syntax every Python 3
 parses, so an interpreter older than 3.8 exits with :data:`RC_PYTHON_TOO_OLD`
@@ -21,15 +24,10 @@ The payload is built once per process and cached (:func:`payload`).
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import importlib.util
-import marshal
 import os
 import shlex
-import sys
 import tempfile
-import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -37,43 +35,12 @@ from typing import Any
 
 from clusterctl import node
 from clusterctl.errors import ProbeError
+from clusterctl.fleet import ship
 
 #: Exit status of the payload when the node's python3 is older than 3.8.
-RC_PYTHON_TOO_OLD = 97
+RC_PYTHON_TOO_OLD = ship.RC_PYTHON_TOO_OLD
 
 COLLECTOR_PATH = node.path("collector")
-
-_BOOTSTRAP = '''\
-import sys
-if sys.version_info < (3, 8):
-    sys.stderr.write("clusterctl probe: python %%s is too old, 3.8 or newer is needed\\n"
-                     %% sys.version.split()[0])
-    sys.exit(%(rc)d)
-import binascii, zlib
-_PYNVML = %(pynvml)r
-_COLLECTOR = %(collector)r
-_CODE_TAG = %(code_tag)r
-_PYNVML_CODE = %(pynvml_code)r
-_COLLECTOR_CODE = %(collector_code)r
-def _code(packed_code, packed_source, filename):
-    try:
-        from _frozen_importlib_external import MAGIC_NUMBER
-        if packed_code and [sys.implementation.name, MAGIC_NUMBER.hex()] == _CODE_TAG:
-            import marshal
-            return marshal.loads(zlib.decompress(binascii.a2b_base64(packed_code)))
-    except Exception:
-        pass
-    return compile(zlib.decompress(binascii.a2b_base64(packed_source)), filename, "exec")
-def _carried_pynvml():
-    mod = type(sys)("pynvml")
-    mod.__file__ = %(pynvml_file)r
-    sys.modules["pynvml"] = mod
-    exec(_code(_PYNVML_CODE, _PYNVML, mod.__file__), mod.__dict__)
-    return mod
-_globals = {"__name__": "__main__", "__builtins__": __builtins__,
-            "CARRIED_PYNVML": _carried_pynvml, "CARRIED_PYNVML_VERSION": %(pynvml_version)r}
-exec(_code(_COLLECTOR_CODE, _COLLECTOR, "<clusterctl-collector>"), _globals)
-'''
 
 
 @dataclass(frozen=True)
@@ -88,24 +55,8 @@ class Payload:
         return len(self.data)
 
 
-def _pack(source: bytes) -> str:
-    return base64.b64encode(zlib.compress(source, 9)).decode("ascii")
-
-
 #: The bytecode this Python writes (implementation, magic number as in .pyc files).
-CODE_TAG = (sys.implementation.name, importlib.util.MAGIC_NUMBER.hex())
-
-
-def _pack_code(source: bytes, filename: str) -> str:
-    """``source`` compiled here and marshalled, for a node whose Python has the
-    same :data:`CODE_TAG` (what a .pyc holds): that node skips the compile
-    (about 35 ms of CPU for pynvml).  Marshal format 2 has no refcount-dependent
-    references, so the bytes are the same on every build.  "" when it does not compile."""
-    try:
-        code = compile(source, filename, "exec", dont_inherit=True)
-    except SyntaxError:
-        return ""
-    return _pack(marshal.dumps(code, 2))
+CODE_TAG = ship.CODE_TAG
 
 
 def _pynvml_source() -> tuple[bytes, str | None]:
@@ -134,19 +85,8 @@ def build_payload(
         collector = COLLECTOR_PATH.read_bytes()
     if pynvml_source is None:
         pynvml_source, pynvml_version = _pynvml_source()
-    pynvml_file = f"<pynvml {pynvml_version or 'unknown'} carried by clusterctl>"
-    script = _BOOTSTRAP % {
-        "rc": RC_PYTHON_TOO_OLD,
-        "pynvml": _pack(pynvml_source),
-        "collector": _pack(collector),
-        "pynvml_version": pynvml_version or "unknown",
-        "pynvml_file": pynvml_file,
-        "code_tag": list(CODE_TAG),
-        "pynvml_code": _pack_code(pynvml_source, pynvml_file),
-        "collector_code": _pack_code(collector, "<clusterctl-collector>"),
-    }
-    data = script.encode("ascii")
-    return Payload(data, hashlib.sha256(data).hexdigest(), pynvml_version)
+    built = ship.build("collector", collector, carried={"pynvml": (pynvml_source, pynvml_version)}, label="probe")
+    return Payload(built.data, built.digest, pynvml_version)
 
 
 def _cache_file(key: str) -> Path:
@@ -161,7 +101,7 @@ def payload() -> Payload:
     Building it (compressing and compiling the collector and pynvml) costs about
     0.3 s of CPU, more than a cached probe of 20 hosts, so it is also kept in
     ``$XDG_CACHE_HOME/clusterctl/`` (default ``~/.cache``), named by the sha256 of
-    everything it is built from (sources, pynvml version, bytecode tag, this module);
+    everything it is built from (sources, pynvml version, bytecode tag, this module and the builder's);
     a copy that cannot be read or written is rebuilt, never an error.
     """
     collector = COLLECTOR_PATH.read_bytes()
@@ -173,6 +113,7 @@ def payload() -> Payload:
         (pynvml_version or "").encode(),
         repr(CODE_TAG).encode(),
         Path(__file__).read_bytes(),
+        Path(ship.__file__).read_bytes(),  # the bootstrap
     ):
         h.update(hashlib.sha256(part).digest())
     path = _cache_file(h.hexdigest()[:32])

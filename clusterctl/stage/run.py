@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from clusterctl.inventory.model import Host, Model
+from clusterctl.fleet import ship
 from clusterctl.stage import bundle
 from clusterctl.node.stage import manifest as mf
 from clusterctl.stage.plan import (
@@ -257,13 +258,22 @@ def stage_model(
             {"relay": p.relay_spec(stall_timeout, linger)}, **({"announce": True} if first and p.host in heads else {})
         )
 
-    commands = {p.host: bundle.command([json.dumps(args(p))]) for p in plans}
+    commands = {p.host: [json.dumps(args(p))] for p in plans}
     progress = ProgressLines(on_progress) if on_progress else None
     if first:
         res = _heads_first(fleet, commands, heads, stdin, timeout, on_result, progress)
     else:
         res = list(
-            fleet.run(commands, stdin=stdin, sudo=True, timeout=timeout, on_result=on_result, on_stderr=progress)
+            ship.run(
+                fleet,
+                bundle.program(),
+                commands,
+                stdin=stdin,
+                sudo=True,
+                timeout=timeout,
+                on_result=on_result,
+                on_stderr=progress,
+            )
         )
     by_host = {r.host: r for r in res}
     rows = [_row(by_host[p.host], "staged") for p in plans]
@@ -280,7 +290,7 @@ HEADS_START_WAIT_S = 10.0
 
 def _heads_first(
     fleet: Any,
-    commands: dict[str, str],
+    commands: dict[str, list[str]],
     heads: list[str],
     stdin: bytes,
     timeout: float,
@@ -326,7 +336,9 @@ def _heads_first(
     def run_heads() -> None:
         try:
             out["heads"] = list(
-                fleet.run(
+                ship.run(
+                    fleet,
+                    bundle.program(),
                     {h: commands[h] for h in heads},
                     stdin=stdin,
                     sudo=True,
@@ -343,7 +355,11 @@ def _heads_first(
     t.start()
     ready.wait(HEADS_START_WAIT_S)
     rest = {h: c for h, c in commands.items() if h not in heads}
-    others = list(fleet.run(rest, stdin=stdin, sudo=True, timeout=timeout, on_result=done, on_stderr=on_stderr))
+    others = list(
+        ship.run(
+            fleet, bundle.program(), rest, stdin=stdin, sudo=True, timeout=timeout, on_result=done, on_stderr=on_stderr
+        )
+    )
     t.join()
     if "error" in out:
         raise out["error"]
@@ -357,12 +373,12 @@ def pin_models(
     job: dict[str, Any] = {"op": "unpin" if budget is None else "pin", "models": _models_spec(models), "wait": wait}
     if budget is not None:
         job.update(budget=budget, pin_path=PIN_MODEL_PATH, pin_source=bundle.pin_model_source())
-    res = fleet.run(bundle.command(), stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
+    res = ship.run(fleet, bundle.program(), stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
     return [_row(r, "ok") for r in res]
 
 
 def node_op(fleet: Any, op: str, models: Sequence[Model], *, workers: int = 8, timeout: float = 600) -> list[NodeRow]:
     """``status``, ``warm`` or ``evict`` of ``models`` on every host of ``fleet``."""
     job = {"op": op, "models": _models_spec(models), "workers": workers, "verify_model": VERIFY_MODEL_PATH}
-    res = fleet.run(bundle.command(), stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
+    res = ship.run(fleet, bundle.program(), stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
     return [_row(r, "ok") for r in res]

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from clusterctl import node
 from clusterctl.deploy.preflight.ports import Listener, parse_ss
-from clusterctl.fleet import shell
+from clusterctl.fleet import ship
 from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.probe.facts import Facts
 
@@ -172,13 +172,15 @@ def read_hosts(
     emit(f"pre-flight: reading model sizes and listening ports on {len(wanted)} host(s)")
     engines = _node_requests(instances, inv, "engines")
     commands = {
-        h: shell.python_script([json.dumps({"models": paths, "ports": True, "engines": engines.get(h, [])})])
+        h: [json.dumps({"models": paths, "ports": True, "engines": engines.get(h, [])})]
         for h, paths in wanted.items()
         if h in in_fleet
     }
     docs: dict[str, dict[str, Any]] = {}
     if commands:
-        results = fleet.run(commands, stdin=NODE_SCRIPT.read_bytes(), sudo=True, timeout=timeout, require_python=True)
+        results = ship.run(
+            fleet, ship.build("preflight", NODE_SCRIPT.read_bytes()), commands, sudo=True, timeout=timeout
+        )
         for r in results:
             if str(r.status) == "ok":
                 try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shlex
 import sys
 import struct
 from pathlib import Path
@@ -15,6 +16,7 @@ from clusterctl.node import preflight as preflight_node
 from clusterctl.deploy.preflight.kvcheck import KvCheck, read_kv_checks
 from clusterctl.deploy.preflight.memory import MiB
 from clusterctl.deploy.preflight.checks import run_preflight
+from clusterctl.fleet import ship
 from clusterctl.fleet.results import HostResult, HostStatus, RunResults
 from clusterctl.inventory.model import GpuRef, Host, Instance
 from clusterctl.probe.facts import parse_facts
@@ -76,7 +78,7 @@ class FakeFleet:
             if h in self.down:
                 out.add(HostResult(h, HostStatus.UNREACHABLE, error="connection refused"))
                 continue
-            req = json.loads(cmd.split(" ", 2)[2].strip("'"))
+            req = json.loads(shlex.split(cmd)[-1])  # the request: the program's one argument
             doc = {
                 "models": {p: preflight_node.model_sizes(self.model_dirs.get(p, p)) for p in req["models"]},
                 "listeners": {"ss": self.ss, "error": None},
@@ -112,9 +114,11 @@ def test_run_preflight_reads_through_the_fleet(tmp_path: Path) -> None:
     other = {"pid": 4242, "used_memory": 40 * 1024 * MiB, "name": "python", "unit": "train.service"}
     events: list[str] = []
     rep = run_preflight(inv, insts, fleet, facts={"gpu01": _facts([other])}, on_event=events.append)
-    # One reader run for both hosts, as root, the script on stdin.
+    # One reader run for both hosts, as root, the reader shipped the one way (from the node cache here).
     [(cmd, kw)] = fleet.commands
-    assert set(cmd) == {"gpu01", "gpu02"} and kw["sudo"] is True and b"safetensors" in kw["stdin"]
+    reader = ship.build("preflight")
+    assert b"safetensors" in reader.data
+    assert set(cmd) == {"gpu01", "gpu02"} and kw["sudo"] is True and all(reader.digest in c for c in cmd.values())
     assert [p.check for p in rep.row("a").problems] == ["gpu.free"]  # 40 GiB held by train.service
     assert "train.service" in rep.row("a").problems[0].message
     assert [p.check for p in rep.row("b").problems] == ["port.taken"]  # python3 pid 1733 on 8001

@@ -107,3 +107,27 @@ def test_cache_off_ships_every_time(node, monkeypatch):
         assert [r.stdout for r in run_cached(fleet, PROGRAM, ["q"])] == ["args q -\n"] * 2
         assert sorted(shipped(transport)) == [("a", len(PROGRAM)), ("b", len(PROGRAM))]
     assert not cache.exists()
+
+
+JOB_READER = (
+    b"import sys\nprint('job', sys.stdin.buffer.readline().decode().strip(), 'then', sys.stdin.buffer.read())\n"
+)
+
+
+def test_a_job_on_stdin_follows_the_program_and_only_the_job_reaches_it(node, monkeypatch):
+    """deploy's, the gateway's and staging's programs read a job on stdin: a host without the
+    program gets the program and the job in one stream (the loader reads exactly the program),
+    a host with it gets the job alone; with the cache off the program travels every time."""
+    fleet, transport, cache = node
+    job = b'{"op": "x"}\n\x00frame bytes'
+    for round_trips in ([("a", 0), ("a", len(JOB_READER)), ("b", 0), ("b", len(JOB_READER))], [("a", 0), ("b", 0)]):
+        rows = run_cached(fleet, JOB_READER, ["arg"], stdin=job)
+        assert [r.stdout for r in rows] == ["job {\"op\": \"x\"} then b'\\x00frame bytes'\n"] * 2
+        assert sorted((h, n - len(job)) for h, n in shipped(transport)) == round_trips
+    assert (cache / (digest(JOB_READER) + ".py")).read_bytes() == JOB_READER
+    monkeypatch.setenv("CLUSTERCTL_NODE_CACHE", "off")
+    other = JOB_READER + b"# another version\n"
+    rows = run_cached(fleet, other, ["arg"], stdin=job)
+    assert [r.stdout for r in rows] == ["job {\"op\": \"x\"} then b'\\x00frame bytes'\n"] * 2
+    assert sorted(shipped(transport)) == [("a", len(other) + len(job)), ("b", len(other) + len(job))]
+    assert not (cache / (digest(other) + ".py")).exists()  # verified and run, not stored

@@ -1,12 +1,14 @@
 """Every program that runs on a node (``clusterctl/node/``) on the nodes' minimum Python.
 
-The nodes need Python 3.8 or newer (docs/facts.md).  The programs run here the way they are
-shipped (``python3 -I -B -c SOURCE``, ``python3 -`` with the script on stdin, the staging
-bootstrap, installed scripts) on the oldest Python 3.8 this machine has (pyenv's), else on
-this interpreter; vermin checks the source for anything newer than 3.8 either way.  Each
-must import only the standard library and ``clusterctl/node`` itself: they are imported on
-that interpreter with ``-S`` (no site-packages at all), and every module then loaded must
-come from its standard library or from ``clusterctl/node``.
+The nodes need Python 3.8 or newer (docs/facts.md).  The programs clusterctl runs on a node
+run here the one way they are shipped (``clusterctl.fleet.ship``: built by ``ship.build``,
+through the node cache's loader: first shipped on stdin and stored, then from the cached
+copy, the job on stdin); the installed scripts run as the files they are installed as.  All
+of it on the oldest Python 3.8 this machine has (pyenv's), else on this interpreter; vermin
+checks the source for anything newer than 3.8 either way.  Each must import only the standard
+library and ``clusterctl/node`` itself: they are imported on that interpreter with ``-S`` (no
+site-packages at all), and every module then loaded must come from its standard library or
+from ``clusterctl/node``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ from pathlib import Path
 import pytest
 
 from clusterctl import node
+from clusterctl.deploy.preflight.hosts import NODE_SCRIPT as PREFLIGHT
+from clusterctl.deploy.remote import node_program as deploy_program
+from clusterctl.diagnose.bundle import node_program as bundle_program
+from clusterctl.fleet import ship
+from clusterctl.fleet.cached import loader_command
+from clusterctl.probe.payload import payload
 from clusterctl.stage import bundle as stage_bundle
 
 PYENV = Path("/root/.pyenv/versions")
@@ -107,31 +115,55 @@ def _json_line(r: subprocess.CompletedProcess[str]) -> dict:
     return json.loads(lines[0])
 
 
-def run_collector(tmp: Path) -> None:
-    r = _run([str(node.path("collector")), "--help"])
-    assert r.returncode == 0 and "--kernel-log-cursor" in r.stdout, r.stderr
+def _shipped(
+    tmp: Path, program: ship.Program, args: list[str], job: str = ""
+) -> list[subprocess.CompletedProcess[str]]:
+    """``program`` run as ``ship.run`` runs it, on the oldest Python: shipped and stored (the
+    program, then the job, on stdin), then run again from the node cache (the job alone)."""
+    env = {"PATH": "/usr/bin:/bin", "CLUSTERCTL_NODE_CACHE_DIR": str(tmp / "cache")}
+    out = []
+    for mode, head in ((f"store={len(program)}", program.data), ("run", b"")):
+        r = subprocess.run(
+            ["/bin/sh", "-c", loader_command(program.digest, mode, args, python=PY)],
+            input=head + job.encode(),
+            capture_output=True,
+            timeout=60,
+            cwd="/",
+            env=env,
+        )
+        out.append(subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(), r.stderr.decode()))
+    assert (tmp / "cache" / f"{program.digest}.py").read_bytes() == program.data
+    return out
 
 
-def run_deploy(tmp: Path) -> None:  # as deploy/remote.py ships it: -c SOURCE, the job on stdin
-    r = _run(["-I", "-B", "-c", node.source("deploy")], json.dumps({"op": "no-such-op"}) + "\n")
-    assert _json_line(r) == {"ok": False, "kind": "node", "error": "KeyError: 'no-such-op'"}
+def run_collector(tmp: Path) -> None:  # the probe's payload (collector + carried pynvml)
+    p = payload()
+    for r in _shipped(tmp, ship.Program("collector", p.data, p.digest), ["--help"]):
+        assert r.returncode == 0 and "--kernel-log-cursor" in r.stdout, r.stderr
 
 
-def run_gateway(tmp: Path) -> None:  # as gateway/deploy.py ships it
-    r = _run(["-I", "-B", "-c", node.source("gateway"), "gw1"], json.dumps({"op": "no-such-op"}) + "\n")
-    assert _json_line(r) == {"ok": False, "kind": "node", "error": "KeyError: 'no-such-op'"}
+def run_deploy(tmp: Path) -> None:  # deploy/remote.py's program, the job on stdin
+    for r in _shipped(tmp, deploy_program(), [], json.dumps({"op": "no-such-op"}) + "\n"):
+        assert _json_line(r) == {"ok": False, "kind": "node", "error": "KeyError: 'no-such-op'"}
 
 
-def run_preflight(tmp: Path) -> None:  # as deploy/preflight/hosts.py ships it: the script on stdin
-    r = _run(["-", json.dumps({"models": [str(tmp / "absent")]})], node.source("preflight"))
-    assert r.returncode == 0, r.stderr
-    assert "config.json" in json.loads(r.stdout)["models"][str(tmp / "absent")]["error"]
+def run_gateway(tmp: Path) -> None:  # gateway/deploy.py's, the host's name as argument
+    program = ship.build("gateway")
+    for r in _shipped(tmp, program, ["gw1"], json.dumps({"op": "no-such-op"}) + "\n"):
+        assert _json_line(r) == {"ok": False, "kind": "node", "error": "KeyError: 'no-such-op'"}
 
 
-def run_bundle(tmp: Path) -> None:  # as diagnose/bundle.py ships it (no probe, no instance asked)
-    r = _run(["-", json.dumps({"instances": {}})], "PROBE_PAYLOAD = b''\n" + node.source("bundle"))
-    doc = _json_line(r)
-    assert doc["instances"] == {} and doc["collected_at"]
+def run_preflight(tmp: Path) -> None:  # deploy/preflight/hosts.py's, the request as argument
+    program = ship.build("preflight", PREFLIGHT.read_bytes())
+    for r in _shipped(tmp, program, [json.dumps({"models": [str(tmp / "absent")]})]):
+        assert r.returncode == 0, r.stderr
+        assert "config.json" in json.loads(r.stdout)["models"][str(tmp / "absent")]["error"]
+
+
+def run_bundle(tmp: Path) -> None:  # diagnose/bundle.py's (no probe, no instance asked)
+    for r in _shipped(tmp, bundle_program(b""), [json.dumps({"instances": {}})]):
+        doc = _json_line(r)
+        assert doc["instances"] == {} and doc["collected_at"]
 
 
 def run_check_gpus(tmp: Path) -> None:  # installed as the units' ExecStartPre; no NVML here: a refusal
@@ -142,11 +174,11 @@ def run_check_gpus(tmp: Path) -> None:  # installed as the units' ExecStartPre; 
         assert r.returncode == 1 and r.stderr.startswith("check-gpus: refusing to start:"), r.stderr
 
 
-def run_stage_main(tmp: Path) -> None:  # the staging bootstrap (stage/bundle.py), as shipped
-    r = _run(["-I", "-B", "-c", stage_bundle.bootstrap()], json.dumps({"op": "no-such-op"}) + "\n")
-    assert r.returncode == 1
-    doc = _json_line(r)
-    assert doc["ok"] is False and doc["kind"] == "manifest" and "no-such-op" in doc["error"]
+def run_stage_main(tmp: Path) -> None:  # the staging package (stage/bundle.py)
+    for r in _shipped(tmp, stage_bundle.program(), [], json.dumps({"op": "no-such-op"}) + "\n"):
+        assert r.returncode == 1
+        doc = _json_line(r)
+        assert doc["ok"] is False and doc["kind"] == "manifest" and "no-such-op" in doc["error"]
 
 
 def run_stage_verify_model(tmp: Path) -> None:  # installed as verify-model
