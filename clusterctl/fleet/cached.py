@@ -42,8 +42,9 @@ from clusterctl.fleet.results import RunResults
 RC_NOT_CACHED = 98
 #: Loader exit status: the program on stdin does not have the sha256 asked for.
 RC_DAMAGED = 99
-#: How many programs one user's cache keeps.
-KEEP = 4
+#: How many programs one user's cache keeps: six programs travel through it (the probe, the collect
+#: bundle, deploy's, pre-flight's, the gateway's, staging's), two clusterctl versions at once.
+KEEP = 12
 
 # Python 3 syntax that every Python 3 parses; an interpreter older than 3.8
 # exits 97 (the probe's too-old status) with a message.  Kept short: it is on
