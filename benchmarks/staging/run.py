@@ -60,6 +60,7 @@ from clusterctl.lab.config import LabConfig
 from clusterctl.lab.session import LabSession
 from clusterctl.lab.vllm_sim import synth
 from clusterctl.node.stage import manifest as mf
+from clusterctl.stage.bundle import program
 from clusterctl.stage.plan import load_manifest, parse_source, write_manifest
 from clusterctl.stage.run import node_op, stage_model
 
@@ -203,7 +204,7 @@ def stall_node(netns: str, after: float, seconds: float, done: threading.Event) 
                 d.isdigit()
                 and os.stat(f"/proc/{d}/ns/net").st_ino == ino
                 and Path(f"/proc/{d}/comm").read_text().strip() == "python3"
-                and b"clusterctl_stage_node" in Path(f"/proc/{d}/cmdline").read_bytes()
+                and program().digest.encode() in Path(f"/proc/{d}/cmdline").read_bytes()  # run from the node cache
             ):
                 pids.append(int(d))
         except OSError:

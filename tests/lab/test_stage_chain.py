@@ -21,6 +21,7 @@ from clusterctl.inventory.loader import load_inventory
 from clusterctl.inventory.model import Model
 from clusterctl.lab.vllm_sim import synth
 from clusterctl.node.stage import manifest as mf
+from clusterctl.stage.bundle import program
 from clusterctl.stage.plan import load_manifest, parse_source, write_manifest
 from clusterctl.stage.run import VERIFY_MODEL_PATH, node_op, stage_model
 
@@ -148,7 +149,8 @@ def test_a_relay_node_dies_mid_transfer_and_the_others_complete(lab, source, inv
         deadline = time.monotonic() + 30
         while len(srv.requests) < 16 and time.monotonic() < deadline:
             time.sleep(0.05)
-        pids = lab.run(victim, "pgrep -f '[c]lusterctl_stage_node'", timeout=10).stdout.split()
+        d = program().digest  # the staging program runs from the node cache, its sha256 on the command line
+        pids = lab.run(victim, f"pgrep -f '[{d[0]}]{d[1:]}'", timeout=10).stdout.split()
         assert pids
         lab.run(victim, "kill -9 " + " ".join(pids), timeout=10)
 
