@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -28,7 +28,11 @@ from clusterctl.cli._hosts import (
 )
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.ops import gateway as gwops
+
+# The workflow (and the gateway and deploy packages under it) is imported by each command when it
+# runs, so that `clusterctl --help` and completion stay light (about 0.35 s of CPU less).
+if TYPE_CHECKING:
+    from clusterctl.ops import gateway as gwops
 
 app = typer.Typer(
     help="Render, deploy and sync the nginx gateway in front of the instances (docs/gateway.md).",
@@ -54,6 +58,8 @@ def _request(
     """The workflow's request: the inventory loaded (with a ``gateway:`` section), the state
     directory resolved and, given ``hosts`` (the host names the command reaches), how its
     fleets are built (the sudo password read once); exits 3 on a problem."""
+    from clusterctl.ops import gateway as gwops
+
     inv = load_inventory(inventory)
     if inv.gateway is None:
         fail(f"{inv.path}: no 'gateway:' section (docs/inventory.md)")
@@ -110,6 +116,8 @@ def render(
     ),
     state_dir: Optional[str] = StateDirOpt,
 ) -> None:
+    from clusterctl.ops import gateway as gwops
+
     request = _request(inventory, state_dir)
     try:
         files = gwops.render(request, from_state=from_state, out=out).files
@@ -167,6 +175,8 @@ def deploy(
     host_key_policy: Optional[str] = HostKeyOpt,
     ask_become_pass: bool = AskBecomePassOpt,
 ) -> None:
+    from clusterctl.ops import gateway as gwops
+
     fleet_opts = dict(
         fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy, ask_become_pass=ask_become_pass
     )
@@ -232,6 +242,8 @@ def sync(
     host_key_policy: Optional[str] = HostKeyOpt,
     ask_become_pass: bool = AskBecomePassOpt,
 ) -> None:
+    from clusterctl.ops import gateway as gwops
+
     fleet_opts = dict(
         fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy, ask_become_pass=ask_become_pass
     )
@@ -250,6 +262,8 @@ def sync(
 
 
 def _print_sync(result: Any, json_out: bool) -> ExitCode:
+    from clusterctl.ops import gateway as gwops
+
     code = gwops.sync_code(result)
     if json_out:
         print_json({**result.to_json(), "exit_code": int(code)})
@@ -290,6 +304,8 @@ def status(
     host_key_policy: Optional[str] = HostKeyOpt,
     ask_become_pass: bool = AskBecomePassOpt,
 ) -> None:
+    from clusterctl.ops import gateway as gwops
+
     from rich.markup import escape
 
     fleet_opts = dict(
@@ -328,6 +344,8 @@ app.add_typer(key_app, name="key")
 def _push_keys(request: gwops.GatewayRequest, json_out: bool, no_apply: bool, **fleet_opts: Any) -> ExitCode:
     """Apply the current key set to every gateway host, unless ``--no-apply`` (the sudo password
     is read only then)."""
+    from clusterctl.ops import gateway as gwops
+
     if no_apply:
         return ExitCode.OK
     request = replace(request, fleets=host_fleets(request.inventory, list(request.gateway.hosts), **fleet_opts))
@@ -383,6 +401,8 @@ def key_add(
     host_key_policy: Optional[str] = HostKeyOpt,
     ask_become_pass: bool = AskBecomePassOpt,
 ) -> None:
+    from clusterctl.ops import gateway as gwops
+
     request = _request(inventory, state_dir)
     if json_out and key_file is None:
         fail("--json needs --key-file: the key is never written into JSON output")
@@ -449,6 +469,8 @@ def key_revoke(
     host_key_policy: Optional[str] = HostKeyOpt,
     ask_become_pass: bool = AskBecomePassOpt,
 ) -> None:
+    from clusterctl.ops import gateway as gwops
+
     request = _request(inventory, state_dir)
     try:
         rec = gwops.revoke_key(request, name)
@@ -483,6 +505,8 @@ Example:
 def key_list(
     inventory: Optional[str] = InventoryOpt, json_out: bool = JsonOpt, state_dir: Optional[str] = StateDirOpt
 ) -> None:
+    from clusterctl.ops import gateway as gwops
+
     request = _request(inventory, state_dir)
     gw = request.gateway
     try:

@@ -42,3 +42,15 @@ def test_exec_does_not_import_the_probe_the_lab_or_a_progress_bar() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout + proc.stderr
+
+
+def test_help_imports_no_workflow_no_deploy_and_no_gateway_package() -> None:
+    """``clusterctl --help`` (and shell completion) loads every command module but none of the
+    workflows or engines under them: those are imported when a command runs."""
+    code = (
+        "import sys\nfrom clusterctl.cli.main import main\nrc = main(['--help'])\n"
+        "print(rc, sorted(m for m in sys.modules if m.split('.')[:2] in (['clusterctl', 'ops'],"
+        " ['clusterctl', 'deploy'], ['clusterctl', 'gateway'], ['clusterctl', 'stage'])))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout + proc.stderr
