@@ -16,7 +16,7 @@ the gateway package by itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -65,7 +65,7 @@ class DeployRequest:
     state_dir: str
     options: DeployOptions
     release: Optional[ReleaseGates] = None
-    gateway_password: Optional[str] = None
+    gateway_password: Optional[str] = field(default=None, repr=False)  # never in a repr or log
 
     def hook(self) -> Optional[GatewayHook]:
         return drain_hook(self.inventory, self.state_dir, self.gateway_password)
@@ -122,7 +122,7 @@ class RollbackRequest:
     gate_timeout_s: float = 600.0
     break_lock: bool = False
     drain_timeout_s: float = 120.0
-    gateway_password: Optional[str] = None
+    gateway_password: Optional[str] = field(default=None, repr=False)  # never in a repr or log
 
 
 def run_rollback(request: RollbackRequest, on_event: OnEvent = _quiet) -> RollbackReport:
@@ -162,7 +162,7 @@ class ActionRequest:
     drain_timeout: float = 120.0
     poll: float = 1.0
     health_timeout: float = 900.0
-    gateway_password: Optional[str] = None
+    gateway_password: Optional[str] = field(default=None, repr=False)  # never in a repr or log
 
 
 def run_instance_action(request: ActionRequest, on_event: Optional[Callable[[str], None]] = None) -> list[ActionResult]:

@@ -44,7 +44,7 @@ class Probe:
     connect_timeout: Optional[float] = None
     deadline: Optional[float] = None
     sudo: bool = False
-    become_password: Optional[str] = None
+    become_password: Optional[str] = field(default=None, repr=False)  # never in a repr or log
     host_key_policy: Optional[str] = None  # already checked (None: each host's own)
     raw_outputs: bool = False
 

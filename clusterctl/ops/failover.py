@@ -27,7 +27,7 @@ class FailoverRequest:
     fanout: Optional[int] = None
     connect_timeout: Optional[float] = None
     host_key_policy: Optional[str] = None
-    become_password: Optional[str] = None
+    become_password: Optional[str] = field(default=None, repr=False)  # never in a repr or log
 
 
 def run(request: FailoverRequest, on_event: Optional[Callable[[str], None]] = None) -> FailoverReport:

@@ -11,7 +11,7 @@ as a :class:`~clusterctl.errors.ClusterctlError`; a host that fails is a row (do
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from clusterctl.config import UserConfig
@@ -36,7 +36,7 @@ class StageRequest:
     timeout: float = 3600
     connect_timeout: Optional[float] = None
     host_key_policy: Optional[str] = None
-    become_password: Optional[str] = None
+    become_password: Optional[str] = field(default=None, repr=False)  # never in a repr or log
 
     def fleet(self, fanout: int) -> Any:
         """A fleet over the hosts, ``fanout`` at once, a host's command bounded by ``timeout``."""
