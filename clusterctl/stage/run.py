@@ -269,6 +269,7 @@ def stage_model(
                 bundle.program(),
                 commands,
                 stdin=stdin,
+                cache=RELAY_CACHE,
                 sudo=True,
                 timeout=timeout,
                 on_result=on_result,
@@ -286,6 +287,14 @@ def stage_model(
 STARTED_MARK = b"clusterctl-started"
 #: Seconds to wait for the heads to start before starting the other hosts anyway.
 HEADS_START_WAIT_S = 10.0
+
+#: The relay's node program travels with its job on every run (``pipe=N``, verified, one round
+#: trip), never through the node cache: a cached run holds its round trip until every host of it
+#: has ended, so hosts that lacked the program would start their second round trip only after the
+#: cached ones had relayed and stopped listening, and their children would find no parent (seen on
+#: the lab: two of four hosts of a pre-stage chain failed).  The program is ~39 KB, nothing beside a
+#: model.
+RELAY_CACHE = False
 
 
 def _heads_first(
@@ -341,6 +350,7 @@ def _heads_first(
                     bundle.program(),
                     {h: commands[h] for h in heads},
                     stdin=stdin,
+                    cache=RELAY_CACHE,
                     sudo=True,
                     timeout=timeout,
                     on_result=done,
@@ -357,7 +367,15 @@ def _heads_first(
     rest = {h: c for h, c in commands.items() if h not in heads}
     others = list(
         ship.run(
-            fleet, bundle.program(), rest, stdin=stdin, sudo=True, timeout=timeout, on_result=done, on_stderr=on_stderr
+            fleet,
+            bundle.program(),
+            rest,
+            stdin=stdin,
+            cache=RELAY_CACHE,
+            sudo=True,
+            timeout=timeout,
+            on_result=done,
+            on_stderr=on_stderr,
         )
     )
     t.join()

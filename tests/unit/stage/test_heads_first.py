@@ -106,3 +106,31 @@ def test_the_node_program_says_it_runs_before_it_stages(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.decode().splitlines()[0] == MARK
     assert json.loads(proc.stdout.decode().strip().splitlines()[-1])["ok"]
+
+
+class Uncached(Recorder):
+    """h3 and h4 have no copy of the staging program in their node cache: a cached run's first
+    round trip (the loader's ``run``) ends at once with RC_NOT_CACHED there."""
+
+    def __call__(self, host: Host, command: str, stdin: bytes | None) -> FakeReply:
+        import re
+
+        from clusterctl.fleet.cached import RC_NOT_CACHED
+
+        if host.name in ("h3", "h4") and re.search(r" [0-9a-f]{64} run ", command):  # the loader's cached run
+            return FakeReply(RC_NOT_CACHED, "", "")
+        reply = super().__call__(host, command, stdin)
+        if host.name == "h2":  # a cached host relays for a while too
+            reply = FakeReply(0, reply.stdout, "", delay_s=1.0)
+        return reply
+
+
+def test_hosts_without_the_program_start_while_the_head_still_relays(tmp_path: Path) -> None:
+    """Every host of a chain runs its relay at the same time, whether or not its node cache had
+    the program: a host that lacked it must not start only after the others ended (its parent
+    would have stopped listening)."""
+    rec = Uncached(head_delay=1.0)
+    rep = stage(tmp_path, rec, 4)
+    assert rep.ok, rep.rows
+    started = {h: c[0] for h, c in rec.calls.items()}
+    assert all(started[h] - started["h2"] < 0.5 for h in ("h3", "h4")), started
