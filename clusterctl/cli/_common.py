@@ -18,21 +18,14 @@ from clusterctl.config import (
     resolve_inventory_path,
 )
 from clusterctl.errors import ClusterctlError, ConfigError
+from clusterctl.cli._options import InventoryOpt as InventoryOpt  # re-exported: defined in _options
+from clusterctl.cli._options import JsonOpt as JsonOpt  # re-exported: defined in _options
 from clusterctl.exitcodes import USAGE_ERROR
 
 # soft_wrap: messages (file:line problems, paths) stay one line each, so grep works;
 # tables are still laid out to the terminal width.
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-
-InventoryOpt = typer.Option(
-    None,
-    "--inventory",
-    "-i",
-    envvar="CLUSTERCTL_INVENTORY",
-    help="Inventory file [default: user config, then ./inventory.yaml].",
-)
-JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
 
 
 def write_files(files: dict[Any, str], *, dry_run: bool) -> None:

@@ -6,7 +6,8 @@
 * :func:`become_password` asks for (``-K``) or reads the sudo password;
 * :class:`HostProgress` (from :mod:`clusterctl.cli._progress`) renders per-host progress;
 * the typer option objects ``FanoutOpt``, ``HostKeyOpt``, ``DeadlineOpt``,
-  ``ConnectTimeoutOpt``, ``ProbeSudoOpt`` and ``AskBecomePassOpt``.
+  ``ConnectTimeoutOpt``, ``ProbeSudoOpt`` and ``AskBecomePassOpt`` (defined in
+  :mod:`clusterctl.cli._options`, re-exported here).
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-import typer
 
 from clusterctl.cli._common import fail, load_inventory, user_config
+from clusterctl.cli._options import (  # re-exported: the commands import them from here too
+    AskBecomePassOpt as AskBecomePassOpt,
+    ConnectTimeoutOpt as ConnectTimeoutOpt,
+    DeadlineOpt as DeadlineOpt,
+    FanoutOpt as FanoutOpt,
+    HostKeyOpt as HostKeyOpt,
+    ProbeSudoOpt as ProbeSudoOpt,
+)
 from clusterctl.cli._progress import HostProgress as HostProgress  # re-exported: the commands import it from here
 from clusterctl.config import resolve_inventory_path
 from clusterctl.errors import ClusterctlError
@@ -27,22 +35,6 @@ from clusterctl.fleet.factory import FleetFactory, fleet_factory
 from clusterctl.fleet.failed import load_failed
 from clusterctl.fleet.hostkeys import HOST_KEY_POLICIES
 from clusterctl.inventory.model import Host
-
-FanoutOpt = typer.Option(None, "--fanout", "-f", min=1, help="Hosts worked on at once [default: user config, 64].")
-HostKeyOpt = typer.Option(
-    None, "--host-key-policy", help="Override the inventory: accept-new, strict or off (off warns)."
-)
-DeadlineOpt = typer.Option(
-    None, "--deadline", min=0.1, help="Seconds the whole run may take; unfinished hosts become timeout rows."
-)
-ProbeSudoOpt = typer.Option(False, "--sudo", help="Run the probe as root via sudo (to read a root-only kernel log).")
-AskBecomePassOpt = typer.Option(False, "--ask-become-pass", "-K", help="Prompt once for the sudo password.")
-ConnectTimeoutOpt = typer.Option(
-    None,
-    "--connect-timeout",
-    min=0.1,
-    help="Seconds for TCP connect, SSH handshake and auth [default: inventory, then user config, 10].",
-)
 
 
 def select(inventory: Optional[str], pattern: str) -> tuple[str, list[Host]]:

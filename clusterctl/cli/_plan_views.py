@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 import typer
 
 from clusterctl.cli._common import console
+from clusterctl.cli._options import HostsOpt as HostsOpt  # re-exported: net, node and engine import it from here
 
 if TYPE_CHECKING:  # the workflow (and the features under it) loads when a command runs, not at start-up
     from clusterctl.ops.bringup import BringupPlan, BringupRequest
@@ -71,7 +72,6 @@ def print_report(rep: Any, title: str, done: tuple[str, ...] = ("changed",)) -> 
 # The options both bring-up commands take, and their common start and end.
 PlanOpt = typer.Option(False, "--plan", help="Show what differs per host; change nothing.")
 DetailedOpt = typer.Option(False, "--detailed-exitcode", help="With --plan: exit 1 when changes are pending.")
-HostsOpt = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value.")
 SerialOpt = typer.Option(
     None, "--serial", help="Hosts changed at a time: a count, a percentage or a ramp (1,25%,100%) [default: 1]."
 )

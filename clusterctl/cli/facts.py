@@ -15,19 +15,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from clusterctl.cli import _complete
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, print_json, user_config
-from clusterctl.cli._hosts import (
+from clusterctl.cli._common import console, err_console, print_json, user_config
+from clusterctl.cli._hosts import HostProgress, become_password, check_host_key_policy, select
+from clusterctl.cli._options import (
     AskBecomePassOpt,
     ConnectTimeoutOpt,
     DeadlineOpt,
     FanoutOpt,
     HostKeyOpt,
-    HostProgress,
+    HostsArg,
+    InventoryOpt,
+    JsonOpt,
     ProbeSudoOpt,
-    become_password,
-    check_host_key_policy,
-    select,
 )
 from clusterctl.exitcodes import ExitCode
 from clusterctl.fleet.failed import save_failed
@@ -150,9 +149,7 @@ def _print(results: dict[str, FactsResult]) -> None:
 
 
 def facts(
-    pattern: str = typer.Argument(
-        ..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts
-    ),
+    pattern: str = HostsArg,
     inventory: Optional[str] = InventoryOpt,
     as_json: bool = JsonOpt,
     timeout: float = typer.Option(

@@ -16,18 +16,16 @@ from typing import List, Optional
 
 import typer
 
-from clusterctl.cli import _complete
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json, user_config
-from clusterctl.cli._hosts import (
-    BECOME_PASSWORD_ENV,
+from clusterctl.cli._common import console, err_console, fail, print_json, user_config
+from clusterctl.cli._hosts import BECOME_PASSWORD_ENV, HostProgress, become_password, check_host_key_policy, select
+from clusterctl.cli._options import (
     ConnectTimeoutOpt,
     DeadlineOpt,
     FanoutOpt,
     HostKeyOpt,
-    HostProgress,
-    become_password,
-    check_host_key_policy,
-    select,
+    HostsArg,
+    InventoryOpt,
+    JsonOpt,
 )
 from clusterctl.exitcodes import ExitCode
 from clusterctl.fleet.failed import save_failed
@@ -99,9 +97,7 @@ def _print_gathered(res: RunResults) -> None:
 
 
 def exec_cmd(
-    pattern: str = typer.Argument(
-        ..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts
-    ),
+    pattern: str = HostsArg,
     command: List[str] = typer.Argument(..., help="The command (words are joined by spaces, as ssh does)."),
     inventory: Optional[str] = InventoryOpt,
     fanout: Optional[int] = FanoutOpt,
@@ -158,9 +154,7 @@ def exec_cmd(
 
 
 def ping(
-    pattern: str = typer.Argument(
-        ..., help="Hosts: names, gpu[01-08], @group, label=value, @failed, all.", autocompletion=_complete.hosts
-    ),
+    pattern: str = HostsArg,
     inventory: Optional[str] = InventoryOpt,
     fanout: Optional[int] = FanoutOpt,
     connect_timeout: Optional[float] = ConnectTimeoutOpt,
