@@ -9,10 +9,23 @@ config (nginx reloaded gracefully: streams already on NAME continue), and
 raises :class:`GatewayError` when a host could not apply it.  ``mark_up``
 removes NAME from the set the same way; NAME then gets traffic again from
 the next render (its last known weight, or full weight).
+
+The hook a command run is given (a deploy, a rollback, a restart: :func:`gateway_hook`,
+``keep_open``) opens its fleet of the gateway hosts (an SSH connection to each) on its
+first change and keeps it for the next ones, and the run closes it at its end
+(:meth:`Hook.close`, or the hook as a context manager); other hooks (:func:`fleet_hook`)
+open and close a fleet per change.  A fleet left idle for ``idle_s`` seconds is
+closed and opened again on the next change; a change whose gateway host answered
+with an SSH error (a connection that broke while held) is applied once more over
+a new connection.  Changes asked for at the same time by several threads (the
+drains of one batch run in parallel) are applied together: a change waiting
+while another applies goes with every other change waiting, in one render and
+one reload (``timings`` records each apply).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,13 +50,54 @@ class GatewayError(ClusterctlError):
     """A gateway host could not apply a change."""
 
 
+#: Seconds the hook's gateway fleet may sit unused before it is closed (opened again on next use):
+#: a deploy's batches mark down and up minutes apart; an idle SSH connection kept longer may have
+#: been cut by a firewall or the host's sshd meanwhile.
+IDLE_CLOSE_S = 300.0
+#: The kinds of a gateway host's failed row that mean the SSH connection broke (a protocol error, a
+#: closed channel): the change is applied once more over a new connection.
+RECONNECT_KINDS = frozenset({"error"})
+
+
+@dataclass
+class HookTiming:
+    """One apply at the gateway: ``op`` (``down``, ``up`` or ``both``), the instances it changed,
+    ``seconds`` it took (render, SSH, nginx reload on every gateway host), whether it opened the
+    fleet (``connected``) and whether it was applied again over a new connection (``reconnected``)."""
+
+    op: str
+    names: list[str]
+    seconds: float
+    connected: bool
+    reconnected: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "names": self.names,
+            "seconds": round(self.seconds, 3),
+            "connected": self.connected,
+            "reconnected": self.reconnected,
+        }
+
+
+@dataclass
+class _Change:
+    names: list[str]
+    down: bool
+    reason: str
+    done: bool = False
+    error: GatewayError | None = None
+
+
 @dataclass
 class Hook:
     """Marks instances down/up at the gateway of ``inv``.
 
     ``fleet_factory`` returns a context-managed fleet holding the gateway
-    hosts; ``instances`` the instances the gateway fronts (the inventory's and
-    placed replicas).
+    hosts, entered on the first change; ``keep_open``: kept until :meth:`close`
+    (or ``idle_s`` seconds without use), else closed after each change; ``instances`` the instances the gateway
+    fronts (the inventory's and placed replicas).  ``clock``: seconds, monotonic.
     """
 
     inv: Inventory
@@ -52,18 +106,79 @@ class Hook:
     fleet_factory: Callable[[], Any]
     on_event: Callable[[str], None] | None = None
     results: list[SyncResult] = field(default_factory=list)
+    keep_open: bool = False
+    idle_s: float = IDLE_CLOSE_S
+    clock: Callable[[], float] = time.monotonic
+    #: every apply, in order (what a deploy reports as its mark-down and mark-up times)
+    timings: list[HookTiming] = field(default_factory=list)
+    _fleet: Any = field(default=None, init=False, repr=False)
+    _fleet_cm: Any = field(default=None, init=False, repr=False)
+    _used_at: float = field(default=0.0, init=False, repr=False)
+    _queue: list[_Change] = field(default_factory=list, init=False, repr=False)
+    _queue_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _apply_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __enter__(self) -> "Hook":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the gateway fleet if one is open (idempotent; the next change opens a new one)."""
+        cm, self._fleet_cm, self._fleet = self._fleet_cm, None, None
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+    def _fleet_now(self) -> tuple[Any, bool]:
+        """The open fleet, or a new one (``True``) when none is open or it sat idle past ``idle_s``."""
+        if self._fleet_cm is not None and self.clock() - self._used_at > self.idle_s:
+            self.close()
+        if self._fleet_cm is not None:
+            return self._fleet, False
+        cm = self.fleet_factory()
+        self._fleet = cm.__enter__()
+        self._fleet_cm = cm
+        return self._fleet, True
 
     def _apply(self, names: list[str], down: bool, reason: str) -> None:
+        mine = _Change(list(names), down, reason)
+        with self._queue_lock:
+            self._queue.append(mine)
+        with self._apply_lock:
+            if not mine.done:  # else applied with another thread's change while this one waited
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                error: GatewayError | None = None
+                try:
+                    self._apply_now(batch)
+                except GatewayError as e:
+                    error = e
+                except BaseException as e:  # raised here as it is; the changes it carried failed too
+                    for c in batch:
+                        c.done, c.error = True, GatewayError(f"gateway: {type(e).__name__}: {e}")
+                    mine.error = None
+                    raise
+                for c in batch:
+                    c.done, c.error = True, error
+        if mine.error is not None:
+            raise mine.error
+
+    def _apply_now(self, batch: list[_Change]) -> None:
+        """One state update, render and sync for every change in ``batch`` (applied in order)."""
+        t0 = self.clock()
+
         def change(st: gwstate.GatewayState) -> None:
-            for name in names:
-                if down:
-                    st.marked_down[name] = {
-                        "reason": reason,
-                        "by": who_am_i(),
-                        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    }
-                else:
-                    st.marked_down.pop(name, None)
+            for c in batch:
+                for name in c.names:
+                    if c.down:
+                        st.marked_down[name] = {
+                            "reason": c.reason,
+                            "by": who_am_i(),
+                            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        }
+                    else:
+                        st.marked_down.pop(name, None)
 
         st = gwstate.update(self.state_dir, change)
         servers = dict(st.servers)
@@ -73,14 +188,37 @@ class Hook:
                 servers[n] = ServerState(True, 1, f"marked down: {st.marked_down[n].get('reason', '')}".rstrip(": "))
             elif servers.get(n, ServerState()).reason.startswith("marked down"):
                 servers[n] = ServerState()
-        with self.fleet_factory() as fleet:
-            result = sync_gateway(
-                self.inv, fleet, self.instances(), servers, state_dir=self.state_dir, force=True, on_event=self.on_event
-            )
+        fleet, connected = self._fleet_now()
+        result = self._sync(fleet, servers)
+        reconnected = False
+        broken = [h for h in result.hosts if not h.ok and h.kind in RECONNECT_KINDS]
+        if broken and not connected:  # a held connection broke: once more over a new one
+            self.close()
+            fleet, _ = self._fleet_now()
+            result = self._sync(fleet, servers)
+            reconnected = True
+        self._used_at = self.clock()
+        if not self.keep_open:
+            self.close()
         self.results.append(result)
+        ops = {c.down for c in batch}
+        self.timings.append(
+            HookTiming(
+                "both" if len(ops) > 1 else ("down" if batch[0].down else "up"),
+                list(dict.fromkeys(n for c in batch for n in c.names)),
+                self._used_at - t0,
+                connected,
+                reconnected,
+            )
+        )
         failed = [h for h in result.hosts if not h.ok]
         if failed:
             raise GatewayError("gateway: " + "; ".join(f"{h.host}: {h.error}" for h in failed))
+
+    def _sync(self, fleet: Any, servers: dict[str, ServerState]) -> SyncResult:
+        return sync_gateway(
+            self.inv, fleet, self.instances(), servers, state_dir=self.state_dir, force=True, on_event=self.on_event
+        )
 
     def mark_down(self, instance_name: str, reason: str = DRAIN_REASON) -> None:
         self._apply([instance_name], True, reason)
@@ -110,7 +248,9 @@ def gateway_hook(
     Uses ``state_dir`` (the command's deploy state directory), else the user
     config's (``$CLUSTERCTL_STATE_DIR`` first), and an SSH fleet of the gateway
     hosts with their inventory settings and ``become_password`` (the sudo password the
-    command read at the CLI's edge; never read here from the environment).
+    command read at the CLI's edge; never read here from the environment).  The hook keeps
+    its SSH connections to the gateway hosts from its first change on: the caller closes it
+    at the run's end (:meth:`Hook.close`; the workflows of ``ops.deploy`` do).
     """
     if inv.gateway is None:
         return None
@@ -125,7 +265,7 @@ def gateway_hook(
         hosts = [inv.hosts[h] for h in gw.hosts]
         return make_fleet(hosts, cfg, become_password=become_password)
 
-    return Hook(inv, directory, instances, fleet)
+    return Hook(inv, directory, instances, fleet, keep_open=True)
 
 
 def fleet_hook(inv: Inventory, state_dir: Path, make_fleet: Callable[[Any], Any]) -> Hook | None:

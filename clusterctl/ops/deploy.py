@@ -16,9 +16,10 @@ the gateway package by itself.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 from clusterctl.deploy.placement import topology
 from clusterctl.deploy.placement.scale import scale_hosts
@@ -53,6 +54,18 @@ def drain_hook(
     return gateway_hook(inv, state_dir, become_password=become_password)
 
 
+@contextmanager
+def held(hook: Optional[GatewayHook]) -> Iterator[Optional[GatewayHook]]:
+    """``hook`` for one run: its connections to the gateway hosts (opened on its first change,
+    reused by the next) are closed when the run ends, however it ends."""
+    try:
+        yield hook
+    finally:
+        close = getattr(hook, "close", None)
+        if callable(close):
+            close()
+
+
 @dataclass(frozen=True)
 class DeployRequest:
     """``inventory`` loaded, ``hosts`` selected, ``fleets`` with the command's SSH options,
@@ -77,11 +90,12 @@ def run_deploy(request: DeployRequest, on_event: OnEvent = _quiet) -> DeployRepo
     :class:`~clusterctl.deploy.rollout.lock.LockHeld` or another ClusterctlError before anything changed."""
     r, opts = request, request.options
     args = (r.inventory, r.hosts, r.fleets, r.state_dir, opts)
-    if r.release is not None and r.release.any and not opts.plan_only:
-        cls = with_surge(ReleaseDeploy) if opts.surge else ReleaseDeploy
-        return cls(*args, on_event=on_event, release=r.release, gateway=r.hook()).run()
-    deploy = with_surge(engine.Deploy) if opts.surge else engine.Deploy
-    return deploy(*args, on_event=on_event, gateway=r.hook()).run()
+    with held(r.hook()) as hook:
+        if r.release is not None and r.release.any and not opts.plan_only:
+            cls = with_surge(ReleaseDeploy) if opts.surge else ReleaseDeploy
+            return cls(*args, on_event=on_event, release=r.release, gateway=hook).run()
+        deploy = with_surge(engine.Deploy) if opts.surge else engine.Deploy
+        return deploy(*args, on_event=on_event, gateway=hook).run()
 
 
 def scale_rollout_hosts(inv: Inventory, store: StateStore, template: str) -> list[Host]:
@@ -106,8 +120,9 @@ def run_playbook(request: DeployRequest, path: str, on_event: OnEvent = _quiet) 
     """Load the playbook at ``path`` and show its plan (``options.plan_only``) or run it."""
     book = load_playbook(path)
     r = request
-    runner = PlaybookRun(book, r.inventory, r.hosts, r.fleets, r.state_dir, r.options, on_event, gateway=r.hook())
-    return book, runner.plan() if r.options.plan_only else runner.run()
+    with held(r.hook()) as hook:
+        runner = PlaybookRun(book, r.inventory, r.hosts, r.fleets, r.state_dir, r.options, on_event, gateway=hook)
+        return book, runner.plan() if r.options.plan_only else runner.run()
 
 
 @dataclass(frozen=True)
@@ -128,18 +143,19 @@ class RollbackRequest:
 def run_rollback(request: RollbackRequest, on_event: OnEvent = _quiet) -> RollbackReport:
     """Roll the matching instances back to their previous copies (drained through the gateway first)."""
     r = request
-    return rollback(
-        r.inventory,
-        r.hosts,
-        r.fleets,
-        r.state_dir,
-        instances=r.instances,
-        gate_timeout_s=r.gate_timeout_s,
-        break_lock=r.break_lock,
-        drain_timeout_s=r.drain_timeout_s,
-        on_event=on_event,
-        gateway=drain_hook(r.inventory, r.state_dir, r.gateway_password),
-    )
+    with held(drain_hook(r.inventory, r.state_dir, r.gateway_password)) as hook:
+        return rollback(
+            r.inventory,
+            r.hosts,
+            r.fleets,
+            r.state_dir,
+            instances=r.instances,
+            gate_timeout_s=r.gate_timeout_s,
+            break_lock=r.break_lock,
+            drain_timeout_s=r.drain_timeout_s,
+            on_event=on_event,
+            gateway=hook,
+        )
 
 
 def instance_hosts(instances: Sequence[Instance]) -> list[str]:
@@ -173,7 +189,7 @@ def run_instance_action(request: ActionRequest, on_event: Optional[Callable[[str
         gateway = drain_hook(r.inventory, r.state_dir, r.gateway_password)
     except ClusterctlError as e:
         raise ClusterctlError(f"gateway: {e}") from e
-    with r.fleet as fleet:
+    with held(gateway), r.fleet as fleet:
         return run_action(
             r.inventory,
             fleet,

@@ -127,6 +127,12 @@ class DeployReport:
     seconds: float = 0.0
     #: ``deploy --surge``: per changed instance, surge or in place and why, and how it went (deploy/rollout/surge.py).
     surge: list[dict[str, Any]] | None = None
+    #: seconds per phase (wall clock, rounded to ms): ``prepare_s`` (read and plan), ``preflight_s``,
+    #: ``lock_s``, ``reread_s`` (read and plan again under the lock), ``prestage_s``, ``unlock_s``,
+    #: ``kv_checks_s``; ``batches``: per batch ``stage_s``, ``drain_s`` (mark-down and the wait for
+    #: requests in flight), ``mark_down_s`` (the gateway's part of it, ``mark_downs`` applies),
+    #: ``apply_s`` (stop and start), ``gate_s`` (model load and gates), ``mark_up_s``, ``seconds``.
+    timings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -146,9 +152,15 @@ class DeployReport:
             "gateway": self.gateway,
             "prestage": self.prestage,
             **({"surge": self.surge} if self.surge is not None else {}),
+            "timings": self.timings,
             "plan": self.plan.to_dict(),
             "hosts": [h.to_dict() for h in self.hosts.values()],
         }
+
+
+def _since(t0: float) -> float:
+    """Seconds since ``t0`` (``time.monotonic``), rounded to ms (the report's timings)."""
+    return round(time.monotonic() - t0, 3)
 
 
 class PreflightRefused(ClusterctlError):
@@ -435,14 +447,17 @@ class Deploy:
         with self.make_fleet(self.hosts) as fleet:
             plan, states = self.prepare(fleet)
             rep = DeployReport(self.me.run_id, plan, "planned")
+            rep.timings["prepare_s"] = _since(t0)
             self.report = rep
             for hp in plan.hosts:
                 rep.hosts[hp.host] = HostOutcome(hp.host, "unreadable" if hp.error else "unchanged", error=hp.error)
             if self.opts.plan_only:
                 rep.seconds = time.monotonic() - t0
                 return rep
+            t = time.monotonic()
             try:
                 rep.preflight = self.preflight(fleet, plan)
+                rep.timings["preflight_s"] = _since(t)
             except PreflightRefused as e:
                 rep.result, rep.preflight = "refused", e.report
                 self._audit_local(rep, f"pre-flight refused: {', '.join(e.report.refused)}")
@@ -453,8 +468,10 @@ class Deploy:
                 self._audit_local(rep)
                 rep.seconds = time.monotonic() - t0
                 return rep
+            t = time.monotonic()
             try:
                 got = lock.acquire(fleet, targets, self.me, ttl_s=self.opts.lock_ttl_s, break_lock=self.opts.break_lock)
+                rep.timings["lock_s"] = _since(t)
             except lock.LockHeld as e:
                 rep.result = "refused"
                 self._audit_local(rep, str(e))
@@ -466,6 +483,7 @@ class Deploy:
                 self._audit_local(rep, f"{type(e).__name__}: {e}" if not isinstance(e, KeyboardInterrupt) else None)
                 raise
             finally:
+                t = time.monotonic()
                 lock.release_anyway(
                     fleet,
                     got.locked,
@@ -473,8 +491,11 @@ class Deploy:
                     self._audit_record(rep),
                     lambda: self.make_fleet([self.inv.hosts[h] for h in got.locked]),
                 )
+                rep.timings["unlock_s"] = _since(t)
             self._save_placements(rep)
+            t = time.monotonic()
             self._kv_checks(fleet, rep)
+            rep.timings["kv_checks_s"] = _since(t)
         self._audit_local(rep)
         rep.seconds = time.monotonic() - t0
         return rep
@@ -525,12 +546,16 @@ class Deploy:
                 ok=False,
             )
         # Read again under the lock: another deploy may have finished since the plan.
+        t = time.monotonic()
         states.update(self._read(fleet, got.locked))
         plan = self._plan(states)
         rep.plan = plan
+        rep.timings["reread_s"] = _since(t)
         targets = [h for h in plan.changed_hosts() if h in got.locked]
         if self.opts.prestage:
+            t = time.monotonic()
             self._prestage(plan, states, targets, rep)
+            rep.timings["prestage_s"] = _since(t)
         self._rollout(fleet, plan, states, targets, rep)
         if rep.result == "ok" and any(h.status == "unreadable" for h in rep.hosts.values()):
             rep.result = "partial"
@@ -595,10 +620,15 @@ class Deploy:
         rep: DeployReport,
     ) -> list[str]:
         """Stage, drain, apply and gate one batch; returns the failed hosts."""
+        t0 = time.monotonic()
+        took: dict[str, Any] = {"batch": n, "hosts": len(batch)}
+        rep.timings.setdefault("batches", []).append(took)
         starting = {i.instance for h in batch for i in by_host[h].items if i.action in ("new", "changed", "start")}
         # Staging switches model links: rollback must restore the targets from before it.
         self.links_before.update({h: {p: m.get("target") for p, m in states[h].models.items()} for h in batch})
         unstaged = self._stage(fleet, batch, starting, states)
+        took["stage_s"] = t = _since(t0)
+        marks = list(getattr(self.gateway, "timings", []))
         with cf.ThreadPoolExecutor(max_workers=max(1, min(16, len(batch)))) as ex:
             drained = ex.map(
                 lambda h: ap.drain_before(
@@ -608,6 +638,9 @@ class Deploy:
             )
             for h, notes in zip(batch, drained):
                 rep.hosts[h] = HostOutcome(h, "applied", n, drained=notes)
+        downs = [m for m in getattr(self.gateway, "timings", [])[len(marks) :] if m.op != "up"]
+        took["drain_s"], t = round(_since(t0) - t, 3), _since(t0)
+        took["mark_down_s"], took["mark_downs"] = round(sum(m.seconds for m in downs), 3), len(downs)
         failed = []
         for h, why in unstaged.items():
             rep.hosts[h].status, rep.hosts[h].error = "failed", why
@@ -630,6 +663,7 @@ class Deploy:
             if not r.ok:
                 rep.hosts[h].status, rep.hosts[h].error = "failed", r.error
                 failed.append(h)
+        took["apply_s"], t = round(_since(t0) - t, 3), _since(t0)
         headless = multinode.workers(self.instances.values())  # gated through their head's /health
         names = [
             i.instance
@@ -639,6 +673,7 @@ class Deploy:
             if i.action in ("new", "changed", "start") and i.instance not in headless
         ]
         results = self.gate(fleet, names)
+        took["gate_s"], t = round(_since(t0) - t, 3), _since(t0)
         for g in results:
             rep.hosts[g.host].gates.append(g)
             if not g.ok and not g.inconclusive and g.host not in failed:
@@ -654,6 +689,7 @@ class Deploy:
         back = list(dict.fromkeys(g.instance for g in results if g.instance not in bad and g.host not in failed))
         back += [i.instance for h in batch if h not in failed for i in by_host[h].items if i.action == "remove"]
         self.put_back(back, rep)
+        took["mark_up_s"], took["seconds"] = round(_since(t0) - t, 3), _since(t0)
         return failed
 
     @property

@@ -97,6 +97,13 @@ def test_all_batches_pass_in_order_and_every_lock_is_released(tmp_path: Path) ->
     assert c.ops("rollback") == []
     [rec] = audit.read(tmp_path)
     assert rec["result"] == "ok" and len(rec["instances"]) == N
+    t = rep.to_dict()["timings"]  # every phase timed, per batch too (the release benchmark reads them)
+    assert {"prepare_s", "preflight_s", "lock_s", "reread_s", "unlock_s", "kv_checks_s"} <= set(t)
+    assert [(b["batch"], b["hosts"]) for b in t["batches"]] == [(1, 1), (2, 2), (3, 5)]
+    phases = ("stage_s", "drain_s", "mark_down_s", "apply_s", "gate_s", "mark_up_s")
+    for b in t["batches"]:
+        assert all(b[k] >= 0 for k in phases) and b["mark_downs"] == 0  # no gateway here
+        assert sum(b[k] for k in phases if k != "mark_down_s") <= b["seconds"] + 0.01
 
 
 def test_a_failing_canary_is_rolled_back_and_no_other_host_is_touched(tmp_path: Path) -> None:
