@@ -91,24 +91,6 @@ def checks_option() -> Any:
     )
 
 
-def parse_checks(value: Optional[str]) -> list[str] | None:
-    from clusterctl.diagnose.doctor import resolve_checks
-
-    try:
-        return resolve_checks(value.split(",")) if value else None
-    except ClusterctlError as e:
-        fail(str(e))
-
-
-def load_checks_data() -> dict[str, Any]:
-    from clusterctl.diagnose.thresholds import load_thresholds
-
-    try:
-        return load_thresholds()
-    except ClusterctlError as e:
-        fail(str(e))
-
-
 class ProbeView:
     """Renders a doctor workflow's events: the per-host probe bar, notes, warnings on stderr."""
 
@@ -142,16 +124,19 @@ def live_request(
     deadline: Optional[float],
     host_key_policy: Optional[str],
     raw_outputs: bool = False,
-    **fields: Any,
+    resolved: Any = None,
+    acks: Optional[list[dict[str, Any]]] = None,
 ) -> Any:
-    """The workflow's request for the hosts ``pattern`` selects (exits 3 on bad options or inventory)."""
-    from clusterctl.ops.doctor import DoctorRequest, Probe, with_replicas
+    """The workflow's request for the hosts ``pattern`` selects (exits 3 on bad options or inventory):
+    the hosts selected, the sudo password read here, at the CLI's edge; ``resolved``: the checks
+    (``ops.doctor.resolve``; None: every analyzer, no thresholds)."""
+    from clusterctl.ops import doctor as ops
 
     policy = check_host_key_policy(host_key_policy)
     path, hosts = select(inventory, pattern)
-    inv = with_replicas(load_inventory(path), user_config())
+    inv = load_inventory(path)
     password = become_password(ask_become_pass, hosts, sudo)
-    probe = Probe(
+    probe = ops.Probe(
         interval=interval,
         timeout=timeout,
         fanout=fanout,
@@ -162,10 +147,7 @@ def live_request(
         host_key_policy=policy,
         raw_outputs=raw_outputs,
     )
-    fields.setdefault("thresholds", {})
-    return DoctorRequest(
-        cfg=user_config(), pattern=pattern, inventory=inv, inventory_path=path, hosts=hosts, probe=probe, **fields
-    )
+    return ops.live_request(user_config(), pattern, inv, path, hosts, probe, resolved or ops.Resolved(), acks)
 
 
 def live_snapshot(
@@ -204,46 +186,26 @@ def live_snapshot(
 
 
 def bundle_request(
-    source: str, inventory: Optional[str], host: Optional[str] = None, pattern: str = "all", **fields: Any
+    source: str,
+    inventory: Optional[str],
+    host: Optional[str] = None,
+    pattern: str = "all",
+    resolved: Any = None,
+    acks: Optional[list[dict[str, Any]]] = None,
 ) -> Any:
     """The workflow's request for a bundle; ``-i`` (loaded after the bundle is read) beats its own inventory."""
-    from clusterctl.ops.doctor import DoctorRequest, with_replicas
+    from clusterctl.ops import doctor as ops
 
-    def given() -> Any:  # the cluster's state (user_config) as bound by loading it
-        inv = load_inventory(inventory)
-        return with_replicas(inv, user_config())
-
-    fields.setdefault("thresholds", {})
-    return DoctorRequest(
-        cfg=user_config(),
+    return ops.bundle_request(
+        user_config(),
+        source,
         pattern=pattern,
-        bundle=source,
-        bundle_host=host,
-        load_inventory=given if inventory else None,
-        **fields,
+        host=host,
+        load_inventory=(lambda: load_inventory(inventory)) if inventory else None,
+        load_config=user_config,  # the cluster's state, as bound by loading the inventory
+        resolved=resolved or ops.Resolved(),
+        acks=acks,
     )
-
-
-def parse_since(text: Optional[str]) -> Optional[float]:
-    """``--since`` as epoch seconds (None when not given); a bad value exits 3 naming the forms."""
-    from clusterctl.diagnose.current import parse_when
-
-    if not text:
-        return None
-    try:
-        return parse_when(text, time.time())
-    except ValueError as e:
-        fail(str(e))
-
-
-def load_acks() -> list[dict[str, Any]]:
-    """The acknowledgements in the state directory (``doctor ack``)."""
-    from clusterctl.diagnose import acks
-
-    try:
-        return acks.load(user_config().state_dir)
-    except ClusterctlError as e:
-        fail(str(e))
 
 
 def _table(findings: list[Finding], show_ok: bool) -> None:
@@ -359,43 +321,31 @@ def doctor(
     ask_become_pass: bool = AskBecomePassOpt,
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
-    from clusterctl.drift.doctor_checks import split_checks
-    from clusterctl.ops.doctor import gather, read_bundle, run_doctor
+    from clusterctl.ops import doctor as ops
 
     fmt = "json" if as_json else fmt
     if fmt not in FORMATS:
         fail(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
-    words, requested = split_checks(checks.split(",")) if checks else ([], [])
-    if requested and source:
-        fail(f"--checks {','.join(requested)} send requests to live instances; they cannot run on a bundle (--from)")
-    selected = parse_checks(",".join(words) or ("host.reachable" if requested else None))
-    thresholds = load_checks_data()
-    if learn and source:
-        fail("--learn records live hosts; it cannot be combined with --from")
-    if baseline:
-        from clusterctl.diagnose.baseline import load_baseline
-
-        try:
-            thresholds["baseline"] = load_baseline(baseline)
-        except ClusterctlError as e:
-            fail(str(e))
-    if explain_input and not source:
-        fail("--explain-input describes the input of --from; give --from PATH")
-    what: dict[str, Any] = dict(
-        thresholds=thresholds,
-        checks=selected,
-        live_checks=requested,
-        since=parse_since(since),
-        since_text=since,
-        acks=load_acks(),
+    options = ops.DoctorOptions(
+        checks=checks,
+        baseline=baseline,
+        since=since,
         active=active,
+        bundle=source,
+        learn=learn,
+        explain_input=explain_input,
     )
+    try:
+        resolved = ops.resolve(options)
+        acks = ops.load_acks(user_config().state_dir)
+    except ClusterctlError as e:
+        fail(str(e))
     view = ProbeView(fmt == "table")
     try:
         if source:
-            req = bundle_request(source, inventory, host_name, pattern, **what)
+            req = bundle_request(source, inventory, host_name, pattern, resolved, acks)
             if explain_input:
-                _explain(read_bundle(req)[0], fmt)
+                _explain(ops.read_bundle(req)[0], fmt)
         else:
             req = live_request(
                 pattern,
@@ -408,11 +358,12 @@ def doctor(
                 connect_timeout=connect_timeout,
                 deadline=deadline,
                 host_key_policy=host_key_policy,
-                **what,
+                resolved=resolved,
+                acks=acks,
             )
             if learn:
-                _learn(gather(req, view).snapshot, learn)
-        run = run_doctor(req, view)
+                _learned(ops.learn(req, learn, view))
+        run = ops.run_doctor(req, view)
     except ClusterctlError as e:
         fail(str(e))
     meta = {**run.meta, **cluster_meta()}
@@ -454,18 +405,12 @@ def _explain(snap: Any, fmt: str) -> None:
     raise typer.Exit(0)
 
 
-def _learn(snap: Any, path: str) -> None:
-    from clusterctl.diagnose.baseline import learn as learn_baseline, write_baseline
-
-    data = learn_baseline(snap.facts)
-    try:
-        write_baseline(path, data)
-    except OSError as e:
-        fail(f"{path}: cannot write the baseline: {e.strerror}")
-    console.print(f"baseline: {len(data['hosts'])} host(s) written to {path}", markup=False)
-    for host, reason in snap.missing.items():
+def _learned(done: Any) -> None:
+    """``--learn``'s outcome (``ops.doctor.Learned``); exits 2 when some host was not learned."""
+    console.print(f"baseline: {done.hosts} host(s) written to {done.path}", markup=False)
+    for host, reason in done.missing.items():
         err_console.print(f"{host}: not learned: {reason}", markup=False)
-    raise typer.Exit(2 if snap.missing else 0)
+    raise typer.Exit(2 if done.missing else 0)
 
 
 ACK_HELP = """Acknowledge a known problem: doctor and report show its finding as an
@@ -496,8 +441,7 @@ def ack(
     inventory: Optional[str] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    from clusterctl.diagnose import acks
-    from clusterctl.diagnose.current import parse_when
+    from clusterctl.ops import doctor as ops
 
     if inventory:  # the cluster whose acknowledgements these are (else the default inventory's)
         load_inventory(inventory)
@@ -505,44 +449,34 @@ def ack(
     now = time.time()
     try:
         if list_:
-            rows = acks.load(state)
+            rows = ops.list_acks(state, now)
             if as_json:
-                sys.stdout.write(
-                    json.dumps(
-                        {"state_dir": str(state), "acks": [{**a, "expired": acks.until_epoch(a) <= now} for a in rows]},
-                        indent=2,
-                    )
-                    + "\n"
-                )
+                sys.stdout.write(json.dumps({"state_dir": str(state), "acks": rows}, indent=2) + "\n")
                 raise typer.Exit(0)
             for a in rows:
-                gone = " (expired)" if acks.until_epoch(a) <= now else ""
+                gone = " (expired)" if a["expired"] else ""
                 console.print(
                     f"{a['check']} {a['subject']} on {a.get('host') or 'every host'} until "
                     f"{a['until']}{gone}" + (f": {a['reason']}" if a.get("reason") else ""),
                     markup=False,
                 )
-            console.print(f"{len(rows)} acknowledgement(s) in {acks.ack_path(state)}", markup=False)
+            console.print(f"{len(rows)} acknowledgement(s) in {ops.ack_path(state)}", markup=False)
             raise typer.Exit(0)
         if not check or not subject:
             fail("give CHECK and SUBJECT (as doctor --json prints them), or --list")
         if remove:
-            n = acks.remove(state, check, subject, host)
+            n = ops.remove_ack(state, check, subject, host)
             if not n:
                 fail(f"no acknowledgement of {check} {subject}" + (f" on {host}" if host else ""))
             console.print(f"removed {n} acknowledgement(s) of {check} {subject}", markup=False)
             raise typer.Exit(0)
         if not until:
             fail("--until is required (a duration such as 3d, or a time): acknowledgements expire")
-        try:
-            t = parse_when(until, now, option="--until", ahead=True)
-        except ValueError as e:
-            fail(str(e))
-        entry = acks.add(state, check, subject, t, host=host, reason=reason, now=now)
+        entry = ops.add_ack(state, check, subject, until, host=host, reason=reason, now=now)
     except ClusterctlError as e:
         fail(str(e))
     console.print(
-        f"acknowledged {check} {subject} on {host or 'every host'} until {entry['until']} (in {acks.ack_path(state)})",
+        f"acknowledged {check} {subject} on {host or 'every host'} until {entry['until']} (in {ops.ack_path(state)})",
         markup=False,
     )
 

@@ -171,20 +171,22 @@ def run(
 def _passive(pattern: str, inventory: Optional[str], source: Optional[str], **probe: Any) -> Any:
     """Doctor's passive checks on the hosts or a bundle (``ops.report.Checked``)."""
     from clusterctl.cli import doctor as d
-    from clusterctl.ops.doctor import gather
-    from clusterctl.ops.report import passive
+    from clusterctl.ops import doctor as ops_doctor
+    from clusterctl.ops.report import passive_run
 
-    thresholds = d.load_checks_data()
-    if source:
-        req = d.bundle_request(source, inventory, pattern=pattern, thresholds=thresholds)
-    else:
-        req = d.live_request(pattern, inventory, sudo=False, ask_become_pass=False, thresholds=thresholds, **probe)
     try:
-        got = gather(req, d.ProbeView(progress=False))
+        resolved = ops_doctor.resolve()
     except ClusterctlError as e:
         fail(str(e))
-    req.acks = d.load_acks()  # after the snapshot: the state of the cluster a bundle's -i names
-    return passive(req, got)
+    if source:
+        req = d.bundle_request(source, inventory, pattern=pattern, resolved=resolved)
+    else:
+        req = d.live_request(pattern, inventory, sudo=False, ask_become_pass=False, resolved=resolved, **probe)
+    try:
+        # the acknowledgements after the snapshot: the state of the cluster a bundle's -i names
+        return passive_run(req, d.ProbeView(progress=False), acks=lambda: ops_doctor.load_acks(user_config().state_dir))
+    except ClusterctlError as e:
+        fail(str(e))
 
 
 def _active(pattern: str, inventory: Optional[str], kinds_text: str, timeout: float) -> Any:

@@ -8,6 +8,15 @@ and returns a :class:`DoctorRun`: the findings of the analyzer registry
 its first half (the snapshot alone: ``doctor --learn``, ``collect``, ``report
 run``).  Progress and warnings go to ``on_event`` as :class:`DoctorEvent`;
 errors are :class:`~clusterctl.errors.ClusterctlError`.
+
+The request is built here from what the command line gave: :func:`resolve` turns
+:class:`DoctorOptions` (the ``--checks`` text, ``--baseline`` file, ``--since`` text ...)
+into :class:`Resolved` (analyzer checks, live checks, thresholds, since), every bad
+option a ``ClusterctlError`` naming it; :func:`live_request` and :func:`bundle_request`
+add the hosts or the bundle and the acknowledgements (:func:`load_acks`).  The CLI
+selects the hosts and reads the sudo password (its edge), calls one of these and renders.
+:func:`learn` is ``doctor --learn``; :func:`list_acks`, :func:`add_ack` and
+:func:`remove_ack` are ``doctor ack``.
 """
 
 from __future__ import annotations
@@ -24,9 +33,12 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.results import HostResult, HostStatus
 from clusterctl.inventory.model import Host, Inventory
 from clusterctl.deploy.placement.deployed import with_replicas as placed
+from clusterctl.diagnose import acks as ack_store
 from clusterctl.diagnose.active import active_findings as bandwidth, fleet_runner
+from clusterctl.diagnose.baseline import learn as learn_baseline, load_baseline, write_baseline
 from clusterctl.diagnose.bundle import context, gather as gather_hosts, only_hosts
-from clusterctl.diagnose.current import HISTORY
+from clusterctl.diagnose.current import HISTORY, parse_when
+from clusterctl.diagnose.thresholds import load_thresholds
 from clusterctl.drift import doctor_checks
 from clusterctl.fleet.factory import make_fleet
 from clusterctl.inventory.loader import load_inventory as load
@@ -49,7 +61,7 @@ class Probe:
     raw_outputs: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class DoctorRequest:
     """One doctor run.  Live: ``inventory`` (with its replicas), ``inventory_path`` and the
     selected ``hosts``.  Bundle: ``bundle`` (path) and ``bundle_host``; the bundle's own
@@ -245,3 +257,192 @@ def active_findings(request: DoctorRequest, snap: Snapshot, inv: Optional[Invent
             thresholds=thresholds,
             max_pairs=max(1, width // 2),
         )
+
+
+# ------------------------------------------------------------------ building the request
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """doctor's options as the command line gave them, checked and resolved by :func:`resolve`."""
+
+    checks: Optional[str] = None  # --checks: comma-separated checks or groups (None: every analyzer)
+    baseline: Optional[str] = None  # --baseline FILE written by --learn
+    since: Optional[str] = None  # --since: 2h, 3d, 2026-11-30T10:00Z
+    active: bool = False  # --active: ib_write_bw between host pairs
+    bundle: Optional[str] = None  # --from PATH
+    learn: Optional[str] = None  # --learn FILE
+    explain_input: bool = False  # --explain-input
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a run checks: ``checks`` (analyzer names, None: all), ``live_checks`` (drift, leak:
+    requests to the instances), ``thresholds`` (checks/*.yaml, the baseline under ``"baseline"``),
+    ``since`` (epoch seconds, None: the current run and boot only) and its text."""
+
+    checks: Optional[list[str]] = None
+    live_checks: list[str] = field(default_factory=list)
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    since: Optional[float] = None
+    since_text: Optional[str] = None
+    active: bool = False
+
+
+def resolve(options: DoctorOptions = DoctorOptions(), now: Optional[float] = None) -> Resolved:
+    """``options`` checked and resolved (``now``: epoch seconds ``--since`` counts back from, default
+    the clock).  Raises :class:`~clusterctl.errors.ClusterctlError` naming the option: an unknown
+    check, live checks on a bundle, ``--learn`` or ``--explain-input`` with the wrong source,
+    unreadable check files or baseline, a bad ``--since``."""
+    from clusterctl.diagnose.doctor import resolve_checks
+
+    words, requested = doctor_checks.split_checks(options.checks.split(",")) if options.checks else ([], [])
+    if requested and options.bundle:
+        raise ClusterctlError(
+            f"--checks {','.join(requested)} send requests to live instances; they cannot run on a bundle (--from)"
+        )
+    text = ",".join(words) or ("host.reachable" if requested else None)
+    selected = resolve_checks(text.split(",")) if text else None
+    thresholds = load_thresholds()
+    if options.learn and options.bundle:
+        raise ClusterctlError("--learn records live hosts; it cannot be combined with --from")
+    if options.baseline:
+        thresholds["baseline"] = load_baseline(options.baseline)
+    if options.explain_input and not options.bundle:
+        raise ClusterctlError("--explain-input describes the input of --from; give --from PATH")
+    since = None
+    if options.since:
+        try:
+            since = parse_when(options.since, time.time() if now is None else now)
+        except ValueError as e:
+            raise ClusterctlError(str(e)) from None
+    return Resolved(selected, requested, thresholds, since, options.since, options.active)
+
+
+def load_acks(state_dir: str | Path) -> list[dict[str, Any]]:
+    """The acknowledgements kept in ``state_dir`` (``doctor ack``); an unreadable file raises."""
+    return ack_store.load(state_dir)
+
+
+def live_request(
+    cfg: UserConfig,
+    pattern: str,
+    inventory: Inventory,
+    inventory_path: str,
+    hosts: list[Host],
+    probe: Probe,
+    resolved: Resolved = Resolved(),
+    acks: Optional[list[dict[str, Any]]] = None,
+) -> DoctorRequest:
+    """The request for the selected live ``hosts`` of ``inventory`` (read as deployed: template
+    replicas placed in ``cfg``'s state)."""
+    return DoctorRequest(
+        cfg=cfg,
+        thresholds=resolved.thresholds,
+        pattern=pattern,
+        inventory=with_replicas(inventory, cfg),
+        inventory_path=inventory_path,
+        hosts=list(hosts),
+        probe=probe,
+        **_checks(resolved, acks),
+    )
+
+
+def bundle_request(
+    cfg: UserConfig,
+    source: str,
+    *,
+    pattern: str = "all",
+    host: Optional[str] = None,
+    load_inventory: Optional[Callable[[], Inventory]] = None,
+    load_config: Optional[Callable[[], UserConfig]] = None,
+    resolved: Resolved = Resolved(),
+    acks: Optional[list[dict[str, Any]]] = None,
+) -> DoctorRequest:
+    """The request for the bundle ``source`` (``host``: the host of loose files); the inventory
+    ``load_inventory`` returns (the ``-i`` file, called after the bundle is read) beats the
+    bundle's own, and is read as deployed in the state of ``load_config()`` (called after it:
+    loading an inventory may bind the state to its cluster; default ``cfg``)."""
+
+    def given() -> Inventory:
+        assert load_inventory is not None
+        inv = load_inventory()
+        return with_replicas(inv, load_config() if load_config is not None else cfg)
+
+    return DoctorRequest(
+        cfg=cfg,
+        thresholds=resolved.thresholds,
+        pattern=pattern,
+        bundle=source,
+        bundle_host=host,
+        load_inventory=given if load_inventory is not None else None,
+        **_checks(resolved, acks),
+    )
+
+
+def _checks(resolved: Resolved, acks: Optional[list[dict[str, Any]]]) -> dict[str, Any]:
+    return dict(
+        checks=resolved.checks,
+        live_checks=list(resolved.live_checks),
+        since=resolved.since,
+        since_text=resolved.since_text,
+        acks=list(acks or []),
+        active=resolved.active,
+    )
+
+
+@dataclass(frozen=True)
+class Learned:
+    """``doctor --learn``: the baseline written to ``path`` for ``hosts`` hosts; ``missing`` the
+    hosts not learned (no facts: host -> reason)."""
+
+    path: str
+    hosts: int
+    missing: dict[str, str]
+
+
+def learn(request: DoctorRequest, path: str, on_event: OnEvent = _ignore) -> Learned:
+    """Record the hosts' GPU configuration as the known-good baseline in ``path`` (YAML); raises
+    ``ClusterctlError`` when it cannot be written."""
+    snap = gather(request, on_event).snapshot
+    data = learn_baseline(snap.facts)
+    try:
+        write_baseline(path, data)
+    except OSError as e:
+        raise ClusterctlError(f"{path}: cannot write the baseline: {e.strerror}") from None
+    return Learned(path, len(data["hosts"]), dict(snap.missing))
+
+
+def list_acks(state_dir: str | Path, now: float) -> list[dict[str, Any]]:
+    """Every acknowledgement of ``state_dir``, each with ``expired`` (its time passed at ``now``)."""
+    return [{**a, "expired": ack_store.until_epoch(a) <= now} for a in ack_store.load(state_dir)]
+
+
+def ack_path(state_dir: str | Path) -> Path:
+    """Where ``state_dir``'s acknowledgements are kept."""
+    return ack_store.ack_path(state_dir)
+
+
+def add_ack(
+    state_dir: str | Path,
+    check: str,
+    subject: str,
+    until: str,
+    *,
+    host: Optional[str] = None,
+    reason: str = "",
+    now: float,
+) -> dict[str, Any]:
+    """Acknowledge ``check`` on ``subject`` (on ``host``, else every host) until ``until`` (a duration
+    such as 3d, or a time, counted from ``now``); the entry written.  Raises ``ClusterctlError`` on
+    a bad or past ``--until`` or an unreadable acks file."""
+    try:
+        t = parse_when(until, now, option="--until", ahead=True)
+    except ValueError as e:
+        raise ClusterctlError(str(e)) from None
+    return ack_store.add(state_dir, check, subject, t, host=host, reason=reason, now=now)
+
+
+def remove_ack(state_dir: str | Path, check: str, subject: str, host: Optional[str] = None) -> int:
+    """Remove the acknowledgements of ``check`` on ``subject`` (on ``host`` only when given); how many."""
+    return ack_store.remove(state_dir, check, subject, host)

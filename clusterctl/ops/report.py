@@ -10,7 +10,7 @@ their own pattern; :func:`store` hands either to :func:`clusterctl.report.run.re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -18,7 +18,7 @@ from clusterctl.config import UserConfig
 from clusterctl.diagnose.findings import Finding
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import Inventory
-from clusterctl.ops.doctor import DoctorRequest, Gathered
+from clusterctl.ops.doctor import DoctorRequest, Gathered, OnEvent, gather
 from clusterctl.report.history import Metric
 from clusterctl.report.run import Options, Result
 from clusterctl.deploy.state import resolve_state_dir
@@ -46,6 +46,18 @@ def passive(request: DoctorRequest, gathered: Gathered) -> Checked:
     findings = diagnose(context(snap, gathered.inventory, request.thresholds), None, acks=request.acks)
     meta: dict[str, Any] = {"source": request.bundle} if request.bundle else {"inventory": request.inventory_path}
     return Checked(findings, from_snapshot(snap.facts, snap.raw), meta, request.pattern)
+
+
+def passive_run(
+    request: DoctorRequest,
+    on_event: Optional[OnEvent] = None,
+    *,
+    acks: Callable[[], list[dict[str, Any]]] = list,
+) -> Checked:
+    """The snapshot gathered (live hosts or a bundle), then ``acks()`` read (after the snapshot:
+    reading a bundle's ``-i`` inventory binds the state of its cluster), then :func:`passive`."""
+    got = gather(request, on_event) if on_event is not None else gather(request)
+    return passive(replace(request, acks=acks()), got)
 
 
 def active(
