@@ -116,22 +116,19 @@ def failover(
     ask_become_pass: bool = AskBecomePassOpt,
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
-    opts_ = _options(
-        max_share=max_share,
-        plan_only=plan_only,
-        drain_timeout_s=drain_timeout,
-        gate_timeout_s=gate_timeout,
-        avoid_hosts=tuple(avoid_host),
-    )
     rep = run(
         inventory,
         state_dir,
-        opts_,
         quiet=as_json,
         fanout=fanout,
         connect_timeout=connect_timeout,
         ask_become_pass=ask_become_pass,
         host_key_policy=host_key_policy,
+        max_share=max_share,
+        plan_only=plan_only,
+        drain_timeout_s=drain_timeout,
+        gate_timeout_s=gate_timeout,
+        avoid_hosts=tuple(avoid_host),
     )
     if as_json:
         print_json(rep.to_json())
@@ -140,58 +137,48 @@ def failover(
     raise typer.Exit(int(rep.exit_code))
 
 
-def _options(**kw: Any) -> Any:
-    from clusterctl.gateway.failover import FailoverOptions
-
-    return FailoverOptions(**kw)
-
-
 def failover_request(
     inventory: Optional[str],
     state_dir: Optional[str],
-    opts: Any,
     *,
     fanout: Optional[int],
     connect_timeout: Optional[float],
     ask_become_pass: bool,
     host_key_policy: Optional[str],
+    **options: Any,
 ) -> Any:
-    """The workflow's request (``opts`` None: the defaults); exits 3 on configuration errors."""
-    from pathlib import Path
-
-    from clusterctl.deploy.state import resolve_state_dir
-    from clusterctl.inventory.fields import suggest
-    from clusterctl.ops.failover import FailoverRequest
+    """The workflow's request (``options``: ``ops.failover.failover_request``'s, else its defaults);
+    the inventory loaded and the sudo password read here, at the CLI's edge; exits 3 on
+    configuration errors."""
+    from clusterctl.ops.failover import failover_request as build
 
     policy = check_host_key_policy(host_key_policy)
     inv = load_inventory(inventory)
-    for h in getattr(opts, "avoid_hosts", ()):
-        if h not in inv.hosts:
-            fail(f"--avoid-host {h}: not a host of {inv.path}" + suggest(h, list(inv.hosts)))
-    directory = Path(resolve_state_dir(state_dir, user_config()))
-    password = become_password(ask_become_pass, list(inv.hosts.values()), True)
-    return FailoverRequest(
-        inv,
-        directory,
-        user_config(),
-        **({"options": opts} if opts is not None else {}),
-        fanout=fanout,
-        connect_timeout=connect_timeout,
-        host_key_policy=policy,
-        become_password=password,
-    )
+    try:
+        return build(
+            inv,
+            user_config(),
+            state_dir=state_dir,
+            fanout=fanout,
+            connect_timeout=connect_timeout,
+            host_key_policy=policy,
+            become_password=lambda: become_password(ask_become_pass, list(inv.hosts.values()), True),
+            **options,
+        )
+    except ClusterctlError as e:
+        fail(str(e))
 
 
 def run(
     inventory: Optional[str],
     state_dir: Optional[str],
-    opts: Any,
     *,
     quiet: bool,
     fanout: Optional[int],
     connect_timeout: Optional[float],
     ask_become_pass: bool,
     host_key_policy: Optional[str],
+    **options: Any,
 ) -> Any:
     """One failover run for the CLI; exits 3 on configuration errors."""
     from clusterctl.ops.failover import run as run_failover
@@ -199,11 +186,11 @@ def run(
     req = failover_request(
         inventory,
         state_dir,
-        opts,
         fanout=fanout,
         connect_timeout=connect_timeout,
         ask_become_pass=ask_become_pass,
         host_key_policy=host_key_policy,
+        **options,
     )
     say = None if quiet else (lambda s: err_console.print(s, markup=False, highlight=False))
     try:

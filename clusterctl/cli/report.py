@@ -226,7 +226,6 @@ def _failover(
     req = failover_request(
         inventory,
         None,
-        None,
         fanout=fanout,
         connect_timeout=connect_timeout,
         ask_become_pass=False,
