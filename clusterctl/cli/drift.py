@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, load_inventory, print_json, user_config
-from clusterctl.cli._target import TargetArg, endpoint
+from clusterctl.cli._target import TargetArg
 from clusterctl.errors import ClusterctlError
-from clusterctl.exitcodes import ExitCode
 
 app = typer.Typer(
     help="Compare greedy outputs with named baselines; check for cross-session context leaks.\n\n"
@@ -24,17 +22,13 @@ PromptsOpt = typer.Option(None, "--prompts", "-p", help="Prompt set JSONL [defau
 TimeoutOpt = typer.Option(60.0, "--timeout", min=1, help="Seconds one request may take in all (connect to last byte).")
 
 
-def _default_prompts() -> Path:
-    from clusterctl.diagnose.thresholds import check_file
-
-    return check_file("drift/basic.jsonl")
-
-
-def _prompts(path: Optional[str]) -> Any:
-    from clusterctl.drift import prompts
+def _endpoint(target: str, inventory: Optional[str]) -> Any:
+    """The endpoint of ``target`` (``ops.drift.endpoint``); exits 3 on a bad URL, an unknown instance
+    or an unreadable secret.  The inventory is read only for an instance name."""
+    from clusterctl.ops import drift as ops
 
     try:
-        return prompts.load(path or _default_prompts())
+        return ops.endpoint(target, lambda: load_inventory(inventory), user_config)
     except ClusterctlError as e:
         fail(str(e))
 
@@ -63,7 +57,7 @@ def baseline(
     inventory: Optional[str] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    from clusterctl.drift import run, store
+    from clusterctl.ops import drift as ops
 
     extra = {}
     for m in meta:
@@ -71,12 +65,12 @@ def baseline(
         if not eq or not key:
             fail(f"--meta {m!r}: expected KEY=VALUE")
         extra[key] = value
-    ep, ps = endpoint(target, inventory), _prompts(prompts)
+    ep = _endpoint(target, inventory)
     try:
-        b = run.record(ep, name, ps, k=k, seed=seed, extra_env=extra, timeout=timeout)
-        path = store.save(b)
+        done = ops.record_baseline(ep, name, prompts, k=k, seed=seed, extra_env=extra, timeout=timeout)
     except ClusterctlError as e:
         fail(str(e))
+    b, path = done.baseline, done.path
     if as_json:
         print_json({"name": name, "path": str(path), "prompts": len(b.outputs), "env": b.env, "skipped": b.skipped})
     else:
@@ -117,15 +111,15 @@ def check(
     inventory: Optional[str] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    from clusterctl.drift import verdict
+    from clusterctl.ops import drift as ops
 
-    ep = endpoint(target, inventory)
+    ep = _endpoint(target, inventory)
     try:
-        v = verdict.check(ep, baseline_name, thresholds=thresholds, use_calibration=use_calibration, timeout=timeout)
+        v = ops.check(ep, baseline_name, thresholds=thresholds, use_calibration=use_calibration, timeout=timeout)
     except ClusterctlError as e:
         fail(str(e))
     summary, reasons, limits, cal, diffs = v.summary, v.reasons, v.limits, v.calibrated, v.diffs
-    code = ExitCode.CRIT if reasons else ExitCode.OK
+    code = ops.check_code(v)
     if as_json:
         print_json(
             {
@@ -203,14 +197,14 @@ def calibrate(
     inventory: Optional[str] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    from clusterctl.drift import run, store
+    from clusterctl.ops import drift as ops
 
-    ep, ps = endpoint(target, inventory), _prompts(prompts)
+    ep = _endpoint(target, inventory)
     try:
-        cal = run.calibrate(ep, ps, runs=runs, background=background, timeout=timeout)
-        path = store.save_calibration(cal["env"].get("model") or "unknown", cal) if save else None
+        done = ops.calibrate(ep, prompts, runs_n=runs, background=background, save=save, timeout=timeout)
     except ClusterctlError as e:
         fail(str(e))
+    cal, path = done.result, done.path
     if as_json:
         print_json({**cal, "path": None if path is None else str(path)})
         return
@@ -257,43 +251,33 @@ def leak_cmd(
     inventory: Optional[str] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    from clusterctl.drift import leak
-    from clusterctl.drift.client import EndpointError
+    from clusterctl.ops import drift as ops
 
-    results: list[tuple[str, Any, Optional[str], Any]] = []
-    for name, ep in _leak_targets(target, inventory):
-        try:
-            chosen = leak.pick_model(ep, model, timeout=min(timeout, 10.0))
-        except EndpointError as e:
-            results.append((name, ep, None, leak.LeakReport(0, 0, 0, errors=[str(e)])))
-            continue
-        results.append(
-            (name, ep, chosen, leak.run(ep, sessions=sessions, requests=requests, timeout=timeout, model=chosen))
-        )
-
-    def code_of(rep: Any) -> ExitCode:
-        return ExitCode.CRIT if rep.sightings else (ExitCode.UNKNOWN if rep.requests == 0 else ExitCode.OK)
-
-    codes = [code_of(r) for *_, r in results]
-    code = ExitCode.CRIT if ExitCode.CRIT in codes else ExitCode.UNKNOWN if ExitCode.UNKNOWN in codes else ExitCode.OK
+    try:
+        targets = ops.leak_targets(target, lambda: load_inventory(inventory), user_config)
+    except ClusterctlError as e:
+        fail(str(e))
+    results = ops.leak_check(targets, sessions=sessions, requests=requests, model=model, timeout=timeout)
+    code = ops.leak_code(results)
     if as_json:
         rows = [
             {
-                "target": name,
-                "url": ep.url,
-                "model": picked,
-                "sessions": rep.sessions,
-                "requests": rep.requests,
-                "failed": rep.failed,
-                "sightings": [vars(s) for s in rep.sightings],
-                "errors": rep.errors,
-                "status": code_of(rep).name,
+                "target": r.name,
+                "url": r.endpoint.url,
+                "model": r.model,
+                "sessions": r.report.sessions,
+                "requests": r.report.requests,
+                "failed": r.report.failed,
+                "sightings": [vars(s) for s in r.report.sightings],
+                "errors": r.report.errors,
+                "status": r.status.name,
             }
-            for name, ep, picked, rep in results
+            for r in results
         ]
         print_json({**rows[0], "status": code.name} if len(rows) == 1 else {"targets": rows, "status": code.name})
         raise typer.Exit(code)
-    for name, ep, picked, rep in results:
+    for r in results:
+        name, ep, picked, rep = r.name, r.endpoint, r.model, r.report
         head = f"{name} ({ep.url}, model {picked or '?'})" if name != ep.url else f"{ep.url} (model {picked or '?'})"
         for err in rep.errors:
             console.print(f"{head}: error: {err}", markup=False)
@@ -314,23 +298,3 @@ def leak_cmd(
         else:
             console.print(f"{head}: UNKNOWN: no request succeeded", markup=False)
     raise typer.Exit(code)
-
-
-def _leak_targets(target: str, inventory: Optional[str]) -> list[tuple[str, Any]]:
-    """``(name, endpoint)`` per target: a URL or one instance as :func:`endpoint` resolves it; instance
-    globs (``*?[``, or a comma-separated list) over the inventory's instances and placed replicas."""
-    from clusterctl.bench.target import instance_endpoint, is_url
-    from clusterctl.deploy.placement.deployed import with_replicas
-    from clusterctl.deploy.status.instances import match_instances
-
-    if is_url(target) or not any(c in target for c in "*?[,"):
-        ep = endpoint(target, inventory)
-        return [(target if not is_url(target) else ep.url, ep)]
-    inv = with_replicas(load_inventory(inventory), cfg=user_config())
-    names = match_instances(sorted(inv.instances), target)
-    if not names:
-        fail(f"{target!r} matches no instance of {inv.path} (instances: {', '.join(sorted(inv.instances)) or 'none'})")
-    try:
-        return [(n, instance_endpoint(inv, inv.instances[n])) for n in names]
-    except ClusterctlError as e:
-        fail(str(e))
