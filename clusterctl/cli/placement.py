@@ -7,24 +7,18 @@ docs/placement.md) and contacts no host.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (
-    InventoryOpt,
-    JsonOpt,
-    console,
-    err_console,
-    fail,
-    load_inventory,
-    print_json,
-    user_config,
-)
-from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
+from clusterctl.cli._common import console, err_console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._options import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, InventoryOpt, JsonOpt
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
+
+if TYPE_CHECKING:  # the workflow (and the deploy package under it) loads when a command runs
+    from clusterctl.ops.placement import PlacementRequest
 
 StateDirOpt = typer.Option(
     None,
@@ -40,27 +34,29 @@ placement_app = typer.Typer(
 )
 
 
+def state_dir_of(state_dir: Optional[str]) -> Any:
+    """The deploy state directory of ``--state-dir`` (else ``$CLUSTERCTL_STATE_DIR``, else the
+    cluster's ``<state_dir>/deploy``): resolve it after the inventory is loaded."""
+    from clusterctl.deploy.state import resolve_state_dir
+
+    return resolve_state_dir(state_dir, user_config())
+
+
 def state_store(state_dir: Optional[str]) -> Any:
     """The deploy state store of ``--state-dir`` (else the default deploy state directory)."""
-    from clusterctl.deploy.state import StateStore, resolve_state_dir
+    from clusterctl.ops.placement import PlacementRequest
 
-    return StateStore(resolve_state_dir(state_dir, user_config()))
+    return PlacementRequest(state_dir_of(state_dir)).store
 
 
-def _load(store: Any) -> Any:
-    try:
-        return store.load()
-    except ClusterctlError as e:
-        fail(str(e))
+def _request(inv: Any, state_dir: Optional[str]) -> PlacementRequest:
+    from clusterctl.ops.placement import PlacementRequest
+
+    return PlacementRequest(state_dir_of(state_dir), inv)
 
 
 def _gpus(indexes: Any) -> str:
     return ",".join(str(i) for i in indexes)
-
-
-def _stages(inst: Any) -> dict[str, list[int]]:
-    """Host -> GPU indexes of an instance, the head's host first (a replica across hosts has several)."""
-    return {h: [g.index for g in inst.placement if g.host == h] for h in dict.fromkeys(g.host for g in inst.placement)}
 
 
 def cordon(
@@ -72,31 +68,33 @@ def cordon(
     state_dir: Optional[str] = StateDirOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    from clusterctl.deploy.placement import cordon as ops
+    from clusterctl.ops import placement as ops
 
     inv = load_inventory(inventory)
     if not reason.strip():
         fail("--reason: say why (it is shown to whoever finds the cordon)")
     try:
-        tgt = ops.parse_target(inv, target)
-        entry, fresh, staying = ops.cordon(state_store(state_dir), tgt, reason.strip())
+        done = ops.cordon(_request(inv, state_dir), target, reason)
     except ClusterctlError as e:
         fail(str(e))
+    entry = done.entry
     if as_json:
         print_json(
             {
-                "target": tgt.key,
-                "new": fresh,
+                "target": done.target,
+                "new": done.new,
                 "reason": entry.reason,
                 "who": entry.who,
                 "when": entry.when,
-                "replicas_staying": staying,
+                "replicas_staying": done.staying,
             }
         )
         return
-    console.print(f"{'cordoned' if fresh else 'cordon updated:'} {tgt.key} ({entry.reason}; {entry.who}, {entry.when})")
-    if staying:
-        console.print(f"replicas still placed there (they stay until moved): {', '.join(staying)}")
+    console.print(
+        f"{'cordoned' if done.new else 'cordon updated:'} {done.target} ({entry.reason}; {entry.who}, {entry.when})"
+    )
+    if done.staying:
+        console.print(f"replicas still placed there (they stay until moved): {', '.join(done.staying)}")
 
 
 def uncordon(
@@ -107,29 +105,32 @@ def uncordon(
     state_dir: Optional[str] = StateDirOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    from clusterctl.deploy.placement import cordon as ops
+    from clusterctl.ops import placement as ops
 
     inv = load_inventory(inventory)
     try:
-        tgt = ops.parse_target(inv, target)
-        removed, left = ops.uncordon(state_store(state_dir), tgt)
+        done = ops.uncordon(_request(inv, state_dir), target)
     except ClusterctlError as e:
         fail(str(e))
     if as_json:
-        print_json({"target": tgt.key, "was_cordoned": removed is not None, "still_cordoned_by": left})
+        print_json({"target": done.target, "was_cordoned": done.removed is not None, "still_cordoned_by": done.left})
         return
-    console.print(f"uncordoned {tgt.key}" if removed else f"{tgt.key} was not cordoned")
-    if left:
-        console.print(f"still cordoned: {', '.join(left)}")
+    console.print(f"uncordoned {done.target}" if done.removed else f"{done.target} was not cordoned")
+    if done.left:
+        console.print(f"still cordoned: {', '.join(done.left)}")
 
 
 def cordons(
     inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt, as_json: bool = JsonOpt
 ) -> None:
+    from clusterctl.ops import placement as ops
+
     if inventory:  # the cluster whose cordons these are (else the default inventory's)
         load_inventory(inventory)
-    st = _load(state_store(state_dir))
-    rows = [{"target": k, "reason": c.reason, "who": c.who, "when": c.when} for k, c in sorted(st.cordons.items())]
+    try:
+        rows = ops.cordons(ops.PlacementRequest(state_dir_of(state_dir)))
+    except ClusterctlError as e:
+        fail(str(e))
     if as_json:
         print_json(rows)
         return
@@ -142,47 +143,6 @@ def cordons(
     for r in rows:
         table.add_row(r["target"], r["reason"], r["who"], r["when"])
     console.print(table)
-
-
-def _placement_rows(res: Any) -> list[dict[str, Any]]:
-    """One row per instance and per unplaced replica: template, replica, host, GPUs, port, state."""
-    from clusterctl.deploy.placement.place import replica_number
-
-    rows = []
-    for name, inst in res.instances.items():
-        if name in res.new or name in res.moved:
-            status = "pending (deploy places it)"
-        elif name in res.on_cordoned:
-            status = f"on cordon: {res.on_cordoned[name]}"
-        else:
-            status = "placed" if inst.template else "explicit"
-        stages = _stages(inst)
-        head = next(iter(stages))
-        rows.append(
-            {
-                "template": inst.template,
-                "replica": name,
-                "host": head,
-                "gpus": stages[head],
-                "port": inst.port,
-                "status": status,
-            }
-            | ({"stages": [{"host": h, "gpus": g} for h, g in stages.items()]} if len(stages) > 1 else {})
-        )
-    for name, why in res.unplaced.items():
-        tpl = name.rpartition("-")[0]
-        rows.append(
-            {"template": tpl, "replica": name, "host": None, "gpus": [], "port": None, "status": f"unplaced: {why}"}
-        )
-    rows.sort(
-        key=lambda r: (
-            r["template"] is not None,
-            r["template"] or "",
-            replica_number(r["template"] or "", r["replica"]) or 0,
-            r["replica"],
-        )
-    )
-    return rows
 
 
 @placement_app.command(
@@ -205,20 +165,18 @@ Example:
 def show(
     inventory: Optional[str] = InventoryOpt, state_dir: Optional[str] = StateDirOpt, as_json: bool = JsonOpt
 ) -> None:
-    from clusterctl.deploy.placement.place import desired_instances
+    from clusterctl.ops import placement as ops
 
     inv = load_inventory(inventory)
-    st = _load(state_store(state_dir))
     try:
-        res = desired_instances(inv, st)
+        placed = ops.show(_request(inv, state_dir))
     except ClusterctlError as e:
         fail(str(e))
-    rows = _placement_rows(res)
     if as_json:
-        print_json(rows)
+        print_json(placed.rows)
     else:
-        _print_rows(rows)
-    raise typer.Exit(1 if res.unplaced else 0)
+        _print_rows(placed.rows)
+    raise typer.Exit(placed.code)
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
@@ -272,15 +230,14 @@ def scale(
     ask_become_pass: bool = AskBecomePassOpt,
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
-    from clusterctl.deploy.placement import scale as ops
+    from clusterctl.ops import placement as ops
 
     if (replicas is None) == (not reset):
         fail("give either --replicas N or --reset")
     inv = load_inventory(inventory)
-    store = state_store(state_dir)
-    st = _load(store)
+    request = _request(inv, state_dir)
     try:
-        sp = ops.plan_scale(inv, st, template, replicas)
+        sp = ops.plan_scale(request, template, replicas)
     except ClusterctlError as e:
         fail(str(e))
     if not plan and not sp.fits:
@@ -293,7 +250,7 @@ def scale(
         _report_scale(sp, as_json, applied=False)
         return
     try:
-        ops.record_scale(store, template, replicas)
+        ops.record_scale(request, template, replicas)
     except ClusterctlError as e:
         fail(str(e))
     if record_only or not (sp.added or sp.removed):
@@ -307,8 +264,7 @@ def scale(
     if not as_json:
         _report_scale(sp, False, applied=True)
     rep = _deploy_template(
-        inv,
-        store,
+        request,
         template,
         ops.replica_names(sp),
         serial=serial,
@@ -328,8 +284,7 @@ def scale(
 
 
 def _deploy_template(
-    inv: Any,
-    store: Any,
+    request: PlacementRequest,
     template: str,
     names: list[str],
     *,
@@ -342,20 +297,12 @@ def _deploy_template(
     removes); exits 3 on refusal."""
     from clusterctl.cli._deploy_views import deploy_events, print_deploy_report
     from clusterctl.cli._hosts import host_fleets_and_password
-    from clusterctl.deploy.rollout.engine import DeployOptions, PreflightRefused
-    from clusterctl.deploy.rollout.batches import parse_serial
-    from clusterctl.ops.deploy import DeployRequest, place_scaled, run_deploy, scale_rollout_hosts
+    from clusterctl.deploy.rollout.engine import PreflightRefused
+    from clusterctl.ops import placement as ops
+    from clusterctl.ops.deploy import run_deploy
 
     try:
-        hosts = scale_rollout_hosts(inv, store, template)
-        dopts = DeployOptions(
-            instances=",".join(names),
-            serial=parse_serial(opts["serial"]),
-            max_fail_percentage=opts["max_fail_percentage"],
-            force=opts["force"],
-            gate_timeout_s=opts["gate_timeout"],
-            drain_timeout_s=opts["drain_timeout"],
-        )
+        hosts = ops.scale_hosts(request, template)
         make, password = host_fleets_and_password(
             hosts,
             fanout=opts["fanout"],
@@ -363,10 +310,21 @@ def _deploy_template(
             host_key_policy=host_key_policy,
             ask_become_pass=ask_become_pass,
         )
-        request = DeployRequest(inv, hosts, make, str(store.directory), dopts, gateway_password=password)
-        place_scaled(request, store, None if as_json else (lambda m: err_console.print(m, markup=False)))
+        rollout = ops.ScaleRollout(
+            hosts,
+            make,
+            serial=opts["serial"],
+            max_fail_percentage=opts["max_fail_percentage"],
+            force=opts["force"],
+            gate_timeout_s=opts["gate_timeout"],
+            drain_timeout_s=opts["drain_timeout"],
+            gateway_password=password,
+        )
+        deploy = ops.scale_deploy(
+            request, names, rollout, None if as_json else (lambda m: err_console.print(m, markup=False))
+        )
         with deploy_events(not as_json) as events:
-            rep = run_deploy(request, events)
+            rep = run_deploy(deploy, events)
     except PreflightRefused as e:
         fail(f"{e}; the new count is recorded: `clusterctl scale {template} --replicas N` to change it")
     except ClusterctlError as e:
@@ -398,6 +356,8 @@ def _scale_json(sp: Any, applied: bool) -> dict[str, Any]:
 
 
 def _report_scale(sp: Any, as_json: bool, applied: bool) -> None:
+    from clusterctl.ops.placement import stages
+
     where = sp.result.instances
     if as_json:
         print_json(_scale_json(sp, applied))
@@ -408,7 +368,7 @@ def _report_scale(sp: Any, as_json: bool, applied: bool) -> None:
     for n in sp.added:
         inst = where[n]
         console.print(
-            f"  + {n}  " + " + ".join(f"{h} GPUs {_gpus(g)}" for h, g in _stages(inst).items()) + f" port {inst.port}"
+            f"  + {n}  " + " + ".join(f"{h} GPUs {_gpus(g)}" for h, g in stages(inst).items()) + f" port {inst.port}"
         )
     for n in sp.removed:
         console.print(f"  - {n}  (drained, then stopped)")
