@@ -10,6 +10,10 @@ bytes (they are hashed in memory, then compiled: no window between check and
 use).  A missing or damaged copy makes the loader exit :data:`RC_NOT_CACHED`
 before anything runs; only those hosts get a second round trip with the program
 on stdin (``... DIGEST store ARGS``), which verifies it, stores it and runs it.
+Each such host starts its second round trip as soon as its first one returns,
+while the hosts that had the program still run: the hosts of one run work at
+the same time whether or not their cache had it (staging's relay needs that:
+a host serves the next one of its chain while it runs).
 
 Storing: the directory is created 0700 and used only when it is owned by the
 user and writable by nobody else; the file is written 0600 to a temporary
@@ -31,9 +35,12 @@ after the program in the second round trip: the loader reads exactly the program
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hashlib
 import os
+import queue
 import shlex
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 from clusterctl.fleet.results import RunResults
@@ -132,8 +139,9 @@ def run_cached(
 
     ``stdin``: the job the program reads on its standard input (after the program,
     for hosts it is shipped to).  Returns the fleet's results in fleet order, one
-    row per host; ``on_result`` sees each host's final row once (a host that needed
-    the program is reported after its second round trip).  ``cache``: ``None`` follows
+    row per host; ``on_result`` sees each host's final row once, in the caller's thread
+    (a host that needed the program is reported after its second round trip, which
+    starts as soon as its first one returned, not after the other hosts ended).  ``cache``: ``None`` follows
     :func:`enabled`.  Other keyword arguments go to ``fleet.run`` (``sudo``,
     ``timeout``, ``require_python``, ``on_stderr``...).
     """
@@ -153,27 +161,67 @@ def run_cached(
         command = {n: loader_command(d, f"pipe={len(program)}", argv(n)) for n in wanted}
         return fleet.run(command, stdin=program + stdin, on_result=on_result, **run_kwargs)
     t0 = time.monotonic()
-    first: dict[str, Any] = {}
+    store = "store" if stdin is None else f"store={len(program)}"
+    shipped = program + (stdin or b"")
+    job = {} if stdin is None else {"stdin": stdin}  # the first round trip: the cached copy reads the job
+    # Each host without the program gets its second round trip as soon as its first one returns,
+    # beside the hosts still running from their cached copy: programs whose hosts work together
+    # (staging's relay: a host serves the next) need every host of the run running at once.  The
+    # round trips run in threads; this thread takes their rows from ``events`` and reports them,
+    # so ``on_result`` runs in the caller's thread, as with fleet.run.
+    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    pool = cf.ThreadPoolExecutor(
+        max_workers=max(1, min(len(wanted), int(getattr(fleet, "fanout", len(wanted)) or 1))),
+        thread_name_prefix="cached-run",
+    )
 
-    def each(row: Any) -> None:
-        first[row.host] = row
-        if on_result and row.rc != RC_NOT_CACHED:
+    def trip(kind: str, command: Mapping[str, str], **kw: Any) -> None:
+        try:
+            events.put((kind, fleet.run(command, **kw, **run_kwargs)))
+        except BaseException as e:  # raised again in the caller's thread
+            events.put(("error", e))
+
+    rows: dict[str, Any] = {}
+    running = 1
+
+    def arrived(row: Any) -> None:
+        nonlocal running
+        rows[row.host] = row
+        if row.rc == RC_NOT_CACHED:
+            running += 1
+            pool.submit(trip, "second", {row.host: loader_command(d, store, argv(row.host))}, stdin=shipped)
+        elif on_result:
             on_result(row)
 
-    job = {} if stdin is None else {"stdin": stdin}  # the first round trip: the cached copy reads the job
-    for row in fleet.run({n: loader_command(d, "run", argv(n)) for n in wanted}, on_result=each, **job, **run_kwargs):
-        if row.host not in first:  # a fleet that reports rows only in its results
-            each(row)
-    missing = [n for n in wanted if n in first and first[n].rc == RC_NOT_CACHED]
-    if missing:
-        store = "store" if stdin is None else f"store={len(program)}"
-        second = fleet.run(
-            {n: loader_command(d, store, argv(n)) for n in missing},
-            stdin=program + (stdin or b""),
-            on_result=on_result,
-            **run_kwargs,
-        )
-        for row in second:
-            first[row.host] = row
-    rows = [first[n] for n in wanted if n in first]
-    return RunResults(rows, duration_s=time.monotonic() - t0)
+    first = threading.Thread(
+        target=trip,
+        args=("first", {n: loader_command(d, "run", argv(n)) for n in wanted}),
+        kwargs=dict(job, on_result=lambda row: events.put(("row", row))),
+        name="cached-run-first",
+        daemon=True,
+    )
+    try:
+        first.start()
+        while running:
+            kind, value = events.get()
+            if kind == "error":
+                raise value
+            if kind == "row":
+                arrived(value)
+                continue
+            running -= 1
+            for row in value:
+                if kind == "second":
+                    rows[row.host] = row
+                    if on_result:
+                        on_result(row)
+                elif row.host not in rows:  # a fleet that reports rows only in its results
+                    arrived(row)
+    except BaseException:
+        close = getattr(fleet, "close", None)  # as fleet.run does: stop every round trip still running
+        if callable(close):
+            close()
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return RunResults([rows[n] for n in wanted if n in rows], duration_s=time.monotonic() - t0)

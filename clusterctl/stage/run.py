@@ -269,7 +269,6 @@ def stage_model(
                 bundle.program(),
                 commands,
                 stdin=stdin,
-                cache=RELAY_CACHE,
                 sudo=True,
                 timeout=timeout,
                 on_result=on_result,
@@ -287,14 +286,6 @@ def stage_model(
 STARTED_MARK = b"clusterctl-started"
 #: Seconds to wait for the heads to start before starting the other hosts anyway.
 HEADS_START_WAIT_S = 10.0
-
-#: The relay's node program travels with its job on every run (``pipe=N``, verified, one round
-#: trip), never through the node cache: a cached run holds its round trip until every host of it
-#: has ended, so hosts that lacked the program would start their second round trip only after the
-#: cached ones had relayed and stopped listening, and their children would find no parent (seen on
-#: the lab: two of four hosts of a pre-stage chain failed).  The program is ~39 KB, nothing beside a
-#: model.
-RELAY_CACHE = False
 
 
 def _heads_first(
@@ -350,7 +341,6 @@ def _heads_first(
                     bundle.program(),
                     {h: commands[h] for h in heads},
                     stdin=stdin,
-                    cache=RELAY_CACHE,
                     sudo=True,
                     timeout=timeout,
                     on_result=done,
@@ -371,7 +361,6 @@ def _heads_first(
             bundle.program(),
             rest,
             stdin=stdin,
-            cache=RELAY_CACHE,
             sudo=True,
             timeout=timeout,
             on_result=done,

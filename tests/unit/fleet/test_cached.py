@@ -5,8 +5,11 @@ machine's python3 and caches in a temporary directory."""
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -131,3 +134,42 @@ def test_a_job_on_stdin_follows_the_program_and_only_the_job_reaches_it(node, mo
     assert [r.stdout for r in rows] == ["job {\"op\": \"x\"} then b'\\x00frame bytes'\n"] * 2
     assert sorted(shipped(transport)) == [("a", len(other) + len(job)), ("b", len(other) + len(job))]
     assert not (cache / (digest(other) + ".py")).exists()  # verified and run, not stored
+
+
+SLEEPER = b"import sys, time\ntime.sleep(float(sys.argv[1]))\nprint('slept', sys.argv[1])\n"
+
+
+def test_a_host_without_the_program_runs_beside_a_slow_cached_host(tmp_path, monkeypatch):
+    """A host whose cache lacks the program starts its second round trip (program on stdin) as
+    soon as its first one returned, not after a cached host that still runs has ended: the hosts
+    of one run work at the same time (staging's relay serves the next host while it runs).  Its
+    row is reported when it ends, in the caller's thread."""
+    monkeypatch.delenv("CLUSTERCTL_NODE_CACHE", raising=False)
+    t0 = time.monotonic()
+    starts: list[tuple[str, str, float]] = []
+
+    def per_host_cache(host, command, stdin):  # each host has a node cache of its own
+        starts.append((host.name, shlex.split(command)[6].partition("=")[0], time.monotonic() - t0))
+        env = dict(os.environ, CLUSTERCTL_NODE_CACHE_DIR=str(tmp_path / host.name))
+        p = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True, timeout=60, env=env)
+        return FakeReply(p.returncode, p.stdout, p.stderr)
+
+    with Fleet(
+        [Host(name=n, address="127.0.0.1") for n in ("a", "b")], transport=FakeTransport(per_host_cache)
+    ) as fleet:
+        assert [r.stdout for r in run_cached(fleet, SLEEPER, {"a": ["0"]})] == ["slept 0\n"]  # a has it, b not
+        starts.clear()
+        reported: list[tuple[str, float, bool]] = []
+        main = threading.current_thread()
+        rows = run_cached(
+            fleet,
+            SLEEPER,
+            {"a": ["2"], "b": ["0"]},
+            on_result=lambda r: reported.append((r.host, time.monotonic() - t0, threading.current_thread() is main)),
+        )
+    assert [(r.host, r.rc, r.stdout) for r in rows] == [("a", 0, "slept 2\n"), ("b", 0, "slept 0\n")]
+    first_a = next(t for h, mode, t in starts if (h, mode) == ("a", "run"))
+    second_b = next(t for h, mode, t in starts if (h, mode) == ("b", "store"))
+    assert second_b - first_a < 1.5, starts  # not after a's 2 s
+    assert [h for h, _, _ in reported] == ["b", "a"] and all(mine for _, _, mine in reported), reported
+    assert reported[0][1] - first_a < 1.5, reported  # b reported when it ended, not when a did

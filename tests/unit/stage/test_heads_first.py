@@ -112,6 +112,10 @@ class Uncached(Recorder):
     """h3 and h4 have no copy of the staging program in their node cache: a cached run's first
     round trip (the loader's ``run``) ends at once with RC_NOT_CACHED there."""
 
+    def __init__(self, head_delay: float):
+        super().__init__(head_delay)
+        self.stored: set[str] = set()  # hosts that got the program with their job
+
     def __call__(self, host: Host, command: str, stdin: bytes | None) -> FakeReply:
         import re
 
@@ -119,18 +123,26 @@ class Uncached(Recorder):
 
         if host.name in ("h3", "h4") and re.search(r" [0-9a-f]{64} run ", command):  # the loader's cached run
             return FakeReply(RC_NOT_CACHED, "", "")
+        if re.search(r" [0-9a-f]{64} store=[0-9]+ ", command):  # the second round trip: program + job
+            with self.lock:
+                self.stored.add(host.name)
         reply = super().__call__(host, command, stdin)
         if host.name == "h2":  # a cached host relays for a while too
             reply = FakeReply(0, reply.stdout, "", delay_s=1.0)
         return reply
 
 
-def test_hosts_without_the_program_start_while_the_head_still_relays(tmp_path: Path) -> None:
+def test_hosts_without_the_program_start_while_the_head_still_relays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every host of a chain runs its relay at the same time, whether or not its node cache had
     the program: a host that lacked it must not start only after the others ended (its parent
-    would have stopped listening)."""
+    would have stopped listening).  The relay goes through the node cache (h3 and h4 got the
+    program with their job in a second round trip, started as soon as their first one returned)."""
+    monkeypatch.delenv("CLUSTERCTL_NODE_CACHE", raising=False)
     rec = Uncached(head_delay=1.0)
     rep = stage(tmp_path, rec, 4)
     assert rep.ok, rep.rows
+    assert rec.stored == {"h3", "h4"}
     started = {h: c[0] for h, c in rec.calls.items()}
     assert all(started[h] - started["h2"] < 0.5 for h in ("h3", "h4")), started
