@@ -41,7 +41,7 @@ from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.fleet.factory import FleetFactory
 from clusterctl.inventory.model import FabricProfile, Host, Inventory
-from clusterctl.probe.factgroups import nic as parse_nic
+from clusterctl.probe.factgroups import Nic, NicsFact, Qos
 
 UNIT = "roce-qos.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
@@ -115,68 +115,63 @@ def _prios(v: Sequence[int] | None) -> str:
     return "none" if not v else ",".join(str(p) for p in v)
 
 
-def nic_changes(nic: Mapping[str, Any], prof: FabricProfile) -> list[Change]:
+def nic_changes(nic: Nic, prof: FabricProfile) -> list[Change]:
     """What differs between one NIC's QoS facts and the profile (only what the facts show)."""
-    name = str(nic["netdev"])
-    q = nic.get("qos") or {}
+    name = str(nic.netdev)
+    q = nic.qos or Qos()
     p = prof.pfc_priority
     out: list[Change] = []
-    if q.get("trust") and q["trust"] != prof.trust:
-        out.append(Change(name, "trust", q["trust"], prof.trust))
-    pfc = q.get("pfc_enabled")
+    if q.trust and q.trust != prof.trust:
+        out.append(Change(name, "trust", q.trust, prof.trust))
+    pfc: Sequence[int] | None = q.pfc_enabled
     if pfc is None:
-        pfc = qos.pfc_from_counters(nic.get("ethtool_stats"))
+        pfc = qos.pfc_from_counters(nic.ethtool_stats)
     if pfc is not None and list(pfc) != [p]:
         out.append(Change(name, "PFC priorities", _prios(pfc), str(p)))
-    d2p = q.get("dscp2prio")
-    if prof.trust == "dscp" and q.get("trust") == "dscp" and isinstance(d2p, dict):
-        cur = d2p.get(str(prof.roce_dscp))
+    if prof.trust == "dscp" and q.trust == "dscp" and q.dscp2prio is not None:
+        cur = q.dscp2prio.get(str(prof.roce_dscp))
         if cur != p:
             out.append(Change(name, f"DSCP {prof.roce_dscp} priority", "unmapped" if cur is None else str(cur), str(p)))
-    ecn = q.get("ecn")
-    if isinstance(ecn, dict):
-        for side, what in (("roce_np", "ECN notification point"), ("roce_rp", "ECN reaction point")):
-            on = {int(k) for k, v in (ecn.get(side) or {}).items() if v}
+    if q.ecn is not None:
+        for on, what in ((q.ecn.roce_np, "ECN notification point"), (q.ecn.roce_rp, "ECN reaction point")):
             if p not in on:
                 out.append(Change(name, f"{what} on priority {p}", "off", "on"))
-        if ecn.get("cnp_dscp") is not None and ecn["cnp_dscp"] != prof.cnp_dscp:
-            out.append(Change(name, "CNP DSCP", str(ecn["cnp_dscp"]), str(prof.cnp_dscp)))
-    if q.get("traffic_class") is not None or q.get("traffic_class_reason") == "not set":
+        if q.ecn.cnp_dscp is not None and q.ecn.cnp_dscp != prof.cnp_dscp:
+            out.append(Change(name, "CNP DSCP", str(q.ecn.cnp_dscp), str(prof.cnp_dscp)))
+    if q.traffic_class is not None or q.traffic_class_reason == "not set":
         want = tclass_for(prof.roce_dscp)
-        if q.get("traffic_class") != want:
-            cur_tc = q.get("traffic_class")
+        if q.traffic_class != want:
+            cur_tc = q.traffic_class
             out.append(Change(name, "RoCE traffic class", "not set" if cur_tc is None else str(cur_tc), str(want)))
-    if isinstance(q.get("cm_tos"), int) and q["cm_tos"] != tclass_for(prof.roce_dscp):
-        out.append(Change(name, "RDMA-CM default ToS", str(q["cm_tos"]), str(tclass_for(prof.roce_dscp))))
-    gp = q.get("global_pause")
-    if isinstance(gp, dict) and (gp.get("rx") or gp.get("tx")):
+    if q.cm_tos is not None and q.cm_tos != tclass_for(prof.roce_dscp):
+        out.append(Change(name, "RDMA-CM default ToS", str(q.cm_tos), str(tclass_for(prof.roce_dscp))))
+    if q.global_pause is not None and (q.global_pause.rx or q.global_pause.tx):
         out.append(Change(name, "802.3x global pause", "on", "off"))
     return out
 
 
-def nic_target(nic: Mapping[str, Any]) -> NicTarget:
+def nic_target(nic: Nic) -> NicTarget:
     """The script's view of one NIC; raises ValueError for a tool-less NIC or an unsafe name."""
-    name = str(nic.get("netdev") or "")
-    q = nic.get("qos") or {}
-    rdma = nic.get("rdma") or {}
-    dev = rdma.get("device")
-    if not _NAME.match(name) or (dev is not None and not _NAME.match(str(dev))):
+    name = nic.netdev or ""
+    q = nic.qos or Qos()
+    dev = nic.rdma.device if nic.rdma is not None else None
+    if not _NAME.match(name) or (dev is not None and not _NAME.match(dev)):
         raise ValueError(f"{name!r}: not a network or RDMA device name this tool writes into commands")
-    tool = q.get("tool")
+    tool = q.tool
     if tool not in ("mlnx_qos", "dcb"):
-        why = "; ".join(f"{k}: {v}" for k, v in (q.get("reasons") or {}).items()) or "no tool answered"
+        why = "; ".join(f"{k}: {v}" for k, v in q.reasons.items()) or "no tool answered"
         raise ValueError(
             f"{name}: neither mlnx_qos nor dcb can set its QoS ({why}); "
             "install mlnx-tools or iproute2 (dcb) on the node"
         )
     return NicTarget(
         netdev=name,
-        tool=str(tool),
-        rdma_device=str(dev) if dev else None,
-        port=int(rdma.get("port") or 1),
-        ecn=isinstance(q.get("ecn"), dict),
-        tclass=q.get("traffic_class") is not None or q.get("traffic_class_reason") == "not set",
-        cm_tos=isinstance(q.get("cm_tos"), int),
+        tool=tool,
+        rdma_device=dev or None,
+        port=(nic.rdma.port if nic.rdma is not None else None) or 1,
+        ecn=q.ecn is not None,
+        tclass=q.traffic_class is not None or q.traffic_class_reason == "not set",
+        cm_tos=q.cm_tos is not None,
     )
 
 
@@ -213,8 +208,11 @@ def host_plan(
     if facts is None:
         plan.error = why_unread or "no facts"
         return plan
-    # the planner reads each NIC's raw QoS readout; which NICs are RoCE is the typed group's rule
-    roce = [n for n in facts.get("nics") or [] if isinstance(n, dict) and parse_nic(n).is_roce]
+    nics = NicsFact.parse(facts)
+    if not nics.read:
+        plan.error = "facts not readable: " + "; ".join(nics.reasons)
+        return plan
+    roce = nics.roce
     if not roce:
         plan.error = "no RoCE NIC in the facts (nothing with an RDMA port on Ethernet)"
         return plan

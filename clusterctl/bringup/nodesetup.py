@@ -59,6 +59,7 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import FleetFactory
 from clusterctl.fleet.shell import quote
 from clusterctl.inventory.model import FabricProfile, Host, Inventory
+from clusterctl.probe.factgroups import GpusFact, NicsFact
 
 STATE_PATH = "/etc/clusterctl/node-setup.json"
 SYSCTL_PATH = "/etc/sysctl.d/90-clusterctl.conf"
@@ -167,9 +168,10 @@ MTU_UNIT_TEXT = boot_unit_text("Data NIC MTU of the inventory (written by cluste
 
 
 def _numa_nodes(facts: Mapping[str, Any]) -> set[int]:
-    nodes = {d.get("numa_node") for d in (facts.get("gpus") or {}).get("devices") or []}
-    nodes |= {n.get("numa_node") for n in facts.get("nics") or []}
-    return {int(n) for n in nodes if isinstance(n, int) and n >= 0}
+    """NUMA nodes the facts document shows GPUs or NICs on (-1, "none", is left out)."""
+    nodes = {d.numa_node for d in GpusFact.parse(facts).devices}
+    nodes |= {n.numa_node for n in NicsFact.parse(facts).nics}
+    return {n for n in nodes if n is not None and n >= 0}
 
 
 def wanted_sysctls(host: Host, facts: Mapping[str, Any]) -> dict[str, str]:
@@ -206,11 +208,11 @@ def wanted_sysctls(host: Host, facts: Mapping[str, Any]) -> dict[str, str]:
 def wanted_for(inv: Inventory, host: Host, facts: Mapping[str, Any]) -> Wanted:
     user = str(host.vars.get("service_user") or UnitPolicy().user)
     UnitPolicy(user=user)  # validates the name (ClusterctlError)
-    gpus = facts.get("gpus") or {}
+    gpus = GpusFact.parse(facts)
     units = []
-    if gpus.get("available") and (gpus.get("count") or 0) > 0:
+    if gpus.available and (gpus.count or 0) > 0:
         units.append(PERSISTENCED)
-    if gpus.get("fabric_manager") is not None:
+    if gpus.fabric_manager is not None:
         units.append(FABRICMANAGER)
     mtus: dict[str, int] = {}
     prof = inv.fabric if isinstance(getattr(inv, "fabric", None), FabricProfile) else FabricProfile()
@@ -368,10 +370,10 @@ def host_plan(
         plan.error = str(e)
         return plan
     errors: list[str] = []
-    gpus = facts.get("gpus") or {}
-    if host.gpus.count and not gpus.get("available"):
+    gpus = GpusFact.parse(facts)
+    if host.gpus.count and not gpus.available:
         errors.append(
-            f"GPUs not readable ({gpus.get('reason') or 'NVML unavailable'}): the persistence daemon "
+            f"GPUs not readable ({gpus.reason or 'NVML unavailable'}): the persistence daemon "
             "and fabric manager cannot be planned"
         )
     for unit in w.units:
@@ -380,7 +382,7 @@ def host_plan(
             errors.append(f"{unit}: systemctl could not say")
             continue
         if st["load"] == "not-found":
-            if unit == PERSISTENCED and all(d.get("persistence_mode") is True for d in gpus.get("devices") or []):
+            if unit == PERSISTENCED and all(d.persistence_mode is True for d in gpus.devices):
                 plan.notes.append(f"{unit} not installed; every GPU is in persistence mode")
                 continue
             pkg = (

@@ -54,6 +54,7 @@ from clusterctl.diagnose.tp import check_tp_groups
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.hook import fleet_hook
 from clusterctl.inventory.select import select_hosts
+from clusterctl.probe.factgroups import GpusFact, GpuSection
 
 #: Reason recorded in the gateway state for instances failover marks down.
 MARK_DOWN_REASON = "failover: TP group UNAVAILABLE"
@@ -133,6 +134,11 @@ def scan_hosts(inv: Inventory, instances: Mapping[str, Instance]) -> list[str]:
     return [h for h in inv.hosts if h in names]
 
 
+def placement_topology(gpus: GpuSection) -> list[dict[str, Any]]:
+    """The GPU pairs in placement's shape (:data:`HostTopology`: ``gpus`` and ``level``)."""
+    return [{"gpus": list(t.gpus), "level": t.level} for t in gpus.pairs]
+
+
 def detect(
     inv: Inventory,
     instances: Mapping[str, Instance],
@@ -148,7 +154,9 @@ def detect(
     unavailable = {
         f.subject.removeprefix("tp-group:"): f.message for f in tp if f.subject.removeprefix("tp-group:") in names
     }
-    topology = {h: t for h, facts in snap.facts.items() if (t := (facts.get("gpus") or {}).get("topology"))}
+    topology: dict[str, HostTopology] = {
+        h: t for h, facts in snap.facts.items() if (t := placement_topology(GpusFact.parse(facts)))
+    }
     return Detection(unavailable, run_analyzers(ctx, only=["gpu"]), topology, dict(snap.missing))
 
 

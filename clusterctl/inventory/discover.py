@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from clusterctl.inventory.nodeset import fold, natural_key
+from clusterctl.probe.factgroups import GpusFact, HostFact, Nic, NicsFact, schema_problem
 
 #: Shell run on each host to find vLLM installations: ``PATH<TAB>VERSION`` lines.
 ENGINE_PROBE = (
@@ -67,13 +68,12 @@ def gpu_model(name: str, memory_total: int | None) -> str:
 
 def gpu_spec(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     """``{count, model, memory_gib, interconnect}`` from one facts document, None without GPUs."""
-    gpus = doc.get("gpus") or {}
-    devs = [d for d in gpus.get("devices") or [] if isinstance(d, dict)]
+    devs = GpusFact.parse(doc).devices
     if not devs:
         return None
-    models = Counter(gpu_model(str(d.get("name") or ""), d.get("memory_total")) for d in devs if d.get("name"))
-    mems = [d["memory_total"] for d in devs if isinstance(d.get("memory_total"), (int, float))]
-    nvlink = any(any(x.get("state") == "active" for x in d.get("nvlink") or [] if isinstance(x, dict)) for d in devs)
+    models = Counter(gpu_model(d.name, d.memory_total) for d in devs if d.name)
+    mems = [d.memory_total for d in devs if d.memory_total is not None]
+    nvlink = any(any(x.state == "active" for x in d.nvlink) for d in devs)
     return {
         "count": len(devs),
         "model": models.most_common(1)[0][0] if models else "unknown",
@@ -82,31 +82,36 @@ def gpu_spec(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _gbps(nic: Nic) -> float | None:
+    """The RDMA port's rate, else the netdev's speed (Gbit/s); None when neither is known."""
+    rate = nic.rdma.rate_gbps if nic.rdma is not None else None
+    return rate or (nic.speed_mbps or 0) / 1000 or None
+
+
 def nic_specs(doc: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """The NICs of one facts document with their roles guessed, and notes on the guesses."""
     out: list[dict[str, Any]] = []
     notes: list[str] = []
-    mgmt = None
-    for nic in doc.get("nics") or []:
-        if not isinstance(nic, dict) or not nic.get("netdev"):
+    mgmt: dict[str, Any] | None = None
+    for nic in NicsFact.parse(doc).nics:
+        if not nic.netdev:
             continue
-        name = str(nic["netdev"])
-        rdma = nic.get("rdma") if isinstance(nic.get("rdma"), dict) else None
-        if rdma:
-            speed = rdma.get("rate_gbps") or (nic.get("speed_mbps") or 0) / 1000 or None
+        name = nic.netdev
+        if nic.rdma is not None:
+            speed = _gbps(nic)
             spec: dict[str, Any] = {
                 "netdev": name,
                 "role": "data",
-                "rdma_device": rdma.get("device"),
-                "port": int(rdma.get("port") or 1),
+                "rdma_device": nic.rdma.device,
+                "port": nic.rdma.port or 1,
             }
             if speed:
                 spec["speed_gbps"] = float(speed)
             out.append(spec)
-        elif mgmt is None and not _VIRTUAL.match(name) and nic.get("operstate") in ("up", "unknown", None):
+        elif mgmt is None and not _VIRTUAL.match(name) and nic.operstate in ("up", "unknown", None):
             mgmt = {"netdev": name, "role": "management"}
-            if nic.get("speed_mbps"):
-                mgmt["speed_gbps"] = round(nic["speed_mbps"] / 1000, 1)
+            if nic.speed_mbps:
+                mgmt["speed_gbps"] = round(nic.speed_mbps / 1000, 1)
     if mgmt:
         out.insert(0, mgmt)
     return out, notes
@@ -135,7 +140,7 @@ def discover(
     hosts: dict[str, Any] = {h: dict(v or {}) for h, v in (base.get("hosts") or {}).items()}
     notes: list[str] = []
     # a host given by its address is named by its hostname (when that is unique)
-    names = {h: str((doc.get("host") or {}).get("hostname") or "") for h, doc in facts.items() if _is_ip(h)}
+    names = {h: HostFact.parse(doc).hostname or "" for h, doc in facts.items() if _is_ip(h)}
     taken = Counter(list(names.values()) + [h for h in hosts if h not in names])
     rename = {h: n for h, n in names.items() if n and taken[n] == 1 and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", n)}
     if rename:
@@ -153,7 +158,7 @@ def discover(
         s = specs[h]
         if s is None:
             entry["gpus"] = {"count": 0}
-            notes.append(f"{h}: no GPU seen ({(facts[h].get('gpus') or {}).get('reason') or 'NVML lists none'})")
+            notes.append(f"{h}: no GPU seen ({GpusFact.parse(facts[h]).reason or 'NVML lists none'})")
         elif s != defaults.get("gpus"):
             entry["gpus"] = s
         nics, nnotes = nic_specs(facts[h])
@@ -244,6 +249,9 @@ def diff(
         out.append(Difference(h, "reachable", "a host", f"no facts: {why}", "UNKNOWN"))
     for name in [n for n in inv.hosts if n in facts]:
         host, doc = inv.hosts[name], facts[name]
+        if (unreadable := schema_problem(doc)) is not None:
+            out.append(Difference(name, "facts", "readable", unreadable, "UNKNOWN"))
+            continue
         want, seen = host.gpus, gpu_spec(doc)
         have = seen["count"] if seen else 0
         if want.count != have:
@@ -253,7 +261,7 @@ def diff(
                 out.append(Difference(name, "gpus.model", want.model, seen["model"]))
             if want.memory_gib and abs(want.memory_gib - seen["memory_gib"]) > max(1.0, 0.02 * want.memory_gib):
                 out.append(Difference(name, "gpus.memory_gib", f"{want.memory_gib:g}", f"{seen['memory_gib']:g}"))
-        nics = {str(n.get("netdev")): n for n in doc.get("nics") or [] if isinstance(n, dict)}
+        nics = {str(n.netdev): n for n in NicsFact.parse(doc).nics}
         declared = set()
         for spec in host.nics:
             declared.add(spec.netdev)
@@ -261,21 +269,19 @@ def diff(
             if n is None:
                 out.append(Difference(name, f"nic {spec.netdev}", spec.role, "absent"))
                 continue
-            rdma = n.get("rdma") if isinstance(n.get("rdma"), dict) else None
+            rdma = n.rdma
             if spec.role == "data" and spec.rdma_device and not rdma:
                 out.append(Difference(name, f"nic {spec.netdev}.rdma_device", spec.rdma_device, "no RDMA port"))
-            elif spec.role == "data" and spec.rdma_device and rdma and rdma.get("device") != spec.rdma_device:
-                out.append(
-                    Difference(name, f"nic {spec.netdev}.rdma_device", spec.rdma_device, str(rdma.get("device")))
-                )
-            speed = (rdma or {}).get("rate_gbps") or ((n.get("speed_mbps") or 0) / 1000 or None)
+            elif spec.role == "data" and spec.rdma_device and rdma and rdma.device != spec.rdma_device:
+                out.append(Difference(name, f"nic {spec.netdev}.rdma_device", spec.rdma_device, str(rdma.device)))
+            speed = _gbps(n)
             if spec.speed_gbps and speed and abs(float(speed) - spec.speed_gbps) > 0.5:
                 out.append(
                     Difference(name, f"nic {spec.netdev}.speed_gbps", f"{spec.speed_gbps:g}", f"{float(speed):g}")
                 )
         for nd, n in sorted(nics.items()):
-            if nd not in declared and isinstance(n.get("rdma"), dict):
-                out.append(Difference(name, f"nic {nd}", "not listed", f"RDMA port {n['rdma'].get('device')}"))
+            if nd not in declared and n.rdma is not None:
+                out.append(Difference(name, f"nic {nd}", "not listed", f"RDMA port {n.rdma.device}"))
         if engines is not None and name in engines:  # the engines the host's instances run on
             paths = dict(engines[name])
             used = sorted({i.engine for i in inv.instances.values() if name in i.hosts and i.engine in inv.engines})

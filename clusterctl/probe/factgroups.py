@@ -167,6 +167,16 @@ class Topology:
 
 
 @dataclass(frozen=True)
+class GpuPair:
+    """A GPU pair of ``gpus.topology[]`` with ``level``, their nearest common ancestor as NVML
+    names it (``NODE``, ``SYSTEM``...; None: unknown, ``reason`` says why)."""
+
+    gpus: tuple[int, int]
+    level: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class GpuProcess:
     """A compute process on a GPU: ``used_memory`` bytes (None: NVML cannot tell); ``name`` and
     ``unit`` (its systemd service or scope) None for a process the probe cannot see."""
@@ -223,6 +233,10 @@ class GpuSection:
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
     #: why the document could not be read at all (another facts schema); None when it was
     unreadable: str | None = None
+    #: GPUs NVML counts (``nvmlDeviceGetCount``); None when NVML did not answer
+    count: int | None = None
+    #: every pair of ``topology`` with its PCIe/CPU level (``topology`` keeps those with NVLinks)
+    pairs: tuple[GpuPair, ...] = ()
 
     def device(self, index: int) -> GpuDevice | None:
         return next((d for d in self.devices if d.index == index), None)
@@ -298,12 +312,33 @@ def _device(d: dict[str, Any]) -> GpuDevice:
     )
 
 
+def _pair(t: Any) -> tuple[int, int] | None:
+    """A topology entry's two GPU indexes; None when it names anything else."""
+    pair = t.get("gpus") if isinstance(t, dict) else None
+    if (
+        isinstance(pair, list)
+        and len(pair) == 2
+        and isinstance(a := _int(pair[0]), int)
+        and isinstance(b := _int(pair[1]), int)
+    ):
+        return a, b
+    return None
+
+
 def _topology(entries: Any) -> tuple[Topology, ...]:
     out = []
-    for t in entries or []:
-        if isinstance(t, dict) and isinstance(t.get("nvlinks"), int) and len(t.get("gpus") or []) == 2:
-            out.append(Topology((int(t["gpus"][0]), int(t["gpus"][1])), int(t["nvlinks"])))
+    for t in entries if isinstance(entries, list) else ():
+        if (pair := _pair(t)) is not None and (n := _int(t.get("nvlinks"))) is not None:
+            out.append(Topology(pair, n))
     return tuple(out)
+
+
+def _pairs(entries: Any) -> tuple[GpuPair, ...]:
+    return tuple(
+        GpuPair(pair, _str(t.get("level")), _str(t.get("reason")))
+        for t in (entries if isinstance(entries, list) else ())
+        if (pair := _pair(t)) is not None
+    )
 
 
 class GpusFact(FactGroup[GpuSection]):
@@ -332,6 +367,8 @@ class GpusFact(FactGroup[GpuSection]):
             if fm and isinstance(fm, dict)
             else None,
             raw=g,
+            count=_int(g.get("count")),
+            pairs=_pairs(g.get("topology")),
         )
 
 

@@ -363,3 +363,16 @@ def test_a_read_only_proc_sys_is_an_error_naming_the_parameter():
     inv = load_inventory_text(INV, filename="t.yaml")
     plan = ns.host_plan(inv.hosts["gpu01"], inv, facts(persistence=True), read)
     assert "kernel.numa_balancing is 1, wanted 0, but /proc/sys/kernel/numa_balancing is read-only" in plan.error
+
+
+def test_malformed_or_foreign_schema_facts_plan_with_a_clear_error_not_a_crash():
+    inv = load_inventory_text(INV, filename="t.yaml")
+    read = ns.parse_read("unit nvidia-persistenced.service loaded enabled active\nuser present\n")
+    doc = facts()
+    doc["nics"] = ["eth2", None]  # was AttributeError: 'str' object has no attribute 'get'
+    doc["gpus"]["devices"].append("gpu2")
+    assert "kernel.numa_balancing" in ns.wanted_sysctls(inv.hosts["gpu01"], doc)
+    assert ns.host_plan(inv.hosts["gpu01"], inv, doc, read).error is None
+    foreign = dict(facts(), schema=2)
+    plan = ns.host_plan(inv.hosts["gpu01"], inv, foreign, read)
+    assert "GPUs not readable (facts schema 2 from the collector" in (plan.error or "")

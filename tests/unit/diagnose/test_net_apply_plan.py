@@ -15,6 +15,7 @@ import roce_facts as R
 from clusterctl.bringup import netqos
 from clusterctl.fleet.results import HostResult, HostStatus, RunResults
 from clusterctl.inventory.model import FabricProfile
+from clusterctl.probe.factgroups import nic as typed_nic
 
 PROFILE = FabricProfile()
 
@@ -59,7 +60,7 @@ def test_every_profile_item_is_compared_where_the_facts_show_it():
     q["global_pause"] = {"autoneg": False, "rx": True, "tx": True}
     q["pfc_enabled"] = [3, 4]
     q["cm_tos"] = 0
-    lines = [c.line() for c in netqos.nic_changes(d["nics"][1], PROFILE)]
+    lines = [c.line() for c in netqos.nic_changes(typed_nic(d["nics"][1]), PROFILE)]
     assert lines == [
         "eth2 PFC priorities: 3,4 -> 3",
         "eth2 DSCP 26 priority: 0 -> 3",
@@ -69,13 +70,13 @@ def test_every_profile_item_is_compared_where_the_facts_show_it():
         "eth2 RDMA-CM default ToS: 0 -> 106",
         "eth2 802.3x global pause: on -> off",
     ]
-    assert netqos.nic_target(d["nics"][1]).cm_tos
+    assert netqos.nic_target(typed_nic(d["nics"][1])).cm_tos
     # no configfs (cm_tos null with its reason): the ToS is neither compared nor set
     q["cm_tos"], q["cm_tos_reason"] = None, "no /sys/kernel/config/rdma_cm (configfs not mounted ...)"
-    assert not [c for c in netqos.nic_changes(d["nics"][1], PROFILE) if "ToS" in c.item]
-    assert not netqos.nic_target(d["nics"][1]).cm_tos
+    assert not [c for c in netqos.nic_changes(typed_nic(d["nics"][1]), PROFILE) if "ToS" in c.item]
+    assert not netqos.nic_target(typed_nic(d["nics"][1])).cm_tos
     # the inbox driver has no ECN/traffic class files: nothing about them is planned
-    inbox = R.nic("eth2", "mlx5_0", inbox=True)
+    inbox = typed_nic(R.nic("eth2", "mlx5_0", inbox=True))
     assert netqos.nic_changes(inbox, PROFILE) == []
     assert netqos.nic_target(inbox).tool == "dcb" and not netqos.nic_target(inbox).ecn
 
@@ -102,6 +103,23 @@ def test_unreadable_hosts_and_unsafe_names_are_errors_not_changes():
     d = R.doc("gpu06")
     d["nics"][1]["netdev"] = "eth2;reboot"
     assert "not a network or RDMA device name" in (netqos.host_plan("gpu06", d, PROFILE, {"sums": {}}).error or "")
+
+
+def test_malformed_or_foreign_schema_facts_are_an_error_naming_why_not_a_crash():
+    d = R.doc("gpu07")
+    d["nics"] = {"eth2": "not a list"}
+    assert netqos.host_plan("gpu07", d, PROFILE, None).error == "facts not readable: the nics section is malformed"
+    d = R.doc("gpu07")
+    d["nics"][1]["qos"] = {"tool": "mlnx_qos", "trust": 7, "pfc_enabled": "3", "ecn": {"roce_np": ["x"]}}
+    d["nics"][1]["rdma"]["port"] = "one"
+    plan = netqos.host_plan("gpu07", d, PROFILE, None)  # was a TypeError on the ECN table
+    assert [c.item for c in plan.changes if c.nic == "eth2"] == [
+        "ECN notification point on priority 3",
+        "ECN reaction point on priority 3",
+    ]
+    assert plan.nics[0].port == 1
+    d = dict(R.doc("gpu07"), schema=2)
+    assert "facts schema 2" in (netqos.host_plan("gpu07", d, PROFILE, None).error or "")
 
 
 def test_installed_state_parses_sha256sum_and_is_enabled():

@@ -158,3 +158,21 @@ def test_plan_only_and_the_cap_change_nothing(setup: Any) -> None:
     rep = run_failover(inv, state_dir, _fleet, FailoverOptions(max_share=0.25))  # 2 instances: cap 0
     assert rep.exit_code == 1 and rep.plan.over_cap == ["pool-1"]
     assert rec.steps == [] and StateStore(state_dir).load() == before
+
+
+def test_detect_reads_the_gpu_pairs_typed_and_a_malformed_gpus_section_gives_no_topology(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inv = load_inventory_text(INVENTORY, filename="t.yaml")
+    docs: dict[str, Any] = {
+        "gpu01": {"gpus": {"topology": [{"gpus": [0, 1], "level": "NODE"}, {"gpus": ["0", 1]}, "junk"]}},
+        "gpu02": {"gpus": ["not", "a", "section"]},  # was AttributeError: 'list' object has no attribute 'get'
+        "gpu03": {"schema": 2, "gpus": {"topology": [{"gpus": [0, 1], "level": "NODE"}]}},
+    }
+    snap = type("Snap", (), {"facts": docs, "missing": {}})()
+    monkeypatch.setattr(failover.bundle, "gather", lambda *a, **k: snap)
+    monkeypatch.setattr(failover.bundle, "context", lambda *a, **k: None)
+    monkeypatch.setattr(failover, "check_tp_groups", lambda ctx: [])
+    monkeypatch.setattr(failover, "run_analyzers", lambda ctx, only: [])
+    det = failover.detect(inv, {}, None, ["gpu01", "gpu02"])
+    assert det.topology == {"gpu01": [{"gpus": [0, 1], "level": "NODE"}]}

@@ -157,3 +157,23 @@ def test_cli_discover_then_diff_round_trip_from_saved_facts(tmp_path, capsys, mo
         "differences"
     ]
     assert main(["inventory", "discover", "--rack-rule", "(", "gpu01"]) == 3
+
+
+def test_malformed_facts_are_read_leniently_and_a_foreign_schema_is_unknown_not_a_guess():
+    doc = facts("gpu01", gpus=2)
+    doc["nics"][2]["rdma"]["port"] = "one"  # was ValueError: invalid literal for int()
+    doc["nics"].append("eth9")  # not a NIC entry: left out
+    doc["gpus"]["devices"][1]["memory_total"] = "80GB"
+    nics, _ = D.nic_specs(doc)
+    assert [(n["netdev"], n["role"], n.get("port")) for n in nics] == [
+        ("eth0", "management", None),
+        ("eth2", "data", 1),
+        ("eth3", "data", 1),
+    ]
+    assert D.gpu_spec(doc) == {"count": 2, "model": "H100-80GB-HBM3", "memory_gib": 79.6, "interconnect": "nvlink"}
+    inv = load_inventory_text(
+        "version: 1\ndefaults:\n  gpus: {count: 8}\nhosts:\n  gpu01: {address: 10.0.0.1}\n", "site.yaml"
+    )
+    foreign = dict(facts("gpu01"), schema=2)
+    assert [(d.what, d.severity) for d in D.diff(inv, {"gpu01": foreign})] == [("facts", "UNKNOWN")]
+    assert "facts schema 2" in D.diff(inv, {"gpu01": foreign})[0].facts
