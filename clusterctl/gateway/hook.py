@@ -90,6 +90,23 @@ class _Change:
     error: GatewayError | None = None
 
 
+class _OnUse:
+    """The hook's fleet, reached on first use: a change the gateway already serves (a drain's
+    mark-down after its batch's) renders the same config and reaches no host."""
+
+    def __init__(self, hook: "Hook") -> None:
+        self._hook = hook
+        self._fleet: Any = None
+        self.used = False
+        self.opened = False  # the fleet was opened for this change (not one held from before)
+
+    def __getattr__(self, name: str) -> Any:
+        if self._fleet is None:
+            self._fleet, self.opened = self._hook._fleet_now()
+            self.used = True
+        return getattr(self._fleet, name)
+
+
 @dataclass
 class Hook:
     """Marks instances down/up at the gateway of ``inv``.
@@ -188,14 +205,13 @@ class Hook:
                 servers[n] = ServerState(True, 1, f"marked down: {st.marked_down[n].get('reason', '')}".rstrip(": "))
             elif servers.get(n, ServerState()).reason.startswith("marked down"):
                 servers[n] = ServerState()
-        fleet, connected = self._fleet_now()
+        fleet = _OnUse(self)
         result = self._sync(fleet, servers)
-        reconnected = False
+        connected, reconnected = fleet.opened, False
         broken = [h for h in result.hosts if not h.ok and h.kind in RECONNECT_KINDS]
-        if broken and not connected:  # a held connection broke: once more over a new one
+        if broken and fleet.used and not fleet.opened:  # a held connection broke: once more over a new one
             self.close()
-            fleet, _ = self._fleet_now()
-            result = self._sync(fleet, servers)
+            result = self._sync(_OnUse(self), servers)
             reconnected = True
         self._used_at = self.clock()
         if not self.keep_open:

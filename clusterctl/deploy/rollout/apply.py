@@ -157,13 +157,12 @@ def instance_for_drain(inv: Inventory, host: str, name: str, unit_text: str) -> 
     return Instance(name=name, model="", engine="", placement=(), port=port, args={"host": inv.hosts[host].address})
 
 
-def drain_before(
-    inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping[str, Instance], timeout: float, gateway: Any = None
-) -> dict[str, str]:
-    """Drain the running instances this host's apply restarts or removes; instance -> note.
-
-    ``gateway``: the drain hook the caller gave (``ops.deploy.drain_hook``) that marks them down first; ``None``: none.
-    """
+def drain_targets(
+    inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping[str, Instance]
+) -> tuple[list[Instance], list[PdPool]]:
+    """What :func:`drain_before` drains on this host: the running instances its apply restarts or
+    removes (a multi-node replica's workers left out: drained through their head), and the PD pools
+    whose router it restarts or removes (drained through the pool's members)."""
     todo: list[Instance] = []
     pools: list[PdPool] = []
     for item in hp.items:
@@ -180,6 +179,17 @@ def drain_before(
         inst = instances.get(item.instance) or instance_for_drain(inv, hp.host, item.instance, have.unit_text)
         if inst is not None:
             todo.append(inst)
+    return todo, pools
+
+
+def drain_before(
+    inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping[str, Instance], timeout: float, gateway: Any = None
+) -> dict[str, str]:
+    """Drain the running instances this host's apply restarts or removes; instance -> note.
+
+    ``gateway``: the drain hook the caller gave (``ops.deploy.drain_hook``) that marks them down first; ``None``: none.
+    """
+    todo, pools = drain_targets(inv, hp, st, instances)
     if not todo and not pools:
         return {}
 

@@ -629,6 +629,7 @@ class Deploy:
         unstaged = self._stage(fleet, batch, starting, states)
         took["stage_s"] = t = _since(t0)
         marks = list(getattr(self.gateway, "timings", []))
+        self.mark_down_batch(batch, by_host, states)
         with cf.ThreadPoolExecutor(max_workers=max(1, min(16, len(batch)))) as ex:
             drained = ex.map(
                 lambda h: ap.drain_before(
@@ -691,6 +692,19 @@ class Deploy:
         self.put_back(back, rep)
         took["mark_up_s"], took["seconds"] = round(_since(t0) - t, 3), _since(t0)
         return failed
+
+    def mark_down_batch(
+        self, batch: list[str], by_host: Mapping[str, Any], states: dict[str, remote.HostState]
+    ) -> None:
+        """Mark every instance the batch's drains will take out down at the gateway in one change
+        (one render and reload for the batch, not one per instance); each drain's own mark-down then
+        finds it down.  Needs a hook with ``mark_down_many``; raises as a drain's mark-down does."""
+        many = getattr(self.gateway, "mark_down_many", None)
+        if not callable(many):
+            return
+        names = [i.name for h in batch for i in ap.drain_targets(self.inv, by_host[h], states[h], self.instances)[0]]
+        if names:
+            many(list(dict.fromkeys(names)))
 
     @property
     def gateway(self) -> GatewayHook | None:

@@ -74,7 +74,7 @@ class ScriptedDeploy(Deploy):
         ]
 
 
-def run(tmp_path: Path, cluster: FakeCluster, serial: str | None, mfp: float = 0) -> Any:
+def run(tmp_path: Path, cluster: FakeCluster, serial: str | None, mfp: float = 0, gateway: Any = None) -> Any:
     inv = load_inventory_text(INVENTORY, "inv.yaml")
     d = ScriptedDeploy(
         inv,
@@ -82,6 +82,7 @@ def run(tmp_path: Path, cluster: FakeCluster, serial: str | None, mfp: float = 0
         lambda hs: Fleet(list(hs), transport=cluster.transport),
         str(tmp_path),
         DeployOptions(serial=parse_serial(serial), max_fail_percentage=mfp),
+        gateway=gateway,
     )
     d.cluster = cluster  # type: ignore[attr-defined]
     return d.run()

@@ -198,3 +198,17 @@ def test_every_change_of_a_failed_apply_raises(
         t.join(10)
     hook.close()
     assert sorted(errors) == ["q1", "q2", "q3"] and len(apply.calls) == 2
+
+
+def test_a_drains_mark_down_after_its_batchs_reaches_no_host(
+    inv: Inventory, tmp_path: Path, apply: _Apply, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ft = FakeTransport()
+    hook = _hook(inv, tmp_path, ft, monkeypatch)
+    hook.keep_open = False  # as fleet_hook's: a fleet per change, and none when nothing is applied
+    hook.mark_down_many(["q1", "q2"])
+    hook.mark_down("q1")
+    hook.mark_down("q2")
+    assert len(apply.calls) == 1 and ft.connects == {"gw01": 1} and ft.open == 0
+    assert [t.connected for t in hook.timings] == [True, False, False]
+    assert gwstate.marked_down(tmp_path) == {"q1": "drain", "q2": "drain"}
