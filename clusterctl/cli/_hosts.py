@@ -78,14 +78,21 @@ def gateway_password(command_password: Optional[str]) -> Optional[str]:
     return command_password if command_password is not None else os.environ.get(BECOME_PASSWORD_ENV)
 
 
+def deploy_state_dir(state_dir: Optional[str]) -> Path:
+    """The deploy state directory: ``--state-dir``, else ``$CLUSTERCTL_STATE_DIR``, else the user
+    config's (the cluster's once the inventory is loaded)."""
+    from clusterctl.deploy.state import resolve_state_dir
+
+    return resolve_state_dir(state_dir, user_config())
+
+
 def instances_wanted(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any], Path]:
     """``(instances wanted, deploy state dir)``: the inventory's plus placed template replicas
     (``--state-dir``, else ``$CLUSTERCTL_STATE_DIR``, else the user config's); exits 3 on an
     unreadable state."""
     from clusterctl.deploy.placement.deployed import wanted_instances
-    from clusterctl.deploy.state import resolve_state_dir
 
-    directory = resolve_state_dir(state_dir, user_config())
+    directory = deploy_state_dir(state_dir)
     try:
         return wanted_instances(inv, directory), directory
     except ClusterctlError as e:

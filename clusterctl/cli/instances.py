@@ -38,7 +38,7 @@ from clusterctl.cli._hosts import (
     FanoutOpt,
     HostKeyOpt,
     host_fleets_and_password,
-    instances_wanted,
+    deploy_state_dir,
     inventory_fleet,
 )
 from clusterctl.errors import ClusterctlError
@@ -104,19 +104,6 @@ StateDirOpt = typer.Option(
     "--state-dir",
     help="Deploy state directory (placements) [default: $CLUSTERCTL_STATE_DIR, then the user state dir]/deploy.",
 )
-
-
-def _marked_down(inv: Any, directory: Any) -> dict[str, str]:
-    """Instance → reason for those the gateway keeps marked down (none without a gateway)."""
-    if inv.gateway is None:
-        return {}
-    from clusterctl.gateway import state as gwstate
-
-    try:
-        down = gwstate.load(directory).marked_down
-    except ClusterctlError as e:
-        fail(str(e))
-    return {name: str(info.get("reason", "")) for name, info in down.items()}
 
 
 def _age(s: Optional[float]) -> str:
@@ -223,23 +210,19 @@ def status(
     top: Optional[int] = typer.Option(None, "--top", min=1, help="With --watch: instances shown [default: what fits]."),
     count: Optional[int] = typer.Option(None, "--count", min=1, help="With --watch: stop after N refreshes."),
 ) -> None:
-    from clusterctl.deploy.status.instances import collect_status, exit_code, match_instances
-    from clusterctl.deploy.status.routers import router_instances
+    from clusterctl.ops import status as ops
 
     if group_by not in ("host", "template"):
         fail(f"--group-by must be host or template (got {group_by!r})")
     inv = load_inventory(inventory)
-    wanted, directory = instances_wanted(inv, state_dir)
-    wanted = {**wanted, **router_instances(inv, wanted)}  # the pools' routers: rows of their own
-    names = match_instances(wanted, pattern)
-    selected = {n: wanted[n] for n in names}
-    everything = pattern is None or pattern.strip() in ("", "all", "*")
-    if not selected and not everything:
-        fail(f"pattern {pattern!r} selects no instance of the inventory")
-    hosts = list(inv.hosts) if everything else sorted({g.host for i in selected.values() for g in i.placement})
+    request = ops.StatusRequest(inv, deploy_state_dir(state_dir), pattern, window)
+    try:
+        selection = ops.select(request)
+    except ClusterctlError as e:
+        fail(str(e))
     fleet = inventory_fleet(
         inv,
-        hosts,
+        selection.hosts,
         fanout=fanout,
         connect_timeout=connect_timeout,
         host_key_policy=host_key_policy,
@@ -253,39 +236,30 @@ def status(
 
         if sort not in SORTS:
             fail(f"--sort must be one of {', '.join(SORTS)} (got {sort!r})")
-        with fleet:
-            code = run_watch(
-                lambda: collect_status(
-                    inv,
-                    selected,
-                    fleet,
-                    window=min(window, max(interval - 0.5, 0.0)),
-                    state_dir=directory,
-                    include_extra=everything,
-                    marked_down=_marked_down(inv, directory),
-                ),
-                interval=interval,
-                sort=sort,
-                top=top,
-                count=count,
-                json_out=json_out,
-                console=console,
-            )
+        refresh_window = min(window, max(interval - 0.5, 0.0))
+        try:
+            with fleet:
+                code = run_watch(
+                    lambda: ops.collect(request, selection, fleet, window=refresh_window).rows,
+                    interval=interval,
+                    sort=sort,
+                    top=top,
+                    count=count,
+                    json_out=json_out,
+                    console=console,
+                )
+        except ClusterctlError as e:
+            fail(str(e))
         raise typer.Exit(code)
-    with fleet:
-        rows = collect_status(
-            inv,
-            selected,
-            fleet,
-            window=window,
-            state_dir=directory,
-            include_extra=everything,
-            marked_down=_marked_down(inv, directory),
-            on_event=notes.note,
-        )
+    try:
+        with fleet:
+            run = ops.collect(request, selection, fleet, on_event=notes.note)
+    except ClusterctlError as e:
+        fail(str(e))
+    rows = run.rows
     for w in fleet.warnings:
         err_console.print(f"warning: {w}", markup=False)
-    code = exit_code(rows)
+    code = run.code
     if json_out:
         print_json({"instances": [r.to_json() for r in rows], "window_s": window, "exit_code": code, **cluster_meta()})
     elif rows:
@@ -324,18 +298,16 @@ def _action(action: str) -> Any:
     ) -> None:
         from rich.markup import escape
 
-        from clusterctl.deploy.status.instances import match_instances
-        from clusterctl.deploy.status.routers import router_instances
-        from clusterctl.ops.deploy import ActionRequest, instance_hosts, run_instance_action
+        from clusterctl.ops.deploy import ActionRequest, run_instance_action
+        from clusterctl.ops.status import StatusRequest, select_for_action
 
         inv = load_inventory(inventory)
-        wanted, directory = instances_wanted(inv, state_dir)
-        everything = {**wanted, **router_instances(inv, wanted)}  # router-P too: drained through its pool
-        names = match_instances(everything, pattern)
-        if not names:
-            fail(f"pattern {pattern!r} selects no instance of the inventory")
-        insts = [everything[n] for n in names]
-        hosts = instance_hosts(insts)
+        directory = deploy_state_dir(state_dir)
+        try:
+            selection = select_for_action(StatusRequest(inv, directory, pattern))
+        except ClusterctlError as e:
+            fail(str(e))
+        hosts = selection.hosts
         make, password = host_fleets_and_password(
             [inv.hosts[h] for h in hosts if h in inv.hosts],
             fanout=fanout,
@@ -347,8 +319,8 @@ def _action(action: str) -> Any:
 
         request = ActionRequest(
             inv,
-            insts,
-            wanted,
+            selection.instances,
+            selection.wanted,
             directory,
             inventory_fleet(inv, hosts, fleets=make),
             action,  # type: ignore[arg-type]

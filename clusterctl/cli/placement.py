@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import console, err_console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._common import console, err_console, fail, load_inventory, print_json
+from clusterctl.cli._hosts import deploy_state_dir
 from clusterctl.cli._options import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, InventoryOpt, JsonOpt
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -34,25 +35,17 @@ placement_app = typer.Typer(
 )
 
 
-def state_dir_of(state_dir: Optional[str]) -> Any:
-    """The deploy state directory of ``--state-dir`` (else ``$CLUSTERCTL_STATE_DIR``, else the
-    cluster's ``<state_dir>/deploy``): resolve it after the inventory is loaded."""
-    from clusterctl.deploy.state import resolve_state_dir
-
-    return resolve_state_dir(state_dir, user_config())
-
-
 def state_store(state_dir: Optional[str]) -> Any:
     """The deploy state store of ``--state-dir`` (else the default deploy state directory)."""
     from clusterctl.ops.placement import PlacementRequest
 
-    return PlacementRequest(state_dir_of(state_dir)).store
+    return PlacementRequest(deploy_state_dir(state_dir)).store
 
 
 def _request(inv: Any, state_dir: Optional[str]) -> PlacementRequest:
     from clusterctl.ops.placement import PlacementRequest
 
-    return PlacementRequest(state_dir_of(state_dir), inv)
+    return PlacementRequest(deploy_state_dir(state_dir), inv)
 
 
 def _gpus(indexes: Any) -> str:
@@ -128,7 +121,7 @@ def cordons(
     if inventory:  # the cluster whose cordons these are (else the default inventory's)
         load_inventory(inventory)
     try:
-        rows = ops.cordons(ops.PlacementRequest(state_dir_of(state_dir)))
+        rows = ops.cordons(ops.PlacementRequest(deploy_state_dir(state_dir)))
     except ClusterctlError as e:
         fail(str(e))
     if as_json:

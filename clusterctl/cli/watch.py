@@ -175,10 +175,10 @@ def run_watch(
     json_out: bool,
     console: Any,
 ) -> int:
-    """Refresh until Ctrl-C or ``count`` refreshes; the exit code of the last one."""
-    from clusterctl.deploy.status.instances import exit_code
+    """Refresh until Ctrl-C or ``count`` refreshes (the loop: :func:`clusterctl.ops.status.watch`);
+    the exit code of the last one."""
+    from clusterctl.ops.status import watch
 
-    code = 3
     live = None
     tty = console.is_terminal and not json_out
     if tty:
@@ -186,38 +186,28 @@ def run_watch(
 
         live = Live(console=console, auto_refresh=False, screen=False, transient=False)
         live.start()
-    n = 0
-    try:
-        while count is None or n < count:
-            t0 = time.monotonic()
-            rows = collect()
-            took = time.monotonic() - t0
-            code = exit_code(rows)
-            n += 1
-            if json_out:
-                sys.stdout.write(
-                    json.dumps({"time": time.time(), "instances": [r.to_json() for r in rows], "exit_code": code})
-                    + "\n"
-                )
-                sys.stdout.flush()
-            else:
-                room = max(5, console.size.height - 8) if tty else 25  # rows that fit under the header
-                fit = top or (room if len(rows) <= room else max(5, room - 14))  # 14: the group table
-                view = frame(rows, sort=sort, top=fit, interval=interval, stamp=time.time(), took_s=took)
-                if live is not None:
-                    live.update(view, refresh=True)
-                else:
-                    from rich.console import Console
 
-                    Console(width=200, highlight=False, file=sys.stdout, force_terminal=False).print(view)
-                    sys.stdout.write("\n")
-                    sys.stdout.flush()
-            if count is not None and n >= count:
-                break
-            time.sleep(max(0.0, interval - took))
-    except KeyboardInterrupt:
-        pass
+    def show(rows: list[Any], took: float, code: int) -> None:
+        if json_out:
+            sys.stdout.write(
+                json.dumps({"time": time.time(), "instances": [r.to_json() for r in rows], "exit_code": code}) + "\n"
+            )
+            sys.stdout.flush()
+            return
+        room = max(5, console.size.height - 8) if tty else 25  # rows that fit under the header
+        fit = top or (room if len(rows) <= room else max(5, room - 14))  # 14: the group table
+        view = frame(rows, sort=sort, top=fit, interval=interval, stamp=time.time(), took_s=took)
+        if live is not None:
+            live.update(view, refresh=True)
+        else:
+            from rich.console import Console
+
+            Console(width=200, highlight=False, file=sys.stdout, force_terminal=False).print(view)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+    try:
+        return watch(collect, interval=interval, count=count, on_refresh=show)
     finally:
         if live is not None:
             live.stop()
-    return code
