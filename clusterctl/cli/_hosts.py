@@ -54,6 +54,11 @@ def select(inventory: Optional[str], pattern: str) -> tuple[str, list[Host]]:
     return path, hosts
 
 
+def failed_hosts(inventory: Optional[str]) -> Optional[list[str]]:
+    """The hosts ``@failed`` names for the inventory ``-i`` gives (None: no run recorded with it)."""
+    return load_failed(user_config().state_dir, inventory=resolve_inventory_path(inventory, user_config()))
+
+
 def check_host_key_policy(value: Optional[str]) -> Optional[str]:
     """``--host-key-policy`` checked (None: each host's own policy); exits 3 when unknown."""
     if value is not None and value not in HOST_KEY_POLICIES:

@@ -4,7 +4,7 @@ Each TARGET is an instance (a glob over instance names: its unit's journal on ev
 host of its TP group) or, when it names no instance, a host pattern (the kernel log
 of those hosts).  Lines of all hosts are interleaved by time, each with its host
 and source; ``-f`` follows over one SSH channel per host until Ctrl-C or ``--for``.
-The core is ``clusterctl.fleet.logs``.
+The workflow is ``clusterctl.ops.logs``, the reading ``clusterctl.fleet.logs``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any, List, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, load_inventory
-from clusterctl.cli._hosts import AskBecomePassOpt, ConnectTimeoutOpt, HostKeyOpt, instances_wanted, inventory_fleet
+from clusterctl.cli._common import console, err_console, fail, load_inventory
+from clusterctl.cli._hosts import deploy_state_dir, failed_hosts, inventory_fleet
+from clusterctl.cli._options import AskBecomePassOpt, ConnectTimeoutOpt, HostKeyOpt, InventoryOpt, JsonOpt
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
@@ -84,42 +85,6 @@ class _Printer:
         sys.stdout.flush()
 
 
-def _queries(
-    inv: Any, inv_path: Optional[str], targets: List[str], state_dir: Optional[str], kernel: bool
-) -> dict[str, Any]:
-    """host -> HostQuery for the targets; exits 3 when a target names nothing."""
-    from clusterctl.deploy.spec import unit_name
-    from clusterctl.deploy.status.instances import match_instances
-    from clusterctl.fleet.logs import HostQuery
-    from clusterctl.inventory.select import select_hosts
-
-    from clusterctl.cli._common import user_config
-    from clusterctl.config import resolve_inventory_path
-    from clusterctl.fleet.failed import load_failed
-
-    wanted, _ = instances_wanted(inv, state_dir)
-    failed = load_failed(user_config().state_dir, inventory=resolve_inventory_path(inv_path, user_config()))
-    units: dict[str, dict[str, str]] = {}
-    kern: set[str] = set()
-    for t in targets:
-        names = match_instances(wanted, t) if t.strip() not in ("all", "*", "") else []
-        if names:
-            for n in names:
-                for h in wanted[n].hosts:
-                    units.setdefault(h, {})[unit_name(n)] = n
-                    if kernel:
-                        kern.add(h)
-            continue
-        try:
-            hosts = select_hosts(inv, t, failed=failed)
-        except ClusterctlError as e:
-            fail(f"{t!r} names no instance, and as a host pattern: {e}")
-        if not hosts:
-            fail(f"{t!r} selects neither an instance nor a host of the inventory")
-        kern.update(h.name for h in hosts)
-    return {h: HostQuery(units=units.get(h, {}), kernel=h in kern) for h in inv.hosts if h in units or h in kern}
-
-
 def logs(
     targets: List[str] = typer.Argument(
         ..., help="Instance names/globs, or host patterns (kernel log).", autocompletion=_complete.targets
@@ -148,80 +113,37 @@ def logs(
         None, "--fanout", min=1, help="Hosts read at once without -f [default: user config, 64]."
     ),
 ) -> None:
-    from clusterctl.fleet import logs as core
+    from clusterctl.ops import logs as ops
 
     if duration is not None and not follow:
         fail("--for needs -f (without -f the command ends when the lines are read)")
     try:
-        since_arg = core.parse_since(since) if since else None
-        pattern = core.compile_grep(grep)
+        opts = ops.options(follow=follow, since=since, grep=grep, lines=lines, duration=duration, kernel=kernel)
     except ClusterctlError as e:
         fail(str(e))
     inv = load_inventory(inventory)
-    queries = _queries(inv, inventory, targets, state_dir, kernel)
-    if not queries:
-        fail("nothing to read: the instances selected have no placement")
-    n = lines if lines is not None else (10 if follow else (None if since else 200))
-    width = max(
-        len(f"{h}/{s}") for h, q in queries.items() for s in list(q.units.values()) + (["kernel"] if q.kernel else [])
-    )
-    show = _Printer(json_out, min(width, 40))
-    hosts = sorted(queries)
-    if follow:
-        from clusterctl.fleet.fleet import max_fanout_for_fds, raise_nofile_limit
-
-        most = max_fanout_for_fds(raise_nofile_limit())
-        if len(hosts) > most:
-            fail(
-                f"-f needs one connection per host: {len(hosts)} hosts, but the open-file limit allows {most} "
-                "(raise ulimit -n, or follow fewer hosts)"
-            )
-        fanout = len(hosts)
+    request = ops.LogsRequest(inv, deploy_state_dir(state_dir), targets, opts, failed_hosts(inventory))
+    try:
+        plan = ops.plan(request)
+    except ClusterctlError as e:
+        fail(str(e))
+    show = _Printer(json_out, min(plan.label_width, 40))
     fleet = inventory_fleet(
         inv,
-        hosts,
-        fanout=fanout,
+        plan.hosts,
+        fanout=plan.fanout or fanout,
         connect_timeout=connect_timeout,
         host_key_policy=host_key_policy,
         ask_become_pass=ask_become_pass,
     )
 
-    def report(r: Any) -> None:
-        if follow and core.follow_ended_normally(r, duration):
-            return
-        if not r.ok:
-            why = r.error or (r.stderr.strip().splitlines() or [f"rc={r.rc}"])[-1]
-            err_console.print(f"{r.host}: {r.status.value}: {why}", markup=False)
+    def report(host: str, status: str, why: str) -> None:
+        err_console.print(f"{host}: {status}: {why}", markup=False)
 
     def notice(host: str, text: str) -> None:
         err_console.print(f"{host}: note: {text}", markup=False)
 
-    failed = False
-    try:
-        with fleet:
-            if follow:
-                res = core.follow(
-                    fleet,
-                    queries,
-                    show,
-                    lines=n,
-                    since=since_arg,
-                    grep=pattern,
-                    duration=duration,
-                    on_result=report,
-                    on_notice=notice,
-                )
-                failed = any(not core.follow_ended_normally(r, duration) for r in res)
-            else:
-                out, res = core.read(
-                    fleet, queries, lines=n, since=since_arg, grep=pattern, on_result=report, on_notice=notice
-                )
-                for line in out:
-                    show(line)
-                failed = any(not r.ok for r in res)
-    except KeyboardInterrupt:  # the way a follow ends: connections are closed already
-        if not follow:
-            raise
+    failed = ops.run(plan, fleet, show, on_error=report, on_notice=notice)
     for w in fleet.warnings:
         err_console.print(f"warning: {w}", markup=False)
     raise typer.Exit(int(ExitCode.UNKNOWN) if failed else 0)
