@@ -92,14 +92,15 @@ def checks_option() -> Any:
 
 
 class ProbeView:
-    """Renders a doctor workflow's events: the per-host probe bar, notes, warnings on stderr."""
+    """Renders a doctor workflow's events (and inventory discover's and diff's): the per-host probe
+    bar (``label``: its name), notes, warnings on stderr."""
 
-    def __init__(self, progress: bool = True):
-        self.progress, self.bar = progress, None
+    def __init__(self, progress: bool = True, label: str = "probe"):
+        self.progress, self.label, self.bar = progress, label, None
 
     def __call__(self, e: Any) -> None:
         if e.kind == "probe-start":
-            self.bar = HostProgress(e.count, "probe", self.progress).__enter__()
+            self.bar = HostProgress(e.count, self.label, self.progress).__enter__()
         elif e.kind == "probe-end" and self.bar is not None:
             bar, self.bar = self.bar, None
             bar.__exit__(None, None, None)

@@ -124,6 +124,12 @@ def with_replicas(inv: Inventory, cfg: UserConfig) -> Inventory:
     return placed(inv, cfg=cfg)
 
 
+def host_row(r: Any) -> HostResult:
+    """A probe result's progress row (``probe.run.FactsResult`` -> ``HostResult``)."""
+    status = HostStatus.OK if r.ok else HostStatus(r.fleet_status if r.fleet_status != "ok" else "error")
+    return HostResult(r.host, status, duration_s=r.duration_s, error=r.reason)
+
+
 def live_snapshot(request: DoctorRequest, on_event: OnEvent = _ignore) -> Snapshot:
     """One snapshot of ``request.hosts`` over SSH; per-host progress and fleet warnings as events."""
     p = request.probe
@@ -138,10 +144,6 @@ def live_snapshot(request: DoctorRequest, on_event: OnEvent = _ignore) -> Snapsh
         host_key_policy=p.host_key_policy,
     )
 
-    def as_row(r: Any) -> HostResult:
-        status = HostStatus.OK if r.ok else HostStatus(r.fleet_status if r.fleet_status != "ok" else "error")
-        return HostResult(r.host, status, duration_s=r.duration_s, error=r.reason)
-
     on_event(DoctorEvent("probe-start", count=len(request.hosts)))
     try:
         with fleet:
@@ -152,7 +154,7 @@ def live_snapshot(request: DoctorRequest, on_event: OnEvent = _ignore) -> Snapsh
                 interval_s=p.interval,
                 timeout=p.timeout,
                 sudo=p.sudo,
-                on_facts=lambda r: on_event(DoctorEvent("host", result=as_row(r))),
+                on_facts=lambda r: on_event(DoctorEvent("host", result=host_row(r))),
                 raw_outputs=p.raw_outputs,
                 on_event=lambda s: on_event(DoctorEvent("note", s)),
             )
