@@ -11,19 +11,9 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (
-    InventoryOpt,
-    JsonOpt,
-    console,
-    err_console,
-    fail,
-    load_inventory,
-    print_json,
-    user_config,
-    write_files,
-)
-from clusterctl.cli._hosts import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt
+from clusterctl.cli._common import console, err_console, fail, load_inventory, print_json, user_config, write_files
 from clusterctl.cli.placement import StateDirOpt, state_store
+from clusterctl.cli._options import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, InventoryOpt, JsonOpt
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 

@@ -9,17 +9,9 @@ from typing import Any, List, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (
-    InventoryOpt,
-    JsonOpt,
-    console,
-    err_console,
-    fail,
-    load_inventory,
-    print_json,
-    user_config,
-)
-from clusterctl.cli._hosts import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, check_host_key_policy, select
+from clusterctl.cli._common import console, err_console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._hosts import check_host_key_policy, select
+from clusterctl.cli._options import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, InventoryOpt, JsonOpt, OutputOpt
 from clusterctl.errors import ClusterctlError
 
 FactsOpt = typer.Option(
@@ -80,7 +72,7 @@ def discover(
     rack_rule: Optional[str] = typer.Option(
         None, "--rack-rule", help="Regex with (?P<rack>...) and/or (?P<leaf>...) groups, matched on host names."
     ),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (atomically) instead of stdout."),
+    output: Optional[Path] = OutputOpt,
     force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
     facts_file: Optional[str] = FactsOpt,
     json_out: bool = JsonOpt,

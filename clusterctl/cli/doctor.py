@@ -17,28 +17,19 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli import _complete
-from clusterctl.cli._common import (
-    InventoryOpt,
-    JsonOpt,
-    cluster_meta,
-    console,
-    err_console,
-    fail,
-    load_inventory,
-    user_config,
-)
-from clusterctl.cli._hosts import (
+from clusterctl.cli._common import cluster_meta, console, err_console, fail, load_inventory, user_config
+from clusterctl.cli._hosts import HostProgress, become_password, check_host_key_policy, select
+from clusterctl.cli._options import (
     AskBecomePassOpt,
     ConnectTimeoutOpt,
     DeadlineOpt,
     FanoutOpt,
     HostKeyOpt,
-    HostProgress,
+    HostsAllArg,
+    InventoryOpt,
+    JsonOpt,
     ProbeSudoOpt,
-    become_password,
-    check_host_key_policy,
-    select,
+    ProbeTimeoutOpt,
 )
 from clusterctl.diagnose.findings import Finding, Severity, exit_code
 from clusterctl.errors import ClusterctlError
@@ -268,9 +259,7 @@ def render(findings: list[Finding], fmt: str, show_ok: bool, meta: dict[str, Any
 
 
 def doctor(
-    pattern: str = typer.Argument(
-        "all", help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts
-    ),
+    pattern: str = HostsAllArg,
     inventory: Optional[str] = InventoryOpt,
     checks: Optional[str] = checks_option(),
     as_json: bool = JsonOpt,
@@ -314,7 +303,7 @@ def doctor(
         "before the unit's last start or the last boot (default: only "
         "the current run and boot count; older problems are history rows).",
     ),
-    timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
+    timeout: float = ProbeTimeoutOpt,
     fanout: Optional[int] = FanoutOpt,
     connect_timeout: Optional[float] = ConnectTimeoutOpt,
     deadline: Optional[float] = DeadlineOpt,

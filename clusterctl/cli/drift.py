@@ -6,8 +6,9 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._common import console, fail, load_inventory, print_json, user_config
 from clusterctl.cli._target import TargetArg
+from clusterctl.cli._options import InventoryOpt, JsonOpt
 from clusterctl.errors import ClusterctlError
 
 app = typer.Typer(

@@ -6,23 +6,16 @@ from typing import Any, Optional
 
 import typer
 
-from clusterctl.cli._common import (
-    InventoryOpt,
-    JsonOpt,
-    console,
-    err_console,
-    fail,
-    load_inventory,
-    print_json,
-    user_config,
-)
-from clusterctl.cli._hosts import (
+from clusterctl.cli._common import console, err_console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._hosts import become_password, check_host_key_policy
+from clusterctl.cli._options import (
     AskBecomePassOpt,
     ConnectTimeoutOpt,
+    DeployStateDirOpt,
     FanoutOpt,
     HostKeyOpt,
-    become_password,
-    check_host_key_policy,
+    InventoryOpt,
+    JsonOpt,
 )
 from clusterctl.errors import ClusterctlError
 
@@ -100,9 +93,7 @@ def failover(
     gate_timeout: float = typer.Option(
         600.0, "--gate-timeout", min=1, help="Seconds a moved instance may take to pass its gate."
     ),
-    state_dir: Optional[str] = typer.Option(
-        None, "--state-dir", help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."
-    ),
+    state_dir: Optional[str] = DeployStateDirOpt,
     avoid_host: list[str] = typer.Option(
         [],
         "--avoid-host",

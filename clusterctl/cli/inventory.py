@@ -15,16 +15,8 @@ import typer
 from rich.table import Table
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (
-    InventoryOpt,
-    JsonOpt,
-    console,
-    err_console,
-    fail,
-    load_inventory,
-    print_json,
-    user_config,
-)
+from clusterctl.cli._common import console, err_console, fail, load_inventory, print_json, user_config
+from clusterctl.cli._options import InventoryOpt, JsonOpt, OutputOpt
 from clusterctl.config import resolve_inventory_path
 from clusterctl.errors import ClusterctlError, InventoryError
 from clusterctl.exitcodes import USAGE_ERROR
@@ -199,7 +191,7 @@ def import_ansible(
     source: Path = typer.Argument(
         ..., help="Ansible inventory file (INI or YAML); group_vars/ and host_vars/ next to it are read too."
     ),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (atomically) instead of stdout."),
+    output: Optional[Path] = OutputOpt,
 ) -> None:
     """Convert an Ansible inventory into a clusterctl inventory (schema 1).
 

@@ -18,8 +18,6 @@ import typer
 
 from clusterctl.cli import _complete
 from clusterctl.cli._common import (
-    InventoryOpt,
-    JsonOpt,
     cluster_meta,
     console,
     err_console,
@@ -29,7 +27,16 @@ from clusterctl.cli._common import (
     user_config,
     write_files,
 )
-from clusterctl.cli._hosts import ConnectTimeoutOpt, DeadlineOpt, FanoutOpt, HostKeyOpt
+from clusterctl.cli._options import (
+    ConnectTimeoutOpt,
+    DeadlineOpt,
+    FanoutOpt,
+    HostKeyOpt,
+    HostsAllArg,
+    InventoryOpt,
+    JsonOpt,
+    ProbeTimeoutOpt,
+)
 from clusterctl.errors import ClusterctlError
 
 app = typer.Typer(
@@ -73,9 +80,7 @@ Examples:
 """,
 )
 def run(
-    pattern: str = typer.Argument(
-        "all", help="Hosts: names, gpu[01-08], @group, label=value, all.", autocompletion=_complete.hosts
-    ),
+    pattern: str = HostsAllArg,
     inventory: Optional[str] = InventoryOpt,
     db: Optional[str] = DbOpt,
     out: Optional[str] = typer.Option(None, "--out", help="Directory for report.json, report.md, report.html."),
@@ -104,7 +109,7 @@ def run(
         "--max-share 0.25); its summary on stderr, the worse exit code wins.",
     ),
     interval: float = typer.Option(2.0, "--interval", min=0, help="Seconds between counter samples."),
-    timeout: float = typer.Option(60.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take."),
+    timeout: float = ProbeTimeoutOpt,
     fanout: Optional[int] = FanoutOpt,
     connect_timeout: Optional[float] = ConnectTimeoutOpt,
     deadline: Optional[float] = DeadlineOpt,
