@@ -47,6 +47,7 @@ from clusterctl.gateway.sync import SyncResult, tp_unavailable
 from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.deploy.placement.deployed import wanted_instances
 from clusterctl.deploy.placement.place import desired_instances
+from clusterctl.deploy.placement.topology import host_topology
 from clusterctl.diagnose import bundle
 from clusterctl.diagnose.registry import run_analyzers
 from clusterctl.diagnose.thresholds import load_thresholds
@@ -54,7 +55,7 @@ from clusterctl.diagnose.tp import check_tp_groups
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.hook import fleet_hook
 from clusterctl.inventory.select import select_hosts
-from clusterctl.probe.factgroups import GpusFact, GpuSection
+from clusterctl.probe.factgroups import GpusFact
 
 #: Reason recorded in the gateway state for instances failover marks down.
 MARK_DOWN_REASON = "failover: TP group UNAVAILABLE"
@@ -134,11 +135,6 @@ def scan_hosts(inv: Inventory, instances: Mapping[str, Instance]) -> list[str]:
     return [h for h in inv.hosts if h in names]
 
 
-def placement_topology(gpus: GpuSection) -> list[dict[str, Any]]:
-    """The GPU pairs in placement's shape (:data:`HostTopology`: ``gpus`` and ``level``)."""
-    return [{"gpus": list(t.gpus), "level": t.level} for t in gpus.pairs]
-
-
 def detect(
     inv: Inventory,
     instances: Mapping[str, Instance],
@@ -155,7 +151,7 @@ def detect(
         f.subject.removeprefix("tp-group:"): f.message for f in tp if f.subject.removeprefix("tp-group:") in names
     }
     topology: dict[str, HostTopology] = {
-        h: t for h, facts in snap.facts.items() if (t := placement_topology(GpusFact.parse(facts)))
+        h: t for h, facts in snap.facts.items() if (t := host_topology(GpusFact.parse(facts)))
     }
     return Detection(unavailable, run_analyzers(ctx, only=["gpu"]), topology, dict(snap.missing))
 

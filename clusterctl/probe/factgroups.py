@@ -217,6 +217,12 @@ class GpuDevice:
     uuid: str | None = None
     memory_used: float | None = None
     processes: tuple[GpuProcess, ...] = ()
+    memory_free: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Neither lost (NVML's GPU_IS_LOST) nor hung (an NVML call on it timed out)."""
+        return not (self.lost or self.hung)
 
 
 @dataclass(frozen=True)
@@ -240,6 +246,11 @@ class GpuSection:
 
     def device(self, index: int) -> GpuDevice | None:
         return next((d for d in self.devices if d.index == index), None)
+
+    @property
+    def lost(self) -> list[GpuDevice]:
+        """The GPUs NVML reports lost."""
+        return [d for d in self.devices if d.lost]
 
 
 def _device(d: dict[str, Any]) -> GpuDevice:
@@ -304,6 +315,7 @@ def _device(d: dict[str, Any]) -> GpuDevice:
         pci_bus_id=_str(d.get("pci_bus_id")),
         uuid=_str(d.get("uuid")),
         memory_used=_num(d.get("memory_used")),
+        memory_free=_num(d.get("memory_free")),
         processes=tuple(
             GpuProcess(_int(p.get("pid")), _num(p.get("used_memory")), _str(p.get("name")), _str(p.get("unit")))
             for p in d.get("processes") or []
@@ -793,7 +805,9 @@ def nic(n: Mapping[str, Any]) -> Nic:
         driver=_str(n.get("driver")),
         rdma=_rdma(r) if isinstance(r, dict) and r else None,
         ethtool_stats=_counters(n.get("ethtool_stats")),
-        ethtool_stats_reason=_str(n.get("ethtool_stats_reason")),
+        ethtool_stats_reason=_str(n.get("ethtool_stats_reason"))
+        if "ethtool_stats" in n or "ethtool_stats_reason" in n
+        else "not in this facts document (an older collector)",
         qos=_qos(q) if isinstance(q, dict) else None,
         samples=tuple(counter_sample(s) for s in n.get("samples") or [] if isinstance(s, dict)),
     )
@@ -842,6 +856,8 @@ class HostInfo:
     hostname: str | None
     boot_id: str | None
     disks: tuple[Disk, ...]
+    #: ``memory.available`` (bytes, /proc/meminfo's MemAvailable); None when not read
+    mem_available: float | None = None
 
     def mount(self, path: str) -> Disk | None:
         return next((d for d in self.disks if d.mount == path), None)
@@ -871,6 +887,7 @@ class HostFact(FactGroup[HostInfo]):
                 for d in h.get("disks") or []
                 if isinstance(d, dict)
             ),
+            mem_available=_num(_dict(h.get("memory")).get("available")),
         )
 
 

@@ -1,229 +1,103 @@
-"""Typed access to the collector's JSON document (schema in ``docs/facts.md``).
+"""One host's facts document, checked, and read through the fact groups (schema in ``docs/facts.md``).
 
-:func:`parse_facts` checks the schema version and returns :class:`Facts`,
-whose attributes are the document's sections.  Analyzers read these objects;
-everything not modelled here is still in :attr:`Facts.raw`.  Units follow the
-document: bytes for memory, watts, degrees Celsius, Mbit/s for NIC speed,
-Gbit/s for RDMA rate.
+:func:`parse_facts` checks the document (JSON, its schema version, the sections every
+collector writes) and returns :class:`Facts`.  Its attributes are the typed fact
+groups of :mod:`clusterctl.probe.factgroups`, the one typed view of a host's facts
+that the analyzers, bring-up and pre-flight share: ``facts.gpus`` is
+:class:`~clusterctl.probe.factgroups.GpuSection`, ``facts.nics`` the
+:class:`~clusterctl.probe.factgroups.Nic` entries, and so on; any other group is
+``facts.group(SomeFact)``.  Each group is parsed on first use.  The document itself
+stays in :attr:`Facts.raw`.  Units follow the document: bytes for memory, watts,
+degrees Celsius, Mbit/s for NIC speed, Gbit/s for RDMA rate.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, TypeVar
 
 from clusterctl.errors import ProbeError
+from clusterctl.probe.factgroups import (
+    SCHEMA,
+    FactGroup,
+    GpuSection,
+    GpusFact,
+    HostFact,
+    HostInfo,
+    KernelLog,
+    KernelLogFact,
+    Nic,
+    NicsFact,
+    Unit,
+    UnitsFact,
+)
 
-#: The newest schema this clusterctl understands.
-SCHEMA = 1
+__all__ = ["SCHEMA", "Facts", "parse_facts"]
 
+T = TypeVar("T")
 
-@dataclass
-class GpuProcess:
-    """A compute process holding GPU memory (``used_memory`` in bytes, may be None)."""
-
-    pid: int
-    used_memory: int | None
-    name: str | None = None
-    unit: str | None = None
-
-
-@dataclass
-class Gpu:
-    """One GPU as NVML reported it.  ``None`` means "could not read": the reason
-    is in ``field_errors`` (``"not supported"``, ``"no permission"``, ...).
-    ``lost``: NVML said GPU_IS_LOST.  ``hung``: an NVML call on it timed out."""
-
-    index: int
-    name: str | None
-    uuid: str | None
-    pci_bus_id: str | None
-    pci_address: str | None
-    memory_total: int | None
-    memory_used: int | None
-    memory_free: int | None
-    processes: list[GpuProcess] | None
-    lost: bool
-    hung: bool
-    field_errors: dict[str, str]
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """Any other field of the device entry (``ecc``, ``remapped_rows``, ``pcie``...)."""
-        v = self.raw.get(key)
-        return default if v is None else v
-
-    @property
-    def ok(self) -> bool:
-        return not (self.lost or self.hung)
+#: Sections every collector of :data:`SCHEMA` writes; a document without one is refused.
+REQUIRED = ("collected_at", "host", "gpus", "nics")
 
 
-@dataclass
-class GpuFacts:
-    """``available`` False means NVML could not be used at all; ``reason`` says why."""
-
-    available: bool
-    reason: str | None
-    driver_version: str | None
-    devices: list[Gpu]
-    topology: list[dict[str, Any]]
-    timed_out_calls: list[str]
-
-    @property
-    def lost(self) -> list[Gpu]:
-        return [g for g in self.devices if g.lost]
-
-
-@dataclass
-class RdmaPort:
-    device: str
-    port: int
-    state: str | None
-    phys_state: str | None
-    link_layer: str | None
-    rate_gbps: float | None
-    counters: dict[str, int] | None
-    hw_counters: dict[str, int] | None
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
-
-
-@dataclass
-class Nic:
-    """A netdev (``netdev`` None for an RDMA port with no netdev); ``speed_mbps``
-    None while the link is down or for virtual devices.  ``ethtool_stats``: the
-    driver's counters from ``ethtool -S`` by name (since the driver loaded), or
-    None with ``ethtool_stats_reason`` saying why (virtual interface, ethtool
-    missing or failing, or a collector older than this field)."""
-
-    netdev: str | None
-    operstate: str | None
-    speed_mbps: int | None
-    mtu: int | None
-    rx_bytes: int | None
-    tx_bytes: int | None
-    rdma: RdmaPort | None
-    ethtool_stats: dict[str, int] | None = None
-    ethtool_stats_reason: str | None = None
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
-
-
-@dataclass
-class Unit:
-    """A clusterctl-managed systemd unit; ``since`` is ISO 8601 UTC or None."""
-
-    unit: str
-    active_state: str | None
-    sub_state: str | None
-    restarts: int | None
-    since: str | None
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
-
-
-@dataclass
-class KernelLog:
-    """Kernel-log lines since the cursor passed in; pass ``cursor`` next time."""
-
-    source: str | None
-    cursor: str | None
-    truncated: bool
-    lines: list[dict[str, Any]]
-
-
-@dataclass
 class Facts:
-    """One node's facts document."""
+    """One node's checked facts document; its sections are the fact groups (module doc)."""
 
-    schema: int
-    collected_at: str
-    host: dict[str, Any]
-    gpus: GpuFacts
-    nics: list[Nic]
-    units: list[Unit] | None
-    kernel_log: KernelLog
-    errors: list[dict[str, str]]
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.raw = doc  # the JSON document, as the collector wrote it
+        self.schema = int(doc["schema"])
+        self.collected_at = str(doc["collected_at"])
+
+    def group(self, group: type[FactGroup[T]]) -> T:
+        """Any fact group of this document (parsed anew on each call)."""
+        return group.parse(self.raw)
+
+    @cached_property
+    def host(self) -> HostInfo:
+        return HostFact.parse(self.raw)
+
+    @cached_property
+    def gpus(self) -> GpuSection:
+        return GpusFact.parse(self.raw)
+
+    @cached_property
+    def nics(self) -> tuple[Nic, ...]:
+        return NicsFact.parse(self.raw).nics
+
+    @cached_property
+    def units(self) -> tuple[Unit, ...] | None:
+        """The ``clusterctl-*`` units; None when systemctl did not answer (the section is null)."""
+        units = UnitsFact.parse(self.raw)
+        return units.units if units.read else None
+
+    @cached_property
+    def kernel_log(self) -> KernelLog:
+        return KernelLogFact.parse(self.raw)
+
+    @cached_property
+    def errors(self) -> list[dict[str, str]]:
+        """What the probe could not read: ``{source, reason}`` entries."""
+        return [{str(k): str(v) for k, v in e.items()} for e in self.raw.get("errors") or [] if isinstance(e, dict)]
 
     @property
     def hostname(self) -> str | None:
-        return self.host.get("hostname")
+        return self.host.hostname
 
     @property
     def boot_id(self) -> str | None:
-        return self.host.get("boot_id")
-
-
-def _gpu(d: dict[str, Any]) -> Gpu:
-    procs = d.get("processes")
-    return Gpu(
-        index=int(d["index"]),
-        name=d.get("name"),
-        uuid=d.get("uuid"),
-        pci_bus_id=d.get("pci_bus_id"),
-        pci_address=d.get("pci_address"),
-        memory_total=d.get("memory_total"),
-        memory_used=d.get("memory_used"),
-        memory_free=d.get("memory_free"),
-        processes=None
-        if procs is None
-        else [GpuProcess(int(p["pid"]), p.get("used_memory"), p.get("name"), p.get("unit")) for p in procs],
-        lost=bool(d.get("lost")),
-        hung=bool(d.get("hung")),
-        field_errors=dict(d.get("field_errors") or {}),
-        raw=d,
-    )
-
-
-def _nic(d: dict[str, Any]) -> Nic:
-    r = d.get("rdma")
-    rdma = (
-        None
-        if not r
-        else RdmaPort(
-            device=r["device"],
-            port=int(r["port"]),
-            state=r.get("state"),
-            phys_state=r.get("phys_state"),
-            link_layer=r.get("link_layer"),
-            rate_gbps=r.get("rate_gbps"),
-            counters=r.get("counters"),
-            hw_counters=r.get("hw_counters"),
-            raw=r,
-        )
-    )
-    return Nic(
-        netdev=d.get("netdev"),
-        operstate=d.get("operstate"),
-        speed_mbps=d.get("speed_mbps"),
-        mtu=d.get("mtu"),
-        rx_bytes=d.get("rx_bytes"),
-        tx_bytes=d.get("tx_bytes"),
-        rdma=rdma,
-        ethtool_stats=d.get("ethtool_stats"),
-        ethtool_stats_reason=d.get(
-            "ethtool_stats_reason", None if "ethtool_stats" in d else "not in this facts document (an older collector)"
-        ),
-        raw=d,
-    )
-
-
-def _unit(d: dict[str, Any]) -> Unit:
-    return Unit(
-        unit=d["unit"],
-        active_state=d.get("active_state"),
-        sub_state=d.get("sub_state"),
-        restarts=d.get("restarts"),
-        since=d.get("since"),
-        raw=d,
-    )
+        return self.host.boot_id
 
 
 def parse_facts(doc: str | bytes | dict[str, Any], *, origin: str = "probe output") -> Facts:
-    """Check and wrap one facts document (JSON text or an already parsed dict).
+    """Check one facts document (JSON text or an already parsed dict) and wrap it.
 
     Raises :class:`ProbeError` naming ``origin`` when the text is not JSON, has
     no ``schema``, comes from a newer collector (schema > :data:`SCHEMA`) or
-    lacks a section.
+    lacks a section of :data:`REQUIRED` (or ``gpus.available``), or holds an
+    entry the groups would drop (:func:`_malformed`).  Inside the entries the
+    groups read leniently: a field of the wrong type reads as not known (docs
+    of :mod:`clusterctl.probe.factgroups`).
     """
     if isinstance(doc, (str, bytes)):
         try:
@@ -239,32 +113,39 @@ def parse_facts(doc: str | bytes | dict[str, Any], *, origin: str = "probe outpu
         raise ProbeError(
             f"{origin}: facts schema {schema} is newer than this clusterctl understands ({SCHEMA}); upgrade clusterctl"
         )
-    try:
-        g = doc["gpus"]
-        k = doc.get("kernel_log") or {}
-        units = doc.get("units")
-        return Facts(
-            schema=schema,
-            collected_at=doc["collected_at"],
-            host=doc["host"],
-            gpus=GpuFacts(
-                available=bool(g["available"]),
-                reason=g.get("reason"),
-                driver_version=g.get("driver_version"),
-                devices=[_gpu(d) for d in g.get("devices") or []],
-                topology=list(g.get("topology") or []),
-                timed_out_calls=list(g.get("timed_out_calls") or []),
-            ),
-            nics=[_nic(n) for n in doc["nics"]],
-            units=None if units is None else [_unit(u) for u in units],
-            kernel_log=KernelLog(
-                source=k.get("source"),
-                cursor=k.get("cursor"),
-                truncated=bool(k.get("truncated")),
-                lines=list(k.get("lines") or []),
-            ),
-            errors=list(doc.get("errors") or []),
-            raw=doc,
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise ProbeError(f"{origin}: malformed facts document (schema {schema}): {type(e).__name__}: {e}") from None
+    missing = [k for k in REQUIRED if k not in doc]
+    gpus = doc.get("gpus")
+    if not missing and not (isinstance(gpus, dict) and "available" in gpus):
+        missing = ["gpus.available"]
+    if not isinstance(doc.get("nics", []), list):
+        raise ProbeError(f"{origin}: malformed facts document (schema {schema}): nics is not a list")
+    if missing:
+        raise ProbeError(f"{origin}: malformed facts document (schema {schema}): KeyError: {missing[0]!r}")
+    bad = _malformed(doc)
+    if bad:
+        raise ProbeError(f"{origin}: malformed facts document (schema {schema}): {bad}")
+    return Facts(doc)
+
+
+def _malformed(doc: dict[str, Any]) -> str | None:
+    """The first entry a collector never writes that the typed view would have to drop:
+    a GPU without an integer index (or one of its processes without a pid), a NIC or
+    unit that is not an object, a unit without a name.  None when there is none."""
+    devices, units = doc["gpus"].get("devices") or [], doc.get("units")
+    if not isinstance(devices, list):
+        return "gpus.devices is not a list"
+    if units is not None and not isinstance(units, list):
+        return "units is not a list"
+    for i, d in enumerate(devices):
+        if not isinstance(d, dict) or not isinstance(d.get("index"), int):
+            return f"gpus.devices[{i}] has no integer index"
+        for j, p in enumerate(d.get("processes") or []):
+            if not isinstance(p, dict) or not isinstance(p.get("pid"), int):
+                return f"gpus.devices[{i}].processes[{j}] has no integer pid"
+    for i, n in enumerate(doc["nics"]):
+        if not isinstance(n, dict):
+            return f"nics[{i}] is not an object"
+    for i, u in enumerate(units or []):
+        if not isinstance(u, dict) or not isinstance(u.get("unit"), str):
+            return f"units[{i}] has no unit name"
+    return None

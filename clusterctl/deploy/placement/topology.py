@@ -14,9 +14,15 @@ from clusterctl.deploy.placement.place import HostTopology, PlacementResult, des
 from clusterctl.deploy.state import DeployState
 from clusterctl.inventory.model import Host, Inventory
 from clusterctl.inventory.select import select_hosts
+from clusterctl.probe.factgroups import GpuSection
 
 #: ``read(hosts)`` → host → facts ``gpus.topology``; hosts it cannot read are left out.
 TopologyReader = Callable[[list[str]], Mapping[str, HostTopology]]
+
+
+def host_topology(gpus: GpuSection) -> list[dict[str, Any]]:
+    """A host's GPU pairs (the typed ``gpus.topology`` of its facts) in :data:`HostTopology`'s shape."""
+    return [{"gpus": list(t.gpus), "level": t.level} for t in gpus.pairs]
 
 
 def hosts_to_probe(inv: Inventory, state: DeployState, res: PlacementResult) -> list[str]:
@@ -53,9 +59,9 @@ def fleet_reader(make_fleet: Callable[[Sequence[Host]], Any], inv: Inventory, ti
         with make_fleet([inv.hosts[h] for h in hosts]) as fleet:
             results = collect_facts(fleet, timeout=timeout)
         return {
-            h: r.facts.gpus.topology
+            h: host_topology(r.facts.gpus)
             for h, r in results.items()
-            if r.status == "ok" and r.facts is not None and r.facts.gpus.topology
+            if r.status == "ok" and r.facts is not None and r.facts.gpus.pairs
         }
 
     return read

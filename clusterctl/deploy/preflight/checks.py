@@ -164,9 +164,9 @@ def _check_tp(row: InstanceRow, inv: Inventory, inst: Instance, shape: M.ModelSh
             fit={"tensor_parallel_size": 2},
         )
     group = set(row.gpus)
-    far = [t for t in hv.topology if t.get("level") == "SYSTEM" and set(t.get("gpus") or []) <= group]
+    far = [t for t in hv.topology if t.level == "SYSTEM" and set(t.gpus) <= group]
     if far:
-        pairs = ", ".join(f"{a}-{b}" for a, b in (t["gpus"] for t in far))
+        pairs = ", ".join(f"{a}-{b}" for a, b in (t.gpus for t in far))
         row.add(Severity.WARN, "tp.topology", f"TP group spans CPU sockets (GPU pairs {pairs} at SYSTEM level)")
 
 

@@ -17,6 +17,7 @@ from clusterctl.deploy.preflight.ports import Listener, parse_ss
 from clusterctl.fleet import ship
 from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.probe.facts import Facts
+from clusterctl.probe.factgroups import GpuPair
 
 NODE_SCRIPT = node.path("preflight")
 #: Seconds the node reader may take on one host (headers of every shard, ``ss``).
@@ -25,7 +26,7 @@ NODE_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class GpuProc:
-    pid: int
+    pid: int | None
     used: int | None
     unit: str | None
     name: str | None
@@ -56,7 +57,8 @@ class HostView:
     reason: str | None = None
     gpus: dict[int, GpuView] = field(default_factory=dict)
     gpu_reason: str | None = None
-    topology: list[dict[str, Any]] = field(default_factory=list)
+    #: GPU pairs with their PCIe/CPU level (``gpus.topology`` of the facts)
+    topology: tuple[GpuPair, ...] = ()
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     listeners: list[Listener] | None = None
     listeners_error: str | None = None
@@ -75,7 +77,11 @@ def gpus_from_facts(facts: Facts) -> dict[int, GpuView]:
     """
     out: dict[int, GpuView] = {}
     for g in facts.gpus.devices:
-        procs = tuple(GpuProc(p.pid, p.used_memory, p.unit, p.name) for p in g.processes or [])
+        if g.index is None:
+            continue
+        procs = tuple(
+            GpuProc(p.pid, None if p.used_memory is None else int(p.used_memory), p.unit, p.name) for p in g.processes
+        )
         broken = "lost" if g.lost else "hung" if g.hung else None
         if g.memory_total is None or g.memory_free is None:
             broken = (
@@ -87,9 +93,9 @@ def gpus_from_facts(facts: Facts) -> dict[int, GpuView]:
             out[g.index] = GpuView(g.index, g.name or "", 0, 0, procs, broken)
             continue
         held = sum(p.used or 0 for p in procs)
-        used = g.memory_used if g.memory_used is not None else g.memory_total - g.memory_free
+        used = int(g.memory_used) if g.memory_used is not None else g.memory_total - int(g.memory_free)
         reserved = max(0, used - held)
-        out[g.index] = GpuView(g.index, g.name or "", g.memory_total - reserved, g.memory_free, procs, broken)
+        out[g.index] = GpuView(g.index, g.name or "", g.memory_total - reserved, int(g.memory_free), procs, broken)
     return out
 
 
@@ -99,11 +105,11 @@ def host_view(
     """Combine a host's facts and the node reader's document (either may be missing)."""
     hv = HostView(name=name, reason=reason)
     if facts is not None:
-        avail = (facts.host.get("memory") or {}).get("available")
-        hv.mem_available = int(avail) if isinstance(avail, (int, float)) else None
+        avail = facts.host.mem_available
+        hv.mem_available = None if avail is None else int(avail)
         if facts.gpus.available:
             hv.gpus = gpus_from_facts(facts)
-            hv.topology = list(facts.gpus.topology)
+            hv.topology = facts.gpus.pairs
         else:
             hv.gpu_reason = f"NVML unavailable: {facts.gpus.reason or 'no reason given'}"
     else:

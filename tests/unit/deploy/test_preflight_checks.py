@@ -11,6 +11,8 @@ from clusterctl.deploy.preflight.kvcheck import kv_prediction_error, logged_max_
 from clusterctl.deploy.preflight.memory import GiB
 from clusterctl.deploy.preflight.ports import check_port, parse_ss
 from clusterctl.deploy.preflight.checks import GpuProc, check_instances
+from clusterctl.deploy.preflight.hosts import host_view
+from clusterctl.probe.facts import parse_facts
 from clusterctl.diagnose.findings import Severity
 from unit.deploy.preflight_helpers import FIXTURES, host, instance, inventory, make_sparse
 
@@ -294,3 +296,35 @@ def test_an_installed_engine_or_an_unread_one_makes_no_claim(models: dict[str, d
         c
         for c, _ in _checks(check_instances(inventory(), {"a": instance("a", max_model_len=8192)}, {"gpu01": hv}), "a")
     ]
+
+
+def test_a_tp_group_across_cpu_sockets_warns_from_the_facts_typed_gpu_pairs(models: dict[str, dict[str, Any]]) -> None:
+    doc = {
+        "schema": 1,
+        "collected_at": "x",
+        "host": {"memory": {"available": 64 * GiB}},
+        "gpus": {
+            "available": True,
+            "devices": [
+                {"index": i, "name": "NVIDIA H100", "memory_total": 80 * GiB, "memory_free": 79 * GiB} for i in range(4)
+            ],
+            "topology": [
+                {"gpus": [0, 1], "level": "SYSTEM"},
+                {"gpus": [2, 3], "level": "NODE"},
+                {"gpus": [0, 2], "reason": "not supported"},
+            ],
+        },
+        "nics": [],
+    }
+    view = host_view("gpu01", parse_facts(doc), None)
+    assert [(t.gpus, t.level) for t in view.topology] == [((0, 1), "SYSTEM"), ((2, 3), "NODE"), ((0, 2), None)]
+    assert view.mem_available == 64 * GiB and sorted(view.gpus) == [0, 1, 2, 3]
+    hv = host(models)
+    hv.topology = view.topology
+    rep = check_instances(
+        inventory(),
+        {"far": instance("far", gpus=(0, 1), tensor_parallel_size=2), "near": instance("near", gpus=(2, 3), port=8001)},
+        {"gpu01": hv},
+    )
+    assert ("tp.topology", "WARN") in _checks(rep, "far") and "GPU pairs 0-1 at SYSTEM" in str(rep.row("far").problems)
+    assert "tp.topology" not in [c for c, _ in _checks(rep, "near")]

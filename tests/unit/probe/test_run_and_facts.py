@@ -13,6 +13,7 @@ from clusterctl.fleet.results import HostResult, HostStatus, RunResults
 from clusterctl.inventory.model import Host
 from clusterctl.node import collector
 from clusterctl.probe.facts import SCHEMA, parse_facts
+from clusterctl.probe.factgroups import GpusFact, HostFact, KernelLogFact, NicsFact, RdmaPrereqsFact, UnitsFact
 from clusterctl.probe.payload import RC_PYTHON_TOO_OLD, payload
 from clusterctl.probe.run import OK, UNKNOWN, collect_facts, interpret
 
@@ -137,7 +138,7 @@ def test_typed_view(fake_nvml):
     assert facts.gpus.available and len(facts.gpus.devices) == 2
     g0 = facts.gpus.devices[0]
     assert g0.memory_used == 70 * 1024**3 and g0.processes[0].pid == 4242 and g0.ok
-    assert g0.get("remapped_rows")["correctable"] == 2
+    assert g0.remapped_rows is not None and g0.remapped_rows.correctable == 2
     assert [g.index for g in facts.gpus.lost] == [1]
     assert facts.boot_id and facts.kernel_log is not None
 
@@ -156,4 +157,34 @@ def test_bad_documents_raise_clear_probe_errors(text, message):
     with pytest.raises(ProbeError) as e:
         parse_facts(text, origin="gpu01: probe output")
     assert str(e.value).startswith("gpu01: probe output: ")
+    assert message in str(e.value)
+
+
+def test_facts_is_the_fact_groups_of_the_document(fake_nvml):
+    doc = fake_doc(fake_nvml)
+    facts = parse_facts(json.dumps(doc))
+    # one typed view: pre-flight's Facts and the analyzers' groups read the same document the same way
+    assert facts.gpus == GpusFact.parse(doc) and facts.nics == NicsFact.parse(doc).nics
+    assert facts.host == HostFact.parse(doc) and facts.kernel_log == KernelLogFact.parse(doc)
+    assert facts.units == (UnitsFact.parse(doc).units if doc["units"] is not None else None)
+    assert facts.group(RdmaPrereqsFact) == RdmaPrereqsFact.parse(doc)
+    assert facts.hostname == doc["host"]["hostname"] and facts.host.mem_available == doc["host"]["memory"]["available"]
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda d: d["gpus"]["devices"].append({"name": "x"}), "gpus.devices[2] has no integer index"),
+        (lambda d: d["gpus"]["devices"][0].update(processes=[{"used_memory": 1}]), "processes[0] has no integer pid"),
+        (lambda d: d.update(nics={"eth0": {}}), "nics is not a list"),
+        (lambda d: d.update(nics=["eth0"]), "nics[0] is not an object"),
+        (lambda d: d.update(units=[{"active_state": "active"}]), "units[0] has no unit name"),
+        (lambda d: d["gpus"].pop("available"), "KeyError: 'gpus.available'"),
+    ],
+)
+def test_entries_the_typed_view_would_drop_are_a_clear_probe_error(fake_nvml, change, message):
+    doc = fake_doc(fake_nvml)
+    change(doc)
+    with pytest.raises(ProbeError, match="gpu01: probe output: malformed facts document") as e:
+        parse_facts(doc, origin="gpu01: probe output")
     assert message in str(e.value)
