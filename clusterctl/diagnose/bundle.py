@@ -176,11 +176,9 @@ def gather(
         if r.ok and r.facts is not None:
             snap.commands.setdefault(row.host, []).extend(r.facts.raw.pop("raw_outputs", None) or [])
             snap.facts[row.host] = r.facts.raw
-            kl = r.facts.raw.get("kernel_log") or {}
-            if kl.get("source"):
-                snap.raw.setdefault(row.host, {})[sources.KERNEL_LOG] = "".join(
-                    str(x.get("text", "")) + "\n" for x in kl.get("lines") or []
-                )
+            kl = r.facts.kernel_log
+            if kl.source:
+                snap.raw.setdefault(row.host, {})[sources.KERNEL_LOG] = "".join(x.text + "\n" for x in kl.lines)
         else:
             snap.missing[row.host] = r.reason or r.status
         if on_facts:

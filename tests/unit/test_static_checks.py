@@ -500,3 +500,67 @@ def test_the_in_function_import_check_sees_what_it_lists() -> None:
     assert set(INLINE_IMPORTS.values()) <= {CYCLE, OPTIONAL, SLOW, NODE, LATER}
     assert not any(key.startswith("cli/") for key in INLINE_IMPORTS)
     assert sum(rel.startswith("cli/") for rel, _, _ in _inline_imports()) > 50
+
+
+# -- facts are read through the typed fact groups ---------------------------------------------------
+
+#: The facts document's top-level sections (docs/facts.md).
+FACT_SECTIONS = frozenset(
+    {"gpus", "nics", "units", "kernel_log", "host", "rdma_prereqs", "tools", "node_prereqs", "errors"}
+    | {"collected_at", "schema"}
+)
+#: The readers of facts: analyzers, bring-up, failover, discover, pre-flight, placement's reader.
+FACT_READERS = ("diagnose/", "bringup/", "gateway/failover.py", "inventory/discover.py", "deploy/preflight/")
+#: Modules that write facts documents (from nvidia-smi or an operator's raw outputs), not read them.
+FACT_WRITERS = ("diagnose/evidence.py", "diagnose/nvsmi.py")
+#: Section-named keys on something that is not a facts document, with why.
+FACT_KEYS_ALLOWED = {
+    "diagnose/bundle.py doc.get('collected_at')": "the node bundle's instance document, not facts",
+}
+_FACTS_NAME = re.compile(r"\b(facts|doc|raw)\b")
+
+
+def _raw_fact_reads(rel: str, source: str) -> list[tuple[int, str]]:
+    """``facts["gpus"]`` / ``doc.get("nics")`` style reads: a section-named key on an expression
+    named like a facts document (``facts``, ``doc``, ``.raw``)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        base: ast.expr | None = None
+        key: object = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            base, key = node.value, node.slice.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            base, key = node.func.value, node.args[0].value
+        if base is not None and key in FACT_SECTIONS and _FACTS_NAME.search(ast.unparse(base)):
+            out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_fact_readers_read_the_typed_groups_not_the_raw_document() -> None:
+    """Analyzers, bring-up, failover, discover and pre-flight read a host's facts through
+    ``probe/factgroups.py`` (or ``probe.facts.Facts``, made of the groups): the JSON is parsed,
+    leniently and against the collector's schema, in one place."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if not rel.startswith(FACT_READERS) or rel in FACT_WRITERS:
+            continue
+        for line, src in _raw_fact_reads(rel, path.read_text()):
+            if f"{rel} {src}" not in FACT_KEYS_ALLOWED:
+                found.append(f"clusterctl/{rel}:{line}: {src}")
+    assert not found, "read these through a fact group (clusterctl/probe/factgroups.py):\n" + "\n".join(found)
+
+
+def test_the_raw_fact_read_check_sees_what_it_forbids() -> None:
+    """The check finds each style it forbids, and nothing on other names or keys."""
+    src = 'facts["gpus"]\ndoc.get("nics")\nr.facts.raw.get("kernel_log")\nfacts[h]["units"]\nread["units"]\ndoc.get("x")\n'
+    assert [line for line, _ in _raw_fact_reads("x.py", src)] == [1, 2, 3, 4]
+    for key in FACT_KEYS_ALLOWED:
+        rel, src = key.split(" ", 1)
+        assert (PACKAGE / rel).is_file() and src in {s for _, s in _raw_fact_reads(rel, (PACKAGE / rel).read_text())}
