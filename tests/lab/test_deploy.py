@@ -2,7 +2,8 @@
 
 One module-scoped deployment (6 template replicas + 2 explicit instances,
 all with VLLM_SIM_TIME_SCALE=0) is shared by the tests, which run in file
-order: each leaves the hosts as the inventory of ``BASE`` describes them.  The fixture's deploy
+order: each leaves the hosts as the inventory of ``BASE`` describes them, except the last (the
+release case: the next version pre-staged while v1 serves), which leaves it serving.  The fixture's deploy
 runs with ``--prestage`` (the second test checks what that promises).
 The last fixture step removes every unit, env file, previous copy, lock and
 the staged model it created.
@@ -10,12 +11,14 @@ the staged model it created.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -68,6 +71,8 @@ class World:
         self.first: DeployReport | None = None
         self.first_events: list[Event] = []
         self.first_started = 0.0
+        #: host -> the mtime of the file :meth:`placed` was last asked about (time.time() seconds).
+        self.marker: dict[str, float] = {}
 
     def write(self, template: dict[str, Any] | None = None, version: str = "v1", **instances: dict[str, Any]) -> None:
         doc = dict(self.base)
@@ -109,13 +114,9 @@ class World:
     def units(self) -> dict[str, tuple[str, int, int, int]]:
         """instance -> (ActiveState, MainPID, ExecMainStartTimestampMonotonic, NRestarts) on every host."""
         out: dict[str, tuple[str, int, int, int]] = {}
-        for host in self.lab.names:
-            text = self.lab.run(
-                host,
-                "systemctl show -p Id,ActiveState,MainPID,ExecMainStartTimestampMonotonic,"
-                "NRestarts 'clusterctl-*.service'",
-                check=True,
-            ).stdout
+        for text in self.on_hosts(
+            "systemctl show -p Id,ActiveState,MainPID,ExecMainStartTimestampMonotonic,NRestarts 'clusterctl-*.service'"
+        ).values():
             for block in text.strip().split("\n\n"):
                 d = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
                 if d.get("Id", "").startswith("clusterctl-"):
@@ -125,6 +126,33 @@ class World:
                         int(d["ExecMainStartTimestampMonotonic"]),
                         int(d["NRestarts"]),
                     )
+        return out
+
+    def on_hosts(self, command: str) -> dict[str, str]:
+        """host -> stdout of ``command`` on every lab host (at once; a failed command fails)."""
+        with cf.ThreadPoolExecutor(len(self.lab.names)) as ex:
+            outs = ex.map(lambda h: self.lab.run(h, command, check=True).stdout, self.lab.names)
+            return dict(zip(self.lab.names, outs))
+
+    def placed(self, marker: str = "/dev/null") -> dict[str, dict[str, tuple[int, str, float]]]:
+        """host -> instance -> (port, model version, when its unit last entered ``inactive``, in
+        CLOCK_MONOTONIC seconds), from each unit's ``[X-Clusterctl]`` section and systemd; also
+        sets ``self.marker``: host -> ``marker``'s mtime (time.time() seconds)."""
+        script = (
+            "for f in /etc/systemd/system/clusterctl-*.service; do n=${f##*/clusterctl-}; n=${n%.service}; "
+            "echo U $n $(sed -n 's/^Port=//p' $f) $(sed -n 's/^ModelVersion=//p' $f) "
+            "$(systemctl show -p InactiveEnterTimestampMonotonic --value clusterctl-$n.service); done; "
+            f"stat -c 'M %.9Y' {marker}"
+        )
+        out: dict[str, dict[str, tuple[int, str, float]]] = {}
+        self.marker = {}
+        for host, text in self.on_hosts(script).items():
+            for line in text.splitlines():
+                w = line.split()
+                if w[0] == "U":
+                    out.setdefault(host, {})[w[1]] = (int(w[2]), w[3], int(w[4]) / 1e6)
+                elif w[0] == "M":
+                    self.marker[host] = float(w[1])
         return out
 
     def where(self) -> dict[str, str]:
@@ -332,3 +360,77 @@ def test_secrets_stay_out_of_units_ps_journal_and_plan(world: World) -> None:
         assert set(mode.split("\n")) - {""} == {"600 root"}, mode
     audit = (world.state_dir / "audit.jsonl").read_text()
     assert KEY not in audit and '"kind": "deploy"' in audit
+
+
+def test_release_prestaged_while_v1_serves_each_batch_only_switches(world: World) -> None:
+    """The release case of ``--prestage`` on the shared deployment (v1 serving on all 8 replicas):
+    the next version (v3) is verified and in the page cache of every host before the first v1
+    unit stops; in 2 batches of 2 hosts, every replica on a host outside the current batch
+    answers at every poll (v1 until its own batch, v3 after); each batch's staging only
+    switches the model link.
+
+    Last in the module: it leaves v3 serving (the fixture removes everything after it)."""
+    hosts = sorted(world.lab.names)
+    before, placed = world.units(), world.placed()
+    urls = {
+        name: f"http://{world.lab.host(h).address}:{port}/v1/models"
+        for h, units in placed.items()
+        for name, (port, _, _) in units.items()
+    }
+    answers: list[tuple[float, str, bool]] = []  # (time.time(), instance, answered)
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            for name, url in urls.items():
+                t = time.time()
+                req = urllib.request.Request(url, headers={"Authorization": f"Bearer {KEY}"})
+                try:
+                    with urllib.request.urlopen(req, timeout=2) as r:
+                        ok = r.status == 200 and b'"tiny"' in r.read()
+                except (OSError, ValueError):
+                    ok = False
+                answers.append((t, name, ok))
+            stop.wait(0.05)
+
+    events: list[tuple[float, Event]] = []
+    world.write(version="v3")  # not v2: the failing-canary test leaves a v2 staged on its canary
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    t0 = time.time()
+    try:
+        rep = world.deploy(serial="50%", prestage=True, on_event=lambda e: events.append((time.time(), e)))
+    finally:
+        stop.set()
+        poller.join(10)
+    assert rep.result == "ok", json.dumps(rep.to_dict(), indent=1)[:4000]
+    assert [len(b) for b in rep.batches] == [2, 2], rep.batches
+    assert rep.prestage is not None and rep.prestage["hosts"] == {h: {"tiny": "staged"} for h in hosts}
+    assert rep.prestage["resident"] == {h: {"tiny": 1.0} for h in hosts}
+    after, now = world.units(), world.placed("/models/.versions/tiny/v3/.clusterctl-verified")
+    assert sorted(after) == sorted(before)
+    for name, (state, _, started, restarts) in after.items():  # every replica restarted once
+        assert state == "active" and restarts == 0 and started != before[name][2], (name, after[name])
+    assert {n: v for units in now.values() for n, (_, v, _) in units.items()} == {n: "v3" for n in after}
+    # v3 verified on every host before the first v1 unit stopped (one CLOCK_MONOTONIC: see above)
+    offset = time.time() - time.monotonic()
+    verified = {h: world.marker[h] for h in hosts}
+    stopped = {n: at + offset for units in now.values() for n, (_, _, at) in units.items()}
+    assert min(verified.values()) > t0 and max(verified.values()) < min(stopped.values()), (verified, stopped)
+    # each batch only switched: the version was present on each of its hosts
+    in_batches = [e for _, e in events if e.kind == "host" and e.message.startswith("stage tiny:")]
+    assert sorted(e.host or "" for e in in_batches) == hosts, [e.message for e in in_batches]
+    assert all(e.message == "stage tiny: present" for e in in_batches), [e.message for e in in_batches]
+    # while a batch ran, every replica outside it answered at every poll, and one inside it did not
+    starts = {e.step: t for t, e in events if e.kind == "batch" and e.step and not e.done}
+    ends = {e.step: t for t, e in events if e.kind == "batch" and e.step and e.done}
+    assert sorted(starts) == sorted(ends) == [1, 2], [e.message for _, e in events if e.kind == "batch"]
+    for n, batch in enumerate(rep.batches, 1):
+        inside = {name for h in batch for name in placed[h]}
+        seen = [(t, name, ok) for t, name, ok in answers if starts[n] <= t <= ends[n]]
+        assert {name for _, name, _ in seen} == set(after), (n, len(seen))
+        assert all(ok for _, name, ok in seen if name not in inside), (
+            n,
+            [(round(t - t0, 2), name) for t, name, ok in seen if not ok and name not in inside],
+        )
+        assert any(not ok for _, name, ok in seen if name in inside), (n, sorted(inside))  # the poll sees a stop

@@ -95,3 +95,18 @@ def test_a_dead_unit_fails_at_once_without_waiting_for_the_timeout() -> None:
 )
 def test_unit_states_that_mean_the_engine_died(state, dead: bool) -> None:
     assert (unit_failure(target(1), state) is not None) is dead
+
+
+def test_the_gate_returns_as_soon_as_every_target_passed_without_a_last_wait(sim) -> None:
+    t0 = time.monotonic()
+    [r] = wait_gates([target(sim.port)], timeout_s=20, poll_s=5)
+    assert r.ok and time.monotonic() - t0 < 2.5  # it slept one more poll_s after the pass before
+
+
+def test_an_engine_ready_just_after_the_first_round_is_not_held_back_a_whole_poll(sim) -> None:
+    t0 = time.monotonic()
+    # the unit reads "activating" for 0.3 s (a short load), then "active"
+    units = lambda: {"i1": ("active", "running", 0) if time.monotonic() - t0 > 0.3 else ("activating", "start", 0)}  # noqa: E731
+    [r] = wait_gates([target(sim.port)], timeout_s=20, poll_s=4, units=units)
+    took = time.monotonic() - t0
+    assert r.ok and 0.3 < took < 2.5, took  # rounds at 0, 0.25, 0.75 s (then every poll_s): before, 4 s
