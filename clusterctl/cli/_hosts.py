@@ -136,14 +136,30 @@ def host_fleets_and_password(
     (:func:`gateway_password`)."""
     policy = check_host_key_policy(host_key_policy)
     password = become_password(ask_become_pass, hosts, True)
-    make = fleet_factory(
+    make = fleets(fanout=fanout, connect_timeout=connect_timeout, become_password=password, host_key_policy=policy)
+    return make, gateway_password(password)
+
+
+def fleets(
+    *,
+    fanout: Optional[int],
+    connect_timeout: Optional[float],
+    become_password: Optional[str],
+    host_key_policy: Optional[str],
+    command_timeout: Optional[float] = None,
+    deadline: Optional[float] = None,
+) -> FleetFactory:
+    """The command's fleet factory (``clusterctl.fleet.factory``): its options over the user
+    config; ``host_key_policy`` checked by the caller (:func:`check_host_key_policy`)."""
+    return fleet_factory(
         user_config(),
         fanout=fanout,
         connect_timeout=connect_timeout,
-        become_password=password,
-        host_key_policy=policy,
+        command_timeout=command_timeout,
+        deadline=deadline,
+        become_password=become_password,
+        host_key_policy=host_key_policy,
     )
-    return make, gateway_password(password)
 
 
 def inventory_fleet(

@@ -9,14 +9,14 @@ that gave none).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from clusterctl.cli._common import console, err_console, print_json, user_config
-from clusterctl.cli._hosts import HostProgress, become_password, check_host_key_policy, select
+from clusterctl.cli._hosts import HostProgress, become_password, check_host_key_policy, fleets, select
 from clusterctl.cli._options import (
     AskBecomePassOpt,
     ConnectTimeoutOpt,
@@ -28,16 +28,16 @@ from clusterctl.cli._options import (
     JsonOpt,
     ProbeSudoOpt,
 )
-from clusterctl.exitcodes import ExitCode
-from clusterctl.fleet.failed import save_failed
-from clusterctl.fleet.factory import make_fleet
 from clusterctl.fleet.results import HostResult, HostStatus
-from clusterctl.fleet.ssh import ParamikoTransport
 from clusterctl.inventory.nodeset import fold
-from clusterctl.probe.facts import Facts
-from clusterctl.probe.run import DEFAULT_TIMEOUT_S, FactsResult, collect_facts
+
+if TYPE_CHECKING:  # the workflow (and the probe under it) loads when the command runs
+    from clusterctl.ops.facts import Facts, FactsResult
 
 GIB = 1024**3
+
+#: ``--timeout``: the probe's default, ``clusterctl.probe.run.DEFAULT_TIMEOUT_S`` (a test keeps them equal).
+FactsTimeoutOpt = typer.Option(90.0, "--timeout", "-t", min=1, help="Seconds one host's probe may take.")
 
 HELP = """Collect node facts: OS, CPU, memory, disks, GPUs (NVML), NICs and RDMA ports,
 clusterctl's systemd units, recent kernel-log lines.
@@ -152,9 +152,7 @@ def facts(
     pattern: str = HostsArg,
     inventory: Optional[str] = InventoryOpt,
     as_json: bool = JsonOpt,
-    timeout: float = typer.Option(
-        DEFAULT_TIMEOUT_S, "--timeout", "-t", min=1, help="Seconds one host's probe may take."
-    ),
+    timeout: float = FactsTimeoutOpt,
     fanout: Optional[int] = FanoutOpt,
     connect_timeout: Optional[float] = ConnectTimeoutOpt,
     deadline: Optional[float] = DeadlineOpt,
@@ -162,34 +160,30 @@ def facts(
     ask_become_pass: bool = AskBecomePassOpt,
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
+    from clusterctl.ops import facts as ops
+
     policy = check_host_key_policy(host_key_policy)
     path, hosts = select(inventory, pattern)
     password = become_password(ask_become_pass, hosts, sudo)
-    cfg = user_config()
-    fleet = make_fleet(
-        hosts,
-        cfg,
+    make = fleets(
         fanout=fanout,
         connect_timeout=connect_timeout,
+        become_password=password,
+        host_key_policy=policy,
         command_timeout=timeout,
         deadline=deadline,
-        become_password=password,
-        transport=ParamikoTransport(host_key_policy=policy),
     )
-    with fleet, HostProgress(len(hosts), "facts", not as_json) as progress:
-        results = collect_facts(fleet, timeout=timeout, sudo=sudo, on_result=lambda r: progress(as_row(r)))
-    for w in fleet.warnings:
+    request = ops.FactsRequest(hosts, make, user_config().state_dir, path, timeout=timeout, sudo=sudo)
+    with HostProgress(len(hosts), "facts", not as_json) as progress:
+        run = ops.run(request, on_result=lambda r: progress(as_row(r)))
+    for w in run.warnings:
         err_console.print(f"warning: {w}", markup=False)
-    failed = [h for h, r in results.items() if not r.ok]
-    try:
-        save_failed(cfg.state_dir, failed, inventory=path, command="facts")
-    except OSError as e:
-        err_console.print(f"warning: could not record failed hosts for @failed: {e}", markup=False)
+    results = run.results
     if as_json:
         print_json({h: r.to_dict() for h, r in results.items()})
     else:
         _print(results)
-    raise typer.Exit(ExitCode.CRIT if failed else ExitCode.OK)
+    raise typer.Exit(run.code)
 
 
 def as_row(r: FactsResult) -> HostResult:

@@ -17,7 +17,14 @@ from typing import List, Optional
 import typer
 
 from clusterctl.cli._common import console, err_console, fail, print_json, user_config
-from clusterctl.cli._hosts import BECOME_PASSWORD_ENV, HostProgress, become_password, check_host_key_policy, select
+from clusterctl.cli._hosts import (
+    BECOME_PASSWORD_ENV,
+    HostProgress,
+    become_password,
+    check_host_key_policy,
+    fleets,
+    select,
+)
 from clusterctl.cli._options import (
     ConnectTimeoutOpt,
     DeadlineOpt,
@@ -28,14 +35,12 @@ from clusterctl.cli._options import (
     JsonOpt,
 )
 from clusterctl.exitcodes import ExitCode
-from clusterctl.fleet.failed import save_failed
-from clusterctl.fleet.factory import make_fleet
 from clusterctl.fleet.results import HostStatus, RunResults, fold
-from clusterctl.fleet.ssh import ParamikoTransport
 from clusterctl.inventory.model import Host
 
 
 def _run(
+    path: str,
     hosts: list[Host],
     command: str,
     *,
@@ -48,27 +53,25 @@ def _run(
     become_password: Optional[str],
     progress: bool,
     label: str,
-) -> tuple[RunResults, list[str]]:
-    fleet = make_fleet(
-        hosts,
-        user_config(),
+    record_as: Optional[str] = None,
+) -> RunResults:
+    """Run ``command`` through :mod:`clusterctl.ops.adhoc` with per-host progress; the warnings printed."""
+    from clusterctl.ops import adhoc
+
+    make = fleets(
         fanout=fanout,
         connect_timeout=connect_timeout,
+        become_password=become_password,
+        host_key_policy=policy,
         command_timeout=timeout or None,
         deadline=deadline,
-        become_password=become_password,
-        transport=ParamikoTransport(host_key_policy=policy),
     )
-    with fleet, HostProgress(len(hosts), label, progress) as on_result:
-        res = fleet.run(command, sudo=sudo, on_result=on_result)
-    return res, fleet.warnings
-
-
-def _remember(path: str, res: RunResults, command: str) -> None:
-    try:
-        save_failed(user_config().state_dir, res.failed_hosts(), inventory=path, command=command)
-    except OSError as e:
-        err_console.print(f"warning: could not record failed hosts for @failed: {e}", markup=False)
+    request = adhoc.CommandRequest(hosts, make, command, user_config().state_dir, path, sudo=sudo, record_as=record_as)
+    with HostProgress(len(hosts), label, progress) as on_result:
+        run = adhoc.run(request, on_result)
+    for w in run.warnings:
+        err_console.print(f"warning: {w}", markup=False)
+    return run.results
 
 
 def _print_gathered(res: RunResults) -> None:
@@ -130,7 +133,8 @@ def exec_cmd(
         fail("no command given (put it after --)")
     path, hosts = select(inventory, pattern)
     password = become_password(ask_become_pass, hosts, sudo)
-    res, warnings = _run(
+    res = _run(
+        path,
         hosts,
         text,
         fanout=fanout,
@@ -143,9 +147,6 @@ def exec_cmd(
         progress=not as_json,
         label="exec",
     )
-    for w in warnings:
-        err_console.print(f"warning: {w}", markup=False)
-    _remember(path, res, text)
     if as_json:
         print_json({"command": text, **res.to_dict()})
     else:
@@ -170,7 +171,8 @@ def ping(
     """
     policy = check_host_key_policy(host_key_policy)
     path, hosts = select(inventory, pattern)
-    res, warnings = _run(
+    res = _run(
+        path,
         hosts,
         "true",
         fanout=fanout,
@@ -182,10 +184,8 @@ def ping(
         become_password=None,
         progress=not as_json,
         label="ping",
+        record_as="ping",
     )
-    for w in warnings:
-        err_console.print(f"warning: {w}", markup=False)
-    _remember(path, res, "ping")
     code = ExitCode.OK if res.all_ok() else ExitCode.CRIT
     if as_json:
         print_json({"ok": res.all_ok(), **res.to_dict()})

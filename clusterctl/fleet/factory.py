@@ -66,6 +66,7 @@ def fleet_factory(
     fanout: int | None = None,
     connect_timeout: float | None = None,
     command_timeout: float | None = None,
+    deadline: float | None = None,
     become_password: str | None = None,
     host_key_policy: str | None = None,
 ) -> FleetFactory:
@@ -78,6 +79,7 @@ def fleet_factory(
             fanout=fanout,
             connect_timeout=connect_timeout,
             command_timeout=command_timeout,
+            deadline=deadline,
             become_password=become_password,
             host_key_policy=host_key_policy,
         )

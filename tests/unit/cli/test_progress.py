@@ -13,8 +13,6 @@ import pytest
 from rich.console import Console
 
 from clusterctl.cli import _progress
-from clusterctl.cli import facts as facts_cli
-from clusterctl.cli import fleet as fleet_cli
 from clusterctl.cli._progress import ByteProgress, EventProgress, HostProgress
 from clusterctl.cli.main import main
 from clusterctl.deploy.rollout.engine import Event
@@ -118,8 +116,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     transport = FakeTransport(local_shell)
-    for mod in (facts_cli, fleet_cli, ssh):  # doctor and collect import it from ssh when they run
-        monkeypatch.setattr(mod, "ParamikoTransport", lambda **kw: transport)
+    monkeypatch.setattr(ssh, "ParamikoTransport", lambda **kw: transport)  # every command's fleet factory
     return inv
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from clusterctl.cli import fleet as cli_fleet
+from clusterctl.fleet import ssh
 from clusterctl.cli.main import main
 from clusterctl.fleet.failed import load_failed
 from clusterctl.fleet.transport import FakeReply, FakeTransport, HostFailure
@@ -29,7 +29,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     transport = FakeTransport()
-    monkeypatch.setattr(cli_fleet, "ParamikoTransport", lambda **kw: transport)
+    monkeypatch.setattr(ssh, "ParamikoTransport", lambda **kw: transport)  # the fleet factory's transport
     from clusterctl.clusterstate import default_cluster_name
 
     # @failed is kept in the inventory's cluster's state (docs/inventory.md "State per cluster")

@@ -12,7 +12,7 @@ import pytest
 from clusterctl.cli import facts as facts_cli
 from clusterctl.cli.main import main
 from clusterctl.exitcodes import ExitCode
-from clusterctl.fleet import HostStatus
+from clusterctl.fleet import HostStatus, ssh
 from clusterctl.fleet.transport import FakeReply, FakeTransport, HostFailure
 from clusterctl.probe.facts import parse_facts
 from clusterctl.probe.payload import payload
@@ -44,7 +44,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("CLUSTERCTL_NODE_CACHE_DIR", str(tmp_path / "node" / "programs"))
     transport = FakeTransport(local_shell)
-    monkeypatch.setattr(facts_cli, "ParamikoTransport", lambda **kw: transport)
+    monkeypatch.setattr(ssh, "ParamikoTransport", lambda **kw: transport)  # the fleet factory's transport
     monkeypatch.setattr(facts_cli.console, "_width", 200)  # patching "width" leaves it pinned for later tests
     return inv, transport
 
@@ -135,3 +135,10 @@ def test_group_rows_merges_identical_summaries():
         ),
         ("gpu03", ("UNKNOWN", "", "", "", "", "", "")),
     ]
+
+
+def test_the_timeout_option_defaults_to_the_probes_timeout() -> None:
+    """``facts --timeout`` is written out in the CLI (so ``--help`` loads no probe): it stays the probe's."""
+    from clusterctl.probe.run import DEFAULT_TIMEOUT_S
+
+    assert facts_cli.FactsTimeoutOpt.default == DEFAULT_TIMEOUT_S
