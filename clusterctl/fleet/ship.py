@@ -19,8 +19,16 @@ gateway's node program, staging with its relay):
   the program on stdin (verified, stored, run).  A job (which may hold secrets: env files,
   API keys, source credentials) goes on stdin, never on a command line.
 
+* :func:`installed` builds the node programs that systemd runs from a file (``check-gpus``,
+  ``verify-model``: units' ``ExecStartPre``; ``pin-model``: a transient unit), the same way;
+  :func:`install_script` (POSIX sh, deploy's node set-up) and :func:`install_job` (a node
+  program's job: staging writes ``verify-model`` and ``pin-model``) write such a program as a
+  file: its sha256 checked on the node before it is put in place, and written only when the
+  file there does not already have it.
+
 The nodes' minimum Python is checked for all of it in one test
-(``tests/unit/node/test_node_programs.py``: each program built here, run through the loader).
+(``tests/unit/node/test_node_programs.py``: each program built here, run through the loader,
+the installed ones run as the files written from the builder's output).
 """
 
 from __future__ import annotations
@@ -32,10 +40,12 @@ import marshal
 import sys
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from clusterctl import node
 from clusterctl.fleet.cached import run_cached
+from clusterctl.fleet.shell import quote
 
 #: Exit status of a bootstrap (and of the loader) when the node's python3 is older than 3.8.
 RC_PYTHON_TOO_OLD = 97
@@ -211,3 +221,46 @@ def run(
     and ``fleet.run`` (``sudo``, ``timeout``, ``on_result``, ``on_stderr``...)."""
     run_kwargs.setdefault("require_python", True)
     return run_cached(fleet, program.data, args, stdin=stdin, cache=cache, **run_kwargs)
+
+
+#: The node programs installed as files for systemd to run (clusterctl never runs them itself):
+#: program name in ``clusterctl/node/`` -> the command's name on the node.
+INSTALLED = {"check_gpus": "check-gpus", "stage/verify_model": "verify-model", "stage/pin_model": "pin-model"}
+
+
+@lru_cache(maxsize=None)
+def installed(name: str) -> Program:
+    """Node program ``name`` (one of :data:`INSTALLED`) as the file systemd runs, built by
+    :func:`build` (one file: the bytes written on the node are its source)."""
+    if name not in INSTALLED:
+        raise ValueError(f"{name!r} is not an installed node program (one of {', '.join(INSTALLED)})")
+    return build(name, label=INSTALLED[name])
+
+
+def install_script(program: Program, path: str) -> str:
+    """POSIX ``sh`` (run as root) that writes ``program`` to ``path`` (mode 0755) unless that
+    file already has its sha256 and is executable.  The bytes travel in the script (base64),
+    are written to a temporary file beside ``path`` and checked against ``program.digest``
+    there (``sha256sum``), then renamed into place: a reader sees the old file or the new one.
+    Exit 0 (nothing printed) when the file is in place; 1 with one line on stderr when the
+    bytes arrived damaged (nothing written)."""
+    p, d = quote(path), quote(program.digest)
+    tmp = quote(f"{path}.tmp-clusterctl")
+    payload = quote(base64.b64encode(program.data).decode("ascii"))
+    have = f"\"$(sha256sum < {p} 2>/dev/null | cut -d' ' -f1)\""
+    return (
+        "set -e; "
+        f"if [ ! -x {p} ] || [ {have} != {d} ]; then "
+        f"mkdir -p \"$(dirname {p})\"; "
+        f"printf %s {payload} | base64 -d > {tmp}; "
+        f"if [ \"$(sha256sum < {tmp} | cut -d' ' -f1)\" != {d} ]; then rm -f {tmp}; "
+        f"echo {quote(f'clusterctl: {path}: the program arrived damaged (sha256 mismatch)')} >&2; exit 1; fi; "
+        f"chmod 0755 {tmp}; mv -f {tmp} {p}; fi"
+    )
+
+
+def install_job(program: Program, path: str) -> dict[str, str]:
+    """What a node program's job carries to write ``program`` as the file ``path``: the node
+    checks the sha256 of ``program`` before it writes, and writes only when the file there does
+    not already have it (``clusterctl/node/stage/main.py``'s ``install``)."""
+    return {"path": path, "program": program.text, "sha256": program.digest}

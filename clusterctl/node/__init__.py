@@ -26,10 +26,13 @@ program                 job                                             built wi
                         cache (``main.py``)
 ======================  ==============================================  =================================
 
-Installed as files beside the units (not run by clusterctl): ``check_gpus.py`` (the units'
-``check-gpus`` ExecStartPre, ``deploy/units/nodesetup.py``), ``stage/verify_model.py``
-(``verify-model``, the same) and ``stage/pin_model.py`` (``pin-model``, written by the staging
-program).
+Installed as files for systemd to run (not run by clusterctl itself), built the same way
+(``ship.installed``: content and sha256) and written from the builder's output, their sha256
+checked on the node, only when the file there differs: ``check_gpus.py`` (the units'
+``check-gpus`` ExecStartPre) and ``stage/verify_model.py`` (``verify-model``, the same), by
+deploy's node set-up (``ship.install_script`` from ``deploy/units/nodesetup.py``) and, for
+``verify-model``, by every staging run; ``stage/pin_model.py`` (``pin-model``, run by ``stage
+pin``'s transient unit), by the staging program (``ship.install_job``).
 
 :func:`source` is the one way the control side reads a program's text.
 """

@@ -7,7 +7,9 @@ package ``clusterctl_stage_node`` in the node's interpreter (each module compile
 first imported) and calls ``main.main()``; it runs the one way node programs do
 (:func:`clusterctl.fleet.ship.run`: from the node cache, shipped only where missing).
 Nothing is written on the node for it but the cached program; the job itself (which may
-carry source credentials) goes on stdin, never on the command line.
+carry source credentials) goes on stdin, never on the command line.  The scripts systemd runs
+(``verify-model``, ``pin-model``) come from the same builder (:func:`verify_model`,
+:func:`pin_model`) and travel in the job (:func:`clusterctl.fleet.ship.install_job`).
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ def bootstrap() -> str:
     return program().text
 
 
-def verify_model_source() -> str:
-    return node.source("stage/verify_model")
+def verify_model() -> ship.Program:
+    """``verify-model`` (the units' ExecStartPre) as the builder makes it, for the file it is installed as."""
+    return ship.installed("stage/verify_model")
 
 
-def pin_model_source() -> str:
-    return node.source("stage/pin_model")
+def pin_model() -> ship.Program:
+    """``pin-model`` (run by ``stage pin``'s transient unit), likewise."""
+    return ship.installed("stage/pin_model")

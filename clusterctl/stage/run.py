@@ -240,7 +240,7 @@ def stage_model(
         "keep": keep,
         "warm": warm,
         "switch": switch,
-        "install": {"path": VERIFY_MODEL_PATH, "verify_source": bundle.verify_model_source()},
+        "install": ship.install_job(bundle.verify_model(), VERIFY_MODEL_PATH),
     }
     if warm and warm_budget is not None:
         job["warm_budget"] = warm_budget
@@ -379,7 +379,7 @@ def pin_models(
     """Keep up to ``budget`` bytes of each model resident on every host (``None``: unpin)."""
     job: dict[str, Any] = {"op": "unpin" if budget is None else "pin", "models": _models_spec(models), "wait": wait}
     if budget is not None:
-        job.update(budget=budget, pin_path=PIN_MODEL_PATH, pin_source=bundle.pin_model_source())
+        job.update(budget=budget, pin=ship.install_job(bundle.pin_model(), PIN_MODEL_PATH))
     res = ship.run(fleet, bundle.program(), stdin=json.dumps(job).encode() + b"\n", sudo=True, timeout=timeout)
     return [_row(r, "ok") for r in res]
 

@@ -12,13 +12,12 @@ Both are idempotent, POSIX ``sh``, and print nothing on success.
 
 from __future__ import annotations
 
-import base64
 import re
 
-from clusterctl import node
 from clusterctl.errors import ClusterctlError
+from clusterctl.fleet import ship
 from clusterctl.fleet.shell import quote
-from clusterctl.stage.bundle import verify_model_source
+from clusterctl.stage.bundle import verify_model
 from clusterctl.stage.run import VERIFY_MODEL_PATH
 
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -56,28 +55,17 @@ CHECK_GPUS_PATH = "/usr/local/lib/clusterctl/check-gpus"
 
 
 def check_gpus_source() -> str:
-    return node.source("check_gpus")
+    """``check-gpus`` as the builder of node programs makes it (deploy's read runs it with ``--list``)."""
+    return ship.installed("check_gpus").text
 
 
 def check_gpus_install_script(path: str = CHECK_GPUS_PATH) -> str:
-    """Write ``check-gpus`` (:mod:`clusterctl.node.check_gpus`) to ``path`` (0755), only if it differs."""
-    return install_file_script(path, check_gpus_source())
+    """Write ``check-gpus`` (:mod:`clusterctl.node.check_gpus`) to ``path`` (0755), only if it differs
+    (:func:`clusterctl.fleet.ship.install_script`: its sha256 checked on the node)."""
+    return ship.install_script(ship.installed("check_gpus"), path)
 
 
 def verify_model_install_script(path: str = VERIFY_MODEL_PATH) -> str:
-    """Write ``verify-model`` to ``path`` (mode 0755) by temp file + rename, only if it differs."""
-    return install_file_script(path, verify_model_source())
-
-
-def install_file_script(path: str, source: str) -> str:
-    """Write ``source`` to ``path`` (mode 0755) by temp file + rename, only if it differs."""
-    payload = base64.b64encode(source.encode()).decode()
-    p = quote(path)
-    tmp = quote(f"{path}.tmp-clusterctl")
-    return (
-        "set -e; "
-        f"mkdir -p \"$(dirname {p})\"; "
-        f"printf %s {quote(payload)} | base64 -d > {tmp}; "
-        f"if cmp -s {tmp} {p}; then rm -f {tmp}; "
-        f"else chmod 0755 {tmp}; mv -f {tmp} {p}; fi"
-    )
+    """Write ``verify-model`` to ``path`` (0755) by temp file + rename, only if it differs
+    (:func:`clusterctl.fleet.ship.install_script`: its sha256 checked on the node)."""
+    return ship.install_script(verify_model(), path)

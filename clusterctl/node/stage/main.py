@@ -13,8 +13,10 @@ result carries ``error`` and ``kind``: ``disk_space``, ``fetch``,
 * ``status``: versions, markers, in-use version and page-cache residency of
   the given models.
 * ``warm`` / ``evict``: the current version's files into / out of the page cache.
-* ``install``: write the verify-model script (``verify_source`` in the job)
-  to ``path`` (temp + rename).
+* ``install``: write a program the control side built (``program``, its ``sha256``
+  checked first) as the executable file ``path`` (temp + rename), only when that file
+  does not already have it (``stage`` does so for ``verify-model`` first, ``pin`` for
+  ``pin-model``).
 * ``pin`` / ``unpin``: (re)start or stop the transient unit
   ``clusterctl-pin-<name>.service`` running ``pin-model`` (keeps up to
   ``budget`` bytes of the current version resident; see pin_model.py).
@@ -22,6 +24,8 @@ result carries ``error`` and ``kind``: ``disk_space``, ``fetch``,
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import socket
@@ -386,15 +390,27 @@ def cache_op(job: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def install(job: Dict[str, Any]) -> Dict[str, Any]:
-    path = job["path"]
+    """Write the ``program`` (its sha256 ``sha256``, from the control side's builder) as the
+    executable file ``path`` (0755, temp + rename), unless that file already has it.  Raises
+    OSError (nothing written) when ``program`` does not have that sha256.  ``changed``: written."""
+    path, data, want = job["path"], job["program"].encode("utf-8"), job["sha256"]
+    if hashlib.sha256(data).hexdigest() != want:
+        raise OSError(errno.EIO, "the program arrived damaged (sha256 mismatch)", path)
+    try:
+        with open(path, "rb") as fh:
+            same = hashlib.sha256(fh.read()).hexdigest() == want and os.access(path, os.X_OK)
+    except OSError:
+        same = False
+    if same:
+        return {"installed": path, "changed": False}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     # Not the PID alone: hosts in PID namespaces sharing /usr/local (containers) may write at once.
     tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-    with open(tmp, "w") as fh:
-        fh.write(job["verify_source"])
+    with open(tmp, "wb") as fh:
+        fh.write(data)
     os.chmod(tmp, 0o755)
     os.replace(tmp, path)
-    return {"installed": path}
+    return {"installed": path, "changed": True}
 
 
 PIN_STATE_DIR = "/run/clusterctl"
@@ -426,7 +442,7 @@ def pin_op(job: Dict[str, Any]) -> Dict[str, Any]:
 
     out = []
     if job["op"] == "pin":
-        install({"path": job["pin_path"], "verify_source": job["pin_source"]})
+        install(job["pin"])
     for m in job.get("models", []):
         name, unit = m["name"], pin_unit(m["name"])
         state_file = os.path.join(PIN_STATE_DIR, f"pin-{name}.json")
@@ -448,7 +464,7 @@ def pin_op(job: Dict[str, Any]) -> Dict[str, Any]:
                     "--property=LimitMEMLOCK=infinity",
                     f"--description=clusterctl: keep {name} resident",
                     "python3",
-                    job["pin_path"],
+                    job["pin"]["path"],
                     m["path"],
                     "--budget",
                     str(int(job["budget"])),

@@ -23,7 +23,7 @@ from clusterctl.deploy.units.render import UnitPolicy, nccl_ib_tc, policy_for_sy
 from clusterctl.errors import ClusterctlError, ConfigError
 from clusterctl.inventory.loader import load_inventory, load_inventory_text
 from clusterctl.inventory.model import FabricProfile
-from clusterctl.stage.bundle import verify_model_source
+from clusterctl.stage.bundle import verify_model
 
 GOLDEN = Path(__file__).parents[2] / "fixtures" / "deploy" / "units"
 API_KEY = "sk-test-Zq9\"$HOME' %i;\\x"
@@ -478,7 +478,7 @@ def test_ensure_user_script_creates_once_with_no_login_shell(tmp_path):
 def test_verify_model_install_script_installs_atomically_and_idempotently(tmp_path):
     dest = tmp_path / "lib" / "verify-model"
     subprocess.run(["sh", "-c", verify_model_install_script(str(dest))], check=True)
-    assert dest.read_text() == verify_model_source()
+    assert dest.read_bytes() == verify_model().data  # the builder's output, its sha256 checked on the node
     assert stat.S_IMODE(dest.stat().st_mode) == 0o755
     ino = dest.stat().st_ino
     subprocess.run(["sh", "-c", verify_model_install_script(str(dest))], check=True)

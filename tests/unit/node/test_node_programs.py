@@ -13,8 +13,10 @@ from ``clusterctl/node``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -166,8 +168,29 @@ def run_bundle(tmp: Path) -> None:  # diagnose/bundle.py's (no probe, no instanc
         assert doc["instances"] == {} and doc["collected_at"]
 
 
+def _installed_by_script(tmp: Path, name: str) -> Path:
+    """Node program ``name`` written as deploy's node set-up writes it (ship.install_script)."""
+    program = ship.installed(name)
+    dest = tmp / "lib" / ship.INSTALLED[name]
+    subprocess.run(["/bin/sh", "-c", ship.install_script(program, str(dest))], check=True, timeout=60)
+    assert dest.read_bytes() == program.data == node.path(name).read_bytes()
+    return dest
+
+
+def _installed_by_staging(tmp: Path, name: str) -> Path:
+    """Node program ``name`` written as staging's node program writes it (its ``install`` job, the
+    staging program itself run through the loader, shipped then cached)."""
+    program = ship.installed(name)
+    dest = tmp / "lib" / ship.INSTALLED[name]
+    job = json.dumps(dict(op="install", **ship.install_job(program, str(dest)))) + "\n"
+    for r in _shipped(tmp, stage_bundle.program(), [], job):
+        assert _json_line(r)["ok"] is True
+    assert dest.read_bytes() == program.data == node.path(name).read_bytes()
+    return dest
+
+
 def run_check_gpus(tmp: Path) -> None:  # installed as the units' ExecStartPre; no NVML here: a refusal
-    r = _run([str(node.path("check_gpus")), "--list"])
+    r = _run([str(_installed_by_script(tmp, "check_gpus")), "--list"])
     if r.returncode == 0:  # a machine with a GPU lists it
         assert r.stderr == ""
     else:
@@ -181,13 +204,17 @@ def run_stage_main(tmp: Path) -> None:  # the staging package (stage/bundle.py)
         assert doc["ok"] is False and doc["kind"] == "manifest" and "no-such-op" in doc["error"]
 
 
-def run_stage_verify_model(tmp: Path) -> None:  # installed as verify-model
-    r = _run([str(node.path("stage/verify_model")), str(tmp / "absent")])
-    assert r.returncode == 1 and r.stderr.startswith("verify-model: refusing to start:"), r.stderr
+def run_stage_verify_model(tmp: Path) -> None:  # installed as verify-model (by deploy and by staging)
+    for dest in (
+        _installed_by_script(tmp / "deploy", "stage/verify_model"),
+        _installed_by_staging(tmp, "stage/verify_model"),
+    ):
+        r = _run([str(dest), str(tmp / "absent")])
+        assert r.returncode == 1 and r.stderr.startswith("verify-model: refusing to start:"), r.stderr
 
 
-def run_stage_pin_model(tmp: Path) -> None:  # installed as pin-model
-    r = _run([str(node.path("stage/pin_model")), str(tmp / "absent"), "--budget", "1"])
+def run_stage_pin_model(tmp: Path) -> None:  # installed as pin-model (by staging's pin)
+    r = _run([str(_installed_by_staging(tmp, "stage/pin_model")), str(tmp / "absent"), "--budget", "1"])
     assert r.returncode == 1 and "is not a staged model" in r.stderr, r.stderr
 
 
@@ -207,3 +234,54 @@ RUNS = {
 @pytest.mark.parametrize("program", sorted(RUNS))
 def test_each_node_program_runs_on_the_oldest_python(program: str, tmp_path: Path) -> None:
     RUNS[program](tmp_path)
+
+
+def test_the_installed_programs_are_every_file_systemd_runs() -> None:
+    """The node programs installed as files (not run by clusterctl) are the builder's, one file
+    each with its interpreter line (systemd runs the file), and exactly the programs this test
+    runs as installed files."""
+    assert set(ship.INSTALLED) == {"check_gpus", "stage/verify_model", "stage/pin_model"}
+    for name in ship.INSTALLED:
+        program = ship.installed(name)
+        assert (
+            program.data.startswith(b"#!/usr/bin/env python3\n")
+            and program.digest == hashlib.sha256(program.data).hexdigest()
+        )
+    with pytest.raises(ValueError, match="not an installed node program"):
+        ship.installed("collector")
+
+
+def test_an_installed_program_is_written_only_when_it_changed_and_never_damaged(tmp_path: Path) -> None:
+    """Both writers (deploy's set-up script, staging's install job): a file that already has the
+    program's sha256 is left alone; another one is replaced whole; bytes that do not have the
+    sha256 they were sent with are refused and nothing is written."""
+    program = ship.installed("stage/verify_model")
+    damaged = ship.Program(program.name, program.data + b"# changed on the way\n", program.digest)
+    for writer in ("script", "job"):
+        dest = tmp_path / writer / "verify-model"
+
+        def write(p: ship.Program) -> tuple[int, str]:
+            if writer == "script":
+                r = subprocess.run(["/bin/sh", "-c", ship.install_script(p, str(dest))], capture_output=True, text=True)
+                return r.returncode, r.stderr
+            job = json.dumps(dict(op="install", **ship.install_job(p, str(dest))))
+            out = subprocess.run(
+                [PY, "-I", "-B", "-c", stage_bundle.bootstrap()],
+                input=job + "\n",
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            doc = json.loads(out.stdout.splitlines()[-1])
+            return out.returncode, "" if doc["ok"] else doc["error"]
+
+        assert write(damaged)[0] == 1 and "sha256 mismatch" in write(damaged)[1]
+        assert not dest.parent.exists() or list(dest.parent.iterdir()) == []
+        assert write(program) == (0, "")
+        ino = dest.stat().st_ino
+        assert dest.read_bytes() == program.data and stat.S_IMODE(dest.stat().st_mode) == 0o755
+        assert write(program) == (0, "") and dest.stat().st_ino == ino  # unchanged: not rewritten
+        dest.write_bytes(b"#!/bin/sh\nexit 0\n")  # an older (or altered) copy: damaged bytes do not replace it
+        assert write(damaged)[0] == 1 and dest.read_bytes() == b"#!/bin/sh\nexit 0\n"
+        assert write(program) == (0, "") and dest.read_bytes() == program.data and dest.stat().st_ino != ino
+        assert [p.name for p in dest.parent.iterdir()] == ["verify-model"]
