@@ -21,26 +21,9 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
-from clusterctl.cli._common import (
-    InventoryOpt,
-    JsonOpt,
-    cluster_line,
-    cluster_meta,
-    console,
-    err_console,
-    fail,
-    load_inventory,
-    print_json,
-)
-from clusterctl.cli._hosts import (
-    AskBecomePassOpt,
-    ConnectTimeoutOpt,
-    FanoutOpt,
-    HostKeyOpt,
-    host_fleets_and_password,
-    deploy_state_dir,
-    inventory_fleet,
-)
+from clusterctl.cli._common import cluster_line, cluster_meta, console, err_console, fail, load_inventory, print_json
+from clusterctl.cli._hosts import deploy_state_dir, host_fleets_and_password, inventory_fleet
+from clusterctl.cli._options import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, InventoryOpt, JsonOpt
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
