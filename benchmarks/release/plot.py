@@ -8,7 +8,11 @@ it happens before the window, while the old version serves.  Colours come from
 clusterctl.report.svg.
 
 Example: python3 benchmarks/release/plot.py benchmarks/results/release-2026-12-01T2300.json \\
-         --svg docs/release-breakdown.svg
+         --svg docs/release-breakdown.svg --lab benchmarks/results/release-lab-<date>.json
+
+With ``--lab``, rows for the nspawn lab's real releases follow: the read, pre-flight, lock and
+re-read, then per batch the drain (mark-down at the gateway and the wait for requests in flight),
+stop/start + load + gates and the mark-up.
 """
 
 from __future__ import annotations
@@ -32,7 +36,29 @@ SEGMENTS = {
     "round": ("fan-out round", COLOURS[3 % len(COLOURS)]),
     "stage": ("staging in the window (B: switch only)", COLOURS[0]),
     "restart": ("restart + gates (load, then /health, /v1/models, completion)", COLOURS[1]),
+    "preflight": ("nspawn lab: read, pre-flight, lock, re-read", COLOURS[4 % len(COLOURS)]),
+    "drain": ("nspawn lab: drain (mark-down at the gateway, requests in flight)", COLOURS[2 % len(COLOURS)]),
+    "markup": ("nspawn lab: mark-up at the gateway", COLOURS[5 % len(COLOURS)]),
 }
+
+
+def lab_bars(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, float]], float]]:
+    """The nspawn lab's real releases (``lab.py``): per release, from the command's start, the
+    read, pre-flight, lock and re-read, then per batch its drain, stop/start + load + gates, mark-up."""
+    out = []
+    for r in doc["runs"]:
+        t = r.get("timings") or {}
+        head = sum(float(t.get(k, 0.0)) for k in ("prepare_s", "preflight_s", "lock_s", "reread_s"))
+        segs = [("preflight", head)]
+        for b in t.get("batches", []):
+            segs += [
+                ("drain", float(b["drain_s"])),
+                ("restart", float(b["apply_s"]) + float(b["gate_s"])),
+                ("markup", float(b["mark_up_s"])),
+            ]
+        load = max(r["load_1min"])
+        out.append((f"lab {r['hosts']} hosts, {r['arm']} (load {load:.0f})", segs, 0.0))
+    return out
 
 
 def bars(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, float]], float]]:
@@ -49,9 +75,9 @@ def bars(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, float]], float]
     return out
 
 
-def release_svg(doc: dict[str, Any], width: int = 760) -> str:
-    rows = bars(doc)
-    left, right, top, row_h = 200, 20, 56, 22
+def release_svg(doc: dict[str, Any], width: int = 760, lab: dict[str, Any] | None = None) -> str:
+    rows = bars(doc) + (lab_bars(lab) if lab else [])
+    left, right, top, row_h = 200, 20, 66 if lab else 56, 22
     height = top + row_h * len(rows) + 90
     pw = width - left - right
     before = max(b for _, _, b in rows)
@@ -71,8 +97,13 @@ def release_svg(doc: dict[str, Any], width: int = 760) -> str:
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="10" y="18" font-size="12" font-weight="bold">{escape(title)}</text>',
         '<text x="10" y="34" font-size="10">light lab, 2 shared CPUs; load average (1 min) before each host '
-        'count in the labels</text>',
+        "count in the labels</text>",
     ]
+    if lab:
+        out.append(
+            f'<text x="10" y="48" font-size="10">below: real releases on the nspawn lab (--serial {lab["serial"]}, '
+            f"tiny model, start-up x {lab['startup_scale']:g}), drain path before/after; load: the highest</text>"
+        )
     y_end = top + row_h * len(rows)
     step = 10 if span < 150 else 30
     t = -int(before // step) * step
@@ -115,8 +146,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("result", type=Path, help="a release result JSON (benchmarks/release/run.py)")
     ap.add_argument("--svg", type=Path, default=ROOT / "docs" / "release-breakdown.svg")
+    ap.add_argument(
+        "--lab", type=Path, action="append", default=[], help="a release-lab result JSON (lab.py); repeatable"
+    )
     a = ap.parse_args()
-    write_atomic(a.svg, release_svg(json.loads(a.result.read_text())))
+    docs = [json.loads(p.read_text()) for p in a.lab]
+    lab = {**docs[0], "runs": [r for d in docs for r in d["runs"]]} if docs else None
+    write_atomic(a.svg, release_svg(json.loads(a.result.read_text()), lab=lab))
     print(a.svg)
     return 0
 

@@ -384,6 +384,10 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
                  times: a surge copy starts, passes its gates and joins the gateway before the
                  replica restarts in place; f is the surge benchmark's measured extra over in
                  place (``--surge-result``: surge / in place - 1, gateway syncs included).
+    preflight  = c + h x N once per release, switch-over(n) = c + d x n per batch (its drain:
+                 mark-down at the gateway and the wait for requests in flight; its mark-up after
+                 the gates): fitted on the nspawn lab's real releases (``lab_terms``), which the
+                 light hosts (no systemd, no gateway) cannot measure.
     The load time in the lab is the stand-in's scaled wait; at scale it is the real
     one (``--real-gb`` at 3.5 GiB/s warm, 1.0 GiB/s cold)."""
     ns = [r["hosts"] for r in runs]
@@ -413,14 +417,25 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
     p_a, h_p = fit_line(ns, [r["B"]["prestage"]["seconds"] for r in runs])
     c_p = p_a - bound
     surge_f = surge_factor(getattr(args, "surge_result", None))
+    lab = lab_terms(getattr(args, "lab_result", None))
+    pf_c, pf_h = lab["preflight_s"]
+    so_c, so_d = lab["switch_over_s"]
 
-    def predict(n_hosts: int, s_bytes: float, b_bps: float, load_s: float, serial: str | None = None) -> dict[str, Any]:
+    def predict(
+        n_hosts: int, s_bytes: float, b_bps: float, load_s: float, serial: str | None = None, real: bool = True
+    ) -> dict[str, Any]:
+        """``real``: with the pre-flight and switch-over terms (False: as on the light hosts, which have
+        no gateway and whose pre-flight is not run: what the checks compare with)."""
+        so = (so_c, so_d) if real else (0.0, 0.0)
         sizes = [len(b) for b in rollout.batches(list(range(n_hosts)), (serial or args.serial).split(","))]
         staging = s_bytes * 8 / b_bps + c_s + h_s * n_hosts
         prestaged = s_bytes * 8 / b_bps + c_p + h_p * n_hosts
-        restart = [(ap_c + ap_d * n) + load_s + (g_c + g_d * n) for n in sizes]
+        # each batch: drained at the gateway first (mark-down, the wait for requests in flight), put
+        # back after its gates (mark-up): the switch-over, measured on the nspawn lab (lab.py)
+        restart = [(ap_c + ap_d * n) + load_s + (g_c + g_d * n) + (so[0] + so[1] * n) for n in sizes]
         per = [(sw_c + sw_d * n) + r for n, r in zip(sizes, restart)]
-        rounds = 4 * (rnd_c + rnd_d * n_hosts)  # read, lock, re-read, unlock
+        # read, lock, re-read, unlock; pre-flight (on the nspawn lab: real node checks per host)
+        rounds = 4 * (rnd_c + rnd_d * n_hosts) + ((pf_c + pf_h * n_hosts) if real else 0.0)
         # Without pre-staging each batch's chain reads the source again (deploy stages per batch).
         in_window = [s_bytes * 8 / b_bps + c_s + h_s * n + r for n, r in zip(sizes, restart)]
         surge = [(sw_c + sw_d * n) + (1 + surge_f) * r for n, r in zip(sizes, restart)]
@@ -433,13 +448,15 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
             "window_surge_s": round(rounds + sum(surge), 1),
             "window_without_prestage_s": round(rounds + sum(in_window), 1),
             "per_batch_s": [round(p, 1) for p in per],
+            "preflight_s": round(pf_c + pf_h * n_hosts, 1),
+            "switch_over_s": [round(so[0] + so[1] * n, 1) for n in sizes],
             "serving_at_least": round(1 - max(sizes) / n_hosts, 3),
         }
 
     checks = []
     for r in runs:
         n = r["hosts"]
-        p = predict(n, r["bytes"], netfaults.parse_rate(args.rate), scaled_load or 0)
+        p = predict(n, r["bytes"], netfaults.parse_rate(args.rate), scaled_load or 0, real=False)
         checks.append(
             {
                 "hosts": n,
@@ -475,12 +492,31 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
         "apply_s": [round(ap_c, 3), round(ap_d, 4)],
         "gate_over_load_s": [round(g_c, 3), round(g_d, 4)],
         "fanout_round_s": [round(rnd_c, 3), round(rnd_d, 4)],
+        "preflight_s": [round(pf_c, 3), round(pf_h, 4)],
+        "switch_over_s": [round(so_c, 3), round(so_d, 4)],
+        "lab_result": lab["source"],
         "checks": checks,
         "at_125_hosts_x_8_gpus": at_scale,
         "assumptions": f"one TP-8 replica per host of a {args.real_gb:g} GB model; load at 3.5 GiB/s from the "
         "page cache, 1.0 GiB/s from storage (the simulator's rates); the per-hop and fan-out "
         "costs fitted here on 2 shared cores; staging at B with the fitted factor f",
     }
+
+
+def lab_terms(path: Path | None) -> dict[str, Any]:
+    """Pre-flight per release and the gateway switch-over per batch, from the nspawn lab's real
+    releases (``benchmarks/release/lab.py``: pre-flight from every release, the switch-over from the
+    "after" arm, the drain path as it is; every release-lab result when ``path`` is None): ``preflight_s`` = (c, per host), ``switch_over_s`` = (c, per batch host), the batch's drain
+    (mark-down and the wait for requests in flight) plus its mark-up.  Without a result: zeros."""
+    paths = [Path(path)] if path is not None else sorted((REPO / "benchmarks" / "results").glob("release-lab-*.json"))
+    if not paths:
+        return {"preflight_s": (0.0, 0.0), "switch_over_s": (0.0, 0.0), "source": None}
+    every = [r for p in paths for r in json.loads(p.read_text())["runs"] if r.get("timings")]
+    # pre-flight is the same code in both arms: every release measured counts
+    pf = fit_line([float(r["hosts"]) for r in every], [r["timings"]["preflight_s"] for r in every])
+    bs = [b for r in every if r["arm"] == "after" for b in r["timings"]["batches"]]
+    so = fit_line([float(b["hosts"]) for b in bs], [b["drain_s"] + b["mark_up_s"] for b in bs])
+    return {"preflight_s": pf, "switch_over_s": so, "source": [p.name for p in paths]}
 
 
 def surge_factor(path: Path | None) -> float:
@@ -518,6 +554,13 @@ def main() -> int:
         type=Path,
         default=None,
         help="surge.py's result for the model's surge term (default: the newest release-surge-*.json)",
+    )
+    ap.add_argument(
+        "--lab-result",
+        type=Path,
+        default=None,
+        help="the nspawn lab's release result (benchmarks/release/lab.py) the pre-flight and switch-over "
+        "terms come from (default: every release-lab-*.json)",
     )
     ap.add_argument(
         "--refit",

@@ -63,13 +63,16 @@ RECONNECT_KINDS = frozenset({"error"})
 class HookTiming:
     """One apply at the gateway: ``op`` (``down``, ``up`` or ``both``), the instances it changed,
     ``seconds`` it took (render, SSH, nginx reload on every gateway host), whether it opened the
-    fleet (``connected``) and whether it was applied again over a new connection (``reconnected``)."""
+    fleet (``connected``), whether it was applied again over a new connection (``reconnected``) and
+    whether it reached the gateway hosts at all (``applied``: False when the config it rendered was
+    the one they serve, e.g. a drain's mark-down after its batch's)."""
 
     op: str
     names: list[str]
     seconds: float
     connected: bool
     reconnected: bool = False
+    applied: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +81,7 @@ class HookTiming:
             "seconds": round(self.seconds, 3),
             "connected": self.connected,
             "reconnected": self.reconnected,
+            "applied": self.applied,
         }
 
 
@@ -225,6 +229,7 @@ class Hook:
                 self._used_at - t0,
                 connected,
                 reconnected,
+                bool(result.hosts),
             )
         )
         failed = [h for h in result.hosts if not h.ok]

@@ -130,7 +130,8 @@ class DeployReport:
     #: seconds per phase (wall clock, rounded to ms): ``prepare_s`` (read and plan), ``preflight_s``,
     #: ``lock_s``, ``reread_s`` (read and plan again under the lock), ``prestage_s``, ``unlock_s``,
     #: ``kv_checks_s``; ``batches``: per batch ``stage_s``, ``drain_s`` (mark-down and the wait for
-    #: requests in flight), ``mark_down_s`` (the gateway's part of it, ``mark_downs`` applies),
+    #: requests in flight), ``mark_down_s`` (the gateway's part of it; ``mark_downs``: its applies that
+    #: reached the gateway hosts),
     #: ``apply_s`` (stop and start), ``gate_s`` (model load and gates), ``mark_up_s``, ``seconds``.
     timings: dict[str, Any] = field(default_factory=dict)
 
@@ -641,7 +642,8 @@ class Deploy:
                 rep.hosts[h] = HostOutcome(h, "applied", n, drained=notes)
         downs = [m for m in getattr(self.gateway, "timings", [])[len(marks) :] if m.op != "up"]
         took["drain_s"], t = round(_since(t0) - t, 3), _since(t0)
-        took["mark_down_s"], took["mark_downs"] = round(sum(m.seconds for m in downs), 3), len(downs)
+        took["mark_down_s"] = round(sum(m.seconds for m in downs), 3)
+        took["mark_downs"] = sum(1 for m in downs if getattr(m, "applied", True))  # those that reached the gateway
         failed = []
         for h, why in unstaged.items():
             rep.hosts[h].status, rep.hosts[h].error = "failed", why

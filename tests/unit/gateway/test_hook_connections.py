@@ -210,5 +210,5 @@ def test_a_drains_mark_down_after_its_batchs_reaches_no_host(
     hook.mark_down("q1")
     hook.mark_down("q2")
     assert len(apply.calls) == 1 and ft.connects == {"gw01": 1} and ft.open == 0
-    assert [t.connected for t in hook.timings] == [True, False, False]
+    assert [(t.connected, t.applied) for t in hook.timings] == [(True, True), (False, False), (False, False)]
     assert gwstate.marked_down(tmp_path) == {"q1": "drain", "q2": "drain"}
