@@ -13,10 +13,11 @@ a deploy.  Under the deploy lock, with an audit record.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy.rollout import apply as ap
 from clusterctl.deploy.rollout import audit, gates, lock
@@ -28,7 +29,7 @@ from clusterctl.deploy.rollout.engine import Event, FleetFactory, desired
 from clusterctl.deploy.rollout.plan import matches
 from clusterctl.deploy.rollout.rollback_order import rollback_in_order
 from clusterctl.deploy.state import utc_now
-from clusterctl.inventory.model import Host, Inventory
+from clusterctl.inventory.model import Host, Instance, Inventory
 from clusterctl.deploy.units.secrets import resolve_secrets
 
 #: The first value of ``--served-model-name`` on a unit's command line (what /v1/models lists).
@@ -96,10 +97,9 @@ def _targets(
     return out
 
 
-def drain_restored(
-    inv: Inventory, state: remote.HostState, names: Sequence[str], gateway: Any, timeout: float
-) -> list[DrainResult]:
-    """Drain (gateway mark-down first) the running instances of ``names`` on the host of ``state``."""
+def _restored_targets(inv: Inventory, state: remote.HostState, names: Sequence[str]) -> list[Instance]:
+    """The running instances of ``names`` on the host of ``state`` a rollback drains (a multi-node
+    replica's headless workers left out: drained through their head)."""
     todo = []
     for n in names:
         have = state.instances.get(n)
@@ -107,7 +107,35 @@ def drain_restored(
             inst = ap.instance_for_drain(inv, state.host, n, have.unit_text)
             if inst is not None:
                 todo.append(inst)
-    return [dr.drain(inv, i, timeout=timeout, gateway=gateway) for i in todo]
+    return todo
+
+
+def drain_restored(
+    inv: Inventory, state: remote.HostState, names: Sequence[str], gateway: Any, timeout: float
+) -> list[DrainResult]:
+    """Drain (gateway mark-down first) the running instances of ``names`` on the host of ``state``."""
+    return [dr.drain(inv, i, timeout=timeout, gateway=gateway) for i in _restored_targets(inv, state, names)]
+
+
+def drain_restored_all(
+    inv: Inventory,
+    states: Mapping[str, remote.HostState],
+    todo: Mapping[str, Sequence[str]],
+    gateway: Any,
+    timeout: float,
+) -> list[DrainResult]:
+    """Drain the running instances of ``todo`` (host -> names) on every host at once: one gateway
+    change marks them all down (a hook with ``mark_down_many``), then the drains wait for their
+    requests in flight in parallel (at most 16 at a time), each ``timeout`` seconds at most.
+    A gateway that cannot mark them down raises, as a drain's mark-down does."""
+    insts = [i for h in todo for i in _restored_targets(inv, states[h], todo[h])]
+    if not insts:
+        return []
+    many = getattr(gateway, "mark_down_many", None)
+    if callable(many):
+        many([i.name for i in insts])
+    with cf.ThreadPoolExecutor(max_workers=min(16, len(insts))) as ex:
+        return list(ex.map(lambda i: dr.drain(inv, i, timeout=timeout, gateway=gateway), insts))
 
 
 def gate_restored(
@@ -197,7 +225,7 @@ def rollback(
         ) as got:
             todo = {h: n for h, n in todo.items() if h in got.locked}
             on_event(Event("phase", f"rolling back {sum(map(len, todo.values()))} instances on {len(todo)} hosts"))
-            drained = [r for h in todo for r in drain_restored(inv, states[h], todo[h], gateway, drain_timeout_s)]
+            drained = drain_restored_all(inv, states, todo, gateway, drain_timeout_s)
             rep.drained = {
                 r.instance: ("drained" if r.drained else f"drain timed out, {r.remaining} in flight") for r in drained
             }

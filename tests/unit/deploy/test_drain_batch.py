@@ -97,3 +97,35 @@ def test_each_batch_marks_all_its_instances_down_in_one_change_then_up_in_one(
     assert sorted(waited) == [(f"i{n}", True) for n in range(1, 9)]
     assert gw.down == {}
     assert [b["mark_downs"] for b in rep.to_dict()["timings"]["batches"]] == [0, 0, 0]  # this fake has no timings
+
+
+def test_a_rollback_marks_every_host_down_in_one_change_and_drains_them_in_parallel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from clusterctl.deploy import remote
+    from clusterctl.deploy.rollout.rollback import drain_restored_all
+    from clusterctl.inventory.loader import load_inventory_text
+
+    from .test_engine import INVENTORY
+
+    inv = load_inventory_text(INVENTORY, "inv.yaml")
+    gw = Gateway()
+    at_once = threading.Barrier(3, timeout=5)  # every drain waits for the others: serial drains would time out
+
+    def drain(inv: Any, inst: Any, *, timeout: float, gateway: Any = None, **kw: Any) -> DrainResult:
+        assert gw.down.get(inst.name) == DRAIN_REASON  # already down before its drain began
+        gateway.mark_down(inst.name)
+        at_once.wait()
+        return DrainResult(inst.name, True, False, 0, 0.0, True)
+
+    monkeypatch.setattr(dr, "drain", drain)
+
+    def state(host: str, name: str) -> remote.HostState:
+        unit = "ExecStart=/opt/vllm/bin/vllm serve /models/m --port 8000\n"
+        st = remote.InstanceState(name, unit, "d", {}, True, "active", "running", 0, 1, "enabled", 0, {"Port": "8000"})
+        return remote.HostState(host, {name: st})
+
+    states = {f"h0{n}": state(f"h0{n}", f"i{n}") for n in (1, 2, 3)}
+    got = drain_restored_all(inv, states, {h: [next(iter(s.instances))] for h, s in states.items()}, gw, 5.0)
+    assert sorted(r.instance for r in got) == ["i1", "i2", "i3"] and all(r.drained for r in got)
+    assert gw.changes == [("down", ["i1", "i2", "i3"])]
