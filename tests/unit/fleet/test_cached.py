@@ -14,6 +14,7 @@ import time
 import pytest
 
 from clusterctl.fleet import Fleet
+from clusterctl.errors import FleetError
 from clusterctl.fleet.cached import KEEP, RC_DAMAGED, digest, loader_command, run_cached
 from clusterctl.fleet.transport import FakeReply, FakeTransport
 from clusterctl.inventory.model import Host
@@ -146,30 +147,45 @@ def test_a_host_without_the_program_runs_beside_a_slow_cached_host(tmp_path, mon
     row is reported when it ends, in the caller's thread."""
     monkeypatch.delenv("CLUSTERCTL_NODE_CACHE", raising=False)
     t0 = time.monotonic()
-    starts: list[tuple[str, str, float]] = []
+    trips: list[tuple[str, str, float, float]] = []  # host, loader mode, start, end (s from t0)
 
     def per_host_cache(host, command, stdin):  # each host has a node cache of its own
-        starts.append((host.name, shlex.split(command)[6].partition("=")[0], time.monotonic() - t0))
+        start = time.monotonic() - t0
         env = dict(os.environ, CLUSTERCTL_NODE_CACHE_DIR=str(tmp_path / host.name))
         p = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True, timeout=60, env=env)
+        trips.append((host.name, shlex.split(command)[6].partition("=")[0], start, time.monotonic() - t0))
         return FakeReply(p.returncode, p.stdout, p.stderr)
 
-    with Fleet(
-        [Host(name=n, address="127.0.0.1") for n in ("a", "b")], transport=FakeTransport(per_host_cache)
-    ) as fleet:
+    hosts = [Host(name=n, address="127.0.0.1") for n in ("a", "b")]
+    with Fleet(hosts, transport=FakeTransport(per_host_cache)) as fleet:
         assert [r.stdout for r in run_cached(fleet, SLEEPER, {"a": ["0"]})] == ["slept 0\n"]  # a has it, b not
-        starts.clear()
+        trips.clear()
         reported: list[tuple[str, float, bool]] = []
         main = threading.current_thread()
         rows = run_cached(
             fleet,
             SLEEPER,
-            {"a": ["2"], "b": ["0"]},
+            {"a": ["3"], "b": ["0"]},
             on_result=lambda r: reported.append((r.host, time.monotonic() - t0, threading.current_thread() is main)),
         )
-    assert [(r.host, r.rc, r.stdout) for r in rows] == [("a", 0, "slept 2\n"), ("b", 0, "slept 0\n")]
-    first_a = next(t for h, mode, t in starts if (h, mode) == ("a", "run"))
-    second_b = next(t for h, mode, t in starts if (h, mode) == ("b", "store"))
-    assert second_b - first_a < 1.5, starts  # not after a's 2 s
+    assert [(r.host, r.rc, r.stdout) for r in rows] == [("a", 0, "slept 3\n"), ("b", 0, "slept 0\n")]
+    trip = {(h, mode): (start, end) for h, mode, start, end in trips}
+    assert set(trip) == {("a", "run"), ("b", "run"), ("b", "store")}, trips
+    a_end = trip["a", "run"][1]
+    assert trip["b", "store"][0] < a_end, trips  # started while a still ran, not after it
     assert [h for h, _, _ in reported] == ["b", "a"] and all(mine for _, _, mine in reported), reported
-    assert reported[0][1] - first_a < 1.5, reported  # b reported when it ended, not when a did
+    assert reported[0][1] < a_end, (reported, trips)  # b reported when it ended, not when a did
+
+
+def test_an_error_in_a_round_trip_or_in_on_result_reaches_the_caller(node):
+    """The round trips run in threads: what fails there (a closed fleet) or in the caller's
+    ``on_result`` is raised in the caller's thread, and the fleet is closed, as fleet.run does."""
+    fleet, transport, cache = node
+
+    def boom(row):
+        raise RuntimeError(f"on_result failed for {row.host}")
+
+    with pytest.raises(RuntimeError, match="on_result failed for"):
+        run_cached(fleet, PROGRAM, ["x"], on_result=boom)
+    with pytest.raises(FleetError, match="closed"):
+        run_cached(fleet, PROGRAM, ["x"])
