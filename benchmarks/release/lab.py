@@ -33,22 +33,18 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(Path(__file__).resolve().parent)]
 
-GW_PORT = 8080
-PORT = 8470
-GPU = 4
+from labrelease import LabRelease  # noqa: E402
+
 SERIAL = "1,25%,100%"
 
 
@@ -83,93 +79,44 @@ def load1() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-class Bench:
+class Bench(LabRelease):
+    """The release under test on the first ``hosts`` lab hosts (replicas ``rl-1`` .. ``rl-N``)."""
+
     def __init__(self, lab: Any, root: Path, hosts: int, startup_scale: float) -> None:
-        import yaml
+        super().__init__(lab, root, hosts, startup_scale, "rl")
 
-        from support.deploy_lab import tiny_entry, tiny_model
-
-        self.lab, self.root = lab, root
-        self.inv_path, self.state_dir = root / "inventory.yaml", root / "state"
-        self.hosts = lab.names[:hosts]
-        self.gw_host = lab.names[0]
-        self.doc = yaml.safe_load(Path(lab.inventory).read_text())
-        self.doc["models"] = {"rl-tiny": tiny_entry(tiny_model(root), "/models/rl-tiny", served_name="rl-tiny")}
-        self.doc.pop("templates", None)
-        self.doc["gateway"] = {"hosts": self.gw_host, "port": GW_PORT, "sync_interval_s": 1, "auth": "none"}
-        self.startup_scale = startup_scale
-        self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
-        self.names = [f"rl-{n}" for n in range(1, hosts + 1)]
-
-    def write(self, max_model_len: int) -> None:
-        import yaml
-
-        self.doc["instances"] = {
-            name: {
-                "model": "rl-tiny",
-                "engine": "vllm-0.11",
-                "placement": f"{h}:{GPU}",
-                "port": PORT,
-                "args": {"max-model-len": max_model_len},
-                "env": {"VLLM_SIM_TIME_SCALE": "0", "VLLM_SIM_STARTUP_SCALE": str(self.startup_scale)},
-            }
-            for name, h in zip(self.names, self.hosts)
-        }
-        self.inv_path.write_text(yaml.safe_dump(self.doc, sort_keys=False))
-
-    def cli(self, *args: str, before: bool = False) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_STATE_DIR": str(self.state_dir)}
-        head = [sys.executable, __file__, "--cli-before"] if before else [sys.executable, "-m", "clusterctl.cli.main"]
-        res = subprocess.run(
-            [*head, *args, "-i", str(self.inv_path), "--state-dir", str(self.state_dir)],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            env=env,
-        )
-        if res.returncode != 0:
-            raise RuntimeError(f"{args}: rc {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
-        return res
-
-    def complete(self) -> bool:
-        req = urllib.request.Request(
-            self.url + "/v1/completions",
-            headers={"Content-Type": "application/json"},
-            data=json.dumps({"model": "rl-tiny", "prompt": "hi", "max_tokens": 1}).encode(),
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return bool(r.status == 200 and json.loads(r.read()).get("choices"))
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
+    def setup(self) -> dict[str, Any]:
+        """v1 deployed (no gateway yet), then the gateway deployed and answering."""
+        self.write(2048)
+        t0 = time.time()
+        self.cli("deploy", "--gate-timeout", "300")
+        first = time.time() - t0
+        self.cli("gateway", "deploy", self.gw_host)
+        deadline = time.monotonic() + 120
+        while not self.complete()[0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the gateway never answered")
+            time.sleep(0.5)
+        return {"first_deploy_s": round(first, 1), "load_1min": load1()}
 
     def release(self, arm: str, max_model_len: int) -> dict[str, Any]:
+        """One release to ``max_model_len`` with the drain path of ``arm``, one client sending meanwhile."""
         self.write(max_model_len)
         stop = threading.Event()
         results: list[tuple[float, bool]] = []
 
         def client() -> None:
             while not stop.is_set():
-                results.append((time.time(), self.complete()))
+                results.append((time.time(), self.complete()[0]))
                 time.sleep(0.05)
 
         th = threading.Thread(target=client, daemon=True)
         th.start()
         time.sleep(1.0)
         l0, t0 = load1(), time.time()
-        out = json.loads(
-            self.cli(
-                "deploy",
-                "--serial",
-                SERIAL,
-                "--gate-timeout",
-                "300",
-                "--drain-timeout",
-                "30",
-                "--json",
-                before=arm == "before",
-            ).stdout
-        )
+        flags = ("--serial", SERIAL, "--gate-timeout", "300", "--drain-timeout", "30", "--json")
+        head = [sys.executable, __file__, "--cli-before"] if arm == "before" else None
+        out = json.loads(self.cli("deploy", *flags, head=head).stdout)
         t1, l1 = time.time(), load1()
         stop.set()
         th.join(timeout=60)
@@ -189,31 +136,6 @@ class Bench:
             "failed": sum(1 for r in window if not r[1]),
             "load_1min": [l0, l1],
         }
-
-    def setup(self) -> dict[str, Any]:
-        self.write(2048)
-        t0 = time.time()
-        self.cli("deploy", "--gate-timeout", "300")
-        first = time.time() - t0
-        self.cli("gateway", "deploy", self.gw_host)
-        deadline = time.monotonic() + 120
-        while not self.complete():
-            if time.monotonic() > deadline:
-                raise RuntimeError("the gateway never answered")
-            time.sleep(0.5)
-        return {"first_deploy_s": round(first, 1), "load_1min": load1()}
-
-    def cleanup(self) -> None:
-        from support.deploy_lab import remove_deployed
-
-        remove_deployed(
-            self.lab,
-            "clusterctl-rl-*.service",
-            "/etc/clusterctl/instances/rl-*.env "
-            "/var/lib/clusterctl/deploy/previous/rl-* /models/rl-tiny /models/.versions/rl-tiny",
-            hosts=self.lab.names,
-        )
-        self.lab.run(self.gw_host, "systemctl disable --now nginx.service", timeout=60)
 
 
 def fit(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -283,7 +205,7 @@ def main() -> int:
     for n in counts:
         with tempfile.TemporaryDirectory(prefix="release-lab-") as tmp:
             b = Bench(lab, Path(tmp), n, args.startup_scale)
-            b.cleanup()
+            b.cleanup(lab.names)
             try:
                 setups[str(n)] = b.setup()
                 mml = 2048
@@ -307,7 +229,7 @@ def main() -> int:
                             flush=True,
                         )
             finally:
-                b.cleanup()
+                b.cleanup(lab.names)
     save()
     print(out)
     return 0

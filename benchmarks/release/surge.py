@@ -30,7 +30,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,89 +39,17 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(Path(__file__).resolve().parent)]
 
 from clusterctl.lab.config import LabConfig  # noqa: E402
 from clusterctl.lab.session import LabSession  # noqa: E402
-from support.deploy_lab import remove_deployed, tiny_entry, tiny_model  # noqa: E402
-
-GW_PORT = 8080
-PORT = 8470
-GPU = 4
+from labrelease import PORT, LabRelease  # noqa: E402
 
 
-class Bench:
+class Bench(LabRelease):
     def __init__(self, lab: Any, root: Path, replicas: int, startup_scale: float) -> None:
-        self.lab, self.root = lab, root
-        self.inv_path, self.state_dir = root / "inventory.yaml", root / "state"
-        self.hosts = lab.names[:replicas]
-        self.gw_host = lab.names[0]
-        self.doc = yaml.safe_load(Path(lab.inventory).read_text())
-        self.doc["models"] = {"sb-tiny": tiny_entry(tiny_model(root), "/models/sb-tiny", served_name="sb-tiny")}
-        self.doc.pop("templates", None)
-        self.doc["gateway"] = {
-            "hosts": self.gw_host,
-            "port": GW_PORT,
-            "max_conns": 8,
-            "sync_interval_s": 1,
-            "auth": "none",
-        }
-        self.startup_scale = startup_scale
-        self.url = f"http://{lab.host(self.gw_host).address}:{GW_PORT}"
-        self.names = [f"sb-{n}" for n in range(1, replicas + 1)]
-
-    def write(self, max_model_len: int) -> None:
-        self.doc["instances"] = {
-            name: {
-                "model": "sb-tiny",
-                "engine": "vllm-0.11",
-                "placement": f"{h}:{GPU}",
-                "port": PORT,
-                "args": {"max-model-len": max_model_len},
-                "env": {"VLLM_SIM_TIME_SCALE": "0", "VLLM_SIM_STARTUP_SCALE": str(self.startup_scale)},
-            }
-            for name, h in zip(self.names, self.hosts)
-        }
-        self.inv_path.write_text(yaml.safe_dump(self.doc, sort_keys=False))
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_STATE_DIR": str(self.state_dir)}
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "clusterctl.cli.main",
-                *args,
-                "-i",
-                str(self.inv_path),
-                "--state-dir",
-                str(self.state_dir),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=1200,
-            env=env,
-        )
-        if res.returncode != 0:
-            raise RuntimeError(f"{args}: rc {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
-        return res
-
-    def complete(self) -> tuple[bool, str]:
-        req = urllib.request.Request(
-            self.url + "/v1/completions",
-            headers={"Content-Type": "application/json"},
-            data=json.dumps({"model": "sb-tiny", "prompt": "hi", "max_tokens": 1}).encode(),
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return bool(r.status == 200 and json.loads(r.read()).get("choices")), r.headers.get(
-                    "X-Gateway-Instance", ""
-                )
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            return False, f"{type(e).__name__}: {e}"
+        super().__init__(lab, root, replicas, startup_scale, "sb", gateway={"max_conns": 8})
 
     def marked_down(self) -> set[str]:
         path = self.state_dir / "gateway.json"
@@ -213,16 +140,6 @@ class Bench:
             "surge": out.get("surge"),
             "load_1min": os.getloadavg()[0],
         }
-
-    def cleanup(self) -> None:
-        remove_deployed(
-            self.lab,
-            "clusterctl-sb-*.service",
-            "/etc/clusterctl/instances/sb-*.env "
-            "/var/lib/clusterctl/deploy/previous/sb-* /models/sb-tiny /models/.versions/sb-tiny",
-            hosts=self.hosts,
-        )
-        self.lab.run(self.gw_host, "systemctl disable --now nginx.service", timeout=60)
 
 
 def main() -> int:
