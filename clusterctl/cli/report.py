@@ -51,7 +51,9 @@ DbOpt = typer.Option(None, "--db", help="History database [default: $XDG_STATE_H
 
 
 def db_path(db: Optional[str]) -> Path:
-    return Path(db) if db else Path(user_config().state_dir) / "report.db"
+    from clusterctl.ops.report import db_path as path
+
+    return path(db, user_config())
 
 
 @app.command(
@@ -115,8 +117,7 @@ def run(
     deadline: Optional[float] = DeadlineOpt,
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
-    from clusterctl.report.notify import parse_duration
-    from clusterctl.report.run import Options, to_json, to_markdown
+    from clusterctl.ops import report as ops_report
 
     fmt = "json" if as_json else fmt
     if fmt not in ("markdown", "json", "none"):
@@ -124,12 +125,10 @@ def run(
     if failover and (source or active):
         fail("--failover acts on live hosts: not with --from or --active")
     try:
-        renotify_s = parse_duration(renotify)
+        renotify_s = ops_report.renotify_seconds(renotify)
     except ClusterctlError as e:
-        fail(f"--renotify: {e}")
+        fail(str(e))
     started = time.time()
-    from clusterctl.ops import report as ops_report
-
     if active:
         checked = _active(pattern, inventory, active, timeout)
     else:
@@ -144,30 +143,25 @@ def run(
             deadline=deadline,
             host_key_policy=host_key_policy,
         )
-    opts = Options(
-        db=db_path(db),
-        pattern=checked.pattern,
-        out_dir=Path(out) if out else None,
-        textfile=Path(textfile) if textfile else None,
+    outputs = ops_report.Outputs(
+        db=db,
+        out=out,
+        textfile=textfile,
         notify_cmd=notify_cmd,
         renotify_s=renotify_s,
         retention_days=retention,
         lock_wait_s=lock_wait,
-        state_dir=ops_report.deploy_state_dir(user_config()),
     )
     meta = {**checked.meta, **cluster_meta()}
     try:
-        result = ops_report.store(checked, opts, started=started, meta=meta)
+        result = ops_report.store_run(checked, outputs, user_config(), started=started, meta=meta)
     except ClusterctlError as e:
         fail(str(e))
-    except OSError as e:
-        fail(f"{e.filename or ''}: {e.strerror}")
     for w in result.warnings:
         err_console.print(f"warning: {w}", markup=False)
-    if fmt == "json":
-        sys.stdout.write(to_json(result, meta) + "\n")
-    elif fmt == "markdown":
-        sys.stdout.write(to_markdown(result))
+    text = ops_report.rendered(result, meta, fmt)
+    if text is not None:
+        sys.stdout.write(text)
     if failover:
         raise typer.Exit(max(result.exit_code, _failover(inventory, fanout, connect_timeout, host_key_policy)))
     raise typer.Exit(result.exit_code)
@@ -197,19 +191,18 @@ def _passive(pattern: str, inventory: Optional[str], source: Optional[str], **pr
 def _active(pattern: str, inventory: Optional[str], kinds_text: str, timeout: float) -> Any:
     """The active checks on the instances of the selected hosts (``ops.report.Checked``)."""
     from clusterctl.cli._hosts import select
-    from clusterctl.ops.doctor import with_replicas
-    from clusterctl.ops.report import active
-    from clusterctl.report.active import parse_kinds
+    from clusterctl.ops import report as ops_report
 
     try:
-        kinds = parse_kinds(kinds_text)
+        kinds = ops_report.kinds(kinds_text)
     except ClusterctlError as e:
         fail(str(e))
     path, hosts = select(inventory, pattern)
-    inv = with_replicas(load_inventory(path), user_config())
+    inv = load_inventory(path)
     try:
-        return active(
+        return ops_report.active_checks(
             inv,
+            user_config(),
             path,
             {h.name for h in hosts},
             pattern,
@@ -260,14 +253,10 @@ def history(
 ) -> None:
     from rich.table import Table
 
-    from clusterctl.report.history import History
+    from clusterctl.ops.report import history_runs
 
-    path = db_path(db)
-    if not path.exists():
-        fail(f"{path}: no report history yet (run `clusterctl report run` first)")
     try:
-        with History(path) as h:
-            runs = h.runs(limit)
+        runs = history_runs(db_path(db), limit)
     except ClusterctlError as e:
         fail(str(e))
     if as_json:
@@ -305,32 +294,13 @@ def trends(
     days: float = typer.Option(7.0, "--days", min=0.01, help="How far back."),
     as_json: bool = JsonOpt,
 ) -> None:
-    from clusterctl.report.history import History
+    from clusterctl.ops.report import trends as read_trends
 
-    path = db_path(db)
-    if not path.exists():
-        fail(f"{path}: no report history yet (run `clusterctl report run` first)")
-    since = time.time() - days * 86400
     try:
-        with History(path) as h:
-            sev = h.severity_series(since=since)
-            metrics = {n: h.series(n, since=since) for n in h.metric_names()}
+        got = read_trends(db_path(db), days)
     except ClusterctlError as e:
         fail(str(e))
-    rows = [
-        {
-            "metric": n,
-            "host": host,
-            "subject": subj,
-            "latest": pts[-1][1],
-            "min": min(v for _, v in pts),
-            "max": max(v for _, v in pts),
-            "samples": len(pts),
-        }
-        for n, s in metrics.items()
-        for (host, subj), pts in sorted(s.items())
-        if pts
-    ]
+    sev, rows = got.runs, got.metrics
     if as_json:
         print_json({"runs": [{"started": t, "counts": c} for t, c in sev], "metrics": rows})
         return
@@ -396,46 +366,25 @@ def install_timer(
     cron_dir: str = typer.Option("/etc/cron.d", "--cron-dir", help="Where the cron entry goes."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print, do not write."),
 ) -> None:
-    from clusterctl.report.active import parse_kinds
-    from clusterctl.report.schedule import Schedule, cron_line, service_unit, timer_unit
+    from clusterctl.ops.report import TimerRequest, timer_files
 
-    argv = [
-        sys.executable,
-        "-m",
-        "clusterctl.cli.main",
-        "report",
-        "run",
-        pattern,
-        "--db",
-        db,
-        "--format",
-        "none",
-        "--lock-wait",
-        "60",
-    ]
-    if inventory:
-        argv += ["-i", str(Path(inventory).resolve())]
-    for flag, value in (("--out", out), ("--textfile", textfile), ("--notify-cmd", notify_cmd)):
-        if value:
-            argv += [flag, value]
+    request = TimerRequest(
+        pattern=pattern,
+        inventory=inventory,
+        db=db,
+        out=out,
+        textfile=textfile,
+        notify_cmd=notify_cmd,
+        every=every,
+        active=active,
+        on_calendar=on_calendar,
+        cron=cron,
+        user=user,
+        unit_dir=unit_dir,
+        cron_dir=cron_dir,
+    )
     try:
-        if active:
-            argv += ["--active", ",".join(parse_kinds(active))]
-        s = Schedule(
-            tuple(argv),
-            every_min=every,
-            user=user,
-            name="clusterctl-report-active" if active else "clusterctl-report",
-            on_calendar=on_calendar or ("daily" if active else None),
-        )
-        files = (
-            {Path(cron_dir) / s.name: cron_line(s)}
-            if cron
-            else {
-                Path(unit_dir) / f"{s.name}.service": service_unit(s),
-                Path(unit_dir) / f"{s.name}.timer": timer_unit(s),
-            }
-        )
+        files = timer_files(request)
     except ClusterctlError as e:
         fail(str(e))
     write_files(files, dry_run=dry_run)
@@ -458,12 +407,10 @@ def file_sd(
     inventory: Optional[str] = InventoryOpt,
     out: Optional[str] = typer.Option(None, "--out", help="File to write (JSON)."),
 ) -> None:
-    from clusterctl.cli._common import load_inventory, user_config
-    from clusterctl.deploy.placement.deployed import with_replicas
-    from clusterctl.report.filesd import render
     from clusterctl.files import write_atomic
+    from clusterctl.ops.report import file_sd as targets
 
-    text = render(with_replicas(load_inventory(inventory), cfg=user_config()))
+    text = targets(load_inventory(inventory), user_config())
     if out is None:
         sys.stdout.write(text)
         return
@@ -507,14 +454,14 @@ def serve(
     listen: str = typer.Option("127.0.0.1", "--listen", help="Address to bind."),
     port: int = typer.Option(9477, "--port", min=1, max=65535, help="TCP port."),
 ) -> None:
-    from clusterctl.report.serve import make_server
+    from clusterctl.ops.report import server as make_server
 
     if not (textfile or out or db):
         fail("nothing to serve: give --out (the report), --db (its history) and/or --textfile (/metrics)")
     if out and not db:
         db = str(db_path(None))
     try:
-        server = make_server(textfile, listen, port, out_dir=out, db=db)
+        server = make_server(textfile, listen, port, out=out, db=db)
     except OSError as e:
         fail(f"{listen}:{port}: cannot listen: {e.strerror}")
     base = f"http://{listen}:{server.server_address[1]}"
