@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -11,6 +10,7 @@ from typing import Any, Optional
 import typer
 
 from clusterctl.cli import _complete
+from clusterctl.cli._hosts import check_host_key_policy
 from clusterctl.cli._common import console, err_console, fail, load_inventory, print_json, user_config, write_files
 from clusterctl.cli.placement import StateDirOpt, state_store
 from clusterctl.cli._options import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, InventoryOpt, JsonOpt
@@ -18,7 +18,6 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
 ACTIONS = ("plan", "run", "daemon", "install", "history")
-UNIT = "clusterctl-autoscale.service"
 
 
 def _outcome_code(outs: list[Any], plan: bool) -> ExitCode:
@@ -57,20 +56,6 @@ def _print_outcome(o: Any) -> None:
         console.print(f"  why: {why}", markup=False)
     if o.detail:
         console.print(f"  {o.outcome}: {o.detail}", markup=False)
-
-
-def _make_fleet(
-    inv: Any, fanout: Optional[int], connect_timeout: Optional[float], host_key_policy: Optional[str]
-) -> Any:
-    from clusterctl.cli._hosts import check_host_key_policy
-    from clusterctl.fleet.factory import fleet_factory
-
-    return fleet_factory(
-        user_config(),
-        fanout=fanout,
-        connect_timeout=connect_timeout,
-        host_key_policy=check_host_key_policy(host_key_policy),
-    )
 
 
 def _say(quiet: bool) -> Any:
@@ -113,7 +98,6 @@ def autoscale(
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
     # start-up: `clusterctl --help` imports every command module; the autoscaler loads when run
-    from clusterctl.autoscale.run import autoscaled
     from clusterctl.ops import autoscale as ops_autoscale
 
     if action not in ACTIONS:
@@ -127,7 +111,7 @@ def autoscale(
     inv = load_inventory(inventory)
     store = state_store(state_dir)
     try:
-        policies = autoscaled(inv, templates or [])
+        policies = ops_autoscale.policies(inv, templates or [])
     except ClusterctlError as e:
         fail(str(e))
     if action == "history":
@@ -138,9 +122,13 @@ def autoscale(
     if action == "install":
         _install(inventory, store.directory, templates or [], unit_dir, no_start, dry_run)
         return
-    request = ops_autoscale.AutoscaleRequest(
-        inv, store.directory, _make_fleet(inv, fanout, connect_timeout, host_key_policy), policies
+    fleets = ops_autoscale.fleets(
+        user_config(),
+        fanout=fanout,
+        connect_timeout=connect_timeout,
+        host_key_policy=check_host_key_policy(host_key_policy),
     )
+    request = ops_autoscale.AutoscaleRequest(inv, store.directory, fleets, policies)
     if action == "daemon":
         _daemon(request, interval, rounds, as_json, templates or [])
         return
@@ -216,59 +204,29 @@ def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool,
     console.print("autoscaler: stopped", markup=False)
 
 
-def unit_text(argv: list[str]) -> str:
-    from clusterctl.deploy.units.sdquote import systemd_quote
-
-    return (
-        "[Unit]\nDescription=clusterctl autoscaler (docs/autoscale.md)\nAfter=network-online.target\n"
-        "Wants=network-online.target\n\n[Service]\nType=simple\n"
-        f"ExecStart={' '.join(systemd_quote(a) for a in argv)}\n"
-        # SIGTERM: the decision in progress finishes (a scale-out's gates can take gate_timeout_s)
-        "KillSignal=SIGTERM\nTimeoutStopSec=15min\nRestart=on-failure\nRestartSec=30\n\n"
-        "[Install]\nWantedBy=multi-user.target\n"
-    )
-
-
 def _install(
     inventory: Optional[str], state_dir: Path, templates: list[str], unit_dir: str, no_start: bool, dry_run: bool
 ) -> None:
-    from clusterctl.cli._common import user_config
+    from clusterctl.ops import autoscale as ops_autoscale
 
     inv_path = inventory or str(user_config().inventory or "")
     if not inv_path:
         fail("install: give -i INVENTORY (the service reads it on every round)")
-    argv = [
-        sys.executable,
-        "-m",
-        "clusterctl.cli.main",
-        "autoscale",
-        "daemon",
-        "-i",
-        str(Path(inv_path).resolve()),
-        "--state-dir",
-        str(Path(state_dir).resolve()),
-    ]
-    for t in templates:
-        argv += ["--template", t]
-    text = unit_text(argv)
-    path = Path(unit_dir) / UNIT
+    path, text = ops_autoscale.service(inv_path, state_dir, templates, unit_dir)
     write_files({path: text}, dry_run=dry_run)
     if dry_run or no_start:
         return
-    for cmd in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", UNIT]):
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            fail(f"{' '.join(cmd)}: {e}", ExitCode.CRIT)
-        if res.returncode != 0:
-            fail(f"{' '.join(cmd)}: {res.stderr.strip() or res.stdout.strip()}", ExitCode.CRIT)
-    console.print(f"started {UNIT} (journalctl -u {UNIT} -f)", markup=False)
+    try:
+        ops_autoscale.enable_service()
+    except ClusterctlError as e:
+        fail(str(e), ExitCode.CRIT)
+    console.print(f"started {ops_autoscale.UNIT} (journalctl -u {ops_autoscale.UNIT} -f)", markup=False)
 
 
 def _history(state_dir: Path, templates: list[str], last: int, as_json: bool) -> None:
-    from clusterctl.autoscale.record import read_history
+    from clusterctl.ops import autoscale as ops_autoscale
 
-    recs = [r for r in read_history(state_dir) if not templates or r.get("template") in templates][-last:]
+    recs = ops_autoscale.history(state_dir, templates, last)
     if as_json:
         print_json({"decisions": recs})
         return

@@ -2,19 +2,26 @@
 policies, how fleets are built) -> one round (:func:`run_once`, ``autoscale plan|run``) or
 rounds every interval until stopped (:func:`run_daemon`, ``autoscale daemon``).  Progress
 lines go to ``on_event``; each round's outcomes to ``on_round``; the CLI renders them and
-owns the signals (``should_stop``)."""
+owns the signals (``should_stop``).  :func:`policies`, :func:`fleets`, :func:`history`,
+:func:`service` and :func:`enable_service` are the rest of ``autoscale``: the request's parts,
+the audited decisions, the systemd service of ``autoscale install``."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+from clusterctl.autoscale.record import read_history
 from clusterctl.autoscale.run import Outcome, autoscaled, run_round
+from clusterctl.config import UserConfig
+from clusterctl.deploy.units.sdquote import systemd_quote
 from clusterctl.errors import ClusterctlError
-from clusterctl.fleet.factory import FleetFactory
+from clusterctl.fleet.factory import FleetFactory, fleet_factory
 from clusterctl.inventory.loader import load_inventory
 from clusterctl.inventory.model import AutoscalePolicy, Inventory
 
@@ -135,3 +142,65 @@ def inventory_reloader(request: AutoscaleRequest, templates: Sequence[str] = ())
         return AutoscaleRequest(inv, current.state_dir, current.make_fleet, policies)
 
     return reload
+
+
+# --------------------------------------------------------------- what the CLI asks besides rounds
+
+UNIT = "clusterctl-autoscale.service"
+
+
+def policies(inventory: Inventory, templates: Sequence[str] = ()) -> Mapping[str, AutoscalePolicy]:
+    """template -> policy of the templates with an ``autoscale:`` policy (only ``templates`` when
+    given); an unknown template raises."""
+    return autoscaled(inventory, list(templates))
+
+
+def fleets(
+    cfg: UserConfig,
+    *,
+    fanout: Optional[int] = None,
+    connect_timeout: Optional[float] = None,
+    host_key_policy: Optional[str] = None,
+) -> FleetFactory:
+    """How the autoscaler's rounds build their fleets: the user config and the command line's SSH
+    options (the host-key policy already checked)."""
+    return fleet_factory(cfg, fanout=fanout, connect_timeout=connect_timeout, host_key_policy=host_key_policy)
+
+
+def history(state_dir: Path, templates: Sequence[str] = (), last: int = 20) -> list[dict[str, Any]]:
+    """The newest ``last`` audited decisions (of ``templates`` only, when given), oldest first."""
+    return [r for r in read_history(state_dir) if not templates or r.get("template") in templates][-last:]
+
+
+def unit_text(argv: list[str]) -> str:
+    """The systemd service that runs ``argv`` (``autoscale daemon ...``) on this host."""
+    return (
+        "[Unit]\nDescription=clusterctl autoscaler (docs/autoscale.md)\nAfter=network-online.target\n"
+        "Wants=network-online.target\n\n[Service]\nType=simple\n"
+        f"ExecStart={' '.join(systemd_quote(a) for a in argv)}\n"
+        # SIGTERM: the decision in progress finishes (a scale-out's gates can take gate_timeout_s)
+        "KillSignal=SIGTERM\nTimeoutStopSec=15min\nRestart=on-failure\nRestartSec=30\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
+
+
+def service(inventory_path: str, state_dir: Path, templates: Sequence[str], unit_dir: str) -> tuple[Path, str]:
+    """``autoscale install``: where the service goes and its text (the daemon reads the inventory
+    at ``inventory_path`` and the deploy state at ``state_dir``, both made absolute)."""
+    argv = [sys.executable, "-m", "clusterctl.cli.main", "autoscale", "daemon"]
+    argv += ["-i", str(Path(inventory_path).resolve()), "--state-dir", str(Path(state_dir).resolve())]
+    for t in templates:
+        argv += ["--template", t]
+    return Path(unit_dir) / UNIT, unit_text(argv)
+
+
+def enable_service(timeout_s: float = 60.0) -> None:
+    """``systemctl daemon-reload`` then ``enable --now`` the service (each within ``timeout_s``);
+    a failure raises ``ClusterctlError`` with the command and its output."""
+    for cmd in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", UNIT]):
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ClusterctlError(f"{' '.join(cmd)}: {e}") from None
+        if res.returncode != 0:
+            raise ClusterctlError(f"{' '.join(cmd)}: {res.stderr.strip() or res.stdout.strip()}")
