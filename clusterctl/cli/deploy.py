@@ -6,20 +6,27 @@ from typing import Optional
 
 import typer
 
-from clusterctl.cli._common import InventoryOpt, JsonOpt, console, fail, print_json, user_config
+from clusterctl.cli._common import console, fail, print_json
 from clusterctl.cli._hosts import (
-    AskBecomePassOpt,
-    ConnectTimeoutOpt,
-    FanoutOpt,
-    HostKeyOpt,
     become_password,
     check_host_key_policy,
+    deploy_state_dir,
+    fleets,
     gateway_password,
     select,
 )
+from clusterctl.cli._options import (
+    AskBecomePassOpt,
+    ConnectTimeoutOpt,
+    DeployStateDirOpt,
+    FanoutOpt,
+    HostKeyOpt,
+    HostsOpt,
+    InventoryOpt,
+    JsonOpt,
+)
 from clusterctl.cli._deploy_views import deploy_events, print_deploy_report, print_plan, refused
 from clusterctl.errors import ClusterctlError
-from clusterctl.fleet.factory import fleet_factory
 from clusterctl.exitcodes import ExitCode
 
 DEPLOY_HELP = """Render every instance's systemd unit, show what differs on each host, then
@@ -90,7 +97,7 @@ def deploy(
     instances: Optional[str] = typer.Option(
         None, "--instances", help="Only instances matching these comma-separated globs."
     ),
-    hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value."),
+    hosts_pattern: str = HostsOpt,
     serial: Optional[str] = typer.Option(
         None, "--serial", help="Batch sizes: a count, a percentage or a ramp (1,25%,100%)."
     ),
@@ -115,9 +122,7 @@ def deploy(
     break_lock: bool = typer.Option(
         False, "--break-lock", help="Take over another deploy's lock (only when it is dead)."
     ),
-    state_dir: Optional[str] = typer.Option(
-        None, "--state-dir", help="Deploy state directory [default: $CLUSTERCTL_STATE_DIR, else <state_dir>/deploy]."
-    ),
+    state_dir: Optional[str] = DeployStateDirOpt,
     playbook: Optional[str] = typer.Option(
         None,
         "--playbook",
@@ -174,7 +179,6 @@ def deploy(
     from clusterctl.ops.deploy import DeployRequest, run_deploy
     from clusterctl.deploy.rollout.lock import LockHeld
     from clusterctl.deploy.rollout.batches import parse_serial
-    from clusterctl.deploy.state import resolve_state_dir
     from clusterctl.inventory.loader import load_inventory as _load
 
     policy = check_host_key_policy(host_key_policy)
@@ -201,15 +205,9 @@ def deploy(
         release = parse_gates(gate, bench_tolerance=bench_tolerance, record_baseline=record_baseline)
     except ClusterctlError as e:
         fail(str(e))
-    sd = str(resolve_state_dir(state_dir, user_config()))
+    sd = str(deploy_state_dir(state_dir))
     password = become_password(ask_become_pass, hosts, True)
-    make = fleet_factory(
-        user_config(),
-        fanout=fanout,
-        connect_timeout=connect_timeout,
-        host_key_policy=policy,
-        become_password=password,
-    )
+    make = fleets(fanout=fanout, connect_timeout=connect_timeout, become_password=password, host_key_policy=policy)
     request = DeployRequest(inv, hosts, make, sd, opts, release, gateway_password(password))
     if playbook is not None:
         from clusterctl.cli.deploy_playbook import run_playbook
@@ -259,7 +257,7 @@ def rollback(
     instances: Optional[str] = typer.Option(
         None, "--instances", help="Only instances matching these comma-separated globs."
     ),
-    hosts_pattern: str = typer.Option("all", "--hosts", "-H", help="Hosts: names, gpu[01-04], @group, label=value."),
+    hosts_pattern: str = HostsOpt,
     gate_timeout: float = typer.Option(
         600.0, "--gate-timeout", min=1, help="Seconds an instance may take to pass its gate."
     ),
@@ -279,21 +277,14 @@ def rollback(
     host_key_policy: Optional[str] = HostKeyOpt,
 ) -> None:
     from clusterctl.cli._common import load_inventory
-    from clusterctl.deploy.state import resolve_state_dir
     from clusterctl.ops.deploy import RollbackRequest, run_rollback
 
     policy = check_host_key_policy(host_key_policy)
     _, hosts = select(inventory, hosts_pattern)
     inv = load_inventory(inventory)
-    sd = str(resolve_state_dir(state_dir, user_config()))
+    sd = str(deploy_state_dir(state_dir))
     password = become_password(ask_become_pass, hosts, True)
-    make = fleet_factory(
-        user_config(),
-        fanout=fanout,
-        connect_timeout=connect_timeout,
-        host_key_policy=policy,
-        become_password=password,
-    )
+    make = fleets(fanout=fanout, connect_timeout=connect_timeout, become_password=password, host_key_policy=policy)
     request = RollbackRequest(
         inv,
         hosts,
