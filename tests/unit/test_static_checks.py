@@ -302,15 +302,11 @@ def test_the_cli_runs_no_deploy_gateway_staging_or_bench_workflow_itself() -> No
     assert not offenders, "\n".join(offenders)
 
 
-#: cli modules that still build their fleet factory themselves (not moved yet: may only shrink).
-CLI_FLEET_FACTORY_LATER = {"cli/autoscale.py"}
-
-
 def test_the_cli_builds_its_fleet_factories_in_one_place() -> None:
     """Every command's fleets come from ``cli/_hosts.fleets`` (the command's SSH options over the user
     config, the sudo password read once): no other ``cli/`` module imports ``clusterctl.fleet.factory``'s
     builders (``BECOME_PASSWORD_ENV`` and the ``FleetFactory`` type aside)."""
-    offenders, still = [], set()
+    offenders = []
     for path, _, tree in _modules():
         rel = path.relative_to(PACKAGE).as_posix()
         if not rel.startswith("cli/") or rel == "cli/_hosts.py":
@@ -318,14 +314,9 @@ def test_the_cli_builds_its_fleet_factories_in_one_place() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == "clusterctl.fleet.factory":
                 built = [a.name for a in node.names if a.name in ("fleet_factory", "make_fleet")]
-                if built and rel in CLI_FLEET_FACTORY_LATER:
-                    still.add(rel)
-                elif built:
+                if built:
                     offenders.append(f"{path}:{node.lineno}: imports {', '.join(built)} (use cli/_hosts.fleets)")
     assert not offenders, "\n".join(offenders)
-    assert still == CLI_FLEET_FACTORY_LATER, (
-        f"moved, drop from CLI_FLEET_FACTORY_LATER: {CLI_FLEET_FACTORY_LATER - still}"
-    )
 
 
 def test_fleets_are_built_by_the_one_factory() -> None:
