@@ -20,7 +20,6 @@ from clusterctl.cli._options import InventoryOpt, JsonOpt, OutputOpt
 from clusterctl.config import resolve_inventory_path
 from clusterctl.errors import ClusterctlError, InventoryError
 from clusterctl.exitcodes import USAGE_ERROR
-from clusterctl.files import write_atomic
 from clusterctl.inventory.model import Host, Inventory
 from clusterctl.inventory.nodeset import fold
 from clusterctl.inventory.pdpools import ratio as pd_ratio
@@ -47,11 +46,11 @@ def validate(
     \b
     Example: clusterctl inventory validate -i inventories/example-pcie-small.yaml
     """
-    from clusterctl.inventory.loader import load_inventory as _load
+    from clusterctl.ops import inventory as ops
 
     path = resolve_inventory_path(inventory, user_config())
     try:
-        inv = _load(path, force=force)
+        inv = ops.validate(path, force=force)
     except InventoryError as e:
         if as_json:
             print_json({"ok": False, "inventory": path, "problems": [dataclasses.asdict(p) for p in e.problems]})
@@ -157,11 +156,11 @@ def hosts(
     \b
     Example: clusterctl inventory hosts -i inventories/example-16xh100-roce.yaml '@rack1&!gpu03,rack=r2'
     """
-    from clusterctl.inventory.select import select_hosts
+    from clusterctl.ops import inventory as ops
 
     inv = load_inventory(inventory)
     try:
-        selected = select_hosts(inv, pattern, failed=_previous_failed(inv))
+        selected = ops.hosts(inv, pattern, user_config().state_dir)
     except ClusterctlError as e:
         fail(str(e))
     nodeset = fold(h.name for h in selected)
@@ -202,43 +201,21 @@ def import_ansible(
     \b
     Example: clusterctl inventory import-ansible hosts.ini -o inventory.yaml
     """
-    from clusterctl.inventory.ansible import import_ansible as _import, to_yaml
-    from clusterctl.inventory.loader import load_inventory_text
+    from clusterctl.ops import inventory as ops
 
     try:
-        result = _import(source)
+        done = ops.import_ansible(source, output, on_warning=lambda w: err_console.print(f"warning: {w}", markup=False))
+        if output is not None:
+            ops.save(done, output)
     except ClusterctlError as e:
         fail(str(e))
-    for w in result.warnings:
-        err_console.print(f"warning: {w}", markup=False)
-    text = to_yaml(result.data, source=str(source))
-    target = str(output) if output else "<output>"
-    try:
-        load_inventory_text(text, target, force=True)
-    except InventoryError as e:
-        fail(f"the converted inventory does not validate:\n{e}")
     if output is None:
-        typer.echo(text, nl=False)
+        typer.echo(done.text, nl=False)
         return
-    try:
-        write_atomic(output.resolve(), text, mode=0o600, make_dirs=False)
-    except OSError as e:
-        fail(f"cannot write {output}: {e.strerror}")
     err_console.print(
-        f"wrote {output}: {len(result.data.get('hosts', {}))} host entries, "
-        f"{len(result.data.get('groups', {}))} groups",
+        f"wrote {output}: {len(done.data.get('hosts', {}))} host entries, {len(done.data.get('groups', {}))} groups",
         markup=False,
     )
-
-
-def _previous_failed(inv: Inventory) -> list[str] | None:
-    """The hosts that failed in the previous run, or None when none is recorded."""
-    from clusterctl.fleet.failed import FILENAME, load_failed
-
-    state_dir = user_config().state_dir
-    if not (Path(state_dir) / FILENAME).exists():
-        return None
-    return load_failed(state_dir, inventory=inv.path)
 
 
 # --------------------------------------------------------------- rendering
@@ -291,18 +268,12 @@ def _fold_or_list(values: list[str]) -> str:
         return ",".join(values)
 
 
-def _redacted(env: dict[str, str]) -> dict[str, str]:
-    """Env with the values of secret-looking names (``VLLM_API_KEY``) replaced by ``***``."""
-    from clusterctl.deploy.units.secrets import looks_secret
-
-    return {k: "***" if looks_secret(k) else v for k, v in env.items()}
-
-
 def inventory_json(inv: Inventory) -> dict[str, Any]:
     """The resolved inventory as JSON-ready data (field names as in model.py).
 
     Environment values whose names look secret are shown as ``***``.
     """
+    from clusterctl.ops.inventory import redacted
 
     def conv(obj: Any) -> Any:
         return dataclasses.asdict(obj)
@@ -315,10 +286,10 @@ def inventory_json(inv: Inventory) -> dict[str, Any]:
         "engines": [conv(e) for e in inv.engines.values()],
         "models": [conv(m) for m in inv.models.values()],
         "instances": [
-            dict(conv(i), placement=[str(g) for g in i.placement], tp=i.tp_size, env=_redacted(i.env))
+            dict(conv(i), placement=[str(g) for g in i.placement], tp=i.tp_size, env=redacted(i.env))
             for i in inv.instances.values()
         ],
-        "templates": [dict(conv(t), env=_redacted(t.env)) for t in inv.templates.values()],
+        "templates": [dict(conv(t), env=redacted(t.env)) for t in inv.templates.values()],
         "pd_pools": [dict(conv(p), ratio=list(pd_ratio(inv, p))) for p in inv.pd_pools.values()],
         "warnings": inv.warnings,
     }

@@ -253,6 +253,8 @@ CLI_NEVER_IMPORTS_MODULES = (
     "clusterctl.autoscale.run",
     "clusterctl.autoscale.record",
     "clusterctl.gateway.failover",
+    "clusterctl.inventory.ansible",  # import-ansible and discover --ansible: ops/inventory.py, ops/discover.py
+    "clusterctl.deploy.units.secrets",
 )
 CLI_NEVER_IMPORTS_NAMES = (
     "Deploy",
