@@ -10,6 +10,9 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from clusterctl.deploy.rollout.batches import batch_failed, batches
 from clusterctl.diagnose.findings import Finding
+from clusterctl.fleet.results import HostResult
+from clusterctl.probe.factgroups import FactsDoc
+from clusterctl.probe.run import FactsResult
 
 OnEvent = Callable[[str, str, "str | None"], None]
 
@@ -67,15 +70,15 @@ class ApplyReport:
         }
 
 
-def facts_of(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """The probe's results as (raw facts per host, why not per host without them)."""
-    facts: dict[str, dict[str, Any]] = {}
+def facts_of(results: Mapping[str, FactsResult]) -> tuple[dict[str, FactsDoc], dict[str, str]]:
+    """The probe's results as (the facts document per host, why not per host without them)."""
+    facts: dict[str, FactsDoc] = {}
     missing: dict[str, str] = {}
     for host, r in results.items():
-        if getattr(r, "ok", False) and r.facts is not None:
+        if r.ok and r.facts is not None:
             facts[host] = r.facts.raw
         else:
-            missing[host] = getattr(r, "reason", None) or "no facts"
+            missing[host] = r.reason or "no facts"
     return facts, missing
 
 
@@ -130,7 +133,7 @@ def boot_unit_text(description: str, script: str, documentation: str = "") -> st
     )
 
 
-def failed_run(row: Any, n: int) -> HostOutcome:
+def failed_run(row: HostResult, n: int) -> HostOutcome:
     """The outcome of a host whose apply script failed in batch ``n``: the fleet's error, else the
     last five lines of the script's stderr, else its exit status."""
     detail = (row.stderr or "").strip().splitlines()[-5:]

@@ -33,7 +33,7 @@ import hashlib
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypedDict
 
 from clusterctl.bringup.batch import ApplyReport, HostOutcome, boot_unit_text, facts_of, failed_run, run_batches, settle
 from clusterctl.diagnose import fabric, qos
@@ -41,7 +41,8 @@ from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext
 from clusterctl.fleet.factory import FleetFactory
 from clusterctl.inventory.model import FabricProfile, Host, Inventory
-from clusterctl.probe.factgroups import Nic, NicsFact, Qos
+from clusterctl.fleet.fleet import Fleet
+from clusterctl.probe.factgroups import FactsDoc, Nic, NicsFact, Qos
 
 UNIT = "roce-qos.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
@@ -175,7 +176,15 @@ def nic_target(nic: Nic) -> NicTarget:
     )
 
 
-def installed_state(text: str) -> dict[str, Any]:
+class Installed(TypedDict):
+    """:func:`read_installed_command`'s output: path -> sha256 of the installed files, and
+    whether the persistence unit is enabled."""
+
+    sums: dict[str, str]
+    enabled: bool
+
+
+def installed_state(text: str) -> Installed:
     """Parse :func:`read_installed_command`'s output: file hashes and whether the unit is enabled."""
     sums: dict[str, str] = {}
     enabled = False
@@ -198,9 +207,9 @@ def _sha(text: str) -> str:
 
 def host_plan(
     host: str,
-    facts: Mapping[str, Any] | None,
+    facts: FactsDoc | None,
     prof: FabricProfile,
-    installed: Mapping[str, Any] | None,
+    installed: Installed | None,
     why_unread: str | None = None,
 ) -> HostPlan:
     """The plan of one host from its facts and what :func:`read_installed_command` printed."""
@@ -227,7 +236,7 @@ def host_plan(
     if installed is None:
         plan.error = why_unread or "could not read the installed persistence unit"
         return plan
-    sums = installed.get("sums") or {}
+    sums = installed["sums"]
     if sums.get(SCRIPT_PATH) != _sha(plan.script) or sums.get(UNIT_PATH) != _sha(UNIT_TEXT):
         plan.changes.append(
             Change(
@@ -237,7 +246,7 @@ def host_plan(
                 "installed",
             )
         )
-    elif not installed.get("enabled"):
+    elif not installed["enabled"]:
         plan.changes.append(Change("", f"persistence ({UNIT})", "not enabled", "enabled"))
     return plan
 
@@ -370,7 +379,7 @@ def install_command(script: str) -> str:
 
 
 def recheck(
-    inventory: Inventory | None, facts: Mapping[str, dict[str, Any]], thresholds: Mapping[str, Any] | None = None
+    inventory: Inventory | None, facts: Mapping[str, FactsDoc], thresholds: Mapping[str, Any] | None = None
 ) -> dict[str, list[Finding]]:
     """Doctor's ``roce.qos`` on fresh facts; per host, its findings worse than OK.
 
@@ -421,14 +430,14 @@ class NetApply:
             inventory.fabric if isinstance(getattr(inventory, "fabric", None), FabricProfile) else FabricProfile()
         )
 
-    def _probe(self, fleet: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    def _probe(self, fleet: Fleet) -> tuple[dict[str, FactsDoc], dict[str, str]]:
         from clusterctl.probe.run import collect_facts
 
         return facts_of(collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
 
-    def _read(self, fleet: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, Any]]:
+    def _read(self, fleet: Fleet) -> tuple[dict[str, FactsDoc], dict[str, str], dict[str, Installed]]:
         facts, missing = self._probe(fleet)
-        installed: dict[str, Any] = {}
+        installed: dict[str, Installed] = {}
         for row in fleet.run(read_installed_command(), sudo=self.sudo, timeout=30):
             if row.ok:
                 installed[row.host] = installed_state(row.stdout)

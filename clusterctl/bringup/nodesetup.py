@@ -41,7 +41,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NotRequired, Sequence, TypedDict
 
 from clusterctl.deploy.units.nodesetup import ensure_user_script, user_home
 from clusterctl.bringup.batch import (
@@ -59,7 +59,8 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import FleetFactory
 from clusterctl.fleet.shell import quote
 from clusterctl.inventory.model import FabricProfile, Host, Inventory
-from clusterctl.probe.factgroups import GpusFact, NicsFact
+from clusterctl.fleet.fleet import Fleet
+from clusterctl.probe.factgroups import FactsDoc, GpusFact, NicsFact
 
 STATE_PATH = "/etc/clusterctl/node-setup.json"
 SYSCTL_PATH = "/etc/sysctl.d/90-clusterctl.conf"
@@ -167,14 +168,14 @@ class Wanted:
 MTU_UNIT_TEXT = boot_unit_text("Data NIC MTU of the inventory (written by clusterctl node setup)", MTU_SCRIPT)
 
 
-def _numa_nodes(facts: Mapping[str, Any]) -> set[int]:
+def _numa_nodes(facts: FactsDoc) -> set[int]:
     """NUMA nodes the facts document shows GPUs or NICs on (-1, "none", is left out)."""
     nodes = {d.numa_node for d in GpusFact.parse(facts).devices}
     nodes |= {n.numa_node for n in NicsFact.parse(facts).nics}
     return {n for n in nodes if n is not None and n >= 0}
 
 
-def wanted_sysctls(host: Host, facts: Mapping[str, Any]) -> dict[str, str]:
+def wanted_sysctls(host: Host, facts: FactsDoc) -> dict[str, str]:
     """The kernel parameters of ``host``: the defaults that apply, then the inventory's ``vars.sysctl``.
 
     Defaults: ``kernel.numa_balancing = 0`` where the facts show GPUs or NICs on
@@ -205,7 +206,7 @@ def wanted_sysctls(host: Host, facts: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def wanted_for(inv: Inventory, host: Host, facts: Mapping[str, Any]) -> Wanted:
+def wanted_for(inv: Inventory, host: Host, facts: FactsDoc) -> Wanted:
     user = str(host.vars.get("service_user") or UnitPolicy().user)
     UnitPolicy(user=user)  # validates the name (ClusterctlError)
     gpus = GpusFact.parse(facts)
@@ -274,9 +275,37 @@ def read_command(w: Wanted) -> str:
     return "; ".join([ROOT] + parts)
 
 
-def parse_read(text: str) -> dict[str, Any]:
+class UnitRead(TypedDict):
+    """One unit as ``systemctl`` said: ``load``, ``enabled``, ``active`` ("" when it said nothing)."""
+
+    load: str
+    enabled: str
+    active: str
+
+
+class NodeRead(TypedDict):
+    """What :func:`read_command` read on one node (:func:`parse_read`).
+
+    ``user`` None: the passwd database could not be read; ``sysctl`` name -> value now,
+    ``sysctl_ro`` the read-only ones; ``mtu`` netdev -> MTU (None: not a number);
+    ``files`` path -> sha256; ``state`` the revert record (JSON as node setup wrote it;
+    ``{"unreadable": True}`` when it is not JSON), None when there is none."""
+
+    units: dict[str, UnitRead]
+    user: bool | None
+    sysctl: dict[str, str]
+    sysctl_unread: list[str]
+    sysctl_ro: NotRequired[list[str]]
+    mtu: dict[str, int | None]
+    mtu_unread: list[str]
+    files: dict[str, str]
+    state: dict[str, Any] | None
+    mtu_unit: str
+
+
+def parse_read(text: str) -> NodeRead:
     """:func:`read_command`'s output as ``{units, user, sysctl, sysctl_unread, mtu, mtu_unread, files, state}``."""
-    out: dict[str, Any] = {
+    out: NodeRead = {
         "units": {},
         "user": None,
         "sysctl": {},
@@ -355,8 +384,8 @@ class HostPlan:
 def host_plan(
     host: Host,
     inv: Inventory,
-    facts: Mapping[str, Any] | None,
-    read: Mapping[str, Any] | None,
+    facts: FactsDoc | None,
+    read: NodeRead | None,
     why_unread: str | None = None,
 ) -> HostPlan:
     """The changes of one host (module doc), and the root script that makes them."""
@@ -405,12 +434,12 @@ def host_plan(
         if k in w.sysctls:
             errors.append(f"{k}: cannot be read (no {_proc(k)})")
     for k, v in sorted(w.sysctls.items()):
-        cur = read["sysctl"].get(k)
-        if cur is not None and cur != v:
+        now = read["sysctl"].get(k)
+        if now is not None and now != v:
             if k in read.get("sysctl_ro", []):
-                errors.append(f"{k} is {cur}, wanted {v}, but {_proc(k)} is read-only here (a container?)")
+                errors.append(f"{k} is {now}, wanted {v}, but {_proc(k)} is read-only here (a container?)")
                 continue
-            plan.changes.append(Change(f"sysctl {k}", cur, v, "sysctl", k))
+            plan.changes.append(Change(f"sysctl {k}", now, v, "sysctl", k))
     for dev in read["mtu_unread"]:
         errors.append(f"{dev}: MTU cannot be read (no such network device)")
     for dev, mtu in sorted(w.mtus.items()):
@@ -452,7 +481,7 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
-def new_state(old: Mapping[str, Any] | None, changes: Sequence[Change], read: Mapping[str, Any]) -> dict[str, Any]:
+def new_state(old: Mapping[str, Any] | None, changes: Sequence[Change], read: NodeRead) -> dict[str, Any]:
     """The revert record after applying ``changes``: what each replaced, the first value seen kept."""
     items: dict[str, Any] = dict((old or {}).get("items") or {})
     for c in changes:
@@ -460,9 +489,9 @@ def new_state(old: Mapping[str, Any] | None, changes: Sequence[Change], read: Ma
         if key in items:
             continue
         if c.kind == "unit":
-            st = read["units"].get(c.key) or {}
+            st = read["units"].get(c.key)
             items[key] = (
-                {"enabled": st.get("enabled") or "", "active": st.get("active") or ""}
+                {"enabled": st["enabled"] if st else "", "active": st["active"] if st else ""}
                 if c.key != MTU_UNIT
                 else {"installed": True}
             )
@@ -477,7 +506,7 @@ def new_state(old: Mapping[str, Any] | None, changes: Sequence[Change], read: Ma
     return {"version": 1, "written_by": "clusterctl node setup", "items": items}
 
 
-def apply_script(w: Wanted, changes: Sequence[Change], read: Mapping[str, Any]) -> str:
+def apply_script(w: Wanted, changes: Sequence[Change], read: NodeRead) -> str:
     """Root ``sh``: record the revert state, then make ``changes``; exits non-zero naming what failed."""
     state = new_state(read.get("state"), changes, read)
     files = w.files()
@@ -515,7 +544,7 @@ def apply_script(w: Wanted, changes: Sequence[Change], read: Mapping[str, Any]) 
     return "\n".join(lines) + "\n"
 
 
-def revert_plan(host: str, read: Mapping[str, Any] | None, why_unread: str | None = None) -> HostPlan:
+def revert_plan(host: str, read: NodeRead | None, why_unread: str | None = None) -> HostPlan:
     """What ``--revert`` puts back on one host, from its state file."""
     plan = HostPlan(host)
     if read is None:
@@ -612,14 +641,14 @@ class NodeSetup:
         self.sudo = sudo
         self.revert = revert
         self.on_event = on_event or (lambda kind, msg, host: None)
-        self._facts: dict[str, dict[str, Any]] = {}
+        self._facts: dict[str, FactsDoc] = {}
 
-    def _probe(self, fleet: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    def _probe(self, fleet: Fleet) -> tuple[dict[str, FactsDoc], dict[str, str]]:
         from clusterctl.probe.run import collect_facts
 
         return facts_of(collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
 
-    def _plans(self, fleet: Any, hosts: Sequence[Host], reuse_facts: bool = False) -> list[HostPlan]:
+    def _plans(self, fleet: Fleet, hosts: Sequence[Host], reuse_facts: bool = False) -> list[HostPlan]:
         """Plans of ``hosts``; ``reuse_facts``: the plan's facts (GPUs, fabric, NUMA: nothing node setup
         changes) with a fresh read of the node, for the re-check after a batch."""
         if self.revert:
@@ -647,8 +676,8 @@ class NodeSetup:
                 )
         return [plans[h.name] for h in hosts]
 
-    def _read(self, fleet: Any, cmds: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-        reads: dict[str, Any] = {}
+    def _read(self, fleet: Fleet, cmds: Mapping[str, str]) -> tuple[dict[str, NodeRead], dict[str, str]]:
+        reads: dict[str, NodeRead] = {}
         missing: dict[str, str] = {}
         for row in fleet.run(dict(cmds), sudo=self.sudo, timeout=30):
             if row.ok:

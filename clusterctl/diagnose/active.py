@@ -30,7 +30,9 @@ from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.fleet.shell import join
-from clusterctl.probe.factgroups import NicsFact, ToolsFact
+from clusterctl.fleet.fleet import Fleet
+from clusterctl.inventory.model import Inventory
+from clusterctl.probe.factgroups import FactsDoc, NicsFact, ToolsFact
 from clusterctl.probe.gid import ipv4_of_gid
 
 CHECK = "roce.active"
@@ -119,7 +121,7 @@ class Endpoint:
     gbps: float | None
 
 
-def endpoint(host: str, facts: Mapping[str, Any], inv: Any) -> Endpoint | str:
+def endpoint(host: str, facts: FactsDoc, inv: Inventory | None) -> Endpoint | str:
     """The host's test endpoint, or why it cannot take part."""
     tools = ToolsFact.parse(facts)
     if not tools.read:
@@ -247,11 +249,11 @@ def _pair_finding(
 
 
 def active_findings(
-    facts: Mapping[str, Mapping[str, Any]],
+    facts: Mapping[str, FactsDoc],
     missing: Mapping[str, str],
     live: bool = True,
     *,
-    inventory: Any = None,
+    inventory: Inventory | None = None,
     runner: Runner | None = None,
     addresses: Mapping[str, str] | None = None,
     thresholds: Mapping[str, Any] | None = None,
@@ -345,7 +347,7 @@ def active_findings(
     return out
 
 
-def fleet_runner(fleet: Any) -> Runner:
+def fleet_runner(fleet: Fleet) -> Runner:
     """A :data:`Runner` over a :class:`clusterctl.fleet.fleet.Fleet` (SSH)."""
 
     def run(cmds: Mapping[str, str], timeout: float) -> dict[str, RunOutput]:

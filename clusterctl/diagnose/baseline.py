@@ -22,13 +22,13 @@ from clusterctl.diagnose import fabric
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
 from clusterctl.errors import ConfigError, Problem
-from clusterctl.probe.factgroups import GpuDevice, GpuSection, GpusFact
+from clusterctl.probe.factgroups import FactsDoc, GpuDevice, GpuSection, GpusFact
 
 FORMAT = 1
 CHECK = "gpu.baseline"
 
 
-def learn(facts: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+def learn(facts: Mapping[str, FactsDoc]) -> dict[str, Any]:
     """The baseline document of every host with readable GPUs."""
     hosts: dict[str, Any] = {}
     for host, doc in facts.items():

@@ -35,7 +35,9 @@ from clusterctl.errors import ConfigError, Problem
 from clusterctl.inventory.model import Host, Inventory
 from clusterctl.fleet import ship
 from clusterctl.probe.payload import payload, probe_command
-from clusterctl.probe.run import interpret
+from clusterctl.fleet.fleet import Fleet
+from clusterctl.fleet.results import HostResult
+from clusterctl.probe.run import FactsResult, interpret
 
 FORMAT = 1
 NODE_SCRIPT = node.path("bundle")
@@ -109,7 +111,7 @@ def node_program(probe_payload: bytes) -> ship.Program:
 
 
 def gather(
-    fleet: Any,
+    fleet: Fleet,
     inventory: Inventory | None,
     hosts: list[Host],
     *,
@@ -117,7 +119,7 @@ def gather(
     timeout: float = 60.0,
     sudo: bool = False,
     on_event: Callable[[str], None] | None = None,
-    on_facts: Callable[[Any], None] | None = None,
+    on_facts: Callable[[FactsResult], None] | None = None,
     raw_outputs: bool = False,
 ) -> Snapshot:
     """One snapshot of ``hosts`` in one SSH round trip per host.
@@ -156,7 +158,7 @@ def gather(
         on_event(f"probe on {len(hosts)} host(s); journals and /metrics of the instances on {busy}")
     intervals: list[float] = []
 
-    def each(row: Any) -> None:
+    def each(row: HostResult) -> None:
         doc = _node_document(row)
         probe_row = row
         if doc is not None:
@@ -202,7 +204,7 @@ def gather(
     return snap
 
 
-def _node_document(row: Any) -> dict[str, Any] | None:
+def _node_document(row: HostResult) -> dict[str, Any] | None:
     """The node script's JSON document from a fleet row (its last stdout line), or None."""
     if str(getattr(row.status, "value", row.status)) != "ok":
         return None

@@ -68,4 +68,4 @@ def diagnose(
         findings = ack.apply(findings, acks, time.time() if now is None else now)
     names = [n for n in sorted(registered()) if checks is None or any(n == c or n.startswith(c + ".") for c in checks)]
     optional = {"gpu.dcgm"} | ({"gpu.baseline"} if not (ctx.thresholds or {}).get("baseline") else set())
-    return not_checked(findings, dict(ctx.facts), names, skip=lambda c: c in optional)
+    return not_checked(findings, ctx.facts, names, skip=lambda c: c in optional)

@@ -22,12 +22,13 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from clusterctl.diagnose import nvsmi, sources
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.inputs import MAX_FILE_BYTES, bounded_text, load_json
 from clusterctl.node import collector as col
+from clusterctl.probe.factgroups import FactsDoc
 
 ROCE_CHECKS = (
     "roce.pfc",
@@ -713,13 +714,13 @@ def _with_hw_samples(eth: list[dict[str, Any]] | None, hw: list[tuple[float, dic
 # ------------------------------------------------------------- not checked
 
 
-def is_partial(doc: Any) -> bool:
+def is_partial(doc: FactsDoc) -> bool:
     return isinstance(doc, dict) and isinstance(doc.get("evidence"), dict)
 
 
 def not_checked(
     findings: list[Finding],
-    facts: dict[str, dict[str, Any]],
+    facts: Mapping[str, FactsDoc],
     checks: Iterable[str],
     skip: Callable[[str], bool] = lambda c: False,
 ) -> list[Finding]:

@@ -27,7 +27,6 @@ An instance on one host uses NVLink/shared memory and is not checked.
 
 from __future__ import annotations
 
-from typing import Any
 
 from clusterctl.diagnose import fabric
 from clusterctl.diagnose.findings import Finding, Severity
@@ -89,7 +88,7 @@ def running_env(ctx: AnalysisContext, host: str, instance: str) -> dict[str, str
     return None
 
 
-def _parse_tc(raw: Any) -> tuple[int | None, bool]:
+def _parse_tc(raw: object) -> tuple[int | None, bool]:
     """``(traffic class, valid)``; ``(None, True)`` when unset."""
     if raw is None:
         return None, True
@@ -129,7 +128,7 @@ def _mgmt_addresses(ctx: AnalysisContext, host: str) -> set[str]:
     return {h.address} | {n.address.split("/")[0] for n in h.nics_with_role("management") if n.address}
 
 
-def _host_ip(ctx: AnalysisContext, inst_name: str, host: str, value: Any, where: str) -> Finding | None:
+def _host_ip(ctx: AnalysisContext, inst_name: str, host: str, value: object, where: str) -> Finding | None:
     """VLLM_HOST_IP of a running unit: a management address instead of the data NIC's."""
     if value is None:
         return None
@@ -164,7 +163,7 @@ def check_nccl_env(ctx: AnalysisContext) -> list[Finding]:
         if len(inst.hosts) < 2:
             continue
         subj = f"instance:{inst.name}"
-        inv_env: dict[str, Any] = dict(inst.env)
+        inv_env: dict[str, str] = dict(inst.env)
         running = {h: running_env(ctx, h, inst.name) for h in inst.hosts}
         from_inventory = [h for h in inst.hosts if running[h] is None]
         problems = 0
@@ -263,7 +262,7 @@ def _ifname(
     out: list[Finding],
     inst: str,
     host: str | None,
-    ifname: Any,
+    ifname: object,
     mgmt: set[str],
     data: set[str],
     where: str | None,

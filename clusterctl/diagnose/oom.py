@@ -319,7 +319,9 @@ def _host_mem_finding(host: str, subj: str, ev: LogEvents, evidence: tuple[str, 
 
 
 def _cuda_oom_finding(ctx: AnalysisContext, host: str, name: str, inst: Instance | None, ev: LogEvents) -> Finding:
-    c = ev.cuda_oom or {}
+    c = ev.cuda_oom
+    if c is None:
+        raise ValueError("no CUDA out-of-memory line in the log")  # called only where the log has one
     numbers = f"tried to allocate {c['tried']:.2f} GiB with {c['free']:.2f} GiB free of {c['total']:.2f} GiB" + (
         f"; this process held {c['this']:.2f} GiB" if c.get("this") is not None else ""
     )

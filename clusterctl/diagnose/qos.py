@@ -42,7 +42,7 @@ configuration: those stay per host.
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from clusterctl.diagnose import fabric
@@ -128,11 +128,11 @@ def _drift_what(key: str) -> str | None:
     return DRIFT.get(key.split("/", 1)[0])
 
 
-def _show(v: Any) -> str:
+def _show(v: object) -> str:
     return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
-def _prios(v: Any) -> str:
+def _prios(v: Iterable[object] | None) -> str:
     if not v:
         return "no priority"
     v = list(v)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.sources import name_gpus
 from clusterctl.inventory.model import Inventory
-from clusterctl.probe.factgroups import FactGroup
+from clusterctl.probe.factgroups import FactGroup, FactsDoc
 
 T = TypeVar("T")
 
@@ -38,13 +38,13 @@ class AnalysisContext:
     """
 
     inventory: Inventory | None
-    facts: Mapping[str, dict[str, Any]]
+    facts: Mapping[str, FactsDoc]
     missing: Mapping[str, str] = field(default_factory=dict)
-    samples: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    samples: Mapping[str, FactsDoc] = field(default_factory=dict)
     interval_s: float = 0.0
     raw: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     thresholds: Mapping[str, Any] = field(default_factory=dict)
-    typed: dict[tuple[str, str, str], Any] = field(default_factory=dict, repr=False, compare=False)
+    typed: dict[tuple[str, str, str], object] = field(default_factory=dict, repr=False, compare=False)
 
     def fact(self, host: str, group: type[FactGroup[T]], *, sample: bool = False) -> T | None:
         """``group`` of the host's facts (of its later sample with ``sample=True``), typed and kept;
@@ -53,8 +53,7 @@ class AnalysisContext:
         if key not in self.typed:
             doc = (self.samples if sample else self.facts).get(host)
             self.typed[key] = None if doc is None else group.parse(doc)
-        value: T | None = self.typed[key]
-        return value
+        return cast("T | None", self.typed[key])
 
 
 _REGISTRY: dict[str, Analyzer] = {}

@@ -24,16 +24,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer, run_analyzers
 from clusterctl.diagnose.sources import bus_ids
-from clusterctl.diagnose.vllmlog import parse_log
+from clusterctl.diagnose.vllmlog import DeadWorker, parse_log
 from clusterctl.inventory.model import GpuRef, Instance
 
 
-def dead_member(inst: Instance, dead: dict[str, Any]) -> GpuRef | None:
+def dead_member(inst: Instance, dead: DeadWorker) -> GpuRef | None:
     """The GPU of the dead worker ``dead`` (``LogEvents.dead_worker``): TP rank r of pipeline stage p is
     placement entry ``p x tp + r`` (vLLM's rank order over CUDA_VISIBLE_DEVICES); ``None`` when out of range."""
     rank, pp = int(dead["rank"]), dead.get("pp")
@@ -43,7 +42,7 @@ def dead_member(inst: Instance, dead: dict[str, Any]) -> GpuRef | None:
     return inst.placement[rank] if 0 <= rank < len(inst.placement) else None
 
 
-def dead_worker(ctx: AnalysisContext, inst: Instance) -> tuple[dict[str, Any], GpuRef | None] | None:
+def dead_worker(ctx: AnalysisContext, inst: Instance) -> tuple[DeadWorker, GpuRef | None] | None:
     """The first dead worker in ``inst``'s log (on the host of its first GPU) and its GPU, or ``None``."""
     if not inst.placement:
         return None
@@ -52,7 +51,9 @@ def dead_worker(ctx: AnalysisContext, inst: Instance) -> tuple[dict[str, Any], G
     return (dead, dead_member(inst, dead)) if dead else None
 
 
-def dead_worker_message(inst: Instance, dead: dict[str, Any], gpu: GpuRef | None, ctx: Any = None) -> str:
+def dead_worker_message(
+    inst: Instance, dead: DeadWorker, gpu: GpuRef | None, ctx: AnalysisContext | None = None
+) -> str:
     bus = bus_ids(ctx, gpu.host).get(gpu.index) if gpu is not None and ctx is not None else None
     where = (
         f"GPU {gpu}" + (f" ({bus})" if bus else "") if gpu is not None else "GPU unknown (rank beyond the placement)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 _SIZE = r"([\d.]+)\s*([KMGT]i?B)"
 #: Two wordings in vLLM 0.32's source (v1/worker/utils.py): the usual one, and the one when weights are
@@ -106,6 +106,30 @@ def gib(value: str, unit: str) -> float:
     return float(value) * factor
 
 
+class CudaOom(TypedDict):
+    """A ``torch.OutOfMemoryError`` line: GiB ``tried`` to allocate, ``total`` and ``free`` on
+    ``gpu``, held by ``this`` process (None: not said) and by ``others`` ((pid, GiB) pairs), and
+    the ``phase`` it fell in (weights, cuda_graph, sampler, activations, runtime)."""
+
+    tried: float
+    gpu: int
+    total: float
+    free: float
+    this: float | None
+    others: list[tuple[int, float]]
+    phase: str
+
+
+class DeadWorker(TypedDict):
+    """The first dead worker (WORKER_DEAD): its TP ``rank``, pipeline stage ``pp`` (None: not
+    said), ``process`` name and the log ``line``."""
+
+    rank: int
+    pp: int | None
+    process: str
+    line: str
+
+
 @dataclass
 class LogEvents:
     """What one vLLM log says about memory and the engine."""
@@ -115,7 +139,7 @@ class LogEvents:
     kv_short: dict[str, float] | None = None  # len, need, avail, est (GiB / tokens)
     no_kv: bool = False
     autofit_failed: bool = False
-    cuda_oom: dict[str, Any] | None = None  # tried, total, free, this, others [(pid, GiB)], phase
+    cuda_oom: CudaOom | None = None
     weights_gib: float | None = None
     kv_avail_gib: float | None = None
     kv_bytes_arg: int | None = None  # --kv-cache-memory-bytes as logged in non-default args
@@ -125,8 +149,7 @@ class LogEvents:
     max_model_len: int | None = None
     ready: bool = False
     engine_dead: list[str] = field(default_factory=list)
-    #: the first dead worker: ``{"rank", "pp" (or None), "process", "line"}`` (WORKER_DEAD).
-    dead_worker: dict[str, Any] | None = None
+    dead_worker: DeadWorker | None = None
     nccl: list[str] = field(default_factory=list)
     preemptions_v0: int | None = None
     stats: list[dict[str, float]] = field(default_factory=list)
@@ -225,7 +248,7 @@ def parse_log(text: str) -> LogEvents:
     return ev
 
 
-def _cuda_oom(m: re.Match[str], line: str, around: list[str], phase: str) -> dict[str, Any]:
+def _cuda_oom(m: re.Match[str], line: str, around: list[str], phase: str) -> CudaOom:
     g = m.groups()
     this = THIS_PROC.search(line)
     context = "\n".join(around)

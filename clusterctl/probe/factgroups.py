@@ -17,7 +17,12 @@ document of another schema is not guessed at; its groups read as unreadable (a
 reason), which the checks report as UNKNOWN.  A document without ``schema`` (a
 partial one built by clusterctl itself) is read as this schema.
 
-Groups so far: :class:`GpusFact` (``gpus``, read by every ``gpu.*`` check),
+Every reader of facts reads these groups: the analyzers, ``probe.facts.Facts`` (which is
+made of them: pre-flight, placement's topology), bring-up (``net apply``, ``node setup``),
+failover and ``inventory discover``/``diff``; a facts document is passed around as
+:data:`FactsDoc` and indexed only here (``tests/unit/test_static_checks.py``).
+
+Groups: :class:`GpusFact` (``gpus``, read by every ``gpu.*`` check),
 :class:`KernelLogFact` (``kernel_log`` with the host's boot id: the ``gpu.xid``,
 ``gpu.oom``, ``roce.link_flap`` checks and the current-run split), :class:`UnitsFact`
 (``units``: ``serving.unit``, ``pd.router``, ``oom.cause``, ``roce.prereqs``' memlock,
@@ -34,6 +39,10 @@ T = TypeVar("T")
 
 #: The collector's facts schema these parsers read (``SCHEMA`` of clusterctl/node/collector.py).
 SCHEMA = 1
+
+#: One host's facts document as the collector wrote it (JSON; docs/facts.md): the boundary the
+#: parsers below read; everything past them reads the typed groups.
+FactsDoc = Mapping[str, Any]
 
 
 class FactGroup(Generic[T]):

@@ -11,11 +11,14 @@ a reason, never an exception.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Protocol
 
 from clusterctl.errors import ProbeError
 from clusterctl.probe.facts import Facts, parse_facts
 from clusterctl.fleet.cached import run_cached
+from clusterctl.fleet.fleet import OnResult
+from clusterctl.fleet.results import HostResult, RunResults
 from clusterctl.probe.payload import RC_PYTHON_TOO_OLD, payload, probe_args
 
 #: Seconds a whole probe may take on one host (the collector itself bounds each
@@ -34,9 +37,9 @@ class _FleetLike(Protocol):
         stdin: bytes | None = ...,
         sudo: bool = ...,
         timeout: float | None = ...,
-        on_result: Any = ...,
+        on_result: OnResult | None = ...,
         require_python: bool = ...,
-    ) -> Any: ...
+    ) -> RunResults: ...
 
 
 @dataclass
@@ -66,33 +69,32 @@ class FactsResult:
         return {"status": self.status, "reason": self.reason, "fleet_status": self.fleet_status}
 
 
-def _status(row: Any) -> str:
+def _status(row: HostResult) -> str:
     return str(getattr(row.status, "value", row.status))
 
 
-def interpret(row: Any) -> FactsResult:
+def interpret(row: HostResult) -> FactsResult:
     """Turn one fleet row (a ``HostResult``) into a :class:`FactsResult`."""
     status = _status(row)
-    base = {"host": row.host, "fleet_status": status, "duration_s": row.duration_s}
+    result = partial(FactsResult, row.host, fleet_status=status, duration_s=row.duration_s)
     if status == "no_python":
-        return FactsResult(
-            status=UNKNOWN, reason="python3 is not installed on the node (the probe needs Python 3.8 or newer)", **base
+        return result(
+            status=UNKNOWN, reason="python3 is not installed on the node (the probe needs Python 3.8 or newer)"
         )
     if status not in ("ok", "failed"):
-        return FactsResult(status=UNKNOWN, reason=row.error or status, **base)
+        return result(status=UNKNOWN, reason=row.error or status)
     if row.rc == RC_PYTHON_TOO_OLD:
-        return FactsResult(status=UNKNOWN, reason=_last_line(row.stderr) or "python3 is older than 3.8", **base)
+        return result(status=UNKNOWN, reason=_last_line(row.stderr) or "python3 is older than 3.8")
     if row.rc != 0:
-        return FactsResult(
+        return result(
             status=UNKNOWN,
             reason=f"the probe exited with rc {row.rc}: {_last_line(row.stderr) or 'no message'}",
-            **base,
         )
     try:
         facts = parse_facts(_document_text(row.stdout), origin=f"{row.host}: probe output")
     except ProbeError as e:
-        return FactsResult(status=UNKNOWN, reason=str(e), **base)
-    return FactsResult(status=OK, facts=facts, **base)
+        return result(status=UNKNOWN, reason=str(e))
+    return result(status=OK, facts=facts)
 
 
 def _document_text(stdout: str) -> str:
@@ -153,7 +155,7 @@ def collect_facts(
 
     seen: dict[str, FactsResult] = {}
 
-    def each(row: Any) -> None:
+    def each(row: HostResult) -> None:
         seen[row.host] = interpret(row)
         if on_result:
             on_result(seen[row.host])

@@ -26,6 +26,7 @@ from clusterctl.deploy.remote import HostState, NodeReply
 from clusterctl.inventory.model import Instance, Inventory, PdPool
 from clusterctl.deploy.rollout import drain as dr
 from clusterctl.deploy.units.nodesetup import check_gpus_install_script, ensure_user_script, verify_model_install_script
+from clusterctl.fleet.fleet import Fleet
 
 _USER = re.compile(r"^User=(\S+)\s*$", re.MULTILINE)
 _PORT = re.compile(r"--port[= ]'?(\d+)")
@@ -111,14 +112,14 @@ def touched(hp: HostPlan) -> list[str]:
 
 
 def apply_hosts(
-    fleet: Any, jobs: Mapping[str, dict[str, Any]], on_reply: Callable[[NodeReply], None] | None = None
+    fleet: Fleet, jobs: Mapping[str, dict[str, Any]], on_reply: Callable[[NodeReply], None] | None = None
 ) -> dict[str, NodeReply]:
     """Run each host's apply job (in parallel); one reply per host."""
     return remote.run_jobs(fleet, jobs, on_reply=on_reply)
 
 
 def rollback_hosts(
-    fleet: Any,
+    fleet: Fleet,
     instances: Mapping[str, list[str]],
     *,
     own_run_id: str,

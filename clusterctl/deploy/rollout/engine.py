@@ -11,7 +11,7 @@ import concurrent.futures as cf
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from clusterctl.deploy.rollout import apply as ap
 from clusterctl.deploy.rollout import audit, gates, lock, prestage, batches as rollout
@@ -23,6 +23,7 @@ from clusterctl.deploy.rollout.plan import Plan, make_plan, matches
 from clusterctl.deploy.rollout.rollback_order import rollback_in_order
 from clusterctl.deploy.state import StateStore, utc_now
 from clusterctl.errors import ClusterctlError
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.model import Host, Instance, Inventory
 from clusterctl.deploy.preflight.kvcheck import read_kv_checks
 from clusterctl.deploy.rollout.drain import put_back
@@ -30,8 +31,12 @@ from clusterctl.deploy.units.render import policy_for_systemd, render_instance
 from clusterctl.deploy.units.secrets import resolve_secrets
 from clusterctl.stage import plan as sp, run as sr
 
+if TYPE_CHECKING:  # imported where used, after start-up (INLINE_IMPORTS)
+    from clusterctl.deploy.placement.place import PlacementResult
+    from clusterctl.deploy.preflight.report import PreflightReport
+
 #: ``make_fleet(hosts)`` returns a fresh Fleet (a context manager) for those hosts.
-FleetFactory = Callable[[Sequence[Host]], Any]
+FleetFactory = Callable[[Sequence[Host]], Fleet]
 
 
 @dataclass
@@ -116,7 +121,7 @@ class DeployReport:
     hosts: dict[str, HostOutcome] = field(default_factory=dict)
     batches: list[list[str]] = field(default_factory=list)
     recovered_locks: dict[str, dict[str, Any]] = field(default_factory=dict)
-    preflight: Any = None
+    preflight: PreflightReport | None = None
     #: instance -> the KV capacity vLLM logged against pre-flight's prediction (``KvCheck.to_json``),
     #: or why it could not be read; for instances started by this run on hosts that kept the change.
     kv_checks: dict[str, Any] = field(default_factory=dict)
@@ -167,7 +172,7 @@ def _since(t0: float) -> float:
 class PreflightRefused(ClusterctlError):
     """Pre-flight found instances that cannot work (``report`` says which, with the numbers)."""
 
-    def __init__(self, message: str, report: Any):
+    def __init__(self, message: str, report: PreflightReport):
         super().__init__(message)
         self.report = report
 
@@ -177,7 +182,7 @@ def desired(
     state_dir: str,
     make_fleet: FleetFactory | None = None,
     on_event: Callable[[Event], None] = lambda e: None,
-) -> tuple[dict[str, Instance], Any]:
+) -> tuple[dict[str, Instance], PlacementResult]:
     """Every instance that should run (explicit + placed template replicas) and the placement result.
 
     With ``make_fleet``, replicas that need a place are placed with the GPU
@@ -326,7 +331,7 @@ class Deploy:
         self.on_event(Event(kind, message, host, ok, step, steps, done))
 
     def _read(
-        self, fleet: Any, hosts: list[str] | None = None, gpu_uuids: bool = False, rdma_ports: Sequence[str] = ()
+        self, fleet: Fleet, hosts: list[str] | None = None, gpu_uuids: bool = False, rdma_ports: Sequence[str] = ()
     ) -> dict[str, remote.HostState]:
         paths = sorted({r.model_path for r in self.rendered.values() if r.model_path})
         return remote.read_hosts(fleet, model_paths=paths, hosts=hosts, gpu_uuids=gpu_uuids, rdma_ports=rdma_ports)
@@ -360,7 +365,7 @@ class Deploy:
         ]
         return plan
 
-    def prepare(self, fleet: Any) -> tuple[Plan, dict[str, remote.HostState]]:
+    def prepare(self, fleet: Fleet) -> tuple[Plan, dict[str, remote.HostState]]:
         """Render and read; the plan for the selected hosts."""
         names = {h.name for h in self.hosts}
         self.instances, self.placement = desired(self.inv, self.state_dir, self.make_fleet, self.on_event)
@@ -399,7 +404,7 @@ class Deploy:
             self.rendered.update(routers)
         return self._plan(states), states
 
-    def preflight(self, fleet: Any, plan: Plan) -> Any:
+    def preflight(self, fleet: Fleet, plan: Plan) -> PreflightReport | None:
         """Run pre-flight on the instances to start or restart; raise when it refuses (unless --force)."""
         from clusterctl.deploy.preflight.checks import run_preflight
 
@@ -501,7 +506,7 @@ class Deploy:
         rep.seconds = time.monotonic() - t0
         return rep
 
-    def _kv_checks(self, fleet: Any, rep: DeployReport) -> None:
+    def _kv_checks(self, fleet: Fleet, rep: DeployReport) -> None:
         """Compare pre-flight's predicted KV capacity with what each started instance logged.
 
         Only instances this run started or restarted on hosts that kept the change; best
@@ -533,7 +538,7 @@ class Deploy:
                 + (f"{check.logged:,} ({err:+.2f} %)" if err is not None else "nothing yet"),
             )
 
-    def _locked(self, fleet: Any, got: lock.Acquired, rep: DeployReport, states: dict[str, remote.HostState]) -> None:
+    def _locked(self, fleet: Fleet, got: lock.Acquired, rep: DeployReport, states: dict[str, remote.HostState]) -> None:
         """Everything done under the lock: re-read, re-plan, roll out."""
         rep.recovered_locks = got.recovered
         for h, why in got.failed.items():
@@ -562,7 +567,7 @@ class Deploy:
             rep.result = "partial"
 
     def _rollout(
-        self, fleet: Any, plan: Plan, states: dict[str, remote.HostState], targets: list[str], rep: DeployReport
+        self, fleet: Fleet, plan: Plan, states: dict[str, remote.HostState], targets: list[str], rep: DeployReport
     ) -> None:
         by_host = {hp.host: hp for hp in plan.hosts}
         # a pool's router comes after its members: its gate sends a completion through them
@@ -613,7 +618,7 @@ class Deploy:
 
     def _batch(
         self,
-        fleet: Any,
+        fleet: Fleet,
         n: int,
         batch: list[str],
         by_host: Mapping[str, Any],
@@ -724,7 +729,7 @@ class Deploy:
                 note.startswith("up"),
             )
 
-    def restore_gates(self, fleet: Any, replies: Mapping[str, Any], rep: DeployReport) -> None:
+    def restore_gates(self, fleet: Fleet, replies: Mapping[str, Any], rep: DeployReport) -> None:
         """After a rollback restarted the previous units: gate them and put those that pass back."""
         from clusterctl.deploy.rollout.rollback import gate_restored
 
@@ -744,7 +749,7 @@ class Deploy:
         """The node job that applies one host's plan ``hp`` (a hook: playbooks drop files already written)."""
         return ap.apply_job(hp, self.rendered, st, self.me.run_id, self.links_before.get(hp.host))
 
-    def gate(self, fleet: Any, names: Sequence[str]) -> list[gates.GateResult]:
+    def gate(self, fleet: Fleet, names: Sequence[str]) -> list[gates.GateResult]:
         """Gate the started instances ``names`` (:mod:`clusterctl.deploy.rollout.gates`), then
         :meth:`extra_gates` on those that passed; one result per instance, then the extra ones."""
         targets = [self._gate_target(name, {}) for name in names]
@@ -768,7 +773,7 @@ class Deploy:
         )
         return results + self.extra_gates(fleet, [t for t, g in zip(targets, results) if g.ok])
 
-    def extra_gates(self, fleet: Any, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
+    def extra_gates(self, fleet: Fleet, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
         """More checks of instances that passed the standard gate (a hook: a playbook's custom gates)."""
         return []
 
@@ -843,7 +848,7 @@ class Deploy:
             )
 
     def _stage(
-        self, fleet: Any, batch: list[str], starting: set[str], states: dict[str, remote.HostState]
+        self, fleet: Fleet, batch: list[str], starting: set[str], states: dict[str, remote.HostState]
     ) -> dict[str, str]:
         """Stage the models that instances about to start lack on the batch's hosts.
 
@@ -883,7 +888,7 @@ class Deploy:
         return missing
 
     def _rollback(
-        self, fleet: Any, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport, status: str
+        self, fleet: Fleet, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport, status: str
     ) -> None:
         # a multi-node replica's members: stop all, then the workers, then the head (not all at once)
         replies, order = rollback_in_order(

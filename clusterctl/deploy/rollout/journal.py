@@ -16,10 +16,10 @@ the first ``ERROR``/``CRITICAL`` log line, else the first line that says
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from clusterctl.deploy.spec import unit_name
 from clusterctl.fleet import shell
+from clusterctl.fleet.fleet import Fleet
 
 #: Lines of one run read back (the end of a long run is where it died).
 MAX_LINES = 400
@@ -62,7 +62,7 @@ def _trim(line: str) -> str:
     return line[:MAX_CHARS] + ("..." if len(line) > MAX_CHARS else "")
 
 
-def first_error(fleet: Any, host: str, instance: str, timeout: float = 30.0) -> str:
+def first_error(fleet: Fleet, host: str, instance: str, timeout: float = 30.0) -> str:
     """``first error in the journal: LINE`` for ``instance`` on ``host``, or why there is none."""
     r = fleet.run({host: journal_command(instance)}, sudo=True, timeout=timeout)[host]
     if r.rc is None:

@@ -49,6 +49,7 @@ from clusterctl.deploy.spec import unit_name
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet import shell
 from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.fleet.fleet import Fleet
 
 Action = Literal["start", "stop", "restart"]
 #: Default seconds to wait for ``/health`` after a start or restart.
@@ -111,7 +112,7 @@ def wait_healthy(
         sleep(poll)
 
 
-def unit_dead(fleet: Any, host: str, inst: Instance) -> str | None:
+def unit_dead(fleet: Fleet, host: str, inst: Instance) -> str | None:
     """Why the instance's unit is no longer starting (failed, exited, restarting after a crash),
     or ``None`` while it is activating/active or cannot be read."""
     cmd = shell.join(["systemctl", "show", "-p", "ActiveState,SubState,Result", unit_name(inst.name)])
@@ -125,7 +126,7 @@ def unit_dead(fleet: Any, host: str, inst: Instance) -> str | None:
     return None
 
 
-def _systemctl(fleet: Any, host: str, verb: str, inst: Instance) -> str | None:
+def _systemctl(fleet: Fleet, host: str, verb: str, inst: Instance) -> str | None:
     """Run ``systemctl VERB unit`` on ``host`` (as root); the error text, or ``None`` when it worked."""
     cmd = shell.join(["systemctl", verb, unit_name(inst.name)])
     if verb == "reset-failed":  # exits 1 when the unit is not failed: only that it ran matters
@@ -139,7 +140,7 @@ def _systemctl(fleet: Any, host: str, verb: str, inst: Instance) -> str | None:
 
 def _one(
     inv: Inventory,
-    fleet: Any,
+    fleet: Fleet,
     inst: Instance,
     action: Action,
     *,
@@ -187,7 +188,7 @@ def _one(
 
 def _single(
     inv: Inventory,
-    fleet: Any,
+    fleet: Fleet,
     inst: Instance,
     host: str,
     action: Action,
@@ -219,7 +220,7 @@ def _single(
 
 def _replica(
     inv: Inventory,
-    fleet: Any,
+    fleet: Fleet,
     inst: Instance,
     action: Action,
     res: ActionResult,
@@ -280,7 +281,7 @@ def _replica(
 
 def run_action(
     inv: Inventory,
-    fleet: Any,
+    fleet: Fleet,
     instances: Sequence[Instance],
     action: Action,
     *,
@@ -322,16 +323,16 @@ def run_action(
         return list(pool.map(one, instances))
 
 
-def stop_instances(inv: Inventory, fleet: Any, instances: Sequence[Instance], **kw: Any) -> list[ActionResult]:
+def stop_instances(inv: Inventory, fleet: Fleet, instances: Sequence[Instance], **kw: Any) -> list[ActionResult]:
     """Drain (unless ``drain_first=False``) and stop each instance; see :func:`run_action`."""
     return run_action(inv, fleet, instances, "stop", **kw)
 
 
-def start_instances(inv: Inventory, fleet: Any, instances: Sequence[Instance], **kw: Any) -> list[ActionResult]:
+def start_instances(inv: Inventory, fleet: Fleet, instances: Sequence[Instance], **kw: Any) -> list[ActionResult]:
     """Start each instance and wait for ``/health``; see :func:`run_action`."""
     return run_action(inv, fleet, instances, "start", **kw)
 
 
-def restart_instances(inv: Inventory, fleet: Any, instances: Sequence[Instance], **kw: Any) -> list[ActionResult]:
+def restart_instances(inv: Inventory, fleet: Fleet, instances: Sequence[Instance], **kw: Any) -> list[ActionResult]:
     """Drain, restart and wait for ``/health`` on each instance; see :func:`run_action`."""
     return run_action(inv, fleet, instances, "restart", **kw)

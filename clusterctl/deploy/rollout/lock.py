@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 from clusterctl.deploy import remote
 from clusterctl.deploy.state import utc_now, who_am_i
 from clusterctl.errors import ClusterctlError
+from clusterctl.fleet.fleet import Fleet
 
 #: Seconds after which a lock is stale and taken over.
 DEFAULT_TTL_S = 7200.0
@@ -66,7 +67,7 @@ class LockInfo:
 
 
 def acquire(
-    fleet: Any, hosts: list[str], me: LockInfo, *, ttl_s: float = DEFAULT_TTL_S, break_lock: bool = False
+    fleet: Fleet, hosts: list[str], me: LockInfo, *, ttl_s: float = DEFAULT_TTL_S, break_lock: bool = False
 ) -> Acquired:
     """Take the lock on every reachable host; when another run holds any, raise
     :class:`LockHeld` after releasing what was taken (all or nothing)."""
@@ -85,7 +86,7 @@ def acquire(
     )
 
 
-def release(fleet: Any, hosts: list[str], run_id: str, audit: dict[str, Any] | None = None) -> dict[str, str]:
+def release(fleet: Fleet, hosts: list[str], run_id: str, audit: dict[str, Any] | None = None) -> dict[str, str]:
     """Remove our lock on ``hosts`` (only if it is still ours), appending ``audit`` there first.
 
     Returns host -> error for hosts where that failed.
@@ -98,7 +99,7 @@ def release(fleet: Any, hosts: list[str], run_id: str, audit: dict[str, Any] | N
 
 @contextmanager
 def held(
-    fleet: Any,
+    fleet: Fleet,
     hosts: list[str],
     me: LockInfo,
     *,
@@ -121,7 +122,7 @@ def held(
 
 
 def release_anyway(
-    fleet: Any,
+    fleet: Fleet,
     hosts: list[str],
     run_id: str,
     audit: dict[str, Any] | None,

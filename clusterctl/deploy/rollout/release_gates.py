@@ -39,6 +39,9 @@ from clusterctl.drift import store as drift_store
 from clusterctl.drift.store import store_path
 from clusterctl.errors import ClusterctlError
 from clusterctl.vllmclient import Endpoint
+from clusterctl.fleet.fleet import Fleet
+from clusterctl.deploy.rollout.plan import Plan
+from clusterctl.deploy.preflight.report import PreflightReport
 
 #: ``record(url, api_key, name)`` records baseline ``name`` from ``url``; returns a one-line summary.
 Recorder = Callable[[str, Optional[str], str], str]
@@ -129,13 +132,13 @@ class ReleaseDeploy(Deploy):
         self.recorder: Recorder = recorder or (lambda u, k, n: record_previous(u, k, n, release.state_dir))
         self.applied: set[str] = set()  # instances started by batches gated so far (their version is new)
 
-    def preflight(self, fleet: Any, plan: Any) -> Any:
+    def preflight(self, fleet: Fleet, plan: Plan) -> PreflightReport | None:
         rep = super().preflight(fleet, plan)
         if self.release.record_baseline:
             self._record(plan, self.release.record_baseline)
         return rep
 
-    def _record(self, plan: Any, name: str) -> None:
+    def _record(self, plan: Plan, name: str) -> None:
         """Record ``name`` from one running instance about to change; ClusterctlError when that is ambiguous
         (instances of several models) or impossible (an instance does not answer)."""
         changing = [i for hp in plan.hosts for i in hp.items if i.action == "changed" and i.instance in self.rendered]
@@ -191,7 +194,7 @@ class ReleaseDeploy(Deploy):
             return None
         return self._target(ref)
 
-    def extra_gates(self, fleet: Any, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
+    def extra_gates(self, fleet: Fleet, passed: list[gates.GateTarget]) -> list[gates.GateResult]:
         out = super().extra_gates(fleet, passed)
         failed = {g.instance for g in out if not g.ok}
         todo = [t for t in passed if t.instance not in failed]

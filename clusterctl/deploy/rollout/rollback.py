@@ -31,6 +31,7 @@ from clusterctl.deploy.rollout.rollback_order import rollback_in_order
 from clusterctl.deploy.state import utc_now
 from clusterctl.inventory.model import Host, Instance, Inventory
 from clusterctl.deploy.units.secrets import resolve_secrets
+from clusterctl.fleet.fleet import Fleet
 
 #: The first value of ``--served-model-name`` on a unit's command line (what /v1/models lists).
 _SERVED = re.compile(r"""--served-model-name[= ]+["']?([^\s"'\\]+)""")
@@ -141,7 +142,7 @@ def drain_restored_all(
 def gate_restored(
     inv: Inventory,
     state_dir: str,
-    fleet: Any,
+    fleet: Fleet,
     restored: dict[str, list[str]],
     timeout_s: float,
     on_event: Callable[[Event], None],

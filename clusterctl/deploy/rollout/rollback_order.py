@@ -26,6 +26,7 @@ from clusterctl.deploy import remote
 from clusterctl.deploy.remote import NodeReply
 from clusterctl.inventory.model import Instance
 from clusterctl.inventory.multinode import hosts_in_order, member_name
+from clusterctl.fleet.fleet import Fleet
 
 _WORKER = re.compile(r"(.+)-node(\d+)")
 
@@ -67,7 +68,7 @@ def _start(run_id: str, names: list[str]) -> dict[str, Any]:
 
 
 def rollback_in_order(
-    fleet: Any,
+    fleet: Fleet,
     todo: Mapping[str, list[str]],
     instances: Mapping[str, Instance],
     *,

@@ -16,6 +16,8 @@ from clusterctl.lab.hardware import faults, nvml, provision_host
 from clusterctl.lab.hardware.host import hw_dir
 from clusterctl.node import collector
 from clusterctl.probe.payload import payload, probe_command
+from clusterctl.deploy.placement.topology import host_topology
+from clusterctl.probe.factgroups import GpusFact, HostFact
 
 GIB = 1024**3
 
@@ -111,3 +113,15 @@ def test_the_probe_reads_the_gpus_nvlink_fabric_state(host, libs):
     g = probe(host, libs["current"])["gpus"]
     assert [d["fabric"]["state"] for d in g["devices"]] == ["completed", "not_started", "completed", "completed"]
     assert g["devices"][0]["fabric"]["status"] == 0
+
+
+def test_the_typed_groups_read_what_node_setup_pre_flight_and_placement_take(host, libs):
+    """On the collector's own output: the GPU count (node setup), memory free and the host's
+    available memory (pre-flight), every GPU pair with its level (placement, tp.topology)."""
+    doc = probe(host, libs["current"])
+    g = GpusFact.parse(doc)
+    assert g.count == len(g.devices) == 4 and all(d.memory_free is not None for d in g.devices)
+    assert {p.gpus for p in g.pairs} == {(a, b) for a in range(4) for b in range(4) if a < b}
+    assert all(p.level for p in g.pairs)
+    assert host_topology(g)[0] == {"gpus": list(g.pairs[0].gpus), "level": g.pairs[0].level}
+    assert HostFact.parse(doc).mem_available == doc["host"]["memory"]["available"] > 0
