@@ -117,7 +117,7 @@ def live_request(
     host_key_policy: Optional[str],
     raw_outputs: bool = False,
     resolved: Any = None,
-    acks: Optional[list[dict[str, Any]]] = None,
+    load_acks: Any = None,
 ) -> Any:
     """The workflow's request for the hosts ``pattern`` selects (exits 3 on bad options or inventory):
     the hosts selected, the sudo password read here, at the CLI's edge; ``resolved``: the checks
@@ -139,7 +139,9 @@ def live_request(
         host_key_policy=policy,
         raw_outputs=raw_outputs,
     )
-    return ops.live_request(user_config(), pattern, inv, path, hosts, probe, resolved or ops.Resolved(), acks)
+    return ops.live_request(
+        user_config(), pattern, inv, path, hosts, probe, resolved or ops.Resolved(), load_acks=load_acks
+    )
 
 
 def live_snapshot(
@@ -183,7 +185,7 @@ def bundle_request(
     host: Optional[str] = None,
     pattern: str = "all",
     resolved: Any = None,
-    acks: Optional[list[dict[str, Any]]] = None,
+    load_acks: Any = None,
 ) -> Any:
     """The workflow's request for a bundle; ``-i`` (loaded after the bundle is read) beats its own inventory."""
     from clusterctl.ops import doctor as ops
@@ -196,7 +198,7 @@ def bundle_request(
         load_inventory=(lambda: load_inventory(inventory)) if inventory else None,
         load_config=user_config,  # the cluster's state, as bound by loading the inventory
         resolved=resolved or ops.Resolved(),
-        acks=acks,
+        load_acks=load_acks,
     )
 
 
@@ -327,9 +329,12 @@ def doctor(
     )
     try:
         resolved = ops.resolve(options)
-        acks = ops.load_acks(user_config().state_dir)
     except ClusterctlError as e:
         fail(str(e))
+
+    def acks() -> list[dict[str, Any]]:  # after the snapshot: the state of the -i inventory's cluster
+        return ops.load_acks(user_config().state_dir)
+
     view = ProbeView(fmt == "table")
     try:
         if source:
@@ -349,7 +354,7 @@ def doctor(
                 deadline=deadline,
                 host_key_policy=host_key_policy,
                 resolved=resolved,
-                acks=acks,
+                load_acks=acks,
             )
             if learn:
                 _learned(ops.learn(req, learn, view))

@@ -81,6 +81,9 @@ class DoctorRequest:
     since: Optional[float] = None  # epoch seconds of --since
     since_text: Optional[str] = None
     acks: list[dict[str, Any]] = field(default_factory=list)
+    # read after the snapshot instead of ``acks`` when given: loading the -i inventory binds the
+    # state of its cluster, where `doctor ack -i` keeps them
+    load_acks: Optional[Callable[[], list[dict[str, Any]]]] = None
     active: bool = False  # ib_write_bw between host pairs
     probe: Probe = field(default_factory=Probe)
 
@@ -215,7 +218,8 @@ def run_doctor(request: DoctorRequest, on_event: OnEvent = _ignore, gathered: Op
     else:
         meta = {"inventory": request.inventory_path, "pattern": request.pattern, **snap.meta}
     thresholds = request.thresholds
-    findings = diagnose(context(snap, inv, thresholds), request.checks, since=request.since, acks=request.acks)
+    acks = request.load_acks() if request.load_acks is not None else request.acks
+    findings = diagnose(context(snap, inv, thresholds), request.checks, since=request.since, acks=acks)
     if request.active:
         findings += active_findings(request, snap, inv)
     requested = request.live_checks
@@ -335,9 +339,11 @@ def live_request(
     probe: Probe,
     resolved: Resolved = Resolved(),
     acks: Optional[list[dict[str, Any]]] = None,
+    load_acks: Optional[Callable[[], list[dict[str, Any]]]] = None,
 ) -> DoctorRequest:
     """The request for the selected live ``hosts`` of ``inventory`` (read as deployed: template
-    replicas placed in ``cfg``'s state)."""
+    replicas placed in ``cfg``'s state); the acknowledgements ``acks``, or ``load_acks()`` read
+    after the snapshot."""
     return DoctorRequest(
         cfg=cfg,
         thresholds=resolved.thresholds,
@@ -346,6 +352,7 @@ def live_request(
         inventory_path=inventory_path,
         hosts=list(hosts),
         probe=probe,
+        load_acks=load_acks,
         **_checks(resolved, acks),
     )
 
@@ -360,6 +367,7 @@ def bundle_request(
     load_config: Optional[Callable[[], UserConfig]] = None,
     resolved: Resolved = Resolved(),
     acks: Optional[list[dict[str, Any]]] = None,
+    load_acks: Optional[Callable[[], list[dict[str, Any]]]] = None,
 ) -> DoctorRequest:
     """The request for the bundle ``source`` (``host``: the host of loose files); the inventory
     ``load_inventory`` returns (the ``-i`` file, called after the bundle is read) beats the
@@ -378,6 +386,7 @@ def bundle_request(
         bundle=source,
         bundle_host=host,
         load_inventory=given if load_inventory is not None else None,
+        load_acks=load_acks,
         **_checks(resolved, acks),
     )
 

@@ -174,3 +174,32 @@ def test_a_start_line_of_systemd_before_250_names_the_description():
     ]
     hist, cur = split_unit_log("\n".join(old + new) + "\n", "clusterctl-qwen-a.service")
     assert hist == "\n".join(old) + "\n" and cur == "\n".join(new) + "\n"
+
+
+def test_doctor_with_an_inventory_sees_the_acks_doctor_ack_wrote_for_its_cluster(tmp_path, monkeypatch, capsys):
+    """``doctor ack -i INV`` keeps the acknowledgement in INV's cluster state; ``doctor -i INV``
+    reads it from there (it read the default state before the inventory bound its cluster)."""
+    from pathlib import Path
+
+    from clusterctl.diagnose.bundle import Snapshot, write_bundle
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("CLUSTERCTL_INVENTORY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    facts = G.healthy()
+    facts["gpu01"]["kernel_log"]["lines"] = [
+        {
+            "time": None,
+            "boot_id": None,
+            "priority": None,
+            "text": "NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus.",
+        }
+    ]
+    dest = write_bundle(Snapshot(facts=facts), tmp_path / "b.tar.gz", G.INVENTORY)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(G.INVENTORY)
+    assert main(["doctor", "ack", "gpu.xid", "gpu:1", "--until", "2d", "-i", str(inv)]) == 0
+    assert "/clusters/" in capsys.readouterr().out  # kept in the cluster's state
+    assert main(["doctor", "--from", str(dest), "--checks", "xid", "-i", str(inv), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["meta"]["acknowledged"] == 1
+    assert not list(Path(tmp_path / "state").glob("clusterctl/acks.json"))
