@@ -19,11 +19,10 @@ checks of those NICs are where to look next.
 
 from __future__ import annotations
 
-from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.diagnose.registry import AnalysisContext, analyzer
-from clusterctl.diagnose.serving import parse_metrics, total
+from clusterctl.diagnose.serving import Metrics, parse_metrics, total
 from clusterctl.diagnose.thresholds import number, section
 from clusterctl.inventory.model import Host, Instance, Inventory
 
@@ -61,7 +60,7 @@ def _pairs(inv: Inventory) -> list[tuple[str, Instance, list[Instance]]]:
     return out
 
 
-def _delta(m0: dict[str, Any] | None, m1: dict[str, Any], name: str) -> float | None:
+def _delta(m0: Metrics | None, m1: Metrics, name: str) -> float | None:
     v1 = total(m1, name)
     if v1 is None:
         return None

@@ -57,7 +57,11 @@ def parse_labels(text: str) -> dict[str, str]:
     return out
 
 
-def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+#: Parsed Prometheus text: metric name -> [(labels, value)] (:func:`parse_metrics`).
+Metrics = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def parse_metrics(text: str) -> Metrics:
     """Prometheus text exposition -> name -> [(labels, value)]; comments and junk are skipped."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for line in text.splitlines():
@@ -74,7 +78,7 @@ def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-def total(metrics: dict[str, list[tuple[dict[str, str], float]]], *names: str) -> float | None:
+def total(metrics: Metrics, *names: str) -> float | None:
     """Sum over label sets of the first name present (engines of one server add up)."""
     for n in names:
         if n in metrics:
@@ -126,7 +130,7 @@ def check_metrics(ctx: AnalysisContext) -> list[Finding]:
 
 
 def _instance(
-    ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str, m0: dict[str, Any], m1: dict[str, Any] | None
+    ctx: AnalysisContext, lim: dict[str, Any], host: str, name: str, m0: Metrics, m1: Metrics | None
 ) -> list[Finding]:
     subj = f"instance:{name}"
     now = m1 or m0

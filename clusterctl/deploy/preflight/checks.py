@@ -48,6 +48,7 @@ from clusterctl.deploy.spec import unit_name
 from clusterctl.diagnose.findings import Severity
 from clusterctl.inventory.model import Engine, Instance, Inventory, Model
 from clusterctl.probe.facts import Facts
+from clusterctl.fleet.fleet import Fleet
 
 __all__ = [
     "GpuProc",
@@ -675,7 +676,7 @@ def check_instances(
 def run_preflight(
     inv: Inventory,
     instances: Mapping[str, Instance],
-    fleet: Any,
+    fleet: Fleet,
     *,
     facts: Mapping[str, Facts] | None = None,
     on_event: Callable[[str], None] | None = None,

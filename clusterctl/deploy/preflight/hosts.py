@@ -18,6 +18,7 @@ from clusterctl.fleet import ship
 from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.probe.facts import Facts
 from clusterctl.probe.factgroups import GpuPair
+from clusterctl.fleet.fleet import Fleet
 
 NODE_SCRIPT = node.path("preflight")
 #: Seconds the node reader may take on one host (headers of every shard, ``ss``).
@@ -140,7 +141,7 @@ def _node_requests(instances: Mapping[str, Instance], inv: Inventory, what: str 
 
 
 def read_hosts(
-    fleet: Any,
+    fleet: Fleet,
     inv: Inventory,
     instances: Mapping[str, Instance],
     facts: Mapping[str, Facts] | None = None,

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from clusterctl.deploy.spec import unit_name
 from clusterctl.fleet import shell
+from clusterctl.fleet.fleet import Fleet
 
 _KV_LINE = re.compile(r"[A-Z]{3} KV cache size: ([\d,]+) tokens")
 _ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
@@ -76,7 +77,7 @@ def logged_max_len_estimate(journal_text: str) -> int | None:
 
 
 def read_kv_checks(
-    fleet: Any, predicted: Mapping[str, tuple[str, int]], *, timeout: float = 30.0
+    fleet: Fleet, predicted: Mapping[str, tuple[str, int]], *, timeout: float = 30.0
 ) -> dict[str, KvCheck | str]:
     """After start: each instance's :class:`KvCheck` from its unit's journal on its host.
 
