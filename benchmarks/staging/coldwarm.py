@@ -22,11 +22,16 @@ Per ``--rates`` value (MB/s, 0: not throttled, the VM's disk through the loop) a
    readers, what ``stage --warm-budget`` runs), timed: paid before the window;
 3. **warm**: the same simulator load again, timed.
 
+``--lab-host NAME``: the filesystem is mounted at that lab host's
+``/models/.versions/coldwarm`` in its own mount namespace (``nsenter``), and the reads,
+evictions and the warm-up run there, by the host's python3 with the node's ``pagecache``
+module shipped to ``/tmp/cwnode`` (removed after), timed inside the host.
+
 Writes ``benchmarks/results/coldwarm-<date>.json`` (temp + rename) with every row and the
 1-minute load average beside each.  Needs root; removes its mount, loop device, backing
 file and throttle at the end.
 
-Example: nice -n 10 python3 benchmarks/staging/coldwarm.py --size 192 --rates 0,1024,256
+Example: nice -n 10 python3 benchmarks/staging/coldwarm.py --lab-host df01 --size 192 --rates 0,1000,250
 """
 
 from __future__ import annotations
@@ -80,11 +85,81 @@ def load(paths: list[Path]) -> tuple[float, float, float]:
     return time.monotonic() - t0, res, modelled
 
 
+#: Run inside a lab host by its own python3 with the node's page-cache module (shipped to
+#: /tmp/cwnode/stage): ``evict``, ``read`` (the simulator's 1 MiB read loop, timed there),
+#: ``warm`` (the node's ``pagecache.warm``) or ``resident`` over the paths; prints JSON.
+DRIVER = """
+import json, sys, time
+sys.path.insert(0, "/tmp/cwnode")
+from stage import pagecache
+op, paths = sys.argv[1], sys.argv[2:]
+res = pagecache.residency(paths)
+share = res["resident"] / float(res["bytes"])
+if op == "evict":
+    pagecache.evict(paths)
+    print(json.dumps({}))
+elif op == "warm":
+    print(json.dumps(pagecache.warm(paths)))
+else:
+    t0 = time.monotonic()
+    for p in paths:
+        with open(p, "rb") as fh:
+            while fh.read(1 << 20):
+                pass
+    print(json.dumps({"seconds": time.monotonic() - t0, "resident_before": share}))
+"""
+
+
+class InLab:
+    """The version's filesystem mounted in lab host ``host``'s own mount namespace (through
+    ``nsenter`` into its systemd's namespace: a mount below the container's root directory
+    made from outside is not seen inside), read there by the host's python3."""
+
+    def __init__(self, host: str, lab_size: int) -> None:
+        from clusterctl.lab.config import LabConfig
+        from clusterctl.lab.session import LabSession
+
+        self.lab = LabSession.start(LabConfig.from_env(), hosts=lab_size)  # as it is when up at that size
+        self.host = host
+        nspawn = (self.lab.host_dir(host) / "nspawn.pid").read_text().strip()
+        self.leader = sh("pgrep", "-P", nspawn).split()[0]
+        node = REPO / "clusterctl" / "node" / "stage"
+        ship = "mkdir -p /tmp/cwnode/stage && : > /tmp/cwnode/stage/__init__.py"
+        self.lab.run(host, ship, check=True)
+        for name in ("pagecache.py", "threads.py", "driver.py"):
+            text = DRIVER if name == "driver.py" else (node / name).read_text()
+            self.lab.run(host, f"cat > /tmp/cwnode/stage/{name}", input=text, check=True)
+
+    def nsenter(self, script: str) -> None:
+        sh("nsenter", "-t", self.leader, "-m", "--", "sh", "-c", script)
+
+    def mount(self, dev: str, where: str) -> None:
+        major, minor = dev.split(":")
+        self.nsenter(
+            f"mkdir -p {where} && mknod /models/.cwloop b {major} {minor} && mount /models/.cwloop {where}; "
+            "rc=$?; rm -f /models/.cwloop; exit $rc"
+        )
+
+    def umount(self, where: str) -> None:
+        self.nsenter(f"umount {where} && rmdir {where}")
+
+    def op(self, op: str, paths: list[str]) -> dict[str, Any]:
+        out = self.lab.run(
+            self.host, f"python3 /tmp/cwnode/stage/driver.py {op} " + " ".join(paths), check=True, timeout=300
+        )
+        return dict(json.loads(out.stdout))
+
+    def close(self) -> None:
+        self.lab.run(self.host, "rm -rf /tmp/cwnode")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=int, default=192, help="MiB of model (shards of 64 MiB; at most 256)")
     ap.add_argument("--rates", default="0,1024,256", help="MB/s read limits of the loop device (0: none)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lab-host", help="read in this lab host, the version mounted at its /models/.versions/coldwarm")
+    ap.add_argument("--lab-size", type=int, default=1, help="with --lab-host: the lab's size (brought up if not)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -98,6 +173,7 @@ def main() -> int:
     mnt.mkdir()
     rows: list[dict[str, Any]] = []
     loop = dev = ""
+    inlab: InLab | None = None
     try:
         with open(img, "wb") as f:
             f.truncate((args.size + 96) * MiB)
@@ -120,6 +196,12 @@ def main() -> int:
             paths.append(p)
             left -= SHARD
         total = sum(p.stat().st_size for p in paths)
+        inside: list[str] | None = None
+        if args.lab_host:
+            inlab = InLab(args.lab_host, args.lab_size)
+            sh("umount", str(mnt))
+            inlab.mount(dev, "/models/.versions/coldwarm")
+            inside = ["/models/.versions/coldwarm/" + str(p.relative_to(mnt)) for p in paths]
         for rate in [int(v) for v in args.rates.split(",")]:
             throttle(cg, dev, rate * 1000 * 1000)
             for rep in range(args.repeats):
@@ -128,12 +210,23 @@ def main() -> int:
                     Path("/proc/sys/vm/drop_caches").write_text("3\n")
                     how = "drop_caches"
                 else:
-                    pagecache.evict([str(p) for p in paths])
+                    if not args.lab_host:
+                        pagecache.evict([str(p) for p in paths])
                     how = "fadvise"
-                cold_s, cold_res, cold_model = load(paths)
-                pagecache.evict([str(p) for p in paths])
-                w = pagecache.warm([str(p) for p in paths])
-                warm_s, warm_res, warm_model = load(paths)
+                if inlab is not None and inside is not None:
+                    if how == "fadvise":
+                        inlab.op("evict", inside)
+                    c = inlab.op("read", inside)
+                    cold_s, cold_res, cold_model = c["seconds"], c["resident_before"], float("nan")
+                    inlab.op("evict", inside)
+                    w = inlab.op("warm", inside)
+                    c = inlab.op("read", inside)
+                    warm_s, warm_res, warm_model = c["seconds"], c["resident_before"], float("nan")
+                else:
+                    cold_s, cold_res, cold_model = load(paths)
+                    pagecache.evict([str(p) for p in paths])
+                    w = pagecache.warm([str(p) for p in paths])
+                    warm_s, warm_res, warm_model = load(paths)
                 row = {
                     "rate_mb_s": rate or None,
                     "repeat": rep,
@@ -154,6 +247,12 @@ def main() -> int:
     finally:
         if dev:
             throttle(cg, dev, 0)
+        if inlab is not None:
+            try:
+                inlab.umount("/models/.versions/coldwarm")
+            except subprocess.CalledProcessError as e:
+                print(f"could not unmount in {args.lab_host}: {e.stderr}", file=sys.stderr)
+            inlab.close()
         if loop:
             subprocess.run(["umount", str(mnt)], check=False)
             subprocess.run(["losetup", "-d", loop], check=False)
@@ -165,6 +264,9 @@ def main() -> int:
         "started": started.isoformat(timespec="seconds"),
         "size_mib": args.size,
         "setup": "ext4 on a loop device (backing file O_DIRECT on /dev/vda), reads throttled by cgroup v1 blkio",
+        "read_in": f"lab host {args.lab_host}: its python3, the node's pagecache module, the simulator's read loop"
+        if args.lab_host
+        else "this machine: the simulator's Starter._load_time, the node's pagecache.warm",
         "machine": {"cpus": os.cpu_count()},
         "rows": rows,
     }
