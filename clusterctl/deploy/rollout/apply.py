@@ -184,7 +184,12 @@ def drain_targets(
 
 
 def drain_before(
-    inv: Inventory, hp: HostPlan, st: HostState, instances: Mapping[str, Instance], timeout: float, gateway: Any = None
+    inv: Inventory,
+    hp: HostPlan,
+    st: HostState,
+    instances: Mapping[str, Instance],
+    timeout: float,
+    gateway: dr.GatewayHook | None = None,
 ) -> dict[str, str]:
     """Drain the running instances this host's apply restarts or removes; instance -> note.
 

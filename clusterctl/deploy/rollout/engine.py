@@ -19,7 +19,7 @@ from clusterctl.deploy.units import multinode, pdrouter
 from clusterctl.deploy import remote, spec
 from clusterctl.deploy.rollout.drain import GatewayHook
 from clusterctl.deploy.rollout.journal import first_error
-from clusterctl.deploy.rollout.plan import Plan, make_plan, matches
+from clusterctl.deploy.rollout.plan import HostPlan, Plan, make_plan, matches
 from clusterctl.deploy.rollout.rollback_order import rollback_in_order
 from clusterctl.deploy.state import StateStore, utc_now
 from clusterctl.errors import ClusterctlError
@@ -621,7 +621,7 @@ class Deploy:
         fleet: Fleet,
         n: int,
         batch: list[str],
-        by_host: Mapping[str, Any],
+        by_host: Mapping[str, HostPlan],
         states: dict[str, remote.HostState],
         rep: DeployReport,
     ) -> list[str]:
@@ -701,7 +701,7 @@ class Deploy:
         return failed
 
     def mark_down_batch(
-        self, batch: list[str], by_host: Mapping[str, Any], states: dict[str, remote.HostState]
+        self, batch: list[str], by_host: Mapping[str, HostPlan], states: dict[str, remote.HostState]
     ) -> None:
         """Mark every instance the batch's drains will take out down at the gateway in one change
         (one render and reload for the batch, not one per instance); each drain's own mark-down then
@@ -745,7 +745,7 @@ class Deploy:
         results = gate_restored(self.inv, self.state_dir, fleet, restored, self.opts.gate_timeout_s, self.on_event)
         self.put_back([g.instance for g in results if g.ok] + removed, rep)
 
-    def apply_job(self, hp: Any, st: remote.HostState) -> dict[str, Any]:
+    def apply_job(self, hp: HostPlan, st: remote.HostState) -> dict[str, Any]:
         """The node job that applies one host's plan ``hp`` (a hook: playbooks drop files already written)."""
         return ap.apply_job(hp, self.rendered, st, self.me.run_id, self.links_before.get(hp.host))
 
@@ -888,7 +888,7 @@ class Deploy:
         return missing
 
     def _rollback(
-        self, fleet: Fleet, hosts: list[str], by_host: Mapping[str, Any], rep: DeployReport, status: str
+        self, fleet: Fleet, hosts: list[str], by_host: Mapping[str, HostPlan], rep: DeployReport, status: str
     ) -> None:
         # a multi-node replica's members: stop all, then the workers, then the head (not all at once)
         replies, order = rollback_in_order(

@@ -105,7 +105,7 @@ def held(
     *,
     ttl_s: float = DEFAULT_TTL_S,
     break_lock: bool = False,
-    fresh_fleet: Callable[[], Any] | None = None,
+    fresh_fleet: Callable[[], Fleet] | None = None,
     audit: Callable[[], dict[str, Any] | None] = lambda: None,
 ) -> Iterator[Acquired]:
     """``with held(...) as got:``: the lock on ``hosts`` (``got.locked``) for the block.
@@ -126,7 +126,7 @@ def release_anyway(
     hosts: list[str],
     run_id: str,
     audit: dict[str, Any] | None,
-    fresh_fleet: Callable[[], Any] | None = None,
+    fresh_fleet: Callable[[], Fleet] | None = None,
 ) -> dict[str, str]:
     """:func:`release`, with ``fresh_fleet()`` when ``fleet`` can no longer run (closed by Ctrl-C)."""
     try:

@@ -112,7 +112,7 @@ def _restored_targets(inv: Inventory, state: remote.HostState, names: Sequence[s
 
 
 def drain_restored(
-    inv: Inventory, state: remote.HostState, names: Sequence[str], gateway: Any, timeout: float
+    inv: Inventory, state: remote.HostState, names: Sequence[str], gateway: dr.GatewayHook | None, timeout: float
 ) -> list[DrainResult]:
     """Drain (gateway mark-down first) the running instances of ``names`` on the host of ``state``."""
     return [dr.drain(inv, i, timeout=timeout, gateway=gateway) for i in _restored_targets(inv, state, names)]
@@ -122,7 +122,7 @@ def drain_restored_all(
     inv: Inventory,
     states: Mapping[str, remote.HostState],
     todo: Mapping[str, Sequence[str]],
-    gateway: Any,
+    gateway: dr.GatewayHook | None,
     timeout: float,
 ) -> list[DrainResult]:
     """Drain the running instances of ``todo`` (host -> names) on every host at once: one gateway
