@@ -383,7 +383,8 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
     surge      = the pre-staged release with each batch's apply + load + gate paid (1 + f)
                  times: a surge copy starts, passes its gates and joins the gateway before the
                  replica restarts in place; f is the surge benchmark's measured extra over in
-                 place (``--surge-result``: surge / in place - 1, gateway syncs included).
+                 place, gateway syncs included (``surge_factor``: the newest surge sweep's
+                 per-batch fit, else a single surge run's ratio).
     preflight  = c + h x N once per release, switch-over(n) = c + d x n per batch (its drain:
                  mark-down at the gateway and the wait for requests in flight; its mark-up after
                  the gates): fitted on the nspawn lab's real releases (``lab_terms``), which the
@@ -416,7 +417,7 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
     rnd_c, rnd_d = fit_line(ns, [r["B"]["fanout_round_s"] for r in runs])
     p_a, h_p = fit_line(ns, [r["B"]["prestage"]["seconds"] for r in runs])
     c_p = p_a - bound
-    surge_f = surge_factor(getattr(args, "surge_result", None))
+    surge_f, surge_src = surge_factor(getattr(args, "surge_result", None))
     lab = lab_terms(getattr(args, "lab_result", None))
     pf_c, pf_h = lab["preflight_s"]
     so_c, so_d = lab["switch_over_s"]
@@ -488,6 +489,7 @@ def model(runs: list[dict[str, Any]], bound: float, args: argparse.Namespace) ->
         },
         "prestage_with_warm": {"fixed_s": round(c_p, 3), "per_host_s": round(h_p, 4)},
         "surge_extra_factor": round(surge_f, 3),
+        "surge_result": surge_src,
         "switch_s": [round(sw_c, 3), round(sw_d, 4)],
         "apply_s": [round(ap_c, 3), round(ap_d, 4)],
         "gate_over_load_s": [round(g_c, 3), round(g_d, 4)],
@@ -519,16 +521,25 @@ def lab_terms(path: Path | None) -> dict[str, Any]:
     return {"preflight_s": pf, "switch_over_s": so, "source": [p.name for p in paths]}
 
 
-def surge_factor(path: Path | None) -> float:
-    """f of the surge term: a surge release's seconds over the same release in place, less 1
-    (``benchmarks/release/surge.py``'s result; the newest one when ``path`` is None)."""
+def surge_factor(path: Path | None) -> tuple[float, str | None]:
+    """f of the surge term (each batch paid ``1 + f`` times) and the file it came from.
+
+    From a surge sweep (``benchmarks/surge/sweep.py``: releases of 2, 4, 8 ... replicas, ``fit.f`` =
+    the surge release's seconds per batch over in place's, less 1) when there is one, else from a
+    single surge run (``benchmarks/release/surge.py``: its seconds over in place's, less 1).  With
+    ``path`` None: the newest ``surge-sweep-*.json``, else the newest ``release-surge-*.json``;
+    neither: 1.0 (one more start per batch, nothing else) and no source."""
     if path is None:
-        found = sorted((REPO / "benchmarks" / "results").glob("release-surge-*.json"))
+        results = REPO / "benchmarks" / "results"
+        found = sorted(results.glob("surge-sweep-*.json")) or sorted(results.glob("release-surge-*.json"))
         if not found:
-            return 1.0  # no measurement: one more start per batch, nothing else
+            return 1.0, None
         path = found[-1]
-    runs = {r["release"]: r for r in json.loads(Path(path).read_text())["runs"]}
-    return float(runs["surge"]["seconds"]) / float(runs["in place"]["seconds"]) - 1
+    doc = json.loads(Path(path).read_text())
+    if "f" in (doc.get("fit") or {}):
+        return float(doc["fit"]["f"]), Path(path).name
+    runs = {r["release"]: r for r in doc["runs"]}
+    return float(runs["surge"]["seconds"]) / float(runs["in place"]["seconds"]) - 1, Path(path).name
 
 
 def main() -> int:
@@ -553,7 +564,8 @@ def main() -> int:
         "--surge-result",
         type=Path,
         default=None,
-        help="surge.py's result for the model's surge term (default: the newest release-surge-*.json)",
+        help="the model's surge term: a surge sweep (benchmarks/surge/sweep.py, its fit.f) or one surge.py "
+        "result (default: the newest surge-sweep-*.json, else the newest release-surge-*.json)",
     )
     ap.add_argument(
         "--lab-result",
@@ -565,11 +577,20 @@ def main() -> int:
     ap.add_argument(
         "--refit",
         type=Path,
+        nargs="?",
+        const=Path(),
         default=None,
-        help="recompute the model of a result JSON written earlier (rewrites its 'model')",
+        help="recompute only the model of a result JSON written earlier (rewrites its 'model'; no path: "
+        "the newest release-<date>.json), from the surge and nspawn lab results as they are now",
     )
     args = ap.parse_args()
-    if args.refit:
+    if args.refit is not None:
+        if args.refit == Path():
+            found = sorted((REPO / "benchmarks" / "results").glob("release-2*.json"))
+            found = [p for p in found if "-linger" not in p.name]
+            if not found:
+                ap.error("--refit: no benchmarks/results/release-<date>.json to refit")
+            args.refit = found[-1]
         doc = json.loads(args.refit.read_text())
         for k in ("serial", "real_gb", "time_scale", "rate"):
             setattr(args, k, doc[k])
