@@ -53,7 +53,8 @@ from clusterctl.diagnose.registry import run_analyzers
 from clusterctl.diagnose.thresholds import load_thresholds
 from clusterctl.diagnose.tp import check_tp_groups
 from clusterctl.gateway import state as gwstate
-from clusterctl.gateway.hook import fleet_hook
+from clusterctl.gateway.hook import Hook, fleet_hook
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.select import select_hosts
 from clusterctl.probe.factgroups import GpusFact
 
@@ -138,7 +139,7 @@ def scan_hosts(inv: Inventory, instances: Mapping[str, Instance]) -> list[str]:
 def detect(
     inv: Inventory,
     instances: Mapping[str, Instance],
-    fleet: Any,
+    fleet: Fleet,
     hosts: Sequence[str],
     on_event: Callable[[str], None] | None = None,
 ) -> Detection:
@@ -156,7 +157,7 @@ def detect(
     return Detection(unavailable, run_analyzers(ctx, only=["gpu"]), topology, dict(snap.missing))
 
 
-def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Any:
+def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Hook | None:
     return fleet_hook(inv, state_dir, make_fleet)
 
 

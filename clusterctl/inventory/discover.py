@@ -29,8 +29,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from clusterctl.inventory.model import Inventory
 from clusterctl.inventory.nodeset import fold, natural_key
-from clusterctl.probe.factgroups import GpusFact, HostFact, Nic, NicsFact, schema_problem
+from clusterctl.probe.factgroups import FactsDoc, GpusFact, HostFact, Nic, NicsFact, schema_problem
 
 #: Shell run on each host to find vLLM installations: ``PATH<TAB>VERSION`` lines.
 ENGINE_PROBE = (
@@ -66,7 +67,7 @@ def gpu_model(name: str, memory_total: int | None) -> str:
     return re.sub(r"\s+", "-", n) or "unknown"
 
 
-def gpu_spec(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+def gpu_spec(doc: FactsDoc) -> dict[str, Any] | None:
     """``{count, model, memory_gib, interconnect}`` from one facts document, None without GPUs."""
     devs = GpusFact.parse(doc).devices
     if not devs:
@@ -88,7 +89,7 @@ def _gbps(nic: Nic) -> float | None:
     return rate or (nic.speed_mbps or 0) / 1000 or None
 
 
-def nic_specs(doc: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def nic_specs(doc: FactsDoc) -> tuple[list[dict[str, Any]], list[str]]:
     """The NICs of one facts document with their roles guessed, and notes on the guesses."""
     out: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -125,7 +126,7 @@ GUESSES = (
 
 
 def discover(
-    facts: Mapping[str, Mapping[str, Any]],
+    facts: Mapping[str, FactsDoc],
     base: Mapping[str, Any],
     *,
     engines: Mapping[str, list[tuple[str, str]]] | None = None,
@@ -237,8 +238,8 @@ class Difference:
 
 
 def diff(
-    inv: Any,
-    facts: Mapping[str, Mapping[str, Any]],
+    inv: Inventory,
+    facts: Mapping[str, FactsDoc],
     *,
     missing: Mapping[str, str] | None = None,
     engines: Mapping[str, list[tuple[str, str]]] | None = None,
