@@ -50,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
 
-from clusterctl.diagnose.bundle import node_program  # noqa: E402
+from clusterctl.probe.snapshot import node_program  # noqa: E402
 from clusterctl.fleet.cached import digest, loader_command  # noqa: E402
 from clusterctl.lab import light  # noqa: E402
 from clusterctl.probe.payload import build_payload, payload, probe_args  # noqa: E402

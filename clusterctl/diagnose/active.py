@@ -24,13 +24,12 @@ analyzer: the rows appear only when ``--active`` is asked for.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clusterctl.diagnose.findings import Finding, Severity
-from clusterctl.fleet.shell import join
-from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.model import Inventory
 from clusterctl.probe.factgroups import FactsDoc, NicsFact, ToolsFact
 from clusterctl.probe.gid import ipv4_of_gid
@@ -166,8 +165,8 @@ def commands(
     retries for a few seconds while the server starts.  Both run under
     ``timeout`` (``limit_s`` seconds, then KILL 2 s later)."""
     bound = ["timeout", "-k", "2", f"{limit_s:g}"]
-    srv = join(bound + _argv(server, duration, tcp_port))
-    cli = join(bound + _argv(client, duration, tcp_port) + [server_address])
+    srv = shlex.join(bound + _argv(server, duration, tcp_port))
+    cli = shlex.join(bound + _argv(client, duration, tcp_port) + [server_address])
     client_cmd = f"for i in 1 2 3 4 5; do {cli} && exit 0; rc=$?; [ $rc -ge 124 ] && exit $rc; sleep 1; done; exit $rc"
     return srv, client_cmd
 
@@ -345,13 +344,3 @@ def active_findings(
         for server, client in rnd:
             out.append(_pair_finding(eps[server], eps[client], results, duration, thresholds))
     return out
-
-
-def fleet_runner(fleet: Fleet) -> Runner:
-    """A :data:`Runner` over a :class:`clusterctl.fleet.fleet.Fleet` (SSH)."""
-
-    def run(cmds: Mapping[str, str], timeout: float) -> dict[str, RunOutput]:
-        res = fleet.run(dict(cmds), timeout=timeout, deadline=timeout + 30)
-        return {r.host: RunOutput(r.rc, r.stdout, r.error) for r in res}
-
-    return run

@@ -3,7 +3,7 @@
 One run (docs/gateway.md, "Failover"):
 
 1. **Detect.** Doctor's snapshot of the instances' hosts and of their
-   templates' hosts (one SSH round trip per host, ``bundle.gather``), then
+   templates' hosts (one SSH round trip per host, ``probe.snapshot.gather``), then
    doctor's ``tp.group`` check and GPU checks on it: the instances whose TP
    group is UNAVAILABLE (CRIT), the failed GPUs, the GPU topology.
 2. **Decide** (:mod:`clusterctl.gateway.failover_plan`): the cap, what moves
@@ -50,6 +50,7 @@ from clusterctl.deploy.placement.place import desired_instances
 from clusterctl.deploy.placement.topology import host_topology
 from clusterctl.diagnose import bundle
 from clusterctl.diagnose.registry import run_analyzers
+from clusterctl.probe import snapshot
 from clusterctl.diagnose.thresholds import load_thresholds
 from clusterctl.diagnose.tp import check_tp_groups
 from clusterctl.gateway import state as gwstate
@@ -144,7 +145,7 @@ def detect(
     on_event: Callable[[str], None] | None = None,
 ) -> Detection:
     """Doctor's snapshot of ``hosts`` (``fleet`` holds them) and its TP-group and GPU checks."""
-    snap = bundle.gather(fleet, inv, [inv.hosts[h] for h in hosts], on_event=on_event)
+    snap = snapshot.gather(fleet, inv, [inv.hosts[h] for h in hosts], on_event=on_event)
     ctx = bundle.context(snap, replace(inv, instances=dict(instances)), load_thresholds())
     tp = check_tp_groups(ctx)
     names = tp_unavailable(tp)

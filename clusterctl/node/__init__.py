@@ -20,7 +20,7 @@ program                 job                                             built wi
 ``collector.py``        the probe: facts as one JSON document           ``probe/payload.py`` (+ pynvml)
 ``deploy.py``           deploy's reader/writer of units, env, files     ``deploy/remote.py``
 ``preflight.py``        deploy pre-flight reader (models, ports)        ``deploy/preflight/hosts.py``
-``bundle.py``           ``collect`` bundle's node side                  ``diagnose/bundle.py`` (+ the probe)
+``bundle.py``           ``collect`` bundle's node side                  ``probe/snapshot.py`` (+ the probe)
 ``gateway.py``          gateway host: install, config, drain scores     ``gateway/deploy.py``
 ``stage/``              model staging: fetch, relay, layout, page       ``stage/bundle.py`` (a package)
                         cache (``main.py``)

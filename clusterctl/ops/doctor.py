@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from clusterctl.config import UserConfig
@@ -34,16 +35,18 @@ from clusterctl.fleet.results import HostResult, HostStatus
 from clusterctl.inventory.model import Host, Inventory
 from clusterctl.deploy.placement.deployed import with_replicas as placed
 from clusterctl.diagnose import acks as ack_store
-from clusterctl.diagnose.active import active_findings as bandwidth, fleet_runner
+from clusterctl.diagnose.active import Runner, RunOutput, active_findings as bandwidth
 from clusterctl.diagnose.baseline import learn as learn_baseline, load_baseline, write_baseline
-from clusterctl.diagnose.bundle import context, gather as gather_hosts, only_hosts
+from clusterctl.diagnose.bundle import context, only_hosts
 from clusterctl.diagnose.current import HISTORY, parse_when
 from clusterctl.diagnose.thresholds import load_thresholds
 from clusterctl.drift import doctor_checks
 from clusterctl.fleet.factory import make_fleet
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory as load
 from clusterctl.inventory.nodeset import expand
 from clusterctl.inventory.select import select_hosts
+from clusterctl.probe.snapshot import gather as gather_hosts
 
 
 @dataclass(frozen=True)
@@ -457,3 +460,14 @@ def add_ack(
 def remove_ack(state_dir: str | Path, check: str, subject: str, host: Optional[str] = None) -> int:
     """Remove the acknowledgements of ``check`` on ``subject`` (on ``host`` only when given); how many."""
     return ack_store.remove(state_dir, check, subject, host)
+
+
+def fleet_runner(fleet: Fleet) -> Runner:
+    """``doctor --active``'s :data:`clusterctl.diagnose.active.Runner` over ``fleet`` (SSH): each
+    host's command at once, ``timeout`` seconds per command, the round cut off 30 s after that."""
+
+    def run(cmds: Mapping[str, str], timeout: float) -> dict[str, RunOutput]:
+        res = fleet.run(dict(cmds), timeout=timeout, deadline=timeout + 30)
+        return {r.host: RunOutput(r.rc, r.stdout, r.error) for r in res}
+
+    return run

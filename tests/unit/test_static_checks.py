@@ -204,6 +204,40 @@ def test_deploy_never_reaches_the_gateway_by_itself() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+#: What reaches hosts: the SSH fan-out (the whole package: even ``fleet.shell``'s quoting helpers
+#: pull ``fleet/__init__``'s Fleet in; ``shlex`` does the same quoting), the probe's run and the
+#: live snapshot.  The analyzers and the bundle reader take facts and texts, never a fleet.
+DIAGNOSE_NEVER_IMPORTS = ("clusterctl.fleet", "clusterctl.probe.run", "clusterctl.probe.snapshot")
+
+
+def _reaches_hosts(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in DIAGNOSE_NEVER_IMPORTS)
+
+
+def test_the_analyzers_never_reach_the_hosts() -> None:
+    """``diagnose/`` is facts in, findings out: gathering a snapshot (``probe/snapshot.py``) and
+    running ``doctor --active``'s tests over SSH (``ops/doctor.fleet_runner``) live elsewhere."""
+    offenders = [
+        f"{path}:{line}: imports {n}"
+        for path in sorted((PACKAGE / "diagnose").rglob("*.py"))
+        for line, n in _imported_names(ast.parse(path.read_text()))
+        if _reaches_hosts(n)
+    ]
+    assert not offenders, "\n".join(offenders)
+    seen = _imported_names(ast.parse("from clusterctl import fleet\nfrom clusterctl.probe import run, factgroups\n"))
+    assert [n for _, n in seen if _reaches_hosts(n)] == ["clusterctl.fleet", "clusterctl.probe.run"]
+    assert _reaches_hosts("clusterctl.fleet.shell") and not _reaches_hosts("clusterctl.fleetx")
+
+
+def _imported_names(tree: ast.Module) -> list[tuple[int, str]]:
+    """:func:`_imported` plus ``package.name`` for each ``from package import name``."""
+    out = _imported(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
 #: What acts on hosts or runs a workflow: the CLI reaches it only through clusterctl.ops.
 CLI_NEVER_IMPORTS_MODULES = (
     "clusterctl.deploy.rollout.rollback",
@@ -428,6 +462,7 @@ LATER = "not yet moved to the top (issue 17): no cycle in today's top-level impo
 
 INLINE_IMPORTS: dict[str, str] = {
     "deploy/status/instances.py clusterctl.diagnose.bundle": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
+    "deploy/status/instances.py clusterctl.probe.snapshot": SLOW,  # start-up: as the bundle above (the probe payload, the fleet)
     "deploy/status/instances.py clusterctl.diagnose.tp": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
     "deploy/units/render.py clusterctl.deploy.units.sdversion": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
     "diagnose/serving.py clusterctl.diagnose.tp": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
@@ -582,9 +617,7 @@ FACT_READERS = ("diagnose/", "bringup/", "gateway/failover.py", "inventory/disco
 #: Modules that write facts documents (from nvidia-smi or an operator's raw outputs), not read them.
 FACT_WRITERS = ("diagnose/evidence.py", "diagnose/nvsmi.py")
 #: Section-named keys on something that is not a facts document, with why.
-FACT_KEYS_ALLOWED = {
-    "diagnose/bundle.py doc.get('collected_at')": "the node bundle's instance document, not facts",
-}
+FACT_KEYS_ALLOWED: dict[str, str] = {}  # none since the node bundle's reader moved to probe/snapshot.py
 _FACTS_NAME = re.compile(r"\b(facts|doc|raw)\b")
 
 

@@ -487,9 +487,10 @@ def tp_health(
     # brings the probe's collector and the evidence parsers
     from clusterctl.diagnose import bundle
     from clusterctl.diagnose.tp import check_tp_groups
+    from clusterctl.probe import snapshot
 
     hosts = [inv.hosts[h] for h in sorted({g.host for i in instances.values() for g in i.placement}) if h in inv.hosts]
-    snap = bundle.gather(fleet, inv, hosts, on_event=on_event)
+    snap = snapshot.gather(fleet, inv, hosts, on_event=on_event)
     findings = check_tp_groups(bundle.context(snap, replace(inv, instances=dict(instances)), load_thresholds()))
     out: dict[str, str] = {}
     for f in findings:

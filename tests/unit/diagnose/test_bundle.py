@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from clusterctl.cli.main import main
-from clusterctl.diagnose.bundle import Snapshot, context, gather, read_bundle, write_bundle
+from clusterctl.diagnose.bundle import Snapshot, context, read_bundle, write_bundle
+from clusterctl.probe.snapshot import gather
 from clusterctl.diagnose.findings import Severity
 from clusterctl.diagnose.registry import run_analyzers
 from clusterctl.fleet.results import HostResult, HostStatus

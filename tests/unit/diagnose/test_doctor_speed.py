@@ -90,7 +90,7 @@ def test_an_instance_that_accepts_but_never_answers_costs_its_timeout_once_per_s
     import json
     import socket
 
-    from clusterctl.diagnose.bundle import NODE_SCRIPT
+    from clusterctl.probe.snapshot import NODE_SCRIPT
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))

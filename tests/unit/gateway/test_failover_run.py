@@ -170,7 +170,7 @@ def test_detect_reads_the_gpu_pairs_typed_and_a_malformed_gpus_section_gives_no_
         "gpu03": {"schema": 2, "gpus": {"topology": [{"gpus": [0, 1], "level": "NODE"}]}},
     }
     snap = type("Snap", (), {"facts": docs, "missing": {}})()
-    monkeypatch.setattr(failover.bundle, "gather", lambda *a, **k: snap)
+    monkeypatch.setattr(failover.snapshot, "gather", lambda *a, **k: snap)
     monkeypatch.setattr(failover.bundle, "context", lambda *a, **k: None)
     monkeypatch.setattr(failover, "check_tp_groups", lambda ctx: [])
     monkeypatch.setattr(failover, "run_analyzers", lambda ctx, only: [])

@@ -26,7 +26,7 @@ import pytest
 from clusterctl import node
 from clusterctl.deploy.preflight.hosts import NODE_SCRIPT as PREFLIGHT
 from clusterctl.deploy.remote import node_program as deploy_program
-from clusterctl.diagnose.bundle import node_program as bundle_program
+from clusterctl.probe.snapshot import node_program as bundle_program
 from clusterctl.fleet import ship
 from clusterctl.fleet.cached import loader_command
 from clusterctl.probe.payload import payload
@@ -162,7 +162,7 @@ def run_preflight(tmp: Path) -> None:  # deploy/preflight/hosts.py's, the reques
         assert "config.json" in json.loads(r.stdout)["models"][str(tmp / "absent")]["error"]
 
 
-def run_bundle(tmp: Path) -> None:  # diagnose/bundle.py's (no probe, no instance asked)
+def run_bundle(tmp: Path) -> None:  # probe/snapshot.py's (no probe, no instance asked)
     for r in _shipped(tmp, bundle_program(b""), [json.dumps({"instances": {}})]):
         doc = _json_line(r)
         assert doc["instances"] == {} and doc["collected_at"]
