@@ -11,8 +11,13 @@ root:GROUP, rename), run ``nginx -t`` and, when it fails, put every old file
 back (removing files that did not exist) and answer ``ok: false`` with
 nginx's message.  When it passes: ``systemctl reload nginx`` if nginx is
 running (a graceful reload: old workers finish their requests, bounded by
-``worker_shutdown_timeout``), else enable and start it; then wait until
-``/gateway/health`` reports the new digest on HEALTH_AGREE fresh connections in a row.
+``worker_shutdown_timeout``), else enable and start it; then wait until a fresh connection
+can only reach the new configuration: every worker the master had before the reload has
+left or closed its listening sockets (its title says ``is shutting down``: nginx sets it just
+before it closes them and accepts nothing after), and one ``/gateway/health`` request reports
+the new digest (polled every POLL_S, within HEALTH_WAIT_S).  When the master's workers cannot
+be read (no pid file ``job["pid_file"]``, default /run/nginx.pid, or not nginx's), it waits as
+it did before: the new digest on HEALTH_AGREE fresh connections in a row, 50 ms apart.
 
 ``"vrrp": {HOST: [files]}`` in an apply job: keepalived's files per gateway host (``gateway.vip``);
 this host takes its own (its inventory name is the program's one argument), writes the changed
@@ -43,6 +48,9 @@ from typing import Any
 
 HEALTH_WAIT_S = 15.0
 HEALTH_AGREE = 8
+POLL_S = 0.01
+PROC = "/proc"
+PID_FILE = "/run/nginx.pid"
 
 
 def _out(obj: dict[str, Any]) -> None:
@@ -91,6 +99,78 @@ def _health(port: int, timeout: float = 2.0) -> dict[str, Any]:
             return body
     except Exception as e:  # noqa: BLE001 - any failure is "not healthy"
         return {"error": str(e)}
+
+
+def _proc_stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time in clock ticks) of ``pid``; None when it has gone."""
+    raw = _read("%s/%d/stat" % (PROC, pid))
+    if raw is None:
+        return None
+    rest = raw.decode("utf-8", "replace").rsplit(")", 1)[-1].split()
+    return int(rest[1]), rest[19]
+
+
+def _title(pid: int) -> str:
+    raw = _read("%s/%d/cmdline" % (PROC, pid)) or b""
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+
+def _workers(pid_file: str) -> dict[int, str] | None:
+    """The nginx master's worker processes now: pid -> start time (a pid reused later is not the
+    same worker); None when the master cannot be found (no pid file, or not nginx's)."""
+    try:
+        master = int((_read(pid_file) or b"").decode().strip())
+    except ValueError:
+        return None
+    if not _title(master).startswith("nginx: master process"):
+        return None
+    out: dict[int, str] = {}
+    try:
+        names = os.listdir(PROC)
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        st = _proc_stat(int(name))
+        if st is not None and st[0] == master and _title(int(name)).startswith("nginx: worker process"):
+            out[int(name)] = st[1]
+    return out
+
+
+def _still_accepting(old: dict[int, str]) -> list[int]:
+    """The workers of ``old`` that may still accept a connection: alive (same start time) and not
+    shutting down (nginx retitles a worker just before it closes its listening sockets)."""
+    out = []
+    for pid, started in sorted(old.items()):
+        st = _proc_stat(pid)
+        if st is not None and st[1] == started and "shutting down" not in _title(pid):
+            out.append(pid)
+    return out
+
+
+def confirm_config(port: int, want: str, old: dict[int, str] | None, wait_s: float = HEALTH_WAIT_S) -> dict[str, Any]:
+    """Wait until a fresh connection to ``/gateway/health`` on ``port`` can only reach config ``want``.
+
+    ``old``: the master's workers before the reload (:func:`_workers`; ``{}`` for a fresh start):
+    none of them may still accept (gone or shutting down), then one health answer with ``want``.
+    None (unknown): HEALTH_AGREE answers with ``want`` in a row instead.  Returns ``{"ok": True,
+    "polls": N}`` or ``{"ok": False, "health": LAST, "accepting": OLD PIDS}`` after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    health: dict[str, Any] = {}
+    agree = polls = 0
+    need = 1 if old is not None else HEALTH_AGREE
+    accepting: list[int] = []
+    while time.monotonic() < deadline:
+        accepting = _still_accepting(old) if old else []
+        if not accepting:
+            health = _health(port)
+            polls += 1
+            agree = agree + 1 if health.get("config") == want else 0
+            if agree >= need:
+                return {"ok": True, "polls": polls}
+        time.sleep(POLL_S if old is not None else 0.05)
+    return {"ok": False, "health": health, "accepting": accepting}
 
 
 def _active() -> bool:
@@ -199,10 +279,13 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
             "error": "nginx -t refused the new configuration (the old one is kept):\n" + text,
         }
     if running:
+        # a graceful reload: until the master has told these to stop, they may accept a connection
+        workers = _workers(str(job.get("pid_file") or PID_FILE))
         rc, text = _run(["systemctl", "reload", "nginx.service"])
         action = "reloaded"
     else:
         _run(["systemctl", "enable", "nginx.service"])
+        workers = {}  # a fresh master: every worker it has runs the new configuration
         rc, text = _run(["systemctl", "start", "nginx.service"])
         action = "started"
     if rc != 0:
@@ -213,22 +296,16 @@ def apply(job: dict[str, Any]) -> dict[str, Any]:
             "error": "systemctl %s nginx failed: %s" % ("reload" if running else "start", text),
         }
     want = job.get("digest", "")[:16]
-    deadline = time.monotonic() + HEALTH_WAIT_S
-    health: dict[str, Any] = {}
-    agree = 0
-    while time.monotonic() < deadline:
-        health = _health(int(job["port"]))
-        # Just after a reload an old worker may still accept a connection or two:
-        # the new config counts as live once several fresh connections in a row see it.
-        agree = agree + 1 if health.get("config") == want else 0
-        if agree >= HEALTH_AGREE:
-            return {"ok": True, "changed": True, "reloaded": action == "reloaded", "action": action, "files": changed}
-        time.sleep(0.05)
+    seen = confirm_config(int(job["port"]), want, workers)
+    if seen["ok"]:
+        return {"ok": True, "changed": True, "reloaded": action == "reloaded", "action": action, "files": changed}
+    still = " (old workers still accepting: %s)" % seen["accepting"] if seen["accepting"] else ""
     return {
         "ok": False,
         "kind": "health",
         "changed": True,
-        "error": "nginx was %s but /gateway/health does not report config %s: %s" % (action, want, health),
+        "error": "nginx was %s but /gateway/health does not report config %s: %s%s"
+        % (action, want, seen["health"], still),
     }
 
 

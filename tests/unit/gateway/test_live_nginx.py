@@ -23,6 +23,7 @@ from clusterctl.gateway import keys as gwkeys
 from clusterctl.gateway.render import render_gateway
 from clusterctl.inventory.loader import load_inventory_text
 from clusterctl.inventory.model import Inventory
+from clusterctl.node import gateway as node_gateway
 
 from support.live_nginx import FakeInstance, LiveNginx, free_port, nginx_usable, post
 
@@ -496,5 +497,47 @@ def test_least_score_max_conns_per_instance_then_a_503_at_once(tmp_path: Path, m
         while sum(_in_flight(picks, n)[0] for n in ("a1", "a2")) and time.monotonic() < deadline:
             time.sleep(0.02)  # the ends are recorded when nginx logs them
         assert post(g.port, {"model": "tiny", "max_tokens": 4}, key=key)[0] == 200
+    finally:
+        g.close()
+
+
+def test_a_reload_is_confirmed_once_no_old_worker_accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node program's wait after a reload (``confirm_config``): it returns once every worker of
+    the old generation is gone or shutting down and one health answer has the new config, without
+    waiting for an old worker's stream in flight; every fresh connection after it sees the new config."""
+    g = Gateway(tmp_path, monkeypatch, chunks=10, delay_s=0.3)
+    try:
+        bob = g.add("bob")
+        g.nginx.start(g.render(), g.admin)
+        old = node_gateway._workers(g.nginx.paths().pid_file)
+        assert old, "the master's workers are read from /proc"
+        results: list[tuple[int, dict[str, str], bytes]] = []
+        t = threading.Thread(target=lambda: results.append(post(g.port, {"model": "tiny", "stream": True}, key=bob)))
+        t.start()
+        time.sleep(0.5)
+        new = render_gateway(
+            g.inv,
+            {n: i for n, i in g.inv.instances.items() if n != "a2"},
+            api_key=UPSTREAM_KEY,
+            clients=gwkeys.load(g.state),
+            paths=g.nginx.paths(),
+        )
+        assert new.config != g.nginx_config()
+        g.nginx.write(new)
+        t0 = time.monotonic()
+        assert g.nginx._nginx("-s", "reload").returncode == 0
+        seen = node_gateway.confirm_config(g.admin, new.config, old, wait_s=10)
+        took = time.monotonic() - t0
+        assert seen["ok"], seen
+        assert t.is_alive(), "the old worker's stream is still running: its exit was not waited for"
+        assert node_gateway._still_accepting(old) == []
+        fresh = []
+        for _ in range(20):
+            with urllib.request.urlopen(f"http://127.0.0.1:{g.admin}/gateway/health", timeout=5) as r:
+                fresh.append(json.loads(r.read())["config"])
+        assert fresh == [new.config] * 20
+        t.join(15)
+        assert results and results[0][0] == 200 and results[0][2].rstrip().endswith(b"data: [DONE]")
+        print(f"reload confirmed in {took:.3f} s after {seen['polls']} health request(s)")
     finally:
         g.close()
