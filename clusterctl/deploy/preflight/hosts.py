@@ -8,6 +8,7 @@ reader (``clusterctl/node/preflight.py``), run once per host.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -152,7 +153,9 @@ def read_hosts(
     """Read what pre-flight needs from each instance's host through ``fleet``.
 
     ``facts`` given for a host are used as they are; the others are probed
-    (``clusterctl.probe.run.collect_facts``).  The node reader
+    (``clusterctl.probe.run.collect_facts``), in a thread of its own while the node reader runs:
+    the reader's request (model directories, ports, engines) does not depend on the facts, so the
+    two fan-out rounds overlap instead of running one after the other.  The node reader
     (``clusterctl/node/preflight.py``, stdlib python3, as root through the fleet's sudo)
     reads each model's config.json and safetensors headers, ``ss -Htlnp`` and
     the systemd unit of every listening pid.  Hosts not in the fleet or not
@@ -165,17 +168,13 @@ def read_hosts(
     reasons: dict[str, str] = {}  # why the node reader gave nothing
     fact_reasons: dict[str, str] = {}  # why there are no facts
     missing = [h for h in wanted if h in in_fleet and h not in facts]
-    if missing:
+    probing = None
+    pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight-facts") if missing else None
+    if pool is not None:
         from clusterctl.probe.run import collect_facts
 
         emit(f"pre-flight: reading GPU facts on {len(missing)} host(s)")
-        for name, fr in collect_facts(fleet, sudo=True).items():
-            if name not in wanted or name in facts:
-                continue
-            if fr.facts is not None:
-                facts[name] = fr.facts
-            else:
-                fact_reasons[name] = f"GPU facts: {fr.reason or fr.status}"
+        probing = pool.submit(collect_facts, fleet, sudo=True)
     emit(f"pre-flight: reading model sizes and listening ports on {len(wanted)} host(s)")
     engines = _node_requests(instances, inv, "engines")
     commands = {
@@ -184,18 +183,29 @@ def read_hosts(
         if h in in_fleet
     }
     docs: dict[str, dict[str, Any]] = {}
-    if commands:
-        results = ship.run(
-            fleet, ship.build("preflight", NODE_SCRIPT.read_bytes()), commands, sudo=True, timeout=timeout
-        )
-        for r in results:
-            if str(r.status) == "ok":
-                try:
-                    docs[r.host] = json.loads(r.stdout)
-                except ValueError as e:
-                    reasons.setdefault(r.host, f"pre-flight reader: bad output ({e})")
+    try:
+        if commands:
+            results = ship.run(
+                fleet, ship.build("preflight", NODE_SCRIPT.read_bytes()), commands, sudo=True, timeout=timeout
+            )
+            for r in results:
+                if str(r.status) == "ok":
+                    try:
+                        docs[r.host] = json.loads(r.stdout)
+                    except ValueError as e:
+                        reasons.setdefault(r.host, f"pre-flight reader: bad output ({e})")
+                else:
+                    reasons[r.host] = f"{r.status}: {r.error or r.stderr.strip()[-300:] or 'rc ' + str(r.rc)}"
+        for name, fr in (probing.result() if probing is not None else {}).items():
+            if name not in wanted or name in facts:
+                continue
+            if fr.facts is not None:
+                facts[name] = fr.facts
             else:
-                reasons[r.host] = f"{r.status}: {r.error or r.stderr.strip()[-300:] or 'rc ' + str(r.rc)}"
+                fact_reasons[name] = f"GPU facts: {fr.reason or fr.status}"
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
     views = {}
     for h in wanted:
         if h not in in_fleet:

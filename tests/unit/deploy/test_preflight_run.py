@@ -247,3 +247,38 @@ def test_node_reader_is_python38_stdlib_only() -> None:
     mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert mods <= set(_sys.stdlib_module_names), mods - set(_sys.stdlib_module_names)
+
+
+def test_the_facts_and_the_node_reader_run_at_once(tmp_path: Path) -> None:
+    """The node reader's request does not depend on the facts: its fan-out round starts while the
+    facts' is still running (each round here waits up to 5 s for the other to have started)."""
+    import threading
+
+    class Overlapping(FakeFleet):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.probing, self.reading = threading.Event(), threading.Event()
+            self.saw: dict[str, bool] = {}
+
+        def run(self, command: Any, **kw: Any) -> RunResults:
+            reader = not isinstance(command, str) and '"models"' in " ".join(command.values())
+            (self.reading if reader else self.probing).set()
+            other = self.probing if reader else self.reading
+            self.saw.setdefault("reader saw the probe" if reader else "probe saw the reader", other.wait(5))
+            return super().run(command, **kw)
+
+    inv = inventory()
+    model = tmp_path / "qwen3-8b"
+    make_sparse("Qwen3-8B", model)
+    insts = {"a": Instance("a", "qwen3-8b", "vllm-0.11", (GpuRef("gpu01", 0),), 8000, args={"max-model-len": 8192})}
+    fleet = Overlapping([inv.hosts["gpu01"]], {"/models/qwen3-8b": str(model)}, "")
+    events: list[str] = []
+    rep = run_preflight(inv, insts, fleet, on_event=events.append)
+    assert fleet.saw == {"reader saw the probe": True, "probe saw the reader": True}
+    assert events[:2] == [
+        "pre-flight: reading GPU facts on 1 host(s)",
+        "pre-flight: reading model sizes and listening ports on 1 host(s)",
+    ]
+    # the probe's answer still reaches the view once both rounds are done: no facts for gpu01, and why
+    gpu = [p.message for p in rep.row("a").problems if p.check == "gpu.facts"]
+    assert len(gpu) == 1 and gpu[0].startswith("GPU facts: the probe exited with rc 1")
