@@ -21,15 +21,28 @@ from clusterctl.bench import runner, server_metrics, tokens, trust
 from clusterctl.bench.compare import compare
 from clusterctl.bench.plot import bench_svg
 from clusterctl.bench.stats import Slo, aggregate
+from clusterctl.bench.target import resolve
+from clusterctl.config import UserConfig
+from clusterctl.deploy.placement.deployed import with_replicas
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.files import write_atomic
+from clusterctl.inventory.model import Inventory
 from clusterctl.vllmclient import Endpoint
 
 #: One level's prompts, per-prompt output lengths and their sizes (mean words, mean tokens).
 Prompts = tuple[list[str], list[Optional[int]], dict[str, Any]]
 #: ``progress(label, total)``: a context manager around one level's run yielding ``on_result(r)``.
 Progress = Callable[[str, Optional[int]], ContextManager[Callable[[Any], None]]]
+
+
+def endpoint(target: str, load_inventory: Callable[[], Inventory], load_config: Callable[[], UserConfig]) -> Endpoint:
+    """The endpoint of ``target``: a URL (its API key from the environment), or an inventory instance,
+    template replicas too where placement recorded them (``http://ADDRESS:PORT`` of its first host,
+    its API key); ``load_inventory`` and then ``load_config`` (the state the inventory is read as
+    deployed in) are called only for an instance name.  Raises ``ClusterctlError`` on a bad URL, an
+    unknown instance or an unreadable secret (``bench.target.resolve``)."""
+    return resolve(target, lambda: with_replicas(load_inventory(), cfg=load_config()))
 
 
 @contextlib.contextmanager

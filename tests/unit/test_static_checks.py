@@ -289,6 +289,7 @@ CLI_NEVER_IMPORTS_MODULES = (
     "clusterctl.gateway.failover",
     "clusterctl.inventory.ansible",  # import-ansible and discover --ansible: ops/inventory.py, ops/discover.py
     "clusterctl.deploy.units.secrets",
+    "clusterctl.bench.target",  # bench's TARGET (a URL or an instance, replicas too): ops/bench.endpoint
 )
 CLI_NEVER_IMPORTS_NAMES = (
     "Deploy",
@@ -305,6 +306,7 @@ CLI_NEVER_IMPORTS_NAMES = (
     "collect_facts",
     "collect_status",
     "StateStore",
+    "with_replicas",  # the inventory as deployed (deploy.placement.deployed): read by ops/, not the CLI
 )
 
 
