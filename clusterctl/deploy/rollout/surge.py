@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 
@@ -52,6 +53,13 @@ D = TypeVar("D", bound=Deploy)
 SUFFIX = ".surge"
 #: ``DeployOptions.surge``: off, surge where possible (else in place), or refuse unless every change can surge.
 MODES = ("", "auto", "strict")
+
+#: A batch's phases in deploy's ``--json`` ``timings`` (``Deploy._batch``): a surge batch sums its
+#: in-place parts' over its rounds.
+IN_PLACE_PHASES = ("stage_s", "drain_s", "mark_down_s", "apply_s", "gate_s", "mark_up_s")
+#: A surge batch's own steps, seconds summed over its rounds: staging for the surge units, their
+#: start, their gates, adding them at the gateway, and taking them out, draining and removing them.
+SURGE_PHASES = ("surge_stage_s", "surge_start_s", "surge_gate_s", "surge_add_s", "surge_retire_s")
 
 
 class SurgeRefused(ClusterctlError):
@@ -232,6 +240,8 @@ class SurgeDeploy(Deploy):
             self.uuids: dict[str, dict[int, str] | None] = {}
             #: surge instances added at the gateway (taken out before they stop).
             self.at_gateway: set[str] = set()
+            #: the running surge batch's timings entry (``SURGE_PHASES`` added up as they run), or None
+            self.surge_took: dict[str, Any] | None = None
 
     def _steps(self, plan: Plan, states: Mapping[str, remote.HostState]) -> list[SurgeStep]:
         self._surge_init()
@@ -301,6 +311,43 @@ class SurgeDeploy(Deploy):
         per_host = {h: [s for s in self.surge_steps if s.host == h and s.mode == "surge"] for h in batch}
         if not any(per_host.values()):
             return super()._batch(fleet, n, batch, by_host, states, rep)
+        # One timings entry for the batch, as an in-place batch has: the in-place parts (the engine's
+        # batch per surge round and for the rest) are folded into it, the surge's own steps added.
+        t0 = time.monotonic()
+        entries = rep.timings.setdefault("batches", [])
+        took: dict[str, Any] = {"batch": n, "hosts": len(batch), **{k: 0.0 for k in SURGE_PHASES}}
+        entries.append(took)
+        first = len(entries)
+        self.surge_took = took
+        try:
+            return self._surge_batch(fleet, n, batch, by_host, states, rep, per_host)
+        finally:
+            parts = entries[first:]
+            del entries[first:]
+            for k in IN_PLACE_PHASES:
+                took[k] = round(sum(float(p.get(k, 0.0)) for p in parts), 3)
+            took["mark_downs"] = sum(int(p.get("mark_downs", 0)) for p in parts)
+            took["seconds"] = round(time.monotonic() - t0, 3)
+            self.surge_took = None
+
+    def _timed(self, phase: str, t0: float) -> float:
+        """Add the seconds since ``t0`` to ``phase`` of the surge batch's timings; now."""
+        now = time.monotonic()
+        took = getattr(self, "surge_took", None)
+        if took is not None:
+            took[phase] = round(took[phase] + now - t0, 3)
+        return now
+
+    def _surge_batch(
+        self,
+        fleet: Any,
+        n: int,
+        batch: list[str],
+        by_host: Mapping[str, Any],
+        states: dict[str, remote.HostState],
+        rep: DeployReport,
+        per_host: Mapping[str, list[SurgeStep]],
+    ) -> list[str]:
         for h in batch:
             self.links_first.setdefault(h, {p: m.get("target") for p, m in states[h].models.items()})
         failed: list[str] = []
@@ -371,7 +418,9 @@ class SurgeDeploy(Deploy):
         """One changed instance per host of ``now``: surge, in-place restart, retire; the failed hosts."""
         failed: list[str] = []
         self.event("phase", "surge: " + ", ".join(f"{s.surge} on {h}" for h, s in now.items()))
+        t = time.monotonic()
         unstaged = self._stage(fleet, list(now), {s.instance for s in now.values()}, states)
+        t = self._timed("surge_stage_s", t)
         for h, why in unstaged.items():
             self._fail(rep, n, now[h], why)
             failed.append(h)
@@ -382,7 +431,9 @@ class SurgeDeploy(Deploy):
         for h, r in ap.apply_hosts(fleet, jobs).items():
             if not r.ok:
                 self._fail(rep, n, go[h], f"start: {r.error}")
+        t = self._timed("surge_start_s", t)
         results = self.gate(fleet, [s.surge or "" for h, s in go.items() if now[h].outcome == "planned"])
+        t = self._timed("surge_gate_s", t)
         bad = {g.instance: g for g in results if not g.ok}
         for h, s in go.items():
             g = bad.get(s.surge or "")
@@ -399,6 +450,7 @@ class SurgeDeploy(Deploy):
                 s.surge or "" for s in passed.values()
             }  # also when a gateway host failed: taken out later
             err = self._gateway_sync()
+            t = self._timed("surge_add_s", t)
             if err:
                 for s in passed.values():
                     self._fail(rep, n, s, f"not added at the gateway: {err}")
@@ -408,6 +460,7 @@ class SurgeDeploy(Deploy):
                     self.event("host", f"{s.surge} passed its gates and serves at the gateway", h)
         lost = [h for h, s in go.items() if s.outcome == "failed"]
         self._retire(fleet, [go[h] for h in lost], relink=True)
+        t = self._timed("surge_retire_s", t)
         failed += lost
         if passed:
             plans = {
@@ -417,7 +470,9 @@ class SurgeDeploy(Deploy):
             for h in broke:
                 passed[h].outcome, passed[h].error = "failed", rep.hosts[h].error
             # a host whose own restart failed keeps its surge unit until the batch's rollback restored it
+            t = time.monotonic()
             self._retire(fleet, [s for h, s in passed.items() if h not in broke])
+            self._timed("surge_retire_s", t)
             for h, s in passed.items():
                 if h not in broke:
                     s.outcome = "done"

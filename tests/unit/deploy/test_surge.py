@@ -339,3 +339,26 @@ def test_surge_goes_with_the_release_gates() -> None:
         release=ReleaseGates(drift_baseline="previous"),
     )
     assert d.release.drift_baseline == "previous"  # type: ignore[attr-defined]
+
+
+def test_a_surge_batch_has_one_timings_entry_with_its_surge_steps(tmp_path: Path) -> None:
+    """deploy --json's per-batch ``timings`` (what the release benchmarks read): one entry per batch as
+    in place, the in-place parts of a surge batch added up in it and the surge's own steps beside."""
+    from clusterctl.deploy.rollout.surge import IN_PLACE_PHASES, SURGE_PHASES
+
+    c = Cluster()
+    first_deploy(tmp_path, c)
+    rep = deploy(tmp_path, c, 2048, serial="1").run()
+    assert rep.result == "ok", rep.to_dict()
+    batches = rep.to_dict()["timings"]["batches"]
+    assert [(b["batch"], b["hosts"]) for b in batches] == [(1, 1), (2, 1), (3, 1)]
+    surged = {s["host"] for s in rep.surge if s["mode"] == "surge"}
+    assert surged == {"h01", "h02"}  # h03 has no spare GPU: in place
+    for b, host in zip(batches, ("h01", "h02", "h03")):
+        assert all(b[k] >= 0 for k in IN_PLACE_PHASES) and isinstance(b["mark_downs"], int)
+        assert b["gate_s"] >= 0 and b["seconds"] > 0
+        if host in surged:
+            assert set(SURGE_PHASES) <= set(b)
+            assert sum(b[k] for k in (*IN_PLACE_PHASES, *SURGE_PHASES) if k != "mark_down_s") <= b["seconds"] + 0.01
+        else:
+            assert not set(SURGE_PHASES) & set(b)
