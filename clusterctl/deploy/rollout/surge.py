@@ -320,12 +320,28 @@ class SurgeDeploy(Deploy):
         first = len(entries)
         self.surge_took = took
         try:
-            return self._surge_batch(fleet, n, batch, by_host, states, rep, per_host)
+            for h in batch:
+                self.links_first.setdefault(h, {p: m.get("target") for p, m in states[h].models.items()})
+            failed: list[str] = []
+            for k in range(max(len(v) for v in per_host.values())):
+                now = {h: v[k] for h, v in per_host.items() if len(v) > k and h not in failed}
+                if now:
+                    failed += self._surge_round(fleet, n, now, by_host, states, rep)
+            surged = {s.instance for v in per_host.values() for s in v}
+            rest = {
+                h: HostPlan(h, [i for i in by_host[h].items if i.instance not in surged])
+                for h in batch
+                if h not in failed
+            }
+            rest = {h: hp for h, hp in rest.items() if hp.changes}
+            if rest:
+                failed += self._merged(fleet, n, list(rest), rest, states, rep)
+            return failed
         finally:
             parts = entries[first:]
             del entries[first:]
-            for k in IN_PLACE_PHASES:
-                took[k] = round(sum(float(p.get(k, 0.0)) for p in parts), 3)
+            for phase in IN_PLACE_PHASES:
+                took[phase] = round(sum(float(p.get(phase, 0.0)) for p in parts), 3)
             took["mark_downs"] = sum(int(p.get("mark_downs", 0)) for p in parts)
             took["seconds"] = round(time.monotonic() - t0, 3)
             self.surge_took = None
@@ -337,32 +353,6 @@ class SurgeDeploy(Deploy):
         if took is not None:
             took[phase] = round(took[phase] + now - t0, 3)
         return now
-
-    def _surge_batch(
-        self,
-        fleet: Any,
-        n: int,
-        batch: list[str],
-        by_host: Mapping[str, Any],
-        states: dict[str, remote.HostState],
-        rep: DeployReport,
-        per_host: Mapping[str, list[SurgeStep]],
-    ) -> list[str]:
-        for h in batch:
-            self.links_first.setdefault(h, {p: m.get("target") for p, m in states[h].models.items()})
-        failed: list[str] = []
-        for k in range(max(len(v) for v in per_host.values())):
-            now = {h: v[k] for h, v in per_host.items() if len(v) > k and h not in failed}
-            if now:
-                failed += self._surge_round(fleet, n, now, by_host, states, rep)
-        surged = {s.instance for v in per_host.values() for s in v}
-        rest = {
-            h: HostPlan(h, [i for i in by_host[h].items if i.instance not in surged]) for h in batch if h not in failed
-        }
-        rest = {h: hp for h, hp in rest.items() if hp.changes}
-        if rest:
-            failed += self._merged(fleet, n, list(rest), rest, states, rep)
-        return failed
 
     def _merged(
         self,
