@@ -33,23 +33,26 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clusterctl.autoscale import record
 from clusterctl.autoscale.decide import Decision, ReplicaSignal, ScalerState, Signals, decide, record_outcome
-from clusterctl.deploy.rollout.engine import FleetFactory
+from clusterctl.deploy.rollout.engine import DeployReport, FleetFactory
 from clusterctl.deploy.state import Cordon, DeployState, StateStore, cordon_key, utc_now, who_am_i
 from clusterctl.errors import ClusterctlError
 from clusterctl.inventory.model import AutoscalePolicy, Instance, Inventory
 from clusterctl.inventory.multinode import hosts_in_order
 from clusterctl.deploy.placement.deployed import wanted_instances
 from clusterctl.deploy.placement.place import desired_instances, desired_replicas, replica_number
-from clusterctl.deploy.placement.scale import plan_scale, replica_names, scale_hosts
+from clusterctl.deploy.placement.scale import ScalePlan, plan_scale, replica_names, scale_hosts
 from clusterctl.deploy.rollout import lock
 from clusterctl.gateway import state as gwstate
-from clusterctl.gateway.hook import fleet_hook
+from clusterctl.gateway.hook import Hook, fleet_hook
 from clusterctl.gateway.sync import decide as gw_decide
 from clusterctl.inventory.select import select_hosts
+
+if TYPE_CHECKING:
+    from clusterctl.deploy.status.instances import InstanceStatus
 
 #: The reason new replicas are marked down at the gateway with until their gates pass.
 STARTING_REASON = "autoscale: starting"
@@ -106,7 +109,7 @@ def autoscaled(inv: Inventory, names: Sequence[str] = ()) -> dict[str, Autoscale
     return {n: p for n, p in out.items() if not names or n in names}
 
 
-def replica_value(signal: str, row: Any) -> float | None:
+def replica_value(signal: str, row: InstanceStatus) -> float | None:
     """The policy's signal from one status row (``None``: its metrics were not read)."""
     read = row.kv_usage is not None or row.waiting is not None or row.running is not None
     if not read:
@@ -148,7 +151,7 @@ def measure(
     current = desired_replicas(inv.templates[template], state)
     instances = template_replicas(inv, state, template)
     hosts = sorted({g.host for i in instances.values() for g in i.placement})
-    rows: list[Any] = []
+    rows: list[InstanceStatus] = []
     if instances:
         with make_fleet([inv.hosts[h] for h in hosts if h in inv.hosts]) as fleet:
             rows = collect_status(
@@ -196,12 +199,14 @@ def restricted(inv: Inventory, state: DeployState, template: str, policy: Autosc
     return out
 
 
-def plan_out(inv: Inventory, state: DeployState, template: str, policy: AutoscalePolicy, target: int) -> Any:
+def plan_out(
+    inv: Inventory, state: DeployState, template: str, policy: AutoscalePolicy, target: int
+) -> ScalePlan | None:
     """The scale plan for ``target`` placed where the policy allows (the preferred GPU model first,
     then any allowed GPU); fewer replicas when only fewer fit (``ScalePlan.after`` says how many)."""
     cur = plan_scale(inv, state, template, None).before
     tries = [True, False] if policy.prefer_gpu else [False]
-    best = None
+    best: ScalePlan | None = None
     for prefer in tries:
         st = restricted(inv, state, template, policy, prefer)
         n = target
@@ -222,7 +227,7 @@ def _lock_hosts(inv: Inventory, state: DeployState, template: str, extra: Sequen
     return [h for h in inv.hosts if h in names]
 
 
-def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Any:
+def _hook(inv: Inventory, state_dir: Path, make_fleet: FleetFactory) -> Hook | None:
     return fleet_hook(inv, state_dir, make_fleet)
 
 
@@ -262,9 +267,9 @@ def _deploy(
     names: list[str],
     hosts: list[str],
     policy: AutoscalePolicy,
-    me: Any,
+    me: lock.LockInfo,
     say: Callable[[str], None],
-) -> Any:
+) -> DeployReport:
     from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
 
     dopts = DeployOptions(
@@ -285,7 +290,7 @@ def _deploy(
     return d.run()
 
 
-def _gates_passed(rep: Any, inv: Inventory, state_dir: Path, names: Sequence[str]) -> dict[str, str | None]:
+def _gates_passed(rep: DeployReport, inv: Inventory, state_dir: Path, names: Sequence[str]) -> dict[str, str | None]:
     """name -> ``None`` (applied, every gate passed) or why not."""
     where = wanted_instances(inv, state_dir)
     out: dict[str, str | None] = {}
@@ -363,9 +368,9 @@ def _scale_out(
     make_fleet: FleetFactory,
     template: str,
     policy: AutoscalePolicy,
-    sp: Any,
+    sp: ScalePlan,
     hosts: list[str],
-    me: Any,
+    me: lock.LockInfo,
     out: Outcome,
     say: Callable[[str], None],
 ) -> None:
@@ -427,9 +432,9 @@ def _scale_in(
     make_fleet: FleetFactory,
     template: str,
     policy: AutoscalePolicy,
-    sp: Any,
+    sp: ScalePlan,
     hosts: list[str],
-    me: Any,
+    me: lock.LockInfo,
     out: Outcome,
     say: Callable[[str], None],
     names: list[str],

@@ -43,7 +43,8 @@ import shlex
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
-from clusterctl.fleet.results import RunResults
+
+from clusterctl.fleet.results import HostResult, RunResults
 
 #: Loader exit status: the program is not cached (or its copy is damaged).
 RC_NOT_CACHED = 98
@@ -124,15 +125,15 @@ def stdin_command(args: Sequence[str] = (), *, python: str = "python3") -> str:
 
 
 def run_cached(
-    fleet: Any,
+    fleet: Any,  # a Fleet; probe/run.collect_facts still passes its narrower _FleetLike
     program: bytes,
     args: Sequence[str] | Mapping[str, Sequence[str]] = (),
     *,
     stdin: bytes | None = None,
     cache: bool | None = None,
-    on_result: Callable[[Any], None] | None = None,
+    on_result: Callable[[HostResult], None] | None = None,
     **run_kwargs: Any,
-) -> Any:
+) -> RunResults:
     """Run ``program`` with ``args`` (one list for all hosts or one per host name)
     on every host of ``fleet``, as ``python3 -I -B - ARGS`` would with the program
     on stdin, but shipping it only to hosts that have no verified copy.
@@ -157,9 +158,11 @@ def run_cached(
     if not (enabled() if cache is None else cache):
         if stdin is None:
             command = {n: stdin_command(argv(n)) for n in wanted}
-            return fleet.run(command, stdin=program, on_result=on_result, **run_kwargs)
+            uncached: RunResults = fleet.run(command, stdin=program, on_result=on_result, **run_kwargs)
+            return uncached
         command = {n: loader_command(d, f"pipe={len(program)}", argv(n)) for n in wanted}
-        return fleet.run(command, stdin=program + stdin, on_result=on_result, **run_kwargs)
+        uncached = fleet.run(command, stdin=program + stdin, on_result=on_result, **run_kwargs)
+        return uncached
     t0 = time.monotonic()
     store = "store" if stdin is None else f"store={len(program)}"
     shipped = program + (stdin or b"")
@@ -181,10 +184,10 @@ def run_cached(
         except BaseException as e:  # raised again in the caller's thread
             events.put(("error", e))
 
-    rows: dict[str, Any] = {}
+    rows: dict[str, HostResult] = {}
     running = 1
 
-    def arrived(row: Any) -> None:
+    def arrived(row: HostResult) -> None:
         nonlocal running
         rows[row.host] = row
         if row.rc == RC_NOT_CACHED:

@@ -21,12 +21,15 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.fleet import shell
 from clusterctl.fleet.results import HostResult, RunResults
 from clusterctl.node.collector import journal_line
+
+if TYPE_CHECKING:
+    from clusterctl.fleet.fleet import Fleet
 
 #: Longest line kept from a node (bytes); the rest of a longer line is dropped.
 MAX_LINE = 64 * 1024
@@ -174,7 +177,7 @@ def merge(per_host: Iterable[list[LogLine]]) -> list[LogLine]:
 
 
 def read(
-    fleet: Any,
+    fleet: Fleet,
     queries: Mapping[str, HostQuery],
     *,
     lines: int | None,
@@ -233,7 +236,7 @@ class _Splitter:
 
 
 def follow(
-    fleet: Any,
+    fleet: Fleet,
     queries: Mapping[str, HostQuery],
     on_line: Callable[[LogLine], None],
     *,

@@ -41,11 +41,15 @@ import sys
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from clusterctl import node
 from clusterctl.fleet.cached import run_cached
+from clusterctl.fleet.results import RunResults
 from clusterctl.fleet.shell import quote
+
+if TYPE_CHECKING:
+    from clusterctl.fleet.fleet import Fleet
 
 #: Exit status of a bootstrap (and of the loader) when the node's python3 is older than 3.8.
 RC_PYTHON_TOO_OLD = 97
@@ -207,14 +211,14 @@ def build(
 
 
 def run(
-    fleet: Any,
+    fleet: Fleet,
     program: Program,
     args: Sequence[str] | Mapping[str, Sequence[str]] = (),
     *,
     stdin: bytes | None = None,
     cache: bool | None = None,
     **run_kwargs: Any,
-) -> Any:
+) -> RunResults:
     """Run ``program`` with ``args`` (one list, or one per host name) on the fleet's hosts, the
     program shipped only where the node cache has no verified copy; ``stdin``: the job the
     program reads.  The other keyword arguments go to :func:`clusterctl.fleet.cached.run_cached`
