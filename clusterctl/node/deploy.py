@@ -14,10 +14,11 @@ Ops (``job["op"]``):
   for, the staged version it points at.
 * ``lock`` / ``unlock``: the deploy lock (``O_EXCL``; stale after ``ttl_s``
   or broken on request); ``unlock`` also appends an audit record.
-* ``apply``: run the set-up scripts (service user, verify-model), save previous copies, stop what
-  ``stop`` lists, write unit and env files (temp + rename,
-  env 0600 root), ``daemon-reload``, enable/disable, stop+remove, start or
-  restart only what is listed.
+* ``apply``: check the ``relink`` targets, run the set-up scripts (service user, verify-model), save
+  previous copies, stop+remove what ``remove`` lists, switch the model links of ``relink``, stop
+  what ``stop`` lists, write unit and env files (temp + rename, env 0600 root), ``daemon-reload``,
+  enable/disable, restart or start only what is listed: one ``systemctl`` call per verb with
+  every unit of the host, each failed unit named.
 * ``rollback``: put back the previous unit, env and model symlink of each
   instance (swapping, so a second rollback goes forward again), restart.
 """
@@ -409,11 +410,73 @@ def _point(path, target):
     os.rename(tmp, path)
 
 
+#: systemctl verbs that may be run again on one unit without a second effect: a failed call with
+#: every unit is redone unit by unit to name the failed ones (and still do the others).
+_IDEMPOTENT = ("stop", "enable", "disable", "reset-failed")
+#: The states a unit is in after a ``start``/``restart`` job that did not fail.
+_STARTED = ("active", "activating", "reloading")
+
+
 def _run_units(verb, units, errors):
-    for u in units:
-        rc, _, err = _systemctl(verb, u)
-        if rc != 0:
-            errors[u] = "systemctl %s %s: %s" % (verb, u, err or "rc %d" % rc)
+    """One ``systemctl VERB`` call with every unit of ``units``; ``errors[unit]`` for each that failed.
+
+    systemd runs the jobs of one call at once (a host's units restart together, not one after
+    the other).  When the call fails, each failed unit is named: an idempotent verb is run again
+    unit by unit; ``start``/``restart`` (not run twice) blame the units systemctl's message names,
+    else those not active afterwards (``systemctl show``), else every unit of the call.
+    """
+    units = list(dict.fromkeys(units))
+    if not units:
+        return
+    rc, _, err = _systemctl(verb, *units)
+    if rc == 0:
+        return
+    if len(units) == 1:
+        errors[units[0]] = "systemctl %s %s: %s" % (verb, units[0], err or "rc %d" % rc)
+        return
+    if verb in _IDEMPOTENT:
+        for u in units:
+            rc1, _, err1 = _systemctl(verb, u)
+            if rc1 != 0:
+                errors[u] = "systemctl %s %s: %s" % (verb, u, err1 or "rc %d" % rc1)
+        return
+    lines = (err or "").splitlines()
+    named = {u: "; ".join(ln.strip() for ln in lines if u in ln) for u in units}
+    blamed = {u: why for u, why in named.items() if why}
+    if not blamed:
+        states = _show(units)
+        blamed = {
+            u: "%s after the call (%s)" % (states[u].get("ActiveState"), err or "rc %d" % rc)
+            for u in units
+            if u in states and states[u].get("ActiveState") not in _STARTED
+        }
+    if not blamed:
+        blamed = {u: err or "rc %d" % rc for u in units}
+    for u, why in blamed.items():
+        errors[u] = "systemctl %s %s: %s" % (verb, u, why)
+
+
+def _relink_error(m):
+    """Why the model link ``m`` (``path``, ``target`` relative to the path's directory, optional
+    ``version``) cannot be switched, else None: a missing target, or (with ``version``) one
+    without the verified marker of that version."""
+    full = os.path.join(os.path.dirname(m["path"]), m["target"])
+    if not os.path.isdir(full):
+        return "%s: target %s is missing; link not switched" % (m["path"], m["target"])
+    if m.get("version") is None:
+        return None
+    marker = _read(os.path.join(full, ".clusterctl-verified"))
+    try:
+        got = json.loads(marker).get("version") if marker else None
+    except ValueError:
+        got = None
+    if marker is None or got != m["version"]:
+        return "%s: target %s is not the verified version %s; link not switched" % (
+            m["path"],
+            m["target"],
+            m["version"],
+        )
+    return None
 
 
 def _setup(job, errors):
@@ -428,24 +491,47 @@ def _setup(job, errors):
 
 
 def op_apply(job):
+    """Apply one host's job (see the module docstring); one ``systemctl`` call per verb for every unit.
+
+    ``relink``: model links to point at ``target``.  An entry with ``version`` (deploy's switch
+    to a pre-staged version) is checked before anything is touched: a missing or unverified
+    target fails the job (``kind`` ``relink``) with nothing changed.  One without (a failed
+    surge putting the old link back) whose target is missing is reported in ``errors``.
+    """
     errors = {}
+    bad = {
+        m["path"]: why
+        for m in job.get("relink", [])
+        if m.get("version") is not None
+        for why in [_relink_error(m)]
+        if why
+    }
+    if bad:
+        return {"ok": False, "kind": "relink", "errors": bad, "error": "; ".join(bad.values())}
     _setup(job, errors)
     if errors:
         return {"ok": False, "kind": "setup", "errors": errors, "error": "; ".join(errors.values())}
     run_id = job.get("run_id", "")
     for item in job.get("write", []):
         _save_previous(item["instance"], item.get("model_path"), item.get("model_before"), run_id)
-    for name in job.get("remove", []):
+    removed = job.get("remove", [])
+    for name in removed:
         _save_previous(name, None, None, run_id)
-        _run_units("stop", [_unit(name)], errors)
-        _systemctl("disable", _unit(name))
+    _run_units("stop", [_unit(n) for n in removed], errors)
+    if removed and _systemctl("disable", *[_unit(n) for n in removed])[0] != 0:
+        for name in removed:  # one unit's failure may leave the others enabled; as before, not an error
+            _systemctl("disable", _unit(name))
+    for name in removed:
         _remove(_unit_path(name))
         _remove(_env_path(name))
     for name in job.get("forget", []):  # a surge unit (deploy --surge): no copy for rollback to bring back
         for ext in (".service", ".env", ".model", ".absent", ".run"):
             _remove(os.path.join(PREVIOUS_DIR, name) + ext)
-    for m in job.get("relink", []):  # model links put back: a failed surge, the old unit never stopped
-        if os.path.exists(os.path.join(os.path.dirname(m["path"]), m["target"])):
+    for m in job.get("relink", []):  # a pre-staged version switched to; a failed surge's old link put back
+        why = _relink_error(m)
+        if why:
+            errors["relink " + m["path"]] = why
+        else:
             _point(m["path"], m["target"])
     # units stopped before anything is written or started (a multi-node replica's members)
     _run_units("stop", [_unit(n) for n in job.get("stop", [])], errors)
@@ -456,11 +542,14 @@ def op_apply(job):
     rc, _, err = _systemctl("daemon-reload")
     if rc != 0:
         return {"ok": False, "kind": "daemon-reload", "error": err}
-    for name in job.get("remove", []):
-        _systemctl("reset-failed", _unit(name))
-    for item in job.get("write", []):
-        verb = "enable" if item.get("enable", True) else "disable"
-        _run_units(verb, [_unit(item["instance"])], errors)
+    if removed:
+        _systemctl("reset-failed", *[_unit(n) for n in removed])
+    for verb in ("enable", "disable"):
+        _run_units(
+            verb,
+            [_unit(i["instance"]) for i in job.get("write", []) if i.get("enable", True) == (verb == "enable")],
+            errors,
+        )
     _run_units("restart", [_unit(n) for n in job.get("restart", [])], errors)
     _run_units("start", [_unit(n) for n in job.get("start", [])], errors)
     return {
@@ -510,14 +599,10 @@ def op_rollback(job):
                 _point(m["path"], m["target"])
         restored.append(name)
     _systemctl("daemon-reload")
-    for name in removed:
-        _systemctl("reset-failed", _unit(name))
-    for name in restored:
-        _systemctl("reset-failed", _unit(name))
-        _run_units("enable", [_unit(name)], errors)
     held = [n for n in hold if os.path.exists(_unit_path(n))]
-    for name in held:
-        _systemctl("reset-failed", _unit(name))
+    if removed or restored or held:
+        _systemctl("reset-failed", *[_unit(n) for n in list(dict.fromkeys(removed + restored + held))])
+    _run_units("enable", [_unit(n) for n in restored], errors)
     if job.get("restart", True):  # False: the files were written but never started (playbook units step)
         _run_units("restart", [_unit(n) for n in restored if n not in hold], errors)
     return {

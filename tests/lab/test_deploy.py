@@ -205,7 +205,7 @@ def test_eight_instances_from_a_template_pass_their_gates(world: World) -> None:
 def test_prestage_staged_and_warmed_every_host_before_the_first_batch_started_anything(world: World) -> None:
     """The fixture's deploy ran with ``--prestage``: every host had the version verified (and, by
     the node's own count, in its page cache) before the first unit started, and each batch then
-    found it present and only switched the model link."""
+    only switched the model link, in its apply job."""
     rep, hosts = world.first, sorted(world.lab.names)
     assert (
         rep is not None and rep.prestage is not None and rep.prestage["hosts"] == {h: {"tiny": "staged"} for h in hosts}
@@ -219,9 +219,13 @@ def test_prestage_staged_and_warmed_every_host_before_the_first_batch_started_an
     started = {name: mono / 1e6 + offset for name, (_, _, mono, _) in world.units().items()}
     assert len(started) == 8 and min(started.values()) > world.first_started, started
     assert max(verified.values()) < min(started.values()), (verified, sorted(started.values())[:2])
+    # no staging run in a batch: each host's apply pointed the model path at the verified v1
     in_batches = [e for e in world.first_events if e.kind == "host" and e.message.startswith("stage tiny:")]
-    assert sorted(e.host or "" for e in in_batches) == hosts, [e.message for e in in_batches]
-    assert all(e.message == "stage tiny: present" for e in in_batches), [e.message for e in in_batches]
+    assert in_batches == [], [e.message for e in in_batches]
+    switched = [e for e in world.first_events if e.kind == "host" and e.message.startswith("switch tiny to v1 in")]
+    assert sorted(e.host or "" for e in switched) == hosts, [e.message for e in world.first_events]
+    links = {h: world.lab.run(h, "readlink /models/dp-tiny", check=True).stdout.strip() for h in hosts}
+    assert links == {h: ".versions/tiny/v1" for h in hosts}, links
 
 
 def test_second_deploy_restarts_nothing(world: World) -> None:
@@ -367,7 +371,7 @@ def test_release_prestaged_while_v1_serves_each_batch_only_switches(world: World
     the next version (v3) is verified and in the page cache of every host before the first v1
     unit stops; in 2 batches of 2 hosts, every replica on a host outside the current batch
     answers at every poll (v1 until its own batch, v3 after); each batch's staging only
-    switches the model link.
+    switches the model link, in its apply job (no staging run).
 
     Last in the module: it leaves v3 serving (the fixture removes everything after it)."""
     hosts = sorted(world.lab.names)
@@ -417,10 +421,11 @@ def test_release_prestaged_while_v1_serves_each_batch_only_switches(world: World
     verified = {h: world.marker[h] for h in hosts}
     stopped = {n: at + offset for units in now.values() for n, (_, _, at) in units.items()}
     assert min(verified.values()) > t0 and max(verified.values()) < min(stopped.values()), (verified, stopped)
-    # each batch only switched: the version was present on each of its hosts
+    # each batch only switched, in its apply (the node checked v3's marker): no staging run in a batch
     in_batches = [e for _, e in events if e.kind == "host" and e.message.startswith("stage tiny:")]
-    assert sorted(e.host or "" for e in in_batches) == hosts, [e.message for e in in_batches]
-    assert all(e.message == "stage tiny: present" for e in in_batches), [e.message for e in in_batches]
+    assert in_batches == [], [e.message for e in in_batches]
+    switched = [e for _, e in events if e.kind == "host" and e.message.startswith("switch tiny to v3 in the apply")]
+    assert sorted(e.host or "" for e in switched) == hosts, [e.message for _, e in events if e.kind == "host"]
     # while a batch ran, every replica outside it answered at every poll, and one inside it did not
     starts = {e.step: t for t, e in events if e.kind == "batch" and e.step and not e.done}
     ends = {e.step: t for t, e in events if e.kind == "batch" and e.step and e.done}

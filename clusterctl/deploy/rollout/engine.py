@@ -317,6 +317,11 @@ class Deploy:
         self.report: DeployReport | None = None
         #: host -> model path -> link target before this run staged anything (what rollback restores).
         self.links_before: dict[str, dict[str, str | None]] = {}
+        #: ``--prestage``: what the pre-stage run staged where (None: no pre-stage run).
+        self.prestaged: prestage.Prestaged | None = None
+        #: host -> the model links its next apply switches (``relink`` entries of the node job: a
+        #: version pre-staged and verified there, switched without a staging run).
+        self.switches: dict[str, list[dict[str, str]]] = {}
 
     def event(
         self,
@@ -632,7 +637,7 @@ class Deploy:
         starting = {i.instance for h in batch for i in by_host[h].items if i.action in ("new", "changed", "start")}
         # Staging switches model links: rollback must restore the targets from before it.
         self.links_before.update({h: {p: m.get("target") for p, m in states[h].models.items()} for h in batch})
-        unstaged = self._stage(fleet, batch, starting, states)
+        unstaged = self._stage(fleet, batch, starting, states, via_apply=True)
         took["stage_s"] = t = _since(t0)
         marks = list(getattr(self.gateway, "timings", []))
         self.mark_down_batch(batch, by_host, states)
@@ -746,8 +751,13 @@ class Deploy:
         self.put_back([g.instance for g in results if g.ok] + removed, rep)
 
     def apply_job(self, hp: HostPlan, st: remote.HostState) -> dict[str, Any]:
-        """The node job that applies one host's plan ``hp`` (a hook: playbooks drop files already written)."""
-        return ap.apply_job(hp, self.rendered, st, self.me.run_id, self.links_before.get(hp.host))
+        """The node job that applies one host's plan ``hp`` (a hook: playbooks drop files already written),
+        with the model links :meth:`_stage` left to it to switch (the node refuses a missing or
+        unverified target before touching anything)."""
+        job = ap.apply_job(hp, self.rendered, st, self.me.run_id, self.links_before.get(hp.host))
+        if self.switches.get(hp.host):
+            job["relink"] = list(self.switches[hp.host])
+        return job
 
     def gate(self, fleet: Fleet, names: Sequence[str]) -> list[gates.GateResult]:
         """Gate the started instances ``names`` (:mod:`clusterctl.deploy.rollout.gates`), then
@@ -839,6 +849,7 @@ class Deploy:
             on_progress=on_bytes,
         )
         rep.prestage = got.to_dict()
+        self.prestaged = got
         if got.failed:
             self.event(
                 "warn",
@@ -848,15 +859,25 @@ class Deploy:
             )
 
     def _stage(
-        self, fleet: Fleet, batch: list[str], starting: set[str], states: dict[str, remote.HostState]
+        self,
+        fleet: Fleet,
+        batch: list[str],
+        starting: set[str],
+        states: dict[str, remote.HostState],
+        via_apply: bool = False,
     ) -> dict[str, str]:
         """Stage the models that instances about to start lack on the batch's hosts.
 
-        Returns host -> why its model is still not there afterwards (read
-        back from the host, whatever staging reported): those hosts are not
-        applied.
+        ``via_apply``: a host where ``--prestage`` staged and verified the version runs no
+        staging run: its apply job switches the link (:meth:`switch_in_apply`); the others
+        (and every host without ``via_apply``: surge, a playbook's stage step) are staged,
+        which switches the link there.  Returns host -> why its model is still not there
+        afterwards (read back from the host, whatever staging reported): those hosts are
+        not applied.
         """
         need = prestage.unstaged(self.inv, self.rendered.values(), batch, starting, states)
+        if via_apply:
+            need = self.switch_in_apply(need, starting)
         if not need:
             return {}
         errors: dict[tuple[str, str], str] = {}
@@ -879,13 +900,38 @@ class Deploy:
                 )
                 if not row.ok:
                     errors[(name, row.host)] = row.error or row.status
-        states.update(self._read(fleet, batch))
+        staged = sorted({h for hosts in need.values() for h in hosts})
+        states.update(self._read(fleet, staged))
         missing: dict[str, str] = {}
         for r in self.rendered.values():
             if r.model in need and r.host in need[r.model] and self._unstaged(r, states[r.host]):
                 why = errors.get((r.model, r.host), "not a verified version after staging")
                 missing[r.host] = f"staging {r.model}: {why}"
         return missing
+
+    def switch_in_apply(self, need: Mapping[str, list[str]], starting: set[str]) -> dict[str, list[str]]:
+        """Of ``need`` (model -> hosts lacking it), leave to each host's apply job the models the
+        pre-stage run staged and verified there (one ``relink`` per model path, to the version
+        it staged, in :attr:`switches`); returns what is left to stage."""
+        done = self.prestaged
+        if done is None:
+            return dict(need)
+        left: dict[str, list[str]] = {}
+        for name, hosts in need.items():
+            for h in hosts:
+                version = done.versions.get(h, {}).get(name)
+                if done.hosts.get(h, {}).get(name) not in ("staged", "present") or not version:
+                    left.setdefault(name, []).append(h)
+                    continue
+                links = self.switches.setdefault(h, [])
+                for r in self.rendered.values():
+                    if r.host == h and r.model == name and r.instance in starting and r.model_path:
+                        if all(m["path"] != r.model_path for m in links):
+                            links.append(
+                                {"path": r.model_path, "target": f".versions/{name}/{version}", "version": version}
+                            )
+                self.event("host", f"switch {name} to {version} in the apply (pre-staged, verified)", h)
+        return left
 
     def _rollback(
         self, fleet: Fleet, hosts: list[str], by_host: Mapping[str, HostPlan], rep: DeployReport, status: str

@@ -6,9 +6,11 @@ version the inventory asks for).  A batch stages exactly that on its own hosts
 (``Deploy._stage``); with ``--prestage`` the deploy first stages it on every
 target host at once, without switching the model path (``stage --no-switch``)
 and reading up to a page-cache budget of it per host (``stage --warm-budget``),
-before the first batch stops anything.  Each batch's staging then finds the
-version present and verified and only switches the link, so the window holds
-switches, restarts and loads from memory, not the transfer (docs/release.md).
+before the first batch stops anything.  A batch then runs no staging run on a
+host where the pre-stage verified the version: its apply job switches the link
+(``relink``, which the node refuses before touching anything when the target is
+missing or not that verified version), so the window holds switches, restarts and
+loads from memory, not the transfer (docs/release.md).
 
 A host whose pre-staging failed is not refused here: its batch stages it again
 (and refuses the host if that fails too), as without ``--prestage``.
@@ -58,11 +60,13 @@ class Prestaged:
     """``hosts``: host -> model -> ``staged``, ``present`` or why not (the row's error or status);
     ``seconds``: model -> the staging run's wall time; ``resident``: host -> model -> the
     fraction of the version in the host's page cache after the warm-up (the node's own
-    ``mincore`` count; hosts whose node did not report it are absent)."""
+    ``mincore`` count; hosts whose node did not report it are absent); ``versions``: host ->
+    model -> the version its node staged and verified (what a batch's apply switches to)."""
 
     hosts: dict[str, dict[str, str]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     resident: dict[str, dict[str, float]] = field(default_factory=dict)
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def failed(self) -> dict[str, dict[str, str]]:
@@ -130,6 +134,8 @@ def prestage(
                 for row in rep.rows:
                     what = row.status if row.ok else f"{row.status}: {row.error or row.kind}"
                     out.hosts.setdefault(row.host, {})[name] = what
+                    if row.ok and row.data.get("version"):
+                        out.versions.setdefault(row.host, {})[name] = str(row.data["version"])
                     warmed = row.data.get("warm") or {}
                     if row.ok and warmed.get("bytes"):
                         share = min(1.0, int(warmed.get("resident") or 0) / int(warmed["bytes"]))

@@ -26,11 +26,23 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     monkeypatch.setattr(node, "PREVIOUS_DIR", str(tmp_path / "state" / "previous"))
     monkeypatch.setattr(node, "LOCK_PATH", str(tmp_path / "deploy.lock"))
 
+    failing: dict[str, tuple[str, str]] = {}  # unit -> (verb it fails, systemctl's message or "")
+
     def systemctl(*args: str, timeout: int = 120) -> tuple[int, str, str]:
         calls.append(args)
         if args[0] == "show":
             units = args[3:]
-            return 0, "\n\n".join(f"Id={u}\nActiveState=active\nSubState=running\nNRestarts=0" for u in units), ""
+            return (
+                0,
+                "\n\n".join(
+                    f"Id={u}\nActiveState={'failed' if u in failing else 'active'}\nSubState=running\nNRestarts=0"
+                    for u in units
+                ),
+                "",
+            )
+        bad = [u for u in args[1:] if failing.get(u, ("", ""))[0] == args[0]]
+        if bad:
+            return 1, "", "\n".join(failing[u][1] for u in bad if failing[u][1])
         return 0, "", ""
 
     monkeypatch.setattr(node, "_systemctl", systemctl)
@@ -39,7 +51,7 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
         (models / ".versions" / "m" / v).mkdir(parents=True)
         (models / ".versions" / "m" / v / ".clusterctl-verified").write_text(json.dumps({"version": v}))
     os.symlink(".versions/m/v1", models / "m")
-    yield {"tmp": tmp_path, "calls": calls, "model": str(models / "m")}
+    yield {"tmp": tmp_path, "calls": calls, "model": str(models / "m"), "failing": failing}
 
 
 def item(name: str, flags: str, key: str, model: str) -> dict[str, Any]:
@@ -89,7 +101,7 @@ def test_apply_stops_what_it_lists_before_writing_and_starting(root: dict[str, A
         }
     )
     assert res["ok"]
-    assert root["calls"][:2] == [("stop", "clusterctl-a.service"), ("stop", "clusterctl-b.service")]
+    assert root["calls"][:1] == [("stop", "clusterctl-a.service", "clusterctl-b.service")]
     assert not any(c[0] in ("start", "restart") for c in root["calls"])
 
 
@@ -176,3 +188,94 @@ def test_read_lists_gpu_uuids_only_when_asked(root: dict[str, Any]) -> None:
     }
     assert node.op_read({"op": "read", "salt": "s"})["gpu_uuids"] is None
     assert node.op_read({"op": "read", "salt": "s", "gpu_lister": "raise SystemExit(1)"})["gpu_uuids"] is None
+
+
+def three(root: dict[str, Any]) -> dict[str, Any]:
+    """A host with three replicas: a and b changed (restart), c new (start)."""
+    return {
+        "op": "apply",
+        "run_id": "r1",
+        "write": [item(n, f"--{n}", "k", root["model"]) for n in ("a", "b", "c")],
+        "restart": ["a", "b"],
+        "start": ["c"],
+        "remove": [],
+    }
+
+
+def test_apply_of_a_host_with_three_replicas_is_one_systemctl_call_per_verb(root: dict[str, Any]) -> None:
+    res = node.op_apply(three(root))
+    assert res["ok"], res
+    units = tuple(f"clusterctl-{n}.service" for n in ("a", "b", "c"))
+    assert root["calls"] == [
+        ("daemon-reload",),
+        ("enable", *units),
+        ("restart", *units[:2]),
+        ("start", units[2]),
+    ]
+
+
+def test_one_failed_restart_among_three_is_named_from_systemctls_message(root: dict[str, Any]) -> None:
+    root["failing"]["clusterctl-b.service"] = (
+        "restart",
+        "Job for clusterctl-b.service failed because the control process exited with error code.",
+    )
+    res = node.op_apply(three(root))
+    assert not res["ok"] and res["kind"] == "systemctl"
+    assert list(res["errors"]) == ["clusterctl-b.service"] and "control process exited" in res["error"]
+    assert ("start", "clusterctl-c.service") in root["calls"]  # the others still started
+
+
+def test_a_failed_restart_systemctl_does_not_name_is_found_by_the_units_state(root: dict[str, Any]) -> None:
+    root["failing"]["clusterctl-a.service"] = ("restart", "")
+    res = node.op_apply(three(root))
+    assert list(res["errors"]) == ["clusterctl-a.service"] and "failed after the call" in res["error"]
+    assert [c for c in root["calls"] if c[0] == "restart"] == [
+        ("restart", "clusterctl-a.service", "clusterctl-b.service")
+    ]  # never restarted twice
+
+
+def test_a_failed_enable_is_redone_unit_by_unit_to_name_the_unit(root: dict[str, Any]) -> None:
+    root["failing"]["clusterctl-c.service"] = ("enable", "Failed to enable unit: Unit file does not exist.")
+    res = node.op_apply(three(root))
+    assert list(res["errors"]) == ["clusterctl-c.service"]
+    assert ("enable", "clusterctl-a.service") in root["calls"] and ("enable", "clusterctl-b.service") in root["calls"]
+
+
+def test_removing_two_units_stops_and_disables_them_in_one_call_each(root: dict[str, Any]) -> None:
+    node.op_apply(three(root))
+    root["calls"].clear()
+    res = node.op_apply({"op": "apply", "run_id": "r2", "remove": ["a", "b"]})
+    assert res["ok"] and not (root["tmp"] / "units" / "clusterctl-a.service").exists()
+    ab = ("clusterctl-a.service", "clusterctl-b.service")
+    assert root["calls"] == [("stop", *ab), ("disable", *ab), ("daemon-reload",), ("reset-failed", *ab)]
+
+
+def test_apply_switches_the_model_link_to_a_verified_version(root: dict[str, Any]) -> None:
+    job = {**three(root), "relink": [{"path": root["model"], "target": ".versions/m/v2", "version": "v2"}]}
+    assert node.op_apply(job)["ok"]
+    assert os.readlink(root["model"]) == ".versions/m/v2"
+
+
+@pytest.mark.parametrize(
+    "target,version,why",
+    [
+        (".versions/m/v9", "v9", "target .versions/m/v9 is missing"),
+        (".versions/m/v2", "v3", "not the verified version v3"),  # the directory holds v2's marker
+    ],
+)
+def test_a_switch_to_a_missing_or_unverified_version_fails_before_anything_changes(
+    root: dict[str, Any], target: str, version: str, why: str
+) -> None:
+    job = {**three(root), "relink": [{"path": root["model"], "target": target, "version": version}]}
+    res = node.op_apply(job)
+    assert not res["ok"] and res["kind"] == "relink" and why in res["error"], res
+    assert os.readlink(root["model"]) == ".versions/m/v1"
+    assert root["calls"] == [] and not (root["tmp"] / "units").exists()
+
+
+def test_putting_back_a_link_whose_target_is_gone_is_reported_not_skipped(root: dict[str, Any]) -> None:
+    res = node.op_apply(
+        {"op": "apply", "run_id": "r1", "relink": [{"path": root["model"], "target": ".versions/m/v0"}]}
+    )
+    assert not res["ok"] and "target .versions/m/v0 is missing" in res["error"]
+    assert os.readlink(root["model"]) == ".versions/m/v1"

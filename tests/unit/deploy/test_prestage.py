@@ -95,6 +95,18 @@ class StagingCluster:
                     if job.get("warm")
                     else None,
                 }
+        elif op == "apply":  # a relink with a version: the node's check, then the switch
+            bad = [m for m in job.get("relink", []) if m["target"].rsplit("/", 1)[-1] not in self.have[host.name]]
+            if bad:
+                out = {
+                    "ok": False,
+                    "kind": "relink",
+                    "error": f"{bad[0]['path']}: target {bad[0]['target']} is missing",
+                }
+            else:
+                for m in job.get("relink", []):
+                    self.link[host.name] = m["target"].rsplit("/", 1)[-1]
+                out = {"ok": True, "errors": {}}
         elif op == "rollback":
             out = {"ok": True, "restored": [], "removed": job["instances"], "missing": []}
         else:
@@ -141,25 +153,43 @@ def test_prestage_stages_and_warms_every_host_before_the_first_batch_then_batche
     tmp_path: Path, source: Path
 ) -> None:
     c = StagingCluster()
-    rep, _ = deploy(tmp_path, source, c, prestage=True, warm_budget=1 << 20)
+    rep, events = deploy(tmp_path, source, c, prestage=True, warm_budget=1 << 20)
     assert rep.result == "ok" and [len(b) for b in rep.batches] == [1, 3, 2]
     stages, applies = c.ops("stage"), c.ops("apply")
     first_apply = min(k for k, _, _ in applies)
-    pre = [(k, h, j) for k, h, j in stages if j["switch"] is False]
-    switches = [(k, h, j) for k, h, j in stages if j["switch"] is True]
     # every target host staged without switching and warmed within the budget, before anything is applied
-    assert sorted(h for _, h, _ in pre) == sorted(c.link) and max(k for k, _, _ in pre) < first_apply
-    assert all(j["warm"] is True and j["warm_budget"] == 1 << 20 for _, _, j in pre)
-    # each batch then stages again: the version is present, only the link switches, before its own apply
-    assert sorted(h for _, h, _ in switches) == sorted(c.link) and len(stages) == 2 * N
-    for k, h, _ in switches:
-        assert k < min(kk for kk, hh, _ in applies if hh == h)
+    assert sorted(h for _, h, _ in stages) == sorted(c.link) and max(k for k, _, _ in stages) < first_apply
+    assert all(j["switch"] is False and j["warm"] is True and j["warm_budget"] == 1 << 20 for _, _, j in stages)
+    # the batches run no staging run: each host's apply switches the link to the verified version
+    assert len(stages) == N
+    for _, h, j in applies:
+        assert j["relink"] == [{"path": "/models/m", "target": ".versions/m/v2", "version": "v2"}], (h, j)
+    assert sorted(e.host for e in events if e.kind == "host" and e.message.startswith("switch m to v2")) == sorted(
+        c.link
+    )
     assert set(c.link.values()) == {"v2"}
     assert sorted(rep.prestage["hosts"]) == sorted(c.link)
     assert all(v == {"m": "staged"} for v in rep.prestage["hosts"].values())
     assert rep.to_dict()["prestage"]["hosts"]["h1"] == {"m": "staged"}
     # what each node counted in its page cache after the warm-up, per host and model
     assert rep.prestage["resident"] == {h: {"m": 0.25} for h in c.link}
+
+
+def test_a_prestaged_version_gone_before_its_batch_fails_the_apply_loudly(tmp_path: Path, source: Path) -> None:
+    c = StagingCluster()
+    real = c.handle
+
+    def vanish(host: Host, command: str, stdin: bytes | None) -> FakeReply:
+        reply = real(host, command, stdin)
+        if host.name == "h1" and [j for h, j in c.jobs if h == "h1"][-1]["op"] == "stage":
+            c.have["h1"].discard("v2")  # staged and verified, then removed behind the deploy's back
+        return reply
+
+    c.transport = FakeTransport(vanish)
+    rep, _ = deploy(tmp_path, source, c, prestage=True)
+    assert rep.result == "rolled_back" and rep.hosts["h1"].status == "rolled_back", rep.to_dict()["hosts"]
+    assert "target .versions/m/v2 is missing" in (rep.hosts["h1"].error or "")
+    assert c.link["h1"] == "v1" and c.ops("stage")[-1][2]["switch"] is False  # no staging run hid it
 
 
 def test_without_prestage_each_batch_stages_only_its_own_hosts_and_switches(tmp_path: Path, source: Path) -> None:
@@ -181,6 +211,8 @@ def test_a_host_whose_prestage_failed_is_staged_again_by_its_batch(tmp_path: Pat
     assert any(e.kind == "warn" and "h4" in e.message for e in events)
     h4 = [j for _, h, j in c.ops("stage") if h == "h4"]
     assert [j["switch"] for j in h4] == [False, True] and c.link["h4"] == "v2"
+    # the hosts whose pre-stage passed are switched by their apply, h4's staging run switched it
+    assert sorted(h for _, h, j in c.ops("apply") if j.get("relink")) == [h for h in sorted(c.link) if h != "h4"]
 
 
 def test_prestage_with_nothing_to_stage_stages_nothing(tmp_path: Path, source: Path) -> None:
