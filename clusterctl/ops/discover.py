@@ -46,7 +46,7 @@ class ProbeEvent:
 OnEvent = Callable[[ProbeEvent], None]
 
 
-def _ignore(_e: Any) -> None:
+def _ignore(_e: object) -> None:
     pass
 
 

@@ -46,6 +46,7 @@ from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.loader import load_inventory as load
 from clusterctl.inventory.nodeset import expand
 from clusterctl.inventory.select import select_hosts
+from clusterctl.probe.run import FactsResult
 from clusterctl.probe.snapshot import gather as gather_hosts
 
 
@@ -130,7 +131,7 @@ def with_replicas(inv: Inventory, cfg: UserConfig) -> Inventory:
     return placed(inv, cfg=cfg)
 
 
-def host_row(r: Any) -> HostResult:
+def host_row(r: FactsResult) -> HostResult:
     """A probe result's progress row (``probe.run.FactsResult`` -> ``HostResult``)."""
     status = HostStatus.OK if r.ok else HostStatus(r.fleet_status if r.fleet_status != "ok" else "error")
     return HostResult(r.host, status, duration_s=r.duration_s, error=r.reason)

@@ -22,6 +22,7 @@ from clusterctl.deploy.state import utc_now, who_am_i
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.fleet.factory import FleetFactory
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.gateway import keys as gwkeys
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, gateway_status, secret_inputs
@@ -56,7 +57,7 @@ class GatewayRequest:
         """The instances the gateway fronts: the inventory's and the placed template replicas."""
         return wanted_instances(self.inventory, self.state_dir)
 
-    def fleet(self, host_names: list[str]) -> Any:
+    def fleet(self, host_names: list[str]) -> Fleet:
         """A fleet over the inventory hosts named ``host_names``."""
         if self.fleets is None:
             raise ClusterctlError("internal: this gateway workflow needs a fleet factory")
@@ -146,7 +147,7 @@ def deploy(request: GatewayRequest, hosts: list[str]) -> Deployed:
         results = apply_gateway(fleet, rendered, port=gw.admin_port, hosts=hosts)
     if all(r.ok for r in results) and set(hosts) == set(gw.hosts):
 
-        def applied(s: Any) -> None:
+        def applied(s: gwstate.GatewayState) -> None:
             s.digest, s.config, s.last_reload = rendered.digest, rendered.config, time.time()
 
         gwstate.update(request.state_dir, applied)

@@ -16,14 +16,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from clusterctl.deploy.placement.deployed import wanted_instances
 from clusterctl.deploy.spec import unit_name
 from clusterctl.deploy.status.instances import match_instances
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet import logs as core
-from clusterctl.fleet.fleet import max_fanout_for_fds, raise_nofile_limit
+from clusterctl.fleet.fleet import Fleet, max_fanout_for_fds, raise_nofile_limit
 from clusterctl.fleet.logs import HostQuery, LogLine
 from clusterctl.fleet.results import HostResult
 from clusterctl.inventory.model import Inventory
@@ -149,7 +149,7 @@ def plan(request: LogsRequest) -> LogsPlan:
 
 def run(
     logs: LogsPlan,
-    fleet: Any,
+    fleet: Fleet,
     on_line: Callable[[LogLine], None],
     *,
     on_error: Callable[[str, str, str], None],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
+from http.server import ThreadingHTTPServer
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -297,6 +298,8 @@ def file_sd(inventory: Inventory, cfg: UserConfig) -> str:
     return render_file_sd(with_replicas(inventory, cfg=cfg))
 
 
-def server(textfile: Optional[str], listen: str, port: int, *, out: Optional[str], db: Optional[str]) -> Any:
+def server(
+    textfile: Optional[str], listen: str, port: int, *, out: Optional[str], db: Optional[str]
+) -> ThreadingHTTPServer:
     """``report serve``'s HTTP server, bound (not yet serving); an OS error when it cannot listen."""
     return make_server(textfile, listen, port, out_dir=out, db=db)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 from clusterctl.config import UserConfig
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import make_fleet
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.model import Host, Inventory, Model
 from clusterctl.node.stage import manifest as mf
 from clusterctl.stage import plan as pl
@@ -38,7 +39,7 @@ class StageRequest:
     host_key_policy: Optional[str] = None
     become_password: Optional[str] = field(default=None, repr=False)  # never in a repr or log
 
-    def fleet(self, fanout: int) -> Any:
+    def fleet(self, fanout: int) -> Fleet:
         """A fleet over the hosts, ``fanout`` at once, a host's command bounded by ``timeout``."""
         return make_fleet(
             self.hosts,

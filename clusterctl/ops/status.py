@@ -15,11 +15,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from clusterctl.deploy.placement.deployed import wanted_instances
 from clusterctl.deploy.status.instances import InstanceStatus, collect_status, exit_code, match_instances
 from clusterctl.deploy.status.routers import router_instances
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.errors import ClusterctlError
 from clusterctl.gateway import state as gwstate
 from clusterctl.inventory.model import Instance, Inventory
@@ -121,7 +122,7 @@ def marked_down(request: StatusRequest) -> dict[str, str]:
 def collect(
     request: StatusRequest,
     selection: Selection,
-    fleet: Any,
+    fleet: Fleet,
     *,
     window: Optional[float] = None,
     on_event: OnEvent = None,
