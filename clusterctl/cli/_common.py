@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -21,6 +21,10 @@ from clusterctl.errors import ClusterctlError, ConfigError
 from clusterctl.cli._options import InventoryOpt as InventoryOpt  # re-exported: defined in _options
 from clusterctl.cli._options import JsonOpt as JsonOpt  # re-exported: defined in _options
 from clusterctl.exitcodes import USAGE_ERROR
+
+if TYPE_CHECKING:
+    from clusterctl.clusterstate import Bound
+    from clusterctl.inventory.model import Inventory
 
 # soft_wrap: messages (file:line problems, paths) stay one line each, so grep works;
 # tables are still laid out to the terminal width.
@@ -90,7 +94,7 @@ def _bind_default() -> None:
         _binding = False
 
 
-def bind_cluster(inv: Any) -> Any:
+def bind_cluster(inv: Inventory) -> Bound:
     """Key this command's state by ``inv``'s cluster (``clusterctl.clusterstate.bind``: adopt un-keyed
     state once, refuse another cluster's state with exit 3); returns the binding (cluster, state_dir)."""
     from clusterctl.clusterstate import bind

@@ -34,7 +34,7 @@ from clusterctl.fleet.factory import BECOME_PASSWORD_ENV as BECOME_PASSWORD_ENV 
 from clusterctl.fleet.factory import FleetFactory, fleet_factory
 from clusterctl.fleet.failed import load_failed
 from clusterctl.fleet.hostkeys import HOST_KEY_POLICIES
-from clusterctl.inventory.model import Host
+from clusterctl.inventory.model import Host, Inventory
 
 
 def select(inventory: Optional[str], pattern: str) -> tuple[str, list[Host]]:
@@ -105,7 +105,7 @@ def instances_wanted(inv: Any, state_dir: Optional[str]) -> tuple[dict[str, Any]
 
 
 def host_fleets(
-    inv: Any,
+    inv: Inventory,
     host_names: list[str],
     *,
     fanout: Optional[int],
@@ -163,7 +163,7 @@ def fleets(
 
 
 def inventory_fleet(
-    inv: Any, host_names: list[str], *, fleets: Optional[FleetFactory] = None, **fleet_opts: Any
+    inv: Inventory, host_names: list[str], *, fleets: Optional[FleetFactory] = None, **fleet_opts: Any
 ) -> Any:
     """A Fleet of the inventory hosts named ``host_names``: built by ``fleets`` when given, else with
     the usual SSH options (:func:`host_fleets`' keyword arguments)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
@@ -33,6 +33,11 @@ from clusterctl.cli._options import (
 )
 from clusterctl.diagnose.findings import Finding, Severity, exit_code
 from clusterctl.errors import ClusterctlError
+
+if TYPE_CHECKING:
+    from clusterctl.diagnose.bundle import Snapshot
+    from clusterctl.inventory.model import Inventory
+    from clusterctl.ops.doctor import DoctorEvent, DoctorRequest, Learned, Resolved
 
 HELP = """Diagnose GPUs (XIDs, ECC, remapped rows, lost GPUs, PCIe, NVLink, clocks,
 temperature), the cause of an instance's OOM, serving health from /metrics,
@@ -89,7 +94,7 @@ class ProbeView:
     def __init__(self, progress: bool = True, label: str = "probe"):
         self.progress, self.label, self.bar = progress, label, None
 
-    def __call__(self, e: Any) -> None:
+    def __call__(self, e: DoctorEvent) -> None:
         if e.kind == "probe-start":
             self.bar = HostProgress(e.count, self.label, self.progress).__enter__()
         elif e.kind == "probe-end" and self.bar is not None:
@@ -116,9 +121,9 @@ def live_request(
     deadline: Optional[float],
     host_key_policy: Optional[str],
     raw_outputs: bool = False,
-    resolved: Any = None,
-    load_acks: Any = None,
-) -> Any:
+    resolved: Optional[Resolved] = None,
+    load_acks: Optional[Callable[[], list[dict[str, Any]]]] = None,
+) -> DoctorRequest:
     """The workflow's request for the hosts ``pattern`` selects (exits 3 on bad options or inventory):
     the hosts selected, the sudo password read here, at the CLI's edge; ``resolved``: the checks
     (``ops.doctor.resolve``; None: every analyzer, no thresholds)."""
@@ -158,7 +163,7 @@ def live_snapshot(
     host_key_policy: Optional[str],
     progress: bool = True,
     raw_outputs: bool = False,
-) -> tuple[Any, Any, str]:
+) -> tuple[Snapshot, Optional[Inventory], str]:
     """``(snapshot, inventory, inventory path)`` gathered over SSH from the selected hosts."""
     from clusterctl.ops.doctor import gather
 
@@ -176,6 +181,7 @@ def live_snapshot(
         raw_outputs=raw_outputs,
     )
     got = gather(req, ProbeView(progress))
+    assert req.inventory_path is not None  # a live request always names its inventory (ops.live_request)
     return got.snapshot, got.inventory, req.inventory_path
 
 
@@ -184,9 +190,9 @@ def bundle_request(
     inventory: Optional[str],
     host: Optional[str] = None,
     pattern: str = "all",
-    resolved: Any = None,
-    load_acks: Any = None,
-) -> Any:
+    resolved: Optional[Resolved] = None,
+    load_acks: Optional[Callable[[], list[dict[str, Any]]]] = None,
+) -> DoctorRequest:
     """The workflow's request for a bundle; ``-i`` (loaded after the bundle is read) beats its own inventory."""
     from clusterctl.ops import doctor as ops
 
@@ -366,7 +372,7 @@ def doctor(
     raise typer.Exit(exit_code(run.findings))
 
 
-def _explain(snap: Any, fmt: str) -> None:
+def _explain(snap: Snapshot, fmt: str) -> None:
     """``--explain-input``: per host, each file and what became of it; skipped and cut files."""
     info = snap.meta.get("input") or {}
     if fmt == "json":
@@ -400,7 +406,7 @@ def _explain(snap: Any, fmt: str) -> None:
     raise typer.Exit(0)
 
 
-def _learned(done: Any) -> None:
+def _learned(done: Learned) -> None:
     """``--learn``'s outcome (``ops.doctor.Learned``); exits 2 when some host was not learned."""
     console.print(f"baseline: {done.hosts} host(s) written to {done.path}", markup=False)
     for host, reason in done.missing.items():
