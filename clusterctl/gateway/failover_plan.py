@@ -43,7 +43,7 @@ from clusterctl.deploy.placement.place import HostTopology, PlacementResult, res
 from clusterctl.deploy.state import Cordon, DeployState, Placement, cordon_key, placement_json, utc_now, who_am_i
 from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.gateway.failover_fixed import why_not_moved
-from clusterctl.inventory.model import Instance
+from clusterctl.inventory.model import Instance, Inventory
 
 #: Prefix of the reason of every cordon failover records.
 CORDON_PREFIX = "failover: "
@@ -165,7 +165,7 @@ def plan_failover(
     instances: Mapping[str, Instance],
     unavailable: Mapping[str, str],
     state: DeployState,
-    inv: Any,
+    inv: Inventory,
     *,
     max_share: float,
     gpu_findings: Iterable[Finding] = (),

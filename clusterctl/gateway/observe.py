@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from clusterctl.gateway.sync import Observed
 
 #: status states whose message (why the unit is down) the gateway records as the reason.
 DOWN_WITH_REASON = ("failed", "stopped", "restarting", "absent")
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.deploy.status.peaks import load_peaks
 
@@ -25,7 +25,7 @@ from clusterctl.deploy.status.peaks import load_peaks
 def observe(
     inv: Inventory,
     instances: Mapping[str, Instance],
-    fleet: Any,
+    fleet: Fleet,
     *,
     window: float,
     state_dir: Path,

@@ -35,6 +35,7 @@ from clusterctl.diagnose.findings import Finding, Severity
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, push_scores, secret_inputs
 from clusterctl.gateway.render import DEFAULT_SEATS, MAX_WEIGHT, ServerState, render_gateway
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.model import Instance, Inventory
 
 #: Why a hung instance is down (fixed words: a reason that changed every round would reload nginx).
@@ -218,7 +219,7 @@ def render_states(inv: Inventory, servers: Mapping[str, ServerState]) -> dict[st
 
 def sync_gateway(
     inv: Inventory,
-    fleet: Any,
+    fleet: Fleet,
     instances: Mapping[str, Instance],
     servers: Mapping[str, ServerState],
     *,

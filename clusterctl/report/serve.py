@@ -19,7 +19,7 @@ import html
 import http.server
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.report.history import HistoryError
@@ -80,7 +80,7 @@ def make_server(
                 return
             self._send(200, body, ctype)
 
-        def _page(self, build: Any) -> None:
+        def _page(self, build: Callable[[], str]) -> None:
             try:
                 body = build()
             except LookupError as e:
@@ -116,7 +116,7 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
 
 
-def _open(db: Path) -> Any:
+def _open(db: Path) -> History:
     if not db.is_file():
         raise HistoryError(f"{db}: no history yet (no report run has written it)")
     return History(db)
