@@ -11,12 +11,15 @@ comma-separated pattern only the last term is completed (``gpu01,gp<TAB>``).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 
+if TYPE_CHECKING:
+    from clusterctl.inventory.model import Inventory
 
-def _inventory(ctx: typer.Context) -> Any:
+
+def _inventory(ctx: typer.Context) -> Optional[Inventory]:
     from clusterctl.config import load_user_config, resolve_inventory_path
     from clusterctl.inventory.loader import load_inventory
 
@@ -35,7 +38,7 @@ def _terms(incomplete: str) -> tuple[str, str, str]:
     return head, sign, last[len(sign) :]
 
 
-def _complete(names: Callable[[Any, typer.Context], list[str]]) -> Callable[[typer.Context, str], list[str]]:
+def _complete(names: Callable[[Inventory, typer.Context], list[str]]) -> Callable[[typer.Context, str], list[str]]:
     def complete(ctx: typer.Context, incomplete: str) -> list[str]:
         inv = _inventory(ctx)
         if inv is None:
@@ -46,11 +49,11 @@ def _complete(names: Callable[[Any, typer.Context], list[str]]) -> Callable[[typ
     return complete
 
 
-def _host_names(inv: Any, ctx: typer.Context) -> list[str]:
+def _host_names(inv: Inventory, ctx: typer.Context) -> list[str]:
     return ["all"] + [f"@{g}" for g in inv.groups] + list(inv.hosts)
 
 
-def _instance_names(inv: Any, ctx: typer.Context) -> list[str]:
+def _instance_names(inv: Inventory, ctx: typer.Context) -> list[str]:
     names = list(inv.instances)
     try:  # placed template replicas, from the deploy state
         from clusterctl.clusterstate import cluster_dir, cluster_name
@@ -67,11 +70,11 @@ def _instance_names(inv: Any, ctx: typer.Context) -> list[str]:
     return sorted(set(names)) + templates
 
 
-def _template_names(inv: Any, ctx: typer.Context) -> list[str]:
+def _template_names(inv: Inventory, ctx: typer.Context) -> list[str]:
     return list(getattr(inv, "templates", {}) or {})
 
 
-def _targets(inv: Any, ctx: typer.Context) -> list[str]:
+def _targets(inv: Inventory, ctx: typer.Context) -> list[str]:
     return _instance_names(inv, ctx) + _host_names(inv, ctx)
 
 

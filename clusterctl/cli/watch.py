@@ -13,9 +13,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from clusterctl.diagnose.findings import Severity
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from clusterctl.ops.status import InstanceStatus
 
 #: ``--sort`` keys: a row's value, larger first (name: alphabetical).
 SORTS: dict[str, Callable[[Any], Any]] = {
@@ -30,7 +35,7 @@ SORTS: dict[str, Callable[[Any], Any]] = {
 STYLE = {"OK": "green", "WARN": "yellow", "CRIT": "bold red", "UNKNOWN": "magenta"}
 
 
-def order(rows: list[Any], sort: str) -> list[Any]:
+def order(rows: list[InstanceStatus], sort: str) -> list[InstanceStatus]:
     """Worst health first, then by ``sort`` (largest first; ``name`` alphabetical)."""
     key = SORTS[sort]
     if sort == "name":
@@ -38,7 +43,7 @@ def order(rows: list[Any], sort: str) -> list[Any]:
     return sorted(rows, key=lambda r: (-r.severity.rank, -key(r), r.name))
 
 
-def groups(rows: list[Any]) -> list[dict[str, Any]]:
+def groups(rows: list[InstanceStatus]) -> list[dict[str, Any]]:
     """One summary per template (``host:NAME`` for instances without one), worst first."""
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -79,7 +84,7 @@ def groups(rows: list[Any]) -> list[dict[str, Any]]:
     return sorted(res, key=lambda g: (-g["worst"].rank, -(g["down"] + g["unknown"]), -g["degraded"], g["group"]))
 
 
-def frame(rows: list[Any], *, sort: str, top: int, interval: float, stamp: float, took_s: float) -> Any:
+def frame(rows: list[InstanceStatus], *, sort: str, top: int, interval: float, stamp: float, took_s: float) -> Any:
     """The rich renderable of one refresh."""
     from rich.console import Group
     from rich.markup import escape
@@ -166,14 +171,14 @@ def _secs(v: Optional[float]) -> str:
 
 
 def run_watch(
-    collect: Callable[[], list[Any]],
+    collect: Callable[[], list[InstanceStatus]],
     *,
     interval: float,
     sort: str,
     top: Optional[int],
     count: Optional[int],
     json_out: bool,
-    console: Any,
+    console: Console,
 ) -> int:
     """Refresh until Ctrl-C or ``count`` refreshes (the loop: :func:`clusterctl.ops.status.watch`);
     the exit code of the last one."""
@@ -187,7 +192,7 @@ def run_watch(
         live = Live(console=console, auto_refresh=False, screen=False, transient=False)
         live.start()
 
-    def show(rows: list[Any], took: float, code: int) -> None:
+    def show(rows: list[InstanceStatus], took: float, code: int) -> None:
         if json_out:
             sys.stdout.write(
                 json.dumps({"time": time.time(), "instances": [r.to_json() for r in rows], "exit_code": code}) + "\n"

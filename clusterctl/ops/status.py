@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from clusterctl.deploy.placement.deployed import wanted_instances
-from clusterctl.deploy.status.instances import InstanceStatus, collect_status, exit_code, match_instances
+
+# InstanceStatus re-exported: the CLI's status views name the rows
+from clusterctl.deploy.status.instances import InstanceStatus as InstanceStatus
+from clusterctl.deploy.status.instances import collect_status, exit_code, match_instances
 from clusterctl.deploy.status.routers import router_instances
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.errors import ClusterctlError
