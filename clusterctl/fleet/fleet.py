@@ -32,7 +32,7 @@ import functools
 import resource
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Callable, Mapping, Sequence
 
 from clusterctl.errors import FleetError
@@ -114,7 +114,9 @@ class Fleet:
             transport = ParamikoTransport()
         self.transport = transport
         self._conns: "OrderedDict[str, Connection]" = OrderedDict()
-        self._in_use: set[str] = set()
+        # How many runs are using each host's connection now: two runs may share a host
+        # (pre-flight's rounds, a lifecycle action beside a read), and eviction must wait for both.
+        self._in_use: Counter[str] = Counter()
         self._connecting = 0
         self._lock = threading.Lock()
         self._executor: cf.ThreadPoolExecutor | None = None
@@ -165,7 +167,7 @@ class Fleet:
     def _acquire(self, host: Host, state: _RunState) -> tuple[Connection, bool]:
         """The host's connection (reused, or new); ``True`` when newly opened."""
         with self._lock:
-            self._in_use.add(host.name)
+            self._in_use[host.name] += 1
             conn = self._conns.get(host.name)
             if conn is not None and getattr(conn, "alive", True):
                 self._conns.move_to_end(host.name)
@@ -184,15 +186,24 @@ class Fleet:
         finally:
             with self._lock:
                 self._connecting -= 1
+        spare: Connection | None = None
         with self._lock:
             if self._closed or state.cancelled.is_set():
                 keep = False
             else:
-                self._conns[host.name] = conn
                 keep = True
+                other = self._conns.get(host.name)
+                if other is not None and getattr(other, "alive", True):
+                    # another run connected to this host meanwhile: share its connection and
+                    # close this one (kept, it would be open but untracked until exit)
+                    spare, conn = conn, other
+                else:
+                    self._conns[host.name] = conn
         if not keep:
             conn.close()
             raise HostFailure(HostStatus.TIMEOUT, "run ended before the connection was ready")
+        if spare is not None:
+            spare.close()
         return conn, True
 
     def _evict_for_room_locked(self) -> list[Connection]:
@@ -383,7 +394,9 @@ class Fleet:
             with state.lock:
                 state.active.pop(host.name, None)
             with self._lock:
-                self._in_use.discard(host.name)
+                self._in_use[host.name] -= 1
+                if self._in_use[host.name] <= 0:
+                    del self._in_use[host.name]
         out = _redact(er.stdout.decode("utf-8", "replace"), password)
         err = _redact(er.stderr.decode("utf-8", "replace"), password)
         status = HostStatus.OK if er.rc == 0 else HostStatus.FAILED

@@ -252,3 +252,43 @@ def test_standard_error_streams_to_the_caller_with_its_host():
         seen.clear()
         f.run("work")
     assert seen == []
+
+
+def test_a_connection_two_runs_share_is_not_evicted_when_one_of_them_ends():
+    """Two runs on one fleet may use the same host at once (pre-flight's GPU facts beside its node
+    reader); when the short one ends, the long one's connection must not become an eviction victim."""
+
+    def handler(h, c, s):
+        return FakeReply(0, "done\n", delay_s=1.5 if c == "slow" else 0.0)
+
+    t = FakeTransport(handler)
+    with Fleet(hosts(3), transport=t, fanout=2) as f:
+        out: dict[str, object] = {}
+        slow = threading.Thread(target=lambda: out.setdefault("slow", f.run({"gpu01": "slow"})))
+        slow.start()
+        deadline = time.monotonic() + 5
+        while not any(c == "slow" for _, c, _ in t.commands) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert f.run({"gpu01": "fast"})["gpu01"].status is HostStatus.OK  # shares gpu01, ends first
+        assert f.run({"gpu02": "x"})["gpu02"].status is HostStatus.OK
+        assert f.run({"gpu03": "x"})["gpu03"].status is HostStatus.OK  # the pool is full: evicts one
+        slow.join(5)
+        res = out["slow"]
+    assert res["gpu01"].status is HostStatus.OK, res["gpu01"].error  # type: ignore[index]
+    assert res["gpu01"].stdout == "done\n"  # type: ignore[index]
+
+
+def test_two_runs_connecting_to_one_host_at_once_leave_no_connection_open_after_close():
+    t = FakeTransport(lambda h, c, s: FakeReply(0), on_connect=lambda h: 0.3)
+    f = Fleet(hosts(2), transport=t, fanout=2)  # two workers: the runs' tasks on gpu01 run at once
+    with f:
+        results: list[object] = []
+        runs = [threading.Thread(target=lambda: results.append(f.run({"gpu01": "x"}))) for _ in range(2)]
+        for r in runs:
+            r.start()
+        for r in runs:
+            r.join(5)
+        assert [r["gpu01"].status for r in results] == [HostStatus.OK, HostStatus.OK]  # type: ignore[index]
+        assert t.connects["gpu01"] == 2  # both connected before either was kept
+        assert t.open == 1  # the second was closed at once; the fleet shares the first
+    assert t.open == 0
