@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from clusterctl.cli._common import InventoryOpt, JsonOpt, console, err_console, fail, print_json
 from clusterctl.cli._target import TargetArg, endpoint
 from clusterctl.errors import ClusterctlError
+
+if TYPE_CHECKING:
+    from clusterctl.ops.bench import Compared, Workload
+    from clusterctl.vllmclient import Endpoint
 
 HELP = """Load-test an OpenAI-compatible endpoint with streaming /v1/completions.
 
@@ -227,7 +231,9 @@ def _check_writable(path: Path) -> None:
         fail(f"--plot {path}: not a writable file path")
 
 
-def _compare(ep: Any, ep_b: Any, done: Any, work: Any, tolerance: float, plot: Optional[Path], as_json: bool) -> None:
+def _compare(
+    ep: Endpoint, ep_b: Endpoint, done: Compared, work: Workload, tolerance: float, plot: Optional[Path], as_json: bool
+) -> None:
     """Render the comparison of A and B (``ops.bench.compare_runs``); always exits: 1 on a regression,
     3 (nothing judged) when a level of either side cannot be trusted, 2 failed requests."""
     from clusterctl.ops import bench as ops

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -18,6 +18,11 @@ from clusterctl.cli._options import (
     JsonOpt,
 )
 from clusterctl.errors import ClusterctlError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from clusterctl.ops.failover import FailoverReport, FailoverRequest
 
 FAILOVER_HELP = """Find instances whose TP group doctor marks UNAVAILABLE (a member GPU is
 critical: lost, XID, ...), take them out of the gateway, and move template
@@ -50,7 +55,7 @@ Examples:
 """
 
 
-def show(rep: Any, console: Any = console) -> None:
+def show(rep: FailoverReport, console: Console = console) -> None:
     """A failover report as lines (on ``console``: stdout, or stderr for ``report run --failover``)."""
     p = rep.plan
     if p.nothing:
@@ -137,7 +142,7 @@ def failover_request(
     ask_become_pass: bool,
     host_key_policy: Optional[str],
     **options: Any,
-) -> Any:
+) -> FailoverRequest:
     """The workflow's request (``options``: ``ops.failover.failover_request``'s, else its defaults);
     the inventory loaded and the sudo password read here, at the CLI's edge; exits 3 on
     configuration errors."""
@@ -170,7 +175,7 @@ def run(
     ask_become_pass: bool,
     host_key_policy: Optional[str],
     **options: Any,
-) -> Any:
+) -> FailoverReport:
     """One failover run for the CLI; exits 3 on configuration errors."""
     from clusterctl.ops.failover import run as run_failover
 

@@ -13,7 +13,10 @@ from typing import Callable, Optional, Sequence
 from clusterctl.config import UserConfig
 from clusterctl.deploy.state import resolve_state_dir
 from clusterctl.errors import ClusterctlError
-from clusterctl.gateway.failover import FailoverOptions, FailoverReport
+from clusterctl.gateway.failover import FailoverOptions
+
+# FailoverReport re-exported: the CLI renders it and never imports gateway.failover
+from clusterctl.gateway.failover import FailoverReport as FailoverReport
 from clusterctl.inventory.fields import suggest
 from clusterctl.inventory.model import Inventory
 from clusterctl.fleet.factory import fleet_factory
