@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
@@ -17,10 +17,13 @@ from clusterctl.cli._options import ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, In
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
+if TYPE_CHECKING:
+    from clusterctl.ops.autoscale import AutoscaleRequest, Outcome
+
 ACTIONS = ("plan", "run", "daemon", "install", "history")
 
 
-def _outcome_code(outs: list[Any], plan: bool) -> ExitCode:
+def _outcome_code(outs: list[Outcome], plan: bool) -> ExitCode:
     codes = [ExitCode.OK]
     for o in outs:
         if o.outcome in ("failed", "error"):
@@ -34,7 +37,7 @@ def _outcome_code(outs: list[Any], plan: bool) -> ExitCode:
     return max(codes)
 
 
-def _print_outcome(o: Any) -> None:
+def _print_outcome(o: Outcome) -> None:
     d, p = o.decision, o.policy
     assert p is not None
     val = "unknown" if d.value is None else f"{d.value:.3g}"
@@ -58,7 +61,7 @@ def _print_outcome(o: Any) -> None:
         console.print(f"  {o.outcome}: {o.detail}", markup=False)
 
 
-def _say(quiet: bool) -> Any:
+def _say(quiet: bool) -> Callable[[str], None]:
     return (lambda s: None) if quiet else (lambda s: err_console.print(s, markup=False))
 
 
@@ -150,7 +153,9 @@ def autoscale(
     raise typer.Exit(_outcome_code(outs, action == "plan"))
 
 
-def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool, templates: list[str]) -> None:
+def _daemon(
+    request: AutoscaleRequest, interval: Optional[float], rounds: int, as_json: bool, templates: list[str]
+) -> None:
     """Decide every interval until SIGTERM/SIGINT (the round in progress finishes first); an edited
     inventory applies from the next round (a broken edit is reported and the previous one kept)."""
     import json
@@ -160,7 +165,7 @@ def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool,
     reload_inventory = ops_autoscale.inventory_reloader(request, templates)
     policies = dict(request.policies)
 
-    def reload(current: Any) -> Any:
+    def reload(current: AutoscaleRequest) -> Optional[AutoscaleRequest]:
         fresh = reload_inventory(current)
         if fresh is not None:
             policies.clear()
@@ -173,7 +178,7 @@ def _daemon(request: Any, interval: Optional[float], rounds: int, as_json: bool,
     def _stop(signum: int, frame: Any) -> None:
         stop["now"] = True
 
-    def show(outs: list[Any]) -> None:
+    def show(outs: list[Outcome]) -> None:
         for o in outs:
             if as_json:
                 sys.stdout.write(json.dumps(o.to_json(), sort_keys=True) + "\n")

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from clusterctl.autoscale.record import read_history
-from clusterctl.autoscale.run import Outcome, autoscaled, run_round
+
+# Outcome re-exported: the CLI renders it and never imports autoscale.run
+from clusterctl.autoscale.run import Outcome as Outcome
+from clusterctl.autoscale.run import autoscaled, run_round
 from clusterctl.config import UserConfig
 from clusterctl.deploy.units.sdquote import systemd_quote
 from clusterctl.errors import ClusterctlError
