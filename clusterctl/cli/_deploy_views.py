@@ -4,19 +4,24 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from clusterctl.cli._common import console, err_console, fail, print_json
 
+if TYPE_CHECKING:
+    from clusterctl.cli._progress import EventProgress
+    from clusterctl.deploy.rollout.engine import DeployReport, PreflightRefused
+    from clusterctl.deploy.rollout.plan import Plan
 
-def deploy_events(enabled: bool) -> Any:
+
+def deploy_events(enabled: bool) -> EventProgress:
     """The deploy renderer (a context manager, and the ``on_event`` callback)."""
     from clusterctl.cli._progress import EventProgress
 
     return EventProgress("deploy", enabled)
 
 
-def plan_table(plan: Any) -> None:
+def plan_table(plan: Plan) -> None:
     """One row per host and instance: action, state, digest."""
     from rich.table import Table
 
@@ -29,7 +34,7 @@ def plan_table(plan: Any) -> None:
     console.print(table)
 
 
-def print_plan(plan: Any) -> None:
+def print_plan(plan: Plan) -> None:
     """The plan table, the unit diffs and env changes (secrets as ***), and the counts."""
     from clusterctl.deploy.rollout.plan import render_text
 
@@ -47,7 +52,7 @@ def print_plan(plan: Any) -> None:
     )
 
 
-def refused(e: Any, as_json: bool) -> NoReturn:
+def refused(e: PreflightRefused, as_json: bool) -> NoReturn:
     """Pre-flight refused: its findings (or JSON), then exit 3."""
     if as_json:
         print_json({"result": "refused", "error": str(e), "preflight": e.report.to_json()})
@@ -60,7 +65,7 @@ def refused(e: Any, as_json: bool) -> NoReturn:
     fail(str(e))
 
 
-def print_deploy_report(rep: Any) -> None:
+def print_deploy_report(rep: DeployReport) -> None:
     """The deploy report as a table per host, then the run's counts."""
     from rich.table import Table
 
