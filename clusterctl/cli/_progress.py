@@ -164,7 +164,7 @@ class ByteProgress(_Progress):
             pct = f" ({100 * overall / self.total:.0f} %)" if self.total else ""
             self.note(f"{self.label}: {_size(overall)} of {_size(self.total)}{pct}")
 
-    def on_result(self, r: Any) -> None:
+    def on_result(self, r: HostResult) -> None:
         with self._lock:
             self._finished += 1
             n = self._finished

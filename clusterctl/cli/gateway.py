@@ -72,7 +72,7 @@ def _request(
         fail(str(e))
 
 
-def _host_rows(results: list[Any]) -> None:
+def _host_rows(results: list[gwops.GatewayHostResult]) -> None:
     from rich.markup import escape
 
     for r in results:
@@ -261,7 +261,7 @@ def sync(
         time.sleep(every)
 
 
-def _print_sync(result: Any, json_out: bool) -> ExitCode:
+def _print_sync(result: gwops.SyncResult, json_out: bool) -> ExitCode:
     from clusterctl.ops import gateway as gwops
 
     code = gwops.sync_code(result)

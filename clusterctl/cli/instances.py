@@ -16,7 +16,7 @@ usage errors.  docs/status.md has the columns, the formula and the details.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -26,6 +26,11 @@ from clusterctl.cli._hosts import deploy_state_dir, host_fleets_and_password, in
 from clusterctl.cli._options import AskBecomePassOpt, ConnectTimeoutOpt, FanoutOpt, HostKeyOpt, InventoryOpt, JsonOpt
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from clusterctl.ops.status import InstanceStatus
 
 STATUS_HELP = """Show every instance: unit state, restarts, health, engine and model
 version, TP group and GPUs, KV-cache usage, running/waiting requests,
@@ -102,7 +107,7 @@ def _num(v: Optional[float], fmt: str = "{:.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def render_table(rows: list[Any], group_by: str) -> Any:
+def render_table(rows: list[InstanceStatus], group_by: str) -> Table:
     """The rich table of status rows, one section per host or template."""
     from rich.markup import escape
     from rich.table import Table
@@ -125,7 +130,7 @@ def render_table(rows: list[Any], group_by: str) -> Any:
         table.add_column(col, no_wrap=True)
     table.add_column("note", overflow="fold", min_width=12)
 
-    def key(r: Any) -> str:
+    def key(r: InstanceStatus) -> str:
         return (r.host if group_by == "host" else r.template) or "-"
 
     prev = None

@@ -25,11 +25,15 @@ from clusterctl.fleet.factory import FleetFactory
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.gateway import keys as gwkeys
 from clusterctl.gateway import state as gwstate
-from clusterctl.gateway.deploy import GatewayHostResult, apply_gateway, gateway_status, secret_inputs
+
+# GatewayHostResult and SyncResult re-exported: the CLI renders them and never imports gateway.deploy/sync
+from clusterctl.gateway.deploy import GatewayHostResult as GatewayHostResult
+from clusterctl.gateway.deploy import apply_gateway, gateway_status, secret_inputs
 from clusterctl.gateway.keys import ClientKey
 from clusterctl.gateway.observe import observe
 from clusterctl.gateway.render import GatewayFile, ServerState, render_gateway
-from clusterctl.gateway.sync import SyncResult, decide, sync_gateway
+from clusterctl.gateway.sync import SyncResult as SyncResult
+from clusterctl.gateway.sync import decide, sync_gateway
 from clusterctl.inventory.model import GatewaySpec, Instance, Inventory
 
 OnEvent = Optional[Callable[[str], None]]
