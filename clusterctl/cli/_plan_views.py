@@ -11,10 +11,11 @@ from clusterctl.cli._common import console
 from clusterctl.cli._options import HostsOpt as HostsOpt  # re-exported: net, node and engine import it from here
 
 if TYPE_CHECKING:  # the workflow (and the features under it) loads when a command runs, not at start-up
+    from clusterctl.bringup.batch import ApplyReport, OnEvent
     from clusterctl.ops.bringup import BringupPlan, BringupRequest
 
 
-def stderr_events(enabled: bool) -> Any:
+def stderr_events(enabled: bool) -> OnEvent:
     """An ``on_event`` that writes ``host: message`` lines to stderr (nothing with ``enabled`` false)."""
 
     def on_event(kind: str, message: str, host: Optional[str]) -> None:
@@ -47,7 +48,7 @@ def print_plan(plans: list[Any], title: str, verb: str = "to change", empty: str
     )
 
 
-def print_report(rep: Any, title: str, done: tuple[str, ...] = ("changed",)) -> None:
+def print_report(rep: ApplyReport, title: str, done: tuple[str, ...] = ("changed",)) -> None:
     """Per host: its status (with the changes made, or the error); then the counts."""
     for o in rep.outcomes:
         line = f"{o.host}: {o.status}"

@@ -19,7 +19,9 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
 if TYPE_CHECKING:  # the workflow (and the deploy package under it) loads when a command runs
-    from clusterctl.ops.placement import PlacementRequest
+    from clusterctl.deploy.rollout.engine import DeployReport
+    from clusterctl.inventory.model import Inventory
+    from clusterctl.ops.placement import PlacementRequest, ScalePlan
 
 StateDirOpt = typer.Option(
     None,
@@ -42,7 +44,7 @@ def state_store(state_dir: Optional[str]) -> Any:
     return PlacementRequest(deploy_state_dir(state_dir)).store
 
 
-def _request(inv: Any, state_dir: Optional[str]) -> PlacementRequest:
+def _request(inv: Inventory, state_dir: Optional[str]) -> PlacementRequest:
     from clusterctl.ops.placement import PlacementRequest
 
     return PlacementRequest(deploy_state_dir(state_dir), inv)
@@ -285,7 +287,7 @@ def _deploy_template(
     ask_become_pass: bool,
     host_key_policy: Optional[str],
     **opts: Any,
-) -> Any:
+) -> DeployReport:
     """Roll out the replicas ``names`` of ``template`` through the deploy engine (it drains what it
     removes); exits 3 on refusal."""
     from clusterctl.cli._deploy_views import deploy_events, print_deploy_report
@@ -348,7 +350,7 @@ def _scale_json(sp: Any, applied: bool) -> dict[str, Any]:
     }
 
 
-def _report_scale(sp: Any, as_json: bool, applied: bool) -> None:
+def _report_scale(sp: ScalePlan, as_json: bool, applied: bool) -> None:
     from clusterctl.ops.placement import stages
 
     where = sp.result.instances

@@ -17,7 +17,7 @@ from clusterctl.deploy.placement import cordon as cordons_
 from clusterctl.deploy.placement import scale as scale_
 from clusterctl.deploy.placement.cordon import Target
 from clusterctl.deploy.placement.place import PlacementResult, desired_instances, replica_number
-from clusterctl.deploy.placement.scale import ScalePlan
+from clusterctl.deploy.placement.scale import ScalePlan as ScalePlan  # re-exported: the CLI reports it
 from clusterctl.deploy.rollout.batches import parse_serial
 from clusterctl.deploy.rollout.engine import DeployOptions
 from clusterctl.deploy.state import Cordon, DeployState, StateStore
