@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -12,8 +12,11 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.ops.deploy import DeployRequest
 from clusterctl.ops.deploy import run_playbook as run
 
+if TYPE_CHECKING:
+    from clusterctl.ops.deploy import OnEvent, PlaybookReport
 
-def _steps_table(rep: Any) -> None:
+
+def _steps_table(rep: PlaybookReport) -> None:
     """One row per step (hosts, instance count, batches), then each step's checks, one a line."""
     from rich.table import Table
 
@@ -31,7 +34,7 @@ def _steps_table(rep: Any) -> None:
         console.print("checks:\n" + "\n".join(checks), markup=False, highlight=False)
 
 
-def _outcomes(rep: Any) -> None:
+def _outcomes(rep: PlaybookReport) -> None:
     for o in rep.outcomes:
         console.print(f"step {o.name} ({o.kind}): {o.status}" + (f": {o.note}" if o.note else ""), markup=False)
 
@@ -42,7 +45,7 @@ def run_playbook(
     *,
     as_json: bool,
     detailed_exitcode: bool,
-    on_event: Any,
+    on_event: OnEvent,
 ) -> NoReturn:
     """Load ``path``, then show its plan (``opts.plan_only``) or run it; always exits.
 

@@ -24,7 +24,8 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 from clusterctl.deploy.placement import topology
 from clusterctl.deploy.placement.scale import scale_hosts
 from clusterctl.deploy.playbooks.load import Playbook, load_playbook
-from clusterctl.deploy.playbooks.run import PlaybookReport, PlaybookRun
+from clusterctl.deploy.playbooks.run import PlaybookReport as PlaybookReport  # re-exported: the CLI renders it
+from clusterctl.deploy.playbooks.run import PlaybookRun
 from clusterctl.deploy.rollout import engine
 from clusterctl.deploy.rollout.drain import GatewayHook
 from clusterctl.deploy.rollout.engine import DeployOptions, DeployReport, Event
