@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
@@ -14,7 +14,7 @@ from clusterctl.errors import ClusterctlError
 
 if TYPE_CHECKING:
     from clusterctl.ops.bench import Compared, Workload
-    from clusterctl.vllmclient import Endpoint
+    from clusterctl.vllmclient import Endpoint, RequestResult
 
 HELP = """Load-test an OpenAI-compatible endpoint with streaming /v1/completions.
 
@@ -201,12 +201,12 @@ class _Progress:
             )
             self.task = self.bar.add_task(label, total=total)
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Callable[[RequestResult], None]:
         if self.bar is not None:
             self.bar.start()
         return self.update
 
-    def update(self, r: Any) -> None:
+    def update(self, r: RequestResult) -> None:
         self.done += 1
         self.failed += 0 if r.ok else 1
         if self.bar is not None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 from clusterctl.bench import dataset as ds
 from clusterctl.bench import runner, server_metrics, tokens, trust
 from clusterctl.bench.compare import compare
+from clusterctl.bench.loadgen import RunResult
 from clusterctl.bench.plot import bench_svg
 from clusterctl.bench.stats import Slo, aggregate
 from clusterctl.bench.target import resolve
@@ -28,12 +29,12 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.files import write_atomic
 from clusterctl.inventory.model import Inventory
-from clusterctl.vllmclient import Endpoint
+from clusterctl.vllmclient import Endpoint, RequestResult
 
 #: One level's prompts, per-prompt output lengths and their sizes (mean words, mean tokens).
 Prompts = tuple[list[str], list[Optional[int]], dict[str, Any]]
 #: ``progress(label, total)``: a context manager around one level's run yielding ``on_result(r)``.
-Progress = Callable[[str, Optional[int]], ContextManager[Callable[[Any], None]]]
+Progress = Callable[[str, Optional[int]], ContextManager[Callable[[RequestResult], None]]]
 
 
 def endpoint(target: str, load_inventory: Callable[[], Inventory], load_config: Callable[[], UserConfig]) -> Endpoint:
@@ -46,7 +47,7 @@ def endpoint(target: str, load_inventory: Callable[[], Inventory], load_config: 
 
 
 @contextlib.contextmanager
-def no_progress(label: str, total: Optional[int]) -> Iterator[Callable[[Any], None]]:
+def no_progress(label: str, total: Optional[int]) -> Iterator[Callable[[RequestResult], None]]:
     yield lambda r: None
 
 
@@ -98,8 +99,8 @@ class Workload:
         self.input_len, self.output_len, self.seed, self.duration = input_len, output_len, seed, duration
         self.progress = progress
         self.rng = random.Random(seed)
-        self.data: Any = None
-        self.tok: Any = None
+        self.data: Optional[ds.Dataset] = None
+        self.tok: Optional[tokens.Tokenizer] = None
         self.warnings: list[str] = []
         if dataset is not None:
             self.data = ds.load(dataset)
@@ -147,7 +148,7 @@ class Workload:
         }
         return ps, lens, size
 
-    def run(self, ep: Endpoint, level: int, opts: LevelOptions, prompts: Optional[Prompts] = None) -> Any:
+    def run(self, ep: Endpoint, level: int, opts: LevelOptions, prompts: Optional[Prompts] = None) -> RunResult:
         ps, lens, _ = prompts or self.prompts()
         with self.progress(f"{ep.url} concurrency {level}", None if self.duration else len(ps)) as on_result:
             return runner.run(
