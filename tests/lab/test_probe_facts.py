@@ -53,14 +53,14 @@ def test_units_restarts_and_kernel_log_since_cursor(lab):
         assert first.ok, first.reason
         units = {u.unit: u for u in first.facts.units}
         u = units["clusterctl-probetest.service"]
-        assert u.raw["load_state"] == "loaded" and u.restarts >= 1 and u.since
+        assert u.load_state == "loaded" and u.restarts >= 1 and u.since
         assert first.facts.kernel_log.source == "/var/log/kern.log"
-        assert ": 13," in first.facts.kernel_log.lines[-1]["text"]
+        assert ": 13," in first.facts.kernel_log.lines[-1].text
         cursor = first.facts.kernel_log.cursor
         faults.inject(lab.host_dir(name), "xid", code=48, gpu=2)
         faults.inject(lab.host_dir(name), "gpu-lost", gpu=5)
         nxt = probe(lab, [name], kernel_log_cursor=cursor)[name].facts
-        texts = [x["text"] for x in nxt.kernel_log.lines]
+        texts = [x.text for x in nxt.kernel_log.lines]
         assert ": 48," in texts[0] and any(": 79," in t for t in texts[1:])
         assert not any(": 13," in t for t in texts)  # only what came after the cursor
         assert [g.index for g in nxt.gpus.lost] == [5]

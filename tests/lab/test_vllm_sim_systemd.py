@@ -36,7 +36,7 @@ def _gpu0_processes(lab, name: str) -> list:
     with Fleet([inv.hosts[name]], connect_timeout=10, command_timeout=60) as fleet:
         res = collect_facts(fleet, timeout=60)[name]
     assert res.ok, res.reason
-    return res.facts.gpus.devices[0].processes
+    return list(res.facts.gpus.devices[0].processes)
 
 
 def _start(lab, name: str, unit: str, launcher: str, port: int) -> None:
