@@ -42,9 +42,12 @@ import queue
 import shlex
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from clusterctl.fleet.results import HostResult, RunResults
+
+if TYPE_CHECKING:
+    from clusterctl.fleet.fleet import Fleet
 
 #: Loader exit status: the program is not cached (or its copy is damaged).
 RC_NOT_CACHED = 98
@@ -125,7 +128,7 @@ def stdin_command(args: Sequence[str] = (), *, python: str = "python3") -> str:
 
 
 def run_cached(
-    fleet: Any,  # a Fleet; probe/run.collect_facts still passes its narrower _FleetLike
+    fleet: Fleet,
     program: bytes,
     args: Sequence[str] | Mapping[str, Sequence[str]] = (),
     *,

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from clusterctl.errors import ProbeError
 from clusterctl.probe.facts import Facts, parse_facts
 from clusterctl.fleet.cached import run_cached
-from clusterctl.fleet.fleet import OnResult
-from clusterctl.fleet.results import HostResult, RunResults
+from clusterctl.fleet.fleet import Fleet
+from clusterctl.fleet.results import HostResult
 from clusterctl.probe.payload import RC_PYTHON_TOO_OLD, payload, probe_args
 
 #: Seconds a whole probe may take on one host (the collector itself bounds each
@@ -27,19 +27,6 @@ DEFAULT_TIMEOUT_S = 90.0
 
 OK = "ok"
 UNKNOWN = "unknown"
-
-
-class _FleetLike(Protocol):
-    def run(
-        self,
-        command: str,
-        *,
-        stdin: bytes | None = ...,
-        sudo: bool = ...,
-        timeout: float | None = ...,
-        on_result: OnResult | None = ...,
-        require_python: bool = ...,
-    ) -> RunResults: ...
 
 
 @dataclass
@@ -110,7 +97,7 @@ def _last_line(text: str) -> str:
 
 
 def collect_facts(
-    fleet: _FleetLike,
+    fleet: Fleet,
     *,
     kernel_log_cursor: str | dict[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
