@@ -50,6 +50,10 @@ from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.hook import Hook, fleet_hook
 from clusterctl.gateway.sync import decide as gw_decide
 from clusterctl.inventory.select import select_hosts
+from clusterctl.deploy.rollout import engine as deploy_engine
+from clusterctl.gateway import sync as gateway_sync
+from clusterctl.gateway import observe as gateway_observe
+from clusterctl.deploy.status import instances as deploy_status
 
 if TYPE_CHECKING:
     from clusterctl.deploy.status.instances import InstanceStatus
@@ -145,8 +149,6 @@ def measure(
     on_event: Callable[[str], None] | None = None,
 ) -> Signals:
     """The template's replicas measured over the policy's window."""
-    from clusterctl.deploy.status.instances import collect_status
-
     state = StateStore(state_dir).load()
     current = desired_replicas(inv.templates[template], state)
     instances = template_replicas(inv, state, template)
@@ -154,7 +156,7 @@ def measure(
     rows: list[InstanceStatus] = []
     if instances:
         with make_fleet([inv.hosts[h] for h in hosts if h in inv.hosts]) as fleet:
-            rows = collect_status(
+            rows = deploy_status.collect_status(
                 inv,
                 instances,
                 fleet,
@@ -235,9 +237,6 @@ def sync_gateway_now(
     inv: Inventory, state_dir: Path, make_fleet: FleetFactory, window_s: float, say: Callable[[str], None]
 ) -> str | None:
     """A forced gateway sync from fresh measurements; ``None`` or why it failed."""
-    from clusterctl.gateway.observe import observe
-    from clusterctl.gateway.sync import sync_gateway
-
     gw = inv.gateway
     if gw is None:
         return None
@@ -246,11 +245,11 @@ def sync_gateway_now(
         instances = wanted_instances(inv, state_dir)
         hosts = sorted({g.host for i in instances.values() for g in i.placement} | set(gw.hosts))
         with make_fleet([inv.hosts[h] for h in hosts if h in inv.hosts]) as fleet:
-            observed, _ = observe(
+            observed, _ = gateway_observe.observe(
                 inv, instances, fleet, window=window_s, state_dir=state_dir, tp_check=False, on_event=say
             )
             servers = gw_decide(inv, instances, observed, marked_down=st.marked_down)
-            res = sync_gateway(
+            res = gateway_sync.sync_gateway(
                 inv, fleet, instances, servers, state_dir=state_dir, force=True, on_event=say, observed=observed
             )
     except ClusterctlError as e:
@@ -270,12 +269,10 @@ def _deploy(
     me: lock.LockInfo,
     say: Callable[[str], None],
 ) -> DeployReport:
-    from clusterctl.deploy.rollout.engine import Deploy, DeployOptions
-
-    dopts = DeployOptions(
+    dopts = deploy_engine.DeployOptions(
         instances=",".join(names), gate_timeout_s=policy.gate_timeout_s, drain_timeout_s=policy.drain_timeout_s
     )
-    d = Deploy(
+    d = deploy_engine.Deploy(
         inv,
         [inv.hosts[h] for h in hosts],
         make_fleet,

@@ -43,6 +43,7 @@ from clusterctl.fleet.factory import FleetFactory
 from clusterctl.inventory.model import FabricProfile, Host, Inventory
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.probe.factgroups import FactsDoc, Nic, NicsFact, Qos
+from clusterctl.probe import run as probe_run
 
 UNIT = "roce-qos.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
@@ -431,9 +432,7 @@ class NetApply:
         )
 
     def _probe(self, fleet: Fleet) -> tuple[dict[str, FactsDoc], dict[str, str]]:
-        from clusterctl.probe.run import collect_facts
-
-        return facts_of(collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
+        return facts_of(probe_run.collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
 
     def _read(self, fleet: Fleet) -> tuple[dict[str, FactsDoc], dict[str, str], dict[str, Installed]]:
         facts, missing = self._probe(fleet)

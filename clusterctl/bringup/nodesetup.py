@@ -61,6 +61,7 @@ from clusterctl.fleet.shell import quote
 from clusterctl.inventory.model import FabricProfile, Host, Inventory
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.probe.factgroups import FactsDoc, GpusFact, NicsFact
+from clusterctl.probe import run as probe_run
 
 STATE_PATH = "/etc/clusterctl/node-setup.json"
 SYSCTL_PATH = "/etc/sysctl.d/90-clusterctl.conf"
@@ -644,9 +645,7 @@ class NodeSetup:
         self._facts: dict[str, FactsDoc] = {}
 
     def _probe(self, fleet: Fleet) -> tuple[dict[str, FactsDoc], dict[str, str]]:
-        from clusterctl.probe.run import collect_facts
-
-        return facts_of(collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
+        return facts_of(probe_run.collect_facts(fleet, timeout=self.timeout, sudo=self.sudo))
 
     def _plans(self, fleet: Fleet, hosts: Sequence[Host], reuse_facts: bool = False) -> list[HostPlan]:
         """Plans of ``hosts``; ``reuse_facts``: the plan's facts (GPUs, fabric, NUMA: nothing node setup

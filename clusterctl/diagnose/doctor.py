@@ -17,6 +17,7 @@ from clusterctl.diagnose.registry import AnalysisContext, registered, run_analyz
 from clusterctl.errors import ClusterctlError
 from clusterctl.diagnose import acks as ack
 from clusterctl.diagnose.evidence import not_checked
+from clusterctl.diagnose.current import history, split_context
 
 ALWAYS = "host.reachable"
 
@@ -58,8 +59,6 @@ def diagnose(
     Hosts known only from raw outputs (``doctor --from`` on loose files) get an
     UNKNOWN row for every selected check their outputs cannot feed, and no OK
     row from such a check (:func:`clusterctl.diagnose.evidence.not_checked`)."""
-    from clusterctl.diagnose.current import history, split_context
-
     ctx, older = split_context(ctx, since)
     findings = run_analyzers(ctx, only=checks)
     if older is not None:

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Iterator
 
+from clusterctl.inventory.nodeset import fold as _fold
+
 
 class HostStatus(str, Enum):
     """What happened on one host.
@@ -242,9 +244,4 @@ def _fold_fallback(names: Iterable[str]) -> str:
 
 def fold(names: Iterable[str]) -> str:
     """Fold host names into node-set notation (``gpu[01-04,07]``)."""
-    names = list(names)
-    try:
-        from clusterctl.inventory.nodeset import fold as _fold
-    except ImportError:
-        return _fold_fallback(names)
-    return _fold(names)
+    return _fold(list(names))

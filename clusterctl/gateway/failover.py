@@ -58,6 +58,10 @@ from clusterctl.gateway.hook import Hook, fleet_hook
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.select import select_hosts
 from clusterctl.probe.factgroups import GpusFact
+from clusterctl.gateway import sync as gateway_sync
+from clusterctl.gateway import observe as gateway_observe
+from clusterctl.deploy.rollout import lifecycle
+from clusterctl.deploy.rollout import engine as deploy_engine
 
 #: Reason recorded in the gateway state for instances failover marks down.
 MARK_DOWN_REASON = "failover: TP group UNAVAILABLE"
@@ -226,13 +230,10 @@ def _move(
     say: Callable[[str], None],
 ) -> None:
     """Drain and stop the replicas, record their new places, roll them out; fills ``report.moved``."""
-    from clusterctl.deploy.rollout.engine import Deploy
-    from clusterctl.deploy.rollout.lifecycle import stop_instances
-
     names = [m.instance for m in plan.moves]
     old_hosts = sorted({h for m in plan.moves for h in m.old.hosts})  # a replica across hosts: every member
     with make_fleet([inv.hosts[h] for h in old_hosts if h in inv.hosts]) as fleet:
-        for r in stop_instances(
+        for r in lifecycle.stop_instances(
             inv, fleet, [instances[n] for n in names], drain_timeout=opts.drain_timeout_s, on_event=say
         ):
             say(f"failover: {r.instance}: " + ("stopped" if r.ok else f"stop failed: {r.error}"))
@@ -245,7 +246,7 @@ def _move(
         instances=",".join(names), gate_timeout_s=opts.gate_timeout_s, drain_timeout_s=opts.drain_timeout_s
     )
     try:
-        rep = Deploy(
+        rep = deploy_engine.Deploy(
             inv,
             hosts,
             make_fleet,
@@ -292,9 +293,6 @@ def _sync(
     say: Callable[[str], None],
 ) -> SyncResult | None:
     """Mark the replicas that moved up and sync the gateway from fresh measurements (forced)."""
-    from clusterctl.gateway.observe import observe
-    from clusterctl.gateway.sync import decide, sync_gateway
-
     gw = inv.gateway
     assert gw is not None
     back = [n for n, why in report.moved.items() if why is None]
@@ -308,13 +306,15 @@ def _sync(
         instances = wanted_instances(inv, state_dir)
         hosts = sorted({g.host for i in instances.values() for g in i.placement} | set(gw.hosts))
         with make_fleet([inv.hosts[h] for h in hosts if h in inv.hosts]) as fleet:
-            observed, _ = observe(inv, instances, fleet, window=opts.window_s, state_dir=state_dir, on_event=say)
-            servers = decide(
+            observed, _ = gateway_observe.observe(
+                inv, instances, fleet, window=opts.window_s, state_dir=state_dir, on_event=say
+            )
+            servers = gateway_sync.decide(
                 inv, instances, observed, marked_down=st.marked_down, unavailable=set(plan.fixed) | set(plan.no_room)
             )
             # Over the cap means left alone: as the last sync decided (down if it ran with --tp-check).
             servers.update({n: st.servers[n] for n in plan.over_cap if n in st.servers})
-            result = sync_gateway(
+            result = gateway_sync.sync_gateway(
                 inv, fleet, instances, servers, state_dir=state_dir, force=True, on_event=say, observed=observed
             )  # least_score: the downs and load go as scores
     except ClusterctlError as e:

@@ -20,6 +20,7 @@ DOWN_WITH_REASON = ("failed", "stopped", "restarting", "absent")
 from clusterctl.fleet.fleet import Fleet
 from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.deploy.status.peaks import load_peaks
+from clusterctl.deploy.status.instances import collect_status, max_num_seqs
 
 
 def observe(
@@ -33,8 +34,6 @@ def observe(
     on_event: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Observed], set[str]]:
     """``(observed per instance, instances whose TP group is UNAVAILABLE)``; ``fleet`` holds the instance hosts."""
-    from clusterctl.deploy.status.instances import collect_status, max_num_seqs
-
     rows = collect_status(
         inv,
         instances,

@@ -31,6 +31,7 @@ from clusterctl.inventory.nodeset import NodeSetError, expand, fold
 from clusterctl.inventory.settings import Layer, SettingsReader
 from clusterctl.inventory.workloads import WorkloadReader
 from clusterctl.inventory.yamlnodes import Y, parse
+from clusterctl.clusterstate import NAME as CLUSTER_NAME
 
 SCHEMA_VERSION = 1
 TOP_KEYS = (
@@ -134,8 +135,6 @@ class _Loader:
 
     def _cluster(self, y: Y) -> str:
         """``cluster:``: the name the state is kept under (clusterctl.clusterstate)."""
-        from clusterctl.clusterstate import NAME as CLUSTER_NAME
-
         name = self.ctx.string(y, "cluster")
         if name is None:
             return ""

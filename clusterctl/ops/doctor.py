@@ -48,6 +48,8 @@ from clusterctl.inventory.nodeset import expand
 from clusterctl.inventory.select import select_hosts
 from clusterctl.probe.run import FactsResult
 from clusterctl.probe.snapshot import gather as gather_hosts
+from clusterctl.diagnose.doctor import diagnose, resolve_checks
+from clusterctl.diagnose.bundle import read_bundle as read
 
 
 @dataclass(frozen=True)
@@ -174,8 +176,6 @@ def live_snapshot(request: DoctorRequest, on_event: OnEvent = _ignore) -> Snapsh
 
 def read_bundle(request: DoctorRequest) -> tuple[Snapshot, Optional[Inventory]]:
     """``(snapshot, inventory or None)`` of ``request.bundle``; the ``-i`` inventory beats the bundle's."""
-    from clusterctl.diagnose.bundle import read_bundle as read
-
     assert request.bundle is not None
     snap, inv_path = read(request.bundle, host=request.bundle_host)
     if request.load_inventory is not None:
@@ -213,8 +213,6 @@ def settled_counts(findings: list[Finding]) -> dict[str, int]:
 
 def run_doctor(request: DoctorRequest, on_event: OnEvent = _ignore, gathered: Optional[Gathered] = None) -> DoctorRun:
     """Findings of every source on the snapshot (gathered here unless given), and the run's meta."""
-    from clusterctl.diagnose.doctor import diagnose
-
     got = gathered if gathered is not None else gather(request, on_event)
     snap, inv = got.snapshot, got.inventory
     if request.bundle:
@@ -304,8 +302,6 @@ def resolve(options: DoctorOptions = DoctorOptions(), now: Optional[float] = Non
     the clock).  Raises :class:`~clusterctl.errors.ClusterctlError` naming the option: an unknown
     check, live checks on a bundle, ``--learn`` or ``--explain-input`` with the wrong source,
     unreadable check files or baseline, a bad ``--since``."""
-    from clusterctl.diagnose.doctor import resolve_checks
-
     words, requested = doctor_checks.split_checks(options.checks.split(",")) if options.checks else ([], [])
     if requested and options.bundle:
         raise ClusterctlError(

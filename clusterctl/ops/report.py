@@ -40,6 +40,8 @@ from clusterctl.report.notify import parse_duration
 from clusterctl.report.run import report_run
 from clusterctl.report.schedule import Schedule, cron_line, service_unit, timer_unit
 from clusterctl.report.serve import make_server
+from clusterctl.report.active import run_active, targets
+from clusterctl.diagnose.doctor import diagnose
 
 
 @dataclass
@@ -54,8 +56,6 @@ class Checked:
 
 def passive(request: DoctorRequest, gathered: Gathered) -> Checked:
     """Doctor's passive checks (every analyzer, ``request.acks`` applied) on the gathered snapshot."""
-    from clusterctl.diagnose.doctor import diagnose
-
     snap = gathered.snapshot
     findings = diagnose(context(snap, gathered.inventory, request.thresholds), None, acks=request.acks)
     meta: dict[str, Any] = {"source": request.bundle} if request.bundle else {"inventory": request.inventory_path}
@@ -88,8 +88,6 @@ def active(
 
     The run is stored under the pattern ``PATTERN --active KINDS``, so it is compared
     with the previous active run, never with a passive one."""
-    from clusterctl.report.active import run_active, targets
-
     tgts = targets(inventory, hosts)
     if not tgts:
         raise ClusterctlError(

@@ -18,7 +18,7 @@ from clusterctl.report.findings import group, summary
 from clusterctl.report.history import History
 from clusterctl.report.svg import MAX_POINTS, line_chart, plain
 from clusterctl.report import overview as ov
-from clusterctl.report.run import host_summary
+from clusterctl.report.run import host_summary, tp_groups
 
 if TYPE_CHECKING:
     from clusterctl.report.run import Result
@@ -182,8 +182,6 @@ def overview(result: "Result", hist: History) -> dict[str, Any]:
 def render_html(result: "Result", hist: History, extra_charts: Sequence[str] = ()) -> str:
     """The report page for ``result`` with trends from ``hist`` (and ``extra_charts``: SVGs made
     here, e.g. the autoscaler's replicas against load)."""
-    from clusterctl.report.run import host_summary, tp_groups
-
     ctx: dict[str, Any] = {
         "summary": summary(result.findings),
         "result": result,

@@ -15,6 +15,7 @@ from clusterctl.deploy.state import DeployState
 from clusterctl.inventory.model import Host, Inventory
 from clusterctl.inventory.select import select_hosts
 from clusterctl.probe.factgroups import GpuSection
+from clusterctl.probe import run as probe_run
 
 #: ``read(hosts)`` → host → facts ``gpus.topology``; hosts it cannot read are left out.
 TopologyReader = Callable[[list[str]], Mapping[str, HostTopology]]
@@ -54,10 +55,8 @@ def fleet_reader(make_fleet: Callable[[Sequence[Host]], Any], inv: Inventory, ti
     """A :data:`TopologyReader` that runs the probe (one round trip per host, ``timeout`` seconds)."""
 
     def read(hosts: list[str]) -> dict[str, HostTopology]:
-        from clusterctl.probe.run import collect_facts
-
         with make_fleet([inv.hosts[h] for h in hosts]) as fleet:
-            results = collect_facts(fleet, timeout=timeout)
+            results = probe_run.collect_facts(fleet, timeout=timeout)
         return {
             h: host_topology(r.facts.gpus)
             for h, r in results.items()

@@ -23,6 +23,8 @@ from clusterctl.deploy.playbooks.load import ONE_SHOT, CustomGate
 from clusterctl.diagnose.serving import parse_metrics, total
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet import shell
+from clusterctl.bench import gate as bench_gates
+from clusterctl.drift import gate as drift_gates
 
 #: ``run_exec(host, command, timeout_s)`` -> ``(rc, why)``: rc ``None`` when it did not run (why says so).
 ExecRunner = Callable[[str, str, float], tuple[int | None, str]]
@@ -46,9 +48,7 @@ def release_gate(g: CustomGate, t: GateTarget, reference: RefResolver | None) ->
     """The drift or bench release gate (:mod:`clusterctl.drift.gate`, :mod:`clusterctl.bench.gate`)
     on ``t``: ``None`` when it passes, else its one-line reason.  Both fail closed."""
     if g.type == "drift":
-        from clusterctl.drift.gate import drift_gate
-
-        out = drift_gate(
+        out = drift_gates.drift_gate(
             t.url,
             g.baseline,
             api_key=t.api_key,
@@ -57,7 +57,6 @@ def release_gate(g: CustomGate, t: GateTarget, reference: RefResolver | None) ->
             timeout=g.timeout_s,
         )
         return None if out.ok else out.reason
-    from clusterctl.bench.gate import bench_gate
 
     if reference is None:
         return "bench gate: no reference instance can be resolved here"
@@ -65,7 +64,7 @@ def release_gate(g: CustomGate, t: GateTarget, reference: RefResolver | None) ->
         ref_url, ref_key = reference(g.reference)
     except ClusterctlError as e:
         return f"bench gate: reference {g.reference!r}: {e}"
-    out = bench_gate(
+    out = bench_gates.bench_gate(
         t.url,
         ref_url,
         api_key=t.api_key,

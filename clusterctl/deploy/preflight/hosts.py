@@ -20,6 +20,7 @@ from clusterctl.inventory.model import Instance, Inventory
 from clusterctl.probe.facts import Facts
 from clusterctl.probe.factgroups import GpuPair
 from clusterctl.fleet.fleet import Fleet
+from clusterctl.probe import run as probe_run
 
 NODE_SCRIPT = node.path("preflight")
 #: Seconds the node reader may take on one host (headers of every shard, ``ss``).
@@ -171,10 +172,8 @@ def read_hosts(
     probing = None
     pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight-facts") if missing else None
     if pool is not None:
-        from clusterctl.probe.run import collect_facts
-
         emit(f"pre-flight: reading GPU facts on {len(missing)} host(s)")
-        probing = pool.submit(collect_facts, fleet, sudo=True)
+        probing = pool.submit(probe_run.collect_facts, fleet, sudo=True)
     emit(f"pre-flight: reading model sizes and listening ports on {len(wanted)} host(s)")
     engines = _node_requests(instances, inv, "engines")
     commands = {

@@ -30,6 +30,8 @@ from clusterctl.deploy.rollout.drain import put_back
 from clusterctl.deploy.units.render import policy_for_systemd, render_instance
 from clusterctl.deploy.units.secrets import resolve_secrets
 from clusterctl.stage import plan as sp, run as sr
+from clusterctl.deploy.preflight import checks as preflight_checks
+from clusterctl.deploy.placement import topology
 
 if TYPE_CHECKING:  # imported where used, after start-up (INLINE_IMPORTS)
     from clusterctl.deploy.placement.place import PlacementResult
@@ -188,9 +190,9 @@ def desired(
     With ``make_fleet``, replicas that need a place are placed with the GPU
     topology of their candidate hosts (probed only then; see topology.py).
     """
-    from clusterctl.deploy.placement.topology import fleet_reader, place
-
-    res, missing = place(inv, StateStore(state_dir).load(), fleet_reader(make_fleet, inv) if make_fleet else None)
+    res, missing = topology.place(
+        inv, StateStore(state_dir).load(), topology.fleet_reader(make_fleet, inv) if make_fleet else None
+    )
     if missing:
         on_event(
             Event(
@@ -411,8 +413,6 @@ class Deploy:
 
     def preflight(self, fleet: Fleet, plan: Plan) -> PreflightReport | None:
         """Run pre-flight on the instances to start or restart; raise when it refuses (unless --force)."""
-        from clusterctl.deploy.preflight.checks import run_preflight
-
         starting = {
             i.instance: self.instances[i.instance]
             for h in plan.hosts
@@ -438,7 +438,9 @@ class Deploy:
             self.event(
                 "phase", f"pre-flight over the state after the plan stops {len(gone)} unit(s): {', '.join(gone)}"
             )
-        rep = run_preflight(self.inv, starting, fleet, on_event=lambda m: self.event("phase", m), stopping=stopping)
+        rep = preflight_checks.run_preflight(
+            self.inv, starting, fleet, on_event=lambda m: self.event("phase", m), stopping=stopping
+        )
         if not rep.ok and not self.opts.force:
             raise PreflightRefused("pre-flight refused the deploy (use --force to deploy anyway)", rep)
         if not rep.ok:
