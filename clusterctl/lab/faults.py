@@ -14,14 +14,11 @@ from clusterctl.errors import LabError
 from clusterctl.lab import container, netfaults
 from clusterctl.lab import state as st
 from clusterctl.lab.config import HostSpec, LabConfig
+from clusterctl.lab.hardware import faults as hardware_faults
 
 
 def _hardware_faults() -> ModuleType | None:
-    try:
-        from clusterctl.lab.hardware import faults as hwf
-    except ImportError:
-        return None
-    return hwf
+    return hardware_faults
 
 
 def known() -> list[str]:

@@ -26,10 +26,12 @@ from types import ModuleType
 from typing import Any
 
 from clusterctl.errors import LabError
-from clusterctl.lab import container, inventory_file, limits, net, procs, ready, sshkeys
+from clusterctl.lab import container, inventory_file, light, limits, net, netfaults, procs, ready, sshkeys
+from clusterctl.lab import hardware as hardware_package
 from clusterctl.lab import state as st
 from clusterctl.lab import template
 from clusterctl.lab.config import HostSpec, LabConfig, plan_hosts
+from clusterctl.lab.hardware.profiles import gpu_profile
 
 Event = Callable[[str], None]
 #: Seconds ``up`` waits for all hosts to be ready: a base plus a share per host.
@@ -52,11 +54,7 @@ def require_root() -> None:
 
 def hardware() -> ModuleType | None:
     """The simulated-hardware package, when it is present."""
-    try:
-        from clusterctl.lab import hardware as hw
-    except ImportError:
-        return None
-    return hw
+    return hardware_package
 
 
 @dataclass
@@ -82,8 +80,6 @@ def up(
         raise LabError(f"--gpus-per-host must be between 0 and 16, not {gpus_per_host}")
     specs = plan_hosts(cfg, hosts)
     if hardware() is not None:
-        from clusterctl.lab.hardware.profiles import gpu_profile
-
         gpu_profile(gpu_model)  # an unknown model fails here, naming the known ones
     old = st.load(cfg.state_file)
     if old is not None and _same_and_alive(cfg, old, specs, gpus_per_host, gpu_model):
@@ -163,7 +159,6 @@ def up_light(cfg: LabConfig, hosts: int, on_event: Event = lambda s: None) -> di
     Runs beside an nspawn lab if one is up; ``lab down`` stops both.
     """
     require_root()
-    from clusterctl.lab import light
 
     on_event(f"starting {hosts} light hosts")
     t0 = time.monotonic()
@@ -293,8 +288,6 @@ def down(cfg: LabConfig, on_event: Event = lambda s: None) -> None:
     require_root()
     old = st.load(cfg.state_file)
     if light_dir(cfg).is_dir():
-        from clusterctl.lab import light
-
         on_event(f"stopped {light.down(light_dir(cfg))} light hosts")
     specs = _known_hosts(cfg, old)
     pids = {h.spec.name: h.pid for h in (old.hosts if old else [])}
@@ -392,12 +385,9 @@ def status(cfg: LabConfig) -> dict[str, Any]:
     old = st.load(cfg.state_file)
     light_hosts = []
     if light_dir(cfg).is_dir():
-        from clusterctl.lab import light
-
         light_hosts = [dataclasses.asdict(h) for h in light.status(light_dir(cfg))]
     if old is None:
         return {"up": bool(light_hosts), "lab_dir": str(cfg.lab_dir), "hosts": [], "light_hosts": light_hosts}
-    from clusterctl.lab import netfaults
 
     hosts = []
     for h in old.hosts:

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.errors import LabError
+from clusterctl.lab import hardware
 from clusterctl.lab._run import run
+from clusterctl.lab.vllm_sim import install as vllm_install
 
 SUITE = "bookworm"
 PACKAGES = (
@@ -145,7 +147,6 @@ def prep_version() -> str:
         for f in sorted(hw.rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts and f.suffix in (".py", ".c", ".sh", ".h", ".json", ""):
                 parts += [str(f.relative_to(hw)).encode(), f.read_bytes()]
-    from clusterctl.lab.vllm_sim import install as vllm_install
 
     for f in vllm_install.sources():  # the vLLM simulator installed as `vllm`
         parts += [f"vllm_sim/{f.name}".encode(), f.read_bytes()]
@@ -268,7 +269,6 @@ def _build_prep(base: Path, final: Path, on_event: Event) -> None:
         mounted = True
         prepare_rootfs(merged)
         _install_hardware(merged, on_event)
-        from clusterctl.lab.vllm_sim import install as vllm_install
 
         vllm_install.install_into_rootfs(merged)
         run(["umount", str(merged)])
@@ -342,10 +342,6 @@ def prepare_rootfs(root: Path) -> None:
 
 
 def _install_hardware(root: Path, on_event: Event) -> None:
-    try:
-        from clusterctl.lab import hardware
-    except ImportError:
-        return
     install = getattr(hardware, "install_into_rootfs", None)
     if install is not None:
         on_event("installing the simulated hardware into the template")

@@ -455,12 +455,13 @@ def test_one_class_per_name_for_the_shared_vocabulary() -> None:
 # In-function imports (docs/architecture.md, "What holds").  The CLI may import inside its command
 # functions: main.py registers every command module at start-up, and a command loads the features it
 # runs only when it runs (start-up cost, measured in benchmarks/).  Everywhere else an import sits at
-# the top of its module unless it is listed here with its reason; the LATER entries may only go.
+# the top of its module unless it is listed here with its reason (the last LATER entries, imports
+# with no cycle that had not been moved yet, went in issue 17; tests/unit/test_import_order.py
+# imports every module first in a fresh process, so a move that makes a cycle fails there).
 CYCLE = "import cycle: the imported module imports this one (directly or through its package)"
 OPTIONAL = "a third-party module only this path needs (absent where the path is not used)"
 SLOW = "slow to load (paramiko, PyYAML, importlib.metadata) and needed on one path only"
 NODE = "node-side program: a standard module only one of its jobs needs"
-LATER = "not yet moved to the top (issue 17): no cycle in today's top-level imports; move it, drop the line"
 
 INLINE_IMPORTS: dict[str, str] = {
     "deploy/status/instances.py clusterctl.diagnose.bundle": SLOW,  # start-up: --help reaches the importing module (ops.gateway -> gateway.render)
@@ -479,19 +480,10 @@ INLINE_IMPORTS: dict[str, str] = {
     "fleet/transport.py clusterctl.fleet.ssh": CYCLE,
     "gateway/render.py clusterctl.gateway.vrrp": CYCLE,
     "inventory/sshconfig.py paramiko": OPTIONAL,
-    "lab/faults.py clusterctl.lab.hardware.faults": LATER,
-    "lab/manager.py clusterctl.lab.hardware": LATER,
-    "lab/manager.py clusterctl.lab.hardware.profiles": LATER,
-    "lab/manager.py clusterctl.lab.light": LATER,
-    "lab/manager.py clusterctl.lab.netfaults": LATER,
     "lab/realvllm.py clusterctl.lab.realmodel": CYCLE,
-    "lab/template.py clusterctl.lab.hardware": LATER,
-    "lab/template.py clusterctl.lab.vllm_sim.install": LATER,
     "lab/tinyllama_gen.py tokenizers": OPTIONAL,
     "lab/tinyllama_gen.py torch": OPTIONAL,
     "lab/tinyllama_gen.py transformers": OPTIONAL,
-    "lab/vllm_sim/cli.py clusterctl.lab.vllm_sim.serve": LATER,
-    "lab/vllm_sim/serve.py clusterctl.lab.vllm_sim.memory": LATER,
     "node/bundle.py http.client": NODE,
     "node/collector.py ctypes": NODE,
     "node/collector.py importlib": NODE,
@@ -577,7 +569,7 @@ def test_every_listed_in_function_import_still_exists() -> None:
 def test_the_in_function_import_check_sees_what_it_lists() -> None:
     """The check reads the imports it is meant to: the CLI's command functions (exempt) are found,
     and every listed reason is one of the kinds above."""
-    assert set(INLINE_IMPORTS.values()) <= {CYCLE, OPTIONAL, SLOW, NODE, LATER}
+    assert set(INLINE_IMPORTS.values()) <= {CYCLE, OPTIONAL, SLOW, NODE}
     assert not any(key.startswith("cli/") for key in INLINE_IMPORTS)
     assert sum(rel.startswith("cli/") for rel, _, _ in _inline_imports()) > 50
 

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from . import gpu
+from . import gpu, memory
 from . import multinode, profiles
 from .batching import EXECUTE_TIMEOUT_S, StepEngine
 from .faults import Faults
@@ -203,8 +203,6 @@ def _make_engine(
 
 def _disaggregate(app: App, ns: Any, env: dict[str, str], info: Any, scale: float, metrics: Metrics, log: Log) -> None:
     """Give the app its KV-transfer role (kvtransfer.py); the config was checked at start-up."""
-    from . import memory
-
     app.kv = parse_kv_config(ns.kv_transfer_config)
     app.link = Link(env, nics=max(1, info.tp))
     app.scale = scale
