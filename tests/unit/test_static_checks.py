@@ -481,6 +481,7 @@ INLINE_IMPORTS: dict[str, str] = {
     "gateway/render.py clusterctl.gateway.vrrp": CYCLE,
     "inventory/sshconfig.py paramiko": OPTIONAL,
     "lab/realvllm.py clusterctl.lab.realmodel": CYCLE,
+    "lab/vllm_sim/cli.py clusterctl.lab.vllm_sim.serve": SLOW,  # the simulator's vllm --version / make-model: 20 ms of imports, 75 with serve's 16 modules (bytecode cached)
     "lab/tinyllama_gen.py tokenizers": OPTIONAL,
     "lab/tinyllama_gen.py torch": OPTIONAL,
     "lab/tinyllama_gen.py transformers": OPTIONAL,

@@ -18,7 +18,6 @@ import re
 import sys
 from typing import Any, Sequence
 from . import synth
-from .serve import serve
 from .kvtransfer import parse_kv_config
 
 VERSIONS = {"0.11": "0.11.0", "0.33": "0.33.0"}
@@ -301,4 +300,6 @@ def main(argv: Sequence[str] | None = None, version: str | None = None) -> int:
             parse_kv_config(ns.kv_transfer_config)
         except ValueError as e:
             parser.error(f"argument --kv-transfer-config: {e}")
+    from .serve import serve
+
     return serve(ns, non_default_args(ver, args[1:]), ver, env)
