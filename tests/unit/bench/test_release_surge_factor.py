@@ -54,3 +54,12 @@ def test_an_explicit_result_of_either_kind_and_none_at_all(run: ModuleType, tmp_
     _single(single, 150.0, 100.0)
     assert run.surge_factor(single) == (pytest.approx(0.5), "single.json")
     assert run.surge_factor(None) == (1.0, None)  # no result in benchmarks/results
+
+
+def test_lab_terms_never_fall_with_the_host_count(run: ModuleType) -> None:
+    """A cost measured flat (pre-flight 3.2-4.0 s at 4-16 hosts) with a slightly falling least-squares
+    line is taken as its mean, flat: extrapolated to 125 hosts a falling line would predict less
+    than anything measured; a rising one is kept as fitted."""
+    assert run.rising_line([4.0, 8.0, 16.0], [4.0, 3.2, 3.7]) == (pytest.approx(3.6333, abs=1e-3), 0.0)
+    a, b = run.rising_line([4.0, 8.0, 16.0], [2.0, 3.0, 5.0])
+    assert b == pytest.approx(0.25) and a == pytest.approx(1.0)
