@@ -23,6 +23,7 @@ from clusterctl.deploy.remote import node_reply
 from clusterctl.deploy.units.secrets import read_secret
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.fleet import ship
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.fleet.results import HostResult
 from clusterctl.gateway import keys as gwkeys
 from clusterctl.gateway.render import RenderedGateway, TlsFiles
@@ -74,7 +75,7 @@ def _answer(r: HostResult) -> dict[str, Any]:
     return reply.data if reply.data else {"ok": False, "kind": reply.kind, "error": reply.error}
 
 
-def _run(fleet: Any, hosts: list[str], job: dict[str, Any], timeout: float) -> dict[str, dict[str, Any]]:
+def _run(fleet: Fleet, hosts: list[str], job: dict[str, Any], timeout: float) -> dict[str, dict[str, Any]]:
     # the host's inventory name is the program's argument (it picks its keepalived files)
     res = ship.run(
         fleet,
@@ -88,7 +89,7 @@ def _run(fleet: Any, hosts: list[str], job: dict[str, Any], timeout: float) -> d
 
 
 def apply_gateway(
-    fleet: Any, rendered: RenderedGateway, *, port: int, hosts: list[str], timeout: float = APPLY_TIMEOUT_S
+    fleet: Fleet, rendered: RenderedGateway, *, port: int, hosts: list[str], timeout: float = APPLY_TIMEOUT_S
 ) -> list[GatewayHostResult]:
     """Install ``rendered`` on ``hosts`` (all held by ``fleet``); one result per host, in order."""
     job = {
@@ -123,7 +124,13 @@ def apply_gateway(
 
 
 def push_scores(
-    fleet: Any, rendered: RenderedGateway, scores: dict[str, Any], *, port: int, hosts: list[str], timeout: float = 30.0
+    fleet: Fleet,
+    rendered: RenderedGateway,
+    scores: dict[str, Any],
+    *,
+    port: int,
+    hosts: list[str],
+    timeout: float = 30.0,
 ) -> list[GatewayHostResult]:
     """Send the instance scores to every gateway host's admin endpoint (no reload)."""
     answers = _run(
@@ -141,7 +148,7 @@ def push_scores(
 
 
 def gateway_status(
-    fleet: Any, *, port: int, hosts: list[str], timeout: float = 30.0, vip: str | None = None
+    fleet: Fleet, *, port: int, hosts: list[str], timeout: float = 30.0, vip: str | None = None
 ) -> list[GatewayHostResult]:
     """nginx's unit state and the config digest each host serves (``config=None``: no answer); with
     ``vip`` keepalived's state and whether the host holds the floating address."""

@@ -37,10 +37,11 @@ from clusterctl.deploy.units.pdrouter import gateway_servers
 from clusterctl.deploy.state import who_am_i
 from clusterctl.errors import ClusterctlError
 from clusterctl.fleet.factory import make_fleet
+from clusterctl.fleet.fleet import Fleet
 from clusterctl.gateway import state as gwstate
 from clusterctl.gateway.render import ServerState
 from clusterctl.gateway.sync import SyncResult, sync_gateway
-from clusterctl.inventory.model import Instance, Inventory
+from clusterctl.inventory.model import Host, Instance, Inventory
 from clusterctl.config import load_user_config
 from clusterctl.deploy.placement.deployed import wanted_instances
 from clusterctl.deploy.state import resolve_state_dir
@@ -124,7 +125,7 @@ class Hook:
     inv: Inventory
     state_dir: Path
     instances: Callable[[], dict[str, Instance]]
-    fleet_factory: Callable[[], Any]
+    fleet_factory: Callable[[], Fleet]
     on_event: Callable[[str], None] | None = None
     results: list[SyncResult] = field(default_factory=list)
     keep_open: bool = False
@@ -132,8 +133,8 @@ class Hook:
     clock: Callable[[], float] = time.monotonic
     #: every apply, in order (what a deploy reports as its mark-down and mark-up times)
     timings: list[HookTiming] = field(default_factory=list)
-    _fleet: Any = field(default=None, init=False, repr=False)
-    _fleet_cm: Any = field(default=None, init=False, repr=False)
+    _fleet: Fleet | None = field(default=None, init=False, repr=False)
+    _fleet_cm: Fleet | None = field(default=None, init=False, repr=False)
     _used_at: float = field(default=0.0, init=False, repr=False)
     _queue: list[_Change] = field(default_factory=list, init=False, repr=False)
     _queue_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -151,16 +152,16 @@ class Hook:
         if cm is not None:
             cm.__exit__(None, None, None)
 
-    def _fleet_now(self) -> tuple[Any, bool]:
+    def _fleet_now(self) -> tuple[Fleet, bool]:
         """The open fleet, or a new one (``True``) when none is open or it sat idle past ``idle_s``."""
         if self._fleet_cm is not None and self.clock() - self._used_at > self.idle_s:
             self.close()
-        if self._fleet_cm is not None:
+        if self._fleet_cm is not None and self._fleet is not None:
             return self._fleet, False
         cm = self.fleet_factory()
-        self._fleet = cm.__enter__()
-        self._fleet_cm = cm
-        return self._fleet, True
+        fleet = cm.__enter__()
+        self._fleet, self._fleet_cm = fleet, cm
+        return fleet, True
 
     def _apply(self, names: list[str], down: bool, reason: str) -> None:
         mine = _Change(list(names), down, reason)
@@ -282,14 +283,14 @@ def gateway_hook(
     def instances() -> dict[str, Instance]:
         return wanted_instances(inv, directory)
 
-    def fleet() -> Any:
+    def fleet() -> Fleet:
         hosts = [inv.hosts[h] for h in gw.hosts]
         return make_fleet(hosts, cfg, become_password=become_password)
 
     return Hook(inv, directory, instances, fleet, keep_open=True)
 
 
-def fleet_hook(inv: Inventory, state_dir: Path, make_fleet: Callable[[Any], Any]) -> Hook | None:
+def fleet_hook(inv: Inventory, state_dir: Path, make_fleet: Callable[[list[Host]], Fleet]) -> Hook | None:
     """The hook over ``make_fleet`` (a command's own fleet factory) and the instances as deployed
     in ``state_dir``; ``None`` without a ``gateway:`` section."""
     gw = inv.gateway
