@@ -139,12 +139,17 @@ def _workers(pid_file: str) -> dict[int, str] | None:
 
 
 def _still_accepting(old: dict[int, str]) -> list[int]:
-    """The workers of ``old`` that may still accept a connection: alive (same start time) and not
-    shutting down (nginx retitles a worker just before it closes its listening sockets)."""
+    """The workers of ``old`` that may still accept a connection: alive (same start time), titled
+    as a worker and not shutting down (nginx retitles a worker just before it closes its listening
+    sockets).  An exiting worker has released its memory, so its title reads empty (seen between
+    the shutting-down title and its exit): it runs no more code and accepts nothing."""
     out = []
     for pid, started in sorted(old.items()):
         st = _proc_stat(pid)
-        if st is not None and st[1] == started and "shutting down" not in _title(pid):
+        if st is None or st[1] != started:
+            continue
+        title = _title(pid)
+        if title.startswith("nginx: worker process") and "shutting down" not in title:
             out.append(pid)
     return out
 

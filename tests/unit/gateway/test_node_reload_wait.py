@@ -90,6 +90,16 @@ def test_a_pid_reused_is_not_the_old_worker(proc: FakeProc) -> None:
     assert node._still_accepting({101: "2000"}) == [101]
 
 
+def test_an_exiting_old_worker_is_not_accepting(proc: FakeProc) -> None:
+    """Between its shutting-down title and its exit a worker's memory is released and its cmdline
+    reads empty (seen on real nginx 1.22: the live test saw it right after the reload was confirmed):
+    it runs no more code, so it accepts nothing; a live worker's title still counts."""
+    proc.proc(101, 100, "")
+    (proc.root / "101" / "cmdline").write_bytes(b"")
+    proc.proc(102, 100, "nginx: worker process")
+    assert node._still_accepting({101: "1000", 102: "1000"}) == [102]
+
+
 def test_an_old_worker_that_keeps_accepting_fails_the_apply_in_time(
     proc: FakeProc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
