@@ -59,10 +59,12 @@ def _out(obj: dict[str, Any]) -> None:
 
 
 def _read(path: str) -> bytes | None:
+    """The file's bytes; None when it does not exist, or is a ``/proc/PID`` file of a process
+    that is exiting (reading it then fails with ESRCH, not ENOENT)."""
     try:
         with open(path, "rb") as fh:
             return fh.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
 
 

@@ -100,6 +100,25 @@ def test_an_exiting_old_worker_is_not_accepting(proc: FakeProc) -> None:
     assert node._still_accepting({101: "1000", 102: "1000"}) == [102]
 
 
+def test_a_process_exiting_while_proc_is_read_is_gone_not_an_error(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading ``/proc/PID/stat`` or ``cmdline`` of a process in the middle of its exit fails with
+    ESRCH (ProcessLookupError), not ENOENT: the scan of /proc for the master's workers and the
+    wait after a reload take it as gone (the lab's gateway apply failed with "ProcessLookupError:
+    [Errno 3] No such process" twice in one CI-style run)."""
+    real_open = open  # the fixture's master 100 has workers 101 and 102; 102 is exiting
+
+    def exiting(path: str, *a: Any, **kw: Any) -> Any:
+        if "/102/" in str(path):
+            raise ProcessLookupError(3, "No such process")
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(node, "open", exiting, raising=False)
+    assert node._workers(str(proc.root.parent / "nginx.pid")) == {101: "1000"}
+    assert node._still_accepting({101: "1000", 102: "1000"}) == [101]
+
+
 def test_an_old_worker_that_keeps_accepting_fails_the_apply_in_time(
     proc: FakeProc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
